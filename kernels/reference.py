@@ -1,0 +1,202 @@
+"""Eager PyTorch references for Video Sparse Attention (VSA); no triton import here.
+
+Follows the VSA paper (arXiv 2505.13389), sec. 2 and appendix B:
+* coarse stage: mean-pool q, k, v over each tile with the tile's true token count, tile-level attention
+  scores q_c k_c^T / sqrt(D), top-k key tiles per (batch, head, query tile);
+* fine stage: token-level attention of each query tile over the tokens of its selected key tiles only;
+* output = fine + gate * coarse, where coarse = softmax(q_c k_c^T / sqrt(D)) v_c broadcast to the tile's
+  tokens. Stock checkpoints have no learned gate: callers pass gate=None and the output is the fine stage.
+
+Layout contract: q, k, v are (B, S, H, D) in tile order (see `vsagen.layout.TileLayout`); every tile holds
+`tile_sizes[j]` real tokens (partial tiles at grid edges). Everything here is differentiable with autograd and
+computes the softmax in float32 (or float64 for float64 inputs). These functions are the tests' oracle for
+the Triton kernels and the CPU path of the `vsa` backend.
+
+Unsupported: attention masks other than the tile selection, causal attention, dropout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Budget for the (B*H, chunk, 64, K*64) fp32 score tensor of the fine stage, in elements:
+# 2^26 elements = 256 MiB, small enough for a CPU test and for the full-size GPU run alike.
+_FINE_SCORE_ELEMENTS = 1 << 26
+
+
+def _softmax_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def top_k_from_sparsity(sparsity: float, num_tiles: int) -> int:
+    """Number of key tiles each query tile keeps: K = ceil((1 - sparsity) * num_tiles), at least 1.
+
+    Counted over all tiles (partial ones included), as the VSA reference does.
+
+    Raises:
+        ValueError: sparsity outside [0, 1).
+    """
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+    # The 1e-9 keeps float noise such as (1 - 0.875) * 624 = 78.00000000000001 from adding a tile.
+    return max(1, min(num_tiles, math.ceil((1.0 - sparsity) * num_tiles - 1e-9)))
+
+
+def tile_mean_pool(x: torch.Tensor, token_tile: torch.Tensor, tile_sizes: torch.Tensor) -> torch.Tensor:
+    """Mean of each tile's real tokens.
+
+    Args:
+        x: (B, S, H, D) any float dtype, tile order.
+        token_tile: (S,) int64 tile index of each token.
+        tile_sizes: (n_tiles,) int64 true token counts.
+
+    Returns:
+        (B, n_tiles, H, D) in the softmax dtype (float32, or float64 for float64 input).
+    """
+    acc_dtype = _softmax_dtype(x)
+    b, _, h, d = x.shape
+    n = tile_sizes.numel()
+    sums = torch.zeros(b, n, h, d, dtype=acc_dtype, device=x.device).index_add(1, token_tile, x.to(acc_dtype))
+    return sums / tile_sizes.to(acc_dtype).view(1, n, 1, 1)
+
+
+def tile_scores(q_c: torch.Tensor, k_c: torch.Tensor) -> torch.Tensor:
+    """Tile-level attention logits q_c k_c^T / sqrt(D).
+
+    Args:
+        q_c, k_c: (B, n_tiles, H, D) pooled queries and keys.
+
+    Returns:
+        (B, H, Q_TILES, KV_TILES) in q_c's dtype.
+    """
+    scale = q_c.shape[-1] ** -0.5
+    return torch.einsum("bqhd,bkhd->bhqk", q_c, k_c) * scale
+
+
+def select_top_k(scores: torch.Tensor, top_k: int) -> torch.Tensor:
+    """q2k index: the top-k key tiles of each query tile, ascending.
+
+    Args:
+        scores: (B, H, Q_TILES, KV_TILES) tile logits.
+        top_k: K, 1 <= K <= KV_TILES.
+
+    Returns:
+        (B, H, Q_TILES, K) int64, each row sorted ascending.
+    """
+    idx = torch.topk(scores, top_k, dim=-1, sorted=False).indices
+    return torch.sort(idx, dim=-1).values
+
+
+def block_map_from_q2k(q2k: torch.Tensor, num_kv_tiles: int) -> torch.Tensor:
+    """Dense (B, H, Q_TILES, KV_TILES) bool block map of a q2k index (for tests and reports)."""
+    bm = torch.zeros(*q2k.shape[:-1], num_kv_tiles, dtype=torch.bool, device=q2k.device)
+    return bm.scatter(-1, q2k, True)
+
+
+def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
+                                     slots: torch.Tensor, slot_valid: torch.Tensor,
+                                     scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level attention of each query tile over its selected key tiles (VSA's fine stage).
+
+    Args:
+        q, k, v: (B, S, H, D) float, tile order.
+        q2k: (B, H, Q_TILES, K) int64 selected key tiles per query tile (any order, no repeats).
+        slots: (n_tiles, V) int64 token index of each slot of a padded tile (V = 64 for (4,4,4) tiles).
+        slot_valid: (n_tiles, V) bool, False for the padding slots of partial tiles.
+        scale: softmax scale, default 1/sqrt(D).
+
+    Returns:
+        out: (B, S, H, D) like q.
+        lse: (B, H, S) float32 (float64 for float64 input) natural-log log-sum-exp of each query row.
+
+    Padding slots are masked out as keys; every key tile holds at least one real token, so no row is empty.
+    The work is chunked over query tiles to bound memory (see `_FINE_SCORE_ELEMENTS`).
+    """
+    b, s, h, d = q.shape
+    n_tiles, vol = slots.shape
+    top_k = q2k.shape[-1]
+    scale = d ** -0.5 if scale is None else scale
+    acc = _softmax_dtype(q)
+    flat_slots = slots.reshape(-1)
+    # Padded tiles: (B, H, n_tiles, V, D) in the softmax dtype.
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(1, flat_slots).view(b, n_tiles, vol, h, d).permute(0, 3, 1, 2, 4).to(acc)
+
+    qp, kp, vp = padded(q), padded(k), padded(v)
+    bh = b * h
+    qp, kp, vp = qp.reshape(bh, n_tiles, vol, d), kp.reshape(bh, n_tiles, vol, d), vp.reshape(bh, n_tiles, vol, d)
+    q2k_flat = q2k.reshape(bh, n_tiles, top_k)
+    rows = torch.arange(bh, device=q.device).view(bh, 1, 1)
+    chunk = max(1, _FINE_SCORE_ELEMENTS // max(1, bh * vol * top_k * vol))
+    outs, lses = [], []
+    for start in range(0, n_tiles, chunk):
+        sel = q2k_flat[:, start:start + chunk]                           # (BH, c, K)
+        ks = kp[rows, sel].flatten(2, 3)                                  # (BH, c, K*V, D)
+        vs = vp[rows, sel].flatten(2, 3)
+        key_ok = slot_valid[sel].flatten(2, 3)                            # (BH, c, K*V)
+        logits = torch.einsum("bcqd,bckd->bcqk", qp[:, start:start + chunk], ks) * scale
+        logits = logits.masked_fill(~key_ok.unsqueeze(2), float("-inf"))
+        lse = torch.logsumexp(logits, dim=-1)                            # (BH, c, V)
+        p = torch.exp(logits - lse.unsqueeze(-1))
+        outs.append(torch.einsum("bcqk,bckd->bcqd", p, vs))
+        lses.append(lse)
+    out_p = torch.cat(outs, 1).view(b, h, n_tiles * vol, d)
+    lse_p = torch.cat(lses, 1).view(b, h, n_tiles * vol)
+    valid = slot_valid.reshape(-1)
+    out = out_p[:, :, valid].permute(0, 2, 1, 3).to(q.dtype)             # (B, S, H, D)
+    return out, lse_p[:, :, valid]
+
+
+def coarse_attention(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor,
+                     scores: torch.Tensor | None = None) -> torch.Tensor:
+    """Tile-level attention output softmax(q_c k_c^T / sqrt(D)) v_c.
+
+    Args:
+        q_c, k_c, v_c: (B, n_tiles, H, D) pooled tiles.
+        scores: optional precomputed (B, H, Q_TILES, KV_TILES) logits.
+
+    Returns:
+        (B, n_tiles, H, D) in q_c's dtype.
+    """
+    scores = tile_scores(q_c, k_c) if scores is None else scores
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v_c)
+
+
+def vsa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, token_tile: torch.Tensor,
+                  tile_sizes: torch.Tensor, slots: torch.Tensor, slot_valid: torch.Tensor, top_k: int,
+                  gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Video Sparse Attention, eager reference.
+
+    Args:
+        q, k, v: (B, S, H, D) float (bf16 / fp16 / fp32 / fp64), tile order.
+        token_tile, tile_sizes, slots, slot_valid: the tile layout (`vsagen.layout.TileLayout` fields).
+        top_k: K key tiles per query tile, 1 <= K <= n_tiles.
+        gate: optional (B, S, H, D) gate on the coarse output (a checkpoint's `to_gate_compress`); None = 0.
+
+    Returns:
+        out: (B, S, H, D) like q.
+        q2k: (B, H, Q_TILES, K) int64 selected key tiles, ascending.
+
+    Raises:
+        ValueError: mismatched shapes or K out of range.
+
+    Source: VSA paper sec. 2, appendix B pseudocode.
+    """
+    if q.shape != k.shape or q.shape != v.shape or q.dim() != 4:
+        raise ValueError(f"q, k, v must share one (B, S, H, D) shape, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    n_tiles = tile_sizes.numel()
+    if not 1 <= top_k <= n_tiles:
+        raise ValueError(f"top_k must be in [1, {n_tiles}], got {top_k}")
+    q_c = tile_mean_pool(q, token_tile, tile_sizes)
+    k_c = tile_mean_pool(k, token_tile, tile_sizes)
+    scores = tile_scores(q_c, k_c)
+    q2k = select_top_k(scores.detach(), top_k)
+    out, _ = block_sparse_attention_reference(q, k, v, q2k, slots, slot_valid)
+    if gate is not None:
+        v_c = tile_mean_pool(v, token_tile, tile_sizes)
+        coarse = coarse_attention(q_c, k_c, v_c, scores).index_select(1, token_tile)
+        out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
+    return out, q2k

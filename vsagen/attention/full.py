@@ -1,0 +1,43 @@
+"""`full`: dense attention through torch's scaled_dot_product_attention.
+
+On CUDA the call is restricted to the cuDNN and flash kernels (cuDNN first), so it never falls back to the
+slow math path silently; those kernels need bf16 or fp16. On CPU torch picks its own kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import BadInput
+from ..layout import TileLayout
+from ..timing import Timer
+
+
+class FullAttention:
+    """Dense self-attention, the baseline every sparse backend is measured against."""
+
+    name = "full"
+    tiled = False
+    supports_gate = False
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Raises BadInput for fp32 on CUDA (cuDNN and flash need bf16 / fp16)."""
+        if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
+            raise BadInput("--attn full on CUDA runs cuDNN/flash attention, which need --dtype bf16 or fp16")
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout | None, *,
+                 gate: torch.Tensor | None, timer: Timer) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) -> (B, S, H, D) like q (layout and gate unused)."""
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        if q.is_cuda:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+                out = F.scaled_dot_product_attention(qt, kt, vt)
+        else:
+            out = F.scaled_dot_product_attention(qt, kt, vt)
+        return out.transpose(1, 2)

@@ -1,0 +1,204 @@
+"""The diffusers attention processor for Wan's video self-attention, and the tile-order hooks.
+
+`VsagenAttnProcessor` is installed on every block's `attn1` (cross-attention keeps diffusers' own processor).
+It forms q, k, v exactly as diffusers' `WanAttnProcessor` (0.42.1) does: projections (fused or not), RMS norm
+across heads, split into heads, RoPE on interleaved pairs in float32 tables. It then hands (B, S, H, D) to
+the backend and times the call.
+
+Tile order once per transformer forward (DESIGN.md): every per-token operation in a Wan block (norms, FFN,
+cross-attention, modulation) is order-independent, so tokens are put in tile order once and restored once:
+* a pre-hook on the transformer reads the latent grid from `hidden_states` (B, C, F, H, W), builds the
+  `TileLayout` and reorders a per-token (B, S) timestep (Wan2.2-5B), so `temb` and `timestep_proj` come
+  out in tile order;
+* a forward hook on `transformer.rope` reorders (cos, sin) and returns them as a `TiledRope`, a tuple that
+  also carries the layout. The layout travels in the blocks' own arguments, so gradient checkpointing, which
+  re-runs blocks after the forward returned, still sees it;
+* a pre-hook on `blocks[0]` reorders the hidden states;
+* a forward hook on `proj_out` restores raster order before diffusers' unpatchify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..layout import TileLayout, tile_layout
+from ..timing import Timer
+from .base import AttentionBackend
+
+
+class TiledRope(tuple):
+    """(cos, sin) RoPE tables in tile order, each (1, S, 1, D) float32, carrying their `TileLayout`."""
+
+    layout: TileLayout
+
+    def __new__(cls, cos: torch.Tensor, sin: torch.Tensor, layout: TileLayout) -> "TiledRope":
+        obj = super().__new__(cls, (cos, sin))
+        obj.layout = layout
+        return obj
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x by the angles in (cos, sin).
+
+    Args:
+        x: (B, S, H, D).
+        cos, sin: (1, S, 1, D) float32 tables with each angle repeated for both members of a pair (Wan's
+            `WanRotaryPosEmbed` output).
+
+    Returns:
+        (B, S, H, D) in x's dtype. Same arithmetic as diffusers 0.42.1 `WanAttnProcessor`
+        (tests/test_processor.py checks them equal).
+    """
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2).type_as(x)
+
+
+class VsagenAttnProcessor:
+    """Self-attention processor for Wan `attn1` that delegates the attention itself to a backend.
+
+    Raises (at call time):
+        ValueError: used on a cross-attention, or given an attention mask.
+        RuntimeError: a tiled backend without tile-ordered RoPE (hooks not installed).
+    """
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, backend: AttentionBackend, timer: Timer) -> None:
+        self.backend = backend
+        self.timer = timer
+
+    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                 attention_mask: torch.Tensor | None = None,
+                 rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if encoder_hidden_states is not None or attention_mask is not None:
+            raise ValueError("VsagenAttnProcessor handles self-attention (attn1) without masks only")
+        token = self.timer.start("attn1")
+        if getattr(attn, "fused_projections", False):
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+        key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        if rotary_emb is not None:
+            query = apply_rotary(query, *rotary_emb)
+            key = apply_rotary(key, *rotary_emb)
+        layout = getattr(rotary_emb, "layout", None)
+        if self.backend.tiled and layout is None:
+            raise RuntimeError(f"--attn {self.backend.name} needs tile order, but the RoPE tables carry no "
+                               "tile layout: install the tile-order hooks (patch_transformer)")
+        gate = None
+        gate_proj = getattr(attn, "to_gate_compress", None)
+        if gate_proj is not None and self.backend.supports_gate:
+            gate = gate_proj(hidden_states).unflatten(2, (attn.heads, -1))
+        with self.timer.region("self_attention"):
+            out = self.backend(query, key, value, layout, gate=gate, timer=self.timer)
+        out = out.flatten(2, 3).type_as(query)
+        out = attn.to_out[1](attn.to_out[0](out))
+        self.timer.stop(token)
+        return out
+
+
+@dataclass
+class _ForwardState:
+    layout: TileLayout | None = None
+    dit_token: int | None = None
+
+
+def _grid_of(hidden_states: torch.Tensor, patch_size: tuple[int, int, int]) -> tuple[int, int, int]:
+    _, _, f, h, w = hidden_states.shape
+    pt, ph, pw = patch_size
+    return (f // pt, h // ph, w // pw)
+
+
+@dataclass
+class TransformerPatch:
+    """What `patch_transformer` installed on one transformer; `remove()` undoes it."""
+
+    transformer: Any
+    original_processors: list[Any]
+    handles: list[Any] = field(default_factory=list)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        for block, proc in zip(self.transformer.blocks, self.original_processors):
+            block.attn1.set_processor(proc)
+        self.handles.clear()
+
+
+def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer) -> TransformerPatch:
+    """Install the vsagen processor on every `attn1`, the tile-order hooks (tiled backends) and DiT timing.
+
+    Args:
+        transformer: a diffusers `WanTransformer3DModel`.
+        backend: the self-attention backend.
+        timer: receives a "dit" region per transformer forward (tagged with `timer.step`), and the
+            processor's "attn1" / "self_attention" regions.
+
+    Returns:
+        TransformerPatch, whose `remove()` restores the original processors and removes the hooks.
+    """
+    patch_size = tuple(transformer.config.patch_size)
+    state = _ForwardState()
+    patch = TransformerPatch(transformer, [b.attn1.processor for b in transformer.blocks])
+    processor = VsagenAttnProcessor(backend, timer)
+    for block in transformer.blocks:
+        block.attn1.set_processor(processor)
+
+    def layout_for(hidden_states: torch.Tensor) -> TileLayout:
+        return tile_layout(_grid_of(hidden_states, patch_size), device=hidden_states.device)
+
+    def pre_forward(module, args, kwargs):
+        state.dit_token = timer.start("dit")
+        if not backend.tiled:
+            return None
+        hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        state.layout = layout = layout_for(hs)
+        if "timestep" in kwargs:
+            ts = kwargs["timestep"]
+            if ts.ndim == 2:  # per-token timestep (Wan2.2-5B): (B, S) raster -> tile order
+                kwargs = {**kwargs, "timestep": layout.to_tiles(ts, dim=1)}
+        elif len(args) > 1 and args[1].ndim == 2:
+            args = (args[0], layout.to_tiles(args[1], dim=1), *args[2:])
+        return args, kwargs
+
+    def post_forward(module, args, kwargs, output):
+        state.layout = None
+        timer.stop(state.dit_token)
+        state.dit_token = None
+        return None
+
+    patch.handles.append(transformer.register_forward_pre_hook(pre_forward, with_kwargs=True))
+    patch.handles.append(transformer.register_forward_hook(post_forward, with_kwargs=True))
+    if not backend.tiled:
+        return patch
+
+    def rope_hook(module, args, output):
+        layout = layout_for(args[0])
+        cos, sin = output
+        return TiledRope(layout.to_tiles(cos, dim=1), layout.to_tiles(sin, dim=1), layout)
+
+    def first_block_pre(module, args, kwargs):
+        rope = kwargs.get("rotary_emb", args[3] if len(args) > 3 else None)
+        layout = getattr(rope, "layout", None)
+        if layout is None:
+            raise RuntimeError("tile-order hooks: blocks[0] got RoPE tables without a tile layout")
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": layout.to_tiles(kwargs["hidden_states"], dim=1)}
+        return (layout.to_tiles(args[0], dim=1), *args[1:]), kwargs
+
+    def proj_out_hook(module, args, output):
+        if state.layout is None:
+            raise RuntimeError("tile-order hooks: proj_out ran outside a transformer forward")
+        return state.layout.to_raster(output, dim=1)
+
+    patch.handles.append(transformer.rope.register_forward_hook(rope_hook))
+    patch.handles.append(transformer.blocks[0].register_forward_pre_hook(first_block_pre, with_kwargs=True))
+    patch.handles.append(transformer.proj_out.register_forward_hook(proj_out_hook))
+    return patch

@@ -1,0 +1,226 @@
+"""`RunConfig`: one generation request, fully resolved and validated before anything heavy is loaded.
+
+Precedence, implemented once in `resolve`: a CLI flag (any value other than None) > the model preset's
+`[defaults]`. Every check that does not need the model's weights runs here, so bad input fails in well
+under a second with one message and nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .attention import backend_names, make_backend, uses_sparsity
+from .errors import BadInput, ModelNotFound
+from .presets import Preset, load_preset, preset_for_hub_id, preset_for_transformer_config, preset_names
+
+DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+DEVICES = ("auto", "cuda", "cpu")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+TILE_FITS = ("partial", "crop")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: kind "tiny" (built offline), "hub" (hub id) or "dir" (local directory)."""
+
+    kind: str
+    location: str  # hub id or directory ("" for tiny)
+    preset: Preset
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated `vsagen t2v` request (pixels, frames, steps; device and dtype already resolved)."""
+
+    prompt: str
+    model: str
+    source: ModelSource
+    attn: str
+    sparsity: float | None
+    height: int
+    width: int
+    frames: int
+    steps: int
+    guidance: float
+    negative_prompt: str
+    seed: int
+    fps: int
+    flow_shift: float
+    max_sequence_length: int
+    out: Path
+    json_out: Path
+    overwrite: bool
+    device: str
+    dtype: str
+    tile_fit: str
+    random_weights: bool
+    allow_pickle: bool
+    warmup: int
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready settings (no Path objects, no preset internals)."""
+        d = asdict(self)
+        d.pop("source")
+        d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
+                             "preset": self.source.preset.name}
+        d["out"], d["json_out"] = str(self.out), str(self.json_out)
+        return d
+
+
+def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
+    """The valid frame counts (stride*k + 1) just below and above `frames`."""
+    lo = max(1, (frames - 1) // stride * stride + 1)
+    return lo, lo + stride
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Map `--model` (preset name | local diffusers directory | hub id) to a `ModelSource`.
+
+    Raises:
+        BadInput / ModelNotFound: not a preset, not a usable directory, not of the form org/name.
+    """
+    if model in preset_names():
+        p = load_preset(model)
+        return ModelSource("tiny", "", p) if p.source == "tiny" else ModelSource("hub", p.hub_id, p)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise ModelNotFound(f"--model {model}: not a diffusers pipeline directory (no model_index.json)")
+        cfg_path = path / "transformer" / "config.json"
+        try:
+            tcfg = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
+        preset = preset_for_transformer_config(tcfg)
+        if preset is None:
+            # An architecture no preset describes (e.g. a test checkpoint): take the tiny preset's settings
+            # only if it is the tiny architecture, else the default model's generation settings.
+            tiny = load_preset("tiny")
+            same_as_tiny = all(tcfg.get(k) == v for k, v in tiny.transformer.items() if k != "patch_size")
+            preset = tiny if same_as_tiny else load_preset(DEFAULT_MODEL)
+        return ModelSource("dir", str(path.resolve()), preset)
+    if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
+        preset = preset_for_hub_id(model) or load_preset(DEFAULT_MODEL)
+        return ModelSource("hub", model, preset)
+    raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
+                   "directory, or a hub id of the form org/name; try --model tiny")
+
+
+def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
+    if out.suffix.lower() != ".mp4":
+        raise BadInput(f"--out {out}: the video is written as mp4; give a path ending in .mp4")
+    for p in (out, json_out):
+        if p.is_dir():
+            raise BadInput(f"{p} is a directory")
+        if p.exists() and not overwrite:
+            raise BadInput(f"{p} exists; pass --overwrite to replace it, or choose another --out")
+    folder = out.parent
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadInput(f"cannot write to {folder}: {existing} is not a directory")
+    try:  # a real probe: os.access says yes to root even on read-only or virtual file systems
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise BadInput(f"cannot write to {folder}: {e.strerror or e}") from None
+
+
+def _default_out(model: str, attn: str, seed: int) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name if Path(model).is_dir() else model).strip("-.")
+    base = f"vsagen-{stem or 'model'}-{attn}-seed{seed}"
+    for i in range(10_000):
+        cand = Path(f"{base}{'' if i == 0 else f'-{i}'}.mp4")
+        if not cand.exists() and not cand.with_suffix(".json").exists():
+            return cand
+    raise BadInput("too many earlier outputs in this folder; pass --out")
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' if available else 'cpu'. Raises BadInput for 'cuda' without CUDA."""
+    import torch
+
+    if device not in DEVICES:
+        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise BadInput("--device cuda: CUDA is not available here (torch "
+                       f"{torch.__version__}); use --device cpu")
+    return "cuda" if device == "auto" and has_cuda else ("cpu" if device == "auto" else device)
+
+
+def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
+            height: int | None = None, width: int | None = None, frames: int | None = None,
+            steps: int | None = None, guidance: float | None = None, negative_prompt: str | None = None,
+            seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
+            device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
+            allow_pickle: bool = False, warmup: int = 0) -> RunConfig:
+    """Validate a request and fill unset settings from the model's preset (flag > preset default).
+
+    Raises:
+        BadInput: any invalid setting (one message naming the flag and what would be valid).
+    """
+    if not prompt.strip():
+        raise BadInput("the prompt is empty")
+    if attn not in backend_names():
+        raise BadInput(f"unknown --attn {attn!r}; available: {', '.join(backend_names())}")
+    if tile_fit not in TILE_FITS:
+        raise BadInput(f"--tile-fit must be one of {', '.join(TILE_FITS)}, got {tile_fit!r}")
+    if dtype not in DTYPES:
+        raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device not in DEVICES:
+        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if sparsity is not None and not 0.0 <= sparsity < 1.0:
+        raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
+    src = resolve_model(model)
+    d = src.preset.defaults
+    if uses_sparsity(attn):
+        sparsity = d.sparsity if sparsity is None else sparsity
+    make_backend(attn, sparsity)  # raises for a sparsity given to a dense backend
+    height = d.height if height is None else height
+    width = d.width if width is None else width
+    frames = d.frames if frames is None else frames
+    steps = d.steps if steps is None else steps
+    guidance = d.guidance if guidance is None else guidance
+    fps = d.fps if fps is None else fps
+    stride_t, mult = src.preset.vae_stride_temporal, src.preset.pixel_multiple
+    if frames < 1 or (frames - 1) % stride_t:
+        lo, hi = nearest_valid_frames(max(frames, 1), stride_t)
+        raise BadInput(f"--frames must be {stride_t}k+1 (1, {1 + stride_t}, {1 + 2 * stride_t}, ...); got {frames}, "
+                       f"nearest valid: {lo} or {hi}")
+    for name, v in (("--height", height), ("--width", width)):
+        if v < mult or v % mult:
+            lo = max(mult, v // mult * mult)
+            raise BadInput(f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}, "
+                           f"nearest valid: {lo} or {lo + mult}" if v >= mult else
+                           f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}")
+    if steps < 1:
+        raise BadInput(f"--steps must be at least 1, got {steps}")
+    if guidance < 0:
+        raise BadInput(f"--guidance must be >= 0, got {guidance}")
+    if fps < 1:
+        raise BadInput(f"--fps must be at least 1, got {fps}")
+    if warmup < 0:
+        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    dev = resolve_device(device)
+    dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
+    out = Path(out) if out is not None else _default_out(model, attn, seed)
+    json_out = out.with_suffix(".json")
+    _check_output(out, json_out, overwrite)
+    return RunConfig(
+        prompt=prompt, model=model, source=src, attn=attn, sparsity=sparsity, height=height, width=width,
+        frames=frames, steps=steps, guidance=guidance,
+        negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt, seed=seed, fps=fps,
+        flow_shift=d.flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
+        overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
+        allow_pickle=allow_pickle, warmup=warmup,
+    )

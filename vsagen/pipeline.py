@@ -1,0 +1,354 @@
+"""Load a Wan pipeline (tiny | local directory | hub id | random weights), patch it, run it, crop, write.
+
+Data flow: RunConfig -> diffusers WanPipeline -> patch every transformer (processor + tile-order hooks +
+timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at the crop plan's size ->
+crop the latent back -> VAE decode -> mp4 + timing JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import RunConfig
+from .errors import BadInput, ModelNotFound, RunFailure
+from .layout import plan_crop, tile_layout
+from .presets import Preset
+from .timing import Timer, TimingReport
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_ALLOWED_LIBRARIES = {"diffusers", "transformers"}
+
+
+def torch_dtype(name: str):
+    """'bf16' | 'fp16' | 'fp32' -> torch dtype."""
+    import torch
+
+    return getattr(torch, _DTYPES[name])
+
+
+@dataclass
+class LoadedModel:
+    """A ready pipeline and what the report should say about it."""
+
+    pipe: Any
+    random_weights: bool
+    notes: list[str]
+    gate_layers: int = 0
+
+
+def _quiet_libraries() -> None:
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
+    """Refuse pickle-only weights (unless allowed) and components from libraries other than diffusers /
+    transformers, before diffusers imports anything named in model_index.json."""
+    index = json.loads((path / "model_index.json").read_text())
+    if index.get("_class_name") not in ("WanPipeline",):
+        raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
+                       "vsagen t2v runs WanPipeline checkpoints")
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        if spec[0] not in _ALLOWED_LIBRARIES:
+            raise BadInput(f"--model {path}: component {name!r} comes from {spec[0]!r}; only diffusers and "
+                           "transformers components are loaded (remote code is never trusted)")
+        sub = path / name
+        if not sub.is_dir() or name in ("scheduler", "tokenizer"):
+            continue
+        files = [f.name for f in sub.iterdir()]
+        has_safe = any(f.endswith(".safetensors") for f in files)
+        has_pickle = any(f.endswith(_PICKLE_SUFFIXES) for f in files)
+        if has_pickle and not has_safe and not allow_pickle:
+            raise BadInput(f"--model {path}: {name}/ has only pickle weights; pickle files can run code when "
+                           "loaded, so vsagen loads safetensors only; pass --allow-pickle if you trust them")
+
+
+def _load_gate_compress(transformer: Any, weight_dir: Path | None) -> int:
+    """Attach trained VSA gates (`blocks.N.attn1.to_gate_compress.{weight,bias}`) found in the checkpoint's
+    transformer safetensors as `attn1.to_gate_compress` Linear modules. Returns how many layers got one."""
+    if weight_dir is None or not weight_dir.is_dir():
+        return 0
+    import torch
+    from safetensors import safe_open
+
+    found: dict[int, dict[str, torch.Tensor]] = {}
+    for f in sorted(weight_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as sf:
+            for key in sf.keys():
+                parts = key.split(".")
+                if len(parts) == 5 and parts[0] == "blocks" and parts[2:4] == ["attn1", "to_gate_compress"]:
+                    found.setdefault(int(parts[1]), {})[parts[4]] = sf.get_tensor(key)
+    for idx, tensors in found.items():
+        attn = transformer.blocks[idx].attn1
+        w = tensors["weight"]
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors)
+        lin.load_state_dict(tensors)
+        attn.to_gate_compress = lin.to(device=attn.to_q.weight.device, dtype=attn.to_q.weight.dtype)
+    return len(found)
+
+
+def _from_pretrained(location: str, cfg: RunConfig, dtype: Any) -> Any:
+    from diffusers import WanPipeline
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
+    kwargs["use_safetensors"] = None if cfg.allow_pickle else True
+    try:
+        return WanPipeline.from_pretrained(location, **kwargs)
+    except (OSError, ValueError, EnvironmentError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "safetensors" in str(e).lower() and not cfg.allow_pickle:
+            raise BadInput(f"--model {cfg.model}: no safetensors weights ({first}); pass --allow-pickle to "
+                           "load pickle weights you trust") from None
+        if cfg.source.kind == "hub":
+            why = (f"hub id {location!r} is not in the local Hugging Face cache and could not be downloaded "
+                   f"({_short(first)})")
+        else:
+            why = f"directory {location}: {_short(first)}"
+        raise ModelNotFound(
+            f"cannot load model {cfg.model!r}: {why}. Download it with `huggingface-cli download {location}` "
+            "(or pass --model DIR for a local copy), time its architecture with --random-weights, or try "
+            "--model tiny") from None
+
+
+def _short(msg: str, limit: int = 100) -> str:
+    msg = msg.split(" (")[0].strip()
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift: float) -> Any:
+    """The preset's real transformer and VAE architectures with random weights, no text encoder."""
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    with torch.device(device):
+        transformer = WanTransformer3DModel(**preset.transformer).to(dtype).eval()
+        vae = AutoencoderKLWan(**preset.vae).eval()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        flow_shift=flow_shift)
+    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer)
+
+
+def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
+    """Load (or build) the pipeline for `cfg` on its device and dtype.
+
+    Raises:
+        ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
+        BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint.
+    """
+    import torch
+    from diffusers import UniPCMultistepScheduler
+
+    _quiet_libraries()
+    torch.manual_seed(cfg.seed)
+    dtype = torch_dtype(cfg.dtype)
+    preset, src = cfg.source.preset, cfg.source
+    notes: list[str] = []
+    weight_dir: Path | None = None
+    if cfg.random_weights:
+        pipe = _random_weights_pipeline(preset, dtype, cfg.device, cfg.flow_shift)
+        notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
+    else:
+        if src.kind == "tiny":
+            from .tiny import ensure_tiny_checkpoint
+
+            location = str(ensure_tiny_checkpoint(preset))
+            notes.append("model 'tiny' has random weights: its videos are noise (for plumbing and timing)")
+        else:
+            location = src.location
+        if src.kind in ("tiny", "dir"):
+            _check_local_checkpoint(Path(location), cfg.allow_pickle)
+            weight_dir = Path(location) / "transformer"
+        pipe = _from_pretrained(location, cfg, dtype)
+        if src.kind == "hub":
+            try:
+                from huggingface_hub import snapshot_download
+
+                weight_dir = Path(snapshot_download(location, allow_patterns=["transformer/*"],
+                                                    local_files_only=True)) / "transformer"
+            except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
+                weight_dir = None
+        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
+    pipe.to(cfg.device)
+    vae_dtype = preset.defaults.vae_dtype
+    if vae_dtype != "same":
+        pipe.vae.to(torch_dtype(vae_dtype))
+    gates = 0
+    for t in (pipe.transformer, getattr(pipe, "transformer_2", None)):
+        if t is not None:
+            t.eval()
+            gates += _load_gate_compress(t, weight_dir)
+    if gates:
+        notes.append(f"loaded trained VSA gates (to_gate_compress) for {gates} layers")
+    return LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, gate_layers=gates)
+
+
+def _encode_prompts(cfg: RunConfig, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
+    import torch
+
+    pipe = model.pipe
+    dtype = torch_dtype(cfg.dtype)
+    if model.random_weights:
+        text_dim = pipe.transformer.config.text_dim
+        g = torch.Generator("cpu").manual_seed(cfg.seed + 1)
+        shape = (1, cfg.max_sequence_length, text_dim)
+        pos = torch.randn(shape, generator=g).to(cfg.device, dtype)
+        neg = torch.randn(shape, generator=g).to(cfg.device, dtype) if do_cfg else None
+        return pos, neg
+    return pipe.encode_prompt(prompt=cfg.prompt, negative_prompt=cfg.negative_prompt,
+                              do_classifier_free_guidance=do_cfg, num_videos_per_prompt=1,
+                              max_sequence_length=cfg.max_sequence_length, device=torch.device(cfg.device),
+                              dtype=dtype)
+
+
+def _decode(pipe: Any, latents: Any) -> Any:
+    """Un-normalise Wan latents and decode them: (1, z, F_lat, H_lat, W_lat) -> (1, 3, F, H, W) in [-1, 1]."""
+    import torch
+
+    vae = pipe.vae
+    latents = latents.to(vae.dtype)
+    z = vae.config.z_dim
+    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+    std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+    return vae.decode(latents * std + mean, return_dict=False)[0]
+
+
+@dataclass
+class RunResult:
+    """What a run produced: the files and the JSON-ready summary (also written to `json_path`)."""
+
+    video_path: Path
+    json_path: Path
+    report: TimingReport
+    summary: dict[str, Any]
+
+
+def _versions(device: str) -> dict[str, str]:
+    import diffusers
+    import torch
+
+    v = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if device == "cuda":
+        v["gpu"] = torch.cuda.get_device_name()
+        v["cuda"] = str(torch.version.cuda)
+    return v
+
+
+def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True) -> RunResult:
+    """Run one text-to-video generation and write the mp4 and its timing JSON.
+
+    Raises:
+        BadInput: invalid request found only once the model is known (e.g. backend vs dtype).
+        ModelNotFound: the checkpoint cannot be loaded.
+        RunFailure: the run itself failed (message names the stage).
+    """
+    import torch
+
+    from . import __version__
+    from .attention import make_backend
+    from .attention.processor import patch_transformer
+
+    backend = make_backend(cfg.attn, cfg.sparsity)
+    backend.check(torch.device(cfg.device), torch_dtype(cfg.dtype))
+    t_load = time.perf_counter()
+    model = load_model(cfg, log)
+    load_s = time.perf_counter() - t_load
+    for note in model.notes:
+        log(f"note: {note}")
+    pipe = model.pipe
+    preset = cfg.source.preset
+    plan = plan_crop(cfg.frames, cfg.height, cfg.width, fit=cfg.tile_fit,
+                     vae_stride_temporal=preset.vae_stride_temporal, vae_stride_spatial=preset.vae_stride_spatial,
+                     patch_size=tuple(pipe.transformer.config.patch_size))
+    timer = Timer(cfg.device)
+    patches = [patch_transformer(t, backend, timer)
+               for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
+    do_cfg = cfg.guidance > 1.0
+    pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
+
+    def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict) -> dict:
+        timer.step = i + 1
+        return {}
+
+    def denoise(pos: Any, neg: Any, steps: int) -> Any:
+        return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
+                    width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
+                    guidance_scale=cfg.guidance, generator=torch.Generator("cpu").manual_seed(cfg.seed),
+                    output_type="latent", callback_on_step_end=on_step_end, return_dict=False)[0]
+
+    try:
+        with torch.inference_mode():
+            warmup_s = 0.0
+            if cfg.warmup:
+                timer.enabled = False
+                t0 = time.perf_counter()
+                pos, neg = _encode_prompts(cfg, model, do_cfg)
+                denoise(pos, neg, cfg.warmup)
+                if cfg.device == "cuda":
+                    torch.cuda.synchronize()
+                warmup_s = time.perf_counter() - t0
+                timer.enabled = True
+            with timer.region("total"):
+                with timer.region("text_encode"):
+                    pos, neg = _encode_prompts(cfg, model, do_cfg)
+                timer.step = 0
+                with timer.region("denoise"):
+                    latents = denoise(pos, neg, cfg.steps)
+                timer.step = -1
+                f, h, w = plan.latent
+                latents = latents[:, :, :f, :h, :w]
+                with timer.region("vae_decode"):
+                    video = _decode(pipe, latents)
+            records = timer.finish()
+            t_write = time.perf_counter()
+            frames = pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]
+    except torch.cuda.OutOfMemoryError as e:
+        raise RunFailure(f"out of GPU memory while generating ({str(e).splitlines()[0]})") from e
+    finally:
+        for p in patches:
+            p.remove()
+    from .video import to_uint8_frames, write_json, write_mp4
+
+    frames_u8 = to_uint8_frames(frames)
+    if frames_u8.shape[:3] != (cfg.frames, cfg.height, cfg.width):
+        raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected {(cfg.frames, cfg.height, cfg.width)}")
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    write_mp4(frames_u8, cfg.out, cfg.fps, overwrite=cfg.overwrite)
+    write_s = time.perf_counter() - t_write
+    report = TimingReport.from_records(records, cfg.device, load_s=load_s, write_s=write_s, warmup_s=warmup_s,
+                                       notes=model.notes)
+    layout = tile_layout(plan.denoise_grid)
+    summary = {
+        "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
+        "backend": backend.describe(), "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
+        "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance, "seed": cfg.seed, "device": cfg.device,
+        "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
+        "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
+                     "latent": list(plan.denoise_latent), **layout.summary()},
+        "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
+                                                                         **_versions(cfg.device)},
+    }
+    try:
+        write_json(summary, cfg.json_out, overwrite=cfg.overwrite)
+    except BadInput:
+        raise BadInput(f"{cfg.json_out} appeared during the run; the video is at {cfg.out}, the timing was not "
+                       "written (pass --overwrite)") from None
+    return RunResult(cfg.out, cfg.json_out, report, summary)

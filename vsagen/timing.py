@@ -1,0 +1,177 @@
+"""Region timers and the timing breakdown report.
+
+On CUDA every region is a pair of CUDA events recorded on the current stream; nothing synchronizes until
+`Timer.finish`, which synchronizes once and reads all the events. On CPU regions use `time.perf_counter`
+(CPU work is synchronous). Regions may nest; the report adds regions of the same name.
+
+Region names used by vsagen: "total", "text_encode", "denoise" (the whole sampling loop), "dit" (one
+transformer forward; tagged with the denoising step), "attn1" (the whole self-attention module: projections,
+norms, RoPE, backend, output projection), "self_attention" (the backend call alone) and
+"self_attention/<stage>" for the stages a backend reports (e.g. VSA's "coarse" and "fine"), "vae_decode".
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+
+class Timer:
+    """Collects named regions; `finish()` turns them into seconds.
+
+    `step` is the current denoising step (-1 outside the loop); each region remembers it.
+    `enabled` False makes every region a no-op (used for warm-up runs, which are reported apart).
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self.step = -1
+        self.enabled = True
+        self._records: list[tuple[str, int, Any, Any]] = []
+        self._open: dict[int, tuple[str, int, Any]] = {}
+        self._next_token = 0
+
+    def _now(self) -> Any:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def start(self, name: str) -> int | None:
+        """Open a region; returns a token for `stop` (None when disabled)."""
+        if not self.enabled:
+            return None
+        token = self._next_token
+        self._next_token += 1
+        self._open[token] = (name, self.step, self._now())
+        return token
+
+    def stop(self, token: int | None) -> None:
+        """Close the region opened by `start`."""
+        if token is None:
+            return
+        name, step, begin = self._open.pop(token)
+        self._records.append((name, step, begin, self._now()))
+
+    @contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """Time the body as region `name`."""
+        token = self.start(name)
+        try:
+            yield
+        finally:
+            self.stop(token)
+
+    def finish(self) -> list[tuple[str, int, float]]:
+        """Synchronize once (CUDA) and return (name, step, seconds) for every closed region."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            out = [(n, s, b.elapsed_time(e) / 1000.0) for n, s, b, e in self._records]
+        else:
+            out = [(n, s, e - b) for n, s, b, e in self._records]
+        return out
+
+
+class NullTimer(Timer):
+    """A timer that records nothing (for code paths called outside a run)."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.enabled = False
+
+
+@dataclass
+class TimingReport:
+    """Where the time of one run went (seconds).
+
+    `dit_s` sums every transformer forward (two per step with CFG); `self_attention_s` sums the attention
+    backend calls inside them (`self_attention_stages_s` splits them by the stages the backend reports);
+    `attn1_s` is the whole self-attention module including projections, q/k norms, RoPE and output
+    projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
+    to the end of the VAE decode; `load_s` and `write_s` (host clock) are outside it.
+    """
+
+    device: str
+    total_s: float
+    text_encode_s: float
+    denoise_s: float
+    dit_s: float
+    dit_forwards: int
+    dit_per_step_s: list[float]
+    attn1_s: float
+    self_attention_s: float
+    self_attention_stages_s: dict[str, float]
+    vae_decode_s: float
+    attention_share_of_dit: float
+    load_s: float = 0.0
+    write_s: float = 0.0
+    warmup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_records(cls, records: list[tuple[str, int, float]], device: str, **extra: Any) -> "TimingReport":
+        """Aggregate `Timer.finish()` records."""
+        total: dict[str, float] = defaultdict(float)
+        count: dict[str, int] = defaultdict(int)
+        per_step: dict[int, float] = defaultdict(float)
+        for name, step, sec in records:
+            total[name] += sec
+            count[name] += 1
+            if name == "dit":
+                per_step[step] += sec
+        stages = {n.split("/", 1)[1]: v for n, v in total.items() if n.startswith("self_attention/")}
+        dit = total["dit"]
+        return cls(
+            device=device,
+            total_s=total["total"], text_encode_s=total["text_encode"], denoise_s=total["denoise"],
+            dit_s=dit, dit_forwards=count["dit"],
+            dit_per_step_s=[per_step[s] for s in sorted(per_step)],
+            attn1_s=total["attn1"], self_attention_s=total["self_attention"], self_attention_stages_s=stages,
+            vae_decode_s=total["vae_decode"],
+            attention_share_of_dit=(total["self_attention"] / dit) if dit > 0 else 0.0,
+            **extra,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (all seconds)."""
+        return asdict(self)
+
+    def rich_table(self, title: str = "timing"):  # -> rich.table.Table
+        """Render as a Rich table: region, seconds, share of the total, share of DiT time."""
+        from rich.table import Table
+
+        t = Table(title=title, title_justify="left")
+        t.add_column("region")
+        t.add_column("seconds", justify="right")
+        t.add_column("% total", justify="right")
+        t.add_column("% DiT", justify="right")
+
+        def pct(x: float, of: float) -> str:
+            return f"{100 * x / of:5.1f}" if of > 0 else "-"
+
+        def row(name: str, sec: float, dit_share: bool = False) -> None:
+            t.add_row(name, f"{sec:.3f}", pct(sec, self.total_s), pct(sec, self.dit_s) if dit_share else "")
+
+        row("text encode", self.text_encode_s)
+        row("denoise loop", self.denoise_s)
+        steps = len(self.dit_per_step_s)
+        row(f"  DiT ({self.dit_forwards} forwards, {steps} steps)", self.dit_s, True)
+        if steps:
+            t.add_row("    per step (mean)", f"{self.dit_s / steps:.3f}", "", "")
+        row("    self-attention module (attn1)", self.attn1_s, True)
+        row("      attention backend", self.self_attention_s, True)
+        for stage, sec in self.self_attention_stages_s.items():
+            row(f"        {stage}", sec, True)
+        row("VAE decode", self.vae_decode_s)
+        row("total", self.total_s)
+        if self.load_s:
+            t.add_row("(load, not in total)", f"{self.load_s:.3f}", "", "")
+        if self.warmup_s:
+            t.add_row("(warm-up, not in total)", f"{self.warmup_s:.3f}", "", "")
+        return t

@@ -1,0 +1,74 @@
+"""The embedded `tiny` model: a Wan2.1-style T2V pipeline with random weights, built offline.
+
+It is built deterministically (seed 0) from the `tiny` preset's configs, saved once in the diffusers layout
+(safetensors) under the vsagen cache directory, and loaded back through the same `from_pretrained` path that
+real checkpoints take. Its pictures are noise: it exists for plumbing, tests and timing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .presets import Preset
+
+TINY_SEED = 0
+_MARKER = ".vsagen-complete"
+
+
+def cache_dir() -> Path:
+    """Root of vsagen's cache: $VSAGEN_CACHE, else $XDG_CACHE_HOME/vsagen, else ~/.cache/vsagen."""
+    if os.environ.get("VSAGEN_CACHE"):
+        return Path(os.environ["VSAGEN_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "vsagen"
+
+
+def build_tiny_pipeline(preset: Preset):
+    """Build the tiny WanPipeline from `preset`'s configs with seeded random weights (float32, CPU).
+
+    Returns:
+        diffusers.WanPipeline.
+    """
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import ByT5Tokenizer, UMT5Config, UMT5EncoderModel
+
+    assert preset.text_encoder is not None
+    torch.manual_seed(TINY_SEED)
+    text_encoder = UMT5EncoderModel(UMT5Config(**preset.text_encoder)).eval()
+    vae = AutoencoderKLWan(**preset.vae).eval()
+    transformer = WanTransformer3DModel(**preset.transformer).eval()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        flow_shift=preset.defaults.flow_shift)
+    return WanPipeline(tokenizer=ByT5Tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                       transformer=transformer)
+
+
+def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
+    """Return the directory of the saved tiny pipeline, building and saving it first if needed.
+
+    The save goes to a temporary directory that is renamed into place, so concurrent runs and interrupted
+    saves never leave a half-written checkpoint.
+    """
+    root = cache_dir() if root is None else root
+    target = root / f"{preset.name}-pipeline"
+    if (target / _MARKER).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=root))
+    try:
+        build_tiny_pipeline(preset).save_pretrained(tmp, safe_serialization=True)
+        (tmp / _MARKER).write_text("built by vsagen from presets/tiny.toml\n")
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / _MARKER).is_file():  # lost a race with nobody finishing: give up loudly
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,51 @@
+"""Shared fixtures: an isolated vsagen cache with the tiny checkpoint, and random input factories."""
+
+from __future__ import annotations
+
+import os
+
+# Kernels run under the Triton interpreter on CPU; it must be set before any @triton.jit decorates.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def vsagen_cache(tmp_path_factory):
+    """A private VSAGEN_CACHE for the whole test session (never the user's ~/.cache)."""
+    path = tmp_path_factory.mktemp("vsagen-cache")
+    old = os.environ.get("VSAGEN_CACHE")
+    os.environ["VSAGEN_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("VSAGEN_CACHE", None)
+    else:
+        os.environ["VSAGEN_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(vsagen_cache):
+    """Directory of the saved tiny pipeline (diffusers layout, safetensors)."""
+    from vsagen.presets import load_preset
+    from vsagen.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(load_preset("tiny"))
+
+
+@pytest.fixture
+def tiny_pipe(tiny_dir):
+    """A fresh WanPipeline loaded from the tiny checkpoint (float32, CPU)."""
+    from diffusers import WanPipeline
+
+    return WanPipeline.from_pretrained(tiny_dir, use_safetensors=True)
+
+
+def make_qkv(b: int, s: int, h: int, d: int, dtype=torch.float32, seed: int = 0, requires_grad: bool = False):
+    """Fresh random q, k, v of shape (B, S, H, D) (never zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    out = [torch.randn(b, s, h, d, generator=g).to(dtype) for _ in range(3)]
+    if requires_grad:
+        for t in out:
+            t.requires_grad_(True)
+    return out

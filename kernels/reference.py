@@ -40,7 +40,7 @@ def top_k_from_sparsity(sparsity: float, num_tiles: int) -> int:
     """
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
-    # The 1e-9 keeps float noise such as (1 - 0.875) * 624 = 78.00000000000001 from adding a tile.
+    # The 1e-9 keeps float noise such as (1 - 0.7) * 10 = 3.0000000000000004 from adding a tile.
     return max(1, min(num_tiles, math.ceil((1.0 - sparsity) * num_tiles - 1e-9)))
 
 

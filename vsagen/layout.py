@@ -113,10 +113,11 @@ def tile_layout(grid: tuple[int, int, int], tile: tuple[int, int, int] = TILE,
 
     Source: VSA paper sec. 2 (cube partition) and appendix B (tile / untile).
     """
+    # Check before converting: int() would silently truncate a non-integral size such as 2.5.
+    _check_dims("grid", tuple(grid))
+    _check_dims("tile", tuple(tile))
     grid = tuple(int(g) for g in grid)  # type: ignore[assignment]
     tile = tuple(int(t) for t in tile)  # type: ignore[assignment]
-    _check_dims("grid", grid)
-    _check_dims("tile", tile)
     (gt, gh, gw), (ct, ch, cw) = grid, tile
     nt, nh, nw = (math.ceil(g / c) for g, c in zip(grid, tile))
     t = torch.arange(gt).view(-1, 1, 1).expand(gt, gh, gw)

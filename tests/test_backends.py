@@ -1,0 +1,153 @@
+"""Tests for vsagen.attention: the backend registry, `full` and `vsa` on CPU, and VSA's timer regions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vsagen.kernels.reference as ref
+from conftest import make_qkv
+from vsagen.attention import BACKENDS, backend_names, make_backend, uses_sparsity
+from vsagen.attention.full import FullAttention
+from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention
+from vsagen.errors import BadInput
+from vsagen.layout import tile_layout
+from vsagen.timing import NullTimer, Timer
+
+# fp32 attention over a few hundred keys (D = 16) against a float64 softmax: fp32 rounding only (~1e-7
+# relative per op); 1e-5 catches any real error.
+FP32_ATOL = 1e-5
+FP32_RTOL = 1e-5
+# VSA at sparsity 0 against `full` (both fp32, different kernels and summation orders): same bound.
+DENSE_ATOL = 1e-5
+DENSE_RTOL = 1e-5
+
+B, H, D = 2, 3, 16
+
+
+def softmax_attention_fp64(q, k, v):
+    """(B, S, H, D) -> (B, S, H, D) float64 explicit softmax attention."""
+    qd, kd, vd = (x.double() for x in (q, k, v))
+    p = torch.softmax(torch.einsum("bshd,bthd->bhst", qd, kd) / D ** 0.5, dim=-1)
+    return torch.einsum("bhst,bthd->bshd", p, vd)
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+def test_backend_names():
+    assert backend_names() == ["full", "vsa"]
+    assert list(BACKENDS) == ["full", "vsa"]
+    assert uses_sparsity("vsa") and not uses_sparsity("full")
+
+
+def test_make_backend_unknown_lists_names():
+    with pytest.raises(BadInput) as info:
+        make_backend("nope")
+    msg = str(info.value)
+    assert "nope" in msg
+    for name in backend_names():
+        assert name in msg
+
+
+def test_make_backend_rejects_sparsity_for_dense():
+    with pytest.raises(BadInput, match="sparsity"):
+        make_backend("full", 0.5)
+
+
+def test_make_backend_builds_each():
+    full = make_backend("full")
+    assert isinstance(full, FullAttention) and full.name == "full" and not full.tiled
+    assert full.describe() == {"name": "full"}
+    vsa = make_backend("vsa")
+    assert isinstance(vsa, VSAAttention) and vsa.tiled and vsa.supports_gate
+    assert vsa.sparsity == DEFAULT_SPARSITY == 0.875
+    assert make_backend("vsa", 0.5).describe()["sparsity"] == 0.5
+
+
+@pytest.mark.parametrize("sparsity", [1.0, -0.1, 2.0, float("nan")])
+def test_vsa_rejects_bad_sparsity(sparsity):
+    with pytest.raises(BadInput, match="sparsity"):
+        VSAAttention(sparsity)
+    with pytest.raises(BadInput, match="sparsity"):
+        make_backend("vsa", sparsity)
+
+
+# ---------------------------------------------------------------------------------------------- full
+
+
+@pytest.mark.parametrize("s", [1, 37, 210])
+def test_full_matches_fp64_softmax(s):
+    q, k, v = make_qkv(B, s, H, D, seed=20)
+    out = FullAttention()(q, k, v, None, gate=None, timer=NullTimer())
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), softmax_attention_fp64(q, k, v), atol=FP32_ATOL, rtol=FP32_RTOL)
+
+
+def test_full_check_device_dtype():
+    full = FullAttention()
+    cuda = torch.device("cuda")
+    with pytest.raises(BadInput, match="bf16"):
+        full.check(cuda, torch.float32)
+    full.check(cuda, torch.bfloat16)
+    full.check(cuda, torch.float16)
+    full.check(torch.device("cpu"), torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------- vsa
+
+
+@pytest.mark.parametrize("grid", [(3, 5, 7), (5, 6, 10)])
+def test_vsa_sparsity_zero_equals_full(grid):
+    lay = tile_layout(grid)
+    assert lay.num_full_tiles < lay.num_tiles
+    q, k, v = make_qkv(B, lay.num_tokens, H, D, seed=21)
+    qt, kt, vt = lay.to_tiles(q), lay.to_tiles(k), lay.to_tiles(v)
+    got = VSAAttention(0.0)(qt, kt, vt, lay, gate=None, timer=NullTimer())
+    want = FullAttention()(qt, kt, vt, None, gate=None, timer=NullTimer())
+    assert got.shape == qt.shape and got.dtype == qt.dtype
+    torch.testing.assert_close(got, want, atol=DENSE_ATOL, rtol=DENSE_RTOL)
+    torch.testing.assert_close(lay.to_raster(got).double(), softmax_attention_fp64(q, k, v),
+                               atol=FP32_ATOL, rtol=FP32_RTOL)
+
+
+@pytest.mark.parametrize("with_gate", [False, True])
+@pytest.mark.parametrize("grid,sparsity,top_k", [((6, 9, 5), 0.5, 6), ((5, 6, 10), 0.75, 3),
+                                                  ((5, 6, 10), 0.875, 2), ((9, 13, 5), 0.875, 3)])
+def test_vsa_matches_reference(with_gate, grid, sparsity, top_k):
+    """The backend is the eager reference at K = ceil((1 - sparsity) * n_tiles), gate included."""
+    lay = tile_layout(grid)
+    q, k, v = make_qkv(B, lay.num_tokens, H, D, seed=22)
+    gate = torch.rand(B, lay.num_tokens, H, D, generator=torch.Generator().manual_seed(23)) if with_gate else None
+    got = VSAAttention(sparsity)(q, k, v, lay, gate=gate, timer=NullTimer())
+    want, _ = ref.vsa_reference(q, k, v, token_tile=lay.token_tile, tile_sizes=lay.tile_sizes, slots=lay.slots,
+                                slot_valid=lay.slot_valid, top_k=top_k, gate=gate)
+    torch.testing.assert_close(got, want, atol=FP32_ATOL, rtol=FP32_RTOL)
+
+
+@pytest.mark.parametrize("with_gate", [False, True])
+def test_vsa_records_timer_regions(with_gate):
+    lay = tile_layout((3, 5, 7))
+    q, k, v = make_qkv(1, lay.num_tokens, 2, 8, seed=24)
+    gate = torch.rand_like(q) if with_gate else None
+    timer = Timer("cpu")
+    out = VSAAttention()(q, k, v, lay, gate=gate, timer=timer)
+    assert bool(torch.isfinite(out).all())
+    records = timer.finish()
+    names = [name for name, _, _ in records]
+    assert names.count("self_attention/coarse") == 1
+    assert names.count("self_attention/fine") == 1
+    assert all(sec >= 0.0 for _, _, sec in records)
+
+
+def test_vsa_needs_layout():
+    q, k, v = make_qkv(1, 8, 2, 8, seed=25)
+    with pytest.raises(RuntimeError, match="TileLayout"):
+        VSAAttention()(q, k, v, None, gate=None, timer=NullTimer())
+
+
+def test_vsa_check_accepts_cpu_and_cuda():
+    vsa = VSAAttention()
+    for dev in (torch.device("cpu"), torch.device("cuda")):
+        for dtype in (torch.float32, torch.bfloat16):
+            vsa.check(dev, dtype)

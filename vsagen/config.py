@@ -132,7 +132,7 @@ def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as e:
-        raise BadInput(f"cannot write to {folder}: {e.strerror or e}") from None
+        raise BadInput(f"cannot write to {folder}: {existing} is not a writable folder ({e.strerror or e})") from None
 
 
 def _default_out(model: str, attn: str, seed: int) -> Path:

@@ -96,6 +96,9 @@ def _check_dims(name: str, dims: tuple[int, ...]) -> None:
 
 
 @functools.cache
+# The cache lives for the whole process: build normal tensors even when the first caller runs under
+# torch.inference_mode (as `generate` does), or a later autograd forward on the same grid fails.
+@torch.inference_mode(False)
 def tile_layout(grid: tuple[int, int, int], tile: tuple[int, int, int] = TILE,
                 device: torch.device | str = "cpu") -> TileLayout:
     """Build (and cache per grid, tile and device) the tile layout of a post-patch latent grid.

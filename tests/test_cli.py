@@ -1,0 +1,442 @@
+"""vsagen.cli: the `vsagen` command (Typer app through CliRunner in-process; `main()` through subprocesses where
+exit codes of the console-script wrapper, click's own usage errors or start-up time are the subject).
+
+Every run uses the session's private VSAGEN_CACHE (conftest's `vsagen_cache`); subprocesses get it, and a
+private HF_HOME, through their environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+from vsagen.video import read_mp4
+
+# `vsagen --help` must feel instant: no torch / diffusers import. Observed ~0.15 s on this 2-core machine; 2 s
+# is generous (a torch import alone takes ~2 s, a diffusers import ~5 s).
+HELP_WALL_S = 2.0
+# Tiny preset defaults (presets/tiny.toml): 17 frames of 96 x 160, 4 steps, CFG 5.0 (two forwards a step).
+TINY_FRAMES, TINY_H, TINY_W, TINY_STEPS = 17, 96, 160, 4
+HEAVY_MODULES = ("torch", "diffusers", "transformers", "triton")
+REPORT_KEYS = {"video", "model", "attn", "frames", "height", "width", "timing"}
+TIMING_KEYS = {"dit_s", "self_attention_s", "total_s", "dit_forwards", "attn1_s"}
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def cli_cache(vsagen_cache, tiny_dir):
+    """The private cache with the tiny checkpoint already built (so runs time the CLI, not the build)."""
+    return vsagen_cache
+
+
+def t2v(*args: str):
+    return runner.invoke(app, ["t2v", *args])
+
+
+def sub_env(cache: Path, tmp: Path) -> dict:
+    env = dict(os.environ)
+    env["VSAGEN_CACHE"] = str(cache)
+    env["HF_HOME"] = str(tmp / "hf-home")  # never the user's hub cache; nothing is downloadable here anyway
+    env.pop("COLUMNS", None)
+    return env
+
+
+def run_main(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m vsagen.cli ARGS` (the console script's `main()` wrapper)."""
+    return subprocess.run([sys.executable, "-m", "vsagen.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def assert_one_error_line(stderr: str, stdout: str = "") -> str:
+    lines = stderr.strip("\n").splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got:\n{stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in stderr + stdout
+    assert stdout == ""
+    return lines[0]
+
+
+def check_report(data: dict, steps: int, cfg_on: bool = True) -> None:
+    assert REPORT_KEYS <= set(data)
+    timing = data["timing"]
+    assert TIMING_KEYS <= set(timing)
+    assert timing["dit_s"] > 0
+    assert 0 < timing["self_attention_s"] <= timing["attn1_s"] <= timing["dit_s"]
+    assert timing["dit_s"] <= timing["denoise_s"] <= timing["total_s"]
+    assert timing["dit_forwards"] == (2 if cfg_on else 1) * steps
+    assert len(timing["dit_per_step_s"]) == steps
+    assert 0 < timing["attention_share_of_dit"] <= 1
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Runs
+
+
+@pytest.mark.slow
+def test_t2v_tiny_defaults_writes_video_and_json(cli_cache, tmp_path):
+    out = tmp_path / "x.mp4"
+    res = t2v("--model", "tiny", "a prompt", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output
+    frames = read_mp4(out)
+    assert frames.shape == (TINY_FRAMES, TINY_H, TINY_W, 3)
+    data = json.loads((tmp_path / "x.json").read_text())
+    check_report(data, TINY_STEPS)
+    assert data["video"] == str(out) and data["model"] == "tiny" and data["attn"] == "full"
+    assert (data["frames"], data["height"], data["width"]) == (TINY_FRAMES, TINY_H, TINY_W)
+    assert data["steps"] == TINY_STEPS and data["guidance"] == 5.0 and data["random_weights"] is False
+    # The human-readable report goes to stdout and names where the files went.
+    assert str(out) in res.stdout and "attention backend share of DiT time" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.mp4"]
+
+
+@pytest.mark.slow
+def test_json_flag_prints_exactly_one_object(cli_cache, tmp_path):
+    out = tmp_path / "j.mp4"
+    res = t2v("--model", "tiny", "a prompt", "--steps", "2", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1, res.stdout
+    data = json.loads(lines[0])
+    assert isinstance(data, dict)
+    check_report(data, 2)
+    assert data["video"] == str(out)
+    assert json.loads((tmp_path / "j.json").read_text()) == data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fit", ["partial", "crop"])
+def test_vsa_runs_with_either_tile_fit(cli_cache, tmp_path, fit):
+    out = tmp_path / "v.mp4"
+    res = t2v("--model", "tiny", "a prompt", "--attn", "vsa", "--sparsity", "0.5", "--tile-fit", fit,
+              "--steps", "1", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["attn"] == "vsa" and data["backend"]["sparsity"] == 0.5 and data["tile_fit"] == fit
+    assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
+    assert data["denoised"]["grid"] == ([5, 6, 10] if fit == "partial" else [8, 8, 12])
+    assert read_mp4(out).shape == (TINY_FRAMES, TINY_H, TINY_W, 3)
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_existing_output(cli_cache, tmp_path):
+    out = tmp_path / "x.mp4"
+    out.write_bytes(b"an older video")
+    (tmp_path / "x.json").write_text("{\"old\": true}\n")
+    res = t2v("--model", "tiny", "a prompt", "--steps", "1", "--out", str(out), "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert read_mp4(out).shape == (TINY_FRAMES, TINY_H, TINY_W, 3)
+    data = json.loads((tmp_path / "x.json").read_text())
+    assert "old" not in data and data["video"] == str(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.mp4"]
+
+
+@pytest.mark.slow
+def test_warmup_is_reported_apart(cli_cache, tmp_path):
+    res = t2v("--model", "tiny", "a prompt", "--steps", "1", "--warmup", "1", "--out", str(tmp_path / "w.mp4"),
+              "--json")
+    assert res.exit_code == 0, res.output
+    timing = json.loads(res.stdout)["timing"]
+    assert timing["warmup_s"] > 0
+    assert timing["dit_forwards"] == 2  # the warm-up's forwards are not counted
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Flag precedence and error mapping, with the generation replaced by a recorder (no model needed)
+
+
+class _Recorder:
+    """Stands in for vsagen.pipeline.generate: records the RunConfig, or raises `error`."""
+
+    def __init__(self, error: Exception | None = None):
+        self.configs = []
+        self.error = error
+
+    def __call__(self, cfg, *, log=None, progress=True):
+        self.configs.append(cfg)
+        if self.error is not None:
+            raise self.error
+
+        class Result:
+            summary = {"video": str(cfg.out), "recorded": True}
+
+        return Result()
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    monkeypatch.setattr("vsagen.pipeline.generate", rec)
+    return rec
+
+
+def test_flags_override_preset_defaults(recorder, tmp_path):
+    res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "a.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout) == {"video": str(tmp_path / "a.mp4"), "recorded": True}
+    cfg = recorder.configs[-1]
+    assert (cfg.frames, cfg.height, cfg.width, cfg.steps, cfg.fps) == (TINY_FRAMES, TINY_H, TINY_W, TINY_STEPS, 8)
+    assert (cfg.guidance, cfg.flow_shift, cfg.negative_prompt) == (5.0, 3.0, "")
+    assert (cfg.attn, cfg.sparsity, cfg.tile_fit) == ("full", None, "partial")
+    assert (cfg.device, cfg.dtype, cfg.seed, cfg.warmup) == ("cpu", "fp32", 0, 0)
+    assert cfg.json_out == tmp_path / "a.json" and not cfg.overwrite and not cfg.random_weights
+
+    res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "b.mp4"), "--json", "--attn", "vsa",
+              "--frames", "9", "--height", "64", "--width", "80", "--steps", "2", "--guidance", "1.5",
+              "--fps", "12", "--seed", "7", "--negative-prompt", "blurry", "--tile-fit", "crop", "--dtype", "bf16",
+              "--device", "cpu", "--random-weights", "--allow-pickle", "--warmup", "1")
+    assert res.exit_code == 0, res.output
+    cfg = recorder.configs[-1]
+    assert (cfg.frames, cfg.height, cfg.width, cfg.steps, cfg.fps, cfg.seed) == (9, 64, 80, 2, 12, 7)
+    assert (cfg.guidance, cfg.negative_prompt, cfg.tile_fit, cfg.dtype) == (1.5, "blurry", "crop", "bf16")
+    assert cfg.attn == "vsa" and cfg.sparsity == 0.875  # the preset's default sparsity for a sparse backend
+    assert cfg.random_weights and cfg.allow_pickle and cfg.warmup == 1
+
+    res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "c.mp4"), "--json", "--attn", "vsa",
+              "--sparsity", "0.25")
+    assert res.exit_code == 0, res.output
+    assert recorder.configs[-1].sparsity == 0.25
+
+
+def test_default_output_name_never_overwrites(recorder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert t2v("p", "--model", "tiny", "--json").exit_code == 0
+    assert recorder.configs[-1].out == Path("vsagen-tiny-full-seed0.mp4")
+    Path("vsagen-tiny-full-seed0.json").write_text("{}")  # an earlier run's report alone also blocks the name
+    assert t2v("p", "--model", "tiny", "--json", "--attn", "full").exit_code == 0
+    assert recorder.configs[-1].out == Path("vsagen-tiny-full-seed0-1.mp4")
+
+
+@pytest.mark.parametrize("error,code,expected", [
+    (RuntimeError("boom\nsecond line"), 1,
+     "error: RuntimeError: boom (run again with --verbose for the traceback)"),
+    ("RunFailure", 1, "error: decoding failed"),
+    ("ModelNotFound", 2, "error: no such model"),
+], ids=["unexpected", "run-failure", "model-not-found"])
+def test_errors_while_running_map_to_one_line(monkeypatch, tmp_path, error, code, expected):
+    from vsagen import errors
+
+    if error == "RunFailure":
+        error = errors.RunFailure("decoding failed")
+    elif error == "ModelNotFound":
+        error = errors.ModelNotFound("no such model")
+    monkeypatch.setattr("vsagen.pipeline.generate", _Recorder(error))
+    res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "x.mp4"))
+    assert res.exit_code == code
+    assert assert_one_error_line(res.stderr, res.stdout) == expected
+    # --verbose: the exception itself propagates (with its traceback).
+    res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "x.mp4"), "--verbose")
+    assert res.exit_code != 0 and res.exception is error
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input: exit 2, one `error:` line, no traceback, nothing written
+
+BAD_INPUTS = [
+    # (id, extra args, substrings the message must contain)
+    ("frames", ["--frames", "10"], ["--frames", "9", "13"]),
+    ("height", ["--height", "100"], ["--height", "96", "112"]),
+    ("width", ["--width", "170"], ["--width", "160", "176"]),
+    ("sparsity-1", ["--attn", "vsa", "--sparsity", "1.0"], ["--sparsity", "1.0"]),
+    ("sparsity-neg", ["--attn", "vsa", "--sparsity", "-0.1"], ["--sparsity", "-0.1"]),
+    ("sparsity-neg-eq", ["--attn", "vsa", "--sparsity=-0.1"], ["--sparsity", "-0.1"]),
+    ("attn", ["--attn", "nope"], ["nope", "full", "vsa"]),
+    ("model", ["--model", "nope"], ["nope", "--model tiny"]),
+    ("device", ["--device", "cuda"], ["--device cuda", "cpu"]),
+    ("avi", ["--out", "{tmp}/x.avi"], [".mp4"]),
+    ("sparsity-dense", ["--sparsity", "0.5"], ["--sparsity", "full"]),
+    ("steps-0", ["--steps", "0"], ["--steps"]),
+    ("tile-fit", ["--tile-fit", "pad"], ["--tile-fit", "partial", "crop"]),
+    ("dtype", ["--dtype", "fp8"], ["--dtype", "bf16"]),
+    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["directory"]),
+]
+
+
+@pytest.mark.parametrize("case_id,extra,needles", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_one_error_line_exit_2(cli_cache, tmp_path, case_id, extra, needles):
+    if case_id == "device":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is available here")
+    if case_id == "out-is-dir":
+        (tmp_path / "adir.mp4").mkdir()
+    before = sorted(p.name for p in tmp_path.iterdir())
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    args = ["--model", "tiny", *extra] if "--model" not in extra else list(extra)
+    if "--out" not in extra:
+        args += ["--out", str(tmp_path / "o" / "x.mp4")]
+    res = t2v("a prompt", *args)
+    assert res.exit_code == 2, res.output
+    line = assert_one_error_line(res.stderr, res.stdout)
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
+
+
+def test_empty_prompt_is_refused(cli_cache, tmp_path):
+    res = t2v("  ", "--model", "tiny", "--out", str(tmp_path / "x.mp4"))
+    assert res.exit_code == 2
+    assert "prompt" in assert_one_error_line(res.stderr, res.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_is_kept_without_overwrite(cli_cache, tmp_path):
+    for existing in ("x.mp4", "x.json"):
+        folder = tmp_path / existing.replace(".", "-")
+        folder.mkdir()
+        (folder / existing).write_bytes(b"precious")
+        res = t2v("a prompt", "--model", "tiny", "--out", str(folder / "x.mp4"))
+        assert res.exit_code == 2, res.output
+        line = assert_one_error_line(res.stderr, res.stdout)
+        assert existing in line and "--overwrite" in line
+        assert (folder / existing).read_bytes() == b"precious"
+        assert [p.name for p in folder.iterdir()] == [existing]
+
+
+@pytest.mark.parametrize("target", ["/proc/vsagen-test/x.mp4", "/proc/x.mp4", "/sys/x.mp4"])
+def test_unwritable_virtual_folder_is_refused(cli_cache, target):
+    """As root, os.access says yes everywhere; the real probe (a temporary file) must say no for /proc, /sys."""
+    res = t2v("a prompt", "--model", "tiny", "--out", target)
+    assert res.exit_code == 2, res.output
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert "cannot write to" in line
+    assert not Path(target).exists()
+
+
+def test_read_only_folder_is_refused(cli_cache, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        try:
+            (ro / "probe").write_bytes(b"")
+            (ro / "probe").unlink()
+            pytest.skip("this user (root?) can write into a 0o555 folder")
+        except PermissionError:
+            pass
+        res = t2v("a prompt", "--model", "tiny", "--out", str(ro / "x.mp4"))
+        assert res.exit_code == 2, res.output
+        assert "cannot write to" in assert_one_error_line(res.stderr, res.stdout)
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+
+
+def _cached_locally(hub_id: str) -> bool:
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(hub_id, local_files_only=True)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not in the local cache"
+        return False
+
+
+@pytest.mark.slow
+def test_default_model_unavailable_suggests_tiny(cli_cache, tmp_path):
+    if _cached_locally("Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
+        pytest.skip("the default model is in the local Hugging Face cache")
+    res = t2v("a prompt", "--out", str(tmp_path / "o" / "x.mp4"))
+    assert res.exit_code == 2, res.output
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert "wan2.1-t2v-1.3b" in line and "--model tiny" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# main(): the console-script wrapper, in subprocesses
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["t2v", "a prompt", "--steps", "abc"], "--steps"),
+    (["t2v", "a prompt", "--no-such-option"], "--no-such-option"),
+    (["nope-command"], "nope-command"),
+    (["t2v"], "prompt"),
+], ids=["steps-abc", "unknown-option", "unknown-command", "missing-prompt"])
+def test_main_usage_errors_are_one_line_exit_2(vsagen_cache, tmp_path, args, needle):
+    res = run_main(args, sub_env(vsagen_cache, tmp_path))
+    assert res.returncode == 2, res.stderr
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert needle in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_main_bad_input_exit_2(vsagen_cache, tmp_path):
+    """A library BadInput through the real entry point (exit status, not just CliRunner's exit_code)."""
+    res = run_main(["t2v", "a prompt", "--model", "tiny", "--frames", "10", "--out", str(tmp_path / "x.mp4")],
+                   sub_env(vsagen_cache, tmp_path))
+    assert res.returncode == 2, res.stderr
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert "9" in line and "13" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_main_no_args_prints_help_exit_0(vsagen_cache, tmp_path):
+    res = run_main([], sub_env(vsagen_cache, tmp_path))
+    assert res.returncode == 0, res.stderr
+    assert "t2v" in res.stdout and "Usage" in res.stdout
+
+
+def test_help_is_fast_and_imports_nothing_heavy(vsagen_cache, tmp_path):
+    env = sub_env(vsagen_cache, tmp_path)
+    for args in (["--help"], ["t2v", "--help"]):
+        t0 = time.perf_counter()
+        res = run_main(args, env, timeout=30)
+        wall = time.perf_counter() - t0
+        assert res.returncode == 0, res.stderr
+        assert "Usage" in res.stdout and res.stderr == ""
+        assert wall < HELP_WALL_S, f"`vsagen {' '.join(args)}` took {wall:.2f} s"
+    probe = (
+        "import sys, json\n"
+        "import vsagen.cli\n"
+        "after_import = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
+        "sys.argv = ['vsagen', 't2v', '--help']\n"
+        "try:\n    vsagen.cli.main()\nexcept SystemExit:\n    pass\n"
+        "after_help = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
+        "sys.stderr.write(json.dumps([after_import, after_help]))\n" % (HEAVY_MODULES, HEAVY_MODULES)
+    )
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30)
+    assert res.returncode == 0, res.stderr
+    after_import, after_help = json.loads(res.stderr)
+    assert after_import == [] and after_help == []
+
+
+def test_console_script_entry_point(vsagen_cache, tmp_path):
+    """The installed `vsagen` script calls the same main()."""
+    script = Path(sys.executable).parent / "vsagen"
+    if not script.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    res = subprocess.run([str(script), "t2v", "a prompt", "--steps", "abc"], capture_output=True, text=True,
+                         env=sub_env(vsagen_cache, tmp_path), timeout=30)
+    assert res.returncode == 2
+    assert "--steps" in assert_one_error_line(res.stderr, res.stdout)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Listing commands
+
+
+def test_backends_lists_exactly_the_registry():
+    res = runner.invoke(app, ["backends"])
+    assert res.exit_code == 0
+    names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+    assert names == ["full", "vsa"]
+    assert "sparse" in res.stdout
+
+
+def test_presets_lists_bundled_presets():
+    res = runner.invoke(app, ["presets"])
+    assert res.exit_code == 0
+    names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+    assert names == ["tiny", "wan2.1-t2v-1.3b"]
+    assert "832x480 81f 50 steps" in res.stdout

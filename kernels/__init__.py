@@ -3,9 +3,20 @@
 Shape vocabulary: B batch, S tokens (T*Hl*Wl latent tokens after patchify, tile order), H heads, D head dim,
 (T, Hl, Wl) latent grid, Q_TILES / KV_TILES tile counts, K top-k.
 
-At present this package holds the eager PyTorch reference of VSA (`reference.py`), which is both the CPU
-path of the `vsa` backend and the oracle that the Triton kernels will be tested against.
+Contents:
+* `reference.py`: the eager PyTorch reference of VSA, both the CPU path of the `vsa` backend and the oracle of
+  the Triton kernels' tests (no triton import).
+* `block_sparse_attn.py`: Triton block-sparse flash attention over tiles (VSA's fine stage), forward and
+  backward, as the autograd-aware custom op behind `block_sparse_attention`; `build_k2q` transposes q2k lists;
+  `bsa_fwd` / `bsa_bwd` are the raw launchers.
+* `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
+  table) and its parts `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
+
+The Triton names are imported on first use (PEP 562 `__getattr__`), so importing this package, e.g. for the
+references, needs no triton (a Linux-only dependency) and registers no custom op.
 """
+
+import importlib
 
 from .reference import (
     block_map_from_q2k,
@@ -18,13 +29,46 @@ from .reference import (
     vsa_reference,
 )
 
+# Lazily imported public names -> their module.
+_TRITON_EXPORTS = {
+    "block_sparse_attention": "block_sparse_attn",
+    "bsa_bwd": "block_sparse_attn",
+    "bsa_fwd": "block_sparse_attn",
+    "build_k2q": "block_sparse_attn",
+    "CoarseResult": "coarse",
+    "coarse_output": "coarse",
+    "coarse_stage": "coarse",
+    "pool_qk": "coarse",
+    "tile_mean_pool_triton": "coarse",
+    "tile_scores_triton": "coarse",
+    "top_k_tiles": "coarse",
+}
+
+
+def __getattr__(name: str):
+    if name in _TRITON_EXPORTS:
+        return getattr(importlib.import_module(f".{_TRITON_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "CoarseResult",
     "block_map_from_q2k",
+    "block_sparse_attention",
     "block_sparse_attention_reference",
+    "bsa_bwd",
+    "bsa_fwd",
+    "build_k2q",
     "coarse_attention",
+    "coarse_output",
+    "coarse_stage",
+    "pool_qk",
     "select_top_k",
     "tile_mean_pool",
+    "tile_mean_pool_triton",
     "tile_scores",
+    "tile_scores_triton",
     "top_k_from_sparsity",
+    "top_k_tiles",
     "vsa_reference",
 ]

@@ -1,4 +1,4 @@
-"""Block-sparse flash attention over video tiles (VSA's fine stage), Triton.
+"""Block-sparse flash attention over video tiles (VSA's fine stage), Triton forward and backward.
 
 Computes, for each (batch, head, query tile), softmax attention of the tile's query tokens over the tokens of
 the key tiles listed in its q2k row (VSA paper, arXiv 2505.13389, sec. 2; online softmax as in
@@ -6,15 +6,28 @@ FlashAttention-2). Tokens are in tile order (`vsagen.layout.TileLayout`): tile j
 [tile_offsets[j], tile_offsets[j+1]) and holds at most BLOCK = 64 tokens, fewer at grid edges (partial tiles);
 rows past a tile's end are masked exactly (scores set to -inf, outputs not stored).
 
-Layout contract:
-    q, k, v: (B, S, H, D) bf16 / fp16 / fp32, tile order, any strides with unit stride on D
-    q2k: (B, H, Q_TILES, K) int32, the first q2k_cnt entries of each row used (ascending by convention)
-    q2k_cnt: (B, H, Q_TILES) int32
-    tile_offsets: (n_tiles + 1,) int32
-    returns: out (B, S, H, D) like q; lse (B, H, S) fp32, natural-log log-sum-exp of each query row
-             (-inf for a row with no selected tile, whose output is 0)
+The backward follows FlashAttention-2 (Dao, arXiv 2307.08691, alg. 2) with the forward's LSE: a preprocess
+computes delta = rowsum(dO * O) (minus the LSE's incoming gradient), one kernel walks each query tile's q2k
+list for dQ, another walks each key tile's k2q list (the transposed lists, `build_k2q`) for dK and dV. Every
+gradient row is written by exactly one program: no atomics, bitwise deterministic.
 
-Unsupported: tiles of more than 64 tokens, causal masks, dropout, different q / kv tile layouts.
+Layout contract:
+    q, k, v: (B, S, H, D) bf16 / fp16 / fp32, tile order, any strides with unit stride on D, D <= 256
+    q2k: (B, H, Q_TILES, K) int32, the first q2k_cnt entries of each row used (ascending by convention,
+         no repeats, each in [0, KV_TILES)); entries past q2k_cnt are never read
+    q2k_cnt: (B, H, Q_TILES) int32 in [0, K]
+    k2q: (B, H, KV_TILES, Q_TILES) int32, the transpose of q2k (`build_k2q`); k2q_cnt: (B, H, KV_TILES) int32
+    tile_offsets: (n_tiles + 1,) int32, tile_offsets[0] = 0 and tile_offsets[-1] = S; Q_TILES = KV_TILES = n_tiles
+    returns: out (B, S, H, D) like q; lse (B, H, S) fp32, natural-log log-sum-exp of each query row
+             (-inf for a row with no selected tile, whose output is 0 and whose gradients are 0)
+
+`block_sparse_attention` (the public function) runs the kernels through the `torch.library` custom ops
+`vsagen::block_sparse_attn` / `vsagen::block_sparse_attn_bwd`, so autograd and torch.compile (no graph break)
+see through them.
+
+Unsupported: tiles of more than 64 tokens, causal masks, dropout, different q / kv tile layouts, gradients
+with respect to the index tensors (they are integers), the fp32 backward with D > 128 on a GPU (shared memory),
+double backward.
 """
 
 from __future__ import annotations
@@ -34,10 +47,37 @@ LN2 = 0.6931471805599453  # ln(2): converts the base-2 LSE back to natural log
 FWD_NUM_WARPS = 4
 FWD_NUM_STAGES = 3
 
+# Backward launch parameters, (num_warps, num_stages) by BLOCK_D, for bf16 / fp16 inputs. Not yet timed: chosen
+# from an offline sm_90 compile (triton 3.8, ptxas register and spill counts, no GPU run). At BLOCK_D <= 64 both
+# kernels fit in ~205 registers with 4 warps. At 128 the dQ kernel (one fp32 (64, 128) accumulator) fits in 212
+# with 4 warps, the dK/dV kernel (two) spills with 4 and fits in 255 with 8. At 256 both spill whatever the
+# warps; one stage keeps the (64, 256) operand tiles within shared memory. To be swept on the H200.
+BWD_DQ_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
+BWD_DKDV_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 2), 256: (8, 1)}
+# fp32 inputs take IEEE fp32 dots on CUDA cores (a correctness path, not a fast one) with fp32 operands staged
+# in shared memory (227 KiB per block on sm_90): one stage from BLOCK_D 128 on (the dQ kernel needs 208 KiB at
+# 3 stages, the forward 336 KiB at BLOCK_D 256), and no backward above BLOCK_D 128 on a GPU (its four (64, 256)
+# fp32 operands need 256 KiB even at one stage). Same offline compile as above.
+FP32_WIDE_BLOCK_D = 128
+FP32_WIDE_NUM_STAGES = 1
+FP32_BWD_MAX_BLOCK_D = 128
+# The delta preprocess is a streaming row reduction: one warp group is plenty.
+PRE_NUM_WARPS = 4
+
 
 def interpreting() -> bool:
     """True under the Triton CPU interpreter (TRITON_INTERPRET=1), where tl.dot on bf16/fp16 is wrong."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _mm(a, b, IEEE: tl.constexpr):
+    """a @ b with fp32 accumulation; IEEE fp32 products when IEEE (fp32 inputs, or the interpreter)."""
+    if IEEE:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        c = tl.dot(a, b)
+    return c
 
 
 @triton.jit
@@ -112,6 +152,184 @@ def _bsa_fwd_kernel(
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=m_ok)
 
 
+@triton.jit
+def _bsa_bwd_preprocess_kernel(
+    o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    stride_lb, stride_lh,
+    seq_len, num_heads,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr,
+):
+    """One program: delta = rowsum(dO * O) - dLSE for BLOCK_M rows of one (batch, head); 0 on rows with LSE -inf."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seq_len
+    mask = m_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)  # o: (BLOCK_M, BLOCK_D)
+    do = tl.load(do_ptr + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)  # delta: (BLOCK_M,) fp32
+    row = b * stride_lb + h * stride_lh + offs_m
+    if HAS_DLSE:
+        # d lse_i / d s_ij = P_ij folds into dS = P * (dP - delta) as delta - dlse.
+        delta -= tl.load(dlse_ptr + row, mask=m_ok, other=0.0)
+    lse = tl.load(lse_ptr + row, mask=m_ok, other=0.0)
+    tl.store(delta_ptr + row, tl.where(lse == float("-inf"), 0.0, delta), mask=m_ok)
+
+
+@triton.jit
+def _bsa_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, q2k_ptr, cnt_ptr, off_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh,
+    stride_ib, stride_ih, stride_iq,
+    stride_cb, stride_ch,
+    num_heads, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row."""
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    q_start = tl.load(off_ptr + pid_t)
+    q_len = tl.load(off_ptr + pid_t + 1) - q_start
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM
+    q_mask = m_ok[:, None] & d_ok[None, :]
+    q_rows = (q_start + offs_m)[:, None]
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + q_rows * stride_qs + offs_d[None, :],
+                mask=q_mask, other=0.0)  # q: (BLOCK_M, BLOCK_D)
+    do = tl.load(do_ptr + b * stride_dob + h * stride_doh + q_rows * stride_dos + offs_d[None, :],
+                 mask=q_mask, other=0.0)  # do: (BLOCK_M, BLOCK_D)
+    row = b * stride_lb + h * stride_lh + q_start + offs_m
+    lse = tl.load(lse_ptr + row, mask=m_ok, other=float("inf"))
+    # Base-2 LSE; +inf on rows past the tile's end and on rows with no selected tile, so their P is exactly 0.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
+    delta = tl.load(delta_ptr + row, mask=m_ok, other=0.0)  # delta: (BLOCK_M,) fp32
+    if DOT_FP32:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # dq: (BLOCK_M, BLOCK_D) fp32
+    cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+    row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + pid_t * stride_iq
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    for i in range(0, cnt):
+        kt = tl.load(row_ptr + i)
+        k_start = tl.load(off_ptr + kt)
+        k_len = tl.load(off_ptr + kt + 1) - k_start
+        n_ok = offs_n < k_len
+        rows = (k_start + offs_n)[:, None]
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
+        v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = _mm(q, tl.trans(k), IEEE)
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
+        p = tl.exp2(s - lse2[:, None])  # p: (BLOCK_M, BLOCK_N) fp32, the forward's softmax
+        dp = _mm(do, tl.trans(v), IEEE)  # dp: (BLOCK_M, BLOCK_N) fp32, dO V^T
+        ds = p * (dp - delta[:, None])
+        dq += _mm(ds.to(k.dtype), k, IEEE)
+    dq = dq * sm_scale
+    tl.store(dq_ptr + b * stride_dqb + h * stride_dqh + q_rows * stride_dqs + offs_d[None, :],
+             dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _bsa_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, k2q_ptr, cnt_ptr, off_ptr,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh,
+    stride_jb, stride_jh, stride_jk,
+    stride_cb, stride_ch,
+    num_heads, sm_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+):
+    """One program: dK and dV of one key tile of one (batch, head), looping over the query tiles of its k2q row.
+
+    Works on transposed scores S^T = K Q^T so that no (BLOCK_N, BLOCK_M) tile needs a register transpose. Rows
+    past the key tile's end see zero keys; their dK / dV rows are computed but never stored.
+    """
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    k_start = tl.load(off_ptr + pid_t)
+    k_len = tl.load(off_ptr + pid_t + 1) - k_start
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < k_len
+    d_ok = offs_d < HEAD_DIM
+    kv_mask = n_ok[:, None] & d_ok[None, :]
+    k_rows = (k_start + offs_n)[:, None]
+    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + k_rows * stride_ks + offs_d[None, :],
+                mask=kv_mask, other=0.0)  # k: (BLOCK_N, BLOCK_D)
+    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + k_rows * stride_vs + offs_d[None, :],
+                mask=kv_mask, other=0.0)  # v: (BLOCK_N, BLOCK_D)
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # dk: (BLOCK_N, BLOCK_D) fp32
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # dv: (BLOCK_N, BLOCK_D) fp32
+    cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+    row_ptr = k2q_ptr + b * stride_jb + h * stride_jh + pid_t * stride_jk
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    do_base = do_ptr + b * stride_dob + h * stride_doh
+    lse_base = lse_ptr + b * stride_lb + h * stride_lh
+    delta_base = delta_ptr + b * stride_lb + h * stride_lh
+    for i in range(0, cnt):
+        qt = tl.load(row_ptr + i)
+        q_start = tl.load(off_ptr + qt)
+        q_len = tl.load(off_ptr + qt + 1) - q_start
+        m_ok = offs_m < q_len
+        rows = (q_start + offs_m)[:, None]
+        q_mask = m_ok[:, None] & d_ok[None, :]
+        q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
+        do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0)
+        lse = tl.load(lse_base + q_start + offs_m, mask=m_ok, other=float("inf"))
+        # Base-2 LSE; +inf on rows past the query tile's end (and, defensively, on empty rows): P^T = 0 there.
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
+        delta = tl.load(delta_base + q_start + offs_m, mask=m_ok, other=0.0)
+        if DOT_FP32:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        st = _mm(k, tl.trans(q), IEEE)  # st: (BLOCK_N, BLOCK_M) fp32, S^T unscaled
+        pt = tl.exp2(st * qk_scale - lse2[None, :])  # pt: (BLOCK_N, BLOCK_M) fp32, P^T
+        dv += _mm(pt.to(do.dtype), do, IEEE)
+        dpt = _mm(v, tl.trans(do), IEEE)  # dpt: (BLOCK_N, BLOCK_M) fp32, (dO V^T)^T
+        dst = pt * (dpt - delta[None, :])
+        dk += _mm(dst.to(q.dtype), q, IEEE)
+    dk = dk * sm_scale
+    tl.store(dk_ptr + b * stride_dkb + h * stride_dkh + k_rows * stride_dks + offs_d[None, :],
+             dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + b * stride_dvb + h * stride_dvh + k_rows * stride_dvs + offs_d[None, :],
+             dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
                   tile_offsets: torch.Tensor) -> None:
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
@@ -132,6 +350,9 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.
         raise ValueError("q2k, q2k_cnt and tile_offsets must be int32")
 
 
+# ----------------------------------------------------------------------------------------------- launchers
+
+
 def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
             tile_offsets: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel (no autograd; see the module docstring for the layout contract).
@@ -146,6 +367,10 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     out = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
+    block_d = max(16, triton.next_power_of_2(d))
+    num_stages = FWD_NUM_STAGES
+    if q.dtype == torch.float32 and block_d >= FP32_WIDE_BLOCK_D:
+        num_stages = FP32_WIDE_NUM_STAGES
     grid = (n_tiles, b * h)
     _bsa_fwd_kernel[grid](
         q, k, v, out, lse, q2k, q2k_cnt, tile_offsets,
@@ -157,8 +382,237 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
         q2k.stride(0), q2k.stride(1), q2k.stride(2),
         q2k_cnt.stride(0), q2k_cnt.stride(1),
         h, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=BLOCK, BLOCK_N=BLOCK,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
         DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
-        num_warps=FWD_NUM_WARPS, num_stages=FWD_NUM_STAGES,
+        num_warps=FWD_NUM_WARPS, num_stages=num_stages,
     )
     return out, lse
+
+
+def _check_fp32_bwd(q: torch.Tensor) -> None:
+    if q.dtype == torch.float32 and q.shape[-1] > FP32_BWD_MAX_BLOCK_D and not interpreting():
+        raise ValueError(f"the fp32 backward supports head dims up to {FP32_BWD_MAX_BLOCK_D} on a GPU (shared "
+                         f"memory), got {q.shape[-1]}; use bf16 / fp16 inputs")
+
+
+def build_k2q(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_kv_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Transpose the q2k lists: for each key tile, the query tiles that selected it, ascending.
+
+    Exact and deterministic, on q2k's device, with plain torch ops (one sort of the B*H*Q_TILES*K selected
+    pairs, no dense block map); runs once per backward.
+
+    Args:
+        q2k: (B, H, Q_TILES, K) int32 (or int64), the first q2k_cnt entries of each row used, each in
+            [0, num_kv_tiles), no repeats within a row (not checked); entries past q2k_cnt are ignored.
+        q2k_cnt: (B, H, Q_TILES) int32 in [0, K].
+        num_kv_tiles: KV_TILES.
+
+    Returns:
+        k2q: (B, H, KV_TILES, Q_TILES) int32; row j lists ascending every query tile i whose first q2k_cnt[i]
+            entries contain j, and holds 0 past k2q_cnt[j]. A view of a padded buffer (unit stride on the last
+            axis only).
+        k2q_cnt: (B, H, KV_TILES) int32.
+    """
+    b, h, n_q, top_k = q2k.shape
+    dev = q2k.device
+    # One spare slot per (b, h) at the end of the flat buffer receives the unused q2k entries.
+    flat = torch.zeros(b, h, num_kv_tiles * n_q + 1, dtype=torch.int32, device=dev)
+    if top_k == 0 or n_q == 0:
+        return (flat[..., :-1].view(b, h, num_kv_tiles, n_q),
+                torch.zeros(b, h, num_kv_tiles, dtype=torch.int32, device=dev))
+    used = torch.arange(top_k, device=dev) < q2k_cnt.unsqueeze(-1)                     # (B, H, Q, K) bool
+    kv = torch.where(used, q2k.long(), num_kv_tiles)                                   # unused -> sentinel KV
+    # Selected pair (query tile i, key tile j) -> key j * Q + i: sorted keys are grouped by key tile, then
+    # ascending query tile. Only values are kept, so the result does not depend on the sort's stability.
+    pair = (kv * n_q + torch.arange(n_q, device=dev).view(n_q, 1)).flatten(2)          # (B, H, Q*K) int64
+    pair = torch.sort(pair, dim=-1).values
+    kv_s, q_s = pair // n_q, pair % n_q
+    bounds = torch.arange(num_kv_tiles + 1, device=dev) * n_q
+    starts = torch.searchsorted(pair, bounds.expand(b, h, -1).contiguous())            # (B, H, KV + 1)
+    k2q_cnt = (starts[..., 1:] - starts[..., :-1]).to(torch.int32)
+    rank = torch.arange(pair.shape[-1], device=dev) - starts.gather(-1, kv_s)          # place within row j
+    dest = torch.where(kv_s < num_kv_tiles, kv_s * n_q + rank, num_kv_tiles * n_q)
+    flat.scatter_(-1, dest, q_s.to(torch.int32))  # only the dropped spare slot receives several writes
+    return flat[..., :-1].view(b, h, num_kv_tiles, n_q), k2q_cnt
+
+
+def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            lse: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor, k2q: torch.Tensor, k2q_cnt: torch.Tensor,
+            tile_offsets: torch.Tensor, scale: float | None = None,
+            dlse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernels (no autograd; see the module docstring for the layout contract).
+
+    Args:
+        do: (B, S, H, D) gradient of out, any strides (copied if the head dim is not unit stride).
+        q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, scale: the forward's inputs and outputs.
+        k2q, k2q_cnt: the transpose of (q2k, q2k_cnt), from `build_k2q`.
+        dlse: optional (B, H, S) gradient of lse.
+
+    Returns:
+        dq, dk, dv: (B, S, H, D) like q, k, v.
+    """
+    _check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    b, s, h, d = q.shape
+    n_tiles = tile_offsets.numel() - 1
+    if k2q.dim() != 4 or k2q.shape[:3] != (b, h, n_tiles) or k2q_cnt.shape != (b, h, n_tiles):
+        raise ValueError(f"k2q must be (B, H, KV_TILES, Q_TILES) and k2q_cnt (B, H, KV_TILES) with "
+                         f"(B, H, KV_TILES) = ({b}, {h}, {n_tiles}); got {tuple(k2q.shape)}, {tuple(k2q_cnt.shape)}")
+    if k2q.dtype != torch.int32 or k2q_cnt.dtype != torch.int32 or k2q.stride(-1) != 1:
+        raise ValueError("k2q and k2q_cnt must be int32, k2q with unit stride on its last axis")
+    if do.shape != q.shape or out.shape != q.shape or lse.shape != (b, h, s):
+        raise ValueError(f"do and out must be {tuple(q.shape)} and lse ({b}, {h}, {s}); got {tuple(do.shape)}, "
+                         f"{tuple(out.shape)}, {tuple(lse.shape)}")
+    _check_fp32_bwd(q)
+    scale = d ** -0.5 if scale is None else scale
+    do = do.to(q.dtype)
+    do = do if do.stride(-1) == 1 else do.contiguous()
+    out = out if out.stride(-1) == 1 else out.contiguous()
+    lse = lse.float().contiguous()
+    dlse = None if dlse is None else dlse.float().contiguous()
+    delta = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    block_d = max(16, triton.next_power_of_2(d))
+    interp = interpreting()
+    _bsa_bwd_preprocess_kernel[(triton.cdiv(s, BLOCK), b * h)](
+        out, do, lse, lse if dlse is None else dlse, delta,
+        out.stride(0), out.stride(1), out.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        lse.stride(0), lse.stride(1),
+        s, h,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, HAS_DLSE=dlse is not None, num_warps=PRE_NUM_WARPS,
+    )
+    fp32_wide = q.dtype == torch.float32 and block_d >= FP32_WIDE_BLOCK_D
+    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, BLOCK_N=BLOCK, DOT_FP32=interp,
+                IEEE=(q.dtype == torch.float32 or interp))
+    grid = (n_tiles, b * h)
+    num_warps, num_stages = BWD_DQ_LAUNCH[block_d]
+    _bsa_bwd_dq_kernel[grid](
+        q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        lse.stride(0), lse.stride(1),
+        q2k.stride(0), q2k.stride(1), q2k.stride(2),
+        q2k_cnt.stride(0), q2k_cnt.stride(1),
+        h, scale, scale * LOG2E, **meta,
+        num_warps=num_warps, num_stages=FP32_WIDE_NUM_STAGES if fp32_wide else num_stages,
+    )
+    num_warps, num_stages = BWD_DKDV_LAUNCH[block_d]
+    _bsa_bwd_dkdv_kernel[grid](
+        q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        dv.stride(0), dv.stride(1), dv.stride(2),
+        lse.stride(0), lse.stride(1),
+        k2q.stride(0), k2q.stride(1), k2q.stride(2),
+        k2q_cnt.stride(0), k2q_cnt.stride(1),
+        h, scale, scale * LOG2E, **meta,
+        num_warps=num_warps, num_stages=FP32_WIDE_NUM_STAGES if fp32_wide else num_stages,
+    )
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------- custom ops, autograd
+# Explicit schemas: the kernels' Python signatures use postponed annotations, which schema inference across
+# torch versions does not always resolve.
+
+
+@torch.library.custom_op(
+    "vsagen::block_sparse_attn", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor q2k, Tensor q2k_cnt, Tensor tile_offsets, float scale) "
+           "-> (Tensor, Tensor)")
+def _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale):
+    """Forward custom op: `bsa_fwd` (inputs validated by `block_sparse_attention`)."""
+    return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
+
+
+@_bsa_op.register_fake
+def _bsa_op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, scale):
+    b, s, h, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "vsagen::block_sparse_attn_bwd", mutates_args=(),
+    schema="(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q2k, "
+           "Tensor q2k_cnt, Tensor tile_offsets, float scale) -> (Tensor, Tensor, Tensor)")
+def _bsa_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, scale):
+    """Backward custom op: k2q lists from `build_k2q`, then `bsa_bwd`."""
+    k2q, k2q_cnt = build_k2q(q2k, q2k_cnt, tile_offsets.numel() - 1)
+    return bsa_bwd(dout, q, k, v, out, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, dlse=dlse)
+
+
+@_bsa_bwd_op.register_fake
+def _bsa_bwd_op_fake(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _bsa_setup_context(ctx, inputs, output):
+    q, k, v, q2k, q2k_cnt, tile_offsets, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q2k, q2k_cnt, tile_offsets)
+    ctx.scale = scale
+
+
+def _bsa_backward(ctx, dout, dlse):
+    q, k, v, out, lse, q2k, q2k_cnt, tile_offsets = ctx.saved_tensors
+    dq, dk, dv = _bsa_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, ctx.scale)
+    return dq, dk, dv, None, None, None, None
+
+
+_bsa_op.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)
+
+
+# ----------------------------------------------------------------------------------------- public function
+
+
+def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
+                           q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor,
+                           scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block-sparse attention over tiles (VSA's fine stage), differentiable in q, k, v (and through lse).
+
+    Args:
+        q, k, v: (B, S, H, D) bf16 / fp16 / fp32 (one dtype), tile order (`vsagen.layout.TileLayout`), any
+            strides with unit stride on D, D <= 256.
+        q2k: (B, H, Q_TILES, K) int32 key tiles of each query tile, ascending, no repeats, each in
+            [0, KV_TILES); only the first q2k_cnt entries of a row are read.
+        q2k_cnt: (B, H, Q_TILES) int32 in [0, K]; 0 leaves the tile's rows empty (output 0, lse -inf, zero
+            gradients).
+        tile_offsets: (n_tiles + 1,) int32 tile starts in tile order, tile_offsets[0] = 0,
+            tile_offsets[-1] = S, at most 64 tokens per tile; Q_TILES = KV_TILES = n_tiles.
+        scale: softmax scale, default 1/sqrt(D).
+
+    Returns:
+        out: (B, S, H, D) like q (q's strides when q is dense, else contiguous).
+        lse: (B, H, S) fp32 natural-log log-sum-exp of each query row's selected scores (-inf when empty).
+
+    Raises:
+        ValueError: mismatched shapes, dtypes or devices, D > 256, a head dim without unit stride, index
+            tensors that are not int32, fewer than ceil(S / 64) tiles, or fp32 inputs with D > 128 that need
+            gradients on a GPU (shared memory; the forward alone is fine). Index values are not checked (that
+            would synchronize the device): out-of-range entries read out of bounds.
+
+    Gradients: dq, dk, dv by the FlashAttention-2 backward recomputing P from lse (deterministic, no atomics);
+    none for the index tensors. Without grad (or under torch.no_grad) the forward kernel runs directly.
+
+    Source: VSA paper (arXiv 2505.13389) sec. 2, fine stage; FlashAttention-2 (arXiv 2307.08691) alg. 1 and 2.
+    """
+    _check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    devices = {x.device for x in (q, k, v, q2k, q2k_cnt, tile_offsets)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    if tile_offsets.dim() != 1 or (tile_offsets.numel() - 1) * BLOCK < q.shape[1]:
+        raise ValueError(f"tile_offsets must be (n_tiles + 1,) with n_tiles * {BLOCK} >= S = {q.shape[1]}, "
+                         f"got {tuple(tile_offsets.shape)}")
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad:
+        _check_fp32_bwd(q)
+    if not needs_grad and not torch.compiler.is_compiling():
+        return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale)  # fast path: no dispatcher, nothing saved
+    return _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale)

@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -302,3 +303,38 @@ def test_tiny_run_reports_not_random_weights(vsagen_cache, tmp_path):
     result = generate(cfg, progress=False)
     assert result.summary["random_weights"] is False
     assert result.summary["timing"]["dit_forwards"] == 1  # guidance 1.0: no CFG, one forward a step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, tmp_path, monkeypatch, impl):
+    """`--attn vsa --sparsity 0` (every tile selected) must give the frames of `--attn full`.
+
+    The frames are compared as handed to the encoder: the two runs differ by float32 rounding (~1e-7 relative
+    at the transformer output), which can move a pixel across a uint8 rounding boundary (at most 1 level);
+    H.264 is lossy and may turn such a 1-level change into different encoder decisions, so the mp4 bytes are
+    not compared. The Triton kernels run under the interpreter here (conftest sets TRITON_INTERPRET=1); the
+    grid 2x5x7 has partial tiles on both spatial axes.
+    """
+    import vsagen.video
+    from vsagen.pipeline import generate
+
+    frames: dict[str, np.ndarray] = {}
+    real_write = vsagen.video.write_mp4
+
+    def capture(f, path, fps, *, overwrite=False):
+        frames[path.stem] = f.copy()
+        real_write(f, path, fps, overwrite=overwrite)
+
+    monkeypatch.setattr(vsagen.video, "write_mp4", capture)
+    common = dict(model="tiny", frames=5, height=80, width=112, steps=1, device="cpu")
+    generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
+    vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
+                   progress=False)
+    assert vsa.summary["backend"] == {"name": "vsa", "sparsity": 0.0, "impl": impl}
+    assert vsa.summary["denoised"]["tiles"] == 4 and vsa.summary["denoised"]["full_tiles"] == 0
+    a, b = frames["full"].astype(int), frames["vsa"].astype(int)
+    assert a.shape == b.shape == (5, 80, 112, 3)
+    assert np.abs(a - b).max() <= 1
+    assert (a != b).mean() < 1e-3
+    assert read_mp4(vsa.video_path).shape == (5, 80, 112, 3)

@@ -59,6 +59,8 @@ def t2v(
     attn: Annotated[str, typer.Option(help="Self-attention backend: full, vsa.")] = "full",
     sparsity: Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                             "(sparse backends; default from the preset).")] = None,
+    attn_impl: Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
+                                                "the torch reference elsewhere), triton or torch.")] = "auto",
     height: Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")] = None,
     width: Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")] = None,
     frames: Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")] = None,
@@ -89,8 +91,8 @@ def t2v(
     def run() -> None:
         from .config import resolve
 
-        cfg = resolve(prompt, model=model, attn=attn, sparsity=sparsity, height=height, width=width,
-                      frames=frames, steps=steps, guidance=guidance, negative_prompt=negative_prompt, seed=seed,
+        cfg = resolve(prompt, model=model, attn=attn, sparsity=sparsity, attn_impl=attn_impl, height=height,
+                      width=width, frames=frames, steps=steps, guidance=guidance, negative_prompt=negative_prompt, seed=seed,
                       fps=fps, out=out, overwrite=overwrite, device=device, dtype=dtype, tile_fit=tile_fit,
                       random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup)
         from rich.console import Console

@@ -44,6 +44,7 @@ class RunConfig:
     source: ModelSource
     attn: str
     sparsity: float | None
+    attn_impl: str
     height: int
     width: int
     frames: int
@@ -159,6 +160,7 @@ def resolve_device(device: str) -> str:
 
 
 def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
+            attn_impl: str = "auto",
             height: int | None = None, width: int | None = None, frames: int | None = None,
             steps: int | None = None, guidance: float | None = None, negative_prompt: str | None = None,
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
@@ -185,7 +187,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     d = src.preset.defaults
     if uses_sparsity(attn):
         sparsity = d.sparsity if sparsity is None else sparsity
-    make_backend(attn, sparsity)  # raises for a sparsity given to a dense backend
+    make_backend(attn, sparsity, attn_impl)  # raises for a sparsity or impl the backend does not take
     height = d.height if height is None else height
     width = d.width if width is None else width
     frames = d.frames if frames is None else frames
@@ -217,7 +219,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     json_out = out.with_suffix(".json")
     _check_output(out, json_out, overwrite)
     return RunConfig(
-        prompt=prompt, model=model, source=src, attn=attn, sparsity=sparsity, height=height, width=width,
+        prompt=prompt, model=model, source=src, attn=attn, sparsity=sparsity, attn_impl=attn_impl,
+        height=height, width=width,
         frames=frames, steps=steps, guidance=guidance,
         negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt, seed=seed, fps=fps,
         flow_shift=d.flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,

@@ -38,6 +38,7 @@ class TileLayout:
         slots: (n_tiles, tile_volume) int64 token index (tile order) of each slot of a padded tile;
             padding slots hold 0 and are flagged False in `slot_valid`.
         slot_valid: (n_tiles, tile_volume) bool.
+        tile_offsets_i32: `tile_offsets` as int32, the form the Triton kernels take.
     """
 
     grid: tuple[int, int, int]
@@ -50,6 +51,7 @@ class TileLayout:
     token_tile: torch.Tensor
     slots: torch.Tensor
     slot_valid: torch.Tensor
+    tile_offsets_i32: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -146,6 +148,7 @@ def tile_layout(grid: tuple[int, int, int], tile: tuple[int, int, int] = TILE,
         grid=grid, tile=tile, tiles_per_dim=(nt, nh, nw),
         perm=perm.to(dev), inv_perm=inv_perm.to(dev), tile_sizes=sizes.to(dev), tile_offsets=offsets.to(dev),
         token_tile=token_tile.to(dev), slots=slots.to(dev), slot_valid=slot_valid.to(dev),
+        tile_offsets_i32=offsets.to(torch.int32).to(dev),
     )
 
 

@@ -266,7 +266,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     from .attention import make_backend
     from .attention.processor import patch_transformer
 
-    backend = make_backend(cfg.attn, cfg.sparsity)
+    backend = make_backend(cfg.attn, cfg.sparsity, cfg.attn_impl)
     backend.check(torch.device(cfg.device), torch_dtype(cfg.dtype))
     t_load = time.perf_counter()
     model = load_model(cfg, log)

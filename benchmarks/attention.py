@@ -1,0 +1,252 @@
+"""Attention kernel benchmark for the lent GPU (not a test): correctness at full size, then timings.
+
+1. Correctness at the Wan2.1-1.3B 480p shape (B=1, grid 21x30x52, S=32,760, H=12, D=128, bf16, tile order):
+   VSA fine stage with every tile selected against SDPA; at 87.5% sparsity against the eager reference with the
+   same selection (forward output and q/k/v gradients, relative L2 vs a float32 reference); the Triton coarse
+   stage's q2k against the reference top-k.
+2. Timings (triton.testing.do_bench medians, ms) at the 1.3B 480p, 5B 704x1280x121 and 14B 720p shapes:
+   SDPA cuDNN and flash (forward, forward+backward), FlexAttention block-sparse at the same density (64-token
+   blocks over the padded tile layout with the same q2k, and 128-token blocks at the same density), the VSA
+   coarse stage alone, the fine stage alone, VSA forward (coarse + fine) and forward+backward. Each row has the
+   ratio against dense cuDNN measured in the same run (forward rows vs cuDNN forward, forward+backward rows vs
+   cuDNN forward+backward) and, for the fine stage, its rate in TFLOP/s on the 64x64 blocks it computes.
+3. Optional `--sweep`: forward launch parameters (num_warps, num_stages) of the fine kernel at the 1.3B shape.
+
+Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--no-check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from vsagen.kernels import block_sparse_attn as bsa
+from vsagen.kernels import reference as ref
+from vsagen.kernels.coarse import coarse_stage
+from vsagen.layout import tile_layout
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    grid: tuple[int, int, int]
+    heads: int
+    head_dim: int = 128
+
+
+SHAPES = {
+    "1.3b": Shape("Wan2.1-1.3B 480x832x81", (21, 30, 52), 12),
+    "5b": Shape("Wan2.2-5B 704x1280x121", (31, 22, 40), 24),
+    "14b": Shape("Wan2.1-14B 720x1280x81", (21, 45, 80), 40),
+}
+
+
+def bench(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+
+
+def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.double(), y.double()
+    return float((x - y).norm() / y.norm())
+
+
+def sdpa(q, k, v, backend):
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def make_inputs(shape: Shape, seed: int, requires_grad: bool = False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    s = math.prod(shape.grid)
+    xs = [torch.randn(1, s, shape.heads, shape.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+          for _ in range(3)]
+    return [x.requires_grad_(requires_grad) for x in xs]
+
+
+def check(shape: Shape, sparsity: float, out: dict) -> None:
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets.to(torch.int32)
+    n = layout.num_tiles
+    q, k, v = make_inputs(shape, seed=1)
+    # every tile selected == dense attention
+    all_idx = torch.arange(n, device="cuda", dtype=torch.int32).expand(1, shape.heads, n, n).contiguous()
+    all_cnt = torch.full((1, shape.heads, n), n, device="cuda", dtype=torch.int32)
+    o_all, _ = bsa.bsa_fwd(q, k, v, all_idx, all_cnt, off)
+    o_dense = F.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+    out["all_tiles_vs_sdpa_fp32_rel_l2"] = rel_l2(o_all, o_dense)
+    del all_idx, o_all, o_dense
+    # sparse: same selection as the reference
+    top_k = ref.top_k_from_sparsity(sparsity, n)
+    c = coarse_stage(q, k, off, top_k)
+    q_c = ref.tile_mean_pool(q, layout.token_tile, layout.tile_sizes)
+    k_c = ref.tile_mean_pool(k, layout.token_tile, layout.tile_sizes)
+    ref_q2k = ref.select_top_k(ref.tile_scores(q_c, k_c), top_k)
+    same = (ref.block_map_from_q2k(c.q2k.long(), n) == ref.block_map_from_q2k(ref_q2k, n)).float().mean()
+    out["coarse_block_map_agreement"] = float(same)
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    o, _ = bsa.block_sparse_attention(qg, kg, vg, c.q2k, c.q2k_cnt, off)
+    do = torch.randn_like(o)
+    o.backward(do)
+    qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    o_ref, _ = ref.block_sparse_attention_reference(qr, kr, vr, c.q2k.long(), layout.slots, layout.slot_valid)
+    o_ref.backward(do.float())
+    out["sparse_fwd_vs_ref_rel_l2"] = rel_l2(o, o_ref)
+    for name, a, b in (("dq", qg, qr), ("dk", kg, kr), ("dv", vg, vr)):
+        out[f"sparse_{name}_vs_ref_rel_l2"] = rel_l2(a.grad, b.grad)
+        out[f"sparse_{name}_finite"] = bool(torch.isfinite(a.grad).all())
+    # the bf16 eager reference's own error, for scale
+    o_bf, _ = ref.block_sparse_attention_reference(q, k, v, c.q2k.long(), layout.slots, layout.slot_valid)
+    out["bf16_reference_vs_fp32_rel_l2"] = rel_l2(o_bf.to(torch.bfloat16), o_ref)
+
+
+def time_shape(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+    from torch.nn.attention import SDPBackend
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets.to(torch.int32)
+    n = layout.num_tiles
+    s = layout.num_tokens
+    top_k = ref.top_k_from_sparsity(sparsity, n)
+    q, k, v = make_inputs(shape, seed=2)
+    dense_flops = 4 * s * s * shape.head_dim * shape.heads
+    fine_flops = 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads  # on the 64x64 blocks computed
+
+    def add(kernel: str, ms: float, kind: str, flops: float | None = None) -> None:
+        rows.append({"shape": shape.name, "kernel": kernel, "kind": kind, "ms": ms,
+                     "tflops": (flops / ms / 1e9) if flops else None})
+
+    add("SDPA cuDNN", bench(lambda: sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION)), "fwd", dense_flops)
+    add("SDPA flash", bench(lambda: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION)), "fwd", dense_flops)
+    c = coarse_stage(q, k, off, top_k)
+    add("VSA coarse stage (pool + scores + top-k)", bench(lambda: coarse_stage(q, k, off, top_k)), "fwd")
+    add("VSA fine stage (Triton)", bench(lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)), "fwd", fine_flops)
+
+    def vsa_fwd():
+        cc = coarse_stage(q, k, off, top_k)
+        return bsa.bsa_fwd(q, k, v, cc.q2k, cc.q2k_cnt, off)
+
+    add("VSA forward (coarse + fine)", bench(vsa_fwd), "fwd")
+    # FlexAttention at the same density: the same q2k over the tile layout padded to 64-token blocks
+    pad = layout.slots.numel()
+    flat = layout.slots.reshape(-1)
+    qp, kp, vp = (x[:, flat].transpose(1, 2).contiguous() for x in (q, k, v))  # (B, H, n*64, D)
+    valid = layout.slot_valid.reshape(-1)
+
+    def kv_ok(b, h, q_idx, kv_idx):
+        return valid[kv_idx]
+
+    flex = torch.compile(flex_attention, dynamic=False)
+    try:
+        bm64 = BlockMask.from_kv_blocks(c.q2k_cnt, c.q2k, BLOCK_SIZE=64, mask_mod=kv_ok, seq_lengths=(pad, pad))
+        add("FlexAttention block-sparse 64x64 (same q2k, padded)",
+            bench(lambda: flex(qp, kp, vp, block_mask=bm64)), "fwd", fine_flops)
+    except Exception as e:  # noqa: BLE001 - report and go on
+        print(f"flex 64 failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
+    try:
+        nb = math.ceil(s / 128)
+        kb = max(1, math.ceil((1 - sparsity) * nb))
+        g = torch.Generator(device="cuda").manual_seed(3)
+        idx = torch.rand(1, shape.heads, nb, nb, device="cuda", generator=g).argsort(-1)[..., :kb]
+        idx = idx.sort(-1).values.to(torch.int32)
+        bm128 = BlockMask.from_kv_blocks(torch.full((1, shape.heads, nb), kb, device="cuda", dtype=torch.int32), idx,
+                                         BLOCK_SIZE=128, seq_lengths=(s, s))
+        qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+        add(f"FlexAttention block-sparse 128x128 ({kb}/{nb} blocks, random)",
+            bench(lambda: flex(qt, kt, vt, block_mask=bm128)), "fwd", 4 * nb * kb * 128 * 128 * shape.head_dim *
+            shape.heads)
+    except Exception as e:  # noqa: BLE001
+        print(f"flex 128 failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
+    del qp, kp, vp
+    # forward + backward
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    do = torch.randn_like(q)
+
+    def fb_sdpa(backend):
+        def run():
+            o = sdpa(qg, kg, vg, backend)
+            o.backward(do)
+        return run
+
+    add("SDPA cuDNN fwd+bwd", bench(fb_sdpa(SDPBackend.CUDNN_ATTENTION)), "fwd+bwd", 3.5 * dense_flops)
+    add("SDPA flash fwd+bwd", bench(fb_sdpa(SDPBackend.FLASH_ATTENTION)), "fwd+bwd", 3.5 * dense_flops)
+
+    def fb_vsa():
+        cc = coarse_stage(qg, kg, off, top_k)
+        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off)
+        o.backward(do)
+
+    add("VSA fwd+bwd (coarse + fine)", bench(fb_vsa), "fwd+bwd", 3.5 * fine_flops)
+
+
+def sweep(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets.to(torch.int32)
+    n = layout.num_tiles
+    top_k = ref.top_k_from_sparsity(sparsity, n)
+    q, k, v = make_inputs(shape, seed=4)
+    c = coarse_stage(q, k, off, top_k)
+    fine_flops = 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
+    saved = (bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES)
+    for warps, stages in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3)):
+        bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES = warps, stages
+        ms = bench(lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off))
+        rows.append({"shape": shape.name, "kernel": f"fine fwd warps={warps} stages={stages}", "kind": "sweep",
+                     "ms": ms, "tflops": fine_flops / ms / 1e9})
+    bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES = saved
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| shape | kernel | ms | vs dense cuDNN | TFLOP/s |")
+    print("|---|---|---|---|---|")
+    base: dict[tuple[str, str], float] = {}
+    for r in rows:
+        if r["kernel"].startswith("SDPA cuDNN"):
+            base[(r["shape"], r["kind"])] = r["ms"]
+    for r in rows:
+        kind = "fwd" if r["kind"] == "sweep" else r["kind"]
+        b = base.get((r["shape"], kind))
+        ratio = f"{b / r['ms']:.2f}x faster" if b and r["ms"] < b else (f"{r['ms'] / b:.2f}x slower" if b else "-")
+        tf = f"{r['tflops']:.0f}" if r["tflops"] else "-"
+        print(f"| {r['shape']} | {r['kernel']} | {r['ms']:.3f} | {ratio} | {tf} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="1.3b,5b,14b")
+    ap.add_argument("--sparsity", type=float, default=0.875)
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
+    args = ap.parse_args()
+    import triton
+
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
+          f"sparsity {args.sparsity}", flush=True)
+    report: dict = {"checks": {}, "rows": []}
+    if not args.no_check:
+        check(SHAPES["1.3b"], args.sparsity, report["checks"])
+        print(json.dumps(report["checks"], indent=1), flush=True)
+    for key in args.shapes.split(","):
+        time_shape(SHAPES[key], args.sparsity, report["rows"])
+        torch.cuda.empty_cache()
+    if args.sweep:
+        sweep(SHAPES["1.3b"], args.sparsity, report["rows"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    print_table(report["rows"])
+
+
+if __name__ == "__main__":
+    main()

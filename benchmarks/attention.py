@@ -54,7 +54,7 @@ def bench(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
 
 
 def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.double(), y.double()
+    x, y = x.detach().double(), y.detach().double()
     return float((x - y).norm() / y.norm())
 
 
@@ -109,7 +109,7 @@ def check(shape: Shape, sparsity: float, out: dict) -> None:
     out["bf16_reference_vs_fp32_rel_l2"] = rel_l2(o_bf.to(torch.bfloat16), o_ref)
 
 
-def time_shape(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool = True) -> None:
     from torch.nn.attention import SDPBackend
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -148,12 +148,16 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict]) -> None:
 
     flex = torch.compile(flex_attention, dynamic=False)
     try:
+        if not with_flex:
+            raise RuntimeError("skipped (--no-flex)")
         bm64 = BlockMask.from_kv_blocks(c.q2k_cnt, c.q2k, BLOCK_SIZE=64, mask_mod=kv_ok, seq_lengths=(pad, pad))
         add("FlexAttention block-sparse 64x64 (same q2k, padded)",
             bench(lambda: flex(qp, kp, vp, block_mask=bm64)), "fwd", fine_flops)
     except Exception as e:  # noqa: BLE001 - report and go on
         print(f"flex 64 failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
     try:
+        if not with_flex:
+            raise RuntimeError("skipped (--no-flex)")
         nb = math.ceil(s / 128)
         kb = max(1, math.ceil((1 - sparsity) * nb))
         g = torch.Generator(device="cuda").manual_seed(3)
@@ -206,6 +210,38 @@ def sweep(shape: Shape, sparsity: float, rows: list[dict]) -> None:
     bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES = saved
 
 
+def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+    """Backward launch parameters at one shape: bsa_bwd alone (k2q prebuilt), then build_k2q alone."""
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets_i32
+    n = layout.num_tiles
+    top_k = ref.top_k_from_sparsity(sparsity, n)
+    q, k, v = make_inputs(shape, seed=5)
+    c = coarse_stage(q, k, off, top_k)
+    o, lse = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
+    do = torch.randn_like(o)
+    k2q, k2q_cnt = bsa.build_k2q(c.q2k, c.q2k_cnt, n)
+    rows.append({"shape": shape.name, "kernel": "build_k2q", "kind": "sweep-bwd",
+                 "ms": bench(lambda: bsa.build_k2q(c.q2k, c.q2k_cnt, n)), "tflops": None})
+    fine_bwd_flops = 2.5 * 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
+    dq0, dkdv0 = dict(bsa.BWD_DQ_LAUNCH), dict(bsa.BWD_DKDV_LAUNCH)
+    d = 128
+    configs = [("dq", cfg) for cfg in ((4, 2), (4, 3), (8, 2), (8, 3))] + \
+              [("dkdv", cfg) for cfg in ((4, 2), (4, 3), (8, 1), (8, 2), (8, 3))]
+    for which, cfg in configs:
+        bsa.BWD_DQ_LAUNCH, bsa.BWD_DKDV_LAUNCH = dict(dq0), dict(dkdv0)
+        (bsa.BWD_DQ_LAUNCH if which == "dq" else bsa.BWD_DKDV_LAUNCH)[d] = cfg
+        try:
+            ms = bench(lambda: bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off))
+        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
+            print(f"bwd {which} {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+            continue
+        rows.append({"shape": shape.name, "kernel": f"bwd ({which} warps,stages={cfg}; dq {bsa.BWD_DQ_LAUNCH[d]}, "
+                     f"dkdv {bsa.BWD_DKDV_LAUNCH[d]})", "kind": "sweep-bwd", "ms": ms,
+                     "tflops": fine_bwd_flops / ms / 1e9})
+    bsa.BWD_DQ_LAUNCH, bsa.BWD_DKDV_LAUNCH = dq0, dkdv0
+
+
 def print_table(rows: list[dict]) -> None:
     print("| shape | kernel | ms | vs dense cuDNN | TFLOP/s |")
     print("|---|---|---|---|---|")
@@ -226,7 +262,9 @@ def main() -> None:
     ap.add_argument("--shapes", default="1.3b,5b,14b")
     ap.add_argument("--sparsity", type=float, default=0.875)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--sweep-bwd", action="store_true", help="backward launch parameters at the 1.3B shape")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention rows")
     ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
     args = ap.parse_args()
     import triton
@@ -237,11 +275,13 @@ def main() -> None:
     if not args.no_check:
         check(SHAPES["1.3b"], args.sparsity, report["checks"])
         print(json.dumps(report["checks"], indent=1), flush=True)
-    for key in args.shapes.split(","):
-        time_shape(SHAPES[key], args.sparsity, report["rows"])
+    for key in filter(None, args.shapes.split(",")):
+        time_shape(SHAPES[key], args.sparsity, report["rows"], with_flex=not args.no_flex)
         torch.cuda.empty_cache()
     if args.sweep:
         sweep(SHAPES["1.3b"], args.sparsity, report["rows"])
+    if args.sweep_bwd:
+        sweep_bwd(SHAPES["1.3b"], args.sparsity, report["rows"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

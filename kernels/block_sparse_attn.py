@@ -42,18 +42,22 @@ BLOCK = 64  # tokens in a full (4, 4, 4) tile
 LOG2E = 1.4426950408889634  # log2(e): scores are kept in base 2 for exp2
 LN2 = 0.6931471805599453  # ln(2): converts the base-2 LSE back to natural log
 
-# Launch parameters. (num_warps, num_stages) = (4, 3) is the usual Hopper choice for a 64 x 128 query block
-# with head dim 128 (one warpgroup per 64 rows); to be swept on the H200 by benchmarks/attention.py.
+# Launch parameters. (num_warps, num_stages) = (4, 3): swept on the H200 at the Wan2.1-1.3B 480p shape, 87.5%
+# sparsity, D = 128 (benchmarks/attention.py --sweep): (4, 2) / (4, 3) / (4, 4) / (8, 2) / (8, 3) took
+# 3.18 / 2.94 / 3.11 / 6.91 / 5.92 ms.
 FWD_NUM_WARPS = 4
 FWD_NUM_STAGES = 3
 
-# Backward launch parameters, (num_warps, num_stages) by BLOCK_D, for bf16 / fp16 inputs. Not yet timed: chosen
-# from an offline sm_90 compile (triton 3.8, ptxas register and spill counts, no GPU run). At BLOCK_D <= 64 both
-# kernels fit in ~205 registers with 4 warps. At 128 the dQ kernel (one fp32 (64, 128) accumulator) fits in 212
-# with 4 warps, the dK/dV kernel (two) spills with 4 and fits in 255 with 8. At 256 both spill whatever the
-# warps; one stage keeps the (64, 256) operand tiles within shared memory. To be swept on the H200.
-BWD_DQ_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
-BWD_DKDV_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (8, 2), 256: (8, 1)}
+# Backward launch parameters, (num_warps, num_stages) by BLOCK_D, for bf16 / fp16 inputs. BLOCK_D 128: swept on
+# the H200 (torch 2.11, triton 3.6; benchmarks/attention.py --sweep-bwd, Wan2.1-1.3B 480p shape, 87.5% sparsity):
+# with dK/dV at (8, 2) the dQ choices (4, 2) / (4, 3) / (8, 2) / (8, 3) gave a whole backward of 14.6 / 15.8 /
+# 18.8 / 17.7 ms; with dQ at (4, 3) the dK/dV choices (4, 2) / (4, 3) / (8, 1) / (8, 2) / (8, 3) gave 10.3 / 10.1 /
+# 16.6 / 15.8 / 16.3 ms. So 4 warps win for both, although the offline ptxas report showed the 4-warp dK/dV
+# kernel spilling a little. Other BLOCK_D: from the offline sm_90 compile (triton 3.8 ptxas register counts): at
+# <= 64 both kernels fit in ~205 registers with 4 warps; at 256 both spill whatever the warps and one stage keeps
+# the (64, 256) operand tiles within shared memory. Not yet timed on a GPU.
+BWD_DQ_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 2), 256: (8, 1)}
+BWD_DKDV_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
 # fp32 inputs take IEEE fp32 dots on CUDA cores (a correctness path, not a fast one) with fp32 operands staged
 # in shared memory (227 KiB per block on sm_90): one stage from BLOCK_D 128 on (the dQ kernel needs 208 KiB at
 # 3 stages, the forward 336 KiB at BLOCK_D 256), and no backward above BLOCK_D 128 on a GPU (its four (64, 256)

@@ -150,7 +150,9 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
     try:
         if not with_flex:
             raise RuntimeError("skipped (--no-flex)")
-        bm64 = BlockMask.from_kv_blocks(c.q2k_cnt, c.q2k, BLOCK_SIZE=64, mask_mod=kv_ok, seq_lengths=(pad, pad))
+        # from_kv_blocks wants index rows as wide as the number of key blocks: pad q2k's K columns with 0
+        idx64 = F.pad(c.q2k, (0, n - top_k))
+        bm64 = BlockMask.from_kv_blocks(c.q2k_cnt, idx64, BLOCK_SIZE=64, mask_mod=kv_ok, seq_lengths=(pad, pad))
         add("FlexAttention block-sparse 64x64 (same q2k, padded)",
             bench(lambda: flex(qp, kp, vp, block_mask=bm64)), "fwd", fine_flops)
     except Exception as e:  # noqa: BLE001 - report and go on
@@ -162,7 +164,7 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
         kb = max(1, math.ceil((1 - sparsity) * nb))
         g = torch.Generator(device="cuda").manual_seed(3)
         idx = torch.rand(1, shape.heads, nb, nb, device="cuda", generator=g).argsort(-1)[..., :kb]
-        idx = idx.sort(-1).values.to(torch.int32)
+        idx = F.pad(idx.sort(-1).values.to(torch.int32), (0, nb - kb))
         bm128 = BlockMask.from_kv_blocks(torch.full((1, shape.heads, nb), kb, device="cuda", dtype=torch.int32), idx,
                                          BLOCK_SIZE=128, seq_lengths=(s, s))
         qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))

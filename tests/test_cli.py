@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -258,6 +259,18 @@ BAD_INPUTS = [
     ("tile-fit", ["--tile-fit", "pad"], ["--tile-fit", "partial", "crop"]),
     ("dtype", ["--dtype", "fp8"], ["--dtype", "bf16"]),
     ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["directory"]),
+    # found by a new-user trial: these used to run (or fail late with exit 1)
+    ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
+    ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),
+    ("seed-negative", ["--seed=-1"], ["--seed", "-1"]),
+    ("seed-huge", ["--seed", str(2**64)], ["--seed"]),
+    ("out-dot", ["--out", "{tmp}/."], [".mp4"]),  # pathlib reads "dir/." as "dir": no .mp4 name
+    ("out-empty", ["--out", ""], ["file name", ".mp4"]),
+    ("frames-past-rope", ["--frames", "129", "--height", "16", "--width", "16"], ["--frames", "125"]),
+    ("height-past-rope", ["--height", "528", "--frames", "1"], ["--height", "512"]),
+    ("width-past-rope", ["--width", "1024", "--frames", "1"], ["--width", "512"]),
+    ("random-weights-unknown-arch", ["--model", "some-org/some-model", "--random-weights"],
+     ["--random-weights", "preset", "tiny"]),
 ]
 
 
@@ -367,7 +380,7 @@ def test_main_usage_errors_are_one_line_exit_2(vsagen_cache, tmp_path, args, nee
     res = run_main(args, sub_env(vsagen_cache, tmp_path))
     assert res.returncode == 2, res.stderr
     line = assert_one_error_line(res.stderr, res.stdout)
-    assert needle in line
+    assert needle.lower() in line.lower()
     assert list(tmp_path.iterdir()) == []
 
 
@@ -439,4 +452,32 @@ def test_presets_lists_bundled_presets():
     assert res.exit_code == 0
     names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
     assert names == ["tiny", "wan2.1-t2v-1.3b"]
-    assert "832x480 81f 50 steps" in res.stdout
+    assert re.search(r"832x480\s+81 frames\s+50 steps", res.stdout)
+
+
+def test_dangling_symlink_output_is_refused_up_front(cli_cache, tmp_path):
+    """A dangling symlink at --out used to pass the pre-check and fail only after the whole run."""
+    link = tmp_path / "link.mp4"
+    link.symlink_to(tmp_path / "nowhere.mp4")
+    res = t2v("a prompt", "--model", "tiny", "--out", str(link))
+    assert res.exit_code == 2, res.output
+    assert "exists" in assert_one_error_line(res.stderr, res.stdout)
+    assert link.is_symlink() and not (tmp_path / "nowhere.mp4").exists()
+
+
+def test_default_output_name_counts_up_and_overwrite_reuses_it(cli_cache, tmp_path, monkeypatch):
+    from vsagen.config import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vsagen-tiny-full-seed0.mp4").write_bytes(b"old")
+    assert resolve("a prompt", model="tiny").out.name == "vsagen-tiny-full-seed0-1.mp4"
+    assert resolve("a prompt", model="tiny", overwrite=True).out.name == "vsagen-tiny-full-seed0.mp4"
+
+
+def test_unwritable_cache_gives_one_line_naming_the_fix(cli_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("VSAGEN_CACHE", "/proc/vsagen-cache")
+    res = t2v("a prompt", "--model", "tiny", "--out", str(tmp_path / "x.mp4"))
+    assert res.exit_code == 1, res.output
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert "VSAGEN_CACHE" in line and "XDG_CACHE_HOME" in line
+    assert list(tmp_path.iterdir()) == []

@@ -270,6 +270,9 @@ def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
     msg = str(exc.value)
     assert model in msg and hub_id in msg
     assert "--model tiny" in msg
+    # the installed huggingface_hub ships `hf`, not `huggingface-cli`; only preset architectures can be timed
+    assert f"hf download {hub_id}" in msg and "huggingface-cli" not in msg
+    assert ("--random-weights" in msg) == (model == "wan2.1-t2v-1.3b")
     assert "\n" not in msg
     assert exc.value.exit_code == 2
     assert elapsed < HUB_FAIL_FAST_S, f"took {elapsed:.1f} s"

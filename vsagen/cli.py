@@ -53,7 +53,7 @@ def _run_guarded(fn, verbose: bool) -> None:
 
 @app.command()
 def t2v(
-    prompt: Annotated[str, typer.Argument(help="What the video should show.")],
+    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
     model: Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, "
                                             "or hub id.")] = "wan2.1-t2v-1.3b",
     attn: Annotated[str, typer.Option(help="Self-attention backend: full, vsa.")] = "full",
@@ -92,8 +92,8 @@ def t2v(
         from .config import resolve
 
         cfg = resolve(prompt, model=model, attn=attn, sparsity=sparsity, attn_impl=attn_impl, height=height,
-                      width=width, frames=frames, steps=steps, guidance=guidance, negative_prompt=negative_prompt, seed=seed,
-                      fps=fps, out=out, overwrite=overwrite, device=device, dtype=dtype, tile_fit=tile_fit,
+                      width=width, frames=frames, steps=steps, guidance=guidance, negative_prompt=negative_prompt,
+                      seed=seed, fps=fps, out=out, overwrite=overwrite, device=device, dtype=dtype, tile_fit=tile_fit,
                       random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup)
         from rich.console import Console
 
@@ -102,7 +102,7 @@ def t2v(
 
         result = generate(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True), progress=True)
         if json_out:
-            sys.stdout.write(json.dumps(result.summary) + "\n")
+            sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
             return
         con = Console()
         s = result.summary
@@ -125,7 +125,8 @@ def presets() -> None:
     for name in preset_names():
         p = load_preset(name)
         d = p.defaults
-        typer.echo(f"{name:18s} {d.width}x{d.height} {d.frames}f {d.steps} steps  {p.description}")
+        size = f"{d.width}x{d.height}"
+        typer.echo(f"{name:18s} {size:>9s} {d.frames:>4d} frames {d.steps:>3d} steps  {p.description}")
 
 
 @app.command()

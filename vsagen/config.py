@@ -8,6 +8,7 @@ under a second with one message and nothing written.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -17,6 +18,7 @@ from typing import Any
 
 from .attention import backend_names, make_backend, uses_sparsity
 from .errors import BadInput, ModelNotFound
+from .layout import plan_crop
 from .presets import Preset, load_preset, preset_for_hub_id, preset_for_transformer_config, preset_names
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
@@ -33,6 +35,8 @@ class ModelSource:
     kind: str
     location: str  # hub id or directory ("" for tiny)
     preset: Preset
+    exact_preset: bool = True  # False: the preset only supplies generation defaults (architecture unknown)
+    rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,9 @@ def resolve_model(model: str) -> ModelSource:
     """
     if model in preset_names():
         p = load_preset(model)
-        return ModelSource("tiny", "", p) if p.source == "tiny" else ModelSource("hub", p.hub_id, p)
+        rope = p.transformer.get("rope_max_seq_len")
+        return ModelSource("tiny" if p.source == "tiny" else "hub", p.hub_id if p.source == "hub" else "", p,
+                           rope_max_seq_len=rope)
     path = Path(model).expanduser()
     if path.is_dir():
         index = path / "model_index.json"
@@ -101,16 +107,20 @@ def resolve_model(model: str) -> ModelSource:
         except (OSError, json.JSONDecodeError) as e:
             raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
         preset = preset_for_transformer_config(tcfg)
+        exact = preset is not None
         if preset is None:
             # An architecture no preset describes (e.g. a test checkpoint): take the tiny preset's settings
             # only if it is the tiny architecture, else the default model's generation settings.
             tiny = load_preset("tiny")
             same_as_tiny = all(tcfg.get(k) == v for k, v in tiny.transformer.items() if k != "patch_size")
             preset = tiny if same_as_tiny else load_preset(DEFAULT_MODEL)
-        return ModelSource("dir", str(path.resolve()), preset)
+        return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
+                           rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")))
     if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
-        preset = preset_for_hub_id(model) or load_preset(DEFAULT_MODEL)
-        return ModelSource("hub", model, preset)
+        preset = preset_for_hub_id(model)
+        if preset is not None:
+            return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"))
+        return ModelSource("hub", model, load_preset(DEFAULT_MODEL), exact_preset=False)
     raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
                    "directory, or a hub id of the form org/name; try --model tiny")
 
@@ -121,7 +131,7 @@ def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
     for p in (out, json_out):
         if p.is_dir():
             raise BadInput(f"{p} is a directory")
-        if p.exists() and not overwrite:
+        if os.path.lexists(p) and not overwrite:  # lexists: a dangling symlink counts as existing
             raise BadInput(f"{p} exists; pass --overwrite to replace it, or choose another --out")
     folder = out.parent
     existing = folder
@@ -136,12 +146,16 @@ def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
         raise BadInput(f"cannot write to {folder}: {existing} is not a writable folder ({e.strerror or e})") from None
 
 
-def _default_out(model: str, attn: str, seed: int) -> Path:
+def _default_out(model: str, attn: str, seed: int, overwrite: bool) -> Path:
+    """`vsagen-<model>-<attn>-seed<seed>.mp4` in the current folder; without --overwrite an existing one is
+    kept and `-1`, `-2`, ... is appended; with --overwrite the base name is reused (and replaced)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name if Path(model).is_dir() else model).strip("-.")
     base = f"vsagen-{stem or 'model'}-{attn}-seed{seed}"
+    if overwrite:
+        return Path(f"{base}.mp4")
     for i in range(10_000):
         cand = Path(f"{base}{'' if i == 0 else f'-{i}'}.mp4")
-        if not cand.exists() and not cand.with_suffix(".json").exists():
+        if not os.path.lexists(cand) and not os.path.lexists(cand.with_suffix(".json")):
             return cand
     raise BadInput("too many earlier outputs in this folder; pass --out")
 
@@ -157,6 +171,25 @@ def resolve_device(device: str) -> str:
         raise BadInput("--device cuda: CUDA is not available here (torch "
                        f"{torch.__version__}); use --device cpu")
     return "cuda" if device == "auto" and has_cuda else ("cpu" if device == "auto" else device)
+
+
+def _check_rope_range(src: ModelSource, frames: int, height: int, width: int, tile_fit: str) -> None:
+    """The transformer's RoPE tables cover `rope_max_seq_len` post-patch positions per grid axis; a larger grid
+    (after --tile-fit crop rounding) would fail deep inside diffusers, so refuse it here."""
+    limit = src.rope_max_seq_len
+    if not limit:
+        return
+    p = src.preset
+    plan = plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
+                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
+    pt, ph, pw = p.patch_size
+    most = {"--frames": (limit * pt - 1) * p.vae_stride_temporal + 1, "--height": limit * ph * p.vae_stride_spatial,
+            "--width": limit * pw * p.vae_stride_spatial}
+    for (flag, top), g in zip(most.items(), plan.denoise_grid):
+        if g > limit:
+            extra = " with --tile-fit crop rounding" if tile_fit == "crop" else ""
+            raise BadInput(f"{flag} too large for {p.name}: its position tables cover {limit} latent positions "
+                           f"per axis, i.e. {flag} <= {top}{extra}")
 
 
 def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
@@ -207,15 +240,23 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
                            f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}")
     if steps < 1:
         raise BadInput(f"--steps must be at least 1, got {steps}")
-    if guidance < 0:
-        raise BadInput(f"--guidance must be >= 0, got {guidance}")
+    if not math.isfinite(guidance) or guidance < 0:
+        raise BadInput(f"--guidance must be a finite number >= 0, got {guidance}")
+    if not 0 <= seed < 2**63:
+        raise BadInput(f"--seed must be in [0, 2^63), got {seed}")
+    if random_weights and not src.exact_preset:
+        raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {model}; "
+                       f"use a preset name ({', '.join(preset_names())})")
+    _check_rope_range(src, frames, height, width, tile_fit)
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
     if warmup < 0:
         raise BadInput(f"--warmup must be >= 0, got {warmup}")
     dev = resolve_device(device)
     dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
-    out = Path(out) if out is not None else _default_out(model, attn, seed)
+    out = Path(out) if out is not None else _default_out(model, attn, seed, overwrite)
+    if not out.name or out.name in (".", ".."):
+        raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
     json_out = out.with_suffix(".json")
     _check_output(out, json_out, overwrite)
     return RunConfig(

@@ -117,10 +117,10 @@ def _from_pretrained(location: str, cfg: RunConfig, dtype: Any) -> Any:
                    f"({_short(first)})")
         else:
             why = f"directory {location}: {_short(first)}"
+        timing_hint = ", time its architecture with --random-weights" if cfg.source.exact_preset else ""
         raise ModelNotFound(
-            f"cannot load model {cfg.model!r}: {why}. Download it with `huggingface-cli download {location}` "
-            "(or pass --model DIR for a local copy), time its architecture with --random-weights, or try "
-            "--model tiny") from None
+            f"cannot load model {cfg.model!r}: {why}. Download it with `hf download {location} --local-dir DIR` "
+            f"and pass --model DIR{timing_hint}, or try --model tiny") from None
 
 
 def _short(msg: str, limit: int = 100) -> str:
@@ -164,7 +164,12 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
         if src.kind == "tiny":
             from .tiny import ensure_tiny_checkpoint
 
-            location = str(ensure_tiny_checkpoint(preset))
+            try:
+                location = str(ensure_tiny_checkpoint(preset))
+            except OSError as e:
+                raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
+                                 f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
+                                 "writable folder") from None
             notes.append("model 'tiny' has random weights: its videos are noise (for plumbing and timing)")
         else:
             location = src.location

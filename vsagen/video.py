@@ -72,7 +72,8 @@ def write_json(data: Any, path: Path, *, overwrite: bool = False) -> None:
     Raises:
         BadInput: `path` exists and `overwrite` is False.
     """
-    _write_atomic(path, overwrite, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"), ".json")
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"  # NaN / Infinity would not be JSON
+    _write_atomic(path, overwrite, lambda tmp: tmp.write_text(text), ".json")
 
 
 def read_mp4(path: Path) -> np.ndarray:

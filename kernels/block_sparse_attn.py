@@ -85,6 +85,24 @@ def _mm(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                  DOT_FP32: tl.constexpr):
+    """Load key tile `kt` of K and V: (BLOCK_N, BLOCK_D) each, rows past the tile's end zeroed and flagged
+    False in n_ok (BLOCK_N,)."""
+    k_start = tl.load(off_ptr + kt)
+    k_len = tl.load(off_ptr + kt + 1) - k_start
+    n_ok = offs_n < k_len
+    rows = (k_start + offs_n)[:, None]
+    kv_mask = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v, n_ok
+
+
+@triton.jit
 def _bsa_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr,
     stride_qb, stride_qs, stride_qh,
@@ -123,27 +141,16 @@ def _bsa_fwd_kernel(
     v_base = v_ptr + b * stride_vb + h * stride_vh
     for i in range(0, cnt):
         kt = tl.load(row_ptr + i)
-        k_start = tl.load(off_ptr + kt)
-        k_len = tl.load(off_ptr + kt + 1) - k_start
-        n_ok = offs_n < k_len
-        rows = (k_start + offs_n)[:, None]
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                   DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+        s = _mm(q, tl.trans(k), IEEE)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if IEEE:
+        if IEEE:  # the accumulator goes into the dot itself (as timed on the H200)
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
@@ -235,16 +242,8 @@ def _bsa_bwd_dq_kernel(
     v_base = v_ptr + b * stride_vb + h * stride_vh
     for i in range(0, cnt):
         kt = tl.load(row_ptr + i)
-        k_start = tl.load(off_ptr + kt)
-        k_len = tl.load(off_ptr + kt + 1) - k_start
-        n_ok = offs_n < k_len
-        rows = (k_start + offs_n)[:, None]
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)  # (BLOCK_N, BLOCK_D)
-        v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
-        if DOT_FP32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                   DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
         s = _mm(q, tl.trans(k), IEEE)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
         p = tl.exp2(s - lse2[:, None])  # p: (BLOCK_M, BLOCK_N) fp32, the forward's softmax

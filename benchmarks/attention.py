@@ -153,8 +153,10 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
         # from_kv_blocks wants index rows as wide as the number of key blocks: pad q2k's K columns with 0
         idx64 = F.pad(c.q2k, (0, n - top_k))
         bm64 = BlockMask.from_kv_blocks(c.q2k_cnt, idx64, BLOCK_SIZE=64, mask_mod=kv_ok, seq_lengths=(pad, pad))
+        # inductor's flex kernel tiles 128x64 by default; 64-token blocks need 64x64 kernel tiles
+        opts = {"BLOCK_M": 64, "BLOCK_N": 64}
         add("FlexAttention block-sparse 64x64 (same q2k, padded)",
-            bench(lambda: flex(qp, kp, vp, block_mask=bm64)), "fwd", fine_flops)
+            bench(lambda: flex(qp, kp, vp, block_mask=bm64, kernel_options=opts)), "fwd", fine_flops)
     except Exception as e:  # noqa: BLE001 - report and go on
         print(f"flex 64 failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}", file=sys.stderr)
     try:

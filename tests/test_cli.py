@@ -450,9 +450,12 @@ def test_backends_lists_exactly_the_registry():
 def test_presets_lists_bundled_presets():
     res = runner.invoke(app, ["presets"])
     assert res.exit_code == 0
-    names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
-    assert names == ["tiny", "wan2.1-t2v-1.3b"]
-    assert re.search(r"832x480\s+81 frames\s+50 steps", res.stdout)
+    rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
+    names = [r[0].strip() for r in rows]
+    assert names == ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+    wan = [c.strip() for c in rows[1]]
+    assert wan[1:7] == ["832x480", "81", "50", "5", "3", "16"]
+    assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
 
 
 def test_dangling_symlink_output_is_refused_up_front(cli_cache, tmp_path):

@@ -13,7 +13,7 @@ from vsagen.presets import (GenerationDefaults, load_preset, parse_preset, prese
                             preset_for_transformer_config, preset_names)
 from vsagen.presets import _preset_dir
 
-BUNDLED = ["tiny", "wan2.1-t2v-1.3b"]
+BUNDLED = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
 
 
 def raw(name: str) -> dict:
@@ -73,6 +73,22 @@ def test_wan21_preset_matches_model_card():
     assert t["ffn_dim"] == 8960 and t["text_dim"] == 4096 and t["in_channels"] == t["out_channels"] == 16
     assert (p.vae_stride_temporal, p.vae_stride_spatial) == (4, 8) and p.pixel_multiple == 16
     assert p.text_encoder is None
+
+
+def test_wan21_14b_preset_matches_the_checkpoint_config():
+    p = load_preset("wan2.1-t2v-14b")
+    d = p.defaults
+    assert (d.height, d.width, d.frames, d.steps, d.fps) == (720, 1280, 81, 50, 16)
+    assert d.guidance == 5.0 and d.flow_shift == 5.0  # diffusers' Wan examples: shift 5.0 at 720p
+    assert p.hub_id == "Wan-AI/Wan2.1-T2V-14B-Diffusers"
+    t = p.transformer
+    assert (t["num_layers"], t["num_attention_heads"], t["attention_head_dim"], t["ffn_dim"]) == (40, 40, 128, 13824)
+    assert t["text_dim"] == 4096 and t["rope_max_seq_len"] == 1024
+    # the 720p grid of REFERENCE.md: 21 x 45 x 80 post-patch tokens
+    assert ((d.frames - 1) // 4 + 1, d.height // p.pixel_multiple, d.width // p.pixel_multiple) == (21, 45, 80)
+    # both hub presets are told apart by their transformer configs
+    assert preset_for_transformer_config(dict(t)) == p
+    assert preset_for_transformer_config(dict(load_preset("wan2.1-t2v-1.3b").transformer)) != p
 
 
 def test_tiny_preset_is_offline_and_has_partial_tiles():

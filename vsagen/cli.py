@@ -119,14 +119,22 @@ def t2v(
 
 @app.command()
 def presets() -> None:
-    """List the bundled model presets."""
+    """List the bundled model presets and their defaults."""
+    from rich.console import Console
+    from rich.table import Table
+
     from .presets import load_preset, preset_names
 
+    table = Table(title="presets (vsagen t2v --model NAME)", title_justify="left")
+    for col in ("name", "size (WxH)", "frames", "steps", "guidance", "flow shift", "fps", "weights"):
+        table.add_column(col, justify="left" if col in ("name", "weights") else "right")
     for name in preset_names():
         p = load_preset(name)
         d = p.defaults
-        size = f"{d.width}x{d.height}"
-        typer.echo(f"{name:18s} {size:>9s} {d.frames:>4d} frames {d.steps:>3d} steps  {p.description}")
+        weights = p.hub_id if p.source == "hub" else "built offline (random)"
+        table.add_row(name, f"{d.width}x{d.height}", str(d.frames), str(d.steps), f"{d.guidance:g}",
+                      f"{d.flow_shift:g}", str(d.fps), weights)
+    Console(width=max(120, Console().width)).print(table)
 
 
 @app.command()

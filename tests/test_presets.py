@@ -13,7 +13,8 @@ from vsagen.presets import (GenerationDefaults, load_preset, parse_preset, prese
                             preset_for_transformer_config, preset_names)
 from vsagen.presets import _preset_dir
 
-BUNDLED = ["tiny", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+BUNDLED = ["tiny", "tiny-a14b", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+OPTIONAL_DEFAULTS = {"guidance_2"}
 
 
 def raw(name: str) -> dict:
@@ -49,8 +50,15 @@ def test_preset_architectures_build_in_diffusers(name):
     p = load_preset(name)
     with torch.device("meta"):
         t = WanTransformer3DModel(**p.transformer)
-        AutoencoderKLWan(**p.vae)
+        vae = AutoencoderKLWan(**p.vae)
+        if p.transformer_2 is not None:
+            WanTransformer3DModel(**p.transformer_2)
     assert len(t.blocks) == p.transformer["num_layers"]
+    # the preset's strides are the VAE's own, and the latent channels agree
+    assert (vae.config.scale_factor_temporal, vae.config.scale_factor_spatial) == (p.vae_stride_temporal,
+                                                                                 p.vae_stride_spatial)
+    assert p.transformer["in_channels"] == p.transformer["out_channels"] == vae.config.z_dim
+    assert len(vae.config.latents_mean) == len(vae.config.latents_std) == vae.config.z_dim
 
 
 def test_presets_are_frozen():
@@ -140,7 +148,7 @@ def test_missing_top_level_key_is_an_error(key):
         parse_preset(data, "x.toml")
 
 
-@pytest.mark.parametrize("key", [f.name for f in fields(GenerationDefaults)])
+@pytest.mark.parametrize("key", [f.name for f in fields(GenerationDefaults) if f.name not in OPTIONAL_DEFAULTS])
 def test_missing_default_is_an_error(key):
     data = raw("tiny")
     del data["defaults"][key]

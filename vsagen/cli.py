@@ -66,6 +66,9 @@ def t2v(
     frames: Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")] = None,
     steps: Annotated[Optional[int], typer.Option(help="Denoising steps.")] = None,
     guidance: Annotated[Optional[float], typer.Option(help="CFG scale (> 1 runs two DiT passes a step).")] = None,
+    guidance_2: Annotated[Optional[float], typer.Option(help="CFG scale of the second expert (two-expert models "
+                                                             "such as tiny-a14b; default from the preset, else "
+                                                             "--guidance).")] = None,
     negative_prompt: Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")] = None,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     fps: Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")] = None,
@@ -92,7 +95,8 @@ def t2v(
         from .config import resolve
 
         cfg = resolve(prompt, model=model, attn=attn, sparsity=sparsity, attn_impl=attn_impl, height=height,
-                      width=width, frames=frames, steps=steps, guidance=guidance, negative_prompt=negative_prompt,
+                      width=width, frames=frames, steps=steps, guidance=guidance, guidance_2=guidance_2,
+                      negative_prompt=negative_prompt,
                       seed=seed, fps=fps, out=out, overwrite=overwrite, device=device, dtype=dtype, tile_fit=tile_fit,
                       random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup)
         from rich.console import Console

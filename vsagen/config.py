@@ -54,6 +54,7 @@ class RunConfig:
     frames: int
     steps: int
     guidance: float
+    guidance_2: float | None  # CFG scale of the second expert (two-expert models); None for one-expert models
     negative_prompt: str
     seed: int
     fps: int
@@ -85,6 +86,28 @@ def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
     return lo, lo + stride
 
 
+def _read_index(index: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelNotFound(f"--model {index.parent}: cannot read {index}: {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _tiny_preset_for(tcfg: dict[str, Any], index: dict[str, Any]) -> Preset | None:
+    """The bundled tiny preset whose transformer architecture and pipeline family (second expert or not,
+    per-token timesteps or not) a checkpoint directory has, if any."""
+    t2 = index.get("transformer_2")
+    has_t2 = isinstance(t2, list) and bool(t2) and t2[0] is not None
+    for n in preset_names():
+        p = load_preset(n)
+        if (p.source == "tiny" and all(tcfg.get(k) == v for k, v in p.transformer.items() if k != "patch_size")
+                and has_t2 == (p.transformer_2 is not None)
+                and bool(index.get("expand_timesteps", False)) == p.expand_timesteps):
+            return p
+    return None
+
+
 def resolve_model(model: str) -> ModelSource:
     """Map `--model` (preset name | local diffusers directory | hub id) to a `ModelSource`.
 
@@ -109,11 +132,10 @@ def resolve_model(model: str) -> ModelSource:
         preset = preset_for_transformer_config(tcfg)
         exact = preset is not None
         if preset is None:
-            # An architecture no preset describes (e.g. a test checkpoint): take the tiny preset's settings
-            # only if it is the tiny architecture, else the default model's generation settings.
-            tiny = load_preset("tiny")
-            same_as_tiny = all(tcfg.get(k) == v for k, v in tiny.transformer.items() if k != "patch_size")
-            preset = tiny if same_as_tiny else load_preset(DEFAULT_MODEL)
+            # An architecture no preset describes (e.g. a test checkpoint): take a tiny preset's settings only
+            # if it is that tiny architecture and family (experts, per-token timesteps), else the default
+            # model's generation settings.
+            preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
         return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
                            rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")))
     if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
@@ -195,11 +217,15 @@ def _check_rope_range(src: ModelSource, frames: int, height: int, width: int, ti
 def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
             attn_impl: str = "auto",
             height: int | None = None, width: int | None = None, frames: int | None = None,
-            steps: int | None = None, guidance: float | None = None, negative_prompt: str | None = None,
+            steps: int | None = None, guidance: float | None = None, guidance_2: float | None = None,
+            negative_prompt: str | None = None,
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0) -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
+
+    `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
+    two-expert model (flag > preset `guidance_2` > `guidance`); giving it for a one-expert model is an error.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid).
@@ -242,6 +268,15 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         raise BadInput(f"--steps must be at least 1, got {steps}")
     if not math.isfinite(guidance) or guidance < 0:
         raise BadInput(f"--guidance must be a finite number >= 0, got {guidance}")
+    experts = src.preset.experts
+    if guidance_2 is not None and experts < 2:
+        raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {src.preset.name} has one transformer; "
+                       "use --guidance")
+    if experts >= 2:
+        guidance_2 = guidance_2 if guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
+                                                                  else guidance)
+        if not math.isfinite(guidance_2) or guidance_2 < 0:
+            raise BadInput(f"--guidance-2 must be a finite number >= 0, got {guidance_2}")
     if not 0 <= seed < 2**63:
         raise BadInput(f"--seed must be in [0, 2^63), got {seed}")
     if random_weights and not src.exact_preset:
@@ -262,7 +297,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     return RunConfig(
         prompt=prompt, model=model, source=src, attn=attn, sparsity=sparsity, attn_impl=attn_impl,
         height=height, width=width,
-        frames=frames, steps=steps, guidance=guidance,
+        frames=frames, steps=steps, guidance=guidance, guidance_2=guidance_2,
         negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt, seed=seed, fps=fps,
         flow_shift=d.flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,

@@ -1,7 +1,7 @@
 """Load a Wan pipeline (tiny | local directory | hub id | random weights), patch it, run it, crop, write.
 
-Data flow: RunConfig -> diffusers WanPipeline -> patch every transformer (processor + tile-order hooks +
-timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at the crop plan's size ->
+Data flow: RunConfig -> diffusers WanPipeline -> patch every transformer (`transformer`, and `transformer_2` of
+two-expert pipelines: processor + tile-order hooks + per-expert timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at the crop plan's size ->
 crop the latent back -> VAE decode -> mp4 + timing JSON.
 """
 
@@ -54,7 +54,9 @@ def _quiet_libraries() -> None:
 
 def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
     """Refuse pickle-only weights (unless allowed) and components from libraries other than diffusers /
-    transformers, before diffusers imports anything named in model_index.json."""
+    transformers, before diffusers imports anything named in model_index.json. Every component is checked,
+    the second expert (`transformer_2`) of two-expert pipelines included; absent optional components
+    (`[null, null]`) are skipped."""
     index = json.loads((path / "model_index.json").read_text())
     if index.get("_class_name") not in ("WanPipeline",):
         raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
@@ -129,16 +131,21 @@ def _short(msg: str, limit: int = 100) -> str:
 
 
 def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift: float) -> Any:
-    """The preset's real transformer and VAE architectures with random weights, no text encoder."""
+    """The preset's real transformer(s) and VAE architectures with random weights, no text encoder; the
+    preset's pipeline family (second expert and boundary, per-token timesteps) as a checkpoint would have it."""
     import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
     with torch.device(device):
         transformer = WanTransformer3DModel(**preset.transformer).to(dtype).eval()
+        transformer_2 = (WanTransformer3DModel(**preset.transformer_2).to(dtype).eval()
+                         if preset.transformer_2 is not None else None)
         vae = AutoencoderKLWan(**preset.vae).eval()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=flow_shift)
-    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer)
+    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
+                       transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
+                       expand_timesteps=preset.expand_timesteps)
 
 
 def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
@@ -156,7 +163,7 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
     dtype = torch_dtype(cfg.dtype)
     preset, src = cfg.source.preset, cfg.source
     notes: list[str] = []
-    weight_dir: Path | None = None
+    weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
     if cfg.random_weights:
         pipe = _random_weights_pipeline(preset, dtype, cfg.device, cfg.flow_shift)
         notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
@@ -170,34 +177,39 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
                 raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
                                  f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
                                  "writable folder") from None
-            notes.append("model 'tiny' has random weights: its videos are noise (for plumbing and timing)")
+            notes.append(f"model {preset.name!r} has random weights: its videos are noise (for plumbing and timing)")
         else:
             location = src.location
         if src.kind in ("tiny", "dir"):
             _check_local_checkpoint(Path(location), cfg.allow_pickle)
-            weight_dir = Path(location) / "transformer"
+            weight_root = Path(location)
         pipe = _from_pretrained(location, cfg, dtype)
         if src.kind == "hub":
             try:
                 from huggingface_hub import snapshot_download
 
-                weight_dir = Path(snapshot_download(location, allow_patterns=["transformer/*"],
-                                                    local_files_only=True)) / "transformer"
+                weight_root = Path(snapshot_download(location, allow_patterns=["transformer/*", "transformer_2/*"],
+                                                     local_files_only=True))
             except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
-                weight_dir = None
+                weight_root = None
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
     pipe.to(cfg.device)
     vae_dtype = preset.defaults.vae_dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
     gates = 0
-    for t in (pipe.transformer, getattr(pipe, "transformer_2", None)):
-        if t is not None:
-            t.eval()
-            gates += _load_gate_compress(t, weight_dir)
+    for name, t in experts(pipe):
+        t.eval()
+        gates += _load_gate_compress(t, weight_root / name if weight_root is not None else None)
     if gates:
         notes.append(f"loaded trained VSA gates (to_gate_compress) for {gates} layers")
     return LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, gate_layers=gates)
+
+
+def experts(pipe: Any) -> list[tuple[str, Any]]:
+    """The pipeline's transformers by component name: [("transformer", t)] or, for two-expert (A14B-style)
+    pipelines, also ("transformer_2", t2)."""
+    return [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
 
 
 def _encode_prompts(cfg: RunConfig, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
@@ -284,9 +296,12 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
                      vae_stride_temporal=preset.vae_stride_temporal, vae_stride_spatial=preset.vae_stride_spatial,
                      patch_size=tuple(pipe.transformer.config.patch_size))
     timer = Timer(cfg.device)
-    patches = [patch_transformer(t, backend, timer)
-               for t in (pipe.transformer, getattr(pipe, "transformer_2", None)) if t is not None]
-    do_cfg = cfg.guidance > 1.0
+    patches = [patch_transformer(t, backend, timer, expert=name) for name, t in experts(pipe)]
+    do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
+    two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
+    extra: dict[str, Any] = {}
+    if two_experts and cfg.guidance_2 is not None:
+        extra["guidance_scale_2"] = cfg.guidance_2
     pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
 
     def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict) -> dict:
@@ -297,7 +312,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
                     width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
                     guidance_scale=cfg.guidance, generator=torch.Generator("cpu").manual_seed(cfg.seed),
-                    output_type="latent", callback_on_step_end=on_step_end, return_dict=False)[0]
+                    output_type="latent", callback_on_step_end=on_step_end, return_dict=False, **extra)[0]
 
     try:
         with torch.inference_mode():
@@ -344,7 +359,11 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     summary = {
         "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
         "backend": backend.describe(), "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
-        "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance, "seed": cfg.seed, "device": cfg.device,
+        "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
+        "guidance_2": extra.get("guidance_scale_2"), "experts": [name for name, _ in experts(pipe)],
+        "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),
+        "expand_timesteps": bool(getattr(pipe.config, "expand_timesteps", False)),
+        "seed": cfg.seed, "device": cfg.device,
         "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},

@@ -3,6 +3,16 @@
 Precedence for every generation setting is implemented once, in `RunConfig` construction
 (`vsagen.config.resolve`): CLI flag > preset `[defaults]` > nothing (every preset must give every default).
 Unknown keys in a preset are errors, never silently dropped.
+
+Model families a preset can describe (all run by diffusers' `WanPipeline`):
+* Wan2.1-style: one transformer, scalar timesteps (no optional keys).
+* Wan2.2-TI2V-5B-style: `expand_timesteps = true` (per-token (B, S) timesteps), a 48-channel VAE with 16x
+  spatial compression (`[vae]` with z_dim 48, is_residual, scale_factor_spatial 16; `[vae_stride] spatial = 16`).
+* Wan2.2-A14B-style: two experts. `transformer_2` is `true` (the second expert has the same architecture as
+  `[transformer]`; for source "tiny" it gets other random weights) or a table of its own constructor kwargs;
+  `boundary_ratio` (in (0, 1)) is then required: `transformer` denoises t >= boundary_ratio * 1000,
+  `transformer_2` the rest. `[defaults] guidance_2` (optional) is the second expert's CFG scale
+  (diffusers' `guidance_scale_2`); absent, the second expert uses `guidance`.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ class GenerationDefaults:
     sparsity: float
     max_sequence_length: int
     vae_dtype: str  # "same" (pipeline dtype) | "fp32" | "bf16" | "fp16"
+    guidance_2: float | None = None  # CFG scale of the second expert (two-expert presets only; None: `guidance`)
 
 
 @dataclass(frozen=True)
@@ -40,7 +51,9 @@ class Preset:
 
     `source` is "hub" (weights from `hub_id`, or a local copy) or "tiny" (built offline from the configs
     here). `transformer` / `vae` / `text_encoder` are constructor kwargs of diffusers'
-    WanTransformer3DModel / AutoencoderKLWan and transformers' UMT5Config.
+    WanTransformer3DModel / AutoencoderKLWan and transformers' UMT5Config. `transformer_2` (two-expert
+    presets) holds the second expert's constructor kwargs, `boundary_ratio` where the pipeline switches to it;
+    `expand_timesteps` makes the pipeline pass per-token timesteps (Wan2.2-TI2V-5B).
     """
 
     name: str
@@ -54,6 +67,14 @@ class Preset:
     transformer: dict[str, Any]
     vae: dict[str, Any]
     text_encoder: dict[str, Any] | None = None
+    expand_timesteps: bool = False
+    boundary_ratio: float | None = None
+    transformer_2: dict[str, Any] | None = None
+
+    @property
+    def experts(self) -> int:
+        """How many transformers (experts) the pipeline has: 1, or 2 for A14B-style presets."""
+        return 2 if self.transformer_2 is not None else 1
 
     @property
     def patch_size(self) -> tuple[int, int, int]:
@@ -68,7 +89,9 @@ class Preset:
 
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
-             "text_encoder"}
+             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2"}
+_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2"}
+_OPTIONAL_DEFAULTS = {"guidance_2"}
 _SOURCES = {"hub", "tiny"}
 _PIPELINES = {"WanPipeline"}
 
@@ -95,11 +118,13 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     """Validate a preset's parsed TOML and build the `Preset`.
 
     Raises:
-        BadInput: unknown or missing keys, an unknown source or pipeline class.
+        BadInput: unknown or missing keys, an unknown source or pipeline class, or inconsistent family keys
+            (`transformer_2` without `boundary_ratio` or the reverse, `guidance_2` without `transformer_2`,
+            a value of the wrong type or out of range).
     """
-    _check_keys(where, data, _TOP_KEYS, _TOP_KEYS - {"text_encoder"})
+    _check_keys(where, data, _TOP_KEYS, _TOP_KEYS - _OPTIONAL_TOP_KEYS)
     dnames = {f.name for f in fields(GenerationDefaults)}
-    _check_keys(f"{where} [defaults]", data["defaults"], dnames, dnames)
+    _check_keys(f"{where} [defaults]", data["defaults"], dnames, dnames - _OPTIONAL_DEFAULTS)
     _check_keys(f"{where} [vae_stride]", data["vae_stride"], {"temporal", "spatial"}, {"temporal", "spatial"})
     if data["source"] not in _SOURCES:
         raise BadInput(f"preset {where}: source must be one of {sorted(_SOURCES)}, got {data['source']!r}")
@@ -107,6 +132,28 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         raise BadInput(f"preset {where}: pipeline must be one of {sorted(_PIPELINES)}, got {data['pipeline']!r}")
     if data["source"] == "tiny" and "text_encoder" not in data:
         raise BadInput(f"preset {where}: source 'tiny' needs a [text_encoder] table")
+    expand = data.get("expand_timesteps", False)
+    if not isinstance(expand, bool):
+        raise BadInput(f"preset {where}: expand_timesteps must be true or false, got {expand!r}")
+    t2 = data.get("transformer_2")
+    if t2 is not None and not isinstance(t2, (bool, dict)):
+        raise BadInput(f"preset {where}: transformer_2 must be true/false or a table of transformer settings, "
+                       f"got {t2!r}")
+    transformer_2 = dict(data["transformer"]) if t2 is True else (dict(t2) if isinstance(t2, dict) else None)
+    ratio = data.get("boundary_ratio")
+    if ratio is not None:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio < 1.0:
+            raise BadInput(f"preset {where}: boundary_ratio must be a number in (0, 1), got {ratio!r}")
+        ratio = float(ratio)
+    if (transformer_2 is None) != (ratio is None):
+        raise BadInput(f"preset {where}: transformer_2 and boundary_ratio go together (a two-expert pipeline "
+                       "needs both; a one-expert pipeline neither)")
+    g2 = data["defaults"].get("guidance_2")
+    if g2 is not None:
+        if transformer_2 is None:
+            raise BadInput(f"preset {where} [defaults]: guidance_2 needs a second expert (transformer_2)")
+        if isinstance(g2, bool) or not isinstance(g2, (int, float)):
+            raise BadInput(f"preset {where} [defaults]: guidance_2 must be a number, got {g2!r}")
     return Preset(
         name=data["name"],
         description=data["description"],
@@ -119,6 +166,9 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         transformer=dict(data["transformer"]),
         vae=dict(data["vae"]),
         text_encoder=dict(data["text_encoder"]) if "text_encoder" in data else None,
+        expand_timesteps=expand,
+        boundary_ratio=ratio,
+        transformer_2=transformer_2,
     )
 
 

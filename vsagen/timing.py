@@ -5,7 +5,9 @@ On CUDA every region is a pair of CUDA events recorded on the current stream; no
 (CPU work is synchronous). Regions may nest; the report adds regions of the same name.
 
 Region names used by vsagen: "total", "text_encode", "denoise" (the whole sampling loop), "dit" (one
-transformer forward; tagged with the denoising step), "attn1" (the whole self-attention module: projections,
+transformer forward; tagged with the denoising step), "dit/<expert>" (the same forward again, named by the
+pipeline component that ran it: "transformer", or "transformer_2" for the second expert of a two-expert
+pipeline), "attn1" (the whole self-attention module: projections,
 norms, RoPE, backend, output projection), "self_attention" (the backend call alone) and
 "self_attention/<stage>" for the stages a backend reports (e.g. VSA's "coarse" and "fine"), "vae_decode".
 """
@@ -90,7 +92,9 @@ class NullTimer(Timer):
 class TimingReport:
     """Where the time of one run went (seconds).
 
-    `dit_s` sums every transformer forward (two per step with CFG); `self_attention_s` sums the attention
+    `dit_s` sums every transformer forward (two per step with CFG), over all experts; `dit_by_expert_s` and
+    `dit_forwards_by_expert` split it by the pipeline component that ran ("transformer", and "transformer_2" in
+    two-expert pipelines; their sums are `dit_s` and `dit_forwards`); `self_attention_s` sums the attention
     backend calls inside them (`self_attention_stages_s` splits them by the stages the backend reports);
     `attn1_s` is the whole self-attention module including projections, q/k norms, RoPE and output
     projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
@@ -113,6 +117,8 @@ class TimingReport:
     write_s: float = 0.0
     warmup_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    dit_by_expert_s: dict[str, float] = field(default_factory=dict)
+    dit_forwards_by_expert: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_records(cls, records: list[tuple[str, int, float]], device: str, **extra: Any) -> "TimingReport":
@@ -127,6 +133,9 @@ class TimingReport:
                 per_step[step] += sec
         stages = {n.split("/", 1)[1]: v for n, v in total.items() if n.startswith("self_attention/")}
         dit = total["dit"]
+        experts = sorted(n.split("/", 1)[1] for n in total if n.startswith("dit/"))
+        extra.setdefault("dit_by_expert_s", {e: total[f"dit/{e}"] for e in experts})
+        extra.setdefault("dit_forwards_by_expert", {e: count[f"dit/{e}"] for e in experts})
         return cls(
             device=device,
             total_s=total["total"], text_encode_s=total["text_encode"], denoise_s=total["denoise"],
@@ -164,6 +173,10 @@ class TimingReport:
         row(f"  DiT ({self.dit_forwards} forwards, {steps} steps)", self.dit_s, True)
         if steps:
             t.add_row("    per step (mean)", f"{self.dit_s / steps:.3f}", "", "")
+        if len(self.dit_by_expert_s) > 1:
+            for expert, sec in self.dit_by_expert_s.items():
+                n = self.dit_forwards_by_expert.get(expert, 0)
+                row(f"    expert {expert} ({n} forwards)", sec, True)
         row("    self-attention module (attn1)", self.attn1_s, True)
         row("      attention backend", self.self_attention_s, True)
         for stage, sec in self.self_attention_stages_s.items():

@@ -1,8 +1,14 @@
-"""The embedded `tiny` model: a Wan2.1-style T2V pipeline with random weights, built offline.
+"""The embedded tiny models (presets with source "tiny"): Wan-style T2V pipelines with random weights, built
+offline.
 
-It is built deterministically (seed 0) from the `tiny` preset's configs, saved once in the diffusers layout
-(safetensors) under the vsagen cache directory, and loaded back through the same `from_pretrained` path that
-real checkpoints take. Its pictures are noise: it exists for plumbing, tests and timing.
+* `tiny`: Wan2.1-style (one transformer, 16-channel VAE, 8x spatial).
+* `tiny-ti2v`: Wan2.2-TI2V-5B-style (48-channel VAE, 16x spatial, per-token timesteps: `expand_timesteps`).
+* `tiny-a14b`: Wan2.2-A14B-style (two experts, `transformer_2` and `boundary_ratio`).
+
+Each is built deterministically from its preset's configs (seed 0; the second expert seed 1), saved once in the
+diffusers layout (safetensors) under the vsagen cache directory as `<preset>-pipeline/`, and loaded back through
+the same `from_pretrained` path that real checkpoints take. Their pictures are noise: they exist for plumbing,
+tests and timing.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from pathlib import Path
 from .presets import Preset
 
 TINY_SEED = 0
+TINY_SEED_2 = 1  # the second expert of two-expert presets: same architecture, other weights
 _MARKER = ".vsagen-complete"
 
 
@@ -29,6 +36,9 @@ def cache_dir() -> Path:
 def build_tiny_pipeline(preset: Preset):
     """Build the tiny WanPipeline from `preset`'s configs with seeded random weights (float32, CPU).
 
+    Two-expert presets get `transformer_2` (seeded with TINY_SEED_2) and `boundary_ratio`; presets with
+    `expand_timesteps` get a pipeline that passes per-token timesteps.
+
     Returns:
         diffusers.WanPipeline.
     """
@@ -41,10 +51,15 @@ def build_tiny_pipeline(preset: Preset):
     text_encoder = UMT5EncoderModel(UMT5Config(**preset.text_encoder)).eval()
     vae = AutoencoderKLWan(**preset.vae).eval()
     transformer = WanTransformer3DModel(**preset.transformer).eval()
+    transformer_2 = None
+    if preset.transformer_2 is not None:
+        torch.manual_seed(TINY_SEED_2)
+        transformer_2 = WanTransformer3DModel(**preset.transformer_2).eval()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=preset.defaults.flow_shift)
     return WanPipeline(tokenizer=ByT5Tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                       transformer=transformer)
+                       transformer=transformer, transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
+                       expand_timesteps=preset.expand_timesteps)
 
 
 def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
@@ -61,7 +76,7 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=root))
     try:
         build_tiny_pipeline(preset).save_pretrained(tmp, safe_serialization=True)
-        (tmp / _MARKER).write_text("built by vsagen from presets/tiny.toml\n")
+        (tmp / _MARKER).write_text(f"built by vsagen from presets/{preset.name}.toml\n")
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)
         try:

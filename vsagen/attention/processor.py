@@ -108,6 +108,7 @@ class VsagenAttnProcessor:
 class _ForwardState:
     layout: TileLayout | None = None
     dit_token: int | None = None
+    expert_token: int | None = None
 
 
 def _grid_of(hidden_states: torch.Tensor, patch_size: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -132,7 +133,8 @@ class TransformerPatch:
         self.handles.clear()
 
 
-def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer) -> TransformerPatch:
+def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
+                      expert: str | None = None) -> TransformerPatch:
     """Install the vsagen processor on every `attn1`, the tile-order hooks (tiled backends) and DiT timing.
 
     Args:
@@ -140,6 +142,8 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer)
         backend: the self-attention backend.
         timer: receives a "dit" region per transformer forward (tagged with `timer.step`), and the
             processor's "attn1" / "self_attention" regions.
+        expert: the pipeline component name ("transformer", "transformer_2"); when given, every forward is
+            also recorded as region "dit/<expert>" (per-expert DiT time in two-expert pipelines).
 
     Returns:
         TransformerPatch, whose `remove()` restores the original processors and removes the hooks.
@@ -156,6 +160,7 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer)
 
     def pre_forward(module, args, kwargs):
         state.dit_token = timer.start("dit")
+        state.expert_token = timer.start(f"dit/{expert}") if expert is not None else None
         if not backend.tiled:
             return None
         hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
@@ -170,8 +175,9 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer)
 
     def post_forward(module, args, kwargs, output):
         state.layout = None
+        timer.stop(state.expert_token)
         timer.stop(state.dit_token)
-        state.dit_token = None
+        state.dit_token = state.expert_token = None
         return None
 
     patch.handles.append(transformer.register_forward_pre_hook(pre_forward, with_kwargs=True))

@@ -452,7 +452,7 @@ def test_presets_lists_bundled_presets():
     assert res.exit_code == 0
     rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
     names = [r[0].strip() for r in rows]
-    assert names == ["tiny", "tiny-a14b", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+    assert names == ["tiny", "tiny-a14b", "tiny-i2v", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
     wan = [c.strip() for c in rows[names.index("wan2.1-t2v-1.3b")]]
     assert wan[1:7] == ["832x480", "81", "50", "5", "3", "16"]
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout

@@ -13,7 +13,7 @@ from vsagen.presets import (GenerationDefaults, load_preset, parse_preset, prese
                             preset_for_transformer_config, preset_names)
 from vsagen.presets import _preset_dir
 
-BUNDLED = ["tiny", "tiny-a14b", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+BUNDLED = ["tiny", "tiny-a14b", "tiny-i2v", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
 OPTIONAL_DEFAULTS = {"guidance_2"}
 
 
@@ -29,7 +29,8 @@ def test_bundled_preset_names():
 @pytest.mark.parametrize("name", BUNDLED)
 def test_every_bundled_preset_loads(name):
     p = load_preset(name)
-    assert p.name == name and p.pipeline == "WanPipeline"
+    assert p.name == name
+    assert p.pipeline == ("WanImageToVideoPipeline" if name == "tiny-i2v" else "WanPipeline")
     assert isinstance(p.defaults, GenerationDefaults)
     d = p.defaults
     assert d.frames >= 1 and (d.frames - 1) % p.vae_stride_temporal == 0
@@ -57,7 +58,9 @@ def test_preset_architectures_build_in_diffusers(name):
     # the preset's strides are the VAE's own, and the latent channels agree
     assert (vae.config.scale_factor_temporal, vae.config.scale_factor_spatial) == (p.vae_stride_temporal,
                                                                                  p.vae_stride_spatial)
-    assert p.transformer["in_channels"] == p.transformer["out_channels"] == vae.config.z_dim
+    assert p.transformer["out_channels"] == vae.config.z_dim
+    # image to video: noise + (4 mask + z_dim image latent) condition channels
+    assert p.transformer["in_channels"] == (2 * vae.config.z_dim + 4 if p.image_to_video else vae.config.z_dim)
     assert len(vae.config.latents_mean) == len(vae.config.latents_std) == vae.config.z_dim
 
 

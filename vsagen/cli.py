@@ -51,54 +51,45 @@ def _run_guarded(fn, verbose: bool) -> None:
         raise typer.Exit(1) from None
 
 
-@app.command()
-def t2v(
-    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
-    model: Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, "
-                                            "or hub id.")] = "wan2.1-t2v-1.3b",
-    attn: Annotated[str, typer.Option(help="Self-attention backend: full, vsa.")] = "full",
-    sparsity: Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
-                                                            "(sparse backends; default from the preset).")] = None,
-    attn_impl: Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
-                                                "the torch reference elsewhere), triton or torch.")] = "auto",
-    height: Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")] = None,
-    width: Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")] = None,
-    frames: Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Denoising steps.")] = None,
-    guidance: Annotated[Optional[float], typer.Option(help="CFG scale (> 1 runs two DiT passes a step).")] = None,
-    guidance_2: Annotated[Optional[float], typer.Option(help="CFG scale of the second expert (two-expert models "
-                                                             "such as tiny-a14b; default from the preset, else "
-                                                             "--guidance).")] = None,
-    negative_prompt: Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    fps: Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Output mp4; the timing JSON goes beside it "
-                                                     "(same name, .json).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace existing output files.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cuda or cpu.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")] = "auto",
-    tile_fit: Annotated[str, typer.Option(help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' "
-                                               "(denoise a larger latent, crop before decode).")] = "partial",
-    random_weights: Annotated[bool, typer.Option(help="The preset's real architecture with random weights and "
-                                                      "random prompt embeddings (timing without a download).")]
-    = False,
-    allow_pickle: Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
-    = False,
-    warmup: Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")] = 0,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the "
-                                                          "table.")] = False,
-    verbose: Annotated[bool, typer.Option(help="Show tracebacks.")] = False,
-) -> None:
-    """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
+# The options `vsagen t2v` and `vsagen i2v` share (one list: both commands declare them with these types).
+Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
+Attn = Annotated[str, typer.Option(help="Self-attention backend: full, vsa.")]
+Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
+                                                       "(sparse backends; default from the preset).")]
+AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
+                                            "the torch reference elsewhere), triton or torch.")]
+Height = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
+Width = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
+Frames = Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")]
+Steps = Annotated[Optional[int], typer.Option(help="Denoising steps.")]
+Guidance = Annotated[Optional[float], typer.Option(help="CFG scale (> 1 runs two DiT passes a step).")]
+Guidance2 = Annotated[Optional[float], typer.Option(help="CFG scale of the second expert (two-expert models such "
+                                                         "as tiny-a14b; default from the preset, else --guidance).")]
+NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")]
+Seed = Annotated[int, typer.Option(help="Random seed.")]
+Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
+Out = Annotated[Optional[Path], typer.Option(help="Output mp4; the timing JSON goes beside it (same name, .json).")]
+Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
+Device = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
+Dtype = Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
+TileFit = Annotated[str, typer.Option(help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' (denoise a "
+                                           "larger latent, crop before decode; text to video only).")]
+RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
+                                                  "prompt embeddings (timing without a download).")]
+AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
+Warmup = Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
+Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
+
+
+def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out: bool, verbose: bool,
+                      **settings) -> None:
+    """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
 
     def run() -> None:
         from .config import resolve
 
-        cfg = resolve(prompt, model=model, attn=attn, sparsity=sparsity, attn_impl=attn_impl, height=height,
-                      width=width, frames=frames, steps=steps, guidance=guidance, guidance_2=guidance_2,
-                      negative_prompt=negative_prompt,
-                      seed=seed, fps=fps, out=out, overwrite=overwrite, device=device, dtype=dtype, tile_fit=tile_fit,
-                      random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup)
+        cfg = resolve(prompt, image=image, fit=fit, **settings)
         from rich.console import Console
 
         err = Console(stderr=True)
@@ -122,6 +113,41 @@ def t2v(
 
 
 @app.command()
+def t2v(
+    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
+    model: Model = "wan2.1-t2v-1.3b", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
+    height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
+    guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None, seed: Seed = 0,
+    fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
+    tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
+    warmup: Warmup = 0, json_out: JsonOut = False, verbose: Verbose = False,
+) -> None:
+    """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
+    settings = {k: v for k, v in locals().items() if k not in ("prompt", "json_out", "verbose")}
+    _generate_command(prompt, image=None, fit="crop", json_out=json_out, verbose=verbose, **settings)
+
+
+@app.command()
+def i2v(
+    image: Annotated[Path, typer.Argument(help="First frame: a PNG, JPEG or WebP image.", metavar="IMAGE")],
+    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
+    fit: Annotated[str, typer.Option(help="How the image becomes exactly --height x --width, its aspect kept: "
+                                          "'crop' scales it to cover the size and center-crops the overflow; "
+                                          "'resize' scales it to fit inside and pads the rest with black.")]
+    = "crop",
+    model: Model = "tiny-i2v", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
+    height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
+    guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None, seed: Seed = 0,
+    fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
+    tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
+    warmup: Warmup = 0, json_out: JsonOut = False, verbose: Verbose = False,
+) -> None:
+    """Image to video: animate IMAGE (the first frame) into an mp4, with the timing breakdown of t2v."""
+    settings = {k: v for k, v in locals().items() if k not in ("image", "prompt", "fit", "json_out", "verbose")}
+    _generate_command(prompt, image=image, fit=fit, json_out=json_out, verbose=verbose, **settings)
+
+
+@app.command()
 def presets() -> None:
     """List the bundled model presets and their defaults."""
     from rich.console import Console
@@ -129,7 +155,8 @@ def presets() -> None:
 
     from .presets import load_preset, preset_names
 
-    table = Table(title="presets (vsagen t2v --model NAME)", title_justify="left")
+    table = Table(title="presets (vsagen t2v --model NAME; i2v presets: vsagen i2v IMAGE PROMPT --model NAME)",
+                  title_justify="left")
     for col in ("name", "size (WxH)", "frames", "steps", "guidance", "flow shift", "fps", "weights"):
         table.add_column(col, justify="left" if col in ("name", "weights") else "right")
     for name in preset_names():

@@ -19,7 +19,7 @@ from typing import Any
 from .attention import backend_names, make_backend, uses_sparsity
 from .errors import BadInput, ModelNotFound
 from .layout import plan_crop
-from .presets import Preset, load_preset, preset_for_hub_id, preset_for_transformer_config, preset_names
+from .presets import I2V_PIPELINE, Preset, load_preset, preset_for_hub_id, preset_for_transformer_config, preset_names
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 DEVICES = ("auto", "cuda", "cpu")
@@ -37,11 +37,18 @@ class ModelSource:
     preset: Preset
     exact_preset: bool = True  # False: the preset only supplies generation defaults (architecture unknown)
     rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
+    pipeline: str = ""  # diffusers pipeline class (a directory's model_index.json, else the preset's)
+
+    @property
+    def image_to_video(self) -> bool:
+        """True when the model is an image-to-video pipeline (run by `vsagen i2v`)."""
+        return (self.pipeline or self.preset.pipeline) == I2V_PIPELINE
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A validated `vsagen t2v` request (pixels, frames, steps; device and dtype already resolved)."""
+    """A validated `vsagen t2v` / `vsagen i2v` request (pixels, frames, steps; device and dtype already
+    resolved). `image` (i2v only) is the input image's path and `fit` how it is brought to height x width."""
 
     prompt: str
     model: str
@@ -69,6 +76,8 @@ class RunConfig:
     random_weights: bool
     allow_pickle: bool
     warmup: int
+    image: Path | None = None
+    fit: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
@@ -77,6 +86,7 @@ class RunConfig:
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name}
         d["out"], d["json_out"] = str(self.out), str(self.json_out)
+        d["image"] = str(self.image) if self.image is not None else None
         return d
 
 
@@ -136,8 +146,10 @@ def resolve_model(model: str) -> ModelSource:
             # if it is that tiny architecture and family (experts, per-token timesteps), else the default
             # model's generation settings.
             preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
+        cls = _read_index(index).get("_class_name")
         return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
-                           rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")))
+                           rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")),
+                           pipeline=cls if isinstance(cls, str) else "")
     if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
         preset = preset_for_hub_id(model)
         if preset is not None:
@@ -221,11 +233,14 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             negative_prompt: str | None = None,
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
-            allow_pickle: bool = False, warmup: int = 0) -> RunConfig:
+            allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
+            fit: str = "crop") -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
     `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
     two-expert model (flag > preset `guidance_2` > `guidance`); giving it for a one-expert model is an error.
+    `image` (a PNG / JPEG / WebP path) makes it an image-to-video request: the model must be an image-to-video
+    one (and the reverse); `fit` (crop | resize, see `vsagen.image`) says how the image is brought to the size.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid).
@@ -243,6 +258,21 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
         raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
     src = resolve_model(model)
+    if image is not None and not src.image_to_video:
+        raise BadInput(f"--model {model} is a text-to-video model and takes no image; use `vsagen t2v PROMPT`, "
+                       "or an image-to-video model (e.g. --model tiny-i2v)")
+    if image is None and src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; use `vsagen i2v IMAGE PROMPT`")
+    if image is not None:
+        from .image import FITS, open_image
+
+        if fit not in FITS:
+            raise BadInput(f"--fit must be one of {', '.join(FITS)}, got {fit!r}")
+        if tile_fit == "crop":
+            raise BadInput("--tile-fit crop is not supported for image to video yet (the image condition is built "
+                           "at the denoised size); use --tile-fit partial")
+        image = Path(image)
+        open_image(image)  # readable now, or one message naming the path
     d = src.preset.defaults
     if uses_sparsity(attn):
         sparsity = d.sparsity if sparsity is None else sparsity
@@ -301,5 +331,5 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt, seed=seed, fps=fps,
         flow_shift=d.flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
-        allow_pickle=allow_pickle, warmup=warmup,
+        allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
     )

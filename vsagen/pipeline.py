@@ -1,6 +1,7 @@
 """Load a Wan pipeline (tiny | local directory | hub id | random weights), patch it, run it, crop, write.
 
-Data flow: RunConfig -> diffusers WanPipeline -> patch every transformer (`transformer`, and `transformer_2` of
+Data flow: RunConfig -> diffusers WanPipeline (text to video) or WanImageToVideoPipeline (image to video: the
+input image fitted to the requested size, CLIP-encoded and VAE-encoded into the condition by diffusers) -> patch every transformer (`transformer`, and `transformer_2` of
 two-expert pipelines: processor + tile-order hooks + per-expert timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at the crop plan's size ->
 crop the latent back -> VAE decode -> mp4 + timing JSON.
 """
@@ -17,7 +18,7 @@ from typing import Any, Callable
 from .config import RunConfig
 from .errors import BadInput, ModelNotFound, RunFailure
 from .layout import plan_crop, tile_layout
-from .presets import Preset
+from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 from .timing import Timer, TimingReport
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -52,15 +53,21 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _check_local_checkpoint(path: Path, allow_pickle: bool) -> None:
+def pipeline_class_name(cfg: RunConfig) -> str:
+    """The diffusers pipeline class a request runs: image to video with an image, else text to video."""
+    return I2V_PIPELINE if cfg.image is not None else T2V_PIPELINE
+
+
+def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "WanPipeline") -> None:
     """Refuse pickle-only weights (unless allowed) and components from libraries other than diffusers /
     transformers, before diffusers imports anything named in model_index.json. Every component is checked,
     the second expert (`transformer_2`) of two-expert pipelines included; absent optional components
     (`[null, null]`) are skipped."""
     index = json.loads((path / "model_index.json").read_text())
-    if index.get("_class_name") not in ("WanPipeline",):
+    if index.get("_class_name") != pipeline:
+        command = "vsagen i2v" if pipeline == I2V_PIPELINE else "vsagen t2v"
         raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
-                       "vsagen t2v runs WanPipeline checkpoints")
+                       f"{command} runs {pipeline} checkpoints")
     for name, spec in index.items():
         if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
             continue
@@ -103,12 +110,13 @@ def _load_gate_compress(transformer: Any, weight_dir: Path | None) -> int:
 
 
 def _from_pretrained(location: str, cfg: RunConfig, dtype: Any) -> Any:
-    from diffusers import WanPipeline
+    import diffusers
 
+    pipeline_cls = getattr(diffusers, pipeline_class_name(cfg))
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
     kwargs["use_safetensors"] = None if cfg.allow_pickle else True
     try:
-        return WanPipeline.from_pretrained(location, **kwargs)
+        return pipeline_cls.from_pretrained(location, **kwargs)
     except (OSError, ValueError, EnvironmentError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "safetensors" in str(e).lower() and not cfg.allow_pickle:
@@ -141,8 +149,21 @@ def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift
         transformer_2 = (WanTransformer3DModel(**preset.transformer_2).to(dtype).eval()
                          if preset.transformer_2 is not None else None)
         vae = AutoencoderKLWan(**preset.vae).eval()
+        encoder = processor = None
+        if preset.image_to_video and preset.image_encoder is not None:
+            from .tiny import tiny_image_encoder
+
+            encoder, processor = tiny_image_encoder(preset.image_encoder)
+            encoder = encoder.to(dtype)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=flow_shift)
+    if preset.image_to_video:
+        from diffusers import WanImageToVideoPipeline
+
+        return WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
+                                       image_processor=processor, image_encoder=encoder, transformer=transformer,
+                                       transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
+                                       expand_timesteps=preset.expand_timesteps)
     return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
                        transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
                        expand_timesteps=preset.expand_timesteps)
@@ -181,7 +202,7 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
         else:
             location = src.location
         if src.kind in ("tiny", "dir"):
-            _check_local_checkpoint(Path(location), cfg.allow_pickle)
+            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg))
             weight_root = Path(location)
         pipe = _from_pretrained(location, cfg, dtype)
         if src.kind == "hub":
@@ -270,7 +291,9 @@ def _versions(device: str) -> dict[str, str]:
 
 
 def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True) -> RunResult:
-    """Run one text-to-video generation and write the mp4 and its timing JSON.
+    """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
+    JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
+    CLIP-encodes it and builds the first-frame condition inside the denoise stage (so that time is in `denoise`).
 
     Raises:
         BadInput: invalid request found only once the model is known (e.g. backend vs dtype).
@@ -307,6 +330,13 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict) -> dict:
         timer.step = i + 1
         return {}
+
+    if cfg.image is not None:
+        from .image import fit_image, open_image
+
+        if (plan.denoise_height, plan.denoise_width) != (cfg.height, cfg.width):
+            raise BadInput("--tile-fit crop is not supported for image to video yet; use --tile-fit partial")
+        extra["image"] = fit_image(open_image(cfg.image), cfg.height, cfg.width, cfg.fit or "crop")
 
     def denoise(pos: Any, neg: Any, steps: int) -> Any:
         return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
@@ -363,6 +393,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "guidance_2": extra.get("guidance_scale_2"), "experts": [name for name, _ in experts(pipe)],
         "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),
         "expand_timesteps": bool(getattr(pipe.config, "expand_timesteps", False)),
+        "image": str(cfg.image) if cfg.image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
         "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,

@@ -4,7 +4,7 @@ Precedence for every generation setting is implemented once, in `RunConfig` cons
 (`vsagen.config.resolve`): CLI flag > preset `[defaults]` > nothing (every preset must give every default).
 Unknown keys in a preset are errors, never silently dropped.
 
-Model families a preset can describe (all run by diffusers' `WanPipeline`):
+Model families a preset can describe (text to video: diffusers' `WanPipeline`):
 * Wan2.1-style: one transformer, scalar timesteps (no optional keys).
 * Wan2.2-TI2V-5B-style: `expand_timesteps = true` (per-token (B, S) timesteps), a 48-channel VAE with 16x
   spatial compression (`[vae]` with z_dim 48, is_residual, scale_factor_spatial 16; `[vae_stride] spatial = 16`).
@@ -13,6 +13,10 @@ Model families a preset can describe (all run by diffusers' `WanPipeline`):
   `boundary_ratio` (in (0, 1)) is then required: `transformer` denoises t >= boundary_ratio * 1000,
   `transformer_2` the rest. `[defaults] guidance_2` (optional) is the second expert's CFG scale
   (diffusers' `guidance_scale_2`); absent, the second expert uses `guidance`.
+* Wan2.1-I2V-style (image to video): `pipeline = "WanImageToVideoPipeline"`, a transformer with 36 input
+  channels (16 noise + 20 condition: 4 mask + 16 image latent) and, for the CLIP image branch, `image_dim` /
+  `added_kv_proj_dim`; source "tiny" then needs an `[image_encoder]` table (transformers' CLIPVisionConfig
+  kwargs; the CLIPImageProcessor is sized to its `image_size`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,12 @@ class Preset:
     expand_timesteps: bool = False
     boundary_ratio: float | None = None
     transformer_2: dict[str, Any] | None = None
+    image_encoder: dict[str, Any] | None = None
+
+    @property
+    def image_to_video(self) -> bool:
+        """True for image-to-video presets (run by `vsagen i2v`)."""
+        return self.pipeline == I2V_PIPELINE
 
     @property
     def experts(self) -> int:
@@ -89,11 +99,13 @@ class Preset:
 
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
-             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2"}
-_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2"}
+             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder"}
+_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder"}
 _OPTIONAL_DEFAULTS = {"guidance_2"}
 _SOURCES = {"hub", "tiny"}
-_PIPELINES = {"WanPipeline"}
+T2V_PIPELINE = "WanPipeline"
+I2V_PIPELINE = "WanImageToVideoPipeline"
+_PIPELINES = {T2V_PIPELINE, I2V_PIPELINE}
 
 
 def _preset_dir() -> Path:
@@ -132,6 +144,12 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         raise BadInput(f"preset {where}: pipeline must be one of {sorted(_PIPELINES)}, got {data['pipeline']!r}")
     if data["source"] == "tiny" and "text_encoder" not in data:
         raise BadInput(f"preset {where}: source 'tiny' needs a [text_encoder] table")
+    image_encoder = data.get("image_encoder")
+    if image_encoder is not None and data["pipeline"] != I2V_PIPELINE:
+        raise BadInput(f"preset {where}: [image_encoder] is for pipeline {I2V_PIPELINE!r} only")
+    if (data["pipeline"] == I2V_PIPELINE and data["source"] == "tiny"
+            and data["transformer"].get("image_dim") is not None and image_encoder is None):
+        raise BadInput(f"preset {where}: source 'tiny' with a transformer image_dim needs an [image_encoder] table")
     expand = data.get("expand_timesteps", False)
     if not isinstance(expand, bool):
         raise BadInput(f"preset {where}: expand_timesteps must be true or false, got {expand!r}")
@@ -169,6 +187,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         expand_timesteps=expand,
         boundary_ratio=ratio,
         transformer_2=transformer_2,
+        image_encoder=dict(image_encoder) if image_encoder is not None else None,
     )
 
 

@@ -4,6 +4,8 @@ offline.
 * `tiny`: Wan2.1-style (one transformer, 16-channel VAE, 8x spatial).
 * `tiny-ti2v`: Wan2.2-TI2V-5B-style (48-channel VAE, 16x spatial, per-token timesteps: `expand_timesteps`).
 * `tiny-a14b`: Wan2.2-A14B-style (two experts, `transformer_2` and `boundary_ratio`).
+* `tiny-i2v`: Wan2.1-I2V-style image to video (`WanImageToVideoPipeline`: 36-channel transformer input, a tiny
+  CLIPVisionModel image encoder and its CLIPImageProcessor).
 
 Each is built deterministically from its preset's configs (seed 0; the second expert seed 1), saved once in the
 diffusers layout (safetensors) under the vsagen cache directory as `<preset>-pipeline/`, and loaded back through
@@ -33,14 +35,30 @@ def cache_dir() -> Path:
     return base / "vsagen"
 
 
+def tiny_image_encoder(config: dict):
+    """A CLIPVisionModel from CLIPVisionConfig kwargs (random weights from the current torch seed) and the
+    CLIPImageProcessor for its `image_size` (resize the short side, center-crop a square)."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    try:  # the PIL backend (what CLIPImageProcessor falls back to without torchvision), named to skip a warning
+        from transformers import CLIPImageProcessorPil as CLIPImageProcessor
+    except ImportError:
+        from transformers import CLIPImageProcessor
+    encoder = CLIPVisionModel(CLIPVisionConfig(**config)).eval()
+    size = int(encoder.config.image_size)
+    processor = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    return encoder, processor
+
+
 def build_tiny_pipeline(preset: Preset):
     """Build the tiny WanPipeline from `preset`'s configs with seeded random weights (float32, CPU).
 
     Two-expert presets get `transformer_2` (seeded with TINY_SEED_2) and `boundary_ratio`; presets with
-    `expand_timesteps` get a pipeline that passes per-token timesteps.
+    `expand_timesteps` get a pipeline that passes per-token timesteps. Image-to-video presets get a
+    WanImageToVideoPipeline with a tiny CLIP image encoder (built after the transformers, same seed stream).
 
     Returns:
-        diffusers.WanPipeline.
+        diffusers.WanPipeline or diffusers.WanImageToVideoPipeline.
     """
     import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
@@ -57,6 +75,16 @@ def build_tiny_pipeline(preset: Preset):
         transformer_2 = WanTransformer3DModel(**preset.transformer_2).eval()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=preset.defaults.flow_shift)
+    if preset.image_to_video:
+        from diffusers import WanImageToVideoPipeline
+
+        encoder = processor = None
+        if preset.image_encoder is not None:
+            encoder, processor = tiny_image_encoder(preset.image_encoder)
+        return WanImageToVideoPipeline(tokenizer=ByT5Tokenizer(), text_encoder=text_encoder, vae=vae,
+                                       scheduler=scheduler, image_processor=processor, image_encoder=encoder,
+                                       transformer=transformer, transformer_2=transformer_2,
+                                       boundary_ratio=preset.boundary_ratio, expand_timesteps=preset.expand_timesteps)
     return WanPipeline(tokenizer=ByT5Tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                        transformer=transformer, transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
                        expand_timesteps=preset.expand_timesteps)

@@ -1,0 +1,211 @@
+"""Image to video: the `tiny-i2v` preset (Wan2.1-I2V style: 36-channel transformer, CLIP image branch), its
+checkpoint, `vsagen i2v` runs (PNG / JPEG / WebP, both --fit modes, VSA) and bad input. CPU, private cache."""
+
+from __future__ import annotations
+
+import copy
+import json
+import tomllib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+from vsagen.errors import BadInput
+from vsagen.image import fit_image
+from vsagen.presets import _preset_dir, load_preset, parse_preset
+from vsagen.video import read_mp4
+
+runner = CliRunner()
+# small runs: 5 frames of 64 x 64 (grid 2 x 4 x 4), 1 step, CFG on (two forwards)
+SMALL = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def i2v_dir(vsagen_cache):
+    from vsagen.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(load_preset("tiny-i2v"))
+
+
+def noise_image(path, size=(48, 40), seed=0):
+    """A random-noise RGB image (width, height) saved at `path` (format from the suffix)."""
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def i2v(*args: str):
+    return runner.invoke(app, ["i2v", *args])
+
+
+def one_error_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and res.stdout == "", res.output
+    return lines[0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Preset and checkpoint
+
+
+def test_i2v_preset_is_the_wan21_i2v_family():
+    p = load_preset("tiny-i2v")
+    assert p.image_to_video and p.pipeline == "WanImageToVideoPipeline" and p.experts == 1
+    assert p.transformer["in_channels"] == 36 and p.transformer["out_channels"] == 16
+    assert p.transformer["image_dim"] == p.image_encoder["hidden_size"]
+    assert p.defaults.max_sequence_length == 512  # the Wan2.1 I2V image branch assumes 512 text tokens
+
+
+def test_image_encoder_table_needs_the_i2v_pipeline():
+    data = tomllib.loads((_preset_dir() / "tiny-i2v.toml").read_text())
+    bad = copy.deepcopy(data)
+    bad["pipeline"] = "WanPipeline"
+    with pytest.raises(BadInput, match="image_encoder"):
+        parse_preset(bad, "x.toml")
+    bad = copy.deepcopy(data)
+    bad.pop("image_encoder")
+    with pytest.raises(BadInput, match="image_encoder"):
+        parse_preset(bad, "x.toml")
+
+
+def test_i2v_checkpoint_round_trips(i2v_dir):
+    from diffusers import WanImageToVideoPipeline
+
+    from vsagen.tiny import build_tiny_pipeline
+
+    index = json.loads((i2v_dir / "model_index.json").read_text())
+    assert index["_class_name"] == "WanImageToVideoPipeline" and index["image_encoder"][1] == "CLIPVisionModel"
+    pipe = WanImageToVideoPipeline.from_pretrained(i2v_dir, use_safetensors=True)
+    p = load_preset("tiny-i2v")
+    assert pipe.transformer.config.in_channels == 36 and pipe.transformer.config.image_dim == 32
+    assert pipe.image_encoder.config.image_size == p.image_encoder["image_size"]
+    assert pipe.image_processor.crop_size == {"height": 32, "width": 32}
+    fresh = build_tiny_pipeline(p)  # deterministic: the saved weights are the built ones
+    for name in ("transformer", "image_encoder", "vae"):
+        sa, sb = getattr(pipe, name).state_dict(), getattr(fresh, name).state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    # the CLIP features the transformer's image embedder takes: (1, patches + 1, image_dim)
+    feats = pipe.encode_image(Image.new("RGB", (64, 48)), torch.device("cpu"))
+    assert feats.shape == (1, (32 // 16) ** 2 + 1, 32)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Fitting the image
+
+
+@pytest.mark.parametrize("fit", ["crop", "resize"])
+@pytest.mark.parametrize("src", [(200, 50), (30, 90), (64, 64)])
+def test_fit_image_gives_exactly_the_size(fit, src):
+    im = Image.fromarray(np.full((src[1], src[0], 3), 200, np.uint8))
+    out = fit_image(im, 48, 80, fit)
+    assert out.size == (80, 48) and out.mode == "RGB"
+    arr = np.asarray(out)
+    if fit == "crop":
+        assert (arr == 200).all()  # scaled to cover, then cropped: no padding
+    else:
+        assert (arr == 0).any() and (arr == 200).any()  # scaled to fit inside, letterboxed (no source aspect fits)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CLI runs
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpg", "webp"])
+def test_i2v_writes_the_requested_video_for_each_format(i2v_dir, tmp_path, suffix):
+    img = noise_image(tmp_path / f"in.{suffix}")
+    out = tmp_path / "v.mp4"
+    res = i2v(str(img), "a fox", "--model", "tiny-i2v", *SMALL, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert read_mp4(out).shape == (5, 64, 64, 3)
+    assert (data["frames"], data["height"], data["width"]) == (5, 64, 64)
+    assert data["image"] == str(img) and data["fit"] == "crop"
+    assert data["timing"]["dit_forwards"] == 2
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted([img.name, "v.json", "v.mp4"])
+
+
+@pytest.mark.parametrize("fit", ["crop", "resize"])
+def test_both_fits_give_the_size_from_another_aspect(i2v_dir, tmp_path, fit):
+    img = noise_image(tmp_path / "wide.png", size=(150, 40))
+    out = tmp_path / "f.mp4"
+    res = i2v(str(img), "a fox", "--model", "tiny-i2v", "--fit", fit, "--frames", "5", "--height", "48",
+              "--width", "96", "--steps", "1", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["fit"] == fit
+    assert read_mp4(out).shape == (5, 48, 96, 3)
+
+
+def test_i2v_with_vsa_torch(i2v_dir, tmp_path):
+    img = noise_image(tmp_path / "in.png")
+    out = tmp_path / "s.mp4"
+    res = i2v(str(img), "a fox", "--model", "tiny-i2v", "--attn", "vsa", "--attn-impl", "torch", "--sparsity",
+              "0.5", *SMALL, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "torch"}
+    assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
+    assert read_mp4(out).shape == (5, 64, 64, 3)
+
+
+def test_i2v_random_weights(vsagen_cache, tmp_path):
+    img = noise_image(tmp_path / "in.png")
+    res = i2v(str(img), "a fox", "--model", "tiny-i2v", "--random-weights", *SMALL, "--out",
+              str(tmp_path / "r.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["random_weights"] is True
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input: one line, exit 2, nothing written
+
+
+def test_missing_image(vsagen_cache, tmp_path):
+    missing = tmp_path / "nope.png"
+    line = one_error_line(i2v(str(missing), "a fox", "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")))
+    assert str(missing) in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content", [b"", b"not an image at all"], ids=["empty", "garbage"])
+def test_unreadable_image(vsagen_cache, tmp_path, content):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(content)
+    line = one_error_line(i2v(str(bad), "a fox", "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")))
+    assert str(bad) in line
+    assert list(tmp_path.iterdir()) == [bad]
+
+
+def test_image_given_to_a_text_only_model(vsagen_cache, tmp_path):
+    img = noise_image(tmp_path / "in.png")
+    line = one_error_line(i2v(str(img), "a fox", "--model", "tiny", "--out", str(tmp_path / "o" / "x.mp4")))
+    assert "vsagen t2v" in line and "tiny-i2v" in line
+    assert list(tmp_path.iterdir()) == [img]
+
+
+def test_t2v_with_an_i2v_model(vsagen_cache, tmp_path):
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")])
+    assert "vsagen i2v IMAGE" in one_error_line(res)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["   "], "prompt"),
+    (["a fox", "--fit", "stretch"], "--fit"),
+    (["a fox", "--tile-fit", "crop"], "--tile-fit"),
+], ids=["whitespace-prompt", "bad-fit", "tile-fit-crop"])
+def test_bad_i2v_options(vsagen_cache, tmp_path, args, needle):
+    img = noise_image(tmp_path / "in.png")
+    line = one_error_line(i2v(str(img), *args, "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")))
+    assert needle in line
+    assert list(tmp_path.iterdir()) == [img]
+
+
+def test_i2v_checkpoint_refused_by_t2v_loader(i2v_dir, tmp_path):
+    """A local I2V directory is recognised as image to video (t2v refuses it up front)."""
+    res = runner.invoke(app, ["t2v", "a fox", "--model", str(i2v_dir), "--out", str(tmp_path / "x.mp4")])
+    assert "vsagen i2v" in one_error_line(res)

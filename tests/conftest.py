@@ -49,3 +49,34 @@ def make_qkv(b: int, s: int, h: int, d: int, dtype=torch.float32, seed: int = 0,
         for t in out:
             t.requires_grad_(True)
     return out
+
+
+@pytest.fixture
+def encoder_frames(monkeypatch):
+    """Frames as handed to the mp4 encoder, by output stem: {stem: (F, H, W, 3) uint8}.
+
+    H.264 is lossy; comparing these instead of decoded mp4s keeps a 1-level pixel difference from turning
+    into different encoder decisions.
+    """
+    import vsagen.video
+
+    frames: dict = {}
+    real_write = vsagen.video.write_mp4
+
+    def capture(f, path, fps, *, overwrite=False):
+        frames[path.stem] = f.copy()
+        real_write(f, path, fps, overwrite=overwrite)
+
+    monkeypatch.setattr(vsagen.video, "write_mp4", capture)
+    return frames
+
+
+def cached_locally(hub_id: str) -> bool:
+    """Whether the Hugging Face cache holds `hub_id` (tests of the offline error skip then)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(hub_id, local_files_only=True)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not in the local cache"
+        return False

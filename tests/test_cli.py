@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import cached_locally
 from typer.testing import CliRunner
 
 from vsagen.cli import app
@@ -345,19 +346,11 @@ def test_read_only_folder_is_refused(cli_cache, tmp_path):
         ro.chmod(0o755)
 
 
-def _cached_locally(hub_id: str) -> bool:
-    try:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(hub_id, local_files_only=True)
-        return True
-    except Exception:  # noqa: BLE001 - any failure means "not in the local cache"
-        return False
 
 
 @pytest.mark.slow
 def test_default_model_unavailable_suggests_tiny(cli_cache, tmp_path):
-    if _cached_locally("Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
+    if cached_locally("Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
         pytest.skip("the default model is in the local Hugging Face cache")
     res = t2v("a prompt", "--out", str(tmp_path / "o" / "x.mp4"))
     assert res.exit_code == 2, res.output

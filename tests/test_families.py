@@ -261,21 +261,13 @@ def test_ti2v_tile_fit_crop(ti2v_dir, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_ti2v_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, monkeypatch, impl):
+def test_ti2v_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, encoder_frames, impl):
     """Per-token timesteps through the tile-order hooks, end to end: `--attn vsa --sparsity 0` (tile order, every
     tile selected) gives the frames of `--attn full` (raster order), compared as handed to the encoder (at most
     1 uint8 level apart; see test_pipeline.test_vsa_at_sparsity_zero_gives_the_frames_of_full)."""
-    import vsagen.video
     from vsagen.pipeline import generate
 
-    frames: dict[str, np.ndarray] = {}
-    real_write = vsagen.video.write_mp4
-
-    def capture(f, path, fps, *, overwrite=False):
-        frames[path.stem] = f.copy()
-        real_write(f, path, fps, overwrite=overwrite)
-
-    monkeypatch.setattr(vsagen.video, "write_mp4", capture)
+    frames = encoder_frames
     # grid 2 x 5 x 7: partial tiles on every axis
     common = dict(model="tiny-ti2v", frames=5, height=160, width=224, steps=1, device="cpu")
     generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import cached_locally
 import torch
 
 from vsagen.config import resolve
@@ -244,14 +245,6 @@ def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
 # Hub ids that are not available here
 
 
-def _cached_locally(hub_id: str) -> bool:
-    try:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(hub_id, local_files_only=True)
-        return True
-    except Exception:  # noqa: BLE001 - any failure means "not in the local cache"
-        return False
 
 
 @pytest.mark.parametrize("model,hub_id", [("some-org/some-model", "some-org/some-model"),
@@ -259,7 +252,7 @@ def _cached_locally(hub_id: str) -> bool:
 def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
     from vsagen.pipeline import generate
 
-    if _cached_locally(hub_id):
+    if cached_locally(hub_id):
         pytest.skip(f"{hub_id} is in the local Hugging Face cache")
     cfg = resolve("a prompt", model=model, out=tmp_path / "hub.mp4", steps=1)
     assert cfg.source.kind == "hub" and cfg.source.location == hub_id
@@ -310,7 +303,8 @@ def test_tiny_run_reports_not_random_weights(vsagen_cache, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, tmp_path, monkeypatch, impl):
+def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, tmp_path, encoder_frames,
+                                                       impl):
     """`--attn vsa --sparsity 0` (every tile selected) must give the frames of `--attn full`.
 
     The frames are compared as handed to the encoder: the two runs differ by float32 rounding (~1e-7 relative
@@ -319,17 +313,9 @@ def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, t
     not compared. The Triton kernels run under the interpreter here (conftest sets TRITON_INTERPRET=1); the
     grid 2x5x7 has partial tiles on both spatial axes.
     """
-    import vsagen.video
     from vsagen.pipeline import generate
 
-    frames: dict[str, np.ndarray] = {}
-    real_write = vsagen.video.write_mp4
-
-    def capture(f, path, fps, *, overwrite=False):
-        frames[path.stem] = f.copy()
-        real_write(f, path, fps, overwrite=overwrite)
-
-    monkeypatch.setattr(vsagen.video, "write_mp4", capture)
+    frames = encoder_frames
     common = dict(model="tiny", frames=5, height=80, width=112, steps=1, device="cpu")
     generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
     vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),

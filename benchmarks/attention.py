@@ -10,9 +10,12 @@
    coarse stage alone, the fine stage alone, VSA forward (coarse + fine) and forward+backward. Each row has the
    ratio against dense cuDNN measured in the same run (forward rows vs cuDNN forward, forward+backward rows vs
    cuDNN forward+backward) and, for the fine stage, its rate in TFLOP/s on the 64x64 blocks it computes.
-3. Optional `--sweep`: forward launch parameters (num_warps, num_stages) of the fine kernel at the 1.3B shape.
+3. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
+   kernels at the 1.3B shape; `--profile`: GPU kernel time against wall time for VSA forward+backward;
+   `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
-Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--no-check]
+Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
+       [--no-check] [--no-flex] [--json out.json]
 """
 
 from __future__ import annotations
@@ -197,21 +200,45 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
     add("VSA fwd+bwd (coarse + fine)", bench(fb_vsa), "fwd+bwd", 3.5 * fine_flops)
 
 
+# Size-class launch tables to try, BLOCK_D 128: ((block, num_warps, num_stages), ...) as in block_sparse_attn.
+FWD_SWEEP = (((64, 4, 3),), ((32, 4, 3), (64, 4, 3)), ((16, 4, 3), (32, 4, 3), (64, 4, 3)),
+             ((32, 2, 3), (64, 4, 3)), ((16, 1, 3), (32, 2, 3), (64, 4, 3)), ((16, 2, 3), (32, 2, 3), (64, 4, 3)),
+             ((16, 4, 3), (32, 4, 4), (64, 4, 3)))
+DQ_SWEEP = (((64, 4, 2),), ((32, 4, 2), (64, 4, 2)), ((16, 4, 2), (32, 4, 2), (64, 4, 2)),
+            ((32, 2, 2), (64, 4, 2)), ((16, 2, 2), (32, 2, 2), (64, 4, 2)), ((16, 4, 3), (32, 4, 3), (64, 4, 2)))
+DKDV_SWEEP = (((64, 4, 3),), ((32, 4, 3), (64, 4, 3)), ((16, 4, 3), (32, 4, 3), (64, 4, 3)),
+              ((32, 2, 3), (64, 4, 3)), ((16, 2, 3), (32, 2, 3), (64, 4, 3)), ((16, 4, 2), (32, 4, 2), (64, 4, 3)))
+
+
+def _try_bench(label: str, fn) -> float | None:
+    try:
+        return bench(fn)
+    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory or registers: report, go on
+        print(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:160]}", file=sys.stderr)
+        return None
+
+
 def sweep(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+    """Forward launch tables (size classes, each (block, num_warps, num_stages)) of the fine kernel, BLOCK_D 128."""
     layout = tile_layout(shape.grid, device="cuda")
-    off = layout.tile_offsets.to(torch.int32)
+    off = layout.tile_offsets_i32
     n = layout.num_tiles
     top_k = ref.top_k_from_sparsity(sparsity, n)
     q, k, v = make_inputs(shape, seed=4)
     c = coarse_stage(q, k, off, top_k)
     fine_flops = 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
-    saved = (bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES)
-    for warps, stages in ((4, 2), (4, 3), (4, 4), (8, 2), (8, 3)):
-        bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES = warps, stages
-        ms = bench(lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off))
-        rows.append({"shape": shape.name, "kernel": f"fine fwd warps={warps} stages={stages}", "kind": "sweep",
-                     "ms": ms, "tflops": fine_flops / ms / 1e9})
-    bsa.FWD_NUM_WARPS, bsa.FWD_NUM_STAGES = saved
+    saved = dict(bsa.FWD_LAUNCH)
+    base, _ = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
+    for cfg in FWD_SWEEP:
+        bsa.FWD_LAUNCH[128] = cfg
+        ms = _try_bench(f"fwd {cfg}", lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off))
+        if ms is None:
+            continue
+        err = rel_l2(bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)[0], base)
+        rows.append({"shape": shape.name, "kernel": f"fine fwd classes {cfg}, vs first {err:.1e}",
+                     "kind": "sweep", "ms": ms, "tflops": fine_flops / ms / 1e9})
+    bsa.FWD_LAUNCH.clear()
+    bsa.FWD_LAUNCH.update(saved)
 
 
 def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict]) -> None:
@@ -230,20 +257,121 @@ def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict]) -> None:
     fine_bwd_flops = 2.5 * 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
     dq0, dkdv0 = dict(bsa.BWD_DQ_LAUNCH), dict(bsa.BWD_DKDV_LAUNCH)
     d = 128
-    configs = [("dq", cfg) for cfg in ((4, 2), (4, 3), (8, 2), (8, 3))] + \
-              [("dkdv", cfg) for cfg in ((4, 2), (4, 3), (8, 1), (8, 2), (8, 3))]
+    base = bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off)
+    configs = [("dq", cfg) for cfg in DQ_SWEEP] + [("dkdv", cfg) for cfg in DKDV_SWEEP]
     for which, cfg in configs:
-        bsa.BWD_DQ_LAUNCH, bsa.BWD_DKDV_LAUNCH = dict(dq0), dict(dkdv0)
+        bsa.BWD_DQ_LAUNCH.update(dq0)
+        bsa.BWD_DKDV_LAUNCH.update(dkdv0)
         (bsa.BWD_DQ_LAUNCH if which == "dq" else bsa.BWD_DKDV_LAUNCH)[d] = cfg
-        try:
-            ms = bench(lambda: bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off))
-        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: report, go on
-            print(f"bwd {which} {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+        ms = _try_bench(f"bwd {which} {cfg}",
+                        lambda: bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off))
+        if ms is None:
             continue
-        rows.append({"shape": shape.name, "kernel": f"bwd ({which} warps,stages={cfg}; dq {bsa.BWD_DQ_LAUNCH[d]}, "
-                     f"dkdv {bsa.BWD_DKDV_LAUNCH[d]})", "kind": "sweep-bwd", "ms": ms,
-                     "tflops": fine_bwd_flops / ms / 1e9})
-    bsa.BWD_DQ_LAUNCH, bsa.BWD_DKDV_LAUNCH = dq0, dkdv0
+        got = bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off)
+        err = max(rel_l2(x, y) for x, y in zip(got, base))
+        rows.append({"shape": shape.name, "kernel": f"bwd ({which} classes {cfg}), vs first {err:.1e}",
+                     "kind": "sweep-bwd", "ms": ms, "tflops": fine_bwd_flops / ms / 1e9})
+    bsa.BWD_DQ_LAUNCH.update(dq0)
+    bsa.BWD_DKDV_LAUNCH.update(dkdv0)
+
+
+def profile_fwd_bwd(shape: Shape, sparsity: float) -> None:
+    """torch.profiler over a few VSA forward+backward calls: GPU time per kernel against the wall time, to show
+    host-side gaps between launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets_i32
+    top_k = ref.top_k_from_sparsity(sparsity, layout.num_tiles)
+    qg, kg, vg = make_inputs(shape, seed=6, requires_grad=True)
+    do = torch.randn_like(qg)
+
+    def fb_vsa():
+        cc = coarse_stage(qg, kg, off, top_k)
+        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off)
+        o.backward(do)
+
+    for _ in range(3):
+        fb_vsa()
+    torch.cuda.synchronize()
+    reps = 5
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fb_vsa()
+        end.record()
+        torch.cuda.synchronize()
+    wall = start.elapsed_time(end) / reps
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    gpu = sum(e.self_device_time_total for e in events) / 1e3 / reps
+    print(f"profile fwd+bwd {shape.name}: {wall:.3f} ms per call (CUDA events), {gpu:.3f} ms of GPU kernel time")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:14]:
+        print(f"  {e.self_device_time_total / 1e3 / reps:8.3f} ms  x{e.count // reps:<3d} {e.key[:90]}")
+
+
+def probe(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+    """What bounds the fine forward: the same grid, q2k walk and K/V tile loads as `_bsa_fwd_kernel`, with
+    (a) no math at all (K and V summed elementwise: the time to deliver the selected tiles from L2 / HBM) and
+    (b) both block products but no softmax (delivery + tensor cores)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stream_kernel(q_ptr, k_ptr, v_ptr, o_ptr, q2k_ptr, cnt_ptr, off_ptr, stride_s, stride_h, stride_ih,
+                      stride_iq, stride_ch, MATH: tl.constexpr, BLOCK_D: tl.constexpr):
+        pid_t = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_m = tl.arange(0, 64)
+        offs_d = tl.arange(0, BLOCK_D)
+        q_start = tl.load(off_ptr + pid_t)
+        q_len = tl.load(off_ptr + pid_t + 1) - q_start
+        m_ok = offs_m < q_len
+        q = tl.load(q_ptr + h * stride_h + (q_start + offs_m)[:, None] * stride_s + offs_d[None, :],
+                    mask=m_ok[:, None], other=0.0)
+        acc = tl.zeros([64, BLOCK_D], dtype=tl.float32)
+        cnt = tl.load(cnt_ptr + h * stride_ch + pid_t)
+        row_ptr = q2k_ptr + h * stride_ih + pid_t * stride_iq
+        for i in range(0, cnt):
+            kt = tl.load(row_ptr + i)
+            k_start = tl.load(off_ptr + kt)
+            n_ok = offs_m < tl.load(off_ptr + kt + 1) - k_start
+            rows = (k_start + offs_m)[:, None]
+            k = tl.load(k_ptr + h * stride_h + rows * stride_s + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + h * stride_h + rows * stride_s + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+            if MATH:
+                sc = tl.dot(q, tl.trans(k))
+                acc = tl.dot(sc.to(v.dtype), v, acc)
+            else:
+                acc += k.to(tl.float32) + v.to(tl.float32)
+        tl.store(o_ptr + h * stride_h + (q_start + offs_m)[:, None] * stride_s + offs_d[None, :],
+                 acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets_i32
+    n = layout.num_tiles
+    top_k = ref.top_k_from_sparsity(sparsity, n)
+    q, k, v = make_inputs(shape, seed=8)
+    c = coarse_stage(q, k, off, top_k)
+    o = torch.empty_like(q)
+    blocks = n * top_k * shape.heads
+    kv_bytes = blocks * 2 * 64 * shape.head_dim * 2
+    fine_flops = 4 * blocks * 64 * 64 * shape.head_dim
+    for math_, name in ((False, "probe: K/V tile delivery only (no math)"), (True, "probe: delivery + 2 dots, no softmax")):
+        def run():
+            stream_kernel[(n, shape.heads)](q, k, v, o, c.q2k, c.q2k_cnt, off, q.stride(1), q.stride(2),
+                                            c.q2k.stride(1), c.q2k.stride(2), c.q2k_cnt.stride(1),
+                                            MATH=math_, BLOCK_D=shape.head_dim, num_warps=4, num_stages=3)
+        ms = bench(run)
+        rows.append({"shape": shape.name, "kernel": f"{name}: {kv_bytes / ms / 1e9:.2f} TB/s of K/V tiles",
+                     "kind": "fwd", "ms": ms, "tflops": fine_flops / ms / 1e9 if math_ else None})
+    # plain streaming read of a large buffer, for the HBM ceiling
+    big = torch.empty(2 * 1024 ** 3 // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    ms = bench(lambda: big.sum(dtype=torch.float32))
+    rows.append({"shape": shape.name, "kernel": f"probe: torch sum of 2 GiB bf16: {big.numel() * 2 / ms / 1e9:.2f} TB/s",
+                 "kind": "fwd", "ms": ms, "tflops": None})
+    del big
 
 
 def print_table(rows: list[dict]) -> None:
@@ -267,6 +395,8 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.875)
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--sweep-bwd", action="store_true", help="backward launch parameters at the 1.3B shape")
+    ap.add_argument("--profile", action="store_true", help="torch.profiler of VSA fwd+bwd at the 1.3B shape")
+    ap.add_argument("--probe", action="store_true", help="what bounds the fine forward, at the 1.3B shape")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention rows")
     ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
@@ -286,6 +416,10 @@ def main() -> None:
         sweep(SHAPES["1.3b"], args.sparsity, report["rows"])
     if args.sweep_bwd:
         sweep_bwd(SHAPES["1.3b"], args.sparsity, report["rows"])
+    if args.profile:
+        profile_fwd_bwd(SHAPES["1.3b"], args.sparsity)
+    if args.probe:
+        probe(SHAPES["1.3b"], args.sparsity, report["rows"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

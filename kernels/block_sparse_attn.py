@@ -42,22 +42,33 @@ BLOCK = 64  # tokens in a full (4, 4, 4) tile
 LOG2E = 1.4426950408889634  # log2(e): scores are kept in base 2 for exp2
 LN2 = 0.6931471805599453  # ln(2): converts the base-2 LSE back to natural log
 
-# Launch parameters. (num_warps, num_stages) = (4, 3): swept on the H200 at the Wan2.1-1.3B 480p shape, 87.5%
-# sparsity, D = 128 (benchmarks/attention.py --sweep): (4, 2) / (4, 3) / (4, 4) / (8, 2) / (8, 3) took
+# Launch parameters by BLOCK_D, for bf16 / fp16 inputs: one launch per tile-size class, each entry
+# (block, num_warps, num_stages). A class's programs handle the tiles with more than the next smaller class's
+# block and at most `block` tokens (the others exit at once), with `block` rows: the forward and dQ kernels split
+# query tiles this way, the dK/dV kernel key tiles; the loop inside still takes whole 64-row tiles. The partial
+# tiles at grid edges (27% of the Wan2.1-1.3B 480p tiles hold 8, 16 or 32 tokens) then stop paying for 64 rows.
+# One class (64, ...) is the plain launch.
+# Forward, BLOCK_D 128, one class: swept on the H200 at the Wan2.1-1.3B 480p shape, 87.5% sparsity
+# (benchmarks/attention.py --sweep): (num_warps, num_stages) (4, 2) / (4, 3) / (4, 4) / (8, 2) / (8, 3) took
 # 3.18 / 2.94 / 3.11 / 6.91 / 5.92 ms.
-FWD_NUM_WARPS = 4
-FWD_NUM_STAGES = 3
+FWD_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),), 128: ((64, 4, 3),), 256: ((64, 4, 3),)}
 
-# Backward launch parameters, (num_warps, num_stages) by BLOCK_D, for bf16 / fp16 inputs. BLOCK_D 128: swept on
-# the H200 (torch 2.11, triton 3.6; benchmarks/attention.py --sweep-bwd, Wan2.1-1.3B 480p shape, 87.5% sparsity):
-# with dK/dV at (8, 2) the dQ choices (4, 2) / (4, 3) / (8, 2) / (8, 3) gave a whole backward of 14.6 / 15.8 /
-# 18.8 / 17.7 ms; with dQ at (4, 3) the dK/dV choices (4, 2) / (4, 3) / (8, 1) / (8, 2) / (8, 3) gave 10.3 / 10.1 /
-# 16.6 / 15.8 / 16.3 ms. So 4 warps win for both, although the offline ptxas report showed the 4-warp dK/dV
-# kernel spilling a little. Other BLOCK_D: from the offline sm_90 compile (triton 3.8 ptxas register counts): at
-# <= 64 both kernels fit in ~205 registers with 4 warps; at 256 both spill whatever the warps and one stage keeps
-# the (64, 256) operand tiles within shared memory. Not yet timed on a GPU.
-BWD_DQ_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 2), 256: (8, 1)}
-BWD_DKDV_LAUNCH = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
+# Backward, BLOCK_D 128, one class: swept on the H200 (torch 2.11, triton 3.6; benchmarks/attention.py
+# --sweep-bwd, Wan2.1-1.3B 480p shape, 87.5% sparsity): with dK/dV at (8, 2) the dQ choices (4, 2) / (4, 3) /
+# (8, 2) / (8, 3) gave a whole backward of 14.6 / 15.8 / 18.8 / 17.7 ms; with dQ at (4, 3) the dK/dV choices
+# (4, 2) / (4, 3) / (8, 1) / (8, 2) / (8, 3) gave 10.3 / 10.1 / 16.6 / 15.8 / 16.3 ms. So 4 warps win for both,
+# although the offline ptxas report showed the 4-warp dK/dV kernel spilling a little. Other BLOCK_D: from the
+# offline sm_90 compile (triton 3.8 ptxas register counts): at <= 64 both kernels fit in ~205 registers with 4
+# warps; at 256 both spill whatever the warps and one stage keeps the (64, 256) operand tiles within shared
+# memory. Not yet timed on a GPU.
+# Size classes at BLOCK_D 128 (same sweep, 2026-11-29, whole backward 9.03 ms with one class each): dK/dV with
+# (16, 4, 2), (32, 4, 2), (64, 4, 3) took 8.57 ms (with (32, 4, 3), (64, 4, 3): 9.13; (32, 2, 3), (64, 4, 3): 9.71);
+# dQ with (16, 4, 2), (32, 4, 2), (64, 4, 2) took 8.95 ms (the others 8.96 - 9.09). The forward gained nothing
+# from classes (one class 2.96 ms; 16/32/64 at 4 warps 3.01; fewer warps for the small classes 3.25 - 3.49).
+BWD_DQ_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
+                 128: ((16, 4, 2), (32, 4, 2), (64, 4, 2)), 256: ((64, 8, 1),)}
+BWD_DKDV_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
+                   128: ((16, 4, 2), (32, 4, 2), (64, 4, 3)), 256: ((64, 8, 1),)}
 # fp32 inputs take IEEE fp32 dots on CUDA cores (a correctness path, not a fast one) with fp32 operands staged
 # in shared memory (227 KiB per block on sm_90): one stage from BLOCK_D 128 on (the dQ kernel needs 208 KiB at
 # 3 stages, the forward 336 KiB at BLOCK_D 256), and no backward above BLOCK_D 128 on a GPU (its four (64, 256)
@@ -103,6 +114,23 @@ def _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, off
 
 
 @triton.jit
+def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+    """One online-softmax update (FlashAttention-2 alg. 1) with scores s (BLOCK_M, BLOCK_N) fp32 unscaled, key
+    validity n_ok (BLOCK_N,), values v (BLOCK_N, BLOCK_D); returns the new (m_i, l_i, acc), base 2."""
+    s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # base-2 logits
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE:  # the accumulator goes into the dot itself (as timed on the H200)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _bsa_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr,
     stride_qb, stride_qs, stride_qh,
@@ -112,17 +140,20 @@ def _bsa_fwd_kernel(
     stride_lb, stride_lh,
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
-    num_heads, qk_scale,
+    num_heads, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
 ):
-    """One program: one query tile of one (batch, head), looping over its selected key tiles."""
+    """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
+    unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class)."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     q_start = tl.load(off_ptr + pid_t)
     q_len = tl.load(off_ptr + pid_t + 1) - q_start
+    if (q_len <= len_lo) | (q_len > len_hi):
+        return
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -143,18 +174,8 @@ def _bsa_fwd_kernel(
         kt = tl.load(row_ptr + i)
         k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
                                    DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
-        s = _mm(q, tl.trans(k), IEEE)
-        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if IEEE:  # the accumulator goes into the dot itself (as timed on the H200)
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+        s = _mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+        m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -205,17 +226,20 @@ def _bsa_bwd_dq_kernel(
     stride_lb, stride_lh,
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
-    num_heads, sm_scale, qk_scale,
+    num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
 ):
-    """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row."""
+    """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row; exits
+    at once outside its size class (len_lo, len_hi]."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
     h = pid_bh % num_heads
     q_start = tl.load(off_ptr + pid_t)
     q_len = tl.load(off_ptr + pid_t + 1) - q_start
+    if (q_len <= len_lo) | (q_len > len_hi):
+        return
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -267,11 +291,12 @@ def _bsa_bwd_dkdv_kernel(
     stride_lb, stride_lh,
     stride_jb, stride_jh, stride_jk,
     stride_cb, stride_ch,
-    num_heads, sm_scale, qk_scale,
+    num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
 ):
-    """One program: dK and dV of one key tile of one (batch, head), looping over the query tiles of its k2q row.
+    """One program: dK and dV of one key tile of one (batch, head), looping over the query tiles of its k2q row;
+    exits at once outside its size class (len_lo, len_hi].
 
     Works on transposed scores S^T = K Q^T so that no (BLOCK_N, BLOCK_M) tile needs a register transpose. Rows
     past the key tile's end see zero keys; their dK / dV rows are computed but never stored.
@@ -282,6 +307,8 @@ def _bsa_bwd_dkdv_kernel(
     h = pid_bh % num_heads
     k_start = tl.load(off_ptr + pid_t)
     k_len = tl.load(off_ptr + pid_t + 1) - k_start
+    if (k_len <= len_lo) | (k_len > len_hi):
+        return
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -333,6 +360,22 @@ def _bsa_bwd_dkdv_kernel(
              dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
 
+def _size_classes(table: dict[int, tuple[tuple[int, int, int], ...]], block_d: int,
+                  dtype: torch.dtype) -> list[tuple[int, int, int, int]]:
+    """The launches of one kernel: (block, len_lo, num_warps, num_stages) per size class, smallest block first,
+    the last class's block 64 (every tile has a class). fp32 inputs from FP32_WIDE_BLOCK_D on take
+    FP32_WIDE_NUM_STAGES stages (shared memory)."""
+    entries = sorted(table[block_d])
+    if entries[-1][0] != BLOCK or any(blk < 16 or blk & (blk - 1) for blk, _, _ in entries):
+        raise ValueError(f"size classes {entries} must be powers of two >= 16 ending with block {BLOCK}")
+    fp32_wide = dtype == torch.float32 and block_d >= FP32_WIDE_BLOCK_D
+    out, lo = [], 0
+    for blk, warps, stages in entries:
+        out.append((blk, lo, warps, FP32_WIDE_NUM_STAGES if fp32_wide else stages))
+        lo = blk
+    return out
+
+
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
                   tile_offsets: torch.Tensor) -> None:
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
@@ -371,24 +414,21 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
-    num_stages = FWD_NUM_STAGES
-    if q.dtype == torch.float32 and block_d >= FP32_WIDE_BLOCK_D:
-        num_stages = FP32_WIDE_NUM_STAGES
-    grid = (n_tiles, b * h)
-    _bsa_fwd_kernel[grid](
-        q, k, v, out, lse, q2k, q2k_cnt, tile_offsets,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
-        q2k.stride(0), q2k.stride(1), q2k.stride(2),
-        q2k_cnt.stride(0), q2k_cnt.stride(1),
-        h, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, BLOCK_N=BLOCK,
-        DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
-        num_warps=FWD_NUM_WARPS, num_stages=num_stages,
-    )
+    for blk, lo, num_warps, num_stages in _size_classes(FWD_LAUNCH, block_d, q.dtype):
+        _bsa_fwd_kernel[(n_tiles, b * h)](
+            q, k, v, out, lse, q2k, q2k_cnt, tile_offsets,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1),
+            q2k.stride(0), q2k.stride(1), q2k.stride(2),
+            q2k_cnt.stride(0), q2k_cnt.stride(1),
+            h, scale * LOG2E, lo, blk,
+            HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
+            DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
+            num_warps=num_warps, num_stages=num_stages,
+        )
     return out, lse
 
 
@@ -482,39 +522,37 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         s, h,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, HAS_DLSE=dlse is not None, num_warps=PRE_NUM_WARPS,
     )
-    fp32_wide = q.dtype == torch.float32 and block_d >= FP32_WIDE_BLOCK_D
-    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, BLOCK_N=BLOCK, DOT_FP32=interp,
-                IEEE=(q.dtype == torch.float32 or interp))
+    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp))
     grid = (n_tiles, b * h)
-    num_warps, num_stages = BWD_DQ_LAUNCH[block_d]
-    _bsa_bwd_dq_kernel[grid](
-        q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        lse.stride(0), lse.stride(1),
-        q2k.stride(0), q2k.stride(1), q2k.stride(2),
-        q2k_cnt.stride(0), q2k_cnt.stride(1),
-        h, scale, scale * LOG2E, **meta,
-        num_warps=num_warps, num_stages=FP32_WIDE_NUM_STAGES if fp32_wide else num_stages,
-    )
-    num_warps, num_stages = BWD_DKDV_LAUNCH[block_d]
-    _bsa_bwd_dkdv_kernel[grid](
-        q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2),
-        dv.stride(0), dv.stride(1), dv.stride(2),
-        lse.stride(0), lse.stride(1),
-        k2q.stride(0), k2q.stride(1), k2q.stride(2),
-        k2q_cnt.stride(0), k2q_cnt.stride(1),
-        h, scale, scale * LOG2E, **meta,
-        num_warps=num_warps, num_stages=FP32_WIDE_NUM_STAGES if fp32_wide else num_stages,
-    )
+    for blk, lo, num_warps, num_stages in _size_classes(BWD_DQ_LAUNCH, block_d, q.dtype):
+        _bsa_bwd_dq_kernel[grid](
+            q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            lse.stride(0), lse.stride(1),
+            q2k.stride(0), q2k.stride(1), q2k.stride(2),
+            q2k_cnt.stride(0), q2k_cnt.stride(1),
+            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+    for blk, lo, num_warps, num_stages in _size_classes(BWD_DKDV_LAUNCH, block_d, q.dtype):
+        _bsa_bwd_dkdv_kernel[grid](
+            q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2),
+            dv.stride(0), dv.stride(1), dv.stride(2),
+            lse.stride(0), lse.stride(1),
+            k2q.stride(0), k2q.stride(1), k2q.stride(2),
+            k2q_cnt.stride(0), k2q_cnt.stride(1),
+            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk,
+            num_warps=num_warps, num_stages=num_stages,
+        )
     return dq, dk, dv
 
 

@@ -132,6 +132,21 @@ def assert_all_finite(*xs):
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
+@pytest.fixture(params=["one_class", "size_classes"])
+def classes(request, monkeypatch):
+    """Run every kernel as one launch of 64-row programs, or as three launches by tile size (16, 32 and 64 rows,
+    each program exiting unless its tile falls in its class), for every head dim."""
+    split = request.param == "size_classes"
+    for name in ("FWD_LAUNCH", "BWD_DQ_LAUNCH", "BWD_DKDV_LAUNCH"):
+        table = getattr(bsa, name)
+        new = {}
+        for d, entries in table.items():
+            _, warps, stages = max(entries)
+            new[d] = ((16, 4, stages), (32, 4, stages), (64, warps, stages)) if split else ((64, warps, stages),)
+        monkeypatch.setattr(bsa, name, new)
+    return request.param
+
+
 # ---------------------------------------------------------------------------------------------- k2q
 
 
@@ -171,7 +186,7 @@ def test_build_k2q_all_and_none_selected():
     ((1, 1, 1), 2, 1, 16, 1, None),      # a single one-token tile
     ((4, 4, 4), 1, 1, 16, 1, None),      # one full tile, no partial rows
 ])
-def test_fp32_matches_reference(grid, b, h, d, top_k, scale):
+def test_fp32_matches_reference(grid, b, h, d, top_k, scale, classes):
     lay = tile_layout(grid)
     q, k, v = make_qkv(b, lay.num_tokens, h, d, seed=sum(grid) + d)
     q2k, cnt = random_selection(b, h, lay.num_tiles, top_k, seed=d)
@@ -190,7 +205,7 @@ def test_fp32_matches_reference(grid, b, h, d, top_k, scale):
     (torch.bfloat16, (5, 6, 10), 64, 3),
     (torch.bfloat16, (3, 5, 7), 130, 2),  # BLOCK_D 256, masked on D
 ])
-def test_low_precision_error_bounded_by_eager(dtype, grid, d, top_k):
+def test_low_precision_error_bounded_by_eager(dtype, grid, d, top_k, classes):
     lay = tile_layout(grid)
     q, k, v = make_qkv(1, lay.num_tokens, 1, d, dtype=dtype, seed=11)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, top_k, seed=12)
@@ -205,7 +220,7 @@ def test_low_precision_error_bounded_by_eager(dtype, grid, d, top_k):
         assert rel_l2(x, y) <= bound, (name, rel_l2(x, y), bound)
 
 
-def test_every_tile_selected_equals_dense_attention():
+def test_every_tile_selected_equals_dense_attention(classes):
     lay = tile_layout((3, 5, 7))
     n = lay.num_tiles
     q, k, v = make_qkv(2, lay.num_tokens, 1, 16, seed=21)
@@ -224,7 +239,7 @@ def test_every_tile_selected_equals_dense_attention():
         assert rel_l2(x, y) < FP32_REL_L2, (name, rel_l2(x, y))
 
 
-def test_short_and_empty_rows():
+def test_short_and_empty_rows(classes):
     """q2k_cnt < K with garbage past it; a query tile with cnt 0 gives out 0, lse -inf and zero gradients."""
     lay = tile_layout((5, 6, 10))
     n = lay.num_tiles
@@ -265,9 +280,10 @@ def test_lse_gradient_matches_reference():
         assert rel_l2(x, y) < FP32_REL_L2, (name, rel_l2(x, y))
 
 
-def test_every_output_element_written(monkeypatch):
-    """Launcher allocations come back NaN-filled: any element a kernel skips would stay NaN."""
-    lay = tile_layout((3, 5, 7))
+def test_every_output_element_written(monkeypatch, classes):
+    """Launcher allocations come back NaN-filled: any element a kernel skips would stay NaN. Grid (5, 6, 10) has
+    tiles of 4, 8, 16, 32 and 64 tokens: every size class gets programs to run."""
+    lay = tile_layout((5, 6, 10))
     n = lay.num_tiles
     q, k, v = make_qkv(2, lay.num_tokens, 1, 40, seed=51)
     q2k, cnt = random_selection(2, 1, n, 2, seed=52, partial_counts=True)
@@ -306,7 +322,7 @@ def test_non_contiguous_inputs_and_gradient():
         assert torch.equal(a.grad, c.grad)
 
 
-def test_backward_is_deterministic():
+def test_backward_is_deterministic(classes):
     lay = tile_layout((3, 5, 7))
     q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=71)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, 3, seed=72)

@@ -19,6 +19,7 @@ import pytest
 from conftest import cached_locally
 from typer.testing import CliRunner
 
+from vsagen.presets import preset_names
 from vsagen.cli import app
 from vsagen.video import read_mp4
 
@@ -195,9 +196,10 @@ def test_flags_override_preset_defaults(recorder, tmp_path):
     res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "b.mp4"), "--json", "--attn", "vsa",
               "--frames", "9", "--height", "64", "--width", "80", "--steps", "2", "--guidance", "1.5",
               "--fps", "12", "--seed", "7", "--negative-prompt", "blurry", "--tile-fit", "crop", "--dtype", "bf16",
-              "--device", "cpu", "--random-weights", "--allow-pickle", "--warmup", "1")
+              "--device", "cpu", "--random-weights", "--allow-pickle", "--warmup", "1", "--flow-shift", "7.5")
     assert res.exit_code == 0, res.output
     cfg = recorder.configs[-1]
+    assert cfg.flow_shift == 7.5
     assert (cfg.frames, cfg.height, cfg.width, cfg.steps, cfg.fps, cfg.seed) == (9, 64, 80, 2, 12, 7)
     assert (cfg.guidance, cfg.negative_prompt, cfg.tile_fit, cfg.dtype) == (1.5, "blurry", "crop", "bf16")
     assert cfg.attn == "vsa" and cfg.sparsity == 0.875  # the preset's default sparsity for a sparse backend
@@ -263,6 +265,8 @@ BAD_INPUTS = [
     # found by a new-user trial: these used to run (or fail late with exit 1)
     ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
     ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),
+    ("flow-shift-0", ["--flow-shift", "0"], ["--flow-shift", "> 0"]),
+    ("flow-shift-nan", ["--flow-shift", "nan"], ["--flow-shift", "nan"]),
     ("seed-negative", ["--seed=-1"], ["--seed", "-1"]),
     ("seed-huge", ["--seed", str(2**64)], ["--seed"]),
     ("out-dot", ["--out", "{tmp}/."], [".mp4"]),  # pathlib reads "dir/." as "dir": no .mp4 name
@@ -445,7 +449,7 @@ def test_presets_lists_bundled_presets():
     assert res.exit_code == 0
     rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
     names = [r[0].strip() for r in rows]
-    assert names == ["tiny", "tiny-a14b", "tiny-i2v", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+    assert names == preset_names() and "wan2.2-ti2v-5b" in names and "wan2.2-i2v-a14b" in names
     wan = [c.strip() for c in rows[names.index("wan2.1-t2v-1.3b")]]
     assert wan[1:7] == ["832x480", "81", "50", "5", "3", "16"]
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout

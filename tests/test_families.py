@@ -216,6 +216,18 @@ def test_two_expert_timing_shows_both_experts(a14b_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_flow_shift_moves_the_expert_switch(a14b_dir, tmp_path):
+    """--flow-shift reaches the scheduler: with shift 100 the second of 2 steps stays at t >= 875 (sigma 0.99),
+    so only the high-noise expert runs; the default shift 3.0 gives one step each (test above)."""
+    res = t2v("a fox", "--model", "tiny-a14b", "--steps", str(STEPS), "--flow-shift", "100",
+              "--out", str(tmp_path / "s.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["config"]["flow_shift"] == 100
+    assert data["timing"]["dit_forwards_by_expert"] == {"transformer": 4}
+
+
+@pytest.mark.slow
 def test_one_expert_timing_names_its_transformer(ti2v_dir, tmp_path):
     res = t2v("a fox", "--model", "tiny-ti2v", "--steps", "1", "--frames", "5", "--height", "64", "--width", "64",
               "--out", str(tmp_path / "o.mp4"))

@@ -13,7 +13,8 @@ from vsagen.presets import (GenerationDefaults, load_preset, parse_preset, prese
                             preset_for_transformer_config, preset_names)
 from vsagen.presets import _preset_dir
 
-BUNDLED = ["tiny", "tiny-a14b", "tiny-i2v", "tiny-ti2v", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+BUNDLED = ["tiny", "tiny-a14b", "tiny-i2v", "tiny-ti2v", "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p",
+           "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 OPTIONAL_DEFAULTS = {"guidance_2"}
 
 
@@ -30,7 +31,7 @@ def test_bundled_preset_names():
 def test_every_bundled_preset_loads(name):
     p = load_preset(name)
     assert p.name == name
-    assert p.pipeline == ("WanImageToVideoPipeline" if name == "tiny-i2v" else "WanPipeline")
+    assert p.pipeline == ("WanImageToVideoPipeline" if "-i2v" in name else "WanPipeline")
     assert isinstance(p.defaults, GenerationDefaults)
     d = p.defaults
     assert d.frames >= 1 and (d.frames - 1) % p.vae_stride_temporal == 0
@@ -100,6 +101,72 @@ def test_wan21_14b_preset_matches_the_checkpoint_config():
     # both hub presets are told apart by their transformer configs
     assert preset_for_transformer_config(dict(t)) == p
     assert preset_for_transformer_config(dict(load_preset("wan2.1-t2v-1.3b").transformer)) != p
+
+
+def grid(p):
+    """The post-patch latent grid of a preset's default size."""
+    d = p.defaults
+    return ((d.frames - 1) // p.vae_stride_temporal + 1, d.height // p.pixel_multiple, d.width // p.pixel_multiple)
+
+
+def test_wan22_ti2v_5b_preset():
+    p = load_preset("wan2.2-ti2v-5b")
+    d = p.defaults
+    assert (d.height, d.width, d.frames, d.steps, d.fps, d.guidance, d.flow_shift) == (704, 1280, 121, 50, 24, 5.0, 5.0)
+    assert p.hub_id == "Wan-AI/Wan2.2-TI2V-5B-Diffusers" and p.expand_timesteps and p.experts == 1
+    t = p.transformer
+    assert (t["num_layers"], t["num_attention_heads"], t["ffn_dim"], t["in_channels"]) == (30, 24, 14336, 48)
+    assert p.vae["z_dim"] == 48 and p.vae["decoder_base_dim"] == 256 and p.vae_stride_spatial == 16
+    assert p.pixel_multiple == 32 and grid(p) == (31, 22, 40)  # issue 4: the 5B grid at 704x1280x121
+
+
+@pytest.mark.parametrize("name,size,shift", [("wan2.1-i2v-14b-480p", (480, 832), 3.0),
+                                             ("wan2.1-i2v-14b-720p", (720, 1280), 5.0)])
+def test_wan21_i2v_presets(name, size, shift):
+    p = load_preset(name)
+    d = p.defaults
+    assert p.image_to_video and p.experts == 1 and (d.height, d.width) == size and d.flow_shift == shift
+    assert (d.frames, d.steps, d.fps, d.guidance) == (81, 40, 16, 5.0)
+    t = p.transformer
+    assert t["in_channels"] == 36 and t["image_dim"] == 1280 and t["added_kv_proj_dim"] == 5120
+    assert t["num_layers"] == 40 and t["num_attention_heads"] == 40
+    assert p.image_encoder["hidden_size"] == t["image_dim"]  # CLIP ViT-H/14 width feeds the image branch
+    assert max(d.max_sequence_length, 512) == 512  # the image branch assumes 512 text tokens
+
+
+@pytest.mark.parametrize("name,pipeline,ratio,g,g2,shift,in_ch", [
+    ("wan2.2-t2v-a14b", "WanPipeline", 0.875, 4.0, 3.0, 12.0, 16),
+    ("wan2.2-i2v-a14b", "WanImageToVideoPipeline", 0.9, 3.5, 3.5, 5.0, 36)])
+def test_wan22_a14b_presets(name, pipeline, ratio, g, g2, shift, in_ch):
+    p = load_preset(name)
+    d = p.defaults
+    assert p.pipeline == pipeline and p.experts == 2 and p.boundary_ratio == ratio
+    assert (d.guidance, d.guidance_2, d.flow_shift, d.steps, d.fps) == (g, g2, shift, 40, 16)
+    assert p.transformer == p.transformer_2 and p.transformer["in_channels"] == in_ch
+    assert p.transformer.get("image_dim") is None and p.image_encoder is None  # no CLIP branch in Wan2.2 I2V
+    assert grid(p) == (21, 45, 80)
+
+
+def test_local_checkpoints_find_their_preset_by_family_and_folder_name():
+    """Presets that share a transformer architecture are told apart by model_index.json (pipeline class,
+    second expert) and, for identical families (Wan2.1 I2V 480p / 720p), by the download folder's name."""
+    t14 = dict(load_preset("wan2.1-t2v-14b").transformer)
+    one = {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}
+    two = dict(one, transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.875)
+    assert preset_for_transformer_config(t14, one).name == "wan2.1-t2v-14b"
+    assert preset_for_transformer_config(t14, two).name == "wan2.2-t2v-a14b"
+    i2v = dict(load_preset("wan2.1-i2v-14b-480p").transformer)
+    idx = {"_class_name": "WanImageToVideoPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}
+    assert preset_for_transformer_config(i2v, idx, "Wan2.1-I2V-14B-720P-Diffusers").name == "wan2.1-i2v-14b-720p"
+    assert preset_for_transformer_config(i2v, idx, "wan2.1-i2v-14b-480p").name == "wan2.1-i2v-14b-480p"
+    assert preset_for_transformer_config(i2v, idx, "my-model").name == "wan2.1-i2v-14b-480p"  # first by name
+    a14b_i2v = dict(load_preset("wan2.2-i2v-a14b").transformer)
+    assert preset_for_transformer_config(a14b_i2v, dict(idx, transformer_2=two["transformer_2"])).name == \
+        "wan2.2-i2v-a14b"
+    assert preset_for_transformer_config(a14b_i2v, idx) is None  # one expert of that architecture: no preset
+    five = dict(load_preset("wan2.2-ti2v-5b").transformer)
+    assert preset_for_transformer_config(five, dict(one, expand_timesteps=True)).name == "wan2.2-ti2v-5b"
+    assert preset_for_transformer_config(five, one) is None
 
 
 def test_tiny_preset_is_offline_and_has_partial_tiles():

@@ -65,6 +65,8 @@ Steps = Annotated[Optional[int], typer.Option(help="Denoising steps.")]
 Guidance = Annotated[Optional[float], typer.Option(help="CFG scale (> 1 runs two DiT passes a step).")]
 Guidance2 = Annotated[Optional[float], typer.Option(help="CFG scale of the second expert (two-expert models such "
                                                          "as tiny-a14b; default from the preset, else --guidance).")]
+FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep shift of the scheduler (> 0; larger "
+                                                         "spends more steps at high noise; default from the preset).")]
 NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")]
 Seed = Annotated[int, typer.Option(help="Random seed.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
@@ -117,7 +119,8 @@ def t2v(
     prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
     model: Model = "wan2.1-t2v-1.3b", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
     height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
-    guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None, seed: Seed = 0,
+    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
+    negative_prompt: NegativePrompt = None, seed: Seed = 0,
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
     warmup: Warmup = 0, json_out: JsonOut = False, verbose: Verbose = False,
@@ -137,7 +140,8 @@ def i2v(
     = "crop",
     model: Model = "tiny-i2v", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
     height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
-    guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None, seed: Seed = 0,
+    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
+    negative_prompt: NegativePrompt = None, seed: Seed = 0,
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
     warmup: Warmup = 0, json_out: JsonOut = False, verbose: Verbose = False,

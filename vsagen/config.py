@@ -19,7 +19,8 @@ from typing import Any
 from .attention import backend_names, make_backend, uses_sparsity
 from .errors import BadInput, ModelNotFound
 from .layout import plan_crop
-from .presets import I2V_PIPELINE, Preset, load_preset, preset_for_hub_id, preset_for_transformer_config, preset_names
+from .presets import (I2V_PIPELINE, Preset, load_preset, preset_for_hub_id, preset_for_transformer_config,
+                      preset_names, same_family)
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 DEVICES = ("auto", "cuda", "cpu")
@@ -107,13 +108,10 @@ def _read_index(index: Path) -> dict[str, Any]:
 def _tiny_preset_for(tcfg: dict[str, Any], index: dict[str, Any]) -> Preset | None:
     """The bundled tiny preset whose transformer architecture and pipeline family (second expert or not,
     per-token timesteps or not) a checkpoint directory has, if any."""
-    t2 = index.get("transformer_2")
-    has_t2 = isinstance(t2, list) and bool(t2) and t2[0] is not None
     for n in preset_names():
         p = load_preset(n)
         if (p.source == "tiny" and all(tcfg.get(k) == v for k, v in p.transformer.items() if k != "patch_size")
-                and has_t2 == (p.transformer_2 is not None)
-                and bool(index.get("expand_timesteps", False)) == p.expand_timesteps):
+                and same_family(p, index)):
             return p
     return None
 
@@ -139,7 +137,7 @@ def resolve_model(model: str) -> ModelSource:
             tcfg = json.loads(cfg_path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
-        preset = preset_for_transformer_config(tcfg)
+        preset = preset_for_transformer_config(tcfg, _read_index(index), path.resolve().name)
         exact = preset is not None
         if preset is None:
             # An architecture no preset describes (e.g. a test checkpoint): take a tiny preset's settings only
@@ -230,7 +228,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             attn_impl: str = "auto",
             height: int | None = None, width: int | None = None, frames: int | None = None,
             steps: int | None = None, guidance: float | None = None, guidance_2: float | None = None,
-            negative_prompt: str | None = None,
+            flow_shift: float | None = None, negative_prompt: str | None = None,
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
@@ -296,6 +294,9 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
                            f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}")
     if steps < 1:
         raise BadInput(f"--steps must be at least 1, got {steps}")
+    flow_shift = d.flow_shift if flow_shift is None else flow_shift
+    if not math.isfinite(flow_shift) or flow_shift <= 0:
+        raise BadInput(f"--flow-shift must be a finite number > 0, got {flow_shift}")
     if not math.isfinite(guidance) or guidance < 0:
         raise BadInput(f"--guidance must be a finite number >= 0, got {guidance}")
     experts = src.preset.experts
@@ -329,7 +330,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         height=height, width=width,
         frames=frames, steps=steps, guidance=guidance, guidance_2=guidance_2,
         negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt, seed=seed, fps=fps,
-        flow_shift=d.flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
+        flow_shift=flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
     )

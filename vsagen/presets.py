@@ -220,14 +220,40 @@ def preset_for_hub_id(hub_id: str) -> Preset | None:
     return None
 
 
+def same_family(preset: Preset, index: dict[str, Any]) -> bool:
+    """Whether a checkpoint's model_index.json has the preset's pipeline family: a second expert
+    (`transformer_2`) or not, per-token timesteps (`expand_timesteps`) or not."""
+    t2 = index.get("transformer_2")
+    has_t2 = isinstance(t2, list) and bool(t2) and t2[0] is not None
+    return has_t2 == (preset.transformer_2 is not None) and \
+        bool(index.get("expand_timesteps", False)) == preset.expand_timesteps
+
+
 _ARCH_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "ffn_dim",
-              "text_dim")
+              "text_dim", "image_dim")
 
 
-def preset_for_transformer_config(config: dict[str, Any]) -> Preset | None:
-    """The bundled hub preset whose transformer architecture matches a checkpoint's transformer config."""
+def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] | None = None,
+                                  dirname: str = "") -> Preset | None:
+    """The bundled hub preset that describes a local checkpoint: same transformer architecture (`_ARCH_KEYS` of
+    its transformer/config.json) and, when its model_index.json is given, the same family (pipeline class, a
+    second expert or not, per-token timesteps or not).
+
+    Several presets can share one architecture (Wan2.1 I2V 480p / 720p): the one whose hub repository name is
+    part of the directory's name wins (a download into `Wan2.1-I2V-14B-720P-Diffusers/` gets the 720p
+    defaults), else the first by name.
+    """
+    matches = []
     for n in preset_names():
         p = load_preset(n)
-        if p.source == "hub" and all(config.get(k) == p.transformer.get(k) for k in _ARCH_KEYS):
+        if p.source != "hub" or any(config.get(k) != p.transformer.get(k) for k in _ARCH_KEYS):
+            continue
+        if index is not None and (index.get("_class_name", p.pipeline) != p.pipeline
+                                  or not same_family(p, index)):
+            continue
+        matches.append(p)
+    folder = dirname.lower()
+    for p in matches:
+        if folder and p.hub_id.split("/")[-1].lower().removesuffix("-diffusers") in folder:
             return p
-    return None
+    return matches[0] if matches else None

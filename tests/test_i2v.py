@@ -209,3 +209,58 @@ def test_i2v_checkpoint_refused_by_t2v_loader(i2v_dir, tmp_path):
     """A local I2V directory is recognised as image to video (t2v refuses it up front)."""
     res = runner.invoke(app, ["t2v", "a fox", "--model", str(i2v_dir), "--out", str(tmp_path / "x.mp4")])
     assert "vsagen i2v" in one_error_line(res)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Text-image-to-video (Wan2.2-TI2V-5B style): the `tiny-ti2v` checkpoint (a WanPipeline) animates an image too
+
+
+@pytest.fixture(scope="module")
+def ti2v_dir(vsagen_cache):
+    from vsagen.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(load_preset("tiny-ti2v"))
+
+
+def test_ti2v_model_takes_an_image_too(ti2v_dir, tmp_path):
+    assert load_preset("tiny-ti2v").takes_image and load_preset("wan2.2-ti2v-5b").takes_image
+    img = noise_image(tmp_path / "in.png", size=(90, 60))
+    out = tmp_path / "t.mp4"
+    res = i2v(str(img), "a fox", "--model", "tiny-ti2v", "--frames", "5", "--height", "64", "--width", "96",
+              "--steps", "1", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["expand_timesteps"] is True and data["image"] == str(img)
+    assert read_mp4(out).shape == (5, 64, 96, 3)
+    # the saved checkpoint directory (a WanPipeline) runs as image to video too
+    res = i2v(str(img), "a fox", "--model", str(ti2v_dir), "--frames", "5", "--height", "64", "--width", "96",
+              "--steps", "1", "--out", str(tmp_path / "d.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_ti2v_image_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, encoder_frames, impl):
+    """Image to video with per-token timesteps that differ across tokens (the image's first latent frame gets
+    t = 0, the rest t): `--attn vsa --sparsity 0` (tile order) gives the frames of `--attn full` (raster
+    order), so the timesteps are reordered with the tokens (at most 1 uint8 level apart, as in test_families)."""
+    from vsagen.config import resolve
+    from vsagen.pipeline import generate
+
+    img = noise_image(tmp_path / "in.png", size=(224, 160))
+    common = dict(model="tiny-ti2v", frames=5, height=160, width=224, steps=1, device="cpu", image=img)
+    generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
+    vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
+                   progress=False)
+    assert vsa.summary["denoised"]["grid"] == [2, 5, 7] and vsa.summary["expand_timesteps"] is True
+    a, b = encoder_frames["full"].astype(int), encoder_frames["vsa"].astype(int)
+    assert a.shape == b.shape == (5, 160, 224, 3)
+    assert np.abs(a - b).max() <= 1
+    assert (a != b).mean() < 1e-3
+
+
+def test_ti2v_random_weights_image_run(vsagen_cache, tmp_path):
+    img = noise_image(tmp_path / "in.png")
+    res = i2v(str(img), "a fox", "--model", "tiny-ti2v", "--random-weights", "--frames", "5", "--height", "64",
+              "--width", "64", "--steps", "1", "--out", str(tmp_path / "r.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["random_weights"] is True

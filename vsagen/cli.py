@@ -159,17 +159,19 @@ def presets() -> None:
 
     from .presets import load_preset, preset_names
 
-    table = Table(title="presets (vsagen t2v --model NAME; i2v presets: vsagen i2v IMAGE PROMPT --model NAME)",
-                  title_justify="left")
-    for col in ("name", "size (WxH)", "frames", "steps", "guidance", "flow shift", "fps", "weights"):
-        table.add_column(col, justify="left" if col in ("name", "weights") else "right")
+    table = Table(title="presets (vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the "
+                        "commands column says)", title_justify="left")
+    for col in ("name", "commands", "size (WxH)", "frames", "steps", "guidance", "flow shift", "fps", "weights"):
+        table.add_column(col, justify="left" if col in ("name", "commands", "weights") else "right")
     for name in preset_names():
         p = load_preset(name)
         d = p.defaults
         weights = p.hub_id if p.source == "hub" else "built offline (random)"
-        table.add_row(name, f"{d.width}x{d.height}", str(d.frames), str(d.steps), f"{d.guidance:g}",
+        commands = "i2v" if p.image_to_video else ("t2v, i2v" if p.takes_image else "t2v")
+        guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
+        table.add_row(name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
                       f"{d.flow_shift:g}", str(d.fps), weights)
-    Console(width=max(120, Console().width)).print(table)
+    Console(width=max(150, Console().width)).print(table)
 
 
 @app.command()

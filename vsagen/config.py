@@ -42,8 +42,14 @@ class ModelSource:
 
     @property
     def image_to_video(self) -> bool:
-        """True when the model is an image-to-video pipeline (run by `vsagen i2v`)."""
+        """True when the model is an image-to-video-only pipeline (run by `vsagen i2v` alone)."""
         return (self.pipeline or self.preset.pipeline) == I2V_PIPELINE
+
+    @property
+    def takes_image(self) -> bool:
+        """True when `vsagen i2v` can run the model: an image-to-video pipeline, or a text-image-to-video one
+        (Wan2.2-TI2V-5B style; a ti2v preset is only matched to checkpoints of its family)."""
+        return self.image_to_video or self.preset.ti2v
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
         raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
     src = resolve_model(model)
-    if image is not None and not src.image_to_video:
+    if image is not None and not src.takes_image:
         raise BadInput(f"--model {model} is a text-to-video model and takes no image; use `vsagen t2v PROMPT`, "
                        "or an image-to-video model (e.g. --model tiny-i2v)")
     if image is None and src.image_to_video:

@@ -58,13 +58,16 @@ def pipeline_class_name(cfg: RunConfig) -> str:
     return I2V_PIPELINE if cfg.image is not None else T2V_PIPELINE
 
 
-def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "WanPipeline") -> None:
+def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "WanPipeline",
+                            ti2v: bool = False) -> None:
     """Refuse pickle-only weights (unless allowed) and components from libraries other than diffusers /
     transformers, before diffusers imports anything named in model_index.json. Every component is checked,
     the second expert (`transformer_2`) of two-expert pipelines included; absent optional components
-    (`[null, null]`) are skipped."""
+    (`[null, null]`) are skipped. A text-image-to-video checkpoint (`ti2v`, saved as a WanPipeline) may be
+    run as a WanImageToVideoPipeline."""
     index = json.loads((path / "model_index.json").read_text())
-    if index.get("_class_name") != pipeline:
+    accepted = {pipeline} | ({T2V_PIPELINE} if ti2v and pipeline == I2V_PIPELINE else set())
+    if index.get("_class_name") not in accepted:
         command = "vsagen i2v" if pipeline == I2V_PIPELINE else "vsagen t2v"
         raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
                        f"{command} runs {pipeline} checkpoints")
@@ -138,9 +141,11 @@ def _short(msg: str, limit: int = 100) -> str:
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
-def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift: float) -> Any:
+def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift: float,
+                             image_to_video: bool = False) -> Any:
     """The preset's real transformer(s) and VAE architectures with random weights, no text encoder; the
-    preset's pipeline family (second expert and boundary, per-token timesteps) as a checkpoint would have it."""
+    preset's pipeline family (second expert and boundary, per-token timesteps) as a checkpoint would have it,
+    as a WanImageToVideoPipeline when `image_to_video` (image-to-video and ti2v presets)."""
     import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
 
@@ -150,14 +155,14 @@ def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift
                          if preset.transformer_2 is not None else None)
         vae = AutoencoderKLWan(**preset.vae).eval()
         encoder = processor = None
-        if preset.image_to_video and preset.image_encoder is not None:
+        if image_to_video and preset.image_encoder is not None:
             from .tiny import tiny_image_encoder
 
             encoder, processor = tiny_image_encoder(preset.image_encoder)
             encoder = encoder.to(dtype)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=flow_shift)
-    if preset.image_to_video:
+    if image_to_video:
         from diffusers import WanImageToVideoPipeline
 
         return WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
@@ -186,7 +191,7 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
     notes: list[str] = []
     weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
     if cfg.random_weights:
-        pipe = _random_weights_pipeline(preset, dtype, cfg.device, cfg.flow_shift)
+        pipe = _random_weights_pipeline(preset, dtype, cfg.device, cfg.flow_shift, cfg.image is not None)
         notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
     else:
         if src.kind == "tiny":
@@ -202,7 +207,7 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
         else:
             location = src.location
         if src.kind in ("tiny", "dir"):
-            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg))
+            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
             weight_root = Path(location)
         pipe = _from_pretrained(location, cfg, dtype)
         if src.kind == "hub":

@@ -13,6 +13,9 @@ Model families a preset can describe (text to video: diffusers' `WanPipeline`):
   `boundary_ratio` (in (0, 1)) is then required: `transformer` denoises t >= boundary_ratio * 1000,
   `transformer_2` the rest. `[defaults] guidance_2` (optional) is the second expert's CFG scale
   (diffusers' `guidance_scale_2`); absent, the second expert uses `guidance`.
+* Wan2.2-TI2V-5B-style text-image-to-video: `ti2v = true` on a `WanPipeline` preset says the same components
+  also animate an image through diffusers' `WanImageToVideoPipeline` (the image's latent replaces the first
+  latent frame, whose tokens get timestep 0): the model runs under both `vsagen t2v` and `vsagen i2v`.
 * Wan2.1-I2V-style (image to video): `pipeline = "WanImageToVideoPipeline"`, a transformer with 36 input
   channels (16 noise + 20 condition: 4 mask + 16 image latent) and, for the CLIP image branch, `image_dim` /
   `added_kv_proj_dim`; source "tiny" then needs an `[image_encoder]` table (transformers' CLIPVisionConfig
@@ -75,11 +78,17 @@ class Preset:
     boundary_ratio: float | None = None
     transformer_2: dict[str, Any] | None = None
     image_encoder: dict[str, Any] | None = None
+    ti2v: bool = False
 
     @property
     def image_to_video(self) -> bool:
-        """True for image-to-video presets (run by `vsagen i2v`)."""
+        """True for image-to-video-only presets (run by `vsagen i2v` alone)."""
         return self.pipeline == I2V_PIPELINE
+
+    @property
+    def takes_image(self) -> bool:
+        """True when `vsagen i2v` can run the model: image-to-video presets and text-image-to-video (ti2v) ones."""
+        return self.image_to_video or self.ti2v
 
     @property
     def experts(self) -> int:
@@ -99,8 +108,8 @@ class Preset:
 
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
-             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder"}
-_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder"}
+             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v"}
+_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v"}
 _OPTIONAL_DEFAULTS = {"guidance_2"}
 _SOURCES = {"hub", "tiny"}
 T2V_PIPELINE = "WanPipeline"
@@ -153,6 +162,11 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     expand = data.get("expand_timesteps", False)
     if not isinstance(expand, bool):
         raise BadInput(f"preset {where}: expand_timesteps must be true or false, got {expand!r}")
+    ti2v = data.get("ti2v", False)
+    if not isinstance(ti2v, bool):
+        raise BadInput(f"preset {where}: ti2v must be true or false, got {ti2v!r}")
+    if ti2v and data["pipeline"] != T2V_PIPELINE:
+        raise BadInput(f"preset {where}: ti2v (text and image to video) is for pipeline {T2V_PIPELINE!r} presets")
     t2 = data.get("transformer_2")
     if t2 is not None and not isinstance(t2, (bool, dict)):
         raise BadInput(f"preset {where}: transformer_2 must be true/false or a table of transformer settings, "
@@ -188,6 +202,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         boundary_ratio=ratio,
         transformer_2=transformer_2,
         image_encoder=dict(image_encoder) if image_encoder is not None else None,
+        ti2v=ti2v,
     )
 
 

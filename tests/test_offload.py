@@ -1,4 +1,4 @@
-"""`--offload` and `--vae-tiling` (issue 4). CPU, tiny models, private cache.
+"""`--offload`, `--vae-tiling` and the image-to-video timing regions (issue 4). CPU, tiny models, private cache.
 
 This machine has no CUDA, and offloading is CUDA only: the CLI refuses it on the CPU (tested here). The offload
 code path itself (`place_pipeline`, diffusers' / accelerate's offload hooks under vsagen's tile-order hooks and
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -25,9 +26,12 @@ from vsagen.video import read_mp4
 runner = CliRunner()
 # Small runs: 5 frames of 64 x 64 (grid 2 x 4 x 4), CFG on (two forwards a step).
 SMALL = dict(frames=5, height=64, width=64, steps=2, device="cpu")
+SMALL_ARGS = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"]
 # A frame wider than diffusers' VAE tile (256 px), so `--vae-tiling on` really splits it; 288 / 16 = 18 post-patch
 # positions, inside the tiny transformer's RoPE range (32).
 WIDE_ARGS = ["--frames", "5", "--height", "64", "--width", "288", "--steps", "1"]
+# Sums of disjoint perf_counter intervals vs their enclosing one: equal up to float rounding of the sum.
+SUM_SLACK_S = 1e-9
 
 
 def one_error_line(res) -> str:
@@ -320,3 +324,79 @@ def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monk
         assert len(tiled_calls) == (1 if tiled else 0), mode  # the decode really ran tiled (or not)
         tiled_calls.clear()
         assert read_mp4(out).shape == (5, 64, 288, 3)
+        assert data["timing"]["image_encode_s"] == data["timing"]["condition_encode_s"] == 0.0  # t2v
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Image to video: CLIP image encode and condition encode timed apart from the denoising loop
+
+
+def test_timer_region_apart_from_an_enclosing_region():
+    from vsagen.timing import Timer
+
+    timer = Timer("cpu")
+    with timer.region("total"):
+        with timer.region("denoise"):
+            time.sleep(0.01)
+            with timer.region("image_encode", apart_from="denoise"):
+                time.sleep(0.02)
+                with timer.region("inner"):  # regions inside a carved-out one nest as usual
+                    time.sleep(0.001)
+            time.sleep(0.01)
+        with timer.region("other", apart_from="denoise"):  # no open "denoise": nothing to carve
+            pass
+    records = timer.finish()
+    total = lambda n: sum(s for name, _, s in records if name == n)  # noqa: E731
+    assert [n for n, _, _ in records].count("denoise") == 2  # two pieces, around the carved-out region
+    assert total("image_encode") >= 0.02 and total("denoise") >= 0.02
+    assert total("inner") <= total("image_encode")
+    assert total("denoise") + total("image_encode") <= total("total") + SUM_SLACK_S
+
+
+@pytest.mark.slow
+def test_i2v_timing_has_image_and_condition_encode_apart_from_denoise(vsagen_cache, tmp_path):
+    img = noise_image(tmp_path / "in.png")
+    res = runner.invoke(app, ["i2v", str(img), "a fox", "--model", "tiny-i2v", *SMALL_ARGS, "--warmup", "1",
+                              "--out", str(tmp_path / "v.mp4"), "--json"])
+    assert res.exit_code == 0, res.output
+    t = json.loads(res.stdout)["timing"]
+    assert t["image_encode_s"] > 0 and t["condition_encode_s"] > 0
+    assert t["dit_forwards"] == 2  # one step with CFG; the warm-up's forwards (and encodes) are not counted
+    assert 0 < t["dit_s"] <= t["denoise_s"]
+    # disjoint regions inside "total": nothing is counted twice
+    parts = t["text_encode_s"] + t["image_encode_s"] + t["condition_encode_s"] + t["denoise_s"] + t["vae_decode_s"]
+    assert parts <= t["total_s"] + SUM_SLACK_S
+    assert t["denoise_s"] + t["image_encode_s"] + t["condition_encode_s"] <= t["total_s"]
+    # the table shows both regions
+    res = runner.invoke(app, ["i2v", str(img), "a fox", "--model", "tiny-i2v", *SMALL_ARGS,
+                              "--out", str(tmp_path / "w.mp4")])
+    assert res.exit_code == 0, res.output
+    assert "image encode (CLIP)" in res.stdout and "condition encode (VAE)" in res.stdout
+
+
+def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
+    """`time_condition_stages` wraps the two methods on the instance only, times them apart from the open outer
+    region, passes arguments and results through, and `restore` leaves the instance as it was."""
+    from vsagen.pipeline import time_condition_stages
+    from vsagen.timing import Timer
+
+    class Pipe:
+        def encode_image(self, image, device=None):
+            time.sleep(0.005)
+            return ("embeds", image, device)
+
+        def prepare_latents(self, *args, **kwargs):
+            time.sleep(0.005)
+            return ("latents", args, kwargs)
+
+    pipe, timer = Pipe(), Timer("cpu")
+    restore = time_condition_stages(pipe, timer)
+    assert {"encode_image", "prepare_latents"} <= set(vars(pipe))
+    with timer.region("denoise"):
+        assert pipe.encode_image("img", "cpu") == ("embeds", "img", "cpu")
+        assert pipe.prepare_latents(1, k=2) == ("latents", (1,), {"k": 2})
+    restore()
+    assert vars(pipe) == {}
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("image_encode") == names.count("condition_encode") == 1
+    assert names.count("denoise") == 3  # before, between and after the two carved-out stages

@@ -317,6 +317,42 @@ def _decode(pipe: Any, latents: Any) -> Any:
     return vae.decode(latents * std + mean, return_dict=False)[0]
 
 
+# Image to video: the pipeline methods timed apart from "denoise", and their regions (see vsagen.timing).
+CONDITION_REGIONS = (("encode_image", "image_encode"), ("prepare_latents", "condition_encode"))
+
+
+def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Callable[[], None]:
+    """Time an image-to-video pipeline's `encode_image` (region "image_encode": the CLIP image encoder) and
+    `prepare_latents` ("condition_encode": VAE encode of the condition video, plus the initial noise) as regions
+    of their own, carved out of the open region `outer` (`Timer.region(apart_from=...)`), by wrapping the two
+    methods on this pipeline instance (diffusers' `__call__` looks them up on `self`). A method the pipeline does
+    not call (no CLIP encoder: Wan2.2-style image to video) simply records nothing.
+
+    Returns:
+        A function that restores the instance (removes the wrappers).
+    """
+    saved: list[tuple[str, bool, Any]] = []
+    for method, region in CONDITION_REGIONS:
+        own = method in vars(pipe)
+        saved.append((method, own, vars(pipe).get(method)))
+        original = getattr(pipe, method)
+
+        def timed(*args: Any, _original: Callable = original, _region: str = region, **kwargs: Any) -> Any:
+            with timer.region(_region, apart_from=outer):
+                return _original(*args, **kwargs)
+
+        setattr(pipe, method, timed)
+
+    def restore() -> None:
+        for method, own, value in saved:
+            if own:
+                setattr(pipe, method, value)
+            else:
+                delattr(pipe, method)
+
+    return restore
+
+
 @dataclass
 class RunResult:
     """What a run produced: the files and the JSON-ready summary (also written to `json_path`)."""
@@ -347,7 +383,8 @@ def _versions(device: str) -> dict[str, str]:
 def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True) -> RunResult:
     """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
     JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
-    CLIP-encodes it and builds the first-frame condition inside the denoise stage (so that time is in `denoise`).
+    CLIP-encodes it and VAE-encodes the first-frame condition inside its pipeline call; those two stages are timed
+    as "image_encode" and "condition_encode", apart from "denoise" (`time_condition_stages`).
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
     (`load_model`); the JSON records both.
 
@@ -400,6 +437,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
                     guidance_scale=cfg.guidance, generator=torch.Generator("cpu").manual_seed(cfg.seed),
                     output_type="latent", callback_on_step_end=on_step_end, return_dict=False, **extra)[0]
 
+    unwrap = time_condition_stages(pipe, timer) if cfg.image is not None else (lambda: None)
     try:
         with torch.inference_mode():
             warmup_s = 0.0
@@ -432,6 +470,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         hint = f"; try {' and '.join(hints)}" if hints else ""
         raise RunFailure(f"out of GPU memory while generating ({str(e).splitlines()[0]}){hint}") from e
     finally:
+        unwrap()
         for p in patches:
             p.remove()
     from .video import to_uint8_frames, write_json, write_mp4

@@ -80,6 +80,11 @@ RandomWeights = Annotated[bool, typer.Option(help="The preset's real architectur
                                                   "prompt embeddings (timing without a download).")]
 AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
 Warmup = Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")]
+Offload = Annotated[str, typer.Option(help="Keep weights in CPU memory and move them to the GPU as needed (CUDA "
+                                           "only): 'none', 'model' (whole components in turn) or 'group' (one "
+                                           "transformer block at a time, prefetched on a CUDA stream).")]
+VaeTiling = Annotated[str, typer.Option(help="Decode (and encode) with diffusers' spatially tiled VAE: 'on', 'off', "
+                                             "or 'auto' (on for frames of more than 480x832 pixels).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
 Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
 
@@ -105,7 +110,9 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
         s = result.summary
         title = (f"{s['model']} | attn {s['attn']}"
                  + (f" (sparsity {cfg.sparsity})" if cfg.sparsity is not None else "")
-                 + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} steps | {cfg.device} {cfg.dtype}")
+                 + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} steps | {cfg.device} {cfg.dtype}"
+                 + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
+                 + (" | VAE tiled" if s["vae_tiling"] else ""))
         con.print(result.report.rich_table(title=title))
         con.print(f"attention backend share of DiT time: {100 * result.report.attention_share_of_dit:.1f}%",
                   highlight=False)
@@ -123,7 +130,8 @@ def t2v(
     negative_prompt: NegativePrompt = None, seed: Seed = 0,
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Warmup = 0, json_out: JsonOut = False, verbose: Verbose = False,
+    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", json_out: JsonOut = False,
+    verbose: Verbose = False,
 ) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
     settings = {k: v for k, v in locals().items() if k not in ("prompt", "json_out", "verbose")}
@@ -144,7 +152,8 @@ def i2v(
     negative_prompt: NegativePrompt = None, seed: Seed = 0,
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Warmup = 0, json_out: JsonOut = False, verbose: Verbose = False,
+    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", json_out: JsonOut = False,
+    verbose: Verbose = False,
 ) -> None:
     """Image to video: animate IMAGE (the first frame) into an mp4, with the timing breakdown of t2v."""
     settings = {k: v for k, v in locals().items() if k not in ("image", "prompt", "fit", "json_out", "verbose")}

@@ -26,6 +26,15 @@ DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 TILE_FITS = ("partial", "crop")
+OFFLOADS = ("none", "model", "group")
+VAE_TILINGS = ("auto", "on", "off")
+# `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
+# the 1.3B's default size keeps diffusers' default (untiled) decode. The criterion is the frame area, not
+# pixels x frames: diffusers' AutoencoderKLWan decodes one latent frame at a time (a causal feature cache carries
+# the rest), so its activation peak grows with height x width, and its tiling splits frames spatially only
+# (256 px tiles, 192 px stride). So 720p (2.3x the area) and Wan2.2-5B's 704 x 1280 are tiled, 480p and smaller
+# are not. The memory saved and the time tiling costs were not measured for this choice.
+VAE_TILING_AUTO_MAX_AREA = 480 * 832
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -85,6 +94,13 @@ class RunConfig:
     warmup: int
     image: Path | None = None
     fit: str | None = None
+    offload: str = "none"  # none | model | group (CUDA only); see vsagen.pipeline.place_pipeline
+    vae_tiling: str = "auto"  # auto | on | off, as asked; `vae_tiled` is the decision
+
+    @property
+    def vae_tiled(self) -> bool:
+        """Whether the VAE runs tiled (`--vae-tiling`, `auto` resolved by `vae_tiling_enabled`)."""
+        return vae_tiling_enabled(self.vae_tiling, self.height, self.width)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
@@ -95,6 +111,14 @@ class RunConfig:
         d["out"], d["json_out"] = str(self.out), str(self.json_out)
         d["image"] = str(self.image) if self.image is not None else None
         return d
+
+
+def vae_tiling_enabled(mode: str, height: int, width: int) -> bool:
+    """`--vae-tiling` as a decision: `on` / `off` as given; `auto` tiles frames of more than
+    `VAE_TILING_AUTO_MAX_AREA` pixels (more than Wan2.1's 480 x 832; see the constant for why the frame area)."""
+    if mode == "auto":
+        return height * width > VAE_TILING_AUTO_MAX_AREA
+    return mode == "on"
 
 
 def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
@@ -238,13 +262,16 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
-            fit: str = "crop") -> RunConfig:
+            fit: str = "crop", offload: str = "none", vae_tiling: str = "auto") -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
     `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
     two-expert model (flag > preset `guidance_2` > `guidance`); giving it for a one-expert model is an error.
     `image` (a PNG / JPEG / WebP path) makes it an image-to-video request: the model must be an image-to-video
     one (and the reverse); `fit` (crop | resize, see `vsagen.image`) says how the image is brought to the size.
+    `offload` (none | model | group) keeps weights in CPU memory and moves them to the GPU as they are needed
+    (diffusers' model / group offloading; CUDA only). `vae_tiling` (auto | on | off) tiles the VAE
+    (`vae_tiling_enabled` says when `auto` does).
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid).
@@ -259,6 +286,10 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if device not in DEVICES:
         raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if offload not in OFFLOADS:
+        raise BadInput(f"--offload must be one of {', '.join(OFFLOADS)}, got {offload!r}")
+    if vae_tiling not in VAE_TILINGS:
+        raise BadInput(f"--vae-tiling must be one of {', '.join(VAE_TILINGS)}, got {vae_tiling!r}")
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
         raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
     src = resolve_model(model)
@@ -325,6 +356,10 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     if warmup < 0:
         raise BadInput(f"--warmup must be >= 0, got {warmup}")
     dev = resolve_device(device)
+    if offload != "none" and dev != "cuda":
+        how = "--device cpu" if device == "cpu" else "--device auto found no CUDA"
+        raise BadInput(f"--offload {offload} moves weights between CPU and GPU memory and needs CUDA, but this run is "
+                       f"on the CPU ({how}); use --offload none")
     dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
     out = Path(out) if out is not None else _default_out(model, attn, seed, overwrite)
     if not out.name or out.name in (".", ".."):
@@ -339,4 +374,5 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         flow_shift=flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
+        offload=offload, vae_tiling=vae_tiling,
     )

@@ -1,9 +1,11 @@
 """Load a Wan pipeline (tiny | local directory | hub id | random weights), patch it, run it, crop, write.
 
 Data flow: RunConfig -> diffusers WanPipeline (text to video) or WanImageToVideoPipeline (image to video: the
-input image fitted to the requested size, CLIP-encoded and VAE-encoded into the condition by diffusers) -> patch every transformer (`transformer`, and `transformer_2` of
-two-expert pipelines: processor + tile-order hooks + per-expert timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at the crop plan's size ->
-crop the latent back -> VAE decode -> mp4 + timing JSON.
+input image fitted to the requested size, CLIP-encoded and VAE-encoded into the condition by diffusers) -> weights
+placed on the device, or offloaded (`--offload model|group`, diffusers' own offloading) -> VAE tiling on or off
+(`--vae-tiling`) -> patch every transformer (`transformer`, and `transformer_2` of two-expert pipelines: processor
++ tile-order hooks + per-expert timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at
+the crop plan's size -> crop the latent back -> VAE decode -> mp4 + timing JSON.
 """
 
 from __future__ import annotations
@@ -174,8 +176,51 @@ def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift
                        expand_timesteps=preset.expand_timesteps)
 
 
+# `--offload group`: diffusers' group offloading, one transformer block per group (the smallest GPU footprint
+# block-level offloading has), on CUDA with a side stream that prefetches the next block while the current one runs
+# (diffusers then pins the CPU copies of the weights). Components without ModuleList blocks (the text and image
+# encoders) move as one group. The VAE stays on the GPU: its weights are small next to its activations (the Wan2.1
+# VAE has 127 M parameters), and diffusers warns that streamed group offloading of an autoencoder may not work when
+# its first forward runs tiled (`--vae-tiling`).
+GROUP_OFFLOAD = {"offload_type": "block_level", "num_blocks_per_group": 1}
+GROUP_OFFLOAD_KEEP_ON_DEVICE = ["vae"]
+
+
+def place_pipeline(pipe: Any, offload: str, device: str) -> None:
+    """Put the pipeline's weights where `offload` says; this replaces `pipe.to(device)`.
+
+    * `none`: every component on `device`.
+    * `model`: `pipe.enable_model_cpu_offload()`: components stay in CPU memory and each moves whole to the GPU
+      when it runs (text encoder, image encoder, transformer(s), VAE in turn; the previous one goes back).
+    * `group`: `pipe.enable_group_offload(...)` with `GROUP_OFFLOAD` (block level, one block per group; a CUDA
+      stream prefetches the next block when `device` is CUDA), the VAE kept on the device.
+
+    Offloading installs diffusers' / accelerate's hooks by replacing the modules' `forward`; vsagen's own hooks
+    (`patch_transformer`) are torch forward hooks, which `Module.__call__` runs around `forward`, so they run first
+    on the way in (before the weights are onloaded) and last on the way out, whichever is installed first.
+    Call this after anything that adds or converts weights (trained VSA gates, the VAE dtype): group offloading
+    records the parameters it manages when it is enabled.
+    `resolve` refuses offloading without CUDA; this function itself also runs with `device="cpu"` (no stream),
+    which is how the tests exercise the hooks on a CPU-only machine.
+    """
+    import torch
+
+    if offload == "none":
+        pipe.to(device)
+    elif offload == "model":
+        pipe.enable_model_cpu_offload(device=torch.device(device))
+    elif offload == "group":
+        onload = torch.device(device)
+        pipe.enable_group_offload(onload_device=onload, offload_device=torch.device("cpu"),
+                                  use_stream=onload.type == "cuda", exclude_modules=GROUP_OFFLOAD_KEEP_ON_DEVICE,
+                                  **GROUP_OFFLOAD)
+    else:
+        raise ValueError(f"unknown offload mode {offload!r}")
+
+
 def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
-    """Load (or build) the pipeline for `cfg` on its device and dtype.
+    """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
+    see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says.
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
@@ -191,7 +236,9 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
     notes: list[str] = []
     weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
     if cfg.random_weights:
-        pipe = _random_weights_pipeline(preset, dtype, cfg.device, cfg.flow_shift, cfg.image is not None)
+        # offloaded weights live in CPU memory: build them there (the model may not fit on the GPU at once)
+        build_on = cfg.device if cfg.offload == "none" else "cpu"
+        pipe = _random_weights_pipeline(preset, dtype, build_on, cfg.flow_shift, cfg.image is not None)
         notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
     else:
         if src.kind == "tiny":
@@ -219,7 +266,6 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
             except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
                 weight_root = None
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
-    pipe.to(cfg.device)
     vae_dtype = preset.defaults.vae_dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
@@ -229,6 +275,14 @@ def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
         gates += _load_gate_compress(t, weight_root / name if weight_root is not None else None)
     if gates:
         notes.append(f"loaded trained VSA gates (to_gate_compress) for {gates} layers")
+    place_pipeline(pipe, cfg.offload, cfg.device)  # after the gates and the VAE dtype (see place_pipeline)
+    if cfg.offload != "none":
+        notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
+                     "the timed regions that trigger them (text encode, DiT forwards, ...)")
+    if cfg.vae_tiled:
+        pipe.vae.enable_tiling()
+    else:
+        pipe.vae.disable_tiling()
     return LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, gate_layers=gates)
 
 
@@ -268,6 +322,42 @@ def _decode(pipe: Any, latents: Any) -> Any:
     return vae.decode(latents * std + mean, return_dict=False)[0]
 
 
+# Image to video: the pipeline methods timed apart from "denoise", and their regions (see vsagen.timing).
+CONDITION_REGIONS = (("encode_image", "image_encode"), ("prepare_latents", "condition_encode"))
+
+
+def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Callable[[], None]:
+    """Time an image-to-video pipeline's `encode_image` (region "image_encode": the CLIP image encoder) and
+    `prepare_latents` ("condition_encode": VAE encode of the condition video, plus the initial noise) as regions
+    of their own, carved out of the open region `outer` (`Timer.region(apart_from=...)`), by wrapping the two
+    methods on this pipeline instance (diffusers' `__call__` looks them up on `self`). A method the pipeline does
+    not call (no CLIP encoder: Wan2.2-style image to video) simply records nothing.
+
+    Returns:
+        A function that restores the instance (removes the wrappers).
+    """
+    saved: list[tuple[str, bool, Any]] = []
+    for method, region in CONDITION_REGIONS:
+        own = method in vars(pipe)
+        saved.append((method, own, vars(pipe).get(method)))
+        original = getattr(pipe, method)
+
+        def timed(*args: Any, _original: Callable = original, _region: str = region, **kwargs: Any) -> Any:
+            with timer.region(_region, apart_from=outer):
+                return _original(*args, **kwargs)
+
+        setattr(pipe, method, timed)
+
+    def restore() -> None:
+        for method, own, value in saved:
+            if own:
+                setattr(pipe, method, value)
+            else:
+                delattr(pipe, method)
+
+    return restore
+
+
 @dataclass
 class RunResult:
     """What a run produced: the files and the JSON-ready summary (also written to `json_path`)."""
@@ -298,7 +388,10 @@ def _versions(device: str) -> dict[str, str]:
 def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True) -> RunResult:
     """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
     JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
-    CLIP-encodes it and builds the first-frame condition inside the denoise stage (so that time is in `denoise`).
+    CLIP-encodes it and VAE-encodes the first-frame condition inside its pipeline call; those two stages are timed
+    as "image_encode" and "condition_encode", apart from "denoise" (`time_condition_stages`).
+    The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
+    (`load_model`); the JSON records both.
 
     Raises:
         BadInput: invalid request found only once the model is known (e.g. backend vs dtype).
@@ -349,6 +442,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
                     guidance_scale=cfg.guidance, generator=torch.Generator("cpu").manual_seed(cfg.seed),
                     output_type="latent", callback_on_step_end=on_step_end, return_dict=False, **extra)[0]
 
+    unwrap = time_condition_stages(pipe, timer) if cfg.image is not None else (lambda: None)
     try:
         with torch.inference_mode():
             warmup_s = 0.0
@@ -376,8 +470,12 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
             t_write = time.perf_counter()
             frames = pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]
     except torch.cuda.OutOfMemoryError as e:
-        raise RunFailure(f"out of GPU memory while generating ({str(e).splitlines()[0]})") from e
+        hints = ([] if cfg.offload != "none" else ["--offload group (or model)"]) + \
+                ([] if cfg.vae_tiled else ["--vae-tiling on"])
+        hint = f"; try {' and '.join(hints)}" if hints else ""
+        raise RunFailure(f"out of GPU memory while generating ({str(e).splitlines()[0]}){hint}") from e
     finally:
+        unwrap()
         for p in patches:
             p.remove()
     from .video import to_uint8_frames, write_json, write_mp4
@@ -401,6 +499,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "image": str(cfg.image) if cfg.image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
         "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
+        "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,

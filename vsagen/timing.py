@@ -2,14 +2,19 @@
 
 On CUDA every region is a pair of CUDA events recorded on the current stream; nothing synchronizes until
 `Timer.finish`, which synchronizes once and reads all the events. On CPU regions use `time.perf_counter`
-(CPU work is synchronous). Regions may nest; the report adds regions of the same name.
+(CPU work is synchronous). Regions may nest; the report adds regions of the same name. A region opened with
+`region(name, apart_from=outer)` is carved out of the open region `outer`: `outer` is closed while it runs and
+reopened after it, so its time is recorded once, under `name`, and `outer`'s pieces add up to the rest (nothing
+is subtracted afterwards).
 
-Region names used by vsagen: "total", "text_encode", "denoise" (the whole sampling loop), "dit" (one
-transformer forward; tagged with the denoising step), "dit/<expert>" (the same forward again, named by the
-pipeline component that ran it: "transformer", or "transformer_2" for the second expert of a two-expert
-pipeline), "attn1" (the whole self-attention module: projections,
-norms, RoPE, backend, output projection), "self_attention" (the backend call alone) and
-"self_attention/<stage>" for the stages a backend reports (e.g. VSA's "coarse" and "fine"), "vae_decode".
+Region names used by vsagen: "total", "text_encode", "image_encode" (image to video: diffusers' `encode_image`,
+the CLIP image encoder), "condition_encode" (image to video: diffusers' `prepare_latents`, i.e. the VAE encode of
+the condition video plus the initial noise), both carved out of "denoise" (the diffusers pipeline call: the
+sampling loop and its set-up), "dit" (one transformer forward; tagged with the denoising step), "dit/<expert>"
+(the same forward again, named by the pipeline component that ran it: "transformer", or "transformer_2" for the
+second expert of a two-expert pipeline), "attn1" (the whole self-attention module: projections, norms, RoPE,
+backend, output projection), "self_attention" (the backend call alone) and "self_attention/<stage>" for the
+stages a backend reports (e.g. VSA's "coarse" and "fine"), "vae_decode".
 """
 
 from __future__ import annotations
@@ -62,13 +67,37 @@ class Timer:
         self._records.append((name, step, begin, self._now()))
 
     @contextmanager
-    def region(self, name: str) -> Iterator[None]:
-        """Time the body as region `name`."""
+    def region(self, name: str, *, apart_from: str | None = None) -> Iterator[None]:
+        """Time the body as region `name`.
+
+        With `apart_from`, every open region of that name is closed for the duration of the body (the piece so
+        far is recorded) and reopened right after it, so the body's time appears under `name` only; the report
+        adds the pieces of the enclosing region. Regions opened inside the body nest as usual.
+        """
+        paused = self._pause(apart_from) if apart_from is not None and self.enabled else []
         token = self.start(name)
         try:
             yield
         finally:
             self.stop(token)
+            self._resume(paused)
+
+    def _pause(self, name: str) -> list[tuple[int, str, int]]:
+        """Close the open regions called `name` (recording the piece so far); returns what `_resume` reopens."""
+        paused = [(tok, n, step) for tok, (n, step, _) in self._open.items() if n == name]
+        if paused:
+            now = self._now()
+            for tok, n, step in paused:
+                _, _, begin = self._open.pop(tok)
+                self._records.append((n, step, begin, now))
+        return paused
+
+    def _resume(self, paused: list[tuple[int, str, int]]) -> None:
+        """Reopen regions closed by `_pause` under their old tokens (so their owners' `stop` still works)."""
+        if paused:
+            now = self._now()
+            for tok, n, step in paused:
+                self._open[tok] = (n, step, now)
 
     def finish(self) -> list[tuple[str, int, float]]:
         """Synchronize once (CUDA) and return (name, step, seconds) for every closed region."""
@@ -99,6 +128,12 @@ class TimingReport:
     `attn1_s` is the whole self-attention module including projections, q/k norms, RoPE and output
     projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
     to the end of the VAE decode; `load_s` and `write_s` (host clock) are outside it.
+
+    Image to video only (0 otherwise): `image_encode_s` is diffusers' `encode_image` (CLIP image encoder; Wan2.1
+    I2V) and `condition_encode_s` its `prepare_latents` (VAE encode of the condition video and the initial noise).
+    Both are measured apart from `denoise_s` (see `Timer.region(apart_from=...)`), so text_encode_s +
+    image_encode_s + condition_encode_s + denoise_s + vae_decode_s <= total_s: no region is counted twice.
+    With `--offload`, weight transfers are inside the regions that trigger them (the DiT forwards, the encoders).
     """
 
     device: str
@@ -113,6 +148,8 @@ class TimingReport:
     self_attention_stages_s: dict[str, float]
     vae_decode_s: float
     attention_share_of_dit: float
+    image_encode_s: float = 0.0
+    condition_encode_s: float = 0.0
     load_s: float = 0.0
     write_s: float = 0.0
     warmup_s: float = 0.0
@@ -143,6 +180,7 @@ class TimingReport:
             dit_per_step_s=[per_step[s] for s in sorted(per_step)],
             attn1_s=total["attn1"], self_attention_s=total["self_attention"], self_attention_stages_s=stages,
             vae_decode_s=total["vae_decode"],
+            image_encode_s=total["image_encode"], condition_encode_s=total["condition_encode"],
             attention_share_of_dit=(total["self_attention"] / dit) if dit > 0 else 0.0,
             **extra,
         )
@@ -168,6 +206,10 @@ class TimingReport:
             t.add_row(name, f"{sec:.3f}", pct(sec, self.total_s), pct(sec, self.dit_s) if dit_share else "")
 
         row("text encode", self.text_encode_s)
+        if self.image_encode_s:
+            row("image encode (CLIP)", self.image_encode_s)
+        if self.condition_encode_s:
+            row("condition encode (VAE)", self.condition_encode_s)
         row("denoise loop", self.denoise_s)
         steps = len(self.dit_per_step_s)
         row(f"  DiT ({self.dit_forwards} forwards, {steps} steps)", self.dit_s, True)

@@ -30,7 +30,13 @@ from .base import AttentionBackend
 
 
 class TiledRope(tuple):
-    """(cos, sin) RoPE tables in tile order, each (1, S, 1, D) float32, carrying their `TileLayout`."""
+    """(cos, sin) RoPE tables in tile order, each (1, S, 1, D) float32, carrying their `TileLayout`.
+
+    It has a `to()` so that code which moves a block's arguments between devices keeps it whole: diffusers'
+    group offloading (`--offload group`) runs accelerate's `send_to_device` on every block's arguments, which
+    calls `.to()` on anything that has one and would otherwise rebuild a tuple subclass from a generator
+    (losing the layout, or failing in `__new__`).
+    """
 
     layout: TileLayout
 
@@ -38,6 +44,12 @@ class TiledRope(tuple):
         obj = super().__new__(cls, (cos, sin))
         obj.layout = layout
         return obj
+
+    def to(self, *args: Any, **kwargs: Any) -> "TiledRope":
+        """`Tensor.to` on cos and sin (same arguments); the layout travels along unchanged (its index tensors
+        follow the data's device where they are used)."""
+        cos, sin = self
+        return TiledRope(cos.to(*args, **kwargs), sin.to(*args, **kwargs), self.layout)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

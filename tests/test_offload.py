@@ -1,0 +1,402 @@
+"""`--offload`, `--vae-tiling` and the image-to-video timing regions (issue 4). CPU, tiny models, private cache.
+
+This machine has no CUDA, and offloading is CUDA only: the CLI refuses it on the CPU (tested here). The offload
+code path itself (`place_pipeline`, diffusers' / accelerate's offload hooks under vsagen's tile-order hooks and
+timers) is exercised on the CPU by handing `generate` a RunConfig with `offload` set (which `resolve` would
+refuse), the CPU standing in for the GPU: model offload through accelerate's hooks, group offload through
+diffusers' hooks without a CUDA stream. The CUDA-stream prefetch path (`use_stream=True`) cannot run here; only
+the arguments vsagen hands diffusers for it are checked (monkeypatched methods).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+from vsagen.config import VAE_TILING_AUTO_MAX_AREA, resolve, vae_tiling_enabled
+from vsagen.video import read_mp4
+
+runner = CliRunner()
+# Small runs: 5 frames of 64 x 64 (grid 2 x 4 x 4), CFG on (two forwards a step).
+SMALL = dict(frames=5, height=64, width=64, steps=2, device="cpu")
+SMALL_ARGS = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"]
+# A frame wider than diffusers' VAE tile (256 px), so `--vae-tiling on` really splits it; 288 / 16 = 18 post-patch
+# positions, inside the tiny transformer's RoPE range (32).
+WIDE_ARGS = ["--frames", "5", "--height", "64", "--width", "288", "--steps", "1"]
+# Sums of disjoint perf_counter intervals vs their enclosing one: equal up to float rounding of the sum.
+SUM_SLACK_S = 1e-9
+
+
+def one_error_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and res.stdout == "", res.output
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def noise_image(path, size=(48, 40), seed=0):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return path
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    """Replaces vsagen.pipeline.generate: records the RunConfig the CLI resolved."""
+    configs = []
+
+    def fake(cfg, *, log=None, progress=True):
+        configs.append(cfg)
+
+        class Result:
+            summary = {"video": str(cfg.out)}
+
+        return Result()
+
+    monkeypatch.setattr("vsagen.pipeline.generate", fake)
+    return configs
+
+
+@pytest.fixture
+def placed(monkeypatch):
+    """Spies on vsagen.pipeline.place_pipeline (the real one still runs): [(pipe, offload, device)]."""
+    import vsagen.pipeline
+
+    calls = []
+    real = vsagen.pipeline.place_pipeline
+
+    def spy(pipe, offload, device):
+        real(pipe, offload, device)
+        calls.append((pipe, offload, device))
+
+    monkeypatch.setattr(vsagen.pipeline, "place_pipeline", spy)
+    return calls
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Flags: parsing, defaults, validation
+
+
+def test_flags_reach_the_config_with_their_defaults(recorder, tmp_path, monkeypatch):
+    res = runner.invoke(app, ["t2v", "p", "--model", "tiny", "--out", str(tmp_path / "a.mp4"), "--json"])
+    assert res.exit_code == 0, res.output
+    assert (recorder[-1].offload, recorder[-1].vae_tiling, recorder[-1].vae_tiled) == ("none", "auto", False)
+    res = runner.invoke(app, ["t2v", "p", "--model", "tiny", "--out", str(tmp_path / "b.mp4"), "--json",
+                              "--vae-tiling", "on"])
+    assert res.exit_code == 0, res.output
+    assert (recorder[-1].vae_tiling, recorder[-1].vae_tiled) == ("on", True)
+    assert recorder[-1].summary()["vae_tiling"] == "on" and recorder[-1].summary()["offload"] == "none"
+    img = noise_image(tmp_path / "in.png")
+    res = runner.invoke(app, ["i2v", str(img), "p", "--model", "tiny-i2v", "--out", str(tmp_path / "c.mp4"),
+                              "--json", "--vae-tiling", "off"])
+    assert res.exit_code == 0, res.output
+    assert (recorder[-1].vae_tiling, recorder[-1].vae_tiled) == ("off", False)
+    # With CUDA (faked: nothing runs, generate is the recorder) every offload mode is accepted, for both commands.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for mode in ("model", "group"):
+        res = runner.invoke(app, ["t2v", "p", "--model", "tiny", "--out", str(tmp_path / f"t-{mode}.mp4"), "--json",
+                                  "--offload", mode])
+        assert res.exit_code == 0, res.output
+        assert (recorder[-1].offload, recorder[-1].device) == (mode, "cuda")
+        res = runner.invoke(app, ["i2v", str(img), "p", "--model", "tiny-i2v", "--out", str(tmp_path / f"i-{mode}.mp4"),
+                                  "--json", "--offload", mode, "--device", "cuda"])
+        assert res.exit_code == 0, res.output
+        assert (recorder[-1].offload, recorder[-1].device) == (mode, "cuda")
+
+
+BAD = [
+    ("offload-value", ["--offload", "disk"], ["--offload", "none, model, group", "disk"]),
+    ("vae-tiling-value", ["--vae-tiling", "maybe"], ["--vae-tiling", "auto, on, off", "maybe"]),
+    ("offload-model-cpu", ["--offload", "model", "--device", "cpu"], ["--offload model", "CUDA", "--offload none"]),
+    ("offload-group-cpu", ["--offload", "group", "--device", "cpu"], ["--offload group", "CUDA", "--device cpu"]),
+    ("offload-auto-no-cuda", ["--offload", "group"], ["--offload group", "CUDA", "--device auto"]),
+]
+
+
+@pytest.mark.parametrize("command", ["t2v", "i2v"])
+@pytest.mark.parametrize("case_id,extra,needles", BAD, ids=[b[0] for b in BAD])
+def test_bad_flags_one_error_line_exit_2(vsagen_cache, tmp_path, command, case_id, extra, needles):
+    if case_id == "offload-auto-no-cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here: --device auto resolves to cuda")
+    img = noise_image(tmp_path / "in.png")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    out = ["--out", str(tmp_path / "o" / "x.mp4")]
+    args = (["t2v", "a fox", "--model", "tiny"] if command == "t2v"
+            else ["i2v", str(img), "a fox", "--model", "tiny-i2v"])
+    line = one_error_line(runner.invoke(app, [*args, *extra, *out]))
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
+
+
+def test_vae_tiling_auto_threshold(tmp_path):
+    assert VAE_TILING_AUTO_MAX_AREA == 480 * 832
+    assert not vae_tiling_enabled("auto", 480, 832)  # Wan2.1-1.3B's native size: untiled
+    assert not vae_tiling_enabled("auto", 832, 480)
+    assert vae_tiling_enabled("auto", 720, 1280) and vae_tiling_enabled("auto", 704, 1280)
+    assert vae_tiling_enabled("auto", 496, 832)  # one step above the area
+    assert vae_tiling_enabled("on", 16, 16) and not vae_tiling_enabled("off", 720, 1280)
+    # the presets' defaults resolve without weights: 1.3B at 480p untiled, 14B at 720p tiled
+    assert not resolve("p", model="wan2.1-t2v-1.3b", device="cpu", out=tmp_path / "a.mp4").vae_tiled
+    assert resolve("p", model="wan2.1-t2v-14b", device="cpu", out=tmp_path / "b.mp4").vae_tiled
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Offload: which diffusers API is called, and that its hooks compose with vsagen's
+
+
+class _FakePipe:
+    def __init__(self):
+        self.calls = []
+
+    def to(self, device):
+        self.calls.append(("to", (device,), {}))
+
+    def enable_model_cpu_offload(self, **kw):
+        self.calls.append(("enable_model_cpu_offload", (), kw))
+
+    def enable_group_offload(self, **kw):
+        self.calls.append(("enable_group_offload", (), kw))
+
+
+def test_place_pipeline_uses_diffusers_offload_apis():
+    from vsagen.pipeline import place_pipeline
+
+    expected = {
+        "none": ("to", ("cuda",), {}),
+        "model": ("enable_model_cpu_offload", (), {"device": torch.device("cuda")}),
+        "group": ("enable_group_offload", (), {
+            "onload_device": torch.device("cuda"), "offload_device": torch.device("cpu"),
+            "offload_type": "block_level", "num_blocks_per_group": 1, "use_stream": True,
+            "exclude_modules": ["vae"]}),
+    }
+    for mode, call in expected.items():
+        pipe = _FakePipe()
+        place_pipeline(pipe, mode, "cuda")
+        assert pipe.calls == [call], mode
+    pipe = _FakePipe()
+    place_pipeline(pipe, "group", "cpu")  # no CUDA stream off CUDA (diffusers refuses streams on the CPU)
+    assert pipe.calls[0][2]["use_stream"] is False
+    with pytest.raises(ValueError):
+        place_pipeline(_FakePipe(), "disk", "cuda")
+
+
+def test_tiled_rope_survives_send_to_device():
+    """Group offloading moves every block's arguments with accelerate's send_to_device: the tile layout must
+    travel with the RoPE tables (a plain tuple subclass would be rebuilt from a generator and fail)."""
+    from accelerate.utils import send_to_device
+
+    from vsagen.attention.processor import TiledRope
+    from vsagen.layout import tile_layout
+
+    layout = tile_layout((2, 4, 4))
+    cos, sin = torch.randn(1, 32, 1, 8), torch.randn(1, 32, 1, 8)
+    moved = send_to_device((torch.zeros(1), TiledRope(cos, sin, layout)), torch.device("cpu"), non_blocking=True)
+    rope = moved[1]
+    assert isinstance(rope, TiledRope) and rope.layout is layout
+    assert torch.equal(rope[0], cos) and torch.equal(rope[1], sin)
+
+
+@pytest.mark.parametrize("order", ["offload-then-patch", "patch-then-offload"])
+def test_tile_order_hooks_compose_with_group_offload_hooks(order):
+    """vsagen's hooks are torch forward hooks, diffusers' group offloading replaces `forward`: the patched,
+    offloaded transformer gives the patched transformer's output exactly, whichever is installed first, with the
+    tile order applied once per forward (one "dit" region per forward, every layer timed)."""
+    from diffusers import WanTransformer3DModel
+    from diffusers.hooks import apply_group_offloading
+
+    from vsagen.attention import make_backend
+    from vsagen.attention.processor import patch_transformer
+    from vsagen.presets import load_preset
+    from vsagen.timing import Timer
+
+    def build():
+        torch.manual_seed(0)
+        return WanTransformer3DModel(**load_preset("tiny").transformer).eval()
+
+    g = torch.Generator().manual_seed(3)
+    inputs = dict(hidden_states=torch.randn(1, 16, 5, 12, 20, generator=g),
+                  timestep=torch.rand(1, generator=g) * 999.0, encoder_hidden_states=torch.randn(1, 9, 32, generator=g),
+                  return_dict=False)
+    backend = make_backend("vsa", 0.5, "torch")
+    ref_t = build()
+    ref_patch = patch_transformer(ref_t, backend, Timer("cpu"))
+    with torch.no_grad():
+        ref = ref_t(**inputs)[0]
+    ref_patch.remove()
+
+    t, timer = build(), Timer("cpu")
+    offload = lambda: apply_group_offloading(t, onload_device=torch.device("cpu"),  # noqa: E731
+                                             offload_type="block_level", num_blocks_per_group=1)
+    if order == "offload-then-patch":
+        offload()
+        patch = patch_transformer(t, backend, timer)
+    else:
+        patch = patch_transformer(t, backend, timer)
+        offload()
+    assert t.blocks[0]._diffusers_hook.get_hook("group_offloading") is not None
+    with torch.no_grad():
+        out = t(**inputs)[0]
+    patch.remove()
+    assert torch.equal(out, ref)
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("dit") == 1 and names.count("attn1") == len(t.blocks)
+
+
+def _offload_hooks(pipe, mode: str) -> None:
+    """Assert the offload mode's hooks are on the pipeline's transformer(s) (and the VAE as the mode says)."""
+    for name in ("transformer", "transformer_2"):
+        t = getattr(pipe, name, None)
+        if t is None:
+            continue
+        if mode == "model":
+            assert hasattr(t, "_hf_hook"), name
+        else:
+            assert t.blocks[0]._diffusers_hook.get_hook("group_offloading") is not None, name
+    if mode == "group":  # the VAE is kept on the device, without group offloading
+        assert getattr(pipe.vae, "_diffusers_hook", None) is None or \
+            pipe.vae._diffusers_hook.get_hook("group_offloading") is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-a14b", "tiny-ti2v", "tiny-i2v"])
+def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path, encoder_frames, placed, model):
+    """Each family (two experts; per-token timesteps; image to video with CLIP and a VAE-encoded condition), run
+    with VSA (tile order) under no, model and group offload on the CPU: the same frames, bit for bit, the same
+    number of DiT forwards and attention stages, and offload recorded in the JSON."""
+    from vsagen.pipeline import generate
+
+    image = noise_image(tmp_path / "in.png") if model == "tiny-i2v" else None
+    summaries = {}
+    for mode in ("none", "model", "group"):
+        cfg = resolve("a fox", model=model, attn="vsa", sparsity=0.5, attn_impl="torch", image=image,
+                      out=tmp_path / f"{mode}.mp4", **SMALL)
+        result = generate(dataclasses.replace(cfg, offload=mode), progress=False)
+        pipe, got_mode, device = placed[-1]
+        assert (got_mode, device) == (mode, "cpu")
+        if mode != "none":
+            _offload_hooks(pipe, mode)
+        assert "encode_image" not in vars(pipe) and "prepare_latents" not in vars(pipe)  # wrappers removed
+        summaries[mode] = result.summary
+        data = json.loads(result.json_path.read_text())
+        assert data["offload"] == data["config"]["offload"] == mode
+    for mode in ("model", "group"):
+        assert np.array_equal(encoder_frames[mode], encoder_frames["none"]), mode
+        for key in ("dit_forwards", "dit_forwards_by_expert"):
+            assert summaries[mode]["timing"][key] == summaries["none"]["timing"][key]
+        assert set(summaries[mode]["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
+    assert read_mp4(tmp_path / "group.mp4").shape == (5, 64, 64, 3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# VAE tiling end to end
+
+
+@pytest.mark.slow
+def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    from diffusers import AutoencoderKLWan
+
+    tiled_calls = []
+    real = AutoencoderKLWan.tiled_decode
+
+    def spy(self, *args, **kwargs):
+        tiled_calls.append(args[0].shape)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AutoencoderKLWan, "tiled_decode", spy)
+    for mode, tiled in (("on", True), ("off", False), ("auto", False)):
+        out = tmp_path / f"{mode}.mp4"
+        res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *WIDE_ARGS, "--vae-tiling", mode,
+                                  "--out", str(out), "--json"])
+        assert res.exit_code == 0, res.output
+        data = json.loads(res.stdout)
+        assert data["vae_tiling"] is tiled and data["config"]["vae_tiling"] == mode
+        assert len(tiled_calls) == (1 if tiled else 0), mode  # the decode really ran tiled (or not)
+        tiled_calls.clear()
+        assert read_mp4(out).shape == (5, 64, 288, 3)
+        assert data["timing"]["image_encode_s"] == data["timing"]["condition_encode_s"] == 0.0  # t2v
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Image to video: CLIP image encode and condition encode timed apart from the denoising loop
+
+
+def test_timer_region_apart_from_an_enclosing_region():
+    from vsagen.timing import Timer
+
+    timer = Timer("cpu")
+    with timer.region("total"):
+        with timer.region("denoise"):
+            time.sleep(0.01)
+            with timer.region("image_encode", apart_from="denoise"):
+                time.sleep(0.02)
+                with timer.region("inner"):  # regions inside a carved-out one nest as usual
+                    time.sleep(0.001)
+            time.sleep(0.01)
+        with timer.region("other", apart_from="denoise"):  # no open "denoise": nothing to carve
+            pass
+    records = timer.finish()
+    total = lambda n: sum(s for name, _, s in records if name == n)  # noqa: E731
+    assert [n for n, _, _ in records].count("denoise") == 2  # two pieces, around the carved-out region
+    assert total("image_encode") >= 0.02 and total("denoise") >= 0.02
+    assert total("inner") <= total("image_encode")
+    assert total("denoise") + total("image_encode") <= total("total") + SUM_SLACK_S
+
+
+@pytest.mark.slow
+def test_i2v_timing_has_image_and_condition_encode_apart_from_denoise(vsagen_cache, tmp_path):
+    img = noise_image(tmp_path / "in.png")
+    res = runner.invoke(app, ["i2v", str(img), "a fox", "--model", "tiny-i2v", *SMALL_ARGS, "--warmup", "1",
+                              "--out", str(tmp_path / "v.mp4"), "--json"])
+    assert res.exit_code == 0, res.output
+    t = json.loads(res.stdout)["timing"]
+    assert t["image_encode_s"] > 0 and t["condition_encode_s"] > 0
+    assert t["dit_forwards"] == 2  # one step with CFG; the warm-up's forwards (and encodes) are not counted
+    assert 0 < t["dit_s"] <= t["denoise_s"]
+    # disjoint regions inside "total": nothing is counted twice
+    parts = t["text_encode_s"] + t["image_encode_s"] + t["condition_encode_s"] + t["denoise_s"] + t["vae_decode_s"]
+    assert parts <= t["total_s"] + SUM_SLACK_S
+    assert t["denoise_s"] + t["image_encode_s"] + t["condition_encode_s"] <= t["total_s"]
+    # the table shows both regions
+    res = runner.invoke(app, ["i2v", str(img), "a fox", "--model", "tiny-i2v", *SMALL_ARGS,
+                              "--out", str(tmp_path / "w.mp4")])
+    assert res.exit_code == 0, res.output
+    assert "image encode (CLIP)" in res.stdout and "condition encode (VAE)" in res.stdout
+
+
+def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
+    """`time_condition_stages` wraps the two methods on the instance only, times them apart from the open outer
+    region, passes arguments and results through, and `restore` leaves the instance as it was."""
+    from vsagen.pipeline import time_condition_stages
+    from vsagen.timing import Timer
+
+    class Pipe:
+        def encode_image(self, image, device=None):
+            time.sleep(0.005)
+            return ("embeds", image, device)
+
+        def prepare_latents(self, *args, **kwargs):
+            time.sleep(0.005)
+            return ("latents", args, kwargs)
+
+    pipe, timer = Pipe(), Timer("cpu")
+    restore = time_condition_stages(pipe, timer)
+    assert {"encode_image", "prepare_latents"} <= set(vars(pipe))
+    with timer.region("denoise"):
+        assert pipe.encode_image("img", "cpu") == ("embeds", "img", "cpu")
+        assert pipe.prepare_latents(1, k=2) == ("latents", (1,), {"k": 2})
+    restore()
+    assert vars(pipe) == {}
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("image_encode") == names.count("condition_encode") == 1
+    assert names.count("denoise") == 3  # before, between and after the two carved-out stages

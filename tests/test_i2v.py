@@ -152,6 +152,33 @@ def test_i2v_with_vsa_torch(i2v_dir, tmp_path):
     assert read_mp4(out).shape == (5, 64, 64, 3)
 
 
+def test_i2v_tile_fit_crop_denoises_larger_and_writes_the_requested_size(i2v_dir, tmp_path):
+    img = noise_image(tmp_path / "in.png", size=(80, 48))
+    out = tmp_path / "c.mp4"
+    res = i2v(str(img), "a fox", "--model", "tiny-i2v", "--tile-fit", "crop", "--frames", "5", "--height", "48",
+              "--width", "80", "--steps", "1", "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    den = data["denoised"]  # grid 2 x 3 x 5 rounded up to 4 x 4 x 8 tiles' worth of tokens
+    assert (den["frames"], den["height"], den["width"]) == (13, 64, 128) and den["full_tiles"] == den["tiles"]
+    assert read_mp4(out).shape == (5, 48, 80, 3)
+
+
+def test_extend_to_keeps_the_image_in_the_top_left_corner():
+    from vsagen.image import extend_to
+
+    rng = np.random.default_rng(3)
+    src = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    big = np.asarray(extend_to(src, 8, 11))
+    assert big.shape == (8, 11, 3)
+    assert np.array_equal(big[:5, :7], np.asarray(src))
+    assert np.array_equal(big[5:, :7], np.repeat(np.asarray(src)[4:5], 3, axis=0))  # last row repeated
+    assert np.array_equal(big[:, 7:], np.repeat(big[:, 6:7], 4, axis=1))  # last column repeated
+    assert extend_to(src, 5, 7) is src
+    with pytest.raises(ValueError):
+        extend_to(src, 4, 7)
+
+
 def test_i2v_random_weights(vsagen_cache, tmp_path):
     img = noise_image(tmp_path / "in.png")
     res = i2v(str(img), "a fox", "--model", "tiny-i2v", "--random-weights", *SMALL, "--out",
@@ -196,8 +223,7 @@ def test_t2v_with_an_i2v_model(vsagen_cache, tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["   "], "prompt"),
     (["a fox", "--fit", "stretch"], "--fit"),
-    (["a fox", "--tile-fit", "crop"], "--tile-fit"),
-], ids=["whitespace-prompt", "bad-fit", "tile-fit-crop"])
+], ids=["whitespace-prompt", "bad-fit"])
 def test_bad_i2v_options(vsagen_cache, tmp_path, args, needle):
     img = noise_image(tmp_path / "in.png")
     line = one_error_line(i2v(str(img), *args, "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")))

@@ -75,7 +75,7 @@ Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Device = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
 Dtype = Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
 TileFit = Annotated[str, typer.Option(help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' (denoise a "
-                                           "larger latent, crop before decode; text to video only).")]
+                                           "larger latent, crop before decode).")]
 RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
                                                   "prompt embeddings (timing without a download).")]
 AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]

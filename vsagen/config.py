@@ -303,9 +303,6 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
 
         if fit not in FITS:
             raise BadInput(f"--fit must be one of {', '.join(FITS)}, got {fit!r}")
-        if tile_fit == "crop":
-            raise BadInput("--tile-fit crop is not supported for image to video yet (the image condition is built "
-                           "at the denoised size); use --tile-fit partial")
         image = Path(image)
         open_image(image)  # readable now, or one message naming the path
     d = src.preset.defaults

@@ -3,6 +3,10 @@
 Fit modes (the aspect ratio is always kept; the result is exactly height x width):
 * `crop`: scale to cover the target, then center-crop the overflow (nothing added, edges may be lost).
 * `resize`: scale to fit inside the target, then pad the rest with black, centered (nothing lost, borders added).
+
+With `--tile-fit crop` the video is denoised at a larger size and cropped back to its top-left corner before
+decoding; the fitted image is then extended to that size by repeating its last row and column
+(`extend_to`), so the cropped first frame is exactly the fitted image.
 """
 
 from __future__ import annotations
@@ -55,3 +59,22 @@ def fit_image(image, height: int, width: int, fit: str):
     canvas = Image.new("RGB", (width, height))
     canvas.paste(scaled, ((width - nw) // 2, (height - nh) // 2))
     return canvas
+
+
+def extend_to(image, height: int, width: int):
+    """`image` (PIL, RGB, h x w) extended to height x width (>= h, w) at the bottom and right by repeating its
+    last row and column; the top-left h x w corner is `image` unchanged.
+
+    Raises:
+        ValueError: a target smaller than the image.
+    """
+    import numpy as np
+    from PIL import Image
+
+    arr = np.asarray(image)
+    dh, dw = height - arr.shape[0], width - arr.shape[1]
+    if dh < 0 or dw < 0:
+        raise ValueError(f"cannot extend a {arr.shape[1]}x{arr.shape[0]} image to {width}x{height}")
+    if dh == 0 and dw == 0:
+        return image
+    return Image.fromarray(np.pad(arr, ((0, dh), (0, dw), (0, 0)), mode="edge"))

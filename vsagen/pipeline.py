@@ -430,11 +430,11 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         return {}
 
     if cfg.image is not None:
-        from .image import fit_image, open_image
+        from .image import extend_to, fit_image, open_image
 
-        if (plan.denoise_height, plan.denoise_width) != (cfg.height, cfg.width):
-            raise BadInput("--tile-fit crop is not supported for image to video yet; use --tile-fit partial")
-        extra["image"] = fit_image(open_image(cfg.image), cfg.height, cfg.width, cfg.fit or "crop")
+        # --tile-fit crop denoises a larger video whose top-left corner is kept: extend the fitted image to it
+        extra["image"] = extend_to(fit_image(open_image(cfg.image), cfg.height, cfg.width, cfg.fit or "crop"),
+                                   plan.denoise_height, plan.denoise_width)
 
     def denoise(pos: Any, neg: Any, steps: int) -> Any:
         return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,

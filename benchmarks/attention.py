@@ -210,6 +210,17 @@ DKDV_SWEEP = (((64, 4, 3),), ((32, 4, 3), (64, 4, 3)), ((16, 4, 3), (32, 4, 3), 
               ((32, 2, 3), (64, 4, 3)), ((16, 2, 3), (32, 2, 3), (64, 4, 3)), ((16, 4, 2), (32, 4, 2), (64, 4, 3)))
 
 
+def selected_inputs(shape: Shape, sparsity: float, seed: int):
+    """Random bf16 q, k, v (tile order) at `shape` and their Triton coarse-stage selection: (tile_offsets int32,
+    n_tiles, top_k, (q, k, v), CoarseResult)."""
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets_i32
+    n = layout.num_tiles
+    top_k = ref.top_k_from_sparsity(sparsity, n)
+    q, k, v = make_inputs(shape, seed=seed)
+    return off, n, top_k, (q, k, v), coarse_stage(q, k, off, top_k)
+
+
 def _try_bench(label: str, fn) -> float | None:
     try:
         return bench(fn)
@@ -220,12 +231,7 @@ def _try_bench(label: str, fn) -> float | None:
 
 def sweep(shape: Shape, sparsity: float, rows: list[dict]) -> None:
     """Forward launch tables (size classes, each (block, num_warps, num_stages)) of the fine kernel, BLOCK_D 128."""
-    layout = tile_layout(shape.grid, device="cuda")
-    off = layout.tile_offsets_i32
-    n = layout.num_tiles
-    top_k = ref.top_k_from_sparsity(sparsity, n)
-    q, k, v = make_inputs(shape, seed=4)
-    c = coarse_stage(q, k, off, top_k)
+    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=4)
     fine_flops = 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
     saved = dict(bsa.FWD_LAUNCH)
     base, _ = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
@@ -243,12 +249,7 @@ def sweep(shape: Shape, sparsity: float, rows: list[dict]) -> None:
 
 def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict]) -> None:
     """Backward launch parameters at one shape: bsa_bwd alone (k2q prebuilt), then build_k2q alone."""
-    layout = tile_layout(shape.grid, device="cuda")
-    off = layout.tile_offsets_i32
-    n = layout.num_tiles
-    top_k = ref.top_k_from_sparsity(sparsity, n)
-    q, k, v = make_inputs(shape, seed=5)
-    c = coarse_stage(q, k, off, top_k)
+    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=5)
     o, lse = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
     do = torch.randn_like(o)
     k2q, k2q_cnt = bsa.build_k2q(c.q2k, c.q2k_cnt, n)
@@ -348,12 +349,7 @@ def probe(shape: Shape, sparsity: float, rows: list[dict]) -> None:
         tl.store(o_ptr + h * stride_h + (q_start + offs_m)[:, None] * stride_s + offs_d[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
 
-    layout = tile_layout(shape.grid, device="cuda")
-    off = layout.tile_offsets_i32
-    n = layout.num_tiles
-    top_k = ref.top_k_from_sparsity(sparsity, n)
-    q, k, v = make_inputs(shape, seed=8)
-    c = coarse_stage(q, k, off, top_k)
+    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=8)
     o = torch.empty_like(q)
     blocks = n * top_k * shape.heads
     kv_bytes = blocks * 2 * 64 * shape.head_dim * 2

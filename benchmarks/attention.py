@@ -24,56 +24,22 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2, sdpa
 from vsagen.kernels import block_sparse_attn as bsa
 from vsagen.kernels import reference as ref
 from vsagen.kernels.coarse import coarse_stage
 from vsagen.layout import tile_layout
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    grid: tuple[int, int, int]
-    heads: int
-    head_dim: int = 128
-
-
-SHAPES = {
-    "1.3b": Shape("Wan2.1-1.3B 480x832x81", (21, 30, 52), 12),
-    "5b": Shape("Wan2.2-5B 704x1280x121", (31, 22, 40), 24),
-    "14b": Shape("Wan2.1-14B 720x1280x81", (21, 45, 80), 40),
-}
+Shape = AttentionShape  # the shapes, timing and input helpers live in vsagen.bench (shared with `vsagen profile`)
 
 
 def bench(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
-    import triton
-
-    return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
-
-
-def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.detach().double(), y.detach().double()
-    return float((x - y).norm() / y.norm())
-
-
-def sdpa(q, k, v, backend):
-    from torch.nn.attention import sdpa_kernel
-
-    with sdpa_kernel([backend]):
-        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
-
-
-def make_inputs(shape: Shape, seed: int, requires_grad: bool = False):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    s = math.prod(shape.grid)
-    xs = [torch.randn(1, s, shape.heads, shape.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
-          for _ in range(3)]
-    return [x.requires_grad_(requires_grad) for x in xs]
+    return bench_ms(fn, device="cuda", warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
 def check(shape: Shape, sparsity: float, out: dict) -> None:

@@ -80,3 +80,14 @@ def cached_locally(hub_id: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means "not in the local cache"
         return False
+
+
+def assert_one_error_line(stderr: str, stdout: str = "") -> str:
+    """The CLI's bad-input contract: exactly one `error: ...` line on stderr, nothing on stdout, no traceback.
+    Returns the line."""
+    lines = stderr.strip("\n").splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got:\n{stderr}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in stderr + stdout
+    assert stdout == ""
+    return lines[0]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cached_locally
+from conftest import assert_one_error_line, cached_locally
 from typer.testing import CliRunner
 
 from vsagen.presets import preset_names
@@ -57,15 +57,6 @@ def run_main(args: list[str], env: dict, timeout: float = 120) -> subprocess.Com
     """`python -m vsagen.cli ARGS` (the console script's `main()` wrapper)."""
     return subprocess.run([sys.executable, "-m", "vsagen.cli", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
-
-
-def assert_one_error_line(stderr: str, stdout: str = "") -> str:
-    lines = stderr.strip("\n").splitlines()
-    assert len(lines) == 1, f"expected one stderr line, got:\n{stderr}"
-    assert lines[0].startswith("error: "), lines[0]
-    assert "Traceback" not in stderr + stdout
-    assert stdout == ""
-    return lines[0]
 
 
 def check_report(data: dict, steps: int, cfg_on: bool = True) -> None:

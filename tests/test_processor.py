@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from vsagen.attention import make_backend
-from vsagen.attention.processor import TiledRope, VsagenAttnProcessor, apply_rotary, patch_transformer
+from vsagen.attention.processor import (TiledRope, VsagenAttnProcessor, apply_rotary, patch_transformer,
+                                        time_transformer)
 from vsagen.layout import tile_layout
 from vsagen.timing import NullTimer, Timer, TimingReport
 
@@ -485,3 +486,42 @@ def test_timer_regions_per_forward_and_layer(attn, sparsity):
     report = TimingReport.from_records(records, "cpu")
     assert report.dit_forwards == n_forwards and len(report.dit_per_step_s) == n_forwards
     assert 0 < report.attention_share_of_dit <= 1
+
+
+@pytest.mark.parametrize("attn,sparsity,per_token", [("full", None, False), ("vsa", 0.5, False), ("vsa", 0.5, True)])
+def test_layout_region_times_every_reorder(attn, sparsity, per_token):
+    """Tiled backends: one "layout" region per reorder (RoPE tables, hidden states into blocks[0], restore after
+    proj_out, and the per-token timestep when there is one), none for raster backends; all inside "dit"."""
+    t = make_transformer()
+    timer = Timer("cpu")
+    patch = patch_transformer(t, make_backend(attn, sparsity), timer)
+    try:
+        forward(t, make_inputs(batch=1, seed=82, per_token_timestep=per_token))
+    finally:
+        patch.remove()
+    records = timer.finish()
+    names = [n for n, _, _ in records]
+    assert names.count("layout") == (0 if attn == "full" else 4 if per_token else 3)
+    total = lambda name: sum(sec for n, _, sec in records if n == name)  # noqa: E731
+    assert total("layout") <= total("dit")
+
+
+def test_time_transformer_times_stock_processors_only():
+    """`time_transformer` records one "dit" (and "dit/<expert>") region per forward and nothing else; the
+    stock processors stay in place and the output is the unpatched transformer's, bitwise."""
+    t = make_transformer()
+    inputs = make_inputs(batch=1, seed=83)
+    stock = [b.attn1.processor for b in t.blocks]
+    want = forward(t, inputs)
+    timer = Timer("cpu")
+    patch = time_transformer(t, timer, expert="transformer")
+    try:
+        assert [b.attn1.processor for b in t.blocks] == stock
+        timer.step = 0
+        got = forward(t, inputs)
+    finally:
+        patch.remove()
+    forward(t, inputs)  # after remove(): records nothing
+    assert torch.equal(got, want)
+    assert [b.attn1.processor for b in t.blocks] == stock
+    assert sorted(n for n, _, _ in timer.finish()) == ["dit", "dit/transformer"]

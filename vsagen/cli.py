@@ -161,6 +161,73 @@ def i2v(
 
 
 @app.command()
+def profile(
+    model: Model = "wan2.1-t2v-1.3b",
+    attn: Annotated[str, typer.Option(help="Backends to compare, comma-separated (e.g. full,vsa; see "
+                                           "`vsagen backends`). `full` is the speed-up baseline.")] = "full,vsa",
+    sparsity: Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
+                                                           "(default from the preset).")] = None,
+    attn_impl: Annotated[str, typer.Option(help="Implementation for the backends that offer it: auto, triton "
+                                                "or torch (see t2v).")] = "auto",
+    height: Height = None, width: Width = None, frames: Frames = None,
+    steps: Annotated[Optional[int], typer.Option(help="Timed denoising steps per configuration (default 2); the "
+                                                      "DiT time is also projected to the preset's step count.")]
+    = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up steps before each configuration's timed "
+                                                       "steps (default 1).")] = None,
+    tile_fit: Annotated[str, typer.Option(help="Tile fits to run, comma-separated: partial, crop, or "
+                                               "partial,crop (side by side).")] = "partial",
+    fmt: Annotated[str, typer.Option("--format", help="table, markdown, csv or json.")] = "table",
+    out: Annotated[Optional[Path], typer.Option(help="Write the report (in --format) to this file instead of "
+                                                     "stdout.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Also draw the DiT time per backend, split into attention "
+                                                      "and the rest, as a .png/.svg/.pdf (needs matplotlib: "
+                                                      "pip install 'vsagen[plot]').")] = None,
+    kernels: Annotated[bool, typer.Option("--kernels", help="Time the self-attention alone at the model's shape "
+                                                            "(forward, forward+backward; against dense SDPA) "
+                                                            "instead of the DiT. Loads no model.")] = False,
+    stock: Annotated[bool, typer.Option(help="Also time the transformer with diffusers' own processors and "
+                                             "`full` in tile order: vsagen's own overhead.")] = True,
+    prompt: Annotated[str, typer.Option(help="Prompt (real weights; random weights use random "
+                                             "embeddings).")] = "a red fox running through fresh snow, cinematic",
+    guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None,
+    seed: Seed = 0, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
+    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, verbose: Verbose = False,
+) -> None:
+    """Compare attention backends on one loaded model: DiT and attention time per step, speed-up vs full.
+
+    The model is loaded once; every backend (and tile fit) then denoises from the same seed and prompt
+    embeddings: warm-up steps untimed, then the timed steps (latents only: no VAE decode, no video).
+    """
+    settings = {k: v for k, v in locals().items() if k != "verbose"}
+
+    def run() -> None:
+        from rich.console import Console
+
+        from .config import resolve_profile
+
+        cfg = resolve_profile(**settings)
+        err = Console(stderr=True)
+        log = lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+        from .profile import profile_dit, profile_kernels, render, write_plot
+
+        report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log)
+        text = render(report, cfg.fmt)
+        if cfg.plot is not None:
+            write_plot(report, cfg.plot, overwrite=cfg.overwrite)
+            log(f"plot: {cfg.plot}")
+        if cfg.out is not None:
+            from .video import write_text
+
+            write_text(text, cfg.out, overwrite=cfg.overwrite)
+            log(f"report: {cfg.out}")
+        else:
+            sys.stdout.write(text)
+
+    _run_guarded(run, verbose)
+
+
+@app.command()
 def presets() -> None:
     """List the bundled model presets and their defaults."""
     from rich.console import Console

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .attention import backend_names, make_backend, uses_sparsity
+from .attention import backend_impls, backend_names, make_backend, uses_sparsity
 from .errors import BadInput, ModelNotFound
 from .layout import plan_crop
 from .presets import (I2V_PIPELINE, Preset, load_preset, preset_for_hub_id, preset_for_transformer_config,
@@ -187,15 +187,16 @@ def resolve_model(model: str) -> ModelSource:
                    "directory, or a hub id of the form org/name; try --model tiny")
 
 
-def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
-    if out.suffix.lower() != ".mp4":
-        raise BadInput(f"--out {out}: the video is written as mp4; give a path ending in .mp4")
-    for p in (out, json_out):
-        if p.is_dir():
-            raise BadInput(f"{p} is a directory")
-        if os.path.lexists(p) and not overwrite:  # lexists: a dangling symlink counts as existing
-            raise BadInput(f"{p} exists; pass --overwrite to replace it, or choose another --out")
-    folder = out.parent
+def _check_target(path: Path, overwrite: bool, flag: str) -> None:
+    """`path` is not a directory, and (without `overwrite`) does not exist, a dangling symlink included."""
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory")
+    if os.path.lexists(path) and not overwrite:  # lexists: a dangling symlink counts as existing
+        raise BadInput(f"{path} exists; pass --overwrite to replace it, or choose another {flag}")
+
+
+def _check_folder(folder: Path) -> None:
+    """`folder` (or its nearest existing ancestor, where the missing ones would be created) is writable."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -206,6 +207,14 @@ def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
             pass
     except OSError as e:
         raise BadInput(f"cannot write to {folder}: {existing} is not a writable folder ({e.strerror or e})") from None
+
+
+def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
+    if out.suffix.lower() != ".mp4":
+        raise BadInput(f"--out {out}: the video is written as mp4; give a path ending in .mp4")
+    for p in (out, json_out):
+        _check_target(p, overwrite, "--out")
+    _check_folder(out.parent)
 
 
 def _default_out(model: str, attn: str, seed: int, overwrite: bool) -> Path:
@@ -252,6 +261,59 @@ def _check_rope_range(src: ModelSource, frames: int, height: int, width: int, ti
             extra = " with --tile-fit crop rounding" if tile_fit == "crop" else ""
             raise BadInput(f"{flag} too large for {p.name}: its position tables cover {limit} latent positions "
                            f"per axis, i.e. {flag} <= {top}{extra}")
+
+
+def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: int | None, frames: int | None,
+                    steps: int | None, guidance: float | None, guidance_2: float | None, seed: int,
+                    random_weights: bool, tile_fits: tuple[str, ...]) -> tuple[int, int, int, int, float, float | None]:
+    """Fill unset sizes, steps and CFG scales from the preset's defaults and check them (shared by `resolve`
+    and `resolve_profile`, in this order: frames, height/width, steps, guidance, guidance_2, seed,
+    --random-weights, the RoPE range under every tile fit in `tile_fits`).
+
+    Returns:
+        (height, width, frames, steps, guidance, guidance_2); guidance_2 is None for one-expert models.
+
+    Raises:
+        BadInput: the first invalid setting.
+    """
+    d = src.preset.defaults
+    height = d.height if height is None else height
+    width = d.width if width is None else width
+    frames = d.frames if frames is None else frames
+    steps = d.steps if steps is None else steps
+    guidance = d.guidance if guidance is None else guidance
+    stride_t, mult = src.preset.vae_stride_temporal, src.preset.pixel_multiple
+    if frames < 1 or (frames - 1) % stride_t:
+        lo, hi = nearest_valid_frames(max(frames, 1), stride_t)
+        raise BadInput(f"--frames must be {stride_t}k+1 (1, {1 + stride_t}, {1 + 2 * stride_t}, ...); got {frames}, "
+                       f"nearest valid: {lo} or {hi}")
+    for name, v in (("--height", height), ("--width", width)):
+        if v < mult or v % mult:
+            lo = max(mult, v // mult * mult)
+            raise BadInput(f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}, "
+                           f"nearest valid: {lo} or {lo + mult}" if v >= mult else
+                           f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}")
+    if steps < 1:
+        raise BadInput(f"--steps must be at least 1, got {steps}")
+    if not math.isfinite(guidance) or guidance < 0:
+        raise BadInput(f"--guidance must be a finite number >= 0, got {guidance}")
+    experts = src.preset.experts
+    if guidance_2 is not None and experts < 2:
+        raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {src.preset.name} has one transformer; "
+                       "use --guidance")
+    if experts >= 2:
+        guidance_2 = guidance_2 if guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
+                                                                  else guidance)
+        if not math.isfinite(guidance_2) or guidance_2 < 0:
+            raise BadInput(f"--guidance-2 must be a finite number >= 0, got {guidance_2}")
+    if not 0 <= seed < 2**63:
+        raise BadInput(f"--seed must be in [0, 2^63), got {seed}")
+    if random_weights and not src.exact_preset:
+        raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {model}; "
+                       f"use a preset name ({', '.join(preset_names())})")
+    for tile_fit in tile_fits:
+        _check_rope_range(src, frames, height, width, tile_fit)
+    return height, width, frames, steps, guidance, guidance_2
 
 
 def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
@@ -309,45 +371,13 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     if uses_sparsity(attn):
         sparsity = d.sparsity if sparsity is None else sparsity
     make_backend(attn, sparsity, attn_impl)  # raises for a sparsity or impl the backend does not take
-    height = d.height if height is None else height
-    width = d.width if width is None else width
-    frames = d.frames if frames is None else frames
-    steps = d.steps if steps is None else steps
-    guidance = d.guidance if guidance is None else guidance
+    height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
+        src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
+        guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
     fps = d.fps if fps is None else fps
-    stride_t, mult = src.preset.vae_stride_temporal, src.preset.pixel_multiple
-    if frames < 1 or (frames - 1) % stride_t:
-        lo, hi = nearest_valid_frames(max(frames, 1), stride_t)
-        raise BadInput(f"--frames must be {stride_t}k+1 (1, {1 + stride_t}, {1 + 2 * stride_t}, ...); got {frames}, "
-                       f"nearest valid: {lo} or {hi}")
-    for name, v in (("--height", height), ("--width", width)):
-        if v < mult or v % mult:
-            lo = max(mult, v // mult * mult)
-            raise BadInput(f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}, "
-                           f"nearest valid: {lo} or {lo + mult}" if v >= mult else
-                           f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}")
-    if steps < 1:
-        raise BadInput(f"--steps must be at least 1, got {steps}")
     flow_shift = d.flow_shift if flow_shift is None else flow_shift
     if not math.isfinite(flow_shift) or flow_shift <= 0:
         raise BadInput(f"--flow-shift must be a finite number > 0, got {flow_shift}")
-    if not math.isfinite(guidance) or guidance < 0:
-        raise BadInput(f"--guidance must be a finite number >= 0, got {guidance}")
-    experts = src.preset.experts
-    if guidance_2 is not None and experts < 2:
-        raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {src.preset.name} has one transformer; "
-                       "use --guidance")
-    if experts >= 2:
-        guidance_2 = guidance_2 if guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
-                                                                  else guidance)
-        if not math.isfinite(guidance_2) or guidance_2 < 0:
-            raise BadInput(f"--guidance-2 must be a finite number >= 0, got {guidance_2}")
-    if not 0 <= seed < 2**63:
-        raise BadInput(f"--seed must be in [0, 2^63), got {seed}")
-    if random_weights and not src.exact_preset:
-        raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {model}; "
-                       f"use a preset name ({', '.join(preset_names())})")
-    _check_rope_range(src, frames, height, width, tile_fit)
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
     if warmup < 0:
@@ -372,4 +402,246 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
         offload=offload, vae_tiling=vae_tiling,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# `vsagen profile`
+
+PROFILE_FORMATS = ("table", "markdown", "csv", "json")
+PROFILE_STEPS = 2  # timed denoising steps per configuration unless --steps says otherwise
+PROFILE_WARMUP = 1  # untimed warm-up steps per configuration unless --warmup says otherwise
+PROFILE_PROMPT = "a red fox running through fresh snow, cinematic"
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+# `--kernels` on a CPU times the eager reference paths; past this many tokens one dense forward + backward takes
+# minutes there (and the VSA reference gathers K*64 keys per query tile), so larger shapes are refused.
+CPU_KERNEL_MAX_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One `--attn` entry of `vsagen profile`: a registered backend name with the sparsity (sparse backends
+    only, else None) and implementation it runs with."""
+
+    name: str
+    sparsity: float | None
+    impl: str
+
+    def build(self):  # -> AttentionBackend
+        """A fresh backend object (see `vsagen.attention.make_backend`)."""
+        return make_backend(self.name, self.sparsity, self.impl)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: name, sparsity (None for dense backends), impl."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """A validated `vsagen profile` request.
+
+    Every (backend, tile fit) pair is one configuration, run on one loaded pipeline with the same prompt
+    embeddings and seed: `warmup` untimed denoising steps, then `steps` timed ones. `full_steps` is the
+    preset's step count, the DiT time is projected to it. `stock` adds the overhead rows (diffusers' own
+    processors, and `full` in tile order). `kernels` times the attention alone at the model's shape instead
+    (no model is loaded; `heads` x `head_dim` come from the architecture, and are 0 without `kernels`). `fmt`
+    is one of PROFILE_FORMATS; `out` (the report in that format) and `plot` (the DiT bar chart) are files, or
+    None for stdout / no plot.
+    """
+
+    prompt: str
+    negative_prompt: str
+    model: str
+    source: ModelSource
+    backends: tuple[BackendSpec, ...]
+    height: int
+    width: int
+    frames: int
+    steps: int
+    full_steps: int
+    guidance: float
+    guidance_2: float | None
+    seed: int
+    flow_shift: float
+    max_sequence_length: int
+    device: str
+    dtype: str
+    tile_fits: tuple[str, ...]
+    random_weights: bool
+    allow_pickle: bool
+    warmup: int
+    stock: bool
+    kernels: bool
+    heads: int
+    head_dim: int
+    fmt: str
+    out: Path | None
+    plot: Path | None
+    overwrite: bool
+
+    @property
+    def image(self) -> None:
+        """Profiles are text to video (the pipeline loader asks)."""
+        return None
+
+    @property
+    def offload(self) -> str:
+        """Profiles keep every weight on the device: offload transfers would swamp the DiT time."""
+        return "none"
+
+    @property
+    def vae_tiled(self) -> bool:
+        """Profiles never decode, so the VAE is not tiled."""
+        return False
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready settings (no Path objects, no preset internals)."""
+        d = asdict(self)
+        d.pop("source")
+        d["backends"] = [b.summary() for b in self.backends]
+        d["tile_fits"] = list(self.tile_fits)
+        d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
+                             "preset": self.source.preset.name}
+        d["out"] = str(self.out) if self.out is not None else None
+        d["plot"] = str(self.plot) if self.plot is not None else None
+        return d
+
+
+def _split_list(value: str, flag: str, known: list[str] | tuple[str, ...], unknown_msg: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'); every item known, none empty or repeated."""
+    if not value.strip():
+        raise BadInput(f"{flag} is empty; give a comma-separated list (e.g. {','.join(known)})")
+    items = tuple(x.strip() for x in value.split(","))
+    for x in items:
+        if not x:
+            raise BadInput(f"{flag} {value!r} has an empty entry; give a comma-separated list "
+                           f"(e.g. {','.join(known)})")
+        if x not in known:
+            raise BadInput(unknown_msg.format(x=x))
+        if items.count(x) > 1:
+            raise BadInput(f"{flag} lists {x!r} twice")
+    return items
+
+
+def _check_file_flag(path: Path | None, flag: str, overwrite: bool) -> Path | None:
+    if path is None:
+        return None
+    path = Path(path)
+    if not path.name or path.name in (".", ".."):
+        raise BadInput(f"{flag} {str(path)!r}: give a file name")
+    _check_target(path, overwrite, flag)
+    _check_folder(path.parent)
+    return path
+
+
+def _attention_dims(src: ModelSource, model: str) -> tuple[int, int]:
+    """(heads, head_dim) of the model's self-attention, from its checkpoint directory or preset."""
+    tcfg: dict[str, Any] = dict(src.preset.transformer)
+    if src.kind == "dir":
+        try:
+            tcfg = json.loads((Path(src.location) / "transformer" / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelNotFound(f"--model {model}: cannot read its transformer config: {e}") from None
+    elif not src.exact_preset:
+        raise BadInput(f"--kernels needs the attention shape of --model {model}, and no preset describes it; "
+                       f"use a preset name ({', '.join(preset_names())}) or a local checkpoint directory")
+    try:
+        return int(tcfg["num_attention_heads"]), int(tcfg["attention_head_dim"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelNotFound(f"--model {model}: its transformer config has no num_attention_heads / "
+                            "attention_head_dim") from None
+
+
+def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", sparsity: float | None = None,
+                    attn_impl: str = "auto", height: int | None = None, width: int | None = None,
+                    frames: int | None = None, steps: int | None = None, guidance: float | None = None,
+                    guidance_2: float | None = None, negative_prompt: str | None = None,
+                    prompt: str = PROFILE_PROMPT, seed: int = 0, tile_fit: str = "partial", fmt: str = "table",
+                    out: Path | None = None, plot: Path | None = None, overwrite: bool = False,
+                    device: str = "auto", dtype: str = "auto", random_weights: bool = False,
+                    allow_pickle: bool = False, warmup: int | None = None, stock: bool = True,
+                    kernels: bool = False) -> ProfileConfig:
+    """Validate a `vsagen profile` request (flag > preset default, as in `resolve`).
+
+    `attn` and `tile_fit` are comma-separated lists (each entry once). `--sparsity` goes to the sparse backends
+    in the list (at least one must be sparse), `--attn-impl` to the backends that offer that implementation (at
+    least one must). `steps` defaults to PROFILE_STEPS timed steps (not the preset's count, which is the
+    projection target), `warmup` to PROFILE_WARMUP. With `kernels`, `steps`, `warmup` and `plot` do not apply.
+    `out` and `plot` must not exist unless `overwrite`, and their folders must be writable; `plot` needs
+    matplotlib (`pip install 'vsagen[plot]'`) and a .png, .svg or .pdf name.
+
+    Raises:
+        BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
+            is loaded or written.
+    """
+    names = backend_names()
+    attns = _split_list(attn, "--attn", names, "unknown --attn {x!r}; available: " + ", ".join(names))
+    tile_fits = _split_list(tile_fit, "--tile-fit", TILE_FITS,
+                            "--tile-fit entries must be among " + ", ".join(TILE_FITS) + ", got {x!r}")
+    if fmt not in PROFILE_FORMATS:
+        raise BadInput(f"--format must be one of {', '.join(PROFILE_FORMATS)}, got {fmt!r}")
+    if dtype not in DTYPES:
+        raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device not in DEVICES:
+        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if sparsity is not None and not 0.0 <= sparsity < 1.0:
+        raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
+    if kernels and (steps is not None or warmup is not None):
+        raise BadInput("--steps and --warmup count denoising steps; --kernels times the attention alone "
+                       "(drop them, or drop --kernels)")
+    if kernels and plot is not None:
+        raise BadInput("--plot draws the DiT time per backend; it does not apply to --kernels")
+    if not prompt.strip():
+        raise BadInput("--prompt is empty")
+    src = resolve_model(model)
+    if src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; vsagen profile times text-to-video models")
+    d = src.preset.defaults
+    if sparsity is not None and not any(uses_sparsity(a) for a in attns):
+        raise BadInput(f"--sparsity applies to sparse backends, and --attn {attn} lists none")
+    if attn_impl != "auto" and not any(attn_impl in backend_impls(a) for a in attns):
+        offered = sorted({i for a in attns for i in backend_impls(a)})
+        raise BadInput(f"--attn-impl {attn_impl} does not apply to any of --attn {attn}; choose from "
+                       f"{', '.join(offered)}")
+    specs = tuple(BackendSpec(a, (d.sparsity if sparsity is None else sparsity) if uses_sparsity(a) else None,
+                              attn_impl if attn_impl in backend_impls(a) else "auto") for a in attns)
+    for spec in specs:
+        spec.build()  # raises for anything the backend does not take
+    height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
+        src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
+        guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)
+    warmup = PROFILE_WARMUP if warmup is None else warmup
+    if warmup < 0:
+        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    dev = resolve_device(device)
+    dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
+    heads, head_dim = _attention_dims(src, model) if kernels else (0, 0)
+    if kernels and dev == "cpu":
+        p = src.preset
+        for fit in tile_fits:
+            grid = plan_crop(frames, height, width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
+                             vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
+            if math.prod(grid) > CPU_KERNEL_MAX_TOKENS:
+                raise BadInput(f"--kernels on a CPU: {frames}x{height}x{width} is S = {math.prod(grid)} tokens "
+                               f"(grid {'x'.join(map(str, grid))}), too many to time the eager paths here (at most "
+                               f"{CPU_KERNEL_MAX_TOKENS}); give smaller --frames/--height/--width, or run on CUDA")
+    if plot is not None:
+        plot = Path(plot)
+        if plot.suffix.lower() not in PLOT_SUFFIXES:
+            raise BadInput(f"--plot {plot}: give a file name ending in {', '.join(PLOT_SUFFIXES)}")
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BadInput("--plot needs matplotlib, which is not installed: pip install 'vsagen[plot]'")
+    out = _check_file_flag(out, "--out", overwrite)
+    plot = _check_file_flag(plot, "--plot", overwrite)
+    if out is not None and plot is not None and out.resolve() == plot.resolve():
+        raise BadInput(f"--out and --plot name the same file ({out})")
+    return ProfileConfig(
+        prompt=prompt, negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt,
+        model=model, source=src, backends=specs, height=height, width=width, frames=frames, steps=steps,
+        full_steps=d.steps, guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=d.flow_shift,
+        max_sequence_length=d.max_sequence_length, device=dev, dtype=dt, tile_fits=tile_fits,
+        random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup, stock=stock, kernels=kernels,
+        heads=heads, head_dim=head_dim, fmt=fmt, out=out, plot=plot, overwrite=overwrite,
     )

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import RunConfig
+from .config import ProfileConfig, RunConfig
 from .errors import BadInput, ModelNotFound, RunFailure
-from .layout import plan_crop, tile_layout
+from .layout import CropPlan, plan_crop, tile_layout
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 from .timing import Timer, TimingReport
 
@@ -55,7 +55,7 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def pipeline_class_name(cfg: RunConfig) -> str:
+def pipeline_class_name(cfg: RunConfig | ProfileConfig) -> str:
     """The diffusers pipeline class a request runs: image to video with an image, else text to video."""
     return I2V_PIPELINE if cfg.image is not None else T2V_PIPELINE
 
@@ -114,7 +114,7 @@ def _load_gate_compress(transformer: Any, weight_dir: Path | None) -> int:
     return len(found)
 
 
-def _from_pretrained(location: str, cfg: RunConfig, dtype: Any) -> Any:
+def _from_pretrained(location: str, cfg: RunConfig | ProfileConfig, dtype: Any) -> Any:
     import diffusers
 
     pipeline_cls = getattr(diffusers, pipeline_class_name(cfg))
@@ -218,9 +218,10 @@ def place_pipeline(pipe: Any, offload: str, device: str) -> None:
         raise ValueError(f"unknown offload mode {offload!r}")
 
 
-def load_model(cfg: RunConfig, log: Callable[[str], None]) -> LoadedModel:
+def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> LoadedModel:
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
-    see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says.
+    see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
+    image, no tiling: it never decodes).
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
@@ -292,7 +293,9 @@ def experts(pipe: Any) -> list[tuple[str, Any]]:
     return [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
 
 
-def _encode_prompts(cfg: RunConfig, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
+def encode_prompts(cfg: RunConfig | ProfileConfig, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
+    """Prompt embeddings (positive, negative or None without CFG), each (1, max_sequence_length, text_dim) in
+    the run's dtype on its device: the text encoder's, or seeded random ones (`seed + 1`) for random weights."""
     import torch
 
     pipe = model.pipe
@@ -308,6 +311,55 @@ def _encode_prompts(cfg: RunConfig, model: LoadedModel, do_cfg: bool) -> tuple[A
                               do_classifier_free_guidance=do_cfg, num_videos_per_prompt=1,
                               max_sequence_length=cfg.max_sequence_length, device=torch.device(cfg.device),
                               dtype=dtype)
+
+
+def denoise_plan(cfg: RunConfig | ProfileConfig, pipe: Any, tile_fit: str) -> CropPlan:
+    """The crop plan of a request under `tile_fit` ("partial" | "crop"): the size that is denoised and the
+    latent it is cropped back to (see `vsagen.layout.plan_crop`)."""
+    preset = cfg.source.preset
+    return plan_crop(cfg.frames, cfg.height, cfg.width, fit=tile_fit,
+                     vae_stride_temporal=preset.vae_stride_temporal, vae_stride_spatial=preset.vae_stride_spatial,
+                     patch_size=tuple(pipe.transformer.config.patch_size))
+
+
+def expert_kwargs(pipe: Any, cfg: RunConfig | ProfileConfig) -> dict[str, Any]:
+    """Extra pipeline-call arguments of two-expert pipelines (`guidance_scale_2`); {} for one expert."""
+    two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
+    return {"guidance_scale_2": cfg.guidance_2} if two_experts and cfg.guidance_2 is not None else {}
+
+
+def step_counter(timer: Timer) -> Callable[..., dict]:
+    """A diffusers `callback_on_step_end` that sets `timer.step` to the next step's index, so every region
+    recorded during step i (counted from 0) is tagged i."""
+
+    def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict) -> dict:
+        timer.step = i + 1
+        return {}
+
+    return on_step_end
+
+
+def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int, guidance: float, seed: int,
+                    on_step_end: Callable[..., dict] | None = None, extra: dict[str, Any] | None = None) -> Any:
+    """Run diffusers' denoising loop at the plan's denoise size and return the latents, uncropped.
+
+    Args:
+        pipe: a Wan pipeline (already patched, if it should be).
+        plan: the crop plan; its `denoise_*` sizes are what is denoised.
+        pos, neg: prompt embeddings (1, L, text_dim); `neg` None without CFG.
+        steps: denoising steps; guidance: CFG scale (> 1 runs two transformer forwards a step).
+        seed: seeds a fresh CPU generator, so the initial latents are the same for every call at one size.
+        on_step_end: diffusers' `callback_on_step_end`; extra: more call arguments (`expert_kwargs`, image).
+
+    Returns:
+        (1, z, F_lat, H_lat, W_lat) latents at the denoise size (float32, as diffusers returns them).
+    """
+    import torch
+
+    return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
+                width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
+                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
+                output_type="latent", callback_on_step_end=on_step_end, return_dict=False, **(extra or {}))[0]
 
 
 def _decode(pipe: Any, latents: Any) -> Any:
@@ -368,7 +420,8 @@ class RunResult:
     summary: dict[str, Any]
 
 
-def _versions(device: str) -> dict[str, str]:
+def versions(device: str) -> dict[str, str]:
+    """Python, torch, diffusers (and triton, GPU name, CUDA) versions for reports."""
     import diffusers
     import torch
 
@@ -412,22 +465,13 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     for note in model.notes:
         log(f"note: {note}")
     pipe = model.pipe
-    preset = cfg.source.preset
-    plan = plan_crop(cfg.frames, cfg.height, cfg.width, fit=cfg.tile_fit,
-                     vae_stride_temporal=preset.vae_stride_temporal, vae_stride_spatial=preset.vae_stride_spatial,
-                     patch_size=tuple(pipe.transformer.config.patch_size))
+    plan = denoise_plan(cfg, pipe, cfg.tile_fit)
     timer = Timer(cfg.device)
     patches = [patch_transformer(t, backend, timer, expert=name) for name, t in experts(pipe)]
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
-    two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
-    extra: dict[str, Any] = {}
-    if two_experts and cfg.guidance_2 is not None:
-        extra["guidance_scale_2"] = cfg.guidance_2
+    extra = expert_kwargs(pipe, cfg)
     pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
-
-    def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict) -> dict:
-        timer.step = i + 1
-        return {}
+    on_step_end = step_counter(timer)
 
     if cfg.image is not None:
         from .image import extend_to, fit_image, open_image
@@ -437,10 +481,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
                                    plan.denoise_height, plan.denoise_width)
 
     def denoise(pos: Any, neg: Any, steps: int) -> Any:
-        return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
-                    width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
-                    guidance_scale=cfg.guidance, generator=torch.Generator("cpu").manual_seed(cfg.seed),
-                    output_type="latent", callback_on_step_end=on_step_end, return_dict=False, **extra)[0]
+        return denoise_latents(pipe, plan, pos, neg, steps=steps, guidance=cfg.guidance, seed=cfg.seed,
+                               on_step_end=on_step_end, extra=extra)
 
     unwrap = time_condition_stages(pipe, timer) if cfg.image is not None else (lambda: None)
     try:
@@ -449,7 +491,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
             if cfg.warmup:
                 timer.enabled = False
                 t0 = time.perf_counter()
-                pos, neg = _encode_prompts(cfg, model, do_cfg)
+                pos, neg = encode_prompts(cfg, model, do_cfg)
                 denoise(pos, neg, cfg.warmup)
                 if cfg.device == "cuda":
                     torch.cuda.synchronize()
@@ -457,7 +499,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
                 timer.enabled = True
             with timer.region("total"):
                 with timer.region("text_encode"):
-                    pos, neg = _encode_prompts(cfg, model, do_cfg)
+                    pos, neg = encode_prompts(cfg, model, do_cfg)
                 timer.step = 0
                 with timer.region("denoise"):
                     latents = denoise(pos, neg, cfg.steps)
@@ -503,7 +545,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
-                                                                         **_versions(cfg.device)},
+                                                                         **versions(cfg.device)},
     }
     try:
         write_json(summary, cfg.json_out, overwrite=cfg.overwrite)

@@ -1,4 +1,4 @@
-"""Video and JSON output: written to a temporary file beside the target, then moved into place.
+"""Video, JSON, text and figure output: written to a temporary file beside the target, then moved into place.
 
 Without overwrite the final step is `os.link`, which fails if the target appeared meanwhile, so an existing
 file is never replaced silently, even by a concurrent run.
@@ -74,6 +74,25 @@ def write_json(data: Any, path: Path, *, overwrite: bool = False) -> None:
     """
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"  # NaN / Infinity would not be JSON
     _write_atomic(path, overwrite, lambda tmp: tmp.write_text(text), ".json")
+
+
+def write_text(text: str, path: Path, *, overwrite: bool = False) -> None:
+    """Write `text` (UTF-8) atomically.
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    _write_atomic(path, overwrite, lambda tmp: tmp.write_text(text, encoding="utf-8"), path.suffix or ".txt")
+
+
+def write_with(path: Path, write: Callable[[Path], None], *, overwrite: bool = False) -> None:
+    """Atomically create `path` with `write(tmp)`, which writes a temporary file beside it (with the same
+    suffix, so writers that pick the format by suffix, such as matplotlib's `savefig`, see the right one).
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    _write_atomic(path, overwrite, write, path.suffix)
 
 
 def read_mp4(path: Path) -> np.ndarray:

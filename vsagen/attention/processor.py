@@ -15,6 +15,7 @@ cross-attention, modulation) is order-independent, so tokens are put in tile ord
   re-runs blocks after the forward returned, still sees it;
 * a pre-hook on `blocks[0]` reorders the hidden states;
 * a forward hook on `proj_out` restores raster order before diffusers' unpatchify.
+Each reordering is timed as region "layout" (outside the backend call).
 """
 
 from __future__ import annotations
@@ -116,13 +117,6 @@ class VsagenAttnProcessor:
         return out
 
 
-@dataclass
-class _ForwardState:
-    layout: TileLayout | None = None
-    dit_token: int | None = None
-    expert_token: int | None = None
-
-
 def _grid_of(hidden_states: torch.Tensor, patch_size: tuple[int, int, int]) -> tuple[int, int, int]:
     _, _, f, h, w = hidden_states.shape
     pt, ph, pw = patch_size
@@ -131,18 +125,53 @@ def _grid_of(hidden_states: torch.Tensor, patch_size: tuple[int, int, int]) -> t
 
 @dataclass
 class TransformerPatch:
-    """What `patch_transformer` installed on one transformer; `remove()` undoes it."""
+    """What `patch_transformer` / `time_transformer` installed on one transformer; `remove()` undoes it."""
 
     transformer: Any
     original_processors: list[Any]
     handles: list[Any] = field(default_factory=list)
 
     def remove(self) -> None:
+        """Remove the hooks and give every `attn1` back the processor it had before (if it was replaced)."""
         for h in self.handles:
             h.remove()
         for block, proc in zip(self.transformer.blocks, self.original_processors):
             block.attn1.set_processor(proc)
         self.handles.clear()
+
+
+def _dit_timing_hooks(transformer: Any, timer: Timer, expert: str | None) -> list[Any]:
+    """Register the hooks that record a "dit" region (and "dit/<expert>") around every transformer forward.
+    Registered before any other transformer hook, so the region also covers the tile-order pre-hook."""
+    tokens: dict[str, int | None] = {}
+
+    def pre_forward(module, args, kwargs):
+        tokens["dit"] = timer.start("dit")
+        tokens["expert"] = timer.start(f"dit/{expert}") if expert is not None else None
+
+    def post_forward(module, args, kwargs, output):
+        timer.stop(tokens.pop("expert", None))
+        timer.stop(tokens.pop("dit", None))
+
+    return [transformer.register_forward_pre_hook(pre_forward, with_kwargs=True),
+            transformer.register_forward_hook(post_forward, with_kwargs=True)]
+
+
+def time_transformer(transformer: Any, timer: Timer, expert: str | None = None) -> TransformerPatch:
+    """Only the DiT timing of `patch_transformer`: the transformer keeps its own (e.g. diffusers' stock)
+    processors and raster order. `vsagen profile` times stock diffusers with it.
+
+    Args:
+        transformer: a diffusers `WanTransformer3DModel`.
+        timer: receives a "dit" region per forward (and "dit/<expert>" when `expert` is given).
+        expert: the pipeline component name, as in `patch_transformer`.
+
+    Returns:
+        TransformerPatch, whose `remove()` removes the hooks (processors are untouched).
+    """
+    patch = TransformerPatch(transformer, [])
+    patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
+    return patch
 
 
 def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
@@ -152,8 +181,9 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
     Args:
         transformer: a diffusers `WanTransformer3DModel`.
         backend: the self-attention backend.
-        timer: receives a "dit" region per transformer forward (tagged with `timer.step`), and the
-            processor's "attn1" / "self_attention" regions.
+        timer: receives a "dit" region per transformer forward (tagged with `timer.step`), the processor's
+            "attn1" / "self_attention" regions and, for tiled backends, a "layout" region around every
+            tile-order reordering (the gathers in the hooks; outside the backend call).
         expert: the pipeline component name ("transformer", "transformer_2"); when given, every forward is
             also recorded as region "dit/<expert>" (per-expert DiT time in two-expert pipelines).
 
@@ -161,61 +191,59 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
         TransformerPatch, whose `remove()` restores the original processors and removes the hooks.
     """
     patch_size = tuple(transformer.config.patch_size)
-    state = _ForwardState()
     patch = TransformerPatch(transformer, [b.attn1.processor for b in transformer.blocks])
     processor = VsagenAttnProcessor(backend, timer)
     for block in transformer.blocks:
         block.attn1.set_processor(processor)
+    patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
+    if not backend.tiled:
+        return patch
+    state: dict[str, TileLayout | None] = {"layout": None}
 
     def layout_for(hidden_states: torch.Tensor) -> TileLayout:
         return tile_layout(_grid_of(hidden_states, patch_size), device=hidden_states.device)
 
     def pre_forward(module, args, kwargs):
-        state.dit_token = timer.start("dit")
-        state.expert_token = timer.start(f"dit/{expert}") if expert is not None else None
-        if not backend.tiled:
-            return None
         hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        state.layout = layout = layout_for(hs)
+        state["layout"] = layout = layout_for(hs)
         if "timestep" in kwargs:
             ts = kwargs["timestep"]
             if ts.ndim == 2:  # per-token timestep (Wan2.2-5B): (B, S) raster -> tile order
-                kwargs = {**kwargs, "timestep": layout.to_tiles(ts, dim=1)}
+                with timer.region("layout"):
+                    kwargs = {**kwargs, "timestep": layout.to_tiles(ts, dim=1)}
         elif len(args) > 1 and args[1].ndim == 2:
-            args = (args[0], layout.to_tiles(args[1], dim=1), *args[2:])
+            with timer.region("layout"):
+                args = (args[0], layout.to_tiles(args[1], dim=1), *args[2:])
         return args, kwargs
 
     def post_forward(module, args, kwargs, output):
-        state.layout = None
-        timer.stop(state.expert_token)
-        timer.stop(state.dit_token)
-        state.dit_token = state.expert_token = None
-        return None
-
-    patch.handles.append(transformer.register_forward_pre_hook(pre_forward, with_kwargs=True))
-    patch.handles.append(transformer.register_forward_hook(post_forward, with_kwargs=True))
-    if not backend.tiled:
-        return patch
+        state["layout"] = None
 
     def rope_hook(module, args, output):
-        layout = layout_for(args[0])
-        cos, sin = output
-        return TiledRope(layout.to_tiles(cos, dim=1), layout.to_tiles(sin, dim=1), layout)
+        with timer.region("layout"):
+            layout = layout_for(args[0])
+            cos, sin = output
+            return TiledRope(layout.to_tiles(cos, dim=1), layout.to_tiles(sin, dim=1), layout)
 
     def first_block_pre(module, args, kwargs):
         rope = kwargs.get("rotary_emb", args[3] if len(args) > 3 else None)
         layout = getattr(rope, "layout", None)
         if layout is None:
             raise RuntimeError("tile-order hooks: blocks[0] got RoPE tables without a tile layout")
-        if "hidden_states" in kwargs:
-            return args, {**kwargs, "hidden_states": layout.to_tiles(kwargs["hidden_states"], dim=1)}
-        return (layout.to_tiles(args[0], dim=1), *args[1:]), kwargs
+        with timer.region("layout"):
+            if "hidden_states" in kwargs:
+                return args, {**kwargs, "hidden_states": layout.to_tiles(kwargs["hidden_states"], dim=1)}
+            return (layout.to_tiles(args[0], dim=1), *args[1:]), kwargs
 
     def proj_out_hook(module, args, output):
-        if state.layout is None:
+        layout = state["layout"]
+        if layout is None:
             raise RuntimeError("tile-order hooks: proj_out ran outside a transformer forward")
-        return state.layout.to_raster(output, dim=1)
+        with timer.region("layout"):
+            return layout.to_raster(output, dim=1)
 
+    patch.handles.append(transformer.register_forward_pre_hook(pre_forward, with_kwargs=True))
+    patch.handles.append(transformer.register_forward_hook(post_forward, with_kwargs=True))
     patch.handles.append(transformer.rope.register_forward_hook(rope_hook))
     patch.handles.append(transformer.blocks[0].register_forward_pre_hook(first_block_pre, with_kwargs=True))
     patch.handles.append(transformer.proj_out.register_forward_hook(proj_out_hook))

@@ -1,0 +1,338 @@
+"""vsagen.profile, vsagen.bench and `vsagen profile`: the backend comparison on one loaded tiny model, its
+renderings (json, csv, markdown, table, plot), `--kernels`, and bad input.
+
+Runs use the session's private VSAGEN_CACHE (conftest) and the tiny preset: 17 x 96 x 160 -> grid 5 x 6 x 10
+(300 tokens, 12 tiles, 2 full) under `partial`, 8 x 8 x 12 (768 tokens) under `crop`; CFG 5.0, so a step
+holds two transformer forwards. CPU timings on a shared machine are noisy, so only their signs, counts and
+internal consistency are asserted, never their ratios.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_one_error_line
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+
+runner = CliRunner()
+TINY_STEPS = 4  # presets/tiny.toml [defaults] steps: the projection target
+PARTIAL_GRID, CROP_GRID = [5, 6, 10], [8, 8, 12]
+ROW_FIELDS = {"backend", "tile_fit", "grid", "tokens", "dit_s_per_step", "dit_per_step_s", "attention_s_per_step",
+              "attention_stages_s_per_step", "layout_s_per_step", "attention_share_of_dit", "speedup_vs_full",
+              "projected_dit_s", "projected_steps", "attn1_s_per_step", "latents_rel_l2_vs_full"}
+# `full` through vsagen's processor vs diffusers' own processor on the same transformer and latents: the same
+# ops in the same order (tests/test_processor.py), observed bitwise equal; 1e-6 leaves room for SDPA kernel choice.
+TOL_STOCK_VS_FULL = 1e-6
+# `full` in tile order vs raster: the same dense attention, softmax sums in another order (fp32, 2 layers,
+# 2 steps): observed ~5e-7 relative on the latents; 1e-5 is 20x that.
+TOL_TILE_ORDER_VS_FULL = 1e-5
+# Relative slack for sums of per-step means (float rounding of a few additions).
+TOL_SUM = 1e-9
+
+
+@pytest.fixture
+def cli_cache(vsagen_cache, tiny_dir):
+    """The private cache with the tiny checkpoint already built."""
+    return vsagen_cache
+
+
+def profile(*args: str):
+    return runner.invoke(app, ["profile", *args])
+
+
+def check_row(r: dict, steps: int, tile_fit: str = "partial") -> None:
+    assert ROW_FIELDS <= set(r)
+    assert r["tile_fit"] == tile_fit
+    assert r["grid"] == (PARTIAL_GRID if tile_fit == "partial" else CROP_GRID)
+    assert r["tokens"] == math.prod(r["grid"])
+    assert r["steps"] == steps and r["dit_forwards"] == 2 * steps  # CFG: two forwards a step
+    assert len(r["dit_per_step_s"]) == steps and all(x > 0 for x in r["dit_per_step_s"])
+    assert math.isclose(r["dit_s_per_step"], sum(r["dit_per_step_s"]) / steps, rel_tol=TOL_SUM)
+    assert r["dit_s_per_step"] > 0
+    assert 0 < r["attention_s_per_step"] <= r["attn1_s_per_step"] <= r["dit_s_per_step"]
+    assert 0 < r["attention_share_of_dit"] <= 1
+    assert math.isclose(r["attention_share_of_dit"], r["attention_s_per_step"] / r["dit_s_per_step"], rel_tol=1e-6)
+    assert sum(r["attention_stages_s_per_step"].values()) <= r["attention_s_per_step"] * (1 + TOL_SUM)
+    assert r["projected_steps"] == TINY_STEPS
+    assert math.isclose(r["projected_dit_s"], r["dit_s_per_step"] * TINY_STEPS, rel_tol=TOL_SUM)
+    assert r["speedup_vs_full"] > 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The issue's acceptance run, and the renderings
+
+
+@pytest.mark.slow
+def test_profile_json_one_row_per_backend(cli_cache):
+    res = profile("--model", "tiny", "--attn", "full,vsa", "--steps", "2", "--format", "json")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(lines) == 1, res.stdout
+    data = json.loads(lines[0])
+    assert data["model"] == "tiny" and data["steps"] == 2 and data["warmup"] == 1
+    rows = data["rows"]
+    assert [r["backend"] for r in rows] == ["full", "vsa"]
+    for r in rows:
+        check_row(r, steps=2)
+    full, vsa = rows
+    assert full["speedup_vs_full"] == 1.0  # exactly: the baseline against itself
+    assert math.isclose(vsa["speedup_vs_full"], full["dit_s_per_step"] / vsa["dit_s_per_step"], rel_tol=1e-12)
+    assert full["attention_stages_s_per_step"] == {} and full["layout_s_per_step"] == 0.0
+    assert set(vsa["attention_stages_s_per_step"]) == {"coarse", "fine"}
+    assert all(v > 0 for v in vsa["attention_stages_s_per_step"].values())
+    assert vsa["layout_s_per_step"] > 0 and vsa["sparsity"] == 0.875
+    assert full["latents_rel_l2_vs_full"] == 0.0
+    assert 0 < vsa["latents_rel_l2_vs_full"] < 1  # sparse attention changes the result, but not into noise
+    # vsagen's own overhead: stock diffusers processors and `full` in tile order, on the same transformer
+    over = {r["backend"]: r for r in data["overhead"]["rows"]}
+    assert set(over) == {"diffusers-sdpa", "full+tile-order"}
+    stock, tiled = over["diffusers-sdpa"], over["full+tile-order"]
+    assert stock["dit_s_per_step"] > 0 and stock["attention_s_per_step"] is None
+    assert stock["dit_forwards"] == 4 and stock["overhead_vs_stock"] == 0.0
+    assert tiled["layout_s_per_step"] > 0 and tiled["attention_s_per_step"] > 0
+    assert stock["latents_rel_l2_vs_full"] <= TOL_STOCK_VS_FULL
+    assert tiled["latents_rel_l2_vs_full"] <= TOL_TILE_ORDER_VS_FULL
+    assert math.isclose(data["overhead"]["full_vs_stock"], full["dit_s_per_step"] / stock["dit_s_per_step"] - 1)
+    assert full["overhead_vs_stock"] == data["overhead"]["full_vs_stock"]
+    assert data["tile_fit_comparison"] == []  # one tile fit
+    assert data["settings"]["backends"][1] == {"name": "vsa", "sparsity": 0.875, "impl": "auto"}
+    assert (full["impl"], vsa["impl"]) == ("auto", "torch")  # the implementation that ran (CPU: the reference)
+    assert data["load_s"] > 0 and "torch" in data["versions"]
+
+
+@pytest.mark.slow
+def test_profile_csv_and_plot_files(cli_cache, tmp_path):
+    out, plot = tmp_path / "r.csv", tmp_path / "r.png"
+    res = profile("--model", "tiny", "--attn", "full,vsa", "--steps", "1", "--warmup", "0", "--format", "csv",
+                  "--out", str(out), "--plot", str(plot))
+    assert res.exit_code == 0, res.output
+    assert res.stdout == ""  # the report went to --out
+    assert str(out) in res.stderr and str(plot) in res.stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [(r["backend"], r["kind"]) for r in rows] == [("full", "backend"), ("vsa", "backend"),
+                                                        ("diffusers-sdpa", "overhead"), ("full+tile-order", "overhead")]
+    assert rows[0]["speedup_vs_full"] == "1.0"
+    assert float(rows[1]["stage_coarse_s_per_step"]) > 0 and float(rows[1]["stage_fine_s_per_step"]) > 0
+    assert rows[0]["stage_fine_s_per_step"] == ""  # `full` has no stages
+    assert all(float(r["dit_s_per_step"]) > 0 for r in rows)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.png"]  # no temporary files left
+
+
+@pytest.mark.slow
+def test_profile_markdown_tile_fits_side_by_side(cli_cache, tmp_path):
+    out, plot = tmp_path / "r.md", tmp_path / "r.svg"
+    res = profile("--model", "tiny", "--attn", "vsa,full", "--sparsity", "0.5", "--tile-fit", "partial,crop",
+                  "--steps", "1", "--warmup", "0", "--no-stock", "--format", "markdown", "--out", str(out),
+                  "--plot", str(plot))
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert "| backend | tile fit |" in text and "| vsa 0.5 | crop | 8x8x12 (768, 12) |" in text
+    assert "| full | partial | 5x6x10 (300, 12) |" in text
+    assert "tile fit: partial edge tiles vs crop" in text and "| full | 300 | 768 |" in text
+    assert "vsagen overhead" not in text  # --no-stock
+    lines = [ln for ln in text.splitlines() if ln.startswith("| full | partial")]
+    assert len(lines) == 1 and "| 1.00x |" in lines[0]
+    assert plot.read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.slow
+def test_render_formats_agree(cli_cache):
+    """One report, every format: the same numbers; json is strict JSON (no NaN)."""
+    from vsagen.config import resolve_profile
+    from vsagen.profile import profile_dit, render
+
+    cfg = resolve_profile(model="tiny", attn="full,vsa", steps=1, warmup=0, stock=False, frames=5, height=64,
+                          width=64)
+    rep = profile_dit(cfg)
+    data = json.loads(render(rep, "json"))
+    assert [r["backend"] for r in data["rows"]] == ["full", "vsa"] and data["overhead"]["rows"] == []
+    assert data["overhead"]["full_vs_stock"] is None
+    rows = list(csv.DictReader(io.StringIO(render(rep, "csv"))))
+    for r, d in zip(rows, data["rows"]):
+        assert float(r["dit_s_per_step"]) == d["dit_s_per_step"]
+        assert float(r["projected_dit_s"]) == d["projected_dit_s"]
+    md = render(rep, "markdown").splitlines()
+    assert [ln.split(" | ")[0:2] for ln in md if ln.startswith("| full |") or ln.startswith("| vsa ")] == [
+        ["| full", "partial"], ["| vsa 0.875", "partial"]]
+    table = render(rep, "table", width=220)
+    assert "full" in table and "vsa 0.875" in table and "speed-up vs full" in table
+    assert "\x1b[" not in table  # plain text, no colour codes
+
+
+# --------------------------------------------------------------------------------------------------------------
+# --kernels
+
+
+@pytest.mark.slow
+def test_profile_kernels_on_cpu(cli_cache):
+    res = profile("--model", "tiny", "--kernels", "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    rows = data["rows"]
+    assert [(r["kernel"], r["kind"]) for r in rows] == [
+        ("SDPA (torch CPU)", "fwd"), ("full", "fwd"), ("vsa 0.875", "fwd"),
+        ("SDPA (torch CPU)", "fwd+bwd"), ("full", "fwd+bwd"), ("vsa 0.875", "fwd+bwd")]
+    for r in rows:
+        assert r["ms"] > 0 and r["speedup_vs_baseline"] > 0 and r["baseline"] == "SDPA (torch CPU)"
+        assert (r["grid"], r["tokens"], r["heads"], r["head_dim"]) == (PARTIAL_GRID, 300, 2, 16)
+    assert rows[0]["speedup_vs_baseline"] == 1.0 and rows[3]["speedup_vs_baseline"] == 1.0
+    assert any("CUDA" in n for n in data["notes"])
+
+
+def test_time_attention_rows_and_ratios():
+    from vsagen.attention import make_backend
+    from vsagen.bench import AttentionShape, time_attention
+
+    shape = AttentionShape("t", (3, 5, 6), heads=2, head_dim=8)
+    rows = time_attention(shape, [("full", make_backend("full")), ("vsa", make_backend("vsa", 0.5, "torch"))],
+                          device="cpu", dtype=torch.float32, warmup_ms=1, rep_ms=5)
+    assert [(r.kernel, r.kind) for r in rows] == [(k, p) for p in ("fwd", "fwd+bwd")
+                                                  for k in ("SDPA (torch CPU)", "full", "vsa")]
+    for r in rows:
+        base = next(b for b in rows if b.kind == r.kind and b.kernel == "SDPA (torch CPU)")
+        assert r.ms > 0 and math.isclose(r.speedup_vs_baseline, base.ms / r.ms)
+        assert r.tokens == 90 and r.to_dict()["grid"] == [3, 5, 6]
+
+
+def test_benchmark_script_still_imports():
+    """benchmarks/attention.py takes its shapes and helpers from vsagen.bench now."""
+    path = Path(__file__).parents[1] / "benchmarks" / "attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from vsagen.bench import SHAPES, AttentionShape
+
+    assert mod.Shape is AttentionShape and mod.SHAPES is SHAPES and set(SHAPES) == {"1.3b", "5b", "14b"}
+    assert SHAPES["1.3b"].tokens == 32760
+    for name in ("check", "time_shape", "sweep", "sweep_bwd", "profile_fwd_bwd", "probe", "print_table", "main"):
+        assert callable(getattr(mod, name))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Settings
+
+
+def test_resolve_profile_defaults_and_per_backend_settings():
+    from vsagen.config import PROFILE_STEPS, PROFILE_WARMUP, resolve_profile
+
+    cfg = resolve_profile(model="tiny")
+    assert [b.name for b in cfg.backends] == ["full", "vsa"]
+    assert cfg.backends[0].sparsity is None and cfg.backends[1].sparsity == 0.875
+    assert (cfg.steps, cfg.warmup, cfg.full_steps) == (PROFILE_STEPS, PROFILE_WARMUP, TINY_STEPS)
+    assert cfg.tile_fits == ("partial",) and cfg.fmt == "table" and cfg.stock and not cfg.kernels
+    assert (cfg.device, cfg.dtype, cfg.out, cfg.plot) == ("cpu", "fp32", None, None)
+    cfg = resolve_profile(model="tiny", attn=" vsa , full", sparsity=0.5, attn_impl="torch", tile_fit="crop,partial")
+    assert [(b.name, b.sparsity, b.impl) for b in cfg.backends] == [("vsa", 0.5, "torch"), ("full", None, "auto")]
+    assert cfg.tile_fits == ("crop", "partial")
+    cfg = resolve_profile(model="wan2.1-t2v-1.3b", kernels=True, device="cpu", frames=9, height=128, width=128)
+    assert (cfg.heads, cfg.head_dim, cfg.full_steps) == (12, 128, 50)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input: exit 2, one `error:` line, nothing written, nothing overwritten
+
+BAD = [
+    # (id, args, substrings the message must contain)
+    ("unknown-backend", ["--attn", "full,nope"], ["--attn", "'nope'", "full, vsa"]),
+    ("empty-list", ["--attn", ""], ["--attn is empty"]),
+    ("blank-list", ["--attn", " , "], ["--attn", "empty entry"]),
+    ("empty-entry", ["--attn", "full,,vsa"], ["empty entry"]),
+    ("duplicate", ["--attn", "vsa,full,vsa"], ["'vsa' twice"]),
+    ("bad-format", ["--format", "xml"], ["--format", "table, markdown, csv, json", "'xml'"]),
+    ("bad-tile-fit", ["--tile-fit", "partial,pad"], ["--tile-fit", "'pad'"]),
+    ("sparsity-dense-only", ["--attn", "full", "--sparsity", "0.5"], ["--sparsity", "lists none"]),
+    ("sparsity-range", ["--sparsity", "1.0"], ["--sparsity", "[0, 1)"]),
+    ("impl-nobody-offers", ["--attn", "full", "--attn-impl", "triton"], ["--attn-impl triton", "auto"]),
+    ("impl-unknown", ["--attn-impl", "cuda"], ["--attn-impl cuda"]),
+    ("steps", ["--steps", "0"], ["--steps", "at least 1"]),
+    ("warmup", ["--warmup", "-1"], ["--warmup", ">= 0"]),
+    ("frames", ["--frames", "10"], ["--frames", "9", "13"]),
+    ("kernels-steps", ["--kernels", "--steps", "2"], ["--kernels", "--steps"]),
+    ("kernels-plot", ["--kernels", "--plot", "{tmp}/p.png"], ["--plot", "--kernels"]),
+    ("kernels-too-big-for-cpu", ["--model", "wan2.1-t2v-1.3b", "--kernels", "--device", "cpu"],
+     ["--kernels on a CPU", "32760", "smaller"]),
+    ("i2v-model", ["--model", "tiny-i2v"], ["image-to-video", "vsagen profile"]),
+    ("plot-suffix", ["--plot", "{tmp}/p.gif"], ["--plot", ".png"]),
+    ("out-parent-is-file", ["--out", "{tmp}/afile/r.md"], ["cannot write to", "not a directory"]),
+    ("plot-parent-is-file", ["--plot", "{tmp}/afile/p.png"], ["cannot write to", "not a directory"]),
+    ("out-is-dir", ["--out", "{tmp}"], ["is a directory"]),
+    ("out-equals-plot", ["--out", "{tmp}/x.png", "--plot", "{tmp}/x.png"], ["same file"]),
+    ("empty-prompt", ["--prompt", " "], ["--prompt is empty"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_exit_2(cli_cache, tmp_path, monkeypatch, args, needles):
+    def must_not_run(*a, **k):
+        raise AssertionError("the profile ran despite bad input")
+
+    monkeypatch.setattr("vsagen.profile.profile_dit", must_not_run)
+    monkeypatch.setattr("vsagen.profile.profile_kernels", must_not_run)
+    (tmp_path / "afile").write_text("a file, not a folder")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    res = profile(*(["--model", "tiny"] if "--model" not in args else []), *args)
+    assert res.exit_code == 2, res.output
+    line = assert_one_error_line(res.stderr, res.stdout)
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], "something was written"
+
+
+@pytest.mark.parametrize("flag,name", [("--out", "r.md"), ("--plot", "p.png")])
+def test_existing_file_is_kept_without_overwrite(cli_cache, tmp_path, monkeypatch, flag, name):
+    target = tmp_path / name
+    target.write_text("older")
+    monkeypatch.setattr("vsagen.profile.profile_dit", lambda *a, **k: pytest.fail("ran despite bad input"))
+    res = profile("--model", "tiny", flag, str(target))
+    assert res.exit_code == 2
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert str(target) in line and "--overwrite" in line and flag in line
+    assert target.read_text() == "older"
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_out_and_plot(cli_cache, tmp_path):
+    out, plot = tmp_path / "r.json", tmp_path / "p.png"
+    out.write_text("older")
+    plot.write_text("older")
+    res = profile("--model", "tiny", "--attn", "full", "--steps", "1", "--warmup", "0", "--no-stock", "--frames", "5",
+                  "--format", "json", "--out", str(out), "--plot", str(plot), "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["rows"][0]["speedup_vs_full"] == 1.0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_is_one_line(cli_cache, tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *a, **k):
+        return None if name == "matplotlib" else real(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    res = profile("--model", "tiny", "--plot", str(tmp_path / "p.png"))
+    assert res.exit_code == 2
+    assert "pip install 'vsagen[plot]'" in assert_one_error_line(res.stderr, res.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cuda_fp32_overhead_rows_are_refused_before_loading(monkeypatch):
+    """On CUDA the overhead rows pin cuDNN/flash, which take bf16/fp16 only: refused up front, not mid-run."""
+    from vsagen.config import resolve_profile
+    from vsagen.errors import BadInput
+    from vsagen.profile import profile_dit
+
+    cfg = resolve_profile(model="tiny", attn="vsa", attn_impl="torch", dtype="fp32")
+    cfg = type(cfg)(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "device": "cuda"})
+    monkeypatch.setattr("vsagen.pipeline.load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(BadInput, match="--no-stock"):
+        profile_dit(cfg)

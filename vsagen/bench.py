@@ -1,0 +1,204 @@
+"""Attention-alone timing, shared by `vsagen profile --kernels` and `benchmarks/attention.py`.
+
+Shape vocabulary as in README.md: B batch (1 here), S tokens, H heads, D head dim, (T, Hl, Wl) the post-patch
+latent grid. Inputs are (B, S, H, D), the layout at the backend boundary.
+
+Timing: on CUDA `triton.testing.do_bench` (median of repeated launches, its own warm-up and cache flush); on a
+CPU the median of `time.perf_counter` around repeated calls after a warm-up call. Dense references are
+torch's `scaled_dot_product_attention` pinned to one kernel (cuDNN, flash) on CUDA, and torch's own CPU kernel
+elsewhere; the vsagen backends are called through their `AttentionBackend` interface, exactly as the processor
+calls them (tiled backends get a `TileLayout` of the grid).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .layout import tile_layout
+from .timing import NullTimer
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One self-attention problem: a post-patch latent grid (T, Hl, Wl) -> S = T*Hl*Wl tokens, H heads of D."""
+
+    name: str
+    grid: tuple[int, int, int]
+    heads: int
+    head_dim: int = 128
+
+    @property
+    def tokens(self) -> int:
+        """S, tokens per sequence."""
+        return math.prod(self.grid)
+
+    def dense_flops(self) -> float:
+        """FLOPs of one dense attention forward at B=1 (two S x S x D products per head)."""
+        return 4.0 * self.tokens * self.tokens * self.head_dim * self.heads
+
+
+# The Wan self-attention shapes of REFERENCE.md (B=1, D=128).
+SHAPES = {
+    "1.3b": AttentionShape("Wan2.1-1.3B 480x832x81", (21, 30, 52), 12),
+    "5b": AttentionShape("Wan2.2-5B 704x1280x121", (31, 22, 40), 24),
+    "14b": AttentionShape("Wan2.1-14B 720x1280x81", (21, 45, 80), 40),
+}
+
+
+def bench_ms(fn: Callable[[], Any], *, device: torch.device | str = "cuda", warmup_ms: float = 100,
+             rep_ms: float = 500, min_reps: int = 3) -> float:
+    """Median milliseconds of one `fn()` call.
+
+    CUDA: `triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")`. CPU: calls `fn`
+    for `warmup_ms` (at least once) untimed, then at least `min_reps` timed calls and more until `rep_ms`
+    have passed (at most 1000).
+    """
+    if torch.device(device).type == "cuda":
+        import triton
+
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    end = time.perf_counter() + warmup_ms / 1e3
+    fn()
+    while time.perf_counter() < end:
+        fn()
+    times: list[float] = []
+    end = time.perf_counter() + rep_ms / 1e3
+    while len(times) < min_reps or (time.perf_counter() < end and len(times) < 1000):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
+    """||x - y|| / ||y|| in float64 (any equal shapes)."""
+    x, y = x.detach().double(), y.detach().double()
+    return float((x - y).norm() / y.norm())
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: Any = None) -> torch.Tensor:
+    """Dense attention of q, k, v (B, S, H, D) -> (B, S, H, D) like q, through torch's SDPA restricted to
+    `backend` (a `torch.nn.attention.SDPBackend`), or torch's own choice when None."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    if backend is None:
+        return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+
+
+def make_inputs(shape: AttentionShape, seed: int, requires_grad: bool = False, *,
+                device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """[q, k, v], each (1, S, H, D) standard normal in `dtype` on `device`, from a generator seeded `seed`."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    xs = [torch.randn(1, shape.tokens, shape.heads, shape.head_dim, device=device, dtype=dtype, generator=g)
+          for _ in range(3)]
+    return [x.requires_grad_(requires_grad) for x in xs]
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One timed kernel at one shape.
+
+    `kind` is "fwd" or "fwd+bwd"; `ms` the median milliseconds of one call; `baseline` the dense kernel the
+    ratio is taken against (SDPA cuDNN on CUDA, torch's CPU SDPA elsewhere), same kind, same run;
+    `speedup_vs_baseline` = baseline ms / ms (> 1: faster than dense).
+    """
+
+    shape: str
+    tile_fit: str
+    grid: tuple[int, int, int]
+    tokens: int
+    heads: int
+    head_dim: int
+    kernel: str
+    kind: str
+    ms: float
+    baseline: str
+    speedup_vs_baseline: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (grid as a list)."""
+        d = asdict(self)
+        d["grid"] = list(self.grid)
+        return d
+
+
+def _dense_call(backend: Any) -> Callable[..., torch.Tensor]:
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return sdpa(q, k, v, backend)
+    return call
+
+
+def _backend_call(backend: Any, layout: Any, timer: NullTimer) -> Callable[..., torch.Tensor]:
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return backend(q, k, v, layout, gate=None, timer=timer)
+    return call
+
+
+def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *, device: torch.device | str,
+                   dtype: torch.dtype, tile_fit: str = "partial", seed: int = 0, warmup_ms: float = 100,
+                   rep_ms: float = 500) -> list[KernelRow]:
+    """Time the self-attention alone at `shape`: forward and forward+backward of the dense references and of
+    each backend.
+
+    Args:
+        shape: the attention problem (B = 1).
+        backends: (label, backend) pairs; each backend is an `AttentionBackend` (see vsagen.attention.base),
+            called as the vsagen processor calls it (tiled backends with the grid's `TileLayout`, no gate).
+        device, dtype: where and in what precision (CUDA needs bf16 or fp16 for the cuDNN / flash rows).
+        tile_fit: only copied into the rows (the caller chose the grid by it).
+        seed: input seed. warmup_ms, rep_ms: see `bench_ms`.
+
+    Returns:
+        Rows in the order: dense references, then the backends, forward rows first, then forward+backward.
+        On CUDA the references are "SDPA cuDNN" (the baseline) and "SDPA flash"; elsewhere "SDPA (torch CPU)".
+
+    Raises:
+        RuntimeError: a kernel fails (e.g. a dtype the pinned SDPA kernel does not take).
+    """
+    device = torch.device(device)
+    layout = tile_layout(shape.grid, device=device)
+    q, k, v = make_inputs(shape, seed, device=device, dtype=dtype)
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    do = torch.randn_like(q)
+    timer = NullTimer()
+    if device.type == "cuda":
+        from torch.nn.attention import SDPBackend
+
+        dense = [("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION), ("SDPA flash", SDPBackend.FLASH_ATTENTION)]
+    else:
+        dense = [("SDPA (torch CPU)", None)]
+    baseline = dense[0][0]
+
+    def fwd(call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.no_grad():
+                return call(q, k, v)
+        return run
+
+    def fwd_bwd(call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+        def run() -> None:
+            for x in (qg, kg, vg):
+                x.grad = None
+            call(qg, kg, vg).backward(do)
+        return run
+
+    calls = [(name, _dense_call(be)) for name, be in dense]
+    calls += [(label, _backend_call(be, layout if be.tiled else None, timer)) for label, be in backends]
+    rows: list[KernelRow] = []
+    for kind, wrap in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+        times = [(name, bench_ms(wrap(call), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms))
+                 for name, call in calls]
+        base = times[0][1]
+        rows += [KernelRow(shape.name, tile_fit, shape.grid, shape.tokens, shape.heads, shape.head_dim, name, kind,
+                           ms, baseline, base / max(ms, 1e-9)) for name, ms in times]
+    return rows

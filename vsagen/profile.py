@@ -1,0 +1,573 @@
+"""`vsagen profile`: where the DiT time goes, per attention backend, on one loaded pipeline.
+
+The model is loaded once and the prompt embeddings computed once. Every configuration (backend x tile fit)
+then runs on that pipeline: patch the transformer(s) with the backend (`patch_transformer`), denoise
+`warmup` steps untimed, denoise `steps` timed steps, unpatch. Denoising only (output_type "latent": no VAE
+decode, no mp4). Every call seeds a fresh CPU generator with the same seed, so every configuration with the
+same denoised size starts from the same latents (a `crop` configuration denoises a larger latent, so its noise
+is a different draw).
+
+Per configuration (`ProfileRow`): DiT seconds per step (all transformer forwards of a step: two with CFG),
+the attention backend's seconds per step and its stages (VSA: coarse, fine; the tile-order reorderings are
+reported apart as `layout`), the attention share of DiT time, the DiT speed-up against `full` at the same tile
+fit, the DiT time projected to the preset's step count, and the final latents' relative L2 distance to `full`'s.
+
+Overhead of vsagen itself (`stock`): the same transformer with diffusers' own processors and no vsagen hooks
+but the DiT timers (`diffusers-sdpa`; on CUDA its SDPA calls are pinned to cuDNN, then flash, as `full`'s are,
+so the difference is vsagen's code, not a kernel choice), and `full` with its tokens in tile order
+(`full+tile-order`: dense attention does not depend on token order, so it differs from `full` only by the cost
+of the tile-order hooks). Both run at the first tile fit.
+
+`--kernels` (`profile_kernels`) times the self-attention alone at the model's shape instead; see
+`vsagen.bench`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .attention.full import FullAttention
+from .config import ProfileConfig
+from .errors import BadInput, RunFailure
+
+STOCK = "diffusers-sdpa"
+TILE_ORDER_FULL = "full+tile-order"
+BASELINE = "full"
+
+
+class TileOrderFull(FullAttention):
+    """`full` on tokens in tile order (profile only, not an `--attn` choice). Dense attention is the same
+    function of any token order (q, k, v and the RoPE tables move together), so the output equals `full`'s and
+    the time differs by the tile-order hooks alone."""
+
+    name = TILE_ORDER_FULL
+    tiled = True
+
+
+@dataclass
+class ProfileRow:
+    """One configuration's timing; every `*_s_per_step` is seconds per denoising step (mean over the timed
+    steps; a step holds two transformer forwards with CFG).
+
+    `kind` is "backend" (an `--attn` entry) or "overhead" (`diffusers-sdpa`, `full+tile-order`); `impl` the
+    implementation that ran (VSA: "triton" or "torch", resolved from "auto"), None for overhead rows.
+    `attention_s_per_step` is the backend call alone and `attention_stages_s_per_step` its stages;
+    `attn1_s_per_step` the whole self-attention module (projections, q/k norms, RoPE, output projection too);
+    `layout_s_per_step` the tile-order reorderings (tiled backends; 0 for raster ones). These are None for
+    `diffusers-sdpa`, which has no vsagen processor. `speedup_vs_full` = DiT s/step of `full` at the same tile
+    fit / this row's (exactly 1.0 for `full`; None without a `full` row). `projected_dit_s` = DiT s/step x
+    `projected_steps` (the preset's step count). `overhead_vs_stock` = DiT s/step / `diffusers-sdpa`'s - 1 (for
+    `full` and the overhead rows). `latents_rel_l2_vs_full`: ||x - x_full|| / ||x_full|| of the final
+    (cropped) latents against `full` at the same tile fit.
+    """
+
+    backend: str
+    kind: str
+    sparsity: float | None
+    impl: str | None
+    tile_fit: str
+    grid: list[int]
+    tokens: int
+    tiles: int
+    full_tiles: int
+    steps: int
+    dit_forwards: int
+    dit_s_per_step: float
+    dit_per_step_s: list[float]
+    attn1_s_per_step: float | None
+    attention_s_per_step: float | None
+    attention_stages_s_per_step: dict[str, float]
+    layout_s_per_step: float | None
+    attention_share_of_dit: float | None
+    projected_steps: int
+    projected_dit_s: float
+    warmup_s: float
+    speedup_vs_full: float | None = None
+    overhead_vs_stock: float | None = None
+    latents_rel_l2_vs_full: float | None = None
+    dit_by_expert_s_per_step: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """Backend name with its sparsity, e.g. "vsa 0.875"."""
+        return self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "")
+
+
+@dataclass
+class ProfileReport:
+    """The result of `profile_dit`: `rows` holds one `ProfileRow` per (tile fit, backend), in that order;
+    `overhead` the `diffusers-sdpa` and `full+tile-order` rows (empty with --no-stock);
+    `tile_fit_comparison` one entry per backend when both tile fits ran. `load_s` and `text_encode_s` (host
+    clock, once for all configurations) are outside every row."""
+
+    settings: dict[str, Any]
+    versions: dict[str, str]
+    rows: list[ProfileRow]
+    overhead: list[ProfileRow]
+    tile_fit_comparison: list[dict[str, Any]]
+    load_s: float
+    text_encode_s: float
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (seconds; ratios as plain numbers; no NaN)."""
+        full_vs_stock = next((r.overhead_vs_stock for r in self.rows if r.backend == BASELINE
+                              and r.overhead_vs_stock is not None), None)
+        tile_vs_stock = next((r.overhead_vs_stock for r in self.overhead if r.backend == TILE_ORDER_FULL), None)
+        return {
+            "command": "profile", "model": self.settings["model"], "device": self.settings["device"],
+            "dtype": self.settings["dtype"], "frames": self.settings["frames"], "height": self.settings["height"],
+            "width": self.settings["width"], "steps": self.settings["steps"],
+            "warmup": self.settings["warmup"], "projected_steps": self.settings["full_steps"],
+            "guidance": self.settings["guidance"],
+            "rows": [asdict(r) for r in self.rows],
+            "overhead": {"rows": [asdict(r) for r in self.overhead], "full_vs_stock": full_vs_stock,
+                         "tile_order_vs_stock": tile_vs_stock},
+            "tile_fit_comparison": self.tile_fit_comparison,
+            "load_s": self.load_s, "text_encode_s": self.text_encode_s, "notes": self.notes,
+            "settings": self.settings, "versions": self.versions,
+        }
+
+
+@dataclass
+class _Measured:
+    report: Any  # TimingReport
+    layout_s: float
+    latents: Any  # (1, z, F_lat, H_lat, W_lat), cropped to the requested latent
+
+
+def _per_step(x: float, steps: int) -> float:
+    return x / steps if steps else 0.0
+
+
+def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Measured, cfg: ProfileConfig,
+              has_processor: bool, tiled: bool, impl: str | None = None) -> ProfileRow:
+    from .layout import tile_layout
+
+    t = m.report
+    steps = len(t.dit_per_step_s) or cfg.steps
+    layout = tile_layout(plan.denoise_grid)
+    dit = _per_step(t.dit_s, steps)
+    return ProfileRow(
+        backend=name, kind=kind, sparsity=getattr(spec, "sparsity", None), impl=impl,
+        tile_fit=tile_fit, grid=list(plan.denoise_grid), tokens=layout.num_tokens, tiles=layout.num_tiles,
+        full_tiles=layout.num_full_tiles, steps=steps, dit_forwards=t.dit_forwards, dit_s_per_step=dit,
+        dit_per_step_s=list(t.dit_per_step_s),
+        attn1_s_per_step=_per_step(t.attn1_s, steps) if has_processor else None,
+        attention_s_per_step=_per_step(t.self_attention_s, steps) if has_processor else None,
+        attention_stages_s_per_step={k: _per_step(v, steps) for k, v in t.self_attention_stages_s.items()},
+        layout_s_per_step=(_per_step(m.layout_s, steps) if tiled else 0.0) if has_processor else None,
+        attention_share_of_dit=t.attention_share_of_dit if has_processor else None,
+        projected_steps=cfg.full_steps, projected_dit_s=dit * cfg.full_steps, warmup_s=t.warmup_s,
+        dit_by_expert_s_per_step=({k: _per_step(v, steps) for k, v in t.dit_by_expert_s.items()}
+                                  if len(t.dit_by_expert_s) > 1 else {}),
+    )
+
+
+def _pinned_sdpa() -> Any:
+    """SDPA restricted to cuDNN, then flash (what `full` uses on CUDA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True)
+
+
+def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None) -> ProfileReport:
+    """Load the model once and time every (backend, tile fit) configuration of `cfg` on it (see the module
+    docstring for what is measured and how).
+
+    Raises:
+        BadInput: a backend cannot run on this device / dtype (before loading), or the model cannot be loaded
+            as asked (ModelNotFound).
+        RunFailure: out of GPU memory while denoising (the message names the configuration).
+    """
+    import torch
+
+    from . import __version__
+    from .attention.processor import patch_transformer, time_transformer
+    from .bench import rel_l2
+    from .pipeline import (denoise_latents, denoise_plan, encode_prompts, expert_kwargs, experts, load_model,
+                           step_counter, torch_dtype, versions)
+    from .timing import Timer, TimingReport
+
+    device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
+    backends = [(spec, spec.build()) for spec in cfg.backends]
+    for _, backend in backends:
+        backend.check(device, dtype)
+    if cfg.stock:
+        try:
+            TileOrderFull().check(device, dtype)
+        except BadInput:
+            raise BadInput("the overhead rows (diffusers-sdpa, full+tile-order) run cuDNN/flash attention on CUDA, "
+                           "which need --dtype bf16 or fp16; pass another --dtype or --no-stock") from None
+    t0 = time.perf_counter()
+    model = load_model(cfg, log)
+    load_s = time.perf_counter() - t0  # model.notes go into the report's notes
+    pipe = model.pipe
+    pipe.set_progress_bar_config(disable=True)
+    transformers = experts(pipe)
+    do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
+    extra = expert_kwargs(pipe, cfg)
+    cuda = device.type == "cuda"
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        pos, neg = encode_prompts(cfg, model, do_cfg)
+        if cuda:
+            torch.cuda.synchronize()
+        text_encode_s = time.perf_counter() - t0
+
+    def measure(label: str, plan: Any, install: Callable[[Any], list], context: Callable[[], Any]) -> _Measured:
+        log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
+            f"{cfg.warmup} warm-up + {cfg.steps} timed steps")
+        timer = Timer(cfg.device)
+        on_step_end = step_counter(timer)
+        patches = install(timer)
+        try:
+            with torch.inference_mode(), context():
+                timer.enabled = False
+                t_warm = time.perf_counter()
+                if cfg.warmup:
+                    denoise_latents(pipe, plan, pos, neg, steps=cfg.warmup, guidance=cfg.guidance, seed=cfg.seed,
+                                    on_step_end=on_step_end, extra=extra)
+                if cuda:
+                    torch.cuda.synchronize()
+                warmup_s = time.perf_counter() - t_warm
+                timer.enabled = True
+                timer.step = 0
+                with timer.region("denoise"):
+                    latents = denoise_latents(pipe, plan, pos, neg, steps=cfg.steps, guidance=cfg.guidance,
+                                              seed=cfg.seed, on_step_end=on_step_end, extra=extra)
+                timer.step = -1
+                records = timer.finish()
+        except torch.cuda.OutOfMemoryError as e:
+            raise RunFailure(f"out of GPU memory while profiling {label} ({str(e).splitlines()[0]})") from e
+        finally:
+            for p in patches:
+                p.remove()
+        f, h, w = plan.latent
+        report = TimingReport.from_records(records, cfg.device, warmup_s=warmup_s)
+        return _Measured(report, sum(s for n, _, s in records if n == "layout"), latents[:, :, :f, :h, :w])
+
+    def patched(backend: Any) -> Callable[[Any], list]:
+        return lambda timer: [patch_transformer(t, backend, timer, expert=n) for n, t in transformers]
+
+    rows: list[ProfileRow] = []
+    latents: dict[tuple[str, str], Any] = {}
+    for fit in cfg.tile_fits:
+        plan = denoise_plan(cfg, pipe, fit)
+        for spec, backend in backends:
+            m = measure(f"{spec.name} (tile fit {fit})", plan, patched(backend), contextlib.nullcontext)
+            impl = backend.resolved_impl(device) if hasattr(backend, "resolved_impl") else spec.impl
+            rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
+            latents[(spec.name, fit)] = m.latents
+    overhead: list[ProfileRow] = []
+    if cfg.stock:
+        fit = cfg.tile_fits[0]
+        plan = denoise_plan(cfg, pipe, fit)
+        stock_install = lambda timer: [time_transformer(t, timer, expert=n) for n, t in transformers]  # noqa: E731
+        m = measure(f"{STOCK} (diffusers' processors)", plan, stock_install,
+                    _pinned_sdpa if cuda else contextlib.nullcontext)
+        overhead.append(_make_row(STOCK, "overhead", None, fit, plan, m, cfg, False, False))
+        latents[(STOCK, fit)] = m.latents
+        m = measure(f"{TILE_ORDER_FULL}", plan, patched(TileOrderFull()), contextlib.nullcontext)
+        overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
+        latents[(TILE_ORDER_FULL, fit)] = m.latents
+
+    full = {r.tile_fit: r for r in rows if r.backend == BASELINE}
+    stock = overhead[0] if overhead else None
+    for r in rows + overhead:
+        ref = full.get(r.tile_fit)
+        if ref is not None:
+            dist = rel_l2(latents[(r.backend, r.tile_fit)], latents[(BASELINE, r.tile_fit)])
+            r.latents_rel_l2_vs_full = dist if math.isfinite(dist) else None  # NaN latents: no distance
+            if r.kind == "backend":
+                r.speedup_vs_full = ref.dit_s_per_step / r.dit_s_per_step
+        if stock is not None and r.tile_fit == stock.tile_fit and (r.kind == "overhead" or r.backend == BASELINE):
+            r.overhead_vs_stock = r.dit_s_per_step / stock.dit_s_per_step - 1.0
+    del latents
+    comparison: list[dict[str, Any]] = []
+    if set(cfg.tile_fits) == {"partial", "crop"}:
+        for spec in cfg.backends:
+            p, c = (next(r for r in rows if r.backend == spec.name and r.tile_fit == f) for f in ("partial", "crop"))
+            comparison.append({
+                "backend": spec.name, "sparsity": spec.sparsity,
+                "partial_tokens": p.tokens, "crop_tokens": c.tokens,
+                "partial_dit_s_per_step": p.dit_s_per_step, "crop_dit_s_per_step": c.dit_s_per_step,
+                "crop_vs_partial": c.dit_s_per_step / p.dit_s_per_step,
+                "partial_attention_s_per_step": p.attention_s_per_step,
+                "crop_attention_s_per_step": c.attention_s_per_step,
+            })
+    notes = list(model.notes)
+    if BASELINE not in [s.name for s in cfg.backends]:
+        notes.append("no `full` in --attn: speed-ups, latent distances and the overhead of `full` are not computed")
+    if cuda and cfg.stock:
+        notes.append(f"{STOCK}: diffusers' own processors, SDPA pinned to cuDNN then flash (as `full`)")
+    return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
+                         rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=load_s,
+                         text_encode_s=text_encode_s, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# --kernels
+
+
+@dataclass
+class KernelReport:
+    """The result of `profile_kernels`: `rows` (see `vsagen.bench.KernelRow`) per tile fit, forward rows
+    first, each with its ratio to the dense baseline (SDPA cuDNN on CUDA, torch's CPU SDPA elsewhere)."""
+
+    settings: dict[str, Any]
+    versions: dict[str, str]
+    rows: list[Any]
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (milliseconds)."""
+        return {"command": "profile --kernels", "model": self.settings["model"], "device": self.settings["device"],
+                "dtype": self.settings["dtype"], "rows": [r.to_dict() for r in self.rows], "notes": self.notes,
+                "settings": self.settings, "versions": self.versions}
+
+
+def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None) -> KernelReport:
+    """Time the self-attention alone at the model's shape (grid of each tile fit, `cfg.heads` x `cfg.head_dim`,
+    B = 1, `cfg.dtype`): forward and forward+backward of dense SDPA (cuDNN and flash on CUDA; torch's CPU
+    kernel elsewhere) and of every backend in `cfg.backends`. No model is loaded.
+
+    Raises:
+        BadInput: a backend cannot run on this device / dtype, or CUDA with a dtype cuDNN / flash do not take.
+    """
+    import torch
+
+    from . import __version__
+    from .bench import AttentionShape, time_attention
+    from .layout import plan_crop
+    from .pipeline import torch_dtype, versions
+
+    device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
+    backends = [(spec, spec.build()) for spec in cfg.backends]
+    for _, backend in backends:
+        backend.check(device, dtype)
+    if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
+        raise BadInput("--kernels on CUDA compares against SDPA cuDNN / flash, which need --dtype bf16 or fp16")
+    p = cfg.source.preset
+    rows = []
+    for fit in cfg.tile_fits:
+        grid = plan_crop(cfg.frames, cfg.height, cfg.width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
+                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
+        shape = AttentionShape(f"{cfg.model} {cfg.frames}x{cfg.height}x{cfg.width}", tuple(grid), cfg.heads,
+                               cfg.head_dim)
+        log(f"timing attention at grid {'x'.join(map(str, grid))} (S={shape.tokens}, H={cfg.heads}, "
+            f"D={cfg.head_dim}, tile fit {fit})")
+        labels = [(spec.name + (f" {spec.sparsity:g}" if spec.sparsity is not None else ""), b) for spec, b in backends]
+        rows += time_attention(shape, labels, device=device, dtype=dtype, tile_fit=fit, seed=cfg.seed)
+    notes = [] if device.type == "cuda" else [
+        "CPU: the dense baseline is torch's CPU SDPA and the backends run their eager PyTorch paths; SDPA "
+        "cuDNN / flash rows need CUDA"]
+    return KernelReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
+                        rows=rows, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering: table (Rich), markdown, csv, json; the plot
+
+
+def _sec(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    return f"{x:.3f}" if abs(x) >= 1 else (f"{x:.4f}" if abs(x) >= 1e-3 else f"{x:.2e}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _signed_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:+.1f}%"
+
+
+def _rel(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1e}"
+
+
+def _header(settings: dict[str, Any]) -> str:
+    s = settings
+    return (f"{s['model']} | {s['frames']}x{s['height']}x{s['width']} | {s['device']} {s['dtype']}"
+            + ("" if s["kernels"] else f" | {s['steps']} timed step{'s' * (s['steps'] != 1)} after {s['warmup']} "
+               f"warm-up per configuration | CFG {s['guidance']:g}"))
+
+
+Table = tuple[str, list[str], list[list[str]]]  # title, header, rows of cells
+
+
+def _profile_tables(rep: ProfileReport) -> list[Table]:
+    n = rep.settings["full_steps"]
+    head = ["backend", "tile fit", "grid (S, tiles)", "DiT s/step", "attention s/step", "stages s/step",
+            "layout s/step", "attn % DiT", "speed-up vs full", f"projected DiT s ({n} steps)",
+            "latents rel-L2 vs full"]
+    body = []
+    for r in rep.rows:
+        stages = ", ".join(f"{k} {_sec(v)}" for k, v in r.attention_stages_s_per_step.items()) or "-"
+        body.append([r.label, r.tile_fit, f"{'x'.join(map(str, r.grid))} ({r.tokens}, {r.tiles})",
+                     _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), stages, _sec(r.layout_s_per_step),
+                     _pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _sec(r.projected_dit_s),
+                     _rel(r.latents_rel_l2_vs_full)])
+    tables: list[Table] = [(f"DiT time per backend: {_header(rep.settings)}", head, body)]
+    if rep.tile_fit_comparison:
+        tables.append(("tile fit: partial edge tiles vs crop (denoise a latent rounded up to whole tiles)",
+                       ["backend", "partial S", "crop S", "partial DiT s/step", "crop DiT s/step", "crop / partial",
+                        "partial attention s/step", "crop attention s/step"],
+                       [[c["backend"] + (f" {c['sparsity']:g}" if c["sparsity"] is not None else ""),
+                         str(c["partial_tokens"]), str(c["crop_tokens"]), _sec(c["partial_dit_s_per_step"]),
+                         _sec(c["crop_dit_s_per_step"]), _times(c["crop_vs_partial"]),
+                         _sec(c["partial_attention_s_per_step"]), _sec(c["crop_attention_s_per_step"])]
+                        for c in rep.tile_fit_comparison]))
+    if rep.overhead:
+        fit = rep.overhead[0].tile_fit
+        full = [r for r in rep.rows if r.backend == BASELINE and r.tile_fit == fit]
+        body = [[r.backend, _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), _sec(r.layout_s_per_step),
+                 "-" if r.backend == STOCK else _signed_pct(r.overhead_vs_stock), _rel(r.latents_rel_l2_vs_full)]
+                for r in [rep.overhead[0], *full, *rep.overhead[1:]]]
+        tables.append((f"vsagen overhead: same transformer, stock diffusers processors vs vsagen's (tile fit {fit})",
+                       ["configuration", "DiT s/step", "attention s/step", "layout s/step", f"DiT vs {STOCK}",
+                        "latents rel-L2 vs full"], body))
+    return tables
+
+
+def _kernel_tables(rep: KernelReport) -> list[Table]:
+    tables: list[Table] = []
+    fits = list(dict.fromkeys(r.tile_fit for r in rep.rows))
+    for fit in fits:
+        rows = [r for r in rep.rows if r.tile_fit == fit]
+        r0 = rows[0]
+        title = (f"attention alone at {r0.shape}: grid {'x'.join(map(str, r0.grid))} (S={r0.tokens}), H={r0.heads}, "
+                 f"D={r0.head_dim}, B=1, {rep.settings['dtype']}, tile fit {fit}, {rep.settings['device']}")
+        tables.append((title, ["kernel", "pass", "ms", f"vs {r0.baseline}"],
+                       [[r.kernel, r.kind, f"{r.ms:.3f}", _times(r.speedup_vs_baseline)] for r in rows]))
+    return tables
+
+
+def _tables(rep: ProfileReport | KernelReport) -> list[Table]:
+    return _kernel_tables(rep) if isinstance(rep, KernelReport) else _profile_tables(rep)
+
+
+def _markdown(rep: ProfileReport | KernelReport) -> str:
+    out = []
+    for title, head, body in _tables(rep):
+        out += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+        out.append("")
+    out += [f"Note: {n}" for n in rep.notes]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _csv(rep: ProfileReport | KernelReport) -> str:
+    buf = io.StringIO()
+    if isinstance(rep, KernelReport):
+        dicts = [r.to_dict() for r in rep.rows]
+        for d in dicts:
+            d["grid"] = "x".join(map(str, d["grid"]))
+        fields = list(dicts[0]) if dicts else []
+    else:
+        stages = list(dict.fromkeys(k for r in rep.rows + rep.overhead for k in r.attention_stages_s_per_step))
+        dicts = []
+        for r in rep.rows + rep.overhead:
+            d = asdict(r)
+            d["grid"] = "x".join(map(str, d["grid"]))
+            d["dit_per_step_s"] = " ".join(f"{x:.6g}" for x in d["dit_per_step_s"])
+            st = d.pop("attention_stages_s_per_step")
+            d.pop("dit_by_expert_s_per_step")
+            for k in stages:
+                d[f"stage_{k}_s_per_step"] = st.get(k)
+            dicts.append({"model": rep.settings["model"], "device": rep.settings["device"],
+                          "dtype": rep.settings["dtype"], **d})
+        fields = list(dicts[0]) if dicts else []
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for d in dicts:
+        w.writerow({k: ("" if v is None else v) for k, v in d.items()})
+    return buf.getvalue()
+
+
+def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None) -> str:
+    """The report as text in `fmt` ("table" | "markdown" | "csv" | "json"); "table" is Rich's plain-text
+    rendering (no colour codes) `width` columns wide (default: the terminal's when stdout is one, else 200)."""
+    if fmt == "json":
+        return json.dumps(rep.to_dict(), allow_nan=False) + "\n"
+    if fmt == "markdown":
+        return _markdown(rep)
+    if fmt == "csv":
+        return _csv(rep)
+    if fmt != "table":
+        raise BadInput(f"--format must be one of table, markdown, csv, json, got {fmt!r}")
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    import shutil
+    import sys
+
+    if width is None:
+        width = max(100, shutil.get_terminal_size().columns) if sys.stdout.isatty() else 200
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    for title, head, body in _tables(rep):
+        t = RichTable(title=title, title_justify="left")
+        for i, h in enumerate(head):
+            t.add_column(h, justify="left" if i < 2 else "right")
+        for row in body:
+            t.add_row(*row)
+        con.print(t)
+    for n in rep.notes:
+        con.print(f"note: {n}", markup=False)
+    return buf.getvalue()
+
+
+def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> None:
+    """Bar chart of DiT seconds per step per configuration, split into the attention backend, the tile-order
+    layout and the rest of the DiT, with the speed-up against `full` over each bar. Written atomically in the
+    format of `path`'s suffix (.png, .svg, .pdf); matplotlib's object API, no pyplot state.
+
+    Raises:
+        BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BadInput("--plot needs matplotlib, which is not installed: pip install 'vsagen[plot]'") from None
+    from .video import write_with
+
+    rows = rep.rows
+    two_fits = len({r.tile_fit for r in rows}) > 1
+    labels = [r.label + (f"\n{r.tile_fit}" if two_fits else "") for r in rows]
+    attn = [r.attention_s_per_step or 0.0 for r in rows]
+    lay = [r.layout_s_per_step or 0.0 for r in rows]
+    rest = [max(r.dit_s_per_step - a - b, 0.0) for r, a, b in zip(rows, attn, lay)]
+    x = list(range(len(rows)))
+    fig = Figure(figsize=(max(4.5, 1.3 * len(rows) + 2.5), 4.5), layout="constrained")
+    ax = fig.subplots()
+    ax.bar(x, attn, color="#d62728", label="self-attention (backend)")
+    ax.bar(x, lay, bottom=attn, color="#ff9896", label="tile layout")
+    ax.bar(x, rest, bottom=[a + b for a, b in zip(attn, lay)], color="#1f77b4", label="rest of DiT")
+    for xi, r in zip(x, rows):
+        if r.speedup_vs_full is not None:
+            ax.annotate(f"{r.speedup_vs_full:.2f}x", (xi, r.dit_s_per_step), ha="center", va="bottom",
+                        xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("DiT seconds per denoising step")
+    ax.set_title(_header(rep.settings), fontsize=8)
+    ax.margins(y=0.12)
+    ax.legend(fontsize=8)
+    write_with(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), dpi=120),
+               overwrite=overwrite)

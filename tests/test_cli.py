@@ -441,11 +441,16 @@ def test_presets_lists_bundled_presets():
     rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
     names = [r[0].strip() for r in rows]
     assert names == preset_names() and "wan2.2-ti2v-5b" in names and "wan2.2-i2v-a14b" in names
+    assert {"wan2.1-flf2v-14b-720p", "tiny-flf2v", "tiny-i2v-a14b"} <= set(names)
     wan = [c.strip() for c in rows[names.index("wan2.1-t2v-1.3b")]]
     assert wan[1:8] == ["t2v", "832x480", "81", "50", "5", "3", "16"]
     assert [c.strip() for c in rows[names.index("wan2.2-ti2v-5b")]][1] == "t2v, i2v"
-    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v", "1280x720", "81", "40",
-                                                                             "3.5 / 3.5"]
+    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v [--last-image]", "1280x720",
+                                                                             "81", "40", "3.5 / 3.5"]
+    assert [c.strip() for c in rows[names.index("wan2.1-flf2v-14b-720p")]][1:8] == [
+        "i2v --last-image", "1280x720", "81", "50", "5", "16", "16"]
+    assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
+    assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
 
 

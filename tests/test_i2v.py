@@ -1,5 +1,7 @@
 """Image to video: the `tiny-i2v` preset (Wan2.1-I2V style: 36-channel transformer, CLIP image branch), its
-checkpoint, `vsagen i2v` runs (PNG / JPEG / WebP, both --fit modes, VSA) and bad input. CPU, private cache."""
+checkpoint, `vsagen i2v` runs (PNG / JPEG / WebP, both --fit modes, VSA) and bad input; text-image-to-video
+(`tiny-ti2v`); first/last frame (`--last-image`: `tiny-flf2v`, `tiny-i2v-a14b`, and the models that refuse it).
+CPU, private cache."""
 
 from __future__ import annotations
 
@@ -290,3 +292,206 @@ def test_ti2v_random_weights_image_run(vsagen_cache, tmp_path):
               "--width", "64", "--steps", "1", "--out", str(tmp_path / "r.mp4"), "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["random_weights"] is True
+
+
+# --------------------------------------------------------------------------------------------------------------
+# First/last frame (`--last-image`): FLF2V models need it (`tiny-flf2v`: CLIP tokens of both images), image-to-video
+# models without a CLIP branch take it (`tiny-i2v-a14b`: the condition alone), the others refuse it
+
+
+@pytest.fixture(scope="module")
+def flf2v_dir(vsagen_cache):
+    from vsagen.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(load_preset("tiny-flf2v"))
+
+
+@pytest.fixture(scope="module")
+def i2v_a14b_dir(vsagen_cache):
+    from vsagen.tiny import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint(load_preset("tiny-i2v-a14b"))
+
+
+@pytest.fixture
+def dit_inputs(monkeypatch):
+    """What every transformer forward gets and gives, in call order: `hidden_states` (B, 16 noise + 4 mask + 16
+    condition, F, H, W), `encoder_hidden_states_image` (the CLIP features, or None) and its output (the flow)."""
+    from diffusers import WanTransformer3DModel
+
+    calls: list[dict] = []
+    real = WanTransformer3DModel.forward
+
+    def spy(self, *args, **kwargs):
+        image = kwargs.get("encoder_hidden_states_image")
+        out = real(self, *args, **kwargs)
+        calls.append({"hidden_states": kwargs["hidden_states"].detach().clone(),
+                      "image": None if image is None else image.detach().clone(),
+                      "output": (out[0] if isinstance(out, tuple) else out.sample).detach().clone()})
+        return out
+
+    monkeypatch.setattr(WanTransformer3DModel, "forward", spy)
+    return calls
+
+
+@pytest.fixture
+def fits(monkeypatch):
+    """The (size, fit) of every `vsagen.image.fit_image` call."""
+    import vsagen.image
+
+    calls: list[tuple] = []
+    real = vsagen.image.fit_image
+
+    def spy(image, height, width, fit):
+        calls.append(((height, width), fit))
+        return real(image, height, width, fit)
+
+    monkeypatch.setattr(vsagen.image, "fit_image", spy)
+    return calls
+
+
+def mask_of_last_latent_frame(hidden_states):
+    """The 4 mask channels of the last latent frame (one per pixel frame it covers), as a list of 0 / 1."""
+    return [int(v) for v in hidden_states[0, 16:20, -1].flatten(1).mean(1).round()]
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpg"])
+def test_flf2v_writes_the_video_from_the_first_to_the_last_image(flf2v_dir, tmp_path, dit_inputs, fits, suffix):
+    first = noise_image(tmp_path / "first.png", size=(90, 60))
+    last = noise_image(tmp_path / f"last.{suffix}", size=(90, 60), seed=1)
+    out = tmp_path / "v.mp4"
+    res = i2v(str(first), "a fox", "--model", "tiny-flf2v", "--last-image", str(last), "--fit", "resize", *SMALL,
+              "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert read_mp4(out).shape == (5, 64, 64, 3)
+    assert data["image"] == str(first) and data["last_image"] == str(last) and data["fit"] == "resize"
+    assert data["config"]["last_image"] == str(last)
+    assert data["timing"]["dit_forwards"] == 2 and data["timing"]["image_encode_s"] > 0
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted([first.name, last.name, "v.json", "v.mp4"])
+    assert fits == [((64, 64), "resize")] * 2  # both images fitted alike
+    # the transformer gets the CLIP tokens of both images (2 x 5), which its image embedder makes one sequence of
+    # 10 with the learned position embedding, and a condition whose mask marks the first and the last frame
+    assert dit_inputs[0]["image"].shape == (2, 5, 32)
+    assert mask_of_last_latent_frame(dit_inputs[0]["hidden_states"]) == [0, 0, 0, 1]
+    assert dit_inputs[0]["hidden_states"][0, 16:20, 0].min() == 1
+
+
+def test_last_image_goes_into_the_condition_of_a_model_without_clip(i2v_a14b_dir, tmp_path, dit_inputs):
+    """Wan2.2-I2V-A14B style (no CLIP branch): the last image is in the condition alone. Its mask marks the last
+    frame, its latent is the last condition frame; the first condition frame stays the first image's, and another
+    last image (white, then black) changes what the transformer predicts. (The decoded uint8 videos are not
+    compared: the tiny random VAE hardly tells images apart; its latents of a white and a black image differ by a
+    few 1e-3, less than one uint8 level after denoising and decoding.)"""
+    from vsagen.config import resolve
+    from vsagen.pipeline import generate
+
+    first = noise_image(tmp_path / "first.png")
+    lasts = [None, tmp_path / "white.png", tmp_path / "black.jpg"]
+    Image.new("RGB", (48, 40), (255, 255, 255)).save(lasts[1])
+    Image.new("RGB", (48, 40), (0, 0, 0)).save(lasts[2])
+    conditions, outputs = [], []
+    for i, last in enumerate(lasts):
+        dit_inputs.clear()
+        result = generate(resolve("a fox", model="tiny-i2v-a14b", image=first, last_image=last, frames=5, height=64,
+                                  width=64, steps=2, device="cpu", out=tmp_path / f"run{i}.mp4"), progress=False)
+        assert result.summary["last_image"] == (None if last is None else str(last))
+        assert result.summary["experts"] == ["transformer", "transformer_2"]
+        assert all(c["image"] is None for c in dit_inputs)  # no CLIP features anywhere
+        conditions.append(dit_inputs[0]["hidden_states"])
+        outputs.append(torch.stack([c["output"] for c in dit_inputs]))
+    assert [mask_of_last_latent_frame(h) for h in conditions] == [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 1]]
+    latent = [h[0, 20:] for h in conditions]  # the condition latent (after 16 noise and 4 mask channels)
+    assert all(torch.equal(latent[0][:, 0], x[:, 0]) for x in latent[1:])  # the first frame: the same image
+    assert not torch.allclose(latent[1][:, -1], latent[2][:, -1])  # the last frame: each run's last image
+    assert not torch.allclose(latent[0][:, -1], latent[1][:, -1])
+    assert outputs[1].shape == (4, 1, 16, 2, 8, 8)  # 2 steps x CFG, one per expert per step
+    assert not torch.allclose(outputs[1], outputs[2]) and not torch.allclose(outputs[0], outputs[1])
+
+
+def test_flf2v_random_weights_with_a_last_image(vsagen_cache, tmp_path):
+    first, last = noise_image(tmp_path / "first.png"), noise_image(tmp_path / "last.png", seed=1)
+    res = i2v(str(first), "a fox", "--model", "tiny-flf2v", "--random-weights", "--last-image", str(last), *SMALL,
+              "--out", str(tmp_path / "r.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["random_weights"] is True and data["last_image"] == str(last)
+
+
+def test_local_flf2v_and_i2v_checkpoints_get_their_own_preset(flf2v_dir, i2v_dir, tmp_path):
+    from vsagen.config import resolve
+    from vsagen.presets import LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
+
+    first, last = noise_image(tmp_path / "first.png"), noise_image(tmp_path / "last.png", seed=1)
+    cfg = resolve("a fox", model=str(flf2v_dir), image=first, last_image=last, out=tmp_path / "a.mp4")
+    assert cfg.source.preset.name == "tiny-flf2v" and cfg.source.last_image == LAST_IMAGE_REQUIRED
+    cfg = resolve("a fox", model=str(i2v_dir), image=first, out=tmp_path / "b.mp4")
+    assert cfg.source.preset.name == "tiny-i2v" and cfg.source.last_image == LAST_IMAGE_ONE_IMAGE
+    with pytest.raises(BadInput, match="--last-image"):
+        resolve("a fox", model=str(flf2v_dir), image=first, out=tmp_path / "c.mp4")
+
+
+@pytest.mark.parametrize("model,last,needles", [
+    ("tiny-flf2v", None, ["tiny-flf2v", "FLF2V", "--last-image PATH"]),
+    ("wan2.1-flf2v-14b-720p", None, ["FLF2V", "--last-image PATH"]),
+    ("tiny-i2v", "last.png", ["CLIP image branch takes one image", "wan2.1-flf2v-14b-720p"]),
+    ("wan2.1-i2v-14b-720p", "last.png", ["CLIP image branch takes one image", "wan2.1-flf2v-14b-720p"]),
+    ("tiny-ti2v", "last.png", ["text-image-to-video", "ignores a last image"]),
+    ("wan2.2-ti2v-5b", "last.png", ["text-image-to-video", "ignores a last image"]),
+    ("tiny", "last.png", ["text-to-video model", "vsagen t2v"]),
+    ("tiny-i2v-a14b", "missing.png", ["--last-image", "missing.png", "does not exist"]),
+    ("tiny-flf2v", "garbage.png", ["--last-image", "garbage.png", "cannot read image"]),
+], ids=["flf2v-without", "real-flf2v-without", "clip-one-image", "real-clip-one-image", "ti2v", "real-ti2v",
+        "t2v-model", "missing", "unreadable"])
+def test_last_image_refusals(vsagen_cache, tmp_path, model, last, needles):
+    first = noise_image(tmp_path / "first.png")
+    files = [first]
+    if last is not None and last != "missing.png":
+        files.append(noise_image(tmp_path / last, seed=1))
+        if last == "garbage.png":
+            files[-1].write_bytes(b"not an image at all")
+    extra = [] if last is None else ["--last-image", str(tmp_path / last)]
+    line = one_error_line(i2v(str(first), "a fox", "--model", model, *extra, "--out", str(tmp_path / "o" / "x.mp4")))
+    assert all(n in line for n in needles), line
+    assert sorted(tmp_path.iterdir()) == sorted(files)
+
+
+def test_last_image_needs_more_than_one_frame(vsagen_cache, tmp_path):
+    first, last = noise_image(tmp_path / "first.png"), noise_image(tmp_path / "last.png", seed=1)
+    line = one_error_line(i2v(str(first), "a fox", "--model", "tiny-flf2v", "--last-image", str(last), "--frames", "1",
+                              "--out", str(tmp_path / "x.mp4")))
+    assert "--frames 5 or more" in line
+    assert sorted(tmp_path.iterdir()) == sorted([first, last])
+
+
+def test_last_image_is_for_image_to_video_only(vsagen_cache, tmp_path, monkeypatch, capsys):
+    """`vsagen t2v` has no --last-image (the console script's `main()` makes that one error line, exit 2), and the
+    library refuses a last image without a first one."""
+    import sys
+
+    from vsagen.cli import main
+    from vsagen.config import resolve
+
+    last = noise_image(tmp_path / "last.png")
+    monkeypatch.setattr(sys, "argv", ["vsagen", "t2v", "a fox", "--model", "tiny", "--last-image", str(last),
+                                      "--out", str(tmp_path / "x.mp4")])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr()
+    lines = err.err.strip().splitlines()
+    assert err.out == "" and len(lines) == 1 and lines[0].startswith("error: ") and "--last-image" in lines[0]
+
+    with pytest.raises(BadInput, match="vsagen i2v IMAGE PROMPT --last-image"):
+        resolve("a fox", model="tiny", last_image=last, out=tmp_path / "x.mp4")
+    assert list(tmp_path.iterdir()) == [last]
+
+
+def test_last_image_with_a_frame_crop_is_refused(vsagen_cache, tmp_path):
+    """--tile-fit crop pads frames at the end and crops them off: the last image would be cut away."""
+    first, last = noise_image(tmp_path / "a.png"), noise_image(tmp_path / "b.png", seed=1)
+    line = one_error_line(i2v(str(first), "a fox", "--model", "tiny-flf2v", "--last-image", str(last),
+                              "--tile-fit", "crop", "--frames", "5", "--height", "64", "--width", "64",
+                              "--out", str(tmp_path / "o" / "x.mp4")))
+    assert "--tile-fit" in line and "--last-image" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]

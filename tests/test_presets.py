@@ -9,12 +9,14 @@ from dataclasses import FrozenInstanceError, fields
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.presets import (GenerationDefaults, load_preset, parse_preset, preset_for_hub_id,
-                            preset_for_transformer_config, preset_names)
+from vsagen.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_OPTIONAL,
+                            LAST_IMAGE_REQUIRED, GenerationDefaults, clip_tokens, load_preset, parse_preset,
+                            preset_for_hub_id, preset_for_transformer_config, preset_names)
 from vsagen.presets import _preset_dir
 
-BUNDLED = ["tiny", "tiny-a14b", "tiny-i2v", "tiny-ti2v", "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p",
-           "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
+BUNDLED = ["tiny", "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "wan2.1-flf2v-14b-720p",
+           "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-i2v-a14b",
+           "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 OPTIONAL_DEFAULTS = {"guidance_2"}
 
 
@@ -31,7 +33,7 @@ def test_bundled_preset_names():
 def test_every_bundled_preset_loads(name):
     p = load_preset(name)
     assert p.name == name
-    assert p.pipeline == ("WanImageToVideoPipeline" if "-i2v" in name else "WanPipeline")
+    assert p.pipeline == ("WanImageToVideoPipeline" if "-i2v" in name or "-flf2v" in name else "WanPipeline")
     assert isinstance(p.defaults, GenerationDefaults)
     d = p.defaults
     assert d.frames >= 1 and (d.frames - 1) % p.vae_stride_temporal == 0
@@ -145,6 +147,70 @@ def test_wan22_a14b_presets(name, pipeline, ratio, g, g2, shift, in_ch):
     assert p.transformer == p.transformer_2 and p.transformer["in_channels"] == in_ch
     assert p.transformer.get("image_dim") is None and p.image_encoder is None  # no CLIP branch in Wan2.2 I2V
     assert grid(p) == (21, 45, 80)
+
+
+def test_wan21_flf2v_preset_is_the_i2v_14b_with_two_clip_images():
+    p = load_preset("wan2.1-flf2v-14b-720p")
+    d = p.defaults
+    assert p.hub_id == "Wan-AI/Wan2.1-FLF2V-14B-720P-Diffusers" and p.image_to_video and p.experts == 1
+    assert (d.height, d.width, d.frames, d.steps, d.guidance, d.flow_shift, d.fps) == (720, 1280, 81, 50, 5.0, 16.0, 16)
+    i2v = load_preset("wan2.1-i2v-14b-720p")
+    assert {k: v for k, v in p.transformer.items() if k != "pos_embed_seq_len"} == i2v.transformer
+    assert p.image_encoder == i2v.image_encoder and p.vae == i2v.vae
+    assert clip_tokens(p.image_encoder) == 257 and p.transformer["pos_embed_seq_len"] == 2 * 257
+    assert preset_for_hub_id(p.hub_id) == p
+
+
+def test_tiny_flf2v_is_tiny_i2v_with_two_clip_images():
+    p, i2v = load_preset("tiny-flf2v"), load_preset("tiny-i2v")
+    assert p.source == "tiny" and p.image_to_video
+    assert {k: v for k, v in p.transformer.items() if k != "pos_embed_seq_len"} == i2v.transformer
+    assert p.image_encoder == i2v.image_encoder and p.defaults == i2v.defaults
+    assert clip_tokens(p.image_encoder) == 5 and p.transformer["pos_embed_seq_len"] == 10  # 32 px / 16 px: 4 + 1
+
+
+def test_tiny_i2v_a14b_is_the_wan22_i2v_family():
+    p, real = load_preset("tiny-i2v-a14b"), load_preset("wan2.2-i2v-a14b")
+    assert p.source == "tiny" and p.image_to_video and p.experts == 2 and p.transformer == p.transformer_2
+    assert p.boundary_ratio == real.boundary_ratio and p.transformer["in_channels"] == 36
+    assert p.transformer.get("image_dim") is None and p.image_encoder is None
+
+
+@pytest.mark.parametrize("name,use", [
+    ("tiny", LAST_IMAGE_NONE), ("wan2.2-t2v-a14b", LAST_IMAGE_NONE),
+    ("tiny-flf2v", LAST_IMAGE_REQUIRED), ("wan2.1-flf2v-14b-720p", LAST_IMAGE_REQUIRED),
+    ("tiny-i2v-a14b", LAST_IMAGE_OPTIONAL), ("wan2.2-i2v-a14b", LAST_IMAGE_OPTIONAL),
+    ("tiny-i2v", LAST_IMAGE_ONE_IMAGE), ("wan2.1-i2v-14b-480p", LAST_IMAGE_ONE_IMAGE),
+    ("tiny-ti2v", LAST_IMAGE_IGNORED), ("wan2.2-ti2v-5b", LAST_IMAGE_IGNORED)])
+def test_which_presets_take_a_last_image(name, use):
+    assert load_preset(name).last_image == use
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda d: d["transformer"].update(pos_embed_seq_len=514), "2 x the .image_encoder.'s 5 tokens per image = 10"),
+    (lambda d: d["transformer"].pop("image_dim"), "image_dim"),
+    (lambda d: (d.update(pipeline="WanPipeline"), d.pop("image_encoder")), "WanImageToVideoPipeline"),
+], ids=["wrong-token-count", "no-clip-branch", "text-to-video"])
+def test_pos_embed_seq_len_is_checked(edit, match):
+    data = copy.deepcopy(raw("tiny-flf2v"))
+    edit(data)
+    with pytest.raises(BadInput, match=match):
+        parse_preset(data, "x.toml")
+
+
+def test_local_flf2v_and_i2v_checkpoints_do_not_match_each_others_preset():
+    """The FLF2V transformer is the I2V-14B one plus pos_embed_seq_len: a local checkpoint of either finds its own
+    preset, whatever its folder is called."""
+    idx = {"_class_name": "WanImageToVideoPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}
+    flf = dict(load_preset("wan2.1-flf2v-14b-720p").transformer)
+    i2v = dict(load_preset("wan2.1-i2v-14b-720p").transformer)
+    for folder in ("", "Wan2.1-I2V-14B-720P-Diffusers", "Wan2.1-FLF2V-14B-720P-Diffusers"):
+        assert preset_for_transformer_config(flf, idx, folder).name == "wan2.1-flf2v-14b-720p"
+        # diffusers writes `"pos_embed_seq_len": null` into an I2V checkpoint's config.json
+        for config in (i2v, dict(i2v, pos_embed_seq_len=None)):
+            assert preset_for_transformer_config(config, idx, folder).name in ("wan2.1-i2v-14b-480p",
+                                                                                "wan2.1-i2v-14b-720p")
+    assert preset_for_transformer_config(dict(flf, pos_embed_seq_len=2 * 50), idx) is None  # another CLIP size
 
 
 def test_local_checkpoints_find_their_preset_by_family_and_folder_name():

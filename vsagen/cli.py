@@ -90,13 +90,13 @@ Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
 
 
 def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out: bool, verbose: bool,
-                      **settings) -> None:
+                      last_image: Optional[Path] = None, **settings) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
 
     def run() -> None:
         from .config import resolve
 
-        cfg = resolve(prompt, image=image, fit=fit, **settings)
+        cfg = resolve(prompt, image=image, fit=fit, last_image=last_image, **settings)
         from rich.console import Console
 
         err = Console(stderr=True)
@@ -142,10 +142,15 @@ def t2v(
 def i2v(
     image: Annotated[Path, typer.Argument(help="First frame: a PNG, JPEG or WebP image.", metavar="IMAGE")],
     prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
-    fit: Annotated[str, typer.Option(help="How the image becomes exactly --height x --width, its aspect kept: "
+    fit: Annotated[str, typer.Option(help="How the image (and --last-image) becomes exactly --height x --width, "
+                                          "its aspect kept: "
                                           "'crop' scales it to cover the size and center-crops the overflow; "
                                           "'resize' scales it to fit inside and pads the rest with black.")]
     = "crop",
+    last_image: Annotated[Optional[Path], typer.Option(
+        help="Last frame (PNG, JPEG or WebP), fitted like IMAGE: the video goes from IMAGE to it. First/last-frame "
+             "(FLF2V) models need it; image-to-video models without a CLIP branch (Wan2.2 I2V A14B) take it "
+             "optionally; other models refuse it.")] = None,
     model: Model = "tiny-i2v", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
     height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
     guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
@@ -155,9 +160,12 @@ def i2v(
     warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
-    """Image to video: animate IMAGE (the first frame) into an mp4, with the timing breakdown of t2v."""
-    settings = {k: v for k, v in locals().items() if k not in ("image", "prompt", "fit", "json_out", "verbose")}
-    _generate_command(prompt, image=image, fit=fit, json_out=json_out, verbose=verbose, **settings)
+    """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with
+    the timing breakdown of t2v."""
+    settings = {k: v for k, v in locals().items()
+                if k not in ("image", "prompt", "fit", "last_image", "json_out", "verbose")}
+    _generate_command(prompt, image=image, fit=fit, last_image=last_image, json_out=json_out, verbose=verbose,
+                      **settings)
 
 
 @app.command()
@@ -233,17 +241,20 @@ def presets() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .presets import load_preset, preset_names
+    from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
 
     table = Table(title="presets (vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the "
-                        "commands column says)", title_justify="left")
+                        "commands column says; i2v --last-image: needs a last frame, i2v [--last-image]: takes "
+                        "one optionally)", title_justify="left")
     for col in ("name", "commands", "size (WxH)", "frames", "steps", "guidance", "flow shift", "fps", "weights"):
         table.add_column(col, justify="left" if col in ("name", "commands", "weights") else "right")
     for name in preset_names():
         p = load_preset(name)
         d = p.defaults
         weights = p.hub_id if p.source == "hub" else "built offline (random)"
-        commands = "i2v" if p.image_to_video else ("t2v, i2v" if p.takes_image else "t2v")
+        i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image,
+                                                                                                    "i2v")
+        commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
         guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
         table.add_row(name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
                       f"{d.flow_shift:g}", str(d.fps), weights)

@@ -19,8 +19,9 @@ from typing import Any
 from .attention import backend_impls, backend_names, make_backend, uses_sparsity
 from .errors import BadInput, ModelNotFound
 from .layout import plan_crop
-from .presets import (I2V_PIPELINE, Preset, load_preset, preset_for_hub_id, preset_for_transformer_config,
-                      preset_names, same_family)
+from .presets import (I2V_PIPELINE, LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED,
+                      Preset, last_image_use, load_preset, preset_for_hub_id, preset_for_transformer_config,
+                      preset_names, same_architecture, same_family)
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 DEVICES = ("auto", "cuda", "cpu")
@@ -48,6 +49,7 @@ class ModelSource:
     exact_preset: bool = True  # False: the preset only supplies generation defaults (architecture unknown)
     rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
     pipeline: str = ""  # diffusers pipeline class (a directory's model_index.json, else the preset's)
+    last_image_use: str = ""  # a directory's own (`last_image_use` of its configs); "" for presets: the preset's
 
     @property
     def image_to_video(self) -> bool:
@@ -60,11 +62,18 @@ class ModelSource:
         (Wan2.2-TI2V-5B style; a ti2v preset is only matched to checkpoints of its family)."""
         return self.image_to_video or self.preset.ti2v
 
+    @property
+    def last_image(self) -> str:
+        """How the model uses a last frame (`--last-image`): a `vsagen.presets.LAST_IMAGE_*` value, from the
+        checkpoint's own configs for a directory, else from the preset."""
+        return self.last_image_use or self.preset.last_image
+
 
 @dataclass(frozen=True)
 class RunConfig:
     """A validated `vsagen t2v` / `vsagen i2v` request (pixels, frames, steps; device and dtype already
-    resolved). `image` (i2v only) is the input image's path and `fit` how it is brought to height x width."""
+    resolved). `image` (i2v only) is the input image's path and `fit` how it is brought to height x width;
+    `last_image` (optional) the last frame's path, fitted the same way (first/last-frame to video)."""
 
     prompt: str
     model: str
@@ -96,6 +105,7 @@ class RunConfig:
     fit: str | None = None
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.pipeline.place_pipeline
     vae_tiling: str = "auto"  # auto | on | off, as asked; `vae_tiled` is the decision
+    last_image: Path | None = None
 
     @property
     def vae_tiled(self) -> bool:
@@ -110,6 +120,7 @@ class RunConfig:
                              "preset": self.source.preset.name}
         d["out"], d["json_out"] = str(self.out), str(self.json_out)
         d["image"] = str(self.image) if self.image is not None else None
+        d["last_image"] = str(self.last_image) if self.last_image is not None else None
         return d
 
 
@@ -141,7 +152,7 @@ def _tiny_preset_for(tcfg: dict[str, Any], index: dict[str, Any]) -> Preset | No
     for n in preset_names():
         p = load_preset(n)
         if (p.source == "tiny" and all(tcfg.get(k) == v for k, v in p.transformer.items() if k != "patch_size")
-                and same_family(p, index)):
+                and same_architecture(tcfg, p.transformer) and same_family(p, index)):
             return p
     return None
 
@@ -174,10 +185,14 @@ def resolve_model(model: str) -> ModelSource:
             # if it is that tiny architecture and family (experts, per-token timesteps), else the default
             # model's generation settings.
             preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
-        cls = _read_index(index).get("_class_name")
+        index_data = _read_index(index)
+        cls = index_data.get("_class_name")
+        takes_image = cls == I2V_PIPELINE or preset.ti2v  # as ModelSource.takes_image
         return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
                            rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")),
-                           pipeline=cls if isinstance(cls, str) else "")
+                           pipeline=cls if isinstance(cls, str) else "",
+                           last_image_use=last_image_use(takes_image, tcfg,
+                                                         bool(index_data.get("expand_timesteps", False))))
     if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
         preset = preset_for_hub_id(model)
         if preset is not None:
@@ -316,6 +331,37 @@ def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: 
     return height, width, frames, steps, guidance, guidance_2
 
 
+def _check_last_image(model: str, src: ModelSource, image: Path | None, last_image: Path | None) -> Path | None:
+    """`--last-image` against what the model does with a last frame (`ModelSource.last_image`): an FLF2V model
+    needs one; a model whose CLIP branch takes one image, a text-image-to-video model (diffusers would ignore the
+    last image) and a text-to-video request refuse one; the image must be readable. Returns it as a Path."""
+    use = src.last_image
+    if last_image is None:
+        if image is not None and use == LAST_IMAGE_REQUIRED:
+            raise BadInput(f"--model {model} is a first/last-frame-to-video (FLF2V) model and needs the last frame "
+                           "too: add --last-image PATH")
+        return None
+    if image is None or use == LAST_IMAGE_NONE:
+        raise BadInput("--last-image is the last frame of image to video: use `vsagen i2v IMAGE PROMPT --last-image "
+                       "PATH` with a model that takes one (e.g. --model wan2.1-flf2v-14b-720p)")
+    if use == LAST_IMAGE_ONE_IMAGE:
+        raise BadInput(f"--last-image: --model {model} is a Wan2.1 image-to-video model whose CLIP image branch takes "
+                       "one image; for first/last-frame video use an FLF2V model (e.g. --model wan2.1-flf2v-14b-720p, "
+                       "or tiny-flf2v offline)")
+    if use == LAST_IMAGE_IGNORED:
+        raise BadInput(f"--last-image: --model {model} is a text-image-to-video model (Wan2.2-TI2V-5B style, "
+                       "per-token timesteps) and diffusers ignores a last image for it; use an FLF2V model (e.g. "
+                       "--model wan2.1-flf2v-14b-720p) or wan2.2-i2v-a14b")
+    from .image import open_image
+
+    last_image = Path(last_image)
+    try:
+        open_image(last_image)  # readable now, or one message naming the path
+    except BadInput as e:
+        raise BadInput(f"--last-image: {e}") from None
+    return last_image
+
+
 def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
             attn_impl: str = "auto",
             height: int | None = None, width: int | None = None, frames: int | None = None,
@@ -324,13 +370,17 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
-            fit: str = "crop", offload: str = "none", vae_tiling: str = "auto") -> RunConfig:
+            fit: str = "crop", offload: str = "none", vae_tiling: str = "auto",
+            last_image: Path | None = None) -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
     `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
     two-expert model (flag > preset `guidance_2` > `guidance`); giving it for a one-expert model is an error.
     `image` (a PNG / JPEG / WebP path) makes it an image-to-video request: the model must be an image-to-video
     one (and the reverse); `fit` (crop | resize, see `vsagen.image`) says how the image is brought to the size.
+    `last_image` (with `image`) makes it first/last-frame to video: the video ends at that image, fitted like
+    `image`. Only where diffusers does it (`vsagen.presets.last_image_use`): FLF2V models need it, image-to-video
+    models without a CLIP branch (Wan2.2-I2V-A14B style) take it optionally, others refuse it.
     `offload` (none | model | group) keeps weights in CPU memory and moves them to the GPU as they are needed
     (diffusers' model / group offloading; CUDA only). `vae_tiling` (auto | on | off) tiles the VAE
     (`vae_tiling_enabled` says when `auto` does).
@@ -367,6 +417,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             raise BadInput(f"--fit must be one of {', '.join(FITS)}, got {fit!r}")
         image = Path(image)
         open_image(image)  # readable now, or one message naming the path
+    last_image = _check_last_image(model, src, image, last_image)
     d = src.preset.defaults
     if uses_sparsity(attn):
         sparsity = d.sparsity if sparsity is None else sparsity
@@ -378,6 +429,18 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     flow_shift = d.flow_shift if flow_shift is None else flow_shift
     if not math.isfinite(flow_shift) or flow_shift <= 0:
         raise BadInput(f"--flow-shift must be a finite number > 0, got {flow_shift}")
+    if last_image is not None and frames < 2:
+        raise BadInput(f"--last-image needs --frames {1 + src.preset.vae_stride_temporal} or more (with --frames 1 "
+                       "the first frame is the last)")
+    if last_image is not None and tile_fit == "crop":
+        p = src.preset
+        plan = plan_crop(frames, height, width, fit="crop", vae_stride_temporal=p.vae_stride_temporal,
+                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
+        if plan.denoise_frames != frames:
+            raise BadInput(f"--last-image with --tile-fit crop: {frames} frames are denoised as "
+                           f"{plan.denoise_frames} and cropped back, which would drop the last image; use "
+                           "--tile-fit partial, or --frames "
+                           f"{plan.denoise_frames}")
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
     if warmup < 0:
@@ -401,7 +464,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         flow_shift=flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
-        offload=offload, vae_tiling=vae_tiling,
+        offload=offload, vae_tiling=vae_tiling, last_image=last_image,
     )
 
 

@@ -1,11 +1,12 @@
 """Load a Wan pipeline (tiny | local directory | hub id | random weights), patch it, run it, crop, write.
 
-Data flow: RunConfig -> diffusers WanPipeline (text to video) or WanImageToVideoPipeline (image to video: the
-input image fitted to the requested size, CLIP-encoded and VAE-encoded into the condition by diffusers) -> weights
-placed on the device, or offloaded (`--offload model|group`, diffusers' own offloading) -> VAE tiling on or off
-(`--vae-tiling`) -> patch every transformer (`transformer`, and `transformer_2` of two-expert pipelines: processor
-+ tile-order hooks + per-expert timers) -> text encoding -> denoising loop (diffusers' own, with its tqdm bar) at
-the crop plan's size -> crop the latent back -> VAE decode -> mp4 + timing JSON.
+Data flow: RunConfig -> diffusers WanPipeline (text to video) or WanImageToVideoPipeline (image to video: the input
+image, and a last image for first/last-frame video, fitted to the requested size, CLIP-encoded and VAE-encoded into
+the condition by diffusers) -> weights placed on the device, or offloaded (`--offload model|group`, diffusers' own
+offloading) -> VAE tiling on or off (`--vae-tiling`) -> patch every transformer (`transformer`, and `transformer_2`
+of two-expert pipelines: processor + tile-order hooks + per-expert timers) -> text encoding -> denoising loop
+(diffusers' own, with its tqdm bar) at the crop plan's size -> crop the latent back -> VAE decode -> mp4 + timing
+JSON.
 """
 
 from __future__ import annotations
@@ -442,7 +443,10 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
     JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
     CLIP-encodes it and VAE-encodes the first-frame condition inside its pipeline call; those two stages are timed
-    as "image_encode" and "condition_encode", apart from "denoise" (`time_condition_stages`).
+    as "image_encode" and "condition_encode", apart from "denoise" (`time_condition_stages`). A last image
+    (`cfg.last_image`, first/last-frame to video) is fitted the same way and handed over as diffusers'
+    `last_image`: the condition video ends with it and its mask marks the last frame; a CLIP branch encodes both
+    images.
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
     (`load_model`); the JSON records both.
 
@@ -479,6 +483,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         # --tile-fit crop denoises a larger video whose top-left corner is kept: extend the fitted image to it
         extra["image"] = extend_to(fit_image(open_image(cfg.image), cfg.height, cfg.width, cfg.fit or "crop"),
                                    plan.denoise_height, plan.denoise_width)
+        if cfg.last_image is not None:  # first/last frame: diffusers puts it in the condition (and its CLIP input)
+            extra["last_image"] = extend_to(fit_image(open_image(cfg.last_image), cfg.height, cfg.width,
+                                                      cfg.fit or "crop"), plan.denoise_height, plan.denoise_width)
 
     def denoise(pos: Any, neg: Any, steps: int) -> Any:
         return denoise_latents(pipe, plan, pos, neg, steps=steps, guidance=cfg.guidance, seed=cfg.seed,
@@ -538,7 +545,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "guidance_2": extra.get("guidance_scale_2"), "experts": [name for name, _ in experts(pipe)],
         "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),
         "expand_timesteps": bool(getattr(pipe.config, "expand_timesteps", False)),
-        "image": str(cfg.image) if cfg.image is not None else None, "fit": cfg.fit,
+        "image": str(cfg.image) if cfg.image is not None else None,
+        "last_image": str(cfg.last_image) if cfg.last_image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
         "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
         "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),

@@ -20,6 +20,15 @@ Model families a preset can describe (text to video: diffusers' `WanPipeline`):
   channels (16 noise + 20 condition: 4 mask + 16 image latent) and, for the CLIP image branch, `image_dim` /
   `added_kv_proj_dim`; source "tiny" then needs an `[image_encoder]` table (transformers' CLIPVisionConfig
   kwargs; the CLIPImageProcessor is sized to its `image_size`).
+* Wan2.1-FLF2V-style (first/last-frame to video): a Wan2.1-I2V-style preset whose transformer also has
+  `pos_embed_seq_len`, the CLIP tokens of *two* images (first and last frame; 2 x 257 = 514 for CLIP ViT-H/14 at
+  224 px): its image embedder reshapes the two images' CLIP tokens into one sequence and adds a learned position
+  embedding, so it needs a last image (`vsagen i2v --last-image`). With an `[image_encoder]` table,
+  `pos_embed_seq_len` must be twice that encoder's token count ((image_size / patch_size)^2 + 1).
+* Wan2.2-I2V-A14B-style image to video: a 36-channel transformer without the CLIP branch (no `image_dim`; two
+  experts): a last image is optional (diffusers' condition then marks the last frame too).
+
+Which of these take a last image is `Preset.last_image` (`last_image_use`).
 """
 
 from __future__ import annotations
@@ -91,6 +100,12 @@ class Preset:
         return self.image_to_video or self.ti2v
 
     @property
+    def last_image(self) -> str:
+        """How the model uses a last frame (`vsagen i2v --last-image`): one of the `LAST_IMAGE_*` values
+        (see `last_image_use`)."""
+        return last_image_use(self.takes_image, self.transformer, self.expand_timesteps)
+
+    @property
     def experts(self) -> int:
         """How many transformers (experts) the pipeline has: 1, or 2 for A14B-style presets."""
         return 2 if self.transformer_2 is not None else 1
@@ -115,6 +130,44 @@ _SOURCES = {"hub", "tiny"}
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
 _PIPELINES = {T2V_PIPELINE, I2V_PIPELINE}
+
+
+# How an image-taking model uses a last frame (`vsagen i2v IMAGE PROMPT --last-image PATH`), i.e. what diffusers'
+# WanImageToVideoPipeline does with `last_image` for it:
+LAST_IMAGE_REQUIRED = "required"  # FLF2V: CLIP branch with `pos_embed_seq_len`, built for two images
+LAST_IMAGE_OPTIONAL = "optional"  # no CLIP branch (Wan2.2-I2V-A14B): the condition video and mask get the last frame
+LAST_IMAGE_ONE_IMAGE = "one-image"  # Wan2.1 I2V: the CLIP branch (no position embedding) takes one image only
+LAST_IMAGE_IGNORED = "ignored"  # per-token timesteps (Wan2.2-TI2V-5B): diffusers silently ignores `last_image`
+LAST_IMAGE_NONE = "none"  # text to video only: takes no image at all
+
+
+def last_image_use(takes_image: bool, transformer: dict[str, Any], expand_timesteps: bool) -> str:
+    """How a model uses a last frame, from what diffusers' `WanImageToVideoPipeline` does with `last_image`.
+
+    Args:
+        takes_image: whether `vsagen i2v` can run the model at all (image to video, or text-image to video).
+        transformer: the transformer's config (a preset's `[transformer]` or a checkpoint's transformer/config.json).
+        expand_timesteps: per-token timesteps (Wan2.2-TI2V-5B family), for which diffusers ignores `last_image`.
+
+    Returns:
+        One of `LAST_IMAGE_REQUIRED` (FLF2V: `image_dim` and `pos_embed_seq_len`), `LAST_IMAGE_ONE_IMAGE`
+        (`image_dim` alone: the CLIP branch cannot take two images), `LAST_IMAGE_OPTIONAL` (no CLIP branch),
+        `LAST_IMAGE_IGNORED` (`expand_timesteps`), `LAST_IMAGE_NONE` (text to video).
+    """
+    if not takes_image:
+        return LAST_IMAGE_NONE
+    if expand_timesteps:
+        return LAST_IMAGE_IGNORED
+    if transformer.get("image_dim") is None:
+        return LAST_IMAGE_OPTIONAL
+    if transformer.get("pos_embed_seq_len") is None:
+        return LAST_IMAGE_ONE_IMAGE
+    return LAST_IMAGE_REQUIRED
+
+
+def clip_tokens(image_encoder: dict[str, Any]) -> int:
+    """Tokens per image of a CLIP vision encoder (CLIPVisionConfig kwargs): patches plus the class token."""
+    return (int(image_encoder["image_size"]) // int(image_encoder["patch_size"])) ** 2 + 1
 
 
 def _preset_dir() -> Path:
@@ -159,6 +212,15 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     if (data["pipeline"] == I2V_PIPELINE and data["source"] == "tiny"
             and data["transformer"].get("image_dim") is not None and image_encoder is None):
         raise BadInput(f"preset {where}: source 'tiny' with a transformer image_dim needs an [image_encoder] table")
+    pos_len = data["transformer"].get("pos_embed_seq_len")
+    if pos_len is not None:
+        if data["pipeline"] != I2V_PIPELINE or data["transformer"].get("image_dim") is None:
+            raise BadInput(f"preset {where} [transformer]: pos_embed_seq_len (first/last-frame CLIP tokens) needs "
+                           f"pipeline {I2V_PIPELINE!r} and a transformer image_dim")
+        if image_encoder is not None and pos_len != 2 * clip_tokens(image_encoder):
+            raise BadInput(f"preset {where} [transformer]: pos_embed_seq_len must be 2 x the [image_encoder]'s "
+                           f"{clip_tokens(image_encoder)} tokens per image = {2 * clip_tokens(image_encoder)}, "
+                           f"got {pos_len!r}")
     expand = data.get("expand_timesteps", False)
     if not isinstance(expand, bool):
         raise BadInput(f"preset {where}: expand_timesteps must be true or false, got {expand!r}")
@@ -244,8 +306,15 @@ def same_family(preset: Preset, index: dict[str, Any]) -> bool:
         bool(index.get("expand_timesteps", False)) == preset.expand_timesteps
 
 
+# `pos_embed_seq_len` tells an FLF2V transformer (first/last frame) from the I2V one it shares everything else with.
 _ARCH_KEYS = ("num_layers", "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "ffn_dim",
-              "text_dim", "image_dim")
+              "text_dim", "image_dim", "pos_embed_seq_len")
+
+
+def same_architecture(config: dict[str, Any], transformer: dict[str, Any]) -> bool:
+    """Whether a checkpoint's transformer/config.json has a preset's `[transformer]` architecture (`_ARCH_KEYS`:
+    sizes, channels, the CLIP image branch, and FLF2V's `pos_embed_seq_len`; absent and None are the same)."""
+    return all(config.get(k) == transformer.get(k) for k in _ARCH_KEYS)
 
 
 def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] | None = None,
@@ -261,7 +330,7 @@ def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] 
     matches = []
     for n in preset_names():
         p = load_preset(n)
-        if p.source != "hub" or any(config.get(k) != p.transformer.get(k) for k in _ARCH_KEYS):
+        if p.source != "hub" or not same_architecture(config, p.transformer):
             continue
         if index is not None and (index.get("_class_name", p.pipeline) != p.pipeline
                                   or not same_family(p, index)):

@@ -6,6 +6,9 @@ offline.
 * `tiny-a14b`: Wan2.2-A14B-style (two experts, `transformer_2` and `boundary_ratio`).
 * `tiny-i2v`: Wan2.1-I2V-style image to video (`WanImageToVideoPipeline`: 36-channel transformer input, a tiny
   CLIPVisionModel image encoder and its CLIPImageProcessor).
+* `tiny-flf2v`: Wan2.1-FLF2V-style first/last-frame to video (`tiny-i2v` plus the transformer's
+  `pos_embed_seq_len`: the CLIP tokens of two images).
+* `tiny-i2v-a14b`: Wan2.2-I2V-A14B-style image to video (two 36-channel experts, no CLIP image encoder).
 
 Each is built deterministically from its preset's configs (seed 0; the second expert seed 1), saved once in the
 diffusers layout (safetensors) under the vsagen cache directory as `<preset>-pipeline/`, and loaded back through
@@ -55,7 +58,8 @@ def build_tiny_pipeline(preset: Preset):
 
     Two-expert presets get `transformer_2` (seeded with TINY_SEED_2) and `boundary_ratio`; presets with
     `expand_timesteps` get a pipeline that passes per-token timesteps. Image-to-video presets get a
-    WanImageToVideoPipeline with a tiny CLIP image encoder (built after the transformers, same seed stream).
+    WanImageToVideoPipeline, with a tiny CLIP image encoder (built after the transformers, same seed stream) where
+    the preset has an `[image_encoder]`.
 
     Returns:
         diffusers.WanPipeline or diffusers.WanImageToVideoPipeline.

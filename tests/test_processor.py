@@ -239,6 +239,51 @@ def test_apply_rotary_equals_diffusers_formula(dtype):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# The fused q/k prologue (kernels/qk_norm_rope.py) inside the processor
+
+
+@pytest.mark.parametrize("attn,sparsity,fused_qkv", [("full", None, False), ("vsa", 0.0, False),
+                                                      ("vsa", 0.5, True)], ids=["full", "vsa-0", "vsa-0.5-fused-qkv"])
+def test_fused_prologue_equals_the_eager_prologue(monkeypatch, attn, sparsity, fused_qkv):
+    """The processor with the fused norm + RoPE kernel (forced on, under the interpreter) against the same
+    processor with diffusers' eager arithmetic: raster RoPE tables (full) and tile-order ones (vsa), with and
+    without a fused q/k/v projection (strided q, k rows). fp32 on both sides: differences are rounding only."""
+    import vsagen.attention.processor as proc
+    from vsagen.kernels import qk_norm_rope
+
+    t = make_transformer()
+    if fused_qkv:
+        t.fuse_qkv_projections()
+    inputs = make_inputs(batch=2, seed=71)
+    calls = []
+    real = qk_norm_rope.rms_norm_rope
+    monkeypatch.setattr(qk_norm_rope, "rms_norm_rope", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "off")
+    eager = patched_forward(t, make_backend(attn, sparsity), inputs)
+    assert calls == []
+    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "on")
+    fused = patched_forward(t, make_backend(attn, sparsity), inputs)
+    assert len(calls) == 2 * len(t.blocks) * 1  # q and k of every attn1, one forward (batch 2 in one call)
+    assert maxdiff(fused, eager) <= TOL_REORDER_FP32
+    assert eager.abs().max().item() > 0.1
+
+
+def test_fused_prologue_is_skipped_under_autograd(monkeypatch):
+    import vsagen.attention.processor as proc
+
+    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "on")
+    t = make_transformer()
+    x = torch.randn(1, 4, t.blocks[0].attn1.inner_dim, requires_grad=True)
+    rope = (torch.ones(1, 4, 1, 16), torch.zeros(1, 4, 1, 16))
+    assert not proc.use_fused_prologue(t.blocks[0].attn1, x, rope)
+    with torch.no_grad():
+        assert proc.use_fused_prologue(t.blocks[0].attn1, x, rope)
+    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), None)
+    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "auto")
+    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), rope)  # CPU tensor: eager under "auto"
+
+
+# --------------------------------------------------------------------------------------------------------------
 # vsa at sparsity 0 == stock full attention
 
 

@@ -1,9 +1,10 @@
 """The diffusers attention processor for Wan's video self-attention, and the tile-order hooks.
 
 `VsagenAttnProcessor` is installed on every block's `attn1` (cross-attention keeps diffusers' own processor).
-It forms q, k, v exactly as diffusers' `WanAttnProcessor` (0.42.1) does: projections (fused or not), RMS norm
-across heads, split into heads, RoPE on interleaved pairs in float32 tables. It then hands (B, S, H, D) to
-the backend and times the call.
+It forms q, k, v as diffusers' `WanAttnProcessor` (0.42.1) does: projections (fused or not), RMS norm
+across heads, split into heads, RoPE on interleaved pairs in float32 tables (on CUDA the norm and RoPE run as
+one fused Triton pass, `vsagen.kernels.qk_norm_rope`, see FUSED_PROLOGUE). It then hands (B, S, H, D) to the
+backend and times the call.
 
 Tile order once per transformer forward (DESIGN.md): every per-token operation in a Wan block (norms, FFN,
 cross-attention, modulation) is order-independent, so tokens are put in tile order once and restored once:
@@ -70,6 +71,29 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.stack((even * c - odd * s, even * s + odd * c), dim=-1).flatten(-2).type_as(x)
 
 
+# The q/k prologue (RMS norm across heads, then RoPE): "auto" runs the fused Triton kernel
+# (`vsagen.kernels.qk_norm_rope`) on CUDA and diffusers' eager arithmetic elsewhere; "on" runs the kernel on any
+# device (the tests use it under the Triton interpreter); "off" always runs the eager arithmetic.
+FUSED_PROLOGUE = "auto"
+
+
+def use_fused_prologue(attn: Any, x: torch.Tensor, rotary_emb: Any) -> bool:
+    """Whether this attn1 call can take the fused q/k prologue: RoPE tables given, torch.nn.RMSNorm q/k norms
+    with weights (Wan's), no autograd through it (the kernel has no backward), not inside torch.compile
+    (inductor fuses the eager arithmetic itself), and FUSED_PROLOGUE allows it on x's device."""
+    if FUSED_PROLOGUE == "off" or rotary_emb is None or (FUSED_PROLOGUE == "auto" and not x.is_cuda):
+        return False
+    norms = (getattr(attn, "norm_q", None), getattr(attn, "norm_k", None))
+    if not all(isinstance(n, torch.nn.RMSNorm) and n.weight is not None for n in norms):
+        return False
+    return not (torch.is_grad_enabled() and x.requires_grad) and not torch.compiler.is_compiling()
+
+
+def _eps(norm: torch.nn.RMSNorm, x: torch.Tensor) -> float:
+    """The epsilon torch.nn.RMSNorm uses: its own, else the dtype's machine epsilon."""
+    return norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
+
+
 class VsagenAttnProcessor:
     """Self-attention processor for Wan `attn1` that delegates the attention itself to a backend.
 
@@ -95,12 +119,18 @@ class VsagenAttnProcessor:
             query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
             query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
-        key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+        if use_fused_prologue(attn, query, rotary_emb):
+            from ..kernels.qk_norm_rope import rms_norm_rope
+
+            query = rms_norm_rope(query, attn.norm_q.weight, _eps(attn.norm_q, query), *rotary_emb, attn.heads)
+            key = rms_norm_rope(key, attn.norm_k.weight, _eps(attn.norm_k, key), *rotary_emb, attn.heads)
+        else:
+            query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+            key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+            if rotary_emb is not None:
+                query = apply_rotary(query, *rotary_emb)
+                key = apply_rotary(key, *rotary_emb)
         value = value.unflatten(2, (attn.heads, -1))
-        if rotary_emb is not None:
-            query = apply_rotary(query, *rotary_emb)
-            key = apply_rotary(key, *rotary_emb)
         layout = getattr(rotary_emb, "layout", None)
         if self.backend.tiled and layout is None:
             raise RuntimeError(f"--attn {self.backend.name} needs tile order, but the RoPE tables carry no "

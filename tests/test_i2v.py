@@ -495,3 +495,18 @@ def test_last_image_with_a_frame_crop_is_refused(vsagen_cache, tmp_path):
                               "--out", str(tmp_path / "o" / "x.mp4")))
     assert "--tile-fit" in line and "--last-image" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "b.png"]
+
+
+@pytest.mark.parametrize("model", ["tiny-flf2v", "tiny-i2v-a14b"])
+def test_vsa_triton_on_the_first_last_frame_families(flf2v_dir, i2v_a14b_dir, tmp_path, model):
+    """`--attn vsa` (Triton kernels under the interpreter) on the FLF2V and the two-expert CLIP-less I2V
+    families, with a last image: both experts run and the backend reports its stages."""
+    first, last = noise_image(tmp_path / "a.png"), noise_image(tmp_path / "b.png", seed=1)
+    res = i2v(str(first), "a fox", "--model", model, "--last-image", str(last), "--attn", "vsa", "--attn-impl",
+              "triton", "--sparsity", "0.5", *SMALL, "--out", str(tmp_path / "v.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "triton"}
+    assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
+    assert data["last_image"] == str(last)
+    assert read_mp4(tmp_path / "v.mp4").shape == (5, 64, 64, 3)

@@ -250,8 +250,7 @@ def resolve_device(device: str) -> str:
     """'auto' -> 'cuda' if available else 'cpu'. Raises BadInput for 'cuda' without CUDA."""
     import torch
 
-    if device not in DEVICES:
-        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    _check_choice("--device", device, DEVICES)
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
         raise BadInput("--device cuda: CUDA is not available here (torch "
@@ -276,6 +275,18 @@ def _check_rope_range(src: ModelSource, frames: int, height: int, width: int, ti
             extra = " with --tile-fit crop rounding" if tile_fit == "crop" else ""
             raise BadInput(f"{flag} too large for {p.name}: its position tables cover {limit} latent positions "
                            f"per axis, i.e. {flag} <= {top}{extra}")
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise BadInput naming `flag` and its valid values unless `value` is one of `choices`."""
+    if value not in choices:
+        raise BadInput(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_sparsity(sparsity: float | None) -> None:
+    """Raise BadInput unless `sparsity` is None or in [0, 1)."""
+    if sparsity is not None and not 0.0 <= sparsity < 1.0:
+        raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
 
 
 def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: int | None, frames: int | None,
@@ -392,18 +403,12 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         raise BadInput("the prompt is empty")
     if attn not in backend_names():
         raise BadInput(f"unknown --attn {attn!r}; available: {', '.join(backend_names())}")
-    if tile_fit not in TILE_FITS:
-        raise BadInput(f"--tile-fit must be one of {', '.join(TILE_FITS)}, got {tile_fit!r}")
-    if dtype not in DTYPES:
-        raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if device not in DEVICES:
-        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if offload not in OFFLOADS:
-        raise BadInput(f"--offload must be one of {', '.join(OFFLOADS)}, got {offload!r}")
-    if vae_tiling not in VAE_TILINGS:
-        raise BadInput(f"--vae-tiling must be one of {', '.join(VAE_TILINGS)}, got {vae_tiling!r}")
-    if sparsity is not None and not 0.0 <= sparsity < 1.0:
-        raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
+    _check_choice("--tile-fit", tile_fit, TILE_FITS)
+    _check_choice("--dtype", dtype, DTYPES)
+    _check_choice("--device", device, DEVICES)
+    _check_choice("--offload", offload, OFFLOADS)
+    _check_choice("--vae-tiling", vae_tiling, VAE_TILINGS)
+    _check_sparsity(sparsity)
     src = resolve_model(model)
     if image is not None and not src.takes_image:
         raise BadInput(f"--model {model} is a text-to-video model and takes no image; use `vsagen t2v PROMPT`, "
@@ -641,14 +646,10 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     attns = _split_list(attn, "--attn", names, "unknown --attn {x!r}; available: " + ", ".join(names))
     tile_fits = _split_list(tile_fit, "--tile-fit", TILE_FITS,
                             "--tile-fit entries must be among " + ", ".join(TILE_FITS) + ", got {x!r}")
-    if fmt not in PROFILE_FORMATS:
-        raise BadInput(f"--format must be one of {', '.join(PROFILE_FORMATS)}, got {fmt!r}")
-    if dtype not in DTYPES:
-        raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if device not in DEVICES:
-        raise BadInput(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if sparsity is not None and not 0.0 <= sparsity < 1.0:
-        raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
+    _check_choice("--format", fmt, PROFILE_FORMATS)
+    _check_choice("--dtype", dtype, DTYPES)
+    _check_choice("--device", device, DEVICES)
+    _check_sparsity(sparsity)
     if kernels and (steps is not None or warmup is not None):
         raise BadInput("--steps and --warmup count denoising steps; --kernels times the attention alone "
                        "(drop them, or drop --kernels)")

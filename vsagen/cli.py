@@ -85,6 +85,9 @@ Offload = Annotated[str, typer.Option(help="Keep weights in CPU memory and move 
                                            "transformer block at a time, prefetched on a CUDA stream).")]
 VaeTiling = Annotated[str, typer.Option(help="Decode (and encode) with diffusers' spatially tiled VAE: 'on', 'off', "
                                              "or 'auto' (on for frames of more than 480x832 pixels).")]
+Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
+                                       "compile_repeated_blocks; the attention backend runs between the compiled "
+                                       "graphs). The first step pays the compilation: use --warmup 1.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
 Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
 
@@ -130,7 +133,8 @@ def t2v(
     negative_prompt: NegativePrompt = None, seed: Seed = 0,
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", json_out: JsonOut = False,
+    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
+    json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
@@ -157,7 +161,8 @@ def i2v(
     negative_prompt: NegativePrompt = None, seed: Seed = 0,
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", json_out: JsonOut = False,
+    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
+    json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with
@@ -200,7 +205,8 @@ def profile(
                                              "embeddings).")] = "a red fox running through fresh snow, cinematic",
     guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None,
     seed: Seed = 0, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
-    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, verbose: Verbose = False,
+    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, compile: Compile = False,
+    verbose: Verbose = False,
 ) -> None:
     """Compare attention backends on one loaded model: DiT and attention time per step, speed-up vs full.
 

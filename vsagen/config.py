@@ -106,6 +106,7 @@ class RunConfig:
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.pipeline.place_pipeline
     vae_tiling: str = "auto"  # auto | on | off, as asked; `vae_tiled` is the decision
     last_image: Path | None = None
+    compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
 
     @property
     def vae_tiled(self) -> bool:
@@ -381,7 +382,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             seed: int = 0, fps: int | None = None, out: Path | None = None, overwrite: bool = False,
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
-            fit: str = "crop", offload: str = "none", vae_tiling: str = "auto",
+            fit: str = "crop", offload: str = "none", vae_tiling: str = "auto", compile: bool = False,
             last_image: Path | None = None) -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
@@ -469,7 +470,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         flow_shift=flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
-        offload=offload, vae_tiling=vae_tiling, last_image=last_image,
+        offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile,
     )
 
 
@@ -546,6 +547,7 @@ class ProfileConfig:
     out: Path | None
     plot: Path | None
     overwrite: bool
+    compile: bool = False
 
     @property
     def image(self) -> None:
@@ -628,7 +630,7 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
                     out: Path | None = None, plot: Path | None = None, overwrite: bool = False,
                     device: str = "auto", dtype: str = "auto", random_weights: bool = False,
                     allow_pickle: bool = False, warmup: int | None = None, stock: bool = True,
-                    kernels: bool = False) -> ProfileConfig:
+                    kernels: bool = False, compile: bool = False) -> ProfileConfig:
     """Validate a `vsagen profile` request (flag > preset default, as in `resolve`).
 
     `attn` and `tile_fit` are comma-separated lists (each entry once). `--sparsity` goes to the sparse backends
@@ -650,6 +652,8 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     _check_choice("--dtype", dtype, DTYPES)
     _check_choice("--device", device, DEVICES)
     _check_sparsity(sparsity)
+    if kernels and compile:
+        raise BadInput("--compile compiles the transformer blocks; --kernels times the attention alone (drop one)")
     if kernels and (steps is not None or warmup is not None):
         raise BadInput("--steps and --warmup count denoising steps; --kernels times the attention alone "
                        "(drop them, or drop --kernels)")
@@ -707,5 +711,5 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         full_steps=d.steps, guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=d.flow_shift,
         max_sequence_length=d.max_sequence_length, device=dev, dtype=dt, tile_fits=tile_fits,
         random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup, stock=stock, kernels=kernels,
-        heads=heads, head_dim=head_dim, fmt=fmt, out=out, plot=plot, overwrite=overwrite,
+        heads=heads, head_dim=head_dim, fmt=fmt, out=out, plot=plot, overwrite=overwrite, compile=compile,
     )

@@ -219,6 +219,28 @@ def place_pipeline(pipe: Any, offload: str, device: str) -> None:
         raise ValueError(f"unknown offload mode {offload!r}")
 
 
+# `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
+# (`vsagen profile` recompiles per backend / tile fit; blocks[0] carries the tile-order pre-hook).
+COMPILE_CACHE_SIZE = 64
+
+
+def compile_transformers(pipe: Any) -> None:
+    """torch.compile every transformer's repeated blocks (diffusers' `compile_repeated_blocks`, one graph
+    shared by all `WanTransformerBlock`s; `dynamic=False`, as the shapes of a run are fixed).
+
+    The graphs break around the attention backend (`vsagen.attention.processor.run_backend` is never traced):
+    projections, q/k norm and RoPE, the output projection, cross-attention, FFN and modulation are compiled;
+    the backend's own kernels (cuDNN SDPA, the VSA Triton kernels) run between the graphs, timed as usual.
+    Regions inside the compiled graphs (`attn1`, `layout`) are not timed then. Compilation happens on the first
+    forward of each configuration: `--warmup` keeps it out of the timed steps.
+    """
+    import torch
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILE_CACHE_SIZE)
+    for _, t in experts(pipe):
+        t.compile_repeated_blocks(fullgraph=False, dynamic=False)
+
+
 def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> LoadedModel:
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
     see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
@@ -472,6 +494,11 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     plan = denoise_plan(cfg, pipe, cfg.tile_fit)
     timer = Timer(cfg.device)
     patches = [patch_transformer(t, backend, timer, expert=name) for name, t in experts(pipe)]
+    if cfg.compile:
+        compile_transformers(pipe)
+        model.notes.append("--compile: transformer blocks compiled (torch.compile); attn1 and layout are inside "
+                           "the compiled graphs and not timed, the attention backend is"
+                           + ("" if cfg.warmup else "; no --warmup: the first step includes compilation"))
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)

@@ -193,8 +193,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     from . import __version__
     from .attention.processor import patch_transformer, time_transformer
     from .bench import rel_l2
-    from .pipeline import (denoise_latents, denoise_plan, encode_prompts, expert_kwargs, experts, load_model,
-                           step_counter, torch_dtype, versions)
+    from .pipeline import (compile_transformers, denoise_latents, denoise_plan, encode_prompts, expert_kwargs,
+                           experts, load_model, step_counter, torch_dtype, versions)
     from .timing import Timer, TimingReport
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -213,6 +213,10 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     pipe = model.pipe
     pipe.set_progress_bar_config(disable=True)
     transformers = experts(pipe)
+    if cfg.compile:
+        compile_transformers(pipe)  # each configuration compiles in its warm-up steps
+        model.notes.append("--compile: transformer blocks compiled (torch.compile) for every configuration; "
+                           "attention runs between the compiled graphs")
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     cuda = device.type == "cuda"

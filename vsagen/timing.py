@@ -51,8 +51,9 @@ class Timer:
         return time.perf_counter()
 
     def start(self, name: str) -> int | None:
-        """Open a region; returns a token for `stop` (None when disabled)."""
-        if not self.enabled:
+        """Open a region; returns a token for `stop` (None when disabled, and while torch.compile traces: regions
+        inside a compiled graph are not timed, see `vsagen.attention.processor.run_backend`)."""
+        if torch.compiler.is_compiling() or not self.enabled:  # compiling first: no guard on `enabled`
             return None
         token = self._next_token
         self._next_token += 1
@@ -74,7 +75,8 @@ class Timer:
         far is recorded) and reopened right after it, so the body's time appears under `name` only; the report
         adds the pieces of the enclosing region. Regions opened inside the body nest as usual.
         """
-        paused = self._pause(apart_from) if apart_from is not None and self.enabled else []
+        paused = (self._pause(apart_from) if not torch.compiler.is_compiling() and apart_from is not None
+                  and self.enabled else [])
         token = self.start(name)
         try:
             yield

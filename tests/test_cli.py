@@ -256,8 +256,15 @@ BAD_INPUTS = [
     # found by a new-user trial: these used to run (or fail late with exit 1)
     ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
     ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),
-    ("flow-shift-0", ["--flow-shift", "0"], ["--flow-shift", "> 0"]),
+    ("flow-shift-0", ["--flow-shift", "0"], ["--flow-shift", "(0, 1000]"]),
     ("flow-shift-nan", ["--flow-shift", "nan"], ["--flow-shift", "nan"]),
+    # found by the second new-user trial: these used to load the model and fail with exit 1, or write black frames
+    ("steps-huge", ["--steps", "99999999999999999999"], ["--steps", "10000"]),
+    ("warmup-huge", ["--warmup", "99999999999999999999"], ["--warmup", "10000"]),
+    ("guidance-huge", ["--guidance", "1e308"], ["--guidance", "100"]),
+    ("flow-shift-huge", ["--flow-shift", "1e300"], ["--flow-shift", "1000"]),
+    ("attn-impl-unknown", ["--attn-impl", "cuda"], ["--attn-impl", "triton", "torch"]),
+    ("out-no-name", ["--out", "{tmp}/.mp4"], ["no file name"]),
     ("seed-negative", ["--seed=-1"], ["--seed", "-1"]),
     ("seed-huge", ["--seed", str(2**64)], ["--seed"]),
     ("out-dot", ["--out", "{tmp}/."], [".mp4"]),  # pathlib reads "dir/." as "dir": no .mp4 name

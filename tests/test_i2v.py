@@ -149,7 +149,7 @@ def test_i2v_with_vsa_torch(i2v_dir, tmp_path):
               "0.5", *SMALL, "--out", str(out), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "torch"}
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "torch", "impl_ran": "torch"}
     assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
     assert read_mp4(out).shape == (5, 64, 64, 3)
 
@@ -207,6 +207,26 @@ def test_unreadable_image(vsagen_cache, tmp_path, content):
     line = one_error_line(i2v(str(bad), "a fox", "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")))
     assert str(bad) in line
     assert list(tmp_path.iterdir()) == [bad]
+
+
+def test_decompression_bomb_is_bad_input(vsagen_cache, tmp_path, monkeypatch):
+    """An image past PIL's decompression-bomb limit is one error line (exit 2), not PIL's exception; one past
+    the warning threshold but under the limit opens without PIL's warning reaching the user."""
+    import warnings
+
+    from PIL import Image as PILImage
+
+    from vsagen.image import open_image
+
+    img = noise_image(tmp_path / "big.png", size=(48, 40))  # 1,920 pixels
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 1000)  # warning above 1,000, error above 2,000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert open_image(img).size == (48, 40)
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 500)
+    line = one_error_line(i2v(str(img), "a fox", "--model", "tiny-i2v", "--out", str(tmp_path / "o" / "x.mp4")))
+    assert "too large" in line and str(img) in line
+    assert [p.name for p in tmp_path.iterdir()] == ["big.png"]
 
 
 def test_image_given_to_a_text_only_model(vsagen_cache, tmp_path):
@@ -506,7 +526,7 @@ def test_vsa_triton_on_the_first_last_frame_families(flf2v_dir, i2v_a14b_dir, tm
               "triton", "--sparsity", "0.5", *SMALL, "--out", str(tmp_path / "v.mp4"), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "triton"}
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "triton", "impl_ran": "triton"}
     assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
     assert data["last_image"] == str(last)
     assert read_mp4(tmp_path / "v.mp4").shape == (5, 64, 64, 3)

@@ -64,7 +64,8 @@ Frames = Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")
 Steps = Annotated[Optional[int], typer.Option(help="Denoising steps.")]
 Guidance = Annotated[Optional[float], typer.Option(help="CFG scale (> 1 runs two DiT passes a step).")]
 Guidance2 = Annotated[Optional[float], typer.Option(help="CFG scale of the second expert (two-expert models such "
-                                                         "as tiny-a14b; default from the preset, else --guidance).")]
+                                                         "as wan2.2-t2v-a14b / wan2.2-i2v-a14b; default from the "
+                                                         "preset, else --guidance).")]
 FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep shift of the scheduler (> 0; larger "
                                                          "spends more steps at high noise; default from the preset).")]
 NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")]
@@ -113,7 +114,8 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
         s = result.summary
         title = (f"{s['model']} | attn {s['attn']}"
                  + (f" (sparsity {cfg.sparsity})" if cfg.sparsity is not None else "")
-                 + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} steps | {cfg.device} {cfg.dtype}"
+                 + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+                 + f" | {cfg.device} {cfg.dtype}"
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
                  + (" | VAE tiled" if s["vae_tiling"] else ""))
         con.print(result.report.rich_table(title=title))

@@ -24,6 +24,13 @@ from .presets import (I2V_PIPELINE, LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IM
                       preset_names, same_architecture, same_family)
 
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+# Upper bounds that turn absurd requests into bad input before anything loads: diffusers' schedulers train on
+# 1000 timesteps (runs past a few thousand steps only repeat them; huge counts fail inside numpy); CFG scales past
+# ~20 already saturate pictures and far larger ones overflow the latents into black frames; flow shifts of the
+# Wan family are 3..16.
+MAX_STEPS = 10_000
+MAX_GUIDANCE = 100.0
+MAX_FLOW_SHIFT = 1000.0
 DEVICES = ("auto", "cuda", "cpu")
 DTYPES = ("auto", "bf16", "fp16", "fp32")
 TILE_FITS = ("partial", "crop")
@@ -226,6 +233,8 @@ def _check_folder(folder: Path) -> None:
 
 
 def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
+    if out.name.lower() == ".mp4":
+        raise BadInput(f"--out {out}: no file name before .mp4; give e.g. video.mp4")
     if out.suffix.lower() != ".mp4":
         raise BadInput(f"--out {out}: the video is written as mp4; give a path ending in .mp4")
     for p in (out, json_out):
@@ -320,10 +329,10 @@ def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: 
             raise BadInput(f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}, "
                            f"nearest valid: {lo} or {lo + mult}" if v >= mult else
                            f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}")
-    if steps < 1:
-        raise BadInput(f"--steps must be at least 1, got {steps}")
-    if not math.isfinite(guidance) or guidance < 0:
-        raise BadInput(f"--guidance must be a finite number >= 0, got {guidance}")
+    if not 1 <= steps <= MAX_STEPS:
+        raise BadInput(f"--steps must be in [1, {MAX_STEPS}], got {steps}")
+    if not math.isfinite(guidance) or not 0 <= guidance <= MAX_GUIDANCE:
+        raise BadInput(f"--guidance must be a number in [0, {MAX_GUIDANCE:g}], got {guidance}")
     experts = src.preset.experts
     if guidance_2 is not None and experts < 2:
         raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {src.preset.name} has one transformer; "
@@ -331,8 +340,8 @@ def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: 
     if experts >= 2:
         guidance_2 = guidance_2 if guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
                                                                   else guidance)
-        if not math.isfinite(guidance_2) or guidance_2 < 0:
-            raise BadInput(f"--guidance-2 must be a finite number >= 0, got {guidance_2}")
+        if not math.isfinite(guidance_2) or not 0 <= guidance_2 <= MAX_GUIDANCE:
+            raise BadInput(f"--guidance-2 must be a number in [0, {MAX_GUIDANCE:g}], got {guidance_2}")
     if not 0 <= seed < 2**63:
         raise BadInput(f"--seed must be in [0, 2^63), got {seed}")
     if random_weights and not src.exact_preset:
@@ -427,14 +436,17 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     d = src.preset.defaults
     if uses_sparsity(attn):
         sparsity = d.sparsity if sparsity is None else sparsity
+    known_impls = sorted({i for a in backend_names() for i in backend_impls(a)})
+    if attn_impl not in known_impls:
+        raise BadInput(f"--attn-impl must be one of {', '.join(known_impls)}, got {attn_impl!r}")
     make_backend(attn, sparsity, attn_impl)  # raises for a sparsity or impl the backend does not take
     height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
         guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
     fps = d.fps if fps is None else fps
     flow_shift = d.flow_shift if flow_shift is None else flow_shift
-    if not math.isfinite(flow_shift) or flow_shift <= 0:
-        raise BadInput(f"--flow-shift must be a finite number > 0, got {flow_shift}")
+    if not math.isfinite(flow_shift) or not 0 < flow_shift <= MAX_FLOW_SHIFT:
+        raise BadInput(f"--flow-shift must be a number in (0, {MAX_FLOW_SHIFT:g}], got {flow_shift}")
     if last_image is not None and frames < 2:
         raise BadInput(f"--last-image needs --frames {1 + src.preset.vae_stride_temporal} or more (with --frames 1 "
                        "the first frame is the last)")
@@ -449,8 +461,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
                            f"{plan.denoise_frames}")
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
-    if warmup < 0:
-        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    if not 0 <= warmup <= MAX_STEPS:
+        raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
     dev = resolve_device(device)
     if offload != "none" and dev != "cuda":
         how = "--device cpu" if device == "cpu" else "--device auto found no CUDA"
@@ -679,8 +691,8 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
         guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)
     warmup = PROFILE_WARMUP if warmup is None else warmup
-    if warmup < 0:
-        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    if not 0 <= warmup <= MAX_STEPS:
+        raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
     dev = resolve_device(device)
     dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
     heads, head_dim = _attention_dims(src, model) if kernels else (0, 0)

@@ -11,6 +11,7 @@ decoding; the fitted image is then extended to that size by repeating its last r
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from .errors import BadInput
@@ -30,14 +31,19 @@ def open_image(path: Path):
     if not path.is_file():
         raise BadInput(f"image {path} is not a file")
     try:
-        with Image.open(path) as im:
-            fmt = im.format
-            if fmt not in FORMATS:
-                raise BadInput(f"image {path}: format {fmt} is not supported; use PNG, JPEG or WebP")
-            im.load()
-            return im.convert("RGB")
+        with warnings.catch_warnings():  # large but allowed images: PIL's bomb warning is not for our users
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                fmt = im.format
+                if fmt not in FORMATS:
+                    raise BadInput(f"image {path}: format {fmt} is not supported; use PNG, JPEG or WebP")
+                im.load()
+                return im.convert("RGB")
     except BadInput:
         raise
+    except Image.DecompressionBombError:
+        raise BadInput(f"image {path} is too large to decode safely (more than {2 * Image.MAX_IMAGE_PIXELS:,} "
+                       "pixels); scale it down first") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise BadInput(f"cannot read image {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                        "; use a PNG, JPEG or WebP file") from None

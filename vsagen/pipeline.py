@@ -567,7 +567,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     layout = tile_layout(plan.denoise_grid)
     summary = {
         "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
-        "backend": backend.describe(), "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
+        "backend": {**backend.describe(), **({"impl_ran": backend.resolved_impl(torch.device(cfg.device))}
+                                             if hasattr(backend, "resolved_impl") else {})},
+        "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
         "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
         "guidance_2": extra.get("guidance_scale_2"), "experts": [name for name, _ in experts(pipe)],
         "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),

@@ -308,7 +308,10 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                 "partial_attention_s_per_step": p.attention_s_per_step,
                 "crop_attention_s_per_step": c.attention_s_per_step,
             })
-    notes = list(model.notes)
+    notes = [n.replace("its videos are noise", "its outputs are noise") for n in model.notes]
+    if not cuda:
+        notes.append("CPU timings (each configuration measured once, in order): indicative only, other work on the "
+                     "machine moves them a lot; compare backends on a GPU")
     if BASELINE not in [s.name for s in cfg.backends]:
         notes.append("no `full` in --attn: speed-ups, latent distances and the overhead of `full` are not computed")
     if cuda and cfg.stock:

@@ -272,6 +272,7 @@ BAD_INPUTS = [
     ("frames-past-rope", ["--frames", "129", "--height", "16", "--width", "16"], ["--frames", "125"]),
     ("height-past-rope", ["--height", "528", "--frames", "1"], ["--height", "512"]),
     ("width-past-rope", ["--width", "1024", "--frames", "1"], ["--width", "512"]),
+    ("width-huge-off-stride", ["--width", "99999999"], ["--width", "<= 512", "99999999"]),
     ("random-weights-unknown-arch", ["--model", "some-org/some-model", "--random-weights"],
      ["--random-weights", "preset", "tiny"]),
 ]

@@ -323,7 +323,13 @@ def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: 
         lo, hi = nearest_valid_frames(max(frames, 1), stride_t)
         raise BadInput(f"--frames must be {stride_t}k+1 (1, {1 + stride_t}, {1 + 2 * stride_t}, ...); got {frames}, "
                        f"nearest valid: {lo} or {hi}")
-    for name, v in (("--height", height), ("--width", width)):
+    limit = src.rope_max_seq_len
+    for name, v, patch in (("--height", height, src.preset.patch_size[1]), ("--width", width,
+                                                                         src.preset.patch_size[2])):
+        top = limit * patch * src.preset.vae_stride_spatial if limit else None
+        if top is not None and v > top:  # before the stride check: its nearest sizes would be too large too
+            raise BadInput(f"{name} too large for {src.preset.name}: its position tables cover {limit} latent "
+                           f"positions per axis, i.e. {name} <= {top}; got {v}")
         if v < mult or v % mult:
             lo = max(mult, v // mult * mult)
             raise BadInput(f"{name} must be a positive multiple of {mult} for {src.preset.name}; got {v}, "

@@ -24,13 +24,43 @@ def vsagen_cache(tmp_path_factory):
         os.environ["VSAGEN_CACHE"] = old
 
 
-@pytest.fixture(scope="session")
-def tiny_dir(vsagen_cache):
-    """Directory of the saved tiny pipeline (diffusers layout, safetensors)."""
+def saved_tiny(name: str):
+    """Directory of the saved tiny pipeline of preset `name` (built once into the session's VSAGEN_CACHE)."""
     from vsagen.presets import load_preset
     from vsagen.tiny import ensure_tiny_checkpoint
 
-    return ensure_tiny_checkpoint(load_preset("tiny"))
+    return ensure_tiny_checkpoint(load_preset(name))
+
+
+# One fixture per tiny family, shared by every test file (each checkpoint is built once per session).
+@pytest.fixture(scope="session")
+def tiny_dir(vsagen_cache):
+    return saved_tiny("tiny")
+
+
+@pytest.fixture(scope="session")
+def ti2v_dir(vsagen_cache):
+    return saved_tiny("tiny-ti2v")
+
+
+@pytest.fixture(scope="session")
+def a14b_dir(vsagen_cache):
+    return saved_tiny("tiny-a14b")
+
+
+@pytest.fixture(scope="session")
+def i2v_dir(vsagen_cache):
+    return saved_tiny("tiny-i2v")
+
+
+@pytest.fixture(scope="session")
+def flf2v_dir(vsagen_cache):
+    return saved_tiny("tiny-flf2v")
+
+
+@pytest.fixture(scope="session")
+def i2v_a14b_dir(vsagen_cache):
+    return saved_tiny("tiny-i2v-a14b")
 
 
 @pytest.fixture

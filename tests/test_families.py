@@ -26,18 +26,6 @@ runner = CliRunner()
 STEPS = 2
 
 
-@pytest.fixture(scope="module")
-def ti2v_dir(vsagen_cache):
-    from vsagen.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(load_preset("tiny-ti2v"))
-
-
-@pytest.fixture(scope="module")
-def a14b_dir(vsagen_cache):
-    from vsagen.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(load_preset("tiny-a14b"))
 
 
 def raw(name: str) -> dict:

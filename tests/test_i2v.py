@@ -26,12 +26,6 @@ runner = CliRunner()
 SMALL = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"]
 
 
-@pytest.fixture(scope="module")
-def i2v_dir(vsagen_cache):
-    from vsagen.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(load_preset("tiny-i2v"))
-
 
 def noise_image(path, size=(48, 40), seed=0):
     """A random-noise RGB image (width, height) saved at `path` (format from the suffix)."""
@@ -263,12 +257,6 @@ def test_i2v_checkpoint_refused_by_t2v_loader(i2v_dir, tmp_path):
 # Text-image-to-video (Wan2.2-TI2V-5B style): the `tiny-ti2v` checkpoint (a WanPipeline) animates an image too
 
 
-@pytest.fixture(scope="module")
-def ti2v_dir(vsagen_cache):
-    from vsagen.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(load_preset("tiny-ti2v"))
-
 
 def test_ti2v_model_takes_an_image_too(ti2v_dir, tmp_path):
     assert load_preset("tiny-ti2v").takes_image and load_preset("wan2.2-ti2v-5b").takes_image
@@ -319,18 +307,6 @@ def test_ti2v_random_weights_image_run(vsagen_cache, tmp_path):
 # models without a CLIP branch take it (`tiny-i2v-a14b`: the condition alone), the others refuse it
 
 
-@pytest.fixture(scope="module")
-def flf2v_dir(vsagen_cache):
-    from vsagen.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(load_preset("tiny-flf2v"))
-
-
-@pytest.fixture(scope="module")
-def i2v_a14b_dir(vsagen_cache):
-    from vsagen.tiny import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint(load_preset("tiny-i2v-a14b"))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@
    `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
 Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
+       [--probe] [--tile-loads auto|on|off]
        [--no-check] [--no-flex] [--json out.json]
 """
 
@@ -167,13 +168,11 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
 
 
 # Size-class launch tables to try, BLOCK_D 128: ((block, num_warps, num_stages), ...) as in block_sparse_attn.
-FWD_SWEEP = (((64, 4, 3),), ((32, 4, 3), (64, 4, 3)), ((16, 4, 3), (32, 4, 3), (64, 4, 3)),
-             ((32, 2, 3), (64, 4, 3)), ((16, 1, 3), (32, 2, 3), (64, 4, 3)), ((16, 2, 3), (32, 2, 3), (64, 4, 3)),
-             ((16, 4, 3), (32, 4, 4), (64, 4, 3)))
-DQ_SWEEP = (((64, 4, 2),), ((32, 4, 2), (64, 4, 2)), ((16, 4, 2), (32, 4, 2), (64, 4, 2)),
-            ((32, 2, 2), (64, 4, 2)), ((16, 2, 2), (32, 2, 2), (64, 4, 2)), ((16, 4, 3), (32, 4, 3), (64, 4, 2)))
-DKDV_SWEEP = (((64, 4, 3),), ((32, 4, 3), (64, 4, 3)), ((16, 4, 3), (32, 4, 3), (64, 4, 3)),
-              ((32, 2, 3), (64, 4, 3)), ((16, 2, 3), (32, 2, 3), (64, 4, 3)), ((16, 4, 2), (32, 4, 2), (64, 4, 3)))
+FWD_SWEEP = (((64, 4, 3),), ((64, 4, 2),), ((64, 4, 4),), ((16, 4, 3), (32, 4, 3), (64, 4, 3)))
+DQ_SWEEP = (((16, 4, 2), (32, 4, 2), (64, 4, 2)), ((16, 4, 3), (32, 4, 3), (64, 4, 3)), ((64, 4, 2),), ((64, 4, 3),),
+            ((16, 4, 2), (32, 4, 2), (64, 4, 3)))
+DKDV_SWEEP = (((16, 4, 2), (32, 4, 2), (64, 4, 3)), ((16, 4, 2), (32, 4, 2), (64, 4, 2)),
+              ((16, 4, 3), (32, 4, 3), (64, 4, 3)), ((64, 4, 3),), ((64, 4, 2),))
 
 
 def selected_inputs(shape: Shape, sparsity: float, seed: int):
@@ -362,11 +361,14 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention rows")
     ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
+    ap.add_argument("--tile-loads", choices=bsa.TMA_MODES, default=bsa.TMA_LOADS,
+                    help="how the fine-stage loops fetch tiles: TMA descriptors or pointer loads (bsa.TMA_LOADS)")
     args = ap.parse_args()
+    bsa.TMA_LOADS = args.tile_loads
     import triton
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-          f"sparsity {args.sparsity}", flush=True)
+          f"sparsity {args.sparsity} tile loads {args.tile_loads}", flush=True)
     report: dict = {"checks": {}, "rows": []}
     if not args.no_check:
         check(SHAPES["1.3b"], args.sparsity, report["checks"])

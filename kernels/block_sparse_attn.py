@@ -21,6 +21,11 @@ Layout contract:
     returns: out (B, S, H, D) like q; lse (B, H, S) fp32, natural-log log-sum-exp of each query row
              (-inf for a row with no selected tile, whose output is 0 and whose gradients are 0)
 
+The loops fetch their 64-token tiles (K / V in the forward and dQ kernels, Q / dO in the dK/dV kernel) by TMA
+on Hopper and later GPUs (`use_tma`, `TMA_LOADS`): whole (64, D) boxes of the (B*S, H*D) tensor, so a partial
+tile's box also covers the next tile's first rows; those are masked in the scores exactly as pointer loads'
+zero rows are (the results are bitwise equal, tested under the interpreter). Elsewhere, pointer loads.
+
 `block_sparse_attention` (the public function) runs the kernels through the `torch.library` custom ops
 `vsagen::block_sparse_attn` / `vsagen::block_sparse_attn_bwd`, so autograd and torch.compile (no graph break)
 see through them.
@@ -49,8 +54,10 @@ LN2 = 0.6931471805599453  # ln(2): converts the base-2 LSE back to natural log
 # tiles at grid edges (27% of the Wan2.1-1.3B 480p tiles hold 8, 16 or 32 tokens) then stop paying for 64 rows.
 # One class (64, ...) is the plain launch.
 # Forward, BLOCK_D 128, one class: swept on the H200 at the Wan2.1-1.3B 480p shape, 87.5% sparsity
-# (benchmarks/attention.py --sweep): (num_warps, num_stages) (4, 2) / (4, 3) / (4, 4) / (8, 2) / (8, 3) took
-# 3.18 / 2.94 / 3.11 / 6.91 / 5.92 ms.
+# (benchmarks/attention.py --sweep): with pointer loads (num_warps, num_stages) (4, 2) / (4, 3) / (4, 4) / (8, 2) /
+# (8, 3) took 3.18 / 2.94 / 3.11 / 6.91 / 5.92 ms; with TMA loads (4, 2) / (4, 3) / (4, 4) 3.04 / 2.70 / 3.55 ms and
+# 16 / 32 / 64-row classes at (4, 3) 2.78 ms. (4, 3) is the largest pipeline at which two programs share an SM
+# (114.7 KB of shared memory each).
 FWD_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),), 128: ((64, 4, 3),), 256: ((64, 4, 3),)}
 
 # Backward, BLOCK_D 128, one class: swept on the H200 (torch 2.11, triton 3.6; benchmarks/attention.py
@@ -65,6 +72,8 @@ FWD_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),), 128: ((64
 # (16, 4, 2), (32, 4, 2), (64, 4, 3) took 8.57 ms (with (32, 4, 3), (64, 4, 3): 9.13; (32, 2, 3), (64, 4, 3): 9.71);
 # dQ with (16, 4, 2), (32, 4, 2), (64, 4, 2) took 8.95 ms (the others 8.96 - 9.09). The forward gained nothing
 # from classes (one class 2.96 ms; 16/32/64 at 4 warps 3.01; fewer warps for the small classes 3.25 - 3.49).
+# Re-swept with TMA loads (same day): the whole backward (k2q prebuilt) took 8.18 - 9.02 ms over five dQ and five
+# dK/dV tables, the tables below within 0.17 ms of the best (run-to-run spread ~0.15 ms), so they stay.
 BWD_DQ_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
                  128: ((16, 4, 2), (32, 4, 2), (64, 4, 2)), 256: ((64, 8, 1),)}
 BWD_DKDV_LAUNCH = {16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
@@ -78,6 +87,14 @@ FP32_WIDE_NUM_STAGES = 1
 FP32_BWD_MAX_BLOCK_D = 128
 # The delta preprocess is a streaming row reduction: one warp group is plenty.
 PRE_NUM_WARPS = 4
+
+# How the loops fetch their 64-token tiles (K / V in the forward and dQ kernels, Q / dO in the dK/dV kernel):
+# "auto" by TMA (tensor-descriptor boxes) on GPUs of compute capability >= 9.0 when `use_tma` allows it, else by
+# pointer loads; "on" by TMA wherever the layout allows it (also under the interpreter: the tests use it);
+# "off" never. On the H200 at the Wan2.1-1.3B 480p shape TMA took the fine forward from 2.95 to 2.70 ms
+# (benchmarks/fwd_variants.py, 2026-11-29): fewer address instructions and registers in the loop.
+TMA_LOADS = "auto"
+TMA_MODES = ("auto", "on", "off")
 
 
 def interpreting() -> bool:
@@ -114,6 +131,21 @@ def _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, off
 
 
 @triton.jit
+def _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, row0, col0, offs_n, DOT_FP32: tl.constexpr):
+    """`_load_kv_tile` by TMA: key tile `kt` of K and V as whole (BLOCK_N, BLOCK_D) boxes of the (B*S, H*D)
+    descriptors at (row0 + tile start, col0). Rows past a partial tile's end hold the next tile's tokens (zeros
+    past the tensor's end): they are flagged False in n_ok and must be masked by the caller."""
+    k_start = tl.load(off_ptr + kt)
+    n_ok = offs_n < tl.load(off_ptr + kt + 1) - k_start
+    k = k_desc.load([row0 + k_start, col0])
+    v = v_desc.load([row0 + k_start, col0])
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v, n_ok
+
+
+@triton.jit
 def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
     """One online-softmax update (FlashAttention-2 alg. 1) with scores s (BLOCK_M, BLOCK_N) fp32 unscaled, key
     validity n_ok (BLOCK_N,), values v (BLOCK_N, BLOCK_D); returns the new (m_i, l_i, acc), base 2."""
@@ -132,7 +164,7 @@ def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
 
 @triton.jit
 def _bsa_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, k_desc, v_desc, seq_len,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -142,10 +174,11 @@ def _bsa_fwd_kernel(
     stride_cb, stride_ch,
     num_heads, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
-    unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class)."""
+    unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
+    K / V tiles come by TMA from k_desc / v_desc (see `use_tma`), else by pointer loads from k_ptr / v_ptr."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -172,8 +205,11 @@ def _bsa_fwd_kernel(
     v_base = v_ptr + b * stride_vb + h * stride_vh
     for i in range(0, cnt):
         kt = tl.load(row_ptr + i)
-        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                   DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+        if TMA:
+            k, v, n_ok = _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, b * seq_len, h * HEAD_DIM, offs_n, DOT_FP32)
+        else:
+            k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                       DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
         s = _mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
         m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
@@ -217,7 +253,7 @@ def _bsa_bwd_preprocess_kernel(
 
 @triton.jit
 def _bsa_bwd_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, q2k_ptr, cnt_ptr, off_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, q2k_ptr, cnt_ptr, off_ptr, k_desc, v_desc, seq_len,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -228,10 +264,10 @@ def _bsa_bwd_dq_kernel(
     stride_cb, stride_ch,
     num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row; exits
-    at once outside its size class (len_lo, len_hi]."""
+    at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, as in the forward."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -266,8 +302,11 @@ def _bsa_bwd_dq_kernel(
     v_base = v_ptr + b * stride_vb + h * stride_vh
     for i in range(0, cnt):
         kt = tl.load(row_ptr + i)
-        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                   DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+        if TMA:
+            k, v, n_ok = _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, b * seq_len, h * HEAD_DIM, offs_n, DOT_FP32)
+        else:
+            k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                       DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
         s = _mm(q, tl.trans(k), IEEE)
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
         p = tl.exp2(s - lse2[:, None])  # p: (BLOCK_M, BLOCK_N) fp32, the forward's softmax
@@ -281,7 +320,8 @@ def _bsa_bwd_dq_kernel(
 
 @triton.jit
 def _bsa_bwd_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, k2q_ptr, cnt_ptr, off_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, k2q_ptr, cnt_ptr, off_ptr, q_desc, do_desc,
+    seq_len,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
@@ -293,10 +333,11 @@ def _bsa_bwd_dkdv_kernel(
     stride_cb, stride_ch,
     num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program: dK and dV of one key tile of one (batch, head), looping over the query tiles of its k2q row;
-    exits at once outside its size class (len_lo, len_hi].
+    exits at once outside its size class (len_lo, len_hi]. TMA: the Q / dO tiles by TMA from q_desc / do_desc
+    (rows past a partial query tile's end then hold the next tile's tokens; their LSE is +inf, so P^T is 0).
 
     Works on transposed scores S^T = K Q^T so that no (BLOCK_N, BLOCK_M) tile needs a register transpose. Rows
     past the key tile's end see zero keys; their dK / dV rows are computed but never stored.
@@ -337,9 +378,13 @@ def _bsa_bwd_dkdv_kernel(
         q_len = tl.load(off_ptr + qt + 1) - q_start
         m_ok = offs_m < q_len
         rows = (q_start + offs_m)[:, None]
-        q_mask = m_ok[:, None] & d_ok[None, :]
-        q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
-        do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0)
+        if TMA:
+            q = q_desc.load([b * seq_len + q_start, h * HEAD_DIM])  # (BLOCK_M, BLOCK_D)
+            do = do_desc.load([b * seq_len + q_start, h * HEAD_DIM])
+        else:
+            q_mask = m_ok[:, None] & d_ok[None, :]
+            q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
+            do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0)
         lse = tl.load(lse_base + q_start + offs_m, mask=m_ok, other=float("inf"))
         # Base-2 LSE; +inf on rows past the query tile's end (and, defensively, on empty rows): P^T = 0 there.
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
@@ -399,6 +444,45 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.
 # ----------------------------------------------------------------------------------------------- launchers
 
 
+def _tma_layout_ok(x: torch.Tensor) -> bool:
+    """Whether x (B, S, H, D) can be read as the 2D (B*S, H*D) tensor of a TMA descriptor with (64, D) boxes:
+    bf16 / fp16, D a power of two >= 16 (no padding columns), heads contiguous within a token, batches spaced
+    S tokens apart, a 16-byte aligned base and token stride."""
+    b, s, h, d = x.shape
+    if x.dtype not in (torch.bfloat16, torch.float16) or d < 16 or d & (d - 1):
+        return False
+    es = x.element_size()
+    return (x.stride(3) == 1 and x.stride(2) == d and x.stride(1) >= h * d and (b == 1 or x.stride(0) == s * x.stride(1))
+            and x.data_ptr() % 16 == 0 and (x.stride(1) * es) % 16 == 0)
+
+
+def use_tma(*xs: torch.Tensor) -> bool:
+    """Whether the kernels fetch tiles of xs (each (B, S, H, D)) by TMA: `TMA_LOADS` ("auto", "on", "off") and
+    the layout (`_tma_layout_ok`). With TMA the box of a partial tile also covers the rows after it (the next
+    tile's tokens, or zeros past the tensor's end); the kernels mask them in the scores, so inputs must be
+    finite there as everywhere (0 * inf would leak).
+
+    Raises:
+        ValueError: TMA_LOADS is not one of TMA_MODES.
+    """
+    if TMA_LOADS not in TMA_MODES:
+        raise ValueError(f"TMA_LOADS must be one of {TMA_MODES}, got {TMA_LOADS!r}")
+    if TMA_LOADS == "off" or not all(_tma_layout_ok(x) for x in xs):
+        return False
+    if TMA_LOADS == "on":
+        return True
+    dev = xs[0].device
+    return dev.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
+def _tma_desc(x: torch.Tensor, rows: int):
+    """Host-side TMA descriptor of x (B, S, H, D) as a (B*S, H*D) tensor with (rows, D) boxes (`_tma_layout_ok`)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b, s, h, d = x.shape
+    return TensorDescriptor(x, shape=[b * s, h * d], strides=[x.stride(1), 1], block_shape=[rows, d])
+
+
 def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
             tile_offsets: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel (no autograd; see the module docstring for the layout contract).
@@ -414,9 +498,11 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
+    tma = use_tma(k, v)
+    k_desc, v_desc = (_tma_desc(k, BLOCK), _tma_desc(v, BLOCK)) if tma else (k, v)
     for blk, lo, num_warps, num_stages in _size_classes(FWD_LAUNCH, block_d, q.dtype):
         _bsa_fwd_kernel[(n_tiles, b * h)](
-            q, k, v, out, lse, q2k, q2k_cnt, tile_offsets,
+            q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -426,7 +512,7 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
             q2k_cnt.stride(0), q2k_cnt.stride(1),
             h, scale * LOG2E, lo, blk,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
-            DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
+            DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out, lse
@@ -506,7 +592,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check_fp32_bwd(q)
     scale = d ** -0.5 if scale is None else scale
     do = do.to(q.dtype)
-    do = do if do.stride(-1) == 1 else do.contiguous()
+    do = do if do.stride(-1) == 1 and (_tma_layout_ok(do) or not _tma_layout_ok(q)) else do.contiguous()
     out = out if out.stride(-1) == 1 else out.contiguous()
     lse = lse.float().contiguous()
     dlse = None if dlse is None else dlse.float().contiguous()
@@ -522,11 +608,14 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         s, h,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, HAS_DLSE=dlse is not None, num_warps=PRE_NUM_WARPS,
     )
+    tma_kv, tma_qdo = use_tma(k, v), use_tma(q, do)
+    k_desc, v_desc = (_tma_desc(k, BLOCK), _tma_desc(v, BLOCK)) if tma_kv else (k, v)
+    q_desc, do_desc = (_tma_desc(q, BLOCK), _tma_desc(do, BLOCK)) if tma_qdo else (q, do)
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp))
     grid = (n_tiles, b * h)
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DQ_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dq_kernel[grid](
-            q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets,
+            q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -535,12 +624,12 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse.stride(0), lse.stride(1),
             q2k.stride(0), q2k.stride(1), q2k.stride(2),
             q2k_cnt.stride(0), q2k_cnt.stride(1),
-            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK,
+            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
             num_warps=num_warps, num_stages=num_stages,
         )
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DKDV_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
-            q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets,
+            q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
@@ -550,7 +639,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse.stride(0), lse.stride(1),
             k2q.stride(0), k2q.stride(1), k2q.stride(2),
             k2q_cnt.stride(0), k2q_cnt.stride(1),
-            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk,
+            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo,
             num_warps=num_warps, num_stages=num_stages,
         )
     return dq, dk, dv

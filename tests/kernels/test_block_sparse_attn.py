@@ -200,12 +200,19 @@ def test_fp32_matches_reference(grid, b, h, d, top_k, scale, classes):
         assert rel_l2(x, y) < FP32_REL_L2, (name, rel_l2(x, y))
 
 
+@pytest.fixture(params=["pointer", "tma"])
+def tile_loads(request, monkeypatch):
+    """Fetch the loops' tiles by pointer loads or by TMA descriptors (which the interpreter emulates)."""
+    monkeypatch.setattr(bsa, "TMA_LOADS", "on" if request.param == "tma" else "off")
+    return request.param
+
+
 @pytest.mark.parametrize("dtype,grid,d,top_k", [
     (torch.float16, (5, 6, 10), 64, 3),
     (torch.bfloat16, (5, 6, 10), 64, 3),
     (torch.bfloat16, (3, 5, 7), 130, 2),  # BLOCK_D 256, masked on D
 ])
-def test_low_precision_error_bounded_by_eager(dtype, grid, d, top_k, classes):
+def test_low_precision_error_bounded_by_eager(dtype, grid, d, top_k, classes, tile_loads):
     lay = tile_layout(grid)
     q, k, v = make_qkv(1, lay.num_tokens, 1, d, dtype=dtype, seed=11)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, top_k, seed=12)
@@ -330,6 +337,48 @@ def test_backward_is_deterministic(classes):
     a = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
     b = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("dtype,b,h,d", [(torch.bfloat16, 2, 2, 16), (torch.float16, 1, 1, 64)])
+def test_tma_loads_give_the_pointer_loads_result_bitwise(dtype, b, h, d, monkeypatch):
+    """TMA boxes of partial tiles also read the next tile's rows (or the next batch's, or zeros past the end);
+    the masks must make them count for exactly nothing: forward and all gradients equal the pointer-load path
+    bitwise. Grid (5, 6, 10) has partial tiles on every axis; batch 2 puts boxes across the batch boundary."""
+    lay = tile_layout((5, 6, 10))
+    n = lay.num_tiles
+    q, k, v = make_qkv(b, lay.num_tokens, h, d, dtype=dtype, seed=91)
+    q2k, cnt = random_selection(b, h, n, 3, seed=92, partial_counts=True)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(93)).to(dtype)
+    assert bsa._tma_layout_ok(q)
+    results = {}
+    for mode in ("off", "on"):
+        monkeypatch.setattr(bsa, "TMA_LOADS", mode)
+        assert bsa.use_tma(q, k, v) == (mode == "on")
+        results[mode] = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    assert_all_finite(results["on"][0], *results["on"][2:])
+    for name, x, y in zip(NAMES, results["on"], results["off"]):
+        assert torch.equal(x, y), name
+
+
+def test_tma_only_where_the_layout_allows(monkeypatch):
+    """TMA needs 16-bit (B*S, H*D)-viewable tensors with D a power of two; anything else takes pointer loads, and
+    "auto" takes TMA only on a GPU of compute capability >= 9.0 (never under the interpreter)."""
+    monkeypatch.setattr(bsa, "TMA_LOADS", "on")
+    x = torch.randn(2, 70, 3, 32, dtype=torch.bfloat16)
+    qkv = torch.randn(2, 70, 3, 3, 32, dtype=torch.bfloat16)
+    assert bsa.use_tma(x) and bsa.use_tma(qkv[:, :, 1])  # a slice of a packed qkv: token stride 3*H*D
+    assert not bsa.use_tma(x.float())  # fp32
+    assert not bsa.use_tma(torch.randn(2, 70, 3, 40, dtype=torch.bfloat16))  # D not a power of two
+    assert not bsa.use_tma(x.transpose(0, 1).contiguous().transpose(0, 1))  # batches not S tokens apart
+    assert not bsa.use_tma(torch.randn(2, 3, 70, 32, dtype=torch.bfloat16).transpose(1, 2))  # heads not packed
+    assert not bsa.use_tma(x[..., :16])  # D sliced: heads not packed
+    flat = torch.randn(x.numel() + 1, dtype=torch.bfloat16)
+    assert not bsa.use_tma(flat[1:].view(x.shape))  # base 2 bytes off a 16-byte boundary
+    monkeypatch.setattr(bsa, "TMA_LOADS", "auto")
+    assert not bsa.use_tma(x)  # CPU / interpreter
+    monkeypatch.setattr(bsa, "TMA_LOADS", "sometimes")
+    with pytest.raises(ValueError, match="TMA_LOADS"):
+        bsa.use_tma(x)
 
 
 # ---------------------------------------------------------------------------------------------- op, API

@@ -4,7 +4,8 @@ The block-sparse backward (`block_sparse_attn.bsa_bwd`) computes dK and dV one k
 FlashAttention-2's backward does (Dao, arXiv 2307.08691, alg. 2: the outer loop runs over key blocks), so each key
 tile needs the list of query tiles that selected it: the transpose of the forward's q2k lists (VSA paper,
 arXiv 2505.13389, sec. 2, fine stage). `build_k2q_triton` builds it in two launches, a drop-in for the torch
-`block_sparse_attn.build_k2q` (about ten launches, 0.37 ms on the H200 at the Wan2.1-1.3B 480p shape):
+`block_sparse_attn.build_k2q` (about ten launches; 0.37 ms on the H200 at the Wan2.1-1.3B 480p shape inside the
+backward, 0.26 ms of GPU time alone, below):
 
     _k2q_map_kernel      one program per (b, h, query tile i): writes row i of a (B, H, Q_TILES, KV_TILES) uint8
                          block map: zeros over the whole row, a CTA barrier, then 1 at each of the first q2k_cnt[i]
@@ -22,6 +23,17 @@ row); the compaction kernel reads the 4.7 MB map (L2-resident) and writes the 18
 the selected ones at their rank, zeros past the count) and 30 KB of counts. The torch version also writes an
 int64 destination tensor (37 MB) and a cumsum over the transposed map.
 
+Cost on the H200 (torch 2.11, triton 3.6; do_bench_cudagraph, i.e. GPU time only; `bench_k2q` reruns the 1.3B
+case). Wan2.1-1.3B 480p: 23.4 us against 260.5 us for the torch `build_k2q` in the same run. With the earlier
+(KV_GROUP 8, CHUNK_Q 512) compaction (26.7 us in all) the profiler split it into 6.1 us for the map kernel and
+20.4 us for the compaction, which is latency- rather than bandwidth-bound at this size (its 23 MB of traffic
+would take ~7 us at 3.5 TB/s). At that same earlier configuration: Wan2.1-14B 720p (B=1, H=40, 1,440 tiles,
+K=180) 288 us against 4,234 us; 4,096 tiles (B=1, H=12, K=512) 675 us against 9,806 us (about twice the time
+the bytes need there: an 83 / 201 MB map that no longer fits in L2, written and read once, and a 332 / 805 MB
+k2q). With launch overhead (triton.testing.do_bench) the two Triton launches measured 35 - 110 us across
+configurations against 281 us for torch's ten: on that host the Python launch cost, not the GPU, sets the
+do_bench figure.
+
 Layout contract (as `block_sparse_attn.build_k2q`):
     q2k: (B, H, Q_TILES, K) int32 or int64, any strides; the first q2k_cnt[b, h, i] entries of row i used, each in
          [0, KV_TILES), no repeats (repeats are harmless here: they set the same map byte); entries past
@@ -37,8 +49,8 @@ padded buffer); values and shapes are identical, so torch.equal holds. A used q2
 dropped here (never written out of bounds), where the torch version raises (CPU) or trips a device assert (CUDA);
 it is a contract violation either way.
 
-Unsupported: autograd (integer outputs), different q / kv tile counts other than through num_kv_tiles, B * H *
-Q_TILES * KV_TILES of 2^63 bytes or more (int64 offsets; Q_TILES * KV_TILES must stay below 2^31).
+Unsupported: autograd (integer outputs), Q_TILES * KV_TILES of 2^31 or more (int32 offsets within one (b, h);
+the (b, h) offsets are int64).
 """
 
 from __future__ import annotations
@@ -47,12 +59,18 @@ import torch
 import triton
 import triton.language as tl
 
+# Tuning: ranked on the H200 (torch 2.11, triton 3.6) at the Wan2.1-1.3B 480p shape with
+# triton.testing.do_bench_cudagraph (GPU time; whole build_k2q_triton). Compaction (KV_GROUP, CHUNK_Q, warps):
+# (16, 256, 4) 23.4 us, (8, 512, 4) 26.7, (4, 1024, 4) 27.3, (8, 512, 2) 27.6, (1, 1024, 4) 41.2, (32, 256, 8) 41.8.
+# Map kernel at 1 warp instead of 4: 26.9 vs 26.7 us. Zeroing the map with torch.zeros instead of in the map
+# kernel: 29.0 vs 26.7 us. The torch build_k2q took 260.5 us in the same run.
+#
 # Compaction: one program per (b, h, KV_GROUP key tiles), walking the query tiles CHUNK_Q at a time (both powers
 # of two; a (CHUNK_Q, KV_GROUP) int32 tile lives in registers, so their product bounds register use).
 # Q_TILES <= CHUNK_Q is one chunk; longer videos loop with the running count carried. The tests monkeypatch
 # CHUNK_Q small to exercise the loop.
-KV_GROUP = 8
-CHUNK_Q = 512
+KV_GROUP = 16
+CHUNK_Q = 256
 COMPACT_NUM_WARPS = 4
 # Map kernel: a row of the block map is zeroed CHUNK_KV bytes at a time and the q2k row read CHUNK_K entries at a
 # time (both powers of two).
@@ -207,11 +225,13 @@ def random_q2k(b: int, h: int, n: int, top_k: int, device: str | torch.device = 
 
 def bench_k2q(b: int = 1, h: int = 12, n: int = 624, top_k: int = 78, device: str = "cuda",
               seed: int = 0) -> dict:
-    """Time `block_sparse_attn.build_k2q` (torch) against `build_k2q_triton` with triton.testing.do_bench at one
-    shape (default: Wan2.1-1.3B 480p, 87.5% sparsity), after checking that they agree bitwise.
+    """Time `block_sparse_attn.build_k2q` (torch) against `build_k2q_triton` at one shape (default: Wan2.1-1.3B
+    480p, 87.5% sparsity), after checking that they agree bitwise, on random sorted distinct q2k rows.
 
-    Returns {"torch_ms": ..., "triton_ms": ..., "speedup": ...} (do_bench medians, launch overhead included) and
-    prints one line. Raises AssertionError when the outputs differ.
+    Two timings each: triton.testing.do_bench (launch overhead included: on a slow host, mostly the CPU cost of
+    the launches) and triton.testing.do_bench_cudagraph (GPU time only). Returns {"torch_ms", "triton_ms",
+    "torch_graph_ms", "triton_graph_ms"} (milliseconds) and prints one line. Raises AssertionError when the
+    outputs differ.
     """
     from .block_sparse_attn import build_k2q
 
@@ -219,11 +239,14 @@ def bench_k2q(b: int = 1, h: int = 12, n: int = 624, top_k: int = 78, device: st
     want, want_cnt = build_k2q(q2k, cnt, n)
     got, got_cnt = build_k2q_triton(q2k, cnt, n)
     assert torch.equal(got, want) and torch.equal(got_cnt, want_cnt), "build_k2q_triton differs from build_k2q"
-    torch_ms = triton.testing.do_bench(lambda: build_k2q(q2k, cnt, n))
-    triton_ms = triton.testing.do_bench(lambda: build_k2q_triton(q2k, cnt, n))
-    res = {"torch_ms": torch_ms, "triton_ms": triton_ms, "speedup": torch_ms / triton_ms}
-    print(f"build_k2q B={b} H={h} n={n} K={top_k}: torch {torch_ms * 1e3:.1f} us, triton {triton_ms * 1e3:.1f} us "
-          f"({res['speedup']:.1f}x), outputs equal")
+    fns = {"torch": lambda: build_k2q(q2k, cnt, n), "triton": lambda: build_k2q_triton(q2k, cnt, n)}
+    res = {}
+    for name, fn in fns.items():
+        res[f"{name}_ms"] = triton.testing.do_bench(fn)
+        res[f"{name}_graph_ms"] = triton.testing.do_bench_cudagraph(fn)
+    print(f"build_k2q B={b} H={h} n={n} K={top_k}, outputs equal; do_bench: torch {res['torch_ms'] * 1e3:.1f} us, "
+          f"triton {res['triton_ms'] * 1e3:.1f} us; CUDA graph: torch {res['torch_graph_ms'] * 1e3:.1f} us, "
+          f"triton {res['triton_graph_ms'] * 1e3:.1f} us")
     return res
 
 

@@ -218,8 +218,12 @@ def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict]) -> None:
     o, lse = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
     do = torch.randn_like(o)
     k2q, k2q_cnt = bsa.build_k2q(c.q2k, c.q2k_cnt, n)
-    rows.append({"shape": shape.name, "kernel": "build_k2q", "kind": "sweep-bwd",
+    from vsagen.kernels.k2q import build_k2q_triton
+
+    rows.append({"shape": shape.name, "kernel": "build_k2q (torch)", "kind": "sweep-bwd",
                  "ms": bench(lambda: bsa.build_k2q(c.q2k, c.q2k_cnt, n)), "tflops": None})
+    rows.append({"shape": shape.name, "kernel": "build_k2q_triton (the backward's)", "kind": "sweep-bwd",
+                 "ms": bench(lambda: build_k2q_triton(c.q2k, c.q2k_cnt, n)), "tflops": None})
     fine_bwd_flops = 2.5 * 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
     dq0, dkdv0 = dict(bsa.BWD_DQ_LAUNCH), dict(bsa.BWD_DKDV_LAUNCH)
     d = 128

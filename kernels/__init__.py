@@ -7,8 +7,9 @@ Contents:
 * `reference.py`: the eager PyTorch reference of VSA, both the CPU path of the `vsa` backend and the oracle of
   the Triton kernels' tests (no triton import).
 * `block_sparse_attn.py`: Triton block-sparse flash attention over tiles (VSA's fine stage), forward and
-  backward, as the autograd-aware custom op behind `block_sparse_attention`; `build_k2q` transposes q2k lists;
-  `bsa_fwd` / `bsa_bwd` are the raw launchers.
+  backward, as the autograd-aware custom op behind `block_sparse_attention`; `build_k2q` transposes q2k lists
+  in torch (the oracle of `k2q.py`); `bsa_fwd` / `bsa_bwd` are the raw launchers.
+* `k2q.py`: `build_k2q_triton`, the same transpose in two Triton launches: the one the backward uses.
 * `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
   table) and its parts `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
 
@@ -35,6 +36,7 @@ _TRITON_EXPORTS = {
     "bsa_bwd": "block_sparse_attn",
     "bsa_fwd": "block_sparse_attn",
     "build_k2q": "block_sparse_attn",
+    "build_k2q_triton": "k2q",
     "CoarseResult": "coarse",
     "coarse_output": "coarse",
     "coarse_stage": "coarse",
@@ -59,6 +61,7 @@ __all__ = [
     "bsa_bwd",
     "bsa_fwd",
     "build_k2q",
+    "build_k2q_triton",
     "coarse_attention",
     "coarse_output",
     "coarse_stage",

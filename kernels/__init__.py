@@ -11,7 +11,8 @@ Contents:
   in torch (the oracle of `k2q.py`); `bsa_fwd` / `bsa_bwd` are the raw launchers.
 * `k2q.py`: `build_k2q_triton`, the same transpose in two Triton launches: the one the backward uses.
 * `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
-  table) and its parts `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
+  table; the custom op `vsagen::coarse_stage` under torch.compile, so the graph does not break) and its parts
+  `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
 
 The Triton names are imported on first use (PEP 562 `__getattr__`), so importing this package, e.g. for the
 references, needs no triton (a Linux-only dependency) and registers no custom op.

@@ -5,7 +5,8 @@ Computes, for q, k (and optionally v) in tile order (VSA paper, arXiv 2505.13389
     scores = q_c k_c^T / sqrt(D)                                 batched tl.dot GEMM, fp32 out   (_tile_scores_kernel)
     q2k[b, h, i] = the K key tiles of largest scores[b, h, i], ascending; q2k_cnt[b, h, i] = K   (_top_k_kernel)
 which is what `block_sparse_attn.bsa_fwd` consumes. Oracles: `reference.tile_mean_pool`, `reference.tile_scores`,
-`reference.select_top_k`.
+`reference.select_top_k`. Under torch.compile `coarse_stage` runs the three kernels as the `torch.library` custom
+op `vsagen::coarse_stage` (one graph node, no graph break; no autograd formula).
 
 Layout contract:
     q, k, v: (B, S, H, D) bf16 / fp16 / fp32, tile order, any strides with unit stride on D, D <= 256, B >= 1
@@ -374,6 +375,52 @@ def _top_k_launch(scores: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch
     return q2k, q2k_cnt
 
 
+# ---------------------------------------------------------------------------------------------- custom op
+# `vsagen::coarse_stage` is the whole coarse stage (pooling, scores, top-k) as one `torch.library` custom op, so
+# torch.compile records it as one opaque node instead of breaking the graph around the Triton launches (as
+# `vsagen::block_sparse_attn` does for the fine stage). Explicit schema, as there. It has no autograd formula:
+# `coarse_stage` hands it detached inputs (the selection is discrete; the pooled tiles carry no history).
+
+
+def _coarse_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, tile_offsets: torch.Tensor,
+                   top_k: int, precision: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Launch pooling, scores and top-k (inputs validated by `coarse_stage`).
+
+    Returns:
+        q2k (B, H, Q_TILES, K) int32, q2k_cnt (B, H, Q_TILES) int32, scores (B, H, Q_TILES, KV_TILES) fp32, and
+        [q_c, k_c] or [q_c, k_c, v_c], each (B, n_tiles, H, D) fp32 (permuted views of (B, H, n_tiles, D)
+        buffers).
+    """
+    pooled = _pool_launch([q, k] if v is None else [q, k, v], tile_offsets)
+    scores = _scores_launch(pooled[0], pooled[1], precision)
+    q2k, q2k_cnt = _top_k_launch(scores, top_k)
+    return q2k, q2k_cnt, scores, pooled
+
+
+@torch.library.custom_op(
+    "vsagen::coarse_stage", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor? v, Tensor tile_offsets, int top_k, str score_precision) "
+           "-> (Tensor, Tensor, Tensor, Tensor[])")
+def _coarse_op(q, k, v, tile_offsets, top_k, score_precision):
+    """Custom op: `_coarse_launch`, after checking the inputs again (host-side only: in a compiled graph they
+    come from inductor, whose layouts `coarse_stage` did not see)."""
+    _check_pool_inputs([q, k] if v is None else [q, k, v], tile_offsets)
+    return _coarse_launch(q, k, v, tile_offsets, top_k, score_precision)
+
+
+@_coarse_op.register_fake
+def _coarse_op_fake(q, k, v, tile_offsets, top_k, score_precision):
+    b, _, h, d = q.shape
+    n_tiles = tile_offsets.shape[0] - 1
+    pooled = [q.new_empty((b, h, n_tiles, d), dtype=torch.float32).permute(0, 2, 1, 3)
+              for _ in range(2 if v is None else 3)]
+    return (q.new_empty((b, h, n_tiles, top_k), dtype=torch.int32), q.new_empty((b, h, n_tiles), dtype=torch.int32),
+            q.new_empty((b, h, n_tiles, n_tiles), dtype=torch.float32), pooled)
+
+
+# ------------------------------------------------------------------------------------------ public functions
+
+
 def tile_mean_pool_triton(x: torch.Tensor, tile_offsets: torch.Tensor) -> torch.Tensor:
     """Mean of each tile's real tokens (Triton; oracle `reference.tile_mean_pool`).
 
@@ -498,7 +545,10 @@ def coarse_stage(q: torch.Tensor, k: torch.Tensor, tile_offsets: torch.Tensor, t
     Returns:
         CoarseResult with q2k (B, H, Q_TILES, K) int32 ascending, q2k_cnt (B, H, Q_TILES) int32 (all K),
         scores (B, H, Q_TILES, KV_TILES) fp32, q_c / k_c (and v_c) (B, n_tiles, H, D) fp32.
-        No autograd history.
+        No autograd history: the kernels see detached inputs, whatever their requires_grad.
+
+    Under torch.compile the three launches are the custom op `vsagen::coarse_stage` (one node, no graph break);
+    eagerly they are launched directly.
 
     Raises:
         ValueError: mismatched shapes or dtypes, float64 inputs, D > 256, non-unit stride on D, tile_offsets not
@@ -513,9 +563,14 @@ def coarse_stage(q: torch.Tensor, k: torch.Tensor, tile_offsets: torch.Tensor, t
     _check_top_k(top_k, tile_offsets.numel() - 1)
     if score_precision is not None and score_precision not in _PRECISIONS:
         raise ValueError(f"score_precision must be one of {_PRECISIONS}, got {score_precision!r}")
-    pooled = _pool_launch(xs, tile_offsets)
-    scores = _scores_launch(pooled[0], pooled[1], SCORE_PRECISION if score_precision is None else score_precision)
-    q2k, q2k_cnt = _top_k_launch(scores, int(top_k))
+    precision = SCORE_PRECISION if score_precision is None else score_precision
+    # No autograd, on purpose: the selection is discrete and the pooled tiles are documented to carry no history,
+    # so the op never sees inputs that require grad (it has no autograd formula).
+    q, k, v = q.detach(), k.detach(), None if v is None else v.detach()
+    if torch.compiler.is_compiling():  # one opaque node in the graph: no graph break
+        q2k, q2k_cnt, scores, pooled = _coarse_op(q, k, v, tile_offsets, int(top_k), precision)
+    else:  # eager: the launchers directly, without a dispatcher round trip (host time, module docstring)
+        q2k, q2k_cnt, scores, pooled = _coarse_launch(q, k, v, tile_offsets, int(top_k), precision)
     return CoarseResult(q2k=q2k, q2k_cnt=q2k_cnt, scores=scores, q_c=pooled[0], k_c=pooled[1],
                         v_c=pooled[2] if v is not None else None)
 

@@ -144,9 +144,12 @@ def block_sparse_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.
         lses.append(lse)
     out_p = torch.cat(outs, 1).view(b, h, n_tiles * vol, d)
     lse_p = torch.cat(lses, 1).view(b, h, n_tiles * vol)
-    valid = slot_valid.reshape(-1)
-    out = out_p[:, :, valid].permute(0, 2, 1, 3).to(q.dtype)             # (B, S, H, D)
-    return out, lse_p[:, :, valid]
+    # The padded slot of each token, (S,) int64: a scatter of the slot numbers (padding slots land in a spare
+    # entry S), not a boolean mask, so that the shapes stay static and torch.compile traces it without a break.
+    slot_of = torch.empty(s + 1, dtype=torch.int64, device=q.device).scatter_(
+        0, torch.where(slot_valid.reshape(-1), flat_slots, s), torch.arange(n_tiles * vol, device=q.device))[:s]
+    out = out_p.index_select(2, slot_of).permute(0, 2, 1, 3).to(q.dtype)  # (B, S, H, D)
+    return out, lse_p.index_select(2, slot_of)
 
 
 def coarse_attention(q_c: torch.Tensor, k_c: torch.Tensor, v_c: torch.Tensor,

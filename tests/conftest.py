@@ -71,6 +71,17 @@ def tiny_pipe(tiny_dir):
     return WanPipeline.from_pretrained(tiny_dir, use_safetensors=True)
 
 
+def make_transformer(dtype=torch.float32, seed: int = 0):
+    """The tiny preset's WanTransformer3DModel with seeded random weights (CPU, eval)."""
+    from diffusers import WanTransformer3DModel
+
+    from vsagen.presets import load_preset
+
+    torch.manual_seed(seed)
+    t = WanTransformer3DModel(**load_preset("tiny").transformer).eval()
+    return t if dtype == torch.float32 else t.to(dtype)
+
+
 def make_qkv(b: int, s: int, h: int, d: int, dtype=torch.float32, seed: int = 0, requires_grad: bool = False):
     """Fresh random q, k, v of shape (B, S, H, D) (never zeros)."""
     g = torch.Generator().manual_seed(seed)

@@ -1,5 +1,11 @@
-"""`--compile`: the transformer blocks under torch.compile (inductor on CPU here), the attention backend between
-the compiled graphs. The tiny model, small sizes; each test pays one compilation (tens of seconds on CI)."""
+"""`--compile`: the transformer blocks under torch.compile (inductor on CPU here).
+
+A backend that can be traced (`full`, `vsa` with the torch reference or with the Triton kernels, which run as the
+custom ops `vsagen::coarse_stage` and `vsagen::block_sparse_attn`, here under the Triton interpreter) is compiled
+into each block's graph with no graph break (`fullgraph=True`); a backend that cannot be traced keeps the graph
+breaks around it and runs, timed, between the graphs. The tiny model, small sizes; each test pays one
+compilation (seconds to tens of seconds on CI).
+"""
 
 from __future__ import annotations
 
@@ -7,31 +13,187 @@ import json
 
 import numpy as np
 import pytest
-from conftest import assert_one_error_line
+import torch
+from conftest import assert_one_error_line, make_transformer
 from typer.testing import CliRunner
 
+from vsagen.attention import make_backend
+from vsagen.attention.full import FullAttention
+from vsagen.attention.processor import patch_transformer
 from vsagen.cli import app
+from vsagen.pipeline import compile_breaks, compile_untimed
+from vsagen.timing import Timer, TimingReport
 
 runner = CliRunner()
 SMALL = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "2"]
 
+# Compiled (inductor, CPU) vs eager fp32 block outputs: the same ops on the same inputs, but inductor fuses the
+# elementwise chains (layer norms, modulation, RMS norm, RoPE, GELU) and reorders their fp32 arithmetic; the
+# attention kernels themselves run unchanged. Observed up to 3.0e-7 on outputs of magnitude ~3.6 (a few ulps);
+# 1e-5 is ~30x that. A wrong token order or a dropped attention term moves outputs by 1e-2 or more.
+TOL_COMPILED_BLOCK = 1e-5
+
+LATENT = (16, 5, 12, 20)  # (C, F_lat, H_lat, W_lat) -> grid (5, 6, 10), 300 tokens, 12 tiles (10 partial)
+TEXT_LEN = 9
+# name -> (--attn, sparsity, --attn-impl, with a trained VSA gate (attn1.to_gate_compress))
+BLOCK_CASES = {
+    "full": ("full", None, "auto", False),
+    "vsa-torch-gate": ("vsa", 0.5, "torch", True),
+    "vsa-triton": ("vsa", 0.5, "triton", False),
+    "vsa-triton-gate": ("vsa", 0.5, "triton", True),
+}
+
+
+def block_inputs(transformer, seed: int):
+    """Fresh random inputs of blocks[0] as the transformer forward hands them over: hidden states (1, S, dim) in
+    raster order (blocks[0]'s tile-order pre-hook reorders them), text states (1, TEXT_LEN, dim), the timestep
+    projection (1, 6, dim) and the RoPE tables (a `TiledRope` once the tile-order hooks are installed)."""
+    g = torch.Generator().manual_seed(seed)
+    dim = transformer.config.num_attention_heads * transformer.config.attention_head_dim
+    c, f, h, w = LATENT
+    s = f * (h // 2) * (w // 2)
+    with torch.no_grad():
+        rope = transformer.rope(torch.randn(1, c, f, h, w, generator=g))
+    return (torch.randn(1, s, dim, generator=g), torch.randn(1, TEXT_LEN, dim, generator=g),
+            torch.randn(1, 6, dim, generator=g) * 0.1, rope)
+
+
+def patched_block(case: str, timer: Timer):
+    """blocks[0] of the tiny transformer (seeded random weights) patched with the case's backend, and the
+    transformer."""
+    attn, sparsity, impl, gate = BLOCK_CASES[case]
+    transformer = make_transformer()
+    if gate:
+        torch.manual_seed(1)
+        for block in transformer.blocks:
+            block.attn1.to_gate_compress = torch.nn.Linear(block.attn1.inner_dim, block.attn1.inner_dim)
+    backend = make_backend(attn, sparsity, impl)
+    patch_transformer(transformer, backend, timer)
+    return transformer.blocks[0], transformer, backend
+
+
+@pytest.mark.parametrize("case", list(BLOCK_CASES))
+def test_block_compiles_without_graph_breaks_and_matches_eager(case):
+    """blocks[0] compiled as `compile_transformers` does (diffusers' `compile_repeated_blocks` calls
+    `block.compile(fullgraph=True, dynamic=False)`): no graph break anywhere (fullgraph raises on one; dynamo's
+    break counter stays empty), the block's forward is one graph holding the attention (the Triton stages as the
+    two custom ops), blocks[0]'s tile-order pre-hook a graph of its own; on fresh inputs (not the ones it was
+    compiled with) the compiled block gives the eager block's output, and no region is timed inside it."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def inductor(gm, example_inputs):  # inductor, recording the graphs dynamo hands it
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    timer = Timer("cpu")
+    block, transformer, backend = patched_block(case, timer)
+    assert compile_breaks([backend]) is None
+    fresh = block_inputs(transformer, seed=2)
+    with torch.no_grad():
+        eager = block(*fresh)
+        torch._dynamo.reset()
+        counters.clear()
+        block.compile(fullgraph=True, dynamic=False, backend=inductor)
+        block(*block_inputs(transformer, seed=1))  # compiles
+        compiled = block(*fresh)
+    assert dict(counters["graph_break"]) == {}
+    assert len(graphs) == (2 if backend.tiled else 1)  # the pre-hook's gather, then the block's forward
+    code = graphs[-1].code
+    if BLOCK_CASES[case][2] == "triton":
+        assert "torch.ops.vsagen.coarse_stage" in code and "torch.ops.vsagen.block_sparse_attn" in code
+    else:
+        assert "vsagen" not in code
+    assert compiled.shape == eager.shape == fresh[0].shape
+    assert (compiled - eager).abs().max().item() <= TOL_COMPILED_BLOCK
+    # Eager forwards record attn1 and self_attention; the compiled one records nothing.
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("attn1") == 1 and names.count("self_attention") == 1
+
+
+class _UntraceableFull(FullAttention):
+    """`full` declared not traceable: the fallback path (graph breaks around the backend)."""
+
+    name = "untraceable-full"
+    traceable = False
+
+
+def test_untraceable_backend_runs_between_graphs_and_stays_timed():
+    """A backend that is not `traceable` is not asked to trace: `compile_breaks` names it (so
+    `compile_transformers` keeps fullgraph=False), the block graph breaks around `run_backend_eager`, and the
+    backend runs eagerly inside the compiled block, timed, with the same output."""
+    from torch._dynamo.utils import counters
+
+    backend = _UntraceableFull()
+    assert "untraceable-full" in compile_breaks([FullAttention(), backend])
+    assert compile_untimed(backend) == ("attn1",)
+    timer = Timer("cpu")
+    transformer = make_transformer()
+    patch_transformer(transformer, backend, timer)
+    block = transformer.blocks[0]
+    inputs = block_inputs(transformer, seed=3)
+    with torch.no_grad():
+        eager = block(*inputs)
+        torch._dynamo.reset()
+        counters.clear()
+        block.compile(fullgraph=False, dynamic=False, backend="eager")
+        compiled = block(*inputs)
+    assert sum(counters["graph_break"].values()) >= 1
+    assert torch.equal(compiled, eager)  # dynamo's eager backend: the same ops
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("self_attention") == 2 and names.count("attn1") == 1  # eager, then compiled: backend only
+
+
+def test_compile_breaks_names_the_reason():
+    vsa = make_backend("vsa", 0.5, "torch")
+    assert compile_breaks([FullAttention(), vsa]) is None
+    assert compile_untimed(vsa) == ("attn1", "self_attention")
+    assert "--offload group" in compile_breaks([vsa], offload="group")
+
+
+def test_report_of_untimed_regions():
+    """Regions compiled into the graphs are None (JSON null, 'not timed' in the table), never 0."""
+    records = [("dit", 0, 2.0), ("total", -1, 3.0), ("self_attention", 0, 0.5), ("self_attention/fine", 0, 0.4)]
+    timed = TimingReport.from_records(records, "cpu", untimed=("attn1",))
+    assert timed.attn1_s is None and timed.self_attention_s == 0.5 and timed.attention_share_of_dit == 0.25
+    assert timed.self_attention_stages_s == {"fine": 0.4}
+    report = TimingReport.from_records(records[:2], "cpu", untimed=("attn1", "self_attention"))
+    assert report.attn1_s is None and report.self_attention_s is None and report.attention_share_of_dit is None
+    assert report.self_attention_stages_s == {}
+    assert json.loads(json.dumps(report.to_dict()))["self_attention_s"] is None
+    from rich.console import Console
+
+    con = Console(width=120, record=True)
+    con.print(report.rich_table())
+    text = con.export_text()
+    assert "attention backend" in text and "not timed" in text
+    with pytest.raises(ValueError):
+        TimingReport.from_records(records, "cpu", untimed=("dit",))
+
 
 @pytest.mark.slow
-def test_compiled_t2v_gives_the_frames_of_eager_and_times_the_backend(tiny_dir, tmp_path, encoder_frames):
+def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_frames):
     """vsa (torch reference) with and without --compile: same frames (compiled fp32 arithmetic rounds a little
-    differently: at most 1 uint8 level apart), the backend still timed with its stages, and no recompilation
-    in the timed steps (the warm-up step pays the compilation: timed steps are far below it)."""
+    differently: at most 1 uint8 level apart), every block one graph (fullgraph; a graph break would fail the
+    run), the attention rows null with a note that says why, and no recompilation in the timed steps (the
+    warm-up step pays the compilation: timed steps are far below it)."""
     common = ["--model", "tiny", "--attn", "vsa", "--attn-impl", "torch", "--warmup", "1", *SMALL, "--json"]
     eager = runner.invoke(app, ["t2v", "a fox", *common, "--out", str(tmp_path / "eager.mp4")])
     assert eager.exit_code == 0, eager.output
     res = runner.invoke(app, ["t2v", "a fox", *common, "--compile", "--out", str(tmp_path / "comp.mp4")])
     assert res.exit_code == 0, res.output
-    data = json.loads(res.stdout)
+    data, eager_data = json.loads(res.stdout), json.loads(eager.stdout)
     t = data["timing"]
-    assert data["config"]["compile"] is True and json.loads(eager.stdout)["config"]["compile"] is False
-    assert t["self_attention_s"] > 0 and set(t["self_attention_stages_s"]) == {"coarse", "fine"}
-    assert t["attn1_s"] == 0.0  # inside the compiled graphs: not timed (said in the notes)
-    assert any("--compile" in n for n in t["notes"])
+    assert data["config"]["compile"] is True and eager_data["config"]["compile"] is False
+    assert data["compile_fullgraph"] is True and eager_data["compile_fullgraph"] is None
+    # Inside the compiled graphs: not timed, and said so (null, not 0).
+    assert t["self_attention_s"] is None and t["self_attention_stages_s"] == {}
+    assert t["attn1_s"] is None and t["attention_share_of_dit"] is None
+    assert t["dit_s"] > 0 and eager_data["timing"]["self_attention_s"] > 0
+    note = next(n for n in t["notes"] if "--compile" in n)
+    assert "no graph breaks" in note and "vsagen profile --kernels" in note
     assert t["warmup_s"] > 3 * max(t["dit_per_step_s"])  # compilation stayed in the warm-up
     a, b = encoder_frames["eager"].astype(int), encoder_frames["comp"].astype(int)
     assert a.shape == b.shape == (5, 64, 64, 3)
@@ -46,8 +208,12 @@ def test_compiled_profile_rows(tiny_dir):
     data = json.loads(res.stdout)
     assert data["settings"]["compile"] is True
     full, vsa = data["rows"]
-    assert full["speedup_vs_full"] == 1.0 and vsa["speedup_vs_full"] > 0
-    assert vsa["attention_s_per_step"] > 0 and full["dit_s_per_step"] > 0
+    assert full["speedup_vs_full"] == 1.0 and vsa["speedup_vs_full"] > 0 and full["dit_s_per_step"] > 0
+    for row in (full, vsa):  # the attention is compiled into the blocks: not measured, not 0
+        assert row["attention_s_per_step"] is None and row["attention_share_of_dit"] is None
+        assert row["attention_stages_s_per_step"] == {} and row["attn1_s_per_step"] is None
+    assert vsa["layout_s_per_step"] > 0  # the reorderings outside the blocks are still timed
+    assert any("no graph breaks" in n and "--kernels" in n for n in data["notes"])
     assert 0 < vsa["latents_rel_l2_vs_full"] < 1
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_transformer
 
 from vsagen.attention import make_backend
 from vsagen.attention.processor import (TiledRope, VsagenAttnProcessor, apply_rotary, patch_transformer,
@@ -40,17 +41,6 @@ TOL_ROPE_COMPLEX_FP32 = 1e-5
 LATENT = (16, 5, 12, 20)  # (C, F_lat, H_lat, W_lat) -> grid (5, 6, 10) with patch (1, 2, 2)
 GRID = (5, 6, 10)
 TEXT_LEN = 9
-
-
-def make_transformer(dtype=torch.float32, seed: int = 0):
-    """The tiny preset's WanTransformer3DModel with seeded random weights (CPU, eval)."""
-    from diffusers import WanTransformer3DModel
-
-    from vsagen.presets import load_preset
-
-    torch.manual_seed(seed)
-    t = WanTransformer3DModel(**load_preset("tiny").transformer).eval()
-    return t if dtype == torch.float32 else t.to(dtype)
 
 
 def make_inputs(batch: int = 2, dtype=torch.float32, seed: int = 1, per_token_timestep: bool = False,

@@ -87,8 +87,10 @@ Offload = Annotated[str, typer.Option(help="Keep weights in CPU memory and move 
 VaeTiling = Annotated[str, typer.Option(help="Decode (and encode) with diffusers' spatially tiled VAE: 'on', 'off', "
                                              "or 'auto' (on for frames of more than 480x832 pixels).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
-                                       "compile_repeated_blocks; the attention backend runs between the compiled "
-                                       "graphs). The first step pays the compilation: use --warmup 1.")]
+                                       "compile_repeated_blocks), each block one graph with the attention backend "
+                                       "inside it, so the attention is not timed (graph breaks around it only for "
+                                       "a backend that cannot be traced, or with --offload group). The first step "
+                                       "pays the compilation: use --warmup 1.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
 Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
 
@@ -119,8 +121,10 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
                  + (" | VAE tiled" if s["vae_tiling"] else ""))
         con.print(result.report.rich_table(title=title))
-        con.print(f"attention backend share of DiT time: {100 * result.report.attention_share_of_dit:.1f}%",
-                  highlight=False)
+        share = result.report.attention_share_of_dit
+        con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
+                  "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
+                  highlight=False, markup=False)
         con.print(f"video: {result.video_path}\ntiming: {result.json_path}", highlight=False, markup=False)
 
     _run_guarded(run, verbose)

@@ -16,7 +16,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .config import ProfileConfig, RunConfig
 from .errors import BadInput, ModelNotFound, RunFailure
@@ -224,21 +224,54 @@ def place_pipeline(pipe: Any, offload: str, device: str) -> None:
 COMPILE_CACHE_SIZE = 64
 
 
-def compile_transformers(pipe: Any) -> None:
+def compile_breaks(backends: Sequence[Any], offload: str = "none") -> str | None:
+    """Why `--compile` cannot compile each transformer block as one graph, or None when it can.
+
+    Args:
+        backends: the attention backends the compiled blocks will run (`AttentionBackend`s).
+        offload: the run's `--offload`.
+
+    Returns:
+        None when every backend is `traceable` and nothing else breaks the graph; else the reason, for the
+        run's notes: a backend that is not traceable (its call runs eagerly between graphs), or `--offload
+        group`, whose per-block onload hook diffusers (0.42.1) keeps out of torch.compile.
+    """
+    eager = [b.name for b in backends if not b.traceable]
+    if eager:
+        return f"--attn {', '.join(eager)} cannot be traced, so it runs between the compiled graphs"
+    if offload == "group":
+        return "--offload group's onload hook on every block is not traceable"
+    return None
+
+
+def compile_untimed(backend: Any) -> tuple[str, ...]:
+    """The regions a `--compile` run cannot time with `backend` (`TimingReport.from_records(untimed=...)`):
+    "attn1" (the processor is compiled into the block graphs), and "self_attention" when the backend is
+    `traceable`, so that it is compiled into them too."""
+    return ("attn1", "self_attention") if backend.traceable else ("attn1",)
+
+
+def compile_transformers(pipe: Any, *, fullgraph: bool) -> None:
     """torch.compile every transformer's repeated blocks (diffusers' `compile_repeated_blocks`, one graph
     shared by all `WanTransformerBlock`s; `dynamic=False`, as the shapes of a run are fixed).
 
-    The graphs break around the attention backend (`vsagen.attention.processor.run_backend` is never traced):
-    projections, q/k norm and RoPE, the output projection, cross-attention, FFN and modulation are compiled;
-    the backend's own kernels (cuDNN SDPA, the VSA Triton kernels) run between the graphs, timed as usual.
-    Regions inside the compiled graphs (`attn1`, `layout`) are not timed then. Compilation happens on the first
-    forward of each configuration: `--warmup` keeps it out of the timed steps.
+    Args:
+        pipe: a Wan pipeline whose transformers are patched (or about to be) with vsagen's processor.
+        fullgraph: True (see `compile_breaks`) compiles each block's forward as one graph, the attention backend
+            included (its custom ops, e.g. `vsagen::coarse_stage` and `vsagen::block_sparse_attn`, are nodes of
+            it), and any graph break is an error at the first forward. False lets the graphs break: around a
+            backend that is not `traceable` (`run_backend_eager`), or at diffusers' group-offload hooks.
+
+    Projections, q/k norm and RoPE, the output projection, cross-attention, FFN and modulation are compiled in
+    either mode; blocks[0]'s tile-order pre-hook (a gather of the hidden states) is compiled as a graph of its
+    own. Regions inside the graphs are not timed (`compile_untimed`). Compilation happens on the first forward
+    of each configuration: `--warmup` keeps it out of the timed steps.
     """
     import torch
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILE_CACHE_SIZE)
     for _, t in experts(pipe):
-        t.compile_repeated_blocks(fullgraph=False, dynamic=False)
+        t.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False)
 
 
 def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> LoadedModel:
@@ -494,11 +527,16 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     plan = denoise_plan(cfg, pipe, cfg.tile_fit)
     timer = Timer(cfg.device)
     patches = [patch_transformer(t, backend, timer, expert=name) for name, t in experts(pipe)]
+    breaks = compile_breaks([backend], cfg.offload) if cfg.compile else None
     if cfg.compile:
-        compile_transformers(pipe)
-        model.notes.append("--compile: transformer blocks compiled (torch.compile); attn1 and layout are inside "
-                           "the compiled graphs and not timed, the attention backend is"
-                           + ("" if cfg.warmup else "; no --warmup: the first step includes compilation"))
+        compile_transformers(pipe, fullgraph=breaks is None)
+        model.notes.append(
+            ("--compile: every transformer block is one compiled graph (torch.compile, no graph breaks)"
+             if breaks is None else f"--compile: transformer blocks compiled with graph breaks ({breaks})")
+            + ("; the attention backend runs inside the graphs, so neither attn1 nor the backend and its stages "
+               "are timed (null in the JSON): `vsagen profile --kernels` times the attention alone"
+               if backend.traceable else "; attn1 is inside the graphs and not timed, the attention backend is")
+            + ("" if cfg.warmup else "; no --warmup: the first step includes compilation"))
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
@@ -563,7 +601,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     write_mp4(frames_u8, cfg.out, cfg.fps, overwrite=cfg.overwrite)
     write_s = time.perf_counter() - t_write
     report = TimingReport.from_records(records, cfg.device, load_s=load_s, write_s=write_s, warmup_s=warmup_s,
-                                       notes=model.notes)
+                                       notes=model.notes, untimed=compile_untimed(backend) if cfg.compile else ())
     layout = tile_layout(plan.denoise_grid)
     summary = {
         "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
@@ -579,6 +617,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "seed": cfg.seed, "device": cfg.device,
         "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
         "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
+        "compile_fullgraph": (breaks is None) if cfg.compile else None,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,

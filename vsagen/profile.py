@@ -62,8 +62,11 @@ class ProfileRow:
     `attention_s_per_step` is the backend call alone and `attention_stages_s_per_step` its stages;
     `attn1_s_per_step` the whole self-attention module (projections, q/k norms, RoPE, output projection too);
     `layout_s_per_step` the tile-order reorderings (tiled backends; 0 for raster ones). These are None for
-    `diffusers-sdpa`, which has no vsagen processor. `speedup_vs_full` = DiT s/step of `full` at the same tile
-    fit / this row's (exactly 1.0 for `full`; None without a `full` row). `projected_dit_s` = DiT s/step x
+    `diffusers-sdpa`, which has no vsagen processor. Under `--compile` what ran inside the compiled graphs is
+    None too: `attn1_s_per_step` always, and `attention_s_per_step` and `attention_share_of_dit` when the
+    backend was compiled in (`traceable`; its stages are then empty); `layout_s_per_step` then counts only the
+    reorderings outside the blocks. `speedup_vs_full` = DiT s/step of `full` at the same tile fit / this row's
+    (exactly 1.0 for `full`; None without a `full` row). `projected_dit_s` = DiT s/step x
     `projected_steps` (the preset's step count). `overhead_vs_stock` = DiT s/step / `diffusers-sdpa`'s - 1 (for
     `full` and the overhead rows). `latents_rel_l2_vs_full`: ||x - x_full|| / ||x_full|| of the final
     (cropped) latents against `full` at the same tile fit.
@@ -144,7 +147,10 @@ class _Measured:
     latents: Any  # (1, z, F_lat, H_lat, W_lat), cropped to the requested latent
 
 
-def _per_step(x: float, steps: int) -> float:
+def _per_step(x: float | None, steps: int) -> float | None:
+    """x per step; None (not timed) stays None."""
+    if x is None:
+        return None
     return x / steps if steps else 0.0
 
 
@@ -193,8 +199,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     from . import __version__
     from .attention.processor import patch_transformer, time_transformer
     from .bench import rel_l2
-    from .pipeline import (compile_transformers, denoise_latents, denoise_plan, encode_prompts, expert_kwargs,
-                           experts, load_model, step_counter, torch_dtype, versions)
+    from .pipeline import (compile_breaks, compile_transformers, compile_untimed, denoise_latents, denoise_plan,
+                           encode_prompts, expert_kwargs, experts, load_model, step_counter, torch_dtype, versions)
     from .timing import Timer, TimingReport
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -213,10 +219,18 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     pipe = model.pipe
     pipe.set_progress_bar_config(disable=True)
     transformers = experts(pipe)
-    if cfg.compile:
-        compile_transformers(pipe)  # each configuration compiles in its warm-up steps
-        model.notes.append("--compile: transformer blocks compiled (torch.compile) for every configuration; "
-                           "attention runs between the compiled graphs")
+    if cfg.compile:  # each configuration compiles in its warm-up steps
+        breaks = compile_breaks([b for _, b in backends] + ([TileOrderFull()] if cfg.stock else []))
+        compile_transformers(pipe, fullgraph=breaks is None)
+        in_graph = [b.name for _, b in backends if b.traceable]
+        model.notes.append(
+            ("--compile: every transformer block is one compiled graph (torch.compile, no graph breaks) for every "
+             "configuration" if breaks is None else f"--compile: transformer blocks compiled with graph breaks "
+                                                    f"({breaks})")
+            + (f"; attention runs inside the graphs for {', '.join(in_graph)}: its time and stages are not "
+               "measured there (attention, attn1 and share read '-'; `vsagen profile --kernels` times the attention "
+               "alone), and layout counts only the reorderings outside the blocks (blocks[0]'s gather is compiled)"
+               if in_graph else "; layout counts only the reorderings outside the blocks"))
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     cuda = device.type == "cuda"
@@ -227,7 +241,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
             torch.cuda.synchronize()
         text_encode_s = time.perf_counter() - t0
 
-    def measure(label: str, plan: Any, install: Callable[[Any], list], context: Callable[[], Any]) -> _Measured:
+    def measure(label: str, plan: Any, install: Callable[[Any], list], context: Callable[[], Any],
+                untimed: tuple[str, ...] = ()) -> _Measured:
         log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
             f"{cfg.warmup} warm-up + {cfg.steps} timed steps")
         timer = Timer(cfg.device)
@@ -256,7 +271,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
             for p in patches:
                 p.remove()
         f, h, w = plan.latent
-        report = TimingReport.from_records(records, cfg.device, warmup_s=warmup_s)
+        report = TimingReport.from_records(records, cfg.device, warmup_s=warmup_s,
+                                           untimed=untimed if cfg.compile else ())
         return _Measured(report, sum(s for n, _, s in records if n == "layout"), latents[:, :, :f, :h, :w])
 
     def patched(backend: Any) -> Callable[[Any], list]:
@@ -267,7 +283,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     for fit in cfg.tile_fits:
         plan = denoise_plan(cfg, pipe, fit)
         for spec, backend in backends:
-            m = measure(f"{spec.name} (tile fit {fit})", plan, patched(backend), contextlib.nullcontext)
+            m = measure(f"{spec.name} (tile fit {fit})", plan, patched(backend), contextlib.nullcontext,
+                        compile_untimed(backend))
             impl = backend.resolved_impl(device) if hasattr(backend, "resolved_impl") else spec.impl
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
             latents[(spec.name, fit)] = m.latents
@@ -280,7 +297,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                     _pinned_sdpa if cuda else contextlib.nullcontext)
         overhead.append(_make_row(STOCK, "overhead", None, fit, plan, m, cfg, False, False))
         latents[(STOCK, fit)] = m.latents
-        m = measure(f"{TILE_ORDER_FULL}", plan, patched(TileOrderFull()), contextlib.nullcontext)
+        m = measure(f"{TILE_ORDER_FULL}", plan, patched(TileOrderFull()), contextlib.nullcontext,
+                    compile_untimed(TileOrderFull()))
         overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
         latents[(TILE_ORDER_FULL, fit)] = m.latents
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -52,7 +52,8 @@ class Timer:
 
     def start(self, name: str) -> int | None:
         """Open a region; returns a token for `stop` (None when disabled, and while torch.compile traces: regions
-        inside a compiled graph are not timed, see `vsagen.attention.processor.run_backend`)."""
+        inside a compiled graph are not timed and leave nothing in it, so tracing never breaks here; see
+        `TimingReport` for how the report shows them)."""
         if torch.compiler.is_compiling() or not self.enabled:  # compiling first: no guard on `enabled`
             return None
         token = self._next_token
@@ -67,16 +68,24 @@ class Timer:
         name, step, begin = self._open.pop(token)
         self._records.append((name, step, begin, self._now()))
 
-    @contextmanager
-    def region(self, name: str, *, apart_from: str | None = None) -> Iterator[None]:
+    def region(self, name: str, *, apart_from: str | None = None) -> AbstractContextManager[None]:
         """Time the body as region `name`.
 
         With `apart_from`, every open region of that name is closed for the duration of the body (the piece so
         far is recorded) and reopened right after it, so the body's time appears under `name` only; the report
         adds the pieces of the enclosing region. Regions opened inside the body nest as usual.
+
+        Disabled, or while torch.compile traces, this is a `contextlib.nullcontext` (dynamo traces it as
+        nothing, without a graph break; compiling is checked first, so the graph does not guard on `enabled`).
         """
-        paused = (self._pause(apart_from) if not torch.compiler.is_compiling() and apart_from is not None
-                  and self.enabled else [])
+        if torch.compiler.is_compiling() or not self.enabled:
+            return nullcontext()
+        return self._region(name, apart_from)
+
+    @contextmanager
+    def _region(self, name: str, apart_from: str | None) -> Iterator[None]:
+        """`region` while timing."""
+        paused = self._pause(apart_from) if apart_from is not None else []
         token = self.start(name)
         try:
             yield
@@ -131,6 +140,11 @@ class TimingReport:
     projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
     to the end of the VAE decode; `load_s` and `write_s` (host clock) are outside it.
 
+    Under `--compile` the regions compiled into the transformer blocks' graphs cannot be timed (no timer runs
+    inside a compiled graph): `attn1_s` always, and with the attention backend inside the graphs (no graph
+    breaks) also `self_attention_s` and `attention_share_of_dit`. Those are None (null in the JSON, "not
+    timed" in the table), never a 0 that would read as "took no time"; `self_attention_stages_s` is then empty.
+
     Image to video only (0 otherwise): `image_encode_s` is diffusers' `encode_image` (CLIP image encoder; Wan2.1
     I2V) and `condition_encode_s` its `prepare_latents` (VAE encode of the condition video and the initial noise).
     Both are measured apart from `denoise_s` (see `Timer.region(apart_from=...)`), so text_encode_s +
@@ -145,11 +159,11 @@ class TimingReport:
     dit_s: float
     dit_forwards: int
     dit_per_step_s: list[float]
-    attn1_s: float
-    self_attention_s: float
+    attn1_s: float | None
+    self_attention_s: float | None
     self_attention_stages_s: dict[str, float]
     vae_decode_s: float
-    attention_share_of_dit: float
+    attention_share_of_dit: float | None
     image_encode_s: float = 0.0
     condition_encode_s: float = 0.0
     load_s: float = 0.0
@@ -160,8 +174,22 @@ class TimingReport:
     dit_forwards_by_expert: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_records(cls, records: list[tuple[str, int, float]], device: str, **extra: Any) -> "TimingReport":
-        """Aggregate `Timer.finish()` records."""
+    def from_records(cls, records: list[tuple[str, int, float]], device: str, *, untimed: tuple[str, ...] = (),
+                     **extra: Any) -> "TimingReport":
+        """Aggregate `Timer.finish()` records.
+
+        Args:
+            records: (name, step, seconds) from `Timer.finish`.
+            device: "cuda" or "cpu".
+            untimed: regions that ran inside compiled graphs, "attn1" and / or "self_attention": their fields
+                (and, for "self_attention", the stages and the attention share) are None instead of 0.
+            **extra: the remaining fields (load_s, warmup_s, notes, ...).
+
+        Raises:
+            ValueError: an `untimed` name other than "attn1" or "self_attention".
+        """
+        if not set(untimed) <= {"attn1", "self_attention"}:
+            raise ValueError(f"untimed regions must be 'attn1' or 'self_attention', got {untimed}")
         total: dict[str, float] = defaultdict(float)
         count: dict[str, int] = defaultdict(int)
         per_step: dict[int, float] = defaultdict(float)
@@ -170,7 +198,9 @@ class TimingReport:
             count[name] += 1
             if name == "dit":
                 per_step[step] += sec
-        stages = {n.split("/", 1)[1]: v for n, v in total.items() if n.startswith("self_attention/")}
+        attention_timed = "self_attention" not in untimed
+        stages = {n.split("/", 1)[1]: v for n, v in total.items()
+                  if n.startswith("self_attention/") and attention_timed}
         dit = total["dit"]
         experts = sorted(n.split("/", 1)[1] for n in total if n.startswith("dit/"))
         extra.setdefault("dit_by_expert_s", {e: total[f"dit/{e}"] for e in experts})
@@ -180,10 +210,11 @@ class TimingReport:
             total_s=total["total"], text_encode_s=total["text_encode"], denoise_s=total["denoise"],
             dit_s=dit, dit_forwards=count["dit"],
             dit_per_step_s=[per_step[s] for s in sorted(per_step)],
-            attn1_s=total["attn1"], self_attention_s=total["self_attention"], self_attention_stages_s=stages,
+            attn1_s=None if "attn1" in untimed else total["attn1"],
+            self_attention_s=total["self_attention"] if attention_timed else None, self_attention_stages_s=stages,
             vae_decode_s=total["vae_decode"],
             image_encode_s=total["image_encode"], condition_encode_s=total["condition_encode"],
-            attention_share_of_dit=(total["self_attention"] / dit) if dit > 0 else 0.0,
+            attention_share_of_dit=((total["self_attention"] / dit) if dit > 0 else 0.0) if attention_timed else None,
             **extra,
         )
 
@@ -204,7 +235,10 @@ class TimingReport:
         def pct(x: float, of: float) -> str:
             return f"{100 * x / of:5.1f}" if of > 0 else "-"
 
-        def row(name: str, sec: float, dit_share: bool = False) -> None:
+        def row(name: str, sec: float | None, dit_share: bool = False) -> None:
+            if sec is None:  # inside compiled graphs (see the class docstring)
+                t.add_row(name, "not timed", "", "")
+                return
             t.add_row(name, f"{sec:.3f}", pct(sec, self.total_s), pct(sec, self.dit_s) if dit_share else "")
 
         row("text encode", self.text_encode_s)

@@ -240,6 +240,41 @@ def test_coarse_output_matches_reference():
     torch.testing.assert_close(per_token, expected.index_select(1, layout.token_tile), atol=POOL_ATOL, rtol=0)
 
 
+# ------------------------------------------------------------------------------------ custom op, autograd
+
+
+@pytest.mark.parametrize("with_v", [False, True])
+def test_custom_op_passes_opcheck(with_v):
+    """`vsagen::coarse_stage`: schema, fake impl (shapes, dtypes and the pooled tiles' permuted strides) and
+    dispatch agree with the real launch; no autograd formula is registered, so the autograd checks are left out."""
+    layout, off = layout_and_offsets((3, 5, 7))
+    q, k, v = make_qkv(1, layout.num_tokens, 2, 16, seed=14)
+    torch.library.opcheck(coarse._coarse_op, (q, k, v if with_v else None, off, 2, "tf32"),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+def test_coarse_stage_compiles_to_the_op_and_matches_eager():
+    layout, off = layout_and_offsets((3, 5, 7))
+    q, k, v = make_qkv(B, layout.num_tokens, H, D, seed=15)
+    compiled = torch.compile(lambda q, k, v: coarse.coarse_stage(q, k, off, 3, v=v), fullgraph=True,
+                             backend="aot_eager")
+    got, want = compiled(q, k, v), coarse.coarse_stage(q, k, off, 3, v=v)
+    for name in ("q2k", "q2k_cnt", "scores", "q_c", "k_c", "v_c"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert torch.equal(a, b) and a.stride() == b.stride(), name
+
+
+def test_coarse_stage_outputs_carry_no_history():
+    """Inputs that require grad: the outputs are detached, eagerly and compiled (the op gets detached inputs, so
+    its missing autograd formula is never needed)."""
+    layout, off = layout_and_offsets((3, 5, 7))
+    q, k, v = make_qkv(1, layout.num_tokens, 2, 16, seed=16, requires_grad=True)
+    compiled = torch.compile(lambda q, k, v: coarse.coarse_stage(q, k, off, 2, v=v), fullgraph=True,
+                             backend="aot_eager")
+    for res in (coarse.coarse_stage(q, k, off, 2, v=v), compiled(q, k, v)):
+        assert not any(t.requires_grad for t in (res.scores, res.q_c, res.k_c, res.v_c))
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 

@@ -2,7 +2,9 @@
 
 A backend receives q, k, v of shape (B, S, H, D) (the layout Wan's processor already holds) and returns the
 attention output of the same shape and dtype. Backends with `tiled = True` receive the tokens in tile order
-together with the `TileLayout`; the others receive raster order and `layout=None`.
+together with the `TileLayout`; the others receive raster order and `layout=None`. Backends with
+`traceable = True` can be traced by torch.compile without a graph break (`--compile` then compiles the whole
+transformer block as one graph, attention included); the others run eagerly between compiled graphs.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class AttentionBackend(Protocol):
     name: str
     tiled: bool          # wants tile order and a TileLayout
     supports_gate: bool  # uses a checkpoint's `to_gate_compress` gate (VSA's coarse branch)
+    traceable: bool      # torch.compile traces the call with no graph break (custom ops or plain torch ops)
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raise `BadInput` with a reason if this backend cannot run on `device` / `dtype`."""

@@ -20,6 +20,7 @@ class FullAttention:
     name = "full"
     tiled = False
     supports_gate = False
+    traceable = True  # SDPA (and the sdpa_kernel context on CUDA) traces without a graph break
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput for fp32 on CUDA (cuDNN and flash need bf16 / fp16)."""

@@ -4,7 +4,9 @@
 It forms q, k, v as diffusers' `WanAttnProcessor` (0.42.1) does: projections (fused or not), RMS norm
 across heads, split into heads, RoPE on interleaved pairs in float32 tables (on CUDA the norm and RoPE run as
 one fused Triton pass, `vsagen.kernels.qk_norm_rope`, see FUSED_PROLOGUE). It then hands (B, S, H, D) to the
-backend and times the call.
+backend and times the call. Under torch.compile (`--compile`) all of it is traced into the block's graph when the
+backend is `traceable` (the fused prologue then gives way to diffusers' arithmetic, which inductor fuses), and
+the timers record nothing inside the graph; other backends run eagerly between graphs (`run_backend_eager`).
 
 Tile order once per transformer forward (DESIGN.md): every per-token operation in a Wan block (norms, FFN,
 cross-attention, modulation) is order-independent, so tokens are put in tile order once and restored once:
@@ -94,17 +96,33 @@ def _eps(norm: torch.nn.RMSNorm, x: torch.Tensor) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
 
 
-@torch.compiler.disable
 def run_backend(backend: AttentionBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 layout: TileLayout | None, gate: torch.Tensor | None, timer: Timer) -> torch.Tensor:
     """The backend call, timed as region "self_attention" (and the stages the backend reports).
 
-    Never traced by torch.compile (`--compile` compiles the transformer blocks around it): the attention
-    kernels, their index building and the CUDA-event timers run eagerly between the compiled graphs, so the
-    breakdown keeps its attention rows under `--compile` and the backends need nothing traceable.
+    Args:
+        backend: the self-attention backend.
+        q, k, v: (B, S, H, D), tile order for tiled backends (raster otherwise); gate: (B, S, H, D) or None.
+        layout: the `TileLayout` of tiled backends, else None.
+        timer: receives the regions; they are no-ops while torch.compile traces.
+
+    Returns:
+        (B, S, H, D) like q.
+
+    Traced by torch.compile for `traceable` backends (`--compile` then compiles it into the block's one graph,
+    where its regions record nothing); `run_backend_eager` keeps the others out of the graph.
     """
     with timer.region("self_attention"):
         return backend(q, k, v, layout, gate=gate, timer=timer)
+
+
+@torch.compiler.disable
+def run_backend_eager(backend: AttentionBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      layout: TileLayout | None, gate: torch.Tensor | None, timer: Timer) -> torch.Tensor:
+    """`run_backend`, never traced by torch.compile: for backends that are not `traceable`, whose call would
+    break the graph anyway. `--compile` then breaks each block's graph around it; the backend runs eagerly
+    between the compiled graphs and keeps its timing rows."""
+    return run_backend(backend, q, k, v, layout, gate, timer)
 
 
 class VsagenAttnProcessor:
@@ -152,7 +170,8 @@ class VsagenAttnProcessor:
         gate_proj = getattr(attn, "to_gate_compress", None)
         if gate_proj is not None and self.backend.supports_gate:
             gate = gate_proj(hidden_states).unflatten(2, (attn.heads, -1))
-        out = run_backend(self.backend, query, key, value, layout, gate, self.timer)
+        call = run_backend if self.backend.traceable else run_backend_eager
+        out = call(self.backend, query, key, value, layout, gate, self.timer)
         out = out.flatten(2, 3).type_as(query)
         out = attn.to_out[1](attn.to_out[0](out))
         self.timer.stop(token)

@@ -36,6 +36,9 @@ class VSAAttention:
     name = "vsa"
     tiled = True
     supports_gate = True
+    # Both implementations trace without a graph break: "triton" through the custom ops vsagen::coarse_stage and
+    # vsagen::block_sparse_attn, "torch" as plain static-shape torch ops.
+    traceable = True
 
     def __init__(self, sparsity: float = DEFAULT_SPARSITY, impl: str = "auto") -> None:
         if not 0.0 <= sparsity < 1.0:

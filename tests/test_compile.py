@@ -194,6 +194,7 @@ def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_fram
     assert t["dit_s"] > 0 and eager_data["timing"]["self_attention_s"] > 0
     note = next(n for n in t["notes"] if "--compile" in n)
     assert "no graph breaks" in note and "vsagen profile --kernels" in note
+    assert f"note: {note}" in res.stderr  # printed too, not only in the JSON (new-user trial)
     assert t["warmup_s"] > 3 * max(t["dit_per_step_s"])  # compilation stayed in the warm-up
     a, b = encoder_frames["eager"].astype(int), encoder_frames["comp"].astype(int)
     assert a.shape == b.shape == (5, 64, 64, 3)
@@ -201,12 +202,17 @@ def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_fram
 
 
 @pytest.mark.slow
-def test_compiled_profile_rows(tiny_dir):
+def test_compiled_profile_rows(tiny_dir, tmp_path):
+    """--compile in profile: attention columns null, compile_fullgraph, the plot's "not timed" bar drawn into a
+    folder that did not exist, and --warmup 0 flagged (its timed steps include the compilation)."""
+    plot = tmp_path / "new" / "dit.png"
     res = runner.invoke(app, ["profile", "--model", "tiny", "--attn", "full,vsa", "--steps", "1", "--no-stock",
-                              "--compile", "--format", "json"])
+                              "--compile", "--warmup", "0", "--format", "json", "--plot", str(plot)])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["settings"]["compile"] is True
+    assert data["settings"]["compile"] is True and data["compile_fullgraph"] is True
+    assert any("--warmup 0" in n and "compiler" in n for n in data["notes"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     full, vsa = data["rows"]
     assert full["speedup_vs_full"] == 1.0 and vsa["speedup_vs_full"] > 0 and full["dit_s_per_step"] > 0
     for row in (full, vsa):  # the attention is compiled into the blocks: not measured, not 0
@@ -221,3 +227,27 @@ def test_compile_with_kernels_is_refused(tiny_dir):
     res = runner.invoke(app, ["profile", "--model", "tiny", "--kernels", "--compile"])
     assert res.exit_code == 2
     assert "--compile" in assert_one_error_line(res.stderr, res.stdout)
+
+
+def test_torch_compile_failures_name_the_option(monkeypatch, tmp_path):
+    """An error raised inside torch.compile (inductor, dynamo) names neither vsagen nor --compile: the one error
+    line says where it came from (new-user trial: a broken C++ toolchain gave a bare InductorError)."""
+    from torch._inductor.exc import InductorError
+
+    import vsagen.pipeline
+
+    def broken(*args, **kwargs):
+        try:
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found")
+        except RuntimeError as e:
+            raise InductorError(e, "") from e
+
+    monkeypatch.setattr(vsagen.pipeline, "generate", broken)
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--compile", "--out",
+                              str(tmp_path / "x.mp4")])
+    assert res.exit_code == 1
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert "InductorError" in line and "try without --compile" in line
+    monkeypatch.setattr(vsagen.pipeline, "generate", lambda *a, **k: (_ for _ in ()).throw(ValueError("plain")))
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--out", str(tmp_path / "y.mp4")])
+    assert res.exit_code == 1 and "--compile" not in res.stderr

@@ -111,7 +111,9 @@ def test_profile_json_one_row_per_backend(cli_cache):
 
 @pytest.mark.slow
 def test_profile_csv_and_plot_files(cli_cache, tmp_path):
-    out, plot = tmp_path / "r.csv", tmp_path / "r.png"
+    """csv and plot written; --out into a folder that does not exist yet creates it (it used to fail after the
+    whole run with FileNotFoundError, losing the results)."""
+    out, plot = tmp_path / "reports" / "r.csv", tmp_path / "r.png"
     res = profile("--model", "tiny", "--attn", "full,vsa", "--steps", "1", "--warmup", "0", "--format", "csv",
                   "--out", str(out), "--plot", str(plot))
     assert res.exit_code == 0, res.output
@@ -125,7 +127,8 @@ def test_profile_csv_and_plot_files(cli_cache, tmp_path):
     assert rows[0]["stage_fine_s_per_step"] == ""  # `full` has no stages
     assert all(float(r["dit_s_per_step"]) > 0 for r in rows)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 1000
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.csv", "r.png"]  # no temporary files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.png", "reports"]  # no temporary files left
+    assert [p.name for p in out.parent.iterdir()] == ["r.csv"]
 
 
 @pytest.mark.slow

@@ -29,6 +29,17 @@ def _err(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
 
 
+def _from_torch_compile(e: BaseException) -> bool:
+    """Whether `e` (or an exception it was raised from) comes out of torch._dynamo / torch._inductor."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _run_guarded(fn, verbose: bool) -> None:
     """Call fn(); map errors to one line and an exit code."""
     try:
@@ -47,7 +58,10 @@ def _run_guarded(fn, verbose: bool) -> None:
         if verbose:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        _err(f"{type(e).__name__}: {first} (run again with --verbose for the traceback)")
+        # torch.compile's own failures (dynamo, inductor, its C++ / Triton toolchains) name neither vsagen nor
+        # --compile; say which option brought them in
+        hint = "; it came from torch.compile: try without --compile" if _from_torch_compile(e) else ""
+        _err(f"{type(e).__name__}: {first} (run again with --verbose for the traceback{hint})")
         raise typer.Exit(1) from None
 
 
@@ -91,6 +105,10 @@ Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the tran
                                        "inside it, so the attention is not timed (graph breaks around it only for "
                                        "a backend that cannot be traced, or with --offload group). The first step "
                                        "pays the compilation: use --warmup 1.")]
+ProfileCompile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
+                                              "compile_repeated_blocks), each block one graph with the attention "
+                                              "backend inside it, so the attention columns read '-' (time it with "
+                                              "--kernels); every configuration compiles in its warm-up step.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
 Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
 
@@ -211,7 +229,7 @@ def profile(
                                              "embeddings).")] = "a red fox running through fresh snow, cinematic",
     guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None,
     seed: Seed = 0, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
-    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, compile: Compile = False,
+    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, compile: ProfileCompile = False,
     verbose: Verbose = False,
 ) -> None:
     """Compare attention backends on one loaded model: DiT and attention time per step, speed-up vs full.

@@ -537,6 +537,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
                "are timed (null in the JSON): `vsagen profile --kernels` times the attention alone"
                if backend.traceable else "; attn1 is inside the graphs and not timed, the attention backend is")
             + ("" if cfg.warmup else "; no --warmup: the first step includes compilation"))
+        log(f"note: {model.notes[-1]}")
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)

@@ -119,6 +119,7 @@ class ProfileReport:
     load_s: float
     text_encode_s: float
     notes: list[str]
+    compile_fullgraph: bool | None = None  # --compile: each block one graph (True) or with graph breaks (False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (seconds; ratios as plain numbers; no NaN)."""
@@ -130,7 +131,7 @@ class ProfileReport:
             "dtype": self.settings["dtype"], "frames": self.settings["frames"], "height": self.settings["height"],
             "width": self.settings["width"], "steps": self.settings["steps"],
             "warmup": self.settings["warmup"], "projected_steps": self.settings["full_steps"],
-            "guidance": self.settings["guidance"],
+            "guidance": self.settings["guidance"], "compile_fullgraph": self.compile_fullgraph,
             "rows": [asdict(r) for r in self.rows],
             "overhead": {"rows": [asdict(r) for r in self.overhead], "full_vs_stock": full_vs_stock,
                          "tile_order_vs_stock": tile_vs_stock},
@@ -219,6 +220,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     pipe = model.pipe
     pipe.set_progress_bar_config(disable=True)
     transformers = experts(pipe)
+    breaks = None
     if cfg.compile:  # each configuration compiles in its warm-up steps
         breaks = compile_breaks([b for _, b in backends] + ([TileOrderFull()] if cfg.stock else []))
         compile_transformers(pipe, fullgraph=breaks is None)
@@ -228,9 +230,11 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
              "configuration" if breaks is None else f"--compile: transformer blocks compiled with graph breaks "
                                                     f"({breaks})")
             + (f"; attention runs inside the graphs for {', '.join(in_graph)}: its time and stages are not "
-               "measured there (attention, attn1 and share read '-'; `vsagen profile --kernels` times the attention "
-               "alone), and layout counts only the reorderings outside the blocks (blocks[0]'s gather is compiled)"
-               if in_graph else "; layout counts only the reorderings outside the blocks"))
+               "measured there (the attention columns read '-', null in JSON; `vsagen profile --kernels` times the "
+               "attention alone), and layout counts only the reorderings outside the blocks (blocks[0]'s gather is "
+               "compiled)" if in_graph else "; layout counts only the reorderings outside the blocks")
+            + ("" if cfg.warmup else "; --warmup 0: each configuration's timed steps include its compilation, so "
+                                     "the times and speed-ups measure the compiler, not the model"))
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     cuda = device.type == "cuda"
@@ -336,7 +340,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         notes.append(f"{STOCK}: diffusers' own processors, SDPA pinned to cuDNN then flash (as `full`)")
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                          rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=load_s,
-                         text_encode_s=text_encode_s, notes=notes)
+                         text_encode_s=text_encode_s, notes=notes,
+                         compile_fullgraph=(breaks is None) if cfg.compile else None)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -561,7 +566,8 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
 
 def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> None:
     """Bar chart of DiT seconds per step per configuration, split into the attention backend, the tile-order
-    layout and the rest of the DiT, with the speed-up against `full` over each bar. Written atomically in the
+    layout and the rest of the DiT (one grey "attention not timed" bar where `--compile` put the attention
+    inside the graphs), with the speed-up against `full` over each bar. Written atomically in the
     format of `path`'s suffix (.png, .svg, .pdf); matplotlib's object API, no pyplot state.
 
     Raises:
@@ -576,15 +582,22 @@ def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> No
     rows = rep.rows
     two_fits = len({r.tile_fit for r in rows}) > 1
     labels = [r.label + (f"\n{r.tile_fit}" if two_fits else "") for r in rows]
+    untimed = [r.attention_s_per_step is None for r in rows]  # --compile: attention inside the graphs
     attn = [r.attention_s_per_step or 0.0 for r in rows]
     lay = [r.layout_s_per_step or 0.0 for r in rows]
     rest = [max(r.dit_s_per_step - a - b, 0.0) for r, a, b in zip(rows, attn, lay)]
     x = list(range(len(rows)))
     fig = Figure(figsize=(max(4.5, 1.3 * len(rows) + 2.5), 4.5), layout="constrained")
     ax = fig.subplots()
-    ax.bar(x, attn, color="#d62728", label="self-attention (backend)")
+    if not all(untimed):
+        ax.bar(x, attn, color="#d62728", label="self-attention (backend)")
     ax.bar(x, lay, bottom=attn, color="#ff9896", label="tile layout")
-    ax.bar(x, rest, bottom=[a + b for a, b in zip(attn, lay)], color="#1f77b4", label="rest of DiT")
+    if not all(untimed):
+        ax.bar(x, [0.0 if u else r for r, u in zip(rest, untimed)], bottom=[a + b for a, b in zip(attn, lay)],
+               color="#1f77b4", label="rest of DiT")
+    if any(untimed):
+        ax.bar(x, [r if u else 0.0 for r, u in zip(rest, untimed)], bottom=[a + b for a, b in zip(attn, lay)],
+               color="#7f7f7f", label="DiT, attention not timed (--compile)")
     for xi, r in zip(x, rows):
         if r.speedup_vs_full is not None:
             ax.annotate(f"{r.speedup_vs_full:.2f}x", (xi, r.dit_s_per_step), ha="center", va="bottom",

@@ -36,6 +36,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
 
 
 def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], suffix: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)  # missing folders: created (config checked they can be)
     fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=suffix, dir=target.parent)
     os.close(fd)
     tmp = Path(name)

@@ -15,7 +15,7 @@
    `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
 Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
-       [--probe] [--tile-loads auto|on|off]
+       [--probe] [--tile-loads auto|on|off] [--bwd-streams 1|2]
        [--no-check] [--no-flex] [--json out.json]
 """
 
@@ -367,12 +367,15 @@ def main() -> None:
     ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
     ap.add_argument("--tile-loads", choices=bsa.TMA_MODES, default=bsa.TMA_LOADS,
                     help="how the fine-stage loops fetch tiles: TMA descriptors or pointer loads (bsa.TMA_LOADS)")
+    ap.add_argument("--bwd-streams", type=int, choices=(1, 2), default=2 if bsa.BWD_TWO_STREAMS else 1,
+                    help="backward: dQ on its own stream beside dK/dV (2) or both on one (1) (bsa.BWD_TWO_STREAMS)")
     args = ap.parse_args()
     bsa.TMA_LOADS = args.tile_loads
+    bsa.BWD_TWO_STREAMS = args.bwd_streams == 2
     import triton
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-          f"sparsity {args.sparsity} tile loads {args.tile_loads}", flush=True)
+          f"sparsity {args.sparsity} tile loads {args.tile_loads} backward streams {args.bwd_streams}", flush=True)
     report: dict = {"checks": {}, "rows": []}
     if not args.no_check:
         check(SHAPES["1.3b"], args.sparsity, report["checks"])

@@ -37,6 +37,7 @@ double backward.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -95,6 +96,9 @@ PRE_NUM_WARPS = 4
 # (benchmarks/fwd_variants.py, 2026-11-29): fewer address instructions and registers in the loop.
 TMA_LOADS = "auto"
 TMA_MODES = ("auto", "on", "off")
+# The backward's dQ and dK/dV kernels are independent (both need only delta): on CUDA the dQ launches go on a
+# second stream so that the two kernels' size-class launches overlap.
+BWD_TWO_STREAMS = True
 
 
 def interpreting() -> bool:
@@ -613,20 +617,12 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q_desc, do_desc = (_tma_desc(q, BLOCK), _tma_desc(do, BLOCK)) if tma_qdo else (q, do)
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp))
     grid = (n_tiles, b * h)
-    for blk, lo, num_warps, num_stages in _size_classes(BWD_DQ_LAUNCH, block_d, q.dtype):
-        _bsa_bwd_dq_kernel[grid](
-            q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            do.stride(0), do.stride(1), do.stride(2),
-            dq.stride(0), dq.stride(1), dq.stride(2),
-            lse.stride(0), lse.stride(1),
-            q2k.stride(0), q2k.stride(1), q2k.stride(2),
-            q2k_cnt.stride(0), q2k_cnt.stride(1),
-            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
-            num_warps=num_warps, num_stages=num_stages,
-        )
+    side = _side_stream(q.device) if BWD_TWO_STREAMS and q.is_cuda and not interp else None
+    if side is not None:  # dQ on a second stream, beside dK/dV: their launches fill each other's tails
+        side.wait_stream(torch.cuda.current_stream(q.device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
+                   scale, meta, tma_kv)
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DKDV_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,
@@ -642,7 +638,39 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo,
             num_warps=num_warps, num_stages=num_stages,
         )
+    if side is not None:
+        torch.cuda.current_stream(q.device).wait_stream(side)
     return dq, dk, dv
+
+
+def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
+               scale, meta, tma_kv) -> None:
+    """The dQ kernel's size-class launches (on the current stream)."""
+    for blk, lo, num_warps, num_stages in _size_classes(BWD_DQ_LAUNCH, block_d, q.dtype):
+        _bsa_bwd_dq_kernel[grid](
+            q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            lse.stride(0), lse.stride(1),
+            q2k.stride(0), q2k.stride(1), q2k.stride(2),
+            q2k_cnt.stride(0), q2k_cnt.stride(1),
+            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One extra CUDA stream per device for the backward's dQ launches."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SIDE_STREAMS:
+        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx)
+    return _SIDE_STREAMS[idx]
 
 
 # --------------------------------------------------------------------------------------- custom ops, autograd

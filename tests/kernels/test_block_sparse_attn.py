@@ -462,3 +462,20 @@ def _bad_inputs():
 def test_public_function_rejects_bad_inputs(case):
     with pytest.raises(ValueError):
         bsa.block_sparse_attention(**_bad_inputs()[case])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or bsa.interpreting(),
+                    reason="the second backward stream exists on CUDA only, without the interpreter")
+def test_two_stream_backward_equals_one_stream(monkeypatch):
+    """dQ on its own stream beside dK/dV (BWD_TWO_STREAMS) gives the one-stream gradients bitwise (GPU only; the
+    interpreter runs one stream)."""
+    lay = tile_layout((5, 6, 10), device="cuda")
+    q, k, v = (x.cuda() for x in make_qkv(2, lay.num_tokens, 2, 64, dtype=torch.bfloat16, seed=101))
+    q2k, cnt = (x.cuda() for x in random_selection(2, 2, lay.num_tiles, 3, seed=102, partial_counts=True))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(103)).to(torch.bfloat16).cuda()
+    results = {}
+    for two in (False, True):
+        monkeypatch.setattr(bsa, "BWD_TWO_STREAMS", two)
+        results[two] = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    for name, x, y in zip(NAMES, results[True], results[False]):
+        assert torch.equal(x, y), name

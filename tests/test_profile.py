@@ -339,3 +339,15 @@ def test_cuda_fp32_overhead_rows_are_refused_before_loading(monkeypatch):
     monkeypatch.setattr("vsagen.pipeline.load_model", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(BadInput, match="--no-stock"):
         profile_dit(cfg)
+
+
+@pytest.mark.slow
+def test_interpreted_triton_rows_are_flagged(cli_cache):
+    """`--attn-impl triton` on a CPU runs the Triton interpreter (conftest sets TRITON_INTERPRET=1): the report
+    says its times are the interpreter's (new-user trial: the table gave no hint)."""
+    res = profile("--model", "tiny", "--attn", "full,vsa", "--attn-impl", "triton", "--steps", "1", "--warmup", "0",
+                  "--no-stock", "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["rows"][1]["impl"] == "triton"
+    assert any(n.startswith("vsa 0.875: the Triton kernels ran under the Triton interpreter") for n in data["notes"])

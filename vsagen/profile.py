@@ -29,6 +29,7 @@ import csv
 import io
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -336,6 +337,10 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                      "machine moves them a lot; compare backends on a GPU")
     if BASELINE not in [s.name for s in cfg.backends]:
         notes.append("no `full` in --attn: speed-ups, latent distances and the overhead of `full` are not computed")
+    interpreted = sorted({r.label for r in rows if r.impl == "triton"})
+    if interpreted and os.environ.get("TRITON_INTERPRET", "0") == "1":  # as kernels.block_sparse_attn.interpreting
+        notes.append(f"{', '.join(interpreted)}: the Triton kernels ran under the Triton interpreter "
+                     "(TRITON_INTERPRET=1), so these times are the interpreter's, not the kernels'")
     if cuda and cfg.stock:
         notes.append(f"{STOCK}: diffusers' own processors, SDPA pinned to cuDNN then flash (as `full`)")
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},

@@ -38,6 +38,7 @@ double backward.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -461,8 +462,8 @@ def _tma_layout_ok(x: torch.Tensor) -> bool:
 
 
 def use_tma(*xs: torch.Tensor) -> bool:
-    """Whether the kernels fetch tiles of xs (each (B, S, H, D)) by TMA: `TMA_LOADS` ("auto", "on", "off") and
-    the layout (`_tma_layout_ok`). With TMA the box of a partial tile also covers the rows after it (the next
+    """Whether the kernels fetch tiles of xs (each (B, S, H, D)) by TMA: `TMA_LOADS` ("auto", "on", "off"), this
+    Triton's host-side tensor descriptors (>= 3.4) and the layout (`_tma_layout_ok`). With TMA the box of a partial tile also covers the rows after it (the next
     tile's tokens, or zeros past the tensor's end); the kernels mask them in the scores, so inputs must be
     finite there as everywhere (0 * inf would leak).
 
@@ -471,12 +472,23 @@ def use_tma(*xs: torch.Tensor) -> bool:
     """
     if TMA_LOADS not in TMA_MODES:
         raise ValueError(f"TMA_LOADS must be one of {TMA_MODES}, got {TMA_LOADS!r}")
-    if TMA_LOADS == "off" or not all(_tma_layout_ok(x) for x in xs):
+    if TMA_LOADS == "off" or not _have_tensor_descriptors() or not all(_tma_layout_ok(x) for x in xs):
         return False
     if TMA_LOADS == "on":
         return True
     dev = xs[0].device
     return dev.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(dev)[0] >= 9
+
+
+@functools.cache
+def _have_tensor_descriptors() -> bool:
+    """Whether this Triton has host-side tensor descriptors (`triton.tools.tensor_descriptor`, Triton >= 3.4; the
+    project allows 3.2): without them every tile is fetched by pointer loads."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _tma_desc(x: torch.Tensor, rows: int):

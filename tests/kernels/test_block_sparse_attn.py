@@ -374,6 +374,9 @@ def test_tma_only_where_the_layout_allows(monkeypatch):
     assert not bsa.use_tma(x[..., :16])  # D sliced: heads not packed
     flat = torch.randn(x.numel() + 1, dtype=torch.bfloat16)
     assert not bsa.use_tma(flat[1:].view(x.shape))  # base 2 bytes off a 16-byte boundary
+    monkeypatch.setattr(bsa, "_have_tensor_descriptors", lambda: False)  # a Triton older than 3.4
+    assert not bsa.use_tma(x)
+    monkeypatch.undo()
     monkeypatch.setattr(bsa, "TMA_LOADS", "auto")
     assert not bsa.use_tma(x)  # CPU / interpreter
     monkeypatch.setattr(bsa, "TMA_LOADS", "sometimes")

@@ -463,9 +463,9 @@ def _tma_layout_ok(x: torch.Tensor) -> bool:
 
 def use_tma(*xs: torch.Tensor) -> bool:
     """Whether the kernels fetch tiles of xs (each (B, S, H, D)) by TMA: `TMA_LOADS` ("auto", "on", "off"), this
-    Triton's host-side tensor descriptors (>= 3.4) and the layout (`_tma_layout_ok`). With TMA the box of a partial tile also covers the rows after it (the next
-    tile's tokens, or zeros past the tensor's end); the kernels mask them in the scores, so inputs must be
-    finite there as everywhere (0 * inf would leak).
+    Triton's host-side tensor descriptors (>= 3.4) and the layout (`_tma_layout_ok`). With TMA the box of a
+    partial tile also covers the rows after it (the next tile's tokens, or zeros past the tensor's end); the
+    kernels mask them in the scores, so inputs must be finite there as everywhere (0 * inf would leak).
 
     Raises:
         ValueError: TMA_LOADS is not one of TMA_MODES.
@@ -491,12 +491,16 @@ def _have_tensor_descriptors() -> bool:
     return True
 
 
-def _tma_desc(x: torch.Tensor, rows: int):
-    """Host-side TMA descriptor of x (B, S, H, D) as a (B*S, H*D) tensor with (rows, D) boxes (`_tma_layout_ok`)."""
+def _tma_descs(tma: bool, *xs: torch.Tensor) -> tuple:
+    """The kernels' descriptor arguments for xs (each (B, S, H, D)): with `tma`, host-side TMA descriptors of each
+    as a (B*S, H*D) tensor with (64, D) boxes (`_tma_layout_ok`); else the tensors themselves (unused by the
+    kernels' pointer-load path)."""
+    if not tma:
+        return xs
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    b, s, h, d = x.shape
-    return TensorDescriptor(x, shape=[b * s, h * d], strides=[x.stride(1), 1], block_shape=[rows, d])
+    return tuple(TensorDescriptor(x, shape=[x.shape[0] * x.shape[1], x.shape[2] * x.shape[3]],
+                                  strides=[x.stride(1), 1], block_shape=[BLOCK, x.shape[3]]) for x in xs)
 
 
 def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
@@ -515,7 +519,7 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
     tma = use_tma(k, v)
-    k_desc, v_desc = (_tma_desc(k, BLOCK), _tma_desc(v, BLOCK)) if tma else (k, v)
+    k_desc, v_desc = _tma_descs(tma, k, v)
     for blk, lo, num_warps, num_stages in _size_classes(FWD_LAUNCH, block_d, q.dtype):
         _bsa_fwd_kernel[(n_tiles, b * h)](
             q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
@@ -625,8 +629,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, HAS_DLSE=dlse is not None, num_warps=PRE_NUM_WARPS,
     )
     tma_kv, tma_qdo = use_tma(k, v), use_tma(q, do)
-    k_desc, v_desc = (_tma_desc(k, BLOCK), _tma_desc(v, BLOCK)) if tma_kv else (k, v)
-    q_desc, do_desc = (_tma_desc(q, BLOCK), _tma_desc(do, BLOCK)) if tma_qdo else (q, do)
+    k_desc, v_desc = _tma_descs(tma_kv, k, v)
+    q_desc, do_desc = _tma_descs(tma_qdo, q, do)
     meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp))
     grid = (n_tiles, b * h)
     side = _side_stream(q.device) if BWD_TWO_STREAMS and q.is_cuda and not interp else None

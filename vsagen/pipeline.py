@@ -251,6 +251,28 @@ def compile_untimed(backend: Any) -> tuple[str, ...]:
     return ("attn1", "self_attention") if backend.traceable else ("attn1",)
 
 
+def compile_note(breaks: str | None, in_graph: Sequence[str], warmup: int) -> str:
+    """The run's note on `--compile` (`vsagen t2v` / `i2v` and `vsagen profile` alike).
+
+    Args:
+        breaks: `compile_breaks`' reason, or None (each block one graph).
+        in_graph: names of the backends compiled into the graphs (`traceable`), so not timed.
+        warmup: untimed warm-up steps; 0 means the timed steps include the compilation.
+    """
+    note = ("--compile: every transformer block is one compiled graph (torch.compile, no graph breaks)"
+            if breaks is None else f"--compile: transformer blocks compiled with graph breaks ({breaks})")
+    if in_graph:
+        note += (f"; the attention backend ({', '.join(in_graph)}) runs inside the graphs, so neither attn1 nor "
+                 "the backend and its stages are timed (null in the JSON, '-' in profile tables): `vsagen profile "
+                 "--kernels` times the attention alone")
+    else:
+        note += "; attn1 is inside the graphs and not timed, the attention backend is"
+    note += "; layout counts only the reorderings outside the blocks (blocks[0]'s gather is compiled)"
+    if not warmup:
+        note += "; --warmup 0: the timed steps include the compilation, so their times measure the compiler"
+    return note
+
+
 def compile_transformers(pipe: Any, *, fullgraph: bool) -> None:
     """torch.compile every transformer's repeated blocks (diffusers' `compile_repeated_blocks`, one graph
     shared by all `WanTransformerBlock`s; `dynamic=False`, as the shapes of a run are fixed).
@@ -530,13 +552,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     breaks = compile_breaks([backend], cfg.offload) if cfg.compile else None
     if cfg.compile:
         compile_transformers(pipe, fullgraph=breaks is None)
-        model.notes.append(
-            ("--compile: every transformer block is one compiled graph (torch.compile, no graph breaks)"
-             if breaks is None else f"--compile: transformer blocks compiled with graph breaks ({breaks})")
-            + ("; the attention backend runs inside the graphs, so neither attn1 nor the backend and its stages "
-               "are timed (null in the JSON): `vsagen profile --kernels` times the attention alone"
-               if backend.traceable else "; attn1 is inside the graphs and not timed, the attention backend is")
-            + ("" if cfg.warmup else "; no --warmup: the first step includes compilation"))
+        model.notes.append(compile_note(breaks, [backend.name] if backend.traceable else [], cfg.warmup))
         log(f"note: {model.notes[-1]}")
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)

@@ -201,8 +201,9 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     from . import __version__
     from .attention.processor import patch_transformer, time_transformer
     from .bench import rel_l2
-    from .pipeline import (compile_breaks, compile_transformers, compile_untimed, denoise_latents, denoise_plan,
-                           encode_prompts, expert_kwargs, experts, load_model, step_counter, torch_dtype, versions)
+    from .pipeline import (compile_breaks, compile_note, compile_transformers, compile_untimed, denoise_latents,
+                           denoise_plan, encode_prompts, expert_kwargs, experts, load_model, step_counter,
+                           torch_dtype, versions)
     from .timing import Timer, TimingReport
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -225,17 +226,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     if cfg.compile:  # each configuration compiles in its warm-up steps
         breaks = compile_breaks([b for _, b in backends] + ([TileOrderFull()] if cfg.stock else []))
         compile_transformers(pipe, fullgraph=breaks is None)
-        in_graph = [b.name for _, b in backends if b.traceable]
-        model.notes.append(
-            ("--compile: every transformer block is one compiled graph (torch.compile, no graph breaks) for every "
-             "configuration" if breaks is None else f"--compile: transformer blocks compiled with graph breaks "
-                                                    f"({breaks})")
-            + (f"; attention runs inside the graphs for {', '.join(in_graph)}: its time and stages are not "
-               "measured there (the attention columns read '-', null in JSON; `vsagen profile --kernels` times the "
-               "attention alone), and layout counts only the reorderings outside the blocks (blocks[0]'s gather is "
-               "compiled)" if in_graph else "; layout counts only the reorderings outside the blocks")
-            + ("" if cfg.warmup else "; --warmup 0: each configuration's timed steps include its compilation, so "
-                                     "the times and speed-ups measure the compiler, not the model"))
+        model.notes.append(compile_note(breaks, [b.name for _, b in backends if b.traceable], cfg.warmup))
     do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
     extra = expert_kwargs(pipe, cfg)
     cuda = device.type == "cuda"

@@ -101,6 +101,16 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
     c = coarse_stage(q, k, off, top_k)
     add("VSA coarse stage (pool + scores + top-k)", bench(lambda: coarse_stage(q, k, off, top_k)), "fwd")
     add("VSA fine stage (Triton)", bench(lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)), "fwd", fine_flops)
+    if bsa.PACK_PARTIAL_TILES:  # the 64x64 blocks the packed loops really compute (full tiles + packs)
+        from vsagen.kernels.tile_plan import build_tile_plan
+
+        _, plan_cnt = build_tile_plan(c.q2k, c.q2k_cnt, off)
+        blocks = int((plan_cnt[..., 0] + plan_cnt[..., 1]).sum())
+        rows[-1]["computed_blocks_fraction"] = blocks / (n * top_k * shape.heads)
+        rows[-1]["tflops_on_computed_blocks"] = 4 * blocks * 64 * 64 * shape.head_dim / rows[-1]["ms"] / 1e9
+        print(f"  packed: {blocks} of {n * top_k * shape.heads} blocks computed "
+              f"({rows[-1]['computed_blocks_fraction']:.3f}), "
+              f"{rows[-1]['tflops_on_computed_blocks']:.0f} TFLOP/s on them", flush=True)
 
     def vsa_fwd():
         cc = coarse_stage(q, k, off, top_k)
@@ -369,13 +379,17 @@ def main() -> None:
                     help="how the fine-stage loops fetch tiles: TMA descriptors or pointer loads (bsa.TMA_LOADS)")
     ap.add_argument("--bwd-streams", type=int, choices=(1, 2), default=2 if bsa.BWD_TWO_STREAMS else 1,
                     help="backward: dQ on its own stream beside dK/dV (2) or both on one (1) (bsa.BWD_TWO_STREAMS)")
+    ap.add_argument("--pack", choices=("on", "off"), default="on" if bsa.PACK_PARTIAL_TILES else "off",
+                    help="forward / dQ loops: partial key tiles packed 64 tokens an iteration (on) or one tile an "
+                         "iteration (off) (bsa.PACK_PARTIAL_TILES)")
     args = ap.parse_args()
     bsa.TMA_LOADS = args.tile_loads
     bsa.BWD_TWO_STREAMS = args.bwd_streams == 2
+    bsa.PACK_PARTIAL_TILES = args.pack == "on"
     import triton
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-          f"sparsity {args.sparsity} tile loads {args.tile_loads} backward streams {args.bwd_streams}", flush=True)
+          f"sparsity {args.sparsity} tile loads {args.tile_loads} backward streams {args.bwd_streams} pack {args.pack}", flush=True)
     report: dict = {"checks": {}, "rows": []}
     if not args.no_check:
         check(SHAPES["1.3b"], args.sparsity, report["checks"])

@@ -10,6 +10,8 @@ Contents:
   backward, as the autograd-aware custom op behind `block_sparse_attention`; `build_k2q` transposes q2k lists
   in torch (the oracle of `k2q.py`); `bsa_fwd` / `bsa_bwd` are the raw launchers.
 * `k2q.py`: `build_k2q_triton`, the same transpose in two Triton launches: the one the backward uses.
+* `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
+  whole, then the partial tiles' tokens packed 64 to an iteration); `tile_plan_reference` is its torch oracle.
 * `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
   table; the custom op `vsagen::coarse_stage` under torch.compile, so the graph does not break) and its parts
   `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
@@ -38,6 +40,8 @@ _TRITON_EXPORTS = {
     "bsa_fwd": "block_sparse_attn",
     "build_k2q": "block_sparse_attn",
     "build_k2q_triton": "k2q",
+    "build_tile_plan": "tile_plan",
+    "tile_plan_reference": "tile_plan",
     "CoarseResult": "coarse",
     "coarse_output": "coarse",
     "coarse_stage": "coarse",
@@ -63,6 +67,7 @@ __all__ = [
     "bsa_fwd",
     "build_k2q",
     "build_k2q_triton",
+    "build_tile_plan",
     "coarse_attention",
     "coarse_output",
     "coarse_stage",
@@ -70,6 +75,7 @@ __all__ = [
     "select_top_k",
     "tile_mean_pool",
     "tile_mean_pool_triton",
+    "tile_plan_reference",
     "tile_scores",
     "tile_scores_triton",
     "top_k_from_sparsity",

@@ -21,6 +21,11 @@ Layout contract:
     returns: out (B, S, H, D) like q; lse (B, H, S) fp32, natural-log log-sum-exp of each query row
              (-inf for a row with no selected tile, whose output is 0 and whose gradients are 0)
 
+The forward and dQ loops walk a tile plan of each q2k row (`tile_plan.build_tile_plan`, one small launch per
+call) rather than the row itself: first the full tiles, one per iteration and unmasked, then the partial tiles'
+tokens packed 64 to an iteration (gathered rows, masked), so a partial tile no longer costs a whole 64-column
+block (`PACK_PARTIAL_TILES`). The dK/dV loop still takes one query tile of its k2q row per iteration.
+
 The loops fetch their 64-token tiles (K / V in the forward and dQ kernels, Q / dO in the dK/dV kernel) by TMA
 on Hopper and later GPUs (`use_tma`, `TMA_LOADS`): whole (64, D) boxes of the (B*S, H*D) tensor, so a partial
 tile's box also covers the next tile's first rows; those are masked in the scores exactly as pointer loads'
@@ -46,6 +51,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 64  # tokens in a full (4, 4, 4) tile
+_PACK_SEG = 8  # tokens per group of a tile plan's partial-tile stream (tile_plan.SEG)
 LOG2E = 1.4426950408889634  # log2(e): scores are kept in base 2 for exp2
 LN2 = 0.6931471805599453  # ln(2): converts the base-2 LSE back to natural log
 
@@ -97,6 +103,15 @@ PRE_NUM_WARPS = 4
 # (benchmarks/fwd_variants.py, 2026-11-29): fewer address instructions and registers in the loop.
 TMA_LOADS = "auto"
 TMA_MODES = ("auto", "on", "off")
+# The forward and dQ kernels' loops take a tile plan (`tile_plan.build_tile_plan`): the full key tiles one per
+# iteration, then the partial key tiles' tokens packed 64 to an iteration, instead of one padded 64-column block
+# per selected tile. False: one tile per iteration (the q2k lists as they are). On the H200 (2026-11-29, 87.5%
+# sparsity, the coarse stage's own selection) the packed loops compute 67% / 84% / 64% of the blocks at the
+# 1.3B / 5B / 14B shapes, and the fine forward took 2.65 -> 2.01 ms, 3.30 -> 2.99 ms and 50.3 -> 35.5 ms
+# (backward 8.0 -> 6.9, 10.4 -> 9.6, 141 -> 124 ms). The partial-tile loop gathers its rows by pointer loads,
+# which Triton 3.6 does not software-pipeline; a first version that found each row's tile with a (64, 8)
+# compare per iteration made that loop ~3x slower per iteration than the full-tile loop.
+PACK_PARTIAL_TILES = True
 # The backward's dQ and dK/dV kernels are independent (both need only delta): on CUDA the dQ launches go on a
 # second stream so that the two kernels' size-class launches overlap.
 BWD_TWO_STREAMS = True
@@ -151,10 +166,80 @@ def _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, row0, col0, offs_n, DOT_FP32:
 
 
 @triton.jit
-def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+def _load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt, row0, col0, stride_ks, stride_vs, offs_n,
+                         offs_d, d_ok, TMA: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Key tile `kt` of K and V by TMA (`_load_kv_tile_tma`) or pointer loads (`_load_kv_tile`): (k, v, n_ok)."""
+    if TMA:
+        k, v, n_ok = _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, row0, col0, offs_n, DOT_FP32)
+    else:
+        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok, DOT_FP32)
+    return k, v, n_ok
+
+
+@triton.jit
+def _load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, row0, col0, stride_ks, stride_vs, offs_n, offs_d,
+                       d_ok, TMA: tl.constexpr, DOT_FP32: tl.constexpr):
+    """Load the full key tile (64 tokens, so no row mask) starting at row k_start of K and V: (BLOCK_N, BLOCK_D)
+    each, by TMA from the descriptors at (row0 + k_start, col0) or by pointer loads from k_base / v_base."""
+    if TMA:
+        k = k_desc.load([row0 + k_start, col0])
+        v = v_desc.load([row0 + k_start, col0])
+    else:
+        rows = (k_start + offs_n)[:, None]
+        k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+    if DOT_FP32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
+def _plan_counts(cnt_row):
+    """(nf, npk, ng) of a tile plan row: full tiles, packs and groups (`tile_plan.build_tile_plan`)."""
+    return tl.load(cnt_row), tl.load(cnt_row + 1), tl.load(cnt_row + 2)
+
+
+@triton.jit
+def _pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
+    """Token rows of pack p of a tile plan row (`tile_plan.build_tile_plan`): the partial tiles' tokens in plan
+    groups [p * BLOCK_N / SEG, (p + 1) * BLOCK_N / SEG), as rows (BLOCK_N,) int32 and n_ok (BLOCK_N,) bool (False
+    past a group's tokens and past the row's ng groups). The groups are read as BLOCK_N / SEG scalars, which
+    Triton's software pipeliner prefetches as it does the q2k entries (in the offline sm_90 compile, a vector load
+    of them stayed synchronous)."""
+    within = offs_n % SEG
+    slot = offs_n // SEG
+    rows = tl.zeros_like(offs_n)
+    n_ok = offs_n < 0
+    for j in tl.static_range(BLOCK_N // SEG):
+        g = p * (BLOCK_N // SEG) + j
+        group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (first row << 4) | tokens
+        rows = tl.where(slot == j, (group >> 4) + within, rows)
+        n_ok = tl.where(slot == j, within < (group & 15), n_ok)
+    return rows, n_ok
+
+
+@triton.jit
+def _load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_FP32: tl.constexpr):
+    """Gather rows (R,) of two (S, BLOCK_D) tensors by pointer loads, zero where n_ok is False."""
+    mask = n_ok[:, None] & d_ok[None, :]
+    a = tl.load(base_a + rows[:, None] * stride_a + offs_d[None, :], mask=mask, other=0.0)
+    c = tl.load(base_b + rows[:, None] * stride_b + offs_d[None, :], mask=mask, other=0.0)
+    if DOT_FP32:
+        a = a.to(tl.float32)
+        c = c.to(tl.float32)
+    return a, c
+
+
+@triton.jit
+def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASK: tl.constexpr = True):
     """One online-softmax update (FlashAttention-2 alg. 1) with scores s (BLOCK_M, BLOCK_N) fp32 unscaled, key
-    validity n_ok (BLOCK_N,), values v (BLOCK_N, BLOCK_D); returns the new (m_i, l_i, acc), base 2."""
-    s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # base-2 logits
+    validity n_ok (BLOCK_N,) (ignored unless MASK), values v (BLOCK_N, BLOCK_D); returns the new (m_i, l_i, acc),
+    base 2."""
+    if MASK:
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # base-2 logits
+    else:
+        s = s * qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -179,11 +264,14 @@ def _bsa_fwd_kernel(
     stride_cb, stride_ch,
     num_heads, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
-    K / V tiles come by TMA from k_desc / v_desc (see `use_tma`), else by pointer loads from k_ptr / v_ptr."""
+    K / V tiles come by TMA from k_desc / v_desc (see `use_tma`), else by pointer loads from k_ptr / v_ptr.
+    PACK: q2k_ptr / cnt_ptr are the rows' tile plans (`tile_plan`) and their counts: the full
+    tiles are taken whole (TMA or pointer loads, no mask), then the partial tiles' tokens 64 at a time (pointer
+    gathers); else q2k_ptr / cnt_ptr are the q2k lists and counts, one tile per iteration."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -204,19 +292,29 @@ def _bsa_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # acc: (BLOCK_M, BLOCK_D) fp32
-    cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
     row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + pid_t * stride_iq
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
-    for i in range(0, cnt):
-        kt = tl.load(row_ptr + i)
-        if TMA:
-            k, v, n_ok = _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, b * seq_len, h * HEAD_DIM, offs_n, DOT_FP32)
-        else:
-            k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                       DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
-        s = _mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
-        m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
+    if PACK:
+        nf, npk, ng = _plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
+        for i in range(0, nf):  # full tiles
+            k, v = _load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
+                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+            s = _mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+            m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc, qk_scale, IEEE, MASK=False)
+        for p in range(0, npk):  # partial tiles, packed
+            rows, n_ok = _pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
+            k, v = _load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32)
+            s = _mm(q, tl.trans(k), IEEE)
+            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
+    else:
+        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+        for i in range(0, cnt):
+            k, v, n_ok = _load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
+                                              b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                              TMA, DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+            s = _mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -257,6 +355,22 @@ def _bsa_bwd_preprocess_kernel(
 
 
 @triton.jit
+def _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE: tl.constexpr, MASK: tl.constexpr = True):
+    """dQ += dS K for one key block (FlashAttention-2 alg. 2), P recomputed from the base-2 LSE lse2 (BLOCK_M,);
+    keys flagged False in n_ok (BLOCK_N,) are masked unless MASK is False. Returns dq (BLOCK_M, BLOCK_D) fp32,
+    unscaled."""
+    s = _mm(q, tl.trans(k), IEEE)
+    if MASK:
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
+    else:
+        s = s * qk_scale
+    p = tl.exp2(s - lse2[:, None])  # p: (BLOCK_M, BLOCK_N) fp32, the forward's softmax
+    dp = _mm(do, tl.trans(v), IEEE)  # dp: (BLOCK_M, BLOCK_N) fp32, dO V^T
+    ds = p * (dp - delta[:, None])
+    return dq + _mm(ds.to(k.dtype), k, IEEE)
+
+
+@triton.jit
 def _bsa_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, q2k_ptr, cnt_ptr, off_ptr, k_desc, v_desc, seq_len,
     stride_qb, stride_qs, stride_qh,
@@ -269,10 +383,11 @@ def _bsa_bwd_dq_kernel(
     stride_cb, stride_ch,
     num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
 ):
     """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row; exits
-    at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, as in the forward."""
+    at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, PACK: the row's tile plan, as in
+    the forward."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -301,23 +416,26 @@ def _bsa_bwd_dq_kernel(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # dq: (BLOCK_M, BLOCK_D) fp32
-    cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
     row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + pid_t * stride_iq
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
-    for i in range(0, cnt):
-        kt = tl.load(row_ptr + i)
-        if TMA:
-            k, v, n_ok = _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, b * seq_len, h * HEAD_DIM, offs_n, DOT_FP32)
-        else:
-            k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                       DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
-        s = _mm(q, tl.trans(k), IEEE)
-        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # s: (BLOCK_M, BLOCK_N), base-2 logits
-        p = tl.exp2(s - lse2[:, None])  # p: (BLOCK_M, BLOCK_N) fp32, the forward's softmax
-        dp = _mm(do, tl.trans(v), IEEE)  # dp: (BLOCK_M, BLOCK_N) fp32, dO V^T
-        ds = p * (dp - delta[:, None])
-        dq += _mm(ds.to(k.dtype), k, IEEE)
+    if PACK:
+        nf, npk, ng = _plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
+        for i in range(0, nf):  # full tiles
+            k, v = _load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
+                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+            dq = _dq_step(q, do, k, v, offs_n, lse2, delta, dq, qk_scale, IEEE, MASK=False)
+        for p in range(0, npk):  # partial tiles, packed
+            rows, n_ok = _pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
+            k, v = _load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32)
+            dq = _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE)
+    else:
+        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+        for i in range(0, cnt):
+            k, v, n_ok = _load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
+                                              b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                              TMA, DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+            dq = _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE)
     dq = dq * sm_scale
     tl.store(dq_ptr + b * stride_dqb + h * stride_dqh + q_rows * stride_dqs + offs_d[None, :],
              dq.to(dq_ptr.dtype.element_ty), mask=q_mask)
@@ -520,22 +638,36 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     block_d = max(16, triton.next_power_of_2(d))
     tma = use_tma(k, v)
     k_desc, v_desc = _tma_descs(tma, k, v)
+    lists, counts = _q2k_lists(q2k, q2k_cnt, tile_offsets)
     for blk, lo, num_warps, num_stages in _size_classes(FWD_LAUNCH, block_d, q.dtype):
         _bsa_fwd_kernel[(n_tiles, b * h)](
-            q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
+            q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(1),
-            q2k.stride(0), q2k.stride(1), q2k.stride(2),
-            q2k_cnt.stride(0), q2k_cnt.stride(1),
+            lists.stride(0), lists.stride(1), lists.stride(2),
+            counts.stride(0), counts.stride(1),
             h, scale * LOG2E, lo, blk,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
+            PACK=PACK_PARTIAL_TILES, PACK_SEG=_PACK_SEG,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out, lse
+
+
+def _q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the forward and dQ kernels loop over: with PACK_PARTIAL_TILES the tile plans of the q2k rows and
+    their (B, H, Q_TILES, 4) counts (`tile_plan.build_tile_plan`), else q2k and q2k_cnt."""
+    if not PACK_PARTIAL_TILES:
+        return q2k, q2k_cnt
+    from .tile_plan import build_tile_plan
+
+    q2k = q2k if q2k.shape[-1] <= 1 or q2k.stride(-1) == 1 else q2k.contiguous()
+    return build_tile_plan(q2k, q2k_cnt, tile_offsets)
 
 
 def _check_fp32_bwd(q: torch.Tensor) -> None:
@@ -637,7 +769,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if side is not None:  # dQ on a second stream, beside dK/dV: their launches fill each other's tails
         side.wait_stream(torch.cuda.current_stream(q.device))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
+        lists, counts = _q2k_lists(q2k, q2k_cnt, tile_offsets)
+        _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
                    scale, meta, tma_kv)
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DKDV_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
@@ -661,7 +794,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
                scale, meta, tma_kv) -> None:
-    """The dQ kernel's size-class launches (on the current stream)."""
+    """The dQ kernel's size-class launches (on the current stream); q2k / q2k_cnt from `_q2k_lists`."""
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DQ_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dq_kernel[grid](
             q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
@@ -674,7 +807,7 @@ def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_of
             q2k.stride(0), q2k.stride(1), q2k.stride(2),
             q2k_cnt.stride(0), q2k_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
-            num_warps=num_warps, num_stages=num_stages,
+            PACK=PACK_PARTIAL_TILES, PACK_SEG=_PACK_SEG, num_warps=num_warps, num_stages=num_stages,
         )
 
 

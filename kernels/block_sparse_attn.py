@@ -105,7 +105,8 @@ TMA_LOADS = "auto"
 TMA_MODES = ("auto", "on", "off")
 # The forward and dQ kernels' loops take a tile plan (`tile_plan.build_tile_plan`): the full key tiles one per
 # iteration, then the partial key tiles' tokens packed 64 to an iteration, instead of one padded 64-column block
-# per selected tile. False: one tile per iteration (the q2k lists as they are). On the H200 (2026-11-29, 87.5%
+# per selected tile. False: one tile per iteration (the q2k lists as they are), as also on layouts whose every
+# tile is full (`_q2k_lists`). On the H200 (2026-11-29, 87.5%
 # sparsity, the coarse stage's own selection) the packed loops compute 67% / 84% / 64% of the blocks at the
 # 1.3B / 5B / 14B shapes, and the fine forward took 2.65 -> 2.01 ms, 3.30 -> 2.99 ms and 50.3 -> 35.5 ms
 # (backward 8.0 -> 6.9, 10.4 -> 9.6, 141 -> 124 ms). The partial-tile loop gathers its rows by pointer loads,
@@ -638,7 +639,7 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     block_d = max(16, triton.next_power_of_2(d))
     tma = use_tma(k, v)
     k_desc, v_desc = _tma_descs(tma, k, v)
-    lists, counts = _q2k_lists(q2k, q2k_cnt, tile_offsets)
+    lists, counts, pack = _q2k_lists(q2k, q2k_cnt, tile_offsets, s)
     for blk, lo, num_warps, num_stages in _size_classes(FWD_LAUNCH, block_d, q.dtype):
         _bsa_fwd_kernel[(n_tiles, b * h)](
             q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
@@ -652,22 +653,26 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
             h, scale * LOG2E, lo, blk,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
-            PACK=PACK_PARTIAL_TILES, PACK_SEG=_PACK_SEG,
+            PACK=pack, PACK_SEG=_PACK_SEG,
             num_warps=num_warps, num_stages=num_stages,
         )
     return out, lse
 
 
-def _q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the forward and dQ kernels loop over: with PACK_PARTIAL_TILES the tile plans of the q2k rows and
-    their (B, H, Q_TILES, 4) counts (`tile_plan.build_tile_plan`), else q2k and q2k_cnt."""
-    if not PACK_PARTIAL_TILES:
-        return q2k, q2k_cnt
+def _q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, seq_len: int
+               ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """What the forward and dQ kernels loop over, and their PACK switch: the tile plans of the q2k rows and their
+    (B, H, Q_TILES, 4) counts (`tile_plan.build_tile_plan`) when PACK_PARTIAL_TILES and the layout has partial
+    tiles (seq_len < 64 * n_tiles, known without reading tile_offsets), else q2k and q2k_cnt. With every tile
+    full the packed kernels' full-tile loop is 4-8% slower than the plain loop (H200, the 1.3B grid cropped to
+    20x28x52: 1.56-1.59 against 1.47-1.50 ms), so those layouts keep the plain loop."""
+    if not PACK_PARTIAL_TILES or seq_len == BLOCK * (tile_offsets.numel() - 1):
+        return q2k, q2k_cnt, False
     from .tile_plan import build_tile_plan
 
     q2k = q2k if q2k.shape[-1] <= 1 or q2k.stride(-1) == 1 else q2k.contiguous()
-    return build_tile_plan(q2k, q2k_cnt, tile_offsets)
+    plan, plan_cnt = build_tile_plan(q2k, q2k_cnt, tile_offsets)
+    return plan, plan_cnt, True
 
 
 def _check_fp32_bwd(q: torch.Tensor) -> None:
@@ -769,9 +774,9 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if side is not None:  # dQ on a second stream, beside dK/dV: their launches fill each other's tails
         side.wait_stream(torch.cuda.current_stream(q.device))
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        lists, counts = _q2k_lists(q2k, q2k_cnt, tile_offsets)
+        lists, counts, pack = _q2k_lists(q2k, q2k_cnt, tile_offsets, s)
         _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
-                   scale, meta, tma_kv)
+                   scale, dict(meta, PACK=pack), tma_kv)
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DKDV_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,
@@ -794,7 +799,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
                scale, meta, tma_kv) -> None:
-    """The dQ kernel's size-class launches (on the current stream); q2k / q2k_cnt from `_q2k_lists`."""
+    """The dQ kernel's size-class launches (on the current stream); q2k / q2k_cnt and meta's PACK from
+    `_q2k_lists`."""
     for blk, lo, num_warps, num_stages in _size_classes(BWD_DQ_LAUNCH, block_d, q.dtype):
         _bsa_bwd_dq_kernel[grid](
             q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
@@ -807,7 +813,7 @@ def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_of
             q2k.stride(0), q2k.stride(1), q2k.stride(2),
             q2k_cnt.stride(0), q2k_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
-            PACK=PACK_PARTIAL_TILES, PACK_SEG=_PACK_SEG, num_warps=num_warps, num_stages=num_stages,
+            PACK_SEG=_PACK_SEG, num_warps=num_warps, num_stages=num_stages,
         )
 
 

@@ -111,3 +111,25 @@ def test_kernels_on_tiles_of_every_size(pack, tile_loads, monkeypatch):
 
 def test_pack_seg_matches_the_plan():
     assert bsa._PACK_SEG == SEG and bsa.BLOCK == TILE
+
+
+def test_layouts_without_partial_tiles_keep_the_plain_loop(monkeypatch):
+    """Every tile full (S = 64 * n_tiles): no plan is built and the kernels take one tile per iteration."""
+    import vsagen.kernels.tile_plan as tp
+
+    def no_plan(*args):
+        raise AssertionError("a tile plan was built for a layout without partial tiles")
+
+    monkeypatch.setattr(tp, "build_tile_plan", no_plan)
+    n = 3
+    lay = types.SimpleNamespace(tile_offsets=torch.arange(0, n * TILE + 1, TILE, dtype=torch.int32),
+                                token_tile=torch.arange(n).repeat_interleave(TILE))
+    q, k, v = make_qkv(1, n * TILE, 1, 16, seed=9)
+    q2k, cnt = random_selection(1, 1, n, 2, seed=10)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(11))
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    out, lse = masked_dense(q64, k64, v64, tile_map(q2k, cnt, n), lay)
+    out.backward(do.double())
+    for name, x, y in zip(NAMES, got, (out.detach(), lse.detach(), q64.grad, k64.grad, v64.grad)):
+        assert rel_l2(x, y) < FP32_REL_L2, name

@@ -122,6 +122,9 @@ def main() -> None:
     ap.add_argument("--shape", default="1.3b")
     ap.add_argument("--sparsity", type=float, default=0.875)
     args = ap.parse_args()
+    # These experiments vary the plain loop (one selected tile per iteration), so compare against that, not the
+    # tile-plan loops the kernels use since (BENCHMARKS.md, fourth session).
+    bsa.PACK_PARTIAL_TILES = False
     triton.set_allocator(_alloc)
     shape = SHAPES[args.shape]
     layout = tile_layout(shape.grid, device="cuda")

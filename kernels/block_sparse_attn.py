@@ -21,7 +21,7 @@ Layout contract:
     returns: out (B, S, H, D) like q; lse (B, H, S) fp32, natural-log log-sum-exp of each query row
              (-inf for a row with no selected tile, whose output is 0 and whose gradients are 0)
 
-The forward and dQ loops walk a tile plan of each q2k row (`tile_plan.build_tile_plan`, one small launch per
+On layouts with partial tiles the forward and dQ loops walk a tile plan of each q2k row (`tile_plan.build_tile_plan`, one small launch per
 call) rather than the row itself: first the full tiles, one per iteration and unmasked, then the partial tiles'
 tokens packed 64 to an iteration (gathered rows, masked), so a partial tile no longer costs a whole 64-column
 block (`PACK_PARTIAL_TILES`). The dK/dV loop still takes one query tile of its k2q row per iteration.
@@ -52,6 +52,7 @@ import triton.language as tl
 
 BLOCK = 64  # tokens in a full (4, 4, 4) tile
 _PACK_SEG = 8  # tokens per group of a tile plan's partial-tile stream (tile_plan.SEG)
+_PLAN_MAX_ROWS = 2 ** 27  # tile plans pack token rows as row << 4 into int32: longer sequences use the plain loop
 LOG2E = 1.4426950408889634  # log2(e): scores are kept in base 2 for exp2
 LN2 = 0.6931471805599453  # ln(2): converts the base-2 LSE back to natural log
 
@@ -663,14 +664,15 @@ def _q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Ten
                ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """What the forward and dQ kernels loop over, and their PACK switch: the tile plans of the q2k rows and their
     (B, H, Q_TILES, 4) counts (`tile_plan.build_tile_plan`) when PACK_PARTIAL_TILES and the layout has partial
-    tiles (seq_len < 64 * n_tiles, known without reading tile_offsets), else q2k and q2k_cnt. With every tile
-    full the packed kernels' full-tile loop is 4-8% slower than the plain loop (H200, the 1.3B grid cropped to
-    20x28x52: 1.56-1.59 against 1.47-1.50 ms), so those layouts keep the plain loop."""
-    if not PACK_PARTIAL_TILES or seq_len == BLOCK * (tile_offsets.numel() - 1):
+    tiles (seq_len < 64 * n_tiles, known without reading tile_offsets) and seq_len < 2^27 (the plans' packed
+    rows), else q2k and q2k_cnt. With every tile full the packed kernels' full-tile loop is 4-8% slower than the
+    plain loop (H200, the 1.3B grid cropped to 20x28x52: 1.56-1.59 against 1.47-1.50 ms), so those layouts keep
+    the plain loop."""
+    q2k = q2k if q2k.shape[-1] <= 1 or q2k.stride(-1) == 1 else q2k.contiguous()  # the loops read rows as runs
+    if not PACK_PARTIAL_TILES or seq_len == BLOCK * (tile_offsets.numel() - 1) or seq_len >= _PLAN_MAX_ROWS:
         return q2k, q2k_cnt, False
     from .tile_plan import build_tile_plan
 
-    q2k = q2k if q2k.shape[-1] <= 1 or q2k.stride(-1) == 1 else q2k.contiguous()
     plan, plan_cnt = build_tile_plan(q2k, q2k_cnt, tile_offsets)
     return plan, plan_cnt, True
 

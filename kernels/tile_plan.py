@@ -10,8 +10,9 @@ shape 18% of the products it computes fall on padding. A tile plan lets the loop
   multiple of SEG = 8 stream positions, so a pack covers tokens of at most 64 / SEG = 8 tiles, and a tile may
   straddle two packs (a softmax does not care how its keys are grouped).
 
-At the 1.3B shape that is 513 iterations per 624 selected tiles instead of 624 (uniform selection), with the same
-result up to summation order.
+At the 1.3B shape that is 513 iterations per 624 selected tiles under a uniform selection, and 67% of the
+blocks under the coarse stage's own selection on random inputs (it picks partial tiles more often); the result is
+the same up to summation order.
 
 Layout of one plan row (for list row r of an index tensor of width K, e.g. q2k (B, H, Q_TILES, K)):
     plan[..., r, 0:nf]              first token row of each full tile, in list order

@@ -86,12 +86,12 @@ def test_plan_rejects_bad_index_tensors():
         build_tile_plan(strided, torch.ones(1, 1, 1, dtype=torch.int32), off)
 
 
-@pytest.mark.parametrize("pack,tile_loads", [(True, "off"), (True, "on"), (False, "on")])
-def test_kernels_on_tiles_of_every_size(pack, tile_loads, monkeypatch):
+@pytest.mark.parametrize("pack", [True, False])
+def test_kernels_on_tiles_of_every_size(pack, monkeypatch):
     """fp32 forward and backward against float64 masked attention on 1- to 64-token tiles (packs spanning up to
-    eight tiles, groups with holes), batch 2, short and empty rows, pointer and TMA tile loads; and the loops
-    without tile plans (PACK_PARTIAL_TILES off: one selected tile per iteration)."""
-    monkeypatch.setattr(bsa, "TMA_LOADS", tile_loads)
+    eight tiles, groups with holes), batch 2, short and empty rows; and the loops without tile plans
+    (PACK_PARTIAL_TILES off: one selected tile per iteration). fp32 takes pointer loads; the bf16 / fp16 tests of
+    test_block_sparse_attn.py run the packed loops with TMA loads too."""
     monkeypatch.setattr(bsa, "PACK_PARTIAL_TILES", pack)
     lay = odd_tiles(18, seed=5, full_share=0.25)
     n = 18
@@ -133,3 +133,20 @@ def test_layouts_without_partial_tiles_keep_the_plain_loop(monkeypatch):
     out.backward(do.double())
     for name, x, y in zip(NAMES, got, (out.detach(), lse.detach(), q64.grad, k64.grad, v64.grad)):
         assert rel_l2(x, y) < FP32_REL_L2, name
+
+
+def test_strided_q2k_on_a_layout_without_partial_tiles():
+    """A q2k view without unit stride on its last axis (here a transpose) is read by value on the plain-loop path
+    too (it was read as if contiguous there: relative error 1.0)."""
+    n = 4
+    lay = types.SimpleNamespace(tile_offsets=torch.arange(0, n * TILE + 1, TILE, dtype=torch.int32),
+                                token_tile=torch.arange(n).repeat_interleave(TILE))
+    q, k, v = make_qkv(1, n * TILE, 1, 16, seed=12)
+    q2k, cnt = random_selection(1, 1, n, n, seed=13)
+    strided = q2k.transpose(2, 3).contiguous().transpose(2, 3)  # same values, last-axis stride n
+    assert strided.stride(-1) != 1 and torch.equal(strided, q2k)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(14))
+    got = kernel_fwd_bwd(q, k, v, strided, cnt, lay, do)
+    want = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    for name, x, y in zip(NAMES, got, want):
+        assert torch.equal(x, y), name

@@ -107,12 +107,13 @@ TMA_MODES = ("auto", "on", "off")
 # The forward and dQ kernels' loops take a tile plan (`tile_plan.build_tile_plan`): the full key tiles one per
 # iteration, then the partial key tiles' tokens packed 64 to an iteration, instead of one padded 64-column block
 # per selected tile. False: one tile per iteration (the q2k lists as they are), as also on layouts whose every
-# tile is full (`_q2k_lists`). On the H200 (2026-11-29, 87.5%
-# sparsity, the coarse stage's own selection) the packed loops compute 67% / 84% / 64% of the blocks at the
-# 1.3B / 5B / 14B shapes, and the fine forward took 2.65 -> 2.01 ms, 3.30 -> 2.99 ms and 50.3 -> 35.5 ms
-# (backward 8.0 -> 6.9, 10.4 -> 9.6, 141 -> 124 ms). The partial-tile loop gathers its rows by pointer loads,
-# which Triton 3.6 does not software-pipeline; a first version that found each row's tile with a (64, 8)
-# compare per iteration made that loop ~3x slower per iteration than the full-tile loop.
+# tile is full (`_q2k_lists`). On the H200 (2026-11-29, 87.5% sparsity, the coarse stage's own selection) the
+# packed loops compute 67% / 84% / 64% of the blocks at the 1.3B / 5B / 14B shapes, and the fine forward took
+# 2.65 -> 2.01 ms, 3.30 -> 2.99 ms and 50.3 -> 35.5 ms (backward 8.0 -> 6.9, 10.4 -> 9.6, 141 -> 124 ms). The
+# partial-tile loop gathers its rows by pointer loads (cp.async, 3 buffers in the sm_90 compile; the full-tile
+# loop keeps 2 TMA buffers, 198 registers against the plain kernel's 168). Measured and dropped: finding each
+# row's tile with a (64, 8) compare per iteration (1.3B forward 2.55 ms), unmasked gathers (within 1%), launch
+# tables other than (4, 3) (benchmarks/attention.py --sweep: 2.03 - 4.43 ms against 2.01).
 PACK_PARTIAL_TILES = True
 # The backward's dQ and dK/dV kernels are independent (both need only delta): on CUDA the dQ launches go on a
 # second stream so that the two kernels' size-class launches overlap.
@@ -206,9 +207,8 @@ def _plan_counts(cnt_row):
 def _pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
     """Token rows of pack p of a tile plan row (`tile_plan.build_tile_plan`): the partial tiles' tokens in plan
     groups [p * BLOCK_N / SEG, (p + 1) * BLOCK_N / SEG), as rows (BLOCK_N,) int32 and n_ok (BLOCK_N,) bool (False
-    past a group's tokens and past the row's ng groups). The groups are read as BLOCK_N / SEG scalars, which
-    Triton's software pipeliner prefetches as it does the q2k entries (in the offline sm_90 compile, a vector load
-    of them stayed synchronous)."""
+    past a group's tokens and past the row's ng groups). The groups are read as BLOCK_N / SEG scalar loads, which
+    Triton's software pipeliner prefetches as it does the q2k entries."""
     within = offs_n % SEG
     slot = offs_n // SEG
     rows = tl.zeros_like(offs_n)

@@ -224,6 +224,20 @@ def place_pipeline(pipe: Any, offload: str, device: str) -> None:
 COMPILE_CACHE_SIZE = 64
 
 
+FUSED_BLOCKS_NOTE = ("eager blocks: each transformer block's elementwise modulation, norm and gated-residual steps "
+                     "run as small torch.compile regions (vsagen.blocks; same arithmetic as diffusers), compiled in "
+                     "the first step")
+
+
+def fused_blocks_apply(device: str, compiled: bool, offload: str = "none") -> bool:
+    """Whether a run gets `vsagen.blocks`' compiled elementwise regions: eager (not `--compile`, which compiles
+    whole blocks) CUDA runs without offloading (its hooks replace the blocks' forward), when
+    `vsagen.blocks.FUSED_BLOCKS` is on."""
+    from . import blocks
+
+    return blocks.FUSED_BLOCKS and device.startswith("cuda") and not compiled and offload == "none"
+
+
 def compile_breaks(backends: Sequence[Any], offload: str = "none") -> str | None:
     """Why `--compile` cannot compile each transformer block as one graph, or None when it can.
 
@@ -548,7 +562,11 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     pipe = model.pipe
     plan = denoise_plan(cfg, pipe, cfg.tile_fit)
     timer = Timer(cfg.device)
-    patches = [patch_transformer(t, backend, timer, expert=name) for name, t in experts(pipe)]
+    fused = fused_blocks_apply(cfg.device, cfg.compile, cfg.offload)
+    patches = [patch_transformer(t, backend, timer, expert=name, fused_blocks=fused) for name, t in experts(pipe)]
+    if fused:
+        model.notes.append(FUSED_BLOCKS_NOTE)
+        log(f"note: {model.notes[-1]}")
     breaks = compile_breaks([backend], cfg.offload) if cfg.compile else None
     if cfg.compile:
         compile_transformers(pipe, fullgraph=breaks is None)

@@ -201,9 +201,9 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     from . import __version__
     from .attention.processor import patch_transformer, time_transformer
     from .bench import rel_l2
-    from .pipeline import (compile_breaks, compile_note, compile_transformers, compile_untimed, denoise_latents,
-                           denoise_plan, encode_prompts, expert_kwargs, experts, load_model, step_counter,
-                           torch_dtype, versions)
+    from .pipeline import (FUSED_BLOCKS_NOTE, compile_breaks, compile_note, compile_transformers, compile_untimed,
+                           denoise_latents, denoise_plan, encode_prompts, expert_kwargs, experts,
+                           fused_blocks_apply, load_model, step_counter, torch_dtype, versions)
     from .timing import Timer, TimingReport
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -271,8 +271,14 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                                            untimed=untimed if cfg.compile else ())
         return _Measured(report, sum(s for n, _, s in records if n == "layout"), latents[:, :, :f, :h, :w])
 
+    fused = fused_blocks_apply(cfg.device, cfg.compile)
+    if fused:
+        model.notes.append(FUSED_BLOCKS_NOTE + " (every row, diffusers-sdpa included, so the overhead rows "
+                           "compare attention processors and hooks only)")
+
     def patched(backend: Any) -> Callable[[Any], list]:
-        return lambda timer: [patch_transformer(t, backend, timer, expert=n) for n, t in transformers]
+        return lambda timer: [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused)
+                              for n, t in transformers]
 
     rows: list[ProfileRow] = []
     latents: dict[tuple[str, str], Any] = {}
@@ -288,7 +294,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     if cfg.stock:
         fit = cfg.tile_fits[0]
         plan = denoise_plan(cfg, pipe, fit)
-        stock_install = lambda timer: [time_transformer(t, timer, expert=n) for n, t in transformers]  # noqa: E731
+        stock_install = lambda timer: [time_transformer(t, timer, expert=n, fused_blocks=fused)  # noqa: E731
+                                       for n, t in transformers]
         m = measure(f"{STOCK} (diffusers' processors)", plan, stock_install,
                     _pinned_sdpa if cuda else contextlib.nullcontext)
         overhead.append(_make_row(STOCK, "overhead", None, fit, plan, m, cfg, False, False))

@@ -218,26 +218,34 @@ def _dit_timing_hooks(transformer: Any, timer: Timer, expert: str | None) -> lis
             transformer.register_forward_hook(post_forward, with_kwargs=True)]
 
 
-def time_transformer(transformer: Any, timer: Timer, expert: str | None = None) -> TransformerPatch:
-    """Only the DiT timing of `patch_transformer`: the transformer keeps its own (e.g. diffusers' stock)
-    processors and raster order. `vsagen profile` times stock diffusers with it.
+def time_transformer(transformer: Any, timer: Timer, expert: str | None = None,
+                     fused_blocks: bool = False) -> TransformerPatch:
+    """Only the DiT timing of `patch_transformer` (and, with `fused_blocks`, the same compiled block regions): the
+    transformer keeps its own (e.g. diffusers' stock) processors and raster order. `vsagen profile` times stock
+    diffusers with it.
 
     Args:
         transformer: a diffusers `WanTransformer3DModel`.
         timer: receives a "dit" region per forward (and "dit/<expert>" when `expert` is given).
         expert: the pipeline component name, as in `patch_transformer`.
+        fused_blocks: as in `patch_transformer`.
 
     Returns:
-        TransformerPatch, whose `remove()` removes the hooks (processors are untouched).
+        TransformerPatch, whose `remove()` removes the hooks and the block regions (processors are untouched).
     """
     patch = TransformerPatch(transformer, [])
     patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
+    if fused_blocks:
+        from ..blocks import install
+
+        patch.handles.append(install(transformer))
     return patch
 
 
 def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
-                      expert: str | None = None) -> TransformerPatch:
-    """Install the vsagen processor on every `attn1`, the tile-order hooks (tiled backends) and DiT timing.
+                      expert: str | None = None, fused_blocks: bool = False) -> TransformerPatch:
+    """Install the vsagen processor on every `attn1`, the tile-order hooks (tiled backends) and DiT timing, and with
+    `fused_blocks` the blocks' compiled elementwise regions (`vsagen.blocks`; eager CUDA runs without offloading).
 
     Args:
         transformer: a diffusers `WanTransformer3DModel`.
@@ -257,6 +265,10 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
     for block in transformer.blocks:
         block.attn1.set_processor(processor)
     patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
+    if fused_blocks:
+        from ..blocks import install
+
+        patch.handles.append(install(transformer))
     if not backend.tiled:
         return patch
     state: dict[str, TileLayout | None] = {"layout": None}

@@ -1,0 +1,81 @@
+"""Tests for vsagen/blocks.py: the Wan block forward with its elementwise steps as separate (compilable) regions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vsagen.blocks as blocks
+from conftest import make_transformer
+from vsagen.pipeline import fused_blocks_apply
+
+
+def run(transformer, per_token: bool, dtype, seed: int = 0):
+    """One transformer forward on fresh random inputs: (B=2, C, F=3, H=6, W=8) latents, a (B,) or (B, S) timestep."""
+    cfg = transformer.config
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, cfg.in_channels, 3, 6, 8, generator=g).to(dtype)
+    s = 3 * (6 // cfg.patch_size[1]) * (8 // cfg.patch_size[2])
+    t = torch.rand(2, s, generator=g) * 1000 if per_token else torch.rand(2, generator=g) * 1000
+    text = torch.randn(2, 7, cfg.text_dim, generator=g).to(dtype)
+    with torch.no_grad():
+        return transformer(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_token", [False, True])  # Wan2.1 / A14B-style shared temb; Wan2.2-5B per-token temb
+def test_region_forward_is_diffusers_forward_bitwise(dtype, per_token):
+    transformer = make_transformer(dtype, seed=3)
+    for block in transformer.blocks:  # diffusers initialises the table at random scale: make every chunk count
+        block.scale_shift_table.data.normal_()
+        block.norm2.weight.data.normal_()
+        block.norm2.bias.data.normal_()
+    want = run(transformer, per_token, dtype)
+    handle = blocks.install(transformer, compiled=False)
+    assert len(handle.blocks) == len(transformer.blocks)
+    got = run(transformer, per_token, dtype)
+    assert torch.equal(got, want)
+    handle.remove()
+    assert all("forward" not in b.__dict__ for b in transformer.blocks)
+    assert torch.equal(run(transformer, per_token, dtype), want)
+
+
+def test_switch_off_installs_nothing(monkeypatch):
+    monkeypatch.setattr(blocks, "FUSED_BLOCKS", False)
+    transformer = make_transformer()
+    assert blocks.install(transformer, compiled=False).blocks == []
+    assert all("forward" not in b.__dict__ for b in transformer.blocks)
+    assert not fused_blocks_apply("cuda", False)
+
+
+def test_only_eager_cuda_runs_without_offloading_get_the_regions():
+    assert fused_blocks_apply("cuda", False, "none")
+    assert fused_blocks_apply("cuda:1", False)
+    assert not fused_blocks_apply("cpu", False)
+    assert not fused_blocks_apply("cuda", True)  # --compile compiles whole blocks
+    assert not fused_blocks_apply("cuda", False, "group")  # offload hooks wrap forward
+    assert not fused_blocks_apply("cuda", False, "model")
+
+
+def test_other_modules_are_not_fusable():
+    assert not blocks.fusable(torch.nn.Linear(2, 2))
+    assert all(blocks.fusable(b) for b in make_transformer().blocks)
+
+
+def test_patches_install_and_remove_the_regions():
+    """patch_transformer / time_transformer with fused_blocks give every block the region forward (not compiled
+    here: nothing runs) and their remove() takes it away again, with the processors and hooks."""
+    from vsagen.attention import make_backend
+    from vsagen.attention.processor import patch_transformer, time_transformer
+    from vsagen.timing import Timer
+
+    t = make_transformer()
+    for make in (lambda: patch_transformer(t, make_backend("vsa", 0.5), Timer("cpu"), fused_blocks=True),
+                 lambda: time_transformer(t, Timer("cpu"), fused_blocks=True)):
+        patch = make()
+        assert all("forward" in b.__dict__ for b in t.blocks)
+        patch.remove()
+        assert all("forward" not in b.__dict__ for b in t.blocks)
+    patch = patch_transformer(t, make_backend("full"), Timer("cpu"))  # default: diffusers' forward
+    assert all("forward" not in b.__dict__ for b in t.blocks)
+    patch.remove()

@@ -79,3 +79,41 @@ def test_patches_install_and_remove_the_regions():
     patch = patch_transformer(t, make_backend("full"), Timer("cpu"))  # default: diffusers' forward
     assert all("forward" not in b.__dict__ for b in t.blocks)
     patch.remove()
+
+
+def test_compiled_regions_under_a_tiled_backend_match_diffusers():
+    """The compiled path (torch.compile with the aot_eager backend: no C++ or GPU compiler needed) inside a vsa
+    patch (tile-order hooks on blocks[0], tiled RoPE) gives diffusers' block forward under the same patch, to
+    float32 rounding, with the shared and the per-token temb."""
+    from vsagen.attention import make_backend
+    from vsagen.attention.processor import patch_transformer
+    from vsagen.timing import Timer
+
+    torch._dynamo.reset()
+    t = make_transformer(seed=4)
+    backend = make_backend("vsa", 0.5, "torch")
+    patch = patch_transformer(t, backend, Timer("cpu"))
+    want = [run(t, per_token, torch.float32, seed=5) for per_token in (False, True)]
+    handle = blocks.install(t, backend="aot_eager")
+    got = [run(t, per_token, torch.float32, seed=5) for per_token in (False, True)]
+    handle.remove()
+    patch.remove()
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+
+
+def test_remove_leaves_a_forward_installed_after_it_alone():
+    t = make_transformer()
+    handle = blocks.install(t, compiled=False)
+    mine = lambda *a, **k: None  # noqa: E731 - something else wrapping the block afterwards
+    t.blocks[0].forward = mine
+    handle.remove()
+    assert t.blocks[0].__dict__.get("forward") is mine
+    assert "forward" not in t.blocks[1].__dict__
+
+
+def test_note_says_when_the_compile_is_timed():
+    from vsagen.pipeline import fused_blocks_note
+
+    assert "--warmup 1" in fused_blocks_note(0) and "--warmup" not in fused_blocks_note(1)
+    assert "VSAGEN_FUSED_BLOCKS=0" in fused_blocks_note(1)

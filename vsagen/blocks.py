@@ -5,35 +5,39 @@ of float32 elementwise passes: the modulation (`scale_shift_table + temb`, six c
 `* (1 + scale) + shift` modulations and the gated residual adds, each materializing a float32 (B, S, D) tensor in
 eager mode. With the Wan2.2-5B's per-token timestep the modulation alone materializes a float32 (B, S, 6, D) tensor
 (2 GB at 704x1280x121) in every block. `torch.compile` fuses all of this (that is most of the gap between the
-eager and compiled DiT floors in REFERENCE.md); here the same arithmetic runs as four small compiled regions per
+eager and compiled DiT floors in REFERENCE.md); here the same arithmetic runs as four small compiled functions per
 block, while the attention, FFN and everything else stay eager:
 
-    modulate      norm1(x) * (1 + scale_msa) + shift_msa           -> attn1's input (x's dtype)
+    modulate_msa  norm1(x) * (1 + scale_msa) + shift_msa           -> attn1's input (x's dtype)
     gate_norm     x + attn1_out * gate_msa, then norm2 of it       -> (new x, attn2's input)
-    modulate      norm3(x) * (1 + c_scale_msa) + c_shift_msa       -> the FFN's input
+    modulate_ff   norm3(x) * (1 + c_scale_msa) + c_shift_msa       -> the FFN's input
     gate_ff       x + ffn_out * c_gate_msa                          -> the block's output
 
-Each region recomputes its modulation chunks from `temb` and the table in registers, so nothing of size
+Each function recomputes its modulation chunks from `temb` and the table in registers, so nothing of size
 (B, S, 6, D) is ever stored. The regions are written with the same torch operations in the same order as
 diffusers' `WanTransformerBlock.forward` (diffusers 0.42), so uncompiled they give its result bitwise (tested);
 compiled, Inductor may reassociate inside a LayerNorm's reductions (float32 rounding differences only).
 
 Used by `patch_transformer(..., fused_blocks=True)`: on CUDA, in eager runs (not `--compile`, which compiles whole
-blocks) without offloading (whose hooks wrap `forward`). Each region is compiled once per input shape and
-temb rank, on its first call (a few seconds, in the warm-up).
+blocks) without offloading (whose hooks wrap `forward`). Each function is compiled once per input shape and temb
+rank, on its first call (a few seconds: in the warm-up, or in the first timed step with `--warmup 0`). Past
+dynamo's recompile limit (8 variants per function) a function runs uncompiled, as it does when Inductor fails
+to compile it (a warning says so). `VSAGEN_FUSED_BLOCKS=0` in the environment switches all of this off.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import types
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-# Module switch (benchmarks, debugging): False keeps diffusers' block forward everywhere.
-FUSED_BLOCKS = True
+# Switch (environment VSAGEN_FUSED_BLOCKS=0, or this attribute): False keeps diffusers' block forward everywhere.
+FUSED_BLOCKS = os.environ.get("VSAGEN_FUSED_BLOCKS", "1") != "0"
 
 
 def _chunk(table: torch.Tensor, temb: torch.Tensor, i: int) -> torch.Tensor:
@@ -58,6 +62,16 @@ def modulate(x: torch.Tensor, temb: torch.Tensor, table: torch.Tensor, i_shift: 
     return (F.layer_norm(x.float(), (x.shape[-1],), None, None, eps) * (1 + scale) + shift).type_as(x)
 
 
+def modulate_msa(x: torch.Tensor, temb: torch.Tensor, table: torch.Tensor, eps: float) -> torch.Tensor:
+    """`modulate` with the self-attention chunks (shift_msa, scale_msa): attn1's input."""
+    return modulate(x, temb, table, 0, 1, eps)
+
+
+def modulate_ff(x: torch.Tensor, temb: torch.Tensor, table: torch.Tensor, eps: float) -> torch.Tensor:
+    """`modulate` with the FFN chunks (c_shift_msa, c_scale_msa): the FFN's input."""
+    return modulate(x, temb, table, 3, 4, eps)
+
+
 def gate_norm(x: torch.Tensor, y: torch.Tensor, temb: torch.Tensor, table: torch.Tensor, eps: float,
               weight: torch.Tensor | None, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """attn1's gated residual, then norm2 (an affine float32 LayerNorm) for attn2: returns (x', norm2(x')).
@@ -76,15 +90,39 @@ def gate_ff(x: torch.Tensor, y: torch.Tensor, temb: torch.Tensor, table: torch.T
     return (x.float() + y.float() * _chunk(table, temb, 5)).type_as(x)
 
 
+class _Region:
+    """A region function under torch.compile (static shapes), built on first call; if the compiler backend fails
+    (e.g. Inductor cannot build its kernels) it warns once and runs the plain function from then on. Without
+    `fullgraph`, dynamo itself runs the plain function past its recompile limit."""
+
+    def __init__(self, fn: Any, backend: str):
+        self.fn = fn
+        self.backend = backend
+        self.compiled: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, dynamic=False, backend=self.backend)
+        if self.compiled is self.fn:
+            return self.fn(*args)
+        try:
+            return self.compiled(*args)
+        except torch._dynamo.exc.BackendCompilerFailed as e:
+            warnings.warn(f"vsagen.blocks: torch.compile failed for {self.fn.__name__} ({type(e).__name__}); "
+                          "running it uncompiled", RuntimeWarning, stacklevel=2)
+            self.compiled = self.fn
+            return self.fn(*args)
+
+
 @functools.cache
-def _compiled() -> types.SimpleNamespace:
-    """The three region functions under torch.compile (one graph each, static shapes), built on first use."""
-    opts = dict(dynamic=False, fullgraph=True)
-    return types.SimpleNamespace(modulate=torch.compile(modulate, **opts), gate_norm=torch.compile(gate_norm, **opts),
-                                 gate_ff=torch.compile(gate_ff, **opts))
+def _compiled(backend: str = "inductor") -> types.SimpleNamespace:
+    """The four region functions, each compiled on first use with `backend` (one set per backend)."""
+    return types.SimpleNamespace(**{f.__name__: _Region(f, backend)
+                                    for f in (modulate_msa, gate_norm, modulate_ff, gate_ff)})
 
 
-_EAGER = types.SimpleNamespace(modulate=modulate, gate_norm=gate_norm, gate_ff=gate_ff)
+_EAGER = types.SimpleNamespace(modulate_msa=modulate_msa, gate_norm=gate_norm, modulate_ff=modulate_ff,
+                               gate_ff=gate_ff)
 
 
 def fusable(block: Any) -> bool:
@@ -104,43 +142,51 @@ def fused_forward(block: Any, hidden_states: torch.Tensor, encoder_hidden_states
     installed forward passes the compiled ones). Shapes as diffusers: hidden_states (B, S, D), temb (B, S, 6, D)
     (per-token timestep) or (B, 6, D)."""
     table = block.scale_shift_table
-    x = regions.modulate(hidden_states, temb, table, 0, 1, block.norm1.eps)
+    x = regions.modulate_msa(hidden_states, temb, table, block.norm1.eps)
     attn_output = block.attn1(x, None, None, rotary_emb)
     hidden_states, x = regions.gate_norm(hidden_states, attn_output, temb, table, block.norm2.eps,
                                          block.norm2.weight, block.norm2.bias)
     attn_output = block.attn2(x, encoder_hidden_states, None, None)
     hidden_states = hidden_states + attn_output
-    x = regions.modulate(hidden_states, temb, table, 3, 4, block.norm3.eps)
+    x = regions.modulate_ff(hidden_states, temb, table, block.norm3.eps)
     return regions.gate_ff(hidden_states, block.ffn(x), temb, table)
 
 
 class FusedBlocks:
     """Handle of `install`: `remove()` gives every block its class's forward back."""
 
-    def __init__(self, blocks: list[Any]):
-        self.blocks = blocks
+    def __init__(self, installed: list[tuple[Any, Any]]):
+        self.installed = installed  # (block, the forward installed on it)
+
+    @property
+    def blocks(self) -> list[Any]:
+        return [block for block, _ in self.installed]
 
     def remove(self) -> None:
-        for block in self.blocks:
-            block.__dict__.pop("forward", None)
-        self.blocks = []
+        """Remove the region forwards still in place (a forward that replaced one since is left alone)."""
+        for block, forward in self.installed:
+            if block.__dict__.get("forward") is forward:
+                del block.__dict__["forward"]
+        self.installed = []
 
 
-def install(transformer: Any, *, compiled: bool = True) -> FusedBlocks:
+def install(transformer: Any, *, compiled: bool = True, backend: str = "inductor") -> FusedBlocks:
     """Give every fusable block of `transformer` (`fusable`) `fused_forward` as its forward (an instance attribute,
-    so module hooks still run around it), with compiled regions unless `compiled` is False.
+    so module hooks still run around it), with the regions compiled by torch.compile's `backend` unless
+    `compiled` is False.
 
     Returns:
         FusedBlocks, whose `remove()` undoes it; it holds no block when FUSED_BLOCKS is False.
     """
     if not FUSED_BLOCKS:
         return FusedBlocks([])
-    regions = _compiled() if compiled else _EAGER
+    regions = _compiled(backend) if compiled else _EAGER
     done = []
     for block in transformer.blocks:
         if fusable(block) and "forward" not in block.__dict__:
-            block.forward = types.MethodType(functools.partial(_bound_forward, regions=regions), block)
-            done.append(block)
+            forward = types.MethodType(functools.partial(_bound_forward, regions=regions), block)
+            block.forward = forward
+            done.append((block, forward))
     return FusedBlocks(done)
 
 

@@ -225,8 +225,16 @@ COMPILE_CACHE_SIZE = 64
 
 
 FUSED_BLOCKS_NOTE = ("eager blocks: each transformer block's elementwise modulation, norm and gated-residual steps "
-                     "run as small torch.compile regions (vsagen.blocks; same arithmetic as diffusers), compiled in "
-                     "the first step")
+                     "run as small torch.compile regions (vsagen.blocks; same arithmetic as diffusers; "
+                     "VSAGEN_FUSED_BLOCKS=0 turns them off), compiled in the first step")
+
+
+def fused_blocks_note(warmup: int) -> str:
+    """The run note for `vsagen.blocks`' regions; with no warm-up step their compile time is inside the timed
+    first step, and the note says so."""
+    if warmup > 0:
+        return FUSED_BLOCKS_NOTE + " (a warm-up step)"
+    return FUSED_BLOCKS_NOTE + ", which is timed (--warmup 0): pass --warmup 1 to keep the compile time out"
 
 
 def fused_blocks_apply(device: str, compiled: bool, offload: str = "none") -> bool:
@@ -565,7 +573,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     fused = fused_blocks_apply(cfg.device, cfg.compile, cfg.offload)
     patches = [patch_transformer(t, backend, timer, expert=name, fused_blocks=fused) for name, t in experts(pipe)]
     if fused:
-        model.notes.append(FUSED_BLOCKS_NOTE)
+        model.notes.append(fused_blocks_note(cfg.warmup))
         log(f"note: {model.notes[-1]}")
     breaks = compile_breaks([backend], cfg.offload) if cfg.compile else None
     if cfg.compile:

@@ -201,9 +201,10 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     from . import __version__
     from .attention.processor import patch_transformer, time_transformer
     from .bench import rel_l2
-    from .pipeline import (FUSED_BLOCKS_NOTE, compile_breaks, compile_note, compile_transformers, compile_untimed,
+    from .pipeline import (compile_breaks, compile_note, compile_transformers, compile_untimed,
                            denoise_latents, denoise_plan, encode_prompts, expert_kwargs, experts,
-                           fused_blocks_apply, load_model, step_counter, torch_dtype, versions)
+                           fused_blocks_apply, fused_blocks_note, load_model, step_counter, torch_dtype,
+                           versions)
     from .timing import Timer, TimingReport
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -273,8 +274,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 
     fused = fused_blocks_apply(cfg.device, cfg.compile)
     if fused:
-        model.notes.append(FUSED_BLOCKS_NOTE + " (every row, diffusers-sdpa included, so the overhead rows "
-                           "compare attention processors and hooks only)")
+        model.notes.append(fused_blocks_note(cfg.warmup) + "; every row has them, diffusers-sdpa included, so the "
+                           "overhead rows compare attention processors and hooks only")
 
     def patched(backend: Any) -> Callable[[Any], list]:
         return lambda timer: [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused)

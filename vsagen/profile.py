@@ -274,8 +274,9 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 
     fused = fused_blocks_apply(cfg.device, cfg.compile)
     if fused:
-        model.notes.append(fused_blocks_note(cfg.warmup) + "; every row has them, diffusers-sdpa included, so the "
-                           "overhead rows compare attention processors and hooks only")
+        model.notes.append(fused_blocks_note(cfg.warmup) + ("; every row has them, diffusers-sdpa included, so the "
+                                                            "overhead rows compare attention processors and hooks "
+                                                            "only" if cfg.stock else ""))
 
     def patched(backend: Any) -> Callable[[Any], list]:
         return lambda timer: [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused)

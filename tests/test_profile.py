@@ -110,6 +110,33 @@ def test_profile_json_one_row_per_backend(cli_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model,frames", [("tiny-i2v", "first frame"), ("tiny-flf2v", "first frame and last frame")])
+def test_profile_image_to_video_models_on_synthetic_frames(cli_cache, model, frames):
+    """Image-to-video models run as WanImageToVideoPipeline on synthetic condition frames (FLF2V: a last frame
+    too, which it requires); rows as for text to video."""
+    res = profile("--model", model, "--attn", "full,vsa", "--steps", "1", "--warmup", "0", "--no-stock",
+                  "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [r["backend"] for r in data["rows"]] == ["full", "vsa"]
+    for r in data["rows"]:
+        check_row(r, steps=1)
+    assert data["rows"][0]["speedup_vs_full"] == 1.0
+    assert any(f"synthetic {frames}" in n for n in data["notes"]), data["notes"]
+
+
+def test_synthetic_image_is_deterministic_and_sized():
+    import numpy as np
+
+    from vsagen.image import synthetic_image
+
+    a, b, c = synthetic_image(24, 40, 0), synthetic_image(24, 40, 0), synthetic_image(24, 40, 1)
+    assert a.size == (40, 24) and a.mode == "RGB"
+    assert np.array_equal(np.asarray(a), np.asarray(b)) and not np.array_equal(np.asarray(a), np.asarray(c))
+    assert np.asarray(a).std() > 10  # a picture, not a constant
+
+
+@pytest.mark.slow
 def test_profile_csv_and_plot_files(cli_cache, tmp_path):
     """csv and plot written; --out into a folder that does not exist yet creates it (it used to fail after the
     whole run with FileNotFoundError, losing the results)."""
@@ -264,7 +291,6 @@ BAD = [
     ("kernels-plot", ["--kernels", "--plot", "{tmp}/p.png"], ["--plot", "--kernels"]),
     ("kernels-too-big-for-cpu", ["--model", "wan2.1-t2v-1.3b", "--kernels", "--device", "cpu"],
      ["--kernels on a CPU", "32760", "smaller"]),
-    ("i2v-model", ["--model", "tiny-i2v"], ["image-to-video", "vsagen profile"]),
     ("plot-suffix", ["--plot", "{tmp}/p.gif"], ["--plot", ".png"]),
     ("out-parent-is-file", ["--out", "{tmp}/afile/r.md"], ["cannot write to", "not a directory"]),
     ("plot-parent-is-file", ["--plot", "{tmp}/afile/p.png"], ["cannot write to", "not a directory"]),

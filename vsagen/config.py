@@ -569,8 +569,15 @@ class ProfileConfig:
 
     @property
     def image(self) -> None:
-        """Profiles are text to video (the pipeline loader asks)."""
+        """Profiles take no image file (the pipeline loader asks): image-to-video models are conditioned on
+        synthetic frames (`conditioned`)."""
         return None
+
+    @property
+    def conditioned(self) -> bool:
+        """An image-to-video model: loaded as a WanImageToVideoPipeline and conditioned on synthetic frames (the
+        DiT's cost does not depend on the picture)."""
+        return self.source.image_to_video
 
     @property
     def offload(self) -> str:
@@ -680,8 +687,6 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     if not prompt.strip():
         raise BadInput("--prompt is empty")
     src = resolve_model(model)
-    if src.image_to_video:
-        raise BadInput(f"--model {model} is an image-to-video model; vsagen profile times text-to-video models")
     d = src.preset.defaults
     if sparsity is not None and not any(uses_sparsity(a) for a in attns):
         raise BadInput(f"--sparsity applies to sparse backends, and --attn {attn} lists none")

@@ -84,3 +84,15 @@ def extend_to(image, height: int, width: int):
     if dh == 0 and dw == 0:
         return image
     return Image.fromarray(np.pad(arr, ((0, dh), (0, dw), (0, 0)), mode="edge"))
+
+
+def synthetic_image(height: int, width: int, seed: int = 0):
+    """A deterministic RGB test picture (PIL, height x width): smooth colour ramps plus seeded noise. It conditions
+    image-to-video models in `vsagen profile`, whose DiT cost does not depend on the picture."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    ramps = np.stack([x / max(width - 1, 1), y / max(height - 1, 1), 0.5 + 0.5 * np.sin((x + y) / 17.0)], -1)
+    noise = np.random.default_rng(seed).normal(0.0, 0.05, ramps.shape)
+    return Image.fromarray((np.clip(ramps + noise, 0.0, 1.0) * 255).astype(np.uint8), "RGB")

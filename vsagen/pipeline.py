@@ -57,8 +57,14 @@ def _quiet_libraries() -> None:
 
 
 def pipeline_class_name(cfg: RunConfig | ProfileConfig) -> str:
-    """The diffusers pipeline class a request runs: image to video with an image, else text to video."""
-    return I2V_PIPELINE if cfg.image is not None else T2V_PIPELINE
+    """The diffusers pipeline class a request runs: image to video with an image (or, for `vsagen profile`, an
+    image-to-video model: `ProfileConfig.conditioned`), else text to video."""
+    return I2V_PIPELINE if image_to_video(cfg) else T2V_PIPELINE
+
+
+def image_to_video(cfg: RunConfig | ProfileConfig) -> bool:
+    """Whether `cfg` runs a WanImageToVideoPipeline: an input image, or a profile of an image-to-video model."""
+    return cfg.image is not None or getattr(cfg, "conditioned", False)
 
 
 def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "WanPipeline",
@@ -339,7 +345,7 @@ def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> Lo
     if cfg.random_weights:
         # offloaded weights live in CPU memory: build them there (the model may not fit on the GPU at once)
         build_on = cfg.device if cfg.offload == "none" else "cpu"
-        pipe = _random_weights_pipeline(preset, dtype, build_on, cfg.flow_shift, cfg.image is not None)
+        pipe = _random_weights_pipeline(preset, dtype, build_on, cfg.flow_shift, image_to_video(cfg))
         notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
     else:
         if src.kind == "tiny":

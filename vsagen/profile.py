@@ -282,10 +282,32 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         return lambda timer: [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused)
                               for n, t in transformers]
 
+    def condition_on(plan: Any) -> None:
+        """Image-to-video models: synthetic first (and, where the model needs one, last) frames in `extra`, fitted
+        to the plan's denoised size as `generate` fits a user's image."""
+        if not cfg.conditioned:
+            return
+        from .image import extend_to, synthetic_image
+        from .presets import LAST_IMAGE_REQUIRED
+
+        extra["image"] = extend_to(synthetic_image(cfg.height, cfg.width, cfg.seed), plan.denoise_height,
+                                   plan.denoise_width)
+        if cfg.source.preset.last_image == LAST_IMAGE_REQUIRED:
+            extra["last_image"] = extend_to(synthetic_image(cfg.height, cfg.width, cfg.seed + 1),
+                                            plan.denoise_height, plan.denoise_width)
+
+    if cfg.conditioned:
+        from .presets import LAST_IMAGE_REQUIRED
+
+        model.notes.append("image-to-video model: conditioned on a synthetic first frame"
+                           + (" and last frame" if cfg.source.preset.last_image == LAST_IMAGE_REQUIRED else "")
+                           + " (the DiT's cost does not depend on the picture); the image and VAE encoding of the "
+                             "condition are outside the DiT times")
     rows: list[ProfileRow] = []
     latents: dict[tuple[str, str], Any] = {}
     for fit in cfg.tile_fits:
         plan = denoise_plan(cfg, pipe, fit)
+        condition_on(plan)
         for spec, backend in backends:
             m = measure(f"{spec.name} (tile fit {fit})", plan, patched(backend), contextlib.nullcontext,
                         compile_untimed(backend))
@@ -296,6 +318,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     if cfg.stock:
         fit = cfg.tile_fits[0]
         plan = denoise_plan(cfg, pipe, fit)
+        condition_on(plan)
         stock_install = lambda timer: [time_transformer(t, timer, expert=n, fused_blocks=fused)  # noqa: E731
                                        for n, t in transformers]
         m = measure(f"{STOCK} (diffusers' processors)", plan, stock_install,

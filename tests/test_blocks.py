@@ -117,3 +117,16 @@ def test_note_says_when_the_compile_is_timed():
 
     assert "--warmup 1" in fused_blocks_note(0) and "--warmup" not in fused_blocks_note(1)
     assert "VSAGEN_FUSED_BLOCKS=0" in fused_blocks_note(1)
+
+
+@pytest.mark.parametrize("value,want", [("", True), ("0", False), ("false", False), ("OFF", False), ("no", False),
+                                        ("1", True), ("true", True), ("On", True), ("yes", True)])
+def test_environment_switch_spellings(monkeypatch, value, want):
+    monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", value)
+    assert blocks._env_switch("VSAGEN_FUSED_BLOCKS", True) is want
+
+
+def test_environment_switch_warns_on_nonsense(monkeypatch):
+    monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", "garbage")
+    with pytest.warns(RuntimeWarning, match="VSAGEN_FUSED_BLOCKS='garbage'"):
+        assert blocks._env_switch("VSAGEN_FUSED_BLOCKS", True) is True

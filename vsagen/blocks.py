@@ -36,8 +36,26 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-# Switch (environment VSAGEN_FUSED_BLOCKS=0, or this attribute): False keeps diffusers' block forward everywhere.
-FUSED_BLOCKS = os.environ.get("VSAGEN_FUSED_BLOCKS", "1") != "0"
+
+
+def _env_switch(name: str, default: bool) -> bool:
+    """A boolean environment switch: 1/true/on/yes or 0/false/off/no (any case); anything else warns and keeps
+    `default`."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    warnings.warn(f"{name}={value!r} is not one of 1/true/on/yes or 0/false/off/no; keeping "
+                  f"{'on' if default else 'off'}", RuntimeWarning, stacklevel=2)
+    return default
+
+
+# Switch (environment VSAGEN_FUSED_BLOCKS=0 / false / off / no, or this attribute): False keeps diffusers' block
+# forward everywhere.
+FUSED_BLOCKS = _env_switch("VSAGEN_FUSED_BLOCKS", True)
 
 
 def _chunk(table: torch.Tensor, temb: torch.Tensor, i: int) -> torch.Tensor:

@@ -299,6 +299,27 @@ def _check_sparsity(sparsity: float | None) -> None:
         raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
 
 
+def _check_last_frame(src: ModelSource, frames: int, height: int, width: int, tile_fits: tuple[str, ...],
+                      what: str) -> None:
+    """A last-frame condition needs a second frame, and a crop that keeps the requested last frame last.
+
+    Raises:
+        BadInput: --frames 1, or a tile fit `crop` under which the video is denoised longer and cropped back
+            (which would drop the last frame); `what` names the condition in the message.
+    """
+    if frames < 2:
+        raise BadInput(f"{what} needs --frames {1 + src.preset.vae_stride_temporal} or more (with --frames 1 "
+                       "the first frame is the last)")
+    if "crop" in tile_fits:
+        p = src.preset
+        plan = plan_crop(frames, height, width, fit="crop", vae_stride_temporal=p.vae_stride_temporal,
+                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
+        if plan.denoise_frames != frames:
+            raise BadInput(f"{what} with --tile-fit crop: {frames} frames are denoised as {plan.denoise_frames} "
+                           "and cropped back, which would drop the last frame; use --tile-fit partial, or --frames "
+                           f"{plan.denoise_frames}")
+
+
 def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: int | None, frames: int | None,
                     steps: int | None, guidance: float | None, guidance_2: float | None, seed: int,
                     random_weights: bool, tile_fits: tuple[str, ...]) -> tuple[int, int, int, int, float, float | None]:
@@ -453,18 +474,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     flow_shift = d.flow_shift if flow_shift is None else flow_shift
     if not math.isfinite(flow_shift) or not 0 < flow_shift <= MAX_FLOW_SHIFT:
         raise BadInput(f"--flow-shift must be a number in (0, {MAX_FLOW_SHIFT:g}], got {flow_shift}")
-    if last_image is not None and frames < 2:
-        raise BadInput(f"--last-image needs --frames {1 + src.preset.vae_stride_temporal} or more (with --frames 1 "
-                       "the first frame is the last)")
-    if last_image is not None and tile_fit == "crop":
-        p = src.preset
-        plan = plan_crop(frames, height, width, fit="crop", vae_stride_temporal=p.vae_stride_temporal,
-                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
-        if plan.denoise_frames != frames:
-            raise BadInput(f"--last-image with --tile-fit crop: {frames} frames are denoised as "
-                           f"{plan.denoise_frames} and cropped back, which would drop the last image; use "
-                           "--tile-fit partial, or --frames "
-                           f"{plan.denoise_frames}")
+    if last_image is not None:
+        _check_last_frame(src, frames, height, width, (tile_fit,), "--last-image")
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
     if not 0 <= warmup <= MAX_STEPS:
@@ -701,6 +712,9 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
         guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)
+    if src.preset.last_image == LAST_IMAGE_REQUIRED and not kernels:
+        _check_last_frame(src, frames, height, width, tile_fits,
+                          f"--model {model} (first/last frame; profiled with a synthetic last frame)")
     warmup = PROFILE_WARMUP if warmup is None else warmup
     if not 0 <= warmup <= MAX_STEPS:
         raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")

@@ -301,8 +301,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 
         model.notes.append("image-to-video model: conditioned on a synthetic first frame"
                            + (" and last frame" if cfg.source.preset.last_image == LAST_IMAGE_REQUIRED else "")
-                           + " (the DiT's cost does not depend on the picture); the image and VAE encoding of the "
-                             "condition are outside the DiT times")
+                           + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
+                             "CLIP where the model has it) is outside the DiT times")
     rows: list[ProfileRow] = []
     latents: dict[tuple[str, str], Any] = {}
     for fit in cfg.tile_fits:

@@ -89,15 +89,22 @@ def test_plan_rejects_bad_index_tensors():
 @pytest.mark.parametrize("pack", [True, False])
 def test_kernels_on_tiles_of_every_size(pack, monkeypatch):
     """fp32 forward and backward against float64 masked attention on 1- to 64-token tiles (packs spanning up to
-    eight tiles, groups with holes), batch 2, short and empty rows; and the loops without tile plans
+    eight tiles, groups with holes: checked below), batch 2, short and empty rows; and the loops without tile plans
     (PACK_PARTIAL_TILES off: one selected tile per iteration). fp32 takes pointer loads; the bf16 / fp16 tests of
     test_block_sparse_attn.py run the packed loops with TMA loads too."""
     monkeypatch.setattr(bsa, "PACK_PARTIAL_TILES", pack)
-    lay = odd_tiles(18, seed=5, full_share=0.25)
-    n = 18
-    q, k, v = make_qkv(2, int(lay.tile_offsets[-1]), 2, 16, seed=6)
-    q2k, cnt = random_selection(2, 2, n, 9, seed=7, partial_counts=True)
+    n = 16
+    lay = odd_tiles(n, seed=5, full_share=0.25)
+    q, k, v = make_qkv(2, int(lay.tile_offsets[-1]), 1, 16, seed=6)
+    q2k, cnt = random_selection(2, 1, n, 8, seed=7, partial_counts=True)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(8))
+    if pack:  # the plans really hold packs of many small tiles, with holes (groups of fewer than 8 tokens)
+        from vsagen.kernels.tile_plan import build_tile_plan
+
+        plan, plan_cnt = build_tile_plan(q2k, cnt, lay.tile_offsets)
+        groups = [int(e) & 15 for r in range(n) for e in plan[0, 0, r, plan_cnt[0, 0, r, 0]:
+                                                                     plan_cnt[0, 0, r, 0] + plan_cnt[0, 0, r, 2]]]
+        assert max(plan_cnt[..., 2].flatten().tolist()) >= 8 and min(groups) < SEG
     got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
     assert_all_finite(got[0], *got[2:])  # lse is -inf on the empty rows
     q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))

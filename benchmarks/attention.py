@@ -390,7 +390,8 @@ def main() -> None:
     import triton
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-          f"sparsity {args.sparsity} tile loads {args.tile_loads} backward streams {args.bwd_streams} pack {args.pack}", flush=True)
+          f"sparsity {args.sparsity} tile loads {args.tile_loads} backward streams {args.bwd_streams} "
+          f"pack {args.pack}", flush=True)
     report: dict = {"checks": {}, "rows": []}
     if not args.no_check:
         check(SHAPES["1.3b"], args.sparsity, report["checks"])

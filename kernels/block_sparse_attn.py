@@ -21,10 +21,11 @@ Layout contract:
     returns: out (B, S, H, D) like q; lse (B, H, S) fp32, natural-log log-sum-exp of each query row
              (-inf for a row with no selected tile, whose output is 0 and whose gradients are 0)
 
-On layouts with partial tiles the forward and dQ loops walk a tile plan of each q2k row (`tile_plan.build_tile_plan`, one small launch per
-call) rather than the row itself: first the full tiles, one per iteration and unmasked, then the partial tiles'
-tokens packed 64 to an iteration (gathered rows, masked), so a partial tile no longer costs a whole 64-column
-block (`PACK_PARTIAL_TILES`). The dK/dV loop still takes one query tile of its k2q row per iteration.
+On layouts with partial tiles the forward and dQ loops walk a tile plan of each q2k row
+(`tile_plan.build_tile_plan`, one small launch per call) rather than the row itself: first the full tiles, one per
+iteration and unmasked, then the partial tiles' tokens packed 64 to an iteration (gathered rows, masked), so a
+partial tile no longer costs a whole 64-column block (`PACK_PARTIAL_TILES`). The dK/dV loop still takes one query
+tile of its k2q row per iteration.
 
 The loops fetch their 64-token tiles (K / V in the forward and dQ kernels, Q / dO in the dK/dV kernel) by TMA
 on Hopper and later GPUs (`use_tma`, `TMA_LOADS`): whole (64, D) boxes of the (B*S, H*D) tensor, so a partial
@@ -271,9 +272,9 @@ def _bsa_fwd_kernel(
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
     K / V tiles come by TMA from k_desc / v_desc (see `use_tma`), else by pointer loads from k_ptr / v_ptr.
-    PACK: q2k_ptr / cnt_ptr are the rows' tile plans (`tile_plan`) and their counts: the full
-    tiles are taken whole (TMA or pointer loads, no mask), then the partial tiles' tokens 64 at a time (pointer
-    gathers); else q2k_ptr / cnt_ptr are the q2k lists and counts, one tile per iteration."""
+    PACK: q2k_ptr / cnt_ptr are the rows' tile plans (`tile_plan`) and their counts: the full tiles are taken whole
+    (TMA or pointer loads, no mask), then the partial tiles' tokens 64 at a time (pointer gathers); else q2k_ptr /
+    cnt_ptr are the q2k lists and counts, one tile per iteration."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads

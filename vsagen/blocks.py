@@ -202,12 +202,8 @@ def install(transformer: Any, *, compiled: bool = True, backend: str = "inductor
     done = []
     for block in transformer.blocks:
         if fusable(block) and "forward" not in block.__dict__:
-            forward = types.MethodType(functools.partial(_bound_forward, regions=regions), block)
+            forward = types.MethodType(functools.partial(fused_forward, regions=regions), block)
             block.forward = forward
             done.append((block, forward))
     return FusedBlocks(done)
 
-
-def _bound_forward(block: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, temb: torch.Tensor,
-                   rotary_emb: Any, *, regions: types.SimpleNamespace) -> torch.Tensor:
-    return fused_forward(block, hidden_states, encoder_hidden_states, temb, rotary_emb, regions=regions)

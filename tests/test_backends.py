@@ -7,12 +7,19 @@ import torch
 
 import vsagen.kernels.reference as ref
 from conftest import make_qkv
-from vsagen.attention import BACKENDS, backend_names, make_backend, uses_sparsity
+from vsagen.attention import REGISTRY as BACKENDS, backend_names, make_backend, uses_sparsity
+from vsagen.attention.base import AttnContext
 from vsagen.attention.full import FullAttention
-from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention
+from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention, VSAOptions
 from vsagen.errors import BadInput
 from vsagen.layout import tile_layout
 from vsagen.timing import NullTimer, Timer
+
+
+def ctx(layout, gate, timer):
+    """An AttnContext whose backend-owned gate projection returns `gate` (B, S, H, D) as given (or no gate)."""
+    params = None if gate is None else (lambda hidden_states: gate.flatten(2))
+    return AttnContext(layout=layout, layer=0, expert=None, timer=timer, hidden_states=None, params=params)
 
 # fp32 attention over a few hundred keys (D = 16) against a float64 softmax: fp32 rounding only (~1e-7
 # relative per op); 1e-5 catches any real error.
@@ -60,7 +67,7 @@ def test_make_backend_builds_each():
     assert isinstance(full, FullAttention) and full.name == "full" and not full.tiled
     assert full.describe() == {"name": "full"}
     vsa = make_backend("vsa")
-    assert isinstance(vsa, VSAAttention) and vsa.tiled and vsa.supports_gate
+    assert isinstance(vsa, VSAAttention) and vsa.tiled and vsa.weights is not None
     assert vsa.sparsity == DEFAULT_SPARSITY == 0.875
     assert make_backend("vsa", 0.5).describe()["sparsity"] == 0.5
 
@@ -68,7 +75,7 @@ def test_make_backend_builds_each():
 @pytest.mark.parametrize("sparsity", [1.0, -0.1, 2.0, float("nan")])
 def test_vsa_rejects_bad_sparsity(sparsity):
     with pytest.raises(BadInput, match="sparsity"):
-        VSAAttention(sparsity)
+        VSAAttention(VSAOptions(sparsity))
     with pytest.raises(BadInput, match="sparsity"):
         make_backend("vsa", sparsity)
 
@@ -79,7 +86,7 @@ def test_vsa_rejects_bad_sparsity(sparsity):
 @pytest.mark.parametrize("s", [1, 37, 210])
 def test_full_matches_fp64_softmax(s):
     q, k, v = make_qkv(B, s, H, D, seed=20)
-    out = FullAttention()(q, k, v, None, gate=None, timer=NullTimer())
+    out = FullAttention()(q, k, v, ctx(None, None, NullTimer()))
     assert out.shape == q.shape and out.dtype == q.dtype
     torch.testing.assert_close(out.double(), softmax_attention_fp64(q, k, v), atol=FP32_ATOL, rtol=FP32_RTOL)
 
@@ -103,8 +110,8 @@ def test_vsa_sparsity_zero_equals_full(grid):
     assert lay.num_full_tiles < lay.num_tiles
     q, k, v = make_qkv(B, lay.num_tokens, H, D, seed=21)
     qt, kt, vt = lay.to_tiles(q), lay.to_tiles(k), lay.to_tiles(v)
-    got = VSAAttention(0.0)(qt, kt, vt, lay, gate=None, timer=NullTimer())
-    want = FullAttention()(qt, kt, vt, None, gate=None, timer=NullTimer())
+    got = VSAAttention(VSAOptions(0.0))(qt, kt, vt, ctx(lay, None, NullTimer()))
+    want = FullAttention()(qt, kt, vt, ctx(None, None, NullTimer()))
     assert got.shape == qt.shape and got.dtype == qt.dtype
     torch.testing.assert_close(got, want, atol=DENSE_ATOL, rtol=DENSE_RTOL)
     torch.testing.assert_close(lay.to_raster(got).double(), softmax_attention_fp64(q, k, v),
@@ -119,7 +126,7 @@ def test_vsa_matches_reference(with_gate, grid, sparsity, top_k):
     lay = tile_layout(grid)
     q, k, v = make_qkv(B, lay.num_tokens, H, D, seed=22)
     gate = torch.rand(B, lay.num_tokens, H, D, generator=torch.Generator().manual_seed(23)) if with_gate else None
-    got = VSAAttention(sparsity)(q, k, v, lay, gate=gate, timer=NullTimer())
+    got = VSAAttention(VSAOptions(sparsity))(q, k, v, ctx(lay, gate, NullTimer()))
     want, _ = ref.vsa_reference(q, k, v, token_tile=lay.token_tile, tile_sizes=lay.tile_sizes, slots=lay.slots,
                                 slot_valid=lay.slot_valid, top_k=top_k, gate=gate)
     torch.testing.assert_close(got, want, atol=FP32_ATOL, rtol=FP32_RTOL)
@@ -131,7 +138,7 @@ def test_vsa_records_timer_regions(with_gate):
     q, k, v = make_qkv(1, lay.num_tokens, 2, 8, seed=24)
     gate = torch.rand_like(q) if with_gate else None
     timer = Timer("cpu")
-    out = VSAAttention()(q, k, v, lay, gate=gate, timer=timer)
+    out = VSAAttention()(q, k, v, ctx(lay, gate, timer))
     assert bool(torch.isfinite(out).all())
     records = timer.finish()
     names = [name for name, _, _ in records]
@@ -143,7 +150,7 @@ def test_vsa_records_timer_regions(with_gate):
 def test_vsa_needs_layout():
     q, k, v = make_qkv(1, 8, 2, 8, seed=25)
     with pytest.raises(RuntimeError, match="TileLayout"):
-        VSAAttention()(q, k, v, None, gate=None, timer=NullTimer())
+        VSAAttention()(q, k, v, ctx(None, None, NullTimer()))
 
 
 def test_vsa_check_accepts_cpu_and_cuda():

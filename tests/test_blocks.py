@@ -40,12 +40,19 @@ def test_region_forward_is_diffusers_forward_bitwise(dtype, per_token):
     assert torch.equal(run(transformer, per_token, dtype), want)
 
 
-def test_switch_off_installs_nothing(monkeypatch):
-    monkeypatch.setattr(blocks, "FUSED_BLOCKS", False)
+def test_switch_off_installs_nothing():
+    """The run's `fused_blocks` setting off (VSAGEN_FUSED_BLOCKS=0 at the command line): no regions, and a patch
+    without them leaves every block's forward alone."""
+    from vsagen.attention import make_backend
+    from vsagen.attention.hooks import patch_transformer
+    from vsagen.timing import Timer
+
     transformer = make_transformer()
-    assert blocks.install(transformer, compiled=False).blocks == []
+    fused = fused_blocks_apply("cuda", False, enabled=False)
+    patch = patch_transformer(transformer, make_backend("full"), Timer("cpu"), fused_blocks=fused)
     assert all("forward" not in b.__dict__ for b in transformer.blocks)
-    assert not fused_blocks_apply("cuda", False)
+    patch.remove()
+    assert not fused_blocks_apply("cuda", False, enabled=False)
 
 
 def test_only_eager_cuda_runs_without_offloading_get_the_regions():
@@ -66,7 +73,7 @@ def test_patches_install_and_remove_the_regions():
     """patch_transformer / time_transformer with fused_blocks give every block the region forward (not compiled
     here: nothing runs) and their remove() takes it away again, with the processors and hooks."""
     from vsagen.attention import make_backend
-    from vsagen.attention.processor import patch_transformer, time_transformer
+    from vsagen.attention.hooks import patch_transformer, time_transformer
     from vsagen.timing import Timer
 
     t = make_transformer()
@@ -86,7 +93,7 @@ def test_compiled_regions_under_a_tiled_backend_match_diffusers():
     patch (tile-order hooks on blocks[0], tiled RoPE) gives diffusers' block forward under the same patch, to
     float32 rounding, with the shared and the per-token temb."""
     from vsagen.attention import make_backend
-    from vsagen.attention.processor import patch_transformer
+    from vsagen.attention.hooks import patch_transformer
     from vsagen.timing import Timer
 
     torch._dynamo.reset()
@@ -122,11 +129,15 @@ def test_note_says_when_the_compile_is_timed():
 @pytest.mark.parametrize("value,want", [("", True), ("0", False), ("false", False), ("OFF", False), ("no", False),
                                         ("1", True), ("true", True), ("On", True), ("yes", True)])
 def test_environment_switch_spellings(monkeypatch, value, want):
+    from vsagen.cli import _env_switch
+
     monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", value)
-    assert blocks._env_switch("VSAGEN_FUSED_BLOCKS", True) is want
+    assert _env_switch("VSAGEN_FUSED_BLOCKS", True) is want
 
 
 def test_environment_switch_warns_on_nonsense(monkeypatch):
+    from vsagen.cli import _env_switch
+
     monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", "garbage")
     with pytest.warns(RuntimeWarning, match="VSAGEN_FUSED_BLOCKS='garbage'"):
-        assert blocks._env_switch("VSAGEN_FUSED_BLOCKS", True) is True
+        assert _env_switch("VSAGEN_FUSED_BLOCKS", True) is True

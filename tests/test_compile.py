@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from vsagen.attention import make_backend
 from vsagen.attention.full import FullAttention
-from vsagen.attention.processor import patch_transformer
+from vsagen.attention.hooks import patch_transformer
 from vsagen.cli import app
 from vsagen.pipeline import compile_breaks, compile_untimed
 from vsagen.timing import Timer, TimingReport

@@ -287,7 +287,7 @@ def test_ti2v_transformer_reorders_a_non_uniform_per_token_timestep(ti2v_dir):
     from diffusers import WanTransformer3DModel
 
     from vsagen.attention import make_backend
-    from vsagen.attention.processor import patch_transformer
+    from vsagen.attention.hooks import patch_transformer
     from vsagen.timing import Timer
 
     tr = WanTransformer3DModel.from_pretrained(ti2v_dir / "transformer", use_safetensors=True).eval()

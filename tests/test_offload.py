@@ -196,7 +196,7 @@ def test_tiled_rope_survives_send_to_device():
     travel with the RoPE tables (a plain tuple subclass would be rebuilt from a generator and fail)."""
     from accelerate.utils import send_to_device
 
-    from vsagen.attention.processor import TiledRope
+    from vsagen.attention.hooks import TiledRope
     from vsagen.layout import tile_layout
 
     layout = tile_layout((2, 4, 4))
@@ -216,7 +216,7 @@ def test_tile_order_hooks_compose_with_group_offload_hooks(order):
     from diffusers.hooks import apply_group_offloading
 
     from vsagen.attention import make_backend
-    from vsagen.attention.processor import patch_transformer
+    from vsagen.attention.hooks import patch_transformer
     from vsagen.presets import load_preset
     from vsagen.timing import Timer
 

@@ -49,7 +49,7 @@ def transformer_inputs(seed: int = 5):
 
 def patched_output(transformer, attn: str, sparsity, inputs):
     from vsagen.attention import make_backend
-    from vsagen.attention.processor import patch_transformer
+    from vsagen.attention.hooks import patch_transformer
     from vsagen.timing import Timer
 
     patch = patch_transformer(transformer, make_backend(attn, sparsity), Timer("cpu"))
@@ -203,8 +203,8 @@ def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
     save_file({**sd, **gates}, weights)
 
     cfg_gated = resolve("a prompt", model=str(ckpt), attn="vsa", sparsity=0.5, steps=1, out=tmp_path / "g.mp4")
-    gated = load_model(cfg_gated, log=lambda m: None)
-    assert gated.gate_layers == cfg_t["num_layers"]
+    gated = load_model(cfg_gated, log=lambda m: None, backends=[cfg_gated.backend.build()])
+    assert gated.weight_layers["vsa"] == cfg_t["num_layers"]
     assert any("gate" in n for n in gated.notes)
     for i, block in enumerate(gated.pipe.transformer.blocks):
         lin = block.attn1.to_gate_compress
@@ -214,8 +214,8 @@ def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
         assert not hasattr(block.attn2, "to_gate_compress")
 
     cfg_plain = resolve("a prompt", model="tiny", attn="vsa", sparsity=0.5, steps=1, out=tmp_path / "n.mp4")
-    plain = load_model(cfg_plain, log=lambda m: None)
-    assert plain.gate_layers == 0 and not any(hasattr(b.attn1, "to_gate_compress")
+    plain = load_model(cfg_plain, log=lambda m: None, backends=[cfg_plain.backend.build()])
+    assert plain.weight_layers["vsa"] == 0 and not any(hasattr(b.attn1, "to_gate_compress")
                                               for b in plain.pipe.transformer.blocks)
 
     # Weights loaded from the two files sit at differently aligned (memory-mapped) addresses, and CPU matmul

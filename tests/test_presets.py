@@ -17,7 +17,7 @@ from vsagen.presets import _preset_dir
 BUNDLED = ["tiny", "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "wan2.1-flf2v-14b-720p",
            "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-i2v-a14b",
            "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
-OPTIONAL_DEFAULTS = {"guidance_2"}
+OPTIONAL_DEFAULTS = {"guidance_2", "attention"}  # attention: filled from [attention.*] tables, not [defaults]
 
 
 def raw(name: str) -> dict:

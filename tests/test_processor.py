@@ -12,8 +12,9 @@ import torch
 from conftest import make_transformer
 
 from vsagen.attention import make_backend
-from vsagen.attention.processor import (TiledRope, VsagenAttnProcessor, apply_rotary, patch_transformer,
-                                        time_transformer)
+from vsagen.attention.base import AttnContext
+from vsagen.attention.hooks import TiledRope, patch_transformer, time_transformer
+from vsagen.attention.processor import VsagenAttnProcessor, apply_rotary
 from vsagen.layout import tile_layout
 from vsagen.timing import NullTimer, Timer, TimingReport
 
@@ -99,7 +100,7 @@ class PerLayerReorderProcessor:
         q, k = diffusers_rope(q, *rotary_emb), diffusers_rope(k, *rotary_emb)
         perm, inv = self.layout.perm, self.layout.inv_perm
         assert torch.equal(perm[inv], torch.arange(perm.numel()))
-        out = self.backend(q[:, perm], k[:, perm], v[:, perm], self.layout, gate=None, timer=NullTimer())
+        out = self.backend(q[:, perm], k[:, perm], v[:, perm], AttnContext(self.layout, 0, None, NullTimer()))
         out = out[:, inv].flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
 
@@ -117,9 +118,9 @@ def per_layer_reference(transformer, backend, inputs, grid=GRID):
             b.attn1.set_processor(p)
 
 
-def patched_forward(transformer, backend, inputs, timer=None, mutate=None):
+def patched_forward(transformer, backend, inputs, timer=None, mutate=None, fused_prologue="auto"):
     """Output through `patch_transformer` (optionally mutated first); the patch is removed afterwards."""
-    patch = patch_transformer(transformer, backend, timer or Timer("cpu"))
+    patch = patch_transformer(transformer, backend, timer or Timer("cpu"), fused_prologue=fused_prologue)
     try:
         if mutate is not None:
             mutate(patch)
@@ -248,11 +249,9 @@ def test_fused_prologue_equals_the_eager_prologue(monkeypatch, attn, sparsity, f
     calls = []
     real = qk_norm_rope.rms_norm_rope
     monkeypatch.setattr(qk_norm_rope, "rms_norm_rope", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "off")
-    eager = patched_forward(t, make_backend(attn, sparsity), inputs)
+    eager = patched_forward(t, make_backend(attn, sparsity), inputs, fused_prologue="off")
     assert calls == []
-    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "on")
-    fused = patched_forward(t, make_backend(attn, sparsity), inputs)
+    fused = patched_forward(t, make_backend(attn, sparsity), inputs, fused_prologue="on")
     assert len(calls) == 2 * len(t.blocks) * 1  # q and k of every attn1, one forward (batch 2 in one call)
     assert maxdiff(fused, eager) <= TOL_REORDER_FP32
     assert eager.abs().max().item() > 0.1
@@ -261,16 +260,14 @@ def test_fused_prologue_equals_the_eager_prologue(monkeypatch, attn, sparsity, f
 def test_fused_prologue_is_skipped_under_autograd(monkeypatch):
     import vsagen.attention.processor as proc
 
-    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "on")
     t = make_transformer()
     x = torch.randn(1, 4, t.blocks[0].attn1.inner_dim, requires_grad=True)
     rope = (torch.ones(1, 4, 1, 16), torch.zeros(1, 4, 1, 16))
-    assert not proc.use_fused_prologue(t.blocks[0].attn1, x, rope)
+    assert not proc.use_fused_prologue(t.blocks[0].attn1, x, rope, "on")
     with torch.no_grad():
-        assert proc.use_fused_prologue(t.blocks[0].attn1, x, rope)
-    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), None)
-    monkeypatch.setattr(proc, "FUSED_PROLOGUE", "auto")
-    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), rope)  # CPU tensor: eager under "auto"
+        assert proc.use_fused_prologue(t.blocks[0].attn1, x, rope, "on")
+    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), None, "on")
+    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), rope, "auto")  # CPU tensor: eager under "auto"
 
 
 # --------------------------------------------------------------------------------------------------------------

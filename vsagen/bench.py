@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .attention.base import AttnContext
 from .layout import tile_layout
 from .timing import NullTimer
 
@@ -140,7 +141,7 @@ def _dense_call(backend: Any) -> Callable[..., torch.Tensor]:
 
 def _backend_call(backend: Any, layout: Any, timer: NullTimer) -> Callable[..., torch.Tensor]:
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return backend(q, k, v, layout, gate=None, timer=timer)
+        return backend(q, k, v, AttnContext(layout=layout, layer=0, expert=None, timer=timer))
     return call
 
 

@@ -22,40 +22,19 @@ Used by `patch_transformer(..., fused_blocks=True)`: on CUDA, in eager runs (not
 blocks) without offloading (whose hooks wrap `forward`). Each function is compiled once per input shape and temb
 rank, on its first call (a few seconds: in the warm-up, or in the first timed step with `--warmup 0`). Past
 dynamo's recompile limit (8 variants per function) a function runs uncompiled, as it does when Inductor fails
-to compile it (a warning says so). `VSAGEN_FUSED_BLOCKS=0` in the environment switches all of this off.
+to compile it (a warning says so). Whether a run gets them is the run's `fused_blocks` setting (the command line
+reads `VSAGEN_FUSED_BLOCKS=0` once, in `vsagen.cli`); nothing here reads the environment.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import types
 import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-
-
-def _env_switch(name: str, default: bool) -> bool:
-    """A boolean environment switch: 1/true/on/yes or 0/false/off/no (any case); anything else warns and keeps
-    `default`."""
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    warnings.warn(f"{name}={value!r} is not one of 1/true/on/yes or 0/false/off/no; keeping "
-                  f"{'on' if default else 'off'}", RuntimeWarning, stacklevel=2)
-    return default
-
-
-# Switch (environment VSAGEN_FUSED_BLOCKS=0 / false / off / no, or this attribute): False keeps diffusers' block
-# forward everywhere.
-FUSED_BLOCKS = _env_switch("VSAGEN_FUSED_BLOCKS", True)
 
 
 def _chunk(table: torch.Tensor, temb: torch.Tensor, i: int) -> torch.Tensor:
@@ -194,10 +173,8 @@ def install(transformer: Any, *, compiled: bool = True, backend: str = "inductor
     `compiled` is False.
 
     Returns:
-        FusedBlocks, whose `remove()` undoes it; it holds no block when FUSED_BLOCKS is False.
+        FusedBlocks, whose `remove()` undoes it.
     """
-    if not FUSED_BLOCKS:
-        return FusedBlocks([])
     regions = _compiled(backend) if compiled else _EAGER
     done = []
     for block in transformer.blocks:

@@ -7,7 +7,9 @@ running); tracebacks appear only with --verbose. Heavy imports (torch, diffusers
 from __future__ import annotations
 
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,6 +25,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+def _env_switch(name: str, default: bool) -> bool:
+    """A boolean environment switch: 1/true/on/yes or 0/false/off/no (any case); anything else warns and keeps
+    `default`. Read here, at the command-line boundary, once per command (never at import): the library takes the
+    value as a parameter."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    warnings.warn(f"{name}={value!r} is not one of 1/true/on/yes or 0/false/off/no; keeping "
+                  f"{'on' if default else 'off'}", RuntimeWarning, stacklevel=2)
+    return default
+
+
+# The one environment override (for experiments): VSAGEN_FUSED_BLOCKS=0 turns off vsagen.blocks' compiled
+# elementwise regions in eager CUDA runs (the run's `fused_blocks` setting).
+FUSED_BLOCKS_ENV = "VSAGEN_FUSED_BLOCKS"
 
 
 def _err(msg: str) -> None:
@@ -67,7 +90,8 @@ def _run_guarded(fn, verbose: bool) -> None:
 
 # The options `vsagen t2v` and `vsagen i2v` share (one list: both commands declare them with these types).
 Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
-Attn = Annotated[str, typer.Option(help="Self-attention backend: full, vsa.")]
+Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): full, vsa; options as "
+                                        "NAME:KEY=VALUE[:KEY=VALUE], e.g. vsa:sparsity=0.9:impl=torch.")]
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]
 AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
@@ -120,7 +144,8 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
     def run() -> None:
         from .config import resolve
 
-        cfg = resolve(prompt, image=image, fit=fit, last_image=last_image, **settings)
+        cfg = resolve(prompt, image=image, fit=fit, last_image=last_image,
+                      fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True), **settings)
         from rich.console import Console
 
         err = Console(stderr=True)
@@ -201,7 +226,9 @@ def i2v(
 def profile(
     model: Model = "wan2.1-t2v-1.3b",
     attn: Annotated[str, typer.Option(help="Backends to compare, comma-separated (e.g. full,vsa; see "
-                                           "`vsagen backends`). `full` is the speed-up baseline.")] = "full,vsa",
+                                           "`vsagen backends`), each with options as NAME:KEY=VALUE[:KEY=VALUE] "
+                                           "(e.g. full,vsa:sparsity=0.85,vsa:sparsity=0.9). `full` is the speed-up "
+                                           "baseline.")] = "full,vsa",
     sparsity: Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
                                                            "(default from the preset).")] = None,
     attn_impl: Annotated[str, typer.Option(help="Implementation for the backends that offer it: auto, triton "
@@ -244,7 +271,7 @@ def profile(
 
         from .config import resolve_profile
 
-        cfg = resolve_profile(**settings)
+        cfg = resolve_profile(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
         err = Console(stderr=True)
         log = lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
         from .profile import profile_dit, profile_kernels, render, write_plot
@@ -293,11 +320,17 @@ def presets() -> None:
 
 @app.command()
 def backends() -> None:
-    """List the self-attention backends this build provides."""
-    from .attention import backend_names, uses_sparsity
+    """List the self-attention backends this build provides, with their options (set as NAME:KEY=VALUE)."""
+    from dataclasses import MISSING, fields
+
+    from .attention import backend_class, backend_names, uses_sparsity
 
     for name in backend_names():
-        typer.echo(f"{name:8s} {'sparse (takes --sparsity)' if uses_sparsity(name) else 'dense'}")
+        cls = backend_class(name)
+        opts = [f"{f.name}={f.default if f.default is not MISSING else '?'}" for f in fields(cls.Options)
+                if f.name != "tuning"]  # kernel tuning is passed from Python (vsagen.kernels.tuning)
+        kind = "sparse (takes --sparsity)" if uses_sparsity(name) else "dense"
+        typer.echo(f"{name:8s} {kind}" + (f"; options (default): {', '.join(opts)}" if opts else "; no options"))
 
 
 def main() -> None:

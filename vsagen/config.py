@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .attention import backend_impls, backend_names, make_backend, uses_sparsity
+from .attention import BackendSpec, backend_class, backend_names, resolve_spec
+from .attention.spec import check_flags_apply
 from .errors import BadInput, ModelNotFound
 from .layout import plan_crop
 from .presets import (I2V_PIPELINE, LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED,
@@ -85,9 +86,7 @@ class RunConfig:
     prompt: str
     model: str
     source: ModelSource
-    attn: str
-    sparsity: float | None
-    attn_impl: str
+    backend: BackendSpec
     height: int
     width: int
     frames: int
@@ -114,6 +113,22 @@ class RunConfig:
     vae_tiling: str = "auto"  # auto | on | off, as asked; `vae_tiled` is the decision
     last_image: Path | None = None
     compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
+    fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
+
+    @property
+    def attn(self) -> str:
+        """The backend's name (`--attn`)."""
+        return self.backend.name
+
+    @property
+    def sparsity(self) -> float | None:
+        """The backend's sparsity (sparse backends), else None."""
+        return self.backend.sparsity
+
+    @property
+    def attn_impl(self) -> str:
+        """The backend's `impl` option ("auto" for backends without one)."""
+        return self.backend.impl
 
     @property
     def vae_tiled(self) -> bool:
@@ -124,6 +139,8 @@ class RunConfig:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
         d.pop("source")
+        d["backend"] = self.backend.summary()
+        d.update(attn=self.attn, sparsity=self.sparsity, attn_impl=self.attn_impl)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name}
         d["out"], d["json_out"] = str(self.out), str(self.json_out)
@@ -293,6 +310,43 @@ def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
         raise BadInput(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
+def _check_backend_entry(text: str) -> None:
+    """Refuse an unknown backend name early (before the model is resolved), naming the registered ones."""
+    if text.split(":", 1)[0].strip() not in backend_names():
+        raise BadInput(f"unknown --attn {text.split(':', 1)[0].strip()!r}; available: {', '.join(backend_names())}")
+
+
+def _known_impls() -> list[str]:
+    """Every implementation some registered backend offers ("auto" included)."""
+    import typing
+
+    out = {"auto"}
+    for name in backend_names():
+        hint = typing.get_type_hints(backend_class(name).Options).get("impl")
+        out |= set(typing.get_args(hint)) if hint is not None else set()
+    return sorted(out)
+
+
+def _backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,
+                   attn_impl: str, attn: str) -> tuple[BackendSpec, ...]:
+    """The `BackendSpec` of each `--attn` entry (`NAME[:KEY=VALUE...]`), options filled by precedence (entry >
+    `--sparsity` / `--attn-impl` > the preset's [attention.NAME] table > the backend's default; see
+    `vsagen.attention.spec`).
+
+    Raises:
+        BadInput: an unknown backend or option, a value a backend refuses, or a flag no backend in the list takes.
+    """
+    _check_sparsity(sparsity)
+    known_impls = _known_impls()
+    if attn_impl not in known_impls:
+        raise BadInput(f"--attn-impl {attn_impl} is not an implementation any backend has; choose from "
+                       f"{', '.join(known_impls)}")
+    flags = {"--sparsity": sparsity, "--attn-impl": attn_impl}
+    names = [e.split(":", 1)[0].strip() for e in entries]
+    check_flags_apply(names, flags, attn)
+    return tuple(resolve_spec(e, preset=preset_tables, flags=flags) for e in entries)
+
+
 def _check_sparsity(sparsity: float | None) -> None:
     """Raise BadInput unless `sparsity` is None or in [0, 1)."""
     if sparsity is not None and not 0.0 <= sparsity < 1.0:
@@ -419,7 +473,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
             fit: str = "crop", offload: str = "none", vae_tiling: str = "auto", compile: bool = False,
-            last_image: Path | None = None) -> RunConfig:
+            last_image: Path | None = None, fused_blocks: bool = True) -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
     `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
@@ -438,8 +492,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     """
     if not prompt.strip():
         raise BadInput("the prompt is empty")
-    if attn not in backend_names():
-        raise BadInput(f"unknown --attn {attn!r}; available: {', '.join(backend_names())}")
+    attn = str(getattr(attn, "value", attn))
+    _check_backend_entry(attn)
     _check_choice("--tile-fit", tile_fit, TILE_FITS)
     _check_choice("--dtype", dtype, DTYPES)
     _check_choice("--device", device, DEVICES)
@@ -461,12 +515,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         open_image(image)  # readable now, or one message naming the path
     last_image = _check_last_image(model, src, image, last_image)
     d = src.preset.defaults
-    if uses_sparsity(attn):
-        sparsity = d.sparsity if sparsity is None else sparsity
-    known_impls = sorted({i for a in backend_names() for i in backend_impls(a)})
-    if attn_impl not in known_impls:
-        raise BadInput(f"--attn-impl must be one of {', '.join(known_impls)}, got {attn_impl!r}")
-    make_backend(attn, sparsity, attn_impl)  # raises for a sparsity or impl the backend does not take
+    spec = _backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
     height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
         guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
@@ -486,20 +535,20 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         raise BadInput(f"--offload {offload} moves weights between CPU and GPU memory and needs CUDA, but this run is "
                        f"on the CPU ({how}); use --offload none")
     dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
-    out = Path(out) if out is not None else _default_out(model, attn, seed, overwrite)
+    out = Path(out) if out is not None else _default_out(model, spec.name, seed, overwrite)
     if not out.name or out.name in (".", ".."):
         raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
     json_out = out.with_suffix(".json")
     _check_output(out, json_out, overwrite)
     return RunConfig(
-        prompt=prompt, model=model, source=src, attn=attn, sparsity=sparsity, attn_impl=attn_impl,
+        prompt=prompt, model=model, source=src, backend=spec,
         height=height, width=width,
         frames=frames, steps=steps, guidance=guidance, guidance_2=guidance_2,
         negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt, seed=seed, fps=fps,
         flow_shift=flow_shift, max_sequence_length=d.max_sequence_length, out=out, json_out=json_out,
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
-        offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile,
+        offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
     )
 
 
@@ -514,24 +563,6 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 # `--kernels` on a CPU times the eager reference paths; past this many tokens one dense forward + backward takes
 # minutes there (and the VSA reference gathers K*64 keys per query tile), so larger shapes are refused.
 CPU_KERNEL_MAX_TOKENS = 8192
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """One `--attn` entry of `vsagen profile`: a registered backend name with the sparsity (sparse backends
-    only, else None) and implementation it runs with."""
-
-    name: str
-    sparsity: float | None
-    impl: str
-
-    def build(self):  # -> AttentionBackend
-        """A fresh backend object (see `vsagen.attention.make_backend`)."""
-        return make_backend(self.name, self.sparsity, self.impl)
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready: name, sparsity (None for dense backends), impl."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -577,6 +608,7 @@ class ProfileConfig:
     plot: Path | None
     overwrite: bool
     compile: bool = False
+    fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
 
     @property
     def image(self) -> None:
@@ -613,16 +645,18 @@ class ProfileConfig:
         return d
 
 
-def _split_list(value: str, flag: str, known: list[str] | tuple[str, ...], unknown_msg: str) -> tuple[str, ...]:
-    """'a,b' -> ('a', 'b'); every item known, none empty or repeated."""
+def _split_list(value: str, flag: str, known: list[str] | tuple[str, ...] | None,
+                unknown_msg: str) -> tuple[str, ...]:
+    """'a,b' -> ('a', 'b'); every item known (unless `known` is None), none empty or repeated."""
+    example = ",".join(known) if known is not None else "full,vsa:sparsity=0.9"
     if not value.strip():
-        raise BadInput(f"{flag} is empty; give a comma-separated list (e.g. {','.join(known)})")
+        raise BadInput(f"{flag} is empty; give a comma-separated list (e.g. {example})")
     items = tuple(x.strip() for x in value.split(","))
     for x in items:
         if not x:
             raise BadInput(f"{flag} {value!r} has an empty entry; give a comma-separated list "
-                           f"(e.g. {','.join(known)})")
-        if x not in known:
+                           f"(e.g. {example})")
+        if known is not None and x not in known:
             raise BadInput(unknown_msg.format(x=x))
         if items.count(x) > 1:
             raise BadInput(f"{flag} lists {x!r} twice")
@@ -666,7 +700,7 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
                     out: Path | None = None, plot: Path | None = None, overwrite: bool = False,
                     device: str = "auto", dtype: str = "auto", random_weights: bool = False,
                     allow_pickle: bool = False, warmup: int | None = None, stock: bool = True,
-                    kernels: bool = False, compile: bool = False) -> ProfileConfig:
+                    kernels: bool = False, compile: bool = False, fused_blocks: bool = True) -> ProfileConfig:
     """Validate a `vsagen profile` request (flag > preset default, as in `resolve`).
 
     `attn` and `tile_fit` are comma-separated lists (each entry once). `--sparsity` goes to the sparse backends
@@ -681,13 +715,14 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
             is loaded or written.
     """
     names = backend_names()
-    attns = _split_list(attn, "--attn", names, "unknown --attn {x!r}; available: " + ", ".join(names))
+    attns = _split_list(attn, "--attn", None, "unknown --attn {x!r}; available: " + ", ".join(names))
+    for entry in attns:
+        _check_backend_entry(entry)
     tile_fits = _split_list(tile_fit, "--tile-fit", TILE_FITS,
                             "--tile-fit entries must be among " + ", ".join(TILE_FITS) + ", got {x!r}")
     _check_choice("--format", fmt, PROFILE_FORMATS)
     _check_choice("--dtype", dtype, DTYPES)
     _check_choice("--device", device, DEVICES)
-    _check_sparsity(sparsity)
     if kernels and compile:
         raise BadInput("--compile compiles the transformer blocks; --kernels times the attention alone (drop one)")
     if kernels and (steps is not None or warmup is not None):
@@ -699,16 +734,7 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         raise BadInput("--prompt is empty")
     src = resolve_model(model)
     d = src.preset.defaults
-    if sparsity is not None and not any(uses_sparsity(a) for a in attns):
-        raise BadInput(f"--sparsity applies to sparse backends, and --attn {attn} lists none")
-    if attn_impl != "auto" and not any(attn_impl in backend_impls(a) for a in attns):
-        offered = sorted({i for a in attns for i in backend_impls(a)})
-        raise BadInput(f"--attn-impl {attn_impl} does not apply to any of --attn {attn}; choose from "
-                       f"{', '.join(offered)}")
-    specs = tuple(BackendSpec(a, (d.sparsity if sparsity is None else sparsity) if uses_sparsity(a) else None,
-                              attn_impl if attn_impl in backend_impls(a) else "auto") for a in attns)
-    for spec in specs:
-        spec.build()  # raises for anything the backend does not take
+    specs = _backend_specs(attns, d.attention, sparsity, attn_impl, attn)
     height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
         guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)
@@ -749,4 +775,5 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         max_sequence_length=d.max_sequence_length, device=dev, dtype=dt, tile_fits=tile_fits,
         random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup, stock=stock, kernels=kernels,
         heads=heads, head_dim=head_dim, fmt=fmt, out=out, plot=plot, overwrite=overwrite, compile=compile,
+        fused_blocks=fused_blocks,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,7 +43,8 @@ class LoadedModel:
     pipe: Any
     random_weights: bool
     notes: list[str]
-    gate_layers: int = 0
+    weight_root: Path | None = None  # checkpoint root (backend-owned weights are read from <root>/<expert>/)
+    weight_layers: dict[str, int] = field(default_factory=dict)  # backend name -> layers that got its weights
 
 
 def _quiet_libraries() -> None:
@@ -95,30 +96,6 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "Wan
         if has_pickle and not has_safe and not allow_pickle:
             raise BadInput(f"--model {path}: {name}/ has only pickle weights; pickle files can run code when "
                            "loaded, so vsagen loads safetensors only; pass --allow-pickle if you trust them")
-
-
-def _load_gate_compress(transformer: Any, weight_dir: Path | None) -> int:
-    """Attach trained VSA gates (`blocks.N.attn1.to_gate_compress.{weight,bias}`) found in the checkpoint's
-    transformer safetensors as `attn1.to_gate_compress` Linear modules. Returns how many layers got one."""
-    if weight_dir is None or not weight_dir.is_dir():
-        return 0
-    import torch
-    from safetensors import safe_open
-
-    found: dict[int, dict[str, torch.Tensor]] = {}
-    for f in sorted(weight_dir.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as sf:
-            for key in sf.keys():
-                parts = key.split(".")
-                if len(parts) == 5 and parts[0] == "blocks" and parts[2:4] == ["attn1", "to_gate_compress"]:
-                    found.setdefault(int(parts[1]), {})[parts[4]] = sf.get_tensor(key)
-    for idx, tensors in found.items():
-        attn = transformer.blocks[idx].attn1
-        w = tensors["weight"]
-        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors)
-        lin.load_state_dict(tensors)
-        attn.to_gate_compress = lin.to(device=attn.to_q.weight.device, dtype=attn.to_q.weight.dtype)
-    return len(found)
 
 
 def _from_pretrained(location: str, cfg: RunConfig | ProfileConfig, dtype: Any) -> Any:
@@ -232,7 +209,8 @@ COMPILE_CACHE_SIZE = 64
 
 FUSED_BLOCKS_NOTE = ("eager blocks: each transformer block's elementwise modulation, norm and gated-residual steps "
                      "run as small torch.compile regions (vsagen.blocks; same arithmetic as diffusers; "
-                     "VSAGEN_FUSED_BLOCKS=0 turns them off), compiled in the first step")
+                     "VSAGEN_FUSED_BLOCKS=0 in the environment of the vsagen command turns them off), compiled in the "
+                     "first step")
 
 
 def fused_blocks_note(warmup: int) -> str:
@@ -243,13 +221,11 @@ def fused_blocks_note(warmup: int) -> str:
     return FUSED_BLOCKS_NOTE + ", which is timed (--warmup 0): pass --warmup 1 to keep the compile time out"
 
 
-def fused_blocks_apply(device: str, compiled: bool, offload: str = "none") -> bool:
+def fused_blocks_apply(device: str, compiled: bool, offload: str = "none", enabled: bool = True) -> bool:
     """Whether a run gets `vsagen.blocks`' compiled elementwise regions: eager (not `--compile`, which compiles
-    whole blocks) CUDA runs without offloading (its hooks replace the blocks' forward), when
-    `vsagen.blocks.FUSED_BLOCKS` is on."""
-    from . import blocks
-
-    return blocks.FUSED_BLOCKS and device.startswith("cuda") and not compiled and offload == "none"
+    whole blocks) CUDA runs without offloading (its hooks replace the blocks' forward), when the run's
+    `fused_blocks` setting (`enabled`) allows them."""
+    return enabled and device.startswith("cuda") and not compiled and offload == "none"
 
 
 def compile_breaks(backends: Sequence[Any], offload: str = "none") -> str | None:
@@ -324,10 +300,11 @@ def compile_transformers(pipe: Any, *, fullgraph: bool) -> None:
         t.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False)
 
 
-def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> LoadedModel:
+def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None], backends: Sequence[Any] = ()) -> LoadedModel:
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
     see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
-    image, no tiling: it never decodes).
+    image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's trained gates) are
+    attached before the weights are placed (`attach_weights`).
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
@@ -376,13 +353,12 @@ def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> Lo
     vae_dtype = preset.defaults.vae_dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
-    gates = 0
-    for name, t in experts(pipe):
+    for _, t in experts(pipe):
         t.eval()
-        gates += _load_gate_compress(t, weight_root / name if weight_root is not None else None)
-    if gates:
-        notes.append(f"loaded trained VSA gates (to_gate_compress) for {gates} layers")
-    place_pipeline(pipe, cfg.offload, cfg.device)  # after the gates and the VAE dtype (see place_pipeline)
+    model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
+    for backend in backends:
+        attach_weights(model, backend)
+    place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
@@ -390,7 +366,25 @@ def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None]) -> Lo
         pipe.vae.enable_tiling()
     else:
         pipe.vae.disable_tiling()
-    return LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, gate_layers=gates)
+    return model
+
+
+def attach_weights(model: LoadedModel, backend: Any) -> int:
+    """Attach the weights `backend` owns to every transformer of the pipeline (`vsagen.attention.weights`), from the
+    file its options name or the checkpoint's `<root>/<expert>/` folder, and note how many layers got them.
+
+    Raises:
+        BadInput: a weights file that cannot be read or whose shapes do not fit the model (one line naming the
+            first mismatch).
+    """
+    from .attention.weights import attach_backend_weights
+
+    n = sum(attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None)
+            for name, t in experts(model.pipe))
+    model.weight_layers[backend.name] = n
+    if n and backend.weights is not None:
+        model.notes.append(f"loaded trained {backend.name} weights ({backend.weights.attr}) for {n} layers")
+    return n
 
 
 def experts(pipe: Any) -> list[tuple[str, Any]]:
@@ -563,20 +557,19 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     import torch
 
     from . import __version__
-    from .attention import make_backend
-    from .attention.processor import patch_transformer
+    from .attention.hooks import patch_transformer
 
-    backend = make_backend(cfg.attn, cfg.sparsity, cfg.attn_impl)
+    backend = cfg.backend.build()
     backend.check(torch.device(cfg.device), torch_dtype(cfg.dtype))
     t_load = time.perf_counter()
-    model = load_model(cfg, log)
+    model = load_model(cfg, log, [backend])
     load_s = time.perf_counter() - t_load
     for note in model.notes:
         log(f"note: {note}")
     pipe = model.pipe
     plan = denoise_plan(cfg, pipe, cfg.tile_fit)
     timer = Timer(cfg.device)
-    fused = fused_blocks_apply(cfg.device, cfg.compile, cfg.offload)
+    fused = fused_blocks_apply(cfg.device, cfg.compile, cfg.offload, cfg.fused_blocks)
     patches = [patch_transformer(t, backend, timer, expert=name, fused_blocks=fused) for name, t in experts(pipe)]
     if fused:
         model.notes.append(fused_blocks_note(cfg.warmup))
@@ -654,8 +647,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     layout = tile_layout(plan.denoise_grid)
     summary = {
         "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
-        "backend": {**backend.describe(), **({"impl_ran": backend.resolved_impl(torch.device(cfg.device))}
-                                             if hasattr(backend, "resolved_impl") else {})},
+        "backend": backend.describe(torch.device(cfg.device)),
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
         "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
         "guidance_2": extra.get("guidance_scale_2"), "experts": [name for name, _ in experts(pipe)],

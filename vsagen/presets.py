@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -55,10 +55,18 @@ class GenerationDefaults:
     flow_shift: float
     fps: int
     negative_prompt: str
-    sparsity: float
     max_sequence_length: int
     vae_dtype: str  # "same" (pipeline dtype) | "fp32" | "bf16" | "fp16"
     guidance_2: float | None = None  # CFG scale of the second expert (two-expert presets only; None: `guidance`)
+    # Per-backend option defaults, from the preset's `[attention.<backend>]` tables, e.g. {"vsa": {"sparsity":
+    # 0.875}}: below a flag or a `NAME:KEY=VALUE` option, above the backend's own default (vsagen.attention.spec).
+    attention: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def sparsity(self) -> float | None:
+        """The sparsity the preset gives its sparse backends (the first `sparsity` in its [attention.*] tables),
+        None when no table sets one."""
+        return next((t["sparsity"] for t in self.attention.values() if "sparsity" in t), None)
 
 
 @dataclass(frozen=True)
@@ -123,9 +131,12 @@ class Preset:
 
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
-             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v"}
-_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v"}
+             "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
+             "attention"}
+_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
+                      "attention"}
 _OPTIONAL_DEFAULTS = {"guidance_2"}
+_NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
 T2V_PIPELINE = "WanPipeline"
 I2V_PIPELINE = "WanImageToVideoPipeline"
@@ -188,6 +199,21 @@ def _check_keys(where: str, got: dict, allowed: set[str], required: set[str]) ->
         raise BadInput(f"preset {where}: missing key(s) {', '.join(sorted(missing))}")
 
 
+def _attention_tables(tables: Any, where: str) -> dict[str, dict[str, Any]]:
+    """Check the `[attention.<backend>]` tables: each names a registered backend, and its keys and values are
+    options that backend takes (validated by its Options dataclass)."""
+    from .attention.spec import make_options
+
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise BadInput(f"preset {where}: [attention] holds one table per backend, e.g. [attention.vsa]")
+    for name, table in tables.items():
+        try:
+            make_options(name, table, where=f"preset {where} [attention.{name}]")
+        except BadInput as e:
+            raise BadInput(f"preset {where} [attention.{name}]: {e}") from None
+    return {name: dict(table) for name, table in tables.items()}
+
+
 def parse_preset(data: dict[str, Any], where: str) -> Preset:
     """Validate a preset's parsed TOML and build the `Preset`.
 
@@ -197,7 +223,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
             a value of the wrong type or out of range).
     """
     _check_keys(where, data, _TOP_KEYS, _TOP_KEYS - _OPTIONAL_TOP_KEYS)
-    dnames = {f.name for f in fields(GenerationDefaults)}
+    dnames = {f.name for f in fields(GenerationDefaults)} - _NOT_IN_DEFAULTS_TABLE
     _check_keys(f"{where} [defaults]", data["defaults"], dnames, dnames - _OPTIONAL_DEFAULTS)
     _check_keys(f"{where} [vae_stride]", data["vae_stride"], {"temporal", "spatial"}, {"temporal", "spatial"})
     if data["source"] not in _SOURCES:
@@ -254,7 +280,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         pipeline=data["pipeline"],
         source=data["source"],
         hub_id=data["hub_id"],
-        defaults=GenerationDefaults(**data["defaults"]),
+        defaults=GenerationDefaults(**data["defaults"], attention=_attention_tables(data.get("attention", {}), where)),
         vae_stride_temporal=int(data["vae_stride"]["temporal"]),
         vae_stride_spatial=int(data["vae_stride"]["spatial"]),
         transformer=dict(data["transformer"]),

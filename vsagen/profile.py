@@ -54,6 +54,21 @@ class TileOrderFull(FullAttention):
 
 
 @dataclass
+class _Detach:
+    """Removes a backend's attached weights from the transformers when a configuration is done (a patch-like
+    handle: `remove()`)."""
+
+    transformers: list
+    weights: Any
+
+    def remove(self) -> None:
+        from .attention.weights import detach_layer_weights
+
+        for _, t in self.transformers:
+            detach_layer_weights(t, self.weights)
+
+
+@dataclass
 class ProfileRow:
     """One configuration's timing; every `*_s_per_step` is seconds per denoising step (mean over the timed
     steps; a step holds two transformer forwards with CFG).
@@ -98,6 +113,7 @@ class ProfileRow:
     overhead_vs_stock: float | None = None
     latents_rel_l2_vs_full: float | None = None
     dit_by_expert_s_per_step: dict[str, float] = field(default_factory=dict)
+    spec: str | None = None  # the backend entry with every option spelled out (`vsa:sparsity=0.875:impl=auto`)
 
     @property
     def label(self) -> str:
@@ -199,12 +215,12 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from . import __version__
-    from .attention.processor import patch_transformer, time_transformer
+    from .attention.hooks import patch_transformer, time_transformer
     from .bench import rel_l2
     from .pipeline import (compile_breaks, compile_note, compile_transformers, compile_untimed,
                            denoise_latents, denoise_plan, encode_prompts, expert_kwargs, experts,
                            fused_blocks_apply, fused_blocks_note, load_model, step_counter, torch_dtype,
-                           versions)
+                           versions, attach_weights)
     from .timing import Timer, TimingReport
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -272,15 +288,21 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                                            untimed=untimed if cfg.compile else ())
         return _Measured(report, sum(s for n, _, s in records if n == "layout"), latents[:, :, :f, :h, :w])
 
-    fused = fused_blocks_apply(cfg.device, cfg.compile)
+    fused = fused_blocks_apply(cfg.device, cfg.compile, enabled=cfg.fused_blocks)
     if fused:
         model.notes.append(fused_blocks_note(cfg.warmup) + ("; every row has them, diffusers-sdpa included, so the "
                                                             "overhead rows compare attention processors and hooks "
                                                             "only" if cfg.stock else ""))
 
     def patched(backend: Any) -> Callable[[Any], list]:
-        return lambda timer: [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused)
-                              for n, t in transformers]
+        def install(timer: Any) -> list:
+            attach_weights(model, backend)  # the backend's own weights (e.g. VSA's trained gates), if any
+            patches = [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused) for n, t in transformers]
+            if backend.weights is not None:
+                patches.append(_Detach(transformers, backend.weights))
+            return patches
+
+        return install
 
     def condition_on(plan: Any) -> None:
         """Image-to-video models: synthetic first (and, where the model needs one, last) frames in `extra`, fitted
@@ -304,16 +326,17 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                            + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
                              "CLIP where the model has it) is outside the DiT times")
     rows: list[ProfileRow] = []
-    latents: dict[tuple[str, str], Any] = {}
+    latents: dict[int, Any] = {}  # id(row) -> its final latents
     for fit in cfg.tile_fits:
         plan = denoise_plan(cfg, pipe, fit)
         condition_on(plan)
         for spec, backend in backends:
             m = measure(f"{spec.name} (tile fit {fit})", plan, patched(backend), contextlib.nullcontext,
                         compile_untimed(backend))
-            impl = backend.resolved_impl(device) if hasattr(backend, "resolved_impl") else spec.impl
+            impl = backend.describe(device).get("impl_ran", spec.impl)
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
-            latents[(spec.name, fit)] = m.latents
+            rows[-1].spec = spec.text()
+            latents[id(rows[-1])] = m.latents
     overhead: list[ProfileRow] = []
     if cfg.stock:
         fit = cfg.tile_fits[0]
@@ -324,18 +347,21 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         m = measure(f"{STOCK} (diffusers' processors)", plan, stock_install,
                     _pinned_sdpa if cuda else contextlib.nullcontext)
         overhead.append(_make_row(STOCK, "overhead", None, fit, plan, m, cfg, False, False))
-        latents[(STOCK, fit)] = m.latents
+        latents[id(overhead[-1])] = m.latents
         m = measure(f"{TILE_ORDER_FULL}", plan, patched(TileOrderFull()), contextlib.nullcontext,
                     compile_untimed(TileOrderFull()))
         overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
-        latents[(TILE_ORDER_FULL, fit)] = m.latents
+        latents[id(overhead[-1])] = m.latents
 
-    full = {r.tile_fit: r for r in rows if r.backend == BASELINE}
+    full: dict[str, ProfileRow] = {}
+    for r in rows:  # the first `full` entry of each tile fit is the baseline
+        if r.backend == BASELINE:
+            full.setdefault(r.tile_fit, r)
     stock = overhead[0] if overhead else None
     for r in rows + overhead:
         ref = full.get(r.tile_fit)
         if ref is not None:
-            dist = rel_l2(latents[(r.backend, r.tile_fit)], latents[(BASELINE, r.tile_fit)])
+            dist = rel_l2(latents[id(r)], latents[id(ref)])
             r.latents_rel_l2_vs_full = dist if math.isfinite(dist) else None  # NaN latents: no distance
             if r.kind == "backend":
                 r.speedup_vs_full = ref.dit_s_per_step / r.dit_s_per_step
@@ -345,7 +371,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     comparison: list[dict[str, Any]] = []
     if set(cfg.tile_fits) == {"partial", "crop"}:
         for spec in cfg.backends:
-            p, c = (next(r for r in rows if r.backend == spec.name and r.tile_fit == f) for f in ("partial", "crop"))
+            p, c = (next(r for r in rows if r.spec == spec.text() and r.tile_fit == f) for f in ("partial", "crop"))
             comparison.append({
                 "backend": spec.name, "sparsity": spec.sparsity,
                 "partial_tokens": p.tokens, "crop_tokens": c.tokens,
@@ -354,7 +380,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                 "partial_attention_s_per_step": p.attention_s_per_step,
                 "crop_attention_s_per_step": c.attention_s_per_step,
             })
-    notes = [n.replace("its videos are noise", "its outputs are noise") for n in model.notes]
+    notes = list(dict.fromkeys(n.replace("its videos are noise", "its outputs are noise") for n in model.notes))
     if not cuda:
         notes.append("CPU timings (each configuration measured once, in order): indicative only, other work on the "
                      "machine moves them a lot; compare backends on a GPU")

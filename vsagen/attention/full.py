@@ -10,29 +10,32 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import BadInput
-from ..layout import TileLayout
-from ..timing import Timer
+from .base import AttnContext, NoOptions
 
 
 class FullAttention:
-    """Dense self-attention, the baseline every sparse backend is measured against."""
+    """Dense self-attention, the baseline every sparse backend is measured against (no options)."""
 
     name = "full"
+    Options = NoOptions
     tiled = False
-    supports_gate = False
     traceable = True  # SDPA (and the sdpa_kernel context on CUDA) traces without a graph break
+    weights = None
+
+    def __init__(self, options: NoOptions | None = None) -> None:
+        self.options = NoOptions() if options is None else options
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput for fp32 on CUDA (cuDNN and flash need bf16 / fp16)."""
         if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
             raise BadInput("--attn full on CUDA runs cuDNN/flash attention, which need --dtype bf16 or fp16")
 
-    def describe(self) -> dict:
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name": "full"}."""
         return {"name": self.name}
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout | None, *,
-                 gate: torch.Tensor | None, timer: Timer) -> torch.Tensor:
-        """q, k, v: (B, S, H, D) -> (B, S, H, D) like q (layout and gate unused)."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) -> (B, S, H, D) like q (the context is unused)."""
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         if q.is_cuda:
             from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -2,10 +2,12 @@
 
 Coarse stage: mean-pool q, k, v per (4,4,4) tile with true token counts, tile-level scores, top-k key tiles
 per query tile with K = ceil((1 - sparsity) * n_tiles). Fine stage: token attention over the selected tiles.
-Output = fine + gate * coarse; the gate is zero (pure fine output) unless the checkpoint has trained
-`to_gate_compress` weights.
+Output = fine + gate * coarse; the gate is zero (pure fine output) unless trained `to_gate_compress` weights are
+loaded (the checkpoint's `blocks.{i}.attn1.to_gate_compress.{weight,bias}`, or the file named by the `gate_weights`
+option): the backend owns them (`weights`), and each layer's processor hands its gate projection over as
+`ctx.params`.
 
-Two implementations of the same function, chosen by `impl`:
+Two implementations of the same function, chosen by the `impl` option:
 * "triton": the kernels in `vsagen.kernels` (fused pooling + top-k into q2k lists, block-sparse flash
   attention forward and backward). The default on CUDA.
 * "torch": the eager reference in `vsagen.kernels.reference`, the oracle of the tests. The default elsewhere.
@@ -13,15 +15,55 @@ Two implementations of the same function, chosen by `impl`:
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
 import torch
 
 from ..errors import BadInput
 from ..kernels import reference as ref
-from ..layout import TileLayout
-from ..timing import Timer
+from .base import AttnContext, LayerWeights
 
 DEFAULT_SPARSITY = 0.875
 IMPLS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class VSAOptions:
+    """Options of `vsa`.
+
+    Attributes:
+        sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
+            ceil((1 - sparsity) * tiles).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
+        gate_weights: a safetensors file with trained gates (`blocks.{i}.attn1.to_gate_compress.{weight,bias}`),
+            loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
+            if it has any.
+        tuning: the kernels' tuning (`vsagen.kernels.tuning.KernelTuning`); None: the per-architecture defaults.
+
+    Raises:
+        BadInput: sparsity outside [0, 1), an unknown impl, or a gate_weights path that is not a file.
+    """
+
+    sparsity: float = DEFAULT_SPARSITY
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    gate_weights: Path | None = None
+    tuning: Any = None
+
+    def __post_init__(self) -> None:
+        s = self.sparsity
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0.0 <= s < 1.0:
+            raise BadInput(f"--sparsity must be in [0, 1), got {s}")
+        object.__setattr__(self, "sparsity", float(s))
+        if self.impl not in IMPLS:
+            raise BadInput(f"--attn-impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+        if self.gate_weights is not None:
+            path = Path(self.gate_weights)
+            if not path.is_file():
+                raise BadInput(f"vsa gate_weights {str(path)!r}: no such file (give a .safetensors file)")
+            object.__setattr__(self, "gate_weights", path)
 
 
 def _interpreting() -> bool:
@@ -30,23 +72,45 @@ def _interpreting() -> bool:
     return interpreting()
 
 
+def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
+    """The gate projection maps the attn1 input (dim) to one gate value per head channel (heads x head dim),
+    as `to_q` does."""
+    out_features, in_features = attn.to_q.weight.shape if hasattr(attn, "to_q") else (attn.inner_dim, attn.query_dim)
+    return {"weight": (out_features, in_features), "bias": (out_features,)}
+
+
+def _gate_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
+    w = tensors["weight"]
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors)
+    lin.load_state_dict(tensors)
+    return lin
+
+
 class VSAAttention:
     """VSA with a fixed sparsity (fraction of key tiles skipped per query tile)."""
 
     name = "vsa"
+    Options = VSAOptions
     tiled = True
-    supports_gate = True
     # Both implementations trace without a graph break: "triton" through the custom ops vsagen::coarse_stage and
     # vsagen::block_sparse_attn, "torch" as plain static-shape torch ops.
     traceable = True
+    weights = LayerWeights(key="blocks.{layer}.attn1.to_gate_compress", attr="to_gate_compress",
+                           shapes=_gate_shapes, build=_gate_module, optional=("bias",),
+                           file_option="gate_weights")
 
-    def __init__(self, sparsity: float = DEFAULT_SPARSITY, impl: str = "auto") -> None:
-        if not 0.0 <= sparsity < 1.0:
-            raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
-        if impl not in IMPLS:
-            raise BadInput(f"--attn-impl must be one of {', '.join(IMPLS)}, got {impl!r}")
-        self.sparsity = float(sparsity)
-        self.impl = impl
+    def __init__(self, options: VSAOptions | None = None) -> None:
+        self.options = VSAOptions() if options is None else options
+
+    @property
+    def sparsity(self) -> float:
+        """The `sparsity` option."""
+        return self.options.sparsity
+
+    @property
+    def impl(self) -> str:
+        """The `impl` option, as asked ("auto" included)."""
+        return self.options.impl
 
     def resolved_impl(self, device: torch.device) -> str:
         """'triton' or 'torch' for tensors on `device`."""
@@ -60,18 +124,28 @@ class VSAAttention:
             raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
                            "interpreter); use --attn-impl torch on CPU")
 
-    def describe(self) -> dict:
-        return {"name": self.name, "sparsity": self.sparsity, "impl": self.impl}
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name", "sparsity", "impl"} and, given the run's device, "impl_ran" ("triton" | "torch")."""
+        d = {"name": self.name, "sparsity": self.sparsity, "impl": self.impl}
+        if self.options.gate_weights is not None:
+            d["gate_weights"] = str(self.options.gate_weights)
+        if device is not None:
+            d["impl_ran"] = self.resolved_impl(device)
+        return d
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: TileLayout | None, *,
-                 gate: torch.Tensor | None, timer: Timer) -> torch.Tensor:
-        """q, k, v, gate: (B, S, H, D) tile order -> (B, S, H, D) like q. Stages: coarse, fine."""
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q. Stages: coarse, fine. With a trained gate
+        (`ctx.params`, a Linear on `ctx.hidden_states`) the coarse output is added, gated."""
+        layout = ctx.layout
         if layout is None:
             raise RuntimeError("vsa needs tokens in tile order with a TileLayout (tile-order hooks missing)")
+        gate = None
+        if ctx.params is not None:
+            gate = ctx.params(ctx.hidden_states).unflatten(2, (q.shape[2], -1))
         top_k = ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
         if self.resolved_impl(q.device) == "triton":
-            return self._triton(q, k, v, layout, gate, timer, top_k)
-        return self._torch(q, k, v, layout, gate, timer, top_k)
+            return self._triton(q, k, v, layout, gate, ctx.timer, top_k)
+        return self._torch(q, k, v, layout, gate, ctx.timer, top_k)
 
     def _torch(self, q, k, v, layout, gate, timer, top_k):
         with timer.region("self_attention/coarse"):

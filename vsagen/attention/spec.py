@@ -1,0 +1,221 @@
+"""`BackendSpec`: one attention backend as a value, from the command line to the processor.
+
+A spec is a registered backend name plus an instance of that backend's frozen `Options` dataclass. It is written
+on the command line as `NAME[:KEY=VALUE[:KEY=VALUE...]]`, e.g. `vsa`, `vsa:sparsity=0.9`, `vsa:sparsity=0.9:impl=torch`
+(`vsagen profile --attn full,vsa:sparsity=0.85,vsa:sparsity=0.9` compares two configurations of one backend).
+
+Precedence of an option's value, implemented once in `resolve_spec`: the spec's own `KEY=VALUE` > a dedicated flag
+that maps to the option (`--sparsity` -> `sparsity`, `--attn-impl` -> `impl`) > the model preset's
+`[attention.<name>]` table > the Options dataclass default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..errors import BadInput
+from .base import AttentionBackend, option_names, options_dict
+
+# Dedicated command-line flags and the option each one sets (for the backends whose Options have that field).
+FLAG_OPTIONS = {"--sparsity": "sparsity", "--attn-impl": "impl"}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend name and its options (an instance of the backend's `Options`)."""
+
+    name: str
+    options: Any
+
+    def build(self) -> AttentionBackend:
+        """A fresh backend object."""
+        from . import backend_class
+
+        return backend_class(self.name)(self.options)
+
+    @property
+    def sparsity(self) -> float | None:
+        """The `sparsity` option of sparse backends, None for the others."""
+        return getattr(self.options, "sparsity", None)
+
+    @property
+    def impl(self) -> str:
+        """The `impl` option ("auto" for backends without one)."""
+        return getattr(self.options, "impl", "auto")
+
+    @property
+    def label(self) -> str:
+        """Name and sparsity, e.g. "vsa 0.875" (reports)."""
+        return self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
+
+    def text(self) -> str:
+        """The spec as it would be written on the command line, every option spelled out."""
+        parts = [self.name] + [f"{k}={_fmt(v)}" for k, v in options_dict(self.options).items() if v is not None]
+        return ":".join(parts)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: {"name": ..., **options}."""
+        return {"name": self.name, **options_dict(self.options)}
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _hints(options_cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(options_cls)
+
+
+def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
+    """The text of option `key` as the type its Options field declares (float, int, bool, str, Path, or Optional
+    of one of them; "none" gives None for Optional fields)."""
+    kind = _hints(options_cls)[key]
+    args = typing.get_args(kind)
+    optional = (typing.get_origin(kind) in (typing.Union, types.UnionType)) and type(None) in args
+    if optional:
+        if text.strip().lower() == "none":
+            return None
+        kind = next(a for a in args if a is not type(None))
+    try:
+        if kind is bool:
+            low = text.strip().lower()
+            if low in ("1", "true", "on", "yes"):
+                return True
+            if low in ("0", "false", "off", "no"):
+                return False
+            raise ValueError
+        if kind is float:
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        if kind is int:
+            return int(text)
+        if kind is Path:
+            return Path(text).expanduser()
+        if typing.get_origin(kind) is typing.Literal:
+            if text not in typing.get_args(kind):
+                raise ValueError
+            return text
+        return kind(text)
+    except (TypeError, ValueError):
+        what = getattr(kind, "__name__", str(kind))
+        if typing.get_origin(kind) is typing.Literal:
+            what = "one of " + ", ".join(map(str, typing.get_args(kind)))
+        raise BadInput(f"{where}: {key}={text!r} is not a valid {what}") from None
+
+
+def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
+    """Split `NAME[:KEY=VALUE...]` into the name and the raw option texts.
+
+    Raises:
+        BadInput: an unknown name (the message lists the registered ones), an entry that is not KEY=VALUE, an
+            unknown key (the message lists the backend's options), or a key given twice.
+    """
+    from . import backend_class, backend_names
+
+    name, *pairs = [p.strip() for p in text.strip().split(":")]
+    if name not in backend_names():
+        raise BadInput(f"unknown {where} {name!r}; available: {', '.join(backend_names())}")
+    known = option_names(backend_class(name).Options)
+    raw: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise BadInput(f"{where} {text!r}: options are written NAME:KEY=VALUE, got {pair!r}")
+        if key not in known:
+            listed = ", ".join(known) if known else "none"
+            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}")
+        if key in raw:
+            raise BadInput(f"{where} {text!r}: option {key!r} given twice")
+        raw[key] = value.strip()
+    return name, raw
+
+
+def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") -> Any:
+    """The Options instance of backend `name` from `values` (already typed); validation is the dataclass's.
+
+    Raises:
+        BadInput: a key the backend does not have (the message lists its options), or a value its Options
+            refuse.
+    """
+    from . import backend_class
+
+    cls = backend_class(name).Options
+    known = option_names(cls)
+    for key in values:
+        if key not in known:
+            raise BadInput(f"{where} {name}: no option {key!r}; its options: {', '.join(known) or 'none'}")
+    try:
+        return cls(**values)
+    except TypeError as e:  # a value of the wrong type reaching a comparison in __post_init__
+        raise BadInput(f"{where} {name}: {e}") from None
+
+
+def resolve_spec(text: str, *, preset: Mapping[str, Mapping[str, Any]] | None = None,
+                 flags: Mapping[str, Any] | None = None, where: str = "--attn") -> BackendSpec:
+    """Parse one `NAME[:KEY=VALUE...]` entry and fill its options (spec > flag > preset table > default).
+
+    Args:
+        text: the entry.
+        preset: the model preset's per-backend tables ({"vsa": {"sparsity": 0.875}, ...}).
+        flags: dedicated flags that were given (not None), by flag name (`FLAG_OPTIONS`); a flag whose option the
+            backend lacks is ignored here (`check_flags_apply` refuses flags that apply to no backend).
+
+    Raises:
+        BadInput: see `parse_spec` and `make_options`.
+    """
+    from . import backend_class
+
+    name, raw = parse_spec(text, where)
+    cls = backend_class(name).Options
+    known = option_names(cls)
+    values: dict[str, Any] = {k: v for k, v in (preset or {}).get(name, {}).items() if k in known}
+    for flag, value in (flags or {}).items():
+        key = FLAG_OPTIONS[flag]
+        if value is not None and key in known:
+            values[key] = value
+    for key, value in raw.items():
+        values[key] = _convert(cls, key, value, f"{where} {text!r}")
+    return BackendSpec(name, make_options(name, values, where))
+
+
+def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> None:
+    """Refuse a dedicated flag (given, i.e. not None; `--attn-impl auto` counts as not given) that no backend in
+    `names` takes, in one line naming the flag and the backends.
+
+    Raises:
+        BadInput: e.g. "--sparsity applies to sparse backends, and --attn full lists none".
+    """
+    from . import backend_class
+
+    for flag, value in flags.items():
+        if value is None or (flag == "--attn-impl" and value == "auto"):
+            continue
+        key = FLAG_OPTIONS[flag]
+        takers = [n for n in names if key in option_names(backend_class(n).Options)]
+        if takers:
+            continue
+        if flag == "--sparsity":
+            raise BadInput(f"--sparsity applies to sparse backends, and --attn {attn} lists none")
+        offered = sorted({"auto"} | {i for n in names for i in _impls(n)})
+        raise BadInput(f"{flag} {value} does not apply to --attn {attn}; choose from {', '.join(offered)}")
+
+
+def _impls(name: str) -> tuple[str, ...]:
+    from . import backend_class
+
+    hint = _hints(backend_class(name).Options).get("impl")
+    return typing.get_args(hint) if hint is not None else ()
+
+
+def replace_options(spec: BackendSpec, **changes: Any) -> BackendSpec:
+    """The spec with some options changed (validated again)."""
+    return BackendSpec(spec.name, dataclasses.replace(spec.options, **changes))

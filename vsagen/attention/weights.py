@@ -1,0 +1,142 @@
+"""The one loader of backend-owned per-layer parameters (`LayerWeights`): safetensors only, shapes checked.
+
+A backend declares what it can load (`AttentionBackend.weights`: a checkpoint key prefix with a `{layer}` field,
+the attribute of `attn1` it is attached as, the expected shapes and how to build the Module); this module finds
+those tensors in a checkpoint's transformer folder or in one file the user names, checks every shape against the
+layer it belongs to, and attaches one Module per layer to that layer's `attn1`, in the transformer's dtype and on
+its device, so that `.to()` and diffusers' offloading move it with the model. Pickle files are never read.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import BadInput
+from .base import LayerWeights
+
+
+def _files(source: Path) -> list[Path]:
+    """The safetensors files of a folder (sorted), or the one file named."""
+    if source.is_dir():
+        return sorted(source.glob("*.safetensors"))
+    if source.suffix != ".safetensors":
+        raise BadInput(f"{source}: backend weights are read from .safetensors files only")
+    return [source]
+
+
+def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, torch.Tensor]]:
+    """The tensors of `spec` in `source` (a folder of safetensors files, or one file), by layer index.
+
+    Returns:
+        {layer: {param: tensor}} for every layer that has at least one of the tensors (CPU, as stored).
+
+    Raises:
+        BadInput: a named file that is not .safetensors or cannot be read.
+    """
+    from safetensors import safe_open
+
+    prefix, _, suffix = spec.key.partition("{layer}")
+    pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + r"\.([A-Za-z0-9_]+)$")
+    found: dict[int, dict[str, torch.Tensor]] = {}
+    for f in _files(source):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    m = pattern.match(key)
+                    if m:
+                        found.setdefault(int(m.group(1)), {})[m.group(2)] = sf.get_tensor(key)
+        except (OSError, ValueError, RuntimeError) as e:  # safetensors raises its own error types for bad headers
+            raise BadInput(f"cannot read backend weights from {f}: {str(e).splitlines()[0] if str(e) else e}") \
+                from None
+    return found
+
+
+def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWeights, attns: list[Any],
+                        source: Path) -> None:
+    """Check every found tensor against the layer it belongs to.
+
+    Raises:
+        BadInput: one line naming the first mismatch: a layer index past the transformer's blocks, a tensor the
+            backend does not take, a missing required tensor, or a shape other than `spec.shapes(attn)`.
+    """
+    for layer in sorted(found):
+        tensors = found[layer]
+        key = spec.key.format(layer=layer)
+        if layer >= len(attns):
+            raise BadInput(f"{source}: {key} is for layer {layer}, but the transformer has {len(attns)} blocks")
+        want = spec.shapes(attns[layer])
+        for name in tensors:
+            if name not in want:
+                raise BadInput(f"{source}: {key}.{name} is not a parameter of this backend ({', '.join(want)})")
+        for name, shape in want.items():
+            if name not in tensors:
+                if name in spec.optional:
+                    continue
+                raise BadInput(f"{source}: {key}.{name} is missing")
+            got = tuple(tensors[name].shape)
+            if got != tuple(shape):
+                raise BadInput(f"{source}: {key}.{name} has shape {list(got)}, this model needs {list(shape)}")
+
+
+def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | None) -> int:
+    """Load `spec`'s tensors from `source` and attach one Module per layer as `blocks[i].attn1.<spec.attr>`.
+
+    Args:
+        transformer: a diffusers WanTransformer3DModel (its `blocks[i].attn1` modules).
+        spec: what the backend loads (`AttentionBackend.weights`).
+        source: a checkpoint's transformer folder (its *.safetensors files) or one .safetensors file; None or a
+            missing folder means nothing to load.
+
+    Returns:
+        How many layers got parameters.
+
+    Raises:
+        BadInput: see `read_layer_tensors` and `check_layer_tensors` (nothing is attached then).
+    """
+    if source is None or not source.exists():
+        return 0
+    found = read_layer_tensors(source, spec)
+    attns = [block.attn1 for block in transformer.blocks]
+    check_layer_tensors(found, spec, attns, source)
+    for layer, tensors in found.items():
+        attn = attns[layer]
+        ref = attn.to_q.weight
+        setattr(attn, spec.attr, spec.build(tensors, attn).to(device=ref.device, dtype=ref.dtype))
+    return len(found)
+
+
+def detach_layer_weights(transformer: Any, spec: LayerWeights) -> int:
+    """Remove what `attach_layer_weights` attached (`blocks[i].attn1.<spec.attr>`). Returns how many."""
+    n = 0
+    for block in transformer.blocks:
+        if hasattr(block.attn1, spec.attr):
+            delattr(block.attn1, spec.attr)
+            n += 1
+    return n
+
+
+def layer_params(attn: Any, spec: LayerWeights | None) -> torch.nn.Module | None:
+    """The Module `attach_layer_weights` attached to this `attn1` for `spec`, or None."""
+    return None if spec is None else getattr(attn, spec.attr, None)
+
+
+def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path | None) -> int:
+    """Attach what `backend` owns (`backend.weights`) to `transformer`'s layers: from the file its Options name
+    (`LayerWeights.file_option`) if given, else from the checkpoint's transformer folder `checkpoint_dir`.
+    Backends without weights attach nothing.
+
+    Returns:
+        How many layers got parameters.
+
+    Raises:
+        BadInput: see `attach_layer_weights`.
+    """
+    spec = backend.weights
+    if spec is None:
+        return 0
+    named = getattr(backend.options, spec.file_option, None) if spec.file_option else None
+    return attach_layer_weights(transformer, spec, Path(named) if named is not None else checkpoint_dir)

@@ -37,7 +37,7 @@ def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, 
     Raises:
         BadInput: a named file that is not .safetensors or cannot be read.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     prefix, _, suffix = spec.key.partition("{layer}")
     pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + r"\.([A-Za-z0-9_]+)$")
@@ -49,7 +49,7 @@ def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, 
                     m = pattern.match(key)
                     if m:
                         found.setdefault(int(m.group(1)), {})[m.group(2)] = sf.get_tensor(key)
-        except (OSError, ValueError, RuntimeError) as e:  # safetensors raises its own error types for bad headers
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a bad header is a SafetensorError
             raise BadInput(f"cannot read backend weights from {f}: {str(e).splitlines()[0] if str(e) else e}") \
                 from None
     return found

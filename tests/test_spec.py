@@ -1,0 +1,153 @@
+"""vsagen.attention.spec: a backend as one value (name + Options) from the command line to the processor.
+
+Covers the `NAME[:KEY=VALUE...]` form, the precedence of an option's value (entry > dedicated flag > preset table
+> the Options default), option typing, the errors (one line naming the backend's options), the registry's Enum, and
+`vsagen profile` comparing two configurations of one backend in one run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vsagen.attention import REGISTRY, BackendName, BackendSpec, backend_names, resolve_spec
+from vsagen.attention.spec import check_flags_apply, make_options, parse_spec, replace_options
+from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAOptions
+from vsagen.errors import BadInput
+
+
+def test_enum_is_the_registry():
+    assert [m.value for m in BackendName] == backend_names() == list(REGISTRY)
+    assert BackendName("vsa") == "vsa" and isinstance(BackendName.VSA, str)
+
+
+def test_name_alone_takes_the_defaults():
+    spec = resolve_spec("vsa")
+    assert spec == BackendSpec("vsa", VSAOptions())
+    assert (spec.sparsity, spec.impl) == (DEFAULT_SPARSITY, "auto")
+    full = resolve_spec("full")
+    assert full.sparsity is None and full.impl == "auto" and full.summary() == {"name": "full"}
+
+
+def test_options_are_typed_from_the_dataclass(tmp_path):
+    f = tmp_path / "g.safetensors"
+    f.write_bytes(b"")
+    spec = resolve_spec(f" vsa : sparsity=0.5 : impl=torch : gate_weights={f} ")
+    assert spec.options == VSAOptions(sparsity=0.5, impl="torch", gate_weights=f)
+    assert isinstance(spec.options.sparsity, float) and isinstance(spec.options.gate_weights, Path)
+    assert resolve_spec("vsa:gate_weights=none").options.gate_weights is None
+
+
+def test_text_round_trips():
+    spec = resolve_spec("vsa:sparsity=0.9:impl=torch")
+    assert spec.text() == "vsa:sparsity=0.9:impl=torch"
+    assert resolve_spec(spec.text()) == spec
+    assert spec.label == "vsa 0.9"
+
+
+def test_precedence_entry_over_flag_over_preset_over_default():
+    preset = {"vsa": {"sparsity": 0.6}}
+    assert resolve_spec("vsa").sparsity == DEFAULT_SPARSITY
+    assert resolve_spec("vsa", preset=preset).sparsity == 0.6
+    assert resolve_spec("vsa", preset=preset, flags={"--sparsity": 0.7}).sparsity == 0.7
+    assert resolve_spec("vsa:sparsity=0.8", preset=preset, flags={"--sparsity": 0.7}).sparsity == 0.8
+    # a flag None (not given) does not override the preset
+    assert resolve_spec("vsa", preset=preset, flags={"--sparsity": None}).sparsity == 0.6
+    # a flag whose option the backend lacks is skipped here (check_flags_apply refuses flags nobody takes)
+    assert resolve_spec("full", flags={"--sparsity": 0.7}) == BackendSpec("full", REGISTRY["full"].Options())
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("nope", ["unknown --attn 'nope'", "full, vsa"]),
+    ("vsa:sparsity", ["NAME:KEY=VALUE"]),
+    ("vsa:=0.5", ["NAME:KEY=VALUE"]),
+    ("vsa:density=0.5", ["no option 'density'", "sparsity, impl, gate_weights"]),
+    ("full:sparsity=0.5", ["no option 'sparsity'", "its options: none"]),
+    ("vsa:sparsity=0.5:sparsity=0.6", ["given twice"]),
+    ("vsa:sparsity=lots", ["sparsity='lots'", "float"]),
+    ("vsa:sparsity=nan", ["sparsity='nan'"]),
+    ("vsa:sparsity=1.0", ["--sparsity must be in [0, 1)"]),
+    ("vsa:impl=cuda", ["impl='cuda'", "auto, triton, torch"]),
+    ("vsa:gate_weights=/no/such/file.safetensors", ["gate_weights", "no such file"]),
+])
+def test_bad_entries_are_one_clear_error(text, needles):
+    with pytest.raises(BadInput) as e:
+        resolve_spec(text)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_make_options_refuses_unknown_keys_listing_the_options():
+    with pytest.raises(BadInput, match="its options: sparsity, impl, gate_weights, tuning"):
+        make_options("vsa", {"sparsity": 0.5, "topk": 3})
+    assert make_options("vsa", {"sparsity": 0.25}).sparsity == 0.25
+
+
+def test_flags_that_no_backend_takes_are_refused():
+    check_flags_apply(["full", "vsa"], {"--sparsity": 0.5, "--attn-impl": "torch"}, "full,vsa")
+    check_flags_apply(["full"], {"--sparsity": None, "--attn-impl": "auto"}, "full")
+    with pytest.raises(BadInput, match="--sparsity applies to sparse backends, and --attn full lists none"):
+        check_flags_apply(["full"], {"--sparsity": 0.5}, "full")
+    with pytest.raises(BadInput, match="--attn-impl torch does not apply to --attn full; choose from auto"):
+        check_flags_apply(["full"], {"--attn-impl": "torch"}, "full")
+
+
+def test_parse_spec_keeps_raw_text():
+    assert parse_spec("vsa:sparsity=0.5") == ("vsa", {"sparsity": "0.5"})
+
+
+def test_replace_options_validates_again():
+    spec = resolve_spec("vsa")
+    assert replace_options(spec, sparsity=0.25).sparsity == 0.25
+    with pytest.raises(BadInput):
+        replace_options(spec, sparsity=2.0)
+
+
+def test_build_gives_a_backend_with_those_options():
+    backend = resolve_spec("vsa:sparsity=0.25:impl=torch").build()
+    assert backend.name == "vsa" and backend.sparsity == 0.25 and backend.impl == "torch"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
+    from vsagen.config import resolve
+
+    cfg = resolve("a fox", model="tiny", attn="vsa:sparsity=0.6:impl=torch", out=tmp_path / "v.mp4")
+    assert (cfg.attn, cfg.sparsity, cfg.attn_impl) == ("vsa", 0.6, "torch")
+    assert cfg.out.name == "v.mp4"
+    assert cfg.summary()["backend"] == {"name": "vsa", "sparsity": 0.6, "impl": "torch"}
+    # --sparsity yields to the entry's own option; the preset's [attention.vsa] table fills what neither gives
+    assert resolve("a fox", model="tiny", attn="vsa:sparsity=0.6", sparsity=0.3, out=tmp_path / "w.mp4").sparsity == 0.6
+    assert resolve("a fox", model="tiny", attn="vsa", out=tmp_path / "x.mp4").sparsity == 0.875
+
+
+def test_profile_resolves_two_configurations_of_one_backend():
+    from vsagen.config import resolve_profile
+
+    cfg = resolve_profile(model="tiny", attn="full,vsa:sparsity=0.85,vsa:sparsity=0.9:impl=torch")
+    assert [(b.name, b.sparsity, b.impl) for b in cfg.backends] == [("full", None, "auto"), ("vsa", 0.85, "auto"),
+                                                                    ("vsa", 0.9, "torch")]
+
+
+@pytest.mark.slow
+def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
+    from vsagen.cli import app
+
+    res = CliRunner().invoke(app, ["profile", "--model", "tiny", "--attn", "full,vsa:sparsity=0.5,vsa:sparsity=0.75",
+                                   "--attn-impl", "torch", "--steps", "1", "--warmup", "0", "--no-stock",
+                                   "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["backend"], r["sparsity"]) for r in rows] == [("full", None), ("vsa", 0.5), ("vsa", 0.75)]
+    assert rows[1]["spec"] == "vsa:sparsity=0.5:impl=torch" and rows[2]["spec"] == "vsa:sparsity=0.75:impl=torch"
+    # each row is compared with `full`, not with the other vsa row
+    assert all(r["speedup_vs_full"] is not None and r["latents_rel_l2_vs_full"] is not None for r in rows[1:])
+    assert rows[0]["latents_rel_l2_vs_full"] == 0.0

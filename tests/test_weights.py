@@ -1,0 +1,202 @@
+"""vsagen.attention.weights: backend-owned per-layer parameters (VSA's trained gate), one safetensors loader with
+shapes checked and one error line naming the first mismatch; and the AttnContext each layer's processor builds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_transformer
+from safetensors.torch import save_file
+
+from vsagen.attention import VSAAttention, VSAOptions, make_backend
+from vsagen.attention.hooks import patch_transformer
+from vsagen.attention.weights import (attach_backend_weights, attach_layer_weights, detach_layer_weights,
+                                      layer_params, read_layer_tensors)
+from vsagen.errors import BadInput
+from vsagen.timing import Timer
+
+SPEC = VSAAttention.weights
+
+
+def gate_tensors(transformer, seed=3, layers=None, bias=True):
+    """Fresh random gate tensors for every (or the given) layer, keyed as a checkpoint holds them."""
+    g = torch.Generator().manual_seed(seed)
+    out_f, in_f = transformer.blocks[0].attn1.to_q.weight.shape
+    out = {}
+    for i in layers if layers is not None else range(len(transformer.blocks)):
+        out[f"blocks.{i}.attn1.to_gate_compress.weight"] = torch.randn(out_f, in_f, generator=g)
+        if bias:
+            out[f"blocks.{i}.attn1.to_gate_compress.bias"] = torch.randn(out_f, generator=g)
+    return out
+
+
+def test_attach_loads_every_layer_from_a_folder(tmp_path):
+    t = make_transformer()
+    tensors = gate_tensors(t)
+    save_file({"unrelated.weight": torch.ones(2), **tensors}, tmp_path / "model.safetensors")
+    assert attach_layer_weights(t, SPEC, tmp_path) == len(t.blocks)
+    for i, block in enumerate(t.blocks):
+        lin = layer_params(block.attn1, SPEC)
+        assert isinstance(lin, torch.nn.Linear)
+        assert torch.equal(lin.weight, tensors[f"blocks.{i}.attn1.to_gate_compress.weight"])
+        assert torch.equal(lin.bias, tensors[f"blocks.{i}.attn1.to_gate_compress.bias"])
+        assert lin.weight.dtype == block.attn1.to_q.weight.dtype
+    assert detach_layer_weights(t, SPEC) == len(t.blocks)
+    assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
+
+
+def test_bias_is_optional_and_some_layers_may_lack_a_gate(tmp_path):
+    t = make_transformer()
+    f = tmp_path / "gates.safetensors"
+    save_file(gate_tensors(t, layers=[1], bias=False), f)
+    assert attach_layer_weights(t, SPEC, f) == 1
+    assert layer_params(t.blocks[0].attn1, SPEC) is None and layer_params(t.blocks[1].attn1, SPEC).bias is None
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (lambda d: d.update({"blocks.0.attn1.to_gate_compress.weight": torch.ones(3, 3)}),
+     "blocks.0.attn1.to_gate_compress.weight has shape [3, 3], this model needs [32, 32]"),
+    (lambda d: d.update({"blocks.1.attn1.to_gate_compress.bias": torch.ones(5)}),
+     "blocks.1.attn1.to_gate_compress.bias has shape [5], this model needs [32]"),
+    (lambda d: d.update({"blocks.7.attn1.to_gate_compress.weight": torch.ones(32, 32)}),
+     "is for layer 7, but the transformer has 2 blocks"),
+    (lambda d: d.update({"blocks.0.attn1.to_gate_compress.scale": torch.ones(32)}),
+     "to_gate_compress.scale is not a parameter of this backend"),
+    (lambda d: d.pop("blocks.1.attn1.to_gate_compress.weight"), "blocks.1.attn1.to_gate_compress.weight is missing"),
+])
+def test_mismatches_are_one_line_naming_the_first(tmp_path, mutate, needle):
+    t = make_transformer()
+    tensors = gate_tensors(t)
+    mutate(tensors)
+    f = tmp_path / "gates.safetensors"
+    save_file(tensors, f)
+    with pytest.raises(BadInput) as e:
+        attach_layer_weights(t, SPEC, f)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)  # nothing attached
+
+
+def test_only_safetensors_are_read(tmp_path):
+    f = tmp_path / "gates.bin"
+    torch.save({"x": torch.ones(1)}, f)
+    with pytest.raises(BadInput, match=".safetensors files only"):
+        read_layer_tensors(f, SPEC)
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(BadInput, match="cannot read backend weights"):
+        read_layer_tensors(bad, SPEC)
+
+
+def test_missing_source_attaches_nothing(tmp_path):
+    t = make_transformer()
+    assert attach_layer_weights(t, SPEC, None) == 0
+    assert attach_layer_weights(t, SPEC, tmp_path / "absent") == 0
+
+
+def test_a_named_file_wins_over_the_checkpoint(tmp_path):
+    t = make_transformer()
+    ckpt = tmp_path / "transformer"
+    ckpt.mkdir()
+    save_file(gate_tensors(t, seed=1), ckpt / "model.safetensors")
+    named = tmp_path / "mine.safetensors"
+    mine = gate_tensors(t, seed=2)
+    save_file(mine, named)
+    backend = VSAAttention(VSAOptions(gate_weights=named))
+    assert attach_backend_weights(t, backend, ckpt) == len(t.blocks)
+    assert torch.equal(t.blocks[0].attn1.to_gate_compress.weight, mine["blocks.0.attn1.to_gate_compress.weight"])
+    assert attach_backend_weights(t, make_backend("full"), ckpt) == 0  # full owns no weights
+
+
+def test_gates_change_vsa_output_through_the_processor(tmp_path):
+    """The processor hands the layer's gate projection to VSA as ctx.params: with gates the output moves."""
+    t = make_transformer()
+    g = torch.Generator().manual_seed(5)
+    inputs = (torch.randn(1, 16, 5, 12, 20, generator=g), torch.tensor([500.0]), torch.randn(1, 9, 32, generator=g))
+
+    def run():
+        patch = patch_transformer(t, make_backend("vsa", 0.5, "torch"), Timer("cpu"))
+        try:
+            with torch.no_grad():
+                hs, ts, enc = inputs
+                return t(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
+        finally:
+            patch.remove()
+
+    plain = run()
+    f = tmp_path / "gates.safetensors"
+    save_file(gate_tensors(t), f)
+    attach_layer_weights(t, SPEC, f)
+    assert (run() - plain).abs().max().item() > 1e-3
+
+
+class RecordingBackend:
+    """A dense backend that records the context of every call (not registered: tests only)."""
+
+    name = "recording"
+    Options = VSAOptions  # any frozen dataclass
+    tiled = True
+    traceable = False
+    weights = None
+
+    def __init__(self):
+        self.options = VSAOptions()
+        self.calls = []
+
+    def check(self, device, dtype):
+        pass
+
+    def describe(self, device=None):
+        return {"name": self.name}
+
+    def __call__(self, q, k, v, ctx):
+        self.calls.append((ctx.layer, ctx.expert, ctx.step, ctx.timestep, ctx.layout.num_tokens,
+                           tuple(ctx.hidden_states.shape)))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def test_every_layer_gets_its_own_context():
+    t = make_transformer()
+    backend = RecordingBackend()
+    timer = Timer("cpu")
+    timer.step = 3
+    patch = patch_transformer(t, backend, timer, expert="transformer")
+    ts = torch.tensor([321.0])
+    try:
+        with torch.no_grad():
+            t(hidden_states=torch.randn(1, 16, 5, 12, 20), timestep=ts, encoder_hidden_states=torch.randn(1, 9, 32),
+              return_dict=False)
+    finally:
+        patch.remove()
+    assert [c[0] for c in backend.calls] == list(range(len(t.blocks)))
+    assert {c[1] for c in backend.calls} == {"transformer"} and {c[2] for c in backend.calls} == {3}
+    assert all(torch.equal(c[3], ts) for c in backend.calls)
+    assert {c[4] for c in backend.calls} == {5 * 6 * 10}
+    assert {c[5] for c in backend.calls} == {(1, 300, t.blocks[0].attn1.inner_dim)}
+
+
+@pytest.mark.slow
+def test_t2v_loads_a_named_gate_file_and_refuses_a_mismatched_one(vsagen_cache, tiny_dir, tmp_path):
+    """`--attn vsa:gate_weights=FILE` end to end on the tiny model: the gates load (a note says so, the JSON records
+    the file); a file whose shapes do not fit gives one error line and exit 2, and no video."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from vsagen.cli import app
+
+    t = make_transformer()
+    good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
+    save_file(gate_tensors(t), good)
+    save_file({"blocks.0.attn1.to_gate_compress.weight": torch.ones(4, 4)}, bad)
+    common = ["t2v", "a fox", "--model", "tiny", "--steps", "1", "--frames", "5", "--height", "64", "--width", "80",
+              "--json"]
+    res = CliRunner().invoke(app, [*common, "--attn", f"vsa:gate_weights={good}:impl=torch",
+                                   "--out", str(tmp_path / "g.mp4")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"]["gate_weights"] == str(good)
+    assert any("loaded trained vsa weights (to_gate_compress) for 2 layers" in n for n in data["timing"]["notes"])
+    res = CliRunner().invoke(app, [*common, "--attn", f"vsa:gate_weights={bad}", "--out", str(tmp_path / "b.mp4")])
+    assert res.exit_code == 2 and "has shape [4, 4], this model needs [32, 32]" in res.output
+    assert not (tmp_path / "b.mp4").exists()

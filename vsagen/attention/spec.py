@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from ..errors import BadInput
 from .base import AttentionBackend, option_names, options_dict
+from .registry import backend_class, backend_names
 
 # Dedicated command-line flags and the option each one sets (for the backends whose Options have that field).
 FLAG_OPTIONS = {"--sparsity": "sparsity", "--attn-impl": "impl"}
@@ -35,8 +36,6 @@ class BackendSpec:
 
     def build(self) -> AttentionBackend:
         """A fresh backend object."""
-        from . import backend_class
-
         return backend_class(self.name)(self.options)
 
     @property
@@ -118,8 +117,6 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
         BadInput: an unknown name (the message lists the registered ones), an entry that is not KEY=VALUE, an
             unknown key (the message lists the backend's options), or a key given twice.
     """
-    from . import backend_class, backend_names
-
     name, *pairs = [p.strip() for p in text.strip().split(":")]
     if name not in backend_names():
         raise BadInput(f"unknown {where} {name!r}; available: {', '.join(backend_names())}")
@@ -146,8 +143,6 @@ def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") ->
         BadInput: a key the backend does not have (the message lists its options), or a value its Options
             refuse.
     """
-    from . import backend_class
-
     cls = backend_class(name).Options
     known = option_names(cls)
     for key in values:
@@ -172,8 +167,6 @@ def resolve_spec(text: str, *, preset: Mapping[str, Mapping[str, Any]] | None = 
     Raises:
         BadInput: see `parse_spec` and `make_options`.
     """
-    from . import backend_class
-
     name, raw = parse_spec(text, where)
     cls = backend_class(name).Options
     known = option_names(cls)
@@ -194,8 +187,6 @@ def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> 
     Raises:
         BadInput: e.g. "--sparsity applies to sparse backends, and --attn full lists none".
     """
-    from . import backend_class
-
     for flag, value in flags.items():
         if value is None or (flag == "--attn-impl" and value == "auto"):
             continue
@@ -210,8 +201,6 @@ def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> 
 
 
 def _impls(name: str) -> tuple[str, ...]:
-    from . import backend_class
-
     hint = _hints(backend_class(name).Options).get("impl")
     return typing.get_args(hint) if hint is not None else ()
 

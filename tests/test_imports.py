@@ -1,0 +1,109 @@
+"""The package's import structure: no import cycle among vsagen's modules (kernels included), and nothing decided by
+an environment variable or a device query when a module is imported (issue 11: tuning and switches are data passed
+down; the only environment override is read by the command line, once per command)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# module name -> source file (kernels/ is installed as vsagen.kernels)
+PACKAGES = {"vsagen": ROOT / "vsagen", "vsagen.kernels": ROOT / "kernels"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg, folder in PACKAGES.items():
+        for f in sorted(folder.rglob("*.py")):
+            rel = f.relative_to(folder).with_suffix("")
+            parts = [] if rel.name == "__init__" else [rel.name]
+            parts = list(rel.parent.parts) + parts
+            name = ".".join([pkg, *parts])
+            if name.startswith("vsagen.kernels") and pkg == "vsagen":
+                continue
+            out[name] = f
+    return out
+
+
+def _is_package(name: str, files: dict[str, Path]) -> bool:
+    return files[name].name == "__init__.py"
+
+
+def imported(name: str, path: Path, files: dict[str, Path]) -> set[str]:
+    """vsagen modules that module `name` imports anywhere (top level or inside functions), resolved; imports of
+    its own ancestor packages are left out (a package is initialised before its submodules run, so those never
+    form a cycle)."""
+    tree = ast.parse(path.read_text())
+    base = name if _is_package(name, files) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level:
+                pkg = base
+                for _ in range(node.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                mod = f"{pkg}.{mod}" if mod else pkg
+            found.add(mod)
+            found |= {f"{mod}.{a.name}" for a in node.names}
+    return {m for m in found if m in files and m != name and not name.startswith(m + ".")}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (found := dfs(m)):
+                return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := dfs(n)):
+            return found
+    return None
+
+
+def test_find_cycle_sees_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycle():
+    """Counting imports inside functions too: kernels/block_sparse_attn.py and kernels/k2q.py imported each other
+    lazily before issue 11."""
+    files = modules()
+    cycle = find_cycle({n: imported(n, p, files) for n, p in files.items()})
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+READS = ("environ", "getenv", "get_device_capability", "is_available", "device_count")
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_nothing_is_decided_at_import(name):
+    """No top-level statement of the module reads the environment or queries the device."""
+    path = modules()[name]
+
+    def walk(node):  # every node that runs at import: not the bodies of functions and lambdas
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                yield from walk(child)
+
+    for sub in walk(ast.parse(path.read_text())):
+        attr = sub.attr if isinstance(sub, ast.Attribute) else (sub.id if isinstance(sub, ast.Name) else None)
+        assert attr not in READS, f"{path.relative_to(ROOT)}:{sub.lineno} reads {attr} at import"

@@ -1,0 +1,43 @@
+"""The registry: `--attn` names -> backend classes, and nothing else.
+
+`BackendName` (a `str` Enum built from it) is the one source of names; Typer accepts it as an option type. Only
+backends that really work are registered; the CLI lists exactly these. Adding a backend: its class in
+`_BACKENDS` (one line), its module beside this one, tests (docs/adding-a-backend.md).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from ..errors import BadInput
+from .full import FullAttention
+from .vsa import VSAAttention
+
+_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention)
+
+REGISTRY: dict[str, type] = {cls.name: cls for cls in _BACKENDS}
+
+BackendName = Enum("BackendName", {n.upper().replace("-", "_"): n for n in REGISTRY}, type=str)
+BackendName.__doc__ = "The registered `--attn` names (a str Enum: Typer accepts it as an option type)."
+
+
+def backend_names() -> list[str]:
+    """Registered `--attn` names, in registry order."""
+    return list(REGISTRY)
+
+
+def backend_class(name: str) -> type:
+    """The class registered as `name` (a str or a `BackendName`).
+
+    Raises:
+        BadInput: unknown name (the message lists the known ones).
+    """
+    try:
+        return REGISTRY[str(getattr(name, "value", name))]
+    except KeyError:
+        raise BadInput(f"unknown --attn {name!r}; available: {', '.join(REGISTRY)}") from None
+
+
+def uses_sparsity(name: str) -> bool:
+    """Whether backend `name` takes a sparsity (its Options have a `sparsity` field)."""
+    return "sparsity" in backend_class(name).Options.__dataclass_fields__

@@ -37,7 +37,7 @@ Where things are: `bsa_primitives` (shared jit helpers, input checks, TMA helper
 `bsa_backward` (`bsa_bwd`), `tuning` (`KernelTuning`, `kernel_tuning`: every switch and launch table), and here
 the `torch.library` custom ops `vsagen::block_sparse_attn` / `vsagen::block_sparse_attn_bwd` with their autograd
 formula and the public `block_sparse_attention`, so that autograd and torch.compile (no graph break) see through
-the kernels. The tuning crosses the ops as plain bool / str / int[] arguments (`KernelTuning.op_args`). This
+the kernels. The tuning crosses the ops as plain bool / str / int[] arguments (`tuning.op_args`). This
 module re-exports `bsa_fwd`, `bsa_bwd`, `use_tma`, `interpreting`, `BLOCK` and `build_k2q` (now in `reference`).
 
 Unsupported: tiles of more than 64 tokens, causal masks, dropout, different q / kv tile layouts, gradients
@@ -54,7 +54,7 @@ from .bsa_forward import bsa_fwd
 from .bsa_primitives import BLOCK, check_fp32_bwd, check_inputs, interpreting, use_tma
 from .k2q import build_k2q_triton
 from .reference import build_k2q
-from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning
+from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning, op_args
 
 __all__ = ["BLOCK", "block_sparse_attention", "bsa_bwd", "bsa_fwd", "build_k2q", "interpreting", "use_tma"]
 
@@ -70,7 +70,7 @@ __all__ = ["BLOCK", "block_sparse_attention", "bsa_bwd", "bsa_fwd", "build_k2q",
            f"{OP_SCHEMA_ARGS}) -> (Tensor, Tensor)")
 def _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *tuning):
     """Forward custom op: `bsa_fwd` (inputs validated by `block_sparse_attention`); `tuning` is
-    `KernelTuning.op_args`."""
+    `tuning.op_args`."""
     return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=KernelTuning.from_op_args(*tuning))
 
 
@@ -171,4 +171,4 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
     if not needs_grad and not torch.compiler.is_compiling():
         # fast path: no dispatcher, nothing saved
         return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
-    return _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *tuning.op_args())
+    return _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *op_args(tuning))

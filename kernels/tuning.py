@@ -153,18 +153,11 @@ class KernelTuning:
         for name in ("fwd_launch", "bwd_dq_launch", "bwd_dkdv_launch"):
             object.__setattr__(self, name, _checked_launch(name, getattr(self, name)))
 
-    def op_args(self) -> tuple:
-        """The tuning as the plain arguments of the `torch.library` custom ops (`OP_SCHEMA_ARGS`): three bools,
-        a str and three flat int lists (block, num_warps, num_stages, block, ...)."""
-        return (self.tma_loads, self.pack_partial_tiles, self.bwd_two_streams, self.score_precision,
-                *([x for entry in launch for x in entry]
-                  for launch in (self.fwd_launch, self.bwd_dq_launch, self.bwd_dkdv_launch)))
-
     @classmethod
     def from_op_args(cls, tma_loads: bool, pack_partial_tiles: bool, bwd_two_streams: bool, score_precision: str,
                      fwd_launch: list[int], bwd_dq_launch: list[int], bwd_dkdv_launch: list[int]) -> KernelTuning:
-        """The inverse of `op_args`. Raises ValueError as the constructor (a flat list whose length is not a
-        multiple of 3 included)."""
+        """The inverse of `op_args` (inside the custom ops). Raises ValueError as the constructor (a flat list
+        whose length is not a multiple of 3 included)."""
         launches = []
         for name, flat in (("fwd_launch", fwd_launch), ("bwd_dq_launch", bwd_dq_launch),
                            ("bwd_dkdv_launch", bwd_dkdv_launch)):
@@ -174,7 +167,16 @@ class KernelTuning:
         return cls(bool(tma_loads), bool(pack_partial_tiles), bool(bwd_two_streams), score_precision, *launches)
 
 
-# The tuning's part of the custom ops' schemas, in `KernelTuning.op_args` order.
+def op_args(tuning: KernelTuning) -> tuple:
+    """The tuning as the plain arguments of the `torch.library` custom ops (`OP_SCHEMA_ARGS`): three bools, a str
+    and three flat int lists (block, num_warps, num_stages, block, ...). A function rather than a method: dynamo
+    traces it on the constant that `default_tuning` returns (a method call on that constant would not trace)."""
+    return (tuning.tma_loads, tuning.pack_partial_tiles, tuning.bwd_two_streams, tuning.score_precision,
+            [x for entry in tuning.fwd_launch for x in entry], [x for entry in tuning.bwd_dq_launch for x in entry],
+            [x for entry in tuning.bwd_dkdv_launch for x in entry])
+
+
+# The tuning's part of the custom ops' schemas, in `op_args` order.
 OP_SCHEMA_ARGS = ("bool tma_loads, bool pack_partial_tiles, bool bwd_two_streams, str score_precision, "
                   "int[] fwd_launch, int[] bwd_dq_launch, int[] bwd_dkdv_launch")
 

@@ -20,7 +20,7 @@ import vsagen.kernels.block_sparse_attn as bsa
 import vsagen.kernels.bsa_primitives as primitives
 from conftest import (FP32_REL_L2, LOWP_FACTOR, NAMES, assert_all_finite, kernel_fwd_bwd, leaves, make_qkv,
                       masked_dense, random_selection, reference_fwd_bwd, rel_l2, tile_map)
-from vsagen.kernels.tuning import KernelTuning, kernel_tuning
+from vsagen.kernels.tuning import KernelTuning, kernel_tuning, op_args
 from vsagen.layout import tile_layout
 
 
@@ -236,7 +236,7 @@ def test_custom_ops_pass_opcheck():
     q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=81, requires_grad=True)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, 2, seed=82)
     off = lay.tile_offsets.to(torch.int32)
-    tuning = kernel_tuning(q.device, 16).op_args()
+    tuning = op_args(kernel_tuning(q.device, 16))
     torch.library.opcheck(bsa._bsa_op, (q, k, v, q2k, cnt, off, 0.25, *tuning))
     out, lse = bsa.bsa_fwd(q.detach(), k.detach(), v.detach(), q2k, cnt, off, 0.25)
     args = (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), out, lse, q2k, cnt,

@@ -50,8 +50,8 @@ def test_launcher_rejects_bad_k2q():
 @pytest.mark.skipif(not torch.cuda.is_available() or interpreting(),
                     reason="the second backward stream exists on CUDA only, without the interpreter")
 def test_two_stream_backward_equals_one_stream():
-    """dQ on its own stream beside dK/dV (KernelTuning.bwd_two_streams) gives the one-stream gradients bitwise (GPU only; the
-    interpreter runs one stream)."""
+    """dQ on its own stream beside dK/dV (KernelTuning.bwd_two_streams) gives the one-stream gradients bitwise
+    (GPU only; the interpreter runs one stream)."""
     lay = tile_layout((5, 6, 10), device="cuda")
     q, k, v = (x.cuda() for x in make_qkv(2, lay.num_tokens, 2, 64, dtype=torch.bfloat16, seed=101))
     q2k, cnt = (x.cuda() for x in random_selection(2, 2, lay.num_tiles, 3, seed=102, partial_counts=True))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vsagen.kernels.tuning as tuning
-from vsagen.kernels.tuning import KernelTuning, kernel_tuning
+from vsagen.kernels.tuning import KernelTuning, kernel_tuning, op_args
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_validation_names_the_field(field, value):
 def test_lists_are_stored_as_tuples_and_op_args_round_trip():
     t = dataclasses.replace(kernel_tuning("cpu", 128), fwd_launch=[[32, 2, 2], [64, 4, 3]], tma_loads=True)
     assert t.fwd_launch == ((32, 2, 2), (64, 4, 3))
-    args = t.op_args()
+    args = op_args(t)
     assert args[:4] == (True, True, False, "tf32") and args[4] == [32, 2, 2, 64, 4, 3]
     assert KernelTuning.from_op_args(*args) == t
     with pytest.raises(ValueError, match="bwd_dq_launch"):

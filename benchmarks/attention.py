@@ -15,13 +15,14 @@
    `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
 Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
-       [--probe] [--tile-loads auto|on|off] [--bwd-streams 1|2]
+       [--probe] [--tile-loads auto|on|off] [--bwd-streams 1|2] [--pack on|off]
        [--no-check] [--no-flex] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -33,6 +34,7 @@ from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2, 
 from vsagen.kernels import block_sparse_attn as bsa
 from vsagen.kernels import reference as ref
 from vsagen.kernels.coarse import coarse_stage
+from vsagen.kernels.tuning import KernelTuning, kernel_tuning
 from vsagen.layout import tile_layout
 
 
@@ -43,7 +45,7 @@ def bench(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
     return bench_ms(fn, device="cuda", warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
-def check(shape: Shape, sparsity: float, out: dict) -> None:
+def check(shape: Shape, sparsity: float, out: dict, tuning: KernelTuning) -> None:
     layout = tile_layout(shape.grid, device="cuda")
     off = layout.tile_offsets.to(torch.int32)
     n = layout.num_tiles
@@ -51,20 +53,20 @@ def check(shape: Shape, sparsity: float, out: dict) -> None:
     # every tile selected == dense attention
     all_idx = torch.arange(n, device="cuda", dtype=torch.int32).expand(1, shape.heads, n, n).contiguous()
     all_cnt = torch.full((1, shape.heads, n), n, device="cuda", dtype=torch.int32)
-    o_all, _ = bsa.bsa_fwd(q, k, v, all_idx, all_cnt, off)
+    o_all, _ = bsa.bsa_fwd(q, k, v, all_idx, all_cnt, off, tuning=tuning)
     o_dense = F.scaled_dot_product_attention(*(x.float().transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
     out["all_tiles_vs_sdpa_fp32_rel_l2"] = rel_l2(o_all, o_dense)
     del all_idx, o_all, o_dense
     # sparse: same selection as the reference
     top_k = ref.top_k_from_sparsity(sparsity, n)
-    c = coarse_stage(q, k, off, top_k)
+    c = coarse_stage(q, k, off, top_k, tuning=tuning)
     q_c = ref.tile_mean_pool(q, layout.token_tile, layout.tile_sizes)
     k_c = ref.tile_mean_pool(k, layout.token_tile, layout.tile_sizes)
     ref_q2k = ref.select_top_k(ref.tile_scores(q_c, k_c), top_k)
     same = (ref.block_map_from_q2k(c.q2k.long(), n) == ref.block_map_from_q2k(ref_q2k, n)).float().mean()
     out["coarse_block_map_agreement"] = float(same)
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
-    o, _ = bsa.block_sparse_attention(qg, kg, vg, c.q2k, c.q2k_cnt, off)
+    o, _ = bsa.block_sparse_attention(qg, kg, vg, c.q2k, c.q2k_cnt, off, tuning=tuning)
     do = torch.randn_like(o)
     o.backward(do)
     qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
@@ -79,7 +81,8 @@ def check(shape: Shape, sparsity: float, out: dict) -> None:
     out["bf16_reference_vs_fp32_rel_l2"] = rel_l2(o_bf.to(torch.bfloat16), o_ref)
 
 
-def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool = True) -> None:
+def time_shape(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTuning,
+               with_flex: bool = True) -> None:
     from torch.nn.attention import SDPBackend
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -98,10 +101,11 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
 
     add("SDPA cuDNN", bench(lambda: sdpa(q, k, v, SDPBackend.CUDNN_ATTENTION)), "fwd", dense_flops)
     add("SDPA flash", bench(lambda: sdpa(q, k, v, SDPBackend.FLASH_ATTENTION)), "fwd", dense_flops)
-    c = coarse_stage(q, k, off, top_k)
-    add("VSA coarse stage (pool + scores + top-k)", bench(lambda: coarse_stage(q, k, off, top_k)), "fwd")
-    add("VSA fine stage (Triton)", bench(lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)), "fwd", fine_flops)
-    if bsa.PACK_PARTIAL_TILES:  # the 64x64 blocks the packed loops really compute (full tiles + packs)
+    c = coarse_stage(q, k, off, top_k, tuning=tuning)
+    add("VSA coarse stage (pool + scores + top-k)", bench(lambda: coarse_stage(q, k, off, top_k, tuning=tuning)), "fwd")
+    add("VSA fine stage (Triton)", bench(lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off, tuning=tuning)), "fwd",
+        fine_flops)
+    if tuning.pack_partial_tiles:  # the 64x64 blocks the packed loops really compute (full tiles + packs)
         from vsagen.kernels.tile_plan import build_tile_plan
 
         _, plan_cnt = build_tile_plan(c.q2k, c.q2k_cnt, off)
@@ -113,8 +117,8 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
               f"{rows[-1]['tflops_on_computed_blocks']:.0f} TFLOP/s on them", flush=True)
 
     def vsa_fwd():
-        cc = coarse_stage(q, k, off, top_k)
-        return bsa.bsa_fwd(q, k, v, cc.q2k, cc.q2k_cnt, off)
+        cc = coarse_stage(q, k, off, top_k, tuning=tuning)
+        return bsa.bsa_fwd(q, k, v, cc.q2k, cc.q2k_cnt, off, tuning=tuning)
 
     add("VSA forward (coarse + fine)", bench(vsa_fwd), "fwd")
     # FlexAttention at the same density: the same q2k over the tile layout padded to 64-token blocks
@@ -170,14 +174,14 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], with_flex: bool 
     add("SDPA flash fwd+bwd", bench(fb_sdpa(SDPBackend.FLASH_ATTENTION)), "fwd+bwd", 3.5 * dense_flops)
 
     def fb_vsa():
-        cc = coarse_stage(qg, kg, off, top_k)
-        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off)
+        cc = coarse_stage(qg, kg, off, top_k, tuning=tuning)
+        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off, tuning=tuning)
         o.backward(do)
 
     add("VSA fwd+bwd (coarse + fine)", bench(fb_vsa), "fwd+bwd", 3.5 * fine_flops)
 
 
-# Size-class launch tables to try, BLOCK_D 128: ((block, num_warps, num_stages), ...) as in block_sparse_attn.
+# Size-class launch tables to try, BLOCK_D 128: ((block, num_warps, num_stages), ...) as in KernelTuning.
 FWD_SWEEP = (((64, 4, 3),), ((64, 4, 2),), ((64, 4, 4),), ((64, 4, 5),), ((64, 8, 3),), ((32, 4, 3), (64, 4, 3)),
              ((16, 4, 3), (32, 4, 3), (64, 4, 3)))
 DQ_SWEEP = (((16, 4, 2), (32, 4, 2), (64, 4, 2)), ((16, 4, 3), (32, 4, 3), (64, 4, 3)), ((64, 4, 2),), ((64, 4, 3),),
@@ -186,7 +190,7 @@ DKDV_SWEEP = (((16, 4, 2), (32, 4, 2), (64, 4, 3)), ((16, 4, 2), (32, 4, 2), (64
               ((16, 4, 3), (32, 4, 3), (64, 4, 3)), ((64, 4, 3),), ((64, 4, 2),))
 
 
-def selected_inputs(shape: Shape, sparsity: float, seed: int):
+def selected_inputs(shape: Shape, sparsity: float, seed: int, tuning: KernelTuning):
     """Random bf16 q, k, v (tile order) at `shape` and their Triton coarse-stage selection: (tile_offsets int32,
     n_tiles, top_k, (q, k, v), CoarseResult)."""
     layout = tile_layout(shape.grid, device="cuda")
@@ -194,7 +198,7 @@ def selected_inputs(shape: Shape, sparsity: float, seed: int):
     n = layout.num_tiles
     top_k = ref.top_k_from_sparsity(sparsity, n)
     q, k, v = make_inputs(shape, seed=seed)
-    return off, n, top_k, (q, k, v), coarse_stage(q, k, off, top_k)
+    return off, n, top_k, (q, k, v), coarse_stage(q, k, off, top_k, tuning=tuning)
 
 
 def _try_bench(label: str, fn) -> float | None:
@@ -205,58 +209,51 @@ def _try_bench(label: str, fn) -> float | None:
         return None
 
 
-def sweep(shape: Shape, sparsity: float, rows: list[dict]) -> None:
-    """Forward launch tables (size classes, each (block, num_warps, num_stages)) of the fine kernel, BLOCK_D 128."""
-    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=4)
+def sweep(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTuning) -> None:
+    """Forward launch tables (size classes, each (block, num_warps, num_stages)) of the fine kernel at the shape's
+    head dim: `tuning` with each FWD_SWEEP entry as its fwd_launch."""
+    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=4, tuning=tuning)
     fine_flops = 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
-    saved = dict(bsa.FWD_LAUNCH)
-    base, _ = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
+    base, _ = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off, tuning=tuning)
     for cfg in FWD_SWEEP:
-        bsa.FWD_LAUNCH[128] = cfg
-        ms = _try_bench(f"fwd {cfg}", lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off))
+        t = dataclasses.replace(tuning, fwd_launch=cfg)
+        ms = _try_bench(f"fwd {cfg}", lambda: bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off, tuning=t))
         if ms is None:
             continue
-        err = rel_l2(bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)[0], base)
+        err = rel_l2(bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off, tuning=t)[0], base)
         rows.append({"shape": shape.name, "kernel": f"fine fwd classes {cfg}, vs first {err:.1e}",
                      "kind": "sweep", "ms": ms, "tflops": fine_flops / ms / 1e9})
-    bsa.FWD_LAUNCH.clear()
-    bsa.FWD_LAUNCH.update(saved)
 
 
-def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict]) -> None:
-    """Backward launch parameters at one shape: bsa_bwd alone (k2q prebuilt), then build_k2q alone."""
-    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=5)
-    o, lse = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
+def sweep_bwd(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTuning) -> None:
+    """Backward launch parameters at one shape: build_k2q alone (torch and Triton), then bsa_bwd alone (k2q
+    prebuilt) with `tuning`'s bwd_dq_launch or bwd_dkdv_launch replaced by each DQ_SWEEP / DKDV_SWEEP entry."""
+    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=5, tuning=tuning)
+    o, lse = bsa.bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off, tuning=tuning)
     do = torch.randn_like(o)
-    k2q, k2q_cnt = bsa.build_k2q(c.q2k, c.q2k_cnt, n)
+    k2q, k2q_cnt = ref.build_k2q(c.q2k, c.q2k_cnt, n)
     from vsagen.kernels.k2q import build_k2q_triton
 
     rows.append({"shape": shape.name, "kernel": "build_k2q (torch)", "kind": "sweep-bwd",
-                 "ms": bench(lambda: bsa.build_k2q(c.q2k, c.q2k_cnt, n)), "tflops": None})
+                 "ms": bench(lambda: ref.build_k2q(c.q2k, c.q2k_cnt, n)), "tflops": None})
     rows.append({"shape": shape.name, "kernel": "build_k2q_triton (the backward's)", "kind": "sweep-bwd",
                  "ms": bench(lambda: build_k2q_triton(c.q2k, c.q2k_cnt, n)), "tflops": None})
     fine_bwd_flops = 2.5 * 4 * n * top_k * 64 * 64 * shape.head_dim * shape.heads
-    dq0, dkdv0 = dict(bsa.BWD_DQ_LAUNCH), dict(bsa.BWD_DKDV_LAUNCH)
-    d = 128
-    base = bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off)
+    base = bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off, tuning=tuning)
     configs = [("dq", cfg) for cfg in DQ_SWEEP] + [("dkdv", cfg) for cfg in DKDV_SWEEP]
     for which, cfg in configs:
-        bsa.BWD_DQ_LAUNCH.update(dq0)
-        bsa.BWD_DKDV_LAUNCH.update(dkdv0)
-        (bsa.BWD_DQ_LAUNCH if which == "dq" else bsa.BWD_DKDV_LAUNCH)[d] = cfg
+        t = dataclasses.replace(tuning, **{"bwd_dq_launch" if which == "dq" else "bwd_dkdv_launch": cfg})
         ms = _try_bench(f"bwd {which} {cfg}",
-                        lambda: bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off))
+                        lambda: bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off, tuning=t))
         if ms is None:
             continue
-        got = bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off)
+        got = bsa.bsa_bwd(do, q, k, v, o, lse, c.q2k, c.q2k_cnt, k2q, k2q_cnt, off, tuning=t)
         err = max(rel_l2(x, y) for x, y in zip(got, base))
         rows.append({"shape": shape.name, "kernel": f"bwd ({which} classes {cfg}), vs first {err:.1e}",
                      "kind": "sweep-bwd", "ms": ms, "tflops": fine_bwd_flops / ms / 1e9})
-    bsa.BWD_DQ_LAUNCH.update(dq0)
-    bsa.BWD_DKDV_LAUNCH.update(dkdv0)
 
 
-def profile_fwd_bwd(shape: Shape, sparsity: float) -> None:
+def profile_fwd_bwd(shape: Shape, sparsity: float, tuning: KernelTuning) -> None:
     """torch.profiler over a few VSA forward+backward calls: GPU time per kernel against the wall time, to show
     host-side gaps between launches."""
     from torch.profiler import ProfilerActivity, profile
@@ -268,8 +265,8 @@ def profile_fwd_bwd(shape: Shape, sparsity: float) -> None:
     do = torch.randn_like(qg)
 
     def fb_vsa():
-        cc = coarse_stage(qg, kg, off, top_k)
-        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off)
+        cc = coarse_stage(qg, kg, off, top_k, tuning=tuning)
+        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off, tuning=tuning)
         o.backward(do)
 
     for _ in range(3):
@@ -376,35 +373,44 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention rows")
     ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
-    ap.add_argument("--tile-loads", choices=bsa.TMA_MODES, default=bsa.TMA_LOADS,
-                    help="how the fine-stage loops fetch tiles: TMA descriptors or pointer loads (bsa.TMA_LOADS)")
-    ap.add_argument("--bwd-streams", type=int, choices=(1, 2), default=2 if bsa.BWD_TWO_STREAMS else 1,
-                    help="backward: dQ on its own stream beside dK/dV (2) or both on one (1) (bsa.BWD_TWO_STREAMS)")
-    ap.add_argument("--pack", choices=("on", "off"), default="on" if bsa.PACK_PARTIAL_TILES else "off",
+    ap.add_argument("--tile-loads", choices=("auto", "on", "off"), default="auto",
+                    help="how the fine-stage loops fetch tiles: TMA descriptors (on), pointer loads (off) or the "
+                         "device's default (auto) (KernelTuning.tma_loads)")
+    ap.add_argument("--bwd-streams", type=int, choices=(1, 2), default=None,
+                    help="backward: dQ on its own stream beside dK/dV (2) or both on one (1); default: the "
+                         "device's (KernelTuning.bwd_two_streams)")
+    ap.add_argument("--pack", choices=("on", "off"), default=None,
                     help="forward / dQ loops: partial key tiles packed 64 tokens an iteration (on) or one tile an "
-                         "iteration (off) (bsa.PACK_PARTIAL_TILES)")
+                         "iteration (off); default: the device's (KernelTuning.pack_partial_tiles)")
     args = ap.parse_args()
-    bsa.TMA_LOADS = args.tile_loads
-    bsa.BWD_TWO_STREAMS = args.bwd_streams == 2
-    bsa.PACK_PARTIAL_TILES = args.pack == "on"
     import triton
 
+    def tuning_for(shape: Shape) -> KernelTuning:
+        """The device's default tuning at the shape's head dim, with the flags' choices replaced."""
+        changes = {}
+        if args.tile_loads != "auto":
+            changes["tma_loads"] = args.tile_loads == "on"
+        if args.bwd_streams is not None:
+            changes["bwd_two_streams"] = args.bwd_streams == 2
+        if args.pack is not None:
+            changes["pack_partial_tiles"] = args.pack == "on"
+        return dataclasses.replace(kernel_tuning(torch.device("cuda"), shape.head_dim), **changes)
+
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-          f"sparsity {args.sparsity} tile loads {args.tile_loads} backward streams {args.bwd_streams} "
-          f"pack {args.pack}", flush=True)
+          f"sparsity {args.sparsity}; tuning at the 1.3B shape: {tuning_for(SHAPES['1.3b'])}", flush=True)
     report: dict = {"checks": {}, "rows": []}
     if not args.no_check:
-        check(SHAPES["1.3b"], args.sparsity, report["checks"])
+        check(SHAPES["1.3b"], args.sparsity, report["checks"], tuning_for(SHAPES["1.3b"]))
         print(json.dumps(report["checks"], indent=1), flush=True)
     for key in filter(None, args.shapes.split(",")):
-        time_shape(SHAPES[key], args.sparsity, report["rows"], with_flex=not args.no_flex)
+        time_shape(SHAPES[key], args.sparsity, report["rows"], tuning_for(SHAPES[key]), with_flex=not args.no_flex)
         torch.cuda.empty_cache()
     if args.sweep:
-        sweep(SHAPES["1.3b"], args.sparsity, report["rows"])
+        sweep(SHAPES["1.3b"], args.sparsity, report["rows"], tuning_for(SHAPES["1.3b"]))
     if args.sweep_bwd:
-        sweep_bwd(SHAPES["1.3b"], args.sparsity, report["rows"])
+        sweep_bwd(SHAPES["1.3b"], args.sparsity, report["rows"], tuning_for(SHAPES["1.3b"]))
     if args.profile:
-        profile_fwd_bwd(SHAPES["1.3b"], args.sparsity)
+        profile_fwd_bwd(SHAPES["1.3b"], args.sparsity, tuning_for(SHAPES["1.3b"]))
     if args.probe:
         probe(SHAPES["1.3b"], args.sparsity, report["rows"])
     if args.json:

@@ -5,19 +5,27 @@ Shape vocabulary: B batch, S tokens (T*Hl*Wl latent tokens after patchify, tile 
 
 Contents:
 * `reference.py`: the eager PyTorch reference of VSA, both the CPU path of the `vsa` backend and the oracle of
-  the Triton kernels' tests (no triton import).
+  the Triton kernels' tests, with the torch oracles of the index kernels: `build_k2q` (transpose of q2k lists)
+  and `tile_plan_reference` (no triton import).
+* `tuning.py`: `KernelTuning`, the frozen value that says how the kernels run (TMA or pointer loads, packed tile
+  plans, a second backward stream, the coarse score precision, launch tables), and `kernel_tuning(device,
+  head_dim)`, the defaults per architecture and head dim; every launcher takes `tuning=` (None: those defaults).
+  No triton import.
 * `block_sparse_attn.py`: Triton block-sparse flash attention over tiles (VSA's fine stage), forward and
-  backward, as the autograd-aware custom op behind `block_sparse_attention`; `build_k2q` transposes q2k lists
-  in torch (the oracle of `k2q.py`); `bsa_fwd` / `bsa_bwd` are the raw launchers.
-* `k2q.py`: `build_k2q_triton`, the same transpose in two Triton launches: the one the backward uses.
+  backward, as the autograd-aware custom op behind `block_sparse_attention`; re-exports the raw launchers
+  `bsa_fwd` (`bsa_forward.py`) / `bsa_bwd` (`bsa_backward.py`), whose shared jit helpers, input checks and TMA
+  helpers are in `bsa_primitives.py`.
+* `k2q.py`: `build_k2q_triton`, the q2k transpose in two Triton launches: the one the backward uses.
 * `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
-  whole, then the partial tiles' tokens packed 64 to an iteration); `tile_plan_reference` is its torch oracle.
+  whole, then the partial tiles' tokens packed 64 to an iteration).
+* `qk_norm_rope.py`: the fused RMSNorm + RoPE prologue of the attention processor.
 * `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
   table; the custom op `vsagen::coarse_stage` under torch.compile, so the graph does not break) and its parts
   `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
 
 The Triton names are imported on first use (PEP 562 `__getattr__`), so importing this package, e.g. for the
-references, needs no triton (a Linux-only dependency) and registers no custom op.
+references or the tuning, needs no triton (a Linux-only dependency) and registers no custom op. No module here
+reads the environment at import (TRITON_INTERPRET is read at call time).
 """
 
 import importlib
@@ -25,23 +33,24 @@ import importlib
 from .reference import (
     block_map_from_q2k,
     block_sparse_attention_reference,
+    build_k2q,
     coarse_attention,
     select_top_k,
     tile_mean_pool,
+    tile_plan_reference,
     tile_scores,
     top_k_from_sparsity,
     vsa_reference,
 )
+from .tuning import KernelTuning, kernel_tuning
 
 # Lazily imported public names -> their module.
 _TRITON_EXPORTS = {
     "block_sparse_attention": "block_sparse_attn",
     "bsa_bwd": "block_sparse_attn",
     "bsa_fwd": "block_sparse_attn",
-    "build_k2q": "block_sparse_attn",
     "build_k2q_triton": "k2q",
     "build_tile_plan": "tile_plan",
-    "tile_plan_reference": "tile_plan",
     "CoarseResult": "coarse",
     "coarse_output": "coarse",
     "coarse_stage": "coarse",
@@ -60,6 +69,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "CoarseResult",
+    "KernelTuning",
     "block_map_from_q2k",
     "block_sparse_attention",
     "block_sparse_attention_reference",
@@ -71,6 +81,7 @@ __all__ = [
     "coarse_attention",
     "coarse_output",
     "coarse_stage",
+    "kernel_tuning",
     "pool_qk",
     "select_top_k",
     "tile_mean_pool",

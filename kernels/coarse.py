@@ -19,8 +19,9 @@ Design choices:
 * Pooled tiles are fp32 whatever the input dtype: they are small (n_tiles * H * D * 4 B = 3.8 MB per tensor at
   the Wan2.1-1.3B shape, ~1 us of HBM writes), they are exact means of the input (fp32 sums divided by the true
   count), and the precision of the scores is then chosen in one place, the score GEMM.
-* Scores: a Triton GEMM whose tl.dot input precision is a parameter (SCORE_PRECISION below): default "tf32"
-  (fp32 range, 10-bit mantissa operands, fp32 accumulation). "bf16" is 5 us faster but swaps 7x more tiles at
+* Scores: a Triton GEMM whose tl.dot input precision is a parameter (`KernelTuning.score_precision`, default per
+  architecture in `tuning.ARCH_DEFAULTS`): "tf32" on NVIDIA from sm_80 (fp32 range, 10-bit mantissa operands,
+  fp32 accumulation). "bf16" is 5 us faster but swaps 7x more tiles at
   the top-k boundary; "tf32x3" matches the fp32 oracle for 8 us more. torch.matmul was not used: in fp32 it
   ran at 61 us (no tensor cores), and in bf16 it returns bf16 scores (massive ties at the K-th score).
 * Top-k: an exact radix select per row on the fp32 bit patterns (counting passes over the row held in
@@ -51,12 +52,13 @@ q and kv tile layouts, NaN scores (a positive NaN ranks as the largest score, a 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+from .tuning import SCORE_PRECISIONS, KernelTuning, default_tuning, interpreting
 
 # Tuning. Configurations were ranked on the H200 (torch 2.11, triton 3.6) at the 1.3B shape with
 # triton.testing.do_bench (launch overhead included, so absolute numbers ran high); the chosen ones were then
@@ -76,11 +78,8 @@ SCORE_BLOCK_M = 64
 SCORE_BLOCK_N = 64
 SCORE_BLOCK_K = 128
 SCORE_NUM_WARPS = 4
-# tl.dot input precision of the score GEMM: "tf32" (default), "bf16" (operands rounded to bf16), "tf32x3"
-# (three TF32 products, ~fp32 accurate) or "ieee" (fp32 FMA, ~1.2 ms at the 1.3B shape: for debugging).
-# Accumulation is fp32 in all four. Speed and agreement with the fp32 oracle: module docstring.
-SCORE_PRECISION = "tf32"
-_PRECISIONS = ("bf16", "tf32", "tf32x3", "ieee")
+# The tl.dot input precision of the score GEMM is a tuning field (`KernelTuning.score_precision`; the choices
+# and their cost in `tuning.ARCH_DEFAULTS`'s notes). Speed and agreement with the fp32 oracle: module docstring.
 # Top-k: one program per score row (TOPK_ROWS), one warp per TOPK_LANES_PER_WARP padded lanes (640 lanes for
 # 624 tiles: one warp, 20 keys per thread). The counting passes are compute bound: a second warp only adds a
 # shared-memory reduction per pass (+15%), and one 1,024-lane chunk instead of 512 + 128 lanes cost +50%.
@@ -270,8 +269,9 @@ def _top_k_kernel(
 
 
 def _interpreting() -> bool:
-    """True under the Triton CPU interpreter (TRITON_INTERPRET=1), where tl.dot on bf16 is wrong."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True under the Triton CPU interpreter (`tuning.interpreting`, TRITON_INTERPRET=1 read at call time), where
+    tl.dot on bf16 is wrong; the launch configuration then batches work (tests monkeypatch this name)."""
+    return interpreting()
 
 
 def _check_pool_inputs(xs: list[torch.Tensor], tile_offsets: torch.Tensor) -> None:
@@ -467,8 +467,9 @@ def tile_scores_triton(q_c: torch.Tensor, k_c: torch.Tensor, precision: str | No
         q_c: (B, Q_TILES, H, D) fp32 pooled queries, unit stride on D (the views from `pool_qk` qualify).
         k_c: (B, KV_TILES, H, D) fp32 pooled keys, unit stride on D.
         precision: tl.dot input precision, "tf32", "bf16" (operands rounded to bf16), "tf32x3" (~fp32 accurate on
-            tensor cores) or "ieee" (fp32 FMA); fp32 accumulation in all; default `SCORE_PRECISION`. Under the
-            interpreter all compute in fp32, "bf16" after rounding the operands.
+            tensor cores) or "ieee" (fp32 FMA); fp32 accumulation in all; None: the score_precision of
+            `tuning.kernel_tuning(q_c.device, D)`. Under the interpreter all compute in fp32, "bf16" after rounding
+            the operands.
 
     Returns:
         (B, H, Q_TILES, KV_TILES) fp32, contiguous.
@@ -476,14 +477,15 @@ def tile_scores_triton(q_c: torch.Tensor, k_c: torch.Tensor, precision: str | No
     Raises:
         ValueError: shapes that disagree, non-fp32 or non-unit-stride operands, or an unknown precision.
     """
-    precision = SCORE_PRECISION if precision is None else precision
-    if precision not in _PRECISIONS:
-        raise ValueError(f"precision must be one of {_PRECISIONS}, got {precision!r}")
+    if precision is not None and precision not in SCORE_PRECISIONS:
+        raise ValueError(f"precision must be one of {SCORE_PRECISIONS}, got {precision!r}")
     if (q_c.dim() != 4 or k_c.dim() != 4 or q_c.shape[0] != k_c.shape[0] or q_c.shape[2:] != k_c.shape[2:]
             or q_c.dtype != torch.float32 or k_c.dtype != torch.float32 or q_c.stride(-1) != 1
             or k_c.stride(-1) != 1):
         raise ValueError(f"q_c (B, Q_TILES, H, D) and k_c (B, KV_TILES, H, D) must be fp32 with unit stride on D "
                          f"and agree on B, H, D; got {tuple(q_c.shape)} {q_c.dtype}, {tuple(k_c.shape)} {k_c.dtype}")
+    if precision is None:
+        precision = default_tuning(q_c.device, q_c.shape[-1]).score_precision
     return _scores_launch(q_c, k_c, precision)
 
 
@@ -531,7 +533,8 @@ class CoarseResult:
 
 
 def coarse_stage(q: torch.Tensor, k: torch.Tensor, tile_offsets: torch.Tensor, top_k: int,
-                 v: torch.Tensor | None = None, score_precision: str | None = None) -> CoarseResult:
+                 v: torch.Tensor | None = None, score_precision: str | None = None,
+                 tuning: KernelTuning | None = None) -> CoarseResult:
     """VSA coarse stage: pool tiles, score them, and pick the top-k key tiles of every query tile.
 
     Args:
@@ -540,7 +543,9 @@ def coarse_stage(q: torch.Tensor, k: torch.Tensor, tile_offsets: torch.Tensor, t
             host, to avoid a device synchronisation).
         top_k: K key tiles per query tile, 1 <= K <= n_tiles (see `reference.top_k_from_sparsity`).
         v: optional (B, S, H, D) like q; when given, v_c is pooled in the same pass (for the gate's coarse output).
-        score_precision: tl.dot precision of the score GEMM, see `tile_scores_triton` (default `SCORE_PRECISION`).
+        score_precision: tl.dot precision of the score GEMM, see `tile_scores_triton`; overrides the tuning's.
+        tuning: the `tuning.KernelTuning` whose score_precision is used when score_precision is None; None:
+            `tuning.kernel_tuning(q.device, D)`.
 
     Returns:
         CoarseResult with q2k (B, H, Q_TILES, K) int32 ascending, q2k_cnt (B, H, Q_TILES) int32 (all K),
@@ -561,9 +566,12 @@ def coarse_stage(q: torch.Tensor, k: torch.Tensor, tile_offsets: torch.Tensor, t
     xs = [q, k] if v is None else [q, k, v]
     _check_pool_inputs(xs, tile_offsets)
     _check_top_k(top_k, tile_offsets.numel() - 1)
-    if score_precision is not None and score_precision not in _PRECISIONS:
-        raise ValueError(f"score_precision must be one of {_PRECISIONS}, got {score_precision!r}")
-    precision = SCORE_PRECISION if score_precision is None else score_precision
+    if score_precision is not None and score_precision not in SCORE_PRECISIONS:
+        raise ValueError(f"score_precision must be one of {SCORE_PRECISIONS}, got {score_precision!r}")
+    if score_precision is not None:
+        precision = score_precision
+    else:
+        precision = (default_tuning(q.device, q.shape[-1]) if tuning is None else tuning).score_precision
     # No autograd, on purpose: the selection is discrete and the pooled tiles are documented to carry no history,
     # so the op never sees inputs that require grad (it has no autograd formula).
     q, k, v = q.detach(), k.detach(), None if v is None else v.detach()

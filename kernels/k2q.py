@@ -4,7 +4,7 @@ The block-sparse backward (`block_sparse_attn.bsa_bwd`) computes dK and dV one k
 FlashAttention-2's backward does (Dao, arXiv 2307.08691, alg. 2: the outer loop runs over key blocks), so each key
 tile needs the list of query tiles that selected it: the transpose of the forward's q2k lists (VSA paper,
 arXiv 2505.13389, sec. 2, fine stage). `build_k2q_triton` builds it in two launches, a drop-in for the torch
-`block_sparse_attn.build_k2q` (about ten launches; 0.37 ms on the H200 at the Wan2.1-1.3B 480p shape inside the
+`reference.build_k2q` (about ten launches; 0.37 ms on the H200 at the Wan2.1-1.3B 480p shape inside the
 backward, 0.26 ms of GPU time alone, below):
 
     _k2q_map_kernel      one program per (b, h, query tile i): writes row i of a (B, H, Q_TILES, KV_TILES) uint8
@@ -23,8 +23,8 @@ row); the compaction kernel reads the 4.7 MB map (L2-resident) and writes the 18
 the selected ones at their rank, zeros past the count) and 30 KB of counts. The torch version also writes an
 int64 destination tensor (37 MB) and a cumsum over the transposed map.
 
-Cost on the H200 (torch 2.11, triton 3.6; do_bench_cudagraph, i.e. GPU time only; `bench_k2q` reruns the 1.3B
-case). Wan2.1-1.3B 480p: 23.4 us against 260.5 us for the torch `build_k2q` in the same run. With the earlier
+Cost on the H200 (torch 2.11, triton 3.6; do_bench_cudagraph, i.e. GPU time only; `benchmarks/k2q.py` reruns the
+1.3B case). Wan2.1-1.3B 480p: 23.4 us against 260.5 us for the torch `build_k2q` in the same run. With the earlier
 (KV_GROUP 8, CHUNK_Q 512) compaction (26.7 us in all) the profiler split it into 6.1 us for the map kernel and
 20.4 us for the compaction, which is latency- rather than bandwidth-bound at this size (its 23 MB of traffic
 would take ~7 us at 3.5 TB/s). At that same earlier configuration: Wan2.1-14B 720p (B=1, H=40, 1,440 tiles,
@@ -34,7 +34,7 @@ k2q). With launch overhead (triton.testing.do_bench) the two Triton launches mea
 configurations against 281 us for torch's ten: on that host the Python launch cost, not the GPU, sets the
 do_bench figure.
 
-Layout contract (as `block_sparse_attn.build_k2q`):
+Layout contract (as `reference.build_k2q`):
     q2k: (B, H, Q_TILES, K) int32 or int64, any strides; the first q2k_cnt[b, h, i] entries of row i used, each in
          [0, KV_TILES), no repeats (repeats are harmless here: they set the same map byte); entries past
          q2k_cnt are never read
@@ -164,7 +164,7 @@ def build_k2q_triton(q2k: torch.Tensor, q2k_cnt: torch.Tensor,
                      num_kv_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Transpose the q2k lists in Triton: for each key tile, the query tiles that selected it, ascending.
 
-    Same contract and values as `block_sparse_attn.build_k2q` (exact, deterministic: no atomics, every output
+    Same contract and values as `reference.build_k2q` (exact, deterministic: no atomics, every output
     entry written by one program), in two launches on q2k's device plus three allocations (module docstring).
 
     Args:
@@ -213,42 +213,3 @@ def build_k2q_triton(q2k: torch.Tensor, q2k_cnt: torch.Tensor,
         num_warps=COMPACT_NUM_WARPS,
     )
     return k2q, k2q_cnt
-
-
-def random_q2k(b: int, h: int, n: int, top_k: int, device: str | torch.device = "cuda",
-               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q2k (B, H, n, K) int32, q2k_cnt (B, H, n) int32 all K): K distinct random key tiles per row, ascending."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    q2k = torch.rand(b, h, n, n, generator=g, device=device).argsort(-1)[..., :top_k].sort(-1).values
-    return q2k.to(torch.int32), torch.full((b, h, n), top_k, dtype=torch.int32, device=device)
-
-
-def bench_k2q(b: int = 1, h: int = 12, n: int = 624, top_k: int = 78, device: str = "cuda",
-              seed: int = 0) -> dict:
-    """Time `block_sparse_attn.build_k2q` (torch) against `build_k2q_triton` at one shape (default: Wan2.1-1.3B
-    480p, 87.5% sparsity), after checking that they agree bitwise, on random sorted distinct q2k rows.
-
-    Two timings each: triton.testing.do_bench (launch overhead included: on a slow host, mostly the CPU cost of
-    the launches) and triton.testing.do_bench_cudagraph (GPU time only). Returns {"torch_ms", "triton_ms",
-    "torch_graph_ms", "triton_graph_ms"} (milliseconds) and prints one line. Raises AssertionError when the
-    outputs differ.
-    """
-    from .block_sparse_attn import build_k2q
-
-    q2k, cnt = random_q2k(b, h, n, top_k, device, seed)
-    want, want_cnt = build_k2q(q2k, cnt, n)
-    got, got_cnt = build_k2q_triton(q2k, cnt, n)
-    assert torch.equal(got, want) and torch.equal(got_cnt, want_cnt), "build_k2q_triton differs from build_k2q"
-    fns = {"torch": lambda: build_k2q(q2k, cnt, n), "triton": lambda: build_k2q_triton(q2k, cnt, n)}
-    res = {}
-    for name, fn in fns.items():
-        res[f"{name}_ms"] = triton.testing.do_bench(fn)
-        res[f"{name}_graph_ms"] = triton.testing.do_bench_cudagraph(fn)
-    print(f"build_k2q B={b} H={h} n={n} K={top_k}, outputs equal; do_bench: torch {res['torch_ms'] * 1e3:.1f} us, "
-          f"triton {res['triton_ms'] * 1e3:.1f} us; CUDA graph: torch {res['torch_graph_ms'] * 1e3:.1f} us, "
-          f"triton {res['triton_graph_ms'] * 1e3:.1f} us")
-    return res
-
-
-if __name__ == "__main__":
-    bench_k2q()

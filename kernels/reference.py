@@ -10,7 +10,8 @@ Follows the VSA paper (arXiv 2505.13389), sec. 2 and appendix B:
 Layout contract: q, k, v are (B, S, H, D) in tile order (see `vsagen.layout.TileLayout`); every tile holds
 `tile_sizes[j]` real tokens (partial tiles at grid edges). Everything here is differentiable with autograd and
 computes the softmax in float32 (or float64 for float64 inputs). These functions are the tests' oracle for
-the Triton kernels and the CPU path of the `vsa` backend.
+the Triton kernels and the CPU path of the `vsa` backend. `build_k2q` (the transpose of q2k lists) and
+`tile_plan_reference` are the torch oracles of `k2q.build_k2q_triton` and `tile_plan.build_tile_plan`.
 
 Unsupported: attention masks other than the tile selection, causal attention, dropout.
 """
@@ -203,3 +204,79 @@ def vsa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, token_ti
         coarse = coarse_attention(q_c, k_c, v_c, scores).index_select(1, token_tile)
         out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
     return out, q2k
+
+
+# ------------------------------------------------------------------------------ oracles of index kernels
+
+
+def build_k2q(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_kv_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Transpose the q2k lists: for each key tile, the query tiles that selected it, ascending.
+
+    Exact and deterministic, on q2k's device, with plain torch ops; the oracle of `k2q.build_k2q_triton` (which
+    the backward runs). The selection is scattered into a (B, H, Q_TILES, KV_TILES) bool block map (4.7 MB at the
+    Wan2.1-1.3B 480p shape), whose transpose is compacted row by row with a cumulative sum: a few elementwise
+    passes, where the previous version sorted all B*H*Q_TILES*K selected pairs (0.61 ms on the H200 at that
+    shape).
+
+    Args:
+        q2k: (B, H, Q_TILES, K) int32 (or int64), the first q2k_cnt entries of each row used, each in
+            [0, num_kv_tiles), no repeats within a row (not checked); entries past q2k_cnt are ignored.
+        q2k_cnt: (B, H, Q_TILES) int32 in [0, K].
+        num_kv_tiles: KV_TILES.
+
+    Returns:
+        k2q: (B, H, KV_TILES, Q_TILES) int32; row j lists ascending every query tile i whose first q2k_cnt[i]
+            entries contain j, and holds 0 past k2q_cnt[j]. A view of a padded buffer (unit stride on the last
+            axis only).
+        k2q_cnt: (B, H, KV_TILES) int32.
+    """
+    b, h, n_q, top_k = q2k.shape
+    dev = q2k.device
+    # One spare column per row receives what is not kept (unused q2k entries, then unselected pairs).
+    out = torch.zeros(b, h, num_kv_tiles, n_q + 1, dtype=torch.int32, device=dev)
+    if top_k == 0 or n_q == 0:
+        return out[..., :-1], torch.zeros(b, h, num_kv_tiles, dtype=torch.int32, device=dev)
+    used = torch.arange(top_k, device=dev) < q2k_cnt.unsqueeze(-1)                      # (B, H, Q, K) bool
+    kv = torch.where(used, q2k.long(), num_kv_tiles)                                    # unused -> spare column
+    block_map = torch.zeros(b, h, n_q, num_kv_tiles + 1, dtype=torch.bool, device=dev)
+    block_map.scatter_(-1, kv, True)
+    sel = block_map[..., :num_kv_tiles].transpose(2, 3)                                # (B, H, KV, Q) bool
+    k2q_cnt = sel.sum(-1, dtype=torch.int32)
+    place = torch.cumsum(sel, dim=-1, dtype=torch.int32) - 1                            # rank within row j
+    dest = torch.where(sel, place, n_q).long()                                          # unselected -> spare
+    queries = torch.arange(n_q, dtype=torch.int32, device=dev).expand(b, h, num_kv_tiles, n_q)
+    out.scatter_(-1, dest, queries)  # only the dropped spare column receives several writes
+    return out[..., :-1], k2q_cnt
+
+
+def tile_plan_reference(idx: torch.Tensor, cnt: torch.Tensor, tile_offsets: torch.Tensor, tile: int = 64,
+                        seg: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """`tile_plan.build_tile_plan` in plain torch, row by row (the tests' oracle; slow). Entries the Triton
+    version leaves unwritten are -1 here.
+
+    Args:
+        idx: (B, H, R, K) int32 / int64 tile lists, the first cnt entries of each row used.
+        cnt: (B, H, R) int counts in [0, K].
+        tile_offsets: (n_tiles + 1,) int tile start rows.
+        tile, seg: tokens of a full tile and of a plan group (`tile_plan.TILE`, `tile_plan.SEG`).
+
+    Returns:
+        plan: (B, H, R, (tile // seg) * max(K, 1)) int32 on the CPU, plan_cnt: (B, H, R, 4) int32
+        (nf, npk, ng, 0); the layout is in `tile_plan`'s docstring.
+    """
+    b, h, n_rows, width = idx.shape
+    plan = torch.full((b, h, n_rows, (tile // seg) * max(width, 1)), -1, dtype=torch.int32)
+    plan_cnt = torch.zeros((b, h, n_rows, 4), dtype=torch.int32)
+    off = tile_offsets.cpu().tolist()
+    for bi in range(b):
+        for hi in range(h):
+            for r in range(n_rows):
+                ids = idx[bi, hi, r, : int(cnt[bi, hi, r])].tolist()
+                full = [off[t] for t in ids if off[t + 1] - off[t] >= tile]
+                groups = [((off[t] + i) << 4) | min(seg, off[t + 1] - off[t] - i)
+                          for t in ids if off[t + 1] - off[t] < tile for i in range(0, off[t + 1] - off[t], seg)]
+                entries = full + groups
+                if entries:
+                    plan[bi, hi, r, : len(entries)] = torch.tensor(entries, dtype=torch.int32)
+                plan_cnt[bi, hi, r] = torch.tensor([len(full), -(-len(groups) * seg // tile), len(groups), 0])
+    return plan, plan_cnt

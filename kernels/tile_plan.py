@@ -22,7 +22,7 @@ Layout of one plan row (for list row r of an index tensor of width K, e.g. q2k (
     plan_cnt[..., r, :]             (nf, npk, ng, 0): npk = ceil(ng * SEG / 64) packs
 Entries past nf + ng are not written (the kernels mask groups at or past ng). A row needs at most
 nf + 8 np <= 8 K entries (a partial tile holds at most 63 tokens, so 8 groups): the plan is 8 K wide.
-`tile_plan_reference` is the same in plain torch (the tests' oracle).
+`reference.tile_plan_reference` is the same in plain torch (the tests' oracle).
 
 Unsupported: tiles of more than 64 tokens (the kernels' contract), token rows of 2^27 or more (packed groups).
 """
@@ -111,26 +111,4 @@ def build_tile_plan(idx: torch.Tensor, cnt: torch.Tensor, tile_offsets: torch.Te
         h,
         BLOCK_K=max(16, triton.next_power_of_2(width)), TILE_=TILE, SEG_=SEG, num_warps=PLAN_NUM_WARPS,
     )
-    return plan, plan_cnt
-
-
-def tile_plan_reference(idx: torch.Tensor, cnt: torch.Tensor, tile_offsets: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`build_tile_plan` in plain torch, row by row (the tests' oracle; slow). Entries the Triton version leaves
-    unwritten are -1 here."""
-    b, h, n_rows, width = idx.shape
-    plan = torch.full((b, h, n_rows, PLAN_WIDTH * max(width, 1)), -1, dtype=torch.int32)
-    plan_cnt = torch.zeros((b, h, n_rows, 4), dtype=torch.int32)
-    off = tile_offsets.cpu().tolist()
-    for bi in range(b):
-        for hi in range(h):
-            for r in range(n_rows):
-                ids = idx[bi, hi, r, : int(cnt[bi, hi, r])].tolist()
-                full = [off[t] for t in ids if off[t + 1] - off[t] >= TILE]
-                groups = [((off[t] + i) << 4) | min(SEG, off[t + 1] - off[t] - i)
-                          for t in ids if off[t + 1] - off[t] < TILE for i in range(0, off[t + 1] - off[t], SEG)]
-                entries = full + groups
-                if entries:
-                    plan[bi, hi, r, : len(entries)] = torch.tensor(entries, dtype=torch.int32)
-                plan_cnt[bi, hi, r] = torch.tensor([len(full), -(-len(groups) * SEG // TILE), len(groups), 0])
     return plan, plan_cnt

@@ -1,4 +1,5 @@
-"""Shared fixtures: an isolated vsagen cache with the tiny checkpoint, and random input factories."""
+"""Shared fixtures: an isolated vsagen cache with the tiny checkpoint, random input factories, and the kernel tests'
+helpers (tile selections, oracles, error measures; bottom of the file)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 
 # Kernels run under the Triton interpreter on CPU; it must be set before any @triton.jit decorates.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math
 
 import pytest
 import torch
@@ -132,3 +135,120 @@ def assert_one_error_line(stderr: str, stdout: str = "") -> str:
     assert "Traceback" not in stderr + stdout
     assert stdout == ""
     return lines[0]
+
+
+# ------------------------------------------------------------------------------------ kernel test helpers
+# Shared by tests/kernels/ (block-sparse attention, tile plans, k2q).
+
+# fp32 inputs, fp32 dots with input_precision="ieee": rounding ~1e-7 relative per operation over at most a few
+# hundred keys; measured ~3e-7 relative L2 for out, lse and all gradients (dS = P (dP - delta) cancels a little).
+# A masking or indexing error is O(1e-1), so 1e-5 separates the two by four orders of magnitude.
+FP32_REL_L2 = 1e-5
+# fp16 / bf16 inputs: the eager reference in the same dtype (fp32 softmax, output and gradients rounded to the
+# dtype) sets the scale of unavoidable error. The kernel also rounds P and dS to the dtype before the P V,
+# dS K and dS^T Q products on the GPU (FlashAttention-2 does the same); that at most doubles the error, so 4x
+# the eager error leaves headroom while a real bug (O(1e-1)) stays far outside.
+LOWP_FACTOR = 4.0
+# Errors are relative L2 against max(||reference||, REF_RMS_FLOOR * sqrt(numel)). With unit-variance inputs
+# every output and gradient has RMS of order 0.1..1, except exact cancellations: with one key per query the
+# softmax is constant and dq is 0, where the kernel's fp32 dP - delta leaves ~1e-7 noise.
+REF_RMS_FLOOR = 0.1
+# Garbage written past q2k_cnt in q2k rows: an index far out of range, so reading it would fault or corrupt.
+UNUSED = 1_000_000
+
+
+def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
+    x, y = x.detach().double(), y.detach().double()
+    return float((x - y).norm() / max(float(y.norm()), REF_RMS_FLOOR * math.sqrt(y.numel())))
+
+
+def random_selection(b: int, h: int, n: int, top_k: int, seed: int, *, partial_counts: bool = False):
+    """(q2k (B, H, n, K) int32 ascending, q2k_cnt (B, H, n) int32): K distinct random key tiles per row.
+
+    With partial_counts, q2k_cnt is random in [0, K] (the first row 0, the last K) and entries past it hold
+    `UNUSED` garbage.
+    """
+    g = torch.Generator().manual_seed(seed)
+    q2k = torch.sort(torch.rand(b, h, n, n, generator=g).argsort(-1)[..., :top_k], -1).values.to(torch.int32)
+    if not partial_counts:
+        return q2k, torch.full((b, h, n), top_k, dtype=torch.int32)
+    cnt = torch.randint(0, top_k + 1, (b, h, n), generator=g, dtype=torch.int32)
+    cnt.view(-1)[0] = 0
+    cnt.view(-1)[-1] = top_k
+    q2k = q2k.masked_fill(torch.arange(top_k) >= cnt.unsqueeze(-1), UNUSED)
+    return q2k, cnt
+
+
+def tile_map(q2k: torch.Tensor, cnt: torch.Tensor, n_kv: int) -> torch.Tensor:
+    """Dense (B, H, Q_TILES, KV_TILES) bool map of the used q2k entries, by loops."""
+    b, h, n_q, _ = q2k.shape
+    out = torch.zeros(b, h, n_q, n_kv, dtype=torch.bool)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n_q):
+                for r in range(int(cnt[bi, hi, i])):
+                    out[bi, hi, i, int(q2k[bi, hi, i, r])] = True
+    return out
+
+
+def k2q_oracle(q2k: torch.Tensor, cnt: torch.Tensor, n_kv: int) -> list:
+    """Slow transpose: lists[b][h][j] = ascending query tiles i whose first cnt[i] q2k entries contain j."""
+    b, h, n_q, _ = q2k.shape
+    lists = [[[[] for _ in range(n_kv)] for _ in range(h)] for _ in range(b)]
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(n_q):  # ascending i keeps every list sorted
+                for r in range(int(cnt[bi, hi, i])):
+                    lists[bi][hi][int(q2k[bi, hi, i, r])].append(i)
+    return lists
+
+
+def masked_dense(q, k, v, allowed_tiles, lay, scale=None):
+    """float64 attention with a token mask from a (B, H, n, n) tile map; empty rows give out 0 and lse -inf.
+
+    Differentiable without NaN: empty rows attend to everything, then their outputs are replaced by 0.
+    """
+    tt = lay.token_tile
+    mask = allowed_tiles[:, :, tt][:, :, :, tt]  # (B, H, S, S)
+    empty = ~mask.any(-1)  # (B, H, S)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = torch.einsum("bshd,bthd->bhst", q.double(), k.double()) * scale
+    logits = logits.masked_fill(~(mask | empty.unsqueeze(-1)), float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    out = torch.einsum("bhst,bthd->bhsd", torch.softmax(logits, -1), v.double())
+    out = out.masked_fill(empty.unsqueeze(-1), 0.0).transpose(1, 2)
+    return out, lse.masked_fill(empty, float("-inf"))
+
+
+def leaves(*xs, dtype=torch.float64):
+    return [x.detach().to(dtype).requires_grad_(True) for x in xs]
+
+
+def kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, scale=None, dlse=None, tuning=None):
+    """block_sparse_attention with autograd (and `tuning`, a KernelTuning or None): (out, lse, dq, dk, dv)."""
+    from vsagen.kernels.block_sparse_attn import block_sparse_attention
+
+    q, k, v = leaves(q, k, v, dtype=q.dtype)
+    out, lse = block_sparse_attention(q, k, v, q2k, cnt, lay.tile_offsets.to(torch.int32), scale, tuning=tuning)
+    grads = [do] if dlse is None else [do, dlse]
+    torch.autograd.backward([out, lse][:len(grads)], grads)
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def reference_fwd_bwd(q, k, v, q2k, lay, do, dtype=torch.float64, scale=None, dlse=None):
+    """Eager reference (block_sparse_attention_reference) in `dtype` with autograd: (out, lse, dq, dk, dv)."""
+    from vsagen.kernels.reference import block_sparse_attention_reference
+
+    q, k, v = leaves(q, k, v, dtype=dtype)
+    out, lse = block_sparse_attention_reference(q, k, v, q2k.long(), lay.slots, lay.slot_valid, scale)
+    grads = [do.to(dtype)] if dlse is None else [do.to(dtype), dlse.to(lse.dtype)]
+    torch.autograd.backward([out, lse][:len(grads)], grads)
+    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+
+def assert_all_finite(*xs):
+    for x in xs:
+        assert bool(torch.isfinite(x).all()), "non-finite values in a kernel result"
+
+
+NAMES = ("out", "lse", "dq", "dk", "dv")

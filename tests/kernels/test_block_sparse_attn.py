@@ -1,5 +1,6 @@
-"""Tests for kernels/block_sparse_attn.py: the Triton block-sparse attention forward and backward, the k2q
-transpose, the custom op and the public function, run under the Triton interpreter on CPU.
+"""Tests for kernels/block_sparse_attn.py: the Triton block-sparse attention forward and backward (bsa_forward.py,
+bsa_backward.py) through the custom ops and the public function, with explicit tunings (launch size classes, TMA
+or pointer loads), run under the Triton interpreter on CPU.
 
 Every comparison uses the same tile selection on both sides: full q2k rows go to the eager reference
 (`reference.block_sparse_attention_reference`, float64, autograd for gradients); rows shortened by q2k_cnt go to
@@ -9,171 +10,37 @@ an explicit float64 masked dense attention built here from the tile map. Shapes 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 import vsagen.kernels.block_sparse_attn as bsa
-from conftest import make_qkv
-from vsagen.kernels.reference import block_sparse_attention_reference
+import vsagen.kernels.bsa_primitives as primitives
+from conftest import (FP32_REL_L2, LOWP_FACTOR, NAMES, assert_all_finite, kernel_fwd_bwd, leaves, make_qkv,
+                      masked_dense, random_selection, reference_fwd_bwd, rel_l2, tile_map)
+from vsagen.kernels.tuning import KernelTuning, kernel_tuning, op_args
 from vsagen.layout import tile_layout
-
-# fp32 inputs, fp32 dots with input_precision="ieee": rounding ~1e-7 relative per operation over at most a few
-# hundred keys; measured ~3e-7 relative L2 for out, lse and all gradients (dS = P (dP - delta) cancels a little).
-# A masking or indexing error is O(1e-1), so 1e-5 separates the two by four orders of magnitude.
-FP32_REL_L2 = 1e-5
-# fp16 / bf16 inputs: the eager reference in the same dtype (fp32 softmax, output and gradients rounded to the
-# dtype) sets the scale of unavoidable error. The kernel also rounds P and dS to the dtype before the P V,
-# dS K and dS^T Q products on the GPU (FlashAttention-2 does the same); that at most doubles the error, so 4x
-# the eager error leaves headroom while a real bug (O(1e-1)) stays far outside.
-LOWP_FACTOR = 4.0
-# Errors are relative L2 against max(||reference||, REF_RMS_FLOOR * sqrt(numel)). With unit-variance inputs
-# every output and gradient has RMS of order 0.1..1, except exact cancellations: with one key per query the
-# softmax is constant and dq is 0, where the kernel's fp32 dP - delta leaves ~1e-7 noise.
-REF_RMS_FLOOR = 0.1
-# Garbage written past q2k_cnt in q2k rows: an index far out of range, so reading it would fault or corrupt.
-UNUSED = 1_000_000
-
-
-# ---------------------------------------------------------------------------------------------- helpers
-
-
-def rel_l2(x: torch.Tensor, y: torch.Tensor) -> float:
-    x, y = x.detach().double(), y.detach().double()
-    return float((x - y).norm() / max(float(y.norm()), REF_RMS_FLOOR * math.sqrt(y.numel())))
-
-
-def random_selection(b: int, h: int, n: int, top_k: int, seed: int, *, partial_counts: bool = False):
-    """(q2k (B, H, n, K) int32 ascending, q2k_cnt (B, H, n) int32): K distinct random key tiles per row.
-
-    With partial_counts, q2k_cnt is random in [0, K] (the first row 0, the last K) and entries past it hold
-    `UNUSED` garbage.
-    """
-    g = torch.Generator().manual_seed(seed)
-    q2k = torch.sort(torch.rand(b, h, n, n, generator=g).argsort(-1)[..., :top_k], -1).values.to(torch.int32)
-    if not partial_counts:
-        return q2k, torch.full((b, h, n), top_k, dtype=torch.int32)
-    cnt = torch.randint(0, top_k + 1, (b, h, n), generator=g, dtype=torch.int32)
-    cnt.view(-1)[0] = 0
-    cnt.view(-1)[-1] = top_k
-    q2k = q2k.masked_fill(torch.arange(top_k) >= cnt.unsqueeze(-1), UNUSED)
-    return q2k, cnt
-
-
-def tile_map(q2k: torch.Tensor, cnt: torch.Tensor, n_kv: int) -> torch.Tensor:
-    """Dense (B, H, Q_TILES, KV_TILES) bool map of the used q2k entries, by loops."""
-    b, h, n_q, _ = q2k.shape
-    out = torch.zeros(b, h, n_q, n_kv, dtype=torch.bool)
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(n_q):
-                for r in range(int(cnt[bi, hi, i])):
-                    out[bi, hi, i, int(q2k[bi, hi, i, r])] = True
-    return out
-
-
-def k2q_oracle(q2k: torch.Tensor, cnt: torch.Tensor, n_kv: int) -> list:
-    """Slow transpose: lists[b][h][j] = ascending query tiles i whose first cnt[i] q2k entries contain j."""
-    b, h, n_q, _ = q2k.shape
-    lists = [[[[] for _ in range(n_kv)] for _ in range(h)] for _ in range(b)]
-    for bi in range(b):
-        for hi in range(h):
-            for i in range(n_q):  # ascending i keeps every list sorted
-                for r in range(int(cnt[bi, hi, i])):
-                    lists[bi][hi][int(q2k[bi, hi, i, r])].append(i)
-    return lists
-
-
-def masked_dense(q, k, v, allowed_tiles, lay, scale=None):
-    """float64 attention with a token mask from a (B, H, n, n) tile map; empty rows give out 0 and lse -inf.
-
-    Differentiable without NaN: empty rows attend to everything, then their outputs are replaced by 0.
-    """
-    tt = lay.token_tile
-    mask = allowed_tiles[:, :, tt][:, :, :, tt]  # (B, H, S, S)
-    empty = ~mask.any(-1)  # (B, H, S)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = torch.einsum("bshd,bthd->bhst", q.double(), k.double()) * scale
-    logits = logits.masked_fill(~(mask | empty.unsqueeze(-1)), float("-inf"))
-    lse = torch.logsumexp(logits, -1)
-    out = torch.einsum("bhst,bthd->bhsd", torch.softmax(logits, -1), v.double())
-    out = out.masked_fill(empty.unsqueeze(-1), 0.0).transpose(1, 2)
-    return out, lse.masked_fill(empty, float("-inf"))
-
-
-def leaves(*xs, dtype=torch.float64):
-    return [x.detach().to(dtype).requires_grad_(True) for x in xs]
-
-
-def kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, scale=None, dlse=None):
-    """block_sparse_attention with autograd: (out, lse, dq, dk, dv)."""
-    q, k, v = leaves(q, k, v, dtype=q.dtype)
-    out, lse = bsa.block_sparse_attention(q, k, v, q2k, cnt, lay.tile_offsets.to(torch.int32), scale)
-    grads = [do] if dlse is None else [do, dlse]
-    torch.autograd.backward([out, lse][:len(grads)], grads)
-    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
-
-
-def reference_fwd_bwd(q, k, v, q2k, lay, do, dtype=torch.float64, scale=None, dlse=None):
-    """Eager reference (block_sparse_attention_reference) in `dtype` with autograd: (out, lse, dq, dk, dv)."""
-    q, k, v = leaves(q, k, v, dtype=dtype)
-    out, lse = block_sparse_attention_reference(q, k, v, q2k.long(), lay.slots, lay.slot_valid, scale)
-    grads = [do.to(dtype)] if dlse is None else [do.to(dtype), dlse.to(lse.dtype)]
-    torch.autograd.backward([out, lse][:len(grads)], grads)
-    return out.detach(), lse.detach(), q.grad, k.grad, v.grad
-
-
-def assert_all_finite(*xs):
-    for x in xs:
-        assert bool(torch.isfinite(x).all()), "non-finite values in a kernel result"
-
-
-NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
 @pytest.fixture(params=["one_class", "size_classes"])
-def classes(request, monkeypatch):
+def classes(request):
     """Run every kernel as one launch of 64-row programs, or as three launches by tile size (16, 32 and 64 rows,
-    each program exiting unless its tile falls in its class), for every head dim."""
+    each program exiting unless its tile falls in its class), for every head dim: a factory
+    tuning(d, **changes) -> the CPU KernelTuning of head dim d with those launches (and `changes` replaced)."""
     split = request.param == "size_classes"
-    for name in ("FWD_LAUNCH", "BWD_DQ_LAUNCH", "BWD_DKDV_LAUNCH"):
-        table = getattr(bsa, name)
+
+    def tuning(d: int, **changes) -> KernelTuning:
+        base = kernel_tuning(torch.device("cpu"), d)
         new = {}
-        for d, entries in table.items():
-            _, warps, stages = max(entries)
-            new[d] = ((16, 4, stages), (32, 4, stages), (64, warps, stages)) if split else ((64, warps, stages),)
-        monkeypatch.setattr(bsa, name, new)
-    return request.param
+        for name in ("fwd_launch", "bwd_dq_launch", "bwd_dkdv_launch"):
+            _, warps, stages = max(getattr(base, name))
+            new[name] = ((16, 4, stages), (32, 4, stages), (64, warps, stages)) if split else ((64, warps, stages),)
+        return dataclasses.replace(base, **new, **changes)
 
-
-# ---------------------------------------------------------------------------------------------- k2q
-
-
-@pytest.mark.parametrize("b,h,n,top_k", [(2, 3, 12, 5), (1, 2, 4, 4), (1, 1, 1, 1), (2, 1, 7, 1)])
-def test_build_k2q_matches_loop_oracle(b, h, n, top_k):
-    q2k, cnt = random_selection(b, h, n, top_k, seed=n + top_k, partial_counts=True)
-    k2q, k2q_cnt = bsa.build_k2q(q2k, cnt, n)
-    assert k2q.shape == (b, h, n, n) and k2q.dtype == torch.int32 and k2q.stride(-1) == 1
-    assert k2q_cnt.shape == (b, h, n) and k2q_cnt.dtype == torch.int32
-    want = k2q_oracle(q2k, cnt, n)
-    for bi in range(b):
-        for hi in range(h):
-            for j in range(n):
-                c = int(k2q_cnt[bi, hi, j])
-                assert k2q[bi, hi, j, :c].tolist() == want[bi][hi][j]
-                assert bool((k2q[bi, hi, j, c:] == 0).all())  # documented filler
-    again, again_cnt = bsa.build_k2q(q2k.long(), cnt, n)  # int64 q2k accepted; bitwise deterministic
-    assert torch.equal(again, k2q) and torch.equal(again_cnt, k2q_cnt)
-
-
-def test_build_k2q_all_and_none_selected():
-    n = 6
-    q2k = torch.arange(n, dtype=torch.int32).expand(2, 2, n, n).contiguous()
-    k2q, cnt = bsa.build_k2q(q2k, torch.full((2, 2, n), n, dtype=torch.int32), n)
-    assert torch.equal(k2q, q2k) and bool((cnt == n).all())
-    k2q, cnt = bsa.build_k2q(q2k, torch.zeros(2, 2, n, dtype=torch.int32), n)
-    assert bool((cnt == 0).all()) and bool((k2q == 0).all())
+    tuning.param = request.param
+    return tuning
 
 
 # ---------------------------------------------------------------------------------------------- fwd + bwd
@@ -191,7 +58,7 @@ def test_fp32_matches_reference(grid, b, h, d, top_k, scale, classes):
     q, k, v = make_qkv(b, lay.num_tokens, h, d, seed=sum(grid) + d)
     q2k, cnt = random_selection(b, h, lay.num_tiles, top_k, seed=d)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
-    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, scale)
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, scale, tuning=classes(d))
     want = reference_fwd_bwd(q, k, v, q2k, lay, do, scale=scale)
     assert got[0].dtype == torch.float32 and got[1].dtype == torch.float32
     assert_all_finite(*got)
@@ -201,10 +68,10 @@ def test_fp32_matches_reference(grid, b, h, d, top_k, scale, classes):
 
 
 @pytest.fixture(params=["pointer", "tma"])
-def tile_loads(request, monkeypatch):
-    """Fetch the loops' tiles by pointer loads or by TMA descriptors (which the interpreter emulates)."""
-    monkeypatch.setattr(bsa, "TMA_LOADS", "on" if request.param == "tma" else "off")
-    return request.param
+def tile_loads(request):
+    """Fetch the loops' tiles by pointer loads or by TMA descriptors (which the interpreter emulates): the
+    tuning's tma_loads."""
+    return request.param == "tma"
 
 
 @pytest.mark.parametrize("dtype,grid,d,top_k", [
@@ -217,7 +84,7 @@ def test_low_precision_error_bounded_by_eager(dtype, grid, d, top_k, classes, ti
     q, k, v = make_qkv(1, lay.num_tokens, 1, d, dtype=dtype, seed=11)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, top_k, seed=12)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(13)).to(dtype)
-    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=classes(d, tma_loads=tile_loads))
     eager = reference_fwd_bwd(q, k, v, q2k, lay, do, dtype=dtype)
     exact = reference_fwd_bwd(q, k, v, q2k, lay, do)
     assert got[0].dtype == dtype and all(g.dtype == dtype for g in got[2:])
@@ -234,7 +101,7 @@ def test_every_tile_selected_equals_dense_attention(classes):
     q2k = torch.arange(n, dtype=torch.int32).expand(2, 1, n, n).contiguous()
     cnt = torch.full((2, 1, n), n, dtype=torch.int32)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(22))
-    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=classes(16))
     q64, k64, v64 = leaves(q, k, v)
     logits = torch.einsum("bshd,bthd->bhst", q64, k64) / math.sqrt(16)
     out = torch.einsum("bhst,bthd->bshd", torch.softmax(logits, -1), v64)
@@ -254,7 +121,7 @@ def test_short_and_empty_rows(classes):
     q2k, cnt = random_selection(2, 1, n, 4, seed=32, partial_counts=True)
     cnt[1, 0, 5] = 0  # a second empty tile, in the middle of the sequence
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(33))
-    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=classes(16))
     out, lse, dq, dk, dv = got
     allowed = tile_map(q2k, cnt, n)
     q64, k64, v64 = leaves(q, k, v)
@@ -302,9 +169,10 @@ def test_every_output_element_written(monkeypatch, classes):
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison(real_empty(*a, **kw)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: poison(real_empty_like(*a, **kw)))
     off = lay.tile_offsets.to(torch.int32)
-    out, lse = bsa.bsa_fwd(q, k, v, q2k, cnt, off)
+    out, lse = bsa.bsa_fwd(q, k, v, q2k, cnt, off, tuning=classes(40))
     k2q, k2q_cnt = bsa.build_k2q(q2k, cnt, n)
-    grads = bsa.bsa_bwd(torch.randn_like(q).normal_(), q, k, v, out, lse, q2k, cnt, k2q, k2q_cnt, off)
+    grads = bsa.bsa_bwd(torch.randn_like(q).normal_(), q, k, v, out, lse, q2k, cnt, k2q, k2q_cnt, off,
+                        tuning=classes(40))
     monkeypatch.undo()
     assert_all_finite(out, *grads)
     assert not bool(torch.isnan(lse).any())  # -inf on empty rows is fine, NaN is not
@@ -334,13 +202,13 @@ def test_backward_is_deterministic(classes):
     q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=71)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, 3, seed=72)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(73))
-    a = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
-    b = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    a = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=classes(16))
+    b = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=classes(16))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("dtype,b,h,d", [(torch.bfloat16, 2, 2, 16), (torch.float16, 1, 1, 64)])
-def test_tma_loads_give_the_pointer_loads_result_bitwise(dtype, b, h, d, monkeypatch):
+def test_tma_loads_give_the_pointer_loads_result_bitwise(dtype, b, h, d):
     """TMA boxes of partial tiles also read the next tile's rows (or the next batch's, or zeros past the end);
     the masks must make them count for exactly nothing: forward and all gradients equal the pointer-load path
     bitwise. Grid (5, 6, 10) has partial tiles on every axis; batch 2 puts boxes across the batch boundary."""
@@ -349,39 +217,15 @@ def test_tma_loads_give_the_pointer_loads_result_bitwise(dtype, b, h, d, monkeyp
     q, k, v = make_qkv(b, lay.num_tokens, h, d, dtype=dtype, seed=91)
     q2k, cnt = random_selection(b, h, n, 3, seed=92, partial_counts=True)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(93)).to(dtype)
-    assert bsa._tma_layout_ok(q)
+    assert primitives.tma_layout_ok(q)
     results = {}
     for mode in ("off", "on"):
-        monkeypatch.setattr(bsa, "TMA_LOADS", mode)
-        assert bsa.use_tma(q, k, v) == (mode == "on")
-        results[mode] = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+        tuning = dataclasses.replace(kernel_tuning(q.device, d), tma_loads=mode == "on")
+        assert bsa.use_tma(q, k, v, wanted=tuning.tma_loads) == (mode == "on")
+        results[mode] = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=tuning)
     assert_all_finite(results["on"][0], *results["on"][2:])
     for name, x, y in zip(NAMES, results["on"], results["off"]):
         assert torch.equal(x, y), name
-
-
-def test_tma_only_where_the_layout_allows(monkeypatch):
-    """TMA needs 16-bit (B*S, H*D)-viewable tensors with D a power of two; anything else takes pointer loads, and
-    "auto" takes TMA only on a GPU of compute capability >= 9.0 (never under the interpreter)."""
-    monkeypatch.setattr(bsa, "TMA_LOADS", "on")
-    x = torch.randn(2, 70, 3, 32, dtype=torch.bfloat16)
-    qkv = torch.randn(2, 70, 3, 3, 32, dtype=torch.bfloat16)
-    assert bsa.use_tma(x) and bsa.use_tma(qkv[:, :, 1])  # a slice of a packed qkv: token stride 3*H*D
-    assert not bsa.use_tma(x.float())  # fp32
-    assert not bsa.use_tma(torch.randn(2, 70, 3, 40, dtype=torch.bfloat16))  # D not a power of two
-    assert not bsa.use_tma(x.transpose(0, 1).contiguous().transpose(0, 1))  # batches not S tokens apart
-    assert not bsa.use_tma(torch.randn(2, 3, 70, 32, dtype=torch.bfloat16).transpose(1, 2))  # heads not packed
-    assert not bsa.use_tma(x[..., :16])  # D sliced: heads not packed
-    flat = torch.randn(x.numel() + 1, dtype=torch.bfloat16)
-    assert not bsa.use_tma(flat[1:].view(x.shape))  # base 2 bytes off a 16-byte boundary
-    monkeypatch.setattr(bsa, "_have_tensor_descriptors", lambda: False)  # a Triton older than 3.4
-    assert not bsa.use_tma(x)
-    monkeypatch.undo()
-    monkeypatch.setattr(bsa, "TMA_LOADS", "auto")
-    assert not bsa.use_tma(x)  # CPU / interpreter
-    monkeypatch.setattr(bsa, "TMA_LOADS", "sometimes")
-    with pytest.raises(ValueError, match="TMA_LOADS"):
-        bsa.use_tma(x)
 
 
 # ---------------------------------------------------------------------------------------------- op, API
@@ -392,10 +236,11 @@ def test_custom_ops_pass_opcheck():
     q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=81, requires_grad=True)
     q2k, cnt = random_selection(1, 1, lay.num_tiles, 2, seed=82)
     off = lay.tile_offsets.to(torch.int32)
-    torch.library.opcheck(bsa._bsa_op, (q, k, v, q2k, cnt, off, 0.25))
+    tuning = op_args(kernel_tuning(q.device, 16))
+    torch.library.opcheck(bsa._bsa_op, (q, k, v, q2k, cnt, off, 0.25, *tuning))
     out, lse = bsa.bsa_fwd(q.detach(), k.detach(), v.detach(), q2k, cnt, off, 0.25)
     args = (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), out, lse, q2k, cnt,
-            off, 0.25)
+            off, 0.25, *tuning)
     torch.library.opcheck(bsa._bsa_bwd_op, args, test_utils=("test_schema", "test_faketensor"))
 
 
@@ -438,7 +283,7 @@ def test_fp32_backward_wider_than_128_is_refused_on_gpu(monkeypatch):
     lay = tile_layout((1, 1, 1))
     q, k, v = make_qkv(1, 1, 1, 136, seed=97, requires_grad=True)
     q2k, cnt = random_selection(1, 1, 1, 1, seed=98)
-    monkeypatch.setattr(bsa, "interpreting", lambda: False)
+    monkeypatch.setattr(primitives, "interpreting", lambda: False)
     with pytest.raises(ValueError, match="fp32 backward"):
         bsa.block_sparse_attention(q, k, v, q2k, cnt, lay.tile_offsets.to(torch.int32))
 
@@ -465,20 +310,3 @@ def _bad_inputs():
 def test_public_function_rejects_bad_inputs(case):
     with pytest.raises(ValueError):
         bsa.block_sparse_attention(**_bad_inputs()[case])
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or bsa.interpreting(),
-                    reason="the second backward stream exists on CUDA only, without the interpreter")
-def test_two_stream_backward_equals_one_stream(monkeypatch):
-    """dQ on its own stream beside dK/dV (BWD_TWO_STREAMS) gives the one-stream gradients bitwise (GPU only; the
-    interpreter runs one stream)."""
-    lay = tile_layout((5, 6, 10), device="cuda")
-    q, k, v = (x.cuda() for x in make_qkv(2, lay.num_tokens, 2, 64, dtype=torch.bfloat16, seed=101))
-    q2k, cnt = (x.cuda() for x in random_selection(2, 2, lay.num_tiles, 3, seed=102, partial_counts=True))
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(103)).to(torch.bfloat16).cuda()
-    results = {}
-    for two in (False, True):
-        monkeypatch.setattr(bsa, "BWD_TWO_STREAMS", two)
-        results[two] = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
-    for name, x, y in zip(NAMES, results[True], results[False]):
-        assert torch.equal(x, y), name

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vsagen.kernels.block_sparse_attn as bsa
 import vsagen.kernels.k2q as k2q_mod
-from test_block_sparse_attn import UNUSED, k2q_oracle, random_selection
+from conftest import UNUSED, k2q_oracle, random_selection
+from vsagen.kernels.reference import build_k2q
 
 
 def check(q2k: torch.Tensor, cnt: torch.Tensor, n_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -21,7 +21,7 @@ def check(q2k: torch.Tensor, cnt: torch.Tensor, n_kv: int) -> tuple[torch.Tensor
     b, h, n_q, _ = q2k.shape
     assert got.shape == (b, h, n_kv, n_q) and got.dtype == torch.int32 and got.is_contiguous()
     assert got_cnt.shape == (b, h, n_kv) and got_cnt.dtype == torch.int32
-    want, want_cnt = bsa.build_k2q(q2k, cnt, n_kv)
+    want, want_cnt = build_k2q(q2k, cnt, n_kv)
     assert torch.equal(got, want) and torch.equal(got_cnt, want_cnt)
     lists = k2q_oracle(q2k, cnt, n_kv)
     for bi in range(b):
@@ -99,7 +99,7 @@ def test_out_of_range_entries_dropped():
     dropped[0, 0, 5] = torch.cat([q2k[0, 0, 5, :1], q2k[0, 0, 5, 2:], q2k[0, 0, 5, 1:2]])
     short = cnt.clone()
     short[0, 0, 2] = short[0, 0, 5] = 2
-    want, want_cnt = bsa.build_k2q(dropped, short, 8)
+    want, want_cnt = build_k2q(dropped, short, 8)
     assert torch.equal(got, want) and torch.equal(got_cnt, want_cnt)
 
 
@@ -108,7 +108,7 @@ def test_empty_shapes():
         q2k = torch.zeros(shape, dtype=torch.int32)
         cnt = torch.zeros(shape[:3], dtype=torch.int32)
         got, got_cnt = k2q_mod.build_k2q_triton(q2k, cnt, n_kv)
-        want, want_cnt = bsa.build_k2q(q2k, cnt, n_kv)
+        want, want_cnt = build_k2q(q2k, cnt, n_kv)
         assert got.shape == want.shape and got_cnt.shape == want_cnt.shape
         assert torch.equal(got, want) and torch.equal(got_cnt, want_cnt)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import vsagen.kernels.reference as ref
-from conftest import make_qkv
+from conftest import k2q_oracle, make_qkv, random_selection
 from vsagen.layout import tile_layout
 
 # fp32 inputs: the reference accumulates in fp32 over at most a few hundred keys (D = 16); the float64 oracle
@@ -343,3 +343,32 @@ def test_chunking_does_not_change_result(monkeypatch, budget_tiles):
     want, want_lse = masked_attention(q, k, v, blocks[:, :, tid][:, :, :, tid])
     torch.testing.assert_close(lay.to_raster(out), want, **tol(torch.float64))
     torch.testing.assert_close(lay.to_raster(lse, dim=2), want_lse, **tol(torch.float64))
+
+
+# ------------------------------------------------------------------------------------- build_k2q (oracle)
+
+
+@pytest.mark.parametrize("b,h,n,top_k", [(2, 3, 12, 5), (1, 2, 4, 4), (1, 1, 1, 1), (2, 1, 7, 1)])
+def test_build_k2q_matches_loop_oracle(b, h, n, top_k):
+    q2k, cnt = random_selection(b, h, n, top_k, seed=n + top_k, partial_counts=True)
+    k2q, k2q_cnt = ref.build_k2q(q2k, cnt, n)
+    assert k2q.shape == (b, h, n, n) and k2q.dtype == torch.int32 and k2q.stride(-1) == 1
+    assert k2q_cnt.shape == (b, h, n) and k2q_cnt.dtype == torch.int32
+    want = k2q_oracle(q2k, cnt, n)
+    for bi in range(b):
+        for hi in range(h):
+            for j in range(n):
+                c = int(k2q_cnt[bi, hi, j])
+                assert k2q[bi, hi, j, :c].tolist() == want[bi][hi][j]
+                assert bool((k2q[bi, hi, j, c:] == 0).all())  # documented filler
+    again, again_cnt = ref.build_k2q(q2k.long(), cnt, n)  # int64 q2k accepted; bitwise deterministic
+    assert torch.equal(again, k2q) and torch.equal(again_cnt, k2q_cnt)
+
+
+def test_build_k2q_all_and_none_selected():
+    n = 6
+    q2k = torch.arange(n, dtype=torch.int32).expand(2, 2, n, n).contiguous()
+    k2q, cnt = ref.build_k2q(q2k, torch.full((2, 2, n), n, dtype=torch.int32), n)
+    assert torch.equal(k2q, q2k) and bool((cnt == n).all())
+    k2q, cnt = ref.build_k2q(q2k, torch.zeros(2, 2, n, dtype=torch.int32), n)
+    assert bool((cnt == 0).all()) and bool((k2q == 0).all())

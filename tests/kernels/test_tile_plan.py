@@ -3,16 +3,18 @@ packed loops on tiles of every size from 1 to 64 tokens, under the Triton interp
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
 import torch
 
-import vsagen.kernels.block_sparse_attn as bsa
-from conftest import make_qkv
-from test_block_sparse_attn import (FP32_REL_L2, NAMES, UNUSED, assert_all_finite, kernel_fwd_bwd, masked_dense,
-                                   random_selection, rel_l2, tile_map)
-from vsagen.kernels.tile_plan import PLAN_WIDTH, SEG, TILE, build_tile_plan, tile_plan_reference
+import vsagen.kernels.bsa_primitives as primitives
+from conftest import (FP32_REL_L2, NAMES, UNUSED, assert_all_finite, kernel_fwd_bwd, make_qkv, masked_dense,
+                      random_selection, rel_l2, tile_map)
+from vsagen.kernels.reference import tile_plan_reference
+from vsagen.kernels.tile_plan import PLAN_WIDTH, SEG, TILE, build_tile_plan
+from vsagen.kernels.tuning import kernel_tuning
 
 
 def odd_tiles(n_tiles: int, seed: int, full_share: float = 0.4) -> types.SimpleNamespace:
@@ -87,12 +89,12 @@ def test_plan_rejects_bad_index_tensors():
 
 
 @pytest.mark.parametrize("pack", [True, False])
-def test_kernels_on_tiles_of_every_size(pack, monkeypatch):
+def test_kernels_on_tiles_of_every_size(pack):
     """fp32 forward and backward against float64 masked attention on 1- to 64-token tiles (packs spanning up to
     eight tiles, groups with holes: checked below), batch 2, short and empty rows; and the loops without tile plans
-    (PACK_PARTIAL_TILES off: one selected tile per iteration). fp32 takes pointer loads; the bf16 / fp16 tests of
+    (pack_partial_tiles off: one selected tile per iteration). fp32 takes pointer loads; the bf16 / fp16 tests of
     test_block_sparse_attn.py run the packed loops with TMA loads too."""
-    monkeypatch.setattr(bsa, "PACK_PARTIAL_TILES", pack)
+    tuning = dataclasses.replace(kernel_tuning(torch.device("cpu"), 16), pack_partial_tiles=pack)
     n = 16
     lay = odd_tiles(n, seed=5, full_share=0.25)
     q, k, v = make_qkv(2, int(lay.tile_offsets[-1]), 1, 16, seed=6)
@@ -105,7 +107,7 @@ def test_kernels_on_tiles_of_every_size(pack, monkeypatch):
         groups = [int(e) & 15 for r in range(n) for e in plan[0, 0, r, plan_cnt[0, 0, r, 0]:
                                                                      plan_cnt[0, 0, r, 0] + plan_cnt[0, 0, r, 2]]]
         assert max(plan_cnt[..., 2].flatten().tolist()) >= 8 and min(groups) < SEG
-    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do)
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=tuning)
     assert_all_finite(got[0], *got[2:])  # lse is -inf on the empty rows
     q64, k64, v64 = (x.detach().double().requires_grad_(True) for x in (q, k, v))
     out, lse = masked_dense(q64, k64, v64, tile_map(q2k, cnt, n), lay)
@@ -117,7 +119,9 @@ def test_kernels_on_tiles_of_every_size(pack, monkeypatch):
 
 
 def test_pack_seg_matches_the_plan():
-    assert bsa._PACK_SEG == SEG and bsa.BLOCK == TILE
+    assert primitives.PACK_SEG == SEG and primitives.BLOCK == TILE
+    defaults = tile_plan_reference.__defaults__  # the oracle's (tile, seg)
+    assert defaults == (TILE, SEG)
 
 
 def test_layouts_without_partial_tiles_keep_the_plain_loop(monkeypatch):

@@ -1,0 +1,159 @@
+"""Block-sparse attention forward over video tiles: the Triton kernel and its launcher `bsa_fwd` (no autograd).
+
+For each (batch, head, query tile), online-softmax attention (FlashAttention-2, arXiv 2307.08691, alg. 1) of the
+tile's query tokens over the tokens of the key tiles in its q2k row, or over its tile plan (`tile_plan`) when the
+tuning packs partial tiles; the layout contract is in `block_sparse_attn`'s docstring. Launch parameters, tile
+loads (TMA or pointers) and packing come from a `tuning.KernelTuning`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_inputs, interpreting, load_full_kv_tile,
+                             load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, size_classes,
+                             tma_descs, use_tma)
+from .tuning import KernelTuning, default_tuning
+
+
+@triton.jit
+def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASK: tl.constexpr = True):
+    """One online-softmax update (FlashAttention-2 alg. 1) with scores s (BLOCK_M, BLOCK_N) fp32 unscaled, key
+    validity n_ok (BLOCK_N,) (ignored unless MASK), values v (BLOCK_N, BLOCK_D); returns the new (m_i, l_i, acc),
+    base 2."""
+    if MASK:
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # base-2 logits
+    else:
+        s = s * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE:  # the accumulator goes into the dot itself (as timed on the H200)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _bsa_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, k_desc, v_desc, seq_len,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    stride_ib, stride_ih, stride_iq,
+    stride_cb, stride_ch,
+    num_heads, qk_scale, len_lo, len_hi,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
+):
+    """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
+    unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
+    K / V tiles come by TMA from k_desc / v_desc (see `use_tma`), else by pointer loads from k_ptr / v_ptr.
+    PACK: q2k_ptr / cnt_ptr are the rows' tile plans (`tile_plan`) and their counts: the full tiles are taken whole
+    (TMA or pointer loads, no mask), then the partial tiles' tokens 64 at a time (pointer gathers); else q2k_ptr /
+    cnt_ptr are the q2k lists and counts, one tile per iteration."""
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    q_start = tl.load(off_ptr + pid_t)
+    q_len = tl.load(off_ptr + pid_t + 1) - q_start
+    if (q_len <= len_lo) | (q_len > len_hi):
+        return
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qs + offs_d[None, :],
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # q: (BLOCK_M, BLOCK_D)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # acc: (BLOCK_M, BLOCK_D) fp32
+    row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + pid_t * stride_iq
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    if PACK:
+        nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
+        for i in range(0, nf):  # full tiles
+            k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
+                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+            s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+            m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc, qk_scale, IEEE, MASK=False)
+        for p in range(0, npk):  # partial tiles, packed
+            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
+            k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32)
+            s = mm(q, tl.trans(k), IEEE)
+            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
+    else:
+        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+        for i in range(0, cnt):
+            k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
+                                              b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
+                                              TMA, DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+            s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
+    empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=m_ok)
+
+
+def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
+            tile_offsets: torch.Tensor, scale: float | None = None,
+            tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel (no autograd; layout contract in `block_sparse_attn`'s docstring).
+
+    Args:
+        q, k, v: (B, S, H, D) bf16 / fp16 / fp32, tile order, unit stride on D, D <= 256.
+        q2k: (B, H, Q_TILES, K) int32, the first q2k_cnt entries of each row read; q2k_cnt: (B, H, Q_TILES) int32.
+        tile_offsets: (n_tiles + 1,) int32 tile starts, at most 64 tokens per tile.
+        scale: softmax scale, default 1/sqrt(D).
+        tuning: tile loads, packing and the forward's launches; None: `tuning.kernel_tuning(q.device, D)`.
+
+    Returns:
+        out (B, S, H, D) like q; lse (B, H, S) fp32 natural log (-inf on rows with no selected tile).
+
+    Raises:
+        ValueError: shapes, dtypes, strides or index dtypes outside the contract (`check_inputs`).
+    """
+    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    b, s, h, d = q.shape
+    tuning = default_tuning(q.device, d) if tuning is None else tuning
+    n_tiles = tile_offsets.numel() - 1
+    scale = d ** -0.5 if scale is None else scale
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    interp = interpreting()
+    block_d = max(16, triton.next_power_of_2(d))
+    tma = use_tma(k, v, wanted=tuning.tma_loads)
+    k_desc, v_desc = tma_descs(tma, k, v)
+    lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
+    for blk, lo, num_warps, num_stages in size_classes(tuning.fwd_launch, block_d, q.dtype):
+        _bsa_fwd_kernel[(n_tiles, b * h)](
+            q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1),
+            lists.stride(0), lists.stride(1), lists.stride(2),
+            counts.stride(0), counts.stride(1),
+            h, scale * LOG2E, lo, blk,
+            HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
+            DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
+            PACK=pack, PACK_SEG=PACK_SEG,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+    return out, lse

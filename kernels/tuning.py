@@ -1,0 +1,268 @@
+"""Kernel tuning as data: how the Triton kernels fetch tiles, shape their loops and launch, per device and head dim.
+
+A `KernelTuning` is a frozen value; nothing here is decided at import and no module global is read at call time.
+The launchers (`bsa_forward.bsa_fwd`, `bsa_backward.bsa_bwd`, `block_sparse_attn.block_sparse_attention`,
+`coarse.coarse_stage`, `coarse.tile_scores_triton`) take one explicitly, and `None` means
+`kernel_tuning(q.device, D)`: the defaults of the device's architecture (`ARCH_DEFAULTS`) with the launch tables'
+row for the head dim (`FWD_LAUNCH`, `BWD_DQ_LAUNCH`, `BWD_DKDV_LAUNCH`). Benchmarks and tests derive variants with
+`dataclasses.replace`.
+
+Architectures (`device_arch`): "sm90" (NVIDIA Hopper, compute capability 9.x) and "sm100" (datacenter Blackwell,
+10.x) fetch tiles by TMA; "nvidia" (other NVIDIA majors, >= 8) and "nvidia-pre-sm80" by pointer loads; "rocm-cdna3"
+(torch.version.hip set and capability 9.4, MI300) and "rocm" never by TMA and with one backward stream; "cpu"
+(CPU tensors, or any tensor under the Triton interpreter, TRITON_INTERPRET=1 read at call time) neither.
+
+No triton import here: this module, like `reference`, loads without the Linux-only dependency.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from types import MappingProxyType
+
+import torch
+
+SCORE_PRECISIONS = ("bf16", "tf32", "tf32x3", "ieee")
+BLOCK_DS = (16, 32, 64, 128, 256)  # BLOCK_D of a head dim: the next power of two, at least 16
+TILE = 64  # tokens of a full tile: the largest size class
+
+# One kernel's launches: (block, num_warps, num_stages) per tile-size class, smallest block first, the last 64.
+Launch = tuple[tuple[int, int, int], ...]
+
+# ------------------------------------------------------------------------------------------- launch tables
+# Launch parameters by BLOCK_D, for bf16 / fp16 inputs: one launch per tile-size class, each entry
+# (block, num_warps, num_stages). A class's programs handle the tiles with more than the next smaller class's
+# block and at most `block` tokens (the others exit at once), with `block` rows: the forward and dQ kernels split
+# query tiles this way, the dK/dV kernel key tiles; the loop inside still takes whole 64-row tiles. The partial
+# tiles at grid edges (27% of the Wan2.1-1.3B 480p tiles hold 8, 16 or 32 tokens) then stop paying for 64 rows.
+# One class (64, ...) is the plain launch. fp32 inputs from BLOCK_D 128 on take one stage whatever the table says
+# (shared memory: `bsa_primitives.FP32_WIDE_NUM_STAGES`).
+# Forward, BLOCK_D 128, one class: swept on the H200 at the Wan2.1-1.3B 480p shape, 87.5% sparsity
+# (benchmarks/attention.py --sweep): with pointer loads (num_warps, num_stages) (4, 2) / (4, 3) / (4, 4) / (8, 2) /
+# (8, 3) took 3.18 / 2.94 / 3.11 / 6.91 / 5.92 ms; with TMA loads (4, 2) / (4, 3) / (4, 4) 3.04 / 2.70 / 3.55 ms and
+# 16 / 32 / 64-row classes at (4, 3) 2.78 ms. (4, 3) is the largest pipeline at which two programs share an SM
+# (114.7 KB of shared memory each).
+FWD_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),), 128: ((64, 4, 3),),
+                               256: ((64, 4, 3),)})
+
+# Backward, BLOCK_D 128, one class: swept on the H200 (torch 2.11, triton 3.6; benchmarks/attention.py
+# --sweep-bwd, Wan2.1-1.3B 480p shape, 87.5% sparsity): with dK/dV at (8, 2) the dQ choices (4, 2) / (4, 3) /
+# (8, 2) / (8, 3) gave a whole backward of 14.6 / 15.8 / 18.8 / 17.7 ms; with dQ at (4, 3) the dK/dV choices
+# (4, 2) / (4, 3) / (8, 1) / (8, 2) / (8, 3) gave 10.3 / 10.1 / 16.6 / 15.8 / 16.3 ms. So 4 warps win for both,
+# although the offline ptxas report showed the 4-warp dK/dV kernel spilling a little. Other BLOCK_D: from the
+# offline sm_90 compile (triton 3.8 ptxas register counts): at <= 64 both kernels fit in ~205 registers with 4
+# warps; at 256 both spill whatever the warps and one stage keeps the (64, 256) operand tiles within shared
+# memory. Not yet timed on a GPU.
+# Size classes at BLOCK_D 128 (same sweep, 2026-11-29, whole backward 9.03 ms with one class each): dK/dV with
+# (16, 4, 2), (32, 4, 2), (64, 4, 3) took 8.57 ms (with (32, 4, 3), (64, 4, 3): 9.13; (32, 2, 3), (64, 4, 3): 9.71);
+# dQ with (16, 4, 2), (32, 4, 2), (64, 4, 2) took 8.95 ms (the others 8.96 - 9.09). The forward gained nothing
+# from classes (one class 2.96 ms; 16/32/64 at 4 warps 3.01; fewer warps for the small classes 3.25 - 3.49).
+# Re-swept with TMA loads (same day): the whole backward (k2q prebuilt) took 8.18 - 9.02 ms over five dQ and five
+# dK/dV tables, the tables below within 0.17 ms of the best (run-to-run spread ~0.15 ms), so they stay.
+BWD_DQ_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
+                                  128: ((16, 4, 2), (32, 4, 2), (64, 4, 2)), 256: ((64, 8, 1),)})
+BWD_DKDV_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
+                                    128: ((16, 4, 2), (32, 4, 2), (64, 4, 3)), 256: ((64, 8, 1),)})
+
+# ------------------------------------------------------------------------------------- per-architecture table
+# arch -> (tma_loads, bwd_two_streams, score_precision); every arch takes the launch tables above and
+# pack_partial_tiles = True (only the H200 has been timed: the tables and switches are its sweeps' winners).
+#
+# tma_loads: the loops fetch their 64-token tiles (K / V in the forward and dQ kernels, Q / dO in the dK/dV
+# kernel) by TMA (tensor-descriptor boxes) where `bsa_primitives.use_tma` allows the layout, else by pointer
+# loads. On the H200 at the Wan2.1-1.3B 480p shape TMA took the fine forward from 2.95 to 2.70 ms
+# (benchmarks/fwd_variants.py, 2026-11-29, retired; BENCHMARKS.md): fewer address instructions and registers in
+# the loop. Hopper (9.x) and datacenter Blackwell (10.x) have the bulk tensor copy engine; other NVIDIA majors
+# take pointer loads. ROCm never: MI300 reports capability 9.4 through torch.cuda but has no TMA.
+#
+# bwd_two_streams: the backward's dQ and dK/dV kernels are independent (both need only delta): on CUDA the dQ
+# launches go on a second stream so that the two kernels' size-class launches overlap (BENCHMARKS.md, "dQ on a
+# second stream"). ROCm: HIP streams exist behind torch.cuda.Stream, but the overlap was never measured there, so
+# one stream. CPU / the interpreter: one stream (there is no other).
+#
+# score_precision: tl.dot input precision of the coarse stage's score GEMM: "tf32" (fp32 range, 10-bit mantissa
+# operands, fp32 accumulation; the default), "bf16" (operands rounded to bf16: 5 us faster on the H200 but 7x more
+# tiles swapped at the top-k boundary), "tf32x3" (three TF32 products, ~fp32 accurate, 8 us more) or "ieee"
+# (fp32 FMA, ~1.2 ms at the 1.3B shape: for debugging); fp32 accumulation in all four (coarse.py's docstring has
+# the H200 timings and the agreement with the fp32 oracle). NVIDIA before sm_80 has no TF32 and Triton's AMD
+# backend allows "tf32" on CDNA3 (gfx942, MI300) only: elsewhere "ieee", the accurate choice there (untimed).
+ARCH_DEFAULTS = MappingProxyType({
+    "sm90": (True, True, "tf32"),
+    "sm100": (True, True, "tf32"),
+    "nvidia": (False, True, "tf32"),
+    "nvidia-pre-sm80": (False, True, "ieee"),
+    "rocm-cdna3": (False, False, "tf32"),
+    "rocm": (False, False, "ieee"),
+    "cpu": (False, False, "tf32"),
+})
+
+# Packed tile plans (pack_partial_tiles): the forward and dQ kernels' loops take a tile plan
+# (`tile_plan.build_tile_plan`): the full key tiles one per iteration, then the partial key tiles' tokens packed
+# 64 to an iteration, instead of one padded 64-column block per selected tile. False: one tile per iteration (the
+# q2k lists as they are), as also on layouts whose every tile is full (`bsa_primitives.q2k_lists`). On the H200
+# (2026-11-29, 87.5% sparsity, the coarse stage's own selection) the packed loops compute 67% / 84% / 64% of the
+# blocks at the 1.3B / 5B / 14B shapes, and the fine forward took 2.65 -> 2.01 ms, 3.30 -> 2.99 ms and
+# 50.3 -> 35.5 ms (backward 8.0 -> 6.9, 10.4 -> 9.6, 141 -> 124 ms). The partial-tile loop gathers its rows by
+# pointer loads (cp.async, 3 buffers in the sm_90 compile; the full-tile loop keeps 2 TMA buffers, 198 registers
+# against the plain kernel's 168). Measured and dropped: finding each row's tile with a (64, 8) compare per
+# iteration (1.3B forward 2.55 ms), unmasked gathers (within 1%), launch tables other than (4, 3)
+# (benchmarks/attention.py --sweep: 2.03 - 4.43 ms against 2.01).
+PACK_PARTIAL_TILES_DEFAULT = True
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTuning:
+    """How the Triton attention kernels run on one device, for one head dim; a frozen, validated value.
+
+    Attributes:
+        tma_loads: fetch the block-sparse loops' 64-token tiles by TMA where the layout allows it
+            (`bsa_primitives.use_tma` keeps the layout and Triton-version checks); False: pointer loads.
+        pack_partial_tiles: the forward and dQ loops walk tile plans (partial tiles' tokens packed 64 to an
+            iteration) on layouts with partial tiles; False: one selected tile per iteration.
+        bwd_two_streams: the backward's dQ launches run on a second CUDA stream beside dK/dV (CUDA only; ignored
+            on other devices and under the interpreter).
+        score_precision: tl.dot input precision of the coarse stage's score GEMM, one of `SCORE_PRECISIONS`.
+        fwd_launch, bwd_dq_launch, bwd_dkdv_launch: the forward, dQ and dK/dV kernels' launches, one
+            (block, num_warps, num_stages) per tile-size class: blocks powers of two in [16, 64], strictly
+            ascending, the last 64; num_warps a power of two in [1, 32]; num_stages >= 1. Lists are accepted and
+            stored as tuples. They are the row of the head dim the tuning was made for, but any valid launches
+            give the same results with any head dim (only the speed differs).
+
+    Raises:
+        ValueError: naming the field, when a switch is not a bool, score_precision is unknown, or a launch
+            table is malformed.
+    """
+
+    tma_loads: bool
+    pack_partial_tiles: bool
+    bwd_two_streams: bool
+    score_precision: str
+    fwd_launch: Launch
+    bwd_dq_launch: Launch
+    bwd_dkdv_launch: Launch
+
+    def __post_init__(self) -> None:
+        for name in ("tma_loads", "pack_partial_tiles", "bwd_two_streams"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"KernelTuning.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.score_precision not in SCORE_PRECISIONS:
+            raise ValueError(f"KernelTuning.score_precision must be one of {SCORE_PRECISIONS}, "
+                             f"got {self.score_precision!r}")
+        for name in ("fwd_launch", "bwd_dq_launch", "bwd_dkdv_launch"):
+            object.__setattr__(self, name, _checked_launch(name, getattr(self, name)))
+
+    @classmethod
+    def from_op_args(cls, tma_loads: bool, pack_partial_tiles: bool, bwd_two_streams: bool, score_precision: str,
+                     fwd_launch: list[int], bwd_dq_launch: list[int], bwd_dkdv_launch: list[int]) -> KernelTuning:
+        """The inverse of `op_args` (inside the custom ops). Raises ValueError as the constructor (a flat list
+        whose length is not a multiple of 3 included)."""
+        launches = []
+        for name, flat in (("fwd_launch", fwd_launch), ("bwd_dq_launch", bwd_dq_launch),
+                           ("bwd_dkdv_launch", bwd_dkdv_launch)):
+            if len(flat) % 3:
+                raise ValueError(f"KernelTuning.{name}: a flat launch list holds triples, got {list(flat)}")
+            launches.append(tuple(tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)))
+        return cls(bool(tma_loads), bool(pack_partial_tiles), bool(bwd_two_streams), score_precision, *launches)
+
+
+def op_args(tuning: KernelTuning) -> tuple:
+    """The tuning as the plain arguments of the `torch.library` custom ops (`OP_SCHEMA_ARGS`): three bools, a str
+    and three flat int lists (block, num_warps, num_stages, block, ...). A function rather than a method: dynamo
+    traces it on the constant that `default_tuning` returns (a method call on that constant would not trace)."""
+    return (tuning.tma_loads, tuning.pack_partial_tiles, tuning.bwd_two_streams, tuning.score_precision,
+            [x for entry in tuning.fwd_launch for x in entry], [x for entry in tuning.bwd_dq_launch for x in entry],
+            [x for entry in tuning.bwd_dkdv_launch for x in entry])
+
+
+# The tuning's part of the custom ops' schemas, in `op_args` order.
+OP_SCHEMA_ARGS = ("bool tma_loads, bool pack_partial_tiles, bool bwd_two_streams, str score_precision, "
+                  "int[] fwd_launch, int[] bwd_dq_launch, int[] bwd_dkdv_launch")
+
+
+def _checked_launch(name: str, launch) -> Launch:
+    """launch as a tuple of int triples, or ValueError naming the field."""
+    try:
+        entries = tuple(tuple(entry) for entry in launch)
+    except TypeError:
+        raise ValueError(f"KernelTuning.{name} must be a sequence of (block, num_warps, num_stages), "
+                         f"got {launch!r}") from None
+    ok = bool(entries) and all(len(e) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in e)
+                               for e in entries)
+    if ok:
+        blocks = [e[0] for e in entries]
+        ok = (blocks[-1] == TILE and all(16 <= blk <= TILE and not blk & (blk - 1) for blk in blocks)
+              and all(a < c for a, c in zip(blocks, blocks[1:]))
+              and all(1 <= w <= 32 and not w & (w - 1) and s >= 1 for _, w, s in entries))
+    if not ok:
+        raise ValueError(f"KernelTuning.{name} must be (block, num_warps, num_stages) triples with blocks powers of "
+                         f"two in [16, {TILE}] ascending and ending with {TILE}, num_warps a power of two in "
+                         f"[1, 32] and num_stages >= 1; got {launch!r}")
+    return entries
+
+
+def interpreting() -> bool:
+    """True under the Triton CPU interpreter (TRITON_INTERPRET=1, read at call time), where tl.dot on bf16 /
+    fp16 is wrong."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def block_d(head_dim: int) -> int:
+    """BLOCK_D of a head dim: the next power of two, at least 16 (the kernels' padded head dim)."""
+    return max(16, 1 << (max(1, head_dim) - 1).bit_length())
+
+
+def device_arch(device: torch.device) -> str:
+    """The `ARCH_DEFAULTS` key of a device (module docstring); "cpu" for anything under the interpreter and for
+    device types other than cuda."""
+    if device.type != "cuda" or interpreting():
+        return "cpu"
+    major, minor = torch.cuda.get_device_capability(device)
+    return _arch_of(major, minor, torch.version.hip is not None)
+
+
+@functools.cache
+def _arch_of(major: int, minor: int, hip: bool) -> str:
+    if hip:
+        return "rocm-cdna3" if (major, minor) == (9, 4) else "rocm"
+    if major == 9:
+        return "sm90"
+    if major == 10:
+        return "sm100"
+    return "nvidia" if major >= 8 else "nvidia-pre-sm80"
+
+
+def kernel_tuning(device: torch.device | str, head_dim: int) -> KernelTuning:
+    """The default tuning of a device and head dim: `ARCH_DEFAULTS[device_arch(device)]` with the launch tables'
+    row for block_d(head_dim). Cached on (arch, BLOCK_D) (the arch itself on the device's capability), so a call
+    costs a capability lookup and two cache hits.
+
+    Args:
+        device: where the kernels run (a torch.device or its string); under TRITON_INTERPRET=1 always "cpu".
+        head_dim: D, 1 <= D <= 256.
+
+    Returns:
+        The KernelTuning (the same object for the same arch and BLOCK_D).
+
+    Raises:
+        ValueError: head_dim outside [1, 256].
+    """
+    if not 1 <= head_dim <= BLOCK_DS[-1]:
+        raise ValueError(f"head_dim must be in [1, {BLOCK_DS[-1]}], got {head_dim}")
+    return _tuning_for(device_arch(torch.device(device)), block_d(head_dim))
+
+
+@functools.cache
+def _tuning_for(arch: str, blk_d: int) -> KernelTuning:
+    tma, two_streams, precision = ARCH_DEFAULTS[arch]
+    return KernelTuning(tma_loads=tma, pack_partial_tiles=PACK_PARTIAL_TILES_DEFAULT, bwd_two_streams=two_streams,
+                        score_precision=precision, fwd_launch=FWD_LAUNCH[blk_d], bwd_dq_launch=BWD_DQ_LAUNCH[blk_d],
+                        bwd_dkdv_launch=BWD_DKDV_LAUNCH[blk_d])
+
+
+@torch.compiler.assume_constant_result
+def default_tuning(device: torch.device, head_dim: int) -> KernelTuning:
+    """`kernel_tuning` for the launchers' `tuning=None`: torch.compile calls it once while tracing and keeps the
+    result as a constant (no trace through the caches, no graph break)."""
+    return kernel_tuning(device, head_dim)

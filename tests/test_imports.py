@@ -90,20 +90,26 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-READS = ("environ", "getenv", "get_device_capability", "is_available", "device_count")
+def import_time_nodes(tree: ast.Module):
+    """The nodes that run at import: everything but function and lambda bodies (decorators, default values and
+    class bodies included)."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            stack.extend(node.decorator_list + node.args.defaults + [d for d in node.args.kw_defaults if d])
+        elif not isinstance(node, ast.Lambda):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+READS = ("environ", "environb", "getenv", "get_device_capability", "is_available", "device_count")
 
 
 @pytest.mark.parametrize("name", sorted(modules()))
 def test_nothing_is_decided_at_import(name):
     """No top-level statement of the module reads the environment or queries the device."""
     path = modules()[name]
-
-    def walk(node):  # every node that runs at import: not the bodies of functions and lambdas
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                yield from walk(child)
-
-    for sub in walk(ast.parse(path.read_text())):
+    for sub in import_time_nodes(ast.parse(path.read_text())):
         attr = sub.attr if isinstance(sub, ast.Attribute) else (sub.id if isinstance(sub, ast.Name) else None)
         assert attr not in READS, f"{path.relative_to(ROOT)}:{sub.lineno} reads {attr} at import"

@@ -151,3 +151,41 @@ def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
     # each row is compared with `full`, not with the other vsa row
     assert all(r["speedup_vs_full"] is not None and r["latents_rel_l2_vs_full"] is not None for r in rows[1:])
     assert rows[0]["latents_rel_l2_vs_full"] == 0.0
+
+
+def test_python_only_options_are_refused_on_the_command_line():
+    from vsagen.attention.spec import text_options
+
+    assert text_options(VSAOptions) == ["sparsity", "impl", "gate_weights"]
+    with pytest.raises(BadInput, match="'tuning' is set from Python, not on the command line"):
+        resolve_spec("vsa:tuning=fast")
+
+
+def test_tuning_is_passed_down_to_the_kernels(monkeypatch):
+    """A KernelTuning in vsa's options reaches both launchers (the kernels' choice of path is data)."""
+    import dataclasses
+
+    import torch
+
+    import vsagen.kernels.block_sparse_attn as bsa
+    import vsagen.kernels.coarse as coarse
+    from vsagen.attention.base import AttnContext
+    from vsagen.kernels.tuning import kernel_tuning
+    from vsagen.layout import tile_layout
+    from vsagen.timing import NullTimer
+
+    tuning = dataclasses.replace(kernel_tuning(torch.device("cpu"), 16), pack_partial_tiles=False)
+    seen = []
+    real_bsa, real_coarse = bsa.block_sparse_attention, coarse.coarse_stage
+    monkeypatch.setattr(bsa, "block_sparse_attention", lambda *a, tuning=None, **k: seen.append(("fine", tuning))
+                        or real_bsa(*a, tuning=tuning, **k))
+    monkeypatch.setattr(coarse, "coarse_stage", lambda *a, tuning=None, **k: seen.append(("coarse", tuning))
+                        or real_coarse(*a, tuning=tuning, **k))
+    lay = tile_layout((2, 4, 5))
+    q, k, v = (torch.randn(1, lay.num_tokens, 1, 16) for _ in range(3))
+    backend = resolve_spec("vsa:impl=triton").build()
+    backend = type(backend)(dataclasses.replace(backend.options, tuning=tuning))
+    backend(lay.to_tiles(q), lay.to_tiles(k), lay.to_tiles(v), AttnContext(lay, 0, None, NullTimer()))
+    assert seen == [("coarse", tuning), ("fine", tuning)]
+    with pytest.raises(BadInput, match="KernelTuning"):
+        VSAOptions(tuning="fast")

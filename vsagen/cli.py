@@ -324,11 +324,13 @@ def backends() -> None:
     from dataclasses import MISSING, fields
 
     from .attention import backend_class, backend_names, uses_sparsity
+    from .attention.spec import text_options
 
     for name in backend_names():
         cls = backend_class(name)
+        settable = text_options(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
         opts = [f"{f.name}={f.default if f.default is not MISSING else '?'}" for f in fields(cls.Options)
-                if f.name != "tuning"]  # kernel tuning is passed from Python (vsagen.kernels.tuning)
+                if f.name in settable]
         kind = "sparse (takes --sparsity)" if uses_sparsity(name) else "dense"
         typer.echo(f"{name:8s} {kind}" + (f"; options (default): {', '.join(opts)}" if opts else "; no options"))
 

@@ -71,10 +71,30 @@ def _hints(options_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(options_cls)
 
 
+_TEXT_TYPES = (bool, int, float, str, Path)
+
+
+def _settable(kind: Any) -> bool:
+    """Whether an Options field of this type can be written as text: a scalar, a Path, a Literal of strings, or an
+    Optional of one of them."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return len(args) == 1 and _settable(args[0])
+    return kind in _TEXT_TYPES or typing.get_origin(kind) is typing.Literal
+
+
+def text_options(options_cls: type) -> list[str]:
+    """The options of a backend that the command line can set (`NAME:KEY=VALUE`)."""
+    hints = _hints(options_cls)
+    return [n for n in option_names(options_cls) if _settable(hints[n])]
+
+
 def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
     """The text of option `key` as the type its Options field declares (float, int, bool, str, Path, or Optional
     of one of them; "none" gives None for Optional fields)."""
     kind = _hints(options_cls)[key]
+    if not _settable(kind):
+        raise BadInput(f"{where}: option {key!r} is set from Python, not on the command line")
     args = typing.get_args(kind)
     optional = (typing.get_origin(kind) in (typing.Union, types.UnionType)) and type(None) in args
     if optional:

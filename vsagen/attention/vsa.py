@@ -24,6 +24,7 @@ import torch
 
 from ..errors import BadInput
 from ..kernels import reference as ref
+from ..kernels.tuning import KernelTuning
 from .base import AttnContext, LayerWeights
 
 DEFAULT_SPARSITY = 0.875
@@ -41,7 +42,10 @@ class VSAOptions:
         gate_weights: a safetensors file with trained gates (`blocks.{i}.attn1.to_gate_compress.{weight,bias}`),
             loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
             if it has any.
-        tuning: the kernels' tuning (`vsagen.kernels.tuning.KernelTuning`); None: the per-architecture defaults.
+        tuning: the Triton kernels' tuning (`vsagen.kernels.tuning.KernelTuning`: TMA loads, partial-tile packing,
+            the backward's second stream, score precision, launch tables), passed down to the launchers; None: the
+            per-architecture defaults (`kernel_tuning(device, head_dim)`). Set from Python only, not the command
+            line (benchmarks/attention.py builds variants with `dataclasses.replace`).
 
     Raises:
         BadInput: sparsity outside [0, 1), an unknown impl, or a gate_weights path that is not a file.
@@ -50,7 +54,7 @@ class VSAOptions:
     sparsity: float = DEFAULT_SPARSITY
     impl: Literal["auto", "triton", "torch"] = "auto"
     gate_weights: Path | None = None
-    tuning: Any = None
+    tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
         s = self.sparsity
@@ -59,6 +63,8 @@ class VSAOptions:
         object.__setattr__(self, "sparsity", float(s))
         if self.impl not in IMPLS:
             raise BadInput(f"--attn-impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+        if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
+            raise BadInput(f"vsa tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
         if self.gate_weights is not None:
             path = Path(self.gate_weights)
             if not path.is_file():
@@ -168,9 +174,11 @@ class VSAAttention:
         from ..kernels.coarse import coarse_stage
 
         with timer.region("self_attention/coarse"):
-            c = coarse_stage(q, k, layout.tile_offsets_i32, top_k, v=v if gate is not None else None)
+            c = coarse_stage(q, k, layout.tile_offsets_i32, top_k, v=v if gate is not None else None,
+                             tuning=self.options.tuning)
         with timer.region("self_attention/fine"):
-            out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_offsets_i32)
+            out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_offsets_i32,
+                                            tuning=self.options.tuning)
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)

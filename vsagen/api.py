@@ -37,6 +37,7 @@ from .errors import BadInput
 from .timing import Timer, TimingReport
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
+SPEC_WHERE = "vsagen.apply backend"  # ... and in those of the spec parser ("unknown vsagen.apply backend 'x'")
 
 
 def _transformers(pipe: Any) -> list[tuple[str | None, Any]]:
@@ -93,7 +94,7 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> Backend
         spec, in_text = backend, set()
     else:
         text = str(backend.value if isinstance(backend, Enum) else backend)
-        spec, in_text = resolve_spec(text, where=WHERE), set(parse_spec(text, WHERE)[1])
+        spec, in_text = resolve_spec(text, where=SPEC_WHERE), set(parse_spec(text, SPEC_WHERE)[1])
     if not options:
         return spec
     cls = backend_class(spec.name).Options
@@ -104,7 +105,7 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> Backend
         if key in in_text:
             raise BadInput(f"{WHERE}: option {key!r} of {spec.name} given in the text and as a keyword")
     current = {f.name: getattr(spec.options, f.name) for f in fields(spec.options)}
-    return BackendSpec(spec.name, make_options(spec.name, {**current, **_typed(cls, options)}, WHERE))
+    return BackendSpec(spec.name, make_options(spec.name, {**current, **_typed(cls, options)}, SPEC_WHERE))
 
 
 @dataclass

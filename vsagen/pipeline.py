@@ -126,7 +126,6 @@ def compile_transformers(pipe: Any, *, fullgraph: bool) -> None:
         t.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False)
 
 
-
 def encode_prompts(cfg: Request, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
     """Prompt embeddings (positive, negative or None without CFG), each (1, max_sequence_length, text_dim) in
     the run's dtype on its device: the text encoder's, or seeded random ones (`seed + 1`) for random weights."""
@@ -160,7 +159,6 @@ def expert_kwargs(pipe: Any, cfg: Request) -> dict[str, Any]:
     """Extra pipeline-call arguments of two-expert pipelines (`guidance_scale_2`); {} for one expert."""
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
     return {"guidance_scale_2": cfg.guidance_2} if two_experts and cfg.guidance_2 is not None else {}
-
 
 
 def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int, guidance: float, seed: int,
@@ -232,8 +230,6 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
                 delattr(pipe, method)
 
     return restore
-
-
 
 
 @contextlib.contextmanager
@@ -473,15 +469,14 @@ class Session:
 
         try:
             with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
-                warmup_s = 0.0
+                timer.enabled = False
+                t0 = time.perf_counter()
                 if warmup:
-                    timer.enabled = False
-                    t0 = time.perf_counter()
                     denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
-                    if cfg.device == "cuda":
-                        torch.cuda.synchronize()
-                    warmup_s = time.perf_counter() - t0
-                    timer.enabled = True
+                if cfg.device == "cuda":
+                    torch.cuda.synchronize()  # the timed steps start on an idle device
+                warmup_s = time.perf_counter() - t0 if warmup else 0.0
+                timer.enabled = True
                 video = None
                 with timer.region("total"):
                     if encode:

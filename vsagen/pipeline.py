@@ -328,6 +328,7 @@ class Session:
         compile_fullgraph: under `--compile`, whether each block is one graph; None without `--compile`.
         load_s: host seconds of `load_model` (loading and placing the weights).
         text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
+        preattached: the backends whose own weights `load` attached (runs of them attach nothing more).
     """
 
     request: Request

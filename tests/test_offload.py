@@ -69,17 +69,17 @@ def recorder(monkeypatch):
 
 @pytest.fixture
 def placed(monkeypatch):
-    """Spies on vsagen.pipeline.place_pipeline (the real one still runs): [(pipe, offload, device)]."""
-    import vsagen.pipeline
+    """Spies on vsagen.loading.place_pipeline (the real one still runs): [(pipe, offload, device)]."""
+    import vsagen.loading
 
     calls = []
-    real = vsagen.pipeline.place_pipeline
+    real = vsagen.loading.place_pipeline
 
     def spy(pipe, offload, device):
         real(pipe, offload, device)
         calls.append((pipe, offload, device))
 
-    monkeypatch.setattr(vsagen.pipeline, "place_pipeline", spy)
+    monkeypatch.setattr(vsagen.loading, "place_pipeline", spy)
     return calls
 
 

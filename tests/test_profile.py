@@ -178,7 +178,7 @@ def test_profile_markdown_tile_fits_side_by_side(cli_cache, tmp_path):
 @pytest.mark.slow
 def test_render_formats_agree(cli_cache):
     """One report, every format: the same numbers; json is strict JSON (no NaN)."""
-    from vsagen.config import resolve_profile
+    from vsagen.profile_config import resolve_profile
     from vsagen.profile import profile_dit, render
 
     cfg = resolve_profile(model="tiny", attn="full,vsa", steps=1, warmup=0, stock=False, frames=5, height=64,
@@ -253,7 +253,7 @@ def test_benchmark_script_still_imports():
 
 
 def test_resolve_profile_defaults_and_per_backend_settings():
-    from vsagen.config import PROFILE_STEPS, PROFILE_WARMUP, resolve_profile
+    from vsagen.profile_config import PROFILE_STEPS, PROFILE_WARMUP, resolve_profile
 
     cfg = resolve_profile(model="tiny")
     assert [b.name for b in cfg.backends] == ["full", "vsa"]
@@ -359,7 +359,7 @@ def test_plot_without_matplotlib_is_one_line(cli_cache, tmp_path, monkeypatch):
 
 def test_cuda_fp32_overhead_rows_are_refused_before_loading(monkeypatch):
     """On CUDA the overhead rows pin cuDNN/flash, which take bf16/fp16 only: refused up front, not mid-run."""
-    from vsagen.config import resolve_profile
+    from vsagen.profile_config import resolve_profile
     from vsagen.errors import BadInput
     from vsagen.profile import profile_dit
 

@@ -2,6 +2,22 @@
 
 Shape vocabulary used throughout: B batch, S tokens (T*Hl*Wl latent tokens after patchify), H heads,
 D head dim, (T, Hl, Wl) the post-patch latent grid, Q_TILES / KV_TILES tile counts, K top-k.
+
+Python API: `vsagen.apply(pipe, backend, **options)` (see `vsagen.api`), imported on first use so that
+`import vsagen` stays light (no torch, no diffusers).
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "apply"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "apply":
+        from .api import apply
+
+        return apply
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -269,7 +269,7 @@ def profile(
     def run() -> None:
         from rich.console import Console
 
-        from .config import resolve_profile
+        from .profile_config import resolve_profile
 
         cfg = resolve_profile(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
         err = Console(stderr=True)

@@ -7,7 +7,6 @@ under a second with one message and nothing written.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -18,13 +17,11 @@ from typing import Any
 
 from .attention import BackendSpec, backend_class, backend_names, resolve_spec
 from .attention.spec import check_flags_apply
-from .errors import BadInput, ModelNotFound
+from .errors import BadInput
 from .layout import plan_crop
-from .presets import (I2V_PIPELINE, LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED,
-                      Preset, last_image_use, load_preset, preset_for_hub_id, preset_for_transformer_config,
-                      preset_names, same_architecture, same_family)
+from .models import DEFAULT_MODEL, ModelSource, resolve_model
+from .presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED, preset_names
 
-DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 # Upper bounds that turn absurd requests into bad input before anything loads: diffusers' schedulers train on
 # 1000 timesteps (runs past a few thousand steps only repeat them; huge counts fail inside numpy); CFG scales past
 # ~20 already saturate pictures and far larger ones overflow the latents into black frames; flow shifts of the
@@ -44,76 +41,83 @@ VAE_TILINGS = ("auto", "on", "off")
 # (256 px tiles, 192 px stride). So 720p (2.3x the area) and Wan2.2-5B's 704 x 1280 are tiled, 480p and smaller
 # are not. The memory saved and the time tiling costs were not measured for this choice.
 VAE_TILING_AUTO_MAX_AREA = 480 * 832
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights come from: kind "tiny" (built offline), "hub" (hub id) or "dir" (local directory)."""
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What every command that loads a Wan pipeline and denoises asks for (`RunConfig` for `vsagen t2v` /
+    `vsagen i2v`, `vsagen.profile_config.ProfileConfig` for `vsagen profile`), validated: sizes in pixels and
+    frames, CFG scales, seed, scheduler shift, device ("cuda" | "cpu") and dtype ("bf16" | "fp16" | "fp32")
+    resolved. The orchestrator (`vsagen.pipeline.Session`) reads only these fields and properties.
 
-    kind: str
-    location: str  # hub id or directory ("" for tiny)
-    preset: Preset
-    exact_preset: bool = True  # False: the preset only supplies generation defaults (architecture unknown)
-    rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
-    pipeline: str = ""  # diffusers pipeline class (a directory's model_index.json, else the preset's)
-    last_image_use: str = ""  # a directory's own (`last_image_use` of its configs); "" for presets: the preset's
-
-    @property
-    def image_to_video(self) -> bool:
-        """True when the model is an image-to-video-only pipeline (run by `vsagen i2v` alone)."""
-        return (self.pipeline or self.preset.pipeline) == I2V_PIPELINE
-
-    @property
-    def takes_image(self) -> bool:
-        """True when `vsagen i2v` can run the model: an image-to-video pipeline, or a text-image-to-video one
-        (Wan2.2-TI2V-5B style; a ti2v preset is only matched to checkpoints of its family)."""
-        return self.image_to_video or self.preset.ti2v
-
-    @property
-    def last_image(self) -> str:
-        """How the model uses a last frame (`--last-image`): a `vsagen.presets.LAST_IMAGE_*` value, from the
-        checkpoint's own configs for a directory, else from the preset."""
-        return self.last_image_use or self.preset.last_image
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """A validated `vsagen t2v` / `vsagen i2v` request (pixels, frames, steps; device and dtype already
-    resolved). `image` (i2v only) is the input image's path and `fit` how it is brought to height x width;
-    `last_image` (optional) the last frame's path, fitted the same way (first/last-frame to video)."""
+    `offload` (none | model | group) and `vae_tiling` (auto | on | off) say how the weights are placed and the
+    VAE runs; requests that never offload nor decode keep the defaults.
+    """
 
     prompt: str
+    negative_prompt: str
     model: str
     source: ModelSource
-    backend: BackendSpec
     height: int
     width: int
     frames: int
     steps: int
     guidance: float
     guidance_2: float | None  # CFG scale of the second expert (two-expert models); None for one-expert models
-    negative_prompt: str
     seed: int
-    fps: int
     flow_shift: float
     max_sequence_length: int
-    out: Path
-    json_out: Path
-    overwrite: bool
     device: str
     dtype: str
-    tile_fit: str
     random_weights: bool
     allow_pickle: bool
     warmup: int
-    image: Path | None = None
-    fit: str | None = None
-    offload: str = "none"  # none | model | group (CUDA only); see vsagen.pipeline.place_pipeline
-    vae_tiling: str = "auto"  # auto | on | off, as asked; `vae_tiled` is the decision
-    last_image: Path | None = None
+    overwrite: bool
+    offload: str = "none"  # none | model | group (CUDA only); see vsagen.loading.place_pipeline
+    vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
     compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
+
+    @property
+    def image_to_video(self) -> bool:
+        """Whether the request runs a WanImageToVideoPipeline (the model's own pipeline class by default)."""
+        return self.source.image_to_video
+
+    @property
+    def vae_tiled(self) -> bool:
+        """Whether the VAE runs tiled (`vae_tiling`, `auto` resolved by `vae_tiling_enabled`)."""
+        return vae_tiling_enabled(self.vae_tiling, self.height, self.width)
+
+    def memory_hints(self) -> list[str]:
+        """Flags of this command that lower GPU memory use and are not in use yet (for an out-of-memory message)."""
+        return []
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(Request):
+    """A validated `vsagen t2v` / `vsagen i2v` request (see `Request` for the shared fields). `image` (i2v only)
+    is the input image's path and `fit` how it is brought to height x width; `last_image` (optional) the last
+    frame's path, fitted the same way (first/last-frame to video); `out` / `json_out` the mp4 and its JSON."""
+
+    backend: BackendSpec
+    fps: int
+    out: Path
+    json_out: Path
+    tile_fit: str
+    image: Path | None = None
+    fit: str | None = None
+    vae_tiling: str = "auto"
+    last_image: Path | None = None
+
+    @property
+    def image_to_video(self) -> bool:
+        """An input image makes it image to video (`resolve` refuses image-to-video models without one)."""
+        return self.image is not None
+
+    def memory_hints(self) -> list[str]:
+        """`--offload` and `--vae-tiling on`, where not given."""
+        return (([] if self.offload != "none" else ["--offload group (or model)"])
+                + ([] if self.vae_tiled else ["--vae-tiling on"]))
 
     @property
     def attn(self) -> str:
@@ -129,11 +133,6 @@ class RunConfig:
     def attn_impl(self) -> str:
         """The backend's `impl` option ("auto" for backends without one)."""
         return self.backend.impl
-
-    @property
-    def vae_tiled(self) -> bool:
-        """Whether the VAE runs tiled (`--vae-tiling`, `auto` resolved by `vae_tiling_enabled`)."""
-        return vae_tiling_enabled(self.vae_tiling, self.height, self.width)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
@@ -163,71 +162,9 @@ def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
     return lo, lo + stride
 
 
-def _read_index(index: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(index.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelNotFound(f"--model {index.parent}: cannot read {index}: {e}") from None
-    return data if isinstance(data, dict) else {}
 
 
-def _tiny_preset_for(tcfg: dict[str, Any], index: dict[str, Any]) -> Preset | None:
-    """The bundled tiny preset whose transformer architecture and pipeline family (second expert or not,
-    per-token timesteps or not) a checkpoint directory has, if any."""
-    for n in preset_names():
-        p = load_preset(n)
-        if (p.source == "tiny" and all(tcfg.get(k) == v for k, v in p.transformer.items() if k != "patch_size")
-                and same_architecture(tcfg, p.transformer) and same_family(p, index)):
-            return p
-    return None
-
-
-def resolve_model(model: str) -> ModelSource:
-    """Map `--model` (preset name | local diffusers directory | hub id) to a `ModelSource`.
-
-    Raises:
-        BadInput / ModelNotFound: not a preset, not a usable directory, not of the form org/name.
-    """
-    if model in preset_names():
-        p = load_preset(model)
-        rope = p.transformer.get("rope_max_seq_len")
-        return ModelSource("tiny" if p.source == "tiny" else "hub", p.hub_id if p.source == "hub" else "", p,
-                           rope_max_seq_len=rope)
-    path = Path(model).expanduser()
-    if path.is_dir():
-        index = path / "model_index.json"
-        if not index.is_file():
-            raise ModelNotFound(f"--model {model}: not a diffusers pipeline directory (no model_index.json)")
-        cfg_path = path / "transformer" / "config.json"
-        try:
-            tcfg = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
-        preset = preset_for_transformer_config(tcfg, _read_index(index), path.resolve().name)
-        exact = preset is not None
-        if preset is None:
-            # An architecture no preset describes (e.g. a test checkpoint): take a tiny preset's settings only
-            # if it is that tiny architecture and family (experts, per-token timesteps), else the default
-            # model's generation settings.
-            preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
-        index_data = _read_index(index)
-        cls = index_data.get("_class_name")
-        takes_image = cls == I2V_PIPELINE or preset.ti2v  # as ModelSource.takes_image
-        return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
-                           rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")),
-                           pipeline=cls if isinstance(cls, str) else "",
-                           last_image_use=last_image_use(takes_image, tcfg,
-                                                         bool(index_data.get("expand_timesteps", False))))
-    if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
-        preset = preset_for_hub_id(model)
-        if preset is not None:
-            return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"))
-        return ModelSource("hub", model, load_preset(DEFAULT_MODEL), exact_preset=False)
-    raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
-                   "directory, or a hub id of the form org/name; try --model tiny")
-
-
-def _check_target(path: Path, overwrite: bool, flag: str) -> None:
+def check_target(path: Path, overwrite: bool, flag: str) -> None:
     """`path` is not a directory, and (without `overwrite`) does not exist, a dangling symlink included."""
     if path.is_dir():
         raise BadInput(f"{path} is a directory")
@@ -235,7 +172,7 @@ def _check_target(path: Path, overwrite: bool, flag: str) -> None:
         raise BadInput(f"{path} exists; pass --overwrite to replace it, or choose another {flag}")
 
 
-def _check_folder(folder: Path) -> None:
+def check_folder(folder: Path) -> None:
     """`folder` (or its nearest existing ancestor, where the missing ones would be created) is writable."""
     existing = folder
     while not existing.exists() and existing != existing.parent:
@@ -255,8 +192,8 @@ def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
     if out.suffix.lower() != ".mp4":
         raise BadInput(f"--out {out}: the video is written as mp4; give a path ending in .mp4")
     for p in (out, json_out):
-        _check_target(p, overwrite, "--out")
-    _check_folder(out.parent)
+        check_target(p, overwrite, "--out")
+    check_folder(out.parent)
 
 
 def _default_out(model: str, attn: str, seed: int, overwrite: bool) -> Path:
@@ -277,7 +214,7 @@ def resolve_device(device: str) -> str:
     """'auto' -> 'cuda' if available else 'cpu'. Raises BadInput for 'cuda' without CUDA."""
     import torch
 
-    _check_choice("--device", device, DEVICES)
+    check_choice("--device", device, DEVICES)
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
         raise BadInput("--device cuda: CUDA is not available here (torch "
@@ -304,13 +241,13 @@ def _check_rope_range(src: ModelSource, frames: int, height: int, width: int, ti
                            f"per axis, i.e. {flag} <= {top}{extra}")
 
 
-def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     """Raise BadInput naming `flag` and its valid values unless `value` is one of `choices`."""
     if value not in choices:
         raise BadInput(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def _check_backend_entry(text: str) -> None:
+def check_backend_entry(text: str) -> None:
     """Refuse an unknown backend name early (before the model is resolved), naming the registered ones."""
     if text.split(":", 1)[0].strip() not in backend_names():
         raise BadInput(f"unknown --attn {text.split(':', 1)[0].strip()!r}; available: {', '.join(backend_names())}")
@@ -327,8 +264,8 @@ def _known_impls() -> list[str]:
     return sorted(out)
 
 
-def _backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,
-                   attn_impl: str, attn: str) -> tuple[BackendSpec, ...]:
+def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,
+                  attn_impl: str, attn: str) -> tuple[BackendSpec, ...]:
     """The `BackendSpec` of each `--attn` entry (`NAME[:KEY=VALUE...]`), options filled by precedence (entry >
     `--sparsity` / `--attn-impl` > the preset's [attention.NAME] table > the backend's default; see
     `vsagen.attention.spec`).
@@ -353,8 +290,8 @@ def _check_sparsity(sparsity: float | None) -> None:
         raise BadInput(f"--sparsity must be in [0, 1), got {sparsity}")
 
 
-def _check_last_frame(src: ModelSource, frames: int, height: int, width: int, tile_fits: tuple[str, ...],
-                      what: str) -> None:
+def check_last_frame(src: ModelSource, frames: int, height: int, width: int, tile_fits: tuple[str, ...],
+                     what: str) -> None:
     """A last-frame condition needs a second frame, and a crop that keeps the requested last frame last.
 
     Raises:
@@ -374,9 +311,9 @@ def _check_last_frame(src: ModelSource, frames: int, height: int, width: int, ti
                            f"{plan.denoise_frames}")
 
 
-def _fill_and_check(src: ModelSource, model: str, *, height: int | None, width: int | None, frames: int | None,
-                    steps: int | None, guidance: float | None, guidance_2: float | None, seed: int,
-                    random_weights: bool, tile_fits: tuple[str, ...]) -> tuple[int, int, int, int, float, float | None]:
+def fill_and_check(src: ModelSource, model: str, *, height: int | None, width: int | None, frames: int | None,
+                   steps: int | None, guidance: float | None, guidance_2: float | None, seed: int,
+                   random_weights: bool, tile_fits: tuple[str, ...]) -> tuple[int, int, int, int, float, float | None]:
     """Fill unset sizes, steps and CFG scales from the preset's defaults and check them (shared by `resolve`
     and `resolve_profile`, in this order: frames, height/width, steps, guidance, guidance_2, seed,
     --random-weights, the RoPE range under every tile fit in `tile_fits`).
@@ -493,12 +430,12 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     if not prompt.strip():
         raise BadInput("the prompt is empty")
     attn = str(getattr(attn, "value", attn))
-    _check_backend_entry(attn)
-    _check_choice("--tile-fit", tile_fit, TILE_FITS)
-    _check_choice("--dtype", dtype, DTYPES)
-    _check_choice("--device", device, DEVICES)
-    _check_choice("--offload", offload, OFFLOADS)
-    _check_choice("--vae-tiling", vae_tiling, VAE_TILINGS)
+    check_backend_entry(attn)
+    check_choice("--tile-fit", tile_fit, TILE_FITS)
+    check_choice("--dtype", dtype, DTYPES)
+    check_choice("--device", device, DEVICES)
+    check_choice("--offload", offload, OFFLOADS)
+    check_choice("--vae-tiling", vae_tiling, VAE_TILINGS)
     _check_sparsity(sparsity)
     src = resolve_model(model)
     if image is not None and not src.takes_image:
@@ -515,8 +452,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         open_image(image)  # readable now, or one message naming the path
     last_image = _check_last_image(model, src, image, last_image)
     d = src.preset.defaults
-    spec = _backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
-    height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
+    spec = backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
+    height, width, frames, steps, guidance, guidance_2 = fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
         guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
     fps = d.fps if fps is None else fps
@@ -524,7 +461,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     if not math.isfinite(flow_shift) or not 0 < flow_shift <= MAX_FLOW_SHIFT:
         raise BadInput(f"--flow-shift must be a number in (0, {MAX_FLOW_SHIFT:g}], got {flow_shift}")
     if last_image is not None:
-        _check_last_frame(src, frames, height, width, (tile_fit,), "--last-image")
+        check_last_frame(src, frames, height, width, (tile_fit,), "--last-image")
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
     if not 0 <= warmup <= MAX_STEPS:
@@ -552,228 +489,3 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     )
 
 
-# --------------------------------------------------------------------------------------------------------------
-# `vsagen profile`
-
-PROFILE_FORMATS = ("table", "markdown", "csv", "json")
-PROFILE_STEPS = 2  # timed denoising steps per configuration unless --steps says otherwise
-PROFILE_WARMUP = 1  # untimed warm-up steps per configuration unless --warmup says otherwise
-PROFILE_PROMPT = "a red fox running through fresh snow, cinematic"
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-# `--kernels` on a CPU times the eager reference paths; past this many tokens one dense forward + backward takes
-# minutes there (and the VSA reference gathers K*64 keys per query tile), so larger shapes are refused.
-CPU_KERNEL_MAX_TOKENS = 8192
-
-
-@dataclass(frozen=True)
-class ProfileConfig:
-    """A validated `vsagen profile` request.
-
-    Every (backend, tile fit) pair is one configuration, run on one loaded pipeline with the same prompt
-    embeddings and seed: `warmup` untimed denoising steps, then `steps` timed ones. `full_steps` is the
-    preset's step count, the DiT time is projected to it. `stock` adds the overhead rows (diffusers' own
-    processors, and `full` in tile order). `kernels` times the attention alone at the model's shape instead
-    (no model is loaded; `heads` x `head_dim` come from the architecture, and are 0 without `kernels`). `fmt`
-    is one of PROFILE_FORMATS; `out` (the report in that format) and `plot` (the DiT bar chart) are files, or
-    None for stdout / no plot.
-    """
-
-    prompt: str
-    negative_prompt: str
-    model: str
-    source: ModelSource
-    backends: tuple[BackendSpec, ...]
-    height: int
-    width: int
-    frames: int
-    steps: int
-    full_steps: int
-    guidance: float
-    guidance_2: float | None
-    seed: int
-    flow_shift: float
-    max_sequence_length: int
-    device: str
-    dtype: str
-    tile_fits: tuple[str, ...]
-    random_weights: bool
-    allow_pickle: bool
-    warmup: int
-    stock: bool
-    kernels: bool
-    heads: int
-    head_dim: int
-    fmt: str
-    out: Path | None
-    plot: Path | None
-    overwrite: bool
-    compile: bool = False
-    fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
-
-    @property
-    def image(self) -> None:
-        """Profiles take no image file (the pipeline loader asks): image-to-video models are conditioned on
-        synthetic frames (`conditioned`)."""
-        return None
-
-    @property
-    def conditioned(self) -> bool:
-        """An image-to-video model: loaded as a WanImageToVideoPipeline and conditioned on synthetic frames (the
-        DiT's cost does not depend on the picture)."""
-        return self.source.image_to_video
-
-    @property
-    def offload(self) -> str:
-        """Profiles keep every weight on the device: offload transfers would swamp the DiT time."""
-        return "none"
-
-    @property
-    def vae_tiled(self) -> bool:
-        """Profiles never decode, so the VAE is not tiled."""
-        return False
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready settings (no Path objects, no preset internals)."""
-        d = asdict(self)
-        d.pop("source")
-        d["backends"] = [b.summary() for b in self.backends]
-        d["tile_fits"] = list(self.tile_fits)
-        d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
-                             "preset": self.source.preset.name}
-        d["out"] = str(self.out) if self.out is not None else None
-        d["plot"] = str(self.plot) if self.plot is not None else None
-        return d
-
-
-def _split_list(value: str, flag: str, known: list[str] | tuple[str, ...] | None,
-                unknown_msg: str) -> tuple[str, ...]:
-    """'a,b' -> ('a', 'b'); every item known (unless `known` is None), none empty or repeated."""
-    example = ",".join(known) if known is not None else "full,vsa:sparsity=0.9"
-    if not value.strip():
-        raise BadInput(f"{flag} is empty; give a comma-separated list (e.g. {example})")
-    items = tuple(x.strip() for x in value.split(","))
-    for x in items:
-        if not x:
-            raise BadInput(f"{flag} {value!r} has an empty entry; give a comma-separated list "
-                           f"(e.g. {example})")
-        if known is not None and x not in known:
-            raise BadInput(unknown_msg.format(x=x))
-        if items.count(x) > 1:
-            raise BadInput(f"{flag} lists {x!r} twice")
-    return items
-
-
-def _check_file_flag(path: Path | None, flag: str, overwrite: bool) -> Path | None:
-    if path is None:
-        return None
-    path = Path(path)
-    if not path.name or path.name in (".", ".."):
-        raise BadInput(f"{flag} {str(path)!r}: give a file name")
-    _check_target(path, overwrite, flag)
-    _check_folder(path.parent)
-    return path
-
-
-def _attention_dims(src: ModelSource, model: str) -> tuple[int, int]:
-    """(heads, head_dim) of the model's self-attention, from its checkpoint directory or preset."""
-    tcfg: dict[str, Any] = dict(src.preset.transformer)
-    if src.kind == "dir":
-        try:
-            tcfg = json.loads((Path(src.location) / "transformer" / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelNotFound(f"--model {model}: cannot read its transformer config: {e}") from None
-    elif not src.exact_preset:
-        raise BadInput(f"--kernels needs the attention shape of --model {model}, and no preset describes it; "
-                       f"use a preset name ({', '.join(preset_names())}) or a local checkpoint directory")
-    try:
-        return int(tcfg["num_attention_heads"]), int(tcfg["attention_head_dim"])
-    except (KeyError, TypeError, ValueError):
-        raise ModelNotFound(f"--model {model}: its transformer config has no num_attention_heads / "
-                            "attention_head_dim") from None
-
-
-def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", sparsity: float | None = None,
-                    attn_impl: str = "auto", height: int | None = None, width: int | None = None,
-                    frames: int | None = None, steps: int | None = None, guidance: float | None = None,
-                    guidance_2: float | None = None, negative_prompt: str | None = None,
-                    prompt: str = PROFILE_PROMPT, seed: int = 0, tile_fit: str = "partial", fmt: str = "table",
-                    out: Path | None = None, plot: Path | None = None, overwrite: bool = False,
-                    device: str = "auto", dtype: str = "auto", random_weights: bool = False,
-                    allow_pickle: bool = False, warmup: int | None = None, stock: bool = True,
-                    kernels: bool = False, compile: bool = False, fused_blocks: bool = True) -> ProfileConfig:
-    """Validate a `vsagen profile` request (flag > preset default, as in `resolve`).
-
-    `attn` and `tile_fit` are comma-separated lists (each entry once). `--sparsity` goes to the sparse backends
-    in the list (at least one must be sparse), `--attn-impl` to the backends that offer that implementation (at
-    least one must). `steps` defaults to PROFILE_STEPS timed steps (not the preset's count, which is the
-    projection target), `warmup` to PROFILE_WARMUP. With `kernels`, `steps`, `warmup` and `plot` do not apply.
-    `out` and `plot` must not exist unless `overwrite`, and their folders must be writable; `plot` needs
-    matplotlib (`pip install 'vsagen[plot]'`) and a .png, .svg or .pdf name.
-
-    Raises:
-        BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
-            is loaded or written.
-    """
-    names = backend_names()
-    attns = _split_list(attn, "--attn", None, "unknown --attn {x!r}; available: " + ", ".join(names))
-    for entry in attns:
-        _check_backend_entry(entry)
-    tile_fits = _split_list(tile_fit, "--tile-fit", TILE_FITS,
-                            "--tile-fit entries must be among " + ", ".join(TILE_FITS) + ", got {x!r}")
-    _check_choice("--format", fmt, PROFILE_FORMATS)
-    _check_choice("--dtype", dtype, DTYPES)
-    _check_choice("--device", device, DEVICES)
-    if kernels and compile:
-        raise BadInput("--compile compiles the transformer blocks; --kernels times the attention alone (drop one)")
-    if kernels and (steps is not None or warmup is not None):
-        raise BadInput("--steps and --warmup count denoising steps; --kernels times the attention alone "
-                       "(drop them, or drop --kernels)")
-    if kernels and plot is not None:
-        raise BadInput("--plot draws the DiT time per backend; it does not apply to --kernels")
-    if not prompt.strip():
-        raise BadInput("--prompt is empty")
-    src = resolve_model(model)
-    d = src.preset.defaults
-    specs = _backend_specs(attns, d.attention, sparsity, attn_impl, attn)
-    height, width, frames, steps, guidance, guidance_2 = _fill_and_check(
-        src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
-        guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)
-    if src.preset.last_image == LAST_IMAGE_REQUIRED and not kernels:
-        _check_last_frame(src, frames, height, width, tile_fits,
-                          f"--model {model} (first/last frame; profiled with a synthetic last frame)")
-    warmup = PROFILE_WARMUP if warmup is None else warmup
-    if not 0 <= warmup <= MAX_STEPS:
-        raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
-    dev = resolve_device(device)
-    dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
-    heads, head_dim = _attention_dims(src, model) if kernels else (0, 0)
-    if kernels and dev == "cpu":
-        p = src.preset
-        for fit in tile_fits:
-            grid = plan_crop(frames, height, width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
-                             vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
-            if math.prod(grid) > CPU_KERNEL_MAX_TOKENS:
-                raise BadInput(f"--kernels on a CPU: {frames}x{height}x{width} is S = {math.prod(grid)} tokens "
-                               f"(grid {'x'.join(map(str, grid))}), too many to time the eager paths here (at most "
-                               f"{CPU_KERNEL_MAX_TOKENS}); give smaller --frames/--height/--width, or run on CUDA")
-    if plot is not None:
-        plot = Path(plot)
-        if plot.suffix.lower() not in PLOT_SUFFIXES:
-            raise BadInput(f"--plot {plot}: give a file name ending in {', '.join(PLOT_SUFFIXES)}")
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise BadInput("--plot needs matplotlib, which is not installed: pip install 'vsagen[plot]'")
-    out = _check_file_flag(out, "--out", overwrite)
-    plot = _check_file_flag(plot, "--plot", overwrite)
-    if out is not None and plot is not None and out.resolve() == plot.resolve():
-        raise BadInput(f"--out and --plot name the same file ({out})")
-    return ProfileConfig(
-        prompt=prompt, negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt,
-        model=model, source=src, backends=specs, height=height, width=width, frames=frames, steps=steps,
-        full_steps=d.steps, guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=d.flow_shift,
-        max_sequence_length=d.max_sequence_length, device=dev, dtype=dt, tile_fits=tile_fits,
-        random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup, stock=stock, kernels=kernels,
-        heads=heads, head_dim=head_dim, fmt=fmt, out=out, plot=plot, overwrite=overwrite, compile=compile,
-        fused_blocks=fused_blocks,
-    )

@@ -1,206 +1,32 @@
-"""Load a Wan pipeline (tiny | local directory | hub id | random weights), patch it, run it, crop, write.
+"""The one orchestrator of every command that runs a Wan pipeline: load -> patch -> denoise (timed).
 
-Data flow: RunConfig -> diffusers WanPipeline (text to video) or WanImageToVideoPipeline (image to video: the input
-image, and a last image for first/last-frame video, fitted to the requested size, CLIP-encoded and VAE-encoded into
-the condition by diffusers) -> weights placed on the device, or offloaded (`--offload model|group`, diffusers' own
-offloading) -> VAE tiling on or off (`--vae-tiling`) -> patch every transformer (`transformer`, and `transformer_2`
-of two-expert pipelines: processor + tile-order hooks + per-expert timers) -> text encoding -> denoising loop
-(diffusers' own, with its tqdm bar) at the crop plan's size -> crop the latent back -> VAE decode -> mp4 + timing
-JSON.
+A `Session` owns one loaded pipeline (`vsagen.loading.load_model`), its prompt embeddings and its image-to-video
+conditioning. `Session.run(backend, plan, ...)` then runs one configuration on it: patch every transformer through
+`vsagen.apply` (one code path for patching, shared with the Python API), `warmup` untimed denoising steps, the
+timed steps, optionally the VAE decode, unpatch; it returns the latents and the timer's records. Out of GPU
+memory becomes a `RunFailure` naming what ran, with the request's own hints. The drivers add only their part:
+`vsagen.generate` (t2v / i2v) decodes, writes the mp4 and the timing JSON; `vsagen.profile` turns the runs of
+every backend and tile fit into report rows. A command comparing backends loads one session and runs each
+backend on it from the same seed (every run seeds a fresh CPU generator).
+
+Timed regions of a run (see `vsagen.timing`): "total" around the run; "text_encode" when the run encodes the
+prompts itself; "denoise" (diffusers' pipeline call), with "image_encode" / "condition_encode" carved out of it for
+image to video; "dit", "attn1", "self_attention" and "layout" from the hooks; "vae_decode" when it decodes.
 """
 
 from __future__ import annotations
 
-import json
-import platform
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from .config import ProfileConfig, RunConfig
-from .errors import BadInput, ModelNotFound, RunFailure
-from .layout import CropPlan, plan_crop, tile_layout
-from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
-from .timing import Timer, TimingReport
-
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-_ALLOWED_LIBRARIES = {"diffusers", "transformers"}
-
-
-def torch_dtype(name: str):
-    """'bf16' | 'fp16' | 'fp32' -> torch dtype."""
-    import torch
-
-    return getattr(torch, _DTYPES[name])
-
-
-@dataclass
-class LoadedModel:
-    """A ready pipeline and what the report should say about it."""
-
-    pipe: Any
-    random_weights: bool
-    notes: list[str]
-    weight_root: Path | None = None  # checkpoint root (backend-owned weights are read from <root>/<expert>/)
-    weight_layers: dict[str, int] = field(default_factory=dict)  # backend name -> layers that got its weights
-
-
-def _quiet_libraries() -> None:
-    import diffusers
-    import transformers
-
-    diffusers.utils.logging.set_verbosity_error()
-    diffusers.utils.logging.disable_progress_bar()
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-
-
-def pipeline_class_name(cfg: RunConfig | ProfileConfig) -> str:
-    """The diffusers pipeline class a request runs: image to video with an image (or, for `vsagen profile`, an
-    image-to-video model: `ProfileConfig.conditioned`), else text to video."""
-    return I2V_PIPELINE if image_to_video(cfg) else T2V_PIPELINE
-
-
-def image_to_video(cfg: RunConfig | ProfileConfig) -> bool:
-    """Whether `cfg` runs a WanImageToVideoPipeline: an input image, or a profile of an image-to-video model."""
-    return cfg.image is not None or getattr(cfg, "conditioned", False)
-
-
-def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "WanPipeline",
-                            ti2v: bool = False) -> None:
-    """Refuse pickle-only weights (unless allowed) and components from libraries other than diffusers /
-    transformers, before diffusers imports anything named in model_index.json. Every component is checked,
-    the second expert (`transformer_2`) of two-expert pipelines included; absent optional components
-    (`[null, null]`) are skipped. A text-image-to-video checkpoint (`ti2v`, saved as a WanPipeline) may be
-    run as a WanImageToVideoPipeline."""
-    index = json.loads((path / "model_index.json").read_text())
-    accepted = {pipeline} | ({T2V_PIPELINE} if ti2v and pipeline == I2V_PIPELINE else set())
-    if index.get("_class_name") not in accepted:
-        command = "vsagen i2v" if pipeline == I2V_PIPELINE else "vsagen t2v"
-        raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
-                       f"{command} runs {pipeline} checkpoints")
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
-            continue
-        if spec[0] not in _ALLOWED_LIBRARIES:
-            raise BadInput(f"--model {path}: component {name!r} comes from {spec[0]!r}; only diffusers and "
-                           "transformers components are loaded (remote code is never trusted)")
-        sub = path / name
-        if not sub.is_dir() or name in ("scheduler", "tokenizer"):
-            continue
-        files = [f.name for f in sub.iterdir()]
-        has_safe = any(f.endswith(".safetensors") for f in files)
-        has_pickle = any(f.endswith(_PICKLE_SUFFIXES) for f in files)
-        if has_pickle and not has_safe and not allow_pickle:
-            raise BadInput(f"--model {path}: {name}/ has only pickle weights; pickle files can run code when "
-                           "loaded, so vsagen loads safetensors only; pass --allow-pickle if you trust them")
-
-
-def _from_pretrained(location: str, cfg: RunConfig | ProfileConfig, dtype: Any) -> Any:
-    import diffusers
-
-    pipeline_cls = getattr(diffusers, pipeline_class_name(cfg))
-    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
-    kwargs["use_safetensors"] = None if cfg.allow_pickle else True
-    try:
-        return pipeline_cls.from_pretrained(location, **kwargs)
-    except (OSError, ValueError, EnvironmentError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "safetensors" in str(e).lower() and not cfg.allow_pickle:
-            raise BadInput(f"--model {cfg.model}: no safetensors weights ({first}); pass --allow-pickle to "
-                           "load pickle weights you trust") from None
-        if cfg.source.kind == "hub":
-            why = (f"hub id {location!r} is not in the local Hugging Face cache and could not be downloaded "
-                   f"({_short(first)})")
-        else:
-            why = f"directory {location}: {_short(first)}"
-        timing_hint = ", time its architecture with --random-weights" if cfg.source.exact_preset else ""
-        raise ModelNotFound(
-            f"cannot load model {cfg.model!r}: {why}. Download it with `hf download {location} --local-dir DIR` "
-            f"and pass --model DIR{timing_hint}, or try --model tiny") from None
-
-
-def _short(msg: str, limit: int = 100) -> str:
-    msg = msg.split(" (")[0].strip()
-    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
-
-
-def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift: float,
-                             image_to_video: bool = False) -> Any:
-    """The preset's real transformer(s) and VAE architectures with random weights, no text encoder; the
-    preset's pipeline family (second expert and boundary, per-token timesteps) as a checkpoint would have it,
-    as a WanImageToVideoPipeline when `image_to_video` (image-to-video and ti2v presets)."""
-    import torch
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-
-    with torch.device(device):
-        transformer = WanTransformer3DModel(**preset.transformer).to(dtype).eval()
-        transformer_2 = (WanTransformer3DModel(**preset.transformer_2).to(dtype).eval()
-                         if preset.transformer_2 is not None else None)
-        vae = AutoencoderKLWan(**preset.vae).eval()
-        encoder = processor = None
-        if image_to_video and preset.image_encoder is not None:
-            from .tiny import tiny_image_encoder
-
-            encoder, processor = tiny_image_encoder(preset.image_encoder)
-            encoder = encoder.to(dtype)
-    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                        flow_shift=flow_shift)
-    if image_to_video:
-        from diffusers import WanImageToVideoPipeline
-
-        return WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
-                                       image_processor=processor, image_encoder=encoder, transformer=transformer,
-                                       transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
-                                       expand_timesteps=preset.expand_timesteps)
-    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
-                       transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
-                       expand_timesteps=preset.expand_timesteps)
-
-
-# `--offload group`: diffusers' group offloading, one transformer block per group (the smallest GPU footprint
-# block-level offloading has), on CUDA with a side stream that prefetches the next block while the current one runs
-# (diffusers then pins the CPU copies of the weights). Components without ModuleList blocks (the text and image
-# encoders) move as one group. The VAE stays on the GPU: its weights are small next to its activations (the Wan2.1
-# VAE has 127 M parameters), and diffusers warns that streamed group offloading of an autoencoder may not work when
-# its first forward runs tiled (`--vae-tiling`).
-GROUP_OFFLOAD = {"offload_type": "block_level", "num_blocks_per_group": 1}
-GROUP_OFFLOAD_KEEP_ON_DEVICE = ["vae"]
-
-
-def place_pipeline(pipe: Any, offload: str, device: str) -> None:
-    """Put the pipeline's weights where `offload` says; this replaces `pipe.to(device)`.
-
-    * `none`: every component on `device`.
-    * `model`: `pipe.enable_model_cpu_offload()`: components stay in CPU memory and each moves whole to the GPU
-      when it runs (text encoder, image encoder, transformer(s), VAE in turn; the previous one goes back).
-    * `group`: `pipe.enable_group_offload(...)` with `GROUP_OFFLOAD` (block level, one block per group; a CUDA
-      stream prefetches the next block when `device` is CUDA), the VAE kept on the device.
-
-    Offloading installs diffusers' / accelerate's hooks by replacing the modules' `forward`; vsagen's own hooks
-    (`patch_transformer`) are torch forward hooks, which `Module.__call__` runs around `forward`, so they run first
-    on the way in (before the weights are onloaded) and last on the way out, whichever is installed first.
-    Call this after anything that adds or converts weights (trained VSA gates, the VAE dtype): group offloading
-    records the parameters it manages when it is enabled.
-    `resolve` refuses offloading without CUDA; this function itself also runs with `device="cpu"` (no stream),
-    which is how the tests exercise the hooks on a CPU-only machine.
-    """
-    import torch
-
-    if offload == "none":
-        pipe.to(device)
-    elif offload == "model":
-        pipe.enable_model_cpu_offload(device=torch.device(device))
-    elif offload == "group":
-        onload = torch.device(device)
-        pipe.enable_group_offload(onload_device=onload, offload_device=torch.device("cpu"),
-                                  use_stream=onload.type == "cuda", exclude_modules=GROUP_OFFLOAD_KEEP_ON_DEVICE,
-                                  **GROUP_OFFLOAD)
-    else:
-        raise ValueError(f"unknown offload mode {offload!r}")
-
+from .config import Request
+from .errors import RunFailure
+from .layout import CropPlan, plan_crop
+from .loading import LoadedModel, experts, load_model, place_pipeline, torch_dtype, versions  # noqa: F401
+from .timing import Timer
 
 # `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
 # (`vsagen profile` recompiles per backend / tile fit; blocks[0] carries the tile-order pre-hook).
@@ -300,100 +126,7 @@ def compile_transformers(pipe: Any, *, fullgraph: bool) -> None:
         t.compile_repeated_blocks(fullgraph=fullgraph, dynamic=False)
 
 
-def load_model(cfg: RunConfig | ProfileConfig, log: Callable[[str], None], backends: Sequence[Any] = ()) -> LoadedModel:
-    """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
-    see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
-    image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's trained gates) are
-    attached before the weights are placed (`attach_weights`).
-
-    Raises:
-        ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
-        BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint.
-    """
-    import torch
-    from diffusers import UniPCMultistepScheduler
-
-    _quiet_libraries()
-    torch.manual_seed(cfg.seed)
-    dtype = torch_dtype(cfg.dtype)
-    preset, src = cfg.source.preset, cfg.source
-    notes: list[str] = []
-    weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
-    if cfg.random_weights:
-        # offloaded weights live in CPU memory: build them there (the model may not fit on the GPU at once)
-        build_on = cfg.device if cfg.offload == "none" else "cpu"
-        pipe = _random_weights_pipeline(preset, dtype, build_on, cfg.flow_shift, image_to_video(cfg))
-        notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
-    else:
-        if src.kind == "tiny":
-            from .tiny import ensure_tiny_checkpoint
-
-            try:
-                location = str(ensure_tiny_checkpoint(preset))
-            except OSError as e:
-                raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
-                                 f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
-                                 "writable folder") from None
-            notes.append(f"model {preset.name!r} has random weights: its videos are noise (for plumbing and timing)")
-        else:
-            location = src.location
-        if src.kind in ("tiny", "dir"):
-            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
-            weight_root = Path(location)
-        pipe = _from_pretrained(location, cfg, dtype)
-        if src.kind == "hub":
-            try:
-                from huggingface_hub import snapshot_download
-
-                weight_root = Path(snapshot_download(location, allow_patterns=["transformer/*", "transformer_2/*"],
-                                                     local_files_only=True))
-            except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
-                weight_root = None
-        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
-    vae_dtype = preset.defaults.vae_dtype
-    if vae_dtype != "same":
-        pipe.vae.to(torch_dtype(vae_dtype))
-    for _, t in experts(pipe):
-        t.eval()
-    model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
-    for backend in backends:
-        attach_weights(model, backend)
-    place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
-    if cfg.offload != "none":
-        notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
-                     "the timed regions that trigger them (text encode, DiT forwards, ...)")
-    if cfg.vae_tiled:
-        pipe.vae.enable_tiling()
-    else:
-        pipe.vae.disable_tiling()
-    return model
-
-
-def attach_weights(model: LoadedModel, backend: Any) -> int:
-    """Attach the weights `backend` owns to every transformer of the pipeline (`vsagen.attention.weights`), from the
-    file its options name or the checkpoint's `<root>/<expert>/` folder, and note how many layers got them.
-
-    Raises:
-        BadInput: a weights file that cannot be read or whose shapes do not fit the model (one line naming the
-            first mismatch).
-    """
-    from .attention.weights import attach_backend_weights
-
-    n = sum(attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None)
-            for name, t in experts(model.pipe))
-    model.weight_layers[backend.name] = n
-    if n and backend.weights is not None:
-        model.notes.append(f"loaded trained {backend.name} weights ({backend.weights.attr}) for {n} layers")
-    return n
-
-
-def experts(pipe: Any) -> list[tuple[str, Any]]:
-    """The pipeline's transformers by component name: [("transformer", t)] or, for two-expert (A14B-style)
-    pipelines, also ("transformer_2", t2)."""
-    return [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
-
-
-def encode_prompts(cfg: RunConfig | ProfileConfig, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
+def encode_prompts(cfg: Request, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
     """Prompt embeddings (positive, negative or None without CFG), each (1, max_sequence_length, text_dim) in
     the run's dtype on its device: the text encoder's, or seeded random ones (`seed + 1`) for random weights."""
     import torch
@@ -413,7 +146,7 @@ def encode_prompts(cfg: RunConfig | ProfileConfig, model: LoadedModel, do_cfg: b
                               dtype=dtype)
 
 
-def denoise_plan(cfg: RunConfig | ProfileConfig, pipe: Any, tile_fit: str) -> CropPlan:
+def denoise_plan(cfg: Request, pipe: Any, tile_fit: str) -> CropPlan:
     """The crop plan of a request under `tile_fit` ("partial" | "crop"): the size that is denoised and the
     latent it is cropped back to (see `vsagen.layout.plan_crop`)."""
     preset = cfg.source.preset
@@ -422,25 +155,14 @@ def denoise_plan(cfg: RunConfig | ProfileConfig, pipe: Any, tile_fit: str) -> Cr
                      patch_size=tuple(pipe.transformer.config.patch_size))
 
 
-def expert_kwargs(pipe: Any, cfg: RunConfig | ProfileConfig) -> dict[str, Any]:
+def expert_kwargs(pipe: Any, cfg: Request) -> dict[str, Any]:
     """Extra pipeline-call arguments of two-expert pipelines (`guidance_scale_2`); {} for one expert."""
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
     return {"guidance_scale_2": cfg.guidance_2} if two_experts and cfg.guidance_2 is not None else {}
 
 
-def step_counter(timer: Timer) -> Callable[..., dict]:
-    """A diffusers `callback_on_step_end` that sets `timer.step` to the next step's index, so every region
-    recorded during step i (counted from 0) is tagged i."""
-
-    def on_step_end(_pipe: Any, i: int, _t: Any, _kw: dict) -> dict:
-        timer.step = i + 1
-        return {}
-
-    return on_step_end
-
-
 def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int, guidance: float, seed: int,
-                    on_step_end: Callable[..., dict] | None = None, extra: dict[str, Any] | None = None) -> Any:
+                    extra: dict[str, Any] | None = None) -> Any:
     """Run diffusers' denoising loop at the plan's denoise size and return the latents, uncropped.
 
     Args:
@@ -449,7 +171,7 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
         pos, neg: prompt embeddings (1, L, text_dim); `neg` None without CFG.
         steps: denoising steps; guidance: CFG scale (> 1 runs two transformer forwards a step).
         seed: seeds a fresh CPU generator, so the initial latents are the same for every call at one size.
-        on_step_end: diffusers' `callback_on_step_end`; extra: more call arguments (`expert_kwargs`, image).
+        extra: more call arguments (`expert_kwargs`, image).
 
     Returns:
         (1, z, F_lat, H_lat, W_lat) latents at the denoise size (float32, as diffusers returns them).
@@ -459,10 +181,10 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
     return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
                 width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
                 guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
-                output_type="latent", callback_on_step_end=on_step_end, return_dict=False, **(extra or {}))[0]
+                output_type="latent", return_dict=False, **(extra or {}))[0]
 
 
-def _decode(pipe: Any, latents: Any) -> Any:
+def decode_latents(pipe: Any, latents: Any) -> Any:
     """Un-normalise Wan latents and decode them: (1, z, F_lat, H_lat, W_lat) -> (1, 3, F, H, W) in [-1, 1]."""
     import torch
 
@@ -510,163 +232,283 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
     return restore
 
 
+@contextlib.contextmanager
+def out_of_memory_as_failure(what: str, hints: Sequence[str] = ()) -> Iterator[None]:
+    """Turn `torch.cuda.OutOfMemoryError` raised in the body into `RunFailure("out of GPU memory while <what>
+    (<torch's first line>); try <hints>")`."""
+    import torch
+
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as e:
+        hint = f"; try {' and '.join(hints)}" if hints else ""
+        raise RunFailure(f"out of GPU memory while {what} ({str(e).splitlines()[0]}){hint}") from e
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """The picture(s) an image-to-video run starts from (and, first/last-frame models, ends at): PIL images,
+    brought to the request's height x width by `fit` ("crop" | "resize", `vsagen.image.fit_image`; None: already
+    that size)."""
+
+    image: Any
+    last_image: Any | None = None
+    fit: str | None = "crop"
+
+    @classmethod
+    def from_files(cls, image: Path, last_image: Path | None, fit: str) -> "Conditioning":
+        """The user's image (and last image) files, read now.
+
+        Raises:
+            BadInput: a file that cannot be read as an image.
+        """
+        from .image import open_image
+
+        return cls(open_image(image), open_image(last_image) if last_image is not None else None, fit)
+
+    @classmethod
+    def synthetic(cls, height: int, width: int, seed: int, last: bool) -> "Conditioning":
+        """Seeded test pictures of the requested size (`vsagen.image.synthetic_image`; seed + 1 for the last
+        frame), for timing image-to-video models: the DiT's cost does not depend on the picture."""
+        from .image import synthetic_image
+
+        return cls(synthetic_image(height, width, seed),
+                   synthetic_image(height, width, seed + 1) if last else None, None)
+
+    def arguments(self, height: int, width: int, plan: CropPlan) -> dict[str, Any]:
+        """diffusers' `image` (and `last_image`) call arguments: each picture fitted to height x width, then
+        extended to the plan's denoised size (`--tile-fit crop` denoises a larger video whose top-left corner
+        is kept)."""
+        from .image import extend_to, fit_image
+
+        def prepare(picture: Any) -> Any:
+            fitted = picture if self.fit is None else fit_image(picture, height, width, self.fit)
+            return extend_to(fitted, plan.denoise_height, plan.denoise_width)
+
+        out = {"image": prepare(self.image)}
+        if self.last_image is not None:  # first/last frame: diffusers puts it in the condition (and CLIP input)
+            out["last_image"] = prepare(self.last_image)
+        return out
+
+
 @dataclass
-class RunResult:
-    """What a run produced: the files and the JSON-ready summary (also written to `json_path`)."""
+class Denoised:
+    """One `Session.run`.
 
-    video_path: Path
-    json_path: Path
-    report: TimingReport
-    summary: dict[str, Any]
-
-
-def versions(device: str) -> dict[str, str]:
-    """Python, torch, diffusers (and triton, GPU name, CUDA) versions for reports."""
-    import diffusers
-    import torch
-
-    v = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__}
-    try:
-        import triton
-
-        v["triton"] = triton.__version__
-    except ImportError:
-        pass
-    if device == "cuda":
-        v["gpu"] = torch.cuda.get_device_name()
-        v["cuda"] = str(torch.version.cuda)
-    return v
-
-
-def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True) -> RunResult:
-    """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
-    JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
-    CLIP-encodes it and VAE-encodes the first-frame condition inside its pipeline call; those two stages are timed
-    as "image_encode" and "condition_encode", apart from "denoise" (`time_condition_stages`). A last image
-    (`cfg.last_image`, first/last-frame to video) is fitted the same way and handed over as diffusers'
-    `last_image`: the condition video ends with it and its mask marks the last frame; a CLIP branch encodes both
-    images.
-    The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
-    (`load_model`); the JSON records both.
-
-    Raises:
-        BadInput: invalid request found only once the model is known (e.g. backend vs dtype).
-        ModelNotFound: the checkpoint cannot be loaded.
-        RunFailure: the run itself failed (message names the stage).
+    Attributes:
+        latents: (1, z, F_lat, H_lat, W_lat) float32 final latents, cropped to the plan's requested latent.
+        video: (1, 3, F, H, W) in [-1, 1] in the VAE's dtype when the run decoded, else None.
+        records: the timer's (name, step, seconds) records (`Timer.finish`), warm-up excluded.
+        warmup_s: host seconds of the untimed warm-up steps (0 without warm-up).
+        plan: the crop plan that was denoised.
     """
-    import torch
 
-    from . import __version__
-    from .attention.hooks import patch_transformer
+    latents: Any
+    video: Any
+    records: list[tuple[str, int, float]]
+    warmup_s: float
+    plan: CropPlan
 
-    backend = cfg.backend.build()
-    backend.check(torch.device(cfg.device), torch_dtype(cfg.dtype))
-    t_load = time.perf_counter()
-    model = load_model(cfg, log, [backend])
-    load_s = time.perf_counter() - t_load
-    for note in model.notes:
-        log(f"note: {note}")
-    pipe = model.pipe
-    plan = denoise_plan(cfg, pipe, cfg.tile_fit)
-    timer = Timer(cfg.device)
-    fused = fused_blocks_apply(cfg.device, cfg.compile, cfg.offload, cfg.fused_blocks)
-    patches = [patch_transformer(t, backend, timer, expert=name, fused_blocks=fused) for name, t in experts(pipe)]
-    if fused:
-        model.notes.append(fused_blocks_note(cfg.warmup))
-        log(f"note: {model.notes[-1]}")
-    breaks = compile_breaks([backend], cfg.offload) if cfg.compile else None
-    if cfg.compile:
-        compile_transformers(pipe, fullgraph=breaks is None)
-        model.notes.append(compile_note(breaks, [backend.name] if backend.traceable else [], cfg.warmup))
-        log(f"note: {model.notes[-1]}")
-    do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
-    extra = expert_kwargs(pipe, cfg)
-    pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
-    on_step_end = step_counter(timer)
+    @property
+    def layout_s(self) -> float:
+        """Seconds of tile-order reorderings (region "layout")."""
+        return sum(s for n, _, s in self.records if n == "layout")
 
-    if cfg.image is not None:
-        from .image import extend_to, fit_image, open_image
 
-        # --tile-fit crop denoises a larger video whose top-left corner is kept: extend the fitted image to it
-        extra["image"] = extend_to(fit_image(open_image(cfg.image), cfg.height, cfg.width, cfg.fit or "crop"),
-                                   plan.denoise_height, plan.denoise_width)
-        if cfg.last_image is not None:  # first/last frame: diffusers puts it in the condition (and its CLIP input)
-            extra["last_image"] = extend_to(fit_image(open_image(cfg.last_image), cfg.height, cfg.width,
-                                                      cfg.fit or "crop"), plan.denoise_height, plan.denoise_width)
+@dataclass
+class Session:
+    """A loaded pipeline with its prompt embeddings and conditioning, ready to run backends on (see the module
+    docstring). Build it with `Session.load`.
 
-    def denoise(pos: Any, neg: Any, steps: int) -> Any:
-        return denoise_latents(pipe, plan, pos, neg, steps=steps, guidance=cfg.guidance, seed=cfg.seed,
-                               on_step_end=on_step_end, extra=extra)
+    Attributes:
+        request: the validated request (`vsagen.config.Request`).
+        model: the loaded pipeline and its notes.
+        conditioning: the image-to-video pictures, or None (text to video).
+        fused: whether runs get `vsagen.blocks`' compiled elementwise regions (`fused_blocks_apply`).
+        compile_fullgraph: under `--compile`, whether each block is one graph; None without `--compile`.
+        load_s: host seconds of `load_model` (loading and placing the weights).
+        text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
+        preattached: the backends whose own weights `load` attached (runs of them attach nothing more).
+    """
 
-    unwrap = time_condition_stages(pipe, timer) if cfg.image is not None else (lambda: None)
-    try:
-        with torch.inference_mode():
-            warmup_s = 0.0
-            if cfg.warmup:
+    request: Request
+    model: LoadedModel
+    conditioning: Conditioning | None = None
+    fused: bool = False
+    compile_fullgraph: bool | None = None
+    load_s: float = 0.0
+    text_encode_s: float = 0.0
+    preattached: tuple[Any, ...] = ()
+    _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(cls, request: Request, backends: Sequence[Any], *, attach_on_load: bool = True,
+             also_runs: Sequence[Any] = (), conditioning: Conditioning | None = None, progress: bool = False,
+             log: Callable[[str], None] = lambda m: None) -> "Session":
+        """Load the request's pipeline once for runs of `backends`.
+
+        Args:
+            request: the validated request.
+            backends: the attention backends the session will run (`AttentionBackend` objects); each is checked
+                against the request's device and dtype before anything loads.
+            attach_on_load: attach the weights `backends` own before the weights are placed (required with
+                `--offload`: group offloading records the parameters it manages); False attaches them per run
+                (and detaches them after it).
+            also_runs: more backends that will run but are not named in the notes (profile's overhead rows);
+                they count for `--compile`'s graph breaks.
+            conditioning: image-to-video pictures, or None.
+            progress: show diffusers' progress bar while denoising.
+            log: receives progress lines.
+
+        Raises:
+            BadInput: a backend cannot run on this device / dtype, or the model cannot be loaded as asked.
+            ModelNotFound: the checkpoint cannot be found or loaded.
+        """
+        import torch
+
+        for backend in backends:
+            backend.check(torch.device(request.device), torch_dtype(request.dtype))
+        t0 = time.perf_counter()
+        model = load_model(request, log, backends if attach_on_load else ())
+        load_s = time.perf_counter() - t0
+        pipe = model.pipe
+        pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
+        fused = fused_blocks_apply(request.device, request.compile, request.offload, request.fused_blocks)
+        if fused:
+            model.notes.append(fused_blocks_note(request.warmup))
+        fullgraph = None
+        if request.compile:  # each run compiles in its warm-up steps
+            breaks = compile_breaks([*backends, *also_runs], request.offload)
+            compile_transformers(pipe, fullgraph=breaks is None)
+            model.notes.append(compile_note(breaks, [b.name for b in backends if b.traceable], request.warmup))
+            fullgraph = breaks is None
+        return cls(request, model, conditioning, fused, fullgraph, load_s,
+                   preattached=tuple(backends) if attach_on_load else ())
+
+    @property
+    def pipe(self) -> Any:
+        """The diffusers pipeline."""
+        return self.model.pipe
+
+    @property
+    def notes(self) -> list[str]:
+        """The run notes gathered so far (loading, compile, fused blocks, backend weights)."""
+        return self.model.notes
+
+    def plan(self, tile_fit: str) -> CropPlan:
+        """The crop plan of the request under `tile_fit` (`denoise_plan`)."""
+        return denoise_plan(self.request, self.pipe, tile_fit)
+
+    def untimed(self, backend: Any) -> tuple[str, ...]:
+        """The regions a run of `backend` cannot time (`compile_untimed` under `--compile`; none otherwise)."""
+        return compile_untimed(backend) if self.request.compile and backend is not None else ()
+
+    def encode_prompts(self) -> tuple[Any, Any]:
+        """Fresh prompt embeddings (`encode_prompts`; negative None without CFG)."""
+        return encode_prompts(self.request, self.model, self.request.guidance > 1.0)
+
+    def prompts(self) -> tuple[Any, Any]:
+        """The session's prompt embeddings, encoded on first use (host clock into `text_encode_s`) and reused by
+        every run that does not encode its own."""
+        if self._prompts is None:
+            import torch
+
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                self._prompts = self.encode_prompts()
+            if self.request.device == "cuda":
+                torch.cuda.synchronize()
+            self.text_encode_s = time.perf_counter() - t0
+        return self._prompts
+
+    def run(self, backend: Any, plan: CropPlan, *, steps: int | None = None, warmup: int | None = None,
+            timer: Timer | None = None, encode: bool = False, decode: bool = False,
+            context: Callable[[], Any] = contextlib.nullcontext, what: str = "generating") -> Denoised:
+        """Patch, warm up, denoise (timed), optionally decode, unpatch.
+
+        Args:
+            backend: an `AttentionBackend` object, or None for the pipeline's own processors (DiT timing only).
+            plan: the crop plan (`Session.plan`); its denoise size is what runs, the latents come back cropped.
+            steps: timed denoising steps (default the request's); warmup: untimed steps before them, the
+                prompt encoding included when `encode` (default the request's).
+            timer: receives the regions (default a new one on the request's device).
+            encode: encode the prompts inside the timed run (region "text_encode"), else reuse `prompts()`.
+            decode: VAE-decode the cropped latents (region "vae_decode") into `Denoised.video`.
+            context: a context manager factory entered around warm-up and timed steps (e.g. SDPA pinning).
+            what: names the run in an out-of-memory message ("generating", "profiling vsa (tile fit crop)").
+
+        Returns:
+            `Denoised` (latents cropped to `plan.latent`, video if decoded, records, warm-up seconds).
+
+        Raises:
+            BadInput: the backend cannot run here, or its weights do not fit.
+            RunFailure: out of GPU memory (with the request's `memory_hints`).
+        """
+        import torch
+
+        from .api import apply
+
+        cfg = self.request
+        steps = cfg.steps if steps is None else steps
+        warmup = cfg.warmup if warmup is None else warmup
+        timer = Timer(cfg.device) if timer is None else timer
+        pipe = self.pipe
+        extra = expert_kwargs(pipe, cfg)
+        if self.conditioning is not None:
+            extra.update(self.conditioning.arguments(cfg.height, cfg.width, plan))
+        attach = not any(backend is b for b in self.preattached)
+        handle = apply(pipe, backend, timer=timer, fused_blocks=self.fused, weights_root=self.model.weight_root,
+                       attach_weights=attach)
+        if handle.weight_layers:
+            self.model.weight_layers[backend.name] = handle.weight_layers
+            self.notes.append(f"loaded trained {backend.name} weights ({backend.weights.attr}) for "
+                              f"{handle.weight_layers} layers")
+        unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
+
+        def denoise(pos: Any, neg: Any, n: int) -> Any:
+            return denoise_latents(pipe, plan, pos, neg, steps=n, guidance=cfg.guidance, seed=cfg.seed, extra=extra)
+
+        try:
+            with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
                 timer.enabled = False
                 t0 = time.perf_counter()
-                pos, neg = encode_prompts(cfg, model, do_cfg)
-                denoise(pos, neg, cfg.warmup)
+                if warmup:
+                    denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
                 if cfg.device == "cuda":
-                    torch.cuda.synchronize()
-                warmup_s = time.perf_counter() - t0
+                    torch.cuda.synchronize()  # the timed steps start on an idle device
+                warmup_s = time.perf_counter() - t0 if warmup else 0.0
                 timer.enabled = True
-            with timer.region("total"):
-                with timer.region("text_encode"):
-                    pos, neg = encode_prompts(cfg, model, do_cfg)
-                timer.step = 0
-                with timer.region("denoise"):
-                    latents = denoise(pos, neg, cfg.steps)
-                timer.step = -1
-                f, h, w = plan.latent
-                latents = latents[:, :, :f, :h, :w]
-                with timer.region("vae_decode"):
-                    video = _decode(pipe, latents)
-            records = timer.finish()
-            t_write = time.perf_counter()
-            frames = pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]
-    except torch.cuda.OutOfMemoryError as e:
-        hints = ([] if cfg.offload != "none" else ["--offload group (or model)"]) + \
-                ([] if cfg.vae_tiled else ["--vae-tiling on"])
-        hint = f"; try {' and '.join(hints)}" if hints else ""
-        raise RunFailure(f"out of GPU memory while generating ({str(e).splitlines()[0]}){hint}") from e
-    finally:
-        unwrap()
-        for p in patches:
-            p.remove()
-    from .video import to_uint8_frames, write_json, write_mp4
+                video = None
+                with timer.region("total"):
+                    if encode:
+                        with timer.region("text_encode"):
+                            pos, neg = self.encode_prompts()
+                    else:
+                        pos, neg = self.prompts()
+                    timer.step = 0
+                    with timer.region("denoise"):
+                        latents = denoise(pos, neg, steps)
+                    timer.step = -1
+                    f, h, w = plan.latent
+                    latents = latents[:, :, :f, :h, :w]
+                    if decode:
+                        with timer.region("vae_decode"):
+                            video = decode_latents(pipe, latents)
+                records = timer.finish()
+        finally:
+            unwrap()
+            handle.remove()
+        return Denoised(latents, video, records, warmup_s, plan)
 
-    frames_u8 = to_uint8_frames(frames)
-    if frames_u8.shape[:3] != (cfg.frames, cfg.height, cfg.width):
-        raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected {(cfg.frames, cfg.height, cfg.width)}")
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    write_mp4(frames_u8, cfg.out, cfg.fps, overwrite=cfg.overwrite)
-    write_s = time.perf_counter() - t_write
-    report = TimingReport.from_records(records, cfg.device, load_s=load_s, write_s=write_s, warmup_s=warmup_s,
-                                       notes=model.notes, untimed=compile_untimed(backend) if cfg.compile else ())
-    layout = tile_layout(plan.denoise_grid)
-    summary = {
-        "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
-        "backend": backend.describe(torch.device(cfg.device)),
-        "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
-        "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
-        "guidance_2": extra.get("guidance_scale_2"), "experts": [name for name, _ in experts(pipe)],
-        "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),
-        "expand_timesteps": bool(getattr(pipe.config, "expand_timesteps", False)),
-        "image": str(cfg.image) if cfg.image is not None else None,
-        "last_image": str(cfg.last_image) if cfg.last_image is not None else None, "fit": cfg.fit,
-        "seed": cfg.seed, "device": cfg.device,
-        "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": model.random_weights,
-        "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
-        "compile_fullgraph": (breaks is None) if cfg.compile else None,
-        "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
-                     "latent": list(plan.denoise_latent), **layout.summary()},
-        "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
-                                                                         **versions(cfg.device)},
-    }
-    try:
-        write_json(summary, cfg.json_out, overwrite=cfg.overwrite)
-    except BadInput:
-        raise BadInput(f"{cfg.json_out} appeared during the run; the video is at {cfg.out}, the timing was not "
-                       "written (pass --overwrite)") from None
-    return RunResult(cfg.out, cfg.json_out, report, summary)
+
+# The t2v / i2v driver lives in vsagen.generate (it imports this module); `vsagen.pipeline.generate` stays an import
+# path for it.
+_DRIVER = ("generate", "RunResult")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DRIVER:
+        from . import generate as driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """`vsagen profile`: where the DiT time goes, per attention backend, on one loaded pipeline.
 
-The model is loaded once and the prompt embeddings computed once. Every configuration (backend x tile fit)
-then runs on that pipeline: patch the transformer(s) with the backend (`patch_transformer`), denoise
-`warmup` steps untimed, denoise `steps` timed steps, unpatch. Denoising only (output_type "latent": no VAE
+The model is loaded once and the prompt embeddings computed once (`vsagen.pipeline.Session`). Every configuration
+(backend x tile fit) then runs on that pipeline (`Session.run`): patch the transformer(s) with the backend
+(`vsagen.apply`), denoise `warmup` steps untimed, denoise `steps` timed steps, unpatch. Denoising only (output_type "latent": no VAE
 decode, no mp4). Every call seeds a fresh CPU generator with the same seed, so every configuration with the
 same denoised size starts from the same latents (a `crop` configuration denoises a larger latent, so its noise
 is a different draw).
@@ -30,14 +30,15 @@ import io
 import json
 import math
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from .attention.full import FullAttention
-from .config import ProfileConfig
-from .errors import BadInput, RunFailure
+from .presets import LAST_IMAGE_REQUIRED
+from .profile_config import ProfileConfig
+from .timing import TimingReport
+from .errors import BadInput
 
 STOCK = "diffusers-sdpa"
 TILE_ORDER_FULL = "full+tile-order"
@@ -51,21 +52,6 @@ class TileOrderFull(FullAttention):
 
     name = TILE_ORDER_FULL
     tiled = True
-
-
-@dataclass
-class _Detach:
-    """Removes a backend's attached weights from the transformers when a configuration is done (a patch-like
-    handle: `remove()`)."""
-
-    transformers: list
-    weights: Any
-
-    def remove(self) -> None:
-        from .attention.weights import detach_layer_weights
-
-        for _, t in self.transformers:
-            detach_layer_weights(t, self.weights)
 
 
 @dataclass
@@ -204,8 +190,8 @@ def _pinned_sdpa() -> Any:
 
 
 def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None) -> ProfileReport:
-    """Load the model once and time every (backend, tile fit) configuration of `cfg` on it (see the module
-    docstring for what is measured and how).
+    """Load the model once (`vsagen.pipeline.Session`) and time every (backend, tile fit) configuration of `cfg` on
+    it (see the module docstring for what is measured and how).
 
     Raises:
         BadInput: a backend cannot run on this device / dtype (before loading), or the model cannot be loaded
@@ -215,13 +201,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from . import __version__
-    from .attention.hooks import patch_transformer, time_transformer
     from .bench import rel_l2
-    from .pipeline import (compile_breaks, compile_note, compile_transformers, compile_untimed,
-                           denoise_latents, denoise_plan, encode_prompts, expert_kwargs, experts,
-                           fused_blocks_apply, fused_blocks_note, load_model, step_counter, torch_dtype,
-                           versions, attach_weights)
-    from .timing import Timer, TimingReport
+    from .pipeline import Conditioning, Session, fused_blocks_note, torch_dtype, versions
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
@@ -233,106 +214,34 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         except BadInput:
             raise BadInput("the overhead rows (diffusers-sdpa, full+tile-order) run cuDNN/flash attention on CUDA, "
                            "which need --dtype bf16 or fp16; pass another --dtype or --no-stock") from None
-    t0 = time.perf_counter()
-    model = load_model(cfg, log)
-    load_s = time.perf_counter() - t0  # model.notes go into the report's notes
-    pipe = model.pipe
-    pipe.set_progress_bar_config(disable=True)
-    transformers = experts(pipe)
-    breaks = None
-    if cfg.compile:  # each configuration compiles in its warm-up steps
-        breaks = compile_breaks([b for _, b in backends] + ([TileOrderFull()] if cfg.stock else []))
-        compile_transformers(pipe, fullgraph=breaks is None)
-        model.notes.append(compile_note(breaks, [b.name for _, b in backends if b.traceable], cfg.warmup))
-    do_cfg = cfg.guidance > 1.0  # diffusers decides CFG (both forwards) on the first expert's scale alone
-    extra = expert_kwargs(pipe, cfg)
+    last = cfg.source.preset.last_image == LAST_IMAGE_REQUIRED
+    conditioning = Conditioning.synthetic(cfg.height, cfg.width, cfg.seed, last) if cfg.conditioned else None
+    # backend weights are attached per configuration and detached after it
+    session = Session.load(cfg, [b for _, b in backends], attach_on_load=False,
+                           also_runs=[TileOrderFull()] if cfg.stock else [], conditioning=conditioning, log=log)
+    session.prompts()  # once for every configuration (host clock: `text_encode_s`)
     cuda = device.type == "cuda"
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        pos, neg = encode_prompts(cfg, model, do_cfg)
-        if cuda:
-            torch.cuda.synchronize()
-        text_encode_s = time.perf_counter() - t0
+    fused_note = fused_blocks_note(cfg.warmup) if session.fused else None
+    if cfg.conditioned:
+        session.notes.append("image-to-video model: conditioned on a synthetic first frame"
+                             + (" and last frame" if last else "")
+                             + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
+                               "CLIP where the model has it) is outside the DiT times")
 
-    def measure(label: str, plan: Any, install: Callable[[Any], list], context: Callable[[], Any],
-                untimed: tuple[str, ...] = ()) -> _Measured:
+    def measure(label: str, plan: Any, backend: Any, context: Callable[[], Any] = contextlib.nullcontext) -> _Measured:
         log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
             f"{cfg.warmup} warm-up + {cfg.steps} timed steps")
-        timer = Timer(cfg.device)
-        on_step_end = step_counter(timer)
-        patches = install(timer)
-        try:
-            with torch.inference_mode(), context():
-                timer.enabled = False
-                t_warm = time.perf_counter()
-                if cfg.warmup:
-                    denoise_latents(pipe, plan, pos, neg, steps=cfg.warmup, guidance=cfg.guidance, seed=cfg.seed,
-                                    on_step_end=on_step_end, extra=extra)
-                if cuda:
-                    torch.cuda.synchronize()
-                warmup_s = time.perf_counter() - t_warm
-                timer.enabled = True
-                timer.step = 0
-                with timer.region("denoise"):
-                    latents = denoise_latents(pipe, plan, pos, neg, steps=cfg.steps, guidance=cfg.guidance,
-                                              seed=cfg.seed, on_step_end=on_step_end, extra=extra)
-                timer.step = -1
-                records = timer.finish()
-        except torch.cuda.OutOfMemoryError as e:
-            raise RunFailure(f"out of GPU memory while profiling {label} ({str(e).splitlines()[0]})") from e
-        finally:
-            for p in patches:
-                p.remove()
-        f, h, w = plan.latent
-        report = TimingReport.from_records(records, cfg.device, warmup_s=warmup_s,
-                                           untimed=untimed if cfg.compile else ())
-        return _Measured(report, sum(s for n, _, s in records if n == "layout"), latents[:, :, :f, :h, :w])
+        run = session.run(backend, plan, context=context, what=f"profiling {label}")
+        report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
+                                           untimed=session.untimed(backend))
+        return _Measured(report, run.layout_s, run.latents)
 
-    fused = fused_blocks_apply(cfg.device, cfg.compile, enabled=cfg.fused_blocks)
-    if fused:
-        model.notes.append(fused_blocks_note(cfg.warmup) + ("; every row has them, diffusers-sdpa included, so the "
-                                                            "overhead rows compare attention processors and hooks "
-                                                            "only" if cfg.stock else ""))
-
-    def patched(backend: Any) -> Callable[[Any], list]:
-        def install(timer: Any) -> list:
-            attach_weights(model, backend)  # the backend's own weights (e.g. VSA's trained gates), if any
-            patches = [patch_transformer(t, backend, timer, expert=n, fused_blocks=fused) for n, t in transformers]
-            if backend.weights is not None:
-                patches.append(_Detach(transformers, backend.weights))
-            return patches
-
-        return install
-
-    def condition_on(plan: Any) -> None:
-        """Image-to-video models: synthetic first (and, where the model needs one, last) frames in `extra`, fitted
-        to the plan's denoised size as `generate` fits a user's image."""
-        if not cfg.conditioned:
-            return
-        from .image import extend_to, synthetic_image
-        from .presets import LAST_IMAGE_REQUIRED
-
-        extra["image"] = extend_to(synthetic_image(cfg.height, cfg.width, cfg.seed), plan.denoise_height,
-                                   plan.denoise_width)
-        if cfg.source.preset.last_image == LAST_IMAGE_REQUIRED:
-            extra["last_image"] = extend_to(synthetic_image(cfg.height, cfg.width, cfg.seed + 1),
-                                            plan.denoise_height, plan.denoise_width)
-
-    if cfg.conditioned:
-        from .presets import LAST_IMAGE_REQUIRED
-
-        model.notes.append("image-to-video model: conditioned on a synthetic first frame"
-                           + (" and last frame" if cfg.source.preset.last_image == LAST_IMAGE_REQUIRED else "")
-                           + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
-                             "CLIP where the model has it) is outside the DiT times")
     rows: list[ProfileRow] = []
     latents: dict[int, Any] = {}  # id(row) -> its final latents
     for fit in cfg.tile_fits:
-        plan = denoise_plan(cfg, pipe, fit)
-        condition_on(plan)
+        plan = session.plan(fit)
         for spec, backend in backends:
-            m = measure(f"{spec.name} (tile fit {fit})", plan, patched(backend), contextlib.nullcontext,
-                        compile_untimed(backend))
+            m = measure(f"{spec.name} (tile fit {fit})", plan, backend)
             impl = backend.describe(device).get("impl_ran", spec.impl)
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
             rows[-1].spec = spec.text()
@@ -340,16 +249,11 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     overhead: list[ProfileRow] = []
     if cfg.stock:
         fit = cfg.tile_fits[0]
-        plan = denoise_plan(cfg, pipe, fit)
-        condition_on(plan)
-        stock_install = lambda timer: [time_transformer(t, timer, expert=n, fused_blocks=fused)  # noqa: E731
-                                       for n, t in transformers]
-        m = measure(f"{STOCK} (diffusers' processors)", plan, stock_install,
-                    _pinned_sdpa if cuda else contextlib.nullcontext)
+        plan = session.plan(fit)
+        m = measure(f"{STOCK} (diffusers' processors)", plan, None, _pinned_sdpa if cuda else contextlib.nullcontext)
         overhead.append(_make_row(STOCK, "overhead", None, fit, plan, m, cfg, False, False))
         latents[id(overhead[-1])] = m.latents
-        m = measure(f"{TILE_ORDER_FULL}", plan, patched(TileOrderFull()), contextlib.nullcontext,
-                    compile_untimed(TileOrderFull()))
+        m = measure(f"{TILE_ORDER_FULL}", plan, TileOrderFull())
         overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
         latents[id(overhead[-1])] = m.latents
 
@@ -380,7 +284,10 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                 "partial_attention_s_per_step": p.attention_s_per_step,
                 "crop_attention_s_per_step": c.attention_s_per_step,
             })
-    notes = list(dict.fromkeys(n.replace("its videos are noise", "its outputs are noise") for n in model.notes))
+    stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
+                    "processors and hooks only" if cfg.stock else "")
+    notes = list(dict.fromkeys(n.replace("its videos are noise", "its outputs are noise")
+                               + (stock_suffix if n == fused_note else "") for n in session.notes))
     if not cuda:
         notes.append("CPU timings (each configuration measured once, in order): indicative only, other work on the "
                      "machine moves them a lot; compare backends on a GPU")
@@ -393,9 +300,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     if cuda and cfg.stock:
         notes.append(f"{STOCK}: diffusers' own processors, SDPA pinned to cuDNN then flash (as `full`)")
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
-                         rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=load_s,
-                         text_encode_s=text_encode_s, notes=notes,
-                         compile_fullgraph=(breaks is None) if cfg.compile else None)
+                         rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
+                         text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -432,7 +338,7 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
     from . import __version__
     from .bench import AttentionShape, time_attention
     from .layout import plan_crop
-    from .pipeline import torch_dtype, versions
+    from .loading import torch_dtype, versions
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]

@@ -1,0 +1,163 @@
+"""vsagen.apply (vsagen/api.py): the Python API on a diffusers WanPipeline the user built (conftest's `tiny_pipe`,
+float32 on CPU), and the README's "Python API" example run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import vsagen
+from vsagen.attention import BackendSpec, make_backend
+from vsagen.errors import BadInput
+
+# Fewest steps that exercise the loop and the step counter (CFG on: two transformer forwards a step).
+STEPS = 2
+# The tiny pipeline's call: 9 frames of 80 x 112 -> latent 3 x 10 x 14, grid 3 x 5 x 7 (partial tiles only).
+CALL = {"prompt": "a red fox in the snow", "num_frames": 9, "height": 80, "width": 112, "num_inference_steps": STEPS,
+        "output_type": "latent", "return_dict": False}
+# `full` through vsagen's processor vs diffusers' own: the same SDPA on q/k/v built by the same ops (RoPE rounds
+# identically in fp32, tests/test_processor.py TOL_FULL_FP32 = 1e-6 per forward). Relative L2 of the final latents
+# after STEPS UniPC steps with CFG: observed 0; 1e-5 allows a different but equally rounded SDPA kernel choice.
+TOL_FULL_VS_STOCK = 1e-5
+# vsa with sparsity 0 selects every tile: dense attention, but in tile order with the fine stage's per-tile softmax
+# sums (tests/test_processor.py TOL_REORDER_FP32 per forward). Relative L2 of the final latents: observed 4.9e-7;
+# 1e-5 is ~20x that. Sparsity 0.5 (the negative control) moves them by ~1.6e-2.
+TOL_DENSE_VSA = 1e-5
+
+
+def latents(pipe) -> torch.Tensor:
+    """Final latents of one seeded pipeline call (no VAE decode)."""
+    return pipe(**CALL, generator=torch.Generator("cpu").manual_seed(0))[0]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def processors(pipe) -> list:
+    return [block.attn1.processor for block in pipe.transformer.blocks]
+
+
+@pytest.mark.slow
+def test_full_reports_dit_and_attention_and_remove_restores_stock(tiny_pipe):
+    stock_procs = processors(tiny_pipe)
+    stock = latents(tiny_pipe)
+    handle = vsagen.apply(tiny_pipe, "full")
+    assert handle.spec == BackendSpec("full", handle.backend.options) and handle.backend.name == "full"
+    assert all(type(p).__name__ == "VsagenAttnProcessor" for p in processors(tiny_pipe))
+    patched = latents(tiny_pipe)
+    report = handle.report()
+    assert report.dit_forwards == 2 * STEPS  # CFG: two forwards a step
+    assert len(report.dit_per_step_s) == STEPS  # steps counted at the scheduler, no callback passed
+    assert report.dit_s > 0 and report.self_attention_s > 0 and report.attn1_s >= report.self_attention_s
+    assert 0 < report.attention_share_of_dit < 1
+    assert report.to_dict()["dit_by_expert_s"].keys() == {"transformer"}
+    handle.remove()
+    handle.remove()  # a second remove does nothing
+    assert processors(tiny_pipe) == stock_procs
+    assert "step" not in vars(tiny_pipe.scheduler)  # the scheduler's own method again
+    assert not tiny_pipe.transformer._forward_pre_hooks and not tiny_pipe.transformer._forward_hooks
+    after = latents(tiny_pipe)
+    assert torch.equal(after, stock)  # same ops, same seed: the stock pipeline again
+    assert rel(patched, stock) <= TOL_FULL_VS_STOCK
+
+
+@pytest.mark.slow
+def test_vsa_at_sparsity_zero_is_full(tiny_pipe):
+    with vsagen.apply(tiny_pipe, "full") as h:
+        full = latents(tiny_pipe)
+    assert h.report().dit_forwards == 2 * STEPS
+    with vsagen.apply(tiny_pipe, "vsa:sparsity=0", impl="torch") as h:
+        assert (h.spec.sparsity, h.spec.impl) == (0.0, "torch")
+        dense_vsa = latents(tiny_pipe)
+    assert rel(dense_vsa, full) <= TOL_DENSE_VSA
+    with vsagen.apply(tiny_pipe, "vsa", sparsity=0.5, impl="torch"):
+        sparse = latents(tiny_pipe)
+    assert rel(sparse, full) > TOL_DENSE_VSA  # negative control: skipping tiles is seen
+
+
+def test_bad_option_names_the_backend_options(tiny_pipe):
+    with pytest.raises(BadInput, match=r"no option 'spasity'.*sparsity, impl, gate_weights"):
+        vsagen.apply(tiny_pipe, "vsa", spasity=0.9)
+    with pytest.raises(BadInput, match=r"no option 'x'.*its options: sparsity"):
+        vsagen.apply(tiny_pipe, "vsa:x=1")
+    with pytest.raises(BadInput, match="full has no option 'sparsity'; its options: none"):
+        vsagen.apply(tiny_pipe, "full", sparsity=0.5)
+    with pytest.raises(BadInput, match=r"sparsity.*\[0, 1\)"):
+        vsagen.apply(tiny_pipe, BackendSpec("vsa", make_backend("vsa").options), sparsity=1.5)
+    with pytest.raises(BadInput, match="given in the text and as a keyword"):
+        vsagen.apply(tiny_pipe, "vsa:sparsity=0.9", sparsity=0.8)
+    with pytest.raises(BadInput, match="unknown vsagen.apply backend 'nope'; available: full, vsa"):
+        vsagen.apply(tiny_pipe, "nope")
+    with pytest.raises(BadInput, match="neither a Wan pipeline"):
+        vsagen.apply(object(), "full")
+    assert all(type(p).__name__ != "VsagenAttnProcessor" for p in processors(tiny_pipe))  # nothing left behind
+
+
+def test_backend_is_checked_on_the_transformers_device_and_dtype(tiny_pipe):
+    """`apply` asks the backend whether it runs on the transformer's own device and dtype, before anything is
+    installed; a refusal is the backend's BadInput."""
+    from vsagen.attention.full import FullAttention
+
+    seen = []
+
+    class Refusing(FullAttention):
+        def check(self, device, dtype):
+            seen.append((device, dtype))
+            raise BadInput("not here")
+
+    with pytest.raises(BadInput, match="not here"):
+        vsagen.apply(tiny_pipe, Refusing(make_backend("full").options))
+    assert seen == [(torch.device("cpu"), torch.float32)]
+    assert all(type(p).__name__ != "VsagenAttnProcessor" for p in processors(tiny_pipe))
+
+
+def test_bare_transformer_and_timing_only():
+    from conftest import make_transformer
+
+    t = make_transformer()
+    with vsagen.apply(t, make_backend("full")) as h:
+        assert h.device == torch.device("cpu") and all(
+            type(b.attn1.processor).__name__ == "VsagenAttnProcessor" for b in t.blocks)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            t(hidden_states=torch.randn(1, 16, 5, 12, 20, generator=g), timestep=torch.tensor([500.0]),
+              encoder_hidden_states=torch.randn(1, 9, 32, generator=g), return_dict=False)
+    assert h.report().dit_forwards == 1 and "dit_by_expert_s" in h.report().to_dict()
+    with vsagen.apply(t, None) as h:  # timing only: the stock processors stay
+        assert h.backend is None and all(type(b.attn1.processor).__name__ != "VsagenAttnProcessor" for b in t.blocks)
+    with pytest.raises(BadInput, match="need a backend name or spec"):
+        vsagen.apply(t, None, sparsity=0.5)
+
+
+def test_import_vsagen_is_light():
+    """`vsagen.apply` is imported on first use: `import vsagen` loads neither torch nor diffusers."""
+    import subprocess
+    import sys
+
+    code = "import sys, vsagen; print(any(m.split('.')[0] in ('torch', 'diffusers') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    assert vsagen.__version__ and callable(vsagen.apply)
+
+
+def readme_python_api_block() -> str:
+    """The first ```python block under README.md's "## Python API" heading."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_readme_python_api_example_runs(tiny_pipe, capsys):
+    """README's example, run as written with `pipe` bound to the tiny WanPipeline."""
+    procs = processors(tiny_pipe)
+    namespace = {"pipe": tiny_pipe}
+    exec(compile(readme_python_api_block(), "README.md#python-api", "exec"), namespace)
+    out = capsys.readouterr().out
+    assert "attention backend" in out and "DiT" in out
+    assert processors(tiny_pipe) == procs  # the example removes what it applied
+    assert namespace["video"].shape[-1] == 3  # frames (F, H, W, 3)

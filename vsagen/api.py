@@ -1,0 +1,237 @@
+"""`vsagen.apply`: put a vsagen attention backend into a diffusers Wan pipeline you built yourself.
+
+    import vsagen
+    handle = vsagen.apply(pipe, "vsa", sparsity=0.875)    # or "vsa:sparsity=0.9", or a BackendSpec
+    video = pipe(prompt=..., ...).frames[0]
+    print(handle.report().rich_table())                  # DiT vs attention time (vsagen.timing.TimingReport)
+    handle.remove()                                      # the pipeline is stock again
+
+`apply` installs one `VsagenAttnProcessor` per `attn1` layer, the tile-order hooks (tiled backends) and the DiT
+timers on every transformer of the pipeline (`transformer`, and `transformer_2` of two-expert pipelines; a bare
+`WanTransformer3DModel` works too). It is also the only way the `vsagen` commands patch a pipeline
+(`vsagen.pipeline.Session.run`).
+
+Steps: the report's per-step DiT times need the denoising step of every transformer forward. `apply` counts steps
+at the pipeline's scheduler: it wraps `pipe.scheduler.step` (on that scheduler instance only, undone by
+`remove()`), which diffusers' Wan pipelines call once per denoising step, after that step's transformer forwards
+(both CFG passes, either expert). Nothing has to be passed to the pipeline call. Consequences: set the scheduler
+before `apply` (a scheduler swapped in afterwards is not counted); several pipeline calls count on (steps 0..n-1,
+then n..2n-1); a bare transformer has no scheduler, so its forwards stay at `handle.timer.step` (set it yourself
+to split them by step).
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .attention import BackendSpec, backend_class, resolve_spec
+from .attention.base import AttentionBackend, option_names
+from .attention.spec import make_options, parse_spec
+from .errors import BadInput
+from .timing import Timer, TimingReport
+
+WHERE = "vsagen.apply"  # names the caller in BadInput messages
+SPEC_WHERE = "vsagen.apply backend"  # ... and in those of the spec parser ("unknown vsagen.apply backend 'x'")
+
+
+def _transformers(pipe: Any) -> list[tuple[str | None, Any]]:
+    """The Wan transformers of `pipe` by component name, or [(None, pipe)] for a bare transformer.
+
+    Raises:
+        BadInput: `pipe` is neither a Wan transformer nor a pipeline with one.
+    """
+    if isinstance(pipe, torch.nn.Module) and hasattr(pipe, "blocks") and hasattr(pipe, "rope"):
+        return [(None, pipe)]
+    found = [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
+    if not found:
+        raise BadInput(f"{WHERE}: {type(pipe).__name__} is neither a Wan pipeline with a transformer nor a "
+                       "WanTransformer3DModel")
+    return found
+
+
+def _device_of(pipe: Any, transformer: Any) -> torch.device:
+    """Where the transformer computes: the pipeline's execution device (which sees through diffusers'
+    offloading), else the transformer's parameters' device."""
+    device = getattr(pipe, "_execution_device", None) if pipe is not transformer else None
+    return torch.device(device) if device is not None else next(transformer.parameters()).device
+
+
+def _weights_folder(root: Path | None, component: str | None) -> Path | None:
+    """A transformer's folder of backend-owned weights: `<root>/<component>/`, or `root` for a bare transformer."""
+    if root is None:
+        return None
+    return Path(root) / component if component is not None else Path(root)
+
+
+def _typed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Option values as the Options fields declare them where that is unambiguous (a str for a Path field)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in values.items():
+        hint = hints.get(key)
+        if isinstance(value, str) and hint is not None and Path in (hint, *typing.get_args(hint)):
+            value = Path(value).expanduser()
+        out[key] = value
+    return out
+
+
+def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> BackendSpec:
+    """The `BackendSpec` of `apply`'s arguments: a registered name, `NAME[:KEY=VALUE...]` text or a spec, with
+    `options` (keyword arguments, typed values) set on top.
+
+    Raises:
+        BadInput: an unknown backend (the message lists the registered ones), an unknown option (it lists the
+            backend's options), an option given both in the text and as a keyword, or a value the backend's
+            Options refuse.
+    """
+    if isinstance(backend, BackendSpec):
+        spec, in_text = backend, set()
+    else:
+        text = str(backend.value if isinstance(backend, Enum) else backend)
+        spec, in_text = resolve_spec(text, where=SPEC_WHERE), set(parse_spec(text, SPEC_WHERE)[1])
+    if not options:
+        return spec
+    cls = backend_class(spec.name).Options
+    known = option_names(cls)
+    for key in options:
+        if key not in known:
+            raise BadInput(f"{WHERE}: {spec.name} has no option {key!r}; its options: {', '.join(known) or 'none'}")
+        if key in in_text:
+            raise BadInput(f"{WHERE}: option {key!r} of {spec.name} given in the text and as a keyword")
+    current = {f.name: getattr(spec.options, f.name) for f in fields(spec.options)}
+    return BackendSpec(spec.name, make_options(spec.name, {**current, **_typed(cls, options)}, SPEC_WHERE))
+
+
+@dataclass
+class AppliedBackend:
+    """What `apply` installed on a pipeline (or transformer); `remove()` (or leaving a `with` block) undoes it.
+
+    Attributes:
+        backend: the attention backend object the processors call, or None (`apply(pipe, None)`: timing only).
+        spec: its `BackendSpec` (name and options), or None.
+        timer: receives every region (see `vsagen.timing`); `timer.step` tags the DiT forwards.
+        device: where the transformers compute.
+        weight_layers: how many layers got backend-owned weights from this `apply` (0: none attached here).
+    """
+
+    backend: AttentionBackend | None
+    spec: BackendSpec | None
+    timer: Timer
+    device: torch.device
+    weight_layers: int = 0
+    _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def report(self, **extra: Any) -> TimingReport:
+        """The time recorded so far (synchronizes once on CUDA): DiT seconds per forward and per step, the
+        attention backend's seconds and stages, the attention share of DiT time. `total_s`, `text_encode_s` and
+        `vae_decode_s` are 0 here (the pipeline call is not wrapped); `extra` sets further report fields."""
+        return TimingReport.from_records(self.timer.finish(), self.device.type, **extra)
+
+    def remove(self) -> None:
+        """Restore the pipeline: the processors it had, no vsagen hooks, its scheduler's own `step`, and no
+        weights attached by this `apply`. Calling it again does nothing."""
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self) -> "AppliedBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def _count_steps(pipe: Any, timer: Timer) -> Callable[[], None]:
+    """Advance `timer.step` after every `pipe.scheduler.step` call (see the module docstring). Returns the undo."""
+    scheduler = getattr(pipe, "scheduler", None)
+    if scheduler is None or not callable(getattr(scheduler, "step", None)):
+        return lambda: None
+    own = "step" in vars(scheduler)
+    original = scheduler.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        timer.step += 1
+        return out
+
+    scheduler.step = step
+
+    def undo() -> None:
+        if own:
+            scheduler.step = original
+        else:
+            del scheduler.step
+
+    return undo
+
+
+def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *, timer: Timer | None = None,
+          fused_blocks: bool = False, weights_root: Path | None = None, attach_weights: bool = True,
+          **options: Any) -> AppliedBackend:
+    """Replace the video self-attention (`attn1`) of every transformer in `pipe` by a vsagen backend, and time it.
+
+    Args:
+        pipe: a diffusers Wan pipeline (`WanPipeline`, `WanImageToVideoPipeline`, ...; both experts of two-expert
+            pipelines are patched) or a bare `WanTransformer3DModel`.
+        backend: a registered name ("full", "vsa"), `NAME[:KEY=VALUE...]` text ("vsa:sparsity=0.9"), a
+            `BackendSpec`, or a backend object (options then go into the object); None installs only the DiT
+            timers and keeps the pipeline's own processors (times stock diffusers).
+        timer: where regions go; default a new `Timer` on the pipeline's execution device, its step set to 0.
+        fused_blocks: also install `vsagen.blocks`' compiled elementwise regions (eager CUDA runs without
+            offloading; see `vsagen.pipeline.fused_blocks_apply`).
+        weights_root: a checkpoint folder whose `<component>/` subfolders (`transformer/`, `transformer_2/`; the
+            folder itself for a bare transformer) hold backend-owned weights (VSA's `to_gate_compress`); a file
+            named by the backend's options (vsa's `gate_weights`) takes precedence.
+        attach_weights: attach the backend's own weights (from the options' file or `weights_root`); `remove()`
+            detaches them. False when they are already attached (the CLI attaches them before offloading).
+        **options: the backend's options (e.g. sparsity=0.875, impl="torch"), on top of those in `backend`.
+
+    Returns:
+        An `AppliedBackend`: `report()`, `remove()`, `backend`, `spec`, `timer`; also a context manager.
+
+    Raises:
+        BadInput: an unknown backend or option (the message lists the backend's options), a value the backend
+            refuses, a backend that cannot run on the transformers' device / dtype, options given with a backend
+            object or None, a pipeline without a Wan transformer, or backend weights that do not fit.
+    """
+    from .attention.hooks import patch_transformer, time_transformer
+    from .attention.weights import attach_backend_weights, detach_layer_weights
+
+    transformers = _transformers(pipe)
+    first = transformers[0][1]
+    device = _device_of(pipe, first)
+    if backend is None or not isinstance(backend, (str, BackendSpec)):
+        if options:
+            raise BadInput(f"{WHERE}: options ({', '.join(options)}) need a backend name or spec, not "
+                           f"{'None' if backend is None else type(backend).__name__}")
+        spec = None if backend is None else BackendSpec(backend.name, backend.options)
+        built = backend
+    else:
+        spec = backend_spec(backend, options)
+        built = spec.build()
+    if built is not None:
+        built.check(device, first.dtype)
+    if timer is None:
+        timer = Timer(device)
+        timer.step = 0
+    handle = AppliedBackend(built, spec, timer, device)
+    try:
+        if built is not None and built.weights is not None and attach_weights:
+            handle._undo.append(lambda: [detach_layer_weights(t, built.weights) for _, t in transformers])
+            handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name))
+                                       for name, t in transformers)
+        for name, t in transformers:
+            patch = (time_transformer(t, timer, expert=name, fused_blocks=fused_blocks) if built is None else
+                     patch_transformer(t, built, timer, expert=name, fused_blocks=fused_blocks))
+            handle._undo.append(patch.remove)
+        if pipe is not first:
+            handle._undo.append(_count_steps(pipe, timer))
+    except BaseException:
+        handle.remove()
+        raise
+    return handle

@@ -1,0 +1,303 @@
+"""Load a Wan pipeline: tiny | local directory | hub id | random weights, in the request's dtype, placed on its
+device or offloaded (`--offload model|group`, diffusers' own offloading), VAE tiled or not, and the weights
+attention backends own (trained VSA gates) attached.
+
+Safety: only diffusers / transformers components are loaded (remote code is never trusted), and pickle weights
+only with `--allow-pickle`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .config import Request
+from .errors import BadInput, ModelNotFound, RunFailure
+from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_ALLOWED_LIBRARIES = {"diffusers", "transformers"}
+
+
+def torch_dtype(name: str):
+    """'bf16' | 'fp16' | 'fp32' -> torch dtype."""
+    import torch
+
+    return getattr(torch, _DTYPES[name])
+
+
+@dataclass
+class LoadedModel:
+    """A ready pipeline and what the report should say about it."""
+
+    pipe: Any
+    random_weights: bool
+    notes: list[str]
+    weight_root: Path | None = None  # checkpoint root (backend-owned weights are read from <root>/<expert>/)
+    weight_layers: dict[str, int] = field(default_factory=dict)  # backend name -> layers that got its weights
+
+
+def _quiet_libraries() -> None:
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def pipeline_class_name(cfg: Request) -> str:
+    """The diffusers pipeline class a request runs: image to video (`Request.image_to_video`: an input image, or,
+    for `vsagen profile`, an image-to-video model), else text to video."""
+    return I2V_PIPELINE if cfg.image_to_video else T2V_PIPELINE
+
+
+def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "WanPipeline",
+                            ti2v: bool = False) -> None:
+    """Refuse pickle-only weights (unless allowed) and components from libraries other than diffusers /
+    transformers, before diffusers imports anything named in model_index.json. Every component is checked,
+    the second expert (`transformer_2`) of two-expert pipelines included; absent optional components
+    (`[null, null]`) are skipped. A text-image-to-video checkpoint (`ti2v`, saved as a WanPipeline) may be
+    run as a WanImageToVideoPipeline."""
+    index = json.loads((path / "model_index.json").read_text())
+    accepted = {pipeline} | ({T2V_PIPELINE} if ti2v and pipeline == I2V_PIPELINE else set())
+    if index.get("_class_name") not in accepted:
+        command = "vsagen i2v" if pipeline == I2V_PIPELINE else "vsagen t2v"
+        raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
+                       f"{command} runs {pipeline} checkpoints")
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        if spec[0] not in _ALLOWED_LIBRARIES:
+            raise BadInput(f"--model {path}: component {name!r} comes from {spec[0]!r}; only diffusers and "
+                           "transformers components are loaded (remote code is never trusted)")
+        sub = path / name
+        if not sub.is_dir() or name in ("scheduler", "tokenizer"):
+            continue
+        files = [f.name for f in sub.iterdir()]
+        has_safe = any(f.endswith(".safetensors") for f in files)
+        has_pickle = any(f.endswith(_PICKLE_SUFFIXES) for f in files)
+        if has_pickle and not has_safe and not allow_pickle:
+            raise BadInput(f"--model {path}: {name}/ has only pickle weights; pickle files can run code when "
+                           "loaded, so vsagen loads safetensors only; pass --allow-pickle if you trust them")
+
+
+def _from_pretrained(location: str, cfg: Request, dtype: Any) -> Any:
+    import diffusers
+
+    pipeline_cls = getattr(diffusers, pipeline_class_name(cfg))
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
+    kwargs["use_safetensors"] = None if cfg.allow_pickle else True
+    try:
+        return pipeline_cls.from_pretrained(location, **kwargs)
+    except (OSError, ValueError, EnvironmentError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "safetensors" in str(e).lower() and not cfg.allow_pickle:
+            raise BadInput(f"--model {cfg.model}: no safetensors weights ({first}); pass --allow-pickle to "
+                           "load pickle weights you trust") from None
+        if cfg.source.kind == "hub":
+            why = (f"hub id {location!r} is not in the local Hugging Face cache and could not be downloaded "
+                   f"({_short(first)})")
+        else:
+            why = f"directory {location}: {_short(first)}"
+        timing_hint = ", time its architecture with --random-weights" if cfg.source.exact_preset else ""
+        raise ModelNotFound(
+            f"cannot load model {cfg.model!r}: {why}. Download it with `hf download {location} --local-dir DIR` "
+            f"and pass --model DIR{timing_hint}, or try --model tiny") from None
+
+
+def _short(msg: str, limit: int = 100) -> str:
+    msg = msg.split(" (")[0].strip()
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _random_weights_pipeline(preset: Preset, dtype: Any, device: str, flow_shift: float,
+                             image_to_video: bool = False) -> Any:
+    """The preset's real transformer(s) and VAE architectures with random weights, no text encoder; the
+    preset's pipeline family (second expert and boundary, per-token timesteps) as a checkpoint would have it,
+    as a WanImageToVideoPipeline when `image_to_video` (image-to-video and ti2v presets)."""
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    with torch.device(device):
+        transformer = WanTransformer3DModel(**preset.transformer).to(dtype).eval()
+        transformer_2 = (WanTransformer3DModel(**preset.transformer_2).to(dtype).eval()
+                         if preset.transformer_2 is not None else None)
+        vae = AutoencoderKLWan(**preset.vae).eval()
+        encoder = processor = None
+        if image_to_video and preset.image_encoder is not None:
+            from .tiny import tiny_image_encoder
+
+            encoder, processor = tiny_image_encoder(preset.image_encoder)
+            encoder = encoder.to(dtype)
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        flow_shift=flow_shift)
+    if image_to_video:
+        from diffusers import WanImageToVideoPipeline
+
+        return WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler,
+                                       image_processor=processor, image_encoder=encoder, transformer=transformer,
+                                       transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
+                                       expand_timesteps=preset.expand_timesteps)
+    return WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=transformer,
+                       transformer_2=transformer_2, boundary_ratio=preset.boundary_ratio,
+                       expand_timesteps=preset.expand_timesteps)
+
+
+# `--offload group`: diffusers' group offloading, one transformer block per group (the smallest GPU footprint
+# block-level offloading has), on CUDA with a side stream that prefetches the next block while the current one runs
+# (diffusers then pins the CPU copies of the weights). Components without ModuleList blocks (the text and image
+# encoders) move as one group. The VAE stays on the GPU: its weights are small next to its activations (the Wan2.1
+# VAE has 127 M parameters), and diffusers warns that streamed group offloading of an autoencoder may not work when
+# its first forward runs tiled (`--vae-tiling`).
+GROUP_OFFLOAD = {"offload_type": "block_level", "num_blocks_per_group": 1}
+GROUP_OFFLOAD_KEEP_ON_DEVICE = ["vae"]
+
+
+def place_pipeline(pipe: Any, offload: str, device: str) -> None:
+    """Put the pipeline's weights where `offload` says; this replaces `pipe.to(device)`.
+
+    * `none`: every component on `device`.
+    * `model`: `pipe.enable_model_cpu_offload()`: components stay in CPU memory and each moves whole to the GPU
+      when it runs (text encoder, image encoder, transformer(s), VAE in turn; the previous one goes back).
+    * `group`: `pipe.enable_group_offload(...)` with `GROUP_OFFLOAD` (block level, one block per group; a CUDA
+      stream prefetches the next block when `device` is CUDA), the VAE kept on the device.
+
+    Offloading installs diffusers' / accelerate's hooks by replacing the modules' `forward`; vsagen's own hooks
+    (`patch_transformer`) are torch forward hooks, which `Module.__call__` runs around `forward`, so they run first
+    on the way in (before the weights are onloaded) and last on the way out, whichever is installed first.
+    Call this after anything that adds or converts weights (trained VSA gates, the VAE dtype): group offloading
+    records the parameters it manages when it is enabled.
+    `resolve` refuses offloading without CUDA; this function itself also runs with `device="cpu"` (no stream),
+    which is how the tests exercise the hooks on a CPU-only machine.
+    """
+    import torch
+
+    if offload == "none":
+        pipe.to(device)
+    elif offload == "model":
+        pipe.enable_model_cpu_offload(device=torch.device(device))
+    elif offload == "group":
+        onload = torch.device(device)
+        pipe.enable_group_offload(onload_device=onload, offload_device=torch.device("cpu"),
+                                  use_stream=onload.type == "cuda", exclude_modules=GROUP_OFFLOAD_KEEP_ON_DEVICE,
+                                  **GROUP_OFFLOAD)
+    else:
+        raise ValueError(f"unknown offload mode {offload!r}")
+
+
+def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any] = ()) -> LoadedModel:
+    """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
+    see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
+    image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's trained gates) are
+    attached before the weights are placed (`attach_weights`).
+
+    Raises:
+        ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
+        BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint.
+    """
+    import torch
+    from diffusers import UniPCMultistepScheduler
+
+    _quiet_libraries()
+    torch.manual_seed(cfg.seed)
+    dtype = torch_dtype(cfg.dtype)
+    preset, src = cfg.source.preset, cfg.source
+    notes: list[str] = []
+    weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
+    if cfg.random_weights:
+        # offloaded weights live in CPU memory: build them there (the model may not fit on the GPU at once)
+        build_on = cfg.device if cfg.offload == "none" else "cpu"
+        pipe = _random_weights_pipeline(preset, dtype, build_on, cfg.flow_shift, cfg.image_to_video)
+        notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
+    else:
+        if src.kind == "tiny":
+            from .tiny import ensure_tiny_checkpoint
+
+            try:
+                location = str(ensure_tiny_checkpoint(preset))
+            except OSError as e:
+                raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
+                                 f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
+                                 "writable folder") from None
+            notes.append(f"model {preset.name!r} has random weights: its videos are noise (for plumbing and timing)")
+        else:
+            location = src.location
+        if src.kind in ("tiny", "dir"):
+            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
+            weight_root = Path(location)
+        pipe = _from_pretrained(location, cfg, dtype)
+        if src.kind == "hub":
+            try:
+                from huggingface_hub import snapshot_download
+
+                weight_root = Path(snapshot_download(location, allow_patterns=["transformer/*", "transformer_2/*"],
+                                                     local_files_only=True))
+            except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
+                weight_root = None
+        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
+    vae_dtype = preset.defaults.vae_dtype
+    if vae_dtype != "same":
+        pipe.vae.to(torch_dtype(vae_dtype))
+    for _, t in experts(pipe):
+        t.eval()
+    model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
+    for backend in backends:
+        attach_weights(model, backend)
+    place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
+    if cfg.offload != "none":
+        notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
+                     "the timed regions that trigger them (text encode, DiT forwards, ...)")
+    if cfg.vae_tiled:
+        pipe.vae.enable_tiling()
+    else:
+        pipe.vae.disable_tiling()
+    return model
+
+
+def attach_weights(model: LoadedModel, backend: Any) -> int:
+    """Attach the weights `backend` owns to every transformer of the pipeline (`vsagen.attention.weights`), from the
+    file its options name or the checkpoint's `<root>/<expert>/` folder, and note how many layers got them.
+
+    Raises:
+        BadInput: a weights file that cannot be read or whose shapes do not fit the model (one line naming the
+            first mismatch).
+    """
+    from .attention.weights import attach_backend_weights
+
+    n = sum(attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None)
+            for name, t in experts(model.pipe))
+    model.weight_layers[backend.name] = n
+    if n and backend.weights is not None:
+        model.notes.append(f"loaded trained {backend.name} weights ({backend.weights.attr}) for {n} layers")
+    return n
+
+
+def experts(pipe: Any) -> list[tuple[str, Any]]:
+    """The pipeline's transformers by component name: [("transformer", t)] or, for two-expert (A14B-style)
+    pipelines, also ("transformer_2", t2)."""
+    return [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
+
+
+def versions(device: str) -> dict[str, str]:
+    """Python, torch, diffusers (and triton, GPU name, CUDA) versions for reports."""
+    import diffusers
+    import torch
+
+    v = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if device == "cuda":
+        v["gpu"] = torch.cuda.get_device_name()
+        v["cuda"] = str(torch.version.cuda)
+    return v
+

@@ -1,0 +1,134 @@
+"""Where a model comes from: `--model` (preset name | local diffusers directory | hub id) -> `ModelSource`.
+
+Resolution reads presets and small JSON configs only (no torch, no diffusers), so bad input fails fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInput, ModelNotFound
+from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_for_hub_id,
+                      preset_for_transformer_config, preset_names, same_architecture, same_family)
+
+DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: kind "tiny" (built offline), "hub" (hub id) or "dir" (local directory)."""
+
+    kind: str
+    location: str  # hub id or directory ("" for tiny)
+    preset: Preset
+    exact_preset: bool = True  # False: the preset only supplies generation defaults (architecture unknown)
+    rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
+    pipeline: str = ""  # diffusers pipeline class (a directory's model_index.json, else the preset's)
+    last_image_use: str = ""  # a directory's own (`last_image_use` of its configs); "" for presets: the preset's
+
+    @property
+    def image_to_video(self) -> bool:
+        """True when the model is an image-to-video-only pipeline (run by `vsagen i2v` alone)."""
+        return (self.pipeline or self.preset.pipeline) == I2V_PIPELINE
+
+    @property
+    def takes_image(self) -> bool:
+        """True when `vsagen i2v` can run the model: an image-to-video pipeline, or a text-image-to-video one
+        (Wan2.2-TI2V-5B style; a ti2v preset is only matched to checkpoints of its family)."""
+        return self.image_to_video or self.preset.ti2v
+
+    @property
+    def last_image(self) -> str:
+        """How the model uses a last frame (`--last-image`): a `vsagen.presets.LAST_IMAGE_*` value, from the
+        checkpoint's own configs for a directory, else from the preset."""
+        return self.last_image_use or self.preset.last_image
+
+
+
+def _read_index(index: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelNotFound(f"--model {index.parent}: cannot read {index}: {e}") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _tiny_preset_for(tcfg: dict[str, Any], index: dict[str, Any]) -> Preset | None:
+    """The bundled tiny preset whose transformer architecture and pipeline family (second expert or not,
+    per-token timesteps or not) a checkpoint directory has, if any."""
+    for n in preset_names():
+        p = load_preset(n)
+        if (p.source == "tiny" and all(tcfg.get(k) == v for k, v in p.transformer.items() if k != "patch_size")
+                and same_architecture(tcfg, p.transformer) and same_family(p, index)):
+            return p
+    return None
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Map `--model` (preset name | local diffusers directory | hub id) to a `ModelSource`.
+
+    Raises:
+        BadInput / ModelNotFound: not a preset, not a usable directory, not of the form org/name.
+    """
+    if model in preset_names():
+        p = load_preset(model)
+        rope = p.transformer.get("rope_max_seq_len")
+        return ModelSource("tiny" if p.source == "tiny" else "hub", p.hub_id if p.source == "hub" else "", p,
+                           rope_max_seq_len=rope)
+    path = Path(model).expanduser()
+    if path.is_dir():
+        index = path / "model_index.json"
+        if not index.is_file():
+            raise ModelNotFound(f"--model {model}: not a diffusers pipeline directory (no model_index.json)")
+        cfg_path = path / "transformer" / "config.json"
+        try:
+            tcfg = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
+        preset = preset_for_transformer_config(tcfg, _read_index(index), path.resolve().name)
+        exact = preset is not None
+        if preset is None:
+            # An architecture no preset describes (e.g. a test checkpoint): take a tiny preset's settings only
+            # if it is that tiny architecture and family (experts, per-token timesteps), else the default
+            # model's generation settings.
+            preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
+        index_data = _read_index(index)
+        cls = index_data.get("_class_name")
+        takes_image = cls == I2V_PIPELINE or preset.ti2v  # as ModelSource.takes_image
+        return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
+                           rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")),
+                           pipeline=cls if isinstance(cls, str) else "",
+                           last_image_use=last_image_use(takes_image, tcfg,
+                                                         bool(index_data.get("expand_timesteps", False))))
+    if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
+        preset = preset_for_hub_id(model)
+        if preset is not None:
+            return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"))
+        return ModelSource("hub", model, load_preset(DEFAULT_MODEL), exact_preset=False)
+    raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
+                   "directory, or a hub id of the form org/name; try --model tiny")
+
+
+
+def attention_dims(src: ModelSource, model: str) -> tuple[int, int]:
+    """(heads, head_dim) of the model's self-attention, from its checkpoint directory or preset."""
+    tcfg: dict[str, Any] = dict(src.preset.transformer)
+    if src.kind == "dir":
+        try:
+            tcfg = json.loads((Path(src.location) / "transformer" / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelNotFound(f"--model {model}: cannot read its transformer config: {e}") from None
+    elif not src.exact_preset:
+        raise BadInput(f"--kernels needs the attention shape of --model {model}, and no preset describes it; "
+                       f"use a preset name ({', '.join(preset_names())}) or a local checkpoint directory")
+    try:
+        return int(tcfg["num_attention_heads"]), int(tcfg["attention_head_dim"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelNotFound(f"--model {model}: its transformer config has no num_attention_heads / "
+                            "attention_head_dim") from None
+

@@ -149,7 +149,7 @@ def test_warmup_is_reported_apart(cli_cache, tmp_path):
 
 
 class _Recorder:
-    """Stands in for vsagen.pipeline.generate: records the RunConfig, or raises `error`."""
+    """Stands in for vsagen.generate.generate: records the RunConfig, or raises `error`."""
 
     def __init__(self, error: Exception | None = None):
         self.configs = []
@@ -169,7 +169,7 @@ class _Recorder:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = _Recorder()
-    monkeypatch.setattr("vsagen.pipeline.generate", rec)
+    monkeypatch.setattr("vsagen.generate.generate", rec)
     return rec
 
 
@@ -224,7 +224,7 @@ def test_errors_while_running_map_to_one_line(monkeypatch, tmp_path, error, code
         error = errors.RunFailure("decoding failed")
     elif error == "ModelNotFound":
         error = errors.ModelNotFound("no such model")
-    monkeypatch.setattr("vsagen.pipeline.generate", _Recorder(error))
+    monkeypatch.setattr("vsagen.generate.generate", _Recorder(error))
     res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "x.mp4"))
     assert res.exit_code == code
     assert assert_one_error_line(res.stderr, res.stdout) == expected

@@ -265,7 +265,7 @@ def test_ti2v_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, 
     """Per-token timesteps through the tile-order hooks, end to end: `--attn vsa --sparsity 0` (tile order, every
     tile selected) gives the frames of `--attn full` (raster order), compared as handed to the encoder (at most
     1 uint8 level apart; see test_pipeline.test_vsa_at_sparsity_zero_gives_the_frames_of_full)."""
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     frames = encoder_frames
     # grid 2 x 5 x 7: partial tiles on every axis

@@ -280,7 +280,7 @@ def test_ti2v_image_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_
     t = 0, the rest t): `--attn vsa --sparsity 0` (tile order) gives the frames of `--attn full` (raster
     order), so the timesteps are reordered with the tokens (at most 1 uint8 level apart, as in test_families)."""
     from vsagen.config import resolve
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     img = noise_image(tmp_path / "in.png", size=(224, 160))
     common = dict(model="tiny-ti2v", frames=5, height=160, width=224, steps=1, device="cpu", image=img)
@@ -380,7 +380,7 @@ def test_last_image_goes_into_the_condition_of_a_model_without_clip(i2v_a14b_dir
     compared: the tiny random VAE hardly tells images apart; its latents of a white and a black image differ by a
     few 1e-3, less than one uint8 level after denoising and decoding.)"""
     from vsagen.config import resolve
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     first = noise_image(tmp_path / "first.png")
     lasts = [None, tmp_path / "white.png", tmp_path / "black.jpg"]

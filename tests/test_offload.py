@@ -52,7 +52,7 @@ def noise_image(path, size=(48, 40), seed=0):
 
 @pytest.fixture
 def recorder(monkeypatch):
-    """Replaces vsagen.pipeline.generate: records the RunConfig the CLI resolved."""
+    """Replaces vsagen.generate.generate: records the RunConfig the CLI resolved."""
     configs = []
 
     def fake(cfg, *, log=None, progress=True):
@@ -63,7 +63,7 @@ def recorder(monkeypatch):
 
         return Result()
 
-    monkeypatch.setattr("vsagen.pipeline.generate", fake)
+    monkeypatch.setattr("vsagen.generate.generate", fake)
     return configs
 
 
@@ -274,7 +274,7 @@ def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path,
     """Each family (two experts; per-token timesteps; image to video with CLIP and a VAE-encoded condition), run
     with VSA (tile order) under no, model and group offload on the CPU: the same frames, bit for bit, the same
     number of DiT forwards and attention stages, and offload recorded in the JSON."""
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     image = noise_image(tmp_path / "in.png") if model == "tiny-i2v" else None
     summaries = {}

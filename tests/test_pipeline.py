@@ -68,7 +68,7 @@ def patched_output(transformer, attn: str, sparsity, inputs):
 @pytest.mark.slow
 @pytest.mark.parametrize("fit", ["crop", "partial"])
 def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, fit):
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     # frames 9 -> 3 latent frames; 80 x 112 -> 10 x 14 latent -> grid 3 x 5 x 7, no dimension a multiple of 4.
     out = tmp_path / "crop.mp4"
@@ -101,7 +101,7 @@ def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, f
 
 @pytest.mark.slow
 def test_local_checkpoint_directory_loads(vsagen_cache, tiny_pipe, tmp_path):
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     ckpt = tmp_path / "my-wan"
     tiny_pipe.save_pretrained(ckpt, safe_serialization=True)
@@ -143,7 +143,7 @@ def test_pickle_only_weights_need_allow_pickle(vsagen_cache, tiny_dir, tmp_path)
 
 
 def test_pickle_refusal_through_generate_writes_nothing(vsagen_cache, tiny_dir, tmp_path):
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
     _make_pickle_only(ckpt)
@@ -188,7 +188,8 @@ def test_directory_without_model_index_is_refused(vsagen_cache, tmp_path):
 def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from vsagen.pipeline import generate, load_model
+    from vsagen.generate import generate
+    from vsagen.pipeline import load_model
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "gated")
     weights = ckpt / "transformer" / "diffusion_pytorch_model.safetensors"
@@ -250,7 +251,7 @@ def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
 @pytest.mark.parametrize("model,hub_id", [("some-org/some-model", "some-org/some-model"),
                                           ("wan2.1-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
 def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     if cached_locally(hub_id):
         pytest.skip(f"{hub_id} is in the local Hugging Face cache")
@@ -278,7 +279,8 @@ def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
 
 @pytest.mark.slow
 def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
-    from vsagen.pipeline import generate, load_model
+    from vsagen.generate import generate
+    from vsagen.pipeline import load_model
 
     cfg = resolve("ignored prompt", model="tiny", random_weights=True, steps=STEPS, out=tmp_path / "rw.mp4")
     model = load_model(cfg, log=lambda m: None)
@@ -293,7 +295,7 @@ def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
 
 @pytest.mark.slow
 def test_tiny_run_reports_not_random_weights(vsagen_cache, tmp_path):
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     cfg = resolve("a prompt", model="tiny", steps=1, guidance=1.0, out=tmp_path / "t.mp4")
     result = generate(cfg, progress=False)
@@ -313,7 +315,7 @@ def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, t
     not compared. The Triton kernels run under the interpreter here (conftest sets TRITON_INTERPRET=1); the
     grid 2x5x7 has partial tiles on both spatial axes.
     """
-    from vsagen.pipeline import generate
+    from vsagen.generate import generate
 
     frames = encoder_frames
     common = dict(model="tiny", frames=5, height=80, width=112, steps=1, device="cpu")

@@ -239,7 +239,6 @@ def test_fused_prologue_equals_the_eager_prologue(monkeypatch, attn, sparsity, f
     """The processor with the fused norm + RoPE kernel (forced on, under the interpreter) against the same
     processor with diffusers' eager arithmetic: raster RoPE tables (full) and tile-order ones (vsa), with and
     without a fused q/k/v projection (strided q, k rows). fp32 on both sides: differences are rounding only."""
-    import vsagen.attention.processor as proc
     from vsagen.kernels import qk_norm_rope
 
     t = make_transformer()

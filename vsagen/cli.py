@@ -149,7 +149,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
         from rich.console import Console
 
         err = Console(stderr=True)
-        from .pipeline import generate
+        from .generate import generate
 
         result = generate(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True), progress=True)
         if json_out:

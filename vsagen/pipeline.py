@@ -499,16 +499,3 @@ class Session:
             unwrap()
             handle.remove()
         return Denoised(latents, video, records, warmup_s, plan)
-
-
-# The t2v / i2v driver lives in vsagen.generate (it imports this module); `vsagen.pipeline.generate` stays an import
-# path for it.
-_DRIVER = ("generate", "RunResult")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DRIVER:
-        from . import generate as driver
-
-        return getattr(driver, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

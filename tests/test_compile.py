@@ -234,7 +234,7 @@ def test_torch_compile_failures_name_the_option(monkeypatch, tmp_path):
     line says where it came from (new-user trial: a broken C++ toolchain gave a bare InductorError)."""
     from torch._inductor.exc import InductorError
 
-    import vsagen.pipeline
+    import vsagen.generate
 
     def broken(*args, **kwargs):
         try:
@@ -242,12 +242,12 @@ def test_torch_compile_failures_name_the_option(monkeypatch, tmp_path):
         except RuntimeError as e:
             raise InductorError(e, "") from e
 
-    monkeypatch.setattr(vsagen.pipeline, "generate", broken)
+    monkeypatch.setattr(vsagen.generate, "generate", broken)
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--compile", "--out",
                               str(tmp_path / "x.mp4")])
     assert res.exit_code == 1
     line = assert_one_error_line(res.stderr, res.stdout)
     assert "InductorError" in line and "try without --compile" in line
-    monkeypatch.setattr(vsagen.pipeline, "generate", lambda *a, **k: (_ for _ in ()).throw(ValueError("plain")))
+    monkeypatch.setattr(vsagen.generate, "generate", lambda *a, **k: (_ for _ in ()).throw(ValueError("plain")))
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--out", str(tmp_path / "y.mp4")])
     assert res.exit_code == 1 and "--compile" not in res.stderr

@@ -130,7 +130,7 @@ def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
 
 
 def test_profile_resolves_two_configurations_of_one_backend():
-    from vsagen.config import resolve_profile
+    from vsagen.profile_config import resolve_profile
 
     cfg = resolve_profile(model="tiny", attn="full,vsa:sparsity=0.85,vsa:sparsity=0.9:impl=torch")
     assert [(b.name, b.sparsity, b.impl) for b in cfg.backends] == [("full", None, "auto"), ("vsa", 0.85, "auto"),

@@ -189,3 +189,18 @@ def test_tuning_is_passed_down_to_the_kernels(monkeypatch):
     assert seen == [("coarse", tuning), ("fine", tuning)]
     with pytest.raises(BadInput, match="KernelTuning"):
         VSAOptions(tuning="fast")
+
+
+def test_rows_that_read_the_same_are_labelled_by_their_spec():
+    from vsagen.profile import ProfileRow, row_labels
+
+    def row(sparsity, spec, fit="partial"):
+        return ProfileRow(backend="vsa", kind="backend", sparsity=sparsity, impl=None, tile_fit=fit, grid=[1, 1, 1],
+                          tokens=1, tiles=1, full_tiles=1, steps=1, dit_forwards=1, dit_s_per_step=1.0,
+                          dit_per_step_s=[1.0], attn1_s_per_step=None, attention_s_per_step=None,
+                          attention_stages_s_per_step={}, layout_s_per_step=None, attention_share_of_dit=None,
+                          projected_steps=1, projected_dit_s=1.0, warmup_s=0.0, spec=spec)
+
+    rows = [row(0.5, "vsa:sparsity=0.5:impl=torch"), row(0.5, "vsa:sparsity=0.5:impl=triton"),
+            row(0.75, "vsa:sparsity=0.75:impl=torch"), row(0.5, "vsa:sparsity=0.5:impl=torch", fit="crop")]
+    assert row_labels(rows) == ["vsa:sparsity=0.5:impl=torch", "vsa:sparsity=0.5:impl=triton", "vsa 0.75", "vsa 0.5"]

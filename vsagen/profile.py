@@ -107,6 +107,14 @@ class ProfileRow:
         return self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "")
 
 
+def row_labels(rows: list[ProfileRow]) -> list[str]:
+    """Each row's label ("vsa 0.875"), or its full spec ("vsa:sparsity=0.875:impl=torch") where two rows of one tile
+    fit would otherwise read the same (two settings of one backend that differ in more than the sparsity)."""
+    labels = [r.label for r in rows]
+    keys = [(label, r.tile_fit) for label, r in zip(labels, rows)]
+    return [r.spec if keys.count(k) > 1 and r.spec else label for label, r, k in zip(labels, rows, keys)]
+
+
 @dataclass
 class ProfileReport:
     """The result of `profile_dit`: `rows` holds one `ProfileRow` per (tile fit, backend), in that order;
@@ -238,10 +246,12 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 
     rows: list[ProfileRow] = []
     latents: dict[int, Any] = {}  # id(row) -> its final latents
+    names = [spec.name for spec in cfg.backends]
     for fit in cfg.tile_fits:
         plan = session.plan(fit)
         for spec, backend in backends:
-            m = measure(f"{spec.name} (tile fit {fit})", plan, backend)
+            what = spec.text() if names.count(spec.name) > 1 else spec.name  # two settings of one backend: spell out
+            m = measure(f"{what} (tile fit {fit})", plan, backend)
             impl = backend.describe(device).get("impl_ran", spec.impl)
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
             rows[-1].spec = spec.text()
@@ -293,7 +303,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                      "machine moves them a lot; compare backends on a GPU")
     if BASELINE not in [s.name for s in cfg.backends]:
         notes.append("no `full` in --attn: speed-ups, latent distances and the overhead of `full` are not computed")
-    interpreted = sorted({r.label for r in rows if r.impl == "triton"})
+    interpreted = sorted({label for r, label in zip(rows, row_labels(rows)) if r.impl == "triton"})
     if interpreted and os.environ.get("TRITON_INTERPRET", "0") == "1":  # as kernels.block_sparse_attn.interpreting
         notes.append(f"{', '.join(interpreted)}: the Triton kernels ran under the Triton interpreter "
                      "(TRITON_INTERPRET=1), so these times are the interpreter's, not the kernels'")
@@ -408,9 +418,9 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
             "layout s/step", "attn % DiT", "speed-up vs full", f"projected DiT s ({n} steps)",
             "latents rel-L2 vs full"]
     body = []
-    for r in rep.rows:
+    for r, label in zip(rep.rows, row_labels(rep.rows)):
         stages = ", ".join(f"{k} {_sec(v)}" for k, v in r.attention_stages_s_per_step.items()) or "-"
-        body.append([r.label, r.tile_fit, f"{'x'.join(map(str, r.grid))} ({r.tokens}, {r.tiles})",
+        body.append([label, r.tile_fit, f"{'x'.join(map(str, r.grid))} ({r.tokens}, {r.tiles})",
                      _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), stages, _sec(r.layout_s_per_step),
                      _pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _sec(r.projected_dit_s),
                      _rel(r.latents_rel_l2_vs_full)])
@@ -541,7 +551,7 @@ def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> No
 
     rows = rep.rows
     two_fits = len({r.tile_fit for r in rows}) > 1
-    labels = [r.label + (f"\n{r.tile_fit}" if two_fits else "") for r in rows]
+    labels = [label + (f"\n{r.tile_fit}" if two_fits else "") for r, label in zip(rows, row_labels(rows))]
     untimed = [r.attention_s_per_step is None for r in rows]  # --compile: attention inside the graphs
     attn = [r.attention_s_per_step or 0.0 for r in rows]
     lay = [r.layout_s_per_step or 0.0 for r in rows]

@@ -209,7 +209,6 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from . import __version__
-    from .bench import rel_l2
     from .pipeline import Conditioning, Session, fused_blocks_note, torch_dtype, versions
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -267,6 +266,20 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
         latents[id(overhead[-1])] = m.latents
 
+    _compare_with_full(rows, overhead, latents)
+    del latents
+    comparison = _tile_fit_comparison(cfg, rows)
+    notes = _profile_notes(cfg, session.notes, fused_note, rows, cuda)
+    return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
+                         rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
+                         text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
+
+
+def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], latents: dict[int, Any]) -> None:
+    """Fill each row's speed-up and latent distance against the first `full` row of its tile fit, and the overhead
+    against `diffusers-sdpa` (`overhead[0]`, when the overhead rows ran). `latents`: id(row) -> final latents."""
+    from .bench import rel_l2
+
     full: dict[str, ProfileRow] = {}
     for r in rows:  # the first `full` entry of each tile fit is the baseline
         if r.backend == BASELINE:
@@ -281,23 +294,33 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                 r.speedup_vs_full = ref.dit_s_per_step / r.dit_s_per_step
         if stock is not None and r.tile_fit == stock.tile_fit and (r.kind == "overhead" or r.backend == BASELINE):
             r.overhead_vs_stock = r.dit_s_per_step / stock.dit_s_per_step - 1.0
-    del latents
+
+
+def _tile_fit_comparison(cfg: ProfileConfig, rows: list[ProfileRow]) -> list[dict[str, Any]]:
+    """One entry per backend entry when both tile fits ran: its partial and crop rows side by side."""
     comparison: list[dict[str, Any]] = []
-    if set(cfg.tile_fits) == {"partial", "crop"}:
-        for spec in cfg.backends:
-            p, c = (next(r for r in rows if r.spec == spec.text() and r.tile_fit == f) for f in ("partial", "crop"))
-            comparison.append({
-                "backend": spec.name, "sparsity": spec.sparsity,
-                "partial_tokens": p.tokens, "crop_tokens": c.tokens,
-                "partial_dit_s_per_step": p.dit_s_per_step, "crop_dit_s_per_step": c.dit_s_per_step,
-                "crop_vs_partial": c.dit_s_per_step / p.dit_s_per_step,
-                "partial_attention_s_per_step": p.attention_s_per_step,
-                "crop_attention_s_per_step": c.attention_s_per_step,
-            })
+    if set(cfg.tile_fits) != {"partial", "crop"}:
+        return comparison
+    for spec in cfg.backends:
+        p, c = (next(r for r in rows if r.spec == spec.text() and r.tile_fit == f) for f in ("partial", "crop"))
+        comparison.append({
+            "backend": spec.name, "sparsity": spec.sparsity,
+            "partial_tokens": p.tokens, "crop_tokens": c.tokens,
+            "partial_dit_s_per_step": p.dit_s_per_step, "crop_dit_s_per_step": c.dit_s_per_step,
+            "crop_vs_partial": c.dit_s_per_step / p.dit_s_per_step,
+            "partial_attention_s_per_step": p.attention_s_per_step,
+            "crop_attention_s_per_step": c.attention_s_per_step,
+        })
+    return comparison
+
+
+def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str | None, rows: list[ProfileRow],
+                   cuda: bool) -> list[str]:
+    """The report's notes: the session's (once each), then what the reader must know about these timings."""
     stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
                     "processors and hooks only" if cfg.stock else "")
     notes = list(dict.fromkeys(n.replace("its videos are noise", "its outputs are noise")
-                               + (stock_suffix if n == fused_note else "") for n in session.notes))
+                               + (stock_suffix if n == fused_note else "") for n in session_notes))
     if not cuda:
         notes.append("CPU timings (each configuration measured once, in order): indicative only, other work on the "
                      "machine moves them a lot; compare backends on a GPU")
@@ -309,9 +332,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                      "(TRITON_INTERPRET=1), so these times are the interpreter's, not the kernels'")
     if cuda and cfg.stock:
         notes.append(f"{STOCK}: diffusers' own processors, SDPA pinned to cuDNN then flash (as `full`)")
-    return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
-                         rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
-                         text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
+    return notes
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -252,3 +252,101 @@ def assert_all_finite(*xs):
 
 
 NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+# ------------------------------------------------------------------------------------ attention backend helpers
+# Shared by tests/attention/ (full, vsa, spec, ...).
+
+# fp32 attention over a few hundred keys (D = 16) against a float64 softmax: fp32 rounding only (~1e-7
+# relative per op); 1e-5 catches any real error.
+FP32_ATOL = 1e-5
+FP32_RTOL = 1e-5
+
+
+def attn_ctx(layout, gate, timer):
+    """An AttnContext whose backend-owned gate projection returns `gate` (B, S, H, D) as given (or no gate)."""
+    from vsagen.attention.base import AttnContext
+
+    params = None if gate is None else (lambda hidden_states: gate.flatten(2))
+    return AttnContext(layout=layout, layer=0, expert=None, timer=timer, hidden_states=None, params=params)
+
+
+def softmax_attention_fp64(q, k, v):
+    """(B, S, H, D) -> (B, S, H, D) float64 explicit softmax attention (scale D ** -0.5)."""
+    qd, kd, vd = (x.double() for x in (q, k, v))
+    p = torch.softmax(torch.einsum("bshd,bthd->bhst", qd, kd) / q.shape[-1] ** 0.5, dim=-1)
+    return torch.einsum("bhst,bthd->bshd", p, vd)
+
+
+# ------------------------------------------------------------------------------------ tiny transformer helpers
+# Shared by tests/attention/test_processor.py and tests/attention/test_hooks.py. The tiny Wan transformer (preset
+# `tiny`: 2 layers, 2 heads of 16) on CPU with fresh random inputs: the default latent (1..2, 16, 5, 12, 20)
+# patchifies to the grid 5 x 6 x 10 = 300 tokens, which has partial tiles in every dimension (12 tiles, 2 of
+# them full), so every reorder is exercised with uneven tiles.
+
+# Tile order changes which tokens sit together in the fine stage's padded tiles and the order of the softmax
+# sums (fp32, S=300, D=16, 2 layers): observed ~7e-7 on outputs of magnitude ~3; 1e-5 is ~15x that.
+TOL_REORDER_FP32 = 1e-5
+
+LATENT = (16, 5, 12, 20)  # (C, F_lat, H_lat, W_lat) -> grid (5, 6, 10) with patch (1, 2, 2)
+
+
+GRID = (5, 6, 10)
+
+
+TEXT_LEN = 9
+
+
+def make_inputs(batch: int = 2, dtype=torch.float32, seed: int = 1, per_token_timestep: bool = False,
+                latent=LATENT):
+    """Fresh random transformer inputs (never zeros): hidden_states, timestep, encoder_hidden_states."""
+    g = torch.Generator().manual_seed(seed)
+    hs = torch.randn(batch, *latent, generator=g).to(dtype)
+    if per_token_timestep:
+        c, f, h, w = latent
+        s = f * (h // 2) * (w // 2)
+        ts = torch.rand(batch, s, generator=g) * 999.0 + 0.5  # a different timestep for every token
+    else:
+        ts = torch.rand(batch, generator=g) * 999.0 + 0.5
+    enc = torch.randn(batch, TEXT_LEN, 32, generator=g).to(dtype)
+    return hs, ts, enc
+
+
+def forward(transformer, inputs, grad: bool = False):
+    hs, ts, enc = inputs
+    with torch.set_grad_enabled(grad):
+        return transformer(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
+
+
+def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def diffusers_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    """diffusers 0.42.1 `WanAttnProcessor.__call__.apply_rotary_emb`, copied verbatim (the oracle;
+    `test_diffusers_rope_oracle_is_current` checks the installed diffusers still has these lines)."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def patched_forward(transformer, backend, inputs, timer=None, mutate=None, fused_prologue="auto"):
+    """Output through `patch_transformer` (optionally mutated first); the patch is removed afterwards."""
+    from vsagen.attention.hooks import patch_transformer
+    from vsagen.timing import Timer
+
+    patch = patch_transformer(transformer, backend, timer or Timer("cpu"), fused_prologue=fused_prologue)
+    try:
+        if mutate is not None:
+            mutate(patch)
+        return forward(transformer, inputs)
+    finally:
+        patch.remove()
+
+
+def has_partial_tiles(grid) -> bool:
+    return any(g % 4 for g in grid)

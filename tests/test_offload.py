@@ -191,22 +191,6 @@ def test_place_pipeline_uses_diffusers_offload_apis():
         place_pipeline(_FakePipe(), "disk", "cuda")
 
 
-def test_tiled_rope_survives_send_to_device():
-    """Group offloading moves every block's arguments with accelerate's send_to_device: the tile layout must
-    travel with the RoPE tables (a plain tuple subclass would be rebuilt from a generator and fail)."""
-    from accelerate.utils import send_to_device
-
-    from vsagen.attention.hooks import TiledRope
-    from vsagen.layout import tile_layout
-
-    layout = tile_layout((2, 4, 4))
-    cos, sin = torch.randn(1, 32, 1, 8), torch.randn(1, 32, 1, 8)
-    moved = send_to_device((torch.zeros(1), TiledRope(cos, sin, layout)), torch.device("cpu"), non_blocking=True)
-    rope = moved[1]
-    assert isinstance(rope, TiledRope) and rope.layout is layout
-    assert torch.equal(rope[0], cos) and torch.equal(rope[1], sin)
-
-
 @pytest.mark.parametrize("order", ["offload-then-patch", "patch-then-offload"])
 def test_tile_order_hooks_compose_with_group_offload_hooks(order):
     """vsagen's hooks are torch forward hooks, diffusers' group offloading replaces `forward`: the patched,

@@ -1,4 +1,5 @@
-"""Tests for vsagen.attention: the backend registry, `full` and `vsa` on CPU, and VSA's timer regions."""
+"""vsagen.attention.vsa: options validation, VSA on CPU against `full` (sparsity 0) and the eager reference,
+the gate, and VSA's timer regions."""
 
 from __future__ import annotations
 
@@ -6,70 +7,19 @@ import pytest
 import torch
 
 import vsagen.kernels.reference as ref
-from conftest import make_qkv
-from vsagen.attention import REGISTRY as BACKENDS, backend_names, make_backend, uses_sparsity
-from vsagen.attention.base import AttnContext
+from conftest import FP32_ATOL, FP32_RTOL, attn_ctx as ctx, make_qkv, softmax_attention_fp64
+from vsagen.attention import make_backend
 from vsagen.attention.full import FullAttention
-from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention, VSAOptions
+from vsagen.attention.vsa import VSAAttention, VSAOptions
 from vsagen.errors import BadInput
 from vsagen.layout import tile_layout
 from vsagen.timing import NullTimer, Timer
 
-
-def ctx(layout, gate, timer):
-    """An AttnContext whose backend-owned gate projection returns `gate` (B, S, H, D) as given (or no gate)."""
-    params = None if gate is None else (lambda hidden_states: gate.flatten(2))
-    return AttnContext(layout=layout, layer=0, expert=None, timer=timer, hidden_states=None, params=params)
-
-# fp32 attention over a few hundred keys (D = 16) against a float64 softmax: fp32 rounding only (~1e-7
-# relative per op); 1e-5 catches any real error.
-FP32_ATOL = 1e-5
-FP32_RTOL = 1e-5
 # VSA at sparsity 0 against `full` (both fp32, different kernels and summation orders): same bound.
 DENSE_ATOL = 1e-5
 DENSE_RTOL = 1e-5
 
 B, H, D = 2, 3, 16
-
-
-def softmax_attention_fp64(q, k, v):
-    """(B, S, H, D) -> (B, S, H, D) float64 explicit softmax attention."""
-    qd, kd, vd = (x.double() for x in (q, k, v))
-    p = torch.softmax(torch.einsum("bshd,bthd->bhst", qd, kd) / D ** 0.5, dim=-1)
-    return torch.einsum("bhst,bthd->bshd", p, vd)
-
-
-# ---------------------------------------------------------------------------------------------- registry
-
-
-def test_backend_names():
-    assert backend_names() == ["full", "vsa"]
-    assert list(BACKENDS) == ["full", "vsa"]
-    assert uses_sparsity("vsa") and not uses_sparsity("full")
-
-
-def test_make_backend_unknown_lists_names():
-    with pytest.raises(BadInput) as info:
-        make_backend("nope")
-    msg = str(info.value)
-    assert "nope" in msg
-    for name in backend_names():
-        assert name in msg
-
-
-def test_make_backend_rejects_sparsity_for_dense():
-    with pytest.raises(BadInput, match="sparsity"):
-        make_backend("full", 0.5)
-
-
-def test_make_backend_builds_each():
-    full = make_backend("full")
-    assert isinstance(full, FullAttention) and full.name == "full" and not full.tiled
-    assert full.describe() == {"name": "full"}
-    vsa = make_backend("vsa")
-    assert isinstance(vsa, VSAAttention) and vsa.tiled and vsa.weights is not None
-    assert vsa.sparsity == DEFAULT_SPARSITY == 0.875
-    assert make_backend("vsa", 0.5).describe()["sparsity"] == 0.5
 
 
 @pytest.mark.parametrize("sparsity", [1.0, -0.1, 2.0, float("nan")])
@@ -78,30 +28,6 @@ def test_vsa_rejects_bad_sparsity(sparsity):
         VSAAttention(VSAOptions(sparsity))
     with pytest.raises(BadInput, match="sparsity"):
         make_backend("vsa", sparsity)
-
-
-# ---------------------------------------------------------------------------------------------- full
-
-
-@pytest.mark.parametrize("s", [1, 37, 210])
-def test_full_matches_fp64_softmax(s):
-    q, k, v = make_qkv(B, s, H, D, seed=20)
-    out = FullAttention()(q, k, v, ctx(None, None, NullTimer()))
-    assert out.shape == q.shape and out.dtype == q.dtype
-    torch.testing.assert_close(out.double(), softmax_attention_fp64(q, k, v), atol=FP32_ATOL, rtol=FP32_RTOL)
-
-
-def test_full_check_device_dtype():
-    full = FullAttention()
-    cuda = torch.device("cuda")
-    with pytest.raises(BadInput, match="bf16"):
-        full.check(cuda, torch.float32)
-    full.check(cuda, torch.bfloat16)
-    full.check(cuda, torch.float16)
-    full.check(torch.device("cpu"), torch.float32)
-
-
-# ---------------------------------------------------------------------------------------------- vsa
 
 
 @pytest.mark.parametrize("grid", [(3, 5, 7), (5, 6, 10)])

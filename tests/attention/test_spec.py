@@ -1,7 +1,7 @@
 """vsagen.attention.spec: a backend as one value (name + Options) from the command line to the processor.
 
 Covers the `NAME[:KEY=VALUE...]` form, the precedence of an option's value (entry > dedicated flag > preset table
-> the Options default), option typing, the errors (one line naming the backend's options), the registry's Enum, and
+> the Options default), option typing, the errors (one line naming the backend's options), and
 `vsagen profile` comparing two configurations of one backend in one run.
 """
 
@@ -13,15 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from vsagen.attention import REGISTRY, BackendName, BackendSpec, backend_names, resolve_spec
+from vsagen.attention import REGISTRY, BackendSpec, resolve_spec
 from vsagen.attention.spec import check_flags_apply, make_options, parse_spec, replace_options
 from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAOptions
 from vsagen.errors import BadInput
-
-
-def test_enum_is_the_registry():
-    assert [m.value for m in BackendName] == backend_names() == list(REGISTRY)
-    assert BackendName("vsa") == "vsa" and isinstance(BackendName.VSA, str)
 
 
 def test_name_alone_takes_the_defaults():

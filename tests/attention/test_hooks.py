@@ -1,31 +1,25 @@
-"""vsagen.attention.processor: the Wan `attn1` processor and the tile-order-once-per-forward hooks.
+"""vsagen.attention.hooks: tile order once per transformer forward (RoPE tables, hidden states, per-token
+timestep, restore), `patch_transformer` / `remove`, the DiT timing hooks (`time_transformer`), `TiledRope`, and
+gradients through the hooks (checkpointing, a run after inference mode).
 
-Everything runs the tiny Wan transformer (preset `tiny`: 2 layers, 2 heads of 16) on CPU with fresh random
-inputs. The default latent (1..2, 16, 5, 12, 20) patchifies to the grid 5 x 6 x 10 = 300 tokens, which has
-partial tiles in every dimension (12 tiles, 2 of them full), so every reorder is exercised with uneven tiles.
+Everything runs the tiny Wan transformer on CPU with fresh random inputs (conftest's tiny transformer helpers:
+grid 5 x 6 x 10 with partial tiles). The oracle `PerLayerReorderProcessor` reorders inside every layer instead.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_transformer
+from conftest import (GRID, LATENT, TOL_REORDER_FP32, diffusers_rope, forward, make_inputs, make_transformer,
+                      maxdiff, patched_forward)
 
 from vsagen.attention import make_backend
 from vsagen.attention.base import AttnContext
 from vsagen.attention.hooks import TiledRope, patch_transformer, time_transformer
-from vsagen.attention.processor import VsagenAttnProcessor, apply_rotary
 from vsagen.layout import tile_layout
-from vsagen.timing import NullTimer, Timer, TimingReport
+from vsagen.timing import NullTimer, Timer
 
-# `full` through our processor calls the same SDPA on q/k/v built by the same ops as diffusers' processor; the
-# only arithmetic that differs in form is RoPE (stack vs strided stores), which rounds identically in fp32.
-# 1e-6 leaves room for a different but equally rounded SDPA kernel choice.
-TOL_FULL_FP32 = 1e-6
-# Tile order changes which tokens sit together in the fine stage's padded tiles and the order of the softmax
-# sums (fp32, S=300, D=16, 2 layers): observed ~7e-7 on outputs of magnitude ~3; 1e-5 is ~15x that.
-TOL_REORDER_FP32 = 1e-5
-# The same comparison in float64: reordering sums only costs ~1e-16 relative per op; observed 0.
+# The same comparison as TOL_REORDER_FP32 in float64: reordering sums only costs ~1e-16 relative per op; observed 0.
 TOL_REORDER_FP64 = 1e-12
 # Tile order once vs reorder per layer: identical tokens in identical tile order reach the backend; only the
 # projections run on permuted rows (matmul rounding per row is order-independent). Observed 0; allow fp32 noise.
@@ -36,49 +30,6 @@ NEG_CONTROL_MIN = 1e-2
 # Gradient checkpointing re-runs the same ops on the same inputs: the recomputed activations are bitwise
 # equal, so the input gradients should agree to fp32 noise from a different accumulation order at most.
 TOL_GRAD = 1e-5
-# apply_rotary vs the complex-number form of the rotation (independent formula): fp32 rounding of 2 products.
-TOL_ROPE_COMPLEX_FP32 = 1e-5
-
-LATENT = (16, 5, 12, 20)  # (C, F_lat, H_lat, W_lat) -> grid (5, 6, 10) with patch (1, 2, 2)
-GRID = (5, 6, 10)
-TEXT_LEN = 9
-
-
-def make_inputs(batch: int = 2, dtype=torch.float32, seed: int = 1, per_token_timestep: bool = False,
-                latent=LATENT):
-    """Fresh random transformer inputs (never zeros): hidden_states, timestep, encoder_hidden_states."""
-    g = torch.Generator().manual_seed(seed)
-    hs = torch.randn(batch, *latent, generator=g).to(dtype)
-    if per_token_timestep:
-        c, f, h, w = latent
-        s = f * (h // 2) * (w // 2)
-        ts = torch.rand(batch, s, generator=g) * 999.0 + 0.5  # a different timestep for every token
-    else:
-        ts = torch.rand(batch, generator=g) * 999.0 + 0.5
-    enc = torch.randn(batch, TEXT_LEN, 32, generator=g).to(dtype)
-    return hs, ts, enc
-
-
-def forward(transformer, inputs, grad: bool = False):
-    hs, ts, enc = inputs
-    with torch.set_grad_enabled(grad):
-        return transformer(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
-
-
-def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
-
-
-def diffusers_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
-    """diffusers 0.42.1 `WanAttnProcessor.__call__.apply_rotary_emb`, copied verbatim (the oracle;
-    `test_diffusers_rope_oracle_is_current` checks the installed diffusers still has these lines)."""
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos = freqs_cos[..., 0::2]
-    sin = freqs_sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
 
 
 class PerLayerReorderProcessor:
@@ -118,53 +69,11 @@ def per_layer_reference(transformer, backend, inputs, grid=GRID):
             b.attn1.set_processor(p)
 
 
-def patched_forward(transformer, backend, inputs, timer=None, mutate=None, fused_prologue="auto"):
-    """Output through `patch_transformer` (optionally mutated first); the patch is removed afterwards."""
-    patch = patch_transformer(transformer, backend, timer or Timer("cpu"), fused_prologue=fused_prologue)
-    try:
-        if mutate is not None:
-            mutate(patch)
-        return forward(transformer, inputs)
-    finally:
-        patch.remove()
-
-
 def hook_handle(patch, hooks: dict):
     """The handle in `patch.handles` that owns a hook in `hooks` (a module's _forward_hooks / _pre_hooks)."""
     found = [h for h in patch.handles if h.id in hooks]
     assert len(found) == 1, f"expected one patch handle in {hooks}, found {len(found)}"
     return found[0]
-
-
-def has_partial_tiles(grid) -> bool:
-    return any(g % 4 for g in grid)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# full through our processor; remove()
-
-
-def test_full_processor_equals_stock_and_remove_restores():
-    t = make_transformer()
-    inputs = make_inputs(batch=2, seed=11)
-    assert has_partial_tiles(GRID)
-    stock = forward(t, inputs)
-    stock_procs = [(b.attn1.processor, b.attn2.processor) for b in t.blocks]
-
-    patch = patch_transformer(t, make_backend("full"), Timer("cpu"))
-    assert all(isinstance(b.attn1.processor, VsagenAttnProcessor) for b in t.blocks)
-    assert all(b.attn2.processor is p2 for b, (_, p2) in zip(t.blocks, stock_procs)), "attn2 must stay stock"
-    ours = forward(t, inputs)
-    patch.remove()
-
-    assert ours.shape == stock.shape == (2, *LATENT)
-    assert maxdiff(ours, stock) <= TOL_FULL_FP32
-    # Stock processors and no hooks left; bitwise the same output as before patching.
-    assert all(b.attn1.processor is p1 for b, (p1, _) in zip(t.blocks, stock_procs))
-    assert not t._forward_pre_hooks and not t._forward_hooks
-    assert not t.rope._forward_hooks and not t.blocks[0]._forward_pre_hooks and not t.proj_out._forward_hooks
-    assert patch.handles == []
-    assert torch.equal(forward(t, inputs), stock)
 
 
 def test_tiled_patch_remove_restores_stock_exactly():
@@ -176,101 +85,6 @@ def test_tiled_patch_remove_restores_stock_exactly():
     assert not t._forward_pre_hooks and not t._forward_hooks and not t.rope._forward_hooks
     assert not t.blocks[0]._forward_pre_hooks and not t.proj_out._forward_hooks
     assert torch.equal(forward(t, inputs), stock)
-
-
-def test_full_processor_with_fused_qkv_equals_stock():
-    t = make_transformer()
-    t.fuse_qkv_projections()
-    assert all(getattr(b.attn1, "fused_projections", False) for b in t.blocks)
-    inputs = make_inputs(batch=2, seed=13)
-    stock = forward(t, inputs)
-    ours = patched_forward(t, make_backend("full"), inputs)
-    assert maxdiff(ours, stock) <= TOL_FULL_FP32
-
-
-# --------------------------------------------------------------------------------------------------------------
-# RoPE
-
-
-def test_diffusers_rope_oracle_is_current():
-    """The RoPE lines copied above (and repeated by vsagen's processor) are those of the installed diffusers."""
-    import inspect
-
-    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
-
-    src = " ".join(inspect.getsource(WanAttnProcessor.__call__).split())
-    for line in ("x1, x2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)", "cos = freqs_cos[..., 0::2]",
-                 "sin = freqs_sin[..., 1::2]", "out[..., 0::2] = x1 * cos - x2 * sin",
-                 "out[..., 1::2] = x1 * sin + x2 * cos", "return out.type_as(hidden_states)"):
-        assert line in src, f"diffusers' WanAttnProcessor changed: {line!r} not found"
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_apply_rotary_equals_diffusers_formula(dtype):
-    g = torch.Generator().manual_seed(21)
-    t = make_transformer()
-    cos, sin = t.rope(torch.randn(1, *LATENT, generator=g))  # the real tables: (1, S, 1, D) float32
-    assert cos.shape == (1, 300, 1, 16) and cos.dtype == torch.float32
-    x = torch.randn(2, 300, 2, 16, generator=g).to(dtype)
-    ours = apply_rotary(x, cos, sin)
-    ref = diffusers_rope(x, cos, sin)
-    assert ours.dtype == dtype and ours.shape == x.shape
-    assert torch.equal(ours, ref)  # same arithmetic, same single rounding to x's dtype
-
-    # Random angles, against the rotation written as complex multiplication (an independent formula).
-    theta = torch.rand(1, 300, 1, 8, generator=g, dtype=torch.float64) * 20.0 - 10.0
-    cos_r = theta.cos().repeat_interleave(2, -1).float()
-    sin_r = theta.sin().repeat_interleave(2, -1).float()
-    ours = apply_rotary(x, cos_r, sin_r)
-    assert torch.equal(ours, diffusers_rope(x, cos_r, sin_r))
-    if dtype == torch.float32:
-        z = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
-        rot = torch.view_as_real(z * torch.polar(torch.ones_like(theta), theta)).flatten(-2)
-        assert maxdiff(ours, rot) <= TOL_ROPE_COMPLEX_FP32
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The fused q/k prologue (kernels/qk_norm_rope.py) inside the processor
-
-
-@pytest.mark.parametrize("attn,sparsity,fused_qkv", [("full", None, False), ("vsa", 0.0, False),
-                                                      ("vsa", 0.5, True)], ids=["full", "vsa-0", "vsa-0.5-fused-qkv"])
-def test_fused_prologue_equals_the_eager_prologue(monkeypatch, attn, sparsity, fused_qkv):
-    """The processor with the fused norm + RoPE kernel (forced on, under the interpreter) against the same
-    processor with diffusers' eager arithmetic: raster RoPE tables (full) and tile-order ones (vsa), with and
-    without a fused q/k/v projection (strided q, k rows). fp32 on both sides: differences are rounding only."""
-    from vsagen.kernels import qk_norm_rope
-
-    t = make_transformer()
-    if fused_qkv:
-        t.fuse_qkv_projections()
-    inputs = make_inputs(batch=2, seed=71)
-    calls = []
-    real = qk_norm_rope.rms_norm_rope
-    monkeypatch.setattr(qk_norm_rope, "rms_norm_rope", lambda *a: calls.append(1) or real(*a))
-    eager = patched_forward(t, make_backend(attn, sparsity), inputs, fused_prologue="off")
-    assert calls == []
-    fused = patched_forward(t, make_backend(attn, sparsity), inputs, fused_prologue="on")
-    assert len(calls) == 2 * len(t.blocks) * 1  # q and k of every attn1, one forward (batch 2 in one call)
-    assert maxdiff(fused, eager) <= TOL_REORDER_FP32
-    assert eager.abs().max().item() > 0.1
-
-
-def test_fused_prologue_is_skipped_under_autograd(monkeypatch):
-    import vsagen.attention.processor as proc
-
-    t = make_transformer()
-    x = torch.randn(1, 4, t.blocks[0].attn1.inner_dim, requires_grad=True)
-    rope = (torch.ones(1, 4, 1, 16), torch.zeros(1, 4, 1, 16))
-    assert not proc.use_fused_prologue(t.blocks[0].attn1, x, rope, "on")
-    with torch.no_grad():
-        assert proc.use_fused_prologue(t.blocks[0].attn1, x, rope, "on")
-    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), None, "on")
-    assert not proc.use_fused_prologue(t.blocks[0].attn1, x.detach(), rope, "auto")  # CPU tensor: eager under "auto"
-
-
-# --------------------------------------------------------------------------------------------------------------
-# vsa at sparsity 0 == stock full attention
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, TOL_REORDER_FP32), (torch.float64, TOL_REORDER_FP64)],
@@ -293,10 +107,6 @@ def test_vsa_sparsity0_equals_stock_full_tiles_grid():
     stock = forward(t, inputs)
     ours = patched_forward(t, make_backend("vsa", 0.0), inputs)
     assert maxdiff(ours, stock) <= TOL_REORDER_FP32
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Tile order once per forward == reordering inside each layer; negative controls
 
 
 @pytest.fixture(scope="module")
@@ -386,10 +196,6 @@ def test_per_token_timestep_is_reordered():
     assert maxdiff(skipped, stock) > NEG_CONTROL_MIN
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Gradient checkpointing
-
-
 def _input_and_weight_grads(t, inputs, timer=None):
     hs, ts, enc = inputs
     hs = hs.clone().requires_grad_(True)
@@ -455,70 +261,6 @@ def test_autograd_after_a_run_in_inference_mode():
     assert torch.isfinite(hs.grad).all() and hs.grad.abs().max() > 0
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Misuse
-
-
-def test_processor_raises_without_tile_hooks():
-    t = make_transformer()
-    inputs = make_inputs(batch=1, seed=71)
-    proc = VsagenAttnProcessor(make_backend("vsa", 0.5), Timer("cpu"))
-    for b in t.blocks:
-        b.attn1.set_processor(proc)
-    with pytest.raises(RuntimeError, match="tile"):
-        forward(t, inputs)
-
-
-def test_processor_dense_backend_needs_no_hooks_and_refuses_cross_attention():
-    t = make_transformer()
-    inputs = make_inputs(batch=1, seed=72)
-    stock = forward(t, inputs)
-    proc = VsagenAttnProcessor(make_backend("full"), Timer("cpu"))
-    for b in t.blocks:
-        b.attn1.set_processor(proc)
-    assert maxdiff(forward(t, inputs), stock) <= TOL_FULL_FP32
-    t.blocks[0].attn2.set_processor(proc)
-    with pytest.raises(ValueError, match="self-attention"):
-        forward(t, inputs)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Timing
-
-
-@pytest.mark.parametrize("attn,sparsity", [("full", None), ("vsa", 0.5)])
-def test_timer_regions_per_forward_and_layer(attn, sparsity):
-    t = make_transformer()
-    inputs = make_inputs(batch=1, seed=81)
-    timer = Timer("cpu")
-    patch = patch_transformer(t, make_backend(attn, sparsity), timer)
-    n_forwards, n_layers = 3, len(t.blocks)
-    try:
-        for step in range(n_forwards):
-            timer.step = step
-            forward(t, inputs)
-    finally:
-        patch.remove()
-    timer.step = 99
-    forward(t, inputs)  # after remove(): records nothing
-    records = timer.finish()
-    names = [n for n, _, _ in records]
-    assert names.count("dit") == n_forwards
-    assert names.count("attn1") == n_forwards * n_layers
-    assert names.count("self_attention") == n_forwards * n_layers
-    stages = {n for n in names if n.startswith("self_attention/")}
-    assert stages == ({"self_attention/coarse", "self_attention/fine"} if attn == "vsa" else set())
-    for stage in stages:
-        assert names.count(stage) == n_forwards * n_layers
-    assert sorted(s for n, s, _ in records if n == "dit") == list(range(n_forwards))  # tagged with the step
-    assert all(sec >= 0 for _, _, sec in records)
-    total = lambda name: sum(sec for n, _, sec in records if n == name)  # noqa: E731
-    assert 0 < total("self_attention") <= total("attn1") <= total("dit")
-    report = TimingReport.from_records(records, "cpu")
-    assert report.dit_forwards == n_forwards and len(report.dit_per_step_s) == n_forwards
-    assert 0 < report.attention_share_of_dit <= 1
-
-
 @pytest.mark.parametrize("attn,sparsity,per_token", [("full", None, False), ("vsa", 0.5, False), ("vsa", 0.5, True)])
 def test_layout_region_times_every_reorder(attn, sparsity, per_token):
     """Tiled backends: one "layout" region per reorder (RoPE tables, hidden states into blocks[0], restore after
@@ -556,3 +298,19 @@ def test_time_transformer_times_stock_processors_only():
     assert torch.equal(got, want)
     assert [b.attn1.processor for b in t.blocks] == stock
     assert sorted(n for n, _, _ in timer.finish()) == ["dit", "dit/transformer"]
+
+
+def test_tiled_rope_survives_send_to_device():
+    """Group offloading moves every block's arguments with accelerate's send_to_device: the tile layout must
+    travel with the RoPE tables (a plain tuple subclass would be rebuilt from a generator and fail)."""
+    from accelerate.utils import send_to_device
+
+    from vsagen.attention.hooks import TiledRope
+    from vsagen.layout import tile_layout
+
+    layout = tile_layout((2, 4, 4))
+    cos, sin = torch.randn(1, 32, 1, 8), torch.randn(1, 32, 1, 8)
+    moved = send_to_device((torch.zeros(1), TiledRope(cos, sin, layout)), torch.device("cpu"), non_blocking=True)
+    rope = moved[1]
+    assert isinstance(rope, TiledRope) and rope.layout is layout
+    assert torch.equal(rope[0], cos) and torch.equal(rope[1], sin)

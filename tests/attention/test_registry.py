@@ -1,0 +1,75 @@
+"""vsagen.attention.registry (and `make_backend` of vsagen.attention): the registered names, the name Enum,
+lookups of unknown names, and building each backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from vsagen.attention import REGISTRY as BACKENDS, make_backend
+from vsagen.attention.registry import REGISTRY, BackendName, backend_class, backend_names, uses_sparsity
+from vsagen.attention.full import FullAttention
+from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention
+from vsagen.errors import BadInput
+
+
+def test_backend_names():
+    assert backend_names() == ["full", "vsa"]
+    assert list(BACKENDS) == ["full", "vsa"]
+    assert uses_sparsity("vsa") and not uses_sparsity("full")
+
+
+def test_make_backend_unknown_lists_names():
+    with pytest.raises(BadInput) as info:
+        make_backend("nope")
+    msg = str(info.value)
+    assert "nope" in msg
+    for name in backend_names():
+        assert name in msg
+
+
+def test_make_backend_rejects_sparsity_for_dense():
+    with pytest.raises(BadInput, match="sparsity"):
+        make_backend("full", 0.5)
+
+
+def test_make_backend_builds_each():
+    full = make_backend("full")
+    assert isinstance(full, FullAttention) and full.name == "full" and not full.tiled
+    assert full.describe() == {"name": "full"}
+    vsa = make_backend("vsa")
+    assert isinstance(vsa, VSAAttention) and vsa.tiled and vsa.weights is not None
+    assert vsa.sparsity == DEFAULT_SPARSITY == 0.875
+    assert make_backend("vsa", 0.5).describe()["sparsity"] == 0.5
+
+
+def test_enum_is_the_registry():
+    assert [m.value for m in BackendName] == backend_names() == list(REGISTRY)
+    assert BackendName("vsa") == "vsa" and isinstance(BackendName.VSA, str)
+
+
+def test_backend_class_takes_a_name_or_an_enum_member():
+    for name, cls in REGISTRY.items():
+        assert backend_class(name) is cls
+        assert backend_class(BackendName(name)) is cls
+        assert cls.name == name
+        # every registered class declares a frozen Options dataclass whose defaults build an instance
+        options = cls.Options()
+        assert cls(options).name == name
+    assert backend_class("full") is FullAttention and backend_class(BackendName.VSA) is VSAAttention
+
+
+@pytest.mark.parametrize("name", ["", "Full", "vsa ", "sdpa", "flash"])
+def test_backend_class_refuses_unknown_names_listing_the_known_ones(name):
+    with pytest.raises(BadInput) as info:
+        backend_class(name)
+    msg = str(info.value)
+    assert repr(name) in msg and "available: full, vsa" in msg and "\n" not in msg
+    assert info.value.exit_code == 2
+    with pytest.raises(BadInput):
+        uses_sparsity(name)
+
+
+def test_uses_sparsity_reads_the_options_fields():
+    for name, cls in REGISTRY.items():
+        assert uses_sparsity(name) == ("sparsity" in cls.Options.__dataclass_fields__)
+    assert uses_sparsity(BackendName.VSA) and not uses_sparsity(BackendName.FULL)

@@ -55,15 +55,6 @@ def test_switch_off_installs_nothing():
     assert not fused_blocks_apply("cuda", False, enabled=False)
 
 
-def test_only_eager_cuda_runs_without_offloading_get_the_regions():
-    assert fused_blocks_apply("cuda", False, "none")
-    assert fused_blocks_apply("cuda:1", False)
-    assert not fused_blocks_apply("cpu", False)
-    assert not fused_blocks_apply("cuda", True)  # --compile compiles whole blocks
-    assert not fused_blocks_apply("cuda", False, "group")  # offload hooks wrap forward
-    assert not fused_blocks_apply("cuda", False, "model")
-
-
 def test_other_modules_are_not_fusable():
     assert not blocks.fusable(torch.nn.Linear(2, 2))
     assert all(blocks.fusable(b) for b in make_transformer().blocks)
@@ -117,13 +108,6 @@ def test_remove_leaves_a_forward_installed_after_it_alone():
     handle.remove()
     assert t.blocks[0].__dict__.get("forward") is mine
     assert "forward" not in t.blocks[1].__dict__
-
-
-def test_note_says_when_the_compile_is_timed():
-    from vsagen.pipeline import fused_blocks_note
-
-    assert "--warmup 1" in fused_blocks_note(0) and "--warmup" not in fused_blocks_note(1)
-    assert "VSAGEN_FUSED_BLOCKS=0" in fused_blocks_note(1)
 
 
 @pytest.mark.parametrize("value,want", [("", True), ("0", False), ("false", False), ("OFF", False), ("no", False),

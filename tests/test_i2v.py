@@ -17,14 +17,12 @@ from typer.testing import CliRunner
 
 from vsagen.cli import app
 from vsagen.errors import BadInput
-from vsagen.image import fit_image
 from vsagen.presets import _preset_dir, load_preset, parse_preset
 from vsagen.video import read_mp4
 
 runner = CliRunner()
 # small runs: 5 frames of 64 x 64 (grid 2 x 4 x 4), 1 step, CFG on (two forwards)
 SMALL = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"]
-
 
 
 def noise_image(path, size=(48, 40), seed=0):
@@ -94,19 +92,6 @@ def test_i2v_checkpoint_round_trips(i2v_dir):
 # Fitting the image
 
 
-@pytest.mark.parametrize("fit", ["crop", "resize"])
-@pytest.mark.parametrize("src", [(200, 50), (30, 90), (64, 64)])
-def test_fit_image_gives_exactly_the_size(fit, src):
-    im = Image.fromarray(np.full((src[1], src[0], 3), 200, np.uint8))
-    out = fit_image(im, 48, 80, fit)
-    assert out.size == (80, 48) and out.mode == "RGB"
-    arr = np.asarray(out)
-    if fit == "crop":
-        assert (arr == 200).all()  # scaled to cover, then cropped: no padding
-    else:
-        assert (arr == 0).any() and (arr == 200).any()  # scaled to fit inside, letterboxed (no source aspect fits)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # CLI runs
 
@@ -158,21 +143,6 @@ def test_i2v_tile_fit_crop_denoises_larger_and_writes_the_requested_size(i2v_dir
     den = data["denoised"]  # grid 2 x 3 x 5 rounded up to 4 x 4 x 8 tiles' worth of tokens
     assert (den["frames"], den["height"], den["width"]) == (13, 64, 128) and den["full_tiles"] == den["tiles"]
     assert read_mp4(out).shape == (5, 48, 80, 3)
-
-
-def test_extend_to_keeps_the_image_in_the_top_left_corner():
-    from vsagen.image import extend_to
-
-    rng = np.random.default_rng(3)
-    src = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
-    big = np.asarray(extend_to(src, 8, 11))
-    assert big.shape == (8, 11, 3)
-    assert np.array_equal(big[:5, :7], np.asarray(src))
-    assert np.array_equal(big[5:, :7], np.repeat(np.asarray(src)[4:5], 3, axis=0))  # last row repeated
-    assert np.array_equal(big[:, 7:], np.repeat(big[:, 6:7], 4, axis=1))  # last column repeated
-    assert extend_to(src, 5, 7) is src
-    with pytest.raises(ValueError):
-        extend_to(src, 4, 7)
 
 
 def test_i2v_random_weights(vsagen_cache, tmp_path):
@@ -257,7 +227,6 @@ def test_i2v_checkpoint_refused_by_t2v_loader(i2v_dir, tmp_path):
 # Text-image-to-video (Wan2.2-TI2V-5B style): the `tiny-ti2v` checkpoint (a WanPipeline) animates an image too
 
 
-
 def test_ti2v_model_takes_an_image_too(ti2v_dir, tmp_path):
     assert load_preset("tiny-ti2v").takes_image and load_preset("wan2.2-ti2v-5b").takes_image
     img = noise_image(tmp_path / "in.png", size=(90, 60))
@@ -305,8 +274,6 @@ def test_ti2v_random_weights_image_run(vsagen_cache, tmp_path):
 # --------------------------------------------------------------------------------------------------------------
 # First/last frame (`--last-image`): FLF2V models need it (`tiny-flf2v`: CLIP tokens of both images), image-to-video
 # models without a CLIP branch take it (`tiny-i2v-a14b`: the condition alone), the others refuse it
-
-
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from vsagen.cli import app
-from vsagen.config import VAE_TILING_AUTO_MAX_AREA, resolve, vae_tiling_enabled
+from vsagen.config import resolve
 from vsagen.video import read_mp4
 
 runner = CliRunner()
@@ -139,56 +138,8 @@ def test_bad_flags_one_error_line_exit_2(vsagen_cache, tmp_path, command, case_i
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
 
 
-def test_vae_tiling_auto_threshold(tmp_path):
-    assert VAE_TILING_AUTO_MAX_AREA == 480 * 832
-    assert not vae_tiling_enabled("auto", 480, 832)  # Wan2.1-1.3B's native size: untiled
-    assert not vae_tiling_enabled("auto", 832, 480)
-    assert vae_tiling_enabled("auto", 720, 1280) and vae_tiling_enabled("auto", 704, 1280)
-    assert vae_tiling_enabled("auto", 496, 832)  # one step above the area
-    assert vae_tiling_enabled("on", 16, 16) and not vae_tiling_enabled("off", 720, 1280)
-    # the presets' defaults resolve without weights: 1.3B at 480p untiled, 14B at 720p tiled
-    assert not resolve("p", model="wan2.1-t2v-1.3b", device="cpu", out=tmp_path / "a.mp4").vae_tiled
-    assert resolve("p", model="wan2.1-t2v-14b", device="cpu", out=tmp_path / "b.mp4").vae_tiled
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Offload: which diffusers API is called, and that its hooks compose with vsagen's
-
-
-class _FakePipe:
-    def __init__(self):
-        self.calls = []
-
-    def to(self, device):
-        self.calls.append(("to", (device,), {}))
-
-    def enable_model_cpu_offload(self, **kw):
-        self.calls.append(("enable_model_cpu_offload", (), kw))
-
-    def enable_group_offload(self, **kw):
-        self.calls.append(("enable_group_offload", (), kw))
-
-
-def test_place_pipeline_uses_diffusers_offload_apis():
-    from vsagen.pipeline import place_pipeline
-
-    expected = {
-        "none": ("to", ("cuda",), {}),
-        "model": ("enable_model_cpu_offload", (), {"device": torch.device("cuda")}),
-        "group": ("enable_group_offload", (), {
-            "onload_device": torch.device("cuda"), "offload_device": torch.device("cpu"),
-            "offload_type": "block_level", "num_blocks_per_group": 1, "use_stream": True,
-            "exclude_modules": ["vae"]}),
-    }
-    for mode, call in expected.items():
-        pipe = _FakePipe()
-        place_pipeline(pipe, mode, "cuda")
-        assert pipe.calls == [call], mode
-    pipe = _FakePipe()
-    place_pipeline(pipe, "group", "cpu")  # no CUDA stream off CUDA (diffusers refuses streams on the CPU)
-    assert pipe.calls[0][2]["use_stream"] is False
-    with pytest.raises(ValueError):
-        place_pipeline(_FakePipe(), "disk", "cuda")
 
 
 @pytest.mark.parametrize("order", ["offload-then-patch", "patch-then-offload"])
@@ -315,28 +266,6 @@ def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monk
 # Image to video: CLIP image encode and condition encode timed apart from the denoising loop
 
 
-def test_timer_region_apart_from_an_enclosing_region():
-    from vsagen.timing import Timer
-
-    timer = Timer("cpu")
-    with timer.region("total"):
-        with timer.region("denoise"):
-            time.sleep(0.01)
-            with timer.region("image_encode", apart_from="denoise"):
-                time.sleep(0.02)
-                with timer.region("inner"):  # regions inside a carved-out one nest as usual
-                    time.sleep(0.001)
-            time.sleep(0.01)
-        with timer.region("other", apart_from="denoise"):  # no open "denoise": nothing to carve
-            pass
-    records = timer.finish()
-    total = lambda n: sum(s for name, _, s in records if name == n)  # noqa: E731
-    assert [n for n, _, _ in records].count("denoise") == 2  # two pieces, around the carved-out region
-    assert total("image_encode") >= 0.02 and total("denoise") >= 0.02
-    assert total("inner") <= total("image_encode")
-    assert total("denoise") + total("image_encode") <= total("total") + SUM_SLACK_S
-
-
 @pytest.mark.slow
 def test_i2v_timing_has_image_and_condition_encode_apart_from_denoise(vsagen_cache, tmp_path):
     img = noise_image(tmp_path / "in.png")
@@ -358,29 +287,3 @@ def test_i2v_timing_has_image_and_condition_encode_apart_from_denoise(vsagen_cac
     assert "image encode (CLIP)" in res.stdout and "condition encode (VAE)" in res.stdout
 
 
-def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
-    """`time_condition_stages` wraps the two methods on the instance only, times them apart from the open outer
-    region, passes arguments and results through, and `restore` leaves the instance as it was."""
-    from vsagen.pipeline import time_condition_stages
-    from vsagen.timing import Timer
-
-    class Pipe:
-        def encode_image(self, image, device=None):
-            time.sleep(0.005)
-            return ("embeds", image, device)
-
-        def prepare_latents(self, *args, **kwargs):
-            time.sleep(0.005)
-            return ("latents", args, kwargs)
-
-    pipe, timer = Pipe(), Timer("cpu")
-    restore = time_condition_stages(pipe, timer)
-    assert {"encode_image", "prepare_latents"} <= set(vars(pipe))
-    with timer.region("denoise"):
-        assert pipe.encode_image("img", "cpu") == ("embeds", "img", "cpu")
-        assert pipe.prepare_latents(1, k=2) == ("latents", (1,), {"k": 2})
-    restore()
-    assert vars(pipe) == {}
-    names = [n for n, _, _ in timer.finish()]
-    assert names.count("image_encode") == names.count("condition_encode") == 1
-    assert names.count("denoise") == 3  # before, between and after the two carved-out stages

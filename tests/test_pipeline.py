@@ -1,331 +1,213 @@
-"""vsagen.pipeline: loading (tiny, local directory, pickle, foreign libraries, VSA gates, hub ids, random
-weights) and end to end generation with the crop plan, all on CPU with the tiny model.
+"""vsagen.pipeline: the orchestrator. `Session` (load once, run backends from one seed, unpatch after each run),
+the condition-stage timers of image to video, out-of-memory errors, `Conditioning`'s call arguments, the expert
+arguments, and which runs get the fused block regions / what the compile notes say.
 
-Every generation here runs in the session's private VSAGEN_CACHE (conftest's `vsagen_cache`), never ~/.cache.
+CPU, tiny model, the session's private VSAGEN_CACHE.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cached_locally
 import torch
 
-from vsagen.config import resolve
-from vsagen.errors import BadInput, ModelNotFound
-from vsagen.video import read_mp4
-
-# Loading a hub id that is not cached must fail without waiting on the network (no hub access here, and a
-# user without network must not wait either). Observed ~0.1 s in-process; 15 s would mean a retry loop.
-HUB_FAIL_FAST_S = 15.0
-# Gated vs gate-free vsa outputs of the tiny transformer: the coarse branch with random gates adds terms of
-# order 1 to every token; anything above 1e-3 shows the gates are used (observed ~1).
-GATE_EFFECT_MIN = 1e-3
-# Fewest denoising steps that still exercise the loop (CFG on: two transformer forwards a step).
-STEPS = 2
+from vsagen.errors import RunFailure
+from vsagen.layout import plan_crop
+from vsagen.pipeline import (Conditioning, Denoised, compile_note, expert_kwargs, fused_blocks_apply,
+                             out_of_memory_as_failure)
 
 
-def _log_sink(lines: list[str]):
-    return lines.append
-
-
-def copy_checkpoint(tiny_dir: Path, dest: Path) -> Path:
-    """A private copy of the tiny checkpoint (the session's copy is shared by other tests)."""
-    shutil.copytree(tiny_dir, dest)
-    return dest
-
-
-def transformer_inputs(seed: int = 5):
-    """Fresh random inputs for the tiny transformer: latent (1, 16, 5, 12, 20) (grid 5x6x10, partial tiles)."""
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(1, 16, 5, 12, 20, generator=g), torch.rand(1, generator=g) * 999.0 + 0.5,
-            torch.randn(1, 9, 32, generator=g))
-
-
-def patched_output(transformer, attn: str, sparsity, inputs):
-    from vsagen.attention import make_backend
-    from vsagen.attention.hooks import patch_transformer
+def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
+    """`time_condition_stages` wraps the two methods on the instance only, times them apart from the open outer
+    region, passes arguments and results through, and `restore` leaves the instance as it was."""
+    from vsagen.pipeline import time_condition_stages
     from vsagen.timing import Timer
 
-    patch = patch_transformer(transformer, make_backend(attn, sparsity), Timer("cpu"))
-    try:
-        with torch.no_grad():
-            hs, ts, enc = inputs
-            return transformer(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
-    finally:
-        patch.remove()
+    class Pipe:
+        def encode_image(self, image, device=None):
+            time.sleep(0.005)
+            return ("embeds", image, device)
+
+        def prepare_latents(self, *args, **kwargs):
+            time.sleep(0.005)
+            return ("latents", args, kwargs)
+
+    pipe, timer = Pipe(), Timer("cpu")
+    restore = time_condition_stages(pipe, timer)
+    assert {"encode_image", "prepare_latents"} <= set(vars(pipe))
+    with timer.region("denoise"):
+        assert pipe.encode_image("img", "cpu") == ("embeds", "img", "cpu")
+        assert pipe.prepare_latents(1, k=2) == ("latents", (1,), {"k": 2})
+    restore()
+    assert vars(pipe) == {}
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("image_encode") == names.count("condition_encode") == 1
+    assert names.count("denoise") == 3  # before, between and after the two carved-out stages
+
+
+def test_only_eager_cuda_runs_without_offloading_get_the_regions():
+    assert fused_blocks_apply("cuda", False, "none")
+    assert fused_blocks_apply("cuda:1", False)
+    assert not fused_blocks_apply("cpu", False)
+    assert not fused_blocks_apply("cuda", True)  # --compile compiles whole blocks
+    assert not fused_blocks_apply("cuda", False, "group")  # offload hooks wrap forward
+    assert not fused_blocks_apply("cuda", False, "model")
+
+
+def test_note_says_when_the_compile_is_timed():
+    from vsagen.pipeline import fused_blocks_note
+
+    assert "--warmup 1" in fused_blocks_note(0) and "--warmup" not in fused_blocks_note(1)
+    assert "VSAGEN_FUSED_BLOCKS=0" in fused_blocks_note(1)
+
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Crop plan, end to end
+# Session: one load, several runs
+
+
+@pytest.fixture
+def tiny_session(vsagen_cache, tiny_dir, tmp_path):
+    """A Session on the tiny model at 5 x 64 x 64 (grid 2 x 4 x 4), one step, CFG on, CPU."""
+    from vsagen.attention import make_backend
+    from vsagen.config import resolve
+    from vsagen.pipeline import Session
+
+    cfg = resolve("a red fox", model="tiny", frames=5, height=64, width=64, steps=1, warmup=0, device="cpu",
+                  out=tmp_path / "s.mp4")
+    full, vsa = make_backend("full"), make_backend("vsa", 0.5, "torch")
+    return Session.load(cfg, [full, vsa]), full, vsa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fit", ["crop", "partial"])
-def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, fit):
-    from vsagen.generate import generate
+def test_session_runs_repeat_from_the_seed_and_unpatch(tiny_session):
+    from vsagen.attention.processor import VsagenAttnProcessor
 
-    # frames 9 -> 3 latent frames; 80 x 112 -> 10 x 14 latent -> grid 3 x 5 x 7, no dimension a multiple of 4.
-    out = tmp_path / "crop.mp4"
-    cfg = resolve("a red fox in the snow", model="tiny", attn="vsa", frames=9, height=80, width=112, steps=STEPS,
-                  tile_fit=fit, out=out)
-    result = generate(cfg, progress=False)
-    frames = read_mp4(out)
-    assert frames.shape == (9, 80, 112, 3)
-    data = json.loads(result.json_path.read_text())
-    assert result.json_path == tmp_path / "crop.json"
-    assert (data["frames"], data["height"], data["width"]) == (9, 80, 112)
-    den = data["denoised"]
-    if fit == "crop":
-        assert den["grid"] == [4, 8, 8] and all(g % 4 == 0 for g in den["grid"])
-        assert den["latent"] == [4, 16, 16]
-        assert (den["frames"], den["height"], den["width"]) == (13, 128, 128)
-        assert den["tiles"] == den["full_tiles"] == 4 and den["tokens"] == 256
-    else:
-        assert den["grid"] == [3, 5, 7] and den["latent"] == [3, 10, 14]
-        assert (den["frames"], den["height"], den["width"]) == (9, 80, 112)
-        assert den["full_tiles"] == 0 and den["tokens"] == 105
-    assert data["tile_fit"] == fit
-    assert data["timing"]["dit_forwards"] == 2 * STEPS
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["crop.json", "crop.mp4"]  # no temporary files left
+    session, full, vsa = tiny_session
+    plan = session.plan("partial")
+    assert plan.latent == (2, 8, 8) and plan.denoise_grid == (2, 4, 4)
+    stock = [type(b.attn1.processor) for b in session.pipe.transformer.blocks]
+    a = session.run(full, plan)
+    prompts = session._prompts
+    b = session.run(full, plan)
+    assert session._prompts is prompts  # encoded once, reused by every run that does not encode its own
+    assert a.latents.shape == (1, 16, *plan.latent) and a.video is None and a.warmup_s == 0.0
+    assert torch.equal(a.latents, b.latents)  # every run seeds a fresh CPU generator
+    sparse = session.run(vsa, plan)
+    assert not torch.equal(sparse.latents, a.latents)  # sparsity 0.5 on 2 x 4 x 4: another result
+    assert [type(b.attn1.processor) for b in session.pipe.transformer.blocks] == stock
+    assert VsagenAttnProcessor not in stock
+    for run in (a, sparse):
+        names = [n for n, _, _ in run.records]
+        assert names.count("total") == names.count("denoise") == 1 and "text_encode" not in names
+        assert names.count("dit") == 2  # one step, CFG: two forwards
+        assert names.count("self_attention") == 2 * len(session.pipe.transformer.blocks)
+    assert sparse.layout_s > 0 and a.layout_s == 0.0  # `full` runs in raster order: no reordering
+
+
+@pytest.mark.slow
+def test_session_run_with_encode_decode_and_warmup(tiny_session):
+    session, full, _ = tiny_session
+    plan = session.plan("partial")
+    run = session.run(full, plan, warmup=1, encode=True, decode=True)
+    names = [n for n, _, _ in run.records]
+    assert {"total", "text_encode", "denoise", "vae_decode"} <= set(names)
+    assert names.count("dit") == 2  # the warm-up step's forwards are not recorded
+    assert run.warmup_s > 0
+    assert run.video.shape == (1, 3, 5, 64, 64)
+    assert float(run.video.min()) >= -1.0 - 1e-3 and float(run.video.max()) <= 1.0 + 1e-3
+    # without a backend: the pipeline's own processors, DiT timing only
+    stock = session.run(None, plan)
+    names = [n for n, _, _ in stock.records]
+    assert names.count("dit") == 2 and "attn1" not in names and "self_attention" not in names
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Local checkpoints: safetensors, pickle, foreign libraries
+# Helpers of a run
 
 
-@pytest.mark.slow
-def test_local_checkpoint_directory_loads(vsagen_cache, tiny_pipe, tmp_path):
-    from vsagen.generate import generate
-
-    ckpt = tmp_path / "my-wan"
-    tiny_pipe.save_pretrained(ckpt, safe_serialization=True)
-    cfg = resolve("a prompt", model=str(ckpt), steps=1, out=tmp_path / "dir.mp4")
-    assert cfg.source.kind == "dir" and cfg.source.location == str(ckpt.resolve())
-    assert cfg.source.preset.name == "tiny"  # the tiny architecture takes the tiny preset's settings
-    result = generate(cfg, progress=False)
-    assert result.summary["model"] == str(ckpt)
-    assert result.summary["config"]["model_source"]["kind"] == "dir"
-    assert read_mp4(result.video_path).shape == (17, 96, 160, 3)
-
-
-def _make_pickle_only(ckpt: Path) -> dict:
-    from safetensors.torch import load_file
-
-    tdir = ckpt / "transformer"
-    sd = load_file(tdir / "diffusion_pytorch_model.safetensors")
-    torch.save(sd, tdir / "diffusion_pytorch_model.bin")
-    (tdir / "diffusion_pytorch_model.safetensors").unlink()
-    assert not list(tdir.glob("*.safetensors"))
-    return sd
+def test_out_of_memory_becomes_a_run_failure_with_the_hints():
+    with pytest.raises(RunFailure) as info:
+        with out_of_memory_as_failure("profiling vsa (tile fit crop)", ["--offload group (or model)", "--vae-tiling on"]):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+    msg = str(info.value)
+    assert msg == ("out of GPU memory while profiling vsa (tile fit crop) (CUDA out of memory. Tried to allocate "
+                   "2.00 GiB); try --offload group (or model) and --vae-tiling on")
+    assert info.value.exit_code == 1 and isinstance(info.value.__cause__, torch.cuda.OutOfMemoryError)
+    with pytest.raises(RunFailure, match=r"while generating \(CUDA out of memory\)$"):
+        with out_of_memory_as_failure("generating"):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    with pytest.raises(ValueError, match="not memory"):  # anything else passes through unchanged
+        with out_of_memory_as_failure("generating"):
+            raise ValueError("not memory")
+    with out_of_memory_as_failure("generating"):
+        pass
 
 
-def test_pickle_only_weights_need_allow_pickle(vsagen_cache, tiny_dir, tmp_path):
-    from vsagen.pipeline import load_model
+def _picture(h, w, seed):
+    from PIL import Image
 
-    ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
-    sd = _make_pickle_only(ckpt)
-    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "p.mp4")
-    with pytest.raises(BadInput, match="--allow-pickle") as exc:
-        load_model(cfg, log=lambda m: None)
-    assert "transformer" in str(exc.value)
-    # With --allow-pickle diffusers loads the .bin, and the weights are the ones that were saved.
-    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "p.mp4", allow_pickle=True)
-    model = load_model(cfg, log=lambda m: None)
-    state = model.pipe.transformer.state_dict()
-    assert set(sd) <= set(state)
-    assert all(torch.equal(state[k], v) for k, v in sd.items())
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
-def test_pickle_refusal_through_generate_writes_nothing(vsagen_cache, tiny_dir, tmp_path):
-    from vsagen.generate import generate
+@pytest.mark.parametrize("tile_fit", ["partial", "crop"])
+def test_conditioning_arguments_fit_then_extend_to_the_denoised_size(tile_fit):
+    from vsagen.image import fit_image
 
-    ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
-    _make_pickle_only(ckpt)
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    cfg = resolve("a prompt", model=str(ckpt), out=out_dir / "p.mp4")
-    with pytest.raises(BadInput, match="--allow-pickle"):
-        generate(cfg, progress=False)
-    assert list(out_dir.iterdir()) == []
-
-
-@pytest.mark.parametrize("edit", ["foreign-library", "foreign-pipeline"])
-def test_foreign_components_are_refused(vsagen_cache, tiny_dir, tmp_path, edit):
-    from vsagen.pipeline import load_model
-
-    ckpt = copy_checkpoint(tiny_dir, tmp_path / "foreign")
-    index_path = ckpt / "model_index.json"
-    index = json.loads(index_path.read_text())
-    if edit == "foreign-library":
-        index["scheduler"] = ["evil_remote_code", "EvilScheduler"]
-        match = "evil_remote_code"
-    else:
-        index["_class_name"] = "SomeOtherPipeline"
-        match = "SomeOtherPipeline"
-    index_path.write_text(json.dumps(index))
-    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "f.mp4")
-    with pytest.raises(BadInput, match=match):
-        load_model(cfg, log=lambda m: None)
+    plan = plan_crop(5, 80, 112, fit=tile_fit, vae_stride_temporal=4, vae_stride_spatial=8, patch_size=(1, 2, 2))
+    first, last = _picture(50, 90, 0), _picture(70, 40, 1)
+    args = Conditioning(first, last, "crop").arguments(80, 112, plan)
+    assert set(args) == {"image", "last_image"}
+    for key, src in (("image", first), ("last_image", last)):
+        got = np.asarray(args[key])
+        assert got.shape == (plan.denoise_height, plan.denoise_width, 3)
+        want = np.asarray(fit_image(src, 80, 112, "crop"))
+        assert np.array_equal(got[:80, :112], want)  # the requested picture in the top-left corner
+    assert (plan.denoise_height, plan.denoise_width) == ((80, 112) if tile_fit == "partial" else (128, 128))
+    # one picture only, already at the size (fit None): passed on as it is when nothing is extended
+    only = Conditioning(_picture(80, 112, 2), None, None)
+    args = only.arguments(80, 112, plan)
+    assert set(args) == {"image"}
+    if tile_fit == "partial":
+        assert args["image"] is only.image
 
 
-def test_directory_without_model_index_is_refused(vsagen_cache, tmp_path):
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelNotFound, match="model_index.json"):
-        resolve("a prompt", model=str(tmp_path / "empty"), out=tmp_path / "e.mp4")
+def test_synthetic_conditioning_is_seeded_and_sized():
+    a = Conditioning.synthetic(48, 80, 3, last=True)
+    b = Conditioning.synthetic(48, 80, 3, last=False)
+    assert a.fit is None and b.last_image is None
+    assert a.image.size == a.last_image.size == (80, 48)
+    assert np.array_equal(np.asarray(a.image), np.asarray(b.image))
+    assert not np.array_equal(np.asarray(a.image), np.asarray(a.last_image))  # seed + 1 for the last frame
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Trained VSA gates
+def test_expert_kwargs_only_for_two_experts():
+    from types import SimpleNamespace
+
+    two = SimpleNamespace(config=SimpleNamespace(boundary_ratio=0.875))
+    one = SimpleNamespace(config=SimpleNamespace(boundary_ratio=None))
+    assert expert_kwargs(two, SimpleNamespace(guidance_2=3.5)) == {"guidance_scale_2": 3.5}
+    assert expert_kwargs(two, SimpleNamespace(guidance_2=None)) == {}
+    assert expert_kwargs(one, SimpleNamespace(guidance_2=3.5)) == {}
+    assert expert_kwargs(SimpleNamespace(config=SimpleNamespace()), SimpleNamespace(guidance_2=3.5)) == {}
 
 
-@pytest.mark.slow
-def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    from vsagen.generate import generate
-    from vsagen.pipeline import load_model
-
-    ckpt = copy_checkpoint(tiny_dir, tmp_path / "gated")
-    weights = ckpt / "transformer" / "diffusion_pytorch_model.safetensors"
-    sd = load_file(weights)
-    cfg_t = json.loads((ckpt / "transformer" / "config.json").read_text())
-    dim = cfg_t["num_attention_heads"] * cfg_t["attention_head_dim"]
-    g = torch.Generator().manual_seed(7)
-    gates = {}
-    for i in range(cfg_t["num_layers"]):
-        gates[f"blocks.{i}.attn1.to_gate_compress.weight"] = torch.randn(dim, dim, generator=g) / dim ** 0.5
-        gates[f"blocks.{i}.attn1.to_gate_compress.bias"] = torch.randn(dim, generator=g)
-    save_file({**sd, **gates}, weights)
-
-    cfg_gated = resolve("a prompt", model=str(ckpt), attn="vsa", sparsity=0.5, steps=1, out=tmp_path / "g.mp4")
-    gated = load_model(cfg_gated, log=lambda m: None, backends=[cfg_gated.backend.build()])
-    assert gated.weight_layers["vsa"] == cfg_t["num_layers"]
-    assert any("gate" in n for n in gated.notes)
-    for i, block in enumerate(gated.pipe.transformer.blocks):
-        lin = block.attn1.to_gate_compress
-        assert isinstance(lin, torch.nn.Linear) and (lin.in_features, lin.out_features) == (dim, dim)
-        assert torch.equal(lin.weight, gates[f"blocks.{i}.attn1.to_gate_compress.weight"])
-        assert torch.equal(lin.bias, gates[f"blocks.{i}.attn1.to_gate_compress.bias"])
-        assert not hasattr(block.attn2, "to_gate_compress")
-
-    cfg_plain = resolve("a prompt", model="tiny", attn="vsa", sparsity=0.5, steps=1, out=tmp_path / "n.mp4")
-    plain = load_model(cfg_plain, log=lambda m: None, backends=[cfg_plain.backend.build()])
-    assert plain.weight_layers["vsa"] == 0 and not any(hasattr(b.attn1, "to_gate_compress")
-                                              for b in plain.pipe.transformer.blocks)
-
-    # Weights loaded from the two files sit at differently aligned (memory-mapped) addresses, and CPU matmul
-    # kernels may round differently for different alignments (observed 5e-7). Fresh copies make both
-    # transformers' weights equally aligned, so the comparison below can be exact.
-    for t in (gated.pipe.transformer, plain.pipe.transformer):
-        for p in t.parameters():
-            p.data = p.data.clone()
-    inputs = transformer_inputs()
-    vsa_gated = patched_output(gated.pipe.transformer, "vsa", 0.5, inputs)
-    vsa_plain = patched_output(plain.pipe.transformer, "vsa", 0.5, inputs)
-    assert (vsa_gated - vsa_plain).abs().max().item() > GATE_EFFECT_MIN
-    # The dense backend ignores the gates: bitwise the gate-free output.
-    full_gated = patched_output(gated.pipe.transformer, "full", None, inputs)
-    full_plain = patched_output(plain.pipe.transformer, "full", None, inputs)
-    assert torch.equal(full_gated, full_plain)
-
-    # The run's notes (log and JSON) say the gates were loaded.
-    lines: list[str] = []
-    result = generate(cfg_gated, log=_log_sink(lines), progress=False)
-    assert any("gate" in n for n in result.summary["timing"]["notes"])
-    assert any("gate" in line for line in lines)
-    assert any("gate" in n for n in json.loads(result.json_path.read_text())["timing"]["notes"])
+def test_denoised_layout_seconds_add_the_layout_regions():
+    records = [("layout", 0, 0.25), ("dit", 0, 1.0), ("layout", 0, 0.5), ("layout/x", 0, 9.0)]
+    d = Denoised(torch.zeros(1), None, records, 0.0, None)
+    assert d.layout_s == 0.75
+    assert Denoised(torch.zeros(1), None, [], 0.0, None).layout_s == 0
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Hub ids that are not available here
-
-
-
-
-@pytest.mark.parametrize("model,hub_id", [("some-org/some-model", "some-org/some-model"),
-                                          ("wan2.1-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
-def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
-    from vsagen.generate import generate
-
-    if cached_locally(hub_id):
-        pytest.skip(f"{hub_id} is in the local Hugging Face cache")
-    cfg = resolve("a prompt", model=model, out=tmp_path / "hub.mp4", steps=1)
-    assert cfg.source.kind == "hub" and cfg.source.location == hub_id
-    t0 = time.perf_counter()
-    with pytest.raises(ModelNotFound) as exc:
-        generate(cfg, progress=False)
-    elapsed = time.perf_counter() - t0
-    msg = str(exc.value)
-    assert model in msg and hub_id in msg
-    assert "--model tiny" in msg
-    # the installed huggingface_hub ships `hf`, not `huggingface-cli`; only preset architectures can be timed
-    assert f"hf download {hub_id}" in msg and "huggingface-cli" not in msg
-    assert ("--random-weights" in msg) == (model == "wan2.1-t2v-1.3b")
-    assert "\n" not in msg
-    assert exc.value.exit_code == 2
-    assert elapsed < HUB_FAIL_FAST_S, f"took {elapsed:.1f} s"
-    assert list(tmp_path.iterdir()) == []
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Random weights
-
-
-@pytest.mark.slow
-def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
-    from vsagen.generate import generate
-    from vsagen.pipeline import load_model
-
-    cfg = resolve("ignored prompt", model="tiny", random_weights=True, steps=STEPS, out=tmp_path / "rw.mp4")
-    model = load_model(cfg, log=lambda m: None)
-    assert model.random_weights and model.pipe.text_encoder is None and model.pipe.tokenizer is None
-    result = generate(cfg, progress=False)
-    data = json.loads(result.json_path.read_text())
-    assert data["random_weights"] is True and result.summary["random_weights"] is True
-    assert any("random weights" in n for n in data["timing"]["notes"])
-    assert data["timing"]["dit_forwards"] == 2 * STEPS
-    assert read_mp4(result.video_path).shape == (17, 96, 160, 3)
-
-
-@pytest.mark.slow
-def test_tiny_run_reports_not_random_weights(vsagen_cache, tmp_path):
-    from vsagen.generate import generate
-
-    cfg = resolve("a prompt", model="tiny", steps=1, guidance=1.0, out=tmp_path / "t.mp4")
-    result = generate(cfg, progress=False)
-    assert result.summary["random_weights"] is False
-    assert result.summary["timing"]["dit_forwards"] == 1  # guidance 1.0: no CFG, one forward a step
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("impl", ["triton", "torch"])
-def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, tmp_path, encoder_frames,
-                                                       impl):
-    """`--attn vsa --sparsity 0` (every tile selected) must give the frames of `--attn full`.
-
-    The frames are compared as handed to the encoder: the two runs differ by float32 rounding (~1e-7 relative
-    at the transformer output), which can move a pixel across a uint8 rounding boundary (at most 1 level);
-    H.264 is lossy and may turn such a 1-level change into different encoder decisions, so the mp4 bytes are
-    not compared. The Triton kernels run under the interpreter here (conftest sets TRITON_INTERPRET=1); the
-    grid 2x5x7 has partial tiles on both spatial axes.
-    """
-    from vsagen.generate import generate
-
-    frames = encoder_frames
-    common = dict(model="tiny", frames=5, height=80, width=112, steps=1, device="cpu")
-    generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
-    vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
-                   progress=False)
-    assert vsa.summary["backend"] == {"name": "vsa", "sparsity": 0.0, "impl": impl, "impl_ran": impl}
-    assert vsa.summary["denoised"]["tiles"] == 4 and vsa.summary["denoised"]["full_tiles"] == 0
-    a, b = frames["full"].astype(int), frames["vsa"].astype(int)
-    assert a.shape == b.shape == (5, 80, 112, 3)
-    assert np.abs(a - b).max() <= 1
-    assert (a != b).mean() < 1e-3
-    assert read_mp4(vsa.video_path).shape == (5, 80, 112, 3)
+def test_compile_note_names_graphs_breaks_and_warmup():
+    whole = compile_note(None, ["vsa"], warmup=1)
+    assert whole.startswith("--compile: every transformer block is one compiled graph")
+    assert "(vsa) runs inside the graphs" in whole and "measure the compiler" not in whole
+    broken = compile_note("--offload group's onload hook on every block is not traceable", [], warmup=0)
+    assert "compiled with graph breaks (--offload group's onload hook" in broken
+    assert "attn1 is inside the graphs and not timed, the attention backend is" in broken
+    assert broken.endswith("--warmup 0: the timed steps include the compilation, so their times measure the compiler")
+    for note in (whole, broken):
+        assert "layout counts only the reorderings outside the blocks" in note and "\n" not in note

@@ -1,0 +1,97 @@
+"""vsagen.bench: attention-alone timing shared by `vsagen profile --kernels` and benchmarks/attention.py: shapes,
+inputs, the dense SDPA helper, the error measure, the CPU timer and the rows of `time_attention`."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vsagen.bench import SHAPES, AttentionShape, KernelRow, bench_ms, make_inputs, rel_l2, sdpa
+
+
+def test_time_attention_rows_and_ratios():
+    from vsagen.attention import make_backend
+    from vsagen.bench import AttentionShape, time_attention
+
+    shape = AttentionShape("t", (3, 5, 6), heads=2, head_dim=8)
+    rows = time_attention(shape, [("full", make_backend("full")), ("vsa", make_backend("vsa", 0.5, "torch"))],
+                          device="cpu", dtype=torch.float32, warmup_ms=1, rep_ms=5)
+    assert [(r.kernel, r.kind) for r in rows] == [(k, p) for p in ("fwd", "fwd+bwd")
+                                                  for k in ("SDPA (torch CPU)", "full", "vsa")]
+    for r in rows:
+        base = next(b for b in rows if b.kind == r.kind and b.kernel == "SDPA (torch CPU)")
+        assert r.ms > 0 and math.isclose(r.speedup_vs_baseline, base.ms / r.ms)
+        assert r.tokens == 90 and r.to_dict()["grid"] == [3, 5, 6]
+
+
+def test_benchmark_script_still_imports():
+    """benchmarks/attention.py takes its shapes and helpers from vsagen.bench now."""
+    path = Path(__file__).parents[1] / "benchmarks" / "attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    from vsagen.bench import SHAPES, AttentionShape
+
+    assert mod.Shape is AttentionShape and mod.SHAPES is SHAPES and set(SHAPES) == {"1.3b", "5b", "14b"}
+    assert SHAPES["1.3b"].tokens == 32760
+    for name in ("check", "time_shape", "sweep", "sweep_bwd", "profile_fwd_bwd", "probe", "print_table", "main"):
+        assert callable(getattr(mod, name))
+
+
+def test_shapes_count_tokens_and_dense_flops():
+    s = AttentionShape("x", (3, 5, 6), heads=2, head_dim=8)
+    assert s.tokens == 90 and s.dense_flops() == 4.0 * 90 * 90 * 8 * 2
+    assert SHAPES["1.3b"].grid == (21, 30, 52) and SHAPES["1.3b"].heads == 12 and SHAPES["1.3b"].head_dim == 128
+    assert SHAPES["14b"].tokens == 21 * 45 * 80
+
+
+def test_make_inputs_are_seeded_normal_and_shaped():
+    s = AttentionShape("x", (2, 4, 4), heads=3, head_dim=16)
+    q, k, v = make_inputs(s, seed=1, device="cpu", dtype=torch.float32)
+    again = make_inputs(s, seed=1, device="cpu", dtype=torch.float32)
+    other = make_inputs(s, seed=2, device="cpu", dtype=torch.float32)
+    assert q.shape == k.shape == v.shape == (1, 32, 3, 16) and q.dtype == torch.float32
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again))
+    assert not torch.equal(q, other[0]) and not torch.equal(q, k)
+    assert not q.requires_grad
+    assert all(x.requires_grad for x in make_inputs(s, 1, True, device="cpu", dtype=torch.float32))
+    assert make_inputs(s, 1, device="cpu")[0].dtype == torch.bfloat16
+
+
+def test_sdpa_is_softmax_attention_in_bshd_layout():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 37, 3, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    p = torch.softmax(torch.einsum("bshd,bthd->bhst", q, k) / 4.0, dim=-1)
+    want = torch.einsum("bhst,bthd->bshd", p, v)
+    got = sdpa(q, k, v)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    assert (got - want).abs().max().item() < 1e-12
+    from torch.nn.attention import SDPBackend
+
+    assert (sdpa(q, k, v, SDPBackend.MATH) - want).abs().max().item() < 1e-12
+
+
+def test_rel_l2():
+    y = torch.tensor([3.0, 4.0])
+    assert rel_l2(y, y) == 0.0
+    assert rel_l2(torch.tensor([3.0, 5.0]), y) == pytest.approx(1.0 / 5.0)
+    assert rel_l2(torch.zeros(2), y) == pytest.approx(1.0)
+
+
+def test_bench_ms_on_cpu_calls_warmup_and_at_least_min_reps():
+    calls = []
+    ms = bench_ms(lambda: calls.append(time.perf_counter()) or time.sleep(0.002), device="cpu", warmup_ms=0,
+                  rep_ms=0, min_reps=4)
+    assert len(calls) == 5  # one untimed warm-up call, then min_reps timed ones
+    assert 2.0 <= ms < 1000.0
+
+
+def test_kernel_row_to_dict_lists_the_grid():
+    row = KernelRow("s", "partial", (3, 5, 6), 90, 2, 8, "vsa", "fwd", 1.5, "SDPA (torch CPU)", 2.0)
+    d = row.to_dict()
+    assert d["grid"] == [3, 5, 6] and d["kernel"] == "vsa" and d["speedup_vs_baseline"] == 2.0

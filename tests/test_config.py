@@ -1,0 +1,102 @@
+"""vsagen.config: `resolve` (a t2v / i2v request: flag > preset default, every check that needs no weights) and
+its helpers: VAE tiling, valid frame counts, output targets and folders, choices, devices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vsagen.config import (VAE_TILING_AUTO_MAX_AREA, check_choice, check_folder, check_target, nearest_valid_frames,
+                           resolve, resolve_device, vae_tiling_enabled)
+from vsagen.errors import BadInput
+from vsagen.presets import load_preset
+
+
+def test_vae_tiling_auto_threshold(tmp_path):
+    assert VAE_TILING_AUTO_MAX_AREA == 480 * 832
+    assert not vae_tiling_enabled("auto", 480, 832)  # Wan2.1-1.3B's native size: untiled
+    assert not vae_tiling_enabled("auto", 832, 480)
+    assert vae_tiling_enabled("auto", 720, 1280) and vae_tiling_enabled("auto", 704, 1280)
+    assert vae_tiling_enabled("auto", 496, 832)  # one step above the area
+    assert vae_tiling_enabled("on", 16, 16) and not vae_tiling_enabled("off", 720, 1280)
+    # the presets' defaults resolve without weights: 1.3B at 480p untiled, 14B at 720p tiled
+    assert not resolve("p", model="wan2.1-t2v-1.3b", device="cpu", out=tmp_path / "a.mp4").vae_tiled
+    assert resolve("p", model="wan2.1-t2v-14b", device="cpu", out=tmp_path / "b.mp4").vae_tiled
+
+
+@pytest.mark.parametrize("frames,stride,want", [(10, 4, (9, 13)), (9, 4, (9, 13)), (1, 4, (1, 5)), (0, 4, (1, 5)),
+                                                (82, 4, (81, 85)), (7, 2, (7, 9))])
+def test_nearest_valid_frames(frames, stride, want):
+    lo, hi = nearest_valid_frames(frames, stride)
+    assert (lo, hi) == want
+    assert (lo - 1) % stride == 0 and hi - lo == stride and lo <= max(frames, 1) < hi + (frames == hi)
+
+
+def test_flags_win_over_the_preset_defaults(tmp_path):
+    d = load_preset("tiny").defaults
+    cfg = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "a.mp4")
+    assert (cfg.frames, cfg.height, cfg.width, cfg.steps, cfg.fps) == (d.frames, d.height, d.width, d.steps, d.fps)
+    assert (cfg.guidance, cfg.flow_shift) == (d.guidance, d.flow_shift)
+    cfg = resolve("a fox", model="tiny", device="cpu", frames=9, height=64, width=80, steps=3, guidance=1.0, fps=8,
+                  seed=5, flow_shift=2.5, out=tmp_path / "b.mp4")
+    assert (cfg.frames, cfg.height, cfg.width, cfg.steps, cfg.guidance, cfg.fps, cfg.seed, cfg.flow_shift) == (
+        9, 64, 80, 3, 1.0, 8, 5, 2.5)
+    assert cfg.out == tmp_path / "b.mp4" and cfg.json_out == tmp_path / "b.json"
+    assert cfg.backend.name == "full" and cfg.device == "cpu"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(frames=10), "--frames"), (dict(steps=0), "--steps"), (dict(tile_fit="pad"), "--tile-fit"),
+    (dict(dtype="fp8"), "--dtype"), (dict(offload="disk"), "--offload"), (dict(vae_tiling="maybe"), "--vae-tiling"),
+    (dict(attn="nope"), "--attn"), (dict(attn="vsa", sparsity=1.0), "--sparsity"), (dict(flow_shift=0.0), "--flow-shift"),
+    (dict(height=60), "--height"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_settings_are_one_line_naming_the_flag(tmp_path, kwargs, needle):
+    with pytest.raises(BadInput) as info:
+        resolve("a fox", model="tiny", device="cpu", out=tmp_path / "x.mp4", **kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_target_and_folder(tmp_path):
+    check_target(tmp_path / "new.mp4", False, "--out")
+    (tmp_path / "old.mp4").write_bytes(b"x")
+    with pytest.raises(BadInput, match="exists; pass --overwrite to replace it, or choose another --out"):
+        check_target(tmp_path / "old.mp4", False, "--out")
+    check_target(tmp_path / "old.mp4", True, "--out")
+    (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(BadInput, match="exists"):
+        check_target(tmp_path / "dangling.mp4", False, "--plot")
+    with pytest.raises(BadInput, match="is a directory"):
+        check_target(tmp_path, True, "--out")
+    check_folder(tmp_path / "a" / "b" / "c")  # missing folders under a writable one: fine
+    assert not (tmp_path / "a").exists()  # ... and nothing is created by the check
+    with pytest.raises(BadInput, match="old.mp4 is not a directory"):
+        check_folder(tmp_path / "old.mp4" / "sub")
+
+
+def test_check_choice_lists_the_choices():
+    check_choice("--fit", "crop", ("crop", "resize"))
+    with pytest.raises(BadInput, match=r"^--fit must be one of crop, resize, got 'stretch'$"):
+        check_choice("--fit", "stretch", ("crop", "resize"))
+
+
+def test_resolve_device(monkeypatch):
+    import torch
+
+    assert resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(BadInput, match="--device cuda: CUDA is not available"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda") == "cuda"
+    with pytest.raises(BadInput, match="--device must be one of auto, cuda, cpu"):
+        resolve_device("tpu")
+
+
+def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve("a fox", model="tiny", attn="vsa", seed=3, device="cpu")
+    assert cfg.out == Path("vsagen-tiny-vsa-seed3.mp4") and cfg.json_out == Path("vsagen-tiny-vsa-seed3.json")

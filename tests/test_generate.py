@@ -1,0 +1,132 @@
+"""vsagen.generate: one t2v / i2v generation end to end (the crop plan, the mp4 and its timing JSON, the summary),
+on CPU with the tiny model in the session's private VSAGEN_CACHE.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from vsagen.config import resolve
+from vsagen.errors import BadInput
+from vsagen.video import read_mp4
+
+# Fewest denoising steps that still exercise the loop (CFG on: two transformer forwards a step).
+STEPS = 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fit", ["crop", "partial"])
+def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, fit):
+    from vsagen.generate import generate
+
+    # frames 9 -> 3 latent frames; 80 x 112 -> 10 x 14 latent -> grid 3 x 5 x 7, no dimension a multiple of 4.
+    out = tmp_path / "crop.mp4"
+    cfg = resolve("a red fox in the snow", model="tiny", attn="vsa", frames=9, height=80, width=112, steps=STEPS,
+                  tile_fit=fit, out=out)
+    result = generate(cfg, progress=False)
+    frames = read_mp4(out)
+    assert frames.shape == (9, 80, 112, 3)
+    data = json.loads(result.json_path.read_text())
+    assert result.json_path == tmp_path / "crop.json"
+    assert (data["frames"], data["height"], data["width"]) == (9, 80, 112)
+    den = data["denoised"]
+    if fit == "crop":
+        assert den["grid"] == [4, 8, 8] and all(g % 4 == 0 for g in den["grid"])
+        assert den["latent"] == [4, 16, 16]
+        assert (den["frames"], den["height"], den["width"]) == (13, 128, 128)
+        assert den["tiles"] == den["full_tiles"] == 4 and den["tokens"] == 256
+    else:
+        assert den["grid"] == [3, 5, 7] and den["latent"] == [3, 10, 14]
+        assert (den["frames"], den["height"], den["width"]) == (9, 80, 112)
+        assert den["full_tiles"] == 0 and den["tokens"] == 105
+    assert data["tile_fit"] == fit
+    assert data["timing"]["dit_forwards"] == 2 * STEPS
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crop.json", "crop.mp4"]  # no temporary files left
+
+
+@pytest.mark.slow
+def test_tiny_run_reports_not_random_weights(vsagen_cache, tmp_path):
+    from vsagen.generate import generate
+
+    cfg = resolve("a prompt", model="tiny", steps=1, guidance=1.0, out=tmp_path / "t.mp4")
+    result = generate(cfg, progress=False)
+    assert result.summary["random_weights"] is False
+    assert result.summary["timing"]["dit_forwards"] == 1  # guidance 1.0: no CFG, one forward a step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, tmp_path, encoder_frames,
+                                                       impl):
+    """`--attn vsa --sparsity 0` (every tile selected) must give the frames of `--attn full`.
+
+    The frames are compared as handed to the encoder: the two runs differ by float32 rounding (~1e-7 relative
+    at the transformer output), which can move a pixel across a uint8 rounding boundary (at most 1 level);
+    H.264 is lossy and may turn such a 1-level change into different encoder decisions, so the mp4 bytes are
+    not compared. The Triton kernels run under the interpreter here (conftest sets TRITON_INTERPRET=1); the
+    grid 2x5x7 has partial tiles on both spatial axes.
+    """
+    from vsagen.generate import generate
+
+    frames = encoder_frames
+    common = dict(model="tiny", frames=5, height=80, width=112, steps=1, device="cpu")
+    generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
+    vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
+                   progress=False)
+    assert vsa.summary["backend"] == {"name": "vsa", "sparsity": 0.0, "impl": impl, "impl_ran": impl}
+    assert vsa.summary["denoised"]["tiles"] == 4 and vsa.summary["denoised"]["full_tiles"] == 0
+    a, b = frames["full"].astype(int), frames["vsa"].astype(int)
+    assert a.shape == b.shape == (5, 80, 112, 3)
+    assert np.abs(a - b).max() <= 1
+    assert (a != b).mean() < 1e-3
+    assert read_mp4(vsa.video_path).shape == (5, 80, 112, 3)
+
+
+
+@pytest.mark.slow
+def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, tmp_path):
+    import vsagen
+    from vsagen.generate import RunResult, generate
+
+    lines: list[str] = []
+    cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, seed=7, out=tmp_path / "v.mp4")
+    result = generate(cfg, log=lines.append, progress=False)
+    assert isinstance(result, RunResult)
+    assert (result.video_path, result.json_path) == (tmp_path / "v.mp4", tmp_path / "v.json")
+    data = json.loads(result.json_path.read_text())
+    assert data == json.loads(json.dumps(result.summary))  # the file is the summary
+    assert (data["frames"], data["height"], data["width"], data["steps"], data["seed"]) == (5, 64, 64, 1, 7)
+    assert data["backend"] == {"name": "full"} and data["attn"] == "full" and data["model"] == "tiny"
+    assert data["experts"] == ["transformer"] and data["guidance_2"] is None and data["boundary_ratio"] is None
+    assert data["image"] is None and data["last_image"] is None and data["random_weights"] is False
+    assert data["versions"]["vsagen"] == vsagen.__version__
+    assert data["timing"] == result.report.to_dict() and result.report.dit_forwards == 2
+    assert result.report.write_s > 0 and result.report.load_s > 0
+    assert read_mp4(result.video_path).shape == (5, 64, 64, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json", "v.mp4"]
+
+
+@pytest.mark.slow
+def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """Without --overwrite a timing JSON that appears while the run writes its video is kept; the error names
+    the video, which was written."""
+    import vsagen.video
+    from vsagen.generate import generate
+
+    real = vsagen.video.write_mp4
+
+    def write_then_race(frames, path, fps, *, overwrite=False):
+        real(frames, path, fps, overwrite=overwrite)
+        path.with_suffix(".json").write_text("another run's report")
+
+    monkeypatch.setattr(vsagen.video, "write_mp4", write_then_race)
+    cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, out=tmp_path / "r.mp4")
+    with pytest.raises(BadInput) as info:
+        generate(cfg, progress=False)
+    msg = str(info.value)
+    assert "r.json appeared during the run" in msg and str(tmp_path / "r.mp4") in msg and "--overwrite" in msg
+    assert (tmp_path / "r.json").read_text() == "another run's report"
+    assert read_mp4(tmp_path / "r.mp4").shape == (5, 64, 64, 3)

@@ -1,0 +1,88 @@
+"""vsagen.image: opening input images (PNG, JPEG, WebP; refusals name the path), fitting them to a size (crop,
+resize), extending them to the denoised size, and the synthetic test picture."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vsagen.errors import BadInput
+from vsagen.image import fit_image, open_image
+
+
+@pytest.mark.parametrize("fit", ["crop", "resize"])
+@pytest.mark.parametrize("src", [(200, 50), (30, 90), (64, 64)])
+def test_fit_image_gives_exactly_the_size(fit, src):
+    im = Image.fromarray(np.full((src[1], src[0], 3), 200, np.uint8))
+    out = fit_image(im, 48, 80, fit)
+    assert out.size == (80, 48) and out.mode == "RGB"
+    arr = np.asarray(out)
+    if fit == "crop":
+        assert (arr == 200).all()  # scaled to cover, then cropped: no padding
+    else:
+        assert (arr == 0).any() and (arr == 200).any()  # scaled to fit inside, letterboxed (no source aspect fits)
+
+
+def test_extend_to_keeps_the_image_in_the_top_left_corner():
+    from vsagen.image import extend_to
+
+    rng = np.random.default_rng(3)
+    src = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    big = np.asarray(extend_to(src, 8, 11))
+    assert big.shape == (8, 11, 3)
+    assert np.array_equal(big[:5, :7], np.asarray(src))
+    assert np.array_equal(big[5:, :7], np.repeat(np.asarray(src)[4:5], 3, axis=0))  # last row repeated
+    assert np.array_equal(big[:, 7:], np.repeat(big[:, 6:7], 4, axis=1))  # last column repeated
+    assert extend_to(src, 5, 7) is src
+    with pytest.raises(ValueError):
+        extend_to(src, 4, 7)
+
+
+def test_synthetic_image_is_deterministic_and_sized():
+    import numpy as np
+
+    from vsagen.image import synthetic_image
+
+    a, b, c = synthetic_image(24, 40, 0), synthetic_image(24, 40, 0), synthetic_image(24, 40, 1)
+    assert a.size == (40, 24) and a.mode == "RGB"
+    assert np.array_equal(np.asarray(a), np.asarray(b)) and not np.array_equal(np.asarray(a), np.asarray(c))
+    assert np.asarray(a).std() > 10  # a picture, not a constant
+
+
+@pytest.mark.parametrize("suffix", ["png", "jpg", "webp"])
+def test_open_image_reads_each_format_as_rgb(tmp_path, suffix):
+    rng = np.random.default_rng(5)
+    src = rng.integers(0, 256, (30, 44, 3), dtype=np.uint8)
+    path = tmp_path / f"in.{suffix}"
+    Image.fromarray(src).convert("RGBA" if suffix == "png" else "RGB").save(path)
+    im = open_image(path)
+    assert im.mode == "RGB" and im.size == (44, 30)
+    if suffix == "png":  # lossless
+        assert np.array_equal(np.asarray(im), src)
+
+
+def test_open_image_refusals_name_the_path(tmp_path):
+    with pytest.raises(BadInput, match="does not exist"):
+        open_image(tmp_path / "nope.png")
+    with pytest.raises(BadInput, match="is not a file"):
+        open_image(tmp_path)
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    with pytest.raises(BadInput, match=r"cannot read image .*bad\.png.*PNG, JPEG or WebP"):
+        open_image(tmp_path / "bad.png")
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "x.bmp")
+    with pytest.raises(BadInput, match="format BMP is not supported"):
+        open_image(tmp_path / "x.bmp")
+
+
+def test_fit_modes_keep_the_aspect_and_center(tmp_path):
+    # a 100 x 50 picture, left half black and right half white, into 40 x 40
+    arr = np.zeros((50, 100, 3), np.uint8)
+    arr[:, 50:] = 255
+    im = Image.fromarray(arr)
+    crop = np.asarray(fit_image(im, 40, 40, "crop"))  # scaled to 80 x 40, 20 px cut on each side
+    assert crop[:, :15].max() == 0 and crop[:, 25:].min() == 255
+    resize = np.asarray(fit_image(im, 40, 40, "resize"))  # scaled to 40 x 20, black bars of 10 px above and below
+    assert resize[:9].max() == 0 and resize[31:].max() == 0 and resize[12:28, 25:].min() == 255
+    with pytest.raises(BadInput, match="--fit must be one of crop, resize"):
+        fit_image(im, 40, 40, "stretch")

@@ -1,0 +1,291 @@
+"""vsagen.loading: loading a pipeline (local directory, pickle weights, foreign libraries, trained VSA gates, hub
+ids that are not cached, random weights) and placing it (`place_pipeline`: diffusers' offload APIs), all on CPU with
+the tiny model.
+
+Every generation here runs in the session's private VSAGEN_CACHE (conftest's `vsagen_cache`), never ~/.cache.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import cached_locally
+import torch
+
+from vsagen.config import resolve
+from vsagen.errors import BadInput, ModelNotFound
+from vsagen.video import read_mp4
+
+# Loading a hub id that is not cached must fail without waiting on the network (no hub access here, and a
+# user without network must not wait either). Observed ~0.1 s in-process; 15 s would mean a retry loop.
+HUB_FAIL_FAST_S = 15.0
+# Gated vs gate-free vsa outputs of the tiny transformer: the coarse branch with random gates adds terms of
+# order 1 to every token; anything above 1e-3 shows the gates are used (observed ~1).
+GATE_EFFECT_MIN = 1e-3
+# Fewest denoising steps that still exercise the loop (CFG on: two transformer forwards a step).
+STEPS = 2
+
+
+def _log_sink(lines: list[str]):
+    return lines.append
+
+
+def copy_checkpoint(tiny_dir: Path, dest: Path) -> Path:
+    """A private copy of the tiny checkpoint (the session's copy is shared by other tests)."""
+    shutil.copytree(tiny_dir, dest)
+    return dest
+
+
+def transformer_inputs(seed: int = 5):
+    """Fresh random inputs for the tiny transformer: latent (1, 16, 5, 12, 20) (grid 5x6x10, partial tiles)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, 16, 5, 12, 20, generator=g), torch.rand(1, generator=g) * 999.0 + 0.5,
+            torch.randn(1, 9, 32, generator=g))
+
+
+def patched_output(transformer, attn: str, sparsity, inputs):
+    from vsagen.attention import make_backend
+    from vsagen.attention.hooks import patch_transformer
+    from vsagen.timing import Timer
+
+    patch = patch_transformer(transformer, make_backend(attn, sparsity), Timer("cpu"))
+    try:
+        with torch.no_grad():
+            hs, ts, enc = inputs
+            return transformer(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
+    finally:
+        patch.remove()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Local checkpoints: safetensors, pickle, foreign libraries
+
+
+@pytest.mark.slow
+def test_local_checkpoint_directory_loads(vsagen_cache, tiny_pipe, tmp_path):
+    from vsagen.generate import generate
+
+    ckpt = tmp_path / "my-wan"
+    tiny_pipe.save_pretrained(ckpt, safe_serialization=True)
+    cfg = resolve("a prompt", model=str(ckpt), steps=1, out=tmp_path / "dir.mp4")
+    assert cfg.source.kind == "dir" and cfg.source.location == str(ckpt.resolve())
+    assert cfg.source.preset.name == "tiny"  # the tiny architecture takes the tiny preset's settings
+    result = generate(cfg, progress=False)
+    assert result.summary["model"] == str(ckpt)
+    assert result.summary["config"]["model_source"]["kind"] == "dir"
+    assert read_mp4(result.video_path).shape == (17, 96, 160, 3)
+
+
+def _make_pickle_only(ckpt: Path) -> dict:
+    from safetensors.torch import load_file
+
+    tdir = ckpt / "transformer"
+    sd = load_file(tdir / "diffusion_pytorch_model.safetensors")
+    torch.save(sd, tdir / "diffusion_pytorch_model.bin")
+    (tdir / "diffusion_pytorch_model.safetensors").unlink()
+    assert not list(tdir.glob("*.safetensors"))
+    return sd
+
+
+def test_pickle_only_weights_need_allow_pickle(vsagen_cache, tiny_dir, tmp_path):
+    from vsagen.loading import load_model
+
+    ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
+    sd = _make_pickle_only(ckpt)
+    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "p.mp4")
+    with pytest.raises(BadInput, match="--allow-pickle") as exc:
+        load_model(cfg, log=lambda m: None)
+    assert "transformer" in str(exc.value)
+    # With --allow-pickle diffusers loads the .bin, and the weights are the ones that were saved.
+    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "p.mp4", allow_pickle=True)
+    model = load_model(cfg, log=lambda m: None)
+    state = model.pipe.transformer.state_dict()
+    assert set(sd) <= set(state)
+    assert all(torch.equal(state[k], v) for k, v in sd.items())
+
+
+def test_pickle_refusal_through_generate_writes_nothing(vsagen_cache, tiny_dir, tmp_path):
+    from vsagen.generate import generate
+
+    ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
+    _make_pickle_only(ckpt)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    cfg = resolve("a prompt", model=str(ckpt), out=out_dir / "p.mp4")
+    with pytest.raises(BadInput, match="--allow-pickle"):
+        generate(cfg, progress=False)
+    assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("edit", ["foreign-library", "foreign-pipeline"])
+def test_foreign_components_are_refused(vsagen_cache, tiny_dir, tmp_path, edit):
+    from vsagen.loading import load_model
+
+    ckpt = copy_checkpoint(tiny_dir, tmp_path / "foreign")
+    index_path = ckpt / "model_index.json"
+    index = json.loads(index_path.read_text())
+    if edit == "foreign-library":
+        index["scheduler"] = ["evil_remote_code", "EvilScheduler"]
+        match = "evil_remote_code"
+    else:
+        index["_class_name"] = "SomeOtherPipeline"
+        match = "SomeOtherPipeline"
+    index_path.write_text(json.dumps(index))
+    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "f.mp4")
+    with pytest.raises(BadInput, match=match):
+        load_model(cfg, log=lambda m: None)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Trained VSA gates
+
+
+@pytest.mark.slow
+def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from vsagen.generate import generate
+    from vsagen.loading import load_model
+
+    ckpt = copy_checkpoint(tiny_dir, tmp_path / "gated")
+    weights = ckpt / "transformer" / "diffusion_pytorch_model.safetensors"
+    sd = load_file(weights)
+    cfg_t = json.loads((ckpt / "transformer" / "config.json").read_text())
+    dim = cfg_t["num_attention_heads"] * cfg_t["attention_head_dim"]
+    g = torch.Generator().manual_seed(7)
+    gates = {}
+    for i in range(cfg_t["num_layers"]):
+        gates[f"blocks.{i}.attn1.to_gate_compress.weight"] = torch.randn(dim, dim, generator=g) / dim ** 0.5
+        gates[f"blocks.{i}.attn1.to_gate_compress.bias"] = torch.randn(dim, generator=g)
+    save_file({**sd, **gates}, weights)
+
+    cfg_gated = resolve("a prompt", model=str(ckpt), attn="vsa", sparsity=0.5, steps=1, out=tmp_path / "g.mp4")
+    gated = load_model(cfg_gated, log=lambda m: None, backends=[cfg_gated.backend.build()])
+    assert gated.weight_layers["vsa"] == cfg_t["num_layers"]
+    assert any("gate" in n for n in gated.notes)
+    for i, block in enumerate(gated.pipe.transformer.blocks):
+        lin = block.attn1.to_gate_compress
+        assert isinstance(lin, torch.nn.Linear) and (lin.in_features, lin.out_features) == (dim, dim)
+        assert torch.equal(lin.weight, gates[f"blocks.{i}.attn1.to_gate_compress.weight"])
+        assert torch.equal(lin.bias, gates[f"blocks.{i}.attn1.to_gate_compress.bias"])
+        assert not hasattr(block.attn2, "to_gate_compress")
+
+    cfg_plain = resolve("a prompt", model="tiny", attn="vsa", sparsity=0.5, steps=1, out=tmp_path / "n.mp4")
+    plain = load_model(cfg_plain, log=lambda m: None, backends=[cfg_plain.backend.build()])
+    assert plain.weight_layers["vsa"] == 0 and not any(hasattr(b.attn1, "to_gate_compress")
+                                              for b in plain.pipe.transformer.blocks)
+
+    # Weights loaded from the two files sit at differently aligned (memory-mapped) addresses, and CPU matmul
+    # kernels may round differently for different alignments (observed 5e-7). Fresh copies make both
+    # transformers' weights equally aligned, so the comparison below can be exact.
+    for t in (gated.pipe.transformer, plain.pipe.transformer):
+        for p in t.parameters():
+            p.data = p.data.clone()
+    inputs = transformer_inputs()
+    vsa_gated = patched_output(gated.pipe.transformer, "vsa", 0.5, inputs)
+    vsa_plain = patched_output(plain.pipe.transformer, "vsa", 0.5, inputs)
+    assert (vsa_gated - vsa_plain).abs().max().item() > GATE_EFFECT_MIN
+    # The dense backend ignores the gates: bitwise the gate-free output.
+    full_gated = patched_output(gated.pipe.transformer, "full", None, inputs)
+    full_plain = patched_output(plain.pipe.transformer, "full", None, inputs)
+    assert torch.equal(full_gated, full_plain)
+
+    # The run's notes (log and JSON) say the gates were loaded.
+    lines: list[str] = []
+    result = generate(cfg_gated, log=_log_sink(lines), progress=False)
+    assert any("gate" in n for n in result.summary["timing"]["notes"])
+    assert any("gate" in line for line in lines)
+    assert any("gate" in n for n in json.loads(result.json_path.read_text())["timing"]["notes"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hub ids that are not available here
+
+
+@pytest.mark.parametrize("model,hub_id", [("some-org/some-model", "some-org/some-model"),
+                                          ("wan2.1-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
+def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
+    from vsagen.generate import generate
+
+    if cached_locally(hub_id):
+        pytest.skip(f"{hub_id} is in the local Hugging Face cache")
+    cfg = resolve("a prompt", model=model, out=tmp_path / "hub.mp4", steps=1)
+    assert cfg.source.kind == "hub" and cfg.source.location == hub_id
+    t0 = time.perf_counter()
+    with pytest.raises(ModelNotFound) as exc:
+        generate(cfg, progress=False)
+    elapsed = time.perf_counter() - t0
+    msg = str(exc.value)
+    assert model in msg and hub_id in msg
+    assert "--model tiny" in msg
+    # the installed huggingface_hub ships `hf`, not `huggingface-cli`; only preset architectures can be timed
+    assert f"hf download {hub_id}" in msg and "huggingface-cli" not in msg
+    assert ("--random-weights" in msg) == (model == "wan2.1-t2v-1.3b")
+    assert "\n" not in msg
+    assert exc.value.exit_code == 2
+    assert elapsed < HUB_FAIL_FAST_S, f"took {elapsed:.1f} s"
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Random weights
+
+
+@pytest.mark.slow
+def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
+    from vsagen.generate import generate
+    from vsagen.loading import load_model
+
+    cfg = resolve("ignored prompt", model="tiny", random_weights=True, steps=STEPS, out=tmp_path / "rw.mp4")
+    model = load_model(cfg, log=lambda m: None)
+    assert model.random_weights and model.pipe.text_encoder is None and model.pipe.tokenizer is None
+    result = generate(cfg, progress=False)
+    data = json.loads(result.json_path.read_text())
+    assert data["random_weights"] is True and result.summary["random_weights"] is True
+    assert any("random weights" in n for n in data["timing"]["notes"])
+    assert data["timing"]["dit_forwards"] == 2 * STEPS
+    assert read_mp4(result.video_path).shape == (17, 96, 160, 3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Placing the weights: which diffusers offload API is called
+
+
+class _FakePipe:
+    def __init__(self):
+        self.calls = []
+
+    def to(self, device):
+        self.calls.append(("to", (device,), {}))
+
+    def enable_model_cpu_offload(self, **kw):
+        self.calls.append(("enable_model_cpu_offload", (), kw))
+
+    def enable_group_offload(self, **kw):
+        self.calls.append(("enable_group_offload", (), kw))
+
+
+def test_place_pipeline_uses_diffusers_offload_apis():
+    from vsagen.loading import place_pipeline
+
+    expected = {
+        "none": ("to", ("cuda",), {}),
+        "model": ("enable_model_cpu_offload", (), {"device": torch.device("cuda")}),
+        "group": ("enable_group_offload", (), {
+            "onload_device": torch.device("cuda"), "offload_device": torch.device("cpu"),
+            "offload_type": "block_level", "num_blocks_per_group": 1, "use_stream": True,
+            "exclude_modules": ["vae"]}),
+    }
+    for mode, call in expected.items():
+        pipe = _FakePipe()
+        place_pipeline(pipe, mode, "cuda")
+        assert pipe.calls == [call], mode
+    pipe = _FakePipe()
+    place_pipeline(pipe, "group", "cpu")  # no CUDA stream off CUDA (diffusers refuses streams on the CPU)
+    assert pipe.calls[0][2]["use_stream"] is False
+    with pytest.raises(ValueError):
+        place_pipeline(_FakePipe(), "disk", "cuda")

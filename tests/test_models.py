@@ -1,0 +1,94 @@
+"""vsagen.models: `--model` (preset name | local diffusers directory | hub id) -> `ModelSource`, without loading
+weights: the kind and location, the preset a directory gets, what the model takes (image, last image), and the
+attention shape `--kernels` reads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from vsagen.errors import BadInput, ModelNotFound
+from vsagen.config import resolve
+from vsagen.models import DEFAULT_MODEL, ModelSource, attention_dims, resolve_model
+from vsagen.presets import I2V_PIPELINE, LAST_IMAGE_NONE, LAST_IMAGE_REQUIRED, load_preset
+
+
+def test_directory_without_model_index_is_refused(vsagen_cache, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFound, match="model_index.json"):
+        resolve("a prompt", model=str(tmp_path / "empty"), out=tmp_path / "e.mp4")
+
+
+def test_preset_names_resolve_to_tiny_or_hub_sources():
+    tiny = resolve_model("tiny")
+    assert (tiny.kind, tiny.location, tiny.preset.name, tiny.exact_preset) == ("tiny", "", "tiny", True)
+    assert tiny.rope_max_seq_len == load_preset("tiny").transformer.get("rope_max_seq_len")
+    wan = resolve_model(DEFAULT_MODEL)
+    assert (wan.kind, wan.location) == ("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers") and wan.preset.name == DEFAULT_MODEL
+    assert not wan.takes_image and not wan.image_to_video and wan.last_image == LAST_IMAGE_NONE
+    i2v = resolve_model("tiny-i2v")
+    assert i2v.image_to_video and i2v.takes_image and i2v.preset.pipeline == I2V_PIPELINE
+    ti2v = resolve_model("tiny-ti2v")
+    assert ti2v.takes_image and not ti2v.image_to_video  # text-image-to-video: t2v and i2v both run it
+
+
+def test_hub_ids_get_their_preset_or_the_default_settings():
+    known = resolve_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    assert known.kind == "hub" and known.preset.name == DEFAULT_MODEL and known.exact_preset
+    other = resolve_model("some-org/some-model")
+    assert (other.kind, other.location) == ("hub", "some-org/some-model")
+    assert other.preset.name == DEFAULT_MODEL and not other.exact_preset  # only the generation defaults
+
+
+@pytest.mark.parametrize("model", ["no-such-preset", "org/", "/org/name", "./org/name", "~/org/name", "a/b/c"])
+def test_names_that_are_nothing_are_refused_listing_the_presets(model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput) as info:
+        resolve_model(model)
+    msg = str(info.value)
+    assert repr(model) in msg and "tiny" in msg and "--model tiny" in msg
+    assert not isinstance(info.value, ModelNotFound)
+
+
+def test_local_directories_of_a_tiny_architecture_get_the_tiny_preset(tiny_dir, i2v_dir, flf2v_dir, tmp_path):
+    src = resolve_model(str(tiny_dir))
+    assert src.kind == "dir" and src.location == str(tiny_dir.resolve())
+    assert src.preset.name == "tiny" and not src.exact_preset  # the tiny presets are not hub architectures
+    assert src.pipeline == "WanPipeline" and not src.takes_image
+    flf = resolve_model(str(flf2v_dir))
+    assert flf.preset.name == "tiny-flf2v" and flf.image_to_video and flf.last_image == LAST_IMAGE_REQUIRED
+    assert resolve_model(str(i2v_dir)).preset.name == "tiny-i2v"
+    # an architecture no preset describes: the default model's generation settings
+    odd = tmp_path / "odd"
+    shutil.copytree(tiny_dir, odd, ignore=shutil.ignore_patterns("*.safetensors"))
+    cfg = json.loads((odd / "transformer" / "config.json").read_text())
+    cfg["num_layers"] = cfg["num_layers"] + 1
+    (odd / "transformer" / "config.json").write_text(json.dumps(cfg))
+    src = resolve_model(str(odd))
+    assert src.kind == "dir" and src.preset.name == DEFAULT_MODEL and not src.exact_preset
+
+
+@pytest.mark.parametrize("broken", ["transformer-config", "model-index"])
+def test_unreadable_configs_of_a_directory_are_model_not_found(tiny_dir, tmp_path, broken):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir, ckpt, ignore=shutil.ignore_patterns("*.safetensors"))
+    target = ckpt / ("transformer/config.json" if broken == "transformer-config" else "model_index.json")
+    target.write_text("{ not json")
+    with pytest.raises(ModelNotFound, match="cannot read"):
+        resolve_model(str(ckpt))
+
+
+def test_attention_dims_from_the_preset_or_the_directory(tiny_dir, tmp_path):
+    t = load_preset("wan2.1-t2v-1.3b").transformer
+    assert attention_dims(resolve_model("wan2.1-t2v-1.3b"), "wan2.1-t2v-1.3b") == (12, 128) == (
+        t["num_attention_heads"], t["attention_head_dim"])
+    tiny = load_preset("tiny").transformer
+    assert attention_dims(resolve_model(str(tiny_dir)), str(tiny_dir)) == (tiny["num_attention_heads"],
+                                                                         tiny["attention_head_dim"])
+    with pytest.raises(BadInput, match="--kernels needs the attention shape"):
+        attention_dims(resolve_model("some-org/some-model"), "some-org/some-model")
+    gone = ModelSource("dir", str(tmp_path / "gone"), load_preset("tiny"), exact_preset=False)
+    with pytest.raises(ModelNotFound, match="cannot read its transformer config"):
+        attention_dims(gone, "gone")

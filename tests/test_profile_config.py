@@ -1,0 +1,54 @@
+"""vsagen.profile_config: `resolve_profile` (a `vsagen profile` request: flag > preset default, the backend and
+tile-fit lists, formats, output files, `--kernels`) and `ProfileConfig`."""
+
+from __future__ import annotations
+
+import pytest
+
+from vsagen.errors import BadInput
+from vsagen.profile_config import PROFILE_FORMATS, ProfileConfig, resolve_profile
+
+TINY_STEPS = 4  # presets/tiny.toml [defaults] steps: the projection target
+
+
+def test_resolve_profile_defaults_and_per_backend_settings():
+    from vsagen.profile_config import PROFILE_STEPS, PROFILE_WARMUP, resolve_profile
+
+    cfg = resolve_profile(model="tiny")
+    assert [b.name for b in cfg.backends] == ["full", "vsa"]
+    assert cfg.backends[0].sparsity is None and cfg.backends[1].sparsity == 0.875
+    assert (cfg.steps, cfg.warmup, cfg.full_steps) == (PROFILE_STEPS, PROFILE_WARMUP, TINY_STEPS)
+    assert cfg.tile_fits == ("partial",) and cfg.fmt == "table" and cfg.stock and not cfg.kernels
+    assert (cfg.device, cfg.dtype, cfg.out, cfg.plot) == ("cpu", "fp32", None, None)
+    cfg = resolve_profile(model="tiny", attn=" vsa , full", sparsity=0.5, attn_impl="torch", tile_fit="crop,partial")
+    assert [(b.name, b.sparsity, b.impl) for b in cfg.backends] == [("vsa", 0.5, "torch"), ("full", None, "auto")]
+    assert cfg.tile_fits == ("crop", "partial")
+    cfg = resolve_profile(model="wan2.1-t2v-1.3b", kernels=True, device="cpu", frames=9, height=128, width=128)
+    assert (cfg.heads, cfg.head_dim, cfg.full_steps) == (12, 128, 50)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(attn="vsa,full,vsa"), "'vsa' twice"), (dict(attn=" , "), "empty entry"), (dict(fmt="xml"), "--format"),
+    (dict(tile_fit="partial,pad"), "'pad'"), (dict(kernels=True, steps=2), "--steps"), (dict(steps=0), "--steps"),
+    (dict(warmup=-1), "--warmup"), (dict(prompt=" "), "--prompt is empty"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_requests_are_one_line(kwargs, needle):
+    with pytest.raises(BadInput) as info:
+        resolve_profile(model="tiny", **kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_files_and_summary(tmp_path):
+    cfg = resolve_profile(model="tiny", fmt="csv", out=tmp_path / "r.csv", plot=tmp_path / "p.png", steps=1,
+                          warmup=0)
+    assert cfg.fmt == "csv" and cfg.fmt in PROFILE_FORMATS
+    assert (cfg.out, cfg.plot, cfg.steps, cfg.warmup) == (tmp_path / "r.csv", tmp_path / "p.png", 1, 0)
+    assert (cfg.offload, cfg.vae_tiling) == ("none", "off") and not cfg.conditioned
+    s = cfg.summary()
+    assert s["out"] == str(tmp_path / "r.csv") and s["plot"] == str(tmp_path / "p.png")
+    assert s["model_source"] == {"kind": "tiny", "location": "", "preset": "tiny"}
+    assert [b["name"] for b in s["backends"]] == ["full", "vsa"] and s["tile_fits"] == ["partial"]
+    assert "offload" not in s and "vae_tiling" not in s and "source" not in s
+    assert resolve_profile(model="tiny-i2v").conditioned
+    with pytest.raises(ValueError, match="never decodes"):
+        ProfileConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "vae_tiling": "on"})

@@ -1,0 +1,122 @@
+"""vsagen.timing: `Timer` regions (nesting, steps, disabled timers, carving a region out of an enclosing one),
+`NullTimer`, and `TimingReport` (totals, per-step sums, experts, shares, untimed regions, the table)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vsagen.timing import NullTimer, Timer, TimingReport
+
+# Sums of disjoint perf_counter intervals vs their enclosing one: equal up to float rounding of the sum.
+SUM_SLACK_S = 1e-9
+
+
+def test_timer_region_apart_from_an_enclosing_region():
+    from vsagen.timing import Timer
+
+    timer = Timer("cpu")
+    with timer.region("total"):
+        with timer.region("denoise"):
+            time.sleep(0.01)
+            with timer.region("image_encode", apart_from="denoise"):
+                time.sleep(0.02)
+                with timer.region("inner"):  # regions inside a carved-out one nest as usual
+                    time.sleep(0.001)
+            time.sleep(0.01)
+        with timer.region("other", apart_from="denoise"):  # no open "denoise": nothing to carve
+            pass
+    records = timer.finish()
+    total = lambda n: sum(s for name, _, s in records if name == n)  # noqa: E731
+    assert [n for n, _, _ in records].count("denoise") == 2  # two pieces, around the carved-out region
+    assert total("image_encode") >= 0.02 and total("denoise") >= 0.02
+    assert total("inner") <= total("image_encode")
+    assert total("denoise") + total("image_encode") <= total("total") + SUM_SLACK_S
+
+
+def test_regions_nest_and_remember_the_step():
+    timer = Timer("cpu")
+    assert timer.step == -1 and timer.enabled and not timer.cuda
+    with timer.region("outer"):
+        for step in range(3):
+            timer.step = step
+            token = timer.start("inner")
+            time.sleep(0.002)
+            timer.stop(token)
+    records = timer.finish()
+    assert [(n, s) for n, s, _ in records] == [("inner", 0), ("inner", 1), ("inner", 2), ("outer", -1)]  # the step at opening
+    inner = sum(sec for n, _, sec in records if n == "inner")
+    outer = next(sec for n, _, sec in records if n == "outer")
+    assert all(sec >= 0.002 for n, _, sec in records if n == "inner")
+    assert inner <= outer + SUM_SLACK_S
+
+
+def test_disabled_and_null_timers_record_nothing():
+    timer = Timer("cpu")
+    timer.enabled = False
+    with timer.region("warmup"):
+        timer.stop(timer.start("x"))
+    assert timer.start("y") is None
+    timer.stop(None)  # a token of a disabled region is accepted
+    assert timer.finish() == []
+    null = NullTimer()
+    assert not null.enabled and isinstance(null, Timer)
+    with null.region("a"):
+        pass
+    assert null.finish() == []
+
+
+def _report(records, **kw):
+    return TimingReport.from_records(records, "cpu", **kw)
+
+
+def test_report_adds_regions_and_splits_steps_and_experts():
+    records = [("total", -1, 10.0), ("text_encode", -1, 1.0), ("denoise", 0, 6.0), ("denoise", 0, 1.5),
+               ("image_encode", 0, 0.5), ("dit", 0, 1.0), ("dit", 0, 1.5), ("dit", 1, 2.0),
+               ("dit/transformer", 0, 2.5), ("dit/transformer_2", 1, 2.0), ("attn1", 0, 2.0),
+               ("self_attention", 0, 1.0), ("self_attention", 1, 0.5), ("self_attention/coarse", 0, 0.25),
+               ("self_attention/fine", 0, 0.75), ("vae_decode", -1, 1.0), ("layout", 0, 0.1)]
+    r = _report(records, load_s=3.0, notes=["n"])
+    assert (r.total_s, r.text_encode_s, r.denoise_s, r.image_encode_s, r.vae_decode_s) == (10.0, 1.0, 7.5, 0.5, 1.0)
+    assert (r.dit_s, r.dit_forwards, r.dit_per_step_s) == (4.5, 3, [2.5, 2.0])
+    assert r.dit_by_expert_s == {"transformer": 2.5, "transformer_2": 2.0}
+    assert r.dit_forwards_by_expert == {"transformer": 1, "transformer_2": 1}
+    assert (r.attn1_s, r.self_attention_s) == (2.0, 1.5)
+    assert r.self_attention_stages_s == {"coarse": 0.25, "fine": 0.75}
+    assert r.attention_share_of_dit == pytest.approx(1.5 / 4.5)
+    assert (r.load_s, r.notes, r.condition_encode_s, r.warmup_s) == (3.0, ["n"], 0.0, 0.0)
+    d = r.to_dict()
+    assert d["dit_per_step_s"] == [2.5, 2.0] and d["self_attention_stages_s"] == {"coarse": 0.25, "fine": 0.75}
+
+
+def test_report_of_no_dit_has_a_zero_share_and_untimed_regions_are_none():
+    empty = _report([])
+    assert empty.dit_s == 0.0 and empty.attention_share_of_dit == 0.0 and empty.dit_per_step_s == []
+    records = [("dit", 0, 2.0), ("attn1", 0, 1.0), ("self_attention", 0, 0.5), ("self_attention/fine", 0, 0.5)]
+    only_attn1 = _report(records, untimed=("attn1",))
+    assert only_attn1.attn1_s is None and only_attn1.self_attention_s == 0.5
+    assert only_attn1.attention_share_of_dit == 0.25
+    both = _report(records, untimed=("attn1", "self_attention"))
+    assert both.self_attention_s is None and both.attention_share_of_dit is None
+    assert both.self_attention_stages_s == {}
+    with pytest.raises(ValueError, match="untimed regions"):
+        _report(records, untimed=("dit",))
+
+
+def test_rich_table_rows():
+    from rich.console import Console
+
+    records = [("total", -1, 8.0), ("denoise", 0, 6.0), ("condition_encode", 0, 0.5), ("dit", 0, 2.0),
+               ("dit", 1, 2.0), ("dit/transformer", 0, 2.0), ("dit/transformer_2", 1, 2.0), ("attn1", 0, 1.0),
+               ("self_attention", 0, 1.0)]
+    console = Console(width=200, record=True)
+    console.print(_report(records, warmup_s=1.5).rich_table("t"))
+    text = console.export_text()
+    for needle in ("condition encode (VAE)", "DiT (2 forwards, 2 steps)", "expert transformer_2 (1 forwards)",
+                   "(warm-up, not in total)", "4.000", " 50.0"):
+        assert needle in text, needle
+    assert "image encode (CLIP)" not in text  # zero: not shown
+    console = Console(width=200, record=True)
+    console.print(_report(records, untimed=("attn1", "self_attention")).rich_table())
+    assert console.export_text().count("not timed") == 2

@@ -1,0 +1,100 @@
+"""vsagen.video: float frames to uint8, mp4 encode / decode at the exact size, and the atomic writers (JSON, text,
+any writer): a temporary file beside the target moved into place, an existing file never replaced silently."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from vsagen.errors import BadInput
+from vsagen.video import read_mp4, to_uint8_frames, write_json, write_mp4, write_text, write_with
+
+# H.264 (yuv420p, quality 8) of smooth frames: a mean absolute error of a few levels; a wrong size, frame order or
+# colour plane would be off by tens.
+MP4_MEAN_ABS_MAX = 6.0
+
+
+def test_to_uint8_rounds_clips_and_zeroes_nan():
+    v = np.array([[[[0.0, 1.0, 0.5], [-0.2, 1.7, np.nan], [np.inf, -np.inf, 0.998]]]], dtype=np.float64)
+    got = to_uint8_frames(v)
+    assert got.dtype == np.uint8 and got.shape == v.shape
+    assert got.reshape(-1).tolist() == [0, 255, 128, 0, 255, 0, 255, 0, 254]
+
+
+def smooth_frames(f, h, w, seed):
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    out = []
+    for i in range(f):
+        phase = rng.uniform(0, 2 * math.pi, 3)
+        out.append(np.stack([0.5 + 0.4 * np.sin(x / 9 + y / 13 + p) for p in phase], -1))
+    return to_uint8_frames(np.stack(out))
+
+
+@pytest.mark.parametrize("size", [(5, 48, 80), (3, 34, 62)])  # the second is not a multiple of 16
+def test_mp4_round_trip_keeps_the_exact_size(tmp_path, size):
+    frames = smooth_frames(*size, seed=1)
+    path = tmp_path / "v.mp4"
+    write_mp4(frames, path, fps=8)
+    back = read_mp4(path)
+    assert back.shape == frames.shape and back.dtype == np.uint8
+    assert np.abs(back.astype(int) - frames.astype(int)).mean() < MP4_MEAN_ABS_MAX
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.mp4"]  # no temporary file left
+
+
+def test_existing_files_are_kept_without_overwrite(tmp_path):
+    path = tmp_path / "r.json"
+    write_json({"a": 1}, path)
+    assert json.loads(path.read_text()) == {"a": 1} and path.read_text().endswith("\n")
+    with pytest.raises(BadInput, match="exists"):
+        write_json({"a": 2}, path)
+    with pytest.raises(BadInput, match="exists"):
+        write_mp4(smooth_frames(1, 16, 16, 0), path, fps=8)
+    assert json.loads(path.read_text()) == {"a": 1}
+    write_json({"a": 3}, path, overwrite=True)
+    assert json.loads(path.read_text()) == {"a": 3}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_json_refuses_nan(tmp_path):
+    with pytest.raises(ValueError):
+        write_json({"x": float("nan")}, tmp_path / "n.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_text_and_writer_files_are_created_with_folders_and_the_usual_mode(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        target = tmp_path / "a" / "b" / "report.md"
+        write_text("héllo\n", target)
+        assert target.read_text(encoding="utf-8") == "héllo\n"
+        assert target.stat().st_mode & 0o777 == 0o644
+        seen = []
+
+        def writer(tmp):
+            seen.append(tmp)
+            tmp.write_bytes(b"\x00\x01")
+
+        plot = tmp_path / "p.svg"
+        write_with(plot, writer)
+        assert plot.read_bytes() == b"\x00\x01"
+        assert seen[0].suffix == ".svg" and seen[0].parent == tmp_path and seen[0] != plot
+        assert not seen[0].exists()
+        with pytest.raises(BadInput, match="exists"):
+            write_with(plot, writer)
+    finally:
+        os.umask(umask)
+
+
+def test_a_failing_writer_leaves_nothing(tmp_path):
+    def broken(tmp):
+        tmp.write_text("partial")
+        raise RuntimeError("encoder died")
+
+    with pytest.raises(RuntimeError, match="encoder died"):
+        write_with(tmp_path / "x.png", broken)
+    assert list(tmp_path.iterdir()) == []

@@ -137,6 +137,26 @@ def assert_one_error_line(stderr: str, stdout: str = "") -> str:
     return lines[0]
 
 
+def one_error_line(res) -> str:
+    """`assert_one_error_line` for a typer CliRunner result of bad input: exit code 2, exactly one `error: ...` line
+    on stderr, nothing on stdout, no traceback. Returns the line."""
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and res.stdout == "", res.output
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def noise_image(path, size=(48, 40), seed=0):
+    """A random-noise RGB image (width, height) saved at `path` (format from the suffix)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return path
+
+
 # ------------------------------------------------------------------------------------ kernel test helpers
 # Shared by tests/kernels/ (block-sparse attention, tile plans, k2q).
 

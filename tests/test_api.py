@@ -161,3 +161,22 @@ def test_readme_python_api_example_runs(tiny_pipe, capsys):
     assert "attention backend" in out and "DiT" in out
     assert processors(tiny_pipe) == procs  # the example removes what it applied
     assert namespace["video"].shape[-1] == 3  # frames (F, H, W, 3)
+
+
+def test_backend_spec_merges_text_and_keywords():
+    from vsagen.api import apply, backend_spec
+    from vsagen.attention.base import NoOptions
+    from vsagen.attention.vsa import VSAOptions
+
+    assert vsagen.apply is apply  # the package attribute is the api module's function
+    assert backend_spec("full", {}) == BackendSpec("full", NoOptions())
+    spec = backend_spec("vsa:sparsity=0.9", {"impl": "torch"})
+    assert spec == BackendSpec("vsa", VSAOptions(0.9, "torch"))
+    assert backend_spec(spec, {"sparsity": 0.5}).options == VSAOptions(0.5, "torch")
+    assert backend_spec("vsa", {"sparsity": 0}).sparsity == 0.0  # typed from the Options dataclass
+    with pytest.raises(BadInput, match="given in the text and as a keyword"):
+        backend_spec("vsa:sparsity=0.9", {"sparsity": 0.5})
+    with pytest.raises(BadInput, match=r"full has no option 'sparsity'; its options: none"):
+        backend_spec("full", {"sparsity": 0.5})
+    with pytest.raises(BadInput, match="unknown vsagen.apply backend 'nope'"):
+        backend_spec("nope", {})

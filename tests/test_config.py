@@ -49,7 +49,8 @@ def test_flags_win_over_the_preset_defaults(tmp_path):
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(frames=10), "--frames"), (dict(steps=0), "--steps"), (dict(tile_fit="pad"), "--tile-fit"),
     (dict(dtype="fp8"), "--dtype"), (dict(offload="disk"), "--offload"), (dict(vae_tiling="maybe"), "--vae-tiling"),
-    (dict(attn="nope"), "--attn"), (dict(attn="vsa", sparsity=1.0), "--sparsity"), (dict(flow_shift=0.0), "--flow-shift"),
+    (dict(attn="nope"), "--attn"), (dict(attn="vsa", sparsity=1.0), "--sparsity"),
+    (dict(flow_shift=0.0), "--flow-shift"),
     (dict(height=60), "--height"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_settings_are_one_line_naming_the_flag(tmp_path, kwargs, needle):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import noise_image, one_error_line
 from typer.testing import CliRunner
 
 from vsagen.cli import app
@@ -25,22 +26,8 @@ runner = CliRunner()
 SMALL = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"]
 
 
-def noise_image(path, size=(48, 40), seed=0):
-    """A random-noise RGB image (width, height) saved at `path` (format from the suffix)."""
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path
-
-
 def i2v(*args: str):
     return runner.invoke(app, ["i2v", *args])
-
-
-def one_error_line(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and res.stdout == "", res.output
-    return lines[0]
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import noise_image, one_error_line
 from typer.testing import CliRunner
 
 from vsagen.cli import app
@@ -31,22 +32,6 @@ SMALL_ARGS = ["--frames", "5", "--height", "64", "--width", "64", "--steps", "1"
 WIDE_ARGS = ["--frames", "5", "--height", "64", "--width", "288", "--steps", "1"]
 # Sums of disjoint perf_counter intervals vs their enclosing one: equal up to float rounding of the sum.
 SUM_SLACK_S = 1e-9
-
-
-def one_error_line(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and res.stdout == "", res.output
-    assert "Traceback" not in res.output
-    return lines[0]
-
-
-def noise_image(path, size=(48, 40), seed=0):
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path
 
 
 @pytest.fixture

@@ -130,7 +130,8 @@ def test_session_run_with_encode_decode_and_warmup(tiny_session):
 
 def test_out_of_memory_becomes_a_run_failure_with_the_hints():
     with pytest.raises(RunFailure) as info:
-        with out_of_memory_as_failure("profiling vsa (tile fit crop)", ["--offload group (or model)", "--vae-tiling on"]):
+        hints = ["--offload group (or model)", "--vae-tiling on"]
+        with out_of_memory_as_failure("profiling vsa (tile fit crop)", hints):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
     msg = str(info.value)
     assert msg == ("out of GPU memory while profiling vsa (tile fit crop) (CUDA out of memory. Tried to allocate "

@@ -45,7 +45,8 @@ def test_regions_nest_and_remember_the_step():
             time.sleep(0.002)
             timer.stop(token)
     records = timer.finish()
-    assert [(n, s) for n, s, _ in records] == [("inner", 0), ("inner", 1), ("inner", 2), ("outer", -1)]  # the step at opening
+    # each region keeps the step it was opened at
+    assert [(n, s) for n, s, _ in records] == [("inner", 0), ("inner", 1), ("inner", 2), ("outer", -1)]
     inner = sum(sec for n, _, sec in records if n == "inner")
     outer = next(sec for n, _, sec in records if n == "outer")
     assert all(sec >= 0.002 for n, _, sec in records if n == "inner")

@@ -19,11 +19,12 @@ STEPS = 2
 CALL = {"prompt": "a red fox in the snow", "num_frames": 9, "height": 80, "width": 112, "num_inference_steps": STEPS,
         "output_type": "latent", "return_dict": False}
 # `full` through vsagen's processor vs diffusers' own: the same SDPA on q/k/v built by the same ops (RoPE rounds
-# identically in fp32, tests/test_processor.py TOL_FULL_FP32 = 1e-6 per forward). Relative L2 of the final latents
-# after STEPS UniPC steps with CFG: observed 0; 1e-5 allows a different but equally rounded SDPA kernel choice.
+# identically in fp32, tests/attention/test_processor.py TOL_FULL_FP32 = 1e-6 per forward). Relative L2 of the
+# final latents after STEPS UniPC steps with CFG: observed 0; 1e-5 allows a different but equally rounded SDPA
+# kernel choice.
 TOL_FULL_VS_STOCK = 1e-5
 # vsa with sparsity 0 selects every tile: dense attention, but in tile order with the fine stage's per-tile softmax
-# sums (tests/test_processor.py TOL_REORDER_FP32 per forward). Relative L2 of the final latents: observed 4.9e-7;
+# sums (conftest.py TOL_REORDER_FP32 per forward). Relative L2 of the final latents: observed 4.9e-7;
 # 1e-5 is ~20x that. Sparsity 0.5 (the negative control) moves them by ~1.6e-2.
 TOL_DENSE_VSA = 1e-5
 

@@ -28,7 +28,8 @@ ROW_FIELDS = {"backend", "tile_fit", "grid", "tokens", "dit_s_per_step", "dit_pe
               "attention_stages_s_per_step", "layout_s_per_step", "attention_share_of_dit", "speedup_vs_full",
               "projected_dit_s", "projected_steps", "attn1_s_per_step", "latents_rel_l2_vs_full"}
 # `full` through vsagen's processor vs diffusers' own processor on the same transformer and latents: the same
-# ops in the same order (tests/test_processor.py), observed bitwise equal; 1e-6 leaves room for SDPA kernel choice.
+# ops in the same order (tests/attention/test_processor.py), observed bitwise equal; 1e-6 leaves room for SDPA
+# kernel choice.
 TOL_STOCK_VS_FULL = 1e-6
 # `full` in tile order vs raster: the same dense attention, softmax sums in another order (fp32, 2 layers,
 # 2 steps): observed ~5e-7 relative on the latents; 1e-5 is 20x that.

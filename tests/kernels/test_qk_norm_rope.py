@@ -1,8 +1,8 @@
 """Tests for kernels/qk_norm_rope.py (the fused RMS norm + RoPE q/k prologue), under the Triton interpreter on CPU.
 
 The reference is diffusers' own path, `torch.nn.RMSNorm` followed by vsagen's `apply_rotary` (which
-tests/test_processor.py checks against diffusers' `WanAttnProcessor`), run in float64 for the error scale and in
-the input dtype for the eager rounding.
+tests/attention/test_processor.py checks against diffusers' `WanAttnProcessor`), run in float64 for the error scale
+and in the input dtype for the eager rounding.
 """
 
 from __future__ import annotations

@@ -181,3 +181,60 @@ def test_backend_spec_merges_text_and_keywords():
         backend_spec("full", {"sparsity": 0.5})
     with pytest.raises(BadInput, match="unknown vsagen.apply backend 'nope'"):
         backend_spec("nope", {})
+
+
+@pytest.mark.slow
+def test_applying_twice_is_refused_and_the_first_patch_stays_whole(tiny_pipe):
+    """A second patch on top of the first would reorder the tokens twice while the layout describes one reordering
+    (the new-user trial measured 1.8e-2 wrong latents): it is refused, and after remove() the pipeline is stock."""
+    stock = latents(tiny_pipe)
+    handle = vsagen.apply(tiny_pipe, "vsa", sparsity=0.5, impl="torch")
+    once = latents(tiny_pipe)
+    with pytest.raises(BadInput, match="already patched by vsagen"):
+        vsagen.apply(tiny_pipe, "vsa", sparsity=0.5, impl="torch")
+    with pytest.raises(BadInput, match="already patched by vsagen"):
+        vsagen.apply(tiny_pipe, None)
+    assert rel(latents(tiny_pipe), once) == 0.0  # the refused call changed nothing
+    handle.remove()
+    assert rel(latents(tiny_pipe), stock) == 0.0
+    with vsagen.apply(tiny_pipe, "full"):  # patchable again
+        pass
+
+
+def test_what_is_not_a_backend_or_a_wan_pipeline_is_one_bad_input(tiny_pipe):
+    with pytest.raises(BadInput, match="the backend must be a name"):
+        vsagen.apply(tiny_pipe, 5)
+
+    class NotWan:
+        transformer = torch.nn.Linear(2, 2)
+
+    with pytest.raises(BadInput, match="neither a Wan pipeline"):
+        vsagen.apply(NotWan(), "full")
+
+
+@pytest.mark.slow
+def test_checkpoint_gates_load_from_the_folder_the_pipeline_came_from(tiny_dir, tmp_path):
+    """A pipeline loaded from a local checkpoint whose transformer safetensors hold trained gates: apply finds them
+    without weights_root (as the CLI does), and remove() detaches them."""
+    import shutil
+
+    from diffusers import WanPipeline
+    from safetensors.torch import load_file, save_file
+
+    ckpt = tmp_path / "gated"
+    shutil.copytree(tiny_dir, ckpt)
+    weights = next((ckpt / "transformer").glob("*.safetensors"))
+    sd = load_file(weights)
+    inner = sd["blocks.0.attn1.to_q.weight"].shape
+    g = torch.Generator().manual_seed(11)
+    layers = sum(1 for k in sd if k.endswith("attn1.to_q.weight"))
+    gates = {f"blocks.{i}.attn1.to_gate_compress.weight": torch.randn(*inner, generator=g) for i in range(layers)}
+    save_file({**sd, **gates}, weights)
+    pipe = WanPipeline.from_pretrained(ckpt, use_safetensors=True)
+    with vsagen.apply(pipe, "vsa", sparsity=0.5, impl="torch") as handle:
+        assert handle.weight_layers == layers
+        assert torch.equal(pipe.transformer.blocks[0].attn1.to_gate_compress.weight,
+                           gates["blocks.0.attn1.to_gate_compress.weight"])
+    assert not hasattr(pipe.transformer.blocks[0].attn1, "to_gate_compress")
+    with vsagen.apply(pipe, "vsa", attach_weights=False) as handle:
+        assert handle.weight_layers == 0

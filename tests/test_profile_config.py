@@ -52,3 +52,23 @@ def test_files_and_summary(tmp_path):
     assert resolve_profile(model="tiny-i2v").conditioned
     with pytest.raises(ValueError, match="never decodes"):
         ProfileConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "vae_tiling": "on"})
+
+
+@pytest.mark.parametrize("attn", ["vsa,vsa:sparsity=0.875", "vsa:sparsity=0.5,vsa:sparsity=0.50",
+                                  "vsa:sparsity=0.5,vsa: sparsity=0.5", "full,vsa:impl=auto,vsa"])
+def test_entries_that_come_to_one_configuration_are_refused(attn):
+    """Written differently, the same configuration would be measured twice and the tile-fit comparison would report
+    the first one's numbers for both (new-user trial)."""
+    with pytest.raises(BadInput, match="twice"):
+        resolve_profile(model="tiny", attn=attn)
+
+
+def test_a_preset_impl_holds_unless_attn_impl_is_given():
+    """`--attn-impl auto` is the flag's default, so a preset's [attention.vsa] impl is not overridden by it."""
+    import vsagen.config as config
+    from vsagen.attention import resolve_spec
+
+    tables = {"vsa": {"sparsity": 0.875, "impl": "torch"}}
+    assert config.backend_specs(("vsa",), tables, None, "auto", "vsa")[0].impl == "torch"
+    assert config.backend_specs(("vsa",), tables, None, "triton", "vsa")[0].impl == "triton"
+    assert resolve_spec("vsa", preset=tables).impl == "torch"

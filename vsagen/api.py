@@ -46,13 +46,21 @@ def _transformers(pipe: Any) -> list[tuple[str | None, Any]]:
     Raises:
         BadInput: `pipe` is neither a Wan transformer nor a pipeline with one.
     """
-    if isinstance(pipe, torch.nn.Module) and hasattr(pipe, "blocks") and hasattr(pipe, "rope"):
+    if _is_wan_transformer(pipe):
         return [(None, pipe)]
     found = [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
-    if not found:
+    if not found or not all(_is_wan_transformer(t) for _, t in found):
         raise BadInput(f"{WHERE}: {type(pipe).__name__} is neither a Wan pipeline with a transformer nor a "
                        "WanTransformer3DModel")
     return found
+
+
+def _is_wan_transformer(module: Any) -> bool:
+    """A diffusers Wan transformer as vsagen patches it: blocks with an `attn1` each, a `rope`, a `proj_out`."""
+    blocks = getattr(module, "blocks", None)
+    return (isinstance(module, torch.nn.Module) and hasattr(module, "rope") and hasattr(module, "proj_out")
+            and isinstance(blocks, torch.nn.ModuleList) and len(blocks) > 0
+            and all(hasattr(b, "attn1") for b in blocks))
 
 
 def _device_of(pipe: Any, transformer: Any) -> torch.device:
@@ -62,10 +70,14 @@ def _device_of(pipe: Any, transformer: Any) -> torch.device:
     return torch.device(device) if device is not None else next(transformer.parameters()).device
 
 
-def _weights_folder(root: Path | None, component: str | None) -> Path | None:
-    """A transformer's folder of backend-owned weights: `<root>/<component>/`, or `root` for a bare transformer."""
+def _weights_folder(root: Path | None, component: str | None, transformer: Any) -> Path | None:
+    """A transformer's folder of backend-owned weights: `<root>/<component>/` (`root` itself for a bare
+    transformer); without a root, the local folder the transformer was loaded from (diffusers' `_name_or_path`,
+    e.g. `<checkpoint>/transformer`), if there is one."""
     if root is None:
-        return None
+        loaded_from = getattr(getattr(transformer, "config", None), "_name_or_path", None)
+        return Path(loaded_from) if isinstance(loaded_from, str) and loaded_from and Path(loaded_from).is_dir() \
+            else None
     return Path(root) / component if component is not None else Path(root)
 
 
@@ -185,7 +197,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         fused_blocks: also install `vsagen.blocks`' compiled elementwise regions (eager CUDA runs without
             offloading; see `vsagen.pipeline.fused_blocks_apply`).
         weights_root: a checkpoint folder whose `<component>/` subfolders (`transformer/`, `transformer_2/`; the
-            folder itself for a bare transformer) hold backend-owned weights (VSA's `to_gate_compress`); a file
+            folder itself for a bare transformer) hold backend-owned weights (VSA's `to_gate_compress`); None: the
+            local folder each transformer was loaded from (`from_pretrained` of a local checkpoint), if any. A file
             named by the backend's options (vsa's `gate_weights`) takes precedence.
         attach_weights: attach the backend's own weights (from the options' file or `weights_root`); `remove()`
             detaches them. False when they are already attached (the CLI attaches them before offloading).
@@ -197,7 +210,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     Raises:
         BadInput: an unknown backend or option (the message lists the backend's options), a value the backend
             refuses, a backend that cannot run on the transformers' device / dtype, options given with a backend
-            object or None, a pipeline without a Wan transformer, or backend weights that do not fit.
+            object or None, a pipeline without a Wan transformer, a pipeline vsagen has patched already (remove()
+            the earlier handle first), or backend weights that do not fit.
     """
     from .attention.hooks import patch_transformer, time_transformer
     from .attention.weights import attach_backend_weights, detach_layer_weights
@@ -205,6 +219,10 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     transformers = _transformers(pipe)
     first = transformers[0][1]
     device = _device_of(pipe, first)
+    if backend is not None and not isinstance(backend, (str, BackendSpec)) and not all(
+            hasattr(backend, a) for a in ("name", "options", "tiled", "traceable", "weights", "check")):
+        raise BadInput(f"{WHERE}: the backend must be a name (e.g. 'vsa'), NAME:KEY=VALUE text, a BackendSpec, an "
+                       f"attention backend object or None; got {type(backend).__name__}")
     if backend is None or not isinstance(backend, (str, BackendSpec)):
         if options:
             raise BadInput(f"{WHERE}: options ({', '.join(options)}) need a backend name or spec, not "
@@ -223,7 +241,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     try:
         if built is not None and built.weights is not None and attach_weights:
             handle._undo.append(lambda: [detach_layer_weights(t, built.weights) for _, t in transformers])
-            handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name))
+            handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name, t))
                                        for name, t in transformers)
         for name, t in transformers:
             patch = (time_transformer(t, timer, expert=name, fused_blocks=fused_blocks) if built is None else

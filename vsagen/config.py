@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .attention import BackendSpec, backend_class, backend_names, resolve_spec
-from .attention.spec import check_flags_apply
+from .attention.spec import check_flags_apply, check_flags_not_repeated
+from .attention.weights import check_weights_file, named_weights_file
 from .errors import BadInput
 from .layout import plan_crop
 from .models import DEFAULT_MODEL, ModelSource, resolve_model
@@ -268,20 +269,27 @@ def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, A
                   attn_impl: str, attn: str) -> tuple[BackendSpec, ...]:
     """The `BackendSpec` of each `--attn` entry (`NAME[:KEY=VALUE...]`), options filled by precedence (entry >
     `--sparsity` / `--attn-impl` > the preset's [attention.NAME] table > the backend's default; see
-    `vsagen.attention.spec`).
+    `vsagen.attention.spec`). `--attn-impl auto` (its default) counts as not given.
 
     Raises:
-        BadInput: an unknown backend or option, a value a backend refuses, or a flag no backend in the list takes.
+        BadInput: an unknown backend or option, a value a backend refuses, a flag no backend in the list takes,
+            or a flag and an entry that both set one option (say it once).
     """
     _check_sparsity(sparsity)
     known_impls = _known_impls()
     if attn_impl not in known_impls:
         raise BadInput(f"--attn-impl {attn_impl} is not an implementation any backend has; choose from "
                        f"{', '.join(known_impls)}")
-    flags = {"--sparsity": sparsity, "--attn-impl": attn_impl}
+    flags = {"--sparsity": sparsity, "--attn-impl": None if attn_impl == "auto" else attn_impl}
     names = [e.split(":", 1)[0].strip() for e in entries]
     check_flags_apply(names, flags, attn)
-    return tuple(resolve_spec(e, preset=preset_tables, flags=flags) for e in entries)
+    check_flags_not_repeated(entries, flags)
+    specs = tuple(resolve_spec(e, preset=preset_tables, flags=flags) for e in entries)
+    for spec in specs:  # a weights file named in the options: readable and holding the backend's keys, now
+        named = named_weights_file(backend_class(spec.name), spec.options)
+        if named is not None:
+            check_weights_file(named, backend_class(spec.name).weights)
+    return specs
 
 
 def _check_sparsity(sparsity: float | None) -> None:

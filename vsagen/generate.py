@@ -18,7 +18,8 @@ from typing import Any, Callable
 from .config import RunConfig
 from .errors import BadInput, RunFailure
 from .layout import tile_layout
-from .pipeline import Conditioning, Session, experts, out_of_memory_as_failure, versions
+from .loading import experts, versions
+from .pipeline import Conditioning, Session, out_of_memory_as_failure
 from .timing import TimingReport
 
 

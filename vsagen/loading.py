@@ -274,8 +274,13 @@ def attach_weights(model: LoadedModel, backend: Any) -> int:
             for name, t in experts(model.pipe))
     model.weight_layers[backend.name] = n
     if n and backend.weights is not None:
-        model.notes.append(f"loaded trained {backend.name} weights ({backend.weights.attr}) for {n} layers")
+        model.notes.append(weights_note(backend, n, sum(len(t.blocks) for _, t in experts(model.pipe))))
     return n
+
+
+def weights_note(backend: Any, layers: int, total: int) -> str:
+    """The run note on backend-owned weights: which, and how many of the model's layers got them."""
+    return f"loaded trained {backend.name} weights ({backend.weights.attr}) for {layers} of {total} layers"
 
 
 def experts(pipe: Any) -> list[tuple[str, Any]]:

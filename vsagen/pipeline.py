@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 from .config import Request
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
-from .loading import LoadedModel, experts, load_model, place_pipeline, torch_dtype, versions  # noqa: F401
+from .loading import LoadedModel, experts, load_model, torch_dtype, weights_note
 from .timing import Timer
 
 # `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
@@ -461,8 +461,8 @@ class Session:
                        attach_weights=attach)
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
-            self.notes.append(f"loaded trained {backend.name} weights ({backend.weights.attr}) for "
-                              f"{handle.weight_layers} layers")
+            self.notes.append(weights_note(backend, handle.weight_layers,
+                                           sum(len(t.blocks) for _, t in experts(self.pipe))))
         unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
 
         def denoise(pos: Any, neg: Any, n: int) -> Any:

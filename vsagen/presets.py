@@ -207,10 +207,7 @@ def _attention_tables(tables: Any, where: str) -> dict[str, dict[str, Any]]:
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise BadInput(f"preset {where}: [attention] holds one table per backend, e.g. [attention.vsa]")
     for name, table in tables.items():
-        try:
-            make_options(name, table, where=f"preset {where} [attention.{name}]")
-        except BadInput as e:
-            raise BadInput(f"preset {where} [attention.{name}]: {e}") from None
+        make_options(name, table, where=f"preset {where} [attention]")  # "preset x.toml [attention] vsa: ..."
     return {name: dict(table) for name, table in tables.items()}
 
 

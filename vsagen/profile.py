@@ -209,7 +209,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from . import __version__
-    from .pipeline import Conditioning, Session, fused_blocks_note, torch_dtype, versions
+    from .loading import torch_dtype, versions
+    from .pipeline import Conditioning, Session, fused_blocks_note
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]

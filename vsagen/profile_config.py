@@ -148,6 +148,11 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     src = resolve_model(model)
     d = src.preset.defaults
     specs = backend_specs(attns, d.attention, sparsity, attn_impl, attn)
+    for i, spec in enumerate(specs):  # entries written differently can still be one configuration
+        if spec in specs[:i]:
+            first = attns[specs.index(spec)]
+            raise BadInput(f"--attn lists {spec.text()} twice ({first!r} and {attns[i]!r}); give each "
+                           "configuration once")
     height, width, frames, steps, guidance, guidance_2 = fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
         guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vsagen.attention import REGISTRY, BackendSpec, resolve_spec
-from vsagen.attention.spec import check_flags_apply, make_options, parse_spec, replace_options
+from vsagen.attention.spec import check_flags_apply, make_options, parse_spec
 from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAOptions
 from vsagen.errors import BadInput
 
@@ -62,10 +62,11 @@ def test_precedence_entry_over_flag_over_preset_over_default():
     ("vsa:density=0.5", ["no option 'density'", "sparsity, impl, gate_weights"]),
     ("full:sparsity=0.5", ["no option 'sparsity'", "its options: none"]),
     ("vsa:sparsity=0.5:sparsity=0.6", ["given twice"]),
-    ("vsa:sparsity=lots", ["sparsity='lots'", "float"]),
+    ("vsa:sparsity=lots", ["sparsity='lots' is not a number"]),
     ("vsa:sparsity=nan", ["sparsity='nan'"]),
-    ("vsa:sparsity=1.0", ["--sparsity must be in [0, 1)"]),
-    ("vsa:impl=cuda", ["impl='cuda'", "auto, triton, torch"]),
+    ("vsa:sparsity=1.0", ["--attn vsa: sparsity must be in [0, 1), got 1.0"]),
+    ("vsa:impl=cuda", ["impl must be one of auto, triton, torch, got 'cuda'"]),
+    ("vsa:tuning=fast", ["'tuning' is set from Python", "options here: sparsity, impl, gate_weights"]),
     ("vsa:gate_weights=/no/such/file.safetensors", ["gate_weights", "no such file"]),
 ])
 def test_bad_entries_are_one_clear_error(text, needles):
@@ -96,13 +97,6 @@ def test_parse_spec_keeps_raw_text():
     assert parse_spec("vsa:sparsity=0.5") == ("vsa", {"sparsity": "0.5"})
 
 
-def test_replace_options_validates_again():
-    spec = resolve_spec("vsa")
-    assert replace_options(spec, sparsity=0.25).sparsity == 0.25
-    with pytest.raises(BadInput):
-        replace_options(spec, sparsity=2.0)
-
-
 def test_build_gives_a_backend_with_those_options():
     backend = resolve_spec("vsa:sparsity=0.25:impl=torch").build()
     assert backend.name == "vsa" and backend.sparsity == 0.25 and backend.impl == "torch"
@@ -119,9 +113,16 @@ def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
     assert (cfg.attn, cfg.sparsity, cfg.attn_impl) == ("vsa", 0.6, "torch")
     assert cfg.out.name == "v.mp4"
     assert cfg.summary()["backend"] == {"name": "vsa", "sparsity": 0.6, "impl": "torch"}
-    # --sparsity yields to the entry's own option; the preset's [attention.vsa] table fills what neither gives
-    assert resolve("a fox", model="tiny", attn="vsa:sparsity=0.6", sparsity=0.3, out=tmp_path / "w.mp4").sparsity == 0.6
+    # the preset's [attention.vsa] table fills what neither the entry nor a flag gives
     assert resolve("a fox", model="tiny", attn="vsa", out=tmp_path / "x.mp4").sparsity == 0.875
+    # a flag and the entry setting one option: which was meant is unclear, so it is refused
+    with pytest.raises(BadInput, match="--sparsity 0.3 and --attn entry 'vsa:sparsity=0.6' both set vsa's sparsity"):
+        resolve("a fox", model="tiny", attn="vsa:sparsity=0.6", sparsity=0.3, out=tmp_path / "w.mp4")
+    with pytest.raises(BadInput, match="--attn-impl torch and --attn entry 'vsa:impl=triton' both set vsa's impl"):
+        resolve("a fox", model="tiny", attn="vsa:impl=triton", attn_impl="torch", out=tmp_path / "w.mp4")
+    # --attn-impl auto is its default, so it neither conflicts nor overrides
+    assert resolve("a fox", model="tiny", attn="vsa:impl=torch", attn_impl="auto", out=tmp_path / "w.mp4").attn_impl \
+        == "torch"
 
 
 def test_profile_resolves_two_configurations_of_one_backend():

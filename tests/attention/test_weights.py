@@ -196,7 +196,22 @@ def test_t2v_loads_a_named_gate_file_and_refuses_a_mismatched_one(vsagen_cache, 
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["backend"]["gate_weights"] == str(good)
-    assert any("loaded trained vsa weights (to_gate_compress) for 2 layers" in n for n in data["timing"]["notes"])
+    assert any("loaded trained vsa weights (to_gate_compress) for 2 of 2 layers" in n for n in data["timing"]["notes"])
     res = CliRunner().invoke(app, [*common, "--attn", f"vsa:gate_weights={bad}", "--out", str(tmp_path / "b.mp4")])
     assert res.exit_code == 2 and "has shape [4, 4], this model needs [32, 32]" in res.output
     assert not (tmp_path / "b.mp4").exists()
+
+
+def test_a_named_file_without_the_backends_keys_is_refused_before_loading(tmp_path):
+    """A gate file whose keys carry an export prefix ("transformer.blocks.0...") matches nothing: refused when the
+    request is resolved (before any model loads), not silently ignored."""
+    from vsagen.config import resolve
+
+    t = make_transformer()
+    f = tmp_path / "prefixed.safetensors"
+    save_file({f"transformer.{k}": v for k, v in gate_tensors(t).items()}, f)
+    with pytest.raises(BadInput, match=r"holds no blocks\.N\.attn1\.to_gate_compress\.\* tensors"):
+        resolve("a fox", model="tiny", attn=f"vsa:gate_weights={f}", out=tmp_path / "v.mp4")
+    with pytest.raises(BadInput, match="holds no blocks"):
+        attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=f)), None)
+    assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)

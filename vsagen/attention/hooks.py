@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..errors import BadInput
 from ..layout import TileLayout, tile_layout
 from ..timing import Timer
 from .base import AttentionBackend, ForwardState
@@ -78,6 +79,25 @@ class TransformerPatch:
         for block, proc in zip(self.transformer.blocks, self.original_processors):
             block.attn1.set_processor(proc)
         self.handles.clear()
+        if getattr(self.transformer, PATCHED_MARK, None) is self:
+            delattr(self.transformer, PATCHED_MARK)
+
+
+# The attribute a patched transformer carries (its TransformerPatch) until the patch is removed: a second patch on
+# top of the first would reorder the tokens twice while the layout describes one reordering.
+PATCHED_MARK = "_vsagen_patch"
+
+
+def _mark(transformer: Any, patch: "TransformerPatch") -> None:
+    """Record `patch` on `transformer`, refusing a transformer vsagen has patched already.
+
+    Raises:
+        BadInput: the transformer carries a vsagen patch that was not removed.
+    """
+    if getattr(transformer, PATCHED_MARK, None) is not None:
+        raise BadInput("this transformer is already patched by vsagen: remove() the earlier patch (the handle "
+                       "vsagen.apply returned) first")
+    object.__setattr__(transformer, PATCHED_MARK, patch)
 
 
 def _dit_timing_hooks(transformer: Any, timer: Timer, expert: str | None) -> list[Any]:
@@ -111,8 +131,12 @@ def time_transformer(transformer: Any, timer: Timer, expert: str | None = None,
 
     Returns:
         TransformerPatch, whose `remove()` removes the hooks and the block regions (processors are untouched).
+
+    Raises:
+        BadInput: the transformer is already patched by vsagen (not removed).
     """
     patch = TransformerPatch(transformer, [])
+    _mark(transformer, patch)
     patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
     if fused_blocks:
         from ..blocks import install
@@ -150,9 +174,13 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
 
     Returns:
         TransformerPatch, whose `remove()` restores the original processors and removes the hooks.
+
+    Raises:
+        BadInput: the transformer is already patched by vsagen (not removed).
     """
     patch_size = tuple(transformer.config.patch_size)
     patch = TransformerPatch(transformer, [b.attn1.processor for b in transformer.blocks])
+    _mark(transformer, patch)
     patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
     patch.handles.append(_forward_state_hook(transformer, patch.forward_state))
     for i, block in enumerate(transformer.blocks):

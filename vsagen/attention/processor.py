@@ -34,7 +34,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     Returns:
         (B, S, H, D) in x's dtype. Same arithmetic as diffusers 0.42.1 `WanAttnProcessor`
-        (tests/test_processor.py checks them equal).
+        (tests/attention/test_processor.py checks them equal).
     """
     even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
     c, s = cos[..., 0::2], sin[..., 1::2]

@@ -11,13 +11,12 @@ that maps to the option (`--sparsity` -> `sparsity`, `--attn-impl` -> `impl`) > 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import BadInput
 from .base import AttentionBackend, option_names, options_dict
@@ -124,10 +123,11 @@ def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
             return text
         return kind(text)
     except (TypeError, ValueError):
-        what = getattr(kind, "__name__", str(kind))
         if typing.get_origin(kind) is typing.Literal:
-            what = "one of " + ", ".join(map(str, typing.get_args(kind)))
-        raise BadInput(f"{where}: {key}={text!r} is not a valid {what}") from None
+            raise BadInput(f"{where}: {key} must be one of {', '.join(map(str, typing.get_args(kind)))}, "
+                           f"got {text!r}") from None
+        what = {float: "a number", int: "an integer", bool: "true or false"}.get(kind, getattr(kind, "__name__", kind))
+        raise BadInput(f"{where}: {key}={text!r} is not {what}") from None
 
 
 def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
@@ -140,7 +140,7 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
     name, *pairs = [p.strip() for p in text.strip().split(":")]
     if name not in backend_names():
         raise BadInput(f"unknown {where} {name!r}; available: {', '.join(backend_names())}")
-    known = option_names(backend_class(name).Options)
+    known = text_options(backend_class(name).Options)
     raw: dict[str, str] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
@@ -149,6 +149,9 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
             raise BadInput(f"{where} {text!r}: options are written NAME:KEY=VALUE, got {pair!r}")
         if key not in known:
             listed = ", ".join(known) if known else "none"
+            if key in option_names(backend_class(name).Options):
+                raise BadInput(f"{where} {text!r}: option {key!r} is set from Python, not on the command line; "
+                               f"options here: {listed}")
             raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}")
         if key in raw:
             raise BadInput(f"{where} {text!r}: option {key!r} given twice")
@@ -170,7 +173,7 @@ def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") ->
             raise BadInput(f"{where} {name}: no option {key!r}; its options: {', '.join(known) or 'none'}")
     try:
         return cls(**values)
-    except TypeError as e:  # a value of the wrong type reaching a comparison in __post_init__
+    except (BadInput, TypeError) as e:  # the Options' own validation; TypeError: a value of a wrong type
         raise BadInput(f"{where} {name}: {e}") from None
 
 
@@ -220,11 +223,21 @@ def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> 
         raise BadInput(f"{flag} {value} does not apply to --attn {attn}; choose from {', '.join(offered)}")
 
 
+def check_flags_not_repeated(entries: Sequence[str], flags: Mapping[str, Any]) -> None:
+    """Refuse a dedicated flag (given, not None) next to an entry that sets the same option itself: which one was
+    meant is not clear, so it is said once.
+
+    Raises:
+        BadInput: e.g. "--sparsity 0.7 and --attn entry 'vsa:sparsity=0.5' both set vsa's sparsity; give it once".
+    """
+    for entry in entries:
+        name, raw = parse_spec(entry)
+        for flag, value in flags.items():
+            if value is not None and FLAG_OPTIONS[flag] in raw:
+                raise BadInput(f"{flag} {value} and --attn entry {entry.strip()!r} both set {name}'s "
+                               f"{FLAG_OPTIONS[flag]}; give it once")
+
+
 def _impls(name: str) -> tuple[str, ...]:
     hint = _hints(backend_class(name).Options).get("impl")
     return typing.get_args(hint) if hint is not None else ()
-
-
-def replace_options(spec: BackendSpec, **changes: Any) -> BackendSpec:
-    """The spec with some options changed (validated again)."""
-    return BackendSpec(spec.name, dataclasses.replace(spec.options, **changes))

@@ -48,7 +48,8 @@ class VSAOptions:
             line (benchmarks/attention.py builds variants with `dataclasses.replace`).
 
     Raises:
-        BadInput: sparsity outside [0, 1), an unknown impl, or a gate_weights path that is not a file.
+        BadInput: sparsity not a number in [0, 1), an unknown impl, a tuning that is not a KernelTuning, or a
+            gate_weights path that is not a file.
     """
 
     sparsity: float = DEFAULT_SPARSITY
@@ -58,22 +59,26 @@ class VSAOptions:
 
     def __post_init__(self) -> None:
         s = self.sparsity
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0.0 <= s < 1.0:
-            raise BadInput(f"--sparsity must be in [0, 1), got {s}")
-        object.__setattr__(self, "sparsity", float(s))
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            raise BadInput(f"sparsity must be a number in [0, 1), got {s!r}")
+        if not math.isfinite(s) or not 0.0 <= s < 1.0:
+            raise BadInput(f"sparsity must be in [0, 1), got {s}")
+        object.__setattr__(self, "sparsity", float(s) + 0.0)  # + 0.0: -0.0 becomes 0.0
         if self.impl not in IMPLS:
-            raise BadInput(f"--attn-impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+            raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
         if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
-            raise BadInput(f"vsa tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
+            raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
         if self.gate_weights is not None:
             path = Path(self.gate_weights)
+            if path.is_dir() or not str(self.gate_weights).strip():
+                raise BadInput(f"gate_weights {str(self.gate_weights)!r}: give a .safetensors file, not a folder")
             if not path.is_file():
-                raise BadInput(f"vsa gate_weights {str(path)!r}: no such file (give a .safetensors file)")
+                raise BadInput(f"gate_weights {str(path)!r}: no such file (give a .safetensors file)")
             object.__setattr__(self, "gate_weights", path)
 
 
 def _interpreting() -> bool:
-    from ..kernels.block_sparse_attn import interpreting
+    from ..kernels.tuning import interpreting
 
     return interpreting()
 

@@ -55,6 +55,34 @@ def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, 
     return found
 
 
+def check_weights_file(path: Path, spec: LayerWeights) -> int:
+    """A file the user names for a backend's weights, checked before any model is loaded: a readable safetensors
+    file that holds at least one of the backend's tensors (shapes are checked once the model is known).
+
+    Returns:
+        How many of its keys are the backend's.
+
+    Raises:
+        BadInput: not .safetensors, unreadable, or none of its keys match `spec.key` (e.g. a file whose keys carry
+            an extra prefix such as "transformer.").
+    """
+    from safetensors import SafetensorError, safe_open
+
+    files = _files(path)
+    prefix, _, suffix = spec.key.partition("{layer}")
+    pattern = re.compile(re.escape(prefix) + r"\d+" + re.escape(suffix) + r"\.[A-Za-z0-9_]+$")
+    try:
+        with safe_open(str(files[0]), framework="pt") as sf:
+            n = sum(1 for key in sf.keys() if pattern.match(key))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise BadInput(f"cannot read backend weights from {path}: {str(e).splitlines()[0] if str(e) else e}") \
+            from None
+    if not n:
+        raise BadInput(f"{path} holds no {spec.key.format(layer='N')}.* tensors (keys must be exactly "
+                       f"{spec.key.format(layer='0')}.weight, ...)")
+    return n
+
+
 def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWeights, attns: list[Any],
                         source: Path) -> None:
     """Check every found tensor against the layer it belongs to.
@@ -139,4 +167,16 @@ def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path 
     if spec is None:
         return 0
     named = getattr(backend.options, spec.file_option, None) if spec.file_option else None
-    return attach_layer_weights(transformer, spec, Path(named) if named is not None else checkpoint_dir)
+    if named is not None:
+        check_weights_file(Path(named), spec)
+        return attach_layer_weights(transformer, spec, Path(named))
+    return attach_layer_weights(transformer, spec, checkpoint_dir)
+
+
+def named_weights_file(backend_cls: type, options: Any) -> Path | None:
+    """The weights file a backend's options name (`LayerWeights.file_option`), or None."""
+    spec = getattr(backend_cls, "weights", None)
+    if spec is None or spec.file_option is None:
+        return None
+    named = getattr(options, spec.file_option, None)
+    return Path(named) if named is not None else None

@@ -72,3 +72,14 @@ def test_a_preset_impl_holds_unless_attn_impl_is_given():
     assert config.backend_specs(("vsa",), tables, None, "auto", "vsa")[0].impl == "torch"
     assert config.backend_specs(("vsa",), tables, None, "triton", "vsa")[0].impl == "triton"
     assert resolve_spec("vsa", preset=tables).impl == "torch"
+
+
+def test_kernels_refuses_a_weights_file(tmp_path):
+    """`--kernels` times the attention on random inputs: a gate file in an entry would be ignored, so it is refused."""
+    import torch
+    from safetensors.torch import save_file
+
+    f = tmp_path / "g.safetensors"
+    save_file({"blocks.0.attn1.to_gate_compress.weight": torch.ones(32, 32)}, f)
+    with pytest.raises(BadInput, match="--kernels times the attention on random inputs without trained weights"):
+        resolve_profile(model="tiny", attn=f"full,vsa:gate_weights={f}", kernels=True)

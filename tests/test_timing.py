@@ -121,3 +121,19 @@ def test_rich_table_rows():
     console = Console(width=200, record=True)
     console.print(_report(records, untimed=("attn1", "self_attention")).rich_table())
     assert console.export_text().count("not timed") == 2
+
+
+def test_rich_table_leaves_out_the_regions_nobody_timed():
+    """`vsagen.apply`'s report times the transformers only: no text-encode / denoise / VAE / total rows of 0 s
+    (new-user trial), while the DiT and attention rows stay."""
+    from rich.console import Console
+
+    records = [("dit", 0, 2.0), ("dit", 1, 2.0), ("attn1", 0, 1.0), ("self_attention", 0, 0.5)]
+    console = Console(width=200, record=True)
+    console.print(_report(records).rich_table("t"))
+    text = console.export_text()
+    rows = [line.strip("│ ").split("│")[0].strip() for line in text.splitlines() if line.startswith("│")]
+    assert "DiT (2 forwards, 2 steps)" in rows  # the parse finds the rows
+    for gone in ("text encode", "denoise loop", "VAE decode", "total"):
+        assert gone not in rows, gone
+    assert "DiT (2 forwards, 2 steps)" in text and "attention backend" in text

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .attention import BackendSpec, backend_names
+from .attention import BackendSpec, backend_class, backend_names
+from .attention.weights import named_weights_file
 from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, Request, backend_specs, check_backend_entry,
                      check_choice, check_folder, check_last_frame, check_target, fill_and_check, resolve_device)
 from .errors import BadInput
@@ -153,6 +154,9 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
             first = attns[specs.index(spec)]
             raise BadInput(f"--attn lists {spec.text()} twice ({first!r} and {attns[i]!r}); give each "
                            "configuration once")
+        if kernels and named_weights_file(backend_class(spec.name), spec.options) is not None:
+            raise BadInput(f"--kernels times the attention on random inputs without trained weights; drop the "
+                           f"weights file from --attn {attns[i]!r}, or drop --kernels")
     height, width, frames, steps, guidance, guidance_2 = fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=PROFILE_STEPS if steps is None else steps,
         guidance=guidance, guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=tile_fits)

@@ -241,12 +241,17 @@ class TimingReport:
                 return
             t.add_row(name, f"{sec:.3f}", pct(sec, self.total_s), pct(sec, self.dit_s) if dit_share else "")
 
-        row("text encode", self.text_encode_s)
+        # Regions outside the transformer are absent where nobody timed them (`vsagen.apply`'s report: the pipeline
+        # call is not wrapped); a real region is never exactly 0 s, so a 0 row is left out rather than shown.
+        outer = self.total_s != 0
+        if outer:
+            row("text encode", self.text_encode_s)
         if self.image_encode_s:
             row("image encode (CLIP)", self.image_encode_s)
         if self.condition_encode_s:
             row("condition encode (VAE)", self.condition_encode_s)
-        row("denoise loop", self.denoise_s)
+        if outer:
+            row("denoise loop", self.denoise_s)
         steps = len(self.dit_per_step_s)
         row(f"  DiT ({self.dit_forwards} forwards, {steps} steps)", self.dit_s, True)
         if steps:
@@ -259,8 +264,9 @@ class TimingReport:
         row("      attention backend", self.self_attention_s, True)
         for stage, sec in self.self_attention_stages_s.items():
             row(f"        {stage}", sec, True)
-        row("VAE decode", self.vae_decode_s)
-        row("total", self.total_s)
+        if outer:
+            row("VAE decode", self.vae_decode_s)
+            row("total", self.total_s)
         if self.load_s:
             t.add_row("(load, not in total)", f"{self.load_s:.3f}", "", "")
         if self.warmup_s:

@@ -289,7 +289,7 @@ def profile_fwd_bwd(shape: Shape, sparsity: float, tuning: KernelTuning) -> None
         print(f"  {e.self_device_time_total / 1e3 / reps:8.3f} ms  x{e.count // reps:<3d} {e.key[:90]}")
 
 
-def probe(shape: Shape, sparsity: float, rows: list[dict]) -> None:
+def probe(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTuning) -> None:
     """What bounds the fine forward: the same grid, q2k walk and K/V tile loads as `_bsa_fwd_kernel`, with
     (a) no math at all (K and V summed elementwise: the time to deliver the selected tiles from L2 / HBM) and
     (b) both block products but no softmax (delivery + tensor cores)."""
@@ -326,7 +326,7 @@ def probe(shape: Shape, sparsity: float, rows: list[dict]) -> None:
         tl.store(o_ptr + h * stride_h + (q_start + offs_m)[:, None] * stride_s + offs_d[None, :],
                  acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
 
-    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=8)
+    off, n, top_k, (q, k, v), c = selected_inputs(shape, sparsity, seed=8, tuning=tuning)
     o = torch.empty_like(q)
     blocks = n * top_k * shape.heads
     kv_bytes = blocks * 2 * 64 * shape.head_dim * 2
@@ -412,7 +412,7 @@ def main() -> None:
     if args.profile:
         profile_fwd_bwd(SHAPES["1.3b"], args.sparsity, tuning_for(SHAPES["1.3b"]))
     if args.probe:
-        probe(SHAPES["1.3b"], args.sparsity, report["rows"])
+        probe(SHAPES["1.3b"], args.sparsity, report["rows"], tuning_for(SHAPES["1.3b"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

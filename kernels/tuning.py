@@ -1,6 +1,6 @@
 """Kernel tuning as data: how the Triton kernels fetch tiles, shape their loops and launch, per device and head dim.
 
-A `KernelTuning` is a frozen value; nothing here is decided at import and no module global is read at call time.
+A `KernelTuning` is a frozen value; nothing here is decided at import and no mutable global is read at call time.
 The launchers (`bsa_forward.bsa_fwd`, `bsa_backward.bsa_bwd`, `block_sparse_attn.block_sparse_attention`,
 `coarse.coarse_stage`, `coarse.tile_scores_triton`) take one explicitly, and `None` means
 `kernel_tuning(q.device, D)`: the defaults of the device's architecture (`ARCH_DEFAULTS`) with the launch tables'

@@ -238,3 +238,87 @@ def test_checkpoint_gates_load_from_the_folder_the_pipeline_came_from(tiny_dir, 
     assert not hasattr(pipe.transformer.blocks[0].attn1, "to_gate_compress")
     with vsagen.apply(pipe, "vsa", attach_weights=False) as handle:
         assert handle.weight_layers == 0
+
+
+def test_a_refused_apply_leaves_the_first_handles_gates_and_remove_restores_what_was_there(tmp_path):
+    """Review: a second apply used to attach (and on refusal detach) gates before finding the transformer patched,
+    stripping the live first handle's; and remove() deleted any `to_gate_compress`, also one it had not attached."""
+    from safetensors.torch import save_file
+
+    from conftest import make_transformer
+
+    t = make_transformer()
+    out_f, in_f = t.blocks[0].attn1.to_q.weight.shape
+    g = torch.Generator().manual_seed(3)
+    f = tmp_path / "g.safetensors"
+    save_file({f"blocks.{i}.attn1.to_gate_compress.weight": torch.randn(out_f, in_f, generator=g)
+               for i in range(len(t.blocks))}, f)
+    own = torch.nn.Linear(in_f, out_f)  # a gate the model had before vsagen came
+    t.blocks[0].attn1.to_gate_compress = own
+    h1 = vsagen.apply(t, "vsa", impl="torch", gate_weights=f)
+    assert h1.weight_layers == len(t.blocks)
+    gates = [b.attn1.to_gate_compress for b in t.blocks]
+    with pytest.raises(BadInput, match="already patched"):
+        vsagen.apply(t, "vsa", impl="torch", gate_weights=f)
+    assert [b.attn1.to_gate_compress for b in t.blocks] == gates  # untouched by the refusal
+    h1.remove()
+    assert t.blocks[0].attn1.to_gate_compress is own  # what was there before, back
+    assert not hasattr(t.blocks[1].attn1, "to_gate_compress")
+
+
+def test_a_failing_patch_leaves_the_transformer_unmarked():
+    """Review: an error half-way through patch_transformer left the transformer marked (every later apply refused)
+    and half patched."""
+    from conftest import make_transformer
+
+    from vsagen.attention.hooks import is_patched, patch_transformer
+    from vsagen.timing import Timer
+
+    t = make_transformer()
+    stock = [b.attn1.processor for b in t.blocks]
+    with pytest.raises(ValueError, match="fused_prologue"):
+        patch_transformer(t, make_backend("full"), Timer("cpu"), fused_prologue="sometimes")
+    backend = make_backend("vsa", 0.5, "torch")  # tiled: the tile-order hooks come last
+
+    class Boom(RuntimeError):
+        pass
+
+    def boom(*a, **k):
+        raise Boom
+
+    real = t.proj_out.register_forward_hook  # the very last registration fails
+    t.proj_out.register_forward_hook = boom
+    with pytest.raises(Boom):
+        patch_transformer(t, backend, Timer("cpu"))
+    t.proj_out.register_forward_hook = real
+    assert not is_patched(t) and [b.attn1.processor for b in t.blocks] == stock
+    assert not t._forward_pre_hooks and not t._forward_hooks and not t.rope._forward_hooks
+    with vsagen.apply(t, "full"):
+        pass
+
+
+@pytest.mark.slow
+def test_the_step_a_backend_sees_starts_at_zero_in_every_call(tiny_pipe):
+    """AttnContext.step counts the steps of the current pipeline call (review: it ran -1, 0, ... in warm-up and went
+    on counting across calls), while the report's steps count on across calls."""
+    from vsagen.attention.full import FullAttention
+
+    class Recording(FullAttention):
+        name = "full"
+
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+
+        def __call__(self, q, k, v, ctx):
+            self.steps.append(ctx.step)
+            return super().__call__(q, k, v, ctx)
+
+    backend = Recording()
+    layers = len(tiny_pipe.transformer.blocks)
+    with vsagen.apply(tiny_pipe, backend) as handle:
+        latents(tiny_pipe)
+        latents(tiny_pipe)
+    per_call = [s for s in range(STEPS) for _ in range(2 * layers)]  # CFG: two forwards a step
+    assert backend.steps == per_call + per_call
+    assert len(handle.report().dit_per_step_s) == 2 * STEPS

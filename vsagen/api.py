@@ -15,9 +15,11 @@ Steps: the report's per-step DiT times need the denoising step of every transfor
 at the pipeline's scheduler: it wraps `pipe.scheduler.step` (on that scheduler instance only, undone by
 `remove()`), which diffusers' Wan pipelines call once per denoising step, after that step's transformer forwards
 (both CFG passes, either expert). Nothing has to be passed to the pipeline call. Consequences: set the scheduler
-before `apply` (a scheduler swapped in afterwards is not counted); several pipeline calls count on (steps 0..n-1,
-then n..2n-1); a bare transformer has no scheduler, so its forwards stay at `handle.timer.step` (set it yourself
-to split them by step).
+before `apply` (a scheduler swapped in afterwards is not counted); for the report several pipeline calls count on
+(steps 0..n-1, then n..2n-1), while the step a backend sees (`AttnContext.step`) starts at 0 in every call (reset
+when the pipeline sets the scheduler's timesteps); a bare transformer has no scheduler, so its forwards stay at
+`handle.timer.step` (set it yourself to split them by step). The timer keeps every region until the handle is
+removed: for a long-lived handle, turn it off with `handle.timer.enabled = False` or apply again per batch.
 """
 
 from __future__ import annotations
@@ -158,33 +160,56 @@ class AppliedBackend:
         self.remove()
 
 
-def _count_steps(pipe: Any, timer: Timer) -> Callable[[], None]:
-    """Advance `timer.step` after every `pipe.scheduler.step` call (see the module docstring). Returns the undo."""
+def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], None]:
+    """Advance `timer.step` after every `pipe.scheduler.step` call (see the module docstring), and each patched
+    transformer's `ForwardState.step` (the step within the current pipeline call, reset by
+    `scheduler.set_timesteps`). Returns the undo."""
     scheduler = getattr(pipe, "scheduler", None)
     if scheduler is None or not callable(getattr(scheduler, "step", None)):
         return lambda: None
-    own = "step" in vars(scheduler)
-    original = scheduler.step
+    wrapped: list[tuple[str, bool, Any]] = []
 
-    def step(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
+    def wrap(name: str, after: Callable[[], None]) -> None:
+        original = getattr(scheduler, name, None)
+        if not callable(original):
+            return
+        wrapped.append((name, name in vars(scheduler), original))
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            after()
+            return out
+
+        setattr(scheduler, name, call)
+
+    def stepped() -> None:
         timer.step += 1
-        return out
+        for state in states:
+            state.step = (state.step or 0) + 1
 
-    scheduler.step = step
+    def reset() -> None:
+        for state in states:
+            state.step = 0
+
+    wrap("step", stepped)
+    wrap("set_timesteps", reset)
+    reset()
 
     def undo() -> None:
-        if own:
-            scheduler.step = original
-        else:
-            del scheduler.step
+        for name, own, original in wrapped:
+            if own:
+                setattr(scheduler, name, original)
+            else:
+                delattr(scheduler, name)
+        for state in states:
+            state.step = None
 
     return undo
 
 
 def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *, timer: Timer | None = None,
           fused_blocks: bool = False, weights_root: Path | None = None, attach_weights: bool = True,
-          **options: Any) -> AppliedBackend:
+          fused_prologue: str = "auto", **options: Any) -> AppliedBackend:
     """Replace the video self-attention (`attn1`) of every transformer in `pipe` by a vsagen backend, and time it.
 
     Args:
@@ -201,7 +226,11 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             local folder each transformer was loaded from (`from_pretrained` of a local checkpoint), if any. A file
             named by the backend's options (vsa's `gate_weights`) takes precedence.
         attach_weights: attach the backend's own weights (from the options' file or `weights_root`); `remove()`
-            detaches them. False when they are already attached (the CLI attaches them before offloading).
+            puts back what the layers had before. False when they are already attached (the CLI attaches them
+            before offloading: weights attached to a pipeline already under diffusers' group offloading stay
+            outside its control).
+        fused_prologue: the q/k norm + RoPE prologue: "auto" (the fused Triton kernel on CUDA, diffusers'
+            arithmetic elsewhere), "on" or "off" (`vsagen.attention.processor.use_fused_prologue`).
         **options: the backend's options (e.g. sparsity=0.875, impl="torch"), on top of those in `backend`.
 
     Returns:
@@ -213,8 +242,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             object or None, a pipeline without a Wan transformer, a pipeline vsagen has patched already (remove()
             the earlier handle first), or backend weights that do not fit.
     """
-    from .attention.hooks import patch_transformer, time_transformer
-    from .attention.weights import attach_backend_weights, detach_layer_weights
+    from .attention.hooks import is_patched, patch_transformer, time_transformer
+    from .attention.weights import attach_backend_weights
 
     transformers = _transformers(pipe)
     first = transformers[0][1]
@@ -237,18 +266,25 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     if timer is None:
         timer = Timer(device)
         timer.step = 0
+    if any(is_patched(t) for _, t in transformers):  # before anything is attached: a refusal changes nothing
+        raise BadInput(f"{WHERE}: this pipeline is already patched by vsagen: remove() the earlier handle first")
     handle = AppliedBackend(built, spec, timer, device)
     try:
         if built is not None and built.weights is not None and attach_weights:
-            handle._undo.append(lambda: [detach_layer_weights(t, built.weights) for _, t in transformers])
-            handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name, t))
+            attached: list[Callable[[], None]] = []
+            handle._undo.append(lambda: [restore() for restore in reversed(attached)])
+            handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name, t),
+                                                              undo=attached)
                                        for name, t in transformers)
+        states = []
         for name, t in transformers:
             patch = (time_transformer(t, timer, expert=name, fused_blocks=fused_blocks) if built is None else
-                     patch_transformer(t, built, timer, expert=name, fused_blocks=fused_blocks))
+                     patch_transformer(t, built, timer, expert=name, fused_blocks=fused_blocks,
+                                       fused_prologue=fused_prologue))
             handle._undo.append(patch.remove)
+            states.append(patch.forward_state)
         if pipe is not first:
-            handle._undo.append(_count_steps(pipe, timer))
+            handle._undo.append(_count_steps(pipe, timer, states))
     except BaseException:
         handle.remove()
         raise

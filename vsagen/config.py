@@ -163,8 +163,6 @@ def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
     return lo, lo + stride
 
 
-
-
 def check_target(path: Path, overwrite: bool, flag: str) -> None:
     """`path` is not a directory, and (without `overwrite`) does not exist, a dangling symlink included."""
     if path.is_dir():
@@ -495,5 +493,3 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
         offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
     )
-
-

@@ -29,7 +29,6 @@ import csv
 import io
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -318,6 +317,8 @@ def _tile_fit_comparison(cfg: ProfileConfig, rows: list[ProfileRow]) -> list[dic
 def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str | None, rows: list[ProfileRow],
                    cuda: bool) -> list[str]:
     """The report's notes: the session's (once each), then what the reader must know about these timings."""
+    from .kernels.tuning import interpreting
+
     stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
                     "processors and hooks only" if cfg.stock else "")
     notes = list(dict.fromkeys(n.replace("its videos are noise", "its outputs are noise")
@@ -328,7 +329,7 @@ def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str
     if BASELINE not in [s.name for s in cfg.backends]:
         notes.append("no `full` in --attn: speed-ups, latent distances and the overhead of `full` are not computed")
     interpreted = sorted({label for r, label in zip(rows, row_labels(rows)) if r.impl == "triton"})
-    if interpreted and os.environ.get("TRITON_INTERPRET", "0") == "1":  # as kernels.block_sparse_attn.interpreting
+    if interpreted and interpreting():
         notes.append(f"{', '.join(interpreted)}: the Triton kernels ran under the Triton interpreter "
                      "(TRITON_INTERPRET=1), so these times are the interpreter's, not the kernels'")
     if cuda and cfg.stock:
@@ -387,7 +388,8 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
                                cfg.head_dim)
         log(f"timing attention at grid {'x'.join(map(str, grid))} (S={shape.tokens}, H={cfg.heads}, "
             f"D={cfg.head_dim}, tile fit {fit})")
-        labels = [(spec.name + (f" {spec.sparsity:g}" if spec.sparsity is not None else ""), b) for spec, b in backends]
+        names = [spec.name for spec, _ in backends]  # two settings of one backend: spelled out
+        labels = [(spec.text() if names.count(spec.name) > 1 else spec.label, b) for spec, b in backends]
         rows += time_attention(shape, labels, device=device, dtype=dtype, tile_fit=fit, seed=cfg.seed)
     notes = [] if device.type == "cuda" else [
         "CPU: the dense baseline is torch's CPU SDPA and the backends run their eager PyTorch paths; SDPA "

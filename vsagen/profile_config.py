@@ -105,7 +105,6 @@ def _check_file_flag(path: Path | None, flag: str, overwrite: bool) -> Path | No
     return path
 
 
-
 def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", sparsity: float | None = None,
                     attn_impl: str = "auto", height: int | None = None, width: int | None = None,
                     frames: int | None = None, steps: int | None = None, guidance: float | None = None,

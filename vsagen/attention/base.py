@@ -28,11 +28,13 @@ from ..timing import Timer
 class ForwardState:
     """What one patched transformer's current forward knows beyond its blocks' arguments: the denoising
     timestep (the `timestep` argument of the transformer: (B,) or per token (B, S), raster order), set by a
-    forward pre-hook before the blocks run (`vsagen.attention.hooks`). Shared by the processors of the
+    forward pre-hook before the blocks run (`vsagen.attention.hooks`), and the step index within the current
+    pipeline call (reset when the scheduler's timesteps are set, advanced after each scheduler step). Shared by the processors of the
     transformer's layers; read lazily (`AttnContext.timestep`) so torch.compile only guards on it when a backend
     reads it."""
 
     timestep: torch.Tensor | None = None
+    step: int | None = None  # denoising step of the current pipeline call, when a scheduler is counted (vsagen.apply)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,10 @@ class AttnContext:
 
     @property
     def step(self) -> int:
-        """The denoising step index (from 0; -1 outside the timed denoising loop), as the run's timer counts it."""
+        """The denoising step index of the current pipeline call (from 0), counted at the pipeline's scheduler
+        (`vsagen.apply`); without one (a bare transformer), the timer's step (`timer.step`, set by the caller)."""
+        if self.forward is not None and self.forward.step is not None:
+            return self.forward.step
         return self.timer.step
 
     @property

@@ -29,7 +29,7 @@ from ..errors import BadInput
 from ..layout import TileLayout, tile_layout
 from ..timing import Timer
 from .base import AttentionBackend, ForwardState
-from .processor import VsagenAttnProcessor
+from .processor import PROLOGUE_MODES, VsagenAttnProcessor
 
 
 class TiledRope(tuple):
@@ -53,8 +53,6 @@ class TiledRope(tuple):
         follow the data's device where they are used)."""
         cos, sin = self
         return TiledRope(cos.to(*args, **kwargs), sin.to(*args, **kwargs), self.layout)
-
-
 
 
 def _grid_of(hidden_states: torch.Tensor, patch_size: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -86,6 +84,11 @@ class TransformerPatch:
 # The attribute a patched transformer carries (its TransformerPatch) until the patch is removed: a second patch on
 # top of the first would reorder the tokens twice while the layout describes one reordering.
 PATCHED_MARK = "_vsagen_patch"
+
+
+def is_patched(transformer: Any) -> bool:
+    """Whether vsagen's hooks are on `transformer` (a patch not removed)."""
+    return getattr(transformer, PATCHED_MARK, None) is not None
 
 
 def _mark(transformer: Any, patch: "TransformerPatch") -> None:
@@ -137,11 +140,15 @@ def time_transformer(transformer: Any, timer: Timer, expert: str | None = None,
     """
     patch = TransformerPatch(transformer, [])
     _mark(transformer, patch)
-    patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
-    if fused_blocks:
-        from ..blocks import install
+    try:  # a failure half-way leaves the transformer as it was, unmarked
+        patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
+        if fused_blocks:
+            from ..blocks import install
 
-        patch.handles.append(install(transformer))
+            patch.handles.append(install(transformer))
+    except BaseException:
+        patch.remove()
+        raise
     return patch
 
 
@@ -178,20 +185,32 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
     Raises:
         BadInput: the transformer is already patched by vsagen (not removed).
     """
-    patch_size = tuple(transformer.config.patch_size)
+    if fused_prologue not in PROLOGUE_MODES:
+        raise ValueError(f"fused_prologue must be one of {PROLOGUE_MODES}, got {fused_prologue!r}")
     patch = TransformerPatch(transformer, [b.attn1.processor for b in transformer.blocks])
     _mark(transformer, patch)
-    patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
-    patch.handles.append(_forward_state_hook(transformer, patch.forward_state))
-    for i, block in enumerate(transformer.blocks):
-        block.attn1.set_processor(VsagenAttnProcessor(backend, timer, layer=i, expert=expert,
-                                                      forward=patch.forward_state, fused_prologue=fused_prologue))
-    if fused_blocks:
-        from ..blocks import install
+    try:  # a failure half-way leaves the transformer as it was, unmarked
+        patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
+        patch.handles.append(_forward_state_hook(transformer, patch.forward_state))
+        for i, block in enumerate(transformer.blocks):
+            block.attn1.set_processor(VsagenAttnProcessor(backend, timer, layer=i, expert=expert,
+                                                          forward=patch.forward_state, fused_prologue=fused_prologue))
+        if fused_blocks:
+            from ..blocks import install
 
-        patch.handles.append(install(transformer))
-    if not backend.tiled:
-        return patch
+            patch.handles.append(install(transformer))
+        if backend.tiled:
+            _tile_order_hooks(transformer, timer, patch.handles)
+    except BaseException:
+        patch.remove()
+        raise
+    return patch
+
+
+def _tile_order_hooks(transformer: Any, timer: Timer, handles: list[Any]) -> None:
+    """Register the tile-order hooks (module docstring) on `transformer`, each handle into `handles` as soon as it
+    exists (so a failure half-way leaves nothing unremovable)."""
+    patch_size = tuple(transformer.config.patch_size)
     state: dict[str, TileLayout | None] = {"layout": None}
 
     def layout_for(hidden_states: torch.Tensor) -> TileLayout:
@@ -236,9 +255,8 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
         with timer.region("layout"):
             return layout.to_raster(output, dim=1)
 
-    patch.handles.append(transformer.register_forward_pre_hook(pre_forward, with_kwargs=True))
-    patch.handles.append(transformer.register_forward_hook(post_forward, with_kwargs=True))
-    patch.handles.append(transformer.rope.register_forward_hook(rope_hook))
-    patch.handles.append(transformer.blocks[0].register_forward_pre_hook(first_block_pre, with_kwargs=True))
-    patch.handles.append(transformer.proj_out.register_forward_hook(proj_out_hook))
-    return patch
+    handles.append(transformer.register_forward_pre_hook(pre_forward, with_kwargs=True))
+    handles.append(transformer.register_forward_hook(post_forward, with_kwargs=True))
+    handles.append(transformer.rope.register_forward_hook(rope_hook))
+    handles.append(transformer.blocks[0].register_forward_pre_hook(first_block_pre, with_kwargs=True))
+    handles.append(transformer.proj_out.register_forward_hook(proj_out_hook))

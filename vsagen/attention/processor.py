@@ -158,5 +158,3 @@ class VsagenAttnProcessor:
         out = attn.to_out[1](attn.to_out[0](out))
         self.timer.stop(token)
         return out
-
-

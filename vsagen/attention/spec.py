@@ -58,8 +58,9 @@ class BackendSpec:
         return ":".join(parts)
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready: {"name": ..., **options}."""
-        return {"name": self.name, **options_dict(self.options)}
+        """JSON-ready: {"name", "sparsity", "impl", **the other options set}; `sparsity` (None for dense backends)
+        and `impl` ("auto" where the backend has no choice) are there for every backend, as in earlier reports."""
+        return {"name": self.name, "sparsity": self.sparsity, "impl": self.impl, **options_dict(self.options)}
 
 
 def _fmt(v: Any) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -110,7 +110,8 @@ def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWe
                 raise BadInput(f"{source}: {key}.{name} has shape {list(got)}, this model needs {list(shape)}")
 
 
-def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | None) -> int:
+def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | None,
+                         undo: list[Callable[[], None]] | None = None) -> int:
     """Load `spec`'s tensors from `source` and attach one Module per layer as `blocks[i].attn1.<spec.attr>`.
 
     Args:
@@ -118,6 +119,8 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
         spec: what the backend loads (`AttentionBackend.weights`).
         source: a checkpoint's transformer folder (its *.safetensors files) or one .safetensors file; None or a
             missing folder means nothing to load.
+        undo: if given, receives one function per attached layer that puts back what that layer had before
+            (the earlier Module, or none): undoing touches only what this call attached.
 
     Returns:
         How many layers got parameters.
@@ -133,8 +136,27 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
     for layer, tensors in found.items():
         attn = attns[layer]
         ref = attn.to_q.weight
-        setattr(attn, spec.attr, spec.build(tensors, attn).to(device=ref.device, dtype=ref.dtype))
+        module = spec.build(tensors, attn).to(device=ref.device, dtype=ref.dtype)
+        if undo is not None:
+            undo.append(_restorer(attn, spec.attr, module))
+        setattr(attn, spec.attr, module)
     return len(found)
+
+
+def _restorer(attn: Any, attr: str, attached: torch.nn.Module) -> Callable[[], None]:
+    """Undo of one attachment: put back what `attn.<attr>` was before, if `attached` is still there."""
+    had = attr in attn._modules
+    previous = attn._modules.get(attr)
+
+    def restore() -> None:
+        if attn._modules.get(attr) is not attached:
+            return  # replaced since: not ours to undo
+        if had:
+            setattr(attn, attr, previous)
+        else:
+            delattr(attn, attr)
+
+    return restore
 
 
 def detach_layer_weights(transformer: Any, spec: LayerWeights) -> int:
@@ -152,13 +174,14 @@ def layer_params(attn: Any, spec: LayerWeights | None) -> torch.nn.Module | None
     return None if spec is None else getattr(attn, spec.attr, None)
 
 
-def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path | None) -> int:
+def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path | None,
+                           undo: list[Callable[[], None]] | None = None) -> int:
     """Attach what `backend` owns (`backend.weights`) to `transformer`'s layers: from the file its Options name
     (`LayerWeights.file_option`) if given, else from the checkpoint's transformer folder `checkpoint_dir`.
     Backends without weights attach nothing.
 
     Returns:
-        How many layers got parameters.
+        How many layers got parameters (`undo`: as in `attach_layer_weights`).
 
     Raises:
         BadInput: see `attach_layer_weights`.
@@ -169,8 +192,8 @@ def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path 
     named = getattr(backend.options, spec.file_option, None) if spec.file_option else None
     if named is not None:
         check_weights_file(Path(named), spec)
-        return attach_layer_weights(transformer, spec, Path(named))
-    return attach_layer_weights(transformer, spec, checkpoint_dir)
+        return attach_layer_weights(transformer, spec, Path(named), undo)
+    return attach_layer_weights(transformer, spec, checkpoint_dir, undo)
 
 
 def named_weights_file(backend_cls: type, options: Any) -> Path | None:

@@ -167,7 +167,8 @@ def test_profile_markdown_tile_fits_side_by_side(cli_cache, tmp_path):
 def test_render_formats_agree(cli_cache):
     """One report, every format: the same numbers; json is strict JSON (no NaN)."""
     from vsagen.profile_config import resolve_profile
-    from vsagen.profile import profile_dit, render
+    from vsagen.profile import profile_dit
+    from vsagen.profile_render import render
 
     cfg = resolve_profile(model="tiny", attn="full,vsa", steps=1, warmup=0, stock=False, frames=5, height=64,
                           width=64)

@@ -274,7 +274,8 @@ def profile(
         cfg = resolve_profile(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
         err = Console(stderr=True)
         log = lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-        from .profile import profile_dit, profile_kernels, render, write_plot
+        from .profile import profile_dit, profile_kernels
+        from .profile_render import render, write_plot
 
         report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log)
         text = render(report, cfg.fmt)
@@ -323,10 +324,10 @@ def backends() -> None:
     """List the self-attention backends this build provides, with their options (set as NAME:KEY=VALUE)."""
     from dataclasses import MISSING, fields
 
-    from .attention import backend_class, backend_names, uses_sparsity
+    from .attention import BackendName, backend_class, uses_sparsity
     from .attention.spec import text_options
 
-    for name in backend_names():
+    for name in (member.value for member in BackendName):  # the registry's names, in its order
         cls = backend_class(name)
         settable = text_options(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
         opts = [f"{f.name}={f.default if f.default is not MISSING else '?'}" for f in fields(cls.Options)

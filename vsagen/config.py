@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention import BackendSpec, backend_class, backend_names, resolve_spec
-from .attention.spec import check_flags_apply, check_flags_not_repeated
+from .attention.spec import check_flags_apply, check_flags_not_repeated, impls_of
 from .attention.weights import check_weights_file, named_weights_file
 from .errors import BadInput
 from .layout import plan_crop
@@ -254,13 +254,7 @@ def check_backend_entry(text: str) -> None:
 
 def _known_impls() -> list[str]:
     """Every implementation some registered backend offers ("auto" included)."""
-    import typing
-
-    out = {"auto"}
-    for name in backend_names():
-        hint = typing.get_type_hints(backend_class(name).Options).get("impl")
-        out |= set(typing.get_args(hint)) if hint is not None else set()
-    return sorted(out)
+    return sorted({"auto"} | {i for name in backend_names() for i in impls_of(name)})
 
 
 def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,

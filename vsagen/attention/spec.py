@@ -220,7 +220,7 @@ def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> 
             continue
         if flag == "--sparsity":
             raise BadInput(f"--sparsity applies to sparse backends, and --attn {attn} lists none")
-        offered = sorted({"auto"} | {i for n in names for i in _impls(n)})
+        offered = sorted({"auto"} | {i for n in names for i in impls_of(n)})
         raise BadInput(f"{flag} {value} does not apply to --attn {attn}; choose from {', '.join(offered)}")
 
 
@@ -239,6 +239,7 @@ def check_flags_not_repeated(entries: Sequence[str], flags: Mapping[str, Any]) -
                                f"{FLAG_OPTIONS[flag]}; give it once")
 
 
-def _impls(name: str) -> tuple[str, ...]:
+def impls_of(name: str) -> tuple[str, ...]:
+    """The implementations backend `name` offers (its `impl` option's Literal values; () without the option)."""
     hint = _hints(backend_class(name).Options).get("impl")
     return typing.get_args(hint) if hint is not None else ()

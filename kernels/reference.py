@@ -280,3 +280,85 @@ def tile_plan_reference(idx: torch.Tensor, cnt: torch.Tensor, tile_offsets: torc
                     plan[bi, hi, r, : len(entries)] = torch.tensor(entries, dtype=torch.int32)
                 plan_cnt[bi, hi, r] = torch.tensor([len(full), -(-len(groups) * seg // tile), len(groups), 0])
     return plan, plan_cnt
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SLA*'s linear-attention branch (seed 002, after SLA arXiv 2509.24006; `vsagen.attention.sla_star`)
+
+FEATURE_MAPS = ("softmax", "elu", "relu")
+LINEAR_EPS = 1e-5  # added to the denominator, as SLA's released code does
+
+
+def feature_map(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """phi(x) over the head dim: "softmax" (softmax over D, SLA's default), "elu" (elu(x) + 1) or "relu".
+
+    Args:
+        x: (..., D) float.
+        kind: one of FEATURE_MAPS.
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind == "softmax":
+        return torch.softmax(x, dim=-1)
+    if kind == "elu":
+        return torch.nn.functional.elu(x) + 1.0
+    if kind == "relu":
+        return torch.relu(x)
+    raise ValueError(f"feature map must be one of {FEATURE_MAPS}, got {kind!r}")
+
+
+def linear_attention_branch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, kind: str = "softmax",
+                            block_map: torch.Tensor | None = None, slots: torch.Tensor | None = None,
+                            slot_valid: torch.Tensor | None = None, eps: float = LINEAR_EPS) -> torch.Tensor:
+    """SLA*'s linear-attention branch: o_l = phi(q) Sum / (eps + phi(q) . z) per token and head.
+
+    `global` scope (block_map None; SLA's released code, AMD's SLA*): Sum = sum_j phi(k_j)^T v_j and
+    z = sum_j phi(k_j) over every key token. `marginal` scope (the SLA paper): for a query in tile i, the same sums
+    over the tokens of the key tiles tile i did NOT select (`block_map[b, h, i]` False), from per-tile sums
+    S_t = phi(K_t)^T V_t and z_t = sum phi(K_t); with every tile selected o_l is exactly 0.
+
+    Args:
+        q, k, v: (B, S, H, D) float, tile order for `marginal`.
+        kind: the feature map (`feature_map`), the same for q and k.
+        block_map: (B, H, Q_TILES, KV_TILES) bool, the sparse branch's selection (`marginal`), or None (`global`).
+        slots, slot_valid: the layout's padded tiles ((n_tiles, 64) token index, and False for padding), needed
+            for `marginal`.
+        eps: added to the denominator.
+
+    Returns:
+        (B, S, H, D) float32 (float64 for float64 inputs); differentiable.
+
+    Raises:
+        ValueError: `marginal` without slots, or an unknown kind.
+    """
+    acc = _softmax_dtype(q)
+    pq, pk, vv = feature_map(q.to(acc), kind), feature_map(k.to(acc), kind), v.to(acc)
+    if block_map is None:
+        kv = torch.einsum("bshd,bshe->bhde", pk, vv)
+        z = pk.sum(dim=1)  # (B, H, D)
+        num = torch.einsum("bshd,bhde->bshe", pq, kv)
+        den = torch.einsum("bshd,bhd->bsh", pq, z)
+        return num / (eps + den).unsqueeze(-1)
+    if slots is None or slot_valid is None:
+        raise ValueError("the marginal scope needs the layout's slots and slot_valid")
+    b, s, h, d = q.shape
+    n_tiles, vol = slots.shape
+    flat = slots.reshape(-1)
+    valid = slot_valid.reshape(1, n_tiles, vol, 1, 1).to(acc)
+
+    def padded(x: torch.Tensor) -> torch.Tensor:  # (B, n_tiles, V, H, D), padding slots zero
+        return x.index_select(1, flat).view(b, n_tiles, vol, h, x.shape[-1]) * valid
+
+    pk_t, v_t, pq_t = padded(pk), padded(vv), padded(pq)
+    s_t = torch.einsum("btvhd,btvhe->bhtde", pk_t, v_t)  # (B, H, KV_TILES, D, D) per key tile
+    z_t = pk_t.sum(dim=2).permute(0, 2, 1, 3)  # (B, H, KV_TILES, D)
+    unselected = (~block_map).to(acc)  # (B, H, Q_TILES, KV_TILES)
+    s_u = torch.einsum("bhqt,bhtde->bhqde", unselected, s_t)
+    z_u = torch.einsum("bhqt,bhtd->bhqd", unselected, z_t)
+    num = torch.einsum("bqvhd,bhqde->bqvhe", pq_t, s_u)  # (B, Q_TILES, V, H, D)
+    den = torch.einsum("bqvhd,bhqd->bqvh", pq_t, z_u)
+    o_t = num / (eps + den).unsqueeze(-1)
+    out = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
+    keep = slot_valid.reshape(-1)
+    return out.index_copy(1, flat[keep], o_t.reshape(b, n_tiles * vol, h, d)[:, keep])

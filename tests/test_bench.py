@@ -95,3 +95,23 @@ def test_kernel_row_to_dict_lists_the_grid():
     row = KernelRow("s", "partial", (3, 5, 6), 90, 2, 8, "vsa", "fwd", 1.5, "SDPA (torch CPU)", 2.0)
     d = row.to_dict()
     assert d["grid"] == [3, 5, 6] and d["kernel"] == "vsa" and d["speedup_vs_baseline"] == 2.0
+
+
+def test_a_backend_is_timed_with_the_parameters_it_asks_for(monkeypatch):
+    """sla-star asks to be timed with a random projection of trained size (`bench_params`): its branch runs in the
+    benchmark (without it, sla-star would time as vsa); vsa asks for nothing (no gate)."""
+    import torch
+
+    from vsagen.attention import resolve_spec
+    from vsagen.bench import AttentionShape, time_attention
+
+    seen = []
+    sla = resolve_spec("sla-star:impl=torch").build()
+    real = type(sla).__call__
+    monkeypatch.setattr(type(sla), "__call__", lambda self, q, k, v, ctx: seen.append(ctx.params) or real(self, q, k,
+                                                                                                         v, ctx))
+    shape = AttentionShape("t", (2, 4, 4), 2, 16)
+    rows = time_attention(shape, [("sla", sla)], device="cpu", dtype=torch.float32, warmup_ms=1, rep_ms=1)
+    assert {r.kernel for r in rows} >= {"sla"}
+    assert seen and all(isinstance(p, torch.nn.Linear) and p.weight.shape == (16, 16) for p in seen)
+    assert getattr(resolve_spec("vsa").build(), "bench_params", None) is None

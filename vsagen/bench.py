@@ -139,9 +139,16 @@ def _dense_call(backend: Any) -> Callable[..., torch.Tensor]:
     return call
 
 
-def _backend_call(backend: Any, layout: Any, timer: NullTimer) -> Callable[..., torch.Tensor]:
+def _backend_call(backend: Any, layout: Any, timer: NullTimer, shape: AttentionShape, device: torch.device,
+                  seed: int) -> Callable[..., torch.Tensor]:
+    """The backend as the processor calls it, with the per-layer parameters it is timed with (`bench_params`: e.g.
+    sla-star's projection at its trained size; None for backends timed without their own weights, as vsa without
+    a gate)."""
+    make = getattr(backend, "bench_params", None)
+    params = make(shape.heads, shape.head_dim, device, seed) if make is not None else None
+
     def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return backend(q, k, v, AttnContext(layout=layout, layer=0, expert=None, timer=timer))
+        return backend(q, k, v, AttnContext(layout=layout, layer=0, expert=None, timer=timer, params=params))
     return call
 
 
@@ -154,7 +161,9 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *
     Args:
         shape: the attention problem (B = 1).
         backends: (label, backend) pairs; each backend is an `AttentionBackend` (see vsagen.attention.base),
-            called as the vsagen processor calls it (tiled backends with the grid's `TileLayout`, no gate).
+            called as the vsagen processor calls it (tiled backends with the grid's `TileLayout`; no trained
+            weights, except those a backend asks to be timed with: its `bench_params(heads, head_dim, device,
+            seed)`, e.g. sla-star's random projection of trained size).
         device, dtype: where and in what precision (CUDA needs bf16 or fp16 for the cuDNN / flash rows).
         tile_fit: only copied into the rows (the caller chose the grid by it).
         seed: input seed. warmup_ms, rep_ms: see `bench_ms`.
@@ -194,7 +203,8 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *
         return run
 
     calls = [(name, _dense_call(be)) for name, be in dense]
-    calls += [(label, _backend_call(be, layout if be.tiled else None, timer)) for label, be in backends]
+    calls += [(label, _backend_call(be, layout if be.tiled else None, timer, shape, device, seed))
+              for label, be in backends]
     rows: list[KernelRow] = []
     for kind, wrap in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         times = [(name, bench_ms(wrap(call), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms))

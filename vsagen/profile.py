@@ -245,7 +245,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     for fit in cfg.tile_fits:
         plan = session.plan(fit)
         for spec, backend in backends:
-            what = spec.text() if names.count(spec.name) > 1 else spec.name  # two settings of one backend: spell out
+            what = spec.short_text() if names.count(spec.name) > 1 else spec.name  # settings of one backend apart
             m = measure(f"{what} (tile fit {fit})", plan, backend)
             impl = backend.describe(device).get("impl_ran", spec.impl)
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
@@ -385,7 +385,7 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
         log(f"timing attention at grid {'x'.join(map(str, grid))} (S={shape.tokens}, H={cfg.heads}, "
             f"D={cfg.head_dim}, tile fit {fit})")
         names = [spec.name for spec, _ in backends]  # two settings of one backend: spelled out
-        labels = [(spec.text() if names.count(spec.name) > 1 else spec.label, b) for spec, b in backends]
+        labels = [(spec.short_text() if names.count(spec.name) > 1 else spec.label, b) for spec, b in backends]
         rows += time_attention(shape, labels, device=device, dtype=dtype, tile_fit=fit, seed=cfg.seed)
     notes = [] if device.type == "cuda" else [
         "CPU: the dense baseline is torch's CPU SDPA and the backends run their eager PyTorch paths; SDPA "

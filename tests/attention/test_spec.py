@@ -200,3 +200,9 @@ def test_rows_that_read_the_same_are_labelled_by_their_spec():
     rows = [row(0.5, "vsa:sparsity=0.5:impl=torch"), row(0.5, "vsa:sparsity=0.5:impl=triton"),
             row(0.75, "vsa:sparsity=0.75:impl=torch"), row(0.5, "vsa:sparsity=0.5:impl=torch", fit="crop")]
     assert row_labels(rows) == ["vsa:sparsity=0.5:impl=torch", "vsa:sparsity=0.5:impl=triton", "vsa 0.75", "vsa 0.5"]
+
+
+def test_short_text_keeps_only_what_differs_from_the_defaults():
+    assert resolve_spec("vsa").short_text() == "vsa"
+    assert resolve_spec("vsa:sparsity=0.9:impl=auto").short_text() == "vsa:sparsity=0.9"
+    assert resolve_spec("sla-star:scope=marginal").short_text() == "sla-star:scope=marginal"

@@ -10,6 +10,7 @@ from typing import Any
 from .base import AttentionBackend, AttnContext, LayerWeights, NoOptions
 from .full import FullAttention
 from .registry import REGISTRY, BackendName, backend_class, backend_names, uses_sparsity
+from .sla_star import SLAStarAttention, SLAStarOptions
 from .spec import BackendSpec, check_flags_apply, make_options, resolve_spec
 from .vsa import VSAAttention, VSAOptions
 
@@ -38,5 +39,5 @@ def make_backend(name: str, sparsity: float | None = None, impl: str = "auto", *
 
 
 __all__ = ["AttentionBackend", "AttnContext", "BackendName", "BackendSpec", "FullAttention", "LayerWeights",
-           "NoOptions", "REGISTRY", "VSAAttention", "VSAOptions", "backend_class", "backend_names", "make_backend",
-           "resolve_spec", "uses_sparsity"]
+           "NoOptions", "REGISTRY", "SLAStarAttention", "SLAStarOptions", "VSAAttention", "VSAOptions",
+           "backend_class", "backend_names", "make_backend", "resolve_spec", "uses_sparsity"]

@@ -94,6 +94,9 @@ class LayerWeights:
         optional: tensor names that may be absent.
         file_option: the backend's Options field that names a user's safetensors file to load instead of the
             checkpoint's own tensors (None: the checkpoint only).
+        aliases: other key prefixes (each with a `{layer}` field) accepted for the same tensors, e.g. the names
+            other projects' checkpoints use.
+        dtype: the dtype the Module is kept in (None: the transformer's, as its `to_q` weight).
     """
 
     key: str
@@ -102,6 +105,8 @@ class LayerWeights:
     build: Callable[[dict[str, torch.Tensor], Any], torch.nn.Module]
     optional: tuple[str, ...] = ()
     file_option: str | None = None
+    aliases: tuple[str, ...] = ()
+    dtype: torch.dtype | None = None
 
 
 class AttentionBackend(Protocol):

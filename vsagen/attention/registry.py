@@ -11,9 +11,10 @@ from enum import Enum
 
 from ..errors import BadInput
 from .full import FullAttention
+from .sla_star import SLAStarAttention
 from .vsa import VSAAttention
 
-_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention)
+_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, SLAStarAttention)
 
 REGISTRY: dict[str, type] = {cls.name: cls for cls in _BACKENDS}
 

@@ -57,6 +57,13 @@ class BackendSpec:
         parts = [self.name] + [f"{k}={_fmt(v)}" for k, v in options_dict(self.options).items() if v is not None]
         return ":".join(parts)
 
+    def short_text(self) -> str:
+        """The spec with only the options that differ from the backend's defaults (`vsa:sparsity=0.9`, or the bare
+        name), for labels."""
+        defaults = options_dict(type(self.options)())
+        changed = [f"{k}={_fmt(v)}" for k, v in options_dict(self.options).items() if defaults.get(k) != v]
+        return ":".join([self.name, *changed])
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready: {"name", "sparsity", "impl", **the other options set}; `sparsity` (None for dense backends)
         and `impl` ("auto" where the backend has no choice) are there for every backend, as in earlier reports."""

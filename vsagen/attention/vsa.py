@@ -26,6 +26,7 @@ from ..errors import BadInput
 from ..kernels import reference as ref
 from ..kernels.tuning import KernelTuning
 from .base import AttnContext, LayerWeights
+from .weights import weights_path_option
 
 DEFAULT_SPARSITY = 0.875
 IMPLS = ("auto", "triton", "torch")
@@ -69,12 +70,7 @@ class VSAOptions:
         if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
             raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
         if self.gate_weights is not None:
-            path = Path(self.gate_weights)
-            if path.is_dir() or not str(self.gate_weights).strip():
-                raise BadInput(f"gate_weights {str(self.gate_weights)!r}: give a .safetensors file, not a folder")
-            if not path.is_file():
-                raise BadInput(f"gate_weights {str(path)!r}: no such file (give a .safetensors file)")
-            object.__setattr__(self, "gate_weights", path)
+            object.__setattr__(self, "gate_weights", weights_path_option(self.gate_weights, "gate_weights"))
 
 
 def _interpreting() -> bool:
@@ -153,12 +149,24 @@ class VSAAttention:
         gate = None
         if ctx.params is not None:
             gate = ctx.params(ctx.hidden_states).unflatten(2, (q.shape[2], -1))
+        return self.attend(q, k, v, layout, gate, ctx.timer)[0]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any, gate: torch.Tensor | None,
+               timer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """VSA on tile-ordered q, k, v (B, S, H, D) with an optional gate (B, S, H, D).
+
+        Returns:
+            out: (B, S, H, D) like q.
+            q2k: (B, H, Q_TILES, K) integer, the key tiles each query tile selected (for backends built on VSA's
+                selection, e.g. `sla-star`'s marginal scope).
+        """
         top_k = ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
         if self.resolved_impl(q.device) == "triton":
-            return self._triton(q, k, v, layout, gate, ctx.timer, top_k)
-        return self._torch(q, k, v, layout, gate, ctx.timer, top_k)
+            return self._triton(q, k, v, layout, gate, timer, top_k)
+        return self._torch(q, k, v, layout, gate, timer, top_k)
 
     def _torch(self, q, k, v, layout, gate, timer, top_k):
+        """The eager reference: (out, q2k) as `attend`."""
         with timer.region("self_attention/coarse"):
             q_c = ref.tile_mean_pool(q, layout.token_tile, layout.tile_sizes)
             k_c = ref.tile_mean_pool(k, layout.token_tile, layout.tile_sizes)
@@ -172,9 +180,10 @@ class VSAAttention:
             out, _ = ref.block_sparse_attention_reference(q, k, v, q2k, layout.slots, layout.slot_valid)
         if coarse is not None:
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
-        return out
+        return out, q2k
 
     def _triton(self, q, k, v, layout, gate, timer, top_k):
+        """The Triton kernels: (out, q2k) as `attend`."""
         from ..kernels.block_sparse_attn import block_sparse_attention
         from ..kernels.coarse import coarse_stage
 
@@ -187,4 +196,4 @@ class VSAAttention:
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
-        return out
+        return out, c.q2k

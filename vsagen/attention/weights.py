@@ -28,6 +28,21 @@ def _files(source: Path) -> list[Path]:
     return [source]
 
 
+def _key_pattern(spec: LayerWeights) -> re.Pattern:
+    """A regex matching `<key or alias with the layer number>.<param>`, capturing (layer, param)."""
+    alternatives = []
+    for template in (spec.key, *spec.aliases):
+        prefix, _, suffix = template.partition("{layer}")
+        alternatives.append(re.escape(prefix) + r"(\d+)" + re.escape(suffix))
+    return re.compile("(?:" + "|".join(alternatives) + r")\.([A-Za-z0-9_]+)$")
+
+
+def _layer_and_param(m: re.Match) -> tuple[int, str]:
+    """(layer, param) of a `_key_pattern` match (the layer group of whichever alternative matched)."""
+    groups = m.groups()
+    return int(next(g for g in groups[:-1] if g is not None)), groups[-1]
+
+
 def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, torch.Tensor]]:
     """The tensors of `spec` in `source` (a folder of safetensors files, or one file), by layer index.
 
@@ -39,8 +54,7 @@ def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, 
     """
     from safetensors import SafetensorError, safe_open
 
-    prefix, _, suffix = spec.key.partition("{layer}")
-    pattern = re.compile(re.escape(prefix) + r"(\d+)" + re.escape(suffix) + r"\.([A-Za-z0-9_]+)$")
+    pattern = _key_pattern(spec)
     found: dict[int, dict[str, torch.Tensor]] = {}
     for f in _files(source):
         try:
@@ -48,11 +62,26 @@ def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, 
                 for key in sf.keys():
                     m = pattern.match(key)
                     if m:
-                        found.setdefault(int(m.group(1)), {})[m.group(2)] = sf.get_tensor(key)
+                        layer, param = _layer_and_param(m)
+                        found.setdefault(layer, {})[param] = sf.get_tensor(key)
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a bad header is a SafetensorError
             raise BadInput(f"cannot read backend weights from {f}: {str(e).splitlines()[0] if str(e) else e}") \
                 from None
     return found
+
+
+def weights_path_option(value: Any, option: str) -> Path:
+    """An Options field naming a weights file (`gate_weights`, `proj_weights`), checked: an existing file.
+
+    Raises:
+        BadInput: empty, a folder, or no such file.
+    """
+    path = Path(value)
+    if path.is_dir() or not str(value).strip():
+        raise BadInput(f"{option} {str(value)!r}: give a .safetensors file, not a folder")
+    if not path.is_file():
+        raise BadInput(f"{option} {str(path)!r}: no such file (give a .safetensors file)")
+    return path
 
 
 def check_weights_file(path: Path, spec: LayerWeights) -> int:
@@ -69,8 +98,7 @@ def check_weights_file(path: Path, spec: LayerWeights) -> int:
     from safetensors import SafetensorError, safe_open
 
     files = _files(path)
-    prefix, _, suffix = spec.key.partition("{layer}")
-    pattern = re.compile(re.escape(prefix) + r"\d+" + re.escape(suffix) + r"\.[A-Za-z0-9_]+$")
+    pattern = _key_pattern(spec)
     try:
         with safe_open(str(files[0]), framework="pt") as sf:
             n = sum(1 for key in sf.keys() if pattern.match(key))
@@ -78,7 +106,8 @@ def check_weights_file(path: Path, spec: LayerWeights) -> int:
         raise BadInput(f"cannot read backend weights from {path}: {str(e).splitlines()[0] if str(e) else e}") \
             from None
     if not n:
-        raise BadInput(f"{path} holds no {spec.key.format(layer='N')}.* tensors (keys must be exactly "
+        names = " or ".join(f"{t.format(layer='N')}.*" for t in (spec.key, *spec.aliases))
+        raise BadInput(f"{path} holds no {names} tensors (keys must be exactly "
                        f"{spec.key.format(layer='0')}.weight, ...)")
     return n
 
@@ -136,7 +165,7 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
     for layer, tensors in found.items():
         attn = attns[layer]
         ref = attn.to_q.weight
-        module = spec.build(tensors, attn).to(device=ref.device, dtype=ref.dtype)
+        module = spec.build(tensors, attn).to(device=ref.device, dtype=spec.dtype or ref.dtype)
         if undo is not None:
             undo.append(_restorer(attn, spec.attr, module))
         setattr(attn, spec.attr, module)

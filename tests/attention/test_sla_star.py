@@ -1,0 +1,281 @@
+"""vsagen.attention.sla_star and its linear branch (`vsagen.kernels.reference.linear_attention_branch`): SLA* =
+VSA + proj(linear attention), global and marginal scopes, each feature map, against float64 explicit formulas;
+the invariants (zero projection is `vsa` bitwise; marginal with every tile selected is `vsa`; global with an
+identity projection adds plain linear attention); backward; the projection weights (alias key schemes, mismatches
+refused); and `vsagen t2v --attn sla-star` end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_qkv, make_transformer
+from safetensors.torch import save_file
+
+import vsagen.kernels.reference as ref
+from vsagen.attention import SLAStarAttention, SLAStarOptions, VSAAttention, VSAOptions, resolve_spec
+from vsagen.attention.base import AttnContext
+from vsagen.attention.sla_star import SCOPES
+from vsagen.attention.weights import attach_layer_weights, layer_params
+from vsagen.errors import BadInput
+from vsagen.layout import tile_layout
+from vsagen.timing import NullTimer, Timer
+
+# float32 branch against a float64 explicit formula over at most a few hundred keys: rounding only (~1e-7 per op).
+FP32_TOL = 1e-5
+# float64 branch against the float64 explicit formula (different summation order): ~1e-15.
+FP64_TOL = 1e-12
+GRID = (3, 5, 6)  # 90 tokens, 4 tiles: partial tiles on every axis
+
+
+def explicit_branch(q, k, v, kind, allowed=None, eps=ref.LINEAR_EPS):
+    """o_l in float64 from the S x S matrix phi(q_i) . phi(k_j), keys outside `allowed` (S x S bool) dropped."""
+    pq, pk = ref.feature_map(q.double(), kind), ref.feature_map(k.double(), kind)
+    a = torch.einsum("bshd,bthd->bhst", pq, pk)
+    if allowed is not None:
+        a = a * allowed.double()
+    num = torch.einsum("bhst,bthd->bshd", a, v.double())
+    return num / (eps + a.sum(-1).permute(0, 2, 1)).unsqueeze(-1)
+
+
+def token_mask(lay, block_map):
+    """(B, H, S, S) bool: key token j is NOT in a tile that query token i's tile selected (the marginal keys)."""
+    tt = lay.token_tile
+    return ~block_map[:, :, tt][:, :, :, tt]
+
+
+def ctx(lay, proj=None, timer=None):
+    return AttnContext(layout=lay, layer=0, expert=None, timer=timer or NullTimer(), params=proj)
+
+
+def linear(d, seed, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(d, d)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(d, d, generator=g) / d ** 0.5)
+        lin.bias.copy_(torch.randn(d, generator=g) if bias else torch.zeros(d))
+    return lin
+
+
+# --------------------------------------------------------------------------------------------- the linear branch
+
+
+@pytest.mark.parametrize("kind", ref.FEATURE_MAPS)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, FP32_TOL), (torch.float64, FP64_TOL)])
+def test_global_branch_is_linear_attention(kind, dtype, tol):
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(2, lay.num_tokens, 3, 16, dtype=dtype, seed=31)
+    got = ref.linear_attention_branch(q, k, v, kind=kind)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    torch.testing.assert_close(got.double(), explicit_branch(q, k, v, kind), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kind", ref.FEATURE_MAPS)
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_marginal_branch_covers_the_unselected_tiles_only(kind, head_dim):
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(2, lay.num_tokens, 2, head_dim, seed=32)
+    q2k = ref.select_top_k(torch.randn(2, 2, lay.num_tiles, lay.num_tiles, generator=torch.Generator().manual_seed(3)),
+                           2)
+    bm = ref.block_map_from_q2k(q2k, lay.num_tiles)
+    got = ref.linear_attention_branch(q, k, v, kind=kind, block_map=bm, slots=lay.slots, slot_valid=lay.slot_valid)
+    want = explicit_branch(q, k, v, kind, allowed=token_mask(lay, bm))
+    torch.testing.assert_close(got.double(), want, atol=FP32_TOL, rtol=FP32_TOL)
+    assert want.abs().max() > 0.1  # the unselected keys do contribute
+
+
+def test_marginal_branch_with_every_tile_selected_is_zero():
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(1, lay.num_tokens, 2, 16, seed=33)
+    bm = torch.ones(1, 2, lay.num_tiles, lay.num_tiles, dtype=torch.bool)
+    got = ref.linear_attention_branch(q, k, v, block_map=bm, slots=lay.slots, slot_valid=lay.slot_valid)
+    assert torch.count_nonzero(got) == 0
+
+
+@pytest.mark.parametrize("scope", ["global", "marginal"])
+def test_branch_backward_matches_finite_differences(scope):
+    lay = tile_layout((2, 4, 5))
+    q, k, v = make_qkv(1, lay.num_tokens, 1, 4, dtype=torch.float64, seed=34, requires_grad=True)
+    bm = None
+    if scope == "marginal":
+        bm = torch.zeros(1, 1, lay.num_tiles, lay.num_tiles, dtype=torch.bool)
+        bm[..., 0] = True
+    fn = lambda q, k, v: ref.linear_attention_branch(q, k, v, block_map=bm, slots=lay.slots,  # noqa: E731
+                                                     slot_valid=lay.slot_valid)
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_unknown_feature_map_and_missing_slots():
+    q, k, v = make_qkv(1, 8, 1, 4, seed=35)
+    with pytest.raises(ValueError, match="feature map"):
+        ref.linear_attention_branch(q, k, v, kind="tanh")
+    with pytest.raises(ValueError, match="slots"):
+        ref.linear_attention_branch(q, k, v, block_map=torch.ones(1, 1, 1, 1, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------------------------- the backend
+
+
+@pytest.mark.parametrize("scope", ["global", "marginal"])
+def test_zero_projection_is_vsa_bitwise(scope):
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(2, lay.num_tokens, 3, 16, seed=36)
+    sla = SLAStarAttention(SLAStarOptions(sparsity=0.5, impl="torch", scope=scope))
+    vsa = VSAAttention(VSAOptions(sparsity=0.5, impl="torch"))
+    assert torch.equal(sla(q, k, v, ctx(lay)), vsa(q, k, v, ctx(lay)))
+
+
+def test_marginal_with_every_tile_selected_is_vsa():
+    """Sparsity 0 selects every tile: the marginal branch is exactly 0, so a trained projection without bias adds
+    nothing (with a bias, proj(0) = bias: the branch still shifts the output, as SLA's code does)."""
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(2, lay.num_tokens, 3, 16, seed=37)
+    sla = SLAStarAttention(SLAStarOptions(sparsity=0.0, impl="torch", scope="marginal"))
+    vsa = VSAAttention(VSAOptions(sparsity=0.0, impl="torch"))
+    assert torch.equal(sla(q, k, v, ctx(lay, linear(16, 1, bias=False))), vsa(q, k, v, ctx(lay)))
+
+
+@pytest.mark.parametrize("kind", ref.FEATURE_MAPS)
+def test_global_with_identity_projection_adds_plain_linear_attention(kind):
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(2, lay.num_tokens, 3, 16, seed=38)
+    identity = torch.nn.Linear(16, 16)
+    with torch.no_grad():
+        identity.weight.copy_(torch.eye(16))
+        identity.bias.zero_()
+    sla = SLAStarAttention(SLAStarOptions(sparsity=0.5, impl="torch", feature_map=kind))
+    vsa = VSAAttention(VSAOptions(sparsity=0.5, impl="torch"))
+    got = sla(q, k, v, ctx(lay, identity)) - vsa(q, k, v, ctx(lay))
+    torch.testing.assert_close(got.double(), explicit_branch(q, k, v, kind), atol=FP32_TOL, rtol=FP32_TOL)
+
+
+def test_projection_is_applied_per_head_in_float32():
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(1, lay.num_tokens, 2, 16, dtype=torch.bfloat16, seed=39)
+    proj = linear(16, 2)
+    out = SLAStarAttention(SLAStarOptions(sparsity=0.5, impl="torch"))(q, k, v, ctx(lay, proj))
+    base = VSAAttention(VSAOptions(sparsity=0.5, impl="torch"))(q, k, v, ctx(lay))
+    assert out.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(ref.linear_attention_branch(q, k, v), proj.weight, proj.bias)
+    torch.testing.assert_close((out.float() - base.float()), want, atol=0.05, rtol=0.02)  # bf16 output rounding
+
+
+@pytest.mark.parametrize("scope", ["global", "marginal"])
+def test_backward_against_float64(scope):
+    """Gradients of q, k, v through VSA + branch + projection (sparsity 0: the same selection in both precisions)."""
+    lay = tile_layout(GRID)
+    proj = linear(16, 3)
+    sla = SLAStarAttention(SLAStarOptions(sparsity=0.0, impl="torch", scope=scope))
+    grads = {}
+    for dtype in (torch.float32, torch.float64):
+        q, k, v = make_qkv(2, lay.num_tokens, 2, 16, dtype=dtype, seed=40, requires_grad=True)
+        p = linear(16, 3).to(dtype)
+        p.load_state_dict(proj.state_dict())
+        out = sla(q, k, v, ctx(lay, p))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)).sum().backward()
+        grads[dtype] = [x.grad for x in (q, k, v)]
+    for g32, g64 in zip(grads[torch.float32], grads[torch.float64]):
+        assert torch.isfinite(g32).all()
+        torch.testing.assert_close(g32.double(), g64, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_sparse_part_gives_the_torch_result():
+    """impl=triton (the VSA kernels, under the interpreter here) with the torch branch, marginal scope (it reads the
+    kernels' q2k lists): the same output as impl=torch."""
+    lay = tile_layout((2, 4, 5))
+    q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=41)
+    proj = linear(16, 4)
+    outs = [SLAStarAttention(SLAStarOptions(sparsity=0.5, impl=impl, scope="marginal"))(q, k, v, ctx(lay, proj))
+            for impl in ("torch", "triton")]
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=2e-5)
+
+
+def test_branch_is_timed_as_its_own_stage():
+    lay = tile_layout(GRID)
+    q, k, v = make_qkv(1, lay.num_tokens, 2, 16, seed=42)
+    timer = Timer("cpu")
+    SLAStarAttention(SLAStarOptions(impl="torch"))(q, k, v, ctx(lay, linear(16, 5), timer))
+    names = [n for n, _, _ in timer.finish()]
+    assert names.count("self_attention/linear") == 1 and names.count("self_attention/fine") == 1
+
+
+def test_options_and_describe():
+    assert SCOPES == ("global", "marginal")
+    spec = resolve_spec("sla-star:scope=marginal:feature_map=elu:sparsity=0.75")
+    assert (spec.options.scope, spec.options.feature_map, spec.sparsity) == ("marginal", "elu", 0.75)
+    backend = spec.build()
+    assert backend.describe(torch.device("cpu")) == {"name": "sla-star", "sparsity": 0.75, "impl": "auto",
+                                                     "scope": "marginal", "feature_map": "elu", "impl_ran": "torch"}
+    for text, needle in (("sla-star:scope=local", "scope must be one of global, marginal"),
+                         ("sla-star:feature_map=tanh", "feature_map must be one of softmax, elu, relu"),
+                         ("sla-star:sparsity=1", "sparsity must be in [0, 1)"),
+                         ("sla-star:proj_weights=/no/such.safetensors", "no such file")):
+        with pytest.raises(BadInput, match=needle.replace("[", r"\[").replace(")", r"\)")):
+            resolve_spec(text)
+
+
+# --------------------------------------------------------------------------------------------- weights
+
+SPEC = SLAStarAttention.weights
+
+
+@pytest.mark.parametrize("prefix", ["blocks.{i}.attn1.proj_l", "blocks.{i}.self_attn.attn_op.local_attn.proj_l",
+                                    "blocks.{i}.attn1.attn_impl.proj_l"])
+def test_every_key_scheme_loads_in_float32(tmp_path, prefix):
+    """vsagen's own keys, TurboDiffusion's and FastVideo's diffusers conversion's."""
+    t = make_transformer().to(torch.bfloat16)
+    d = t.blocks[0].attn1.to_q.weight.shape[0] // t.blocks[0].attn1.heads
+    g = torch.Generator().manual_seed(6)
+    tensors = {}
+    for i in range(len(t.blocks)):
+        tensors[f"{prefix.format(i=i)}.weight"] = torch.randn(d, d, generator=g)
+        tensors[f"{prefix.format(i=i)}.bias"] = torch.randn(d, generator=g)
+    f = tmp_path / "proj.safetensors"
+    save_file(tensors, f)
+    assert attach_layer_weights(t, SPEC, f) == len(t.blocks)
+    lin = layer_params(t.blocks[1].attn1, SPEC)
+    assert lin.weight.dtype == torch.float32
+    assert torch.equal(lin.weight, tensors[f"{prefix.format(i=1)}.weight"])
+
+
+def test_mismatched_and_pickle_files_are_refused(tmp_path):
+    t = make_transformer()
+    f = tmp_path / "bad.safetensors"
+    save_file({"blocks.0.attn1.proj_l.weight": torch.ones(8, 8)}, f)
+    with pytest.raises(BadInput, match=r"blocks\.0\.attn1\.proj_l\.weight has shape \[8, 8\], this model needs "
+                                       r"\[16, 16\]"):
+        attach_layer_weights(t, SPEC, f)
+    p = tmp_path / "proj.bin"
+    torch.save({"blocks.0.attn1.proj_l.weight": torch.ones(16, 16)}, p)
+    with pytest.raises(BadInput, match=".safetensors files only"):
+        attach_layer_weights(t, SPEC, p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scope", ["global", "marginal"])
+def test_t2v_with_sla_star_writes_video_and_json(vsagen_cache, tiny_dir, tmp_path, scope):
+    """`vsagen t2v --model tiny --attn sla-star` (options recorded), and the same with a projection file the test
+    writes (loaded for every layer, noted)."""
+    from typer.testing import CliRunner
+
+    from vsagen.cli import app
+
+    common = ["t2v", "a fox", "--model", "tiny", "--steps", "1", "--frames", "5", "--height", "64", "--width", "80",
+              "--json"]
+    res = CliRunner().invoke(app, [*common, "--attn", f"sla-star:scope={scope}", "--out", str(tmp_path / "a.mp4")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"]["name"] == "sla-star" and data["backend"]["scope"] == scope
+    assert data["config"]["backend"]["feature_map"] == "softmax" and (tmp_path / "a.mp4").stat().st_size > 0
+    t = make_transformer()
+    f = tmp_path / "proj.safetensors"
+    save_file({f"blocks.{i}.attn1.proj_l.weight": torch.randn(16, 16) for i in range(len(t.blocks))}, f)
+    res = CliRunner().invoke(app, [*common, "--attn", f"sla-star:scope={scope}:proj_weights={f}",
+                                   "--out", str(tmp_path / "b.mp4")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"]["proj_weights"] == str(f)
+    assert any("loaded trained sla-star weights (sla_proj_l) for 2 of 2 layers" in n
+               for n in data["timing"]["notes"])
+    assert data["timing"]["self_attention_stages_s"].get("linear", 0) > 0

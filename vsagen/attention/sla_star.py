@@ -1,0 +1,157 @@
+"""`sla-star`: VSA plus a linear-attention branch as a source of global context (SLA*, seed 002, after SLA arXiv
+2509.24006).
+
+o = o_vsa + proj(o_l). The sparse part is `vsa` (its coarse selection, sparsity and kernels). The linear branch
+o_l = phi(q) Sum / (1e-5 + phi(q) . z) (`vsagen.kernels.reference.linear_attention_branch`) runs over every key
+(`global` scope: SLA's released code and AMD's SLA*) or over the key tiles the sparse part did not select for the
+query's tile (`marginal` scope: the SLA paper; with every tile selected o_l = 0). phi is the same feature map for q
+and k, applied after the RMS norm and RoPE: softmax over the head dim (default), elu + 1, or relu.
+
+proj is a Linear(D, D) with bias in float32, one per layer, shared by the heads: the backend owns it (`weights`),
+read from the checkpoint (`blocks.{i}.attn1.proj_l.{weight,bias}`; TurboDiffusion's
+`blocks.{i}.self_attn.attn_op.local_attn.proj_l.*` and FastVideo's `blocks.{i}.attn1.attn_impl.proj_l.*` are
+accepted too) or from the file `proj_weights` names. Without trained weights the projection is zero (SLA's
+initialisation) and `sla-star` gives exactly `vsa`'s output: the branch is then not computed at all.
+
+This release runs the linear branch in PyTorch (float32) on every device, beside `vsa`'s Triton kernels on CUDA
+(the fused Triton branch of issue 12 is not built yet); `impl` chooses the sparse part's implementation as for
+`vsa`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from ..errors import BadInput
+from ..kernels import reference as ref
+from ..kernels.tuning import KernelTuning
+from .base import AttnContext, LayerWeights
+from .weights import weights_path_option
+from .vsa import DEFAULT_SPARSITY, VSAAttention, VSAOptions
+
+SCOPES = ("global", "marginal")
+
+
+@dataclass(frozen=True)
+class SLAStarOptions:
+    """Options of `sla-star`.
+
+    Attributes:
+        sparsity: VSA's fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`).
+        impl: the sparse part's implementation: "auto" (Triton on CUDA, the torch reference elsewhere), "triton"
+            or "torch" (`--attn-impl`). The linear branch runs in PyTorch either way.
+        scope: "global" (the branch over every key) or "marginal" (over the key tiles not selected).
+        feature_map: phi, "softmax" (over the head dim), "elu" (elu + 1) or "relu".
+        proj_weights: a safetensors file with trained projections (`blocks.{i}.attn1.proj_l.{weight,bias}`, or
+            an alias scheme), loaded for every transformer instead of the checkpoint's own; None: the
+            checkpoint's, if it has any (else the projection is zero).
+        tuning: the Triton kernels' tuning of the sparse part (as `vsa`'s; Python only).
+
+    Raises:
+        BadInput: a value out of range (as `VSAOptions`), an unknown scope or feature map, or a proj_weights path
+            that is not a file.
+    """
+
+    sparsity: float = DEFAULT_SPARSITY
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    scope: Literal["global", "marginal"] = "global"
+    feature_map: Literal["softmax", "elu", "relu"] = "softmax"
+    proj_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tuning=self.tuning)  # VSA's own checks
+        object.__setattr__(self, "sparsity", sparse.sparsity)
+        if self.scope not in SCOPES:
+            raise BadInput(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.feature_map not in ref.FEATURE_MAPS:
+            raise BadInput(f"feature_map must be one of {', '.join(ref.FEATURE_MAPS)}, got {self.feature_map!r}")
+        if self.proj_weights is not None:
+            object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
+
+
+def _proj_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
+    """proj_l maps one head's D channels to D (shared by the heads)."""
+    d = attn.to_q.weight.shape[0] // attn.heads
+    return {"weight": (d, d), "bias": (d,)}
+
+
+def _proj_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
+    """A float32 Linear(D, D) holding the trained projection (bias zero when the file has none)."""
+    w = tensors["weight"]
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        lin.weight.copy_(w.float())
+        lin.bias.copy_(tensors["bias"].float() if "bias" in tensors else torch.zeros(w.shape[0]))
+    return lin
+
+
+class SLAStarAttention:
+    """VSA plus a projected linear-attention branch (global or marginal scope)."""
+
+    name = "sla-star"
+    Options = SLAStarOptions
+    tiled = True
+    traceable = True  # VSA's custom ops / torch ops, and the branch in plain torch ops
+    weights = LayerWeights(key="blocks.{layer}.attn1.proj_l", attr="sla_proj_l", shapes=_proj_shapes,
+                           build=_proj_module, optional=("bias",), file_option="proj_weights",
+                           aliases=("blocks.{layer}.self_attn.attn_op.local_attn.proj_l",
+                                    "blocks.{layer}.attn1.attn_impl.proj_l"),
+                           dtype=torch.float32)
+
+    def __init__(self, options: SLAStarOptions | None = None) -> None:
+        self.options = SLAStarOptions() if options is None else options
+        o = self.options
+        self._vsa = VSAAttention(VSAOptions(sparsity=o.sparsity, impl=o.impl, tuning=o.tuning))
+
+    @property
+    def sparsity(self) -> float:
+        """The `sparsity` option."""
+        return self.options.sparsity
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """As `vsa` (the Triton kernels need CUDA or the interpreter)."""
+        self._vsa.check(device, dtype)
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name", "sparsity", "impl", "scope", "feature_map"} (+ "proj_weights" when named), and given the run's
+        device "impl_ran" (the sparse part's)."""
+        o = self.options
+        d = {"name": self.name, "sparsity": o.sparsity, "impl": o.impl, "scope": o.scope,
+             "feature_map": o.feature_map}
+        if o.proj_weights is not None:
+            d["proj_weights"] = str(o.proj_weights)
+        if device is not None:
+            d["impl_ran"] = self._vsa.resolved_impl(device)
+        return d
+
+    def bench_params(self, heads: int, head_dim: int, device: torch.device, seed: int) -> torch.nn.Module:
+        """A random projection of trained size (float32 Linear(D, D)) to time the branch with (`vsagen profile
+        --kernels`, benchmarks): without one the branch is not computed and `sla-star` times as `vsa`."""
+        g = torch.Generator().manual_seed(seed + 17)
+        tensors = {"weight": torch.randn(head_dim, head_dim, generator=g) / head_dim ** 0.5,
+                   "bias": torch.randn(head_dim, generator=g) * 0.01}
+        return _proj_module(tensors, None).to(device)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q. Stages: coarse, fine (VSA's), linear (the
+        branch and its projection; only with a trained projection, `ctx.params`)."""
+        layout = ctx.layout
+        if layout is None:
+            raise RuntimeError("sla-star needs tokens in tile order with a TileLayout (tile-order hooks missing)")
+        out, q2k = self._vsa.attend(q, k, v, layout, None, ctx.timer)
+        proj = ctx.params
+        if proj is None:  # zero projection: exactly vsa
+            return out
+        with ctx.timer.region("self_attention/linear"):
+            block_map = None
+            if self.options.scope == "marginal":
+                block_map = ref.block_map_from_q2k(q2k.long(), layout.num_tiles)
+            o_l = ref.linear_attention_branch(q, k, v, kind=self.options.feature_map, block_map=block_map,
+                                              slots=layout.slots, slot_valid=layout.slot_valid)
+            branch = torch.nn.functional.linear(o_l.float(), proj.weight.float(), proj.bias.float())
+            return out + branch.to(out.dtype)

@@ -43,8 +43,8 @@ def _env_switch(name: str, default: bool) -> bool:
     return default
 
 
-# The one switch of a code path read from the environment (for experiments): VSAGEN_FUSED_BLOCKS=0 turns off vsagen.blocks' compiled
-# elementwise regions in eager CUDA runs (the run's `fused_blocks` setting).
+# The one switch of a code path read from the environment (for experiments): VSAGEN_FUSED_BLOCKS=0 turns off
+# vsagen.blocks' compiled elementwise regions in eager CUDA runs (the run's `fused_blocks` setting).
 FUSED_BLOCKS_ENV = "VSAGEN_FUSED_BLOCKS"
 
 

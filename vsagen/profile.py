@@ -2,10 +2,10 @@
 
 The model is loaded once and the prompt embeddings computed once (`vsagen.pipeline.Session`). Every configuration
 (backend x tile fit) then runs on that pipeline (`Session.run`): patch the transformer(s) with the backend
-(`vsagen.apply`), denoise `warmup` steps untimed, denoise `steps` timed steps, unpatch. Denoising only (output_type "latent": no VAE
-decode, no mp4). Every call seeds a fresh CPU generator with the same seed, so every configuration with the
-same denoised size starts from the same latents (a `crop` configuration denoises a larger latent, so its noise
-is a different draw).
+(`vsagen.apply`), denoise `warmup` steps untimed, denoise `steps` timed steps, unpatch. Denoising only (output_type
+"latent": no VAE decode, no mp4). Every call seeds a fresh CPU generator with the same seed, so every configuration
+with the same denoised size starts from the same latents (a `crop` configuration denoises a larger latent, so its
+noise is a different draw).
 
 Per configuration (`ProfileRow`): DiT seconds per step (all transformer forwards of a step: two with CFG),
 the attention backend's seconds per step and its stages (VSA: coarse, fine; the tile-order reorderings are
@@ -103,11 +103,15 @@ class ProfileRow:
 
 
 def row_labels(rows: list[ProfileRow]) -> list[str]:
-    """Each row's label ("vsa 0.875"), or its full spec ("vsa:sparsity=0.875:impl=torch") where two rows of one tile
-    fit would otherwise read the same (two settings of one backend that differ in more than the sparsity)."""
+    """Each row's label ("vsa 0.875"), or its spec without the default options ("vsa:impl=torch") where two rows of
+    one tile fit would otherwise read the same (two settings of one backend that differ in more than the
+    sparsity)."""
+    from .attention.spec import short_spec_text
+
     labels = [r.label for r in rows]
     keys = [(label, r.tile_fit) for label, r in zip(labels, rows)]
-    return [r.spec if keys.count(k) > 1 and r.spec else label for label, r, k in zip(labels, rows, keys)]
+    return [short_spec_text(r.spec) if keys.count(k) > 1 and r.spec else label
+            for label, r, k in zip(labels, rows, keys)]
 
 
 @dataclass

@@ -24,7 +24,8 @@ def test_name_alone_takes_the_defaults():
     assert spec == BackendSpec("vsa", VSAOptions())
     assert (spec.sparsity, spec.impl) == (DEFAULT_SPARSITY, "auto")
     full = resolve_spec("full")
-    assert full.sparsity is None and full.impl == "auto" and full.summary() == {"name": "full", "sparsity": None, "impl": "auto"}
+    assert full.sparsity is None and full.impl == "auto"
+    assert full.summary() == {"name": "full", "sparsity": None, "impl": "auto"}
 
 
 def test_options_are_typed_from_the_dataclass(tmp_path):

@@ -26,10 +26,10 @@ from ..timing import Timer
 
 @dataclass
 class ForwardState:
-    """What one patched transformer's current forward knows beyond its blocks' arguments: the denoising
-    timestep (the `timestep` argument of the transformer: (B,) or per token (B, S), raster order), set by a
-    forward pre-hook before the blocks run (`vsagen.attention.hooks`), and the step index within the current
-    pipeline call (reset when the scheduler's timesteps are set, advanced after each scheduler step). Shared by the processors of the
+    """What one patched transformer's current forward knows beyond its blocks' arguments: the denoising timestep (the
+    `timestep` argument of the transformer: (B,) or per token (B, S), raster order), set by a forward pre-hook
+    before the blocks run (`vsagen.attention.hooks`), and the step index within the current pipeline call (reset
+    when the scheduler's timesteps are set, advanced after each scheduler step). Shared by the processors of the
     transformer's layers; read lazily (`AttnContext.timestep`) so torch.compile only guards on it when a backend
     reads it."""
 

@@ -60,14 +60,20 @@ class BackendSpec:
     def short_text(self) -> str:
         """The spec with only the options that differ from the backend's defaults (`vsa:sparsity=0.9`, or the bare
         name), for labels."""
-        defaults = options_dict(type(self.options)())
-        changed = [f"{k}={_fmt(v)}" for k, v in options_dict(self.options).items() if defaults.get(k) != v]
-        return ":".join([self.name, *changed])
+        return short_spec_text(self.text())
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready: {"name", "sparsity", "impl", **the other options set}; `sparsity` (None for dense backends)
         and `impl` ("auto" where the backend has no choice) are there for every backend, as in earlier reports."""
         return {"name": self.name, "sparsity": self.sparsity, "impl": self.impl, **options_dict(self.options)}
+
+
+def short_spec_text(text: str) -> str:
+    """`NAME:KEY=VALUE...` text (as `BackendSpec.text` writes it) without the options at their defaults, for labels;
+    reads no file (a weights path stays as text)."""
+    name, raw = parse_spec(text)
+    defaults = {k: _fmt(v) for k, v in options_dict(backend_class(name).Options()).items()}
+    return ":".join([name, *(f"{k}={v}" for k, v in raw.items() if defaults.get(k) != v)])
 
 
 def _fmt(v: Any) -> str:

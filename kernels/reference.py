@@ -358,7 +358,9 @@ def linear_attention_branch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     z_u = torch.einsum("bhqt,bhtd->bhqd", unselected, z_t)
     num = torch.einsum("bqvhd,bhqde->bqvhe", pq_t, s_u)  # (B, Q_TILES, V, H, D)
     den = torch.einsum("bqvhd,bhqd->bqvh", pq_t, z_u)
-    o_t = num / (eps + den).unsqueeze(-1)
-    out = torch.zeros(b, s, h, d, dtype=acc, device=q.device)
-    keep = slot_valid.reshape(-1)
-    return out.index_copy(1, flat[keep], o_t.reshape(b, n_tiles * vol, h, d)[:, keep])
+    o_t = (num / (eps + den).unsqueeze(-1)).reshape(b, n_tiles * vol, h, d)
+    # Each token's padded slot, by a scatter (padding slots land in a spare entry S) rather than a boolean mask:
+    # static shapes, so torch.compile traces it without a break (as the fine stage's reference does).
+    slot_of = torch.empty(s + 1, dtype=torch.int64, device=q.device).scatter_(
+        0, torch.where(slot_valid.reshape(-1), flat, s), torch.arange(n_tiles * vol, device=q.device))[:s]
+    return o_t.index_select(1, slot_of)

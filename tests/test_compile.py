@@ -17,7 +17,7 @@ import torch
 from conftest import assert_one_error_line, make_transformer
 from typer.testing import CliRunner
 
-from vsagen.attention import make_backend
+from vsagen.attention import make_backend, resolve_spec
 from vsagen.attention.full import FullAttention
 from vsagen.attention.hooks import patch_transformer
 from vsagen.cli import app
@@ -35,12 +35,15 @@ TOL_COMPILED_BLOCK = 1e-5
 
 LATENT = (16, 5, 12, 20)  # (C, F_lat, H_lat, W_lat) -> grid (5, 6, 10), 300 tokens, 12 tiles (10 partial)
 TEXT_LEN = 9
-# name -> (--attn, sparsity, --attn-impl, with a trained VSA gate (attn1.to_gate_compress))
+# name -> (--attn, sparsity, --attn-impl, with the backend's trained per-layer weights: VSA's gate
+# attn1.to_gate_compress, sla-star's projection attn1.sla_proj_l)
 BLOCK_CASES = {
     "full": ("full", None, "auto", False),
     "vsa-torch-gate": ("vsa", 0.5, "torch", True),
     "vsa-triton": ("vsa", 0.5, "triton", False),
     "vsa-triton-gate": ("vsa", 0.5, "triton", True),
+    "sla-star-global-proj": ("sla-star", 0.5, "torch", True),
+    "sla-star:scope=marginal-proj": ("sla-star:scope=marginal", 0.5, "torch", True),
 }
 
 
@@ -63,11 +66,12 @@ def patched_block(case: str, timer: Timer):
     transformer."""
     attn, sparsity, impl, gate = BLOCK_CASES[case]
     transformer = make_transformer()
+    backend = resolve_spec(attn, flags={"--sparsity": sparsity, "--attn-impl": impl}).build()
     if gate:
         torch.manual_seed(1)
         for block in transformer.blocks:
-            block.attn1.to_gate_compress = torch.nn.Linear(block.attn1.inner_dim, block.attn1.inner_dim)
-    backend = make_backend(attn, sparsity, impl)
+            out_f, in_f = backend.weights.shapes(block.attn1)["weight"]
+            setattr(block.attn1, backend.weights.attr, torch.nn.Linear(in_f, out_f))
     patch_transformer(transformer, backend, timer)
     return transformer.blocks[0], transformer, backend
 

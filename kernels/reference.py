@@ -286,6 +286,8 @@ def tile_plan_reference(idx: torch.Tensor, cnt: torch.Tensor, tile_offsets: torc
 # SLA*'s linear-attention branch (seed 002, after SLA arXiv 2509.24006; `vsagen.attention.sla_star`)
 
 FEATURE_MAPS = ("softmax", "elu", "relu")
+# Budget for the marginal scope's per-chunk (B, H, chunk, D, D) float32 sums, in elements (2^26 = 256 MiB).
+_MARGINAL_SUM_ELEMENTS = 1 << 26
 LINEAR_EPS = 1e-5  # added to the denominator, as SLA's released code does
 
 
@@ -350,15 +352,24 @@ def linear_attention_branch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *
     def padded(x: torch.Tensor) -> torch.Tensor:  # (B, n_tiles, V, H, D), padding slots zero
         return x.index_select(1, flat).view(b, n_tiles, vol, h, x.shape[-1]) * valid
 
-    pk_t, v_t, pq_t = padded(pk), padded(vv), padded(pq)
+    pk_t, v_t = padded(pk), padded(vv)
+    del pk, vv
     s_t = torch.einsum("btvhd,btvhe->bhtde", pk_t, v_t)  # (B, H, KV_TILES, D, D) per key tile
     z_t = pk_t.sum(dim=2).permute(0, 2, 1, 3)  # (B, H, KV_TILES, D)
-    unselected = (~block_map).to(acc)  # (B, H, Q_TILES, KV_TILES)
-    s_u = torch.einsum("bhqt,bhtde->bhqde", unselected, s_t)
-    z_u = torch.einsum("bhqt,bhtd->bhqd", unselected, z_t)
-    num = torch.einsum("bqvhd,bhqde->bqvhe", pq_t, s_u)  # (B, Q_TILES, V, H, D)
-    den = torch.einsum("bqvhd,bhqd->bqvh", pq_t, z_u)
-    o_t = (num / (eps + den).unsqueeze(-1)).reshape(b, n_tiles * vol, h, d)
+    del pk_t, v_t
+    # Query tiles in chunks, so the (B, H, chunk, D, D) sums over the unselected tiles stay within
+    # `_MARGINAL_SUM_ELEMENTS` (at the 14B 720p shape all 1,440 query tiles at once would be 3.8 GB in float32).
+    chunk = max(1, _MARGINAL_SUM_ELEMENTS // max(1, b * h * d * d))
+    outs = []
+    for start in range(0, n_tiles, chunk):
+        unselected = (~block_map[:, :, start:start + chunk]).to(acc)  # (B, H, c, KV_TILES)
+        s_u = torch.einsum("bhqt,bhtde->bhqde", unselected, s_t)
+        z_u = torch.einsum("bhqt,bhtd->bhqd", unselected, z_t)
+        pq_c = pq.index_select(1, slots[start:start + chunk].reshape(-1)).view(b, -1, vol, h, d)
+        num = torch.einsum("bqvhd,bhqde->bqvhe", pq_c, s_u)  # (B, c, V, H, D)
+        den = torch.einsum("bqvhd,bhqd->bqvh", pq_c, z_u)
+        outs.append((num / (eps + den).unsqueeze(-1)).reshape(b, -1, h, d))
+    o_t = torch.cat(outs, 1)  # (B, n_tiles * V, H, D); padding slots hold garbage that no token reads
     # Each token's padded slot, by a scatter (padding slots land in a spare entry S) rather than a boolean mask:
     # static shapes, so torch.compile traces it without a break (as the fine stage's reference does).
     slot_of = torch.empty(s + 1, dtype=torch.int64, device=q.device).scatter_(

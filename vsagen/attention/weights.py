@@ -37,33 +37,50 @@ def _key_pattern(spec: LayerWeights) -> re.Pattern:
     return re.compile("(?:" + "|".join(alternatives) + r")\.([A-Za-z0-9_]+)$")
 
 
-def _layer_and_param(m: re.Match) -> tuple[int, str]:
-    """(layer, param) of a `_key_pattern` match (the layer group of whichever alternative matched)."""
+def _match(m: re.Match) -> tuple[int, int, str]:
+    """(scheme, layer, param) of a `_key_pattern` match: which key template matched (0: the backend's own key,
+    then its aliases), the layer number it holds, and the parameter name."""
     groups = m.groups()
-    return int(next(g for g in groups[:-1] if g is not None)), groups[-1]
+    scheme = next(i for i, g in enumerate(groups[:-1]) if g is not None)
+    return scheme, int(groups[scheme]), groups[-1]
 
 
-def read_layer_tensors(source: Path, spec: LayerWeights) -> dict[int, dict[str, torch.Tensor]]:
+def read_layer_tensors(source: Path, spec: LayerWeights,
+                       keys: dict[int, dict[str, str]] | None = None) -> dict[int, dict[str, torch.Tensor]]:
     """The tensors of `spec` in `source` (a folder of safetensors files, or one file), by layer index.
+
+    Args:
+        keys: if given, receives the key each tensor was stored under ({layer: {param: key}}), for messages.
 
     Returns:
         {layer: {param: tensor}} for every layer that has at least one of the tensors (CPU, as stored).
 
     Raises:
-        BadInput: a named file that is not .safetensors or cannot be read.
+        BadInput: a named file that is not .safetensors or cannot be read; a tensor stored twice (under two key
+            schemes, or in two files); a layer whose tensors mix key schemes (e.g. the weight under vsagen's key,
+            the bias under an alias).
     """
     from safetensors import SafetensorError, safe_open
 
     pattern = _key_pattern(spec)
     found: dict[int, dict[str, torch.Tensor]] = {}
+    seen: dict[int, dict[str, str]] = {} if keys is None else keys
+    schemes: dict[int, int] = {}
     for f in _files(source):
         try:
             with safe_open(str(f), framework="pt") as sf:
                 for key in sf.keys():
                     m = pattern.match(key)
-                    if m:
-                        layer, param = _layer_and_param(m)
-                        found.setdefault(layer, {})[param] = sf.get_tensor(key)
+                    if not m:
+                        continue
+                    scheme, layer, param = _match(m)
+                    if param in seen.get(layer, {}):
+                        raise BadInput(f"{source}: {key} and {seen[layer][param]} are the same tensor; keep one")
+                    if schemes.setdefault(layer, scheme) != scheme:
+                        other = next(iter(seen[layer].values()))
+                        raise BadInput(f"{source}: layer {layer} mixes key schemes ({other} and {key}); use one")
+                    seen.setdefault(layer, {})[param] = key
+                    found.setdefault(layer, {})[param] = sf.get_tensor(key)
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a bad header is a SafetensorError
             raise BadInput(f"cannot read backend weights from {f}: {str(e).splitlines()[0] if str(e) else e}") \
                 from None
@@ -107,40 +124,57 @@ def check_weights_file(path: Path, spec: LayerWeights) -> int:
             from None
     if not n:
         names = " or ".join(f"{t.format(layer='N')}.*" for t in (spec.key, *spec.aliases))
-        raise BadInput(f"{path} holds no {names} tensors (keys must be exactly "
-                       f"{spec.key.format(layer='0')}.weight, ...)")
+        raise BadInput(f"{path} holds no {names} tensors (keys are matched from their start)")
     return n
 
 
 def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWeights, attns: list[Any],
-                        source: Path) -> None:
+                        source: Path, keys: dict[int, dict[str, str]] | None = None,
+                        require_all: bool = False) -> None:
     """Check every found tensor against the layer it belongs to.
 
+    Args:
+        keys: the key each tensor was stored under (`read_layer_tensors`), so messages name the file's own keys.
+        require_all: every layer of the transformer must be present (a file the user names: a file for another
+            model size would otherwise attach to some layers and leave the rest without).
+
     Raises:
-        BadInput: one line naming the first mismatch: a layer index past the transformer's blocks, a tensor the
-            backend does not take, a missing required tensor, or a shape other than `spec.shapes(attn)`.
+        BadInput: one line naming the first mismatch: a layer index past the transformer's blocks, a missing layer
+            (`require_all`), a tensor the backend does not take, a missing required tensor, or a shape other than
+            `spec.shapes(attn)`.
     """
+    keys = keys or {}
+
+    def name_of(layer: int, param: str) -> str:
+        return keys.get(layer, {}).get(param, f"{spec.key.format(layer=layer)}.{param}")
+
     for layer in sorted(found):
         tensors = found[layer]
-        key = spec.key.format(layer=layer)
+        first = name_of(layer, next(iter(tensors)))
         if layer >= len(attns):
-            raise BadInput(f"{source}: {key} is for layer {layer}, but the transformer has {len(attns)} blocks")
+            raise BadInput(f"{source}: {first} is for layer {layer}, but the transformer has {len(attns)} blocks")
         want = spec.shapes(attns[layer])
         for name in tensors:
             if name not in want:
-                raise BadInput(f"{source}: {key}.{name} is not a parameter of this backend ({', '.join(want)})")
+                raise BadInput(f"{source}: {name_of(layer, name)} is not a parameter of this backend "
+                               f"({', '.join(want)})")
         for name, shape in want.items():
             if name not in tensors:
                 if name in spec.optional:
                     continue
-                raise BadInput(f"{source}: {key}.{name} is missing")
+                raise BadInput(f"{source}: {name_of(layer, name)} is missing")
             got = tuple(tensors[name].shape)
             if got != tuple(shape):
-                raise BadInput(f"{source}: {key}.{name} has shape {list(got)}, this model needs {list(shape)}")
-
+                raise BadInput(f"{source}: {name_of(layer, name)} has shape {list(got)}, this model needs "
+                               f"{list(shape)}")
+    if require_all:
+        missing = [i for i in range(len(attns)) if i not in found]
+        if missing:
+            raise BadInput(f"{source}: no {spec.key.format(layer=missing[0])}.* tensors (layers {len(found)} of "
+                           f"{len(attns)} present): a file named for this model must cover every layer")
 
 def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | None,
-                         undo: list[Callable[[], None]] | None = None) -> int:
+                         undo: list[Callable[[], None]] | None = None, require_all: bool = False) -> int:
     """Load `spec`'s tensors from `source` and attach one Module per layer as `blocks[i].attn1.<spec.attr>`.
 
     Args:
@@ -150,6 +184,7 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
             missing folder means nothing to load.
         undo: if given, receives one function per attached layer that puts back what that layer had before
             (the earlier Module, or none): undoing touches only what this call attached.
+        require_all: refuse a source that does not cover every layer (files the user names).
 
     Returns:
         How many layers got parameters.
@@ -159,9 +194,10 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
     """
     if source is None or not source.exists():
         return 0
-    found = read_layer_tensors(source, spec)
+    keys: dict[int, dict[str, str]] = {}
+    found = read_layer_tensors(source, spec, keys)
     attns = [block.attn1 for block in transformer.blocks]
-    check_layer_tensors(found, spec, attns, source)
+    check_layer_tensors(found, spec, attns, source, keys, require_all)
     for layer, tensors in found.items():
         attn = attns[layer]
         ref = attn.to_q.weight
@@ -221,7 +257,7 @@ def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path 
     named = getattr(backend.options, spec.file_option, None) if spec.file_option else None
     if named is not None:
         check_weights_file(Path(named), spec)
-        return attach_layer_weights(transformer, spec, Path(named), undo)
+        return attach_layer_weights(transformer, spec, Path(named), undo, require_all=True)
     return attach_layer_weights(transformer, spec, checkpoint_dir, undo)
 
 

@@ -370,3 +370,18 @@ def patched_forward(transformer, backend, inputs, timer=None, mutate=None, fused
 
 def has_partial_tiles(grid) -> bool:
     return any(g % 4 for g in grid)
+
+
+def patched_output(transformer, backend, inputs):
+    """The transformer's output (no grad) with `backend` patched in for one forward, then unpatched; `inputs` is
+    (hidden_states, timestep, encoder_hidden_states)."""
+    from vsagen.attention.hooks import patch_transformer
+    from vsagen.timing import Timer
+
+    patch = patch_transformer(transformer, backend, Timer("cpu"))
+    try:
+        with torch.no_grad():
+            hs, ts, enc = inputs
+            return transformer(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
+    finally:
+        patch.remove()

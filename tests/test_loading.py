@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import conftest
 from conftest import cached_locally
 import torch
 
@@ -49,16 +50,8 @@ def transformer_inputs(seed: int = 5):
 
 def patched_output(transformer, attn: str, sparsity, inputs):
     from vsagen.attention import make_backend
-    from vsagen.attention.hooks import patch_transformer
-    from vsagen.timing import Timer
 
-    patch = patch_transformer(transformer, make_backend(attn, sparsity), Timer("cpu"))
-    try:
-        with torch.no_grad():
-            hs, ts, enc = inputs
-            return transformer(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
-    finally:
-        patch.remove()
+    return conftest.patched_output(transformer, make_backend(attn, sparsity), inputs)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -160,6 +160,22 @@ class AppliedBackend:
         self.remove()
 
 
+def wrap_method(obj: Any, name: str, make: Callable[[Callable], Callable]) -> Callable[[], None]:
+    """Replace `obj.name` on this instance by `make(original)`; returns the undo, which gives the instance back
+    what it had (its own attribute, or none, so the class's method shows again)."""
+    own = name in vars(obj)
+    saved = vars(obj).get(name)
+    setattr(obj, name, make(getattr(obj, name)))
+
+    def undo() -> None:
+        if own:
+            setattr(obj, name, saved)
+        else:
+            delattr(obj, name)
+
+    return undo
+
+
 def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], None]:
     """Advance `timer.step` after every `pipe.scheduler.step` call (see the module docstring), and each patched
     transformer's `ForwardState.step` (the step within the current pipeline call, reset by
@@ -167,20 +183,20 @@ def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], Non
     scheduler = getattr(pipe, "scheduler", None)
     if scheduler is None or not callable(getattr(scheduler, "step", None)):
         return lambda: None
-    wrapped: list[tuple[str, bool, Any]] = []
+    undos: list[Callable[[], None]] = []
 
     def wrap(name: str, after: Callable[[], None]) -> None:
-        original = getattr(scheduler, name, None)
-        if not callable(original):
+        if not callable(getattr(scheduler, name, None)):
             return
-        wrapped.append((name, name in vars(scheduler), original))
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            after()
-            return out
+        def make(original: Callable) -> Callable:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                out = original(*args, **kwargs)
+                after()
+                return out
+            return call
 
-        setattr(scheduler, name, call)
+        undos.append(wrap_method(scheduler, name, make))
 
     def stepped() -> None:
         timer.step += 1
@@ -196,11 +212,8 @@ def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], Non
     reset()
 
     def undo() -> None:
-        for name, own, original in wrapped:
-            if own:
-                setattr(scheduler, name, original)
-            else:
-                delattr(scheduler, name)
+        for restore in reversed(undos):
+            restore()
         for state in states:
             state.step = None
 

@@ -210,24 +210,21 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
     Returns:
         A function that restores the instance (removes the wrappers).
     """
-    saved: list[tuple[str, bool, Any]] = []
+    from .api import wrap_method
+
+    undos = []
     for method, region in CONDITION_REGIONS:
-        own = method in vars(pipe)
-        saved.append((method, own, vars(pipe).get(method)))
-        original = getattr(pipe, method)
+        def make(original: Callable, _region: str = region) -> Callable:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                with timer.region(_region, apart_from=outer):
+                    return original(*args, **kwargs)
+            return timed
 
-        def timed(*args: Any, _original: Callable = original, _region: str = region, **kwargs: Any) -> Any:
-            with timer.region(_region, apart_from=outer):
-                return _original(*args, **kwargs)
-
-        setattr(pipe, method, timed)
+        undos.append(wrap_method(pipe, method, make))
 
     def restore() -> None:
-        for method, own, value in saved:
-            if own:
-                setattr(pipe, method, value)
-            else:
-                delattr(pipe, method)
+        for undo in reversed(undos):
+            undo()
 
     return restore
 

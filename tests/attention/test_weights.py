@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_transformer
+from conftest import make_transformer, patched_output
 from safetensors.torch import save_file
 
 from vsagen.attention import VSAAttention, VSAOptions, make_backend
@@ -114,13 +114,7 @@ def test_gates_change_vsa_output_through_the_processor(tmp_path):
     inputs = (torch.randn(1, 16, 5, 12, 20, generator=g), torch.tensor([500.0]), torch.randn(1, 9, 32, generator=g))
 
     def run():
-        patch = patch_transformer(t, make_backend("vsa", 0.5, "torch"), Timer("cpu"))
-        try:
-            with torch.no_grad():
-                hs, ts, enc = inputs
-                return t(hidden_states=hs, timestep=ts, encoder_hidden_states=enc, return_dict=False)[0]
-        finally:
-            patch.remove()
+        return patched_output(t, make_backend("vsa", 0.5, "torch"), inputs)
 
     plain = run()
     f = tmp_path / "gates.safetensors"

@@ -10,13 +10,20 @@
    coarse stage alone, the fine stage alone, VSA forward (coarse + fine) and forward+backward. Each row has the
    ratio against dense cuDNN measured in the same run (forward rows vs cuDNN forward, forward+backward rows vs
    cuDNN forward+backward) and, for the fine stage, its rate in TFLOP/s on the 64x64 blocks it computes.
-3. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
+3. Issue 12 (`benchmarks/sla_peer.py`): at each shape, forward and forward+backward of dense cuDNN, `vsa` and
+   `sla-star` (global and marginal scopes, with a random projection of trained size) through their backend objects
+   as `vsagen profile --kernels` times them (`vsagen.bench.time_attention`), beside SLA as its released code runs
+   it (the sparse Triton kernel of fastvideo-kernel 0.3.5's `sla_triton.py`, loaded from `--sla-kernel`, with
+   SLA's torch block map, linear branch and projection) and SLA's parts alone; SLA checked once on a small problem
+   against a float32 reference. A table of these rows and the issue's ratios closes the output.
+   `--sla-only` runs only this part (and its check); `--no-sla` skips it.
+4. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
    kernels at the 1.3B shape; `--profile`: GPU kernel time against wall time for VSA forward+backward;
    `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
 Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
        [--probe] [--tile-loads auto|on|off] [--bwd-streams 1|2] [--pack on|off]
-       [--no-check] [--no-flex] [--json out.json]
+       [--no-check] [--no-flex] [--sla-only | --no-sla] [--sla-kernel PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import dataclasses
 import json
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +44,9 @@ from vsagen.kernels import reference as ref
 from vsagen.kernels.coarse import coarse_stage
 from vsagen.kernels.tuning import KernelTuning, kernel_tuning
 from vsagen.layout import tile_layout
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/sla_peer.py, also when loaded by path (tests)
+import sla_peer  # noqa: E402
 
 
 Shape = AttentionShape  # the shapes, timing and input helpers live in vsagen.bench (shared with `vsagen profile`)
@@ -373,6 +384,13 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--no-flex", action="store_true", help="skip the FlexAttention rows")
     ap.add_argument("--json", type=str, default=None, help="write all numbers to this file")
+    sla = ap.add_mutually_exclusive_group()
+    sla.add_argument("--sla-only", action="store_true",
+                     help="only the issue-12 rows: cuDNN, vsa, sla-star (both scopes) and SLA (and SLA's check)")
+    sla.add_argument("--no-sla", action="store_true", help="skip the issue-12 rows")
+    ap.add_argument("--sla-kernel", default=sla_peer.DEFAULT_KERNEL,
+                    help="SLA's sparse Triton kernel, the sla_triton.py of the fastvideo-kernel 0.3.5 sdist "
+                         "(default: %(default)s, from the repository root); missing: the SLA rows are skipped")
     ap.add_argument("--tile-loads", choices=("auto", "on", "off"), default="auto",
                     help="how the fine-stage loops fetch tiles: TMA descriptors (on), pointer loads (off) or the "
                          "device's default (auto) (KernelTuning.tma_loads)")
@@ -398,13 +416,26 @@ def main() -> None:
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
           f"sparsity {args.sparsity}; tuning at the 1.3B shape: {tuning_for(SHAPES['1.3b'])}", flush=True)
-    report: dict = {"checks": {}, "rows": []}
+    report: dict = {"checks": {}, "rows": [], "sla_rows": []}
+    kernel = None
+    if not args.no_sla:
+        kernel, why = sla_peer.load_kernel(args.sla_kernel)
+        if kernel is None:
+            print(f"SLA rows skipped: {why}", flush=True)
     if not args.no_check:
-        check(SHAPES["1.3b"], args.sparsity, report["checks"], tuning_for(SHAPES["1.3b"]))
+        if not args.sla_only:
+            check(SHAPES["1.3b"], args.sparsity, report["checks"], tuning_for(SHAPES["1.3b"]))
+        if kernel is not None:
+            report["checks"].update(sla_peer.check(kernel, args.sparsity))
         print(json.dumps(report["checks"], indent=1), flush=True)
     for key in filter(None, args.shapes.split(",")):
-        time_shape(SHAPES[key], args.sparsity, report["rows"], tuning_for(SHAPES[key]), with_flex=not args.no_flex)
-        torch.cuda.empty_cache()
+        if not args.sla_only:
+            time_shape(SHAPES[key], args.sparsity, report["rows"], tuning_for(SHAPES[key]),
+                       with_flex=not args.no_flex)
+            torch.cuda.empty_cache()
+        if not args.no_sla:
+            report["sla_rows"] += sla_peer.time_sla(SHAPES[key], args.sparsity, tuning_for(SHAPES[key]), kernel)
+            torch.cuda.empty_cache()
     if args.sweep:
         sweep(SHAPES["1.3b"], args.sparsity, report["rows"], tuning_for(SHAPES["1.3b"]))
     if args.sweep_bwd:
@@ -416,7 +447,11 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
-    print_table(report["rows"])
+    if report["rows"]:
+        print_table(report["rows"])
+    if report["sla_rows"]:
+        print()
+        print("\n".join(sla_peer.summary(report["sla_rows"])))
 
 
 if __name__ == "__main__":

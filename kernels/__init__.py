@@ -22,6 +22,14 @@ Contents:
 * `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
   table; the custom op `vsagen::coarse_stage` under torch.compile, so the graph does not break) and its parts
   `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
+* `linear_branch.py`: SLA*'s global linear-attention branch (`sla-star`), fused: `linear_branch_add` (the sums in
+  one pass over K and V, then phi(Q), the division, the projection and the add to the sparse output), its
+  backward `linear_branch_backward` (which can add into another part's gradients in place), `kv_sums`,
+  `LinearLaunch` (the launch parameters, a value).
+* `linear_marginal.py`: the same branch in the marginal scope (over the key tiles a query tile did not select):
+  `marginal_branch_add`.
+* `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the global branch as one custom op with
+  gradients, so the backward sums the two parts' dQ / dK / dV in place.
 
 The Triton names are imported on first use (PEP 562 `__getattr__`), so importing this package, e.g. for the
 references or the tuning, needs no triton (a Linux-only dependency) and registers no custom op. No module here
@@ -58,6 +66,11 @@ _TRITON_EXPORTS = {
     "tile_mean_pool_triton": "coarse",
     "tile_scores_triton": "coarse",
     "top_k_tiles": "coarse",
+    "kv_sums": "linear_branch",
+    "linear_branch_add": "linear_branch",
+    "LinearLaunch": "linear_branch",
+    "marginal_branch_add": "linear_marginal",
+    "sla_star_attention": "sla_star_attn",
 }
 
 
@@ -70,6 +83,7 @@ def __getattr__(name: str):
 __all__ = [
     "CoarseResult",
     "KernelTuning",
+    "LinearLaunch",
     "block_map_from_q2k",
     "block_sparse_attention",
     "block_sparse_attention_reference",
@@ -82,8 +96,12 @@ __all__ = [
     "coarse_output",
     "coarse_stage",
     "kernel_tuning",
+    "kv_sums",
+    "linear_branch_add",
+    "marginal_branch_add",
     "pool_qk",
     "select_top_k",
+    "sla_star_attention",
     "tile_mean_pool",
     "tile_mean_pool_triton",
     "tile_plan_reference",

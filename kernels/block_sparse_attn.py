@@ -117,6 +117,18 @@ _bsa_op.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)
 # ----------------------------------------------------------------------------------------- public function
 
 
+def check_inputs_and_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
+                           q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor) -> None:
+    """`block_sparse_attention`'s input checks: `check_inputs`, one device, and enough tiles for S (ValueError)."""
+    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    devices = {x.device for x in (q, k, v, q2k, q2k_cnt, tile_offsets)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    if tile_offsets.dim() != 1 or (tile_offsets.numel() - 1) * BLOCK < q.shape[1]:
+        raise ValueError(f"tile_offsets must be (n_tiles + 1,) with n_tiles * {BLOCK} >= S = {q.shape[1]}, "
+                         f"got {tuple(tile_offsets.shape)}")
+
+
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
                            q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor,
                            scale: float | None = None,
@@ -156,13 +168,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
 
     Source: VSA paper (arXiv 2505.13389) sec. 2, fine stage; FlashAttention-2 (arXiv 2307.08691) alg. 1 and 2.
     """
-    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
-    devices = {x.device for x in (q, k, v, q2k, q2k_cnt, tile_offsets)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
-    if tile_offsets.dim() != 1 or (tile_offsets.numel() - 1) * BLOCK < q.shape[1]:
-        raise ValueError(f"tile_offsets must be (n_tiles + 1,) with n_tiles * {BLOCK} >= S = {q.shape[1]}, "
-                         f"got {tuple(tile_offsets.shape)}")
+    check_inputs_and_tiles(q, k, v, q2k, q2k_cnt, tile_offsets)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     tuning = default_tuning(q.device, q.shape[-1]) if tuning is None else tuning
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

@@ -221,15 +221,21 @@ def test_backward_against_float64(scope):
         torch.testing.assert_close(g32.double(), g64, atol=1e-4, rtol=1e-4)
 
 
-def test_triton_sparse_part_gives_the_torch_result():
-    """impl=triton (the VSA kernels, under the interpreter here) with the torch branch, marginal scope (it reads the
-    kernels' q2k lists): the same output as impl=torch."""
+@pytest.mark.parametrize("scope", SCOPES)
+def test_triton_gives_the_torch_result_forward_and_backward(scope):
+    """impl=triton (under the interpreter here): the VSA kernels, and for `global` the fused Triton branch
+    (`kernels.linear_branch`); for `marginal` the torch branch reading the kernels' q2k lists. The same output and
+    gradients (q, k, v and the projection) as impl=torch, batch 2, partial tiles."""
     lay = tile_layout((2, 4, 5))
-    q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=41)
-    proj = linear(16, 4)
-    outs = [SLAStarAttention(SLAStarOptions(sparsity=0.5, impl=impl, scope="marginal"))(q, k, v, ctx(lay, proj))
-            for impl in ("torch", "triton")]
-    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=2e-5)
+    res = {}
+    for impl in ("torch", "triton"):
+        q, k, v = make_qkv(2, lay.num_tokens, 2, 16, seed=41, requires_grad=True)
+        proj = linear(16, 4)
+        out = SLAStarAttention(SLAStarOptions(sparsity=0.5, impl=impl, scope=scope))(q, k, v, ctx(lay, proj))
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        res[impl] = [out] + [x.grad for x in (q, k, v, proj.weight, proj.bias)]
+    for got, want in zip(res["triton"], res["torch"]):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
 
 
 def test_branch_is_timed_as_its_own_stage():

@@ -13,9 +13,13 @@ read from the checkpoint (`blocks.{i}.attn1.proj_l.{weight,bias}`; TurboDiffusio
 accepted too) or from the file `proj_weights` names. Without trained weights the projection is zero (SLA's
 initialisation) and `sla-star` gives exactly `vsa`'s output: the branch is then not computed at all.
 
-This release runs the linear branch in PyTorch (float32) on every device, beside `vsa`'s Triton kernels on CUDA
-(the fused Triton branch of issue 12 is not built yet); `impl` chooses the sparse part's implementation as for
-`vsa`.
+`impl` chooses the implementation as for `vsa`. With Triton (CUDA, or the interpreter) the branch runs in fused
+kernels: `global` in `vsagen.kernels.linear_branch` (one pass over K and V for the sums, then phi(Q), the division,
+the projection and the add to VSA's output in one kernel), and with gradients VSA's fine stage and that branch as
+one op (`vsagen.kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place,
+timed as the `fine` stage); `marginal` in `vsagen.kernels.linear_marginal` (the selected tiles' share taken off
+the totals inside a walk of the q2k lists). Deterministic backwards, no atomics. With `impl=torch` both scopes run
+the PyTorch branch (float32, `reference.linear_attention_branch`).
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ class SLAStarOptions:
 
     Attributes:
         sparsity: VSA's fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`).
-        impl: the sparse part's implementation: "auto" (Triton on CUDA, the torch reference elsewhere), "triton"
-            or "torch" (`--attn-impl`). The linear branch runs in PyTorch either way.
+        impl: "auto" (Triton on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`): the
+            sparse part's implementation, and the branch's.
         scope: "global" (the branch over every key) or "marginal" (over the key tiles not selected).
         feature_map: phi, "softmax" (over the head dim), "elu" (elu + 1) or "relu".
         proj_weights: a safetensors file with trained projections (`blocks.{i}.attn1.proj_l.{weight,bias}`, or
@@ -96,7 +100,7 @@ class SLAStarAttention:
     name = "sla-star"
     Options = SLAStarOptions
     tiled = True
-    traceable = True  # VSA's custom ops / torch ops, and the branch in plain torch ops
+    traceable = True  # custom ops (VSA's, the fused branch) and torch ops
     weights = LayerWeights(key="blocks.{layer}.attn1.proj_l", attr="sla_proj_l", shapes=_proj_shapes,
                            build=_proj_module, optional=("bias",), file_option="proj_weights",
                            aliases=("blocks.{layer}.self_attn.attn_op.local_attn.proj_l",
@@ -119,7 +123,7 @@ class SLAStarAttention:
 
     def describe(self, device: torch.device | None = None) -> dict:
         """{"name", "sparsity", "impl", "scope", "feature_map"} (+ "proj_weights" when named), and given the run's
-        device "impl_ran" (the sparse part's)."""
+        device "impl_ran" (the sparse part's and the branch's)."""
         o = self.options
         d = {"name": self.name, "sparsity": o.sparsity, "impl": o.impl, "scope": o.scope,
              "feature_map": o.feature_map}
@@ -143,11 +147,25 @@ class SLAStarAttention:
         layout = ctx.layout
         if layout is None:
             raise RuntimeError("sla-star needs tokens in tile order with a TileLayout (tile-order hooks missing)")
-        out, q2k = self._vsa.attend(q, k, v, layout, None, ctx.timer)
         proj = ctx.params
+        o = self.options
+        fused = o.scope == "global" and proj is not None and self._vsa.resolved_impl(q.device) == "triton"
+        if fused and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *proj.parameters())):
+            return self._fused_with_grad(q, k, v, layout, proj, ctx.timer)
+        out, q2k = self._vsa.attend(q, k, v, layout, None, ctx.timer)
         if proj is None:  # zero projection: exactly vsa
             return out
         with ctx.timer.region("self_attention/linear"):
+            if fused:
+                from ..kernels.linear_branch import linear_branch_add
+
+                return linear_branch_add(out, q, k, v, proj.weight, proj.bias, kind=o.feature_map)
+            if self._vsa.resolved_impl(q.device) == "triton":  # marginal
+                from ..kernels.linear_marginal import marginal_branch_add
+
+                cnt = torch.full(q2k.shape[:3], q2k.shape[3], dtype=torch.int32, device=q2k.device)  # all top-k
+                return marginal_branch_add(out, q, k, v, proj.weight, proj.bias, q2k.to(torch.int32), cnt,
+                                           layout.tile_offsets_i32, kind=o.feature_map)
             block_map = None
             if self.options.scope == "marginal":
                 block_map = ref.block_map_from_q2k(q2k.long(), layout.num_tiles)
@@ -155,3 +173,18 @@ class SLAStarAttention:
                                               slots=layout.slots, slot_valid=layout.slot_valid)
             branch = torch.nn.functional.linear(o_l.float(), proj.weight.float(), proj.bias.float())
             return out + branch.to(out.dtype)
+
+    def _fused_with_grad(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any,
+                         proj: torch.nn.Module, timer: Any) -> torch.Tensor:
+        """`global` on Triton with gradients: VSA's coarse stage, then its fine stage and the branch as one custom op
+        (`kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place), timed
+        as the `fine` stage."""
+        from ..kernels.coarse import coarse_stage
+        from ..kernels.sla_star_attn import sla_star_attention
+
+        off, tuning = layout.tile_offsets_i32, self.options.tuning
+        with timer.region("self_attention/coarse"):
+            c = coarse_stage(q, k, off, ref.top_k_from_sparsity(self.sparsity, layout.num_tiles), tuning=tuning)
+        with timer.region("self_attention/fine"):
+            return sla_star_attention(q, k, v, c.q2k, c.q2k_cnt, off, proj.weight, proj.bias,
+                                      kind=self.options.feature_map, tuning=tuning)

@@ -18,7 +18,10 @@ Kernels: `_fwd_kernel` (grid (Q_TILES, B*H): walks q2k; with gradients it also s
 unselected part), `_bwd_q_kernel` (grid (Q_TILES, B*H): dQ, walking q2k again; saves dN = d o_l / den and
 d den), `linear_branch._kv_sums_kernel` with row weights (dKV = sum phi(q)^T dN and dz = sum d den phi(q) over
 every query), `_bwd_k_kernel` (grid (KV_TILES, B*H): dK, dV, walking the k2q lists, `k2q.build_k2q_triton`).
-dW = dO^T o_l and dbias = sum dO are torch reductions. No atomics: deterministic.
+dW = dO^T o_l and dbias = sum dO are torch reductions. No atomics: deterministic. The pair loops read phi(K)
+(forward, dQ) and phi(Q) (dK / dV) precomputed once per call in the GEMM operand dtype (`_features`): recomputing
+phi of a 64-token tile for every (query tile, key tile) pair made the first version slower than the PyTorch
+branch on the H200 (BENCHMARKS.md).
 
 Precision as `linear_branch` (bf16 GEMM operands for half inputs, fp32 accumulation). Taking the selected share
 off the total loses relative precision as the unselected share shrinks: at 87.5% sparsity (12.5% selected) the
@@ -37,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import reference as ref
 from .k2q import build_k2q_triton
 from .linear_branch import (_KIND, _LAUNCH_SCHEMA, DEFAULT_LAUNCH, LINEAR_EPS, LinearLaunch, _check, _flags,
                             _load_rows, _load_rows_f32, _load_square, _mm, _operand, _phi, _phi_bwd, _program_ids, _store_grad,
@@ -53,14 +57,14 @@ def _tile_rows(off_ptr, t, offs_m):
 
 
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, out_ptr, ol_ptr, den_ptr, kv_ptr, z_ptr, wt_ptr, bias_ptr,
+def _fwd_kernel(q_ptr, pk_ptr, v_ptr, o_ptr, out_ptr, ol_ptr, den_ptr, kv_ptr, z_ptr, wt_ptr, bias_ptr,
                 q2k_ptr, cnt_ptr, off_ptr, S, H, n_tiles, K_MAX, eps,
-                sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, so_b, so_s, so_h, sr_b, sr_s, sr_h,
+                sq_b, sq_s, sq_h, sp_b, sp_s, sp_h, sk_b, sk_s, sk_h, so_b, so_s, so_h, sr_b, sr_s, sr_h,
                 D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
                 IEEE: tl.constexpr, SAVE: tl.constexpr, MIN_SHARE: tl.constexpr):
-    """Query tile i of (b, h): out = o + o_l W^T + bias over the unselected keys (k and v share strides `sk_*`;
-    with SAVE, o_l into `ol` (dense (B, S, H, D), `sr_*` strides as out) and the denominator's unselected part
-    into den (B*H, S))."""
+    """Query tile i of (b, h): out = o + o_l W^T + bias over the unselected keys (pk: phi(K) precomputed, strides
+    `sp_*`; v: `sk_*`; with SAVE, o_l into `ol` (dense (B, S, H, D), `sr_*` strides as out) and the denominator's
+    unselected part into den (B*H, S))."""
     i, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
     rows, r_ok = _tile_rows(off_ptr, i, offs_m)
     pq = _phi(_load_rows_f32(q_ptr + b * sq_b + h * sq_h, rows, r_ok, sq_s, offs_d, d_ok), r_ok, d_ok, KIND)
@@ -71,13 +75,13 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, out_ptr, ol_ptr, den_ptr, kv_ptr, z_
     else:
         den_all = tl.sum(pq * z[None, :], 1)
     den0 = den_all
-    k_base = k_ptr + b * sk_b + h * sk_h
+    pk_base = pk_ptr + b * sp_b + h * sp_h
     v_base = v_ptr + b * sk_b + h * sk_h
     row = bh * n_tiles + i
     cnt = tl.load(cnt_ptr + row)
     for t in range(cnt):
         k_rows, n_ok = _tile_rows(off_ptr, tl.load(q2k_ptr + row.to(tl.int64) * K_MAX + t), offs_m)
-        pk = _phi(_load_rows_f32(k_base, k_rows, n_ok, sk_s, offs_d, d_ok), n_ok, d_ok, KIND)
+        pk = _load_rows(pk_base, k_rows, n_ok, sp_s, offs_d, d_ok)
         a = _mm(pq, tl.trans(pk), LOWP, IEEE)  # (64, 64) phi(q) . phi(k) over tile j's keys
         num -= _mm(a, _load_rows(v_base, k_rows, n_ok, sk_s, offs_d, d_ok), LOWP, IEEE)
         den0 -= tl.sum(a, 1)
@@ -99,9 +103,9 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, out_ptr, ol_ptr, den_ptr, kv_ptr, z_
 
 
 @triton.jit
-def _bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, ol_ptr, den_ptr, dq_ptr, dn_ptr, dden_ptr, kv_t_ptr, z_ptr, w_ptr,
+def _bwd_q_kernel(q_ptr, pk_ptr, v_ptr, do_ptr, ol_ptr, den_ptr, dq_ptr, dn_ptr, dden_ptr, kv_t_ptr, z_ptr, w_ptr,
                   q2k_ptr, cnt_ptr, off_ptr, S, H, n_tiles, K_MAX, eps,
-                  sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sg_b, sg_s, sg_h, sx_b, sx_s, sx_h,
+                  sq_b, sq_s, sq_h, sp_b, sp_s, sp_h, sk_b, sk_s, sk_h, sg_b, sg_s, sg_h, sx_b, sx_s, sx_h,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
                   IEEE: tl.constexpr, ACC: tl.constexpr):
     """Query tile i of (b, h): dN = dO W / den and d den (saved: dn dense like o_l with `sg_*` strides as do and
@@ -126,11 +130,11 @@ def _bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, ol_ptr, den_ptr, dq_ptr, dn_ptr, 
     z = tl.load(z_ptr + bh * D + offs_d, mask=d_ok, other=0.0)
     d_pq = _mm(d_num, _load_square(kv_t_ptr + bh.to(tl.int64) * D * D, offs_d, d_ok, D), LOWP, IEEE)
     d_pq += d_den[:, None] * z[None, :]
-    k_base = k_ptr + b * sk_b + h * sk_h
+    pk_base = pk_ptr + b * sp_b + h * sp_h
     v_base = v_ptr + b * sk_b + h * sk_h
     for t in range(cnt):
         k_rows, n_ok = _tile_rows(off_ptr, tl.load(q2k_ptr + row.to(tl.int64) * K_MAX + t), offs_m)
-        pk = _phi(_load_rows_f32(k_base, k_rows, n_ok, sk_s, offs_d, d_ok), n_ok, d_ok, KIND)
+        pk = _load_rows(pk_base, k_rows, n_ok, sp_s, offs_d, d_ok)
         vx = _load_rows(v_base, k_rows, n_ok, sk_s, offs_d, d_ok)
         bmat = _mm(d_num, tl.trans(vx), LOWP, IEEE) + d_den[:, None]  # (64, 64); pk's padding rows are 0
         d_pq -= _mm(bmat, pk, LOWP, IEEE)
@@ -139,14 +143,14 @@ def _bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, ol_ptr, den_ptr, dq_ptr, dn_ptr, 
 
 
 @triton.jit
-def _bwd_k_kernel(q_ptr, k_ptr, v_ptr, dn_ptr, dden_ptr, dk_ptr, dv_ptr, dkv_ptr, dkv_t_ptr, dz_ptr,
+def _bwd_k_kernel(pq_ptr, k_ptr, v_ptr, dn_ptr, dden_ptr, dk_ptr, dv_ptr, dkv_ptr, dkv_t_ptr, dz_ptr,
                   k2q_ptr, cnt_ptr, off_ptr, S, H, n_tiles,
                   sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sg_b, sg_s, sg_h, sx_b, sx_s, sx_h, sw_b, sw_s, sw_h,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
                   IEEE: tl.constexpr, ACC: tl.constexpr):
     """Key tile j of (b, h): dV = phi(K_j) dKV - sum_i A_ij^T dN_i and dK through dphi(K_j) = V_j dKV^T + dz -
-    sum_i (V_j dN_i^T + d den_i) phi(q_i), i over the query tiles that selected j (k2q; dk `sx_*` strides, dv
-    `sw_*`)."""
+    sum_i (V_j dN_i^T + d den_i) phi(q_i), i over the query tiles that selected j (k2q; pq: phi(Q) precomputed,
+    strides `sq_*`; dk `sx_*` strides, dv `sw_*`)."""
     j, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
     k_rows, n_ok = _tile_rows(off_ptr, j, offs_m)
     mask = n_ok[:, None] & d_ok[None, :]
@@ -156,12 +160,12 @@ def _bwd_k_kernel(q_ptr, k_ptr, v_ptr, dn_ptr, dden_ptr, dk_ptr, dv_ptr, dkv_ptr
     dv = _mm(pk, _load_square(dkv_ptr + bh.to(tl.int64) * D * D, offs_d, d_ok, D), LOWP, IEEE)
     d_pk = _mm(vx, _load_square(dkv_t_ptr + bh.to(tl.int64) * D * D, offs_d, d_ok, D), LOWP, IEEE)
     d_pk += tl.load(dz_ptr + bh * D + offs_d, mask=d_ok, other=0.0)[None, :]
-    q_base = q_ptr + b * sq_b + h * sq_h
+    pq_base = pq_ptr + b * sq_b + h * sq_h
     g_off = b * sg_b + h * sg_h
     row = bh * n_tiles + j
     for t in range(tl.load(cnt_ptr + row)):
         q_rows, m_ok = _tile_rows(off_ptr, tl.load(k2q_ptr + row.to(tl.int64) * n_tiles + t), offs_m)
-        pq = _phi(_load_rows_f32(q_base, q_rows, m_ok, sq_s, offs_d, d_ok), m_ok, d_ok, KIND)
+        pq = _load_rows(pq_base, q_rows, m_ok, sq_s, offs_d, d_ok)
         d_num = _load_rows(dn_ptr + g_off, q_rows, m_ok, sg_s, offs_d, d_ok)
         d_den = tl.load(dden_ptr + bh.to(tl.int64) * S + q_rows, mask=m_ok, other=0.0)
         a_t = _mm(pk, tl.trans(pq), LOWP, IEEE)  # (64 keys, 64 queries)
@@ -180,6 +184,12 @@ def _min_share(x: torch.Tensor) -> float:
     """The unselected share of a row's denominator below which the forward takes it for none (o_l = 0): above
     the cancellation error of the total minus the selected part (bf16 GEMM operands: ~1e-4 of the total)."""
     return 1e-3 if _flags(x)["LOWP"] else 1e-6
+
+
+def _features(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """phi(x) (B, S, H, D) contiguous, in the GEMM operand dtype (`linear_branch._operand`): the pair loops read it
+    instead of recomputing phi of a 64-token tile for every (query tile, key tile) pair."""
+    return ref.feature_map(x.float(), kind).to(torch.bfloat16 if _flags(x)["LOWP"] else torch.float32)
 
 
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
@@ -202,9 +212,11 @@ def _forward(o, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind, eps, la
     out = torch.empty_like(o, memory_format=torch.contiguous_format)
     o_l = torch.empty_like(out) if save else out.new_empty(0)
     den0 = torch.empty((b * h, s), device=q.device, dtype=torch.float32) if save else kv.new_empty(0)
+    pk = _features(k, kind)
     _fwd_kernel[(n_tiles, b * h)](
-        q, k, v, o, out, o_l, den0, _operand(kv, q), z, _operand(weight.float().t(), q), bias.float(), q2k,
-        q2k_cnt, tile_offsets, s, h, n_tiles, q2k.shape[-1], eps, *_strides(q), *_strides(k), *_strides(o),
+        q, pk, v, o, out, o_l, den0, _operand(kv, q), z, _operand(weight.float().t(), q), bias.float(), q2k,
+        q2k_cnt, tile_offsets, s, h, n_tiles, q2k.shape[-1], eps, *_strides(q), *_strides(pk), *_strides(v),
+        *_strides(o),
         *_strides(out), D=d, KIND=_KIND[kind], SAVE=save, MIN_SHARE=_min_share(q), num_warps=launch.fwd_warps,
         **_flags(q))
     return out, kv, z, o_l, den0
@@ -228,15 +240,18 @@ def marginal_branch_backward(dout, q, k, v, weight, q2k, q2k_cnt, tile_offsets, 
     flags = _flags(q)
     d_num = torch.empty_like(o_l)
     d_den = torch.empty((b * h, s), device=q.device, dtype=torch.float32)
+    pk = _features(k, kind)
     _bwd_q_kernel[(n_tiles, b * h)](
-        q, k, v, dout, o_l, den0, dq, d_num, d_den, _operand(kv.transpose(1, 2), q), z, _operand(weight.float(), q),
-        q2k, q2k_cnt, tile_offsets, s, h, n_tiles, q2k.shape[-1], eps, *_strides(q), *_strides(k),
+        q, pk, v, dout, o_l, den0, dq, d_num, d_den, _operand(kv.transpose(1, 2), q), z, _operand(weight.float(), q),
+        q2k, q2k_cnt, tile_offsets, s, h, n_tiles, q2k.shape[-1], eps, *_strides(q), *_strides(pk), *_strides(v),
         *_strides(dout), *_strides(dq), D=d, KIND=_KIND[kind], ACC=acc, num_warps=launch.bwd_warps, **flags)
     dkv, dz = kv_sums(q, d_num, kind, launch, row_weights=d_den)  # over every query: the totals' gradients
     k2q, k2q_cnt = build_k2q_triton(q2k, q2k_cnt, n_tiles)
+    del pk
+    pq = _features(q, kind)
     _bwd_k_kernel[(n_tiles, b * h)](
-        q, k, v, d_num, d_den, dk, dv, _operand(dkv, q), _operand(dkv.transpose(1, 2), q), dz, k2q, k2q_cnt,
-        tile_offsets, s, h, n_tiles, *_strides(q), *_strides(k), *_strides(d_num), *_strides(dk), *_strides(dv), D=d,
+        pq, k, v, d_num, d_den, dk, dv, _operand(dkv, q), _operand(dkv.transpose(1, 2), q), dz, k2q, k2q_cnt,
+        tile_offsets, s, h, n_tiles, *_strides(pq), *_strides(k), *_strides(d_num), *_strides(dk), *_strides(dv), D=d,
         KIND=_KIND[kind], ACC=acc, num_warps=launch.bwd_warps, **flags)
     dout2, o_l2 = dout.reshape(-1, d), o_l.reshape(-1, d)
     dweight = torch.matmul(dout2.t(), o_l2).float()

@@ -22,7 +22,8 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FP32_REL_L2, UNUSED, assert_all_finite, leaves, random_selection, rel_l2, tile_map
+from conftest import (FP32_REL_L2, UNUSED, assert_all_finite, compile_for_amd, leaves, random_selection, rel_l2,
+                      tile_map)
 
 import vsagen.kernels.linear_marginal as lm
 import vsagen.kernels.reference as ref
@@ -376,3 +377,13 @@ def test_bad_inputs_raise():
             marginal_branch_add(**{**good, **change})
         with pytest.raises(ValueError, match=match):  # the op path checks the same
             marginal_branch_add(**{**good, **change, "v": v.clone().requires_grad_(True)})
+
+
+
+def test_kernels_build_for_amd_instinct():
+    """Every kernel compiles for gfx942 (MI300) with bf16 GEMM operands, D = 128, its GEMMs on the matrix cores."""
+    names = ["_fwd_kernel", "_bwd_q_kernel", "_bwd_k_kernel"]
+    consts = {"D": 128, "BLOCK_D": 128, "KIND": 0, "LOWP": True, "IEEE": False, "SAVE": True, "MIN_SHARE": 1e-3,
+              "ACC": True}
+    asm = compile_for_amd("vsagen.kernels.linear_marginal", names, consts)
+    assert all("v_mfma" in asm[n] for n in names)

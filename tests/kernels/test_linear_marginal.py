@@ -6,7 +6,7 @@ select), forward and backward through the custom ops `vsagen::sla_marginal` / `v
 The oracle is float64 with autograd on the same (rounded) inputs: `reference.linear_attention_branch` with the
 block map of the used q2k entries (`tile_map`) plus F.linear. Inputs are fresh random: every feature map in fp32 and
 in bf16, batch 2, grids whose tiles are all partial ((3, 5, 6): 48, 24, 12, 6 tokens; (2, 4, 5): 32, 8), head dims
-16 and 24 (BLOCK_D 32, masked on D), selections drawn per (batch, head, query tile) with every count from none to
+16, 24 (BLOCK_D 32, masked on D) and 128, selections drawn per (batch, head, query tile) with every count from none to
 all tiles (q2k rows of n entries, and top-k rows of K < n), garbage past the counts. Invariants: a query tile that
 selected every tile gets o + bias exactly and, when every tile did, no gradient reaches q, k, v; with nothing
 selected the branch is the global one (`linear_branch_add`); the order of a q2k row does not matter; the backward
@@ -132,6 +132,7 @@ CASES = {
     "bf16-softmax": (LAY, torch.bfloat16, "softmax", 24, "map", torch.float32, LINEAR_EPS, SPLIT),
     "bf16-elu": (SMALL, torch.bfloat16, "elu", 16, "map", torch.bfloat16, LINEAR_EPS, lm.DEFAULT_LAUNCH),
     "bf16-relu": (LAY, torch.bfloat16, "relu", 16, "top_k", torch.float32, 1e-3, lm.DEFAULT_LAUNCH),
+    "fp32-softmax-d128": (SMALL, torch.float32, "softmax", 128, "top_k", torch.float32, LINEAR_EPS, SPLIT),
 }
 
 

@@ -449,7 +449,7 @@ def _linear_op_fake(o, q, k, v, weight, bias, kind, eps, *launch):
     schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor weight, Tensor kv, Tensor z, str kind, float eps, "
            f"{_LAUNCH_SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _linear_bwd_op(dout, q, k, v, weight, kv, z, kind, eps, *launch):
-    """Backward custom op: `_backward`."""
+    """Backward custom op: `linear_branch_backward`."""
     return linear_branch_backward(dout, q, k, v, weight, kv, z, kind, eps, LinearLaunch(*launch))
 
 
@@ -499,8 +499,8 @@ def linear_branch_add(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         torch.compile traces it without a graph break). The backward is deterministic (no atomics).
 
     Raises:
-        ValueError: mismatched shapes, dtypes or devices, D > 256, no unit stride on D, an unknown kind, or a
-            device other than CUDA without the Triton interpreter.
+        ValueError: mismatched shapes, dtypes or devices, an empty input (B, S, H or D of 0), D > 256, no unit
+            stride on D, an unknown kind, or a device other than CUDA without the Triton interpreter.
 
     Source: seed 002 (AMD's SLA*), SLA arXiv 2509.24006 sec. 3-4 and its released torch branch (REFERENCE.md).
     """
@@ -523,6 +523,8 @@ def _check(o, q, k, v, weight, bias, kind) -> None:
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or any(x.dtype != q.dtype for x in (k, v, o)):
         raise ValueError(f"o, q, k, v must share a dtype among bf16, fp16, fp32, got {o.dtype}, {q.dtype}, "
                          f"{k.dtype}, {v.dtype}")
+    if q.numel() == 0:
+        raise ValueError(f"o, q, k, v must not be empty, got shape {tuple(q.shape)}")
     d = q.shape[-1]
     if d > 256:
         raise ValueError(f"head dim {d} > 256 is not supported")

@@ -336,7 +336,10 @@ def marginal_branch_add(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         (B, S, H, D) like o, contiguous; differentiable in o, q, k, v, weight and bias (custom ops).
 
     Raises:
-        ValueError: as `linear_branch_add`, or index tensors of the wrong shape or dtype.
+        ValueError: as `linear_branch_add`, or index tensors of the wrong shape, dtype or device, or fewer tiles
+            than S needs. Index values are not checked (that would synchronize the device), as in
+            `block_sparse_attn.block_sparse_attention`: q2k entries must lie in [0, KV_TILES), q2k_cnt in [0, K],
+            tiles hold at most 64 tokens and tile_offsets end at S; otherwise the kernels read out of bounds.
 
     Source: SLA arXiv 2509.24006 sec. 4 (marginal blocks by linear attention); seed 002.
     """
@@ -348,6 +351,10 @@ def marginal_branch_add(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                          f"got {tuple(q2k.shape)} and {tuple(q2k_cnt.shape)}")
     if any(x.dtype != torch.int32 for x in (q2k, q2k_cnt, tile_offsets)):
         raise ValueError("q2k, q2k_cnt and tile_offsets must be int32")
+    if tile_offsets.dim() != 1:
+        raise ValueError(f"tile_offsets must be (n_tiles + 1,), got {tuple(tile_offsets.shape)}")
+    if any(x.device != q.device for x in (q2k, q2k_cnt, tile_offsets)):
+        raise ValueError(f"q2k, q2k_cnt and tile_offsets must be on q's device {q.device}")
     if n_tiles * TILE < s:
         raise ValueError(f"{n_tiles} tiles of at most {TILE} tokens cannot hold S = {s}")
     q2k, q2k_cnt = q2k.contiguous(), q2k_cnt.contiguous()

@@ -273,13 +273,19 @@ def attach_weights(model: LoadedModel, backend: Any) -> int:
     n = sum(attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None)
             for name, t in experts(model.pipe))
     model.weight_layers[backend.name] = n
-    if n and backend.weights is not None:
-        model.notes.append(weights_note(backend, n, sum(len(t.blocks) for _, t in experts(model.pipe))))
+    note = weights_note(backend, n, sum(len(t.blocks) for _, t in experts(model.pipe)))
+    if note is not None:
+        model.notes.append(note)
     return n
 
 
-def weights_note(backend: Any, layers: int, total: int) -> str:
-    """The run note on backend-owned weights: which, and how many of the model's layers got them."""
+def weights_note(backend: Any, layers: int, total: int) -> str | None:
+    """The run note on backend-owned weights: which, and how many of the model's layers got them; with none, the
+    backend's `LayerWeights.missing_note` (None for backends without weights, or that need no word then)."""
+    if getattr(backend, "weights", None) is None:
+        return None
+    if not layers:
+        return backend.weights.missing_note
     return f"loaded trained {backend.name} weights ({backend.weights.attr}) for {layers} of {total} layers"
 
 

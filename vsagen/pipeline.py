@@ -458,8 +458,9 @@ class Session:
                        attach_weights=attach)
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
+        if attach:
             note = weights_note(backend, handle.weight_layers, sum(len(t.blocks) for _, t in experts(self.pipe)))
-            if note not in self.notes:  # once per session, however many runs
+            if note is not None and note not in self.notes:  # once per session, however many runs
                 self.notes.append(note)
         unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
 

@@ -299,6 +299,18 @@ def test_a_named_file_must_cover_every_layer_and_one_key_scheme(tmp_path):
                    "blocks.1.attn1.proj_l.weight": w["weight"]}, "mixes key schemes"),
         "twice": ({"blocks.0.attn1.proj_l.weight": w["weight"], "blocks.0.attn1.attn_impl.proj_l.weight": w["weight"],
                    "blocks.1.attn1.proj_l.weight": w["weight"]}, "are the same tensor"),
+        # second review: a bias under a near-miss key was dropped, layers could use different schemes, NaN and
+        # integer tensors were taken
+        "near miss": ({**{f"blocks.{i}.attn1.proj_l.weight": w["weight"] for i in range(2)},
+                       **{f"transformer.blocks.{i}.attn1.proj_l.bias": w["bias"] for i in range(2)}},
+                      r"transformer\.blocks\.0\.attn1\.proj_l\.bias names proj_l but is not one of the accepted"),
+        "schemes across layers": ({"blocks.0.attn1.proj_l.weight": w["weight"],
+                                   "blocks.1.attn1.attn_impl.proj_l.weight": w["weight"]},
+                                  "use different key schemes; use one for every layer"),
+        "nan": ({"blocks.0.attn1.proj_l.weight": w["weight"],
+                 "blocks.1.attn1.proj_l.weight": torch.full((16, 16), float("nan"))}, "holds NaN or Inf values"),
+        "int": ({f"blocks.{i}.attn1.proj_l.weight": torch.ones(16, 16, dtype=torch.int32) for i in range(2)},
+                "is int32, not a float tensor"),
     }
     for name, (tensors, needle) in cases.items():
         f = tmp_path / f"{name}.safetensors"
@@ -307,6 +319,17 @@ def test_a_named_file_must_cover_every_layer_and_one_key_scheme(tmp_path):
         with pytest.raises(BadInput, match=needle):
             attach_backend_weights(t, backend, None)
         assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
+
+
+def test_a_run_without_a_trained_projection_says_it_is_vsa():
+    """Second review: sla-star without a projection ran as vsa (byte-identical videos) with no word; the note says
+    so, and a loaded projection is noted as before."""
+    from vsagen.loading import weights_note
+
+    backend = SLAStarAttention()
+    assert "output is exactly vsa's" in weights_note(backend, 0, 30)
+    assert weights_note(backend, 30, 30) == "loaded trained sla-star weights (sla_proj_l) for 30 of 30 layers"
+    assert weights_note(VSAAttention(), 0, 30) is None  # vsa without its gate needs no word
 
 
 def test_messages_name_the_files_own_keys(tmp_path):
@@ -346,6 +369,7 @@ def test_t2v_with_sla_star_writes_video_and_json(vsagen_cache, tiny_dir, tmp_pat
     data = json.loads(res.stdout)
     assert data["backend"]["name"] == "sla-star" and data["backend"]["scope"] == scope
     assert data["config"]["backend"]["feature_map"] == "softmax" and (tmp_path / "a.mp4").stat().st_size > 0
+    assert any("output is exactly vsa's" in n for n in data["timing"]["notes"])  # the tiny checkpoint has no proj_l
     t = make_transformer()
     f = tmp_path / "proj.safetensors"
     save_file({f"blocks.{i}.attn1.proj_l.weight": torch.randn(16, 16) for i in range(len(t.blocks))}, f)

@@ -304,6 +304,8 @@ def test_bad_inputs_raise(monkeypatch):
         ((big, big, big, big, torch.randn(257, 257), torch.randn(257)), {}, "257 > 256"),
         ((o, torch.randn(1, 37, 2, 32)[..., ::2], k, v, weight, bias), {}, "unit stride"),
         ((o, q, k, v, weight.to("meta"), bias), {}, "one device"),
+        ((o[:, :0], q[:, :0], k[:, :0], v[:, :0], weight, bias), {}, "must not be empty"),  # was ZeroDivisionError
+        ((o[:0], q[:0], k[:0], v[:0], weight, bias), {}, "must not be empty"),
     ]
     for args, kwargs, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -372,13 +372,14 @@ def test_bad_inputs_raise():
         ({"kind": "tanh"}, "feature map"),
         ({"k": k[:, :-1]}, "share one"),
         ({"weight": weight[:, :8]}, "weight must be"),
+        ({"tile_offsets": off.view(1, -1)}, r"tile_offsets must be \(n_tiles \+ 1,\)"),  # review: was accepted
+        ({"q2k_cnt": cnt.to("meta")}, "on q's device"),
     ]
     for change, match in bad:
         with pytest.raises(ValueError, match=match):
             marginal_branch_add(**{**good, **change})
         with pytest.raises(ValueError, match=match):  # the op path checks the same
             marginal_branch_add(**{**good, **change, "v": v.clone().requires_grad_(True)})
-
 
 
 def test_kernels_build_for_amd_instinct():

@@ -97,6 +97,8 @@ class LayerWeights:
         aliases: other key prefixes (each with a `{layer}` field) accepted for the same tensors, e.g. the names
             other projects' checkpoints use.
         dtype: the dtype the Module is kept in (None: the transformer's, as its `to_q` weight).
+        missing_note: the run note when no layer got the tensors (e.g. sla-star: its output is then vsa's), or None
+            when running without them needs no word.
     """
 
     key: str
@@ -107,6 +109,7 @@ class LayerWeights:
     file_option: str | None = None
     aliases: tuple[str, ...] = ()
     dtype: torch.dtype | None = None
+    missing_note: str | None = None
 
 
 class AttentionBackend(Protocol):

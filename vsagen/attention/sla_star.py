@@ -105,7 +105,9 @@ class SLAStarAttention:
                            build=_proj_module, optional=("bias",), file_option="proj_weights",
                            aliases=("blocks.{layer}.self_attn.attn_op.local_attn.proj_l",
                                     "blocks.{layer}.attn1.attn_impl.proj_l"),
-                           dtype=torch.float32)
+                           dtype=torch.float32,
+                           missing_note="sla-star: no trained projection (proj_l) in the checkpoint, so the branch "
+                                        "is zero and the output is exactly vsa's (name one with proj_weights=FILE)")
 
     def __init__(self, options: SLAStarOptions | None = None) -> None:
         self.options = SLAStarOptions() if options is None else options

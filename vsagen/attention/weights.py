@@ -45,12 +45,15 @@ def _match(m: re.Match) -> tuple[int, int, str]:
     return scheme, int(groups[scheme]), groups[-1]
 
 
-def read_layer_tensors(source: Path, spec: LayerWeights,
-                       keys: dict[int, dict[str, str]] | None = None) -> dict[int, dict[str, torch.Tensor]]:
+def read_layer_tensors(source: Path, spec: LayerWeights, keys: dict[int, dict[str, str]] | None = None,
+                       strict: bool = False) -> dict[int, dict[str, torch.Tensor]]:
     """The tensors of `spec` in `source` (a folder of safetensors files, or one file), by layer index.
 
     Args:
         keys: if given, receives the key each tensor was stored under ({layer: {param: key}}), for messages.
+        strict: a file the user named: its tensors must use one key scheme throughout, and a key that names the
+            backend's module (e.g. `...proj_l.bias`) but matches none of the schemes (a prefix, a typo) is refused
+            rather than skipped (a trained bias would otherwise be dropped without a word).
 
     Returns:
         {layer: {param: tensor}} for every layer that has at least one of the tensors (CPU, as stored).
@@ -58,11 +61,13 @@ def read_layer_tensors(source: Path, spec: LayerWeights,
     Raises:
         BadInput: a named file that is not .safetensors or cannot be read; a tensor stored twice (under two key
             schemes, or in two files); a layer whose tensors mix key schemes (e.g. the weight under vsagen's key,
-            the bias under an alias).
+            the bias under an alias); with `strict`, layers under different schemes or a near-miss key.
     """
     from safetensors import SafetensorError, safe_open
 
     pattern = _key_pattern(spec)
+    module = spec.key.rsplit(".", 1)[-1]  # e.g. "proj_l"
+    names = " or ".join(f"{t.format(layer='N')}.*" for t in (spec.key, *spec.aliases))
     found: dict[int, dict[str, torch.Tensor]] = {}
     seen: dict[int, dict[str, str]] = {} if keys is None else keys
     schemes: dict[int, int] = {}
@@ -72,6 +77,9 @@ def read_layer_tensors(source: Path, spec: LayerWeights,
                 for key in sf.keys():
                     m = pattern.match(key)
                     if not m:
+                        if strict and f".{module}." in f".{key}":
+                            raise BadInput(f"{source}: {key} names {module} but is not one of the accepted keys "
+                                           f"({names}, matched from the start)")
                         continue
                     scheme, layer, param = _match(m)
                     if param in seen.get(layer, {}):
@@ -79,6 +87,10 @@ def read_layer_tensors(source: Path, spec: LayerWeights,
                     if schemes.setdefault(layer, scheme) != scheme:
                         other = next(iter(seen[layer].values()))
                         raise BadInput(f"{source}: layer {layer} mixes key schemes ({other} and {key}); use one")
+                    if strict and len(set(schemes.values())) > 1:
+                        other = next(iter(next(v for i, v in seen.items() if schemes[i] != scheme).values()))
+                        raise BadInput(f"{source}: {key} and {other} use different key schemes; use one for every "
+                                       f"layer")
                     seen.setdefault(layer, {})[param] = key
                     found.setdefault(layer, {})[param] = sf.get_tensor(key)
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a bad header is a SafetensorError
@@ -140,8 +152,8 @@ def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWe
 
     Raises:
         BadInput: one line naming the first mismatch: a layer index past the transformer's blocks, a missing layer
-            (`require_all`), a tensor the backend does not take, a missing required tensor, or a shape other than
-            `spec.shapes(attn)`.
+            (`require_all`), a tensor the backend does not take, a missing required tensor, a shape other than
+            `spec.shapes(attn)`, a tensor that is not floating point, or one with NaN / Inf values.
     """
     keys = keys or {}
 
@@ -167,6 +179,11 @@ def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWe
             if got != tuple(shape):
                 raise BadInput(f"{source}: {name_of(layer, name)} has shape {list(got)}, this model needs "
                                f"{list(shape)}")
+            if not tensors[name].is_floating_point():
+                raise BadInput(f"{source}: {name_of(layer, name)} is {str(tensors[name].dtype).replace('torch.', '')},"
+                               f" not a float tensor")
+            if not bool(torch.isfinite(tensors[name]).all()):
+                raise BadInput(f"{source}: {name_of(layer, name)} holds NaN or Inf values")
     if require_all:
         missing = [i for i in range(len(attns)) if i not in found]
         if missing:
@@ -195,7 +212,7 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
     if source is None or not source.exists():
         return 0
     keys: dict[int, dict[str, str]] = {}
-    found = read_layer_tensors(source, spec, keys)
+    found = read_layer_tensors(source, spec, keys, strict=require_all)
     attns = [block.attn1 for block in transformer.blocks]
     check_layer_tensors(found, spec, attns, source, keys, require_all)
     for layer, tensors in found.items():

@@ -84,7 +84,7 @@ def run_shape(name: str, kind: str, sweep: bool, profile: bool) -> None:
             print(f"  {label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
     if profile:
         kernel_profile(fwd_bwd(lambda *a: linear_branch_add(*a, kind=kind)))
-    marginal(shape, kind, (o, q, k, v, w, b), dout)
+    marginal(shape, kind, (o, q, k, v, w, b), dout, profile)
 
 
 def runners(inputs, leaves, dout):
@@ -105,7 +105,7 @@ def runners(inputs, leaves, dout):
     return fwd, fwd_bwd
 
 
-def marginal(shape, kind: str, inputs, dout) -> None:
+def marginal(shape, kind: str, inputs, dout, profile: bool) -> None:
     """Section 3 of the module docstring."""
     from vsagen.kernels.coarse import coarse_stage
     from vsagen.kernels.linear_marginal import marginal_branch_add
@@ -139,6 +139,8 @@ def marginal(shape, kind: str, inputs, dout) -> None:
 
     for label, fn in (("torch fp32 marginal branch", torch_marginal), ("fused marginal", fused)):
         print(f"  {label:34s} {bench_ms(run_fwd(fn)):8.3f} {bench_ms(run_fwd_bwd(fn)):11.3f}", flush=True)
+    if profile:
+        kernel_profile(run_fwd_bwd(fused))
 
 
 def kernel_profile(run) -> None:
@@ -159,7 +161,8 @@ def main() -> None:
     ap.add_argument("--shapes", default="1.3b,5b,14b")
     ap.add_argument("--kind", default="softmax", choices=ref.FEATURE_MAPS)
     ap.add_argument("--no-sweep", action="store_true", help="time the default launch only")
-    ap.add_argument("--profile", action="store_true", help="GPU time per kernel of the default fused fwd+bwd")
+    ap.add_argument("--profile", action="store_true",
+                    help="GPU time per kernel of the default fused fwd+bwd (global, then marginal)")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for name in args.shapes.split(","):

@@ -1,14 +1,14 @@
 """Tests for kernels/sla_star_attn.py: `sla_star_attention`, VSA's block-sparse fine stage plus SLA*'s projected
-global linear branch, with gradients one custom op (`vsagen::sla_star_attn`, backward `vsagen::sla_star_attn_bwd`
+linear branch (global and marginal scopes), with gradients one custom op (`vsagen::sla_star_attn`, backward `vsagen::sla_star_attn_bwd`
 adding the branch's dQ / dK / dV into the block-sparse backward's buffers in place), without gradients the two
 public functions one after the other; run under the Triton interpreter on CPU.
 
 The oracle is float64 with autograd on the same (rounded) inputs: the block-sparse part from the tile map of the
 used q2k entries (`masked_dense`, which takes rows shortened by q2k_cnt) plus F.linear of
-`reference.linear_attention_branch`. Inputs are fresh random, batch 2, on the grid (3, 5, 6) whose four tiles (48,
+`reference.linear_attention_branch` (with the tile map for `marginal`). Inputs are fresh random, batch 2, on the grid (3, 5, 6) whose four tiles (48,
 24, 12, 6 tokens) are all partial, with a random selection per (batch, head, query tile): random counts, one row
 empty, one row of every tile, garbage past the counts. The fused op must equal `block_sparse_attention` followed by
-`linear_branch_add` (bitwise in fp32, where the in-place sum is the same fp32 addition autograd does; within one
+`linear_branch_add` or `marginal_branch_add` (bitwise in fp32, where the in-place sum is the same fp32 addition autograd does; within one
 bf16 rounding in bf16), also without gradients and under torch.compile; its backward is bitwise deterministic and
 takes dO of any strides.
 """
@@ -27,6 +27,7 @@ import vsagen.kernels.reference as ref
 import vsagen.kernels.sla_star_attn as ssa
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
 from vsagen.kernels.linear_branch import LinearLaunch, linear_branch_add
+from vsagen.kernels.linear_marginal import marginal_branch_add
 from vsagen.kernels.tuning import kernel_tuning, op_args
 from vsagen.layout import tile_layout
 
@@ -80,10 +81,15 @@ def fused(args, sel, lay, **kw):
     return ssa.sla_star_attention(q, k, v, *sel, lay.tile_offsets_i32, weight, bias, **kw)
 
 
-def separate(args, sel, lay, *, kind="softmax", eps=ref.LINEAR_EPS, scale=None, tuning=None, launch=LAUNCH):
-    """The same as two public functions: block_sparse_attention, then linear_branch_add."""
+def separate(args, sel, lay, *, scope="global", kind="softmax", eps=ref.LINEAR_EPS, scale=None, tuning=None,
+             launch=LAUNCH):
+    """The same as two public functions: block_sparse_attention, then linear_branch_add (global) or
+    marginal_branch_add (marginal)."""
     q, k, v, weight, bias = args
     o_s, _ = block_sparse_attention(q, k, v, *sel, lay.tile_offsets_i32, scale=scale, tuning=tuning)
+    if scope == "marginal":
+        return marginal_branch_add(o_s, q, k, v, weight, bias, *sel, lay.tile_offsets_i32, kind=kind, eps=eps,
+                                   launch=launch)
     return linear_branch_add(o_s, q, k, v, weight, bias, kind=kind, eps=eps, launch=launch)
 
 
@@ -99,12 +105,15 @@ def fwd_bwd(args, sel, lay, dout, fn=fused, **kw):
     return (out.detach(), *(x.grad for x in xs))
 
 
-def oracle(args, sel, lay, dout, *, kind, eps, scale):
-    """float64 masked dense attention over the used tiles + F.linear(linear_attention_branch), with autograd."""
+def oracle(args, sel, lay, dout, *, scope, kind, eps, scale):
+    """float64 masked dense attention over the used tiles + F.linear(linear_attention_branch) (over every key,
+    or for `marginal` the tiles not used), with autograd."""
     xs = leaves(*args)
     q, k, v, weight, bias = xs
-    o_s, _ = masked_dense(q, k, v, tile_map(*sel, lay.num_tiles), lay, scale)
-    out = o_s + F.linear(ref.linear_attention_branch(q, k, v, kind=kind, eps=eps), weight, bias)
+    block_map = tile_map(*sel, lay.num_tiles)
+    o_s, _ = masked_dense(q, k, v, block_map, lay, scale)
+    marginal = dict(block_map=block_map, slots=lay.slots, slot_valid=lay.slot_valid) if scope == "marginal" else {}
+    out = o_s + F.linear(ref.linear_attention_branch(q, k, v, kind=kind, eps=eps, **marginal), weight, bias)
     out.backward(dout.double())
     return (out.detach(), *(x.grad for x in xs))
 
@@ -117,13 +126,14 @@ def assert_bitwise(got, want):
     assert all(torch.equal(a, b) for a, b in zip(got, want)), errors(got, want)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=[f"{name}-{scope}" for name in CASES for scope in ("global", "marginal")])
 def case(request):
-    """One fused forward and backward per dtype on LAY, batch 2, 2 heads, shared by the tests below:
+    """One fused forward and backward per dtype and scope on LAY, batch 2, 2 heads, shared by the tests below:
     a dict of args, sel, dout, kw (sla_star_attention's keywords) and got (out and every gradient)."""
-    dtype, kind, scale, eps, d = CASES[request.param]
+    name, scope = request.param.split("-")
+    dtype, kind, scale, eps, d = CASES[name]
     args, sel, dout = make_case(LAY, 2, 2, d, dtype, seed=d)
-    kw = dict(kind=kind, eps=eps, scale=scale, tuning=kernel_tuning("cpu", d), launch=LAUNCH)
+    kw = dict(scope=scope, kind=kind, eps=eps, scale=scale, tuning=kernel_tuning("cpu", d), launch=LAUNCH)
     return dict(dtype=dtype, args=args, sel=sel, dout=dout, kw=kw, got=fwd_bwd(args, sel, LAY, dout, **kw))
 
 
@@ -135,13 +145,15 @@ def test_matches_float64_oracle(case):
     assert_all_finite(*got)
     assert got[0].dtype == dtype and got[0].shape == case["args"][0].shape and got[0].is_contiguous()
     assert [g.dtype for g in got[1:]] == [x.dtype for x in case["args"]]
-    want = oracle(case["args"], case["sel"], LAY, case["dout"], kind=kw["kind"], eps=kw["eps"], scale=kw["scale"])
+    want = oracle(case["args"], case["sel"], LAY, case["dout"], scope=kw["scope"], kind=kw["kind"], eps=kw["eps"],
+                  scale=kw["scale"])
     errs = errors(got, want)
     assert all(e < (FP32_REL_L2 if dtype == torch.float32 else LOWP_REL_L2) for e in errs.values()), errs
 
 
 def test_empty_query_tile_gets_only_the_branch(case):
-    """The row with count 0 (batch 0, head 0, tile 0): out = proj(o_l) alone, the sparse part adds nothing."""
+    """The row with count 0 (batch 0, head 0, tile 0): out = proj(o_l) alone, the sparse part adds nothing (with
+    nothing selected the marginal branch is the global one)."""
     (q, k, v, weight, bias), got = case["args"], case["got"]
     rows = slice(0, int(LAY.tile_offsets[1]))
     o_l = ref.linear_attention_branch(q.double(), k.double(), v.double(), kind=case["kw"]["kind"],
@@ -242,15 +254,17 @@ def test_k_and_v_of_different_layouts():
 # ------------------------------------------------------------------------------------ ops, compile
 
 
-def test_custom_ops_pass_opcheck():
+@pytest.mark.parametrize("scope", ["global", "marginal"])
+def test_custom_ops_pass_opcheck(scope):
     (q, k, v, weight, bias), (q2k, cnt), dout = make_case(SMALL, 1, 1, 16, seed=11)
     off, tuning, launch = SMALL.tile_offsets_i32, op_args(kernel_tuning("cpu", 16)), dataclasses.astuple(LAUNCH)
     q, k, v, weight, bias = leaves(q, k, v, weight, bias, dtype=torch.float32)
-    torch.library.opcheck(ssa._op, (q, k, v, q2k, cnt, off, 0.25, weight, bias, "elu", 1e-5, *launch, *tuning))
+    rest = (scope, "elu", 1e-5, *launch, *tuning)
+    torch.library.opcheck(ssa._op, (q, k, v, q2k, cnt, off, 0.25, weight, bias, *rest))
     q, k, v, weight, bias = (x.detach() for x in (q, k, v, weight, bias))
-    _, o_s, lse, kv, z = ssa._op(q, k, v, q2k, cnt, off, 0.25, weight, bias, "elu", 1e-5, *launch, *tuning)
+    _, o_s, lse, kv, z = ssa._op(q, k, v, q2k, cnt, off, 0.25, weight, bias, *rest)
     torch.library.opcheck(
-        ssa._bwd_op, (dout, q, k, v, o_s, lse, q2k, cnt, off, 0.25, weight, kv, z, "elu", 1e-5, *launch, *tuning),
+        ssa._bwd_op, (dout, q, k, v, o_s, lse, q2k, cnt, off, 0.25, weight, kv, z, *rest),
         test_utils=("test_schema", "test_faketensor"))
 
 
@@ -285,6 +299,9 @@ def _bad_inputs():
         "weight shape": ({**ok, "weight": weight[:, :8]}, {}, "weight must be"),
         "bias shape": ({**ok, "bias": bias[:8]}, {}, "weight must be"),
         "unknown kind": (ok, {"kind": "tanh"}, "feature map"),
+        "unknown scope": (ok, {"scope": "local"}, "scope must be"),
+        "marginal, 2-D tile_offsets": ({**ok, "tile_offsets": off.view(1, -1)}, {"scope": "marginal"},
+                                       r"tile_offsets must be \(n_tiles \+ 1,\)"),
     }
 
 

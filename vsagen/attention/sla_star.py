@@ -17,8 +17,9 @@ initialisation) and `sla-star` gives exactly `vsa`'s output: the branch is then 
 kernels: `global` in `vsagen.kernels.linear_branch` (one pass over K and V for the sums, then phi(Q), the division,
 the projection and the add to VSA's output in one kernel), and with gradients VSA's fine stage and that branch as
 one op (`vsagen.kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place,
-timed as the `fine` stage); `marginal` in `vsagen.kernels.linear_marginal` (the selected tiles' share taken off
-the totals inside a walk of the q2k lists). Deterministic backwards, no atomics. With `impl=torch` both scopes run
+timed as the `fine` stage); `marginal` in `vsagen.kernels.linear_marginal` (per-tile sums, their sums over each
+query tile's unselected tiles as one GEMM over the tile grid, then phi(Q) and the projection per query tile), with
+gradients in the same one op. Deterministic backwards, no atomics. With `impl=torch` both scopes run
 the PyTorch branch (float32, `reference.linear_attention_branch`).
 """
 
@@ -151,18 +152,18 @@ class SLAStarAttention:
             raise RuntimeError("sla-star needs tokens in tile order with a TileLayout (tile-order hooks missing)")
         proj = ctx.params
         o = self.options
-        fused = o.scope == "global" and proj is not None and self._vsa.resolved_impl(q.device) == "triton"
-        if fused and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *proj.parameters())):
+        triton = proj is not None and self._vsa.resolved_impl(q.device) == "triton"
+        if triton and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *proj.parameters())):
             return self._fused_with_grad(q, k, v, layout, proj, ctx.timer)
         out, q2k = self._vsa.attend(q, k, v, layout, None, ctx.timer)
         if proj is None:  # zero projection: exactly vsa
             return out
         with ctx.timer.region("self_attention/linear"):
-            if fused:
+            if triton and o.scope == "global":
                 from ..kernels.linear_branch import linear_branch_add
 
                 return linear_branch_add(out, q, k, v, proj.weight, proj.bias, kind=o.feature_map)
-            if self._vsa.resolved_impl(q.device) == "triton":  # marginal
+            if triton:  # marginal
                 from ..kernels.linear_marginal import marginal_branch_add
 
                 cnt = torch.full(q2k.shape[:3], q2k.shape[3], dtype=torch.int32, device=q2k.device)  # all top-k
@@ -178,9 +179,9 @@ class SLAStarAttention:
 
     def _fused_with_grad(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any,
                          proj: torch.nn.Module, timer: Any) -> torch.Tensor:
-        """`global` on Triton with gradients: VSA's coarse stage, then its fine stage and the branch as one custom op
-        (`kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place), timed
-        as the `fine` stage."""
+        """Triton with gradients (either scope): VSA's coarse stage, then its fine stage and the branch as one custom
+        op (`kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place),
+        timed as the `fine` stage."""
         from ..kernels.coarse import coarse_stage
         from ..kernels.sla_star_attn import sla_star_attention
 
@@ -189,4 +190,4 @@ class SLAStarAttention:
             c = coarse_stage(q, k, off, ref.top_k_from_sparsity(self.sparsity, layout.num_tiles), tuning=tuning)
         with timer.region("self_attention/fine"):
             return sla_star_attention(q, k, v, c.q2k, c.q2k_cnt, off, proj.weight, proj.bias,
-                                      kind=self.options.feature_map, tuning=tuning)
+                                      scope=self.options.scope, kind=self.options.feature_map, tuning=tuning)

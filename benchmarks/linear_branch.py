@@ -26,6 +26,9 @@ from vsagen.kernels.linear_branch import DEFAULT_LAUNCH, LinearLaunch, linear_br
 
 SWEEP = (DEFAULT_LAUNCH, LinearLaunch(64, 8, 8, 4, 8, 2), LinearLaunch(32, 4, 8, 4, 8, 2),
          LinearLaunch(32, 8, 8, 2, 16, 2), LinearLaunch(64, 4, 8, 4, 8, 3))
+# the marginal kernels take only the warp counts of a LinearLaunch (forward kernels, backward kernels)
+MARGINAL_SWEEP = (LinearLaunch(fwd_warps=4, bwd_warps=8), LinearLaunch(fwd_warps=8, bwd_warps=4),
+                  LinearLaunch(fwd_warps=4, bwd_warps=4))
 HBM_TB_S = 4.8  # H200 HBM3e peak
 
 
@@ -84,7 +87,7 @@ def run_shape(name: str, kind: str, sweep: bool, profile: bool) -> None:
             print(f"  {label:34s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}", flush=True)
     if profile:
         kernel_profile(fwd_bwd(lambda *a: linear_branch_add(*a, kind=kind)))
-    marginal(shape, kind, (o, q, k, v, w, b), dout, profile)
+    marginal(shape, kind, (o, q, k, v, w, b), dout, sweep, profile)
 
 
 def runners(inputs, leaves, dout):
@@ -105,7 +108,7 @@ def runners(inputs, leaves, dout):
     return fwd, fwd_bwd
 
 
-def marginal(shape, kind: str, inputs, dout, profile: bool) -> None:
+def marginal(shape, kind: str, inputs, dout, sweep: bool, profile: bool) -> None:
     """Section 3 of the module docstring."""
     from vsagen.kernels.coarse import coarse_stage
     from vsagen.kernels.linear_marginal import marginal_branch_add
@@ -137,7 +140,11 @@ def marginal(shape, kind: str, inputs, dout, profile: bool) -> None:
     del f32, want
     run_fwd, run_fwd_bwd = runners(inputs, [x.detach().clone().requires_grad_(True) for x in inputs], dout)
 
-    for label, fn in (("torch fp32 marginal branch", torch_marginal), ("fused marginal", fused)):
+    variants = [("torch fp32 marginal branch", torch_marginal), ("fused marginal", fused)]
+    for la in (MARGINAL_SWEEP if sweep else ()):
+        variants.append((f"fused marginal {la.fwd_warps}+{la.bwd_warps}w",
+                         lambda *a, la=la: marginal_branch_add(*a, c.q2k, c.q2k_cnt, off, kind=kind, launch=la)))
+    for label, fn in variants:
         print(f"  {label:34s} {bench_ms(run_fwd(fn)):8.3f} {bench_ms(run_fwd_bwd(fn)):11.3f}", flush=True)
     if profile:
         kernel_profile(run_fwd_bwd(fused))

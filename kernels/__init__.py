@@ -26,10 +26,11 @@ Contents:
   one pass over K and V, then phi(Q), the division, the projection and the add to the sparse output), its
   backward `linear_branch_backward` (which can add into another part's gradients in place), `kv_sums`,
   `LinearLaunch` (the launch parameters, a value).
-* `linear_marginal.py`: the same branch in the marginal scope (over the key tiles a query tile did not select):
-  `marginal_branch_add`.
-* `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the global branch as one custom op with
-  gradients, so the backward sums the two parts' dQ / dK / dV in place.
+* `linear_marginal.py`: the same branch in the marginal scope (over the key tiles a query tile did not select:
+  per-tile sums, their sums over each query tile's unselected tiles as one GEMM over the tile grid):
+  `marginal_branch_add`, its backward `marginal_branch_backward`, `unselected_map`.
+* `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the linear branch (either scope) as one custom op
+  with gradients, so the backward sums the two parts' dQ / dK / dV in place.
 
 The Triton names are imported on first use (PEP 562 `__getattr__`), so importing this package, e.g. for the
 references or the tuning, needs no triton (a Linux-only dependency) and registers no custom op. No module here

@@ -65,12 +65,14 @@ def _square_ptrs(ptr, bh, t, n_tiles, offs_d, D):
 
 
 @triton.jit
-def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, off_ptr, H, n_tiles, BH0,
-                      sk_b, sk_s, sk_h, sv_b, sv_s, sv_h,
+def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, do_ptr, db_ptr, off_ptr, H, n_tiles, BH0,
+                      sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sg_b, sg_s, sg_h,
                       D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
-                      IEEE: tl.constexpr, PROJ: tl.constexpr):
+                      IEEE: tl.constexpr, PROJ: tl.constexpr, DB: tl.constexpr):
     """Key tile j of batch-head BH0 + bh: s[bh, j] = phi(K_j)^T V_j (D, D) in s's dtype, times W^T (wt: (D, D)) with
-    PROJ (the projection folded into the sums: the forward's), and z[bh, j] = sum phi(K_j) (D,) fp32."""
+    PROJ (the projection folded into the sums: the forward's), and z[bh, j] = sum phi(K_j) (D,) fp32; with DB (the
+    backward's) also db[bh, j] = the sum of dO (strides `sg_*`) over the tile's rows, dbias's share (torch's column
+    sum of dO took 0.19 ms at the Wan 1.3B shape; the dQ and dK / dV kernels have no registers to spare)."""
     j, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
     b, h = (BH0 + bh) // H, (BH0 + bh) % H
     rows, r_ok = _tile_rows(off_ptr, j, offs_m)
@@ -82,6 +84,9 @@ def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, off_ptr, H, n_tiles, B
     tl.store(_square_ptrs(s_ptr, bh, j, n_tiles, offs_d, D), s.to(s_ptr.dtype.element_ty),
              mask=d_ok[:, None] & d_ok[None, :])
     tl.store(z_ptr + (bh * n_tiles + j).to(tl.int64) * D + offs_d, tl.sum(pk, 0), mask=d_ok)
+    if DB:
+        dout = _load_rows_f32(do_ptr + b * sg_b + h * sg_h, rows, r_ok, sg_s, offs_d, d_ok)
+        tl.store(db_ptr + (bh * n_tiles + j).to(tl.int64) * D + offs_d, tl.sum(dout, 0), mask=d_ok)
 
 
 @triton.jit
@@ -185,17 +190,20 @@ def _groups(bh: int, n_tiles: int, d: int, elem: int) -> list[tuple[int, int]]:
 
 
 def _tile_sums(k: torch.Tensor, v: torch.Tensor, tile_offsets: torch.Tensor, kind: str, g0: int, g1: int,
-               warps: int, wt: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               warps: int, wt: torch.Tensor | None = None, dout: torch.Tensor | None = None,
+               db: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(S (G, n_tiles, D, D) in the GEMM operand dtype, times wt (D, D) when given, and z (G, n_tiles, D) fp32) of
-    batch-heads [g0, g1)."""
+    batch-heads [g0, g1); with dout (B, S, H, D), its per-tile row sums into db (G, n_tiles, D) fp32."""
     _, _, h, d = k.shape
     n_tiles = tile_offsets.numel() - 1
     flags = _flags(k)
     s = torch.empty((g1 - g0, n_tiles, d, d), device=k.device,
                     dtype=torch.bfloat16 if flags["LOWP"] else torch.float32)
     z = torch.empty((g1 - g0, n_tiles, d), device=k.device, dtype=torch.float32)
-    _tile_sums_kernel[(n_tiles, g1 - g0)](k, v, s if wt is None else wt, s, z, tile_offsets, h, n_tiles, g0,
-                                          *_strides(k), *_strides(v), D=d, KIND=_KIND[kind], PROJ=wt is not None,
+    dout_ = k if dout is None else dout
+    _tile_sums_kernel[(n_tiles, g1 - g0)](k, v, s if wt is None else wt, s, z, dout_, z if db is None else db,
+                                          tile_offsets, h, n_tiles, g0, *_strides(k), *_strides(v), *_strides(dout_),
+                                          D=d, KIND=_KIND[kind], PROJ=wt is not None, DB=dout is not None,
                                           num_warps=warps, **flags)
     return s, z
 
@@ -252,8 +260,11 @@ def marginal_branch_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     d_ol = torch.matmul(dout, weight.to(dout.dtype))  # d o_l = dO W: a cuBLAS GEMM, not one more in the kernel
     cmap = unselected_map(q2k, q2k_cnt, n_tiles)
     flags = _flags(q)
+    # dbias per tile (`_tile_sums_kernel`), summed by torch
+    db = torch.empty((b * h, n_tiles, d), device=q.device, dtype=torch.float32)
     for g0, g1 in _groups(b * h, n_tiles, d, 2 if flags["LOWP"] else 4):
-        u, zu = _over_tiles(cmap[g0:g1], *_tile_sums(k, v, tile_offsets, kind, g0, g1, launch.fwd_warps))
+        u, zu = _over_tiles(cmap[g0:g1], *_tile_sums(k, v, tile_offsets, kind, g0, g1, launch.fwd_warps,
+                                                     dout=dout, db=db[g0:g1]))
         du, dzu = torch.empty_like(u), torch.empty_like(zu)
         _bwd_q_kernel[(n_tiles, g1 - g0)](
             q, d_ol, dq, o_l, u, zu, du, dzu, tile_offsets, h, n_tiles, g0, eps, *_strides(q), *_strides(d_ol),
@@ -265,9 +276,8 @@ def marginal_branch_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
             k, v, dk, dv, ds, dz, tile_offsets, h, n_tiles, g0, *_strides(k), *_strides(v), *_strides(dk),
             *_strides(dv), D=d, KIND=_KIND[kind], ACC=acc, num_warps=launch.bwd_warps, **flags)
         del ds, dz
-    dout2 = dout.view(-1, d)
-    dweight = torch.matmul(dout2.t(), o_l.view(-1, d)).float()
-    return dq, dk, dv, dweight, dout2.sum(0, dtype=torch.float32)
+    dweight = torch.matmul(dout.view(-1, d).t(), o_l.view(-1, d)).float()
+    return dq, dk, dv, dweight, db.sum((0, 1))
 
 
 # --------------------------------------------------------------------------------------- custom ops, autograd

@@ -383,6 +383,6 @@ def test_bad_inputs_raise():
 def test_kernels_build_for_amd_instinct():
     """Every kernel compiles for gfx942 (MI300) with bf16 GEMM operands, D = 128, its GEMMs on the matrix cores."""
     names = ["_tile_sums_kernel", "_apply_kernel", "_bwd_q_kernel", "_bwd_k_kernel"]
-    consts = {"D": 128, "BLOCK_D": 128, "KIND": 0, "LOWP": True, "IEEE": False, "ACC": True, "PROJ": True}
+    consts = {"D": 128, "BLOCK_D": 128, "KIND": 0, "LOWP": True, "IEEE": False, "ACC": True, "PROJ": True, "DB": False}
     asm = compile_for_amd("vsagen.kernels.linear_marginal", names, consts)
     assert all("v_mfma" in asm[n] for n in names)

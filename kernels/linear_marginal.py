@@ -69,18 +69,20 @@ def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, do_ptr, db_ptr, off_pt
                       sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sg_b, sg_s, sg_h,
                       D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
                       IEEE: tl.constexpr, PROJ: tl.constexpr, DB: tl.constexpr):
-    """Key tile j of batch-head BH0 + bh: s[bh, j] = phi(K_j)^T V_j (D, D) in s's dtype, times W^T (wt: (D, D)) with
-    PROJ (the projection folded into the sums: the forward's), and z[bh, j] = sum phi(K_j) (D,) fp32; with DB (the
-    backward's) also db[bh, j] = the sum of dO (strides `sg_*`) over the tile's rows, dbias's share (torch's column
-    sum of dO took 0.19 ms at the Wan 1.3B shape; the dQ and dK / dV kernels have no registers to spare)."""
+    """Key tile j of batch-head BH0 + bh: s[bh, j] = phi(K_j)^T V_j (D, D) in s's dtype, or with PROJ
+    phi(K_j)^T (V_j W^T) = S_j W^T (wt: W^T (D, D); the projection folded into the sums: the forward's; V_j W^T
+    first, a (64, D, D) GEMM, where S_j W^T would be a (D, D, D) one and took 203 registers against 140 in the
+    sm_90 compile), and z[bh, j] = sum phi(K_j) (D,) fp32. With DB (the backward's) db[bh, j] = the sum of dO
+    (strides `sg_*`) over the tile's rows, dbias's share (torch's column sum of dO took 0.19 ms at the Wan 1.3B
+    shape; the dQ and dK / dV kernels have no registers to spare)."""
     j, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
     b, h = (BH0 + bh) // H, (BH0 + bh) % H
     rows, r_ok = _tile_rows(off_ptr, j, offs_m)
     pk = _phi(_load_rows_f32(k_ptr + b * sk_b + h * sk_h, rows, r_ok, sk_s, offs_d, d_ok), r_ok, d_ok, KIND)
     vx = _load_rows(v_ptr + b * sv_b + h * sv_h, rows, r_ok, sv_s, offs_d, d_ok)
-    s = _mm(tl.trans(pk), vx, LOWP, IEEE)
     if PROJ:
-        s = _mm(s, _load_square(wt_ptr, offs_d, d_ok, D), LOWP, IEEE)
+        vx = _mm(vx, _load_square(wt_ptr, offs_d, d_ok, D), LOWP, IEEE)
+    s = _mm(tl.trans(pk), vx, LOWP, IEEE)
     tl.store(_square_ptrs(s_ptr, bh, j, n_tiles, offs_d, D), s.to(s_ptr.dtype.element_ty),
              mask=d_ok[:, None] & d_ok[None, :])
     tl.store(z_ptr + (bh * n_tiles + j).to(tl.int64) * D + offs_d, tl.sum(pk, 0), mask=d_ok)
@@ -190,7 +192,7 @@ def _groups(bh: int, n_tiles: int, d: int, elem: int) -> list[tuple[int, int]]:
 
 
 def _tile_sums(k: torch.Tensor, v: torch.Tensor, tile_offsets: torch.Tensor, kind: str, g0: int, g1: int,
-               warps: int, wt: torch.Tensor | None = None, dout: torch.Tensor | None = None,
+               launch: LinearLaunch, wt: torch.Tensor | None = None, dout: torch.Tensor | None = None,
                db: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(S (G, n_tiles, D, D) in the GEMM operand dtype, times wt (D, D) when given, and z (G, n_tiles, D) fp32) of
     batch-heads [g0, g1); with dout (B, S, H, D), its per-tile row sums into db (G, n_tiles, D) fp32."""
@@ -201,10 +203,10 @@ def _tile_sums(k: torch.Tensor, v: torch.Tensor, tile_offsets: torch.Tensor, kin
                     dtype=torch.bfloat16 if flags["LOWP"] else torch.float32)
     z = torch.empty((g1 - g0, n_tiles, d), device=k.device, dtype=torch.float32)
     dout_ = k if dout is None else dout
-    _tile_sums_kernel[(n_tiles, g1 - g0)](k, v, s if wt is None else wt, s, z, dout_, z if db is None else db,
-                                          tile_offsets, h, n_tiles, g0, *_strides(k), *_strides(v), *_strides(dout_),
-                                          D=d, KIND=_KIND[kind], PROJ=wt is not None, DB=dout is not None,
-                                          num_warps=warps, **flags)
+    _tile_sums_kernel[(n_tiles, g1 - g0)](
+        k, v, s if wt is None else wt, s, z, dout_, z if db is None else db, tile_offsets, h, n_tiles, g0,
+        *_strides(k), *_strides(v), *_strides(dout_), D=d, KIND=_KIND[kind], PROJ=wt is not None,
+        DB=dout is not None, num_warps=launch.fwd_warps, **flags)
     return s, z
 
 
@@ -224,7 +226,7 @@ def _forward(o, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind, eps, la
     cmap = unselected_map(q2k, q2k_cnt, n_tiles)
     wt, bias32, flags = _operand(weight.float().t(), q), bias.float(), _flags(q)
     for g0, g1 in _groups(b * h, n_tiles, d, 2 if flags["LOWP"] else 4):
-        u, zu = _over_tiles(cmap[g0:g1], *_tile_sums(k, v, tile_offsets, kind, g0, g1, launch.fwd_warps, wt))
+        u, zu = _over_tiles(cmap[g0:g1], *_tile_sums(k, v, tile_offsets, kind, g0, g1, launch, wt))
         _apply_kernel[(n_tiles, g1 - g0)](
             q, o, out, u, zu, bias32, tile_offsets, h, n_tiles, g0, eps, *_strides(q), *_strides(o),
             *_strides(out), D=d, KIND=_KIND[kind], num_warps=launch.fwd_warps, **flags)
@@ -263,8 +265,8 @@ def marginal_branch_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tenso
     # dbias per tile (`_tile_sums_kernel`), summed by torch
     db = torch.empty((b * h, n_tiles, d), device=q.device, dtype=torch.float32)
     for g0, g1 in _groups(b * h, n_tiles, d, 2 if flags["LOWP"] else 4):
-        u, zu = _over_tiles(cmap[g0:g1], *_tile_sums(k, v, tile_offsets, kind, g0, g1, launch.fwd_warps,
-                                                     dout=dout, db=db[g0:g1]))
+        u, zu = _over_tiles(cmap[g0:g1], *_tile_sums(k, v, tile_offsets, kind, g0, g1, launch, dout=dout,
+                                                     db=db[g0:g1]))
         du, dzu = torch.empty_like(u), torch.empty_like(zu)
         _bwd_q_kernel[(n_tiles, g1 - g0)](
             q, d_ol, dq, o_l, u, zu, du, dzu, tile_offsets, h, n_tiles, g0, eps, *_strides(q), *_strides(d_ol),

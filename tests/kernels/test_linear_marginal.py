@@ -34,7 +34,7 @@ from vsagen.layout import tile_layout
 NAMES = ("out", "do", "dq", "dk", "dv", "dweight", "dbias")
 LAY = tile_layout((3, 5, 6))  # 4 tiles of 48, 24, 12 and 6 tokens: S = 90, every tile partial
 SMALL = tile_layout((2, 4, 5))  # 2 tiles of 32 and 8 tokens: S = 40, for the tests that only compare runs
-# kv_sums in several chunks per batch-head (the interpreter counts 4 SMs) and other warp counts than the default
+# Other warp counts than the default (the marginal kernels take only a LinearLaunch's warps)
 SPLIT = LinearLaunch(block=16, fwd_warps=2, bwd_warps=2, programs_per_sm=8)
 # bf16 inputs: the interpreter computes in fp32 but rounds o_l and dO W / den (saved for the backward) to bf16 as
 # well as every output and gradient, and its fp32 -> bf16 casts truncate (up to 2^-8 relative, not 2^-9): up to
@@ -383,6 +383,7 @@ def test_bad_inputs_raise():
 def test_kernels_build_for_amd_instinct():
     """Every kernel compiles for gfx942 (MI300) with bf16 GEMM operands, D = 128, its GEMMs on the matrix cores."""
     names = ["_tile_sums_kernel", "_apply_kernel", "_bwd_q_kernel", "_bwd_k_kernel"]
-    consts = {"D": 128, "BLOCK_D": 128, "KIND": 0, "LOWP": True, "IEEE": False, "ACC": True, "PROJ": True, "DB": False}
+    consts = {"D": 128, "BLOCK_D": 128, "KIND": 0, "LOWP": True, "IEEE": False, "ACC": True, "PROJ": True,
+              "DB": False}
     asm = compile_for_amd("vsagen.kernels.linear_marginal", names, consts)
     assert all("v_mfma" in asm[n] for n in names)

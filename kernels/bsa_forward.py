@@ -15,7 +15,37 @@ import triton.language as tl
 from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_inputs, interpreting, load_full_kv_tile,
                              load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, size_classes,
                              tma_descs, use_tma)
+from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning
+
+BRANCH_SPLIT = 2  # `_linear_epilogue`'s column blocks (sm_90 compile, 4 warps, D = 128: 1 block spilled 552 bytes)
+
+
+@triton.jit
+def _linear_epilogue(q, m_ok, d_ok, offs_d, o_ptr, o_rows, sparse_ptr, kvw_ptr, z_ptr, bias_ptr, bh, eps,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
+                     IEEE: tl.constexpr, SPLIT: tl.constexpr):
+    """SLA*'s projected global linear branch of one query tile added to its sparse output (`linear_branch`'s apply
+    arithmetic): o[rows] = phi(q) KVW / (eps + phi(q) . z) + bias + sparse[rows], with batch-head bh's KVW = KV W^T
+    (D, D) and z (D,), q the tile's (BLOCK_M, BLOCK_D) rows, o_rows (BLOCK_M, 1) their offsets in o and in sparse
+    (the sparse output, stored already). In SPLIT column blocks of KVW and o (fewer live registers than one (BLOCK_M, BLOCK_D)
+    product beside the sparse kernel's state)."""
+    pq = _phi(q.to(tl.float32), m_ok, d_ok, KIND)
+    z = tl.load(z_ptr + bh * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
+    inv = 1.0 / (eps + tl.sum(pq * z[None, :], 1))
+    pq = pq.to(tl.bfloat16) if LOWP else pq
+    BLOCK_E: tl.constexpr = BLOCK_D // SPLIT
+    kvw_base = kvw_ptr + bh.to(tl.int64) * HEAD_DIM * HEAD_DIM
+    for c in tl.static_range(SPLIT):
+        offs_e = c * BLOCK_E + tl.arange(0, BLOCK_E)
+        e_ok = offs_e < HEAD_DIM
+        w = tl.load(kvw_base + offs_d[:, None] * HEAD_DIM + offs_e[None, :], mask=d_ok[:, None] & e_ok[None, :],
+                    other=0.0)
+        y = _mm(pq, w, LOWP, IEEE) * inv[:, None] + tl.load(bias_ptr + offs_e, mask=e_ok, other=0.0)[None, :]
+        mask = m_ok[:, None] & e_ok[None, :]
+        rows = o_rows + offs_e[None, :]
+        y += tl.load(sparse_ptr + rows, mask=mask, other=0.0).to(tl.float32)
+        tl.store(o_ptr + rows, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -50,15 +80,21 @@ def _bsa_fwd_kernel(
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
     num_heads, qk_scale, len_lo, len_hi,
+    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
+    BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
+    LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
     K / V tiles come by TMA from k_desc / v_desc (see `use_tma`), else by pointer loads from k_ptr / v_ptr.
     PACK: q2k_ptr / cnt_ptr are the rows' tile plans (`tile_plan`) and their counts: the full tiles are taken whole
     (TMA or pointer loads, no mask), then the partial tiles' tokens 64 at a time (pointer gathers); else q2k_ptr /
-    cnt_ptr are the q2k lists and counts, one tile per iteration."""
+    cnt_ptr are the q2k lists and counts, one tile per iteration. BRANCH: SLA*'s global linear branch is added to
+    the output in the epilogue (`_linear_epilogue`, operands kvw_ptr / z_ptr / bias_ptr, feature map KIND, GEMM
+    flags LOWP / BRANCH_IEEE as `linear_branch`) to the sparse output rounded to o's dtype (as when the branch runs
+    after it), which is stored first (at o_sparse_ptr, o's strides, with SAVE_SPARSE; else at o_ptr) and read back."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -105,8 +141,16 @@ def _bsa_fwd_kernel(
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os + offs_d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+    o_rows = b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os
+    if BRANCH:  # the sparse output goes through memory (L2), so its registers are free for the branch's GEMM
+        sparse_ptr = o_sparse_ptr if SAVE_SPARSE else o_ptr
+        tl.store(sparse_ptr + o_rows + offs_d[None, :], out.to(sparse_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & d_ok[None, :])
+        tl.debug_barrier()  # the rows read back are other threads' stores
+        _linear_epilogue(q, m_ok, d_ok, offs_d, o_ptr, o_rows, sparse_ptr, kvw_ptr, z_ptr, bias_ptr, pid_bh, eps,
+                         HEAD_DIM, BLOCK_D, KIND, LOWP, BRANCH_IEEE, BRANCH_SPLIT)
+    else:
+        tl.store(o_ptr + o_rows + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(lse_ptr + b * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=m_ok)
 
 
@@ -129,17 +173,55 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
         ValueError: shapes, dtypes, strides or index dtypes outside the contract (`check_inputs`).
     """
     check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    out = torch.empty_like(q)
+    return out, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None)
+
+
+def bsa_fwd_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
+                   tile_offsets: torch.Tensor, kvw: torch.Tensor, z: torch.Tensor, bias: torch.Tensor, kind: str,
+                   eps: float, scale: float | None = None, tuning: KernelTuning | None = None,
+                   save_sparse: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward kernel with SLA*'s projected global linear branch added in its epilogue (no autograd): one
+    launch where `bsa_fwd` then `linear_branch`'s apply kernel would read q and the sparse output again and write
+    the sum once more (seed 002's SLA*; the branch as `linear_branch.linear_branch_add` computes it).
+
+    Args:
+        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning: as `bsa_fwd`.
+        kvw: (B*H, D, D) KV W^T contiguous, in `linear_branch._operand`'s dtype; z: (B*H, D) fp32 contiguous (the
+            sums of `linear_branch.kv_sums`, the projection folded in); bias: (D,) fp32.
+        kind: the feature map (`reference.FEATURE_MAPS`); eps: added to the denominator.
+        save_sparse: also return the sparse part's output (the backward's input); else an empty tensor.
+
+    Returns:
+        out (B, S, H, D) contiguous, q's dtype: o_sparse + phi(q) KVW / (eps + phi(q) . z) + bias, with o_sparse
+        rounded to q's dtype first; o_sparse (B, S, H, D) like out, or empty; lse (B, H, S) fp32 as `bsa_fwd`.
+
+    Raises:
+        ValueError: as `bsa_fwd`.
+    """
+    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o_sparse = torch.empty_like(out) if save_sparse else out.new_empty(0)
+    branch = dict(o_sparse=o_sparse if save_sparse else out, kvw=kvw, z=z, bias=bias, eps=float(eps),
+                  consts=dict(BRANCH=True, SAVE_SPARSE=save_sparse, KIND=_KIND[kind], LOWP=_flags(q)["LOWP"],
+                              BRANCH_IEEE=_flags(q)["IEEE"], BRANCH_SPLIT=BRANCH_SPLIT))
+    return out, o_sparse, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch)
+
+
+def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> torch.Tensor:
+    """The forward kernel's launches into `out` (one per size class); branch: `bsa_fwd_linear`'s operands or None.
+    Returns lse."""
     b, s, h, d = q.shape
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     n_tiles = tile_offsets.numel() - 1
     scale = d ** -0.5 if scale is None else scale
-    out = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
     tma = use_tma(k, v, wanted=tuning.tma_loads)
     k_desc, v_desc = tma_descs(tma, k, v)
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
+    br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})
     for blk, lo, num_warps, num_stages in size_classes(tuning.fwd_launch, block_d, q.dtype):
         _bsa_fwd_kernel[(n_tiles, b * h)](
             q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
@@ -151,9 +233,10 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
             lists.stride(0), lists.stride(1), lists.stride(2),
             counts.stride(0), counts.stride(1),
             h, scale * LOG2E, lo, blk,
+            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"],
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             PACK=pack, PACK_SEG=PACK_SEG,
-            num_warps=num_warps, num_stages=num_stages,
+            num_warps=num_warps, num_stages=num_stages, **br["consts"],
         )
-    return out, lse
+    return lse

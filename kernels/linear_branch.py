@@ -52,7 +52,8 @@ class LinearLaunch:
     Attributes:
         block: query / key rows per block of every kernel (a power of two, 16-128; 128 overflows the H200's
             shared memory in the dQ kernel at D = 128).
-        fwd_warps: warps of the forward kernels (`_kv_sums_kernel`, `_apply_kernel`).
+        fwd_warps: warps of the forward kernels (`_kv_sums_kernel`, `_apply_kernel`; the marginal scope's
+            `_tile_sums_kernel`, which its backward runs too, and `_apply_kernel`).
         bwd_warps: warps of the backward kernels (`_bwd_q_kernel`, `_bwd_kv_kernel`).
         programs_per_sm: the kernels that sum over their chunk (`_kv_sums_kernel`, `_bwd_q_kernel`) aim at this
             many programs per SM (chunks per batch-head = ceil(programs_per_sm * SMs / (B*H)), at most one per
@@ -170,7 +171,7 @@ def _program_ids(H, D: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr)
     (*, B*H) grid."""
     bh = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
-    return tl.program_id(0), bh, bh // H, bh % H, tl.arange(0, BLOCK), offs_d, offs_d < D
+    return tl.program_id(0), bh, (bh // H).to(tl.int64), bh % H, tl.arange(0, BLOCK), offs_d, offs_d < D
 
 
 # ------------------------------------------------------------------------------------------------- kernels

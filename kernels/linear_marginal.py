@@ -7,7 +7,7 @@ fused kernel), so the branch covers exactly what the sparse part skipped.
 
 per batch and head (REFERENCE.md, SLA-1: pre-aggregated per-tile sums). The sums over the unselected tiles are one
 GEMM per batch-head over the tile grid, U = C S with C = 1 - block map (Q_TILES, KV_TILES) and S the per-tile sums
-as a (KV_TILES, D * D) matrix: 2 * Q_TILES * KV_TILES * D^2 multiply-adds, 8x fewer than linear attention over the
+as a (KV_TILES, D * D) matrix: Q_TILES * KV_TILES * D^2 multiply-adds, 8x fewer than linear attention over the
 selected tiles at 87.5% sparsity (two (64, 64, D) GEMMs a selected tile pair; this module's first two versions,
 3.3x slower than `vsa` at the Wan 1.3B shape, BENCHMARKS.md), and exact: nothing is taken off a total, so there is
 no cancellation (with every tile selected C's row is 0 and o_l is exactly 0; a row of tiles whose unselected keys
@@ -24,7 +24,7 @@ Kernels (grid (tiles, batch-heads) each, 64-token tiles, partial tiles masked):
   dz = C^T dZ, the GEMMs of the forward transposed.
 The GEMMs over the tile grid and dW are torch matmuls (cuBLAS). The forward saves nothing for the backward: the
 backward recomputes S and U (one pass over K and V and one GEMM), which keeps training memory at the global
-scope's (U is Q_TILES x D x D per batch-head: 1.5 GB at the Wan 14B 720p shape). Batch-heads run in groups whose
+scope's (U is Q_TILES x D x D per batch-head: 1.9 GB a layer in bf16 at the Wan 14B 720p shape). Batch-heads run in groups whose
 (D, D) sums fit `SUMS_BUDGET_BYTES`. No atomics: deterministic.
 
 Precision as `linear_branch`: phi, the denominators and Z in fp32; S, U, dU and dS in the GEMM operand dtype (bf16
@@ -64,7 +64,7 @@ def _square_ptrs(ptr, bh, t, n_tiles, offs_d, D):
     return ptr + (bh * n_tiles + t).to(tl.int64) * D * D + offs_d[:, None] * D + offs_d[None, :]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BH0"])
 def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, do_ptr, db_ptr, off_ptr, H, n_tiles, BH0,
                       sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sg_b, sg_s, sg_h,
                       D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
@@ -76,7 +76,7 @@ def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, do_ptr, db_ptr, off_pt
     (strides `sg_*`) over the tile's rows, dbias's share (torch's column sum of dO took 0.19 ms at the Wan 1.3B
     shape; the dQ and dK / dV kernels have no registers to spare)."""
     j, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
-    b, h = (BH0 + bh) // H, (BH0 + bh) % H
+    b, h = ((BH0 + bh) // H).to(tl.int64), (BH0 + bh) % H  # int64: b * stride_b passes 2^31 at B >= 7
     rows, r_ok = _tile_rows(off_ptr, j, offs_m)
     pk = _phi(_load_rows_f32(k_ptr + b * sk_b + h * sk_h, rows, r_ok, sk_s, offs_d, d_ok), r_ok, d_ok, KIND)
     vx = _load_rows(v_ptr + b * sv_b + h * sv_h, rows, r_ok, sv_s, offs_d, d_ok)
@@ -91,7 +91,7 @@ def _tile_sums_kernel(k_ptr, v_ptr, wt_ptr, s_ptr, z_ptr, do_ptr, db_ptr, off_pt
         tl.store(db_ptr + (bh * n_tiles + j).to(tl.int64) * D + offs_d, tl.sum(dout, 0), mask=d_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BH0"])
 def _apply_kernel(q_ptr, o_ptr, out_ptr, u_ptr, zu_ptr, bias_ptr, off_ptr, H, n_tiles, BH0, eps,
                   sq_b, sq_s, sq_h, so_b, so_s, so_h, sr_b, sr_s, sr_h,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
@@ -99,7 +99,7 @@ def _apply_kernel(q_ptr, o_ptr, out_ptr, u_ptr, zu_ptr, bias_ptr, off_ptr, H, n_
     """Query tile i of batch-head BH0 + bh: out = o + phi(q) (U_i W^T) / (eps + phi(q) . Z_i) + bias (u holds the
     projected U_i W^T: one GEMM a tile)."""
     i, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
-    b, h = (BH0 + bh) // H, (BH0 + bh) % H
+    b, h = ((BH0 + bh) // H).to(tl.int64), (BH0 + bh) % H  # int64: b * stride_b passes 2^31 at B >= 7
     rows, r_ok = _tile_rows(off_ptr, i, offs_m)
     pq = _phi(_load_rows_f32(q_ptr + b * sq_b + h * sq_h, rows, r_ok, sq_s, offs_d, d_ok), r_ok, d_ok, KIND)
     zu = tl.load(zu_ptr + (bh * n_tiles + i).to(tl.int64) * D + offs_d, mask=d_ok, other=0.0)
@@ -112,7 +112,7 @@ def _apply_kernel(q_ptr, o_ptr, out_ptr, u_ptr, zu_ptr, bias_ptr, off_ptr, H, n_
              mask=r_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BH0"])
 def _bwd_q_kernel(q_ptr, dol_ptr, dq_ptr, ol_ptr, u_ptr, zu_ptr, du_ptr, dzu_ptr, off_ptr, H, n_tiles, BH0,
                   eps, sq_b, sq_s, sq_h, sg_b, sg_s, sg_h, sx_b, sx_s, sx_h, sl_b, sl_s, sl_h,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
@@ -121,7 +121,7 @@ def _bwd_q_kernel(q_ptr, dol_ptr, dq_ptr, ol_ptr, u_ptr, zu_ptr, du_ptr, dzu_ptr
     d den = -(d o_l . o_l) / den, dQ through d phi(q) = dN U_i^T + d den Z_i (dq strides `sx_*`, added in place with
     ACC); du[bh, i] = phi(Q_i)^T dN, dzu[bh, i] = sum d den phi(q), and o_l (strides `sl_*`) for dW."""
     i, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
-    b, h = (BH0 + bh) // H, (BH0 + bh) % H
+    b, h = ((BH0 + bh) // H).to(tl.int64), (BH0 + bh) % H  # int64: b * stride_b passes 2^31 at B >= 7
     rows, r_ok = _tile_rows(off_ptr, i, offs_m)
     mask = r_ok[:, None] & d_ok[None, :]
     sq_mask = d_ok[:, None] & d_ok[None, :]
@@ -145,7 +145,7 @@ def _bwd_q_kernel(q_ptr, dol_ptr, dq_ptr, ol_ptr, u_ptr, zu_ptr, du_ptr, dzu_ptr
     tl.store(dzu_ptr + (bh * n_tiles + i).to(tl.int64) * D + offs_d, tl.sum(d_den[:, None] * pq, 0), mask=d_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["BH0"])
 def _bwd_k_kernel(k_ptr, v_ptr, dk_ptr, dv_ptr, ds_ptr, dz_ptr, off_ptr, H, n_tiles, BH0,
                   sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sx_b, sx_s, sx_h, sw_b, sw_s, sw_h,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, KIND: tl.constexpr, LOWP: tl.constexpr,
@@ -153,7 +153,7 @@ def _bwd_k_kernel(k_ptr, v_ptr, dk_ptr, dv_ptr, ds_ptr, dz_ptr, off_ptr, H, n_ti
     """Key tile j of batch-head BH0 + bh: dV = phi(K_j) dS_j and dK through d phi(K_j) = V_j dS_j^T + dz_j (dk
     strides `sx_*`, dv `sw_*`, added in place with ACC)."""
     j, bh, b, h, offs_m, offs_d, d_ok = _program_ids(H, D, 64, BLOCK_D)
-    b, h = (BH0 + bh) // H, (BH0 + bh) % H
+    b, h = ((BH0 + bh) // H).to(tl.int64), (BH0 + bh) % H  # int64: b * stride_b passes 2^31 at B >= 7
     rows, r_ok = _tile_rows(off_ptr, j, offs_m)
     mask = r_ok[:, None] & d_ok[None, :]
     kx = _load_rows_f32(k_ptr + b * sk_b + h * sk_h, rows, r_ok, sk_s, offs_d, d_ok)
@@ -374,9 +374,10 @@ def marginal_branch_add(o: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
     Raises:
         ValueError: as `linear_branch_add`, or index tensors of the wrong shape, dtype or device, or fewer tiles
-            than S needs. Index values are not checked (that would synchronize the device), as in
-            `block_sparse_attn.block_sparse_attention`: q2k entries must lie in [0, KV_TILES), q2k_cnt in [0, K],
-            tiles hold at most 64 tokens and tile_offsets end at S; otherwise the kernels read out of bounds.
+            than S needs. Index values are not checked (that would synchronize the device): q2k's used entries
+            must lie in [0, KV_TILES) (an entry of KV_TILES counts as no tile; one outside [0, KV_TILES] fails in
+            torch's scatter), q2k_cnt in [0, K]; repeats count once. Tiles must hold at most 64 tokens and
+            tile_offsets end at S, or the kernels read out of bounds / leave rows unwritten.
 
     Source: SLA arXiv 2509.24006 sec. 4 (the marginal blocks' linear attention from pre-aggregated per-block
     sums); seed 002.

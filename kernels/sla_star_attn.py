@@ -1,12 +1,13 @@
-"""SLA*'s attention with gradients: VSA's fine stage and the linear branch (`global` or `marginal` scope) as one
+"""SLA*'s attention: VSA's fine stage and the linear branch (`global` or `marginal` scope), with gradients as one
 custom op, so that the backward adds the branch's dQ / dK / dV into the block-sparse backward's own buffers in place.
 
 As two ops (`block_sparse_attn.block_sparse_attention`, then `linear_branch.linear_branch_add` or
-`linear_marginal.marginal_branch_add`) autograd would
-sum the two parts' gradients of q, k and v in three extra elementwise passes (each reads two (B, S, H, D) tensors
-and writes one: about 0.9 GB at the Wan2.1-1.3B 480p shape). Here the branch's backward kernels read the sparse
-part's gradient rows and write the sums (`linear_branch_backward` / `marginal_branch_backward` with `grads=`). Without gradients the two parts
-run as two launches of their own (`sla_star_attention` falls back to them), which lets a caller time them apart.
+`linear_marginal.marginal_branch_add`) autograd would sum the two parts' gradients of q, k and v in three extra
+elementwise passes (each reads two (B, S, H, D) tensors and writes one: about 0.9 GB at the Wan2.1-1.3B 480p
+shape). Here the branch's backward kernels read the sparse part's gradient rows and write the sums
+(`linear_branch_backward` / `marginal_branch_backward` with `grads=`). The `global` forward, with gradients or
+without, is the sums' pass over K and V and then the block-sparse forward with the branch in its epilogue
+(`bsa_forward.bsa_fwd_linear`); the `marginal` forward without gradients runs the two public functions.
 
 The custom ops `vsagen::sla_star_attn` / `vsagen::sla_star_attn_bwd` carry the block-sparse kernels' tuning
 (`tuning.op_args`) and the branch's `LinearLaunch` as plain arguments, as `block_sparse_attn` does, so
@@ -21,11 +22,11 @@ import torch
 
 from .block_sparse_attn import block_sparse_attention, check_inputs_and_tiles
 from .bsa_backward import bsa_bwd
-from .bsa_forward import bsa_fwd
+from .bsa_forward import bsa_fwd, bsa_fwd_linear
 from .bsa_primitives import check_fp32_bwd
 from .k2q import build_k2q_triton
-from .linear_branch import (_LAUNCH_SCHEMA, DEFAULT_LAUNCH, LINEAR_EPS, LinearLaunch, _check, _forward,
-                            linear_branch_add, linear_branch_backward)
+from .linear_branch import (_LAUNCH_SCHEMA, DEFAULT_LAUNCH, LINEAR_EPS, LinearLaunch, _check, _operand, kv_sums,
+                            linear_branch_backward)
 from . import linear_marginal as marginal
 from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning, op_args
 
@@ -38,14 +39,26 @@ _N_LAUNCH = len(dataclasses.fields(LinearLaunch))
            f"Tensor weight, Tensor bias, str scope, str kind, float eps, {_LAUNCH_SCHEMA}, {OP_SCHEMA_ARGS}) "
            "-> (Tensor, Tensor, Tensor, Tensor, Tensor)")
 def _op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, kind, eps, *rest):
-    """(out, o_sparse, lse, kv, z): the block-sparse forward, then the branch added to its output (kv, z: the
-    global branch's sums; empty for `marginal`, whose backward recomputes its own)."""
+    """(out, o_sparse, lse, kv, z) of `_forward` (kv, z: the global branch's sums; empty for `marginal`, whose
+    backward recomputes its own)."""
     launch, tuning = LinearLaunch(*rest[:_N_LAUNCH]), KernelTuning.from_op_args(*rest[_N_LAUNCH:])
-    o_s, lse = bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
+    return _forward(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, kind, eps, launch, tuning, True)
+
+
+def _forward(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, kind, eps, launch, tuning,
+             save_sparse):
+    """(out, o_sparse, lse, kv, z). `global`: the sums in one pass over K and V (`linear_branch.kv_sums`), then the
+    block-sparse forward with the branch in its epilogue (`bsa_forward.bsa_fwd_linear`: one launch, where the
+    apply kernel after it read q and the sparse output again); `marginal`: the block-sparse forward, then
+    `linear_marginal`'s forward. o_sparse: empty for `global` unless save_sparse (the backward's input)."""
     if scope == "marginal":
+        o_s, lse = bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
         out = marginal._forward(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind, eps, launch)
         return out, o_s, lse, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
-    out, kv, z = _forward(o_s, q, k, v, weight, bias, kind, eps, launch)
+    kv, z = kv_sums(k, v, kind, launch)
+    kvw = _operand(kv @ weight.float().t(), q)  # (B*H, D, D): the projection folded into the sums
+    out, o_s, lse = bsa_fwd_linear(q, k, v, q2k, q2k_cnt, tile_offsets, kvw, z, bias.float().contiguous(), kind,
+                                   eps, scale, tuning=tuning, save_sparse=save_sparse)
     return out, o_s, lse, kv, z
 
 
@@ -119,8 +132,9 @@ def sla_star_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: t
         scale, tuning: the block-sparse part's, as `block_sparse_attention`.
 
     Returns:
-        (B, S, H, D) like q: o_vsa + proj(o_l). With gradients (q, k, v, weight or bias requiring grad) one custom
-        op whose backward sums the two parts' gradients in the branch's kernels; else the two parts' launches.
+        (B, S, H, D) contiguous, q's dtype: o_vsa + proj(o_l). With gradients (q, k, v, weight or bias requiring
+        grad) one custom op whose backward sums the two parts' gradients in the branch's kernels; without, for
+        `global` the same fused forward (the op under torch.compile), for `marginal` the two public functions.
 
     Raises:
         ValueError: as `block_sparse_attention` and `linear_branch_add`, or an unknown scope.
@@ -134,15 +148,17 @@ def sla_star_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: t
     if scope == "marginal":
         marginal.check_selection(q, q2k, q2k_cnt, tile_offsets)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, weight, bias))
-    if not needs_grad:
+    if not needs_grad and scope == "marginal":
         o_s, _ = block_sparse_attention(q, k, v, q2k, q2k_cnt, tile_offsets, scale=scale, tuning=tuning)
-        if scope == "marginal":
-            return marginal.marginal_branch_add(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind=kind,
-                                                eps=eps, launch=launch)
-        return linear_branch_add(o_s, q, k, v, weight, bias, kind=kind, eps=eps, launch=launch)
-    check_fp32_bwd(q)
+        return marginal.marginal_branch_add(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind=kind,
+                                            eps=eps, launch=launch)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     tuning = default_tuning(q.device, q.shape[-1]) if tuning is None else tuning
+    if not needs_grad and not torch.compiler.is_compiling():  # global: one fused forward, nothing saved
+        return _forward(q, k, v, q2k.contiguous(), q2k_cnt.contiguous(), tile_offsets, scale, weight.contiguous(),
+                        bias.contiguous(), scope, kind, float(eps), launch, tuning, False)[0]
+    if needs_grad:
+        check_fp32_bwd(q)
     return _op(q, k, v, q2k.contiguous(), q2k_cnt.contiguous(), tile_offsets, scale, weight.contiguous(),
                bias.contiguous(), scope, kind, float(eps), *dataclasses.astuple(launch), *op_args(tuning))[0]
 

@@ -42,7 +42,7 @@ SPLIT = LinearLaunch(block=16, fwd_warps=2, bwd_warps=2, programs_per_sm=8)
 # O(1e-1).
 LOWP_REL_L2 = 1e-2
 # Two fp32 computations of the same branch that sum in another order (the global kernels fold W into KV, the
-# marginal ones subtract the selected tiles in q2k order): measured up to 3e-7.
+# marginal ones sum the per-tile sums over the unselected tiles): measured up to 3e-7.
 REORDER_REL_L2 = 2e-6
 
 
@@ -227,6 +227,19 @@ def test_empty_selection_is_the_global_branch(kind):
     got = run(args, sel, SMALL, dout, kind=kind, launch=SPLIT)
     errs = errors(got, run(args, sel, SMALL, dout, fn=global_branch, kind=kind))
     assert all(e < REORDER_REL_L2 for e in errs.values()), errs
+
+
+def test_batch_head_groups_give_the_one_group_result(monkeypatch):
+    """A sums budget for groups of 1 and of 4 batch-heads (B=2, H=3: a group of 4 splits the second batch):
+    bitwise the one-group result, forward and backward."""
+    args, dout = make_case(SMALL, 2, 3, 16, seed=25)
+    sel = block_map_selection(random_block_map(2, 3, SMALL.num_tiles, seed=25))
+    want = run(args, sel, SMALL, dout, kind="softmax")
+    n = SMALL.num_tiles
+    for per in (1, 4):
+        monkeypatch.setattr(lm, "SUMS_BUDGET_BYTES", 2 * n * 16 * 16 * 4 * per)  # fp32 sums under the interpreter
+        assert len(lm._groups(6, n, 16, 4)) == -(-6 // per)
+        assert_bitwise(run(args, sel, SMALL, dout, kind="softmax"), want)
 
 
 def test_q2k_row_order_does_not_matter():

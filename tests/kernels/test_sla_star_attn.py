@@ -45,6 +45,9 @@ LOWP_REL_L2 = 1.5e-2
 # functions round the branch's gradient to bf16 first, then the sum: three half-ulp roundings (2^-9 relative each)
 # apart at most, 4e-3 measured.
 BF16_ROUNDINGS_REL_L2 = 2 ** -7
+# Two fp32 computations of one GEMM in other blocks (the fused forward's epilogue against the apply kernel): 3e-8
+# measured.
+FP32_REORDER_REL_L2 = 1e-6
 
 # (dtype, kind, scale, eps, head dim): every argument off its default in one case or the other
 CASES = {
@@ -167,15 +170,21 @@ def test_empty_query_tile_gets_only_the_branch(case):
 
 
 def test_equals_the_two_public_functions(case):
-    """fp32: the fused in-place sums are the fp32 additions autograd does, so every result is bitwise equal; bf16:
-    out and the projection's gradients bitwise, dq / dk / dv within bf16 rounding (BF16_ROUNDINGS_REL_L2)."""
+    """fp32: the fused in-place sums are the fp32 additions autograd does, so every gradient is bitwise equal; bf16:
+    the projection's gradients bitwise, dq / dk / dv within bf16 rounding (BF16_ROUNDINGS_REL_L2). out: bitwise for
+    `marginal` (the same two launches); for `global` the branch runs in the sparse forward's epilogue, its GEMM in
+    column blocks of the (D, D) operand, so within fp32 reordering (FP32_REORDER_REL_L2), and in bf16 one rounding
+    of that."""
     want = fwd_bwd(case["args"], case["sel"], LAY, case["dout"], fn=separate, **case["kw"])
-    got = case["got"]
-    if case["dtype"] == torch.float32:
-        assert_bitwise(got, want)
+    got, errs = case["got"], errors(case["got"], want)
+    if case["kw"]["scope"] == "marginal":
+        assert torch.equal(got[0], want[0]), errs
     else:
-        assert_bitwise(got[:1] + got[4:], want[:1] + want[4:])
-        errs = errors(got, want)
+        assert errs["out"] < (FP32_REORDER_REL_L2 if case["dtype"] == torch.float32 else 2 ** -8), errs
+    if case["dtype"] == torch.float32:
+        assert_bitwise(got[1:], want[1:])
+    else:
+        assert_bitwise(got[4:], want[4:])
         assert all(errs[name] < BF16_ROUNDINGS_REL_L2 for name in ("dq", "dk", "dv")), errs
 
 
@@ -191,10 +200,11 @@ def test_no_grad_path_runs_the_two_functions_and_gives_the_same_forward(case, mo
 
 
 def test_tuning_reaches_both_kernels(monkeypatch):
-    """The block-sparse forward and backward inside the ops get the given tuning, not the default."""
+    """The block-sparse forward (with the global branch in its epilogue) and backward inside the ops get the given
+    tuning, not the default."""
     tuning = dataclasses.replace(kernel_tuning("cpu", 16), pack_partial_tiles=False, tma_loads=True)
     seen = []
-    for name in ("bsa_fwd", "bsa_bwd"):
+    for name in ("bsa_fwd_linear", "bsa_bwd"):
         real = getattr(ssa, name)
 
         def spy(*a, _real=real, _name=name, **kw):
@@ -204,7 +214,7 @@ def test_tuning_reaches_both_kernels(monkeypatch):
         monkeypatch.setattr(ssa, name, spy)
     args, sel, dout = make_case(SMALL, 2, 1, 16, seed=3)
     fwd_bwd(args, sel, SMALL, dout, tuning=tuning)
-    assert seen == [("bsa_fwd", tuning), ("bsa_bwd", tuning)]
+    assert seen == [("bsa_fwd_linear", tuning), ("bsa_bwd", tuning)]
 
 
 # ------------------------------------------------------------------------------------ backward

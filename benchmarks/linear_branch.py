@@ -6,9 +6,11 @@
 2. Timings (do_bench medians, ms): the branch alone (fused Triton, and the torch float32 branch as `sla-star`
    ran it before), forward and forward+backward, for each `LinearLaunch` in the sweep; the memory floor
    (bytes the fused forward must move / 4.8 TB/s).
-3. The marginal scope (`vsagen.kernels.linear_marginal`) with the coarse stage's selection at 87.5% sparsity:
+3. The global branch in VSA's forward epilogue (`LinearLaunch.fused_epilogue`) against VSA's forward and the
+   apply kernel as two launches: difference and forward times (`epilogue`).
+4. The marginal scope (`vsagen.kernels.linear_marginal`) with the coarse stage's selection at 87.5% sparsity:
    the same correctness check against the float32 torch branch, and its forward / forward+backward times beside
-   the torch branch's.
+   the torch branch's (and a sweep of its warps; `--profile`: its kernels' GPU times).
 
 Usage: python benchmarks/linear_branch.py [--shapes 1.3b,5b,14b] [--kind softmax] [--no-sweep] [--profile]
 """
@@ -16,6 +18,7 @@ Usage: python benchmarks/linear_branch.py [--shapes 1.3b,5b,14b] [--kind softmax
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -91,9 +94,10 @@ def run_shape(name: str, kind: str, sweep: bool, profile: bool) -> None:
 
 
 def epilogue(shape, kind: str, inputs) -> None:
-    """VSA's forward with the global branch in its epilogue (`sla_star_attention` without gradients) against the
-    same two parts as separate launches (`block_sparse_attention`, then `linear_branch_add`) on the coarse stage's
-    selection at 87.5%: rel L2 and max abs difference, and their forward times (ms)."""
+    """VSA's forward with the global branch in its epilogue (`sla_star_attention` without gradients, with
+    `LinearLaunch.fused_epilogue`) against the same two parts as separate launches (`block_sparse_attention`, then
+    `linear_branch_add`) on the coarse stage's selection at 87.5%: rel L2 and max abs difference, and their forward
+    times (ms)."""
     from vsagen.kernels.block_sparse_attn import block_sparse_attention
     from vsagen.kernels.coarse import coarse_stage
     from vsagen.kernels.sla_star_attn import sla_star_attention
@@ -105,7 +109,8 @@ def epilogue(shape, kind: str, inputs) -> None:
     c = coarse_stage(q, k, off, ref.top_k_from_sparsity(0.875, lay.num_tiles))
 
     def fused():
-        return sla_star_attention(q, k, v, c.q2k, c.q2k_cnt, off, w, b, kind=kind)
+        return sla_star_attention(q, k, v, c.q2k, c.q2k_cnt, off, w, b, kind=kind,
+                                  launch=dataclasses.replace(DEFAULT_LAUNCH, fused_epilogue=True))
 
     def separate():
         o_s, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, off)
@@ -137,7 +142,7 @@ def runners(inputs, leaves, dout):
 
 
 def marginal(shape, kind: str, inputs, dout, sweep: bool, profile: bool) -> None:
-    """Section 3 of the module docstring."""
+    """Section 4 of the module docstring."""
     from vsagen.kernels.coarse import coarse_stage
     from vsagen.kernels.linear_marginal import marginal_branch_add
     from vsagen.layout import tile_layout

@@ -1,4 +1,5 @@
-"""Block-sparse attention forward over video tiles: the Triton kernel and its launcher `bsa_fwd` (no autograd).
+"""Block-sparse attention forward over video tiles: the Triton kernel and its launchers `bsa_fwd` and
+`bsa_fwd_linear` (SLA*'s global linear branch added in the epilogue; `LinearLaunch.fused_epilogue`); no autograd.
 
 For each (batch, head, query tile), online-softmax attention (FlashAttention-2, arXiv 2307.08691, alg. 1) of the
 tile's query tokens over the tokens of the key tiles in its q2k row, or over its tile plan (`tile_plan`) when the

@@ -61,6 +61,11 @@ class LinearLaunch:
         stream_programs_per_sm: the same for the kernels that only stream rows (`_apply_kernel`,
             `_bwd_kv_kernel`), which load their (D, D) operands once a chunk.
         num_stages: software-pipelining depth of every kernel's row loop (>= 1).
+        fused_epilogue: `global` scope beside VSA's fine stage (`sla_star_attn`): add the branch in the
+            block-sparse forward's epilogue (`bsa_forward.bsa_fwd_linear`, one launch) instead of this module's
+            apply kernel after it (which reads q and the sparse output again and writes the sum once more: about
+            0.3 GB at the Wan 1.3B shape). Off by default until timed: built and tested on the CPU (interpreter),
+            compiled for sm_90 (255 registers, up to 72 bytes of spills with packed tile plans), never run on a GPU.
 
     The defaults: from the offline sm_90 compile (triton 3.8 ptxas, D = 128): 64-row blocks take 255 registers
     and spill in every kernel at 4 or 8 warps; 32-row blocks at 8 warps fit in 149-188 registers without spills
@@ -74,6 +79,7 @@ class LinearLaunch:
     programs_per_sm: int = 4
     stream_programs_per_sm: int = 8
     num_stages: int = 2
+    fused_epilogue: bool = False
 
     def __post_init__(self) -> None:
         if self.block not in (16, 32, 64, 128):
@@ -426,7 +432,7 @@ def linear_branch_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 # --------------------------------------------------------------------------------------- custom ops, autograd
 
 _LAUNCH_SCHEMA = ("int block, int fwd_warps, int bwd_warps, int programs_per_sm, int stream_programs_per_sm, "
-                  "int num_stages")
+                  "int num_stages, bool fused_epilogue")
 
 
 @torch.library.custom_op(

@@ -5,9 +5,11 @@ As two ops (`block_sparse_attn.block_sparse_attention`, then `linear_branch.line
 `linear_marginal.marginal_branch_add`) autograd would sum the two parts' gradients of q, k and v in three extra
 elementwise passes (each reads two (B, S, H, D) tensors and writes one: about 0.9 GB at the Wan2.1-1.3B 480p
 shape). Here the branch's backward kernels read the sparse part's gradient rows and write the sums
-(`linear_branch_backward` / `marginal_branch_backward` with `grads=`). The `global` forward, with gradients or
-without, is the sums' pass over K and V and then the block-sparse forward with the branch in its epilogue
-(`bsa_forward.bsa_fwd_linear`); the `marginal` forward without gradients runs the two public functions.
+(`linear_branch_backward` / `marginal_branch_backward` with `grads=`). Without gradients the two parts run as two
+launches of their own (`sla_star_attention` falls back to them), which lets a caller time them apart; with
+`LinearLaunch.fused_epilogue` the `global` forward, with gradients or without, is the sums' pass over K and V and
+then the block-sparse forward with the branch in its epilogue (`bsa_forward.bsa_fwd_linear`; not yet timed on a
+GPU, so off by default).
 
 The custom ops `vsagen::sla_star_attn` / `vsagen::sla_star_attn_bwd` carry the block-sparse kernels' tuning
 (`tuning.op_args`) and the branch's `LinearLaunch` as plain arguments, as `block_sparse_attn` does, so
@@ -25,8 +27,9 @@ from .bsa_backward import bsa_bwd
 from .bsa_forward import bsa_fwd, bsa_fwd_linear
 from .bsa_primitives import check_fp32_bwd
 from .k2q import build_k2q_triton
+from .linear_branch import _forward as linear_forward
 from .linear_branch import (_LAUNCH_SCHEMA, DEFAULT_LAUNCH, LINEAR_EPS, LinearLaunch, _check, _operand, kv_sums,
-                            linear_branch_backward)
+                            linear_branch_add, linear_branch_backward)
 from . import linear_marginal as marginal
 from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning, op_args
 
@@ -47,14 +50,17 @@ def _op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, kind, e
 
 def _forward(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, kind, eps, launch, tuning,
              save_sparse):
-    """(out, o_sparse, lse, kv, z). `global`: the sums in one pass over K and V (`linear_branch.kv_sums`), then the
-    block-sparse forward with the branch in its epilogue (`bsa_forward.bsa_fwd_linear`: one launch, where the
-    apply kernel after it read q and the sparse output again); `marginal`: the block-sparse forward, then
-    `linear_marginal`'s forward. o_sparse: empty for `global` unless save_sparse (the backward's input)."""
-    if scope == "marginal":
+    """(out, o_sparse, lse, kv, z): the block-sparse forward, then the branch added to its output (`marginal`:
+    `linear_marginal`'s forward; `global`: `linear_branch`'s). With `launch.fused_epilogue`, `global` is the sums'
+    pass over K and V, then the block-sparse forward with the branch in its epilogue (`bsa_forward.bsa_fwd_linear`),
+    and o_sparse is empty unless save_sparse (the backward's input)."""
+    if scope == "marginal" or not launch.fused_epilogue:
         o_s, lse = bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
-        out = marginal._forward(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind, eps, launch)
-        return out, o_s, lse, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
+        if scope == "marginal":
+            out = marginal._forward(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind, eps, launch)
+            return out, o_s, lse, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
+        out, kv, z = linear_forward(o_s, q, k, v, weight, bias, kind, eps, launch)
+        return out, o_s, lse, kv, z
     kv, z = kv_sums(k, v, kind, launch)
     kvw = _operand(kv @ weight.float().t(), q)  # (B*H, D, D): the projection folded into the sums
     out, o_s, lse = bsa_fwd_linear(q, k, v, q2k, q2k_cnt, tile_offsets, kvw, z, bias.float().contiguous(), kind,
@@ -133,8 +139,8 @@ def sla_star_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: t
 
     Returns:
         (B, S, H, D) contiguous, q's dtype: o_vsa + proj(o_l). With gradients (q, k, v, weight or bias requiring
-        grad) one custom op whose backward sums the two parts' gradients in the branch's kernels; without, for
-        `global` the same fused forward (the op under torch.compile), for `marginal` the two public functions.
+        grad) one custom op whose backward sums the two parts' gradients in the branch's kernels; without, the two
+        public functions (`global` with `launch.fused_epilogue`: the op's fused forward).
 
     Raises:
         ValueError: as `block_sparse_attention` and `linear_branch_add`, or an unknown scope.
@@ -148,13 +154,15 @@ def sla_star_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: t
     if scope == "marginal":
         marginal.check_selection(q, q2k, q2k_cnt, tile_offsets)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, weight, bias))
-    if not needs_grad and scope == "marginal":
+    if not needs_grad and (scope == "marginal" or not launch.fused_epilogue):
         o_s, _ = block_sparse_attention(q, k, v, q2k, q2k_cnt, tile_offsets, scale=scale, tuning=tuning)
+        if scope == "global":
+            return linear_branch_add(o_s, q, k, v, weight, bias, kind=kind, eps=eps, launch=launch)
         return marginal.marginal_branch_add(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind=kind,
                                             eps=eps, launch=launch)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     tuning = default_tuning(q.device, q.shape[-1]) if tuning is None else tuning
-    if not needs_grad and not torch.compiler.is_compiling():  # global: one fused forward, nothing saved
+    if not needs_grad and not torch.compiler.is_compiling():  # global, fused epilogue: one forward, nothing saved
         return _forward(q, k, v, q2k.contiguous(), q2k_cnt.contiguous(), tile_offsets, scale, weight.contiguous(),
                         bias.contiguous(), scope, kind, float(eps), launch, tuning, False)[0]
     if needs_grad:

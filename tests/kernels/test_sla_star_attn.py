@@ -129,14 +129,18 @@ def assert_bitwise(got, want):
     assert all(torch.equal(a, b) for a, b in zip(got, want)), errors(got, want)
 
 
-@pytest.fixture(scope="module", params=[f"{name}-{scope}" for name in CASES for scope in ("global", "marginal")])
+@pytest.fixture(scope="module", params=[f"{name}-{variant}" for name in CASES
+                                        for variant in ("global", "epilogue", "marginal")])
 def case(request):
-    """One fused forward and backward per dtype and scope on LAY, batch 2, 2 heads, shared by the tests below:
+    """One fused forward and backward per dtype and scope on LAY, batch 2, 2 heads, shared by the tests below
+    ("epilogue": `global` with the branch in the sparse forward's epilogue, `LinearLaunch.fused_epilogue`):
     a dict of args, sel, dout, kw (sla_star_attention's keywords) and got (out and every gradient)."""
-    name, scope = request.param.split("-")
+    name, variant = request.param.split("-")
     dtype, kind, scale, eps, d = CASES[name]
     args, sel, dout = make_case(LAY, 2, 2, d, dtype, seed=d)
-    kw = dict(scope=scope, kind=kind, eps=eps, scale=scale, tuning=kernel_tuning("cpu", d), launch=LAUNCH)
+    launch = dataclasses.replace(LAUNCH, fused_epilogue=variant == "epilogue")
+    kw = dict(scope="global" if variant == "epilogue" else variant, kind=kind, eps=eps, scale=scale,
+              tuning=kernel_tuning("cpu", d), launch=launch)
     return dict(dtype=dtype, args=args, sel=sel, dout=dout, kw=kw, got=fwd_bwd(args, sel, LAY, dout, **kw))
 
 
@@ -171,13 +175,12 @@ def test_empty_query_tile_gets_only_the_branch(case):
 
 def test_equals_the_two_public_functions(case):
     """fp32: the fused in-place sums are the fp32 additions autograd does, so every gradient is bitwise equal; bf16:
-    the projection's gradients bitwise, dq / dk / dv within bf16 rounding (BF16_ROUNDINGS_REL_L2). out: bitwise for
-    `marginal` (the same two launches); for `global` the branch runs in the sparse forward's epilogue, its GEMM in
-    column blocks of the (D, D) operand, so within fp32 reordering (FP32_REORDER_REL_L2), and in bf16 one rounding
-    of that."""
+    the projection's gradients bitwise, dq / dk / dv within bf16 rounding (BF16_ROUNDINGS_REL_L2). out: bitwise
+    (the same launches), except with the branch in the sparse forward's epilogue, whose GEMM runs in column blocks
+    of the (D, D) operand: within fp32 reordering (FP32_REORDER_REL_L2), and in bf16 one rounding of that."""
     want = fwd_bwd(case["args"], case["sel"], LAY, case["dout"], fn=separate, **case["kw"])
     got, errs = case["got"], errors(case["got"], want)
-    if case["kw"]["scope"] == "marginal":
+    if not case["kw"]["launch"].fused_epilogue:
         assert torch.equal(got[0], want[0]), errs
     else:
         assert errs["out"] < (FP32_REORDER_REL_L2 if case["dtype"] == torch.float32 else 2 ** -8), errs
@@ -188,7 +191,8 @@ def test_equals_the_two_public_functions(case):
         assert all(errs[name] < BF16_ROUNDINGS_REL_L2 for name in ("dq", "dk", "dv")), errs
 
 
-def test_no_grad_path_runs_the_two_functions_and_gives_the_same_forward(case, monkeypatch):
+def test_no_grad_path_skips_the_op_and_gives_the_same_forward(case, monkeypatch):
+    """Without gradients: the two public functions (with the epilogue: the op's forward, called directly)."""
     def boom(*_):
         raise AssertionError("custom op called without grad")
 
@@ -200,11 +204,11 @@ def test_no_grad_path_runs_the_two_functions_and_gives_the_same_forward(case, mo
 
 
 def test_tuning_reaches_both_kernels(monkeypatch):
-    """The block-sparse forward (with the global branch in its epilogue) and backward inside the ops get the given
-    tuning, not the default."""
+    """The block-sparse forward (also with the global branch in its epilogue) and backward inside the ops get the
+    given tuning, not the default."""
     tuning = dataclasses.replace(kernel_tuning("cpu", 16), pack_partial_tiles=False, tma_loads=True)
     seen = []
-    for name in ("bsa_fwd_linear", "bsa_bwd"):
+    for name in ("bsa_fwd", "bsa_fwd_linear", "bsa_bwd"):
         real = getattr(ssa, name)
 
         def spy(*a, _real=real, _name=name, **kw):
@@ -214,6 +218,9 @@ def test_tuning_reaches_both_kernels(monkeypatch):
         monkeypatch.setattr(ssa, name, spy)
     args, sel, dout = make_case(SMALL, 2, 1, 16, seed=3)
     fwd_bwd(args, sel, SMALL, dout, tuning=tuning)
+    assert seen == [("bsa_fwd", tuning), ("bsa_bwd", tuning)]
+    seen.clear()
+    fwd_bwd(args, sel, SMALL, dout, tuning=tuning, launch=dataclasses.replace(LAUNCH, fused_epilogue=True))
     assert seen == [("bsa_fwd_linear", tuning), ("bsa_bwd", tuning)]
 
 
@@ -278,17 +285,19 @@ def test_custom_ops_pass_opcheck(scope):
         test_utils=("test_schema", "test_faketensor"))
 
 
-def test_torch_compile_fullgraph_matches_eager():
+@pytest.mark.parametrize("epilogue", [False, True])
+def test_torch_compile_fullgraph_matches_eager(epilogue):
     args, sel, dout = make_case(SMALL, 2, 2, 16, seed=13)
+    launch = dataclasses.replace(LAUNCH, fused_epilogue=epilogue)
 
     def f(xs, sel, lay, **kw):
         return fused(xs, sel, lay, **kw) * 2
 
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    want = fwd_bwd(args, sel, SMALL, dout, fn=f, kind="softmax")
-    assert_bitwise(fwd_bwd(args, sel, SMALL, dout, fn=compiled, kind="softmax"), want)
-    with torch.no_grad():  # the no-grad path traced: both public functions' ops
-        assert torch.equal(compiled(args, sel, SMALL, kind="softmax"), want[0])
+    want = fwd_bwd(args, sel, SMALL, dout, fn=f, kind="softmax", launch=launch)
+    assert_bitwise(fwd_bwd(args, sel, SMALL, dout, fn=compiled, kind="softmax", launch=launch), want)
+    with torch.no_grad():  # the no-grad path traced: both public functions' ops (with the epilogue: the op)
+        assert torch.equal(compiled(args, sel, SMALL, kind="softmax", launch=launch), want[0])
 
 
 # ------------------------------------------------------------------------------------ errors

@@ -14,10 +14,10 @@ accepted too) or from the file `proj_weights` names. Without trained weights the
 initialisation) and `sla-star` gives exactly `vsa`'s output: the branch is then not computed at all.
 
 `impl` chooses the implementation as for `vsa`. With Triton (CUDA, or the interpreter) the branch runs in fused
-kernels: `global` in `vsagen.kernels.linear_branch` (one pass over K and V for the sums; phi(Q), the division, the
-projection and the add in VSA's fine-stage forward's epilogue, `vsagen.kernels.sla_star_attn`, so the branch is
-timed inside the `fine` stage), with gradients one op whose backward adds the branch's dQ / dK / dV into the sparse
-part's in place; `marginal` in `vsagen.kernels.linear_marginal` (per-tile sums, their sums over each
+kernels: `global` in `vsagen.kernels.linear_branch` (one pass over K and V for the sums, then phi(Q), the division,
+the projection and the add to VSA's output in one kernel), and with gradients VSA's fine stage and that branch as
+one op (`vsagen.kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place,
+timed as the `fine` stage); `marginal` in `vsagen.kernels.linear_marginal` (per-tile sums, their sums over each
 query tile's unselected tiles as one GEMM over the tile grid, then phi(Q) and the projection per query tile), with
 gradients in the same one op. Deterministic backwards, no atomics. With `impl=torch` both scopes run
 the PyTorch branch (float32, `reference.linear_attention_branch`).
@@ -145,24 +145,25 @@ class SLAStarAttention:
         return _proj_module(tensors, None).to(device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-        """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q. Stages: coarse, fine (VSA's; with Triton and
-        the `global` scope, or with gradients, the branch too), linear (the branch and its projection otherwise;
-        only with a trained projection, `ctx.params`)."""
+        """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q. Stages: coarse, fine (VSA's), linear (the
+        branch and its projection; only with a trained projection, `ctx.params`)."""
         layout = ctx.layout
         if layout is None:
             raise RuntimeError("sla-star needs tokens in tile order with a TileLayout (tile-order hooks missing)")
         proj = ctx.params
         o = self.options
         triton = proj is not None and self._vsa.resolved_impl(q.device) == "triton"
-        grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *proj.parameters())) if triton \
-            else False
-        if triton and (grads or o.scope == "global"):
-            return self._fused(q, k, v, layout, proj, ctx.timer)
+        if triton and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, *proj.parameters())):
+            return self._fused_with_grad(q, k, v, layout, proj, ctx.timer)
         out, q2k = self._vsa.attend(q, k, v, layout, None, ctx.timer)
         if proj is None:  # zero projection: exactly vsa
             return out
         with ctx.timer.region("self_attention/linear"):
-            if triton:  # marginal without gradients
+            if triton and o.scope == "global":
+                from ..kernels.linear_branch import linear_branch_add
+
+                return linear_branch_add(out, q, k, v, proj.weight, proj.bias, kind=o.feature_map)
+            if triton:  # marginal
                 from ..kernels.linear_marginal import marginal_branch_add
 
                 cnt = torch.full(q2k.shape[:3], q2k.shape[3], dtype=torch.int32, device=q2k.device)  # all top-k
@@ -176,11 +177,11 @@ class SLAStarAttention:
             branch = torch.nn.functional.linear(o_l.float(), proj.weight.float(), proj.bias.float())
             return out + branch.to(out.dtype)
 
-    def _fused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any, proj: torch.nn.Module,
-               timer: Any) -> torch.Tensor:
-        """Triton, `global` or with gradients: VSA's coarse stage, then its fine stage and the branch as one
-        (`kernels.sla_star_attn`: the global branch in the sparse forward's epilogue; with gradients one custom op
-        whose backward adds the branch's dQ / dK / dV into the sparse part's in place), timed as the `fine` stage."""
+    def _fused_with_grad(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Any,
+                         proj: torch.nn.Module, timer: Any) -> torch.Tensor:
+        """Triton with gradients (either scope): VSA's coarse stage, then its fine stage and the branch as one custom
+        op (`kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place),
+        timed as the `fine` stage."""
         from ..kernels.coarse import coarse_stage
         from ..kernels.sla_star_attn import sla_star_attention
 

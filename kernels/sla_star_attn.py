@@ -73,7 +73,9 @@ def _op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, ki
     b, s, h, d = q.shape
     dense = {"memory_format": torch.contiguous_format}
     sums = ((0,), (0,)) if scope == "marginal" else ((b * h, d, d), (b * h, d))
-    return (torch.empty_like(q, **dense), torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32),
+    epilogue = scope == "global" and LinearLaunch(*rest[:_N_LAUNCH]).fused_epilogue  # o_sparse laid out as out
+    return (torch.empty_like(q, **dense), torch.empty_like(q, **(dense if epilogue else {})),
+            q.new_empty((b, h, s), dtype=torch.float32),
             *(q.new_empty(x, dtype=torch.float32) for x in sums))
 
 

@@ -271,10 +271,11 @@ def test_k_and_v_of_different_layouts():
 # ------------------------------------------------------------------------------------ ops, compile
 
 
-@pytest.mark.parametrize("scope", ["global", "marginal"])
-def test_custom_ops_pass_opcheck(scope):
+@pytest.mark.parametrize("scope,epilogue", [("global", False), ("global", True), ("marginal", False)])
+def test_custom_ops_pass_opcheck(scope, epilogue):
     (q, k, v, weight, bias), (q2k, cnt), dout = make_case(SMALL, 1, 1, 16, seed=11)
-    off, tuning, launch = SMALL.tile_offsets_i32, op_args(kernel_tuning("cpu", 16)), dataclasses.astuple(LAUNCH)
+    off, tuning = SMALL.tile_offsets_i32, op_args(kernel_tuning("cpu", 16))
+    launch = dataclasses.astuple(dataclasses.replace(LAUNCH, fused_epilogue=epilogue))
     q, k, v, weight, bias = leaves(q, k, v, weight, bias, dtype=torch.float32)
     rest = (scope, "elu", 1e-5, *launch, *tuning)
     torch.library.opcheck(ssa._op, (q, k, v, q2k, cnt, off, 0.25, weight, bias, *rest))

@@ -29,8 +29,8 @@ def _linear_epilogue(q, m_ok, d_ok, offs_d, o_ptr, o_rows, sparse_ptr, kvw_ptr, 
     """SLA*'s projected global linear branch of one query tile added to its sparse output (`linear_branch`'s apply
     arithmetic): o[rows] = phi(q) KVW / (eps + phi(q) . z) + bias + sparse[rows], with batch-head bh's KVW = KV W^T
     (D, D) and z (D,), q the tile's (BLOCK_M, BLOCK_D) rows, o_rows (BLOCK_M, 1) their offsets in o and in sparse
-    (the sparse output, stored already). In SPLIT column blocks of KVW and o (fewer live registers than one (BLOCK_M, BLOCK_D)
-    product beside the sparse kernel's state)."""
+    (the sparse output, stored already). In SPLIT column blocks of KVW and o (fewer live registers than one
+    (BLOCK_M, BLOCK_D) product beside the sparse kernel's state)."""
     pq = _phi(q.to(tl.float32), m_ok, d_ok, KIND)
     z = tl.load(z_ptr + bh * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
     inv = 1.0 / (eps + tl.sum(pq * z[None, :], 1))

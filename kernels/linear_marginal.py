@@ -24,8 +24,8 @@ Kernels (grid (tiles, batch-heads) each, 64-token tiles, partial tiles masked):
   dz = C^T dZ, the GEMMs of the forward transposed.
 The GEMMs over the tile grid and dW are torch matmuls (cuBLAS). The forward saves nothing for the backward: the
 backward recomputes S and U (one pass over K and V and one GEMM), which keeps training memory at the global
-scope's (U is Q_TILES x D x D per batch-head: 1.9 GB a layer in bf16 at the Wan 14B 720p shape). Batch-heads run in groups whose
-(D, D) sums fit `SUMS_BUDGET_BYTES`. No atomics: deterministic.
+scope's (U is Q_TILES x D x D per batch-head: 1.9 GB a layer in bf16 at the Wan 14B 720p shape). Batch-heads run
+in groups whose (D, D) sums fit `SUMS_BUDGET_BYTES`. No atomics: deterministic.
 
 Precision as `linear_branch`: phi, the denominators and Z in fp32; S, U, dU and dS in the GEMM operand dtype (bf16
 for half inputs, summed in fp32 by the GEMMs), fp32 for fp32 inputs (IEEE under the interpreter).

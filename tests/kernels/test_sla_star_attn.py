@@ -1,16 +1,18 @@
-"""Tests for kernels/sla_star_attn.py: `sla_star_attention`, VSA's block-sparse fine stage plus SLA*'s projected
-linear branch (global and marginal scopes), with gradients one custom op (`vsagen::sla_star_attn`, backward `vsagen::sla_star_attn_bwd`
-adding the branch's dQ / dK / dV into the block-sparse backward's buffers in place), without gradients the two
-public functions one after the other; run under the Triton interpreter on CPU.
+"""Tests for kernels/sla_star_attn.py: `sla_star_attention`, VSA's block-sparse fine stage plus SLA*'s projected linear
+branch (global and marginal scopes), with gradients one custom op (`vsagen::sla_star_attn`, backward
+`vsagen::sla_star_attn_bwd` adding the branch's dQ / dK / dV into the block-sparse backward's buffers in place),
+without gradients the two public functions one after the other; run under the Triton interpreter on CPU.
 
 The oracle is float64 with autograd on the same (rounded) inputs: the block-sparse part from the tile map of the
 used q2k entries (`masked_dense`, which takes rows shortened by q2k_cnt) plus F.linear of
-`reference.linear_attention_branch` (with the tile map for `marginal`). Inputs are fresh random, batch 2, on the grid (3, 5, 6) whose four tiles (48,
-24, 12, 6 tokens) are all partial, with a random selection per (batch, head, query tile): random counts, one row
-empty, one row of every tile, garbage past the counts. The fused op must equal `block_sparse_attention` followed by
-`linear_branch_add` or `marginal_branch_add` (bitwise in fp32, where the in-place sum is the same fp32 addition autograd does; within one
-bf16 rounding in bf16), also without gradients and under torch.compile; its backward is bitwise deterministic and
-takes dO of any strides.
+`reference.linear_attention_branch` (with the tile map for `marginal`). Inputs are fresh random, batch 2, on the
+grid (3, 5, 6) whose four tiles (48, 24, 12, 6 tokens) are all partial, with a random selection per (batch, head,
+query tile): random counts, one row empty, one row of every tile, garbage past the counts. The fused op must equal
+`block_sparse_attention` followed by `linear_branch_add` or `marginal_branch_add` (bitwise in fp32, where the
+in-place sum is the same fp32 addition autograd does; within one bf16 rounding in bf16), also without gradients and
+under torch.compile; its backward is bitwise deterministic and takes dO of any strides. Every case runs also with
+the global branch in the sparse forward's epilogue (`LinearLaunch.fused_epilogue`), whose output is within fp32
+reordering of the two launches.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@
 2. Timings (triton.testing.do_bench medians, ms) at the 1.3B 480p, 5B 704x1280x121 and 14B 720p shapes:
    SDPA cuDNN and flash (forward, forward+backward), FlexAttention block-sparse at the same density (64-token
    blocks over the padded tile layout with the same q2k, and 128-token blocks at the same density), the VSA
-   coarse stage alone, the fine stage alone, VSA forward (coarse + fine) and forward+backward. Each row has the
-   ratio against dense cuDNN measured in the same run (forward rows vs cuDNN forward, forward+backward rows vs
+   coarse stage alone, the fine stage alone, VSA and `rocm-vsa` forward (coarse + fine) and forward+backward.
+   Each row has the ratio against dense cuDNN measured in the same run (forward rows vs cuDNN forward, fwd+bwd vs
    cuDNN forward+backward) and, for the fine stage, its rate in TFLOP/s on the 64x64 blocks it computes.
 3. Issue 12 (`benchmarks/sla_peer.py`): at each shape, forward and forward+backward of dense cuDNN, `vsa` and
    `sla-star` (global and marginal scopes, with a random projection of trained size) through their backend objects
@@ -93,7 +93,7 @@ def check(shape: Shape, sparsity: float, out: dict, tuning: KernelTuning) -> Non
 
 
 def time_shape(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTuning,
-               with_flex: bool = True) -> None:
+               with_flex: bool = True, rocm_tuning: KernelTuning | None = None) -> None:
     from torch.nn.attention import SDPBackend
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -127,11 +127,13 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTu
               f"({rows[-1]['computed_blocks_fraction']:.3f}), "
               f"{rows[-1]['tflops_on_computed_blocks']:.0f} TFLOP/s on them", flush=True)
 
-    def vsa_fwd():
-        cc = coarse_stage(q, k, off, top_k, tuning=tuning)
-        return bsa.bsa_fwd(q, k, v, cc.q2k, cc.q2k_cnt, off, tuning=tuning)
+    def vsa_fwd(t=tuning):
+        cc = coarse_stage(q, k, off, top_k, tuning=t)
+        return bsa.bsa_fwd(q, k, v, cc.q2k, cc.q2k_cnt, off, tuning=t)
 
     add("VSA forward (coarse + fine)", bench(vsa_fwd), "fwd")
+    if rocm_tuning is not None:  # `rocm-vsa`: the same kernels with the ROCm profile (tuning.ROCM_VSA_CHANGES)
+        add("rocm-vsa forward (coarse + fine)", bench(lambda: vsa_fwd(rocm_tuning)), "fwd")
     # FlexAttention at the same density: the same q2k over the tile layout padded to 64-token blocks
     pad = layout.slots.numel()
     flat = layout.slots.reshape(-1)
@@ -184,12 +186,14 @@ def time_shape(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTu
     add("SDPA cuDNN fwd+bwd", bench(fb_sdpa(SDPBackend.CUDNN_ATTENTION)), "fwd+bwd", 3.5 * dense_flops)
     add("SDPA flash fwd+bwd", bench(fb_sdpa(SDPBackend.FLASH_ATTENTION)), "fwd+bwd", 3.5 * dense_flops)
 
-    def fb_vsa():
-        cc = coarse_stage(qg, kg, off, top_k, tuning=tuning)
-        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off, tuning=tuning)
+    def fb_vsa(t=tuning):
+        cc = coarse_stage(qg, kg, off, top_k, tuning=t)
+        o, _ = bsa.block_sparse_attention(qg, kg, vg, cc.q2k, cc.q2k_cnt, off, tuning=t)
         o.backward(do)
 
     add("VSA fwd+bwd (coarse + fine)", bench(fb_vsa), "fwd+bwd", 3.5 * fine_flops)
+    if rocm_tuning is not None:
+        add("rocm-vsa fwd+bwd (coarse + fine)", bench(lambda: fb_vsa(rocm_tuning)), "fwd+bwd", 3.5 * fine_flops)
 
 
 # Size-class launch tables to try, BLOCK_D 128: ((block, num_warps, num_stages), ...) as in KernelTuning.
@@ -403,8 +407,8 @@ def main() -> None:
     args = ap.parse_args()
     import triton
 
-    def tuning_for(shape: Shape) -> KernelTuning:
-        """The device's default tuning at the shape's head dim, with the flags' choices replaced."""
+    def tuning_for(shape: Shape, profile: str = "vsa") -> KernelTuning:
+        """The device's default tuning (of `profile`) at the shape's head dim, with the flags' choices replaced."""
         changes = {}
         if args.tile_loads != "auto":
             changes["tma_loads"] = args.tile_loads == "on"
@@ -412,7 +416,7 @@ def main() -> None:
             changes["bwd_two_streams"] = args.bwd_streams == 2
         if args.pack is not None:
             changes["pack_partial_tiles"] = args.pack == "on"
-        return dataclasses.replace(kernel_tuning(torch.device("cuda"), shape.head_dim), **changes)
+        return dataclasses.replace(kernel_tuning(torch.device("cuda"), shape.head_dim, profile), **changes)
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
           f"sparsity {args.sparsity}; tuning at the 1.3B shape: {tuning_for(SHAPES['1.3b'])}", flush=True)
@@ -431,7 +435,7 @@ def main() -> None:
     for key in filter(None, args.shapes.split(",")):
         if not args.sla_only:
             time_shape(SHAPES[key], args.sparsity, report["rows"], tuning_for(SHAPES[key]),
-                       with_flex=not args.no_flex)
+                       with_flex=not args.no_flex, rocm_tuning=tuning_for(SHAPES[key], "rocm-vsa"))
             torch.cuda.empty_cache()
         if not args.no_sla:
             report["sla_rows"] += sla_peer.time_sla(SHAPES[key], args.sparsity, tuning_for(SHAPES[key]), kernel)

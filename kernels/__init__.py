@@ -8,8 +8,9 @@ Contents:
   the Triton kernels' tests, with the torch oracles of the index kernels: `build_k2q` (transpose of q2k lists)
   and `tile_plan_reference` (no triton import).
 * `tuning.py`: `KernelTuning`, the frozen value that says how the kernels run (TMA or pointer loads, packed tile
-  plans, a second backward stream, the coarse score precision, launch tables), and `kernel_tuning(device,
-  head_dim)`, the defaults per architecture and head dim; every launcher takes `tuning=` (None: those defaults).
+  plans, a second backward stream, the coarse score precision, launch tables, one-pass load hints, the lean index
+  walk, AMD compiler options), and `kernel_tuning(device, head_dim, profile)`, the defaults per architecture, head
+  dim and backend profile ("vsa", "rocm-vsa"); every launcher takes `tuning=` (None: the "vsa" defaults).
   No triton import.
 * `block_sparse_attn.py`: Triton block-sparse flash attention over tiles (VSA's fine stage), forward and
   backward, as the autograd-aware custom op behind `block_sparse_attention`; re-exports the raw launchers
@@ -29,6 +30,9 @@ Contents:
 * `linear_marginal.py`: the same branch in the marginal scope (over the key tiles a query tile did not select:
   per-tile sums, their sums over each query tile's unselected tiles as one GEMM over the tile grid):
   `marginal_branch_add`, its backward `marginal_branch_backward`, `unselected_map`.
+* `amd_build.py`: the AMD build check: every kernel `rocm-vsa` launches compiled for gfx942 / gfx950 on any machine
+  (Triton's launch replaced by a compile for the target), with each compiled kernel's registers, LDS, spills,
+  occupancy and `nt` (evict-first) loads read from its AMDGCN (`python -m vsagen.kernels.amd_build`).
 * `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the linear branch (either scope) as one custom op
   with gradients, so the backward sums the two parts' dQ / dK / dV in place.
 

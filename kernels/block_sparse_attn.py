@@ -49,10 +49,9 @@ from __future__ import annotations
 
 import torch
 
-from .bsa_backward import bsa_bwd
+from .bsa_backward import bsa_bwd, k2q_lists
 from .bsa_forward import bsa_fwd
 from .bsa_primitives import BLOCK, check_fp32_bwd, check_inputs, interpreting, use_tma
-from .k2q import build_k2q_triton
 from .reference import build_k2q
 from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning, op_args
 
@@ -87,9 +86,10 @@ def _bsa_op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *tuning):
 def _bsa_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, scale, *tuning):
     """Backward custom op: k2q lists from `k2q.build_k2q_triton` (two Triton launches, 23 us on the H200 at the
     1.3B shape against 260 us for the torch `reference.build_k2q`, which stays as its oracle), then `bsa_bwd`."""
-    k2q, k2q_cnt = build_k2q_triton(q2k, q2k_cnt, tile_offsets.numel() - 1)
+    tuning = KernelTuning.from_op_args(*tuning)
+    k2q, k2q_cnt, rows = k2q_lists(q2k, q2k_cnt, tile_offsets, q.shape[1], tuning)
     return bsa_bwd(dout, q, k, v, out, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, dlse=dlse,
-                   tuning=KernelTuning.from_op_args(*tuning))
+                   tuning=tuning, k2q_rows=rows)
 
 
 @_bsa_bwd_op.register_fake

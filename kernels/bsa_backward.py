@@ -20,7 +20,8 @@ import triton.language as tl
 from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_fp32_bwd, check_inputs, interpreting,
                              load_full_kv_tile, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts,
                              q2k_lists, size_classes, tma_descs, tma_layout_ok, use_tma)
-from .tuning import KernelTuning, default_tuning
+from .k2q import build_k2q_triton
+from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
 # The delta preprocess is a streaming row reduction: one warp group is plenty.
 PRE_NUM_WARPS = 4
@@ -87,10 +88,11 @@ def _bsa_bwd_dq_kernel(
     num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", LEAN: tl.constexpr = False,
 ):
     """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row; exits
-    at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, PACK: the row's tile plan, as in
-    the forward."""
+    at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, PACK: the row's tile plan, EVICT /
+    CACHE / LEAN: the K / V loads' hints and the lean group read, as in the forward."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -126,18 +128,19 @@ def _bsa_bwd_dq_kernel(
         nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
         for i in range(0, nf):  # full tiles
             k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
-                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
+                                      EVICT, CACHE)
             dq = _dq_step(q, do, k, v, offs_n, lse2, delta, dq, qk_scale, IEEE, MASK=False)
         for p in range(0, npk):  # partial tiles, packed
-            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
-            k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32)
+            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG, LEAN)
+            k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
             dq = _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE)
     else:
         cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
         for i in range(0, cnt):
             k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
                                               b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                              TMA, DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+                                              TMA, DOT_FP32, EVICT, CACHE)  # k, v: (BLOCK_N, BLOCK_D)
             dq = _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE)
     dq = dq * sm_scale
     tl.store(dq_ptr + b * stride_dqb + h * stride_dqh + q_rows * stride_dqs + offs_d[None, :],
@@ -160,10 +163,14 @@ def _bsa_bwd_dkdv_kernel(
     num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", K2Q_ROWS: tl.constexpr = False,
 ):
     """One program: dK and dV of one key tile of one (batch, head), looping over the query tiles of its k2q row;
     exits at once outside its size class (len_lo, len_hi]. TMA: the Q / dO tiles by TMA from q_desc / do_desc
     (rows past a partial query tile's end then hold the next tile's tokens; their LSE is +inf, so P^T is 0).
+    EVICT / CACHE: the Q / dO loads' hints (pointer loads only). K2Q_ROWS: the k2q entries are (start << 7) |
+    length of each query tile (`k2q.build_k2q_triton(tile_offsets=...)`), one load per iteration; else tile ids,
+    whose start and length are read from off_ptr.
 
     Works on transposed scores S^T = K Q^T so that no (BLOCK_N, BLOCK_M) tile needs a register transpose. Rows
     past the key tile's end see zero keys; their dK / dV rows are computed but never stored.
@@ -199,9 +206,14 @@ def _bsa_bwd_dkdv_kernel(
     lse_base = lse_ptr + b * stride_lb + h * stride_lh
     delta_base = delta_ptr + b * stride_lb + h * stride_lh
     for i in range(0, cnt):
-        qt = tl.load(row_ptr + i)
-        q_start = tl.load(off_ptr + qt)
-        q_len = tl.load(off_ptr + qt + 1) - q_start
+        if K2Q_ROWS:
+            entry = tl.load(row_ptr + i)
+            q_start = entry >> 7
+            q_len = entry & 127
+        else:
+            qt = tl.load(row_ptr + i)
+            q_start = tl.load(off_ptr + qt)
+            q_len = tl.load(off_ptr + qt + 1) - q_start
         m_ok = offs_m < q_len
         rows = (q_start + offs_m)[:, None]
         if TMA:
@@ -209,8 +221,10 @@ def _bsa_bwd_dkdv_kernel(
             do = do_desc.load([b * seq_len + q_start, h * HEAD_DIM])
         else:
             q_mask = m_ok[:, None] & d_ok[None, :]
-            q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)
-            do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0)
+            q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0, eviction_policy=EVICT,
+                        cache_modifier=CACHE)  # (BLOCK_M, BLOCK_D)
+            do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0,
+                         eviction_policy=EVICT, cache_modifier=CACHE)
         lse = tl.load(lse_base + q_start + offs_m, mask=m_ok, other=float("inf"))
         # Base-2 LSE; +inf on rows past the query tile's end (and, defensively, on empty rows): P^T = 0 there.
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
@@ -232,9 +246,9 @@ def _bsa_bwd_dkdv_kernel(
 
 
 def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
-               scale, meta, tma_kv, launch) -> None:
-    """The dQ kernel's size-class launches (`launch`, a tuning's bwd_dq_launch) on the current stream; q2k /
-    q2k_cnt and meta's PACK from `q2k_lists`."""
+               scale, meta, tma_kv, launch, hip) -> None:
+    """The dQ kernel's size-class launches (`launch`, a tuning's bwd_dq_launch; `hip` its HIP options) on the
+    current stream; q2k / q2k_cnt and meta's PACK from `q2k_lists`."""
     for blk, lo, num_warps, num_stages in size_classes(launch, block_d, q.dtype):
         _bsa_bwd_dq_kernel[grid](
             q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
@@ -247,8 +261,20 @@ def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_of
             q2k.stride(0), q2k.stride(1), q2k.stride(2),
             q2k_cnt.stride(0), q2k_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
-            PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages,
+            PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages, **hip_kwargs(hip),
         )
+
+
+K2Q_ROWS_MAX_TOKENS = 2 ** 24  # pre-offset k2q entries pack the start row as start << 7 into int32
+
+
+def k2q_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, seq_len: int,
+              tuning: KernelTuning) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The dK/dV loop's k2q lists and `bsa_bwd`'s k2q_rows flag: `k2q.build_k2q_triton` with pre-offset entries
+    ((start << 7) | length) when the tuning has lean_index and seq_len < 2^24, else with tile ids."""
+    rows = tuning.lean_index and seq_len < K2Q_ROWS_MAX_TOKENS
+    k2q, k2q_cnt = build_k2q_triton(q2k, q2k_cnt, tile_offsets.numel() - 1, tile_offsets if rows else None)
+    return k2q, k2q_cnt, rows
 
 
 @functools.cache
@@ -260,14 +286,17 @@ def _side_stream(idx: int) -> torch.cuda.Stream:
 def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
             lse: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor, k2q: torch.Tensor, k2q_cnt: torch.Tensor,
             tile_offsets: torch.Tensor, scale: float | None = None, dlse: torch.Tensor | None = None,
-            tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            tuning: KernelTuning | None = None,
+            k2q_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernels (no autograd; layout contract in `block_sparse_attn`'s docstring).
 
     Args:
         do: (B, S, H, D) gradient of out, any strides (copied if the head dim is not unit stride).
         q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, scale: the forward's inputs and outputs (lse (B, H, S)).
         k2q, k2q_cnt: (B, H, KV_TILES, Q_TILES) / (B, H, KV_TILES) int32, the transpose of (q2k, q2k_cnt), from
-            `k2q.build_k2q_triton` or `reference.build_k2q`; k2q with unit stride on its last axis.
+            `k2q.build_k2q_triton` or `reference.build_k2q`; k2q with unit stride on its last axis. With
+            k2q_rows, the entries are (start row << 7) | length of each query tile instead of its id
+            (`k2q.build_k2q_triton(..., tile_offsets=tile_offsets)`, for a tuning with lean_index).
         dlse: optional (B, H, S) gradient of lse.
         tuning: tile loads, packing, the second stream and the dQ / dK-dV launches; None:
             `tuning.kernel_tuning(q.device, D)`.
@@ -313,7 +342,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     tma_kv, tma_qdo = use_tma(k, v, wanted=tuning.tma_loads), use_tma(q, do, wanted=tuning.tma_loads)
     k_desc, v_desc = tma_descs(tma_kv, k, v)
     q_desc, do_desc = tma_descs(tma_qdo, q, do)
-    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp))
+    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
+                **load_hints(tuning))
     grid = (n_tiles, b * h)
     side = None
     if tuning.bwd_two_streams and q.is_cuda and not interp:  # dQ on a second stream, beside dK/dV: their
@@ -323,7 +353,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
         _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
-                   scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch)
+                   scale, dict(meta, PACK=pack, LEAN=tuning.lean_index), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq)
     for blk, lo, num_warps, num_stages in size_classes(tuning.bwd_dkdv_launch, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,
@@ -336,8 +366,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse.stride(0), lse.stride(1),
             k2q.stride(0), k2q.stride(1), k2q.stride(2),
             k2q_cnt.stride(0), k2q_cnt.stride(1),
-            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo,
-            num_warps=num_warps, num_stages=num_stages,
+            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo, K2Q_ROWS=k2q_rows,
+            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_dkdv),
         )
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)

@@ -17,7 +17,7 @@ from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_inputs, interpreting,
                              load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, size_classes,
                              tma_descs, use_tma)
 from .linear_branch import _KIND, _flags, _mm, _phi
-from .tuning import KernelTuning, default_tuning
+from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
 BRANCH_SPLIT = 2  # `_linear_epilogue`'s column blocks (sm_90 compile, 4 warps, D = 128: 1 block spilled 552 bytes)
 
@@ -86,6 +86,7 @@ def _bsa_fwd_kernel(
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
     BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", LEAN: tl.constexpr = False,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -95,7 +96,9 @@ def _bsa_fwd_kernel(
     cnt_ptr are the q2k lists and counts, one tile per iteration. BRANCH: SLA*'s global linear branch is added to
     the output in the epilogue (`_linear_epilogue`, operands kvw_ptr / z_ptr / bias_ptr, feature map KIND, GEMM
     flags LOWP / BRANCH_IEEE as `linear_branch`) to the sparse output rounded to o's dtype (as when the branch runs
-    after it), which is stored first (at o_sparse_ptr, o's strides, with SAVE_SPARSE; else at o_ptr) and read back."""
+    after it), which is stored first (at o_sparse_ptr, o's strides, with SAVE_SPARSE; else at o_ptr) and read back.
+    EVICT / CACHE: the K / V loads' hints (`tuning.load_hints`; pointer loads only); LEAN: `pack_rows`' lean
+    group read (`KernelTuning.lean_index`)."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -123,12 +126,13 @@ def _bsa_fwd_kernel(
         nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
         for i in range(0, nf):  # full tiles
             k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
-                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
+                                      EVICT, CACHE)
             s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
             m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc, qk_scale, IEEE, MASK=False)
         for p in range(0, npk):  # partial tiles, packed
-            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
-            k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32)
+            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG, LEAN)
+            k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
             s = mm(q, tl.trans(k), IEEE)
             m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
     else:
@@ -136,7 +140,7 @@ def _bsa_fwd_kernel(
         for i in range(0, cnt):
             k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
                                               b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                              TMA, DOT_FP32)  # k, v: (BLOCK_N, BLOCK_D)
+                                              TMA, DOT_FP32, EVICT, CACHE)  # k, v: (BLOCK_N, BLOCK_D)
             s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
             m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
@@ -237,7 +241,7 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> 
             br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"],
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
-            PACK=pack, PACK_SEG=PACK_SEG,
-            num_warps=num_warps, num_stages=num_stages, **br["consts"],
+            PACK=pack, PACK_SEG=PACK_SEG, LEAN=tuning.lean_index, **load_hints(tuning),
+            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd), **br["consts"],
         )
     return lse

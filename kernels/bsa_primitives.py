@@ -46,16 +46,18 @@ def mm(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                  DOT_FP32: tl.constexpr):
+                  DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
     """Load key tile `kt` of K and V: (BLOCK_N, BLOCK_D) each, rows past the tile's end zeroed and flagged
-    False in n_ok (BLOCK_N,)."""
+    False in n_ok (BLOCK_N,). EVICT / CACHE: tl.load's eviction_policy / cache_modifier (`tuning.load_hints`)."""
     k_start = tl.load(off_ptr + kt)
     k_len = tl.load(off_ptr + kt + 1) - k_start
     n_ok = offs_n < k_len
     rows = (k_start + offs_n)[:, None]
     kv_mask = n_ok[:, None] & d_ok[None, :]
-    k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=kv_mask, other=0.0, eviction_policy=EVICT,
+                cache_modifier=CACHE)
+    v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=kv_mask, other=0.0, eviction_policy=EVICT,
+                cache_modifier=CACHE)
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -79,27 +81,34 @@ def _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, row0, col0, offs_n, DOT_FP32:
 
 @triton.jit
 def load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt, row0, col0, stride_ks, stride_vs, offs_n,
-                         offs_d, d_ok, TMA: tl.constexpr, DOT_FP32: tl.constexpr):
-    """Key tile `kt` of K and V by TMA (`_load_kv_tile_tma`) or pointer loads (`_load_kv_tile`): (k, v, n_ok)."""
+                         offs_d, d_ok, TMA: tl.constexpr, DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "",
+                         CACHE: tl.constexpr = ""):
+    """Key tile `kt` of K and V by TMA (`_load_kv_tile_tma`) or pointer loads (`_load_kv_tile`, with the EVICT /
+    CACHE hints): (k, v, n_ok)."""
     if TMA:
         k, v, n_ok = _load_kv_tile_tma(k_desc, v_desc, off_ptr, kt, row0, col0, offs_n, DOT_FP32)
     else:
-        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok, DOT_FP32)
+        k, v, n_ok = _load_kv_tile(k_base, v_base, off_ptr, kt, stride_ks, stride_vs, offs_n, offs_d, d_ok, DOT_FP32,
+                                   EVICT, CACHE)
     return k, v, n_ok
 
 
 @triton.jit
 def load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, row0, col0, stride_ks, stride_vs, offs_n, offs_d,
-                       d_ok, TMA: tl.constexpr, DOT_FP32: tl.constexpr):
+                       d_ok, TMA: tl.constexpr, DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "",
+                       CACHE: tl.constexpr = ""):
     """Load the full key tile (64 tokens, so no row mask) starting at row k_start of K and V: (BLOCK_N, BLOCK_D)
-    each, by TMA from the descriptors at (row0 + k_start, col0) or by pointer loads from k_base / v_base."""
+    each, by TMA from the descriptors at (row0 + k_start, col0) or by pointer loads from k_base / v_base (with
+    the EVICT / CACHE hints; TMA loads take none)."""
     if TMA:
         k = k_desc.load([row0 + k_start, col0])
         v = v_desc.load([row0 + k_start, col0])
     else:
         rows = (k_start + offs_n)[:, None]
-        k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=d_ok[None, :], other=0.0)
-        v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+        k = tl.load(k_base + rows * stride_ks + offs_d[None, :], mask=d_ok[None, :], other=0.0,
+                    eviction_policy=EVICT, cache_modifier=CACHE)
+        v = tl.load(v_base + rows * stride_vs + offs_d[None, :], mask=d_ok[None, :], other=0.0,
+                    eviction_policy=EVICT, cache_modifier=CACHE)
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -113,29 +122,40 @@ def plan_counts(cnt_row):
 
 
 @triton.jit
-def pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
+def pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr, LEAN: tl.constexpr = False):
     """Token rows of pack p of a tile plan row (`tile_plan.build_tile_plan`): the partial tiles' tokens in plan
     groups [p * BLOCK_N / SEG, (p + 1) * BLOCK_N / SEG), as rows (BLOCK_N,) int32 and n_ok (BLOCK_N,) bool (False
-    past a group's tokens and past the row's ng groups). The groups are read as BLOCK_N / SEG scalar loads, which
-    Triton's software pipeliner prefetches as it does the q2k entries."""
+    past a group's tokens and past the row's ng groups). LEAN: each row loads its own group word (one vector
+    load, SEG lanes to an address, no selects); else the groups are read as BLOCK_N / SEG scalar loads (which
+    Triton's software pipeliner prefetches as it does the q2k entries) and selected into the rows."""
     within = offs_n % SEG
     slot = offs_n // SEG
-    rows = tl.zeros_like(offs_n)
-    n_ok = offs_n < 0
-    for j in tl.static_range(BLOCK_N // SEG):
-        g = p * (BLOCK_N // SEG) + j
-        group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (first row << 4) | tokens
-        rows = tl.where(slot == j, (group >> 4) + within, rows)
-        n_ok = tl.where(slot == j, within < (group & 15), n_ok)
+    if LEAN:
+        g = p * (BLOCK_N // SEG) + slot
+        group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (BLOCK_N,) (first row << 4) | tokens
+        rows = (group >> 4) + within
+        n_ok = within < (group & 15)
+    else:
+        rows = tl.zeros_like(offs_n)
+        n_ok = offs_n < 0
+        for j in tl.static_range(BLOCK_N // SEG):
+            g = p * (BLOCK_N // SEG) + j
+            group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (first row << 4) | tokens
+            rows = tl.where(slot == j, (group >> 4) + within, rows)
+            n_ok = tl.where(slot == j, within < (group & 15), n_ok)
     return rows, n_ok
 
 
 @triton.jit
-def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_FP32: tl.constexpr):
-    """Gather rows (R,) of two (S, BLOCK_D) tensors by pointer loads, zero where n_ok is False."""
+def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_FP32: tl.constexpr,
+              EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
+    """Gather rows (R,) of two (S, BLOCK_D) tensors by pointer loads (EVICT / CACHE hints), zero where n_ok is
+    False."""
     mask = n_ok[:, None] & d_ok[None, :]
-    a = tl.load(base_a + rows[:, None] * stride_a + offs_d[None, :], mask=mask, other=0.0)
-    c = tl.load(base_b + rows[:, None] * stride_b + offs_d[None, :], mask=mask, other=0.0)
+    a = tl.load(base_a + rows[:, None] * stride_a + offs_d[None, :], mask=mask, other=0.0, eviction_policy=EVICT,
+                cache_modifier=CACHE)
+    c = tl.load(base_b + rows[:, None] * stride_b + offs_d[None, :], mask=mask, other=0.0, eviction_policy=EVICT,
+                cache_modifier=CACHE)
     if DOT_FP32:
         a = a.to(tl.float32)
         c = c.to(tl.float32)

@@ -116,12 +116,13 @@ def _k2q_map_kernel(
 
 @triton.jit
 def _k2q_compact_kernel(
-    map_ptr, k2q_ptr, k2q_cnt_ptr,
+    map_ptr, k2q_ptr, k2q_cnt_ptr, off_ptr,
     num_q_tiles, num_kv_tiles,
-    BLOCK_Q: tl.constexpr, BLOCK_J: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_J: tl.constexpr, ROWS: tl.constexpr = False,
 ):
     """One program: rows j0 .. j0 + BLOCK_J - 1 of k2q and k2q_cnt of one (batch, head), from the same columns of
-    the block map (k2q and k2q_cnt contiguous)."""
+    the block map (k2q and k2q_cnt contiguous). ROWS: each entry is (start << 7) | length of the query tile (from
+    the tile offsets at off_ptr), else its id."""
     pid_j = tl.program_id(0)
     pid_bh = tl.program_id(1).to(tl.int64)
     offs_j = pid_j * BLOCK_J + tl.arange(0, BLOCK_J)
@@ -136,7 +137,12 @@ def _k2q_compact_kernel(
         sel = tl.load(map_base + qs[:, None] * num_kv_tiles + offs_j[None, :], mask=ok, other=0)
         sel = (sel != 0).to(tl.int32)  # (BLOCK_Q, BLOCK_J)
         rank = tl.cumsum(sel, axis=0) + (run - 1)[None, :]  # (BLOCK_Q, BLOCK_J) slot in row j, if selected
-        tl.store(out_rows[None, :] + rank, qs[:, None] + tl.zeros_like(rank), mask=sel != 0)
+        if ROWS:
+            start = tl.load(off_ptr + qs, mask=qs < num_q_tiles, other=0)
+            entry = (start << 7) | (tl.load(off_ptr + qs + 1, mask=qs < num_q_tiles, other=0) - start)
+        else:
+            entry = qs
+        tl.store(out_rows[None, :] + rank, entry[:, None] + tl.zeros_like(rank), mask=sel != 0)
         run += tl.sum(sel, axis=0)
     tl.store(k2q_cnt_ptr + pid_bh * num_kv_tiles + offs_j, run, mask=j_ok)
     # Zeros past the count, as the torch version leaves there (stored row-major: unit stride along axis 1).
@@ -160,8 +166,8 @@ def _check_k2q_inputs(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_kv_tiles: in
         raise ValueError(f"Q_TILES * KV_TILES = {q2k.shape[2] * num_kv_tiles} must stay below 2^31")
 
 
-def build_k2q_triton(q2k: torch.Tensor, q2k_cnt: torch.Tensor,
-                     num_kv_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+def build_k2q_triton(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_kv_tiles: int,
+                     tile_offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Transpose the q2k lists in Triton: for each key tile, the query tiles that selected it, ascending.
 
     Same contract and values as `reference.build_k2q` (exact, deterministic: no atomics, every output
@@ -173,21 +179,29 @@ def build_k2q_triton(q2k: torch.Tensor, q2k_cnt: torch.Tensor,
             q2k_cnt are never read. An entry out of range is dropped.
         q2k_cnt: (B, H, Q_TILES) int32 or int64 in [0, K] (clamped to it).
         num_kv_tiles: KV_TILES >= 0.
+        tile_offsets: optional (Q_TILES + 1,) int32 tile starts (at most 64 tokens per tile, fewer than 2^24
+            tokens): then each entry is the query tile's (start row << 7) | length instead of its id (the
+            pre-offset entries of `KernelTuning.lean_index`: the dK/dV loop reads one word per query tile).
 
     Returns:
         k2q: (B, H, KV_TILES, Q_TILES) int32, contiguous; row j lists ascending every query tile i whose first
-            q2k_cnt[i] entries contain j, and holds 0 past k2q_cnt[j].
+            q2k_cnt[i] entries contain j (its id, or its (start << 7) | length with tile_offsets), and holds 0
+            past k2q_cnt[j].
         k2q_cnt: (B, H, KV_TILES) int32, contiguous.
 
     Raises:
         ValueError: q2k not 4-D, q2k_cnt not (B, H, Q_TILES), dtypes other than int32 / int64, tensors on two
-            devices, a negative or non-int num_kv_tiles, or Q_TILES * KV_TILES >= 2^31.
+            devices, a negative or non-int num_kv_tiles, Q_TILES * KV_TILES >= 2^31, or tile_offsets not an
+            int32 (Q_TILES + 1,) tensor.
 
     Source: the dK / dV pass of FlashAttention-2's backward (arXiv 2307.08691, alg. 2) walks key blocks, so VSA's
     block-sparse backward (arXiv 2505.13389, sec. 2) needs each key tile's query list.
     """
     _check_k2q_inputs(q2k, q2k_cnt, num_kv_tiles)
     b, h, n_q, top_k = q2k.shape
+    if tile_offsets is not None and (tile_offsets.dtype != torch.int32 or tile_offsets.shape != (n_q + 1,)):
+        raise ValueError(f"tile_offsets must be int32 ({n_q + 1},), got {tile_offsets.dtype} "
+                         f"{tuple(tile_offsets.shape)}")
     dev = q2k.device
     k2q = torch.empty((b, h, num_kv_tiles, n_q), dtype=torch.int32, device=dev)
     k2q_cnt = torch.empty((b, h, num_kv_tiles), dtype=torch.int32, device=dev)
@@ -208,8 +222,8 @@ def build_k2q_triton(q2k: torch.Tensor, q2k_cnt: torch.Tensor,
     )
     block_j = min(KV_GROUP, triton.next_power_of_2(num_kv_tiles))
     _k2q_compact_kernel[(triton.cdiv(num_kv_tiles, block_j), b * h)](
-        block_map, k2q, k2q_cnt, n_q, num_kv_tiles,
-        BLOCK_Q=min(CHUNK_Q, triton.next_power_of_2(n_q)), BLOCK_J=block_j,
+        block_map, k2q, k2q_cnt, k2q_cnt if tile_offsets is None else tile_offsets, n_q, num_kv_tiles,
+        BLOCK_Q=min(CHUNK_Q, triton.next_power_of_2(n_q)), BLOCK_J=block_j, ROWS=tile_offsets is not None,
         num_warps=COMPACT_NUM_WARPS,
     )
     return k2q, k2q_cnt

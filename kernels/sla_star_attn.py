@@ -23,7 +23,7 @@ import dataclasses
 import torch
 
 from .block_sparse_attn import block_sparse_attention, check_inputs_and_tiles
-from .bsa_backward import bsa_bwd
+from .bsa_backward import bsa_bwd, k2q_lists
 from .bsa_forward import bsa_fwd, bsa_fwd_linear
 from .bsa_primitives import check_fp32_bwd
 from .k2q import build_k2q_triton
@@ -87,8 +87,9 @@ def _op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, ki
 def _bwd_op(dout, q, k, v, o_s, lse, q2k, q2k_cnt, tile_offsets, scale, weight, kv, z, scope, kind, eps, *rest):
     """(dq, dk, dv, dweight, dbias): the block-sparse backward, then the branch's added in place."""
     launch, tuning = LinearLaunch(*rest[:_N_LAUNCH]), KernelTuning.from_op_args(*rest[_N_LAUNCH:])
-    k2q, k2q_cnt = build_k2q_triton(q2k, q2k_cnt, tile_offsets.numel() - 1)
-    grads = bsa_bwd(dout, q, k, v, o_s, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, tuning=tuning)
+    k2q, k2q_cnt, rows = k2q_lists(q2k, q2k_cnt, tile_offsets, q.shape[1], tuning)
+    grads = bsa_bwd(dout, q, k, v, o_s, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, tuning=tuning,
+                    k2q_rows=rows)
     if scope == "marginal":
         return marginal.marginal_branch_backward(dout, q, k, v, weight, q2k, q2k_cnt, tile_offsets, kind, eps,
                                                  launch, grads=grads)

@@ -9,8 +9,12 @@ row for the head dim (`FWD_LAUNCH`, `BWD_DQ_LAUNCH`, `BWD_DKDV_LAUNCH`). Benchma
 
 Architectures (`device_arch`): "sm90" (NVIDIA Hopper, compute capability 9.x) and "sm100" (datacenter Blackwell,
 10.x) fetch tiles by TMA; "nvidia" (other NVIDIA majors, >= 8) and "nvidia-pre-sm80" by pointer loads; "rocm-cdna3"
-(torch.version.hip set and capability 9.4, MI300) and "rocm" never by TMA and with one backward stream; "cpu"
-(CPU tensors, or any tensor under the Triton interpreter, TRITON_INTERPRET=1 read at call time) neither.
+(torch.version.hip set and capability 9.4: gfx942, MI300X / MI325X), "rocm-cdna4" (9.5: gfx950, MI350X / MI355X)
+and "rocm" (other AMD GPUs) never by TMA, with one backward stream and their own launch tables (`HIP_LAUNCH`); "cpu"
+(CPU tensors, or any tensor under the Triton interpreter, TRITON_INTERPRET=1 read at call time) none of these.
+
+Profiles: `kernel_tuning(device, head_dim, profile)` serves the `vsa` backend ("vsa") and `rocm-vsa` ("rocm-vsa":
+the ROCm seed's three kernel changes, `ROCM_VSA_CHANGES`, on top of the architecture's defaults).
 
 No triton import here: this module, like `reference`, loads without the Linux-only dependency.
 """
@@ -30,6 +34,19 @@ TILE = 64  # tokens of a full tile: the largest size class
 
 # One kernel's launches: (block, num_warps, num_stages) per tile-size class, smallest block first, the last 64.
 Launch = tuple[tuple[int, int, int], ...]
+# One kernel's AMD compiler options, for every size class: (waves_per_eu, matrix_instr_nonkdim, kpack); () off HIP.
+HipOptions = tuple[int, ...]
+HIP_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+# How the block-sparse loops load the operands they stream once per program (K / V in the forward and dQ loops,
+# Q / dO in the dK/dV loop; seed 002's second change). "cached": plain loads. "evict_first":
+# eviction_policy="evict_first" (NVIDIA: the L1 / L2 evict-first policy; Triton 3.8's AMD backend drops it: the
+# AMDGCN loads are the same as plain ones, checked by compiling for gfx942 / gfx950). "streaming":
+# cache_modifier=".cs" (NVIDIA: ld.global.cs, evict-first in L1 and L2; AMD: the `nt` non-temporal bit on
+# global_load / buffer_load, the form in which an evict-first hint reaches AMD hardware). TMA loads (`tma_loads`)
+# take no hint in either Triton, so on Hopper the hint reaches the pointer-load paths only (the packed partial
+# tiles, and every load with tma_loads off).
+ONE_PASS_LOADS = ("cached", "evict_first", "streaming")
 
 # ------------------------------------------------------------------------------------------- launch tables
 # Launch parameters by BLOCK_D, for bf16 / fp16 inputs: one launch per tile-size class, each entry
@@ -66,6 +83,37 @@ BWD_DQ_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64
 BWD_DKDV_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((64, 4, 3),),
                                     128: ((16, 4, 2), (32, 4, 2), (64, 4, 3)), 256: ((64, 8, 1),)})
 
+# ------------------------------------------------------------------------------------------ AMD launch tables
+# HIP launch tables (seed 002's first change: forward and backward tuning spaces of their own on AMD) for the
+# "rocm-cdna3" (gfx942) / "rocm-cdna4" (gfx950) / "rocm" architectures, one row for every BLOCK_D up to 128 and one
+# for 256. Nothing here was timed: no AMD GPU is lent. The choices come from (1) the published HIP configs
+# (FastVideo PR #1860 for VSA's Triton kernel on MI355X: MFMA 16x16, kpack 1 / 2, waves_per_eu 1 / 2, 4 or 8 warps,
+# 2 stages; seed 002: num_stages tuned per pass) and (2) a sweep of the AMDGCN resource use at D = 128 (Wan's head
+# dim) of every (num_warps 4 / 8, num_stages 1 / 2, waves_per_eu 0 / 1 / 2, kpack 1 / 2) config compiled on the CPU
+# (`kernels/amd_build.py`, triton 3.8; the table in BENCHMARKS.md). Rules: no spill, LDS within the target, the
+# one-pass hints still on the emitted loads, then the most waves per SIMD (512 unified VGPRs per lane), then the
+# deeper pipeline. What the sweep showed:
+# * forward: 2 stages spill at 4 warps with waves_per_eu 2 (45 VGPRs on gfx942); 8 warps at 2 stages hold 190 VGPRs
+#   on gfx942 (2 waves per SIMD, 40 KiB LDS: one 8-wave workgroup per CU, also 2) and 156 on gfx950 (3 waves).
+# * dQ: one stage; at 2 stages the 32- and 64-row classes spill or lose their hints on gfx942. 8 warps spill the
+#   64-row class on gfx942 (1 VGPR) but hold 152 VGPRs on gfx950 (3 waves against 2 at 4 warps).
+# * dK/dV: the 64-row class needs 361-408 VGPRs at 4 warps on gfx942 (one wave) and 205 at 8 warps, kpack 1 (two);
+#   kpack 2 spills it (40); one stage (at 2, 300-450 VGPRs or lost hints).
+# kpack 2 packs two k-steps per MFMA operand load on CDNA3; Triton 3.8 forces kpack 1 on gfx950 (deprecated there).
+# Size classes as on CUDA (the partial tiles' arithmetic saving does not depend on the vendor). BLOCK_D 256: one
+# stage, 8 warps, as on CUDA (not resource-checked). "rocm" (other AMD GPUs): gfx942's table with kpack 1.
+_CDNA3_LAUNCH = (((64, 8, 2),), ((16, 4, 1), (32, 4, 1), (64, 4, 1)), ((16, 4, 1), (32, 4, 1), (64, 8, 1)))
+_CDNA4_LAUNCH = (((64, 8, 2),), ((16, 4, 1), (32, 4, 1), (64, 8, 1)), ((16, 4, 1), (32, 4, 1), (64, 8, 1)))
+HIP_WIDE_LAUNCH = ((64, 8, 1),)  # BLOCK_D 256, every kernel
+# arch -> (forward, dQ, dK/dV) launch tables for BLOCK_D <= 128.
+HIP_LAUNCH = MappingProxyType({"rocm-cdna3": _CDNA3_LAUNCH, "rocm-cdna4": _CDNA4_LAUNCH, "rocm": _CDNA3_LAUNCH})
+# arch -> (forward, dQ, dK/dV) options, each (waves_per_eu, matrix_instr_nonkdim, kpack), for every BLOCK_D.
+HIP_OPTIONS = MappingProxyType({
+    "rocm-cdna3": ((2, 16, 2), (1, 16, 2), (1, 16, 1)),
+    "rocm-cdna4": ((2, 16, 1), (2, 16, 1), (2, 16, 1)),
+    "rocm": ((0, 16, 1), (0, 16, 1), (0, 16, 1)),
+})
+
 # ------------------------------------------------------------------------------------- per-architecture table
 # arch -> (tma_loads, bwd_two_streams, score_precision); every arch takes the launch tables above and
 # pack_partial_tiles = True (only the H200 has been timed: the tables and switches are its sweeps' winners).
@@ -94,6 +142,7 @@ ARCH_DEFAULTS = MappingProxyType({
     "nvidia": (False, True, "tf32"),
     "nvidia-pre-sm80": (False, True, "ieee"),
     "rocm-cdna3": (False, False, "tf32"),
+    "rocm-cdna4": (False, False, "ieee"),
     "rocm": (False, False, "ieee"),
     "cpu": (False, False, "tf32"),
 })
@@ -110,6 +159,20 @@ ARCH_DEFAULTS = MappingProxyType({
 # iteration (1.3B forward 2.55 ms), unmasked gathers (within 1%), launch tables other than (4, 3)
 # (benchmarks/attention.py --sweep: 2.03 - 4.43 ms against 2.01).
 PACK_PARTIAL_TILES_DEFAULT = True
+
+# ------------------------------------------------------------------------------------------------- profiles
+# `rocm-vsa` (seed 002): the architecture's defaults above (on AMD already its own launch tables, the first change)
+# plus the other two changes where they are kept: `one_pass_loads` (the second) and `lean_index` (the third:
+# pre-offset index entries, `KernelTuning.lean_index`). On AMD both, as the seed reports them (untimed here). On
+# NVIDIA only what the H200 A/B kept (benchmarks/rocm_ab.py; BENCHMARKS.md): a change that helps there goes into
+# `vsa` as well, one that does not is left out, so `rocm-vsa` is never slower than `vsa` on CUDA.
+PROFILES = ("vsa", "rocm-vsa")
+ROCM_VSA_CHANGES = MappingProxyType({
+    "rocm-cdna3": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),
+    "rocm-cdna4": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),
+    "rocm": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),
+    "cpu": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),  # the interpreter runs them
+})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,10 +192,20 @@ class KernelTuning:
             ascending, the last 64; num_warps a power of two in [1, 32]; num_stages >= 1. Lists are accepted and
             stored as tuples. They are the row of the head dim the tuning was made for, but any valid launches
             give the same results with any head dim (only the speed differs).
+        one_pass_loads: how the loops load the operands they stream once per program, one of `ONE_PASS_LOADS`
+            ("cached", "evict_first", "streaming"; seed 002's evict-first hints).
+        lean_index: the leaner index traversal (seed 002's third change): the packed partial-tile loop reads
+            each row's group word with one broadcast vector load (not one scalar load and two selects per group),
+            and the dK/dV loop walks k2q entries that carry their query tile's start row and length
+            ((start << 7) | length, `k2q.build_k2q_triton(tile_offsets=...)`): one load per iteration where the
+            plain entries (tile ids) need three, two of them dependent (tile id, then its two offsets).
+        hip_fwd, hip_dq, hip_dkdv: AMD compiler options of the three kernels, each () (not on HIP: nothing is
+            passed) or (waves_per_eu >= 0, matrix_instr_nonkdim in {0, 16, 32}, kpack in {1, 2}) for every size
+            class. Only a HIP device compiles with them (Triton's NVIDIA backend refuses the names).
 
     Raises:
-        ValueError: naming the field, when a switch is not a bool, score_precision is unknown, or a launch
-            table is malformed.
+        ValueError: naming the field, when a switch is not a bool, score_precision or one_pass_loads is unknown,
+            or a launch table or HIP option triple is malformed.
     """
 
     tma_loads: bool
@@ -142,43 +215,63 @@ class KernelTuning:
     fwd_launch: Launch
     bwd_dq_launch: Launch
     bwd_dkdv_launch: Launch
+    one_pass_loads: str = "cached"
+    lean_index: bool = False
+    hip_fwd: HipOptions = ()
+    hip_dq: HipOptions = ()
+    hip_dkdv: HipOptions = ()
 
     def __post_init__(self) -> None:
-        for name in ("tma_loads", "pack_partial_tiles", "bwd_two_streams"):
+        for name in ("tma_loads", "pack_partial_tiles", "bwd_two_streams", "lean_index"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelTuning.{name} must be a bool, got {getattr(self, name)!r}")
         if self.score_precision not in SCORE_PRECISIONS:
             raise ValueError(f"KernelTuning.score_precision must be one of {SCORE_PRECISIONS}, "
                              f"got {self.score_precision!r}")
+        if self.one_pass_loads not in ONE_PASS_LOADS:
+            raise ValueError(f"KernelTuning.one_pass_loads must be one of {ONE_PASS_LOADS}, got {self.one_pass_loads!r}")
         for name in ("fwd_launch", "bwd_dq_launch", "bwd_dkdv_launch"):
             object.__setattr__(self, name, _checked_launch(name, getattr(self, name)))
+        for name in ("hip_fwd", "hip_dq", "hip_dkdv"):
+            object.__setattr__(self, name, _checked_hip(name, getattr(self, name)))
 
     @classmethod
     def from_op_args(cls, tma_loads: bool, pack_partial_tiles: bool, bwd_two_streams: bool, score_precision: str,
-                     fwd_launch: list[int], bwd_dq_launch: list[int], bwd_dkdv_launch: list[int]) -> KernelTuning:
+                     fwd_launch: list[int], bwd_dq_launch: list[int], bwd_dkdv_launch: list[int],
+                     one_pass_loads: str = "cached", lean_index: bool = False,
+                     hip_options: list[int] = ()) -> KernelTuning:
         """The inverse of `op_args` (inside the custom ops). Raises ValueError as the constructor (a flat list
-        whose length is not a multiple of 3 included)."""
+        whose length is not a multiple of 3, or HIP options neither empty nor 9 ints, included)."""
+        if len(hip_options) not in (0, 9):
+            raise ValueError(f"KernelTuning: flat HIP options hold 0 or 9 ints, got {list(hip_options)}")
+        hip = [tuple(hip_options[i:i + 3]) for i in range(0, len(hip_options), 3)] or [(), (), ()]
         launches = []
         for name, flat in (("fwd_launch", fwd_launch), ("bwd_dq_launch", bwd_dq_launch),
                            ("bwd_dkdv_launch", bwd_dkdv_launch)):
             if len(flat) % 3:
                 raise ValueError(f"KernelTuning.{name}: a flat launch list holds triples, got {list(flat)}")
             launches.append(tuple(tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)))
-        return cls(bool(tma_loads), bool(pack_partial_tiles), bool(bwd_two_streams), score_precision, *launches)
+        return cls(bool(tma_loads), bool(pack_partial_tiles), bool(bwd_two_streams), score_precision, *launches,
+                   one_pass_loads=one_pass_loads, lean_index=bool(lean_index), hip_fwd=hip[0], hip_dq=hip[1],
+                   hip_dkdv=hip[2])
 
 
 def op_args(tuning: KernelTuning) -> tuple:
-    """The tuning as the plain arguments of the `torch.library` custom ops (`OP_SCHEMA_ARGS`): three bools, a str
-    and three flat int lists (block, num_warps, num_stages, block, ...). A function rather than a method: dynamo
-    traces it on the constant that `default_tuning` returns (a method call on that constant would not trace)."""
+    """The tuning as the plain arguments of the `torch.library` custom ops (`OP_SCHEMA_ARGS`): three bools, a str,
+    three flat int lists (block, num_warps, num_stages, block, ...), a str, a bool and the HIP options as one flat
+    int list (empty, or the three kernels' triples). A function rather than a method: dynamo traces it on the
+    constant that `default_tuning` returns (a method call on that constant would not trace)."""
+    hip = [x for opts in (tuning.hip_fwd, tuning.hip_dq, tuning.hip_dkdv) for x in opts]
     return (tuning.tma_loads, tuning.pack_partial_tiles, tuning.bwd_two_streams, tuning.score_precision,
             [x for entry in tuning.fwd_launch for x in entry], [x for entry in tuning.bwd_dq_launch for x in entry],
-            [x for entry in tuning.bwd_dkdv_launch for x in entry])
+            [x for entry in tuning.bwd_dkdv_launch for x in entry], tuning.one_pass_loads, tuning.lean_index,
+            hip if len(hip) == 9 else [])
 
 
 # The tuning's part of the custom ops' schemas, in `op_args` order.
 OP_SCHEMA_ARGS = ("bool tma_loads, bool pack_partial_tiles, bool bwd_two_streams, str score_precision, "
-                  "int[] fwd_launch, int[] bwd_dq_launch, int[] bwd_dkdv_launch")
+                  "int[] fwd_launch, int[] bwd_dq_launch, int[] bwd_dkdv_launch, str one_pass_loads, "
+                  "bool lean_index, int[] hip_options")
 
 
 def _checked_launch(name: str, launch) -> Launch:
@@ -200,6 +293,32 @@ def _checked_launch(name: str, launch) -> Launch:
                          f"two in [16, {TILE}] ascending and ending with {TILE}, num_warps a power of two in "
                          f"[1, 32] and num_stages >= 1; got {launch!r}")
     return entries
+
+
+def _checked_hip(name: str, opts) -> HipOptions:
+    """opts as () or a (waves_per_eu, matrix_instr_nonkdim, kpack) int triple, or ValueError naming the field."""
+    try:
+        t = tuple(opts)
+    except TypeError:
+        t = None
+    ok = t == () or (t is not None and len(t) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in t)
+                     and 0 <= t[0] <= 8 and t[1] in (0, 16, 32) and t[2] in (1, 2))
+    if not ok:
+        raise ValueError(f"KernelTuning.{name} must be () or (waves_per_eu in [0, 8], matrix_instr_nonkdim in "
+                         f"{{0, 16, 32}}, kpack in {{1, 2}}); got {opts!r}")
+    return t
+
+
+def hip_kwargs(opts: HipOptions) -> dict:
+    """A kernel launch's AMD compiler options from a tuning's hip_* triple ({} for ())."""
+    return dict(zip(HIP_OPTION_NAMES, opts))
+
+
+def load_hints(tuning: KernelTuning) -> dict:
+    """The kernels' EVICT / CACHE constexprs (tl.load's eviction_policy and cache_modifier) for the one-pass loads
+    of `tuning.one_pass_loads`."""
+    return {"cached": dict(EVICT="", CACHE=""), "evict_first": dict(EVICT="evict_first", CACHE=""),
+            "streaming": dict(EVICT="", CACHE=".cs")}[tuning.one_pass_loads]
 
 
 def interpreting() -> bool:
@@ -225,7 +344,7 @@ def device_arch(device: torch.device) -> str:
 @functools.cache
 def _arch_of(major: int, minor: int, hip: bool) -> str:
     if hip:
-        return "rocm-cdna3" if (major, minor) == (9, 4) else "rocm"
+        return {(9, 4): "rocm-cdna3", (9, 5): "rocm-cdna4"}.get((major, minor), "rocm")
     if major == 9:
         return "sm90"
     if major == 10:
@@ -233,36 +352,57 @@ def _arch_of(major: int, minor: int, hip: bool) -> str:
     return "nvidia" if major >= 8 else "nvidia-pre-sm80"
 
 
-def kernel_tuning(device: torch.device | str, head_dim: int) -> KernelTuning:
-    """The default tuning of a device and head dim: `ARCH_DEFAULTS[device_arch(device)]` with the launch tables'
-    row for block_d(head_dim). Cached on (arch, BLOCK_D) (the arch itself on the device's capability), so a call
-    costs a capability lookup and two cache hits.
+def kernel_tuning(device: torch.device | str, head_dim: int, profile: str = "vsa") -> KernelTuning:
+    """The default tuning of a device, head dim and backend profile: `ARCH_DEFAULTS[device_arch(device)]` with the
+    launch tables' row for block_d(head_dim) (on AMD the HIP tables and options), and for profile "rocm-vsa" the
+    architecture's `ROCM_VSA_CHANGES`. Cached on (arch, BLOCK_D, profile) (the arch itself on the device's
+    capability), so a call costs a capability lookup and two cache hits.
 
     Args:
         device: where the kernels run (a torch.device or its string); under TRITON_INTERPRET=1 always "cpu".
         head_dim: D, 1 <= D <= 256.
+        profile: "vsa" or "rocm-vsa" (`PROFILES`).
 
     Returns:
-        The KernelTuning (the same object for the same arch and BLOCK_D).
+        The KernelTuning (the same object for the same arch, BLOCK_D and profile).
 
     Raises:
-        ValueError: head_dim outside [1, 256].
+        ValueError: head_dim outside [1, 256], or an unknown profile.
     """
     if not 1 <= head_dim <= BLOCK_DS[-1]:
         raise ValueError(f"head_dim must be in [1, {BLOCK_DS[-1]}], got {head_dim}")
-    return _tuning_for(device_arch(torch.device(device)), block_d(head_dim))
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    return _tuning_for(device_arch(torch.device(device)), block_d(head_dim), profile)
+
+
+def arch_tuning(arch: str, head_dim: int, profile: str = "vsa") -> KernelTuning:
+    """`kernel_tuning` for an `ARCH_DEFAULTS` key instead of a device (e.g. "rocm-cdna3" on a machine without that
+    GPU: the AMD build check compiles with it). Raises ValueError for an unknown arch, head dim or profile."""
+    if arch not in ARCH_DEFAULTS:
+        raise ValueError(f"arch must be one of {tuple(ARCH_DEFAULTS)}, got {arch!r}")
+    if not 1 <= head_dim <= BLOCK_DS[-1] or profile not in PROFILES:
+        raise ValueError(f"head_dim must be in [1, {BLOCK_DS[-1]}] and profile one of {PROFILES}, got "
+                         f"{head_dim}, {profile!r}")
+    return _tuning_for(arch, block_d(head_dim), profile)
 
 
 @functools.cache
-def _tuning_for(arch: str, blk_d: int) -> KernelTuning:
+def _tuning_for(arch: str, blk_d: int, profile: str = "vsa") -> KernelTuning:
     tma, two_streams, precision = ARCH_DEFAULTS[arch]
+    if arch in HIP_OPTIONS:
+        launch = (HIP_WIDE_LAUNCH,) * 3 if blk_d > 128 else HIP_LAUNCH[arch]
+        hip = HIP_OPTIONS[arch]
+    else:
+        launch, hip = (FWD_LAUNCH[blk_d], BWD_DQ_LAUNCH[blk_d], BWD_DKDV_LAUNCH[blk_d]), ((), (), ())
+    changes = ROCM_VSA_CHANGES.get(arch, {}) if profile == "rocm-vsa" else {}
     return KernelTuning(tma_loads=tma, pack_partial_tiles=PACK_PARTIAL_TILES_DEFAULT, bwd_two_streams=two_streams,
-                        score_precision=precision, fwd_launch=FWD_LAUNCH[blk_d], bwd_dq_launch=BWD_DQ_LAUNCH[blk_d],
-                        bwd_dkdv_launch=BWD_DKDV_LAUNCH[blk_d])
+                        score_precision=precision, fwd_launch=launch[0], bwd_dq_launch=launch[1],
+                        bwd_dkdv_launch=launch[2], hip_fwd=hip[0], hip_dq=hip[1], hip_dkdv=hip[2], **changes)
 
 
 @torch.compiler.assume_constant_result
-def default_tuning(device: torch.device, head_dim: int) -> KernelTuning:
+def default_tuning(device: torch.device, head_dim: int, profile: str = "vsa") -> KernelTuning:
     """`kernel_tuning` for the launchers' `tuning=None`: torch.compile calls it once while tracing and keeps the
     result as a constant (no trace through the caches, no graph break)."""
-    return kernel_tuning(device, head_dim)
+    return kernel_tuning(device, head_dim, profile)

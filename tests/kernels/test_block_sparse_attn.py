@@ -20,7 +20,7 @@ import vsagen.kernels.block_sparse_attn as bsa
 import vsagen.kernels.bsa_primitives as primitives
 from conftest import (FP32_REL_L2, LOWP_FACTOR, NAMES, assert_all_finite, kernel_fwd_bwd, leaves, make_qkv,
                       masked_dense, random_selection, reference_fwd_bwd, rel_l2, tile_map)
-from vsagen.kernels.tuning import KernelTuning, kernel_tuning, op_args
+from vsagen.kernels.tuning import KernelTuning, arch_tuning, kernel_tuning, op_args
 from vsagen.layout import tile_layout
 
 
@@ -228,6 +228,25 @@ def test_tma_loads_give_the_pointer_loads_result_bitwise(dtype, b, h, d):
         assert torch.equal(x, y), name
 
 
+@pytest.mark.parametrize("one_pass_loads,lean,tma", [("streaming", True, False), ("evict_first", False, True),
+                                                    ("cached", True, True), ("streaming", False, False)])
+def test_rocm_changes_give_the_plain_result_bitwise(one_pass_loads, lean, tma):
+    """The ROCm seed's load hints and lean index traversal (pre-offset k2q entries, one group load per packed
+    row) change how operands and indices are fetched, never the arithmetic: forward and gradients equal the
+    plain kernels' bitwise (bf16, batch 2, partial tiles on every axis, short rows)."""
+    lay = tile_layout((5, 6, 10))
+    q, k, v = make_qkv(2, lay.num_tokens, 2, 16, dtype=torch.bfloat16, seed=95)
+    q2k, cnt = random_selection(2, 2, lay.num_tiles, 3, seed=96, partial_counts=True)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(97)).to(torch.bfloat16)
+    base = dataclasses.replace(kernel_tuning(q.device, 16), tma_loads=tma)
+    changed = dataclasses.replace(base, one_pass_loads=one_pass_loads, lean_index=lean)
+    want = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=base)
+    got = kernel_fwd_bwd(q, k, v, q2k, cnt, lay, do, tuning=changed)
+    assert_all_finite(got[0], *got[2:])
+    for name, x, y in zip(NAMES, got, want):
+        assert torch.equal(x, y), name
+
+
 # ---------------------------------------------------------------------------------------------- op, API
 
 
@@ -242,6 +261,8 @@ def test_custom_ops_pass_opcheck():
     args = (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), out, lse, q2k, cnt,
             off, 0.25, *tuning)
     torch.library.opcheck(bsa._bsa_bwd_op, args, test_utils=("test_schema", "test_faketensor"))
+    rocm = op_args(arch_tuning("rocm-cdna3", 16, "rocm-vsa"))  # HIP options and the ROCm changes cross the op
+    torch.library.opcheck(bsa._bsa_bwd_op, args[:11] + rocm, test_utils=("test_schema", "test_faketensor"))
 
 
 def test_torch_compile_fullgraph_matches_eager():

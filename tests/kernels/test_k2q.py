@@ -123,3 +123,23 @@ def test_empty_shapes():
 def test_bad_inputs(q2k, cnt, n_kv):
     with pytest.raises(ValueError):
         k2q_mod.build_k2q_triton(q2k, cnt, n_kv)
+
+
+def test_pre_offset_entries_carry_each_query_tile_s_start_and_length():
+    """With tile_offsets, each entry is (start << 7) | length of the listed query tile (lean_index), in the same
+    order and with the same counts as the tile ids; zeros past each count."""
+    from vsagen.layout import tile_layout
+
+    lay = tile_layout((5, 6, 9))
+    n = lay.num_tiles
+    off = lay.tile_offsets.to(torch.int32)
+    q2k, cnt = random_selection(2, 2, n, 4, seed=131, partial_counts=True)
+    ids, ids_cnt = check(q2k, cnt, n)
+    rows, rows_cnt = k2q_mod.build_k2q_triton(q2k, cnt, n, tile_offsets=off)
+    assert torch.equal(rows_cnt, ids_cnt)
+    used = torch.arange(n)[None, None, None, :] < ids_cnt[..., None]
+    want = (off[ids.long()] << 7) | (off[ids.long() + 1] - off[ids.long()])
+    assert torch.equal(rows[used], want[used]) and not rows[~used].any()
+    assert bool(((rows[used] & 127) < 64).any())  # partial tiles among them
+    with pytest.raises(ValueError, match="tile_offsets"):
+        k2q_mod.build_k2q_triton(q2k, cnt, n, tile_offsets=off.long())

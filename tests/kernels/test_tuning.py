@@ -53,6 +53,50 @@ def test_rocm_never_gets_tma_or_a_second_stream(fake_gpu, minor, precision):
     assert not t.tma_loads and not t.bwd_two_streams and t.score_precision == precision
 
 
+@pytest.mark.parametrize("minor,arch,kpack", [(4, "rocm-cdna3", None), (5, "rocm-cdna4", 1), (0, "rocm", 1)])
+def test_rocm_vsa_on_rocm_takes_its_own_tables_by_itself(fake_gpu, minor, arch, kpack):
+    """On a ROCm torch `vsa` already takes the HIP launch tables and options (seed 002's first change); gfx950
+    only allows kpack 1 in Triton 3.8."""
+    t = fake_gpu(9, minor, hip=True)
+    assert tuning.device_arch(torch.device("cuda", 0)) == arch
+    assert (t.fwd_launch, t.bwd_dq_launch, t.bwd_dkdv_launch) == tuning.HIP_LAUNCH[arch]
+    wide = kernel_tuning(torch.device("cuda", 0), 256)
+    assert wide.fwd_launch == wide.bwd_dq_launch == wide.bwd_dkdv_launch == tuning.HIP_WIDE_LAUNCH
+    assert (t.hip_fwd, t.hip_dq, t.hip_dkdv) == tuning.HIP_OPTIONS[arch]
+    assert all(len(o) == 3 for o in (t.hip_fwd, t.hip_dq, t.hip_dkdv))
+    if kpack is not None:
+        assert {o[2] for o in (t.hip_fwd, t.hip_dq, t.hip_dkdv)} == {kpack}
+    assert t.one_pass_loads == "cached" and not t.lean_index  # the other two changes: rocm-vsa only
+    r = kernel_tuning(torch.device("cuda", 0), 128, "rocm-vsa")
+    assert r.one_pass_loads == "streaming" and r.lean_index and r.fwd_launch == t.fwd_launch
+
+
+@pytest.mark.parametrize("major,minor", [(9, 0), (10, 0), (8, 0)])
+def test_rocm_vsa_on_nvidia_differs_from_vsa_only_by_what_the_h200_kept(fake_gpu, major, minor):
+    vsa = fake_gpu(major, minor)
+    rocm = kernel_tuning(torch.device("cuda", 0), 128, "rocm-vsa")
+    arch = tuning.device_arch(torch.device("cuda", 0))
+    assert rocm == dataclasses.replace(vsa, **tuning.ROCM_VSA_CHANGES.get(arch, {}))
+    assert not rocm.hip_fwd and not vsa.hip_fwd  # Triton's NVIDIA backend refuses the HIP option names
+
+
+def test_unknown_profile_and_arch():
+    with pytest.raises(ValueError, match="profile"):
+        kernel_tuning("cpu", 64, "fast")
+    with pytest.raises(ValueError, match="arch"):
+        tuning.arch_tuning("gfx942", 64)
+
+
+def test_load_hints_and_hip_kwargs():
+    t = kernel_tuning("cpu", 64)
+    assert tuning.load_hints(t) == {"EVICT": "", "CACHE": ""}
+    assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="evict_first")) == {"EVICT": "evict_first",
+                                                                                       "CACHE": ""}
+    assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="streaming")) == {"EVICT": "", "CACHE": ".cs"}
+    assert tuning.hip_kwargs(()) == {}
+    assert tuning.hip_kwargs((2, 16, 1)) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 1}
+
+
 def test_cpu_and_interpreter_defaults(monkeypatch):
     t = kernel_tuning(torch.device("cpu"), 64)
     assert not t.tma_loads and not t.bwd_two_streams and t.pack_partial_tiles
@@ -97,6 +141,12 @@ def test_tables_are_immutable():
     ("bwd_dkdv_launch", ((64, 4, 0),)),  # no stage
     ("bwd_dkdv_launch", ((64, 4),)),  # not a triple
     ("fwd_launch", 64),  # not a sequence
+    ("one_pass_loads", "evict_last"),
+    ("lean_index", "yes"),
+    ("hip_fwd", (2, 16)),  # not a triple
+    ("hip_dq", (2, 24, 1)),  # no such MFMA
+    ("hip_dkdv", (1, 16, 4)),  # kpack 1 or 2
+    ("hip_fwd", 2),  # not a sequence
 ])
 def test_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -111,3 +161,9 @@ def test_lists_are_stored_as_tuples_and_op_args_round_trip():
     assert KernelTuning.from_op_args(*args) == t
     with pytest.raises(ValueError, match="bwd_dq_launch"):
         KernelTuning.from_op_args(*args[:5], [64, 4], args[6])
+    rocm = tuning.arch_tuning("rocm-cdna3", 128, "rocm-vsa")
+    args = op_args(rocm)
+    assert args[7:9] == ("streaming", True) and len(args[9]) == 9
+    assert KernelTuning.from_op_args(*args) == rocm
+    with pytest.raises(ValueError, match="HIP"):
+        KernelTuning.from_op_args(*args[:9], [1, 16])

@@ -1,5 +1,5 @@
 """Attention backends for the video self-attention: the protocol (`base`), one module per backend (`full`,
-`vsa`), the registry of names (`registry`), the backend-as-a-value (`spec`), the per-layer processor
+`vsa`, `rocm-vsa`, `sla-star`), the registry of names (`registry`), the backend-as-a-value (`spec`), the per-layer processor
 (`processor`), the transformer hooks (`hooks`) and backend-owned weights (`weights`).
 """
 
@@ -10,6 +10,7 @@ from typing import Any
 from .base import AttentionBackend, AttnContext, LayerWeights, NoOptions
 from .full import FullAttention
 from .registry import REGISTRY, BackendName, backend_class, backend_names, uses_sparsity
+from .rocm_vsa import ROCmVSAAttention, ROCmVSAOptions
 from .sla_star import SLAStarAttention, SLAStarOptions
 from .spec import BackendSpec, check_flags_apply, make_options, resolve_spec
 from .vsa import VSAAttention, VSAOptions
@@ -39,5 +40,5 @@ def make_backend(name: str, sparsity: float | None = None, impl: str = "auto", *
 
 
 __all__ = ["AttentionBackend", "AttnContext", "BackendName", "BackendSpec", "FullAttention", "LayerWeights",
-           "NoOptions", "REGISTRY", "SLAStarAttention", "SLAStarOptions", "VSAAttention", "VSAOptions",
+           "NoOptions", "REGISTRY", "ROCmVSAAttention", "ROCmVSAOptions", "SLAStarAttention", "SLAStarOptions", "VSAAttention", "VSAOptions",
            "backend_class", "backend_names", "make_backend", "resolve_spec", "uses_sparsity"]

@@ -11,10 +11,11 @@ from enum import Enum
 
 from ..errors import BadInput
 from .full import FullAttention
+from .rocm_vsa import ROCmVSAAttention
 from .sla_star import SLAStarAttention
 from .vsa import VSAAttention
 
-_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, SLAStarAttention)
+_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, ROCmVSAAttention, SLAStarAttention)
 
 REGISTRY: dict[str, type] = {cls.name: cls for cls in _BACKENDS}
 

@@ -106,8 +106,18 @@ class VSAAttention:
                            shapes=_gate_shapes, build=_gate_module, optional=("bias",),
                            file_option="gate_weights")
 
+    kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning
+
     def __init__(self, options: VSAOptions | None = None) -> None:
         self.options = VSAOptions() if options is None else options
+
+    def tuning(self, q: torch.Tensor):
+        """The Triton kernels' tuning for q (B, S, H, D): the `tuning` option, else the device's default of this
+        backend's kernel profile (`kernels.tuning.default_tuning`)."""
+        from ..kernels.tuning import default_tuning
+
+        t = self.options.tuning
+        return default_tuning(q.device, q.shape[-1], self.kernel_profile) if t is None else t
 
     @property
     def sparsity(self) -> float:
@@ -187,12 +197,11 @@ class VSAAttention:
         from ..kernels.block_sparse_attn import block_sparse_attention
         from ..kernels.coarse import coarse_stage
 
+        tuning = self.tuning(q)
         with timer.region("self_attention/coarse"):
-            c = coarse_stage(q, k, layout.tile_offsets_i32, top_k, v=v if gate is not None else None,
-                             tuning=self.options.tuning)
+            c = coarse_stage(q, k, layout.tile_offsets_i32, top_k, v=v if gate is not None else None, tuning=tuning)
         with timer.region("self_attention/fine"):
-            out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_offsets_i32,
-                                            tuning=self.options.tuning)
+            out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_offsets_i32, tuning=tuning)
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)

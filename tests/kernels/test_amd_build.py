@@ -1,0 +1,111 @@
+"""Tests for kernels/amd_build.py: every kernel `rocm-vsa` launches, compiled for AMD Instinct gfx942 (MI300X /
+MI325X) and gfx950 (MI355X) with each shipped HIP config on this CPU machine (`python -m vsagen.kernels.amd_build`
+in a subprocess without the Triton interpreter): no spill, LDS within the target's limit, the one-pass hints
+present as `nt` loads in the AMDGCN; and the metadata parsing on known text."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vsagen.kernels import amd_build
+from vsagen.kernels.amd_build import KernelBuild, count_loads, read_resources
+
+# Every kernel a rocm-vsa forward + backward launches (coarse stage, fine forward, backward, k2q, tile plans).
+KERNELS = {"_tile_pool_kernel", "_tile_scores_kernel", "_top_k_kernel", "_tile_plan_kernel", "_bsa_fwd_kernel",
+           "_k2q_map_kernel", "_k2q_compact_kernel", "_bsa_bwd_preprocess_kernel", "_bsa_bwd_dq_kernel",
+           "_bsa_bwd_dkdv_kernel"}
+HINTED = {"_bsa_fwd_kernel", "_bsa_bwd_dq_kernel", "_bsa_bwd_dkdv_kernel"}
+
+
+def _builds(profile: str) -> list[dict]:
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-m", "vsagen.kernels.amd_build", "--json", "--profile", profile],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def rocm_builds():
+    return _builds("rocm-vsa")
+
+
+def test_every_kernel_and_config_compiles_for_both_targets(rocm_builds):
+    from vsagen.kernels.tuning import arch_tuning
+
+    for target in amd_build.TARGETS:
+        mine = [b for b in rocm_builds if b["target"] == target]
+        assert {b["kernel"] for b in mine} == KERNELS, target
+        t = arch_tuning(amd_build.ARCH_OF_TARGET[target], 128, "rocm-vsa")
+        for kernel, launch, hip in (("_bsa_fwd_kernel", t.fwd_launch, t.hip_fwd),
+                                    ("_bsa_bwd_dq_kernel", t.bwd_dq_launch, t.hip_dq),
+                                    ("_bsa_bwd_dkdv_kernel", t.bwd_dkdv_launch, t.hip_dkdv)):
+            configs = [b["config"] for b in mine if b["kernel"] == kernel]
+            assert len(configs) == len(launch), (target, kernel, configs)  # one build per size class
+            for (_, warps, stages), config in zip(launch, configs):
+                assert f"warps={warps} stages={stages} waves_per_eu={hip[0]} nonkdim={hip[1]}" in config
+
+
+def test_no_spill_no_lds_overflow_and_the_hints_reach_the_loads(rocm_builds):
+    for b in rocm_builds:
+        assert b["problems"] == [], (b["target"], b["kernel"], b["config"], b["problems"])
+        assert b["vgpr"] > 0 and b["waves_per_simd_vgpr"] >= 1
+        assert b["lds"] <= amd_build.TARGETS[b["target"]]["lds_bytes"]
+        if b["kernel"] in HINTED:
+            assert b["hinted"] and b["nt_loads"] > 0, (b["target"], b["kernel"], b["config"])
+        else:
+            assert not b["hinted"] and b["nt_loads"] == 0
+
+
+def test_vsa_profile_emits_no_nt_loads():
+    """The nt bits come from the hints: `vsa`'s own kernels for the same targets carry none (forward only)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    code = ("from vsagen.kernels.amd_build import rocm_vsa_builds; import json; "
+            "print(json.dumps([(b.kernel, b.nt_loads, b.hinted) for b in rocm_vsa_builds('gfx942', profile='vsa') "
+            "if b.kernel == '_bsa_fwd_kernel']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert rows and all(nt == 0 and not hinted for _, nt, hinted in rows)
+
+
+def test_capture_refuses_the_interpreter():
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        with amd_build.capture_builds("gfx942", []):
+            pass
+
+
+AMDGCN = """
+    global_load_dwordx4 v[0:3], v[4:5], off
+    global_load_dwordx4 v[8:11], v[4:5], off offset:64 nt
+    buffer_load_dword v1, v2, s[0:3], 0 offen nt
+    ; global_load_dword v9 comment
+  - .agpr_count:     24
+    .group_segment_fixed_size: 0
+    .private_segment_fixed_size: 16
+    .sgpr_count:     80
+    .sgpr_spill_count: 0
+    .vgpr_count:     280
+    .vgpr_spill_count: 3
+"""
+
+
+def test_metadata_parsing_and_occupancy():
+    assert count_loads(AMDGCN) == (3, 2)
+    res = read_resources(AMDGCN)
+    assert res == {"vgpr": 280, "agpr": 24, "sgpr": 80, "vgpr_spill": 3, "sgpr_spill": 0, "lds": 0, "scratch": 16}
+    b = KernelBuild("k", "gfx942", "", 4, **dict(res, lds=40960), loads=3, nt_loads=0, hinted=True)
+    assert b.waves_per_simd_vgpr == 1  # 280 -> 280 of 512 per lane: one wave
+    assert b.waves_per_simd_lds == 1  # one 40 KiB workgroup of 4 waves per CU: one wave per SIMD
+    assert len(b.problems()) == 2  # spills, and a hint that reached no load
+    ok = KernelBuild("k", "gfx950", "", 8, vgpr=128, agpr=0, sgpr=40, lds=81920, scratch=0, vgpr_spill=0,
+                     sgpr_spill=0, loads=2, nt_loads=2, hinted=True)
+    assert ok.waves_per_simd_vgpr == 4 and ok.waves_per_simd_lds == 4 and ok.problems() == []
+    big = KernelBuild("k", "gfx942", "", 4, vgpr=128, agpr=0, sgpr=40, lds=70000, scratch=0, vgpr_spill=0,
+                      sgpr_spill=0, loads=2, nt_loads=0, hinted=False)
+    assert big.problems() == ["LDS 70000 B > 65536 B"]

@@ -1,0 +1,57 @@
+"""`rocm-vsa`: VSA (arXiv 2505.13389, sec. 2) with the ROCm seed's kernel changes (seed 002, AMD's "Triton-Based
+Optimization of Video Sparse Attention on ROCm").
+
+Same selection, output and options as `vsa` (coarse stage, top-k key tiles, block-sparse fine stage, the optional
+trained gate): only how the Triton kernels run differs, as data (`vsagen.kernels.tuning.KernelTuning`, profile
+"rocm-vsa" of `kernel_tuning`):
+
+1. tuning spaces: forward and backward launch tables of their own per architecture, with the AMD compiler options
+   (waves_per_eu, matrix_instr_nonkdim, kpack) on ROCm (`tuning.HIP_*`). `vsa` on a ROCm build of torch uses the
+   same tables (they are the architecture's defaults).
+2. one-pass load hints: the operands each program streams once (K / V in the forward and dQ loops, Q / dO in the
+   dK/dV loop) loaded as streaming (`KernelTuning.one_pass_loads`; on AMD the `nt` bit, the form in which Triton's
+   AMD backend emits such a hint).
+3. leaner index traversal (`KernelTuning.lean_index`): one broadcast load per packed row group, and k2q entries
+   that carry their query tile's start row and length, so the dK/dV loop reads one word per query tile.
+
+On AMD all three apply (compiled and resource-checked for gfx942 and gfx950, `vsagen.kernels.amd_build`; not run
+on AMD hardware). On NVIDIA only the changes that the H200 A/B kept (`tuning.ROCM_VSA_CHANGES`), so `rocm-vsa` is
+never slower than `vsa` there. The torch implementation (`impl=torch`) is `vsa`'s eager reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .vsa import VSAAttention, VSAOptions
+
+
+@dataclass(frozen=True)
+class ROCmVSAOptions(VSAOptions):
+    """Options of `rocm-vsa`: `vsa`'s (sparsity, impl, gate_weights, tuning); a tuning given here replaces the
+    "rocm-vsa" profile's default. Raises BadInput as `VSAOptions`."""
+
+
+class ROCmVSAAttention(VSAAttention):
+    """`vsa` run with the "rocm-vsa" kernel profile."""
+
+    name = "rocm-vsa"
+    Options = ROCmVSAOptions
+    kernel_profile = "rocm-vsa"
+
+    def __init__(self, options: ROCmVSAOptions | None = None) -> None:
+        super().__init__(ROCmVSAOptions() if options is None else options)
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """`vsa`'s description and, given a device where the Triton kernels run, "kernel_changes": the ROCm
+        changes that profile applies there (one_pass_loads, lean_index and, on AMD, the HIP options)."""
+        d = super().describe(device)
+        if device is not None and d.get("impl_ran") == "triton" and self.options.tuning is None:
+            from ..kernels.tuning import kernel_tuning
+
+            t = kernel_tuning(device, 128, self.kernel_profile)
+            d["kernel_changes"] = {"one_pass_loads": t.one_pass_loads, "lean_index": t.lean_index,
+                                   **({"hip_fwd": list(t.hip_fwd)} if t.hip_fwd else {})}
+        return d

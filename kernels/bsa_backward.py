@@ -88,11 +88,11 @@ def _bsa_bwd_dq_kernel(
     num_heads, sm_scale, qk_scale, len_lo, len_hi,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
-    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", LEAN: tl.constexpr = False,
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "",
 ):
     """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row; exits
     at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, PACK: the row's tile plan, EVICT /
-    CACHE / LEAN: the K / V loads' hints and the lean group read, as in the forward."""
+    CACHE: the K / V loads' hints, as in the forward."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -132,7 +132,7 @@ def _bsa_bwd_dq_kernel(
                                       EVICT, CACHE)
             dq = _dq_step(q, do, k, v, offs_n, lse2, delta, dq, qk_scale, IEEE, MASK=False)
         for p in range(0, npk):  # partial tiles, packed
-            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG, LEAN)
+            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
             k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
             dq = _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE)
     else:
@@ -353,7 +353,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
         _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
-                   scale, dict(meta, PACK=pack, LEAN=tuning.lean_index), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq)
+                   scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq)
     for blk, lo, num_warps, num_stages in size_classes(tuning.bwd_dkdv_launch, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,

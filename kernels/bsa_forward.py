@@ -86,7 +86,7 @@ def _bsa_fwd_kernel(
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
     BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
-    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", LEAN: tl.constexpr = False,
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "",
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -97,8 +97,7 @@ def _bsa_fwd_kernel(
     the output in the epilogue (`_linear_epilogue`, operands kvw_ptr / z_ptr / bias_ptr, feature map KIND, GEMM
     flags LOWP / BRANCH_IEEE as `linear_branch`) to the sparse output rounded to o's dtype (as when the branch runs
     after it), which is stored first (at o_sparse_ptr, o's strides, with SAVE_SPARSE; else at o_ptr) and read back.
-    EVICT / CACHE: the K / V loads' hints (`tuning.load_hints`; pointer loads only); LEAN: `pack_rows`' lean
-    group read (`KernelTuning.lean_index`)."""
+    EVICT / CACHE: the K / V loads' hints (`tuning.load_hints`; pointer loads only)."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -131,7 +130,7 @@ def _bsa_fwd_kernel(
             s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
             m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc, qk_scale, IEEE, MASK=False)
         for p in range(0, npk):  # partial tiles, packed
-            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG, LEAN)
+            rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
             k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
             s = mm(q, tl.trans(k), IEEE)
             m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
@@ -241,7 +240,7 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> 
             br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"],
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
-            PACK=pack, PACK_SEG=PACK_SEG, LEAN=tuning.lean_index, **load_hints(tuning),
+            PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning),
             num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd), **br["consts"],
         )
     return lse

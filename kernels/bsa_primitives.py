@@ -122,27 +122,21 @@ def plan_counts(cnt_row):
 
 
 @triton.jit
-def pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr, LEAN: tl.constexpr = False):
+def pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
     """Token rows of pack p of a tile plan row (`tile_plan.build_tile_plan`): the partial tiles' tokens in plan
     groups [p * BLOCK_N / SEG, (p + 1) * BLOCK_N / SEG), as rows (BLOCK_N,) int32 and n_ok (BLOCK_N,) bool (False
-    past a group's tokens and past the row's ng groups). LEAN: each row loads its own group word (one vector
-    load, SEG lanes to an address, no selects); else the groups are read as BLOCK_N / SEG scalar loads (which
-    Triton's software pipeliner prefetches as it does the q2k entries) and selected into the rows."""
+    past a group's tokens and past the row's ng groups). The groups are read as BLOCK_N / SEG scalar loads, which
+    Triton's software pipeliner prefetches as it does the q2k entries (one vector load of each row's group word
+    instead: 7% slower on the H200 forward, BENCHMARKS.md "rocm-vsa")."""
     within = offs_n % SEG
     slot = offs_n // SEG
-    if LEAN:
-        g = p * (BLOCK_N // SEG) + slot
-        group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (BLOCK_N,) (first row << 4) | tokens
-        rows = (group >> 4) + within
-        n_ok = within < (group & 15)
-    else:
-        rows = tl.zeros_like(offs_n)
-        n_ok = offs_n < 0
-        for j in tl.static_range(BLOCK_N // SEG):
-            g = p * (BLOCK_N // SEG) + j
-            group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (first row << 4) | tokens
-            rows = tl.where(slot == j, (group >> 4) + within, rows)
-            n_ok = tl.where(slot == j, within < (group & 15), n_ok)
+    rows = tl.zeros_like(offs_n)
+    n_ok = offs_n < 0
+    for j in tl.static_range(BLOCK_N // SEG):
+        g = p * (BLOCK_N // SEG) + j
+        group = tl.load(plan_row + nf + g, mask=g < ng, other=0)  # (first row << 4) | tokens
+        rows = tl.where(slot == j, (group >> 4) + within, rows)
+        n_ok = tl.where(slot == j, within < (group & 15), n_ok)
     return rows, n_ok
 
 

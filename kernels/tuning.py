@@ -42,10 +42,11 @@ HIP_OPTION_NAMES = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 # Q / dO in the dK/dV loop; seed 002's second change). "cached": plain loads. "evict_first":
 # eviction_policy="evict_first" (NVIDIA: the L1 / L2 evict-first policy; Triton 3.8's AMD backend drops it: the
 # AMDGCN loads are the same as plain ones, checked by compiling for gfx942 / gfx950). "streaming":
-# cache_modifier=".cs" (NVIDIA: ld.global.cs, evict-first in L1 and L2; AMD: the `nt` non-temporal bit on
-# global_load / buffer_load, the form in which an evict-first hint reaches AMD hardware). TMA loads (`tma_loads`)
-# take no hint in either Triton, so on Hopper the hint reaches the pointer-load paths only (the packed partial
-# tiles, and every load with tma_loads off).
+# cache_modifier=".cg" (NVIDIA: ld.global.cg, cached in L2 only; AMD: the `nt` non-temporal bit on global_load /
+# buffer_load, the form in which an evict-first hint reaches AMD hardware; Triton 3.8 emits nt for ".cg" and
+# ".cs" alike, and the H200's Triton 3.6 failed to compile ".cs" loads, so ".cg"). On sm_90 Triton's software
+# pipeliner turns these loads into cp.async.cg copies or TMA boxes, which carry neither hint: the PTX is the same in
+# all three modes (offline sm_90 compile, triton 3.8), and so were the H200 timings (BENCHMARKS.md, "rocm-vsa").
 ONE_PASS_LOADS = ("cached", "evict_first", "streaming")
 
 # ------------------------------------------------------------------------------------------- launch tables
@@ -163,7 +164,7 @@ PACK_PARTIAL_TILES_DEFAULT = True
 # ------------------------------------------------------------------------------------------------- profiles
 # `rocm-vsa` (seed 002): the architecture's defaults above (on AMD already its own launch tables, the first change)
 # plus the other two changes where they are kept: `one_pass_loads` (the second) and `lean_index` (the third:
-# pre-offset index entries, `KernelTuning.lean_index`). On AMD both, as the seed reports them (untimed here). On
+# pre-offset k2q entries, `KernelTuning.lean_index`). On AMD both, as the seed reports them (untimed here). On
 # NVIDIA only what the H200 A/B kept (benchmarks/rocm_ab.py; BENCHMARKS.md): a change that helps there goes into
 # `vsa` as well, one that does not is left out, so `rocm-vsa` is never slower than `vsa` on CUDA.
 PROFILES = ("vsa", "rocm-vsa")
@@ -194,11 +195,12 @@ class KernelTuning:
             give the same results with any head dim (only the speed differs).
         one_pass_loads: how the loops load the operands they stream once per program, one of `ONE_PASS_LOADS`
             ("cached", "evict_first", "streaming"; seed 002's evict-first hints).
-        lean_index: the leaner index traversal (seed 002's third change): the packed partial-tile loop reads
-            each row's group word with one broadcast vector load (not one scalar load and two selects per group),
-            and the dK/dV loop walks k2q entries that carry their query tile's start row and length
-            ((start << 7) | length, `k2q.build_k2q_triton(tile_offsets=...)`): one load per iteration where the
-            plain entries (tile ids) need three, two of them dependent (tile id, then its two offsets).
+        lean_index: the leaner index traversal (seed 002's third change): the dK/dV loop walks k2q entries that
+            carry their query tile's start row and length ((start << 7) | length,
+            `k2q.build_k2q_triton(tile_offsets=...)`): one load per iteration where the plain entries (tile ids)
+            need three, two of them dependent (tile id, then its two offsets). (The forward and dQ loops already
+            walk pre-offset tile plans; reading a pack's group words as one broadcast vector load instead of eight
+            scalar loads made the H200 forward 7% slower and was dropped.)
         hip_fwd, hip_dq, hip_dkdv: AMD compiler options of the three kernels, each () (not on HIP: nothing is
             passed) or (waves_per_eu >= 0, matrix_instr_nonkdim in {0, 16, 32}, kpack in {1, 2}) for every size
             class. Only a HIP device compiles with them (Triton's NVIDIA backend refuses the names).
@@ -318,7 +320,7 @@ def load_hints(tuning: KernelTuning) -> dict:
     """The kernels' EVICT / CACHE constexprs (tl.load's eviction_policy and cache_modifier) for the one-pass loads
     of `tuning.one_pass_loads`."""
     return {"cached": dict(EVICT="", CACHE=""), "evict_first": dict(EVICT="evict_first", CACHE=""),
-            "streaming": dict(EVICT="", CACHE=".cs")}[tuning.one_pass_loads]
+            "streaming": dict(EVICT="", CACHE=".cg")}[tuning.one_pass_loads]
 
 
 def interpreting() -> bool:

@@ -92,7 +92,7 @@ def test_load_hints_and_hip_kwargs():
     assert tuning.load_hints(t) == {"EVICT": "", "CACHE": ""}
     assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="evict_first")) == {"EVICT": "evict_first",
                                                                                        "CACHE": ""}
-    assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="streaming")) == {"EVICT": "", "CACHE": ".cs"}
+    assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="streaming")) == {"EVICT": "", "CACHE": ".cg"}
     assert tuning.hip_kwargs(()) == {}
     assert tuning.hip_kwargs((2, 16, 1)) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 1}
 

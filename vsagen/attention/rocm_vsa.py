@@ -11,8 +11,9 @@ trained gate): only how the Triton kernels run differs, as data (`vsagen.kernels
 2. one-pass load hints: the operands each program streams once (K / V in the forward and dQ loops, Q / dO in the
    dK/dV loop) loaded as streaming (`KernelTuning.one_pass_loads`; on AMD the `nt` bit, the form in which Triton's
    AMD backend emits such a hint).
-3. leaner index traversal (`KernelTuning.lean_index`): one broadcast load per packed row group, and k2q entries
-   that carry their query tile's start row and length, so the dK/dV loop reads one word per query tile.
+3. leaner index traversal (`KernelTuning.lean_index`): k2q entries that carry their query tile's start row and
+   length, so the dK/dV loop reads one word per query tile (the forward and dQ loops already walk pre-offset tile
+   plans).
 
 On AMD all three apply (compiled and resource-checked for gfx942 and gfx950, `vsagen.kernels.amd_build`; not run
 on AMD hardware). On NVIDIA only the changes that the H200 A/B kept (`tuning.ROCM_VSA_CHANGES`), so `rocm-vsa` is

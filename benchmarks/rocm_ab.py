@@ -21,7 +21,9 @@ variants x 3 shapes fit in ~7 minutes. A variant's first call (the correctness o
 kernels: compiles dominate a cold run.
 
 Usage: python benchmarks/rocm_ab.py [--shapes 1.3b,5b,14b] [--variants "vsa,lean index,all"] [--sparsity 0.875]
-       [--rep-ms 300] [--warmup-ms 50] [--json out.json] [--dry-run]
+       [--rep-ms 300] [--warmup-ms 50] [--json out.json] [--dry-run] [--interleave ROUNDS]
+(--interleave: the chosen variants timed in rotating rounds instead, ratios taken within a round: for changes
+ smaller than the drift of one long run.)
 (--dry-run: print the variants and what they change, no GPU needed; on a CPU from the "cpu" tuning.)
 """
 
@@ -78,8 +80,11 @@ def build_variants(device: torch.device) -> dict[str, KernelTuning]:
     for hint in ("evict_first", "streaming"):
         out[f"no-tma {hint}"] = rep(base, tma_loads=False, one_pass_loads=hint)
     out["lean index"] = rep(base, lean_index=True)
+    out["no lean index"] = rep(base, lean_index=False)  # vsa before the lean index walk became its default
     out["rocm-vsa"] = kernel_tuning(device, 128, "rocm-vsa")
     out["all"] = rep(base, lean_index=True, one_pass_loads="evict_first")
+    out["lean dkdv stages 4"] = rep(base, lean_index=True,
+                                    bwd_dkdv_launch=with_stages(base.bwd_dkdv_launch, 4))
     return out
 
 
@@ -199,6 +204,48 @@ def run_shape(key: str, shape: AttentionShape, sparsity: float, variants: dict[s
             "tiles": layout.num_tiles, "top_k": top_k, "cudnn": dense}, rows
 
 
+def interleaved(key: str, shape: AttentionShape, sparsity: float, variants: dict[str, KernelTuning], rounds: int,
+                bench) -> list[str]:
+    """The chosen variants' fine stage timed in `rounds` interleaved rounds (the order rotated each round), so a
+    drift of the GPU's clock during the run falls on every variant alike: per variant the median fwd and fwd+bwd
+    ms and the median, min and max over the rounds of vsa ms / its ms in the same round."""
+    from vsagen.kernels.coarse import coarse_stage
+
+    layout = tile_layout(shape.grid, device="cuda")
+    off = layout.tile_offsets_i32
+    top_k = ref.top_k_from_sparsity(sparsity, layout.num_tiles)
+    x = make_inputs(shape, seed=1)
+    leaves = [t.detach().clone().requires_grad_(True) for t in x]
+    do = torch.randn(x[0].shape, generator=torch.Generator(device="cuda").manual_seed(2), device="cuda",
+                     dtype=x[0].dtype)
+    sel = coarse_stage(x[0], x[1], off, top_k, tuning=variants["vsa"])
+    calls = {n: make_calls(x, leaves, do, sel, off, top_k, t, False) for n, t in variants.items()}
+    for _, _, fwd_bwd in calls.values():  # compile everything first
+        fwd_bwd()
+    names = list(calls)
+    ms = {n: {"fwd": [], "fwd_bwd": []} for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            ms[n]["fwd"].append(bench(calls[n][1]))
+            ms[n]["fwd_bwd"].append(bench(calls[n][2]))
+    lines = [f"\n### interleaved, {shape.name}, {rounds} rounds",
+             "| variant | fwd ms (median) | fwd vs vsa (median [min, max]) | fwd+bwd ms (median) | "
+             "fwd+bwd vs vsa (median [min, max]) |", "|---|---|---|---|---|"]
+
+    def median(v):
+        return sorted(v)[len(v) // 2]
+
+    for n in names:
+        cells = [n]
+        for kind in ("fwd", "fwd_bwd"):
+            ratio = [b / a for a, b in zip(ms[n][kind], ms["vsa"][kind])]
+            cells += [f"{median(ms[n][kind]):.3f}", f"{median(ratio):.3f} [{min(ratio):.3f}, {max(ratio):.3f}]"]
+        lines.append("| " + " | ".join(cells) + " |")
+    del x, leaves, do, sel, calls
+    torch.cuda.empty_cache()
+    return lines
+
+
 def fmt(v, spec: str) -> str:
     """v formatted by spec, "-" for None."""
     return "-" if v is None else format(v, spec)
@@ -266,6 +313,8 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=300)
     ap.add_argument("--json", default=None, help="write all numbers here (rewritten after each shape)")
     ap.add_argument("--dry-run", action="store_true", help="print the variants and shapes; no GPU needed")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="instead of the table: time the chosen variants in ROUNDS interleaved rounds per shape")
     args = ap.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
     if bad := [s for s in shapes if s not in SHAPES]:
@@ -303,6 +352,15 @@ def main() -> None:
         return bench_ms(fn, device="cuda", warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
 
     start = time.perf_counter()
+    if args.interleave:
+        lines = []
+        for key in shapes:
+            lines += interleaved(key, SHAPES[key], args.sparsity, variants, args.interleave, bench)
+            print("\n".join(lines[-len(variants) - 3:]), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(report, interleaved=lines), f, indent=1)
+        return
     for key in shapes:
         info, rows = run_shape(key, SHAPES[key], args.sparsity, variants, bench)
         report["shapes"].append(info)

@@ -161,18 +161,24 @@ ARCH_DEFAULTS = MappingProxyType({
 # (benchmarks/attention.py --sweep: 2.03 - 4.43 ms against 2.01).
 PACK_PARTIAL_TILES_DEFAULT = True
 
+# Pre-offset k2q entries (lean_index, seed 002's third change) on every architecture: on the H200 (torch 2.11,
+# triton 3.6; benchmarks/rocm_ab.py --interleave 7, medians of per-round ratios) the fine stage's forward+backward
+# took 1.012x / 1.012x / 1.027x less time at the 1.3B / 5B / 14B shapes, the forward the same (it does not use k2q).
+LEAN_INDEX_DEFAULT = True
+
 # ------------------------------------------------------------------------------------------------- profiles
-# `rocm-vsa` (seed 002): the architecture's defaults above (on AMD already its own launch tables, the first change)
-# plus the other two changes where they are kept: `one_pass_loads` (the second) and `lean_index` (the third:
-# pre-offset k2q entries, `KernelTuning.lean_index`). On AMD both, as the seed reports them (untimed here). On
-# NVIDIA only what the H200 A/B kept (benchmarks/rocm_ab.py; BENCHMARKS.md): a change that helps there goes into
-# `vsa` as well, one that does not is left out, so `rocm-vsa` is never slower than `vsa` on CUDA.
+# `rocm-vsa` (seed 002): the architecture's defaults above plus what of the seed's changes they do not hold yet.
+# The first (AMD launch tables and options) is every AMD architecture's default, and the third (lean_index) every
+# architecture's: `vsa` has them too. The second (one_pass_loads "streaming": the `nt` bit on AMD) is `rocm-vsa`'s on
+# AMD only, untimed there. On NVIDIA it changes no instruction on sm_90 (the pipelined loads carry no hint) and the
+# H200 timings agreed (benchmarks/rocm_ab.py; BENCHMARKS.md), so it is left out there: `rocm-vsa` on CUDA is `vsa`,
+# never slower. "cpu": the interpreter runs the hinted kernels (the hints do nothing there).
 PROFILES = ("vsa", "rocm-vsa")
 ROCM_VSA_CHANGES = MappingProxyType({
-    "rocm-cdna3": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),
-    "rocm-cdna4": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),
-    "rocm": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),
-    "cpu": MappingProxyType({"one_pass_loads": "streaming", "lean_index": True}),  # the interpreter runs them
+    "rocm-cdna3": MappingProxyType({"one_pass_loads": "streaming"}),
+    "rocm-cdna4": MappingProxyType({"one_pass_loads": "streaming"}),
+    "rocm": MappingProxyType({"one_pass_loads": "streaming"}),
+    "cpu": MappingProxyType({"one_pass_loads": "streaming"}),
 })
 
 
@@ -400,7 +406,8 @@ def _tuning_for(arch: str, blk_d: int, profile: str = "vsa") -> KernelTuning:
     changes = ROCM_VSA_CHANGES.get(arch, {}) if profile == "rocm-vsa" else {}
     return KernelTuning(tma_loads=tma, pack_partial_tiles=PACK_PARTIAL_TILES_DEFAULT, bwd_two_streams=two_streams,
                         score_precision=precision, fwd_launch=launch[0], bwd_dq_launch=launch[1],
-                        bwd_dkdv_launch=launch[2], hip_fwd=hip[0], hip_dq=hip[1], hip_dkdv=hip[2], **changes)
+                        bwd_dkdv_launch=launch[2], lean_index=LEAN_INDEX_DEFAULT, hip_fwd=hip[0], hip_dq=hip[1],
+                        hip_dkdv=hip[2], **changes)
 
 
 @torch.compiler.assume_constant_result

@@ -30,7 +30,7 @@ def test_registered_with_vsa_s_options():
 
 def test_profile_on_the_interpreter_has_the_rocm_changes():
     cpu = kernel_tuning("cpu", 64, "rocm-vsa")
-    assert cpu.one_pass_loads == "streaming" and cpu.lean_index
+    assert cpu.one_pass_loads == "streaming" and cpu.lean_index and kernel_tuning("cpu", 64).lean_index
     assert ROCmVSAAttention().tuning(torch.zeros(1, 1, 1, 64)) == cpu
     assert VSAAttention().tuning(torch.zeros(1, 1, 1, 64)) == kernel_tuning("cpu", 64)
     t = arch_tuning("rocm-cdna3", 64, "rocm-vsa")

@@ -3,21 +3,23 @@ Optimization of Video Sparse Attention on ROCm").
 
 Same selection, output and options as `vsa` (coarse stage, top-k key tiles, block-sparse fine stage, the optional
 trained gate): only how the Triton kernels run differs, as data (`vsagen.kernels.tuning.KernelTuning`, profile
-"rocm-vsa" of `kernel_tuning`):
+"rocm-vsa" of `kernel_tuning`). The seed's three changes:
 
-1. tuning spaces: forward and backward launch tables of their own per architecture, with the AMD compiler options
-   (waves_per_eu, matrix_instr_nonkdim, kpack) on ROCm (`tuning.HIP_*`). `vsa` on a ROCm build of torch uses the
-   same tables (they are the architecture's defaults).
+1. tuning spaces: forward and backward launch tables of their own per AMD architecture, with the AMD compiler
+   options (waves_per_eu, matrix_instr_nonkdim, kpack; `tuning.HIP_LAUNCH`, `tuning.HIP_OPTIONS`). They are every
+   AMD architecture's defaults, so `vsa` on a ROCm build of torch uses them too.
 2. one-pass load hints: the operands each program streams once (K / V in the forward and dQ loops, Q / dO in the
    dK/dV loop) loaded as streaming (`KernelTuning.one_pass_loads`; on AMD the `nt` bit, the form in which Triton's
-   AMD backend emits such a hint).
+   AMD backend emits such a hint). `rocm-vsa`'s own change, on AMD.
 3. leaner index traversal (`KernelTuning.lean_index`): k2q entries that carry their query tile's start row and
-   length, so the dK/dV loop reads one word per query tile (the forward and dQ loops already walk pre-offset tile
-   plans).
+   length, so the dK/dV loop reads one word per query tile. It made the H200's backward 1-3% faster, so `vsa` has
+   it everywhere.
 
-On AMD all three apply (compiled and resource-checked for gfx942 and gfx950, `vsagen.kernels.amd_build`; not run
-on AMD hardware). On NVIDIA only the changes that the H200 A/B kept (`tuning.ROCM_VSA_CHANGES`), so `rocm-vsa` is
-never slower than `vsa` there. The torch implementation (`impl=torch`) is `vsa`'s eager reference.
+On AMD, `rocm-vsa` is `vsa` plus the hints (every kernel compiled and resource-checked for gfx942 and gfx950,
+`vsagen.kernels.amd_build`; not run on AMD hardware). On NVIDIA the hints change no instruction on sm_90 (the
+pipelined loads carry none) and the H200 timings agreed, so `rocm-vsa` is `vsa` there: never slower
+(`tuning.ROCM_VSA_CHANGES`; BENCHMARKS.md, "rocm-vsa"). The torch implementation (`impl=torch`) is `vsa`'s eager
+reference.
 """
 
 from __future__ import annotations

@@ -94,20 +94,21 @@ BWD_DKDV_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((
 # (`kernels/amd_build.py`, triton 3.8; the table in BENCHMARKS.md). Rules: no spill, LDS within the target, the
 # one-pass hints still on the emitted loads, then the most waves per SIMD (512 unified VGPRs per lane), then the
 # deeper pipeline. What the sweep showed:
-# * forward: 2 stages spill at 4 warps with waves_per_eu 2 (45 VGPRs on gfx942); 8 warps at 2 stages hold 190 VGPRs
-#   on gfx942 (2 waves per SIMD, 40 KiB LDS: one 8-wave workgroup per CU, also 2) and 156 on gfx950 (3 waves).
-# * dQ: one stage; at 2 stages the 32- and 64-row classes spill or lose their hints on gfx942. 8 warps spill the
-#   64-row class on gfx942 (1 VGPR) but hold 152 VGPRs on gfx950 (3 waves against 2 at 4 warps).
+# * forward: 2 stages spill at 4 warps with waves_per_eu 2 (45 VGPRs on gfx942); 8 warps at 2 stages hold 178 VGPRs
+#   on gfx942 (2 waves per SIMD, 40 KiB LDS: one 8-wave workgroup per CU, also 2) and 149 on gfx950 (3 waves).
+# * dQ: one stage; at 2 stages the 32- and 64-row classes spill or lose their hints on gfx942. At 4 warps the
+#   64-row class spills 12-19 SGPRs on gfx942 whatever waves_per_eu and kpack; at 8 warps with kpack 2 it holds
+#   256 VGPRs and no spill (2 waves; kpack 1 spills 2 VGPRs). gfx950: 178 VGPRs at 8 warps (2 waves).
 # * dK/dV: the 64-row class needs 361-408 VGPRs at 4 warps on gfx942 (one wave) and 205 at 8 warps, kpack 1 (two);
 #   kpack 2 spills it (40); one stage (at 2, 300-450 VGPRs or lost hints).
 # kpack 2 packs two k-steps per MFMA operand load on CDNA3; Triton 3.8 forces kpack 1 on gfx950 (deprecated there).
 # Size classes as on CUDA (the partial tiles' arithmetic saving does not depend on the vendor). BLOCK_D 256: one
-# stage, 8 warps, as on CUDA (not resource-checked). "rocm" (other AMD GPUs): gfx942's table with kpack 1.
-_CDNA3_LAUNCH = (((64, 8, 2),), ((16, 4, 1), (32, 4, 1), (64, 4, 1)), ((16, 4, 1), (32, 4, 1), (64, 8, 1)))
-_CDNA4_LAUNCH = (((64, 8, 2),), ((16, 4, 1), (32, 4, 1), (64, 8, 1)), ((16, 4, 1), (32, 4, 1), (64, 8, 1)))
+# stage, 8 warps, as on CUDA (not resource-checked). The two targets' sweeps led to the same launches (their options
+# differ). "rocm" (other AMD GPUs): the same launches, kpack 1, no waves_per_eu.
+_CDNA_LAUNCH = (((64, 8, 2),), ((16, 4, 1), (32, 4, 1), (64, 8, 1)), ((16, 4, 1), (32, 4, 1), (64, 8, 1)))
 HIP_WIDE_LAUNCH = ((64, 8, 1),)  # BLOCK_D 256, every kernel
 # arch -> (forward, dQ, dK/dV) launch tables for BLOCK_D <= 128.
-HIP_LAUNCH = MappingProxyType({"rocm-cdna3": _CDNA3_LAUNCH, "rocm-cdna4": _CDNA4_LAUNCH, "rocm": _CDNA3_LAUNCH})
+HIP_LAUNCH = MappingProxyType({"rocm-cdna3": _CDNA_LAUNCH, "rocm-cdna4": _CDNA_LAUNCH, "rocm": _CDNA_LAUNCH})
 # arch -> (forward, dQ, dK/dV) options, each (waves_per_eu, matrix_instr_nonkdim, kpack), for every BLOCK_D.
 HIP_OPTIONS = MappingProxyType({
     "rocm-cdna3": ((2, 16, 2), (1, 16, 2), (1, 16, 1)),

@@ -15,8 +15,8 @@ registers) and of them the AGPRs, SGPRs, scratch bytes (private segment) and VGP
 from the compiled kernel's metadata (Triton allocates LDS at launch, so the AMDGCN's fixed group segment is 0); the
 waves per SIMD that the registers allow (512 unified VGPRs per lane, allocated in granules of 8, at most 8 waves)
 and that the LDS allows; and the
-global / buffer loads that carry the non-temporal `nt` bit, which is how an evict-first hint
-(`KernelTuning.one_pass_loads`) reaches AMD hardware.
+global / buffer loads that carry the non-temporal `nt` bit, which is how a one-pass (streaming) hint
+(`KernelTuning.one_pass_loads` "streaming") reaches AMD hardware (Triton's AMD backend drops eviction_policy).
 
 The kernels must be imported without the Triton interpreter (TRITON_INTERPRET unset or 0): under it `@triton.jit`
 makes interpreter functions, which cannot be compiled. `python -m vsagen.kernels.amd_build` runs the check in such a
@@ -217,20 +217,30 @@ def _table(builds: list[KernelBuild]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m vsagen.kernels.amd_build [--targets gfx942,gfx950] [--profile rocm-vsa] [--json]`: compile and
-    report; exit 1 when a build has a problem (`KernelBuild.problems`)."""
+    """`python -m vsagen.kernels.amd_build [--targets gfx942,gfx950] [--profile rocm-vsa] [--head-dim 128] [--json]`:
+    compile and report; exit 1 when a build has a problem (`KernelBuild.problems`), 2 on bad arguments or when it
+    cannot run here (one `error:` line)."""
     ap = argparse.ArgumentParser(prog="python -m vsagen.kernels.amd_build", description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="gfx942,gfx950")
     ap.add_argument("--profile", default="rocm-vsa", choices=("vsa", "rocm-vsa"))
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
-    builds = []
-    for target in args.targets.split(","):
-        if target not in TARGETS:
-            print(f"error: unknown target {target!r}; known: {', '.join(TARGETS)}", file=sys.stderr)
-            return 2
-        builds += rocm_vsa_builds(target, head_dim=args.head_dim, profile=args.profile)
+    from .tuning import arch_tuning, interpreting
+
+    targets = [t for t in args.targets.split(",") if t]
+    try:
+        if bad := [t for t in targets if t not in TARGETS] or not targets:
+            raise ValueError(f"unknown target {', '.join(bad) or '(none)'}; known: {', '.join(TARGETS)}")
+        for target in targets:
+            arch_tuning(ARCH_OF_TARGET[target], args.head_dim, args.profile)  # the head dim's check
+        if interpreting():
+            raise RuntimeError("the AMD build check cannot run under TRITON_INTERPRET=1: unset it (or set 0)")
+        builds = [b for target in targets
+                  for b in rocm_vsa_builds(target, head_dim=args.head_dim, profile=args.profile)]
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps([dict(dataclasses.asdict(b), waves_per_simd_vgpr=b.waves_per_simd_vgpr,
                                waves_per_simd_lds=b.waves_per_simd_lds, problems=b.problems()) for b in builds]))

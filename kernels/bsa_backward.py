@@ -261,7 +261,7 @@ def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_of
             q2k.stride(0), q2k.stride(1), q2k.stride(2),
             q2k_cnt.stride(0), q2k_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
-            PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages, **hip_kwargs(hip),
+            PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages, **hip_kwargs(hip, q.device),
         )
 
 
@@ -367,7 +367,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             k2q.stride(0), k2q.stride(1), k2q.stride(2),
             k2q_cnt.stride(0), k2q_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo, K2Q_ROWS=k2q_rows,
-            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_dkdv),
+            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_dkdv, q.device),
         )
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)

@@ -241,6 +241,6 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> 
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning),
-            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd), **br["consts"],
+            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd, q.device), **br["consts"],
         )
     return lse

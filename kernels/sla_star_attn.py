@@ -26,7 +26,6 @@ from .block_sparse_attn import block_sparse_attention, check_inputs_and_tiles
 from .bsa_backward import bsa_bwd, k2q_lists
 from .bsa_forward import bsa_fwd, bsa_fwd_linear
 from .bsa_primitives import check_fp32_bwd
-from .k2q import build_k2q_triton
 from .linear_branch import _forward as linear_forward
 from .linear_branch import (_LAUNCH_SCHEMA, DEFAULT_LAUNCH, LINEAR_EPS, LinearLaunch, _check, _operand, kv_sums,
                             linear_branch_add, linear_branch_backward)

@@ -102,14 +102,20 @@ BWD_DKDV_LAUNCH = MappingProxyType({16: ((64, 4, 3),), 32: ((64, 4, 3),), 64: ((
 # * dK/dV: the 64-row class needs 361-408 VGPRs at 4 warps on gfx942 (one wave) and 205 at 8 warps, kpack 1 (two);
 #   kpack 2 spills it (40); one stage (at 2, 300-450 VGPRs or lost hints).
 # kpack 2 packs two k-steps per MFMA operand load on CDNA3; Triton 3.8 forces kpack 1 on gfx950 (deprecated there).
-# Size classes as on CUDA (the partial tiles' arithmetic saving does not depend on the vendor). BLOCK_D 256: one
-# stage, 8 warps, as on CUDA (not resource-checked). The two targets' sweeps led to the same launches (their options
-# differ). "rocm" (other AMD GPUs): the same launches, kpack 1, no waves_per_eu.
+# Size classes as on CUDA (the partial tiles' arithmetic saving does not depend on the vendor). The two targets'
+# sweeps led to the same launches (their options differ). Also compiled without a spill at D = 64 and 96 (the same
+# launches). "rocm" (other AMD GPUs, e.g. gfx90a): the same launches, kpack 1, no waves_per_eu; not checked (a
+# gfx90a compile showed a dK/dV spill and no nt loads).
 _CDNA_LAUNCH = (((64, 8, 2),), ((16, 4, 1), (32, 4, 1), (64, 8, 1)), ((16, 4, 1), (32, 4, 1), (64, 8, 1)))
-HIP_WIDE_LAUNCH = ((64, 8, 1),)  # BLOCK_D 256, every kernel
+# BLOCK_D 256 (not a Wan head dim), every AMD arch: forward, dQ, dK/dV launches and options. No waves_per_eu (at 1
+# or 2 the allocator caps a wave at 256 VGPRs: every kernel spilled 46-165 on gfx942 at 8 warps); the forward at 4
+# warps (383 VGPRs on gfx942, 256 on gfx950, no spill); the backward kernels spill at every config tried (90-280
+# VGPRs at 4 or 8 warps: their (64, 256) fp32 dK / dV or dQ accumulators), as on CUDA (`BWD_DQ_LAUNCH`'s notes).
+HIP_WIDE_LAUNCH = (((64, 4, 1),), ((64, 8, 1),), ((64, 8, 1),))
+HIP_WIDE_OPTIONS = ((0, 16, 1),) * 3
 # arch -> (forward, dQ, dK/dV) launch tables for BLOCK_D <= 128.
 HIP_LAUNCH = MappingProxyType({"rocm-cdna3": _CDNA_LAUNCH, "rocm-cdna4": _CDNA_LAUNCH, "rocm": _CDNA_LAUNCH})
-# arch -> (forward, dQ, dK/dV) options, each (waves_per_eu, matrix_instr_nonkdim, kpack), for every BLOCK_D.
+# arch -> (forward, dQ, dK/dV) options, each (waves_per_eu, matrix_instr_nonkdim, kpack), for BLOCK_D <= 128.
 HIP_OPTIONS = MappingProxyType({
     "rocm-cdna3": ((2, 16, 2), (1, 16, 2), (1, 16, 1)),
     "rocm-cdna4": ((2, 16, 1), (2, 16, 1), (2, 16, 1)),
@@ -210,11 +216,12 @@ class KernelTuning:
             scalar loads made the H200 forward 7% slower and was dropped.)
         hip_fwd, hip_dq, hip_dkdv: AMD compiler options of the three kernels, each () (not on HIP: nothing is
             passed) or (waves_per_eu >= 0, matrix_instr_nonkdim in {0, 16, 32}, kpack in {1, 2}) for every size
-            class. Only a HIP device compiles with them (Triton's NVIDIA backend refuses the names).
+            class; all three or none. A launcher refuses them on an NVIDIA device (Triton's NVIDIA backend does
+            not know the names); on a CPU (the interpreter, the AMD build check) they are passed on.
 
     Raises:
         ValueError: naming the field, when a switch is not a bool, score_precision or one_pass_loads is unknown,
-            or a launch table or HIP option triple is malformed.
+            a launch table or HIP option triple is malformed, or only some kernels have HIP options.
     """
 
     tma_loads: bool
@@ -243,6 +250,9 @@ class KernelTuning:
             object.__setattr__(self, name, _checked_launch(name, getattr(self, name)))
         for name in ("hip_fwd", "hip_dq", "hip_dkdv"):
             object.__setattr__(self, name, _checked_hip(name, getattr(self, name)))
+        if len({bool(self.hip_fwd), bool(self.hip_dq), bool(self.hip_dkdv)}) > 1:
+            raise ValueError("KernelTuning.hip_fwd, hip_dq and hip_dkdv: all three HIP option triples or none, got "
+                             f"{self.hip_fwd!r}, {self.hip_dq!r}, {self.hip_dkdv!r}")
 
     @classmethod
     def from_op_args(cls, tma_loads: bool, pack_partial_tiles: bool, bwd_two_streams: bool, score_precision: str,
@@ -318,8 +328,15 @@ def _checked_hip(name: str, opts) -> HipOptions:
     return t
 
 
-def hip_kwargs(opts: HipOptions) -> dict:
-    """A kernel launch's AMD compiler options from a tuning's hip_* triple ({} for ())."""
+def hip_kwargs(opts: HipOptions, device: torch.device) -> dict:
+    """A kernel launch's AMD compiler options from a tuning's hip_* triple ({} for ()), for a launch on `device`.
+
+    Raises:
+        ValueError: options given for an NVIDIA device (a CUDA device of a torch built without ROCm).
+    """
+    if opts and device.type == "cuda" and torch.version.hip is None and not interpreting():
+        raise ValueError(f"KernelTuning.hip_*: AMD compiler options {dict(zip(HIP_OPTION_NAMES, opts))} cannot "
+                         f"launch on an NVIDIA GPU; use kernel_tuning(device, head_dim) for {device}")
     return dict(zip(HIP_OPTION_NAMES, opts))
 
 
@@ -378,8 +395,8 @@ def kernel_tuning(device: torch.device | str, head_dim: int, profile: str = "vsa
     Raises:
         ValueError: head_dim outside [1, 256], or an unknown profile.
     """
-    if not 1 <= head_dim <= BLOCK_DS[-1]:
-        raise ValueError(f"head_dim must be in [1, {BLOCK_DS[-1]}], got {head_dim}")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= BLOCK_DS[-1]:
+        raise ValueError(f"head_dim must be an int in [1, {BLOCK_DS[-1]}], got {head_dim!r}")
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     return _tuning_for(device_arch(torch.device(device)), block_d(head_dim), profile)
@@ -390,7 +407,8 @@ def arch_tuning(arch: str, head_dim: int, profile: str = "vsa") -> KernelTuning:
     GPU: the AMD build check compiles with it). Raises ValueError for an unknown arch, head dim or profile."""
     if arch not in ARCH_DEFAULTS:
         raise ValueError(f"arch must be one of {tuple(ARCH_DEFAULTS)}, got {arch!r}")
-    if not 1 <= head_dim <= BLOCK_DS[-1] or profile not in PROFILES:
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= BLOCK_DS[-1] \
+            or profile not in PROFILES:
         raise ValueError(f"head_dim must be in [1, {BLOCK_DS[-1]}] and profile one of {PROFILES}, got "
                          f"{head_dim}, {profile!r}")
     return _tuning_for(arch, block_d(head_dim), profile)
@@ -400,8 +418,8 @@ def arch_tuning(arch: str, head_dim: int, profile: str = "vsa") -> KernelTuning:
 def _tuning_for(arch: str, blk_d: int, profile: str = "vsa") -> KernelTuning:
     tma, two_streams, precision = ARCH_DEFAULTS[arch]
     if arch in HIP_OPTIONS:
-        launch = (HIP_WIDE_LAUNCH,) * 3 if blk_d > 128 else HIP_LAUNCH[arch]
-        hip = HIP_OPTIONS[arch]
+        launch = HIP_WIDE_LAUNCH if blk_d > 128 else HIP_LAUNCH[arch]
+        hip = HIP_WIDE_OPTIONS if blk_d > 128 else HIP_OPTIONS[arch]
     else:
         launch, hip = (FWD_LAUNCH[blk_d], BWD_DQ_LAUNCH[blk_d], BWD_DKDV_LAUNCH[blk_d]), ((), (), ())
     changes = ROCM_VSA_CHANGES.get(arch, {}) if profile == "rocm-vsa" else {}

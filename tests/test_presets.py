@@ -315,3 +315,12 @@ def test_hub_preset_may_omit_text_encoder():
     data = raw("wan2.1-t2v-1.3b")
     assert "text_encoder" not in data
     assert parse_preset(data, "x.toml").text_encoder is None
+
+
+def test_rocm_vsa_takes_vsa_s_table_in_every_bundled_preset():
+    """`rocm-vsa` is `vsa` with another kernel profile: every preset that tunes `vsa` gives it the same options
+    (a preset that forgot it would run rocm-vsa at the default sparsity)."""
+    for name in preset_names():
+        tables = load_preset(name).defaults.attention
+        if "vsa" in tables:
+            assert tables.get("rocm-vsa") == tables["vsa"], name

@@ -61,3 +61,11 @@ def test_equals_vsa_forward_and_backward(tuning, dtype):
     for g, w in zip(got, want):
         assert torch.isfinite(g).all() and g.abs().sum() > 0
         assert torch.equal(g, w)
+
+
+def test_describe_names_what_differs_from_vsa():
+    """On the interpreter the profile adds the streaming hints (lean_index is vsa's too); with the torch
+    implementation nothing about kernels is claimed."""
+    cpu = torch.device("cpu")
+    assert make_backend("rocm-vsa", impl="triton").describe(cpu)["kernel_changes"] == {"one_pass_loads": "streaming"}
+    assert "kernel_changes" not in make_backend("rocm-vsa").describe(cpu)  # impl auto on CPU: the torch reference

@@ -109,3 +109,14 @@ def test_metadata_parsing_and_occupancy():
     big = KernelBuild("k", "gfx942", "", 4, vgpr=128, agpr=0, sgpr=40, lds=70000, scratch=0, vgpr_spill=0,
                       sgpr_spill=0, loads=2, nt_loads=0, hinted=False)
     assert big.problems() == ["LDS 70000 B > 65536 B"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--targets", "gfx90a"], "unknown target gfx90a"),
+    (["--targets", "gfx942", "--head-dim", "300"], "head_dim"),
+    (["--targets", "gfx942"], "TRITON_INTERPRET"),  # the tests run under the interpreter
+])
+def test_command_line_errors_are_one_line_and_exit_2(argv, message, capsys):
+    assert amd_build.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

@@ -61,7 +61,8 @@ def test_rocm_vsa_on_rocm_takes_its_own_tables_by_itself(fake_gpu, minor, arch, 
     assert tuning.device_arch(torch.device("cuda", 0)) == arch
     assert (t.fwd_launch, t.bwd_dq_launch, t.bwd_dkdv_launch) == tuning.HIP_LAUNCH[arch]
     wide = kernel_tuning(torch.device("cuda", 0), 256)
-    assert wide.fwd_launch == wide.bwd_dq_launch == wide.bwd_dkdv_launch == tuning.HIP_WIDE_LAUNCH
+    assert (wide.fwd_launch, wide.bwd_dq_launch, wide.bwd_dkdv_launch) == tuning.HIP_WIDE_LAUNCH
+    assert (wide.hip_fwd, wide.hip_dq, wide.hip_dkdv) == tuning.HIP_WIDE_OPTIONS
     assert (t.hip_fwd, t.hip_dq, t.hip_dkdv) == tuning.HIP_OPTIONS[arch]
     assert all(len(o) == 3 for o in (t.hip_fwd, t.hip_dq, t.hip_dkdv))
     if kpack is not None:
@@ -94,8 +95,32 @@ def test_load_hints_and_hip_kwargs():
     assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="evict_first")) == {"EVICT": "evict_first",
                                                                                        "CACHE": ""}
     assert tuning.load_hints(dataclasses.replace(t, one_pass_loads="streaming")) == {"EVICT": "", "CACHE": ".cg"}
-    assert tuning.hip_kwargs(()) == {}
-    assert tuning.hip_kwargs((2, 16, 1)) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 1}
+    cpu = torch.device("cpu")
+    assert tuning.hip_kwargs((), cpu) == {}
+    assert tuning.hip_kwargs((2, 16, 1), cpu) == {"waves_per_eu": 2, "matrix_instr_nonkdim": 16, "kpack": 1}
+
+
+def test_hip_options_refused_on_nvidia(monkeypatch):
+    """Triton's NVIDIA backend would raise a KeyError on the names: one ValueError naming the field instead; on a
+    ROCm torch they pass."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.version, "hip", None)
+    with pytest.raises(ValueError, match="hip_.*NVIDIA"):
+        tuning.hip_kwargs((1, 16, 2), torch.device("cuda", 0))
+    assert tuning.hip_kwargs((), torch.device("cuda", 0)) == {}
+    monkeypatch.setattr(torch.version, "hip", "6.2.0")
+    assert tuning.hip_kwargs((1, 16, 2), torch.device("cuda", 0))["kpack"] == 2
+
+
+def test_hip_options_all_three_or_none():
+    base = kernel_tuning("cpu", 128)
+    with pytest.raises(ValueError, match="all three"):
+        dataclasses.replace(base, hip_fwd=(2, 16, 1))
+    rocm = tuning.arch_tuning("rocm-cdna3", 128)
+    with pytest.raises(ValueError, match="all three"):
+        dataclasses.replace(rocm, hip_dq=())
+    with pytest.raises(ValueError, match="head_dim"):
+        kernel_tuning("cpu", 128.0)
 
 
 def test_cpu_and_interpreter_defaults(monkeypatch):

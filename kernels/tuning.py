@@ -245,7 +245,8 @@ class KernelTuning:
             raise ValueError(f"KernelTuning.score_precision must be one of {SCORE_PRECISIONS}, "
                              f"got {self.score_precision!r}")
         if self.one_pass_loads not in ONE_PASS_LOADS:
-            raise ValueError(f"KernelTuning.one_pass_loads must be one of {ONE_PASS_LOADS}, got {self.one_pass_loads!r}")
+            raise ValueError(f"KernelTuning.one_pass_loads must be one of {ONE_PASS_LOADS}, "
+                             f"got {self.one_pass_loads!r}")
         for name in ("fwd_launch", "bwd_dq_launch", "bwd_dkdv_launch"):
             object.__setattr__(self, name, _checked_launch(name, getattr(self, name)))
         for name in ("hip_fwd", "hip_dq", "hip_dkdv"):

@@ -1,6 +1,6 @@
 """Attention backends for the video self-attention: the protocol (`base`), one module per backend (`full`,
-`vsa`, `rocm-vsa`, `sla-star`), the registry of names (`registry`), the backend-as-a-value (`spec`), the per-layer processor
-(`processor`), the transformer hooks (`hooks`) and backend-owned weights (`weights`).
+`vsa`, `rocm-vsa`, `sla-star`), the registry of names (`registry`), the backend-as-a-value (`spec`), the per-layer
+processor (`processor`), the transformer hooks (`hooks`) and backend-owned weights (`weights`).
 """
 
 from __future__ import annotations
@@ -40,5 +40,6 @@ def make_backend(name: str, sparsity: float | None = None, impl: str = "auto", *
 
 
 __all__ = ["AttentionBackend", "AttnContext", "BackendName", "BackendSpec", "FullAttention", "LayerWeights",
-           "NoOptions", "REGISTRY", "ROCmVSAAttention", "ROCmVSAOptions", "SLAStarAttention", "SLAStarOptions", "VSAAttention", "VSAOptions",
+           "NoOptions", "REGISTRY", "ROCmVSAAttention", "ROCmVSAOptions", "SLAStarAttention", "SLAStarOptions",
+           "VSAAttention", "VSAOptions",
            "backend_class", "backend_names", "make_backend", "resolve_spec", "uses_sparsity"]

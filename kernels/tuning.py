@@ -396,11 +396,7 @@ def kernel_tuning(device: torch.device | str, head_dim: int, profile: str = "vsa
     Raises:
         ValueError: head_dim outside [1, 256], or an unknown profile.
     """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= BLOCK_DS[-1]:
-        raise ValueError(f"head_dim must be an int in [1, {BLOCK_DS[-1]}], got {head_dim!r}")
-    if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    return _tuning_for(device_arch(torch.device(device)), block_d(head_dim), profile)
+    return arch_tuning(device_arch(torch.device(device)), head_dim, profile)
 
 
 def arch_tuning(arch: str, head_dim: int, profile: str = "vsa") -> KernelTuning:
@@ -408,10 +404,10 @@ def arch_tuning(arch: str, head_dim: int, profile: str = "vsa") -> KernelTuning:
     GPU: the AMD build check compiles with it). Raises ValueError for an unknown arch, head dim or profile."""
     if arch not in ARCH_DEFAULTS:
         raise ValueError(f"arch must be one of {tuple(ARCH_DEFAULTS)}, got {arch!r}")
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= BLOCK_DS[-1] \
-            or profile not in PROFILES:
-        raise ValueError(f"head_dim must be in [1, {BLOCK_DS[-1]}] and profile one of {PROFILES}, got "
-                         f"{head_dim}, {profile!r}")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 1 <= head_dim <= BLOCK_DS[-1]:
+        raise ValueError(f"head_dim must be an int in [1, {BLOCK_DS[-1]}], got {head_dim!r}")
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     return _tuning_for(arch, block_d(head_dim), profile)
 
 

@@ -276,6 +276,9 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         built = spec.build()
     if built is not None:
         built.check(device, first.dtype)
+        bind = getattr(built, "bind", None)  # backends tied to an architecture refuse others here (sparse-vdit)
+        for name, t in transformers if bind is not None else ():
+            bind(t, name)
     if timer is None:
         timer = Timer(device)
         timer.step = 0

@@ -453,6 +453,9 @@ class Session:
         extra = expert_kwargs(pipe, cfg)
         if self.conditioning is not None:
             extra.update(self.conditioning.arguments(cfg.height, cfg.width, plan))
+        check_grid = getattr(backend, "check_grid", None)  # backends tied to a latent grid (sparse-vdit's files)
+        if check_grid is not None:
+            check_grid(plan.denoise_grid)
         attach = not any(backend is b for b in self.preattached)
         handle = apply(pipe, backend, timer=timer, fused_blocks=self.fused, weights_root=self.model.weight_root,
                        attach_weights=attach)

@@ -206,9 +206,31 @@ def _attention_tables(tables: Any, where: str) -> dict[str, dict[str, Any]]:
 
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise BadInput(f"preset {where}: [attention] holds one table per backend, e.g. [attention.vsa]")
+    out = {}
     for name, table in tables.items():
+        table = _preset_paths(name, dict(table)) if isinstance(name, str) else table
         make_options(name, table, where=f"preset {where} [attention]")  # "preset x.toml [attention] vsa: ..."
-    return {name: dict(table) for name, table in tables.items()}
+        out[name] = table
+    return out
+
+
+def _preset_paths(backend: str, table: dict[str, Any]) -> dict[str, Any]:
+    """Option values of Path-typed options that are relative paths, resolved against the presets folder (a
+    preset's `[attention.sparse-vdit] patterns = "patterns/tiny.json"` names a file shipped beside it)."""
+    import typing
+
+    from .attention.registry import REGISTRY
+
+    cls = REGISTRY.get(backend)
+    if cls is None:
+        return table
+    hints = typing.get_type_hints(cls.Options)
+    for key, value in table.items():
+        hint = hints.get(key)
+        if isinstance(value, str) and hint is not None and Path in (hint, *typing.get_args(hint)) \
+                and not Path(value).expanduser().is_absolute():
+            table[key] = _preset_dir() / value
+    return table
 
 
 def parse_preset(data: dict[str, Any], where: str) -> Preset:

@@ -1,5 +1,5 @@
 """Attention backends for the video self-attention: the protocol (`base`), one module per backend (`full`,
-`vsa`, `rocm-vsa`, `sla-star`), the registry of names (`registry`), the backend-as-a-value (`spec`), the per-layer
+`vsa`, `rocm-vsa`, `sla-star`, `sparse-vdit`), the registry of names (`registry`), the backend-as-a-value (`spec`), the per-layer
 processor (`processor`), the transformer hooks (`hooks`) and backend-owned weights (`weights`).
 """
 
@@ -12,6 +12,7 @@ from .full import FullAttention
 from .registry import REGISTRY, BackendName, backend_class, backend_names, uses_sparsity
 from .rocm_vsa import ROCmVSAAttention, ROCmVSAOptions
 from .sla_star import SLAStarAttention, SLAStarOptions
+from .sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
 from .spec import BackendSpec, check_flags_apply, make_options, resolve_spec
 from .vsa import VSAAttention, VSAOptions
 
@@ -41,5 +42,6 @@ def make_backend(name: str, sparsity: float | None = None, impl: str = "auto", *
 
 __all__ = ["AttentionBackend", "AttnContext", "BackendName", "BackendSpec", "FullAttention", "LayerWeights",
            "NoOptions", "REGISTRY", "ROCmVSAAttention", "ROCmVSAOptions", "SLAStarAttention", "SLAStarOptions",
+           "SparseVDiTAttention", "SparseVDiTOptions",
            "VSAAttention", "VSAOptions",
            "backend_class", "backend_names", "make_backend", "resolve_spec", "uses_sparsity"]

@@ -13,9 +13,10 @@ from ..errors import BadInput
 from .full import FullAttention
 from .rocm_vsa import ROCmVSAAttention
 from .sla_star import SLAStarAttention
+from .sparse_vdit import SparseVDiTAttention
 from .vsa import VSAAttention
 
-_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, ROCmVSAAttention, SLAStarAttention)
+_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, ROCmVSAAttention, SLAStarAttention, SparseVDiTAttention)
 
 REGISTRY: dict[str, type] = {cls.name: cls for cls in _BACKENDS}
 

@@ -1,0 +1,241 @@
+"""`sparse-vdit`: Sparse-vDiT's static per-(layer, head) attention patterns (seed 003, arXiv 2506.03065).
+
+Every head of every layer runs one pattern found offline by `vsagen search` (`vsagen.sparsity`): dense, skip
+(zero output), diagonal, multi-diagonal, vertical stripe or a union of them, each compiled once per (tile grid,
+pattern) to the q2k index tables of `vsa`'s block-sparse kernels. The modes come from a pattern file (the
+`patterns` option; a preset may name a default under `presets/patterns/`), per step range, expert, layer and head.
+
+Head fusion: all heads of a layer run in one call of the block-sparse kernel whatever their modes, from per-head
+index tables (a (1, H, Q_TILES, K) table with K the layer's widest row, expanded over the batch); skip heads have
+empty rows (their programs exit at once) and a layer whose heads all skip launches nothing. A layer whose heads are
+all dense runs torch's SDPA (cuDNN on CUDA) instead. There is no coarse stage: the selection is static.
+
+Implementations (`impl`): "triton" (the kernels, the default on CUDA) and "torch" (token-level masked attention in
+fp32 from the same tables, the default elsewhere and the tests' per-head reference is built independently from the
+oracle masks).
+
+A file searched on another architecture (model, layer or head count) or expert is refused when the backend is
+applied (`bind`); one searched at another size is refused when the run's grid is known, unless `remap=true`
+(`vsagen.sparsity.files`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import BadInput
+from ..kernels.tuning import KernelTuning
+from ..sparsity.files import PatternFile, architecture_of, file_hash, load_patterns
+from ..sparsity.patterns import Pattern, block_map, q2k_table
+from .base import AttnContext
+
+IMPLS = ("auto", "triton", "torch")
+CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)
+
+
+@dataclass(frozen=True)
+class SparseVDiTOptions:
+    """Options of `sparse-vdit`.
+
+    Attributes:
+        patterns: the pattern file (`vsagen search --out`); required (a preset may give a default).
+        remap: run a file searched at another size on this run's grid (the same modes compiled on the new tile
+            grid; their densities change and they were not searched there).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
+        tuning: the Triton kernels' tuning (`KernelTuning`), from Python only; None: the device's defaults.
+
+    Raises:
+        BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
+    """
+
+    patterns: Path | None = None
+    remap: bool = False
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        if self.patterns is not None:
+            path = Path(self.patterns).expanduser()
+            if not path.is_file():
+                raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
+            object.__setattr__(self, "patterns", path)
+        if not isinstance(self.remap, bool):
+            raise BadInput(f"remap must be true or false, got {self.remap!r}")
+        if self.impl not in IMPLS:
+            raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+        if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
+            raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:
+    """Token-level attention under a per-head boolean mask, in fp32 (fp64 for fp64 input); rows with no key give 0.
+
+    Args:
+        q, k, v: (B, S, H, D).
+        token_mask: (H, S, S) bool, [h, i, j]: query i of head h attends to key j.
+
+    Returns:
+        (B, S, H, D) like q.
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    scale = q.shape[-1] ** -0.5
+    outs = []
+    for h in range(q.shape[2]):  # one head at a time bounds memory at (B, S, S)
+        logits = torch.einsum("bsd,btd->bst", q[:, :, h].to(acc), k[:, :, h].to(acc)) * scale
+        logits = logits.masked_fill(~token_mask[h], float("-inf"))
+        p = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # an empty row: softmax of -inf is NaN -> 0
+        outs.append(torch.einsum("bst,btd->bsd", p, v[:, :, h].to(acc)))
+    return torch.stack(outs, dim=2).to(q.dtype)
+
+
+class SparseVDiTAttention:
+    """Static per-head patterns from a pattern file, all heads of a layer in one block-sparse launch."""
+
+    name = "sparse-vdit"
+    Options = SparseVDiTOptions
+    tiled = True
+    traceable = False  # the per-layer table lookup is Python; the kernel call runs eagerly between graphs
+    weights = None
+
+    def __init__(self, options: SparseVDiTOptions | None = None) -> None:
+        self.options = SparseVDiTOptions() if options is None else options
+        self.file: PatternFile | None = None
+        self.file_sha256: str | None = None
+        if self.options.patterns is not None:
+            self.file = load_patterns(self.options.patterns)
+            self.file_sha256 = file_hash(self.options.patterns)
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._cached_bytes = 0
+        self._checked_grids: set[tuple[int, int, int]] = set()
+        self.layer_stats: dict[tuple[str | None, int], dict[str, Any]] = {}
+
+    @property
+    def where(self) -> str:
+        return f"pattern file {self.options.patterns}"
+
+    def resolved_impl(self, device: torch.device) -> str:
+        """'triton' or 'torch' for tensors on `device`."""
+        if self.options.impl != "auto":
+            return self.options.impl
+        return "triton" if device.type == "cuda" else "torch"
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Raises BadInput without a pattern file, or for the Triton kernels on a CPU without the interpreter."""
+        from ..kernels.tuning import interpreting
+
+        if self.file is None:
+            raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE (write one "
+                           "with `vsagen search`)")
+        if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
+            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
+                           "interpreter); use --attn-impl torch on CPU")
+
+    def bind(self, transformer: Any, expert: str | None) -> None:
+        """Refuse a transformer the pattern file was not searched on (called by `vsagen.apply` before patching).
+
+        Raises:
+            BadInput: another architecture (model, layer or head count), or an expert the file does not cover.
+        """
+        if self.file is not None:
+            self.file.check_architecture(architecture_of(transformer), expert, self.where)
+
+    def check_grid(self, grid: tuple[int, int, int]) -> None:
+        """Refuse a latent grid the file was not searched at, unless the `remap` option is on.
+
+        Raises:
+            BadInput: see `PatternFile.check_grid`.
+        """
+        if self.file is not None and tuple(grid) not in self._checked_grids:
+            self.file.check_grid(grid, self.options.remap, self.where)
+            self._checked_grids.add(tuple(grid))
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name", "patterns" (path), "patterns_sha256", "remap", "impl", "density" (the file's mean block
+        density on its grid), "modes" (head counts per mode)} and, given the device, "impl_ran"."""
+        d: dict[str, Any] = {"name": self.name, "impl": self.options.impl, "remap": self.options.remap}
+        if self.file is not None:
+            d.update(patterns=str(self.options.patterns), patterns_sha256=self.file_sha256,
+                     patterns_model=self.file.model, density=round(self.file.density(), 6),
+                     modes=self.file.mode_counts())
+        if device is not None:
+            d["impl_ran"] = self.resolved_impl(device)
+        return d
+
+    def layer_table(self, modes: tuple[Pattern, ...], tiles: tuple[int, int, int],
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused per-head index tables of one layer: q2k (1, H, Q_TILES, K) and q2k_cnt (1, H, Q_TILES) int32 on
+        `device`, K the widest row of the layer's heads (cached per (modes, tiles, device) up to CACHE_BYTES)."""
+        key = (tuple(p.key() for p in modes), tuple(tiles), str(device))
+        hit = self._tables.get(key)
+        if hit is not None:
+            return hit
+        parts = [q2k_table(p, tiles) for p in modes]
+        width = max(t.shape[1] for t, _ in parts)
+        q2k = torch.stack([F.pad(t, (0, width - t.shape[1])) for t, _ in parts])[None].to(device)
+        cnt = torch.stack([c for _, c in parts])[None].to(device)
+        size = q2k.numel() * 4 + cnt.numel() * 4
+        if self._cached_bytes + size <= CACHE_BYTES:
+            self._tables[key] = (q2k, cnt)
+            self._cached_bytes += size
+        return q2k, cnt
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q; stage "self_attention/fine"."""
+        layout = ctx.layout
+        if layout is None:
+            raise RuntimeError("sparse-vdit needs tokens in tile order with a TileLayout (tile-order hooks missing)")
+        if self.file is None:
+            raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE")
+        self.check_grid(layout.grid)
+        modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step)
+        if len(modes) != q.shape[2]:
+            raise BadInput(f"{self.where} has {len(modes)} heads per layer, this model {q.shape[2]}")
+        with ctx.timer.region("self_attention/fine"):
+            return self.attend(q, k, v, modes, layout, ctx)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, modes: tuple[Pattern, ...], layout: Any,
+               ctx: AttnContext | None = None) -> torch.Tensor:
+        """The layer's attention with head h under `modes[h]`, q, k, v (B, S, H, D) in tile order."""
+        kinds = {p.kind for p in modes}
+        stats_key = (None if ctx is None else ctx.expert, -1 if ctx is None else ctx.layer)
+        if kinds == {"skip"}:
+            self._note(stats_key, modes, layout, launches=0)
+            return torch.zeros_like(q)
+        if kinds == {"dense"}:
+            self._note(stats_key, modes, layout, launches=1)
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+                    return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+            return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+        self._note(stats_key, modes, layout, launches=1)
+        if self.resolved_impl(q.device) == "torch":
+            bm = torch.stack([block_map(p, layout.tiles_per_dim, q.device) for p in modes])  # (H, Q_T, KV_T)
+            tt = layout.token_tile.to(q.device)
+            return masked_attention(q, k, v, bm[:, tt][:, :, tt])
+        from ..kernels.block_sparse_attn import block_sparse_attention
+
+        q2k, cnt = self.layer_table(modes, layout.tiles_per_dim, q.device)
+        b = q.shape[0]
+        out, _ = block_sparse_attention(q, k, v, q2k.expand(b, -1, -1, -1), cnt.expand(b, -1, -1),
+                                        layout.tile_offsets_i32.to(q.device), tuning=self.options.tuning)
+        return out
+
+    def _note(self, key: tuple[str | None, int], modes: tuple[Pattern, ...], layout: Any, launches: int) -> None:
+        """Record what layer `key` ran (for `vsagen profile`'s per-layer table): launches, block density, groups."""
+        if key in self.layer_stats:
+            return
+        tiles = layout.tiles_per_dim
+        cnts = [int(q2k_table(p, tiles)[1].sum()) for p in modes]
+        self.layer_stats[key] = {"expert": key[0], "layer": key[1], "heads": len(modes), "launches": launches,
+                                 "groups": len({p.key() for p in modes}),
+                                 "density": sum(cnts) / (len(modes) * layout.num_tiles ** 2),
+                                 "modes": {n: sum(1 for p in modes if p.name == n) for n in
+                                           dict.fromkeys(p.name for p in modes)}}

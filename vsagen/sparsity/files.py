@@ -1,0 +1,288 @@
+"""Sparse-vDiT pattern files: the mode of every (step range, expert, layer, head), as JSON (seed 003's offline search
+result; written by `vsagen search`, read by `--attn sparse-vdit:patterns=FILE`).
+
+Format (version 1), one JSON object:
+
+    format        "vsagen-sparse-vdit"
+    version       1
+    model         the model it was searched on (preset name, local directory or hub id), for reports
+    architecture  {"layers", "heads", "head_dim", "in_channels", "ffn_dim", "patch_size"} of the transformer(s): a
+                  file is refused on a transformer whose architecture differs (another model, layer or head count)
+    experts       the pipeline components it covers, e.g. ["transformer"] or ["transformer", "transformer_2"]
+    height, width, frames   the video size searched at (pixels, frames)
+    grid          [T, Hl, Wl] post-patch latent grid of that size (the tile grid follows from it)
+    steps, lam, eps, prompts   the search's settings (denoising steps, cost weight, MSE threshold, prompt count)
+    modes         {name: definition} of the patterns used (`patterns.Pattern.spec`)
+    ranges        [{"start", "stop", "heads": {expert: [[mode name per head] per layer]}}], step ranges
+                  [start, stop) covering 0..steps without gaps (one range: the same modes at every step); steps
+                  past the last range use the last range's modes
+    scores        optional: {"<expert>/<layer>/<head>": {mode: mean MSE}} (the search's measurements)
+
+Another size: a file is refused on another latent grid unless the run asks for a remap (`remap=True`): each mode's
+parameters are in tile units (radius, slabs, stripe spacing), so remapping compiles the same modes on the new tile
+grid; their densities change with the grid and the modes were not searched there (`check_grid`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import BadInput
+from .patterns import Pattern, block_density
+
+FORMAT = "vsagen-sparse-vdit"
+VERSION = 1
+ARCH_FIELDS = ("layers", "heads", "head_dim", "in_channels", "ffn_dim", "patch_size")
+
+
+def architecture_of(transformer: Any) -> dict[str, Any]:
+    """The architecture a pattern file is tied to, read from a diffusers `WanTransformer3DModel` (its config and its
+    first block's `attn1`): {"layers", "heads", "head_dim", "in_channels", "ffn_dim", "patch_size"}."""
+    cfg = getattr(transformer, "config", None)
+    attn = transformer.blocks[0].attn1
+    heads = int(getattr(attn, "heads", getattr(cfg, "num_attention_heads", 0)))
+    inner = attn.to_q.weight.shape[0] if hasattr(attn, "to_q") else attn.inner_dim
+    return {"layers": len(transformer.blocks), "heads": heads, "head_dim": int(inner) // max(heads, 1),
+            "in_channels": int(getattr(cfg, "in_channels", 0) or 0), "ffn_dim": int(getattr(cfg, "ffn_dim", 0) or 0),
+            "patch_size": [int(p) for p in getattr(cfg, "patch_size", (1, 2, 2))]}
+
+
+def _arch_text(a: Mapping[str, Any]) -> str:
+    return f"{a['layers']} layers x {a['heads']} heads of {a['head_dim']}, {a['in_channels']} input channels"
+
+
+@dataclass(frozen=True)
+class StepRange:
+    """The modes of denoising steps [start, stop): heads[expert][layer][head] is a mode name."""
+
+    start: int
+    stop: int
+    heads: Mapping[str, tuple[tuple[str, ...], ...]]
+
+
+@dataclass(frozen=True)
+class PatternFile:
+    """A pattern file in memory (see the module docstring for the fields)."""
+
+    model: str
+    architecture: Mapping[str, Any]
+    experts: tuple[str, ...]
+    height: int
+    width: int
+    frames: int
+    grid: tuple[int, int, int]
+    steps: int
+    lam: float
+    eps: float
+    prompts: int
+    modes: Mapping[str, Pattern]
+    ranges: tuple[StepRange, ...]
+    scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    @property
+    def tiles(self) -> tuple[int, int, int]:
+        """(NT, NH, NW) tiles per dim of `grid` with (4, 4, 4) tiles."""
+        return tuple(math.ceil(g / 4) for g in self.grid)  # type: ignore[return-value]
+
+    def layer_modes(self, expert: str | None, layer: int, step: int = 0) -> tuple[Pattern, ...]:
+        """The patterns of every head of `layer` of `expert` (None: the first expert) at denoising `step`."""
+        rng = self.ranges[-1]
+        for r in self.ranges:
+            if r.start <= step < r.stop:
+                rng = r
+                break
+        names = rng.heads[expert if expert is not None else self.experts[0]][layer]
+        return tuple(self.modes[n] for n in names)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of the module docstring."""
+        out: dict[str, Any] = {
+            "format": FORMAT, "version": VERSION, "model": self.model, "architecture": dict(self.architecture),
+            "experts": list(self.experts), "height": self.height, "width": self.width, "frames": self.frames,
+            "grid": list(self.grid), "steps": self.steps, "lam": self.lam, "eps": self.eps, "prompts": self.prompts,
+            "modes": {n: p.spec() for n, p in self.modes.items()},
+            "ranges": [{"start": r.start, "stop": r.stop,
+                        "heads": {e: [list(layer) for layer in r.heads[e]] for e in self.experts}}
+                       for r in self.ranges],
+        }
+        if self.scores:
+            out["scores"] = {k: dict(v) for k, v in self.scores.items()}
+        return out
+
+    def check_architecture(self, arch: Mapping[str, Any], expert: str | None, where: str) -> None:
+        """Refuse a transformer this file was not searched on.
+
+        Raises:
+            BadInput: another architecture (model, layer or head count), or an expert the file does not cover.
+        """
+        mine = {k: self.architecture.get(k) for k in ARCH_FIELDS}
+        theirs = {k: arch.get(k) for k in ARCH_FIELDS}
+        if {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in mine.items()} != \
+                {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in theirs.items()}:
+            raise BadInput(f"{where} was searched on {self.model} ({_arch_text(mine)}); this model has "
+                           f"{_arch_text(theirs)}: search again on it (vsagen search)")
+        name = expert if expert is not None else self.experts[0]
+        if name not in self.experts:
+            raise BadInput(f"{where} covers {', '.join(self.experts)}, not this pipeline's {name}: search again "
+                           "on this model")
+
+    def check_grid(self, grid: Sequence[int], remap: bool, where: str) -> None:
+        """Refuse another latent grid unless `remap`.
+
+        Raises:
+            BadInput: `grid` differs from the file's and `remap` is False.
+        """
+        if tuple(grid) != tuple(self.grid) and not remap:
+            raise BadInput(f"{where} was searched at {self.width}x{self.height}, {self.frames} frames (latent grid "
+                           f"{'x'.join(map(str, self.grid))}), this run's grid is {'x'.join(map(str, grid))}: "
+                           "search at this size, or pass remap=true (--attn sparse-vdit:patterns=FILE:remap=true) "
+                           "to compile the same modes on the new grid")
+
+    def density(self, tiles: tuple[int, int, int] | None = None) -> float:
+        """Mean block density over every (step range, expert, layer, head), ranges weighted by their steps, on
+        `tiles` (default the file's tile grid)."""
+        tiles = self.tiles if tiles is None else tiles
+        dens = {n: block_density(p, tiles) for n, p in self.modes.items()}
+        total, weight = 0.0, 0
+        for r in self.ranges:
+            w = r.stop - r.start
+            for e in self.experts:
+                for layer in r.heads[e]:
+                    total += w * sum(dens[n] for n in layer)
+                    weight += w * len(layer)
+        return total / max(weight, 1)
+
+    def mode_counts(self) -> dict[str, int]:
+        """How many (step range, expert, layer, head) entries use each mode."""
+        counts = {n: 0 for n in self.modes}
+        for r in self.ranges:
+            for e in self.experts:
+                for layer in r.heads[e]:
+                    for n in layer:
+                        counts[n] += 1
+        return counts
+
+
+def file_hash(path: Path) -> str:
+    """sha256 of a file's bytes, hex (recorded in a run's JSON beside the file's path)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in data:
+        raise BadInput(f"{where}: no {key!r} field (not a vsagen pattern file?)")
+    value = data[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise BadInput(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def parse_patterns(data: Any, where: str) -> PatternFile:
+    """A `PatternFile` from its JSON object, checked throughout.
+
+    Raises:
+        BadInput: not a version-1 vsagen pattern file, a missing or mistyped field, an unknown mode, a mode list of
+            the wrong length for the architecture, or step ranges that do not cover the steps.
+    """
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BadInput(f"{where}: not a vsagen pattern file (no \"format\": \"{FORMAT}\")")
+    if data.get("version") != VERSION:
+        raise BadInput(f"{where}: pattern file version {data.get('version')!r}, this vsagen reads {VERSION}")
+    arch = _need(data, "architecture", dict, where)
+    for k in ARCH_FIELDS:
+        if k not in arch:
+            raise BadInput(f"{where}: architecture lacks {k!r}")
+    layers, heads = arch["layers"], arch["heads"]
+    if not all(isinstance(x, int) and x > 0 for x in (layers, heads)):
+        raise BadInput(f"{where}: architecture layers and heads must be positive integers")
+    experts = tuple(_need(data, "experts", list, where))
+    if not experts or not all(isinstance(e, str) for e in experts) or len(set(experts)) != len(experts):
+        raise BadInput(f"{where}: experts must be a list of distinct names")
+    grid = _need(data, "grid", list, where)
+    if len(grid) != 3 or not all(isinstance(g, int) and not isinstance(g, bool) and g > 0 for g in grid):
+        raise BadInput(f"{where}: grid must be three positive integers")
+    try:
+        modes = {str(n): Pattern.from_spec(str(n), spec) for n, spec in _need(data, "modes", dict, where).items()}
+    except ValueError as e:
+        raise BadInput(f"{where}: {e}") from None
+    steps = _need(data, "steps", int, where)
+    ranges = []
+    expect = 0
+    for i, r in enumerate(_need(data, "ranges", list, where)):
+        if not isinstance(r, dict):
+            raise BadInput(f"{where}: ranges[{i}] is not an object")
+        start, stop = r.get("start"), r.get("stop")
+        if not (isinstance(start, int) and isinstance(stop, int) and start == expect and stop > start):
+            raise BadInput(f"{where}: ranges[{i}] must start at step {expect} and end after it")
+        expect = stop
+        table = r.get("heads")
+        if not isinstance(table, dict) or set(table) != set(experts):
+            raise BadInput(f"{where}: ranges[{i}].heads must have one entry per expert ({', '.join(experts)})")
+        per_expert = {}
+        for e in experts:
+            rows = table[e]
+            if not isinstance(rows, list) or len(rows) != layers:
+                raise BadInput(f"{where}: ranges[{i}].heads.{e} must list {layers} layers")
+            for li, row in enumerate(rows):
+                if not isinstance(row, list) or len(row) != heads:
+                    raise BadInput(f"{where}: layer {li} of {e} must list {heads} head modes")
+                unknown = sorted({str(n) for n in row} - set(modes))
+                if unknown:
+                    raise BadInput(f"{where}: layer {li} of {e} uses mode(s) {', '.join(unknown)} that \"modes\" "
+                                   "does not define")
+            per_expert[e] = tuple(tuple(str(n) for n in row) for row in rows)
+        ranges.append(StepRange(start, stop, per_expert))
+    if not ranges:
+        raise BadInput(f"{where}: no step ranges")
+    scores = data.get("scores", {})
+    if not isinstance(scores, dict):
+        raise BadInput(f"{where}: scores must be an object")
+
+    def number(key: str, kind: type = float) -> Any:
+        v = data.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise BadInput(f"{where}: field {key!r} must be a number")
+        return kind(v)
+
+    return PatternFile(model=str(data.get("model", "?")), architecture=dict(arch), experts=experts,
+                       height=number("height", int), width=number("width", int), frames=number("frames", int),
+                       grid=tuple(grid), steps=steps, lam=number("lam"), eps=number("eps"),
+                       prompts=number("prompts", int), modes=modes, ranges=tuple(ranges), scores=scores)
+
+
+def load_patterns(path: Path) -> PatternFile:
+    """Read and check a pattern file.
+
+    Raises:
+        BadInput: a missing or unreadable file, not JSON, or anything `parse_patterns` refuses (one line naming the
+            file).
+    """
+    path = Path(path).expanduser()
+    where = f"pattern file {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"{where} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"{where} cannot be read: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{where} is not JSON: {e}") from None
+    return parse_patterns(data, where)
+
+
+def save_patterns(patterns: PatternFile, path: Path, *, overwrite: bool = False) -> None:
+    """Write `patterns` as JSON, atomically (an interrupted write leaves no partial file).
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    from ..video import write_json
+
+    write_json(patterns.to_json(), Path(path), overwrite=overwrite)

@@ -78,6 +78,10 @@ class Pattern:
                 raise ValueError(f"pattern {self.name!r}: {self.kind} takes no {field_name}")
         if self.kind == "vertical-stripe" and self.slabs == 0 and self.every == 0:
             raise ValueError(f"pattern {self.name!r}: a vertical stripe needs slabs >= 1 or every >= 1")
+        if not isinstance(self.parts, tuple):  # a list of parts: kept as a tuple (the pattern stays hashable)
+            object.__setattr__(self, "parts", tuple(self.parts))
+        if not all(isinstance(p, Pattern) for p in self.parts):
+            raise ValueError(f"pattern {self.name!r}: parts must be patterns, got {self.parts!r}")
         if self.kind == "mixed":
             if not self.parts or any(p.kind == "mixed" for p in self.parts):
                 raise ValueError(f"pattern {self.name!r}: mixed needs one or more parts, none of them mixed")
@@ -158,7 +162,7 @@ def default_catalog() -> tuple[Pattern, ...]:
     """The modes `vsagen search` scores, after the paper's five (dense, diagonal, multi-diagonal, vertical stripe,
     mixed) plus skip. Block densities at the Wan2.1-1.3B 480p tile grid (6, 8, 13): diagonal (radius 3) 5.4%,
     multi-diagonal (radius 2) 18.5%, vertical-stripe (first slab, every 16th tile) 22.3%, mixed (their diagonal and
-    vertical stripe) 26.5% (`block_density`)."""
+    vertical stripe) 26.4% (`block_density`)."""
     d = diagonal(3)
     vs = vertical_stripe(1, 16)
     return (dense(), skip(), d, multi_diagonal(2), vs, mixed(d, vs))

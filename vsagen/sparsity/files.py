@@ -18,6 +18,8 @@ Format (version 1), one JSON object:
                   past the last range use the last range's modes
     scores        optional: {"<expert>/<layer>/<head>": {mode: mean MSE}} (the search's measurements)
 
+Every field but scores is required; the last range's stop is `steps`.
+
 Another size: a file is refused on another latent grid unless the run asks for a remap (`remap=True`): each mode's
 parameters are in tile units (radius, slabs, stripe spacing), so remapping compiles the same modes on the new tile
 grid; their densities change with the grid and the modes were not searched there (`check_grid`).
@@ -120,12 +122,14 @@ class PatternFile:
         Raises:
             BadInput: another architecture (model, layer or head count), or an expert the file does not cover.
         """
-        mine = {k: self.architecture.get(k) for k in ARCH_FIELDS}
-        theirs = {k: arch.get(k) for k in ARCH_FIELDS}
-        if {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in mine.items()} != \
-                {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in theirs.items()}:
+        def plain(a: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: list(a.get(k)) if isinstance(a.get(k), (list, tuple)) else a.get(k) for k in ARCH_FIELDS}
+
+        mine, theirs = plain(self.architecture), plain(arch)
+        if mine != theirs:
+            differ = ", ".join(f"{k} {mine[k]} vs {theirs[k]}" for k in ARCH_FIELDS if mine[k] != theirs[k])
             raise BadInput(f"{where} was searched on {self.model} ({_arch_text(mine)}); this model has "
-                           f"{_arch_text(theirs)}: search again on it (vsagen search)")
+                           f"{_arch_text(theirs)} ({differ}): search again on it (vsagen search)")
         name = expert if expert is not None else self.experts[0]
         if name not in self.experts:
             raise BadInput(f"{where} covers {', '.join(self.experts)}, not this pipeline's {name}: search again "
@@ -182,6 +186,10 @@ def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wher
     return value
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def parse_patterns(data: Any, where: str) -> PatternFile:
     """A `PatternFile` from its JSON object, checked throughout.
 
@@ -191,14 +199,14 @@ def parse_patterns(data: Any, where: str) -> PatternFile:
     """
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BadInput(f"{where}: not a vsagen pattern file (no \"format\": \"{FORMAT}\")")
-    if data.get("version") != VERSION:
+    if type(data.get("version")) is not int or data.get("version") != VERSION:  # JSON true == 1 in Python
         raise BadInput(f"{where}: pattern file version {data.get('version')!r}, this vsagen reads {VERSION}")
     arch = _need(data, "architecture", dict, where)
     for k in ARCH_FIELDS:
         if k not in arch:
             raise BadInput(f"{where}: architecture lacks {k!r}")
     layers, heads = arch["layers"], arch["heads"]
-    if not all(isinstance(x, int) and x > 0 for x in (layers, heads)):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (layers, heads)):
         raise BadInput(f"{where}: architecture layers and heads must be positive integers")
     experts = tuple(_need(data, "experts", list, where))
     if not experts or not all(isinstance(e, str) for e in experts) or len(set(experts)) != len(experts):
@@ -211,6 +219,8 @@ def parse_patterns(data: Any, where: str) -> PatternFile:
     except ValueError as e:
         raise BadInput(f"{where}: {e}") from None
     steps = _need(data, "steps", int, where)
+    if steps < 1:
+        raise BadInput(f"{where}: steps must be a positive integer, got {steps}")
     ranges = []
     expect = 0
     for i, r in enumerate(_need(data, "ranges", list, where)):
@@ -231,28 +241,41 @@ def parse_patterns(data: Any, where: str) -> PatternFile:
             for li, row in enumerate(rows):
                 if not isinstance(row, list) or len(row) != heads:
                     raise BadInput(f"{where}: layer {li} of {e} must list {heads} head modes")
-                unknown = sorted({str(n) for n in row} - set(modes))
+                if not all(isinstance(n, str) for n in row):
+                    raise BadInput(f"{where}: layer {li} of {e} must list mode names (strings)")
+                unknown = sorted(set(row) - set(modes))
                 if unknown:
                     raise BadInput(f"{where}: layer {li} of {e} uses mode(s) {', '.join(unknown)} that \"modes\" "
                                    "does not define")
-            per_expert[e] = tuple(tuple(str(n) for n in row) for row in rows)
+            per_expert[e] = tuple(tuple(row) for row in rows)
         ranges.append(StepRange(start, stop, per_expert))
     if not ranges:
         raise BadInput(f"{where}: no step ranges")
+    if expect != steps:
+        raise BadInput(f"{where}: the step ranges end at step {expect}, not at steps ({steps}): they must cover "
+                       f"0..{steps}")
     scores = data.get("scores", {})
-    if not isinstance(scores, dict):
-        raise BadInput(f"{where}: scores must be an object")
+    if not isinstance(scores, dict) or not all(
+            isinstance(v, dict) and all(isinstance(m, str) and _finite(x) for m, x in v.items())
+            for v in scores.values()):
+        raise BadInput(f"{where}: scores must be an object of {{mode: number}} objects")
 
-    def number(key: str, kind: type = float) -> Any:
-        v = data.get(key, 0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise BadInput(f"{where}: field {key!r} must be a number")
-        return kind(v)
+    def number(key: str) -> float:
+        v = _need(data, key, (int, float), where)
+        if not _finite(v):
+            raise BadInput(f"{where}: field {key!r} must be a finite number, got {v!r}")
+        return float(v)
 
-    return PatternFile(model=str(data.get("model", "?")), architecture=dict(arch), experts=experts,
-                       height=number("height", int), width=number("width", int), frames=number("frames", int),
+    def count(key: str, least: int) -> int:
+        v = _need(data, key, int, where)
+        if v < least:
+            raise BadInput(f"{where}: field {key!r} must be an integer >= {least}, got {v}")
+        return v
+
+    return PatternFile(model=str(_need(data, "model", str, where)), architecture=dict(arch), experts=experts,
+                       height=count("height", 1), width=count("width", 1), frames=count("frames", 1),
                        grid=tuple(grid), steps=steps, lam=number("lam"), eps=number("eps"),
-                       prompts=number("prompts", int), modes=modes, ranges=tuple(ranges), scores=scores)
+                       prompts=count("prompts", 0), modes=modes, ranges=tuple(ranges), scores=scores)
 
 
 def load_patterns(path: Path) -> PatternFile:

@@ -239,6 +239,7 @@ def test_layer_modes_picks_the_step_range_and_expert():
     pf = make_file(("transformer", "transformer_2"))
     names = lambda modes: [p.name for p in modes]  # noqa: E731
     assert names(pf.layer_modes(None, 0, 0)) == ["dense", "diag"]
+    assert names(pf.layer_modes(None, 0, -1)) == ["dense", "diag"]  # outside a loop (Timer.step -1): the first
     assert names(pf.layer_modes("transformer", 1, 0)) == ["skip", "both"]
     for step in (1, 2, 3, 4, 50):  # past the last range: the last range's modes
         assert names(pf.layer_modes(None, 0, step)) == ["stripe", "stripe"]

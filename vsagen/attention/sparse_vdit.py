@@ -174,10 +174,13 @@ class SparseVDiTAttention:
         hit = self._tables.get(key)
         if hit is not None:
             return hit
-        parts = [q2k_table(p, tiles) for p in modes]
-        width = max(t.shape[1] for t, _ in parts)
-        q2k = torch.stack([F.pad(t, (0, width - t.shape[1])) for t, _ in parts])[None].to(device)
-        cnt = torch.stack([c for _, c in parts])[None].to(device)
+        # Cached across calls: normal tensors even when the first caller runs under torch.inference_mode (as
+        # `generate` does), or a later autograd forward (which saves them for the backward) fails.
+        with torch.inference_mode(False):
+            parts = [q2k_table(p, tiles) for p in modes]
+            width = max(t.shape[1] for t, _ in parts)
+            q2k = torch.stack([F.pad(t, (0, width - t.shape[1])) for t, _ in parts])[None].to(device)
+            cnt = torch.stack([c for _, c in parts])[None].to(device)
         size = q2k.numel() * 4 + cnt.numel() * 4
         if self._cached_bytes + size <= CACHE_BYTES:
             self._tables[key] = (q2k, cnt)

@@ -92,8 +92,10 @@ class PatternFile:
         return tuple(math.ceil(g / 4) for g in self.grid)  # type: ignore[return-value]
 
     def layer_modes(self, expert: str | None, layer: int, step: int = 0) -> tuple[Pattern, ...]:
-        """The patterns of every head of `layer` of `expert` (None: the first expert) at denoising `step`."""
-        rng = self.ranges[-1]
+        """The patterns of every head of `layer` of `expert` (None: the first expert) at denoising `step`; steps past
+        the last range take the last range's modes, a step before the first (-1: a call outside a denoising loop,
+        `Timer.step`'s default) the first range's."""
+        rng = self.ranges[0] if step < 0 else self.ranges[-1]
         for r in self.ranges:
             if r.start <= step < r.stop:
                 rng = r

@@ -1,0 +1,316 @@
+"""vsagen.attention.sparse_vdit: the backend (torch impl, and the Triton impl under the interpreter) against a per-head
+float64 reference built from the oracle masks (`oracle_block_map` through the layout's token_tile), mixed modes in
+one layer, batch 2, grids with partial tiles; skip heads and all-skip layers give exact zeros, an all-dense layer
+is SDPA; gradients through the Triton impl; the options, check(), bind() and check_grid; and `vsagen t2v --attn
+sparse-vdit:patterns=FILE` on the tiny model (runs, another architecture, another size, remap)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import (FP32_ATOL, FP32_REL_L2, FP32_RTOL, attn_ctx, leaves, make_qkv, make_transformer, masked_dense,
+                      rel_l2)
+from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
+from vsagen.errors import BadInput
+from vsagen.kernels.tuning import kernel_tuning
+from vsagen.layout import tile_layout
+from vsagen.sparsity.files import PatternFile, StepRange, file_hash, save_patterns
+from vsagen.sparsity.patterns import (dense, diagonal, mixed, multi_diagonal, oracle_block_map, q2k_table,
+                                      skip, vertical_stripe)
+from vsagen.timing import NullTimer, Timer
+
+D = 16
+# The tiny preset's transformer (presets/tiny.toml [transformer]): 2 layers of 2 heads of 16, 16 input channels.
+TINY_ARCH = {"layers": 2, "heads": 2, "head_dim": 16, "in_channels": 16, "ffn_dim": 32, "patch_size": [1, 2, 2]}
+
+# One layer whose heads run different modes (dense, skip, local, global, unions) in one call.
+MIXED_HEADS = (dense(), skip(), diagonal(1), vertical_stripe(1, 3), multi_diagonal(0),
+               mixed(diagonal(0), vertical_stripe(0, 5)))
+# The Triton impl runs under the interpreter (seconds per call): fewer heads, small grids with partial tiles in
+# every dim (tile grids (1, 2, 2) and (2, 1, 3), so diagonal, multi-diagonal and stripes differ on the second).
+TRITON_HEADS = (dense(), skip(), diagonal(0), vertical_stripe(0, 3), mixed(multi_diagonal(0), vertical_stripe(1, 0)))
+TRITON_GRIDS = [(3, 5, 7), (5, 4, 9)]
+
+
+def reference(q, k, v, modes, lay):
+    """float64 attention, head h under the oracle mask of modes[h] (token level through lay.token_tile); rows
+    without a key give 0. Differentiable (`masked_dense`)."""
+    tiles = torch.stack([oracle_block_map(p, lay.tiles_per_dim) for p in modes])  # (H, n, n)
+    return masked_dense(q, k, v, tiles.expand(q.shape[0], -1, -1, -1), lay)[0]
+
+
+def backend(impl="torch", **kw) -> SparseVDiTAttention:
+    return SparseVDiTAttention(SparseVDiTOptions(impl=impl, **kw))
+
+
+@pytest.mark.parametrize("grid", [(5, 6, 10), (9, 7, 13), (13, 9, 6), (3, 5, 7)], ids=str)
+def test_torch_impl_is_the_oracle_reference(grid):
+    lay = tile_layout(grid)
+    q, k, v = make_qkv(2, lay.num_tokens, len(MIXED_HEADS), D, seed=31)
+    got = backend("torch").attend(q, k, v, MIXED_HEADS, lay)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    want = reference(q, k, v, MIXED_HEADS, lay)
+    torch.testing.assert_close(got.double(), want, atol=FP32_ATOL, rtol=FP32_RTOL)
+    assert bool((got[:, :, 1] == 0).all())  # the skip head, exactly
+    assert not torch.equal(got[0], got[1])  # batch elements are their own
+
+
+@pytest.mark.parametrize("grid", TRITON_GRIDS, ids=str)
+def test_triton_impl_forward_and_backward_are_the_oracle_reference(grid):
+    lay = tile_layout(grid)
+    h = len(TRITON_HEADS)
+    q, k, v = make_qkv(2, lay.num_tokens, h, D, seed=32)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(33))
+    qg, kg, vg = leaves(q, k, v, dtype=torch.float32)
+    be = backend("triton")
+    got = be.attend(qg, kg, vg, TRITON_HEADS, lay)
+    got.backward(do)
+    rq, rk, rv = leaves(q, k, v)
+    want = reference(rq, rk, rv, TRITON_HEADS, lay)
+    want.backward(do.double())
+    assert got.shape == q.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.detach().double(), want.detach(), atol=FP32_ATOL, rtol=FP32_RTOL)
+    for name, g, r in (("dq", qg.grad, rq.grad), ("dk", kg.grad, rk.grad), ("dv", vg.grad, rv.grad)):
+        assert bool(torch.isfinite(g).all()), name
+        assert rel_l2(g, r) < FP32_REL_L2, (name, rel_l2(g, r))
+        assert bool((g[:, :, 1] == 0).all()), f"{name} of the skip head"
+    assert bool((got[:, :, 1] == 0).all())
+    assert be.layer_stats[(None, -1)]["launches"] == 1
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_all_skip_layer_is_zeros_and_launches_nothing(impl):
+    lay = tile_layout((5, 6, 10))
+    q, k, v = make_qkv(2, lay.num_tokens, 3, D, seed=34)
+    be = backend(impl)
+    got = be.attend(q, k, v, (skip(), skip("off"), skip()), lay)
+    assert got.shape == q.shape and got.dtype == q.dtype and bool((got == 0).all())
+    assert be.layer_stats[(None, -1)]["launches"] == 0 and be.layer_stats[(None, -1)]["density"] == 0.0
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_all_dense_layer_is_sdpa(impl, monkeypatch):
+    lay = tile_layout((5, 6, 10))
+    q, k, v = make_qkv(2, lay.num_tokens, 2, D, seed=35)
+    import vsagen.kernels.block_sparse_attn as bsa
+
+    monkeypatch.setattr(bsa, "block_sparse_attention", None)  # an all-dense layer never reaches the kernels
+    got = backend(impl).attend(q, k, v, (dense(), dense("full")), lay)
+    sdpa = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v))).transpose(1, 2)
+    torch.testing.assert_close(got, sdpa, atol=0, rtol=0)
+    torch.testing.assert_close(got.double(), reference(q, k, v, (dense(), dense()), lay), atol=FP32_ATOL,
+                               rtol=FP32_RTOL)
+
+
+def test_layer_table_fuses_the_heads():
+    tiles = (2, 1, 3)
+    be = backend("triton")
+    modes = (skip(), diagonal(0), vertical_stripe(1, 2), dense())
+    q2k, cnt = be.layer_table(modes, tiles, torch.device("cpu"))
+    assert q2k.shape == (1, 4, 6, 6) and cnt.shape == (1, 4, 6) and q2k.dtype == cnt.dtype == torch.int32
+    for h, p in enumerate(modes):
+        t, c = q2k_table(p, tiles)
+        assert torch.equal(cnt[0, h], c) and torch.equal(q2k[0, h, :, :t.shape[1]], t)
+        assert bool((q2k[0, h, :, t.shape[1]:] == 0).all())
+    assert be.layer_table(modes, tiles, torch.device("cpu"))[0] is q2k  # cached
+
+
+def test_layer_tables_cached_under_inference_mode_serve_a_backward():
+    """`generate` runs under inference_mode: a table cached then must still be saved for a later backward (it was an
+    inference tensor, and the backward refused it)."""
+    be = backend("triton")
+    modes = (diagonal(0), vertical_stripe(0, 3))
+    with torch.inference_mode():
+        q2k, cnt = be.layer_table(modes, (1, 2, 2), torch.device("cpu"))
+    assert not q2k.is_inference() and not cnt.is_inference()
+    lay = tile_layout((3, 5, 7))
+    q, k, v = make_qkv(1, lay.num_tokens, 2, D, seed=36, requires_grad=True)
+    be.attend(q, k, v, modes, lay).sum().backward()
+    assert bool(torch.isfinite(q.grad).all()) and float(q.grad.abs().sum()) > 0
+
+
+# ------------------------------------------------------------------------------------------- files and calls
+
+
+def tiny_file(path, *, grid=(5, 6, 10), size=(96, 160, 17), arch=None, steps=4) -> PatternFile:
+    """A hand-made pattern file for the tiny model (two step ranges, every kind used), saved at `path`."""
+    modes = {"dense": dense(), "skip": skip(), "diag": diagonal(1, name="diag"),
+             "stripe": vertical_stripe(1, 3, name="stripe"),
+             "both": mixed(diagonal(0), vertical_stripe(0, 2), name="both"), "md": multi_diagonal(0, name="md")}
+    arch = dict(TINY_ARCH if arch is None else arch)
+    heads = arch["heads"]
+    layers = arch["layers"]
+    assert steps >= 2  # two step ranges
+    early = tuple(tuple(("dense", "skip", "diag", "stripe")[(i + j) % 4] for j in range(heads)) for i in range(layers))
+    late = tuple(tuple(("both", "md", "skip")[(i + j) % 3] for j in range(heads)) for i in range(layers))
+    pf = PatternFile(model="tiny", architecture=arch, experts=("transformer",), height=size[0], width=size[1],
+                     frames=size[2], grid=tuple(grid), steps=steps, lam=0.1, eps=0.01, prompts=1, modes=modes,
+                     ranges=(StepRange(0, 1, {"transformer": early}), StepRange(1, steps, {"transformer": late})))
+    save_patterns(pf, path, overwrite=True)
+    return pf
+
+
+def test_call_takes_the_layer_and_step_modes_from_the_file(tmp_path):
+    path = tmp_path / "p.json"
+    pf = tiny_file(path)
+    lay = tile_layout((5, 6, 10))
+    be = SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="torch"))
+    q, k, v = make_qkv(2, lay.num_tokens, 2, D, seed=37)
+    from vsagen.attention.base import AttnContext
+
+    for layer, step in [(0, 0), (1, 0), (0, 2), (1, 3)]:
+        timer = Timer("cpu")
+        timer.step = step
+        got = be(q, k, v, AttnContext(layout=lay, layer=layer, expert="transformer", timer=timer))
+        modes = pf.layer_modes("transformer", layer, step)
+        assert [p.name for p in modes] == [p.name for p in be.file.layer_modes(None, layer, step)]
+        torch.testing.assert_close(got.double(), reference(q, k, v, modes, lay), atol=FP32_ATOL, rtol=FP32_RTOL)
+        assert [name for name, _, _ in timer.finish()] == ["self_attention/fine"]
+    with pytest.raises(BadInput, match="2 heads per layer, this model 3"):
+        be(*make_qkv(1, lay.num_tokens, 3, D), attn_ctx(lay, None, NullTimer()))
+    with pytest.raises(RuntimeError, match="TileLayout"):
+        be(q, k, v, attn_ctx(None, None, NullTimer()))
+
+
+def test_call_refuses_another_grid_unless_remap(tmp_path):
+    path = tmp_path / "p.json"
+    tiny_file(path)
+    lay = tile_layout((3, 5, 7))
+    q, k, v = make_qkv(1, lay.num_tokens, 2, D, seed=38)
+    with pytest.raises(BadInput, match="remap=true") as info:
+        SparseVDiTAttention(SparseVDiTOptions(patterns=path))(q, k, v, attn_ctx(lay, None, NullTimer()))
+    assert "\n" not in str(info.value) and "3x5x7" in str(info.value)
+    be = SparseVDiTAttention(SparseVDiTOptions(patterns=path, remap=True, impl="torch"))
+    got = be(q, k, v, attn_ctx(lay, None, NullTimer()))  # outside a loop (step -1): the first range's modes
+    torch.testing.assert_close(got.double(), reference(q, k, v, be.file.layer_modes(None, 0, 0), lay),
+                               atol=FP32_ATOL, rtol=FP32_RTOL)
+    be.check_grid((5, 6, 10))
+
+
+def test_options_and_check(tmp_path, monkeypatch):
+    with pytest.raises(BadInput, match="no such file") as info:
+        SparseVDiTOptions(patterns=tmp_path / "none.json")
+    assert "\n" not in str(info.value)
+    with pytest.raises(BadInput, match="no such file"):
+        SparseVDiTOptions(patterns=tmp_path)  # a directory
+    for bad, match in [(dict(impl="cuda"), "impl must be one of"), (dict(remap="yes"), "remap must be"),
+                       (dict(tuning={"tma_loads": False}), "KernelTuning")]:
+        with pytest.raises(BadInput, match=match):
+            SparseVDiTOptions(**bad)
+    SparseVDiTOptions(tuning=kernel_tuning("cpu", D))
+    cpu = torch.device("cpu")
+    with pytest.raises(BadInput, match="needs a pattern file"):
+        SparseVDiTAttention().check(cpu, torch.float32)
+    lay = tile_layout((3, 5, 7))
+    with pytest.raises(BadInput, match="needs a pattern file"):
+        SparseVDiTAttention()(*make_qkv(1, lay.num_tokens, 2, D), attn_ctx(lay, None, NullTimer()))
+    path = tmp_path / "p.json"
+    tiny_file(path)
+    for impl in ("auto", "torch", "triton"):
+        SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl=impl)).check(cpu, torch.float32)  # interpreter on
+    import vsagen.kernels.tuning
+
+    monkeypatch.setattr(vsagen.kernels.tuning, "interpreting", lambda: False)
+    with pytest.raises(BadInput, match="triton needs a CUDA device") as info:
+        SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="triton")).check(cpu, torch.float32)
+    assert "\n" not in str(info.value)
+    for impl in ("auto", "torch"):  # auto is the torch impl on a CPU
+        be = SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl=impl))
+        be.check(cpu, torch.float32)
+        assert be.resolved_impl(cpu) == "torch"
+    SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="triton")).check(torch.device("cuda"), torch.bfloat16)
+
+
+def test_a_broken_file_is_refused_when_the_backend_is_built(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{\"format\": \"vsagen-sparse-vdit\", \"version\": 2}")
+    with pytest.raises(BadInput, match="version 2"):
+        SparseVDiTAttention(SparseVDiTOptions(patterns=path))
+
+
+def test_bind_refuses_another_architecture(tmp_path):
+    t = make_transformer()
+    ok = tmp_path / "ok.json"
+    tiny_file(ok)
+    be = SparseVDiTAttention(SparseVDiTOptions(patterns=ok))
+    be.bind(t, "transformer")
+    be.bind(t, None)
+    with pytest.raises(BadInput, match="covers transformer, not this pipeline's transformer_2"):
+        be.bind(t, "transformer_2")
+    for key, other in [("heads", 4), ("layers", 3), ("in_channels", 48)]:
+        path = tmp_path / f"{key}.json"
+        tiny_file(path, arch={**TINY_ARCH, key: other})
+        with pytest.raises(BadInput, match=f"searched on tiny .*{key} {other} vs {TINY_ARCH[key]}") as info:
+            SparseVDiTAttention(SparseVDiTOptions(patterns=path)).bind(t, "transformer")
+        assert "\n" not in str(info.value)
+    SparseVDiTAttention().bind(t, "transformer")  # no file: nothing to check (check() refuses it)
+
+
+def test_describe_names_the_file(tmp_path):
+    path = tmp_path / "p.json"
+    pf = tiny_file(path)
+    d = SparseVDiTAttention(SparseVDiTOptions(patterns=path)).describe(torch.device("cpu"))
+    assert d["name"] == "sparse-vdit" and d["patterns"] == str(path) and d["patterns_sha256"] == file_hash(path)
+    assert d["modes"] == pf.mode_counts() and d["density"] == round(pf.density(), 6) and d["impl_ran"] == "torch"
+    assert d["remap"] is False and d["patterns_model"] == "tiny"
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+# 5 frames of 64 x 80 (one step): the post-patch grid (2, 4, 5); the preset's default size is (5, 6, 10).
+SMALL = ["--frames", "5", "--height", "64", "--width", "80", "--steps", "1"]
+SMALL_GRID, SMALL_SIZE = (2, 4, 5), (64, 80, 5)
+
+
+def t2v(tmp_path, attn: str, out: str):
+    from typer.testing import CliRunner
+
+    from vsagen.cli import app
+
+    return CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--attn", attn,
+                                    "--out", str(tmp_path / out), "--json"])
+
+
+def error_line_after_notes(res) -> str:
+    """Bad input found once the model is loaded (bind, the grid check): exit 2, nothing on stdout, no traceback,
+    exactly one `error: ...` line on stderr, the last one; the lines before it are the load's `note: ...` lines."""
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert res.stdout == "" and "Traceback" not in res.output, res.output
+    assert lines and lines[-1].startswith("error: ") and all(ln.startswith("note: ") for ln in lines[:-1]), res.stderr
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_t2v_runs_a_pattern_file_and_records_it(vsagen_cache, tiny_dir, tmp_path):
+    path = tmp_path / "tiny.json"
+    tiny_file(path, grid=SMALL_GRID, size=SMALL_SIZE, steps=2)
+    res = t2v(tmp_path, f"sparse-vdit:patterns={path}", "a.mp4")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data == json.loads((tmp_path / "a.json").read_text())
+    assert (tmp_path / "a.mp4").stat().st_size > 0
+    assert data["attn"] == "sparse-vdit" and data["denoised"]["grid"] == list(SMALL_GRID)
+    assert data["backend"]["patterns"] == str(path) and data["backend"]["patterns_sha256"] == file_hash(path)
+    assert data["backend"]["remap"] is False and data["backend"]["impl_ran"] == "torch"
+    assert data["timing"]["self_attention_stages_s"].get("fine", 0) > 0
+
+
+@pytest.mark.slow
+def test_t2v_refuses_a_file_of_another_architecture_or_size(vsagen_cache, tiny_dir, tmp_path):
+    other_arch = tmp_path / "heads4.json"
+    tiny_file(other_arch, grid=SMALL_GRID, size=SMALL_SIZE, arch={**TINY_ARCH, "heads": 4})
+    line = error_line_after_notes(t2v(tmp_path, f"sparse-vdit:patterns={other_arch}", "b.mp4"))
+    assert "searched on tiny" in line and "heads 4 vs 2" in line, line
+    other_size = tmp_path / "default-size.json"
+    tiny_file(other_size)  # searched at the preset's default size, grid (5, 6, 10)
+    line = error_line_after_notes(t2v(tmp_path, f"sparse-vdit:patterns={other_size}", "c.mp4"))
+    assert "5x6x10" in line and "2x4x5" in line and "remap=true" in line, line
+    assert not list(tmp_path.glob("*.mp4"))
+    res = t2v(tmp_path, f"sparse-vdit:patterns={other_size}:remap=true", "d.mp4")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"]["remap"] is True and (tmp_path / "d.mp4").stat().st_size > 0

@@ -6,9 +6,12 @@ running); tracebacks appear only with --verbose. Heavy imports (torch, diffusers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Annotated, Optional
@@ -290,6 +293,74 @@ def profile(
             log(f"report: {cfg.out}")
         else:
             sys.stdout.write(text)
+
+    _run_guarded(run, verbose)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Within the block, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so an interrupted command unwinds:
+    its temporary files are removed and it writes nothing. Only in the main thread (elsewhere: unchanged)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@app.command()
+def search(
+    model: Model = "wan2.1-t2v-1.3b",
+    prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "
+                                                         "# comments skipped); the errors are averaged over "
+                                                         "all of them.")] = None,
+    steps: Steps = None, height: Height = None, width: Width = None, frames: Frames = None,
+    lam: Annotated[float, typer.Option(help="Cost weight: each head gets the mode of lowest relative MSE + lam x "
+                                            "block density (dense 1, skip 0).")] = 0.5,
+    eps: Annotated[float, typer.Option(help="Largest relative MSE (MSE / mean square of the full output, per head; "
+                                            "skip's is 1) a sparse mode may have; a head where every sparse mode "
+                                            "exceeds it stays dense (1: only no worse than a zero output).")] = 1.0,
+    ranges: Annotated[int, typer.Option(help="Split the steps into this many equal ranges, each with its own "
+                                             "modes (1 <= ranges <= steps).")] = 1,
+    out: Annotated[Path, typer.Option(help="The pattern file to write (.json).")] = Path("patterns.json"),
+    overwrite: Overwrite = False,
+    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
+    negative_prompt: NegativePrompt = None, seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto",
+    tile_fit: TileFit = "partial",
+    attn_impl: Annotated[str, typer.Option(help="How the modes are computed: auto (Triton block-sparse kernels on "
+                                                "CUDA, torch masked attention elsewhere), triton or torch.")]
+    = "auto",
+    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
+    verbose: Verbose = False,
+) -> None:
+    """Search Sparse-vDiT patterns: denoise with full attention and give every (step range, expert, layer, head)
+    the attention mode (dense, skip, diagonal, multi-diagonal, vertical-stripe, mixed) of lowest relative MSE +
+    lam x block density, scored on the run's own q, k, v; write them as a pattern file for
+    --attn sparse-vdit:patterns=FILE. The relative MSE is mean((O_mode - O_full)^2) / mean(O_full^2) per head,
+    averaged over steps, CFG passes and prompts (scale-free, unlike the paper's raw MSE). No video is decoded; the
+    file is written only when the search ends (an interrupted search writes nothing)."""
+    settings = {k: v for k, v in locals().items() if k != "verbose"}
+
+    def run() -> None:
+        from rich.console import Console
+
+        from .sparsity.search import resolve_search, search, summary_renderables
+
+        cfg = resolve_search(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
+        err = Console(stderr=True)
+        with _sigterm_as_interrupt():
+            result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True))
+        con = Console(width=max(120, Console().width))  # a column per mode: wider than 80 columns
+        for item in summary_renderables(result):
+            con.print(item, highlight=False, markup=False) if isinstance(item, str) else con.print(item)
 
     _run_guarded(run, verbose)
 

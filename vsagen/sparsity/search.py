@@ -1,0 +1,499 @@
+"""`vsagen search`: Sparse-vDiT's offline search (seed 003, arXiv 2506.03065) of one pattern per (step range, expert,
+layer, head), written as a pattern file (`vsagen.sparsity.files`) for `--attn sparse-vdit:patterns=FILE`.
+
+The model denoises with full attention (diffusers' own loop through `vsagen.pipeline.Session`, no VAE decode). A
+scoring backend (`ModeScorer`) takes every self-attention call's q, k, v (tile order), returns the full output O_full
+(torch SDPA, as `full`) and scores each mode of the catalog (`patterns.default_catalog`) on that call, for all
+heads at once, by the same code the `sparse-vdit` backend runs (`SparseVDiTAttention.attend`: the block-sparse
+kernels on CUDA, token-level masked attention in torch elsewhere):
+
+    err[mode, h] = mean((O_mode - O_full)^2) / mean(O_full^2)   over the batch, tokens and head dim of head h
+
+a relative MSE: 0 for a mode that equals dense attention, exactly 1 for `skip` (zero output), scale-free across
+layers, heads and models (the paper writes a raw MSE; a raw MSE depends on the scale of each layer's v, so one
+threshold could not serve every layer). A mode that computes every key tile on this tile grid counts as dense
+(err 0, not computed); one that computes none as skip (err 1). Errors are averaged over every call a (step range,
+expert, layer) receives: all its denoising steps, both CFG passes and every prompt, each call weighted alike.
+
+Choice per (step range, expert, layer, head), with cost(mode) = its block density on the tile grid
+(`patterns.block_density`: dense 1, skip 0):
+
+    admissible = dense, and every mode with err <= eps
+    mode       = argmin over admissible of err + lam * cost   (ties: the lower cost, then catalog order)
+
+so with eps below every sparse mode's error the head stays dense, a larger lam trades error for sparsity, and
+with the defaults lam = 0.5, eps = 1.0 a sparse mode of density d replaces dense where err < 0.5 * (1 - d) (skip
+needs lam > 1: err 1 against dense's lam). `--ranges N` splits the steps into N equal ranges (range i covers
+steps [i * steps // N, (i + 1) * steps // N)), each with its own modes; an expert that never ran in a range (the
+second expert of Wan2.2-A14B runs only the low-noise steps) gets there the modes of all the steps it ran, and an
+expert that never ran at all gets dense (the summary says so). The file's scores are the mean errors over all
+steps.
+
+Text-to-video models only (an image-to-video search would need input pictures).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..config import (DEVICES, DTYPES, TILE_FITS, Request, check_choice, check_folder, check_target, fill_and_check,
+                      resolve_device)
+from ..errors import BadInput
+from ..models import DEFAULT_MODEL, resolve_model
+from .files import PatternFile, StepRange, architecture_of, parse_patterns, save_patterns
+from .patterns import Pattern, block_density, default_catalog, q2k_table
+
+DEFAULT_LAM = 0.5   # Sparse-vDiT's lambda (seed 003): cost weight of a mode's block density
+DEFAULT_EPS = 1.0   # Sparse-vDiT's epsilon: the relative MSE a sparse mode may have at most (1 = skip's)
+DEFAULT_OUT = Path("patterns.json")
+IMPLS = ("auto", "triton", "torch")
+SCORE_DIGITS = 6  # significant digits of the scores written to the file
+
+
+# ------------------------------------------------------------------------------------------------ request
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig(Request):
+    """A validated `vsagen search` request (see `Request` for the shared fields; `prompt` is the first prompt).
+
+    Attributes:
+        prompts: every prompt denoised (at least one), in order.
+        lam, eps: the selection's cost weight and relative-MSE bound (module docstring).
+        ranges: how many equal step ranges get their own modes (1 <= ranges <= steps).
+        out: the pattern file to write (.json).
+        tile_fit: "partial" or "crop" (`vsagen.layout.plan_crop`); the file's grid is the denoised grid.
+        impl: how the modes are computed: "auto" (Triton kernels on CUDA, torch elsewhere), "triton" or "torch".
+    """
+
+    prompts: tuple[str, ...]
+    lam: float
+    eps: float
+    ranges: int
+    out: Path
+    tile_fit: str
+    impl: str
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready settings."""
+        return {"model": self.model, "prompts": len(self.prompts), "steps": self.steps, "ranges": self.ranges,
+                "lam": self.lam, "eps": self.eps, "height": self.height, "width": self.width, "frames": self.frames,
+                "guidance": self.guidance, "seed": self.seed, "device": self.device, "dtype": self.dtype,
+                "tile_fit": self.tile_fit, "impl": self.impl, "out": str(self.out)}
+
+
+def read_prompts(path: Path) -> tuple[str, ...]:
+    """The prompts of a `--prompts` file: one a line, surrounding spaces stripped, blank lines and lines starting
+    with # skipped.
+
+    Raises:
+        BadInput: a missing, unreadable or non-UTF-8 file, or one without a prompt.
+    """
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
+    prompts = tuple(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
+    if not prompts:
+        raise BadInput(f"--prompts {path} has no prompt (one a line; blank lines and # comments are skipped)")
+    return prompts
+
+
+def step_ranges(steps: int, n: int) -> tuple[tuple[int, int], ...]:
+    """`n` equal step ranges [start, stop) covering 0..steps: range i starts at i * steps // n.
+
+    Raises:
+        BadInput: n < 1 or n > steps (a range without a step).
+    """
+    if not 1 <= n <= steps:
+        raise BadInput(f"--ranges must be in [1, --steps] = [1, {steps}] (each range needs a step), got {n}")
+    bounds = [i * steps // n for i in range(n + 1)]
+    return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+def resolve_search(*, model: str = DEFAULT_MODEL, prompt: str | None = None, prompts: Path | None = None,
+                   steps: int | None = None, height: int | None = None, width: int | None = None,
+                   frames: int | None = None, guidance: float | None = None, guidance_2: float | None = None,
+                   flow_shift: float | None = None, negative_prompt: str | None = None, seed: int = 0,
+                   lam: float = DEFAULT_LAM, eps: float = DEFAULT_EPS, ranges: int = 1, out: Path = DEFAULT_OUT,
+                   overwrite: bool = False, device: str = "auto", dtype: str = "auto", tile_fit: str = "partial",
+                   attn_impl: str = "auto", random_weights: bool = False, allow_pickle: bool = False,
+                   fused_blocks: bool = True) -> SearchConfig:
+    """Validate a `vsagen search` request; unset sizes, steps and CFG scales come from the model's preset, as for
+    `vsagen t2v` (`vsagen.config.fill_and_check`). Give `prompt` or `prompts` (a file, `read_prompts`).
+
+    Raises:
+        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: no
+            prompt or both, an empty prompts file, lam or eps negative or not finite, ranges outside [1, steps],
+            an image-to-video model, an existing `out` without `overwrite`, an unwritable folder.
+    """
+    if (prompt is None) == (prompts is None):
+        raise BadInput("give the prompts to search on: --prompt TEXT or --prompts FILE (one prompt a line), not both"
+                       if prompt is not None else "give the prompts to search on: --prompt TEXT or --prompts FILE "
+                       "(one prompt a line)")
+    if prompt is not None and not prompt.strip():
+        raise BadInput("--prompt is empty")
+    texts = (prompt.strip(),) if prompt is not None else read_prompts(prompts)  # type: ignore[arg-type]
+    for flag, value in (("--lam", lam), ("--eps", eps)):
+        if not math.isfinite(value) or value < 0:
+            raise BadInput(f"{flag} must be a finite number >= 0, got {value}")
+    check_choice("--tile-fit", tile_fit, TILE_FITS)
+    check_choice("--dtype", dtype, DTYPES)
+    check_choice("--device", device, DEVICES)
+    check_choice("--attn-impl", attn_impl, IMPLS)
+    src = resolve_model(model)
+    if src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; vsagen search runs text-to-video models "
+                       "(searching with input pictures is not supported)")
+    d = src.preset.defaults
+    height, width, frames, steps, guidance, guidance_2 = fill_and_check(
+        src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
+        guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
+    step_ranges(steps, ranges)
+    flow_shift = d.flow_shift if flow_shift is None else flow_shift
+    if not math.isfinite(flow_shift) or flow_shift <= 0:
+        raise BadInput(f"--flow-shift must be a number > 0, got {flow_shift}")
+    out = Path(out).expanduser()
+    if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
+        raise BadInput(f"--out {str(out)!r}: the pattern file is JSON; give a file name ending in .json")
+    check_target(out, overwrite, "--out")
+    check_folder(out.parent)
+    dev = resolve_device(device)
+    if attn_impl == "triton" and dev != "cuda":
+        from ..kernels.tuning import interpreting
+
+        if not interpreting():
+            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1); use --attn-impl torch")
+    return SearchConfig(
+        prompt=texts[0], prompts=texts, negative_prompt=d.negative_prompt if negative_prompt is None
+        else negative_prompt, model=model, source=src, height=height, width=width, frames=frames, steps=steps,
+        guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=flow_shift,
+        max_sequence_length=d.max_sequence_length, device=dev, dtype=dtype if dtype != "auto" else
+        ("bf16" if dev == "cuda" else "fp32"), random_weights=random_weights, allow_pickle=allow_pickle, warmup=0,
+        overwrite=overwrite, fused_blocks=fused_blocks, lam=float(lam), eps=float(eps), ranges=ranges, out=out,
+        tile_fit=tile_fit, impl=attn_impl)
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+
+
+def mode_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_full: torch.Tensor,
+                modes: Sequence[Pattern], layout: Any,
+                attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, tuple[Pattern, ...], Any], torch.Tensor]
+                ) -> torch.Tensor:
+    """Every mode's relative MSE against the full output, per head (module docstring).
+
+    Args:
+        q, k, v: (B, S, H, D), tile order of `layout`.
+        o_full: (B, S, H, D) the full attention output of q, k, v.
+        modes: the M patterns to score.
+        layout: the tokens' `TileLayout`.
+        attend: runs one layer's attention with head h under modes[h] (`SparseVDiTAttention.attend`).
+
+    Returns:
+        (M, H) float64 on q's device: mean((O_mode - O_full)^2) / mean(O_full^2) over (B, S, D); 0 for a mode
+        that computes every key tile (it is dense), 1 for one that computes none (a zero output).
+    """
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    heads, n = q.shape[2], layout.num_tiles
+    ref = o_full.to(acc)
+    ms = ref.square().mean(dim=(0, 1, 3)).to(torch.float64)  # (H,)
+    out = torch.empty(len(modes), heads, dtype=torch.float64, device=q.device)
+    for i, p in enumerate(modes):
+        cnt = q2k_table(p, layout.tiles_per_dim)[1]
+        if int(cnt.min()) == n:
+            out[i] = 0.0
+            continue
+        if int(cnt.max()) == 0:
+            out[i] = ms
+        else:
+            o = attend(q, k, v, (p,) * heads, layout)
+            out[i] = (o.to(acc) - ref).square().mean(dim=(0, 1, 3)).to(torch.float64)
+        out[i] /= ms.clamp_min(torch.finfo(torch.float64).tiny)
+    return out
+
+
+def choose_mode(modes: Sequence[Pattern], errors: Sequence[float], costs: Sequence[float], lam: float,
+                eps: float) -> int:
+    """The index of the mode one head gets: the lowest err + lam * cost among dense and the modes with
+    err <= eps (ties: the lower cost, then the earlier mode).
+
+    Raises:
+        ValueError: no dense mode in `modes`.
+    """
+    dense = [i for i, p in enumerate(modes) if p.kind == "dense"]
+    if not dense:
+        raise ValueError("the mode catalog needs a dense mode (the fallback)")
+    allowed = [i for i, p in enumerate(modes) if p.kind == "dense" or errors[i] <= eps]
+    return min(allowed, key=lambda i: (errors[i] + lam * costs[i], costs[i], i))
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """Options of the scoring backend: `impl` as `--attn-impl` ("auto", "triton", "torch")."""
+
+    impl: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
+
+
+class ModeScorer:
+    """The search's attention backend (not registered: `vsagen search` builds it): returns full attention and
+    accumulates every mode's relative MSE per (step range, expert, layer, head).
+
+    Args:
+        modes: the catalog (at least one dense mode; default `patterns.default_catalog()`).
+        steps: denoising steps of one pipeline call; ranges: how many equal step ranges (`step_ranges`).
+        options: `ScoreOptions`.
+    """
+
+    name = "sparse-vdit-search"
+    Options = ScoreOptions
+    tiled = True  # the modes are compiled on the tile grid
+    traceable = False
+    weights = None
+
+    def __init__(self, modes: Sequence[Pattern] | None = None, steps: int = 1, ranges: int = 1,
+                 options: ScoreOptions | None = None) -> None:
+        from ..attention.full import FullAttention
+        from ..attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
+
+        self.options = ScoreOptions() if options is None else options
+        self.modes = tuple(default_catalog() if modes is None else modes)
+        if len({p.name for p in self.modes}) != len(self.modes):
+            raise ValueError("the mode catalog has two modes of one name")
+        choose_mode(self.modes, [0.0] * len(self.modes), [1.0] * len(self.modes), 0.0, 0.0)  # has a dense mode
+        self.steps = steps
+        self.ranges = step_ranges(steps, ranges)
+        self._full = FullAttention()
+        self._sparse = SparseVDiTAttention(SparseVDiTOptions(impl=self.options.impl))  # its `attend`, no file
+        self.sums: dict[tuple[int, str, int], torch.Tensor] = {}  # (range, expert, layer) -> (M, H) float64
+        self.counts: dict[tuple[int, str, int], int] = {}
+        self.architectures: dict[str, dict[str, Any]] = {}
+        self.grids: set[tuple[int, int, int]] = set()
+        self.calls = 0
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Raises BadInput where full attention (`full`: bf16 / fp16 on CUDA) or the chosen impl cannot run."""
+        from ..kernels.tuning import interpreting
+
+        self._full.check(device, dtype)
+        if self._sparse.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
+            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1); use --attn-impl torch")
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name", "impl", "modes"} (and "impl_ran" given the device)."""
+        d: dict[str, Any] = {"name": self.name, "impl": self.options.impl, "modes": [p.name for p in self.modes]}
+        if device is not None:
+            d["impl_ran"] = self._sparse.resolved_impl(device)
+        return d
+
+    def bind(self, transformer: Any, expert: str | None) -> None:
+        """Record the architecture of each transformer it is applied to (called by `vsagen.apply`)."""
+        self.architectures[expert or "transformer"] = architecture_of(transformer)
+
+    def check_grid(self, grid: tuple[int, int, int]) -> None:
+        """Record the latent grid a run denoises (called by `Session.run`)."""
+        self.grids.add(tuple(grid))
+
+    def range_of(self, step: int) -> int:
+        """The index of the step range holding denoising step `step` (steps past the last: the last range)."""
+        return min(bisect.bisect_right([a for a, _ in self.ranges], step) - 1, len(self.ranges) - 1)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) tile order -> the full attention output (B, S, H, D) like q; stage
+        "self_attention/score" for the modes."""
+        if ctx.layout is None:
+            raise RuntimeError("the search needs tokens in tile order with a TileLayout (tile-order hooks missing)")
+        out = self._full(q, k, v, ctx)
+        with ctx.timer.region("self_attention/score"):
+            errors = mode_errors(q, k, v, out, self.modes, ctx.layout, self._sparse.attend)
+        key = (self.range_of(ctx.step), ctx.expert or "transformer", ctx.layer)
+        if key in self.sums:
+            self.sums[key] += errors
+            self.counts[key] += 1
+        else:
+            self.sums[key], self.counts[key] = errors, 1
+        self.calls += 1
+        return out
+
+    def mean_errors(self, expert: str, layer: int, rng: int | None = None) -> torch.Tensor | None:
+        """(M, H) float64 CPU mean errors of one layer, in step range `rng` (None: every range), or None if
+        the layer never ran there."""
+        keys = [k for k in self.sums if k[1:] == (expert, layer) and (rng is None or k[0] == rng)]
+        if not keys:
+            return None
+        total = sum(self.sums[k].cpu() for k in keys)
+        return total / sum(self.counts[k] for k in keys)
+
+
+# ------------------------------------------------------------------------------------------------ result
+
+
+def patterns_from_scores(scorer: ModeScorer, *, model: str, experts: Sequence[str], layers: int, heads: int,
+                         grid: tuple[int, int, int], height: int, width: int, frames: int, lam: float, eps: float,
+                         prompts: int) -> tuple[PatternFile, list[str]]:
+    """The pattern file of a finished search (each head's mode by `choose_mode` on its range's mean errors) and the
+    notes on experts that never ran in a range or at all.
+
+    Raises:
+        BadInput: the experts have different architectures (no file can cover both), or no call was scored.
+    """
+    if scorer.calls == 0 or not scorer.architectures:
+        raise BadInput("the search scored no attention call (did the model denoise?)")
+    archs = [scorer.architectures[e] for e in experts if e in scorer.architectures]
+    if any(a != archs[0] for a in archs):
+        raise BadInput(f"the experts {', '.join(experts)} have different architectures; a pattern file covers one")
+    tiles = tuple(math.ceil(g / 4) for g in grid)
+    costs = [block_density(p, tiles) for p in scorer.modes]
+    notes: list[str] = []
+    ranges = []
+    for r, (start, stop) in enumerate(scorer.ranges):
+        table = {}
+        for e in experts:
+            rows = []
+            for layer in range(layers):
+                err = scorer.mean_errors(e, layer, r)
+                if err is None:
+                    err = scorer.mean_errors(e, layer)
+                    if err is not None and layer == 0:
+                        notes.append(f"{e} did not run in steps {start}-{stop - 1}: its modes there are those of "
+                                     "all the steps it ran")
+                if err is None:
+                    if layer == 0 and r == 0:
+                        notes.append(f"{e} never ran (too few steps?): dense everywhere")
+                    rows.append(tuple(p.name for p in scorer.modes if p.kind == "dense")[:1] * heads)
+                    continue
+                rows.append(tuple(scorer.modes[choose_mode(scorer.modes, err[:, h].tolist(), costs, lam, eps)].name
+                                  for h in range(heads)))
+            table[e] = tuple(rows)
+        ranges.append(StepRange(start, stop, table))
+    scores = {}
+    for e in experts:
+        for layer in range(layers):
+            err = scorer.mean_errors(e, layer)
+            for h in range(heads if err is not None else 0):
+                scores[f"{e}/{layer}/{h}"] = {p.name: float(f"{float(err[i, h]):.{SCORE_DIGITS}g}")
+                                              for i, p in enumerate(scorer.modes)}
+    pf = PatternFile(model=model, architecture=archs[0], experts=tuple(experts), height=height, width=width,
+                     frames=frames, grid=tuple(grid), steps=scorer.steps, lam=lam, eps=eps, prompts=prompts,
+                     modes={p.name: p for p in scorer.modes}, ranges=tuple(ranges), scores=scores)
+    return parse_patterns(pf.to_json(), "the searched patterns"), notes  # what is written is what loads
+
+
+def run_density(scorer: ModeScorer, patterns: PatternFile) -> float:
+    """The block density the file's modes give the attention calls the search ran (each (step range, expert,
+    layer) weighted by its calls): what a run like the searched one computes of dense attention."""
+    dens = {n: block_density(p, patterns.tiles) for n, p in patterns.modes.items()}
+    total = sum(scorer.counts.values())
+    return sum(c * sum(dens[n] for n in patterns.ranges[r].heads[e][layer]) / patterns.architecture["heads"]
+               for (r, e, layer), c in scorer.counts.items()) / max(total, 1)
+
+
+@dataclass
+class SearchResult:
+    """What a search produced: the file written, its contents, the notes, scored attention calls, seconds, and
+    the block density of the searched run under the file's modes (`run_density`)."""
+
+    path: Path
+    patterns: PatternFile
+    notes: list[str]
+    calls: int
+    seconds: float
+    density: float
+
+
+def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
+           modes: Sequence[Pattern] | None = None) -> SearchResult:
+    """Run the search of `cfg` (module docstring) and write its pattern file, atomically and only at the end (an
+    interrupted search writes nothing).
+
+    Args:
+        cfg: the validated request (`resolve_search`).
+        log: receives progress lines; progress: show diffusers' progress bar per prompt.
+        modes: the catalog (default `patterns.default_catalog()`).
+
+    Raises:
+        BadInput: the model cannot run the search here (device / dtype), or `cfg.out` appeared meanwhile.
+        ModelNotFound: the checkpoint cannot be loaded.
+        RunFailure: out of GPU memory.
+    """
+    from ..loading import experts as experts_of
+    from ..pipeline import Session
+
+    t0 = time.perf_counter()
+    scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
+    session = Session.load(cfg, [scorer], progress=progress, log=log)
+    for note in session.notes:
+        log(f"note: {note}")
+    plan = session.plan(cfg.tile_fit)
+    for i, text in enumerate(cfg.prompts):
+        log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")
+        run_on = dataclasses.replace(session, request=dataclasses.replace(cfg, prompt=text), _prompts=None)
+        run_on.run(scorer, plan, encode=True, what=f"searching (prompt {i + 1})")
+    transformers = experts_of(session.pipe)
+    names = [n for n, _ in transformers]
+    arch = architecture_of(transformers[0][1])
+    patterns, notes = patterns_from_scores(
+        scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
+        height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
+    try:
+        save_patterns(patterns, cfg.out, overwrite=cfg.overwrite)
+    except BadInput:
+        raise BadInput(f"{cfg.out} appeared during the search; nothing was written (pass --overwrite)") from None
+    return SearchResult(cfg.out, patterns, notes, scorer.calls, time.perf_counter() - t0,
+                        run_density(scorer, patterns))
+
+
+def summary_renderables(result: SearchResult) -> list[Any]:
+    """Rich renderables of a search: a table of the modes per layer (head counts per mode, the layer's block
+    density), then the overall density, the expected attention speed-up (1 / density) and the file."""
+    from rich.table import Table
+
+    pf = result.patterns
+    dens = {n: block_density(p, pf.tiles) for n, p in pf.modes.items()}
+    table = Table(title=f"{pf.model}: heads per mode in each layer", title_justify="left",
+                  caption=f"searched at {pf.frames}x{pf.height}x{pf.width} (grid {'x'.join(map(str, pf.grid))}), "
+                          f"{pf.steps} steps, {pf.prompts} prompt{'s' if pf.prompts != 1 else ''}, lam {pf.lam:g}, "
+                          f"eps {pf.eps:g}", caption_justify="left")
+    if len(pf.ranges) > 1:
+        table.add_column("steps")
+    if len(pf.experts) > 1:
+        table.add_column("expert")
+    table.add_column("layer", justify="right")
+    for n in pf.modes:
+        table.add_column(n, justify="right")
+    table.add_column("density", justify="right")
+    for r in pf.ranges:
+        for e in pf.experts:
+            for layer, names in enumerate(r.heads[e]):
+                row = ([f"{r.start}-{r.stop - 1}"] if len(pf.ranges) > 1 else []) + \
+                      ([e] if len(pf.experts) > 1 else []) + [str(layer)]
+                row += [str(names.count(n)) if n in names else "." for n in pf.modes]
+                row.append(f"{100 * sum(dens[n] for n in names) / len(names):.1f}%")
+                table.add_row(*row)
+    density = result.density
+    speed = f"{1 / density:.2f}x" if density > 0 else "unbounded (every head skips)"
+    counts = ", ".join(f"{n} {c}" for n, c in pf.mode_counts().items() if c)
+    lines = [f"heads per mode (all ranges, experts, layers): {counts}",
+             f"overall block density {100 * density:.1f}% (over the searched run's attention calls; the file's mean "
+             f"over every entry: {100 * pf.density():.1f}%): expected attention speed-up {speed} (1 / density)",
+             *(f"note: {n}" for n in result.notes),
+             f"patterns: {result.path} ({result.calls} attention calls scored in {result.seconds:.1f} s); run them "
+             f"with --attn sparse-vdit:patterns={result.path}"]
+    return [table, *lines]

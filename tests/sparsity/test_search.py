@@ -3,11 +3,13 @@ grid with partial tiles), the choice rule (eps, lam extremes, against brute forc
 request checks through `vsagen search` (one error line, exit 2, nothing written), an interrupted search writes
 nothing (Ctrl-C and SIGTERM), and end to end on the tiny models: a file `load_patterns` accepts, tied to the tiny
 architecture, each head's mode the rule's choice on the file's own scores, eps 0 -> dense, huge lam -> skip, both
-experts of tiny-a14b; `vsagen t2v --attn sparse-vdit:patterns=<searched file>` records the file and its sha256."""
+experts of tiny-a14b; `vsagen t2v --attn sparse-vdit:patterns=<searched file>` records the file and its sha256; the
+shipped presets/patterns files are searches of their presets."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 
@@ -329,3 +331,28 @@ def test_two_experts_both_get_modes(vsagen_cache, a14b_dir, tmp_path):
     for e in pf.experts:
         assert len(pf.ranges[0].heads[e]) == 2
     assert result.calls == 2 * 2 * 2  # 2 steps x CFG x 2 layers
+
+
+# ------------------------------------------------------------------------------------------ shipped files
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-a14b"])
+def test_shipped_pattern_files_fit_their_presets(preset, tmp_path):
+    from vsagen.attention import backend_class
+    from vsagen.config import resolve
+    from vsagen.layout import plan_crop
+    from vsagen.presets import load_preset
+
+    p = load_preset(preset)
+    path = p.defaults.attention["sparse-vdit"]["patterns"]
+    pf = load_patterns(path)
+    assert pf.model == preset and {**pf.architecture} == TINY_ARCH
+    assert pf.experts == (("transformer", "transformer_2") if p.transformer_2 is not None else ("transformer",))
+    d = p.defaults
+    assert (pf.height, pf.width, pf.frames, pf.steps) == (d.height, d.width, d.frames, d.steps)
+    assert pf.grid == plan_crop(d.frames, d.height, d.width, fit="partial", vae_stride_temporal=p.vae_stride_temporal,
+                                vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).grid
+    cfg = resolve("a cat", model=preset, attn="sparse-vdit", out=tmp_path / "v.mp4")
+    assert cfg.backend.options.patterns == path
+    backend = backend_class("sparse-vdit")(cfg.backend.options)
+    assert math.isclose(backend.describe()["density"], pf.density(), abs_tol=1e-6)

@@ -50,12 +50,12 @@ from __future__ import annotations
 import torch
 
 from .bsa_backward import bsa_bwd, k2q_lists
-from .bsa_forward import bsa_fwd
+from .bsa_forward import bsa_fwd, bsa_fwd_grouped
 from .bsa_primitives import BLOCK, check_fp32_bwd, check_inputs, interpreting, use_tma
 from .reference import build_k2q
 from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning, op_args
 
-__all__ = ["BLOCK", "block_sparse_attention", "bsa_bwd", "bsa_fwd", "build_k2q", "interpreting", "use_tma"]
+__all__ = ["BLOCK", "block_sparse_attention", "block_sparse_attention_grouped", "bsa_bwd", "bsa_fwd", "build_k2q", "interpreting", "use_tma"]
 
 
 # --------------------------------------------------------------------------------------- custom ops, autograd
@@ -112,6 +112,35 @@ def _bsa_backward(ctx, dout, dlse):
 
 
 _bsa_op.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)
+
+
+@torch.library.custom_op(
+    "vsagen::block_sparse_attn_grouped", mutates_args=(),
+    schema="(Tensor q, Tensor k, Tensor v, Tensor q2k, Tensor q2k_cnt, Tensor tile_offsets, Tensor groups, "
+           f"int[] group_launch, float scale, {OP_SCHEMA_ARGS}) -> (Tensor, Tensor)")
+def _bsa_grouped_op(q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale, *tuning):
+    """Forward custom op over query groups: `bsa_fwd_grouped` (group_launch = (block_m, num_warps, num_stages))."""
+    return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *group_launch, scale,
+                           tuning=KernelTuning.from_op_args(*tuning))
+
+
+@_bsa_grouped_op.register_fake
+def _bsa_grouped_op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale, *tuning):
+    b, s, h, _ = q.shape
+    return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
+
+
+def _grouped_setup_context(ctx, inputs, output):
+    q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale, *tuning = inputs
+    _bsa_setup_context(ctx, (q, k, v, q2k, q2k_cnt, tile_offsets, scale, *tuning), output)
+
+
+def _grouped_backward(ctx, dout, dlse):
+    dq, dk, dv = _bsa_backward(ctx, dout, dlse)[:3]
+    return (dq, dk, dv) + (None,) * (6 + len(ctx.tuning))
+
+
+_bsa_grouped_op.register_autograd(_grouped_backward, setup_context=_grouped_setup_context)
 
 
 # ----------------------------------------------------------------------------------------- public function
@@ -178,3 +207,38 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
         # fast path: no dispatcher, nothing saved
         return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
     return _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *op_args(tuning))
+
+
+def block_sparse_attention_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
+                                   q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, groups: torch.Tensor,
+                                   group_launch: tuple[int, int, int], scale: float | None = None,
+                                   tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_sparse_attention` with the forward over query groups (`query_groups.build_query_groups`): tiles whose
+    q2k rows are equal share a program of `group_launch[0]` rows; the backward is `block_sparse_attention`'s.
+
+    Args:
+        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning: as `block_sparse_attention` (q2k the same for every
+            batch entry, e.g. expanded).
+        groups: the int32 table of `build_query_groups(q2k[0], q2k_cnt[0], tile_offsets, block_m)`, contiguous, on
+            q's device.
+        group_launch: (block_m, num_warps, num_stages) of the forward.
+
+    Returns:
+        out (B, S, H, D), lse (B, H, S) fp32, as `block_sparse_attention`.
+
+    Raises:
+        ValueError: as `block_sparse_attention`, or a groups table that does not fit block_m.
+
+    Source: VSA paper (arXiv 2505.13389) sec. 2 (the fine stage); Sparse-vDiT (arXiv 2506.03065: static patterns,
+    fused heads); FlashAttention-2 (arXiv 2307.08691) alg. 1 and 2.
+    """
+    check_inputs_and_tiles(q, k, v, q2k, q2k_cnt, tile_offsets)
+    scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
+    tuning = default_tuning(q.device, q.shape[-1]) if tuning is None else tuning
+    launch = [int(x) for x in group_launch]
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad:
+        check_fp32_bwd(q)
+    if not needs_grad and not torch.compiler.is_compiling():
+        return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *launch, scale, tuning=tuning)
+    return _bsa_grouped_op(q, k, v, q2k, q2k_cnt, tile_offsets, groups, launch, scale, *op_args(tuning))

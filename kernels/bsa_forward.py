@@ -81,12 +81,12 @@ def _bsa_fwd_kernel(
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
     num_heads, qk_scale, len_lo, len_hi,
-    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps,
+    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps, qg_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
     BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
-    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "",
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -97,32 +97,45 @@ def _bsa_fwd_kernel(
     the output in the epilogue (`_linear_epilogue`, operands kvw_ptr / z_ptr / bias_ptr, feature map KIND, GEMM
     flags LOWP / BRANCH_IEEE as `linear_branch`) to the sparse output rounded to o's dtype (as when the branch runs
     after it), which is stored first (at o_sparse_ptr, o's strides, with SAVE_SPARSE; else at o_ptr) and read back.
-    EVICT / CACHE: the K / V loads' hints (`tuning.load_hints`; pointer loads only)."""
+    EVICT / CACHE: the K / V loads' hints (`tuning.load_hints`; pointer loads only).
+    QGROUP: program_id(0) is a query group (`bsa_fwd_grouped`): row program_id(0) of qg_ptr holds (head, list
+    tile, BLOCK_M / PACK_SEG row segments (first row << 4) | rows): BLOCK_M query rows of tiles that share one key
+    list, the list of tile `list tile`; program_id(1) is the batch."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    q_start = tl.load(off_ptr + pid_t)
-    q_len = tl.load(off_ptr + pid_t + 1) - q_start
-    if (q_len <= len_lo) | (q_len > len_hi):
-        return
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < q_len
+    if QGROUP:
+        g_row = qg_ptr + pid_t * (2 + BLOCK_M // PACK_SEG)
+        b = pid_bh
+        h = tl.load(g_row)
+        list_t = tl.load(g_row + 1)
+        q_rows, m_ok = pack_rows(g_row + 2, 0, BLOCK_M // PACK_SEG, 0, offs_m, BLOCK_M, PACK_SEG)
+        pid_bh = b * num_heads + h
+    else:
+        b = pid_bh // num_heads
+        h = pid_bh % num_heads
+        list_t = pid_t
+        q_start = tl.load(off_ptr + pid_t)
+        q_len = tl.load(off_ptr + pid_t + 1) - q_start
+        if (q_len <= len_lo) | (q_len > len_hi):
+            return
+        m_ok = offs_m < q_len
+        q_rows = q_start + offs_m
     d_ok = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + (q_start + offs_m)[:, None] * stride_qs + offs_d[None, :],
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + q_rows[:, None] * stride_qs + offs_d[None, :],
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # q: (BLOCK_M, BLOCK_D)
     if DOT_FP32:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # acc: (BLOCK_M, BLOCK_D) fp32
-    row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + pid_t * stride_iq
+    row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + list_t * stride_iq
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
     if PACK:
-        nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
+        nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + list_t * 4)
         for i in range(0, nf):  # full tiles
             k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
                                       h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
@@ -135,7 +148,7 @@ def _bsa_fwd_kernel(
             s = mm(q, tl.trans(k), IEEE)
             m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
     else:
-        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + list_t)
         for i in range(0, cnt):
             k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
                                               b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
@@ -145,7 +158,7 @@ def _bsa_fwd_kernel(
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    o_rows = b * stride_ob + h * stride_oh + (q_start + offs_m)[:, None] * stride_os
+    o_rows = b * stride_ob + h * stride_oh + q_rows[:, None] * stride_os
     if BRANCH:  # the sparse output goes through memory (L2), so its registers are free for the branch's GEMM
         sparse_ptr = o_sparse_ptr if SAVE_SPARSE else o_ptr
         tl.store(sparse_ptr + o_rows + offs_d[None, :], out.to(sparse_ptr.dtype.element_ty),
@@ -155,7 +168,7 @@ def _bsa_fwd_kernel(
                          HEAD_DIM, BLOCK_D, KIND, LOWP, BRANCH_IEEE, BRANCH_SPLIT)
     else:
         tl.store(o_ptr + o_rows + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
-    tl.store(lse_ptr + b * stride_lb + h * stride_lh + q_start + offs_m, lse, mask=m_ok)
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + q_rows, lse, mask=m_ok)
 
 
 def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
@@ -237,10 +250,68 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> 
             lists.stride(0), lists.stride(1), lists.stride(2),
             counts.stride(0), counts.stride(1),
             h, scale * LOG2E, lo, blk,
-            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"],
+            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"], lse,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning),
             num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd, q.device), **br["consts"],
         )
     return lse
+
+
+def bsa_fwd_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
+                    tile_offsets: torch.Tensor, groups: torch.Tensor, block_m: int, num_warps: int, num_stages: int,
+                    scale: float | None = None,
+                    tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward kernel over query groups (no autograd): each program takes `block_m` query rows of tiles that
+    share one key list (`query_groups.build_query_groups`), so tiles with equal lists share their K / V loads and
+    partial query tiles are packed instead of padded to 64 rows. Same result as `bsa_fwd` (the same online softmax
+    over the same keys per row).
+
+    Args:
+        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning: as `bsa_fwd`; q2k's rows of the tiles of one group must
+            be equal (the group reads the list of its `list tile`).
+        groups: (n_programs, 2 + block_m / 8) int32 contiguous on q's device (`build_query_groups` with this
+            block_m): every query row of every head in exactly one program.
+        block_m: rows per program (a multiple of 8, a power of two, >= 16); num_warps, num_stages: its launch.
+
+    Returns:
+        out (B, S, H, D) like q; lse (B, H, S) fp32 as `bsa_fwd`.
+
+    Raises:
+        ValueError: as `bsa_fwd`, or a groups table of the wrong width or dtype.
+    """
+    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if groups.dtype != torch.int32 or groups.dim() != 2 or groups.shape[1] != 2 + block_m // PACK_SEG \
+            or not groups.is_contiguous():
+        raise ValueError(f"groups must be a contiguous int32 (n, {2 + block_m // PACK_SEG}) table for block_m "
+                         f"{block_m}, got {tuple(groups.shape)} {groups.dtype}")
+    b, s, h, d = q.shape
+    tuning = default_tuning(q.device, d) if tuning is None else tuning
+    scale = d ** -0.5 if scale is None else scale
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    if groups.shape[0] == 0 or b == 0:
+        return out, lse
+    interp = interpreting()
+    block_d = max(16, triton.next_power_of_2(d))
+    tma = use_tma(k, v, wanted=tuning.tma_loads)
+    k_desc, v_desc = tma_descs(tma, k, v)
+    lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
+    _bsa_fwd_kernel[(groups.shape[0], b)](
+        q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        lists.stride(0), lists.stride(1), lists.stride(2),
+        counts.stride(0), counts.stride(1),
+        h, scale * LOG2E, 0, block_m,
+        out, out, lse, lse, 0.0, groups,
+        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK,
+        DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
+        PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning), QGROUP=True,
+        num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd, q.device),
+    )
+    return out, lse

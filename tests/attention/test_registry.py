@@ -13,8 +13,8 @@ from vsagen.errors import BadInput
 
 
 def test_backend_names():
-    assert backend_names() == ["full", "vsa", "rocm-vsa", "sla-star"]
-    assert list(BACKENDS) == ["full", "vsa", "rocm-vsa", "sla-star"]
+    assert backend_names() == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
+    assert list(BACKENDS) == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
     assert uses_sparsity("vsa") and not uses_sparsity("full")
 
 

@@ -107,16 +107,21 @@ def test_all_dense_layer_is_sdpa(impl, monkeypatch):
 
 
 def test_layer_table_fuses_the_heads():
-    tiles = (2, 1, 3)
+    lay = tile_layout((8, 4, 12))
+    tiles = lay.tiles_per_dim
+    assert tiles == (2, 1, 3)
     be = backend("triton")
     modes = (skip(), diagonal(0), vertical_stripe(1, 2), dense())
-    q2k, cnt = be.layer_table(modes, tiles, torch.device("cpu"))
+    q2k, cnt, groups = be.layer_table(modes, lay, torch.device("cpu"))
     assert q2k.shape == (1, 4, 6, 6) and cnt.shape == (1, 4, 6) and q2k.dtype == cnt.dtype == torch.int32
     for h, p in enumerate(modes):
         t, c = q2k_table(p, tiles)
         assert torch.equal(cnt[0, h], c) and torch.equal(q2k[0, h, :, :t.shape[1]], t)
         assert bool((q2k[0, h, :, t.shape[1]:] == 0).all())
-    assert be.layer_table(modes, tiles, torch.device("cpu"))[0] is q2k  # cached
+    assert be.layer_table(modes, lay, torch.device("cpu"))[0] is q2k  # cached
+    # query groups: every row of every head in one program; the vertical-stripe and dense heads' tiles share a list
+    assert groups is not None and groups.shape[1] == 2 + be.options.query_block // 8
+    assert int(((groups[:, 2:] & 15)).sum()) == 4 * lay.num_tokens
 
 
 def test_layer_tables_cached_under_inference_mode_serve_a_backward():
@@ -125,7 +130,7 @@ def test_layer_tables_cached_under_inference_mode_serve_a_backward():
     be = backend("triton")
     modes = (diagonal(0), vertical_stripe(0, 3))
     with torch.inference_mode():
-        q2k, cnt = be.layer_table(modes, (1, 2, 2), torch.device("cpu"))
+        q2k, cnt, _ = be.layer_table(modes, tile_layout((3, 5, 7)), torch.device("cpu"))
     assert not q2k.is_inference() and not cnt.is_inference()
     lay = tile_layout((3, 5, 7))
     q, k, v = make_qkv(1, lay.num_tokens, 2, D, seed=36, requires_grad=True)

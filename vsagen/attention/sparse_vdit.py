@@ -35,6 +35,9 @@ from ..sparsity.patterns import Pattern, block_map, q2k_table
 from .base import AttnContext
 
 IMPLS = ("auto", "triton", "torch")
+# The grouped forward's launch (block_m, num_warps, num_stages) per `query_block`.
+QUERY_LAUNCH = {64: (64, 4, 3), 128: (128, 8, 3)}
+DEFAULT_QUERY_BLOCK = 128
 CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)
 
 
@@ -47,6 +50,9 @@ class SparseVDiTOptions:
         remap: run a file searched at another size on this run's grid (the same modes compiled on the new tile
             grid; their densities change and they were not searched there).
         impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
+        query_block: the forward's query rows per program over query groups (`kernels.query_groups`: tiles with
+            equal key lists share a program, partial query tiles packed): 64 or 128; 0 runs one program per query
+            tile (the `vsa` forward). The backward is the same either way.
         tuning: the Triton kernels' tuning (`KernelTuning`), from Python only; None: the device's defaults.
 
     Raises:
@@ -56,6 +62,7 @@ class SparseVDiTOptions:
     patterns: Path | None = None
     remap: bool = False
     impl: Literal["auto", "triton", "torch"] = "auto"
+    query_block: int = DEFAULT_QUERY_BLOCK
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
@@ -66,6 +73,8 @@ class SparseVDiTOptions:
             object.__setattr__(self, "patterns", path)
         if not isinstance(self.remap, bool):
             raise BadInput(f"remap must be true or false, got {self.remap!r}")
+        if self.query_block not in QUERY_LAUNCH and self.query_block != 0:
+            raise BadInput(f"query_block must be 0, {' or '.join(map(str, QUERY_LAUNCH))}, got {self.query_block!r}")
         if self.impl not in IMPLS:
             raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
         if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
@@ -166,11 +175,14 @@ class SparseVDiTAttention:
             d["impl_ran"] = self.resolved_impl(device)
         return d
 
-    def layer_table(self, modes: tuple[Pattern, ...], tiles: tuple[int, int, int],
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def layer_table(self, modes: tuple[Pattern, ...], layout: Any,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The fused per-head index tables of one layer: q2k (1, H, Q_TILES, K) and q2k_cnt (1, H, Q_TILES) int32 on
-        `device`, K the widest row of the layer's heads (cached per (modes, tiles, device) up to CACHE_BYTES)."""
-        key = (tuple(p.key() for p in modes), tuple(tiles), str(device))
+        `device`, K the widest row of the layer's heads, and the query-group table of the grouped forward
+        (`kernels.query_groups.build_query_groups`, None with query_block 0), for a `TileLayout`; cached per (modes,
+        grid, device) up to CACHE_BYTES."""
+        tiles = layout.tiles_per_dim
+        key = (tuple(p.key() for p in modes), tuple(layout.grid), str(device))
         hit = self._tables.get(key)
         if hit is not None:
             return hit
@@ -181,11 +193,17 @@ class SparseVDiTAttention:
             width = max(t.shape[1] for t, _ in parts)
             q2k = torch.stack([F.pad(t, (0, width - t.shape[1])) for t, _ in parts])[None].to(device)
             cnt = torch.stack([c for _, c in parts])[None].to(device)
-        size = q2k.numel() * 4 + cnt.numel() * 4
+            groups = None
+            if self.options.query_block:
+                from ..kernels.query_groups import build_query_groups
+
+                groups = build_query_groups(q2k[0], cnt[0], layout.tile_offsets, self.options.query_block)
+                groups = groups.to(device)
+        size = q2k.numel() * 4 + cnt.numel() * 4 + (0 if groups is None else groups.numel() * 4)
         if self._cached_bytes + size <= CACHE_BYTES:
-            self._tables[key] = (q2k, cnt)
+            self._tables[key] = (q2k, cnt, groups)
             self._cached_bytes += size
-        return q2k, cnt
+        return q2k, cnt, groups
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q; stage "self_attention/fine"."""
@@ -225,11 +243,15 @@ class SparseVDiTAttention:
             return masked_attention(q, k, v, bm[:, tt][:, :, tt])
         from ..kernels.block_sparse_attn import block_sparse_attention
 
-        q2k, cnt = self.layer_table(modes, layout.tiles_per_dim, q.device)
+        from ..kernels.block_sparse_attn import block_sparse_attention_grouped
+
+        q2k, cnt, groups = self.layer_table(modes, layout, q.device)
         b = q.shape[0]
-        out, _ = block_sparse_attention(q, k, v, q2k.expand(b, -1, -1, -1), cnt.expand(b, -1, -1),
-                                        layout.tile_offsets_i32.to(q.device), tuning=self.options.tuning)
-        return out
+        args = (q, k, v, q2k.expand(b, -1, -1, -1), cnt.expand(b, -1, -1), layout.tile_offsets_i32.to(q.device))
+        if groups is None:
+            return block_sparse_attention(*args, tuning=self.options.tuning)[0]
+        return block_sparse_attention_grouped(*args, groups, QUERY_LAUNCH[self.options.query_block],
+                                              tuning=self.options.tuning)[0]
 
     def _note(self, key: tuple[str | None, int], modes: tuple[Pattern, ...], layout: Any, launches: int) -> None:
         """Record what layer `key` ran (for `vsagen profile`'s per-layer table): launches, block density, groups."""

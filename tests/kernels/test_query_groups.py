@@ -1,0 +1,87 @@
+"""Query groups (`kernels/query_groups.py`) and the grouped forward (`block_sparse_attention_grouped`): the table
+covers every query row once, groups only tiles with equal lists, and the grouped forward (and the backward behind
+it) equals the per-tile launch on partial-tile layouts, batch 2, with an empty-list head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vsagen.kernels.block_sparse_attn import block_sparse_attention, block_sparse_attention_grouped
+from vsagen.kernels.query_groups import build_query_groups
+from vsagen.layout import tile_layout
+from vsagen.sparsity.patterns import dense, diagonal, multi_diagonal, q2k_table, skip, vertical_stripe
+
+MODES = (vertical_stripe(1, 2), skip(), diagonal(0), multi_diagonal(0), dense())
+
+
+def tables(lay):
+    parts = [q2k_table(p, lay.tiles_per_dim) for p in MODES]
+    width = max(t.shape[1] for t, _ in parts)
+    q2k = torch.stack([F.pad(t, (0, width - t.shape[1])) for t, _ in parts])
+    return q2k, torch.stack([c for _, c in parts])
+
+
+@pytest.mark.parametrize("grid", [(5, 6, 10), (9, 7, 5), (4, 4, 4)])
+@pytest.mark.parametrize("block_m", [16, 128])
+def test_every_row_once_and_groups_share_lists(grid, block_m):
+    lay = tile_layout(grid)
+    q2k, cnt = tables(lay)
+    g = build_query_groups(q2k, cnt, lay.tile_offsets, block_m)
+    assert g.dtype == torch.int32 and g.shape[1] == 2 + block_m // 8
+    off = lay.tile_offsets.tolist()
+    tile_of = lay.token_tile.tolist()
+    for head in range(len(MODES)):
+        rows = []
+        for prog in g[g[:, 0] == head].tolist():
+            rep = prog[1]
+            for w in prog[2:]:
+                start, n = w >> 4, w & 15
+                assert 0 <= n <= 8
+                for r in range(start, start + n):
+                    t = tile_of[r]
+                    c = int(cnt[head, t])
+                    assert c == int(cnt[head, rep]) and torch.equal(q2k[head, t, :c], q2k[head, rep, :c])
+                    rows.append(r)
+        assert sorted(rows) == list(range(lay.num_tokens))
+    assert all(off[t + 1] - off[t] <= 64 for t in range(lay.num_tiles))
+
+
+def test_bad_block_m():
+    lay = tile_layout((4, 4, 4))
+    q2k, cnt = tables(lay)
+    with pytest.raises(ValueError, match="power of two"):
+        build_query_groups(q2k, cnt, lay.tile_offsets, 48)
+
+
+@pytest.mark.parametrize("block_m,backward", [(16, False), (128, True)])
+def test_grouped_forward_and_backward_equal_the_per_tile_launch(block_m, backward):
+    torch.manual_seed(7)
+    lay = tile_layout((5, 6, 10))
+    q2k, cnt = tables(lay)
+    groups = build_query_groups(q2k, cnt, lay.tile_offsets, block_m)
+    b = 2
+    q, k, v = (torch.randn(b, lay.num_tokens, len(MODES), 16, requires_grad=True) for _ in range(3))
+    args = (q, k, v, q2k[None].expand(b, -1, -1, -1), cnt[None].expand(b, -1, -1), lay.tile_offsets_i32)
+    o1, l1 = block_sparse_attention(*args)
+    o2, l2 = block_sparse_attention_grouped(*args, groups, (block_m, 4, 2))
+    torch.testing.assert_close(o2, o1, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(l2, l1, atol=1e-6, rtol=1e-6)  # -inf rows (the skip head) equal
+    assert bool((o2[:, :, 1] == 0).all())
+    if not backward:
+        return
+    do = torch.randn_like(o1)
+    g1 = torch.autograd.grad(o1, (q, k, v), do)
+    g2 = torch.autograd.grad(o2, (q, k, v), do)
+    for a, c in zip(g2, g1):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+
+
+def test_groups_table_checked():
+    lay = tile_layout((4, 4, 4))
+    q2k, cnt = tables(lay)
+    groups = build_query_groups(q2k, cnt, lay.tile_offsets, 16)
+    q = torch.randn(1, lay.num_tokens, len(MODES), 16)
+    with pytest.raises(ValueError, match="groups must be"):
+        block_sparse_attention_grouped(q, q, q, q2k[None], cnt[None], lay.tile_offsets_i32, groups, (128, 4, 2))

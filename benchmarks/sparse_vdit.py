@@ -66,35 +66,35 @@ def backend(tuning=None, query_block: int | None = None) -> SparseVDiTAttention:
 FWD_SWEEP = {"per tile (64,4,3)": (0, None), "groups 64 (4,3)": (64, (64, 4, 3)), "groups 64 (4,2)": (64, (64, 4, 2)),
              "groups 128 (8,3)": (128, (128, 8, 3)), "groups 128 (8,2)": (128, (128, 8, 2)),
              "groups 128 (4,3)": (128, (128, 4, 3)), "groups 128 (8,4)": (128, (128, 8, 4))}
-BWD_SWEEP = {"default": None, "dq classes (4,3)": (((16, 4, 3), (32, 4, 3), (64, 4, 3)), None)}
+# fwd+bwd: (query_block, dQ launch over the groups, or None: per tile's tables) with the best forward per block
+BWD_SWEEP = {"per tile": (0, None), "groups 64, dq (4,3)": (64, (64, 4, 3)), "groups 64, dq (4,2)": (64, (64, 4, 2)),
+             "groups 128, dq (8,2)": (128, (128, 8, 2)), "groups 128, dq (8,3)": (128, (128, 8, 3)),
+             "groups 128, dq (8,1)": (128, (128, 8, 1)), "groups 128, dq (4,2)": (128, (128, 4, 2))}
 
 
 def sweep(shape: AttentionShape, layers: dict, rows: list) -> None:
-    import dataclasses
-
-    from vsagen.kernels.tuning import kernel_tuning
-
     layout = tile_layout(shape.grid, device="cuda")
     q, k, v = inputs(shape, 0)
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
     do = torch.randn_like(q)
-    base = kernel_tuning(torch.device("cuda"), shape.head_dim)
     print(f"\nsweep at {shape.name} (ms)", flush=True)
     for name in ("diagonal", "multi-diagonal", "vertical-stripe", "mixed layer"):
         modes = layers[name]
+        best: dict[int, tuple[float, tuple]] = {}
         for label, (qb, launch) in FWD_SWEEP.items():
             if launch is not None:
-                sv.QUERY_LAUNCH[qb] = launch  # the benchmark's override of the backend's launch table
+                sv.QUERY_LAUNCH[qb] = launch + DEFAULT_LAUNCH[qb][3:]  # the benchmark's override of the backend's table
             be = SparseVDiTAttention(SparseVDiTOptions(query_block=qb))
             with torch.no_grad():
                 ms = bench_ms(lambda: be.attend(q, k, v, modes, layout))
+            if launch is not None and ms < best.get(qb, (float("inf"),))[0]:
+                best[qb] = (ms, launch)
             rows.append({"sweep": "fwd", "mode": name, "variant": label, "ms": ms})
             print(f"  fwd {name:16s} {label:26s} {ms:8.3f}", flush=True)
-        sv.QUERY_LAUNCH.update(DEFAULT_LAUNCH)
-        for label, tables in BWD_SWEEP.items():
-            t = base if tables is None else dataclasses.replace(
-                base, bwd_dq_launch=tables[0] or base.bwd_dq_launch, bwd_dkdv_launch=tables[1] or base.bwd_dkdv_launch)
-            be = backend(t)
+        for label, (qb, launch) in BWD_SWEEP.items():
+            if launch is not None:
+                sv.QUERY_LAUNCH[qb] = best[qb][1] + launch
+            be = SparseVDiTAttention(SparseVDiTOptions(query_block=qb))
 
             def run():
                 for x in (qg, kg, vg):
@@ -103,6 +103,7 @@ def sweep(shape: AttentionShape, layers: dict, rows: list) -> None:
             ms = bench_ms(run)
             rows.append({"sweep": "fwd+bwd", "mode": name, "variant": label, "ms": ms})
             print(f"  fwd+bwd {name:12s} {label:26s} {ms:8.3f}", flush=True)
+        sv.QUERY_LAUNCH.update(DEFAULT_LAUNCH)
 
 
 def inputs(shape: AttentionShape, seed: int, grad: bool = False) -> list[torch.Tensor]:

@@ -119,8 +119,9 @@ _bsa_op.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)
     schema="(Tensor q, Tensor k, Tensor v, Tensor q2k, Tensor q2k_cnt, Tensor tile_offsets, Tensor groups, "
            f"int[] group_launch, float scale, {OP_SCHEMA_ARGS}) -> (Tensor, Tensor)")
 def _bsa_grouped_op(q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale, *tuning):
-    """Forward custom op over query groups: `bsa_fwd_grouped` (group_launch = (block_m, num_warps, num_stages))."""
-    return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *group_launch, scale,
+    """Forward custom op over query groups: `bsa_fwd_grouped` (group_launch[:3] = its (block_m, num_warps,
+    num_stages); group_launch[3:6] the backward's dQ launch over the same groups)."""
+    return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *group_launch[:3], scale,
                            tuning=KernelTuning.from_op_args(*tuning))
 
 
@@ -130,13 +131,39 @@ def _bsa_grouped_op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_laun
     return torch.empty_like(q), q.new_empty((b, h, s), dtype=torch.float32)
 
 
+@torch.library.custom_op(
+    "vsagen::block_sparse_attn_grouped_bwd", mutates_args=(),
+    schema="(Tensor dout, Tensor? dlse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor q2k, "
+           "Tensor q2k_cnt, Tensor tile_offsets, Tensor groups, int[] group_launch, float scale, "
+           f"{OP_SCHEMA_ARGS}) -> (Tensor, Tensor, Tensor)")
+def _bsa_grouped_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale,
+                        *tuning):
+    """Backward custom op of the grouped forward: `bsa_bwd` with dQ over the query groups (group_launch[3:6])."""
+    tuning = KernelTuning.from_op_args(*tuning)
+    k2q, k2q_cnt, rows = k2q_lists(q2k, q2k_cnt, tile_offsets, q.shape[1], tuning)
+    return bsa_bwd(dout, q, k, v, out, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, dlse=dlse,
+                   tuning=tuning, k2q_rows=rows, groups=groups, group_launch=tuple(group_launch[3:6]))
+
+
+@_bsa_grouped_bwd_op.register_fake
+def _bsa_grouped_bwd_op_fake(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale,
+                             *tuning):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _grouped_setup_context(ctx, inputs, output):
     q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale, *tuning = inputs
-    _bsa_setup_context(ctx, (q, k, v, q2k, q2k_cnt, tile_offsets, scale, *tuning), output)
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, groups)
+    ctx.scale = scale
+    ctx.group_launch = list(group_launch)
+    ctx.tuning = tuning
 
 
 def _grouped_backward(ctx, dout, dlse):
-    dq, dk, dv = _bsa_backward(ctx, dout, dlse)[:3]
+    q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, groups = ctx.saved_tensors
+    dq, dk, dv = _bsa_grouped_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, groups,
+                                     ctx.group_launch, ctx.scale, *ctx.tuning)
     return (dq, dk, dv) + (None,) * (6 + len(ctx.tuning))
 
 
@@ -213,15 +240,17 @@ def block_sparse_attention_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Te
                                    q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, groups: torch.Tensor,
                                    group_launch: tuple[int, int, int], scale: float | None = None,
                                    tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`block_sparse_attention` with the forward over query groups (`query_groups.build_query_groups`): tiles whose
-    q2k rows are equal share a program of `group_launch[0]` rows; the backward is `block_sparse_attention`'s.
+    """`block_sparse_attention` with the forward and the backward's dQ over query groups
+    (`query_groups.build_query_groups`): tiles whose q2k rows are equal share a program of `group_launch[0]` rows;
+    dK / dV as `block_sparse_attention`'s backward.
 
     Args:
         q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning: as `block_sparse_attention` (q2k the same for every
             batch entry, e.g. expanded).
         groups: the int32 table of `build_query_groups(q2k[0], q2k_cnt[0], tile_offsets, block_m)`, contiguous, on
             q's device.
-        group_launch: (block_m, num_warps, num_stages) of the forward.
+        group_launch: (block_m, num_warps, num_stages) of the forward, then the same three of the backward's dQ
+            kernel over the same groups (block_m equal).
 
     Returns:
         out (B, S, H, D), lse (B, H, S) fp32, as `block_sparse_attention`.
@@ -236,9 +265,12 @@ def block_sparse_attention_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     tuning = default_tuning(q.device, q.shape[-1]) if tuning is None else tuning
     launch = [int(x) for x in group_launch]
+    if len(launch) != 6 or launch[0] != launch[3]:
+        raise ValueError(f"group_launch is (block_m, warps, stages) of the forward and of dQ with one block_m, "
+                         f"got {tuple(group_launch)}")
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad:
         check_fp32_bwd(q)
     if not needs_grad and not torch.compiler.is_compiling():
-        return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *launch, scale, tuning=tuning)
+        return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *launch[:3], scale, tuning=tuning)
     return _bsa_grouped_op(q, k, v, q2k, q2k_cnt, tile_offsets, groups, launch, scale, *op_args(tuning))

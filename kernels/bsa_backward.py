@@ -85,34 +85,44 @@ def _bsa_bwd_dq_kernel(
     stride_lb, stride_lh,
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
-    num_heads, sm_scale, qk_scale, len_lo, len_hi,
+    num_heads, sm_scale, qk_scale, len_lo, len_hi, qg_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
-    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "",
+    EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
 ):
     """One program: dQ of one query tile of one (batch, head), looping over the key tiles of its q2k row; exits
     at once outside its size class (len_lo, len_hi]. TMA: K / V tiles by TMA, PACK: the row's tile plan, EVICT /
-    CACHE: the K / V loads' hints, as in the forward."""
+    CACHE: the K / V loads' hints, as in the forward. QGROUP: program_id(0) is a query group of qg_ptr and
+    program_id(1) the batch, as in the forward (`bsa_forward.bsa_fwd_grouped`)."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    q_start = tl.load(off_ptr + pid_t)
-    q_len = tl.load(off_ptr + pid_t + 1) - q_start
-    if (q_len <= len_lo) | (q_len > len_hi):
-        return
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < q_len
+    if QGROUP:
+        g_row = qg_ptr + pid_t * (2 + BLOCK_M // PACK_SEG)
+        b = pid_bh
+        h = tl.load(g_row)
+        list_t = tl.load(g_row + 1)
+        row_ids, m_ok = pack_rows(g_row + 2, 0, BLOCK_M // PACK_SEG, 0, offs_m, BLOCK_M, PACK_SEG)
+    else:
+        b = pid_bh // num_heads
+        h = pid_bh % num_heads
+        list_t = pid_t
+        q_start = tl.load(off_ptr + pid_t)
+        q_len = tl.load(off_ptr + pid_t + 1) - q_start
+        if (q_len <= len_lo) | (q_len > len_hi):
+            return
+        m_ok = offs_m < q_len
+        row_ids = q_start + offs_m
     d_ok = offs_d < HEAD_DIM
     q_mask = m_ok[:, None] & d_ok[None, :]
-    q_rows = (q_start + offs_m)[:, None]
+    q_rows = row_ids[:, None]
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + q_rows * stride_qs + offs_d[None, :],
                 mask=q_mask, other=0.0)  # q: (BLOCK_M, BLOCK_D)
     do = tl.load(do_ptr + b * stride_dob + h * stride_doh + q_rows * stride_dos + offs_d[None, :],
                  mask=q_mask, other=0.0)  # do: (BLOCK_M, BLOCK_D)
-    row = b * stride_lb + h * stride_lh + q_start + offs_m
+    row = b * stride_lb + h * stride_lh + row_ids
     lse = tl.load(lse_ptr + row, mask=m_ok, other=float("inf"))
     # Base-2 LSE; +inf on rows past the tile's end and on rows with no selected tile, so their P is exactly 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
@@ -121,11 +131,11 @@ def _bsa_bwd_dq_kernel(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # dq: (BLOCK_M, BLOCK_D) fp32
-    row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + pid_t * stride_iq
+    row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + list_t * stride_iq
     k_base = k_ptr + b * stride_kb + h * stride_kh
     v_base = v_ptr + b * stride_vb + h * stride_vh
     if PACK:
-        nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
+        nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + list_t * 4)
         for i in range(0, nf):  # full tiles
             k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
                                       h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
@@ -136,7 +146,7 @@ def _bsa_bwd_dq_kernel(
             k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
             dq = _dq_step(q, do, k, v, n_ok, lse2, delta, dq, qk_scale, IEEE)
     else:
-        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + list_t)
         for i in range(0, cnt):
             k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
                                               b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
@@ -246,10 +256,17 @@ def _bsa_bwd_dkdv_kernel(
 
 
 def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s, h,
-               scale, meta, tma_kv, launch, hip) -> None:
+               scale, meta, tma_kv, launch, hip, groups=None, group_launch=None) -> None:
     """The dQ kernel's size-class launches (`launch`, a tuning's bwd_dq_launch; `hip` its HIP options) on the
-    current stream; q2k / q2k_cnt and meta's PACK from `q2k_lists`."""
-    for blk, lo, num_warps, num_stages in size_classes(launch, block_d, q.dtype):
+    current stream; q2k / q2k_cnt and meta's PACK from `q2k_lists`. With `groups` (a query-group table,
+    `query_groups.build_query_groups`), one launch over its programs at group_launch (block_m, warps, stages)."""
+    classes = size_classes(launch, block_d, q.dtype)
+    extra = {}
+    if groups is not None:
+        classes = [(group_launch[0], 0, group_launch[1], group_launch[2])]
+        grid = (groups.shape[0], q.shape[0])
+        extra = dict(QGROUP=True)
+    for blk, lo, num_warps, num_stages in classes:
         _bsa_bwd_dq_kernel[grid](
             q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
@@ -260,8 +277,9 @@ def _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, q2k, q2k_cnt, tile_of
             lse.stride(0), lse.stride(1),
             q2k.stride(0), q2k.stride(1), q2k.stride(2),
             q2k_cnt.stride(0), q2k_cnt.stride(1),
-            h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=blk, BLOCK_N=BLOCK, TMA=tma_kv,
-            PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages, **hip_kwargs(hip, q.device),
+            h, scale, scale * LOG2E, lo, blk, lse if groups is None else groups, **meta, BLOCK_M=blk,
+            BLOCK_N=BLOCK, TMA=tma_kv, PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages,
+            **hip_kwargs(hip, q.device), **extra,
         )
 
 
@@ -286,8 +304,8 @@ def _side_stream(idx: int) -> torch.cuda.Stream:
 def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
             lse: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor, k2q: torch.Tensor, k2q_cnt: torch.Tensor,
             tile_offsets: torch.Tensor, scale: float | None = None, dlse: torch.Tensor | None = None,
-            tuning: KernelTuning | None = None,
-            k2q_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            tuning: KernelTuning | None = None, k2q_rows: bool = False, groups: torch.Tensor | None = None,
+            group_launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernels (no autograd; layout contract in `block_sparse_attn`'s docstring).
 
     Args:
@@ -300,6 +318,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         dlse: optional (B, H, S) gradient of lse.
         tuning: tile loads, packing, the second stream and the dQ / dK-dV launches; None:
             `tuning.kernel_tuning(q.device, D)`.
+        groups, group_launch: a query-group table (`query_groups.build_query_groups`; q2k the same for every batch
+            entry) and the (block_m, num_warps, num_stages) of the dQ launch over it; None: dQ per query tile.
 
     Returns:
         dq, dk, dv: (B, S, H, D) like q, k, v.
@@ -353,7 +373,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
         _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
-                   scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq)
+                   scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq, groups, group_launch)
     for blk, lo, num_warps, num_stages in size_classes(tuning.bwd_dkdv_launch, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,

@@ -65,7 +65,7 @@ def test_grouped_forward_and_backward_equal_the_per_tile_launch(block_m, backwar
     q, k, v = (torch.randn(b, lay.num_tokens, len(MODES), 16, requires_grad=True) for _ in range(3))
     args = (q, k, v, q2k[None].expand(b, -1, -1, -1), cnt[None].expand(b, -1, -1), lay.tile_offsets_i32)
     o1, l1 = block_sparse_attention(*args)
-    o2, l2 = block_sparse_attention_grouped(*args, groups, (block_m, 4, 2))
+    o2, l2 = block_sparse_attention_grouped(*args, groups, (block_m, 4, 2, block_m, 4, 2))
     torch.testing.assert_close(o2, o1, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(l2, l1, atol=1e-6, rtol=1e-6)  # -inf rows (the skip head) equal
     assert bool((o2[:, :, 1] == 0).all())
@@ -84,4 +84,4 @@ def test_groups_table_checked():
     groups = build_query_groups(q2k, cnt, lay.tile_offsets, 16)
     q = torch.randn(1, lay.num_tokens, len(MODES), 16)
     with pytest.raises(ValueError, match="groups must be"):
-        block_sparse_attention_grouped(q, q, q, q2k[None], cnt[None], lay.tile_offsets_i32, groups, (128, 4, 2))
+        block_sparse_attention_grouped(q, q, q, q2k[None], cnt[None], lay.tile_offsets_i32, groups, (128, 4, 2, 128, 4, 2))

@@ -35,8 +35,8 @@ from ..sparsity.patterns import Pattern, block_map, q2k_table
 from .base import AttnContext
 
 IMPLS = ("auto", "triton", "torch")
-# The grouped forward's launch (block_m, num_warps, num_stages) per `query_block`.
-QUERY_LAUNCH = {64: (64, 4, 3), 128: (128, 8, 3)}
+# The grouped kernels' launches per `query_block`: (block_m, num_warps, num_stages) of the forward, then of dQ.
+QUERY_LAUNCH = {64: (64, 4, 3, 64, 4, 3), 128: (128, 8, 3, 128, 8, 2)}
 DEFAULT_QUERY_BLOCK = 128
 CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)
 

@@ -209,6 +209,100 @@ def test_profile_kernels_on_cpu(cli_cache):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# sparse-vdit: per-layer rows, the pattern file in the report, --kernels over every layer, refusals
+
+SVD_LAYERS = (("dense", "diagonal"), ("skip", "skip"))  # a fused two-mode layer, an all-skip one (no launch)
+
+
+def tiny_patterns(path, frames=5, grid=(2, 6, 10), layers=SVD_LAYERS):
+    """A hand-written pattern file for the tiny preset's architecture (2 layers x 2 heads of 16) at 96x160 with
+    `frames` frames (latent grid `grid`)."""
+    from vsagen.presets import load_preset
+    from vsagen.sparsity.files import PatternFile, StepRange, save_patterns
+    from vsagen.sparsity.patterns import default_catalog
+
+    t = load_preset("tiny").transformer
+    arch = {"layers": t["num_layers"], "heads": t["num_attention_heads"], "head_dim": t["attention_head_dim"],
+            "in_channels": t["in_channels"], "ffn_dim": t["ffn_dim"], "patch_size": list(t["patch_size"])}
+    save_patterns(PatternFile(model="tiny (hand-written)", architecture=arch, experts=("transformer",), height=96,
+                              width=160, frames=frames, grid=grid, steps=4, lam=0.0, eps=0.0, prompts=0,
+                              modes={m.name: m for m in default_catalog()},
+                              ranges=(StepRange(0, 4, {"transformer": layers}),)), path)
+    return path
+
+
+@pytest.mark.slow
+def test_profile_sparse_vdit_reports_each_layer_and_its_file(cli_cache, tmp_path):
+    """One run, every rendering: the per-layer rows (launches: 1 for the fused layer, 0 for the all-skip one;
+    block densities from the modes on the run's tile grid), the file's path, sha256, density and modes."""
+    from vsagen.profile import profile_dit
+    from vsagen.profile_config import resolve_profile
+    from vsagen.profile_render import render
+    from vsagen.sparsity.files import file_hash
+    from vsagen.sparsity.patterns import block_density, default_catalog
+
+    path = tiny_patterns(tmp_path / "p.json")
+    cfg = resolve_profile(model="tiny", attn=f"full,sparse-vdit:patterns={path}", steps=1, warmup=0, stock=False,
+                          frames=5)
+    data = json.loads(render(profile_dit(cfg), "json"))
+    full, svd = data["rows"]
+    assert full["layers"] == [] and full["backend_info"] == {"name": "full"}
+    tiles = (1, 2, 3)  # grid 2x6x10 in 4x4x4 tiles
+    d = {m.name: block_density(m, tiles) for m in default_catalog()}
+    assert svd["layers"] == [
+        {"expert": "transformer", "layer": 0, "heads": 2, "launches": 1, "groups": 2,
+         "density": pytest.approx((d["dense"] + d["diagonal"]) / 2), "modes": {"dense": 1, "diagonal": 1}},
+        {"expert": "transformer", "layer": 1, "heads": 2, "launches": 0, "groups": 1, "density": 0.0,
+         "modes": {"skip": 2}}]
+    assert svd["launches_per_forward"] == 1
+    assert svd["block_density"] == pytest.approx((d["dense"] + d["diagonal"]) / 4)
+    info = svd["backend_info"]
+    assert info["patterns"] == str(path) and info["patterns_sha256"] == file_hash(path)
+    assert info["density"] == pytest.approx(svd["block_density"], abs=1e-6)  # the file's grid is the run's
+    assert info["modes"]["skip"] == 2 and info["impl_ran"] == "torch"
+    assert svd["speedup_vs_full"] > 0 and 0 < svd["latents_rel_l2_vs_full"]
+
+
+@pytest.mark.slow
+def test_profile_kernels_times_every_layer_of_a_pattern_file(cli_cache, tmp_path):
+    path = tiny_patterns(tmp_path / "p.json")
+    res = profile("--model", "tiny", "--kernels", "--frames", "5", "--attn", f"full,sparse-vdit:patterns={path}",
+                  "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert [(r["kernel"], r["kind"], r["layers"]) for r in data["rows"]] == [
+        (k, p, n) for p in ("fwd", "fwd+bwd") for k, n in (("SDPA (torch CPU)", 1), ("full", 1), ("sparse-vdit", 2))]
+    assert all(r["ms"] > 0 for r in data["rows"])  # fwd+bwd too, past the all-skip layer's gradient-free zeros
+    assert any(n.startswith("sparse-vdit: timed at every layer of transformer (2 layers)") for n in data["notes"])
+
+
+SVD_BAD = [
+    # (id, model, extra args, file frames/grid, substrings); every one refused before a model loads or a kernel runs
+    ("dit-grid", "tiny", ["--frames", "9"], ["searched at 160x96, 5 frames", "grid is 3x6x10", "remap=true"]),
+    ("kernels-grid", "tiny", ["--kernels", "--frames", "9"], ["grid 2x6x10", "grid is 3x6x10", "remap=true"]),
+    ("kernels-grid-crop", "tiny", ["--kernels", "--frames", "5", "--tile-fit", "partial,crop"],
+     ["grid is 4x8x12", "remap=true"]),
+    ("kernels-architecture", "tiny-i2v", ["--kernels", "--frames", "5"], ["in_channels 16 vs 36", "vsagen search"]),
+    ("kernels-expert", "tiny-a14b", ["--kernels", "--frames", "5"], ["covers transformer", "transformer_2"]),
+]
+
+
+@pytest.mark.parametrize("model,args,needles", [b[1:] for b in SVD_BAD], ids=[b[0] for b in SVD_BAD])
+def test_mismatched_pattern_file_is_one_line_exit_2(cli_cache, tmp_path, monkeypatch, model, args, needles):
+    """A file searched at another size (without remap=true) or on another model: one line, exit 2, and nothing
+    timed (the grid is checked before the model loads, --kernels before the dense references are timed)."""
+    path = tiny_patterns(tmp_path / "p.json")
+    monkeypatch.setattr("vsagen.pipeline.load_model", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    monkeypatch.setattr("vsagen.bench.time_attention", lambda *a, **k: pytest.fail("timed despite bad input"))
+    res = profile("--model", model, "--attn", f"full,sparse-vdit:patterns={path}", *args)
+    assert res.exit_code == 2, res.output
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert str(path) in line
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Settings
 
 

@@ -71,3 +71,72 @@ def test_plot_is_written_once(tmp_path):
     with pytest.raises(BadInput):
         write_plot(report(), path)
     write_plot(report(), path, overwrite=True)
+
+
+def sparse_vdit_report():
+    """`full` and a sparse-vdit row with two layers recorded (a fused mixed layer, an all-skip one)."""
+    rep = report()
+    r = row("sparse-vdit", None, "sparse-vdit:patterns=p.json:remap=false:impl=torch", 0.5, 0.2)
+    r.backend_info = {"name": "sparse-vdit", "impl": "auto", "remap": False, "patterns": "p.json",
+                      "patterns_sha256": "ab" * 32, "density": 0.3125,
+                      "modes": {"dense": 1, "skip": 3, "diagonal": 0}, "impl_ran": "torch"}
+    r.layers = [{"expert": "transformer", "layer": 0, "heads": 2, "launches": 1, "groups": 2, "density": 0.625,
+                 "modes": {"dense": 1, "skip": 1}},
+                {"expert": "transformer", "layer": 1, "heads": 2, "launches": 0, "groups": 1, "density": 0.0,
+                 "modes": {"skip": 2}}]
+    r.launches_per_forward, r.block_density = 1, 0.3125
+    rep.rows = [rep.rows[0], r]
+    return rep
+
+
+def test_per_layer_table_in_table_and_markdown():
+    """A backend that records its layers gets its own table: one line a layer (launches, block density, modes)
+    and an "all" line; the caption is what it says of itself (pattern file, sha256, density, modes in use)."""
+    rep = sparse_vdit_report()
+    md = render(rep, "markdown")
+    assert "**per-layer attention of sparse-vdit (tile fit partial, grid 2x4x4, 2 tiles)" in md
+    assert "| layer | heads | launches | groups | block density | modes |" in md  # one expert: no expert column
+    assert "| 0 | 2 | 1 | 2 | 62.5% | dense 1, skip 1 |" in md
+    assert "| 1 | 2 | 0 | 1 | 0.0% | skip 2 |" in md
+    assert "| all (2 layers) | 4 | 1 | - | 31.2% | dense 1, skip 3 |" in md
+    caption = next(ln for ln in md.splitlines() if ln.startswith("remap false"))
+    assert caption == (f"remap false; patterns p.json; patterns_sha256 {'ab' * 32}; density 0.3125; "
+                       "modes dense 1, skip 3")
+    assert md.count("per-layer attention") == 1  # `full` records nothing
+    table = render(rep, "table", width=240)
+    assert "per-layer attention of sparse-vdit" in table and "all (2 layers)" in table
+    assert "patterns_sha256 " + "ab" * 32 in table
+
+
+def test_per_layer_table_names_experts_when_there_are_two():
+    rep = sparse_vdit_report()
+    rep.rows[1].layers[1]["expert"] = "transformer_2"
+    md = render(rep, "markdown")
+    assert "| expert | layer | heads |" in md and "| transformer_2 | 1 | 2 | 0 |" in md
+    assert "| all | 2 layers | 4 | 1 |" in md
+
+
+def test_json_and_csv_carry_the_layer_fields():
+    rep = sparse_vdit_report()
+    data = json.loads(render(rep, "json"))
+    svd = data["rows"][1]
+    assert svd["layers"] == rep.rows[1].layers and svd["backend_info"]["patterns_sha256"] == "ab" * 32
+    assert (svd["launches_per_forward"], svd["block_density"]) == (1, 0.3125)
+    assert data["rows"][0]["layers"] == [] and data["rows"][0]["launches_per_forward"] is None
+    rows = list(csv.DictReader(io.StringIO(render(rep, "csv"))))
+    assert "layers" not in rows[0] and "backend_info" not in rows[0]  # nested: json only
+    assert (rows[1]["launches_per_forward"], rows[1]["block_density"]) == ("1", "0.3125")
+    assert rows[0]["block_density"] == ""
+
+
+def test_kernel_table_says_where_each_row_was_timed():
+    from vsagen.bench import KernelRow
+    from vsagen.profile import KernelReport
+
+    rows = [KernelRow("s", "partial", (2, 4, 4), 32, 2, 16, k, "fwd", 1.0, "SDPA (torch CPU)", 1.0, n)
+            for k, n in (("SDPA (torch CPU)", 1), ("sparse-vdit", 2))]
+    rep = KernelReport(settings={**SETTINGS, "kernels": True}, versions={}, rows=rows, notes=[])
+    md = render(rep, "markdown")
+    assert "| kernel | pass | timed at | ms |" in md
+    assert "| SDPA (torch CPU) | fwd | layer 0 |" in md and "| sparse-vdit | fwd | mean of 2 layers |" in md
+    assert json.loads(render(rep, "json"))["rows"][1]["layers"] == 2

@@ -7,7 +7,9 @@ Timing: on CUDA `triton.testing.do_bench` (median of repeated launches, its own 
 CPU the median of `time.perf_counter` around repeated calls after a warm-up call. Dense references are
 torch's `scaled_dot_product_attention` pinned to one kernel (cuDNN, flash) on CUDA, and torch's own CPU kernel
 elsewhere; the vsagen backends are called through their `AttentionBackend` interface, exactly as the processor
-calls them (tiled backends get a `TileLayout` of the grid).
+calls them (tiled backends get a `TileLayout` of the grid). A backend is called at layer 0 of expert None, or, where
+its layers run differently (`timed_layers`: sparse-vdit's per-layer patterns), at each (expert, layer) given, its
+time then the mean per layer.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ class KernelRow:
 
     `kind` is "fwd" or "fwd+bwd"; `ms` the median milliseconds of one call; `baseline` the dense kernel the
     ratio is taken against (SDPA cuDNN on CUDA, torch's CPU SDPA elsewhere), same kind, same run;
-    `speedup_vs_baseline` = baseline ms / ms (> 1: faster than dense).
+    `speedup_vs_baseline` = baseline ms / ms (> 1: faster than dense). `layers`: how many (expert, layer)
+    contexts the backend was called at, `ms` being the mean per layer over them (1: layer 0 alone).
     """
 
     shape: str
@@ -125,6 +128,7 @@ class KernelRow:
     ms: float
     baseline: str
     speedup_vs_baseline: float
+    layers: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (grid as a list)."""
@@ -139,20 +143,42 @@ def _dense_call(backend: Any) -> Callable[..., torch.Tensor]:
     return call
 
 
-def _backend_call(backend: Any, layout: Any, timer: NullTimer, shape: AttentionShape, device: torch.device,
-                  seed: int) -> Callable[..., torch.Tensor]:
-    """The backend as the processor calls it, with the per-layer parameters it is timed with (`bench_params`: e.g.
-    sla-star's projection at its trained size; None for backends timed without their own weights, as vsa without
-    a gate)."""
+Context = tuple[str | None, int]  # (expert, layer) of one backend call
+LAYER0: tuple[Context, ...] = ((None, 0),)
+
+
+def timed_layers(backend: Any, experts: Sequence[tuple[str, int]]) -> tuple[Context, ...]:
+    """The (expert, layer) contexts to time `backend` at: every layer of every expert (`experts`: (component name,
+    layer count) pairs, e.g. (("transformer", 30),)) for a backend whose layers run differently, i.e. one that
+    records what each layer ran (a `layer_stats` attribute: sparse-vdit's per-layer patterns); layer 0 of expert
+    None (`LAYER0`) otherwise, all its layers being alike."""
+    contexts = tuple((e, i) for e, n in experts for i in range(n))
+    return contexts if contexts and getattr(backend, "layer_stats", None) is not None else LAYER0
+
+
+def _backend_calls(backend: Any, layout: Any, timer: NullTimer, shape: AttentionShape, device: torch.device,
+                   seed: int, contexts: Sequence[Context]) -> list[Callable[..., torch.Tensor]]:
+    """The backend as the processor calls it at each (expert, layer) of `contexts`, with the per-layer parameters it
+    is timed with (`bench_params`: e.g. sla-star's projection at its trained size; None for backends timed without
+    their own weights, as vsa without a gate)."""
     make = getattr(backend, "bench_params", None)
     params = make(shape.heads, shape.head_dim, device, seed) if make is not None else None
 
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return backend(q, k, v, AttnContext(layout=layout, layer=0, expert=None, timer=timer, params=params))
-    return call
+    def at(expert: str | None, layer: int) -> Callable[..., torch.Tensor]:
+        def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return backend(q, k, v, AttnContext(layout=layout, layer=layer, expert=expert, timer=timer,
+                                                params=params))
+        return call
+    return [at(e, i) for e, i in contexts]
 
 
-def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *, device: torch.device | str,
+def _backend_call(backend: Any, layout: Any, timer: NullTimer, shape: AttentionShape, device: torch.device,
+                  seed: int) -> Callable[..., torch.Tensor]:
+    """The backend as the processor calls it at layer 0 of expert None (`_backend_calls` at `LAYER0`)."""
+    return _backend_calls(backend, layout, timer, shape, device, seed, LAYER0)[0]
+
+
+def time_attention(shape: AttentionShape, backends: Sequence[tuple[Any, ...]], *, device: torch.device | str,
                    dtype: torch.dtype, tile_fit: str = "partial", seed: int = 0, warmup_ms: float = 100,
                    rep_ms: float = 500) -> list[KernelRow]:
     """Time the self-attention alone at `shape`: forward and forward+backward of the dense references and of
@@ -160,10 +186,14 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *
 
     Args:
         shape: the attention problem (B = 1).
-        backends: (label, backend) pairs; each backend is an `AttentionBackend` (see vsagen.attention.base),
-            called as the vsagen processor calls it (tiled backends with the grid's `TileLayout`; no trained
-            weights, except those a backend asks to be timed with: its `bench_params(heads, head_dim, device,
-            seed)`, e.g. sla-star's random projection of trained size).
+        backends: (label, backend) pairs, or (label, backend, contexts) triples; each backend is an
+            `AttentionBackend` (see vsagen.attention.base), called as the vsagen processor calls it (tiled backends
+            with the grid's `TileLayout`; no trained weights, except those a backend asks to be timed with: its
+            `bench_params(heads, head_dim, device, seed)`, e.g. sla-star's random projection of trained size) at
+            each (expert, layer) of `contexts` (default `LAYER0`; see `timed_layers`) in turn, on the same inputs;
+            its row is the mean per layer. Forward+backward runs each layer's backward after its forward (one
+            layer's activations alive at a time); a layer whose output needs no gradient (sparse-vdit's all-skip
+            layers: zeros) costs its forward only.
         device, dtype: where and in what precision (CUDA needs bf16 or fp16 for the cuDNN / flash rows).
         tile_fit: only copied into the rows (the caller chose the grid by it).
         seed: input seed. warmup_ms, rep_ms: see `bench_ms`.
@@ -171,9 +201,11 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *
     Returns:
         Rows in the order: dense references, then the backends, forward rows first, then forward+backward.
         On CUDA the references are "SDPA cuDNN" (the baseline) and "SDPA flash"; elsewhere "SDPA (torch CPU)".
+        A row's `layers` is its number of contexts.
 
     Raises:
         RuntimeError: a kernel fails (e.g. a dtype the pinned SDPA kernel does not take).
+        BadInput: a backend refuses the problem (e.g. a pattern file with another head count).
     """
     device = torch.device(device)
     layout = tile_layout(shape.grid, device=device)
@@ -189,27 +221,36 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[str, Any]], *
         dense = [("SDPA (torch CPU)", None)]
     baseline = dense[0][0]
 
-    def fwd(call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+    Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def fwd(calls: list[Call]) -> Callable[[], Any]:
         def run() -> Any:
             with torch.no_grad():
-                return call(q, k, v)
+                for call in calls:  # each output dropped before the next layer
+                    call(q, k, v)
         return run
 
-    def fwd_bwd(call: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
+    def fwd_bwd(calls: list[Call]) -> Callable[[], Any]:
         def run() -> None:
             for x in (qg, kg, vg):
                 x.grad = None
-            call(qg, kg, vg).backward(do)
+            for call in calls:
+                out = call(qg, kg, vg)
+                if out.requires_grad:  # an all-skip layer's zeros have no graph
+                    out.backward(do)
         return run
 
-    calls = [(name, _dense_call(be)) for name, be in dense]
-    calls += [(label, _backend_call(be, layout if be.tiled else None, timer, shape, device, seed))
-              for label, be in backends]
+    calls: list[tuple[str, list[Call]]] = [(name, [_dense_call(be)]) for name, be in dense]
+    for entry in backends:
+        label, be = entry[0], entry[1]
+        contexts = tuple(entry[2]) if len(entry) > 2 else LAYER0
+        calls.append((label, _backend_calls(be, layout if be.tiled else None, timer, shape, device, seed, contexts)))
     rows: list[KernelRow] = []
     for kind, wrap in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-        times = [(name, bench_ms(wrap(call), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms))
-                 for name, call in calls]
-        base = times[0][1]
+        times = [(name, len(layer_calls),
+                  bench_ms(wrap(layer_calls), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms) / len(layer_calls))
+                 for name, layer_calls in calls]
+        base = times[0][2]
         rows += [KernelRow(shape.name, tile_fit, shape.grid, shape.tokens, shape.heads, shape.head_dim, name, kind,
-                           ms, baseline, base / max(ms, 1e-9)) for name, ms in times]
+                           ms, baseline, base / max(ms, 1e-9), n) for name, n, ms in times]
     return rows

@@ -115,20 +115,44 @@ def resolve_model(model: str) -> ModelSource:
 
 
 
-def attention_dims(src: ModelSource, model: str) -> tuple[int, int]:
-    """(heads, head_dim) of the model's self-attention, from its checkpoint directory or preset."""
-    tcfg: dict[str, Any] = dict(src.preset.transformer)
+def transformer_configs(src: ModelSource, model: str) -> list[tuple[str, dict[str, Any]]]:
+    """[(component name, transformer config)] of the model's experts: ("transformer", ...) and, for a two-expert
+    (A14B-style) model, ("transformer_2", ...); from its checkpoint directory's `<component>/config.json` (a
+    `transformer_2/` folder making it two-expert), or the preset's [transformer] (and transformer_2) tables.
+
+    Raises:
+        ModelNotFound: a directory's config cannot be read.
+        BadInput: a hub id no preset describes (the architecture is unknown without downloading).
+    """
     if src.kind == "dir":
-        try:
-            tcfg = json.loads((Path(src.location) / "transformer" / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelNotFound(f"--model {model}: cannot read its transformer config: {e}") from None
-    elif not src.exact_preset:
+        out = []
+        for name in ("transformer", "transformer_2"):
+            path = Path(src.location) / name / "config.json"
+            if name == "transformer_2" and not path.parent.is_dir():
+                break
+            try:
+                out.append((name, json.loads(path.read_text())))
+            except (OSError, json.JSONDecodeError) as e:
+                raise ModelNotFound(f"--model {model}: cannot read its {name} config: {e}") from None
+        return out
+    if not src.exact_preset:
         raise BadInput(f"--kernels needs the attention shape of --model {model}, and no preset describes it; "
                        f"use a preset name ({', '.join(preset_names())}) or a local checkpoint directory")
+    p = src.preset
+    return [("transformer", dict(p.transformer))] + ([("transformer_2", dict(p.transformer_2))]
+                                                     if p.transformer_2 is not None else [])
+
+
+def attention_dims(src: ModelSource, model: str) -> tuple[int, int]:
+    """(heads, head_dim) of the model's self-attention, from its checkpoint directory or preset.
+
+    Raises:
+        ModelNotFound: the directory's config cannot be read, or has no heads / head dim.
+        BadInput: see `transformer_configs`.
+    """
+    tcfg = transformer_configs(src, model)[0][1]
     try:
         return int(tcfg["num_attention_heads"]), int(tcfg["attention_head_dim"])
     except (KeyError, TypeError, ValueError):
         raise ModelNotFound(f"--model {model}: its transformer config has no num_attention_heads / "
                             "attention_head_dim") from None
-

@@ -11,6 +11,9 @@ Per configuration (`ProfileRow`): DiT seconds per step (all transformer forwards
 the attention backend's seconds per step and its stages (VSA: coarse, fine; the tile-order reorderings are
 reported apart as `layout`), the attention share of DiT time, the DiT speed-up against `full` at the same tile
 fit, the DiT time projected to the preset's step count, and the final latents' relative L2 distance to `full`'s.
+Also what the backend says of itself (`describe`: sparse-vdit's pattern file, its sha256, density and modes) and,
+for backends that record what each layer ran (`layer_rows`: sparse-vdit), one row per (expert, layer): launches,
+computed-block density, modes.
 
 Overhead of vsagen itself (`stock`): the same transformer with diffusers' own processors and no vsagen hooks
 but the DiT timers (`diffusers-sdpa`; on CUDA its SDPA calls are pinned to cuDNN, then flash, as `full`'s are,
@@ -66,7 +69,13 @@ class ProfileRow:
     (exactly 1.0 for `full`; None without a `full` row). `projected_dit_s` = DiT s/step x
     `projected_steps` (the preset's step count). `overhead_vs_stock` = DiT s/step / `diffusers-sdpa`'s - 1 (for
     `full` and the overhead rows). `latents_rel_l2_vs_full`: ||x - x_full|| / ||x_full|| of the final
-    (cropped) latents against `full` at the same tile fit.
+    (cropped) latents against `full` at the same tile fit. `backend_info` is the backend's `describe(device)`
+    (empty for the overhead rows). `layers` holds, for backends that record it, what each (expert, layer) ran in
+    its first call of the configuration (the first warm-up or timed step, its first forward), sorted by
+    expert then layer (`layer_rows`): {"expert", "layer", "heads", "launches" (kernel launches of one call: 0 for
+    a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed tile pairs
+    / (heads x tiles^2)), "modes" ({mode name: heads})}; empty for the others. `launches_per_forward` (their sum)
+    and `block_density` (their head-weighted mean) summarise them (None without `layers`).
     """
 
     backend: str
@@ -95,6 +104,10 @@ class ProfileRow:
     latents_rel_l2_vs_full: float | None = None
     dit_by_expert_s_per_step: dict[str, float] = field(default_factory=dict)
     spec: str | None = None  # the backend entry with every option spelled out (`vsa:sparsity=0.875:impl=auto`)
+    backend_info: dict[str, Any] = field(default_factory=dict)
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    launches_per_forward: int | None = None
+    block_density: float | None = None
 
     @property
     def label(self) -> str:
@@ -158,6 +171,58 @@ class _Measured:
     latents: Any  # (1, z, F_lat, H_lat, W_lat), cropped to the requested latent
 
 
+def layer_rows(backend: Any) -> list[dict[str, Any]]:
+    """What each (expert, layer) of `backend`'s last configuration ran, for backends that record it: a
+    `layer_stats` attribute {(expert, layer): {"expert", "layer", "heads", "launches", "groups", "density",
+    "modes"}} (sparse-vdit; see `ProfileRow.layers`), as JSON-ready dicts sorted by expert then layer; [] for
+    backends without one."""
+    stats = getattr(backend, "layer_stats", None)
+    if not isinstance(stats, dict):
+        return []
+    return [{**stats[key], "modes": dict(stats[key].get("modes", {}))}
+            for key in sorted(stats, key=lambda k: (k[0] or "", k[1]))]
+
+
+def reset_layer_rows(backend: Any) -> None:
+    """Forget what `backend`'s layers ran (its `layer_stats`, recorded once per layer), so the next configuration
+    records its own (another tile fit is another tile grid)."""
+    stats = getattr(backend, "layer_stats", None)
+    if isinstance(stats, dict):
+        stats.clear()
+
+
+def _layer_summary(layers: list[dict[str, Any]]) -> tuple[int | None, float | None]:
+    """(launches per forward, head-weighted mean block density) of `layer_rows` rows; (None, None) for none."""
+    heads = sum(r["heads"] for r in layers)
+    if not layers or not heads:
+        return None, None
+    return sum(r["launches"] for r in layers), sum(r["density"] * r["heads"] for r in layers) / heads
+
+
+def denoise_grids(cfg: ProfileConfig) -> dict[str, tuple[int, int, int]]:
+    """{tile fit: post-patch latent grid (T, Hl, Wl) denoised under it} of `cfg`'s size (`plan_crop` with the
+    preset's VAE strides and patch size)."""
+    from .layout import plan_crop
+
+    p = cfg.source.preset
+    return {fit: tuple(plan_crop(cfg.frames, cfg.height, cfg.width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
+                                 vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid)
+            for fit in cfg.tile_fits}
+
+
+def check_grids(backends: list[Any], grids: Any) -> None:
+    """Let every backend tied to a latent grid (`check_grid`: sparse-vdit's pattern file) refuse each of `grids`
+    before anything is timed.
+
+    Raises:
+        BadInput: the backend's refusal (one line: the file's grid, this run's, and what to do).
+    """
+    for backend in backends:
+        check = getattr(backend, "check_grid", None)
+        for grid in grids if check is not None else ():
+            check(tuple(grid))
+
+
 def _per_step(x: float | None, steps: int) -> float | None:
     """x per step; None (not timed) stays None."""
     if x is None:
@@ -201,20 +266,24 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     it (see the module docstring for what is measured and how).
 
     Raises:
-        BadInput: a backend cannot run on this device / dtype (before loading), or the model cannot be loaded
-            as asked (ModelNotFound).
+        BadInput: a backend cannot run on this device / dtype (before loading), refuses a tile fit's grid (a
+            pattern file searched at another size: before loading where a preset gives the model's patch size)
+            or the model's architecture (after loading, before the first configuration runs), or the model
+            cannot be loaded as asked (ModelNotFound).
         RunFailure: out of GPU memory while denoising (the message names the configuration).
     """
     import torch
 
     from . import __version__
-    from .loading import torch_dtype, versions
+    from .loading import experts, torch_dtype, versions
     from .pipeline import Conditioning, Session, fused_blocks_note
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
     for _, backend in backends:
         backend.check(device, dtype)
+    if cfg.source.exact_preset:  # the preset's patch size is the model's: refuse a file's grid before loading
+        check_grids([b for _, b in backends], denoise_grids(cfg).values())
     if cfg.stock:
         try:
             TileOrderFull().check(device, dtype)
@@ -226,6 +295,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     # backend weights are attached per configuration and detached after it
     session = Session.load(cfg, [b for _, b in backends], attach_on_load=False,
                            also_runs=[TileOrderFull()] if cfg.stock else [], conditioning=conditioning, log=log)
+    _bind([b for _, b in backends], experts(session.pipe))
+    check_grids([b for _, b in backends], [session.plan(fit).denoise_grid for fit in cfg.tile_fits])
     session.prompts()  # once for every configuration (host clock: `text_encode_s`)
     cuda = device.type == "cuda"
     fused_note = fused_blocks_note(cfg.warmup) if session.fused else None
@@ -250,10 +321,14 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         plan = session.plan(fit)
         for spec, backend in backends:
             what = spec.short_text() if names.count(spec.name) > 1 else spec.name  # settings of one backend apart
+            reset_layer_rows(backend)
             m = measure(f"{what} (tile fit {fit})", plan, backend)
-            impl = backend.describe(device).get("impl_ran", spec.impl)
-            rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled, impl))
-            rows[-1].spec = spec.text()
+            info = backend.describe(device)
+            rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled,
+                                  info.get("impl_ran", spec.impl)))
+            r = rows[-1]
+            r.spec, r.backend_info, r.layers = spec.text(), info, layer_rows(backend)
+            r.launches_per_forward, r.block_density = _layer_summary(r.layers)
             latents[id(rows[-1])] = m.latents
     overhead: list[ProfileRow] = []
     if cfg.stock:
@@ -273,6 +348,29 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                          rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
                          text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
+
+
+def _bind(backends: list[Any], transformers: list[tuple[str, Any]]) -> None:
+    """Let every backend tied to an architecture (`bind`: sparse-vdit's pattern file) refuse the (component name,
+    transformer) pairs before anything is timed (`vsagen.apply` binds again when it patches).
+
+    Raises:
+        BadInput: the backend's refusal.
+    """
+    for backend in backends:
+        bind = getattr(backend, "bind", None)
+        for name, transformer in transformers if bind is not None else ():
+            bind(transformer, name)
+
+
+def _meta_transformers(configs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, Any]]:
+    """(component name, a diffusers WanTransformer3DModel of that config on the meta device: no memory, no
+    weights) for each of `configs` (`vsagen.models.transformer_configs`), for `_bind` without loading a model."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        return [(name, WanTransformer3DModel.from_config(cfg)) for name, cfg in configs]
 
 
 def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], latents: dict[int, Any]) -> None:
@@ -361,17 +459,22 @@ class KernelReport:
 def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None) -> KernelReport:
     """Time the self-attention alone at the model's shape (grid of each tile fit, `cfg.heads` x `cfg.head_dim`,
     B = 1, `cfg.dtype`): forward and forward+backward of dense SDPA (cuDNN and flash on CUDA; torch's CPU
-    kernel elsewhere) and of every backend in `cfg.backends`. No model is loaded.
+    kernel elsewhere) and of every backend in `cfg.backends`. No model is loaded. A backend whose layers run
+    differently (`vsagen.bench.timed_layers`: sparse-vdit) is timed at every layer of every expert of the model,
+    its row the mean per layer (a note says so); the others at layer 0.
 
     Raises:
-        BadInput: a backend cannot run on this device / dtype, or CUDA with a dtype cuDNN / flash do not take.
+        BadInput: a backend cannot run on this device / dtype, or refuses a tile fit's grid or the model's
+            architecture (a pattern file searched at another size, or on another model: checked before anything
+            is timed, the architecture on weightless meta-device transformers of the model's config), or CUDA
+            with a dtype cuDNN / flash do not take.
     """
     import torch
 
     from . import __version__
-    from .bench import AttentionShape, time_attention
-    from .layout import plan_crop
+    from .bench import AttentionShape, time_attention, timed_layers
     from .loading import torch_dtype, versions
+    from .models import transformer_configs
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
@@ -379,20 +482,28 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
         backend.check(device, dtype)
     if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
         raise BadInput("--kernels on CUDA compares against SDPA cuDNN / flash, which need --dtype bf16 or fp16")
-    p = cfg.source.preset
+    grids = denoise_grids(cfg)
+    check_grids([b for _, b in backends], grids.values())
+    configs = transformer_configs(cfg.source, cfg.model)
+    if any(getattr(b, "bind", None) is not None for _, b in backends):  # the architecture, without weights
+        _bind([b for _, b in backends], _meta_transformers(configs))
+    experts = [(name, int(c.get("num_layers", 0) or 0)) for name, c in configs]
+    names = [spec.name for spec, _ in backends]  # two settings of one backend: spelled out
+    entries = [(spec.short_text() if names.count(spec.name) > 1 else spec.label, b, timed_layers(b, experts))
+               for spec, b in backends]
     rows = []
-    for fit in cfg.tile_fits:
-        grid = plan_crop(cfg.frames, cfg.height, cfg.width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
-                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
-        shape = AttentionShape(f"{cfg.model} {cfg.frames}x{cfg.height}x{cfg.width}", tuple(grid), cfg.heads,
-                               cfg.head_dim)
+    for fit, grid in grids.items():
+        shape = AttentionShape(f"{cfg.model} {cfg.frames}x{cfg.height}x{cfg.width}", grid, cfg.heads, cfg.head_dim)
         log(f"timing attention at grid {'x'.join(map(str, grid))} (S={shape.tokens}, H={cfg.heads}, "
             f"D={cfg.head_dim}, tile fit {fit})")
-        names = [spec.name for spec, _ in backends]  # two settings of one backend: spelled out
-        labels = [(spec.short_text() if names.count(spec.name) > 1 else spec.label, b) for spec, b in backends]
-        rows += time_attention(shape, labels, device=device, dtype=dtype, tile_fit=fit, seed=cfg.seed)
+        rows += time_attention(shape, entries, device=device, dtype=dtype, tile_fit=fit, seed=cfg.seed)
     notes = [] if device.type == "cuda" else [
         "CPU: the dense baseline is torch's CPU SDPA and the backends run their eager PyTorch paths; SDPA "
         "cuDNN / flash rows need CUDA"]
+    per_layer = [label for label, _, contexts in entries if len(contexts) > 1]
+    if per_layer:
+        where = " and ".join(f"{name} ({n} layers)" for name, n in experts)
+        notes.append(f"{', '.join(per_layer)}: timed at every layer of {where}, as its layers run differently; ms "
+                     "is the mean per layer (the 'timed at' column); the other rows time one call at layer 0")
     return KernelReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                         rows=rows, notes=notes)

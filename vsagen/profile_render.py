@@ -1,5 +1,11 @@
 """Renderings of `vsagen profile`'s reports (`vsagen.profile.ProfileReport` and `KernelReport`): a Rich table
-(plain text), markdown, csv, json, and the DiT bar chart (`write_plot`)."""
+(plain text), markdown, csv, json, and the DiT bar chart (`write_plot`).
+
+The table and markdown hold the DiT table, then one per-layer table per configuration whose backend records what
+each layer ran (`ProfileRow.layers`: sparse-vdit), its caption what the backend says of itself (`describe`: the
+pattern file, its sha256, density, modes). The csv has one line per configuration (the per-layer rows and the
+backend's description are in the json only; their summary columns `launches_per_forward` and `block_density` are
+in both)."""
 
 from __future__ import annotations
 
@@ -44,7 +50,44 @@ def _header(settings: dict[str, Any]) -> str:
                f"warm-up per configuration | CFG {s['guidance']:g}"))
 
 
-Table = tuple[str, list[str], list[list[str]]]  # title, header, rows of cells
+Table = tuple[str, list[str], list[list[str]], str]  # title, header, rows of cells, caption ("" for none)
+INFO_HIDDEN = ("name", "impl", "impl_ran")  # `describe` entries the DiT table already shows
+
+
+def _value(v: Any) -> str:
+    """A `describe` value as text: mappings as "k v, k v", floats to 4 significant digits."""
+    if isinstance(v, dict):
+        return ", ".join(f"{k} {_value(x)}" for k, x in v.items() if x != 0)  # a mode no head uses: left out
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _modes(modes: dict[str, int]) -> str:
+    """{"dense": 2, "skip": 0, "diagonal": 3} -> "dense 2, diagonal 3" (modes no head uses left out)."""
+    return ", ".join(f"{k} {n}" for k, n in modes.items() if n) or "-"
+
+
+def _layer_table(r: Any, label: str) -> Table:
+    """One configuration's per-layer table (`ProfileRow.layers`), a last row "all" summing launches and modes over
+    the layers (density: the head-weighted mean), and the backend's `describe` as caption."""
+    experts = len({x["expert"] for x in r.layers}) > 1
+    head = (["expert"] if experts else []) + ["layer", "heads", "launches", "groups", "block density", "modes"]
+    body = [([str(x["expert"])] if experts else []) + [str(x["layer"]), str(x["heads"]), str(x["launches"]),
+                                                       str(x["groups"]), _pct(x["density"]), _modes(x["modes"])]
+            for x in r.layers]
+    total: dict[str, int] = {}
+    for x in r.layers:
+        for k, n in x["modes"].items():
+            total[k] = total.get(k, 0) + n
+    body.append((["all", f"{len(r.layers)} layers"] if experts else [f"all ({len(r.layers)} layers)"])
+                + [str(sum(x["heads"] for x in r.layers)), str(r.launches_per_forward), "-", _pct(r.block_density),
+                   _modes(total)])
+    caption = "; ".join(f"{k} {_value(v)}" for k, v in r.backend_info.items() if k not in INFO_HIDDEN)
+    title = (f"per-layer attention of {label} (tile fit {r.tile_fit}, grid {'x'.join(map(str, r.grid))}, "
+             f"{r.tiles} tiles): each layer's first call; launches per transformer forward, block density = computed "
+             "tile pairs / (heads x tiles^2)")
+    return title, head, body, caption
 
 
 def _profile_tables(rep: ProfileReport) -> list[Table]:
@@ -59,7 +102,7 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
                      _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), stages, _sec(r.layout_s_per_step),
                      _pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _sec(r.projected_dit_s),
                      _rel(r.latents_rel_l2_vs_full)])
-    tables: list[Table] = [(f"DiT time per backend: {_header(rep.settings)}", head, body)]
+    tables: list[Table] = [(f"DiT time per backend: {_header(rep.settings)}", head, body, "")]
     if rep.tile_fit_comparison:
         tables.append(("tile fit: partial edge tiles vs crop (denoise a latent rounded up to whole tiles)",
                        ["backend", "partial S", "crop S", "partial DiT s/step", "crop DiT s/step", "crop / partial",
@@ -68,7 +111,7 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
                          str(c["partial_tokens"]), str(c["crop_tokens"]), _sec(c["partial_dit_s_per_step"]),
                          _sec(c["crop_dit_s_per_step"]), _times(c["crop_vs_partial"]),
                          _sec(c["partial_attention_s_per_step"]), _sec(c["crop_attention_s_per_step"])]
-                        for c in rep.tile_fit_comparison]))
+                        for c in rep.tile_fit_comparison], ""))
     if rep.overhead:
         fit = rep.overhead[0].tile_fit
         full = [r for r in rep.rows if r.backend == BASELINE and r.tile_fit == fit]
@@ -77,7 +120,8 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
                 for r in [rep.overhead[0], *full, *rep.overhead[1:]]]
         tables.append((f"vsagen overhead: same transformer, stock diffusers processors vs vsagen's (tile fit {fit})",
                        ["configuration", "DiT s/step", "attention s/step", "layout s/step", f"DiT vs {STOCK}",
-                        "latents rel-L2 vs full"], body))
+                        "latents rel-L2 vs full"], body, ""))
+    tables += [_layer_table(r, label) for r, label in zip(rep.rows, row_labels(rep.rows)) if r.layers]
     return tables
 
 
@@ -89,8 +133,9 @@ def _kernel_tables(rep: KernelReport) -> list[Table]:
         r0 = rows[0]
         title = (f"attention alone at {r0.shape}: grid {'x'.join(map(str, r0.grid))} (S={r0.tokens}), H={r0.heads}, "
                  f"D={r0.head_dim}, B=1, {rep.settings['dtype']}, tile fit {fit}, {rep.settings['device']}")
-        tables.append((title, ["kernel", "pass", "ms", f"vs {r0.baseline}"],
-                       [[r.kernel, r.kind, f"{r.ms:.3f}", _times(r.speedup_vs_baseline)] for r in rows]))
+        tables.append((title, ["kernel", "pass", "timed at", "ms", f"vs {r0.baseline}"],
+                       [[r.kernel, r.kind, "layer 0" if r.layers == 1 else f"mean of {r.layers} layers",
+                         f"{r.ms:.3f}", _times(r.speedup_vs_baseline)] for r in rows], ""))
     return tables
 
 
@@ -100,9 +145,10 @@ def _tables(rep: ProfileReport | KernelReport) -> list[Table]:
 
 def _markdown(rep: ProfileReport | KernelReport) -> str:
     out = []
-    for title, head, body in _tables(rep):
+    for title, head, body, caption in _tables(rep):
         out += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+        out += ["", caption] if caption else []
         out.append("")
     out += [f"Note: {n}" for n in rep.notes]
     return "\n".join(out).rstrip("\n") + "\n"
@@ -123,7 +169,8 @@ def _csv(rep: ProfileReport | KernelReport) -> str:
             d["grid"] = "x".join(map(str, d["grid"]))
             d["dit_per_step_s"] = " ".join(f"{x:.6g}" for x in d["dit_per_step_s"])
             st = d.pop("attention_stages_s_per_step")
-            d.pop("dit_by_expert_s_per_step")
+            for nested in ("dit_by_expert_s_per_step", "backend_info", "layers"):
+                d.pop(nested)
             for k in stages:
                 d[f"stage_{k}_s_per_step"] = st.get(k)
             dicts.append({"model": rep.settings["model"], "device": rep.settings["device"],
@@ -157,13 +204,15 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
         width = max(100, shutil.get_terminal_size().columns) if sys.stdout.isatty() else 200
     buf = io.StringIO()
     con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
-    for title, head, body in _tables(rep):
+    for title, head, body, caption in _tables(rep):
         t = RichTable(title=title, title_justify="left")
         for i, h in enumerate(head):
             t.add_column(h, justify="left" if i < 2 else "right")
         for row in body:
             t.add_row(*row)
         con.print(t)
+        if caption:  # below the table at the console's width (a table-wide caption would break the sha256)
+            con.print(caption, markup=False)
     for n in rep.notes:
         con.print(f"note: {n}", markup=False)
     return buf.getvalue()

@@ -17,13 +17,19 @@
    SLA's torch block map, linear branch and projection) and SLA's parts alone; SLA checked once on a small problem
    against a float32 reference. A table of these rows and the issue's ratios closes the output.
    `--sla-only` runs only this part (and its check); `--no-sla` skips it.
-4. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
+4. Issue 14, with `--patterns FILE` (a `vsagen search` file, or one written by hand: benchmarks/sparse_vdit.py
+   --write-file): at each shape the file fits (its head count and head dim; its grid, or any with `--remap`),
+   `sparse-vdit` forward and forward+backward through `vsagen.bench.time_attention` (as `vsagen profile --kernels`
+   times it): layer 0's modes alone, and the mean per layer over every layer of the file, each with its block
+   density and its ratio to SDPA cuDNN timed in the same call. `--patterns-only` runs only these rows.
+5. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
    kernels at the 1.3B shape; `--profile`: GPU kernel time against wall time for VSA forward+backward;
    `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
 Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
        [--probe] [--tile-loads auto|on|off] [--bwd-streams 1|2] [--pack on|off]
-       [--no-check] [--no-flex] [--sla-only | --no-sla] [--sla-kernel PATH] [--json out.json]
+       [--no-check] [--no-flex] [--sla-only | --no-sla] [--sla-kernel PATH] [--patterns FILE [--remap]]
+       [--patterns-only] [--json out.json]
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2, sdpa
+from vsagen.bench import (LAYER0, SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2, sdpa, time_attention,
+                          timed_layers)
+from vsagen.errors import BadInput
 from vsagen.kernels import block_sparse_attn as bsa
 from vsagen.kernels import reference as ref
 from vsagen.kernels.coarse import coarse_stage
@@ -362,6 +370,46 @@ def probe(shape: Shape, sparsity: float, rows: list[dict], tuning: KernelTuning)
     del big
 
 
+def sparse_vdit_backend(path: str, remap: bool):
+    """`sparse-vdit` with the pattern file `path` (Triton kernels), or None without one.
+
+    Raises:
+        BadInput: no such file, or a malformed one (`vsagen.sparsity.files.load_patterns`).
+    """
+    from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
+
+    return SparseVDiTAttention(SparseVDiTOptions(patterns=Path(path), remap=remap, impl="triton"))
+
+
+def time_sparse_vdit(shape: Shape, backend, remap: bool) -> list[dict]:
+    """`sparse-vdit` rows at `shape` (`time_attention`: SDPA cuDNN and flash, layer 0, the mean over the file's
+    layers; fwd and fwd+bwd), as dicts with "block_density" (computed tile pairs / (heads x tiles^2) on the shape's
+    tile grid); [] (with a line saying why) where the file does not fit the shape."""
+    from vsagen.sparsity.patterns import block_density
+
+    pf = backend.file
+    arch = pf.architecture
+    if (arch["heads"], arch["head_dim"]) != (shape.heads, shape.head_dim):
+        print(f"sparse-vdit skipped at {shape.name}: the file has {arch['heads']} heads of {arch['head_dim']}",
+              flush=True)
+        return []
+    if tuple(pf.grid) != tuple(shape.grid) and not remap:
+        print(f"sparse-vdit skipped at {shape.name}: the file's grid is {'x'.join(map(str, pf.grid))} (--remap "
+              "compiles its modes on this grid)", flush=True)
+        return []
+    tiles = tile_layout(shape.grid).tiles_per_dim
+    first = pf.layer_modes(None, 0)
+    names = [p.name for p in first]
+    modes = ", ".join(f"{n} {names.count(n)}" for n in dict.fromkeys(names))
+    contexts = timed_layers(backend, [(e, int(arch["layers"])) for e in pf.experts])
+    density0 = sum(block_density(p, tiles) for p in first) / len(first)
+    labels = {f"sparse-vdit layer 0 ({modes})": density0,
+              f"sparse-vdit mean of {len(contexts)} layers": pf.density(tiles)}
+    rows = time_attention(shape, [(label, backend, c) for label, c in zip(labels, (LAYER0, contexts))],
+                          device="cuda", dtype=torch.bfloat16)
+    return [{**r.to_dict(), "block_density": labels.get(r.kernel)} for r in rows]
+
+
 def print_table(rows: list[dict]) -> None:
     print("| shape | kernel | ms | vs dense cuDNN | TFLOP/s |")
     print("|---|---|---|---|---|")
@@ -404,7 +452,17 @@ def main() -> None:
     ap.add_argument("--pack", choices=("on", "off"), default=None,
                     help="forward / dQ loops: partial key tiles packed 64 tokens an iteration (on) or one tile an "
                          "iteration (off); default: the device's (KernelTuning.pack_partial_tiles)")
+    ap.add_argument("--patterns", default=None, help="a sparse-vdit pattern file: its rows at the shapes it fits")
+    ap.add_argument("--remap", action="store_true", help="--patterns: also at shapes of another grid (the same "
+                    "modes compiled on that grid)")
+    ap.add_argument("--patterns-only", action="store_true", help="only the --patterns rows")
     args = ap.parse_args()
+    if args.patterns_only and args.patterns is None:
+        ap.error("--patterns-only needs --patterns FILE")
+    try:
+        svd = sparse_vdit_backend(args.patterns, args.remap) if args.patterns is not None else None
+    except BadInput as e:
+        ap.exit(2, f"error: {e}\n")
     import triton
 
     def tuning_for(shape: Shape, profile: str = "vsa") -> KernelTuning:
@@ -420,8 +478,10 @@ def main() -> None:
 
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
           f"sparsity {args.sparsity}; tuning at the 1.3B shape: {tuning_for(SHAPES['1.3b'])}", flush=True)
-    report: dict = {"checks": {}, "rows": [], "sla_rows": []}
+    report: dict = {"checks": {}, "rows": [], "sla_rows": [], "sparse_vdit_rows": []}
     kernel = None
+    if args.patterns_only:
+        args.no_check = args.no_sla = args.sla_only = True  # sla_only: no time_shape rows either
     if not args.no_sla:
         kernel, why = sla_peer.load_kernel(args.sla_kernel)
         if kernel is None:
@@ -440,6 +500,9 @@ def main() -> None:
         if not args.no_sla:
             report["sla_rows"] += sla_peer.time_sla(SHAPES[key], args.sparsity, tuning_for(SHAPES[key]), kernel)
             torch.cuda.empty_cache()
+        if svd is not None:
+            report["sparse_vdit_rows"] += time_sparse_vdit(SHAPES[key], svd, args.remap)
+            torch.cuda.empty_cache()
     if args.sweep:
         sweep(SHAPES["1.3b"], args.sparsity, report["rows"], tuning_for(SHAPES["1.3b"]))
     if args.sweep_bwd:
@@ -456,6 +519,14 @@ def main() -> None:
     if report["sla_rows"]:
         print()
         print("\n".join(sla_peer.summary(report["sla_rows"])))
+    if report["sparse_vdit_rows"]:
+        print(f"\nsparse-vdit, pattern file {args.patterns} (ratios against SDPA cuDNN timed in the same call)")
+        print("| shape | kernel | pass | ms | block density | vs SDPA cuDNN |")
+        print("|---|---|---|---|---|---|")
+        for r in report["sparse_vdit_rows"]:
+            d = "-" if r["block_density"] is None else f"{100 * r['block_density']:.1f}%"
+            print(f"| {r['shape']} | {r['kernel']} | {r['kind']} | {r['ms']:.3f} | {d} | "
+                  f"{r['speedup_vs_baseline']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -115,3 +115,55 @@ def test_a_backend_is_timed_with_the_parameters_it_asks_for(monkeypatch):
     assert {r.kernel for r in rows} >= {"sla"}
     assert seen and all(isinstance(p, torch.nn.Linear) and p.weight.shape == (16, 16) for p in seen)
     assert getattr(resolve_spec("vsa").build(), "bench_params", None) is None
+
+
+def test_a_backend_whose_layers_differ_is_timed_at_each_layer(tmp_path):
+    """`timed_layers`: every (expert, layer) for a backend that records per-layer stats (sparse-vdit), layer 0
+    for the others; `time_attention` calls each context in turn (the row's `layers`), and fwd+bwd runs past an
+    all-skip layer (its zeros need no gradient)."""
+    from vsagen.attention import make_backend
+    from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
+    from vsagen.bench import LAYER0, timed_layers, time_attention
+    from vsagen.sparsity.files import PatternFile, StepRange, save_patterns
+    from vsagen.sparsity.patterns import default_catalog
+
+    path = tmp_path / "p.json"
+    arch = {"layers": 2, "heads": 2, "head_dim": 8, "in_channels": 16, "ffn_dim": 32, "patch_size": [1, 2, 2]}
+    save_patterns(PatternFile(model="hand", architecture=arch, experts=("transformer",), height=96, width=160,
+                              frames=9, grid=(3, 5, 6), steps=1, lam=0.0, eps=0.0, prompts=0,
+                              modes={m.name: m for m in default_catalog()},
+                              ranges=(StepRange(0, 1, {"transformer": (("diagonal", "dense"), ("skip", "skip"))}),)),
+                  path)
+    svd = SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="torch"))
+    full = make_backend("full")
+    assert timed_layers(full, [("transformer", 2)]) == LAYER0
+    contexts = timed_layers(svd, [("transformer", 2)])
+    assert contexts == (("transformer", 0), ("transformer", 1))
+    shape = AttentionShape("t", (3, 5, 6), heads=2, head_dim=8)
+    rows = time_attention(shape, [("full", full), ("svd", svd, contexts)], device="cpu", dtype=torch.float32,
+                          warmup_ms=1, rep_ms=1)
+    assert [(r.kernel, r.kind, r.layers) for r in rows] == [(k, p, n) for p in ("fwd", "fwd+bwd")
+                                                            for k, n in (("SDPA (torch CPU)", 1), ("full", 1),
+                                                                         ("svd", 2))]
+    assert set(svd.layer_stats) == {("transformer", 0), ("transformer", 1)}
+    assert svd.layer_stats[("transformer", 1)]["launches"] == 0
+
+
+def test_benchmark_script_parses_its_sparse_vdit_flags(capsys):
+    """benchmarks/attention.py --patterns: a missing file is one error line, exit 2, before any GPU work."""
+    path = Path(__file__).parents[1] / "benchmarks" / "attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_script_svd", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import sys
+
+    for argv, needle in ((["--patterns", "/no/such.json"], "no such file"),
+                         (["--patterns-only"], "--patterns-only needs --patterns FILE")):
+        old = sys.argv
+        sys.argv = ["attention.py", *argv]
+        try:
+            with pytest.raises(SystemExit) as e:
+                mod.main()
+        finally:
+            sys.argv = old
+        assert e.value.code == 2 and needle in capsys.readouterr().err

@@ -20,13 +20,13 @@ from typer.testing import CliRunner
 from conftest import make_qkv, masked_dense, one_error_line
 from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
 from vsagen.cli import _sigterm_as_interrupt, app
-from vsagen.errors import BadInput
+from vsagen.errors import BadInput, RunFailure
 from vsagen.layout import tile_layout
 from vsagen.sparsity.files import architecture_of, file_hash, load_patterns
 from vsagen.sparsity.patterns import (block_density, default_catalog, dense, diagonal, oracle_block_map, skip,
                                       vertical_stripe)
 from vsagen.sparsity.search import (DEFAULT_EPS, DEFAULT_LAM, ModeScorer, ScoreOptions, choose_mode, mode_errors,
-                                    read_prompts, resolve_search, search, step_ranges)
+                                    patterns_from_scores, read_prompts, resolve_search, search, step_ranges)
 
 # float64 scores of the torch impl against a float64 reference: only summation order differs.
 SCORE_RTOL = 1e-9
@@ -135,6 +135,18 @@ def test_choose_mode_is_the_brute_force_minimum():
         best = min(errors[i] + lam * COSTS[i] for i in allowed)
         got = choose_mode(MODES, errors, COSTS, lam, eps)
         assert got in allowed and errors[got] + lam * COSTS[got] == best
+
+
+def test_non_finite_errors_write_nothing():
+    scorer = ModeScorer(steps=1)
+    scorer.architectures["transformer"] = TINY_ARCH
+    for layer in range(2):
+        scorer.sums[(0, "transformer", layer)] = torch.full((len(scorer.modes), 2), float("nan") if layer else 0.5)
+        scorer.counts[(0, "transformer", layer)] = 1
+    scorer.calls = 2
+    with pytest.raises(RunFailure, match="transformer layer 1 gave NaN"):
+        patterns_from_scores(scorer, model="tiny", experts=["transformer"], layers=2, heads=2, grid=(5, 6, 10),
+                             height=96, width=160, frames=17, lam=0.5, eps=1.0, prompts=1)
 
 
 def test_a_catalog_without_dense_is_refused():

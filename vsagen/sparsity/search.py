@@ -46,7 +46,7 @@ import torch
 
 from ..config import (DEVICES, DTYPES, TILE_FITS, Request, check_choice, check_folder, check_target, fill_and_check,
                       resolve_device)
-from ..errors import BadInput
+from ..errors import BadInput, RunFailure
 from ..models import DEFAULT_MODEL, resolve_model
 from .files import PatternFile, StepRange, architecture_of, parse_patterns, save_patterns
 from .patterns import Pattern, block_density, default_catalog, q2k_table
@@ -353,6 +353,7 @@ def patterns_from_scores(scorer: ModeScorer, *, model: str, experts: Sequence[st
 
     Raises:
         BadInput: the experts have different architectures (no file can cover both), or no call was scored.
+        RunFailure: an error that is not finite (NaN or Inf in an attention output).
     """
     if scorer.calls == 0 or not scorer.architectures:
         raise BadInput("the search scored no attention call (did the model denoise?)")
@@ -387,6 +388,9 @@ def patterns_from_scores(scorer: ModeScorer, *, model: str, experts: Sequence[st
     for e in experts:
         for layer in range(layers):
             err = scorer.mean_errors(e, layer)
+            if err is not None and not bool(torch.isfinite(err).all()):
+                raise RunFailure(f"the attention of {e} layer {layer} gave NaN or infinite errors (its full output "
+                                 "holds NaN or Inf?): nothing was written; try another --dtype or real weights")
             for h in range(heads if err is not None else 0):
                 scores[f"{e}/{layer}/{h}"] = {p.name: float(f"{float(err[i, h]):.{SCORE_DIGITS}g}")
                                               for i, p in enumerate(scorer.modes)}
@@ -431,7 +435,7 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
     Raises:
         BadInput: the model cannot run the search here (device / dtype), or `cfg.out` appeared meanwhile.
         ModelNotFound: the checkpoint cannot be loaded.
-        RunFailure: out of GPU memory.
+        RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
     """
     from ..loading import experts as experts_of
     from ..pipeline import Session

@@ -438,7 +438,7 @@ def test_backends_lists_exactly_the_registry():
     res = runner.invoke(app, ["backends"])
     assert res.exit_code == 0
     names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
-    assert names == ["full", "vsa", "rocm-vsa", "sla-star"]
+    assert names == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
     assert "sparse" in res.stdout
 
 

@@ -94,7 +94,7 @@ def _run_guarded(fn, verbose: bool) -> None:
 # The options `vsagen t2v` and `vsagen i2v` share (one list: both commands declare them with these types).
 Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
 Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): full, vsa, rocm-vsa, "
-                                        "sla-star; "
+                                        "sla-star, sparse-vdit (a pattern file: sparse-vdit:patterns=FILE); "
                                         "options as NAME:KEY=VALUE[:KEY=VALUE], e.g. vsa:sparsity=0.9:impl=torch.")]
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]

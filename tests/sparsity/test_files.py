@@ -263,3 +263,12 @@ def test_density_and_mode_counts():
     assert pf.mode_counts() == {"dense": 2, "skip": 2, "diag": 1, "stripe": 2, "both": 1}
     two = make_file(("transformer", "transformer_2"))
     assert two.mode_counts() == {"dense": 3, "skip": 3, "diag": 6, "stripe": 2, "both": 2}
+
+
+def test_layer_modes_refuses_an_uncovered_layer_or_expert_in_one_line():
+    """A layer or expert outside the file was a KeyError / IndexError traceback; now one BadInput line."""
+    pf = make_file()
+    for expert, layer in (("transformer_2", 0), (None, 99), (None, -1)):
+        with pytest.raises(BadInput, match="covers layers") as e:
+            pf.layer_modes(expert, layer)
+        assert "\n" not in str(e.value)

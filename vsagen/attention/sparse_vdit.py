@@ -36,8 +36,13 @@ from .base import AttnContext
 
 IMPLS = ("auto", "triton", "torch")
 # The grouped kernels' launches per `query_block`: (block_m, num_warps, num_stages) of the forward, then of dQ.
-QUERY_LAUNCH = {64: (64, 4, 3, 64, 4, 3), 128: (128, 8, 3, 128, 8, 2)}
-DEFAULT_QUERY_BLOCK = 128
+# Swept on the H200 (torch 2.11, triton 3.6; `benchmarks/sparse_vdit.py --sweep`, Wan2.1-1.3B 480p shape): 64-row
+# groups at (4 warps, 2 stages) took the forward from 4.55 to 3.77 ms on a vertical-stripe layer, 3.55 to 3.33 on
+# multi-diagonal, 5.76 to 5.18 on a mixed layer (diagonal: 1.11 to 1.10), forward+backward 18.8 to 17.3, 14.2 to
+# 14.0, 22.5 to 21.9 ms (diagonal 4.44 to 4.50); 128-row groups (8 warps) were slower on every layer
+# (BENCHMARKS.md, "sparse-vdit").
+QUERY_LAUNCH = {64: (64, 4, 2, 64, 4, 2), 128: (128, 8, 3, 128, 8, 2)}
+DEFAULT_QUERY_BLOCK = 64
 CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)
 
 

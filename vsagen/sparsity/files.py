@@ -94,14 +94,20 @@ class PatternFile:
     def layer_modes(self, expert: str | None, layer: int, step: int = 0) -> tuple[Pattern, ...]:
         """The patterns of every head of `layer` of `expert` (None: the first expert) at denoising `step`; steps past
         the last range take the last range's modes, a step before the first (-1: a call outside a denoising loop,
-        `Timer.step`'s default) the first range's."""
+        `Timer.step`'s default) the first range's.
+
+        Raises:
+            BadInput: an expert or layer the file does not cover."""
         rng = self.ranges[0] if step < 0 else self.ranges[-1]
         for r in self.ranges:
             if r.start <= step < r.stop:
                 rng = r
                 break
-        names = rng.heads[expert if expert is not None else self.experts[0]][layer]
-        return tuple(self.modes[n] for n in names)
+        name = expert if expert is not None else self.experts[0]
+        if name not in rng.heads or not 0 <= layer < len(rng.heads[name]):
+            raise BadInput(f"the pattern file covers layers 0-{len(rng.heads[self.experts[0]]) - 1} of "
+                           f"{', '.join(self.experts)}, not layer {layer} of {name}: search again on this model")
+        return tuple(self.modes[n] for n in rng.heads[name][layer])
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of the module docstring."""

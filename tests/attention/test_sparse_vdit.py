@@ -319,3 +319,65 @@ def test_t2v_refuses_a_file_of_another_architecture_or_size(vsagen_cache, tiny_d
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["backend"]["remap"] is True and (tmp_path / "d.mp4").stat().st_size > 0
+
+
+class _OracleBackend:
+    """A test backend: every head of every layer under the oracle mask of the file's mode, in float64."""
+
+    name = "oracle"
+    tiled = True
+    traceable = False
+    weights = None
+
+    def __init__(self, file, use_file=True):
+        self.file, self.use_file = file, use_file
+        self.options = None
+
+    def check(self, device, dtype):
+        pass
+
+    def __call__(self, q, k, v, ctx):
+        modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step) if self.use_file else (dense(),) * q.shape[2]
+        return reference(q.double(), k.double(), v.double(), modes, ctx.layout).to(q.dtype)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_inference_with_the_searched_tiny_file_equals_the_oracle_reference(impl):
+    """The tiny transformer with `sparse-vdit` and the file `vsagen search` wrote for tiny (presets/patterns/tiny.json)
+    equals, at its size, the same transformer whose every head runs the file's mode as an oracle-mask float64
+    attention; a dense-everywhere control differs (the file's modes matter)."""
+    import vsagen
+    from vsagen.presets import load_preset
+    from vsagen.sparsity.files import load_patterns
+
+    path = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+    pf = load_patterns(path)
+    assert set(pf.modes[n].kind for r in pf.ranges for layer in r.heads["transformer"] for n in layer) - {"dense"}
+    dtype = torch.float64 if impl == "torch" else torch.float32  # the kernels take bf16 / fp16 / fp32
+    t = make_transformer(dtype)
+    g = torch.Generator().manual_seed(41)
+    f, h, w = pf.grid[0], pf.grid[1] * 2, pf.grid[2] * 2  # latent size of the grid (patch (1, 2, 2))
+    x = torch.randn(1, 16, f, h, w, generator=g, dtype=dtype)
+    text = torch.randn(1, 8, 32, generator=g, dtype=dtype)
+    args = dict(hidden_states=x, timestep=torch.tensor([700.0], dtype=dtype), encoder_hidden_states=text,
+                return_dict=False)
+
+    def run(backend):
+        with vsagen.apply(t, backend, fused_prologue="off"), torch.no_grad():
+            return t(**args)[0]
+
+    got = run(SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl=impl)))
+    want = run(_OracleBackend(pf))
+    tol = dict(atol=1e-9, rtol=1e-9) if impl == "torch" else dict(atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got, want, **tol)
+    assert rel_l2(run(_OracleBackend(pf, use_file=False)), want) > 1e-3
+
+
+def test_triton_impl_refuses_fp64_in_check(tmp_path):
+    """fp64 reached the kernels' ValueError mid-run; check() says it up front (one BadInput line)."""
+    from vsagen.presets import load_preset
+
+    path = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+    with pytest.raises(BadInput, match="impl=torch"):
+        backend("triton", patterns=path).check(torch.device("cpu"), torch.float64)
+    backend("torch", patterns=path).check(torch.device("cpu"), torch.float64)

@@ -145,6 +145,9 @@ class SparseVDiTAttention:
         if self.file is None:
             raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE (write one "
                            "with `vsagen search`)")
+        if self.resolved_impl(device) == "triton" and dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise BadInput(f"--attn sparse-vdit's Triton kernels take bf16, fp16 or fp32, not {dtype}; use "
+                           "impl=torch")
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
             raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
                            "interpreter); use --attn-impl torch on CPU")

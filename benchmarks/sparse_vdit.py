@@ -12,11 +12,12 @@
 3. `--sweep`: forward and backward launch tables of the kernels for two layers (multi-diagonal, the mixed layer).
 4. `--write-file PATH`: a hand-written pattern file for the Wan2.1-1.3B architecture at 480x832x81 (30 layers x
    12 heads, modes rotating across layers), about 31% block density, for `vsagen profile`'s DiT speed-up (random
-   weights make searched modes meaningless; this file is written by hand and says so in its model field).
+   weights make searched modes meaningless; this file is written by hand and says so in its model field);
+   with `--sparse`, about 22% block density.
 
 Usage: python benchmarks/sparse_vdit.py [--shapes 1.3b,5b,14b] [--file patterns.json] [--no-check] [--no-time]
        [--sweep] [--json out.json]
-       python benchmarks/sparse_vdit.py --write-file patterns.json
+       python benchmarks/sparse_vdit.py --write-file patterns.json [--sparse]
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ HAND_LAYER = ("dense", "dense", "mixed", "mixed", "vertical-stripe", "vertical-s
               "multi-diagonal", "multi-diagonal", "multi-diagonal", "diagonal", "skip")
 
 
-def write_file(path: str) -> None:
+# A sparser layer (about 22% block density): dense 1, mixed 1, vertical-stripe 2, multi-diagonal 4, diagonal 3, skip 1.
+HAND_LAYER_SPARSE = ("dense", "mixed", "vertical-stripe", "vertical-stripe", "multi-diagonal", "multi-diagonal",
+                     "multi-diagonal", "multi-diagonal", "diagonal", "diagonal", "diagonal", "skip")
+
+
+def write_file(path: str, sparse: bool = False) -> None:
     modes = {p.name: p for p in default_catalog()}
-    layers = tuple(tuple(HAND_LAYER[(h + i) % 12] for h in range(12)) for i in range(30))
+    heads = HAND_LAYER_SPARSE if sparse else HAND_LAYER
+    layers = tuple(tuple(heads[(h + i) % 12] for h in range(12)) for i in range(30))
     pf = PatternFile(model="wan2.1-t2v-1.3b (written by hand for timing, not searched)",
                      architecture={"layers": 30, "heads": 12, "head_dim": 128, "in_channels": 16, "ffn_dim": 8960,
                                    "patch_size": [1, 2, 2]},
@@ -224,9 +231,10 @@ def main() -> None:
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--json", default=None)
     ap.add_argument("--write-file", default=None)
+    ap.add_argument("--sparse", action="store_true", help="with --write-file: the ~22%% density layer")
     a = ap.parse_args()
     if a.write_file:
-        write_file(a.write_file)
+        write_file(a.write_file, a.sparse)
         return
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
     pattern_file = load_patterns(a.file) if a.file else None

@@ -52,6 +52,7 @@ import torch
 from .bsa_backward import bsa_bwd, k2q_lists
 from .bsa_forward import bsa_fwd, bsa_fwd_grouped
 from .bsa_primitives import BLOCK, check_fp32_bwd, check_inputs, interpreting, use_tma
+from .k2q import build_k2q_triton
 from .reference import build_k2q
 from .tuning import OP_SCHEMA_ARGS, KernelTuning, default_tuning, op_args
 
@@ -138,11 +139,13 @@ def _bsa_grouped_op_fake(q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_laun
            f"{OP_SCHEMA_ARGS}) -> (Tensor, Tensor, Tensor)")
 def _bsa_grouped_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, groups, group_launch, scale,
                         *tuning):
-    """Backward custom op of the grouped forward: `bsa_bwd` with dQ over the query groups (group_launch[3:6])."""
+    """Backward custom op of the grouped forward: `bsa_bwd` with dQ over the query groups (group_launch[3:6]) and
+    the dK/dV loop over tile plans of k2q lists of tile ids (partial query tiles packed, `pack_dkdv`)."""
     tuning = KernelTuning.from_op_args(*tuning)
-    k2q, k2q_cnt, rows = k2q_lists(q2k, q2k_cnt, tile_offsets, q.shape[1], tuning)
+    k2q, k2q_cnt = build_k2q_triton(q2k, q2k_cnt, tile_offsets.numel() - 1)
     return bsa_bwd(dout, q, k, v, out, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, dlse=dlse,
-                   tuning=tuning, k2q_rows=rows, groups=groups, group_launch=tuple(group_launch[3:6]))
+                   tuning=tuning, k2q_rows=False, groups=groups, group_launch=tuple(group_launch[3:6]),
+                   pack_dkdv=True)
 
 
 @_bsa_grouped_bwd_op.register_fake

@@ -17,9 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_fp32_bwd, check_inputs, interpreting,
+from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, PLAN_MAX_ROWS, check_fp32_bwd, check_inputs, interpreting,
                              load_full_kv_tile, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts,
                              q2k_lists, size_classes, tma_descs, tma_layout_ok, use_tma)
+from . import tile_plan  # noqa: E402 (after the primitives, which import it too)
 from .k2q import build_k2q_triton
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -96,16 +97,20 @@ def _bsa_bwd_dq_kernel(
     program_id(1) the batch, as in the forward (`bsa_forward.bsa_fwd_grouped`)."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     if QGROUP:
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
         g_row = qg_ptr + pid_t * (2 + BLOCK_M // PACK_SEG)
         b = pid_bh
         h = tl.load(g_row)
         list_t = tl.load(g_row + 1)
         row_ids, m_ok = pack_rows(g_row + 2, 0, BLOCK_M // PACK_SEG, 0, offs_m, BLOCK_M, PACK_SEG)
-    else:
+        d_ok = offs_d < HEAD_DIM
+        q_mask = m_ok[:, None] & d_ok[None, :]
+        q_rows = row_ids[:, None]
+        row = b * stride_lb + h * stride_lh + row_ids
+    else:  # one query tile (the original prologue, unchanged: its AMD register allocation is checked)
         b = pid_bh // num_heads
         h = pid_bh % num_heads
         list_t = pid_t
@@ -113,16 +118,18 @@ def _bsa_bwd_dq_kernel(
         q_len = tl.load(off_ptr + pid_t + 1) - q_start
         if (q_len <= len_lo) | (q_len > len_hi):
             return
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
         m_ok = offs_m < q_len
-        row_ids = q_start + offs_m
-    d_ok = offs_d < HEAD_DIM
-    q_mask = m_ok[:, None] & d_ok[None, :]
-    q_rows = row_ids[:, None]
+        d_ok = offs_d < HEAD_DIM
+        q_mask = m_ok[:, None] & d_ok[None, :]
+        q_rows = (q_start + offs_m)[:, None]
+        row = b * stride_lb + h * stride_lh + q_start + offs_m
     q = tl.load(q_ptr + b * stride_qb + h * stride_qh + q_rows * stride_qs + offs_d[None, :],
                 mask=q_mask, other=0.0)  # q: (BLOCK_M, BLOCK_D)
     do = tl.load(do_ptr + b * stride_dob + h * stride_doh + q_rows * stride_dos + offs_d[None, :],
                  mask=q_mask, other=0.0)  # do: (BLOCK_M, BLOCK_D)
-    row = b * stride_lb + h * stride_lh + row_ids
     lse = tl.load(lse_ptr + row, mask=m_ok, other=float("inf"))
     # Base-2 LSE; +inf on rows past the tile's end and on rows with no selected tile, so their P is exactly 0.
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
@@ -158,6 +165,24 @@ def _bsa_bwd_dq_kernel(
 
 
 @triton.jit
+def _dkdv_step(k, v, q, do, lse, delta, dk, dv, qk_scale, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
+    """dK, dV += one query block's contribution (FlashAttention-2 alg. 2 on S^T = K Q^T), P^T recomputed from the
+    natural-log LSE lse (BLOCK_M,) (+inf on rows past a tile's end or a pack's rows: P^T = 0 there)."""
+    # Base-2 LSE; +inf on rows past the query tile's end (and, defensively, on empty rows): P^T = 0 there.
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    st = mm(k, tl.trans(q), IEEE)  # st: (BLOCK_N, BLOCK_M) fp32, S^T unscaled
+    pt = tl.exp2(st * qk_scale - lse2[None, :])  # pt: (BLOCK_N, BLOCK_M) fp32, P^T
+    dv += mm(pt.to(do.dtype), do, IEEE)
+    dpt = mm(v, tl.trans(do), IEEE)  # dpt: (BLOCK_N, BLOCK_M) fp32, (dO V^T)^T
+    dst = pt * (dpt - delta[None, :])
+    dk += mm(dst.to(q.dtype), q, IEEE)
+    return dk, dv
+
+
+@triton.jit
 def _bsa_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr, k2q_ptr, cnt_ptr, off_ptr, q_desc, do_desc,
     seq_len,
@@ -174,6 +199,7 @@ def _bsa_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
     EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", K2Q_ROWS: tl.constexpr = False,
+    PACK_Q: tl.constexpr = False, PACK_SEG: tl.constexpr = 8,
 ):
     """One program: dK and dV of one key tile of one (batch, head), looping over the query tiles of its k2q row;
     exits at once outside its size class (len_lo, len_hi]. TMA: the Q / dO tiles by TMA from q_desc / do_desc
@@ -181,6 +207,11 @@ def _bsa_bwd_dkdv_kernel(
     EVICT / CACHE: the Q / dO loads' hints (pointer loads only). K2Q_ROWS: the k2q entries are (start << 7) |
     length of each query tile (`k2q.build_k2q_triton(tile_offsets=...)`), one load per iteration; else tile ids,
     whose start and length are read from off_ptr.
+
+    PACK_Q: k2q_ptr / cnt_ptr are the tile plans of the k2q rows (`tile_plan.build_tile_plan` of k2q lists of
+    tile ids) and their counts: the full query tiles one per iteration (TMA or pointer loads, as above), then the
+    partial query tiles' rows packed PACK_SEG at a time, BLOCK_M per iteration (pointer gathers of Q, dO, LSE and
+    delta), so a partial query tile no longer costs a whole 64-row iteration.
 
     Works on transposed scores S^T = K Q^T so that no (BLOCK_N, BLOCK_M) tile needs a register transpose. Rows
     past the key tile's end see zero keys; their dK / dV rows are computed but never stored.
@@ -209,45 +240,63 @@ def _bsa_bwd_dkdv_kernel(
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # dk: (BLOCK_N, BLOCK_D) fp32
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # dv: (BLOCK_N, BLOCK_D) fp32
-    cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
     row_ptr = k2q_ptr + b * stride_jb + h * stride_jh + pid_t * stride_jk
     q_base = q_ptr + b * stride_qb + h * stride_qh
     do_base = do_ptr + b * stride_dob + h * stride_doh
     lse_base = lse_ptr + b * stride_lb + h * stride_lh
     delta_base = delta_ptr + b * stride_lb + h * stride_lh
-    for i in range(0, cnt):
-        if K2Q_ROWS:
-            entry = tl.load(row_ptr + i)
-            q_start = entry >> 7
-            q_len = entry & 127
-        else:
-            qt = tl.load(row_ptr + i)
-            q_start = tl.load(off_ptr + qt)
-            q_len = tl.load(off_ptr + qt + 1) - q_start
-        m_ok = offs_m < q_len
-        rows = (q_start + offs_m)[:, None]
-        if TMA:
-            q = q_desc.load([b * seq_len + q_start, h * HEAD_DIM])  # (BLOCK_M, BLOCK_D)
-            do = do_desc.load([b * seq_len + q_start, h * HEAD_DIM])
-        else:
+    if PACK_Q:
+        nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + pid_t * 4)
+        for i in range(0, nf):  # full query tiles
+            q_start = tl.load(row_ptr + i)
+            rows = (q_start + offs_m)[:, None]
+            if TMA:
+                q = q_desc.load([b * seq_len + q_start, h * HEAD_DIM])  # (BLOCK_M, BLOCK_D)
+                do = do_desc.load([b * seq_len + q_start, h * HEAD_DIM])
+            else:
+                q_mask = d_ok[None, :] & (offs_m >= 0)[:, None]
+                q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0,
+                            eviction_policy=EVICT, cache_modifier=CACHE)
+                do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0,
+                             eviction_policy=EVICT, cache_modifier=CACHE)
+            lse = tl.load(lse_base + q_start + offs_m)
+            delta = tl.load(delta_base + q_start + offs_m)
+            dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, qk_scale, DOT_FP32, IEEE)
+        for p in range(0, npk):  # partial query tiles, packed
+            prow, m_ok = pack_rows(row_ptr, nf, ng, p, offs_m, BLOCK_M, PACK_SEG)
             q_mask = m_ok[:, None] & d_ok[None, :]
-            q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0, eviction_policy=EVICT,
-                        cache_modifier=CACHE)  # (BLOCK_M, BLOCK_D)
-            do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0,
+            q = tl.load(q_base + prow[:, None] * stride_qs + offs_d[None, :], mask=q_mask, other=0.0,
+                        eviction_policy=EVICT, cache_modifier=CACHE)
+            do = tl.load(do_base + prow[:, None] * stride_dos + offs_d[None, :], mask=q_mask, other=0.0,
                          eviction_policy=EVICT, cache_modifier=CACHE)
-        lse = tl.load(lse_base + q_start + offs_m, mask=m_ok, other=float("inf"))
-        # Base-2 LSE; +inf on rows past the query tile's end (and, defensively, on empty rows): P^T = 0 there.
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log2(e)
-        delta = tl.load(delta_base + q_start + offs_m, mask=m_ok, other=0.0)
-        if DOT_FP32:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        st = mm(k, tl.trans(q), IEEE)  # st: (BLOCK_N, BLOCK_M) fp32, S^T unscaled
-        pt = tl.exp2(st * qk_scale - lse2[None, :])  # pt: (BLOCK_N, BLOCK_M) fp32, P^T
-        dv += mm(pt.to(do.dtype), do, IEEE)
-        dpt = mm(v, tl.trans(do), IEEE)  # dpt: (BLOCK_N, BLOCK_M) fp32, (dO V^T)^T
-        dst = pt * (dpt - delta[None, :])
-        dk += mm(dst.to(q.dtype), q, IEEE)
+            lse = tl.load(lse_base + prow, mask=m_ok, other=float("inf"))
+            delta = tl.load(delta_base + prow, mask=m_ok, other=0.0)
+            dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, qk_scale, DOT_FP32, IEEE)
+    else:
+        cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + pid_t)
+        for i in range(0, cnt):
+            if K2Q_ROWS:
+                entry = tl.load(row_ptr + i)
+                q_start = entry >> 7
+                q_len = entry & 127
+            else:
+                qt = tl.load(row_ptr + i)
+                q_start = tl.load(off_ptr + qt)
+                q_len = tl.load(off_ptr + qt + 1) - q_start
+            m_ok = offs_m < q_len
+            rows = (q_start + offs_m)[:, None]
+            if TMA:
+                q = q_desc.load([b * seq_len + q_start, h * HEAD_DIM])  # (BLOCK_M, BLOCK_D)
+                do = do_desc.load([b * seq_len + q_start, h * HEAD_DIM])
+            else:
+                q_mask = m_ok[:, None] & d_ok[None, :]
+                q = tl.load(q_base + rows * stride_qs + offs_d[None, :], mask=q_mask, other=0.0,
+                            eviction_policy=EVICT, cache_modifier=CACHE)  # (BLOCK_M, BLOCK_D)
+                do = tl.load(do_base + rows * stride_dos + offs_d[None, :], mask=q_mask, other=0.0,
+                             eviction_policy=EVICT, cache_modifier=CACHE)
+            lse = tl.load(lse_base + q_start + offs_m, mask=m_ok, other=float("inf"))
+            delta = tl.load(delta_base + q_start + offs_m, mask=m_ok, other=0.0)
+            dk, dv = _dkdv_step(k, v, q, do, lse, delta, dk, dv, qk_scale, DOT_FP32, IEEE)
     dk = dk * sm_scale
     tl.store(dk_ptr + b * stride_dkb + h * stride_dkh + k_rows * stride_dks + offs_d[None, :],
              dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
@@ -305,7 +354,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lse: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor, k2q: torch.Tensor, k2q_cnt: torch.Tensor,
             tile_offsets: torch.Tensor, scale: float | None = None, dlse: torch.Tensor | None = None,
             tuning: KernelTuning | None = None, k2q_rows: bool = False, groups: torch.Tensor | None = None,
-            group_launch: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            group_launch: tuple[int, int, int] | None = None,
+            pack_dkdv: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernels (no autograd; layout contract in `block_sparse_attn`'s docstring).
 
     Args:
@@ -320,6 +370,9 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             `tuning.kernel_tuning(q.device, D)`.
         groups, group_launch: a query-group table (`query_groups.build_query_groups`; q2k the same for every batch
             entry) and the (block_m, num_warps, num_stages) of the dQ launch over it; None: dQ per query tile.
+        pack_dkdv: with k2q lists of tile ids (k2q_rows False) on a layout with partial tiles, the dK/dV loop walks
+            tile plans of the k2q rows (`tile_plan.build_tile_plan`, one more small launch): partial query tiles
+            packed 64 rows to an iteration instead of one padded tile each.
 
     Returns:
         dq, dk, dv: (B, S, H, D) like q, k, v.
@@ -374,6 +427,9 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
         _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
                    scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq, groups, group_launch)
+    pack_q = pack_dkdv and not k2q_rows and s != BLOCK * n_tiles and s < PLAN_MAX_ROWS
+    if pack_q:  # the dK/dV loop over tile plans of the k2q rows: partial query tiles packed
+        k2q, k2q_cnt = tile_plan.build_tile_plan(k2q, k2q_cnt, tile_offsets)
     for blk, lo, num_warps, num_stages in size_classes(tuning.bwd_dkdv_launch, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,
@@ -387,7 +443,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             k2q.stride(0), k2q.stride(1), k2q.stride(2),
             k2q_cnt.stride(0), k2q_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo, K2Q_ROWS=k2q_rows,
-            num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_dkdv, q.device),
+            PACK_Q=pack_q, PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_dkdv, q.device),
         )
     if side is not None:
         torch.cuda.current_stream(q.device).wait_stream(side)

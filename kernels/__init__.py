@@ -16,6 +16,9 @@ Contents:
   backward, as the autograd-aware custom op behind `block_sparse_attention`; re-exports the raw launchers
   `bsa_fwd` (`bsa_forward.py`) / `bsa_bwd` (`bsa_backward.py`), whose shared jit helpers, input checks and TMA
   helpers are in `bsa_primitives.py`.
+* `query_groups.py`: `build_query_groups`, the host-side table of query groups (tiles with equal key lists share a
+  program of 64 / 128 query rows, partial query tiles packed) that `block_sparse_attention_grouped` (the forward and
+  dQ over groups, the dK/dV loop over packed plans; `sparse-vdit`'s static patterns) runs. No triton import.
 * `k2q.py`: `build_k2q_triton`, the q2k transpose in two Triton launches: the one the backward uses.
 * `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
   whole, then the partial tiles' tokens packed 64 to an iteration).
@@ -55,11 +58,13 @@ from .reference import (
     top_k_from_sparsity,
     vsa_reference,
 )
+from .query_groups import build_query_groups
 from .tuning import KernelTuning, kernel_tuning
 
 # Lazily imported public names -> their module.
 _TRITON_EXPORTS = {
     "block_sparse_attention": "block_sparse_attn",
+    "block_sparse_attention_grouped": "block_sparse_attn",
     "bsa_bwd": "block_sparse_attn",
     "bsa_fwd": "block_sparse_attn",
     "build_k2q_triton": "k2q",
@@ -91,11 +96,13 @@ __all__ = [
     "LinearLaunch",
     "block_map_from_q2k",
     "block_sparse_attention",
+    "block_sparse_attention_grouped",
     "block_sparse_attention_reference",
     "bsa_bwd",
     "bsa_fwd",
     "build_k2q",
     "build_k2q_triton",
+    "build_query_groups",
     "build_tile_plan",
     "coarse_attention",
     "coarse_output",

@@ -25,7 +25,9 @@ On layouts with partial tiles the forward and dQ loops walk a tile plan of each 
 (`tile_plan.build_tile_plan`, one small launch per call) rather than the row itself: first the full tiles, one per
 iteration and unmasked, then the partial tiles' tokens packed 64 to an iteration (gathered rows, masked), so a
 partial tile no longer costs a whole 64-column block (`KernelTuning.pack_partial_tiles`). The dK/dV loop still
-takes one query tile of its k2q row per iteration.
+takes one query tile of its k2q row per iteration, except in `block_sparse_attention_grouped`'s backward, which walks
+tile plans of the k2q rows too (partial query tiles packed; `bsa_bwd(pack_dkdv=True)`), and whose forward and dQ run
+over query groups (`query_groups`: tiles with equal key lists share a program).
 
 The loops fetch their 64-token tiles (K / V in the forward and dQ kernels, Q / dO in the dK/dV kernel) by TMA
 where the tuning asks for it (`KernelTuning.tma_loads`: Hopper and datacenter Blackwell by default) and the

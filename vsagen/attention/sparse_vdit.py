@@ -8,7 +8,10 @@ pattern) to the q2k index tables of `vsa`'s block-sparse kernels. The modes come
 Head fusion: all heads of a layer run in one call of the block-sparse kernel whatever their modes, from per-head
 index tables (a (1, H, Q_TILES, K) table with K the layer's widest row, expanded over the batch); skip heads have
 empty rows (their programs exit at once) and a layer whose heads all skip launches nothing. A layer whose heads are
-all dense runs torch's SDPA (cuDNN on CUDA) instead. There is no coarse stage: the selection is static.
+all dense runs torch's SDPA (cuDNN on CUDA) instead. There is no coarse stage: the selection is static, so the
+kernels run over query groups (`vsagen.kernels.query_groups`, the `query_block` option): tiles of a head with equal
+key lists share a program and partial query tiles are packed, in the forward and dQ kernels, and the dK/dV loop
+packs partial query tiles as well (`block_sparse_attention_grouped`).
 
 Implementations (`impl`): "triton" (the kernels, the default on CUDA) and "torch" (token-level masked attention in
 fp32 from the same tables, the default elsewhere and the tests' per-head reference is built independently from the
@@ -39,8 +42,8 @@ IMPLS = ("auto", "triton", "torch")
 # Swept on the H200 (torch 2.11, triton 3.6; `benchmarks/sparse_vdit.py --sweep`, Wan2.1-1.3B 480p shape): 64-row
 # groups at (4 warps, 2 stages) took the forward from 4.55 to 3.77 ms on a vertical-stripe layer, 3.55 to 3.33 on
 # multi-diagonal, 5.76 to 5.18 on a mixed layer (diagonal: 1.11 to 1.10), forward+backward 18.8 to 17.3, 14.2 to
-# 14.0, 22.5 to 21.9 ms (diagonal 4.44 to 4.50); 128-row groups (8 warps) were slower on every layer
-# (BENCHMARKS.md, "sparse-vdit").
+# 14.0, 22.5 to 21.9 ms (diagonal 4.44 to 4.50); 128-row groups (8 warps) were slower on every layer; the packed
+# dK/dV loop then took forward+backward to 15.8, 13.3, 20.1 (diagonal 4.37) ms (BENCHMARKS.md, "sparse-vdit").
 QUERY_LAUNCH = {64: (64, 4, 2, 64, 4, 2), 128: (128, 8, 3, 128, 8, 2)}
 DEFAULT_QUERY_BLOCK = 64
 CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)

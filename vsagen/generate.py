@@ -54,6 +54,14 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     from . import __version__
 
     backend = cfg.backend.build()
+    check_grid = getattr(backend, "check_grid", None)  # a backend tied to a latent grid (sparse-vdit's file)
+    if check_grid is not None and cfg.source.exact_preset:  # the preset's strides are the model's: before loading
+        from .layout import plan_crop
+
+        p = cfg.source.preset
+        check_grid(plan_crop(cfg.frames, cfg.height, cfg.width, fit=cfg.tile_fit,
+                             vae_stride_temporal=p.vae_stride_temporal, vae_stride_spatial=p.vae_stride_spatial,
+                             patch_size=p.patch_size).denoise_grid)
     conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
                     if cfg.image is not None else None)
     session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress, log=log)

@@ -278,7 +278,7 @@ def test_profile_kernels_times_every_layer_of_a_pattern_file(cli_cache, tmp_path
 
 SVD_BAD = [
     # (id, model, extra args, file frames/grid, substrings); every one refused before a model loads or a kernel runs
-    ("dit-grid", "tiny", ["--frames", "9"], ["searched at 160x96, 5 frames", "grid is 3x6x10", "remap=true"]),
+    ("dit-grid", "tiny", ["--frames", "9"], ["searched at 5x96x160", "grid is 3x6x10", "remap=true"]),
     ("kernels-grid", "tiny", ["--kernels", "--frames", "9"], ["grid 2x6x10", "grid is 3x6x10", "remap=true"]),
     ("kernels-grid-crop", "tiny", ["--kernels", "--frames", "5", "--tile-fit", "partial,crop"],
      ["grid is 4x8x12", "remap=true"]),

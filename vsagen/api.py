@@ -278,7 +278,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         built.check(device, first.dtype)
         bind = getattr(built, "bind", None)  # backends tied to an architecture refuse others here (sparse-vdit)
         for name, t in transformers if bind is not None else ():
-            bind(t, name)
+            bind(t, name, experts=[n for n, _ in transformers])
     if timer is None:
         timer = Timer(device)
         timer.step = 0

@@ -300,19 +300,26 @@ def profile(
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """Within the block, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so an interrupted command unwinds:
-    its temporary files are removed and it writes nothing. Only in the main thread (elsewhere: unchanged)."""
+    its temporary files are removed and it writes nothing. Only in the main thread (elsewhere: unchanged).
+
+    Yields a function that says whether SIGINT or SIGTERM arrived in the block: a KeyboardInterrupt raised while
+    Python runs a finalizer (`__del__`) is printed and dropped, so the command asks it before it writes (a search
+    interrupted so still writes nothing)."""
+    hit = [False]
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: hit[0]
         return
 
     def interrupt(signum, frame):
+        hit[0] = True
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield lambda: hit[0]
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @app.command()
@@ -356,8 +363,9 @@ def search(
 
         cfg = resolve_search(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
         err = Console(stderr=True)
-        with _sigterm_as_interrupt():
-            result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True))
+        with _sigterm_as_interrupt() as interrupted:
+            result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
+                            cancelled=interrupted)
         con = Console(width=max(120, Console().width))  # a column per mode: wider than 80 columns
         for item in summary_renderables(result):
             con.print(item, highlight=False, markup=False) if isinstance(item, str) else con.print(item)
@@ -404,8 +412,10 @@ def backends() -> None:
         settable = text_options(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
         opts = [f"{f.name}={f.default if f.default is not MISSING else '?'}" for f in fields(cls.Options)
                 if f.name in settable]
-        kind = "sparse (takes --sparsity)" if uses_sparsity(name) else "dense"
-        typer.echo(f"{name:8s} {kind}" + (f"; options (default): {', '.join(opts)}" if opts else "; no options"))
+        # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
+        kind = "sparse (takes --sparsity)" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
+        width = max(len(n) for n in (m.value for m in BackendName))
+        typer.echo(f"{name:{width}s} {kind}" + (f"; options (default): {', '.join(opts)}" if opts else "; no options"))
 
 
 def main() -> None:

@@ -360,7 +360,7 @@ def _bind(backends: list[Any], transformers: list[tuple[str, Any]]) -> None:
     for backend in backends:
         bind = getattr(backend, "bind", None)
         for name, transformer in transformers if bind is not None else ():
-            bind(transformer, name)
+            bind(transformer, name, experts=[n for n, _ in transformers])
 
 
 def _meta_transformers(configs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, Any]]:

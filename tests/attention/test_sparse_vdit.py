@@ -200,7 +200,7 @@ def test_options_and_check(tmp_path, monkeypatch):
     with pytest.raises(BadInput, match="no such file") as info:
         SparseVDiTOptions(patterns=tmp_path / "none.json")
     assert "\n" not in str(info.value)
-    with pytest.raises(BadInput, match="no such file"):
+    with pytest.raises(BadInput, match="is a folder"):
         SparseVDiTOptions(patterns=tmp_path)  # a directory
     for bad, match in [(dict(impl="cuda"), "impl must be one of"), (dict(remap="yes"), "remap must be"),
                        (dict(tuning={"tma_loads": False}), "KernelTuning")]:
@@ -220,7 +220,7 @@ def test_options_and_check(tmp_path, monkeypatch):
     import vsagen.kernels.tuning
 
     monkeypatch.setattr(vsagen.kernels.tuning, "interpreting", lambda: False)
-    with pytest.raises(BadInput, match="triton needs a CUDA device") as info:
+    with pytest.raises(BadInput, match="impl=triton\) needs a CUDA device") as info:
         SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="triton")).check(cpu, torch.float32)
     assert "\n" not in str(info.value)
     for impl in ("auto", "torch"):  # auto is the torch impl on a CPU
@@ -381,3 +381,47 @@ def test_triton_impl_refuses_fp64_in_check(tmp_path):
     with pytest.raises(BadInput, match="impl=torch"):
         backend("triton", patterns=path).check(torch.device("cpu"), torch.float64)
     backend("torch", patterns=path).check(torch.device("cpu"), torch.float64)
+
+
+def test_bind_refuses_a_file_for_other_experts(tmp_path):
+    """A two-expert file (tiny-a14b's) on a one-expert pipeline ran silently with its first expert's modes; the
+    pipeline's experts must be the file's."""
+    from vsagen.presets import load_preset
+
+    t = make_transformer()
+    two = SparseVDiTAttention(SparseVDiTOptions(patterns=load_preset("tiny-a14b").defaults.attention["sparse-vdit"][
+        "patterns"]))
+    with pytest.raises(BadInput, match="covers transformer, transformer_2, this pipeline has transformer:"):
+        two.bind(t, "transformer", experts=["transformer"])
+    ok = tmp_path / "ok.json"
+    tiny_file(ok)
+    one = SparseVDiTAttention(SparseVDiTOptions(patterns=ok))
+    one.bind(t, "transformer", experts=["transformer"])
+    one.bind(t, None, experts=[None])  # a bare transformer
+    with pytest.raises(BadInput, match="covers transformer, this pipeline has transformer, transformer_2"):
+        one.bind(t, "transformer", experts=["transformer", "transformer_2"])
+
+
+def test_patterns_option_paths(tmp_path, monkeypatch):
+    """Relative paths are recorded resolved (the run's JSON sits elsewhere); empty and folder paths say so."""
+    path = tmp_path / "p.json"
+    tiny_file(path)
+    monkeypatch.chdir(tmp_path)
+    assert SparseVDiTOptions(patterns="p.json").patterns == path.resolve()
+    with pytest.raises(BadInput, match="patterns is empty"):
+        SparseVDiTOptions(patterns="")
+    (tmp_path / "d.json").mkdir()
+    with pytest.raises(BadInput, match="is a folder"):
+        SparseVDiTOptions(patterns="d.json")
+
+
+def test_describe_after_a_remapped_grid_gives_the_density_there(tmp_path):
+    path = tmp_path / "p.json"
+    pf = tiny_file(path)  # grid (5, 6, 10)
+    be = SparseVDiTAttention(SparseVDiTOptions(patterns=path, remap=True))
+    be.check_grid((5, 8, 8))
+    d = be.describe()
+    assert d["remapped_from"] == [5, 6, 10] and d["grid"] == [5, 8, 8]
+    assert d["density_on_grid"] == round(pf.density((2, 2, 2)), 6)
+    be.check_grid(tuple(pf.grid))
+    assert "remapped_from" not in be.describe()

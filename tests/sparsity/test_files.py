@@ -207,7 +207,7 @@ def test_check_grid_refuses_another_grid_unless_remap():
         with pytest.raises(BadInput, match="remap=true") as info:
             pf.check_grid(grid, False, "f")
         msg = str(info.value)
-        assert "\n" not in msg and "160x96, 17 frames" in msg and "5x6x10" in msg and "x".join(map(str, grid)) in msg
+        assert "\n" not in msg and "17x96x160 (frames x height x width" in msg and "5x6x10" in msg and "x".join(map(str, grid)) in msg
         pf.check_grid(grid, True, "f")
 
 

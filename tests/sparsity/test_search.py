@@ -242,13 +242,25 @@ def test_help_says_what_the_error_is():
     assert "relative MSE" in text and "mean(O_full^2)" in text and "--ranges" in text
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "swallowed"])
 def test_an_interrupted_search_writes_nothing(vsagen_cache, tiny_dir, tmp_path, monkeypatch, how):
     import vsagen.pipeline
 
     def interrupted(self, *args, **kwargs):
         if how == "ctrl-c":
             raise KeyboardInterrupt
+        if how == "swallowed":  # SIGINT inside a finalizer: Python drops the KeyboardInterrupt, the run goes on
+            import gc
+
+            class Finalized:
+                def __del__(self):
+                    os.kill(os.getpid(), signal.SIGINT)
+                    for _ in range(10_000):
+                        pass
+
+            Finalized()
+            gc.collect()
+            return None
         # never the default handler here (it would end pytest): the command's raises KeyboardInterrupt
         assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -264,13 +276,32 @@ def test_an_interrupted_search_writes_nothing(vsagen_cache, tiny_dir, tmp_path, 
 
 
 def test_sigterm_becomes_keyboard_interrupt_and_the_handler_comes_back():
-    before = signal.getsignal(signal.SIGTERM)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
-        with _sigterm_as_interrupt():
+        with _sigterm_as_interrupt() as interrupted:
+            assert not interrupted()
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(10_000):  # the handler runs between bytecodes
                 pass
-    assert signal.getsignal(signal.SIGTERM) == before
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_an_interrupt_swallowed_by_a_finalizer_still_writes_nothing():
+    """A KeyboardInterrupt raised inside a `__del__` is printed and dropped by Python: the review saw a search go on
+    and write its file. The handler records the signal, and the search asks before it writes."""
+    import gc
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000):
+                pass
+
+    with _sigterm_as_interrupt() as interrupted:
+        Finalized()
+        gc.collect()
+        assert interrupted()  # the exception was swallowed, the flag was not
+
 
 
 # ----------------------------------------------------------------------------------------------- end to end

@@ -8,9 +8,10 @@ receive the tokens in tile order and `ctx.layout`; the others receive raster ord
 Backends with `traceable = True` can be traced by torch.compile without a graph break (`--compile` then compiles
 the whole transformer block as one graph, attention included); the others run eagerly between compiled graphs.
 
-Two optional methods tie a backend to what it runs on: `bind(transformer, expert)`, called by `vsagen.apply` for
-every transformer before it is patched, raises `BadInput` for a transformer the backend cannot serve (sparse-vdit:
-a pattern file searched on another architecture); `check_grid(grid)`, called by the pipeline with the post-patch
+Two optional methods tie a backend to what it runs on: `bind(transformer, expert, experts=...)`, called by
+`vsagen.apply` for every transformer before it is patched (`experts`: the component names of every transformer of
+the pipeline), raises `BadInput` for a transformer the backend cannot serve (sparse-vdit: a pattern file searched
+on another architecture, or for another set of experts); `check_grid(grid)`, called by the pipeline with the post-patch
 latent grid before a run denoises, raises `BadInput` for a grid it cannot serve (a file searched at another size).
 
 A backend may own per-layer parameters (`weights`, a `LayerWeights`: VSA's trained gate `to_gate_compress`), loaded

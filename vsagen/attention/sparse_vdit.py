@@ -75,10 +75,14 @@ class SparseVDiTOptions:
 
     def __post_init__(self) -> None:
         if self.patterns is not None:
+            if not str(self.patterns).strip():
+                raise BadInput("patterns is empty: give a pattern file (write one with `vsagen search`)")
             path = Path(self.patterns).expanduser()
+            if path.is_dir():
+                raise BadInput(f"patterns {str(path)!r} is a folder: give a pattern file (.json)")
             if not path.is_file():
                 raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
-            object.__setattr__(self, "patterns", path)
+            object.__setattr__(self, "patterns", path.resolve())  # the run's JSON records where it really is
         if not isinstance(self.remap, bool):
             raise BadInput(f"remap must be true or false, got {self.remap!r}")
         if self.query_block not in QUERY_LAUNCH and self.query_block != 0:
@@ -129,6 +133,7 @@ class SparseVDiTAttention:
         self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._cached_bytes = 0
         self._checked_grids: set[tuple[int, int, int]] = set()
+        self._run_grid: tuple[int, int, int] | None = None
         self.layer_stats: dict[tuple[str | None, int], dict[str, Any]] = {}
 
     @property
@@ -152,17 +157,27 @@ class SparseVDiTAttention:
             raise BadInput(f"--attn sparse-vdit's Triton kernels take bf16, fp16 or fp32, not {dtype}; use "
                            "impl=torch")
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
-            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
-                           "interpreter); use --attn-impl torch on CPU")
+            raise BadInput("impl triton (--attn-impl triton or sparse-vdit:impl=triton) needs a CUDA device (or "
+                           "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
-    def bind(self, transformer: Any, expert: str | None) -> None:
+    def bind(self, transformer: Any, expert: str | None, experts: Any = None) -> None:
         """Refuse a transformer the pattern file was not searched on (called by `vsagen.apply` before patching).
 
+        Args:
+            transformer: a diffusers WanTransformer3DModel; expert: its component name (None: a bare transformer).
+            experts: the component names of every transformer of the pipeline, if known.
+
         Raises:
-            BadInput: another architecture (model, layer or head count), or an expert the file does not cover.
+            BadInput: another architecture (model, layer or head count), an expert the file does not cover, or a
+                pipeline with other experts than the file's (a two-expert file on a one-expert model, or back).
         """
-        if self.file is not None:
-            self.file.check_architecture(architecture_of(transformer), expert, self.where)
+        if self.file is None:
+            return
+        self.file.check_architecture(architecture_of(transformer), expert, self.where)
+        names = [e for e in (experts or ()) if e is not None]
+        if names and set(names) != set(self.file.experts):
+            raise BadInput(f"{self.where} covers {', '.join(self.file.experts)}, this pipeline has "
+                           f"{', '.join(names)}: search again on this model")
 
     def check_grid(self, grid: tuple[int, int, int]) -> None:
         """Refuse a latent grid the file was not searched at, unless the `remap` option is on.
@@ -173,15 +188,22 @@ class SparseVDiTAttention:
         if self.file is not None and tuple(grid) not in self._checked_grids:
             self.file.check_grid(grid, self.options.remap, self.where)
             self._checked_grids.add(tuple(grid))
+        self._run_grid = tuple(grid)
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """{"name", "patterns" (path), "patterns_sha256", "remap", "impl", "density" (the file's mean block
-        density on its grid), "modes" (head counts per mode)} and, given the device, "impl_ran"."""
+        """{"name", "patterns" (absolute path), "patterns_sha256", "remap", "impl", "query_block", "density" (the
+        file's mean block density on its grid), "modes" (head counts per mode)}; after a remapped run (another grid)
+        also "remapped_from" (the file's grid), "grid" and "density_on_grid" (the same modes on the run's grid);
+        given the device, "impl_ran"."""
         d: dict[str, Any] = {"name": self.name, "impl": self.options.impl, "remap": self.options.remap}
         if self.file is not None:
             d.update(patterns=str(self.options.patterns), patterns_sha256=self.file_sha256,
                      patterns_model=self.file.model, density=round(self.file.density(), 6),
-                     modes=self.file.mode_counts())
+                     modes=self.file.mode_counts(), query_block=self.options.query_block)
+            if self._run_grid is not None and self._run_grid != tuple(self.file.grid):
+                tiles = tuple(-(-g // 4) for g in self._run_grid)
+                d.update(remapped_from=list(self.file.grid), grid=list(self._run_grid),
+                         density_on_grid=round(self.file.density(tiles), 6))
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
         return d

@@ -150,10 +150,11 @@ class PatternFile:
             BadInput: `grid` differs from the file's and `remap` is False.
         """
         if tuple(grid) != tuple(self.grid) and not remap:
-            raise BadInput(f"{where} was searched at {self.width}x{self.height}, {self.frames} frames (latent grid "
-                           f"{'x'.join(map(str, self.grid))}), this run's grid is {'x'.join(map(str, grid))}: "
-                           "search at this size, or pass remap=true (--attn sparse-vdit:patterns=FILE:remap=true) "
-                           "to compile the same modes on the new grid")
+            raise BadInput(f"{where} was searched at {self.frames}x{self.height}x{self.width} (frames x height x "
+                           f"width; latent grid {'x'.join(map(str, self.grid))}), this run's grid is "
+                           f"{'x'.join(map(str, grid))} (its size and --tile-fit decide it): search at this size and "
+                           "tile fit, or pass remap=true (--attn sparse-vdit:patterns=FILE:remap=true) to compile "
+                           "the same modes on the new grid")
 
     def density(self, tiles: tuple[int, int, int] | None = None) -> float:
         """Mean block density over every (step range, expert, layer, head), ranges weighted by their steps, on

@@ -303,7 +303,7 @@ class ModeScorer:
             d["impl_ran"] = self._sparse.resolved_impl(device)
         return d
 
-    def bind(self, transformer: Any, expert: str | None) -> None:
+    def bind(self, transformer: Any, expert: str | None, experts: Any = None) -> None:
         """Record the architecture of each transformer it is applied to (called by `vsagen.apply`)."""
         self.architectures[expert or "transformer"] = architecture_of(transformer)
 
@@ -423,7 +423,7 @@ class SearchResult:
 
 
 def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
-           modes: Sequence[Pattern] | None = None) -> SearchResult:
+           modes: Sequence[Pattern] | None = None, cancelled: Callable[[], bool] = lambda: False) -> SearchResult:
     """Run the search of `cfg` (module docstring) and write its pattern file, atomically and only at the end (an
     interrupted search writes nothing).
 
@@ -431,8 +431,11 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         cfg: the validated request (`resolve_search`).
         log: receives progress lines; progress: show diffusers' progress bar per prompt.
         modes: the catalog (default `patterns.default_catalog()`).
+        cancelled: asked after each prompt's run and just before the file is written; True (an interrupt that a
+            finalizer swallowed) raises KeyboardInterrupt instead of going on.
 
     Raises:
+        KeyboardInterrupt: `cancelled()` said so.
         BadInput: the model cannot run the search here (device / dtype), or `cfg.out` appeared meanwhile.
         ModelNotFound: the checkpoint cannot be loaded.
         RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
@@ -450,12 +453,16 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")
         run_on = dataclasses.replace(session, request=dataclasses.replace(cfg, prompt=text), _prompts=None)
         run_on.run(scorer, plan, encode=True, what=f"searching (prompt {i + 1})")
+        if cancelled():
+            raise KeyboardInterrupt
     transformers = experts_of(session.pipe)
     names = [n for n, _ in transformers]
     arch = architecture_of(transformers[0][1])
     patterns, notes = patterns_from_scores(
         scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
         height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
+    if cancelled():
+        raise KeyboardInterrupt
     try:
         save_patterns(patterns, cfg.out, overwrite=cfg.overwrite)
     except BadInput:

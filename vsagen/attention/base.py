@@ -56,6 +56,8 @@ class AttnContext:
             act on it, e.g. VSA's gate projection).
         params: this layer's backend-owned parameters (a torch Module, see `LayerWeights`), or None.
         forward: the transformer forward's `ForwardState` (timestep), or None outside a patched transformer.
+        head_start: the index, among the layer's heads, of the first head in q, k, v: 0 unless the heads are split
+            across ranks (`vsagen.parallel.ulysses`), for backends whose heads differ (sparse-vdit's modes).
     """
 
     layout: TileLayout | None
@@ -65,6 +67,7 @@ class AttnContext:
     hidden_states: torch.Tensor | None = None
     params: Any = None
     forward: ForwardState | None = field(default=None, compare=False)
+    head_start: int = 0
 
     @property
     def step(self) -> int:

@@ -247,8 +247,9 @@ class SparseVDiTAttention:
             raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE")
         self.check_grid(layout.grid)
         modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step)
-        if len(modes) != q.shape[2]:
+        if ctx.head_start + q.shape[2] > len(modes):  # (fewer heads than the file's: refused by bind)
             raise BadInput(f"{self.where} has {len(modes)} heads per layer, this model {q.shape[2]}")
+        modes = modes[ctx.head_start:ctx.head_start + q.shape[2]]  # this rank's heads under Ulysses
         with ctx.timer.region("self_attention/fine"):
             return self.attend(q, k, v, modes, layout, ctx)
 

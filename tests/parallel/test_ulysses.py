@@ -1,0 +1,73 @@
+"""vsagen.parallel.ulysses with gloo and 2 processes: the all-to-all exchanges against slicing, and every registered
+backend (torch implementations) under Ulysses 2 equal to the same backend on the whole sequence, forward and
+backward, on a grid with partial tiles (fp32, max abs difference <= 1e-5). The processes have a timeout."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+import vsagen.parallel.ulysses  # noqa: F401  (the module under test; the workers import it)
+from vsagen.attention import backend_names
+
+HERE = Path(__file__).resolve().parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    import os
+
+    out = tmp_path_factory.mktemp("ulysses")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([old] if old else []))
+    try:
+        import sys
+
+        sys.path.insert(0, str(HERE))
+        from ulysses_worker import worker
+
+        ctx = mp.start_processes(worker, args=(2, _free_port(), str(out)), nprocs=2, join=False,
+                                 start_method="spawn")
+        import time
+
+        deadline = time.monotonic() + 240  # a hang fails the test instead of the suite
+        while not ctx.join(timeout=5):  # False until every process has exited (it returns at each exit)
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.terminate()
+                pytest.fail("the gloo workers did not finish within 240 s")
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_exchanges_are_slicing(results):
+    for res in results:
+        assert res["seq_to_heads"] == 0.0 and res["round_trip"] == 0.0
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_every_backend_under_ulysses_2_equals_one_process(results, name):
+    for res in results:
+        assert res[f"{name} fwd"] <= 1e-5, res
+        assert res[f"{name} bwd"] <= 1e-5, res
+
+
+def test_attending_the_own_shard_only_would_be_caught(results):
+    """What a processor without the all-to-all does (each rank over its own tokens): far from the whole sequence's
+    attention, so the comparisons above can fail."""
+    for res in results:
+        assert res["shard only"] > 1e-2, res

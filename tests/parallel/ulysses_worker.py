@@ -1,0 +1,65 @@
+"""The worker of tests/parallel/test_ulysses.py (imported by the spawned processes through PYTHONPATH; not a test)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank `rank` of `world` (gloo): every registered backend (torch implementations) under Ulysses on fresh random
+    inputs with partial tiles, against the same backend run on the whole sequence in this process, forward and
+    backward; writes {case: max abs difference} to out_dir/rank<r>.json."""
+    import torch
+    import torch.distributed as dist
+
+    from vsagen.attention import backend_class, backend_names, make_backend
+    from vsagen.attention.base import AttnContext
+    from vsagen.layout import tile_layout
+    from vsagen.parallel.ulysses import UlyssesAttention, heads_to_seq, seq_to_heads
+    from vsagen.presets import load_preset
+    from vsagen.timing import NullTimer
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    group = dist.group.WORLD
+    res: dict[str, float] = {}
+    try:
+        g = torch.Generator().manual_seed(5)  # the same inputs on every rank
+        x = torch.randn(2, 12, 4, 8, generator=g)
+        s = x.shape[1] // world
+        h = seq_to_heads(x[:, rank * s:(rank + 1) * s], group)
+        hl = x.shape[2] // world
+        res["seq_to_heads"] = float((h - x[:, :, rank * hl:(rank + 1) * hl]).abs().max())
+        res["round_trip"] = float((heads_to_seq(h, group) - x[:, rank * s:(rank + 1) * s]).abs().max())
+
+        grid = (5, 6, 10)  # partial tiles in t and h; the tiny preset's pattern file's grid (2 heads)
+        lay = tile_layout(grid)
+        n_tok = lay.num_tokens
+        for name in backend_names():
+            opts = {}
+            if "impl" in backend_class(name).Options.__dataclass_fields__:
+                opts["impl"] = "torch"
+            if name == "sparse-vdit":
+                opts["patterns"] = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+            heads = 2 if name == "sparse-vdit" else 4
+            be = make_backend(name, **opts)
+            q, k, v, do = (torch.randn(2, n_tok, heads, 8, generator=g) for _ in range(4))
+            ctx = AttnContext(layout=lay if be.tiled else None, layer=0, expert="transformer", timer=NullTimer())
+            qf, kf, vf = (t.clone().requires_grad_() for t in (q, k, v))
+            ref = be(qf, kf, vf, ctx)
+            ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do)
+            s = n_tok // world
+            chunk = slice(rank * s, (rank + 1) * s)
+            ql, kl, vl = (t[:, chunk].clone().requires_grad_() for t in (q, k, v))
+            got = UlyssesAttention(be, group)(ql, kl, vl, ctx)
+            grads = torch.autograd.grad(got, (ql, kl, vl), do[:, chunk])
+            res[f"{name} fwd"] = float((got - ref[:, chunk]).abs().max())
+            if name == "full":  # the negative control: each rank attending its own shard only
+                with torch.no_grad():
+                    res["shard only"] = float((be(ql, kl, vl, ctx) - ref[:, chunk]).abs().max())
+            res[f"{name} bwd"] = max(float((a - b[:, chunk]).abs().max()) for a, b in zip(grads, ref_grads))
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(res, f)
+        dist.destroy_process_group()

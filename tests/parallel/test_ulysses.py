@@ -23,24 +23,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def _spawn(worker_name: str, out: Path, prefix: str) -> list[dict]:
+    """Run tests/parallel/ulysses_worker.<worker_name> on 2 spawned gloo processes (a hang fails after 240 s) and
+    return each rank's results (out/<prefix><rank>.json)."""
     import os
+    import sys
+    import time
 
-    out = tmp_path_factory.mktemp("ulysses")
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + ([old] if old else []))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent)] + ([old] if old else []))
     try:
-        import sys
-
         sys.path.insert(0, str(HERE))
-        from ulysses_worker import worker
+        import ulysses_worker
 
-        ctx = mp.start_processes(worker, args=(2, _free_port(), str(out)), nprocs=2, join=False,
-                                 start_method="spawn")
-        import time
-
-        deadline = time.monotonic() + 240  # a hang fails the test instead of the suite
+        ctx = mp.start_processes(getattr(ulysses_worker, worker_name), args=(2, _free_port(), str(out)), nprocs=2,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + 240
         while not ctx.join(timeout=5):  # False until every process has exited (it returns at each exit)
             if time.monotonic() > deadline:
                 for p in ctx.processes:
@@ -51,7 +49,12 @@ def results(tmp_path_factory):
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"{prefix}{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return _spawn("worker", tmp_path_factory.mktemp("ulysses"), "rank")
 
 
 def test_exchanges_are_slicing(results):
@@ -71,3 +74,20 @@ def test_attending_the_own_shard_only_would_be_caught(results):
     attention, so the comparisons above can fail."""
     for res in results:
         assert res["shard only"] > 1e-2, res
+
+
+@pytest.fixture(scope="module")
+def cp_results(tmp_path_factory):
+    return _spawn("cp_worker", tmp_path_factory.mktemp("cp"), "cp")
+
+
+@pytest.mark.parametrize("name", backend_names())
+def test_diffusers_ulysses_2_with_every_backend_equals_one_process(cp_results, name):
+    """The whole transformer: vsagen.apply, then enable_parallelism(ulysses_degree=2) with vsagen's plan."""
+    for res in cp_results:
+        assert res[name] <= 1e-5, res
+
+
+def test_vsagen_applied_after_enable_parallelism_is_refused(cp_results):
+    for res in cp_results:
+        assert "no parallel config" in res["late apply"] and "enable_parallelism" in res["late apply"], res

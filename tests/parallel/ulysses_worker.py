@@ -63,3 +63,60 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(res, f)
         dist.destroy_process_group()
+
+
+def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank `rank` of `world` (gloo): the tiny Wan transformer patched by `vsagen.apply`, then diffusers'
+    `enable_parallelism` with Ulysses and vsagen's plan (`context_parallel_plan`: Wan's without the RoPE split),
+    against the same transformer in one process, for every registered backend (torch implementations); and
+    vsagen applied after `enable_parallelism` (its processors then lack the parallel config) must be refused.
+    Writes {case: max abs difference or message} to out_dir/cp<r>.json and leaves with os._exit (the device mesh's
+    teardown aborts under gloo)."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.accelerator.device_count = lambda: 1  # diffusers divides by it; zero on a CPU-only machine
+    res: dict = {}
+    try:
+        from conftest import make_transformer
+        from diffusers import ContextParallelConfig
+
+        import vsagen
+        from vsagen.attention import backend_class, backend_names
+        from vsagen.parallel.ulysses import context_parallel_plan
+        from vsagen.presets import load_preset
+
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(1, 16, 5, 12, 20, generator=g)  # grid 5x6x10: partial tiles, 300 tokens
+        text = torch.randn(1, 8, 32, generator=g)
+        args = dict(hidden_states=x, timestep=torch.tensor([700.0]), encoder_hidden_states=text, return_dict=False)
+        for name in backend_names():
+            opts = {"impl": "torch"} if "impl" in backend_class(name).Options.__dataclass_fields__ else {}
+            if name == "sparse-vdit":
+                opts["patterns"] = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+            t = make_transformer()
+            with vsagen.apply(t, name, fused_prologue="off", **opts), torch.no_grad():
+                ref = t(**args)[0]
+            vsagen.apply(t, name, fused_prologue="off", **opts)
+            t.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world), cp_plan=context_parallel_plan(t))
+            with torch.no_grad():
+                got = t(**args)[0]
+            res[name] = float((got - ref).abs().max())
+        t = make_transformer()
+        t.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world), cp_plan=context_parallel_plan(t))
+        vsagen.apply(t, "full", fused_prologue="off")
+        try:
+            with torch.no_grad():
+                t(**args)
+            res["late apply"] = "ran"
+        except RuntimeError as e:
+            res["late apply"] = str(e)
+    finally:
+        with open(os.path.join(out_dir, f"cp{rank}.json"), "w") as f:
+            json.dump(res, f)
+        sys.stdout.flush()
+        os._exit(0)

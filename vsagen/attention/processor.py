@@ -10,6 +10,13 @@ it is traced into the block's graph when the backend is `traceable` (the fused p
 diffusers' arithmetic, which inductor fuses), and the timers record nothing inside the graph; other backends run
 eagerly between graphs (`run_backend_eager`).
 
+Sequence parallelism (issue 15): after `vsagen.apply`, `transformer.enable_parallelism(config=ContextParallelConfig(
+ulysses_degree=N), cp_plan=vsagen.parallel.ulysses.context_parallel_plan(transformer))` injects diffusers' parallel
+config into these processors (`_parallel_config`); each then takes its rows of the whole-sequence RoPE tables
+(`local_rope`) and runs the backend inside `UlyssesAttention` (all-to-all sequence <-> heads). A processor without
+the config that receives a split sequence (vsagen applied after `enable_parallelism`) raises instead of attending
+over its shard. Not yet on the command line.
+
 The hooks that put tokens in tile order and time the DiT are in `vsagen.attention.hooks`.
 """
 
@@ -93,6 +100,29 @@ def run_backend_eager(backend: AttentionBackend, q: torch.Tensor, k: torch.Tenso
     return run_backend(backend, q, k, v, ctx)
 
 
+def ulysses_group(parallel_config: Any) -> Any:
+    """The process group of diffusers' Ulysses context parallelism that `enable_parallelism` injected into a processor
+    (`processor._parallel_config`), or None without one (or with a degree of 1)."""
+    cp = getattr(parallel_config, "context_parallel_config", None)
+    if cp is None or getattr(cp, "ulysses_degree", 1) in (None, 1):
+        return None
+    return cp._ulysses_mesh.get_group()  # a private name of diffusers 0.42 (REFERENCE.md, context parallelism)
+
+
+def local_rope(rotary_emb: Any, local_len: int, group: Any) -> Any:
+    """This rank's chunk of the RoPE tables under Ulysses: vsagen's context-parallel plan leaves the RoPE output whole
+    (in tile order, with its layout), while the hidden states arrive split into contiguous chunks; the tables'
+    rows [r L, (r+1) L) for rank r, keeping the tile layout of the whole sequence. Unchanged without a group."""
+    if group is None or rotary_emb is None or rotary_emb[0].shape[1] == local_len:
+        return rotary_emb
+    import torch.distributed as dist
+
+    start = dist.get_rank(group) * local_len
+    cos, sin = (t.narrow(1, start, local_len) for t in rotary_emb)
+    layout = getattr(rotary_emb, "layout", None)
+    return type(rotary_emb)(cos, sin, layout) if layout is not None else (cos, sin)
+
+
 class VsagenAttnProcessor:
     """Self-attention processor for one Wan `attn1` (one instance per layer) that delegates the attention itself
     to a backend.
@@ -128,7 +158,14 @@ class VsagenAttnProcessor:
                  rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if encoder_hidden_states is not None or attention_mask is not None:
             raise ValueError("VsagenAttnProcessor handles self-attention (attn1) without masks only")
+        group = ulysses_group(self._parallel_config)
+        whole = hidden_states.shape[1] if rotary_emb is None else rotary_emb[0].shape[1]  # RoPE: the whole sequence
+        if group is None and hidden_states.shape[1] != whole:
+            raise RuntimeError(f"attn1 of layer {self.layer} got {hidden_states.shape[1]} of {whole} tokens: the "
+                               "sequence is split (context parallelism) but this processor has no parallel config; "
+                               "apply vsagen before transformer.enable_parallelism")
         token = self.timer.start("attn1")
+        rotary_emb = local_rope(rotary_emb, hidden_states.shape[1], group)
         if getattr(attn, "fused_projections", False):
             query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
@@ -146,14 +183,19 @@ class VsagenAttnProcessor:
                 key = apply_rotary(key, *rotary_emb)
         value = value.unflatten(2, (attn.heads, -1))
         layout = getattr(rotary_emb, "layout", None)
-        if self.backend.tiled and layout is None:
+        backend = self.backend
+        if group is not None:  # this rank's chunk of the sequence: all-to-all around the backend
+            from ..parallel.ulysses import UlyssesAttention
+
+            backend = UlyssesAttention(backend, group)
+        if backend.tiled and layout is None:
             raise RuntimeError(f"--attn {self.backend.name} needs tile order, but the RoPE tables carry no "
                                "tile layout: install the tile-order hooks (patch_transformer)")
         ctx = AttnContext(layout=layout, layer=self.layer, expert=self.expert, timer=self.timer,
                           hidden_states=hidden_states, params=layer_params(attn, self.backend.weights),
                           forward=self.forward)
-        call = run_backend if self.backend.traceable else run_backend_eager
-        out = call(self.backend, query, key, value, ctx)
+        call = run_backend if backend.traceable else run_backend_eager
+        out = call(backend, query, key, value, ctx)
         out = out.flatten(2, 3).type_as(query)
         out = attn.to_out[1](attn.to_out[0](out))
         self.timer.stop(token)

@@ -107,3 +107,22 @@ class UlyssesAttention:
         start = ctx.head_start + dist.get_rank(self.group) * qh.shape[2]
         out = self.inner(qh, kh, vh, dataclasses.replace(ctx, hidden_states=None, head_start=start))
         return heads_to_seq(out, self.group)
+
+
+def context_parallel_plan(transformer: Any) -> dict:
+    """diffusers' context-parallel plan of a Wan transformer (`_cp_plan`: split the hidden states entering
+    `blocks.0`, a per-token timestep, gather at `proj_out`) without its RoPE split, for
+    `transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=N), cp_plan=...)` after `vsagen.apply`.
+
+    vsagen's tile-order hooks reorder the whole sequence before diffusers splits it (forward pre-hooks run before
+    diffusers' forward wrappers), so each rank holds a contiguous chunk of tile order; the RoPE tables stay whole, in
+    tile order with their layout, and each processor takes its rows (`processor.local_rope`). diffusers' RoPE split
+    would hand vsagen's RoPE hook raster-order shards and drop the layout.
+
+    Raises:
+        ValueError: a transformer without a `_cp_plan`.
+    """
+    plan = getattr(type(transformer), "_cp_plan", None)
+    if not plan:
+        raise ValueError(f"{type(transformer).__name__} has no context-parallel plan (_cp_plan)")
+    return {k: v for k, v in plan.items() if k != "rope"}

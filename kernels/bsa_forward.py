@@ -225,9 +225,10 @@ def bsa_fwd_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch
     return out, o_sparse, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch)
 
 
-def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> torch.Tensor:
-    """The forward kernel's launches into `out` (one per size class); branch: `bsa_fwd_linear`'s operands or None.
-    Returns lse."""
+def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, groups=None,
+            group_launch=None) -> torch.Tensor:
+    """The forward kernel's launches into `out` (one per size class; with `groups`, one over the query groups at
+    group_launch = (block_m, num_warps, num_stages)); branch: `bsa_fwd_linear`'s operands or None. Returns lse."""
     b, s, h, d = q.shape
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     n_tiles = tile_offsets.numel() - 1
@@ -239,8 +240,13 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> 
     k_desc, v_desc = tma_descs(tma, k, v)
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
     br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})
-    for blk, lo, num_warps, num_stages in size_classes(tuning.fwd_launch, block_d, q.dtype):
-        _bsa_fwd_kernel[(n_tiles, b * h)](
+    if groups is None:
+        grid, classes, extra = (n_tiles, b * h), size_classes(tuning.fwd_launch, block_d, q.dtype), {}
+    else:
+        grid, extra = (groups.shape[0], b), dict(QGROUP=True)
+        classes = [(group_launch[0], 0, group_launch[1], group_launch[2])]
+    for blk, lo, num_warps, num_stages in classes:
+        _bsa_fwd_kernel[grid](
             q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
@@ -250,11 +256,12 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch) -> 
             lists.stride(0), lists.stride(1), lists.stride(2),
             counts.stride(0), counts.stride(1),
             h, scale * LOG2E, lo, blk,
-            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"], lse,
+            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"], lse if groups is None else groups,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning),
             num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd, q.device), **br["consts"],
+            **extra,
         )
     return lse
 
@@ -286,32 +293,8 @@ def bsa_fwd_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torc
             or not groups.is_contiguous():
         raise ValueError(f"groups must be a contiguous int32 (n, {2 + block_m // PACK_SEG}) table for block_m "
                          f"{block_m}, got {tuple(groups.shape)} {groups.dtype}")
-    b, s, h, d = q.shape
-    tuning = default_tuning(q.device, d) if tuning is None else tuning
-    scale = d ** -0.5 if scale is None else scale
     out = torch.empty_like(q)
-    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
-    if groups.shape[0] == 0 or b == 0:
-        return out, lse
-    interp = interpreting()
-    block_d = max(16, triton.next_power_of_2(d))
-    tma = use_tma(k, v, wanted=tuning.tma_loads)
-    k_desc, v_desc = tma_descs(tma, k, v)
-    lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
-    _bsa_fwd_kernel[(groups.shape[0], b)](
-        q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
-        lists.stride(0), lists.stride(1), lists.stride(2),
-        counts.stride(0), counts.stride(1),
-        h, scale * LOG2E, 0, block_m,
-        out, out, lse, lse, 0.0, groups,
-        HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BLOCK,
-        DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
-        PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning), QGROUP=True,
-        num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_fwd, q.device),
-    )
-    return out, lse
+    if groups.shape[0] == 0 or q.shape[0] == 0:
+        return out, torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    return out, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None, groups,
+                        (block_m, num_warps, num_stages))

@@ -220,7 +220,7 @@ def test_options_and_check(tmp_path, monkeypatch):
     import vsagen.kernels.tuning
 
     monkeypatch.setattr(vsagen.kernels.tuning, "interpreting", lambda: False)
-    with pytest.raises(BadInput, match="impl=triton\) needs a CUDA device") as info:
+    with pytest.raises(BadInput, match=r"impl=triton\) needs a CUDA device") as info:
         SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="triton")).check(cpu, torch.float32)
     assert "\n" not in str(info.value)
     for impl in ("auto", "torch"):  # auto is the torch impl on a CPU

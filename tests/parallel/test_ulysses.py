@@ -85,9 +85,11 @@ def cp_results(tmp_path_factory):
 def test_diffusers_ulysses_2_with_every_backend_equals_one_process(cp_results, name):
     """The whole transformer: vsagen.apply, then enable_parallelism(ulysses_degree=2) with vsagen's plan."""
     for res in cp_results:
+        assert name in res, res
         assert res[name] <= 1e-5, res
 
 
 def test_vsagen_applied_after_enable_parallelism_is_refused(cp_results):
     for res in cp_results:
+        assert "late apply" in res, res
         assert "no parallel config" in res["late apply"] and "enable_parallelism" in res["late apply"], res

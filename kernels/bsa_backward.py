@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, PLAN_MAX_ROWS, check_fp32_bwd, check_inputs, interpreting,
                              load_full_kv_tile, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts,
-                             q2k_lists, size_classes, tma_descs, tma_layout_ok, use_tma)
+                             q2k_lists, query_group, size_classes, tma_descs, tma_layout_ok, use_tma)
 from . import tile_plan  # noqa: E402 (after the primitives, which import it too)
 from .k2q import build_k2q_triton
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
@@ -101,11 +101,8 @@ def _bsa_bwd_dq_kernel(
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
-        g_row = qg_ptr + pid_t * (2 + BLOCK_M // PACK_SEG)
         b = pid_bh
-        h = tl.load(g_row)
-        list_t = tl.load(g_row + 1)
-        row_ids, m_ok = pack_rows(g_row + 2, 0, BLOCK_M // PACK_SEG, 0, offs_m, BLOCK_M, PACK_SEG)
+        h, list_t, row_ids, m_ok = query_group(qg_ptr, pid_t, offs_m, BLOCK_M, PACK_SEG)
         d_ok = offs_d < HEAD_DIM
         q_mask = m_ok[:, None] & d_ok[None, :]
         q_rows = row_ids[:, None]

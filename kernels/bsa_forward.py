@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_inputs, interpreting, load_full_kv_tile,
-                             load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, size_classes,
-                             tma_descs, use_tma)
+                             load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, query_group,
+                             size_classes, tma_descs, use_tma)
 from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -107,11 +107,8 @@ def _bsa_fwd_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     if QGROUP:
-        g_row = qg_ptr + pid_t * (2 + BLOCK_M // PACK_SEG)
         b = pid_bh
-        h = tl.load(g_row)
-        list_t = tl.load(g_row + 1)
-        q_rows, m_ok = pack_rows(g_row + 2, 0, BLOCK_M // PACK_SEG, 0, offs_m, BLOCK_M, PACK_SEG)
+        h, list_t, q_rows, m_ok = query_group(qg_ptr, pid_t, offs_m, BLOCK_M, PACK_SEG)
         pid_bh = b * num_heads + h
     else:
         b = pid_bh // num_heads

@@ -122,6 +122,15 @@ def plan_counts(cnt_row):
 
 
 @triton.jit
+def query_group(qg_ptr, pid, offs_m, BLOCK_M: tl.constexpr, SEG: tl.constexpr):
+    """Program pid's query group (`query_groups.build_query_groups`): (head, list tile, rows (BLOCK_M,) int32,
+    m_ok (BLOCK_M,) bool) from its table row (head, list tile, BLOCK_M / SEG row segments)."""
+    g_row = qg_ptr + pid * (2 + BLOCK_M // SEG)
+    rows, m_ok = pack_rows(g_row + 2, 0, BLOCK_M // SEG, 0, offs_m, BLOCK_M, SEG)
+    return tl.load(g_row), tl.load(g_row + 1), rows, m_ok
+
+
+@triton.jit
 def pack_rows(plan_row, nf, ng, p, offs_n, BLOCK_N: tl.constexpr, SEG: tl.constexpr):
     """Token rows of pack p of a tile plan row (`tile_plan.build_tile_plan`): the partial tiles' tokens in plan
     groups [p * BLOCK_N / SEG, (p + 1) * BLOCK_N / SEG), as rows (BLOCK_N,) int32 and n_ok (BLOCK_N,) bool (False

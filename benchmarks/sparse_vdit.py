@@ -8,7 +8,8 @@
    mode through `SparseVDiTAttention.attend` (its one block-sparse launch; all-dense runs SDPA, all-skip nothing),
    the mixed layer, and with `--file`, every layer of a pattern file (summed over the layers, against cuDNN times
    the layer count). Each row: block density, token density, speed-up against cuDNN of the same run, the ideal
-   1 / token density, and their ratio (the issue's target: >= 0.8).
+   1 / token density, and their ratio (the issue's target: >= 0.8). `--both`: every layer also with the backend's
+   `sdpa_heads` option off (every head in the block-sparse kernel).
 3. `--sweep`: forward and backward launch tables of the kernels for two layers (multi-diagonal, the mixed layer).
 4. `--write-file PATH`: a hand-written pattern file for the Wan2.1-1.3B architecture at 480x832x81 (30 layers x
    12 heads, modes rotating across layers), about 31% block density, for `vsagen profile`'s DiT speed-up (random
@@ -16,7 +17,7 @@
    with `--sparse`, about 22% block density.
 
 Usage: python benchmarks/sparse_vdit.py [--shapes 1.3b,5b,14b] [--file patterns.json] [--no-check] [--no-time]
-       [--sweep] [--json out.json]
+       [--sweep] [--both] [--json out.json]
        python benchmarks/sparse_vdit.py --write-file patterns.json [--sparse]
 """
 
@@ -60,12 +61,11 @@ def write_file(path: str, sparse: bool = False) -> None:
     print(f"wrote {path}: block density {pf.density():.4f}, modes {pf.mode_counts()}")
 
 
-def backend(tuning=None, query_block: int | None = None) -> SparseVDiTAttention:
-    """The backend without a file (`attend` takes the modes directly), with `tuning` (None: the defaults) and
-    `query_block` (None: the default)."""
-    opts = SparseVDiTOptions(tuning=tuning) if query_block is None else SparseVDiTOptions(tuning=tuning,
-                                                                                           query_block=query_block)
-    return SparseVDiTAttention(opts)
+def backend(tuning=None, query_block: int | None = None, sdpa_heads: bool = True) -> SparseVDiTAttention:
+    """The backend without a file (`attend` takes the modes directly), with `tuning` (None: the defaults),
+    `query_block` (None: the default) and `sdpa_heads` (the option)."""
+    kw = {} if query_block is None else dict(query_block=query_block)
+    return SparseVDiTAttention(SparseVDiTOptions(tuning=tuning, sdpa_heads=sdpa_heads, **kw))
 
 
 # --sweep: the forward per query tile (query_block 0) and over query groups of 64 / 128 rows with their launches
@@ -158,7 +158,9 @@ def check(shape: AttentionShape, layers: dict, rows: list) -> None:
         print(f"check mixed layer d{n} (grid {small.grid}) rel L2 {err:.2e}", flush=True)
 
 
-def time_shape(shape: AttentionShape, layers: dict, rows: list, pattern_file: PatternFile | None) -> None:
+def time_shape(shape: AttentionShape, layers: dict, rows: list, pattern_file: PatternFile | None,
+               variants: tuple[bool, ...] = (True,)) -> None:
+    """Time every layer and the file under each `variants` value of the sdpa_heads option."""
     layout = tile_layout(shape.grid, device="cuda")
     q, k, v = inputs(shape, 0)
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
@@ -183,11 +185,11 @@ def time_shape(shape: AttentionShape, layers: dict, rows: list, pattern_file: Pa
 
     base_f, base_fb = bench_ms(fwd(cudnn)), bench_ms(fb(cudnn))
     print(f"\n{shape.name}: cuDNN fwd {base_f:.3f} ms, fwd+bwd {base_fb:.3f} ms", flush=True)
-    be = backend()
     sizes = layout.tile_sizes
     tiles = layout.tiles_per_dim
 
-    def add(name, ms_f, ms_fb, bd, td, base=(base_f, base_fb)):
+    def add(name, ms_f, ms_fb, bd, td, layers=1):  # against `layers` x cuDNN
+        base = (layers * base_f, layers * base_fb)
         ideal = 1.0 / td if td > 0 else float("inf")
         row = {"shape": shape.name, "mode": name, "block_density": bd, "token_density": td,
                "fwd_ms": ms_f, "fwd_bwd_ms": ms_fb, "x_cudnn_fwd": base[0] / ms_f, "x_cudnn_fwd_bwd": base[1] / ms_fb,
@@ -197,13 +199,21 @@ def time_shape(shape: AttentionShape, layers: dict, rows: list, pattern_file: Pa
               f"{row['of_ideal_fwd']:.2f} of ideal {ideal:.2f}x)  fwd+bwd {ms_fb:8.3f} ms "
               f"({row['x_cudnn_fwd_bwd']:6.2f}x, {row['of_ideal_fwd_bwd']:.2f} of ideal)", flush=True)
 
+    for sdpa_heads in variants:
+        _time_layers(shape, layers, layout, pattern_file, backend(sdpa_heads=sdpa_heads), fwd, fb, add,
+                     "" if variants == (True,) else (" [sdpa heads]" if sdpa_heads else " [kernel only]"))
+
+
+def _time_layers(shape, layers, layout, pattern_file, be, fwd, fb, add, suffix) -> None:
+    sizes = layout.tile_sizes
+    tiles = layout.tiles_per_dim
     for name, modes in layers.items():
         if all(p.kind == "skip" for p in modes):
             continue
         call = (lambda a, b, c, m=modes: be.attend(a, b, c, m, layout))
         bd = sum(block_density(p, tiles) for p in modes) / len(modes)
         td = sum(token_density(p, sizes, tiles) for p in modes) / len(modes)
-        add(name, bench_ms(fwd(call)), bench_ms(fb(call)), bd, td)
+        add(name + suffix, bench_ms(fwd(call)), bench_ms(fb(call)), bd, td)
     if pattern_file is not None and tuple(pattern_file.grid) == tuple(shape.grid):
         per_layer = [pattern_file.layer_modes(pattern_file.experts[0], i) for i in range(len(
             pattern_file.ranges[0].heads[pattern_file.experts[0]]))]
@@ -218,8 +228,8 @@ def time_shape(shape: AttentionShape, layers: dict, rows: list, pattern_file: Pa
         n = len(per_layer)
         bd = sum(block_density(p, tiles) for m in per_layer for p in m) / (n * shape.heads)
         td = sum(token_density(p, sizes, tiles) for m in per_layer for p in m) / (n * shape.heads)
-        add(f"file ({n} layers)", bench_ms(fwd(whole), rep_ms=1000), bench_ms(fb(whole), rep_ms=1000), bd, td,
-            base=(n * base_f, n * base_fb))
+        add(f"file ({n} layers){suffix}", bench_ms(fwd(whole), rep_ms=1000), bench_ms(fb(whole), rep_ms=1000), bd,
+            td, layers=n)
 
 
 def main() -> None:
@@ -232,6 +242,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--write-file", default=None)
     ap.add_argument("--sparse", action="store_true", help="with --write-file: the ~22%% density layer")
+    ap.add_argument("--both", action="store_true",
+                    help="time every layer with the sdpa_heads option on and off (default: on only)")
     a = ap.parse_args()
     if a.write_file:
         write_file(a.write_file, a.sparse)
@@ -244,10 +256,13 @@ def main() -> None:
         shape = SHAPES[key]
         layers = {p.name: (p,) * shape.heads for p in catalog}
         layers["mixed layer"] = tuple(catalog[h % len(catalog)] for h in range(shape.heads))
+        if shape.heads == len(HAND_LAYER):
+            by_name = {p.name: p for p in catalog}
+            layers["hand-written layer"] = tuple(by_name[n] for n in HAND_LAYER)
         if not a.no_check:
             check(shape, layers, rows)
         if not a.no_time:
-            time_shape(shape, layers, rows, pattern_file)
+            time_shape(shape, layers, rows, pattern_file, (True, False) if a.both else (True,))
         if a.sweep:
             sweep(shape, layers, rows)
     if a.json:

@@ -251,9 +251,10 @@ def test_profile_sparse_vdit_reports_each_layer_and_its_file(cli_cache, tmp_path
     d = {m.name: block_density(m, tiles) for m in default_catalog()}
     assert svd["layers"] == [
         {"expert": "transformer", "layer": 0, "heads": 2, "launches": 1, "groups": 2,
-         "density": pytest.approx((d["dense"] + d["diagonal"]) / 2), "modes": {"dense": 1, "diagonal": 1}},
+         "density": pytest.approx((d["dense"] + d["diagonal"]) / 2), "sdpa_heads": 0,
+         "modes": {"dense": 1, "diagonal": 1}},
         {"expert": "transformer", "layer": 1, "heads": 2, "launches": 0, "groups": 1, "density": 0.0,
-         "modes": {"skip": 2}}]
+         "sdpa_heads": 0, "modes": {"skip": 2}}]
     assert svd["launches_per_forward"] == 1
     assert svd["block_density"] == pytest.approx((d["dense"] + d["diagonal"]) / 4)
     info = svd["backend_info"]

@@ -72,9 +72,10 @@ class ProfileRow:
     (cropped) latents against `full` at the same tile fit. `backend_info` is the backend's `describe(device)`
     (empty for the overhead rows). `layers` holds, for backends that record it, what each (expert, layer) ran in
     its first call of the configuration (the first warm-up or timed step, its first forward), sorted by
-    expert then layer (`layer_rows`): {"expert", "layer", "heads", "launches" (kernel launches of one call: 0 for
-    a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed tile pairs
-    / (heads x tiles^2)), "modes" ({mode name: heads})}; empty for the others. `launches_per_forward` (their sum)
+    expert then layer (`layer_rows`): {"expert", "layer", "heads", "launches" (kernel launches and SDPA calls of
+    one call: 0 for a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed
+    tile pairs / (heads x tiles^2)), "sdpa_heads" (heads run by SDPA instead of the kernel), "modes" ({mode name:
+    heads})}; empty for the others. `launches_per_forward` (their sum)
     and `block_density` (their head-weighted mean) summarise them (None without `layers`).
     """
 
@@ -174,8 +175,8 @@ class _Measured:
 def layer_rows(backend: Any) -> list[dict[str, Any]]:
     """What each (expert, layer) of `backend`'s last configuration ran, for backends that record it: a
     `layer_stats` attribute {(expert, layer): {"expert", "layer", "heads", "launches", "groups", "density",
-    "modes"}} (sparse-vdit; see `ProfileRow.layers`), as JSON-ready dicts sorted by expert then layer; [] for
-    backends without one."""
+    "sdpa_heads", "modes"}} (sparse-vdit; see `ProfileRow.layers`), as JSON-ready dicts sorted by expert then
+    layer; [] for backends without one."""
     stats = getattr(backend, "layer_stats", None)
     if not isinstance(stats, dict):
         return []

@@ -59,14 +59,17 @@ def test_torch_impl_is_the_oracle_reference(grid):
     assert not torch.equal(got[0], got[1])  # batch elements are their own
 
 
-@pytest.mark.parametrize("grid", TRITON_GRIDS, ids=str)
-def test_triton_impl_forward_and_backward_are_the_oracle_reference(grid):
+@pytest.mark.parametrize("grid,sdpa_heads", [(TRITON_GRIDS[0], True), (TRITON_GRIDS[1], True),
+                                             (TRITON_GRIDS[1], False)], ids=str)
+def test_triton_impl_forward_and_backward_are_the_oracle_reference(grid, sdpa_heads):
+    """With sdpa_heads the dense and vertical-stripe heads run SDPA over their keys (3 calls: the kernel, SDPA over
+    every key, SDPA over the stripe's keys), without it all in one kernel launch; either way the oracle's result."""
     lay = tile_layout(grid)
     h = len(TRITON_HEADS)
     q, k, v = make_qkv(2, lay.num_tokens, h, D, seed=32)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(33))
     qg, kg, vg = leaves(q, k, v, dtype=torch.float32)
-    be = backend("triton")
+    be = backend("triton", sdpa_heads=sdpa_heads)
     got = be.attend(qg, kg, vg, TRITON_HEADS, lay)
     got.backward(do)
     rq, rk, rv = leaves(q, k, v)
@@ -79,7 +82,33 @@ def test_triton_impl_forward_and_backward_are_the_oracle_reference(grid):
         assert rel_l2(g, r) < FP32_REL_L2, (name, rel_l2(g, r))
         assert bool((g[:, :, 1] == 0).all()), f"{name} of the skip head"
     assert bool((got[:, :, 1] == 0).all())
-    assert be.layer_stats[(None, -1)]["launches"] == 1
+    stats = be.layer_stats[(None, -1)]
+    # on the first grid (one temporal slab) the mixed head's stripe is every tile: dense, so an SDPA head too
+    want = ((3, 3) if grid == TRITON_GRIDS[0] else (3, 2)) if sdpa_heads else (1, 0)
+    assert (stats["launches"], stats["sdpa_heads"]) == want
+
+
+def test_layer_plan_routes_shared_list_heads_to_sdpa():
+    """Heads whose tiles all share a key list go to SDPA, grouped by list, with their kernel rows emptied; a layer of
+    such heads and skips launches no kernel and still gives the oracle's result (zeros for the skip head)."""
+    lay = tile_layout((5, 4, 9))  # tiles (2, 1, 3): partial tiles in every dim
+    tiles = lay.tiles_per_dim
+    be = backend("triton")
+    modes = (vertical_stripe(0, 2), diagonal(0), dense(), vertical_stripe(0, 2, "again"), skip())
+    q2k, cnt, groups, sdpa = be.layer_plan(modes, lay, torch.device("cpu"))
+    assert [h.tolist() for h, _ in sdpa] == [[0, 3], [2]]
+    stripe = q2k_table(vertical_stripe(0, 2), tiles)[0][0].tolist()[:int(q2k_table(vertical_stripe(0, 2), tiles)[1][0])]
+    want_rows = torch.cat([torch.arange(int(lay.tile_offsets[t]), int(lay.tile_offsets[t + 1])) for t in stripe])
+    assert torch.equal(sdpa[0][1], want_rows) and sdpa[1][1] is None  # dense: every key, no gather
+    assert cnt[0, [0, 2, 3, 4]].sum() == 0 and torch.equal(cnt[0, 1], q2k_table(diagonal(0), tiles)[1])
+    assert be.layer_plan(modes, lay, torch.device("cpu"))[3] is sdpa  # cached
+    assert backend("triton", sdpa_heads=False).layer_plan(modes, lay, torch.device("cpu"))[3] == ()
+    only = (dense(), skip(), vertical_stripe(1, 0))
+    assert be.layer_plan(only, lay, torch.device("cpu"))[0] is None
+    q, k, v = make_qkv(2, lay.num_tokens, 3, D, seed=39)
+    got = be.attend(q, k, v, only, lay)
+    torch.testing.assert_close(got.double(), reference(q, k, v, only, lay), atol=FP32_ATOL, rtol=FP32_RTOL)
+    assert bool((got[:, :, 1] == 0).all()) and be.layer_stats[(None, -1)]["launches"] == 2
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

@@ -8,7 +8,10 @@ pattern) to the q2k index tables of `vsa`'s block-sparse kernels. The modes come
 Head fusion: all heads of a layer run in one call of the block-sparse kernel whatever their modes, from per-head
 index tables (a (1, H, Q_TILES, K) table with K the layer's widest row, expanded over the batch); skip heads have
 empty rows (their programs exit at once) and a layer whose heads all skip launches nothing. A layer whose heads are
-all dense runs torch's SDPA (cuDNN on CUDA) instead. There is no coarse stage: the selection is static, so the
+all dense runs torch's SDPA (cuDNN on CUDA) instead, and (option `sdpa_heads`, on by default) so does every head
+whose query tiles all share one key list (dense, vertical-stripe): SDPA over that list's tokens, one call per
+distinct list, those heads' rows emptied in the kernel's tables (dense cuDNN computes a block faster than the
+block-sparse kernel, BENCHMARKS.md). There is no coarse stage: the selection is static, so the
 kernels run over query groups (`vsagen.kernels.query_groups`, the `query_block` option): tiles of a head with equal
 key lists share a program and partial query tiles are packed, in the forward and dQ kernels, and the dK/dV loop
 packs partial query tiles as well (`block_sparse_attention_grouped`).
@@ -34,7 +37,7 @@ import torch.nn.functional as F
 from ..errors import BadInput
 from ..kernels.tuning import KernelTuning
 from ..sparsity.files import PatternFile, architecture_of, file_hash, load_patterns
-from ..sparsity.patterns import Pattern, block_map, q2k_table
+from ..sparsity.patterns import Pattern, block_map, q2k_table, skip
 from .base import AttnContext
 
 IMPLS = ("auto", "triton", "torch")
@@ -62,6 +65,9 @@ class SparseVDiTOptions:
             equal key lists share a program, partial query tiles packed): 64 or 128; 0 runs one program per query
             tile (the `vsa` forward). The backward is the same either way.
         tuning: the Triton kernels' tuning (`KernelTuning`), from Python only; None: the device's defaults.
+        sdpa_heads: with impl triton, heads whose query tiles all share one key list (dense, vertical-stripe) run
+            torch SDPA (cuDNN on CUDA) over the tokens of that list instead of the block-sparse kernel (their rows
+            of the kernel's tables are emptied): one SDPA call per distinct list; False: every head in the kernel.
 
     Raises:
         BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
@@ -72,6 +78,7 @@ class SparseVDiTOptions:
     impl: Literal["auto", "triton", "torch"] = "auto"
     query_block: int = DEFAULT_QUERY_BLOCK
     tuning: KernelTuning | None = None
+    sdpa_heads: bool = True
 
     def __post_init__(self) -> None:
         if self.patterns is not None:
@@ -83,8 +90,9 @@ class SparseVDiTOptions:
             if not path.is_file():
                 raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
             object.__setattr__(self, "patterns", path.resolve())  # the run's JSON records where it really is
-        if not isinstance(self.remap, bool):
-            raise BadInput(f"remap must be true or false, got {self.remap!r}")
+        for name in ("remap", "sdpa_heads"):
+            if not isinstance(getattr(self, name), bool):
+                raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.query_block not in QUERY_LAUNCH and self.query_block != 0:
             raise BadInput(f"query_block must be 0, {' or '.join(map(str, QUERY_LAUNCH))}, got {self.query_block!r}")
         if self.impl not in IMPLS:
@@ -191,15 +199,16 @@ class SparseVDiTAttention:
         self._run_grid = tuple(grid)
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """{"name", "patterns" (absolute path), "patterns_sha256", "remap", "impl", "query_block", "density" (the
-        file's mean block density on its grid), "modes" (head counts per mode)}; after a remapped run (another grid)
-        also "remapped_from" (the file's grid), "grid" and "density_on_grid" (the same modes on the run's grid);
-        given the device, "impl_ran"."""
+        """{"name", "patterns" (absolute path), "patterns_sha256", "remap", "impl", "query_block", "sdpa_heads",
+        "density" (the file's mean block density on its grid), "modes" (head counts per mode)}; after a remapped run
+        (another grid) also "remapped_from" (the file's grid), "grid" and "density_on_grid" (the same modes on the
+        run's grid); given the device, "impl_ran"."""
         d: dict[str, Any] = {"name": self.name, "impl": self.options.impl, "remap": self.options.remap}
         if self.file is not None:
             d.update(patterns=str(self.options.patterns), patterns_sha256=self.file_sha256,
                      patterns_model=self.file.model, density=round(self.file.density(), 6),
-                     modes=self.file.mode_counts(), query_block=self.options.query_block)
+                     modes=self.file.mode_counts(), query_block=self.options.query_block,
+                     sdpa_heads=self.options.sdpa_heads)
             if self._run_grid is not None and self._run_grid != tuple(self.file.grid):
                 tiles = tuple(-(-g // 4) for g in self._run_grid)
                 d.update(remapped_from=list(self.file.grid), grid=list(self._run_grid),
@@ -263,38 +272,112 @@ class SparseVDiTAttention:
             return torch.zeros_like(q)
         if kinds == {"dense"}:
             self._note(stats_key, modes, layout, launches=1)
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
-                    return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
-            return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
-        self._note(stats_key, modes, layout, launches=1)
+            return _sdpa(q, k, v)
         if self.resolved_impl(q.device) == "torch":
+            self._note(stats_key, modes, layout, launches=1)
             bm = torch.stack([block_map(p, layout.tiles_per_dim, q.device) for p in modes])  # (H, Q_T, KV_T)
             tt = layout.token_tile.to(q.device)
             return masked_attention(q, k, v, bm[:, tt][:, :, tt])
-        from ..kernels.block_sparse_attn import block_sparse_attention
+        from ..kernels.block_sparse_attn import block_sparse_attention, block_sparse_attention_grouped
 
-        from ..kernels.block_sparse_attn import block_sparse_attention_grouped
+        q2k, cnt, groups, sdpa = self.layer_plan(modes, layout, q.device)
+        self._note(stats_key, modes, layout, launches=int(q2k is not None) + len(sdpa),
+                   sdpa_heads=sum(h.numel() for h, _ in sdpa))
+        if q2k is None:  # every head skips or runs SDPA
+            out = torch.zeros_like(q)
+        else:
+            b = q.shape[0]
+            args = (q, k, v, q2k.expand(b, -1, -1, -1), cnt.expand(b, -1, -1), layout.tile_offsets_i32.to(q.device))
+            if groups is None:
+                out = block_sparse_attention(*args, tuning=self.options.tuning)[0]
+            else:
+                out = block_sparse_attention_grouped(*args, groups, QUERY_LAUNCH[self.options.query_block],
+                                                     tuning=self.options.tuning)[0]
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        for heads, rows in sdpa:  # the kernel wrote zeros for these heads (empty rows)
+            o = _sdpa(*(_take(x, heads, None if x is q else rows) for x in (q, k, v)))
+            out = out.index_copy(2, heads, o) if grad else out.index_copy_(2, heads, o)
+        return out
 
-        q2k, cnt, groups = self.layer_table(modes, layout, q.device)
-        b = q.shape[0]
-        args = (q, k, v, q2k.expand(b, -1, -1, -1), cnt.expand(b, -1, -1), layout.tile_offsets_i32.to(q.device))
-        if groups is None:
-            return block_sparse_attention(*args, tuning=self.options.tuning)[0]
-        return block_sparse_attention_grouped(*args, groups, QUERY_LAUNCH[self.options.query_block],
-                                              tuning=self.options.tuning)[0]
+    def layer_plan(self, modes: tuple[Pattern, ...], layout: Any, device: torch.device
+                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None,
+                              tuple[tuple[torch.Tensor, torch.Tensor | None], ...]]:
+        """How the Triton impl runs one layer: the kernel's tables (`layer_table`) with the heads that go to SDPA
+        emptied (q2k, cnt and groups None when no head is left for the kernel), and the SDPA calls, one per distinct
+        key list shared by every query tile of a head ((head indices (h,) int64, key token rows (R,) int64 in tile
+        order or None for all keys), on `device`); no SDPA calls unless the `sdpa_heads` option is on. Cached per
+        (modes, grid, device)."""
+        key = ("plan", tuple(p.key() for p in modes), tuple(layout.grid), str(device))
+        hit = self._tables.get(key)
+        if hit is not None:
+            return hit
+        lists: dict[tuple[int, ...], list[int]] = {}
+        if self.options.sdpa_heads:
+            for h, p in enumerate(modes):
+                row = _shared_list(p, layout.tiles_per_dim)
+                if row is not None:
+                    lists.setdefault(row, []).append(h)
+        with torch.inference_mode(False):
+            sdpa = tuple((torch.tensor(heads, dtype=torch.int64, device=device),
+                          None if len(row) == layout.num_tiles else _token_rows(row, layout).to(device))
+                         for row, heads in lists.items())
+        routed = {h for heads in lists.values() for h in heads}
+        kernel_modes = tuple(skip() if h in routed else p for h, p in enumerate(modes))
+        if all(p.kind == "skip" for p in kernel_modes):
+            plan = (None, None, None, sdpa)
+        else:
+            plan = (*self.layer_table(kernel_modes, layout, device), sdpa)
+        self._tables[key] = plan  # (the tables themselves are counted by layer_table)
+        return plan
 
-    def _note(self, key: tuple[str | None, int], modes: tuple[Pattern, ...], layout: Any, launches: int) -> None:
-        """Record what layer `key` ran (for `vsagen profile`'s per-layer table): launches, block density, groups."""
+    def _note(self, key: tuple[str | None, int], modes: tuple[Pattern, ...], layout: Any, launches: int,
+              sdpa_heads: int = 0) -> None:
+        """Record what layer `key` ran (for `vsagen profile`'s per-layer table): launches (kernel launches and SDPA
+        calls), block density, mode groups, heads run by SDPA."""
         if key in self.layer_stats:
             return
         tiles = layout.tiles_per_dim
         cnts = [int(q2k_table(p, tiles)[1].sum()) for p in modes]
         self.layer_stats[key] = {"expert": key[0], "layer": key[1], "heads": len(modes), "launches": launches,
                                  "groups": len({p.key() for p in modes}),
-                                 "density": sum(cnts) / (len(modes) * layout.num_tiles ** 2),
+                                 "density": sum(cnts) / (len(modes) * layout.num_tiles ** 2), "sdpa_heads": sdpa_heads,
                                  "modes": {n: sum(1 for p in modes if p.name == n) for n in
                                            dict.fromkeys(p.name for p in modes)}}
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Dense attention of q (B, S, H, D) over k, v (B, R, H, D) -> (B, S, H, D), torch SDPA (cuDNN first on CUDA for
+    bf16 / fp16)."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+            return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+    return F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)
+
+
+def _take(x: torch.Tensor, heads: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """x (B, S, H, D)'s heads (a view when they are consecutive), then its token rows (a copy) unless rows is None."""
+    h0, n = int(heads[0]), heads.numel()
+    if int(heads[-1]) - h0 == n - 1:  # ascending and unique by construction, so consecutive
+        x = x[:, :, h0:h0 + n]
+    else:
+        x = x.index_select(2, heads)
+    return x if rows is None else x.index_select(1, rows)
+
+
+def _shared_list(pattern: Pattern, tiles: tuple[int, int, int]) -> tuple[int, ...] | None:
+    """The key tiles of `pattern` when every query tile has the same non-empty list (dense, vertical-stripe); else
+    None."""
+    q2k, cnt = q2k_table(pattern, tiles)
+    n = int(cnt[0])
+    if n == 0 or not bool((cnt == n).all()) or not bool((q2k[:, :n] == q2k[:1, :n]).all()):
+        return None
+    return tuple(int(t) for t in q2k[0, :n])
+
+
+def _token_rows(key_tiles: tuple[int, ...], layout: Any) -> torch.Tensor:
+    """(R,) int64 tile-order token rows of `key_tiles` (ascending) under `layout`."""
+    off = layout.tile_offsets.cpu()
+    return torch.cat([torch.arange(int(off[t]), int(off[t + 1])) for t in key_tiles])

@@ -93,3 +93,27 @@ def test_vsagen_applied_after_enable_parallelism_is_refused(cp_results):
     for res in cp_results:
         assert "late apply" in res, res
         assert "no parallel config" in res["late apply"] and "enable_parallelism" in res["late apply"], res
+
+
+def test_ulysses_degrees_split_heads_and_tokens():
+    from vsagen.parallel.ulysses import ulysses_degrees
+
+    assert ulysses_degrees(12, 32760, 8) == [1, 2, 3, 4, 6]  # Wan2.1-1.3B at 480x832x81: 32760 = 8 x 4095
+    assert ulysses_degrees(40, 75600, 8) == [1, 2, 4, 5, 8]  # 14B at 720x1280x81
+    assert ulysses_degrees(2, 7, 8) == [1]
+
+
+def test_check_ulysses_degree_refuses_with_the_valid_degrees():
+    from vsagen.errors import BadInput
+    from vsagen.parallel.ulysses import check_ulysses_degree
+
+    for n in (1, 2, 3, 4, 6):
+        check_ulysses_degree(n, 12, 32760)
+    with pytest.raises(BadInput) as info:
+        check_ulysses_degree(8, 12, 32760)
+    msg = str(info.value)
+    assert "12 heads" in msg and "32760 tokens" not in msg.split("(")[0] and msg.endswith("1, 2, 3, 4, 6")
+    with pytest.raises(BadInput, match=r"does not divide 2 heads and 7 tokens.*degrees that do: 1$"):
+        check_ulysses_degree(3, 2, 7)
+    with pytest.raises(BadInput, match="at least 1"):
+        check_ulysses_degree(0, 12, 32760)

@@ -7,7 +7,9 @@ the reverse all-to-all brings the output back to the rank's chunk of the sequenc
 autograd functions (`torch.distributed.nn.functional.all_to_all_single`), so the backward runs the transposed
 exchanges. Works on any process group (gloo on CPUs, NCCL on GPUs).
 
-Not here yet (issue 15): the diffusers context-parallel plan and processor hook-up, CFG parallel, the CLI.
+`context_parallel_plan` hooks vsagen's processors into diffusers' context parallelism; `check_ulysses_degree`
+refuses a degree that does not split the heads and the sequence. Not here yet (issue 15): CFG parallel, the CLI
+(`--ulysses` under torchrun; `python -m vsagen` is its entry point).
 """
 
 from __future__ import annotations
@@ -107,6 +109,36 @@ class UlyssesAttention:
         start = ctx.head_start + dist.get_rank(self.group) * qh.shape[2]
         out = self.inner(qh, kh, vh, dataclasses.replace(ctx, hidden_states=None, head_start=start))
         return heads_to_seq(out, self.group)
+
+
+def ulysses_degrees(heads: int, tokens: int, up_to: int = 64) -> list[int]:
+    """The Ulysses degrees N <= up_to that split both `heads` (attention heads per layer) and `tokens` (post-patch
+    latent tokens of one video) evenly: each rank then holds tokens / N of the sequence and, inside attention,
+    heads / N heads (`seq_to_heads`)."""
+    return [n for n in range(1, up_to + 1) if heads % n == 0 and tokens % n == 0]
+
+
+def check_ulysses_degree(degree: int, heads: int, tokens: int) -> None:
+    """Refuse a Ulysses degree that does not split the heads and the sequence evenly (before any model is loaded).
+
+    Args:
+        degree: N, the ranks the sequence is split across (>= 1).
+        heads: attention heads per layer; tokens: the run's post-patch latent tokens (frames x height x width of
+            the latent grid after patching).
+
+    Raises:
+        BadInput: degree < 1, or N not dividing heads or tokens; the message lists the degrees that do.
+    """
+    from ..errors import BadInput
+
+    if degree < 1:
+        raise BadInput(f"--ulysses must be at least 1, got {degree}")
+    if heads % degree == 0 and tokens % degree == 0:
+        return
+    what = " and ".join(f"{n} {name}" for n, name in ((heads, "heads"), (tokens, "tokens")) if n % degree)
+    valid = ", ".join(map(str, ulysses_degrees(heads, tokens, max(8, degree))))
+    raise BadInput(f"--ulysses {degree} does not divide {what} (this model has {heads} heads, this size {tokens} "
+                   f"tokens); degrees that do: {valid}")
 
 
 def context_parallel_plan(transformer: Any) -> dict:

@@ -154,7 +154,7 @@ class _Recorder:
         self.configs = []
         self.error = error
 
-    def __call__(self, cfg, *, log=None, progress=True):
+    def __call__(self, cfg, *, log=None, progress=True, writer=True):
         self.configs.append(cfg)
         if self.error is not None:
             raise self.error

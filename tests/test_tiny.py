@@ -51,3 +51,50 @@ def test_ensure_tiny_checkpoint_builds_once_into_the_cache(vsagen_cache, tiny_di
     built = ensure_tiny_checkpoint(load_preset("tiny"), root)
     assert built == root / "tiny-pipeline" and (built / _MARKER).is_file() and not (built / "junk").exists()
     assert sorted(p.name for p in root.iterdir()) == ["tiny-pipeline"]  # no temporary folder left
+
+
+def test_a_checkpoint_finished_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two ranks of one torchrun launch build the tiny checkpoint at once: the one that finishes second must use the
+    first one's checkpoint, not delete it while the first loads from it (it did: rank 0 then found an empty
+    text_encoder folder)."""
+    import vsagen.tiny
+
+    root = tmp_path / "root"
+    target = root / "tiny-pipeline"
+    real = vsagen.tiny.build_tiny_pipeline
+
+    class Racing:
+        def __init__(self, preset):
+            self.pipe = real(preset)
+
+        def save_pretrained(self, path, **kw):
+            self.pipe.save_pretrained(path, **kw)
+            target.mkdir()  # the other process renames its complete checkpoint into place meanwhile
+            (target / _MARKER).write_text("the other process\n")
+            (target / "in use").write_text("loading from here")
+
+    monkeypatch.setattr(vsagen.tiny, "build_tiny_pipeline", Racing)
+    assert ensure_tiny_checkpoint(load_preset("tiny"), root) == target
+    assert (target / "in use").is_file() and (target / _MARKER).read_text() == "the other process\n"
+    assert sorted(p.name for p in root.iterdir()) == ["tiny-pipeline"]  # no temporary folder left
+
+
+def test_no_build_under_a_process_group(tmp_path):
+    """transformers' save_pretrained writes only on rank 0 of an initialized process group: a tiny checkpoint saved
+    then lacked its text encoder's weights (rank 1's copy, with the completion marker). So the build refuses, and
+    the CLI builds it before `--ulysses` starts the group (vsagen.loading.prepare_model_files)."""
+    import socket
+
+    import pytest
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        with pytest.raises(RuntimeError, match="before torch.distributed's process group starts"):
+            ensure_tiny_checkpoint(load_preset("tiny"), tmp_path)
+    finally:
+        dist.destroy_process_group()
+    assert not (tmp_path / "tiny-pipeline").exists()

@@ -1,7 +1,8 @@
 """The `vsagen` command line (Typer app only: parse, call the library, render).
 
 Library errors (`VsagenError`) become one line on stderr and exit code 2 (bad input) or 1 (failure while
-running); tracebacks appear only with --verbose. Heavy imports (torch, diffusers) happen inside commands.
+running); tracebacks appear only with --verbose. Heavy imports (torch, diffusers) happen inside commands. Under a
+torchrun launch (`--ulysses`) rank 0 prints; the other ranks print an error only if rank 0 did not fail too.
 """
 
 from __future__ import annotations
@@ -66,17 +67,44 @@ def _from_torch_compile(e: BaseException) -> bool:
     return False
 
 
-def _run_guarded(fn, verbose: bool) -> None:
-    """Call fn(); map errors to one line and an exit code."""
+# How long a rank other than 0 of a launch waits, after its own error, for rank 0 to report (`_linger`).
+LINGER_S = 5.0
+
+
+def _linger(code: int) -> None:
+    """A rank other than 0 of a launch failed: wait up to LINGER_S for rank 0 to fail the same way and print the
+    line (torchrun ends the other ranks with SIGTERM once one exits, so leaving first could cut rank 0 off before
+    it prints). A SIGTERM meanwhile ends this process with `code`, silently; returning means rank 0 did not end,
+    so this rank's error is its own."""
+    import time
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
+    try:
+        time.sleep(LINGER_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_guarded(fn, verbose: bool, rank: int = 0) -> None:
+    """Call fn(); map errors to one line and an exit code. A rank other than 0 of a launch prints its line only
+    when rank 0 did not end meanwhile (`_linger`), prefixed with its rank."""
+
+    def err(msg: str, code: int) -> None:
+        if rank != 0:
+            _linger(code)
+            msg = f"rank {rank}: {msg}"
+        _err(msg)
+
     try:
         fn()
     except VsagenError as e:
         if verbose:
             raise
-        _err(str(e))
+        err(str(e), e.exit_code)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
-        _err("interrupted; nothing was written")
+        if rank == 0:
+            _err("interrupted; nothing was written")
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
@@ -87,7 +115,7 @@ def _run_guarded(fn, verbose: bool) -> None:
         # torch.compile's own failures (dynamo, inductor, its C++ / Triton toolchains) name neither vsagen nor
         # --compile; say which option brought them in
         hint = "; it came from torch.compile: try without --compile" if _from_torch_compile(e) else ""
-        _err(f"{type(e).__name__}: {first} (run again with --verbose for the traceback{hint})")
+        err(f"{type(e).__name__}: {first} (run again with --verbose for the traceback{hint})", 1)
         raise typer.Exit(1) from None
 
 
@@ -139,23 +167,53 @@ ProfileCompile = Annotated[bool, typer.Option("--compile", help="torch.compile t
                                               "--kernels); every configuration compiles in its warm-up step.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
 Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
+Ulysses = Annotated[int, typer.Option(help="Split the transformer's sequence across N processes (Ulysses sequence "
+                                           "parallelism through diffusers' context parallelism; every backend): "
+                                           "start with torchrun --nproc_per_node N -m vsagen ... --ulysses N. "
+                                           "Rank 0 writes the files.")]
 
 
 def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out: bool, verbose: bool,
                       last_image: Optional[Path] = None, **settings) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
 
+    from .errors import BadInput
+    from .parallel.launch import torchrun_launch
+
+    try:  # torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK), read here at the command-line boundary
+        launch = torchrun_launch(os.environ)
+    except BadInput as e:
+        _err(str(e))
+        raise typer.Exit(e.exit_code) from None
+    writer = launch is None or launch.writer
+
     def run() -> None:
         from .config import resolve
+        from .parallel import launch as parallel
 
         cfg = resolve(prompt, image=image, fit=fit, last_image=last_image,
                       fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True), **settings)
+        parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v")
         from rich.console import Console
 
         err = Console(stderr=True)
         from .generate import generate
 
-        result = generate(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True), progress=True)
+        def log(m: str) -> None:
+            if writer:
+                err.print(m, markup=False, highlight=False, soft_wrap=True)
+
+        if launch is not None and cfg.ulysses > 1:
+            from .loading import prepare_model_files
+
+            prepare_model_files(cfg)  # the tiny checkpoint, before the process group (see prepare_model_files)
+            parallel.start(launch, cfg.device)
+        try:
+            result = generate(cfg, log=log, progress=writer, writer=writer)
+        finally:
+            parallel.finish()
+        if result is None:  # a rank other than 0: rank 0 reports
+            return
         if json_out:
             sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
             return
@@ -166,6 +224,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
                  + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
                  + f" | {cfg.device} {cfg.dtype}"
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
+                 + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
                  + (" | VAE tiled" if s["vae_tiling"] else ""))
         con.print(result.report.rich_table(title=title))
         share = result.report.attention_share_of_dit
@@ -174,7 +233,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
                   highlight=False, markup=False)
         con.print(f"video: {result.video_path}\ntiming: {result.json_path}", highlight=False, markup=False)
 
-    _run_guarded(run, verbose)
+    _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
 @app.command()
@@ -187,7 +246,7 @@ def t2v(
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
     warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
-    json_out: JsonOut = False,
+    ulysses: Ulysses = 1, json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
@@ -215,7 +274,7 @@ def i2v(
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
     warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
-    json_out: JsonOut = False,
+    ulysses: Ulysses = 1, json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with

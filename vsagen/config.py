@@ -78,6 +78,7 @@ class Request:
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
     compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
+    ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
 
     @property
     def image_to_video(self) -> bool:
@@ -410,7 +411,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
             fit: str = "crop", offload: str = "none", vae_tiling: str = "auto", compile: bool = False,
-            last_image: Path | None = None, fused_blocks: bool = True) -> RunConfig:
+            last_image: Path | None = None, fused_blocks: bool = True, ulysses: int = 1) -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
     `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
@@ -422,7 +423,9 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     models without a CLIP branch (Wan2.2-I2V-A14B style) take it optionally, others refuse it.
     `offload` (none | model | group) keeps weights in CPU memory and moves them to the GPU as they are needed
     (diffusers' model / group offloading; CUDA only). `vae_tiling` (auto | on | off) tiles the VAE
-    (`vae_tiling_enabled` says when `auto` does).
+    (`vae_tiling_enabled` says when `auto` does). `ulysses` (>= 1) splits the sequence across that many ranks
+    of a torchrun launch (`vsagen.parallel.launch`); not with `offload` or `compile`, and for a model of the
+    preset's architecture the heads and the denoised tokens must split evenly (checked here, before loading).
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid).
@@ -472,6 +475,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         raise BadInput(f"--offload {offload} moves weights between CPU and GPU memory and needs CUDA, but this run is "
                        f"on the CPU ({how}); use --offload none")
     dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
+    _check_ulysses(ulysses, src, offload=offload, compile=compile, tile_fit=tile_fit, frames=frames, height=height,
+                   width=width)
     out = Path(out) if out is not None else _default_out(model, spec.name, seed, overwrite)
     if not out.name or out.name in (".", ".."):
         raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
@@ -486,4 +491,28 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
         offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
+        ulysses=ulysses,
     )
+
+
+def _check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,
+                   height: int, width: int) -> None:
+    """`--ulysses`: at least 1; not with --offload (diffusers #12533) nor --compile (not tested together); for a
+    model of its preset's architecture, a degree that splits the heads and the denoised tokens evenly."""
+    if isinstance(ulysses, bool) or not isinstance(ulysses, int) or ulysses < 1:
+        raise BadInput(f"--ulysses must be an integer of at least 1, got {ulysses!r}")
+    if ulysses == 1:
+        return
+    if offload != "none":
+        raise BadInput(f"--ulysses {ulysses} cannot run with --offload {offload} (diffusers' context parallelism "
+                       "and offloading do not work together, diffusers #12533); use --offload none")
+    if compile:
+        raise BadInput(f"--ulysses {ulysses} with --compile is not supported yet; drop --compile")
+    if src.exact_preset:
+        from .layout import plan_crop
+        from .parallel.ulysses import check_ulysses_degree
+
+        p = src.preset
+        grid = plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
+                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
+        check_ulysses_degree(ulysses, int(p.transformer["num_attention_heads"]), math.prod(grid))

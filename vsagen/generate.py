@@ -33,7 +33,8 @@ class RunResult:
     summary: dict[str, Any]
 
 
-def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True) -> RunResult:
+def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
+             writer: bool = True) -> RunResult | None:
     """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
     JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
     CLIP-encodes it and VAE-encodes the first-frame condition inside its pipeline call; those two stages are timed
@@ -41,6 +42,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     (`cfg.last_image`, first/last-frame to video) is fitted the same way and handed over as diffusers'
     `last_image`: the condition video ends with it and its mask marks the last frame; a CLIP branch encodes both
     images.
+    Under `--ulysses` every rank runs this; only the `writer` (rank 0) decodes and writes, the others return None.
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
     (`load_model`); the JSON records both. The backend's own weights are attached before the weights are placed.
 
@@ -69,7 +71,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         log(f"note: {note}")
     pipe = session.pipe
     plan = session.plan(cfg.tile_fit)
-    run = session.run(backend, plan, encode=True, decode=True)
+    run = session.run(backend, plan, encode=True, decode=writer)
+    if not writer:
+        return None
     t_write = time.perf_counter()
     with out_of_memory_as_failure("generating", cfg.memory_hints()), torch.inference_mode():
         frames = pipe.video_processor.postprocess_video(run.video.float(), output_type="np")[0]
@@ -96,7 +100,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "image": str(cfg.image) if cfg.image is not None else None,
         "last_image": str(cfg.last_image) if cfg.last_image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
-        "dtype": cfg.dtype, "tile_fit": cfg.tile_fit, "random_weights": session.model.random_weights,
+        "dtype": cfg.dtype, "ulysses": cfg.ulysses, "tile_fit": cfg.tile_fit,
+        "random_weights": session.model.random_weights,
         "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
         "compile_fullgraph": session.compile_fullgraph,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,

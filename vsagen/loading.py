@@ -191,6 +191,26 @@ def place_pipeline(pipe: Any, offload: str, device: str) -> None:
         raise ValueError(f"unknown offload mode {offload!r}")
 
 
+def prepare_model_files(cfg: Request) -> Path | None:
+    """Write the files a load of `cfg` needs that vsagen builds itself: the tiny models' checkpoint (in the vsagen
+    cache, once); returns its folder, or None for other models. Call it before a process group starts
+    (`vsagen.parallel.launch.start`): transformers' `save_pretrained` writes only on rank 0 of an initialized group.
+
+    Raises:
+        RunFailure: the cache folder is not writable.
+    """
+    if cfg.source.kind != "tiny" or cfg.random_weights:
+        return None
+    from .tiny import ensure_tiny_checkpoint
+
+    try:
+        return ensure_tiny_checkpoint(cfg.source.preset)
+    except OSError as e:
+        raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
+                         f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
+                         "writable folder") from None
+
+
 def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any] = ()) -> LoadedModel:
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
     see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
@@ -217,14 +237,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
         notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
     else:
         if src.kind == "tiny":
-            from .tiny import ensure_tiny_checkpoint
-
-            try:
-                location = str(ensure_tiny_checkpoint(preset))
-            except OSError as e:
-                raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
-                                 f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
-                                 "writable folder") from None
+            location = str(prepare_model_files(cfg))
             notes.append(f"model {preset.name!r} has random weights: its videos are noise (for plumbing and timing)")
         else:
             location = src.location

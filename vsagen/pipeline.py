@@ -326,6 +326,8 @@ class Session:
         load_s: host seconds of `load_model` (loading and placing the weights).
         text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
         preattached: the backends whose own weights `load` attached (runs of them attach nothing more).
+        ulysses_enabled: a `--ulysses` run split the transformers' sequence (`vsagen.parallel.launch`; once per
+            session).
     """
 
     request: Request
@@ -336,6 +338,7 @@ class Session:
     load_s: float = 0.0
     text_encode_s: float = 0.0
     preattached: tuple[Any, ...] = ()
+    ulysses_enabled: bool = False
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
@@ -381,6 +384,20 @@ class Session:
             fullgraph = breaks is None
         return cls(request, model, conditioning, fused, fullgraph, load_s,
                    preattached=tuple(backends) if attach_on_load else ())
+
+    def _check_ulysses(self, plan: CropPlan) -> None:
+        """Before a `--ulysses` run: refuse a second one in this session (the first left diffusers' context-parallel
+        hooks on the transformers, and vsagen's processors cannot be installed under them) and a degree that does not
+        split every transformer's heads and the plan's tokens evenly."""
+        import math
+
+        from .parallel.ulysses import check_ulysses_degree
+
+        if self.ulysses_enabled:
+            raise RuntimeError("a session runs one --ulysses run (diffusers' parallel hooks stay on the transformers)")
+        for _, transformer in experts(self.pipe):
+            check_ulysses_degree(self.request.ulysses, int(transformer.config.num_attention_heads),
+                                 math.prod(plan.denoise_grid))
 
     @property
     def pipe(self) -> Any:
@@ -457,8 +474,20 @@ class Session:
         if check_grid is not None:
             check_grid(plan.denoise_grid)
         attach = not any(backend is b for b in self.preattached)
+        if cfg.ulysses > 1:
+            self._check_ulysses(plan)
         handle = apply(pipe, backend, timer=timer, fused_blocks=self.fused, weights_root=self.model.weight_root,
                        attach_weights=attach)
+        if cfg.ulysses > 1:
+            from .parallel.launch import enable_ulysses
+
+            try:
+                for _, transformer in experts(pipe):
+                    enable_ulysses(transformer, cfg.ulysses)
+            except BaseException:
+                handle.remove()
+                raise
+            self.ulysses_enabled = True
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
         if attach:

@@ -18,6 +18,7 @@ tests and timing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -98,19 +99,35 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
     """Return the directory of the saved tiny pipeline, building and saving it first if needed.
 
     The save goes to a temporary directory that is renamed into place, so concurrent runs and interrupted
-    saves never leave a half-written checkpoint.
+    saves never leave a half-written checkpoint; a checkpoint another process renamed into place first is used.
+
+    Raises:
+        RuntimeError: called while a torch.distributed process group is initialized (transformers' save_pretrained
+            then writes the text encoder on rank 0 only, and the other ranks' checkpoints lack it).
+        OSError: the cache folder is not writable.
     """
     root = cache_dir() if root is None else root
     target = root / f"{preset.name}-pipeline"
     if (target / _MARKER).is_file():
         return target
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():  # transformers would save the text encoder on rank 0 only
+        raise RuntimeError("build the tiny checkpoint before torch.distributed's process group starts "
+                           "(vsagen.loading.prepare_model_files)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=root))
     try:
         build_tiny_pipeline(preset).save_pretrained(tmp, safe_serialization=True)
         (tmp / _MARKER).write_text(f"built by vsagen from presets/{preset.name}.toml\n")
-        if target.exists():
-            shutil.rmtree(target, ignore_errors=True)
+        if (target / _MARKER).is_file():  # another process (a rank of the same launch) finished first: use it
+            return target
+        if target.exists():  # a folder without the marker (an interrupted save): moved aside in one rename, so a
+            # complete checkpoint another process renames into place meanwhile is never deleted
+            stale = Path(tempfile.mkdtemp(prefix=f".{preset.name}-stale-", dir=root))
+            with contextlib.suppress(OSError):
+                os.replace(target, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             os.replace(tmp, target)
         except OSError:

@@ -8,8 +8,8 @@ autograd functions (`torch.distributed.nn.functional.all_to_all_single`), so the
 exchanges. Works on any process group (gloo on CPUs, NCCL on GPUs).
 
 `context_parallel_plan` hooks vsagen's processors into diffusers' context parallelism; `check_ulysses_degree`
-refuses a degree that does not split the heads and the sequence. Not here yet (issue 15): CFG parallel, the CLI
-(`--ulysses` under torchrun; `python -m vsagen` is its entry point).
+refuses a degree that does not split the heads and the sequence; `launch` runs them under torchrun for the CLI's
+`--ulysses`. Not here yet (issue 15): CFG parallel, per-rank timing.
 """
 
 from __future__ import annotations

@@ -1,0 +1,148 @@
+"""vsagen.parallel.launch and `--ulysses`: torchrun's environment read and refused, the degree checked before
+loading, and `torchrun --nproc_per_node 2 -m vsagen t2v --model tiny --device cpu --ulysses 2` (gloo) writing one
+mp4 equal to the single-process one, with every rank exiting 2 on bad input and one error line in all."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import one_error_line
+from vsagen.cli import app
+from vsagen.config import _check_ulysses, resolve
+from vsagen.errors import BadInput
+from vsagen.models import resolve_model
+from vsagen.parallel.launch import Launch, check_launch, enable_ulysses, torchrun_launch
+
+TORCHRUN_TIMEOUT_S = 240  # a hang fails the test instead of the suite
+LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+              "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK")
+
+
+@pytest.fixture
+def cli_cache(vsagen_cache, tiny_dir):
+    """The private cache with the tiny checkpoint built (both ranks then load it, neither builds it)."""
+    return vsagen_cache
+
+
+def test_torchrun_launch_reads_the_launcher_environment():
+    assert torchrun_launch({}) is None and torchrun_launch({"RANK": "0"}) is None
+    got = torchrun_launch({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"})
+    assert got == Launch(1, 2, 1) and not got.writer and Launch(0, 2, 0).writer
+    assert torchrun_launch({"RANK": "3", "WORLD_SIZE": "4"}) == Launch(3, 4, 3)  # no LOCAL_RANK: the rank
+    for bad, match in [({"RANK": "x", "WORLD_SIZE": "2"}, "not integers"),
+                       ({"RANK": "2", "WORLD_SIZE": "2"}, "do not describe"),
+                       ({"RANK": "0", "WORLD_SIZE": "0"}, "do not describe")]:
+        with pytest.raises(BadInput, match=match):
+            torchrun_launch(bad)
+
+
+def test_check_launch_refusals():
+    check_launch(1, None)
+    check_launch(1, Launch(0, 1, 0))
+    check_launch(2, Launch(1, 2, 1))
+    with pytest.raises(BadInput, match=r"start it with torchrun, e\.g\. torchrun --nproc_per_node 2 -m vsagen i2v"):
+        check_launch(2, None, "i2v")
+    with pytest.raises(BadInput, match="needs 4 processes, torchrun started 2"):
+        check_launch(4, Launch(0, 2, 0))
+    with pytest.raises(BadInput, match="runs in 2 processes .*give --ulysses 2"):
+        check_launch(1, Launch(0, 2, 0))
+
+
+def test_resolve_checks_the_degree_before_loading(vsagen_cache):
+    # tiny: 2 heads; 17x96x160 is a 5x6x10 grid (300 tokens), 17x112x176 a 5x7x11 one (385 tokens)
+    assert resolve("a fox", model="tiny", device="cpu", ulysses=2, out=None).ulysses == 2
+    with pytest.raises(BadInput, match=r"--ulysses 3 does not divide 2 heads \(.*degrees that do: 1, 2$"):
+        resolve("a fox", model="tiny", device="cpu", ulysses=3)
+    with pytest.raises(BadInput, match=r"--ulysses 2 does not divide 385 tokens.*degrees that do: 1$"):
+        resolve("a fox", model="tiny", device="cpu", ulysses=2, height=112, width=176)
+    for bad in (0, -1, True):
+        with pytest.raises(BadInput, match="at least 1"):
+            resolve("a fox", model="tiny", device="cpu", ulysses=bad)
+    src = resolve_model("tiny")
+    common = dict(tile_fit="partial", frames=17, height=96, width=160)
+    with pytest.raises(BadInput, match="--offload group .*diffusers #12533"):
+        _check_ulysses(2, src, offload="group", compile=False, **common)
+    with pytest.raises(BadInput, match="--compile is not supported yet"):
+        _check_ulysses(2, src, offload="none", compile=True, **common)
+    _check_ulysses(1, src, offload="group", compile=True, **common)  # no parallel run: nothing to refuse
+
+
+def test_enable_ulysses_needs_the_process_group():
+    with pytest.raises(RuntimeError, match="process group"):
+        enable_ulysses(object(), 2)
+
+
+def test_cli_refuses_ulysses_outside_torchrun_and_several_processes_without_it(cli_cache, monkeypatch):
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+    line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "--ulysses", "2", "x"]))
+    assert "start it with torchrun" in line
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
+    assert "runs in 2 processes" in line
+    monkeypatch.setenv("RANK", "1")  # rank 1 waits for rank 0 to report; alone, it reports with its rank
+    monkeypatch.setattr("vsagen.cli.LINGER_S", 0.05)
+    line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
+    assert line.startswith("error: rank 1: this command runs in 2 processes")
+    monkeypatch.setenv("RANK", "two")
+    assert "not integers" in one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "x"]))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _vsagen(args: list[str], cwd: Path, cache: Path, torchrun: bool = True) -> subprocess.CompletedProcess:
+    """`python -m vsagen ARGS` under torchrun with 2 processes, or alone; one CPU thread each, so both runs sum
+    in the same order (with more threads, CPU matmuls round differently: 1 in 65,000 pixels off by one)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    env.update(VSAGEN_CACHE=str(cache), HF_HOME=str(cwd / "hf-home"), OMP_NUM_THREADS="1")
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                "--master_port", str(_free_port())] if torchrun else []
+    return subprocess.run([sys.executable, *launcher, "-m", "vsagen", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=TORCHRUN_TIMEOUT_S)
+
+
+def _errors(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error: ")]
+
+
+def test_torchrun_ulysses_2_writes_one_mp4_equal_to_one_process(cli_cache, tmp_path):
+    from vsagen.video import read_mp4
+
+    args = ["t2v", "--model", "tiny", "--device", "cpu", "--attn", "vsa:impl=torch", "--steps", "2", "a fox"]
+    res = _vsagen([*args, "--ulysses", "2", "--out", str(tmp_path / "u.mp4")], tmp_path, cli_cache)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    one = _vsagen([*args, "--out", str(tmp_path / "one.mp4")], tmp_path, cli_cache, torchrun=False)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".mp4", ".json")) == [
+        "one.json", "one.mp4", "u.json", "u.mp4"]  # rank 1 wrote nothing
+    assert (read_mp4(tmp_path / "u.mp4") == read_mp4(tmp_path / "one.mp4")).all()
+    data = json.loads((tmp_path / "u.json").read_text())
+    assert data["ulysses"] == 2 and data["backend"]["name"] == "vsa"
+    assert res.stdout.count("video: ") == 1  # one table, from rank 0
+
+
+def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache, tmp_path):
+    res = _vsagen(["t2v", "--model", "tiny", "--device", "cpu", "--ulysses", "2", "--height", "112", "--width",
+                     "176", "--out", str(tmp_path / "u.mp4"), "a fox"], tmp_path, cli_cache)
+    assert res.returncode != 0
+    errors = _errors(res.stderr)
+    assert len(errors) == 1 and "does not divide 385 tokens" in errors[0], res.stderr[-3000:]
+    # torchrun's summary: both ranks exited 2 (the first to leave got its peer a SIGTERM, which exits 2 as well)
+    assert res.stderr.count("exitcode  : 2") == 2, res.stderr[-3000:]
+    frames = [line for line in res.stderr.splitlines() if line.strip().startswith('File "')]
+    assert not [f for f in frames if "/vsagen/" in f], frames  # torchrun's own traceback only, none from vsagen
+    assert not (tmp_path / "u.mp4").exists()

@@ -173,6 +173,23 @@ Ulysses = Annotated[int, typer.Option(help="Split the transformer's sequence acr
                                            "Rank 0 writes the files.")]
 
 
+def _single_process(run):
+    """`run` refused under a launch of several processes (torchrun): `profile` and `search` have no `--ulysses`,
+    and every rank would run and write the same files."""
+
+    def guarded() -> None:
+        from .errors import BadInput
+        from .parallel.launch import torchrun_launch
+
+        launch = torchrun_launch(os.environ)
+        if launch is not None and launch.world_size > 1:
+            raise BadInput(f"this command runs in {launch.world_size} processes (torchrun), but only t2v and i2v "
+                           "split a run (--ulysses): start one process")
+        run()
+
+    return guarded
+
+
 def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out: bool, verbose: bool,
                       last_image: Optional[Path] = None, **settings) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
@@ -353,7 +370,7 @@ def profile(
         else:
             sys.stdout.write(text)
 
-    _run_guarded(run, verbose)
+    _run_guarded(_single_process(run), verbose)
 
 
 @contextlib.contextmanager
@@ -429,7 +446,7 @@ def search(
         for item in summary_renderables(result):
             con.print(item, highlight=False, markup=False) if isinstance(item, str) else con.print(item)
 
-    _run_guarded(run, verbose)
+    _run_guarded(_single_process(run), verbose)
 
 
 @app.command()

@@ -146,3 +146,13 @@ def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache,
     frames = [line for line in res.stderr.splitlines() if line.strip().startswith('File "')]
     assert not [f for f in frames if "/vsagen/" in f], frames  # torchrun's own traceback only, none from vsagen
     assert not (tmp_path / "u.mp4").exists()
+
+
+def test_profile_and_search_refuse_several_processes(cli_cache, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    runner = CliRunner()
+    for args in (["profile", "--model", "tiny", "--device", "cpu"],
+                 ["search", "--model", "tiny", "--device", "cpu", "--prompt", "a cat"]):
+        line = one_error_line(runner.invoke(app, args))
+        assert "only t2v and i2v split a run" in line, args

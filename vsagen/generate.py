@@ -71,7 +71,10 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         log(f"note: {note}")
     pipe = session.pipe
     plan = session.plan(cfg.tile_fit)
+    noted = len(session.notes)
     run = session.run(backend, plan, encode=True, decode=writer)
+    for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
+        log(f"note: {note}")
     if not writer:
         return None
     t_write = time.perf_counter()

@@ -473,6 +473,11 @@ class Session:
         check_grid = getattr(backend, "check_grid", None)  # backends tied to a latent grid (sparse-vdit's files)
         if check_grid is not None:
             check_grid(plan.denoise_grid)
+        check_steps = getattr(backend, "check_steps", None)  # (sparse-vdit: a file's step ranges onto this run)
+        if check_steps is not None:
+            note = check_steps(steps)
+            if note is not None and note not in self.notes:
+                self.notes.append(note)
         attach = not any(backend is b for b in self.preattached)
         if cfg.ulysses > 1:
             self._check_ulysses(plan)

@@ -207,7 +207,7 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
     for title, head, body, caption in _tables(rep):
         t = RichTable(title=title, title_justify="left")
         for i, h in enumerate(head):
-            t.add_column(h, justify="left" if i < 2 else "right")
+            t.add_column(h, justify="left" if i < 2 else "right", overflow="fold")  # narrow: wrap, never cut
         for row in body:
             t.add_row(*row)
         con.print(t)

@@ -6,6 +6,7 @@ sparse-vdit:patterns=FILE` on the tiny model (runs, another architecture, anothe
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -210,6 +211,29 @@ def test_call_takes_the_layer_and_step_modes_from_the_file(tmp_path):
         be(q, k, v, attn_ctx(None, None, NullTimer()))
 
 
+def test_a_run_of_another_step_count_takes_the_file_steps_by_fraction(tmp_path):
+    path = tmp_path / "p.json"
+    pf = tiny_file(path, steps=4)  # step 0: the early range, steps 1-3 the late one
+    lay = tile_layout((5, 6, 10))
+    q, k, v = make_qkv(1, lay.num_tokens, 2, D, seed=39)
+    be = SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="torch"))
+    assert be.check_steps(4) is None and "steps_mapped_from" not in be.describe()
+    note = be.check_steps(8)
+    assert note is not None and "4-step pattern file" in note and "8-step run" in note and "\n" not in note
+    assert be.describe()["steps_mapped_from"] == 4 and be.describe()["run_steps"] == 8
+    from vsagen.attention.base import AttnContext
+
+    for step, file_step in [(1, 0), (2, 1), (7, 3)]:  # step 1 of 8 is the file's step 0 (early), not 1 (late)
+        timer = Timer("cpu")
+        timer.step = step
+        got = be(q, k, v, AttnContext(layout=lay, layer=0, expert="transformer", timer=timer))
+        torch.testing.assert_close(got.double(), reference(q, k, v, pf.layer_modes(None, 0, file_step), lay),
+                                   atol=FP32_ATOL, rtol=FP32_RTOL)
+    one_range = tmp_path / "one.json"
+    save_patterns(dataclasses.replace(pf, ranges=(StepRange(0, 4, pf.ranges[0].heads),)), one_range)
+    assert SparseVDiTAttention(SparseVDiTOptions(patterns=one_range)).check_steps(8) is None  # nothing to map
+
+
 def test_call_refuses_another_grid_unless_remap(tmp_path):
     path = tmp_path / "p.json"
     tiny_file(path)
@@ -331,6 +355,10 @@ def test_t2v_runs_a_pattern_file_and_records_it(vsagen_cache, tiny_dir, tmp_path
     assert data["backend"]["patterns"] == str(path) and data["backend"]["patterns_sha256"] == file_hash(path)
     assert data["backend"]["remap"] is False and data["backend"]["impl_ran"] == "torch"
     assert data["timing"]["self_attention_stages_s"].get("fine", 0) > 0
+    # the file has 2 steps in 2 ranges, the run 1: mapped by fraction, and said so
+    assert data["backend"]["steps_mapped_from"] == 2 and data["backend"]["run_steps"] == 1
+    assert any("2-step pattern file" in n for n in data["timing"]["notes"]), data["timing"]["notes"]
+    assert "note: sparse-vdit: 2-step pattern file" in res.stderr
 
 
 @pytest.mark.slow

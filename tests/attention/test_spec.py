@@ -207,3 +207,13 @@ def test_short_text_keeps_only_what_differs_from_the_defaults():
     assert resolve_spec("vsa").short_text() == "vsa"
     assert resolve_spec("vsa:sparsity=0.9:impl=auto").short_text() == "vsa:sparsity=0.9"
     assert resolve_spec("sla-star:scope=marginal").short_text() == "sla-star:scope=marginal"
+
+
+def test_short_text_names_a_path_option_by_its_file_name(tmp_path):
+    from vsagen.attention.spec import short_spec_text
+
+    # two pattern files: the labels differ by file name, not by a cut-off common folder prefix
+    deep = tmp_path / "a" / "very" / "long" / "folder"
+    assert short_spec_text(f"sparse-vdit:patterns={deep / 'h22.json'}:remap=true") == \
+        "sparse-vdit:patterns=h22.json:remap=true"
+    assert short_spec_text(f"sparse-vdit:patterns={deep / 'h.json'}") == "sparse-vdit:patterns=h.json"

@@ -235,6 +235,19 @@ def test_architecture_of_the_tiny_transformer_and_a_stub():
                                        "patch_size": [1, 2, 2]}
 
 
+def test_a_run_of_another_step_count_maps_the_ranges_by_fraction_of_the_schedule():
+    pf = make_file()  # 4 steps: step 0 the early range, steps 1-3 the late one
+    assert [pf.search_step(s, 8) for s in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [pf.search_step(s, 2) for s in range(2)] == [0, 2]
+    assert [pf.search_step(s, 3) for s in range(3)] == [0, 1, 2]
+    assert pf.search_step(3, None) == 3 and pf.search_step(3, 4) == 3 and pf.search_step(-1, 8) == -1
+    names = lambda modes: [p.name for p in modes]  # noqa: E731
+    assert names(pf.layer_modes(None, 0, 1, run_steps=8)) == ["dense", "diag"]  # step 1 of 8 -> the file's 0
+    assert names(pf.layer_modes(None, 0, 1)) == ["stripe", "stripe"]  # by index: the late range
+    assert names(pf.layer_modes(None, 0, 2, run_steps=8)) == ["stripe", "stripe"]
+    assert names(pf.layer_modes(None, 0, 1, run_steps=2)) == ["stripe", "stripe"]  # step 1 of 2 -> the file's 2
+
+
 def test_layer_modes_picks_the_step_range_and_expert():
     pf = make_file(("transformer", "transformer_2"))
     names = lambda modes: [p.name for p in modes]  # noqa: E731

@@ -321,6 +321,8 @@ def test_search_on_tiny_writes_a_file_t2v_runs(vsagen_cache, tiny_dir, tmp_path,
                      "--out", str(tmp_path / "p.json"))
     assert res.exit_code == 0, res.output
     assert "overall block density" in res.stdout and "speed-up" in res.stdout and "vertical-stripe" in res.stdout
+    # every note with the summary, on stdout (the model's random weights too), none on stderr
+    assert "note: model 'tiny' has random weights" in res.stdout and "note:" not in res.stderr
     pf = load_patterns(tmp_path / "p.json")
     assert architecture_of(tiny_pipe.transformer) == TINY_ARCH == {**pf.architecture}
     assert (pf.model, pf.experts, pf.steps, pf.prompts, pf.grid) == ("tiny", ("transformer",), STEPS, 2, (5, 6, 10))

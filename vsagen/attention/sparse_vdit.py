@@ -68,6 +68,7 @@ class SparseVDiTOptions:
         sdpa_heads: with impl triton, heads whose query tiles all share one key list (dense, vertical-stripe) run
             torch SDPA (cuDNN on CUDA) over the tokens of that list instead of the block-sparse kernel (their rows
             of the kernel's tables are emptied): one SDPA call per distinct list; False: every head in the kernel.
+            No effect with impl torch (every head runs the masked reference there).
 
     Raises:
         BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
@@ -142,6 +143,7 @@ class SparseVDiTAttention:
         self._cached_bytes = 0
         self._checked_grids: set[tuple[int, int, int]] = set()
         self._run_grid: tuple[int, int, int] | None = None
+        self._run_steps: int | None = None
         self.layer_stats: dict[tuple[str | None, int], dict[str, Any]] = {}
 
     @property
@@ -198,11 +200,24 @@ class SparseVDiTAttention:
             self._checked_grids.add(tuple(grid))
         self._run_grid = tuple(grid)
 
+    def check_steps(self, steps: int) -> str | None:
+        """Take the run's denoising step count: a file whose modes change over step ranges, searched over another
+        count, maps the run's steps onto its own by fraction of the schedule (`PatternFile.search_step`). Returns
+        a note saying so in that case, else None."""
+        self._run_steps = int(steps)
+        pf = self.file
+        if pf is None or len(pf.ranges) < 2 or pf.steps == self._run_steps:
+            return None
+        bounds = ", ".join(f"{r.start}-{r.stop - 1}" for r in pf.ranges)
+        return (f"sparse-vdit: {pf.steps}-step pattern file (step ranges {bounds}) on a {self._run_steps}-step run: "
+                f"step s uses the file's step s x {pf.steps} // {self._run_steps} (the same fraction of the schedule)")
+
     def describe(self, device: torch.device | None = None) -> dict:
         """{"name", "patterns" (absolute path), "patterns_sha256", "remap", "impl", "query_block", "sdpa_heads",
         "density" (the file's mean block density on its grid), "modes" (head counts per mode)}; after a remapped run
         (another grid) also "remapped_from" (the file's grid), "grid" and "density_on_grid" (the same modes on the
-        run's grid); given the device, "impl_ran"."""
+        run's grid); after a run of another step count with a file of several step ranges, "steps_mapped_from" (the
+        file's steps) and "run_steps"; given the device, "impl_ran"."""
         d: dict[str, Any] = {"name": self.name, "impl": self.options.impl, "remap": self.options.remap}
         if self.file is not None:
             d.update(patterns=str(self.options.patterns), patterns_sha256=self.file_sha256,
@@ -213,6 +228,8 @@ class SparseVDiTAttention:
                 tiles = tuple(-(-g // 4) for g in self._run_grid)
                 d.update(remapped_from=list(self.file.grid), grid=list(self._run_grid),
                          density_on_grid=round(self.file.density(tiles), 6))
+            if self._run_steps is not None and len(self.file.ranges) > 1 and self._run_steps != self.file.steps:
+                d.update(steps_mapped_from=self.file.steps, run_steps=self._run_steps)
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
         return d
@@ -255,7 +272,7 @@ class SparseVDiTAttention:
         if self.file is None:
             raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE")
         self.check_grid(layout.grid)
-        modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step)
+        modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step, self._run_steps)
         if ctx.head_start + q.shape[2] > len(modes):  # (fewer heads than the file's: refused by bind)
             raise BadInput(f"{self.where} has {len(modes)} heads per layer, this model {q.shape[2]}")
         modes = modes[ctx.head_start:ctx.head_start + q.shape[2]]  # this rank's heads under Ulysses

@@ -70,10 +70,18 @@ class BackendSpec:
 
 def short_spec_text(text: str) -> str:
     """`NAME:KEY=VALUE...` text (as `BackendSpec.text` writes it) without the options at their defaults, for labels;
-    reads no file (a weights path stays as text)."""
+    a path option shows its file name only (`sparse-vdit:patterns=h22.json`); reads no file."""
     name, raw = parse_spec(text)
-    defaults = {k: _fmt(v) for k, v in options_dict(backend_class(name).Options()).items()}
-    return ":".join([name, *(f"{k}={v}" for k, v in raw.items() if defaults.get(k) != v)])
+    options = backend_class(name).Options
+    defaults = {k: _fmt(v) for k, v in options_dict(options()).items()}
+    hints = _hints(options)
+
+    def shown(key: str, value: str) -> str:
+        kind = hints.get(key)
+        is_path = kind is Path or Path in typing.get_args(kind)
+        return Path(value).name if is_path and value else value
+
+    return ":".join([name, *(f"{k}={shown(k, v)}" for k, v in raw.items() if defaults.get(k) != v)])
 
 
 def _fmt(v: Any) -> str:

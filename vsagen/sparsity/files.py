@@ -91,13 +91,24 @@ class PatternFile:
         """(NT, NH, NW) tiles per dim of `grid` with (4, 4, 4) tiles."""
         return tuple(math.ceil(g / 4) for g in self.grid)  # type: ignore[return-value]
 
-    def layer_modes(self, expert: str | None, layer: int, step: int = 0) -> tuple[Pattern, ...]:
-        """The patterns of every head of `layer` of `expert` (None: the first expert) at denoising `step`; steps past
+    def search_step(self, step: int, run_steps: int | None) -> int:
+        """The file's step that denoising `step` of a run of `run_steps` steps stands for: the same fraction of the
+        schedule (step * steps // run_steps), so a file searched over 50 steps in ranges keeps its ranges' share of a
+        20-step run; `step` itself when run_steps is None or equal to the file's steps, or step < 0."""
+        if run_steps is None or run_steps == self.steps or step < 0 or run_steps < 1:
+            return step
+        return step * self.steps // run_steps
+
+    def layer_modes(self, expert: str | None, layer: int, step: int = 0,
+                    run_steps: int | None = None) -> tuple[Pattern, ...]:
+        """The patterns of every head of `layer` of `expert` (None: the first expert) at denoising `step` of a run of
+        `run_steps` steps (None: the file's own steps; another count maps by fraction, `search_step`); steps past
         the last range take the last range's modes, a step before the first (-1: a call outside a denoising loop,
         `Timer.step`'s default) the first range's.
 
         Raises:
             BadInput: an expert or layer the file does not cover."""
+        step = self.search_step(step, run_steps)
         rng = self.ranges[0] if step < 0 else self.ranges[-1]
         for r in self.ranges:
             if r.start <= step < r.stop:

@@ -446,8 +446,6 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
     session = Session.load(cfg, [scorer], progress=progress, log=log)
-    for note in session.notes:
-        log(f"note: {note}")
     plan = session.plan(cfg.tile_fit)
     for i, text in enumerate(cfg.prompts):
         log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")
@@ -467,7 +465,8 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         save_patterns(patterns, cfg.out, overwrite=cfg.overwrite)
     except BadInput:
         raise BadInput(f"{cfg.out} appeared during the search; nothing was written (pass --overwrite)") from None
-    return SearchResult(cfg.out, patterns, notes, scorer.calls, time.perf_counter() - t0,
+    # the session's notes (random weights, compile) join the search's in the summary, on one stream
+    return SearchResult(cfg.out, patterns, [*session.notes, *notes], scorer.calls, time.perf_counter() - t0,
                         run_density(scorer, patterns))
 
 

@@ -105,13 +105,14 @@ def encoder_frames(monkeypatch):
     import vsagen.video
 
     frames: dict = {}
-    real_write = vsagen.video.write_mp4
+    real_encode = vsagen.video.encode_mp4
 
-    def capture(f, path, fps, *, overwrite=False):
-        frames[path.stem] = f.copy()
-        real_write(f, path, fps, overwrite=overwrite)
+    def capture(f, path, fps):
+        # the encoder writes a temporary `.{stem}.{random}.mp4` beside the target (vsagen.video): key by the target
+        frames[path.name[1:].rsplit(".", 2)[0] if path.name.startswith(".") else path.stem] = f.copy()
+        real_encode(f, path, fps)
 
-    monkeypatch.setattr(vsagen.video, "write_mp4", capture)
+    monkeypatch.setattr(vsagen.video, "encode_mp4", capture)
     return frames
 
 

@@ -86,7 +86,7 @@ def test_t2v_tiny_defaults_writes_video_and_json(cli_cache, tmp_path):
     check_report(data, TINY_STEPS)
     assert data["video"] == str(out) and data["model"] == "tiny" and data["attn"] == "full"
     assert (data["frames"], data["height"], data["width"]) == (TINY_FRAMES, TINY_H, TINY_W)
-    assert data["steps"] == TINY_STEPS and data["guidance"] == 5.0 and data["random_weights"] is False
+    assert data["steps"] == TINY_STEPS and data["guidance"] == 5.0 and data["random_weights"] is True
     # The human-readable report goes to stdout and names where the files went.
     assert str(out) in res.stdout and "attention backend share of DiT time" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.mp4"]
@@ -154,7 +154,7 @@ class _Recorder:
         self.configs = []
         self.error = error
 
-    def __call__(self, cfg, *, log=None, progress=True, writer=True):
+    def __call__(self, cfg, *, log=None, progress=True, writer=True, cancelled=None):
         self.configs.append(cfg)
         if self.error is not None:
             raise self.error
@@ -487,3 +487,10 @@ def test_unwritable_cache_gives_one_line_naming_the_fix(cli_cache, tmp_path, mon
     line = assert_one_error_line(res.stderr, res.stdout)
     assert "VSAGEN_CACHE" in line and "XDG_CACHE_HOME" in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_version_prints_the_version_and_exits_0():
+    import vsagen
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.stdout.strip() == f"vsagen {vsagen.__version__}"

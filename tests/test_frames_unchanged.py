@@ -27,13 +27,13 @@ def test_frames_match_the_recorded_reference(vsagen_cache, tmp_path, monkeypatch
     from vsagen.generate import generate
 
     written = {}
-    write_mp4 = video.write_mp4
+    encode_mp4 = video.encode_mp4
 
-    def capture(frames, path, fps, *, overwrite=False):
+    def capture(frames, path, fps):
         written["frames"] = frames.copy()
-        return write_mp4(frames, path, fps, overwrite=overwrite)
+        return encode_mp4(frames, path, fps)
 
-    monkeypatch.setattr(video, "write_mp4", capture)
+    monkeypatch.setattr(video, "encode_mp4", capture)
     cfg = resolve("a red fox in the snow", model="tiny", attn=attn, frames=5, height=64, width=80, steps=2, seed=3,
                   device="cpu", out=tmp_path / f"{attn}.mp4", **options)  # recorded on CPU in float32
     generate(cfg, progress=False)

@@ -48,12 +48,12 @@ def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, f
 
 
 @pytest.mark.slow
-def test_tiny_run_reports_not_random_weights(vsagen_cache, tmp_path):
+def test_tiny_run_reports_random_weights_but_its_own_prompt_embeddings(vsagen_cache, tmp_path):
     from vsagen.generate import generate
 
     cfg = resolve("a prompt", model="tiny", steps=1, guidance=1.0, out=tmp_path / "t.mp4")
     result = generate(cfg, progress=False)
-    assert result.summary["random_weights"] is False
+    assert result.summary["random_weights"] is True and result.summary["random_prompt_embeddings"] is False
     assert result.summary["timing"]["dit_forwards"] == 1  # guidance 1.0: no CFG, one forward a step
 
 
@@ -101,7 +101,7 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     assert (data["frames"], data["height"], data["width"], data["steps"], data["seed"]) == (5, 64, 64, 1, 7)
     assert data["backend"] == {"name": "full"} and data["attn"] == "full" and data["model"] == "tiny"
     assert data["experts"] == ["transformer"] and data["guidance_2"] is None and data["boundary_ratio"] is None
-    assert data["image"] is None and data["last_image"] is None and data["random_weights"] is False
+    assert data["image"] is None and data["last_image"] is None and data["random_weights"] is True
     assert data["versions"]["vsagen"] == vsagen.__version__
     assert data["timing"] == result.report.to_dict() and result.report.dit_forwards == 2
     assert result.report.write_s > 0 and result.report.load_s > 0
@@ -111,22 +111,54 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
 
 @pytest.mark.slow
 def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
-    """Without --overwrite a timing JSON that appears while the run writes its video is kept; the error names
-    the video, which was written."""
+    """Without --overwrite a timing JSON that appears while the run writes its video is kept, and the video is not
+    published either: the two appear together or not at all."""
     import vsagen.video
     from vsagen.generate import generate
 
-    real = vsagen.video.write_mp4
+    real = vsagen.video.encode_mp4
 
-    def write_then_race(frames, path, fps, *, overwrite=False):
-        real(frames, path, fps, overwrite=overwrite)
-        path.with_suffix(".json").write_text("another run's report")
+    def write_then_race(frames, path, fps):
+        real(frames, path, fps)
+        (tmp_path / "r.json").write_text("another run's report")
 
-    monkeypatch.setattr(vsagen.video, "write_mp4", write_then_race)
+    monkeypatch.setattr(vsagen.video, "encode_mp4", write_then_race)
     cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, out=tmp_path / "r.mp4")
     with pytest.raises(BadInput) as info:
         generate(cfg, progress=False)
     msg = str(info.value)
-    assert "r.json appeared during the run" in msg and str(tmp_path / "r.mp4") in msg and "--overwrite" in msg
+    assert "r.json exists (appeared during the run)" in msg and "--overwrite" in msg and "nothing was written" in msg
+    assert "\n" not in msg
     assert (tmp_path / "r.json").read_text() == "another run's report"
-    assert read_mp4(tmp_path / "r.mp4").shape == (5, 64, 64, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no video, no temporary file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP", "SIGINT"])
+def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir, tmp_path, monkeypatch, signum):
+    """`vsagen t2v` ended by SIGTERM / SIGHUP / Ctrl-C in the middle of the mp4 encode (a hook sends the signal
+    there) leaves neither the video, nor its JSON, nor a temporary file; one line, exit 130."""
+    import os
+    import signal
+
+    from typer.testing import CliRunner
+
+    import vsagen.video
+    from vsagen.cli import app
+
+    real = vsagen.video.encode_mp4
+
+    def interrupted_midway(frames, path, fps):
+        real(frames[:2], path, fps)  # part of the file is on disk
+        assert path.exists() and path.stat().st_size > 0
+        os.kill(os.getpid(), getattr(signal, signum))
+
+    monkeypatch.setattr(vsagen.video, "encode_mp4", interrupted_midway)
+    out = tmp_path / "s.mp4"
+    res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--frames", "5", "--height", "64", "--width",
+                                   "64", "--steps", "1", "--out", str(out)])
+    assert res.exit_code == 130, res.output
+    assert res.stderr.strip().splitlines()[-1] == "error: interrupted; nothing was written"
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+

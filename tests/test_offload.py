@@ -39,7 +39,7 @@ def recorder(monkeypatch):
     """Replaces vsagen.generate.generate: records the RunConfig the CLI resolved."""
     configs = []
 
-    def fake(cfg, *, log=None, progress=True, writer=True):
+    def fake(cfg, *, log=None, progress=True, writer=True, cancelled=None):
         configs.append(cfg)
 
         class Result:

@@ -114,7 +114,7 @@ def test_rich_table_rows():
     console = Console(width=200, record=True)
     console.print(_report(records, warmup_s=1.5).rich_table("t"))
     text = console.export_text()
-    for needle in ("condition encode (VAE)", "DiT (2 forwards, 2 steps)", "expert transformer_2 (1 forwards)",
+    for needle in ("condition encode (VAE)", "DiT (2 forwards, 2 steps)", "expert transformer_2 (1 forward)",
                    "(warm-up, not in total)", "4.000", " 50.0"):
         assert needle in text, needle
     assert "image encode (CLIP)" not in text  # zero: not shown

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.video import read_mp4, to_uint8_frames, write_json, write_mp4, write_text, write_with
+from vsagen.video import Outputs, read_mp4, to_uint8_frames, write_json, write_mp4, write_text, write_with
 
 # H.264 (yuv420p, quality 8) of smooth frames: a mean absolute error of a few levels; a wrong size, frame order or
 # colour plane would be off by tens.
@@ -98,3 +98,45 @@ def test_a_failing_writer_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="encoder died"):
         write_with(tmp_path / "x.png", broken)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_publish_together_or_not_at_all(tmp_path):
+    with Outputs() as outs:  # left unpublished: the temporaries go
+        outs.add(tmp_path / "a.txt", lambda t: t.write_text("a"))
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "b.json").write_text("theirs")
+    with pytest.raises(BadInput, match="b.json exists"):
+        with Outputs() as outs:
+            outs.add(tmp_path / "a.mp4", lambda t: t.write_text("video"))
+            outs.add(tmp_path / "b.json", lambda t: t.write_text("ours"))
+            outs.publish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"] and (tmp_path / "b.json").read_text() == "theirs"
+    with Outputs(overwrite=True) as outs:
+        outs.add(tmp_path / "a.mp4", lambda t: t.write_text("video"))
+        outs.add(tmp_path / "b.json", lambda t: t.write_text("ours"))
+        outs.publish()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.mp4": "video", "b.json": "ours"}
+
+
+def test_a_signal_during_publication_lands_after_both_files_are_in_place(tmp_path, monkeypatch):
+    import signal
+
+    import vsagen.video as video
+
+    real = video._publish
+
+    def publish_then_signal(tmp, target, overwrite):
+        real(tmp, target, overwrite)
+        os.kill(os.getpid(), signal.SIGTERM)  # between the two files: held back until both are there
+
+    monkeypatch.setattr(video, "_publish", publish_then_signal)
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: seen.append(sorted(p.name for p in tmp_path.iterdir())))
+    try:
+        with Outputs() as outs:
+            outs.add(tmp_path / "a.mp4", lambda t: t.write_text("video"))
+            outs.add(tmp_path / "a.json", lambda t: t.write_text("{}"))
+            outs.publish()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == [["a.json", "a.mp4"]]  # delivered once (a blocked signal does not queue), after the pair

@@ -31,6 +31,20 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"vsagen {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", help="Print vsagen's version and exit.",
+                                                   callback=_show_version, is_eager=True)] = False) -> None:
+    """Generate Wan video with sparse video self-attention, and see where the time went."""
+
+
 def _env_switch(name: str, default: bool) -> bool:
     """A boolean environment switch: 1/true/on/yes or 0/false/off/no (any case); anything else warns and keeps
     `default`. Read here, at the command-line boundary, once per command (never at import): the library takes the
@@ -226,7 +240,8 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
             prepare_model_files(cfg)  # the tiny checkpoint, before the process group (see prepare_model_files)
             parallel.start(launch, cfg.device)
         try:
-            result = generate(cfg, log=log, progress=writer, writer=writer)
+            with _sigterm_as_interrupt() as interrupted:  # SIGTERM / SIGHUP as Ctrl-C: the mp4 and JSON or nothing
+                result = generate(cfg, log=log, progress=writer, writer=writer, cancelled=interrupted)
         finally:
             parallel.finish()
         if result is None:  # a rank other than 0: rank 0 reports
@@ -357,17 +372,18 @@ def profile(
         from .profile import profile_dit, profile_kernels
         from .profile_render import render, write_plot
 
-        report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log)
-        text = render(report, cfg.fmt)
-        if cfg.plot is not None:
-            write_plot(report, cfg.plot, overwrite=cfg.overwrite)
-            log(f"plot: {cfg.plot}")
-        if cfg.out is not None:
-            from .video import write_text
+        with _sigterm_as_interrupt():  # SIGTERM / SIGHUP as Ctrl-C: no partial report or plot
+            report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log)
+            text = render(report, cfg.fmt)
+            if cfg.plot is not None:
+                write_plot(report, cfg.plot, overwrite=cfg.overwrite)
+                log(f"plot: {cfg.plot}")
+            if cfg.out is not None:
+                from .video import write_text
 
-            write_text(text, cfg.out, overwrite=cfg.overwrite)
-            log(f"report: {cfg.out}")
-        else:
+                write_text(text, cfg.out, overwrite=cfg.overwrite)
+                log(f"report: {cfg.out}")
+        if cfg.out is None:
             sys.stdout.write(text)
 
     _run_guarded(_single_process(run), verbose)
@@ -375,10 +391,11 @@ def profile(
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
-    """Within the block, SIGTERM raises KeyboardInterrupt (as Ctrl-C does), so an interrupted command unwinds:
-    its temporary files are removed and it writes nothing. Only in the main thread (elsewhere: unchanged).
+    """Within the block, SIGTERM and SIGHUP (`kill`, a closed terminal) raise KeyboardInterrupt as Ctrl-C does, so an
+    interrupted command unwinds: its temporary files are removed and it writes nothing (exit 130, one line). Only in
+    the main thread (elsewhere: unchanged).
 
-    Yields a function that says whether SIGINT or SIGTERM arrived in the block: a KeyboardInterrupt raised while
+    Yields a function that says whether SIGINT, SIGTERM or SIGHUP arrived in the block: a KeyboardInterrupt raised while
     Python runs a finalizer (`__del__`) is printed and dropped, so the command asks it before it writes (a search
     interrupted so still writes nothing)."""
     hit = [False]
@@ -390,7 +407,8 @@ def _sigterm_as_interrupt():
         hit[0] = True
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
+    ending = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, interrupt) for sig in ending}
     try:
         yield lambda: hit[0]
     finally:

@@ -34,7 +34,7 @@ class RunResult:
 
 
 def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
-             writer: bool = True) -> RunResult | None:
+             writer: bool = True, cancelled: Callable[[], bool] = lambda: False) -> RunResult | None:
     """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
     JSON. Image to video: the image is fitted to the requested size (`cfg.fit`) and handed to diffusers, which
     CLIP-encodes it and VAE-encodes the first-frame condition inside its pipeline call; those two stages are timed
@@ -43,6 +43,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     `last_image`: the condition video ends with it and its mask marks the last frame; a CLIP branch encodes both
     images.
     Under `--ulysses` every rank runs this; only the `writer` (rank 0) decodes and writes, the others return None.
+    The mp4 and the JSON are published together, unless `cancelled()` says an interrupt arrived that Python
+    dropped (one raised inside a finalizer): then KeyboardInterrupt, nothing written.
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
     (`load_model`); the JSON records both. The backend's own weights are attached before the weights are placed.
 
@@ -52,8 +54,6 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         RunFailure: the run itself failed (message names the stage).
     """
     import torch
-
-    from . import __version__
 
     backend = cfg.backend.build()
     check_grid = getattr(backend, "check_grid", None)  # a backend tied to a latent grid (sparse-vdit's file)
@@ -77,22 +77,44 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         log(f"note: {note}")
     if not writer:
         return None
-    t_write = time.perf_counter()
-    with out_of_memory_as_failure("generating", cfg.memory_hints()), torch.inference_mode():
-        frames = pipe.video_processor.postprocess_video(run.video.float(), output_type="np")[0]
-    from .video import to_uint8_frames, write_json, write_mp4
+    from . import video
 
-    frames_u8 = to_uint8_frames(frames)
-    if frames_u8.shape[:3] != (cfg.frames, cfg.height, cfg.width):
-        raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected {(cfg.frames, cfg.height, cfg.width)}")
-    cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    write_mp4(frames_u8, cfg.out, cfg.fps, overwrite=cfg.overwrite)
-    write_s = time.perf_counter() - t_write
-    report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,
-                                       warmup_s=run.warmup_s, notes=session.notes, untimed=session.untimed(backend))
+    log(f"writing {cfg.out} and {cfg.json_out.name}")
+    with video.Outputs(overwrite=cfg.overwrite) as outputs:  # the mp4 and its JSON appear together or not at all
+        t_write = time.perf_counter()
+        with out_of_memory_as_failure("generating", cfg.memory_hints()), torch.inference_mode():
+            frames = pipe.video_processor.postprocess_video(run.video.float(), output_type="np")[0]
+        frames_u8 = video.to_uint8_frames(frames)
+        if frames_u8.shape[:3] != (cfg.frames, cfg.height, cfg.width):
+            raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected "
+                             f"{(cfg.frames, cfg.height, cfg.width)}")
+        outputs.add(cfg.out, lambda tmp: video.encode_mp4(frames_u8, tmp, cfg.fps), ".mp4")
+        write_s = time.perf_counter() - t_write
+        report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,
+                                           warmup_s=run.warmup_s, notes=session.notes,
+                                           untimed=session.untimed(backend))
+        summary = _summary(cfg, session, backend, plan, report)
+        text = video.json_text(summary)
+        outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
+        if cancelled():  # an interrupt swallowed on its way (KeyboardInterrupt inside a finalizer)
+            raise KeyboardInterrupt
+        try:
+            outputs.publish()
+        except BadInput as e:
+            raise BadInput(f"{e}: nothing was written") from None
+    return RunResult(cfg.out, cfg.json_out, report, summary)
+
+
+def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingReport) -> dict[str, Any]:
+    """The run's JSON object (what `vsagen t2v --json` prints and the timing file holds)."""
+    import torch
+
+    from . import __version__
+
+    pipe = session.pipe
     layout = tile_layout(plan.denoise_grid)
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
-    summary = {
+    return {
         "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
         "backend": backend.describe(torch.device(cfg.device)),
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
@@ -104,7 +126,10 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "last_image": str(cfg.last_image) if cfg.last_image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
         "dtype": cfg.dtype, "ulysses": cfg.ulysses, "tile_fit": cfg.tile_fit,
-        "random_weights": session.model.random_weights,
+        # random weights: --random-weights, or a tiny model (built offline with random weights, text encoder too);
+        # random prompt embeddings only with --random-weights (the tiny model's text encoder runs)
+        "random_weights": session.model.random_weights or cfg.source.kind == "tiny",
+        "random_prompt_embeddings": session.model.random_weights,
         "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
         "compile_fullgraph": session.compile_fullgraph,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
@@ -112,9 +137,3 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
                                                                          **versions(cfg.device)},
     }
-    try:
-        write_json(summary, cfg.json_out, overwrite=cfg.overwrite)
-    except BadInput:
-        raise BadInput(f"{cfg.json_out} appeared during the run; the video is at {cfg.out}, the timing was not "
-                       "written (pass --overwrite)") from None
-    return RunResult(cfg.out, cfg.json_out, report, summary)

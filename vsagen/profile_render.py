@@ -93,7 +93,7 @@ def _layer_table(r: Any, label: str) -> Table:
 def _profile_tables(rep: ProfileReport) -> list[Table]:
     n = rep.settings["full_steps"]
     head = ["backend", "tile fit", "grid (S, tiles)", "DiT s/step", "attention s/step", "stages s/step",
-            "layout s/step", "attn % DiT", "speed-up vs full", f"projected DiT s ({n} steps)",
+            "layout s/step", "attn % DiT", "speed-up vs full", f"projected DiT s ({n} step{'s' if n != 1 else ''})",
             "latents rel-L2 vs full"]
     body = []
     for r, label in zip(rep.rows, row_labels(rep.rows)):

@@ -253,13 +253,14 @@ class TimingReport:
         if outer:
             row("denoise loop", self.denoise_s)
         steps = len(self.dit_per_step_s)
-        row(f"  DiT ({self.dit_forwards} forwards, {steps} steps)", self.dit_s, True)
+        row(f"  DiT ({self.dit_forwards} forward{'s' if self.dit_forwards != 1 else ''}, {steps} "
+            f"step{'s' if steps != 1 else ''})", self.dit_s, True)
         if steps:
             t.add_row("    per step (mean)", f"{self.dit_s / steps:.3f}", "", "")
         if len(self.dit_by_expert_s) > 1:
             for expert, sec in self.dit_by_expert_s.items():
                 n = self.dit_forwards_by_expert.get(expert, 0)
-                row(f"    expert {expert} ({n} forwards)", sec, True)
+                row(f"    expert {expert} ({n} forward{'s' if n != 1 else ''})", sec, True)
         row("    self-attention module (attn1)", self.attn1_s, True)
         row("      attention backend", self.self_attention_s, True)
         for stage, sec in self.self_attention_stages_s.items():

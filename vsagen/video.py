@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,7 +37,8 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], suffix: str) -> None:
+def _temporary_beside(target: Path, suffix: str) -> Path:
+    """An empty temporary file in `target`'s folder (created if missing), hidden, with the usual file mode."""
     target.parent.mkdir(parents=True, exist_ok=True)  # missing folders: created (config checked they can be)
     fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=suffix, dir=target.parent)
     os.close(fd)
@@ -43,11 +46,80 @@ def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], 
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the result should get the usual mode
+    return tmp
+
+
+def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], suffix: str) -> None:
+    tmp = _temporary_beside(target, suffix)
     try:
         write(tmp)
         _publish(tmp, target, overwrite)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# Signals that end a command (Ctrl-C, `kill`, a closed terminal): held back while a set of outputs is published, so
+# an interrupt lands before or after the set, never between two of its files.
+_ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+class Outputs:
+    """Files that appear together or not at all (a video and its timing JSON): each is written to a temporary file
+    beside its target (`add`), then all are moved into place at once (`publish`) with the ending signals held back;
+    leaving the `with` block unpublished (an error, Ctrl-C, SIGTERM) removes the temporaries.
+
+    Raises (publish):
+        BadInput: a target exists and `overwrite` is False (checked again at publication: nothing is published,
+            and the files this set had already moved into place are removed again).
+    """
+
+    def __init__(self, overwrite: bool = False) -> None:
+        self.overwrite = overwrite
+        self._staged: list[tuple[Path, Path]] = []
+
+    def __enter__(self) -> "Outputs":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for tmp, _ in self._staged:
+            tmp.unlink(missing_ok=True)
+        self._staged.clear()
+
+    def add(self, target: Path, write: Callable[[Path], None], suffix: str | None = None) -> None:
+        """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s)."""
+        tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
+        self._staged.append((tmp, target))
+        write(tmp)
+
+    def publish(self) -> None:
+        """Move every added file into place, the ending signals held back meanwhile (delivered after)."""
+        block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING_SIGNALS) if block else None
+        done: list[Path] = []
+        try:
+            for tmp, target in self._staged:
+                _publish(tmp, target, self.overwrite)
+                done.append(target)
+        except BaseException:
+            if not self.overwrite:  # ours alone: linked here a moment ago (an existing file is never replaced)
+                for target in done:
+                    target.unlink(missing_ok=True)
+            raise
+        finally:
+            self._staged = [(t, g) for t, g in self._staged if g not in done]
+            if old is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:
+    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg into `path`
+    (written in place: `write_mp4` and `Outputs` give the atomic publication)."""
+    import imageio.v2 as imageio
+
+    with imageio.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p",
+                            macro_block_size=1, quality=8, ffmpeg_log_level="error") as w:
+        for frame in frames:
+            w.append_data(frame)
 
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = False) -> None:
@@ -56,15 +128,15 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = Fal
     Raises:
         BadInput: `path` exists and `overwrite` is False.
     """
-    import imageio.v2 as imageio
+    _write_atomic(path, overwrite, lambda tmp: encode_mp4(frames, tmp, fps), ".mp4")
 
-    def write(tmp: Path) -> None:
-        with imageio.get_writer(tmp, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p",
-                                macro_block_size=1, quality=8, ffmpeg_log_level="error") as w:
-            for frame in frames:
-                w.append_data(frame)
 
-    _write_atomic(path, overwrite, write, ".mp4")
+def json_text(data: Any) -> str:
+    """`data` as indented JSON text with a final newline.
+
+    Raises:
+        ValueError: NaN or infinite numbers (they would not be JSON)."""
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
 def write_json(data: Any, path: Path, *, overwrite: bool = False) -> None:
@@ -73,7 +145,7 @@ def write_json(data: Any, path: Path, *, overwrite: bool = False) -> None:
     Raises:
         BadInput: `path` exists and `overwrite` is False.
     """
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"  # NaN / Infinity would not be JSON
+    text = json_text(data)
     _write_atomic(path, overwrite, lambda tmp: tmp.write_text(text), ".json")
 
 

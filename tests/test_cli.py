@@ -87,6 +87,11 @@ def test_t2v_tiny_defaults_writes_video_and_json(cli_cache, tmp_path):
     assert data["video"] == str(out) and data["model"] == "tiny" and data["attn"] == "full"
     assert (data["frames"], data["height"], data["width"]) == (TINY_FRAMES, TINY_H, TINY_W)
     assert data["steps"] == TINY_STEPS and data["guidance"] == 5.0 and data["random_weights"] is True
+    # no --attn: auto, which runs full on the tiny model and says why, first among the notes, and in the title
+    assert data["attn_requested"] == "auto" and data["timing"]["notes"][0].startswith("--attn auto chose full")
+    assert "note: --attn auto chose full" in res.stderr and "attn full (auto)" in res.stdout
+    # a status line for each phase without a progress bar of its own
+    assert "decoding the video (VAE" in res.stderr and f"writing {out}" in res.stderr
     # The human-readable report goes to stdout and names where the files went.
     assert str(out) in res.stdout and "attention backend share of DiT time" in res.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "x.mp4"]

@@ -52,6 +52,8 @@ def test_flags_win_over_the_preset_defaults(tmp_path):
     (dict(attn="nope"), "--attn"), (dict(attn="vsa", sparsity=1.0), "--sparsity"),
     (dict(flow_shift=0.0), "--flow-shift"),
     (dict(height=60), "--height"),
+    (dict(attn="auto:sparsity=0.5"), "--attn auto takes no options"),
+    (dict(sparsity=0.5), "--attn auto chose full"),  # the default (auto) on a checkpoint without sparse weights
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_settings_are_one_line_naming_the_flag(tmp_path, kwargs, needle):
     with pytest.raises(BadInput) as info:
@@ -101,3 +103,28 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = resolve("a fox", model="tiny", attn="vsa", seed=3, device="cpu")
     assert cfg.out == Path("vsagen-tiny-vsa-seed3.mp4") and cfg.json_out == Path("vsagen-tiny-vsa-seed3.json")
+
+
+def test_the_default_attn_is_auto_full_on_the_tiny_model_with_a_note(tmp_path):
+    cfg = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "a.mp4")
+    assert cfg.backend.name == "full" and cfg.attn_requested == "auto"
+    assert cfg.attn_note.startswith("--attn auto chose full") and "--attn vsa" in cfg.attn_note
+    named = resolve("a fox", model="tiny", attn="vsa", device="cpu", out=tmp_path / "b.mp4")
+    assert named.attn_requested == "vsa" and named.attn_note is None
+    assert cfg.summary()["attn_requested"] == "auto" and cfg.summary()["attn"] == "full"
+
+
+def test_auto_on_a_folder_with_gate_weights_is_vsa_with_the_preset_options(vsagen_cache, tiny_dir, tmp_path):
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "gated"
+    shutil.copytree(tiny_dir, ckpt)
+    save_file({"blocks.0.attn1.to_gate_compress.weight": torch.randn(32, 32)},
+              str(ckpt / "transformer" / "gates.safetensors"))
+    cfg = resolve("a fox", model=str(ckpt), device="cpu", out=tmp_path / "g.mp4")
+    assert cfg.backend.name == "vsa"
+    assert cfg.backend.sparsity == load_preset("tiny").defaults.attention["vsa"]["sparsity"]
+    assert "chose vsa" in cfg.attn_note and "to_gate_compress" in cfg.attn_note

@@ -135,9 +135,11 @@ def _run_guarded(fn, verbose: bool, rank: int = 0) -> None:
 
 # The options `vsagen t2v` and `vsagen i2v` share (one list: both commands declare them with these types).
 Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
-Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): full, vsa, rocm-vsa, "
-                                        "sla-star, sparse-vdit (a pattern file: sparse-vdit:patterns=FILE); "
-                                        "options as NAME:KEY=VALUE[:KEY=VALUE], e.g. vsa:sparsity=0.9:impl=torch.")]
+Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): auto (the default: the "
+                                        "backend the checkpoint was trained for, else full; the run's notes say "
+                                        "which and why), full, vsa, rocm-vsa, sla-star, sparse-vdit (a pattern "
+                                        "file: sparse-vdit:patterns=FILE); options as NAME:KEY=VALUE[:KEY=VALUE], "
+                                        "e.g. vsa:sparsity=0.9:impl=torch.")]
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]
 AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
@@ -251,8 +253,11 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
             return
         con = Console()
         s = result.summary
-        title = (f"{s['model']} | attn {s['attn']}"
+        ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
+        title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
                  + (f" (sparsity {cfg.sparsity})" if cfg.sparsity is not None else "")
+                 + (" | torch reference (slow: the Triton kernels run on CUDA)" if ran == "torch" else
+                    f" | {ran} kernels" if ran else "")
                  + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
                  + f" | {cfg.device} {cfg.dtype}"
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
@@ -271,7 +276,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
 @app.command()
 def t2v(
     prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
-    model: Model = "wan2.1-t2v-1.3b", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
+    model: Model = "wan2.1-t2v-1.3b", attn: Attn = "auto", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
     height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
     guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
     negative_prompt: NegativePrompt = None, seed: Seed = 0,
@@ -299,7 +304,7 @@ def i2v(
         help="Last frame (PNG, JPEG or WebP), fitted like IMAGE: the video goes from IMAGE to it. First/last-frame "
              "(FLF2V) models need it; image-to-video models without a CLIP branch (Wan2.2 I2V A14B) take it "
              "optionally; other models refuse it.")] = None,
-    model: Model = "tiny-i2v", attn: Attn = "full", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
+    model: Model = "tiny-i2v", attn: Attn = "auto", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
     height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
     guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
     negative_prompt: NegativePrompt = None, seed: Seed = 0,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention import BackendSpec, backend_class, backend_names, resolve_spec
+from .attention.auto import AUTO, choose_backend
 from .attention.spec import check_flags_apply, check_flags_not_repeated, impls_of
 from .attention.weights import check_weights_file, named_weights_file
 from .errors import BadInput
@@ -110,6 +111,8 @@ class RunConfig(Request):
     fit: str | None = None
     vae_tiling: str = "auto"
     last_image: Path | None = None
+    attn_requested: str = ""  # the --attn entry as given ("auto": the backend was chosen, see attn_note)
+    attn_note: str | None = None  # why --attn auto chose the backend, and the alternative (a note of the run)
 
     @property
     def image_to_video(self) -> bool:
@@ -402,7 +405,7 @@ def _check_last_image(model: str, src: ModelSource, image: Path | None, last_ima
     return last_image
 
 
-def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", sparsity: float | None = None,
+def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsity: float | None = None,
             attn_impl: str = "auto",
             height: int | None = None, width: int | None = None, frames: int | None = None,
             steps: int | None = None, guidance: float | None = None, guidance_2: float | None = None,
@@ -432,8 +435,13 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
     """
     if not prompt.strip():
         raise BadInput("the prompt is empty")
-    attn = str(getattr(attn, "value", attn))
-    check_backend_entry(attn)
+    attn = str(getattr(attn, "value", attn)).strip()
+    auto = attn.split(":", 1)[0].strip() == AUTO
+    if auto and attn != AUTO:
+        raise BadInput(f"--attn auto takes no options (got {attn!r}): name the backend to set its options, e.g. "
+                       "--attn vsa:sparsity=0.9")
+    if not auto:
+        check_backend_entry(attn)
     check_choice("--tile-fit", tile_fit, TILE_FITS)
     check_choice("--dtype", dtype, DTYPES)
     check_choice("--device", device, DEVICES)
@@ -455,7 +463,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         open_image(image)  # readable now, or one message naming the path
     last_image = _check_last_image(model, src, image, last_image)
     d = src.preset.defaults
-    spec = backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
+    spec = None if auto else backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
     height, width, frames, steps, guidance, guidance_2 = fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
         guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
@@ -475,6 +483,9 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         raise BadInput(f"--offload {offload} moves weights between CPU and GPU memory and needs CUDA, but this run is "
                        f"on the CPU ({how}); use --offload none")
     dt = dtype if dtype != "auto" else ("bf16" if dev == "cuda" else "fp32")
+    attn_note = None
+    if auto:
+        spec, attn_note = _auto_spec(src, d.attention, sparsity, attn_impl, random_weights, dev)
     _check_ulysses(ulysses, src, offload=offload, compile=compile, tile_fit=tile_fit, frames=frames, height=height,
                    width=width)
     out = Path(out) if out is not None else _default_out(model, spec.name, seed, overwrite)
@@ -491,8 +502,23 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = "full", spar
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
         offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
-        ulysses=ulysses,
+        ulysses=ulysses, attn_requested=attn, attn_note=attn_note,
     )
+
+
+def _auto_spec(src: ModelSource, tables: dict[str, dict[str, Any]], sparsity: float | None, attn_impl: str,
+               random_weights: bool, device: str) -> tuple[BackendSpec, str]:
+    """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`), its spec and the note.
+
+    Raises:
+        BadInput: a flag the chosen backend does not take (e.g. --sparsity when auto chose full), naming the
+            choice and how to pick a backend."""
+    name, note = choose_backend(src.kind, src.location, random_weights, device)
+    try:
+        return backend_specs((name,), tables, sparsity, attn_impl, name)[0], note
+    except BadInput as e:
+        raise BadInput(f"{e} (--attn auto chose {name} for this checkpoint: name a backend, e.g. --attn vsa)") \
+            from None
 
 
 def _check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,

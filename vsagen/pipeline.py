@@ -437,7 +437,8 @@ class Session:
 
     def run(self, backend: Any, plan: CropPlan, *, steps: int | None = None, warmup: int | None = None,
             timer: Timer | None = None, encode: bool = False, decode: bool = False,
-            context: Callable[[], Any] = contextlib.nullcontext, what: str = "generating") -> Denoised:
+            context: Callable[[], Any] = contextlib.nullcontext, what: str = "generating",
+            log: Callable[[str], None] = lambda m: None) -> Denoised:
         """Patch, warm up, denoise (timed), optionally decode, unpatch.
 
         Args:
@@ -450,6 +451,7 @@ class Session:
             decode: VAE-decode the cropped latents (region "vae_decode") into `Denoised.video`.
             context: a context manager factory entered around warm-up and timed steps (e.g. SDPA pinning).
             what: names the run in an out-of-memory message ("generating", "profiling vsa (tile fit crop)").
+            log: receives a status line before each phase without a progress bar of its own (the VAE decode).
 
         Returns:
             `Denoised` (latents cropped to `plan.latent`, video if decoded, records, warm-up seconds).
@@ -528,6 +530,7 @@ class Session:
                     f, h, w = plan.latent
                     latents = latents[:, :, :f, :h, :w]
                     if decode:
+                        log(f"decoding the video (VAE, {cfg.frames} frames)")
                         with timer.region("vae_decode"):
                             video = decode_latents(pipe, latents)
                 records = timer.finish()

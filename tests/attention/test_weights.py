@@ -209,3 +209,20 @@ def test_a_named_file_without_the_backends_keys_is_refused_before_loading(tmp_pa
     with pytest.raises(BadInput, match="holds no blocks"):
         attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=f)), None)
     assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
+
+
+def test_first_layer_key_reads_only_the_names(tmp_path):
+    from safetensors.torch import save_file
+
+    from vsagen.attention.vsa import VSAAttention
+    from vsagen.attention.weights import first_layer_key
+
+    spec = VSAAttention.weights
+    folder = tmp_path / "transformer"
+    folder.mkdir()
+    assert first_layer_key(folder, spec) is None and first_layer_key(tmp_path / "none", spec) is None
+    save_file({"blocks.0.attn1.to_q.weight": torch.zeros(1)}, str(folder / "a.safetensors"))
+    assert first_layer_key(folder, spec) is None
+    save_file({"blocks.3.attn1.to_gate_compress.bias": torch.zeros(1)}, str(folder / "b.safetensors"))
+    assert first_layer_key(folder, spec) == "blocks.3.attn1.to_gate_compress.bias"
+    assert first_layer_key(folder, None) is None

@@ -99,6 +99,25 @@ def read_layer_tensors(source: Path, spec: LayerWeights, keys: dict[int, dict[st
     return found
 
 
+def first_layer_key(folder: Path, spec: LayerWeights | None) -> str | None:
+    """The first key of `spec`'s tensors in a checkpoint folder's safetensors files (headers only, no tensor read),
+    or None: no such folder, no such tensor, no spec, or unreadable files (the load reports those)."""
+    from safetensors import SafetensorError, safe_open
+
+    if spec is None or not folder.is_dir():
+        return None
+    pattern = _key_pattern(spec)
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for key in sf.keys():
+                    if pattern.match(key):
+                        return key
+        except (OSError, ValueError, RuntimeError, SafetensorError):
+            continue
+    return None
+
+
 def weights_path_option(value: Any, option: str) -> Path:
     """An Options field naming a weights file (`gate_weights`, `proj_weights`), checked: an existing file.
 

@@ -1,0 +1,65 @@
+"""vsagen.attention.auto: `--attn auto` picks the backend whose trained weights a checkpoint holds (sla-star's
+branch before vsa's gates), else full, with a note that says which, why and what the alternative is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from vsagen.attention.auto import AUTO, checkpoint_root, choose_backend, trained_backend
+
+GATE = "blocks.1.attn1.to_gate_compress.weight"
+PROJ = "blocks.0.attn1.proj_l.weight"
+PLAIN = "blocks.0.attn1.to_q.weight"
+
+
+def checkpoint(root, expert="transformer", keys=(PLAIN,)):
+    """A checkpoint folder whose `expert/` holds safetensors tensors under `keys` (only the names matter)."""
+    folder = root / expert
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.randn(2, 2) for k in keys}, str(folder / "diffusion_pytorch_model.safetensors"))
+    return root
+
+
+@pytest.mark.parametrize("keys,want", [((PLAIN,), None), ((PLAIN, GATE), "vsa"), ((PROJ, PLAIN), "sla-star"),
+                                       ((GATE, PROJ), "sla-star")])
+def test_the_trained_backend_is_found_from_the_weight_names(tmp_path, keys, want):
+    root = checkpoint(tmp_path, keys=keys)
+    found = trained_backend(root)
+    assert (found[0] if found else None) == want
+    if found:
+        assert found[1].startswith("transformer/ holds blocks.")
+
+
+def test_the_second_expert_counts_and_unreadable_files_are_skipped(tmp_path):
+    checkpoint(tmp_path, keys=(PLAIN,))
+    (tmp_path / "transformer" / "broken.safetensors").write_bytes(b"not a safetensors file")
+    assert trained_backend(tmp_path) is None
+    checkpoint(tmp_path, "transformer_2", keys=(GATE,))
+    assert trained_backend(tmp_path) == ("vsa", f"transformer_2/ holds {GATE}")
+    assert trained_backend(tmp_path / "missing") is None and trained_backend(None) is None
+
+
+def test_choose_backend_says_which_why_and_the_alternative(tmp_path):
+    gated = checkpoint(tmp_path / "gated", keys=(PLAIN, GATE))
+    name, note = choose_backend("dir", str(gated), random_weights=False, device="cpu")
+    assert name == "vsa" and note.startswith("--attn auto chose vsa: this checkpoint was trained for it")
+    assert GATE in note and "--attn full" in note and "\n" not in note
+    # --random-weights: no trained weights of any kind, whatever the folder holds
+    assert choose_backend("dir", str(gated), random_weights=True, device="cuda")[0] == "full"
+    plain = checkpoint(tmp_path / "plain")
+    name, note = choose_backend("dir", str(plain), random_weights=False, device="cuda")
+    assert name == "full" and "no sparse-attention weights" in note and "--attn vsa" in note
+    assert "vsagen compare" in note and "CPU" not in note
+    name, note = choose_backend("tiny", "", random_weights=False, device="cpu")
+    assert name == "full" and "random weights" in note and "slow torch reference" in note
+
+
+def test_a_hub_id_is_read_from_the_local_cache_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing there, nothing downloaded
+    assert checkpoint_root("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None
+    assert checkpoint_root("tiny", "") is None and checkpoint_root("dir", str(tmp_path)) == tmp_path
+    assert choose_backend("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", False, "cuda")[0] == "full"
+    assert AUTO == "auto"

@@ -1,0 +1,78 @@
+"""`--attn auto` (the default of `vsagen t2v` / `vsagen i2v`): the backend a checkpoint was trained for.
+
+A checkpoint fine-tuned for a sparse backend carries that backend's own per-layer weights in its transformer
+folders (`AttentionBackend.weights`): `sla-star`'s linear-branch projection (`blocks.N.attn1.proj_l`) or `vsa`'s
+gate (`blocks.N.attn1.to_gate_compress`). `auto` picks the first backend of `PREFERENCE` whose tensors the
+checkpoint holds (read from the safetensors headers, no tensor loaded), else `full`: a checkpoint without such
+weights was trained with dense attention, and a sparse backend on it trades fidelity for speed, which the user
+should choose knowingly. The choice and its reason are returned as a note for the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .registry import backend_class
+
+AUTO = "auto"
+# Most specific first: a checkpoint trained for sla-star may carry vsa's gates as well (SLA* = VSA + a branch).
+PREFERENCE = ("sla-star", "vsa")
+EXPERT_FOLDERS = ("transformer", "transformer_2")
+
+
+def checkpoint_root(kind: str, location: str) -> Path | None:
+    """The folder holding a checkpoint's `transformer/` (and `transformer_2/`), if it is on this machine: a local
+    directory as given, a hub id's snapshot in the local Hugging Face cache (never downloaded here); None for the
+    tiny models (built without backend weights) and for a hub id not in the cache."""
+    if kind == "dir":
+        return Path(location)
+    if kind == "hub":
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(location, allow_patterns=[f"{e}/*" for e in EXPERT_FOLDERS],
+                                          local_files_only=True))
+        except Exception:  # noqa: BLE001 - not in the cache (or no hub library): nothing to read
+            return None
+    return None
+
+
+def trained_backend(root: Path | None) -> tuple[str, str] | None:
+    """(backend name, "<expert folder>/ holds <key>.*") for the first backend of `PREFERENCE` whose weights a
+    checkpoint root holds, or None."""
+    from .weights import first_layer_key
+
+    if root is None:
+        return None
+    for name in PREFERENCE:
+        spec = backend_class(name).weights
+        for expert in EXPERT_FOLDERS:
+            key = first_layer_key(root / expert, spec)
+            if key is not None:
+                return name, f"{expert}/ holds {key}"
+    return None
+
+
+def choose_backend(kind: str, location: str, random_weights: bool, device: str) -> tuple[str, str]:
+    """The backend `--attn auto` runs, and the run's note saying why and what the alternative is.
+
+    Args:
+        kind, location: the model source (`vsagen.models.ModelSource`: "tiny", "dir" or "hub", and its path or id).
+        random_weights: `--random-weights` (no trained weights of any kind).
+        device: "cuda" or "cpu" (the note says that on the CPU the sparse backends run slow torch references).
+
+    Returns:
+        (name, note): e.g. ("vsa", "--attn auto chose vsa: this checkpoint was trained for it (transformer/ holds
+        blocks.0.attn1.to_gate_compress.weight); --attn full runs dense attention").
+    """
+    found = None if random_weights else trained_backend(checkpoint_root(kind, location))
+    if found is not None:
+        name, why = found
+        return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn full runs "
+                      "dense attention")
+    why = ("random weights carry no trained sparse-attention weights" if random_weights or kind == "tiny"
+           else "this checkpoint has no sparse-attention weights (it was trained with dense attention)")
+    speed = ("on a GPU --attn vsa makes the DiT ~1.5-1.9x faster at some loss of fidelity (on this CPU it runs a "
+             "slow torch reference)" if device != "cuda" else
+             "--attn vsa makes the DiT ~1.5-1.9x faster at some loss of fidelity")
+    return "full", f"--attn auto chose full: {why}; {speed}: `vsagen compare` measures both on your prompt"

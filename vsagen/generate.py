@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import RunConfig
-from .errors import BadInput, RunFailure
+from .errors import BadInput
 from .layout import tile_layout
 from .loading import experts, versions
-from .pipeline import Conditioning, Session, out_of_memory_as_failure
+from .pipeline import Conditioning, Session, out_of_memory_as_failure, video_frames
 from .timing import TimingReport
 
 
@@ -75,13 +75,10 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     if not writer:
         return None
     t_write = time.perf_counter()
-    with out_of_memory_as_failure("generating", cfg.memory_hints()), torch.inference_mode():
-        frames = pipe.video_processor.postprocess_video(run.video.float(), output_type="np")[0]
-    from .video import to_uint8_frames, write_json, write_mp4
+    with out_of_memory_as_failure("generating", cfg.memory_hints()):
+        frames_u8 = video_frames(pipe, run.video, (cfg.frames, cfg.height, cfg.width))
+    from .video import write_json, write_mp4
 
-    frames_u8 = to_uint8_frames(frames)
-    if frames_u8.shape[:3] != (cfg.frames, cfg.height, cfg.width):
-        raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected {(cfg.frames, cfg.height, cfg.width)}")
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     write_mp4(frames_u8, cfg.out, cfg.fps, overwrite=cfg.overwrite)
     write_s = time.perf_counter() - t_write

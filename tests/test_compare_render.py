@@ -53,10 +53,15 @@ def test_table_names_each_backend_and_its_worst_layer():
     assert "L1 5.0e-01" in text  # the worst layer of vsa
 
 
-def test_plot_is_written(tmp_path):
+@pytest.mark.parametrize("experts", [1, 2])
+def test_plot_is_written(tmp_path, experts):
     pytest.importorskip("matplotlib")
+    rep = report()
+    if experts == 2:  # a two-expert model: layers of transformer, then of transformer_2, labelled ticks
+        for r in rep.rows:
+            r.attention_rel_l2_per_layer += [{**x, "expert": "transformer_2"} for x in r.attention_rel_l2_per_layer]
     path = tmp_path / "c.png"
-    write_plot(report(), path)
+    write_plot(rep, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["c.png"]
 

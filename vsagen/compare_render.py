@@ -148,6 +148,7 @@ def write_plot(report: Any, path: Path, *, overwrite: bool = False) -> None:
     ax.set_xlabel(f"DiT speed-up over {rows[0].label}")
     ax.set_ylabel(f"PSNR against {rows[0].label} (dB)")
     ax.margins(0.2)
+    bx.xaxis.get_major_locator().set_params(integer=True)  # layers (two experts: labelled ticks instead)
     for r in rows:
         layers = r.attention_rel_l2_per_layer
         experts = len({x["expert"] for x in layers}) > 1
@@ -157,7 +158,6 @@ def write_plot(report: Any, path: Path, *, overwrite: bool = False) -> None:
             bx.set_xticks(xs, [f"{x['expert'][-1]}:{x['layer']}" for x in layers], fontsize=6)
     bx.set_xlabel("layer" + (" (expert:layer)" if any(len({x["expert"] for x in r.attention_rel_l2_per_layer}) > 1
                                                       for r in rows) else ""))
-    bx.xaxis.get_major_locator().set_params(integer=True)
     bx.set_ylabel("attention rel-L2 vs dense (chosen steps)")
     bx.legend(fontsize=8)
     fig.suptitle(title(report), fontsize=8)

@@ -190,8 +190,8 @@ Ulysses = Annotated[int, typer.Option(help="Split the transformer's sequence acr
 
 
 def _single_process(run):
-    """`run` refused under a launch of several processes (torchrun): `profile` and `search` have no `--ulysses`,
-    and every rank would run and write the same files."""
+    """`run` refused under a launch of several processes (torchrun): `profile`, `compare` and `search` have no
+    `--ulysses`, and every rank would run and write the same files."""
 
     def guarded() -> None:
         from .errors import BadInput
@@ -390,6 +390,68 @@ def profile(
                 log(f"report: {cfg.out}")
         if cfg.out is None:
             sys.stdout.write(text)
+
+    _run_guarded(_single_process(run), verbose)
+
+
+@app.command()
+def compare(
+    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
+    model: Model = "wan2.1-t2v-1.3b",
+    attn: Annotated[str, typer.Option(help="Backends, comma-separated, the first the reference (e.g. full,vsa,"
+                                           "sla-star; see `vsagen backends`), each with options as "
+                                           "NAME:KEY=VALUE[:KEY=VALUE] (e.g. full,vsa:sparsity=0.9).")] = "full,vsa",
+    sparsity: Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
+                                                           "(default from the preset).")] = None,
+    attn_impl: AttnImpl = "auto",
+    height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
+    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
+    negative_prompt: NegativePrompt = None, seed: Seed = 0, fps: Fps = None,
+    out: Annotated[Optional[Path], typer.Option(help="Output folder (created if missing; default "
+                                                     "vsagen-<model>-compare-seed<seed>): an mp4 per backend, "
+                                                     "side-by-side.mp4, compare.png, compare.json, compare.csv.")]
+    = None,
+    overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto", tile_fit: TileFit = "partial",
+    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each backend's "
+                                                       "run (default 1).")] = None,
+    vae_tiling: VaeTiling = "auto",
+    error_steps: Annotated[str, typer.Option(help="Denoising steps (0-based, or first, middle, last; "
+                                                  "comma-separated; or none) at which every layer's attention "
+                                                  "output is compared with dense attention on the same q, k, v.")]
+    = "first,middle,last",
+    plot: Annotated[bool, typer.Option(help="Draw compare.png (needs matplotlib: pip install "
+                                            "'vsagen[plot]').")] = True,
+    json_out: JsonOut = False,
+    verbose: Verbose = False,
+) -> None:
+    """Compare attention backends against the first one on one loaded model: the same seed, noise and settings
+    for every backend; DiT s/step and speed-up, PSNR / SSIM of the video per frame and overall, latent distance,
+    and each layer's attention error against dense attention. Writes every video, a labelled side-by-side video,
+    a plot, a JSON and a CSV into --out, once every backend has run."""
+    settings = {k: v for k, v in locals().items() if k not in ("prompt", "json_out", "verbose")}
+
+    def run() -> None:
+        from rich.console import Console
+
+        from .compare import compare as run_compare
+        from .compare import resolve_compare
+
+        cfg = resolve_compare(prompt, **settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
+        err = Console(stderr=True)
+        with _sigterm_as_interrupt() as interrupted:
+            report = run_compare(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
+                                 cancelled=interrupted)
+        if json_out:
+            sys.stdout.write(json.dumps(report.to_dict(), allow_nan=False) + "\n")
+            return
+        from .compare_render import rich_table
+
+        con = Console(width=max(120, Console().width))
+        con.print(rich_table(report))
+        for line in [*(f"note: {n}" for n in report.notes), f"files: {cfg.out}/ ("
+                     + ", ".join(Path(p).name for p in report.files.values()) + ")"]:
+            con.print(line, markup=False, highlight=False)
 
     _run_guarded(_single_process(run), verbose)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import RunConfig
-from .errors import BadInput, RunFailure
+from .errors import BadInput
 from .layout import tile_layout
 from .loading import experts, versions
-from .pipeline import Conditioning, Session, out_of_memory_as_failure
+from .pipeline import Conditioning, Session, out_of_memory_as_failure, video_frames
 from .timing import TimingReport
 
 
@@ -88,12 +88,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     log(f"writing {cfg.out} and {cfg.json_out.name}")
     with video.Outputs(overwrite=cfg.overwrite) as outputs:  # the mp4 and its JSON appear together or not at all
         t_write = time.perf_counter()
-        with out_of_memory_as_failure("generating", cfg.memory_hints()), torch.inference_mode():
-            frames = pipe.video_processor.postprocess_video(run.video.float(), output_type="np")[0]
-        frames_u8 = video.to_uint8_frames(frames)
-        if frames_u8.shape[:3] != (cfg.frames, cfg.height, cfg.width):
-            raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected "
-                             f"{(cfg.frames, cfg.height, cfg.width)}")
+        with out_of_memory_as_failure("generating", cfg.memory_hints()):
+            frames_u8 = video_frames(pipe, run.video, (cfg.frames, cfg.height, cfg.width))
         outputs.add(cfg.out, lambda tmp: video.encode_mp4(frames_u8, tmp, cfg.fps), ".mp4")
         write_s = time.perf_counter() - t_write
         report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,

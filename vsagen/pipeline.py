@@ -196,6 +196,25 @@ def decode_latents(pipe: Any, latents: Any) -> Any:
     return vae.decode(latents * std + mean, return_dict=False)[0]
 
 
+def video_frames(pipe: Any, video: Any, expected: tuple[int, int, int]) -> Any:
+    """A decoded video as the mp4's frames: (1, 3, F, H, W) in [-1, 1] (`decode_latents`) -> (F, H, W, 3) uint8
+    numpy, through the pipeline's video processor (NaN, e.g. from random weights, becomes 0).
+
+    Raises:
+        RunFailure: the frames are not `expected` (F, H, W).
+    """
+    import torch
+
+    from .video import to_uint8_frames
+
+    with torch.inference_mode():
+        frames = pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]
+    frames_u8 = to_uint8_frames(frames)
+    if frames_u8.shape[:3] != tuple(expected):
+        raise RunFailure(f"decoded video is {frames_u8.shape[:3]}, expected {tuple(expected)}")
+    return frames_u8
+
+
 # Image to video: the pipeline methods timed apart from "denoise", and their regions (see vsagen.timing).
 CONDITION_REGIONS = (("encode_image", "image_encode"), ("prepare_latents", "condition_encode"))
 

@@ -94,6 +94,39 @@ def _split_list(value: str, flag: str, known: list[str] | tuple[str, ...] | None
     return items
 
 
+def split_attn_list(attn: str) -> tuple[str, ...]:
+    """The entries of a comma-separated `--attn` list (`NAME[:KEY=VALUE...]` each, as `vsagen profile` and
+    `vsagen compare` take it), in order; options are not read yet (`attn_list_specs` does, once the model's preset
+    is known).
+
+    Raises:
+        BadInput: an empty list or entry, an entry written twice, or an unknown backend name.
+    """
+    attns = _split_list(attn, "--attn", None, "unknown --attn {x!r}; available: " + ", ".join(backend_names()))
+    for entry in attns:
+        check_backend_entry(entry)
+    return attns
+
+
+def attn_list_specs(entries: tuple[str, ...], attn: str, preset_attention: dict[str, dict[str, Any]],
+                    sparsity: float | None, attn_impl: str) -> tuple[BackendSpec, ...]:
+    """The `BackendSpec` of each entry of `split_attn_list(attn)`, options filled by precedence (entry >
+    `--sparsity` / `--attn-impl` > the preset's [attention.NAME] tables `preset_attention` > the backend's default;
+    `vsagen.config.backend_specs`).
+
+    Raises:
+        BadInput: an unknown option or value, a flag no backend in the list takes, or two entries that are one
+            configuration (e.g. `vsa` and `vsa:sparsity=0.875` where the preset's sparsity is 0.875).
+    """
+    specs = backend_specs(entries, preset_attention, sparsity, attn_impl, attn)
+    for i, spec in enumerate(specs):  # entries written differently can still be one configuration
+        if spec in specs[:i]:
+            first = entries[specs.index(spec)]
+            raise BadInput(f"--attn lists {spec.text()} twice ({first!r} and {entries[i]!r}); give each "
+                           "configuration once")
+    return specs
+
+
 def _check_file_flag(path: Path | None, flag: str, overwrite: bool) -> Path | None:
     if path is None:
         return None
@@ -127,10 +160,7 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
             is loaded or written.
     """
-    names = backend_names()
-    attns = _split_list(attn, "--attn", None, "unknown --attn {x!r}; available: " + ", ".join(names))
-    for entry in attns:
-        check_backend_entry(entry)
+    attns = split_attn_list(attn)
     tile_fits = _split_list(tile_fit, "--tile-fit", TILE_FITS,
                             "--tile-fit entries must be among " + ", ".join(TILE_FITS) + ", got {x!r}")
     check_choice("--format", fmt, PROFILE_FORMATS)
@@ -147,12 +177,8 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         raise BadInput("--prompt is empty")
     src = resolve_model(model)
     d = src.preset.defaults
-    specs = backend_specs(attns, d.attention, sparsity, attn_impl, attn)
-    for i, spec in enumerate(specs):  # entries written differently can still be one configuration
-        if spec in specs[:i]:
-            first = attns[specs.index(spec)]
-            raise BadInput(f"--attn lists {spec.text()} twice ({first!r} and {attns[i]!r}); give each "
-                           "configuration once")
+    specs = attn_list_specs(attns, attn, d.attention, sparsity, attn_impl)
+    for i, spec in enumerate(specs):
         if kernels and named_weights_file(backend_class(spec.name), spec.options) is not None:
             raise BadInput(f"--kernels times the attention on random inputs without trained weights; drop the "
                            f"weights file from --attn {attns[i]!r}, or drop --kernels")

@@ -227,11 +227,7 @@ def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> No
     Raises:
         BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
     """
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise BadInput("--plot needs matplotlib, which is not installed: pip install 'vsagen[plot]'") from None
-    from .video import write_with
+    from .video import new_figure, write_with
 
     rows = rep.rows
     two_fits = len({r.tile_fit for r in rows}) > 1
@@ -241,7 +237,7 @@ def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> No
     lay = [r.layout_s_per_step or 0.0 for r in rows]
     rest = [max(r.dit_s_per_step - a - b, 0.0) for r, a, b in zip(rows, attn, lay)]
     x = list(range(len(rows)))
-    fig = Figure(figsize=(max(4.5, 1.3 * len(rows) + 2.5), 4.5), layout="constrained")
+    fig = new_figure("--plot", figsize=(max(4.5, 1.3 * len(rows) + 2.5), 4.5), layout="constrained")
     ax = fig.subplots()
     if not all(untimed):
         ax.bar(x, attn, color="#d62728", label="self-attention (backend)")

@@ -168,6 +168,19 @@ def write_with(path: Path, write: Callable[[Path], None], *, overwrite: bool = F
     _write_atomic(path, overwrite, write, path.suffix)
 
 
+def new_figure(what: str, **kwargs: Any) -> Any:
+    """A matplotlib `Figure(**kwargs)` (the object API: no pyplot state), for writing with `write_with`.
+
+    Raises:
+        BadInput: matplotlib is not installed (`what`, e.g. "--plot", names what needs it).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BadInput(f"{what} needs matplotlib, which is not installed: pip install 'vsagen[plot]'") from None
+    return Figure(**kwargs)
+
+
 def read_mp4(path: Path) -> np.ndarray:
     """Decode an mp4 to (F, H, W, 3) uint8 (used by tests and checks)."""
     import imageio.v2 as imageio

@@ -1,0 +1,279 @@
+"""vsagen.compare and `vsagen compare`: the request, the attention probe and the timing correction on random
+inputs against independent computations, one shared tiny run through the CLI (full, vsa at sparsity 0, vsa) and
+one through the library (full twice), and bad input.
+
+The tiny runs use the smallest useful size: 5 x 64 x 128 -> grid 2 x 4 x 8 (64 tokens, 2 tiles, so vsa at its
+0.875 sparsity keeps 1 of 2 key tiles), 2 steps, no warm-up, CFG 5 (two transformer forwards a step).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_one_error_line, make_qkv
+from typer.testing import CliRunner
+
+from vsagen.attention.base import AttnContext
+from vsagen.attention.full import FullAttention
+from vsagen.cli import app
+from vsagen.compare import (PROBE_REGION, AttentionProbe, parse_error_steps, resolve_compare, video_metrics,
+                            without_region, write_outputs)
+from vsagen.errors import BadInput
+from vsagen.layout import tile_layout
+from vsagen.timing import Timer, TimingReport
+
+runner = CliRunner()
+SMALL = ["--frames", "5", "--height", "64", "--width", "128", "--steps", "2", "--warmup", "0"]
+# vsa at sparsity 0 selects every key tile, so its fine stage is dense attention over the same keys in another
+# summation order (fp32): observed 2.6e-7 relative L2 on the worst layer's attention output, 5.5e-7 on the final
+# latents after 2 steps, and identical 8-bit frames (PSNR inf). Bounds: 1e-5 relative L2 (attention and latents:
+# ~20-40x the rounding seen, while vsa at 0.875 is ~1e-2 on the latents and ~0.4 on the attention), PSNR >= 60 dB
+# (a level off in one value of 1000 would be 78 dB) and SSIM >= 0.999, leaving room for a 1-level rounding flip.
+FP32_ATTN_REL_L2 = 1e-5
+FP32_LATENTS_REL_L2 = 1e-5
+FP32_MIN_PSNR_DB = 60.0
+FP32_MIN_SSIM = 0.999
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The parts, on random inputs
+
+
+def test_parse_error_steps():
+    assert parse_error_steps("first,middle,last", 5) == (0, 2, 4)
+    assert parse_error_steps("last, 0, 3", 4) == (0, 3)
+    assert parse_error_steps("first,middle,last", 1) == (0,)
+    assert parse_error_steps("none", 3) == ()
+    for bad in ("4", "-1", "x", "1,,2"):
+        with pytest.raises(BadInput, match="--error-steps"):
+            parse_error_steps(bad, 4)
+
+
+def ctx_at(step: int, layer: int, layout=None, enabled: bool = True) -> AttnContext:
+    timer = Timer("cpu")
+    timer.step, timer.enabled = step, enabled
+    return AttnContext(layout=layout, layer=layer, expert=None, timer=timer)
+
+
+class Scaled(FullAttention):
+    """Dense attention times (1 + eps): its relative L2 against dense attention is exactly eps."""
+
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def __call__(self, q, k, v, ctx):
+        return super().__call__(q, k, v, ctx) * (1 + self.eps)
+
+
+def test_probe_measures_a_known_perturbation_per_step_and_layer():
+    probe = AttentionProbe(Scaled(0.03), steps=(0, 2))
+    qkv = make_qkv(2, 40, 2, 16, seed=5)
+    dense = FullAttention()(*qkv, None)
+    for step in range(3):
+        for layer in range(2):
+            for _ in range(2):  # two CFG passes
+                out = probe(*qkv, ctx_at(step, layer))
+                assert torch.equal(out, dense * 1.03)  # the backend's output, unchanged
+    probe(*qkv, ctx_at(0, 0, enabled=False))  # a warm-up step: not measured
+    per_step, per_layer = probe.errors()
+    assert [(x["step"], x["layer"]) for x in per_step] == [(0, 0), (0, 1), (2, 0), (2, 1)]
+    for x in per_step + per_layer:
+        assert x["expert"] == "transformer" and x["rel_l2"] == pytest.approx(0.03, rel=1e-5)
+    assert probe.errors() == ([], [])  # read once
+
+
+def test_probe_of_full_is_exactly_zero_and_vsa_at_sparsity_zero_is_fp32_noise():
+    from vsagen.attention.vsa import VSAAttention, VSAOptions
+
+    layout = tile_layout((2, 4, 8))
+    qkv = make_qkv(1, layout.num_tokens, 2, 16, seed=6)
+    full = AttentionProbe(FullAttention(), steps=(0,))
+    vsa = AttentionProbe(VSAAttention(VSAOptions(sparsity=0.0, impl="torch")), steps=(0,))
+    vsa_sparse = AttentionProbe(VSAAttention(VSAOptions(sparsity=0.875, impl="torch")), steps=(0,))
+    for probe in (full, vsa, vsa_sparse):
+        probe(*qkv, ctx_at(0, 0, layout))
+    assert full.errors()[1][0]["rel_l2"] == 0.0
+    assert vsa.errors()[1][0]["rel_l2"] <= FP32_ATTN_REL_L2
+    assert vsa_sparse.errors()[1][0]["rel_l2"] > 100 * FP32_ATTN_REL_L2
+    assert (vsa.name, vsa.tiled, vsa.options.sparsity) == ("vsa", True, 0.0)  # the rest is the backend's
+
+
+def test_without_region_takes_the_probe_out_of_the_enclosing_regions():
+    records = [("total", -1, 9.0), ("dit", 0, 1.0), ("dit/transformer", 0, 1.0), ("attn1", 0, 0.5),
+               ("self_attention", 0, 0.4), ("self_attention/fine", 0, 0.2), (PROBE_REGION, 0, 0.1),
+               ("dit", 0, 1.0), ("dit/transformer", 0, 1.0), ("attn1", 0, 0.5), ("self_attention", 0, 0.4),
+               (PROBE_REGION, 0, 0.1), ("dit", 1, 0.8), ("dit/transformer", 1, 0.8), ("self_attention", 1, 0.3)]
+    out, removed = without_region(records, PROBE_REGION)
+    assert removed == pytest.approx(0.2)
+    before = TimingReport.from_records(records, "cpu")
+    after = TimingReport.from_records(out, "cpu")
+    assert after.dit_s == pytest.approx(before.dit_s - 0.2)
+    assert after.dit_per_step_s == pytest.approx([2.0 - 0.2, 0.8])
+    assert after.dit_by_expert_s["transformer"] == pytest.approx(2.8 - 0.2)
+    assert after.attn1_s == pytest.approx(1.0 - 0.2) and after.self_attention_s == pytest.approx(1.1 - 0.2)
+    assert after.self_attention_stages_s == {"fine": 0.2} and after.total_s == 9.0  # not enclosing / not reported
+    assert after.dit_forwards == before.dit_forwards == 3
+
+
+def test_video_metrics_of_a_known_perturbation():
+    """PSNR computed here from the definition: every value of the last frame one level up (no clipping)."""
+    ref = np.random.default_rng(0).integers(0, 255, (3, 16, 24, 3), dtype=np.uint8)
+    x = ref.copy()
+    x[2] += 1
+    m = video_metrics(ref, x)
+    assert m["psnr_db"] == pytest.approx(10 * math.log10(255**2 / (1 / 3)), rel=1e-12)
+    assert m["psnr_per_frame_db"][:2] == [math.inf, math.inf]
+    assert m["psnr_per_frame_db"][2] == pytest.approx(20 * math.log10(255), rel=1e-12)
+    assert m["ssim_per_frame"][:2] == [1.0, 1.0] and 0.9 < m["ssim_per_frame"][2] < 1.0
+    same = video_metrics(ref, ref)
+    assert same["psnr_db"] == math.inf and same["ssim"] == 1.0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One shared tiny run through the CLI, one through the library
+
+
+@pytest.fixture(scope="module")
+def cli_run(vsagen_cache, tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare") / "out"
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa:sparsity=0,vsa", *SMALL,
+                              "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    return out, json.loads(res.stdout), res
+
+
+@pytest.mark.slow
+def test_compare_writes_every_file_atomically(cli_run):
+    from vsagen.video import read_mp4
+
+    out, data, res = cli_run
+    names = ["full.mp4", "vsa_sparsity=0.mp4", "vsa.mp4", "side-by-side.mp4", "compare.png", "compare.json",
+             "compare.csv"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
+    assert list(data["files"].values()) == [str(out / n) for n in names]
+    for n in names[:3]:
+        assert read_mp4(out / n).shape == (5, 64, 128, 3)
+    assert read_mp4(out / "side-by-side.mp4").shape == (5, 64, 3 * 128, 3)
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((out / "compare.json").read_text()) == data
+    rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
+    assert [r["label"] for r in rows] == ["full", "vsa:sparsity=0", "vsa"]
+    assert rows[0]["psnr_db"] == "inf" and float(rows[2]["psnr_db"]) == pytest.approx(data["rows"][2]["psnr_db"])
+    assert "[1/3] full (reference)" in res.stderr and "wrote" in res.stderr
+
+
+@pytest.mark.slow
+def test_compare_rows(cli_run):
+    _, data, _ = cli_run
+    full, vsa0, vsa = data["rows"]
+    assert data["reference"] == "full" and data["error_steps"] == [0, 1] and data["steps"] == 2
+    # the reference against itself: infinite PSNR ("inf" in the JSON), SSIM 1, zero errors
+    assert full["psnr_db"] == "inf" and full["psnr_per_frame_db"] == ["inf"] * 5
+    assert full["ssim"] == 1.0 and full["latents_rel_l2"] == 0.0 and full["speedup_vs_reference"] == 1.0
+    assert full["attention_rel_l2_mean"] == full["attention_rel_l2_max"] == 0.0
+    assert [(x["step"], x["layer"], x["rel_l2"]) for x in full["attention_rel_l2"]] == [
+        (s, layer, 0.0) for s in (0, 1) for layer in (0, 1)]
+    # every tile selected: dense attention in fp32, up to rounding
+    assert vsa0["attention_rel_l2_max"] <= FP32_ATTN_REL_L2
+    assert vsa0["latents_rel_l2"] <= FP32_LATENTS_REL_L2
+    assert vsa0["psnr_db"] == "inf" or vsa0["psnr_db"] >= FP32_MIN_PSNR_DB
+    assert vsa0["ssim"] >= FP32_MIN_SSIM
+    # half the tiles: a real difference, reported consistently
+    assert vsa["attention_rel_l2_max"] > 1e-2 and vsa["latents_rel_l2"] > 1e-4 and vsa["psnr_db"] < FP32_MIN_PSNR_DB
+    assert vsa["ssim"] < 1.0 and len(vsa["psnr_per_frame_db"]) == len(vsa["ssim_per_frame"]) == 5
+    assert vsa["attention_rel_l2_max"] == max(x["rel_l2"] for x in vsa["attention_rel_l2_per_layer"])
+    for r in data["rows"]:
+        assert r["dit_s_per_step"] > 0 and len(r["dit_per_step_s"]) == 2 and r["probe_s"] > 0
+        assert r["speedup_vs_reference"] == pytest.approx(full["dit_s_per_step"] / r["dit_s_per_step"], rel=1e-12)
+    assert vsa["spec"] == "vsa:sparsity=0.875:impl=auto" and vsa["impl"] == "torch"
+    assert any("random weights" in n for n in data["notes"])
+
+
+@pytest.mark.slow
+def test_reference_twice_through_the_library(vsagen_cache, tiny_dir, tmp_path):
+    """Two separate runs of `full` (the library takes a list the CLI refuses): the same seed and noise give
+    the same video on the CPU, so the second is infinite PSNR, SSIM 1, zero latent distance."""
+    from vsagen.compare import compare
+
+    cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", frames=5, height=64, width=128, steps=2,
+                          warmup=0, out=tmp_path / "twice", plot=False, error_steps="last")
+    cfg = dataclasses.replace(cfg, backends=(cfg.backends[0], cfg.backends[0]))
+    report = compare(cfg, progress=False)
+    a, b = report.rows
+    assert (a.label, b.label) == ("full", "full (2)")
+    assert b.psnr_db == math.inf and b.ssim == 1.0 and b.latents_rel_l2 == 0.0
+    assert b.attention_rel_l2_max == 0.0 and [x["step"] for x in b.attention_rel_l2] == [1, 1]
+    assert sorted(p.name for p in (tmp_path / "twice").iterdir()) == [
+        "compare.csv", "compare.json", "full-1.mp4", "full.mp4", "side-by-side.mp4"]
+
+
+def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
+    """Files are written only after every run; an interrupt while writing removes those already written, and the
+    folder this run created."""
+    import vsagen.compare_render
+
+    cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", frames=5, height=64, width=128, steps=1,
+                          out=tmp_path / "out")
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vsagen.compare_render, "write_plot", interrupted)
+    videos = [np.zeros((5, 64, 128, 3), np.uint8)] * 2
+    with pytest.raises(KeyboardInterrupt):
+        write_outputs(cfg, None, videos)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input: one line, exit 2, before the model is loaded
+
+
+BAD = [
+    ("one-backend", ["--attn", "full"], ["at least one backend", "full,vsa"]),
+    ("unknown-backend", ["--attn", "full,nope"], ["unknown --attn 'nope'", "available"]),
+    ("unknown-option", ["--attn", "full,vsa:spars=0.5"], ["spars"]),
+    ("repeated", ["--attn", "full,vsa,vsa"], ["twice"]),
+    ("height-off-stride", ["--height", "100"], ["--height", "multiple of 16", "96 or 112"]),
+    ("frames", ["--frames", "6"], ["--frames", "5", "9"]),
+    ("too-wide", ["--width", "4096"], ["--width too large"]),
+    ("error-steps", ["--steps", "2", "--error-steps", "2"], ["--error-steps", "0 to 1"]),
+    ("image-model", ["--model", "tiny-i2v"], ["image-to-video"]),
+    ("out-is-file", ["--out", "{tmp}/afile"], ["is a file"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, monkeypatch, args, needles):
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    (tmp_path / "afile").write_text("a file, not a folder")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    res = runner.invoke(app, ["compare", "a prompt", *(["--model", "tiny"] if "--model" not in args else []),
+                              "--out", str(tmp_path / "out"), *args])
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert res.exit_code == 2, res.output
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], "something was written"
+
+
+def test_empty_prompt_is_one_line_exit_2():
+    res = runner.invoke(app, ["compare", " ", "--model", "tiny"])
+    assert res.exit_code == 2 and "prompt is empty" in assert_one_error_line(res.stderr, res.stdout)
+
+
+def test_existing_outputs_are_kept_without_overwrite(vsagen_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    (tmp_path / "vsa.mp4").write_text("older")
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--out", str(tmp_path)])
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert res.exit_code == 2 and str(tmp_path / "vsa.mp4") in line and "--overwrite" in line
+    assert (tmp_path / "vsa.mp4").read_text() == "older"

@@ -1,0 +1,80 @@
+"""vsagen.compare_render: the table, csv, plot and side-by-side frames of a `CompareReport` built in the test
+(real runs are in test_compare.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+
+import numpy as np
+import pytest
+
+from vsagen.compare import CompareReport, CompareRow
+from vsagen.compare_render import render_csv, rich_table, side_by_side, write_plot
+
+
+def row(label: str, psnr: float, layers: list[float | None], expert: str = "transformer") -> CompareRow:
+    per_layer = [{"expert": expert, "layer": i, "rel_l2": x} for i, x in enumerate(layers)]
+    finite = [x for x in layers if x is not None]
+    return CompareRow(label=label, backend=label.split()[0], spec=label.split()[0], sparsity=None, impl="torch",
+                      file=f"{label}.mp4", dit_s_per_step=0.5, dit_per_step_s=[0.5, 0.5], attention_s_per_step=0.1,
+                      speedup_vs_reference=1.0 if psnr == math.inf else 1.7, psnr_db=psnr,
+                      psnr_per_frame_db=[psnr, psnr], ssim=1.0 if psnr == math.inf else 0.8,
+                      ssim_per_frame=[1.0, 0.5], latents_rel_l2=0.0, attention_rel_l2=[],
+                      attention_rel_l2_per_layer=per_layer, attention_rel_l2_mean=sum(finite) / len(finite),
+                      attention_rel_l2_max=max(finite), probe_s=0.01, warmup_s=0.0)
+
+
+def report() -> CompareReport:
+    settings = {"model": "tiny", "prompt": "p", "device": "cpu", "dtype": "fp32", "frames": 5, "height": 64,
+                "width": 128, "steps": 2, "warmup": 0, "guidance": 5.0, "seed": 0, "error_steps": [0, 1]}
+    return CompareReport(settings=settings, versions={}, rows=[row("full", math.inf, [0.0, 0.0]),
+                                                               row("vsa 0.875", 31.5, [0.25, 0.5])],
+                         files={}, load_s=1.0, text_encode_s=0.1, notes=[])
+
+
+def test_csv_one_line_per_backend():
+    rows = list(csv.DictReader(io.StringIO(render_csv(report()))))
+    assert [r["label"] for r in rows] == ["full", "vsa 0.875"]
+    assert rows[0]["psnr_db"] == "inf" and rows[0]["psnr_per_frame_db"] == "inf inf"
+    assert float(rows[1]["psnr_db"]) == 31.5 and rows[1]["ssim_per_frame"] == "1 0.5"
+    assert rows[1]["attention_rel_l2_per_layer"] == "0:0.25 1:0.5" and float(rows[1]["attention_rel_l2_max"]) == 0.5
+    assert rows[0]["sparsity"] == ""  # None
+
+
+def test_table_names_each_backend_and_its_worst_layer():
+    from rich.console import Console
+
+    con = Console(file=io.StringIO(), width=200, color_system=None)
+    con.print(rich_table(report()))
+    text = con.file.getvalue()
+    assert "reference full" in text and "inf" in text and "31.50" in text and "1.70x" in text
+    assert "L1 5.0e-01" in text  # the worst layer of vsa
+
+
+@pytest.mark.parametrize("experts", [1, 2])
+def test_plot_is_written(tmp_path, experts):
+    pytest.importorskip("matplotlib")
+    rep = report()
+    if experts == 2:  # a two-expert model: layers of transformer, then of transformer_2, labelled ticks
+        for r in rep.rows:
+            r.attention_rel_l2_per_layer += [{**x, "expert": "transformer_2"} for x in r.attention_rel_l2_per_layer]
+    path = tmp_path / "c.png"
+    write_plot(rep, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["c.png"]
+
+
+def test_side_by_side_keeps_each_video_outside_its_label():
+    rng = np.random.default_rng(0)
+    videos = [rng.integers(0, 256, (3, 40, 64, 3), dtype=np.uint8) for _ in range(3)]
+    out = side_by_side(videos, ["full", "vsa 0.875", "sla-star"])
+    assert out.shape == (3, 40, 3 * 64, 3) and out.dtype == np.uint8
+    for i, v in enumerate(videos):
+        panel = out[:, :, i * 64:(i + 1) * 64]
+        assert np.array_equal(panel[:, 20:], v[:, 20:])  # below the label: the video itself
+        corner = panel[:, :8, :16]
+        assert set(np.unique(corner)) <= {0, 255} and (corner == 255).any()  # the label: white on black
+    with pytest.raises(ValueError):
+        side_by_side(videos, ["one label"])

@@ -1,0 +1,545 @@
+"""`vsagen compare`: the speed and fidelity of attention backends against a reference, from one loaded pipeline.
+
+The model is loaded once (`vsagen.pipeline.Session`) and the prompt encoded once. Every backend of `--attn` then
+generates the same video: same prompt embeddings, same seed (each run seeds a fresh CPU generator, so every run
+starts from the same initial noise), same size, steps and CFG; `warmup` untimed steps first, then the timed
+generation, decoded. The first backend is the reference (by default `full`). Per backend (`CompareRow`):
+
+* DiT seconds per step and the speed-up over the reference, measured as `vsagen profile` measures them (the
+  "dit" regions of the timed steps; warm-up untimed);
+* PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.metrics`),
+  and the relative L2 distance of the final latents;
+* the attention error: at the steps `error_steps` (default the first, middle and last), every self-attention
+  call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per (step, expert,
+  layer) the relative L2 sqrt(sum ||o - o_dense||^2 / sum ||o_dense||^2) over that step's calls (both CFG
+  passes), and per layer the same over every chosen step (`AttentionProbe`). The dense reference runs inside
+  the timed steps, so its time (region "compare_probe") is taken out of the DiT, attn1 and backend times of the
+  step it ran in (`without_region`), and the JSON reports it apart (`probe_s`).
+
+Outputs go to one folder (`--out`, default `vsagen-<model>-compare-seed<seed>/`): each backend's mp4, a
+side-by-side mp4 with each panel labelled, the plot (speed-up against PSNR; attention error per layer; needs
+matplotlib), `compare.json` and `compare.csv`. Nothing is written before every backend has run; each file is
+written atomically (`vsagen.video`), and an interrupted or failed write removes the files this run had already
+written. Text-to-video models only. Renderings (table, csv, plot, side-by-side video) are in
+`vsagen.compare_render`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Collection
+
+from .attention import BackendSpec
+from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, _default_out, check_choice,
+                     check_folder, check_target, fill_and_check, resolve_device, vae_tiling_enabled)
+from .errors import BadInput
+from .metrics import json_number, pooled_rel_l2, psnr_db, ssim
+from .models import DEFAULT_MODEL, resolve_model
+from .profile_config import attn_list_specs, split_attn_list
+
+PROBE_REGION = "compare_probe"
+DEFAULT_ATTN = "full,vsa"
+DEFAULT_ERROR_STEPS = "first,middle,last"
+COMPARE_WARMUP = 1  # untimed warm-up steps per backend unless --warmup says otherwise (as `vsagen profile`)
+SIDE_BY_SIDE, JSON_FILE, CSV_FILE, PLOT_FILE = "side-by-side.mp4", "compare.json", "compare.csv", "compare.png"
+# The regions a probe call runs inside (besides "total" and "denoise", which compare does not report).
+PROBE_ENCLOSED_BY = ("dit", "attn1", "self_attention")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareConfig(Request):
+    """A validated `vsagen compare` request (see `Request` for the shared fields).
+
+    `backends[0]` is the reference. `error_steps` are the 0-based denoising steps whose attention is compared
+    with dense attention (sorted, each < steps). `out` is the output folder, `files` the paths written in it.
+    `plot` draws compare.png (matplotlib). `labels` name the backends in tables, panels and the plot.
+    """
+
+    backends: tuple[BackendSpec, ...]
+    tile_fit: str
+    fps: int
+    out: Path
+    error_steps: tuple[int, ...]
+    plot: bool
+    vae_tiling: str = "auto"
+
+    @property
+    def tile_fits(self) -> tuple[str, ...]:
+        """(tile_fit,): the run's one tile fit (`vsagen.profile.denoise_grids` reads it)."""
+        return (self.tile_fit,)
+
+    @property
+    def labels(self) -> list[str]:
+        """Each backend's label ("vsa 0.875"), or its spec without default options where a name repeats; a
+        backend listed again (a library caller's list) gets " (2)", " (3)", ..."""
+        names = [s.name for s in self.backends]
+        labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
+        return [x if x not in labels[:i] else f"{x} ({labels[:i].count(x) + 1})" for i, x in enumerate(labels)]
+
+    @property
+    def backend_files(self) -> list[Path]:
+        """Each backend's mp4 in `out`, named after its spec without default options (`vsa_sparsity=0.9.mp4`)."""
+        stems: list[str] = []
+        for spec in self.backends:
+            stem = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec.short_text()).strip("._") or spec.name
+            stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
+        return [self.out / f"{stem}.mp4" for stem in stems]
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """{what: path} of every file the run writes: each backend's mp4 under its label, then "side-by-side",
+        "plot" (when drawn), "json", "csv"."""
+        out = dict(zip(self.labels, self.backend_files))
+        out["side-by-side"] = self.out / SIDE_BY_SIDE
+        if self.plot:
+            out["plot"] = self.out / PLOT_FILE
+        out.update(json=self.out / JSON_FILE, csv=self.out / CSV_FILE)
+        return out
+
+    def memory_hints(self) -> list[str]:
+        """`--vae-tiling on` where not given."""
+        return [] if self.vae_tiled else ["--vae-tiling on"]
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready settings (no Path objects, no preset internals)."""
+        d = asdict(self)
+        d.pop("source")
+        d["backends"] = [b.summary() for b in self.backends]
+        d["error_steps"] = list(self.error_steps)
+        d["out"] = str(self.out)
+        d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
+                             "preset": self.source.preset.name}
+        return d
+
+
+def parse_error_steps(text: str, steps: int) -> tuple[int, ...]:
+    """`--error-steps`: comma-separated 0-based step indices and the words first (0), middle (steps // 2) and
+    last (steps - 1); "none" for no attention error. Returns the sorted distinct steps.
+
+    Raises:
+        BadInput: an empty entry, a word or number that is not a step of the run (0 <= step < steps).
+    """
+    names = {"first": 0, "middle": steps // 2, "last": steps - 1}
+    if text.strip().lower() == "none":
+        return ()
+    out = set()
+    for item in (x.strip().lower() for x in text.split(",")):
+        if item in names:
+            out.add(names[item])
+            continue
+        try:
+            step = int(item)
+        except ValueError:
+            raise BadInput(f"--error-steps {text!r}: give step indices from 0 and / or first, middle, last "
+                           "(comma-separated), or none") from None
+        if not 0 <= step < steps:
+            raise BadInput(f"--error-steps {text!r}: step {step} is not a step of this run (0 to {steps - 1})")
+        out.add(step)
+    return tuple(sorted(out))
+
+
+def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFAULT_ATTN,
+                    sparsity: float | None = None, attn_impl: str = "auto", height: int | None = None,
+                    width: int | None = None, frames: int | None = None, steps: int | None = None,
+                    guidance: float | None = None, guidance_2: float | None = None, flow_shift: float | None = None,
+                    negative_prompt: str | None = None, seed: int = 0, fps: int | None = None,
+                    out: Path | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
+                    tile_fit: str = "partial", random_weights: bool = False, allow_pickle: bool = False,
+                    warmup: int | None = None, vae_tiling: str = "auto", error_steps: str = DEFAULT_ERROR_STEPS,
+                    plot: bool = True, fused_blocks: bool = True) -> CompareConfig:
+    """Validate a `vsagen compare` request (flag > preset default, as `vsagen.config.resolve`). `attn` is a
+    comma-separated list of at least two backends as `vsagen profile` takes it (`split_attn_list`), the first the
+    reference. `warmup` defaults to COMPARE_WARMUP. `out` is a folder (default `vsagen-<model>-compare-seed<seed>`);
+    none of the files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
+
+    Raises:
+        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: fewer
+            than two backends, an unknown backend or option, an image-to-video model, a size, frame count or step
+            count the model refuses, bad --error-steps, an existing output file without `overwrite`, an
+            unwritable folder, `plot` without matplotlib.
+    """
+    if not prompt.strip():
+        raise BadInput("the prompt is empty")
+    attns = split_attn_list(attn)
+    if len(attns) < 2:
+        raise BadInput(f"--attn {attn!r}: compare needs the reference and at least one backend to compare with it, "
+                       "e.g. --attn full,vsa")
+    check_choice("--tile-fit", tile_fit, TILE_FITS)
+    check_choice("--dtype", dtype, DTYPES)
+    check_choice("--device", device, DEVICES)
+    check_choice("--vae-tiling", vae_tiling, VAE_TILINGS)
+    src = resolve_model(model)
+    if src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; vsagen compare runs text-to-video models")
+    d = src.preset.defaults
+    specs = attn_list_specs(attns, attn, d.attention, sparsity, attn_impl)
+    height, width, frames, steps, guidance, guidance_2 = fill_and_check(
+        src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
+        guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
+    if min(height, width) < 7:
+        raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {width} x {height}")
+    fps = d.fps if fps is None else fps
+    if fps < 1:
+        raise BadInput(f"--fps must be at least 1, got {fps}")
+    flow_shift = d.flow_shift if flow_shift is None else flow_shift
+    if not math.isfinite(flow_shift) or flow_shift <= 0:
+        raise BadInput(f"--flow-shift must be a number > 0, got {flow_shift}")
+    warmup = COMPARE_WARMUP if warmup is None else warmup
+    if not 0 <= warmup <= MAX_STEPS:
+        raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
+    chosen = parse_error_steps(error_steps, steps)
+    if plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BadInput("the plot needs matplotlib, which is not installed: pip install 'vsagen[plot]', or pass "
+                           "--no-plot")
+    dev = resolve_device(device)
+    out = Path(out).expanduser() if out is not None else _default_out(model, "compare", seed, True).with_suffix("")
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out} is a file; give a folder (it is created if missing)")
+    cfg = CompareConfig(
+        prompt=prompt, negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt,
+        model=model, source=src, backends=specs, height=height, width=width, frames=frames, steps=steps,
+        guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=flow_shift,
+        max_sequence_length=d.max_sequence_length, device=dev, dtype=dtype if dtype != "auto" else
+        ("bf16" if dev == "cuda" else "fp32"), random_weights=random_weights, allow_pickle=allow_pickle,
+        warmup=warmup, overwrite=overwrite, vae_tiling=vae_tiling, fused_blocks=fused_blocks, tile_fit=tile_fit,
+        fps=fps, out=out, error_steps=chosen, plot=plot)
+    for path in cfg.files.values():
+        check_target(path, overwrite, "--out folder")
+    check_folder(out)
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------ attention error
+
+
+class AttentionProbe:
+    """Wraps an attention backend: returns the backend's output unchanged and, at the chosen denoising steps of
+    a timed run (`ctx.timer.enabled`: warm-up steps are skipped), compares it with dense attention on the same
+    q, k, v (`full`; token order does not change dense attention, so tiled backends compare in tile order).
+    Everything else (name, options, tiled, weights, check_grid, ...) is the backend's.
+
+    `sums[(step, expert, layer)]` holds a (2,) float32 tensor on the run's device: [sum ||o - o_dense||^2,
+    sum ||o_dense||^2] over that step's calls (read after the run, so the probe never synchronizes the device).
+    The comparison is timed as region PROBE_REGION, inside the backend's "self_attention" region.
+    """
+
+    def __init__(self, backend: Any, steps: Collection[int]) -> None:
+        from .attention.full import FullAttention
+
+        self.backend = backend
+        self.steps = frozenset(steps)
+        self.dense = FullAttention()
+        self.sums: dict[tuple[int, str, int], Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("backend", "__setstate__"):  # not set yet (copying): no recursion
+            raise AttributeError(name)
+        return getattr(self.backend, name)
+
+    def check(self, device: Any, dtype: Any) -> None:
+        """The backend's check, and dense attention's (on CUDA it needs bf16 or fp16).
+
+        Raises:
+            BadInput: either cannot run on `device` / `dtype`.
+        """
+        self.backend.check(device, dtype)
+        if self.steps:
+            try:
+                self.dense.check(device, dtype)
+            except BadInput:
+                raise BadInput("the attention error compares with dense attention (cuDNN / flash on CUDA), which "
+                               "needs --dtype bf16 or fp16; or pass --error-steps none") from None
+
+    def __call__(self, q: Any, k: Any, v: Any, ctx: Any) -> Any:
+        """q, k, v: (B, S, H, D) -> the backend's (B, S, H, D) output, unchanged."""
+        import torch
+
+        out = self.backend(q, k, v, ctx)
+        if ctx.timer.enabled and ctx.step in self.steps:
+            with ctx.timer.region(PROBE_REGION):
+                ref = self.dense(q, k, v, ctx).float()
+                sums = torch.stack([(out.float() - ref).square().sum(), ref.square().sum()])
+                key = (ctx.step, ctx.expert or "transformer", ctx.layer)
+                self.sums[key] = sums if key not in self.sums else self.sums[key] + sums
+        return out
+
+    def errors(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(per (step, expert, layer): {"step", "expert", "layer", "rel_l2"}, per (expert, layer) over every chosen
+        step: {"expert", "layer", "rel_l2"}), sorted; rel_l2 None where not finite. Clears the sums."""
+        sums = {k: [float(x) for x in v.cpu()] for k, v in self.sums.items()}
+        self.sums.clear()
+        per_step = [{"step": s, "expert": e, "layer": layer, "rel_l2": pooled_rel_l2([d], [r])}
+                    for (s, e, layer), (d, r) in sorted(sums.items())]
+        pooled: dict[tuple[str, int], list[list[float]]] = defaultdict(lambda: [[], []])
+        for (_, e, layer), (d, r) in sums.items():
+            pooled[(e, layer)][0].append(d)
+            pooled[(e, layer)][1].append(r)
+        per_layer = [{"expert": e, "layer": layer, "rel_l2": pooled_rel_l2(*pooled[(e, layer)])}
+                     for e, layer in sorted(pooled)]
+        return per_step, per_layer
+
+
+def without_region(records: list[tuple[str, int, float]], region: str,
+                   enclosing: tuple[str, ...] = PROBE_ENCLOSED_BY) -> tuple[list[tuple[str, int, float]], float]:
+    """Take the time of `region` out of the regions that enclose it.
+
+    Args:
+        records: `Timer.finish()` records (name, step, seconds).
+        region: the nested region to remove (PROBE_REGION).
+        enclosing: region names that contain every `region` call; names "<name>/..." of them (e.g. "dit/<expert>")
+            count too, except the backend's stages ("self_attention/<stage>", which end before the probe runs).
+
+    Returns:
+        (the records without `region`, each enclosing name's records of a step reduced by that step's `region`
+        seconds, never below 0; the seconds removed).
+    """
+    spent: dict[int, float] = defaultdict(float)
+    for name, step, sec in records:
+        if name == region:
+            spent[step] += sec
+    left: dict[tuple[str, int], float] = {}
+    out = []
+    for name, step, sec in records:
+        if name == region:
+            continue
+        if name in enclosing or (name.split("/", 1)[0] in enclosing and not name.startswith("self_attention/")):
+            rest = left.setdefault((name, step), spent.get(step, 0.0))
+            take = min(rest, sec)
+            left[(name, step)] = rest - take
+            sec -= take
+        out.append((name, step, sec))
+    return out, sum(spent.values())
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+@dataclass
+class CompareRow:
+    """One backend's results. Seconds are per denoising step (mean over the timed steps; two transformer forwards
+    a step with CFG); `attention_s_per_step` is the backend call alone (None: not timed). PSNR in dB (+inf: equal
+    frames), SSIM in [-1, 1], relative L2 distances (None: not finite) against the reference: `latents_rel_l2` of
+    the final latents. `attention_rel_l2` per (step, expert, layer), `attention_rel_l2_per_layer` per (expert,
+    layer) over the chosen steps, against dense attention (`AttentionProbe.errors`); `attention_rel_l2_mean` /
+    `_max` over the layers. `probe_s`: seconds the dense comparison took (not in the DiT times)."""
+
+    label: str
+    backend: str
+    spec: str
+    sparsity: float | None
+    impl: str | None
+    file: str
+    dit_s_per_step: float
+    dit_per_step_s: list[float]
+    attention_s_per_step: float | None
+    speedup_vs_reference: float
+    psnr_db: float
+    psnr_per_frame_db: list[float]
+    ssim: float
+    ssim_per_frame: list[float]
+    latents_rel_l2: float | None
+    attention_rel_l2: list[dict[str, Any]]
+    attention_rel_l2_per_layer: list[dict[str, Any]]
+    attention_rel_l2_mean: float | None
+    attention_rel_l2_max: float | None
+    probe_s: float
+    warmup_s: float
+    backend_info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (PSNR +inf as the string "inf": `json_number`)."""
+        d = asdict(self)
+        d["psnr_db"] = json_number(self.psnr_db)
+        d["psnr_per_frame_db"] = [json_number(x) for x in self.psnr_per_frame_db]
+        return d
+
+
+@dataclass
+class CompareReport:
+    """The result of `compare`: one row per backend (the reference first), the files written, the notes."""
+
+    settings: dict[str, Any]
+    versions: dict[str, str]
+    rows: list[CompareRow]
+    files: dict[str, str]
+    load_s: float
+    text_encode_s: float
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (no NaN or Infinity: PSNR +inf is "inf")."""
+        s = self.settings
+        return {"command": "compare", "model": s["model"], "prompt": s["prompt"], "device": s["device"],
+                "dtype": s["dtype"], "frames": s["frames"], "height": s["height"], "width": s["width"],
+                "steps": s["steps"], "warmup": s["warmup"], "guidance": s["guidance"], "seed": s["seed"],
+                "reference": self.rows[0].label, "error_steps": s["error_steps"],
+                "rows": [r.to_dict() for r in self.rows], "files": self.files, "load_s": self.load_s,
+                "text_encode_s": self.text_encode_s, "notes": self.notes, "settings": s, "versions": self.versions}
+
+
+def _mean_max(per_layer: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """(mean, max) of the layers' rel_l2; (None, None) without layers or where one is None (not finite)."""
+    vals = [x["rel_l2"] for x in per_layer]
+    if not vals or any(v is None for v in vals):
+        return None, None
+    return sum(vals) / len(vals), max(vals)
+
+
+def video_metrics(ref: Any, frames: Any) -> dict[str, Any]:
+    """{"psnr_db", "psnr_per_frame_db", "ssim", "ssim_per_frame"} of (F, H, W, 3) uint8 `frames` against `ref`
+    (`vsagen.metrics`); the reference itself (the same array) gets +inf and 1 without computing."""
+    if frames is ref:
+        n = len(ref)
+        return {"psnr_db": math.inf, "psnr_per_frame_db": [math.inf] * n, "ssim": 1.0, "ssim_per_frame": [1.0] * n}
+    p, p_frames = psnr_db(ref, frames)
+    s, s_frames = ssim(ref, frames)
+    return {"psnr_db": p, "psnr_per_frame_db": p_frames, "ssim": s, "ssim_per_frame": s_frames}
+
+
+def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
+            cancelled: Callable[[], bool] = lambda: False) -> CompareReport:
+    """Generate with every backend of `cfg` on one loaded pipeline, compare each with the reference and write the
+    folder's files (module docstring).
+
+    Args:
+        cfg: the validated request (`resolve_compare`).
+        log: receives progress lines; progress: show diffusers' progress bar per run.
+        cancelled: asked before the files are written; True (an interrupt a finalizer swallowed) raises
+            KeyboardInterrupt instead.
+
+    Returns:
+        The report (also written as compare.json / compare.csv).
+
+    Raises:
+        BadInput: a backend cannot run on this device / dtype or refuses the grid (before loading where the
+            preset says the model's strides), or an output file appeared during the run.
+        ModelNotFound: the checkpoint cannot be loaded.
+        RunFailure: out of GPU memory (the message names the backend), or a decoded video of the wrong size.
+        KeyboardInterrupt: `cancelled()`; no file is left.
+    """
+    import torch
+
+    from . import __version__
+    from .bench import rel_l2
+    from .loading import torch_dtype, versions
+    from .pipeline import Session, out_of_memory_as_failure, video_frames
+    from .profile import check_grids, denoise_grids
+    from .timing import TimingReport
+
+    device = torch.device(cfg.device)
+    probes = [AttentionProbe(spec.build(), cfg.error_steps) for spec in cfg.backends]
+    for probe in probes:
+        probe.check(device, torch_dtype(cfg.dtype))
+    if cfg.source.exact_preset:  # the preset's strides are the model's: refuse a pattern file's grid now
+        check_grids(probes, denoise_grids(cfg).values())
+    session = Session.load(cfg, probes, attach_on_load=False, progress=progress, log=log)
+    for note in session.notes:
+        log(f"note: {note}")
+    plan = session.plan(cfg.tile_fit)
+    session.prompts()
+    labels, results = cfg.labels, []
+    for i, (spec, probe, label) in enumerate(zip(cfg.backends, probes, labels)):
+        log(f"[{i + 1}/{len(probes)}] {label}{' (reference)' if i == 0 else ''}: {cfg.warmup} warm-up + "
+            f"{cfg.steps} steps at {cfg.frames}x{cfg.height}x{cfg.width}, attention error at steps "
+            f"{', '.join(map(str, cfg.error_steps)) or 'none'}")
+        what = f"comparing {label}"
+        run = session.run(probe, plan, decode=True, what=what)
+        with out_of_memory_as_failure(what, cfg.memory_hints()):
+            frames = video_frames(session.pipe, run.video, (cfg.frames, cfg.height, cfg.width))
+        run.video = None  # the frames are what is compared and written: free the decoded tensor (GPU memory)
+        records, probe_s = without_region(run.records, PROBE_REGION)
+        results.append((spec, probe, label, run, frames, probe_s,
+                        TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s)))
+    ref_run, ref_frames, ref_timing = results[0][3], results[0][4], results[0][6]
+    ref_dit = ref_timing.dit_s / max(len(ref_timing.dit_per_step_s), 1)
+    files = cfg.files
+    rows = []
+    for (spec, probe, label, run, frames, probe_s, timing), path in zip(results, cfg.backend_files):
+        if run is not ref_run:
+            log(f"PSNR / SSIM of {label} against {labels[0]}")
+        steps = max(len(timing.dit_per_step_s), 1)
+        per_step, per_layer = probe.errors()
+        mean, worst = _mean_max(per_layer)
+        latents = rel_l2(run.latents, ref_run.latents)
+        info = probe.describe(device)
+        dit = timing.dit_s / steps
+        rows.append(CompareRow(
+            label=label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,
+            impl=info.get("impl_ran", spec.impl), file=str(path), dit_s_per_step=dit,
+            dit_per_step_s=list(timing.dit_per_step_s),
+            attention_s_per_step=None if timing.self_attention_s is None else timing.self_attention_s / steps,
+            speedup_vs_reference=1.0 if run is ref_run else ref_dit / dit,
+            **video_metrics(ref_frames, frames),
+            latents_rel_l2=latents if math.isfinite(latents) else None,  # NaN latents: no distance
+            attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
+            attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
+            probe_s=probe_s, warmup_s=run.warmup_s, backend_info=info))
+    notes = list(dict.fromkeys(session.notes))
+    if cfg.device != "cuda":
+        notes.append("CPU timings (each backend measured once, in order): indicative only; compare speed on a GPU")
+    if session.model.random_weights or cfg.source.kind == "tiny":
+        notes.append("random weights: PSNR, SSIM and the errors measure how far each backend moves this network's "
+                     "output, not the quality of real video")
+    report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
+                           rows=rows, files={k: str(v) for k, v in files.items()}, load_s=session.load_s,
+                           text_encode_s=session.text_encode_s, notes=notes)
+    if cancelled():
+        raise KeyboardInterrupt
+    write_outputs(cfg, report, [r[4] for r in results], log=log)
+    return report
+
+
+def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], *,
+                  log: Callable[[str], None] = lambda m: None) -> None:
+    """Write every file of `cfg.files` (each atomically: `vsagen.video`); if one fails or the write is
+    interrupted, remove the ones already written (and the folder, if this call created it) and re-raise.
+
+    Args:
+        videos: each backend's (F, H, W, 3) uint8 frames, in `cfg.backends` order.
+
+    Raises:
+        BadInput: a file appeared meanwhile (without `overwrite`); matplotlib is missing for the plot.
+    """
+    import json
+
+    from .compare_render import render_csv, side_by_side, write_plot
+    from .video import write_mp4, write_text
+
+    files = cfg.files
+    created = not cfg.out.exists()
+    written: list[Path] = []
+
+    def publish(path: Path, write: Callable[[], None]) -> None:
+        write()
+        written.append(path)
+        log(f"wrote {path}")
+
+    try:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        for path, frames in zip(cfg.backend_files, videos):
+            publish(path, lambda: write_mp4(frames, path, cfg.fps, overwrite=cfg.overwrite))
+        panels = side_by_side(videos, cfg.labels)
+        publish(files["side-by-side"], lambda: write_mp4(panels, files["side-by-side"], cfg.fps,
+                                                         overwrite=cfg.overwrite))
+        if "plot" in files:
+            publish(files["plot"], lambda: write_plot(report, files["plot"], overwrite=cfg.overwrite))
+        text = json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
+        publish(files["json"], lambda: write_text(text, files["json"], overwrite=cfg.overwrite))
+        publish(files["csv"], lambda: write_text(render_csv(report), files["csv"], overwrite=cfg.overwrite))
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        if created:
+            try:
+                cfg.out.rmdir()
+            except OSError:
+                pass
+        raise
+

@@ -1,0 +1,165 @@
+"""Renderings of `vsagen compare`'s report (`vsagen.compare.CompareReport`): the Rich table, the csv, the plot
+(speed-up against PSNR per backend; attention error per layer) and the side-by-side video's frames (each panel
+labelled with its backend, drawn with Pillow)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .metrics import json_number
+
+
+def _num(x: float | None, fmt: str) -> str:
+    if x is None:
+        return "-"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return format(x, fmt)
+
+
+def _worst_layer(row: Any) -> str:
+    """"L<layer> <rel_l2>" (expert too with two experts) of the layer with the largest attention error."""
+    layers = [x for x in row.attention_rel_l2_per_layer if x["rel_l2"] is not None]
+    if not layers:
+        return "-"
+    worst = max(layers, key=lambda x: x["rel_l2"])
+    experts = len({x["expert"] for x in row.attention_rel_l2_per_layer}) > 1
+    return (f"{worst['expert']} " if experts else "") + f"L{worst['layer']} {worst['rel_l2']:.1e}"
+
+
+def title(report: Any) -> str:
+    """One line: model, size, steps, device and dtype, the reference."""
+    s = report.settings
+    return (f"{s['model']} | {s['frames']}x{s['height']}x{s['width']} | {s['steps']} step"
+            f"{'s' * (s['steps'] != 1)} after {s['warmup']} warm-up | CFG {s['guidance']:g} | {s['device']} "
+            f"{s['dtype']} | reference {report.rows[0].label}")
+
+
+def rich_table(report: Any) -> Any:
+    """The report as a `rich.table.Table`: per backend DiT s/step, speed-up, PSNR, SSIM, latents rel-L2, the mean
+    attention error over the layers and the worst layer."""
+    from rich.table import Table
+
+    steps = report.settings["error_steps"]
+    t = Table(title=title(report), title_justify="left",
+              caption=f"attention rel-L2 against dense attention on the same q, k, v at steps "
+                      f"{', '.join(map(str, steps)) or 'none'}; PSNR / SSIM of the decoded frames against the "
+                      "reference", caption_justify="left")
+    for i, col in enumerate(("backend", "DiT s/step", "speed-up", "PSNR dB", "SSIM", "latents rel-L2",
+                             "attn rel-L2 (mean)", "attn rel-L2 (worst layer)")):
+        t.add_column(col, justify="left" if i == 0 else "right")
+    for r in report.rows:
+        t.add_row(r.label, f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", _num(r.psnr_db, ".2f"),
+                  _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"), _num(r.attention_rel_l2_mean, ".1e"),
+                  _worst_layer(r))
+    return t
+
+
+CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "dit_s_per_step", "speedup_vs_reference",
+              "attention_s_per_step", "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean",
+              "attention_rel_l2_max", "probe_s", "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer",
+              "file")
+
+
+def render_csv(report: Any) -> str:
+    """One line per backend (CSV_FIELDS): scalars as numbers (PSNR +inf as "inf", missing as ""), per-frame
+    values space-separated, the per-layer attention error as space-separated `layer:value` (`expert/layer:value`
+    with two experts)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for r in report.rows:
+        experts = len({x["expert"] for x in r.attention_rel_l2_per_layer}) > 1
+        d = {k: getattr(r, k) for k in CSV_FIELDS}
+        d["psnr_db"] = json_number(r.psnr_db)
+        d["psnr_per_frame_db"] = " ".join(str(json_number(x)) for x in r.psnr_per_frame_db)
+        d["ssim_per_frame"] = " ".join(f"{x:.6g}" for x in r.ssim_per_frame)
+        d["attention_rel_l2_per_layer"] = " ".join(
+            (f"{x['expert']}/" if experts else "") + f"{x['layer']}:"
+            + ("" if x["rel_l2"] is None else format(x["rel_l2"], ".6g")) for x in r.attention_rel_l2_per_layer)
+        w.writerow({k: ("" if v is None else v) for k, v in d.items()})
+    return buf.getvalue()
+
+
+def side_by_side(videos: Sequence[np.ndarray], labels: Sequence[str]) -> np.ndarray:
+    """The videos next to each other, left to right, each panel's label written at its top-left corner (white on
+    a black box, Pillow's built-in font scaled to the frame height).
+
+    Args:
+        videos: (F, H, W, 3) uint8 each, one shape.
+        labels: one per video.
+
+    Returns:
+        (F, H, W * len(videos), 3) uint8.
+
+    Raises:
+        ValueError: no video, shapes that differ, or not one label per video.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    if not videos or len(videos) != len(labels) or any(v.shape != videos[0].shape for v in videos):
+        raise ValueError("side_by_side needs one label per video and videos of one shape")
+    f, h, w, _ = videos[0].shape
+    font = ImageFont.load_default(size=max(8, h // 16))
+    stamps = []  # each label drawn once: (mask of the box, mask of the text) for one panel
+    for label in labels:
+        img = Image.new("L", (w, h), 0)
+        draw = ImageDraw.Draw(img)
+        left, top, right, bottom = draw.textbbox((3, 2), label, font=font)
+        box = np.zeros((h, w), dtype=bool)
+        box[:min(bottom + 3, h), :min(right + 3, w)] = True
+        draw.text((3, 2), label, fill=255, font=font)
+        stamps.append((box, np.asarray(img) > 127))
+    out = np.concatenate(videos, axis=2)
+    for i, (box, text) in enumerate(stamps):
+        panel = out[:, :, i * w:(i + 1) * w]
+        panel[:, box] = 0
+        panel[:, text] = 255
+    return out
+
+
+def write_plot(report: Any, path: Path, *, overwrite: bool = False) -> None:
+    """Two panels: speed-up over the reference against PSNR per backend (infinite PSNR drawn at the top with
+    an arrow mark), and the attention error (rel-L2 against dense) per layer, one line per backend. Written
+    atomically (`vsagen.video.write_with`) in the format of `path`'s suffix; matplotlib's object API.
+
+    Raises:
+        BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
+    """
+    from .video import new_figure, write_with
+
+    rows = report.rows
+    finite = [r.psnr_db for r in rows if math.isfinite(r.psnr_db)]
+    top = (max(finite) + 5.0) if finite else 100.0
+    fig = new_figure("the plot", figsize=(11, 4.5), layout="constrained")
+    ax, bx = fig.subplots(1, 2)
+    for r in rows:
+        inf = not math.isfinite(r.psnr_db)
+        y = top if inf else r.psnr_db
+        ax.scatter([r.speedup_vs_reference], [y], marker="^" if inf else "o")
+        ax.annotate(r.label + (" (PSNR inf)" if inf else ""), (r.speedup_vs_reference, y), xytext=(4, 4),
+                    textcoords="offset points", fontsize=8)
+    ax.set_xlabel(f"DiT speed-up over {rows[0].label}")
+    ax.set_ylabel(f"PSNR against {rows[0].label} (dB)")
+    ax.margins(0.2)
+    bx.xaxis.get_major_locator().set_params(integer=True)  # layers (two experts: labelled ticks instead)
+    for r in rows:
+        layers = r.attention_rel_l2_per_layer
+        experts = len({x["expert"] for x in layers}) > 1
+        xs = list(range(len(layers)))
+        bx.plot(xs, [np.nan if x["rel_l2"] is None else x["rel_l2"] for x in layers], marker=".", label=r.label)
+        if experts and r is rows[0]:
+            bx.set_xticks(xs, [f"{x['expert'][-1]}:{x['layer']}" for x in layers], fontsize=6)
+    bx.set_xlabel("layer" + (" (expert:layer)" if any(len({x["expert"] for x in r.attention_rel_l2_per_layer}) > 1
+                                                      for r in rows) else ""))
+    bx.set_ylabel("attention rel-L2 vs dense (chosen steps)")
+    bx.legend(fontsize=8)
+    fig.suptitle(title(report), fontsize=8)
+    write_with(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), dpi=120),
+               overwrite=overwrite)

@@ -42,7 +42,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     (`cfg.last_image`, first/last-frame to video) is fitted the same way and handed over as diffusers'
     `last_image`: the condition video ends with it and its mask marks the last frame; a CLIP branch encodes both
     images.
-    Under `--ulysses` every rank runs this; only the `writer` (rank 0) decodes and writes, the others return None.
+    Under `--ulysses` / `--cfg-parallel` every rank runs this; only the `writer` (rank 0) decodes and writes, the
+    others return None; rank 0's report holds every rank's timing row (`TimingReport.ranks`).
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
     (`load_model`); the JSON records both. The backend's own weights are attached before the weights are placed.
 
@@ -72,6 +73,15 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     pipe = session.pipe
     plan = session.plan(cfg.tile_fit)
     run = session.run(backend, plan, encode=True, decode=writer)
+    untimed = session.untimed(backend)
+    ranks = None
+    if cfg.processes > 1:  # every rank's DiT / attention / exchange times, to rank 0
+        import torch.distributed as dist
+
+        from .parallel.launch import gather_to_writer
+
+        mine = TimingReport.from_records(run.records, cfg.device, untimed=untimed)
+        ranks = gather_to_writer(mine.rank_row(dist.get_rank()))
     if not writer:
         return None
     t_write = time.perf_counter()
@@ -86,7 +96,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     write_mp4(frames_u8, cfg.out, cfg.fps, overwrite=cfg.overwrite)
     write_s = time.perf_counter() - t_write
     report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,
-                                       warmup_s=run.warmup_s, notes=session.notes, untimed=session.untimed(backend))
+                                       warmup_s=run.warmup_s, notes=session.notes, untimed=untimed,
+                                       ranks=ranks or [])
     layout = tile_layout(plan.denoise_grid)
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
     summary = {
@@ -100,7 +111,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         "image": str(cfg.image) if cfg.image is not None else None,
         "last_image": str(cfg.last_image) if cfg.last_image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
-        "dtype": cfg.dtype, "ulysses": cfg.ulysses, "tile_fit": cfg.tile_fit,
+        "dtype": cfg.dtype, "ulysses": cfg.ulysses, "cfg_parallel": cfg.cfg_parallel, "tile_fit": cfg.tile_fit,
         "random_weights": session.model.random_weights,
         "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
         "compile_fullgraph": session.compile_fullgraph,

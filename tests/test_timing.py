@@ -137,3 +137,44 @@ def test_rich_table_leaves_out_the_regions_nobody_timed():
     for gone in ("text encode", "denoise loop", "VAE decode", "total"):
         assert gone not in rows, gone
     assert "DiT (2 forwards, 2 steps)" in text and "attention backend" in text
+
+
+def test_discard_forgets_the_open_regions_of_a_name():
+    """A CFG-parallel call served by the exchange (`vsagen.parallel.cfg`) discards its "dit" regions: their stop
+    records nothing; other regions, and later ones of the same name, are recorded."""
+    timer = Timer("cpu")
+    outer = timer.start("denoise")
+    dit, expert, other = timer.start("dit"), timer.start("dit/transformer"), timer.start("dither")
+    timer.discard("dit")
+    for token in (other, expert, dit):
+        timer.stop(token)
+    timer.stop(timer.start("dit"))
+    timer.stop(outer)
+    assert [n for n, _, _ in timer.finish()] == ["dither", "dit", "denoise"]
+    timer.discard("nothing open")  # nothing to forget
+
+
+def test_parallel_regions_and_per_rank_rows():
+    """A multi-process run: the all-to-all and CFG-exchange totals, each rank's row, their max and mean in the JSON
+    and the per-rank table (None in one process)."""
+    from rich.console import Console
+
+    records = [("dit", 0, 2.0), ("dit", 1, 2.0), ("self_attention", 0, 1.0), ("all_to_all", 0, 0.25),
+               ("all_to_all", 1, 0.25), ("cfg_exchange", 0, 0.125)]
+    r = _report(records)
+    assert (r.all_to_all_s, r.cfg_exchange_s, r.ranks) == (0.5, 0.125, [])
+    assert "ranks_max" not in r.to_dict() and r.ranks_table() is None
+    row = r.rank_row(1)
+    assert row == {"rank": 1, "dit_forwards": 2, "dit_s": 4.0, "self_attention_s": 1.0, "all_to_all_s": 0.5,
+                   "cfg_exchange_s": 0.125}
+    other = {**row, "rank": 0, "dit_s": 2.0, "self_attention_s": None}
+    d = _report(records, ranks=[other, row]).to_dict()
+    assert d["ranks"] == [other, row]
+    assert d["ranks_max"] == {"dit_s": 4.0, "self_attention_s": 1.0, "all_to_all_s": 0.5, "cfg_exchange_s": 0.125}
+    assert d["ranks_mean"]["dit_s"] == 3.0 and d["ranks_mean"]["self_attention_s"] == 1.0
+    console = Console(width=200, record=True)
+    console.print(r.rich_table("t"))
+    console.print(_report(records, ranks=[other, row]).ranks_table())
+    text = console.export_text()
+    for needle in ("all-to-all (Ulysses)", "CFG exchange", "per rank", "max", "mean", "not timed", "3.000"):
+        assert needle in text, needle

@@ -2,7 +2,7 @@
 
 Library errors (`VsagenError`) become one line on stderr and exit code 2 (bad input) or 1 (failure while
 running); tracebacks appear only with --verbose. Heavy imports (torch, diffusers) happen inside commands. Under a
-torchrun launch (`--ulysses`) rank 0 prints; the other ranks print an error only if rank 0 did not fail too.
+torchrun launch (`--ulysses`, `--cfg-parallel`) rank 0 prints; the other ranks print an error only if rank 0 did not fail too.
 """
 
 from __future__ import annotations
@@ -187,6 +187,10 @@ Ulysses = Annotated[int, typer.Option(help="Split the transformer's sequence acr
                                            "parallelism through diffusers' context parallelism; every backend): "
                                            "start with torchrun --nproc_per_node N -m vsagen ... --ulysses N. "
                                            "Rank 0 writes the files.")]
+CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="Run the conditional and unconditional CFG passes "
+                                           "on different processes (needs --guidance > 1): start with torchrun "
+                                           "--nproc_per_node 2 -m vsagen ... --cfg-parallel, or 2 x N processes "
+                                           "with --ulysses N.")]
 
 
 def _single_process(run):
@@ -200,7 +204,7 @@ def _single_process(run):
         launch = torchrun_launch(os.environ)
         if launch is not None and launch.world_size > 1:
             raise BadInput(f"this command runs in {launch.world_size} processes (torchrun), but only t2v and i2v "
-                           "split a run (--ulysses): start one process")
+                           "split a run (--ulysses, --cfg-parallel): start one process")
         run()
 
     return guarded
@@ -226,7 +230,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
 
         cfg = resolve(prompt, image=image, fit=fit, last_image=last_image,
                       fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True), **settings)
-        parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v")
+        parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
         from rich.console import Console
 
         err = Console(stderr=True)
@@ -236,7 +240,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
             if writer:
                 err.print(m, markup=False, highlight=False, soft_wrap=True)
 
-        if launch is not None and cfg.ulysses > 1:
+        if launch is not None and cfg.processes > 1:
             from .loading import prepare_model_files
 
             prepare_model_files(cfg)  # the tiny checkpoint, before the process group (see prepare_model_files)
@@ -262,8 +266,12 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
                  + f" | {cfg.device} {cfg.dtype}"
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
                  + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
+                 + (" | CFG parallel" if cfg.cfg_parallel else "")
                  + (" | VAE tiled" if s["vae_tiling"] else ""))
         con.print(result.report.rich_table(title=title))
+        ranks = result.report.ranks_table()
+        if ranks is not None:
+            con.print(ranks)
         share = result.report.attention_share_of_dit
         con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
                   "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
@@ -283,7 +291,7 @@ def t2v(
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
     warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
-    ulysses: Ulysses = 1, json_out: JsonOut = False,
+    ulysses: Ulysses = 1, cfg_parallel: CfgParallel = False, json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
@@ -311,7 +319,7 @@ def i2v(
     fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
     warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
-    ulysses: Ulysses = 1, json_out: JsonOut = False,
+    ulysses: Ulysses = 1, cfg_parallel: CfgParallel = False, json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with

@@ -80,6 +80,12 @@ class Request:
     compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
+    cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)
+
+    @property
+    def processes(self) -> int:
+        """How many processes the run takes: `ulysses`, twice that with `cfg_parallel`."""
+        return self.ulysses * (2 if self.cfg_parallel else 1)
 
     @property
     def image_to_video(self) -> bool:
@@ -414,7 +420,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
             device: str = "auto", dtype: str = "auto", tile_fit: str = "partial", random_weights: bool = False,
             allow_pickle: bool = False, warmup: int = 0, image: Path | None = None,
             fit: str = "crop", offload: str = "none", vae_tiling: str = "auto", compile: bool = False,
-            last_image: Path | None = None, fused_blocks: bool = True, ulysses: int = 1) -> RunConfig:
+            last_image: Path | None = None, fused_blocks: bool = True, ulysses: int = 1,
+            cfg_parallel: bool = False) -> RunConfig:
     """Validate a request and fill unset settings from the model's preset (flag > preset default).
 
     `guidance` is the CFG scale of the (first) transformer; `guidance_2` that of the second expert of a
@@ -429,6 +436,8 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
     (`vae_tiling_enabled` says when `auto` does). `ulysses` (>= 1) splits the sequence across that many ranks
     of a torchrun launch (`vsagen.parallel.launch`); not with `offload` or `compile`, and for a model of the
     preset's architecture the heads and the denoised tokens must split evenly (checked here, before loading).
+    `cfg_parallel` runs the conditional and unconditional passes on two halves of the ranks
+    (`vsagen.parallel.cfg`): it needs guidance > 1, and not `offload` or `compile`.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid).
@@ -488,6 +497,10 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
         spec, attn_note = _auto_spec(src, d.attention, sparsity, attn_impl, random_weights, dev)
     _check_ulysses(ulysses, src, offload=offload, compile=compile, tile_fit=tile_fit, frames=frames, height=height,
                    width=width)
+    if cfg_parallel:
+        from .parallel.cfg import check_cfg_parallel
+
+        check_cfg_parallel(guidance, offload=offload, compile=compile)
     out = Path(out) if out is not None else _default_out(model, spec.name, seed, overwrite)
     if not out.name or out.name in (".", ".."):
         raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
@@ -502,7 +515,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
         offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
-        ulysses=ulysses, attn_requested=attn, attn_note=attn_note,
+        ulysses=ulysses, cfg_parallel=bool(cfg_parallel), attn_requested=attn, attn_note=attn_note,
     )
 
 

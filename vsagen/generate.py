@@ -42,7 +42,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     (`cfg.last_image`, first/last-frame to video) is fitted the same way and handed over as diffusers'
     `last_image`: the condition video ends with it and its mask marks the last frame; a CLIP branch encodes both
     images.
-    Under `--ulysses` every rank runs this; only the `writer` (rank 0) decodes and writes, the others return None.
+    Under `--ulysses` / `--cfg-parallel` every rank runs this; only the `writer` (rank 0) decodes and writes, the
+    others return None; rank 0's report holds every rank's timing row (`TimingReport.ranks`).
     The mp4 and the JSON are published together, unless `cancelled()` says an interrupt arrived that Python
     dropped (one raised inside a finalizer): then KeyboardInterrupt, nothing written.
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
@@ -81,6 +82,15 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     run = session.run(backend, plan, encode=True, decode=writer, log=log)
     for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
         log(f"note: {note}")
+    untimed = session.untimed(backend)
+    ranks = None
+    if cfg.processes > 1:  # every rank's DiT / attention / exchange times, to rank 0
+        import torch.distributed as dist
+
+        from .parallel.launch import gather_to_writer
+
+        mine = TimingReport.from_records(run.records, cfg.device, untimed=untimed)
+        ranks = gather_to_writer(mine.rank_row(dist.get_rank()))
     if not writer:
         return None
     from . import video
@@ -93,8 +103,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         outputs.add(cfg.out, lambda tmp: video.encode_mp4(frames_u8, tmp, cfg.fps), ".mp4")
         write_s = time.perf_counter() - t_write
         report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,
-                                           warmup_s=run.warmup_s, notes=session.notes,
-                                           untimed=session.untimed(backend))
+                                           warmup_s=run.warmup_s, notes=session.notes, untimed=untimed,
+                                           ranks=ranks or [])
         summary = _summary(cfg, session, backend, plan, report)
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
@@ -128,7 +138,7 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "image": str(cfg.image) if cfg.image is not None else None,
         "last_image": str(cfg.last_image) if cfg.last_image is not None else None, "fit": cfg.fit,
         "seed": cfg.seed, "device": cfg.device,
-        "dtype": cfg.dtype, "ulysses": cfg.ulysses, "tile_fit": cfg.tile_fit,
+        "dtype": cfg.dtype, "ulysses": cfg.ulysses, "cfg_parallel": cfg.cfg_parallel, "tile_fit": cfg.tile_fit,
         # random weights: --random-weights, or a tiny model (built offline with random weights, text encoder too);
         # random prompt embeddings only with --random-weights (the tiny model's text encoder runs)
         "random_weights": session.model.random_weights or cfg.source.kind == "tiny",

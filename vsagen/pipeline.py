@@ -345,8 +345,8 @@ class Session:
         load_s: host seconds of `load_model` (loading and placing the weights).
         text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
         preattached: the backends whose own weights `load` attached (runs of them attach nothing more).
-        ulysses_enabled: a `--ulysses` run split the transformers' sequence (`vsagen.parallel.launch`; once per
-            session).
+        parallel_enabled: a `--ulysses` run left diffusers' context-parallel hooks on the transformers
+            (`vsagen.parallel.launch.enable_parallel`; once per session; CFG parallel alone leaves nothing).
     """
 
     request: Request
@@ -357,7 +357,7 @@ class Session:
     load_s: float = 0.0
     text_encode_s: float = 0.0
     preattached: tuple[Any, ...] = ()
-    ulysses_enabled: bool = False
+    parallel_enabled: bool = False
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
@@ -404,15 +404,15 @@ class Session:
         return cls(request, model, conditioning, fused, fullgraph, load_s,
                    preattached=tuple(backends) if attach_on_load else ())
 
-    def _check_ulysses(self, plan: CropPlan) -> None:
-        """Before a `--ulysses` run: refuse a second one in this session (the first left diffusers' context-parallel
-        hooks on the transformers, and vsagen's processors cannot be installed under them) and a degree that does not
-        split every transformer's heads and the plan's tokens evenly."""
+    def _check_parallel(self, plan: CropPlan) -> None:
+        """Before a multi-process run: refuse a second one in this session (the first left diffusers' context-parallel
+        hooks on the transformers, and vsagen's processors cannot be installed under them) and a Ulysses degree that
+        does not split every transformer's heads and the plan's tokens evenly."""
         import math
 
         from .parallel.ulysses import check_ulysses_degree
 
-        if self.ulysses_enabled:
+        if self.parallel_enabled:
             raise RuntimeError("a session runs one --ulysses run (diffusers' parallel hooks stay on the transformers)")
         for _, transformer in experts(self.pipe):
             check_ulysses_degree(self.request.ulysses, int(transformer.config.num_attention_heads),
@@ -500,20 +500,21 @@ class Session:
             if note is not None and note not in self.notes:
                 self.notes.append(note)
         attach = not any(backend is b for b in self.preattached)
-        if cfg.ulysses > 1:
-            self._check_ulysses(plan)
+        if cfg.processes > 1:
+            self._check_parallel(plan)
         handle = apply(pipe, backend, timer=timer, fused_blocks=self.fused, weights_root=self.model.weight_root,
                        attach_weights=attach)
-        if cfg.ulysses > 1:
-            from .parallel.launch import enable_ulysses
+        split = None  # CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`)
+        if cfg.processes > 1:
+            from .parallel.launch import enable_parallel
 
             try:
-                for _, transformer in experts(pipe):
-                    enable_ulysses(transformer, cfg.ulysses)
+                split = enable_parallel([t for _, t in experts(pipe)], cfg.ulysses, cfg.cfg_parallel, cfg.device,
+                                        timer)
             except BaseException:
                 handle.remove()
                 raise
-            self.ulysses_enabled = True
+            self.parallel_enabled = cfg.ulysses > 1
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
         if attach:
@@ -523,6 +524,8 @@ class Session:
         unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
 
         def denoise(pos: Any, neg: Any, n: int) -> Any:
+            if split is not None:
+                split.negative = neg
             return denoise_latents(pipe, plan, pos, neg, steps=n, guidance=cfg.guidance, seed=cfg.seed, extra=extra)
 
         try:
@@ -554,6 +557,8 @@ class Session:
                             video = decode_latents(pipe, latents)
                 records = timer.finish()
         finally:
+            if split is not None:
+                split.remove()
             unwrap()
             handle.remove()
         return Denoised(latents, video, records, warmup_s, plan)

@@ -14,7 +14,10 @@ sampling loop and its set-up), "dit" (one transformer forward; tagged with the d
 (the same forward again, named by the pipeline component that ran it: "transformer", or "transformer_2" for the
 second expert of a two-expert pipeline), "attn1" (the whole self-attention module: projections, norms, RoPE,
 backend, output projection), "self_attention" (the backend call alone) and "self_attention/<stage>" for the
-stages a backend reports (e.g. VSA's "coarse" and "fine"), "vae_decode".
+stages a backend reports (e.g. VSA's "coarse" and "fine"), "vae_decode". Multi-process runs (`vsagen.parallel`) add
+"all_to_all" (Ulysses' sequence <-> heads exchanges, inside "self_attention") and "cfg_exchange" (CFG parallel: the
+exchange of the two branches' predictions, inside "dit"); `rank_row` / `rank_stats` turn each rank's report into
+the per-rank rows rank 0 reports.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Timer:
         self.enabled = True
         self._records: list[tuple[str, int, Any, Any]] = []
         self._open: dict[int, tuple[str, int, Any]] = {}
+        self._discarded: set[int] = set()
         self._next_token = 0
 
     def _now(self) -> Any:
@@ -65,8 +69,19 @@ class Timer:
         """Close the region opened by `start`."""
         if token is None:
             return
+        if token in self._discarded:
+            self._discarded.discard(token)
+            return
         name, step, begin = self._open.pop(token)
         self._records.append((name, step, begin, self._now()))
+
+    def discard(self, name: str) -> None:
+        """Forget the open regions called `name` or `name/...`: their `stop` records nothing. For a region whose body
+        turned out not to run (a CFG-parallel transformer call served by the exchange of the pair's predictions,
+        `vsagen.parallel.cfg`: no DiT forward ran, so no "dit" region)."""
+        for token in [t for t, (n, _, _) in self._open.items() if n == name or n.startswith(name + "/")]:
+            del self._open[token]
+            self._discarded.add(token)
 
     def region(self, name: str, *, apart_from: str | None = None) -> AbstractContextManager[None]:
         """Time the body as region `name`.
@@ -150,6 +165,10 @@ class TimingReport:
     Both are measured apart from `denoise_s` (see `Timer.region(apart_from=...)`), so text_encode_s +
     image_encode_s + condition_encode_s + denoise_s + vae_decode_s <= total_s: no region is counted twice.
     With `--offload`, weight transfers are inside the regions that trigger them (the DiT forwards, the encoders).
+
+    Multi-process runs: `all_to_all_s` is the time of this rank's Ulysses exchanges (part of `self_attention_s`),
+    `cfg_exchange_s` that of its CFG-parallel exchanges (part of `dit_s`); `ranks` holds every rank's `rank_row`
+    (rank 0's report; empty in a one-process run), and `to_dict` adds their max and mean (`rank_stats`).
     """
 
     device: str
@@ -172,6 +191,9 @@ class TimingReport:
     notes: list[str] = field(default_factory=list)
     dit_by_expert_s: dict[str, float] = field(default_factory=dict)
     dit_forwards_by_expert: dict[str, int] = field(default_factory=dict)
+    all_to_all_s: float = 0.0
+    cfg_exchange_s: float = 0.0
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, records: list[tuple[str, int, float]], device: str, *, untimed: tuple[str, ...] = (),
@@ -205,6 +227,8 @@ class TimingReport:
         experts = sorted(n.split("/", 1)[1] for n in total if n.startswith("dit/"))
         extra.setdefault("dit_by_expert_s", {e: total[f"dit/{e}"] for e in experts})
         extra.setdefault("dit_forwards_by_expert", {e: count[f"dit/{e}"] for e in experts})
+        extra.setdefault("all_to_all_s", total["all_to_all"])
+        extra.setdefault("cfg_exchange_s", total["cfg_exchange"])
         return cls(
             device=device,
             total_s=total["total"], text_encode_s=total["text_encode"], denoise_s=total["denoise"],
@@ -219,8 +243,41 @@ class TimingReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (all seconds)."""
-        return asdict(self)
+        """JSON-ready dict (all seconds); with per-rank rows, also "ranks_max" and "ranks_mean" (`rank_stats`)."""
+        out = asdict(self)
+        if self.ranks:
+            out.update(rank_stats(self.ranks))
+        return out
+
+    def rank_row(self, rank: int) -> dict[str, Any]:
+        """This rank's line of a multi-process run's per-rank timing: {"rank", "dit_forwards", "dit_s",
+        "self_attention_s" (None where untimed), "all_to_all_s", "cfg_exchange_s"} (seconds)."""
+        return {"rank": rank, "dit_forwards": self.dit_forwards, "dit_s": self.dit_s,
+                "self_attention_s": self.self_attention_s, "all_to_all_s": self.all_to_all_s,
+                "cfg_exchange_s": self.cfg_exchange_s}
+
+    def ranks_table(self):  # -> rich.table.Table | None
+        """The per-rank rows as a Rich table (rank, DiT, attention backend, all-to-all, CFG exchange; then max and
+        mean over the ranks), or None in a one-process run."""
+        if not self.ranks:
+            return None
+        from rich.table import Table
+
+        cols = [("DiT", "dit_s"), ("attention backend", "self_attention_s"), ("all-to-all", "all_to_all_s"),
+                ("CFG exchange", "cfg_exchange_s")]
+        t = Table(title="per rank (seconds; the attention backend includes the all-to-all, the DiT both)",
+                  title_justify="left")
+        t.add_column("rank")
+        t.add_column("DiT forwards", justify="right")
+        for head, _ in cols:
+            t.add_column(head, justify="right")
+        fmt = lambda v: "not timed" if v is None else f"{v:.3f}"  # noqa: E731
+        for row in self.ranks:
+            t.add_row(str(row["rank"]), str(row["dit_forwards"]), *(fmt(row[k]) for _, k in cols))
+        stats = rank_stats(self.ranks)
+        for label in ("max", "mean"):
+            t.add_row(label, "", *(fmt(stats[f"ranks_{label}"][k]) for _, k in cols))
+        return t
 
     def rich_table(self, title: str = "timing"):  # -> rich.table.Table
         """Render as a Rich table: region, seconds, share of the total, share of DiT time."""
@@ -265,6 +322,10 @@ class TimingReport:
         row("      attention backend", self.self_attention_s, True)
         for stage, sec in self.self_attention_stages_s.items():
             row(f"        {stage}", sec, True)
+        if self.all_to_all_s:
+            row("        all-to-all (Ulysses)", self.all_to_all_s, True)
+        if self.cfg_exchange_s:
+            row("    CFG exchange", self.cfg_exchange_s, True)
         if outer:
             row("VAE decode", self.vae_decode_s)
             row("total", self.total_s)
@@ -273,3 +334,19 @@ class TimingReport:
         if self.warmup_s:
             t.add_row("(warm-up, not in total)", f"{self.warmup_s:.3f}", "", "")
         return t
+
+
+# The per-rank columns that `rank_stats` summarises.
+RANK_COLUMNS = ("dit_s", "self_attention_s", "all_to_all_s", "cfg_exchange_s")
+
+
+def rank_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """{"ranks_max": {column: max}, "ranks_mean": {column: mean}} over the ranks' `TimingReport.rank_row`s for each
+    of RANK_COLUMNS (None where no rank timed it). The slowest rank sets the pace of a multi-process run: every
+    step ends in exchanges that wait for it."""
+    out: dict[str, dict[str, float | None]] = {"ranks_max": {}, "ranks_mean": {}}
+    for col in RANK_COLUMNS:
+        values = [r[col] for r in rows if r.get(col) is not None]
+        out["ranks_max"][col] = max(values) if values else None
+        out["ranks_mean"][col] = sum(values) / len(values) if values else None
+    return out

@@ -1,6 +1,7 @@
-"""vsagen.parallel.launch and `--ulysses`: torchrun's environment read and refused, the degree checked before
-loading, and `torchrun --nproc_per_node 2 -m vsagen t2v --model tiny --device cpu --ulysses 2` (gloo) writing one
-mp4 equal to the single-process one, with every rank exiting 2 on bad input and one error line in all."""
+"""vsagen.parallel.launch, `--ulysses` and `--cfg-parallel`: torchrun's environment read and refused, the degree
+checked before loading, and `torchrun --nproc_per_node 2 -m vsagen t2v --model tiny --device cpu --ulysses 2` (and
+`--cfg-parallel`; gloo) writing one mp4 equal to the single-process one with every rank's timing in its JSON, with
+every rank exiting 2 on bad input and one error line in all."""
 
 from __future__ import annotations
 
@@ -52,8 +53,15 @@ def test_check_launch_refusals():
         check_launch(2, None, "i2v")
     with pytest.raises(BadInput, match="needs 4 processes, torchrun started 2"):
         check_launch(4, Launch(0, 2, 0))
-    with pytest.raises(BadInput, match="runs in 2 processes .*give --ulysses 2"):
+    with pytest.raises(BadInput, match=r"runs in 2 processes .*give --ulysses 2 .*\(or --cfg-parallel with --ulysses 1\)"):
         check_launch(1, Launch(0, 2, 0))
+    check_launch(1, Launch(1, 2, 1), cfg_parallel=True)
+    check_launch(2, Launch(3, 4, 3), cfg_parallel=True)
+    with pytest.raises(BadInput, match=r"--cfg-parallel splits the run across 2 processes: .*--nproc_per_node 2 "):
+        check_launch(1, None, cfg_parallel=True)
+    with pytest.raises(BadInput, match=r"--ulysses 2 --cfg-parallel needs 4 processes \(2 x --ulysses 2\), "
+                                       "torchrun started 2"):
+        check_launch(2, Launch(0, 2, 0), cfg_parallel=True)
 
 
 def test_resolve_checks_the_degree_before_loading(vsagen_cache):
@@ -94,6 +102,10 @@ def test_cli_refuses_ulysses_outside_torchrun_and_several_processes_without_it(c
     monkeypatch.setattr("vsagen.cli.LINGER_S", 0.05)
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
     assert line.startswith("error: rank 1: this command runs in 2 processes")
+    monkeypatch.setenv("RANK", "0")  # --cfg-parallel: 2 x --ulysses processes; outside torchrun: refused
+    line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "--cfg-parallel",
+                                              "--ulysses", "2", "x"]))
+    assert "--ulysses 2 --cfg-parallel needs 4 processes (2 x --ulysses 2), torchrun started 2" in line
     monkeypatch.setenv("RANK", "two")
     assert "not integers" in one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "x"]))
 
@@ -119,28 +131,56 @@ def _errors(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error: ")]
 
 
-def test_torchrun_ulysses_2_writes_one_mp4_equal_to_one_process(cli_cache, tmp_path):
+RUN_ARGS = ["t2v", "--model", "tiny", "--device", "cpu", "--attn", "vsa:impl=torch", "--steps", "2", "a fox"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, vsagen_cache, tiny_dir):
+    """RUN_ARGS in one process: the mp4 the torchrun runs must equal."""
     from vsagen.video import read_mp4
 
-    args = ["t2v", "--model", "tiny", "--device", "cpu", "--attn", "vsa:impl=torch", "--steps", "2", "a fox"]
-    res = _vsagen([*args, "--ulysses", "2", "--out", str(tmp_path / "u.mp4")], tmp_path, cli_cache)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    one = _vsagen([*args, "--out", str(tmp_path / "one.mp4")], tmp_path, cli_cache, torchrun=False)
+    where = tmp_path_factory.mktemp("one")
+    one = _vsagen([*RUN_ARGS, "--out", str(where / "one.mp4")], where, vsagen_cache, torchrun=False)
     assert one.returncode == 0, one.stderr[-3000:]
+    return read_mp4(where / "one.mp4")
+
+
+@pytest.mark.parametrize("flags,ranks", [(["--ulysses", "2"], "all-to-all"), (["--cfg-parallel"], "CFG exchange")],
+                         ids=["ulysses", "cfg-parallel"])
+def test_torchrun_writes_one_mp4_equal_to_one_process_and_every_rank_timing(cli_cache, tmp_path, one_process,
+                                                                            flags, ranks):
+    """--ulysses 2 and --cfg-parallel in 2 processes: one mp4 (rank 0's), equal to one process; its JSON and
+    table hold each rank's DiT / attention / exchange times."""
+    from vsagen.video import read_mp4
+
+    res = _vsagen([*RUN_ARGS, *flags, "--out", str(tmp_path / "u.mp4")], tmp_path, cli_cache)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".mp4", ".json")) == [
-        "one.json", "one.mp4", "u.json", "u.mp4"]  # rank 1 wrote nothing
-    assert (read_mp4(tmp_path / "u.mp4") == read_mp4(tmp_path / "one.mp4")).all()
+        "u.json", "u.mp4"]  # rank 1 wrote nothing
+    assert (read_mp4(tmp_path / "u.mp4") == one_process).all()
     data = json.loads((tmp_path / "u.json").read_text())
-    assert data["ulysses"] == 2 and data["backend"]["name"] == "vsa"
-    assert res.stdout.count("video: ") == 1  # one table, from rank 0
+    assert data["backend"]["name"] == "vsa"
+    assert (data["ulysses"], data["cfg_parallel"]) == ((2, False) if flags[0] == "--ulysses" else (1, True))
+    timing = data["timing"]
+    assert [r["rank"] for r in timing["ranks"]] == [0, 1]
+    key = "all_to_all_s" if flags[0] == "--ulysses" else "cfg_exchange_s"
+    assert all(r[key] > 0 and r["dit_s"] > 0 and r["self_attention_s"] > 0 for r in timing["ranks"]), timing
+    assert all(r["dit_forwards"] == (4 if flags[0] == "--ulysses" else 2) for r in timing["ranks"]), timing
+    assert timing["ranks_max"][key] == max(r[key] for r in timing["ranks"]) and timing["ranks_mean"][key] > 0
+    assert res.stdout.count("video: ") == 1 and res.stdout.count("per rank") == 1  # one report, from rank 0
+    assert ranks in res.stdout
 
 
-def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache, tmp_path):
-    res = _vsagen(["t2v", "--model", "tiny", "--device", "cpu", "--ulysses", "2", "--height", "112", "--width",
-                     "176", "--out", str(tmp_path / "u.mp4"), "a fox"], tmp_path, cli_cache)
+@pytest.mark.parametrize("flags,message", [
+    (["--ulysses", "2", "--height", "112", "--width", "176"], "does not divide 385 tokens"),
+    (["--cfg-parallel", "--guidance", "1"], "--guidance 1 turns classifier-free guidance off")],
+    ids=["ulysses-degree", "cfg-parallel-without-guidance"])
+def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache, tmp_path, flags, message):
+    res = _vsagen(["t2v", "--model", "tiny", "--device", "cpu", *flags, "--out", str(tmp_path / "u.mp4"), "a fox"],
+                  tmp_path, cli_cache)
     assert res.returncode != 0
     errors = _errors(res.stderr)
-    assert len(errors) == 1 and "does not divide 385 tokens" in errors[0], res.stderr[-3000:]
+    assert len(errors) == 1 and message in errors[0], res.stderr[-3000:]
     # torchrun's summary: both ranks exited 2 (the first to leave got its peer a SIGTERM, which exits 2 as well)
     assert res.stderr.count("exitcode  : 2") == 2, res.stderr[-3000:]
     frames = [line for line in res.stderr.splitlines() if line.strip().startswith('File "')]

@@ -4,62 +4,27 @@ backward, on a grid with partial tiles (fp32, max abs difference <= 1e-5). The p
 
 from __future__ import annotations
 
-import json
-import socket
-from pathlib import Path
-
 import pytest
-import torch.multiprocessing as mp
+from ulysses_worker import spawn
 
 import vsagen.parallel.ulysses  # noqa: F401  (the module under test; the workers import it)
 from vsagen.attention import backend_names
 
-HERE = Path(__file__).resolve().parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(worker_name: str, out: Path, prefix: str) -> list[dict]:
-    """Run tests/parallel/ulysses_worker.<worker_name> on 2 spawned gloo processes (a hang fails after 240 s) and
-    return each rank's results (out/<prefix><rank>.json)."""
-    import os
-    import sys
-    import time
-
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent)] + ([old] if old else []))
-    try:
-        sys.path.insert(0, str(HERE))
-        import ulysses_worker
-
-        ctx = mp.start_processes(getattr(ulysses_worker, worker_name), args=(2, _free_port(), str(out)), nprocs=2,
-                                 join=False, start_method="spawn")
-        deadline = time.monotonic() + 240
-        while not ctx.join(timeout=5):  # False until every process has exited (it returns at each exit)
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.terminate()
-                pytest.fail("the gloo workers did not finish within 240 s")
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-    return [json.loads((out / f"{prefix}{r}.json").read_text()) for r in range(2)]
-
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return _spawn("worker", tmp_path_factory.mktemp("ulysses"), "rank")
+    return spawn("worker", tmp_path_factory.mktemp("ulysses"), "rank")
 
 
 def test_exchanges_are_slicing(results):
     for res in results:
         assert res["seq_to_heads"] == 0.0 and res["round_trip"] == 0.0
+
+
+def test_the_exchanges_are_timed_as_all_to_all(results):
+    """Two "all_to_all" regions a call (q, k, v in; the output back), and none with the timer disabled."""
+    for res in results:
+        assert res["all_to_all regions"] == ["all_to_all", "all_to_all"], res
 
 
 @pytest.mark.parametrize("name", backend_names())
@@ -78,7 +43,7 @@ def test_attending_the_own_shard_only_would_be_caught(results):
 
 @pytest.fixture(scope="module")
 def cp_results(tmp_path_factory):
-    return _spawn("cp_worker", tmp_path_factory.mktemp("cp"), "cp")
+    return spawn("cp_worker", tmp_path_factory.mktemp("cp"), "cp")
 
 
 @pytest.mark.parametrize("name", backend_names())

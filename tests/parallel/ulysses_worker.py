@@ -1,9 +1,49 @@
-"""The worker of tests/parallel/test_ulysses.py (imported by the spawned processes through PYTHONPATH; not a test)."""
+"""The workers of tests/parallel/test_ulysses.py and test_cfg.py, and `spawn`, which runs one on 2 gloo processes
+(imported by the spawned processes through PYTHONPATH; not a test)."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEADLINE_S = 240  # a hang fails the test instead of the suite
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(worker_name: str, out: Path, prefix: str) -> list[dict]:
+    """Run this module's `worker_name` on 2 spawned gloo processes (a hang fails after DEADLINE_S) and return each
+    rank's results (out/<prefix><rank>.json)."""
+    import sys
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), str(HERE.parent)] + ([old] if old else []))
+    try:
+        ctx = mp.start_processes(getattr(sys.modules[__name__], worker_name), args=(2, _free_port(), str(out)),
+                                 nprocs=2, join=False, start_method="spawn")
+        deadline = time.monotonic() + DEADLINE_S
+        while not ctx.join(timeout=5):  # False until every process has exited (it returns at each exit)
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.terminate()
+                pytest.fail(f"the gloo workers did not finish within {DEADLINE_S} s")
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+    return [json.loads((out / f"{prefix}{r}.json").read_text()) for r in range(2)]
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -59,10 +99,34 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
                 with torch.no_grad():
                     res["shard only"] = float((be(ql, kl, vl, ctx) - ref[:, chunk]).abs().max())
             res[f"{name} bwd"] = max(float((a - b[:, chunk]).abs().max()) for a, b in zip(grads, ref_grads))
+        from vsagen.timing import Timer
+
+        timer = Timer("cpu")  # the exchanges are timed as "all_to_all" (the disabled timers above recorded nothing)
+        with torch.no_grad():
+            UlyssesAttention(make_backend("full"), group)(q[:, chunk], k[:, chunk], v[:, chunk],
+                                                          AttnContext(layout=None, layer=0, expert=None, timer=timer))
+        res["all_to_all regions"] = [n for n, _, _ in timer.finish()]
     finally:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(res, f)
         dist.destroy_process_group()
+
+
+def _leave(res: dict, path: str) -> None:
+    """Write a worker's results to `path`, wait for the peer, and exit with os._exit (the device mesh's teardown
+    aborts under gloo)."""
+    import sys
+
+    import torch.distributed as dist
+
+    with open(path, "w") as f:
+        json.dump(res, f)
+    try:  # neither rank leaves while the other still sets up groups (a peer gone mid-setup resets its sockets)
+        dist.barrier()
+    except Exception:  # noqa: BLE001 - the results are written; the tests read them
+        pass
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -72,7 +136,6 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     vsagen applied after `enable_parallelism` (its processors then lack the parallel config) must be refused.
     Writes {case: max abs difference or message} to out_dir/cp<r>.json and leaves with os._exit (the device mesh's
     teardown aborts under gloo)."""
-    import sys
 
     import torch
     import torch.distributed as dist
@@ -124,11 +187,44 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     except Exception as e:  # noqa: BLE001 - anything else: the tests print it instead of a KeyError
         res["error"] = f"{type(e).__name__}: {e}"
     finally:
-        with open(os.path.join(out_dir, f"cp{rank}.json"), "w") as f:
-            json.dump(res, f)
-        try:  # neither rank leaves while the other still sets up groups (a peer gone mid-setup resets its sockets)
-            dist.barrier()
-        except Exception:  # noqa: BLE001 - the results are written; the tests read them
-            pass
-        sys.stdout.flush()
-        os._exit(0)
+        _leave(res, os.path.join(out_dir, f"cp{rank}.json"))
+
+
+def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank `rank` of `world` (gloo) of a CFG-parallel run through vsagen's orchestrator (`Session.run` of a request
+    with cfg_parallel): for the tiny model with `full` and `vsa` (torch; its 5x6x10 grid has partial tiles) and the
+    two-expert tiny-a14b, the same session first runs in one process (the reference), then CFG parallel. Writes
+    {case: max abs difference of the final latents, DiT forwards per expert, whether the exchange was timed} to
+    out_dir/cfg<r>.json."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    res: dict = {}
+    try:
+        from vsagen.config import resolve
+        from vsagen.pipeline import Session
+        from vsagen.timing import TimingReport
+
+        for model, attns in (("tiny", ("full", "vsa:impl=torch")), ("tiny-a14b", ("full",))):
+            cfg = resolve("a fox", model=model, device="cpu", steps=2, cfg_parallel=True,
+                          out=Path(out_dir) / f"{rank}.mp4")
+            backends = [resolve("a fox", model=model, attn=a, device="cpu").backend.build() for a in attns]
+            session = Session.load(dataclasses.replace(cfg, cfg_parallel=False), backends)  # loaded once
+            plan = session.plan(cfg.tile_fit)
+            for attn, backend in zip(attns, backends):
+                session.request = dataclasses.replace(cfg, cfg_parallel=False)
+                ref = session.run(backend, plan)
+                session.request = cfg
+                got = session.run(backend, plan)
+                report = TimingReport.from_records(got.records, "cpu")
+                res[f"{model} {attn}"] = {"diff": float((got.latents - ref.latents).abs().max()),
+                                          "grid": list(plan.denoise_grid),
+                                          "forwards": report.dit_forwards_by_expert,
+                                          "exchange timed": report.cfg_exchange_s > 0}
+    except Exception as e:  # noqa: BLE001 - the tests print it instead of a KeyError
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        _leave(res, os.path.join(out_dir, f"cfg{rank}.json"))

@@ -5,8 +5,9 @@ parallelism (Ulysses) switched on for a pipeline's transformers with vsagen's pl
 set (torchrun's contract, read once by the CLI and passed here as a `Launch`). Every rank loads the model and runs
 the same denoising loop on the same seed; the transformer's sequence is split across the ranks (diffusers' plan
 for Wan, `ulysses.context_parallel_plan`) and vsagen's processors exchange sequence for heads around the backend
-(`ulysses.UlyssesAttention`), so every rank ends each step with the same latents. Rank 0 decodes and writes; the
-others write nothing. The process group is NCCL on CUDA (one GPU per local rank) and gloo on the CPU.
+(`ulysses.UlyssesAttention`), so every rank ends each step with the same latents. With `--cfg-parallel` the ranks
+form two halves, one per CFG branch (`cfg`). Rank 0 decodes and writes, with every rank's timing
+(`gather_to_writer`); the others write nothing. The process group is NCCL on CUDA (one GPU per local rank) and gloo on the CPU.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from ..errors import BadInput
 
@@ -55,22 +56,28 @@ def torchrun_launch(env: Mapping[str, str]) -> Launch | None:
     return Launch(rank, world, local)
 
 
-def check_launch(ulysses: int, launch: Launch | None, command: str = "t2v") -> None:
-    """Refuse `--ulysses` without a launcher of as many processes, and several processes without `--ulysses`.
+def check_launch(ulysses: int, launch: Launch | None, command: str = "t2v", cfg_parallel: bool = False) -> None:
+    """Refuse `--ulysses` / `--cfg-parallel` without a launcher of as many processes (ulysses, times 2 with
+    cfg_parallel), and several processes without either.
 
     Raises:
-        BadInput: ulysses > 1 outside torchrun, a world size other than ulysses, or a launch of several processes
-            with ulysses 1 (each would write the same files).
+        BadInput: a parallel run outside torchrun, a world size other than ulysses x (2 with cfg_parallel), or a
+            launch of several processes with neither (each would write the same files).
     """
     world = 1 if launch is None else launch.world_size
-    if ulysses > 1 and launch is None:
-        raise BadInput(f"--ulysses {ulysses} splits the run across {ulysses} processes: start it with torchrun, "
-                       f"e.g. torchrun --nproc_per_node {ulysses} -m vsagen {command} ... --ulysses {ulysses}")
-    if ulysses != world:
-        if ulysses == 1:
+    need = ulysses * (2 if cfg_parallel else 1)
+    flags = " ".join(([f"--ulysses {ulysses}"] if ulysses > 1 else []) + (["--cfg-parallel"] if cfg_parallel else []))
+    if need > 1 and launch is None:
+        raise BadInput(f"{flags} splits the run across {need} processes: start it with torchrun, "
+                       f"e.g. torchrun --nproc_per_node {need} -m vsagen {command} ... {flags}")
+    if need != world:
+        if need == 1:
             raise BadInput(f"this command runs in {world} processes (torchrun): give --ulysses {world} to split the "
-                           "sequence across them, or start one process")
-        raise BadInput(f"--ulysses {ulysses} needs {ulysses} processes, torchrun started {world} "
+                           "sequence across them"
+                           + (f" (or --cfg-parallel with --ulysses {world // 2})" if world % 2 == 0 else "")
+                           + ", or start one process")
+        how = f" (2 x --ulysses {ulysses})" if cfg_parallel and ulysses > 1 else ""
+        raise BadInput(f"{flags} needs {need} processes{how}, torchrun started {world} "
                        f"(--nproc_per_node x --nnodes)")
 
 
@@ -121,10 +128,12 @@ def _one_device_on_cpu() -> Iterator[None]:
         torch.accelerator.device_count = count
 
 
-def enable_ulysses(transformer: Any, degree: int) -> None:
+def enable_ulysses(transformer: Any, degree: int, mesh: Any = None) -> None:
     """Split `transformer`'s sequence across the `degree` ranks of the current process group (diffusers'
     `enable_parallelism` with `ContextParallelConfig(ulysses_degree=degree)` and `ulysses.context_parallel_plan`);
-    call it after `vsagen.apply` (its processors must be in place to receive the parallel config).
+    call it after `vsagen.apply` (its processors must be in place to receive the parallel config). `mesh`: a device
+    mesh with "ring" (size 1) and "ulysses" (size degree) dimensions among others (CFG parallel's,
+    `cfg.cfg_ranks`), else diffusers builds one over the whole group.
 
     Raises:
         RuntimeError: no process group (`start` first).
@@ -137,5 +146,42 @@ def enable_ulysses(transformer: Any, degree: int) -> None:
     if not dist.is_initialized():
         raise RuntimeError("enable_ulysses needs the process group: call vsagen.parallel.launch.start first")
     with _one_device_on_cpu():
-        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree),
+        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree, mesh=mesh),
                                        cp_plan=context_parallel_plan(transformer))
+
+
+def enable_parallel(transformers: Sequence[Any], ulysses: int, cfg_parallel: bool, device: str,
+                    timer: Any) -> Any:
+    """Switch on a multi-process run's parallelism for every transformer of a pipeline (each expert), after
+    `vsagen.apply`: Ulysses over `ulysses` ranks (if > 1) and, with `cfg_parallel`, one CFG branch per half of the
+    ranks (`cfg.CfgSplit`, returned: set its `negative` before each pipeline call, `remove()` it after).
+
+    Returns:
+        The installed `cfg.CfgSplit`, or None without `cfg_parallel`.
+
+    Raises:
+        RuntimeError: no process group, or one of another size than ulysses x (2 with cfg_parallel).
+    """
+    ranks = None
+    if cfg_parallel:
+        from .cfg import cfg_ranks
+
+        ranks = cfg_ranks(ulysses, device)
+    if ulysses > 1:
+        for t in transformers:
+            enable_ulysses(t, ulysses, mesh=None if ranks is None else ranks.mesh)
+    if ranks is None:
+        return None
+    from .cfg import CfgSplit
+
+    return CfgSplit(ranks.branch, ranks.group, timer).install(transformers)
+
+
+def gather_to_writer(row: dict) -> list[dict] | None:
+    """Every rank's `row` (a small JSON-ready dict, e.g. `TimingReport.rank_row`), in rank order, on rank 0; None
+    on the other ranks. A collective: every rank of the process group calls it."""
+    import torch.distributed as dist
+
+    rows: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(row, rows, dst=0)
+    return rows

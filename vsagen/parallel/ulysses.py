@@ -9,7 +9,7 @@ exchanges. Works on any process group (gloo on CPUs, NCCL on GPUs).
 
 `context_parallel_plan` hooks vsagen's processors into diffusers' context parallelism; `check_ulysses_degree`
 refuses a degree that does not split the heads and the sequence; `launch` runs them under torchrun for the CLI's
-`--ulysses`. Not here yet (issue 15): CFG parallel, per-rank timing.
+`--ulysses` (and `cfg` adds CFG parallel).
 """
 
 from __future__ import annotations
@@ -102,13 +102,16 @@ class UlyssesAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Any) -> torch.Tensor:
         """q, k, v: (B, S / N, H, D), this rank's chunk (of the global tile order for tiled backends, whose
-        `ctx.layout` is the whole sequence's) -> (B, S / N, H, D)."""
+        `ctx.layout` is the whole sequence's) -> (B, S / N, H, D). The exchanges are timed as region "all_to_all"
+        of `ctx.timer` (inside the caller's "self_attention")."""
         import torch.distributed as dist
 
-        qh, kh, vh = (seq_to_heads(x, self.group) for x in (q, k, v))
+        with ctx.timer.region("all_to_all"):  # a no-op unless timing (no sync either way: events on CUDA)
+            qh, kh, vh = (seq_to_heads(x, self.group) for x in (q, k, v))
         start = ctx.head_start + dist.get_rank(self.group) * qh.shape[2]
         out = self.inner(qh, kh, vh, dataclasses.replace(ctx, hidden_states=None, head_start=start))
-        return heads_to_seq(out, self.group)
+        with ctx.timer.region("all_to_all"):
+            return heads_to_seq(out, self.group)
 
 
 def ulysses_degrees(heads: int, tokens: int, up_to: int = 64) -> list[int]:

@@ -1,0 +1,78 @@
+"""vsagen.parallel.cfg: CFG parallel (the conditional and unconditional passes on different ranks) through vsagen's
+orchestrator with gloo and 2 spawned processes equals one process (fp32, max abs difference <= 1e-5) for `full` and
+`vsa` (torch) on the tiny model's grid with partial tiles and for both experts of tiny-a14b; a served unconditional
+call counts no DiT forward; the refusals before loading. The CLI under torchrun: tests/parallel/test_launch.py."""
+
+from __future__ import annotations
+
+import pytest
+from ulysses_worker import spawn
+
+from vsagen.config import resolve
+from vsagen.errors import BadInput
+from vsagen.parallel.cfg import CfgSplit, check_cfg_parallel
+from vsagen.timing import Timer
+
+CASES = ("tiny full", "tiny vsa:impl=torch", "tiny-a14b full")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tiny_dir, a14b_dir):
+    """Both checkpoints are built here, before the processes start (they load them)."""
+    return spawn("cfg_worker", tmp_path_factory.mktemp("cfg"), "cfg")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cfg_parallel_equals_one_process(results, case):
+    for res in results:
+        assert case in res, res
+        got = res[case]
+        assert got["diff"] <= 1e-5, res
+        assert got["exchange timed"], res
+    grid = results[0]["tiny full"]["grid"]
+    assert any(n % 4 for n in grid), grid  # partial tiles
+
+
+def test_each_rank_runs_one_forward_per_step(results):
+    """2 steps: one forward a step on each rank (the served unconditional call is not a forward); tiny-a14b's two
+    steps go one to each expert."""
+    for res in results:
+        assert res["tiny full"]["forwards"] == {"transformer": 2}, res
+        assert res["tiny-a14b full"]["forwards"] == {"transformer": 1, "transformer_2": 1}, res
+
+
+def test_refusals_before_loading(vsagen_cache):
+    check_cfg_parallel(5.0, offload="none", compile=False)
+    for kwargs, match in [(dict(guidance=1.0, offload="none", compile=False), "--guidance 1 turns classifier-free"),
+                          (dict(guidance=5.0, offload="group", compile=False), "--offload group"),
+                          (dict(guidance=5.0, offload="none", compile=True), "--compile")]:
+        with pytest.raises(BadInput, match=match):
+            check_cfg_parallel(**kwargs)
+    assert resolve("a fox", model="tiny", device="cpu", cfg_parallel=True).processes == 2
+    assert resolve("a fox", model="tiny", device="cpu", cfg_parallel=True, ulysses=2).processes == 4
+    with pytest.raises(BadInput, match="--guidance 0.5 turns"):
+        resolve("a fox", model="tiny", device="cpu", cfg_parallel=True, guidance=0.5)
+
+
+def test_a_call_outside_the_pairs_is_refused():
+    """The wrappers need diffusers' cond / uncond contexts, keyword calls and return_dict=False."""
+
+    class Model:
+        def cache_context(self, name):
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def forward(self, **kwargs):
+            return (kwargs["hidden_states"],)
+
+    m = Model()
+    split = CfgSplit(0, None, Timer("cpu")).install([m])
+    with pytest.raises(RuntimeError, match="keyword arguments and return_dict=False"):
+        m.forward(hidden_states=1)
+    with pytest.raises(RuntimeError, match="context None"):
+        m.forward(hidden_states=1, return_dict=False)
+    with m.cache_context("uncond"), pytest.raises(RuntimeError, match="context 'uncond'"):
+        m.forward(hidden_states=1, return_dict=False)
+    split.remove()
+    assert "forward" not in vars(m) and m.forward(hidden_states=1) == (1,)

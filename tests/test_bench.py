@@ -167,3 +167,28 @@ def test_benchmark_script_parses_its_sparse_vdit_flags(capsys):
         finally:
             sys.argv = old
         assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_scaling_script_builds_one_command_per_layout(capsys):
+    """benchmarks/ulysses_scaling.py (issue 16): layouts parse to (processes, degree, cfg), the one-GPU run is plain,
+    the others go through torchrun with --ulysses / --cfg-parallel; a bad layout is refused."""
+    import argparse
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "ulysses_scaling.py"
+    spec = importlib.util.spec_from_file_location("ulysses_scaling", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert [mod.gpus_of(n) for n in ("1", "u4", "cfg", "cfg-u4")] == [(1, 1, False), (4, 4, False), (2, 1, True),
+                                                                      (8, 4, True)]
+    for bad in ("x", "u0", "cfg-4"):
+        with pytest.raises(ValueError, match="layout"):
+            mod.gpus_of(bad)
+    a = argparse.Namespace(prompt="p", steps=2, warmup=1, seed=0, height=None, width=None, frames=49)
+    one = mod.command("wan2.1-t2v-14b", "vsa", "1", Path("o.mp4"), a)
+    assert one[1:4] == ["-m", "vsagen", "t2v"] and "--ulysses" not in one and one[one.index("--frames") + 1] == "49"
+    many = mod.command("wan2.1-t2v-14b", "vsa", "cfg-u4", Path("o.mp4"), a)
+    assert many[1:5] == ["-m", "torch.distributed.run", "--nproc_per_node", "8"]
+    assert many[-3:] == ["--ulysses", "4", "--cfg-parallel"] and "--random-weights" in many
+    assert mod.per_step({"dit_s": 6.0, "ranks_max": {"dit_s": 9.0}}, "dit_s", 3) == 3.0
+    assert mod.per_step({"dit_s": 6.0, "ranks_max": {}}, "dit_s", 3) == 2.0

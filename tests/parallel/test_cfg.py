@@ -1,19 +1,19 @@
 """vsagen.parallel.cfg: CFG parallel (the conditional and unconditional passes on different ranks) through vsagen's
-orchestrator with gloo and 2 spawned processes equals one process (fp32, max abs difference <= 1e-5) for `full` and
-`vsa` (torch) on the tiny model's grid with partial tiles and for both experts of tiny-a14b; a served unconditional
+orchestrator with gloo and 2 spawned processes equals one process (fp32, max abs difference <= 1e-5) for every
+registered backend (torch impls) on the tiny model's grid with partial tiles and for both experts of tiny-a14b; a served unconditional
 call counts no DiT forward; the refusals before loading. The CLI under torchrun: tests/parallel/test_launch.py."""
 
 from __future__ import annotations
 
 import pytest
-from ulysses_worker import spawn
+from ulysses_worker import CFG_TINY_BACKENDS, spawn
 
 from vsagen.config import resolve
 from vsagen.errors import BadInput
 from vsagen.parallel.cfg import CfgSplit, check_cfg_parallel
 from vsagen.timing import Timer
 
-CASES = ("tiny full", "tiny vsa:impl=torch", "tiny-a14b full")
+CASES = (*(f"tiny {a}" for a in CFG_TINY_BACKENDS), "tiny-a14b full")
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +76,9 @@ def test_a_call_outside_the_pairs_is_refused():
         m.forward(hidden_states=1, return_dict=False)
     split.remove()
     assert "forward" not in vars(m) and m.forward(hidden_states=1) == (1,)
+
+
+def test_every_registered_backend_is_covered():
+    from vsagen.attention import backend_names
+
+    assert {a.split(":")[0] for a in CFG_TINY_BACKENDS} == set(backend_names())

@@ -190,6 +190,10 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         _leave(res, os.path.join(out_dir, f"cp{rank}.json"))
 
 
+# every registered backend on the tiny model (torch impls; sparse-vdit with the tiny preset's pattern file)
+CFG_TINY_BACKENDS = ("full", "vsa:impl=torch", "rocm-vsa:impl=torch", "sla-star:impl=torch", "sparse-vdit:impl=torch")
+
+
 def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Rank `rank` of `world` (gloo) of a CFG-parallel run through vsagen's orchestrator (`Session.run` of a request
     with cfg_parallel): for the tiny model with `full` and `vsa` (torch; its 5x6x10 grid has partial tiles) and the
@@ -208,7 +212,7 @@ def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         from vsagen.pipeline import Session
         from vsagen.timing import TimingReport
 
-        for model, attns in (("tiny", ("full", "vsa:impl=torch")), ("tiny-a14b", ("full",))):
+        for model, attns in (("tiny", CFG_TINY_BACKENDS), ("tiny-a14b", ("full",))):
             cfg = resolve("a fox", model=model, device="cpu", steps=2, cfg_parallel=True,
                           out=Path(out_dir) / f"{rank}.mp4")
             backends = [resolve("a fox", model=model, attn=a, device="cpu").backend.build() for a in attns]

@@ -92,9 +92,14 @@ class Outputs:
         write(tmp)
 
     def publish(self) -> None:
-        """Move every added file into place, the ending signals held back meanwhile (delivered after)."""
-        block = hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread()
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING_SIGNALS) if block else None
+        """Move every added file into place, the ending signals held back meanwhile: their Python handlers are
+        swapped for a recorder (a signal mask would not do: another thread of the process, e.g. torch's, may take a
+        process-directed signal), and what arrived is raised again, to the restored handlers, once all are placed."""
+        held: list[int] = []
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # (handlers can only be set there)
+            hold = lambda signum, frame: held.append(signum)  # noqa: E731
+            previous = {sig: signal.signal(sig, hold) for sig in _ENDING_SIGNALS}
         done: list[Path] = []
         try:
             for tmp, target in self._staged:
@@ -107,8 +112,10 @@ class Outputs:
             raise
         finally:
             self._staged = [(t, g) for t, g in self._staged if g not in done]
-            if old is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for sig in dict.fromkeys(held):  # each once, in arrival order
+                signal.raise_signal(sig)
 
 
 def encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:

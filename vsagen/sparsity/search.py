@@ -479,8 +479,9 @@ def summary_renderables(result: SearchResult) -> list[Any]:
     dens = {n: block_density(p, pf.tiles) for n, p in pf.modes.items()}
     table = Table(title=f"{pf.model}: heads per mode in each layer", title_justify="left",
                   caption=f"searched at {pf.frames}x{pf.height}x{pf.width} (grid {'x'.join(map(str, pf.grid))}), "
-                          f"{pf.steps} step{'s' if pf.steps != 1 else ''}, {pf.prompts} prompt{'s' if pf.prompts != 1 else ''}, lam {pf.lam:g}, "
-                          f"eps {pf.eps:g}", caption_justify="left")
+                          f"{pf.steps} step{'s' if pf.steps != 1 else ''}, "
+                          f"{pf.prompts} prompt{'s' if pf.prompts != 1 else ''}, lam {pf.lam:g}, eps {pf.eps:g}",
+                  caption_justify="left")
     if len(pf.ranges) > 1:
         table.add_column("steps")
     if len(pf.experts) > 1:

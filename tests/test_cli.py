@@ -100,13 +100,17 @@ def test_t2v_tiny_defaults_writes_video_and_json(cli_cache, tmp_path):
 @pytest.mark.slow
 def test_json_flag_prints_exactly_one_object(cli_cache, tmp_path):
     out = tmp_path / "j.mp4"
-    res = t2v("--model", "tiny", "a prompt", "--steps", "2", "--out", str(out), "--json")
+    res = t2v("--model", "tiny", "a prompt", "--steps", "2", "--out", str(out), "--json", "--guidance", "1",
+              "--negative-prompt", "blurry")
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     assert len(lines) == 1, res.stdout
     data = json.loads(lines[0])
     assert isinstance(data, dict)
-    check_report(data, 2)
+    check_report(data, 2, cfg_on=False)
+    # a negative prompt without CFG is not ignored silently: a note, after --attn auto's
+    assert data["timing"]["notes"][1].startswith("--negative-prompt has no effect: CFG is off")
+    assert "note: --negative-prompt has no effect" in res.stderr
     assert data["video"] == str(out)
     assert json.loads((tmp_path / "j.json").read_text()) == data
 
@@ -256,7 +260,7 @@ BAD_INPUTS = [
     ("steps-0", ["--steps", "0"], ["--steps"]),
     ("tile-fit", ["--tile-fit", "pad"], ["--tile-fit", "partial", "crop"]),
     ("dtype", ["--dtype", "fp8"], ["--dtype", "bf16"]),
-    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["directory"]),
+    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["--out is the mp4 file", "adir.mp4 is a folder"]),
     # found by a new-user trial: these used to run (or fail late with exit 1)
     ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
     ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),
@@ -272,7 +276,7 @@ BAD_INPUTS = [
     ("seed-negative", ["--seed=-1"], ["--seed", "-1"]),
     ("seed-huge", ["--seed", str(2**64)], ["--seed"]),
     ("out-dot", ["--out", "{tmp}/."], [".mp4"]),  # pathlib reads "dir/." as "dir": no .mp4 name
-    ("out-empty", ["--out", ""], ["file name", ".mp4"]),
+    ("out-empty", ["--out", ""], ["file", ".mp4"]),
     ("frames-past-rope", ["--frames", "129", "--height", "16", "--width", "16"], ["--frames", "125"]),
     ("height-past-rope", ["--height", "528", "--frames", "1"], ["--height", "512"]),
     ("width-past-rope", ["--width", "1024", "--frames", "1"], ["--width", "512"]),

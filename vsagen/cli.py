@@ -154,10 +154,13 @@ Guidance2 = Annotated[Optional[float], typer.Option(help="CFG scale of the secon
                                                          "preset, else --guidance).")]
 FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep shift of the scheduler (> 0; larger "
                                                          "spends more steps at high noise; default from the preset).")]
-NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")]
+NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG (no effect with --guidance "
+                                                            "<= 1, which turns CFG off; the run's notes say so).")]
 Seed = Annotated[int, typer.Option(help="Random seed.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
-Out = Annotated[Optional[Path], typer.Option(help="Output mp4; the timing JSON goes beside it (same name, .json).")]
+Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
+                                                 "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
+                                                 "folder); the timing JSON goes beside it (same name, .json).")]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Device = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
 Dtype = Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]

@@ -29,7 +29,8 @@ HELP_WALL_S = 2.0
 TINY_FRAMES, TINY_H, TINY_W, TINY_STEPS = 17, 96, 160, 4
 HEAVY_MODULES = ("torch", "diffusers", "transformers", "triton")
 REPORT_KEYS = {"video", "model", "attn", "frames", "height", "width", "timing"}
-TIMING_KEYS = {"dit_s", "self_attention_s", "total_s", "dit_forwards", "attn1_s"}
+TIMING_KEYS = {"dit_s", "attention_backend_s", "total_s", "dit_forwards", "attn1_module_s", "deprecated_aliases",
+               "self_attention_s", "attn1_s"}  # the last two: deprecated aliases, kept for one release
 
 runner = CliRunner()
 
@@ -63,7 +64,9 @@ def check_report(data: dict, steps: int, cfg_on: bool = True) -> None:
     timing = data["timing"]
     assert TIMING_KEYS <= set(timing)
     assert timing["dit_s"] > 0
-    assert 0 < timing["self_attention_s"] <= timing["attn1_s"] <= timing["dit_s"]
+    assert 0 < timing["attention_backend_s"] <= timing["attn1_module_s"] <= timing["dit_s"]
+    for old, new in timing["deprecated_aliases"].items():
+        assert timing[old] == timing[new]
     assert timing["dit_s"] <= timing["denoise_s"] <= timing["total_s"]
     assert timing["dit_forwards"] == (2 if cfg_on else 1) * steps
     assert len(timing["dit_per_step_s"]) == steps
@@ -100,13 +103,17 @@ def test_t2v_tiny_defaults_writes_video_and_json(cli_cache, tmp_path):
 @pytest.mark.slow
 def test_json_flag_prints_exactly_one_object(cli_cache, tmp_path):
     out = tmp_path / "j.mp4"
-    res = t2v("--model", "tiny", "a prompt", "--steps", "2", "--out", str(out), "--json")
+    res = t2v("--model", "tiny", "a prompt", "--steps", "2", "--out", str(out), "--json", "--guidance", "1",
+              "--negative-prompt", "blurry")
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     assert len(lines) == 1, res.stdout
     data = json.loads(lines[0])
     assert isinstance(data, dict)
-    check_report(data, 2)
+    check_report(data, 2, cfg_on=False)
+    # a negative prompt without CFG is not ignored silently: a note, after --attn auto's
+    assert data["timing"]["notes"][1].startswith("--negative-prompt has no effect: CFG is off")
+    assert "note: --negative-prompt has no effect" in res.stderr
     assert data["video"] == str(out)
     assert json.loads((tmp_path / "j.json").read_text()) == data
 
@@ -256,7 +263,7 @@ BAD_INPUTS = [
     ("steps-0", ["--steps", "0"], ["--steps"]),
     ("tile-fit", ["--tile-fit", "pad"], ["--tile-fit", "partial", "crop"]),
     ("dtype", ["--dtype", "fp8"], ["--dtype", "bf16"]),
-    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["directory"]),
+    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["--out is the mp4 file", "adir.mp4 is a folder"]),
     # found by a new-user trial: these used to run (or fail late with exit 1)
     ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
     ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),
@@ -272,7 +279,7 @@ BAD_INPUTS = [
     ("seed-negative", ["--seed=-1"], ["--seed", "-1"]),
     ("seed-huge", ["--seed", str(2**64)], ["--seed"]),
     ("out-dot", ["--out", "{tmp}/."], [".mp4"]),  # pathlib reads "dir/." as "dir": no .mp4 name
-    ("out-empty", ["--out", ""], ["file name", ".mp4"]),
+    ("out-empty", ["--out", ""], ["file", ".mp4"]),
     ("frames-past-rope", ["--frames", "129", "--height", "16", "--width", "16"], ["--frames", "125"]),
     ("height-past-rope", ["--height", "528", "--frames", "1"], ["--height", "512"]),
     ("width-past-rope", ["--width", "1024", "--frames", "1"], ["--width", "512"]),
@@ -439,16 +446,43 @@ def test_console_script_entry_point(vsagen_cache, tmp_path):
 # Listing commands
 
 
-def test_backends_lists_exactly_the_registry():
-    res = runner.invoke(app, ["backends"])
+def test_backends_lists_exactly_the_registry_with_the_default_implementations_and_options():
+    from vsagen.attention import backend_class
+    from vsagen.attention.spec import option_help
+
+    res = runner.invoke(app, ["backends"], env={"COLUMNS": "80"})
     assert res.exit_code == 0
-    names = [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
-    assert names == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
-    assert "sparse" in res.stdout
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    blocks = res.stdout.split("\n\n")[1:]  # a paragraph about --attn, then one block per backend
+    heads = [block.splitlines()[0] for block in blocks]
+    assert [h.split()[0] for h in heads] == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
+    flat = " ".join(res.stdout.split())  # the paragraphs wrap between words
+    assert "Default: --attn auto (t2v, i2v) = the backend the checkpoint was trained for" in flat
+    assert "else full" in flat
+    marked = [h.split()[0] for h in heads if "default: --attn auto runs it" in h]
+    assert marked == ["full", "vsa", "sla-star"]  # auto's choices: dense checkpoints, vsa's gates, sla-star's branch
+    assert "full (dense) - default: --attn auto runs it for a checkpoint without sparse-attention weights" in flat
+    for name, block in zip(["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"], blocks):
+        text = " ".join(block.split())
+        assert text.startswith(name)
+        assert ("implementations: triton, torch; impl=auto runs triton on CUDA" in text) == (name != "full")
+        for key, default, values in option_help(backend_class(name).Options):
+            assert f"{key}={default} {values}" in text, (name, key)
+    assert "options: none" in blocks[0] and "sparsity=0.875 a number (or --sparsity)" in " ".join(blocks[1].split())
+
+
+def _preset_cells(name: str) -> list[str]:
+    from vsagen.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset
+
+    p = load_preset(name)
+    d = p.defaults
+    return [name, f"{d.width}x{d.height}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
+            str(d.fps), p.hub_id if p.source == "hub" else "built offline (random)"]
 
 
 def test_presets_lists_bundled_presets():
-    res = runner.invoke(app, ["presets"])
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": "200"})  # wide enough for one table
     assert res.exit_code == 0
     rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
     names = [r[0].strip() for r in rows]
@@ -464,6 +498,26 @@ def test_presets_lists_bundled_presets():
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_presets_fit_the_terminal_and_cut_nothing(columns):
+    """At 80 columns two tables (the defaults; the commands and weights), narrower a paragraph per preset: every
+    line fits, every value is there whole."""
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns and "…" not in res.stdout
+    words = set(res.stdout.replace(",", " ").replace(";", " ").replace(": ", " ").split())
+    flat = " ".join(res.stdout.split())
+    for name in preset_names():
+        *cells, weights = _preset_cells(name)
+        assert set(cells) <= words, (name, cells)
+        assert weights in flat, weights
+    if columns == 80:
+        row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
+        assert row == ["wan2.1-t2v-1.3b", "832x480", "81", "50", "5", "3", "16"]
+        assert "commands and weights" in res.stdout
 
 
 def test_dangling_symlink_output_is_refused_up_front(cli_cache, tmp_path):

@@ -277,3 +277,12 @@ def test_existing_outputs_are_kept_without_overwrite(vsagen_cache, tmp_path, mon
     line = assert_one_error_line(res.stderr, res.stdout)
     assert res.exit_code == 2 and str(tmp_path / "vsa.mp4") in line and "--overwrite" in line
     assert (tmp_path / "vsa.mp4").read_text() == "older"
+
+
+def test_a_negative_prompt_without_cfg_is_a_note_of_the_comparison(tmp_path):
+    """As for t2v (`vsagen.config.negative_prompt_note`): a note, first among the run's notes, not a silent no-op."""
+    cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", guidance=1.0, negative_prompt="blurry",
+                          out=tmp_path / "out", plot=False)
+    assert len(cfg.notes) == 1 and cfg.notes[0].startswith("--negative-prompt has no effect: CFG is off")
+    assert resolve_compare("a prompt", model="tiny", attn="full,vsa", negative_prompt="blurry", out=tmp_path / "o2",
+                           plot=False).notes == ()

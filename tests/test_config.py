@@ -71,7 +71,7 @@ def test_check_target_and_folder(tmp_path):
     (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere")
     with pytest.raises(BadInput, match="exists"):
         check_target(tmp_path / "dangling.mp4", False, "--plot")
-    with pytest.raises(BadInput, match="is a directory"):
+    with pytest.raises(BadInput, match="is a folder, where a file is to be written; choose another --out"):
         check_target(tmp_path, True, "--out")
     check_folder(tmp_path / "a" / "b" / "c")  # missing folders under a writable one: fine
     assert not (tmp_path / "a").exists()  # ... and nothing is created by the check
@@ -128,3 +128,63 @@ def test_auto_on_a_folder_with_gate_weights_is_vsa_with_the_preset_options(vsage
     assert cfg.backend.name == "vsa"
     assert cfg.backend.sparsity == load_preset("tiny").defaults.attention["vsa"]["sparsity"]
     assert "chose vsa" in cfg.attn_note and "to_gate_compress" in cfg.attn_note
+
+
+def test_out_names_a_file_and_a_folder_is_refused_as_one(tmp_path, monkeypatch):
+    """--out DIR (an existing folder, `.` or the empty path) is not an errno text nor a .mp4 complaint: --out is the
+    file, and the line shows the file name to give."""
+    (tmp_path / "clips").mkdir()
+    with pytest.raises(BadInput) as info:
+        resolve("a fox", model="tiny", device="cpu", out=tmp_path / "clips")
+    assert str(info.value) == (f"--out is the mp4 file to write; {tmp_path / 'clips'} is a folder: use --out "
+                                f"{tmp_path / 'clips' / 'name.mp4'}")
+    monkeypatch.chdir(tmp_path)
+    for out in (".", ""):
+        with pytest.raises(BadInput, match=r"^--out is the mp4 file to write; \. is a folder: use --out name\.mp4$"):
+            resolve("a fox", model="tiny", device="cpu", out=Path(out))
+
+
+@pytest.mark.parametrize("target,why", [("/proc/v.mp4", "virtual or special file system"),
+                                        ("/proc/new/sub/v.mp4", "it would be created in /proc")])
+def test_an_unwritable_folder_is_named_as_such_not_as_a_missing_file(target, why):
+    with pytest.raises(BadInput) as info:
+        resolve("a fox", model="tiny", device="cpu", out=Path(target))
+    line = str(info.value)
+    assert line.startswith(f"cannot write to {Path(target).parent}: ") and "does not take new files" in line
+    assert why in line and "No such file" not in line
+
+
+@pytest.mark.parametrize("negative,guidance,noted", [("blurry", 1.0, True), ("blurry", 0.0, True),
+                                                     ("blurry", 5.0, False), (None, 1.0, False), ("  ", 1.0, False)])
+def test_a_negative_prompt_without_cfg_is_a_note(tmp_path, negative, guidance, noted):
+    cfg = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "a.mp4", negative_prompt=negative,
+                  guidance=guidance)
+    notes = [n for n in cfg.notes if n.startswith("--negative-prompt has no effect")]
+    assert len(notes) == noted
+    if noted:
+        assert f"--guidance {guidance:g} <= 1" in notes[0]
+    assert list(cfg.summary()["notes"]) == list(cfg.notes)
+
+
+def test_a14b_negative_prompt_follows_the_first_expert_s_guidance(tmp_path):
+    """diffusers' Wan pipelines run CFG for every expert iff the first expert's scale is above 1."""
+    off = resolve("a fox", model="tiny-a14b", device="cpu", out=tmp_path / "a.mp4", negative_prompt="x",
+                  guidance=1.0, guidance_2=4.0)
+    on = resolve("a fox", model="tiny-a14b", device="cpu", out=tmp_path / "b.mp4", negative_prompt="x",
+                 guidance=4.0, guidance_2=1.0)
+    assert len(off.notes) == 1 and on.notes == ()
+
+
+def test_a_tiny_input_image_is_refused_and_a_small_one_noted(tmp_path):
+    from conftest import noise_image
+
+    for name, size in (("dot.png", (1, 1)), ("strip.png", (200, 8))):
+        noise_image(tmp_path / name, size=size)
+        with pytest.raises(BadInput, match=rf"^image {tmp_path / name} is {size[0]}x{size[1]} pixels: too small"):
+            resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / name, out=tmp_path / "a.mp4")
+    noise_image(tmp_path / "small.png", size=(20, 16))  # 160x96 with crop: 8x up
+    cfg = resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / "small.png", out=tmp_path / "b.mp4")
+    assert len(cfg.notes) == 1 and "scaled up 8.0x to fit the 160x96 video (--fit crop)" in cfg.notes[0]
+    noise_image(tmp_path / "fine.png", size=(48, 40))
+    assert resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / "fine.png",
+                   out=tmp_path / "c.mp4").notes == ()

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from vsagen.errors import BadInput
-from vsagen.image import fit_image, open_image
+from vsagen.image import MAX_UPSCALE, MIN_IMAGE_SIDE, check_image_size, fit_image, fit_scale, open_image
 
 
 @pytest.mark.parametrize("fit", ["crop", "resize"])
@@ -86,3 +86,25 @@ def test_fit_modes_keep_the_aspect_and_center(tmp_path):
     assert resize[:9].max() == 0 and resize[31:].max() == 0 and resize[12:28, 25:].min() == 255
     with pytest.raises(BadInput, match="--fit must be one of crop, resize"):
         fit_image(im, 40, 40, "stretch")
+
+
+def test_fit_scale_is_the_scale_fit_image_applies():
+    im = Image.fromarray(np.zeros((20, 30, 3), np.uint8))  # 30 x 20
+    for fit in ("crop", "resize"):
+        s = fit_scale(im.size, 96, 160, fit)
+        assert s == (160 / 30 if fit == "crop" else 96 / 20)
+    assert fit_scale((30, 20), 40, 40, "crop") == 2.0 and fit_scale((30, 20), 40, 40, "resize") == 40 / 30
+
+
+def test_check_image_size_refuses_tiny_images_and_notes_large_upscales(tmp_path):
+    path = tmp_path / "in.png"
+    with pytest.raises(BadInput, match=rf"^--last-image {path} is 1x1 pixels: too small .* at least "
+                                       rf"{MIN_IMAGE_SIDE} pixels a side"):
+        check_image_size(path, (1, 1), 480, 832, "crop", "--last-image")
+    with pytest.raises(BadInput, match="is 832x15 pixels"):
+        check_image_size(path, (832, 15), 480, 832, "resize")
+    assert check_image_size(path, (208, 120), 480, 832, "crop") is None  # exactly MAX_UPSCALE: no note
+    note = check_image_size(path, (100, 100), 480, 832, "crop")  # 8.32x up to cover 832 wide
+    assert note.startswith(f"image {path} (100x100) is scaled up 8.3x") and "--fit crop" in note
+    assert "scaled up 4.8x" in check_image_size(path, (100, 100), 480, 832, "resize")  # fits inside: 480 / 100
+    assert 480 / 128 < MAX_UPSCALE and check_image_size(path, (128, 128), 480, 832, "resize") is None

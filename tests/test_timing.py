@@ -165,16 +165,73 @@ def test_parallel_regions_and_per_rank_rows():
     assert (r.all_to_all_s, r.cfg_exchange_s, r.ranks) == (0.5, 0.125, [])
     assert "ranks_max" not in r.to_dict() and r.ranks_table() is None
     row = r.rank_row(1)
-    assert row == {"rank": 1, "dit_forwards": 2, "dit_s": 4.0, "self_attention_s": 1.0, "all_to_all_s": 0.5,
-                   "cfg_exchange_s": 0.125}
-    other = {**row, "rank": 0, "dit_s": 2.0, "self_attention_s": None}
+    assert row == {"rank": 1, "dit_forwards": 2, "dit_s": 4.0, "attention_backend_s": 1.0, "self_attention_s": 1.0,
+                   "all_to_all_s": 0.5, "cfg_exchange_s": 0.125}
+    other = {**row, "rank": 0, "dit_s": 2.0, "attention_backend_s": None, "self_attention_s": None}
     d = _report(records, ranks=[other, row]).to_dict()
     assert d["ranks"] == [other, row]
-    assert d["ranks_max"] == {"dit_s": 4.0, "self_attention_s": 1.0, "all_to_all_s": 0.5, "cfg_exchange_s": 0.125}
-    assert d["ranks_mean"]["dit_s"] == 3.0 and d["ranks_mean"]["self_attention_s"] == 1.0
+    assert d["ranks_max"] == {"dit_s": 4.0, "attention_backend_s": 1.0, "self_attention_s": 1.0, "all_to_all_s": 0.5,
+                              "cfg_exchange_s": 0.125}
+    assert d["ranks_mean"]["dit_s"] == 3.0 and d["ranks_mean"]["attention_backend_s"] == 1.0
     console = Console(width=200, record=True)
     console.print(r.rich_table("t"))
     console.print(_report(records, ranks=[other, row]).ranks_table())
     text = console.export_text()
     for needle in ("all-to-all (Ulysses)", "CFG exchange", "per rank", "max", "mean", "not timed", "3.000"):
         assert needle in text, needle
+
+
+def test_json_names_say_what_they_time_and_the_old_ones_stay_as_aliases():
+    from vsagen.timing import DEPRECATED_ALIASES
+
+    records = [("dit", 0, 4.0), ("attn1", 0, 2.0), ("self_attention", 0, 1.5), ("self_attention/fine", 0, 1.0)]
+    r = _report(records)
+    assert (r.attn1_module_s, r.attention_backend_s, r.attention_backend_stages_s) == (2.0, 1.5, {"fine": 1.0})
+    d = r.to_dict()
+    assert (d["attn1_module_s"], d["attention_backend_s"], d["attention_backend_stages_s"]) == (2.0, 1.5,
+                                                                                              {"fine": 1.0})
+    assert d["deprecated_aliases"] == DEPRECATED_ALIASES == {
+        "attn1_s": "attn1_module_s", "self_attention_s": "attention_backend_s",
+        "self_attention_stages_s": "attention_backend_stages_s"}
+    for old, new in DEPRECATED_ALIASES.items():
+        assert d[old] == d[new]
+        assert list(d).index(new) == list(d).index(old) - 1  # the new name just before its alias
+    untimed = _report(records, untimed=("attn1", "self_attention")).to_dict()
+    assert untimed["attn1_module_s"] is None and untimed["attention_backend_s"] is None
+
+
+# A report of a long run on many ranks: the widest numbers and labels the table shows.
+WIDE_RECORDS = [("total", -1, 123456.789), ("text_encode", -1, 12.345), ("image_encode", 0, 3.0),
+                ("condition_encode", 0, 4.0), ("denoise", 0, 100000.123), ("dit", 0, 99999.999),
+                ("dit/transformer", 0, 50000.0), ("dit/transformer_2", 0, 49999.999), ("attn1", 0, 55555.555),
+                ("self_attention", 0, 44444.444), ("self_attention/coarse", 0, 1234.567),
+                ("self_attention/fine", 0, 43210.987), ("all_to_all", 0, 1000.0), ("cfg_exchange", 0, 10.0),
+                ("vae_decode", -1, 23456.78)]
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_tables_at_80_columns_lose_no_digit(width):
+    """Every number of the timing table (and the per-rank table) on one line, whole, at 80 columns and below:
+    the region labels wrap, the numbers do not."""
+    from rich.console import Console
+
+    r = _report(WIDE_RECORDS, load_s=1234.5, warmup_s=999.9)
+    row = r.rank_row(1)
+    ranks = _report(WIDE_RECORDS, ranks=[{**row, "rank": 0}, row]).ranks_table()
+    title = ("wan2.2-t2v-a14b | attn sla-star (auto) (sparsity 0.875) | torch reference (slow: the Triton kernels "
+             "run on CUDA) | 81x720x1280 | 40 steps | cpu fp32 | offload group | ulysses 2 | CFG parallel")
+    console = Console(width=width, record=True)
+    console.print(r.rich_table(title=title))
+    if width >= 80:  # six columns of numbers: whole at 80, folded (never cut) below
+        console.print(ranks)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width and "…" not in text
+    cells = {c.strip() for line in text.splitlines() for c in line.split("│") + line.split("┃")}
+    for value in ("123456.789", "100000.123", "99999.999", "55555.555", "44444.444", "43210.987", "1234.567",
+                  "23456.780", "1234.500", "999.900", "1000.000", "81.0", "100.0", "44.4"):
+        assert value in cells, value
+    for word in ("self-attention module", "attention backend", "all-to-all", "ulysses 2", "CFG parallel"):
+        assert word in " ".join(text.split()), word  # the title and the labels wrap between words
+    narrow = Console(width=40, record=True)
+    narrow.print(ranks)
+    assert "…" not in narrow.export_text()  # folded, not cut

@@ -154,10 +154,13 @@ Guidance2 = Annotated[Optional[float], typer.Option(help="CFG scale of the secon
                                                          "preset, else --guidance).")]
 FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep shift of the scheduler (> 0; larger "
                                                          "spends more steps at high noise; default from the preset).")]
-NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG.")]
+NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG (no effect with --guidance "
+                                                            "<= 1, which turns CFG off; the run's notes say so).")]
 Seed = Annotated[int, typer.Option(help="Random seed.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
-Out = Annotated[Optional[Path], typer.Option(help="Output mp4; the timing JSON goes beside it (same name, .json).")]
+Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
+                                                 "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
+                                                 "folder); the timing JSON goes beside it (same name, .json).")]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Device = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
 Dtype = Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
@@ -544,17 +547,16 @@ def search(
 
 @app.command()
 def presets() -> None:
-    """List the bundled model presets and their defaults."""
+    """List the bundled model presets and their defaults, sized to the terminal: one table where it fits, else (80
+    columns) the defaults and the commands and weights as two tables, else a paragraph per preset; nothing cut."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
 
-    table = Table(title="presets (vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the "
-                        "commands column says; i2v --last-image: needs a last frame, i2v [--last-image]: takes "
-                        "one optionally)", title_justify="left")
-    for col in ("name", "commands", "size (WxH)", "frames", "steps", "guidance", "flow shift", "fps", "weights"):
-        table.add_column(col, justify="left" if col in ("name", "commands", "weights") else "right")
+    heads = ("name", "commands", "WxH", "frames", "steps", "guidance", "flow shift", "fps", "weights")
+    rows = []
     for name in preset_names():
         p = load_preset(name)
         d = p.defaults
@@ -563,28 +565,81 @@ def presets() -> None:
                                                                                                     "i2v")
         commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
         guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        table.add_row(name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
-                      f"{d.flow_shift:g}", str(d.fps), weights)
-    Console(width=max(150, Console().width)).print(table)
+        rows.append((name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
+                     f"{d.flow_shift:g}", str(d.fps), weights))
+
+    def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+                  show_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
+        for i in cols:  # only the commands (and a header) wrap, by words; anything still too wide folds, never cut
+            t.add_column(heads[i], justify="left" if heads[i] in ("name", "commands", "weights") else "right",
+                         no_wrap=heads[i] not in ("commands", "flow shift"), overflow="fold")
+        for row in rows:
+            t.add_row(*(row[i] for i in cols))
+        return t
+
+    con = Console()
+    unbounded = con.options.update_width(10_000)
+    everything = table("presets", tuple(range(len(heads))), compact=False)
+    narrow = [table("presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
+              table("commands and weights", (0, 1, 8), compact=True)]
+    if con.measure(everything, options=unbounded).maximum <= con.width:
+        con.print(everything)
+    elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
+        for t in narrow:  # the defaults, then the commands and weights
+            con.print(t)
+    else:  # narrower still: a paragraph per preset, wrapped between its fields
+        for row in rows:
+            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:8], row[2:8]))
+                      + f"; {row[8]}", markup=False, highlight=False)
+    con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
+              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally.", markup=False,
+              highlight=False)
 
 
 @app.command()
 def backends() -> None:
-    """List the self-attention backends this build provides, with their options (set as NAME:KEY=VALUE)."""
-    from dataclasses import MISSING, fields
+    """List the self-attention backends this build provides: which one runs by default, what each is, its
+    implementations and its options (set as NAME:KEY=VALUE)."""
+    import textwrap
+
+    from rich.console import Console
 
     from .attention import BackendName, backend_class, uses_sparsity
-    from .attention.spec import text_options
+    from .attention.auto import auto_picks, auto_rule
+    from .attention.spec import FLAG_OPTIONS, impls_of, option_help
 
+    width = max(40, Console().width)  # the terminal's (COLUMNS where set)
+
+    def say(text: str, indent: int = 0, hang: int = 2) -> None:
+        typer.echo(textwrap.fill(text, width=width, initial_indent=" " * indent,
+                                 subsequent_indent=" " * (indent + hang), break_on_hyphens=False,
+                                 break_long_words=False))
+
+    say("Self-attention backends, chosen with --attn NAME[:KEY=VALUE[:KEY=VALUE]] (t2v, i2v; profile and compare "
+        "take several, comma-separated), e.g. --attn vsa:sparsity=0.9.")
+    say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
     for name in (member.value for member in BackendName):  # the registry's names, in its order
         cls = backend_class(name)
-        settable = text_options(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
-        opts = [f"{f.name}={f.default if f.default is not MISSING else '?'}" for f in fields(cls.Options)
-                if f.name in settable]
         # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
-        kind = "sparse (takes --sparsity)" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
-        width = max(len(n) for n in (m.value for m in BackendName))
-        typer.echo(f"{name:{width}s} {kind}" + (f"; options (default): {', '.join(opts)}" if opts else "; no options"))
+        kind = "sparse, takes --sparsity" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
+        picks = auto_picks(name)
+        typer.echo("")
+        say(f"{name} ({kind})" + (f" - default: --attn auto runs it {picks}" if picks else ""))
+        say(" ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).rstrip("."), indent=2)
+        impls = [i for i in impls_of(name) if i != "auto"]
+        say("implementations: " + (f"{', '.join(impls)}; impl=auto runs triton on CUDA, torch (the reference) "
+                                   "elsewhere" if impls else "one (no impl option)"), indent=2)
+        options = option_help(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
+        if not options:
+            say("options: none", indent=2)
+            continue
+        say("options (KEY=DEFAULT: values; a preset may set other defaults):", indent=2)
+        pad = max(len(f"{key}={default}") for key, default, _ in options)
+        flag = {option: flag for flag, option in FLAG_OPTIONS.items()}  # sparsity: --sparsity, impl: --attn-impl
+        for key, default, values in options:
+            also = f" (or {flag[key]})" if key in flag else ""
+            say(f"{f'{key}={default}':{pad}s}  {values}{also}", indent=4, hang=pad + 2)
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Collection
 
 from .attention import BackendSpec
 from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, _default_out, check_choice,
-                     check_folder, check_target, fill_and_check, resolve_device, vae_tiling_enabled)
+                     check_folder, check_target, fill_and_check, input_notes, resolve_device, vae_tiling_enabled)
 from .errors import BadInput
 from .metrics import json_number, pooled_rel_l2, psnr_db, ssim
 from .models import DEFAULT_MODEL, resolve_model
@@ -209,7 +209,7 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
         max_sequence_length=d.max_sequence_length, device=dev, dtype=dtype if dtype != "auto" else
         ("bf16" if dev == "cuda" else "fp32"), random_weights=random_weights, allow_pickle=allow_pickle,
         warmup=warmup, overwrite=overwrite, vae_tiling=vae_tiling, fused_blocks=fused_blocks, tile_fit=tile_fit,
-        fps=fps, out=out, error_steps=chosen, plot=plot)
+        fps=fps, out=out, error_steps=chosen, plot=plot, notes=input_notes(negative_prompt, guidance, height, width))
     for path in cfg.files.values():
         check_target(path, overwrite, "--out folder")
     check_folder(out)
@@ -440,6 +440,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     if cfg.source.exact_preset:  # the preset's strides are the model's: refuse a pattern file's grid now
         check_grids(probes, denoise_grids(cfg).values())
     session = Session.load(cfg, probes, attach_on_load=False, progress=progress, log=log)
+    session.notes[0:0] = cfg.notes
     for note in session.notes:
         log(f"note: {note}")
     plan = session.plan(cfg.tile_fit)

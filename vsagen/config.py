@@ -7,13 +7,14 @@ under a second with one message and nothing written.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .attention import BackendSpec, backend_class, backend_names, resolve_spec
 from .attention.auto import AUTO, choose_backend
@@ -53,7 +54,8 @@ class Request:
     resolved. The orchestrator (`vsagen.pipeline.Session`) reads only these fields and properties.
 
     `offload` (none | model | group) and `vae_tiling` (auto | on | off) say how the weights are placed and the
-    VAE runs; requests that never offload nor decode keep the defaults.
+    VAE runs; requests that never offload nor decode keep the defaults. `notes` are the request's own notes for
+    the run, found while it was resolved (e.g. a negative prompt that has no effect without CFG).
     """
 
     prompt: str
@@ -81,6 +83,7 @@ class Request:
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
     cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)
+    notes: tuple[str, ...] = ()  # what the inputs will not do as the user may expect (`input_notes`; run notes)
 
     @property
     def processes(self) -> int:
@@ -176,7 +179,7 @@ def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
 def check_target(path: Path, overwrite: bool, flag: str) -> None:
     """`path` is not a directory, and (without `overwrite`) does not exist, a dangling symlink included."""
     if path.is_dir():
-        raise BadInput(f"{path} is a directory")
+        raise BadInput(f"{path} is a folder, where a file is to be written; choose another {flag}")
     if os.path.lexists(path) and not overwrite:  # lexists: a dangling symlink counts as existing
         raise BadInput(f"{path} exists; pass --overwrite to replace it, or choose another {flag}")
 
@@ -192,10 +195,28 @@ def check_folder(folder: Path) -> None:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as e:
-        raise BadInput(f"cannot write to {folder}: {existing} is not a writable folder ({e.strerror or e})") from None
+        where = "the folder" if existing == folder else f"it would be created in {existing}, a folder that"
+        raise BadInput(f"cannot write to {folder}: {where} does not take new files ({_why_unwritable(e)}); choose "
+                       "another folder") from None
 
 
-def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
+def _why_unwritable(e: OSError) -> str:
+    """Why a folder refused a new file, in words: the errno text of a failed probe misleads where the folder
+    exists (a virtual file system such as /proc answers "No such file or directory")."""
+    return {errno.EACCES: "permission denied", errno.EPERM: "not permitted", errno.EROFS: "read-only file system",
+            errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded"}.get(
+        e.errno, "a virtual or special file system" if e.errno in (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL)
+        else (e.strerror or str(e)).lower())
+
+
+def _check_output(out: Path, overwrite: bool) -> Path:
+    """`--out` of t2v / i2v: an mp4 file name (not a folder) that may be written, and its JSON beside it (see
+    `check_target`, `check_folder`). Returns the JSON's path."""
+    if out.is_dir():
+        raise BadInput(f"--out is the mp4 file to write; {out} is a folder: use --out {out / 'name.mp4'}")
+    if not out.name or out.name in (".", ".."):
+        raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
+    json_out = out.with_suffix(".json")
     if out.name.lower() == ".mp4":
         raise BadInput(f"--out {out}: no file name before .mp4; give e.g. video.mp4")
     if out.suffix.lower() != ".mp4":
@@ -203,6 +224,7 @@ def _check_output(out: Path, json_out: Path, overwrite: bool) -> None:
     for p in (out, json_out):
         check_target(p, overwrite, "--out")
     check_folder(out.parent)
+    return json_out
 
 
 def _default_out(model: str, attn: str, seed: int, overwrite: bool) -> Path:
@@ -380,16 +402,18 @@ def fill_and_check(src: ModelSource, model: str, *, height: int | None, width: i
     return height, width, frames, steps, guidance, guidance_2
 
 
-def _check_last_image(model: str, src: ModelSource, image: Path | None, last_image: Path | None) -> Path | None:
+def _check_last_image(model: str, src: ModelSource, image: Path | None,
+                      last_image: Path | None) -> tuple[Path | None, tuple[int, int] | None]:
     """`--last-image` against what the model does with a last frame (`ModelSource.last_image`): an FLF2V model
     needs one; a model whose CLIP branch takes one image, a text-image-to-video model (diffusers would ignore the
-    last image) and a text-to-video request refuse one; the image must be readable. Returns it as a Path."""
+    last image) and a text-to-video request refuse one; the image must be readable. Returns it as a Path, and its
+    (width, height) (None, None without one)."""
     use = src.last_image
     if last_image is None:
         if image is not None and use == LAST_IMAGE_REQUIRED:
             raise BadInput(f"--model {model} is a first/last-frame-to-video (FLF2V) model and needs the last frame "
                            "too: add --last-image PATH")
-        return None
+        return None, None
     if image is None or use == LAST_IMAGE_NONE:
         raise BadInput("--last-image is the last frame of image to video: use `vsagen i2v IMAGE PROMPT --last-image "
                        "PATH` with a model that takes one (e.g. --model wan2.1-flf2v-14b-720p)")
@@ -405,10 +429,10 @@ def _check_last_image(model: str, src: ModelSource, image: Path | None, last_ima
 
     last_image = Path(last_image)
     try:
-        open_image(last_image)  # readable now, or one message naming the path
+        size = open_image(last_image).size  # readable now, or one message naming the path
     except BadInput as e:
         raise BadInput(f"--last-image: {e}") from None
-    return last_image
+    return last_image, size
 
 
 def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsity: float | None = None,
@@ -463,14 +487,15 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
                        "or an image-to-video model (e.g. --model tiny-i2v)")
     if image is None and src.image_to_video:
         raise BadInput(f"--model {model} is an image-to-video model; use `vsagen i2v IMAGE PROMPT`")
+    image_size = None
     if image is not None:
         from .image import FITS, open_image
 
         if fit not in FITS:
             raise BadInput(f"--fit must be one of {', '.join(FITS)}, got {fit!r}")
         image = Path(image)
-        open_image(image)  # readable now, or one message naming the path
-    last_image = _check_last_image(model, src, image, last_image)
+        image_size = open_image(image).size  # readable now, or one message naming the path
+    last_image, last_image_size = _check_last_image(model, src, image, last_image)
     d = src.preset.defaults
     spec = None if auto else backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
     height, width, frames, steps, guidance, guidance_2 = fill_and_check(
@@ -482,6 +507,9 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
         raise BadInput(f"--flow-shift must be a number in (0, {MAX_FLOW_SHIFT:g}], got {flow_shift}")
     if last_image is not None:
         check_last_frame(src, frames, height, width, (tile_fit,), "--last-image")
+    notes = input_notes(negative_prompt, guidance, height, width, fit,
+                         [("image", image, image_size),
+                          ("--last-image", last_image, last_image_size)])
     if fps < 1:
         raise BadInput(f"--fps must be at least 1, got {fps}")
     if not 0 <= warmup <= MAX_STEPS:
@@ -502,10 +530,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
 
         check_cfg_parallel(guidance, offload=offload, compile=compile)
     out = Path(out) if out is not None else _default_out(model, spec.name, seed, overwrite)
-    if not out.name or out.name in (".", ".."):
-        raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
-    json_out = out.with_suffix(".json")
-    _check_output(out, json_out, overwrite)
+    json_out = _check_output(out, overwrite)
     return RunConfig(
         prompt=prompt, model=model, source=src, backend=spec,
         height=height, width=width,
@@ -515,8 +540,31 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
         overwrite=overwrite, device=dev, dtype=dt, tile_fit=tile_fit, random_weights=random_weights,
         allow_pickle=allow_pickle, warmup=warmup, image=image, fit=fit if image is not None else None,
         offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
-        ulysses=ulysses, cfg_parallel=bool(cfg_parallel), attn_requested=attn, attn_note=attn_note,
+        ulysses=ulysses, cfg_parallel=bool(cfg_parallel), attn_requested=attn, attn_note=attn_note, notes=notes,
     )
+
+
+def negative_prompt_note(negative_prompt: str | None, guidance: float) -> str | None:
+    """A note for the run when a negative prompt was given (not None, not blank) but CFG is off (`guidance` <= 1,
+    the first expert's scale: diffusers' Wan pipelines then run no unconditional pass for any expert), so it has
+    no effect; else None."""
+    if negative_prompt is None or not negative_prompt.strip() or guidance > 1:
+        return None
+    return (f"--negative-prompt has no effect: CFG is off (--guidance {guidance:g} <= 1 runs one DiT pass a step, "
+            "without the negative branch); use --guidance above 1 (e.g. 5) for it to steer the video")
+
+
+def input_notes(negative_prompt: str | None, guidance: float, height: int, width: int, fit: str | None = None,
+                images: Sequence[tuple[str, Path | None, tuple[int, int] | None]] = ()) -> tuple[str, ...]:
+    """The notes (and refusals) about the request's inputs once the size is known: a negative prompt without CFG
+    (`negative_prompt_note`), an image too small or blown up by its fit (`vsagen.image.check_image_size`);
+    `images` holds (flag, path or None, (width, height))."""
+    from .image import check_image_size
+
+    notes = [negative_prompt_note(negative_prompt, guidance)]
+    notes += [check_image_size(path, size, height, width, fit, flag) for flag, path, size in images
+              if path is not None]
+    return tuple(n for n in notes if n is not None)
 
 
 def _auto_spec(src: ModelSource, tables: dict[str, dict[str, Any]], sparsity: float | None, attn_impl: str,

@@ -72,8 +72,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         warning = cpu_time_estimate(cfg)
         if warning is not None:
             log(warning)
-    if cfg.attn_note is not None:  # --attn auto: which backend and why, first among the run's notes
-        session.notes.insert(0, cfg.attn_note)
+    # --attn auto: which backend and why, first among the run's notes; then the request's own (config.resolve)
+    session.notes[0:0] = [n for n in (cfg.attn_note, *cfg.notes) if n is not None]
     for note in session.notes:
         log(f"note: {note}")
     pipe = session.pipe

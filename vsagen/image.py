@@ -18,6 +18,11 @@ from .errors import BadInput
 
 FITS = ("crop", "resize")
 FORMATS = ("PNG", "JPEG", "WEBP")
+# Input images smaller than this on a side are refused: a picture of a few pixels carries no content to animate,
+# and scaled to the video's size it is a flat blur (a 1x1 image is one colour).
+MIN_IMAGE_SIDE = 16
+# A fit that scales the image up by more than this (each side) gets a note: the first frame is visibly blurry.
+MAX_UPSCALE = 4.0
 
 
 def open_image(path: Path):
@@ -56,7 +61,7 @@ def fit_image(image, height: int, width: int, fit: str):
     if fit not in FITS:
         raise BadInput(f"--fit must be one of {', '.join(FITS)}, got {fit!r}")
     w0, h0 = image.size
-    scale = (max if fit == "crop" else min)(width / w0, height / h0)
+    scale = fit_scale(image.size, height, width, fit)
     nw, nh = max(1, round(w0 * scale)), max(1, round(h0 * scale))
     scaled = image.resize((nw, nh), Image.Resampling.LANCZOS)
     if fit == "crop":
@@ -65,6 +70,39 @@ def fit_image(image, height: int, width: int, fit: str):
     canvas = Image.new("RGB", (width, height))
     canvas.paste(scaled, ((width - nw) // 2, (height - nh) // 2))
     return canvas
+
+
+def fit_scale(size: tuple[int, int], height: int, width: int, fit: str) -> float:
+    """The factor `fit_image` scales an image of `size` (width, height) by to bring it to height x width."""
+    w0, h0 = size
+    return (max if fit == "crop" else min)(width / w0, height / h0)
+
+
+def check_image_size(path: Path, size: tuple[int, int], height: int, width: int, fit: str,
+                     flag: str = "image") -> str | None:
+    """Refuse an input image too small to start a video from; say so when the fit blows it up.
+
+    Args:
+        path: the image's path (named in the message).
+        size: its (width, height) in pixels.
+        height, width: the video's size; fit: "crop" or "resize" (`fit_image`).
+        flag: how the message names the image ("image", "--last-image").
+
+    Returns:
+        A note for the run when the fit scales the image up by more than `MAX_UPSCALE`, else None.
+
+    Raises:
+        BadInput: a side shorter than `MIN_IMAGE_SIDE` pixels.
+    """
+    w0, h0 = size
+    if min(w0, h0) < MIN_IMAGE_SIDE:
+        raise BadInput(f"{flag} {path} is {w0}x{h0} pixels: too small to start a {width}x{height} video from; "
+                       f"give an image of at least {MIN_IMAGE_SIDE} pixels a side (ideally {width}x{height})")
+    scale = fit_scale(size, height, width, fit)
+    if scale <= MAX_UPSCALE:
+        return None
+    return (f"{flag} {path} ({w0}x{h0}) is scaled up {scale:.1f}x to fit the {width}x{height} video (--fit {fit}): "
+            f"its frames will look blurry; an image of {width}x{height} or more keeps the detail")
 
 
 def extend_to(image, height: int, width: int):

@@ -31,6 +31,13 @@ from typing import Any, Iterator
 import torch
 
 
+# The run JSON's timing names of the self-attention that said less than what they time (`TimingReport.to_dict`):
+# old name -> new name. Both are written for one release (the old ones go in the next); the JSON lists this map as
+# "deprecated_aliases".
+DEPRECATED_ALIASES = {"attn1_s": "attn1_module_s", "self_attention_s": "attention_backend_s",
+                      "self_attention_stages_s": "attention_backend_stages_s"}
+
+
 class Timer:
     """Collects named regions; `finish()` turns them into seconds.
 
@@ -169,6 +176,14 @@ class TimingReport:
     Multi-process runs: `all_to_all_s` is the time of this rank's Ulysses exchanges (part of `self_attention_s`),
     `cfg_exchange_s` that of its CFG-parallel exchanges (part of `dit_s`); `ranks` holds every rank's `rank_row`
     (rank 0's report; empty in a one-process run), and `to_dict` adds their max and mean (`rank_stats`).
+
+    Names in the JSON (`to_dict`): the fields that time the self-attention carry names that say what they time,
+    `attn1_module_s` (the whole attn1 module, the table's "self-attention module (attn1)" row),
+    `attention_backend_s` (the backend call alone, the table's "attention backend" row) and
+    `attention_backend_stages_s` (its stages). The older names, `attn1_s`, `self_attention_s` (which read as the
+    whole self-attention but time the backend alone) and `self_attention_stages_s`, hold the same values for one
+    more release; the JSON lists them under "deprecated_aliases" (`DEPRECATED_ALIASES`: old name -> new name).
+    In Python the fields keep their old names; the new ones are properties.
     """
 
     device: str
@@ -242,19 +257,43 @@ class TimingReport:
             **extra,
         )
 
+    @property
+    def attn1_module_s(self) -> float | None:
+        """The whole self-attention module (attn1: projections, q/k norms, RoPE, tile order, the backend, output
+        projection); None where compiled (`attn1_s` under its JSON name)."""
+        return self.attn1_s
+
+    @property
+    def attention_backend_s(self) -> float | None:
+        """The attention backend calls alone; None where compiled (`self_attention_s` under its JSON name)."""
+        return self.self_attention_s
+
+    @property
+    def attention_backend_stages_s(self) -> dict[str, float]:
+        """The backend's time by the stages it reports (`self_attention_stages_s` under its JSON name)."""
+        return self.self_attention_stages_s
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (all seconds); with per-rank rows, also "ranks_max" and "ranks_mean" (`rank_stats`)."""
-        out = asdict(self)
+        """JSON-ready dict (all seconds): the fields under the names `DEPRECATED_ALIASES` maps to, each just before
+        its old name (kept for one release, listed in "deprecated_aliases"); with per-rank rows, also "ranks_max"
+        and "ranks_mean" (`rank_stats`)."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key in DEPRECATED_ALIASES:
+                out[DEPRECATED_ALIASES[key]] = value
+            out[key] = value
+        out["deprecated_aliases"] = dict(DEPRECATED_ALIASES)
         if self.ranks:
             out.update(rank_stats(self.ranks))
         return out
 
     def rank_row(self, rank: int) -> dict[str, Any]:
         """This rank's line of a multi-process run's per-rank timing: {"rank", "dit_forwards", "dit_s",
-        "self_attention_s" (None where untimed), "all_to_all_s", "cfg_exchange_s"} (seconds)."""
+        "attention_backend_s" (None where untimed; also as its deprecated alias "self_attention_s"), "all_to_all_s",
+        "cfg_exchange_s"} (seconds)."""
         return {"rank": rank, "dit_forwards": self.dit_forwards, "dit_s": self.dit_s,
-                "self_attention_s": self.self_attention_s, "all_to_all_s": self.all_to_all_s,
-                "cfg_exchange_s": self.cfg_exchange_s}
+                "attention_backend_s": self.self_attention_s, "self_attention_s": self.self_attention_s,
+                "all_to_all_s": self.all_to_all_s, "cfg_exchange_s": self.cfg_exchange_s}
 
     def ranks_table(self):  # -> rich.table.Table | None
         """The per-rank rows as a Rich table (rank, DiT, attention backend, all-to-all, CFG exchange; then max and
@@ -263,14 +302,13 @@ class TimingReport:
             return None
         from rich.table import Table
 
-        cols = [("DiT", "dit_s"), ("attention backend", "self_attention_s"), ("all-to-all", "all_to_all_s"),
+        cols = [("DiT", "dit_s"), ("attention backend", "attention_backend_s"), ("all-to-all", "all_to_all_s"),
                 ("CFG exchange", "cfg_exchange_s")]
         t = Table(title="per rank (seconds; the attention backend includes the all-to-all, the DiT both)",
                   title_justify="left")
-        t.add_column("rank")
-        t.add_column("DiT forwards", justify="right")
-        for head, _ in cols:
-            t.add_column(head, justify="right")
+        t.add_column("rank", overflow="fold")
+        for head in ["DiT forwards", *(head for head, _ in cols)]:  # too narrow a terminal folds a number, never cuts
+            t.add_column(head, justify="right", overflow="fold")
         fmt = lambda v: "not timed" if v is None else f"{v:.3f}"  # noqa: E731
         for row in self.ranks:
             t.add_row(str(row["rank"]), str(row["dit_forwards"]), *(fmt(row[k]) for _, k in cols))
@@ -280,14 +318,14 @@ class TimingReport:
         return t
 
     def rich_table(self, title: str = "timing"):  # -> rich.table.Table
-        """Render as a Rich table: region, seconds, share of the total, share of DiT time."""
+        """Render as a Rich table: region, seconds, share of the total, share of DiT time. It fits 80 columns (and
+        far fewer): where space runs short the region labels wrap (or fold), the numbers stay whole on their line."""
         from rich.table import Table
 
         t = Table(title=title, title_justify="left")
-        t.add_column("region")
-        t.add_column("seconds", justify="right")
-        t.add_column("% total", justify="right")
-        t.add_column("% DiT", justify="right")
+        t.add_column("region", overflow="fold")
+        for head in ("seconds", "% total", "% DiT"):
+            t.add_column(head, justify="right", no_wrap=True, overflow="fold")
 
         def pct(x: float, of: float) -> str:
             return f"{100 * x / of:5.1f}" if of > 0 else "-"
@@ -336,8 +374,9 @@ class TimingReport:
         return t
 
 
-# The per-rank columns that `rank_stats` summarises.
-RANK_COLUMNS = ("dit_s", "self_attention_s", "all_to_all_s", "cfg_exchange_s")
+# The per-rank columns that `rank_stats` summarises ("self_attention_s": the deprecated alias of
+# "attention_backend_s", kept for one release).
+RANK_COLUMNS = ("dit_s", "attention_backend_s", "self_attention_s", "all_to_all_s", "cfg_exchange_s")
 
 
 def rank_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:

@@ -63,3 +63,15 @@ def test_a_hub_id_is_read_from_the_local_cache_only(tmp_path, monkeypatch):
     assert checkpoint_root("tiny", "") is None and checkpoint_root("dir", str(tmp_path)) == tmp_path
     assert choose_backend("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", False, "cuda")[0] == "full"
     assert AUTO == "auto"
+
+
+def test_the_rule_and_the_choices_name_the_weights_auto_looks_for():
+    from vsagen.attention.auto import auto_picks, auto_rule
+
+    rule = auto_rule()
+    assert rule == ("the backend the checkpoint was trained for: sla-star if it holds blocks.N.attn1.proj_l.*, vsa "
+                    "if it holds blocks.N.attn1.to_gate_compress.*, else full")
+    assert "without sparse-attention weights" in auto_picks("full")
+    assert auto_picks("vsa") == "for a checkpoint holding blocks.N.attn1.to_gate_compress.*"
+    assert auto_picks("sla-star").endswith("proj_l.*")
+    assert auto_picks("rocm-vsa") is None and auto_picks("sparse-vdit") is None

@@ -217,3 +217,16 @@ def test_short_text_names_a_path_option_by_its_file_name(tmp_path):
     assert short_spec_text(f"sparse-vdit:patterns={deep / 'h22.json'}:remap=true") == \
         "sparse-vdit:patterns=h22.json:remap=true"
     assert short_spec_text(f"sparse-vdit:patterns={deep / 'h.json'}") == "sparse-vdit:patterns=h.json"
+
+
+def test_option_help_lists_the_command_line_options_with_defaults_and_values():
+    from vsagen.attention import backend_class
+    from vsagen.attention.spec import option_help, text_options
+
+    assert option_help(backend_class("full").Options) == []
+    assert option_help(VSAOptions) == [("sparsity", "0.875", "a number"), ("impl", "auto", "auto | triton | torch"),
+                                       ("gate_weights", "none", "a file, or none")]  # not `tuning` (Python only)
+    vdit = dict((k, (d, v)) for k, d, v in option_help(backend_class("sparse-vdit").Options))
+    assert vdit["remap"] == ("false", "true | false") and vdit["query_block"] == ("64", "an integer")
+    for name in REGISTRY:
+        assert [k for k, _, _ in option_help(backend_class(name).Options)] == text_options(backend_class(name).Options)

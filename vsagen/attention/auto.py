@@ -76,3 +76,19 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
              "slow torch reference)" if device != "cuda" else
              "--attn vsa makes the DiT ~1.5-1.9x faster at some loss of fidelity")
     return "full", f"--attn auto chose full: {why}; {speed}: `vsagen compare` measures both on your prompt"
+
+
+def auto_rule() -> str:
+    """What `--attn auto` does, in one sentence naming the weights it looks for (for `vsagen backends`)."""
+    found = ", ".join(f"{name} if it holds {backend_class(name).weights.key.format(layer='N')}.*"
+                      for name in PREFERENCE)
+    return f"the backend the checkpoint was trained for: {found}, else full"
+
+
+def auto_picks(name: str) -> str | None:
+    """When `--attn auto` runs backend `name`, as a phrase (None: never)."""
+    if name in PREFERENCE:
+        return f"for a checkpoint holding {backend_class(name).weights.key.format(layer='N')}.*"
+    if name == "full":
+        return "for a checkpoint without sparse-attention weights (the Wan releases, the tiny models)"
+    return None

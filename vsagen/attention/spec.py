@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -258,6 +258,27 @@ def check_flags_not_repeated(entries: Sequence[str], flags: Mapping[str, Any]) -
             if value is not None and FLAG_OPTIONS[flag] in raw:
                 raise BadInput(f"{flag} {value} and --attn entry {entry.strip()!r} both set {name}'s "
                                f"{FLAG_OPTIONS[flag]}; give it once")
+
+
+def option_help(options_cls: type) -> list[tuple[str, str, str]]:
+    """(key, default, accepted values) of each option the command line can set (`text_options`), as text: the default
+    as `KEY=VALUE` writes it ("none" for an unset optional input), the values as a short phrase ("a number",
+    "auto | triton | torch", "a file, or none", ...), for listings such as `vsagen backends`."""
+    defaults = {f.name: f.default for f in fields(options_cls)}
+    hints = _hints(options_cls)
+    out = []
+    for key in text_options(options_cls):
+        kind = hints[key]
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        optional = typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) < len(typing.get_args(kind))
+        base = args[0] if optional else kind
+        if typing.get_origin(base) is typing.Literal:
+            values = " | ".join(map(str, typing.get_args(base)))
+        else:
+            values = {float: "a number", int: "an integer", bool: "true | false", Path: "a file"}.get(base, "text")
+        default = defaults[key]
+        out.append((key, "none" if default is None else _fmt(default), values + (", or none" if optional else "")))
+    return out
 
 
 def impls_of(name: str) -> tuple[str, ...]:

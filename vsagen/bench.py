@@ -1,6 +1,6 @@
 """Attention-alone timing, shared by `vsagen profile --kernels` and `benchmarks/attention.py`.
 
-Shape vocabulary as in README.md: B batch (1 here), S tokens, H heads, D head dim, (T, Hl, Wl) the post-patch
+Shape vocabulary as in docs/internals.md: B batch (1 here), S tokens, H heads, D head dim, (T, Hl, Wl) the post-patch
 latent grid. Inputs are (B, S, H, D), the layout at the backend boundary.
 
 Timing: on CUDA `triton.testing.do_bench` (median of repeated launches, its own warm-up and cache flush); on a

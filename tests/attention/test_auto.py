@@ -61,7 +61,8 @@ def test_a_hub_id_is_read_from_the_local_cache_only(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing there, nothing downloaded
     assert checkpoint_root("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers") is None
     assert checkpoint_root("tiny", "") is None and checkpoint_root("dir", str(tmp_path)) == tmp_path
-    assert choose_backend("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", False, "cuda")[0] == "full"
+    name, note = choose_backend("hub", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", False, "cuda")
+    assert name == "full" and "not downloaded yet" in note and "trained with dense attention" not in note
     assert AUTO == "auto"
 
 

@@ -65,16 +65,23 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
         (name, note): e.g. ("vsa", "--attn auto chose vsa: this checkpoint was trained for it (transformer/ holds
         blocks.0.attn1.to_gate_compress.weight); --attn full runs dense attention").
     """
-    found = None if random_weights else trained_backend(checkpoint_root(kind, location))
+    root = None if random_weights else checkpoint_root(kind, location)
+    found = trained_backend(root)
     if found is not None:
         name, why = found
         return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn full runs "
                       "dense attention")
-    why = ("random weights carry no trained sparse-attention weights" if random_weights or kind == "tiny"
-           else "this checkpoint has no sparse-attention weights (it was trained with dense attention)")
-    speed = ("on a GPU --attn vsa makes the DiT ~1.5-1.9x faster at some loss of fidelity (on this CPU it runs a "
+    if random_weights or kind == "tiny":
+        why = "random weights carry no trained sparse-attention weights"
+    elif root is None:  # a hub id not in the local cache: its files cannot be read before the download
+        why = ("the checkpoint is not downloaded yet, so its weights could not be checked for sparse-attention "
+               "parts (download it first, or name the backend)")
+    else:
+        why = "this checkpoint has no sparse-attention weights (it was trained with dense attention)"
+    # measured on an H200 (BENCHMARKS.md): DiT 1.73x at the 5B, 2.18x at 1.3B 480p, 2.48x at 14B 720p
+    speed = ("on a GPU --attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity (on this CPU it runs a "
              "slow torch reference)" if device != "cuda" else
-             "--attn vsa makes the DiT ~1.5-1.9x faster at some loss of fidelity")
+             "--attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity")
     return "full", f"--attn auto chose full: {why}; {speed}: `vsagen compare` measures both on your prompt"
 
 

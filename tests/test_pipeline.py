@@ -212,3 +212,23 @@ def test_compile_note_names_graphs_breaks_and_warmup():
     assert broken.endswith("--warmup 0: the timed steps include the compilation, so their times measure the compiler")
     for note in (whole, broken):
         assert "layout counts only the reorderings outside the blocks" in note and "\n" not in note
+
+
+def test_status_after_speaks_only_for_a_slow_phase():
+    import time
+
+    from vsagen.pipeline import status_after
+
+    lines: list[str] = []
+    with status_after(lines.append, "loading x", delay_s=0.05):
+        pass  # quick: nothing said
+    time.sleep(0.1)
+    assert lines == []
+    with status_after(lines.append, "loading x", delay_s=0.05):
+        time.sleep(0.3)  # slow: one line
+    time.sleep(0.1)
+    assert lines == ["loading x"]
+    with pytest.raises(ValueError), status_after(lines.append, "loading y", delay_s=0.05):
+        raise ValueError  # fails fast: only its own error
+    time.sleep(0.1)
+    assert lines == ["loading x"]

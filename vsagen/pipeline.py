@@ -17,6 +17,7 @@ image to video; "dit", "attn1", "self_attention" and "layout" from the hooks; "v
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,6 +183,20 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
                 width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
                 guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
                 output_type="latent", return_dict=False, **(extra or {}))[0]
+
+
+@contextlib.contextmanager
+def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0) -> Iterator[None]:
+    """Within the block, `log(message)` once if the block is still running after `delay_s` seconds (from a timer
+    thread): a slow phase without a progress bar of its own (loading, the text encoder) gets a status line, a quick
+    one no noise, and one that fails fast (a model not found) only its one error line."""
+    timer = threading.Timer(delay_s, log, args=(message,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def decode_latents(pipe: Any, latents: Any) -> Any:
@@ -388,7 +403,9 @@ class Session:
         for backend in backends:
             backend.check(torch.device(request.device), torch_dtype(request.dtype))
         t0 = time.perf_counter()
-        model = load_model(request, log, backends if attach_on_load else ())
+        with status_after(log, f"loading {request.model} ({'random weights, ' if request.random_weights else ''}"
+                               f"{request.device} {request.dtype})"):
+            model = load_model(request, log, backends if attach_on_load else ())
         load_s = time.perf_counter() - t0
         pipe = model.pipe
         pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
@@ -541,7 +558,7 @@ class Session:
                 video = None
                 with timer.region("total"):
                     if encode:
-                        with timer.region("text_encode"):
+                        with timer.region("text_encode"), status_after(log, "encoding the prompt (text encoder)"):
                             pos, neg = self.encode_prompts()
                     else:
                         pos, neg = self.prompts()

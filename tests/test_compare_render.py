@@ -53,6 +53,23 @@ def test_table_names_each_backend_and_its_worst_layer():
     assert "L1 5.0e-01" in text  # the worst layer of vsa
 
 
+def test_table_at_80_columns_keeps_every_digit():
+    from rich.console import Console
+
+    rep = report()
+    rep.rows.append(row("sla-star:scope=marginal 0.875", 123.456789, [0.123456, 0.654321]))
+    con = Console(file=io.StringIO(), width=80, color_system=None)
+    con.print(rich_table(rep))
+    text = con.file.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    cells = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
+    columns = ["".join(c[i].replace(" ", "") for c in cells) for i in range(len(cells[0]))]  # folded cells, read back
+    assert columns[0] == "fullvsa0.875sla-star:scope=marginal0.875"
+    for value in ("123.46", "31.50", "1.70x", "0.8000", "3.9e-01"):
+        assert any(value in col for col in columns[1:]), value
+    assert columns[-1] == "L00.0e+00L15.0e-01L16.5e-01"
+
+
 @pytest.mark.parametrize("experts", [1, 2])
 def test_plot_is_written(tmp_path, experts):
     pytest.importorskip("matplotlib")

@@ -458,7 +458,7 @@ def compare(
             return
         from .compare_render import rich_table
 
-        con = Console(width=max(120, Console().width))
+        con = Console()  # the terminal's width (COLUMNS where set): the table wraps its cells, no digit is cut
         con.print(rich_table(report))
         for line in [*(f"note: {n}" for n in report.notes), f"files: {cfg.out}/ ("
                      + ", ".join(Path(p).name for p in report.files.values()) + ")"]:
@@ -538,7 +538,7 @@ def search(
         with _sigterm_as_interrupt() as interrupted:
             result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
                             cancelled=interrupted)
-        con = Console(width=max(120, Console().width))  # a column per mode: wider than 80 columns
+        con = Console()  # the terminal's width (COLUMNS where set): the headers wrap, no digit is cut
         for item in summary_renderables(result):
             con.print(item, highlight=False, markup=False) if isinstance(item, str) else con.print(item)
 

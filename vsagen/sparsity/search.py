@@ -483,13 +483,13 @@ def summary_renderables(result: SearchResult) -> list[Any]:
                           f"{pf.prompts} prompt{'s' if pf.prompts != 1 else ''}, lam {pf.lam:g}, eps {pf.eps:g}",
                   caption_justify="left")
     if len(pf.ranges) > 1:
-        table.add_column("steps")
+        table.add_column("steps", overflow="fold")
     if len(pf.experts) > 1:
-        table.add_column("expert")
-    table.add_column("layer", justify="right")
+        table.add_column("expert", overflow="fold")
+    table.add_column("layer", justify="right", overflow="fold")
     for n in pf.modes:
-        table.add_column(n, justify="right")
-    table.add_column("density", justify="right")
+        table.add_column(n, justify="right", overflow="fold")
+    table.add_column("density", justify="right", overflow="fold")
     for r in pf.ranges:
         for e in pf.experts:
             for layer, names in enumerate(r.heads[e]):

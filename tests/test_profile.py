@@ -339,6 +339,12 @@ BAD = [
     ("out-is-dir", ["--out", "{tmp}"], ["is a directory"]),
     ("out-equals-plot", ["--out", "{tmp}/x.png", "--plot", "{tmp}/x.png"], ["same file"]),
     ("empty-prompt", ["--prompt", " "], ["--prompt is empty"]),
+    ("kernels-ulysses", ["--kernels", "--ulysses", "2"], ["--kernels", "drop --ulysses"]),
+    ("ulysses-degree", ["--ulysses", "3"], ["--ulysses 3 does not divide 2 heads", "degrees that do: 1, 2"]),
+    ("ulysses-degree-crop", ["--ulysses", "2", "--height", "112", "--width", "176", "--tile-fit", "crop,partial"],
+     ["--ulysses 2 does not divide 385 tokens"]),
+    ("ulysses-outside-torchrun", ["--ulysses", "2"], ["start it with torchrun", "-m vsagen profile"]),
+    ("cfg-parallel-without-guidance", ["--cfg-parallel", "--guidance", "1"], ["--cfg-parallel", "--guidance 1"]),
 ]
 
 

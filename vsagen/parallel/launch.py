@@ -100,6 +100,27 @@ def start(launch: Launch, device: str, timeout_s: float = TIMEOUT_S) -> None:
                             world_size=launch.world_size, timeout=timedelta(seconds=timeout_s))
 
 
+@contextlib.contextmanager
+def joined(launch: Launch | None, request: Any) -> Iterator[None]:
+    """Run the body as this launch's rank of a multi-process `request` (a `vsagen.config.Request` whose `processes`
+    > 1): the files vsagen builds prepared first (`vsagen.loading.prepare_model_files`: the tiny checkpoint, before
+    the group exists), the process group joined (`start`), and left after the body (`finish`), however it ends.
+    Outside a launch, or for a one-process request, just the body.
+
+    Raises:
+        BadInput: as `start`; RunFailure: as `prepare_model_files`.
+    """
+    if launch is not None and request.processes > 1:
+        from ..loading import prepare_model_files
+
+        prepare_model_files(request)
+        start(launch, request.device)
+    try:
+        yield
+    finally:
+        finish()
+
+
 def finish() -> None:
     """Wait for every rank, then leave the process group (nothing if none was joined)."""
     import torch.distributed as dist

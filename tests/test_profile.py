@@ -154,8 +154,8 @@ def test_profile_markdown_tile_fits_side_by_side(cli_cache, tmp_path):
                   "--plot", str(plot))
     assert res.exit_code == 0, res.output
     text = out.read_text()
-    assert "| backend | tile fit |" in text and "| vsa 0.5 | crop | 8x8x12 (768, 12) |" in text
-    assert "| full | partial | 5x6x10 (300, 12) |" in text
+    assert "| backend | tile fit |" in text and "| vsa 0.5 | crop |" in text and "| 8x8x12 (768, 12) |" in text
+    assert "| full | partial |" in text and "| 5x6x10 (300, 12) |" in text
     assert "tile fit: partial edge tiles vs crop" in text and "| full | 300 | 768 |" in text
     assert "vsagen overhead" not in text  # --no-stock
     lines = [ln for ln in text.splitlines() if ln.startswith("| full | partial")]
@@ -181,10 +181,11 @@ def test_render_formats_agree(cli_cache):
         assert float(r["dit_s_per_step"]) == d["dit_s_per_step"]
         assert float(r["projected_dit_s"]) == d["projected_dit_s"]
     md = render(rep, "markdown").splitlines()
-    assert [ln.split(" | ")[0:2] for ln in md if ln.startswith("| full |") or ln.startswith("| vsa ")] == [
-        ["| full", "partial"], ["| vsa 0.875", "partial"]]
+    assert [ln.split(" | ")[0] for ln in md if ln.startswith("| full |") or ln.startswith("| vsa ")] == [
+        "| full", "| vsa 0.875"]
+    assert "**DiT time per backend, tile fit partial: " in md[0]  # one tile fit: in the title, not a column
     table = render(rep, "table", width=220)
-    assert "full" in table and "vsa 0.875" in table and "speed-up vs full" in table
+    assert "full" in table and "vsa 0.875" in table and "speed-up" in table
     assert "\x1b[" not in table  # plain text, no colour codes
 
 
@@ -339,6 +340,12 @@ BAD = [
     ("out-is-dir", ["--out", "{tmp}"], ["is a directory"]),
     ("out-equals-plot", ["--out", "{tmp}/x.png", "--plot", "{tmp}/x.png"], ["same file"]),
     ("empty-prompt", ["--prompt", " "], ["--prompt is empty"]),
+    ("kernels-ulysses", ["--kernels", "--ulysses", "2"], ["--kernels", "drop --ulysses"]),
+    ("ulysses-degree", ["--ulysses", "3"], ["--ulysses 3 does not divide 2 heads", "degrees that do: 1, 2"]),
+    ("ulysses-degree-crop", ["--ulysses", "2", "--height", "112", "--width", "176", "--tile-fit", "crop,partial"],
+     ["--ulysses 2 does not divide 385 tokens"]),
+    ("ulysses-outside-torchrun", ["--ulysses", "2"], ["start it with torchrun", "-m vsagen profile"]),
+    ("cfg-parallel-without-guidance", ["--cfg-parallel", "--guidance", "1"], ["--cfg-parallel", "--guidance 1"]),
 ]
 
 

@@ -25,12 +25,16 @@ def test_resolve_profile_defaults_and_per_backend_settings():
     assert cfg.tile_fits == ("crop", "partial")
     cfg = resolve_profile(model="wan2.1-t2v-1.3b", kernels=True, device="cpu", frames=9, height=128, width=128)
     assert (cfg.heads, cfg.head_dim, cfg.full_steps) == (12, 128, 50)
+    cfg = resolve_profile(model="tiny", ulysses=2, cfg_parallel=True, tile_fit="partial,crop")  # 300 and 768 tokens
+    assert cfg.processes == 4 and (cfg.summary()["ulysses"], cfg.summary()["cfg_parallel"]) == (2, True)
 
 
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(attn="vsa,full,vsa"), "'vsa' twice"), (dict(attn=" , "), "empty entry"), (dict(fmt="xml"), "--format"),
     (dict(tile_fit="partial,pad"), "'pad'"), (dict(kernels=True, steps=2), "--steps"), (dict(steps=0), "--steps"),
     (dict(warmup=-1), "--warmup"), (dict(prompt=" "), "--prompt is empty"),
+    (dict(kernels=True, cfg_parallel=True), "drop --ulysses / --cfg-parallel"), (dict(ulysses=0), "at least 1"),
+    (dict(ulysses=2, compile=True), "--compile"), (dict(cfg_parallel=True, guidance=1.0), "--guidance 1"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_requests_are_one_line(kwargs, needle):
     with pytest.raises(BadInput) as info:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import pytest
 
@@ -127,6 +128,72 @@ def test_json_and_csv_carry_the_layer_fields():
     assert "layers" not in rows[0] and "backend_info" not in rows[0]  # nested: json only
     assert (rows[1]["launches_per_forward"], rows[1]["block_density"]) == ("1", "0.3125")
     assert rows[0]["block_density"] == ""
+
+
+def ulysses_report():
+    """A `--ulysses 2 --cfg-parallel` report (4 ranks) with both tile fits, long labels and a sparse-vdit layer table:
+    every column and table the renderer has."""
+    rep = sparse_vdit_report()
+    rep.settings = {**SETTINGS, "ulysses": 2, "cfg_parallel": True}
+    crop = row("vsa", 0.875, "vsa:sparsity=0.875:impl=torch", 12.3456, 0.000123)
+    crop.tile_fit, crop.grid, crop.tokens, crop.tiles = "crop", [8, 8, 12], 768, 12
+    rep.rows.append(crop)
+    for i, r in enumerate(rep.rows):
+        r.all_to_all_s_per_step, r.cfg_exchange_s_per_step = 0.0123 + i, 1.5e-05 * (i + 1)
+        r.latents_rel_l2_vs_full = 0.019 * i
+        r.ranks = [{"rank": k, "dit_forwards": 4, "dit_s_per_step": r.dit_s_per_step - 0.01 * k,
+                    "attention_s_per_step": r.attention_s_per_step, "all_to_all_s_per_step": 0.0123 + i,
+                    "cfg_exchange_s_per_step": 1.5e-05 * (i + 1)} for k in range(4)]
+    rep.tile_fit_comparison = [{"backend": "vsa", "sparsity": 0.875, "partial_tokens": 32, "crop_tokens": 768,
+                                "partial_dit_s_per_step": 0.4, "crop_dit_s_per_step": 12.3456,
+                                "crop_vs_partial": 30.864, "partial_attention_s_per_step": 0.1,
+                                "crop_attention_s_per_step": 0.000123}]
+    stock = row("diffusers-sdpa", None, None, 0.9, 0.2)
+    stock.kind, stock.attention_s_per_step, stock.layout_s_per_step = "overhead", None, None
+    tiled = row("full+tile-order", None, None, 0.85, 0.5)
+    tiled.kind, tiled.overhead_vs_stock = "overhead", -0.0556
+    rep.overhead = [stock, tiled]
+    rep.notes = ["a note long enough to wrap at eighty columns, which the console does at its spaces " * 2]
+    return rep
+
+
+NUMBER = re.compile(r"[-+]?\d[\w.%+-]*")  # 0.8, 6.41e-04, +529.9%, 1.00x, 5x6x10
+
+
+def test_table_at_80_columns_cuts_no_number():
+    """At 80 columns every table is split into tables that fit (the key columns repeated): every number of every
+    cell appears whole, no line is wider than 80, nothing is cut ("…"), headers wrap at their spaces."""
+    from vsagen.profile_render import _tables
+
+    rep = ulysses_report()
+    text = render(rep, "table", width=80)
+    lines = text.splitlines()
+    assert "…" not in text and max(map(len, lines)) <= 80, text
+    numbers = {n for t in _tables(rep) for cells in t.body for cell in cells[t.keys:] for n in NUMBER.findall(cell)}
+    assert {"12.346", "1.23e-04", "0.0123", "1.50e-05", "30.86x", "-5.6%", "62.5%", "8x8x12"} <= numbers
+    assert not [n for n in numbers if n not in text], text
+    for header in ("all-to-all", "exchange", "speed-up", "rel-L2"):
+        assert header in text
+    assert "DiT time per backend (slowest rank), continued (2 of" in text  # the DiT table did not fit in one
+    wide = render(rep, "table", width=400)
+    assert "continued" not in wide and "…" not in wide
+
+
+def test_multi_process_columns_in_every_format():
+    """--ulysses / --cfg-parallel: all-to-all and CFG-exchange columns in the table, markdown and csv; every rank's
+    row in the json."""
+    rep = ulysses_report()
+    md = render(rep, "markdown")
+    assert "| backend | tile fit | DiT s/step | attention s/step | all-to-all s/step | CFG exchange s/step |" in md
+    assert "DiT time per backend (slowest rank)" in md and "| ulysses 2 | CFG parallel" in md
+    rows = list(csv.DictReader(io.StringIO(render(rep, "csv"))))
+    assert [float(r["all_to_all_s_per_step"]) for r in rows[:3]] == [0.0123, 1.0123, 2.0123]
+    assert "ranks" not in rows[0]  # nested: json only
+    data = json.loads(render(rep, "json"))
+    assert [r["rank"] for r in data["rows"][2]["ranks"]] == [0, 1, 2, 3]
+    assert data["rows"][2]["ranks"][3]["all_to_all_s_per_step"] == 2.0123
+    one = report()  # one process: no exchange columns
+    assert "all-to-all" not in render(one, "markdown") and "exchange" not in render(one, "table", width=80)
 
 
 def test_kernel_table_says_where_each_row_was_timed():

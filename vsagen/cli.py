@@ -196,9 +196,22 @@ CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="Run the condi
                                            "with --ulysses N.")]
 
 
+def _torchrun_launch():
+    """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) as a `Launch`, or None outside a launcher; read here,
+    at the command-line boundary. Malformed: one error line, exit 2."""
+    from .errors import BadInput
+    from .parallel.launch import torchrun_launch
+
+    try:
+        return torchrun_launch(os.environ)
+    except BadInput as e:
+        _err(str(e))
+        raise typer.Exit(e.exit_code) from None
+
+
 def _single_process(run):
-    """`run` refused under a launch of several processes (torchrun): `profile`, `compare` and `search` have no
-    `--ulysses`, and every rank would run and write the same files."""
+    """`run` refused under a launch of several processes (torchrun): `compare` and `search` have no `--ulysses`, and
+    every rank would run and write the same files."""
 
     def guarded() -> None:
         from .errors import BadInput
@@ -206,8 +219,8 @@ def _single_process(run):
 
         launch = torchrun_launch(os.environ)
         if launch is not None and launch.world_size > 1:
-            raise BadInput(f"this command runs in {launch.world_size} processes (torchrun), but only t2v and i2v "
-                           "split a run (--ulysses, --cfg-parallel): start one process")
+            raise BadInput(f"this command runs in {launch.world_size} processes (torchrun), but only t2v, i2v and "
+                           "profile split a run (--ulysses, --cfg-parallel): start one process")
         run()
 
     return guarded
@@ -217,14 +230,7 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
                       last_image: Optional[Path] = None, **settings) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
 
-    from .errors import BadInput
-    from .parallel.launch import torchrun_launch
-
-    try:  # torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK), read here at the command-line boundary
-        launch = torchrun_launch(os.environ)
-    except BadInput as e:
-        _err(str(e))
-        raise typer.Exit(e.exit_code) from None
+    launch = _torchrun_launch()
     writer = launch is None or launch.writer
 
     def run() -> None:
@@ -243,16 +249,9 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
             if writer:
                 err.print(m, markup=False, highlight=False, soft_wrap=True)
 
-        if launch is not None and cfg.processes > 1:
-            from .loading import prepare_model_files
-
-            prepare_model_files(cfg)  # the tiny checkpoint, before the process group (see prepare_model_files)
-            parallel.start(launch, cfg.device)
-        try:
-            with _sigterm_as_interrupt() as interrupted:  # SIGTERM / SIGHUP as Ctrl-C: the mp4 and JSON or nothing
-                result = generate(cfg, log=log, progress=writer, writer=writer, cancelled=interrupted)
-        finally:
-            parallel.finish()
+        # SIGTERM / SIGHUP as Ctrl-C: the mp4 and JSON or nothing
+        with parallel.joined(launch, cfg), _sigterm_as_interrupt() as interrupted:
+            result = generate(cfg, log=log, progress=writer, writer=writer, cancelled=interrupted)
         if result is None:  # a rank other than 0: rank 0 reports
             return
         if json_out:
@@ -368,28 +367,36 @@ def profile(
     guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None,
     seed: Seed = 0, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
     random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, compile: ProfileCompile = False,
-    verbose: Verbose = False,
+    ulysses: Ulysses = 1, cfg_parallel: CfgParallel = False, verbose: Verbose = False,
 ) -> None:
     """Compare attention backends on one loaded model: DiT and attention time per step, speed-up vs full.
 
     The model is loaded once; every backend (and tile fit) then denoises from the same seed and prompt
-    embeddings: warm-up steps untimed, then the timed steps (latents only: no VAE decode, no video).
+    embeddings: warm-up steps untimed, then the timed steps (latents only: no VAE decode, no video). Under
+    torchrun with --ulysses / --cfg-parallel every configuration is split across the processes; rank 0 reports.
     """
     settings = {k: v for k, v in locals().items() if k != "verbose"}
+    launch = _torchrun_launch()
+    writer = launch is None or launch.writer
 
     def run() -> None:
         from rich.console import Console
 
+        from .parallel import launch as parallel
         from .profile_config import resolve_profile
 
         cfg = resolve_profile(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
+        parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
         err = Console(stderr=True)
-        log = lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+        log = lambda m: writer and err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
         from .profile import profile_dit, profile_kernels
         from .profile_render import render, write_plot
 
-        with _sigterm_as_interrupt():  # SIGTERM / SIGHUP as Ctrl-C: no partial report or plot
-            report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log)
+        # SIGTERM / SIGHUP as Ctrl-C: no partial report or plot
+        with parallel.joined(launch, cfg), _sigterm_as_interrupt():
+            report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log, writer=writer)
+            if report is None:  # a rank other than 0: rank 0 reports
+                return
             text = render(report, cfg.fmt)
             if cfg.plot is not None:
                 write_plot(report, cfg.plot, overwrite=cfg.overwrite)
@@ -402,7 +409,7 @@ def profile(
         if cfg.out is None:
             sys.stdout.write(text)
 
-    _run_guarded(_single_process(run), verbose)
+    _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
 @app.command()

@@ -523,7 +523,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
     attn_note = None
     if auto:
         spec, attn_note = _auto_spec(src, d.attention, sparsity, attn_impl, random_weights, dev)
-    _check_ulysses(ulysses, src, offload=offload, compile=compile, tile_fit=tile_fit, frames=frames, height=height,
+    check_ulysses(ulysses, src, offload=offload, compile=compile, tile_fit=tile_fit, frames=frames, height=height,
                    width=width)
     if cfg_parallel:
         from .parallel.cfg import check_cfg_parallel
@@ -582,10 +582,15 @@ def _auto_spec(src: ModelSource, tables: dict[str, dict[str, Any]], sparsity: fl
             from None
 
 
-def _check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,
+def check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,
                    height: int, width: int) -> None:
-    """`--ulysses`: at least 1; not with --offload (diffusers #12533) nor --compile (not tested together); for a
-    model of its preset's architecture, a degree that splits the heads and the denoised tokens evenly."""
+    """Refuse a `--ulysses` that cannot run (before loading; `t2v`, `i2v` and `profile`, once per tile fit): it must be
+    at least 1; not with --offload (diffusers #12533) nor --compile (not tested together); for a model of its
+    preset's architecture, a degree that splits the heads and the tokens of the grid denoised under `tile_fit`.
+
+    Raises:
+        BadInput: one of these, in one line (the degree's: with the degrees that do divide).
+    """
     if isinstance(ulysses, bool) or not isinstance(ulysses, int) or ulysses < 1:
         raise BadInput(f"--ulysses must be an integer of at least 1, got {ulysses!r}")
     if ulysses == 1:

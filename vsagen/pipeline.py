@@ -360,8 +360,6 @@ class Session:
         load_s: host seconds of `load_model` (loading and placing the weights).
         text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
         preattached: the backends whose own weights `load` attached (runs of them attach nothing more).
-        parallel_enabled: a `--ulysses` run left diffusers' context-parallel hooks on the transformers
-            (`vsagen.parallel.launch.enable_parallel`; once per session; CFG parallel alone leaves nothing).
     """
 
     request: Request
@@ -372,7 +370,6 @@ class Session:
     load_s: float = 0.0
     text_encode_s: float = 0.0
     preattached: tuple[Any, ...] = ()
-    parallel_enabled: bool = False
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
@@ -422,15 +419,13 @@ class Session:
                    preattached=tuple(backends) if attach_on_load else ())
 
     def _check_parallel(self, plan: CropPlan) -> None:
-        """Before a multi-process run: refuse a second one in this session (the first left diffusers' context-parallel
-        hooks on the transformers, and vsagen's processors cannot be installed under them) and a Ulysses degree that
-        does not split every transformer's heads and the plan's tokens evenly."""
+        """Before a multi-process run: refuse a Ulysses degree that does not split every transformer's heads and the
+        plan's tokens evenly. (Each run switches the parallelism on after patching and off before unpatching, so a
+        session runs any number of them: `vsagen profile --ulysses`.)"""
         import math
 
         from .parallel.ulysses import check_ulysses_degree
 
-        if self.parallel_enabled:
-            raise RuntimeError("a session runs one --ulysses run (diffusers' parallel hooks stay on the transformers)")
         for _, transformer in experts(self.pipe):
             check_ulysses_degree(self.request.ulysses, int(transformer.config.num_attention_heads),
                                  math.prod(plan.denoise_grid))
@@ -522,16 +517,16 @@ class Session:
         handle = apply(pipe, backend, timer=timer, fused_blocks=self.fused, weights_root=self.model.weight_root,
                        attach_weights=attach)
         split = None  # CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`)
+        transformers = [t for _, t in experts(pipe)]
         if cfg.processes > 1:
             from .parallel.launch import enable_parallel
 
             try:
-                split = enable_parallel([t for _, t in experts(pipe)], cfg.ulysses, cfg.cfg_parallel, cfg.device,
-                                        timer)
+                split = enable_parallel(transformers, cfg.ulysses, cfg.cfg_parallel, cfg.device, timer)
             except BaseException:
+                self._parallel_off(transformers)
                 handle.remove()
                 raise
-            self.parallel_enabled = cfg.ulysses > 1
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
         if attach:
@@ -576,6 +571,16 @@ class Session:
         finally:
             if split is not None:
                 split.remove()
+            self._parallel_off(transformers)
             unwrap()
             handle.remove()
         return Denoised(latents, video, records, warmup_s, plan)
+
+    def _parallel_off(self, transformers: Sequence[Any]) -> None:
+        """Switch diffusers' context parallelism off again after a `--ulysses` run (before vsagen's patch is removed:
+        the hooks went on after it)."""
+        if self.request.ulysses > 1:
+            from .parallel.launch import disable_ulysses
+
+            for t in transformers:
+                disable_ulysses(t)

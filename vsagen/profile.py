@@ -21,6 +21,13 @@ so the difference is vsagen's code, not a kernel choice), and `full` with its to
 (`full+tile-order`: dense attention does not depend on token order, so it differs from `full` only by the cost
 of the tile-order hooks). Both run at the first tile fit.
 
+Under torchrun (`--ulysses N`, `--cfg-parallel`) every rank loads the model and runs every configuration split
+across the ranks (`Session.run` switches the parallelism on and off per configuration); after each, every rank's
+timing goes to rank 0 (`vsagen.parallel.launch.gather_to_writer`), whose rows give the slowest rank's DiT, attention,
+all-to-all and CFG-exchange seconds and keep every rank's in `ProfileRow.ranks`. Only rank 0 gets a report. The
+overhead rows are left out under `--ulysses` (diffusers' own processors would need diffusers' own context-parallel
+plan, whose RoPE split differs from vsagen's); the report's notes say so.
+
 `--kernels` (`profile_kernels`) times the self-attention alone at the model's shape instead; see
 `vsagen.bench`. The reports' renderings (table, markdown, csv, json, the plot) are in `vsagen.profile_render`.
 """
@@ -35,7 +42,7 @@ from typing import Any, Callable
 from .attention.full import FullAttention
 from .presets import LAST_IMAGE_REQUIRED
 from .profile_config import ProfileConfig
-from .timing import TimingReport
+from .timing import TimingReport, rank_stats
 from .errors import BadInput
 
 STOCK = "diffusers-sdpa"
@@ -77,6 +84,14 @@ class ProfileRow:
     tile pairs / (heads x tiles^2)), "sdpa_heads" (heads run by SDPA instead of the kernel), "modes" ({mode name:
     heads})}; empty for the others. `launches_per_forward` (their sum)
     and `block_density` (their head-weighted mean) summarise them (None without `layers`).
+
+    Multi-process runs (`--ulysses`, `--cfg-parallel`): `dit_s_per_step`, `attention_s_per_step`,
+    `all_to_all_s_per_step` (Ulysses' sequence <-> heads exchanges, inside the attention) and
+    `cfg_exchange_s_per_step` (the CFG branches' exchange, inside the DiT) are the max over the ranks (the slowest
+    rank sets the pace: every step ends in exchanges that wait for it), and so are the share, the speed-up and the
+    projection made of them; `ranks` holds one {"rank", "dit_forwards", "dit_s_per_step", "attention_s_per_step",
+    "all_to_all_s_per_step", "cfg_exchange_s_per_step"} per rank, in rank order; the other fields (attn1, stages,
+    layout, `dit_per_step_s`, `dit_forwards`) are rank 0's. In one process the exchanges are 0 and `ranks` empty.
     """
 
     backend: str
@@ -109,6 +124,9 @@ class ProfileRow:
     layers: list[dict[str, Any]] = field(default_factory=list)
     launches_per_forward: int | None = None
     block_density: float | None = None
+    all_to_all_s_per_step: float = 0.0
+    cfg_exchange_s_per_step: float = 0.0
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -170,6 +188,12 @@ class _Measured:
     report: Any  # TimingReport
     layout_s: float
     latents: Any  # (1, z, F_lat, H_lat, W_lat), cropped to the requested latent
+    ranks: list[dict[str, Any]] | None = None  # every rank's `TimingReport.rank_row` (rank 0 of a launch), or None
+
+
+# A `TimingReport.rank_row` column -> its `ProfileRow` field (seconds per step)
+RANK_FIELDS = {"dit_s": "dit_s_per_step", "self_attention_s": "attention_s_per_step",
+               "all_to_all_s": "all_to_all_s_per_step", "cfg_exchange_s": "cfg_exchange_s_per_step"}
 
 
 def layer_rows(backend: Any) -> list[dict[str, Any]]:
@@ -238,21 +262,35 @@ def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Mea
     t = m.report
     steps = len(t.dit_per_step_s) or cfg.steps
     layout = tile_layout(plan.denoise_grid)
-    dit = _per_step(t.dit_s, steps)
+    # the slowest rank's seconds (rank_stats' max) in a multi-process run, else this process's
+    top = rank_stats(m.ranks)["ranks_max"] if m.ranks else t.rank_row(0)
+    dit = _per_step(top["dit_s"], steps)
+    attention = top["self_attention_s"]
     return ProfileRow(
         backend=name, kind=kind, sparsity=getattr(spec, "sparsity", None), impl=impl,
         tile_fit=tile_fit, grid=list(plan.denoise_grid), tokens=layout.num_tokens, tiles=layout.num_tiles,
         full_tiles=layout.num_full_tiles, steps=steps, dit_forwards=t.dit_forwards, dit_s_per_step=dit,
         dit_per_step_s=list(t.dit_per_step_s),
         attn1_s_per_step=_per_step(t.attn1_s, steps) if has_processor else None,
-        attention_s_per_step=_per_step(t.self_attention_s, steps) if has_processor else None,
+        attention_s_per_step=_per_step(attention, steps) if has_processor else None,
         attention_stages_s_per_step={k: _per_step(v, steps) for k, v in t.self_attention_stages_s.items()},
         layout_s_per_step=(_per_step(m.layout_s, steps) if tiled else 0.0) if has_processor else None,
-        attention_share_of_dit=t.attention_share_of_dit if has_processor else None,
+        attention_share_of_dit=(None if attention is None or not has_processor else
+                                attention / top["dit_s"] if top["dit_s"] > 0 else 0.0),
         projected_steps=cfg.full_steps, projected_dit_s=dit * cfg.full_steps, warmup_s=t.warmup_s,
         dit_by_expert_s_per_step=({k: _per_step(v, steps) for k, v in t.dit_by_expert_s.items()}
                                   if len(t.dit_by_expert_s) > 1 else {}),
+        all_to_all_s_per_step=_per_step(top["all_to_all_s"], steps),
+        cfg_exchange_s_per_step=_per_step(top["cfg_exchange_s"], steps),
+        ranks=[{"rank": r["rank"], "dit_forwards": r["dit_forwards"],
+                **{name: _per_step(r[key], steps) for key, name in RANK_FIELDS.items()}} for r in m.ranks or []],
     )
+
+
+def stock_rows(cfg: ProfileConfig) -> bool:
+    """Whether the overhead rows run: asked for (`--stock`, the default) and not under `--ulysses` (module
+    docstring)."""
+    return cfg.stock and cfg.ulysses == 1
 
 
 def _pinned_sdpa() -> Any:
@@ -262,9 +300,14 @@ def _pinned_sdpa() -> Any:
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True)
 
 
-def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None) -> ProfileReport:
+def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None,
+                writer: bool = True) -> ProfileReport | None:
     """Load the model once (`vsagen.pipeline.Session`) and time every (backend, tile fit) configuration of `cfg` on
     it (see the module docstring for what is measured and how).
+
+    Under `--ulysses` / `--cfg-parallel` every rank of the launch's process group (`vsagen.parallel.launch.start`)
+    calls this with the same `cfg`; each configuration's timing is gathered to rank 0 (the `writer`), which returns
+    the report; the other ranks return None.
 
     Raises:
         BadInput: a backend cannot run on this device / dtype (before loading), refuses a tile fit's grid (a
@@ -285,7 +328,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         backend.check(device, dtype)
     if cfg.source.exact_preset:  # the preset's patch size is the model's: refuse a file's grid before loading
         check_grids([b for _, b in backends], denoise_grids(cfg).values())
-    if cfg.stock:
+    if stock_rows(cfg):
         try:
             TileOrderFull().check(device, dtype)
         except BadInput:
@@ -295,7 +338,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     conditioning = Conditioning.synthetic(cfg.height, cfg.width, cfg.seed, last) if cfg.conditioned else None
     # backend weights are attached per configuration and detached after it
     session = Session.load(cfg, [b for _, b in backends], attach_on_load=False,
-                           also_runs=[TileOrderFull()] if cfg.stock else [], conditioning=conditioning, log=log)
+                           also_runs=[TileOrderFull()] if stock_rows(cfg) else [], conditioning=conditioning, log=log)
     _bind([b for _, b in backends], experts(session.pipe))
     check_grids([b for _, b in backends], [session.plan(fit).denoise_grid for fit in cfg.tile_fits])
     session.prompts()  # once for every configuration (host clock: `text_encode_s`)
@@ -313,7 +356,14 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         run = session.run(backend, plan, context=context, what=f"profiling {label}")
         report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
                                            untimed=session.untimed(backend))
-        return _Measured(report, run.layout_s, run.latents)
+        ranks = None
+        if cfg.processes > 1:  # a collective: every rank, every configuration, in the same order
+            import torch.distributed as dist
+
+            from .parallel.launch import gather_to_writer
+
+            ranks = gather_to_writer(report.rank_row(dist.get_rank()))
+        return _Measured(report, run.layout_s, run.latents, ranks)
 
     rows: list[ProfileRow] = []
     latents: dict[int, Any] = {}  # id(row) -> its final latents
@@ -332,7 +382,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
             r.launches_per_forward, r.block_density = _layer_summary(r.layers)
             latents[id(rows[-1])] = m.latents
     overhead: list[ProfileRow] = []
-    if cfg.stock:
+    if stock_rows(cfg):
         fit = cfg.tile_fits[0]
         plan = session.plan(fit)
         m = measure(f"{STOCK} (diffusers' processors)", plan, None, _pinned_sdpa if cuda else contextlib.nullcontext)
@@ -342,6 +392,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
         latents[id(overhead[-1])] = m.latents
 
+    if not writer:
+        return None
     _compare_with_full(rows, overhead, latents)
     del latents
     comparison = _tile_fit_comparison(cfg, rows)
@@ -419,7 +471,7 @@ def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str
     from .kernels.tuning import interpreting
 
     stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
-                    "processors and hooks only" if cfg.stock else "")
+                    "processors and hooks only" if stock_rows(cfg) else "")
     notes = list(dict.fromkeys(n.replace("its videos are noise", "its outputs are noise")
                                + (stock_suffix if n == fused_note else "") for n in session_notes))
     if not cuda:
@@ -431,8 +483,19 @@ def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str
     if interpreted and interpreting():
         notes.append(f"{', '.join(interpreted)}: the Triton kernels ran under the Triton interpreter "
                      "(TRITON_INTERPRET=1), so these times are the interpreter's, not the kernels'")
-    if cuda and cfg.stock:
+    if cuda and stock_rows(cfg):
         notes.append(f"{STOCK}: diffusers' own processors, SDPA pinned to cuDNN then flash (as `full`)")
+    if cfg.processes > 1:
+        how = " and ".join(([f"--ulysses {cfg.ulysses}"] if cfg.ulysses > 1 else [])
+                           + (["--cfg-parallel"] if cfg.cfg_parallel else []))
+        notes.append(f"{cfg.processes} processes ({how}): DiT, attention"
+                     + (", all-to-all" if cfg.ulysses > 1 else "") + (", CFG exchange" if cfg.cfg_parallel else "")
+                     + " s/step are the slowest rank's (every step ends in exchanges that wait for it); stages and "
+                       "layout are rank 0's; the JSON's rows hold every rank's (`ranks`)")
+    if cfg.stock and cfg.ulysses > 1:
+        notes.append(f"--ulysses {cfg.ulysses}: the overhead rows ({STOCK}, {TILE_ORDER_FULL}) are left out: "
+                     f"{STOCK} runs diffusers' own processors, which would need diffusers' own context-parallel "
+                     "plan (its RoPE split) instead of vsagen's; profile them in one process")
     return notes
 
 

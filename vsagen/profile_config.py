@@ -10,7 +10,8 @@ from typing import Any
 from .attention import BackendSpec, backend_class, backend_names
 from .attention.weights import named_weights_file
 from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, Request, backend_specs, check_backend_entry,
-                     check_choice, check_folder, check_last_frame, check_target, fill_and_check, resolve_device)
+                     check_choice, check_folder, check_last_frame, check_target, check_ulysses, fill_and_check,
+                     resolve_device)
 from .errors import BadInput
 from .layout import plan_crop
 from .models import DEFAULT_MODEL, attention_dims, resolve_model
@@ -37,7 +38,8 @@ class ProfileConfig(Request):
     (no model is loaded; `heads` x `head_dim` come from the architecture, and are 0 without `kernels`). `fmt`
     is one of PROFILE_FORMATS; `out` (the report in that format) and `plot` (the DiT bar chart) are files, or
     None for stdout / no plot. Profiles keep every weight on the device (offload transfers would swamp the DiT
-    time) and never decode: `offload` is "none" and `vae_tiling` "off" (neither is in `summary`).
+    time) and never decode: `offload` is "none" and `vae_tiling` "off" (neither is in `summary`). `ulysses` /
+    `cfg_parallel` (`Request`) split every configuration across the processes of a torchrun launch.
     """
 
     backends: tuple[BackendSpec, ...]
@@ -146,7 +148,8 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
                     out: Path | None = None, plot: Path | None = None, overwrite: bool = False,
                     device: str = "auto", dtype: str = "auto", random_weights: bool = False,
                     allow_pickle: bool = False, warmup: int | None = None, stock: bool = True,
-                    kernels: bool = False, compile: bool = False, fused_blocks: bool = True) -> ProfileConfig:
+                    kernels: bool = False, compile: bool = False, fused_blocks: bool = True, ulysses: int = 1,
+                    cfg_parallel: bool = False) -> ProfileConfig:
     """Validate a `vsagen profile` request (flag > preset default, as in `resolve`).
 
     `attn` and `tile_fit` are comma-separated lists (each entry once). `--sparsity` goes to the sparse backends
@@ -154,7 +157,9 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     least one must). `steps` defaults to PROFILE_STEPS timed steps (not the preset's count, which is the
     projection target), `warmup` to PROFILE_WARMUP. With `kernels`, `steps`, `warmup` and `plot` do not apply.
     `out` and `plot` must not exist unless `overwrite`, and their folders must be writable; `plot` needs
-    matplotlib (`pip install 'vsagen[plot]'`) and a .png, .svg or .pdf name.
+    matplotlib (`pip install 'vsagen[plot]'`) and a .png, .svg or .pdf name. `ulysses` and `cfg_parallel` are
+    checked as `t2v` checks them (`vsagen.config.resolve`), the degree against every tile fit's grid; `kernels`
+    (one process, no model) takes neither.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
@@ -173,6 +178,9 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
                        "(drop them, or drop --kernels)")
     if kernels and plot is not None:
         raise BadInput("--plot draws the DiT time per backend; it does not apply to --kernels")
+    if kernels and (ulysses != 1 or cfg_parallel):
+        raise BadInput("--kernels times the attention alone in one process; drop --ulysses / --cfg-parallel (they "
+                       "split the DiT runs across processes), or drop --kernels")
     if not prompt.strip():
         raise BadInput("--prompt is empty")
     src = resolve_model(model)
@@ -188,6 +196,13 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
     if src.preset.last_image == LAST_IMAGE_REQUIRED and not kernels:
         check_last_frame(src, frames, height, width, tile_fits,
                          f"--model {model} (first/last frame; profiled with a synthetic last frame)")
+    for fit in tile_fits:  # the degree against every grid that runs
+        check_ulysses(ulysses, src, offload="none", compile=compile, tile_fit=fit, frames=frames, height=height,
+                       width=width)
+    if cfg_parallel:
+        from .parallel.cfg import check_cfg_parallel
+
+        check_cfg_parallel(guidance, offload="none", compile=compile)
     warmup = PROFILE_WARMUP if warmup is None else warmup
     if not 0 <= warmup <= MAX_STEPS:
         raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
@@ -222,5 +237,5 @@ def resolve_profile(*, model: str = DEFAULT_MODEL, attn: str = "full,vsa", spars
         max_sequence_length=d.max_sequence_length, device=dev, dtype=dt, tile_fits=tile_fits,
         random_weights=random_weights, allow_pickle=allow_pickle, warmup=warmup, stock=stock, kernels=kernels,
         heads=heads, head_dim=head_dim, fmt=fmt, out=out, plot=plot, overwrite=overwrite, compile=compile,
-        fused_blocks=fused_blocks,
+        fused_blocks=fused_blocks, ulysses=ulysses, cfg_parallel=bool(cfg_parallel),
     )

@@ -5,7 +5,11 @@ The table and markdown hold the DiT table, then one per-layer table per configur
 each layer ran (`ProfileRow.layers`: sparse-vdit), its caption what the backend says of itself (`describe`: the
 pattern file, its sha256, density, modes). The csv has one line per configuration (the per-layer rows and the
 backend's description are in the json only; their summary columns `launches_per_forward` and `block_density` are
-in both)."""
+in both).
+
+The plain-text table fits the console's width without cutting a number: a table too wide for it is split into
+several, each repeating the key columns (backend, ...) with as many of the other columns as fit, numbers on one
+line (`_split_columns`); headers wrap at their spaces."""
 
 from __future__ import annotations
 
@@ -14,10 +18,11 @@ import io
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import BadInput
 from .profile import BASELINE, STOCK, KernelReport, ProfileReport, row_labels
+
 
 def _sec(x: float | None) -> str:
     if x is None:
@@ -45,12 +50,22 @@ def _rel(x: float | None) -> str:
 
 def _header(settings: dict[str, Any]) -> str:
     s = settings
+    ulysses, cfg_parallel = s.get("ulysses", 1), s.get("cfg_parallel", False)
     return (f"{s['model']} | {s['frames']}x{s['height']}x{s['width']} | {s['device']} {s['dtype']}"
             + ("" if s["kernels"] else f" | {s['steps']} timed step{'s' * (s['steps'] != 1)} after {s['warmup']} "
-               f"warm-up per configuration | CFG {s['guidance']:g}"))
+               f"warm-up per configuration | CFG {s['guidance']:g}")
+            + (f" | ulysses {ulysses}" if ulysses > 1 else "") + (" | CFG parallel" if cfg_parallel else ""))
 
 
-Table = tuple[str, list[str], list[list[str]], str]  # title, header, rows of cells, caption ("" for none)
+class Table(NamedTuple):
+    """One table of a report: `keys` leading columns name a row (repeated when the table is split to fit)."""
+
+    title: str
+    head: list[str]
+    body: list[list[str]]  # rows of cells
+    caption: str = ""  # printed below the table ("" for none)
+    keys: int = 1
+
 INFO_HIDDEN = ("name", "impl", "impl_ran")  # `describe` entries the DiT table already shows
 
 
@@ -87,40 +102,51 @@ def _layer_table(r: Any, label: str) -> Table:
     title = (f"per-layer attention of {label} (tile fit {r.tile_fit}, grid {'x'.join(map(str, r.grid))}, "
              f"{r.tiles} tiles): each layer's first call; launches per transformer forward, block density = computed "
              "tile pairs / (heads x tiles^2)")
-    return title, head, body, caption
+    return Table(title, head, body, caption, keys=2 if experts else 1)
 
 
 def _profile_tables(rep: ProfileReport) -> list[Table]:
     n = rep.settings["full_steps"]
-    head = ["backend", "tile fit", "grid (S, tiles)", "DiT s/step", "attention s/step", "stages s/step",
-            "layout s/step", "attn % DiT", "speed-up vs full", f"projected DiT s ({n} step{'s' if n != 1 else ''})",
-            "latents rel-L2 vs full"]
+    s = rep.settings
+    ulysses, cfg_parallel = s.get("ulysses", 1) > 1, s.get("cfg_parallel", False)
+    fits = list(dict.fromkeys(r.tile_fit for r in rep.rows))
+    # the columns most read first: a narrow terminal's first table holds them (`_split_columns`)
+    head = (["backend"] + (["tile fit"] if len(fits) > 1 else []) + ["DiT s/step", "attention s/step"]
+            + (["all-to-all s/step"] if ulysses else []) + (["CFG exchange s/step"] if cfg_parallel else [])
+            + ["attention % of DiT", "speed-up vs full", "latents rel-L2 vs full",
+               f"DiT s for {n} step{'s' if n != 1 else ''}", "stages s/step", "layout s/step", "grid (S, tiles)"])
     body = []
     for r, label in zip(rep.rows, row_labels(rep.rows)):
         stages = ", ".join(f"{k} {_sec(v)}" for k, v in r.attention_stages_s_per_step.items()) or "-"
-        body.append([label, r.tile_fit, f"{'x'.join(map(str, r.grid))} ({r.tokens}, {r.tiles})",
-                     _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), stages, _sec(r.layout_s_per_step),
-                     _pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _sec(r.projected_dit_s),
-                     _rel(r.latents_rel_l2_vs_full)])
-    tables: list[Table] = [(f"DiT time per backend: {_header(rep.settings)}", head, body, "")]
+        body.append([label] + ([r.tile_fit] if len(fits) > 1 else [])
+                    + [_sec(r.dit_s_per_step), _sec(r.attention_s_per_step)]
+                    + ([_sec(r.all_to_all_s_per_step)] if ulysses else [])
+                    + ([_sec(r.cfg_exchange_s_per_step)] if cfg_parallel else [])
+                    + [_pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _rel(r.latents_rel_l2_vs_full),
+                       _sec(r.projected_dit_s), stages, _sec(r.layout_s_per_step),
+                       f"{'x'.join(map(str, r.grid))} ({r.tokens}, {r.tiles})"])
+    slowest = " (slowest rank)" if ulysses or cfg_parallel else ""
+    tables: list[Table] = [Table(f"DiT time per backend{slowest}" + (f", tile fit {fits[0]}" if len(fits) == 1
+                                                                     else "") + f": {_header(s)}",
+                                 head, body, keys=1 + (len(fits) > 1))]
     if rep.tile_fit_comparison:
-        tables.append(("tile fit: partial edge tiles vs crop (denoise a latent rounded up to whole tiles)",
-                       ["backend", "partial S", "crop S", "partial DiT s/step", "crop DiT s/step", "crop / partial",
-                        "partial attention s/step", "crop attention s/step"],
-                       [[c["backend"] + (f" {c['sparsity']:g}" if c["sparsity"] is not None else ""),
-                         str(c["partial_tokens"]), str(c["crop_tokens"]), _sec(c["partial_dit_s_per_step"]),
-                         _sec(c["crop_dit_s_per_step"]), _times(c["crop_vs_partial"]),
-                         _sec(c["partial_attention_s_per_step"]), _sec(c["crop_attention_s_per_step"])]
-                        for c in rep.tile_fit_comparison], ""))
+        tables.append(Table("tile fit: partial edge tiles vs crop (denoise a latent rounded up to whole tiles)",
+                            ["backend", "partial S", "crop S", "partial DiT s/step", "crop DiT s/step",
+                             "crop / partial", "partial attention s/step", "crop attention s/step"],
+                            [[c["backend"] + (f" {c['sparsity']:g}" if c["sparsity"] is not None else ""),
+                              str(c["partial_tokens"]), str(c["crop_tokens"]), _sec(c["partial_dit_s_per_step"]),
+                              _sec(c["crop_dit_s_per_step"]), _times(c["crop_vs_partial"]),
+                              _sec(c["partial_attention_s_per_step"]), _sec(c["crop_attention_s_per_step"])]
+                             for c in rep.tile_fit_comparison]))
     if rep.overhead:
         fit = rep.overhead[0].tile_fit
         full = [r for r in rep.rows if r.backend == BASELINE and r.tile_fit == fit]
         body = [[r.backend, _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), _sec(r.layout_s_per_step),
                  "-" if r.backend == STOCK else _signed_pct(r.overhead_vs_stock), _rel(r.latents_rel_l2_vs_full)]
                 for r in [rep.overhead[0], *full, *rep.overhead[1:]]]
-        tables.append((f"vsagen overhead: same transformer, stock diffusers processors vs vsagen's (tile fit {fit})",
-                       ["configuration", "DiT s/step", "attention s/step", "layout s/step", f"DiT vs {STOCK}",
-                        "latents rel-L2 vs full"], body, ""))
+        tables.append(Table(f"vsagen overhead: same transformer, stock diffusers processors vs vsagen's (tile fit "
+                            f"{fit})", ["configuration", "DiT s/step", "attention s/step", "layout s/step",
+                                        f"DiT vs {STOCK}", "latents rel-L2 vs full"], body))
     tables += [_layer_table(r, label) for r, label in zip(rep.rows, row_labels(rep.rows)) if r.layers]
     return tables
 
@@ -133,9 +159,9 @@ def _kernel_tables(rep: KernelReport) -> list[Table]:
         r0 = rows[0]
         title = (f"attention alone at {r0.shape}: grid {'x'.join(map(str, r0.grid))} (S={r0.tokens}), H={r0.heads}, "
                  f"D={r0.head_dim}, B=1, {rep.settings['dtype']}, tile fit {fit}, {rep.settings['device']}")
-        tables.append((title, ["kernel", "pass", "timed at", "ms", f"vs {r0.baseline}"],
-                       [[r.kernel, r.kind, "layer 0" if r.layers == 1 else f"mean of {r.layers} layers",
-                         f"{r.ms:.3f}", _times(r.speedup_vs_baseline)] for r in rows], ""))
+        tables.append(Table(title, ["kernel", "pass", "timed at", "ms", f"vs {r0.baseline}"],
+                            [[r.kernel, r.kind, "layer 0" if r.layers == 1 else f"mean of {r.layers} layers",
+                              f"{r.ms:.3f}", _times(r.speedup_vs_baseline)] for r in rows], keys=2))
     return tables
 
 
@@ -145,7 +171,7 @@ def _tables(rep: ProfileReport | KernelReport) -> list[Table]:
 
 def _markdown(rep: ProfileReport | KernelReport) -> str:
     out = []
-    for title, head, body, caption in _tables(rep):
+    for title, head, body, caption, _ in _tables(rep):
         out += [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
         out += ["", caption] if caption else []
@@ -169,7 +195,7 @@ def _csv(rep: ProfileReport | KernelReport) -> str:
             d["grid"] = "x".join(map(str, d["grid"]))
             d["dit_per_step_s"] = " ".join(f"{x:.6g}" for x in d["dit_per_step_s"])
             st = d.pop("attention_stages_s_per_step")
-            for nested in ("dit_by_expert_s_per_step", "backend_info", "layers"):
+            for nested in ("dit_by_expert_s_per_step", "backend_info", "layers", "ranks"):
                 d.pop(nested)
             for k in stages:
                 d[f"stage_{k}_s_per_step"] = st.get(k)
@@ -183,9 +209,78 @@ def _csv(rep: ProfileReport | KernelReport) -> str:
     return buf.getvalue()
 
 
+def _widths(head: list[str], body: list[list[str]]) -> tuple[list[int], list[int]]:
+    """Each column's natural width (its widest cell on one line, or its header's longest word: headers wrap at
+    spaces) and least width (its longest word, header included), in terminal cells."""
+    from rich.cells import cell_len
+
+    natural, least = [], []
+    for i, h in enumerate(head):
+        cells = [row[i] for row in body]
+        least.append(max((cell_len(w) for text in [h, *cells] for w in text.split()), default=1))
+        natural.append(max([least[-1], *(cell_len(c) for c in cells)]))
+    return natural, least
+
+
+WRAP_MIN = 16  # a column this narrow or narrower is never wrapped to fit beside others (`_split_columns`)
+
+
+def _split_columns(natural: list[int], least: list[int], width: int, keys: int) -> list[list[tuple[int, int]]]:
+    """Columns grouped into tables at most `width` cells wide (Rich's default box: a column of w cells takes w + 3,
+    the table one more): each group holds the `keys` first columns (at their natural width, up to a quarter of
+    `width` unless their longest word needs more) and then, in order, as many of the others as fit: at their
+    natural width, or, for a column of long text (over WRAP_MIN cells, its longest word narrower than its widest
+    cell), at half that or more, wrapping at its spaces; a column that does not fit even alone gets what is left (at least its longest word: it wraps).
+    A number is one word, so it is never wrapped.
+
+    Returns:
+        One [(column index, width)] list per table, in order.
+    """
+    key_widths = [(i, min(natural[i], max(least[i], width // 4))) for i in range(keys)]
+
+    def taken(cols: list[tuple[int, int]]) -> int:
+        return sum(w + 3 for _, w in cols) + 1
+
+    groups: list[list[tuple[int, int]]] = []
+    group = list(key_widths)
+    for i in range(keys, len(natural)):
+        need = natural[i] if natural[i] <= WRAP_MIN else max(least[i], (natural[i] + 1) // 2, WRAP_MIN)
+        if len(group) > keys and taken(group) + need + 3 > width:
+            groups.append(group)
+            group = list(key_widths)
+        group.append((i, max(least[i], min(natural[i], width - taken(group) - 3))))
+    groups.append(group)
+    return groups
+
+
+def _print_table(con: Any, table: Table) -> None:
+    """`table` on the Rich console `con`, split into as many tables as its width needs (`_split_columns`), each
+    under its title line; then the caption."""
+    from rich.table import Table as RichTable
+
+    natural, least = _widths(table.head, table.body)
+    groups = _split_columns(natural, least, con.width, table.keys)
+    for n, group in enumerate(groups):
+        title = table.title if n == 0 else f"{table.title.split(':', 1)[0]}, continued ({n + 1} of {len(groups)})"
+        con.print(title, markup=False)
+        t = RichTable()
+        for i, w in group:
+            t.add_column(table.head[i], justify="left" if i < table.keys else "right", width=w, overflow="fold")
+        for row in table.body:
+            t.add_row(*(row[i] for i, _ in group))
+        con.print(t)
+    if table.caption:  # below the table at the console's width (a table-wide caption would break the sha256)
+        con.print(table.caption, markup=False)
+
+
 def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None) -> str:
     """The report as text in `fmt` ("table" | "markdown" | "csv" | "json"); "table" is Rich's plain-text
-    rendering (no colour codes) `width` columns wide (default: the terminal's when stdout is one, else 200)."""
+    rendering (no colour codes) for a terminal `width` columns wide (default: COLUMNS where set, else the
+    terminal's width when stdout is one, else 200); a table wider than that is split into several that fit, no number cut (`_print_table`).
+
+    Raises:
+        BadInput: an unknown `fmt`.
+    """
     if fmt == "json":
         return json.dumps(rep.to_dict(), allow_nan=False) + "\n"
     if fmt == "markdown":
@@ -194,25 +289,16 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
         return _csv(rep)
     if fmt != "table":
         raise BadInput(f"--format must be one of table, markdown, csv, json, got {fmt!r}")
-    from rich.console import Console
-    from rich.table import Table as RichTable
-
     import shutil
-    import sys
 
-    if width is None:
-        width = max(100, shutil.get_terminal_size().columns) if sys.stdout.isatty() else 200
+    from rich.console import Console
+
+    if width is None:  # COLUMNS where set, else the terminal's width, else (a pipe, a file) 200
+        width = shutil.get_terminal_size(fallback=(200, 24)).columns
     buf = io.StringIO()
     con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
-    for title, head, body, caption in _tables(rep):
-        t = RichTable(title=title, title_justify="left")
-        for i, h in enumerate(head):
-            t.add_column(h, justify="left" if i < 2 else "right", overflow="fold")  # narrow: wrap, never cut
-        for row in body:
-            t.add_row(*row)
-        con.print(t)
-        if caption:  # below the table at the console's width (a table-wide caption would break the sha256)
-            con.print(caption, markup=False)
+    for table in _tables(rep):
+        _print_table(con, table)
     for n in rep.notes:
         con.print(f"note: {n}", markup=False)
     return buf.getvalue()

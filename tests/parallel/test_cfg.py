@@ -1,7 +1,8 @@
 """vsagen.parallel.cfg: CFG parallel (the conditional and unconditional passes on different ranks) through vsagen's
 orchestrator with gloo and 2 spawned processes equals one process (fp32, max abs difference <= 1e-5) for every
-registered backend (torch impls) on the tiny model's grid with partial tiles and for both experts of tiny-a14b; a served unconditional
-call counts no DiT forward; the refusals before loading. The CLI under torchrun: tests/parallel/test_launch.py."""
+registered backend (torch impls) on the tiny model's grid with partial tiles and for both experts of tiny-a14b; a
+served unconditional call counts no DiT forward; `profile_dit` under CFG parallel (every configuration, the overhead
+rows included); the refusals before loading. The CLI under torchrun: tests/parallel/test_launch.py."""
 
 from __future__ import annotations
 
@@ -39,6 +40,21 @@ def test_each_rank_runs_one_forward_per_step(results):
     for res in results:
         assert res["tiny full"]["forwards"] == {"transformer": 2}, res
         assert res["tiny-a14b full"]["forwards"] == {"transformer": 1, "transformer_2": 1}, res
+
+
+def test_profile_splits_every_configuration_overhead_rows_included(results):
+    """`vsagen profile --cfg-parallel`: rank 0 alone gets the report; `full`, `diffusers-sdpa` (diffusers' own
+    processors) and `full+tile-order` each ran one branch per rank, with both ranks' times and the exchange."""
+    assert results[1]["profile"] is None, results[1]
+    data = results[0]["profile"]
+    assert data is not None, results[0]
+    rows = data["rows"] + data["overhead"]["rows"]
+    assert [r["backend"] for r in rows] == ["full", "diffusers-sdpa", "full+tile-order"]
+    for r in rows:
+        assert [x["rank"] for x in r["ranks"]] == [0, 1] and r["dit_forwards"] == 1, r  # one branch a step
+        assert r["cfg_exchange_s_per_step"] == max(x["cfg_exchange_s_per_step"] for x in r["ranks"]) > 0, r
+        assert r["all_to_all_s_per_step"] == 0, r
+    assert data["overhead"]["rows"][0]["latents_rel_l2_vs_full"] <= 1e-6  # stock == full, as in one process
 
 
 def test_refusals_before_loading(vsagen_cache):

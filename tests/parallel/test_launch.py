@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from conftest import one_error_line
 from vsagen.cli import app
-from vsagen.config import _check_ulysses, resolve
+from vsagen.config import check_ulysses, resolve
 from vsagen.errors import BadInput
 from vsagen.models import resolve_model
 from vsagen.parallel.launch import Launch, check_launch, enable_ulysses, torchrun_launch
@@ -77,10 +77,10 @@ def test_resolve_checks_the_degree_before_loading(vsagen_cache):
     src = resolve_model("tiny")
     common = dict(tile_fit="partial", frames=17, height=96, width=160)
     with pytest.raises(BadInput, match="--offload group .*diffusers #12533"):
-        _check_ulysses(2, src, offload="group", compile=False, **common)
+        check_ulysses(2, src, offload="group", compile=False, **common)
     with pytest.raises(BadInput, match="--compile is not supported yet"):
-        _check_ulysses(2, src, offload="none", compile=True, **common)
-    _check_ulysses(1, src, offload="group", compile=True, **common)  # no parallel run: nothing to refuse
+        check_ulysses(2, src, offload="none", compile=True, **common)
+    check_ulysses(1, src, offload="group", compile=True, **common)  # no parallel run: nothing to refuse
 
 
 def test_enable_ulysses_needs_the_process_group():
@@ -171,12 +171,13 @@ def test_torchrun_writes_one_mp4_equal_to_one_process_and_every_rank_timing(cli_
     assert ranks in res.stdout
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--ulysses", "2", "--height", "112", "--width", "176"], "does not divide 385 tokens"),
-    (["--cfg-parallel", "--guidance", "1"], "--guidance 1 turns classifier-free guidance off")],
-    ids=["ulysses-degree", "cfg-parallel-without-guidance"])
-def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache, tmp_path, flags, message):
-    res = _vsagen(["t2v", "--model", "tiny", "--device", "cpu", *flags, "--out", str(tmp_path / "u.mp4"), "a fox"],
+@pytest.mark.parametrize("args,message", [
+    (["t2v", "--ulysses", "2", "--height", "112", "--width", "176", "a fox"], "does not divide 385 tokens"),
+    (["t2v", "--cfg-parallel", "--guidance", "1", "a fox"], "--guidance 1 turns classifier-free guidance off"),
+    (["profile", "--kernels", "--ulysses", "2"], "--kernels times the attention alone in one process")],
+    ids=["ulysses-degree", "cfg-parallel-without-guidance", "profile-kernels"])
+def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache, tmp_path, args, message):
+    res = _vsagen([args[0], "--model", "tiny", "--device", "cpu", *args[1:], "--out", str(tmp_path / "u.mp4")],
                   tmp_path, cli_cache)
     assert res.returncode != 0
     errors = _errors(res.stderr)
@@ -189,10 +190,44 @@ def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache,
 
 
 def test_profile_and_search_refuse_several_processes(cli_cache, monkeypatch):
+    """search has no --ulysses; profile needs it (or --cfg-parallel) for as many processes as torchrun started."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     runner = CliRunner()
-    for args in (["profile", "--model", "tiny", "--device", "cpu"],
-                 ["search", "--model", "tiny", "--device", "cpu", "--prompt", "a cat"]):
-        line = one_error_line(runner.invoke(app, args))
-        assert "only t2v and i2v split a run" in line, args
+    line = one_error_line(runner.invoke(app, ["search", "--model", "tiny", "--device", "cpu", "--prompt", "a cat"]))
+    assert "only t2v, i2v and profile split a run" in line
+    for args, needle in ((["profile"], "runs in 2 processes (torchrun): give --ulysses 2"),
+                         (["profile", "--cfg-parallel", "--ulysses", "2"],
+                          "--ulysses 2 --cfg-parallel needs 4 processes (2 x --ulysses 2), torchrun started 2")):
+        line = one_error_line(runner.invoke(app, [*args, "--model", "tiny", "--device", "cpu"]))
+        assert needle in line, line
+
+
+PROFILE_ARGS = ["--model", "tiny", "--device", "cpu", "--attn", "full,vsa:impl=torch", "--steps", "1", "--warmup",
+                "0"]
+
+
+def test_torchrun_profile_splits_every_configuration(cli_cache, tmp_path):
+    """`profile --ulysses 2` in 2 processes: one report, rank 0's, whose rows (full, then vsa: Ulysses switched off
+    and on again between them) hold both ranks' times, the slowest rank's as the row's, and latents as one process
+    computes them; the overhead rows are left out with a note."""
+    from vsagen.profile import profile_dit
+    from vsagen.profile_config import resolve_profile
+
+    res = _vsagen(["profile", *PROFILE_ARGS, "--ulysses", "2", "--format", "json", "--out",
+                   str(tmp_path / "r.json")], tmp_path, cli_cache)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".json") == ["r.json"] and not res.stdout
+    assert res.stderr.count("profiling vsa") == 1  # rank 0 logs, rank 1 is silent
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["settings"]["ulysses"] == 2 and data["overhead"]["rows"] == []
+    assert any("overhead rows (diffusers-sdpa, full+tile-order) are left out" in n for n in data["notes"])
+    for r in data["rows"]:
+        assert [x["rank"] for x in r["ranks"]] == [0, 1], r
+        assert all(x["all_to_all_s_per_step"] > 0 and x["dit_forwards"] == 2 for x in r["ranks"]), r
+        for key in ("dit_s_per_step", "attention_s_per_step", "all_to_all_s_per_step"):
+            assert r[key] == max(x[key] for x in r["ranks"]), (key, r)
+        assert r["cfg_exchange_s_per_step"] == 0
+    one = profile_dit(resolve_profile(model="tiny", device="cpu", attn="full,vsa:impl=torch", steps=1, warmup=0,
+                                      stock=False))  # the same run in this process
+    assert data["rows"][1]["latents_rel_l2_vs_full"] == pytest.approx(one.rows[1].latents_rel_l2_vs_full, rel=1e-4)

@@ -197,9 +197,10 @@ CFG_TINY_BACKENDS = ("full", "vsa:impl=torch", "rocm-vsa:impl=torch", "sla-star:
 def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Rank `rank` of `world` (gloo) of a CFG-parallel run through vsagen's orchestrator (`Session.run` of a request
     with cfg_parallel): for the tiny model with `full` and `vsa` (torch; its 5x6x10 grid has partial tiles) and the
-    two-expert tiny-a14b, the same session first runs in one process (the reference), then CFG parallel. Writes
-    {case: max abs difference of the final latents, DiT forwards per expert, whether the exchange was timed} to
-    out_dir/cfg<r>.json."""
+    two-expert tiny-a14b, the same session first runs in one process (the reference), then CFG parallel; then
+    `profile_dit` of the tiny model with `full` and the overhead rows under CFG parallel. Writes {case: max abs
+    difference of the final latents, DiT forwards per expert, whether the exchange was timed; "profile": the report
+    as JSON on rank 0, None on rank 1} to out_dir/cfg<r>.json."""
     import dataclasses
 
     import torch.distributed as dist
@@ -228,6 +229,13 @@ def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                                           "grid": list(plan.denoise_grid),
                                           "forwards": report.dit_forwards_by_expert,
                                           "exchange timed": report.cfg_exchange_s > 0}
+        from vsagen.profile import profile_dit
+        from vsagen.profile_config import resolve_profile
+
+        # vsagen profile --cfg-parallel, its overhead rows included: rank 0's report, None elsewhere
+        report = profile_dit(resolve_profile(model="tiny", attn="full", device="cpu", steps=1, warmup=0,
+                                             cfg_parallel=True), writer=rank == 0)
+        res["profile"] = None if report is None else report.to_dict()
     except Exception as e:  # noqa: BLE001 - the tests print it instead of a KeyError
         res["error"] = f"{type(e).__name__}: {e}"
     finally:

@@ -100,6 +100,27 @@ def start(launch: Launch, device: str, timeout_s: float = TIMEOUT_S) -> None:
                             world_size=launch.world_size, timeout=timedelta(seconds=timeout_s))
 
 
+@contextlib.contextmanager
+def joined(launch: Launch | None, request: Any) -> Iterator[None]:
+    """Run the body as this launch's rank of a multi-process `request` (a `vsagen.config.Request` whose `processes`
+    > 1): the files vsagen builds prepared first (`vsagen.loading.prepare_model_files`: the tiny checkpoint, before
+    the group exists), the process group joined (`start`), and left after the body (`finish`), however it ends.
+    Outside a launch, or for a one-process request, just the body.
+
+    Raises:
+        BadInput: as `start`; RunFailure: as `prepare_model_files`.
+    """
+    if launch is not None and request.processes > 1:
+        from ..loading import prepare_model_files
+
+        prepare_model_files(request)
+        start(launch, request.device)
+    try:
+        yield
+    finally:
+        finish()
+
+
 def finish() -> None:
     """Wait for every rank, then leave the process group (nothing if none was joined)."""
     import torch.distributed as dist
@@ -150,11 +171,27 @@ def enable_ulysses(transformer: Any, degree: int, mesh: Any = None) -> None:
                                        cp_plan=context_parallel_plan(transformer))
 
 
+def disable_ulysses(transformer: Any) -> None:
+    """Undo `enable_ulysses` (nothing where it was not enabled): remove diffusers' context-parallel hooks of
+    vsagen's plan and forget the parallel config, so that the transformer runs in one process again, or gets
+    `enable_ulysses` anew (diffusers refuses a second `enable_parallelism` while a config is recorded). The
+    processors that received the config are vsagen's, removed with `vsagen.apply`'s handle."""
+    from diffusers.hooks.context_parallel import remove_context_parallel
+
+    from .ulysses import context_parallel_plan
+
+    if getattr(transformer, "_parallel_config", None) is None:
+        return
+    remove_context_parallel(transformer, context_parallel_plan(transformer))
+    transformer._parallel_config = None  # back to the class's None
+
+
 def enable_parallel(transformers: Sequence[Any], ulysses: int, cfg_parallel: bool, device: str,
                     timer: Any) -> Any:
     """Switch on a multi-process run's parallelism for every transformer of a pipeline (each expert), after
     `vsagen.apply`: Ulysses over `ulysses` ranks (if > 1) and, with `cfg_parallel`, one CFG branch per half of the
-    ranks (`cfg.CfgSplit`, returned: set its `negative` before each pipeline call, `remove()` it after).
+    ranks (`cfg.CfgSplit`, returned: set its `negative` before each pipeline call, `remove()` it after; then
+    `disable_ulysses` each transformer, so that the next run can switch on its own).
 
     Returns:
         The installed `cfg.CfgSplit`, or None without `cfg_parallel`.

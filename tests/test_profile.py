@@ -337,7 +337,7 @@ BAD = [
      ["--tile-fit crop", "last frame"]),
     ("out-parent-is-file", ["--out", "{tmp}/afile/r.md"], ["cannot write to", "not a directory"]),
     ("plot-parent-is-file", ["--plot", "{tmp}/afile/p.png"], ["cannot write to", "not a directory"]),
-    ("out-is-dir", ["--out", "{tmp}"], ["is a directory"]),
+    ("out-is-dir", ["--out", "{tmp}"], ["is a folder", "choose another --out"]),
     ("out-equals-plot", ["--out", "{tmp}/x.png", "--plot", "{tmp}/x.png"], ["same file"]),
     ("empty-prompt", ["--prompt", " "], ["--prompt is empty"]),
     ("kernels-ulysses", ["--kernels", "--ulysses", "2"], ["--kernels", "drop --ulysses"]),

@@ -19,6 +19,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from .cli_options import (AllowPickle, Attn, AttnImpl, CfgParallel, Compile, Device, Dtype, Fps, Frames, FlowShift,
+                          Guidance, Guidance2, Height, JsonOut, Model, NegativePrompt, Offload, Out, Overwrite,
+                          ProfileCompile, RandomWeights, Seed, Sparsity, Steps, TileFit, Ulysses, VaeTiling, Verbose,
+                          Warmup, Width)
 from .errors import VsagenError
 
 app = typer.Typer(
@@ -131,69 +135,6 @@ def _run_guarded(fn, verbose: bool, rank: int = 0) -> None:
         hint = "; it came from torch.compile: try without --compile" if _from_torch_compile(e) else ""
         err(f"{type(e).__name__}: {first} (run again with --verbose for the traceback{hint})", 1)
         raise typer.Exit(1) from None
-
-
-# The options `vsagen t2v` and `vsagen i2v` share (one list: both commands declare them with these types).
-Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
-Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): auto (the default: the "
-                                        "backend the checkpoint was trained for, else full; the run's notes say "
-                                        "which and why), full, vsa, rocm-vsa, sla-star, sparse-vdit (a pattern "
-                                        "file: sparse-vdit:patterns=FILE); options as NAME:KEY=VALUE[:KEY=VALUE], "
-                                        "e.g. vsa:sparsity=0.9:impl=torch.")]
-Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
-                                                       "(sparse backends; default from the preset).")]
-AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
-                                            "the torch reference elsewhere), triton or torch.")]
-Height = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
-Width = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
-Frames = Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")]
-Steps = Annotated[Optional[int], typer.Option(help="Denoising steps.")]
-Guidance = Annotated[Optional[float], typer.Option(help="CFG scale (> 1 runs two DiT passes a step).")]
-Guidance2 = Annotated[Optional[float], typer.Option(help="CFG scale of the second expert (two-expert models such "
-                                                         "as wan2.2-t2v-a14b / wan2.2-i2v-a14b; default from the "
-                                                         "preset, else --guidance).")]
-FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep shift of the scheduler (> 0; larger "
-                                                         "spends more steps at high noise; default from the preset).")]
-NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG (no effect with --guidance "
-                                                            "<= 1, which turns CFG off; the run's notes say so).")]
-Seed = Annotated[int, typer.Option(help="Random seed.")]
-Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
-Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
-                                                 "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
-                                                 "folder); the timing JSON goes beside it (same name, .json).")]
-Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
-Device = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
-Dtype = Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
-TileFit = Annotated[str, typer.Option(help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' (denoise a "
-                                           "larger latent, crop before decode).")]
-RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
-                                                  "prompt embeddings (timing without a download).")]
-AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
-Warmup = Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")]
-Offload = Annotated[str, typer.Option(help="Keep weights in CPU memory and move them to the GPU as needed (CUDA "
-                                           "only): 'none', 'model' (whole components in turn) or 'group' (one "
-                                           "transformer block at a time, prefetched on a CUDA stream).")]
-VaeTiling = Annotated[str, typer.Option(help="Decode (and encode) with diffusers' spatially tiled VAE: 'on', 'off', "
-                                             "or 'auto' (on for frames of more than 480x832 pixels).")]
-Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
-                                       "compile_repeated_blocks), each block one graph with the attention backend "
-                                       "inside it, so the attention is not timed (graph breaks around it only for "
-                                       "a backend that cannot be traced, or with --offload group). The first step "
-                                       "pays the compilation: use --warmup 1.")]
-ProfileCompile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
-                                              "compile_repeated_blocks), each block one graph with the attention "
-                                              "backend inside it, so the attention columns read '-' (time it with "
-                                              "--kernels); every configuration compiles in its warm-up step.")]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
-Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
-Ulysses = Annotated[int, typer.Option(help="Split the transformer's sequence across N processes (Ulysses sequence "
-                                           "parallelism through diffusers' context parallelism; every backend): "
-                                           "start with torchrun --nproc_per_node N -m vsagen ... --ulysses N. "
-                                           "Rank 0 writes the files.")]
-CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="Run the conditional and unconditional CFG passes "
-                                           "on different processes (needs --guidance > 1): start with torchrun "
-                                           "--nproc_per_node 2 -m vsagen ... --cfg-parallel, or 2 x N processes "
-                                           "with --ulysses N.")]
 
 
 def _torchrun_launch():
@@ -556,97 +497,18 @@ def search(
 def presets() -> None:
     """List the bundled model presets and their defaults, sized to the terminal: one table where it fits, else (80
     columns) the defaults and the commands and weights as two tables, else a paragraph per preset; nothing cut."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
+    from .listing import print_presets
 
-    from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
-
-    heads = ("name", "commands", "WxH", "frames", "steps", "guidance", "flow shift", "fps", "weights")
-    rows = []
-    for name in preset_names():
-        p = load_preset(name)
-        d = p.defaults
-        weights = p.hub_id if p.source == "hub" else "built offline (random)"
-        i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image,
-                                                                                                    "i2v")
-        commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
-        guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        rows.append((name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
-                     f"{d.flow_shift:g}", str(d.fps), weights))
-
-    def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
-        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
-                  show_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
-        for i in cols:  # only the commands (and a header) wrap, by words; anything still too wide folds, never cut
-            t.add_column(heads[i], justify="left" if heads[i] in ("name", "commands", "weights") else "right",
-                         no_wrap=heads[i] not in ("commands", "flow shift"), overflow="fold")
-        for row in rows:
-            t.add_row(*(row[i] for i in cols))
-        return t
-
-    con = Console()
-    unbounded = con.options.update_width(10_000)
-    everything = table("presets", tuple(range(len(heads))), compact=False)
-    narrow = [table("presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
-              table("commands and weights", (0, 1, 8), compact=True)]
-    if con.measure(everything, options=unbounded).maximum <= con.width:
-        con.print(everything)
-    elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
-        for t in narrow:  # the defaults, then the commands and weights
-            con.print(t)
-    else:  # narrower still: a paragraph per preset, wrapped between its fields
-        for row in rows:
-            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:8], row[2:8]))
-                      + f"; {row[8]}", markup=False, highlight=False)
-    con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
-              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally.", markup=False,
-              highlight=False)
+    print_presets()
 
 
 @app.command()
 def backends() -> None:
     """List the self-attention backends this build provides: which one runs by default, what each is, its
     implementations and its options (set as NAME:KEY=VALUE)."""
-    import textwrap
+    from .listing import print_backends
 
-    from rich.console import Console
-
-    from .attention import BackendName, backend_class, uses_sparsity
-    from .attention.auto import auto_picks, auto_rule
-    from .attention.spec import FLAG_OPTIONS, impls_of, option_help
-
-    width = max(40, Console().width)  # the terminal's (COLUMNS where set)
-
-    def say(text: str, indent: int = 0, hang: int = 2) -> None:
-        typer.echo(textwrap.fill(text, width=width, initial_indent=" " * indent,
-                                 subsequent_indent=" " * (indent + hang), break_on_hyphens=False,
-                                 break_long_words=False))
-
-    say("Self-attention backends, chosen with --attn NAME[:KEY=VALUE[:KEY=VALUE]] (t2v, i2v; profile and compare "
-        "take several, comma-separated), e.g. --attn vsa:sparsity=0.9.")
-    say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
-    for name in (member.value for member in BackendName):  # the registry's names, in its order
-        cls = backend_class(name)
-        # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
-        kind = "sparse, takes --sparsity" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
-        picks = auto_picks(name)
-        typer.echo("")
-        say(f"{name} ({kind})" + (f" - default: --attn auto runs it {picks}" if picks else ""))
-        say(" ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).rstrip("."), indent=2)
-        impls = [i for i in impls_of(name) if i != "auto"]
-        say("implementations: " + (f"{', '.join(impls)}; impl=auto runs triton on CUDA, torch (the reference) "
-                                   "elsewhere" if impls else "one (no impl option)"), indent=2)
-        options = option_help(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
-        if not options:
-            say("options: none", indent=2)
-            continue
-        say("options (KEY=DEFAULT: values; a preset may set other defaults):", indent=2)
-        pad = max(len(f"{key}={default}") for key, default, _ in options)
-        flag = {option: flag for flag, option in FLAG_OPTIONS.items()}  # sparsity: --sparsity, impl: --attn-impl
-        for key, default, values in options:
-            also = f" (or {flag[key]})" if key in flag else ""
-            say(f"{f'{key}={default}':{pad}s}  {values}{also}", indent=4, hang=pad + 2)
+    print_backends(typer.echo)
 
 
 def main() -> None:

@@ -1,0 +1,88 @@
+"""vsagen.listing: `vsagen presets` and `vsagen backends` through the CLI: exactly the registry and the bundled presets,
+the default backend marked, each backend's implementations and options, and every value whole at 80 and 60
+columns."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import vsagen.listing  # noqa: F401 - the module under test (the commands call it)
+from vsagen.cli import app
+from vsagen.presets import preset_names
+
+runner = CliRunner()
+
+
+def test_backends_lists_exactly_the_registry_with_the_default_implementations_and_options():
+    from vsagen.attention import backend_class
+    from vsagen.attention.spec import option_help
+
+    res = runner.invoke(app, ["backends"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    blocks = res.stdout.split("\n\n")[1:]  # a paragraph about --attn, then one block per backend
+    heads = [block.splitlines()[0] for block in blocks]
+    assert [h.split()[0] for h in heads] == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
+    flat = " ".join(res.stdout.split())  # the paragraphs wrap between words
+    assert "Default: --attn auto (t2v, i2v) = the backend the checkpoint was trained for" in flat
+    assert "else full" in flat
+    marked = [h.split()[0] for h in heads if "default: --attn auto runs it" in h]
+    assert marked == ["full", "vsa", "sla-star"]  # auto's choices: dense checkpoints, vsa's gates, sla-star's branch
+    assert "full (dense) - default: --attn auto runs it for a checkpoint without sparse-attention weights" in flat
+    for name, block in zip(["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"], blocks):
+        text = " ".join(block.split())
+        assert text.startswith(name)
+        assert ("implementations: triton, torch; impl=auto runs triton on CUDA" in text) == (name != "full")
+        for key, default, values in option_help(backend_class(name).Options):
+            assert f"{key}={default} {values}" in text, (name, key)
+    assert "options: none" in blocks[0] and "sparsity=0.875 a number (or --sparsity)" in " ".join(blocks[1].split())
+
+
+def _preset_cells(name: str) -> list[str]:
+    from vsagen.presets import load_preset
+
+    p = load_preset(name)
+    d = p.defaults
+    return [name, f"{d.width}x{d.height}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
+            str(d.fps), p.hub_id if p.source == "hub" else "built offline (random)"]
+
+
+def test_presets_lists_bundled_presets():
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": "200"})  # wide enough for one table
+    assert res.exit_code == 0
+    rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
+    names = [r[0].strip() for r in rows]
+    assert names == preset_names() and "wan2.2-ti2v-5b" in names and "wan2.2-i2v-a14b" in names
+    assert {"wan2.1-flf2v-14b-720p", "tiny-flf2v", "tiny-i2v-a14b"} <= set(names)
+    wan = [c.strip() for c in rows[names.index("wan2.1-t2v-1.3b")]]
+    assert wan[1:8] == ["t2v", "832x480", "81", "50", "5", "3", "16"]
+    assert [c.strip() for c in rows[names.index("wan2.2-ti2v-5b")]][1] == "t2v, i2v"
+    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v [--last-image]", "1280x720",
+                                                                             "81", "40", "3.5 / 3.5"]
+    assert [c.strip() for c in rows[names.index("wan2.1-flf2v-14b-720p")]][1:8] == [
+        "i2v --last-image", "1280x720", "81", "50", "5", "16", "16"]
+    assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
+    assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
+    assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+def test_presets_fit_the_terminal_and_cut_nothing(columns):
+    """At 80 columns two tables (the defaults; the commands and weights), narrower a paragraph per preset: every
+    line fits, every value is there whole."""
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns and "…" not in res.stdout
+    words = set(res.stdout.replace(",", " ").replace(";", " ").replace(": ", " ").split())
+    flat = " ".join(res.stdout.split())
+    for name in preset_names():
+        *cells, weights = _preset_cells(name)
+        assert set(cells) <= words, (name, cells)
+        assert weights in flat, weights
+    if columns == 80:
+        row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
+        assert row == ["wan2.1-t2v-1.3b", "832x480", "81", "50", "5", "3", "16"]
+        assert "commands and weights" in res.stdout

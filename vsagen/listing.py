@@ -1,0 +1,101 @@
+"""`vsagen presets` and `vsagen backends`: the bundled presets and the attention backends, laid out for the
+terminal's width (80 columns and narrower keep every value: tables split or fold, text wraps)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def print_presets() -> None:
+    """The bundled model presets and their defaults on stdout, sized to the terminal: one table where it fits, else
+    (80 columns) the defaults and the commands and weights as two tables, else a paragraph per preset."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
+
+    heads = ("name", "commands", "WxH", "frames", "steps", "guidance", "flow shift", "fps", "weights")
+    rows = []
+    for name in preset_names():
+        p = load_preset(name)
+        d = p.defaults
+        weights = p.hub_id if p.source == "hub" else "built offline (random)"
+        i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image,
+                                                                                                    "i2v")
+        commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
+        guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
+        rows.append((name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
+                     f"{d.flow_shift:g}", str(d.fps), weights))
+
+    def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+                  show_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
+        for i in cols:  # only the commands (and a header) wrap, by words; anything still too wide folds, never cut
+            t.add_column(heads[i], justify="left" if heads[i] in ("name", "commands", "weights") else "right",
+                         no_wrap=heads[i] not in ("commands", "flow shift"), overflow="fold")
+        for row in rows:
+            t.add_row(*(row[i] for i in cols))
+        return t
+
+    con = Console()
+    unbounded = con.options.update_width(10_000)
+    everything = table("presets", tuple(range(len(heads))), compact=False)
+    narrow = [table("presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
+              table("commands and weights", (0, 1, 8), compact=True)]
+    if con.measure(everything, options=unbounded).maximum <= con.width:
+        con.print(everything)
+    elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
+        for t in narrow:  # the defaults, then the commands and weights
+            con.print(t)
+    else:  # narrower still: a paragraph per preset, wrapped between its fields
+        for row in rows:
+            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:8], row[2:8]))
+                      + f"; {row[8]}", markup=False, highlight=False)
+    con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
+              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally.", markup=False,
+              highlight=False)
+
+
+def print_backends(echo: Callable[[str], None] = print) -> None:
+    """The self-attention backends this build provides, through `echo` (a line each): which one runs by default,
+    what each is, its implementations and its options (set as NAME:KEY=VALUE), wrapped at the terminal's width."""
+    import textwrap
+
+    from rich.console import Console
+
+    from .attention import BackendName, backend_class, uses_sparsity
+    from .attention.auto import auto_picks, auto_rule
+    from .attention.spec import FLAG_OPTIONS, impls_of, option_help
+
+    width = max(40, Console().width)  # the terminal's (COLUMNS where set)
+
+    def say(text: str, indent: int = 0, hang: int = 2) -> None:
+        echo(textwrap.fill(text, width=width, initial_indent=" " * indent,
+                                 subsequent_indent=" " * (indent + hang), break_on_hyphens=False,
+                                 break_long_words=False))
+
+    say("Self-attention backends, chosen with --attn NAME[:KEY=VALUE[:KEY=VALUE]] (t2v, i2v; profile and compare "
+        "take several, comma-separated), e.g. --attn vsa:sparsity=0.9.")
+    say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
+    for name in (member.value for member in BackendName):  # the registry's names, in its order
+        cls = backend_class(name)
+        # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
+        kind = "sparse, takes --sparsity" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
+        picks = auto_picks(name)
+        echo("")
+        say(f"{name} ({kind})" + (f" - default: --attn auto runs it {picks}" if picks else ""))
+        say(" ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).rstrip("."), indent=2)
+        impls = [i for i in impls_of(name) if i != "auto"]
+        say("implementations: " + (f"{', '.join(impls)}; impl=auto runs triton on CUDA, torch (the reference) "
+                                   "elsewhere" if impls else "one (no impl option)"), indent=2)
+        options = option_help(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
+        if not options:
+            say("options: none", indent=2)
+            continue
+        say("options (KEY=DEFAULT: values; a preset may set other defaults):", indent=2)
+        pad = max(len(f"{key}={default}") for key, default, _ in options)
+        flag = {option: flag for flag, option in FLAG_OPTIONS.items()}  # sparsity: --sparsity, impl: --attn-impl
+        for key, default, values in options:
+            also = f" (or {flag[key]})" if key in flag else ""
+            say(f"{f'{key}={default}':{pad}s}  {values}{also}", indent=4, hang=pad + 2)

@@ -286,3 +286,16 @@ def test_a_negative_prompt_without_cfg_is_a_note_of_the_comparison(tmp_path):
     assert len(cfg.notes) == 1 and cfg.notes[0].startswith("--negative-prompt has no effect: CFG is off")
     assert resolve_compare("a prompt", model="tiny", attn="full,vsa", negative_prompt="blurry", out=tmp_path / "o2",
                            plot=False).notes == ()
+
+
+def test_the_plot_is_skipped_with_a_note_without_matplotlib_unless_asked_for(tmp_path, monkeypatch):
+    """`pip install -e .` has no matplotlib (an extra): the README's compare example must still run."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "o")
+    assert cfg.plot is False and any("no plot (compare.png): matplotlib" in n for n in cfg.notes)
+    assert "plot" not in cfg.files
+    with pytest.raises(BadInput, match="the plot needs matplotlib"):
+        resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "p", plot=True)

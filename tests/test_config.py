@@ -53,6 +53,8 @@ def test_flags_win_over_the_preset_defaults(tmp_path):
     (dict(flow_shift=0.0), "--flow-shift"),
     (dict(height=60), "--height"),
     (dict(attn="auto:sparsity=0.5"), "--attn auto takes no options"),
+    (dict(fps=99999999999999999999), "--fps must be an integer in [1, 240]"),  # ffmpeg wrote an empty mp4
+    (dict(fps=0), "--fps"),
     (dict(sparsity=0.5), "--attn auto chose full"),  # the default (auto) on a checkpoint without sparse weights
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_settings_are_one_line_naming_the_flag(tmp_path, kwargs, needle):
@@ -172,7 +174,7 @@ def test_a14b_negative_prompt_follows_the_first_expert_s_guidance(tmp_path):
                   guidance=1.0, guidance_2=4.0)
     on = resolve("a fox", model="tiny-a14b", device="cpu", out=tmp_path / "b.mp4", negative_prompt="x",
                  guidance=4.0, guidance_2=1.0)
-    assert len(off.notes) == 1 and on.notes == ()
+    assert [n.split(" ")[0] for n in off.notes] == ["--negative-prompt", "--guidance-2"] and on.notes == ()
 
 
 def test_a_tiny_input_image_is_refused_and_a_small_one_noted(tmp_path):
@@ -188,3 +190,10 @@ def test_a_tiny_input_image_is_refused_and_a_small_one_noted(tmp_path):
     noise_image(tmp_path / "fine.png", size=(48, 40))
     assert resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / "fine.png",
                    out=tmp_path / "c.mp4").notes == ()
+
+
+def test_guidance_2_without_cfg_is_a_note(tmp_path):
+    cfg = resolve("a fox", model="tiny-a14b", device="cpu", guidance=1.0, guidance_2=9.0, out=tmp_path / "a.mp4")
+    assert any(n.startswith("--guidance-2 9 has no effect: CFG is off for both experts") for n in cfg.notes)
+    on = resolve("a fox", model="tiny-a14b", device="cpu", guidance=4.0, guidance_2=9.0, out=tmp_path / "b.mp4")
+    assert not any("--guidance-2" in n for n in on.notes)

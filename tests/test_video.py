@@ -173,3 +173,27 @@ def test_publication_holds_signals_while_other_threads_run(tmp_path, monkeypatch
         signal.signal(signal.SIGTERM, previous)
         stop.set()
     assert seen == [["b.json", "b.mp4"]]
+
+
+def test_an_empty_encode_is_a_failure_not_a_video(tmp_path, monkeypatch):
+    """ffmpeg given a rate it cannot parse printed its error and left a 0-byte mp4, and the run said it succeeded."""
+    import imageio.v2 as imageio
+
+    from vsagen.errors import RunFailure
+    from vsagen.video import encode_mp4
+
+    class Silent:  # a writer that writes nothing, as ffmpeg did
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def append_data(self, frame):
+            pass
+
+    monkeypatch.setattr(imageio, "get_writer", lambda *a, **k: Silent())
+    path = tmp_path / "e.mp4"
+    path.write_bytes(b"")
+    with pytest.raises(RunFailure, match="ffmpeg wrote no video"):
+        encode_mp4(smooth_frames(2, 16, 16, 0), path, 8)

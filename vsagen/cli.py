@@ -120,10 +120,12 @@ def _run_guarded(fn, verbose: bool, rank: int = 0) -> None:
             raise
         err(str(e), e.exit_code)
         raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
         if rank == 0:
-            _err("interrupted; nothing was written")
-        raise typer.Exit(130) from None
+            by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+            _err(f"interrupted{by}; nothing was written")
+        raise typer.Exit(128 + int(signum)) from None
     except (typer.Exit, typer.Abort):
         raise
     except Exception as e:  # noqa: BLE001 - the user gets one line; --verbose shows the traceback
@@ -379,8 +381,9 @@ def compare(
                                                   "comma-separated; or none) at which every layer's attention "
                                                   "output is compared with dense attention on the same q, k, v.")]
     = "first,middle,last",
-    plot: Annotated[bool, typer.Option(help="Draw compare.png (needs matplotlib: pip install "
-                                            "'vsagen[plot]').")] = True,
+    plot: Annotated[Optional[bool], typer.Option(help="Draw compare.png (needs matplotlib: pip install "
+                                                      "'vsagen[plot]'); by default drawn when matplotlib is "
+                                                      "installed, else skipped with a note.")] = None,
     json_out: JsonOut = False,
     verbose: Verbose = False,
 ) -> None:
@@ -415,11 +418,19 @@ def compare(
     _run_guarded(_single_process(run), verbose)
 
 
+class SignalInterrupt(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP as a KeyboardInterrupt that remembers its signal (for the exit code)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """Within the block, SIGTERM and SIGHUP (`kill`, a closed terminal) raise KeyboardInterrupt as Ctrl-C does, so an
-    interrupted command unwinds: its temporary files are removed and it writes nothing (exit 130, one line). Only in
-    the main thread (elsewhere: unchanged).
+    interrupted command unwinds: its temporary files are removed and it writes nothing (one line; exit 128 + the
+    signal's number, as a shell reports it: 130, 143, 129). Only in the main thread (elsewhere: unchanged).
 
     Yields a function that says whether SIGINT, SIGTERM or SIGHUP arrived in the block: a KeyboardInterrupt raised while
     Python runs a finalizer (`__del__`) is printed and dropped, so the command asks it before it writes (a search
@@ -431,7 +442,7 @@ def _sigterm_as_interrupt():
 
     def interrupt(signum, frame):
         hit[0] = True
-        raise KeyboardInterrupt
+        raise SignalInterrupt(signum)
 
     ending = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     previous = {sig: signal.signal(sig, interrupt) for sig in ending}

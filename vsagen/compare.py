@@ -35,7 +35,7 @@ from typing import Any, Callable, Collection
 
 from .attention import BackendSpec
 from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, _default_out, check_choice,
-                     check_folder, check_target, fill_and_check, input_notes, resolve_device, vae_tiling_enabled)
+                     check_folder, check_target, fill_and_check, input_notes, resolve_device)
 from .errors import BadInput
 from .metrics import json_number, pooled_rel_l2, psnr_db, ssim
 from .models import DEFAULT_MODEL, resolve_model
@@ -150,7 +150,7 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
                     out: Path | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
                     tile_fit: str = "partial", random_weights: bool = False, allow_pickle: bool = False,
                     warmup: int | None = None, vae_tiling: str = "auto", error_steps: str = DEFAULT_ERROR_STEPS,
-                    plot: bool = True, fused_blocks: bool = True) -> CompareConfig:
+                    plot: bool | None = None, fused_blocks: bool = True) -> CompareConfig:
     """Validate a `vsagen compare` request (flag > preset default, as `vsagen.config.resolve`). `attn` is a
     comma-separated list of at least two backends as `vsagen profile` takes it (`split_attn_list`), the first the
     reference. `warmup` defaults to COMPARE_WARMUP. `out` is a folder (default `vsagen-<model>-compare-seed<seed>`);
@@ -160,7 +160,8 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
         BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: fewer
             than two backends, an unknown backend or option, an image-to-video model, a size, frame count or step
             count the model refuses, bad --error-steps, an existing output file without `overwrite`, an
-            unwritable folder, `plot` without matplotlib.
+            unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when
+            matplotlib is installed and otherwise adds a note).
     """
     if not prompt.strip():
         raise BadInput("the prompt is empty")
@@ -192,12 +193,16 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
     if not 0 <= warmup <= MAX_STEPS:
         raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
     chosen = parse_error_steps(error_steps, steps)
-    if plot:
+    notes = input_notes(negative_prompt, guidance, height, width)
+    if plot is not False:
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
-            raise BadInput("the plot needs matplotlib, which is not installed: pip install 'vsagen[plot]', or pass "
-                           "--no-plot")
+            if plot:  # asked for by name
+                raise BadInput("the plot needs matplotlib, which is not installed: pip install 'vsagen[plot]', or "
+                               "pass --no-plot")
+            notes += ("no plot (compare.png): matplotlib is not installed (pip install 'vsagen[plot]')",)
+        plot = importlib.util.find_spec("matplotlib") is not None
     dev = resolve_device(device)
     out = Path(out).expanduser() if out is not None else _default_out(model, "compare", seed, True).with_suffix("")
     if out.exists() and not out.is_dir():
@@ -209,7 +214,7 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
         max_sequence_length=d.max_sequence_length, device=dev, dtype=dtype if dtype != "auto" else
         ("bf16" if dev == "cuda" else "fp32"), random_weights=random_weights, allow_pickle=allow_pickle,
         warmup=warmup, overwrite=overwrite, vae_tiling=vae_tiling, fused_blocks=fused_blocks, tile_fit=tile_fit,
-        fps=fps, out=out, error_steps=chosen, plot=plot, notes=input_notes(negative_prompt, guidance, height, width))
+        fps=fps, out=out, error_steps=chosen, plot=plot, notes=notes)
     for path in cfg.files.values():
         check_target(path, overwrite, "--out folder")
     check_folder(out)
@@ -447,9 +452,10 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     session.prompts()
     labels, results = cfg.labels, []
     for i, (spec, probe, label) in enumerate(zip(cfg.backends, probes, labels)):
+        at = cfg.error_steps
         log(f"[{i + 1}/{len(probes)}] {label}{' (reference)' if i == 0 else ''}: {cfg.warmup} warm-up + "
-            f"{cfg.steps} steps at {cfg.frames}x{cfg.height}x{cfg.width}, attention error at steps "
-            f"{', '.join(map(str, cfg.error_steps)) or 'none'}")
+            f"{cfg.steps} step{'s' if cfg.steps != 1 else ''} at {cfg.frames}x{cfg.height}x{cfg.width}, attention "
+            f"error at step{'s' if len(at) != 1 else ''} {', '.join(map(str, at)) or 'none'}")
         what = f"comparing {label}"
         run = session.run(probe, plan, decode=True, what=what)
         with out_of_memory_as_failure(what, cfg.memory_hints()):

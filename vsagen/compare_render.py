@@ -48,8 +48,9 @@ def rich_table(report: Any) -> Any:
 
     steps = report.settings["error_steps"]
     t = Table(title=title(report), title_justify="left",
-              caption=f"attention rel-L2 against dense attention on the same q, k, v at steps "
-                      f"{', '.join(map(str, steps)) or 'none'}; PSNR / SSIM of the decoded frames against the "
+              caption=f"attention rel-L2 against dense attention on the same q, k, v at step"
+                      f"{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or 'none'}; PSNR / SSIM of "
+                      "the decoded frames against the "
                       "reference", caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; cells wrap (fold), never cut
     t.add_column("backend", overflow="fold", min_width=8)

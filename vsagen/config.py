@@ -498,6 +498,7 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
     last_image, last_image_size = _check_last_image(model, src, image, last_image)
     d = src.preset.defaults
     spec = None if auto else backend_specs((attn,), d.attention, sparsity, attn_impl, attn)[0]
+    given_guidance_2 = guidance_2
     height, width, frames, steps, guidance, guidance_2 = fill_and_check(
         src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
         guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
@@ -510,8 +511,11 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
     notes = input_notes(negative_prompt, guidance, height, width, fit,
                          [("image", image, image_size),
                           ("--last-image", last_image, last_image_size)])
-    if fps < 1:
-        raise BadInput(f"--fps must be at least 1, got {fps}")
+    if given_guidance_2 is not None and guidance <= 1 < given_guidance_2:  # diffusers: the first scale decides
+        notes += (f"--guidance-2 {given_guidance_2:g} has no effect: CFG is off for both experts (--guidance "
+                  f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)
+    if not 1 <= fps <= MAX_FPS:
+        raise BadInput(f"--fps must be an integer in [1, {MAX_FPS}], got {fps}")
     if not 0 <= warmup <= MAX_STEPS:
         raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
     dev = resolve_device(device)
@@ -542,6 +546,9 @@ def resolve(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = AUTO, sparsi
         offload=offload, vae_tiling=vae_tiling, last_image=last_image, compile=compile, fused_blocks=fused_blocks,
         ulysses=ulysses, cfg_parallel=bool(cfg_parallel), attn_requested=attn, attn_note=attn_note, notes=notes,
     )
+
+
+MAX_FPS = 240  # frames per second of the mp4 (ffmpeg writes an empty file for rates it cannot parse)
 
 
 def negative_prompt_note(negative_prompt: str | None, guidance: float) -> str | None:

@@ -95,7 +95,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         return None
     from . import video
 
-    log(f"writing {cfg.out} and {cfg.json_out.name}")
+    log(f"writing {cfg.out} and {cfg.json_out}")
     with video.Outputs(overwrite=cfg.overwrite) as outputs:  # the mp4 and its JSON appear together or not at all
         t_write = time.perf_counter()
         with out_of_memory_as_failure("generating", cfg.memory_hints()):

@@ -564,7 +564,7 @@ class Session:
                     f, h, w = plan.latent
                     latents = latents[:, :, :f, :h, :w]
                     if decode:
-                        log(f"decoding the video (VAE, {cfg.frames} frames)")
+                        log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})")
                         with timer.region("vae_decode"):
                             video = decode_latents(pipe, latents)
                 records = timer.finish()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BadInput
+from .errors import BadInput, RunFailure
 
 
 def to_uint8_frames(video: np.ndarray) -> np.ndarray:
@@ -120,13 +120,18 @@ class Outputs:
 
 def encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:
     """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg into `path`
-    (written in place: `write_mp4` and `Outputs` give the atomic publication)."""
+    (written in place: `write_mp4` and `Outputs` give the atomic publication).
+
+    Raises:
+        RunFailure: ffmpeg left the file empty."""
     import imageio.v2 as imageio
 
     with imageio.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p",
                             macro_block_size=1, quality=8, ffmpeg_log_level="error") as w:
         for frame in frames:
             w.append_data(frame)
+    if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
+        raise RunFailure(f"ffmpeg wrote no video for {len(frames)} frames at {fps} fps (its own message is above)")
 
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = False) -> None:

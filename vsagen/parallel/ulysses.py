@@ -26,12 +26,35 @@ def _world(group: Any) -> int:
     return dist.get_world_size(group)
 
 
+class _AllToAll(torch.autograd.Function):
+    """The equal-split all_to_all_single with autograd: its gradient is the same exchange (block j of rank r came
+    from rank j, so its gradient goes back there, to block r). Written here because torch's
+    `torch.distributed.nn.functional.all_to_all_single` is deprecated (a FutureWarning on every rank)."""
+
+    @staticmethod
+    def forward(ctx: Any, send: torch.Tensor, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.group = group
+        send = send.contiguous()
+        out = torch.empty_like(send, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        import torch.distributed as dist
+
+        grad = grad.contiguous()  # (a gradient may come strided; the exchange reads and writes memory order)
+        out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
+
+
 def _exchange(send: torch.Tensor, group: Any) -> torch.Tensor:
     """all_to_all_single of a (N, ...) contiguous tensor: block j goes to rank j; returns the (N, ...) blocks received
     (block j from rank j), with autograd."""
-    from torch.distributed.nn.functional import all_to_all_single
-
-    return all_to_all_single(torch.empty_like(send), send, group=group)
+    return _AllToAll.apply(send, group)
 
 
 def seq_to_heads(x: torch.Tensor, group: Any) -> torch.Tensor:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vsagen.config import (VAE_TILING_AUTO_MAX_AREA, check_choice, check_folder, check_target, nearest_valid_frames,
-                           resolve, resolve_device, vae_tiling_enabled)
+from vsagen.config import (VAE_TILING_AUTO_MAX_AREA, check_choice, nearest_valid_frames, resolve, resolve_device,
+                           vae_tiling_enabled)
 from vsagen.errors import BadInput
 from vsagen.presets import load_preset
 
@@ -64,23 +64,6 @@ def test_bad_settings_are_one_line_naming_the_flag(tmp_path, kwargs, needle):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_check_target_and_folder(tmp_path):
-    check_target(tmp_path / "new.mp4", False, "--out")
-    (tmp_path / "old.mp4").write_bytes(b"x")
-    with pytest.raises(BadInput, match="exists; pass --overwrite to replace it, or choose another --out"):
-        check_target(tmp_path / "old.mp4", False, "--out")
-    check_target(tmp_path / "old.mp4", True, "--out")
-    (tmp_path / "dangling.mp4").symlink_to(tmp_path / "nowhere")
-    with pytest.raises(BadInput, match="exists"):
-        check_target(tmp_path / "dangling.mp4", False, "--plot")
-    with pytest.raises(BadInput, match="is a folder, where a file is to be written; choose another --out"):
-        check_target(tmp_path, True, "--out")
-    check_folder(tmp_path / "a" / "b" / "c")  # missing folders under a writable one: fine
-    assert not (tmp_path / "a").exists()  # ... and nothing is created by the check
-    with pytest.raises(BadInput, match="old.mp4 is not a directory"):
-        check_folder(tmp_path / "old.mp4" / "sub")
-
-
 def test_check_choice_lists_the_choices():
     check_choice("--fit", "crop", ("crop", "resize"))
     with pytest.raises(BadInput, match=r"^--fit must be one of crop, resize, got 'stretch'$"):
@@ -99,12 +82,6 @@ def test_resolve_device(monkeypatch):
     assert resolve_device("auto") == "cuda" and resolve_device("cuda") == "cuda"
     with pytest.raises(BadInput, match="--device must be one of auto, cuda, cpu"):
         resolve_device("tpu")
-
-
-def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    cfg = resolve("a fox", model="tiny", attn="vsa", seed=3, device="cpu")
-    assert cfg.out == Path("vsagen-tiny-vsa-seed3.mp4") and cfg.json_out == Path("vsagen-tiny-vsa-seed3.json")
 
 
 def test_the_default_attn_is_auto_full_on_the_tiny_model_with_a_note(tmp_path):
@@ -197,3 +174,9 @@ def test_guidance_2_without_cfg_is_a_note(tmp_path):
     assert any(n.startswith("--guidance-2 9 has no effect: CFG is off for both experts") for n in cfg.notes)
     on = resolve("a fox", model="tiny-a14b", device="cpu", guidance=4.0, guidance_2=9.0, out=tmp_path / "b.mp4")
     assert not any("--guidance-2" in n for n in on.notes)
+
+
+def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve("a fox", model="tiny", attn="vsa", seed=3, device="cpu")
+    assert cfg.out == Path("vsagen-tiny-vsa-seed3.mp4") and cfg.json_out == Path("vsagen-tiny-vsa-seed3.json")

@@ -118,7 +118,9 @@ def test_outputs_publish_together_or_not_at_all(tmp_path):
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.mp4": "video", "b.json": "ours"}
 
 
-def test_a_signal_during_publication_lands_after_both_files_are_in_place(tmp_path, monkeypatch):
+def _publish_pair_with_sigterm_between(tmp_path, monkeypatch) -> list:
+    """Publish a.mp4 and a.json with a SIGTERM sent right after the first is in place; returns what the SIGTERM
+    handler saw in the folder each time it ran."""
     import signal
 
     import vsagen.video as video
@@ -128,6 +130,8 @@ def test_a_signal_during_publication_lands_after_both_files_are_in_place(tmp_pat
     def publish_then_signal(tmp, target, overwrite):
         real(tmp, target, overwrite)
         os.kill(os.getpid(), signal.SIGTERM)  # between the two files: held back until both are there
+        for _ in range(10_000):  # time for a handler to run, if one would
+            pass
 
     monkeypatch.setattr(video, "_publish", publish_then_signal)
     seen = []
@@ -139,40 +143,25 @@ def test_a_signal_during_publication_lands_after_both_files_are_in_place(tmp_pat
             outs.publish()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert seen == [["a.json", "a.mp4"]]  # delivered once, after the pair
+    return seen
+
+
+def test_a_signal_during_publication_lands_after_both_files_are_in_place(tmp_path, monkeypatch):
+    assert _publish_pair_with_sigterm_between(tmp_path, monkeypatch) == [["a.json", "a.mp4"]]  # once, after the pair
 
 
 def test_publication_holds_signals_while_other_threads_run(tmp_path, monkeypatch):
     """A process-directed signal may land on any thread that does not block it (torch starts threads): the hold
     must not depend on the main thread's signal mask (the full suite caught that)."""
-    import signal
     import threading
-
-    import vsagen.video as video
 
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait, daemon=True)  # a thread with no signal blocked
     worker.start()
-    real = video._publish
-
-    def publish_then_signal(tmp, target, overwrite):
-        real(tmp, target, overwrite)
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(10_000):  # time for a handler to run, if one would
-            pass
-
-    monkeypatch.setattr(video, "_publish", publish_then_signal)
-    seen = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: seen.append(sorted(p.name for p in tmp_path.iterdir())))
     try:
-        with Outputs() as outs:
-            outs.add(tmp_path / "b.mp4", lambda t: t.write_text("video"))
-            outs.add(tmp_path / "b.json", lambda t: t.write_text("{}"))
-            outs.publish()
+        assert _publish_pair_with_sigterm_between(tmp_path, monkeypatch) == [["a.json", "a.mp4"]]
     finally:
-        signal.signal(signal.SIGTERM, previous)
         stop.set()
-    assert seen == [["b.json", "b.mp4"]]
 
 
 def test_an_empty_encode_is_a_failure_not_a_video(tmp_path, monkeypatch):

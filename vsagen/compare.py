@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from .attention import BackendSpec
-from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, _default_out, check_choice,
-                     check_folder, check_target, fill_and_check, input_notes, resolve_device)
+from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, check_choice, fill_and_check,
+                     input_notes, resolve_device)
 from .errors import BadInput
+from .paths import check_folder, check_target, default_out
 from .metrics import json_number, pooled_rel_l2, psnr_db, ssim
 from .models import DEFAULT_MODEL, resolve_model
 from .profile_config import attn_list_specs, split_attn_list
@@ -204,7 +205,7 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
             notes += ("no plot (compare.png): matplotlib is not installed (pip install 'vsagen[plot]')",)
         plot = importlib.util.find_spec("matplotlib") is not None
     dev = resolve_device(device)
-    out = Path(out).expanduser() if out is not None else _default_out(model, "compare", seed, True).with_suffix("")
+    out = Path(out).expanduser() if out is not None else default_out(model, "compare", seed, True).with_suffix("")
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out} is a file; give a folder (it is created if missing)")
     cfg = CompareConfig(

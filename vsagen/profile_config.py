@@ -10,9 +10,9 @@ from typing import Any
 from .attention import BackendSpec, backend_class, backend_names
 from .attention.weights import named_weights_file
 from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, Request, backend_specs, check_backend_entry,
-                     check_choice, check_folder, check_last_frame, check_target, check_ulysses, fill_and_check,
-                     resolve_device)
+                     check_choice, check_last_frame, check_ulysses, fill_and_check, resolve_device)
 from .errors import BadInput
+from .paths import check_folder, check_target
 from .layout import plan_crop
 from .models import DEFAULT_MODEL, attention_dims, resolve_model
 from .presets import LAST_IMAGE_REQUIRED

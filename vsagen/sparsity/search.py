@@ -44,10 +44,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..config import (DEVICES, DTYPES, TILE_FITS, Request, check_choice, check_folder, check_target, fill_and_check,
-                      resolve_device)
+from ..config import DEVICES, DTYPES, TILE_FITS, Request, check_choice, fill_and_check, resolve_device
 from ..errors import BadInput, RunFailure
 from ..models import DEFAULT_MODEL, resolve_model
+from ..paths import check_folder, check_target
 from .files import PatternFile, StepRange, architecture_of, parse_patterns, save_patterns
 from .patterns import Pattern, block_density, default_catalog, q2k_table
 

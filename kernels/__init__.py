@@ -25,7 +25,8 @@ Contents:
 * `qk_norm_rope.py`: the fused RMSNorm + RoPE prologue of the attention processor.
 * `coarse.py`: Triton coarse stage: `coarse_stage` (fused tile pooling, tile scores, top-k into an int32 q2k
   table; the custom op `vsagen::coarse_stage` under torch.compile, so the graph does not break) and its parts
-  `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`.
+  `pool_qk`, `tile_mean_pool_triton`, `tile_scores_triton`, `top_k_tiles`, `coarse_output`; its kernels, their
+  launchers and launch configuration are in `coarse_triton.py`.
 * `linear_branch.py`: SLA*'s global linear-attention branch (`sla-star`), fused: `linear_branch_add` (the sums in
   one pass over K and V, then phi(Q), the division, the projection and the add to the sparse output), its
   backward `linear_branch_backward` (which can add into another part's gradients in place), `kv_sums`,

@@ -141,8 +141,8 @@ HIP_OPTIONS = MappingProxyType({
 # score_precision: tl.dot input precision of the coarse stage's score GEMM: "tf32" (fp32 range, 10-bit mantissa
 # operands, fp32 accumulation; the default), "bf16" (operands rounded to bf16: 5 us faster on the H200 but 7x more
 # tiles swapped at the top-k boundary), "tf32x3" (three TF32 products, ~fp32 accurate, 8 us more) or "ieee"
-# (fp32 FMA, ~1.2 ms at the 1.3B shape: for debugging); fp32 accumulation in all four (coarse.py's docstring has
-# the H200 timings and the agreement with the fp32 oracle). NVIDIA before sm_80 has no TF32 and Triton's AMD
+# (fp32 FMA, ~1.2 ms at the 1.3B shape: for debugging); fp32 accumulation in all four (coarse_triton.py's docstring
+# has the H200 timings and the agreement with the fp32 oracle). NVIDIA before sm_80 has no TF32 and Triton's AMD
 # backend allows "tf32" on CDNA3 (gfx942, MI300) only: elsewhere "ieee", the accurate choice there (untimed).
 ARCH_DEFAULTS = MappingProxyType({
     "sm90": (True, True, "tf32"),

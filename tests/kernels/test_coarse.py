@@ -3,7 +3,8 @@
 The kernels run under the Triton interpreter here (conftest sets TRITON_INTERPRET=1). The oracles: a float64
 loop over each tile's rows for pooling, `reference.tile_mean_pool` / `tile_scores` / `select_top_k` for the
 chain, and a stable sort (ties by lowest index, the kernel's documented rule) for the top-k on hand-made scores.
-Compiled runs on the H200 (torch 2.11, triton 3.6) were checked with the same oracles outside this file.
+Compiled runs on the H200 (torch 2.11, triton 3.6) were checked with the same oracles outside this file. The
+launchers of `coarse_triton` are tested directly in test_coarse_triton.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import vsagen.kernels.coarse as coarse
+import vsagen.kernels.coarse_triton as coarse_triton
 import vsagen.kernels.reference as ref
 from conftest import make_qkv
 from vsagen.layout import tile_layout
@@ -221,7 +223,7 @@ def test_coarse_stage_bf16_scores():
 def test_coarse_stage_gpu_launch_config(monkeypatch):
     # The compiled path's launch configuration (4-row pooling steps, head blocks, one score row per program)
     # run under the interpreter, so that the tests cover it and not only the interpreter's batched config.
-    monkeypatch.setattr(coarse, "_interpreting", lambda: False)
+    monkeypatch.setattr(coarse_triton, "_interpreting", lambda: False)
     layout, off = layout_and_offsets((3, 5, 7))
     q, k, _ = make_qkv(1, layout.num_tokens, 5, 24, seed=11)
     res = coarse.coarse_stage(q, k, off, 2)  # default "tf32" is computed in fp32 by the interpreter

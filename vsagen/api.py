@@ -33,7 +33,8 @@ from typing import Any, Callable
 import torch
 
 from .attention import BackendSpec, backend_class, resolve_spec
-from .attention.base import AttentionBackend, option_names
+from .architecture import architecture_of
+from .attention.base import AttentionBackend, Expert, RunInfo, option_names
 from .attention.spec import make_options, parse_spec
 from .errors import BadInput
 from .timing import Timer, TimingReport
@@ -131,7 +132,9 @@ class AppliedBackend:
         spec: its `BackendSpec` (name and options), or None.
         timer: receives every region (see `vsagen.timing`); `timer.step` tags the DiT forwards.
         device: where the transformers compute.
-        weight_layers: how many layers got backend-owned weights from this `apply` (0: none attached here).
+        weight_layers: how many layers hold backend-owned weights after this `apply` (0: none attached).
+        notes: what the backend said of the run when it was prepared (e.g. sparse-vdit mapping its file's step
+            ranges onto `steps`).
     """
 
     backend: AttentionBackend | None
@@ -139,6 +142,7 @@ class AppliedBackend:
     timer: Timer
     device: torch.device
     weight_layers: int = 0
+    notes: tuple[str, ...] = ()
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def report(self, **extra: Any) -> TimingReport:
@@ -220,10 +224,30 @@ def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], Non
     return undo
 
 
+def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int | None = None) -> RunInfo:
+    """The `RunInfo` a backend is prepared with on `pipe` (a Wan pipeline or a bare transformer): the execution
+    device, the transformers' dtype, each transformer's component name and architecture, and `grid` / `steps` as
+    given.
+
+    Raises:
+        BadInput: `pipe` is neither a Wan transformer nor a pipeline with one.
+    """
+    transformers = _transformers(pipe)
+    first = transformers[0][1]
+    return RunInfo(_device_of(pipe, first), first.dtype,
+                   tuple(Expert(name, architecture_of(t)) for name, t in transformers),
+                   None if grid is None else tuple(grid), steps)
+
+
 def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *, timer: Timer | None = None,
-          fused_blocks: bool = False, weights_root: Path | None = None, attach_weights: bool = True,
-          fused_prologue: str = "auto", **options: Any) -> AppliedBackend:
+          grid: tuple[int, int, int] | None = None, steps: int | None = None, fused_blocks: bool = False,
+          weights_root: Path | None = None, attach_weights: bool = True, fused_prologue: str = "auto",
+          **options: Any) -> AppliedBackend:
     """Replace the video self-attention (`attn1`) of every transformer in `pipe` by a vsagen backend, and time it.
+
+    This is the one place a backend meets a pipeline: the backend is prepared for the run (`prepare`, with the
+    transformers' architectures, device and dtype, and `grid` / `steps` where given), its own weights are attached,
+    every `attn1` gets a vsagen processor.
 
     Args:
         pipe: a diffusers Wan pipeline (`WanPipeline`, `WanImageToVideoPipeline`, ...; both experts of two-expert
@@ -232,37 +256,38 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             `BackendSpec`, or a backend object (options then go into the object); None installs only the DiT
             timers and keeps the pipeline's own processors (times stock diffusers).
         timer: where regions go; default a new `Timer` on the pipeline's execution device, its step set to 0.
+        grid: the post-patch latent grid (T, Hl, Wl) the pipeline will denoise, if known: a backend tied to one
+            (sparse-vdit's pattern file) refuses another here rather than at the first forward.
+        steps: denoising steps of each pipeline call, if known (sparse-vdit maps its file's step ranges onto it).
         fused_blocks: also install `vsagen.blocks`' compiled elementwise regions (eager CUDA runs without
             offloading; see `vsagen.pipeline.fused_blocks_apply`).
         weights_root: a checkpoint folder whose `<component>/` subfolders (`transformer/`, `transformer_2/`; the
             folder itself for a bare transformer) hold backend-owned weights (VSA's `to_gate_compress`); None: the
             local folder each transformer was loaded from (`from_pretrained` of a local checkpoint), if any. A file
             named by the backend's options (vsa's `gate_weights`) takes precedence.
-        attach_weights: attach the backend's own weights (from the options' file or `weights_root`); `remove()`
-            puts back what the layers had before. False when they are already attached (the CLI attaches them
-            before offloading: weights attached to a pipeline already under diffusers' group offloading stay
-            outside its control).
+        attach_weights: attach the backend's own weights (from the options' file or `weights_root`); layers that
+            hold them already (from the same source) keep them. `remove()` puts back what the layers had before.
         fused_prologue: the q/k norm + RoPE prologue: "auto" (the fused Triton kernel on CUDA, diffusers'
             arithmetic elsewhere), "on" or "off" (`vsagen.attention.processor.use_fused_prologue`).
         **options: the backend's options (e.g. sparsity=0.875, impl="torch"), on top of those in `backend`.
 
     Returns:
-        An `AppliedBackend`: `report()`, `remove()`, `backend`, `spec`, `timer`; also a context manager.
+        An `AppliedBackend`: `report()`, `remove()`, `backend`, `spec`, `timer`, `notes`; also a context manager.
 
     Raises:
         BadInput: an unknown backend or option (the message lists the backend's options), a value the backend
-            refuses, a backend that cannot run on the transformers' device / dtype, options given with a backend
-            object or None, a pipeline without a Wan transformer, a pipeline vsagen has patched already (remove()
-            the earlier handle first), or backend weights that do not fit.
+            refuses, a backend that cannot run on the transformers' device / dtype or refuses their architecture or
+            `grid`, options given with a backend object or None, a pipeline without a Wan transformer, a pipeline
+            vsagen has patched already (remove() the earlier handle first), or backend weights that do not fit.
     """
     from .attention.hooks import is_patched, patch_transformer, time_transformer
+    from .attention.registry import missing_members
     from .attention.weights import attach_backend_weights
 
     transformers = _transformers(pipe)
     first = transformers[0][1]
     device = _device_of(pipe, first)
-    if backend is not None and not isinstance(backend, (str, BackendSpec)) and not all(
-            hasattr(backend, a) for a in ("name", "options", "tiled", "traceable", "weights", "check")):
+    if backend is not None and not isinstance(backend, (str, BackendSpec)) and missing_members(backend):
         raise BadInput(f"{WHERE}: the backend must be a name (e.g. 'vsa'), NAME:KEY=VALUE text, a BackendSpec, an "
                        f"attention backend object or None; got {type(backend).__name__}")
     if backend is None or not isinstance(backend, (str, BackendSpec)):
@@ -274,17 +299,15 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     else:
         spec = backend_spec(backend, options)
         built = spec.build()
-    if built is not None:
-        built.check(device, first.dtype)
-        bind = getattr(built, "bind", None)  # backends tied to an architecture refuse others here (sparse-vdit)
-        for name, t in transformers if bind is not None else ():
-            bind(t, name, experts=[n for n, _ in transformers])
+    notes: tuple[str, ...] = ()
+    if built is not None:  # before anything is attached or patched: a refusal changes nothing
+        notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps)))
     if timer is None:
         timer = Timer(device)
         timer.step = 0
     if any(is_patched(t) for _, t in transformers):  # before anything is attached: a refusal changes nothing
         raise BadInput(f"{WHERE}: this pipeline is already patched by vsagen: remove() the earlier handle first")
-    handle = AppliedBackend(built, spec, timer, device)
+    handle = AppliedBackend(built, spec, timer, device, notes=notes)
     try:
         if built is not None and built.weights is not None and attach_weights:
             attached: list[Callable[[], None]] = []

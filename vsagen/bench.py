@@ -149,11 +149,10 @@ LAYER0: tuple[Context, ...] = ((None, 0),)
 
 def timed_layers(backend: Any, experts: Sequence[tuple[str, int]]) -> tuple[Context, ...]:
     """The (expert, layer) contexts to time `backend` at: every layer of every expert (`experts`: (component name,
-    layer count) pairs, e.g. (("transformer", 30),)) for a backend whose layers run differently, i.e. one that
-    records what each layer ran (a `layer_stats` attribute: sparse-vdit's per-layer patterns); layer 0 of expert
-    None (`LAYER0`) otherwise, all its layers being alike."""
+    layer count) pairs, e.g. (("transformer", 30),)) for a backend whose layers run differently (`per_layer`:
+    sparse-vdit's per-layer patterns); layer 0 of expert None (`LAYER0`) otherwise, all its layers being alike."""
     contexts = tuple((e, i) for e, n in experts for i in range(n))
-    return contexts if contexts and getattr(backend, "layer_stats", None) is not None else LAYER0
+    return contexts if contexts and backend.per_layer else LAYER0
 
 
 def _backend_calls(backend: Any, layout: Any, timer: NullTimer, shape: AttentionShape, device: torch.device,
@@ -161,7 +160,7 @@ def _backend_calls(backend: Any, layout: Any, timer: NullTimer, shape: Attention
     """The backend as the processor calls it at each (expert, layer) of `contexts`, with the per-layer parameters it
     is timed with (`bench_params`: e.g. sla-star's projection at its trained size; None for backends timed without
     their own weights, as vsa without a gate)."""
-    make = getattr(backend, "bench_params", None)
+    make = backend.bench_params
     params = make(shape.heads, shape.head_dim, device, seed) if make is not None else None
 
     def at(expert: str | None, layer: int) -> Callable[..., torch.Tensor]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection
 
 from .attention import BackendSpec
+from .attention.base import BackendWrapper
 from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, check_choice, fill_and_check,
                      input_notes, resolve_device)
 from .errors import BadInput
@@ -225,11 +226,12 @@ def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFA
 # ------------------------------------------------------------------------------------------------ attention error
 
 
-class AttentionProbe:
+class AttentionProbe(BackendWrapper):
     """Wraps an attention backend: returns the backend's output unchanged and, at the chosen denoising steps of
     a timed run (`ctx.timer.enabled`: warm-up steps are skipped), compares it with dense attention on the same
     q, k, v (`full`; token order does not change dense attention, so tiled backends compare in tile order).
-    Everything else (name, options, tiled, weights, check_grid, ...) is the backend's.
+    Every other protocol member (name, options, tiled, weights, prepare, report, ...) is the backend's
+    (`BackendWrapper`); its check adds dense attention's.
 
     `sums[(step, expert, layer)]` holds a (2,) float32 tensor on the run's device: [sum ||o - o_dense||^2,
     sum ||o_dense||^2] over that step's calls (read after the run, so the probe never synchronizes the device).
@@ -239,15 +241,15 @@ class AttentionProbe:
     def __init__(self, backend: Any, steps: Collection[int]) -> None:
         from .attention.full import FullAttention
 
-        self.backend = backend
+        super().__init__(backend)
         self.steps = frozenset(steps)
         self.dense = FullAttention()
         self.sums: dict[tuple[int, str, int], Any] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        if name in ("backend", "__setstate__"):  # not set yet (copying): no recursion
-            raise AttributeError(name)
-        return getattr(self.backend, name)
+    def prepare(self, run: Any) -> tuple[str, ...]:
+        """The backend's preparation, with this probe's `check` (dense attention's too)."""
+        self.check(run.device, run.dtype)
+        return self.inner.prepare(run)
 
     def check(self, device: Any, dtype: Any) -> None:
         """The backend's check, and dense attention's (on CUDA it needs bf16 or fp16).
@@ -255,7 +257,7 @@ class AttentionProbe:
         Raises:
             BadInput: either cannot run on `device` / `dtype`.
         """
-        self.backend.check(device, dtype)
+        self.inner.check(device, dtype)
         if self.steps:
             try:
                 self.dense.check(device, dtype)
@@ -267,7 +269,7 @@ class AttentionProbe:
         """q, k, v: (B, S, H, D) -> the backend's (B, S, H, D) output, unchanged."""
         import torch
 
-        out = self.backend(q, k, v, ctx)
+        out = self.inner(q, k, v, ctx)
         if ctx.timer.enabled and ctx.step in self.steps:
             with ctx.timer.region(PROBE_REGION):
                 ref = self.dense(q, k, v, ctx).float()
@@ -434,18 +436,14 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
 
     from . import __version__
     from .bench import rel_l2
-    from .loading import torch_dtype, versions
+    from .loading import versions
     from .pipeline import Session, out_of_memory_as_failure, video_frames
-    from .profile import check_grids, denoise_grids
     from .timing import TimingReport
 
     device = torch.device(cfg.device)
     probes = [AttentionProbe(spec.build(), cfg.error_steps) for spec in cfg.backends]
-    for probe in probes:
-        probe.check(device, torch_dtype(cfg.dtype))
-    if cfg.source.exact_preset:  # the preset's strides are the model's: refuse a pattern file's grid now
-        check_grids(probes, denoise_grids(cfg).values())
-    session = Session.load(cfg, probes, attach_on_load=False, progress=progress, log=log)
+    # each backend refuses what it cannot serve before loading (`Session.load`); weights are attached per run
+    session = Session.load(cfg, probes, tile_fits=(cfg.tile_fit,), progress=progress, log=log)
     session.notes[0:0] = cfg.notes
     for note in session.notes:
         log(f"note: {note}")
@@ -476,7 +474,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         per_step, per_layer = probe.errors()
         mean, worst = _mean_max(per_layer)
         latents = rel_l2(run.latents, ref_run.latents)
-        info = probe.describe(device)
+        info = probe.report(device).info
         dit = timing.dit_s / steps
         rows.append(CompareRow(
             label=label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,

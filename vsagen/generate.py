@@ -57,17 +57,10 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     import torch
 
     backend = cfg.backend.build()
-    check_grid = getattr(backend, "check_grid", None)  # a backend tied to a latent grid (sparse-vdit's file)
-    if check_grid is not None and cfg.source.exact_preset:  # the preset's strides are the model's: before loading
-        from .layout import plan_crop
-
-        p = cfg.source.preset
-        check_grid(plan_crop(cfg.frames, cfg.height, cfg.width, fit=cfg.tile_fit,
-                             vae_stride_temporal=p.vae_stride_temporal, vae_stride_spatial=p.vae_stride_spatial,
-                             patch_size=p.patch_size).denoise_grid)
     conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
                     if cfg.image is not None else None)
-    session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress, log=log)
+    session = Session.load(cfg, [backend], tile_fits=(cfg.tile_fit,), conditioning=conditioning, progress=progress,
+                           log=log)
     if cfg.device == "cpu" and writer:  # once the model loaded (a bad request stays one error line)
         warning = cpu_time_estimate(cfg)
         if warning is not None:
@@ -129,7 +122,7 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
     return {
         "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
         "attn_requested": cfg.attn_requested,
-        "backend": backend.describe(torch.device(cfg.device)),
+        "backend": backend.report(torch.device(cfg.device)).info,
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
         "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
         "guidance_2": cfg.guidance_2 if two_experts else None, "experts": [name for name, _ in experts(pipe)],

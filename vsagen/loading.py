@@ -295,7 +295,7 @@ def attach_weights(model: LoadedModel, backend: Any) -> int:
 def weights_note(backend: Any, layers: int, total: int) -> str | None:
     """The run note on backend-owned weights: which, and how many of the model's layers got them; with none, the
     backend's `LayerWeights.missing_note` (None for backends without weights, or that need no word then)."""
-    if getattr(backend, "weights", None) is None:
+    if backend.weights is None:
         return None
     if not layers:
         return backend.weights.missing_note

@@ -185,6 +185,35 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
                 output_type="latent", return_dict=False, **(extra or {}))[0]
 
 
+def predicted_run(request: Request, tile_fit: str) -> Any:
+    """The run a request predicts before anything loads (`vsagen.attention.base.RunInfo`, `predicted=True`): its
+    device and dtype, the transformers' architectures where they are known without loading (a preset that describes
+    the model, or a local checkpoint's `<component>/config.json`; none for a hub id no preset describes), the
+    post-patch grid denoised under `tile_fit` where the preset's strides are the model's, and the step count.
+
+    Raises:
+        ModelNotFound: a local checkpoint's transformer config cannot be read.
+    """
+    import torch
+
+    from .architecture import architecture_from_config
+    from .attention.base import Expert, RunInfo
+    from .models import transformer_configs
+
+    src = request.source
+    known = src.exact_preset or src.kind == "dir"
+    experts = tuple(Expert(name, architecture_from_config(c)) for name, c in transformer_configs(src, request.model)) \
+        if known else ()
+    grid = None
+    if src.exact_preset:
+        p = src.preset
+        grid = tuple(plan_crop(request.frames, request.height, request.width, fit=tile_fit,
+                               vae_stride_temporal=p.vae_stride_temporal, vae_stride_spatial=p.vae_stride_spatial,
+                               patch_size=p.patch_size).denoise_grid)
+    return RunInfo(torch.device(request.device), torch_dtype(request.dtype), experts, grid, request.steps,
+                   predicted=True)
+
+
 @contextlib.contextmanager
 def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0) -> Iterator[None]:
     """Within the block, `log(message)` once if the block is still running after `delay_s` seconds (from a timer
@@ -359,7 +388,6 @@ class Session:
         compile_fullgraph: under `--compile`, whether each block is one graph; None without `--compile`.
         load_s: host seconds of `load_model` (loading and placing the weights).
         text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
-        preattached: the backends whose own weights `load` attached (runs of them attach nothing more).
     """
 
     request: Request
@@ -369,22 +397,23 @@ class Session:
     compile_fullgraph: bool | None = None
     load_s: float = 0.0
     text_encode_s: float = 0.0
-    preattached: tuple[Any, ...] = ()
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, request: Request, backends: Sequence[Any], *, attach_on_load: bool = True,
+    def load(cls, request: Request, backends: Sequence[Any], *, tile_fits: Sequence[str] = ("partial",),
              also_runs: Sequence[Any] = (), conditioning: Conditioning | None = None, progress: bool = False,
              log: Callable[[str], None] = lambda m: None) -> "Session":
         """Load the request's pipeline once for runs of `backends`.
 
         Args:
             request: the validated request.
-            backends: the attention backends the session will run (`AttentionBackend` objects); each is checked
-                against the request's device and dtype before anything loads.
-            attach_on_load: attach the weights `backends` own before the weights are placed (required with
-                `--offload`: group offloading records the parameters it manages); False attaches them per run
-                (and detaches them after it).
+            backends: the attention backends the session will run (`AttentionBackend` objects); each is prepared
+                for the run the request predicts under each of `tile_fits` (`predicted_run`: device, dtype, the
+                preset's architecture and grid) before anything loads, so it refuses what it cannot serve first. With
+                `--offload` their own weights are attached before the weights are placed (group offloading records
+                the parameters it manages; each run's `vsagen.apply` then finds them attached); otherwise each run
+                attaches them and detaches them after it.
+            tile_fits: the tile fits the session's runs will denoise under.
             also_runs: more backends that will run but are not named in the notes (profile's overhead rows);
                 they count for `--compile`'s graph breaks.
             conditioning: image-to-video pictures, or None.
@@ -395,16 +424,22 @@ class Session:
             BadInput: a backend cannot run on this device / dtype, or the model cannot be loaded as asked.
             ModelNotFound: the checkpoint cannot be found or loaded.
         """
-        import torch
-
-        for backend in backends:
-            backend.check(torch.device(request.device), torch_dtype(request.dtype))
+        for fit in tile_fits:
+            run = predicted_run(request, fit)
+            for backend in backends:
+                backend.prepare(run)  # its notes come again when the run binds it
         t0 = time.perf_counter()
         with status_after(log, f"loading {request.model} ({'random weights, ' if request.random_weights else ''}"
                                f"{request.device} {request.dtype})"):
-            model = load_model(request, log, backends if attach_on_load else ())
+            model = load_model(request, log, backends if request.offload != "none" else ())
         load_s = time.perf_counter() - t0
         pipe = model.pipe
+        from .api import run_info
+
+        for fit in tile_fits:  # the loaded transformers and the real grids: refused before any run starts
+            run = run_info(pipe, grid=denoise_plan(request, pipe, fit).denoise_grid, steps=request.steps)
+            for backend in backends:
+                backend.prepare(run)
         pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
         fused = fused_blocks_apply(request.device, request.compile, request.offload, request.fused_blocks)
         if fused:
@@ -415,8 +450,7 @@ class Session:
             compile_transformers(pipe, fullgraph=breaks is None)
             model.notes.append(compile_note(breaks, [b.name for b in backends if b.traceable], request.warmup))
             fullgraph = breaks is None
-        return cls(request, model, conditioning, fused, fullgraph, load_s,
-                   preattached=tuple(backends) if attach_on_load else ())
+        return cls(request, model, conditioning, fused, fullgraph, load_s)
 
     def _check_parallel(self, plan: CropPlan) -> None:
         """Before a multi-process run: refuse a Ulysses degree that does not split every transformer's heads and the
@@ -503,19 +537,10 @@ class Session:
         extra = expert_kwargs(pipe, cfg)
         if self.conditioning is not None:
             extra.update(self.conditioning.arguments(cfg.height, cfg.width, plan))
-        check_grid = getattr(backend, "check_grid", None)  # backends tied to a latent grid (sparse-vdit's files)
-        if check_grid is not None:
-            check_grid(plan.denoise_grid)
-        check_steps = getattr(backend, "check_steps", None)  # (sparse-vdit: a file's step ranges onto this run)
-        if check_steps is not None:
-            note = check_steps(steps)
-            if note is not None and note not in self.notes:
-                self.notes.append(note)
-        attach = not any(backend is b for b in self.preattached)
         if cfg.processes > 1:
             self._check_parallel(plan)
-        handle = apply(pipe, backend, timer=timer, fused_blocks=self.fused, weights_root=self.model.weight_root,
-                       attach_weights=attach)
+        handle = apply(pipe, backend, timer=timer, grid=plan.denoise_grid, steps=steps, fused_blocks=self.fused,
+                       weights_root=self.model.weight_root)
         split = None  # CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`)
         transformers = [t for _, t in experts(pipe)]
         if cfg.processes > 1:
@@ -529,9 +554,10 @@ class Session:
                 raise
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
-        if attach:
-            note = weights_note(backend, handle.weight_layers, sum(len(t.blocks) for _, t in experts(self.pipe)))
-            if note is not None and note not in self.notes:  # once per session, however many runs
+        weights = weights_note(backend, handle.weight_layers, sum(len(t.blocks) for t in transformers)) \
+            if backend is not None else None
+        for note in (*handle.notes, weights):  # once per session, however many runs
+            if note is not None and note not in self.notes:
                 self.notes.append(note)
         unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
 

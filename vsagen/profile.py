@@ -12,7 +12,8 @@ the attention backend's seconds per step and its stages (VSA: coarse, fine; the 
 reported apart as `layout`), the attention share of DiT time, the DiT speed-up against `full` at the same tile
 fit, the DiT time projected to the preset's step count, and the final latents' relative L2 distance to `full`'s.
 Also what the backend says of itself (`describe`: sparse-vdit's pattern file, its sha256, density and modes) and,
-for backends that record what each layer ran (`layer_rows`: sparse-vdit), one row per (expert, layer): launches,
+for backends whose layers run differently (`per_layer`: sparse-vdit; their `report(device).layers`), one row per
+(expert, layer): launches,
 computed-block density, modes.
 
 Overhead of vsagen itself (`stock`): the same transformer with diffusers' own processors and no vsagen hooks
@@ -35,6 +36,7 @@ plan, whose RoPE split differs from vsagen's); the report's notes say so.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -79,7 +81,7 @@ class ProfileRow:
     (cropped) latents against `full` at the same tile fit. `backend_info` is the backend's `describe(device)`
     (empty for the overhead rows). `layers` holds, for backends that record it, what each (expert, layer) ran in
     its first call of the configuration (the first warm-up or timed step, its first forward), sorted by
-    expert then layer (`layer_rows`): {"expert", "layer", "heads", "launches" (kernel launches and SDPA calls of
+    expert then layer (the backend's `report(device).layers`): {"expert", "layer", "heads", "launches" (kernel launches and SDPA calls of
     one call: 0 for a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed
     tile pairs / (heads x tiles^2)), "sdpa_heads" (heads run by SDPA instead of the kernel), "modes" ({mode name:
     heads})}; empty for the others. `launches_per_forward` (their sum)
@@ -196,28 +198,8 @@ RANK_FIELDS = {"dit_s": "dit_s_per_step", "self_attention_s": "attention_s_per_s
                "all_to_all_s": "all_to_all_s_per_step", "cfg_exchange_s": "cfg_exchange_s_per_step"}
 
 
-def layer_rows(backend: Any) -> list[dict[str, Any]]:
-    """What each (expert, layer) of `backend`'s last configuration ran, for backends that record it: a
-    `layer_stats` attribute {(expert, layer): {"expert", "layer", "heads", "launches", "groups", "density",
-    "sdpa_heads", "modes"}} (sparse-vdit; see `ProfileRow.layers`), as JSON-ready dicts sorted by expert then
-    layer; [] for backends without one."""
-    stats = getattr(backend, "layer_stats", None)
-    if not isinstance(stats, dict):
-        return []
-    return [{**stats[key], "modes": dict(stats[key].get("modes", {}))}
-            for key in sorted(stats, key=lambda k: (k[0] or "", k[1]))]
-
-
-def reset_layer_rows(backend: Any) -> None:
-    """Forget what `backend`'s layers ran (its `layer_stats`, recorded once per layer), so the next configuration
-    records its own (another tile fit is another tile grid)."""
-    stats = getattr(backend, "layer_stats", None)
-    if isinstance(stats, dict):
-        stats.clear()
-
-
 def _layer_summary(layers: list[dict[str, Any]]) -> tuple[int | None, float | None]:
-    """(launches per forward, head-weighted mean block density) of `layer_rows` rows; (None, None) for none."""
+    """(launches per forward, head-weighted mean block density) of per-layer rows (`ProfileRow.layers`); (None, None) for none."""
     heads = sum(r["heads"] for r in layers)
     if not layers or not heads:
         return None, None
@@ -233,19 +215,6 @@ def denoise_grids(cfg: ProfileConfig) -> dict[str, tuple[int, int, int]]:
     return {fit: tuple(plan_crop(cfg.frames, cfg.height, cfg.width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
                                  vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid)
             for fit in cfg.tile_fits}
-
-
-def check_grids(backends: list[Any], grids: Any) -> None:
-    """Let every backend tied to a latent grid (`check_grid`: sparse-vdit's pattern file) refuse each of `grids`
-    before anything is timed.
-
-    Raises:
-        BadInput: the backend's refusal (one line: the file's grid, this run's, and what to do).
-    """
-    for backend in backends:
-        check = getattr(backend, "check_grid", None)
-        for grid in grids if check is not None else ():
-            check(tuple(grid))
 
 
 def _per_step(x: float | None, steps: int) -> float | None:
@@ -267,7 +236,7 @@ def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Mea
     dit = _per_step(top["dit_s"], steps)
     attention = top["self_attention_s"]
     return ProfileRow(
-        backend=name, kind=kind, sparsity=getattr(spec, "sparsity", None), impl=impl,
+        backend=name, kind=kind, sparsity=None if spec is None else spec.sparsity, impl=impl,
         tile_fit=tile_fit, grid=list(plan.denoise_grid), tokens=layout.num_tokens, tiles=layout.num_tiles,
         full_tiles=layout.num_full_tiles, steps=steps, dit_forwards=t.dit_forwards, dit_s_per_step=dit,
         dit_per_step_s=list(t.dit_per_step_s),
@@ -319,15 +288,11 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from . import __version__
-    from .loading import experts, torch_dtype, versions
+    from .loading import torch_dtype, versions
     from .pipeline import Conditioning, Session, fused_blocks_note
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
-    for _, backend in backends:
-        backend.check(device, dtype)
-    if cfg.source.exact_preset:  # the preset's patch size is the model's: refuse a file's grid before loading
-        check_grids([b for _, b in backends], denoise_grids(cfg).values())
     if stock_rows(cfg):
         try:
             TileOrderFull().check(device, dtype)
@@ -336,11 +301,10 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                            "which need --dtype bf16 or fp16; pass another --dtype or --no-stock") from None
     last = cfg.source.preset.last_image == LAST_IMAGE_REQUIRED
     conditioning = Conditioning.synthetic(cfg.height, cfg.width, cfg.seed, last) if cfg.conditioned else None
+    # every backend is prepared for every tile fit's run before loading and again once loaded (`Session.load`);
     # backend weights are attached per configuration and detached after it
-    session = Session.load(cfg, [b for _, b in backends], attach_on_load=False,
+    session = Session.load(cfg, [b for _, b in backends], tile_fits=cfg.tile_fits,
                            also_runs=[TileOrderFull()] if stock_rows(cfg) else [], conditioning=conditioning, log=log)
-    _bind([b for _, b in backends], experts(session.pipe))
-    check_grids([b for _, b in backends], [session.plan(fit).denoise_grid for fit in cfg.tile_fits])
     session.prompts()  # once for every configuration (host clock: `text_encode_s`)
     cuda = device.type == "cuda"
     fused_note = fused_blocks_note(cfg.warmup) if session.fused else None
@@ -372,13 +336,13 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         plan = session.plan(fit)
         for spec, backend in backends:
             what = spec.short_text() if names.count(spec.name) > 1 else spec.name  # settings of one backend apart
-            reset_layer_rows(backend)
             m = measure(f"{what} (tile fit {fit})", plan, backend)
-            info = backend.describe(device)
+            said = backend.report(device)  # what the run's layers ran (each run prepares the backend anew)
+            info = said.info
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled,
                                   info.get("impl_ran", spec.impl)))
             r = rows[-1]
-            r.spec, r.backend_info, r.layers = spec.text(), info, layer_rows(backend)
+            r.spec, r.backend_info, r.layers = spec.text(), info, [dict(row) for row in said.layers]
             r.launches_per_forward, r.block_density = _layer_summary(r.layers)
             latents[id(rows[-1])] = m.latents
     overhead: list[ProfileRow] = []
@@ -401,29 +365,6 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                          rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
                          text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
-
-
-def _bind(backends: list[Any], transformers: list[tuple[str, Any]]) -> None:
-    """Let every backend tied to an architecture (`bind`: sparse-vdit's pattern file) refuse the (component name,
-    transformer) pairs before anything is timed (`vsagen.apply` binds again when it patches).
-
-    Raises:
-        BadInput: the backend's refusal.
-    """
-    for backend in backends:
-        bind = getattr(backend, "bind", None)
-        for name, transformer in transformers if bind is not None else ():
-            bind(transformer, name, experts=[n for n, _ in transformers])
-
-
-def _meta_transformers(configs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, Any]]:
-    """(component name, a diffusers WanTransformer3DModel of that config on the meta device: no memory, no
-    weights) for each of `configs` (`vsagen.models.transformer_configs`), for `_bind` without loading a model."""
-    import torch
-    from diffusers import WanTransformer3DModel
-
-    with torch.device("meta"):
-        return [(name, WanTransformer3DModel.from_config(cfg)) for name, cfg in configs]
 
 
 def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], latents: dict[int, Any]) -> None:
@@ -530,7 +471,7 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
     Raises:
         BadInput: a backend cannot run on this device / dtype, or refuses a tile fit's grid or the model's
             architecture (a pattern file searched at another size, or on another model: checked before anything
-            is timed, the architecture on weightless meta-device transformers of the model's config), or CUDA
+            is timed, the architecture read from the model's config), or CUDA
             with a dtype cuDNN / flash do not take.
     """
     import torch
@@ -539,18 +480,18 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
     from .bench import AttentionShape, time_attention, timed_layers
     from .loading import torch_dtype, versions
     from .models import transformer_configs
+    from .pipeline import predicted_run
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
-    for _, backend in backends:
-        backend.check(device, dtype)
+    grids = denoise_grids(cfg)
+    configs = transformer_configs(cfg.source, cfg.model)
+    for fit, grid in grids.items():  # device, dtype, the grid, the architecture from its config: before any timing
+        run = dataclasses.replace(predicted_run(cfg, fit), grid=grid)
+        for _, backend in backends:
+            backend.prepare(run)
     if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
         raise BadInput("--kernels on CUDA compares against SDPA cuDNN / flash, which need --dtype bf16 or fp16")
-    grids = denoise_grids(cfg)
-    check_grids([b for _, b in backends], grids.values())
-    configs = transformer_configs(cfg.source, cfg.model)
-    if any(getattr(b, "bind", None) is not None for _, b in backends):  # the architecture, without weights
-        _bind([b for _, b in backends], _meta_transformers(configs))
     experts = [(name, int(c.get("num_layers", 0) or 0)) for name, c in configs]
     names = [spec.name for spec, _ in backends]  # two settings of one backend: spelled out
     entries = [(spec.short_text() if names.count(spec.name) > 1 else spec.label, b, timed_layers(b, experts))

@@ -107,4 +107,35 @@ def test_registered_backends_have_the_protocol_attributes(name):
     assert backend.describe()["name"] == name
     for method in ("check", "describe", "__call__"):
         assert callable(getattr(backend, method))
-    assert set(AttentionBackend.__annotations__) == {"name", "Options", "tiled", "traceable", "weights", "options"}
+    # issue 28: the protocol declares every member a caller uses (per_layer and bench_params were probed with getattr)
+    assert set(AttentionBackend.__annotations__) == {"name", "Options", "tiled", "traceable", "weights", "options",
+                                                     "per_layer", "bench_params"}
+
+
+def test_backend_defaults_and_the_wrapper_delegate_every_member():
+    """Issue 28: `Backend` gives the optional members their defaults (prepare checks the device, report carries
+    describe, no per-layer rows, no bench parameters); `BackendWrapper` answers every member with its inner
+    backend's."""
+    import torch
+
+    from vsagen.attention.base import Backend, BackendReport, BackendWrapper, RunInfo
+    from vsagen.attention.vsa import VSAAttention, VSAOptions
+
+    seen = []
+
+    class Mine(Backend):
+        name = "mine"
+
+        def check(self, device, dtype):
+            seen.append((device.type, dtype))
+
+    m = Mine()
+    run = RunInfo(torch.device("cpu"), torch.float32, grid=(1, 2, 3), steps=2)
+    assert m.prepare(run) == () and seen == [("cpu", torch.float32)]
+    assert m.report() == BackendReport({"name": "mine"}) and m.bench_params is None and not m.per_layer
+    inner = VSAAttention(VSAOptions(sparsity=0.5, impl="torch"))
+    w = BackendWrapper(inner)
+    assert (w.name, w.options, w.tiled, w.traceable, w.weights, w.per_layer, w.bench_params) == \
+        (inner.name, inner.options, inner.tiled, inner.traceable, inner.weights, inner.per_layer, inner.bench_params)
+    assert w.describe(torch.device("cpu")) == inner.describe(torch.device("cpu"))
+    assert w.report(torch.device("cpu")).info["impl_ran"] == "torch" and w.prepare(run) == ()

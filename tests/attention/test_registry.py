@@ -73,3 +73,28 @@ def test_uses_sparsity_reads_the_options_fields():
     for name, cls in REGISTRY.items():
         assert uses_sparsity(name) == ("sparsity" in cls.Options.__dataclass_fields__)
     assert uses_sparsity(BackendName.VSA) and not uses_sparsity(BackendName.FULL)
+
+
+def test_the_registry_checks_a_class_has_every_protocol_member():
+    """Issue 28: the registry's validation is the one place that probes a backend's members; a class built on
+    `Backend` has them all, one that is not is refused at registration, and `vsagen.apply` refuses such an object."""
+    from vsagen.attention.base import PROTOCOL_MEMBERS, Backend
+    from vsagen.attention.registry import check_backend_class, missing_members
+
+    class Mine(Backend):
+        name = "mine"
+
+    assert check_backend_class(Mine) is Mine and missing_members(Mine()) == []
+
+    class Half:
+        name = "half"
+        tiled = traceable = False
+
+        def __call__(self, q, k, v, ctx):
+            return q
+
+    assert set(missing_members(Half)) == set(PROTOCOL_MEMBERS) - {"name", "tiled", "traceable", "__call__"}
+    with pytest.raises(TypeError, match="Half is not an attention backend: it lacks Options"):
+        check_backend_class(Half)
+    for cls in REGISTRY.values():
+        assert missing_members(cls) == []

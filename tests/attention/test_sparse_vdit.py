@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from conftest import (FP32_ATOL, FP32_REL_L2, FP32_RTOL, attn_ctx, leaves, make_qkv, make_transformer, masked_dense,
                       rel_l2)
+from vsagen.attention.base import Backend
 from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
 from vsagen.errors import BadInput
 from vsagen.kernels.tuning import kernel_tuning
@@ -378,20 +379,16 @@ def test_t2v_refuses_a_file_of_another_architecture_or_size(vsagen_cache, tiny_d
     assert data["backend"]["remap"] is True and (tmp_path / "d.mp4").stat().st_size > 0
 
 
-class _OracleBackend:
+class _OracleBackend(Backend):
     """A test backend: every head of every layer under the oracle mask of the file's mode, in float64."""
 
     name = "oracle"
     tiled = True
     traceable = False
-    weights = None
 
     def __init__(self, file, use_file=True):
+        super().__init__()
         self.file, self.use_file = file, use_file
-        self.options = None
-
-    def check(self, device, dtype):
-        pass
 
     def __call__(self, q, k, v, ctx):
         modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step) if self.use_file else (dense(),) * q.shape[2]
@@ -482,3 +479,41 @@ def test_describe_after_a_remapped_grid_gives_the_density_there(tmp_path):
     assert d["density_on_grid"] == round(pf.density((2, 2, 2)), 6)
     be.check_grid(tuple(pf.grid))
     assert "remapped_from" not in be.describe()
+
+
+def test_prepare_takes_the_run_and_apply_prepares_with_the_grid_and_steps(tmp_path):
+    """Issue 28: the backend meets a run in `prepare` (experts' architectures, grid, steps), called by `vsagen.apply`;
+    a refused run leaves the transformer unpatched; the per-layer rows come back through `report`, reset per run."""
+    import vsagen
+    from vsagen.architecture import architecture_from_config, architecture_of
+    from vsagen.attention.base import Expert, RunInfo
+    from vsagen.presets import load_preset
+
+    path = tmp_path / "p.json"
+    tiny_file(path, steps=4)
+    t = make_transformer()
+    cpu = torch.device("cpu")
+    be = SparseVDiTAttention(SparseVDiTOptions(patterns=path, impl="torch"))
+    predicted = RunInfo(cpu, torch.float32, (Expert("transformer", architecture_from_config(
+        load_preset("tiny").transformer)),), (5, 6, 10), 4, predicted=True)
+    assert be.prepare(predicted) == ()
+    notes = be.prepare(RunInfo(cpu, torch.float32, (Expert("transformer", architecture_of(t)),), (5, 6, 10), 8))
+    assert len(notes) == 1 and "4-step pattern file" in notes[0] and "8-step run" in notes[0]
+    for bad, match in [(dict(grid=(5, 6, 12)), "searched at"),
+                       (dict(experts=(Expert("transformer", {**architecture_of(t), "heads": 4}),)), "searched on"),
+                       (dict(experts=(Expert("transformer", architecture_of(t)), Expert("transformer_2",
+                                                                                        architecture_of(t)))),
+                        "covers transformer")]:
+        run = RunInfo(cpu, torch.float32, **{"experts": (Expert("transformer", architecture_of(t)),), **bad})
+        with pytest.raises(BadInput, match=match):
+            be.prepare(run)
+    with pytest.raises(BadInput, match="searched at"):
+        vsagen.apply(t, be, grid=(5, 6, 12))
+    assert type(t.blocks[0].attn1.processor).__name__ != "VsagenAttnProcessor"  # refused before patching
+    lay = tile_layout((5, 6, 10))
+    q, k, v = make_qkv(1, lay.num_tokens, 2, D, seed=41)
+    be(q, k, v, dataclasses.replace(attn_ctx(lay, None, NullTimer()), layer=1, expert="transformer"))
+    rows = be.report().layers
+    assert [(r["expert"], r["layer"]) for r in rows] == [("transformer", 1)] and rows[0]["heads"] == 2
+    with vsagen.apply(t, be, grid=(5, 6, 10), steps=4) as handle:
+        assert handle.notes == () and be.report().layers == ()  # a new run: the rows start again

@@ -226,3 +226,27 @@ def test_first_layer_key_reads_only_the_names(tmp_path):
     save_file({"blocks.3.attn1.to_gate_compress.bias": torch.zeros(1)}, str(folder / "b.safetensors"))
     assert first_layer_key(folder, spec) == "blocks.3.attn1.to_gate_compress.bias"
     assert first_layer_key(folder, None) is None
+
+
+def test_attaching_from_the_same_source_again_keeps_what_is_there(tmp_path):
+    """Issue 28: attaching is idempotent, so weights attached before the weights were placed (offloading) are kept
+    by the run's `vsagen.apply` (counted, not replaced, not removed by its `remove()`); another source replaces."""
+    import vsagen
+
+    t = make_transformer()
+    f = tmp_path / "gates.safetensors"
+    save_file(gate_tensors(t), f)
+    assert attach_layer_weights(t, SPEC, f) == len(t.blocks)
+    first = [layer_params(b.attn1, SPEC) for b in t.blocks]
+    undo = []
+    assert attach_layer_weights(t, SPEC, f, undo) == len(t.blocks) and undo == []
+    assert [layer_params(b.attn1, SPEC) for b in t.blocks] == first
+    with vsagen.apply(t, "vsa", sparsity=0.5, impl="torch", gate_weights=f) as handle:
+        assert handle.weight_layers == len(t.blocks)
+        assert all(layer_params(b.attn1, SPEC) is m for b, m in zip(t.blocks, first))
+    assert all(layer_params(b.attn1, SPEC) is m for b, m in zip(t.blocks, first))  # not the handle's to remove
+    other = tmp_path / "other.safetensors"
+    save_file(gate_tensors(t, seed=9), other)
+    with vsagen.apply(t, "vsa", sparsity=0.5, impl="torch", gate_weights=other):
+        assert all(layer_params(b.attn1, SPEC) is not m for b, m in zip(t.blocks, first))
+    assert all(layer_params(b.attn1, SPEC) is m for b, m in zip(t.blocks, first))  # put back

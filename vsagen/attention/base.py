@@ -1,4 +1,5 @@
-"""The attention backend protocol shared by every `--attn` choice, and the context each call receives.
+"""The attention backend protocol shared by every `--attn` choice, what a backend learns about a run, and the context
+each call receives.
 
 A backend is a class with a `name`, a frozen `Options` dataclass it declares (defaults, validation in
 `__post_init__`, one docstring line per field), and an instance built from one `Options` value. The processor
@@ -8,11 +9,14 @@ receive the tokens in tile order and `ctx.layout`; the others receive raster ord
 Backends with `traceable = True` can be traced by torch.compile without a graph break (`--compile` then compiles
 the whole transformer block as one graph, attention included); the others run eagerly between compiled graphs.
 
-Two optional methods tie a backend to what it runs on: `bind(transformer, expert, experts=...)`, called by
-`vsagen.apply` for every transformer before it is patched (`experts`: the component names of every transformer of
-the pipeline), raises `BadInput` for a transformer the backend cannot serve (sparse-vdit: a pattern file searched
-on another architecture, or for another set of experts); `check_grid(grid)`, called by the pipeline with the post-patch
-latent grid before a run denoises, raises `BadInput` for a grid it cannot serve (a file searched at another size).
+`AttentionBackend` (a Protocol) declares every member any caller uses; `Backend` is the base class that gives each
+optional one its default, so a backend writes only what it changes. A backend meets a run in one method:
+`prepare(run)` receives a `RunInfo` (device, dtype, the transformers' architectures, the latent grid and the
+step count, as far as they are known) and raises `BadInput` for a run it cannot serve, or returns notes for the
+run. `vsagen.apply` calls it with the loaded transformers when it binds the backend to a pipeline; the command
+layer calls it before loading with the run the request predicts (the preset's architecture, the planned grid), so
+a refusal comes before anything heavy loads: it must be cheap and may be called more than once. What a backend
+reports after a run (its description, per-layer rows) comes back through `report(device)`.
 
 A backend may own per-layer parameters (`weights`, a `LayerWeights`: VSA's trained gate `to_gate_compress`), loaded
 through `vsagen.attention.weights` from the checkpoint or from a safetensors file the user names; the processor of
@@ -22,10 +26,11 @@ layer i hands them over as `ctx.params`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import torch
 
+from ..architecture import ARCH_FIELDS, architecture_from_config, architecture_of  # noqa: F401 - re-exported
 from ..layout import TileLayout
 from ..timing import Timer
 
@@ -121,26 +126,172 @@ class LayerWeights:
     missing_note: str | None = None
 
 
-class AttentionBackend(Protocol):
-    """What the vsagen processor calls for the video self-attention (`attn1`)."""
+@dataclass(frozen=True)
+class Expert:
+    """One transformer a backend runs in: its pipeline component name ("transformer", "transformer_2"; None for a
+    bare transformer) and its architecture (`architecture_of`)."""
 
-    name: ClassVar[str]
+    name: str | None
+    architecture: Mapping[str, Any]  # `vsagen.architecture.architecture_of`
+
+    @property
+    def layers(self) -> int:
+        """Transformer blocks (one `attn1` each)."""
+        return int(self.architecture["layers"])
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a backend needs to know about a run (`AttentionBackend.prepare`), as far as it is known.
+
+    Attributes:
+        device: where the transformers compute; dtype: their dtype.
+        experts: every transformer of the pipeline the backend is bound to, in order (empty: not known yet, e.g. a
+            hub checkpoint no preset describes, before it is loaded).
+        grid: the post-patch latent grid (T, Hl, Wl) denoised, or None where each forward decides it (a pipeline
+            patched by `vsagen.apply` without a grid: the backend sees it in `ctx.layout`).
+        steps: denoising steps of one pipeline call, or None (unknown).
+        predicted: True when the facts come from the request before loading (the preset's architecture), False
+            when `vsagen.apply` binds the backend to loaded transformers.
+    """
+
+    device: torch.device
+    dtype: torch.dtype
+    experts: tuple[Expert, ...] = ()
+    grid: tuple[int, int, int] | None = None
+    steps: int | None = None
+    predicted: bool = False
+
+    @property
+    def expert_names(self) -> tuple[str | None, ...]:
+        """The component names of `experts`."""
+        return tuple(e.name for e in self.experts)
+
+
+@dataclass(frozen=True)
+class BackendReport:
+    """What a backend says after a run (`AttentionBackend.report`).
+
+    Attributes:
+        info: JSON-ready name and options, and what ran (`describe(device)`: e.g. VSA's `impl_ran`).
+        layers: for backends whose layers run differently (`per_layer`), one JSON-ready row per (expert, layer) of
+            the last run, sorted by expert then layer (sparse-vdit: heads, launches, groups, density, sdpa_heads,
+            modes); empty for the others.
+    """
+
+    info: dict[str, Any]
+    layers: tuple[dict[str, Any], ...] = ()
+
+
+class AttentionBackend(Protocol):
+    """What the vsagen processor, `vsagen.apply`, the commands and the benchmarks use of a self-attention (`attn1`)
+    backend: every member any caller reads. `Backend` gives the optional ones their defaults."""
+
+    name: ClassVar[str]                      # the --attn name
     Options: ClassVar[type]                  # frozen dataclass of the backend's options
     tiled: ClassVar[bool]                    # wants tile order and a TileLayout
     traceable: ClassVar[bool]                # torch.compile traces the call with no graph break
     weights: ClassVar[LayerWeights | None]   # per-layer parameters it can load, or None
+    per_layer: ClassVar[bool]                # its layers run differently (benchmarks time each; `report` rows)
+    # bench_params(heads, head_dim, device, seed) -> the per-layer parameters to time it with, or None (the member
+    # itself is None for a backend timed without parameters)
+    bench_params: ClassVar[Callable[..., Any] | None]
     options: Any                             # an instance of Options
 
-    def __init__(self, options: Any) -> None: ...
+    def __init__(self, options: Any = None) -> None: ...
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raise `BadInput` with a reason if this backend cannot run on `device` / `dtype`."""
 
+    def prepare(self, run: RunInfo) -> tuple[str, ...]:
+        """Take the run's facts before it starts; raise `BadInput` for a run it cannot serve; return notes for
+        the run (empty for none). Cheap and repeatable (see the module docstring)."""
+
     def describe(self, device: torch.device | None = None) -> dict:
         """JSON-ready name and options; given the run's device, also what runs there (e.g. VSA's `impl_ran`)."""
 
+    def report(self, device: torch.device | None = None) -> BackendReport:
+        """What the backend says after a run: `describe(device)` and its per-layer rows."""
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D); returns (B, S, H, D) like q."""
+
+
+# Every member of the protocol, for the registry's validation of a backend class or object.
+PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_layer", "bench_params", "check",
+                    "prepare", "describe", "report", "__call__")
+
+
+class Backend:
+    """The base class of vsagen's backends: the defaults of the protocol's optional members. A subclass sets
+    `name`, `Options`, `tiled`, `traceable` and writes `__call__`; it overrides `check`, `prepare`, `describe` and
+    `report` where it has more to say."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type] = NoOptions
+    tiled: ClassVar[bool] = False
+    traceable: ClassVar[bool] = False
+    weights: ClassVar[LayerWeights | None] = None
+    per_layer: ClassVar[bool] = False
+    bench_params: ClassVar[Callable[..., Any] | None] = None
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = self.Options() if options is None else options
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Runs everywhere (no refusal)."""
+
+    def prepare(self, run: RunInfo) -> tuple[str, ...]:
+        """`check(run.device, run.dtype)`; no notes."""
+        self.check(run.device, run.dtype)
+        return ()
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name", **the options set}."""
+        return {"name": self.name, **options_dict(self.options)}
+
+    def report(self, device: torch.device | None = None) -> BackendReport:
+        """`describe(device)`, no per-layer rows."""
+        return BackendReport(self.describe(device))
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} does not implement the attention call")
+
+
+class BackendWrapper(Backend):
+    """A backend around another one (`inner`): every protocol member is the inner backend's unless the wrapper
+    overrides it (vsagen compare's attention probe, Ulysses' all-to-all). Class-level members (`name`, `tiled`,
+    ...) are copied onto the instance."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.Options = inner.Options
+        self.options = inner.options
+        self.tiled = inner.tiled
+        self.traceable = inner.traceable
+        self.weights = inner.weights
+        self.per_layer = inner.per_layer
+        self.bench_params = inner.bench_params
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """The inner backend's."""
+        self.inner.check(device, dtype)
+
+    def prepare(self, run: RunInfo) -> tuple[str, ...]:
+        """The inner backend's."""
+        return self.inner.prepare(run)
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """The inner backend's."""
+        return self.inner.describe(device)
+
+    def report(self, device: torch.device | None = None) -> BackendReport:
+        """The inner backend's, with this wrapper's `describe`."""
+        return BackendReport(self.describe(device), self.inner.report(device).layers)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        return self.inner(q, k, v, ctx)
 
 
 def option_names(options_cls: type) -> list[str]:

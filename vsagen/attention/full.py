@@ -10,20 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import BadInput
-from .base import AttnContext, NoOptions
+from .base import AttnContext, Backend, NoOptions
 
 
-class FullAttention:
+class FullAttention(Backend):
     """Dense self-attention, the baseline every sparse backend is measured against (no options)."""
 
     name = "full"
     Options = NoOptions
     tiled = False
     traceable = True  # SDPA (and the sdpa_kernel context on CUDA) traces without a graph break
-    weights = None
-
-    def __init__(self, options: NoOptions | None = None) -> None:
-        self.options = NoOptions() if options is None else options
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput for fp32 on CUDA (cuDNN and flash need bf16 / fp16)."""

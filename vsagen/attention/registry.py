@@ -1,4 +1,4 @@
-"""The registry: `--attn` names -> backend classes, and nothing else.
+"""The registry: `--attn` names -> backend classes, and the one check that a class or object is a backend.
 
 `BackendName` (a `str` Enum built from it) is the one source of names; Typer accepts it as an option type. Only
 backends that really work are registered; the CLI lists exactly these. Adding a backend: its class in
@@ -8,17 +8,40 @@ backends that really work are registered; the CLI lists exactly these. Adding a 
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any
 
 from ..errors import BadInput
+from .base import PROTOCOL_MEMBERS
 from .full import FullAttention
 from .rocm_vsa import ROCmVSAAttention
 from .sla_star import SLAStarAttention
 from .sparse_vdit import SparseVDiTAttention
 from .vsa import VSAAttention
 
+
+def missing_members(backend: Any) -> list[str]:
+    """The members of the backend protocol (`vsagen.attention.base.AttentionBackend`) that `backend`, a class or an
+    object, lacks: the registry's own validation, the one place that probes a backend's attributes (a class built
+    on `vsagen.attention.base.Backend` has them all)."""
+    return [m for m in PROTOCOL_MEMBERS if not hasattr(backend, m)]
+
+
+def check_backend_class(cls: type) -> type:
+    """`cls`, once it is known to declare every protocol member and a name.
+
+    Raises:
+        TypeError: a member is missing (a programming error of the backend's module, found at import).
+    """
+    missing = missing_members(cls)
+    if missing or not isinstance(getattr(cls, "name", None), str):
+        raise TypeError(f"{cls.__name__} is not an attention backend: it lacks {', '.join(missing) or 'a name'} "
+                        "(derive it from vsagen.attention.base.Backend)")
+    return cls
+
+
 _BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, ROCmVSAAttention, SLAStarAttention, SparseVDiTAttention)
 
-REGISTRY: dict[str, type] = {cls.name: cls for cls in _BACKENDS}
+REGISTRY: dict[str, type] = {cls.name: check_backend_class(cls) for cls in _BACKENDS}
 
 BackendName = Enum("BackendName", {n.upper().replace("-", "_"): n for n in REGISTRY}, type=str)
 BackendName.__doc__ = "The registered `--attn` names (a str Enum: Typer accepts it as an option type)."

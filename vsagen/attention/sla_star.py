@@ -34,7 +34,7 @@ import torch
 from ..errors import BadInput
 from ..kernels import reference as ref
 from ..kernels.tuning import KernelTuning
-from .base import AttnContext, LayerWeights
+from .base import AttnContext, Backend, LayerWeights
 from .weights import weights_path_option
 from .vsa import DEFAULT_SPARSITY, VSAAttention, VSAOptions
 
@@ -95,7 +95,7 @@ def _proj_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module
     return lin
 
 
-class SLAStarAttention:
+class SLAStarAttention(Backend):
     """VSA plus a projected linear-attention branch (global or marginal scope)."""
 
     name = "sla-star"
@@ -111,7 +111,7 @@ class SLAStarAttention:
                                         "is zero and the output is exactly vsa's (name one with proj_weights=FILE)")
 
     def __init__(self, options: SLAStarOptions | None = None) -> None:
-        self.options = SLAStarOptions() if options is None else options
+        super().__init__(options)
         o = self.options
         self._vsa = VSAAttention(VSAOptions(sparsity=o.sparsity, impl=o.impl, tuning=o.tuning))
 

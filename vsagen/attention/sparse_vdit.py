@@ -21,24 +21,26 @@ fp32 from the same tables, the default elsewhere and the tests' per-head referen
 oracle masks).
 
 A file searched on another architecture (model, layer or head count) or expert is refused when the backend is
-applied (`bind`); one searched at another size is refused when the run's grid is known, unless `remap=true`
-(`vsagen.sparsity.files`).
+prepared for a run (`prepare`: before loading with the preset's architecture, and when `vsagen.apply` binds it to the
+loaded transformers); one searched at another size is refused once the run's grid is known, unless `remap=true`
+(`vsagen.sparsity.files`). What each layer ran is in `report(device).layers`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
 
+from ..architecture import architecture_of
 from ..errors import BadInput
 from ..kernels.tuning import KernelTuning
-from ..sparsity.files import PatternFile, architecture_of, file_hash, load_patterns
+from ..sparsity.files import PatternFile, file_hash, load_patterns
 from ..sparsity.patterns import Pattern, block_map, q2k_table, skip
-from .base import AttnContext
+from .base import AttnContext, Backend, BackendReport, RunInfo
 
 IMPLS = ("auto", "triton", "torch")
 # The grouped kernels' launches per `query_block`: (block_m, num_warps, num_stages) of the forward, then of dQ.
@@ -123,17 +125,17 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_ma
     return torch.stack(outs, dim=2).to(q.dtype)
 
 
-class SparseVDiTAttention:
+class SparseVDiTAttention(Backend):
     """Static per-head patterns from a pattern file, all heads of a layer in one block-sparse launch."""
 
     name = "sparse-vdit"
     Options = SparseVDiTOptions
     tiled = True
     traceable = False  # the per-layer table lookup is Python; the kernel call runs eagerly between graphs
-    weights = None
+    per_layer = True  # each (expert, layer) has its own modes: benchmarks time every layer, `report` has their rows
 
     def __init__(self, options: SparseVDiTOptions | None = None) -> None:
-        self.options = SparseVDiTOptions() if options is None else options
+        super().__init__(options)
         self.file: PatternFile | None = None
         self.file_sha256: str | None = None
         if self.options.patterns is not None:
@@ -170,11 +172,31 @@ class SparseVDiTAttention:
             raise BadInput("impl triton (--attn-impl triton or sparse-vdit:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
+    def prepare(self, run: RunInfo) -> tuple[str, ...]:
+        """Take a run: `check` its device and dtype, refuse transformers the file was not searched on (`bind`) and
+        a grid it was not searched at (`check_grid`), map the file's step ranges onto the run's step count
+        (`check_steps`, whose note is returned), and forget what the layers ran in the previous run (a run on
+        another grid runs other tables).
+
+        Raises:
+            BadInput: see `check`, `bind`, `check_grid`.
+        """
+        self.check(run.device, run.dtype)
+        names = run.expert_names
+        for expert in run.experts:
+            self.bind(expert.architecture, expert.name, experts=names)
+        if run.grid is not None:
+            self.check_grid(run.grid)
+        self.layer_stats.clear()
+        note = self.check_steps(run.steps) if run.steps is not None else None
+        return () if note is None else (note,)
+
     def bind(self, transformer: Any, expert: str | None, experts: Any = None) -> None:
-        """Refuse a transformer the pattern file was not searched on (called by `vsagen.apply` before patching).
+        """Refuse a transformer the pattern file was not searched on (`prepare` calls it for each expert).
 
         Args:
-            transformer: a diffusers WanTransformer3DModel; expert: its component name (None: a bare transformer).
+            transformer: a diffusers WanTransformer3DModel, or its architecture (`vsagen.architecture`'s dict);
+                expert: its component name (None: a bare transformer).
             experts: the component names of every transformer of the pipeline, if known.
 
         Raises:
@@ -183,7 +205,8 @@ class SparseVDiTAttention:
         """
         if self.file is None:
             return
-        self.file.check_architecture(architecture_of(transformer), expert, self.where)
+        arch = transformer if isinstance(transformer, Mapping) else architecture_of(transformer)
+        self.file.check_architecture(arch, expert, self.where)
         names = [e for e in (experts or ()) if e is not None]
         if names and set(names) != set(self.file.experts):
             raise BadInput(f"{self.where} covers {', '.join(self.file.experts)}, this pipeline has "
@@ -233,6 +256,16 @@ class SparseVDiTAttention:
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
         return d
+
+    def report(self, device: torch.device | None = None) -> BackendReport:
+        """`describe(device)` and what each (expert, layer) ran in its first call of the last run (`layer_stats`),
+        sorted by expert then layer: {"expert", "layer", "heads", "launches" (kernel launches and SDPA calls of one
+        call: 0 for a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed
+        tile pairs / (heads x tiles^2)), "sdpa_heads" (heads run by SDPA instead of the kernel), "modes" ({mode
+        name: heads})}."""
+        rows = tuple({**self.layer_stats[key], "modes": dict(self.layer_stats[key]["modes"])}
+                     for key in sorted(self.layer_stats, key=lambda k: (k[0] or "", k[1])))
+        return BackendReport(self.describe(device), rows)
 
     def layer_table(self, modes: tuple[Pattern, ...], layout: Any,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

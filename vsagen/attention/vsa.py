@@ -25,7 +25,7 @@ import torch
 from ..errors import BadInput
 from ..kernels import reference as ref
 from ..kernels.tuning import KernelTuning
-from .base import AttnContext, LayerWeights
+from .base import AttnContext, Backend, LayerWeights
 from .weights import weights_path_option
 
 DEFAULT_SPARSITY = 0.875
@@ -93,7 +93,7 @@ def _gate_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module
     return lin
 
 
-class VSAAttention:
+class VSAAttention(Backend):
     """VSA with a fixed sparsity (fraction of key tiles skipped per query tile)."""
 
     name = "vsa"
@@ -107,9 +107,6 @@ class VSAAttention:
                            file_option="gate_weights")
 
     kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning
-
-    def __init__(self, options: VSAOptions | None = None) -> None:
-        self.options = VSAOptions() if options is None else options
 
     def tuning(self, q: torch.Tensor):
         """The Triton kernels' tuning for q (B, S, H, D): the `tuning` option, else the device's default of this

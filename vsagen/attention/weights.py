@@ -219,7 +219,9 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
         source: a checkpoint's transformer folder (its *.safetensors files) or one .safetensors file; None or a
             missing folder means nothing to load.
         undo: if given, receives one function per attached layer that puts back what that layer had before
-            (the earlier Module, or none): undoing touches only what this call attached.
+            (the earlier Module, or none): undoing touches only what this call attached. A layer holding a Module
+            this function attached from the same `source` keeps it (and counts): attaching is idempotent, so the
+            weights a run attached before the weights were placed (offloading) are not attached twice.
         require_all: refuse a source that does not cover every layer (files the user names).
 
     Returns:
@@ -234,14 +236,24 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
     found = read_layer_tensors(source, spec, keys, strict=require_all)
     attns = [block.attn1 for block in transformer.blocks]
     check_layer_tensors(found, spec, attns, source, keys, require_all)
+    origin = str(source.resolve())
     for layer, tensors in found.items():
         attn = attns[layer]
+        if _origin(attn._modules.get(spec.attr)) == origin:
+            continue  # attached from this source already (before the weights were placed): kept as it is
         ref = attn.to_q.weight
         module = spec.build(tensors, attn).to(device=ref.device, dtype=spec.dtype or ref.dtype)
+        module.vsagen_weights_origin = origin
         if undo is not None:
             undo.append(_restorer(attn, spec.attr, module))
         setattr(attn, spec.attr, module)
     return len(found)
+
+
+def _origin(module: torch.nn.Module | None) -> str | None:
+    """The resolved path of the file or folder an attached Module was loaded from, or None (none attached, or one
+    attached by other means)."""
+    return None if module is None else module.__dict__.get("vsagen_weights_origin")
 
 
 def _restorer(attn: Any, attr: str, attached: torch.nn.Module) -> Callable[[], None]:
@@ -299,7 +311,7 @@ def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path 
 
 def named_weights_file(backend_cls: type, options: Any) -> Path | None:
     """The weights file a backend's options name (`LayerWeights.file_option`), or None."""
-    spec = getattr(backend_cls, "weights", None)
+    spec = backend_cls.weights
     if spec is None or spec.file_option is None:
         return None
     named = getattr(options, spec.file_option, None)

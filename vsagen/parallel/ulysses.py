@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..attention.base import BackendWrapper
+
 
 def _world(group: Any) -> int:
     import torch.distributed as dist
@@ -94,7 +96,7 @@ def heads_to_seq(x: torch.Tensor, group: Any) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s // n, n * hl, d)
 
 
-class UlyssesAttention:
+class UlyssesAttention(BackendWrapper):
     """Any attention backend over a sequence split across ranks: `seq_to_heads` on q, k, v, the backend on the whole
     sequence for H / N heads (with the global tile layout in `ctx.layout`), `heads_to_seq` on its output.
 
@@ -107,17 +109,9 @@ class UlyssesAttention:
     """
 
     def __init__(self, backend: Any, group: Any) -> None:
-        self.inner = backend
+        super().__init__(backend)
         self.group = group
-        self.name = backend.name
-        self.options = backend.options
-        self.tiled = backend.tiled
         self.traceable = False
-        self.weights = backend.weights
-
-    def check(self, device: torch.device, dtype: torch.dtype) -> None:
-        """The backend's own check."""
-        self.inner.check(device, dtype)
 
     def describe(self, device: torch.device | None = None) -> dict:
         """The backend's description with "ulysses": N."""

@@ -34,26 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..architecture import ARCH_FIELDS, architecture_of  # noqa: F401 - architecture_of: the file's own word
 from ..errors import BadInput
 from .patterns import Pattern, block_density
 
 FORMAT = "vsagen-sparse-vdit"
 VERSION = 1
-ARCH_FIELDS = ("layers", "heads", "head_dim", "in_channels", "ffn_dim", "patch_size")
-
-
-def architecture_of(transformer: Any) -> dict[str, Any]:
-    """The architecture a pattern file is tied to, read from a diffusers `WanTransformer3DModel` (its config and its
-    first block's `attn1`): {"layers", "heads", "head_dim", "in_channels", "ffn_dim", "patch_size"}."""
-    cfg = getattr(transformer, "config", None)
-    attn = transformer.blocks[0].attn1
-    heads = int(getattr(attn, "heads", getattr(cfg, "num_attention_heads", 0)))
-    inner = attn.to_q.weight.shape[0] if hasattr(attn, "to_q") else attn.inner_dim
-    return {"layers": len(transformer.blocks), "heads": heads, "head_dim": int(inner) // max(heads, 1),
-            "in_channels": int(getattr(cfg, "in_channels", 0) or 0), "ffn_dim": int(getattr(cfg, "ffn_dim", 0) or 0),
-            "patch_size": [int(p) for p in getattr(cfg, "patch_size", (1, 2, 2))]}
-
-
 def _arch_text(a: Mapping[str, Any]) -> str:
     return f"{a['layers']} layers x {a['heads']} heads of {a['head_dim']}, {a['in_channels']} input channels"
 

@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..attention.base import Backend, RunInfo
 from ..config import DEVICES, DTYPES, TILE_FITS, Request, check_choice, fill_and_check, resolve_device
 from ..errors import BadInput, RunFailure
 from ..models import DEFAULT_MODEL, resolve_model
@@ -252,7 +253,7 @@ class ScoreOptions:
             raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
 
 
-class ModeScorer:
+class ModeScorer(Backend):
     """The search's attention backend (not registered: `vsagen search` builds it): returns full attention and
     accumulates every mode's relative MSE per (step range, expert, layer, head).
 
@@ -266,14 +267,13 @@ class ModeScorer:
     Options = ScoreOptions
     tiled = True  # the modes are compiled on the tile grid
     traceable = False
-    weights = None
 
     def __init__(self, modes: Sequence[Pattern] | None = None, steps: int = 1, ranges: int = 1,
                  options: ScoreOptions | None = None) -> None:
         from ..attention.full import FullAttention
         from ..attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
 
-        self.options = ScoreOptions() if options is None else options
+        super().__init__(options)
         self.modes = tuple(default_catalog() if modes is None else modes)
         if len({p.name for p in self.modes}) != len(self.modes):
             raise ValueError("the mode catalog has two modes of one name")
@@ -303,13 +303,16 @@ class ModeScorer:
             d["impl_ran"] = self._sparse.resolved_impl(device)
         return d
 
-    def bind(self, transformer: Any, expert: str | None, experts: Any = None) -> None:
-        """Record the architecture of each transformer it is applied to (called by `vsagen.apply`)."""
-        self.architectures[expert or "transformer"] = architecture_of(transformer)
-
-    def check_grid(self, grid: tuple[int, int, int]) -> None:
-        """Record the latent grid a run denoises (called by `Session.run`)."""
-        self.grids.add(tuple(grid))
+    def prepare(self, run: RunInfo) -> tuple[str, ...]:
+        """`check` the run's device and dtype; once bound to loaded transformers (`vsagen.apply`), record each one's
+        architecture and the latent grid the run denoises."""
+        self.check(run.device, run.dtype)
+        if not run.predicted:
+            for expert in run.experts:
+                self.architectures[expert.name or "transformer"] = dict(expert.architecture)
+            if run.grid is not None:
+                self.grids.add(tuple(run.grid))
+        return ()
 
     def range_of(self, step: int) -> int:
         """The index of the step range holding denoising step `step` (steps past the last: the last range)."""
@@ -445,7 +448,7 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
 
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
-    session = Session.load(cfg, [scorer], progress=progress, log=log)
+    session = Session.load(cfg, [scorer], tile_fits=(cfg.tile_fit,), progress=progress, log=log)
     plan = session.plan(cfg.tile_fit)
     for i, text in enumerate(cfg.prompts):
         log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")

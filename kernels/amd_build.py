@@ -190,19 +190,27 @@ def rocm_vsa_builds(target: str, head_dim: int = 128, heads: int = 12, grid=(5, 
     from .coarse import coarse_stage
     from .reference import top_k_from_sparsity
     from .tuning import arch_tuning
-    from vsagen.layout import tile_layout
 
     tuning = arch_tuning(ARCH_OF_TARGET[target], head_dim, profile) if tuning is None else tuning
-    lay = tile_layout(grid)
-    off = lay.tile_offsets.to(torch.int32)
-    q, k, v = (torch.randn(1, lay.num_tokens, heads, head_dim, dtype=torch.bfloat16, requires_grad=True)
+    off = _tile_offsets(grid)
+    q, k, v = (torch.randn(1, int(off[-1]), heads, head_dim, dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     builds: list[KernelBuild] = []
     with capture_builds(target, builds):
-        c = coarse_stage(q.detach(), k.detach(), off, top_k_from_sparsity(0.875, lay.num_tiles), tuning=tuning)
+        c = coarse_stage(q.detach(), k.detach(), off, top_k_from_sparsity(0.875, off.numel() - 1), tuning=tuning)
         out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, off, tuning=tuning)
         out.backward(torch.ones_like(out))
     return builds
+
+
+def _tile_offsets(grid: tuple[int, int, int], tile: int = 4) -> torch.Tensor:
+    """(n_tiles + 1,) int32 start of each (4, 4, 4) tile of `grid` in tile order (tiles t, h, w row-major, edge tiles
+    partial), as `vsagen.layout.TileLayout.tile_offsets` (kernels import nothing of vsagen's)."""
+    import itertools
+
+    per_dim = [[min(tile, g - s) for s in range(0, g, tile)] for g in grid]
+    sizes = [a * b * c for a in per_dim[0] for b in per_dim[1] for c in per_dim[2]]
+    return torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
 
 
 def _table(builds: list[KernelBuild]) -> str:

@@ -159,7 +159,7 @@ def test_warmup_is_reported_apart(cli_cache, tmp_path):
 
 
 class _Recorder:
-    """Stands in for vsagen.generate.generate: records the RunConfig, or raises `error`."""
+    """Stands in for vsagen.commands.generate.generate: records the RunConfig, or raises `error`."""
 
     def __init__(self, error: Exception | None = None):
         self.configs = []
@@ -179,7 +179,7 @@ class _Recorder:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = _Recorder()
-    monkeypatch.setattr("vsagen.generate.generate", rec)
+    monkeypatch.setattr("vsagen.commands.generate.generate", rec)
     return rec
 
 
@@ -234,7 +234,7 @@ def test_errors_while_running_map_to_one_line(monkeypatch, tmp_path, error, code
         error = errors.RunFailure("decoding failed")
     elif error == "ModelNotFound":
         error = errors.ModelNotFound("no such model")
-    monkeypatch.setattr("vsagen.generate.generate", _Recorder(error))
+    monkeypatch.setattr("vsagen.commands.generate.generate", _Recorder(error))
     res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "x.mp4"))
     assert res.exit_code == code
     assert assert_one_error_line(res.stderr, res.stdout) == expected
@@ -452,7 +452,7 @@ def test_dangling_symlink_output_is_refused_up_front(cli_cache, tmp_path):
 
 
 def test_default_output_name_counts_up_and_overwrite_reuses_it(cli_cache, tmp_path, monkeypatch):
-    from vsagen.config import resolve
+    from vsagen.commands.generate_config import resolve_generate as resolve
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "vsagen-tiny-full-seed0.mp4").write_bytes(b"old")

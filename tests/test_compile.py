@@ -238,7 +238,7 @@ def test_torch_compile_failures_name_the_option(monkeypatch, tmp_path):
     line says where it came from (new-user trial: a broken C++ toolchain gave a bare InductorError)."""
     from torch._inductor.exc import InductorError
 
-    import vsagen.generate
+    import vsagen.commands.generate
 
     def broken(*args, **kwargs):
         try:
@@ -246,12 +246,12 @@ def test_torch_compile_failures_name_the_option(monkeypatch, tmp_path):
         except RuntimeError as e:
             raise InductorError(e, "") from e
 
-    monkeypatch.setattr(vsagen.generate, "generate", broken)
+    monkeypatch.setattr(vsagen.commands.generate, "generate", broken)
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--compile", "--out",
                               str(tmp_path / "x.mp4")])
     assert res.exit_code == 1
     line = assert_one_error_line(res.stderr, res.stdout)
     assert "InductorError" in line and "try without --compile" in line
-    monkeypatch.setattr(vsagen.generate, "generate", lambda *a, **k: (_ for _ in ()).throw(ValueError("plain")))
+    monkeypatch.setattr(vsagen.commands.generate, "generate", lambda *a, **k: (_ for _ in ()).throw(ValueError("plain")))
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--out", str(tmp_path / "y.mp4")])
     assert res.exit_code == 1 and "--compile" not in res.stderr

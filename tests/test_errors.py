@@ -34,7 +34,7 @@ def test_the_cli_exits_with_the_class_exit_code(monkeypatch, tmp_path, cls):
     def fail(cfg, **kwargs):
         raise cls(f"{cls.__name__} from the library")
 
-    monkeypatch.setattr("vsagen.generate.generate", fail)
+    monkeypatch.setattr("vsagen.commands.generate.generate", fail)
     res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu",
                                    "--out", str(tmp_path / "v.mp4")])
     assert res.exit_code == cls.exit_code

@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 from vsagen.cli import app
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
 from vsagen.presets import _preset_dir, load_preset, parse_preset
 from vsagen.video import read_mp4
@@ -253,7 +253,7 @@ def test_ti2v_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, 
     """Per-token timesteps through the tile-order hooks, end to end: `--attn vsa --sparsity 0` (tile order, every
     tile selected) gives the frames of `--attn full` (raster order), compared as handed to the encoder (at most
     1 uint8 level apart; see test_pipeline.test_vsa_at_sparsity_zero_gives_the_frames_of_full)."""
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     frames = encoder_frames
     # grid 2 x 5 x 7: partial tiles on every axis

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 
 REFERENCE = Path(__file__).parent / "data" / "frames_before_issue11.npz"
 MAX_LEVELS = 1  # uint8 levels: float32 summation-order noise may flip a rounding, nothing more
@@ -24,7 +24,7 @@ MAX_LEVELS = 1  # uint8 levels: float32 summation-order noise may flip a roundin
 @pytest.mark.parametrize("attn,options", [("full", {}), ("vsa", {"sparsity": 0.5, "attn_impl": "torch"})])
 def test_frames_match_the_recorded_reference(vsagen_cache, tmp_path, monkeypatch, attn, options):
     import vsagen.video as video
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     written = {}
     encode_mp4 = video.encode_mp4

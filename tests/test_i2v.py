@@ -235,8 +235,8 @@ def test_ti2v_image_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_
     """Image to video with per-token timesteps that differ across tokens (the image's first latent frame gets
     t = 0, the rest t): `--attn vsa --sparsity 0` (tile order) gives the frames of `--attn full` (raster
     order), so the timesteps are reordered with the tokens (at most 1 uint8 level apart, as in test_families)."""
-    from vsagen.config import resolve
-    from vsagen.generate import generate
+    from vsagen.commands.generate_config import resolve_generate as resolve
+    from vsagen.commands.generate import generate
 
     img = noise_image(tmp_path / "in.png", size=(224, 160))
     common = dict(model="tiny-ti2v", frames=5, height=160, width=224, steps=1, device="cpu", image=img)
@@ -333,8 +333,8 @@ def test_last_image_goes_into_the_condition_of_a_model_without_clip(i2v_a14b_dir
     last image (white, then black) changes what the transformer predicts. (The decoded uint8 videos are not
     compared: the tiny random VAE hardly tells images apart; its latents of a white and a black image differ by a
     few 1e-3, less than one uint8 level after denoising and decoding.)"""
-    from vsagen.config import resolve
-    from vsagen.generate import generate
+    from vsagen.commands.generate_config import resolve_generate as resolve
+    from vsagen.commands.generate import generate
 
     first = noise_image(tmp_path / "first.png")
     lasts = [None, tmp_path / "white.png", tmp_path / "black.jpg"]
@@ -369,7 +369,7 @@ def test_flf2v_random_weights_with_a_last_image(vsagen_cache, tmp_path):
 
 
 def test_local_flf2v_and_i2v_checkpoints_get_their_own_preset(flf2v_dir, i2v_dir, tmp_path):
-    from vsagen.config import resolve
+    from vsagen.commands.generate_config import resolve_generate as resolve
     from vsagen.presets import LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 
     first, last = noise_image(tmp_path / "first.png"), noise_image(tmp_path / "last.png", seed=1)
@@ -420,7 +420,7 @@ def test_last_image_is_for_image_to_video_only(vsagen_cache, tmp_path, monkeypat
     import sys
 
     from vsagen.cli import main
-    from vsagen.config import resolve
+    from vsagen.commands.generate_config import resolve_generate as resolve
 
     last = noise_image(tmp_path / "last.png")
     monkeypatch.setattr(sys, "argv", ["vsagen", "t2v", "a fox", "--model", "tiny", "--last-image", str(last),

@@ -113,3 +113,44 @@ def test_nothing_is_decided_at_import(name):
     for sub in import_time_nodes(ast.parse(path.read_text())):
         attr = sub.attr if isinstance(sub, ast.Attribute) else (sub.id if isinstance(sub, ast.Name) else None)
         assert attr not in READS, f"{path.relative_to(ROOT)}:{sub.lineno} reads {attr} at import"
+
+
+# The layers of vsagen, bottom to top (docs/internals.md, "Layers"): a module imports only modules of its own layer
+# or of a layer below, anywhere in the file (top level or inside a function). Every module belongs to one layer.
+LAYERS = (
+    ("kernels", ("vsagen.kernels",)),
+    ("primitives", ("vsagen.errors", "vsagen.architecture", "vsagen.layout", "vsagen.timing", "vsagen.video",
+                    "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench", "vsagen.attention",
+                    "vsagen.sparsity", "vsagen.parallel")),
+    ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.tiny", "vsagen.paths")),
+    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading")),
+    ("commands", ("vsagen.commands",)),
+    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing")),
+)
+
+
+def layer_of(name: str) -> int:
+    """The index in LAYERS of module `name`: the layer of its longest matching prefix (a package or the module)."""
+    best = max(((len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
+                if name == p or name.startswith(p + ".")), default=None)
+    assert best is not None, f"{name} belongs to no layer: add it to LAYERS (and docs/internals.md)"
+    return best[1]
+
+
+def test_layer_of_takes_the_longest_prefix():
+    assert [layer_of(n) for n in ("vsagen.kernels.coarse", "vsagen.attention.vsa", "vsagen.request.resolve",
+                                  "vsagen.pipeline", "vsagen.commands.profile", "vsagen.cli", "vsagen")] == \
+        [0, 1, 2, 3, 4, 5, 5]
+
+
+def test_no_module_imports_a_layer_above_it():
+    """Issue 28: the primitives (attention/, sparsity/, parallel/, kernels/, layout, timing, video, image, ...) import
+    no request, run or command module; requests import no run module; the run layer no command."""
+    files = modules()
+    wrong = []
+    for name, path in sorted(files.items()):
+        mine = layer_of(name)
+        for dep in sorted(imported(name, path, files)):
+            if layer_of(dep) > mine:
+                wrong.append(f"{name} ({LAYERS[mine][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]})")
+    assert not wrong, "\n".join(wrong)

@@ -17,7 +17,7 @@ import conftest
 from conftest import cached_locally
 import torch
 
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput, ModelNotFound
 from vsagen.video import read_mp4
 
@@ -60,7 +60,7 @@ def patched_output(transformer, attn: str, sparsity, inputs):
 
 @pytest.mark.slow
 def test_local_checkpoint_directory_loads(vsagen_cache, tiny_pipe, tmp_path):
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     ckpt = tmp_path / "my-wan"
     tiny_pipe.save_pretrained(ckpt, safe_serialization=True)
@@ -102,7 +102,7 @@ def test_pickle_only_weights_need_allow_pickle(vsagen_cache, tiny_dir, tmp_path)
 
 
 def test_pickle_refusal_through_generate_writes_nothing(vsagen_cache, tiny_dir, tmp_path):
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
     _make_pickle_only(ckpt)
@@ -141,7 +141,7 @@ def test_foreign_components_are_refused(vsagen_cache, tiny_dir, tmp_path, edit):
 def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
     from vsagen.loading import load_model
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "gated")
@@ -202,7 +202,7 @@ def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
 @pytest.mark.parametrize("model,hub_id", [("some-org/some-model", "some-org/some-model"),
                                           ("wan2.1-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
 def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     if cached_locally(hub_id):
         pytest.skip(f"{hub_id} is in the local Hugging Face cache")
@@ -230,7 +230,7 @@ def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
 
 @pytest.mark.slow
 def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
     from vsagen.loading import load_model
 
     cfg = resolve("ignored prompt", model="tiny", random_weights=True, steps=STEPS, out=tmp_path / "rw.mp4")

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from vsagen.errors import BadInput, ModelNotFound
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.models import DEFAULT_MODEL, ModelSource, attention_dims, resolve_model
 from vsagen.presets import I2V_PIPELINE, LAST_IMAGE_NONE, LAST_IMAGE_REQUIRED, load_preset
 

@@ -20,7 +20,7 @@ from conftest import noise_image, one_error_line
 from typer.testing import CliRunner
 
 from vsagen.cli import app
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.video import read_mp4
 
 runner = CliRunner()
@@ -36,7 +36,7 @@ SUM_SLACK_S = 1e-9
 
 @pytest.fixture
 def recorder(monkeypatch):
-    """Replaces vsagen.generate.generate: records the RunConfig the CLI resolved."""
+    """Replaces vsagen.commands.generate.generate: records the RunConfig the CLI resolved."""
     configs = []
 
     def fake(cfg, *, log=None, progress=True, writer=True, cancelled=None):
@@ -47,7 +47,7 @@ def recorder(monkeypatch):
 
         return Result()
 
-    monkeypatch.setattr("vsagen.generate.generate", fake)
+    monkeypatch.setattr("vsagen.commands.generate.generate", fake)
     return configs
 
 
@@ -194,7 +194,7 @@ def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path,
     """Each family (two experts; per-token timesteps; image to video with CLIP and a VAE-encoded condition), run
     with VSA (tile order) under no, model and group offload on the CPU: the same frames, bit for bit, the same
     number of DiT forwards and attention stages, and offload recorded in the JSON."""
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     image = noise_image(tmp_path / "in.png") if model == "tiny-i2v" else None
     summaries = {}

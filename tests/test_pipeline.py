@@ -72,7 +72,7 @@ def test_note_says_when_the_compile_is_timed():
 def tiny_session(vsagen_cache, tiny_dir, tmp_path):
     """A Session on the tiny model at 5 x 64 x 64 (grid 2 x 4 x 4), one step, CFG on, CPU."""
     from vsagen.attention import make_backend
-    from vsagen.config import resolve
+    from vsagen.commands.generate_config import resolve_generate as resolve
     from vsagen.pipeline import Session
 
     cfg = resolve("a red fox", model="tiny", frames=5, height=64, width=64, steps=1, warmup=0, device="cpu",

@@ -1,5 +1,6 @@
 """The layout of tests/: every module of vsagen/ has tests/test_<module>.py and every module of vsagen/attention/
-has tests/attention/test_<module>.py (vsagen/sparsity/, vsagen/parallel/: tests/sparsity/, tests/parallel/), each importing its module (kernels/: tests/kernels/test_package.py); every
+has tests/attention/test_<module>.py (vsagen/sparsity/, vsagen/parallel/, vsagen/request/, vsagen/commands/:
+tests/sparsity/, tests/parallel/, tests/request/, tests/commands/), each importing its module (kernels/: tests/kernels/test_package.py); every
 other test file is a feature-level one that tests/README.md names; no two test files share a basename (the test
 folders are not packages, so pytest imports every test file by its basename)."""
 
@@ -16,7 +17,9 @@ TESTS = ROOT / "tests"
 PACKAGES = {"vsagen": (ROOT / "vsagen", TESTS),
             "vsagen.attention": (ROOT / "vsagen" / "attention", TESTS / "attention"),
             "vsagen.sparsity": (ROOT / "vsagen" / "sparsity", TESTS / "sparsity"),
-            "vsagen.parallel": (ROOT / "vsagen" / "parallel", TESTS / "parallel")}
+            "vsagen.parallel": (ROOT / "vsagen" / "parallel", TESTS / "parallel"),
+            "vsagen.request": (ROOT / "vsagen" / "request", TESTS / "request"),
+            "vsagen.commands": (ROOT / "vsagen" / "commands", TESTS / "commands")}
 
 
 def package_modules() -> list[tuple[str, str]]:

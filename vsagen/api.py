@@ -37,6 +37,7 @@ from .architecture import architecture_of
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
 from .attention.spec import make_options, parse_spec
 from .errors import BadInput
+from .attention.hooks import wrap_method
 from .timing import Timer, TimingReport
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
@@ -162,22 +163,6 @@ class AppliedBackend:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
-
-
-def wrap_method(obj: Any, name: str, make: Callable[[Callable], Callable]) -> Callable[[], None]:
-    """Replace `obj.name` on this instance by `make(original)`; returns the undo, which gives the instance back
-    what it had (its own attribute, or none, so the class's method shows again)."""
-    own = name in vars(obj)
-    saved = vars(obj).get(name)
-    setattr(obj, name, make(getattr(obj, name)))
-
-    def undo() -> None:
-        if own:
-            setattr(obj, name, saved)
-        else:
-            delattr(obj, name)
-
-    return undo
 
 
 def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], None]:

@@ -8,22 +8,23 @@ torchrun launch (`--ulysses`, `--cfg-parallel`) rank 0 prints; the other ranks p
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import signal
 import sys
 import threading
+import typing
 import warnings
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from .cli_options import (AllowPickle, Attn, AttnImpl, CfgParallel, Compile, Device, Dtype, Fps, Frames, FlowShift,
-                          Guidance, Guidance2, Height, JsonOut, Model, NegativePrompt, Offload, Out, Overwrite,
-                          ProfileCompile, RandomWeights, Seed, Sparsity, Steps, TileFit, Ulysses, VaeTiling, Verbose,
-                          Warmup, Width)
+from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, JsonOut, Model, ProfileCompile, Verbose,
+                          choice_parser)
 from .errors import VsagenError
+from .request.options import ImageFit, ReportFormat, RequestOptions
 
 app = typer.Typer(
     name="vsagen",
@@ -169,31 +170,70 @@ def _single_process(run):
     return guarded
 
 
-def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out: bool, verbose: bool,
-                      last_image: Optional[Path] = None, **settings) -> None:
+def request_command(keywords: tuple[str, ...], **overrides: tuple[Any, Any]) -> Callable[[Callable], Callable]:
+    """Decorator of a Typer command that runs a Wan pipeline: add the shared options `keywords` to its signature
+    (declared once in `vsagen.cli_options.SHARED`; `overrides` gives a command its own declaration and default of
+    one, e.g. profile's `--steps`), and call it with one `options=RequestOptions` built from them
+    (`vsagen.request.options.request_options`: each group checks its values; a bad one is one error line, exit 2).
+    The run's `fused_blocks` setting comes from the environment (`FUSED_BLOCKS_ENV`), read here once per command."""
+
+    def wrap(fn: Callable) -> Callable:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
+               for p in inspect.signature(fn).parameters.values() if p.name != "options"]
+        shared = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=overrides.get(k, SHARED[k])[0],
+                                    default=overrides.get(k, SHARED[k])[1]) for k in keywords]
+
+        def command(**kwargs: Any) -> None:
+            flags = {k: kwargs.pop(k) for k in keywords}
+            launch = _torchrun_launch()
+            built: list[RequestOptions] = []
+
+            def build() -> None:
+                from .request.options import request_options
+
+                built.append(request_options(**flags, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True)))
+
+            _run_guarded(build, kwargs.get("verbose", False), rank=0 if launch is None else launch.rank)
+            fn(**kwargs, options=built[0])
+
+        command.__name__, command.__qualname__, command.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        last = [p for p in own if p.name in ("json_out", "verbose")]  # the output switches end the list
+        params = [p for p in own if p not in last] + shared + last
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap
+
+
+def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[Path], fit: ImageFit,
+                      json_out: bool, verbose: bool, last_image: Optional[Path] = None) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
 
     launch = _torchrun_launch()
     writer = launch is None or launch.writer
 
     def run() -> None:
-        from .config import resolve
+        from .commands.generate_config import resolve_run
+        from .loading import prepare_model_files
         from .parallel import launch as parallel
 
-        cfg = resolve(prompt, image=image, fit=fit, last_image=last_image,
-                      fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True), **settings)
+        cfg = resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
         from rich.console import Console
 
         err = Console(stderr=True)
-        from .generate import generate
+        from .commands.generate import generate
 
         def log(m: str) -> None:
             if writer:
                 err.print(m, markup=False, highlight=False, soft_wrap=True)
 
-        # SIGTERM / SIGHUP as Ctrl-C: the mp4 and JSON or nothing
-        with parallel.joined(launch, cfg), _sigterm_as_interrupt() as interrupted:
+        # the files vsagen builds (the tiny checkpoint) before a process group exists; SIGTERM / SIGHUP as Ctrl-C:
+        # the mp4 and JSON or nothing
+        with parallel.joined(launch, cfg, lambda: prepare_model_files(cfg)), \
+                _sigterm_as_interrupt() as interrupted:
             result = generate(cfg, log=log, progress=writer, writer=writer, cancelled=interrupted)
         if result is None:  # a rank other than 0: rank 0 reports
             return
@@ -226,77 +266,63 @@ def _generate_command(prompt: str, *, image: Optional[Path], fit: str, json_out:
     _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
+Prompt = Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")]
+
+
 @app.command()
-def t2v(
-    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
-    model: Model = "wan2.1-t2v-1.3b", attn: Attn = "auto", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
-    height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
-    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
-    negative_prompt: NegativePrompt = None, seed: Seed = 0,
-    fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
-    tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
-    ulysses: Ulysses = 1, cfg_parallel: CfgParallel = False, json_out: JsonOut = False,
-    verbose: Verbose = False,
-) -> None:
+@request_command(GENERATE)
+def t2v(prompt: Prompt, json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
-    settings = {k: v for k, v in locals().items() if k not in ("prompt", "json_out", "verbose")}
-    _generate_command(prompt, image=None, fit="crop", json_out=json_out, verbose=verbose, **settings)
+    _generate_command(prompt, options, image=None, fit=ImageFit.CROP, json_out=json_out, verbose=verbose)
 
 
 @app.command()
+@request_command(GENERATE, model=(Model, "tiny-i2v"))
 def i2v(
     image: Annotated[Path, typer.Argument(help="First frame: a PNG, JPEG or WebP image.", metavar="IMAGE")],
-    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
-    fit: Annotated[str, typer.Option(help="How the image (and --last-image) becomes exactly --height x --width, "
-                                          "its aspect kept: "
-                                          "'crop' scales it to cover the size and center-crops the overflow; "
-                                          "'resize' scales it to fit inside and pads the rest with black.")]
-    = "crop",
+    prompt: Prompt,
+    fit: Annotated[ImageFit, typer.Option(parser=choice_parser(ImageFit), metavar="[crop|resize]",
+                                          help="How the image (and --last-image) becomes exactly --height x --width, "
+                                               "its aspect kept: 'crop' scales it to cover the size and center-crops "
+                                               "the overflow; 'resize' scales it to fit inside and pads the rest with "
+                                               "black.")] = ImageFit.CROP,
     last_image: Annotated[Optional[Path], typer.Option(
         help="Last frame (PNG, JPEG or WebP), fitted like IMAGE: the video goes from IMAGE to it. First/last-frame "
              "(FLF2V) models need it; image-to-video models without a CLIP branch (Wan2.2 I2V A14B) take it "
              "optionally; other models refuse it.")] = None,
-    model: Model = "tiny-i2v", attn: Attn = "auto", sparsity: Sparsity = None, attn_impl: AttnImpl = "auto",
-    height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
-    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
-    negative_prompt: NegativePrompt = None, seed: Seed = 0,
-    fps: Fps = None, out: Out = None, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
-    tile_fit: TileFit = "partial", random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Warmup = 0, offload: Offload = "none", vae_tiling: VaeTiling = "auto", compile: Compile = False,
-    ulysses: Ulysses = 1, cfg_parallel: CfgParallel = False, json_out: JsonOut = False,
-    verbose: Verbose = False,
+    json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with
     the timing breakdown of t2v."""
-    settings = {k: v for k, v in locals().items()
-                if k not in ("image", "prompt", "fit", "last_image", "json_out", "verbose")}
-    _generate_command(prompt, image=image, fit=fit, last_image=last_image, json_out=json_out, verbose=verbose,
-                      **settings)
+    _generate_command(prompt, options, image=image, fit=fit, last_image=last_image, json_out=json_out,
+                      verbose=verbose)
 
 
 @app.command()
+@request_command(
+    PROFILE,
+    attn=(Annotated[str, typer.Option(help="Backends to compare, comma-separated (e.g. full,vsa; see `vsagen "
+                                           "backends`), each with options as NAME:KEY=VALUE[:KEY=VALUE] (e.g. "
+                                           "full,vsa:sparsity=0.85,vsa:sparsity=0.9: two settings of one backend).")],
+          "full,vsa"),
+    sparsity=(Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn (default from "
+                                                           "the preset).")], None),
+    attn_impl=(Annotated[str, typer.Option(help="Implementation for the backends that offer it: auto, triton or "
+                                                "torch (see t2v).")], "auto"),
+    steps=(Annotated[Optional[int], typer.Option(help="Timed denoising steps per configuration (default 2); the DiT "
+                                                      "time is also projected to the preset's step count.")], None),
+    warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up steps before each configuration's timed "
+                                                       "steps (default 1).")], None),
+    tile_fit=(Annotated[str, typer.Option(help="Tile fits to run, comma-separated: partial, crop, or partial,crop "
+                                               "(side by side).")], "partial"),
+    out=(Annotated[Optional[Path], typer.Option(help="Write the report (in --format) to this file instead of "
+                                                     "stdout.")], None),
+    compile=(ProfileCompile, False),
+)
 def profile(
-    model: Model = "wan2.1-t2v-1.3b",
-    attn: Annotated[str, typer.Option(help="Backends to compare, comma-separated (e.g. full,vsa; see "
-                                           "`vsagen backends`), each with options as NAME:KEY=VALUE[:KEY=VALUE] "
-                                           "(e.g. full,vsa:sparsity=0.85,vsa:sparsity=0.9). `full` is the speed-up "
-                                           "baseline.")] = "full,vsa",
-    sparsity: Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
-                                                           "(default from the preset).")] = None,
-    attn_impl: Annotated[str, typer.Option(help="Implementation for the backends that offer it: auto, triton "
-                                                "or torch (see t2v).")] = "auto",
-    height: Height = None, width: Width = None, frames: Frames = None,
-    steps: Annotated[Optional[int], typer.Option(help="Timed denoising steps per configuration (default 2); the "
-                                                      "DiT time is also projected to the preset's step count.")]
-    = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up steps before each configuration's timed "
-                                                       "steps (default 1).")] = None,
-    tile_fit: Annotated[str, typer.Option(help="Tile fits to run, comma-separated: partial, crop, or "
-                                               "partial,crop (side by side).")] = "partial",
-    fmt: Annotated[str, typer.Option("--format", help="table, markdown, csv or json.")] = "table",
-    out: Annotated[Optional[Path], typer.Option(help="Write the report (in --format) to this file instead of "
-                                                     "stdout.")] = None,
+    fmt: Annotated[ReportFormat, typer.Option("--format", parser=choice_parser(ReportFormat),
+                                              metavar="[table|markdown|csv|json]",
+                                              help="table, markdown, csv or json.")] = ReportFormat.TABLE,
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the DiT time per backend, split into attention "
                                                       "and the rest, as a .png/.svg/.pdf (needs matplotlib: "
                                                       "pip install 'vsagen[plot]').")] = None,
@@ -307,10 +333,7 @@ def profile(
                                              "`full` in tile order: vsagen's own overhead.")] = True,
     prompt: Annotated[str, typer.Option(help="Prompt (real weights; random weights use random "
                                              "embeddings).")] = "a red fox running through fresh snow, cinematic",
-    guidance: Guidance = None, guidance_2: Guidance2 = None, negative_prompt: NegativePrompt = None,
-    seed: Seed = 0, overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto",
-    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False, compile: ProfileCompile = False,
-    ulysses: Ulysses = 1, cfg_parallel: CfgParallel = False, verbose: Verbose = False,
+    verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Compare attention backends on one loaded model: DiT and attention time per step, speed-up vs full.
 
@@ -318,25 +341,25 @@ def profile(
     embeddings: warm-up steps untimed, then the timed steps (latents only: no VAE decode, no video). Under
     torchrun with --ulysses / --cfg-parallel every configuration is split across the processes; rank 0 reports.
     """
-    settings = {k: v for k, v in locals().items() if k != "verbose"}
     launch = _torchrun_launch()
     writer = launch is None or launch.writer
 
     def run() -> None:
         from rich.console import Console
 
+        from .commands.profile_config import resolve_profile_options
+        from .loading import prepare_model_files
         from .parallel import launch as parallel
-        from .profile_config import resolve_profile
 
-        cfg = resolve_profile(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
+        cfg = resolve_profile_options(options, prompt=prompt, fmt=fmt, plot=plot, stock=stock, kernels=kernels)
         parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
         err = Console(stderr=True)
         log = lambda m: writer and err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-        from .profile import profile_dit, profile_kernels
-        from .profile_render import render, write_plot
+        from .commands.profile import profile_dit, profile_kernels
+        from .commands.profile_render import render, write_plot
 
         # SIGTERM / SIGHUP as Ctrl-C: no partial report or plot
-        with parallel.joined(launch, cfg), _sigterm_as_interrupt():
+        with parallel.joined(launch, cfg, lambda: prepare_model_files(cfg)), _sigterm_as_interrupt():
             report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log, writer=writer)
             if report is None:  # a rank other than 0: rank 0 reports
                 return
@@ -356,27 +379,22 @@ def profile(
 
 
 @app.command()
-def compare(
-    prompt: Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")],
-    model: Model = "wan2.1-t2v-1.3b",
-    attn: Annotated[str, typer.Option(help="Backends, comma-separated, the first the reference (e.g. full,vsa,"
+@request_command(
+    COMPARE,
+    attn=(Annotated[str, typer.Option(help="Backends, comma-separated, the first the reference (e.g. full,vsa,"
                                            "sla-star; see `vsagen backends`), each with options as "
-                                           "NAME:KEY=VALUE[:KEY=VALUE] (e.g. full,vsa:sparsity=0.9).")] = "full,vsa",
-    sparsity: Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
-                                                           "(default from the preset).")] = None,
-    attn_impl: AttnImpl = "auto",
-    height: Height = None, width: Width = None, frames: Frames = None, steps: Steps = None,
-    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
-    negative_prompt: NegativePrompt = None, seed: Seed = 0, fps: Fps = None,
-    out: Annotated[Optional[Path], typer.Option(help="Output folder (created if missing; default "
+                                           "NAME:KEY=VALUE[:KEY=VALUE] (e.g. full,vsa:sparsity=0.9).")], "full,vsa"),
+    sparsity=(Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
+                                                           "(default from the preset).")], None),
+    out=(Annotated[Optional[Path], typer.Option(help="Output folder (created if missing; default "
                                                      "vsagen-<model>-compare-seed<seed>): an mp4 per backend, "
-                                                     "side-by-side.mp4, compare.png, compare.json, compare.csv.")]
-    = None,
-    overwrite: Overwrite = False, device: Device = "auto", dtype: Dtype = "auto", tile_fit: TileFit = "partial",
-    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each backend's "
-                                                       "run (default 1).")] = None,
-    vae_tiling: VaeTiling = "auto",
+                                                     "side-by-side.mp4, compare.png, compare.json, compare.csv.")],
+         None),
+    warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each backend's run "
+                                                       "(default 1).")], None),
+)
+def compare(
+    prompt: Prompt,
     error_steps: Annotated[str, typer.Option(help="Denoising steps (0-based, or first, middle, last; "
                                                   "comma-separated; or none) at which every layer's attention "
                                                   "output is compared with dense attention on the same q, k, v.")]
@@ -384,22 +402,20 @@ def compare(
     plot: Annotated[Optional[bool], typer.Option(help="Draw compare.png (needs matplotlib: pip install "
                                                       "'vsagen[plot]'); by default drawn when matplotlib is "
                                                       "installed, else skipped with a note.")] = None,
-    json_out: JsonOut = False,
-    verbose: Verbose = False,
+    json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Compare attention backends against the first one on one loaded model: the same seed, noise and settings
     for every backend; DiT s/step and speed-up, PSNR / SSIM of the video per frame and overall, latent distance,
     and each layer's attention error against dense attention. Writes every video, a labelled side-by-side video,
     a plot, a JSON and a CSV into --out, once every backend has run."""
-    settings = {k: v for k, v in locals().items() if k not in ("prompt", "json_out", "verbose")}
 
     def run() -> None:
         from rich.console import Console
 
-        from .compare import compare as run_compare
-        from .compare import resolve_compare
+        from .commands.compare import compare as run_compare
+        from .commands.compare_config import resolve_compare_options
 
-        cfg = resolve_compare(prompt, **settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
+        cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)
         err = Console(stderr=True)
         with _sigterm_as_interrupt() as interrupted:
             report = run_compare(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
@@ -407,7 +423,7 @@ def compare(
         if json_out:
             sys.stdout.write(json.dumps(report.to_dict(), allow_nan=False) + "\n")
             return
-        from .compare_render import rich_table
+        from .commands.compare_render import rich_table
 
         con = Console()  # the terminal's width (COLUMNS where set): the table wraps its cells, no digit is cut
         con.print(rich_table(report))
@@ -454,13 +470,13 @@ def _sigterm_as_interrupt():
 
 
 @app.command()
+@request_command(SEARCH, out=(Annotated[Path, typer.Option(help="The pattern file to write (.json).")],
+                              Path("patterns.json")))
 def search(
-    model: Model = "wan2.1-t2v-1.3b",
     prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "
                                                          "# comments skipped); the errors are averaged over "
                                                          "all of them.")] = None,
-    steps: Steps = None, height: Height = None, width: Width = None, frames: Frames = None,
     lam: Annotated[float, typer.Option(help="Cost weight: each head gets the mode of lowest relative MSE + lam x "
                                             "block density (dense 1, skip 0).")] = 0.5,
     eps: Annotated[float, typer.Option(help="Largest relative MSE (MSE / mean square of the full output, per head; "
@@ -468,16 +484,10 @@ def search(
                                             "exceeds it stays dense (1: only no worse than a zero output).")] = 1.0,
     ranges: Annotated[int, typer.Option(help="Split the steps into this many equal ranges, each with its own "
                                              "modes (1 <= ranges <= steps).")] = 1,
-    out: Annotated[Path, typer.Option(help="The pattern file to write (.json).")] = Path("patterns.json"),
-    overwrite: Overwrite = False,
-    guidance: Guidance = None, guidance_2: Guidance2 = None, flow_shift: FlowShift = None,
-    negative_prompt: NegativePrompt = None, seed: Seed = 0, device: Device = "auto", dtype: Dtype = "auto",
-    tile_fit: TileFit = "partial",
     attn_impl: Annotated[str, typer.Option(help="How the modes are computed: auto (Triton block-sparse kernels on "
                                                 "CUDA, torch masked attention elsewhere), triton or torch.")]
     = "auto",
-    random_weights: RandomWeights = False, allow_pickle: AllowPickle = False,
-    verbose: Verbose = False,
+    verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Search Sparse-vDiT patterns: denoise with full attention and give every (step range, expert, layer, head)
     the attention mode (dense, skip, diagonal, multi-diagonal, vertical-stripe, mixed) of lowest relative MSE +
@@ -485,14 +495,13 @@ def search(
     --attn sparse-vdit:patterns=FILE. The relative MSE is mean((O_mode - O_full)^2) / mean(O_full^2) per head,
     averaged over steps, CFG passes and prompts (scale-free, unlike the paper's raw MSE). No video is decoded; the
     file is written only when the search ends (an interrupted search writes nothing)."""
-    settings = {k: v for k, v in locals().items() if k != "verbose"}
-
     def run() -> None:
         from rich.console import Console
 
-        from .sparsity.search import resolve_search, search, summary_renderables
+        from .commands.search import resolve_search_options, search, summary_renderables
 
-        cfg = resolve_search(**settings, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True))
+        cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
+                                     impl=attn_impl)
         err = Console(stderr=True)
         with _sigterm_as_interrupt() as interrupted:
             result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),

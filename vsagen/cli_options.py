@@ -1,12 +1,35 @@
 """The command-line options the `vsagen` commands share: one typed declaration (type, default handling, help text)
-each, so `t2v`, `i2v`, `profile`, `compare` and `search` describe an option the same way."""
+each, so `t2v`, `i2v`, `profile`, `compare` and `search` describe an option the same way, and `SHARED`: each shared
+option's declaration and default by its keyword (`vsagen.request.options.FLAGS`), from which `vsagen.cli` adds the
+options a command takes to its signature. Choices are the request layer's `str` Enums, parsed with the request's
+own message. Nothing heavy is imported here (the command line answers before torch loads)."""
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
+
+from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeTiling
+
+
+def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
+    """Typer's parser of an Enum option: the member, or the text as given for the request to refuse (its group's
+    `Choice.parse`: one `error:` line naming the flag and the choices, exit 2, as every other bad value)."""
+
+    def parse(value: Any) -> Choice | str:
+        try:
+            return enum(value)
+        except ValueError:
+            return value
+
+    return parse
+
+
+def _choices(enum: type[Enum]) -> str:
+    return "[" + "|".join(str(m.value) for m in enum) + "]"
 
 Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
 Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): auto (the default: the "
@@ -36,19 +59,27 @@ Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file
                                                  "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
                                                  "folder); the timing JSON goes beside it (same name, .json).")]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
-Device = Annotated[str, typer.Option(help="auto, cuda or cpu.")]
-Dtype = Annotated[str, typer.Option(help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
-TileFit = Annotated[str, typer.Option(help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' (denoise a "
-                                           "larger latent, crop before decode).")]
+DeviceOption = Annotated[Device, typer.Option("--device", parser=choice_parser(Device), metavar=_choices(Device),
+                                              help="auto (CUDA when available), cuda or cpu.")]
+DtypeOption = Annotated[Dtype, typer.Option("--dtype", parser=choice_parser(Dtype), metavar=_choices(Dtype),
+                                            help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
+TileFitOption = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_parser(TileFit), metavar=_choices(TileFit),
+                                                help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' (denoise "
+                                                     "a larger latent, crop before decode).")]
 RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
                                                   "prompt embeddings (timing without a download).")]
 AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
 Warmup = Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")]
-Offload = Annotated[str, typer.Option(help="Keep weights in CPU memory and move them to the GPU as needed (CUDA "
-                                           "only): 'none', 'model' (whole components in turn) or 'group' (one "
-                                           "transformer block at a time, prefetched on a CUDA stream).")]
-VaeTiling = Annotated[str, typer.Option(help="Decode (and encode) with diffusers' spatially tiled VAE: 'on', 'off', "
-                                             "or 'auto' (on for frames of more than 480x832 pixels).")]
+OffloadOption = Annotated[Offload, typer.Option("--offload", parser=choice_parser(Offload), metavar=_choices(Offload),
+                                                help="Keep weights in CPU memory and move them to the GPU as needed "
+                                                     "(CUDA only): 'none', 'model' (whole components in turn) or "
+                                                     "'group' (one transformer block at a time, prefetched on a CUDA "
+                                                     "stream).")]
+VaeTilingOption = Annotated[VaeTiling, typer.Option("--vae-tiling", parser=choice_parser(VaeTiling),
+                                                    metavar=_choices(VaeTiling),
+                                                    help="Decode (and encode) with diffusers' spatially tiled VAE: "
+                                                         "'on', 'off', or 'auto' (on for frames of more than 480x832 "
+                                                         "pixels).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
                                        "compile_repeated_blocks), each block one graph with the attention backend "
                                        "inside it, so the attention is not timed (graph breaks around it only for "
@@ -68,3 +99,30 @@ CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="Run the condi
                                            "on different processes (needs --guidance > 1): start with torchrun "
                                            "--nproc_per_node 2 -m vsagen ... --cfg-parallel, or 2 x N processes "
                                            "with --ulysses N.")]
+
+# Every shared option by its keyword (`vsagen.request.options.FLAGS`): (declaration, default). A command takes a
+# subset; it may declare one of them itself (another help text or default), and the value still goes to its group.
+SHARED: dict[str, tuple[Any, Any]] = {
+    "model": (Model, DEFAULT_MODEL), "attn": (Attn, "auto"), "sparsity": (Sparsity, None),
+    "attn_impl": (AttnImpl, "auto"), "height": (Height, None), "width": (Width, None), "frames": (Frames, None),
+    "steps": (Steps, None), "guidance": (Guidance, None), "guidance_2": (Guidance2, None),
+    "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, 0),
+    "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "device": (DeviceOption, Device.AUTO),
+    "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
+    "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False), "warmup": (Warmup, 0),
+    "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
+    "compile": (Compile, False), "ulysses": (Ulysses, 1), "cfg_parallel": (CfgParallel, False),
+}
+# What each command takes of them (t2v and i2v: all but fused_blocks, which the environment sets)
+GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
+            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "device", "dtype", "tile_fit",
+            "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "ulysses", "cfg_parallel")
+PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "warmup", "tile_fit",
+           "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
+           "random_weights", "allow_pickle", "compile", "ulysses", "cfg_parallel")
+COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
+           "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "device", "dtype", "tile_fit",
+           "random_weights", "allow_pickle", "warmup", "vae_tiling")
+SEARCH = ("model", "steps", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2", "flow_shift",
+          "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle")
+

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .config import Request
+from .request.resolve import Request
 from .errors import BadInput, ModelNotFound, RunFailure
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 

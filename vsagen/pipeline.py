@@ -5,7 +5,7 @@ conditioning. `Session.run(backend, plan, ...)` then runs one configuration on i
 `vsagen.apply` (one code path for patching, shared with the Python API), `warmup` untimed denoising steps, the
 timed steps, optionally the VAE decode, unpatch; it returns the latents and the timer's records. Out of GPU
 memory becomes a `RunFailure` naming what ran, with the request's own hints. The drivers add only their part:
-`vsagen.generate` (t2v / i2v) decodes, writes the mp4 and the timing JSON; `vsagen.profile` turns the runs of
+`vsagen.commands.generate` (t2v / i2v) decodes, writes the mp4 and the timing JSON; `vsagen.commands.profile` turns the runs of
 every backend and tile fit into report rows. A command comparing backends loads one session and runs each
 backend on it from the same seed (every run seeds a fresh CPU generator).
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .config import Request
+from .request.resolve import Request
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
 from .loading import LoadedModel, experts, load_model, torch_dtype, weights_note
@@ -273,7 +273,7 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
     Returns:
         A function that restores the instance (removes the wrappers).
     """
-    from .api import wrap_method
+    from .attention.hooks import wrap_method
 
     undos = []
     for method, region in CONDITION_REGIONS:
@@ -381,7 +381,7 @@ class Session:
     docstring). Build it with `Session.load`.
 
     Attributes:
-        request: the validated request (`vsagen.config.Request`).
+        request: the validated request (`vsagen.request.resolve.Request`).
         model: the loaded pipeline and its notes.
         conditioning: the image-to-video pictures, or None (text to video).
         fused: whether runs get `vsagen.blocks`' compiled elementwise regions (`fused_blocks_apply`).

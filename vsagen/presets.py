@@ -1,7 +1,7 @@
 """Model presets: `presets/*.toml` loaded into frozen dataclasses.
 
 Precedence for every generation setting is implemented once, in `RunConfig` construction
-(`vsagen.config.resolve`): CLI flag > preset `[defaults]` > nothing (every preset must give every default).
+(`vsagen.request.resolve.resolve`): CLI flag > preset `[defaults]` > nothing (every preset must give every default).
 Unknown keys in a preset are errors, never silently dropped.
 
 Model families a preset can describe (text to video: diffusers' `WanPipeline`):

@@ -108,7 +108,7 @@ def test_build_gives_a_backend_with_those_options():
 
 
 def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
-    from vsagen.config import resolve
+    from vsagen.commands.generate_config import resolve_generate as resolve
 
     cfg = resolve("a fox", model="tiny", attn="vsa:sparsity=0.6:impl=torch", out=tmp_path / "v.mp4")
     assert (cfg.attn, cfg.sparsity, cfg.attn_impl) == ("vsa", 0.6, "torch")
@@ -127,7 +127,7 @@ def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
 
 
 def test_profile_resolves_two_configurations_of_one_backend():
-    from vsagen.profile_config import resolve_profile
+    from vsagen.commands.profile_config import resolve_profile
 
     cfg = resolve_profile(model="tiny", attn="full,vsa:sparsity=0.85,vsa:sparsity=0.9:impl=torch")
     assert [(b.name, b.sparsity, b.impl) for b in cfg.backends] == [("full", None, "auto"), ("vsa", 0.85, "auto"),
@@ -189,7 +189,7 @@ def test_tuning_is_passed_down_to_the_kernels(monkeypatch):
 
 
 def test_rows_that_read_the_same_are_labelled_by_their_spec():
-    from vsagen.profile import ProfileRow, row_labels
+    from vsagen.commands.profile import ProfileRow, row_labels
 
     def row(sparsity, spec, fit="partial"):
         return ProfileRow(backend="vsa", kind="backend", sparsity=sparsity, impl=None, tile_fit=fit, grid=[1, 1, 1],

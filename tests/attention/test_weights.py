@@ -199,7 +199,7 @@ def test_t2v_loads_a_named_gate_file_and_refuses_a_mismatched_one(vsagen_cache, 
 def test_a_named_file_without_the_backends_keys_is_refused_before_loading(tmp_path):
     """A gate file whose keys carry an export prefix ("transformer.blocks.0...") matches nothing: refused when the
     request is resolved (before any model loads), not silently ignored."""
-    from vsagen.config import resolve
+    from vsagen.commands.generate_config import resolve_generate as resolve
 
     t = make_transformer()
     f = tmp_path / "prefixed.safetensors"

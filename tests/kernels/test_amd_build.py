@@ -120,3 +120,14 @@ def test_command_line_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert amd_build.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+@pytest.mark.parametrize("grid", [(5, 6, 10), (4, 4, 4), (9, 10, 13), (1, 3, 7)])
+def test_tile_offsets_are_the_layouts(grid):
+    """amd_build builds its own tile offsets (kernels import nothing of vsagen, issue 28): the layout's, partial tiles
+    included."""
+    import torch
+
+    from vsagen.layout import tile_layout
+
+    assert torch.equal(amd_build._tile_offsets(grid), tile_layout(grid).tile_offsets.to(torch.int32))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from ulysses_worker import CFG_TINY_BACKENDS, spawn
 
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
 from vsagen.parallel.cfg import CfgSplit, check_cfg_parallel
 from vsagen.timing import Timer

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from conftest import one_error_line
 from vsagen.cli import app
-from vsagen.config import check_ulysses, resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
+from vsagen.request.resolve import check_ulysses
 from vsagen.errors import BadInput
 from vsagen.models import resolve_model
 from vsagen.parallel.launch import Launch, check_launch, enable_ulysses, torchrun_launch
@@ -211,8 +212,8 @@ def test_torchrun_profile_splits_every_configuration(cli_cache, tmp_path):
     """`profile --ulysses 2` in 2 processes: one report, rank 0's, whose rows (full, then vsa: Ulysses switched off
     and on again between them) hold both ranks' times, the slowest rank's as the row's, and latents as one process
     computes them; the overhead rows are left out with a note."""
-    from vsagen.profile import profile_dit
-    from vsagen.profile_config import resolve_profile
+    from vsagen.commands.profile import profile_dit
+    from vsagen.commands.profile_config import resolve_profile
 
     res = _vsagen(["profile", *PROFILE_ARGS, "--ulysses", "2", "--format", "json", "--out",
                    str(tmp_path / "r.json")], tmp_path, cli_cache)

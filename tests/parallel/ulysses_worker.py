@@ -209,7 +209,7 @@ def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     res: dict = {}
     try:
-        from vsagen.config import resolve
+        from vsagen.commands.generate_config import resolve_generate as resolve
         from vsagen.pipeline import Session
         from vsagen.timing import TimingReport
 
@@ -229,8 +229,8 @@ def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                                           "grid": list(plan.denoise_grid),
                                           "forwards": report.dit_forwards_by_expert,
                                           "exchange timed": report.cfg_exchange_s > 0}
-        from vsagen.profile import profile_dit
-        from vsagen.profile_config import resolve_profile
+        from vsagen.commands.profile import profile_dit
+        from vsagen.commands.profile_config import resolve_profile
 
         # vsagen profile --cfg-parallel, its overhead rows included: rank 0's report, None elsewhere
         report = profile_dit(resolve_profile(model="tiny", attn="full", device="cpu", steps=1, warmup=0,

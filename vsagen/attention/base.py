@@ -30,7 +30,6 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import torch
 
-from ..architecture import ARCH_FIELDS, architecture_from_config, architecture_of  # noqa: F401 - re-exported
 from ..layout import TileLayout
 from ..timing import Timer
 

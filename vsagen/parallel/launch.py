@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import BadInput
 
@@ -101,19 +101,18 @@ def start(launch: Launch, device: str, timeout_s: float = TIMEOUT_S) -> None:
 
 
 @contextlib.contextmanager
-def joined(launch: Launch | None, request: Any) -> Iterator[None]:
-    """Run the body as this launch's rank of a multi-process `request` (a `vsagen.config.Request` whose `processes`
-    > 1): the files vsagen builds prepared first (`vsagen.loading.prepare_model_files`: the tiny checkpoint, before
-    the group exists), the process group joined (`start`), and left after the body (`finish`), however it ends.
-    Outside a launch, or for a one-process request, just the body.
+def joined(launch: Launch | None, request: Any, prepare: Callable[[], Any] = lambda: None) -> Iterator[None]:
+    """Run the body as this launch's rank of a multi-process `request` (a `vsagen.request.resolve.Request` whose
+    `processes` > 1): `prepare()` first, before the group exists (the caller's files to build: e.g. the tiny
+    checkpoint, `vsagen.loading.prepare_model_files`, which transformers writes on rank 0 only under a group), the
+    process group joined (`start`), and left after the body (`finish`), however it ends. Outside a launch, or for a
+    one-process request, just the body.
 
     Raises:
-        BadInput: as `start`; RunFailure: as `prepare_model_files`.
+        BadInput: as `start`; whatever `prepare` raises.
     """
     if launch is not None and request.processes > 1:
-        from ..loading import prepare_model_files
-
-        prepare_model_files(request)
+        prepare()
         start(launch, request.device)
     try:
         yield

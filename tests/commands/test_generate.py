@@ -1,4 +1,4 @@
-"""vsagen.generate: one t2v / i2v generation end to end (the crop plan, the mp4 and its timing JSON, the summary),
+"""vsagen.commands.generate: one t2v / i2v generation end to end (the crop plan, the mp4 and its timing JSON, the summary),
 on CPU with the tiny model in the session's private VSAGEN_CACHE.
 """
 
@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from vsagen.config import resolve
+from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
 from vsagen.video import read_mp4
 
@@ -20,7 +20,7 @@ STEPS = 2
 @pytest.mark.slow
 @pytest.mark.parametrize("fit", ["crop", "partial"])
 def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, fit):
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     # frames 9 -> 3 latent frames; 80 x 112 -> 10 x 14 latent -> grid 3 x 5 x 7, no dimension a multiple of 4.
     out = tmp_path / "crop.mp4"
@@ -49,7 +49,7 @@ def test_tile_fit_gives_exact_requested_size(vsagen_cache, tiny_dir, tmp_path, f
 
 @pytest.mark.slow
 def test_tiny_run_reports_random_weights_but_its_own_prompt_embeddings(vsagen_cache, tmp_path):
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     cfg = resolve("a prompt", model="tiny", steps=1, guidance=1.0, out=tmp_path / "t.mp4")
     result = generate(cfg, progress=False)
@@ -69,7 +69,7 @@ def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, t
     not compared. The Triton kernels run under the interpreter here (conftest sets TRITON_INTERPRET=1); the
     grid 2x5x7 has partial tiles on both spatial axes.
     """
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     frames = encoder_frames
     common = dict(model="tiny", frames=5, height=80, width=112, steps=1, device="cpu")
@@ -89,7 +89,7 @@ def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, t
 @pytest.mark.slow
 def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, tmp_path):
     import vsagen
-    from vsagen.generate import RunResult, generate
+    from vsagen.commands.generate import RunResult, generate
 
     lines: list[str] = []
     cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, seed=7, out=tmp_path / "v.mp4")
@@ -114,7 +114,7 @@ def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir
     """Without --overwrite a timing JSON that appears while the run writes its video is kept, and the video is not
     published either: the two appear together or not at all."""
     import vsagen.video
-    from vsagen.generate import generate
+    from vsagen.commands.generate import generate
 
     real = vsagen.video.encode_mp4
 
@@ -166,7 +166,7 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
 
 
 def test_cpu_estimate_warns_for_a_real_size_model_only(tmp_path):
-    from vsagen.generate import cpu_time_estimate, dit_step_flops
+    from vsagen.commands.generate import cpu_time_estimate, dit_step_flops
 
     t = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960}
     # by hand: per token per layer 2 (4 C^2 + 2 C^2 + 2 C F) + 4 S C + 4 T C, C = 1536

@@ -1,6 +1,6 @@
-"""vsagen.compare and `vsagen compare`: the request, the attention probe and the timing correction on random
-inputs against independent computations, one shared tiny run through the CLI (full, vsa at sparsity 0, vsa) and
-one through the library (full twice), and bad input.
+"""vsagen.commands.compare and `vsagen compare`: the attention probe and the timing correction on random inputs
+against independent computations, one shared tiny run through the CLI (full, vsa at sparsity 0, vsa) and one
+through the library (full twice). (The request and bad input: test_compare_config.py.)
 
 The tiny runs use the smallest useful size: 5 x 64 x 128 -> grid 2 x 4 x 8 (64 tokens, 2 tiles, so vsa at its
 0.875 sparsity keeps 1 of 2 key tiles), 2 steps, no warm-up, CFG 5 (two transformer forwards a step).
@@ -17,15 +17,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import assert_one_error_line, make_qkv
+from conftest import make_qkv
 from typer.testing import CliRunner
 
 from vsagen.attention.base import AttnContext
 from vsagen.attention.full import FullAttention
 from vsagen.cli import app
-from vsagen.compare import (PROBE_REGION, AttentionProbe, parse_error_steps, resolve_compare, video_metrics,
-                            without_region, write_outputs)
-from vsagen.errors import BadInput
+from vsagen.commands.compare import PROBE_REGION, AttentionProbe, video_metrics, without_region, write_outputs
+from vsagen.commands.compare_config import resolve_compare
 from vsagen.layout import tile_layout
 from vsagen.timing import Timer, TimingReport
 
@@ -44,16 +43,6 @@ FP32_MIN_SSIM = 0.999
 
 # --------------------------------------------------------------------------------------------------------------
 # The parts, on random inputs
-
-
-def test_parse_error_steps():
-    assert parse_error_steps("first,middle,last", 5) == (0, 2, 4)
-    assert parse_error_steps("last, 0, 3", 4) == (0, 3)
-    assert parse_error_steps("first,middle,last", 1) == (0,)
-    assert parse_error_steps("none", 3) == ()
-    for bad in ("4", "-1", "x", "1,,2"):
-        with pytest.raises(BadInput, match="--error-steps"):
-            parse_error_steps(bad, 4)
 
 
 def ctx_at(step: int, layer: int, layout=None, enabled: bool = True) -> AttnContext:
@@ -201,7 +190,7 @@ def test_compare_rows(cli_run):
 def test_reference_twice_through_the_library(vsagen_cache, tiny_dir, tmp_path):
     """Two separate runs of `full` (the library takes a list the CLI refuses): the same seed and noise give
     the same video on the CPU, so the second is infinite PSNR, SSIM 1, zero latent distance."""
-    from vsagen.compare import compare
+    from vsagen.commands.compare import compare
 
     cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", frames=5, height=64, width=128, steps=2,
                           warmup=0, out=tmp_path / "twice", plot=False, error_steps="last")
@@ -218,7 +207,7 @@ def test_reference_twice_through_the_library(vsagen_cache, tiny_dir, tmp_path):
 def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
     """Files are written only after every run; an interrupt while writing removes those already written, and the
     folder this run created."""
-    import vsagen.compare_render
+    import vsagen.commands.compare_render
 
     cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", frames=5, height=64, width=128, steps=1,
                           out=tmp_path / "out")
@@ -226,76 +215,8 @@ def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(vsagen.compare_render, "write_plot", interrupted)
+    monkeypatch.setattr(vsagen.commands.compare_render, "write_plot", interrupted)
     videos = [np.zeros((5, 64, 128, 3), np.uint8)] * 2
     with pytest.raises(KeyboardInterrupt):
         write_outputs(cfg, None, videos)
     assert list(tmp_path.iterdir()) == []
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Bad input: one line, exit 2, before the model is loaded
-
-
-BAD = [
-    ("one-backend", ["--attn", "full"], ["at least one backend", "full,vsa"]),
-    ("unknown-backend", ["--attn", "full,nope"], ["unknown --attn 'nope'", "available"]),
-    ("unknown-option", ["--attn", "full,vsa:spars=0.5"], ["spars"]),
-    ("repeated", ["--attn", "full,vsa,vsa"], ["twice"]),
-    ("height-off-stride", ["--height", "100"], ["--height", "multiple of 16", "96 or 112"]),
-    ("frames", ["--frames", "6"], ["--frames", "5", "9"]),
-    ("too-wide", ["--width", "4096"], ["--width too large"]),
-    ("error-steps", ["--steps", "2", "--error-steps", "2"], ["--error-steps", "0 to 1"]),
-    ("image-model", ["--model", "tiny-i2v"], ["image-to-video"]),
-    ("out-is-file", ["--out", "{tmp}/afile"], ["is a file"]),
-]
-
-
-@pytest.mark.parametrize("args,needles", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, monkeypatch, args, needles):
-    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
-    (tmp_path / "afile").write_text("a file, not a folder")
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    res = runner.invoke(app, ["compare", "a prompt", *(["--model", "tiny"] if "--model" not in args else []),
-                              "--out", str(tmp_path / "out"), *args])
-    line = assert_one_error_line(res.stderr, res.stdout)
-    assert res.exit_code == 2, res.output
-    for needle in needles:
-        assert needle in line, f"{needle!r} not in {line!r}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], "something was written"
-
-
-def test_empty_prompt_is_one_line_exit_2():
-    res = runner.invoke(app, ["compare", " ", "--model", "tiny"])
-    assert res.exit_code == 2 and "prompt is empty" in assert_one_error_line(res.stderr, res.stdout)
-
-
-def test_existing_outputs_are_kept_without_overwrite(vsagen_cache, tmp_path, monkeypatch):
-    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
-    (tmp_path / "vsa.mp4").write_text("older")
-    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--out", str(tmp_path)])
-    line = assert_one_error_line(res.stderr, res.stdout)
-    assert res.exit_code == 2 and str(tmp_path / "vsa.mp4") in line and "--overwrite" in line
-    assert (tmp_path / "vsa.mp4").read_text() == "older"
-
-
-def test_a_negative_prompt_without_cfg_is_a_note_of_the_comparison(tmp_path):
-    """As for t2v (`vsagen.config.negative_prompt_note`): a note, first among the run's notes, not a silent no-op."""
-    cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", guidance=1.0, negative_prompt="blurry",
-                          out=tmp_path / "out", plot=False)
-    assert len(cfg.notes) == 1 and cfg.notes[0].startswith("--negative-prompt has no effect: CFG is off")
-    assert resolve_compare("a prompt", model="tiny", attn="full,vsa", negative_prompt="blurry", out=tmp_path / "o2",
-                           plot=False).notes == ()
-
-
-def test_the_plot_is_skipped_with_a_note_without_matplotlib_unless_asked_for(tmp_path, monkeypatch):
-    """`pip install -e .` has no matplotlib (an extra): the README's compare example must still run."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "o")
-    assert cfg.plot is False and any("no plot (compare.png): matplotlib" in n for n in cfg.notes)
-    assert "plot" not in cfg.files
-    with pytest.raises(BadInput, match="the plot needs matplotlib"):
-        resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "p", plot=True)

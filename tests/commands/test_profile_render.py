@@ -1,4 +1,4 @@
-"""vsagen.profile_render: the renderings of a `vsagen profile` report (table, markdown, csv, json, the plot) agree
+"""vsagen.commands.profile_render: the renderings of a `vsagen profile` report (table, markdown, csv, json, the plot) agree
 with one another, on a report built here (no model run: `tests/test_profile.py` renders real runs)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import re
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.profile import ProfileReport, ProfileRow
-from vsagen.profile_render import render, write_plot
+from vsagen.commands.profile import ProfileReport, ProfileRow
+from vsagen.commands.profile_render import render, write_plot
 
 SETTINGS = {"model": "tiny", "device": "cpu", "dtype": "fp32", "frames": 5, "height": 64, "width": 64, "steps": 2,
             "warmup": 1, "full_steps": 4, "guidance": 5.0, "kernels": False}
@@ -163,7 +163,7 @@ NUMBER = re.compile(r"[-+]?\d[\w.%+-]*")  # 0.8, 6.41e-04, +529.9%, 1.00x, 5x6x1
 def test_table_at_80_columns_cuts_no_number():
     """At 80 columns every table is split into tables that fit (the key columns repeated): every number of every
     cell appears whole, no line is wider than 80, nothing is cut ("…"), headers wrap at their spaces."""
-    from vsagen.profile_render import _tables
+    from vsagen.commands.profile_render import _tables
 
     rep = ulysses_report()
     text = render(rep, "table", width=80)
@@ -198,7 +198,7 @@ def test_multi_process_columns_in_every_format():
 
 def test_kernel_table_says_where_each_row_was_timed():
     from vsagen.bench import KernelRow
-    from vsagen.profile import KernelReport
+    from vsagen.commands.profile import KernelReport
 
     rows = [KernelRow("s", "partial", (2, 4, 4), 32, 2, 16, k, "fwd", 1.0, "SDPA (torch CPU)", 1.0, n)
             for k, n in (("SDPA (torch CPU)", 1), ("sparse-vdit", 2))]

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import RunConfig
-from .errors import BadInput
-from .layout import tile_layout
-from .loading import experts, versions
-from .pipeline import Conditioning, Session, out_of_memory_as_failure, video_frames
-from .timing import TimingReport
+from .generate_config import RunConfig
+from ..errors import BadInput
+from ..layout import tile_layout
+from ..loading import experts, versions
+from ..pipeline import Conditioning, Session, out_of_memory_as_failure, video_frames
+from ..timing import TimingReport
 
 
 @dataclass
@@ -54,8 +54,6 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         ModelNotFound: the checkpoint cannot be loaded.
         RunFailure: the run itself failed (message names the stage).
     """
-    import torch
-
     backend = cfg.backend.build()
     conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
                     if cfg.image is not None else None)
@@ -80,13 +78,13 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     if cfg.processes > 1:  # every rank's DiT / attention / exchange times, to rank 0
         import torch.distributed as dist
 
-        from .parallel.launch import gather_to_writer
+        from ..parallel.launch import gather_to_writer
 
         mine = TimingReport.from_records(run.records, cfg.device, untimed=untimed)
         ranks = gather_to_writer(mine.rank_row(dist.get_rank()))
     if not writer:
         return None
-    from . import video
+    from .. import video
 
     log(f"writing {cfg.out} and {cfg.json_out}")
     with video.Outputs(overwrite=cfg.overwrite) as outputs:  # the mp4 and its JSON appear together or not at all
@@ -114,7 +112,7 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
     """The run's JSON object (what `vsagen t2v --json` prints and the timing file holds)."""
     import torch
 
-    from . import __version__
+    from .. import __version__
 
     pipe = session.pipe
     layout = tile_layout(plan.denoise_grid)
@@ -168,7 +166,7 @@ def cpu_time_estimate(cfg: RunConfig, threshold_s: float = 60.0) -> str | None:
     if src.kind == "tiny" or not src.exact_preset:
         return None
     p = src.preset
-    from .layout import plan_crop
+    from ..layout import plan_crop
 
     grid = plan_crop(cfg.frames, cfg.height, cfg.width, fit=cfg.tile_fit, vae_stride_temporal=p.vae_stride_temporal,
                      vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid

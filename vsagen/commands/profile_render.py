@@ -1,4 +1,4 @@
-"""Renderings of `vsagen profile`'s reports (`vsagen.profile.ProfileReport` and `KernelReport`): a Rich table
+"""Renderings of `vsagen profile`'s reports (`vsagen.commands.profile.ProfileReport` and `KernelReport`): a Rich table
 (plain text), markdown, csv, json, and the DiT bar chart (`write_plot`).
 
 The table and markdown hold the DiT table, then one per-layer table per configuration whose backend records what
@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .errors import BadInput
+from ..errors import BadInput
 from .profile import BASELINE, STOCK, KernelReport, ProfileReport, row_labels
 
 
@@ -313,7 +313,7 @@ def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> No
     Raises:
         BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
     """
-    from .video import new_figure, write_with
+    from ..video import new_figure, write_with
 
     rows = rep.rows
     two_fits = len({r.tile_fit for r in rows}) > 1

@@ -1,4 +1,4 @@
-"""vsagen.profile and `vsagen profile`: the backend comparison on one loaded tiny model, its
+"""vsagen.commands.profile and `vsagen profile`: the backend comparison on one loaded tiny model, its
 renderings (json, csv, markdown, table, plot), `--kernels`, and bad input.
 
 Runs use the session's private VSAGEN_CACHE (conftest) and the tiny preset: 17 x 96 x 160 -> grid 5 x 6 x 10
@@ -166,9 +166,9 @@ def test_profile_markdown_tile_fits_side_by_side(cli_cache, tmp_path):
 @pytest.mark.slow
 def test_render_formats_agree(cli_cache):
     """One report, every format: the same numbers; json is strict JSON (no NaN)."""
-    from vsagen.profile_config import resolve_profile
-    from vsagen.profile import profile_dit
-    from vsagen.profile_render import render
+    from vsagen.commands.profile_config import resolve_profile
+    from vsagen.commands.profile import profile_dit
+    from vsagen.commands.profile_render import render
 
     cfg = resolve_profile(model="tiny", attn="full,vsa", steps=1, warmup=0, stock=False, frames=5, height=64,
                           width=64)
@@ -236,9 +236,9 @@ def tiny_patterns(path, frames=5, grid=(2, 6, 10), layers=SVD_LAYERS):
 def test_profile_sparse_vdit_reports_each_layer_and_its_file(cli_cache, tmp_path):
     """One run, every rendering: the per-layer rows (launches: 1 for the fused layer, 0 for the all-skip one;
     block densities from the modes on the run's tile grid), the file's path, sha256, density and modes."""
-    from vsagen.profile import profile_dit
-    from vsagen.profile_config import resolve_profile
-    from vsagen.profile_render import render
+    from vsagen.commands.profile import profile_dit
+    from vsagen.commands.profile_config import resolve_profile
+    from vsagen.commands.profile_render import render
     from vsagen.sparsity.files import file_hash
     from vsagen.sparsity.patterns import block_density, default_catalog
 
@@ -354,8 +354,8 @@ def test_bad_input_is_one_line_exit_2(cli_cache, tmp_path, monkeypatch, args, ne
     def must_not_run(*a, **k):
         raise AssertionError("the profile ran despite bad input")
 
-    monkeypatch.setattr("vsagen.profile.profile_dit", must_not_run)
-    monkeypatch.setattr("vsagen.profile.profile_kernels", must_not_run)
+    monkeypatch.setattr("vsagen.commands.profile.profile_dit", must_not_run)
+    monkeypatch.setattr("vsagen.commands.profile.profile_kernels", must_not_run)
     (tmp_path / "afile").write_text("a file, not a folder")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     res = profile(*(["--model", "tiny"] if "--model" not in args else []), *args)
@@ -370,7 +370,7 @@ def test_bad_input_is_one_line_exit_2(cli_cache, tmp_path, monkeypatch, args, ne
 def test_existing_file_is_kept_without_overwrite(cli_cache, tmp_path, monkeypatch, flag, name):
     target = tmp_path / name
     target.write_text("older")
-    monkeypatch.setattr("vsagen.profile.profile_dit", lambda *a, **k: pytest.fail("ran despite bad input"))
+    monkeypatch.setattr("vsagen.commands.profile.profile_dit", lambda *a, **k: pytest.fail("ran despite bad input"))
     res = profile("--model", "tiny", flag, str(target))
     assert res.exit_code == 2
     line = assert_one_error_line(res.stderr, res.stdout)
@@ -405,9 +405,9 @@ def test_plot_without_matplotlib_is_one_line(cli_cache, tmp_path, monkeypatch):
 
 def test_cuda_fp32_overhead_rows_are_refused_before_loading(monkeypatch):
     """On CUDA the overhead rows pin cuDNN/flash, which take bf16/fp16 only: refused up front, not mid-run."""
-    from vsagen.profile_config import resolve_profile
+    from vsagen.commands.profile_config import resolve_profile
     from vsagen.errors import BadInput
-    from vsagen.profile import profile_dit
+    from vsagen.commands.profile import profile_dit
 
     cfg = resolve_profile(model="tiny", attn="vsa", attn_impl="torch", dtype="fp32")
     cfg = type(cfg)(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "device": "cuda"})

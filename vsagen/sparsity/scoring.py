@@ -1,9 +1,9 @@
-"""`vsagen search`: Sparse-vDiT's offline search (seed 003, arXiv 2506.03065) of one pattern per (step range, expert,
-layer, head), written as a pattern file (`vsagen.sparsity.files`) for `--attn sparse-vdit:patterns=FILE`.
+"""Sparse-vDiT's offline scoring (seed 003, arXiv 2506.03065): a scoring backend that returns full attention and
+measures every mode of a catalog against it, per (step range, expert, layer, head), and the choice of one mode per
+head from those measurements (`vsagen search` runs it on a loaded model and writes the pattern file).
 
-The model denoises with full attention (diffusers' own loop through `vsagen.pipeline.Session`, no VAE decode). A
-scoring backend (`ModeScorer`) takes every self-attention call's q, k, v (tile order), returns the full output O_full
-(torch SDPA, as `full`) and scores each mode of the catalog (`patterns.default_catalog`) on that call, for all
+The scoring backend (`ModeScorer`) takes every self-attention call's q, k, v (tile order), returns the full output
+O_full (torch SDPA, as `full`) and scores each mode of the catalog (`patterns.default_catalog`) on that call, for all
 heads at once, by the same code the `sparse-vdit` backend runs (`SparseVDiTAttention.attend`: the block-sparse
 kernels on CUDA, token-level masked attention in torch elsewhere):
 
@@ -23,94 +23,30 @@ Choice per (step range, expert, layer, head), with cost(mode) = its block densit
 
 so with eps below every sparse mode's error the head stays dense, a larger lam trades error for sparsity, and
 with the defaults lam = 0.5, eps = 1.0 a sparse mode of density d replaces dense where err < 0.5 * (1 - d) (skip
-needs lam > 1: err 1 against dense's lam). `--ranges N` splits the steps into N equal ranges (range i covers
-steps [i * steps // N, (i + 1) * steps // N)), each with its own modes; an expert that never ran in a range (the
-second expert of Wan2.2-A14B runs only the low-noise steps) gets there the modes of all the steps it ran, and an
-expert that never ran at all gets dense (the summary says so). The file's scores are the mean errors over all
-steps.
-
-Text-to-video models only (an image-to-video search would need input pictures).
+needs lam > 1: err 1 against dense's lam). Step ranges (`step_ranges`) split the steps into N equal ranges (range i
+covers steps [i * steps // N, (i + 1) * steps // N)), each with its own modes; an expert that never ran in a range
+(the second expert of Wan2.2-A14B runs only the low-noise steps) gets there the modes of all the steps it ran, and
+an expert that never ran at all gets dense. The file's scores are the mean errors over all steps.
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from ..attention.base import Backend, RunInfo
-from ..config import DEVICES, DTYPES, TILE_FITS, Request, check_choice, fill_and_check, resolve_device
 from ..errors import BadInput, RunFailure
-from ..models import DEFAULT_MODEL, resolve_model
-from ..paths import check_folder, check_target
-from .files import PatternFile, StepRange, architecture_of, parse_patterns, save_patterns
+from .files import PatternFile, StepRange, parse_patterns
 from .patterns import Pattern, block_density, default_catalog, q2k_table
 
 DEFAULT_LAM = 0.5   # Sparse-vDiT's lambda (seed 003): cost weight of a mode's block density
 DEFAULT_EPS = 1.0   # Sparse-vDiT's epsilon: the relative MSE a sparse mode may have at most (1 = skip's)
-DEFAULT_OUT = Path("patterns.json")
 IMPLS = ("auto", "triton", "torch")
 SCORE_DIGITS = 6  # significant digits of the scores written to the file
-
-
-# ------------------------------------------------------------------------------------------------ request
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchConfig(Request):
-    """A validated `vsagen search` request (see `Request` for the shared fields; `prompt` is the first prompt).
-
-    Attributes:
-        prompts: every prompt denoised (at least one), in order.
-        lam, eps: the selection's cost weight and relative-MSE bound (module docstring).
-        ranges: how many equal step ranges get their own modes (1 <= ranges <= steps).
-        out: the pattern file to write (.json).
-        tile_fit: "partial" or "crop" (`vsagen.layout.plan_crop`); the file's grid is the denoised grid.
-        impl: how the modes are computed: "auto" (Triton kernels on CUDA, torch elsewhere), "triton" or "torch".
-    """
-
-    prompts: tuple[str, ...]
-    lam: float
-    eps: float
-    ranges: int
-    out: Path
-    tile_fit: str
-    impl: str
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready settings."""
-        return {"model": self.model, "prompts": len(self.prompts), "steps": self.steps, "ranges": self.ranges,
-                "lam": self.lam, "eps": self.eps, "height": self.height, "width": self.width, "frames": self.frames,
-                "guidance": self.guidance, "seed": self.seed, "device": self.device, "dtype": self.dtype,
-                "tile_fit": self.tile_fit, "impl": self.impl, "out": str(self.out)}
-
-
-def read_prompts(path: Path) -> tuple[str, ...]:
-    """The prompts of a `--prompts` file: one a line, surrounding spaces stripped, blank lines and lines starting
-    with # skipped.
-
-    Raises:
-        BadInput: a missing, unreadable or non-UTF-8 file, or one without a prompt.
-    """
-    path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"--prompts {path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
-    prompts = tuple(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
-    if not prompts:
-        raise BadInput(f"--prompts {path} has no prompt (one a line; blank lines and # comments are skipped)")
-    return prompts
 
 
 def step_ranges(steps: int, n: int) -> tuple[tuple[int, int], ...]:
@@ -123,72 +59,6 @@ def step_ranges(steps: int, n: int) -> tuple[tuple[int, int], ...]:
         raise BadInput(f"--ranges must be in [1, --steps] = [1, {steps}] (each range needs a step), got {n}")
     bounds = [i * steps // n for i in range(n + 1)]
     return tuple(zip(bounds[:-1], bounds[1:]))
-
-
-def resolve_search(*, model: str = DEFAULT_MODEL, prompt: str | None = None, prompts: Path | None = None,
-                   steps: int | None = None, height: int | None = None, width: int | None = None,
-                   frames: int | None = None, guidance: float | None = None, guidance_2: float | None = None,
-                   flow_shift: float | None = None, negative_prompt: str | None = None, seed: int = 0,
-                   lam: float = DEFAULT_LAM, eps: float = DEFAULT_EPS, ranges: int = 1, out: Path = DEFAULT_OUT,
-                   overwrite: bool = False, device: str = "auto", dtype: str = "auto", tile_fit: str = "partial",
-                   attn_impl: str = "auto", random_weights: bool = False, allow_pickle: bool = False,
-                   fused_blocks: bool = True) -> SearchConfig:
-    """Validate a `vsagen search` request; unset sizes, steps and CFG scales come from the model's preset, as for
-    `vsagen t2v` (`vsagen.config.fill_and_check`). Give `prompt` or `prompts` (a file, `read_prompts`).
-
-    Raises:
-        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: no
-            prompt or both, an empty prompts file, lam or eps negative or not finite, ranges outside [1, steps],
-            an image-to-video model, an existing `out` without `overwrite`, an unwritable folder.
-    """
-    if (prompt is None) == (prompts is None):
-        raise BadInput("give the prompts to search on: --prompt TEXT or --prompts FILE (one prompt a line), not both"
-                       if prompt is not None else "give the prompts to search on: --prompt TEXT or --prompts FILE "
-                       "(one prompt a line)")
-    if prompt is not None and not prompt.strip():
-        raise BadInput("--prompt is empty")
-    texts = (prompt.strip(),) if prompt is not None else read_prompts(prompts)  # type: ignore[arg-type]
-    for flag, value in (("--lam", lam), ("--eps", eps)):
-        if not math.isfinite(value) or value < 0:
-            raise BadInput(f"{flag} must be a finite number >= 0, got {value}")
-    check_choice("--tile-fit", tile_fit, TILE_FITS)
-    check_choice("--dtype", dtype, DTYPES)
-    check_choice("--device", device, DEVICES)
-    check_choice("--attn-impl", attn_impl, IMPLS)
-    src = resolve_model(model)
-    if src.image_to_video:
-        raise BadInput(f"--model {model} is an image-to-video model; vsagen search runs text-to-video models "
-                       "(searching with input pictures is not supported)")
-    d = src.preset.defaults
-    height, width, frames, steps, guidance, guidance_2 = fill_and_check(
-        src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
-        guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
-    step_ranges(steps, ranges)
-    flow_shift = d.flow_shift if flow_shift is None else flow_shift
-    if not math.isfinite(flow_shift) or flow_shift <= 0:
-        raise BadInput(f"--flow-shift must be a number > 0, got {flow_shift}")
-    out = Path(out).expanduser()
-    if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
-        raise BadInput(f"--out {str(out)!r}: the pattern file is JSON; give a file name ending in .json")
-    check_target(out, overwrite, "--out")
-    check_folder(out.parent)
-    dev = resolve_device(device)
-    if attn_impl == "triton" and dev != "cuda":
-        from ..kernels.tuning import interpreting
-
-        if not interpreting():
-            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1); use --attn-impl torch")
-    return SearchConfig(
-        prompt=texts[0], prompts=texts, negative_prompt=d.negative_prompt if negative_prompt is None
-        else negative_prompt, model=model, source=src, height=height, width=width, frames=frames, steps=steps,
-        guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=flow_shift,
-        max_sequence_length=d.max_sequence_length, device=dev, dtype=dtype if dtype != "auto" else
-        ("bf16" if dev == "cuda" else "fp32"), random_weights=random_weights, allow_pickle=allow_pickle, warmup=0,
-        overwrite=overwrite, fused_blocks=fused_blocks, lam=float(lam), eps=float(eps), ranges=ranges, out=out,
-        tile_fit=tile_fit, impl=attn_impl)
-
-
-# ------------------------------------------------------------------------------------------------ scoring
 
 
 def mode_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_full: torch.Tensor,
@@ -345,9 +215,6 @@ class ModeScorer(Backend):
         return total / sum(self.counts[k] for k in keys)
 
 
-# ------------------------------------------------------------------------------------------------ result
-
-
 def patterns_from_scores(scorer: ModeScorer, *, model: str, experts: Sequence[str], layers: int, heads: int,
                          grid: tuple[int, int, int], height: int, width: int, frames: int, lam: float, eps: float,
                          prompts: int) -> tuple[PatternFile, list[str]]:
@@ -410,104 +277,3 @@ def run_density(scorer: ModeScorer, patterns: PatternFile) -> float:
     total = sum(scorer.counts.values())
     return sum(c * sum(dens[n] for n in patterns.ranges[r].heads[e][layer]) / patterns.architecture["heads"]
                for (r, e, layer), c in scorer.counts.items()) / max(total, 1)
-
-
-@dataclass
-class SearchResult:
-    """What a search produced: the file written, its contents, the notes, scored attention calls, seconds, and
-    the block density of the searched run under the file's modes (`run_density`)."""
-
-    path: Path
-    patterns: PatternFile
-    notes: list[str]
-    calls: int
-    seconds: float
-    density: float
-
-
-def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
-           modes: Sequence[Pattern] | None = None, cancelled: Callable[[], bool] = lambda: False) -> SearchResult:
-    """Run the search of `cfg` (module docstring) and write its pattern file, atomically and only at the end (an
-    interrupted search writes nothing).
-
-    Args:
-        cfg: the validated request (`resolve_search`).
-        log: receives progress lines; progress: show diffusers' progress bar per prompt.
-        modes: the catalog (default `patterns.default_catalog()`).
-        cancelled: asked after each prompt's run and just before the file is written; True (an interrupt that a
-            finalizer swallowed) raises KeyboardInterrupt instead of going on.
-
-    Raises:
-        KeyboardInterrupt: `cancelled()` said so.
-        BadInput: the model cannot run the search here (device / dtype), or `cfg.out` appeared meanwhile.
-        ModelNotFound: the checkpoint cannot be loaded.
-        RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
-    """
-    from ..loading import experts as experts_of
-    from ..pipeline import Session
-
-    t0 = time.perf_counter()
-    scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
-    session = Session.load(cfg, [scorer], tile_fits=(cfg.tile_fit,), progress=progress, log=log)
-    plan = session.plan(cfg.tile_fit)
-    for i, text in enumerate(cfg.prompts):
-        log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")
-        run_on = dataclasses.replace(session, request=dataclasses.replace(cfg, prompt=text), _prompts=None)
-        run_on.run(scorer, plan, encode=True, what=f"searching (prompt {i + 1})")
-        if cancelled():
-            raise KeyboardInterrupt
-    transformers = experts_of(session.pipe)
-    names = [n for n, _ in transformers]
-    arch = architecture_of(transformers[0][1])
-    patterns, notes = patterns_from_scores(
-        scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
-        height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
-    if cancelled():
-        raise KeyboardInterrupt
-    try:
-        save_patterns(patterns, cfg.out, overwrite=cfg.overwrite)
-    except BadInput:
-        raise BadInput(f"{cfg.out} appeared during the search; nothing was written (pass --overwrite)") from None
-    # the session's notes (random weights, compile) join the search's in the summary, on one stream
-    return SearchResult(cfg.out, patterns, [*session.notes, *notes], scorer.calls, time.perf_counter() - t0,
-                        run_density(scorer, patterns))
-
-
-def summary_renderables(result: SearchResult) -> list[Any]:
-    """Rich renderables of a search: a table of the modes per layer (head counts per mode, the layer's block
-    density), then the overall density, the expected attention speed-up (1 / density) and the file."""
-    from rich.table import Table
-
-    pf = result.patterns
-    dens = {n: block_density(p, pf.tiles) for n, p in pf.modes.items()}
-    table = Table(title=f"{pf.model}: heads per mode in each layer", title_justify="left",
-                  caption=f"searched at {pf.frames}x{pf.height}x{pf.width} (grid {'x'.join(map(str, pf.grid))}), "
-                          f"{pf.steps} step{'s' if pf.steps != 1 else ''}, "
-                          f"{pf.prompts} prompt{'s' if pf.prompts != 1 else ''}, lam {pf.lam:g}, eps {pf.eps:g}",
-                  caption_justify="left")
-    if len(pf.ranges) > 1:
-        table.add_column("steps", overflow="fold")
-    if len(pf.experts) > 1:
-        table.add_column("expert", overflow="fold")
-    table.add_column("layer", justify="right", overflow="fold")
-    for n in pf.modes:
-        table.add_column(n, justify="right", overflow="fold")
-    table.add_column("density", justify="right", overflow="fold")
-    for r in pf.ranges:
-        for e in pf.experts:
-            for layer, names in enumerate(r.heads[e]):
-                row = ([f"{r.start}-{r.stop - 1}"] if len(pf.ranges) > 1 else []) + \
-                      ([e] if len(pf.experts) > 1 else []) + [str(layer)]
-                row += [str(names.count(n)) if n in names else "." for n in pf.modes]
-                row.append(f"{100 * sum(dens[n] for n in names) / len(names):.1f}%")
-                table.add_row(*row)
-    density = result.density
-    speed = f"{1 / density:.2f}x" if density > 0 else "unbounded (every head skips)"
-    counts = ", ".join(f"{n} {c}" for n, c in pf.mode_counts().items() if c)
-    lines = [f"heads per mode (all ranges, experts, layers): {counts}",
-             f"overall block density {100 * density:.1f}% (over the searched run's attention calls; the file's mean "
-             f"over every entry: {100 * pf.density():.1f}%): expected attention speed-up {speed} (1 / density)",
-             *(f"note: {n}" for n in result.notes),
-             f"patterns: {result.path} ({result.calls} attention calls scored in {result.seconds:.1f} s); run them "
-             f"with --attn sparse-vdit:patterns={result.path}"]
-    return [table, *lines]

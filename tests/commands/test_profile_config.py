@@ -1,4 +1,4 @@
-"""vsagen.profile_config: `resolve_profile` (a `vsagen profile` request: flag > preset default, the backend and
+"""vsagen.commands.profile_config: `resolve_profile` (a `vsagen profile` request: flag > preset default, the backend and
 tile-fit lists, formats, output files, `--kernels`) and `ProfileConfig`."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.profile_config import PROFILE_FORMATS, ProfileConfig, resolve_profile
+from vsagen.commands.profile_config import PROFILE_FORMATS, ProfileConfig, resolve_profile
 
 TINY_STEPS = 4  # presets/tiny.toml [defaults] steps: the projection target
 
 
 def test_resolve_profile_defaults_and_per_backend_settings():
-    from vsagen.profile_config import PROFILE_STEPS, PROFILE_WARMUP, resolve_profile
+    from vsagen.commands.profile_config import PROFILE_STEPS, PROFILE_WARMUP, resolve_profile
 
     cfg = resolve_profile(model="tiny")
     assert [b.name for b in cfg.backends] == ["full", "vsa"]
@@ -69,7 +69,7 @@ def test_entries_that_come_to_one_configuration_are_refused(attn):
 
 def test_a_preset_impl_holds_unless_attn_impl_is_given():
     """`--attn-impl auto` is the flag's default, so a preset's [attention.vsa] impl is not overridden by it."""
-    import vsagen.config as config
+    import vsagen.request.backends as config
     from vsagen.attention import resolve_spec
 
     tables = {"vsa": {"sparsity": 0.875, "impl": "torch"}}

@@ -1,5 +1,5 @@
-"""vsagen.config: `resolve` (a t2v / i2v request: flag > preset default, every check that needs no weights) and
-its helpers: VAE tiling, valid frame counts, output targets and folders, choices, devices."""
+"""vsagen.commands.generate_config: `resolve_generate` (a t2v / i2v request: flag > preset default, every check that
+needs no weights, through `vsagen.request.resolve.resolve`) and the request layer's helpers: VAE tiling, valid frame counts, output targets and folders, choices, devices."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from vsagen.config import (VAE_TILING_AUTO_MAX_AREA, check_choice, nearest_valid_frames, resolve, resolve_device,
-                           vae_tiling_enabled)
+from vsagen.commands.generate_config import resolve_generate as resolve
+from vsagen.request.options import check_choice
+from vsagen.request.resolve import VAE_TILING_AUTO_MAX_AREA, nearest_valid_frames, resolve_device, vae_tiling_enabled
 from vsagen.errors import BadInput
 from vsagen.presets import load_preset
 

@@ -21,206 +21,25 @@ side-by-side mp4 with each panel labelled, the plot (speed-up against PSNR; atte
 matplotlib), `compare.json` and `compare.csv`. Nothing is written before every backend has run; each file is
 written atomically (`vsagen.video`), and an interrupted or failed write removes the files this run had already
 written. Text-to-video models only. Renderings (table, csv, plot, side-by-side video) are in
-`vsagen.compare_render`.
+`vsagen.commands.compare_render`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection
 
-from .attention import BackendSpec
-from .attention.base import BackendWrapper
-from .config import (DEVICES, DTYPES, MAX_STEPS, TILE_FITS, VAE_TILINGS, Request, check_choice, fill_and_check,
-                     input_notes, resolve_device)
-from .errors import BadInput
-from .paths import check_folder, check_target, default_out
-from .metrics import json_number, pooled_rel_l2, psnr_db, ssim
-from .models import DEFAULT_MODEL, resolve_model
-from .profile_config import attn_list_specs, split_attn_list
+from ..attention.base import BackendWrapper
+from ..errors import BadInput
+from ..metrics import json_number, pooled_rel_l2, psnr_db, ssim
+from .compare_config import CompareConfig
 
 PROBE_REGION = "compare_probe"
-DEFAULT_ATTN = "full,vsa"
-DEFAULT_ERROR_STEPS = "first,middle,last"
-COMPARE_WARMUP = 1  # untimed warm-up steps per backend unless --warmup says otherwise (as `vsagen profile`)
-SIDE_BY_SIDE, JSON_FILE, CSV_FILE, PLOT_FILE = "side-by-side.mp4", "compare.json", "compare.csv", "compare.png"
 # The regions a probe call runs inside (besides "total" and "denoise", which compare does not report).
 PROBE_ENCLOSED_BY = ("dit", "attn1", "self_attention")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareConfig(Request):
-    """A validated `vsagen compare` request (see `Request` for the shared fields).
-
-    `backends[0]` is the reference. `error_steps` are the 0-based denoising steps whose attention is compared
-    with dense attention (sorted, each < steps). `out` is the output folder, `files` the paths written in it.
-    `plot` draws compare.png (matplotlib). `labels` name the backends in tables, panels and the plot.
-    """
-
-    backends: tuple[BackendSpec, ...]
-    tile_fit: str
-    fps: int
-    out: Path
-    error_steps: tuple[int, ...]
-    plot: bool
-    vae_tiling: str = "auto"
-
-    @property
-    def tile_fits(self) -> tuple[str, ...]:
-        """(tile_fit,): the run's one tile fit (`vsagen.profile.denoise_grids` reads it)."""
-        return (self.tile_fit,)
-
-    @property
-    def labels(self) -> list[str]:
-        """Each backend's label ("vsa 0.875"), or its spec without default options where a name repeats; a
-        backend listed again (a library caller's list) gets " (2)", " (3)", ..."""
-        names = [s.name for s in self.backends]
-        labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
-        return [x if x not in labels[:i] else f"{x} ({labels[:i].count(x) + 1})" for i, x in enumerate(labels)]
-
-    @property
-    def backend_files(self) -> list[Path]:
-        """Each backend's mp4 in `out`, named after its spec without default options (`vsa_sparsity=0.9.mp4`)."""
-        stems: list[str] = []
-        for spec in self.backends:
-            stem = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec.short_text()).strip("._") or spec.name
-            stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
-        return [self.out / f"{stem}.mp4" for stem in stems]
-
-    @property
-    def files(self) -> dict[str, Path]:
-        """{what: path} of every file the run writes: each backend's mp4 under its label, then "side-by-side",
-        "plot" (when drawn), "json", "csv"."""
-        out = dict(zip(self.labels, self.backend_files))
-        out["side-by-side"] = self.out / SIDE_BY_SIDE
-        if self.plot:
-            out["plot"] = self.out / PLOT_FILE
-        out.update(json=self.out / JSON_FILE, csv=self.out / CSV_FILE)
-        return out
-
-    def memory_hints(self) -> list[str]:
-        """`--vae-tiling on` where not given."""
-        return [] if self.vae_tiled else ["--vae-tiling on"]
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready settings (no Path objects, no preset internals)."""
-        d = asdict(self)
-        d.pop("source")
-        d["backends"] = [b.summary() for b in self.backends]
-        d["error_steps"] = list(self.error_steps)
-        d["out"] = str(self.out)
-        d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
-                             "preset": self.source.preset.name}
-        return d
-
-
-def parse_error_steps(text: str, steps: int) -> tuple[int, ...]:
-    """`--error-steps`: comma-separated 0-based step indices and the words first (0), middle (steps // 2) and
-    last (steps - 1); "none" for no attention error. Returns the sorted distinct steps.
-
-    Raises:
-        BadInput: an empty entry, a word or number that is not a step of the run (0 <= step < steps).
-    """
-    names = {"first": 0, "middle": steps // 2, "last": steps - 1}
-    if text.strip().lower() == "none":
-        return ()
-    out = set()
-    for item in (x.strip().lower() for x in text.split(",")):
-        if item in names:
-            out.add(names[item])
-            continue
-        try:
-            step = int(item)
-        except ValueError:
-            raise BadInput(f"--error-steps {text!r}: give step indices from 0 and / or first, middle, last "
-                           "(comma-separated), or none") from None
-        if not 0 <= step < steps:
-            raise BadInput(f"--error-steps {text!r}: step {step} is not a step of this run (0 to {steps - 1})")
-        out.add(step)
-    return tuple(sorted(out))
-
-
-def resolve_compare(prompt: str, *, model: str = DEFAULT_MODEL, attn: str = DEFAULT_ATTN,
-                    sparsity: float | None = None, attn_impl: str = "auto", height: int | None = None,
-                    width: int | None = None, frames: int | None = None, steps: int | None = None,
-                    guidance: float | None = None, guidance_2: float | None = None, flow_shift: float | None = None,
-                    negative_prompt: str | None = None, seed: int = 0, fps: int | None = None,
-                    out: Path | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
-                    tile_fit: str = "partial", random_weights: bool = False, allow_pickle: bool = False,
-                    warmup: int | None = None, vae_tiling: str = "auto", error_steps: str = DEFAULT_ERROR_STEPS,
-                    plot: bool | None = None, fused_blocks: bool = True) -> CompareConfig:
-    """Validate a `vsagen compare` request (flag > preset default, as `vsagen.config.resolve`). `attn` is a
-    comma-separated list of at least two backends as `vsagen profile` takes it (`split_attn_list`), the first the
-    reference. `warmup` defaults to COMPARE_WARMUP. `out` is a folder (default `vsagen-<model>-compare-seed<seed>`);
-    none of the files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
-
-    Raises:
-        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: fewer
-            than two backends, an unknown backend or option, an image-to-video model, a size, frame count or step
-            count the model refuses, bad --error-steps, an existing output file without `overwrite`, an
-            unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when
-            matplotlib is installed and otherwise adds a note).
-    """
-    if not prompt.strip():
-        raise BadInput("the prompt is empty")
-    attns = split_attn_list(attn)
-    if len(attns) < 2:
-        raise BadInput(f"--attn {attn!r}: compare needs the reference and at least one backend to compare with it, "
-                       "e.g. --attn full,vsa")
-    check_choice("--tile-fit", tile_fit, TILE_FITS)
-    check_choice("--dtype", dtype, DTYPES)
-    check_choice("--device", device, DEVICES)
-    check_choice("--vae-tiling", vae_tiling, VAE_TILINGS)
-    src = resolve_model(model)
-    if src.image_to_video:
-        raise BadInput(f"--model {model} is an image-to-video model; vsagen compare runs text-to-video models")
-    d = src.preset.defaults
-    specs = attn_list_specs(attns, attn, d.attention, sparsity, attn_impl)
-    height, width, frames, steps, guidance, guidance_2 = fill_and_check(
-        src, model, height=height, width=width, frames=frames, steps=steps, guidance=guidance,
-        guidance_2=guidance_2, seed=seed, random_weights=random_weights, tile_fits=(tile_fit,))
-    if min(height, width) < 7:
-        raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {width} x {height}")
-    fps = d.fps if fps is None else fps
-    if fps < 1:
-        raise BadInput(f"--fps must be at least 1, got {fps}")
-    flow_shift = d.flow_shift if flow_shift is None else flow_shift
-    if not math.isfinite(flow_shift) or flow_shift <= 0:
-        raise BadInput(f"--flow-shift must be a number > 0, got {flow_shift}")
-    warmup = COMPARE_WARMUP if warmup is None else warmup
-    if not 0 <= warmup <= MAX_STEPS:
-        raise BadInput(f"--warmup must be in [0, {MAX_STEPS}], got {warmup}")
-    chosen = parse_error_steps(error_steps, steps)
-    notes = input_notes(negative_prompt, guidance, height, width)
-    if plot is not False:
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            if plot:  # asked for by name
-                raise BadInput("the plot needs matplotlib, which is not installed: pip install 'vsagen[plot]', or "
-                               "pass --no-plot")
-            notes += ("no plot (compare.png): matplotlib is not installed (pip install 'vsagen[plot]')",)
-        plot = importlib.util.find_spec("matplotlib") is not None
-    dev = resolve_device(device)
-    out = Path(out).expanduser() if out is not None else default_out(model, "compare", seed, True).with_suffix("")
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"--out {out} is a file; give a folder (it is created if missing)")
-    cfg = CompareConfig(
-        prompt=prompt, negative_prompt=d.negative_prompt if negative_prompt is None else negative_prompt,
-        model=model, source=src, backends=specs, height=height, width=width, frames=frames, steps=steps,
-        guidance=guidance, guidance_2=guidance_2, seed=seed, flow_shift=flow_shift,
-        max_sequence_length=d.max_sequence_length, device=dev, dtype=dtype if dtype != "auto" else
-        ("bf16" if dev == "cuda" else "fp32"), random_weights=random_weights, allow_pickle=allow_pickle,
-        warmup=warmup, overwrite=overwrite, vae_tiling=vae_tiling, fused_blocks=fused_blocks, tile_fit=tile_fit,
-        fps=fps, out=out, error_steps=chosen, plot=plot, notes=notes)
-    for path in cfg.files.values():
-        check_target(path, overwrite, "--out folder")
-    check_folder(out)
-    return cfg
 
 
 # ------------------------------------------------------------------------------------------------ attention error
@@ -239,7 +58,7 @@ class AttentionProbe(BackendWrapper):
     """
 
     def __init__(self, backend: Any, steps: Collection[int]) -> None:
-        from .attention.full import FullAttention
+        from ..attention.full import FullAttention
 
         super().__init__(backend)
         self.steps = frozenset(steps)
@@ -434,11 +253,11 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     """
     import torch
 
-    from . import __version__
-    from .bench import rel_l2
-    from .loading import versions
-    from .pipeline import Session, out_of_memory_as_failure, video_frames
-    from .timing import TimingReport
+    from .. import __version__
+    from ..bench import rel_l2
+    from ..loading import versions
+    from ..pipeline import Session, out_of_memory_as_failure, video_frames
+    from ..timing import TimingReport
 
     device = torch.device(cfg.device)
     probes = [AttentionProbe(spec.build(), cfg.error_steps) for spec in cfg.backends]
@@ -516,7 +335,7 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     import json
 
     from .compare_render import render_csv, side_by_side, write_plot
-    from .video import write_mp4, write_text
+    from ..video import write_mp4, write_text
 
     files = cfg.files
     created = not cfg.out.exists()

@@ -1,4 +1,4 @@
-"""Renderings of `vsagen compare`'s report (`vsagen.compare.CompareReport`): the Rich table, the csv, the plot
+"""Renderings of `vsagen compare`'s report (`vsagen.commands.compare.CompareReport`): the Rich table, the csv, the plot
 (speed-up against PSNR per backend; attention error per layer) and the side-by-side video's frames (each panel
 labelled with its backend, drawn with Pillow)."""
 
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .metrics import json_number
+from ..metrics import json_number
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -135,7 +135,7 @@ def write_plot(report: Any, path: Path, *, overwrite: bool = False) -> None:
     Raises:
         BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
     """
-    from .video import new_figure, write_with
+    from ..video import new_figure, write_with
 
     rows = report.rows
     finite = [r.psnr_db for r in rows if math.isfinite(r.psnr_db)]

@@ -1,4 +1,4 @@
-"""vsagen.compare_render: the table, csv, plot and side-by-side frames of a `CompareReport` built in the test
+"""vsagen.commands.compare_render: the table, csv, plot and side-by-side frames of a `CompareReport` built in the test
 (real runs are in test_compare.py)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from vsagen.compare import CompareReport, CompareRow
-from vsagen.compare_render import render_csv, rich_table, side_by_side, write_plot
+from vsagen.commands.compare import CompareReport, CompareRow
+from vsagen.commands.compare_render import render_csv, rich_table, side_by_side, write_plot
 
 
 def row(label: str, psnr: float, layers: list[float | None], expert: str = "transformer") -> CompareRow:

@@ -30,7 +30,7 @@ overhead rows are left out under `--ulysses` (diffusers' own processors would ne
 plan, whose RoPE split differs from vsagen's); the report's notes say so.
 
 `--kernels` (`profile_kernels`) times the self-attention alone at the model's shape instead; see
-`vsagen.bench`. The reports' renderings (table, markdown, csv, json, the plot) are in `vsagen.profile_render`.
+`vsagen.bench`. The reports' renderings (table, markdown, csv, json, the plot) are in `vsagen.commands.profile_render`.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from .attention.full import FullAttention
-from .presets import LAST_IMAGE_REQUIRED
+from ..attention.full import FullAttention
+from ..presets import LAST_IMAGE_REQUIRED
 from .profile_config import ProfileConfig
-from .timing import TimingReport, rank_stats
-from .errors import BadInput
+from ..timing import TimingReport, rank_stats
+from ..errors import BadInput
 
 STOCK = "diffusers-sdpa"
 TILE_ORDER_FULL = "full+tile-order"
@@ -140,7 +140,7 @@ def row_labels(rows: list[ProfileRow]) -> list[str]:
     """Each row's label ("vsa 0.875"), or its spec without the default options ("vsa:impl=torch") where two rows of
     one tile fit would otherwise read the same (two settings of one backend that differ in more than the
     sparsity)."""
-    from .attention.spec import short_spec_text
+    from ..attention.spec import short_spec_text
 
     labels = [r.label for r in rows]
     keys = [(label, r.tile_fit) for label, r in zip(labels, rows)]
@@ -209,7 +209,7 @@ def _layer_summary(layers: list[dict[str, Any]]) -> tuple[int | None, float | No
 def denoise_grids(cfg: ProfileConfig) -> dict[str, tuple[int, int, int]]:
     """{tile fit: post-patch latent grid (T, Hl, Wl) denoised under it} of `cfg`'s size (`plan_crop` with the
     preset's VAE strides and patch size)."""
-    from .layout import plan_crop
+    from ..layout import plan_crop
 
     p = cfg.source.preset
     return {fit: tuple(plan_crop(cfg.frames, cfg.height, cfg.width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
@@ -226,7 +226,7 @@ def _per_step(x: float | None, steps: int) -> float | None:
 
 def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Measured, cfg: ProfileConfig,
               has_processor: bool, tiled: bool, impl: str | None = None) -> ProfileRow:
-    from .layout import tile_layout
+    from ..layout import tile_layout
 
     t = m.report
     steps = len(t.dit_per_step_s) or cfg.steps
@@ -287,9 +287,9 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     """
     import torch
 
-    from . import __version__
-    from .loading import torch_dtype, versions
-    from .pipeline import Conditioning, Session, fused_blocks_note
+    from .. import __version__
+    from ..loading import torch_dtype, versions
+    from ..pipeline import Conditioning, Session, fused_blocks_note
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
@@ -324,7 +324,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
         if cfg.processes > 1:  # a collective: every rank, every configuration, in the same order
             import torch.distributed as dist
 
-            from .parallel.launch import gather_to_writer
+            from ..parallel.launch import gather_to_writer
 
             ranks = gather_to_writer(report.rank_row(dist.get_rank()))
         return _Measured(report, run.layout_s, run.latents, ranks)
@@ -370,7 +370,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], latents: dict[int, Any]) -> None:
     """Fill each row's speed-up and latent distance against the first `full` row of its tile fit, and the overhead
     against `diffusers-sdpa` (`overhead[0]`, when the overhead rows ran). `latents`: id(row) -> final latents."""
-    from .bench import rel_l2
+    from ..bench import rel_l2
 
     full: dict[str, ProfileRow] = {}
     for r in rows:  # the first `full` entry of each tile fit is the baseline
@@ -409,7 +409,7 @@ def _tile_fit_comparison(cfg: ProfileConfig, rows: list[ProfileRow]) -> list[dic
 def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str | None, rows: list[ProfileRow],
                    cuda: bool) -> list[str]:
     """The report's notes: the session's (once each), then what the reader must know about these timings."""
-    from .kernels.tuning import interpreting
+    from ..kernels.tuning import interpreting
 
     stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
                     "processors and hooks only" if stock_rows(cfg) else "")
@@ -476,11 +476,11 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
     """
     import torch
 
-    from . import __version__
-    from .bench import AttentionShape, time_attention, timed_layers
-    from .loading import torch_dtype, versions
-    from .models import transformer_configs
-    from .pipeline import predicted_run
+    from .. import __version__
+    from ..bench import AttentionShape, time_attention, timed_layers
+    from ..loading import torch_dtype, versions
+    from ..models import transformer_configs
+    from ..pipeline import predicted_run
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]

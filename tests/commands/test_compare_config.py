@@ -1,0 +1,93 @@
+"""vsagen.commands.compare_config: the `vsagen compare` request: --error-steps, bad input through the command line
+(one line, exit 2, nothing written, nothing loaded), notes, the plot without matplotlib, and the bounds every command
+shares (issue 28: compare refused `--fps 10000` and `--flow-shift 5000` only loosely before the one request layer)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_one_error_line
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+from vsagen.commands.compare_config import parse_error_steps, resolve_compare
+from vsagen.errors import BadInput
+
+runner = CliRunner()
+
+
+def test_parse_error_steps():
+    assert parse_error_steps("first,middle,last", 5) == (0, 2, 4)
+    assert parse_error_steps("last, 0, 3", 4) == (0, 3)
+    assert parse_error_steps("first,middle,last", 1) == (0,)
+    assert parse_error_steps("none", 3) == ()
+    for bad in ("4", "-1", "x", "1,,2"):
+        with pytest.raises(BadInput, match="--error-steps"):
+            parse_error_steps(bad, 4)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bad input: one line, exit 2, before the model is loaded
+
+
+BAD = [
+    ("one-backend", ["--attn", "full"], ["at least one backend", "full,vsa"]),
+    ("unknown-backend", ["--attn", "full,nope"], ["unknown --attn 'nope'", "available"]),
+    ("unknown-option", ["--attn", "full,vsa:spars=0.5"], ["spars"]),
+    ("repeated", ["--attn", "full,vsa,vsa"], ["twice"]),
+    ("height-off-stride", ["--height", "100"], ["--height", "multiple of 16", "96 or 112"]),
+    ("frames", ["--frames", "6"], ["--frames", "5", "9"]),
+    ("too-wide", ["--width", "4096"], ["--width too large"]),
+    ("error-steps", ["--steps", "2", "--error-steps", "2"], ["--error-steps", "0 to 1"]),
+    ("image-model", ["--model", "tiny-i2v"], ["image-to-video"]),
+    ("out-is-file", ["--out", "{tmp}/afile"], ["is a file"]),
+]
+
+
+@pytest.mark.parametrize("args,needles", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, monkeypatch, args, needles):
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    (tmp_path / "afile").write_text("a file, not a folder")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    res = runner.invoke(app, ["compare", "a prompt", *(["--model", "tiny"] if "--model" not in args else []),
+                              "--out", str(tmp_path / "out"), *args])
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert res.exit_code == 2, res.output
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], "something was written"
+
+
+def test_empty_prompt_is_one_line_exit_2():
+    res = runner.invoke(app, ["compare", " ", "--model", "tiny"])
+    assert res.exit_code == 2 and "prompt is empty" in assert_one_error_line(res.stderr, res.stdout)
+
+
+def test_existing_outputs_are_kept_without_overwrite(vsagen_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    (tmp_path / "vsa.mp4").write_text("older")
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--out", str(tmp_path)])
+    line = assert_one_error_line(res.stderr, res.stdout)
+    assert res.exit_code == 2 and str(tmp_path / "vsa.mp4") in line and "--overwrite" in line
+    assert (tmp_path / "vsa.mp4").read_text() == "older"
+
+
+def test_a_negative_prompt_without_cfg_is_a_note_of_the_comparison(tmp_path):
+    """As for t2v (`vsagen.request.resolve.negative_prompt_note`): a note, first among the run's notes, not a silent no-op."""
+    cfg = resolve_compare("a prompt", model="tiny", attn="full,vsa", guidance=1.0, negative_prompt="blurry",
+                          out=tmp_path / "out", plot=False)
+    assert len(cfg.notes) == 1 and cfg.notes[0].startswith("--negative-prompt has no effect: CFG is off")
+    assert resolve_compare("a prompt", model="tiny", attn="full,vsa", negative_prompt="blurry", out=tmp_path / "o2",
+                           plot=False).notes == ()
+
+
+def test_the_plot_is_skipped_with_a_note_without_matplotlib_unless_asked_for(tmp_path, monkeypatch):
+    """`pip install -e .` has no matplotlib (an extra): the README's compare example must still run."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "o")
+    assert cfg.plot is False and any("no plot (compare.png): matplotlib" in n for n in cfg.notes)
+    assert "plot" not in cfg.files
+    with pytest.raises(BadInput, match="the plot needs matplotlib"):
+        resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "p", plot=True)

@@ -1,0 +1,119 @@
+"""vsagen.request.options: the option groups check every bound they own when they are built, with one message per
+bound, so every command refuses the same value with the same line before anything loads (issue 28: `vsagen compare`
+took `--fps 10000` and `--flow-shift 5000` that t2v refuses); the choices are str Enums; keyword arguments named as
+the flags route to their groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import one_error_line
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+from vsagen.errors import BadInput
+from vsagen.request.options import (FLAGS, GROUPS, MAX_FPS, AttentionOptions, Device, Dtype, ModelOptions, Offload,
+                                    OutputOptions, PlacementOptions, RequestOptions, SamplingOptions, TileFit,
+                                    VaeTiling, check_choice, request_options, split_list)
+
+runner = CliRunner()
+
+# (flag, bad value, the line's words): the same words from every command that takes the flag
+BOUNDS = [
+    ("--fps", "10000", f"--fps must be an integer in [1, {MAX_FPS}], got 10000"),
+    ("--fps", "0", "--fps must be an integer in [1, 240], got 0"),
+    ("--flow-shift", "5000", "--flow-shift must be a number in (0, 1000], got 5000.0"),
+    ("--flow-shift", "0", "--flow-shift must be a number in (0, 1000], got 0.0"),
+    ("--steps", "0", "--steps must be in [1, 10000], got 0"),
+    ("--warmup", "-1", "--warmup must be in [0, 10000], got -1"),
+    ("--guidance", "101", "--guidance must be a number in [0, 100], got 101.0"),
+    ("--guidance", "nan", "--guidance must be a number in [0, 100], got nan"),
+    ("--seed", "-3", "--seed must be in [0, 2^63), got -3"),
+    ("--sparsity", "1.0", "--sparsity must be in [0, 1), got 1.0"),
+    ("--device", "gpu", "--device must be one of auto, cuda, cpu, got 'gpu'"),
+    ("--dtype", "fp8", "--dtype must be one of auto, bf16, fp16, fp32, got 'fp8'"),
+    ("--tile-fit", "pad", "--tile-fit must be one of partial, crop, got 'pad'"),
+    ("--ulysses", "0", "--ulysses must be an integer of at least 1, got 0"),
+]
+# each command with the arguments it needs, and the flags it takes (from the command line's own declarations)
+COMMANDS = {
+    "t2v": (["t2v", "a fox"], {"--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed", "--sparsity",
+                               "--device", "--dtype", "--tile-fit", "--ulysses"}),
+    "i2v": (["i2v", "IMG", "a fox"], {"--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed",
+                                      "--sparsity", "--device", "--dtype", "--tile-fit", "--ulysses"}),
+    "compare": (["compare", "a fox", "--attn", "full,vsa"], {"--fps", "--flow-shift", "--steps", "--warmup",
+                                                             "--guidance", "--seed", "--sparsity", "--device",
+                                                             "--dtype", "--tile-fit"}),
+    "profile": (["profile", "--attn", "full,vsa"], {"--steps", "--warmup", "--guidance", "--seed", "--sparsity",
+                                                    "--device", "--dtype", "--tile-fit", "--ulysses"}),
+    "search": (["search", "--prompt", "a fox"], {"--flow-shift", "--steps", "--guidance", "--seed", "--device",
+                                                 "--dtype", "--tile-fit"}),
+}
+CASES = [(cmd, flag, value, words) for cmd, (_, takes) in COMMANDS.items() for flag, value, words in BOUNDS
+         if flag in takes]
+
+
+@pytest.mark.parametrize("command,flag,value,words", CASES, ids=[f"{c}{f}={v}" for c, f, v, _ in CASES])
+def test_every_command_refuses_a_bound_with_the_same_line_before_loading(vsagen_cache, tmp_path, monkeypatch, command,
+                                                                         flag, value, words):
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    monkeypatch.chdir(tmp_path)
+    args = [a.replace("IMG", str(tmp_path / "none.png")) for a in COMMANDS[command][0]]
+    res = runner.invoke(app, [*args, "--model", "tiny-i2v" if command == "i2v" else "tiny", flag, value])
+    assert one_error_line(res) == f"error: {words}"
+    assert list(tmp_path.iterdir()) == [], "something was written"
+
+
+def test_the_command_line_declares_each_shared_option_once():
+    """Every flag routed to a group is declared in one place (`vsagen.cli_options.SHARED`) and every field of every
+    group has its keyword, so no command can take an option another command validates differently."""
+    from dataclasses import fields
+
+    from vsagen.cli_options import COMPARE, GENERATE, PROFILE, SEARCH, SHARED
+
+    assert set(SHARED) == set(FLAGS) - {"fused_blocks"}  # fused_blocks: from the environment, once per command
+    routed = {(g, f) for g, f in FLAGS.values()}
+    assert routed == {(g, f.name) for g, cls in GROUPS.items() for f in fields(cls)}
+    for keywords in (GENERATE, PROFILE, COMPARE, SEARCH):
+        assert set(keywords) <= set(SHARED) and len(set(keywords)) == len(keywords)
+
+
+def test_groups_route_keywords_and_coerce_choices():
+    o = request_options(model="tiny", tile_fit="partial,crop", device="cpu", dtype="fp32", attn="vsa", fps=8,
+                        out="x.mp4", steps=None)
+    assert o.model == ModelOptions(model="tiny", tile_fits=(TileFit.PARTIAL, TileFit.CROP))
+    assert o.placement.device is Device.CPU and o.placement.dtype == "fp32" and o.placement.offload is Offload.NONE
+    assert o.attention == AttentionOptions(attn="vsa") and o.output == OutputOptions(out=Path("x.mp4"), fps=8)
+    assert o.sampling == SamplingOptions() and request_options() == RequestOptions()
+    assert str(Device.CUDA) == "cuda" and VaeTiling.values() == ("auto", "on", "off") and Dtype("bf16") is Dtype.BF16
+    with pytest.raises(TypeError, match="not an option of a request: nope"):
+        request_options(nope=1)
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda: ModelOptions(model=" "), "--model is empty"),
+    (lambda: ModelOptions(height=96.5), "--height must be an integer"),
+    (lambda: ModelOptions(tile_fits="partial,partial"), "--tile-fit lists 'partial' twice"),
+    (lambda: ModelOptions(tile_fits=" , "), "--tile-fit ' , ' has an empty entry"),
+    (lambda: ModelOptions(tile_fits=""), "--tile-fit is empty"),
+    (lambda: SamplingOptions(steps=True), "--steps"),
+    (lambda: SamplingOptions(guidance_2=-1.0), "--guidance-2 must be a number in [0, 100]"),
+    (lambda: SamplingOptions(seed=2**63), "--seed"),
+    (lambda: PlacementOptions(offload="disk"), "--offload must be one of none, model, group, got 'disk'"),
+    (lambda: PlacementOptions(vae_tiling="maybe"), "--vae-tiling must be one of auto, on, off, got 'maybe'"),
+    (lambda: PlacementOptions(ulysses=True), "--ulysses must be an integer of at least 1"),
+    (lambda: AttentionOptions(sparsity=-0.1), "--sparsity must be in [0, 1)"),
+    (lambda: OutputOptions(fps=24.0), "--fps must be an integer"),
+])
+def test_each_group_refuses_what_it_owns(make, needle):
+    with pytest.raises(BadInput) as info:
+        make()
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_split_list_and_check_choice():
+    assert split_list(" a , b ", "--x", "a,b") == ("a", "b") and split_list(["a", "b"], "--x", "a,b") == ("a", "b")
+    check_choice("--fit", "crop", ("crop", "resize"))
+    with pytest.raises(BadInput, match=r"^--fit must be one of crop, resize, got 'x'$"):
+        check_choice("--fit", "x", ("crop", "resize"))

@@ -1,0 +1,176 @@
+"""`RunConfig`: a `vsagen t2v` / `vsagen i2v` request, resolved (`vsagen.request.resolve.resolve`, one backend,
+`--attn auto` allowed) plus the command's own part: the input image(s) of image to video, the mp4 and its JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..attention import BackendSpec
+from ..errors import BadInput
+from ..models import resolve_model
+from ..paths import check_output, default_out
+from ..presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
+from ..request.options import ImageFit, RequestOptions, request_options
+from ..request.resolve import Request, check_last_frame, request_fields, resolve
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(Request):
+    """A validated `vsagen t2v` / `vsagen i2v` request (see `Request` for the shared fields). `image` (i2v only)
+    is the input image's path and `fit` how it is brought to height x width; `last_image` (optional) the last
+    frame's path, fitted the same way (first/last-frame to video); `out` / `json_out` the mp4 and its JSON, written
+    at `fps`."""
+
+    fps: int
+    out: Path
+    json_out: Path
+    image: Path | None = None
+    fit: str | None = None
+    vae_tiling: str = "auto"
+    last_image: Path | None = None
+
+    @property
+    def backend(self) -> BackendSpec:
+        """The one backend the run uses."""
+        return self.backends[0]
+
+    @property
+    def image_to_video(self) -> bool:
+        """An input image makes it image to video (`resolve_run` refuses image-to-video models without one)."""
+        return self.image is not None
+
+    def memory_hints(self) -> list[str]:
+        """`--offload` and `--vae-tiling on`, where not given."""
+        return (([] if self.offload != "none" else ["--offload group (or model)"])
+                + ([] if self.vae_tiled else ["--vae-tiling on"]))
+
+    @property
+    def attn(self) -> str:
+        """The backend's name (`--attn`)."""
+        return self.backend.name
+
+    @property
+    def sparsity(self) -> float | None:
+        """The backend's sparsity (sparse backends), else None."""
+        return self.backend.sparsity
+
+    @property
+    def attn_impl(self) -> str:
+        """The backend's `impl` option ("auto" for backends without one)."""
+        return self.backend.impl
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready settings (no Path objects, no preset internals)."""
+        d = asdict(self)
+        for key in ("source", "backends", "tile_fits"):
+            d.pop(key)
+        d["backend"] = self.backend.summary()
+        d["tile_fit"] = self.tile_fit
+        d.update(attn=self.attn, sparsity=self.sparsity, attn_impl=self.attn_impl)
+        d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
+                             "preset": self.source.preset.name}
+        d["out"], d["json_out"] = str(self.out), str(self.json_out)
+        d["image"] = str(self.image) if self.image is not None else None
+        d["last_image"] = str(self.last_image) if self.last_image is not None else None
+        return d
+
+
+def _check_last_image(model: str, src: Any, image: Path | None,
+                      last_image: Path | None) -> tuple[Path | None, tuple[int, int] | None]:
+    """`--last-image` against what the model does with a last frame (`ModelSource.last_image`): an FLF2V model
+    needs one; a model whose CLIP branch takes one image, a text-image-to-video model (diffusers would ignore the
+    last image) and a text-to-video request refuse one; the image must be readable. Returns it as a Path, and its
+    (width, height) (None, None without one)."""
+    use = src.last_image
+    if last_image is None:
+        if image is not None and use == LAST_IMAGE_REQUIRED:
+            raise BadInput(f"--model {model} is a first/last-frame-to-video (FLF2V) model and needs the last frame "
+                           "too: add --last-image PATH")
+        return None, None
+    if image is None or use == LAST_IMAGE_NONE:
+        raise BadInput("--last-image is the last frame of image to video: use `vsagen i2v IMAGE PROMPT --last-image "
+                       "PATH` with a model that takes one (e.g. --model wan2.1-flf2v-14b-720p)")
+    if use == LAST_IMAGE_ONE_IMAGE:
+        raise BadInput(f"--last-image: --model {model} is a Wan2.1 image-to-video model whose CLIP image branch takes "
+                       "one image; for first/last-frame video use an FLF2V model (e.g. --model wan2.1-flf2v-14b-720p, "
+                       "or tiny-flf2v offline)")
+    if use == LAST_IMAGE_IGNORED:
+        raise BadInput(f"--last-image: --model {model} is a text-image-to-video model (Wan2.2-TI2V-5B style, "
+                       "per-token timesteps) and diffusers ignores a last image for it; use an FLF2V model (e.g. "
+                       "--model wan2.1-flf2v-14b-720p) or wan2.2-i2v-a14b")
+    from ..image import open_image
+
+    last_image = Path(last_image)
+    try:
+        size = open_image(last_image).size  # readable now, or one message naming the path
+    except BadInput as e:
+        raise BadInput(f"--last-image: {e}") from None
+    return last_image, size
+
+
+def image_notes(height: int, width: int, fit: str | None,
+                images: Sequence[tuple[str, Path | None, tuple[int, int] | None]]) -> tuple[str, ...]:
+    """The notes (and refusals) about the input images once the size is known (`vsagen.image.check_image_size`: an
+    image too small, or blown up by its fit); `images` holds (flag, path or None, (width, height))."""
+    from ..image import check_image_size
+
+    notes = [check_image_size(path, size, height, width, fit, flag) for flag, path, size in images if path is not None]
+    return tuple(n for n in notes if n is not None)
+
+
+def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = None, fit: ImageFit | str = "crop",
+                last_image: Path | None = None) -> RunConfig:
+    """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
+    `--attn auto` the default) and its own: `image` (a PNG / JPEG / WebP path) makes it image to video, so the
+    model must be an image-to-video one (and the reverse); `fit` (crop | resize, see `vsagen.image`) says how the
+    image is brought to the size; `last_image` (with `image`) makes it first/last-frame to video, only where
+    diffusers does it (`vsagen.presets.last_image_use`): FLF2V models need it, image-to-video models without a CLIP
+    branch (Wan2.2-I2V-A14B style) take it optionally, others refuse it. `options.output.out` is the mp4 (default
+    `vsagen-<model>-<attn>-seed<seed>.mp4`), its JSON goes beside it; neither may exist unless `overwrite`.
+
+    Raises:
+        BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
+            is loaded or written.
+    """
+    if not prompt.strip():
+        raise BadInput("the prompt is empty")
+    fit = ImageFit.parse(fit, "--fit")
+    model = options.model.model
+    src = resolve_model(model)
+    if image is not None and not src.takes_image:
+        raise BadInput(f"--model {model} is a text-to-video model and takes no image; use `vsagen t2v PROMPT`, "
+                       "or an image-to-video model (e.g. --model tiny-i2v)")
+    if image is None and src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; use `vsagen i2v IMAGE PROMPT`")
+    image_size = None
+    if image is not None:
+        from ..image import open_image
+
+        image = Path(image)
+        image_size = open_image(image).size  # readable now, or one message naming the path
+    last_image, last_image_size = _check_last_image(model, src, image, last_image)
+    req = resolve(src, options, prompt=prompt)
+    if last_image is not None:
+        check_last_frame(req, "--last-image")
+    notes = req.notes + image_notes(req.height, req.width, fit.value,
+                                    [("image", image, image_size), ("--last-image", last_image, last_image_size)])
+    out = options.output
+    path = out.out if out.out is not None else default_out(model, req.backends[0].name, req.seed, out.overwrite)
+    json_out = check_output(path, out.overwrite)
+    return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
+                     else out.fps, out=path, json_out=json_out, image=image,
+                     fit=fit.value if image is not None else None, last_image=last_image)
+
+
+def resolve_generate(prompt: str, *, image: Path | None = None, fit: str = "crop", last_image: Path | None = None,
+                     **flags: Any) -> RunConfig:
+    """`resolve_run` with the shared options as keyword arguments named as the flags (`vsagen.request.options.FLAGS`:
+    model, attn, sparsity, height, steps, device, out, ...), for Python callers.
+
+    Raises:
+        BadInput: see `resolve_run`.
+        TypeError: an unknown keyword.
+    """
+    return resolve_run(prompt, request_options(**flags), image=image, fit=fit, last_image=last_image)

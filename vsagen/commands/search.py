@@ -1,0 +1,242 @@
+"""`vsagen search`: Sparse-vDiT's offline search (seed 003, arXiv 2506.03065) of one pattern per (step range, expert,
+layer, head), written as a pattern file (`vsagen.sparsity.files`) for `--attn sparse-vdit:patterns=FILE`.
+
+The model denoises with full attention (diffusers' own loop through `vsagen.pipeline.Session`, no VAE decode), the
+scoring backend of `vsagen.sparsity.scoring` (`ModeScorer`) in every self-attention layer, over every prompt; each
+head then gets the mode of lowest relative MSE + lam x block density (`patterns_from_scores`; the method is in
+that module's docstring). `--ranges N` gives N equal step ranges their own modes. The file is written only when the
+search ends (an interrupted search writes nothing).
+
+Text-to-video models only (an image-to-video search would need input pictures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import BadInput
+from ..models import resolve_model
+from ..paths import check_folder, check_target
+from ..request.options import RequestOptions, VaeTiling, check_choice, request_options
+from ..request.resolve import NONE, Request, request_fields, resolve
+from ..sparsity.files import PatternFile, architecture_of, save_patterns
+from ..sparsity.patterns import Pattern, block_density
+from ..sparsity.scoring import (DEFAULT_EPS, DEFAULT_LAM, IMPLS, ModeScorer, ScoreOptions, patterns_from_scores,
+                                run_density, step_ranges)
+
+DEFAULT_OUT = Path("patterns.json")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig(Request):
+    """A validated `vsagen search` request (see `Request` for the shared fields; `prompt` is the first prompt).
+
+    Attributes:
+        prompts: every prompt denoised (at least one), in order.
+        lam, eps: the selection's cost weight and relative-MSE bound (module docstring).
+        ranges: how many equal step ranges get their own modes (1 <= ranges <= steps).
+        out: the pattern file to write (.json).
+        impl: how the modes are computed: "auto" (Triton kernels on CUDA, torch elsewhere), "triton" or "torch".
+    """
+
+    prompts: tuple[str, ...]
+    lam: float
+    eps: float
+    ranges: int
+    out: Path
+    impl: str
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready settings."""
+        return {"model": self.model, "prompts": len(self.prompts), "steps": self.steps, "ranges": self.ranges,
+                "lam": self.lam, "eps": self.eps, "height": self.height, "width": self.width, "frames": self.frames,
+                "guidance": self.guidance, "seed": self.seed, "device": self.device, "dtype": self.dtype,
+                "tile_fit": self.tile_fit, "impl": self.impl, "out": str(self.out)}
+
+
+def read_prompts(path: Path) -> tuple[str, ...]:
+    """The prompts of a `--prompts` file: one a line, surrounding spaces stripped, blank lines and lines starting
+    with # skipped.
+
+    Raises:
+        BadInput: a missing, unreadable or non-UTF-8 file, or one without a prompt.
+    """
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
+    prompts = tuple(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
+    if not prompts:
+        raise BadInput(f"--prompts {path} has no prompt (one a line; blank lines and # comments are skipped)")
+    return prompts
+
+
+def resolve_search_options(options: RequestOptions, *, prompt: str | None = None, prompts: Path | None = None,
+                           lam: float = DEFAULT_LAM, eps: float = DEFAULT_EPS, ranges: int = 1,
+                           impl: str = "auto") -> SearchConfig:
+    """Validate a `vsagen search` request: the shared part (`vsagen.request.resolve.resolve`; no backend option, the
+    search runs its own) and its own: the prompts (`prompt`, or `prompts`, a file: `read_prompts`), lam, eps, the
+    step ranges, `impl` ("auto", "triton" or "torch", the modes' implementation) and the pattern file to write
+    (`options.output.out`, .json, default `patterns.json`).
+
+    Raises:
+        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: no
+            prompt or both, an empty prompts file, lam or eps negative or not finite, ranges outside [1, steps],
+            an image-to-video model, an existing `out` without `overwrite`, an unwritable folder.
+    """
+    if (prompt is None) == (prompts is None):
+        raise BadInput("give the prompts to search on: --prompt TEXT or --prompts FILE (one prompt a line), not both"
+                       if prompt is not None else "give the prompts to search on: --prompt TEXT or --prompts FILE "
+                       "(one prompt a line)")
+    if prompt is not None and not prompt.strip():
+        raise BadInput("--prompt is empty")
+    texts = (prompt.strip(),) if prompt is not None else read_prompts(prompts)  # type: ignore[arg-type]
+    for flag, value in (("--lam", lam), ("--eps", eps)):
+        if not math.isfinite(value) or value < 0:
+            raise BadInput(f"{flag} must be a finite number >= 0, got {value}")
+    check_choice("--attn-impl", impl, IMPLS)
+    model = options.model.model
+    src = resolve_model(model)
+    if src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; vsagen search runs text-to-video models "
+                       "(searching with input pictures is not supported)")
+    options = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, warmup=0),
+                                  placement=dataclasses.replace(options.placement, vae_tiling=VaeTiling.OFF))
+    req = resolve(src, options, prompt=texts[0], backends=NONE)
+    step_ranges(req.steps, ranges)
+    out = options.output.out if options.output.out is not None else DEFAULT_OUT
+    if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
+        raise BadInput(f"--out {str(out)!r}: the pattern file is JSON; give a file name ending in .json")
+    check_target(out, req.overwrite, "--out")
+    check_folder(out.parent)
+    if impl == "triton" and req.device != "cuda":
+        from ..kernels.tuning import interpreting
+
+        if not interpreting():
+            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1); use --attn-impl torch")
+    return SearchConfig(**request_fields(req), prompts=texts, lam=float(lam), eps=float(eps), ranges=ranges, out=out,
+                        impl=impl)
+
+
+def resolve_search(*, prompt: str | None = None, prompts: Path | None = None, lam: float = DEFAULT_LAM,
+                   eps: float = DEFAULT_EPS, ranges: int = 1, attn_impl: str = "auto", **flags: Any) -> SearchConfig:
+    """`resolve_search_options` with the shared options as keyword arguments named as the flags
+    (`vsagen.request.options.FLAGS`: model, height, steps, device, out, ...), for Python callers.
+
+    Raises:
+        BadInput: see `resolve_search_options`.
+        TypeError: an unknown keyword.
+    """
+    return resolve_search_options(request_options(**flags), prompt=prompt, prompts=prompts, lam=lam, eps=eps,
+                                  ranges=ranges, impl=attn_impl)
+
+
+@dataclass
+class SearchResult:
+    """What a search produced: the file written, its contents, the notes, scored attention calls, seconds, and
+    the block density of the searched run under the file's modes (`run_density`)."""
+
+    path: Path
+    patterns: PatternFile
+    notes: list[str]
+    calls: int
+    seconds: float
+    density: float
+
+
+def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
+           modes: Sequence[Pattern] | None = None, cancelled: Callable[[], bool] = lambda: False) -> SearchResult:
+    """Run the search of `cfg` (module docstring) and write its pattern file, atomically and only at the end (an
+    interrupted search writes nothing).
+
+    Args:
+        cfg: the validated request (`resolve_search`).
+        log: receives progress lines; progress: show diffusers' progress bar per prompt.
+        modes: the catalog (default `patterns.default_catalog()`).
+        cancelled: asked after each prompt's run and just before the file is written; True (an interrupt that a
+            finalizer swallowed) raises KeyboardInterrupt instead of going on.
+
+    Raises:
+        KeyboardInterrupt: `cancelled()` said so.
+        BadInput: the model cannot run the search here (device / dtype), or `cfg.out` appeared meanwhile.
+        ModelNotFound: the checkpoint cannot be loaded.
+        RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
+    """
+    from ..loading import experts as experts_of
+    from ..pipeline import Session
+
+    t0 = time.perf_counter()
+    scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
+    session = Session.load(cfg, [scorer], tile_fits=(cfg.tile_fit,), progress=progress, log=log)
+    plan = session.plan(cfg.tile_fit)
+    for i, text in enumerate(cfg.prompts):
+        log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")
+        run_on = dataclasses.replace(session, request=dataclasses.replace(cfg, prompt=text), _prompts=None)
+        run_on.run(scorer, plan, encode=True, what=f"searching (prompt {i + 1})")
+        if cancelled():
+            raise KeyboardInterrupt
+    transformers = experts_of(session.pipe)
+    names = [n for n, _ in transformers]
+    arch = architecture_of(transformers[0][1])
+    patterns, notes = patterns_from_scores(
+        scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
+        height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
+    if cancelled():
+        raise KeyboardInterrupt
+    try:
+        save_patterns(patterns, cfg.out, overwrite=cfg.overwrite)
+    except BadInput:
+        raise BadInput(f"{cfg.out} appeared during the search; nothing was written (pass --overwrite)") from None
+    # the session's notes (random weights, compile) join the search's in the summary, on one stream
+    return SearchResult(cfg.out, patterns, [*session.notes, *notes], scorer.calls, time.perf_counter() - t0,
+                        run_density(scorer, patterns))
+
+
+def summary_renderables(result: SearchResult) -> list[Any]:
+    """Rich renderables of a search: a table of the modes per layer (head counts per mode, the layer's block
+    density), then the overall density, the expected attention speed-up (1 / density) and the file."""
+    from rich.table import Table
+
+    pf = result.patterns
+    dens = {n: block_density(p, pf.tiles) for n, p in pf.modes.items()}
+    table = Table(title=f"{pf.model}: heads per mode in each layer", title_justify="left",
+                  caption=f"searched at {pf.frames}x{pf.height}x{pf.width} (grid {'x'.join(map(str, pf.grid))}), "
+                          f"{pf.steps} step{'s' if pf.steps != 1 else ''}, "
+                          f"{pf.prompts} prompt{'s' if pf.prompts != 1 else ''}, lam {pf.lam:g}, eps {pf.eps:g}",
+                  caption_justify="left")
+    if len(pf.ranges) > 1:
+        table.add_column("steps", overflow="fold")
+    if len(pf.experts) > 1:
+        table.add_column("expert", overflow="fold")
+    table.add_column("layer", justify="right", overflow="fold")
+    for n in pf.modes:
+        table.add_column(n, justify="right", overflow="fold")
+    table.add_column("density", justify="right", overflow="fold")
+    for r in pf.ranges:
+        for e in pf.experts:
+            for layer, names in enumerate(r.heads[e]):
+                row = ([f"{r.start}-{r.stop - 1}"] if len(pf.ranges) > 1 else []) + \
+                      ([e] if len(pf.experts) > 1 else []) + [str(layer)]
+                row += [str(names.count(n)) if n in names else "." for n in pf.modes]
+                row.append(f"{100 * sum(dens[n] for n in names) / len(names):.1f}%")
+                table.add_row(*row)
+    density = result.density
+    speed = f"{1 / density:.2f}x" if density > 0 else "unbounded (every head skips)"
+    counts = ", ".join(f"{n} {c}" for n, c in pf.mode_counts().items() if c)
+    lines = [f"heads per mode (all ranges, experts, layers): {counts}",
+             f"overall block density {100 * density:.1f}% (over the searched run's attention calls; the file's mean "
+             f"over every entry: {100 * pf.density():.1f}%): expected attention speed-up {speed} (1 / density)",
+             *(f"note: {n}" for n in result.notes),
+             f"patterns: {result.path} ({result.calls} attention calls scored in {result.seconds:.1f} s); run them "
+             f"with --attn sparse-vdit:patterns={result.path}"]
+    return [table, *lines]

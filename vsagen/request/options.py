@@ -1,0 +1,364 @@
+"""What a command asks for, as typed option groups: the model and its size, sampling, placement (device, dtype,
+offload, compile, parallelism), attention, output. Each group is a frozen dataclass holding what was asked (None:
+not given, the preset decides) and checks, when it is built, every bound it owns that needs no model: so every
+command refuses the same value with the same line, before anything loads. The choices are `str` Enums (`Choice`)
+that Typer accepts as option types; a Python caller may pass their plain strings.
+
+`vsagen.request.resolve.resolve` turns the groups into a validated request against the model's preset. This
+module imports neither torch nor diffusers: the command line builds the groups before any heavy import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+from ..errors import BadInput
+
+DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+# Upper bounds that turn absurd requests into bad input before anything loads: diffusers' schedulers train on
+# 1000 timesteps (runs past a few thousand steps only repeat them; huge counts fail inside numpy); CFG scales past
+# ~20 already saturate pictures and far larger ones overflow the latents into black frames; flow shifts of the
+# Wan family are 3..16; ffmpeg writes an empty file for frame rates it cannot parse.
+MAX_STEPS = 10_000
+MAX_GUIDANCE = 100.0
+MAX_FLOW_SHIFT = 1000.0
+MAX_FPS = 240
+MAX_SEED = 2**63
+
+C = TypeVar("C", bound="Choice")
+
+
+class Choice(str, Enum):
+    """A closed set of option values; members are their strings (`Device.CPU == "cpu"`)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        """The accepted strings, in declaration order."""
+        return tuple(m.value for m in cls)
+
+    @classmethod
+    def parse(cls: type[C], value: Any, flag: str) -> C:
+        """`value` (a member or its string) as a member.
+
+        Raises:
+            BadInput: "<flag> must be one of a, b, c, got 'x'" (`check_choice`).
+        """
+        if isinstance(value, cls):
+            return value
+        check_choice(flag, value, cls.values())
+        return cls(value)
+
+
+def check_choice(flag: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raise BadInput naming `flag` and its valid values unless `value` is one of `choices`."""
+    if value not in choices:
+        raise BadInput(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+class Device(Choice):
+    """`--device`: where the run computes ("auto": CUDA when available, else the CPU)."""
+
+    AUTO = "auto"
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class Dtype(Choice):
+    """`--dtype`: the pipeline's dtype ("auto": bf16 on CUDA, fp32 on the CPU)."""
+
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class TileFit(Choice):
+    """`--tile-fit`: how a latent grid that is not a multiple of the tile is covered (`vsagen.layout.plan_crop`)."""
+
+    PARTIAL = "partial"
+    CROP = "crop"
+
+
+class Offload(Choice):
+    """`--offload`: where the weights live between uses (`vsagen.loading.place_pipeline`)."""
+
+    NONE = "none"
+    MODEL = "model"
+    GROUP = "group"
+
+
+class VaeTiling(Choice):
+    """`--vae-tiling`: diffusers' spatially tiled VAE ("auto": for frames larger than 480 x 832)."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class ImageFit(Choice):
+    """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.image.fit_image`)."""
+
+    CROP = "crop"
+    RESIZE = "resize"
+
+
+class ReportFormat(Choice):
+    """`--format` of `vsagen profile`."""
+
+    TABLE = "table"
+    MARKDOWN = "markdown"
+    CSV = "csv"
+    JSON = "json"
+
+
+def split_list(value: str | Iterable[str], flag: str, example: str) -> tuple[str, ...]:
+    """A comma-separated option ('a,b' or an iterable of strings) as its stripped entries, in order.
+
+    Raises:
+        BadInput: an empty list or entry, or an entry written twice.
+    """
+    text = value if isinstance(value, str) else ",".join(value)
+    if not text.strip():
+        raise BadInput(f"{flag} is empty; give a comma-separated list (e.g. {example})")
+    items = tuple(x.strip() for x in text.split(","))
+    for x in items:
+        if not x:
+            raise BadInput(f"{flag} {text!r} has an empty entry; give a comma-separated list (e.g. {example})")
+        if items.count(x) > 1:
+            raise BadInput(f"{flag} lists {x!r} twice")
+    return items
+
+
+def _number(value: Any, flag: str, lo: float, hi: float, *, lo_open: bool = False, what: str = "a number") -> None:
+    """Refuse `value` unless it is a finite number in [lo, hi] ((lo, hi] with `lo_open`)."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (lo < value if lo_open else lo <= value) and value <= hi)
+    if not ok:
+        bounds = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
+        raise BadInput(f"{flag} must be {what} in {bounds}, got {value}")
+
+
+def _integer(value: Any, flag: str, lo: int, hi: int) -> None:
+    """Refuse `value` unless it is an integer in [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadInput(f"{flag} must be in [{lo}, {hi}], got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """The model and the video's size.
+
+    Attributes:
+        model: a preset name (`vsagen presets`), a local diffusers folder or a hub id.
+        height, width: pixels; frames: video frames (the preset's strides decide which are valid); None: the
+            preset's.
+        tile_fits: how the latent grid is covered, one per configuration run (`vsagen profile` takes several; a
+            comma-separated string is accepted).
+        random_weights: the preset's architecture with random weights (timing without a download).
+        allow_pickle: also load pickle weights (they can run code).
+
+    Raises:
+        BadInput: an empty model, a size that is not a positive integer, an unknown, empty or repeated tile fit.
+    """
+
+    model: str = DEFAULT_MODEL
+    height: int | None = None
+    width: int | None = None
+    frames: int | None = None
+    tile_fits: tuple[TileFit, ...] = (TileFit.PARTIAL,)
+    random_weights: bool = False
+    allow_pickle: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise BadInput("--model is empty; give a preset name (vsagen presets), a folder or a hub id")
+        object.__setattr__(self, "model", str(self.model).strip())
+        for flag, value in (("--height", self.height), ("--width", self.width), ("--frames", self.frames)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise BadInput(f"{flag} must be an integer, got {value!r}")
+        fits = self.tile_fits if not isinstance(self.tile_fits, (str, TileFit)) else (self.tile_fits,)
+        if len(fits) == 1 and isinstance(fits[0], str) and "," in fits[0]:
+            fits = fits[0]
+        entries = split_list(fits if isinstance(fits, str) else [str(f.value if isinstance(f, TileFit) else f)
+                                                                 for f in fits], "--tile-fit", "partial,crop")
+        object.__setattr__(self, "tile_fits", tuple(TileFit.parse(f, "--tile-fit") for f in entries))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """How the denoising runs.
+
+    Attributes:
+        steps: denoising steps (timed steps for `vsagen profile`); warmup: untimed steps before them.
+        guidance: the CFG scale (> 1 runs two DiT passes a step); guidance_2: the second expert's (two-expert
+            models only).
+        flow_shift: the flow-matching timestep shift of the scheduler.
+        negative_prompt: the negative prompt of CFG.
+        seed: the seed of the initial noise.
+        None: the preset's (the command's for `warmup`).
+
+    Raises:
+        BadInput: steps outside [1, MAX_STEPS], warmup outside [0, MAX_STEPS], a CFG scale outside [0,
+            MAX_GUIDANCE], a flow shift outside (0, MAX_FLOW_SHIFT], a seed outside [0, 2^63).
+    """
+
+    steps: int | None = None
+    warmup: int | None = None
+    guidance: float | None = None
+    guidance_2: float | None = None
+    flow_shift: float | None = None
+    negative_prompt: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps is not None:
+            _integer(self.steps, "--steps", 1, MAX_STEPS)
+        if self.warmup is not None:
+            _integer(self.warmup, "--warmup", 0, MAX_STEPS)
+        for flag, value in (("--guidance", self.guidance), ("--guidance-2", self.guidance_2)):
+            if value is not None:
+                _number(value, flag, 0, MAX_GUIDANCE)
+        if self.flow_shift is not None:
+            _number(self.flow_shift, "--flow-shift", 0, MAX_FLOW_SHIFT, lo_open=True)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED:
+            raise BadInput(f"--seed must be in [0, 2^63), got {self.seed}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementOptions:
+    """Where and how the pipeline computes.
+
+    Attributes:
+        device, dtype: `Device`, `Dtype`.
+        offload: `Offload` (CUDA only; t2v / i2v).
+        vae_tiling: `VaeTiling` (commands that decode).
+        compile: torch.compile the transformer blocks.
+        fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
+        ulysses: ranks the sequence is split across (torchrun); cfg_parallel: the CFG passes on two halves of the
+            ranks.
+
+    Raises:
+        BadInput: an unknown device, dtype, offload or VAE tiling, or a Ulysses degree below 1.
+    """
+
+    device: Device = Device.AUTO
+    dtype: Dtype = Dtype.AUTO
+    offload: Offload = Offload.NONE
+    vae_tiling: VaeTiling = VaeTiling.AUTO
+    compile: bool = False
+    fused_blocks: bool = True
+    ulysses: int = 1
+    cfg_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
+                                ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling")):
+            object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
+        if isinstance(self.ulysses, bool) or not isinstance(self.ulysses, int) or self.ulysses < 1:
+            raise BadInput(f"--ulysses must be an integer of at least 1, got {self.ulysses!r}")
+        object.__setattr__(self, "cfg_parallel", bool(self.cfg_parallel))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionOptions:
+    """The self-attention backend(s).
+
+    Attributes:
+        attn: one `NAME[:KEY=VALUE...]` entry ("auto": the backend the checkpoint was trained for), or a
+            comma-separated list of them for the commands that run several (`vsagen profile`, `vsagen compare`).
+        sparsity: sets the `sparsity` option of the sparse backends named (None: not given).
+        attn_impl: sets the `impl` option of the backends that have it ("auto": not given).
+
+    Raises:
+        BadInput: an empty entry, a sparsity outside [0, 1).
+    """
+
+    attn: str = "auto"
+    sparsity: float | None = None
+    attn_impl: str = "auto"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attn", str(getattr(self.attn, "value", self.attn)).strip())
+        if self.sparsity is not None and (isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float))
+                                          or not 0.0 <= self.sparsity < 1.0):
+            raise BadInput(f"--sparsity must be in [0, 1), got {self.sparsity}")
+        object.__setattr__(self, "attn_impl", str(getattr(self.attn_impl, "value", self.attn_impl)).strip())
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputOptions:
+    """What a command writes.
+
+    Attributes:
+        out: the file or folder to write (each command says which; None: its default name).
+        overwrite: replace existing files.
+        fps: frames per second of the mp4s (None: the preset's).
+
+    Raises:
+        BadInput: fps outside [1, MAX_FPS].
+    """
+
+    out: Path | None = None
+    overwrite: bool = False
+    fps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, int)
+                                     or not 1 <= self.fps <= MAX_FPS):
+            raise BadInput(f"--fps must be an integer in [1, {MAX_FPS}], got {self.fps}")
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out).expanduser())
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestOptions:
+    """Every group a command that runs a Wan pipeline takes (`vsagen.request.resolve.resolve`)."""
+
+    model: ModelOptions = ModelOptions()
+    sampling: SamplingOptions = SamplingOptions()
+    placement: PlacementOptions = PlacementOptions()
+    attention: AttentionOptions = AttentionOptions()
+    output: OutputOptions = OutputOptions()
+
+
+GROUPS: dict[str, type] = {"model": ModelOptions, "sampling": SamplingOptions, "placement": PlacementOptions,
+                           "attention": AttentionOptions, "output": OutputOptions}
+# Every shared option by its keyword (the flag's name, `-` as `_`: `--tile-fit` is `tile_fit`) -> (group, field).
+# The command line declares these options once (`vsagen.cli_options`) and routes them here; Python callers use the
+# same keywords (`request_options`).
+FLAGS: dict[str, tuple[str, str]] = {
+    **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle")},
+    "tile_fit": ("model", "tile_fits"),
+    **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
+                                    "seed")},
+    **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "compile", "fused_blocks", "ulysses",
+                                     "cfg_parallel")},
+    **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},
+    **{k: ("output", k) for k in ("out", "overwrite", "fps")},
+}
+
+
+def request_options(**flags: Any) -> RequestOptions:
+    """The option groups of keyword arguments named as the flags (`FLAGS`); None means not given (the group's
+    default). Each group checks its values as it is built.
+
+    Raises:
+        TypeError: a keyword that is no shared option.
+        BadInput: a value a group refuses.
+    """
+    unknown = sorted(set(flags) - set(FLAGS))
+    if unknown:
+        raise TypeError(f"not an option of a request: {', '.join(unknown)}")
+    by_group: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    for key, value in flags.items():
+        if value is not None:
+            group, name = FLAGS[key]
+            by_group[group][name] = value
+    return RequestOptions(**{g: cls(**by_group[g]) for g, cls in GROUPS.items()})

@@ -1,0 +1,324 @@
+"""ONE resolution of a request: the option groups (`vsagen.request.options`) against the model's preset, into a
+validated `Request` that every command's config extends with its own part.
+
+Precedence, for every setting, written here once: a value given in an option group (a flag, or a Python caller's
+argument; for a backend option, the `--attn NAME:KEY=VALUE` entry or its dedicated flag `--sparsity` /
+`--attn-impl`, both at once refused) > the command's own default (e.g. `vsagen profile` times 2 steps after 1
+warm-up step) > the model preset's `[defaults]` and `[attention.NAME]` tables > the built-in default (a backend's
+Options dataclass). Every check that needs no weights runs here or in the groups, so bad input fails before anything
+heavy loads, with one message naming the flag.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..attention import BackendSpec
+from ..errors import BadInput
+from ..layout import CropPlan, plan_crop
+from ..models import ModelSource
+from ..presets import preset_names
+from .backends import attention_specs, auto_spec, check_entries
+from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, VaeTiling
+
+# `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
+# the 1.3B's default size keeps diffusers' default (untiled) decode. The criterion is the frame area, not
+# pixels x frames: diffusers' AutoencoderKLWan decodes one latent frame at a time (a causal feature cache carries
+# the rest), so its activation peak grows with height x width, and its tiling splits frames spatially only
+# (256 px tiles, 192 px stride). So 720p (2.3x the area) and Wan2.2-5B's 704 x 1280 are tiled, 480p and smaller
+# are not. The memory saved and the time tiling costs were not measured for this choice.
+VAE_TILING_AUTO_MAX_AREA = 480 * 832
+
+# What a command does with backends: runs one (t2v, i2v: `auto` allowed), several (profile, compare), or none.
+ONE, SEVERAL, NONE = "one", "several", "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """What every command that loads a Wan pipeline and denoises asks for, validated: sizes in pixels and frames,
+    CFG scales, seed, scheduler shift, device ("cuda" | "cpu") and dtype ("bf16" | "fp16" | "fp32") resolved,
+    the backends to run and the tile fits to run them under. The orchestrator (`vsagen.pipeline.Session`) reads
+    only these fields and properties; each command's config (t2v / i2v, profile, compare, search) extends it with
+    its own part.
+
+    `offload` (none | model | group) and `vae_tiling` (auto | on | off) say how the weights are placed and the
+    VAE runs; requests that never offload nor decode keep the defaults. `notes` are the request's own notes for
+    the run, found while it was resolved (e.g. a negative prompt that has no effect without CFG). `attn_requested`
+    is the `--attn` text as given and `attn_note` why `--attn auto` chose its backend (None otherwise).
+    """
+
+    prompt: str
+    negative_prompt: str
+    model: str
+    source: ModelSource
+    height: int
+    width: int
+    frames: int
+    steps: int
+    guidance: float
+    guidance_2: float | None  # CFG scale of the second expert (two-expert models); None for one-expert models
+    seed: int
+    flow_shift: float
+    max_sequence_length: int
+    device: str
+    dtype: str
+    random_weights: bool
+    allow_pickle: bool
+    warmup: int
+    overwrite: bool
+    offload: str = "none"  # none | model | group (CUDA only); see vsagen.loading.place_pipeline
+    vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
+    compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
+    fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
+    ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
+    cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)
+    notes: tuple[str, ...] = ()  # what the inputs will not do as the user may expect (run notes)
+    tile_fits: tuple[str, ...] = ("partial",)  # every tile fit the command runs ("partial" | "crop")
+    backends: tuple[BackendSpec, ...] = ()  # every backend the command runs, in order
+    attn_requested: str = ""  # the --attn text as given ("auto": the backend was chosen, see attn_note)
+    attn_note: str | None = None  # why --attn auto chose the backend, and the alternative (a note of the run)
+
+    @property
+    def tile_fit(self) -> str:
+        """The (first) tile fit."""
+        return self.tile_fits[0]
+
+    @property
+    def processes(self) -> int:
+        """How many processes the run takes: `ulysses`, twice that with `cfg_parallel`."""
+        return self.ulysses * (2 if self.cfg_parallel else 1)
+
+    @property
+    def image_to_video(self) -> bool:
+        """Whether the request runs a WanImageToVideoPipeline (the model's own pipeline class by default)."""
+        return self.source.image_to_video
+
+    @property
+    def vae_tiled(self) -> bool:
+        """Whether the VAE runs tiled (`vae_tiling`, `auto` resolved by `vae_tiling_enabled`)."""
+        return vae_tiling_enabled(self.vae_tiling, self.height, self.width)
+
+    def plan(self, tile_fit: str | None = None) -> CropPlan:
+        """The crop plan under `tile_fit` (default the first) with the preset's strides and patch size (the
+        model's own for a model a preset describes)."""
+        p = self.source.preset
+        return plan_crop(self.frames, self.height, self.width, fit=tile_fit or self.tile_fit,
+                         vae_stride_temporal=p.vae_stride_temporal, vae_stride_spatial=p.vae_stride_spatial,
+                         patch_size=p.patch_size)
+
+    def memory_hints(self) -> list[str]:
+        """Flags of this command that lower GPU memory use and are not in use yet (for an out-of-memory message)."""
+        return []
+
+
+def request_fields(request: Request) -> dict[str, Any]:
+    """{field: value} of the `Request` part of `request` (to build a command's config from it)."""
+    return {f.name: getattr(request, f.name) for f in fields(Request)}
+
+
+def vae_tiling_enabled(mode: str, height: int, width: int) -> bool:
+    """`--vae-tiling` as a decision: `on` / `off` as given; `auto` tiles frames of more than
+    `VAE_TILING_AUTO_MAX_AREA` pixels (more than Wan2.1's 480 x 832; see the constant for why the frame area)."""
+    if mode == "auto":
+        return height * width > VAE_TILING_AUTO_MAX_AREA
+    return mode == "on"
+
+
+def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
+    """The valid frame counts (stride*k + 1) just below and above `frames`."""
+    lo = max(1, (frames - 1) // stride * stride + 1)
+    return lo, lo + stride
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' if available else 'cpu'. Raises BadInput for 'cuda' without CUDA."""
+    import torch
+
+    device = Device.parse(device, "--device")
+    has_cuda = torch.cuda.is_available()
+    if device == Device.CUDA and not has_cuda:
+        raise BadInput("--device cuda: CUDA is not available here (torch "
+                       f"{torch.__version__}); use --device cpu")
+    return "cuda" if device == Device.AUTO and has_cuda else ("cpu" if device == Device.AUTO else device.value)
+
+
+def _check_sizes(src: ModelSource, frames: int, height: int, width: int) -> None:
+    """Frames of the preset's temporal stride (4k+1), sizes multiples of its pixel multiple, within its RoPE range.
+
+    Raises:
+        BadInput: the first invalid one, with the nearest valid values."""
+    p = src.preset
+    stride_t, mult = p.vae_stride_temporal, p.pixel_multiple
+    if frames < 1 or (frames - 1) % stride_t:
+        lo, hi = nearest_valid_frames(max(frames, 1), stride_t)
+        raise BadInput(f"--frames must be {stride_t}k+1 (1, {1 + stride_t}, {1 + 2 * stride_t}, ...); got {frames}, "
+                       f"nearest valid: {lo} or {hi}")
+    limit = src.rope_max_seq_len
+    for name, v, patch in (("--height", height, p.patch_size[1]), ("--width", width, p.patch_size[2])):
+        top = limit * patch * p.vae_stride_spatial if limit else None
+        if top is not None and v > top:  # before the stride check: its nearest sizes would be too large too
+            raise BadInput(f"{name} too large for {p.name}: its position tables cover {limit} latent "
+                           f"positions per axis, i.e. {name} <= {top}; got {v}")
+        if v < mult or v % mult:
+            lo = max(mult, v // mult * mult)
+            raise BadInput(f"{name} must be a positive multiple of {mult} for {p.name}; got {v}, "
+                           f"nearest valid: {lo} or {lo + mult}" if v >= mult else
+                           f"{name} must be a positive multiple of {mult} for {p.name}; got {v}")
+
+
+def _check_rope_range(src: ModelSource, plan: CropPlan, tile_fit: str) -> None:
+    """The transformer's RoPE tables cover `rope_max_seq_len` post-patch positions per grid axis; a larger grid
+    (after --tile-fit crop rounding) would fail deep inside diffusers, so refuse it here."""
+    limit = src.rope_max_seq_len
+    if not limit:
+        return
+    p = src.preset
+    pt, ph, pw = p.patch_size
+    most = {"--frames": (limit * pt - 1) * p.vae_stride_temporal + 1, "--height": limit * ph * p.vae_stride_spatial,
+            "--width": limit * pw * p.vae_stride_spatial}
+    for (flag, top), g in zip(most.items(), plan.denoise_grid):
+        if g > limit:
+            extra = " with --tile-fit crop rounding" if tile_fit == "crop" else ""
+            raise BadInput(f"{flag} too large for {p.name}: its position tables cover {limit} latent positions "
+                           f"per axis, i.e. {flag} <= {top}{extra}")
+
+
+def check_last_frame(request: Request, what: str) -> None:
+    """A last-frame condition needs a second frame, and a crop that keeps the requested last frame last.
+
+    Raises:
+        BadInput: --frames 1, or a tile fit `crop` under which the video is denoised longer and cropped back
+            (which would drop the last frame); `what` names the condition in the message.
+    """
+    if request.frames < 2:
+        raise BadInput(f"{what} needs --frames {1 + request.source.preset.vae_stride_temporal} or more (with "
+                       "--frames 1 the first frame is the last)")
+    if "crop" in request.tile_fits:
+        plan = request.plan("crop")
+        if plan.denoise_frames != request.frames:
+            raise BadInput(f"{what} with --tile-fit crop: {request.frames} frames are denoised as "
+                           f"{plan.denoise_frames} and cropped back, which would drop the last frame; use --tile-fit "
+                           f"partial, or --frames {plan.denoise_frames}")
+
+
+def check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,
+                  height: int, width: int) -> None:
+    """Refuse a `--ulysses` that cannot run (before loading; once per tile fit): it must be at least 1; not with
+    --offload (diffusers #12533) nor --compile (not tested together); for a model of its preset's architecture, a
+    degree that splits the heads and the tokens of the grid denoised under `tile_fit`.
+
+    Raises:
+        BadInput: one of these, in one line (the degree's: with the degrees that do divide).
+    """
+    if isinstance(ulysses, bool) or not isinstance(ulysses, int) or ulysses < 1:
+        raise BadInput(f"--ulysses must be an integer of at least 1, got {ulysses!r}")
+    if ulysses == 1:
+        return
+    if offload != "none":
+        raise BadInput(f"--ulysses {ulysses} cannot run with --offload {offload} (diffusers' context parallelism "
+                       "and offloading do not work together, diffusers #12533); use --offload none")
+    if compile:
+        raise BadInput(f"--ulysses {ulysses} with --compile is not supported yet; drop --compile")
+    if src.exact_preset:
+        from ..parallel.ulysses import check_ulysses_degree
+
+        p = src.preset
+        grid = plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
+                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
+        check_ulysses_degree(ulysses, int(p.transformer["num_attention_heads"]), math.prod(grid))
+
+
+def negative_prompt_note(negative_prompt: str | None, guidance: float) -> str | None:
+    """A note for the run when a negative prompt was given (not None, not blank) but CFG is off (`guidance` <= 1,
+    the first expert's scale: diffusers' Wan pipelines then run no unconditional pass for any expert), so it has
+    no effect; else None."""
+    if negative_prompt is None or not negative_prompt.strip() or guidance > 1:
+        return None
+    return (f"--negative-prompt has no effect: CFG is off (--guidance {guidance:g} <= 1 runs one DiT pass a step, "
+            "without the negative branch); use --guidance above 1 (e.g. 5) for it to steer the video")
+
+
+def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE) -> Request:
+    """Resolve a request against the model's preset (precedence: module docstring) and check everything that
+    needs no weights.
+
+    Args:
+        source: the model (`vsagen.models.resolve_model` of `options.model.model`).
+        options: the option groups; a command puts its own defaults (e.g. profile's 2 timed steps) into them.
+        prompt: the (first) prompt, already checked by the command.
+        backends: ONE (`--attn` is one entry, `auto` allowed: chosen from the checkpoint's weights), SEVERAL (a
+            comma-separated list) or NONE (the command runs its own backend: `vsagen search`).
+
+    Returns:
+        The `Request`: every size, step count, CFG scale, the device and dtype resolved; `backends` the specs
+        with their options filled; `notes` the request's own notes (a negative prompt without CFG, a second CFG
+        scale without CFG).
+
+    Raises:
+        BadInput: the first invalid setting, in one message naming the flag and what would be valid.
+    """
+    m, s, pl, at = options.model, options.sampling, options.placement, options.attention
+    entries = check_entries(at, backends == SEVERAL) if backends != NONE else ()
+    d = source.preset.defaults
+    auto = entries == ("auto",)
+    specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
+    height = d.height if m.height is None else m.height
+    width = d.width if m.width is None else m.width
+    frames = d.frames if m.frames is None else m.frames
+    _check_sizes(source, frames, height, width)
+    experts = source.preset.experts
+    if s.guidance_2 is not None and experts < 2:
+        raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {source.preset.name} has one "
+                       "transformer; use --guidance")
+    guidance = d.guidance if s.guidance is None else s.guidance
+    guidance_2 = None
+    if experts >= 2:
+        guidance_2 = s.guidance_2 if s.guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
+                                                                    else guidance)
+    if m.random_weights and not source.exact_preset:
+        raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {m.model}; "
+                       f"use a preset name ({', '.join(preset_names())})")
+    fits = tuple(f.value for f in m.tile_fits)
+    for fit in fits:
+        p = source.preset
+        _check_rope_range(source, plan_crop(frames, height, width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
+                                            vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size), fit)
+    notes = tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance),) if n is not None)
+    if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
+        notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
+                  f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)
+    device = resolve_device(pl.device)
+    if pl.offload != Offload.NONE and device != "cuda":
+        how = "--device cpu" if pl.device == Device.CPU else "--device auto found no CUDA"
+        raise BadInput(f"--offload {pl.offload} moves weights between CPU and GPU memory and needs CUDA, but this run "
+                       f"is on the CPU ({how}); use --offload none")
+    dtype = pl.dtype.value if pl.dtype != Dtype.AUTO else ("bf16" if device == "cuda" else "fp32")
+    attn_note = None
+    if auto:
+        spec, attn_note = auto_spec(source.kind, source.location, at, d.attention, m.random_weights, device)
+        specs = (spec,)
+    request = Request(
+        prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
+        model=m.model, source=source, height=height, width=width, frames=frames,
+        steps=d.steps if s.steps is None else s.steps, guidance=guidance, guidance_2=guidance_2, seed=s.seed,
+        flow_shift=d.flow_shift if s.flow_shift is None else s.flow_shift, max_sequence_length=d.max_sequence_length,
+        device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
+        warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
+        vae_tiling=pl.vae_tiling.value if pl.vae_tiling != VaeTiling.AUTO else "auto", compile=pl.compile,
+        fused_blocks=pl.fused_blocks, ulysses=pl.ulysses, cfg_parallel=pl.cfg_parallel, notes=notes,
+        tile_fits=fits, backends=specs, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note)
+    for fit in fits:  # the degree against every grid that runs
+        check_ulysses(pl.ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
+                      frames=frames, height=height, width=width)
+    if pl.cfg_parallel:
+        from ..parallel.cfg import check_cfg_parallel
+
+        check_cfg_parallel(guidance, offload=request.offload, compile=request.compile)
+    return request
+
+
+__all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "VAE_TILING_AUTO_MAX_AREA", "check_last_frame",
+           "check_ulysses", "negative_prompt_note", "nearest_valid_frames", "request_fields", "resolve",
+           "resolve_device", "vae_tiling_enabled"]

@@ -14,20 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .request.resolve import Request
+from .request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
 from .errors import BadInput, ModelNotFound, RunFailure
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _ALLOWED_LIBRARIES = {"diffusers", "transformers"}
-
-
-def torch_dtype(name: str):
-    """'bf16' | 'fp16' | 'fp32' -> torch dtype."""
-    import torch
-
-    return getattr(torch, _DTYPES[name])
 
 
 @dataclass

@@ -185,35 +185,6 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
                 output_type="latent", return_dict=False, **(extra or {}))[0]
 
 
-def predicted_run(request: Request, tile_fit: str) -> Any:
-    """The run a request predicts before anything loads (`vsagen.attention.base.RunInfo`, `predicted=True`): its
-    device and dtype, the transformers' architectures where they are known without loading (a preset that describes
-    the model, or a local checkpoint's `<component>/config.json`; none for a hub id no preset describes), the
-    post-patch grid denoised under `tile_fit` where the preset's strides are the model's, and the step count.
-
-    Raises:
-        ModelNotFound: a local checkpoint's transformer config cannot be read.
-    """
-    import torch
-
-    from .architecture import architecture_from_config
-    from .attention.base import Expert, RunInfo
-    from .models import transformer_configs
-
-    src = request.source
-    known = src.exact_preset or src.kind == "dir"
-    experts = tuple(Expert(name, architecture_from_config(c)) for name, c in transformer_configs(src, request.model)) \
-        if known else ()
-    grid = None
-    if src.exact_preset:
-        p = src.preset
-        grid = tuple(plan_crop(request.frames, request.height, request.width, fit=tile_fit,
-                               vae_stride_temporal=p.vae_stride_temporal, vae_stride_spatial=p.vae_stride_spatial,
-                               patch_size=p.patch_size).denoise_grid)
-    return RunInfo(torch.device(request.device), torch_dtype(request.dtype), experts, grid, request.steps,
-                   predicted=True)
-
-
 @contextlib.contextmanager
 def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0) -> Iterator[None]:
     """Within the block, `log(message)` once if the block is still running after `delay_s` seconds (from a timer
@@ -400,20 +371,18 @@ class Session:
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, request: Request, backends: Sequence[Any], *, tile_fits: Sequence[str] = ("partial",),
-             also_runs: Sequence[Any] = (), conditioning: Conditioning | None = None, progress: bool = False,
+    def load(cls, request: Request, backends: Sequence[Any], *, also_runs: Sequence[Any] = (), conditioning: Conditioning | None = None, progress: bool = False,
              log: Callable[[str], None] = lambda m: None) -> "Session":
         """Load the request's pipeline once for runs of `backends`.
 
         Args:
             request: the validated request.
             backends: the attention backends the session will run (`AttentionBackend` objects); each is prepared
-                for the run the request predicts under each of `tile_fits` (`predicted_run`: device, dtype, the
-                preset's architecture and grid) before anything loads, so it refuses what it cannot serve first. With
+                for the run the request predicts under each of its tile fits (`Request.predicted_run`: device,
+                dtype, the preset's architecture and grid) before anything loads, so it refuses what it cannot serve first. With
                 `--offload` their own weights are attached before the weights are placed (group offloading records
                 the parameters it manages; each run's `vsagen.apply` then finds them attached); otherwise each run
                 attaches them and detaches them after it.
-            tile_fits: the tile fits the session's runs will denoise under.
             also_runs: more backends that will run but are not named in the notes (profile's overhead rows);
                 they count for `--compile`'s graph breaks.
             conditioning: image-to-video pictures, or None.
@@ -424,8 +393,8 @@ class Session:
             BadInput: a backend cannot run on this device / dtype, or the model cannot be loaded as asked.
             ModelNotFound: the checkpoint cannot be found or loaded.
         """
-        for fit in tile_fits:
-            run = predicted_run(request, fit)
+        for fit in request.tile_fits:
+            run = request.predicted_run(fit)
             for backend in backends:
                 backend.prepare(run)  # its notes come again when the run binds it
         t0 = time.perf_counter()
@@ -436,7 +405,7 @@ class Session:
         pipe = model.pipe
         from .api import run_info
 
-        for fit in tile_fits:  # the loaded transformers and the real grids: refused before any run starts
+        for fit in request.tile_fits:  # the loaded transformers and the real grids: refused before any run starts
             run = run_info(pipe, grid=denoise_plan(request, pipe, fit).denoise_grid, steps=request.steps)
             for backend in backends:
                 backend.prepare(run)

@@ -40,7 +40,7 @@ def tile_mean_f64(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("heads,head_dim", [(3, 40), (6, 16)])
-@pytest.mark.parametrize("num_inputs", [1, 2, 3])
+@pytest.mark.parametrize("num_inputs", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pool_launch_matches_float64_means(heads, head_dim, num_inputs, dtype, launch_config):
     offsets = torch.tensor([0, *torch.tensor(TILE_SIZES).cumsum(0).tolist()], dtype=torch.int32)
@@ -61,7 +61,7 @@ def test_pool_launch_matches_float64_means(heads, head_dim, num_inputs, dtype, l
                                                      ("interpreter", "bf16"), ("compiled", "ieee"),
                                                      ("compiled", "tf32")], indirect=["launch_config"])
 @pytest.mark.parametrize("n_q,n_kv", [(70, 70), (5, 9)])
-@pytest.mark.parametrize("head_dim", [16, 40, 72])
+@pytest.mark.parametrize("head_dim", [16, 72])
 def test_scores_launch_matches_float64_gemm(n_q, n_kv, head_dim, precision, launch_config):
     heads = 3
     g = torch.Generator().manual_seed(n_q * head_dim)
@@ -81,7 +81,7 @@ def test_scores_launch_matches_float64_gemm(n_q, n_kv, head_dim, precision, laun
     assert bool((err <= bound + 1e-12).all()), f"max error {float(err.max()):.3e} over the fp32 rounding bound"
 
 
-@pytest.mark.parametrize("n_kv", [1, 17, 100, 700])
+@pytest.mark.parametrize("n_kv", [1, 17, 700])
 def test_top_k_launch_matches_stable_sort(n_kv, launch_config):
     heads, n_q = 2, 3
     g = torch.Generator().manual_seed(n_kv)

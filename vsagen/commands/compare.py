@@ -262,7 +262,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     device = torch.device(cfg.device)
     probes = [AttentionProbe(spec.build(), cfg.error_steps) for spec in cfg.backends]
     # each backend refuses what it cannot serve before loading (`Session.load`); weights are attached per run
-    session = Session.load(cfg, probes, tile_fits=(cfg.tile_fit,), progress=progress, log=log)
+    session = Session.load(cfg, probes, progress=progress, log=log)
     session.notes[0:0] = cfg.notes
     for note in session.notes:
         log(f"note: {note}")

@@ -57,7 +57,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     backend = cfg.backend.build()
     conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
                     if cfg.image is not None else None)
-    session = Session.load(cfg, [backend], tile_fits=(cfg.tile_fit,), conditioning=conditioning, progress=progress,
+    session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress,
                            log=log)
     if cfg.device == "cpu" and writer:  # once the model loaded (a bad request stays one error line)
         warning = cpu_time_estimate(cfg)
@@ -166,10 +166,7 @@ def cpu_time_estimate(cfg: RunConfig, threshold_s: float = 60.0) -> str | None:
     if src.kind == "tiny" or not src.exact_preset:
         return None
     p = src.preset
-    from ..layout import plan_crop
-
-    grid = plan_crop(cfg.frames, cfg.height, cfg.width, fit=cfg.tile_fit, vae_stride_temporal=p.vae_stride_temporal,
-                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
+    grid = cfg.plan().denoise_grid
     forwards = 2 if cfg.guidance > 1 else 1
     flops = dit_step_flops(p.transformer, math.prod(grid), cfg.max_sequence_length, forwards)
     a = torch.randn(512, 512)

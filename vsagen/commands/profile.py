@@ -207,14 +207,9 @@ def _layer_summary(layers: list[dict[str, Any]]) -> tuple[int | None, float | No
 
 
 def denoise_grids(cfg: ProfileConfig) -> dict[str, tuple[int, int, int]]:
-    """{tile fit: post-patch latent grid (T, Hl, Wl) denoised under it} of `cfg`'s size (`plan_crop` with the
+    """{tile fit: post-patch latent grid (T, Hl, Wl) denoised under it} of `cfg`'s size (`Request.plan`: the
     preset's VAE strides and patch size)."""
-    from ..layout import plan_crop
-
-    p = cfg.source.preset
-    return {fit: tuple(plan_crop(cfg.frames, cfg.height, cfg.width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
-                                 vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid)
-            for fit in cfg.tile_fits}
+    return {fit: tuple(cfg.plan(fit).denoise_grid) for fit in cfg.tile_fits}
 
 
 def _per_step(x: float | None, steps: int) -> float | None:
@@ -303,7 +298,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     conditioning = Conditioning.synthetic(cfg.height, cfg.width, cfg.seed, last) if cfg.conditioned else None
     # every backend is prepared for every tile fit's run before loading and again once loaded (`Session.load`);
     # backend weights are attached per configuration and detached after it
-    session = Session.load(cfg, [b for _, b in backends], tile_fits=cfg.tile_fits,
+    session = Session.load(cfg, [b for _, b in backends],
                            also_runs=[TileOrderFull()] if stock_rows(cfg) else [], conditioning=conditioning, log=log)
     session.prompts()  # once for every configuration (host clock: `text_encode_s`)
     cuda = device.type == "cuda"
@@ -480,14 +475,13 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
     from ..bench import AttentionShape, time_attention, timed_layers
     from ..loading import torch_dtype, versions
     from ..models import transformer_configs
-    from ..pipeline import predicted_run
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]
     grids = denoise_grids(cfg)
     configs = transformer_configs(cfg.source, cfg.model)
     for fit, grid in grids.items():  # device, dtype, the grid, the architecture from its config: before any timing
-        run = dataclasses.replace(predicted_run(cfg, fit), grid=grid)
+        run = dataclasses.replace(cfg.predicted_run(fit), grid=grid)
         for _, backend in backends:
             backend.prepare(run)
     if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):

@@ -177,7 +177,7 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
 
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
-    session = Session.load(cfg, [scorer], tile_fits=(cfg.tile_fit,), progress=progress, log=log)
+    session = Session.load(cfg, [scorer], progress=progress, log=log)
     plan = session.plan(cfg.tile_fit)
     for i, text in enumerate(cfg.prompts):
         log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")

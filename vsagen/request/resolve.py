@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..attention import BackendSpec
+from ..attention.base import Expert, RunInfo
 from ..errors import BadInput
 from ..layout import CropPlan, plan_crop
 from ..models import ModelSource
@@ -103,14 +104,47 @@ class Request:
     def plan(self, tile_fit: str | None = None) -> CropPlan:
         """The crop plan under `tile_fit` (default the first) with the preset's strides and patch size (the
         model's own for a model a preset describes)."""
-        p = self.source.preset
-        return plan_crop(self.frames, self.height, self.width, fit=tile_fit or self.tile_fit,
-                         vae_stride_temporal=p.vae_stride_temporal, vae_stride_spatial=p.vae_stride_spatial,
-                         patch_size=p.patch_size)
+        return preset_plan(self.source, self.frames, self.height, self.width, tile_fit or self.tile_fit)
+
+    def predicted_run(self, tile_fit: str | None = None) -> RunInfo:
+        """The run this request predicts before anything loads (`RunInfo`, `predicted=True`), for a backend's
+        `prepare`: the device and dtype, the transformers' architectures where they are known without loading (a
+        preset that describes the model, or a local checkpoint's `<component>/config.json`; none for a hub id no
+        preset describes), the post-patch grid under `tile_fit` (default the first) where the preset's strides
+        are the model's, and the step count.
+
+        Raises:
+            ModelNotFound: a local checkpoint's transformer config cannot be read.
+        """
+        import torch
+
+        from ..architecture import architecture_from_config
+        from ..models import transformer_configs
+
+        src = self.source
+        known = src.exact_preset or src.kind == "dir"
+        experts = tuple(Expert(name, architecture_from_config(c)) for name, c in transformer_configs(src, self.model)) \
+            if known else ()
+        grid = tuple(self.plan(tile_fit).denoise_grid) if src.exact_preset else None
+        return RunInfo(torch.device(self.device), torch_dtype(self.dtype), experts, grid, self.steps, predicted=True)
 
     def memory_hints(self) -> list[str]:
         """Flags of this command that lower GPU memory use and are not in use yet (for an out-of-memory message)."""
         return []
+
+
+def preset_plan(source: ModelSource, frames: int, height: int, width: int, tile_fit: str) -> CropPlan:
+    """The crop plan of a size under `tile_fit` with the preset's VAE strides and patch size."""
+    p = source.preset
+    return plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
+                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
+
+
+def torch_dtype(name: str) -> Any:
+    """'bf16' | 'fp16' | 'fp32' -> the torch dtype."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
 def request_fields(request: Request) -> dict[str, Any]:
@@ -224,10 +258,8 @@ def check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool
     if src.exact_preset:
         from ..parallel.ulysses import check_ulysses_degree
 
-        p = src.preset
-        grid = plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
-                         vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size).denoise_grid
-        check_ulysses_degree(ulysses, int(p.transformer["num_attention_heads"]), math.prod(grid))
+        grid = preset_plan(src, frames, height, width, tile_fit).denoise_grid
+        check_ulysses_degree(ulysses, int(src.preset.transformer["num_attention_heads"]), math.prod(grid))
 
 
 def negative_prompt_note(negative_prompt: str | None, guidance: float) -> str | None:
@@ -282,9 +314,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                        f"use a preset name ({', '.join(preset_names())})")
     fits = tuple(f.value for f in m.tile_fits)
     for fit in fits:
-        p = source.preset
-        _check_rope_range(source, plan_crop(frames, height, width, fit=fit, vae_stride_temporal=p.vae_stride_temporal,
-                                            vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size), fit)
+        _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)
     notes = tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance),) if n is not None)
     if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
         notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
@@ -320,5 +350,5 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
 
 
 __all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "VAE_TILING_AUTO_MAX_AREA", "check_last_frame",
-           "check_ulysses", "negative_prompt_note", "nearest_valid_frames", "request_fields", "resolve",
-           "resolve_device", "vae_tiling_enabled"]
+           "check_ulysses", "negative_prompt_note", "nearest_valid_frames", "preset_plan", "request_fields", "resolve",
+           "resolve_device", "torch_dtype", "vae_tiling_enabled"]

@@ -135,14 +135,16 @@ def test_bare_transformer_and_timing_only():
 
 
 def test_import_vsagen_is_light():
-    """`vsagen.apply` is imported on first use: `import vsagen` loads neither torch nor diffusers."""
+    """`vsagen.apply` and `vsagen.load_pipeline` are imported on first use: `import vsagen` loads neither torch nor
+    diffusers."""
     import subprocess
     import sys
 
     code = "import sys, vsagen; print(any(m.split('.')[0] in ('torch', 'diffusers') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    assert vsagen.__version__ and callable(vsagen.apply)
+    assert vsagen.__version__ and callable(vsagen.apply) and callable(vsagen.load_pipeline)
+    assert {"apply", "load_pipeline"} <= set(vsagen.__all__)
 
 
 def readme_python_api_block() -> str:

@@ -1,5 +1,6 @@
 """vsagen.apply (vsagen/api.py): the Python API on a diffusers WanPipeline the user built (conftest's `tiny_pipe`,
-float32 on CPU), and the README's "Python API" example run as written."""
+float32 on CPU), and the README's "Python API" example run as pasted (it loads its pipeline with
+`vsagen.load_pipeline`, whose own tests are in test_loading.py)."""
 
 from __future__ import annotations
 
@@ -135,14 +136,16 @@ def test_bare_transformer_and_timing_only():
 
 
 def test_import_vsagen_is_light():
-    """`vsagen.apply` is imported on first use: `import vsagen` loads neither torch nor diffusers."""
+    """`vsagen.apply` and `vsagen.load_pipeline` are imported on first use: `import vsagen` loads neither torch nor
+    diffusers."""
     import subprocess
     import sys
 
     code = "import sys, vsagen; print(any(m.split('.')[0] in ('torch', 'diffusers') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-    assert vsagen.__version__ and callable(vsagen.apply)
+    assert vsagen.__version__ and callable(vsagen.apply) and callable(vsagen.load_pipeline)
+    assert {"apply", "load_pipeline"} <= set(vsagen.__all__)
 
 
 def readme_python_api_block() -> str:
@@ -153,14 +156,24 @@ def readme_python_api_block() -> str:
 
 
 @pytest.mark.slow
-def test_readme_python_api_example_runs(tiny_pipe, capsys):
-    """README's example, run as written with `pipe` bound to the tiny WanPipeline."""
-    procs = processors(tiny_pipe)
-    namespace = {"pipe": tiny_pipe}
-    exec(compile(readme_python_api_block(), "README.md#python-api", "exec"), namespace)
+def test_readme_python_api_example_runs_as_pasted(vsagen_cache, capsys):
+    """README's example, verbatim, in a namespace of its own: it loads the tiny pipeline itself
+    (`vsagen.load_pipeline`), prints the report table, and leaves the pipeline stock."""
+    from vsagen.attention.hooks import is_patched
+
+    block = readme_python_api_block()
+    assert "torch_dtype" not in block  # diffusers 0.42 takes `dtype=` (torch_dtype is deprecated)
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(block, "README.md#python-api", "exec"), namespace)
     out = capsys.readouterr().out
-    assert "attention backend" in out and "DiT" in out
-    assert processors(tiny_pipe) == procs  # the example removes what it applied
+    assert "attention backend" in out and "DiT" in out and "coarse" in out  # vsa's table, its stages included
+    assert re.search(r"^full: \d+\.\d{3} s of DiT$", out, re.M)
+    pipe = namespace["pipe"]
+    assert type(pipe).__name__ == "WanPipeline"
+    fresh = vsagen.load_pipeline("tiny")
+    assert [type(p) for p in processors(pipe)] == [type(p) for p in processors(fresh)]  # stock processors again
+    assert not is_patched(pipe.transformer) and "step" not in vars(pipe.scheduler)  # no hooks, scheduler's own step
+    assert not pipe.transformer._forward_pre_hooks and not pipe.transformer._forward_hooks
     assert namespace["video"].shape[-1] == 3  # frames (F, H, W, 3)
 
 

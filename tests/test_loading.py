@@ -1,6 +1,6 @@
 """vsagen.loading: loading a pipeline (local directory, pickle weights, foreign libraries, trained VSA gates, hub
-ids that are not cached, random weights) and placing it (`place_pipeline`: diffusers' offload APIs), all on CPU with
-the tiny model.
+ids that are not cached, random weights), `vsagen.load_pipeline` (the same load from Python) and placing it
+(`place_pipeline`: diffusers' offload APIs), all on CPU with the tiny model.
 
 Every generation here runs in the session's private VSAGEN_CACHE (conftest's `vsagen_cache`), never ~/.cache.
 """
@@ -17,6 +17,7 @@ import conftest
 from conftest import cached_locally
 import torch
 
+import vsagen
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput, ModelNotFound
 from vsagen.video import read_mp4
@@ -242,6 +243,84 @@ def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
     assert any("random weights" in n for n in data["timing"]["notes"])
     assert data["timing"]["dit_forwards"] == 2 * STEPS
     assert read_mp4(result.video_path).shape == (17, 96, 160, 3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# vsagen.load_pipeline: the Python API's loader
+
+
+@pytest.mark.slow
+def test_load_pipeline_loads_as_t2v_does_and_apply_patches_it(vsagen_cache, tiny_dir, tmp_path):
+    from diffusers import WanPipeline
+
+    from vsagen.loading import load_model
+    from vsagen.presets import load_preset
+
+    rng = torch.get_rng_state()
+    pipe = vsagen.load_pipeline("tiny")
+    assert torch.equal(torch.get_rng_state(), rng)  # load_model seeds torch; the caller's state comes back
+    assert type(pipe) is WanPipeline
+    assert pipe.transformer.dtype == torch.float32 and pipe.device.type == "cpu"  # "auto" without CUDA
+    assert pipe.scheduler.config.flow_shift == load_preset("tiny").defaults.flow_shift
+    assert not pipe.vae.use_tiling
+    assert Path(pipe.transformer.config._name_or_path).parent == tiny_dir  # the private cache's checkpoint
+    t2v = load_model(resolve("a prompt", model="tiny", out=tmp_path / "t.mp4"), log=lambda m: None).pipe
+    assert type(t2v.scheduler) is type(pipe.scheduler) and t2v.scheduler.config == pipe.scheduler.config
+    ours, theirs = pipe.transformer.state_dict(), t2v.transformer.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(v, theirs[k]) for k, v in ours.items())
+    stock = [b.attn1.processor for b in pipe.transformer.blocks]
+    with vsagen.apply(pipe, "vsa", impl="torch") as handle:
+        assert all(type(b.attn1.processor).__name__ == "VsagenAttnProcessor" for b in pipe.transformer.blocks)
+        pipe(prompt="a fox", num_frames=9, height=80, width=112, num_inference_steps=1, output_type="latent")
+    assert handle.report().dit_forwards == 2  # one step, CFG on
+    assert [b.attn1.processor for b in pipe.transformer.blocks] == stock
+
+
+def test_load_pipeline_gives_the_image_to_video_pipeline(vsagen_cache, i2v_dir, ti2v_dir):
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    assert type(vsagen.load_pipeline("tiny-i2v")) is WanImageToVideoPipeline  # the model's own class
+    assert type(vsagen.load_pipeline("tiny-ti2v")) is WanPipeline  # text-image to video: text to video by default
+    ti2v = vsagen.load_pipeline("tiny-ti2v", image_to_video=True)
+    assert type(ti2v) is WanImageToVideoPipeline and ti2v.config.expand_timesteps
+
+
+@pytest.mark.parametrize("model,kwargs,match", [
+    ("nope", {}, "unknown --model 'nope'"),
+    ("tiny", {"device": "gpu"}, "--device must be one of auto, cuda, cpu, got 'gpu'"),
+    ("tiny", {"dtype": "int8"}, "--dtype must be one of"),
+    ("some-org/some-model", {"random_weights": True}, "--random-weights builds a preset's architecture"),
+    ("tiny", {"image_to_video": True}, "image_to_video=True: tiny is a text-to-video model"),
+    ("tiny-i2v", {"image_to_video": False}, "image_to_video=False: tiny-i2v is an image-to-video model"),
+])
+def test_load_pipeline_bad_input_is_one_line(vsagen_cache, model, kwargs, match):
+    with pytest.raises(BadInput) as exc:
+        vsagen.load_pipeline(model, **kwargs)
+    msg = str(exc.value)
+    assert type(exc.value) is BadInput and msg.startswith("vsagen.load_pipeline: ") and match in msg
+    assert "\n" not in msg
+
+
+def test_load_pipeline_refuses_pickle_weights_unless_allowed(vsagen_cache, tiny_dir, tmp_path):
+    ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
+    sd = _make_pickle_only(ckpt)
+    with pytest.raises(BadInput, match=r"^vsagen.load_pipeline: --model .*transformer/ has only pickle weights"):
+        vsagen.load_pipeline(ckpt)  # a Path
+    state = vsagen.load_pipeline(ckpt, allow_pickle=True).transformer.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in sd.items())
+
+
+def test_load_pipeline_of_a_preset_not_downloadable_here_is_model_not_found(vsagen_cache):
+    hub_id = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+    if cached_locally(hub_id):
+        pytest.skip(f"{hub_id} is in the local Hugging Face cache")
+    t0 = time.perf_counter()
+    with pytest.raises(ModelNotFound) as exc:
+        vsagen.load_pipeline("wan2.1-t2v-1.3b")
+    assert time.perf_counter() - t0 < HUB_FAIL_FAST_S
+    msg = str(exc.value)
+    assert msg.startswith("vsagen.load_pipeline: cannot load model 'wan2.1-t2v-1.3b'") and hub_id in msg
+    assert f"hf download {hub_id}" in msg and "\n" not in msg
 
 
 # --------------------------------------------------------------------------------------------------------------

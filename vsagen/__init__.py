@@ -3,8 +3,9 @@
 Shape vocabulary used throughout: B batch, S tokens (T*Hl*Wl latent tokens after patchify), H heads,
 D head dim, (T, Hl, Wl) the post-patch latent grid, Q_TILES / KV_TILES tile counts, K top-k.
 
-Python API: `vsagen.apply(pipe, backend, **options)` (see `vsagen.api`), imported on first use so that
-`import vsagen` stays light (no torch, no diffusers).
+Python API: `vsagen.load_pipeline(model)` (a diffusers Wan pipeline loaded as the commands load it, see
+`vsagen.loading`) and `vsagen.apply(pipe, backend, **options)` (see `vsagen.api`), each imported on first use so
+that `import vsagen` stays light (no torch, no diffusers).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "apply"]
+__all__ = ["__version__", "apply", "load_pipeline"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +21,8 @@ def __getattr__(name: str) -> Any:
         from .api import apply
 
         return apply
+    if name == "load_pipeline":
+        from .loading import load_pipeline
+
+        return load_pipeline
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,7 @@ only with `--allow-pickle`.
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,6 +264,84 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     else:
         pipe.vae.disable_tiling()
     return model
+
+
+PIPELINE_WHERE = "vsagen.load_pipeline"  # names the caller in BadInput messages
+
+
+@dataclass(frozen=True, kw_only=True)
+class _AsImageToVideo(Request):
+    """A `Request` loaded as a WanImageToVideoPipeline: a text-image-to-video model (Wan2.2-TI2V-5B style, saved as
+    a WanPipeline) that `load_pipeline(..., image_to_video=True)` asks for as image to video."""
+
+    @property
+    def image_to_video(self) -> bool:
+        return True
+
+
+def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str = "auto", random_weights: bool = False,
+                  allow_pickle: bool = False, image_to_video: bool | None = None) -> Any:
+    """A ready diffusers Wan pipeline, loaded as the `vsagen` commands load it, for `vsagen.apply`.
+
+    The model resolves as `--model` does (`vsagen.models.resolve_model`, then `vsagen.request.resolve.resolve`
+    against its preset), and loads through `load_model`: a tiny preset's checkpoint is built offline into the vsagen
+    cache on first use ($VSAGEN_CACHE, else ~/.cache/vsagen); only diffusers / transformers components and
+    safetensors weights load; the scheduler is UniPC with the preset's flow shift; the VAE gets the preset's dtype
+    (`vae_dtype`: the real models' presets keep it float32 under a bf16 pipeline); the weights are placed on
+    `device` (no offloading) and the VAE is not tiled (`pipe.vae.enable_tiling()` turns it on). torch's global
+    random state is as it was before the call.
+
+    Args:
+        model: a preset name ("tiny", "wan2.1-t2v-1.3b", ...; `vsagen presets` lists them), a local diffusers folder
+            (a str or a Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
+            Face cache on first use).
+        device: "auto" (CUDA when available, else the CPU), "cuda" or "cpu".
+        dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "bf16", "fp16" or "fp32": the transformers' and text
+            encoder's dtype.
+        random_weights: a preset's real architecture with random weights and no text encoder nor tokenizer (no
+            download; for timing: call the pipeline with `prompt_embeds`, its frames are noise).
+        allow_pickle: also load pickle weights (.bin / .pt), which can run code when loaded.
+        image_to_video: None: the model's own pipeline class; True: a WanImageToVideoPipeline (image-to-video
+            models, and text-image-to-video ones such as "tiny-ti2v"); False: a WanPipeline (text-to-video models).
+
+    Returns:
+        A `diffusers.WanPipeline` or `diffusers.WanImageToVideoPipeline` on `device` in eval mode, with stock
+        attention processors (`vsagen.apply` patches it). The tiny presets' weights are random: their frames are
+        noise (for plumbing and timing).
+
+    Raises:
+        BadInput: an unknown model, device or dtype, a model vsagen refuses (pickle-only weights without
+            `allow_pickle`, components from other libraries, another pipeline class), `device="cuda"` without
+            CUDA, `random_weights` for a model no preset describes, or `image_to_video` the model cannot serve;
+            one line, starting "vsagen.load_pipeline:", naming the setting by its command-line flag (`--model`
+            is `model`).
+        ModelNotFound (a BadInput): the checkpoint cannot be found or loaded (e.g. a hub id that is neither in the
+            Hugging Face cache nor downloadable).
+        RunFailure: the tiny checkpoint cannot be written to the vsagen cache.
+    """
+    import torch
+
+    from .models import resolve_model
+    from .request.options import request_options
+    from .request.resolve import NONE, request_fields, resolve
+
+    try:
+        model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        options = request_options(model=model, device=device, dtype=dtype, random_weights=random_weights,
+                                  allow_pickle=allow_pickle, vae_tiling="off")
+        source = resolve_model(options.model.model)
+        if image_to_video and not source.takes_image:
+            raise BadInput(f"image_to_video=True: {model} is a text-to-video model and takes no image (an "
+                           "image-to-video model is e.g. 'tiny-i2v')")
+        if image_to_video is False and source.image_to_video:
+            raise BadInput(f"image_to_video=False: {model} is an image-to-video model (WanImageToVideoPipeline only)")
+        request = resolve(source, options, prompt="", backends=NONE)
+        if image_to_video and not request.image_to_video:
+            request = _AsImageToVideo(**request_fields(request))
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if request.device == "cuda" else ()):
+            return load_model(request, lambda line: None).pipe
+    except BadInput as e:
+        raise type(e)(f"{PIPELINE_WHERE}: {e}") from None
 
 
 def attach_weights(model: LoadedModel, backend: Any) -> int:

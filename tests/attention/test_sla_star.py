@@ -103,7 +103,9 @@ def test_branch_backward_matches_finite_differences(scope):
         bm[..., 0] = True
     fn = lambda q, k, v: ref.linear_attention_branch(q, k, v, block_map=bm, slots=lay.slots,  # noqa: E731
                                                      slot_valid=lay.slot_valid)
-    assert torch.autograd.gradcheck(fn, (q, k, v))
+    # fast mode: finite differences of random projections of the Jacobian against the analytic ones (the full
+    # Jacobian of the marginal scope took 38 s of the suite's 10 minutes)
+    assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
 
 
 def test_unknown_feature_map_and_missing_slots():

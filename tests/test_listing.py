@@ -15,8 +15,9 @@ runner = CliRunner()
 
 
 def test_backends_lists_exactly_the_registry_with_the_default_implementations_and_options():
-    from vsagen.attention import backend_class
-    from vsagen.attention.spec import option_help
+    from vsagen.attention import backend_class, backend_names
+    from vsagen.attention.auto import FALLBACK, candidates
+    from vsagen.attention.spec import impls_of, option_help
 
     res = runner.invoke(app, ["backends"], env={"COLUMNS": "80"})
     assert res.exit_code == 0
@@ -24,20 +25,30 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
     assert max(len(line) for line in lines) <= 80
     blocks = res.stdout.split("\n\n")[1:]  # a paragraph about --attn, then one block per backend
     heads = [block.splitlines()[0] for block in blocks]
-    assert [h.split()[0] for h in heads] == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
+    names = backend_names()  # the registry's, in its order (the shipped five among them)
+    assert [h.split()[0] for h in heads] == names
+    assert {"full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"} <= set(names)
     flat = " ".join(res.stdout.split())  # the paragraphs wrap between words
     assert "Default: --attn auto (t2v, i2v) = the backend the checkpoint was trained for" in flat
     assert "else full" in flat
     marked = [h.split()[0] for h in heads if "default: --attn auto runs it" in h]
-    assert marked == ["full", "vsa", "sla-star"]  # auto's choices: dense checkpoints, vsa's gates, sla-star's branch
+    # auto's choices: dense checkpoints (full), and each backend with an auto priority (vsa's gates, sla-star's branch)
+    assert marked == [n for n in names if n == FALLBACK or n in candidates()]
+    assert {"full", "vsa", "sla-star"} <= set(marked) and "rocm-vsa" not in marked
     assert "full (dense) - default: --attn auto runs it for a checkpoint without sparse-attention weights" in flat
-    for name, block in zip(["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"], blocks):
+    by_name = dict(zip(names, blocks))
+    for name, block in by_name.items():
         text = " ".join(block.split())
         assert text.startswith(name)
-        assert ("implementations: triton, torch; impl=auto runs triton on CUDA" in text) == (name != "full")
+        impls = [i for i in impls_of(name) if i != "auto"]  # the shipped sparse backends: triton, torch
+        assert (f"implementations: {', '.join(impls)}; impl=auto runs triton on CUDA" if impls else
+                "implementations: one (no impl option)") in text
+        if name in {"vsa", "rocm-vsa", "sla-star", "sparse-vdit"}:
+            assert impls == ["triton", "torch"], name
         for key, default, values in option_help(backend_class(name).Options):
             assert f"{key}={default} {values}" in text, (name, key)
-    assert "options: none" in blocks[0] and "sparsity=0.875 a number (or --sparsity)" in " ".join(blocks[1].split())
+    assert "options: none" in by_name["full"] and "implementations: one (no impl option)" in by_name["full"]
+    assert "sparsity=0.875 a number (or --sparsity)" in " ".join(by_name["vsa"].split())
 
 
 def _preset_cells(name: str) -> list[str]:

@@ -32,11 +32,13 @@ def _choices(enum: type[Enum]) -> str:
     return "[" + "|".join(str(m.value) for m in enum) + "]"
 
 Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
-Attn = Annotated[str, typer.Option(help="Self-attention backend (see `vsagen backends`): auto (the default: the "
-                                        "backend the checkpoint was trained for, else full; the run's notes say "
-                                        "which and why), full, vsa, rocm-vsa, sla-star, sparse-vdit (a pattern "
-                                        "file: sparse-vdit:patterns=FILE); options as NAME:KEY=VALUE[:KEY=VALUE], "
-                                        "e.g. vsa:sparsity=0.9:impl=torch.")]
+# The backends are not listed here (that would import them, and torch, before `--help` answers): `vsagen backends`
+# lists the registry; the examples name backends that exist.
+Attn = Annotated[str, typer.Option(help="Self-attention backend: auto (the default: the backend the checkpoint was "
+                                        "trained for, else full; the run's notes say which and why) or a name "
+                                        "`vsagen backends` lists (full, vsa, sparse-vdit, ...), with options as "
+                                        "NAME:KEY=VALUE[:KEY=VALUE], e.g. vsa:sparsity=0.9:impl=torch or "
+                                        "sparse-vdit:patterns=FILE.")]
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]
 AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "

@@ -64,7 +64,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
 
     from rich.console import Console
 
-    from .attention import BackendName, backend_class, uses_sparsity
+    from .attention import backend_class, backend_names, uses_sparsity
     from .attention.auto import auto_picks, auto_rule
     from .attention.spec import FLAG_OPTIONS, impls_of, option_help
 
@@ -78,7 +78,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
     say("Self-attention backends, chosen with --attn NAME[:KEY=VALUE[:KEY=VALUE]] (t2v, i2v; profile and compare "
         "take several, comma-separated), e.g. --attn vsa:sparsity=0.9.")
     say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
-    for name in (member.value for member in BackendName):  # the registry's names, in its order
+    for name in backend_names():  # the registry's names, in its order (read now: a backend registered late too)
         cls = backend_class(name)
         # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
         kind = "sparse, takes --sparsity" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"

@@ -76,3 +76,30 @@ def test_the_rule_and_the_choices_name_the_weights_auto_looks_for():
     assert auto_picks("vsa") == "for a checkpoint holding blocks.N.attn1.to_gate_compress.*"
     assert auto_picks("sla-star").endswith("proj_l.*")
     assert auto_picks("rocm-vsa") is None and auto_picks("sparse-vdit") is None
+
+
+def test_the_candidates_are_the_registered_backends_with_a_priority(tmp_path, monkeypatch):
+    """Issue 28: auto names no backend but its fallback. Its candidates are read from the registry when it runs:
+    the backends with an `auto_priority`, highest first, ties in registry order; one registered later takes part."""
+    from vsagen.attention import registry
+    from vsagen.attention.auto import FALLBACK, auto_picks, auto_rule, candidates
+    from vsagen.attention.base import Backend, LayerWeights
+
+    assert candidates() == ["sla-star", "vsa"] and FALLBACK == "full"
+    assert [registry.REGISTRY[n].auto_priority for n in candidates()] == [2, 1]
+
+    class Gained(Backend):
+        name = "gained"
+        weights = LayerWeights(key="blocks.{layer}.attn1.gain", attr="gain", shapes=lambda attn: {"weight": (2,)},
+                               build=lambda tensors, attn: torch.nn.Identity())
+        auto_priority = 5
+
+    monkeypatch.setitem(registry.REGISTRY, "gained", registry.registry_of((*registry._BACKENDS, Gained))["gained"])
+    assert candidates() == ["gained", "sla-star", "vsa"]
+    root = checkpoint(tmp_path, keys=(PLAIN, GATE, PROJ, "blocks.0.attn1.gain.weight"))
+    assert trained_backend(root) == ("gained", "transformer/ holds blocks.0.attn1.gain.weight")
+    assert auto_rule().startswith("the backend the checkpoint was trained for: gained if it holds "
+                                  "blocks.N.attn1.gain.*, sla-star")
+    assert auto_picks("gained") == "for a checkpoint holding blocks.N.attn1.gain.*"
+    Gained.auto_priority = 1  # a tie with vsa: the registry's order (vsa first)
+    assert candidates() == ["sla-star", "vsa", "gained"] and trained_backend(root)[0] == "sla-star"

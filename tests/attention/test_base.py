@@ -107,9 +107,10 @@ def test_registered_backends_have_the_protocol_attributes(name):
     assert backend.describe()["name"] == name
     for method in ("check", "describe", "__call__"):
         assert callable(getattr(backend, method))
-    # issue 28: the protocol declares every member a caller uses (per_layer and bench_params were probed with getattr)
+    # issue 28: the protocol declares every member a caller uses (per_layer and bench_params were probed with getattr;
+    # auto_priority: what `--attn auto` reads, instead of a list of names in auto.py)
     assert set(AttentionBackend.__annotations__) == {"name", "Options", "tiled", "traceable", "weights", "options",
-                                                     "per_layer", "bench_params"}
+                                                     "per_layer", "bench_params", "auto_priority"}
 
 
 def test_backend_defaults_and_the_wrapper_delegate_every_member():
@@ -137,5 +138,6 @@ def test_backend_defaults_and_the_wrapper_delegate_every_member():
     w = BackendWrapper(inner)
     assert (w.name, w.options, w.tiled, w.traceable, w.weights, w.per_layer, w.bench_params) == \
         (inner.name, inner.options, inner.tiled, inner.traceable, inner.weights, inner.per_layer, inner.bench_params)
+    assert m.auto_priority is None and w.auto_priority == inner.auto_priority == 1
     assert w.describe(torch.device("cpu")) == inner.describe(torch.device("cpu"))
     assert w.report(torch.device("cpu")).info["impl_ran"] == "torch" and w.prepare(run) == ()

@@ -12,9 +12,16 @@ from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention
 from vsagen.errors import BadInput
 
 
+# The backends this repository ships: registered, whatever else is (a new backend adds a name, breaking nothing here).
+SHIPPED = {"full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"}
+
+
 def test_backend_names():
-    assert backend_names() == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
-    assert list(BACKENDS) == ["full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"]
+    """The names are the registry's, read from it in `_BACKENDS` order; the shipped backends are among them."""
+    from vsagen.attention import registry
+
+    assert backend_names() == list(REGISTRY) == list(BACKENDS) == [cls.name for cls in registry._BACKENDS]
+    assert SHIPPED <= set(backend_names())
     assert uses_sparsity("vsa") and not uses_sparsity("full")
 
 
@@ -98,3 +105,28 @@ def test_the_registry_checks_a_class_has_every_protocol_member():
         check_backend_class(Half)
     for cls in REGISTRY.values():
         assert missing_members(cls) == []
+
+
+def test_the_registry_refuses_two_backends_of_one_name_and_a_priority_without_weights():
+    """`registry_of` (what `REGISTRY` is built with) refuses a second class under a taken name (a subclass that
+    kept its parent's) and an `auto_priority` on a backend without weights (auto chooses by weights)."""
+    from vsagen.attention import registry
+    from vsagen.attention.registry import check_backend_class, registry_of
+
+    class Copy(VSAAttention):  # forgot to set its own name
+        pass
+
+    with pytest.raises(TypeError, match="Copy and VSAAttention are both registered as 'vsa'"):
+        registry_of((*registry._BACKENDS, Copy))
+
+    class Eager(FullAttention):
+        name = "eager"
+        auto_priority = 3
+
+    with pytest.raises(TypeError, match="only a backend with weights has one"):
+        check_backend_class(Eager)
+    Eager.auto_priority = True  # a bool is not a priority
+    Eager.weights = VSAAttention.weights
+    with pytest.raises(TypeError, match="must be None or an int"):
+        check_backend_class(Eager)
+    assert registry_of(registry._BACKENDS) == REGISTRY

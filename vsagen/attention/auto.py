@@ -2,22 +2,31 @@
 
 A checkpoint fine-tuned for a sparse backend carries that backend's own per-layer weights in its transformer
 folders (`AttentionBackend.weights`): `sla-star`'s linear-branch projection (`blocks.N.attn1.proj_l`) or `vsa`'s
-gate (`blocks.N.attn1.to_gate_compress`). `auto` picks the first backend of `PREFERENCE` whose tensors the
-checkpoint holds (read from the safetensors headers, no tensor loaded), else `full`: a checkpoint without such
-weights was trained with dense attention, and a sparse backend on it trades fidelity for speed, which the user
-should choose knowingly. The choice and its reason are returned as a note for the run.
+gate (`blocks.N.attn1.to_gate_compress`). The candidates are the registered backends that declare an
+`auto_priority` (and so weights), highest first (`candidates()`: sla-star, then vsa); `auto` picks the first whose
+tensors the checkpoint holds (read from the safetensors headers, no tensor loaded), else `FALLBACK` (`full`): a
+checkpoint without such weights was trained with dense attention, and a sparse backend on it trades fidelity for
+speed, which the user should choose knowingly. The choice and its reason are returned as a note for the run. No
+backend is named here but the fallback (and vsa, in the note's measured speed-up): a new backend with weights takes
+part by declaring its `auto_priority`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .registry import backend_class
+from .registry import backend_class, backend_names
 
 AUTO = "auto"
-# Most specific first: a checkpoint trained for sla-star may carry vsa's gates as well (SLA* = VSA + a branch).
-PREFERENCE = ("sla-star", "vsa")
+FALLBACK = "full"  # the dense baseline: what a checkpoint without any candidate's weights was trained with
 EXPERT_FOLDERS = ("transformer", "transformer_2")
+
+
+def candidates() -> list[str]:
+    """The registered backends `--attn auto` may choose (an `auto_priority` that is not None), highest priority
+    first, ties in registry order; read from the registry on each call."""
+    named = [(name, backend_class(name).auto_priority) for name in backend_names()]
+    return [name for name, priority in sorted((x for x in named if x[1] is not None), key=lambda x: -x[1])]
 
 
 def checkpoint_root(kind: str, location: str) -> Path | None:
@@ -38,13 +47,13 @@ def checkpoint_root(kind: str, location: str) -> Path | None:
 
 
 def trained_backend(root: Path | None) -> tuple[str, str] | None:
-    """(backend name, "<expert folder>/ holds <key>.*") for the first backend of `PREFERENCE` whose weights a
+    """(backend name, "<expert folder>/ holds <key>.*") for the first backend of `candidates()` whose weights a
     checkpoint root holds, or None."""
     from .weights import first_layer_key
 
     if root is None:
         return None
-    for name in PREFERENCE:
+    for name in candidates():
         spec = backend_class(name).weights
         for expert in EXPERT_FOLDERS:
             key = first_layer_key(root / expert, spec)
@@ -69,8 +78,8 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
     found = trained_backend(root)
     if found is not None:
         name, why = found
-        return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn full runs "
-                      "dense attention")
+        return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn {FALLBACK} "
+                      "runs dense attention")
     if random_weights or kind == "tiny":
         why = "random weights carry no trained sparse-attention weights"
     elif root is None:  # a hub id not in the local cache: its files cannot be read before the download
@@ -82,20 +91,21 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
     speed = ("on a GPU --attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity (on this CPU it runs a "
              "slow torch reference)" if device != "cuda" else
              "--attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity")
-    return "full", f"--attn auto chose full: {why}; {speed}: `vsagen compare` measures both on your prompt"
+    return FALLBACK, (f"--attn auto chose {FALLBACK}: {why}; {speed}: `vsagen compare` measures both on your "
+                      "prompt")
 
 
 def auto_rule() -> str:
     """What `--attn auto` does, in one sentence naming the weights it looks for (for `vsagen backends`)."""
     found = ", ".join(f"{name} if it holds {backend_class(name).weights.key.format(layer='N')}.*"
-                      for name in PREFERENCE)
-    return f"the backend the checkpoint was trained for: {found}, else full"
+                      for name in candidates())
+    return f"the backend the checkpoint was trained for: {found}, else {FALLBACK}"
 
 
 def auto_picks(name: str) -> str | None:
     """When `--attn auto` runs backend `name`, as a phrase (None: never)."""
-    if name in PREFERENCE:
+    if name in candidates():
         return f"for a checkpoint holding {backend_class(name).weights.key.format(layer='N')}.*"
-    if name == "full":
+    if name == FALLBACK:
         return "for a checkpoint without sparse-attention weights (the Wan releases, the tiny models)"
     return None

@@ -20,7 +20,9 @@ reports after a run (its description, per-layer rows) comes back through `report
 
 A backend may own per-layer parameters (`weights`, a `LayerWeights`: VSA's trained gate `to_gate_compress`), loaded
 through `vsagen.attention.weights` from the checkpoint or from a safetensors file the user names; the processor of
-layer i hands them over as `ctx.params`.
+layer i hands them over as `ctx.params`. A backend with weights may also take part in `--attn auto`
+(`auto_priority`: `vsagen.attention.auto` runs, for a checkpoint holding the weights of several such backends, the
+one of highest priority).
 """
 
 from __future__ import annotations
@@ -195,6 +197,8 @@ class AttentionBackend(Protocol):
     # bench_params(heads, head_dim, device, seed) -> the per-layer parameters to time it with, or None (the member
     # itself is None for a backend timed without parameters)
     bench_params: ClassVar[Callable[..., Any] | None]
+    # `--attn auto` may choose it for a checkpoint holding its `weights` (higher first), or None: never
+    auto_priority: ClassVar[int | None]
     options: Any                             # an instance of Options
 
     def __init__(self, options: Any = None) -> None: ...
@@ -217,8 +221,8 @@ class AttentionBackend(Protocol):
 
 
 # Every member of the protocol, for the registry's validation of a backend class or object.
-PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_layer", "bench_params", "check",
-                    "prepare", "describe", "report", "__call__")
+PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_layer", "bench_params", "auto_priority",
+                    "check", "prepare", "describe", "report", "__call__")
 
 
 class Backend:
@@ -233,6 +237,7 @@ class Backend:
     weights: ClassVar[LayerWeights | None] = None
     per_layer: ClassVar[bool] = False
     bench_params: ClassVar[Callable[..., Any] | None] = None
+    auto_priority: ClassVar[int | None] = None
 
     def __init__(self, options: Any = None) -> None:
         self.options = self.Options() if options is None else options
@@ -272,6 +277,7 @@ class BackendWrapper(Backend):
         self.weights = inner.weights
         self.per_layer = inner.per_layer
         self.bench_params = inner.bench_params
+        self.auto_priority = inner.auto_priority
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """The inner backend's."""

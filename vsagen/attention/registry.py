@@ -1,8 +1,11 @@
 """The registry: `--attn` names -> backend classes, and the one check that a class or object is a backend.
 
-`BackendName` (a `str` Enum built from it) is the one source of names; Typer accepts it as an option type. Only
-backends that really work are registered; the CLI lists exactly these. Adding a backend: its class in
-`_BACKENDS` (one line), its module beside this one, tests (docs/adding-a-backend.md).
+`REGISTRY` (built from `_BACKENDS`) is the one source of names: every caller reads it when it runs (`backend_names`,
+`backend_class`), so a backend registered after import (a test's) is seen by the command line, the presets, the
+listings and `--attn auto` alike. `BackendName` is a `str` Enum of the names registered at import, for Python
+callers that want a type; nothing in vsagen reads it. Only backends that really work are registered; the CLI lists
+exactly these. Adding a backend: its class in `_BACKENDS` (one line), its module beside this one, tests
+(docs/adding-a-backend.md).
 """
 
 from __future__ import annotations
@@ -36,15 +39,35 @@ def check_backend_class(cls: type) -> type:
     if missing or not isinstance(getattr(cls, "name", None), str):
         raise TypeError(f"{cls.__name__} is not an attention backend: it lacks {', '.join(missing) or 'a name'} "
                         "(derive it from vsagen.attention.base.Backend)")
+    priority = cls.auto_priority
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or cls.weights is None):
+        raise TypeError(f"{cls.__name__}.auto_priority must be None or an int, and only a backend with weights has one "
+                        f"(--attn auto chooses by the checkpoint's weights); got {priority!r}")
     return cls
+
+
+def registry_of(classes: tuple[type, ...]) -> dict[str, type]:
+    """{name: class} of backend classes, each checked (`check_backend_class`), in their order.
+
+    Raises:
+        TypeError: a class is not a backend, or two share a name (e.g. a subclass that kept its parent's).
+    """
+    out: dict[str, type] = {}
+    for cls in classes:
+        check_backend_class(cls)
+        if cls.name in out:
+            raise TypeError(f"{cls.__name__} and {out[cls.name].__name__} are both registered as {cls.name!r}")
+        out[cls.name] = cls
+    return out
 
 
 _BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, ROCmVSAAttention, SLAStarAttention, SparseVDiTAttention)
 
-REGISTRY: dict[str, type] = {cls.name: check_backend_class(cls) for cls in _BACKENDS}
+REGISTRY: dict[str, type] = registry_of(_BACKENDS)
 
 BackendName = Enum("BackendName", {n.upper().replace("-", "_"): n for n in REGISTRY}, type=str)
-BackendName.__doc__ = "The registered `--attn` names (a str Enum: Typer accepts it as an option type)."
+BackendName.__doc__ = ("The `--attn` names registered at import (a str Enum); vsagen itself reads `backend_names()`, "
+                       "which sees a backend registered later too.")
 
 
 def backend_names() -> list[str]:

@@ -43,6 +43,7 @@ class ROCmVSAAttention(VSAAttention):
     name = "rocm-vsa"
     Options = ROCmVSAOptions
     kernel_profile = "rocm-vsa"
+    auto_priority = None  # vsa's gates, vsa's output: `--attn auto` runs vsa for a gated checkpoint, never this
 
     def __init__(self, options: ROCmVSAOptions | None = None) -> None:
         super().__init__(ROCmVSAOptions() if options is None else options)

@@ -109,6 +109,9 @@ class SLAStarAttention(Backend):
                            dtype=torch.float32,
                            missing_note="sla-star: no trained projection (proj_l) in the checkpoint, so the branch "
                                         "is zero and the output is exactly vsa's (name one with proj_weights=FILE)")
+    # `--attn auto` prefers it to vsa (priority 1): a checkpoint trained for sla-star (VSA + a branch) may carry vsa's
+    # gates as well, so its branch is the more specific sign
+    auto_priority = 2
 
     def __init__(self, options: SLAStarOptions | None = None) -> None:
         super().__init__(options)

@@ -105,6 +105,7 @@ class VSAAttention(Backend):
     weights = LayerWeights(key="blocks.{layer}.attn1.to_gate_compress", attr="to_gate_compress",
                            shapes=_gate_shapes, build=_gate_module, optional=("bias",),
                            file_option="gate_weights")
+    auto_priority = 1  # `--attn auto` runs vsa for a checkpoint holding trained gates (after sla-star: auto.py)
 
     kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning
 

@@ -335,3 +335,21 @@ def test_the_step_a_backend_sees_starts_at_zero_in_every_call(tiny_pipe):
     per_call = [s for s in range(STEPS) for _ in range(2 * layers)]  # CFG: two forwards a step
     assert backend.steps == per_call + per_call
     assert len(handle.report().dit_per_step_s) == 2 * STEPS
+
+
+def test_a_backend_class_is_one_bad_input_and_a_prepare_without_notes_is_none(tiny_pipe):
+    """Review: `apply(pipe, VSAAttention)` (the class) raised a raw AttributeError; a backend whose `prepare` returns
+    None (docs/adding-a-backend.md's skeleton with its optional methods left empty) failed after loading."""
+    from vsagen.attention.base import Backend
+    from vsagen.attention.full import FullAttention
+    from vsagen.attention.vsa import VSAAttention
+
+    with pytest.raises(BadInput, match=r"give a backend object \(VSAAttention\(\)\) or its name, not the class"):
+        vsagen.apply(tiny_pipe, VSAAttention)
+
+    class Quiet(FullAttention):
+        def prepare(self, run):
+            Backend.prepare(self, run)  # returns nothing
+
+    with vsagen.apply(tiny_pipe, Quiet()) as handle:
+        assert handle.notes == ()

@@ -292,6 +292,8 @@ def test_load_pipeline_gives_the_image_to_video_pipeline(vsagen_cache, i2v_dir, 
     ("some-org/some-model", {"random_weights": True}, "--random-weights builds a preset's architecture"),
     ("tiny", {"image_to_video": True}, "image_to_video=True: tiny is a text-to-video model"),
     ("tiny-i2v", {"image_to_video": False}, "image_to_video=False: tiny-i2v is an image-to-video model"),
+    (None, {}, "model must be a preset name, a folder or a hub id, got None"),  # not the default model
+    (123, {}, "model must be a preset name, a folder or a hub id, got 123"),
 ])
 def test_load_pipeline_bad_input_is_one_line(vsagen_cache, model, kwargs, match):
     with pytest.raises(BadInput) as exc:

@@ -32,12 +32,12 @@ from typing import Any, Callable
 
 import torch
 
-from .attention import BackendSpec, backend_class, resolve_spec
 from .architecture import architecture_of
+from .attention import BackendSpec, backend_class, resolve_spec
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
+from .attention.hooks import wrap_method
 from .attention.spec import make_options, parse_spec
 from .errors import BadInput
-from .attention.hooks import wrap_method
 from .timing import Timer, TimingReport
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
@@ -272,6 +272,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     transformers = _transformers(pipe)
     first = transformers[0][1]
     device = _device_of(pipe, first)
+    if isinstance(backend, type):
+        raise BadInput(f"{WHERE}: give a backend object ({backend.__name__}()) or its name, not the class")
     if backend is not None and not isinstance(backend, (str, BackendSpec)) and missing_members(backend):
         raise BadInput(f"{WHERE}: the backend must be a name (e.g. 'vsa'), NAME:KEY=VALUE text, a BackendSpec, an "
                        f"attention backend object or None; got {type(backend).__name__}")
@@ -286,7 +288,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         built = spec.build()
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
-        notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps)))
+        notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps)) or ())  # (None: no notes)
     if timer is None:
         timer = Timer(device)
         timer.step = 0

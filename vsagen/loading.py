@@ -327,6 +327,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
 
     try:
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
+        if not isinstance(model, str):  # (None would fall back to the commands' default model)
+            raise BadInput(f"model must be a preset name, a folder or a hub id, got {model!r}")
         options = request_options(model=model, device=device, dtype=dtype, random_weights=random_weights,
                                   allow_pickle=allow_pickle, vae_tiling="off")
         source = resolve_model(options.model.model)

@@ -5,8 +5,8 @@ conditioning. `Session.run(backend, plan, ...)` then runs one configuration on i
 `vsagen.apply` (one code path for patching, shared with the Python API), `warmup` untimed denoising steps, the
 timed steps, optionally the VAE decode, unpatch; it returns the latents and the timer's records. Out of GPU
 memory becomes a `RunFailure` naming what ran, with the request's own hints. The drivers add only their part:
-`vsagen.commands.generate` (t2v / i2v) decodes, writes the mp4 and the timing JSON; `vsagen.commands.profile` turns the runs of
-every backend and tile fit into report rows. A command comparing backends loads one session and runs each
+`vsagen.commands.generate` (t2v / i2v) decodes, writes the mp4 and the timing JSON; `vsagen.commands.profile`
+turns the runs of every backend and tile fit into report rows. A command comparing backends loads one session and runs each
 backend on it from the same seed (every run seeds a fresh CPU generator).
 
 Timed regions of a run (see `vsagen.timing`): "total" around the run; "text_encode" when the run encodes the
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .request.resolve import Request
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
 from .loading import LoadedModel, experts, load_model, torch_dtype, weights_note
+from .request.resolve import Request
 from .timing import Timer
 
 # `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
@@ -371,7 +371,8 @@ class Session:
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
-    def load(cls, request: Request, backends: Sequence[Any], *, also_runs: Sequence[Any] = (), conditioning: Conditioning | None = None, progress: bool = False,
+    def load(cls, request: Request, backends: Sequence[Any], *, also_runs: Sequence[Any] = (),
+             conditioning: Conditioning | None = None, progress: bool = False,
              log: Callable[[str], None] = lambda m: None) -> "Session":
         """Load the request's pipeline once for runs of `backends`.
 
@@ -379,8 +380,8 @@ class Session:
             request: the validated request.
             backends: the attention backends the session will run (`AttentionBackend` objects); each is prepared
                 for the run the request predicts under each of its tile fits (`Request.predicted_run`: device,
-                dtype, the preset's architecture and grid) before anything loads, so it refuses what it cannot serve first. With
-                `--offload` their own weights are attached before the weights are placed (group offloading records
+                dtype, the preset's architecture and grid) before anything loads, so it refuses what it cannot
+                serve first, and again with the loaded transformers before any run starts. With `--offload` their own weights are attached before the weights are placed (group offloading records
                 the parameters it manages; each run's `vsagen.apply` then finds them attached); otherwise each run
                 attaches them and detaches them after it.
             also_runs: more backends that will run but are not named in the notes (profile's overhead rows);

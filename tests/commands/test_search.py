@@ -19,7 +19,8 @@ from conftest import one_error_line
 from vsagen.cli import _sigterm_as_interrupt, app
 from vsagen.commands.search import read_prompts, resolve_search, search
 from vsagen.errors import BadInput
-from vsagen.sparsity.files import architecture_of, file_hash, load_patterns
+from vsagen.architecture import architecture_of
+from vsagen.sparsity.files import file_hash, load_patterns
 from vsagen.sparsity.patterns import block_density, default_catalog
 from vsagen.sparsity.scoring import DEFAULT_EPS, DEFAULT_LAM, choose_mode
 

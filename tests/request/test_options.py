@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import one_error_line
+from PIL import Image
 from typer.testing import CliRunner
 
 from vsagen.cli import app
@@ -35,19 +36,21 @@ BOUNDS = [
     ("--dtype", "fp8", "--dtype must be one of auto, bf16, fp16, fp32, got 'fp8'"),
     ("--tile-fit", "pad", "--tile-fit must be one of partial, crop, got 'pad'"),
     ("--ulysses", "0", "--ulysses must be an integer of at least 1, got 0"),
+    ("--attn-impl", "cuda", "--attn-impl cuda is not an implementation any backend has; choose from auto, torch, "
+                            "triton"),
 ]
 # each command with the arguments it needs, and the flags it takes (from the command line's own declarations)
 COMMANDS = {
-    "t2v": (["t2v", "a fox"], {"--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed", "--sparsity",
+    "t2v": (["t2v", "a fox"], {"--attn-impl", "--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed", "--sparsity",
                                "--device", "--dtype", "--tile-fit", "--ulysses"}),
-    "i2v": (["i2v", "IMG", "a fox"], {"--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed",
+    "i2v": (["i2v", "IMG", "a fox"], {"--attn-impl", "--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed",
                                       "--sparsity", "--device", "--dtype", "--tile-fit", "--ulysses"}),
-    "compare": (["compare", "a fox", "--attn", "full,vsa"], {"--fps", "--flow-shift", "--steps", "--warmup",
+    "compare": (["compare", "a fox", "--attn", "full,vsa"], {"--attn-impl", "--fps", "--flow-shift", "--steps", "--warmup",
                                                              "--guidance", "--seed", "--sparsity", "--device",
                                                              "--dtype", "--tile-fit"}),
-    "profile": (["profile", "--attn", "full,vsa"], {"--steps", "--warmup", "--guidance", "--seed", "--sparsity",
+    "profile": (["profile", "--attn", "full,vsa"], {"--attn-impl", "--steps", "--warmup", "--guidance", "--seed", "--sparsity",
                                                     "--device", "--dtype", "--tile-fit", "--ulysses"}),
-    "search": (["search", "--prompt", "a fox"], {"--flow-shift", "--steps", "--guidance", "--seed", "--device",
+    "search": (["search", "--prompt", "a fox"], {"--attn-impl", "--flow-shift", "--steps", "--guidance", "--seed", "--device",
                                                  "--dtype", "--tile-fit"}),
 }
 CASES = [(cmd, flag, value, words) for cmd, (_, takes) in COMMANDS.items() for flag, value, words in BOUNDS
@@ -59,10 +62,23 @@ def test_every_command_refuses_a_bound_with_the_same_line_before_loading(vsagen_
                                                                          flag, value, words):
     monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
     monkeypatch.chdir(tmp_path)
-    args = [a.replace("IMG", str(tmp_path / "none.png")) for a in COMMANDS[command][0]]
+    (tmp_path / "in").mkdir()
+    Image.new("RGB", (64, 48), (200, 90, 40)).save(tmp_path / "in" / "first.png")
+    args = [a.replace("IMG", str(tmp_path / "in" / "first.png")) for a in COMMANDS[command][0]]
     res = runner.invoke(app, [*args, "--model", "tiny-i2v" if command == "i2v" else "tiny", flag, value])
     assert one_error_line(res) == f"error: {words}"
-    assert list(tmp_path.iterdir()) == [], "something was written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], "something was written"
+
+
+@pytest.mark.parametrize("command", ["t2v", "compare", "search"])
+def test_a_command_of_one_tile_fit_refuses_a_list(vsagen_cache, tmp_path, monkeypatch, command):
+    """Review: after the request layer, t2v and compare took `--tile-fit partial,crop` and ran the first entry."""
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, [*COMMANDS[command][0], "--model", "tiny", "--tile-fit", "partial,crop"])
+    assert one_error_line(res).startswith("error: --tile-fit must be one of partial, crop, got 'partial,crop' (this "
+                                          "command runs one tile fit")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_command_line_declares_each_shared_option_once():

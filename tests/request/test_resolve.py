@@ -27,13 +27,13 @@ def test_values_given_win_over_the_preset():
     assert [b.name for b in r.backends] == ["full"] and r.attn_requested == "auto" and "chose full" in r.attn_note
     o = request_options(height=64, width=80, frames=9, steps=3, warmup=2, guidance=1.5, flow_shift=2.0, seed=7,
                         tile_fit="partial,crop", attn="full,vsa", sparsity=0.5, negative_prompt="blurry")
-    r = resolve(src, o, prompt="p", backends=SEVERAL)
+    r = resolve(src, o, prompt="p", backends=SEVERAL, several_fits=True)
     assert (r.height, r.width, r.frames, r.steps, r.warmup, r.guidance, r.flow_shift, r.seed) == (
         64, 80, 9, 3, 2, 1.5, 2.0, 7)
     assert r.tile_fits == ("partial", "crop") and [(b.name, b.sparsity) for b in r.backends] == [("full", None),
                                                                                                 ("vsa", 0.5)]
     assert r.negative_prompt == "blurry" and r.notes == () and r.attn_note is None
-    assert resolve(src, o, prompt="p", backends=NONE).backends == ()
+    assert resolve(src, o, prompt="p", backends=NONE, several_fits=True).backends == ()
 
 
 @pytest.mark.parametrize("options,needle", [

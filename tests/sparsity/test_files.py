@@ -12,8 +12,8 @@ import pytest
 
 from conftest import make_transformer
 from vsagen.errors import BadInput
-from vsagen.sparsity.files import (ARCH_FIELDS, PatternFile, StepRange, architecture_of, file_hash, load_patterns,
-                                   parse_patterns, save_patterns)
+from vsagen.architecture import ARCH_FIELDS, architecture_of
+from vsagen.sparsity.files import PatternFile, StepRange, file_hash, load_patterns, parse_patterns, save_patterns
 from vsagen.sparsity.patterns import block_density, dense, diagonal, mixed, skip, vertical_stripe
 
 # The tiny preset's transformer (presets/tiny.toml [transformer]): 2 layers of 2 heads of 16.

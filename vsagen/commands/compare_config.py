@@ -35,7 +35,6 @@ class CompareConfig(Request):
     out: Path
     error_steps: tuple[int, ...]
     plot: bool
-    vae_tiling: str = "auto"
 
     @property
     def labels(self) -> list[str]:

@@ -57,8 +57,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     backend = cfg.backend.build()
     conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
                     if cfg.image is not None else None)
-    session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress,
-                           log=log)
+    session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress, log=log)
     if cfg.device == "cpu" and writer:  # once the model loaded (a bad request stays one error line)
         warning = cpu_time_estimate(cfg)
         if warning is not None:

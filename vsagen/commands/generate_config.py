@@ -28,7 +28,6 @@ class RunConfig(Request):
     json_out: Path
     image: Path | None = None
     fit: str | None = None
-    vae_tiling: str = "auto"
     last_image: Path | None = None
 
     @property

@@ -81,8 +81,8 @@ class ProfileRow:
     (cropped) latents against `full` at the same tile fit. `backend_info` is the backend's `describe(device)`
     (empty for the overhead rows). `layers` holds, for backends that record it, what each (expert, layer) ran in
     its first call of the configuration (the first warm-up or timed step, its first forward), sorted by
-    expert then layer (the backend's `report(device).layers`): {"expert", "layer", "heads", "launches" (kernel launches and SDPA calls of
-    one call: 0 for a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed
+    expert then layer (the backend's `report(device).layers`): {"expert", "layer", "heads", "launches" (kernel
+    launches and SDPA calls of one call: 0 for a layer that computes nothing), "groups" (distinct patterns among its heads), "density" (computed
     tile pairs / (heads x tiles^2)), "sdpa_heads" (heads run by SDPA instead of the kernel), "modes" ({mode name:
     heads})}; empty for the others. `launches_per_forward` (their sum)
     and `block_density` (their head-weighted mean) summarise them (None without `layers`).
@@ -199,7 +199,8 @@ RANK_FIELDS = {"dit_s": "dit_s_per_step", "self_attention_s": "attention_s_per_s
 
 
 def _layer_summary(layers: list[dict[str, Any]]) -> tuple[int | None, float | None]:
-    """(launches per forward, head-weighted mean block density) of per-layer rows (`ProfileRow.layers`); (None, None) for none."""
+    """(launches per forward, head-weighted mean block density) of per-layer rows (`ProfileRow.layers`); (None,
+    None) for none."""
     heads = sum(r["heads"] for r in layers)
     if not layers or not heads:
         return None, None

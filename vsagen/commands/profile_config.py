@@ -129,7 +129,7 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
         options, sampling=dataclasses.replace(s, steps=PROFILE_STEPS if s.steps is None else s.steps,
                                               warmup=PROFILE_WARMUP if s.warmup is None else s.warmup),
         placement=dataclasses.replace(pl, offload=Offload.NONE, vae_tiling=VaeTiling.OFF))
-    req = resolve(src, options, prompt=prompt, backends=SEVERAL)
+    req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_fits=True)
     for entry, spec in zip(split_attn_list(options.attention.attn), req.backends):
         if kernels and named_weights_file(backend_class(spec.name), spec.options) is not None:
             raise BadInput(f"--kernels times the attention on random inputs without trained weights; drop the "

@@ -22,9 +22,11 @@ from typing import Any, Callable, Sequence
 from ..errors import BadInput
 from ..models import resolve_model
 from ..paths import check_folder, check_target
-from ..request.options import RequestOptions, VaeTiling, check_choice, request_options
+from ..request.backends import check_impl
+from ..request.options import RequestOptions, VaeTiling, request_options
 from ..request.resolve import NONE, Request, request_fields, resolve
-from ..sparsity.files import PatternFile, architecture_of, save_patterns
+from ..architecture import architecture_of
+from ..sparsity.files import PatternFile, save_patterns
 from ..sparsity.patterns import Pattern, block_density
 from ..sparsity.scoring import (DEFAULT_EPS, DEFAULT_LAM, IMPLS, ModeScorer, ScoreOptions, patterns_from_scores,
                                 run_density, step_ranges)
@@ -104,7 +106,7 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
     for flag, value in (("--lam", lam), ("--eps", eps)):
         if not math.isfinite(value) or value < 0:
             raise BadInput(f"{flag} must be a finite number >= 0, got {value}")
-    check_choice("--attn-impl", impl, IMPLS)
+    check_impl(impl, sorted(IMPLS))
     model = options.model.model
     src = resolve_model(model)
     if src.image_to_video:

@@ -38,6 +38,14 @@ def known_impls() -> list[str]:
     return sorted({"auto"} | {i for name in backend_names() for i in impls_of(name)})
 
 
+def check_impl(attn_impl: str, impls: list[str] | tuple[str, ...]) -> None:
+    """Refuse an `--attn-impl` that is none of `impls` (every command's one line; `vsagen search` passes its scoring
+    backend's)."""
+    if attn_impl not in impls:
+        raise BadInput(f"--attn-impl {attn_impl} is not an implementation any backend has; choose from "
+                       f"{', '.join(impls)}")
+
+
 def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,
                   attn_impl: str, attn: str) -> tuple[BackendSpec, ...]:
     """The `BackendSpec` of each `--attn` entry (`NAME[:KEY=VALUE...]`), options filled by precedence (entry or
@@ -49,10 +57,7 @@ def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, A
         BadInput: an unknown backend or option, a value a backend refuses, a flag no backend in the list takes,
             or a flag and an entry that both set one option (say it once).
     """
-    impls = known_impls()
-    if attn_impl not in impls:
-        raise BadInput(f"--attn-impl {attn_impl} is not an implementation any backend has; choose from "
-                       f"{', '.join(impls)}")
+    check_impl(attn_impl, known_impls())
     flags = {"--sparsity": sparsity, "--attn-impl": None if attn_impl == "auto" else attn_impl}
     names = [e.split(":", 1)[0].strip() for e in entries]
     check_flags_apply(names, flags, attn)

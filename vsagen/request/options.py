@@ -177,7 +177,9 @@ class ModelOptions:
     allow_pickle: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model.strip():
+        if not isinstance(self.model, str):
+            raise BadInput(f"--model must be a preset name (vsagen presets), a folder or a hub id, got {self.model!r}")
+        if not self.model.strip():
             raise BadInput("--model is empty; give a preset name (vsagen presets), a folder or a hub id")
         object.__setattr__(self, "model", str(self.model).strip())
         for flag, value in (("--height", self.height), ("--width", self.width), ("--frames", self.frames)):
@@ -274,10 +276,12 @@ class AttentionOptions:
         attn: one `NAME[:KEY=VALUE...]` entry ("auto": the backend the checkpoint was trained for), or a
             comma-separated list of them for the commands that run several (`vsagen profile`, `vsagen compare`).
         sparsity: sets the `sparsity` option of the sparse backends named (None: not given).
-        attn_impl: sets the `impl` option of the backends that have it ("auto": not given).
+        attn_impl: sets the `impl` option of the backends that have it ("auto": not given). Which names exist is
+            the registry's to say (the backends' Options), so `resolve` checks it (`request.backends.check_impl`),
+            before the model is resolved.
 
     Raises:
-        BadInput: an empty entry, a sparsity outside [0, 1).
+        BadInput: a sparsity outside [0, 1).
     """
 
     attn: str = "auto"

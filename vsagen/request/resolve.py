@@ -21,8 +21,8 @@ from ..errors import BadInput
 from ..layout import CropPlan, plan_crop
 from ..models import ModelSource
 from ..presets import preset_names
-from .backends import attention_specs, auto_spec, check_entries
-from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, VaeTiling
+from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls
+from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 
 # `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
 # the 1.3B's default size keeps diffusers' default (untiled) decode. The criterion is the frame area, not
@@ -239,16 +239,14 @@ def check_last_frame(request: Request, what: str) -> None:
 
 def check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,
                   height: int, width: int) -> None:
-    """Refuse a `--ulysses` that cannot run (before loading; once per tile fit): it must be at least 1; not with
-    --offload (diffusers #12533) nor --compile (not tested together); for a model of its preset's architecture, a
-    degree that splits the heads and the tokens of the grid denoised under `tile_fit`.
+    """Refuse a `--ulysses` that cannot run (before loading; once per tile fit): not with --offload (diffusers
+    #12533) nor --compile (not tested together); for a model of its preset's architecture, a degree that splits the
+    heads and the tokens of the grid denoised under `tile_fit`.
 
     Raises:
         BadInput: one of these, in one line (the degree's: with the degrees that do divide).
     """
-    if isinstance(ulysses, bool) or not isinstance(ulysses, int) or ulysses < 1:
-        raise BadInput(f"--ulysses must be an integer of at least 1, got {ulysses!r}")
-    if ulysses == 1:
+    if ulysses == 1:  # (a degree below 1: `PlacementOptions` refuses it)
         return
     if offload != "none":
         raise BadInput(f"--ulysses {ulysses} cannot run with --offload {offload} (diffusers' context parallelism "
@@ -272,7 +270,8 @@ def negative_prompt_note(negative_prompt: str | None, guidance: float) -> str | 
             "without the negative branch); use --guidance above 1 (e.g. 5) for it to steer the video")
 
 
-def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE) -> Request:
+def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
+            several_fits: bool = False) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
     needs no weights.
 
@@ -282,6 +281,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         prompt: the (first) prompt, already checked by the command.
         backends: ONE (`--attn` is one entry, `auto` allowed: chosen from the checkpoint's weights), SEVERAL (a
             comma-separated list) or NONE (the command runs its own backend: `vsagen search`).
+        several_fits: the command runs every tile fit of `options.model.tile_fits` (`vsagen profile`); otherwise it
+            takes one.
 
     Returns:
         The `Request`: every size, step count, CFG scale, the device and dtype resolved; `backends` the specs
@@ -292,6 +293,12 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         BadInput: the first invalid setting, in one message naming the flag and what would be valid.
     """
     m, s, pl, at = options.model, options.sampling, options.placement, options.attention
+    if len(m.tile_fits) > 1 and not several_fits:
+        raise BadInput(f"--tile-fit must be one of {', '.join(TileFit.values())}, got "
+                       f"{','.join(f.value for f in m.tile_fits)!r} (this command runs one tile fit; `vsagen profile` "
+                       "runs several)")
+    if backends != NONE:
+        check_impl(at.attn_impl, known_impls())
     entries = check_entries(at, backends == SEVERAL) if backends != NONE else ()
     d = source.preset.defaults
     auto = entries == ("auto",)
@@ -336,7 +343,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         flow_shift=d.flow_shift if s.flow_shift is None else s.flow_shift, max_sequence_length=d.max_sequence_length,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
-        vae_tiling=pl.vae_tiling.value if pl.vae_tiling != VaeTiling.AUTO else "auto", compile=pl.compile,
+        vae_tiling=pl.vae_tiling.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=pl.ulysses, cfg_parallel=pl.cfg_parallel, notes=notes,
         tile_fits=fits, backends=specs, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note)
     for fit in fits:  # the degree against every grid that runs

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..architecture import ARCH_FIELDS, architecture_of  # noqa: F401 - architecture_of: the file's own word
+from ..architecture import ARCH_FIELDS
 from ..errors import BadInput
 from .patterns import Pattern, block_density
 

@@ -400,9 +400,11 @@ def test_main_bad_input_exit_2(vsagen_cache, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_main_no_args_prints_help_exit_0(vsagen_cache, tmp_path):
+def test_main_no_args_prints_help_exit_2(vsagen_cache, tmp_path):
+    """Issue 29: `vsagen` alone printed the help and exited 0, as if it had done something; a script must see the
+    missing command (exit 2, a usage error), the user still gets the help."""
     res = run_main([], sub_env(vsagen_cache, tmp_path))
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 2, res.stderr
     assert "t2v" in res.stdout and "Usage" in res.stdout
 
 

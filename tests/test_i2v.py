@@ -97,6 +97,24 @@ def test_i2v_writes_the_requested_video_for_each_format(i2v_dir, tmp_path, suffi
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted([img.name, "v.json", "v.mp4"])
 
 
+@pytest.mark.slow
+def test_i2v_without_a_prompt_animates_the_image_and_says_so(i2v_dir, tmp_path):
+    """Issue 29: the design card's `vsagen i2v image.png` (no prompt) failed with "Missing argument 'PROMPT'"; the
+    image is the content: an empty prompt, one note, and the crop of another aspect said too."""
+    from vsagen.commands.generate_config import NO_PROMPT_NOTE
+
+    img = noise_image(tmp_path / "image.png", size=(150, 40))
+    out = tmp_path / "v.mp4"
+    res = i2v(str(img), "--model", "tiny-i2v", *SMALL, "--out", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert read_mp4(out).shape == (5, 64, 64, 3) and data["config"]["prompt"] == ""
+    notes = data["timing"]["notes"]
+    assert NO_PROMPT_NOTE in notes and any("loses 73% of its width to the crop" in n for n in notes), notes
+    res = runner.invoke(app, ["t2v", " ", "--model", "tiny", "--out", str(tmp_path / "t.mp4")])
+    assert res.exit_code == 2 and "the prompt is empty" in res.stderr  # text to video still needs one
+
+
 @pytest.mark.parametrize("fit", ["crop", "resize"])
 def test_both_fits_give_the_size_from_another_aspect(i2v_dir, tmp_path, fit):
     img = noise_image(tmp_path / "wide.png", size=(150, 40))

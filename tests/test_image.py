@@ -108,3 +108,16 @@ def test_check_image_size_refuses_tiny_images_and_notes_large_upscales(tmp_path)
     assert note.startswith(f"image {path} (100x100) is scaled up 8.3x") and "--fit crop" in note
     assert "scaled up 4.8x" in check_image_size(path, (100, 100), 480, 832, "resize")  # fits inside: 480 / 100
     assert 480 / 128 < MAX_UPSCALE and check_image_size(path, (128, 128), 480, 832, "resize") is None
+
+
+def test_a_crop_that_cuts_the_image_is_a_note(tmp_path):
+    """Issue 29: i2v cropped a 320x200 image to 160x96 without a word."""
+    path = tmp_path / "in.png"
+    note = check_image_size(path, (320, 200), 96, 160, "crop")  # covers 160 x 100: 4 of 100 rows cut
+    assert note == (f"image {path} (320x200) loses 4% of its height to the crop that fits it to the 160x96 video "
+                    "(--height / --width set the video's size; --fit resize keeps the image whole, with black bars)")
+    assert "loses 50% of its width" in check_image_size(path, (400, 100), 100, 200, "crop")  # 400x100 -> 2:1 cut
+    assert check_image_size(path, (320, 200), 96, 160, "resize") is None  # padding was asked for
+    assert check_image_size(path, (322, 193), 96, 160, "crop") is None  # under MAX_ASPECT_CHANGE
+    both = check_image_size(path, (40, 20), 480, 832, "crop")
+    assert "is scaled up 24.0x" in both and "; it loses 13% of its width" in both  # 960 wide, 832 kept

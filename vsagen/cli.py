@@ -280,7 +280,8 @@ def t2v(prompt: Prompt, json_out: JsonOut = False, verbose: Verbose = False, *, 
 @request_command(GENERATE, model=(Model, "tiny-i2v"))
 def i2v(
     image: Annotated[Path, typer.Argument(help="First frame: a PNG, JPEG or WebP image.", metavar="IMAGE")],
-    prompt: Prompt,
+    prompt: Annotated[str, typer.Argument(help="What the video should show (optional: the image is the content; "
+                                               "a prompt steers what moves).", metavar="PROMPT")] = "",
     fit: Annotated[ImageFit, typer.Option(parser=choice_parser(ImageFit), metavar="[crop|resize]",
                                           help="How the image (and --last-image) becomes exactly --height x --width, "
                                                "its aspect kept: 'crop' scales it to cover the size and center-crops "
@@ -532,7 +533,8 @@ def backends() -> None:
 
 
 def main() -> None:
-    """Console-script entry point: usage errors also become one `error:` line (exit code 2).
+    """Console-script entry point: usage errors also become one `error:` line (exit code 2); no command at all
+    prints the help and exits 2.
 
     Typer may vendor its own copy of click, so click's exceptions are recognised by their interface
     (`format_message`, `exit_code`) rather than by class.
@@ -542,9 +544,9 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
         name = type(e).__name__
         ctx = getattr(e, "ctx", None)
-        if name == "NoArgsIsHelpError" and ctx is not None:
+        if name == "NoArgsIsHelpError" and ctx is not None:  # no command: the help, as a usage error (exit 2)
             typer.echo(ctx.get_help())
-            code = 0
+            code = 2
         elif hasattr(e, "format_message") and hasattr(e, "exit_code"):
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             _err(f"{e.format_message()}{hint}")

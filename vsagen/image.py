@@ -23,6 +23,9 @@ FORMATS = ("PNG", "JPEG", "WEBP")
 MIN_IMAGE_SIDE = 16
 # A fit that scales the image up by more than this (each side) gets a note: the first frame is visibly blurry.
 MAX_UPSCALE = 4.0
+# A crop that cuts more than this share of the image's width or height (its aspect differs from the video's) gets a
+# note: the picture the video starts from is not the whole image.
+MAX_ASPECT_CHANGE = 0.02
 
 
 def open_image(path: Path):
@@ -89,7 +92,9 @@ def check_image_size(path: Path, size: tuple[int, int], height: int, width: int,
         flag: how the message names the image ("image", "--last-image").
 
     Returns:
-        A note for the run when the fit scales the image up by more than `MAX_UPSCALE`, else None.
+        A note for the run when the fit changes the picture visibly: it scales the image up by more than
+        `MAX_UPSCALE`, or (`crop`, the default) its aspect differs from the video's so that the crop cuts more than
+        `MAX_ASPECT_CHANGE` of its width or height; else None. (`resize` pads on purpose: no note for that.)
 
     Raises:
         BadInput: a side shorter than `MIN_IMAGE_SIDE` pixels.
@@ -99,10 +104,16 @@ def check_image_size(path: Path, size: tuple[int, int], height: int, width: int,
         raise BadInput(f"{flag} {path} is {w0}x{h0} pixels: too small to start a {width}x{height} video from; "
                        f"give an image of at least {MIN_IMAGE_SIDE} pixels a side (ideally {width}x{height})")
     scale = fit_scale(size, height, width, fit)
-    if scale <= MAX_UPSCALE:
-        return None
-    return (f"{flag} {path} ({w0}x{h0}) is scaled up {scale:.1f}x to fit the {width}x{height} video (--fit {fit}): "
-            f"its frames will look blurry; an image of {width}x{height} or more keeps the detail")
+    said = []
+    if scale > MAX_UPSCALE:
+        said.append(f"is scaled up {scale:.1f}x to fit the {width}x{height} video (--fit {fit}): its frames will look "
+                    f"blurry; an image of {width}x{height} or more keeps the detail")
+    side, share = max((("width", 1 - width / (w0 * scale)), ("height", 1 - height / (h0 * scale))),
+                      key=lambda x: x[1])
+    if fit == "crop" and share > MAX_ASPECT_CHANGE:
+        said.append(f"loses {100 * share:.0f}% of its {side} to the crop that fits it to the {width}x{height} video "
+                    "(--height / --width set the video's size; --fit resize keeps the image whole, with black bars)")
+    return f"{flag} {path} ({w0}x{h0}) " + "; it ".join(said) if said else None
 
 
 def extend_to(image, height: int, width: int):

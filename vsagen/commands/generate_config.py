@@ -16,6 +16,11 @@ from ..request.options import ImageFit, RequestOptions, request_options
 from ..request.resolve import Request, check_last_frame, request_fields, resolve
 
 
+# i2v without a prompt: the image is the content
+NO_PROMPT_NOTE = ("no prompt: the video starts from the image and the text conditioning is the empty prompt; give a "
+                  "PROMPT after the image to steer what moves")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig(Request):
     """A validated `vsagen t2v` / `vsagen i2v` request (see `Request` for the shared fields). `image` (i2v only)
@@ -123,7 +128,8 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
                 last_image: Path | None = None) -> RunConfig:
     """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
     `--attn auto` the default) and its own: `image` (a PNG / JPEG / WebP path) makes it image to video, so the
-    model must be an image-to-video one (and the reverse); `fit` (crop | resize, see `vsagen.image`) says how the
+    model must be an image-to-video one (and the reverse), and then the prompt may be left out ("": a note says
+    so; one of spaces only is refused); `fit` (crop | resize, see `vsagen.image`) says how the
     image is brought to the size; `last_image` (with `image`) makes it first/last-frame to video, only where
     diffusers does it (`vsagen.presets.last_image_use`): FLF2V models need it, image-to-video models without a CLIP
     branch (Wan2.2-I2V-A14B style) take it optionally, others refuse it. `options.output.out` is the mp4 (default
@@ -133,8 +139,10 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
             is loaded or written.
     """
-    if not prompt.strip():
+    if not prompt.strip() and image is None:
         raise BadInput("the prompt is empty")
+    if prompt and not prompt.strip():  # spaces only: a mistake, where no prompt at all is a choice
+        raise BadInput("the prompt is blank: leave it out (the image is then the content) or say what moves")
     fit = ImageFit.parse(fit, "--fit")
     model = options.model.model
     src = resolve_model(model)
@@ -155,6 +163,8 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
         check_last_frame(req, "--last-image")
     notes = req.notes + image_notes(req.height, req.width, fit.value,
                                     [("image", image, image_size), ("--last-image", last_image, last_image_size)])
+    if image is not None and not prompt.strip():
+        notes = (NO_PROMPT_NOTE,) + notes
     out = options.output
     path = out.out if out.out is not None else default_out(model, req.backends[0].name, req.seed, out.overwrite)
     json_out = check_output(path, out.overwrite)

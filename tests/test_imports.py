@@ -123,7 +123,7 @@ LAYERS = (
                     "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench", "vsagen.attention",
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.tiny", "vsagen.paths")),
-    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading")),
+    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate")),
     ("commands", ("vsagen.commands",)),
     ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing")),
 )

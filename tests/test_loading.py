@@ -363,3 +363,22 @@ def test_place_pipeline_uses_diffusers_offload_apis():
     assert pipe.calls[0][2]["use_stream"] is False
     with pytest.raises(ValueError):
         place_pipeline(_FakePipe(), "disk", "cuda")
+
+
+@pytest.mark.slow
+def test_a_prompt_past_the_encoder_s_length_is_a_note(vsagen_cache, tmp_path):
+    """Issue 29: diffusers cut prompts past `max_sequence_length` tokens without a word."""
+    from vsagen.commands.generate_config import resolve_generate
+    from vsagen.loading import truncation_note
+
+    pipe = vsagen.load_pipeline("tiny")  # ByT5: one token a byte, plus the end token
+    long = resolve_generate("a" * 600, model="tiny", out=tmp_path / "a.mp4")
+    assert long.max_sequence_length == 512
+    assert truncation_note(pipe, long) == ("the prompt is 601 tokens and the text encoder reads the first 512: the "
+                                           "rest of it is cut (diffusers' Wan pipelines truncate); shorten it to "
+                                           "steer the whole video")
+    assert truncation_note(pipe, resolve_generate("a" * 511, model="tiny", out=tmp_path / "b.mp4")) is None
+    negative = resolve_generate("a fox", model="tiny", negative_prompt="b" * 700, out=tmp_path / "c.mp4")
+    assert truncation_note(pipe, negative).startswith("--negative-prompt is 701 tokens")
+    no_cfg = resolve_generate("a fox", model="tiny", negative_prompt="b" * 700, guidance=1.0, out=tmp_path / "d.mp4")
+    assert truncation_note(pipe, no_cfg) is None  # without CFG the negative prompt is not encoded

@@ -375,6 +375,24 @@ def weights_note(backend: Any, layers: int, total: int) -> str | None:
     return f"loaded trained {backend.name} weights ({backend.weights.attr}) for {layers} of {total} layers"
 
 
+def truncation_note(pipe: Any, request: Request) -> str | None:
+    """The run note when the prompt (or the negative prompt, with CFG) has more tokens than the text encoder reads:
+    diffusers' Wan pipelines tokenize to `max_sequence_length` tokens (the preset's, 512 for the Wan releases) and
+    cut the rest. None when both fit, or without a tokenizer (random weights: random embeddings)."""
+    tokenizer = pipe.tokenizer if "tokenizer" in pipe.components else None
+    if tokenizer is None:
+        return None
+    limit = request.max_sequence_length
+    texts = [("the prompt", request.prompt)] + ([("--negative-prompt", request.negative_prompt)]
+                                                if request.guidance > 1 else [])
+    for what, text in texts:
+        n = len(tokenizer(text, add_special_tokens=True).input_ids)
+        if n > limit:
+            return (f"{what} is {n} tokens and the text encoder reads the first {limit}: the rest of it is cut "
+                    "(diffusers' Wan pipelines truncate); shorten it to steer the whole video")
+    return None
+
+
 def experts(pipe: Any) -> list[tuple[str, Any]]:
     """The pipeline's transformers by component name: [("transformer", t)] or, for two-expert (A14B-style)
     pipelines, also ("transformer_2", t2)."""

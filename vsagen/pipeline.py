@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
-from .loading import LoadedModel, experts, load_model, torch_dtype, weights_note
+from .loading import LoadedModel, experts, load_model, torch_dtype, truncation_note, weights_note
 from .request.resolve import Request
 from .timing import Timer
 
@@ -404,6 +404,9 @@ class Session:
             model = load_model(request, log, backends if request.offload != "none" else ())
         load_s = time.perf_counter() - t0
         pipe = model.pipe
+        truncated = truncation_note(pipe, request)
+        if truncated is not None:
+            model.notes.append(truncated)
         from .api import run_info
 
         for fit in request.tile_fits:  # the loaded transformers and the real grids: refused before any run starts

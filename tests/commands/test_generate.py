@@ -163,21 +163,3 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
     assert res.stderr.strip().splitlines()[-1] == f"error: interrupted{by}; nothing was written"
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
-
-
-def test_cpu_estimate_warns_for_a_real_size_model_only(tmp_path):
-    from vsagen.commands.generate import cpu_time_estimate, dit_step_flops
-
-    t = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960}
-    # by hand: per token per layer 2 (4 C^2 + 2 C^2 + 2 C F) + 4 S C + 4 T C, C = 1536
-    c, f, s, text = 1536, 8960, 32760, 512
-    want = 2 * 30 * s * (2 * (6 * c * c + 2 * c * f) + 4 * s * c + 4 * text * c)
-    assert dit_step_flops(t, s, text, 2) == pytest.approx(want)
-    big = resolve("a fox", model="wan2.1-t2v-1.3b", random_weights=True, device="cpu", steps=50,
-                  out=tmp_path / "b.mp4")
-    line = cpu_time_estimate(big)
-    assert line is not None and line.startswith("warning: wan2.1-t2v-1.3b (81x480x832) on the CPU: at least ")
-    assert "for 50 steps" in line and "--model tiny" in line and "\n" not in line
-    tiny = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "t.mp4")
-    assert cpu_time_estimate(tiny) is None
-    assert cpu_time_estimate(big, threshold_s=float("inf")) is None

@@ -256,6 +256,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     from .. import __version__
     from ..bench import rel_l2
     from ..loading import versions
+    from ..estimate import cpu_time_estimate
     from ..pipeline import Session, out_of_memory_as_failure, video_frames
     from ..timing import TimingReport
 
@@ -263,6 +264,10 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     probes = [AttentionProbe(spec.build(), cfg.error_steps) for spec in cfg.backends]
     # each backend refuses what it cannot serve before loading (`Session.load`); weights are attached per run
     session = Session.load(cfg, probes, progress=progress, log=log)
+    if cfg.device == "cpu":  # hours of work on a real size: said once the model loaded
+        warning = cpu_time_estimate(cfg, runs=len(probes), runs_of="backends")
+        if warning is not None:
+            log(warning)
     session.notes[0:0] = cfg.notes
     for note in session.notes:
         log(f"note: {note}")

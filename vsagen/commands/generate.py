@@ -19,6 +19,7 @@ from .generate_config import RunConfig
 from ..errors import BadInput
 from ..layout import tile_layout
 from ..loading import experts, versions
+from ..estimate import cpu_time_estimate
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure, video_frames
 from ..timing import TimingReport
 
@@ -140,55 +141,3 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
                                                                          **versions(cfg.device)},
     }
-
-
-def dit_step_flops(transformer: dict[str, Any], tokens: int, text_tokens: int, forwards: int) -> float:
-    """Multiply-adds x 2 of one denoising step of a Wan transformer: `forwards` passes (2 with CFG) over `tokens`
-    post-patch tokens, each layer's self-attention (projections, Q K^T and P V over all tokens), cross-attention to
-    `text_tokens` and feed-forward; embeddings and norms left out (small). `transformer`: the preset's
-    [transformer] table (num_layers, num_attention_heads, attention_head_dim, ffn_dim)."""
-    c = int(transformer["num_attention_heads"]) * int(transformer["attention_head_dim"])
-    f = int(transformer["ffn_dim"])
-    per_token = 2 * (4 * c * c + 2 * c * c + 2 * c * f) + 4 * tokens * c + 4 * text_tokens * c
-    return float(forwards) * int(transformer["num_layers"]) * tokens * per_token
-
-
-def cpu_time_estimate(cfg: RunConfig, threshold_s: float = 60.0) -> str | None:
-    """A one-line warning when a model of real size would take more than `threshold_s` per denoising step on this
-    CPU: its FLOP per step (`dit_step_flops`) over this machine's float32 matmul rate (measured here in ~0.1 s), a
-    lower bound. None for the tiny models, a directory of unknown architecture, or a short run."""
-    import math
-
-    import torch
-
-    src = cfg.source
-    if src.kind == "tiny" or not src.exact_preset:
-        return None
-    p = src.preset
-    grid = cfg.plan().denoise_grid
-    forwards = 2 if cfg.guidance > 1 else 1
-    flops = dit_step_flops(p.transformer, math.prod(grid), cfg.max_sequence_length, forwards)
-    a = torch.randn(512, 512)
-    a @ a  # warm-up (threads, caches)
-    t0 = time.perf_counter()
-    for _ in range(8):
-        a @ a
-    rate = 8 * 2 * 512 ** 3 / max(time.perf_counter() - t0, 1e-9)  # FLOP/s of this CPU, this process
-    per_step = flops / rate
-    if per_step < threshold_s:
-        return None
-    return (f"warning: {cfg.model} ({cfg.frames}x{cfg.height}x{cfg.width}) on the CPU: at least {_duration(per_step)} "
-            f"per denoising step ({flops:.1e} FLOP at ~{rate / 1e9:.0f} GFLOP/s measured here), "
-            f"{_duration(per_step * cfg.steps)} for {cfg.steps} step{'s' if cfg.steps != 1 else ''}; use a GPU, "
-            "or --model tiny to try the tool")
-
-
-def _duration(seconds: float) -> str:
-    """"45 s", "12 min", "3.4 h", "2.1 days"."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"

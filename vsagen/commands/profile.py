@@ -285,6 +285,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 
     from .. import __version__
     from ..loading import torch_dtype, versions
+    from ..estimate import cpu_time_estimate
     from ..pipeline import Conditioning, Session, fused_blocks_note
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -301,6 +302,11 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     # backend weights are attached per configuration and detached after it
     session = Session.load(cfg, [b for _, b in backends],
                            also_runs=[TileOrderFull()] if stock_rows(cfg) else [], conditioning=conditioning, log=log)
+    if cfg.device == "cpu" and writer:  # hours of work on a real size: said once the model loaded
+        warning = cpu_time_estimate(cfg, runs=len(backends) * len(cfg.tile_fits) + 2 * stock_rows(cfg),
+                                    runs_of="configurations")
+        if warning is not None:
+            log(warning)
     session.prompts()  # once for every configuration (host clock: `text_encode_s`)
     cuda = device.type == "cuda"
     fused_note = fused_blocks_note(cfg.warmup) if session.fused else None

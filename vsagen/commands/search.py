@@ -175,11 +175,16 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
     """
     from ..loading import experts as experts_of
+    from ..estimate import cpu_time_estimate
     from ..pipeline import Session
 
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
     session = Session.load(cfg, [scorer], progress=progress, log=log)
+    if cfg.device == "cpu":  # hours of work on a real size: said once the model loaded
+        warning = cpu_time_estimate(cfg, runs=len(cfg.prompts), runs_of="prompts")
+        if warning is not None:
+            log(warning)
     plan = session.plan(cfg.tile_fit)
     for i, text in enumerate(cfg.prompts):
         log(f"prompt {i + 1}/{len(cfg.prompts)}: {text}")

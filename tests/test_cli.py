@@ -24,7 +24,7 @@ from vsagen.video import read_mp4
 # `vsagen --help` must feel instant: no torch / diffusers import. Observed ~0.15 s on this 2-core machine; 2 s
 # is generous (a torch import alone takes ~2 s, a diffusers import ~5 s).
 HELP_WALL_S = 2.0
-# Tiny preset defaults (presets/tiny.toml): 17 frames of 96 x 160, 4 steps, CFG 5.0 (two forwards a step).
+# Tiny preset defaults (vsagen/preset_data/tiny.toml): 17 frames of 96 x 160, 4 steps, CFG 5.0 (two forwards a step).
 TINY_FRAMES, TINY_H, TINY_W, TINY_STEPS = 17, 96, 160, 4
 HEAVY_MODULES = ("torch", "diffusers", "transformers", "triton")
 REPORT_KEYS = {"video", "model", "attn", "frames", "height", "width", "timing"}

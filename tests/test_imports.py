@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# module name -> source file (kernels/ is installed as vsagen.kernels)
-PACKAGES = {"vsagen": ROOT / "vsagen", "vsagen.kernels": ROOT / "kernels"}
+PACKAGES = {"vsagen": ROOT / "vsagen"}
 
 
 def modules() -> dict[str, Path]:
@@ -22,8 +21,6 @@ def modules() -> dict[str, Path]:
             parts = [] if rel.name == "__init__" else [rel.name]
             parts = list(rel.parent.parts) + parts
             name = ".".join([pkg, *parts])
-            if name.startswith("vsagen.kernels") and pkg == "vsagen":
-                continue
             out[name] = f
     return out
 
@@ -88,6 +85,19 @@ def test_no_import_cycle():
     files = modules()
     cycle = find_cycle({n: imported(n, p, files) for n, p in files.items()})
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_top_level_folder_of_the_checkout_is_a_package():
+    """`python -m pytest` (the README's test command) puts the checkout on sys.path, so a folder at its top that
+    Python can import hides an installed package of the same name: a top-level `kernels/` hid the Hugging Face
+    `kernels` package that transformers 5.25 installs, and diffusers failed to import in every test that built a
+    model (CI, 2026-12-03). Everything importable lives under vsagen/."""
+    importable = sorted(p.name for p in ROOT.iterdir()
+                        if p.is_dir() and p.name.isidentifier() and p.name != "vsagen"
+                        and ((p / "__init__.py").is_file() or any(p.glob("*.py"))))
+    # tests/ and benchmarks/ hold scripts and test modules, no __init__.py: only a namespace package, which any
+    # installed package of the same name wins over
+    assert [n for n in importable if (ROOT / n / "__init__.py").is_file()] == []
 
 
 def import_time_nodes(tree: ast.Module):

@@ -1,4 +1,4 @@
-"""Model presets: `presets/*.toml` loaded into frozen dataclasses.
+"""Model presets: `vsagen/preset_data/*.toml` loaded into frozen dataclasses.
 
 Precedence for every generation setting is implemented once, in `RunConfig` construction
 (`vsagen.request.resolve.resolve`): CLI flag > preset `[defaults]` > nothing (every preset must give every default).

@@ -26,7 +26,7 @@ from vsagen.sparsity.patterns import (dense, diagonal, mixed, multi_diagonal, or
 from vsagen.timing import NullTimer, Timer
 
 D = 16
-# The tiny preset's transformer (presets/tiny.toml [transformer]): 2 layers of 2 heads of 16, 16 input channels.
+# The tiny preset's transformer (vsagen/preset_data/tiny.toml [transformer]): 2 layers of 2 heads of 16, 16 input channels.
 TINY_ARCH = {"layers": 2, "heads": 2, "head_dim": 16, "in_channels": 16, "ffn_dim": 32, "patch_size": [1, 2, 2]}
 
 # One layer whose heads run different modes (dense, skip, local, global, unions) in one call.
@@ -397,7 +397,7 @@ class _OracleBackend(Backend):
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_inference_with_the_searched_tiny_file_equals_the_oracle_reference(impl):
-    """The tiny transformer with `sparse-vdit` and the file `vsagen search` wrote for tiny (presets/patterns/tiny.json)
+    """The tiny transformer with `sparse-vdit` and the file `vsagen search` wrote for tiny (vsagen/preset_data/patterns/tiny.json)
     equals, at its size, the same transformer whose every head runs the file's mode as an oracle-mask float64
     attention; a dense-everywhere control differs (the file's modes matter)."""
     import vsagen

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from vsagen.cli import app
 
 runner = CliRunner()
-TINY_STEPS = 4  # presets/tiny.toml [defaults] steps: the projection target
+TINY_STEPS = 4  # vsagen/preset_data/tiny.toml [defaults] steps: the projection target
 PARTIAL_GRID, CROP_GRID = [5, 6, 10], [8, 8, 12]
 ROW_FIELDS = {"backend", "tile_fit", "grid", "tokens", "dit_s_per_step", "dit_per_step_s", "attention_s_per_step",
               "attention_stages_s_per_step", "layout_s_per_step", "attention_share_of_dit", "speedup_vs_full",

@@ -8,7 +8,7 @@ import pytest
 from vsagen.errors import BadInput
 from vsagen.commands.profile_config import PROFILE_FORMATS, ProfileConfig, resolve_profile
 
-TINY_STEPS = 4  # presets/tiny.toml [defaults] steps: the projection target
+TINY_STEPS = 4  # vsagen/preset_data/tiny.toml [defaults] steps: the projection target
 
 
 def test_resolve_profile_defaults_and_per_backend_settings():

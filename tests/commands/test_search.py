@@ -2,7 +2,7 @@
 written), an interrupted search writes nothing (Ctrl-C and SIGTERM), and end to end on the tiny models: a file
 `load_patterns` accepts, tied to the tiny architecture, each head's mode the rule's choice on the file's own scores,
 eps 0 -> dense, huge lam -> skip, both experts of tiny-a14b; `vsagen t2v --attn sparse-vdit:patterns=<searched
-file>` records the file and its sha256; the shipped presets/patterns files are searches of their presets. (The
+file>` records the file and its sha256; the shipped vsagen/preset_data/patterns files are searches of their presets. (The
 scoring itself: tests/sparsity/test_scoring.py.)"""
 
 from __future__ import annotations

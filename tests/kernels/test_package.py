@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-KERNELS = pathlib.Path(__file__).resolve().parents[2] / "kernels"
+KERNELS = pathlib.Path(__file__).resolve().parents[2] / "vsagen" / "kernels"
 MODULES = sorted(p.stem for p in KERNELS.glob("*.py") if p.stem != "__init__")
 
 

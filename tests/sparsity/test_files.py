@@ -16,7 +16,7 @@ from vsagen.architecture import ARCH_FIELDS, architecture_of
 from vsagen.sparsity.files import PatternFile, StepRange, file_hash, load_patterns, parse_patterns, save_patterns
 from vsagen.sparsity.patterns import block_density, dense, diagonal, mixed, skip, vertical_stripe
 
-# The tiny preset's transformer (presets/tiny.toml [transformer]): 2 layers of 2 heads of 16.
+# The tiny preset's transformer (vsagen/preset_data/tiny.toml [transformer]): 2 layers of 2 heads of 16.
 ARCH = {"layers": 2, "heads": 2, "head_dim": 16, "in_channels": 16, "ffn_dim": 32, "patch_size": [1, 2, 2]}
 GRID = (5, 6, 10)
 MODES = {"dense": dense(), "skip": skip(), "diag": diagonal(1, name="diag"),

@@ -3,7 +3,7 @@
 Every head of every layer runs one pattern found offline by `vsagen search` (`vsagen.sparsity`): dense, skip
 (zero output), diagonal, multi-diagonal, vertical stripe or a union of them, each compiled once per (tile grid,
 pattern) to the q2k index tables of `vsa`'s block-sparse kernels. The modes come from a pattern file (the
-`patterns` option; a preset may name a default under `presets/patterns/`), per step range, expert, layer and head.
+`patterns` option; a preset may name a default under `vsagen/preset_data/patterns/`), per step range, expert, layer and head.
 
 Head fusion: all heads of a layer run in one call of the block-sparse kernel whatever their modes, from per-head
 index tables (a (1, H, Q_TILES, K) table with K the layer's widest row, expanded over the batch); skip heads have

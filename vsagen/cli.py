@@ -418,9 +418,14 @@ def compare(
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)
         err = Console(stderr=True)
+        said: set[str] = set()
+
+        def log(m: str) -> None:
+            said.add(m)
+            err.print(m, markup=False, highlight=False, soft_wrap=True)
+
         with _sigterm_as_interrupt() as interrupted:
-            report = run_compare(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
-                                 cancelled=interrupted)
+            report = run_compare(cfg, log=log, cancelled=interrupted)
         if json_out:
             sys.stdout.write(json.dumps(report.to_dict(), allow_nan=False) + "\n")
             return
@@ -428,9 +433,11 @@ def compare(
 
         con = Console()  # the terminal's width (COLUMNS where set): the table wraps its cells, no digit is cut
         con.print(rich_table(report))
-        for line in [*(f"note: {n}" for n in report.notes), f"files: {cfg.out}/ ("
-                     + ", ".join(Path(p).name for p in report.files.values()) + ")"]:
-            con.print(line, markup=False, highlight=False)
+        for note in report.notes:  # notes on stderr, as t2v's; each once (the run's own were said as it began)
+            if f"note: {note}" not in said:
+                log(f"note: {note}")
+        con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
+                  markup=False, highlight=False)
 
     _run_guarded(_single_process(run), verbose)
 
@@ -508,7 +515,7 @@ def search(
             result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
                             cancelled=interrupted)
         con = Console()  # the terminal's width (COLUMNS where set): the headers wrap, no digit is cut
-        for item in summary_renderables(result):
+        for item in summary_renderables(result):  # the notes with the summary (every one of them: stdout)
             con.print(item, highlight=False, markup=False) if isinstance(item, str) else con.print(item)
 
     _run_guarded(_single_process(run), verbose)

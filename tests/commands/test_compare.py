@@ -220,3 +220,16 @@ def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_outputs(cfg, None, videos)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_notes_are_said_once_on_stderr(vsagen_cache, tiny_dir, tmp_path):
+    """Issue 29: compare printed its notes on stderr as it began and again on stdout after the table (the random
+    weights note twice); a note is said once, on stderr, as t2v says its notes."""
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa", "--frames", "5",
+                              "--height", "64", "--width", "64", "--steps", "1", "--warmup", "0", "--error-steps",
+                              "none", "--no-plot", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    said = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
+    assert said and len(said) == len(set(said)), res.stderr
+    assert any("PSNR, SSIM" in n for n in said) and "note: " not in res.stdout and "files: " in res.stdout

@@ -52,3 +52,15 @@ def test_auto_chooses_from_the_checkpoint_and_names_the_choice():
     assert spec.name == "full" and note.startswith("--attn auto chose full")
     with pytest.raises(BadInput, match=r"\(--attn auto chose full for this checkpoint: name a backend"):
         auto_spec("tiny", "", AttentionOptions(sparsity=0.5), {}, random_weights=False, device="cpu")
+
+
+def test_a_file_from_the_preset_is_a_note(tmp_path):
+    """Issue 29: plain `--attn sparse-vdit` on tiny ran the preset's bundled pattern file without a word."""
+    from vsagen.commands.generate_config import resolve_generate
+
+    cfg = resolve_generate("x", model="tiny", attn="sparse-vdit", out=tmp_path / "a.mp4")
+    assert cfg.notes[0].startswith("sparse-vdit: patterns=") and "tiny.json is the tiny preset's" in cfg.notes[0]
+    assert "--attn sparse-vdit:patterns=FILE names another" in cfg.notes[0]
+    named = cfg.backend.options.patterns
+    assert resolve_generate("x", model="tiny", attn=f"sparse-vdit:patterns={named}", out=tmp_path / "b.mp4").notes == ()
+    assert resolve_generate("x", model="tiny", attn="vsa", out=tmp_path / "c.mp4").notes == ()  # a number: no note

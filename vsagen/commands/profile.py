@@ -363,7 +363,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     _compare_with_full(rows, overhead, latents)
     del latents
     comparison = _tile_fit_comparison(cfg, rows)
-    notes = _profile_notes(cfg, session.notes, fused_note, rows, cuda)
+    notes = _profile_notes(cfg, [*cfg.notes, *session.notes], fused_note, rows, cuda)  # the request's own first
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                          rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
                          text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)

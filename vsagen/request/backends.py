@@ -111,6 +111,29 @@ def attention_specs(entries: tuple[str, ...], options: AttentionOptions, preset_
     return specs
 
 
+def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
+                      preset_tables: dict[str, dict[str, Any]], model: str) -> tuple[str, ...]:
+    """The run notes for the files a backend takes from the model's preset rather than from its entry (a path
+    option of the preset's [attention.NAME] table the entry does not set, e.g. the tiny preset's sparse-vdit pattern
+    file): where the file came from, and how to name another."""
+    import typing
+    from pathlib import Path
+
+    from ..attention.spec import parse_spec
+
+    notes = []
+    for entry, spec in zip(entries, specs):
+        given = parse_spec(entry)[1]
+        hints = typing.get_type_hints(backend_class(spec.name).Options)
+        for key in preset_tables.get(spec.name, {}):
+            hint = hints.get(key)
+            if key not in given and (hint is Path or Path in typing.get_args(hint)):
+                value = getattr(spec.options, key)
+                notes.append(f"{spec.name}: {key}={value} is the {model} preset's (its [attention.{spec.name}] "
+                             f"table); --attn {spec.name}:{key}=FILE names another")
+    return tuple(notes)
+
+
 def auto_spec(kind: str, location: str, options: AttentionOptions, preset_tables: dict[str, dict[str, Any]],
               random_weights: bool, device: str) -> tuple[BackendSpec, str]:
     """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`), its spec and the note.

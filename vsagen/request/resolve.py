@@ -21,7 +21,7 @@ from ..errors import BadInput
 from ..layout import CropPlan, plan_crop
 from ..models import ModelSource
 from ..presets import preset_names
-from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls
+from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls, preset_file_notes
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 
 # `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
@@ -303,6 +303,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     d = source.preset.defaults
     auto = entries == ("auto",)
     specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
+    preset_notes = preset_file_notes(entries, specs, d.attention, source.preset.name) if specs else ()
     height = d.height if m.height is None else m.height
     width = d.width if m.width is None else m.width
     frames = d.frames if m.frames is None else m.frames
@@ -322,7 +323,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     fits = tuple(f.value for f in m.tile_fits)
     for fit in fits:
         _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)
-    notes = tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance),) if n is not None)
+    notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance),) if n is not None)
     if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
         notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
                   f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)

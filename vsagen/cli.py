@@ -261,7 +261,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
                   "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
                   highlight=False, markup=False)
-        con.print(f"video: {result.video_path}\ntiming: {result.json_path}", highlight=False, markup=False)
+        con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
+                  cfg.sheet_out is not None else ""), highlight=False, markup=False)
 
     _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 

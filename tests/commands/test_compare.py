@@ -134,7 +134,7 @@ def test_video_metrics_of_a_known_perturbation():
 def cli_run(vsagen_cache, tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare") / "out"
     res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa:sparsity=0,vsa", *SMALL,
-                              "--out", str(out), "--json"])
+                              "--out", str(out), "--json", "--sheet"])
     assert res.exit_code == 0, res.output
     return out, json.loads(res.stdout), res
 
@@ -144,8 +144,8 @@ def test_compare_writes_every_file_atomically(cli_run):
     from vsagen.video import read_mp4
 
     out, data, res = cli_run
-    names = ["full.mp4", "vsa_sparsity=0.mp4", "vsa.mp4", "side-by-side.mp4", "compare.png", "compare.json",
-             "compare.csv"]
+    names = ["full.mp4", "vsa_sparsity=0.mp4", "vsa.mp4", "full.sheet.png", "vsa_sparsity=0.sheet.png",
+             "vsa.sheet.png", "side-by-side.mp4", "compare.png", "compare.json", "compare.csv"]
     assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
     assert list(data["files"].values()) == [str(out / n) for n in names]
     for n in names[:3]:
@@ -157,6 +157,28 @@ def test_compare_writes_every_file_atomically(cli_run):
     assert [r["label"] for r in rows] == ["full", "vsa:sparsity=0", "vsa"]
     assert rows[0]["psnr_db"] == "inf" and float(rows[2]["psnr_db"]) == pytest.approx(data["rows"][2]["psnr_db"])
     assert "[1/3] full (reference)" in res.stderr and "wrote" in res.stderr
+    assert list(data["files"])[3:6] == ["full sheet", "vsa:sparsity=0 sheet", "vsa sheet"]
+
+
+@pytest.mark.slow
+def test_compare_writes_a_contact_sheet_per_backend(cli_run):
+    """--sheet: one PNG per backend beside its mp4, each tile that backend's frame (within H.264's error of the
+    decoded mp4: the sheet is drawn from the frames before encoding), titled with the backend and the reference."""
+    from PIL import Image
+
+    from vsagen.sheet import sheet_layout
+    from vsagen.video import read_mp4
+
+    out, data, _ = cli_run
+    for label, name in (("full", "full"), ("vsa:sparsity=0", "vsa_sparsity=0"), ("vsa", "vsa")):
+        sheet = np.asarray(Image.open(out / f"{name}.sheet.png").convert("RGB")).astype(int)
+        video = read_mp4(out / f"{name}.mp4").astype(int)
+        layout = sheet_layout(5, 64, 128, data["settings"]["fps"], f"tiny | attn {label} | 5x64x128 (frames x "
+                              "height x width) | 2 steps | seed 0 | compare, reference full")
+        assert sheet.shape[:2] == (layout.height, layout.width) and layout.indices == [0, 1, 2, 3, 4]
+        for index, (x, y) in zip(layout.indices, layout.tiles):
+            err = np.abs(sheet[y:y + 64, x:x + 128] - video[index]).mean()
+            assert err < 12, (name, index, err)
 
 
 @pytest.mark.slow

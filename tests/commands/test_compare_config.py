@@ -91,3 +91,15 @@ def test_the_plot_is_skipped_with_a_note_without_matplotlib_unless_asked_for(tmp
     assert "plot" not in cfg.files
     with pytest.raises(BadInput, match="the plot needs matplotlib"):
         resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "p", plot=True)
+
+
+def test_sheet_files_are_checked_as_the_mp4s(tmp_path):
+    """--sheet: each backend's contact sheet beside its mp4, refused before the run where it exists."""
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", out=tmp_path / "o", plot=False, sheet=True)
+    assert [cfg.files[k].name for k in ("full sheet", "vsa 0.875 sheet")] == ["full.sheet.png", "vsa.sheet.png"]
+    assert "full sheet" not in resolve_compare("a cat", model="tiny", attn="full,vsa", out=tmp_path / "o",
+                                               plot=False).files
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "vsa.sheet.png").write_text("older")
+    with pytest.raises(BadInput, match=r"vsa\.sheet\.png exists; pass --overwrite"):
+        resolve_compare("a cat", model="tiny", attn="full,vsa", out=tmp_path / "o", plot=False, sheet=True)

@@ -340,6 +340,7 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     import json
 
     from .compare_render import render_csv, side_by_side, write_plot
+    from ..sheet import sheet_title, write_sheet
     from ..video import write_mp4, write_text
 
     files = cfg.files
@@ -355,6 +356,12 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
         cfg.out.mkdir(parents=True, exist_ok=True)
         for path, frames in zip(cfg.backend_files, videos):
             publish(path, lambda: write_mp4(frames, path, cfg.fps, overwrite=cfg.overwrite))
+        if cfg.sheet:
+            for label, spec, frames in zip(cfg.labels, cfg.backends, videos):
+                title = sheet_title(cfg.model, spec.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
+                                    cfg.seed, f"compare, reference {cfg.labels[0]}")
+                path = files[f"{label} sheet"]
+                publish(path, lambda: write_sheet(frames, path, cfg.fps, title, overwrite=cfg.overwrite))
         panels = side_by_side(videos, cfg.labels)
         publish(files["side-by-side"], lambda: write_mp4(panels, files["side-by-side"], cfg.fps,
                                                          overwrite=cfg.overwrite))
@@ -372,4 +379,3 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
             except OSError:
                 pass
         raise
-

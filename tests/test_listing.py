@@ -56,7 +56,7 @@ def _preset_cells(name: str) -> list[str]:
 
     p = load_preset(name)
     d = p.defaults
-    return [name, f"{d.width}x{d.height}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
+    return [name, f"{d.height}x{d.width}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
             str(d.fps), p.hub_id if p.source == "hub" else "built offline (random)"]
 
 
@@ -68,15 +68,17 @@ def test_presets_lists_bundled_presets():
     assert names == preset_names() and "wan2.2-ti2v-5b" in names and "wan2.2-i2v-a14b" in names
     assert {"wan2.1-flf2v-14b-720p", "tiny-flf2v", "tiny-i2v-a14b"} <= set(names)
     wan = [c.strip() for c in rows[names.index("wan2.1-t2v-1.3b")]]
-    assert wan[1:8] == ["t2v", "832x480", "81", "50", "5", "3", "16"]
+    assert wan[1:8] == ["t2v", "480x832", "81", "50", "5", "3", "16"]
     assert [c.strip() for c in rows[names.index("wan2.2-ti2v-5b")]][1] == "t2v, i2v"
-    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v [--last-image]", "1280x720",
+    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v [--last-image]", "720x1280",
                                                                              "81", "40", "3.5 / 3.5"]
     assert [c.strip() for c in rows[names.index("wan2.1-flf2v-14b-720p")]][1:8] == [
-        "i2v --last-image", "1280x720", "81", "50", "5", "16", "16"]
+        "i2v --last-image", "720x1280", "81", "50", "5", "16", "16"]
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+    # issue 29: height x width, as run titles (frames x height x width) order them, and the header says so
+    assert "HxW" in res.stdout and "WxH" not in res.stdout
 
 
 @pytest.mark.parametrize("columns", [80, 60])
@@ -95,5 +97,5 @@ def test_presets_fit_the_terminal_and_cut_nothing(columns):
         assert weights in flat, weights
     if columns == 80:
         row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
-        assert row == ["wan2.1-t2v-1.3b", "832x480", "81", "50", "5", "3", "16"]
+        assert row == ["wan2.1-t2v-1.3b", "480x832", "81", "50", "5", "3", "16"]
         assert "commands and weights" in res.stdout

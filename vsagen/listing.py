@@ -15,7 +15,8 @@ def print_presets() -> None:
 
     from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
 
-    heads = ("name", "commands", "WxH", "frames", "steps", "guidance", "flow shift", "fps", "weights")
+    # height x width, as the run titles' frames x height x width (and --height, --width) order them
+    heads = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "weights")
     rows = []
     for name in preset_names():
         p = load_preset(name)
@@ -25,7 +26,7 @@ def print_presets() -> None:
                                                                                                     "i2v")
         commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
         guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        rows.append((name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
+        rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), str(d.steps), guidance,
                      f"{d.flow_shift:g}", str(d.fps), weights))
 
     def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:

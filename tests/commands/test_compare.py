@@ -144,7 +144,7 @@ def test_compare_writes_every_file_atomically(cli_run):
     from vsagen.video import read_mp4
 
     out, data, res = cli_run
-    names = ["full.mp4", "vsa_sparsity=0.mp4", "vsa.mp4", "full.sheet.png", "vsa_sparsity=0.sheet.png",
+    names = ["full.mp4", "vsa-sparsity-0.mp4", "vsa.mp4", "full.sheet.png", "vsa-sparsity-0.sheet.png",
              "vsa.sheet.png", "side-by-side.mp4", "compare.png", "compare.json", "compare.csv"]
     assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
     assert list(data["files"].values()) == [str(out / n) for n in names]
@@ -170,7 +170,7 @@ def test_compare_writes_a_contact_sheet_per_backend(cli_run):
     from vsagen.video import read_mp4
 
     out, data, _ = cli_run
-    for label, name in (("full", "full"), ("vsa:sparsity=0", "vsa_sparsity=0"), ("vsa", "vsa")):
+    for label, name in (("full", "full"), ("vsa:sparsity=0", "vsa-sparsity-0"), ("vsa", "vsa")):
         sheet = np.asarray(Image.open(out / f"{name}.sheet.png").convert("RGB")).astype(int)
         video = read_mp4(out / f"{name}.mp4").astype(int)
         layout = sheet_layout(5, 64, 128, data["settings"]["fps"], f"tiny | attn {label} | 5x64x128 (frames x "

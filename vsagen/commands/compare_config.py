@@ -48,10 +48,11 @@ class CompareConfig(Request):
 
     @property
     def backend_files(self) -> list[Path]:
-        """Each backend's mp4 in `out`, named after its spec without default options (`vsa_sparsity=0.9.mp4`)."""
+        """Each backend's mp4 in `out`, named after its spec without default options (`file_stem`:
+        `vsa-sparsity-0.9.mp4`); a name taken by an earlier backend gets `-<index>`."""
         stems: list[str] = []
         for spec in self.backends:
-            stem = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec.short_text()).strip("._") or spec.name
+            stem = file_stem(spec.short_text()) or spec.name
             stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
         return [self.out / f"{stem}.mp4" for stem in stems]
 
@@ -84,6 +85,17 @@ class CompareConfig(Request):
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name}
         return d
+
+
+def file_stem(spec: str) -> str:
+    """A file name stem for a backend spec (`NAME:KEY=VALUE...`): the parts joined by "-", a value's file extension
+    left out, every character other than letters, digits, "." and "-" made "-" (`sparse-vdit:patterns=tiny.json`
+    -> `sparse-vdit-patterns-tiny`, `vsa:sparsity=0.9` -> `vsa-sparsity-0.9`); "" when nothing is left."""
+    parts = []
+    for part in spec.split(":"):
+        key, eq, value = part.partition("=")
+        parts.append(f"{key}-{re.sub(r'[.][A-Za-z][A-Za-z0-9]*$', '', value)}" if eq else part)
+    return re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9.-]+", "-", "-".join(parts))).strip("-.")
 
 
 def parse_error_steps(text: str, steps: int) -> tuple[int, ...]:

@@ -135,7 +135,8 @@ LAYERS = (
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.tiny", "vsagen.paths")),
     ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate")),
     ("commands", ("vsagen.commands",)),
-    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing")),
+    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing",
+                   "vsagen.terminal")),
 )
 
 

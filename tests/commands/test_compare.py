@@ -247,7 +247,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def overwrite_run(cli_run, tmp_path_factory):
     """A second compare into a copy of `cli_run`'s folder, with --overwrite, other backends, no plot, no sheet, and
-    a file of the user's in the folder: (folder, result)."""
+    a file of the user's in the folder, at COLUMNS=80: (folder, result)."""
     import shutil
 
     folder = tmp_path_factory.mktemp("again") / "out"
@@ -255,7 +255,7 @@ def overwrite_run(cli_run, tmp_path_factory):
     (folder / "notes.txt").write_text("mine")
     res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa", "--frames", "5",
                               "--height", "64", "--width", "64", "--steps", "1", "--warmup", "0", "--error-steps",
-                              "none", "--no-plot", "--out", str(folder), "--overwrite"])
+                              "none", "--no-plot", "--out", str(folder), "--overwrite"], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     return folder, res
 
@@ -268,6 +268,10 @@ def test_notes_are_said_once_on_stderr(overwrite_run):
     said = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
     assert said and len(said) == len(set(said)), res.stderr
     assert any("PSNR, SSIM" in n for n in said) and "note: " not in res.stdout and "files: " in res.stdout
+    # at COLUMNS=80 (issue 29): the table fits, a note longer than a line goes on under its text, never mid-word
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    assert max(len(line) for line in res.stderr.splitlines() if not line.startswith("\r")) <= 80
+    assert any(line.startswith(" " * 6) and line.strip() for line in res.stderr.splitlines())
 
 
 @pytest.mark.slow

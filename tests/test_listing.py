@@ -49,6 +49,13 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
             assert f"{key}={default} {values}" in text, (name, key)
     assert "options: none" in by_name["full"] and "implementations: one (no impl option)" in by_name["full"]
     assert "sparsity=0.875 a number (or --sparsity)" in " ".join(by_name["vsa"].split())
+    # issue 29: the tiny presets' bundled pattern files are sparse-vdit's default for them (plain --attn
+    # sparse-vdit on --model tiny runs patterns/tiny.json), and vsa's `tuning` is named, as Python-only
+    assert ("patterns=none a file, or none; default from the model's preset for tiny (patterns/tiny.json), "
+            "tiny-a14b (patterns/tiny-a14b.json)") in " ".join(by_name["sparse-vdit"].split())
+    for name in ("vsa", "rocm-vsa", "sla-star"):
+        assert f"from Python only (vsagen.apply(pipe, '{name}', KEY=...)): tuning" in " ".join(by_name[name].split())
+    assert "from Python only" not in by_name["full"]
 
 
 def _preset_cells(name: str) -> list[str]:

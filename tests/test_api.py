@@ -5,6 +5,7 @@ float32 on CPU), and the README's "Python API" example run as pasted (it loads i
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -164,7 +165,9 @@ def test_readme_python_api_example_runs_as_pasted(vsagen_cache, capsys):
     block = readme_python_api_block()
     assert "torch_dtype" not in block  # diffusers 0.42 takes `dtype=` (torch_dtype is deprecated)
     namespace: dict = {"__name__": "__main__"}
-    exec(compile(block, "README.md#python-api", "exec"), namespace)
+    with warnings.catch_warnings():  # no FutureWarning (diffusers' on `torch_dtype=` among them) from the example
+        warnings.simplefilter("error", FutureWarning)
+        exec(compile(block, "README.md#python-api", "exec"), namespace)
     out = capsys.readouterr().out
     assert "attention backend" in out and "DiT" in out and "coarse" in out  # vsa's table, its stages included
     assert re.search(r"^full: \d+\.\d{3} s of DiT$", out, re.M)

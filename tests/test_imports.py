@@ -130,12 +130,13 @@ def test_nothing_is_decided_at_import(name):
 LAYERS = (
     ("kernels", ("vsagen.kernels",)),
     ("primitives", ("vsagen.errors", "vsagen.architecture", "vsagen.layout", "vsagen.timing", "vsagen.video",
-                    "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench", "vsagen.attention",
+                    "vsagen.sheet", "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench", "vsagen.attention",
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.tiny", "vsagen.paths")),
     ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate")),
     ("commands", ("vsagen.commands",)),
-    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing")),
+    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing",
+                   "vsagen.terminal")),
 )
 
 

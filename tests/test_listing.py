@@ -49,6 +49,13 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
             assert f"{key}={default} {values}" in text, (name, key)
     assert "options: none" in by_name["full"] and "implementations: one (no impl option)" in by_name["full"]
     assert "sparsity=0.875 a number (or --sparsity)" in " ".join(by_name["vsa"].split())
+    # issue 29: the tiny presets' bundled pattern files are sparse-vdit's default for them (plain --attn
+    # sparse-vdit on --model tiny runs patterns/tiny.json), and vsa's `tuning` is named, as Python-only
+    assert ("patterns=none a file, or none; default from the model's preset for tiny (patterns/tiny.json), "
+            "tiny-a14b (patterns/tiny-a14b.json)") in " ".join(by_name["sparse-vdit"].split())
+    for name in ("vsa", "rocm-vsa", "sla-star"):
+        assert f"from Python only (vsagen.apply(pipe, '{name}', KEY=...)): tuning" in " ".join(by_name[name].split())
+    assert "from Python only" not in by_name["full"]
 
 
 def _preset_cells(name: str) -> list[str]:
@@ -56,7 +63,7 @@ def _preset_cells(name: str) -> list[str]:
 
     p = load_preset(name)
     d = p.defaults
-    return [name, f"{d.width}x{d.height}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
+    return [name, f"{d.height}x{d.width}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
             str(d.fps), p.hub_id if p.source == "hub" else "built offline (random)"]
 
 
@@ -68,15 +75,17 @@ def test_presets_lists_bundled_presets():
     assert names == preset_names() and "wan2.2-ti2v-5b" in names and "wan2.2-i2v-a14b" in names
     assert {"wan2.1-flf2v-14b-720p", "tiny-flf2v", "tiny-i2v-a14b"} <= set(names)
     wan = [c.strip() for c in rows[names.index("wan2.1-t2v-1.3b")]]
-    assert wan[1:8] == ["t2v", "832x480", "81", "50", "5", "3", "16"]
+    assert wan[1:8] == ["t2v", "480x832", "81", "50", "5", "3", "16"]
     assert [c.strip() for c in rows[names.index("wan2.2-ti2v-5b")]][1] == "t2v, i2v"
-    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v [--last-image]", "1280x720",
+    assert [c.strip() for c in rows[names.index("wan2.2-i2v-a14b")]][1:6] == ["i2v [--last-image]", "720x1280",
                                                                              "81", "40", "3.5 / 3.5"]
     assert [c.strip() for c in rows[names.index("wan2.1-flf2v-14b-720p")]][1:8] == [
-        "i2v --last-image", "1280x720", "81", "50", "5", "16", "16"]
+        "i2v --last-image", "720x1280", "81", "50", "5", "16", "16"]
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+    # issue 29: height x width, as run titles (frames x height x width) order them, and the header says so
+    assert "HxW" in res.stdout and "WxH" not in res.stdout
 
 
 @pytest.mark.parametrize("columns", [80, 60])
@@ -95,5 +104,5 @@ def test_presets_fit_the_terminal_and_cut_nothing(columns):
         assert weights in flat, weights
     if columns == 80:
         row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
-        assert row == ["wan2.1-t2v-1.3b", "832x480", "81", "50", "5", "3", "16"]
+        assert row == ["wan2.1-t2v-1.3b", "480x832", "81", "50", "5", "3", "16"]
         assert "commands and weights" in res.stdout

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -257,7 +258,9 @@ def test_load_pipeline_loads_as_t2v_does_and_apply_patches_it(vsagen_cache, tiny
     from vsagen.presets import load_preset
 
     rng = torch.get_rng_state()
-    pipe = vsagen.load_pipeline("tiny")
+    with warnings.catch_warnings():  # issue 29: diffusers 0.42 warns (FutureWarning) on `torch_dtype=`; it takes dtype
+        warnings.simplefilter("error", FutureWarning)
+        pipe = vsagen.load_pipeline("tiny")
     assert torch.equal(torch.get_rng_state(), rng)  # load_model seeds torch; the caller's state comes back
     assert type(pipe) is WanPipeline
     assert pipe.transformer.dtype == torch.float32 and pipe.device.type == "cpu"  # "auto" without CUDA

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.paths import check_folder, check_output, check_target, default_out
+from vsagen.paths import check_folder, check_output, check_target, default_out, sheet_path
 
 
 def test_check_target_and_folder(tmp_path):
@@ -45,3 +45,10 @@ def test_default_out_counts_up_past_taken_names(tmp_path, monkeypatch):
     Path("vsagen-tiny-vsa-seed3.json").write_text("{}")
     assert default_out("tiny", "vsa", 3, False) == Path("vsagen-tiny-vsa-seed3-1.mp4")
     assert default_out("tiny", "vsa", 3, True) == Path("vsagen-tiny-vsa-seed3.mp4")
+    Path("vsagen-tiny-vsa-seed3-1.sheet.png").write_text("a contact sheet of an earlier run")  # --sheet's file
+    assert default_out("tiny", "vsa", 3, False) == Path("vsagen-tiny-vsa-seed3-2.mp4")
+
+
+def test_the_sheet_goes_beside_the_mp4():
+    assert sheet_path(Path("out/v.mp4")) == Path("out/v.sheet.png")
+    assert sheet_path(Path("a.b.mp4")) == Path("a.b.sheet.png")

@@ -223,12 +223,11 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
         from rich.console import Console
 
-        err = Console(stderr=True)
         from .commands.generate import generate
+        from .terminal import fit_table, stderr_log
 
-        def log(m: str) -> None:
-            if writer:
-                err.print(m, markup=False, highlight=False, soft_wrap=True)
+        say = stderr_log("COLUMNS" in os.environ)  # notes wrapped between words on a terminal (or with COLUMNS)
+        log = lambda m: writer and say(m)  # noqa: E731
 
         # the files vsagen builds (the tiny checkpoint) before a process group exists; SIGTERM / SIGHUP as Ctrl-C:
         # the mp4 and JSON or nothing
@@ -253,7 +252,7 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
                  + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
                  + (" | CFG parallel" if cfg.cfg_parallel else "")
                  + (" | VAE tiled" if s["vae_tiling"] else ""))
-        con.print(result.report.rich_table(title=title))
+        con.print(fit_table(result.report.rich_table(title=title), con.width))  # the title broken between fields
         ranks = result.report.ranks_table()
         if ranks is not None:
             con.print(ranks)
@@ -261,7 +260,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
                   "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
                   highlight=False, markup=False)
-        con.print(f"video: {result.video_path}\ntiming: {result.json_path}", highlight=False, markup=False)
+        con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
+                  cfg.sheet_out is not None else ""), highlight=False, markup=False)
 
     _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
@@ -346,16 +346,15 @@ def profile(
     writer = launch is None or launch.writer
 
     def run() -> None:
-        from rich.console import Console
-
         from .commands.profile_config import resolve_profile_options
         from .loading import prepare_model_files
         from .parallel import launch as parallel
+        from .terminal import stderr_log
 
         cfg = resolve_profile_options(options, prompt=prompt, fmt=fmt, plot=plot, stock=stock, kernels=kernels)
         parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
-        err = Console(stderr=True)
-        log = lambda m: writer and err.print(m, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+        say = stderr_log("COLUMNS" in os.environ)
+        log = lambda m: writer and say(m)  # noqa: E731
         from .commands.profile import profile_dit, profile_kernels
         from .commands.profile_render import render, write_plot
 
@@ -415,14 +414,15 @@ def compare(
 
         from .commands.compare import compare as run_compare
         from .commands.compare_config import resolve_compare_options
+        from .terminal import fit_table, stderr_log
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)
-        err = Console(stderr=True)
+        say = stderr_log("COLUMNS" in os.environ)
         said: set[str] = set()
 
         def log(m: str) -> None:
             said.add(m)
-            err.print(m, markup=False, highlight=False, soft_wrap=True)
+            say(m)
 
         with _sigterm_as_interrupt() as interrupted:
             report = run_compare(cfg, log=log, cancelled=interrupted)
@@ -431,8 +431,8 @@ def compare(
             return
         from .commands.compare_render import rich_table
 
-        con = Console()  # the terminal's width (COLUMNS where set): the table wraps its cells, no digit is cut
-        con.print(rich_table(report))
+        con = Console()  # the terminal's width (COLUMNS where set): cells wrap between words, no digit is cut
+        con.print(fit_table(rich_table(report), con.width))
         for note in report.notes:  # notes on stderr, as t2v's; each once (the run's own were said as it began)
             if f"note: {note}" not in said:
                 log(f"note: {note}")
@@ -507,16 +507,18 @@ def search(
         from rich.console import Console
 
         from .commands.search import resolve_search_options, search, summary_renderables
+        from .terminal import fit_table, stderr_log, wrap_line
 
         cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
                                      impl=attn_impl)
-        err = Console(stderr=True)
         with _sigterm_as_interrupt() as interrupted:
-            result = search(cfg, log=lambda m: err.print(m, markup=False, highlight=False, soft_wrap=True),
-                            cancelled=interrupted)
-        con = Console()  # the terminal's width (COLUMNS where set): the headers wrap, no digit is cut
+            result = search(cfg, log=stderr_log("COLUMNS" in os.environ), cancelled=interrupted)
+        con = Console()  # the terminal's width (COLUMNS where set): words wrap whole, no digit is cut
         for item in summary_renderables(result):  # the notes with the summary (every one of them: stdout)
-            con.print(item, highlight=False, markup=False) if isinstance(item, str) else con.print(item)
+            if isinstance(item, str):
+                con.print(wrap_line(item, con.width), highlight=False, markup=False, soft_wrap=True)
+            else:
+                con.print(fit_table(item, con.width))
 
     _run_guarded(_single_process(run), verbose)
 

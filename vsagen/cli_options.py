@@ -61,6 +61,9 @@ Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file
                                                  "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
                                                  "folder); the timing JSON goes beside it (same name, .json).")]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
+Sheet = Annotated[bool, typer.Option("--sheet", help="Also write a contact sheet beside each mp4 (same name, "
+                                                     ".sheet.png): 8 evenly spaced frames, each labelled with its "
+                                                     "index and time, under a title line.")]
 DeviceOption = Annotated[Device, typer.Option("--device", parser=choice_parser(Device), metavar=_choices(Device),
                                               help="auto (CUDA when available), cuda or cpu.")]
 DtypeOption = Annotated[Dtype, typer.Option("--dtype", parser=choice_parser(Dtype), metavar=_choices(Dtype),
@@ -109,7 +112,8 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "attn_impl": (AttnImpl, "auto"), "height": (Height, None), "width": (Width, None), "frames": (Frames, None),
     "steps": (Steps, None), "guidance": (Guidance, None), "guidance_2": (Guidance2, None),
     "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, 0),
-    "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "device": (DeviceOption, Device.AUTO),
+    "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "sheet": (Sheet, False),
+    "device": (DeviceOption, Device.AUTO),
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
@@ -117,14 +121,15 @@ SHARED: dict[str, tuple[Any, Any]] = {
 }
 # What each command takes of them (t2v and i2v: all but fused_blocks, which the environment sets)
 GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
-            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "device", "dtype", "tile_fit",
-            "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "ulysses", "cfg_parallel")
+            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
+            "tile_fit", "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "ulysses",
+            "cfg_parallel")
 PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "warmup", "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
            "random_weights", "allow_pickle", "compile", "ulysses", "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
-           "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "device", "dtype", "tile_fit",
-           "random_weights", "allow_pickle", "warmup", "vae_tiling")
+           "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
+           "tile_fit", "random_weights", "allow_pickle", "warmup", "vae_tiling")
 SEARCH = ("model", "steps", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2", "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle")
 

@@ -3,7 +3,7 @@ terminal's width (80 columns and narrower keep every value: tables split or fold
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 
 def print_presets() -> None:
@@ -15,7 +15,8 @@ def print_presets() -> None:
 
     from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
 
-    heads = ("name", "commands", "WxH", "frames", "steps", "guidance", "flow shift", "fps", "weights")
+    # height x width, as the run titles' frames x height x width (and --height, --width) order them
+    heads = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "weights")
     rows = []
     for name in preset_names():
         p = load_preset(name)
@@ -25,7 +26,7 @@ def print_presets() -> None:
                                                                                                     "i2v")
         commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
         guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        rows.append((name, commands, f"{d.width}x{d.height}", str(d.frames), str(d.steps), guidance,
+        rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), str(d.steps), guidance,
                      f"{d.flow_shift:g}", str(d.fps), weights))
 
     def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
@@ -66,7 +67,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
 
     from .attention import backend_class, backend_names, uses_sparsity
     from .attention.auto import auto_picks, auto_rule
-    from .attention.spec import FLAG_OPTIONS, impls_of, option_help
+    from .attention.spec import FLAG_OPTIONS, impls_of, option_help, python_options
 
     width = max(40, Console().width)  # the terminal's (COLUMNS where set)
 
@@ -78,6 +79,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
     say("Self-attention backends, chosen with --attn NAME[:KEY=VALUE[:KEY=VALUE]] (t2v, i2v; profile and compare "
         "take several, comma-separated), e.g. --attn vsa:sparsity=0.9.")
     say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
+    tables = preset_tables()  # the presets' own option defaults, said beside the backends' own
     for name in backend_names():  # the registry's names, in its order (read now: a backend registered late too)
         cls = backend_class(name)
         # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
@@ -90,12 +92,45 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
         say("implementations: " + (f"{', '.join(impls)}; impl=auto runs triton on CUDA, torch (the reference) "
                                    "elsewhere" if impls else "one (no impl option)"), indent=2)
         options = option_help(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
+        python = python_options(cls.Options)
         if not options:
             say("options: none", indent=2)
-            continue
-        say("options (KEY=DEFAULT: values; a preset may set other defaults):", indent=2)
-        pad = max(len(f"{key}={default}") for key, default, _ in options)
+        else:
+            say("options (KEY=DEFAULT: values; a model's preset may set its own default, said after it):", indent=2)
+        pad = max((len(f"{key}={default}") for key, default, _ in options), default=0)
         flag = {option: flag for flag, option in FLAG_OPTIONS.items()}  # sparsity: --sparsity, impl: --attn-impl
         for key, default, values in options:
             also = f" (or {flag[key]})" if key in flag else ""
-            say(f"{f'{key}={default}':{pad}s}  {values}{also}", indent=4, hang=pad + 2)
+            presets = preset_defaults(tables, name, key, default)
+            said = f"; default from the model's preset for {presets}" if presets else ""
+            say(f"{f'{key}={default}':{pad}s}  {values}{also}{said}", indent=4, hang=pad + 2)
+        if python:
+            say(f"from Python only (vsagen.apply(pipe, {name!r}, KEY=...)): {', '.join(python)}", indent=2)
+
+
+def preset_tables() -> dict[str, dict[str, dict[str, Any]]]:
+    """Every bundled preset's `[attention.<backend>]` option defaults, by preset name."""
+    from .presets import load_preset, preset_names
+
+    return {name: load_preset(name).defaults.attention for name in preset_names()}
+
+
+def preset_defaults(tables: dict[str, dict[str, dict[str, Any]]], backend: str, key: str, default: str) -> str:
+    """The presets of `tables` (`preset_tables`) that give option `key` of `backend` another default than
+    `default` (its own, as `option_help` writes it), as "name (value), ..." ("" for none); a file the preset ships
+    is shown by its path in the presets' folder (`patterns/tiny.json`)."""
+    from pathlib import Path
+
+    out = []
+    for name, table in tables.items():
+        value = table.get(backend, {}).get(key)
+        if value is None:
+            continue
+        if isinstance(value, Path):
+            shown = "/".join(value.parts[-2:])
+        else:
+            shown = f"{value:g}" if isinstance(value, float) else str(value).lower() if isinstance(value, bool) \
+                else str(value)
+        if shown != default:
+            out.append(f"{name} ({shown})")
+    return ", ".join(out)

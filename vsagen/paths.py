@@ -69,15 +69,21 @@ def check_output(out: Path, overwrite: bool) -> Path:
     return json_out
 
 
+def sheet_path(video: Path) -> Path:
+    """The contact sheet (`--sheet`) of the mp4 `video`: beside it, same name, `.sheet.png`."""
+    return video.with_name(f"{video.stem}.sheet.png")
+
+
 def default_out(model: str, attn: str, seed: int, overwrite: bool) -> Path:
-    """`vsagen-<model>-<attn>-seed<seed>.mp4` in the current folder; without --overwrite an existing one is
-    kept and `-1`, `-2`, ... is appended; with --overwrite the base name is reused (and replaced)."""
+    """`vsagen-<model>-<attn>-seed<seed>.mp4` in the current folder; without --overwrite an existing one (or its
+    JSON or contact sheet) is kept and `-1`, `-2`, ... is appended; with --overwrite the base name is reused (and
+    replaced)."""
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).name if Path(model).is_dir() else model).strip("-.")
     base = f"vsagen-{stem or 'model'}-{attn}-seed{seed}"
     if overwrite:
         return Path(f"{base}.mp4")
     for i in range(10_000):
         cand = Path(f"{base}{'' if i == 0 else f'-{i}'}.mp4")
-        if not os.path.lexists(cand) and not os.path.lexists(cand.with_suffix(".json")):
+        if not any(os.path.lexists(p) for p in (cand, cand.with_suffix(".json"), sheet_path(cand))):
             return cand
     raise BadInput("too many earlier outputs in this folder; pass --out")

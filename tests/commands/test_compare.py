@@ -134,7 +134,7 @@ def test_video_metrics_of_a_known_perturbation():
 def cli_run(vsagen_cache, tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare") / "out"
     res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa:sparsity=0,vsa", *SMALL,
-                              "--out", str(out), "--json"])
+                              "--out", str(out), "--json", "--sheet"])
     assert res.exit_code == 0, res.output
     return out, json.loads(res.stdout), res
 
@@ -144,8 +144,8 @@ def test_compare_writes_every_file_atomically(cli_run):
     from vsagen.video import read_mp4
 
     out, data, res = cli_run
-    names = ["full.mp4", "vsa_sparsity=0.mp4", "vsa.mp4", "side-by-side.mp4", "compare.png", "compare.json",
-             "compare.csv"]
+    names = ["full.mp4", "vsa-sparsity-0.mp4", "vsa.mp4", "full.sheet.png", "vsa-sparsity-0.sheet.png",
+             "vsa.sheet.png", "side-by-side.mp4", "compare.png", "compare.json", "compare.csv"]
     assert sorted(p.name for p in out.iterdir()) == sorted(names)  # no temporary files left
     assert list(data["files"].values()) == [str(out / n) for n in names]
     for n in names[:3]:
@@ -157,6 +157,28 @@ def test_compare_writes_every_file_atomically(cli_run):
     assert [r["label"] for r in rows] == ["full", "vsa:sparsity=0", "vsa"]
     assert rows[0]["psnr_db"] == "inf" and float(rows[2]["psnr_db"]) == pytest.approx(data["rows"][2]["psnr_db"])
     assert "[1/3] full (reference)" in res.stderr and "wrote" in res.stderr
+    assert list(data["files"])[3:6] == ["full sheet", "vsa:sparsity=0 sheet", "vsa sheet"]
+
+
+@pytest.mark.slow
+def test_compare_writes_a_contact_sheet_per_backend(cli_run):
+    """--sheet: one PNG per backend beside its mp4, each tile that backend's frame (within H.264's error of the
+    decoded mp4: the sheet is drawn from the frames before encoding), titled with the backend and the reference."""
+    from PIL import Image
+
+    from vsagen.sheet import sheet_layout
+    from vsagen.video import read_mp4
+
+    out, data, _ = cli_run
+    for label, name in (("full", "full"), ("vsa:sparsity=0", "vsa-sparsity-0"), ("vsa", "vsa")):
+        sheet = np.asarray(Image.open(out / f"{name}.sheet.png").convert("RGB")).astype(int)
+        video = read_mp4(out / f"{name}.mp4").astype(int)
+        layout = sheet_layout(5, 64, 128, data["settings"]["fps"], f"tiny | attn {label} | 5x64x128 (frames x "
+                              "height x width) | 2 steps | seed 0 | compare, reference full")
+        assert sheet.shape[:2] == (layout.height, layout.width) and layout.indices == [0, 1, 2, 3, 4]
+        for index, (x, y) in zip(layout.indices, layout.tiles):
+            err = np.abs(sheet[y:y + 64, x:x + 128] - video[index]).mean()
+            assert err < 12, (name, index, err)
 
 
 @pytest.mark.slow
@@ -222,14 +244,67 @@ def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
-def test_notes_are_said_once_on_stderr(vsagen_cache, tiny_dir, tmp_path):
-    """Issue 29: compare printed its notes on stderr as it began and again on stdout after the table (the random
-    weights note twice); a note is said once, on stderr, as t2v says its notes."""
+@pytest.fixture(scope="module")
+def overwrite_run(cli_run, tmp_path_factory):
+    """A second compare into a copy of `cli_run`'s folder, with --overwrite, other backends, no plot, no sheet, and
+    a file of the user's in the folder, at COLUMNS=80: (folder, result)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("again") / "out"
+    shutil.copytree(cli_run[0], folder)
+    (folder / "notes.txt").write_text("mine")
     res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa", "--frames", "5",
                               "--height", "64", "--width", "64", "--steps", "1", "--warmup", "0", "--error-steps",
-                              "none", "--no-plot", "--out", str(tmp_path / "out")])
+                              "none", "--no-plot", "--out", str(folder), "--overwrite"], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
+    return folder, res
+
+
+@pytest.mark.slow
+def test_notes_are_said_once_on_stderr(overwrite_run):
+    """Issue 29: compare printed its notes on stderr as it began and again on stdout after the table (the random
+    weights note twice); a note is said once, on stderr, as t2v says its notes."""
+    _, res = overwrite_run
     said = [line for line in res.stderr.splitlines() if line.startswith("note: ")]
     assert said and len(said) == len(set(said)), res.stderr
     assert any("PSNR, SSIM" in n for n in said) and "note: " not in res.stdout and "files: " in res.stdout
+    # at COLUMNS=80 (issue 29): the table fits, a note longer than a line goes on under its text, never mid-word
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    assert max(len(line) for line in res.stderr.splitlines() if not line.startswith("\r")) <= 80
+    assert any(line.startswith(" " * 6) and line.strip() for line in res.stderr.splitlines())
+
+
+@pytest.mark.slow
+def test_overwrite_removes_the_older_backends_files_it_listed(overwrite_run):
+    """Issue 29: `compare --overwrite` with other backends kept the older backends' files. The first run's files that
+    the second does not write again are gone (its vsa:sparsity=0 mp4, its sheets, its plot), a file of the user's
+    stays."""
+    folder, res = overwrite_run
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["full.mp4", "vsa.mp4", "side-by-side.mp4", "compare.json", "compare.csv", "notes.txt"])
+    assert "removed" in res.stderr and "compare.png" in res.stderr
+
+
+def test_stale_outputs_are_only_files_an_earlier_compare_listed_in_its_folder(tmp_path):
+    """Issue 29: `compare --overwrite` with other backends kept the older backends' mp4s. What it removes: the
+    files the folder's compare.json lists (by name, in the folder), of the kinds compare writes, that this run does
+    not write; never a file the JSON does not list, one outside the folder, a folder or a symlink."""
+    from vsagen.commands.compare import stale_outputs
+
+    folder = tmp_path / "cmp"
+    folder.mkdir()
+    (tmp_path / "outside.mp4").write_text("not the folder's")
+    for name in ("full.mp4", "vsa.mp4", "vsa.sheet.png", "mine.mp4", "notes.txt", "compare.json"):
+        (folder / name).write_text(name)
+    (folder / "sub.mp4").mkdir()
+    (folder / "link.mp4").symlink_to(tmp_path / "outside.mp4")
+    listed = {"full": "cmp/full.mp4", "vsa": "cmp/vsa.mp4", "vsa sheet": "/elsewhere/cmp/vsa.sheet.png",
+              "gone": "cmp/gone.mp4", "up": "../outside.mp4", "sub": "cmp/sub.mp4", "link": "cmp/link.mp4",
+              "text": "cmp/notes.txt", "json": "cmp/compare.json"}
+    (folder / "compare.json").write_text(json.dumps({"command": "compare", "files": listed}))
+    keep = [folder / "full.mp4", folder / "compare.json"]
+    assert stale_outputs(folder, keep) == [folder / "vsa.mp4", folder / "vsa.sheet.png"]
+    (folder / "compare.json").write_text(json.dumps({"command": "profile", "files": listed}))  # not compare's
+    assert stale_outputs(folder, keep) == []
+    (folder / "compare.json").write_text("{not json")
+    assert stale_outputs(folder, keep) == [] and stale_outputs(tmp_path / "missing", keep) == []

@@ -9,7 +9,7 @@ from conftest import assert_one_error_line
 from typer.testing import CliRunner
 
 from vsagen.cli import app
-from vsagen.commands.compare_config import parse_error_steps, resolve_compare
+from vsagen.commands.compare_config import file_stem, parse_error_steps, resolve_compare
 from vsagen.errors import BadInput
 
 runner = CliRunner()
@@ -91,3 +91,36 @@ def test_the_plot_is_skipped_with_a_note_without_matplotlib_unless_asked_for(tmp
     assert "plot" not in cfg.files
     with pytest.raises(BadInput, match="the plot needs matplotlib"):
         resolve_compare("a cat", model="tiny", attn="full,vsa", device="cpu", out=tmp_path / "p", plot=True)
+
+
+def test_sheet_files_are_checked_as_the_mp4s(tmp_path):
+    """--sheet: each backend's contact sheet beside its mp4, refused before the run where it exists."""
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", out=tmp_path / "o", plot=False, sheet=True)
+    assert [cfg.files[k].name for k in ("full sheet", "vsa 0.875 sheet")] == ["full.sheet.png", "vsa.sheet.png"]
+    assert "full sheet" not in resolve_compare("a cat", model="tiny", attn="full,vsa", out=tmp_path / "o",
+                                               plot=False).files
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "vsa.sheet.png").write_text("older")
+    with pytest.raises(BadInput, match=r"vsa\.sheet\.png exists; pass --overwrite"):
+        resolve_compare("a cat", model="tiny", attn="full,vsa", out=tmp_path / "o", plot=False, sheet=True)
+
+
+@pytest.mark.parametrize("spec,stem", [
+    ("vsa:sparsity=0.9", "vsa-sparsity-0.9"), ("full", "full"),
+    ("sparse-vdit:patterns=tiny.json", "sparse-vdit-patterns-tiny"),  # issue 29: was sparse-vdit_patterns=tiny.json
+    ("vsa:sparsity=0.5:impl=torch", "vsa-sparsity-0.5-impl-torch"),
+    ("sla-star:proj_weights=my weights.safetensors", "sla-star-proj-weights-my-weights"),
+    ("vsa:sparsity=1e-3", "vsa-sparsity-1e-3"), ("::", "")])
+def test_backend_file_names_are_clean(spec, stem):
+    assert file_stem(spec) == stem
+
+
+def test_a_pattern_file_backend_is_named_after_the_file(tmp_path):
+    """The spec's path option shows its file name (`short_text`), and the file stem drops its extension."""
+    import json
+
+    patterns = tmp_path / "tiny.json"
+    patterns.write_text(json.dumps({}))
+    cfg = resolve_compare("a cat", model="tiny", attn=f"full,sparse-vdit:patterns={patterns}", out=tmp_path / "o",
+                          plot=False)
+    assert [p.name for p in cfg.backend_files] == ["full.mp4", "sparse-vdit-patterns-tiny.mp4"]

@@ -87,12 +87,13 @@ def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, t
 
 
 @pytest.mark.slow
-def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, tmp_path):
+def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, tmp_path, encoder_frames):
     import vsagen
     from vsagen.commands.generate import RunResult, generate
 
     lines: list[str] = []
-    cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, seed=7, out=tmp_path / "v.mp4")
+    cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, seed=7, out=tmp_path / "v.mp4",
+                  sheet=True)
     result = generate(cfg, log=lines.append, progress=False)
     assert isinstance(result, RunResult)
     assert (result.video_path, result.json_path) == (tmp_path / "v.mp4", tmp_path / "v.json")
@@ -105,8 +106,21 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     assert data["versions"]["vsagen"] == vsagen.__version__
     assert data["timing"] == result.report.to_dict() and result.report.dit_forwards == 2
     assert result.report.write_s > 0 and result.report.load_s > 0
-    assert read_mp4(result.video_path).shape == (5, 64, 64, 3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json", "v.mp4"]
+    video = read_mp4(result.video_path)
+    assert video.shape == (5, 64, 64, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json", "v.mp4", "v.sheet.png"]
+    # --sheet: published with the pair, every frame of the 5 as the encoder got it, titled with the run
+    from PIL import Image
+
+    from vsagen.sheet import sheet_layout
+
+    assert data["sheet"] == str(tmp_path / "v.sheet.png") and any("v.sheet.png" in line for line in lines)
+    sheet = np.asarray(Image.open(tmp_path / "v.sheet.png").convert("RGB"))
+    layout = sheet_layout(5, 64, 64, data["fps"], "tiny | attn full | 5x64x64 (frames x height x width) | 1 step "
+                                                  "| seed 7")
+    assert sheet.shape[:2] == (layout.height, layout.width) and layout.indices == [0, 1, 2, 3, 4]
+    for index, (x, y) in zip(layout.indices, layout.tiles):
+        assert np.array_equal(sheet[y:y + 64, x:x + 64], encoder_frames["v"][index]), index
 
 
 @pytest.mark.slow

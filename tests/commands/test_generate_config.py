@@ -185,3 +185,14 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = resolve("a fox", model="tiny", attn="vsa", seed=3, device="cpu")
     assert cfg.out == Path("vsagen-tiny-vsa-seed3.mp4") and cfg.json_out == Path("vsagen-tiny-vsa-seed3.json")
+
+
+def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):
+    """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.paths.check_target`), before loading."""
+    assert resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4").sheet_out is None
+    (tmp_path / "v.sheet.png").write_text("an earlier sheet")
+    with pytest.raises(BadInput, match=r"v\.sheet\.png exists; pass --overwrite to replace it, or choose another --out"):
+        resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4", sheet=True)
+    cfg = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4", sheet=True, overwrite=True)
+    assert cfg.sheet_out == tmp_path / "v.sheet.png" and cfg.summary()["sheet_out"] == str(cfg.sheet_out)
+    assert (tmp_path / "v.sheet.png").read_text() == "an earlier sheet"

@@ -110,6 +110,12 @@ def text_options(options_cls: type) -> list[str]:
     return [n for n in option_names(options_cls) if _settable(hints[n])]
 
 
+def python_options(options_cls: type) -> list[str]:
+    """The options of a backend that only Python sets (`vsagen.apply(..., KEY=value)`: an object such as vsa's
+    `tuning`), not the command line."""
+    return [n for n in option_names(options_cls) if n not in text_options(options_cls)]
+
+
 def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
     """The text of option `key` as the type its Options field declares (float, int, bool, str, Path, or Optional
     of one of them; "none" gives None for Optional fields)."""
@@ -174,7 +180,9 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
             if key in option_names(backend_class(name).Options):
                 raise BadInput(f"{where} {text!r}: option {key!r} is set from Python, not on the command line; "
                                f"options here: {listed}")
-            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}")
+            python = python_options(backend_class(name).Options)
+            also = f"; from Python only (vsagen.apply): {', '.join(python)}" if python else ""
+            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}{also}")
         if key in raw:
             raise BadInput(f"{where} {text!r}: option {key!r} given twice")
         raw[key] = value.strip()
@@ -190,9 +198,11 @@ def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") ->
     """
     cls = backend_class(name).Options
     known = option_names(cls)
+    python = python_options(cls)
     for key in values:
         if key not in known:
-            raise BadInput(f"{where} {name}: no option {key!r}; its options: {', '.join(known) or 'none'}")
+            listed = ", ".join(k + (" (Python only)" if k in python else "") for k in known)
+            raise BadInput(f"{where} {name}: no option {key!r}; its options: {listed or 'none'}")
     try:
         return cls(**values)
     except (BadInput, TypeError) as e:  # the Options' own validation; TypeError: a value of a wrong type

@@ -329,7 +329,9 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
 def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], *,
                   log: Callable[[str], None] = lambda m: None) -> None:
     """Write every file of `cfg.files` (each atomically: `vsagen.video`); if one fails or the write is
-    interrupted, remove the ones already written (and the folder, if this call created it) and re-raise.
+    interrupted, remove the ones already written (and the folder, if this call created it) and re-raise. Once
+    all are written, remove the files an earlier compare wrote into the folder (`stale_outputs`, read before
+    the new compare.json replaces the old one) that this run did not write again.
 
     Args:
         videos: each backend's (F, H, W, 3) uint8 frames, in `cfg.backends` order.
@@ -340,10 +342,12 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     import json
 
     from .compare_render import render_csv, side_by_side, write_plot
+    from ..sheet import sheet_title, write_sheet
     from ..video import write_mp4, write_text
 
     files = cfg.files
     created = not cfg.out.exists()
+    stale = stale_outputs(cfg.out, files.values())
     written: list[Path] = []
 
     def publish(path: Path, write: Callable[[], None]) -> None:
@@ -355,6 +359,12 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
         cfg.out.mkdir(parents=True, exist_ok=True)
         for path, frames in zip(cfg.backend_files, videos):
             publish(path, lambda: write_mp4(frames, path, cfg.fps, overwrite=cfg.overwrite))
+        if cfg.sheet:
+            for label, spec, frames in zip(cfg.labels, cfg.backends, videos):
+                title = sheet_title(cfg.model, spec.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
+                                    cfg.seed, f"compare, reference {cfg.labels[0]}")
+                path = files[f"{label} sheet"]
+                publish(path, lambda: write_sheet(frames, path, cfg.fps, title, overwrite=cfg.overwrite))
         panels = side_by_side(videos, cfg.labels)
         publish(files["side-by-side"], lambda: write_mp4(panels, files["side-by-side"], cfg.fps,
                                                          overwrite=cfg.overwrite))
@@ -372,4 +382,37 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
             except OSError:
                 pass
         raise
+    for path in stale:
+        path.unlink(missing_ok=True)
+        log(f"removed {path} (an earlier compare's, not written by this one)")
 
+
+# The files `compare` writes: an earlier run's files of these kinds that its compare.json lists may be removed
+STALE_SUFFIXES = (".mp4", ".png", ".json", ".csv")
+
+
+def stale_outputs(folder: Path, keep: Collection[Path]) -> list[Path]:
+    """The files an earlier `compare` wrote into `folder` that a run writing `keep` leaves behind: those its
+    compare.json lists under "files" (by file name, in `folder` itself, of a kind compare writes: STALE_SUFFIXES),
+    that exist and are not in `keep`. Nothing without a readable compare.json of a compare run; never a file
+    outside `folder`, a folder or a file the JSON does not list."""
+    import json
+
+    from .compare_config import JSON_FILE
+
+    try:
+        data = json.loads((folder / JSON_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    listed = data.get("files") if isinstance(data, dict) and data.get("command") == "compare" else None
+    if not isinstance(listed, dict):
+        return []
+    kept = {Path(p).name for p in keep}
+    out = []
+    for value in listed.values():
+        name = Path(value).name if isinstance(value, str) else ""
+        path = folder / name
+        if (name and name not in kept and name.lower().endswith(STALE_SUFFIXES) and path not in out
+                and path.is_file() and not path.is_symlink()):
+            out.append(path)
+    return out

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import BadInput
 from ..models import resolve_model
-from ..paths import check_folder, check_target, default_out
+from ..paths import check_folder, check_target, default_out, sheet_path
 from ..request.backends import split_attn_list
 from ..request.options import RequestOptions, request_options
 from ..request.resolve import SEVERAL, Request, request_fields, resolve
@@ -28,13 +28,15 @@ class CompareConfig(Request):
 
     `backends[0]` is the reference. `error_steps` are the 0-based denoising steps whose attention is compared
     with dense attention (sorted, each < steps). `out` is the output folder, `files` the paths written in it.
-    `plot` draws compare.png (matplotlib). `labels` name the backends in tables, panels and the plot.
+    `plot` draws compare.png (matplotlib); `sheet` writes each backend's contact sheet beside its mp4. `labels` name
+    the backends in tables, panels and the plot.
     """
 
     fps: int
     out: Path
     error_steps: tuple[int, ...]
     plot: bool
+    sheet: bool = False
 
     @property
     def labels(self) -> list[str]:
@@ -46,18 +48,21 @@ class CompareConfig(Request):
 
     @property
     def backend_files(self) -> list[Path]:
-        """Each backend's mp4 in `out`, named after its spec without default options (`vsa_sparsity=0.9.mp4`)."""
+        """Each backend's mp4 in `out`, named after its spec without default options (`file_stem`:
+        `vsa-sparsity-0.9.mp4`); a name taken by an earlier backend gets `-<index>`."""
         stems: list[str] = []
         for spec in self.backends:
-            stem = re.sub(r"[^A-Za-z0-9._=-]+", "_", spec.short_text()).strip("._") or spec.name
+            stem = file_stem(spec.short_text()) or spec.name
             stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
         return [self.out / f"{stem}.mp4" for stem in stems]
 
     @property
     def files(self) -> dict[str, Path]:
-        """{what: path} of every file the run writes: each backend's mp4 under its label, then "side-by-side",
-        "plot" (when drawn), "json", "csv"."""
+        """{what: path} of every file the run writes: each backend's mp4 under its label, then (`sheet`) each
+        backend's contact sheet under "<label> sheet", "side-by-side", "plot" (when drawn), "json", "csv"."""
         out = dict(zip(self.labels, self.backend_files))
+        if self.sheet:
+            out.update({f"{label} sheet": sheet_path(p) for label, p in zip(self.labels, self.backend_files)})
         out["side-by-side"] = self.out / SIDE_BY_SIDE
         if self.plot:
             out["plot"] = self.out / PLOT_FILE
@@ -80,6 +85,17 @@ class CompareConfig(Request):
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name}
         return d
+
+
+def file_stem(spec: str) -> str:
+    """A file name stem for a backend spec (`NAME:KEY=VALUE...`): the parts joined by "-", a value's file extension
+    left out, every character other than letters, digits, "." and "-" made "-" (`sparse-vdit:patterns=tiny.json`
+    -> `sparse-vdit-patterns-tiny`, `vsa:sparsity=0.9` -> `vsa-sparsity-0.9`); "" when nothing is left."""
+    parts = []
+    for part in spec.split(":"):
+        key, eq, value = part.partition("=")
+        parts.append(f"{key}-{re.sub(r'[.][A-Za-z][A-Za-z0-9]*$', '', value)}" if eq else part)
+    return re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9.-]+", "-", "-".join(parts))).strip("-.")
 
 
 def parse_error_steps(text: str, steps: int) -> tuple[int, ...]:
@@ -154,7 +170,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     if folder.exists() and not folder.is_dir():
         raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
     cfg = CompareConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
-                        else out.fps, out=folder, error_steps=chosen, plot=plot)
+                        else out.fps, out=folder, error_steps=chosen, plot=plot, sheet=out.sheet)
     for path in cfg.files.values():
         check_target(path, cfg.overwrite, "--out folder")
     check_folder(folder)

@@ -52,13 +52,14 @@ def rich_table(report: Any) -> Any:
                       f"{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or 'none'}; PSNR / SSIM of "
                       "the decoded frames against the "
                       "reference", caption_justify="left")
-    # headers broken by hand so that 80 columns fit without breaking a word; cells wrap (fold), never cut
+    # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
+    # (`vsagen.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
     t.add_column("backend", overflow="fold", min_width=8)
     for col in ("DiT\ns/step", "speed-\nup", "PSNR\ndB", "SSIM", "latents\nrel-L2", "attn\nrel-L2\nmean",
                 "attn rel-L2\nworst layer"):
         t.add_column(col, justify="right", overflow="fold")
     for r in report.rows:
-        t.add_row(r.label, f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", _num(r.psnr_db, ".2f"),
+        t.add_row(r.label.replace(":", ":\n"), f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", _num(r.psnr_db, ".2f"),
                   _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"), _num(r.attention_rel_l2_mean, ".1e"),
                   _worst_layer(r))
     return t

@@ -86,7 +86,8 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         return None
     from .. import video
 
-    log(f"writing {cfg.out} and {cfg.json_out}")
+    log(f"writing {cfg.out} and {cfg.json_out}" if cfg.sheet_out is None else
+        f"writing {cfg.out}, {cfg.json_out} and {cfg.sheet_out}")
     with video.Outputs(overwrite=cfg.overwrite) as outputs:  # the mp4 and its JSON appear together or not at all
         t_write = time.perf_counter()
         with out_of_memory_as_failure("generating", cfg.memory_hints()):
@@ -99,6 +100,12 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         summary = _summary(cfg, session, backend, plan, report)
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
+        if cfg.sheet_out is not None:  # the contact sheet, published with the pair
+            from ..sheet import save_sheet, sheet_title
+
+            title = sheet_title(cfg.model, cfg.backend.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
+                                cfg.seed, f"from {cfg.image.name}" if cfg.image is not None else "")
+            outputs.add(cfg.sheet_out, lambda tmp: save_sheet(frames_u8, tmp, cfg.fps, title), ".png")
         if cancelled():  # an interrupt swallowed on its way (KeyboardInterrupt inside a finalizer)
             raise KeyboardInterrupt
         try:
@@ -118,7 +125,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
     layout = tile_layout(plan.denoise_grid)
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
     return {
-        "video": str(cfg.out), "json": str(cfg.json_out), "model": cfg.model, "attn": cfg.attn,
+        "video": str(cfg.out), "json": str(cfg.json_out),
+        "sheet": str(cfg.sheet_out) if cfg.sheet_out is not None else None, "model": cfg.model, "attn": cfg.attn,
         "attn_requested": cfg.attn_requested,
         "backend": backend.report(torch.device(cfg.device)).info,
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from ..attention import BackendSpec
 from ..errors import BadInput
 from ..models import resolve_model
-from ..paths import check_output, default_out
+from ..paths import check_output, check_target, default_out, sheet_path
 from ..presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..request.options import ImageFit, RequestOptions, request_options
 from ..request.resolve import Request, check_last_frame, request_fields, resolve
@@ -26,7 +26,7 @@ class RunConfig(Request):
     """A validated `vsagen t2v` / `vsagen i2v` request (see `Request` for the shared fields). `image` (i2v only)
     is the input image's path and `fit` how it is brought to height x width; `last_image` (optional) the last
     frame's path, fitted the same way (first/last-frame to video); `out` / `json_out` the mp4 and its JSON, written
-    at `fps`."""
+    at `fps`; `sheet_out` the contact sheet beside them (`--sheet`; None: none)."""
 
     fps: int
     out: Path
@@ -34,6 +34,7 @@ class RunConfig(Request):
     image: Path | None = None
     fit: str | None = None
     last_image: Path | None = None
+    sheet_out: Path | None = None
 
     @property
     def backend(self) -> BackendSpec:
@@ -76,6 +77,7 @@ class RunConfig(Request):
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name}
         d["out"], d["json_out"] = str(self.out), str(self.json_out)
+        d["sheet_out"] = str(self.sheet_out) if self.sheet_out is not None else None
         d["image"] = str(self.image) if self.image is not None else None
         d["last_image"] = str(self.last_image) if self.last_image is not None else None
         return d
@@ -133,7 +135,8 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     image is brought to the size; `last_image` (with `image`) makes it first/last-frame to video, only where
     diffusers does it (`vsagen.presets.last_image_use`): FLF2V models need it, image-to-video models without a CLIP
     branch (Wan2.2-I2V-A14B style) take it optionally, others refuse it. `options.output.out` is the mp4 (default
-    `vsagen-<model>-<attn>-seed<seed>.mp4`), its JSON goes beside it; neither may exist unless `overwrite`.
+    `vsagen-<model>-<attn>-seed<seed>.mp4`), its JSON goes beside it, and with `options.output.sheet` its contact
+    sheet (`vsagen.paths.sheet_path`); none of them may exist unless `overwrite`.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
@@ -168,9 +171,12 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     out = options.output
     path = out.out if out.out is not None else default_out(model, req.backends[0].name, req.seed, out.overwrite)
     json_out = check_output(path, out.overwrite)
+    sheet_out = sheet_path(path) if out.sheet else None
+    if sheet_out is not None:
+        check_target(sheet_out, out.overwrite, "--out")
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
-                     fit=fit.value if image is not None else None, last_image=last_image)
+                     fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out)
 
 
 def resolve_generate(prompt: str, *, image: Path | None = None, fit: str = "crop", last_image: Path | None = None,

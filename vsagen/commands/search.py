@@ -226,8 +226,8 @@ def summary_renderables(result: SearchResult) -> list[Any]:
     if len(pf.experts) > 1:
         table.add_column("expert", overflow="fold")
     table.add_column("layer", justify="right", overflow="fold")
-    for n in pf.modes:
-        table.add_column(n, justify="right", overflow="fold")
+    for n in pf.modes:  # a hyphenated mode's header on two lines (multi-/diagonal), never cut inside a word
+        table.add_column(n.replace("-", "-\n"), justify="right", overflow="fold")
     table.add_column("density", justify="right", overflow="fold")
     for r in pf.ranges:
         for e in pf.experts:

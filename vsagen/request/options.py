@@ -304,6 +304,7 @@ class OutputOptions:
         out: the file or folder to write (each command says which; None: its default name).
         overwrite: replace existing files.
         fps: frames per second of the mp4s (None: the preset's).
+        sheet: also write each video's contact sheet (`vsagen.sheet`), a PNG beside its mp4.
 
     Raises:
         BadInput: fps outside [1, MAX_FPS].
@@ -312,6 +313,7 @@ class OutputOptions:
     out: Path | None = None
     overwrite: bool = False
     fps: int | None = None
+    sheet: bool = False
 
     def __post_init__(self) -> None:
         if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, int)
@@ -345,7 +347,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "compile", "fused_blocks", "ulysses",
                                      "cfg_parallel")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},
-    **{k: ("output", k) for k in ("out", "overwrite", "fps")},
+    **{k: ("output", k) for k in ("out", "overwrite", "fps", "sheet")},
 }
 
 

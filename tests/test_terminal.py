@@ -1,0 +1,127 @@
+"""vsagen.terminal at 80 columns (issue 29, item 10): stderr notes wrapped between words with a hanging indent (one
+line each to a pipe without COLUMNS), titles broken between their fields, and the compare and search tables fitted
+without a word cut (`sparse-vd/it`, `multi-diag/onal` before); and a t2v run at COLUMNS=80 end to end."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from vsagen.cli import app
+from vsagen.terminal import fit_table, stderr_log, title_lines, wrap_line
+
+# The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
+NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
+        "makes the DiT ~1.7-2.5x faster at some loss of fidelity (on this CPU it runs a slow torch reference): "
+        "`vsagen compare` measures both on your prompt")
+
+
+def words_kept(original: str, wrapped: str) -> bool:
+    return original.split() == wrapped.split()
+
+
+def test_a_long_note_wraps_between_words_under_its_text():
+    text = wrap_line(NOTE, 80)
+    lines = text.splitlines()
+    assert len(lines) == 4 and all(len(line) <= 80 for line in lines) and words_kept(NOTE, text)
+    assert lines[0].startswith("note: --attn") and all(line.startswith(" " * 6 + line.strip()) for line in lines[1:])
+    assert "1.7-2.5x" in text and "sparse-attention" in text  # hyphens are no break points
+    assert wrap_line(NOTE, None) == NOTE and wrap_line("short", 80) == "short"
+    path = "writing /" + "a" * 100 + "/v.mp4 and v.json"
+    assert wrap_line(path, 80).splitlines() == ["writing", "  /" + "a" * 100 + "/v.mp4", "  and v.json"]
+    two = wrap_line("first line\n" + NOTE, 80).splitlines()
+    assert two[0] == "first line" and two[1].startswith("note: ")
+
+
+def test_stderr_lines_wrap_with_columns_and_stay_whole_to_a_pipe(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    stderr_log(columns_set=True)(NOTE)
+    wrapped = capsys.readouterr().err
+    assert max(len(line) for line in wrapped.splitlines()) <= 80 and len(wrapped.splitlines()) == 4
+    stderr_log(columns_set=False)(NOTE)  # stderr is no terminal under pytest: a pipe, one line
+    assert capsys.readouterr().err == NOTE + "\n"
+
+
+def test_title_lines_break_between_fields_only():
+    title = ("tiny | attn vsa (sparsity 0.5) | torch reference (slow: the Triton kernels run on CUDA) | 5x64x64 | "
+             "1 step | cpu fp32")
+    lines = title_lines(title, 80).splitlines()
+    assert lines == ["tiny | attn vsa (sparsity 0.5) |",
+                     "torch reference (slow: the Triton kernels run on CUDA) | 5x64x64 | 1 step |", "cpu fp32"]
+    assert title_lines(title, 200) == title
+
+
+def rendered(renderable, width=80) -> list[str]:
+    con = Console(file=io.StringIO(), width=width, color_system=None)
+    con.print(renderable)
+    return con.file.getvalue().splitlines()
+
+
+def test_the_compare_table_keeps_every_word_at_80_columns():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "commands"))
+    from test_compare_render import report, row
+
+    from vsagen.commands.compare_render import rich_table
+
+    rep = report()
+    rep.rows.append(row("sparse-vdit", 23.456789, [0.123456, 0.654321]))
+    lines = rendered(fit_table(rich_table(rep), 80))
+    assert max(map(len, lines)) <= 80 and any(re.search(r"│ sparse-vdit +│", line) for line in lines), lines
+    assert lines[0] == "tiny | 5x64x128 | 2 steps after 0 warm-up | CFG 5 | cpu fp32 | reference full"
+    # labels with options: one option a line, in a compact table where the boxed one cannot hold the words
+    rep.rows += [row("sparse-vdit:patterns=tiny.json", 2.5, [0.1, 0.2]),
+                 row("sla-star:scope=marginal 0.875", 123.456789, [0.123456, 0.654321])]
+    lines = rendered(fit_table(rich_table(rep), 80))
+    assert max(map(len, lines)) <= 80
+    cells = [line.split()[0] for line in lines[5:] if line.strip()]
+    assert cells[:7] == ["full", "vsa", "sparse-vdit", "sparse-vdit:", "patterns=tiny.json", "sla-star:",
+                         "scope=marginal"], lines
+    assert any("123.46" in line for line in lines) and any("L1 6.5e-01" in line for line in lines)
+    wide = rendered(fit_table(rich_table(report()), 200), 200)
+    assert "┃ backend   ┃" in "\n".join(wide)  # room enough: the boxed table at its natural widths
+
+
+def test_the_search_table_keeps_every_mode_name_whole_at_80_columns():
+    from vsagen.commands.search import SearchResult, summary_renderables
+    from vsagen.sparsity.files import PatternFile, StepRange
+    from vsagen.sparsity.patterns import default_catalog
+
+    modes = {p.name: p for p in default_catalog()}
+    names = list(modes)
+    heads = tuple(tuple(names[(layer + h) % len(names)] for h in range(4)) for layer in range(2))
+    for experts, n in ((("transformer",), 1), (("transformer", "transformer_2"), 2)):
+        pf = PatternFile(model="tiny", architecture={}, experts=experts, height=96, width=160, frames=17,
+                         grid=(5, 6, 10), steps=n, lam=0.5, eps=1.0, prompts=1, modes=modes,
+                         ranges=tuple(StepRange(i, i + 1, {e: heads for e in experts}) for i in range(n)))
+        table = summary_renderables(SearchResult(Path("p.json"), pf, [], 1, 1.0, 0.5))[0]
+        lines = rendered(fit_table(table, 80))
+        assert max(map(len, lines)) <= 80, lines
+        words = {w for line in lines for w in line.replace("┃", " ").replace("│", " ").split()}
+        assert {"multi-", "diagonal", "vertical-", "stripe", "density", "dense", "mixed"} <= words, lines
+        if len(experts) > 1:
+            assert "transformer_2" in words
+
+
+@pytest.mark.slow
+def test_t2v_at_80_columns(vsagen_cache, tiny_dir, tmp_path):
+    """The title breaks between fields (it wrapped inside "(slow: the Triton ...)" before), a note longer than a
+    line wraps between words, every line fits."""
+    res = CliRunner().invoke(app, ["t2v", "a prompt", "--model", "tiny", "--attn", "vsa", "--sparsity", "0.5",
+                                   "--frames", "5", "--height", "64", "--width", "64", "--steps", "1", "--guidance",
+                                   "1", "--negative-prompt", "blurry", "--out", str(tmp_path / "v.mp4")],
+                             env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    out = res.stdout.splitlines()
+    assert out[:2] == ["tiny | attn vsa (sparsity 0.5) |",
+                       "torch reference (slow: the Triton kernels run on CUDA) | 5x64x64 | 1 step |"], out
+    note = [line for line in res.stderr.splitlines() if not line.startswith(("\r", "denoising"))]
+    first = next(i for i, line in enumerate(note) if line.startswith("note: --negative-prompt"))
+    assert note[first + 1].startswith(" " * 6) and len(note[first]) <= 80
+    assert max(len(line) for line in out) <= 80

@@ -1,0 +1,102 @@
+"""Text for the terminal: stderr lines (notes, progress) wrapped between words with a hanging indent, and the commands'
+Rich tables fitted to the width without cutting a word (titles broken between their " | " fields, a compact style
+where the boxed one would fold a word). 80 columns is the width every rendering is tested at.
+
+Lines to a pipe or a file stay one line each (a log keeps a note on one line, for grep), unless COLUMNS is set: the
+command line decides (`stderr_log`), the functions here take the width.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from typing import Any, Callable
+
+# A leading "note: " (or "warning: ", "error: ", ...) label: continuation lines start under the text after it.
+_LABEL = re.compile(r"^[a-z][a-z -]{0,14}: ")
+
+
+def wrap_line(text: str, width: int | None) -> str:
+    """`text` wrapped at spaces to lines of at most `width` columns (a word longer than that, e.g. a path, stays
+    whole on a line of its own), continuation lines indented under the text after a leading "note: "-style label,
+    else by 2; each line of a multi-line text wrapped alone. None: `text` unchanged."""
+    if width is None:
+        return text
+    out = []
+    for line in text.split("\n"):
+        label = _LABEL.match(line)
+        hang = " " * (len(label.group(0)) if label else 2)
+        out.append(textwrap.fill(line, width=max(width, 20), subsequent_indent=hang, break_on_hyphens=False,
+                                 break_long_words=False) if len(line) > width else line)
+    return "\n".join(out)
+
+
+def stderr_log(columns_set: bool) -> Callable[[str], None]:
+    """A function that prints a line on stderr (no markup, no highlighting), wrapped by `wrap_line` at the terminal's
+    width when stderr is a terminal or `columns_set` (the COLUMNS environment variable, read by the caller), else
+    as one line."""
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    width = err.width if err.is_terminal or columns_set else None
+
+    def log(message: str) -> None:
+        err.print(wrap_line(message, width), markup=False, highlight=False, soft_wrap=True)
+
+    return log
+
+
+def title_lines(title: str, width: int) -> str:
+    """A title of " | "-separated fields in lines of at most `width` columns, broken only between fields (each line
+    but the last ends in " |"); a field wider than `width` is left to wrap at its own spaces."""
+    fields = title.split(" | ")
+    lines = [fields[0]]
+    for field in fields[1:]:
+        if len(lines[-1]) + 3 + len(field) <= width:
+            lines[-1] += f" | {field}"
+        else:
+            lines[-1] += " |"
+            lines.append(field)
+    return "\n".join(lines)
+
+
+def fit_table(table: Any, width: int) -> Any:
+    """`table` (a `rich.table.Table` of text cells) made to fit `width` columns without cutting a word. Where its
+    columns at their natural widths (their longest lines) do not fit, each column gets a width of its own (Rich's
+    own shrinking narrows the widest column first, below its longest word: `sparse-vd/it`): first its least width
+    (its longest word, header included), then what is left goes to the columns that need the least more to reach
+    their natural width; where even the least widths do not fit in the table's box, it is restyled compact (a rule
+    under the header only, one space between columns). Its title (a string) is taken out and set above it at the
+    full `width`, broken between its " | " fields (`title_lines`; Rich wraps a title at the table's own width,
+    anywhere). Returns the renderable to print (`table` changed in place, under its title)."""
+    from rich import box
+    from rich.console import Console, Group
+    from rich.measure import Measurement
+    from rich.text import Text
+
+    con = Console(width=width)
+    unbounded = con.options.update_width(10_000)
+    least, natural = [], []
+    for column in table.columns:
+        sizes = [Measurement.get(con, unbounded, cell) for cell in (column.header, *column.cells)]
+        least.append(max(m.minimum for m in sizes))
+        natural.append(max(m.maximum for m in sizes))
+    n = len(table.columns)
+    boxed = 3 * n + 1  # Rich's default: an edge each side, a rule between columns, one space of padding each side
+    if n and sum(natural) + boxed > width:
+        room = width - boxed
+        if sum(least) > room:
+            table.box, table.show_edge, table.padding = box.SIMPLE_HEAD, False, (0, 0, 0, 0)
+            room = width - (n - 1)  # one space between columns
+        widths = list(least)
+        left = room - sum(widths)
+        for i in sorted(range(n), key=lambda i: natural[i] - least[i]):
+            more = max(0, min(natural[i] - widths[i], left))
+            widths[i] += more
+            left -= more
+        for column, w in zip(table.columns, widths):
+            column.width = w
+    if not isinstance(table.title, str) or not table.title:
+        return table
+    title, table.title = table.title, None
+    return Group(Text(title_lines(title, width)), table)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import one_error_line
+from conftest import assert_one_error_line, one_error_line
 import vsagen
 from vsagen.cli import app
 from vsagen.commands.generate_config import resolve_generate as resolve
@@ -51,7 +51,7 @@ def test_check_launch_refusals():
     check_launch(1, None)
     check_launch(1, Launch(0, 1, 0))
     check_launch(2, Launch(1, 2, 1))
-    with pytest.raises(BadInput, match=r"start it with torchrun, e\.g\. torchrun --nproc_per_node 2 -m vsagen i2v"):
+    with pytest.raises(BadInput, match=r"add --gpus 2 \(or start it with torchrun --nproc_per_node 2 -m vsagen i2v"):
         check_launch(2, None, "i2v")
     with pytest.raises(BadInput, match="needs 4 processes, torchrun started 2"):
         check_launch(4, Launch(0, 2, 0))
@@ -59,7 +59,7 @@ def test_check_launch_refusals():
         check_launch(1, Launch(0, 2, 0))
     check_launch(1, Launch(1, 2, 1), cfg_parallel=True)
     check_launch(2, Launch(3, 4, 3), cfg_parallel=True)
-    with pytest.raises(BadInput, match=r"--cfg-parallel splits the run across 2 processes: .*--nproc_per_node 2 "):
+    with pytest.raises(BadInput, match=r"--cfg-parallel splits the run across 2 processes: add --gpus 2 .*--nproc_per_node 2 "):
         check_launch(1, None, cfg_parallel=True)
     with pytest.raises(BadInput, match=r"--ulysses 2 --cfg-parallel needs 4 processes \(2 x --ulysses 2\), "
                                        "torchrun started 2"):
@@ -95,7 +95,7 @@ def test_cli_refuses_ulysses_outside_torchrun_and_several_processes_without_it(c
         monkeypatch.delenv(name, raising=False)
     runner = CliRunner()
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "--ulysses", "2", "x"]))
-    assert "start it with torchrun" in line
+    assert "add --gpus 2 (or start it with torchrun" in line
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
@@ -249,3 +249,39 @@ def test_torchrun_profile_splits_every_configuration(cli_cache, tmp_path):
     one = profile_dit(resolve_profile(model="tiny", device="cpu", attn="full,vsa:impl=torch", steps=1, warmup=0,
                                       stock=False))  # the same run in this process
     assert data["rows"][1]["latents_rel_l2_vs_full"] == pytest.approx(one.rows[1].latents_rel_l2_vs_full, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_gpus_starts_the_workers_itself_and_refuses_in_one_line(cli_cache, tmp_path):
+    """Issue 29: `vsagen t2v --model tiny --device cpu --gpus 2 --ulysses 2 "x"` (no torchrun) writes the mp4 of a
+    2-process Ulysses run, rank 0's notes and report once, nothing of the launcher's; with `--ulysses 3` (run at the
+    same time) one error line, exit 2, no traceback, no process started. vsagen is run as `python -m vsagen` through a
+    folder named `vsagen` (a clone's name)."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and k != "OMP_NUM_THREADS"}
+    env.update(VSAGEN_CACHE=str(cli_cache), HF_HOME=str(tmp_path / "hf-home"))
+    python = python_under_a_folder_named_vsagen(tmp_path)
+    runs = {}
+    for name, ulysses in (("ok", "2"), ("bad", "3")):
+        (tmp_path / name).mkdir()
+        runs[name] = subprocess.Popen([python, "-m", "vsagen", "t2v", "--model", "tiny", "--device", "cpu", "--gpus",
+                                       "2", "--ulysses", ulysses, "x"], cwd=tmp_path / name, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = {name: p.communicate(timeout=TORCHRUN_TIMEOUT_S) for name, p in runs.items()}
+    bad_out, bad_err = out["bad"]
+    assert runs["bad"].returncode == 2
+    line = assert_one_error_line(bad_err, bad_out)
+    assert line == ("error: --ulysses 3 runs in 3 processes, --gpus 2 starts 2: for --gpus 2 give --ulysses 2 or "
+                    "--cfg-parallel, or leave --ulysses out (vsagen then picks)")
+    assert not list((tmp_path / "bad").iterdir())
+    stdout, stderr = out["ok"]
+    assert runs["ok"].returncode == 0, stderr[-4000:]
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir() if p.suffix in (".mp4", ".json")) == [
+        "vsagen-tiny-full-seed0.json", "vsagen-tiny-full-seed0.mp4"]
+    data = json.loads((tmp_path / "ok" / "vsagen-tiny-full-seed0.json").read_text())
+    assert (data["ulysses"], data["cfg_parallel"]) == (2, False)
+    assert [r["rank"] for r in data["timing"]["ranks"]] == [0, 1]
+    assert stdout.count("video: ") == 1 and stdout.count("per rank") == 1 and "ulysses 2" in stdout
+    assert stderr.count("note: --gpus 2 on the CPU (--device cpu): 2 processes (gloo)") == 1
+    assert stderr.count("loading tiny") == 1 and "error:" not in stderr
+    for noise in ("Traceback", "ChildFailedError", "torch/distributed", "FutureWarning"):
+        assert noise not in stdout + stderr, stderr[-4000:]

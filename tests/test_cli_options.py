@@ -29,3 +29,40 @@ def test_the_commands_show_the_shared_texts(command):
     flat = " ".join(res.stdout.split())
     model_help = typing.get_args(options.Model)[1].help
     assert " ".join(model_help.split()) in flat
+
+
+def test_command_line_gives_what_was_typed_so_that_workers_parse_the_same():
+    """`command_line`: the running command's given options (each kind: a value, an Enum, a path, a flag, a
+    --x/--no-x pair, an alias) and its arguments after `--` (a prompt that starts with '-'), no defaults; parsed
+    again, the same values."""
+    seen: list[tuple[dict, list[str]]] = []
+    demo = typer.Typer()
+
+    @demo.command()
+    def run(ctx: typer.Context, prompt: str, image: typing.Annotated[str, typer.Argument()] = "",
+            device: options.DeviceOption = options.Device.AUTO, out: options.Out = None,
+            gpus: options.Gpus = None, guidance: options.Guidance = None, overwrite: options.Overwrite = False,
+            json_out: options.JsonOut = False, stock: bool = True) -> None:
+        seen.append((dict(ctx.params), options.command_line()))
+
+    @demo.command()
+    def other() -> None:  # (two commands: the name comes first, as `vsagen t2v`)
+        pass
+
+    runner = CliRunner()
+    given = ["run", "--nproc", "2", "--device", "cpu", "--out", "~/v.mp4", "--guidance", "0.5", "--json",
+             "--no-stock", "--overwrite", "--", "-a fox", "img.png"]
+    assert runner.invoke(demo, given).exit_code == 0
+    params, argv = seen[-1]
+    assert argv == ["run", "--device", "cpu", "--out", "~/v.mp4", "--gpus", "2", "--guidance", "0.5", "--overwrite",
+                    "--json", "--no-stock", "--", "-a fox", "img.png"]
+    assert runner.invoke(demo, argv).exit_code == 0 and seen[-1][0] == params
+    assert runner.invoke(demo, ["run", "x"]).exit_code == 0 and seen[-1][1] == ["run", "--", "x"]
+
+
+def test_t2v_gives_its_workers_its_own_command_line(monkeypatch):
+    got = []
+    monkeypatch.setattr("vsagen.cli._generate_command", lambda *a, **k: got.append(options.command_line()))
+    res = CliRunner().invoke(app, ["t2v", "--model", "tiny", "--gpus", "2", "--ulysses", "2", "a fox"])
+    assert res.exit_code == 0, res.output
+    assert got == [["t2v", "--model", "tiny", "--gpus", "2", "--ulysses", "2", "--", "a fox"]]

@@ -207,6 +207,22 @@ def request_command(keywords: tuple[str, ...], **overrides: tuple[Any, Any]) -> 
     return wrap
 
 
+def _ran_in_workers(cfg: Any, launch: Any, verbose: bool) -> bool:
+    """`--gpus N` (N > 1) outside a launcher: run this command in N workers started here (`vsagen.parallel.spawn`)
+    after the request was checked; True once they succeeded, typer.Exit with their code if not. False: this process
+    runs the command (one process, or a worker of a launch)."""
+    if launch is not None or (cfg.gpus or 1) < 2:
+        return False
+    from .cli_options import command_line
+    from .loading import prepare_model_files
+    from .parallel.spawn import run_workers
+
+    code = run_workers(command_line(), cfg.gpus, prepare=lambda: prepare_model_files(cfg), verbose=verbose, err=_err)
+    if code:
+        raise typer.Exit(code)
+    return True
+
+
 def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[Path], fit: ImageFit,
                       json_out: bool, verbose: bool, last_image: Optional[Path] = None) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
@@ -220,6 +236,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         from .parallel import launch as parallel
 
         cfg = resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)
+        if _ran_in_workers(cfg, launch, verbose):
+            return
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
         from rich.console import Console
 
@@ -352,6 +370,8 @@ def profile(
         from .terminal import stderr_log
 
         cfg = resolve_profile_options(options, prompt=prompt, fmt=fmt, plot=plot, stock=stock, kernels=kernels)
+        if _ran_in_workers(cfg, launch, verbose):
+            return
         parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
         say = stderr_log("COLUMNS" in os.environ)
         log = lambda m: writer and say(m)  # noqa: E731

@@ -96,14 +96,18 @@ ProfileCompile = Annotated[bool, typer.Option("--compile", help="torch.compile t
                                               "--kernels); every configuration compiles in its warm-up step.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of the table.")]
 Verbose = Annotated[bool, typer.Option(help="Show tracebacks.")]
-Ulysses = Annotated[int, typer.Option(help="Split the transformer's sequence across N processes (Ulysses sequence "
-                                           "parallelism through diffusers' context parallelism; every backend): "
-                                           "start with torchrun --nproc_per_node N -m vsagen ... --ulysses N. "
-                                           "Rank 0 writes the files.")]
+Gpus = Annotated[Optional[int], typer.Option("--gpus", "--nproc", metavar="N", help="Split the run across N "
+                                             "processes that vsagen starts (one per GPU on CUDA; gloo processes "
+                                             "with --device cpu): --ulysses / --cfg-parallel default from N (CFG "
+                                             "parallel on two halves when CFG is on, else Ulysses N). Rank 0 "
+                                             "prints and writes the files.")]
+Ulysses = Annotated[Optional[int], typer.Option(metavar="N", help="Split the transformer's sequence across N "
+                                                "processes (Ulysses sequence parallelism through diffusers' context "
+                                                "parallelism; every backend): with --gpus N, or under torchrun "
+                                                "--nproc_per_node N -m vsagen ... (default 1; from --gpus).")]
 CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="Run the conditional and unconditional CFG passes "
-                                           "on different processes (needs --guidance > 1): start with torchrun "
-                                           "--nproc_per_node 2 -m vsagen ... --cfg-parallel, or 2 x N processes "
-                                           "with --ulysses N.")]
+                                           "on different processes (needs --guidance > 1): --gpus 2, or 2 x N "
+                                           "processes with --ulysses N (or torchrun with as many).")]
 
 # Every shared option by its keyword (`vsagen.request.options.FLAGS`): (declaration, default). A command takes a
 # subset; it may declare one of them itself (another help text or default), and the value still goes to its group.
@@ -117,19 +121,49 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
-    "compile": (Compile, False), "ulysses": (Ulysses, 1), "cfg_parallel": (CfgParallel, False),
+    "compile": (Compile, False), "ulysses": (Ulysses, None), "cfg_parallel": (CfgParallel, False),
+    "gpus": (Gpus, None),
 }
 # What each command takes of them (t2v and i2v: all but fused_blocks, which the environment sets)
 GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
             "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
-            "tile_fit", "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "ulysses",
+            "tile_fit", "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "gpus",
+            "ulysses",
             "cfg_parallel")
 PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "warmup", "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
-           "random_weights", "allow_pickle", "compile", "ulysses", "cfg_parallel")
+           "random_weights", "allow_pickle", "compile", "gpus", "ulysses", "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
            "tile_fit", "random_weights", "allow_pickle", "warmup", "vae_tiling")
 SEARCH = ("model", "steps", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2", "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle")
 
+
+
+def command_line(ctx: Any = None) -> list[str]:
+    """The command being run as arguments for `vsagen` again (`[name, options..., "--", arguments...]`): what was
+    given on the command line (or in the environment) of the current Typer command, each value as its text
+    (Enums as their value, paths as given), its defaults left out; so that workers run the same command
+    (`vsagen.parallel.spawn`). `ctx`: the command's click context (default: the current one)."""
+    if ctx is None:
+        try:  # Typer vendors click as typer._click (since 0.2x); before, it used click itself
+            from typer._click.globals import get_current_context
+        except ImportError:
+            from click import get_current_context
+        ctx = get_current_context()
+    options: list[str] = []
+    arguments: list[str] = []
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        value = ctx.params.get(param.name)
+        if source is None or source.name in ("DEFAULT", "DEFAULT_MAP") or value is None:
+            continue
+        if param.param_type_name == "argument":
+            arguments.append(str(value))
+        elif getattr(param, "is_flag", False) and isinstance(value, bool):
+            names = param.opts if value else param.secondary_opts
+            options += names[:1]
+        else:
+            options += [param.opts[0], str(value)]
+    return [ctx.info_name, *options, "--", *arguments]

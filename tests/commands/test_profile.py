@@ -340,12 +340,14 @@ BAD = [
     ("out-is-dir", ["--out", "{tmp}"], ["is a folder", "choose another --out"]),
     ("out-equals-plot", ["--out", "{tmp}/x.png", "--plot", "{tmp}/x.png"], ["same file"]),
     ("empty-prompt", ["--prompt", " "], ["--prompt is empty"]),
-    ("kernels-ulysses", ["--kernels", "--ulysses", "2"], ["--kernels", "drop --ulysses"]),
+    ("kernels-ulysses", ["--kernels", "--ulysses", "2"], ["--kernels", "drop --gpus / --ulysses"]),
     ("ulysses-degree", ["--ulysses", "3"], ["--ulysses 3 does not divide 2 heads", "degrees that do: 1, 2"]),
     ("ulysses-degree-crop", ["--ulysses", "2", "--height", "112", "--width", "176", "--tile-fit", "crop,partial"],
      ["--ulysses 2 does not divide 385 tokens"]),
-    ("ulysses-outside-torchrun", ["--ulysses", "2"], ["start it with torchrun", "-m vsagen profile"]),
+    ("ulysses-outside-torchrun", ["--ulysses", "2"], ["add --gpus 2 (or start it with torchrun", "-m vsagen profile"]),
     ("cfg-parallel-without-guidance", ["--cfg-parallel", "--guidance", "1"], ["--cfg-parallel", "--guidance 1"]),
+    ("kernels-gpus", ["--kernels", "--gpus", "2"], ["--kernels", "drop --gpus"]),
+    ("gpus-ulysses", ["--gpus", "2", "--ulysses", "3"], ["--ulysses 3 runs in 3 processes, --gpus 2 starts 2"]),
 ]
 
 

@@ -33,7 +33,7 @@ def test_resolve_profile_defaults_and_per_backend_settings():
     (dict(attn="vsa,full,vsa"), "'vsa' twice"), (dict(attn=" , "), "empty entry"), (dict(fmt="xml"), "--format"),
     (dict(tile_fit="partial,pad"), "'pad'"), (dict(kernels=True, steps=2), "--steps"), (dict(steps=0), "--steps"),
     (dict(warmup=-1), "--warmup"), (dict(prompt=" "), "--prompt is empty"),
-    (dict(kernels=True, cfg_parallel=True), "drop --ulysses / --cfg-parallel"), (dict(ulysses=0), "at least 1"),
+    (dict(kernels=True, cfg_parallel=True), "drop --gpus / --ulysses / --cfg-parallel"), (dict(ulysses=0), "at least 1"),
     (dict(ulysses=2, compile=True), "--compile"), (dict(cfg_parallel=True, guidance=1.0), "--guidance 1"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_requests_are_one_line(kwargs, needle):

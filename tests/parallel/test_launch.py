@@ -1,7 +1,8 @@
 """vsagen.parallel.launch, `--ulysses` and `--cfg-parallel`: torchrun's environment read and refused, the degree
-checked before loading, and `torchrun --nproc_per_node 2 -m vsagen t2v --model tiny --device cpu --ulysses 2` (and
-`--cfg-parallel`; gloo) writing one mp4 equal to the single-process one with every rank's timing in its JSON, with
-every rank exiting 2 on bad input and one error line in all."""
+checked before loading, and `vsagen t2v --model tiny --device cpu --gpus 2 --ulysses 2` (its own workers) and
+`torchrun --nproc_per_node 2 -m vsagen t2v ... --cfg-parallel` (gloo) writing one mp4 equal to the single-process one
+with every rank's timing in its JSON; `--gpus 2 --ulysses 3` refused in one line before any worker starts, and under
+torchrun every rank exiting 2 on bad input with one error line in all."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import one_error_line
+from conftest import assert_one_error_line, one_error_line
 import vsagen
 from vsagen.cli import app
 from vsagen.commands.generate_config import resolve_generate as resolve
@@ -51,7 +52,7 @@ def test_check_launch_refusals():
     check_launch(1, None)
     check_launch(1, Launch(0, 1, 0))
     check_launch(2, Launch(1, 2, 1))
-    with pytest.raises(BadInput, match=r"start it with torchrun, e\.g\. torchrun --nproc_per_node 2 -m vsagen i2v"):
+    with pytest.raises(BadInput, match=r"add --gpus 2 \(or start it with torchrun --nproc_per_node 2 -m vsagen i2v"):
         check_launch(2, None, "i2v")
     with pytest.raises(BadInput, match="needs 4 processes, torchrun started 2"):
         check_launch(4, Launch(0, 2, 0))
@@ -59,7 +60,7 @@ def test_check_launch_refusals():
         check_launch(1, Launch(0, 2, 0))
     check_launch(1, Launch(1, 2, 1), cfg_parallel=True)
     check_launch(2, Launch(3, 4, 3), cfg_parallel=True)
-    with pytest.raises(BadInput, match=r"--cfg-parallel splits the run across 2 processes: .*--nproc_per_node 2 "):
+    with pytest.raises(BadInput, match=r"--cfg-parallel splits the run across 2 processes: add --gpus 2 .*--nproc_per_node 2 "):
         check_launch(1, None, cfg_parallel=True)
     with pytest.raises(BadInput, match=r"--ulysses 2 --cfg-parallel needs 4 processes \(2 x --ulysses 2\), "
                                        "torchrun started 2"):
@@ -95,7 +96,7 @@ def test_cli_refuses_ulysses_outside_torchrun_and_several_processes_without_it(c
         monkeypatch.delenv(name, raising=False)
     runner = CliRunner()
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "--ulysses", "2", "x"]))
-    assert "start it with torchrun" in line
+    assert "add --gpus 2 (or start it with torchrun" in line
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
@@ -162,30 +163,38 @@ def one_process(tmp_path_factory, vsagen_cache, tiny_dir):
     return read_mp4(where / "one.mp4")
 
 
-@pytest.mark.parametrize("flags,ranks", [(["--ulysses", "2"], "all-to-all"), (["--cfg-parallel"], "CFG exchange")],
-                         ids=["ulysses", "cfg-parallel"])
-def test_torchrun_writes_one_mp4_equal_to_one_process_and_every_rank_timing(cli_cache, tmp_path, one_process,
-                                                                            flags, ranks):
-    """--ulysses 2 and --cfg-parallel in 2 processes: one mp4 (rank 0's), equal to one process; its JSON and
-    table hold each rank's DiT / attention / exchange times."""
+@pytest.mark.parametrize("flags,ranks,torchrun", [
+    pytest.param(["--gpus", "2", "--ulysses", "2"], "all-to-all", False, marks=pytest.mark.slow, id="ulysses-gpus"),
+    pytest.param(["--cfg-parallel"], "CFG exchange", True, id="cfg-parallel-torchrun")])
+def test_two_processes_write_one_mp4_equal_to_one_process_and_every_rank_timing(cli_cache, tmp_path, one_process,
+                                                                               flags, ranks, torchrun):
+    """--ulysses 2 in the 2 processes `--gpus 2` starts (issue 29: no torchrun), --cfg-parallel under torchrun:
+    one mp4 (rank 0's), equal to one process; its JSON and table hold each rank's DiT / attention / exchange times;
+    with --gpus, rank 0's notes once and nothing of the launcher's on the terminal."""
     from vsagen.video import read_mp4
 
-    res = _vsagen([*RUN_ARGS, *flags, "--out", str(tmp_path / "u.mp4")], tmp_path, cli_cache)
+    res = _vsagen([*RUN_ARGS, *flags, "--out", str(tmp_path / "u.mp4")], tmp_path, cli_cache, torchrun=torchrun)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".mp4", ".json")) == [
         "u.json", "u.mp4"]  # rank 1 wrote nothing
     assert (read_mp4(tmp_path / "u.mp4") == one_process).all()
     data = json.loads((tmp_path / "u.json").read_text())
     assert data["backend"]["name"] == "vsa"
-    assert (data["ulysses"], data["cfg_parallel"]) == ((2, False) if flags[0] == "--ulysses" else (1, True))
+    ulysses = "--ulysses" in flags
+    assert (data["ulysses"], data["cfg_parallel"]) == ((2, False) if ulysses else (1, True))
     timing = data["timing"]
     assert [r["rank"] for r in timing["ranks"]] == [0, 1]
-    key = "all_to_all_s" if flags[0] == "--ulysses" else "cfg_exchange_s"
+    key = "all_to_all_s" if ulysses else "cfg_exchange_s"
     assert all(r[key] > 0 and r["dit_s"] > 0 and r["self_attention_s"] > 0 for r in timing["ranks"]), timing
-    assert all(r["dit_forwards"] == (4 if flags[0] == "--ulysses" else 2) for r in timing["ranks"]), timing
+    assert all(r["dit_forwards"] == (4 if ulysses else 2) for r in timing["ranks"]), timing
     assert timing["ranks_max"][key] == max(r[key] for r in timing["ranks"]) and timing["ranks_mean"][key] > 0
     assert res.stdout.count("video: ") == 1 and res.stdout.count("per rank") == 1  # one report, from rank 0
     assert ranks in res.stdout
+    if not torchrun:
+        assert res.stderr.count("note: --gpus 2 on the CPU (--device cpu): 2 processes (gloo)") == 1
+        assert res.stderr.count("loading tiny") == 1 and "error:" not in res.stderr
+        for noise in ("Traceback", "ChildFailedError", "torch/distributed", "FutureWarning"):
+            assert noise not in res.stdout + res.stderr, res.stderr[-4000:]
 
 
 @pytest.mark.parametrize("args,message", [
@@ -249,3 +258,19 @@ def test_torchrun_profile_splits_every_configuration(cli_cache, tmp_path):
     one = profile_dit(resolve_profile(model="tiny", device="cpu", attn="full,vsa:impl=torch", steps=1, warmup=0,
                                       stock=False))  # the same run in this process
     assert data["rows"][1]["latents_rel_l2_vs_full"] == pytest.approx(one.rows[1].latents_rel_l2_vs_full, rel=1e-4)
+
+
+def test_gpus_refuses_in_the_parent_in_one_line(cli_cache, tmp_path):
+    """Issue 29: `vsagen t2v --model tiny --device cpu --gpus 2 --ulysses 3 "x"`: one error line, exit 2, no
+    traceback, nothing written, before any worker starts (vsagen run through a folder named `vsagen`, a clone's
+    name). (`--gpus 2 --ulysses 2` writing its mp4: the test above.)"""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    env.update(VSAGEN_CACHE=str(cli_cache), HF_HOME=str(tmp_path / "hf-home"))
+    res = subprocess.run([python_under_a_folder_named_vsagen(tmp_path), "-m", "vsagen", "t2v", "--model", "tiny",
+                          "--device", "cpu", "--gpus", "2", "--ulysses", "3", "x"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S)
+    assert res.returncode == 2
+    assert assert_one_error_line(res.stderr, res.stdout) == (
+        "error: --ulysses 3 runs in 3 processes, --gpus 2 starts 2: for --gpus 2 give --ulysses 2 or --cfg-parallel, "
+        "or leave --ulysses out (vsagen then picks)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clone"]  # (the folder named vsagen)

@@ -36,20 +36,22 @@ BOUNDS = [
     ("--dtype", "fp8", "--dtype must be one of auto, bf16, fp16, fp32, got 'fp8'"),
     ("--tile-fit", "pad", "--tile-fit must be one of partial, crop, got 'pad'"),
     ("--ulysses", "0", "--ulysses must be an integer of at least 1, got 0"),
+    ("--gpus", "0", "--gpus must be an integer of at least 1, got 0"),
+    ("--nproc", "-2", "--gpus must be an integer of at least 1, got -2"),
     ("--attn-impl", "cuda", "--attn-impl cuda is not an implementation any backend has; choose from auto, torch, "
                             "triton"),
 ]
 # each command with the arguments it needs, and the flags it takes (from the command line's own declarations)
 COMMANDS = {
     "t2v": (["t2v", "a fox"], {"--attn-impl", "--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed", "--sparsity",
-                               "--device", "--dtype", "--tile-fit", "--ulysses"}),
+                               "--device", "--dtype", "--tile-fit", "--ulysses", "--gpus", "--nproc"}),
     "i2v": (["i2v", "IMG", "a fox"], {"--attn-impl", "--fps", "--flow-shift", "--steps", "--warmup", "--guidance", "--seed",
-                                      "--sparsity", "--device", "--dtype", "--tile-fit", "--ulysses"}),
+                                      "--sparsity", "--device", "--dtype", "--tile-fit", "--ulysses", "--gpus", "--nproc"}),
     "compare": (["compare", "a fox", "--attn", "full,vsa"], {"--attn-impl", "--fps", "--flow-shift", "--steps", "--warmup",
                                                              "--guidance", "--seed", "--sparsity", "--device",
                                                              "--dtype", "--tile-fit"}),
     "profile": (["profile", "--attn", "full,vsa"], {"--attn-impl", "--steps", "--warmup", "--guidance", "--seed", "--sparsity",
-                                                    "--device", "--dtype", "--tile-fit", "--ulysses"}),
+                                                    "--device", "--dtype", "--tile-fit", "--ulysses", "--gpus", "--nproc"}),
     "search": (["search", "--prompt", "a fox"], {"--attn-impl", "--flow-shift", "--steps", "--guidance", "--seed", "--device",
                                                  "--dtype", "--tile-fit"}),
 }
@@ -119,6 +121,8 @@ def test_groups_route_keywords_and_coerce_choices():
     (lambda: PlacementOptions(offload="disk"), "--offload must be one of none, model, group, got 'disk'"),
     (lambda: PlacementOptions(vae_tiling="maybe"), "--vae-tiling must be one of auto, on, off, got 'maybe'"),
     (lambda: PlacementOptions(ulysses=True), "--ulysses must be an integer of at least 1"),
+    (lambda: PlacementOptions(gpus=0), "--gpus must be an integer of at least 1, got 0"),
+    (lambda: PlacementOptions(gpus=2.0), "--gpus must be an integer of at least 1, got 2.0"),
     (lambda: AttentionOptions(sparsity=-0.1), "--sparsity must be in [0, 1)"),
     (lambda: OutputOptions(fps=24.0), "--fps must be an integer"),
 ])

@@ -14,7 +14,7 @@ from vsagen.models import resolve_model
 from vsagen.presets import load_preset
 from vsagen.request.options import ModelOptions, PlacementOptions, RequestOptions, SamplingOptions, request_options
 from vsagen.request.resolve import (NONE, ONE, SEVERAL, Request, check_last_frame, negative_prompt_note,
-                                    request_fields, resolve)
+                                    request_fields, resolve, split_processes)
 
 
 def test_values_given_win_over_the_preset():
@@ -88,3 +88,74 @@ def test_every_command_holds_the_fields_resolve_gives(tmp_path):
         assert isinstance(cfg, Request)
         assert {k: v for k, v in request_fields(cfg).items() if k not in keep} == want, type(cfg).__name__
     assert ONE == "one"
+
+
+def test_split_processes_keeps_what_was_given_and_prefers_cfg_parallel():
+    """--gpus N: CFG parallel on two halves first when CFG is on (one exchange a step), else Ulysses N; a given
+    --ulysses / --cfg-parallel must make N processes (2U with --ulysses U implies CFG parallel when CFG is on)."""
+    deg = [1, 2, 4]  # e.g. 4 heads
+    cfg, nocfg = dict(guidance=5.0, degrees=deg), dict(guidance=1.0, degrees=deg)
+    assert split_processes(1, None, False, **cfg) == (1, False, None)
+    u, c, note = split_processes(2, None, False, **cfg)
+    assert (u, c) == (1, True) and note == ("--gpus 2: the conditional and unconditional CFG passes run on two "
+                                            "halves of the processes (as --cfg-parallel)")
+    u, c, note = split_processes(8, None, False, **cfg)
+    assert (u, c) == (4, True) and "each splitting the sequence 4 ways (as --cfg-parallel --ulysses 4)" in note
+    assert split_processes(4, None, False, **nocfg)[:2] == (4, False)  # no CFG: Ulysses over all
+    assert split_processes(2, None, False, guidance=5.0, degrees=[1, 2])[:2] == (1, True)
+    assert split_processes(3, None, False, guidance=5.0, degrees=None)[:2] == (3, False)  # unknown model: tried
+    assert split_processes(2, 2, False, **cfg) == (2, False, None)  # given: kept, no note
+    assert split_processes(4, 2, True, **cfg) == (2, True, None)
+    assert split_processes(6, None, True, guidance=5.0, degrees=None) == (3, True, None)
+    u, c, note = split_processes(4, 2, False, **cfg)
+    assert (u, c) == (2, True) and "(as --cfg-parallel)" in note
+    for args, kw, needle in [
+        ((2, 3, False), cfg, "--ulysses 3 runs in 3 processes, --gpus 2 starts 2: for --gpus 2 give --ulysses 2 or "
+                             "--cfg-parallel, or leave --ulysses out"),
+        ((4, 2, False), nocfg, "--ulysses 2 runs in 2 processes, --gpus 4 starts 4: for --gpus 4 give --ulysses 4,"),
+        ((3, 2, True), dict(guidance=5.0, degrees=[1, 2]), "--ulysses 2 --cfg-parallel runs in 4 processes, --gpus 3 "
+                                                           "starts 3: give --gpus 4"),
+        ((3, None, True), cfg, "--gpus 3 is odd"),
+        ((3, None, False), cfg, "--gpus 3 cannot split this run: Ulysses splits it across 2, 4 processes (the degrees "
+                                "that divide the model's heads and this size's tokens), twice as many with CFG parallel; "
+                                "give --gpus 2, 4, 8"),
+        ((2, None, False), dict(guidance=1.0, degrees=[1]), "across no more than 1 process (the degrees"),
+    ]:
+        with pytest.raises(BadInput) as info:
+            split_processes(*args, **kw)
+        assert needle in str(info.value), str(info.value)
+
+
+def test_resolve_splits_gpus_and_checks_them_before_loading(vsagen_cache, monkeypatch):
+    """tiny: 2 heads, CFG on (guidance 5): --gpus 2 runs CFG parallel, --gpus 4 with Ulysses 2 in each half, --gpus
+    2 without CFG Ulysses 2; the request holds the split and says so in a note; bad counts are refused."""
+    src = resolve_model("tiny")
+
+    def req(**flags):
+        return resolve(src, request_options(device="cpu", **flags), prompt="p")
+
+    r = req(gpus=2)
+    assert (r.ulysses, r.cfg_parallel, r.gpus, r.processes) == (1, True, 2, 2)
+    assert [n for n in r.notes if n.startswith("--gpus")] == [
+        "--gpus 2 on the CPU (--device cpu): 2 processes (gloo) share this machine's cores",
+        "--gpus 2: the conditional and unconditional CFG passes run on two halves of the processes (as --cfg-parallel)"]
+    assert (req(gpus=4).ulysses, req(gpus=4).cfg_parallel) == (2, True)
+    assert (req(gpus=2, guidance=1.0).ulysses, req(gpus=2, guidance=1.0).cfg_parallel) == (2, False)
+    assert (req(gpus=2, ulysses=2).ulysses, req(gpus=2, ulysses=2).notes[-1:]) == (2, (
+        "--gpus 2 on the CPU (--device cpu): 2 processes (gloo) share this machine's cores",))
+    assert req().gpus is None and (req().ulysses, req(gpus=1).processes) == (1, 1)
+    for flags, needle in [(dict(gpus=2, ulysses=3), "--ulysses 3 runs in 3 processes, --gpus 2 starts 2"),
+                          (dict(gpus=3), "give --gpus 2, 4"),
+                          (dict(gpus=2, height=112, width=176, guidance=1.0), "--gpus 2 cannot split this run"),
+                          (dict(gpus=2, compile=True), "--gpus 2 with --compile is not supported yet")]:
+        with pytest.raises(BadInput, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            req(**flags)
+    import torch  # one CUDA GPU visible: --gpus 2 asks for two
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(BadInput, match=r"--gpus 2: torch sees 1 GPU here \(one process per GPU\); give --gpus 1 or "
+                                       "fewer"):
+        resolve(src, request_options(device="cuda", gpus=2), prompt="p")
+    with pytest.raises(BadInput, match="--gpus 2 cannot run with --offload model"):
+        resolve(src, request_options(device="cuda", gpus=2, offload="model"), prompt="p")

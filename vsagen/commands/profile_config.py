@@ -118,9 +118,9 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
                        "(drop them, or drop --kernels)")
     if kernels and plot is not None:
         raise BadInput("--plot draws the DiT time per backend; it does not apply to --kernels")
-    if kernels and (pl.ulysses != 1 or pl.cfg_parallel):
-        raise BadInput("--kernels times the attention alone in one process; drop --ulysses / --cfg-parallel (they "
-                       "split the DiT runs across processes), or drop --kernels")
+    if kernels and (pl.ulysses not in (None, 1) or pl.cfg_parallel or pl.gpus not in (None, 1)):
+        raise BadInput("--kernels times the attention alone in one process; drop --gpus / --ulysses / --cfg-parallel "
+                       "(they split the DiT runs across processes), or drop --kernels")
     if not prompt.strip():
         raise BadInput("--prompt is empty")
     model = options.model.model

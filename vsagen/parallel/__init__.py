@@ -2,6 +2,6 @@
 run it for Wan): the all-to-all exchanges between a rank's chunk of the sequence and its share of the heads, and a
 wrapper that runs any attention backend on the whole sequence for H / N heads, the diffusers context-parallel plan
 and the degree check (`ulysses`); the conditional and unconditional CFG passes on two halves of the ranks (`cfg`); a
-torchrun launch's ranks, process group, `enable_parallelism` and per-rank timing gather for `--ulysses` /
-`--cfg-parallel` (`launch`).
+launch's ranks (torchrun's or vsagen's own), process group, `enable_parallelism` and per-rank timing gather for
+`--ulysses` / `--cfg-parallel` (`launch`); the workers of `--gpus N` started through torch's elastic agent (`spawn`).
 """

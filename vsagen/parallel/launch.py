@@ -1,8 +1,8 @@
-"""A sequence-parallel run under torchrun (issue 15): the launcher's ranks, the process group, and diffusers' context
+"""A sequence-parallel run under a launcher (issue 15): the launcher's ranks, the process group, and diffusers' context
 parallelism (Ulysses) switched on for a pipeline's transformers with vsagen's plan.
 
-`torchrun --nproc_per_node N -m vsagen t2v ... --ulysses N` starts N processes with RANK, WORLD_SIZE and LOCAL_RANK
-set (torchrun's contract, read once by the CLI and passed here as a `Launch`). Every rank loads the model and runs
+`vsagen t2v ... --gpus N` (`spawn`) or `torchrun --nproc_per_node N -m vsagen t2v ... --ulysses N` starts N processes
+with RANK, WORLD_SIZE and LOCAL_RANK set (torchrun's contract, read once by the CLI and passed here as a `Launch`). Every rank loads the model and runs
 the same denoising loop on the same seed; the transformer's sequence is split across the ranks (diffusers' plan
 for Wan, `ulysses.context_parallel_plan`) and vsagen's processors exchange sequence for heads around the backend
 (`ulysses.UlyssesAttention`), so every rank ends each step with the same latents. With `--cfg-parallel` the ranks
@@ -13,6 +13,7 @@ form two halves, one per CFG branch (`cfg`). Rank 0 decodes and writes, with eve
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -68,8 +69,8 @@ def check_launch(ulysses: int, launch: Launch | None, command: str = "t2v", cfg_
     need = ulysses * (2 if cfg_parallel else 1)
     flags = " ".join(([f"--ulysses {ulysses}"] if ulysses > 1 else []) + (["--cfg-parallel"] if cfg_parallel else []))
     if need > 1 and launch is None:
-        raise BadInput(f"{flags} splits the run across {need} processes: start it with torchrun, "
-                       f"e.g. torchrun --nproc_per_node {need} -m vsagen {command} ... {flags}")
+        raise BadInput(f"{flags} splits the run across {need} processes: add --gpus {need} (or start it with "
+                       f"torchrun --nproc_per_node {need} -m vsagen {command} ... {flags})")
     if need != world:
         if need == 1:
             raise BadInput(f"this command runs in {world} processes (torchrun): give --ulysses {world} to split the "
@@ -165,6 +166,9 @@ def enable_ulysses(transformer: Any, degree: int, mesh: Any = None) -> None:
 
     if not dist.is_initialized():
         raise RuntimeError("enable_ulysses needs the process group: call vsagen.parallel.launch.start first")
+    # diffusers 0.42's hooks gather the output with a torch function torch deprecates: a FutureWarning on every
+    # rank's first step that its users cannot act on
+    warnings.filterwarnings("ignore", message=r".*all_gather_tensor.* is deprecated", category=FutureWarning)
     with _one_device_on_cpu():
         transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=degree, mesh=mesh),
                                        cp_plan=context_parallel_plan(transformer))

@@ -243,11 +243,13 @@ class PlacementOptions:
         vae_tiling: `VaeTiling` (commands that decode).
         compile: torch.compile the transformer blocks.
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
-        ulysses: ranks the sequence is split across (torchrun); cfg_parallel: the CFG passes on two halves of the
-            ranks.
+        ulysses: ranks the sequence is split across (None: not given; `vsagen.request.resolve` makes it 1, or
+            derives it from `gpus`); cfg_parallel: the CFG passes on two halves of the ranks.
+        gpus: processes vsagen starts itself for the run (`--gpus` / `--nproc`; one per GPU on CUDA; None: this
+            process alone, or a launcher's such as torchrun).
 
     Raises:
-        BadInput: an unknown device, dtype, offload or VAE tiling, or a Ulysses degree below 1.
+        BadInput: an unknown device, dtype, offload or VAE tiling, or a Ulysses degree or process count below 1.
     """
 
     device: Device = Device.AUTO
@@ -256,15 +258,17 @@ class PlacementOptions:
     vae_tiling: VaeTiling = VaeTiling.AUTO
     compile: bool = False
     fused_blocks: bool = True
-    ulysses: int = 1
+    ulysses: int | None = None
     cfg_parallel: bool = False
+    gpus: int | None = None
 
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
                                 ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
-        if isinstance(self.ulysses, bool) or not isinstance(self.ulysses, int) or self.ulysses < 1:
-            raise BadInput(f"--ulysses must be an integer of at least 1, got {self.ulysses!r}")
+        for flag, value in (("--ulysses", self.ulysses), ("--gpus", self.gpus)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise BadInput(f"{flag} must be an integer of at least 1, got {value!r}")
         object.__setattr__(self, "cfg_parallel", bool(self.cfg_parallel))
 
 
@@ -345,7 +349,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
                                     "seed")},
     **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "compile", "fused_blocks", "ulysses",
-                                     "cfg_parallel")},
+                                     "cfg_parallel", "gpus")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},
     **{k: ("output", k) for k in ("out", "overwrite", "fps", "sheet")},
 }

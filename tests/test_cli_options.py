@@ -29,3 +29,16 @@ def test_the_commands_show_the_shared_texts(command):
     flat = " ".join(res.stdout.split())
     model_help = typing.get_args(options.Model)[1].help
     assert " ".join(model_help.split()) in flat
+
+
+def test_an_unknown_option_is_offered_only_close_ones():
+    """Issue 29: Click compared `--bogus` with the option names dashes included and offered `--out, --verbose`; the
+    command line offers the names close to what was typed, without the dashes, or none."""
+    from vsagen.cli_options import close_options
+
+    names = ["--height", "--width", "--steps", "--seed", "--out", "--verbose", "--json", "--dtype", "--fps", "-v"]
+    assert close_options("--bogus", names) == []
+    assert close_options("--hieght", names) == ["--height"]
+    assert close_options("--stpes", names) == ["--steps"]
+    assert close_options("--sed", names) == ["--seed"]
+    assert close_options("--verbos", names) == ["--verbose"]

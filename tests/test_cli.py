@@ -440,7 +440,7 @@ BAD_INPUT_WALL_S = 3.0
 def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir, tmp_path):
     """Issue 29 (items 4 and 5): each bad input gives one `error:` line and exit 2 through `main()`, within
     BAD_INPUT_WALL_S, having imported neither torch nor diffusers, and writes nothing (no output file, no cache
-    folder). A truncated or overwritten safetensors file is named as damaged (it was blamed on pickle), a folder
+    folder), t2v's and also search's and compare's. A truncated or overwritten safetensors file is named as damaged (it was blamed on pickle), a folder
     without transformer weights gets vsagen's line only (diffusers printed its own first), an unwritable
     VSAGEN_CACHE is bad input (it exited 1), and an unknown option is offered only close ones (`--bogus` was offered
     `--out, --verbose`)."""
@@ -461,8 +461,11 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
     (tmp_path / "a-file").write_text("not a folder")
     out = tmp_path / "out"
     out.mkdir()
-    cases = {  # args, what the line says, the VSAGEN_CACHE
+    cases = {  # args after `t2v PROMPT` (or a whole command line), what the line says, the VSAGEN_CACHE
         "height": (["--model", "tiny", "--height", "100"], "--height must be a positive multiple of 16", None),
+        "search ranges": (["search", "--prompt", "p", "--model", "tiny", "--steps", "2", "--ranges", "3"],
+                          "--ranges must be in [1, --steps] = [1, 2]", None),
+        "compare height": (["compare", "p", "--model", "tiny", "--width", "100"], "--width must be a positive", None),
         "attn option": (["--model", "tiny", "--attn", "vsa:sparsity=2"], "sparsity must be in [0, 1)", None),
         "unknown option": (["--bogus", "1"], "No such option: --bogus (see", None),
         "close option": (["--hieght", "1"], "--height", None),
@@ -482,7 +485,9 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
     for name, (args, says, cache) in cases.items():
         env = sub_env(cli_cache if cache is None else cache, tmp_path)
         report = tmp_path / f"{name}.json"
-        argv = [sys.executable, "-c", probe, str(report), "t2v", "a prompt", *args, "--out", str(out / "v.mp4")]
+        command = args if args[0] in ("search", "compare") else ["t2v", "a prompt", *args]
+        target = out / ("p.json" if args[0] == "search" else "c" if args[0] == "compare" else "v.mp4")
+        argv = [sys.executable, "-c", probe, str(report), *command, "--out", str(target)]
         t0 = time.perf_counter()
         res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
         wall = time.perf_counter() - t0

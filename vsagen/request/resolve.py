@@ -168,10 +168,13 @@ def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' if available else 'cpu'. Raises BadInput for 'cuda' without CUDA."""
+    """'auto' -> 'cuda' if available else 'cpu' ('cpu' without importing torch). Raises BadInput for 'cuda' without
+    CUDA."""
+    device = Device.parse(device, "--device")
+    if device == Device.CPU:
+        return "cpu"
     import torch
 
-    device = Device.parse(device, "--device")
     has_cuda = torch.cuda.is_available()
     if device == Device.CUDA and not has_cuda:
         raise BadInput("--device cuda: CUDA is not available here (torch "

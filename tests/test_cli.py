@@ -440,10 +440,10 @@ BAD_INPUT_WALL_S = 3.0
 def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir, tmp_path):
     """Issue 29 (items 4 and 5): each bad input gives one `error:` line and exit 2 through `main()`, within
     BAD_INPUT_WALL_S, having imported neither torch nor diffusers, and writes nothing (no output file, no cache
-    folder), t2v's and also search's and compare's. A truncated or overwritten safetensors file is named as damaged (it was blamed on pickle), a folder
-    without transformer weights gets vsagen's line only (diffusers printed its own first), an unwritable
-    VSAGEN_CACHE is bad input (it exited 1), and an unknown option is offered only close ones (`--bogus` was offered
-    `--out, --verbose`)."""
+    folder), t2v's and also search's and compare's. A truncated or overwritten safetensors file is named as damaged
+    (it was blamed on pickle), a folder without transformer weights gets vsagen's line only (diffusers printed its
+    own first), an unwritable VSAGEN_CACHE is bad input (it exited 1), and an unknown option is offered only close
+    ones (`--bogus` was offered `--out, --verbose`)."""
     import shutil
 
     checkpoints = {}

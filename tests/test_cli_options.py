@@ -66,3 +66,16 @@ def test_t2v_gives_its_workers_its_own_command_line(monkeypatch):
     res = CliRunner().invoke(app, ["t2v", "--model", "tiny", "--gpus", "2", "--ulysses", "2", "a fox"])
     assert res.exit_code == 0, res.output
     assert got == [["t2v", "--model", "tiny", "--gpus", "2", "--ulysses", "2", "--", "a fox"]]
+
+
+def test_an_unknown_option_is_offered_only_close_ones():
+    """Issue 29: Click compared `--bogus` with the option names dashes included and offered `--out, --verbose`; the
+    command line offers the names close to what was typed, without the dashes, or none."""
+    from vsagen.cli_options import close_options
+
+    names = ["--height", "--width", "--steps", "--seed", "--out", "--verbose", "--json", "--dtype", "--fps", "-v"]
+    assert close_options("--bogus", names) == []
+    assert close_options("--hieght", names) == ["--height"]
+    assert close_options("--stpes", names) == ["--steps"]
+    assert close_options("--sed", names) == ["--seed"]
+    assert close_options("--verbos", names) == ["--verbose"]

@@ -106,3 +106,35 @@ def test_presets_fit_the_terminal_and_cut_nothing(columns):
         row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
         assert row == ["wan2.1-t2v-1.3b", "480x832", "81", "50", "5", "3", "16"]
         assert "commands and weights" in res.stdout
+
+
+# A generous bound for an answer that imports neither torch nor diffusers (~0.4 s on an idle 2-core machine).
+LISTING_WALL_S = 3.0
+
+
+def test_presets_and_backends_import_neither_torch_nor_diffusers():
+    """Issue 29: `vsagen presets` took 5.0 s and `vsagen backends` 4.8 s, importing every backend (torch) through
+    the registry. Each command runs in a fresh interpreter (both at once), through `main()` as the console script
+    does, and reports what it imported: no torch, no diffusers, no backend module; its listing printed, in time."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    probe = ("import sys, json\nfrom vsagen.cli import main\nsys.argv = ['vsagen', sys.argv[1]]\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers', "
+             "'triton') or m in ('vsagen.attention.base', 'vsagen.attention.vsa'))\n"
+             "sys.stderr.write(json.dumps([code, heavy]))\n")
+    t0 = time.perf_counter()
+    procs = {c: subprocess.Popen([sys.executable, "-c", probe, c], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env={**os.environ, "COLUMNS": "100"})
+             for c in ("presets", "backends")}
+    for command, proc in procs.items():
+        out, err = proc.communicate(timeout=60)
+        wall = time.perf_counter() - t0
+        code, heavy = json.loads(err)
+        assert (code, heavy) == (0, []), (command, err)
+        assert ("tiny" if command == "presets" else "sparse-vdit") in out
+        assert wall < LISTING_WALL_S, f"`vsagen {command}` took {wall:.2f} s"

@@ -385,3 +385,34 @@ def test_a_prompt_past_the_encoder_s_length_is_a_note(vsagen_cache, tmp_path):
     assert truncation_note(pipe, negative).startswith("--negative-prompt is 701 tokens")
     no_cfg = resolve_generate("a fox", model="tiny", negative_prompt="b" * 700, guidance=1.0, out=tmp_path / "d.mp4")
     assert truncation_note(pipe, no_cfg) is None  # without CFG the negative prompt is not encoded
+
+
+
+def test_a_tiny_cache_that_cannot_be_written_is_bad_input(vsagen_cache, tmp_path, monkeypatch):
+    """Issue 29: `prepare_model_files` exited 1 (RunFailure) for a cache it cannot write; it is bad input (exit 2),
+    one line naming the folder (here the cache turns into a path under a file after the request was resolved)."""
+    from vsagen.loading import prepare_model_files
+
+    cfg = resolve("a prompt", model="tiny", out=tmp_path / "x.mp4")
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("VSAGEN_CACHE", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(BadInput, match="cannot write the tiny model to the vsagen cache .*a-file.*; set VSAGEN_CACHE") \
+            as info:
+        prepare_model_files(cfg)
+    assert info.value.exit_code == 2
+
+
+def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_dir, tmp_path, capfd):
+    """Issue 29: a folder without transformer weights printed diffusers' own "An error occurred while trying to
+    fetch ..." line before vsagen's. `vsagen.models` now refuses such a folder before loading; should diffusers
+    still fail, its log is silent during the call and the exception is vsagen's one line."""
+    from vsagen.loading import _from_pretrained
+
+    ckpt = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
+    cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "x.mp4")
+    (ckpt / "transformer" / "diffusion_pytorch_model.safetensors").unlink()  # after the request's own check
+    capfd.readouterr()
+    with pytest.raises(BadInput):
+        _from_pretrained(str(ckpt), cfg, torch.float32)
+    err = capfd.readouterr().err
+    assert "An error occurred" not in err and "ckpt/transformer" not in err

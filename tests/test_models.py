@@ -62,7 +62,7 @@ def test_local_directories_of_a_tiny_architecture_get_the_tiny_preset(tiny_dir, 
     assert resolve_model(str(i2v_dir)).preset.name == "tiny-i2v"
     # an architecture no preset describes: the default model's generation settings
     odd = tmp_path / "odd"
-    shutil.copytree(tiny_dir, odd, ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(tiny_dir, odd)
     cfg = json.loads((odd / "transformer" / "config.json").read_text())
     cfg["num_layers"] = cfg["num_layers"] + 1
     (odd / "transformer" / "config.json").write_text(json.dumps(cfg))
@@ -92,3 +92,37 @@ def test_attention_dims_from_the_preset_or_the_directory(tiny_dir, tmp_path):
     gone = ModelSource("dir", str(tmp_path / "gone"), load_preset("tiny"), exact_preset=False)
     with pytest.raises(ModelNotFound, match="cannot read its transformer config"):
         attention_dims(gone, "gone")
+
+
+def test_a_checkpoint_with_damaged_or_missing_weights_is_refused_before_loading(tiny_dir, tmp_path):
+    """Issue 29: a truncated or overwritten safetensors file and a folder without weights were found by diffusers
+    (blamed on pickle, after its own log line); a missing shard too. `resolve_model` reads the headers (no torch)
+    and names the file, what is wrong and what to do. Pickle-only folders are left to the loader (--allow-pickle)."""
+    from vsagen.models import check_weight_files, safetensors_problem
+
+    ckpt = shutil.copytree(tiny_dir, tmp_path / "ckpt")
+    index = json.loads((ckpt / "model_index.json").read_text())
+    check_weight_files(ckpt, "ckpt", index)
+    weights = ckpt / "transformer" / "diffusion_pytorch_model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) - 10])
+    assert safetensors_problem(weights) == "incomplete metadata, file not fully covered"
+    with pytest.raises(BadInput, match="^--model ckpt: transformer/diffusion_pytorch_model.safetensors is damaged "
+                                       r"or truncated \(incomplete metadata, file not fully covered\); download it "
+                                       "again$"):
+        check_weight_files(ckpt, "ckpt", index)
+    weights.write_bytes(b"\xff" * 8 + whole[8:])  # the header's length overwritten
+    with pytest.raises(BadInput, match="is damaged or truncated"):
+        resolve_model(str(ckpt))
+    weights.unlink()
+    with pytest.raises(BadInput, match="transformer/ holds no weights .* download it again"):
+        resolve_model(str(ckpt))
+    (ckpt / "transformer" / "diffusion_pytorch_model.bin").write_bytes(b"pickle")  # the loader's to refuse
+    check_weight_files(ckpt, "ckpt", index)
+    shards = {"weight_map": {"a": "diffusion_pytorch_model-00001-of-00002.safetensors",
+                             "b": "diffusion_pytorch_model-00002-of-00002.safetensors"}}
+    (ckpt / "transformer" / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(shards))
+    (ckpt / "transformer" / "diffusion_pytorch_model-00001-of-00002.safetensors").write_bytes(whole)
+    with pytest.raises(BadInput, match="transformer/diffusion_pytorch_model-00002-of-00002.safetensors is missing "
+                                       r"\(1 of the 2 files"):
+        check_weight_files(ckpt, "ckpt", index)

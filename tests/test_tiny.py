@@ -3,6 +3,7 @@ deterministic build, and `ensure_tiny_checkpoint` (saved once, atomically, marke
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -69,7 +70,7 @@ def test_a_checkpoint_finished_by_another_process_meanwhile_is_kept(tmp_path, mo
 
         def save_pretrained(self, path, **kw):
             self.pipe.save_pretrained(path, **kw)
-            target.mkdir()  # the other process renames its complete checkpoint into place meanwhile
+            shutil.copytree(path, target)  # the other process renames its complete checkpoint into place meanwhile
             (target / _MARKER).write_text("the other process\n")
             (target / "in use").write_text("loading from here")
 
@@ -98,3 +99,52 @@ def test_no_build_under_a_process_group(tmp_path):
     finally:
         dist.destroy_process_group()
     assert not (tmp_path / "tiny-pipeline").exists()
+
+
+def test_a_damaged_checkpoint_is_built_again(tiny_dir, tmp_path):
+    """Issue 29: a tiny checkpoint damaged after it was saved (a truncated weight file) was loaded as is, and
+    diffusers' failure was blamed on pickle. It is found from the files' headers and built again in its place."""
+    import os
+
+    from vsagen.tiny import tiny_checkpoint_problem
+
+    root = tmp_path / "root"
+    target = shutil.copytree(tiny_dir, root / "tiny-pipeline")
+    assert tiny_checkpoint_problem(target) is None
+    weights = target / "transformer" / "diffusion_pytorch_model.safetensors"
+    whole = weights.stat().st_size
+    os.truncate(weights, whole // 2)
+    assert "diffusion_pytorch_model.safetensors is damaged or truncated" in tiny_checkpoint_problem(target)
+    assert ensure_tiny_checkpoint(load_preset("tiny"), root) == target
+    assert tiny_checkpoint_problem(target) is None and weights.stat().st_size == whole
+    assert sorted(p.name for p in root.iterdir()) == ["tiny-pipeline"]  # the damaged copy is gone
+
+
+def test_an_unwritable_cache_is_found_before_anything_loads(tiny_dir, tmp_path, monkeypatch):
+    """Issue 29: an unwritable VSAGEN_CACHE exited 1 after loading torch; `check_tiny_cache` (called by the request's
+    resolution) says it in one line, naming the folder: a cache under a file, or a folder without write access
+    (simulated: the tests may run as root). A whole checkpoint needs no writing; a missing cache is created later, and
+    the test leaves nothing behind."""
+    import pytest
+
+    import vsagen.tiny
+    from vsagen.errors import BadInput
+    from vsagen.tiny import check_tiny_cache
+
+    tiny = load_preset("tiny")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    with pytest.raises(BadInput, match=f"vsagen cache {a_file}/cache \\(not a folder: {a_file}\\); set VSAGEN"):
+        check_tiny_cache(tiny, a_file / "cache")
+    check_tiny_cache(tiny, tmp_path / "new" / "cache")
+    assert not (tmp_path / "new").exists()  # checked, not created
+    with pytest.raises(BadInput, match="vsagen cache /proc/vsagen-cache .*; set VSAGEN_CACHE"):
+        check_tiny_cache(tiny, Path("/proc/vsagen-cache"))  # no folder can be made in /proc, even by root
+
+    def refused(prefix, dir):
+        raise PermissionError(13, "Permission denied", str(dir))
+
+    monkeypatch.setattr(vsagen.tiny.tempfile, "mkdtemp", refused)
+    with pytest.raises(BadInput, match=f"cache {tmp_path}/new/cache \\(Permission denied: {tmp_path}\\)"):
+        check_tiny_cache(tiny, tmp_path / "new" / "cache")
+    check_tiny_cache(tiny, tiny_dir.parent)  # the checkpoint is there whole: nothing to write

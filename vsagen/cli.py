@@ -22,7 +22,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, JsonOut, Model, ProfileCompile, Verbose,
-                          choice_parser)
+                          choice_parser, close_options)
 from .errors import VsagenError
 from .request.options import ImageFit, ReportFormat, RequestOptions
 
@@ -432,11 +432,12 @@ def compare(
     def run() -> None:
         from rich.console import Console
 
-        from .commands.compare import compare as run_compare
         from .commands.compare_config import resolve_compare_options
         from .terminal import fit_table, stderr_log
 
-        cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)
+        cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
+        from .commands.compare import compare as run_compare
+
         say = stderr_log("COLUMNS" in os.environ)
         said: set[str] = set()
 
@@ -577,6 +578,9 @@ def main() -> None:
             typer.echo(ctx.get_help())
             code = 2
         elif hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            if name == "NoSuchOption" and ctx is not None:  # suggest only options close to what was typed
+                e.possibilities = close_options(e.option_name, [o for p in ctx.command.params for o in p.opts
+                                                                    if o.startswith("-")])
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
             _err(f"{e.format_message()}{hint}")
             code = e.exit_code

@@ -6,9 +6,10 @@ own message. Nothing heavy is imported here (the command line answers before tor
 
 from __future__ import annotations
 
+import difflib
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Iterable, Optional
 
 import typer
 
@@ -167,3 +168,11 @@ def command_line(ctx: Any = None) -> list[str]:
         else:
             options += [param.opts[0], str(value)]
     return [ctx.info_name, *options, "--", *arguments]
+
+
+def close_options(typed: str, options: Iterable[str]) -> list[str]:
+    """The options among `options` (e.g. `--height`, `-h`) that `typed`, an option no command has, may have meant:
+    difflib's close matches of the names without their dashes (ratio >= 0.7, at most 3, closest first); [] when
+    none is close. Click's own suggestion compares the dashes too, so `--bogus` was offered `--out, --verbose`."""
+    names = {o.lstrip("-"): o for o in options}
+    return [names[n] for n in difflib.get_close_matches(typed.lstrip("-"), list(names), n=3, cutoff=0.7)]

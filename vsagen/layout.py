@@ -15,8 +15,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a layout is built: the crop plans answer without it (bad input, fast)
+    import torch
 
 TILE = (4, 4, 4)
 
@@ -98,9 +100,6 @@ def _check_dims(name: str, dims: tuple[int, ...]) -> None:
 
 
 @functools.cache
-# The cache lives for the whole process: build normal tensors even when the first caller runs under
-# torch.inference_mode (as `generate` does), or a later autograd forward on the same grid fails.
-@torch.inference_mode(False)
 def tile_layout(grid: tuple[int, int, int], tile: tuple[int, int, int] = TILE,
                 device: torch.device | str = "cpu") -> TileLayout:
     """Build (and cache per grid, tile and device) the tile layout of a post-patch latent grid.
@@ -118,6 +117,17 @@ def tile_layout(grid: tuple[int, int, int], tile: tuple[int, int, int] = TILE,
 
     Source: VSA paper sec. 2 (cube partition) and appendix B (tile / untile).
     """
+    import torch
+
+    # The cache lives for the whole process: build normal tensors even when the first caller runs under
+    # torch.inference_mode (as `generate` does), or a later autograd forward on the same grid fails.
+    with torch.inference_mode(False):
+        return _build_layout(grid, tile, device)
+
+
+def _build_layout(grid: tuple[int, int, int], tile: tuple[int, int, int], device: torch.device | str) -> TileLayout:
+    import torch
+
     # Check before converting: int() would silently truncate a non-integral size such as 2.5.
     _check_dims("grid", tuple(grid))
     _check_dims("tile", tuple(tile))

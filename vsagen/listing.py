@@ -65,8 +65,8 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
 
     from rich.console import Console
 
-    from .attention import backend_class, backend_names, uses_sparsity
     from .attention.auto import auto_picks, auto_rule
+    from .attention.registry import backend_facts, backend_names, summary_of, uses_sparsity
     from .attention.spec import FLAG_OPTIONS, impls_of, option_help, python_options
 
     width = max(40, Console().width)  # the terminal's (COLUMNS where set)
@@ -81,13 +81,13 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
     say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
     tables = preset_tables()  # the presets' own option defaults, said beside the backends' own
     for name in backend_names():  # the registry's names, in its order (read now: a backend registered late too)
-        cls = backend_class(name)
+        cls = backend_facts(name)  # the class, or its registry entry (no backend module imported: no torch)
         # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
         kind = "sparse, takes --sparsity" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
         picks = auto_picks(name)
         echo("")
         say(f"{name} ({kind})" + (f" - default: --attn auto runs it {picks}" if picks else ""))
-        say(" ".join((cls.__doc__ or "").strip().split("\n\n")[0].split()).rstrip("."), indent=2)
+        say(summary_of(cls), indent=2)
         impls = [i for i in impls_of(name) if i != "auto"]
         say("implementations: " + (f"{', '.join(impls)}; impl=auto runs triton on CUDA, torch (the reference) "
                                    "elsewhere" if impls else "one (no impl option)"), indent=2)

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
-from .errors import BadInput, ModelNotFound, RunFailure
+from .errors import BadInput, ModelNotFound
+from .models import PICKLE_SUFFIXES
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _ALLOWED_LIBRARIES = {"diffusers", "transformers"}
 
 
@@ -74,7 +74,7 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "Wan
             continue
         files = [f.name for f in sub.iterdir()]
         has_safe = any(f.endswith(".safetensors") for f in files)
-        has_pickle = any(f.endswith(_PICKLE_SUFFIXES) for f in files)
+        has_pickle = any(f.endswith(PICKLE_SUFFIXES) for f in files)
         if has_pickle and not has_safe and not allow_pickle:
             raise BadInput(f"--model {path}: {name}/ has only pickle weights; pickle files can run code when "
                            "loaded, so vsagen loads safetensors only; pass --allow-pickle if you trust them")
@@ -86,6 +86,10 @@ def _from_pretrained(location: str, cfg: Request, dtype: Any) -> Any:
     pipeline_cls = getattr(diffusers, pipeline_class_name(cfg))
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": False}
     kwargs["use_safetensors"] = None if cfg.allow_pickle else True
+    verbosity = diffusers.utils.logging.get_verbosity()
+    # diffusers logs a failed component load as an error line of its own ("An error occurred while trying to
+    # fetch ...") before it raises: the exception becomes vsagen's one line below, so its log says nothing meanwhile
+    diffusers.utils.logging.set_verbosity(diffusers.utils.logging.CRITICAL)
     try:
         return pipeline_cls.from_pretrained(location, **kwargs)
     except (OSError, ValueError, EnvironmentError) as e:
@@ -102,6 +106,8 @@ def _from_pretrained(location: str, cfg: Request, dtype: Any) -> Any:
         raise ModelNotFound(
             f"cannot load model {cfg.model!r}: {why}. Download it with `hf download {location} --local-dir DIR` "
             f"and pass --model DIR{timing_hint}, or try --model tiny") from None
+    finally:
+        diffusers.utils.logging.set_verbosity(verbosity)
 
 
 def _short(msg: str, limit: int = 100) -> str:
@@ -190,18 +196,17 @@ def prepare_model_files(cfg: Request) -> Path | None:
     (`vsagen.parallel.launch.start`): transformers' `save_pretrained` writes only on rank 0 of an initialized group.
 
     Raises:
-        RunFailure: the cache folder is not writable.
+        BadInput: the cache folder is not writable (bad input, as `vsagen.tiny.check_tiny_cache` finds it before
+            anything loads; here when it became so meanwhile).
     """
     if cfg.source.kind != "tiny" or cfg.random_weights:
         return None
-    from .tiny import ensure_tiny_checkpoint
+    from .tiny import ensure_tiny_checkpoint, unwritable_cache
 
     try:
         return ensure_tiny_checkpoint(cfg.source.preset)
     except OSError as e:
-        raise RunFailure(f"cannot write the tiny model to the vsagen cache ({e.strerror or e}: "
-                         f"{getattr(e, 'filename', '')}); set VSAGEN_CACHE or XDG_CACHE_HOME to a "
-                         "writable folder") from None
+        raise unwritable_cache(e) from None
 
 
 def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any] = ()) -> LoadedModel:
@@ -317,7 +322,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
             is `model`).
         ModelNotFound (a BadInput): the checkpoint cannot be found or loaded (e.g. a hub id that is neither in the
             Hugging Face cache nor downloadable).
-        RunFailure: the tiny checkpoint cannot be written to the vsagen cache.
+        BadInput: also when the tiny checkpoint cannot be written to the vsagen cache (not writable).
     """
     import torch
 

@@ -1,6 +1,7 @@
 """Where a model comes from: `--model` (preset name | local diffusers directory | hub id) -> `ModelSource`.
 
-Resolution reads presets and small JSON configs only (no torch, no diffusers), so bad input fails fast.
+Resolution reads presets, small JSON configs and the headers of a directory's safetensors files only (no torch, no
+diffusers), so bad input (a damaged or incomplete checkpoint included) fails fast.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_
                       preset_for_transformer_config, preset_names, same_architecture, same_family)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # weights diffusers / transformers may save as pickle
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def resolve_model(model: str) -> ModelSource:
             # model's generation settings.
             preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
         index_data = _read_index(index)
+        check_weight_files(path, model, index_data)
         cls = index_data.get("_class_name")
         takes_image = cls == I2V_PIPELINE or preset.ti2v  # as ModelSource.takes_image
         return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
@@ -113,6 +116,55 @@ def resolve_model(model: str) -> ModelSource:
     raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
                    "directory, or a hub id of the form org/name; try --model tiny")
 
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file, from its header alone (safetensors' own reader, no tensor read, no
+    framework imported): None when its header reads and the file's size is what the header says (every tensor's
+    bytes present); else the reader's reason, e.g. "incomplete metadata, file not fully covered" (truncated)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="numpy"):
+            return None
+    except (OSError, SafetensorError) as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return text.removeprefix("Error while deserializing header: ")
+
+
+def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:
+    """A checkpoint directory's weights, checked before anything loads: every component of its model_index.json
+    whose folder holds a model (a `config.json`) has weight files, every shard its `*.safetensors.index.json`
+    names is there, and each safetensors file is whole (`safetensors_problem`: a download cut short, a damaged
+    disk). Pickle-only folders are `vsagen.loading`'s to refuse or allow (`--allow-pickle`).
+
+    Raises:
+        BadInput: one line naming the file or folder, what is wrong, and what to do (download it again).
+    """
+    for name, spec in index.items():
+        sub = path / name
+        if name.startswith("_") or not isinstance(spec, list) or not (sub / "config.json").is_file():
+            continue
+        files = sorted(f for f in sub.iterdir() if f.is_file())
+        if not any(f.name.endswith((".safetensors", *PICKLE_SUFFIXES)) for f in files):
+            raise BadInput(f"--model {model}: {name}/ holds no weights (no .safetensors file): the checkpoint is "
+                           "incomplete; download it again")
+        for shards in (f for f in files if f.name.endswith(".safetensors.index.json")):
+            try:
+                named = sorted(set(json.loads(shards.read_text()).get("weight_map", {}).values()))
+            except (OSError, ValueError, AttributeError):
+                raise BadInput(f"--model {model}: {name}/{shards.name} is damaged (not a shard index); download "
+                               "it again") from None
+            missing = [n for n in named if not (sub / n).is_file()]
+            if missing:
+                raise BadInput(f"--model {model}: {name}/{missing[0]} is missing ({len(missing)} of the "
+                               f"{len(named)} files {shards.name} names): the download is incomplete; download it "
+                               "again")
+        for f in (f for f in files if f.name.endswith(".safetensors")):
+            problem = safetensors_problem(f)
+            if problem is not None:
+                raise BadInput(f"--model {model}: {name}/{f.name} is damaged or truncated ({problem}); download "
+                               "it again")
 
 
 def transformer_configs(src: ModelSource, model: str) -> list[tuple[str, dict[str, Any]]]:

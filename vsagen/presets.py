@@ -221,10 +221,10 @@ def _preset_paths(backend: str, table: dict[str, Any]) -> dict[str, Any]:
 
     from .attention.registry import REGISTRY
 
-    cls = REGISTRY.get(backend)
-    if cls is None:
+    facts = REGISTRY.get(backend)  # a class or its registry entry: the Options, without importing the backend
+    if facts is None:
         return table
-    hints = typing.get_type_hints(cls.Options)
+    hints = typing.get_type_hints(facts.Options)
     for key, value in table.items():
         hint = hints.get(key)
         if isinstance(value, str) and hint is not None and Path in (hint, *typing.get_args(hint)) \

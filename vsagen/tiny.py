@@ -13,7 +13,8 @@ offline.
 Each is built deterministically from its preset's configs (seed 0; the second expert seed 1), saved once in the
 diffusers layout (safetensors) under the vsagen cache directory as `<preset>-pipeline/`, and loaded back through
 the same `from_pretrained` path that real checkpoints take. Their pictures are noise: they exist for plumbing,
-tests and timing.
+tests and timing. A saved checkpoint whose weight files are damaged (truncated, overwritten) is built again; a
+cache folder that cannot be written is bad input, found before anything loads (`check_tiny_cache`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .errors import BadInput
 from .presets import Preset
 
 TINY_SEED = 0
@@ -37,6 +39,58 @@ def cache_dir() -> Path:
         return Path(os.environ["VSAGEN_CACHE"])
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "vsagen"
+
+
+def tiny_checkpoint_problem(target: Path) -> str | None:
+    """Why the saved tiny checkpoint `target` cannot be used, or None: not saved completely (no marker), or a weight
+    file damaged since (`vsagen.models.check_weight_files`: headers only)."""
+    import json
+
+    from .models import check_weight_files
+
+    if not (target / _MARKER).is_file():
+        return "not built"
+    try:
+        index = json.loads((target / "model_index.json").read_text())
+        check_weight_files(target, str(target), index if isinstance(index, dict) else {})
+    except (OSError, ValueError) as e:
+        return f"model_index.json unreadable: {e}"
+    except BadInput as e:
+        return str(e).split(": ", 1)[-1]
+    return None
+
+
+def unwritable_cache(e: OSError, root: Path | None = None) -> BadInput:
+    """The one line for a vsagen cache (`root`, default `cache_dir()`) the tiny model cannot be written to: which
+    folder, why (and the path that failed, where it is another), what to do."""
+    root = cache_dir() if root is None else root
+    where = getattr(e, "filename", None)
+    why = (e.strerror or str(e)) + (f": {where}" if where and str(where) != str(root) else "")
+    return BadInput(f"cannot write the tiny model to the vsagen cache {root} ({why}); set VSAGEN_CACHE (or "
+                    "XDG_CACHE_HOME) to a writable folder")
+
+
+def check_tiny_cache(preset: Preset, root: Path | None = None) -> None:
+    """Before anything loads: the tiny checkpoint of `preset` is saved whole in the cache, or the cache folder can
+    be written (created where missing) to build it.
+
+    Raises:
+        BadInput: the cache path is a file, or its nearest existing folder is not writable (`unwritable_cache`: a
+            folder made there and removed at once fails).
+    """
+    root = cache_dir() if root is None else root
+    target = root / f"{preset.name}-pipeline"
+    if target.is_dir() and tiny_checkpoint_problem(target) is None:
+        return
+    existing = root
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise unwritable_cache(NotADirectoryError(20, "not a folder", str(existing)), root)
+    try:  # a folder made and removed at once: the one test of writing there that holds (a root user, /proc, ...)
+        os.rmdir(tempfile.mkdtemp(prefix=".vsagen-probe-", dir=existing))
+    except OSError as e:
+        raise unwritable_cache(OSError(e.errno, e.strerror, str(existing)), root) from None
 
 
 def tiny_image_encoder(config: dict):
@@ -101,6 +155,8 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
     The save goes to a temporary directory that is renamed into place, so concurrent runs and interrupted
     saves never leave a half-written checkpoint; a checkpoint another process renamed into place first is used.
 
+    A checkpoint whose weight files were damaged since it was saved (`tiny_checkpoint_problem`) is built again.
+
     Raises:
         RuntimeError: called while a torch.distributed process group is initialized (transformers' save_pretrained
             then writes the text encoder on rank 0 only, and the other ranks' checkpoints lack it).
@@ -108,7 +164,7 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
     """
     root = cache_dir() if root is None else root
     target = root / f"{preset.name}-pipeline"
-    if (target / _MARKER).is_file():
+    if tiny_checkpoint_problem(target) is None:
         return target
     import torch.distributed as dist
 
@@ -120,10 +176,10 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
     try:
         build_tiny_pipeline(preset).save_pretrained(tmp, safe_serialization=True)
         (tmp / _MARKER).write_text(f"built by vsagen from presets/{preset.name}.toml\n")
-        if (target / _MARKER).is_file():  # another process (a rank of the same launch) finished first: use it
+        if tiny_checkpoint_problem(target) is None:  # another process (a rank of the same launch) finished first
             return target
-        if target.exists():  # a folder without the marker (an interrupted save): moved aside in one rename, so a
-            # complete checkpoint another process renames into place meanwhile is never deleted
+        if target.exists():  # a folder without the marker (an interrupted save) or a damaged one: moved aside in
+            # one rename, so a complete checkpoint another process renames into place meanwhile is never deleted
             stale = Path(tempfile.mkdtemp(prefix=f".{preset.name}-stale-", dir=root))
             with contextlib.suppress(OSError):
                 os.replace(target, stale / "old")
@@ -131,7 +187,7 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
         try:
             os.replace(tmp, target)
         except OSError:
-            if not (target / _MARKER).is_file():  # lost a race with nobody finishing: give up loudly
+            if tiny_checkpoint_problem(target) is not None:  # lost a race with nobody finishing: give up
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,7 +12,7 @@ import torch
 
 from vsagen.attention.base import (AttentionBackend, AttnContext, ForwardState, LayerWeights, NoOptions,
                                    option_names, options_dict)
-from vsagen.attention.registry import REGISTRY
+from vsagen.attention.registry import REGISTRY, backend_class
 from vsagen.attention.vsa import VSAOptions
 from vsagen.layout import tile_layout
 from vsagen.timing import NullTimer, Timer
@@ -97,7 +97,7 @@ def test_layer_weights_key_formats_per_layer():
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_registered_backends_have_the_protocol_attributes(name):
-    cls = REGISTRY[name]
+    cls = backend_class(name)
     backend = cls(cls.Options())
     for attr in ("name", "Options", "tiled", "traceable", "weights", "options"):
         assert hasattr(backend, attr), attr

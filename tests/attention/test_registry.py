@@ -55,7 +55,10 @@ def test_enum_is_the_registry():
 
 
 def test_backend_class_takes_a_name_or_an_enum_member():
-    for name, cls in REGISTRY.items():
+    from vsagen.attention.registry import LazyBackend
+
+    for name, entry in REGISTRY.items():
+        cls = entry.load() if isinstance(entry, LazyBackend) else entry
         assert backend_class(name) is cls
         assert backend_class(BackendName(name)) is cls
         assert cls.name == name
@@ -77,7 +80,7 @@ def test_backend_class_refuses_unknown_names_listing_the_known_ones(name):
 
 
 def test_uses_sparsity_reads_the_options_fields():
-    for name, cls in REGISTRY.items():
+    for name, cls in REGISTRY.items():  # a class, or the entry that stands for it: the same Options
         assert uses_sparsity(name) == ("sparsity" in cls.Options.__dataclass_fields__)
     assert uses_sparsity(BackendName.VSA) and not uses_sparsity(BackendName.FULL)
 
@@ -103,8 +106,8 @@ def test_the_registry_checks_a_class_has_every_protocol_member():
     assert set(missing_members(Half)) == set(PROTOCOL_MEMBERS) - {"name", "tiled", "traceable", "__call__"}
     with pytest.raises(TypeError, match="Half is not an attention backend: it lacks Options"):
         check_backend_class(Half)
-    for cls in REGISTRY.values():
-        assert missing_members(cls) == []
+    for name in REGISTRY:
+        assert missing_members(backend_class(name)) == []
 
 
 def test_the_registry_refuses_two_backends_of_one_name_and_a_priority_without_weights():
@@ -130,3 +133,37 @@ def test_the_registry_refuses_two_backends_of_one_name_and_a_priority_without_we
     with pytest.raises(TypeError, match="must be None or an int"):
         check_backend_class(Eager)
     assert registry_of(registry._BACKENDS) == REGISTRY
+
+
+def test_every_shipped_entry_agrees_with_its_class():
+    """Issue 29: the shipped backends are registered as `LazyBackend` entries (listings and checks answer without
+    torch); each entry's name, Options, tiling, auto priority, weights key and file option, and description are the
+    class's own, which `load` checks when it imports the class."""
+    from vsagen.attention.registry import LazyBackend, WeightsRef, backend_facts, summary_of
+
+    for name, entry in REGISTRY.items():
+        assert isinstance(entry, LazyBackend) and backend_facts(name) is entry
+        cls = entry.load()
+        assert (cls.name, cls.Options, cls.tiled, cls.auto_priority) == (name, entry.Options, entry.tiled,
+                                                                         entry.auto_priority)
+        weights = None if cls.weights is None else WeightsRef(cls.weights.key, cls.weights.file_option)
+        assert weights == entry.weights and summary_of(cls) == entry.summary
+    assert summary_of(FullAttention) == summary_of(REGISTRY["full"]) == (
+        "Dense self-attention, the baseline every sparse backend is measured against (no options)")
+
+
+def test_an_entry_that_differs_from_its_class_is_refused_when_loaded():
+    from vsagen.attention.registry import LazyBackend
+
+    wrong = LazyBackend("vsa", "vsagen.attention.vsa:VSAAttention", REGISTRY["vsa"].Options, "VSA", tiled=False)
+    with pytest.raises(TypeError, match="differs from its registry entry in tiled, auto_priority, weights, summary"):
+        wrong.load()
+    with pytest.raises(TypeError, match="only a backend with weights has one"):
+        registry_of_one(LazyBackend("x", "vsagen.attention.full:FullAttention", REGISTRY["full"].Options, "x",
+                                    auto_priority=1))
+
+
+def registry_of_one(entry):
+    from vsagen.attention.registry import registry_of
+
+    return registry_of((entry,))

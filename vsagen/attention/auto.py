@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .registry import backend_class, backend_names
+from .registry import backend_class, backend_facts, backend_names
 
 AUTO = "auto"
 FALLBACK = "full"  # the dense baseline: what a checkpoint without any candidate's weights was trained with
@@ -25,7 +25,7 @@ EXPERT_FOLDERS = ("transformer", "transformer_2")
 def candidates() -> list[str]:
     """The registered backends `--attn auto` may choose (an `auto_priority` that is not None), highest priority
     first, ties in registry order; read from the registry on each call."""
-    named = [(name, backend_class(name).auto_priority) for name in backend_names()]
+    named = [(name, backend_facts(name).auto_priority) for name in backend_names()]
     return [name for name, priority in sorted((x for x in named if x[1] is not None), key=lambda x: -x[1])]
 
 
@@ -97,7 +97,7 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
 
 def auto_rule() -> str:
     """What `--attn auto` does, in one sentence naming the weights it looks for (for `vsagen backends`)."""
-    found = ", ".join(f"{name} if it holds {backend_class(name).weights.key.format(layer='N')}.*"
+    found = ", ".join(f"{name} if it holds {backend_facts(name).weights.key.format(layer='N')}.*"
                       for name in candidates())
     return f"the backend the checkpoint was trained for: {found}, else {FALLBACK}"
 
@@ -105,7 +105,7 @@ def auto_rule() -> str:
 def auto_picks(name: str) -> str | None:
     """When `--attn auto` runs backend `name`, as a phrase (None: never)."""
     if name in candidates():
-        return f"for a checkpoint holding {backend_class(name).weights.key.format(layer='N')}.*"
+        return f"for a checkpoint holding {backend_facts(name).weights.key.format(layer='N')}.*"
     if name == FALLBACK:
         return "for a checkpoint without sparse-attention weights (the Wan releases, the tiny models)"
     return None

@@ -27,13 +27,15 @@ one of highest priority).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import torch
 
 from ..layout import TileLayout
 from ..timing import Timer
+from .backend_options import NoOptions, option_names, options_dict  # noqa: F401 - re-exported (torch-free there)
+from .registry import PROTOCOL_MEMBERS  # noqa: F401 - every member of the protocol, kept where the registry checks them
 
 
 @dataclass
@@ -87,11 +89,6 @@ class AttnContext:
     def timestep(self) -> torch.Tensor | None:
         """The transformer's timestep argument of this forward ((B,) or (B, S) raster order), or None."""
         return None if self.forward is None else self.forward.timestep
-
-
-@dataclass(frozen=True)
-class NoOptions:
-    """A backend without options."""
 
 
 @dataclass(frozen=True)
@@ -220,9 +217,6 @@ class AttentionBackend(Protocol):
         """q, k, v: (B, S, H, D); returns (B, S, H, D) like q."""
 
 
-# Every member of the protocol, for the registry's validation of a backend class or object.
-PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_layer", "bench_params", "auto_priority",
-                    "check", "prepare", "describe", "report", "__call__")
 
 
 class Backend:
@@ -297,19 +291,3 @@ class BackendWrapper(Backend):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         return self.inner(q, k, v, ctx)
-
-
-def option_names(options_cls: type) -> list[str]:
-    """The field names of an Options dataclass, in declaration order."""
-    return [f.name for f in fields(options_cls)]
-
-
-def options_dict(options: Any) -> dict[str, Any]:
-    """JSON-ready {field: value} of an Options instance; fields that are None (unset optional inputs such as a
-    weights file) are left out, values that are not JSON scalars become strings."""
-    out = {}
-    for f in fields(options):
-        v = getattr(options, f.name)
-        if v is not None:
-            out[f.name] = v if isinstance(v, (bool, int, float, str)) else str(v)
-    return out

@@ -1,25 +1,94 @@
-"""The registry: `--attn` names -> backend classes, and the one check that a class or object is a backend.
+"""The registry: `--attn` names -> backends, and the one check that a class or object is a backend.
 
 `REGISTRY` (built from `_BACKENDS`) is the one source of names: every caller reads it when it runs (`backend_names`,
-`backend_class`), so a backend registered after import (a test's) is seen by the command line, the presets, the
-listings and `--attn auto` alike. `BackendName` is a `str` Enum of the names registered at import, for Python
-callers that want a type; nothing in vsagen reads it. Only backends that really work are registered; the CLI lists
-exactly these. Adding a backend: its class in `_BACKENDS` (one line), its module beside this one, tests
+`backend_class`, `backend_facts`), so a backend registered after import (a test's) is seen by the command line, the
+presets, the listings and `--attn auto` alike. `BackendName` is a `str` Enum of the names registered at import, for
+Python callers that want a type; nothing in vsagen reads it. Only backends that really work are registered; the CLI
+lists exactly these. Adding a backend: its entry in `_BACKENDS` (one line), its module beside this one, tests
 (docs/adding-a-backend.md).
+
+The shipped backends are registered as `LazyBackend` entries: what the listings, the presets and the checks of
+`--attn NAME:KEY=VALUE` read of a backend (its name, `Options`, `tiled`, `auto_priority`, the key and file option of
+its weights, its one-line description) without importing its module, which imports torch and the kernels; the class
+is imported when a backend is built (`backend_class`), and checked then against its entry. So `vsagen backends`,
+`vsagen presets` and bad input answer without torch. A class registered as itself (a test's, a user's) serves both.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from .base import PROTOCOL_MEMBERS
-from .full import FullAttention
-from .rocm_vsa import ROCmVSAAttention
-from .sla_star import SLAStarAttention
-from .sparse_vdit import SparseVDiTAttention
-from .vsa import VSAAttention
+from .backend_options import NoOptions, ROCmVSAOptions, SLAStarOptions, SparseVDiTOptions, VSAOptions
+
+# Every member of the backend protocol (`vsagen.attention.base.AttentionBackend`), for the registry's validation of
+# a backend class or object (base.py, which imports torch, reads it from here).
+PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_layer", "bench_params", "auto_priority",
+                    "check", "prepare", "describe", "report", "__call__")
+
+
+@dataclass(frozen=True)
+class WeightsRef:
+    """The part of a backend's `LayerWeights` read before its module is imported: the checkpoint key prefix (with a
+    `{layer}` field) and the Options field naming a user's file (None: the checkpoint only)."""
+
+    key: str
+    file_option: str | None = None
+
+
+@dataclass(frozen=True)
+class LazyBackend:
+    """A backend registered by where its class is (`module:Class`), with the class attributes read before it is
+    imported: `name`, `Options`, `tiled`, `auto_priority`, `weights` (a `WeightsRef`), and `summary`, the first
+    paragraph of the class docstring (`vsagen backends`). `load()` imports the class and checks that it agrees."""
+
+    name: str
+    where: str
+    Options: type
+    summary: str
+    tiled: bool = False
+    auto_priority: int | None = None
+    weights: WeightsRef | None = None
+
+    @property
+    def class_name(self) -> str:
+        """The class's name (`where` after the colon)."""
+        return self.where.rpartition(":")[2]
+
+    def load(self) -> type:
+        """The class, imported (once) and checked against this entry.
+
+        Raises:
+            TypeError: the class is no backend, or differs from its entry (a programming error of vsagen).
+        """
+        return _load(self)
+
+
+def summary_of(backend: Any) -> str:
+    """The one-line description of a registered backend (a class or a `LazyBackend`): the first paragraph of its
+    docstring, on one line, without the final period."""
+    if isinstance(backend, LazyBackend):
+        return backend.summary
+    return " ".join((backend.__doc__ or "").strip().split("\n\n")[0].split()).rstrip(".")
+
+
+@functools.cache
+def _load(entry: LazyBackend) -> type:
+    module, _, name = entry.where.partition(":")
+    cls = check_backend_class(getattr(importlib.import_module(module), name))
+    weights = getattr(cls, "weights", None)
+    got = {"name": cls.name, "Options": cls.Options, "tiled": cls.tiled, "auto_priority": cls.auto_priority,
+           "weights": None if weights is None else WeightsRef(weights.key, weights.file_option),
+           "summary": summary_of(cls)}
+    wrong = [k for k, v in got.items() if getattr(entry, k) != v]
+    if wrong:
+        raise TypeError(f"{entry.where} differs from its registry entry in {', '.join(wrong)}")
+    return cls
 
 
 def missing_members(backend: Any) -> list[str]:
@@ -39,31 +108,66 @@ def check_backend_class(cls: type) -> type:
     if missing or not isinstance(getattr(cls, "name", None), str):
         raise TypeError(f"{cls.__name__} is not an attention backend: it lacks {', '.join(missing) or 'a name'} "
                         "(derive it from vsagen.attention.base.Backend)")
-    priority = cls.auto_priority
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or cls.weights is None):
-        raise TypeError(f"{cls.__name__}.auto_priority must be None or an int, and only a backend with weights has one "
-                        f"(--attn auto chooses by the checkpoint's weights); got {priority!r}")
+    _check_priority(f"{cls.__name__}.auto_priority", cls.auto_priority, cls.weights is not None)
     return cls
 
 
-def registry_of(classes: tuple[type, ...]) -> dict[str, type]:
-    """{name: class} of backend classes, each checked (`check_backend_class`), in their order.
+def _check_priority(what: str, priority: Any, has_weights: bool) -> None:
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int) or not has_weights):
+        raise TypeError(f"{what} must be None or an int, and only a backend with weights has one (--attn auto "
+                        f"chooses by the checkpoint's weights); got {priority!r}")
+
+
+def check_lazy_backend(entry: LazyBackend) -> LazyBackend:
+    """`entry`, once its priority is known to be None or an int, given only with weights (as `check_backend_class`).
+
+    Raises:
+        TypeError: otherwise.
+    """
+    _check_priority(f"{entry.name}: auto_priority", entry.auto_priority, entry.weights is not None)
+    return entry
+
+
+def _class_name(backend: Any) -> str:
+    return backend.class_name if isinstance(backend, LazyBackend) else backend.__name__
+
+
+def registry_of(backends: tuple[Any, ...]) -> dict[str, Any]:
+    """{name: backend} of backend classes and `LazyBackend` entries, each checked (`check_backend_class`,
+    `check_lazy_backend`), in their order.
 
     Raises:
         TypeError: a class is not a backend, or two share a name (e.g. a subclass that kept its parent's).
     """
-    out: dict[str, type] = {}
-    for cls in classes:
-        check_backend_class(cls)
-        if cls.name in out:
-            raise TypeError(f"{cls.__name__} and {out[cls.name].__name__} are both registered as {cls.name!r}")
-        out[cls.name] = cls
+    out: dict[str, Any] = {}
+    for backend in backends:
+        check_lazy_backend(backend) if isinstance(backend, LazyBackend) else check_backend_class(backend)
+        if backend.name in out:
+            raise TypeError(f"{_class_name(backend)} and {_class_name(out[backend.name])} are both registered as "
+                            f"{backend.name!r}")
+        out[backend.name] = backend
     return out
 
 
-_BACKENDS: tuple[type, ...] = (FullAttention, VSAAttention, ROCmVSAAttention, SLAStarAttention, SparseVDiTAttention)
+_HERE = __name__.rpartition(".")[0]  # vsagen.attention
+_VSA_GATE = WeightsRef("blocks.{layer}.attn1.to_gate_compress", "gate_weights")
+_BACKENDS: tuple[Any, ...] = (
+    LazyBackend("full", f"{_HERE}.full:FullAttention", NoOptions,
+                "Dense self-attention, the baseline every sparse backend is measured against (no options)"),
+    LazyBackend("vsa", f"{_HERE}.vsa:VSAAttention", VSAOptions,
+                "VSA with a fixed sparsity (fraction of key tiles skipped per query tile)", tiled=True,
+                auto_priority=1, weights=_VSA_GATE),
+    LazyBackend("rocm-vsa", f"{_HERE}.rocm_vsa:ROCmVSAAttention", ROCmVSAOptions,
+                '`vsa` run with the "rocm-vsa" kernel profile', tiled=True, weights=_VSA_GATE),
+    LazyBackend("sla-star", f"{_HERE}.sla_star:SLAStarAttention", SLAStarOptions,
+                "VSA plus a projected linear-attention branch (global or marginal scope)", tiled=True,
+                auto_priority=2, weights=WeightsRef("blocks.{layer}.attn1.proj_l", "proj_weights")),
+    LazyBackend("sparse-vdit", f"{_HERE}.sparse_vdit:SparseVDiTAttention", SparseVDiTOptions,
+                "Static per-head patterns from a pattern file, all heads of a layer in one block-sparse launch",
+                tiled=True),
+)
 
-REGISTRY: dict[str, type] = registry_of(_BACKENDS)
+REGISTRY: dict[str, Any] = registry_of(_BACKENDS)
 
 BackendName = Enum("BackendName", {n.upper().replace("-", "_"): n for n in REGISTRY}, type=str)
 BackendName.__doc__ = ("The `--attn` names registered at import (a str Enum); vsagen itself reads `backend_names()`, "
@@ -75,8 +179,10 @@ def backend_names() -> list[str]:
     return list(REGISTRY)
 
 
-def backend_class(name: str) -> type:
-    """The class registered as `name` (a str or a `BackendName`).
+def backend_facts(name: str) -> Any:
+    """What is registered as `name` (a str or a `BackendName`), without importing a backend module: the class, or
+    the `LazyBackend` entry that stands for it (`name`, `Options`, `tiled`, `auto_priority`, `weights.key`,
+    `weights.file_option` read the same on both).
 
     Raises:
         BadInput: unknown name (the message lists the known ones).
@@ -87,6 +193,35 @@ def backend_class(name: str) -> type:
         raise BadInput(f"unknown --attn {name!r}; available: {', '.join(REGISTRY)}") from None
 
 
+def backend_class(name: str) -> type:
+    """The class registered as `name` (a str or a `BackendName`), its module imported if it was not yet (torch).
+
+    Raises:
+        BadInput: unknown name (the message lists the known ones).
+    """
+    found = backend_facts(name)
+    return found.load() if isinstance(found, LazyBackend) else found
+
+
+def options_of(name: str) -> type:
+    """The `Options` dataclass of backend `name`, without importing its module.
+
+    Raises:
+        BadInput: unknown name.
+    """
+    return backend_facts(name).Options
+
+
 def uses_sparsity(name: str) -> bool:
     """Whether backend `name` takes a sparsity (its Options have a `sparsity` field)."""
-    return "sparsity" in backend_class(name).Options.__dataclass_fields__
+    return "sparsity" in options_of(name).__dataclass_fields__
+
+
+def named_weights_file(backend: Any, options: Any) -> Path | None:
+    """The weights file a backend's options name (its `weights.file_option`), or None; `backend` is a registered
+    class or `LazyBackend` (`backend_facts`)."""
+    spec = backend.weights
+    if spec is None or spec.file_option is None:
+        return None
+    named = getattr(options, spec.file_option, None)
+    return Path(named) if named is not None else None

@@ -24,17 +24,10 @@ reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .vsa import VSAAttention, VSAOptions
-
-
-@dataclass(frozen=True)
-class ROCmVSAOptions(VSAOptions):
-    """Options of `rocm-vsa`: `vsa`'s (sparsity, impl, gate_weights, tuning); a tuning given here replaces the
-    "rocm-vsa" profile's default. Raises BadInput as `VSAOptions`."""
+from .backend_options import ROCmVSAOptions
+from .vsa import VSAAttention
 
 
 class ROCmVSAAttention(VSAAttention):

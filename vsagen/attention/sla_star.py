@@ -25,58 +25,15 @@ the PyTorch branch (float32, `reference.linear_attention_branch`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from ..errors import BadInput
 from ..kernels import reference as ref
-from ..kernels.tuning import KernelTuning
 from .base import AttnContext, Backend, LayerWeights
-from .weights import weights_path_option
-from .vsa import DEFAULT_SPARSITY, VSAAttention, VSAOptions
-
-SCOPES = ("global", "marginal")
-
-
-@dataclass(frozen=True)
-class SLAStarOptions:
-    """Options of `sla-star`.
-
-    Attributes:
-        sparsity: VSA's fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`).
-        impl: "auto" (Triton on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`): the
-            sparse part's implementation, and the branch's.
-        scope: "global" (the branch over every key) or "marginal" (over the key tiles not selected).
-        feature_map: phi, "softmax" (over the head dim), "elu" (elu + 1) or "relu".
-        proj_weights: a safetensors file with trained projections (`blocks.{i}.attn1.proj_l.{weight,bias}`, or
-            an alias scheme), loaded for every transformer instead of the checkpoint's own; None: the
-            checkpoint's, if it has any (else the projection is zero).
-        tuning: the Triton kernels' tuning of the sparse part (as `vsa`'s; Python only).
-
-    Raises:
-        BadInput: a value out of range (as `VSAOptions`), an unknown scope or feature map, or a proj_weights path
-            that is not a file.
-    """
-
-    sparsity: float = DEFAULT_SPARSITY
-    impl: Literal["auto", "triton", "torch"] = "auto"
-    scope: Literal["global", "marginal"] = "global"
-    feature_map: Literal["softmax", "elu", "relu"] = "softmax"
-    proj_weights: Path | None = None
-    tuning: KernelTuning | None = None
-
-    def __post_init__(self) -> None:
-        sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tuning=self.tuning)  # VSA's own checks
-        object.__setattr__(self, "sparsity", sparse.sparsity)
-        if self.scope not in SCOPES:
-            raise BadInput(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
-        if self.feature_map not in ref.FEATURE_MAPS:
-            raise BadInput(f"feature_map must be one of {', '.join(ref.FEATURE_MAPS)}, got {self.feature_map!r}")
-        if self.proj_weights is not None:
-            object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
+from .backend_options import SCOPES, SLAStarOptions, VSAOptions  # noqa: F401 - re-exported: its options live there
+from .vsa import VSAAttention
 
 
 def _proj_shapes(attn: Any) -> dict[str, tuple[int, ...]]:

@@ -28,80 +28,25 @@ loaded transformers); one searched at another size is refused once the run's gri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from ..architecture import architecture_of
 from ..errors import BadInput
-from ..kernels.tuning import KernelTuning
 from ..sparsity.files import PatternFile, file_hash, load_patterns
 from ..sparsity.patterns import Pattern, block_map, q2k_table, skip
 from .base import AttnContext, Backend, BackendReport, RunInfo
-
-IMPLS = ("auto", "triton", "torch")
+from .backend_options import DEFAULT_QUERY_BLOCK, IMPLS, SparseVDiTOptions  # noqa: F401 - re-exported
 # The grouped kernels' launches per `query_block`: (block_m, num_warps, num_stages) of the forward, then of dQ.
 # Swept on the H200 (torch 2.11, triton 3.6; `benchmarks/sparse_vdit.py --sweep`, Wan2.1-1.3B 480p shape): 64-row
 # groups at (4 warps, 2 stages) took the forward from 4.55 to 3.77 ms on a vertical-stripe layer, 3.55 to 3.33 on
 # multi-diagonal, 5.76 to 5.18 on a mixed layer (diagonal: 1.11 to 1.10), forward+backward 18.8 to 17.3, 14.2 to
 # 14.0, 22.5 to 21.9 ms (diagonal 4.44 to 4.50); 128-row groups (8 warps) were slower on every layer; the packed
 # dK/dV loop then took forward+backward to 15.8, 13.3, 20.1 (diagonal 4.37) ms (BENCHMARKS.md, "sparse-vdit").
-QUERY_LAUNCH = {64: (64, 4, 2, 64, 4, 2), 128: (128, 8, 3, 128, 8, 2)}
-DEFAULT_QUERY_BLOCK = 64
+QUERY_LAUNCH = {64: (64, 4, 2, 64, 4, 2), 128: (128, 8, 3, 128, 8, 2)}  # keys: `backend_options.QUERY_BLOCKS`
 CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)
-
-
-@dataclass(frozen=True)
-class SparseVDiTOptions:
-    """Options of `sparse-vdit`.
-
-    Attributes:
-        patterns: the pattern file (`vsagen search --out`); required (a preset may give a default).
-        remap: run a file searched at another size on this run's grid (the same modes compiled on the new tile
-            grid; their densities change and they were not searched there).
-        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
-        query_block: the forward's query rows per program over query groups (`kernels.query_groups`: tiles with
-            equal key lists share a program, partial query tiles packed): 64 or 128; 0 runs one program per query
-            tile (the `vsa` forward). The backward is the same either way.
-        tuning: the Triton kernels' tuning (`KernelTuning`), from Python only; None: the device's defaults.
-        sdpa_heads: with impl triton, heads whose query tiles all share one key list (dense, vertical-stripe) run
-            torch SDPA (cuDNN on CUDA) over the tokens of that list instead of the block-sparse kernel (their rows
-            of the kernel's tables are emptied): one SDPA call per distinct list; False: every head in the kernel.
-            No effect with impl torch (every head runs the masked reference there).
-
-    Raises:
-        BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
-    """
-
-    patterns: Path | None = None
-    remap: bool = False
-    impl: Literal["auto", "triton", "torch"] = "auto"
-    query_block: int = DEFAULT_QUERY_BLOCK
-    tuning: KernelTuning | None = None
-    sdpa_heads: bool = True
-
-    def __post_init__(self) -> None:
-        if self.patterns is not None:
-            if not str(self.patterns).strip():
-                raise BadInput("patterns is empty: give a pattern file (write one with `vsagen search`)")
-            path = Path(self.patterns).expanduser()
-            if path.is_dir():
-                raise BadInput(f"patterns {str(path)!r} is a folder: give a pattern file (.json)")
-            if not path.is_file():
-                raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
-            object.__setattr__(self, "patterns", path.resolve())  # the run's JSON records where it really is
-        for name in ("remap", "sdpa_heads"):
-            if not isinstance(getattr(self, name), bool):
-                raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.query_block not in QUERY_LAUNCH and self.query_block != 0:
-            raise BadInput(f"query_block must be 0, {' or '.join(map(str, QUERY_LAUNCH))}, got {self.query_block!r}")
-        if self.impl not in IMPLS:
-            raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
-        if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
-            raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_mask: torch.Tensor) -> torch.Tensor:

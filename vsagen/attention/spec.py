@@ -16,11 +16,14 @@ import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import BadInput
-from .base import AttentionBackend, option_names, options_dict
-from .registry import backend_class, backend_names
+from .backend_options import option_names, options_dict
+from .registry import backend_class, backend_names, options_of
+
+if TYPE_CHECKING:
+    from .base import AttentionBackend
 
 # Dedicated command-line flags and the option each one sets (for the backends whose Options have that field).
 FLAG_OPTIONS = {"--sparsity": "sparsity", "--attn-impl": "impl"}
@@ -72,7 +75,7 @@ def short_spec_text(text: str) -> str:
     """`NAME:KEY=VALUE...` text (as `BackendSpec.text` writes it) without the options at their defaults, for labels;
     a path option shows its file name only (`sparse-vdit:patterns=h22.json`); reads no file."""
     name, raw = parse_spec(text)
-    options = backend_class(name).Options
+    options = options_of(name)
     defaults = {k: _fmt(v) for k, v in options_dict(options()).items()}
     hints = _hints(options)
 
@@ -168,7 +171,7 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
     name, *pairs = [p.strip() for p in text.strip().split(":")]
     if name not in backend_names():
         raise BadInput(f"unknown {where} {name!r}; available: {', '.join(backend_names())}")
-    known = text_options(backend_class(name).Options)
+    known = text_options(options_of(name))
     raw: dict[str, str] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
@@ -177,10 +180,10 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
             raise BadInput(f"{where} {text!r}: options are written NAME:KEY=VALUE, got {pair!r}")
         if key not in known:
             listed = ", ".join(known) if known else "none"
-            if key in option_names(backend_class(name).Options):
+            if key in option_names(options_of(name)):
                 raise BadInput(f"{where} {text!r}: option {key!r} is set from Python, not on the command line; "
                                f"options here: {listed}")
-            python = python_options(backend_class(name).Options)
+            python = python_options(options_of(name))
             also = f"; from Python only (vsagen.apply): {', '.join(python)}" if python else ""
             raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}{also}")
         if key in raw:
@@ -196,7 +199,7 @@ def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") ->
         BadInput: a key the backend does not have (the message lists its options), or a value its Options
             refuse.
     """
-    cls = backend_class(name).Options
+    cls = options_of(name)
     known = option_names(cls)
     python = python_options(cls)
     for key in values:
@@ -223,7 +226,7 @@ def resolve_spec(text: str, *, preset: Mapping[str, Mapping[str, Any]] | None = 
         BadInput: see `parse_spec` and `make_options`.
     """
     name, raw = parse_spec(text, where)
-    cls = backend_class(name).Options
+    cls = options_of(name)
     known = option_names(cls)
     values: dict[str, Any] = {k: v for k, v in (preset or {}).get(name, {}).items() if k in known}
     for flag, value in (flags or {}).items():
@@ -246,7 +249,7 @@ def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> 
         if value is None or (flag == "--attn-impl" and value == "auto"):
             continue
         key = FLAG_OPTIONS[flag]
-        takers = [n for n in names if key in option_names(backend_class(n).Options)]
+        takers = [n for n in names if key in option_names(options_of(n))]
         if takers:
             continue
         if flag == "--sparsity":
@@ -293,5 +296,5 @@ def option_help(options_cls: type) -> list[tuple[str, str, str]]:
 
 def impls_of(name: str) -> tuple[str, ...]:
     """The implementations backend `name` offers (its `impl` option's Literal values; () without the option)."""
-    hint = _hints(backend_class(name).Options).get("impl")
+    hint = _hints(options_of(name)).get("impl")
     return typing.get_args(hint) if hint is not None else ()

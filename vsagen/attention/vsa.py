@@ -15,62 +15,14 @@ Two implementations of the same function, chosen by the `impl` option:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from ..errors import BadInput
 from ..kernels import reference as ref
-from ..kernels.tuning import KernelTuning
 from .base import AttnContext, Backend, LayerWeights
-from .weights import weights_path_option
-
-DEFAULT_SPARSITY = 0.875
-IMPLS = ("auto", "triton", "torch")
-
-
-@dataclass(frozen=True)
-class VSAOptions:
-    """Options of `vsa`.
-
-    Attributes:
-        sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
-            ceil((1 - sparsity) * tiles).
-        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
-        gate_weights: a safetensors file with trained gates (`blocks.{i}.attn1.to_gate_compress.{weight,bias}`),
-            loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
-            if it has any.
-        tuning: the Triton kernels' tuning (`vsagen.kernels.tuning.KernelTuning`: TMA loads, partial-tile packing,
-            the backward's second stream, score precision, launch tables), passed down to the launchers; None: the
-            per-architecture defaults (`kernel_tuning(device, head_dim)`). Set from Python only, not the command
-            line (benchmarks/attention.py builds variants with `dataclasses.replace`).
-
-    Raises:
-        BadInput: sparsity not a number in [0, 1), an unknown impl, a tuning that is not a KernelTuning, or a
-            gate_weights path that is not a file.
-    """
-
-    sparsity: float = DEFAULT_SPARSITY
-    impl: Literal["auto", "triton", "torch"] = "auto"
-    gate_weights: Path | None = None
-    tuning: KernelTuning | None = None
-
-    def __post_init__(self) -> None:
-        s = self.sparsity
-        if isinstance(s, bool) or not isinstance(s, (int, float)):
-            raise BadInput(f"sparsity must be a number in [0, 1), got {s!r}")
-        if not math.isfinite(s) or not 0.0 <= s < 1.0:
-            raise BadInput(f"sparsity must be in [0, 1), got {s}")
-        object.__setattr__(self, "sparsity", float(s) + 0.0)  # + 0.0: -0.0 becomes 0.0
-        if self.impl not in IMPLS:
-            raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {self.impl!r}")
-        if self.tuning is not None and not isinstance(self.tuning, KernelTuning):
-            raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(self.tuning).__name__}")
-        if self.gate_weights is not None:
-            object.__setattr__(self, "gate_weights", weights_path_option(self.gate_weights, "gate_weights"))
+from .backend_options import DEFAULT_SPARSITY, IMPLS, VSAOptions  # noqa: F401 - re-exported: vsa's options live there
 
 
 def _interpreting() -> bool:

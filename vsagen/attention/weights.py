@@ -17,6 +17,8 @@ import torch
 
 from ..errors import BadInput
 from .base import LayerWeights
+from .backend_options import weights_path_option  # noqa: F401 - re-exported: the Options (torch-free) check with it
+from .registry import named_weights_file  # noqa: F401 - re-exported: read before torch loads
 
 
 def _files(source: Path) -> list[Path]:
@@ -116,20 +118,6 @@ def first_layer_key(folder: Path, spec: LayerWeights | None) -> str | None:
         except (OSError, ValueError, RuntimeError, SafetensorError):
             continue
     return None
-
-
-def weights_path_option(value: Any, option: str) -> Path:
-    """An Options field naming a weights file (`gate_weights`, `proj_weights`), checked: an existing file.
-
-    Raises:
-        BadInput: empty, a folder, or no such file.
-    """
-    path = Path(value)
-    if path.is_dir() or not str(value).strip():
-        raise BadInput(f"{option} {str(value)!r}: give a .safetensors file, not a folder")
-    if not path.is_file():
-        raise BadInput(f"{option} {str(path)!r}: no such file (give a .safetensors file)")
-    return path
 
 
 def check_weights_file(path: Path, spec: LayerWeights) -> int:
@@ -307,12 +295,3 @@ def attach_backend_weights(transformer: Any, backend: Any, checkpoint_dir: Path 
         check_weights_file(Path(named), spec)
         return attach_layer_weights(transformer, spec, Path(named), undo, require_all=True)
     return attach_layer_weights(transformer, spec, checkpoint_dir, undo)
-
-
-def named_weights_file(backend_cls: type, options: Any) -> Path | None:
-    """The weights file a backend's options name (`LayerWeights.file_option`), or None."""
-    spec = backend_cls.weights
-    if spec is None or spec.file_option is None:
-        return None
-    named = getattr(options, spec.file_option, None)
-    return Path(named) if named is not None else None

@@ -26,10 +26,8 @@ from ..request.backends import check_impl
 from ..request.options import RequestOptions, VaeTiling, request_options
 from ..request.resolve import NONE, Request, request_fields, resolve
 from ..architecture import architecture_of
-from ..sparsity.files import PatternFile, save_patterns
+from ..sparsity.files import DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, save_patterns, step_ranges
 from ..sparsity.patterns import Pattern, block_density
-from ..sparsity.scoring import (DEFAULT_EPS, DEFAULT_LAM, IMPLS, ModeScorer, ScoreOptions, patterns_from_scores,
-                                run_density, step_ranges)
 
 DEFAULT_OUT = Path("patterns.json")
 
@@ -114,8 +112,9 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
                        "(searching with input pictures is not supported)")
     options = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, warmup=0),
                                   placement=dataclasses.replace(options.placement, vae_tiling=VaeTiling.OFF))
+    steps = options.sampling.steps if options.sampling.steps is not None else src.preset.defaults.steps
+    step_ranges(steps, ranges)  # before `resolve`, which finds the device (`--device auto` imports torch)
     req = resolve(src, options, prompt=texts[0], backends=NONE)
-    step_ranges(req.steps, ranges)
     out = options.output.out if options.output.out is not None else DEFAULT_OUT
     if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
         raise BadInput(f"--out {str(out)!r}: the pattern file is JSON; give a file name ending in .json")
@@ -174,9 +173,10 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         ModelNotFound: the checkpoint cannot be loaded.
         RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
     """
-    from ..loading import experts as experts_of
     from ..estimate import cpu_time_estimate
+    from ..loading import experts as experts_of
     from ..pipeline import Session
+    from ..sparsity.scoring import ModeScorer, ScoreOptions, patterns_from_scores, run_density  # torch
 
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))

@@ -7,8 +7,8 @@ from typing import Any
 
 from ..attention import BackendSpec, backend_class, backend_names, resolve_spec
 from ..attention.auto import AUTO, choose_backend
+from ..attention.registry import backend_facts, options_of, named_weights_file
 from ..attention.spec import check_flags_apply, check_flags_not_repeated, impls_of
-from ..attention.weights import check_weights_file, named_weights_file
 from ..errors import BadInput
 from .options import AttentionOptions, split_list
 
@@ -64,8 +64,10 @@ def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, A
     check_flags_not_repeated(entries, flags)
     specs = tuple(resolve_spec(e, preset=preset_tables, flags=flags) for e in entries)
     for spec in specs:
-        named = named_weights_file(backend_class(spec.name), spec.options)
-        if named is not None:
+        named = named_weights_file(backend_facts(spec.name), spec.options)
+        if named is not None:  # its keys are the backend's (the class's `weights`: the backend's module, torch)
+            from ..attention.weights import check_weights_file
+
             check_weights_file(named, backend_class(spec.name).weights)
     return specs
 
@@ -124,7 +126,7 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
     notes = []
     for entry, spec in zip(entries, specs):
         given = parse_spec(entry)[1]
-        hints = typing.get_type_hints(backend_class(spec.name).Options)
+        hints = typing.get_type_hints(options_of(spec.name))
         for key in preset_tables.get(spec.name, {}):
             hint = hints.get(key)
             if key not in given and (hint is Path or Path in typing.get_args(hint)):

@@ -15,12 +15,12 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
-from ..attention import BackendSpec
-from ..attention.base import Expert, RunInfo
+from ..attention.spec import BackendSpec
 from ..errors import BadInput
 from ..layout import CropPlan, plan_crop
 from ..models import ModelSource
 from ..presets import preset_names
+from ..tiny import check_tiny_cache
 from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls, preset_file_notes
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 
@@ -107,7 +107,7 @@ class Request:
         model's own for a model a preset describes)."""
         return preset_plan(self.source, self.frames, self.height, self.width, tile_fit or self.tile_fit)
 
-    def predicted_run(self, tile_fit: str | None = None) -> RunInfo:
+    def predicted_run(self, tile_fit: str | None = None) -> Any:
         """The run this request predicts before anything loads (`RunInfo`, `predicted=True`), for a backend's
         `prepare`: the device and dtype, the transformers' architectures where they are known without loading (a
         preset that describes the model, or a local checkpoint's `<component>/config.json`; none for a hub id no
@@ -120,6 +120,7 @@ class Request:
         import torch
 
         from ..architecture import architecture_from_config
+        from ..attention.base import Expert, RunInfo
         from ..models import transformer_configs
 
         src = self.source
@@ -168,10 +169,13 @@ def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' if available else 'cpu'. Raises BadInput for 'cuda' without CUDA."""
+    """'auto' -> 'cuda' if available else 'cpu' ('cpu' without importing torch). Raises BadInput for 'cuda' without
+    CUDA."""
+    device = Device.parse(device, "--device")
+    if device == Device.CPU:
+        return "cpu"
     import torch
 
-    device = Device.parse(device, "--device")
     has_cuda = torch.cuda.is_available()
     if device == Device.CUDA and not has_cuda:
         raise BadInput("--device cuda: CUDA is not available here (torch "
@@ -435,6 +439,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     if m.random_weights and not source.exact_preset:
         raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {m.model}; "
                        f"use a preset name ({', '.join(preset_names())})")
+    if source.kind == "tiny" and not m.random_weights:  # built once into the vsagen cache: it must be writable
+        check_tiny_cache(source.preset)
     fits = tuple(f.value for f in m.tile_fits)
     for fit in fits:
         _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)

@@ -44,6 +44,28 @@ def _arch_text(a: Mapping[str, Any]) -> str:
     return f"{a['layers']} layers x {a['heads']} heads of {a['head_dim']}, {a['in_channels']} input channels"
 
 
+# The search's settings (`vsagen.sparsity.scoring`, `vsagen search`), here with the files that record them, so a
+# search request is checked without torch: Sparse-vDiT's lambda (seed 003), the cost weight of a mode's block
+# density; its epsilon, the relative MSE a sparse mode may have at most (1 = skip's); the implementations that
+# compute the modes.
+DEFAULT_LAM = 0.5
+DEFAULT_EPS = 1.0
+IMPLS = ("auto", "triton", "torch")
+
+
+def step_ranges(steps: int, n: int) -> tuple[tuple[int, int], ...]:
+    """`n` equal step ranges [start, stop) covering 0..steps: range i starts at i * steps // n.
+
+    Raises:
+        BadInput: n < 1 or n > steps (a range without a step).
+    """
+    if not 1 <= n <= steps:
+        raise BadInput(f"--ranges must be in [1, --steps] = [1, {steps}] (each range needs a step), got {n}")
+    bounds = [i * steps // n for i in range(n + 1)]
+    return tuple(zip(bounds[:-1], bounds[1:]))
+
+
+
 @dataclass(frozen=True)
 class StepRange:
     """The modes of denoising steps [start, stop): heads[expert][layer][head] is a mode name."""

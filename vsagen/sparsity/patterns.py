@@ -34,7 +34,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where a table is built: the catalog and pattern files read without it
+    import torch
 
 KINDS = ("dense", "skip", "diagonal", "multi-diagonal", "vertical-stripe", "mixed")
 
@@ -172,6 +175,8 @@ def default_catalog() -> tuple[Pattern, ...]:
 
 
 def _coords(tiles: tuple[int, int, int], device: torch.device | str = "cpu") -> tuple[torch.Tensor, ...]:
+    import torch
+
     nt, nh, nw = tiles
     idx = torch.arange(nt * nh * nw, device=device)
     return idx // (nh * nw), (idx // nw) % nh, idx % nw, idx % (nh * nw)
@@ -185,6 +190,8 @@ def block_map(pattern: Pattern, tiles: tuple[int, int, int], device: torch.devic
         pattern: the pattern.
         tiles: (NT, NH, NW) tiles per dim (`TileLayout.tiles_per_dim`).
     """
+    import torch
+
     t, h, w, in_slab = _coords(tiles, device)
     n = t.numel()
     kind = pattern.kind
@@ -212,6 +219,8 @@ def oracle_block_map(pattern: Pattern, tiles: tuple[int, int, int]) -> torch.Ten
     Returns:
         (n_tiles, n_tiles) bool on the CPU.
     """
+    import torch
+
     nt, nh, nw = tiles
     cells = [(t, h, w) for t in range(nt) for h in range(nh) for w in range(nw)]
 
@@ -234,9 +243,16 @@ def oracle_block_map(pattern: Pattern, tiles: tuple[int, int, int]) -> torch.Ten
 _TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-@torch.inference_mode(False)
 def _build_table(pattern: Pattern, tiles: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    bm = block_map(pattern, tiles)
+    import torch
+
+    with torch.inference_mode(False):  # the tables are cached for the process: normal tensors, whoever builds first
+        return _table(block_map(pattern, tiles))
+
+
+def _table(bm: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     cnt = bm.sum(1).to(torch.int32)
     width = max(1, int(cnt.max())) if cnt.numel() else 1
     # stable sort of ~bm puts each row's selected tiles first, in ascending order
@@ -279,6 +295,8 @@ def token_density(pattern: Pattern, tile_sizes: torch.Tensor, tiles: tuple[int, 
     Args:
         tile_sizes: (n_tiles,) true token counts (`TileLayout.tile_sizes`).
     """
+    import torch
+
     sizes = tile_sizes.detach().to("cpu", torch.float64)
     bm = block_map(pattern, tiles).to(torch.float64)
     return float(sizes @ bm @ sizes) / float(sizes.sum()) ** 2

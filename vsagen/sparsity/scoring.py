@@ -40,25 +40,11 @@ import torch
 
 from ..attention.base import Backend, RunInfo
 from ..errors import BadInput, RunFailure
-from .files import PatternFile, StepRange, parse_patterns
+from .files import (DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, StepRange,  # noqa: F401 - re-exported
+                    parse_patterns, step_ranges)
 from .patterns import Pattern, block_density, default_catalog, q2k_table
 
-DEFAULT_LAM = 0.5   # Sparse-vDiT's lambda (seed 003): cost weight of a mode's block density
-DEFAULT_EPS = 1.0   # Sparse-vDiT's epsilon: the relative MSE a sparse mode may have at most (1 = skip's)
-IMPLS = ("auto", "triton", "torch")
 SCORE_DIGITS = 6  # significant digits of the scores written to the file
-
-
-def step_ranges(steps: int, n: int) -> tuple[tuple[int, int], ...]:
-    """`n` equal step ranges [start, stop) covering 0..steps: range i starts at i * steps // n.
-
-    Raises:
-        BadInput: n < 1 or n > steps (a range without a step).
-    """
-    if not 1 <= n <= steps:
-        raise BadInput(f"--ranges must be in [1, --steps] = [1, {steps}] (each range needs a step), got {n}")
-    bounds = [i * steps // n for i in range(n + 1)]
-    return tuple(zip(bounds[:-1], bounds[1:]))
 
 
 def mode_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o_full: torch.Tensor,

@@ -1,0 +1,213 @@
+"""The shipped backends' `Options` dataclasses, importable without torch.
+
+`vsagen backends`, `vsagen presets` and the checks of `--attn NAME:KEY=VALUE` read a backend's options (their fields,
+defaults and validation) before anything heavy loads, so they live here, apart from the backend classes (whose
+modules import torch and the kernels): each backend module imports its Options from here (and re-exports them), and
+the registry (`vsagen.attention.registry`) names them beside the module that holds each class.
+
+A `tuning` field holds a `vsagen.kernels.tuning.KernelTuning` (the kernels import torch): at run time its annotation
+reads `Any` (so the field is set from Python only, as before) and the value is checked in `__post_init__`, importing
+the kernels only when one is given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import BadInput
+
+if TYPE_CHECKING:
+    from ..kernels.tuning import KernelTuning
+else:
+    KernelTuning = Any  # the real type needs torch; `_check_tuning` checks a given value against it
+
+DEFAULT_SPARSITY = 0.875
+IMPLS = ("auto", "triton", "torch")
+SCOPES = ("global", "marginal")  # sla-star's branch: over every key, or over the key tiles not selected
+FEATURE_MAPS = ("softmax", "elu", "relu")  # sla-star's phi (`vsagen.kernels.reference.FEATURE_MAPS`)
+QUERY_BLOCKS = (64, 128)  # sparse-vdit's grouped query rows (`vsagen.attention.sparse_vdit.QUERY_LAUNCH`'s keys)
+DEFAULT_QUERY_BLOCK = 64
+
+
+def option_names(options_cls: type) -> list[str]:
+    """The field names of an Options dataclass, in declaration order."""
+    return [f.name for f in fields(options_cls)]
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """JSON-ready {field: value} of an Options instance; fields that are None (unset optional inputs such as a
+    weights file) are left out, values that are not JSON scalars become strings."""
+    out = {}
+    for f in fields(options):
+        v = getattr(options, f.name)
+        if v is not None:
+            out[f.name] = v if isinstance(v, (bool, int, float, str)) else str(v)
+    return out
+
+
+def weights_path_option(value: Any, option: str) -> Path:
+    """An Options field naming a weights file (`gate_weights`, `proj_weights`), checked: an existing file.
+
+    Raises:
+        BadInput: empty, a folder, or no such file.
+    """
+    path = Path(value)
+    if path.is_dir() or not str(value).strip():
+        raise BadInput(f"{option} {str(value)!r}: give a .safetensors file, not a folder")
+    if not path.is_file():
+        raise BadInput(f"{option} {str(path)!r}: no such file (give a .safetensors file)")
+    return path
+
+
+def _check_tuning(tuning: Any) -> None:
+    """Refuse a `tuning` that is not None nor a `KernelTuning` (imported here only when one is given)."""
+    if tuning is None:
+        return
+    from ..kernels.tuning import KernelTuning as Tuning
+
+    if not isinstance(tuning, Tuning):
+        raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(tuning).__name__}")
+
+
+def _check_impl(impl: Any) -> None:
+    if impl not in IMPLS:
+        raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A backend without options."""
+
+
+@dataclass(frozen=True)
+class VSAOptions:
+    """Options of `vsa`.
+
+    Attributes:
+        sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
+            ceil((1 - sparsity) * tiles).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
+        gate_weights: a safetensors file with trained gates (`blocks.{i}.attn1.to_gate_compress.{weight,bias}`),
+            loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
+            if it has any.
+        tuning: the Triton kernels' tuning (`vsagen.kernels.tuning.KernelTuning`: TMA loads, partial-tile packing,
+            the backward's second stream, score precision, launch tables), passed down to the launchers; None: the
+            per-architecture defaults (`kernel_tuning(device, head_dim)`). Set from Python only, not the command
+            line (benchmarks/attention.py builds variants with `dataclasses.replace`).
+
+    Raises:
+        BadInput: sparsity not a number in [0, 1), an unknown impl, a tuning that is not a KernelTuning, or a
+            gate_weights path that is not a file.
+    """
+
+    sparsity: float = DEFAULT_SPARSITY
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    gate_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        s = self.sparsity
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            raise BadInput(f"sparsity must be a number in [0, 1), got {s!r}")
+        if not math.isfinite(s) or not 0.0 <= s < 1.0:
+            raise BadInput(f"sparsity must be in [0, 1), got {s}")
+        object.__setattr__(self, "sparsity", float(s) + 0.0)  # + 0.0: -0.0 becomes 0.0
+        _check_impl(self.impl)
+        _check_tuning(self.tuning)
+        if self.gate_weights is not None:
+            object.__setattr__(self, "gate_weights", weights_path_option(self.gate_weights, "gate_weights"))
+
+
+@dataclass(frozen=True)
+class ROCmVSAOptions(VSAOptions):
+    """Options of `rocm-vsa`: `vsa`'s (sparsity, impl, gate_weights, tuning); a tuning given here replaces the
+    "rocm-vsa" profile's default. Raises BadInput as `VSAOptions`."""
+
+
+@dataclass(frozen=True)
+class SLAStarOptions:
+    """Options of `sla-star`.
+
+    Attributes:
+        sparsity: VSA's fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`).
+        impl: "auto" (Triton on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`): the
+            sparse part's implementation, and the branch's.
+        scope: "global" (the branch over every key) or "marginal" (over the key tiles not selected).
+        feature_map: phi, "softmax" (over the head dim), "elu" (elu + 1) or "relu".
+        proj_weights: a safetensors file with trained projections (`blocks.{i}.attn1.proj_l.{weight,bias}`, or
+            an alias scheme), loaded for every transformer instead of the checkpoint's own; None: the
+            checkpoint's, if it has any (else the projection is zero).
+        tuning: the Triton kernels' tuning of the sparse part (as `vsa`'s; Python only).
+
+    Raises:
+        BadInput: a value out of range (as `VSAOptions`), an unknown scope or feature map, or a proj_weights path
+            that is not a file.
+    """
+
+    sparsity: float = DEFAULT_SPARSITY
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    scope: Literal["global", "marginal"] = "global"
+    feature_map: Literal["softmax", "elu", "relu"] = "softmax"
+    proj_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tuning=self.tuning)  # VSA's own checks
+        object.__setattr__(self, "sparsity", sparse.sparsity)
+        if self.scope not in SCOPES:
+            raise BadInput(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise BadInput(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {self.feature_map!r}")
+        if self.proj_weights is not None:
+            object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
+
+
+@dataclass(frozen=True)
+class SparseVDiTOptions:
+    """Options of `sparse-vdit`.
+
+    Attributes:
+        patterns: the pattern file (`vsagen search --out`); required (a preset may give a default).
+        remap: run a file searched at another size on this run's grid (the same modes compiled on the new tile
+            grid; their densities change and they were not searched there).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
+        query_block: the forward's query rows per program over query groups (`kernels.query_groups`: tiles with
+            equal key lists share a program, partial query tiles packed): 64 or 128; 0 runs one program per query
+            tile (the `vsa` forward). The backward is the same either way.
+        tuning: the Triton kernels' tuning (`KernelTuning`), from Python only; None: the device's defaults.
+        sdpa_heads: with impl triton, heads whose query tiles all share one key list (dense, vertical-stripe) run
+            torch SDPA (cuDNN on CUDA) over the tokens of that list instead of the block-sparse kernel (their rows
+            of the kernel's tables are emptied): one SDPA call per distinct list; False: every head in the kernel.
+            No effect with impl torch (every head runs the masked reference there).
+
+    Raises:
+        BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
+    """
+
+    patterns: Path | None = None
+    remap: bool = False
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    query_block: int = DEFAULT_QUERY_BLOCK
+    tuning: KernelTuning | None = None
+    sdpa_heads: bool = True
+
+    def __post_init__(self) -> None:
+        if self.patterns is not None:
+            if not str(self.patterns).strip():
+                raise BadInput("patterns is empty: give a pattern file (write one with `vsagen search`)")
+            path = Path(self.patterns).expanduser()
+            if path.is_dir():
+                raise BadInput(f"patterns {str(path)!r} is a folder: give a pattern file (.json)")
+            if not path.is_file():
+                raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
+            object.__setattr__(self, "patterns", path.resolve())  # the run's JSON records where it really is
+        for name in ("remap", "sdpa_heads"):
+            if not isinstance(getattr(self, name), bool):
+                raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.query_block not in QUERY_BLOCKS and self.query_block != 0:
+            raise BadInput(f"query_block must be 0, {' or '.join(map(str, QUERY_BLOCKS))}, got {self.query_block!r}")
+        _check_impl(self.impl)
+        _check_tuning(self.tuning)

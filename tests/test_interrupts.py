@@ -131,7 +131,8 @@ def test_an_ignored_signal_stays_ignored():
 
 def test_a_background_job_ignoring_ctrl_c_still_holds_sigterm(tmp_path):
     """`vsagen t2v ... &` from a script inherits SIGINT ignored: the guard is then found through SIGTERM, so the
-    write still holds it and a SIGTERM once the files are in place still does not interrupt."""
+    write still holds a SIGTERM to its next safe point (it took its own hold, and raised the signal again after
+    the guard's files were in place)."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with as_interrupt():

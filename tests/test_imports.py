@@ -129,8 +129,9 @@ def test_nothing_is_decided_at_import(name):
 # or of a layer below, anywhere in the file (top level or inside a function). Every module belongs to one layer.
 LAYERS = (
     ("kernels", ("vsagen.kernels",)),
-    ("primitives", ("vsagen.errors", "vsagen.architecture", "vsagen.layout", "vsagen.timing", "vsagen.video",
-                    "vsagen.sheet", "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench", "vsagen.attention",
+    ("primitives", ("vsagen.errors", "vsagen.interrupts", "vsagen.architecture", "vsagen.layout", "vsagen.timing",
+                    "vsagen.video", "vsagen.sheet", "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench",
+                    "vsagen.attention",
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.tiny", "vsagen.paths")),
     ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate")),

@@ -181,6 +181,9 @@ def test_an_empty_encode_is_a_failure_not_a_video(tmp_path, monkeypatch):
         def append_data(self, frame):
             pass
 
+        def close(self):
+            pass
+
     monkeypatch.setattr(imageio, "get_writer", lambda *a, **k: Silent())
     path = tmp_path / "e.mp4"
     path.write_bytes(b"")

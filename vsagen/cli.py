@@ -7,13 +7,11 @@ torchrun launch (`--ulysses`, `--cfg-parallel`) rank 0 prints; the other ranks p
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import os
 import signal
 import sys
-import threading
 import typing
 import warnings
 from pathlib import Path
@@ -24,6 +22,8 @@ import typer
 from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, JsonOut, Model, ProfileCompile, Verbose,
                           choice_parser, close_options)
 from .errors import VsagenError
+from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
+from .interrupts import as_interrupt as _sigterm_as_interrupt
 from .request.options import ImageFit, ReportFormat, RequestOptions
 
 app = typer.Typer(
@@ -463,41 +463,6 @@ def compare(
     _run_guarded(_single_process(run), verbose)
 
 
-class SignalInterrupt(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP as a KeyboardInterrupt that remembers its signal (for the exit code)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """Within the block, SIGTERM and SIGHUP (`kill`, a closed terminal) raise KeyboardInterrupt as Ctrl-C does, so an
-    interrupted command unwinds: its temporary files are removed and it writes nothing (one line; exit 128 + the
-    signal's number, as a shell reports it: 130, 143, 129). Only in the main thread (elsewhere: unchanged).
-
-    Yields a function that says whether SIGINT, SIGTERM or SIGHUP arrived in the block: a KeyboardInterrupt raised while
-    Python runs a finalizer (`__del__`) is printed and dropped, so the command asks it before it writes (a search
-    interrupted so still writes nothing)."""
-    hit = [False]
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: hit[0]
-        return
-
-    def interrupt(signum, frame):
-        hit[0] = True
-        raise SignalInterrupt(signum)
-
-    ending = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-    previous = {sig: signal.signal(sig, interrupt) for sig in ending}
-    try:
-        yield lambda: hit[0]
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 @app.command()
 @request_command(SEARCH, out=(Annotated[Path, typer.Option(help="The pattern file to write (.json).")],
                               Path("patterns.json")))
@@ -569,8 +534,11 @@ def main() -> None:
     Typer may vendor its own copy of click, so click's exceptions are recognised by their interface
     (`format_message`, `exit_code`) rather than by class.
     """
+    from .interrupts import process
+
     try:
-        code = app(standalone_mode=False)
+        with process():  # once a command's files are in place, a late Ctrl-C / SIGTERM no longer changes its exit
+            code = app(standalone_mode=False)
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
         name = type(e).__name__
         ctx = getattr(e, "ctx", None)

@@ -6,16 +6,16 @@ file is never replaced silently, even by a concurrent run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from . import interrupts
 from .errors import BadInput, RunFailure
 
 
@@ -50,56 +50,68 @@ def _temporary_beside(target: Path, suffix: str) -> Path:
 
 
 def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], suffix: str) -> None:
-    tmp = _temporary_beside(target, suffix)
-    try:
-        write(tmp)
-        _publish(tmp, target, overwrite)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-# Signals that end a command (Ctrl-C, `kill`, a closed terminal): held back while a set of outputs is published, so
-# an interrupt lands before or after the set, never between two of its files.
-_ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+    with Outputs(overwrite=overwrite) as outputs:
+        outputs.add(target, write, suffix)
+        outputs.publish()
 
 
 class Outputs:
-    """Files that appear together or not at all (a video and its timing JSON): each is written to a temporary file
-    beside its target (`add`), then all are moved into place at once (`publish`) with the ending signals held back;
-    leaving the `with` block unpublished (an error, Ctrl-C, SIGTERM) removes the temporaries.
+    """Files that appear together or not at all (a video and its timing JSON; compare's folder): each is written
+    to a temporary file beside its target (`add`), then all are moved into place at once (`publish`). For the
+    block's whole life Ctrl-C, SIGTERM and SIGHUP are held back (`vsagen.interrupts.hold`) and raised only at safe
+    points: before and after each file, between video frames, before the first file is moved; once every file is
+    in place, a later signal no longer interrupts the command. Leaving the block unpublished (an error, an
+    interrupt) removes the temporaries, every child ffmpeg having ended, and `folder` if this block created it.
 
     Raises (publish):
         BadInput: a target exists and `overwrite` is False (checked again at publication: nothing is published,
             and the files this set had already moved into place are removed again).
+        SignalInterrupt: (also `add` and entering the block) an ending signal arrived; nothing is left.
     """
 
-    def __init__(self, overwrite: bool = False) -> None:
+    def __init__(self, overwrite: bool = False, folder: Path | None = None) -> None:
         self.overwrite = overwrite
+        self.folder = folder
         self._staged: list[tuple[Path, Path]] = []
+        self._created = False
+        self._published = False
+        self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "Outputs":
+        self._guard = self._stack.enter_context(interrupts.hold())
+        try:
+            if self.folder is not None and not self.folder.exists():
+                self.folder.mkdir(parents=True)
+                self._created = True
+        except BaseException:
+            self._stack.close()
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for tmp, _ in self._staged:
-            tmp.unlink(missing_ok=True)
-        self._staged.clear()
+        try:
+            for tmp, _ in self._staged:
+                tmp.unlink(missing_ok=True)
+            self._staged.clear()
+            if self._created and not self._published:
+                with contextlib.suppress(OSError):  # only if empty: nothing of anyone else's goes
+                    self.folder.rmdir()
+        finally:
+            self._stack.close()
 
     def add(self, target: Path, write: Callable[[Path], None], suffix: str | None = None) -> None:
-        """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s)."""
+        """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s); `write`
+        may call `vsagen.interrupts.check()` at its own safe points (`encode_mp4` does between frames)."""
+        interrupts.check()
         tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
         self._staged.append((tmp, target))
         write(tmp)
+        interrupts.check()
 
     def publish(self) -> None:
-        """Move every added file into place, the ending signals held back meanwhile: their Python handlers are
-        swapped for a recorder (a signal mask would not do: another thread of the process, e.g. torch's, may take a
-        process-directed signal), and what arrived is raised again, to the restored handlers, once all are placed."""
-        held: list[int] = []
-        previous = {}
-        if threading.current_thread() is threading.main_thread():  # (handlers can only be set there)
-            hold = lambda signum, frame: held.append(signum)  # noqa: E731
-            previous = {sig: signal.signal(sig, hold) for sig in _ENDING_SIGNALS}
+        """Move every added file into place (a signal meanwhile is held; after the last one it is dropped: the
+        command's files are complete)."""
+        interrupts.check()
         done: list[Path] = []
         try:
             for tmp, target in self._staged:
@@ -112,24 +124,34 @@ class Outputs:
             raise
         finally:
             self._staged = [(t, g) for t, g in self._staged if g not in done]
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            for sig in dict.fromkeys(held):  # each once, in arrival order
-                signal.raise_signal(sig)
+        self._published = True
+        if self._guard is not None:
+            self._guard.done = True
 
 
 def encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:
     """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg into `path`
-    (written in place: `write_mp4` and `Outputs` give the atomic publication).
+    (written in place: `write_mp4` and `Outputs` give the atomic publication). Between frames it checks for a
+    held-back Ctrl-C / SIGTERM (`vsagen.interrupts.check`); the ffmpeg child has ended when this returns or raises.
 
     Raises:
-        RunFailure: ffmpeg left the file empty."""
+        RunFailure: ffmpeg left the file empty.
+        SignalInterrupt: an ending signal arrived during the encode (under `Outputs`)."""
     import imageio.v2 as imageio
 
-    with imageio.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p",
-                            macro_block_size=1, quality=8, ffmpeg_log_level="error") as w:
+    w = imageio.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p",
+                           macro_block_size=1, quality=8, ffmpeg_log_level="error")
+    try:
         for frame in frames:
             w.append_data(frame)
+            interrupts.check()  # a safe point
+    except BaseException:
+        # imageio's writer closes only on success (its __exit__): closed here, ffmpeg is told the input ended and
+        # waited for, so no child outlives the temporary file (one did, and created it again after its removal)
+        with contextlib.suppress(Exception):
+            w.close()
+        raise
+    w.close()
     if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
         raise RunFailure(f"ffmpeg wrote no video for {len(frames)} frames at {fps} fps (its own message is above)")
 

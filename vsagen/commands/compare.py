@@ -18,10 +18,10 @@ generation, decoded. The first backend is the reference (by default `full`). Per
 
 Outputs go to one folder (`--out`, default `vsagen-<model>-compare-seed<seed>/`): each backend's mp4, a
 side-by-side mp4 with each panel labelled, the plot (speed-up against PSNR; attention error per layer; needs
-matplotlib), `compare.json` and `compare.csv`. Nothing is written before every backend has run; each file is
-written atomically (`vsagen.video`), and an interrupted or failed write removes the files this run had already
-written. Text-to-video models only. Renderings (table, csv, plot, side-by-side video) are in
-`vsagen.commands.compare_render`.
+matplotlib), `compare.json` and `compare.csv`. Nothing is written before every backend has run; the files are one
+set (`vsagen.video.Outputs`): each written to a temporary file, then all moved into place together, so an
+interrupted (Ctrl-C, SIGTERM) or failed write leaves none of them. Text-to-video models only. Renderings (table,
+csv, plot, side-by-side video) are in `vsagen.commands.compare_render`.
 """
 
 from __future__ import annotations
@@ -322,66 +322,54 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
                            text_encode_s=session.text_encode_s, notes=notes)
     if cancelled():
         raise KeyboardInterrupt
+    log(f"writing {len(files)} files into {cfg.out}/")
     write_outputs(cfg, report, [r[4] for r in results], log=log)
     return report
 
 
 def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], *,
                   log: Callable[[str], None] = lambda m: None) -> None:
-    """Write every file of `cfg.files` (each atomically: `vsagen.video`); if one fails or the write is
-    interrupted, remove the ones already written (and the folder, if this call created it) and re-raise. Once
-    all are written, remove the files an earlier compare wrote into the folder (`stale_outputs`, read before
-    the new compare.json replaces the old one) that this run did not write again.
+    """Write every file of `cfg.files` as one set (`vsagen.video.Outputs`): each to a temporary file first, then
+    all moved into place together; if one fails, or the write is interrupted (Ctrl-C, SIGTERM: held to a safe
+    point), none is left, nor the folder if this call created it. Once all are in place, remove the files an
+    earlier compare wrote into the folder (`stale_outputs`, read before the new compare.json replaces the old one)
+    that this run did not write again.
 
     Args:
         videos: each backend's (F, H, W, 3) uint8 frames, in `cfg.backends` order.
 
     Raises:
         BadInput: a file appeared meanwhile (without `overwrite`); matplotlib is missing for the plot.
+        SignalInterrupt: an ending signal arrived before the files were in place.
     """
     import json
 
-    from .compare_render import render_csv, side_by_side, write_plot
-    from ..sheet import sheet_title, write_sheet
-    from ..video import write_mp4, write_text
+    from . import compare_render
+    from ..sheet import save_sheet, sheet_title
+    from ..video import Outputs, encode_mp4
 
     files = cfg.files
-    created = not cfg.out.exists()
     stale = stale_outputs(cfg.out, files.values())
-    written: list[Path] = []
-
-    def publish(path: Path, write: Callable[[], None]) -> None:
-        write()
-        written.append(path)
-        log(f"wrote {path}")
-
-    try:
-        cfg.out.mkdir(parents=True, exist_ok=True)
+    with Outputs(overwrite=cfg.overwrite, folder=cfg.out) as outputs:
         for path, frames in zip(cfg.backend_files, videos):
-            publish(path, lambda: write_mp4(frames, path, cfg.fps, overwrite=cfg.overwrite))
+            outputs.add(path, lambda tmp, frames=frames: encode_mp4(frames, tmp, cfg.fps))
         if cfg.sheet:
             for label, spec, frames in zip(cfg.labels, cfg.backends, videos):
                 title = sheet_title(cfg.model, spec.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
                                     cfg.seed, f"compare, reference {cfg.labels[0]}")
-                path = files[f"{label} sheet"]
-                publish(path, lambda: write_sheet(frames, path, cfg.fps, title, overwrite=cfg.overwrite))
-        panels = side_by_side(videos, cfg.labels)
-        publish(files["side-by-side"], lambda: write_mp4(panels, files["side-by-side"], cfg.fps,
-                                                         overwrite=cfg.overwrite))
+                outputs.add(files[f"{label} sheet"],
+                            lambda tmp, frames=frames, title=title: save_sheet(frames, tmp, cfg.fps, title))
+        panels = compare_render.side_by_side(videos, cfg.labels)
+        outputs.add(files["side-by-side"], lambda tmp: encode_mp4(panels, tmp, cfg.fps))
         if "plot" in files:
-            publish(files["plot"], lambda: write_plot(report, files["plot"], overwrite=cfg.overwrite))
+            compare_render.write_plot(report, files["plot"], outputs=outputs)
         text = json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
-        publish(files["json"], lambda: write_text(text, files["json"], overwrite=cfg.overwrite))
-        publish(files["csv"], lambda: write_text(render_csv(report), files["csv"], overwrite=cfg.overwrite))
-    except BaseException:
-        for path in written:
-            path.unlink(missing_ok=True)
-        if created:
-            try:
-                cfg.out.rmdir()
-            except OSError:
-                pass
-        raise
+        outputs.add(files["json"], lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        csv_text = compare_render.render_csv(report)
+        outputs.add(files["csv"], lambda tmp: tmp.write_text(csv_text, encoding="utf-8"))
+        outputs.publish()
+    for path in files.values():
+        log(f"wrote {path}")
     for path in stale:
         path.unlink(missing_ok=True)
         log(f"removed {path} (an earlier compare's, not written by this one)")

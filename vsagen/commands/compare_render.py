@@ -128,10 +128,11 @@ def side_by_side(videos: Sequence[np.ndarray], labels: Sequence[str]) -> np.ndar
     return out
 
 
-def write_plot(report: Any, path: Path, *, overwrite: bool = False) -> None:
+def write_plot(report: Any, path: Path, *, overwrite: bool = False, outputs: Any = None) -> None:
     """Two panels: speed-up over the reference against PSNR per backend (infinite PSNR drawn at the top with
     an arrow mark), and the attention error (rel-L2 against dense) per layer, one line per backend. Written
-    atomically (`vsagen.video.write_with`) in the format of `path`'s suffix; matplotlib's object API.
+    atomically (`vsagen.video.write_with`) in the format of `path`'s suffix; matplotlib's object API. With
+    `outputs` (a `vsagen.video.Outputs`), added to that set instead (published with it; `overwrite` is the set's).
 
     Raises:
         BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
@@ -165,5 +166,10 @@ def write_plot(report: Any, path: Path, *, overwrite: bool = False) -> None:
     bx.set_ylabel("attention rel-L2 vs dense (chosen steps)")
     bx.legend(fontsize=8)
     fig.suptitle(title(report), fontsize=8)
-    write_with(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), dpi=120),
-               overwrite=overwrite)
+    def save(tmp: Path) -> None:
+        fig.savefig(tmp, format=path.suffix.lstrip(".").lower(), dpi=120)
+
+    if outputs is not None:
+        outputs.add(path, save)
+    else:
+        write_with(path, save, overwrite=overwrite)

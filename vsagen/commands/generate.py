@@ -88,10 +88,11 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
 
     log(f"writing {cfg.out} and {cfg.json_out}" if cfg.sheet_out is None else
         f"writing {cfg.out}, {cfg.json_out} and {cfg.sheet_out}")
-    with video.Outputs(overwrite=cfg.overwrite) as outputs:  # the mp4 and its JSON appear together or not at all
-        t_write = time.perf_counter()
-        with out_of_memory_as_failure("generating", cfg.memory_hints()):
-            frames_u8 = video_frames(pipe, run.video, (cfg.frames, cfg.height, cfg.width))
+    t_write = time.perf_counter()
+    with out_of_memory_as_failure("generating", cfg.memory_hints()):
+        frames_u8 = video_frames(pipe, run.video, (cfg.frames, cfg.height, cfg.width))
+    # the files appear together or not at all; Ctrl-C / SIGTERM meanwhile: held to a safe point
+    with video.Outputs(overwrite=cfg.overwrite) as outputs:
         outputs.add(cfg.out, lambda tmp: video.encode_mp4(frames_u8, tmp, cfg.fps), ".mp4")
         write_s = time.perf_counter() - t_write
         report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,

@@ -384,6 +384,9 @@ def profile(
             if report is None:  # a rank other than 0: rank 0 reports
                 return
             text = render(report, cfg.fmt)
+            if cfg.fmt == "csv":  # a CSV holds the rows only: its notes on stderr, as t2v's
+                for note in report.notes:
+                    log(f"note: {note}")
             if cfg.plot is not None:
                 write_plot(report, cfg.plot, overwrite=cfg.overwrite)
                 log(f"plot: {cfg.plot}")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
-from .errors import BadInput, ModelNotFound
-from .models import PICKLE_SUFFIXES
+from .errors import BadInput
+from .models import PICKLE_SUFFIXES, model_not_loadable
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 
 _ALLOWED_LIBRARIES = {"diffusers", "transformers"}
@@ -98,14 +98,13 @@ def _from_pretrained(location: str, cfg: Request, dtype: Any) -> Any:
             raise BadInput(f"--model {cfg.model}: no safetensors weights ({first}); pass --allow-pickle to "
                            "load pickle weights you trust") from None
         if cfg.source.kind == "hub":
-            why = (f"hub id {location!r} is not in the local Hugging Face cache and could not be downloaded "
-                   f"({_short(first)})")
+            why = f"hub id {location!r} is not in the local Hugging Face cache and could not be downloaded"
+            detail = _short(first)
+            if "not fully cached" not in detail and "cached locally" not in detail:  # else it says the same again
+                why += f" ({detail})"
         else:
             why = f"directory {location}: {_short(first)}"
-        timing_hint = ", time its architecture with --random-weights" if cfg.source.exact_preset else ""
-        raise ModelNotFound(
-            f"cannot load model {cfg.model!r}: {why}. Download it with `hf download {location} --local-dir DIR` "
-            f"and pass --model DIR{timing_hint}, or try --model tiny") from None
+        raise model_not_loadable(cfg.model, location, why, cfg.source.exact_preset) from None
     finally:
         diffusers.utils.logging.set_verbosity(verbosity)
 

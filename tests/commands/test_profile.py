@@ -134,6 +134,8 @@ def test_profile_csv_and_plot_files(cli_cache, tmp_path):
     assert res.exit_code == 0, res.output
     assert res.stdout == ""  # the report went to --out
     assert str(out) in res.stderr and str(plot) in res.stderr
+    # the CSV holds the rows only; its notes go to stderr (they were in no output at all)
+    assert "note: model 'tiny' has random weights" in res.stderr and "note:" not in out.read_text()
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert [(r["backend"], r["kind"]) for r in rows] == [("full", "backend"), ("vsa", "backend"),
                                                         ("diffusers-sdpa", "overhead"), ("full+tile-order", "overhead")]

@@ -378,8 +378,8 @@ def test_a_prompt_past_the_encoder_s_length_is_a_note(vsagen_cache, tmp_path):
     long = resolve_generate("a" * 600, model="tiny", out=tmp_path / "a.mp4")
     assert long.max_sequence_length == 512
     assert truncation_note(pipe, long) == ("the prompt is 601 tokens and the text encoder reads the first 512: the "
-                                           "rest of it is cut (diffusers' Wan pipelines truncate); shorten it to "
-                                           "steer the whole video")
+                                           "rest of it is cut (diffusers' Wan pipelines truncate); shorten it so "
+                                           "that all of it counts")
     assert truncation_note(pipe, resolve_generate("a" * 511, model="tiny", out=tmp_path / "b.mp4")) is None
     negative = resolve_generate("a fox", model="tiny", negative_prompt="b" * 700, out=tmp_path / "c.mp4")
     assert truncation_note(pipe, negative).startswith("--negative-prompt is 701 tokens")

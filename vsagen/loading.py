@@ -393,7 +393,7 @@ def truncation_note(pipe: Any, request: Request) -> str | None:
         n = len(tokenizer(text, add_special_tokens=True).input_ids)
         if n > limit:
             return (f"{what} is {n} tokens and the text encoder reads the first {limit}: the rest of it is cut "
-                    "(diffusers' Wan pipelines truncate); shorten it to steer the whole video")
+                    "(diffusers' Wan pipelines truncate); shorten it so that all of it counts")
     return None
 
 

@@ -175,6 +175,10 @@ def test_table_at_80_columns_cuts_no_number():
     for header in ("all-to-all", "exchange", "speed-up", "rel-L2"):
         assert header in text
     assert "DiT time per backend (slowest rank), continued (2 of" in text  # the DiT table did not fit in one
+    # the note wraps between words, its lines indented under its text (they started at column 0)
+    note = text[text.index("note: "):].splitlines()
+    assert len(note) >= 2 and all(line.startswith("      ") and not line.startswith("       ") for line in note[1:])
+    assert " ".join(line.strip() for line in note) == "note: " + rep.notes[0].strip()
     wide = render(rep, "table", width=400)
     assert "continued" not in wide and "…" not in wide
 

@@ -299,8 +299,11 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
     con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
     for table in _tables(rep):
         _print_table(con, table)
-    for n in rep.notes:
-        con.print(f"note: {n}", markup=False)
+    import textwrap
+
+    for n in rep.notes:  # wrapped between words, indented under the note's text (as the other commands' notes)
+        con.print(textwrap.fill(f"note: {n}", width=width, subsequent_indent=" " * len("note: "),
+                                break_long_words=False, break_on_hyphens=False), markup=False, overflow="ignore")
     return buf.getvalue()
 
 

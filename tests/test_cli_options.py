@@ -4,6 +4,7 @@ show that text."""
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 
 import pytest
 import typer
@@ -79,3 +80,31 @@ def test_an_unknown_option_is_offered_only_close_ones():
     assert close_options("--stpes", names) == ["--steps"]
     assert close_options("--sed", names) == ["--seed"]
     assert close_options("--verbos", names) == ["--verbose"]
+
+
+def test_an_empty_path_is_refused_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Typer turned `--out ""` into Path(""), the current folder: compare wrote its files there, t2v said ". is a
+    folder", i2v said "image . is not a file". Every path option and argument refuses an empty text, before any
+    file is looked at."""
+    from conftest import assert_one_error_line
+
+    from vsagen.cli import main
+
+    assert options.path_text("a b.mp4") == Path("a b.mp4") and options.path_text(Path("x")) == Path("x")
+    monkeypatch.chdir(tmp_path)
+    for args, flag in ((["t2v", "x", "--model", "tiny", "--out", ""], "--out"),
+                       (["i2v", "--model", "tiny-i2v", "", "x"], "IMAGE"),
+                       (["i2v", "--model", "tiny-i2v", "a.png", "x", "--last-image", " "], "--last-image"),
+                       (["compare", "x", "--model", "tiny", "--out", ""], "--out"),
+                       (["profile", "--model", "tiny", "--plot", ""], "--plot"),
+                       (["profile", "--model", "tiny", "--out", ""], "--out"),
+                       (["search", "--model", "tiny", "--prompts", ""], "--prompts"),
+                       (["search", "--model", "tiny", "--prompt", "p", "--out", ""], "--out")):
+        monkeypatch.setattr("sys.argv", ["vsagen", *args])
+        with pytest.raises(SystemExit) as exit_:
+            main()  # the console script: a usage error is one line
+        out, err = capsys.readouterr()
+        assert exit_.value.code == 2, (args, out, err)
+        line = assert_one_error_line(err, out)
+        assert f"'{flag}': the path is empty" in line, line
+    assert list(tmp_path.iterdir()) == []

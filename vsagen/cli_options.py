@@ -29,6 +29,17 @@ def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
     return parse
 
 
+def path_text(value: Any) -> Path:
+    """Typer's parser of a path option or argument: the path as typed (`~` kept as given). An empty text is refused
+    (`typer.BadParameter`: one `error:` line, exit 2): `Path("")` is the current folder, so `--out ""` wrote into
+    it and `i2v "" x` said "image . is not a file"."""
+    if isinstance(value, Path):
+        return value
+    if not str(value).strip():
+        raise typer.BadParameter("the path is empty; give a file or folder name")
+    return Path(value)
+
+
 def _choices(enum: type[Enum]) -> str:
     return "[" + "|".join(str(m.value) for m in enum) + "]"
 
@@ -60,7 +71,8 @@ Seed = Annotated[int, typer.Option(help="Random seed.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
 Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
                                                  "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
-                                                 "folder); the timing JSON goes beside it (same name, .json).")]
+                                                 "folder); the timing JSON goes beside it (same name, .json).",
+                                             parser=path_text)]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Sheet = Annotated[bool, typer.Option("--sheet", help="Also write a contact sheet beside each mp4 (same name, "
                                                      ".sheet.png): 8 evenly spaced frames, each labelled with its "

@@ -83,22 +83,96 @@ def test_once_the_files_are_in_place_a_signal_no_longer_interrupts(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
-def test_the_entry_point_keeps_a_done_guard_until_the_process_ends():
-    """Under `process()` (main) a guard whose files are in place stays installed after its block: a signal while
-    the command prints its result or the interpreter shuts down is dropped (it killed the process with -15)."""
+def test_the_entry_point_ignores_the_signals_once_the_files_are_in_place():
+    """Under `process()` (main), once a command's files are in place the ending signals are ignored (SIG_IGN, which
+    Python keeps at shutdown) until the process ends: a signal while the command prints its result or the
+    interpreter shuts down is dropped (it killed the process with -15)."""
     before = {s: signal.getsignal(s) for s in interrupts.ENDING_SIGNALS}
     try:
         with process():
             with as_interrupt():
-                current_guard().done = True
-            assert current_guard() is not None and current_guard().done
+                current_guard().finish()
+            assert all(signal.getsignal(s) is signal.SIG_IGN for s in interrupts.ENDING_SIGNALS)
             os.kill(os.getpid(), signal.SIGTERM)
             spin()
             with as_interrupt():  # not done: restored as usual
                 pass
+            assert all(signal.getsignal(s) is signal.SIG_IGN for s in interrupts.ENDING_SIGNALS)
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+# A command under the entry point's `process()` that publishes its file, then gets signals after its block and
+# while the interpreter shuts down (a module global's finalizer); the trial's t2v / compare died of them.
+LATE_SIGNALS = r"""
+import os, signal, sys, time
+from pathlib import Path
+from vsagen.interrupts import as_interrupt, process
+from vsagen.video import Outputs
+
+class AtShutdown:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+
+with process():
+    with as_interrupt():
+        with Outputs() as outputs:
+            outputs.add(Path(sys.argv[1]), lambda tmp: tmp.write_text("{}"))
+            outputs.publish()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.05)
+    print("result")
+late = AtShutdown()
+sys.exit(0)
+"""
+
+
+def test_a_signal_after_publication_and_at_shutdown_leaves_exit_0(tmp_path):
+    res = subprocess.run([sys.executable, "-c", LATE_SIGNALS, str(tmp_path / "a.json")], capture_output=True,
+                         text=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "result\n", "")
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_error_after_a_held_signal_is_that_interrupt(tmp_path, nested):
+    """Ctrl-C to the process group while files are written also kills children of this process (imageio's
+    `ffmpeg -version` probe: "No ffmpeg exe could be found", exit 1): an error raised after the signal arrived
+    ends the command as that interrupt (130), nothing written; inside `Outputs`, and in a command's block."""
+
+    def fail(tmp):
+        os.kill(os.getpid(), signal.SIGINT)
+        spin()  # held
+        raise RuntimeError("No ffmpeg exe could be found")
+
+    with pytest.raises(SignalInterrupt) as info:
+        with as_interrupt():
+            if nested:
+                with hold():
+                    fail(None)
+            with Outputs() as outputs:
+                outputs.add(tmp_path / "a.mp4", fail)
+    assert info.value.signum == signal.SIGINT and isinstance(info.value.__cause__, RuntimeError)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError), as_interrupt():  # no signal: the error stays itself
+        raise RuntimeError("no signal")
+
+
+def test_ffmpeg_found_before_the_write_is_not_probed_again(tmp_path, monkeypatch):
+    """`find_ffmpeg` (called before `Outputs`) leaves imageio-ffmpeg's executable resolved: the encode starts no
+    `ffmpeg -version` probe that a Ctrl-C to the group could kill."""
+    import imageio_ffmpeg._utils as utils
+    import numpy as np
+
+    from vsagen.video import find_ffmpeg
+
+    exe = find_ffmpeg()
+    monkeypatch.setattr(utils, "_is_valid_exe", lambda exe: pytest.fail("ffmpeg probed again"))
+    assert utils.get_ffmpeg_exe() == exe
+    encode_mp4(np.zeros((2, 16, 16, 3), np.uint8), tmp_path / "a.mp4", 8)
+    assert read_mp4(tmp_path / "a.mp4").shape == (2, 16, 16, 3)
 
 
 def test_without_a_guard_the_hold_hands_the_signal_on_after_cleaning_up(tmp_path):

@@ -10,9 +10,10 @@ dropped: the command went on and wrote everything), between creating a temporary
   `SignalInterrupt` where the run is (model loading, denoising: a run is interruptible anywhere), and is recorded.
 * While files are written (`hold()`, which `vsagen.video.Outputs` takes for its whole lifetime) the guard only
   records; the writer calls `check()` at safe points (between files, between video frames, before the files are
-  moved into place), which raises `SignalInterrupt` there. Once the files are in place (`Guard.done`), a later
-  signal is recorded and dropped: the command completes, prints its result and exits 0; under `process()` (the
-  console entry point) the guard then stays installed until the process has exited.
+  moved into place), which raises `SignalInterrupt` there. An exception raised after a signal arrived, before
+  the files are in place, ends the command as that interrupt (the signal caused it). Once the files are in place
+  (`Guard.finish`), a later signal is recorded and dropped: the command completes, prints its result and exits
+  0; under `process()` (the console entry point) the ending signals are then ignored until the process exits.
 * Without a guard (the library called from Python), `hold()` installs one for the block and hands what it recorded
   to the handlers it replaced once the block is over (after the temporary files are gone).
 
@@ -30,7 +31,7 @@ from typing import Any, Callable, Iterator
 # Ctrl-C, `kill`, a closed terminal.
 ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
-# Set by `process()`: a guard whose files are in place stays installed after its block (the process is ending).
+# Set by `process()`: once a guard's files are in place the ending signals stay ignored (the process is ending).
 _KEEP_DONE_GUARD = contextvars.ContextVar("vsagen_keep_done_guard", default=False)
 
 
@@ -49,10 +50,11 @@ class Guard:
     inside `hold()` it is only recorded, and `check()` raises it at the writer's next safe point; after `done` (the
     command's files are in place) it is recorded and nothing more."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.received: list[int] = []
         self.holding = 0
         self.done = False
+        self.keep = keep  # under `process()`: once done, the ending signals are ignored until the process exits
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.received.append(int(signum))
@@ -62,6 +64,27 @@ class Guard:
     def interrupted(self) -> int | None:
         """The first ending signal that arrived (also one whose KeyboardInterrupt a finalizer dropped), or None."""
         return self.received[0] if self.received else None
+
+    def finish(self) -> None:
+        """The command's files are in place: a later ending signal no longer interrupts it. A kept guard (under
+        `process()`, the console entry point) has the signals it handles ignored outright (SIG_IGN) until the
+        process exits: Python resets its own handlers to the default while the interpreter shuts down, and a
+        signal then killed the finished command (exit -15 / -2 / -1 instead of 0)."""
+        self.done = True
+        if self.keep and _in_main_thread():
+            for sig in ENDING_SIGNALS:
+                if signal.getsignal(sig) is self:
+                    signal.signal(sig, signal.SIG_IGN)
+
+    def as_interrupt(self, error: BaseException) -> BaseException:
+        """What `error`, raised after an ending signal arrived and before the files were in place, ends the
+        command as: that interrupt (the signal is the cause: e.g. Ctrl-C to the process group killed the
+        `ffmpeg -version` probe, and imageio then found "no ffmpeg"); otherwise `error` itself."""
+        if self.received and not self.done and isinstance(error, Exception):
+            interrupt = SignalInterrupt(self.received[0])
+            interrupt.__cause__ = error
+            return interrupt
+        return error
 
     def check(self) -> None:
         """A safe point: raise `SignalInterrupt` if an ending signal arrived, unless the files are already in place.
@@ -115,10 +138,15 @@ def as_interrupt() -> Iterator[Callable[[], int | None]]:
     if not _in_main_thread():
         yield lambda: None
         return
-    guard = Guard()
+    guard = Guard(keep=_KEEP_DONE_GUARD.get())
     previous = _install(guard)
     try:
         yield guard.interrupted
+    except Exception as e:  # after a signal: that interrupt (`Guard.as_interrupt`)
+        converted = guard.as_interrupt(e)
+        if converted is e:
+            raise
+        raise converted from e
     finally:
         if not (guard.done and _KEEP_DONE_GUARD.get()):
             _restore(previous)
@@ -126,9 +154,10 @@ def as_interrupt() -> Iterator[Callable[[], int | None]]:
 
 @contextlib.contextmanager
 def process() -> Iterator[None]:
-    """The console entry point's block: a command whose files are in place keeps its guard installed after its
-    `as_interrupt` block, so a signal while it prints its result or while the interpreter shuts down is dropped
-    (exit 0, the files complete) instead of killing it or ending it with "nothing was written"."""
+    """The console entry point's block: once a command's files are in place the ending signals are ignored
+    (`Guard.finish`) and stay so after its `as_interrupt` block, until the process exits, so a signal while it
+    prints its result or while the interpreter shuts down is dropped (exit 0, the files complete) instead of
+    killing it or ending it with "nothing was written"."""
     token = _KEEP_DONE_GUARD.set(True)
     try:
         yield

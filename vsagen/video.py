@@ -98,6 +98,10 @@ class Outputs:
                     self.folder.rmdir()
         finally:
             self._stack.close()
+        if exc[1] is not None and self._guard is not None:  # an error after a held signal: that interrupt
+            converted = self._guard.as_interrupt(exc[1])
+            if converted is not exc[1]:
+                raise converted from exc[1]
 
     def add(self, target: Path, write: Callable[[Path], None], suffix: str | None = None) -> None:
         """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s); `write`
@@ -126,7 +130,20 @@ class Outputs:
             self._staged = [(t, g) for t, g in self._staged if g not in done]
         self._published = True
         if self._guard is not None:
-            self._guard.done = True
+            self._guard.finish()
+
+
+def find_ffmpeg() -> str:
+    """The ffmpeg executable imageio-ffmpeg runs (its path; imageio-ffmpeg caches it for the process). Call it
+    before `Outputs`: it runs `ffmpeg -version` in a child of this process group, which a Ctrl-C to the group
+    kills, and inside `Outputs` (the signal held) imageio would then report "No ffmpeg exe could be found"; here
+    the signal interrupts at once.
+
+    Raises:
+        RuntimeError: imageio-ffmpeg finds no ffmpeg."""
+    import imageio_ffmpeg
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
 
 
 def encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:

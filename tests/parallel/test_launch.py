@@ -274,3 +274,43 @@ def test_gpus_refuses_in_the_parent_in_one_line(cli_cache, tmp_path):
         "error: --ulysses 3 runs in 3 processes, --gpus 2 starts 2: for --gpus 2 give --ulysses 2 or --cfg-parallel, "
         "or leave --ulysses out (vsagen then picks)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clone"]  # (the folder named vsagen)
+
+
+# Two ranks of a gloo group: rank 0 is interrupted after the denoise (while it decodes, alone) and rank 1 waits for
+# it in `gather_to_writer`; rank 0 prints the time from the interrupt to leaving the group.
+INTERRUPTED_WRITER = r"""
+import os, sys, time
+from types import SimpleNamespace
+from vsagen.parallel.launch import Launch, gather_to_writer, joined
+rank = int(os.environ["RANK"])
+try:
+    with joined(Launch(rank, 2, rank), SimpleNamespace(processes=2, device="cpu")):
+        if rank == 0:
+            time.sleep(0.5)  # rank 1 is in the gather by now
+            t0 = time.monotonic()
+            raise KeyboardInterrupt  # Ctrl-C while rank 0 decodes
+        gather_to_writer({"rank": rank})
+except KeyboardInterrupt:
+    print(f"{time.monotonic() - t0:.2f}")  # out of the group
+    sys.exit(130)
+except Exception:  # rank 1: its peer left the collective
+    sys.exit(1)
+"""
+
+
+def test_an_interrupted_writer_leaves_no_rank_blocked_in_a_collective():
+    """Rank 0 interrupted while rank 1 sat in `gather_to_writer`: rank 0 used to wait in `finish`'s barrier, a
+    collective rank 1 never joins, both blocked in C++ (no signal handler runs there) until the launcher's SIGKILL
+    30 s later; an interrupted rank now leaves the group at once and rank 1's gather fails as its connection
+    closes."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
+    ranks = [subprocess.Popen([sys.executable, "-c", INTERRUPTED_WRITER], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        codes = [p.wait(timeout=30) for p in ranks]
+    finally:
+        for p in ranks:
+            p.kill()
+    assert codes == [130, 1]
+    assert float(ranks[0].stdout.read()) < 5.0  # (was: until the launcher's SIGKILL)

@@ -346,10 +346,11 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
 
     from . import compare_render
     from ..sheet import save_sheet, sheet_title
-    from ..video import Outputs, encode_mp4
+    from ..video import Outputs, encode_mp4, find_ffmpeg
 
     files = cfg.files
     stale = stale_outputs(cfg.out, files.values())
+    find_ffmpeg()  # resolved (and cached) while a signal still interrupts at once
     with Outputs(overwrite=cfg.overwrite, folder=cfg.out) as outputs:
         for path, frames in zip(cfg.backend_files, videos):
             outputs.add(path, lambda tmp, frames=frames: encode_mp4(frames, tmp, cfg.fps))

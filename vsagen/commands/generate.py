@@ -92,6 +92,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     with out_of_memory_as_failure("generating", cfg.memory_hints()):
         frames_u8 = video_frames(pipe, run.video, (cfg.frames, cfg.height, cfg.width))
     # the files appear together or not at all; Ctrl-C / SIGTERM meanwhile: held to a safe point
+    video.find_ffmpeg()  # resolved (and cached) while a signal still interrupts at once
     with video.Outputs(overwrite=cfg.overwrite) as outputs:
         outputs.add(cfg.out, lambda tmp: video.encode_mp4(frames_u8, tmp, cfg.fps), ".mp4")
         write_s = time.perf_counter() - t_write

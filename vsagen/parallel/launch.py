@@ -117,18 +117,27 @@ def joined(launch: Launch | None, request: Any, prepare: Callable[[], Any] = lam
         start(launch, request.device)
     try:
         yield
+    except KeyboardInterrupt:
+        finish(wait=False)
+        raise
     finally:
         finish()
 
 
-def finish() -> None:
-    """Wait for every rank, then leave the process group (nothing if none was joined)."""
+def finish(wait: bool = True) -> None:
+    """Wait for every rank (`wait`), then leave the process group (nothing if none was joined).
+
+    An interrupted rank leaves without waiting (`wait=False`): a peer may sit in a collective this rank will never
+    join (rank 1 in `gather_to_writer` while rank 0 decodes), and a barrier would then block both in C++, where
+    no signal reaches Python, until the launcher's SIGKILL; without it this process ends, its connections
+    close, and the peer's collective fails at once (an error that its own held signal turns into its interrupt)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return
-    with contextlib.suppress(Exception):  # a peer already gone: this rank leaves anyway
-        dist.barrier()
+    if wait:
+        with contextlib.suppress(Exception):  # a peer already gone: this rank leaves anyway
+            dist.barrier()
     dist.destroy_process_group()
 
 

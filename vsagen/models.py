@@ -127,26 +127,6 @@ def model_not_loadable(model: str, location: str, why: str, exact_preset: bool) 
                          f"DIR` and pass --model DIR{timing_hint}, or try --model tiny")
 
 
-def check_hub_cached_offline(source: ModelSource, model: str) -> None:
-    """In Hugging Face's offline mode (`HF_HUB_OFFLINE=1`, as huggingface_hub reads it), a hub id whose pipeline is
-    not in the local cache can only fail once torch and diffusers have loaded (~6 s on a 2-core CPU): refuse it now,
-    in ~0.1 s (huggingface_hub's cache lookup of the pipeline's model_index.json). Online, diffusers downloads the
-    pipeline on first use, so nothing is checked. A no-op for sources other than hub ids.
-
-    Raises:
-        ModelNotFound: offline, and the cache holds no model_index.json of `source.location`."""
-    if source.kind != "hub":
-        return
-    from huggingface_hub import constants, try_to_load_from_cache
-
-    if not constants.HF_HUB_OFFLINE:
-        return
-    if isinstance(try_to_load_from_cache(source.location, "model_index.json"), str):
-        return
-    raise model_not_loadable(model, source.location, f"hub id {source.location!r} is not in the local Hugging Face "
-                           "cache, and HF_HUB_OFFLINE is set", source.exact_preset)
-
-
 def safetensors_problem(file: Path) -> str | None:
     """What is wrong with a safetensors file, from its header alone (safetensors' own reader, no tensor read, no
     framework imported): None when its header reads and the file's size is what the header says (every tensor's

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from ..attention.spec import BackendSpec
 from ..errors import BadInput
 from ..layout import CropPlan, plan_crop
-from ..models import ModelSource, check_hub_cached_offline
+from ..models import ModelSource
 from ..presets import preset_names
 from ..tiny import check_tiny_cache
 from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls, preset_file_notes
@@ -441,8 +441,6 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                        f"use a preset name ({', '.join(preset_names())})")
     if source.kind == "tiny" and not m.random_weights:  # built once into the vsagen cache: it must be writable
         check_tiny_cache(source.preset)
-    if not m.random_weights:
-        check_hub_cached_offline(source, m.model)
     fits = tuple(f.value for f in m.tile_fits)
     for fit in fits:
         _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)

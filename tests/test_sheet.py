@@ -9,7 +9,8 @@ from PIL import Image
 
 from vsagen.errors import BadInput
 from vsagen.sheet import (BACKGROUND, COLUMNS, MARGIN, contact_sheet, frame_indices, label_of, sheet_layout,
-                          sheet_title, tile_of, tile_scale, write_sheet)
+                          save_sheet, sheet_title, tile_of, tile_scale)
+from vsagen.video import write_with
 
 
 def random_frames(f, h, w, seed=0):
@@ -104,7 +105,12 @@ def test_a_long_title_wraps_between_its_fields_never_inside_one():
                                                             "1 step | seed 0")
 
 
-def test_write_sheet_is_a_png_of_the_sheet_and_keeps_an_existing_file(tmp_path):
+def write_sheet(frames, path, fps, title, overwrite=False):
+    """The sheet written atomically, as a run publishes it (save_sheet into a temporary file, then moved)."""
+    write_with(path, lambda tmp: save_sheet(frames, tmp, fps, title), overwrite=overwrite)
+
+
+def test_a_saved_sheet_is_a_png_of_the_sheet_and_keeps_an_existing_file(tmp_path):
     frames = random_frames(5, 32, 48, seed=3)
     path = tmp_path / "v.sheet.png"
     write_sheet(frames, path, 8, "t")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -192,22 +192,11 @@ def contact_sheet(frames: np.ndarray, fps: float, title: str, count: int = SHEET
 
 
 def save_sheet(frames: np.ndarray, path: Path, fps: float, title: str, count: int = SHEET_FRAMES) -> None:
-    """Write `contact_sheet(frames, fps, title, count)` to `path` as PNG, in place (for `vsagen.video.Outputs.add`
-    and `write_sheet`, which publish it atomically)."""
+    """Write `contact_sheet(frames, fps, title, count)` to `path` as PNG, in place (for `vsagen.video.Outputs.add`,
+    which publishes it atomically with the run's other files)."""
     from PIL import Image
 
     Image.fromarray(contact_sheet(frames, fps, title, count)).save(path, format="PNG", optimize=True)
-
-
-def write_sheet(frames: np.ndarray, path: Path, fps: float, title: str, *, overwrite: bool = False,
-                count: int = SHEET_FRAMES) -> None:
-    """Write the contact sheet of `frames` to `path` atomically (a temporary file beside it, then moved into place).
-
-    Raises:
-        BadInput: `path` exists and `overwrite` is False."""
-    from .video import write_with
-
-    write_with(path, lambda tmp: save_sheet(frames, tmp, fps, title, count), overwrite=overwrite)
 
 
 def sheet_title(model: str, backend: str, frames: int, height: int, width: int, steps: int, seed: int,

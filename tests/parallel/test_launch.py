@@ -192,7 +192,8 @@ def test_two_processes_write_one_mp4_equal_to_one_process_and_every_rank_timing(
     assert ranks in res.stdout
     if not torchrun:
         assert res.stderr.count("note: --gpus 2 on the CPU (--device cpu): 2 processes (gloo)") == 1
-        assert res.stderr.count("loading tiny") == 1 and "error:" not in res.stderr
+        # the loading status line is timed (shown only when loading takes over 2 s): at most once, from rank 0
+        assert res.stderr.count("loading tiny") <= 1 and "error:" not in res.stderr
         for noise in ("Traceback", "ChildFailedError", "torch/distributed", "FutureWarning"):
             assert noise not in res.stdout + res.stderr, res.stderr[-4000:]
 

@@ -61,10 +61,14 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
 def _preset_cells(name: str) -> list[str]:
     from vsagen.presets import load_preset
 
+    from vsagen.samplers import NAMED
+
     p = load_preset(name)
     d = p.defaults
-    return [name, f"{d.height}x{d.width}", str(d.frames), str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}",
-            str(d.fps), p.hub_id if p.source == "hub" else "built offline (random)"]
+    sampler = NAMED[d.sampler.split(":")[0]]  # the bundled presets name their sampler without options
+    steps, guidance = (str(len(sampler.sigmas)), "off") if sampler.renoise else (str(d.steps), f"{d.guidance:g}")
+    return [name, f"{d.height}x{d.width}", str(d.frames), steps, guidance, f"{d.flow_shift:g}",
+            str(d.fps), d.sampler, d.attn or "auto", p.hub_id if p.source == "hub" else "built offline (random)"]
 
 
 def test_presets_lists_bundled_presets():
@@ -84,14 +88,23 @@ def test_presets_lists_bundled_presets():
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+    # issue 30: the published sparse / distilled checkpoints with how their authors run them
+    fastwan = [c.strip() for c in rows[names.index("fastwan2.1-t2v-1.3b")]]
+    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8",
+                             "FastVideo/FastWan2.1-T2V-1.3B-Diffusers"]
+    assert [c.strip() for c in rows[names.index("hummingbird-xt")]][4:10] == ["3", "off", "10", "24",
+                                                                            "dmd-hummingbird", "full"]
+    assert [c.strip() for c in rows[names.index("wan2.1-vsa-t2v-14b-720p")]][4:10] == ["50", "5", "5", "16",
+                                                                                     "default", "vsa 0.9"]
+    assert "FastWan2.1 T2V 1.3B (FastVideo/FastWan2.1-T2V-1.3B-Diffusers): VSA 0.8, 3-step DMD" in res.stdout
     # issue 29: height x width, as run titles (frames x height x width) order them, and the header says so
     assert "HxW" in res.stdout and "WxH" not in res.stdout
 
 
 @pytest.mark.parametrize("columns", [80, 60])
 def test_presets_fit_the_terminal_and_cut_nothing(columns):
-    """At 80 columns two tables (the defaults; the commands and weights), narrower a paragraph per preset: every
-    line fits, every value is there whole."""
+    """At 80 columns three tables (the defaults; the commands, sampler and attention; the weights), narrower a
+    paragraph per preset: every line fits, every value is there whole."""
     res = runner.invoke(app, ["presets"], env={"COLUMNS": str(columns)})
     assert res.exit_code == 0
     lines = res.stdout.splitlines()
@@ -105,7 +118,7 @@ def test_presets_fit_the_terminal_and_cut_nothing(columns):
     if columns == 80:
         row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
         assert row == ["wan2.1-t2v-1.3b", "480x832", "81", "50", "5", "3", "16"]
-        assert "commands and weights" in res.stdout
+        assert "commands, sampler and attention" in res.stdout and "\nweights" in res.stdout
 
 
 # A generous bound for an answer that imports neither torch nor diffusers (~0.4 s on an idle 2-core machine).

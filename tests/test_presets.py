@@ -14,10 +14,12 @@ from vsagen.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_
                             preset_for_hub_id, preset_for_transformer_config, preset_names)
 from vsagen.presets import _preset_dir
 
-BUNDLED = ["tiny", "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "wan2.1-flf2v-14b-720p",
-           "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-i2v-a14b",
-           "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
-OPTIONAL_DEFAULTS = {"guidance_2", "attention"}  # attention: filled from [attention.*] tables, not [defaults]
+BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b", "hummingbird-xt", "tiny",
+           "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "wan2.1-flf2v-14b-720p",
+           "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p",
+           "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
+# attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets
+OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn"}
 
 
 def raw(name: str) -> dict:
@@ -324,3 +326,58 @@ def test_rocm_vsa_takes_vsa_s_table_in_every_bundled_preset():
         tables = load_preset(name).defaults.attention
         if "vsa" in tables:
             assert tables.get("rocm-vsa") == tables["vsa"], name
+
+
+# Issue 30: what the published sparse / distilled checkpoints' authors run (REFERENCE.md, "Published sparse-attention
+# checkpoints": FastVideo @2f3d407, AMD-AGI/HummingbirdXT @63b54d1).
+PUBLISHED = {
+    "fastwan2.1-t2v-1.3b": ("FastVideo/FastWan2.1-T2V-1.3B-Diffusers", "wan2.1-t2v-1.3b", "dmd", "vsa", 0.8,
+                            (480, 832, 81, 16)),
+    "fastwan2.1-t2v-14b-480p": ("FastVideo/FastWan2.1-T2V-14B-480P-Diffusers", "wan2.1-t2v-14b", "dmd", "vsa", 0.9,
+                                (480, 832, 81, 16)),
+    "wan2.1-vsa-t2v-14b-720p": ("FastVideo/Wan2.1-VSA-T2V-14B-720P-Diffusers", "wan2.1-t2v-14b", "default", "vsa",
+                                0.9, (720, 1280, 81, 16)),
+    "fastwan2.2-ti2v-5b": ("FastVideo/FastWan2.2-TI2V-5B-FullAttn-Diffusers", "wan2.2-ti2v-5b", "dmd", "full", None,
+                           (704, 1280, 121, 24)),
+    "hummingbird-xt": ("amd/HummingbirdXT", "wan2.2-ti2v-5b", "dmd-hummingbird", "full", None, (704, 1280, 121, 24)),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_checkpoint_presets_say_how_their_authors_run_them(name):
+    hub_id, base, sampler, attn, sparsity, size = PUBLISHED[name]
+    p, b = load_preset(name), load_preset(base)
+    d = p.defaults
+    assert p.hub_id == hub_id and preset_for_hub_id(hub_id) == p
+    assert p.transformer == b.transformer and p.vae == b.vae  # the architecture they were fine-tuned from
+    assert (p.expand_timesteps, p.ti2v) == (b.expand_timesteps, b.ti2v)
+    assert (d.height, d.width, d.frames, d.fps) == size
+    assert (d.sampler, d.attn) == (sampler, attn)
+    if sparsity is not None:
+        assert d.attention[attn]["sparsity"] == sparsity
+    assert p.checkpoint_class == ("WanDMDPipeline" if hub_id.startswith("FastVideo/FastWan") else None)
+    if name == "hummingbird-xt":
+        assert d.flow_shift == 10.0  # infer/run_t2v.sh: --shift 10
+
+
+def test_a_published_distill_never_stands_in_for_a_plain_checkpoint_of_its_architecture():
+    """A local 1.3B folder is the Wan release unless its model_index names FastVideo's class or its folder the
+    FastWan repository (the distill's preset sorts first by name)."""
+    config = dict(load_preset("wan2.1-t2v-1.3b").transformer)
+    plain = {"_class_name": "WanPipeline"}
+    assert preset_for_transformer_config(config, plain, "my-wan").name == "wan2.1-t2v-1.3b"
+    assert preset_for_transformer_config(config, None, "").name == "wan2.1-t2v-1.3b"
+    assert preset_for_transformer_config(config, {"_class_name": "WanDMDPipeline"}, "x").name == "fastwan2.1-t2v-1.3b"
+    assert preset_for_transformer_config(config, plain, "FastWan2.1-T2V-1.3B-Diffusers").name == "fastwan2.1-t2v-1.3b"
+    assert preset_for_transformer_config(config, {"_class_name": "OtherPipeline"}, "x") is None
+
+
+@pytest.mark.parametrize("table,value,message", [
+    ("defaults", {"sampler": "nope"}, "sampler must be one of"),
+    ("defaults", {"attn": "nope"}, "attn must name a backend"),
+    ("top", {"checkpoint_class": ""}, "checkpoint_class must be a pipeline class name")])
+def test_bad_sampler_attn_or_checkpoint_class_in_a_preset_is_refused(table, value, message):
+    data = raw("fastwan2.1-t2v-1.3b")
+    (data["defaults"] if table == "defaults" else data).update(value)
+    with pytest.raises(BadInput, match=message):
+        parse_preset(data, "x.toml")

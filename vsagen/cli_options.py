@@ -68,6 +68,15 @@ FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep
 NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG (no effect with --guidance "
                                                             "<= 1, which turns CFG off; the run's notes say so).")]
 Seed = Annotated[int, typer.Option(help="Random seed.")]
+SamplerOption = Annotated[Optional[str], typer.Option(
+    "--sampler", metavar="NAME[:KEY=VALUE...]",
+    help="How the denoising walks: default (the checkpoint's scheduler, --steps steps, CFG as --guidance says); dmd "
+         "(FastWan's 3-step DMD: sigma 1, 0.757, 0.522, CFG off); dmd-hummingbird (Hummingbird-XT's: 1, 0.968, "
+         "0.909); dmd:sigmas=1.0,0.75,0.5 for any list. Default from the preset.")]
+CompareSamplers = Annotated[Optional[str], typer.Option(
+    "--sampler", metavar="LIST",
+    help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "
+         "default from the preset.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
 Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
                                                  "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
@@ -129,6 +138,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "attn_impl": (AttnImpl, "auto"), "height": (Height, None), "width": (Width, None), "frames": (Frames, None),
     "steps": (Steps, None), "guidance": (Guidance, None), "guidance_2": (Guidance2, None),
     "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, 0),
+    "sampler": (SamplerOption, None),
     "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "sheet": (Sheet, False),
     "device": (DeviceOption, Device.AUTO),
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
@@ -138,12 +148,14 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "gpus": (Gpus, None),
 }
 # What each command takes of them (t2v and i2v: all but fused_blocks, which the environment sets)
-GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
+GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
+            "guidance_2",
             "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
             "tile_fit", "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "gpus",
             "ulysses",
             "cfg_parallel")
-PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "warmup", "tile_fit",
+PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "warmup",
+           "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
            "random_weights", "allow_pickle", "compile", "gpus", "ulysses", "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",

@@ -14,10 +14,14 @@ def print_presets() -> None:
     from rich.table import Table
 
     from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
+    from .request.sampling import parse_sampler
 
-    # height x width, as the run titles' frames x height x width (and --height, --width) order them
-    heads = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "weights")
-    rows = []
+    # height x width, as the run titles' frames x height x width (and --height, --width) order them; a few-step
+    # sampler's steps are its sigma list's (CFG off); "attn": the backend a published sparse checkpoint was
+    # trained for (--attn auto runs it), "auto" otherwise
+    heads = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "sampler", "attn",
+             "weights")
+    rows, published = [], []
     for name in preset_names():
         p = load_preset(name)
         d = p.defaults
@@ -25,15 +29,25 @@ def print_presets() -> None:
         i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image,
                                                                                                     "i2v")
         commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
+        sampler = parse_sampler(d.sampler)
         guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), str(d.steps), guidance,
-                     f"{d.flow_shift:g}", str(d.fps), weights))
+        steps = str(d.steps)
+        if sampler.renoise:
+            steps, guidance = str(len(sampler.sigmas)), "off"
+        attn = "auto"
+        if d.attn is not None:
+            sparsity = d.attention.get(d.attn, {}).get("sparsity")
+            attn = d.attn + (f" {sparsity:g}" if sparsity is not None else "")
+            published.append(f"{name}: {p.description}")
+        rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), steps, guidance,
+                     f"{d.flow_shift:g}", str(d.fps), sampler.text, attn, weights))
 
     def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
                   show_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
         for i in cols:  # only the commands (and a header) wrap, by words; anything still too wide folds, never cut
-            t.add_column(heads[i], justify="left" if heads[i] in ("name", "commands", "weights") else "right",
+            t.add_column(heads[i], justify="left" if heads[i] in ("name", "commands", "weights", "sampler", "attn")
+                         else "right",
                          no_wrap=heads[i] not in ("commands", "flow shift"), overflow="fold")
         for row in rows:
             t.add_row(*(row[i] for i in cols))
@@ -43,16 +57,19 @@ def print_presets() -> None:
     unbounded = con.options.update_width(10_000)
     everything = table("presets", tuple(range(len(heads))), compact=False)
     narrow = [table("presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
-              table("commands and weights", (0, 1, 8), compact=True)]
+              table("commands, sampler and attention", (0, 1, 8, 9), compact=True),
+              table("weights", (0, 10), compact=True)]
     if con.measure(everything, options=unbounded).maximum <= con.width:
         con.print(everything)
     elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
-        for t in narrow:  # the defaults, then the commands and weights
+        for t in narrow:  # the defaults, then the commands, sampler and attention, then the weights
             con.print(t)
     else:  # narrower still: a paragraph per preset, wrapped between its fields
         for row in rows:
-            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:8], row[2:8]))
-                      + f"; {row[8]}", markup=False, highlight=False)
+            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:10], row[2:10]))
+                      + f"; {row[10]}", markup=False, highlight=False)
+    for line in published:  # what each published sparse / distilled checkpoint is
+        con.print(line, markup=False, highlight=False)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
               "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally.", markup=False,
               highlight=False)

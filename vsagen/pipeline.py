@@ -27,6 +27,7 @@ from .errors import RunFailure
 from .layout import CropPlan, plan_crop
 from .loading import LoadedModel, experts, load_model, torch_dtype, truncation_note, weights_note
 from .request.resolve import Request
+from .samplers import NAMED as NAMED_SAMPLERS, Sampler, use_sampler
 from .timing import Timer
 
 # `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
@@ -163,26 +164,34 @@ def expert_kwargs(pipe: Any, cfg: Request) -> dict[str, Any]:
 
 
 def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int, guidance: float, seed: int,
-                    extra: dict[str, Any] | None = None) -> Any:
+                    extra: dict[str, Any] | None = None, sampler: Sampler | None = None) -> Any:
     """Run diffusers' denoising loop at the plan's denoise size and return the latents, uncropped.
 
     Args:
         pipe: a Wan pipeline (already patched, if it should be).
         plan: the crop plan; its `denoise_*` sizes are what is denoised.
         pos, neg: prompt embeddings (1, L, text_dim); `neg` None without CFG.
-        steps: denoising steps; guidance: CFG scale (> 1 runs two transformer forwards a step).
-        seed: seeds a fresh CPU generator, so the initial latents are the same for every call at one size.
+        steps: denoising steps (a re-noise sampler runs its own sigma list instead); guidance: CFG scale (> 1 runs
+            two transformer forwards a step; a re-noise sampler runs 1).
+        seed: seeds a fresh CPU generator, so the initial latents are the same for every call at one size; a
+            re-noise sampler's draws come from a generator seeded `seed + 2` (`vsagen.samplers.use_sampler`).
         extra: more call arguments (`expert_kwargs`, image).
+        sampler: how the loop walks (None or `default`: the pipeline's own scheduler for `steps` steps).
 
     Returns:
-        (1, z, F_lat, H_lat, W_lat) latents at the denoise size (float32, as diffusers returns them).
+        (1, z, F_lat, H_lat, W_lat) latents at the denoise size (as diffusers returns them).
     """
     import torch
 
-    return pipe(prompt_embeds=pos, negative_prompt_embeds=neg, height=plan.denoise_height,
-                width=plan.denoise_width, num_frames=plan.denoise_frames, num_inference_steps=steps,
-                guidance_scale=guidance, generator=torch.Generator("cpu").manual_seed(seed),
-                output_type="latent", return_dict=False, **(extra or {}))[0]
+    sampler = sampler if sampler is not None else NAMED_SAMPLERS["default"]
+    if sampler.renoise:
+        steps, guidance = len(sampler.sigmas), 1.0
+    with use_sampler(pipe, sampler, seed):
+        return pipe(prompt_embeds=pos, negative_prompt_embeds=neg if guidance > 1 else None,
+                    height=plan.denoise_height, width=plan.denoise_width, num_frames=plan.denoise_frames,
+                    num_inference_steps=steps, guidance_scale=guidance,
+                    generator=torch.Generator("cpu").manual_seed(seed), output_type="latent", return_dict=False,
+                    **(extra or {}))[0]
 
 
 @contextlib.contextmanager
@@ -457,7 +466,8 @@ class Session:
 
     def encode_prompts(self) -> tuple[Any, Any]:
         """Fresh prompt embeddings (`encode_prompts`; negative None without CFG)."""
-        return encode_prompts(self.request, self.model, self.request.guidance > 1.0)
+        cfg = self.request  # the negative branch is encoded when any run of the request has CFG on
+        return encode_prompts(cfg, self.model, cfg.guidance > 1.0 or any(p.guidance > 1.0 for p in cfg.samplers))
 
     def prompts(self) -> tuple[Any, Any]:
         """The session's prompt embeddings, encoded on first use (host clock into `text_encode_s`) and reused by
@@ -476,14 +486,18 @@ class Session:
     def run(self, backend: Any, plan: CropPlan, *, steps: int | None = None, warmup: int | None = None,
             timer: Timer | None = None, encode: bool = False, decode: bool = False,
             context: Callable[[], Any] = contextlib.nullcontext, what: str = "generating",
-            log: Callable[[str], None] = lambda m: None) -> Denoised:
+            log: Callable[[str], None] = lambda m: None, sampler: Sampler | None = None,
+            guidance: float | None = None) -> Denoised:
         """Patch, warm up, denoise (timed), optionally decode, unpatch.
 
         Args:
             backend: an `AttentionBackend` object, or None for the pipeline's own processors (DiT timing only).
             plan: the crop plan (`Session.plan`); its denoise size is what runs, the latents come back cropped.
             steps: timed denoising steps (default the request's); warmup: untimed steps before them, the
-                prompt encoding included when `encode` (default the request's).
+                prompt encoding included when `encode` (default the request's). A re-noise sampler runs its own
+                sigma list for either (warm-up: one whole pass when `warmup` > 0).
+            sampler, guidance: how the loop walks and its CFG scale (default the request's first sampler and
+                `guidance`; `vsagen compare` runs several).
             timer: receives the regions (default a new one on the request's device).
             encode: encode the prompts inside the timed run (region "text_encode"), else reuse `prompts()`.
             decode: VAE-decode the cropped latents (region "vae_decode") into `Denoised.video`.
@@ -506,14 +520,24 @@ class Session:
         steps = cfg.steps if steps is None else steps
         warmup = cfg.warmup if warmup is None else warmup
         timer = Timer(cfg.device) if timer is None else timer
+        sampler = cfg.sampler if sampler is None else sampler
+        guidance = cfg.guidance if guidance is None else guidance
         pipe = self.pipe
         extra = expert_kwargs(pipe, cfg)
         if self.conditioning is not None:
             extra.update(self.conditioning.arguments(cfg.height, cfg.width, plan))
         if cfg.processes > 1:
             self._check_parallel(plan)
-        handle = apply(pipe, backend, timer=timer, grid=plan.denoise_grid, steps=steps, fused_blocks=self.fused,
-                       weights_root=self.model.weight_root)
+        # the sampler's scheduler goes in before `apply`, which counts the steps at the pipeline's scheduler
+        installed = contextlib.ExitStack()
+        installed.enter_context(use_sampler(pipe, sampler, cfg.seed))
+        try:
+            handle = apply(pipe, backend, timer=timer, grid=plan.denoise_grid,
+                           steps=len(sampler.sigmas) if sampler.renoise else steps, fused_blocks=self.fused,
+                           weights_root=self.model.weight_root)
+        except BaseException:
+            installed.close()
+            raise
         split = None  # CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`)
         transformers = [t for _, t in experts(pipe)]
         if cfg.processes > 1:
@@ -524,6 +548,7 @@ class Session:
             except BaseException:
                 self._parallel_off(transformers)
                 handle.remove()
+                installed.close()
                 raise
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
@@ -537,7 +562,8 @@ class Session:
         def denoise(pos: Any, neg: Any, n: int) -> Any:
             if split is not None:
                 split.negative = neg
-            return denoise_latents(pipe, plan, pos, neg, steps=n, guidance=cfg.guidance, seed=cfg.seed, extra=extra)
+            return denoise_latents(pipe, plan, pos, neg, steps=n, guidance=guidance, seed=cfg.seed, extra=extra,
+                                   sampler=sampler)
 
         try:
             with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
@@ -573,6 +599,7 @@ class Session:
             self._parallel_off(transformers)
             unwrap()
             handle.remove()
+            installed.close()
         return Denoised(latents, video, records, warmup_s, plan)
 
     def _parallel_off(self, transformers: Sequence[Any]) -> None:

@@ -29,6 +29,14 @@ Model families a preset can describe (text to video: diffusers' `WanPipeline`):
   experts): a last image is optional (diffusers' condition then marks the last frame too).
 
 Which of these take a last image is `Preset.last_image` (`last_image_use`).
+
+Published sparse / distilled checkpoints (FastVideo's FastWan and VSA fine-tunes, AMD's Hummingbird-XT) are presets
+of one of these architectures that also say how their authors run them: `[defaults] sampler` (e.g. "dmd", a
+few-step re-noise list with CFG off; `vsagen.samplers`), `[defaults] attn` (the attention backend they were trained
+for, which `--attn auto` runs when the weights cannot tell: random weights, a hub id not downloaded yet) with its
+options in `[attention.<backend>]`, and `checkpoint_class`, the pipeline class their model_index.json names when
+it is not a diffusers class (FastVideo's `WanDMDPipeline`). Such a preset describes a local folder only by its
+checkpoint class or its folder name, never as the fallback for a plain Wan checkpoint of the same architecture.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInput
+from .samplers import NAMED as NAMED_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,10 @@ class GenerationDefaults:
     max_sequence_length: int
     vae_dtype: str  # "same" (pipeline dtype) | "fp32" | "bf16" | "fp16"
     guidance_2: float | None = None  # CFG scale of the second expert (two-expert presets only; None: `guidance`)
+    # The sampler its authors run (`vsagen.samplers`: "default", the checkpoint's scheduler for `steps` steps with
+    # CFG `guidance`; "dmd" etc.: a few-step re-noise list, CFG off), below `--sampler`
+    sampler: str = "default"
+    attn: str | None = None  # the attention backend its authors run (published sparse checkpoints), for --attn auto
     # Per-backend option defaults, from the preset's `[attention.<backend>]` tables, e.g. {"vsa": {"sparsity":
     # 0.875}}: below a flag or a `NAME:KEY=VALUE` option, above the backend's own default (vsagen.attention.spec).
     attention: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -96,6 +109,7 @@ class Preset:
     transformer_2: dict[str, Any] | None = None
     image_encoder: dict[str, Any] | None = None
     ti2v: bool = False
+    checkpoint_class: str | None = None  # a published checkpoint's own model_index class (FastVideo: WanDMDPipeline)
 
     @property
     def image_to_video(self) -> bool:
@@ -112,6 +126,14 @@ class Preset:
         """How the model uses a last frame (`vsagen i2v --last-image`): one of the `LAST_IMAGE_*` values
         (see `last_image_use`)."""
         return last_image_use(self.takes_image, self.transformer, self.expand_timesteps)
+
+    @property
+    def published(self) -> bool:
+        """A published sparse / distilled checkpoint's preset (its own model_index class, attention backend or
+        sampler): it describes a local folder only by that class or the folder's name, never as the architecture's
+        fallback."""
+        d = self.defaults
+        return self.checkpoint_class is not None or d.attn is not None or d.sampler != "default"
 
     @property
     def experts(self) -> int:
@@ -132,10 +154,10 @@ class Preset:
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
              "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-             "attention"}
+             "attention", "checkpoint_class"}
 _OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-                      "attention"}
-_OPTIONAL_DEFAULTS = {"guidance_2"}
+                      "attention", "checkpoint_class"}
+_OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn"}
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
 T2V_PIPELINE = "WanPipeline"
@@ -287,6 +309,18 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     if (transformer_2 is None) != (ratio is None):
         raise BadInput(f"preset {where}: transformer_2 and boundary_ratio go together (a two-expert pipeline "
                        "needs both; a one-expert pipeline neither)")
+    from .attention.registry import REGISTRY
+
+    attn = data["defaults"].get("attn")
+    if attn is not None and (not isinstance(attn, str) or REGISTRY.get(attn) is None):
+        raise BadInput(f"preset {where} [defaults]: attn must name a backend ({', '.join(REGISTRY)}), got {attn!r}")
+    checkpoint_class = data.get("checkpoint_class")
+    if checkpoint_class is not None and (not isinstance(checkpoint_class, str) or not checkpoint_class.strip()):
+        raise BadInput(f"preset {where}: checkpoint_class must be a pipeline class name, got {checkpoint_class!r}")
+    sampler = data["defaults"].get("sampler", "default")
+    if not isinstance(sampler, str) or sampler.split(":", 1)[0].strip() not in NAMED_SAMPLERS:
+        raise BadInput(f"preset {where} [defaults]: sampler must be one of {', '.join(NAMED_SAMPLERS)} (with options), "
+                       f"got {sampler!r}")
     g2 = data["defaults"].get("guidance_2")
     if g2 is not None:
         if transformer_2 is None:
@@ -310,6 +344,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         transformer_2=transformer_2,
         image_encoder=dict(image_encoder) if image_encoder is not None else None,
         ti2v=ti2v,
+        checkpoint_class=checkpoint_class,
     )
 
 
@@ -368,21 +403,25 @@ def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] 
     its transformer/config.json) and, when its model_index.json is given, the same family (pipeline class, a
     second expert or not, per-token timesteps or not).
 
-    Several presets can share one architecture (Wan2.1 I2V 480p / 720p): the one whose hub repository name is
-    part of the directory's name wins (a download into `Wan2.1-I2V-14B-720P-Diffusers/` gets the 720p
-    defaults), else the first by name.
+    Several presets can share one architecture (Wan2.1 I2V 480p / 720p; a Wan release and its FastWan distill): a
+    checkpoint whose model_index names a preset's own `checkpoint_class` (FastVideo's `WanDMDPipeline`) gets that
+    preset; else the one whose hub repository name is part of the directory's name wins (a download into
+    `Wan2.1-I2V-14B-720P-Diffusers/` gets the 720p defaults), else the first by name among the presets that are not
+    `published` (a published checkpoint's preset never stands in for a plain checkpoint).
     """
     matches = []
+    named = index.get("_class_name") if index is not None else None
     for n in preset_names():
         p = load_preset(n)
         if p.source != "hub" or not same_architecture(config, p.transformer):
             continue
-        if index is not None and (index.get("_class_name", p.pipeline) != p.pipeline
-                                  or not same_family(p, index)):
+        if index is not None and (named not in (None, p.pipeline, p.checkpoint_class) or not same_family(p, index)):
             continue
         matches.append(p)
+    own = [p for p in matches if p.checkpoint_class is not None and p.checkpoint_class == named]
     folder = dirname.lower()
-    for p in matches:
+    for p in own + matches:
         if folder and p.hub_id.split("/")[-1].lower().removesuffix("-diffusers") in folder:
             return p
-    return matches[0] if matches else None
+    plain = [p for p in matches if not p.published]
+    return (own or plain or [None])[0]

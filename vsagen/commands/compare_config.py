@@ -76,6 +76,8 @@ class CompareConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
+        d.pop("samplers")
+        d["sampler"] = self.sampler.summary()
         for key in ("source", "tile_fits", "attn_requested", "attn_note"):
             d.pop(key)
         d["tile_fit"] = self.tile_fit

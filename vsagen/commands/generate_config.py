@@ -69,6 +69,8 @@ class RunConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
+        d.pop("samplers")
+        d["sampler"] = self.sampler.summary()
         for key in ("source", "backends", "tile_fits"):
             d.pop(key)
         d["backend"] = self.backend.summary()

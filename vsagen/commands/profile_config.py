@@ -66,6 +66,8 @@ class ProfileConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
+        d.pop("samplers")
+        d["sampler"] = self.sampler.summary()
         for key in ("source", "offload", "vae_tiling", "attn_requested", "attn_note"):
             d.pop(key)
         d["backends"] = [b.summary() for b in self.backends]
@@ -97,7 +99,8 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     `options.attention.attn` and `options.model.tile_fits` are lists (each entry once). `--sparsity` goes to the
     sparse backends in the list (at least one must be sparse), `--attn-impl` to the backends that offer that
     implementation (at least one must). `steps` defaults to PROFILE_STEPS timed steps (not the preset's count, which
-    is the projection target), `warmup` to PROFILE_WARMUP. With `kernels`, `steps`, `warmup` and `plot` do not
+    is the projection target), `warmup` to PROFILE_WARMUP; a re-noise sampler (`--sampler dmd`) times its whole
+    sigma list, which is also the projection target. With `kernels`, `steps`, `warmup` and `plot` do not
     apply. `options.output.out` (the report) and `plot` must not exist unless `overwrite`, and their folders must be
     writable; `plot` needs matplotlib (`pip install 'vsagen[plot]'`) and a .png, .svg or .pdf name. `ulysses` and
     `cfg_parallel` are checked as for `t2v`, the degree against every tile fit's grid; `kernels` (one process, no
@@ -125,10 +128,9 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     model = options.model.model
     src = resolve_model(model)
     options = dataclasses.replace(
-        options, sampling=dataclasses.replace(s, steps=PROFILE_STEPS if s.steps is None else s.steps,
-                                              warmup=PROFILE_WARMUP if s.warmup is None else s.warmup),
+        options, sampling=dataclasses.replace(s, warmup=PROFILE_WARMUP if s.warmup is None else s.warmup),
         placement=dataclasses.replace(pl, offload=Offload.NONE, vae_tiling=VaeTiling.OFF))
-    req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_fits=True)
+    req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_fits=True, command_steps=PROFILE_STEPS)
     for entry, spec in zip(split_attn_list(options.attention.attn), req.backends):
         if kernels and named_weights_file(backend_facts(spec.name), spec.options) is not None:
             raise BadInput(f"--kernels times the attention on random inputs without trained weights; drop the "
@@ -156,7 +158,8 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     plot = _check_file_flag(plot, "--plot", overwrite)
     if out is not None and plot is not None and out.resolve() == plot.resolve():
         raise BadInput(f"--out and --plot name the same file ({out})")
-    return ProfileConfig(**request_fields(req), full_steps=src.preset.defaults.steps, stock=stock, kernels=kernels,
+    full_steps = len(req.sampler.sigmas) if req.sampler.renoise else src.preset.defaults.steps
+    return ProfileConfig(**request_fields(req), full_steps=full_steps, stock=stock, kernels=kernels,
                          heads=heads, head_dim=head_dim, fmt=fmt.value, out=out, plot=plot)
 
 

@@ -18,16 +18,9 @@ from typing import Any, Iterable, TypeVar
 
 from ..errors import BadInput
 
+from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
+
 DEFAULT_MODEL = "wan2.1-t2v-1.3b"
-# Upper bounds that turn absurd requests into bad input before anything loads: diffusers' schedulers train on
-# 1000 timesteps (runs past a few thousand steps only repeat them; huge counts fail inside numpy); CFG scales past
-# ~20 already saturate pictures and far larger ones overflow the latents into black frames; flow shifts of the
-# Wan family are 3..16; ffmpeg writes an empty file for frame rates it cannot parse.
-MAX_STEPS = 10_000
-MAX_GUIDANCE = 100.0
-MAX_FLOW_SHIFT = 1000.0
-MAX_FPS = 240
-MAX_SEED = 2**63
 
 C = TypeVar("C", bound="Choice")
 
@@ -203,12 +196,15 @@ class SamplingOptions:
             models only).
         flow_shift: the flow-matching timestep shift of the scheduler.
         negative_prompt: the negative prompt of CFG.
-        seed: the seed of the initial noise.
+        seed: the seed of the initial noise (and, + 2, of a re-noise sampler's draws).
+        sampler: how the denoising walks (`--sampler`: `default`, `dmd`, `dmd:sigmas=...`; see `vsagen.samplers`);
+            `vsagen compare` takes a comma-separated list.
         None: the preset's (the command's for `warmup`).
 
     Raises:
         BadInput: steps outside [1, MAX_STEPS], warmup outside [0, MAX_STEPS], a CFG scale outside [0,
-            MAX_GUIDANCE], a flow shift outside (0, MAX_FLOW_SHIFT], a seed outside [0, 2^63).
+            MAX_GUIDANCE], a flow shift outside (0, MAX_FLOW_SHIFT], a seed outside [0, 2^63), a sampler entry that
+            does not parse (`vsagen.request.sampling.parse_sampler`).
     """
 
     steps: int | None = None
@@ -218,8 +214,16 @@ class SamplingOptions:
     flow_shift: float | None = None
     negative_prompt: str | None = None
     seed: int = 0
+    sampler: str | None = None
 
     def __post_init__(self) -> None:
+        if self.sampler is not None:
+            from .sampling import parse_sampler, split_sampler_list  # (it imports this module's bounds)
+
+            if not isinstance(self.sampler, str) or not self.sampler.strip():
+                raise BadInput("--sampler is empty; give default, dmd, dmd-hummingbird or dmd:sigmas=1.0,0.75,0.5")
+            for entry in split_sampler_list(self.sampler):
+                parse_sampler(entry)
         if self.steps is not None:
             _integer(self.steps, "--steps", 1, MAX_STEPS)
         if self.warmup is not None:
@@ -347,7 +351,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle")},
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
-                                    "seed")},
+                                    "seed", "sampler")},
     **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "compile", "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},

@@ -23,6 +23,8 @@ from ..presets import preset_names
 from ..tiny import check_tiny_cache
 from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls, preset_file_notes
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
+from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
+from ..samplers import NAMED, Sampler
 
 # `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
 # the 1.3B's default size keeps diffusers' default (untiled) decode. The criterion is the frame area, not
@@ -81,6 +83,14 @@ class Request:
     backends: tuple[BackendSpec, ...] = ()  # every backend the command runs, in order
     attn_requested: str = ""  # the --attn text as given ("auto": the backend was chosen, see attn_note)
     attn_note: str | None = None  # why --attn auto chose the backend, and the alternative (a note of the run)
+    # how the denoising walks, one per run (t2v / i2v, profile: one; compare: one per --sampler entry); the first's
+    # steps, CFG scale and flow shift are `steps`, `guidance`, `flow_shift`
+    samplers: tuple[SamplerPlan, ...] = ()
+
+    @property
+    def sampler(self) -> Sampler:
+        """The (first) sampler (`default` for a request built without one)."""
+        return self.samplers[0].sampler if self.samplers else NAMED["default"]
 
     @property
     def tile_fit(self) -> str:
@@ -379,18 +389,45 @@ def _split_request(pl: Any, src: ModelSource, device: str, guidance: float, fram
     return ulysses, cfg_parallel, notes + ((note,) if note else ())
 
 
-def negative_prompt_note(negative_prompt: str | None, guidance: float) -> str | None:
+def negative_prompt_note(negative_prompt: str | None, guidance: float, sampler: Sampler | None = None) -> str | None:
     """A note for the run when a negative prompt was given (not None, not blank) but CFG is off (`guidance` <= 1,
     the first expert's scale: diffusers' Wan pipelines then run no unconditional pass for any expert), so it has
     no effect; else None."""
     if negative_prompt is None or not negative_prompt.strip() or guidance > 1:
         return None
+    if sampler is not None and sampler.renoise:
+        return (f"--negative-prompt has no effect: the {sampler.name} sampler runs without CFG (one DiT pass a step, "
+                "without the negative branch)")
     return (f"--negative-prompt has no effect: CFG is off (--guidance {guidance:g} <= 1 runs one DiT pass a step, "
             "without the negative branch); use --guidance above 1 (e.g. 5) for it to steer the video")
 
 
+def sampler_plans(source: ModelSource, options: RequestOptions, several: bool = False,
+                  command_steps: int | None = None) -> tuple[SamplerPlan, ...]:
+    """The sampler of each run (`--sampler`, else the preset's) with the steps, CFG scale and flow shift it leaves
+    the run (`vsagen.request.sampling.plan_sampler`); `command_steps` is a command's own step default (`vsagen
+    profile` times 2 steps) for the checkpoint's scheduler, below the flags and the entry.
+
+    Raises:
+        BadInput: several entries where the command runs one, an entry written twice, a flag the sampler refuses.
+    """
+    s, d = options.sampling, source.preset.defaults
+    text = s.sampler if s.sampler is not None else d.sampler
+    entries = split_sampler_list(text)
+    if len(entries) > 1 and not several:
+        raise BadInput(f"--sampler {text!r}: this command runs one sampler (`vsagen compare` runs several)")
+    samplers = [parse_sampler(e) for e in entries]
+    if len({x.text for x in samplers}) < len(samplers):
+        raise BadInput(f"--sampler {text!r}: an entry is written twice")
+    steps = d.steps if command_steps is None else command_steps
+    return tuple(plan_sampler(x, steps=s.steps, guidance=s.guidance, flow_shift=s.flow_shift, default_steps=steps,
+                              default_guidance=d.guidance, default_shift=d.flow_shift, preset=source.preset.name)
+                 for x in samplers)
+
+
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
-            several_fits: bool = False) -> Request:
+            several_fits: bool = False, several_samplers: bool = False,
+            command_steps: int | None = None) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
     needs no weights.
 
@@ -402,6 +439,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
             comma-separated list) or NONE (the command runs its own backend: `vsagen search`).
         several_fits: the command runs every tile fit of `options.model.tile_fits` (`vsagen profile`); otherwise it
             takes one.
+        several_samplers: the command runs every `--sampler` entry (`vsagen compare`); otherwise it takes one.
+        command_steps: the command's own step count for the checkpoint's scheduler (below `--steps`, above the
+            preset's; a re-noise sampler's list decides its own).
 
     Returns:
         The `Request`: every size, step count, CFG scale, the device and dtype resolved; `backends` the specs
@@ -431,7 +471,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     if s.guidance_2 is not None and experts < 2:
         raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {source.preset.name} has one "
                        "transformer; use --guidance")
-    guidance = d.guidance if s.guidance is None else s.guidance
+    plans = sampler_plans(source, options, several_samplers, command_steps)
+    guidance = plans[0].guidance
     guidance_2 = None
     if experts >= 2:
         guidance_2 = s.guidance_2 if s.guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
@@ -444,7 +485,11 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     fits = tuple(f.value for f in m.tile_fits)
     for fit in fits:
         _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)
-    notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance),) if n is not None)
+    if plans[0].sampler.renoise and s.guidance_2 is not None and s.guidance_2 > 1:
+        raise BadInput(f"--guidance-2 {s.guidance_2:g} turns CFG on, and the {plans[0].sampler.name} sampler runs "
+                       "without CFG; leave it out, or use --sampler default")
+    notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance, plans[0].sampler),)
+                                 if n is not None)
     if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
         notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
                   f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)
@@ -463,8 +508,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
-        steps=d.steps if s.steps is None else s.steps, guidance=guidance, guidance_2=guidance_2, seed=s.seed,
-        flow_shift=d.flow_shift if s.flow_shift is None else s.flow_shift, max_sequence_length=d.max_sequence_length,
+        steps=plans[0].steps, guidance=guidance, guidance_2=guidance_2, seed=s.seed,
+        flow_shift=plans[0].flow_shift, max_sequence_length=d.max_sequence_length, samplers=plans,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, compile=pl.compile,

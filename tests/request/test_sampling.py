@@ -1,0 +1,126 @@
+"""vsagen.request.sampling: `--sampler` entries, the steps / CFG / shift a sampler leaves a run, and the request
+resolving them by precedence (flag > preset > default) with one line for every contradiction."""
+
+from __future__ import annotations
+
+import pytest
+
+from vsagen.errors import BadInput
+from vsagen.models import resolve_model
+from vsagen.request.options import request_options
+from vsagen.request.resolve import resolve
+from vsagen.request.sampling import parse_sampler, plan_sampler, split_sampler_list
+from vsagen.samplers import NAMED
+
+
+@pytest.mark.parametrize("entry", ["default", "dmd", "dmd-hummingbird", "dmd:noise=once", "dmd:sigmas=1.0,0.75,0.5",
+                                   "dmd:sigmas=1.0,0.8:timesteps=1000,800.5:noise=once",
+                                   "default:steps=50:guidance=5:shift=8"])
+def test_entries_round_trip_through_their_text(entry):
+    s = parse_sampler(entry)
+    assert parse_sampler(s.text) == s
+
+
+def test_a_custom_list_keeps_the_update_and_derives_timesteps_as_diffusers_does():
+    s = parse_sampler("dmd:sigmas=1, 0.6 ,0.25")
+    assert s.sigmas == (1.0, 0.6, 0.25) and s.timesteps == (1000.0, 600.0, 250.0) and s.custom
+    assert "custom" in s.source and s.noise == "fresh"
+    assert parse_sampler("dmd:sigmas=1/0.5").sigmas == (1.0, 0.5)  # "/" separates too
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("nope", "unknown --sampler 'nope'; available: default, dmd, dmd-hummingbird"),
+    ("dmd:sigmas=1,1", "sigmas must decrease"),
+    ("dmd:sigmas=1.5,0.5", "every sigma must be in (0, 1]"),
+    ("dmd:sigmas=0.5,0", "every sigma must be in (0, 1]"),
+    ("dmd:sigmas=nan", "finite"),
+    ("dmd:sigmas=1,a", "must be numbers"),
+    ("dmd:sigmas=", "options are written NAME:KEY=VALUE"),
+    ("dmd:steps=3", "dmd takes no option 'steps'; its options: sigmas, timesteps, noise"),
+    ("dmd:sigmas=1,0.5:timesteps=1000", "give one timestep per sigma (2), got 1"),
+    ("dmd:sigmas=1,0.5:timesteps=500,1000", "timesteps must not increase"),
+    ("dmd:sigmas=1,0.5:timesteps=1001,0", "timesteps must be in [0, 1000]"),
+    ("dmd:timesteps=1000,500", "timesteps need their sigmas"),
+    ("dmd:noise=x", "noise must be one of fresh, once"),
+    ("dmd:noise=once:noise=fresh", "noise is given twice"),
+    (f"dmd:sigmas={','.join(['0.5'] * 51)}", "give 1 to 50 sigmas"),
+    ("default:steps=0", "steps must be in [1, 10000]"),
+    ("default:steps=2.5", "steps must be an integer"),
+    ("default:shift=0", "shift must be in (0"),
+    ("default:sigmas=1", "default takes no option 'sigmas'")])
+def test_bad_entries_are_one_line(entry, message):
+    with pytest.raises(BadInput) as e:
+        parse_sampler(entry)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_list_splits_on_commas_but_keeps_a_sigma_list_whole():
+    assert split_sampler_list("dmd:sigmas=1.0,0.8,0.5,default:steps=50") == ("dmd:sigmas=1.0,0.8,0.5",
+                                                                             "default:steps=50")
+    assert split_sampler_list("dmd") == ("dmd",)
+    for bad in ("", "dmd,,default", "0.5,dmd"):
+        with pytest.raises(BadInput):
+            split_sampler_list(bad)
+
+
+DEFAULTS = dict(default_steps=50, default_guidance=5.0, default_shift=3.0, preset="p")
+
+
+def test_a_renoise_sampler_fixes_steps_and_turns_cfg_off():
+    plan = plan_sampler(NAMED["dmd"], steps=None, guidance=None, flow_shift=None, **DEFAULTS)
+    assert (plan.steps, plan.guidance) == (3, 1.0)
+    assert plan_sampler(NAMED["dmd"], steps=3, guidance=1.0, flow_shift=None, **DEFAULTS).steps == 3  # agrees: fine
+
+
+@pytest.mark.parametrize("flags,message", [
+    (dict(steps=50), "--steps 50: the dmd sampler runs 3 steps (sigma 1, 0.756757, 0.521739); leave --steps out, "
+                     "or run the checkpoint's scheduler with --sampler default --steps 50"),
+    (dict(guidance=5.0), "--guidance 5 turns CFG on, and the dmd sampler runs without CFG"),
+    (dict(flow_shift=8.0), "--flow-shift does not apply to the dmd sampler")])
+def test_a_renoise_sampler_refuses_flags_that_would_not_do_what_they_say(flags, message):
+    given = {**dict(steps=None, guidance=None, flow_shift=None), **flags}
+    with pytest.raises(BadInput) as e:
+        plan_sampler(NAMED["dmd"], **given, **DEFAULTS)
+    assert message in str(e.value)
+
+
+def test_default_takes_its_entry_or_the_flags_but_not_both():
+    entry = parse_sampler("default:steps=40:guidance=4:shift=8")
+    plan = plan_sampler(entry, steps=None, guidance=None, flow_shift=None, **DEFAULTS)
+    assert (plan.steps, plan.guidance, plan.flow_shift) == (40, 4.0, 8.0)
+    plan = plan_sampler(NAMED["default"], steps=7, guidance=None, flow_shift=None, **DEFAULTS)
+    assert (plan.steps, plan.guidance, plan.flow_shift) == (7, 5.0, 3.0)
+    with pytest.raises(BadInput, match="--steps and --sampler default:steps=40:guidance=4:shift=8 both set the "
+                                       "steps; say it once"):
+        plan_sampler(entry, steps=7, guidance=None, flow_shift=None, **DEFAULTS)
+
+
+def _resolve(model: str, **flags):
+    return resolve(resolve_model(model), request_options(model=model, device="cpu", **flags), prompt="a fox")
+
+
+def test_a_published_presets_sampler_is_the_default_and_a_flag_overrides_it():
+    req = _resolve("fastwan2.1-t2v-1.3b", random_weights=True, attn="full")
+    assert req.sampler == NAMED["dmd"] and (req.steps, req.guidance) == (3, 1.0)
+    req = _resolve("fastwan2.1-t2v-1.3b", random_weights=True, attn="full", sampler="default")
+    assert req.sampler.name == "default" and (req.steps, req.guidance, req.flow_shift) == (50, 5.0, 8.0)
+    req = _resolve("hummingbird-xt", random_weights=True, attn="full")
+    assert req.sampler == NAMED["dmd-hummingbird"] and req.steps == 3
+    req = _resolve("tiny", sampler="dmd:sigmas=1,0.5")
+    assert req.steps == 2 and req.guidance == 1.0 and req.samplers[0].sampler.sigmas == (1.0, 0.5)
+
+
+def test_the_request_refuses_contradictions_in_one_line():
+    with pytest.raises(BadInput, match="--steps 50: the dmd sampler runs 3 steps"):
+        _resolve("fastwan2.1-t2v-1.3b", random_weights=True, attn="full", steps=50)
+    with pytest.raises(BadInput, match="this command runs one sampler"):
+        _resolve("tiny", sampler="dmd,default")
+    with pytest.raises(BadInput, match="--guidance-2 4 turns CFG on, and the dmd sampler runs without CFG"):
+        _resolve("tiny-a14b", sampler="dmd", guidance_2=4.0)
+    with pytest.raises(BadInput, match="unknown --sampler"):
+        request_options(sampler="dmdx")  # the option group checks it as it is built
+
+
+def test_a_negative_prompt_note_names_the_sampler_that_runs_without_cfg():
+    req = _resolve("tiny", sampler="dmd", negative_prompt="blurry")
+    assert any("the dmd sampler runs without CFG" in n for n in req.notes)

@@ -1,0 +1,139 @@
+"""vsagen.samplers: the named re-noise samplers against their authors' formulas (float64, CPU), the DMD loop on the
+tiny model against an independent float64 re-enactment of the update, and the scheduler seam."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vsagen.layout import plan_crop
+from vsagen.pipeline import denoise_latents
+from vsagen.presets import load_preset
+from vsagen.samplers import NAMED, RENOISE_SEED_OFFSET, Sampler, renoise_scheduler, use_sampler
+
+
+def _flow_table(shift: float, unshifted: np.ndarray) -> np.ndarray:
+    """Flow-matching sigmas after the timestep shift sigma' = shift s / (1 + (shift - 1) s) (float64)."""
+    return shift * unshifted / (1 + (shift - 1) * unshifted)
+
+
+def test_dmd_is_fastvideos_list_looked_up_in_its_shift_8_table():
+    """FastVideo's DMD stage feeds the transformer timesteps 1000, 757, 522 and takes each one's sigma from a
+    FlowMatchEulerDiscreteScheduler(shift=8) table of 1000 training timesteps (nearest entry)."""
+    n = 1000
+    sigmas = _flow_table(8.0, np.linspace(1, n, n)[::-1] / n)
+    table_t = sigmas * n
+    want = [float(sigmas[np.argmin(np.abs(table_t - t))]) for t in (1000, 757, 522)]
+    dmd = NAMED["dmd"]
+    assert dmd.timesteps == (1000.0, 757.0, 522.0)
+    assert np.allclose(dmd.sigmas, want, rtol=0, atol=1e-12)
+    assert [round(s, 6) for s in dmd.sigmas] == [1.0, 0.756757, 0.521739]  # the published list
+    assert (dmd.noise, dmd.cfg, dmd.renoise) == ("fresh", False, True)
+
+
+def test_dmd_hummingbird_is_amds_warped_list_with_its_bf16_int64_timesteps():
+    """Hummingbird-XT: timesteps 1000, 750, 500 index a shift-10 table of 1000 sigmas from 1 down to 0 (sigma_min
+    0, one extra step); the transformer gets those table timesteps through a bf16 tensor cast to int64; one noise
+    draw serves both re-noises."""
+    sigmas = _flow_table(10.0, np.linspace(1.0, 0.0, 1001)[:-1])
+    table_t = np.concatenate([sigmas * 1000, [0.0]])
+    picked = [1000 - t for t in (1000, 750, 500)]
+    want_sigmas = [float(sigmas[i]) for i in picked]
+    want_t = [float(torch.tensor(table_t[i], dtype=torch.bfloat16).to(torch.int64)) for i in picked]
+    hb = NAMED["dmd-hummingbird"]
+    assert np.allclose(hb.sigmas, want_sigmas, rtol=0, atol=1e-12)
+    assert [round(s, 6) for s in hb.sigmas] == [1.0, 0.967742, 0.909091]
+    assert hb.timesteps == tuple(want_t) == (1000.0, 968.0, 908.0)
+    assert hb.noise == "once"
+
+
+def test_the_scheduler_takes_the_list_as_given_and_appends_a_terminal_zero():
+    s = renoise_scheduler(NAMED["dmd"], 7)
+    s.set_timesteps(50, device="cpu")  # the pipeline's step count does not decide
+    assert s.timesteps.tolist() == [1000.0, 757.0, 522.0]
+    assert np.allclose(s.sigmas.double().numpy(), [*NAMED["dmd"].sigmas, 0.0], atol=1e-7)
+    assert s.config.shift == 1.0 and s.config.stochastic_sampling
+    with pytest.raises(ValueError, match="not a re-noise sampler"):
+        renoise_scheduler(NAMED["default"], 0)
+
+
+def _tiny_plan():
+    p = load_preset("tiny")
+    return plan_crop(9, 64, 96, fit="partial", vae_stride_temporal=p.vae_stride_temporal,
+                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
+
+
+def _run(pipe, sampler: Sampler, seed: int, guidance: float = 5.0):
+    """Denoise on the tiny pipeline, recording each transformer forward's input latents, timestep and output."""
+    seen = []
+
+    def record(module, args, kwargs, out):
+        seen.append((kwargs["hidden_states"].detach().double().clone(), kwargs["timestep"].detach().clone(),
+                     out[0].detach().double().clone()))
+
+    g = torch.Generator("cpu").manual_seed(seed + 100)
+    pos = torch.randn(1, 16, pipe.transformer.config.text_dim, generator=g)
+    handle = pipe.transformer.register_forward_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            latents = denoise_latents(pipe, _tiny_plan(), pos, None, steps=20, guidance=guidance, seed=seed,
+                                      sampler=sampler)
+    finally:
+        handle.remove()
+    return latents.double(), seen
+
+
+@pytest.mark.parametrize("entry", ["dmd", "dmd-hummingbird"])
+def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(tiny_pipe, entry):
+    """x0 = x - sigma_i v; x_next = (1 - sigma_next) x0 + sigma_next eps (fresh or the same eps per the sampler); the
+    last step returns x0; one DiT forward a step at the sampler's timesteps, whatever --steps and CFG were asked."""
+    sampler, seed = NAMED[entry], 3
+    latents, seen = _run(tiny_pipe, sampler, seed)
+    assert len(seen) == len(sampler.sigmas)  # CFG off: one forward a step (guidance 5 was passed)
+    assert [float(t.flatten()[0]) for _, t, _ in seen] == list(sampler.timesteps)
+    shape = seen[0][0].shape
+    x = torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed)).double()  # diffusers' initial noise
+    assert torch.equal(seen[0][0], x)
+    noise = torch.Generator("cpu").manual_seed(seed + RENOISE_SEED_OFFSET)
+    sig = [*sampler.sigmas, 0.0]
+    for i, (x_in, _, v) in enumerate(seen):
+        assert torch.allclose(x_in, x, rtol=1e-6, atol=1e-6), i
+        x0 = x_in - sig[i] * v
+        if sampler.noise == "once":
+            noise.manual_seed(seed + RENOISE_SEED_OFFSET)
+        eps = torch.randn(shape, generator=noise).double()  # drawn at every step, the last one's unused
+        x = (1 - sig[i + 1]) * x0 + sig[i + 1] * eps
+    assert torch.allclose(latents, x, rtol=1e-6, atol=1e-6)  # the last step's x0
+    assert latents.std() > 0.1  # not a degenerate comparison
+
+
+def test_the_seed_reproduces_the_video_and_the_pipeline_gets_its_own_scheduler_back(tiny_pipe):
+    own = tiny_pipe.scheduler
+    a, _ = _run(tiny_pipe, NAMED["dmd"], 5)
+    b, _ = _run(tiny_pipe, NAMED["dmd"], 5)
+    c, _ = _run(tiny_pipe, NAMED["dmd"], 6)
+    assert torch.equal(a, b) and not torch.allclose(a, c)
+    assert tiny_pipe.scheduler is own
+
+
+def test_use_sampler_is_reentrant_and_default_leaves_the_pipelines_scheduler(tiny_pipe):
+    own = tiny_pipe.scheduler
+    with use_sampler(tiny_pipe, NAMED["default"], 0):
+        assert tiny_pipe.scheduler is own
+    with use_sampler(tiny_pipe, NAMED["dmd"], 0):
+        installed = tiny_pipe.scheduler
+        assert installed is not own
+        with use_sampler(tiny_pipe, NAMED["dmd"], 0):
+            assert tiny_pipe.scheduler is installed  # what `vsagen.apply` counts steps on stays in place
+        with use_sampler(tiny_pipe, NAMED["dmd"], 1):
+            assert tiny_pipe.scheduler is not installed
+        assert tiny_pipe.scheduler is installed
+    assert tiny_pipe.scheduler is own
+
+
+def test_summary_and_entry_text_say_what_ran():
+    d = NAMED["dmd"].summary()
+    assert d["steps"] == 3 and d["timesteps"] == [1000.0, 757.0, 522.0] and d["cfg"] is False
+    assert d["entry"] == "dmd" and d["kind"] == "renoise" and "FastVideo" in d["source"]
+    assert NAMED["default"].summary()["cfg"] is True and "sigmas" not in NAMED["default"].summary()

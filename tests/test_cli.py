@@ -284,6 +284,13 @@ BAD_INPUTS = [
     ("width-huge-off-stride", ["--width", "99999999"], ["--width", "<= 512", "99999999"]),
     ("random-weights-unknown-arch", ["--model", "some-org/some-model", "--random-weights"],
      ["--random-weights", "preset", "tiny"]),
+    # issue 30: a few-step sampler and the flags it would not honour
+    ("sampler-unknown", ["--sampler", "dmx"], ["--sampler", "dmd", "default"]),
+    ("sampler-cfg", ["--sampler", "dmd", "--guidance", "5"], ["--guidance 5", "dmd sampler runs without CFG"]),
+    ("sampler-steps", ["--sampler", "dmd", "--steps", "8"], ["--steps 8", "runs 3 steps", "--sampler default"]),
+    ("sampler-sigmas", ["--sampler", "dmd:sigmas=1,0.5,0.7"], ["sigmas must decrease"]),
+    ("preset-sampler-cfg", ["--model", "fastwan2.1-t2v-1.3b", "--random-weights", "--guidance", "5"],
+     ["--guidance 5", "dmd sampler"]),
 ]
 
 

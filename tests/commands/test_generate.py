@@ -177,3 +177,20 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
     assert res.stderr.strip().splitlines()[-1] == f"error: interrupted{by}; nothing was written"
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_a_dmd_run_records_its_sampler_and_runs_one_dit_forward_a_step(vsagen_cache, tiny_dir, tmp_path,
+                                                                     encoder_frames):
+    """Issue 30: the JSON says which sampler ran with its sigmas and timesteps, that CFG was off, and the timing
+    counts one DiT forward per step (3 for dmd, whatever the preset's 4 steps and CFG 5 say)."""
+    from vsagen.commands.generate import generate
+
+    cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, seed=2, sampler="dmd", out=tmp_path / "d.mp4")
+    result = generate(cfg, progress=False)
+    data = json.loads(result.json_path.read_text())
+    assert data["steps"] == 3 and data["guidance"] == 1.0 and data["cfg"] is False
+    assert data["sampler"]["name"] == "dmd" and data["sampler"]["timesteps"] == [1000.0, 757.0, 522.0]
+    assert [round(s, 6) for s in data["sampler"]["sigmas"]] == [1.0, 0.756757, 0.521739]
+    assert data["config"]["sampler"] == data["sampler"]
+    assert data["timing"]["dit_forwards"] == 3 and result.report.dit_forwards == 3
+    assert len(result.report.dit_per_step_s) == 3  # the steps counted at the installed scheduler

@@ -57,6 +57,13 @@ def test_flags_win_over_the_preset_defaults(tmp_path):
     (dict(fps=99999999999999999999), "--fps must be an integer in [1, 240]"),  # ffmpeg wrote an empty mp4
     (dict(fps=0), "--fps"),
     (dict(sparsity=0.5), "--attn auto chose full"),  # the default (auto) on a checkpoint without sparse weights
+    (dict(sampler="dmd", guidance=5.0), "--guidance 5 turns CFG on, and the dmd sampler runs without CFG"),
+    (dict(sampler="dmd", steps=4), "--steps 4: the dmd sampler runs 3 steps"),
+    (dict(sampler="dmd", flow_shift=5.0), "--flow-shift does not apply to the dmd sampler"),
+    (dict(sampler="dmd,default"), "this command runs one sampler"),
+    (dict(sampler="dmd:sigmas=1,2"), "every sigma must be in (0, 1]"),
+    (dict(sampler="default:steps=3", steps=4), "--steps and --sampler default:steps=3 both set the steps"),
+    (dict(sampler="dmd", cfg_parallel=True), "and the dmd sampler runs without CFG; drop --cfg-parallel"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_settings_are_one_line_naming_the_flag(tmp_path, kwargs, needle):
     with pytest.raises(BadInput) as info:

@@ -133,6 +133,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "backend": backend.report(torch.device(cfg.device)).info,
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
         "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
+        # how the denoising walked (`vsagen.samplers`): a re-noise sampler's sigmas and timesteps; CFG on or off
+        "sampler": cfg.sampler.summary(), "cfg": cfg.guidance > 1,
         "guidance_2": cfg.guidance_2 if two_experts else None, "experts": [name for name, _ in experts(pipe)],
         "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),
         "expand_timesteps": bool(getattr(pipe.config, "expand_timesteps", False)),

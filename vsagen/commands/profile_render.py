@@ -53,7 +53,9 @@ def _header(settings: dict[str, Any]) -> str:
     ulysses, cfg_parallel = s.get("ulysses", 1), s.get("cfg_parallel", False)
     return (f"{s['model']} | {s['frames']}x{s['height']}x{s['width']} | {s['device']} {s['dtype']}"
             + ("" if s["kernels"] else f" | {s['steps']} timed step{'s' * (s['steps'] != 1)} after {s['warmup']} "
-               f"warm-up per configuration | CFG {s['guidance']:g}")
+               f"warm-up per configuration | " + (f"{s['sampler']['name']} sampler, CFG off"
+                                                  if s.get("sampler", {}).get("kind") == "renoise"
+                                                  else f"CFG {s['guidance']:g}"))
             + (f" | ulysses {ulysses}" if ulysses > 1 else "") + (" | CFG parallel" if cfg_parallel else ""))
 
 

@@ -485,6 +485,10 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     fits = tuple(f.value for f in m.tile_fits)
     for fit in fits:
         _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)
+    if plans[0].sampler.renoise and pl.cfg_parallel:
+        raise BadInput(f"--cfg-parallel runs the unconditional pass on other processes, and the "
+                       f"{plans[0].sampler.name} sampler runs without CFG; drop --cfg-parallel (--gpus N splits the "
+                       "sequence with Ulysses instead)")
     if plans[0].sampler.renoise and s.guidance_2 is not None and s.guidance_2 > 1:
         raise BadInput(f"--guidance-2 {s.guidance_2:g} turns CFG on, and the {plans[0].sampler.name} sampler runs "
                        "without CFG; leave it out, or use --sampler default")

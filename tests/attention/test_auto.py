@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from conftest import block_gated_checkpoint
 from vsagen.attention.auto import AUTO, checkpoint_root, choose_backend, trained_backend
 
 GATE = "blocks.1.attn1.to_gate_compress.weight"  # vsa's gate under attn1 (an alias)
@@ -107,3 +108,16 @@ def test_the_candidates_are_the_registered_backends_with_a_priority(tmp_path, mo
     assert auto_picks("gained") == "for a checkpoint holding blocks.N.attn1.gain.*"
     Gained.auto_priority = 1  # a tie with vsa: the registry's order (vsa first)
     assert candidates() == ["sla-star", "vsa", "gained"] and trained_backend(root)[0] == "sla-star"
+
+
+def test_auto_chooses_vsa_for_a_diffusers_checkpoint_with_block_level_gates(vsagen_cache, tiny_dir, tmp_path):
+    """FastVideo's VSA checkpoints hold their gates at the block level (`blocks.N.to_gate_compress`): auto runs vsa
+    for them (it chose full before), from the folder as from the request."""
+    from vsagen.commands.generate_config import resolve_generate
+
+    ckpt = block_gated_checkpoint(tiny_dir, tmp_path / "fastwan")
+    name, note = choose_backend("dir", str(ckpt), random_weights=False, device="cpu")
+    assert name == "vsa" and "transformer/ holds blocks." in note and ".attn1." not in note
+    assert ".to_gate_compress." in note
+    cfg = resolve_generate("a fox", model=str(ckpt), device="cpu", out=tmp_path / "v.mp4")
+    assert cfg.backend.name == "vsa" and cfg.attn_note == note

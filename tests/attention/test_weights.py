@@ -1,5 +1,6 @@
-"""vsagen.attention.weights: backend-owned per-layer parameters (VSA's trained gate), one safetensors loader with
-shapes checked and one error line naming the first mismatch; and the AttnContext each layer's processor builds."""
+"""vsagen.attention.weights: backend-owned per-layer parameters (VSA's trained gate, under its block-level key or the
+attn1 alias), one safetensors loader with shapes checked and one error line naming the first mismatch; and the
+AttnContext each layer's processor builds."""
 
 from __future__ import annotations
 
@@ -231,8 +232,8 @@ def test_a_named_file_without_the_backends_keys_is_refused_before_loading(tmp_pa
     t = make_transformer()
     f = tmp_path / "prefixed.safetensors"
     save_file({f"transformer.{k}": v for k, v in gate_tensors(t).items()}, f)
-    with pytest.raises(BadInput, match=r"holds no blocks\.N\.to_gate_compress\.\* or blocks\.N\.attn1\.to_gate_compress\.\* "
-                                       r"tensors"):
+    with pytest.raises(BadInput, match=r"holds no blocks\.N\.to_gate_compress\.\* or "
+                                       r"blocks\.N\.attn1\.to_gate_compress\.\* tensors"):
         resolve("a fox", model="tiny", attn=f"vsa:gate_weights={f}", out=tmp_path / "v.mp4")
     with pytest.raises(BadInput, match="holds no blocks"):
         attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=f)), None)
@@ -278,3 +279,34 @@ def test_attaching_from_the_same_source_again_keeps_what_is_there(tmp_path):
     with vsagen.apply(t, "vsa", sparsity=0.5, impl="torch", gate_weights=other):
         assert all(layer_params(b.attn1, SPEC) is not m for b, m in zip(t.blocks, first))
     assert all(layer_params(b.attn1, SPEC) is m for b, m in zip(t.blocks, first))  # put back
+
+
+def test_t2v_runs_a_block_gated_checkpoint_as_vsa_and_refuses_one_whose_gates_do_not_fit(vsagen_cache, tiny_dir,
+                                                                                         tmp_path):
+    """End to end on the tiny model in FastVideo's layout (block-level gates in the transformer's own file): `--attn
+    auto` runs vsa, the gates load (the JSON's notes count the layers); gates of another size are refused in one
+    line, exit 2, before denoising, nothing written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from conftest import block_gated_checkpoint, one_error_line
+    from vsagen.cli import app
+
+    good = block_gated_checkpoint(tiny_dir, tmp_path / "good")
+    bad = block_gated_checkpoint(tiny_dir, tmp_path / "bad", shape=(32, 16))
+    common = ["t2v", "a fox", "--steps", "1", "--frames", "5", "--height", "64", "--width", "80", "--json"]
+    out = tmp_path / "out"
+    out.mkdir()
+    res = CliRunner().invoke(app, [*common, "--model", str(good), "--out", str(out / "g.mp4")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"]["name"] == "vsa" and (out / "g.mp4").exists()
+    notes = data["timing"]["notes"]
+    assert any(n.startswith("--attn auto chose vsa") for n in notes)
+    assert "loaded trained vsa weights (to_gate_compress) for 2 of 2 layers" in notes
+    written = sorted(p.name for p in out.iterdir())
+    res = CliRunner().invoke(app, [*common, "--model", str(bad), "--attn", "vsa", "--out", str(out / "b.mp4")])
+    line = one_error_line(res)
+    assert "blocks.0.to_gate_compress.weight has shape [32, 16], this model needs [32, 32]" in line
+    assert sorted(p.name for p in out.iterdir()) == written  # nothing of the refused run

@@ -49,8 +49,10 @@ def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _gate_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
+    """A Linear holding the trained gate, in the stored dtype (the loader then casts it to the transformer's: built
+    in float32 first, a float64 gate would lose its precision on the way)."""
     w = tensors["weight"]
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors)
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors, dtype=w.dtype)
     lin.load_state_dict(tensors)
     return lin
 

@@ -135,6 +135,22 @@ def test_a_named_file_wins_over_the_checkpoint(tmp_path):
     assert attach_backend_weights(t, make_backend("full"), ckpt) == 0  # full owns no weights
 
 
+def test_a_named_file_takes_block_level_gates_in_one_scheme(tmp_path):
+    """`gate_weights=FILE` reads FastVideo's block-level keys too; a named file must use one key scheme for every
+    layer (block level for one, attn1 for another is refused in one line, nothing attached)."""
+    t = make_transformer()
+    block = tmp_path / "block.safetensors"
+    tensors = gate_tensors(t, key=BLOCK)
+    save_file(tensors, block)
+    assert attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=block)), None) == len(t.blocks)
+    assert torch.equal(t.blocks[1].attn1.to_gate_compress.bias, tensors["blocks.1.to_gate_compress.bias"])
+    detach_layer_weights(t, SPEC)
+    mixed = tmp_path / "mixed.safetensors"
+    save_file({**gate_tensors(t, layers=[0], key=BLOCK), **gate_tensors(t, layers=[1], key=ATTN1)}, mixed)
+    with pytest.raises(BadInput, match="use different key schemes; use one for every layer") as e:
+        attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=mixed)), None)
+    assert "\n" not in str(e.value) and all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
+
 def test_gates_change_vsa_output_through_the_processor(tmp_path):
     """The processor hands the layer's gate projection to VSA as ctx.params: with gates the output moves."""
     t = make_transformer()

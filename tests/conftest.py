@@ -85,6 +85,29 @@ def make_transformer(dtype=torch.float32, seed: int = 0):
     return t if dtype == torch.float32 else t.to(dtype)
 
 
+def block_gated_checkpoint(tiny_dir, dest, shape=None):
+    """A copy of the tiny diffusers checkpoint whose transformer safetensors also hold FastVideo-style block-level
+    gates (`blocks.{i}.to_gate_compress.{weight,bias}`, fresh random, `shape` (out, in) if given, else the model's
+    (dim, dim)), written into the transformer's own file as FastVideo's published checkpoints store them."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_dir, dest)
+    weights = dest / "transformer" / "diffusion_pytorch_model.safetensors"
+    config = json.loads((dest / "transformer" / "config.json").read_text())
+    dim = config["num_attention_heads"] * config["attention_head_dim"]
+    out_f, in_f = shape or (dim, dim)
+    g = torch.Generator().manual_seed(11)
+    gates = {}
+    for i in range(config["num_layers"]):
+        gates[f"blocks.{i}.to_gate_compress.weight"] = torch.randn(out_f, in_f, generator=g) / in_f ** 0.5
+        gates[f"blocks.{i}.to_gate_compress.bias"] = torch.randn(out_f, generator=g) * 0.1
+    save_file({**load_file(str(weights)), **gates}, str(weights))
+    return dest
+
+
 def make_qkv(b: int, s: int, h: int, d: int, dtype=torch.float32, seed: int = 0, requires_grad: bool = False):
     """Fresh random q, k, v of shape (B, S, H, D) (never zeros)."""
     g = torch.Generator().manual_seed(seed)

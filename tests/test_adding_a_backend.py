@@ -140,7 +140,7 @@ def test_auto_chooses_the_toy_for_a_checkpoint_holding_its_gains(toy, tiny_dir, 
 
     assert candidates() == ["toy", "sla-star", "vsa"]
     assert auto_rule().startswith("the backend the checkpoint was trained for: toy if it holds "
-                                  "blocks.N.attn1.toy_gain.*, sla-star")
+                                  "blocks.N.attn1.toy_gain.* (or blocks.N.attn1.gain.*), sla-star")
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_dir, ckpt)
     save_file({GAIN_ALIAS.format(layer=i) + ".weight": torch.tensor([1.0, 0.25]) for i in range(LAYERS)},

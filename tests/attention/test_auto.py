@@ -7,9 +7,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from conftest import block_gated_checkpoint
 from vsagen.attention.auto import AUTO, checkpoint_root, choose_backend, trained_backend
 
-GATE = "blocks.1.attn1.to_gate_compress.weight"
+GATE = "blocks.1.attn1.to_gate_compress.weight"  # vsa's gate under attn1 (an alias)
+BLOCK_GATE = "blocks.1.to_gate_compress.weight"  # vsa's gate at the block level (FastVideo's, the canonical key)
 PROJ = "blocks.0.attn1.proj_l.weight"
 PLAIN = "blocks.0.attn1.to_q.weight"
 
@@ -22,8 +24,9 @@ def checkpoint(root, expert="transformer", keys=(PLAIN,)):
     return root
 
 
-@pytest.mark.parametrize("keys,want", [((PLAIN,), None), ((PLAIN, GATE), "vsa"), ((PROJ, PLAIN), "sla-star"),
-                                       ((GATE, PROJ), "sla-star")])
+@pytest.mark.parametrize("keys,want", [((PLAIN,), None), ((PLAIN, GATE), "vsa"), ((PLAIN, BLOCK_GATE), "vsa"),
+                                       ((PROJ, PLAIN), "sla-star"), ((GATE, PROJ), "sla-star"),
+                                       ((BLOCK_GATE, PROJ), "sla-star")])
 def test_the_trained_backend_is_found_from_the_weight_names(tmp_path, keys, want):
     root = checkpoint(tmp_path, keys=keys)
     found = trained_backend(root)
@@ -70,11 +73,13 @@ def test_the_rule_and_the_choices_name_the_weights_auto_looks_for():
     from vsagen.attention.auto import auto_picks, auto_rule
 
     rule = auto_rule()
-    assert rule == ("the backend the checkpoint was trained for: sla-star if it holds blocks.N.attn1.proj_l.*, vsa "
-                    "if it holds blocks.N.attn1.to_gate_compress.*, else full")
+    assert rule == ("the backend the checkpoint was trained for: sla-star if it holds blocks.N.attn1.proj_l.* (or "
+                    "blocks.N.self_attn.attn_op.local_attn.proj_l.*, blocks.N.attn1.attn_impl.proj_l.*), vsa if it "
+                    "holds blocks.N.to_gate_compress.* (or blocks.N.attn1.to_gate_compress.*), else full")
     assert "without sparse-attention weights" in auto_picks("full")
-    assert auto_picks("vsa") == "for a checkpoint holding blocks.N.attn1.to_gate_compress.*"
-    assert auto_picks("sla-star").endswith("proj_l.*")
+    assert auto_picks("vsa") == ("for a checkpoint holding blocks.N.to_gate_compress.* (or "
+                                 "blocks.N.attn1.to_gate_compress.*)")
+    assert auto_picks("sla-star").endswith("attn_impl.proj_l.*)")
     assert auto_picks("rocm-vsa") is None and auto_picks("sparse-vdit") is None
 
 
@@ -103,3 +108,16 @@ def test_the_candidates_are_the_registered_backends_with_a_priority(tmp_path, mo
     assert auto_picks("gained") == "for a checkpoint holding blocks.N.attn1.gain.*"
     Gained.auto_priority = 1  # a tie with vsa: the registry's order (vsa first)
     assert candidates() == ["sla-star", "vsa", "gained"] and trained_backend(root)[0] == "sla-star"
+
+
+def test_auto_chooses_vsa_for_a_diffusers_checkpoint_with_block_level_gates(vsagen_cache, tiny_dir, tmp_path):
+    """FastVideo's VSA checkpoints hold their gates at the block level (`blocks.N.to_gate_compress`): auto runs vsa
+    for them (it chose full before), from the folder as from the request."""
+    from vsagen.commands.generate_config import resolve_generate
+
+    ckpt = block_gated_checkpoint(tiny_dir, tmp_path / "fastwan")
+    name, note = choose_backend("dir", str(ckpt), random_weights=False, device="cpu")
+    assert name == "vsa" and "transformer/ holds blocks." in note and ".attn1." not in note
+    assert ".to_gate_compress." in note
+    cfg = resolve_generate("a fox", model=str(ckpt), device="cpu", out=tmp_path / "v.mp4")
+    assert cfg.backend.name == "vsa" and cfg.attn_note == note

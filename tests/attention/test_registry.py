@@ -137,8 +137,8 @@ def test_the_registry_refuses_two_backends_of_one_name_and_a_priority_without_we
 
 def test_every_shipped_entry_agrees_with_its_class():
     """Issue 29: the shipped backends are registered as `LazyBackend` entries (listings and checks answer without
-    torch); each entry's name, Options, tiling, auto priority, weights key and file option, and description are the
-    class's own, which `load` checks when it imports the class."""
+    torch); each entry's name, Options, tiling, auto priority, weights key, file option and aliases, and description
+    are the class's own, which `load` checks when it imports the class."""
     from vsagen.attention.registry import LazyBackend, WeightsRef, backend_facts, summary_of
 
     for name, entry in REGISTRY.items():
@@ -146,7 +146,8 @@ def test_every_shipped_entry_agrees_with_its_class():
         cls = entry.load()
         assert (cls.name, cls.Options, cls.tiled, cls.auto_priority) == (name, entry.Options, entry.tiled,
                                                                          entry.auto_priority)
-        weights = None if cls.weights is None else WeightsRef(cls.weights.key, cls.weights.file_option)
+        weights = None if cls.weights is None else WeightsRef(cls.weights.key, cls.weights.file_option,
+                                                              cls.weights.aliases)
         assert weights == entry.weights and summary_of(cls) == entry.summary
     assert summary_of(FullAttention) == summary_of(REGISTRY["full"]) == (
         "Dense self-attention, the baseline every sparse backend is measured against (no options)")

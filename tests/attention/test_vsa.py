@@ -1,7 +1,10 @@
 """vsagen.attention.vsa: options validation, VSA on CPU against `full` (sparsity 0) and the eager reference,
-the gate, and VSA's timer regions."""
+the gate (a trained block-level gate through the processor against an independent float64 computation), and VSA's
+timer regions."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -84,3 +87,100 @@ def test_vsa_check_accepts_cpu_and_cuda():
     for dev in (torch.device("cpu"), torch.device("cuda")):
         for dtype in (torch.float32, torch.bfloat16):
             vsa.check(dev, dtype)
+
+
+# ------------------------------------------------------------------ a block-level gate through the processor
+# FastVideo's VSA checkpoints store the gate at the block level (`blocks.{i}.to_gate_compress`), a Linear(dim, dim) on
+# the block's modulated norm1 output (attn1's input), split per head, no sigmoid: out = out_s + gate * out_c.
+
+def _tile_of_raster_token(grid):
+    """(S,) the (4,4,4) cube of each raster-order token of `grid` (any numbering: selection does not depend on it)."""
+    t, h, w = torch.meshgrid(*(torch.arange(n) for n in grid), indexing="ij")
+    nh, nw = -(-grid[1] // 4), -(-grid[2] // 4)
+    return ((t // 4) * nh * nw + (h // 4) * nw + w // 4).flatten()
+
+
+def _gated_vsa_fp64(q, k, v, x, weight, bias, grid, sparsity):
+    """An independent float64 VSA with a gate, raster order: q, k, v (B, S, H, D), x (B, S, C) the attn1 input.
+    Fine: dense softmax attention masked to the key tiles whose tile-mean scores are each query tile's top K =
+    ceil((1 - sparsity) n_tiles). Coarse: softmax attention of the tile means, broadcast to each tile's tokens."""
+    tile = _tile_of_raster_token(grid)
+    n = int(tile.max()) + 1
+    member = torch.nn.functional.one_hot(tile, n).double()  # (S, n)
+    mean = lambda y: torch.einsum("sn,bshd->bnhd", member, y) / member.sum(0)[None, :, None, None]  # noqa: E731
+    scale = q.shape[-1] ** -0.5
+    tile_scores = torch.einsum("bnhd,bmhd->bhnm", mean(q), mean(k)) * scale
+    top = tile_scores.topk(math.ceil((1 - sparsity) * n), dim=-1).indices  # (B, H, n, K)
+    keep = torch.zeros_like(tile_scores, dtype=torch.bool).scatter_(-1, top, True)  # (B, H, n query, n key tiles)
+    allowed = keep[:, :, tile][:, :, :, tile]  # (B, H, S, S)
+    logits = (torch.einsum("bshd,bthd->bhst", q, k) * scale).masked_fill(~allowed, float("-inf"))
+    out_s = torch.einsum("bhst,bthd->bshd", logits.softmax(-1), v)
+    out_c = torch.einsum("bhnm,bmhd->bnhd", tile_scores.softmax(-1), mean(v))[:, tile]
+    gate = (x @ weight.T + bias).unflatten(-1, q.shape[2:])
+    return out_s + gate * out_c, gate * out_c
+
+
+def test_a_block_level_gate_adds_the_gated_coarse_output_through_the_processor(tmp_path):
+    """A float64 tiny transformer whose checkpoint folder holds block-level gates (batch 2, grid 5x6x10: partial
+    tiles): each layer's VSA output is out_s + gate(attn1 input) * out_c of the independent computation above,
+    attn1's input is the block's modulated norm1 output, and a zero gate gives exactly the ungated output."""
+    from safetensors.torch import save_file
+
+    from vsagen.attention.base import BackendWrapper
+    from vsagen.attention.weights import attach_backend_weights
+    from conftest import make_transformer, patched_output
+
+    class Recorder(BackendWrapper):
+        def __call__(self, q, k, v, ctx):
+            out = self.inner(q, k, v, ctx)
+            calls.append((ctx.layer, ctx.layout, q, k, v, ctx.hidden_states, out))
+            return out
+
+    t = make_transformer(torch.float64, seed=4)
+    dim, layers = t.config.num_attention_heads * t.config.attention_head_dim, len(t.blocks)
+    g = torch.Generator().manual_seed(31)
+    gates = {}
+    for i in range(layers):
+        gates[f"blocks.{i}.to_gate_compress.weight"] = torch.randn(dim, dim, generator=g, dtype=torch.float64) / 4
+        gates[f"blocks.{i}.to_gate_compress.bias"] = torch.randn(dim, generator=g, dtype=torch.float64)
+    folder = tmp_path / "transformer"
+    folder.mkdir()
+    save_file({**gates, "blocks.0.attn1.to_q.weight": t.blocks[0].attn1.to_q.weight.detach().clone()},
+              str(folder / "diffusion_pytorch_model.safetensors"))
+    vsa = VSAAttention(VSAOptions(sparsity=0.5, impl="torch"))
+    assert attach_backend_weights(t, vsa, folder) == layers
+    inputs = (torch.randn(2, 16, 5, 12, 20, generator=g, dtype=torch.float64), torch.tensor([500.0, 120.0]),
+              torch.randn(2, 9, 32, generator=g, dtype=torch.float64))
+    norm1_inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda _, args, i=i, n=n: norm1_inputs.setdefault(i, {}).__setitem__(n, args))
+             for i, b in enumerate(t.blocks) for n, m in (("block", b), ("norm1", b.norm1))]  # tile order: norm1's
+    calls = []
+    try:
+        gated = patched_output(t, Recorder(vsa), inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert [c[0] for c in calls] == list(range(layers))
+    for layer, layout, q, k, v, x, out in calls:
+        assert layout.grid == (5, 6, 10) and layout.num_full_tiles < layout.num_tiles and q.dtype == torch.float64
+        # attn1's input is the block's modulated norm1 output (diffusers' WanTransformerBlock, as FastVideo's)
+        block_in, temb = norm1_inputs[layer]["norm1"][0], norm1_inputs[layer]["block"][2]  # block(x, enc, temb, rope)
+        # (diffusers keeps norm1 and temb in float32, as FastVideo does, also in a float64 model)
+        shift, scale = (t.blocks[layer].scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
+        norm1 = torch.nn.functional.layer_norm(block_in.float(), (dim,), eps=1e-6) * (1 + scale) + shift
+        torch.testing.assert_close(x, norm1, atol=1e-12, rtol=1e-12)
+        raster = [layout.to_raster(y) for y in (q, k, v, x, out)]
+        want, gated_part = _gated_vsa_fp64(*raster[:4], gates[f"blocks.{layer}.to_gate_compress.weight"],
+                                           gates[f"blocks.{layer}.to_gate_compress.bias"], layout.grid, 0.5)
+        assert gated_part.abs().mean() > 0.05 * want.abs().mean()  # the gate's part is no rounding-size term
+        torch.testing.assert_close(raster[4], want, atol=1e-10, rtol=1e-10)
+
+    zero = tmp_path / "zero" / "transformer"
+    zero.mkdir(parents=True)
+    save_file({k: torch.zeros_like(x) for k, x in gates.items()}, str(zero / "gates.safetensors"))
+    assert attach_backend_weights(t, vsa, zero) == layers
+    zero_gated = patched_output(t, vsa, inputs)
+    for b in t.blocks:
+        del b.attn1.to_gate_compress
+    ungated = patched_output(t, vsa, inputs)
+    assert torch.equal(zero_gated, ungated) and not torch.allclose(gated, ungated)

@@ -1,5 +1,6 @@
-"""vsagen.attention.weights: backend-owned per-layer parameters (VSA's trained gate), one safetensors loader with
-shapes checked and one error line naming the first mismatch; and the AttnContext each layer's processor builds."""
+"""vsagen.attention.weights: backend-owned per-layer parameters (VSA's trained gate, under its block-level key or the
+attn1 alias), one safetensors loader with shapes checked and one error line naming the first mismatch; and the
+AttnContext each layer's processor builds."""
 
 from __future__ import annotations
 
@@ -16,30 +17,36 @@ from vsagen.errors import BadInput
 from vsagen.timing import Timer
 
 SPEC = VSAAttention.weights
+ATTN1 = "blocks.{}.attn1.to_gate_compress"  # the gate under attn1 (vsagen's earlier key, an alias)
+BLOCK = "blocks.{}.to_gate_compress"  # at the block level (FastVideo's published checkpoints; the canonical key)
 
 
-def gate_tensors(transformer, seed=3, layers=None, bias=True):
-    """Fresh random gate tensors for every (or the given) layer, keyed as a checkpoint holds them."""
+def gate_tensors(transformer, seed=3, layers=None, bias=True, key=ATTN1):
+    """Fresh random gate tensors for every (or the given) layer, keyed as a checkpoint holds them (`key`: ATTN1 or
+    BLOCK, the layer as `{}`)."""
     g = torch.Generator().manual_seed(seed)
     out_f, in_f = transformer.blocks[0].attn1.to_q.weight.shape
     out = {}
     for i in layers if layers is not None else range(len(transformer.blocks)):
-        out[f"blocks.{i}.attn1.to_gate_compress.weight"] = torch.randn(out_f, in_f, generator=g)
+        out[f"{key.format(i)}.weight"] = torch.randn(out_f, in_f, generator=g)
         if bias:
-            out[f"blocks.{i}.attn1.to_gate_compress.bias"] = torch.randn(out_f, generator=g)
+            out[f"{key.format(i)}.bias"] = torch.randn(out_f, generator=g)
     return out
 
 
-def test_attach_loads_every_layer_from_a_folder(tmp_path):
+@pytest.mark.parametrize("key", [BLOCK, ATTN1])
+def test_attach_loads_every_layer_from_a_folder(tmp_path, key):
+    """Gates under either key (block level, canonical; under attn1, the alias) load the same way, as attn1's
+    `to_gate_compress`."""
     t = make_transformer()
-    tensors = gate_tensors(t)
+    tensors = gate_tensors(t, key=key)
     save_file({"unrelated.weight": torch.ones(2), **tensors}, tmp_path / "model.safetensors")
     assert attach_layer_weights(t, SPEC, tmp_path) == len(t.blocks)
     for i, block in enumerate(t.blocks):
         lin = layer_params(block.attn1, SPEC)
-        assert isinstance(lin, torch.nn.Linear)
-        assert torch.equal(lin.weight, tensors[f"blocks.{i}.attn1.to_gate_compress.weight"])
-        assert torch.equal(lin.bias, tensors[f"blocks.{i}.attn1.to_gate_compress.bias"])
+        assert isinstance(lin, torch.nn.Linear) and lin is block.attn1.to_gate_compress
+        assert torch.equal(lin.weight, tensors[f"{key.format(i)}.weight"])
+        assert torch.equal(lin.bias, tensors[f"{key.format(i)}.bias"])
         assert lin.weight.dtype == block.attn1.to_q.weight.dtype
     assert detach_layer_weights(t, SPEC) == len(t.blocks)
     assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
@@ -53,27 +60,48 @@ def test_bias_is_optional_and_some_layers_may_lack_a_gate(tmp_path):
     assert layer_params(t.blocks[0].attn1, SPEC) is None and layer_params(t.blocks[1].attn1, SPEC).bias is None
 
 
+@pytest.mark.parametrize("key", [BLOCK, ATTN1])
 @pytest.mark.parametrize("mutate,needle", [
-    (lambda d: d.update({"blocks.0.attn1.to_gate_compress.weight": torch.ones(3, 3)}),
-     "blocks.0.attn1.to_gate_compress.weight has shape [3, 3], this model needs [32, 32]"),
-    (lambda d: d.update({"blocks.1.attn1.to_gate_compress.bias": torch.ones(5)}),
-     "blocks.1.attn1.to_gate_compress.bias has shape [5], this model needs [32]"),
-    (lambda d: d.update({"blocks.7.attn1.to_gate_compress.weight": torch.ones(32, 32)}),
-     "is for layer 7, but the transformer has 2 blocks"),
-    (lambda d: d.update({"blocks.0.attn1.to_gate_compress.scale": torch.ones(32)}),
-     "to_gate_compress.scale is not a parameter of this backend"),
-    (lambda d: d.pop("blocks.1.attn1.to_gate_compress.weight"), "blocks.1.attn1.to_gate_compress.weight is missing"),
+    (lambda d, k: d.update({f"{k.format(0)}.weight": torch.ones(3, 3)}),
+     "{0}.weight has shape [3, 3], this model needs [32, 32]"),
+    (lambda d, k: d.update({f"{k.format(1)}.bias": torch.ones(5)}), "{1}.bias has shape [5], this model needs [32]"),
+    (lambda d, k: d.update({f"{k.format(7)}.weight": torch.ones(32, 32)}),
+     "{7}.weight is for layer 7, but the transformer has 2 blocks"),
+    (lambda d, k: d.update({f"{k.format(0)}.scale": torch.ones(32)}), "{0}.scale is not a parameter of this backend"),
+    (lambda d, k: d.pop(f"{k.format(1)}.weight"), "{1}.weight is missing"),
 ])
-def test_mismatches_are_one_line_naming_the_first(tmp_path, mutate, needle):
+def test_mismatches_are_one_line_naming_the_first(tmp_path, mutate, needle, key):
+    """Under either key the first mismatch is one line naming the tensor as the file stores it (a missing one as
+    its layer's scheme would name it); nothing is attached."""
     t = make_transformer()
-    tensors = gate_tensors(t)
-    mutate(tensors)
+    tensors = gate_tensors(t, key=key)
+    mutate(tensors, key)
     f = tmp_path / "gates.safetensors"
     save_file(tensors, f)
     with pytest.raises(BadInput) as e:
         attach_layer_weights(t, SPEC, f)
-    assert needle in str(e.value) and "\n" not in str(e.value)
+    layer = int(needle[1])
+    assert key.format(layer) + needle[3:] in str(e.value) and "\n" not in str(e.value)
     assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)  # nothing attached
+
+
+@pytest.mark.parametrize("tensors,says", [
+    ({"blocks.0.to_gate_compress.weight": torch.ones(32, 32),
+      "blocks.0.attn1.to_gate_compress.weight": torch.ones(32, 32)}, "are the same tensor; keep one"),
+    ({"blocks.1.to_gate_compress.weight": torch.ones(32, 32), "blocks.1.attn1.to_gate_compress.bias": torch.ones(32)},
+     "layer 1 mixes key schemes"),
+])
+def test_a_checkpoint_with_both_names_for_one_layer_is_refused(tmp_path, tensors, says):
+    """A layer's gate under both keys (the same tensor twice, or weight and bias split between them) is refused in
+    one line naming both keys, as any mix of key schemes within a layer is; nothing is attached."""
+    t = make_transformer()
+    save_file(tensors, tmp_path / "diffusion_pytorch_model.safetensors")
+    with pytest.raises(BadInput) as e:
+        attach_backend_weights(t, VSAAttention(), tmp_path)
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path}: ") and says in msg and "\n" not in msg
+    assert all(k in msg for k in tensors)
+    assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
 
 
 def test_only_safetensors_are_read(tmp_path):
@@ -106,6 +134,22 @@ def test_a_named_file_wins_over_the_checkpoint(tmp_path):
     assert torch.equal(t.blocks[0].attn1.to_gate_compress.weight, mine["blocks.0.attn1.to_gate_compress.weight"])
     assert attach_backend_weights(t, make_backend("full"), ckpt) == 0  # full owns no weights
 
+
+def test_a_named_file_takes_block_level_gates_in_one_scheme(tmp_path):
+    """`gate_weights=FILE` reads FastVideo's block-level keys too; a named file must use one key scheme for every
+    layer (block level for one, attn1 for another is refused in one line, nothing attached)."""
+    t = make_transformer()
+    block = tmp_path / "block.safetensors"
+    tensors = gate_tensors(t, key=BLOCK)
+    save_file(tensors, block)
+    assert attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=block)), None) == len(t.blocks)
+    assert torch.equal(t.blocks[1].attn1.to_gate_compress.bias, tensors["blocks.1.to_gate_compress.bias"])
+    detach_layer_weights(t, SPEC)
+    mixed = tmp_path / "mixed.safetensors"
+    save_file({**gate_tensors(t, layers=[0], key=BLOCK), **gate_tensors(t, layers=[1], key=ATTN1)}, mixed)
+    with pytest.raises(BadInput, match="use different key schemes; use one for every layer") as e:
+        attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=mixed)), None)
+    assert "\n" not in str(e.value) and all(layer_params(b.attn1, SPEC) is None for b in t.blocks)
 
 def test_gates_change_vsa_output_through_the_processor(tmp_path):
     """The processor hands the layer's gate projection to VSA as ctx.params: with gates the output moves."""
@@ -204,7 +248,8 @@ def test_a_named_file_without_the_backends_keys_is_refused_before_loading(tmp_pa
     t = make_transformer()
     f = tmp_path / "prefixed.safetensors"
     save_file({f"transformer.{k}": v for k, v in gate_tensors(t).items()}, f)
-    with pytest.raises(BadInput, match=r"holds no blocks\.N\.attn1\.to_gate_compress\.\* tensors"):
+    with pytest.raises(BadInput, match=r"holds no blocks\.N\.to_gate_compress\.\* or "
+                                       r"blocks\.N\.attn1\.to_gate_compress\.\* tensors"):
         resolve("a fox", model="tiny", attn=f"vsa:gate_weights={f}", out=tmp_path / "v.mp4")
     with pytest.raises(BadInput, match="holds no blocks"):
         attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=f)), None)
@@ -250,3 +295,34 @@ def test_attaching_from_the_same_source_again_keeps_what_is_there(tmp_path):
     with vsagen.apply(t, "vsa", sparsity=0.5, impl="torch", gate_weights=other):
         assert all(layer_params(b.attn1, SPEC) is not m for b, m in zip(t.blocks, first))
     assert all(layer_params(b.attn1, SPEC) is m for b, m in zip(t.blocks, first))  # put back
+
+
+def test_t2v_runs_a_block_gated_checkpoint_as_vsa_and_refuses_one_whose_gates_do_not_fit(vsagen_cache, tiny_dir,
+                                                                                         tmp_path):
+    """End to end on the tiny model in FastVideo's layout (block-level gates in the transformer's own file): `--attn
+    auto` runs vsa, the gates load (the JSON's notes count the layers); gates of another size are refused in one
+    line, exit 2, before denoising, nothing written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from conftest import block_gated_checkpoint, one_error_line
+    from vsagen.cli import app
+
+    good = block_gated_checkpoint(tiny_dir, tmp_path / "good")
+    bad = block_gated_checkpoint(tiny_dir, tmp_path / "bad", shape=(32, 16))
+    common = ["t2v", "a fox", "--steps", "1", "--frames", "5", "--height", "64", "--width", "80", "--json"]
+    out = tmp_path / "out"
+    out.mkdir()
+    res = CliRunner().invoke(app, [*common, "--model", str(good), "--out", str(out / "g.mp4")])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["backend"]["name"] == "vsa" and (out / "g.mp4").exists()
+    notes = data["timing"]["notes"]
+    assert any(n.startswith("--attn auto chose vsa") for n in notes)
+    assert "loaded trained vsa weights (to_gate_compress) for 2 of 2 layers" in notes
+    written = sorted(p.name for p in out.iterdir())
+    res = CliRunner().invoke(app, [*common, "--model", str(bad), "--attn", "vsa", "--out", str(out / "b.mp4")])
+    line = one_error_line(res)
+    assert "blocks.0.to_gate_compress.weight has shape [32, 16], this model needs [32, 32]" in line
+    assert sorted(p.name for p in out.iterdir()) == written  # nothing of the refused run

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .registry import backend_class, backend_facts, backend_names
+from .registry import backend_class, backend_facts, backend_names, held_names
 
 AUTO = "auto"
 FALLBACK = "full"  # the dense baseline: what a checkpoint without any candidate's weights was trained with
@@ -72,7 +72,7 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
 
     Returns:
         (name, note): e.g. ("vsa", "--attn auto chose vsa: this checkpoint was trained for it (transformer/ holds
-        blocks.0.attn1.to_gate_compress.weight); --attn full runs dense attention").
+        blocks.0.to_gate_compress.weight); --attn full runs dense attention").
     """
     root = None if random_weights else checkpoint_root(kind, location)
     found = trained_backend(root)
@@ -97,15 +97,14 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
 
 def auto_rule() -> str:
     """What `--attn auto` does, in one sentence naming the weights it looks for (for `vsagen backends`)."""
-    found = ", ".join(f"{name} if it holds {backend_facts(name).weights.key.format(layer='N')}.*"
-                      for name in candidates())
+    found = ", ".join(f"{name} if it holds {held_names(backend_facts(name).weights)}" for name in candidates())
     return f"the backend the checkpoint was trained for: {found}, else {FALLBACK}"
 
 
 def auto_picks(name: str) -> str | None:
     """When `--attn auto` runs backend `name`, as a phrase (None: never)."""
     if name in candidates():
-        return f"for a checkpoint holding {backend_facts(name).weights.key.format(layer='N')}.*"
+        return f"for a checkpoint holding {held_names(backend_facts(name).weights)}"
     if name == FALLBACK:
         return "for a checkpoint without sparse-attention weights (the Wan releases, the tiny models)"
     return None

@@ -90,7 +90,8 @@ class VSAOptions:
         sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
             ceil((1 - sparsity) * tiles).
         impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
-        gate_weights: a safetensors file with trained gates (`blocks.{i}.attn1.to_gate_compress.{weight,bias}`),
+        gate_weights: a safetensors file with trained gates (`blocks.{i}.to_gate_compress.{weight,bias}`, or the
+            alias `blocks.{i}.attn1.to_gate_compress.*`, one scheme throughout),
             loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
             if it has any.
         tuning: the Triton kernels' tuning (`vsagen.kernels.tuning.KernelTuning`: TMA loads, partial-tile packing,

@@ -96,7 +96,7 @@ class LayerWeights:
     """Per-layer parameters a backend can load from a checkpoint (or a file the user names).
 
     Attributes:
-        key: the checkpoint key prefix with a `{layer}` field, e.g. "blocks.{layer}.attn1.to_gate_compress"; the
+        key: the checkpoint key prefix with a `{layer}` field, e.g. "blocks.{layer}.to_gate_compress"; the
             tensors are `<prefix>.<param>` for each name in `shapes(attn)`.
         attr: the attribute of the layer's `attn1` module the loaded Module is attached as (so it moves with the
             model: `.to()`, offloading), and read back from by the processor.

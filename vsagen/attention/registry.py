@@ -35,10 +35,12 @@ PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_lay
 @dataclass(frozen=True)
 class WeightsRef:
     """The part of a backend's `LayerWeights` read before its module is imported: the checkpoint key prefix (with a
-    `{layer}` field) and the Options field naming a user's file (None: the checkpoint only)."""
+    `{layer}` field), the Options field naming a user's file (None: the checkpoint only) and the other key prefixes
+    accepted for the same tensors (`LayerWeights.aliases`)."""
 
     key: str
     file_option: str | None = None
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _load(entry: LazyBackend) -> type:
     cls = check_backend_class(getattr(importlib.import_module(module), name))
     weights = getattr(cls, "weights", None)
     got = {"name": cls.name, "Options": cls.Options, "tiled": cls.tiled, "auto_priority": cls.auto_priority,
-           "weights": None if weights is None else WeightsRef(weights.key, weights.file_option),
+           "weights": None if weights is None else WeightsRef(weights.key, weights.file_option, weights.aliases),
            "summary": summary_of(cls)}
     wrong = [k for k, v in got.items() if getattr(entry, k) != v]
     if wrong:
@@ -128,6 +130,14 @@ def check_lazy_backend(entry: LazyBackend) -> LazyBackend:
     return entry
 
 
+def held_names(weights: Any) -> str:
+    """The tensor names a backend's weights (a `LayerWeights` or `WeightsRef`) are found under, layer written N, for
+    messages: the key, then its aliases in parentheses, e.g. "blocks.N.to_gate_compress.* (or
+    blocks.N.attn1.to_gate_compress.*)"."""
+    key, *aliases = (f"{t.format(layer='N')}.*" for t in (weights.key, *getattr(weights, "aliases", ())))
+    return key + (f" (or {', '.join(aliases)})" if aliases else "")
+
+
 def _class_name(backend: Any) -> str:
     return backend.class_name if isinstance(backend, LazyBackend) else backend.__name__
 
@@ -150,7 +160,9 @@ def registry_of(backends: tuple[Any, ...]) -> dict[str, Any]:
 
 
 _HERE = __name__.rpartition(".")[0]  # vsagen.attention
-_VSA_GATE = WeightsRef("blocks.{layer}.attn1.to_gate_compress", "gate_weights")
+# vsa's trained gate (vsagen.attention.vsa.GATE_KEY): FastVideo's block-level key, vsagen's earlier attn1 key an alias
+_VSA_GATE = WeightsRef("blocks.{layer}.to_gate_compress", "gate_weights",
+                       aliases=("blocks.{layer}.attn1.to_gate_compress",))
 _BACKENDS: tuple[Any, ...] = (
     LazyBackend("full", f"{_HERE}.full:FullAttention", NoOptions,
                 "Dense self-attention, the baseline every sparse backend is measured against (no options)"),
@@ -161,7 +173,9 @@ _BACKENDS: tuple[Any, ...] = (
                 '`vsa` run with the "rocm-vsa" kernel profile', tiled=True, weights=_VSA_GATE),
     LazyBackend("sla-star", f"{_HERE}.sla_star:SLAStarAttention", SLAStarOptions,
                 "VSA plus a projected linear-attention branch (global or marginal scope)", tiled=True,
-                auto_priority=2, weights=WeightsRef("blocks.{layer}.attn1.proj_l", "proj_weights")),
+                auto_priority=2, weights=WeightsRef("blocks.{layer}.attn1.proj_l", "proj_weights",
+                                  aliases=("blocks.{layer}.self_attn.attn_op.local_attn.proj_l",
+                                           "blocks.{layer}.attn1.attn_impl.proj_l"))),
     LazyBackend("sparse-vdit", f"{_HERE}.sparse_vdit:SparseVDiTAttention", SparseVDiTOptions,
                 "Static per-head patterns from a pattern file, all heads of a layer in one block-sparse launch",
                 tiled=True),

@@ -2,10 +2,14 @@
 
 Coarse stage: mean-pool q, k, v per (4,4,4) tile with true token counts, tile-level scores, top-k key tiles
 per query tile with K = ceil((1 - sparsity) * n_tiles). Fine stage: token attention over the selected tiles.
-Output = fine + gate * coarse; the gate is zero (pure fine output) unless trained `to_gate_compress` weights are
-loaded (the checkpoint's `blocks.{i}.attn1.to_gate_compress.{weight,bias}`, or the file named by the `gate_weights`
-option): the backend owns them (`weights`), and each layer's processor hands its gate projection over as
-`ctx.params`.
+Output = fine + gate * coarse, where coarse is the tile-level attention of the pooled tiles broadcast to each tile's
+tokens and gate = Linear(dim, dim)(the attn1 input), unflattened per head, no sigmoid (FastVideo's
+WanTransformerBlock_VSA; the attn1 input is the modulated norm1 output its q, k, v are projected from). The gate is zero
+(pure fine output) unless trained `to_gate_compress` weights are loaded: the checkpoint's
+`blocks.{i}.to_gate_compress.{weight,bias}` (the canonical key, at the block level as FastVideo's published VSA
+checkpoints store it; `blocks.{i}.attn1.to_gate_compress.*` is accepted as an alias, one scheme per layer), or the
+file named by the `gate_weights` option. The backend owns them (`weights`, attached as `attn1.to_gate_compress`),
+and each layer's processor hands its gate projection over as `ctx.params`.
 
 Two implementations of the same function, chosen by the `impl` option:
 * "triton": the kernels in `vsagen.kernels` (fused pooling + top-k into q2k lists, block-sparse flash
@@ -25,6 +29,12 @@ from .base import AttnContext, Backend, LayerWeights
 from .backend_options import DEFAULT_SPARSITY, IMPLS, VSAOptions  # noqa: F401 - re-exported: vsa's options live there
 
 
+# The trained gate's checkpoint keys: FastVideo's published block-level name (canonical) and the name under `attn1`
+# (an alias) that vsagen read before; the registry's entry (`registry._VSA_GATE`) states the same two.
+GATE_KEY = "blocks.{layer}.to_gate_compress"
+GATE_ALIASES = ("blocks.{layer}.attn1.to_gate_compress",)
+
+
 def _interpreting() -> bool:
     from ..kernels.tuning import interpreting
 
@@ -39,8 +49,10 @@ def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _gate_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
+    """A Linear holding the trained gate, in the stored dtype (the loader then casts it to the transformer's: built
+    in float32 first, a float64 gate would lose its precision on the way)."""
     w = tensors["weight"]
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors)
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors, dtype=w.dtype)
     lin.load_state_dict(tensors)
     return lin
 
@@ -54,9 +66,8 @@ class VSAAttention(Backend):
     # Both implementations trace without a graph break: "triton" through the custom ops vsagen::coarse_stage and
     # vsagen::block_sparse_attn, "torch" as plain static-shape torch ops.
     traceable = True
-    weights = LayerWeights(key="blocks.{layer}.attn1.to_gate_compress", attr="to_gate_compress",
-                           shapes=_gate_shapes, build=_gate_module, optional=("bias",),
-                           file_option="gate_weights")
+    weights = LayerWeights(key=GATE_KEY, attr="to_gate_compress", shapes=_gate_shapes, build=_gate_module,
+                           optional=("bias",), file_option="gate_weights", aliases=GATE_ALIASES)
     auto_priority = 1  # `--attn auto` runs vsa for a checkpoint holding trained gates (after sla-star: auto.py)
 
     kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning

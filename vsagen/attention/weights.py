@@ -165,7 +165,12 @@ def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWe
     keys = keys or {}
 
     def name_of(layer: int, param: str) -> str:
-        return keys.get(layer, {}).get(param, f"{spec.key.format(layer=layer)}.{param}")
+        """The tensor's key as stored, or for one missing, the key it would have in the scheme its layer uses."""
+        stored = keys.get(layer, {})
+        if param in stored:
+            return stored[param]
+        prefix = next(iter(stored.values())).rsplit(".", 1)[0] if stored else spec.key.format(layer=layer)
+        return f"{prefix}.{param}"
 
     for layer in sorted(found):
         tensors = found[layer]

@@ -59,6 +59,25 @@ def test_choose_backend_says_which_why_and_the_alternative(tmp_path):
     assert name == "full" and "random weights" in note and "slow torch reference" in note
 
 
+def test_a_published_presets_backend_stands_in_only_where_the_weights_cannot_tell(tmp_path, monkeypatch):
+    """Issue 30: FastWan's preset says vsa; random weights at its size, or its hub id not downloaded, run vsa (the
+    note says the preset said so); a readable folder decides by its own weights."""
+    trained = ("vsa", "fastwan2.1-t2v-1.3b")
+    name, note = choose_backend("hub", "FastVideo/FastWan2.1-T2V-1.3B-Diffusers", True, "cuda", trained)
+    assert name == "vsa" and "fastwan2.1-t2v-1.3b was trained for it (its preset says so; random weights)" in note
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    name, note = choose_backend("hub", "FastVideo/FastWan2.1-T2V-1.3B-Diffusers", False, "cuda", trained)
+    assert name == "vsa" and "not downloaded yet" in note
+    plain = checkpoint(tmp_path / "plain")
+    assert choose_backend("dir", str(plain), False, "cuda", trained)[0] == "full"  # its weights say dense
+    gated = checkpoint(tmp_path / "gated", keys=(PLAIN, GATE))
+    assert choose_backend("dir", str(gated), False, "cuda", ("full", "x"))[0] == "vsa"
+    assert choose_backend("tiny", "", False, "cpu", trained)[0] == "full"
+    name, note = choose_backend("hub", "amd/HummingbirdXT", True, "cuda", ("full", "hummingbird-xt"))
+    assert name == "full" and "hummingbird-xt was trained for it" in note and "--attn full runs" not in note
+
+
 def test_a_hub_id_is_read_from_the_local_cache_only(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: nothing there, nothing downloaded

@@ -235,6 +235,7 @@ def test_t2v_loads_a_named_gate_file_and_refuses_a_mismatched_one(vsagen_cache, 
     data = json.loads(res.stdout)
     assert data["backend"]["gate_weights"] == str(good)
     assert any("loaded trained vsa weights (to_gate_compress) for 2 of 2 layers" in n for n in data["timing"]["notes"])
+    assert (data["backend_weight_layers"], data["layers"]) == (2, 2)  # issue 30: the JSON counts the gate layers
     res = CliRunner().invoke(app, [*common, "--attn", f"vsa:gate_weights={bad}", "--out", str(tmp_path / "b.mp4")])
     assert res.exit_code == 2 and "has shape [4, 4], this model needs [32, 32]" in res.output
     assert not (tmp_path / "b.mp4").exists()

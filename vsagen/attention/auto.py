@@ -62,13 +62,17 @@ def trained_backend(root: Path | None) -> tuple[str, str] | None:
     return None
 
 
-def choose_backend(kind: str, location: str, random_weights: bool, device: str) -> tuple[str, str]:
+def choose_backend(kind: str, location: str, random_weights: bool, device: str,
+                   trained_for: tuple[str, str] | None = None) -> tuple[str, str]:
     """The backend `--attn auto` runs, and the run's note saying why and what the alternative is.
 
     Args:
         kind, location: the model source (`vsagen.models.ModelSource`: "tiny", "dir" or "hub", and its path or id).
         random_weights: `--random-weights` (no trained weights of any kind).
         device: "cuda" or "cpu" (the note says that on the CPU the sparse backends run slow torch references).
+        trained_for: (backend, model name) of a published checkpoint whose preset names the backend its authors
+            run: chosen when the weights cannot tell (random weights at its architecture, or a hub id not downloaded
+            yet); the weights, when readable, decide.
 
     Returns:
         (name, note): e.g. ("vsa", "--attn auto chose vsa: this checkpoint was trained for it (transformer/ holds
@@ -80,6 +84,12 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str) 
         name, why = found
         return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn {FALLBACK} "
                       "runs dense attention")
+    if trained_for is not None and (random_weights or root is None) and kind != "tiny":
+        name, model = trained_for
+        why = "random weights" if random_weights else "not downloaded yet, its weights unread"
+        return name, (f"--attn auto chose {name}: {model} was trained for it (its preset says so; {why}); "
+                      + (f"--attn {FALLBACK} runs dense attention" if name != FALLBACK else
+                         "a sparse backend on it trades fidelity for speed"))
     if random_weights or kind == "tiny":
         why = "random weights carry no trained sparse-attention weights"
     elif root is None:  # a hub id not in the local cache: its files cannot be read before the download

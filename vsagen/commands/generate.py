@@ -131,6 +131,9 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "sheet": str(cfg.sheet_out) if cfg.sheet_out is not None else None, "model": cfg.model, "attn": cfg.attn,
         "attn_requested": cfg.attn_requested,
         "backend": backend.report(torch.device(cfg.device)).info,
+        # layers that got the backend's own trained weights (VSA gates, SLA's proj_l), of all the transformers' layers
+        "backend_weight_layers": session.model.weight_layers.get(backend.name, 0),
+        "layers": sum(len(t.blocks) for _, t in experts(pipe)),
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
         "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
         # how the denoising walked (`vsagen.samplers`): a re-noise sampler's sigmas and timesteps; CFG on or off

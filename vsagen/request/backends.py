@@ -137,13 +137,14 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
 
 
 def auto_spec(kind: str, location: str, options: AttentionOptions, preset_tables: dict[str, dict[str, Any]],
-              random_weights: bool, device: str) -> tuple[BackendSpec, str]:
-    """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`), its spec and the note.
+              random_weights: bool, device: str, trained_for: tuple[str, str] | None = None) -> tuple[BackendSpec, str]:
+    """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`; `trained_for`: its
+    preset's (backend, name) where the preset says), its spec and the note.
 
     Raises:
         BadInput: a flag the chosen backend does not take (e.g. --sparsity when auto chose full), naming the
             choice and how to pick a backend."""
-    name, note = choose_backend(kind, location, random_weights, device)
+    name, note = choose_backend(kind, location, random_weights, device, trained_for)
     try:
         return backend_specs((name,), preset_tables, options.sparsity, options.attn_impl, name)[0], note
     except BadInput as e:

@@ -507,7 +507,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     notes += split_notes
     attn_note = None
     if auto:
-        spec, attn_note = auto_spec(source.kind, source.location, at, d.attention, m.random_weights, device)
+        trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
+        spec, attn_note = auto_spec(source.kind, source.location, at, d.attention, m.random_weights, device,
+                                    trained_for)
         specs = (spec,)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,

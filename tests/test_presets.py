@@ -324,3 +324,19 @@ def test_rocm_vsa_takes_vsa_s_table_in_every_bundled_preset():
         tables = load_preset(name).defaults.attention
         if "vsa" in tables:
             assert tables.get("rocm-vsa") == tables["vsa"], name
+
+
+def test_a_transformer_layout_preset_names_its_components():
+    data = raw("wan2.2-ti2v-5b")
+    data.update(name="x", hub_id="amd/HummingbirdXT", transformer_layout="wan",
+                components="Wan-AI/Wan2.2-TI2V-5B-Diffusers", transformer_subfolder="hm_2.2_5B")
+    p = parse_preset(data, "x.toml")
+    assert (p.transformer_layout, p.components, p.transformer_subfolder) == (
+        "wan", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", "hm_2.2_5B")
+    assert parse_preset(raw("wan2.2-ti2v-5b"), "x.toml").transformer_layout == "diffusers"
+    for edit, match in [({"transformer_layout": "comfy"}, "transformer_layout must be 'diffusers' or 'wan'"),
+                        ({"components": ""}, "needs components = '<org/name>'"),
+                        ({"transformer_layout": "diffusers"}, "go with transformer_layout = 'wan'"),
+                        ({"source": "tiny", "text_encoder": raw("tiny")["text_encoder"]}, "one-expert hub presets")]:
+        with pytest.raises(BadInput, match=match):
+            parse_preset({**data, **edit}, "x.toml")

@@ -29,6 +29,11 @@ Model families a preset can describe (text to video: diffusers' `WanPipeline`):
   experts): a last image is optional (diffusers' condition then marks the last frame too).
 
 Which of these take a last image is `Preset.last_image` (`last_image_use`).
+
+A hub preset whose repository stores the transformer in the original Wan key names (a VideoX-Fun "civitai" folder:
+config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transformer_layout = "wan"` and names the
+stock diffusers checkpoint of its architecture that supplies the other components, `components = "<hub id>"`
+(`transformer_subfolder`, optional: the folder inside the repository holding them; `vsagen.checkpoint_layouts`).
 """
 
 from __future__ import annotations
@@ -96,6 +101,9 @@ class Preset:
     transformer_2: dict[str, Any] | None = None
     image_encoder: dict[str, Any] | None = None
     ti2v: bool = False
+    transformer_layout: str = "diffusers"  # "wan": the hub repository's transformer is in the original Wan key names
+    components: str = ""  # transformer_layout "wan": the diffusers hub id of the text encoder, tokenizer, VAE, scheduler
+    transformer_subfolder: str = ""  # transformer_layout "wan": where in the repository the transformer is
 
     @property
     def image_to_video(self) -> bool:
@@ -132,9 +140,9 @@ class Preset:
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
              "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-             "attention"}
+             "attention", "transformer_layout", "components", "transformer_subfolder"}
 _OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-                      "attention"}
+                      "attention", "transformer_layout", "components", "transformer_subfolder"}
 _OPTIONAL_DEFAULTS = {"guidance_2"}
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
@@ -293,6 +301,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
             raise BadInput(f"preset {where} [defaults]: guidance_2 needs a second expert (transformer_2)")
         if isinstance(g2, bool) or not isinstance(g2, (int, float)):
             raise BadInput(f"preset {where} [defaults]: guidance_2 must be a number, got {g2!r}")
+    layout = _layout_keys(data, where, transformer_2)
     return Preset(
         name=data["name"],
         description=data["description"],
@@ -310,7 +319,26 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         transformer_2=transformer_2,
         image_encoder=dict(image_encoder) if image_encoder is not None else None,
         ti2v=ti2v,
+        **layout,
     )
+
+
+def _layout_keys(data: dict[str, Any], where: str, transformer_2: Any) -> dict[str, str]:
+    """`transformer_layout`, `components`, `transformer_subfolder`, checked: layout "diffusers" (default) or "wan";
+    "wan" is for one-expert hub presets and needs `components` (a hub id); the other two keys go with "wan" only."""
+    layout = data.get("transformer_layout", "diffusers")
+    out = {"transformer_layout": layout, "components": data.get("components", ""),
+           "transformer_subfolder": data.get("transformer_subfolder", "")}
+    if layout not in ("diffusers", "wan"):
+        raise BadInput(f"preset {where}: transformer_layout must be 'diffusers' or 'wan', got {layout!r}")
+    if not all(isinstance(v, str) for v in out.values()):
+        raise BadInput(f"preset {where}: transformer_layout, components and transformer_subfolder are strings")
+    if layout == "diffusers" and (out["components"] or out["transformer_subfolder"]):
+        raise BadInput(f"preset {where}: components and transformer_subfolder go with transformer_layout = 'wan'")
+    if layout == "wan" and (data["source"] != "hub" or transformer_2 is not None or "/" not in out["components"]):
+        raise BadInput(f"preset {where}: transformer_layout = 'wan' is for one-expert hub presets and needs "
+                       "components = '<org/name>', the diffusers checkpoint of its architecture")
+    return out
 
 
 @functools.cache
@@ -375,7 +403,7 @@ def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] 
     matches = []
     for n in preset_names():
         p = load_preset(n)
-        if p.source != "hub" or not same_architecture(config, p.transformer):
+        if p.source != "hub" or p.transformer_layout != "diffusers" or not same_architecture(config, p.transformer):
             continue
         if index is not None and (index.get("_class_name", p.pipeline) != p.pipeline
                                   or not same_family(p, index)):

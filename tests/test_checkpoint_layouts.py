@@ -77,7 +77,7 @@ def original_config(preset: str = "tiny") -> dict:
             "eps": t["eps"]}
 
 
-def civitai_folder(tiny_dir: Path, dest: Path, edit=None) -> tuple[Path, dict]:
+def civitai_folder(tiny_dir: Path, dest: Path, edit=None, preset: str = "tiny") -> tuple[Path, dict]:
     """A VideoX-Fun civitai folder of the tiny transformer: config.json (original keys), its weights in the original
     key names, and original-format .pth files of a text encoder and VAE (which vsagen does not load). `edit(state)`
     changes the renamed state dict before it is saved. Returns (folder, the tiny transformer's diffusers state)."""
@@ -88,7 +88,7 @@ def civitai_folder(tiny_dir: Path, dest: Path, edit=None) -> tuple[Path, dict]:
     if edit is not None:
         edit(renamed)
     save_file(renamed, dest / "diffusion_pytorch_model.safetensors")
-    (dest / "config.json").write_text(json.dumps(original_config()))
+    (dest / "config.json").write_text(json.dumps(original_config(preset)))
     torch.save({"encoder.weight": torch.zeros(2)}, dest / "models_t5_umt5-xxl-enc-bf16.pth")
     torch.save({"decoder.weight": torch.zeros(2)}, dest / "Wan2.1_VAE.pth")
     return dest, state
@@ -165,18 +165,20 @@ def test_diffusers_config_of_an_original_config():
         diffusers_config({**original_config(), "num_heads": 3}, "x")
 
 
-def test_a_civitai_folder_converts_to_the_same_transformer(vsagen_cache, tiny_dir, tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "tiny-ti2v"])
+def test_a_civitai_folder_converts_to_the_same_transformer(vsagen_cache, tiny_dir, ti2v_dir, tmp_path, preset):
     from vsagen.loading import load_model
 
-    folder, state = civitai_folder(tiny_dir, tmp_path / "civitai")
+    folder, state = civitai_folder(tiny_dir if preset == "tiny" else ti2v_dir, tmp_path / "civitai", preset=preset)
     src = resolve_model(str(folder))
-    assert (src.kind, src.layout, src.components, src.preset.name) == ("dir", "wan", "", "tiny")
+    assert (src.kind, src.layout, src.components, src.preset.name) == ("dir", "wan", "", preset)
     model = load_model(resolve("a fox", model=str(folder), out=tmp_path / "a.mp4"), log=lambda m: None)
     got = model.pipe.transformer.state_dict()
     assert got.keys() == state.keys() and all(torch.equal(got[k], v) for k, v in state.items())
     notes = [n for n in model.notes if n.startswith(CONVERT_NOTE)]
-    assert len(notes) == 1 and "convert_wan_transformer_to_diffusers" in notes[0] and "tiny preset" in notes[0]
+    assert len(notes) == 1 and "convert_wan_transformer_to_diffusers" in notes[0] and f"{preset} preset" in notes[0]
     assert model.pipe.text_encoder is not None and model.weight_root is None
+    assert model.pipe.config.expand_timesteps == (preset == "tiny-ti2v")  # Wan2.2-TI2V-5B: per-token timesteps
 
 
 def _drop_one(state):

@@ -392,8 +392,8 @@ def same_architecture(config: dict[str, Any], transformer: dict[str, Any]) -> bo
 
 def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] | None = None,
                                   dirname: str = "") -> Preset | None:
-    """The bundled hub preset that describes a local checkpoint: same transformer architecture (`_ARCH_KEYS` of
-    its transformer/config.json) and, when its model_index.json is given, the same family (pipeline class, a
+    """The bundled hub preset (of the diffusers layout) that describes a local checkpoint: same transformer
+    architecture (`_ARCH_KEYS` of its transformer/config.json) and, when its model_index.json is given, the same family (pipeline class, a
     second expert or not, per-token timesteps or not).
 
     Several presets can share one architecture (Wan2.1 I2V 480p / 720p): the one whose hub repository name is

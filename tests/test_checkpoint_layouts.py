@@ -181,6 +181,23 @@ def test_a_civitai_folder_converts_to_the_same_transformer(vsagen_cache, tiny_di
     assert model.pipe.config.expand_timesteps == (preset == "tiny-ti2v")  # Wan2.2-TI2V-5B: per-token timesteps
 
 
+def test_the_converted_transformer_has_the_dtypes_of_a_stock_load(tiny_dir, tmp_path):
+    """bf16 as diffusers' from_pretrained gives it: the modules WanTransformer3DModel keeps in float32 (norms,
+    modulation, time embedder) stay float32, the rest bf16, every value the stock load's."""
+    from diffusers import WanTransformer3DModel
+
+    from vsagen.checkpoint_layouts import load_original_transformer, original_wan_folder
+
+    folder, _ = civitai_folder(tiny_dir, tmp_path / "civitai")
+    ours, _ = load_original_transformer(original_wan_folder(folder, "x"), load_preset("tiny").transformer,
+                                        torch.bfloat16, False, "x")
+    stock = WanTransformer3DModel.from_pretrained(tiny_dir / "transformer", torch_dtype=torch.bfloat16).state_dict()
+    got = ours.state_dict()
+    assert {k: v.dtype for k, v in got.items()} == {k: v.dtype for k, v in stock.items()}
+    assert {v.dtype for v in got.values()} == {torch.float32, torch.bfloat16}
+    assert all(torch.equal(got[k], v) for k, v in stock.items())
+
+
 def _drop_one(state):
     del state["blocks.1.ffn.2.weight"]
 
@@ -198,9 +215,12 @@ def _extra_one(state):
     (_reshape_one, r"proj_out.weight has shape \(7, 32\), its architecture needs \(64, 32\)"),
     (_extra_one, "holds 1 tensor.* does not have, e.g. blocks.0.attn1.extra.weight"),
 ])
-def test_tensors_that_do_not_fit_are_one_line(vsagen_cache, tiny_dir, tmp_path, edit, match):
+def test_tensors_that_do_not_fit_are_one_line(vsagen_cache, tiny_dir, tmp_path, monkeypatch, edit, match):
+    """Found from the safetensors headers, before the components load (a real text encoder takes a while)."""
+    import vsagen.loading
     from vsagen.loading import load_model
 
+    monkeypatch.setattr(vsagen.loading, "_from_pretrained", lambda *a, **kw: pytest.fail("components loaded"))
     folder, _ = civitai_folder(tiny_dir, tmp_path / "bad", edit)
     with pytest.raises(BadInput, match=match) as info:
         load_model(resolve("a fox", model=str(folder), out=tmp_path / "a.mp4"), log=lambda m: None)

@@ -248,27 +248,17 @@ def _read_weights(folder: OriginalFolder, allow_pickle: bool, model: str) -> dic
     return state
 
 
-def load_original_transformer(folder: OriginalFolder, architecture: dict[str, Any], dtype: Any, allow_pickle: bool,
-                              model: str) -> tuple[Any, str]:
-    """The folder's transformer as a diffusers `WanTransformer3DModel` of `architecture` (constructor kwargs, a
-    preset's [transformer]) in `dtype` (CPU, eval), converted by diffusers' `convert_wan_transformer_to_diffusers`,
-    and the run note saying what was converted. Pickle weights only with `allow_pickle`, through
-    `torch.load(weights_only=True)`.
-
-    Raises:
-        BadInput: one line, before anything runs: pickle weights without `allow_pickle`, a tensor the architecture
-            lacks or lacks a tensor of, or a shape that does not fit (naming the first).
-    """
+def _empty_transformer(architecture: dict[str, Any]) -> Any:
+    """A `WanTransformer3DModel` of `architecture` with its parameters on the meta device (no memory, no init);
+    RoPE's computed buffers are real."""
     from accelerate import init_empty_weights
     from diffusers import WanTransformer3DModel
-    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 
-    state = _read_weights(folder, allow_pickle, model)
-    n = len(state)
-    converted = convert_wan_transformer_to_diffusers(state)
-    with init_empty_weights():  # parameters on the meta device; RoPE's (computed) buffers real
-        transformer = WanTransformer3DModel(**architecture)
-    want = transformer.state_dict()
+    with init_empty_weights():
+        return WanTransformer3DModel(**architecture)
+
+
+def _check_fit(converted: dict[str, Any], want: dict[str, Any], model: str) -> None:
     where = f"--model {model}: the original-layout transformer"
     missing = [k for k in want if k not in converted]
     if missing:
@@ -282,8 +272,55 @@ def load_original_transformer(folder: OriginalFolder, architecture: dict[str, An
         if tuple(converted[k].shape) != tuple(v.shape):
             raise BadInput(f"{where}: {k} has shape {tuple(converted[k].shape)}, its architecture needs "
                            f"{tuple(v.shape)}")
-    transformer.load_state_dict(converted, strict=True, assign=True)
-    transformer = transformer.to(dtype).eval()
+
+
+def check_original_transformer(folder: OriginalFolder, architecture: dict[str, Any], model: str) -> None:
+    """Before any tensor is read: the folder's safetensors, their names converted by diffusers'
+    `convert_wan_transformer_to_diffusers` (applied to meta tensors of the shapes their headers give), are exactly
+    the tensors of a `WanTransformer3DModel` of `architecture`, shape for shape. Pickle folders are checked as
+    `load_original_transformer` reads them.
+
+    Raises:
+        BadInput: one line naming the first tensor missing, extra, or of another shape.
+    """
+    if folder.pickle:
+        return
+    import torch
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+    from safetensors import safe_open
+
+    shapes: dict[str, Any] = {}
+    for f in folder.files:
+        with safe_open(str(f), framework="pt") as st:
+            shapes |= {k: torch.empty(st.get_slice(k).get_shape(), device="meta") for k in st.keys()}
+    _check_fit(convert_wan_transformer_to_diffusers(shapes), _empty_transformer(architecture).state_dict(), model)
+
+
+def load_original_transformer(folder: OriginalFolder, architecture: dict[str, Any], dtype: Any, allow_pickle: bool,
+                              model: str) -> tuple[Any, str]:
+    """The folder's transformer as a diffusers `WanTransformer3DModel` of `architecture` (constructor kwargs, a
+    preset's [transformer]) in `dtype` as diffusers' from_pretrained would load it (CPU, eval), converted by diffusers' `convert_wan_transformer_to_diffusers`,
+    and the run note saying what was converted. Pickle weights only with `allow_pickle`, through
+    `torch.load(weights_only=True)`.
+
+    Raises:
+        BadInput: one line, before anything runs: pickle weights without `allow_pickle`, a tensor the architecture
+            lacks or lacks a tensor of, or a shape that does not fit (naming the first; `check_original_transformer`
+            finds the same from the headers alone).
+    """
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+    from diffusers.models.model_loading_utils import load_model_dict_into_meta
+
+    state = _read_weights(folder, allow_pickle, model)
+    n = len(state)
+    converted = convert_wan_transformer_to_diffusers(state)
+    transformer = _empty_transformer(architecture)
+    _check_fit(converted, transformer.state_dict(), model)
+    # as diffusers' from_pretrained places a checkpoint's tensors: in `dtype`, but the modules the class keeps in
+    # float32 (`_keep_in_fp32_modules`: norms, modulation, time embedder)
+    load_model_dict_into_meta(transformer, converted, dtype=dtype,
+                              keep_in_fp32_modules=list(type(transformer)._keep_in_fp32_modules or []))
+    transformer.eval()
     files = ", ".join(f.name for f in folder.files[:2]) + (", ..." if len(folder.files) > 2 else "")
     return transformer, (f"transformer converted from the original Wan key names ({n} tensors in {files}) by "
                          "diffusers' convert_wan_transformer_to_diffusers")

@@ -327,19 +327,22 @@ def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any
         BadInput: see `load_original_transformer`; the transformer's folder no longer as resolved.
         ModelNotFound: the components' checkpoint (or a hub preset's transformer) cannot be found or loaded.
     """
-    from .checkpoint_layouts import load_original_transformer, original_wan_folder
+    from .checkpoint_layouts import check_original_transformer, load_original_transformer, original_wan_folder
 
     src = cfg.source
     folder_path = Path(src.location) if src.kind == "dir" else _hub_transformer_folder(cfg)
     folder = original_wan_folder(folder_path, cfg.model)
     if folder is None:
         raise BadInput(f"--model {cfg.model}: {folder_path} holds no transformer in the original Wan key names")
-    transformer, note = load_original_transformer(folder, dict(src.preset.transformer), dtype, cfg.allow_pickle,
-                                                  cfg.model)
+    architecture = dict(src.preset.transformer)
+    check_original_transformer(folder, architecture, cfg.model)  # from the headers: before anything loads
     components = src.components or str(prepare_model_files(cfg))
     if not src.components:
         _check_local_checkpoint(Path(components), cfg.allow_pickle, pipeline_class_name(cfg), src.preset.ti2v)
-    pipe = _from_pretrained(components, cfg, dtype, transformer=transformer)
+    # the components first (a download the user may lack fails before the conversion's wait), the transformer as None
+    pipe = _from_pretrained(components, cfg, dtype, transformer=None)
+    transformer, note = load_original_transformer(folder, architecture, dtype, cfg.allow_pickle, cfg.model)
+    pipe.register_modules(transformer=transformer)
     pipe.register_to_config(expand_timesteps=src.preset.expand_timesteps)
     where = src.components or f"the {src.preset.name} preset's checkpoint"
     notes.append(f"{note}; text encoder, tokenizer, VAE and scheduler from {where}")

@@ -255,6 +255,10 @@ def test_folders_that_are_not_the_layout_are_one_line(tiny_dir, tmp_path):
     (other / "config.json").write_text(json.dumps({**original_config(), "num_layers": 3}))
     with pytest.raises(BadInput, match="3 layers, 2 heads x 16, 16 channels.* no preset describes"):
         resolve_model(str(other))
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "diffusion_pytorch_model-00002-of-00002.safetensors"}}))
+    with pytest.raises(BadInput, match="diffusion_pytorch_model-00002-of-00002.safetensors is missing"):
+        resolve_model(str(folder))
     for f in folder.glob("diffusion_pytorch_model*"):
         f.unlink()
     with pytest.raises(BadInput, match="no weights beside it"):

@@ -180,6 +180,15 @@ def original_wan_folder(path: Path, model: str) -> OriginalFolder | None:
     if not files:
         raise BadInput(f"{where}: a transformer config in the original Wan key names, but no weights beside it (no "
                        f"{WEIGHTS_PREFIX}*.safetensors); the checkpoint is incomplete: download it again")
+    for shards in path.glob("*.safetensors.index.json"):
+        try:
+            named = sorted(set(json.loads(shards.read_text()).get("weight_map", {}).values()))
+        except (OSError, ValueError, AttributeError):
+            raise BadInput(f"{where}: {shards.name} is damaged (not a shard index); download it again") from None
+        missing = [n for n in named if not (path / n).is_file()]
+        if missing:
+            raise BadInput(f"{where}: {missing[0]} is missing ({len(missing)} of the {len(named)} files "
+                           f"{shards.name} names): the download is incomplete; download it again")
     if not pickle:
         from safetensors import safe_open
 

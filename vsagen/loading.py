@@ -394,7 +394,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
 
     Args:
         model: a preset name ("tiny", "wan2.1-t2v-1.3b", ...; `vsagen presets` lists them), a local diffusers folder
-            (a str or a Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
+            or a folder holding a transformer in the original Wan key names (`vsagen.checkpoint_layouts`; a str or a
+            Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
             Face cache on first use).
         device: "auto" (CUDA when available, else the CPU), "cuda" or "cpu".
         dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "bf16", "fp16" or "fp32": the transformers' and text

@@ -109,6 +109,9 @@ def test_index_as_stock_maps_a_foreign_class_and_fills_expand_timesteps():
     assert index_as_stock(index, t2v) == ({"_class_name": "WanPipeline", "transformer": wan}, [DMD_NOTE])
     stock, notes = index_as_stock(index, ti2v)
     assert stock["expand_timesteps"] is True and notes[1].startswith(EXPAND_NOTE)
+    stock, notes = index_as_stock({"_class_name": "WanPipeline", "transformer": wan}, ti2v)  # a stock class too
+    assert stock["_class_name"] == "WanPipeline" and stock["expand_timesteps"] is True and len(notes) == 1
+    assert index_as_stock({"_class_name": "WanPipeline"}, t2v) == ({"_class_name": "WanPipeline"}, [])
     # a key the index has is kept, true or false
     assert index_as_stock({"_class_name": "WanPipeline", "expand_timesteps": False}, ti2v) == (
         {"_class_name": "WanPipeline", "expand_timesteps": False}, [])
@@ -133,6 +136,26 @@ def test_a_fastvideo_folder_loads_as_the_stock_pipeline(vsagen_cache, tiny_dir, 
     assert model.pipe.config.expand_timesteps is True
     assert [n for n in model.notes if "model_index.json" in n] == [DMD_NOTE, next(
         n for n in model.notes if n.startswith(EXPAND_NOTE))]
+
+
+def test_a_fastvideo_hub_id_in_the_cache_loads_the_same_way(vsagen_cache, ti2v_dir, tmp_path, monkeypatch):
+    """The hub path: a FastVideo-style repository (foreign class, no expand_timesteps) in a private, offline Hugging
+    Face cache is read by diffusers' from_pretrained, its model_index.json from the cache afterwards."""
+    import huggingface_hub.constants
+
+    from vsagen.loading import load_model
+
+    repo = tmp_path / "hub" / "models--org--FastWan-tiny"
+    fastvideo_folder(ti2v_dir, repo / "snapshots" / ("a" * 40), drop_expand=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    cfg = resolve("a fox", model="org/FastWan-tiny", out=tmp_path / "a.mp4")
+    assert cfg.source.kind == "hub"
+    model = load_model(cfg, log=lambda m: None)
+    assert type(model.pipe).__name__ == "WanPipeline" and model.pipe.config.expand_timesteps is True
+    assert model.notes.count(DMD_NOTE) == 1 and sum(n.startswith(EXPAND_NOTE) for n in model.notes) == 1
 
 
 @pytest.mark.parametrize("cls,transformer", [("StableDiffusionPipeline", None),

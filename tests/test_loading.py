@@ -127,8 +127,8 @@ def test_foreign_components_are_refused(vsagen_cache, tiny_dir, tmp_path, edit):
         index["scheduler"] = ["evil_remote_code", "EvilScheduler"]
         match = "evil_remote_code"
     else:
-        index["_class_name"] = "SomeOtherPipeline"
-        match = "SomeOtherPipeline"
+        index["_class_name"] = "StableDiffusionPipeline"  # a class diffusers has (one it lacks is built as Wan's)
+        match = "StableDiffusionPipeline"
     index_path.write_text(json.dumps(index))
     cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "f.mp4")
     with pytest.raises(BadInput, match=match):

@@ -358,6 +358,9 @@ def test_published_checkpoint_presets_say_how_their_authors_run_them(name):
     assert p.checkpoint_class == ("WanDMDPipeline" if hub_id.startswith("FastVideo/FastWan") else None)
     if name == "hummingbird-xt":
         assert d.flow_shift == 10.0  # infer/run_t2v.sh: --shift 10
+        assert (p.transformer_layout, p.components) == ("wan", "Wan-AI/Wan2.2-TI2V-5B-Diffusers")
+    else:
+        assert p.transformer_layout == "diffusers"
 
 
 def test_a_published_distill_never_stands_in_for_a_plain_checkpoint_of_its_architecture():
@@ -381,3 +384,19 @@ def test_bad_sampler_attn_or_checkpoint_class_in_a_preset_is_refused(table, valu
     (data["defaults"] if table == "defaults" else data).update(value)
     with pytest.raises(BadInput, match=message):
         parse_preset(data, "x.toml")
+
+
+def test_a_transformer_layout_preset_names_its_components():
+    data = raw("wan2.2-ti2v-5b")
+    data.update(name="x", hub_id="amd/HummingbirdXT", transformer_layout="wan",
+                components="Wan-AI/Wan2.2-TI2V-5B-Diffusers", transformer_subfolder="hm_2.2_5B")
+    p = parse_preset(data, "x.toml")
+    assert (p.transformer_layout, p.components, p.transformer_subfolder) == (
+        "wan", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", "hm_2.2_5B")
+    assert parse_preset(raw("wan2.2-ti2v-5b"), "x.toml").transformer_layout == "diffusers"
+    for edit, match in [({"transformer_layout": "comfy"}, "transformer_layout must be 'diffusers' or 'wan'"),
+                        ({"components": ""}, "needs components = '<org/name>'"),
+                        ({"transformer_layout": "diffusers"}, "go with transformer_layout = 'wan'"),
+                        ({"source": "tiny", "text_encoder": raw("tiny")["text_encoder"]}, "one-expert hub presets")]:
+        with pytest.raises(BadInput, match=match):
+            parse_preset({**data, **edit}, "x.toml")

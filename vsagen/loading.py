@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
+from .checkpoint_layouts import index_as_stock
 from .errors import BadInput
 from .models import PICKLE_SUFFIXES, model_not_loadable
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
@@ -56,12 +57,18 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "Wan
     transformers, before diffusers imports anything named in model_index.json. Every component is checked,
     the second expert (`transformer_2`) of two-expert pipelines included; absent optional components
     (`[null, null]`) are skipped. A text-image-to-video checkpoint (`ti2v`, saved as a WanPipeline) may be
-    run as a WanImageToVideoPipeline."""
+    run as a WanImageToVideoPipeline. A class diffusers does not have, naming diffusers' WanTransformer3DModel
+    (FastVideo's `WanDMDPipeline`), counts as the stock class its transformer calls for
+    (`vsagen.checkpoint_layouts.stock_pipeline_class`)."""
+    import diffusers
+
     index = json.loads((path / "model_index.json").read_text())
     accepted = {pipeline} | ({T2V_PIPELINE} if ti2v and pipeline == I2V_PIPELINE else set())
-    if index.get("_class_name") not in accepted:
+    named = index.get("_class_name")
+    stock = index_as_stock(index, _json_or_empty(path / "transformer" / "config.json"))[0].get("_class_name")
+    if (stock if named != stock and not hasattr(diffusers, str(named)) else named) not in accepted:
         command = "vsagen i2v" if pipeline == I2V_PIPELINE else "vsagen t2v"
-        raise BadInput(f"--model {path}: model_index.json names {index.get('_class_name')!r}; "
+        raise BadInput(f"--model {path}: model_index.json names {named!r}; "
                        f"{command} runs {pipeline} checkpoints")
     for name, spec in index.items():
         if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
@@ -80,7 +87,17 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "Wan
                            "loaded, so vsagen loads safetensors only; pass --allow-pickle if you trust them")
 
 
-def _from_pretrained(location: str, cfg: Request, dtype: Any) -> Any:
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _from_pretrained(location: str, cfg: Request, dtype: Any, **components: Any) -> Any:
+    """diffusers' from_pretrained of the request's pipeline class (`components`: modules given instead of loaded,
+    e.g. a converted transformer); a failure is one line (`model_not_loadable`, or the pickle refusal)."""
     import diffusers
 
     pipeline_cls = getattr(diffusers, pipeline_class_name(cfg))
@@ -91,13 +108,13 @@ def _from_pretrained(location: str, cfg: Request, dtype: Any) -> Any:
     # fetch ...") before it raises: the exception becomes vsagen's one line below, so its log says nothing meanwhile
     diffusers.utils.logging.set_verbosity(diffusers.utils.logging.CRITICAL)
     try:
-        return pipeline_cls.from_pretrained(location, **kwargs)
+        return pipeline_cls.from_pretrained(location, **kwargs, **components)
     except (OSError, ValueError, EnvironmentError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "safetensors" in str(e).lower() and not cfg.allow_pickle:
             raise BadInput(f"--model {cfg.model}: no safetensors weights ({first}); pass --allow-pickle to "
                            "load pickle weights you trust") from None
-        if cfg.source.kind == "hub":
+        if cfg.source.kind == "hub" or location == cfg.source.components:
             why = f"hub id {location!r} is not in the local Hugging Face cache and could not be downloaded"
             detail = _short(first)
             if "not fully cached" not in detail and "cached locally" not in detail:  # else it says the same again
@@ -198,7 +215,8 @@ def prepare_model_files(cfg: Request) -> Path | None:
         BadInput: the cache folder is not writable (bad input, as `vsagen.tiny.check_tiny_cache` finds it before
             anything loads; here when it became so meanwhile).
     """
-    if cfg.source.kind != "tiny" or cfg.random_weights:
+    tiny_components = cfg.source.layout == "wan" and not cfg.source.components  # the tiny preset's own checkpoint
+    if (cfg.source.kind != "tiny" and not tiny_components) or cfg.random_weights:
         return None
     from .tiny import ensure_tiny_checkpoint, unwritable_cache
 
@@ -238,11 +256,15 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
             notes.append(f"model {preset.name!r} has random weights: its videos are noise (for plumbing and timing)")
         else:
             location = src.location
-        if src.kind in ("tiny", "dir"):
-            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
-            weight_root = Path(location)
-        pipe = _from_pretrained(location, cfg, dtype)
-        if src.kind == "hub":
+        if src.layout == "wan":
+            pipe = _original_layout_pipeline(cfg, dtype, notes)
+        else:
+            if src.kind in ("tiny", "dir"):
+                _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
+                weight_root = Path(location)
+            pipe = _from_pretrained(location, cfg, dtype)
+            notes.extend(as_stock_pipeline(pipe, _model_index(src.kind, location)))
+        if src.kind == "hub" and src.layout != "wan":
             try:
                 from huggingface_hub import snapshot_download
 
@@ -268,6 +290,81 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     else:
         pipe.vae.disable_tiling()
     return model
+
+
+def _model_index(kind: str, location: str) -> dict[str, Any]:
+    """The checkpoint's model_index.json: a local folder's, a hub id's from the Hugging Face cache (where its load
+    just put it); {} when it cannot be read."""
+    if kind != "hub":
+        return _json_or_empty(Path(location) / "model_index.json")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return _json_or_empty(Path(hf_hub_download(location, "model_index.json", local_files_only=True)))
+    except Exception:  # noqa: BLE001 - not in the cache: nothing to read
+        return {}
+
+
+def as_stock_pipeline(pipe: Any, index: dict[str, Any]) -> list[str]:
+    """Make a pipeline loaded from `index` (its model_index.json) run as diffusers' stock Wan pipeline of its
+    components would (`vsagen.checkpoint_layouts.index_as_stock`), and return the notes saying what differs: a foreign
+    class built as the stock one (diffusers' from_pretrained of a stock class loads the components whatever class
+    the index names), and per-token timesteps for a Wan2.2-TI2V-5B-architecture transformer whose index lacks
+    `expand_timesteps` (diffusers' from_pretrained defaults a key the index lacks to the constructor's false; the
+    pipeline reads `config.expand_timesteps` when called, so it is registered here)."""
+    stock, notes = index_as_stock(index, dict(pipe.transformer.config))
+    if stock.get("expand_timesteps") and not pipe.config.expand_timesteps:
+        pipe.register_to_config(expand_timesteps=True)
+    return notes
+
+
+def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any:
+    """The pipeline of a transformer in the original Wan key names (`vsagen.checkpoint_layouts`): the transformer
+    converted by diffusers' single-file conversion with its preset's architecture, the other components from the
+    stock diffusers checkpoint of that architecture (`ModelSource.components`; the tiny preset's own checkpoint).
+
+    Raises:
+        BadInput: see `load_original_transformer`; the transformer's folder no longer as resolved.
+        ModelNotFound: the components' checkpoint (or a hub preset's transformer) cannot be found or loaded.
+    """
+    from .checkpoint_layouts import check_original_transformer, load_original_transformer, original_wan_folder
+
+    src = cfg.source
+    folder_path = Path(src.location) if src.kind == "dir" else _hub_transformer_folder(cfg)
+    folder = original_wan_folder(folder_path, cfg.model)
+    if folder is None:
+        raise BadInput(f"--model {cfg.model}: {folder_path} holds no transformer in the original Wan key names")
+    architecture = dict(src.preset.transformer)
+    check_original_transformer(folder, architecture, cfg.model)  # from the headers: before anything loads
+    components = src.components or str(prepare_model_files(cfg))
+    if not src.components:
+        _check_local_checkpoint(Path(components), cfg.allow_pickle, pipeline_class_name(cfg), src.preset.ti2v)
+    # the components first (a download the user may lack fails before the conversion's wait), the transformer as None
+    pipe = _from_pretrained(components, cfg, dtype, transformer=None)
+    transformer, note = load_original_transformer(folder, architecture, dtype, cfg.allow_pickle, cfg.model)
+    pipe.register_modules(transformer=transformer)
+    pipe.register_to_config(expand_timesteps=src.preset.expand_timesteps)
+    where = src.components or f"the {src.preset.name} preset's checkpoint"
+    notes.append(f"{note}; text encoder, tokenizer, VAE and scheduler from {where}")
+    return pipe
+
+
+def _hub_transformer_folder(cfg: Request) -> Path:
+    """The folder of a `transformer_layout = "wan"` hub preset's transformer, downloaded into the Hugging Face cache
+    (its config.json and safetensors only)."""
+    from huggingface_hub import snapshot_download
+
+    sub = cfg.source.preset.transformer_subfolder.strip("/")
+    prefix = f"{sub}/" if sub else ""
+    try:
+        root = snapshot_download(cfg.source.location, allow_patterns=[f"{prefix}config.json",
+                                                                       f"{prefix}*.safetensors",
+                                                                       f"{prefix}*.safetensors.index.json"])
+    except Exception as e:  # noqa: BLE001 - any download failure is the one line below
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        why = f"hub id {cfg.source.location!r} could not be downloaded ({_short(first)})"
+        raise model_not_loadable(cfg.model, cfg.source.location, why, True) from None
+    return Path(root) / sub
 
 
 PIPELINE_WHERE = "vsagen.load_pipeline"  # names the caller in BadInput messages
@@ -297,7 +394,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
 
     Args:
         model: a preset name ("tiny", "wan2.1-t2v-1.3b", ...; `vsagen presets` lists them), a local diffusers folder
-            (a str or a Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
+            or a folder holding a transformer in the original Wan key names (`vsagen.checkpoint_layouts`; a str or a
+            Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
             Face cache on first use).
         device: "auto" (CUDA when available, else the CPU), "cuda" or "cpu".
         dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "bf16", "fp16" or "fp32": the transformers' and text

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_layouts import (PICKLE_SUFFIXES, index_as_stock, original_wan_folder, preset_for_original,
+                                 safetensors_problem)
 from .errors import BadInput, ModelNotFound
 from .request.options import DEFAULT_MODEL  # noqa: F401 - `--model`'s default, where models are resolved
 from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_for_hub_id,
                       preset_for_transformer_config, preset_names, same_architecture, same_family)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")  # weights diffusers / transformers may save as pickle
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class ModelSource:
     rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
     pipeline: str = ""  # diffusers pipeline class (a directory's model_index.json, else the preset's)
     last_image_use: str = ""  # a directory's own (`last_image_use` of its configs); "" for presets: the preset's
+    layout: str = "diffusers"  # "wan": the transformer is in the original Wan key names (`vsagen.checkpoint_layouts`)
+    components: str = ""  # layout "wan": the diffusers hub id of the other components ("": the tiny preset's checkpoint)
 
     @property
     def image_to_video(self) -> bool:
@@ -81,25 +84,26 @@ def resolve_model(model: str) -> ModelSource:
         p = load_preset(model)
         rope = p.transformer.get("rope_max_seq_len")
         return ModelSource("tiny" if p.source == "tiny" else "hub", p.hub_id if p.source == "hub" else "", p,
-                           rope_max_seq_len=rope)
+                           rope_max_seq_len=rope, layout=p.transformer_layout, components=p.components)
     path = Path(model).expanduser()
     if path.is_dir():
         index = path / "model_index.json"
         if not index.is_file():
-            raise ModelNotFound(f"--model {model}: not a diffusers pipeline directory (no model_index.json)")
+            return _original_layout_source(path, model)
         cfg_path = path / "transformer" / "config.json"
         try:
             tcfg = json.loads(cfg_path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
-        preset = preset_for_transformer_config(tcfg, _read_index(index), path.resolve().name)
+        # a foreign pipeline class or a missing expand_timesteps read as diffusers' stock classes need them
+        index_data, _ = index_as_stock(_read_index(index), tcfg)
+        preset = preset_for_transformer_config(tcfg, index_data, path.resolve().name)
         exact = preset is not None
         if preset is None:
             # An architecture no preset describes (e.g. a test checkpoint): take a tiny preset's settings only
             # if it is that tiny architecture and family (experts, per-token timesteps), else the default
             # model's generation settings.
-            preset = _tiny_preset_for(tcfg, _read_index(index)) or load_preset(DEFAULT_MODEL)
-        index_data = _read_index(index)
+            preset = _tiny_preset_for(tcfg, index_data) or load_preset(DEFAULT_MODEL)
         check_weight_files(path, model, index_data)
         cls = index_data.get("_class_name")
         takes_image = cls == I2V_PIPELINE or preset.ti2v  # as ModelSource.takes_image
@@ -111,11 +115,26 @@ def resolve_model(model: str) -> ModelSource:
     if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
         preset = preset_for_hub_id(model)
         if preset is not None:
-            return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"))
+            return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"),
+                               layout=preset.transformer_layout, components=preset.components)
         return ModelSource("hub", model, load_preset(DEFAULT_MODEL), exact_preset=False)
     raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
                    "directory, or a hub id of the form org/name; try --model tiny")
 
+
+def _original_layout_source(path: Path, model: str) -> ModelSource:
+    """A folder without model_index.json: a transformer in the original Wan key names (`vsagen.checkpoint_layouts`)
+    gets the preset of its architecture, whose checkpoint supplies the other components (a `transformer_layout =
+    "wan"` preset's `components`, a stock preset's hub id, a tiny preset's own checkpoint)."""
+    folder = original_wan_folder(path, model)
+    if folder is None:
+        raise ModelNotFound(f"--model {model}: not a diffusers pipeline directory (no model_index.json) nor a "
+                            "transformer in the original Wan key names (a config.json with dim, num_heads, ...)")
+    p = preset_for_original(folder, model)
+    components = p.components or (p.hub_id if p.source == "hub" else "")
+    return ModelSource("dir", str(path.resolve()), p, exact_preset=p.source == "hub",
+                       rope_max_seq_len=p.transformer.get("rope_max_seq_len"), pipeline=p.pipeline,
+                       layout="wan", components=components)
 
 
 def model_not_loadable(model: str, location: str, why: str, exact_preset: bool) -> ModelNotFound:
@@ -125,20 +144,6 @@ def model_not_loadable(model: str, location: str, why: str, exact_preset: bool) 
     timing_hint = ", time its architecture with --random-weights" if exact_preset else ""
     return ModelNotFound(f"cannot load model {model!r}: {why}. Download it with `hf download {location} --local-dir "
                          f"DIR` and pass --model DIR{timing_hint}, or try --model tiny")
-
-
-def safetensors_problem(file: Path) -> str | None:
-    """What is wrong with a safetensors file, from its header alone (safetensors' own reader, no tensor read, no
-    framework imported): None when its header reads and the file's size is what the header says (every tensor's
-    bytes present); else the reader's reason, e.g. "incomplete metadata, file not fully covered" (truncated)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(file), framework="numpy"):
-            return None
-    except (OSError, SafetensorError) as e:
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return text.removeprefix("Error while deserializing header: ")
 
 
 def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:
@@ -185,6 +190,8 @@ def transformer_configs(src: ModelSource, model: str) -> list[tuple[str, dict[st
         ModelNotFound: a directory's config cannot be read.
         BadInput: a hub id no preset describes (the architecture is unknown without downloading).
     """
+    if src.kind == "dir" and src.layout == "wan":  # built with its preset's architecture (checked to be the folder's)
+        return [("transformer", dict(src.preset.transformer))]
     if src.kind == "dir":
         out = []
         for name in ("transformer", "transformer_2"):

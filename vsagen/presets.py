@@ -37,6 +37,11 @@ for, which `--attn auto` runs when the weights cannot tell: random weights, a hu
 options in `[attention.<backend>]`, and `checkpoint_class`, the pipeline class their model_index.json names when
 it is not a diffusers class (FastVideo's `WanDMDPipeline`). Such a preset describes a local folder only by its
 checkpoint class or its folder name, never as the fallback for a plain Wan checkpoint of the same architecture.
+
+A hub preset whose repository stores the transformer in the original Wan key names (a VideoX-Fun "civitai" folder:
+config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transformer_layout = "wan"` and names the
+stock diffusers checkpoint of its architecture that supplies the other components, `components = "<hub id>"`
+(`transformer_subfolder`, optional: the folder inside the repository holding them; `vsagen.checkpoint_layouts`).
 """
 
 from __future__ import annotations
@@ -110,6 +115,9 @@ class Preset:
     image_encoder: dict[str, Any] | None = None
     ti2v: bool = False
     checkpoint_class: str | None = None  # a published checkpoint's own model_index class (FastVideo: WanDMDPipeline)
+    transformer_layout: str = "diffusers"  # "wan": the hub repository's transformer is in the original Wan key names
+    components: str = ""  # transformer_layout "wan": the diffusers hub id of the text encoder, tokenizer, VAE, scheduler
+    transformer_subfolder: str = ""  # transformer_layout "wan": where in the repository the transformer is
 
     @property
     def image_to_video(self) -> bool:
@@ -154,9 +162,9 @@ class Preset:
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
              "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-             "attention", "checkpoint_class"}
+             "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder"}
 _OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-                      "attention", "checkpoint_class"}
+                      "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder"}
 _OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn"}
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
@@ -327,6 +335,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
             raise BadInput(f"preset {where} [defaults]: guidance_2 needs a second expert (transformer_2)")
         if isinstance(g2, bool) or not isinstance(g2, (int, float)):
             raise BadInput(f"preset {where} [defaults]: guidance_2 must be a number, got {g2!r}")
+    layout = _layout_keys(data, where, transformer_2)
     return Preset(
         name=data["name"],
         description=data["description"],
@@ -345,7 +354,26 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         image_encoder=dict(image_encoder) if image_encoder is not None else None,
         ti2v=ti2v,
         checkpoint_class=checkpoint_class,
+        **layout,
     )
+
+
+def _layout_keys(data: dict[str, Any], where: str, transformer_2: Any) -> dict[str, str]:
+    """`transformer_layout`, `components`, `transformer_subfolder`, checked: layout "diffusers" (default) or "wan";
+    "wan" is for one-expert hub presets and needs `components` (a hub id); the other two keys go with "wan" only."""
+    layout = data.get("transformer_layout", "diffusers")
+    out = {"transformer_layout": layout, "components": data.get("components", ""),
+           "transformer_subfolder": data.get("transformer_subfolder", "")}
+    if layout not in ("diffusers", "wan"):
+        raise BadInput(f"preset {where}: transformer_layout must be 'diffusers' or 'wan', got {layout!r}")
+    if not all(isinstance(v, str) for v in out.values()):
+        raise BadInput(f"preset {where}: transformer_layout, components and transformer_subfolder are strings")
+    if layout == "diffusers" and (out["components"] or out["transformer_subfolder"]):
+        raise BadInput(f"preset {where}: components and transformer_subfolder go with transformer_layout = 'wan'")
+    if layout == "wan" and (data["source"] != "hub" or transformer_2 is not None or "/" not in out["components"]):
+        raise BadInput(f"preset {where}: transformer_layout = 'wan' is for one-expert hub presets and needs "
+                       "components = '<org/name>', the diffusers checkpoint of its architecture")
+    return out
 
 
 @functools.cache
@@ -399,9 +427,9 @@ def same_architecture(config: dict[str, Any], transformer: dict[str, Any]) -> bo
 
 def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] | None = None,
                                   dirname: str = "") -> Preset | None:
-    """The bundled hub preset that describes a local checkpoint: same transformer architecture (`_ARCH_KEYS` of
-    its transformer/config.json) and, when its model_index.json is given, the same family (pipeline class, a
-    second expert or not, per-token timesteps or not).
+    """The bundled hub preset (of the diffusers layout) that describes a local checkpoint: same transformer
+    architecture (`_ARCH_KEYS` of its transformer/config.json) and, when its model_index.json is given, the same
+    family (pipeline class, a second expert or not, per-token timesteps or not).
 
     Several presets can share one architecture (Wan2.1 I2V 480p / 720p; a Wan release and its FastWan distill): a
     checkpoint whose model_index names a preset's own `checkpoint_class` (FastVideo's `WanDMDPipeline`) gets that
@@ -413,7 +441,7 @@ def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] 
     named = index.get("_class_name") if index is not None else None
     for n in preset_names():
         p = load_preset(n)
-        if p.source != "hub" or not same_architecture(config, p.transformer):
+        if p.source != "hub" or p.transformer_layout != "diffusers" or not same_architecture(config, p.transformer):
             continue
         if index is not None and (named not in (None, p.pipeline, p.checkpoint_class) or not same_family(p, index)):
             continue

@@ -345,3 +345,33 @@ def test_a_transformer_layout_preset_is_matched_by_folder_name_and_resolves_as_a
                                                                        "org/tiny-diffusers")
     # a diffusers-layout folder of the architecture never takes the "wan"-layout preset
     assert resolve_model(str(fastvideo_folder(tiny_dir, tmp_path / "TinyXT-diffusers"))).preset.name == "tiny"
+
+
+def test_published_layouts_run_as_trained_end_to_end(vsagen_cache, tiny_dir, tmp_path):
+    """Issue 30's acceptance on tiny checkpoints written in each published layout: a FastVideo folder (model_index
+    names WanDMDPipeline, block-level VSA gates) runs vsa by `--attn auto` with every layer's gate loaded; a civitai
+    folder (original Wan keys, no sparse weights) runs full; each t2v writes the mp4 and a JSON that says which
+    sampler ran (sigmas, timesteps), that CFG was off, the backend and how many layers got its weights."""
+    from conftest import block_gated_checkpoint
+
+    gated = block_gated_checkpoint(tiny_dir, tmp_path / "FastWan-gated")
+    index = json.loads((gated / "model_index.json").read_text())
+    (gated / "model_index.json").write_text(json.dumps({**index, "_class_name": "WanDMDPipeline"}))
+    civitai, _ = civitai_folder(tiny_dir, tmp_path / "civitai")
+    runner = CliRunner()
+    common = ["--device", "cpu", "--frames", "5", "--height", "64", "--width", "64", "--seed", "4"]
+    for folder, sampler, backend, layers in [(gated, "dmd", "vsa", 2), (civitai, "dmd-hummingbird", "full", 0)]:
+        out = tmp_path / f"{folder.name}.mp4"
+        res = runner.invoke(app, ["t2v", "a fox", "--model", str(folder), "--sampler", sampler, "--out", str(out),
+                                  *common])
+        assert res.exit_code == 0, res.output
+        data = json.loads(out.with_suffix(".json").read_text())
+        assert data["attn_requested"] == "auto" and data["backend"]["name"] == backend
+        assert (data["backend_weight_layers"], data["layers"]) == (layers, 2)
+        assert data["sampler"]["name"] == sampler and data["cfg"] is False and data["steps"] == 3
+        assert data["timing"]["dit_forwards"] == 3
+        assert len(data["sampler"]["sigmas"]) == len(data["sampler"]["timesteps"]) == 3
+        notes = data["timing"]["notes"]
+        assert any(n.startswith(DMD_NOTE if backend == "vsa" else CONVERT_NOTE) for n in notes), notes
+        assert any(n.startswith(f"--attn auto chose {backend}") for n in notes), notes
+        assert out.stat().st_size > 0

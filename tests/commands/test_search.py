@@ -68,6 +68,10 @@ BAD = [
     ("suffix", ["--prompt", "a", "--out", "{tmp}/o/p.txt"], [".json"]),
     ("i2v", ["--prompt", "a", "--model", "tiny-i2v"], ["image-to-video"]),
     ("frames", ["--prompt", "a", "--frames", "6"], ["--frames"]),
+    # issue 30: a distilled preset searches its own 3-step sampler, so its ranges count those steps (not the 50
+    # steps of its scheduler's default)
+    ("ranges-of-the-sampler", ["--prompt", "a", "--model", "fastwan2.1-t2v-1.3b", "--random-weights", "--ranges", "4"],
+     ["--ranges", "[1, 3]"]),
 ]
 
 

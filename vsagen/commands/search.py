@@ -24,7 +24,7 @@ from ..models import resolve_model
 from ..paths import check_folder, check_target
 from ..request.backends import check_impl
 from ..request.options import RequestOptions, VaeTiling, request_options
-from ..request.resolve import NONE, Request, request_fields, resolve
+from ..request.resolve import NONE, Request, request_fields, resolve, sampler_plans
 from ..architecture import architecture_of
 from ..sparsity.files import DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, save_patterns, step_ranges
 from ..sparsity.patterns import Pattern, block_density
@@ -112,8 +112,8 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
                        "(searching with input pictures is not supported)")
     options = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, warmup=0),
                                   placement=dataclasses.replace(options.placement, vae_tiling=VaeTiling.OFF))
-    steps = options.sampling.steps if options.sampling.steps is not None else src.preset.defaults.steps
-    step_ranges(steps, ranges)  # before `resolve`, which finds the device (`--device auto` imports torch)
+    plan = sampler_plans(src, options)[0]  # a distilled preset's few-step sampler decides the steps it searches
+    step_ranges(plan.steps, ranges)  # before `resolve`, which finds the device (`--device auto` imports torch)
     req = resolve(src, options, prompt=texts[0], backends=NONE)
     out = options.output.out if options.output.out is not None else DEFAULT_OUT
     if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":

@@ -533,4 +533,4 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
 
 __all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "VAE_TILING_AUTO_MAX_AREA", "check_last_frame",
            "check_ulysses", "negative_prompt_note", "nearest_valid_frames", "preset_plan", "request_fields", "resolve",
-           "resolve_device", "split_processes", "torch_dtype", "vae_tiling_enabled"]
+           "resolve_device", "sampler_plans", "split_processes", "torch_dtype", "vae_tiling_enabled"]

@@ -19,8 +19,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, JsonOut, Model, ProfileCompile, Verbose,
-                          choice_parser, close_options, path_text)
+from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, CompareSamplers, JsonOut, Model, ProfileCompile,
+                          Verbose, choice_parser, close_options, path_text)
 from .errors import VsagenError
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from .interrupts import as_interrupt as _sigterm_as_interrupt
@@ -416,8 +416,9 @@ def profile(
                                                      "side-by-side.mp4, compare.png, compare.json, compare.csv.",
                                                 parser=path_text)],
          None),
-    warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each backend's run "
-                                                       "(default 1).")], None),
+    warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each run (default "
+                                                       "1; a re-noise sampler warms up with one whole pass).")], None),
+    sampler=(CompareSamplers, None),
 )
 def compare(
     prompt: Prompt,
@@ -430,10 +431,10 @@ def compare(
                                                       "installed, else skipped with a note.")] = None,
     json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
-    """Compare attention backends against the first one on one loaded model: the same seed, noise and settings
-    for every backend; DiT s/step and speed-up, PSNR / SSIM of the video per frame and overall, latent distance,
-    and each layer's attention error against dense attention. Writes every video, a labelled side-by-side video,
-    a plot, a JSON and a CSV into --out, once every backend has run."""
+    """Compare attention backends and samplers against the first run on one loaded model: every (sampler, backend)
+    pair, the same seed, noise and settings for each; DiT s/video, s/step and speed-up, PSNR / SSIM of the video per
+    frame and overall, latent distance, and each layer's attention error against dense attention. Writes every
+    video, a labelled side-by-side video, a plot, a JSON and a CSV into --out, once every run has run."""
 
     def run() -> None:
         from rich.console import Console

@@ -158,7 +158,8 @@ PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
            "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
            "random_weights", "allow_pickle", "compile", "gpus", "ulysses", "cfg_parallel")
-COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "guidance", "guidance_2",
+COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
+           "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
            "tile_fit", "random_weights", "allow_pickle", "warmup", "vae_tiling")
 SEARCH = ("model", "steps", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2", "flow_shift",

@@ -1,6 +1,7 @@
 """vsagen.commands.compare and `vsagen compare`: the attention probe and the timing correction on random inputs
-against independent computations, one shared tiny run through the CLI (full, vsa at sparsity 0, vsa) and one
-through the library (full twice). (The request and bad input: test_compare_config.py.)
+against independent computations, one shared tiny run through the CLI (full, vsa at sparsity 0, vsa), one of three
+samplers with two backends against plain t2v runs, and one through the library (full twice). (The request and bad
+input: test_compare_config.py.)
 
 The tiny runs use the smallest useful size: 5 x 64 x 128 -> grid 2 x 4 x 8 (64 tokens, 2 tiles, so vsa at its
 0.875 sparsity keeps 1 of 2 key tiles), 2 steps, no warm-up, CFG 5 (two transformer forwards a step).
@@ -308,3 +309,118 @@ def test_stale_outputs_are_only_files_an_earlier_compare_listed_in_its_folder(tm
     assert stale_outputs(folder, keep) == []
     (folder / "compare.json").write_text("{not json")
     assert stale_outputs(folder, keep) == [] and stale_outputs(tmp_path / "missing", keep) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Several samplers: the distilled few-step sampler against the checkpoint's scheduler, in one command
+
+SAMPLERS = "dmd,default:steps=2:guidance=3,default:steps=2:shift=5"
+SAMPLER_SIZE = ["--frames", "5", "--height", "64", "--width", "128"]
+
+
+@pytest.fixture(scope="module")
+def sampler_run(vsagen_cache, tiny_dir, tmp_path_factory):
+    """`compare --attn full,vsa --sampler SAMPLERS` (six runs, one warm-up each: a whole pass for dmd; the tiny
+    preset's flow shift 3 is loaded, so the shift-5 runs swap the scheduler), and of the same seed and size
+    `t2v --attn full --sampler dmd` and `t2v --attn full --steps 2 --flow-shift 5`: (folder, JSON, {name: t2v mp4})."""
+    tmp = tmp_path_factory.mktemp("samplers")
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa", "--sampler", SAMPLERS,
+                              *SAMPLER_SIZE, "--no-plot", "--out", str(tmp / "out"), "--json"])
+    assert res.exit_code == 0, res.output
+    t2v = {"dmd": ["--sampler", "dmd"], "shift5": ["--steps", "2", "--flow-shift", "5"]}
+    for name, args in t2v.items():
+        done = runner.invoke(app, ["t2v", "a prompt", "--model", "tiny", "--attn", "full", *args, *SAMPLER_SIZE,
+                                   "--out", str(tmp / f"{name}.mp4")])
+        assert done.exit_code == 0, done.output
+    return tmp / "out", json.loads(res.stdout), {name: tmp / f"{name}.mp4" for name in t2v}
+
+
+@pytest.mark.slow
+def test_samplers_run_with_every_backend_and_write_every_file(sampler_run):
+    from vsagen.video import read_mp4
+
+    out, data, _ = sampler_run
+    stems = [f"{b}-{s}" for s in ("dmd", "default-2-steps-cfg-3-shift-3", "default-2-steps-cfg-5-shift-5")
+             for b in ("full", "vsa")]
+    names = [f"{x}.mp4" for x in stems] + ["side-by-side.mp4", "compare.json", "compare.csv"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert list(data["files"].values()) == [str(out / n) for n in names]
+    assert [r["label"] for r in data["rows"]] == [f"{b} / {s}" for s in ("dmd", "default 2 steps CFG 3 shift 3",
+                                                                         "default 2 steps CFG 5 shift 5")
+                                                  for b in ("full", "vsa 0.875")]
+    assert read_mp4(out / "side-by-side.mp4").shape == (5, 64, 6 * 128, 3)
+    rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
+    assert [(r["sampler"], r["steps"], r["dit_forwards"]) for r in rows] == [
+        ("dmd", "3", "3"), ("dmd", "3", "3"), ("default:steps=2:guidance=3", "2", "4"),
+        ("default:steps=2:guidance=3", "2", "4"), ("default:steps=2:shift=5", "2", "4"),
+        ("default:steps=2:shift=5", "2", "4")]
+
+
+@pytest.mark.slow
+def test_each_run_records_its_sampler_and_dit_seconds_per_video(sampler_run):
+    """dmd: 3 steps, one DiT forward each (CFG off, no flow shift); default 2 steps with CFG: 4 forwards. DiT s per
+    video is the sum of the timed steps, s/step its mean, the speed-up the reference's s/video over the run's."""
+    _, data, _ = sampler_run
+    rows = data["rows"]
+    ref = rows[0]
+    assert data["reference"] == "full / dmd" and data["speedup_of"] == "dit_s_per_video"
+    expected = [("dmd", 3, 1.0, None, 3, [0, 1, 2])] * 2 + [("default", 2, 3.0, 3.0, 4, [0, 1])] * 2 + [
+        ("default", 2, 5.0, 5.0, 4, [0, 1])] * 2
+    for r, (name, steps, guidance, shift, forwards, at) in zip(rows, expected):
+        assert (r["sampler"]["name"], r["steps"], r["guidance"], r["flow_shift"], r["dit_forwards"],
+                r["error_steps"]) == (name, steps, guidance, shift, forwards, at), r["label"]
+        assert len(r["dit_per_step_s"]) == steps and r["dit_s_per_video"] == pytest.approx(sum(r["dit_per_step_s"]))
+        assert r["dit_s_per_step"] == pytest.approx(r["dit_s_per_video"] / steps, rel=1e-12)
+        assert r["speedup_vs_reference"] == pytest.approx(ref["dit_s_per_video"] / r["dit_s_per_video"], rel=1e-12)
+        assert {x["step"] for x in r["attention_rel_l2"]} == set(at) and r["probe_s"] > 0
+    assert rows[0]["sampler"]["sigmas"] == pytest.approx([1.0, 28 / 37, 12 / 23])
+    assert ref["psnr_db"] == "inf" and ref["latents_rel_l2"] == 0.0 and ref["speedup_vs_reference"] == 1.0
+    assert all(r["latents_rel_l2"] > 1e-3 for r in rows[1:])  # another backend or sampler: another video
+    assert [x["label"] for x in data["samplers"]] == ["dmd", "default 2 steps CFG 3 shift 3",
+                                                      "default 2 steps CFG 5 shift 5"]
+
+
+@pytest.mark.slow
+def test_a_sampler_s_run_is_the_plain_t2v_run_of_that_sampler(sampler_run):
+    """The same frames as `vsagen t2v` of the same seed: dmd (its warm-up pass leaves no trace), and the scheduler at
+    flow shift 5 although the session loaded shift 3 (the scheduler swapped for the run)."""
+    from vsagen.video import read_mp4
+
+    out, _, t2v = sampler_run
+    assert np.array_equal(read_mp4(out / "full-dmd.mp4"), read_mp4(t2v["dmd"]))
+    assert np.array_equal(read_mp4(out / "full-default-2-steps-cfg-5-shift-5.mp4"), read_mp4(t2v["shift5"]))
+
+
+def test_flow_shift_swaps_the_scheduler_for_the_block_only():
+    from types import SimpleNamespace
+
+    from diffusers import UniPCMultistepScheduler
+
+    from vsagen.commands.compare import flow_shift
+
+    own = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    pipe = SimpleNamespace(scheduler=own)
+    for shift in (None, 3.0):
+        with flow_shift(pipe, shift):
+            assert pipe.scheduler is own
+    with flow_shift(pipe, 5.0):
+        assert type(pipe.scheduler) is UniPCMultistepScheduler and pipe.scheduler.config.flow_shift == 5.0
+        pipe.scheduler.set_timesteps(2)
+        own.set_timesteps(2)
+        assert pipe.scheduler.sigmas[1] > own.sigmas[1]  # a larger shift keeps the second step at higher noise
+    assert pipe.scheduler is own and own.config.flow_shift == 3.0
+
+
+@pytest.mark.slow
+def test_overwrite_with_other_samplers_removes_the_runs_it_did_not_write(sampler_run, tmp_path):
+    import shutil
+
+    folder = tmp_path / "out"
+    shutil.copytree(sampler_run[0], folder)
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full", "--sampler",
+                              "dmd,default:steps=1", *SAMPLER_SIZE, "--warmup", "0", "--error-steps", "none",
+                              "--no-plot", "--out", str(folder), "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["full-dmd.mp4", "full-default-1-step-cfg-5.mp4", "side-by-side.mp4", "compare.json", "compare.csv"])
+    assert res.stderr.count("removed ") == 5

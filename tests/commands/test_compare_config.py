@@ -1,6 +1,7 @@
-"""vsagen.commands.compare_config: the `vsagen compare` request: --error-steps, bad input through the command line
-(one line, exit 2, nothing written, nothing loaded), notes, the plot without matplotlib, and the bounds every command
-shares (issue 28: compare refused `--fps 10000` and `--flow-shift 5000` only loosely before the one request layer)."""
+"""vsagen.commands.compare_config: the `vsagen compare` request: --error-steps, the runs of several samplers (labels,
+files, error steps), bad input through the command line (one line, exit 2, nothing written, nothing loaded), notes,
+the plot without matplotlib, and the bounds every command shares (issue 28: compare refused `--fps 10000` and
+`--flow-shift 5000` only loosely before the one request layer)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def test_parse_error_steps():
     for bad in ("4", "-1", "x", "1,,2"):
         with pytest.raises(BadInput, match="--error-steps"):
             parse_error_steps(bad, 4)
+    with pytest.raises(BadInput, match="not a step of the dmd run, which runs steps 0 to 2"):
+        parse_error_steps("3", 3, "the dmd run")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -30,7 +33,17 @@ def test_parse_error_steps():
 
 
 BAD = [
-    ("one-backend", ["--attn", "full"], ["at least one backend", "full,vsa"]),
+    ("one-backend", ["--attn", "full"], ["is one run", "--attn full,vsa", "--sampler dmd,default"]),
+    ("one-backend-one-sampler", ["--attn", "vsa", "--sampler", "dmd"], ["'vsa' with --sampler 'dmd' is one run"]),
+    ("sampler-twice", ["--sampler", "dmd,default,dmd"], ["written twice"]),
+    ("sampler-same-run", ["--sampler", "default:steps=4,default"], ["default:steps=4 and default run the same",
+                                                                   "4 steps CFG 5 shift 3"]),
+    ("sampler-vs-guidance", ["--sampler", "dmd", "--guidance", "5"], ["--guidance 5", "dmd sampler runs without CFG"]),
+    ("sampler-list-vs-steps", ["--sampler", "dmd,default", "--steps", "2"], ["--steps 2", "every --sampler entry",
+                                                                            "default:steps="]),
+    ("sampler-unknown", ["--sampler", "dmd,euler"], ["unknown --sampler 'euler'"]),
+    ("error-steps-of-every-run", ["--sampler", "dmd,default:steps=8", "--error-steps", "5"],
+     ["step 5", "the dmd run", "0 to 2"]),
     ("unknown-backend", ["--attn", "full,nope"], ["unknown --attn 'nope'", "available"]),
     ("unknown-option", ["--attn", "full,vsa:spars=0.5"], ["spars"]),
     ("repeated", ["--attn", "full,vsa,vsa"], ["twice"]),
@@ -55,6 +68,44 @@ def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, mon
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], "something was written"
+
+
+def test_runs_are_every_sampler_with_every_backend_sampler_major(tmp_path):
+    """--sampler dmd,default:steps=2:guidance=3 with --attn full,vsa: four runs, each sampler with every backend;
+    labels and file names name both; each run's error steps are its own (first, middle, last of its steps); the
+    settings list each sampler's steps, CFG scale and flow shift (none for dmd, whose sigmas are used as given)."""
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", sampler="dmd,default:steps=2:guidance=3",
+                          out=tmp_path / "o", plot=False, sheet=True)
+    runs = cfg.runs
+    assert [r.label for r in runs] == ["full / dmd", "vsa 0.875 / dmd", "full / default 2 steps CFG 3",
+                                       "vsa 0.875 / default 2 steps CFG 3"]
+    assert [r.file.name for r in runs] == ["full-dmd.mp4", "vsa-dmd.mp4", "full-default-2-steps-cfg-3.mp4",
+                                           "vsa-default-2-steps-cfg-3.mp4"]
+    assert [(r.plan.steps, r.plan.guidance, r.error_steps) for r in runs] == [(3, 1.0, (0, 1, 2))] * 2 + [
+        (2, 3.0, (0, 1))] * 2
+    assert [r.spec.name for r in runs] == ["full", "vsa"] * 2 and cfg.error_steps == (0, 1, 2)
+    assert cfg.files["vsa 0.875 / dmd sheet"].name == "vsa-dmd.sheet.png"
+    samplers = cfg.summary()["samplers"]
+    assert [(x["sampler"]["entry"], x["steps"], x["guidance"], x["flow_shift"]) for x in samplers] == [
+        ("dmd", 3, 1.0, None), ("default:steps=2:guidance=3", 2, 3.0, 3.0)]
+    # default entries that differ in their shift say it; one sampler leaves labels and files as they were
+    cfg = resolve_compare("a cat", model="tiny", attn="full", sampler="default:shift=5,default", out=tmp_path / "s",
+                          plot=False)
+    assert cfg.labels == ["full / default 4 steps CFG 5 shift 5", "full / default 4 steps CFG 5 shift 3"]
+    assert [p.name for p in cfg.run_files] == ["full-default-4-steps-cfg-5-shift-5.mp4",
+                                               "full-default-4-steps-cfg-5-shift-3.mp4"]
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", sampler="dmd", out=tmp_path / "one", plot=False)
+    assert cfg.labels == ["full", "vsa 0.875"] and [p.name for p in cfg.run_files] == ["full.mp4", "vsa.mp4"]
+
+
+def test_a_negative_prompt_steers_the_runs_with_cfg(tmp_path):
+    """The first sampler (dmd) runs without CFG, a later one with it: the negative prompt has an effect, no note."""
+    cfg = resolve_compare("a cat", model="tiny", attn="full", sampler="dmd,default", negative_prompt="blurry",
+                          out=tmp_path / "o", plot=False)
+    assert cfg.notes == ()
+    cfg = resolve_compare("a cat", model="tiny", attn="full", sampler="dmd,default:guidance=1",
+                          negative_prompt="blurry", out=tmp_path / "p", plot=False)
+    assert len(cfg.notes) == 1 and "no effect" in cfg.notes[0]
 
 
 def test_empty_prompt_is_one_line_exit_2():
@@ -123,4 +174,4 @@ def test_a_pattern_file_backend_is_named_after_the_file(tmp_path):
     patterns.write_text(json.dumps({}))
     cfg = resolve_compare("a cat", model="tiny", attn=f"full,sparse-vdit:patterns={patterns}", out=tmp_path / "o",
                           plot=False)
-    assert [p.name for p in cfg.backend_files] == ["full.mp4", "sparse-vdit-patterns-tiny.mp4"]
+    assert [p.name for p in cfg.run_files] == ["full.mp4", "sparse-vdit-patterns-tiny.mp4"]

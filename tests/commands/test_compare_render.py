@@ -14,14 +14,19 @@ from vsagen.commands.compare import CompareReport, CompareRow
 from vsagen.commands.compare_render import render_csv, rich_table, side_by_side, write_plot
 
 
-def row(label: str, psnr: float, layers: list[float | None], expert: str = "transformer") -> CompareRow:
+def row(label: str, psnr: float, layers: list[float | None], expert: str = "transformer", sampler: str = "default",
+        steps: int = 2, guidance: float = 5.0) -> CompareRow:
     per_layer = [{"expert": expert, "layer": i, "rel_l2": x} for i, x in enumerate(layers)]
     finite = [x for x in layers if x is not None]
+    per_step = [0.5] * steps
     return CompareRow(label=label, backend=label.split()[0], spec=label.split()[0], sparsity=None, impl="torch",
-                      file=f"{label}.mp4", dit_s_per_step=0.5, dit_per_step_s=[0.5, 0.5], attention_s_per_step=0.1,
+                      file=f"{label}.mp4", sampler={"name": sampler.split(":")[0], "entry": sampler}, steps=steps,
+                      guidance=guidance, flow_shift=None if sampler.startswith("dmd") else 3.0,
+                      dit_forwards=steps * (2 if guidance > 1 else 1), dit_s_per_video=sum(per_step),
+                      dit_s_per_step=0.5, dit_per_step_s=per_step, attention_s_per_step=0.1,
                       speedup_vs_reference=1.0 if psnr == math.inf else 1.7, psnr_db=psnr,
                       psnr_per_frame_db=[psnr, psnr], ssim=1.0 if psnr == math.inf else 0.8,
-                      ssim_per_frame=[1.0, 0.5], latents_rel_l2=0.0, attention_rel_l2=[],
+                      ssim_per_frame=[1.0, 0.5], latents_rel_l2=0.0, error_steps=[0, 1], attention_rel_l2=[],
                       attention_rel_l2_per_layer=per_layer, attention_rel_l2_mean=sum(finite) / len(finite),
                       attention_rel_l2_max=max(finite), probe_s=0.01, warmup_s=0.0)
 
@@ -34,9 +39,22 @@ def report() -> CompareReport:
                          files={}, load_s=1.0, text_encode_s=0.1, notes=[])
 
 
+def samplers_report() -> CompareReport:
+    """A comparison of two samplers: dmd (3 steps, no CFG) against the scheduler's 50 steps with CFG 5."""
+    rep = report()
+    rep.settings["samplers"] = [{"label": "dmd"}, {"label": "default 50 steps CFG 5"}]
+    rep.rows = [row("vsa 0.8 / dmd", math.inf, [0.25, 0.5], sampler="dmd", steps=3, guidance=1.0),
+                row("full / default 50 steps CFG 5", 12.5, [0.0, 0.0], sampler="default:steps=50:guidance=5",
+                    steps=50)]
+    rep.rows[1].error_steps = [0, 25, 49]
+    return rep
+
+
 def test_csv_one_line_per_backend():
     rows = list(csv.DictReader(io.StringIO(render_csv(report()))))
     assert [r["label"] for r in rows] == ["full", "vsa 0.875"]
+    assert [(r["sampler"], r["steps"], r["guidance"], r["dit_forwards"]) for r in rows] == [("default", "2", "5.0",
+                                                                                             "4")] * 2
     assert rows[0]["psnr_db"] == "inf" and rows[0]["psnr_per_frame_db"] == "inf inf"
     assert float(rows[1]["psnr_db"]) == 31.5 and rows[1]["ssim_per_frame"] == "1 0.5"
     assert rows[1]["attention_rel_l2_per_layer"] == "0:0.25 1:0.5" and float(rows[1]["attention_rel_l2_max"]) == 0.5
@@ -54,20 +72,45 @@ def test_table_names_each_backend_and_its_worst_layer():
 
 
 def test_table_at_80_columns_keeps_every_digit():
+    """As the CLI prints it (`vsagen.terminal.fit_table`): 80 columns, no digit cut, each run on its lines."""
     from rich.console import Console
+
+    from vsagen.terminal import fit_table
 
     rep = report()
     rep.rows.append(row("sla-star:scope=marginal 0.875", 123.456789, [0.123456, 0.654321]))
     con = Console(file=io.StringIO(), width=80, color_system=None)
-    con.print(rich_table(rep))
+    con.print(fit_table(rich_table(rep), 80))
     text = con.file.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
-    cells = [line.split("│")[1:-1] for line in text.splitlines() if line.startswith("│")]
-    columns = ["".join(c[i].replace(" ", "") for c in cells) for i in range(len(cells[0]))]  # folded cells, read back
-    assert columns[0] == "fullvsa0.875sla-star:scope=marginal0.875"
-    for value in ("123.46", "31.50", "1.70x", "0.8000", "3.9e-01"):
-        assert any(value in col for col in columns[1:]), value
-    assert columns[-1] == "L00.0e+00L15.0e-01L16.5e-01"
+    lines = {line.split()[0]: line for line in text.splitlines() if line.split()[:1] in (["full"], ["vsa"],
+                                                                                         ["sla-star:"])}
+    for label, values in (("full", ("1.000", "0.5000", "1.00x", "inf", "L0 0.0e+00")),
+                          ("vsa", ("31.50", "1.70x", "0.8000", "3.8e-01", "L1 5.0e-01")),
+                          ("sla-star:", ("123.46", "3.9e-01", "L1 6.5e-01"))):
+        for value in values:
+            assert value in lines[label], (label, value)
+
+
+def test_samplers_csv_table_and_title_name_each_run_s_sampler():
+    """Runs of two samplers: the CSV records each run's sampler entry, steps, CFG scale, DiT forwards and seconds per
+    video; the title leaves steps and CFG to the labels; the table names the runs and shows DiT s/video."""
+    from rich.console import Console
+
+    from vsagen.commands.compare_render import title
+
+    rep = samplers_report()
+    rows = list(csv.DictReader(io.StringIO(render_csv(rep))))
+    assert [(r["sampler"], r["steps"], r["guidance"], r["dit_forwards"], r["flow_shift"]) for r in rows] == [
+        ("dmd", "3", "1.0", "3", ""), ("default:steps=50:guidance=5", "50", "5.0", "100", "3.0")]
+    assert [float(r["dit_s_per_video"]) for r in rows] == [1.5, 25.0]
+    head = title(rep)
+    assert "steps" not in head.replace("warm-up step", "") and "CFG" not in head and "reference vsa 0.8 / dmd" in head
+    con = Console(file=io.StringIO(), width=200, color_system=None)
+    con.print(rich_table(rep))
+    text = con.file.getvalue()
+    assert "s/video" in text and "run" in text and "25.000" in text and "each run's --error-steps" in text
+    assert "default 50 steps CFG 5" in " ".join(text.split())
 
 
 @pytest.mark.parametrize("experts", [1, 2])

@@ -1,36 +1,45 @@
-"""`vsagen compare`: the speed and fidelity of attention backends against a reference, from one loaded pipeline.
+"""`vsagen compare`: the speed and fidelity of attention backends and samplers against a reference, from one loaded
+pipeline.
 
-The model is loaded once (`vsagen.pipeline.Session`) and the prompt encoded once. Every backend of `--attn` then
+The model is loaded once (`vsagen.pipeline.Session`) and the prompt encoded once (the negative branch too when any
+run has CFG). The runs are every (sampler, backend) pair of `--sampler` x `--attn`, sampler-major, in the order
+given (`CompareConfig.runs`); the first is the reference (by default `full` with the preset's sampler). Every run
 generates the same video: same prompt embeddings, same seed (each run seeds a fresh CPU generator, so every run
-starts from the same initial noise), same size, steps and CFG; `warmup` untimed steps first, then the timed
-generation, decoded. The first backend is the reference (by default `full`). Per backend (`CompareRow`):
+starts from the same initial noise; a re-noise sampler's draws are seeded too), same size; each with its sampler's
+steps, CFG scale and flow shift (`vsagen.request.sampling.SamplerPlan`: a re-noise sampler such as `dmd` runs its
+sigma list without CFG; `default` runs the checkpoint's scheduler, swapped for one of its class at the plan's flow
+shift where that differs from the one loaded: `flow_shift`). `warmup` untimed steps first (a re-noise sampler: one
+whole pass), then the timed generation, decoded. Per run (`CompareRow`):
 
-* DiT seconds per step and the speed-up over the reference, measured as `vsagen profile` measures them (the
-  "dit" regions of the timed steps; warm-up untimed);
+* DiT seconds per video (every timed step, both CFG passes) and per step, and the speed-up over the reference of
+  the seconds per video (runs of different step counts or CFG compare as videos; with one sampler the ratio is the
+  per-step one), measured as `vsagen profile` measures them (the "dit" regions of the timed steps; warm-up untimed);
+  its sampler, steps, CFG scale and DiT forwards;
 * PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.metrics`),
   and the relative L2 distance of the final latents;
-* the attention error: at the steps `error_steps` (default the first, middle and last), every self-attention
-  call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per (step, expert,
-  layer) the relative L2 sqrt(sum ||o - o_dense||^2 / sum ||o_dense||^2) over that step's calls (both CFG
-  passes), and per layer the same over every chosen step (`AttentionProbe`). The dense reference runs inside
+* the attention error: at the steps `error_steps` (default the first, middle and last of each run's own steps),
+  every self-attention call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per
+  (step, expert, layer) the relative L2 sqrt(sum ||o - o_dense||^2 / sum ||o_dense||^2) over that step's calls (both
+  CFG passes), and per layer the same over every chosen step (`AttentionProbe`). The dense reference runs inside
   the timed steps, so its time (region "compare_probe") is taken out of the DiT, attn1 and backend times of the
   step it ran in (`without_region`), and the JSON reports it apart (`probe_s`).
 
-Outputs go to one folder (`--out`, default `vsagen-<model>-compare-seed<seed>/`): each backend's mp4, a
-side-by-side mp4 with each panel labelled, the plot (speed-up against PSNR; attention error per layer; needs
-matplotlib), `compare.json` and `compare.csv`. Nothing is written before every backend has run; the files are one
-set (`vsagen.video.Outputs`): each written to a temporary file, then all moved into place together, so an
-interrupted (Ctrl-C, SIGTERM) or failed write leaves none of them. Text-to-video models only. Renderings (table,
-csv, plot, side-by-side video) are in `vsagen.commands.compare_render`.
+Outputs go to one folder (`--out`, default `vsagen-<model>-compare-seed<seed>/`): each run's mp4, a side-by-side
+mp4 with each panel labelled, the plot (speed-up against PSNR; attention error per layer; needs matplotlib),
+`compare.json` and `compare.csv`. Nothing is written before every run has finished; the files are one set
+(`vsagen.video.Outputs`): each written to a temporary file, then all moved into place together, so an interrupted
+(Ctrl-C, SIGTERM) or failed write leaves none of them. Text-to-video models only. Renderings (table, csv, plot,
+side-by-side video) are in `vsagen.commands.compare_render`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, Iterator
 
 from ..attention.base import BackendWrapper
 from ..errors import BadInput
@@ -150,12 +159,17 @@ def without_region(records: list[tuple[str, int, float]], region: str,
 
 @dataclass
 class CompareRow:
-    """One backend's results. Seconds are per denoising step (mean over the timed steps; two transformer forwards
-    a step with CFG); `attention_s_per_step` is the backend call alone (None: not timed). PSNR in dB (+inf: equal
-    frames), SSIM in [-1, 1], relative L2 distances (None: not finite) against the reference: `latents_rel_l2` of
-    the final latents. `attention_rel_l2` per (step, expert, layer), `attention_rel_l2_per_layer` per (expert,
-    layer) over the chosen steps, against dense attention (`AttentionProbe.errors`); `attention_rel_l2_mean` /
-    `_max` over the layers. `probe_s`: seconds the dense comparison took (not in the DiT times)."""
+    """One run's results (a backend with a sampler). `sampler` is its `Sampler.summary()`, `steps` its denoising
+    steps, `guidance` its CFG scale (> 1: two transformer forwards a step), `flow_shift` the scheduler's shift (None
+    for a re-noise sampler, whose sigmas are used as given), `dit_forwards` the transformer forwards it timed.
+    `dit_s_per_video` sums the DiT time of every timed step (both CFG passes), `dit_s_per_step` is its mean over the
+    steps, and `speedup_vs_reference` = the reference's `dit_s_per_video` / this run's (the same as per step where the
+    runs have one step count); `attention_s_per_step` is the backend call alone (None: not timed). PSNR in dB (+inf:
+    equal frames), SSIM in [-1, 1], relative L2 distances (None: not finite) against the reference:
+    `latents_rel_l2` of the final latents. `attention_rel_l2` per (step, expert, layer) at `error_steps`,
+    `attention_rel_l2_per_layer` per (expert, layer) over those steps, against dense attention
+    (`AttentionProbe.errors`); `attention_rel_l2_mean` / `_max` over the layers. `probe_s`: seconds the dense
+    comparison took (not in the DiT times)."""
 
     label: str
     backend: str
@@ -163,6 +177,12 @@ class CompareRow:
     sparsity: float | None
     impl: str | None
     file: str
+    sampler: dict[str, Any]
+    steps: int
+    guidance: float
+    flow_shift: float | None
+    dit_forwards: int
+    dit_s_per_video: float
     dit_s_per_step: float
     dit_per_step_s: list[float]
     attention_s_per_step: float | None
@@ -172,6 +192,7 @@ class CompareRow:
     ssim: float
     ssim_per_frame: list[float]
     latents_rel_l2: float | None
+    error_steps: list[int]
     attention_rel_l2: list[dict[str, Any]]
     attention_rel_l2_per_layer: list[dict[str, Any]]
     attention_rel_l2_mean: float | None
@@ -190,7 +211,7 @@ class CompareRow:
 
 @dataclass
 class CompareReport:
-    """The result of `compare`: one row per backend (the reference first), the files written, the notes."""
+    """The result of `compare`: one row per run (the reference first), the files written, the notes."""
 
     settings: dict[str, Any]
     versions: dict[str, str]
@@ -206,6 +227,7 @@ class CompareReport:
         return {"command": "compare", "model": s["model"], "prompt": s["prompt"], "device": s["device"],
                 "dtype": s["dtype"], "frames": s["frames"], "height": s["height"], "width": s["width"],
                 "steps": s["steps"], "warmup": s["warmup"], "guidance": s["guidance"], "seed": s["seed"],
+                "samplers": s["samplers"], "speedup_of": "dit_s_per_video",
                 "reference": self.rows[0].label, "error_steps": s["error_steps"],
                 "rows": [r.to_dict() for r in self.rows], "files": self.files, "load_s": self.load_s,
                 "text_encode_s": self.text_encode_s, "notes": self.notes, "settings": s, "versions": self.versions}
@@ -230,10 +252,37 @@ def video_metrics(ref: Any, frames: Any) -> dict[str, Any]:
     return {"psnr_db": p, "psnr_per_frame_db": p_frames, "ssim": s, "ssim_per_frame": s_frames}
 
 
+def _walk(plan: Any, warmup: int) -> str:
+    """How a run walks, for its progress line: "1 warm-up + 50 steps, CFG 5" or "1 warm-up pass + 3 steps (dmd, no
+    CFG)" (a re-noise sampler warms up with one whole pass)."""
+    n, renoise = plan.steps, plan.sampler.renoise
+    warm = (f"{warmup} warm-up {'pass' if renoise else 'step' + 's' * (warmup != 1)} + " if warmup else "")
+    how = f"{plan.sampler.name}, no CFG" if renoise else (f"CFG {plan.guidance:g}" if plan.guidance > 1 else "no CFG")
+    return f"{warm}{n} step{'s' if n != 1 else ''} ({how})"
+
+
+@contextlib.contextmanager
+def flow_shift(pipe: Any, shift: float | None) -> Iterator[None]:
+    """Within the block, the pipeline's scheduler (UniPC, loaded with the request's first flow shift by
+    `vsagen.loading`) runs at flow shift `shift`: a scheduler of its class from its config with that shift replaces it
+    for the block, and the loaded one comes back after; nothing changes for None (a re-noise sampler, whose sigmas
+    are used as given), the loaded shift, or a scheduler without a flow shift."""
+    own = pipe.scheduler
+    loaded = getattr(own.config, "flow_shift", None)
+    if shift is None or loaded is None or loaded == shift:
+        yield
+        return
+    pipe.scheduler = type(own).from_config(own.config, flow_shift=shift)
+    try:
+        yield
+    finally:
+        pipe.scheduler = own
+
+
 def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
             cancelled: Callable[[], bool] = lambda: False) -> CompareReport:
-    """Generate with every backend of `cfg` on one loaded pipeline, compare each with the reference and write the
-    folder's files (module docstring).
+    """Generate every run of `cfg` (each sampler with each backend) on one loaded pipeline, compare each with the
+    reference and write the folder's files (module docstring).
 
     Args:
         cfg: the validated request (`resolve_compare`).
@@ -248,7 +297,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         BadInput: a backend cannot run on this device / dtype or refuses the grid (before loading where the
             preset says the model's strides), or an output file appeared during the run.
         ModelNotFound: the checkpoint cannot be loaded.
-        RunFailure: out of GPU memory (the message names the backend), or a decoded video of the wrong size.
+        RunFailure: out of GPU memory (the message names the run), or a decoded video of the wrong size.
         KeyboardInterrupt: `cancelled()`; no file is left.
     """
     import torch
@@ -261,11 +310,13 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     from ..timing import TimingReport
 
     device = torch.device(cfg.device)
-    probes = [AttentionProbe(spec.build(), cfg.error_steps) for spec in cfg.backends]
+    runs = cfg.runs
+    # one probe per backend, shared by its runs (each run sets the steps it measures and reads its errors after)
+    probes = [AttentionProbe(spec.build(), runs[0].error_steps) for spec in cfg.backends]
     # each backend refuses what it cannot serve before loading (`Session.load`); weights are attached per run
     session = Session.load(cfg, probes, progress=progress, log=log)
     if cfg.device == "cpu":  # hours of work on a real size: said once the model loaded
-        warning = cpu_time_estimate(cfg, runs=len(probes), runs_of="backends")
+        warning = cpu_time_estimate(cfg, runs=len(runs), runs_of="runs")
         if warning is not None:
             log(warning)
     session.notes[0:0] = cfg.notes
@@ -273,49 +324,52 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         log(f"note: {note}")
     plan = session.plan(cfg.tile_fit)
     session.prompts()
-    labels, results = cfg.labels, []
-    for i, (spec, probe, label) in enumerate(zip(cfg.backends, probes, labels)):
-        at = cfg.error_steps
-        log(f"[{i + 1}/{len(probes)}] {label}{' (reference)' if i == 0 else ''}: {cfg.warmup} warm-up + "
-            f"{cfg.steps} step{'s' if cfg.steps != 1 else ''} at {cfg.frames}x{cfg.height}x{cfg.width}, attention "
-            f"error at step{'s' if len(at) != 1 else ''} {', '.join(map(str, at)) or 'none'}")
+    results = []
+    for i, run_of in enumerate(runs):
+        sp, probe, label, at = run_of.plan, probes[run_of.backend_index], run_of.label, run_of.error_steps
+        probe.steps = frozenset(at)
+        log(f"[{i + 1}/{len(runs)}] {label}{' (reference)' if i == 0 else ''}: {_walk(sp, cfg.warmup)} at "
+            f"{cfg.frames}x{cfg.height}x{cfg.width}, attention error at step{'s' if len(at) != 1 else ''} "
+            f"{', '.join(map(str, at)) or 'none'}")
         what = f"comparing {label}"
-        run = session.run(probe, plan, decode=True, what=what)
+        with flow_shift(session.pipe, None if sp.sampler.renoise else sp.flow_shift):
+            run = session.run(probe, plan, decode=True, what=what, sampler=sp.sampler, guidance=sp.guidance,
+                              steps=sp.steps)
         with out_of_memory_as_failure(what, cfg.memory_hints()):
             frames = video_frames(session.pipe, run.video, (cfg.frames, cfg.height, cfg.width))
         run.video = None  # the frames are what is compared and written: free the decoded tensor (GPU memory)
         records, probe_s = without_region(run.records, PROBE_REGION)
-        results.append((spec, probe, label, run, frames, probe_s,
+        results.append((run_of, probe.errors(), run, frames, probe_s,
                         TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s)))
-    ref_run, ref_frames, ref_timing = results[0][3], results[0][4], results[0][6]
-    ref_dit = ref_timing.dit_s / max(len(ref_timing.dit_per_step_s), 1)
+    ref_run, ref_frames, ref_timing = results[0][2], results[0][3], results[0][5]
     files = cfg.files
     rows = []
-    for (spec, probe, label, run, frames, probe_s, timing), path in zip(results, cfg.backend_files):
+    for run_of, (per_step, per_layer), run, frames, probe_s, timing in results:
+        spec, sp = run_of.spec, run_of.plan
         if run is not ref_run:
-            log(f"PSNR / SSIM of {label} against {labels[0]}")
+            log(f"PSNR / SSIM of {run_of.label} against {runs[0].label}")
         steps = max(len(timing.dit_per_step_s), 1)
-        per_step, per_layer = probe.errors()
         mean, worst = _mean_max(per_layer)
         latents = rel_l2(run.latents, ref_run.latents)
-        info = probe.report(device).info
-        dit = timing.dit_s / steps
+        info = probes[run_of.backend_index].report(device).info
         rows.append(CompareRow(
-            label=label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,
-            impl=info.get("impl_ran", spec.impl), file=str(path), dit_s_per_step=dit,
+            label=run_of.label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,
+            impl=info.get("impl_ran", spec.impl), file=str(run_of.file), sampler=sp.sampler.summary(),
+            steps=sp.steps, guidance=sp.guidance, flow_shift=None if sp.sampler.renoise else sp.flow_shift,
+            dit_forwards=timing.dit_forwards, dit_s_per_video=timing.dit_s, dit_s_per_step=timing.dit_s / steps,
             dit_per_step_s=list(timing.dit_per_step_s),
             attention_s_per_step=None if timing.self_attention_s is None else timing.self_attention_s / steps,
-            speedup_vs_reference=1.0 if run is ref_run else ref_dit / dit,
+            speedup_vs_reference=1.0 if run is ref_run else ref_timing.dit_s / timing.dit_s,
             **video_metrics(ref_frames, frames),
             latents_rel_l2=latents if math.isfinite(latents) else None,  # NaN latents: no distance
-            attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
+            error_steps=list(run_of.error_steps), attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
             attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
             probe_s=probe_s, warmup_s=run.warmup_s, backend_info=info))
     notes = list(dict.fromkeys(session.notes))
     if cfg.device != "cuda":
-        notes.append("CPU timings (each backend measured once, in order): indicative only; compare speed on a GPU")
+        notes.append("CPU timings (each run measured once, in order): indicative only; compare speed on a GPU")
     if session.model.random_weights or cfg.source.kind == "tiny":
-        notes.append("random weights: PSNR, SSIM and the errors measure how far each backend moves this network's "
+        notes.append("random weights: PSNR, SSIM and the errors measure how far each run moves this network's "
                      "output, not the quality of real video")
     report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                            rows=rows, files={k: str(v) for k, v in files.items()}, load_s=session.load_s,
@@ -323,7 +377,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     if cancelled():
         raise KeyboardInterrupt
     log(f"writing {len(files)} files into {cfg.out}/")
-    write_outputs(cfg, report, [r[4] for r in results], log=log)
+    write_outputs(cfg, report, [r[3] for r in results], log=log)
     return report
 
 
@@ -336,7 +390,7 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     that this run did not write again.
 
     Args:
-        videos: each backend's (F, H, W, 3) uint8 frames, in `cfg.backends` order.
+        videos: each run's (F, H, W, 3) uint8 frames, in `cfg.runs` order.
 
     Raises:
         BadInput: a file appeared meanwhile (without `overwrite`); matplotlib is missing for the plot.
@@ -352,13 +406,16 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     stale = stale_outputs(cfg.out, files.values())
     find_ffmpeg()  # resolved (and cached) while a signal still interrupts at once
     with Outputs(overwrite=cfg.overwrite, folder=cfg.out) as outputs:
-        for path, frames in zip(cfg.backend_files, videos):
-            outputs.add(path, lambda tmp, frames=frames: encode_mp4(frames, tmp, cfg.fps))
+        runs = cfg.runs
+        for run, frames in zip(runs, videos):
+            outputs.add(run.file, lambda tmp, frames=frames: encode_mp4(frames, tmp, cfg.fps))
         if cfg.sheet:
-            for label, spec, frames in zip(cfg.labels, cfg.backends, videos):
-                title = sheet_title(cfg.model, spec.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
-                                    cfg.seed, f"compare, reference {cfg.labels[0]}")
-                outputs.add(files[f"{label} sheet"],
+            words = cfg.sampler_labels()
+            for run, frames in zip(runs, videos):
+                sampler = words[cfg.samplers.index(run.plan)] if cfg.several_samplers else ""
+                title = sheet_title(cfg.model, run.spec.short_text(), cfg.frames, cfg.height, cfg.width,
+                                    run.plan.steps, cfg.seed, sampler, f"compare, reference {runs[0].label}")
+                outputs.add(files[f"{run.label} sheet"],
                             lambda tmp, frames=frames, title=title: save_sheet(frames, tmp, cfg.fps, title))
         panels = compare_render.side_by_side(videos, cfg.labels)
         outputs.add(files["side-by-side"], lambda tmp: encode_mp4(panels, tmp, cfg.fps))

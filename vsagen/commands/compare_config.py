@@ -1,5 +1,6 @@
-"""`CompareConfig`: a validated `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`, a list
-of backends, the first the reference) and its own: the attention-error steps, the output folder and its files."""
+"""`CompareConfig`: a validated `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`: a list
+of backends and a list of samplers, the first of each the reference) and its own: the runs (every (sampler, backend)
+pair, sampler-major), the attention-error steps of each, the output folder and its files."""
 
 from __future__ import annotations
 
@@ -9,27 +10,71 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..attention.spec import BackendSpec
 from ..errors import BadInput
 from ..models import resolve_model
 from ..paths import check_folder, check_target, default_out, sheet_path
 from ..request.backends import split_attn_list
 from ..request.options import RequestOptions, request_options
-from ..request.resolve import SEVERAL, Request, request_fields, resolve
+from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
+from ..request.sampling import SamplerPlan, split_sampler_list
 
 DEFAULT_ATTN = "full,vsa"
 DEFAULT_ERROR_STEPS = "first,middle,last"
-COMPARE_WARMUP = 1  # untimed warm-up steps per backend unless --warmup says otherwise (as `vsagen profile`)
+COMPARE_WARMUP = 1  # untimed warm-up steps per run unless --warmup says otherwise (as `vsagen profile`)
 SIDE_BY_SIDE, JSON_FILE, CSV_FILE, PLOT_FILE = "side-by-side.mp4", "compare.json", "compare.csv", "compare.png"
+
+
+@dataclass(frozen=True)
+class CompareRun:
+    """One run of a comparison: a sampler (with its steps, CFG scale and flow shift) and a backend.
+
+    Attributes:
+        plan: the sampler and what it leaves the run (`vsagen.request.sampling.SamplerPlan`).
+        spec: the attention backend.
+        label: names the run in tables, panels and the plot ("vsa 0.8 / dmd" where samplers differ, else the
+            backend's label).
+        file: the run's mp4.
+        error_steps: the 0-based steps of this run at which its attention is compared with dense attention.
+        backend_index: the backend's index in `CompareConfig.backends`.
+    """
+
+    plan: SamplerPlan
+    spec: BackendSpec
+    label: str
+    file: Path
+    error_steps: tuple[int, ...]
+    backend_index: int
+
+
+def sampler_label(plan: SamplerPlan, shift: bool = False) -> str:
+    """A sampler plan in a few words: a re-noise sampler's entry ("dmd", "dmd:sigmas=1.0,0.75,0.5"); the checkpoint's
+    scheduler with its steps and CFG ("default 50 steps CFG 5", "default 4 steps no CFG"), and its flow shift when
+    `shift` ("default 4 steps CFG 5 shift 8")."""
+    if plan.sampler.renoise:
+        return plan.sampler.text
+    cfg = f"CFG {plan.guidance:g}" if plan.guidance > 1 else "no CFG"
+    return (f"default {plan.steps} step{'s' if plan.steps != 1 else ''} {cfg}"
+            + (f" shift {plan.flow_shift:g}" if shift else ""))
+
+
+def _plan_key(plan: SamplerPlan) -> tuple[Any, ...]:
+    """What a run of `plan` does: two plans of one key run the same denoising."""
+    s = plan.sampler
+    if s.renoise:
+        return ("renoise", s.sigmas, s.timesteps, s.noise)
+    return ("default", plan.steps, plan.guidance, plan.flow_shift)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompareConfig(Request):
     """A validated `vsagen compare` request (see `Request` for the shared fields).
 
-    `backends[0]` is the reference. `error_steps` are the 0-based denoising steps whose attention is compared
-    with dense attention (sorted, each < steps). `out` is the output folder, `files` the paths written in it.
-    `plot` draws compare.png (matplotlib); `sheet` writes each backend's contact sheet beside its mp4. `labels` name
-    the backends in tables, panels and the plot.
+    The runs (`runs`) are every (sampler, backend) pair of `samplers` x `backends`, sampler-major, in the order
+    given; the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
+    attention is compared with dense attention (sorted, each < that sampler's steps); `error_steps` the first's.
+    `out` is the output folder, `files` the paths written in it. `plot` draws compare.png (matplotlib); `sheet`
+    writes each run's contact sheet beside its mp4. `labels` name the runs in tables, panels and the plot.
     """
 
     fps: int
@@ -37,32 +82,63 @@ class CompareConfig(Request):
     error_steps: tuple[int, ...]
     plot: bool
     sheet: bool = False
+    sampler_error_steps: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def several_samplers(self) -> bool:
+        """Whether the runs differ in their sampler (labels and file names then name it)."""
+        return len(self.samplers) > 1
+
+    def sampler_labels(self) -> list[str]:
+        """Each sampler's `sampler_label`, with the flow shift where the `default` entries differ in it."""
+        shifts = {p.flow_shift for p in self.samplers if not p.sampler.renoise}
+        return [sampler_label(p, shift=len(shifts) > 1) for p in self.samplers]
+
+    @property
+    def runs(self) -> list[CompareRun]:
+        """Every (sampler, backend) pair, sampler-major (each sampler with every backend), the reference first.
+
+        Labels: the backend's ("vsa 0.875"; its spec without default options where a name repeats), followed by
+        " / <sampler>" (`sampler_label`) when the samplers differ; a run listed again (a library caller's list)
+        gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its backend's spec without default
+        options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its sampler's words when the samplers differ
+        (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`); a name taken by an earlier run gets `-<index>`."""
+        names = [s.name for s in self.backends]
+        backend_labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
+        plans = self.samplers or (SamplerPlan(self.sampler, self.steps, self.guidance, self.flow_shift),)
+        words = self.sampler_labels() if self.samplers else [""]
+        steps = self.sampler_error_steps or (self.error_steps,) * len(plans)
+        pairs = [(i, j) for i in range(len(plans)) for j in range(len(self.backends))]
+        labels = [backend_labels[j] + (f" / {words[i]}" if self.several_samplers else "") for i, j in pairs]
+        labels = [x if x not in labels[:k] else f"{x} ({labels[:k].count(x) + 1})" for k, x in enumerate(labels)]
+        stems: list[str] = []
+        for i, j in pairs:
+            spec = self.backends[j]
+            stem = file_stem(spec.short_text()) or spec.name
+            if self.several_samplers:
+                stem += "-" + (file_stem(words[i].lower()) or "sampler")
+            stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
+        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j)
+                for (i, j), label, stem in zip(pairs, labels, stems)]
 
     @property
     def labels(self) -> list[str]:
-        """Each backend's label ("vsa 0.875"), or its spec without default options where a name repeats; a
-        backend listed again (a library caller's list) gets " (2)", " (3)", ..."""
-        names = [s.name for s in self.backends]
-        labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
-        return [x if x not in labels[:i] else f"{x} ({labels[:i].count(x) + 1})" for i, x in enumerate(labels)]
+        """Each run's label (`runs`)."""
+        return [r.label for r in self.runs]
 
     @property
-    def backend_files(self) -> list[Path]:
-        """Each backend's mp4 in `out`, named after its spec without default options (`file_stem`:
-        `vsa-sparsity-0.9.mp4`); a name taken by an earlier backend gets `-<index>`."""
-        stems: list[str] = []
-        for spec in self.backends:
-            stem = file_stem(spec.short_text()) or spec.name
-            stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
-        return [self.out / f"{stem}.mp4" for stem in stems]
+    def run_files(self) -> list[Path]:
+        """Each run's mp4 (`runs`)."""
+        return [r.file for r in self.runs]
 
     @property
     def files(self) -> dict[str, Path]:
-        """{what: path} of every file the run writes: each backend's mp4 under its label, then (`sheet`) each
-        backend's contact sheet under "<label> sheet", "side-by-side", "plot" (when drawn), "json", "csv"."""
-        out = dict(zip(self.labels, self.backend_files))
+        """{what: path} of every file the run writes: each run's mp4 under its label, then (`sheet`) each run's
+        contact sheet under "<label> sheet", "side-by-side", "plot" (when drawn), "json", "csv"."""
+        runs = self.runs
+        out = {r.label: r.file for r in runs}
         if self.sheet:
-            out.update({f"{label} sheet": sheet_path(p) for label, p in zip(self.labels, self.backend_files)})
+            out.update({f"{r.label} sheet": sheet_path(r.file) for r in runs})
         out["side-by-side"] = self.out / SIDE_BY_SIDE
         if self.plot:
             out["plot"] = self.out / PLOT_FILE
@@ -77,7 +153,12 @@ class CompareConfig(Request):
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
         d.pop("samplers")
+        d.pop("sampler_error_steps")
         d["sampler"] = self.sampler.summary()
+        d["samplers"] = [{"sampler": p.sampler.summary(), "label": label, "steps": p.steps, "guidance": p.guidance,
+                          "flow_shift": None if p.sampler.renoise else p.flow_shift,
+                          "error_steps": list(steps)}
+                         for p, label, steps in zip(self.samplers, self.sampler_labels(), self.sampler_error_steps)]
         for key in ("source", "tile_fits", "attn_requested", "attn_note"):
             d.pop(key)
         d["tile_fit"] = self.tile_fit
@@ -100,9 +181,14 @@ def file_stem(spec: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9.-]+", "-", "-".join(parts))).strip("-.")
 
 
-def parse_error_steps(text: str, steps: int) -> tuple[int, ...]:
+def parse_error_steps(text: str, steps: int, run: str = "") -> tuple[int, ...]:
     """`--error-steps`: comma-separated 0-based step indices and the words first (0), middle (steps // 2) and
     last (steps - 1); "none" for no attention error. Returns the sorted distinct steps.
+
+    Args:
+        text: the option as given.
+        steps: the run's denoising steps.
+        run: names the run in the message where runs differ in their steps (e.g. "the dmd run"); "" for one.
 
     Raises:
         BadInput: an empty entry, a word or number that is not a step of the run (0 <= step < steps).
@@ -121,31 +207,49 @@ def parse_error_steps(text: str, steps: int) -> tuple[int, ...]:
             raise BadInput(f"--error-steps {text!r}: give step indices from 0 and / or first, middle, last "
                            "(comma-separated), or none") from None
         if not 0 <= step < steps:
-            raise BadInput(f"--error-steps {text!r}: step {step} is not a step of this run (0 to {steps - 1})")
+            where = (f"{run}, which runs steps 0 to {steps - 1} (a numbered step must be a step of every run; first, "
+                     "middle and last are each run's own)") if run else f"this run (0 to {steps - 1})"
+            raise BadInput(f"--error-steps {text!r}: step {step} is not a step of {where}")
         out.add(step)
     return tuple(sorted(out))
 
 
+def check_sampler_plans(plans: tuple[SamplerPlan, ...], text: str) -> None:
+    """Refuse two `--sampler` entries that run the same denoising (written differently: `default` and
+    `default:steps=4` where the preset runs 4 steps).
+
+    Raises:
+        BadInput: one line naming both entries.
+    """
+    keys = [_plan_key(p) for p in plans]
+    for i, key in enumerate(keys):
+        if key in keys[:i]:
+            first = plans[keys.index(key)]
+            raise BadInput(f"--sampler {text!r}: {first.sampler.text} and {plans[i].sampler.text} run the same "
+                           f"({sampler_label(plans[i], shift=True)}); give each sampler once")
+
+
 def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps: str = DEFAULT_ERROR_STEPS,
                             plot: bool | None = None) -> CompareConfig:
-    """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of at
-    least two backends as `vsagen profile` takes it, the first the reference) and its own. `warmup` defaults to
-    COMPARE_WARMUP. `options.output.out` is a folder (default `vsagen-<model>-compare-seed<seed>`); none of the
+    """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
+    backends as `vsagen profile` takes it, `--sampler` a list of samplers (`split_sampler_list`; default the preset's),
+    at least two runs between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
+    `--error-steps` words are each run's own steps (first, middle, last of its step count); a numbered step must be a
+    step of every run. `options.output.out` is a folder (default `vsagen-<model>-compare-seed<seed>`); none of the
     files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
 
     Raises:
-        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: fewer
-            than two backends, an unknown backend or option, an image-to-video model, a size, frame count or step
-            count the model refuses, bad --error-steps, an existing output file without `overwrite`, an
-            unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when
+        BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: a single
+            run, an unknown backend, sampler or option, an entry written twice or two sampler entries that run the
+            same, a flag a sampler refuses (`--sampler dmd --guidance 5`), an image-to-video model, a size, frame
+            count or step count the model refuses, bad --error-steps, an existing output file without `overwrite`,
+            an unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when
             matplotlib is installed and otherwise adds a note).
     """
     if not prompt.strip():
         raise BadInput("the prompt is empty")
     attn = options.attention.attn
-    if len(split_attn_list(attn)) < 2:
-        raise BadInput(f"--attn {attn!r}: compare needs the reference and at least one backend to compare with it, "
-                       "e.g. --attn full,vsa")
+    split_attn_list(attn)  # an empty or malformed list: refused before the model is resolved
     model = options.model.model
     src = resolve_model(model)
     if src.image_to_video:
@@ -153,11 +257,29 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     s = options.sampling
     options = dataclasses.replace(options, sampling=dataclasses.replace(
         s, warmup=COMPARE_WARMUP if s.warmup is None else s.warmup))
-    req = resolve(src, options, prompt=prompt, backends=SEVERAL)
+    sampler_text = s.sampler if s.sampler is not None else src.preset.defaults.sampler
+    try:
+        req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True)
+    except BadInput as e:  # a flag a sampler of the list refuses: say how to set it for one entry
+        if len(split_sampler_list(sampler_text)) > 1 and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
+            raise BadInput(f"{e} (--steps, --guidance and --flow-shift apply to every --sampler entry; set a default "
+                           "entry's own: default:steps=50:guidance=5:shift=8)") from None
+        raise
+    if len(req.backends) * len(req.samplers) < 2:
+        raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
+                       "at least one run to compare with it: two backends (e.g. --attn full,vsa) or two samplers "
+                       "(e.g. --sampler dmd,default:steps=50:guidance=5)")
+    check_sampler_plans(req.samplers, sampler_text)
     if min(req.height, req.width) < 7:
         raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {req.width} x {req.height}")
-    chosen = parse_error_steps(error_steps, req.steps)
+    several = len(req.samplers) > 1
+    words = [sampler_label(p) for p in req.samplers]
+    chosen = tuple(parse_error_steps(error_steps, p.steps, f"the {w} run" if several else "")
+                   for p, w in zip(req.samplers, words))
     notes = req.notes
+    if several and any(p.guidance > 1 for p in req.samplers):  # the negative prompt steers the runs with CFG
+        first = negative_prompt_note(s.negative_prompt, req.guidance, req.sampler)
+        notes = tuple(n for n in notes if n != first)
     if plot is not False:
         import importlib.util
 
@@ -172,7 +294,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     if folder.exists() and not folder.is_dir():
         raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
     cfg = CompareConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
-                        else out.fps, out=folder, error_steps=chosen, plot=plot, sheet=out.sheet)
+                        else out.fps, out=folder, error_steps=chosen[0], plot=plot, sheet=out.sheet,
+                        sampler_error_steps=chosen)
     for path in cfg.files.values():
         check_target(path, cfg.overwrite, "--out folder")
     check_folder(folder)
@@ -182,7 +305,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
 def resolve_compare(prompt: str, *, attn: str = DEFAULT_ATTN, error_steps: str = DEFAULT_ERROR_STEPS,
                     plot: bool | None = None, **flags: Any) -> CompareConfig:
     """`resolve_compare_options` with the shared options as keyword arguments named as the flags
-    (`vsagen.request.options.FLAGS`: model, attn, sparsity, height, steps, device, out, ...), for Python callers.
+    (`vsagen.request.options.FLAGS`: model, attn, sampler, sparsity, height, steps, device, out, ...), for Python
+    callers.
 
     Raises:
         BadInput: see `resolve_compare_options`.

@@ -1,6 +1,6 @@
 """Renderings of `vsagen compare`'s report (`vsagen.commands.compare.CompareReport`): the Rich table, the csv, the plot
-(speed-up against PSNR per backend; attention error per layer) and the side-by-side video's frames (each panel
-labelled with its backend, drawn with Pillow)."""
+(speed-up against PSNR per run; attention error per layer) and the side-by-side video's frames (each panel labelled
+with its run: backend, and sampler where the samplers differ; drawn with Pillow)."""
 
 from __future__ import annotations
 
@@ -34,47 +34,55 @@ def _worst_layer(row: Any) -> str:
 
 
 def title(report: Any) -> str:
-    """One line: model, size, steps, device and dtype, the reference."""
+    """One line: model, size, steps and CFG (where every run has the same; else the warm-up only: the labels name each
+    run's sampler), device and dtype, the reference."""
     s = report.settings
-    return (f"{s['model']} | {s['frames']}x{s['height']}x{s['width']} | {s['steps']} step"
-            f"{'s' * (s['steps'] != 1)} after {s['warmup']} warm-up | CFG {s['guidance']:g} | {s['device']} "
-            f"{s['dtype']} | reference {report.rows[0].label}")
+    walk = (f"{s['steps']} step{'s' * (s['steps'] != 1)} after {s['warmup']} warm-up | CFG {s['guidance']:g}"
+            if len(s.get("samplers") or [None]) < 2 else
+            f"{s['warmup']} warm-up step{'s' * (s['warmup'] != 1)} per run (a re-noise sampler: one pass)")
+    return (f"{s['model']} | {s['frames']}x{s['height']}x{s['width']} | {walk} | {s['device']} {s['dtype']} | "
+            f"reference {report.rows[0].label}")
 
 
 def rich_table(report: Any) -> Any:
-    """The report as a `rich.table.Table`: per backend DiT s/step, speed-up, PSNR, SSIM, latents rel-L2, the mean
-    attention error over the layers and the worst layer."""
+    """The report as a `rich.table.Table`: per run DiT s/video (every timed step, both CFG passes), DiT s/step, the
+    speed-up (of the DiT time per video), PSNR, SSIM, latents rel-L2, the mean attention error over the layers and
+    the worst layer."""
     from rich.table import Table
 
     steps = report.settings["error_steps"]
+    alike = len({tuple(r.error_steps) for r in report.rows}) < 2
+    at = (f"at step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or 'none'}" if alike else
+          "at each run's --error-steps")
     t = Table(title=title(report), title_justify="left",
-              caption=f"attention rel-L2 against dense attention on the same q, k, v at step"
-                      f"{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or 'none'}; PSNR / SSIM of "
-                      "the decoded frames against the "
-                      "reference", caption_justify="left")
+              caption=f"speed-up: of the DiT seconds per video; attention rel-L2 against dense attention on the "
+                      f"same q, k, v {at}; PSNR / SSIM of the decoded frames against the reference",
+              caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
     # (`vsagen.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
-    t.add_column("backend", overflow="fold", min_width=8)
-    for col in ("DiT\ns/step", "speed-\nup", "PSNR\ndB", "SSIM", "latents\nrel-L2", "attn\nrel-L2\nmean",
-                "attn rel-L2\nworst layer"):
+    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 else "backend", overflow="fold",
+                 min_width=8)
+    for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", "PSNR\ndB", "SSIM", "latents\nrel-L2",
+                "attn\nrel-L2\nmean", "attn rel-L2\nworst layer"):
         t.add_column(col, justify="right", overflow="fold")
     for r in report.rows:
-        t.add_row(r.label.replace(":", ":\n"), f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", _num(r.psnr_db, ".2f"),
+        t.add_row(r.label.replace(":", ":\n").replace(" / ", " /\n"), f"{r.dit_s_per_video:.3f}",
+                  f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", _num(r.psnr_db, ".2f"),
                   _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"), _num(r.attention_rel_l2_mean, ".1e"),
                   _worst_layer(r))
     return t
 
 
-CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "dit_s_per_step", "speedup_vs_reference",
-              "attention_s_per_step", "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean",
-              "attention_rel_l2_max", "probe_s", "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer",
-              "file")
+CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "steps", "guidance", "flow_shift",
+              "dit_forwards", "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
+              "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean", "attention_rel_l2_max", "probe_s",
+              "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer", "file")
 
 
 def render_csv(report: Any) -> str:
-    """One line per backend (CSV_FIELDS): scalars as numbers (PSNR +inf as "inf", missing as ""), per-frame
-    values space-separated, the per-layer attention error as space-separated `layer:value` (`expert/layer:value`
-    with two experts)."""
+    """One line per run (CSV_FIELDS): scalars as numbers (PSNR +inf as "inf", missing as ""), the sampler as its
+    entry (`dmd`, `default:steps=50:guidance=5`), per-frame values space-separated, the per-layer attention error as
+    space-separated `layer:value` (`expert/layer:value` with two experts)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
@@ -82,6 +90,7 @@ def render_csv(report: Any) -> str:
         experts = len({x["expert"] for x in r.attention_rel_l2_per_layer}) > 1
         d = {k: getattr(r, k) for k in CSV_FIELDS}
         d["psnr_db"] = json_number(r.psnr_db)
+        d["sampler"] = r.sampler["entry"]
         d["psnr_per_frame_db"] = " ".join(str(json_number(x)) for x in r.psnr_per_frame_db)
         d["ssim_per_frame"] = " ".join(f"{x:.6g}" for x in r.ssim_per_frame)
         d["attention_rel_l2_per_layer"] = " ".join(
@@ -129,8 +138,8 @@ def side_by_side(videos: Sequence[np.ndarray], labels: Sequence[str]) -> np.ndar
 
 
 def write_plot(report: Any, path: Path, *, overwrite: bool = False, outputs: Any = None) -> None:
-    """Two panels: speed-up over the reference against PSNR per backend (infinite PSNR drawn at the top with
-    an arrow mark), and the attention error (rel-L2 against dense) per layer, one line per backend. Written
+    """Two panels: speed-up over the reference (DiT time per video) against PSNR per run (infinite PSNR drawn at the
+    top with an arrow mark), and the attention error (rel-L2 against dense) per layer, one line per run. Written
     atomically (`vsagen.video.write_with`) in the format of `path`'s suffix; matplotlib's object API. With
     `outputs` (a `vsagen.video.Outputs`), added to that set instead (published with it; `overwrite` is the set's).
 
@@ -150,7 +159,7 @@ def write_plot(report: Any, path: Path, *, overwrite: bool = False, outputs: Any
         ax.scatter([r.speedup_vs_reference], [y], marker="^" if inf else "o")
         ax.annotate(r.label + (" (PSNR inf)" if inf else ""), (r.speedup_vs_reference, y), xytext=(4, 4),
                     textcoords="offset points", fontsize=8)
-    ax.set_xlabel(f"DiT speed-up over {rows[0].label}")
+    ax.set_xlabel(f"DiT speed-up over {rows[0].label} (seconds per video)")
     ax.set_ylabel(f"PSNR against {rows[0].label} (dB)")
     ax.margins(0.2)
     bx.xaxis.get_major_locator().set_params(integer=True)  # layers (two experts: labelled ticks instead)

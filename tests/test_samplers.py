@@ -84,21 +84,28 @@ def _run(pipe, sampler: Sampler, seed: int, guidance: float = 5.0):
     return latents.double(), seen
 
 
-@pytest.mark.parametrize("entry", ["dmd", "dmd-hummingbird"])
+@pytest.mark.parametrize("entry", ["dmd", "dmd-hummingbird", "rcm", "rcm:steps=2:sigma_max=200", "rcm:ode=true"])
 def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(tiny_pipe, entry):
-    """x0 = x - sigma_i v; x_next = (1 - sigma_next) x0 + sigma_next eps (fresh or the same eps per the sampler); the
-    last step returns x0; one DiT forward a step at the sampler's timesteps, whatever --steps and CFG were asked."""
-    sampler, seed = NAMED[entry], 3
+    """x starts as sigma_0 eps; x0 = x - sigma_i v; x_next = (1 - sigma_next) x0 + sigma_next eps (fresh or the same
+    eps per the sampler; rCM's ODE: x_next = x + (sigma_next - sigma_i) v); the last step returns x0; one DiT forward a
+    step at the sampler's timesteps, whatever --steps and CFG were asked."""
+    from vsagen.request.sampling import parse_sampler
+
+    sampler, seed = parse_sampler(entry), 3
     latents, seen = _run(tiny_pipe, sampler, seed)
     assert len(seen) == len(sampler.sigmas)  # CFG off: one forward a step (guidance 5 was passed)
     assert [float(t.flatten()[0]) for _, t, _ in seen] == list(sampler.timesteps)
     shape = seen[0][0].shape
-    x = torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed)).double()  # diffusers' initial noise
-    assert torch.equal(seen[0][0], x)
+    eps0 = torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed)).double()  # diffusers' initial noise
+    x = sampler.sigmas[0] * eps0
+    assert torch.allclose(seen[0][0], x, rtol=1e-6, atol=1e-7)
     noise = torch.Generator("cpu").manual_seed(seed + RENOISE_SEED_OFFSET)
     sig = [*sampler.sigmas, 0.0]
     for i, (x_in, _, v) in enumerate(seen):
         assert torch.allclose(x_in, x, rtol=1e-6, atol=1e-6), i
+        if sampler.noise == "none":
+            x = x_in + (sig[i + 1] - sig[i]) * v
+            continue
         x0 = x_in - sig[i] * v
         if sampler.noise == "once":
             noise.manual_seed(seed + RENOISE_SEED_OFFSET)
@@ -106,6 +113,31 @@ def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(t
         x = (1 - sig[i + 1]) * x0 + sig[i + 1] * eps
     assert torch.allclose(latents, x, rtol=1e-6, atol=1e-6)  # the last step's x0
     assert latents.std() > 0.1  # not a degenerate comparison
+
+
+@pytest.mark.parametrize("sigma_max,first", [(80.0, 0.987654), (200.0, 0.995025)])
+@pytest.mark.parametrize("steps", [1, 2, 3, 4])
+def test_rcm_times_are_turbodiffusions_lists(steps, sigma_max, first):
+    """TurboDiffusion's inference: TrigFlow angles [atan(sigma_max), 1.5, 1.4, 1.0][:steps] mapped to the flow time
+    t = sin(a) / (cos(a) + sin(a)) = tan(a) / (1 + tan(a)); the published lists (0.987654 / 0.995025, 0.933781,
+    0.852895, 0.608979); the transformer's timestep is t x 1000 in a bf16 tensor."""
+    from vsagen.request.sampling import parse_sampler
+
+    s = parse_sampler(f"rcm:steps={steps}:sigma_max={sigma_max:g}")
+    angles = [np.arctan(sigma_max), 1.5, 1.4, 1.0][:steps]
+    want = [np.tan(a) / (1 + np.tan(a)) for a in angles]
+    assert np.allclose(s.sigmas, want, rtol=0, atol=1e-12)
+    assert [round(t, 6) for t in s.sigmas] == [first, 0.933781, 0.852895, 0.608979][:steps]
+    bf16 = (torch.tensor(s.sigmas, dtype=torch.float32).double() * 1000).to(torch.bfloat16).tolist()
+    assert list(s.timesteps) == bf16
+    assert s.noise == "fresh" and s.sigma_max == sigma_max and not s.cfg
+
+
+def test_bf16_rounds_as_torch_does():
+    from vsagen.samplers import bf16
+
+    values = torch.cat([torch.rand(2000, dtype=torch.float64) * 1000, torch.tensor([967.7419, 909.0909, 1000.0])])
+    assert [bf16(float(v)) for v in values.float().double()] == values.float().to(torch.bfloat16).tolist()
 
 
 def test_the_seed_reproduces_the_video_and_the_pipeline_gets_its_own_scheduler_back(tiny_pipe):

@@ -72,7 +72,8 @@ SamplerOption = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="NAME[:KEY=VALUE...]",
     help="How the denoising walks: default (the checkpoint's scheduler, --steps steps, CFG as --guidance says); dmd "
          "(FastWan's 3-step DMD: sigma 1, 0.757, 0.522, CFG off); dmd-hummingbird (Hummingbird-XT's: 1, 0.968, "
-         "0.909); dmd:sigmas=1.0,0.75,0.5 for any list. Default from the preset.")]
+         "0.909); rcm (TurboDiffusion's, 1-4 steps: rcm:steps=4:sigma_max=80); dmd:sigmas=1.0,0.75,0.5 for any "
+         "list. Default from the preset.")]
 CompareSamplers = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="LIST",
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "

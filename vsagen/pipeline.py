@@ -184,14 +184,28 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
     import torch
 
     sampler = sampler if sampler is not None else NAMED_SAMPLERS["default"]
+    generator = torch.Generator("cpu").manual_seed(seed)
+    extra = dict(extra or {})
     if sampler.renoise:
         steps, guidance = len(sampler.sigmas), 1.0
+        if sampler.sigmas[0] != 1.0:  # a re-noise sampler starts from sigma_0 x eps (rCM: 0.987654 x eps)
+            extra["latents"] = initial_noise(pipe, plan, generator) * sampler.sigmas[0]
     with use_sampler(pipe, sampler, seed):
         return pipe(prompt_embeds=pos, negative_prompt_embeds=neg if guidance > 1 else None,
                     height=plan.denoise_height, width=plan.denoise_width, num_frames=plan.denoise_frames,
-                    num_inference_steps=steps, guidance_scale=guidance,
-                    generator=torch.Generator("cpu").manual_seed(seed), output_type="latent", return_dict=False,
-                    **(extra or {}))[0]
+                    num_inference_steps=steps, guidance_scale=guidance, generator=generator, output_type="latent",
+                    return_dict=False, **extra)[0]
+
+
+def initial_noise(pipe: Any, plan: CropPlan, generator: Any) -> Any:
+    """The initial latents diffusers' Wan pipelines draw from `generator` at the plan's denoise size (float32, on the
+    CPU generator's stream, then on the pipeline's device): (1, z, F_lat, H_lat, W_lat) standard normal."""
+    import torch
+    from diffusers.utils.torch_utils import randn_tensor
+
+    shape = (1, pipe.vae.config.z_dim, (plan.denoise_frames - 1) // pipe.vae_scale_factor_temporal + 1,
+             plan.denoise_height // pipe.vae_scale_factor_spatial, plan.denoise_width // pipe.vae_scale_factor_spatial)
+    return randn_tensor(shape, generator=generator, device=pipe._execution_device, dtype=torch.float32)
 
 
 @contextlib.contextmanager

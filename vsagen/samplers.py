@@ -26,14 +26,24 @@ Named samplers (sources read 2026-12-03; see the references in each entry):
   (0.909091); the transformer gets those timesteps after a bf16 round trip and an int64 cast (1000, 968, 908); both
   re-noises draw the same noise (one seeded generator, reseeded each step).
 
+* `rcm`: TurboDiffusion's rCM (`turbodiffusion/inference/wan2.1_t2v_infer.py`, @aaecff5): 1-4 steps at the
+  TrigFlow angles atan(sigma_max), 1.5, 1.4, 1.0 (the first `steps`), each mapped to the flow time
+  t = sin(a) / (cos(a) + sin(a)): 0.987654, 0.933781, 0.852895, 0.608979 for sigma_max 80 (T2V; their I2V uses 200,
+  first t 0.995025); the transformer gets t x 1000 through a bf16 tensor (988, 932, 852, 608); fresh noise at each
+  re-noise; `ode=true` (their I2V `--ode`) takes the Euler step x - (t - t_next) v instead of re-noising.
+
+Every re-noise sampler starts from sigma_0 x eps (a flow latent at sigma_0 with the clean part's mean, 0): pure
+noise for the DMD lists (sigma_0 = 1), 0.987654 x eps for rCM, as TurboDiffusion starts.
+
 Custom lists: `dmd:sigmas=1.0,0.75,0.5` (timesteps default to sigma x 1000, as diffusers derives them),
-`dmd:sigmas=...:timesteps=1000,750,500`, `:noise=fresh|once`.
+`dmd:sigmas=...:timesteps=1000,750,500`, `:noise=fresh|once|none` (none: the Euler ODE step, no re-noise).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import struct
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -41,7 +51,10 @@ from .errors import BadInput
 
 NUM_TRAIN_TIMESTEPS = 1000  # Wan's flow-matching schedulers: timestep = sigma x 1000
 MAX_SAMPLER_STEPS = 50  # the longest sigma list a re-noise sampler takes
-NOISE = ("fresh", "once")  # a new draw at each re-noise | the same draw at each re-noise
+NOISE = ("fresh", "once", "none")  # a new draw at each re-noise | the same draw each time | no re-noise (Euler ODE)
+RCM_ANGLES = (1.5, 1.4, 1.0)  # rCM's TrigFlow angles after atan(sigma_max), the first steps - 1 of them
+RCM_SIGMA_MAX = 80.0  # TurboDiffusion's T2V default (its Wan2.2 I2V: 200)
+RCM_MAX_STEPS = 1 + len(RCM_ANGLES)
 RENOISE_SEED_OFFSET = 2  # the re-noise generator's seed is the run's seed + 2 (the initial noise takes the seed)
 
 
@@ -54,7 +67,9 @@ class Sampler:
         sigmas: the re-noise sigma list, each in (0, 1], strictly decreasing (empty for `default`).
         timesteps: the transformer timesteps of each sigma, in [0, NUM_TRAIN_TIMESTEPS], non-increasing, as many
             as `sigmas` (empty for `default`).
-        noise: "fresh" (a new draw at each re-noise) or "once" (the same draw each time).
+        noise: "fresh" (a new draw at each re-noise), "once" (the same draw each time) or "none" (no re-noise: the
+            Euler step x + (sigma_next - sigma) v of the flow ODE).
+        sigma_max: rCM's initial EDM sigma (None for the other samplers).
         steps, guidance, shift: `default` only: the step count, CFG scale and flow shift its entry sets (None:
             the request's flags, else the preset's).
         custom: the entry set its own lists (`dmd:sigmas=...`).
@@ -65,6 +80,7 @@ class Sampler:
     sigmas: tuple[float, ...] = ()
     timesteps: tuple[float, ...] = ()
     noise: str = "fresh"
+    sigma_max: float | None = None
     steps: int | None = None
     guidance: float | None = None
     shift: float | None = None
@@ -91,6 +107,11 @@ class Sampler:
             return ":".join([self.name, *opts])
         named = NAMED[self.name]
         opts = []
+        if self.sigma_max is not None:  # rCM: its steps, sigma_max and ODE flag give its lists
+            opts += [f"steps={len(self.sigmas)}"] if len(self.sigmas) != len(named.sigmas) else []
+            opts += [f"sigma_max={self.sigma_max:g}"] if self.sigma_max != named.sigma_max else []
+            opts += ["ode=true"] if self.noise == "none" else []
+            return ":".join([self.name, *opts])
         if self.sigmas != named.sigmas or self.timesteps != named.timesteps:
             opts.append(f"sigmas={','.join(str(s) for s in self.sigmas)}")
             if self.timesteps != tuple(s * NUM_TRAIN_TIMESTEPS for s in self.sigmas):
@@ -105,10 +126,36 @@ class Sampler:
                              "kind": "renoise" if self.renoise else "scheduler", "cfg": self.cfg}
         if self.renoise:
             d.update(steps=len(self.sigmas), sigmas=list(self.sigmas), timesteps=list(self.timesteps),
-                     noise=self.noise)
+                     noise=self.noise, initial_noise_scale=self.sigmas[0])
+        if self.sigma_max is not None:
+            d["sigma_max"] = self.sigma_max
         if self.source:
             d["source"] = self.source
         return d
+
+
+def bf16(x: float) -> float:
+    """`x` rounded to bfloat16 (through float32, round to nearest even), as a float: what a value becomes in a bf16
+    tensor (`torch.tensor(x).to(torch.bfloat16)`), without importing torch."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def rcm_times(steps: int, sigma_max: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """rCM's flow times and transformer timesteps for `steps` (1-4) steps from `sigma_max` (TurboDiffusion's
+    inference scripts): angles atan(sigma_max), then the first steps - 1 of RCM_ANGLES; t = sin(a) / (cos(a) + sin(a))
+    (float64); timestep = bf16(float32(t) x 1000), the value their bf16 transformer input holds.
+
+    Raises:
+        ValueError: steps outside [1, RCM_MAX_STEPS] or sigma_max <= 0.
+    """
+    if not 1 <= steps <= RCM_MAX_STEPS or not sigma_max > 0:
+        raise ValueError(f"rCM takes 1 to {RCM_MAX_STEPS} steps and sigma_max > 0, got {steps}, {sigma_max}")
+    angles = (math.atan(sigma_max), *RCM_ANGLES[: steps - 1])
+    times = tuple(math.sin(a) / (math.cos(a) + math.sin(a)) for a in angles)
+    float32 = (lambda x: struct.unpack("<f", struct.pack("<f", x))[0])
+    return times, tuple(bf16(float32(t) * 1000) for t in times)
 
 
 NAMED: dict[str, Sampler] = {
@@ -117,6 +164,8 @@ NAMED: dict[str, Sampler] = {
                    source="FastVideo FastWan DMD (DmdDenoisingStage): timesteps 1000, 757, 522 at shift 8"),
     "dmd-hummingbird": Sampler("dmd-hummingbird", sigmas=(1.0, 30 / 31, 10 / 11), timesteps=(1000.0, 968.0, 908.0),
                                noise="once", source="AMD Hummingbird-XT: timesteps 1000, 750, 500 at shift 10"),
+    "rcm": Sampler("rcm", *rcm_times(RCM_MAX_STEPS, RCM_SIGMA_MAX), noise="fresh", sigma_max=RCM_SIGMA_MAX,
+                   source="TurboDiffusion rCM: TrigFlow angles atan(sigma_max), 1.5, 1.4, 1.0"),
 }
 DEFAULT_SAMPLER = "default"
 
@@ -153,7 +202,7 @@ def check_renoise_lists(sigmas: tuple[float, ...], timesteps: tuple[float, ...],
 def renoise_scheduler(sampler: Sampler, generator_seed: int) -> Any:
     """diffusers' `FlowMatchEulerDiscreteScheduler(stochastic_sampling=True, shift=1.0)` set to the sampler's lists
     for any `set_timesteps` call, with a CPU generator seeded `generator_seed` handed to every `step` (reseeded before
-    each step for `noise="once"`).
+    each step for `noise="once"`; `noise="none"`: `stochastic_sampling=False`, diffusers' Euler step).
 
     Args:
         sampler: a re-noise sampler.
@@ -169,7 +218,7 @@ def renoise_scheduler(sampler: Sampler, generator_seed: int) -> Any:
     if not sampler.renoise:
         raise ValueError(f"{sampler.name} is not a re-noise sampler")
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=NUM_TRAIN_TIMESTEPS, shift=1.0,
-                                                stochastic_sampling=True)
+                                                stochastic_sampling=sampler.noise != "none")
     set_timesteps, step = scheduler.set_timesteps, scheduler.step
     generator = torch.Generator("cpu").manual_seed(generator_seed)
 

@@ -15,7 +15,8 @@ from vsagen.samplers import NAMED
 
 @pytest.mark.parametrize("entry", ["default", "dmd", "dmd-hummingbird", "dmd:noise=once", "dmd:sigmas=1.0,0.75,0.5",
                                    "dmd:sigmas=1.0,0.8:timesteps=1000,800.5:noise=once",
-                                   "default:steps=50:guidance=5:shift=8"])
+                                   "default:steps=50:guidance=5:shift=8", "rcm", "rcm:steps=2:sigma_max=200",
+                                   "rcm:ode=true", "dmd:noise=none"])
 def test_entries_round_trip_through_their_text(entry):
     s = parse_sampler(entry)
     assert parse_sampler(s.text) == s
@@ -47,7 +48,13 @@ def test_a_custom_list_keeps_the_update_and_derives_timesteps_as_diffusers_does(
     ("default:steps=0", "steps must be in [1, 10000]"),
     ("default:steps=2.5", "steps must be an integer"),
     ("default:shift=0", "shift must be in (0"),
-    ("default:sigmas=1", "default takes no option 'sigmas'")])
+    ("default:sigmas=1", "default takes no option 'sigmas'"),
+    ("rcm:steps=5", "rCM runs 1 to 4 steps, got 5"),
+    ("rcm:steps=two", "steps must be an integer"),
+    ("rcm:sigma_max=0", "sigma_max must be in (0"),
+    ("rcm:sigma_max=inf", "sigma_max must be in (0"),
+    ("rcm:ode=maybe", "ode must be true or false"),
+    ("rcm:sigmas=1,0.5", "rcm takes no option 'sigmas'; its options: steps, sigma_max, ode")])
 def test_bad_entries_are_one_line(entry, message):
     with pytest.raises(BadInput) as e:
         parse_sampler(entry)

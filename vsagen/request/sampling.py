@@ -14,8 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import BadInput
-from ..samplers import NAMED, NUM_TRAIN_TIMESTEPS, NOISE, Sampler, check_renoise_lists
+from ..samplers import NAMED, NUM_TRAIN_TIMESTEPS, NOISE, RCM_MAX_STEPS, Sampler, check_renoise_lists, rcm_times
 from .bounds import MAX_FLOW_SHIFT, MAX_GUIDANCE, MAX_STEPS
+
+MAX_RCM_SIGMA = 1e6  # rCM's initial EDM sigma: 80 (T2V) and 200 (I2V) published; atan saturates long before this
 
 
 def _numbers(text: str, what: str, entry: str) -> tuple[float, ...]:
@@ -48,9 +50,10 @@ def _default_option(key: str, value: str, entry: str) -> Any:
 def parse_sampler(entry: str) -> Sampler:
     """One `--sampler` entry: `NAME[:KEY=VALUE...]`.
 
-    `default` takes `steps`, `guidance`, `shift`; a re-noise sampler (`dmd`, `dmd-hummingbird`) takes `sigmas`
+    `default` takes `steps`, `guidance`, `shift`; a DMD list (`dmd`, `dmd-hummingbird`) takes `sigmas`
     (comma-separated, each in (0, 1], decreasing), `timesteps` (as many, in [0, 1000], non-increasing; default sigma
-    x 1000 when `sigmas` is given) and `noise` (fresh | once).
+    x 1000 when `sigmas` is given) and `noise` (fresh | once | none); `rcm` takes `steps` (1-4), `sigma_max` (> 0)
+    and `ode` (true | false).
 
     Raises:
         BadInput: an unknown name or option, an option given twice, a value out of its bounds (one line naming it).
@@ -61,7 +64,8 @@ def parse_sampler(entry: str) -> Sampler:
     if name not in NAMED:
         raise BadInput(f"unknown --sampler {name!r}; available: {', '.join(NAMED)} (or dmd:sigmas=1.0,0.75,0.5)")
     base = NAMED[name]
-    keys = ("steps", "guidance", "shift") if not base.renoise else ("sigmas", "timesteps", "noise")
+    keys = (("steps", "guidance", "shift") if not base.renoise else ("steps", "sigma_max", "ode")
+            if base.sigma_max is not None else ("sigmas", "timesteps", "noise"))
     given: dict[str, str] = {}
     for pair in (p for p in rest.split(":") if rest):
         key, eq, value = (x.strip() for x in pair.partition("="))
@@ -74,6 +78,8 @@ def parse_sampler(entry: str) -> Sampler:
         given[key] = value
     if not base.renoise:
         return replace(base, **{k: _default_option(k, v, text) for k, v in given.items()})
+    if base.sigma_max is not None:
+        return _rcm(base, given, text)
     if "timesteps" in given and "sigmas" not in given:
         raise BadInput(f"--sampler {text!r}: timesteps need their sigmas (sigmas=...:timesteps=...)")
     sigmas, timesteps = base.sigmas, base.timesteps
@@ -88,6 +94,33 @@ def parse_sampler(entry: str) -> Sampler:
     custom = "sigmas" in given
     return replace(base, sigmas=sigmas, timesteps=timesteps, noise=noise, custom=custom or noise != base.noise,
                    source=f"a custom sigma list with {name}'s re-noise update" if custom else base.source)
+
+
+def _rcm(base: Sampler, given: dict[str, str], text: str) -> Sampler:
+    """An `rcm` entry's options (`steps`, `sigma_max`, `ode`) as its lists (`vsagen.samplers.rcm_times`)."""
+    steps = len(base.sigmas)
+    if "steps" in given:
+        try:
+            steps = int(given["steps"])
+        except ValueError:
+            raise BadInput(f"--sampler {text!r}: steps must be an integer, got {given['steps']!r}") from None
+        if not 1 <= steps <= RCM_MAX_STEPS:
+            raise BadInput(f"--sampler {text!r}: rCM runs 1 to {RCM_MAX_STEPS} steps, got {steps}")
+    sigma_max = base.sigma_max
+    if "sigma_max" in given:
+        try:
+            sigma_max = float(given["sigma_max"])
+        except ValueError:
+            raise BadInput(f"--sampler {text!r}: sigma_max must be a number, got {given['sigma_max']!r}") from None
+        if not (math.isfinite(sigma_max) and 0 < sigma_max <= MAX_RCM_SIGMA):
+            raise BadInput(f"--sampler {text!r}: sigma_max must be in (0, {MAX_RCM_SIGMA:g}], got {given['sigma_max']}")
+    ode = given.get("ode", "false").lower()
+    if ode not in ("true", "false"):
+        raise BadInput(f"--sampler {text!r}: ode must be true or false, got {given['ode']!r}")
+    sigmas, timesteps = rcm_times(steps, sigma_max)
+    noise = "none" if ode == "true" else base.noise
+    return replace(base, sigmas=sigmas, timesteps=timesteps, sigma_max=sigma_max, noise=noise,
+                   custom=(steps, sigma_max, noise) != (len(base.sigmas), base.sigma_max, base.noise))
 
 
 def split_sampler_list(text: str) -> tuple[str, ...]:

@@ -149,11 +149,11 @@ def test_import_vsagen_is_light():
     assert {"apply", "load_pipeline"} <= set(vsagen.__all__)
 
 
-def readme_python_api_block() -> str:
-    """The first ```python block under README.md's "## Python API" heading."""
+def readme_python_api_block(index: int = 0) -> str:
+    """The `index`-th ```python block under README.md's "## Python API" heading."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return re.findall(r"```python\n(.*?)```", section, re.S)[index]
 
 
 @pytest.mark.slow
@@ -178,6 +178,10 @@ def test_readme_python_api_example_runs_as_pasted(vsagen_cache, capsys):
     assert not is_patched(pipe.transformer) and "step" not in vars(pipe.scheduler)  # no hooks, scheduler's own step
     assert not pipe.transformer._forward_pre_hooks and not pipe.transformer._forward_hooks
     assert namespace["video"].shape[-1] == 3  # frames (F, H, W, 3)
+    # the next block (issue 30): a few-step sampler on the same pipeline, its scheduler given back
+    own = pipe.scheduler
+    exec(compile(readme_python_api_block(1), "README.md#python-api-sampler", "exec"), namespace)
+    assert namespace["dmd"].name == "dmd" and pipe.scheduler is own
 
 
 def test_backend_spec_merges_text_and_keywords():

@@ -416,3 +416,18 @@ def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_
         _from_pretrained(str(ckpt), cfg, torch.float32)
     err = capfd.readouterr().err
     assert "An error occurred" not in err and "ckpt/transformer" not in err
+
+
+def test_the_weights_note_says_what_the_layers_without_them_run():
+    """A checkpoint holding a backend's weights for some layers only (a new-user trial: gates for 1 of 2 layers ran
+    with a note that did not say what the other layer does)."""
+    from vsagen.attention.sla_star import SLAStarAttention
+    from vsagen.attention.vsa import VSAAttention
+    from vsagen.loading import weights_note
+
+    assert weights_note(VSAAttention(), 1, 2) == ("loaded trained vsa weights (to_gate_compress) for 1 of 2 layers; "
+                                                  "the other 1 run without them")
+    assert weights_note(VSAAttention(), 2, 2) == "loaded trained vsa weights (to_gate_compress) for 2 of 2 layers"
+    partial = weights_note(SLAStarAttention(), 29, 30)
+    assert partial.startswith("loaded trained sla-star weights (sla_proj_l) for 29 of 30 layers; the other 1 run "
+                              "without them (") and "vsa" in partial

@@ -373,6 +373,10 @@ def test_a_published_distill_never_stands_in_for_a_plain_checkpoint_of_its_archi
     assert preset_for_transformer_config(config, {"_class_name": "WanDMDPipeline"}, "x").name == "fastwan2.1-t2v-1.3b"
     assert preset_for_transformer_config(config, plain, "FastWan2.1-T2V-1.3B-Diffusers").name == "fastwan2.1-t2v-1.3b"
     assert preset_for_transformer_config(config, {"_class_name": "OtherPipeline"}, "x") is None
+    # resolve_model reads the index as the stock class it is built as: the class as written still picks FastWan's
+    # preset (else a FastWan folder not named after its repository ran the 50-step scheduler)
+    assert preset_for_transformer_config(config, plain, "x", checkpoint_class="WanDMDPipeline").name == \
+        "fastwan2.1-t2v-1.3b"
 
 
 @pytest.mark.parametrize("table,value,message", [

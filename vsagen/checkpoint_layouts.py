@@ -70,8 +70,9 @@ def stock_pipeline_class(index: dict[str, Any], transformer: dict[str, Any]) -> 
     None when the class is already a stock one, or the transformer is not diffusers' `WanTransformer3DModel` (then
     the checkpoint is refused as before). Whether diffusers has the named class is `vsagen.loading`'s check."""
     cls = index.get("_class_name")
-    if cls in STOCK_PIPELINES or list(index.get("transformer") or []) != WAN_TRANSFORMER:
-        return None
+    if (not isinstance(cls, str) or not cls.strip().isidentifier() or cls in STOCK_PIPELINES
+            or list(index.get("transformer") or []) != WAN_TRANSFORMER):
+        return None  # a missing, empty or malformed class name is refused as any foreign class is
     return I2V_PIPELINE if takes_image_input(transformer) else T2V_PIPELINE
 
 

@@ -474,7 +474,11 @@ def weights_note(backend: Any, layers: int, total: int) -> str | None:
         return None
     if not layers:
         return backend.weights.missing_note
-    return f"loaded trained {backend.name} weights ({backend.weights.attr}) for {layers} of {total} layers"
+    note = f"loaded trained {backend.name} weights ({backend.weights.attr}) for {layers} of {total} layers"
+    if layers < total:  # a checkpoint holding them for some layers only: the others run without
+        note += f"; the other {total - layers} run without them" + (
+            f" ({backend.weights.missing_note})" if backend.weights.missing_note else "")
+    return note
 
 
 def truncation_note(pipe: Any, request: Request) -> str | None:

@@ -35,6 +35,7 @@ class ModelSource:
     last_image_use: str = ""  # a directory's own (`last_image_use` of its configs); "" for presets: the preset's
     layout: str = "diffusers"  # "wan": the transformer is in the original Wan key names (`vsagen.checkpoint_layouts`)
     components: str = ""  # layout "wan": the diffusers hub id of the other components ("": the tiny preset's checkpoint)
+    index_class: str = ""  # a directory's model_index.json class as written (e.g. FastVideo's WanDMDPipeline)
 
     @property
     def image_to_video(self) -> bool:
@@ -95,9 +96,12 @@ def resolve_model(model: str) -> ModelSource:
             tcfg = json.loads(cfg_path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ModelNotFound(f"--model {model}: cannot read {cfg_path}: {e}") from None
-        # a foreign pipeline class or a missing expand_timesteps read as diffusers' stock classes need them
-        index_data, _ = index_as_stock(_read_index(index), tcfg)
-        preset = preset_for_transformer_config(tcfg, index_data, path.resolve().name)
+        # a foreign pipeline class or a missing expand_timesteps read as diffusers' stock classes need them; the class
+        # as written still picks a published checkpoint's preset that names it (FastVideo's WanDMDPipeline)
+        raw = _read_index(index)
+        index_data, _ = index_as_stock(raw, tcfg)
+        written = raw.get("_class_name") if isinstance(raw.get("_class_name"), str) else ""
+        preset = preset_for_transformer_config(tcfg, index_data, path.resolve().name, checkpoint_class=written)
         exact = preset is not None
         if preset is None:
             # An architecture no preset describes (e.g. a test checkpoint): take a tiny preset's settings only
@@ -109,7 +113,7 @@ def resolve_model(model: str) -> ModelSource:
         takes_image = cls == I2V_PIPELINE or preset.ti2v  # as ModelSource.takes_image
         return ModelSource("dir", str(path.resolve()), preset, exact_preset=exact,
                            rope_max_seq_len=tcfg.get("rope_max_seq_len", preset.transformer.get("rope_max_seq_len")),
-                           pipeline=cls if isinstance(cls, str) else "",
+                           pipeline=cls if isinstance(cls, str) else "", index_class=written,
                            last_image_use=last_image_use(takes_image, tcfg,
                                                          bool(index_data.get("expand_timesteps", False))))
     if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):

@@ -222,6 +222,27 @@ def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0)
         timer.cancel()
 
 
+def check_backend_weights(model: LoadedModel, backends: Sequence[Any]) -> None:
+    """Read and check every backend's own weights (a named file, or the checkpoint's tensors) against the loaded
+    transformers, then take them off again: each run attaches its backend's, and a misfit is refused before the first
+    run starts (and before the run's notes are printed).
+
+    Raises:
+        BadInput: a weights file that cannot be read or whose shapes do not fit (`attach_backend_weights`).
+    """
+    from .attention.weights import attach_backend_weights
+
+    for backend in backends:
+        undo: list[Callable[[], None]] = []
+        try:
+            for name, t in experts(model.pipe):
+                attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None,
+                                       undo)
+        finally:
+            for restore in reversed(undo):
+                restore()
+
+
 def decode_latents(pipe: Any, latents: Any) -> Any:
     """Un-normalise Wan latents and decode them: (1, z, F_lat, H_lat, W_lat) -> (1, 3, F, H, W) in [-1, 1]."""
     import torch
@@ -436,6 +457,8 @@ class Session:
             run = run_info(pipe, grid=denoise_plan(request, pipe, fit).denoise_grid, steps=request.steps)
             for backend in backends:
                 backend.prepare(run)
+        if request.offload == "none":  # (offloaded runs attached them in load_model)
+            check_backend_weights(model, backends)
         pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
         fused = fused_blocks_apply(request.device, request.compile, request.offload, request.fused_blocks)
         if fused:

@@ -426,19 +426,20 @@ def same_architecture(config: dict[str, Any], transformer: dict[str, Any]) -> bo
 
 
 def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] | None = None,
-                                  dirname: str = "") -> Preset | None:
+                                  dirname: str = "", checkpoint_class: str = "") -> Preset | None:
     """The bundled hub preset (of the diffusers layout) that describes a local checkpoint: same transformer
     architecture (`_ARCH_KEYS` of its transformer/config.json) and, when its model_index.json is given, the same
     family (pipeline class, a second expert or not, per-token timesteps or not).
 
     Several presets can share one architecture (Wan2.1 I2V 480p / 720p; a Wan release and its FastWan distill): a
-    checkpoint whose model_index names a preset's own `checkpoint_class` (FastVideo's `WanDMDPipeline`) gets that
-    preset; else the one whose hub repository name is part of the directory's name wins (a download into
+    checkpoint whose model_index names a preset's own `checkpoint_class` (FastVideo's `WanDMDPipeline`; given as
+    `checkpoint_class` when `index` holds the stock class it is built as) gets that preset; else the one whose hub repository name is part of the directory's name wins (a download into
     `Wan2.1-I2V-14B-720P-Diffusers/` gets the 720p defaults), else the first by name among the presets that are not
     `published` (a published checkpoint's preset never stands in for a plain checkpoint).
     """
     matches = []
     named = index.get("_class_name") if index is not None else None
+    written = checkpoint_class or named
     for n in preset_names():
         p = load_preset(n)
         if p.source != "hub" or p.transformer_layout != "diffusers" or not same_architecture(config, p.transformer):
@@ -446,7 +447,7 @@ def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] 
         if index is not None and (named not in (None, p.pipeline, p.checkpoint_class) or not same_family(p, index)):
             continue
         matches.append(p)
-    own = [p for p in matches if p.checkpoint_class is not None and p.checkpoint_class == named]
+    own = [p for p in matches if p.checkpoint_class is not None and p.checkpoint_class == written]
     folder = dirname.lower()
     for p in own + matches:
         if folder and p.hub_id.split("/")[-1].lower().removesuffix("-diffusers") in folder:

@@ -121,9 +121,10 @@ class Sampler:
         return ":".join([self.name, *opts])
 
     def summary(self) -> dict[str, Any]:
-        """JSON-ready: name, entry text, kind, sigmas and timesteps (re-noise), noise, CFG, source."""
+        """JSON-ready: name, entry text, kind, sigmas and timesteps (re-noise), noise, source. (Whether CFG ran is
+        the run's `cfg`: `default` runs it when the CFG scale is above 1.)"""
         d: dict[str, Any] = {"name": self.name, "entry": self.text,
-                             "kind": "renoise" if self.renoise else "scheduler", "cfg": self.cfg}
+                             "kind": "renoise" if self.renoise else "scheduler"}
         if self.renoise:
             d.update(steps=len(self.sigmas), sigmas=list(self.sigmas), timesteps=list(self.timesteps),
                      noise=self.noise, initial_noise_scale=self.sigmas[0])

@@ -53,7 +53,7 @@ def test_choose_backend_says_which_why_and_the_alternative(tmp_path):
     assert choose_backend("dir", str(gated), random_weights=True, device="cuda")[0] == "full"
     plain = checkpoint(tmp_path / "plain")
     name, note = choose_backend("dir", str(plain), random_weights=False, device="cuda")
-    assert name == "full" and "no sparse-attention weights" in note and "--attn vsa" in note
+    assert name == "full" and "holds no sparse-attention weights" in note and "--attn vsa" in note
     assert "vsagen compare" in note and "CPU" not in note
     name, note = choose_backend("tiny", "", random_weights=False, device="cpu")
     assert name == "full" and "random weights" in note and "slow torch reference" in note

@@ -36,6 +36,7 @@ BAD = [
     ("one-backend", ["--attn", "full"], ["is one run", "--attn full,vsa", "--sampler dmd,default"]),
     ("one-backend-one-sampler", ["--attn", "vsa", "--sampler", "dmd"], ["'vsa' with --sampler 'dmd' is one run"]),
     ("sampler-twice", ["--sampler", "dmd,default,dmd"], ["written twice"]),
+    ("sampler-same", ["--sampler", "dmd,dmd:noise=fresh"], ["'dmd:noise=fresh' runs the same sampler as 'dmd'"]),
     ("sampler-same-run", ["--sampler", "default:steps=4,default"], ["default:steps=4 and default run the same",
                                                                    "4 steps CFG 5 shift 3"]),
     ("sampler-vs-guidance", ["--sampler", "dmd", "--guidance", "5"], ["--guidance 5", "dmd sampler runs without CFG"]),

@@ -268,3 +268,13 @@ def test_shipped_pattern_files_fit_their_presets(preset, tmp_path):
     assert cfg.backend.options.patterns == path
     backend = backend_class("sparse-vdit")(cfg.backend.options)
     assert math.isclose(backend.describe()["density"], pf.density(), abs_tol=1e-6)
+
+
+def test_a_distilled_preset_searches_its_scheduler_with_sampler_default(tmp_path):
+    """The ranges error suggests `--sampler default --steps N` (a new-user trial: search had no --sampler)."""
+    cfg = resolve_search(prompt="a", model="fastwan2.1-t2v-1.3b", random_weights=True, sampler="default", steps=50,
+                         ranges=10, device="cpu", out=tmp_path / "p.json")
+    assert (cfg.steps, cfg.ranges, cfg.sampler.name) == (50, 10, "default")
+    res = search_cli("--prompt", "a", "--model", "fastwan2.1-t2v-1.3b", "--random-weights", "--sampler", "default",
+                     "--steps", "2", "--ranges", "3", "--out", str(tmp_path / "q.json"))
+    assert "--ranges must be in [1, --steps] = [1, 2]" in one_error_line(res)

@@ -49,6 +49,7 @@ def test_a_custom_list_keeps_the_update_and_derives_timesteps_as_diffusers_does(
     ("default:steps=2.5", "steps must be an integer"),
     ("default:shift=0", "shift must be in (0"),
     ("default:sigmas=1", "default takes no option 'sigmas'"),
+    ("dmd:", "nothing after the colon"),
     ("rcm:steps=5", "rCM runs 1 to 4 steps, got 5"),
     ("rcm:steps=two", "steps must be an integer"),
     ("rcm:sigma_max=0", "sigma_max must be in (0"),
@@ -64,6 +65,9 @@ def test_bad_entries_are_one_line(entry, message):
 def test_a_list_splits_on_commas_but_keeps_a_sigma_list_whole():
     assert split_sampler_list("dmd:sigmas=1.0,0.8,0.5,default:steps=50") == ("dmd:sigmas=1.0,0.8,0.5",
                                                                              "default:steps=50")
+    # the documented form with options after a list (a new-user trial: "unknown --sampler '0.5'")
+    assert split_sampler_list("dmd:sigmas=1.0,0.5:timesteps=1000,500") == ("dmd:sigmas=1.0,0.5:timesteps=1000,500",)
+    assert split_sampler_list("dmd:sigmas=1.0,0.5:noise=once,default") == ("dmd:sigmas=1.0,0.5:noise=once", "default")
     assert split_sampler_list("dmd") == ("dmd",)
     for bad in ("", "dmd,,default", "0.5,dmd"):
         with pytest.raises(BadInput):
@@ -115,6 +119,31 @@ def test_a_published_presets_sampler_is_the_default_and_a_flag_overrides_it():
     assert req.sampler == NAMED["dmd-hummingbird"] and req.steps == 3
     req = _resolve("tiny", sampler="dmd:sigmas=1,0.5")
     assert req.steps == 2 and req.guidance == 1.0 and req.samplers[0].sampler.sigmas == (1.0, 0.5)
+
+
+def test_a_comma_sigma_list_with_options_resolves_for_one_run():
+    req = _resolve("tiny", sampler="dmd:sigmas=1.0,0.5:timesteps=1000,500:noise=once")
+    assert req.sampler.sigmas == (1.0, 0.5) and req.sampler.timesteps == (1000.0, 500.0) and req.sampler.noise == "once"
+
+
+def test_two_experts_run_without_cfg_under_a_few_step_sampler():
+    """The second expert's CFG scale is 1 too (the JSON said guidance_2 3.0 beside cfg false)."""
+    req = _resolve("tiny-a14b", sampler="dmd")
+    assert (req.guidance, req.guidance_2) == (1.0, 1.0)
+
+
+def test_a_wandmdpipeline_folder_no_preset_describes_gets_a_sampler_hint(tiny_dir, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "distilled"
+    shutil.copytree(tiny_dir, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "WanDMDPipeline"}))
+    hint = "if it is distilled, add --sampler dmd"
+    assert any(hint in n for n in _resolve(str(folder)).notes)
+    assert not any(hint in n for n in _resolve(str(folder), sampler="default").notes)
+    assert not any(hint in n for n in _resolve(str(tiny_dir)).notes)
 
 
 def test_the_request_refuses_contradictions_in_one_line():

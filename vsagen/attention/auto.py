@@ -96,7 +96,7 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
         why = ("the checkpoint is not downloaded yet, so its weights could not be checked for sparse-attention "
                "parts (download it first, or name the backend)")
     else:
-        why = "this checkpoint has no sparse-attention weights (it was trained with dense attention)"
+        why = "this checkpoint holds no sparse-attention weights (none of a trained backend: it runs as a dense model)"
     # measured on an H200 (BENCHMARKS.md): DiT 1.73x at the 5B, 2.18x at 1.3B 480p, 2.48x at 14B 720p
     speed = ("on a GPU --attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity (on this CPU it runs a "
              "slow torch reference)" if device != "cuda" else

@@ -262,8 +262,10 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
         req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True)
     except BadInput as e:  # a flag a sampler of the list refuses: say how to set it for one entry
         if len(split_sampler_list(sampler_text)) > 1 and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
+            d = src.preset.defaults
             raise BadInput(f"{e} (--steps, --guidance and --flow-shift apply to every --sampler entry; set a default "
-                           "entry's own: default:steps=50:guidance=5:shift=8)") from None
+                           f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \
+                from None
         raise
     if len(req.backends) * len(req.samplers) < 2:
         raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "

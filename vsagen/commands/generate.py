@@ -117,6 +117,17 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     return RunResult(cfg.out, cfg.json_out, report, summary)
 
 
+def _sampler_record(cfg: Any, pipe: Any) -> dict[str, Any]:
+    """The JSON's `sampler`: `Sampler.summary()`, and for the checkpoint's own scheduler what it ran: its class, the
+    flow shift, the steps and the timesteps of the (last) run."""
+    record = cfg.sampler.summary()
+    if not cfg.sampler.renoise:
+        timesteps = getattr(pipe.scheduler, "timesteps", None)
+        record.update(scheduler=type(pipe.scheduler).__name__, flow_shift=cfg.flow_shift, steps=cfg.steps,
+                      timesteps=[float(t) for t in timesteps] if timesteps is not None else None)
+    return record
+
+
 def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingReport) -> dict[str, Any]:
     """The run's JSON object (what `vsagen t2v --json` prints and the timing file holds)."""
     import torch
@@ -137,7 +148,7 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "frames": cfg.frames, "height": cfg.height, "width": cfg.width,
         "fps": cfg.fps, "steps": cfg.steps, "guidance": cfg.guidance,
         # how the denoising walked (`vsagen.samplers`): a re-noise sampler's sigmas and timesteps; CFG on or off
-        "sampler": cfg.sampler.summary(), "cfg": cfg.guidance > 1,
+        "sampler": _sampler_record(cfg, pipe), "cfg": cfg.guidance > 1,
         "guidance_2": cfg.guidance_2 if two_experts else None, "experts": [name for name, _ in experts(pipe)],
         "boundary_ratio": getattr(pipe.config, "boundary_ratio", None),
         "expand_timesteps": bool(getattr(pipe.config, "expand_timesteps", False)),

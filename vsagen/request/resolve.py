@@ -402,6 +402,17 @@ def negative_prompt_note(negative_prompt: str | None, guidance: float, sampler: 
             "without the negative branch); use --guidance above 1 (e.g. 5) for it to steer the video")
 
 
+def distilled_class_note(source: ModelSource, sampler: str | None) -> str | None:
+    """A note when a local checkpoint's model_index names FastVideo's `WanDMDPipeline` (its DMD-distilled
+    checkpoints) but no preset of a published checkpoint describes it and no `--sampler` was given: it then runs the
+    preset's sampler, which may not be the one it was distilled for."""
+    if source.index_class != "WanDMDPipeline" or sampler is not None or source.preset.defaults.sampler != "default":
+        return None
+    return ("model_index.json names WanDMDPipeline, FastVideo's class for DMD-distilled checkpoints, and no preset "
+            "describes this one: it runs the checkpoint's scheduler; if it is distilled, add --sampler dmd (3 steps, "
+            "CFG off)")
+
+
 def sampler_plans(source: ModelSource, options: RequestOptions, several: bool = False,
                   command_steps: int | None = None) -> tuple[SamplerPlan, ...]:
     """The sampler of each run (`--sampler`, else the preset's) with the steps, CFG scale and flow shift it leaves
@@ -417,8 +428,12 @@ def sampler_plans(source: ModelSource, options: RequestOptions, several: bool = 
     if len(entries) > 1 and not several:
         raise BadInput(f"--sampler {text!r}: this command runs one sampler (`vsagen compare` runs several)")
     samplers = [parse_sampler(e) for e in entries]
-    if len({x.text for x in samplers}) < len(samplers):
-        raise BadInput(f"--sampler {text!r}: an entry is written twice")
+    seen: dict[str, str] = {}
+    for entry, x in zip(entries, samplers):  # entries written differently may run the same (dmd, dmd:noise=fresh)
+        if x.text in seen:
+            same = "is written twice" if seen[x.text] == entry else f"runs the same sampler as {seen[x.text]!r}"
+            raise BadInput(f"--sampler {text!r}: {entry!r} {same}")
+        seen[x.text] = entry
     steps = d.steps if command_steps is None else command_steps
     return tuple(plan_sampler(x, steps=s.steps, guidance=s.guidance, flow_shift=s.flow_shift, default_steps=steps,
                               default_guidance=d.guidance, default_shift=d.flow_shift, preset=source.preset.name)
@@ -474,7 +489,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     plans = sampler_plans(source, options, several_samplers, command_steps)
     guidance = plans[0].guidance
     guidance_2 = None
-    if experts >= 2:
+    if experts >= 2 and plans[0].sampler.renoise:
+        guidance_2 = 1.0  # a few-step sampler runs both experts without CFG
+    elif experts >= 2:
         guidance_2 = s.guidance_2 if s.guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
                                                                     else guidance)
     if m.random_weights and not source.exact_preset:
@@ -492,7 +509,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     if plans[0].sampler.renoise and s.guidance_2 is not None and s.guidance_2 > 1:
         raise BadInput(f"--guidance-2 {s.guidance_2:g} turns CFG on, and the {plans[0].sampler.name} sampler runs "
                        "without CFG; leave it out, or use --sampler default")
-    notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance, plans[0].sampler),)
+    notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance, plans[0].sampler),
+                                             distilled_class_note(source, s.sampler))
                                  if n is not None)
     if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
         notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "

@@ -63,6 +63,8 @@ def parse_sampler(entry: str) -> Sampler:
     name = name.strip()
     if name not in NAMED:
         raise BadInput(f"unknown --sampler {name!r}; available: {', '.join(NAMED)} (or dmd:sigmas=1.0,0.75,0.5)")
+    if rest is not None and ":" in text and not rest.strip():
+        raise BadInput(f"--sampler {text!r}: nothing after the colon; write {name} or {name}:KEY=VALUE")
     base = NAMED[name]
     keys = (("steps", "guidance", "shift") if not base.renoise else ("steps", "sigma_max", "ode")
             if base.sigma_max is not None else ("sigmas", "timesteps", "noise"))
@@ -124,8 +126,9 @@ def _rcm(base: Sampler, given: dict[str, str], text: str) -> Sampler:
 
 
 def split_sampler_list(text: str) -> tuple[str, ...]:
-    """The entries of a comma-separated `--sampler` list (`vsagen compare`): a piece that is a bare number belongs to
-    the sigma or timestep list of the entry before it (`dmd:sigmas=1.0,0.8,0.5,default:steps=50` is two entries).
+    """The entries of a comma-separated `--sampler` list (`vsagen compare`; one entry elsewhere): a piece that starts
+    with a number belongs to the sigma or timestep list of the entry before it (`dmd:sigmas=1.0,0.8,0.5,default:steps=50`
+    is two entries, `dmd:sigmas=1.0,0.5:timesteps=1000,500` one).
 
     Raises:
         BadInput: an empty list or entry, or a list that starts with a number.
@@ -134,8 +137,8 @@ def split_sampler_list(text: str) -> tuple[str, ...]:
     for piece in (p.strip() for p in text.split(",")):
         if not piece:
             raise BadInput(f"--sampler {text!r}: an empty entry; write NAME[:KEY=VALUE...] separated by commas")
-        try:
-            float(piece)
+        try:  # a number, or a number and the entry's next options ("0.5:timesteps=1000"): the list goes on
+            float(piece.split(":", 1)[0])
             is_number = True
         except ValueError:
             is_number = False

@@ -12,7 +12,9 @@ decoding; the fitted image is then extended to that size by repeating its last r
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import BadInput
 
@@ -145,3 +147,43 @@ def synthetic_image(height: int, width: int, seed: int = 0):
     ramps = np.stack([x / max(width - 1, 1), y / max(height - 1, 1), 0.5 + 0.5 * np.sin((x + y) / 17.0)], -1)
     noise = np.random.default_rng(seed).normal(0.0, 0.05, ramps.shape)
     return Image.fromarray((np.clip(ramps + noise, 0.0, 1.0) * 255).astype(np.uint8), "RGB")
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """The picture(s) an image-to-video run starts from (and, first/last-frame models, ends at): PIL images,
+    brought to the request's height x width by `fit` ("crop" | "resize", `vsagen.image.fit_image`; None: already
+    that size)."""
+
+    image: Any
+    last_image: Any | None = None
+    fit: str | None = "crop"
+
+    @classmethod
+    def from_files(cls, image: Path, last_image: Path | None, fit: str) -> "Conditioning":
+        """The user's image (and last image) files, read now.
+
+        Raises:
+            BadInput: a file that cannot be read as an image.
+        """
+        return cls(open_image(image), open_image(last_image) if last_image is not None else None, fit)
+
+    @classmethod
+    def synthetic(cls, height: int, width: int, seed: int, last: bool) -> "Conditioning":
+        """Seeded test pictures of the requested size (`vsagen.image.synthetic_image`; seed + 1 for the last
+        frame), for timing image-to-video models: the DiT's cost does not depend on the picture."""
+        return cls(synthetic_image(height, width, seed),
+                   synthetic_image(height, width, seed + 1) if last else None, None)
+
+    def arguments(self, height: int, width: int, plan: Any) -> dict[str, Any]:
+        """diffusers' `image` (and `last_image`) call arguments: each picture fitted to height x width, then
+        extended to the plan's denoised size (`plan`: a `vsagen.layout.CropPlan`; `--tile-fit crop` denoises a
+        larger video whose top-left corner is kept)."""
+        def prepare(picture: Any) -> Any:
+            fitted = picture if self.fit is None else fit_image(picture, height, width, self.fit)
+            return extend_to(fitted, plan.denoise_height, plan.denoise_width)
+
+        out = {"image": prepare(self.image)}
+        if self.last_image is not None:  # first/last frame: diffusers puts it in the condition (and CLIP input)
+            out["last_image"] = prepare(self.last_image)
+        return out

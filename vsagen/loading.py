@@ -467,6 +467,27 @@ def attach_weights(model: LoadedModel, backend: Any) -> int:
     return n
 
 
+def check_backend_weights(model: LoadedModel, backends: Sequence[Any]) -> None:
+    """Read and check every backend's own weights (a named file, or the checkpoint's tensors) against the loaded
+    transformers, then take them off again: each run attaches its backend's, and a misfit is refused before the first
+    run starts (and before the run's notes are printed).
+
+    Raises:
+        BadInput: a weights file that cannot be read or whose shapes do not fit (`attach_backend_weights`).
+    """
+    from .attention.weights import attach_backend_weights
+
+    for backend in backends:
+        undo: list[Callable[[], None]] = []
+        try:
+            for name, t in experts(model.pipe):
+                attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None,
+                                       undo)
+        finally:
+            for restore in reversed(undo):
+                restore()
+
+
 def weights_note(backend: Any, layers: int, total: int) -> str | None:
     """The run note on backend-owned weights: which, and how many of the model's layers got them; with none, the
     backend's `LayerWeights.missing_note` (None for backends without weights, or that need no word then)."""

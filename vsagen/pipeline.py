@@ -20,14 +20,15 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
-from .loading import LoadedModel, experts, load_model, torch_dtype, truncation_note, weights_note
+from .image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
+from .loading import (LoadedModel, check_backend_weights, experts, load_model, torch_dtype, truncation_note,
+                      weights_note)
 from .request.resolve import Request
-from .samplers import NAMED as NAMED_SAMPLERS, Sampler, use_sampler
+from .samplers import NAMED as NAMED_SAMPLERS, Sampler, initial_noise, use_sampler
 from .timing import Timer
 
 # `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
@@ -189,23 +190,13 @@ def denoise_latents(pipe: Any, plan: CropPlan, pos: Any, neg: Any, *, steps: int
     if sampler.renoise:
         steps, guidance = len(sampler.sigmas), 1.0
         if sampler.sigmas[0] != 1.0:  # a re-noise sampler starts from sigma_0 x eps (rCM: 0.987654 x eps)
-            extra["latents"] = initial_noise(pipe, plan, generator) * sampler.sigmas[0]
+            extra["latents"] = initial_noise(pipe, plan.denoise_frames, plan.denoise_height, plan.denoise_width,
+                                             generator) * sampler.sigmas[0]
     with use_sampler(pipe, sampler, seed):
         return pipe(prompt_embeds=pos, negative_prompt_embeds=neg if guidance > 1 else None,
                     height=plan.denoise_height, width=plan.denoise_width, num_frames=plan.denoise_frames,
                     num_inference_steps=steps, guidance_scale=guidance, generator=generator, output_type="latent",
                     return_dict=False, **extra)[0]
-
-
-def initial_noise(pipe: Any, plan: CropPlan, generator: Any) -> Any:
-    """The initial latents diffusers' Wan pipelines draw from `generator` at the plan's denoise size (float32, on the
-    CPU generator's stream, then on the pipeline's device): (1, z, F_lat, H_lat, W_lat) standard normal."""
-    import torch
-    from diffusers.utils.torch_utils import randn_tensor
-
-    shape = (1, pipe.vae.config.z_dim, (plan.denoise_frames - 1) // pipe.vae_scale_factor_temporal + 1,
-             plan.denoise_height // pipe.vae_scale_factor_spatial, plan.denoise_width // pipe.vae_scale_factor_spatial)
-    return randn_tensor(shape, generator=generator, device=pipe._execution_device, dtype=torch.float32)
 
 
 @contextlib.contextmanager
@@ -220,27 +211,6 @@ def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0)
         yield
     finally:
         timer.cancel()
-
-
-def check_backend_weights(model: LoadedModel, backends: Sequence[Any]) -> None:
-    """Read and check every backend's own weights (a named file, or the checkpoint's tensors) against the loaded
-    transformers, then take them off again: each run attaches its backend's, and a misfit is refused before the first
-    run starts (and before the run's notes are printed).
-
-    Raises:
-        BadInput: a weights file that cannot be read or whose shapes do not fit (`attach_backend_weights`).
-    """
-    from .attention.weights import attach_backend_weights
-
-    for backend in backends:
-        undo: list[Callable[[], None]] = []
-        try:
-            for name, t in experts(model.pipe):
-                attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None,
-                                       undo)
-        finally:
-            for restore in reversed(undo):
-                restore()
 
 
 def decode_latents(pipe: Any, latents: Any) -> Any:
@@ -318,52 +288,6 @@ def out_of_memory_as_failure(what: str, hints: Sequence[str] = ()) -> Iterator[N
     except torch.cuda.OutOfMemoryError as e:
         hint = f"; try {' and '.join(hints)}" if hints else ""
         raise RunFailure(f"out of GPU memory while {what} ({str(e).splitlines()[0]}){hint}") from e
-
-
-@dataclass(frozen=True)
-class Conditioning:
-    """The picture(s) an image-to-video run starts from (and, first/last-frame models, ends at): PIL images,
-    brought to the request's height x width by `fit` ("crop" | "resize", `vsagen.image.fit_image`; None: already
-    that size)."""
-
-    image: Any
-    last_image: Any | None = None
-    fit: str | None = "crop"
-
-    @classmethod
-    def from_files(cls, image: Path, last_image: Path | None, fit: str) -> "Conditioning":
-        """The user's image (and last image) files, read now.
-
-        Raises:
-            BadInput: a file that cannot be read as an image.
-        """
-        from .image import open_image
-
-        return cls(open_image(image), open_image(last_image) if last_image is not None else None, fit)
-
-    @classmethod
-    def synthetic(cls, height: int, width: int, seed: int, last: bool) -> "Conditioning":
-        """Seeded test pictures of the requested size (`vsagen.image.synthetic_image`; seed + 1 for the last
-        frame), for timing image-to-video models: the DiT's cost does not depend on the picture."""
-        from .image import synthetic_image
-
-        return cls(synthetic_image(height, width, seed),
-                   synthetic_image(height, width, seed + 1) if last else None, None)
-
-    def arguments(self, height: int, width: int, plan: CropPlan) -> dict[str, Any]:
-        """diffusers' `image` (and `last_image`) call arguments: each picture fitted to height x width, then
-        extended to the plan's denoised size (`--tile-fit crop` denoises a larger video whose top-left corner
-        is kept)."""
-        from .image import extend_to, fit_image
-
-        def prepare(picture: Any) -> Any:
-            fitted = picture if self.fit is None else fit_image(picture, height, width, self.fit)
-            return extend_to(fitted, plan.denoise_height, plan.denoise_width)
-
-        out = {"image": prepare(self.image)}
-        if self.last_image is not None:  # first/last frame: diffusers puts it in the condition (and CLIP input)
-            out["last_image"] = prepare(self.last_image)
-        return out
 
 
 @dataclass

@@ -44,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import math
 import struct
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .errors import BadInput
@@ -258,3 +258,15 @@ def use_sampler(pipe: Any, sampler: Sampler, seed: int) -> Iterator[None]:
         yield
     finally:
         pipe.scheduler = own
+
+
+def initial_noise(pipe: Any, frames: int, height: int, width: int, generator: Any) -> Any:
+    """The initial latents diffusers' Wan pipelines draw from `generator` for a video of frames x height x width
+    (float32, on the CPU generator's stream, then on the pipeline's device): (1, z, F_lat, H_lat, W_lat) standard
+    normal, what a re-noise sampler scales by its first sigma."""
+    import torch
+    from diffusers.utils.torch_utils import randn_tensor
+
+    shape = (1, pipe.vae.config.z_dim, (frames - 1) // pipe.vae_scale_factor_temporal + 1,
+             height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
+    return randn_tensor(shape, generator=generator, device=pipe._execution_device, dtype=torch.float32)

@@ -533,6 +533,8 @@ def test_default_output_name_counts_up_and_overwrite_reuses_it(cli_cache, tmp_pa
     (tmp_path / "vsagen-tiny-full-seed0.mp4").write_bytes(b"old")
     assert resolve("a prompt", model="tiny").out.name == "vsagen-tiny-full-seed0-1.mp4"
     assert resolve("a prompt", model="tiny", overwrite=True).out.name == "vsagen-tiny-full-seed0.mp4"
+    # a few-step sampler is in the name (a new-user trial: a dmd run took the default run's name plus -1)
+    assert resolve("a prompt", model="tiny", sampler="dmd").out.name == "vsagen-tiny-full-dmd-seed0.mp4"
 
 
 def test_unwritable_cache_gives_one_line_naming_the_fix(cli_cache, tmp_path, monkeypatch):

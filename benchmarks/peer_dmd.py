@@ -32,19 +32,20 @@ FILES = {"scheduler": "fastvideo/models/schedulers/scheduling_flow_match_euler_d
          "config": "fastvideo/configs/pipelines/wan.py"}
 
 
-def extract(sdist: Path, into: Path) -> dict[str, Path]:
-    """The sdist's files of FILES, extracted under `into` (the archive's top folder stripped)."""
+def extract(sdist: Path, into: Path, files: dict[str, str] = FILES) -> dict[str, Path]:
+    """The sdist's `files` ({key: path in the sdist, its top folder stripped}), extracted under `into`: {key: the
+    extracted file} (also used by benchmarks/sla_equivalence.py)."""
     found = {}
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
             rel = member.name.split("/", 1)[-1]
-            for key, path in FILES.items():
+            for key, path in files.items():
                 if rel == path:
                     tar.extract(member, into, filter="data")
                     found[key] = into / member.name
-    missing = sorted(set(FILES) - set(found))
+    missing = sorted(set(files) - set(found))
     if missing:
-        raise SystemExit(f"{sdist}: no {', '.join(FILES[m] for m in missing)}")
+        raise SystemExit(f"{sdist}: no {', '.join(files[m] for m in missing)}")
     return found
 
 

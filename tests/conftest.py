@@ -115,6 +115,22 @@ def block_gated_checkpoint(tiny_dir, dest, shape=None):
     return dest
 
 
+def write_projections(path, transformer, prefix: str, seed: int = 6) -> dict:
+    """A safetensors file at `path` holding a random linear-branch projection (D x D weight, D bias) for every
+    layer of `transformer` under `prefix` (with an `{i}` field); returns its tensors."""
+    from safetensors.torch import save_file
+
+    attn = transformer.blocks[0].attn1
+    d = attn.to_q.weight.shape[0] // attn.heads
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i in range(len(transformer.blocks)):
+        tensors[f"{prefix.format(i=i)}.weight"] = torch.randn(d, d, generator=g)
+        tensors[f"{prefix.format(i=i)}.bias"] = torch.randn(d, generator=g)
+    save_file(tensors, str(path))
+    return tensors
+
+
 def make_qkv(b: int, s: int, h: int, d: int, dtype=torch.float32, seed: int = 0, requires_grad: bool = False):
     """Fresh random q, k, v of shape (B, S, H, D) (never zeros)."""
     g = torch.Generator().manual_seed(seed)

@@ -138,9 +138,9 @@ def test_auto_chooses_the_toy_for_a_checkpoint_holding_its_gains(toy, tiny_dir, 
     found under an alias, loaded from the checkpoint and handed to every layer's call as `ctx.params`."""
     from vsagen.attention.auto import auto_rule, candidates
 
-    assert candidates() == ["toy", "sla-star", "vsa"]
+    assert candidates() == ["toy", "sla", "sla-star", "vsa"]
     assert auto_rule().startswith("the backend the checkpoint was trained for: toy if it holds "
-                                  "blocks.N.attn1.toy_gain.* (or blocks.N.attn1.gain.*), sla-star")
+                                  "blocks.N.attn1.toy_gain.* (or blocks.N.attn1.gain.*), sla if")
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_dir, ckpt)
     save_file({GAIN_ALIAS.format(layer=i) + ".weight": torch.tensor([1.0, 0.25]) for i in range(LAYERS)},

@@ -117,7 +117,7 @@ class ToyAttention(Backend):
     per_layer = True      # one `report` row per (expert, layer); `--kernels` times every layer
     weights = LayerWeights(key=GAIN_KEY, attr="toy_gain", shapes=gain_shapes, build=gain_module,
                            file_option="gains", aliases=(GAIN_ALIAS,), missing_note=MISSING_NOTE)
-    auto_priority = 3     # `--attn auto` runs it for a checkpoint holding its gains, before sla-star (2) and vsa (1)
+    auto_priority = 4     # `--attn auto` runs it for a checkpoint holding its gains, before sla (3), sla-star, vsa
 
     def __init__(self, options: ToyOptions | None = None) -> None:
         super().__init__(options)

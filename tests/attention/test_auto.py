@@ -92,13 +92,15 @@ def test_the_rule_and_the_choices_name_the_weights_auto_looks_for():
     from vsagen.attention.auto import auto_picks, auto_rule
 
     rule = auto_rule()
-    assert rule == ("the backend the checkpoint was trained for: sla-star if it holds blocks.N.attn1.proj_l.* (or "
-                    "blocks.N.self_attn.attn_op.local_attn.proj_l.*, blocks.N.attn1.attn_impl.proj_l.*), vsa if it "
-                    "holds blocks.N.to_gate_compress.* (or blocks.N.attn1.to_gate_compress.*), else full")
+    assert rule == ("the backend the checkpoint was trained for: sla if it holds "
+                    "blocks.N.self_attn.attn_op.local_attn.proj_l.* (or blocks.N.attn1.attn_impl.proj_l.*), sla-star "
+                    "if it holds blocks.N.attn1.proj_l.*, vsa if it holds blocks.N.to_gate_compress.* (or "
+                    "blocks.N.attn1.to_gate_compress.*), else full")
     assert "without sparse-attention weights" in auto_picks("full")
     assert auto_picks("vsa") == ("for a checkpoint holding blocks.N.to_gate_compress.* (or "
                                  "blocks.N.attn1.to_gate_compress.*)")
-    assert auto_picks("sla-star").endswith("attn_impl.proj_l.*)")
+    assert auto_picks("sla-star") == "for a checkpoint holding blocks.N.attn1.proj_l.*"  # sla claims the others
+    assert auto_picks("sla").endswith("(or blocks.N.attn1.attn_impl.proj_l.*)")
     assert auto_picks("rocm-vsa") is None and auto_picks("sparse-vdit") is None
 
 
@@ -109,8 +111,8 @@ def test_the_candidates_are_the_registered_backends_with_a_priority(tmp_path, mo
     from vsagen.attention.auto import FALLBACK, auto_picks, auto_rule, candidates
     from vsagen.attention.base import Backend, LayerWeights
 
-    assert candidates() == ["sla-star", "vsa"] and FALLBACK == "full"
-    assert [registry.REGISTRY[n].auto_priority for n in candidates()] == [2, 1]
+    assert candidates() == ["sla", "sla-star", "vsa"] and FALLBACK == "full"
+    assert [registry.REGISTRY[n].auto_priority for n in candidates()] == [3, 2, 1]
 
     class Gained(Backend):
         name = "gained"
@@ -119,14 +121,14 @@ def test_the_candidates_are_the_registered_backends_with_a_priority(tmp_path, mo
         auto_priority = 5
 
     monkeypatch.setitem(registry.REGISTRY, "gained", registry.registry_of((*registry._BACKENDS, Gained))["gained"])
-    assert candidates() == ["gained", "sla-star", "vsa"]
+    assert candidates() == ["gained", "sla", "sla-star", "vsa"]
     root = checkpoint(tmp_path, keys=(PLAIN, GATE, PROJ, "blocks.0.attn1.gain.weight"))
     assert trained_backend(root) == ("gained", "transformer/ holds blocks.0.attn1.gain.weight")
     assert auto_rule().startswith("the backend the checkpoint was trained for: gained if it holds "
-                                  "blocks.N.attn1.gain.*, sla-star")
+                                  "blocks.N.attn1.gain.*, sla if")
     assert auto_picks("gained") == "for a checkpoint holding blocks.N.attn1.gain.*"
     Gained.auto_priority = 1  # a tie with vsa: the registry's order (vsa first)
-    assert candidates() == ["sla-star", "vsa", "gained"] and trained_backend(root)[0] == "sla-star"
+    assert candidates() == ["sla", "sla-star", "vsa", "gained"] and trained_backend(root)[0] == "sla-star"
 
 
 def test_auto_chooses_vsa_for_a_diffusers_checkpoint_with_block_level_gates(vsagen_cache, tiny_dir, tmp_path):

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_qkv, make_transformer
+from conftest import make_qkv, make_transformer, write_projections
 from safetensors.torch import save_file
 
 import vsagen.kernels.reference as ref
@@ -274,14 +274,8 @@ SPEC = SLAStarAttention.weights
 def test_every_key_scheme_loads_in_float32(tmp_path, prefix):
     """vsagen's own keys, TurboDiffusion's and FastVideo's diffusers conversion's."""
     t = make_transformer().to(torch.bfloat16)
-    d = t.blocks[0].attn1.to_q.weight.shape[0] // t.blocks[0].attn1.heads
-    g = torch.Generator().manual_seed(6)
-    tensors = {}
-    for i in range(len(t.blocks)):
-        tensors[f"{prefix.format(i=i)}.weight"] = torch.randn(d, d, generator=g)
-        tensors[f"{prefix.format(i=i)}.bias"] = torch.randn(d, generator=g)
     f = tmp_path / "proj.safetensors"
-    save_file(tensors, f)
+    tensors = write_projections(f, t, prefix)
     assert attach_layer_weights(t, SPEC, f) == len(t.blocks)
     lin = layer_params(t.blocks[1].attn1, SPEC)
     assert lin.weight.dtype == torch.float32

@@ -1,10 +1,10 @@
 """`--attn auto` (the default of `vsagen t2v` / `vsagen i2v`): the backend a checkpoint was trained for.
 
 A checkpoint fine-tuned for a sparse backend carries that backend's own per-layer weights in its transformer
-folders (`AttentionBackend.weights`): `sla-star`'s linear-branch projection (`blocks.N.attn1.proj_l`) or `vsa`'s
-gate (`blocks.N.attn1.to_gate_compress`). The candidates are the registered backends that declare an
-`auto_priority` (and so weights), highest first (`candidates()`: sla-star, then vsa); `auto` picks the first whose
-tensors the checkpoint holds (read from the safetensors headers, no tensor loaded), else `FALLBACK` (`full`): a
+folders (`AttentionBackend.weights`): `sla`'s linear-branch projection under TurboDiffusion's or FastVideo's name,
+`sla-star`'s under vsagen's (`blocks.N.attn1.proj_l`), or `vsa`'s gate (`blocks.N.to_gate_compress`). The candidates
+are the registered backends that declare an `auto_priority` (and so weights), highest first (`candidates()`: sla,
+sla-star, vsa); `auto` picks the first whose tensors the checkpoint holds (read from the safetensors headers, no tensor loaded), else `FALLBACK` (`full`): a
 checkpoint without such weights was trained with dense attention, and a sparse backend on it trades fidelity for
 speed, which the user should choose knowingly. The choice and its reason are returned as a note for the run. No
 backend is named here but the fallback (and vsa, in the note's measured speed-up): a new backend with weights takes
@@ -105,16 +105,31 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
                       "prompt")
 
 
+def _deciding_names(name: str) -> str:
+    """The tensor names that make `--attn auto` run candidate `name`, layer written N: its weights' key and aliases
+    less those a candidate of higher priority claims first (e.g. sla-star also loads TurboDiffusion's proj_l, but
+    auto gives such a checkpoint to sla)."""
+    claimed: set[str] = set()
+    for other in candidates():
+        weights = backend_facts(other).weights
+        keys = [k for k in (weights.key, *weights.aliases) if k not in claimed]
+        if other == name:
+            first, *rest = (f"{k.format(layer='N')}.*" for k in keys)
+            return first + (f" (or {', '.join(rest)})" if rest else "")
+        claimed.update(keys)
+    return held_names(backend_facts(name).weights)
+
+
 def auto_rule() -> str:
     """What `--attn auto` does, in one sentence naming the weights it looks for (for `vsagen backends`)."""
-    found = ", ".join(f"{name} if it holds {held_names(backend_facts(name).weights)}" for name in candidates())
+    found = ", ".join(f"{name} if it holds {_deciding_names(name)}" for name in candidates())
     return f"the backend the checkpoint was trained for: {found}, else {FALLBACK}"
 
 
 def auto_picks(name: str) -> str | None:
     """When `--attn auto` runs backend `name`, as a phrase (None: never)."""
     if name in candidates():
-        return f"for a checkpoint holding {held_names(backend_facts(name).weights)}"
+        return f"for a checkpoint holding {_deciding_names(name)}"
     if name == FALLBACK:
         return "for a checkpoint without sparse-attention weights (the Wan releases, the tiny models)"
     return None

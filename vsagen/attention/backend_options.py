@@ -166,6 +166,57 @@ class SLAStarOptions:
             object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
 
 
+SLA_BLOCKS = (64, 128)  # sla's block sizes in tokens (`vsagen.kernels.raster_blocks.BLOCK_SIZES`)
+
+
+@dataclass(frozen=True)
+class SLAOptions:
+    """Options of `sla`.
+
+    Attributes:
+        topk: fraction of key blocks each query block keeps, in (0, 1]: int(topk * blocks), at least 1 (SLA's
+            `topk`; TurboDiffusion's default 0.1).
+        block_q: tokens per query block, 64 or 128 (TurboDiffusion's inference: 128; its SageSLA on Hopper: 64).
+        block_k: tokens per key block, 64 or 128 (TurboDiffusion's inference: 64; its SageSLA on Hopper: 128).
+        feature_map: the linear branch's phi, "softmax" (over the head dim; SLA's default), "elu" (elu + 1) or
+            "relu".
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
+        proj_weights: a safetensors file with trained projections (`blocks.{i}.self_attn.attn_op.local_attn.
+            proj_l.{weight,bias}`, TurboDiffusion's names, or FastVideo's `blocks.{i}.attn1.attn_impl.proj_l.*`),
+            loaded for every transformer instead of the checkpoint's own; None: the checkpoint's, if it has any
+            (else the branch is zero).
+        tuning: the block-sparse kernels' tuning (`KernelTuning`; Python only).
+
+    Raises:
+        BadInput: topk not a number in (0, 1], a block size not 64 or 128, an unknown feature map or impl, a
+            tuning that is not a KernelTuning, or a proj_weights path that is not a file.
+    """
+
+    topk: float = 0.1
+    block_q: int = 128
+    block_k: int = 64
+    feature_map: Literal["softmax", "elu", "relu"] = "softmax"
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    proj_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        t = self.topk
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0.0 < t <= 1.0:
+            raise BadInput(f"topk must be a number in (0, 1], got {t!r}")
+        object.__setattr__(self, "topk", float(t))
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value not in SLA_BLOCKS:
+                raise BadInput(f"{name} must be {' or '.join(map(str, SLA_BLOCKS))}, got {value!r}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise BadInput(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {self.feature_map!r}")
+        _check_impl(self.impl)
+        _check_tuning(self.tuning)
+        if self.proj_weights is not None:
+            object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
+
+
 @dataclass(frozen=True)
 class SparseVDiTOptions:
     """Options of `sparse-vdit`.

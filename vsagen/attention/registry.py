@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from .backend_options import NoOptions, ROCmVSAOptions, SLAStarOptions, SparseVDiTOptions, VSAOptions
+from .backend_options import NoOptions, ROCmVSAOptions, SLAOptions, SLAStarOptions, SparseVDiTOptions, VSAOptions
 
 # Every member of the backend protocol (`vsagen.attention.base.AttentionBackend`), for the registry's validation of
 # a backend class or object (base.py, which imports torch, reads it from here).
@@ -176,6 +176,11 @@ _BACKENDS: tuple[Any, ...] = (
                 auto_priority=2, weights=WeightsRef("blocks.{layer}.attn1.proj_l", "proj_weights",
                                   aliases=("blocks.{layer}.self_attn.attn_op.local_attn.proj_l",
                                            "blocks.{layer}.attn1.attn_impl.proj_l"))),
+    LazyBackend("sla", f"{_HERE}.sla:SLAAttention", SLAOptions,
+                "SLA as TurboDiffusion runs it: top-k key blocks over raster token blocks plus a projected linear "
+                "branch", auto_priority=3,
+                weights=WeightsRef("blocks.{layer}.self_attn.attn_op.local_attn.proj_l", "proj_weights",
+                                   aliases=("blocks.{layer}.attn1.attn_impl.proj_l",))),
     LazyBackend("sparse-vdit", f"{_HERE}.sparse_vdit:SparseVDiTAttention", SparseVDiTOptions,
                 "Static per-head patterns from a pattern file, all heads of a layer in one block-sparse launch",
                 tiled=True),

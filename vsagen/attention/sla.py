@@ -1,0 +1,150 @@
+"""`sla`: SLA as its authors run it (arXiv 2509.24006; thu-ml's SLA module in TurboDiffusion): top-k key blocks over
+raster token blocks for the sparse part, plus a projected linear-attention branch over every key.
+
+o = o_s + proj_l(o_l):
+* o_s: softmax attention of each query block over the key blocks it selected (`vsagen.kernels.raster_blocks`: q and
+  the smoothed k mean-pooled over `block_q` / `block_k` raster tokens, scored without scale, the top
+  int(topk * blocks) kept), run on vsagen's block-sparse kernels over 64-token raster tiles (a 128-token block is two
+  tiles sharing one key list).
+* o_l = phi(q) Sum / (1e-5 + phi(q) . z) over every key (`global` scope of `sla-star`'s branch, its fused kernels),
+  phi the softmax over the head dim by default; proj_l a float32 Linear(D, D) with bias per layer, shared by the
+  heads, read from the checkpoint under TurboDiffusion's name (`blocks.{i}.self_attn.attn_op.local_attn.proj_l`)
+  or FastVideo's (`blocks.{i}.attn1.attn_impl.proj_l`), or from the file `proj_weights` names. Without one the
+  branch is zero (SLA's initialisation) and not computed.
+
+The tokens stay in the model's raster order (`tiled = False`): SLA's blocks are runs of that order, not cubes. The
+difference from `sla-star` is the selection: `sla-star` selects VSA's (4, 4, 4) cubes with VSA's coarse scores, so
+a checkpoint trained with SLA attends there to other keys than it was trained with.
+
+Precision against SLA's own code: the selection is computed as SLA computes it (pools summed in fp32 and stored in
+the run's dtype, scores in that dtype, torch.topk), so the block maps are the same; the sparse part accumulates in
+fp32 as SLA's kernel does; the branch keeps its sums in fp32 where SLA's runs bf16 matmuls (closer to the fp32
+formula). With `impl=torch` everything runs the float references (`vsagen.kernels.reference`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..kernels import raster_blocks as rb
+from ..kernels import reference as ref
+from .backend_options import SLAOptions  # noqa: F401 - re-exported: its options live there
+from .base import AttnContext, Backend, LayerWeights, RunInfo
+from .sla_star import _proj_module, _proj_shapes
+from .vsa import _interpreting
+
+PROJ_KEY = "blocks.{layer}.self_attn.attn_op.local_attn.proj_l"  # TurboDiffusion's
+PROJ_ALIASES = ("blocks.{layer}.attn1.attn_impl.proj_l",)  # FastVideo's diffusers conversion
+
+
+class SLAAttention(Backend):
+    """SLA as TurboDiffusion runs it: top-k key blocks over raster token blocks plus a projected linear branch."""
+
+    name = "sla"
+    Options = SLAOptions
+    tiled = False
+    traceable = True  # torch ops and custom ops (the block-sparse kernels, the fused branch)
+    weights = LayerWeights(key=PROJ_KEY, attr="sla_proj_l", shapes=_proj_shapes, build=_proj_module,
+                           optional=("bias",), file_option="proj_weights", aliases=PROJ_ALIASES,
+                           dtype=torch.float32,
+                           missing_note="sla: no trained projection (proj_l) in the checkpoint, so the linear branch "
+                                        "is zero and only the sparse part runs (name one with proj_weights=FILE)")
+    # `--attn auto` runs it for a checkpoint holding TurboDiffusion's or FastVideo's proj_l (before sla-star, whose
+    # own key is vsagen's `attn1.proj_l`)
+    auto_priority = 3
+
+    def resolved_impl(self, device: torch.device) -> str:
+        """'triton' or 'torch' for tensors on `device` (`impl` auto: Triton on CUDA)."""
+        if self.options.impl != "auto":
+            return self.options.impl
+        return "triton" if device.type == "cuda" else "torch"
+
+    def check(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on)."""
+        from ..errors import BadInput
+
+        if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
+            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
+                           "interpreter); use --attn-impl torch on CPU")
+
+    def prepare(self, run: RunInfo) -> tuple[str, ...]:
+        """`check`; a note when the run's sequence is so short that SLA's int(topk * blocks) keeps no key block
+        (vsagen keeps one: `raster_blocks.selected_blocks`)."""
+        self.check(run.device, run.dtype)
+        if run.grid is None:
+            return ()
+        seq = run.grid[0] * run.grid[1] * run.grid[2]
+        n = -(-seq // self.options.block_k)
+        if int(self.options.topk * n) < 1:
+            return (f"sla: topk {self.options.topk:g} of {n} key block{'s' if n != 1 else ''} keeps none by SLA's "
+                    f"rule int(topk * blocks) (its kernel would divide by zero); 1 is kept per query block",)
+        return ()
+
+    def describe(self, device: torch.device | None = None) -> dict:
+        """{"name", "topk", "block_q", "block_k", "feature_map", "impl"} (+ "proj_weights" when named) and, given the
+        run's device, "impl_ran"."""
+        o = self.options
+        d = {"name": self.name, "topk": o.topk, "block_q": o.block_q, "block_k": o.block_k,
+             "feature_map": o.feature_map, "impl": o.impl}
+        if o.proj_weights is not None:
+            d["proj_weights"] = str(o.proj_weights)
+        if device is not None:
+            d["impl_ran"] = self.resolved_impl(device)
+        return d
+
+    def bench_params(self, heads: int, head_dim: int, device: torch.device, seed: int) -> torch.nn.Module:
+        """A random projection of trained size (float32 Linear(D, D)) to time the branch with, as `sla-star`'s."""
+        g = torch.Generator().manual_seed(seed + 17)
+        tensors = {"weight": torch.randn(head_dim, head_dim, generator=g) / head_dim ** 0.5,
+                   "bias": torch.randn(head_dim, generator=g) * 0.01}
+        return _proj_module(tensors, None).to(device)
+
+    def select(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """SLA's selection of raster q, k (B, S, H, D) as the kernels' (q2k, q2k_cnt) over 64-token tiles
+        (`raster_blocks.sla_block_map`, then `tile_lists`)."""
+        o = self.options
+        lut = rb.sla_block_map(q, k, o.topk, o.block_q, o.block_k)
+        return rb.tile_lists(lut, q.shape[1], o.block_q, o.block_k)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+        """q, k, v: (B, S, H, D) raster order -> (B, S, H, D) like q. Stages: coarse (the selection), fine (the
+        sparse part; with gradients and a projection, the branch too, as one op), linear (the branch)."""
+        proj, timer, o = ctx.params, ctx.timer, self.options
+        with timer.region("self_attention/coarse"):
+            q2k, cnt = self.select(q, k)
+        if self.resolved_impl(q.device) != "triton":
+            return self._torch(q, k, v, q2k, cnt, proj, timer)
+        from ..kernels.block_sparse_attn import block_sparse_attention
+
+        offsets = rb.raster_tile_offsets(q.shape[1], q.device)
+        tuning = o.tuning
+        grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+        if proj is not None and (grads or any(p.requires_grad for p in proj.parameters())):
+            from ..kernels.sla_star_attn import sla_star_attention
+
+            with timer.region("self_attention/fine"):
+                return sla_star_attention(q, k, v, q2k, cnt, offsets, proj.weight, proj.bias, scope="global",
+                                          kind=o.feature_map, tuning=tuning)
+        with timer.region("self_attention/fine"):
+            out, _ = block_sparse_attention(q, k, v, q2k, cnt, offsets, tuning=tuning)
+        if proj is None:
+            return out
+        from ..kernels.linear_branch import linear_branch_add
+
+        with timer.region("self_attention/linear"):
+            return linear_branch_add(out, q, k, v, proj.weight, proj.bias, kind=o.feature_map)
+
+    def _torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, cnt: torch.Tensor,
+               proj: Any, timer: Any) -> torch.Tensor:
+        """The float references: the sparse part over the raster tiles (`raster_blocks.block_sparse_reference`),
+        the branch in float32 (`reference.linear_attention_branch`)."""
+        with timer.region("self_attention/fine"):
+            out = rb.block_sparse_reference(q, k, v, q2k, cnt)
+        if proj is None:
+            return out
+        with timer.region("self_attention/linear"):
+            o_l = ref.linear_attention_branch(q, k, v, kind=self.options.feature_map)
+            branch = torch.nn.functional.linear(o_l.float(), proj.weight.float(), proj.bias.float())
+            return out + branch.to(out.dtype)

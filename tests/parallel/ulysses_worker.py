@@ -190,7 +190,8 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 # every registered backend on the tiny model (torch impls; sparse-vdit with the tiny preset's pattern file)
-CFG_TINY_BACKENDS = ("full", "vsa:impl=torch", "rocm-vsa:impl=torch", "sla-star:impl=torch", "sparse-vdit:impl=torch")
+CFG_TINY_BACKENDS = ("full", "vsa:impl=torch", "rocm-vsa:impl=torch", "sla-star:impl=torch", "sla:impl=torch",
+                     "sparse-vdit:impl=torch")
 
 
 def cfg_worker(rank: int, world: int, port: int, out_dir: str) -> None:

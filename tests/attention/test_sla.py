@@ -73,21 +73,23 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-CASES = [  # (impl, head dim, S, block_q, block_k): partial last blocks everywhere, both block orders
-    ("torch", 64, 300, 128, 64),
-    ("torch", 128, 333, 64, 128),
-    ("triton", 64, 300, 128, 64),
-    ("triton", 128, 333, 64, 128),
+CASES = [  # (impl, head dim, S, block_q, block_k, query_rows): partial last blocks everywhere, both block orders
+    ("torch", 64, 300, 128, 64, 64),
+    ("torch", 128, 333, 64, 128, 64),
+    ("triton", 64, 300, 128, 64, 64),
+    ("triton", 128, 333, 64, 128, 64),
+    ("triton", 64, 300, 128, 64, 128),  # one program per 128-token query block (a partial last one: 44 rows)
+    ("triton", 128, 333, 128, 128, 128),
 ]
 
 
-@pytest.mark.parametrize("impl,d,s,bq,bk", CASES)
-def test_forward_and_backward_equal_float64_sla(impl, d, s, bq, bk):
+@pytest.mark.parametrize("impl,d,s,bq,bk,rows", CASES)
+def test_forward_and_backward_equal_float64_sla(impl, d, s, bq, bk, rows):
     """fp32 q, k, v (batch 2, 2 heads) and a trained-like projection: the output and the gradients of q, k, v and
     the projection against the float64 formulas on the same selection."""
     q, k, v = make_qkv(2, s, 2, d, seed=d + s, requires_grad=True)
     proj = projection(d, seed=d)
-    backend = SLA(SLA.Options(topk=0.4, block_q=bq, block_k=bk, impl=impl))
+    backend = SLA(SLA.Options(topk=0.4, block_q=bq, block_k=bk, impl=impl, query_rows=rows))
     out = backend(q, k, v, ctx(proj))
     qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
     proj64 = projection(d, seed=d).double()
@@ -103,12 +105,12 @@ def test_forward_and_backward_equal_float64_sla(impl, d, s, bq, bk):
         assert rel(got, exp) < 1e-4
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_every_block_and_a_zero_projection_is_dense_attention(impl):
+@pytest.mark.parametrize("impl,rows", [("torch", 64), ("triton", 64), ("triton", 128)])
+def test_every_block_and_a_zero_projection_is_dense_attention(impl, rows):
     """topk 1 selects every key block; with proj_l zero (SLA's initialisation) the branch adds nothing: dense
     softmax attention."""
     q, k, v = make_qkv(1, 200, 2, 64, seed=2)
-    out = SLA(SLA.Options(topk=1.0, impl=impl))(q, k, v, ctx(projection(64, 0, zero=True)))
+    out = SLA(SLA.Options(topk=1.0, impl=impl, query_rows=rows))(q, k, v, ctx(projection(64, 0, zero=True)))
     dense = torch.nn.functional.scaled_dot_product_attention(*(x.double().transpose(1, 2) for x in (q, k, v)))
     assert rel(out, dense.transpose(1, 2)) < 1e-5
 
@@ -134,12 +136,15 @@ def test_options_describe_and_notes():
     assert (o.topk, o.block_q, o.block_k, o.feature_map, o.impl) == (0.1, 128, 64, "softmax", "auto")
     for bad, match in (({"topk": 0}, "topk"), ({"topk": 1.5}, "topk"), ({"topk": True}, "topk"),
                        ({"block_q": 96}, "block_q"), ({"block_k": 32}, "block_k"),
-                       ({"feature_map": "hedgehog"}, "feature_map"), ({"impl": "cuda"}, "impl")):
+                       ({"feature_map": "hedgehog"}, "feature_map"), ({"impl": "cuda"}, "impl"),
+                       ({"query_rows": 32}, "query_rows"), ({"query_rows": True}, "query_rows"),
+                       ({"query_rows": 128, "block_q": 64}, "needs block_q 128")):
         with pytest.raises(BadInput, match=match):
             SLA.Options(**bad)
     backend = SLA(SLA.Options(topk=0.15))
     assert backend.describe(torch.device("cpu")) == {"name": "sla", "topk": 0.15, "block_q": 128, "block_k": 64,
-                                                     "feature_map": "softmax", "impl": "auto", "impl_ran": "torch"}
+                                                     "feature_map": "softmax", "impl": "auto", "query_rows": 64,
+                                                     "impl_ran": "torch"}
     tiny = RunInfo(device=torch.device("cpu"), dtype=torch.float32, grid=(2, 6, 8))  # 96 tokens, 2 key blocks
     assert "keeps none by SLA's rule" in backend.prepare(tiny)[0]
     full = RunInfo(device=torch.device("cpu"), dtype=torch.float32, grid=(21, 30, 52))

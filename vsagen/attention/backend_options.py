@@ -181,6 +181,9 @@ class SLAOptions:
         feature_map: the linear branch's phi, "softmax" (over the head dim; SLA's default), "elu" (elu + 1) or
             "relu".
         impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
+        query_rows: query rows per program of the Triton sparse part: 64 (one program per 64-token raster tile; a
+            128-token block's two tiles each walk its key list) or 128 (one program per 128-token query block over
+            `kernels.query_groups`, loading each selected key tile once for both halves; needs block_q 128).
         proj_weights: a safetensors file with trained projections (`blocks.{i}.self_attn.attn_op.local_attn.
             proj_l.{weight,bias}`, TurboDiffusion's names, or FastVideo's `blocks.{i}.attn1.attn_impl.proj_l.*`),
             loaded for every transformer instead of the checkpoint's own; None: the checkpoint's, if it has any
@@ -189,7 +192,8 @@ class SLAOptions:
 
     Raises:
         BadInput: topk not a number in (0, 1], a block size not 64 or 128, an unknown feature map or impl, a
-            tuning that is not a KernelTuning, or a proj_weights path that is not a file.
+            tuning that is not a KernelTuning, query_rows not 64 or 128 (128 with block_q 64), or a proj_weights
+            path that is not a file.
     """
 
     topk: float = 0.1
@@ -197,6 +201,7 @@ class SLAOptions:
     block_k: int = 64
     feature_map: Literal["softmax", "elu", "relu"] = "softmax"
     impl: Literal["auto", "triton", "torch"] = "auto"
+    query_rows: int = 64
     proj_weights: Path | None = None
     tuning: KernelTuning | None = None
 
@@ -209,6 +214,11 @@ class SLAOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or value not in SLA_BLOCKS:
                 raise BadInput(f"{name} must be {' or '.join(map(str, SLA_BLOCKS))}, got {value!r}")
+        if isinstance(self.query_rows, bool) or self.query_rows not in SLA_BLOCKS:
+            raise BadInput(f"query_rows must be {' or '.join(map(str, SLA_BLOCKS))}, got {self.query_rows!r}")
+        if self.query_rows > self.block_q:
+            raise BadInput(f"query_rows {self.query_rows} needs block_q {self.query_rows} (the rows of one program "
+                           f"share one key list), got block_q {self.block_q}")
         if self.feature_map not in FEATURE_MAPS:
             raise BadInput(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {self.feature_map!r}")
         _check_impl(self.impl)

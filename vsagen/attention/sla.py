@@ -5,7 +5,7 @@ o = o_s + proj_l(o_l):
 * o_s: softmax attention of each query block over the key blocks it selected (`vsagen.kernels.raster_blocks`: q and
   the smoothed k mean-pooled over `block_q` / `block_k` raster tokens, scored without scale, the top
   int(topk * blocks) kept), run on vsagen's block-sparse kernels over 64-token raster tiles (a 128-token block is two
-  tiles sharing one key list).
+  tiles sharing one key list; with `query_rows=128` one program takes both tiles over `kernels.query_groups`).
 * o_l = phi(q) Sum / (1e-5 + phi(q) . z) over every key (`global` scope of `sla-star`'s branch, its fused kernels),
   phi the softmax over the head dim by default; proj_l a float32 Linear(D, D) with bias per layer, shared by the
   heads, read from the checkpoint under TurboDiffusion's name (`blocks.{i}.self_attn.attn_op.local_attn.proj_l`)
@@ -55,6 +55,10 @@ class SLAAttention(Backend):
     # own key is vsagen's `attn1.proj_l`)
     auto_priority = 3
 
+    def __init__(self, options: SLAOptions | None = None) -> None:
+        super().__init__(options)
+        self._groups: dict[tuple, torch.Tensor] = {}  # query-group tables per (S, H, device), for query_rows 128
+
     def resolved_impl(self, device: torch.device) -> str:
         """'triton' or 'torch' for tensors on `device` (`impl` auto: Triton on CUDA)."""
         if self.options.impl != "auto":
@@ -83,11 +87,11 @@ class SLAAttention(Backend):
         return ()
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """{"name", "topk", "block_q", "block_k", "feature_map", "impl"} (+ "proj_weights" when named) and, given the
+        """{"name", "topk", "block_q", "block_k", "feature_map", "impl", "query_rows"} (+ "proj_weights" when named) and, given the
         run's device, "impl_ran"."""
         o = self.options
         d = {"name": self.name, "topk": o.topk, "block_q": o.block_q, "block_k": o.block_k,
-             "feature_map": o.feature_map, "impl": o.impl}
+             "feature_map": o.feature_map, "impl": o.impl, "query_rows": o.query_rows}
         if o.proj_weights is not None:
             d["proj_weights"] = str(o.proj_weights)
         if device is not None:
@@ -116,25 +120,50 @@ class SLAAttention(Backend):
             q2k, cnt = self.select(q, k)
         if self.resolved_impl(q.device) != "triton":
             return self._torch(q, k, v, q2k, cnt, proj, timer)
-        from ..kernels.block_sparse_attn import block_sparse_attention
+        from ..kernels.block_sparse_attn import block_sparse_attention, block_sparse_attention_grouped
 
         offsets = rb.raster_tile_offsets(q.shape[1], q.device)
         tuning = o.tuning
         grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        if proj is not None and (grads or any(p.requires_grad for p in proj.parameters())):
+        if o.query_rows == 128:  # one program per 128-token block (both of its tiles), the branch after it
+            from .sparse_vdit import QUERY_LAUNCH
+
+            groups = self.query_groups(q.shape[1], q.shape[2], offsets)
+            with timer.region("self_attention/fine"):
+                out, _ = block_sparse_attention_grouped(q, k, v, q2k, cnt, offsets, groups, QUERY_LAUNCH[128],
+                                                        tuning=tuning)
+        elif proj is not None and (grads or any(p.requires_grad for p in proj.parameters())):
             from ..kernels.sla_star_attn import sla_star_attention
 
             with timer.region("self_attention/fine"):
                 return sla_star_attention(q, k, v, q2k, cnt, offsets, proj.weight, proj.bias, scope="global",
                                           kind=o.feature_map, tuning=tuning)
-        with timer.region("self_attention/fine"):
-            out, _ = block_sparse_attention(q, k, v, q2k, cnt, offsets, tuning=tuning)
+        else:
+            with timer.region("self_attention/fine"):
+                out, _ = block_sparse_attention(q, k, v, q2k, cnt, offsets, tuning=tuning)
         if proj is None:
             return out
         from ..kernels.linear_branch import linear_branch_add
 
         with timer.region("self_attention/linear"):
             return linear_branch_add(out, q, k, v, proj.weight, proj.bias, kind=o.feature_map)
+
+    def query_groups(self, seq: int, heads: int, offsets: torch.Tensor) -> torch.Tensor:
+        """The query-group table (`kernels.query_groups.build_query_groups`, block_m 128) that gives each 128-token
+        query block of `heads` heads over `seq` raster tokens one program; the two tiles of a block always share
+        their key list (`raster_blocks.tile_lists`), so the table depends on the shape only. Cached per (seq,
+        heads, device); int32 on `offsets`' device."""
+        key = (seq, heads, str(offsets.device))
+        if key not in self._groups:
+            from ..kernels.query_groups import build_query_groups
+
+            with torch.inference_mode(False):
+                n_tiles = offsets.numel() - 1
+                block_of = (torch.arange(n_tiles) // (self.options.block_q // rb.TILE)).view(1, n_tiles, 1)
+                self._groups[key] = build_query_groups(block_of.expand(heads, -1, -1),
+                                                       torch.ones(heads, n_tiles, dtype=torch.int64),
+                                                       rb.raster_tile_offsets(seq, "cpu"), 128).to(offsets.device)
+        return self._groups[key]
 
     def _torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, cnt: torch.Tensor,
                proj: Any, timer: Any) -> torch.Tensor:

@@ -253,7 +253,8 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     else:
         if src.kind == "tiny":
             location = str(prepare_model_files(cfg))
-            notes.append(f"model {preset.name!r} has random weights: its videos are noise (for plumbing and timing)")
+            notes.append(f"model {preset.name!r} has random weights: its videos are a near-uniform colour field "
+                         "whatever the prompt (for plumbing and timing)")
         else:
             location = src.location
         if src.layout == "wan":

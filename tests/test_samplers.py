@@ -115,6 +115,32 @@ def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(t
     assert latents.std() > 0.1  # not a degenerate comparison
 
 
+@pytest.mark.parametrize("entry,high", [("rcm", 2), ("rcm:sigma_max=200", 2), ("rcm:steps=2", 2), ("rcm:steps=1", 1),
+                                        ("dmd", 1)])
+def test_two_experts_switch_where_turbodiffusion_switches(a14b_dir, entry, high):
+    """Wan2.2 A14B under a few-step list: the high-noise expert denoises the steps with t >= 0.9 (TurboDiffusion's
+    I2V switches to the low-noise one at t < 0.9; diffusers compares timestep >= boundary_ratio * 1000), the
+    low-noise one the rest, one forward a step."""
+    from diffusers import WanPipeline
+
+    from vsagen.request.sampling import parse_sampler
+
+    pipe = WanPipeline.from_pretrained(a14b_dir, use_safetensors=True)
+    sampler, ran = parse_sampler(entry), []
+    hooks = [getattr(pipe, name).register_forward_hook(lambda *_, n=name: ran.append(n))
+             for name in ("transformer", "transformer_2")]
+    g = torch.Generator("cpu").manual_seed(1)
+    pos = torch.randn(1, 16, pipe.transformer.config.text_dim, generator=g)
+    try:
+        with torch.no_grad():
+            denoise_latents(pipe, _tiny_plan(), pos, None, steps=20, guidance=5.0, seed=0, sampler=sampler)
+    finally:
+        for h in hooks:
+            h.remove()
+    want = ["transformer" if t >= 0.9 else "transformer_2" for t in sampler.sigmas]
+    assert ran == want and ran.count("transformer") == high
+
+
 @pytest.mark.parametrize("sigma_max,first", [(80.0, 0.987654), (200.0, 0.995025)])
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
 def test_rcm_times_are_turbodiffusions_lists(steps, sigma_max, first):

@@ -349,3 +349,12 @@ def test_presets_lists_the_turbo_presets():
     assert res.exit_code == 0
     for name in TURBO:
         assert name in res.output
+
+
+def test_sla_star_loads_proj_l_from_a_turbo_file(tmp_path, vsagen_cache):
+    """sla-star takes TurboDiffusion's proj_l too (an alias of its key): named explicitly, it loads the file's."""
+    turbo_file(tmp_path / "f.pth", source_state())
+    res = runner.invoke(app, ["t2v", "a cat", "--model", "tiny", "--transformer", str(tmp_path / "f.pth"),
+                              "--attn", "sla-star", "--out", str(tmp_path / "o.mp4"), "--steps", "1", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert "loaded trained sla-star weights" in res.output and "for 2 of 2 layers" in res.output

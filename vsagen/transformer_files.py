@@ -315,15 +315,16 @@ def hub_files(preset: Preset, model: str, local_only: bool = False) -> list[Path
         except Exception as e:  # noqa: BLE001 - any download failure is the one line below
             if local_only:
                 return None
-            raise ModelNotFound(f"cannot load model {model!r}: {repo}/{name} is not in the local Hugging Face cache and "
-                                f"could not be downloaded ({_first_line(e)[:100]}). Download it with `hf download "
+            raise ModelNotFound(f"cannot load model {model!r}: {repo}/{name} is not in the local Hugging Face cache "
+                                f"and could not be downloaded ({_first_line(e)[:100]}). Download it with `hf download "
                                 f"{repo} {name} --local-dir DIR` and pass --transformer DIR/{name} (with --model, "
                                 "the base checkpoint), time its architecture with --random-weights, or try --model "
                                 "tiny") from None
     return out
 
 
-def auto_evidence(files: Sequence[str], preset: Preset, random_weights: bool) -> list[tuple[str, list[str] | None]] | None:
+def auto_evidence(files: Sequence[str], preset: Preset,
+                  random_weights: bool) -> list[tuple[str, list[str] | None]] | None:
     """What `--attn auto` reads when the transformer comes from files: [(file name, its keys, or None when not
     downloaded yet)] for the `--transformer` files, else a `[transformer_files]` preset's (from the Hugging Face
     cache only); None when the transformer does not come from files (or random weights).

@@ -180,7 +180,8 @@ class ModelOptions:
             high-noise expert first; a comma-separated string or a sequence of paths; `vsagen.transformer_files`).
 
     Raises:
-        BadInput: an empty model or --transformer entry, a size that is not a positive integer, an unknown, empty or repeated tile fit.
+        BadInput: an empty model or --transformer entry, a size that is not a positive integer, an unknown, empty
+            or repeated tile fit.
     """
 
     model: str = DEFAULT_MODEL

@@ -7,13 +7,12 @@ ones are one line, exit 2, before anything runs."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_error_line
+from conftest import one_error_line, original_name
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -40,31 +39,6 @@ def fastvideo_folder(src: Path, dest: Path, drop_expand: bool = False) -> Path:
         index.pop("expand_timesteps", None)
     (dest / "model_index.json").write_text(json.dumps(index))
     return dest
-
-
-# diffusers name -> original Wan name, written from Wan's own WanModel (wan/modules/model.py): this file's map,
-# independent of diffusers' convert_wan_transformer_to_diffusers.
-_TOP = {"scale_shift_table": "head.modulation", "proj_out": "head.head", "patch_embedding": "patch_embedding",
-        "condition_embedder.time_embedder.linear_1": "time_embedding.0",
-        "condition_embedder.time_embedder.linear_2": "time_embedding.2",
-        "condition_embedder.text_embedder.linear_1": "text_embedding.0",
-        "condition_embedder.text_embedder.linear_2": "text_embedding.2",
-        "condition_embedder.time_proj": "time_projection.1"}
-_BLOCK = {"scale_shift_table": "modulation", "norm2": "norm3", "ffn.net.0.proj": "ffn.0", "ffn.net.2": "ffn.2"}
-_ATTN = {"attn1": "self_attn", "attn2": "cross_attn"}
-_PROJ = {"to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "o", "norm_q": "norm_q", "norm_k": "norm_k"}
-
-
-def original_name(key: str) -> str:
-    """The original Wan key of a diffusers WanTransformer3DModel key (text-to-video architecture)."""
-    m = re.fullmatch(r"blocks\.(\d+)\.(attn[12])\.(.+)\.(weight|bias)", key)
-    if m:
-        return f"blocks.{m[1]}.{_ATTN[m[2]]}.{_PROJ[m[3]]}.{m[4]}"
-    m = re.fullmatch(r"blocks\.(\d+)\.(.+?)(\.weight|\.bias)?", key)
-    if m:
-        return f"blocks.{m[1]}.{_BLOCK[m[2]]}{m[3] or ''}"
-    m = re.fullmatch(r"(.+?)(\.weight|\.bias)?", key)
-    return _TOP[m[1]] + (m[2] or "")
 
 
 def original_config(preset: str = "tiny") -> dict:

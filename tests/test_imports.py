@@ -135,7 +135,7 @@ LAYERS = (
                     "vsagen.attention",
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.checkpoint_layouts", "vsagen.tiny",
-                 "vsagen.paths")),
+                 "vsagen.paths", "vsagen.transformer_files")),
     ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate")),
     ("commands", ("vsagen.commands",)),
     ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing",

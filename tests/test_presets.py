@@ -15,7 +15,9 @@ from vsagen.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_
 from vsagen.presets import _preset_dir
 
 BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b", "hummingbird-xt", "tiny",
-           "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "wan2.1-flf2v-14b-720p",
+           "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b",
+           "turbowan2.1-t2v-1.3b-quant", "turbowan2.1-t2v-14b-480p", "turbowan2.1-t2v-14b-720p", "turbowan2.2-i2v-a14b",
+           "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p",
            "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p",
            "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 # attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets
@@ -40,7 +42,7 @@ def test_every_bundled_preset_loads(name):
     d = p.defaults
     assert d.frames >= 1 and (d.frames - 1) % p.vae_stride_temporal == 0
     assert d.height % p.pixel_multiple == 0 and d.width % p.pixel_multiple == 0
-    assert d.steps >= 1 and d.fps >= 1 and 0 <= d.sparsity < 1
+    assert d.steps >= 1 and d.fps >= 1 and (d.sparsity is None or 0 <= d.sparsity < 1)  # None: sla presets (topk)
     assert d.vae_dtype in ("same", "fp32", "bf16", "fp16")
     assert p.patch_size == (1, 2, 2)
     # The dict round-trips through parse_preset unchanged.

@@ -11,7 +11,8 @@
   `load_original_transformer` converts it through diffusers' own single-file conversion
   (`convert_wan_transformer_to_diffusers`) into a `WanTransformer3DModel` of a preset's architecture. The text
   encoder, tokenizer, VAE and scheduler come from the stock diffusers checkpoint of that architecture
-  (`vsagen.loading`).
+  (`vsagen.loading`). Reading, checking and placing the tensors is `vsagen.transformer_files`' (shared with
+`--transformer FILE`).
 
 Everything here but `load_original_transformer` reads JSON and safetensors headers only.
 """
@@ -219,7 +220,7 @@ def preset_for_original(folder: OriginalFolder, model: str):
     pipeline = I2V_PIPELINE if takes_image_input(t) else T2V_PIPELINE
     fits = [p for p in (load_preset(n) for n in preset_names())
             if same_architecture(t, p.transformer) and p.transformer_2 is None and p.pipeline == pipeline
-            and p.expand_timesteps == expand]
+            and p.expand_timesteps == expand and p.transformer_files is None]
     name = folder.path.resolve().name.lower()
     for p in fits:
         if p.transformer_layout == "wan" and p.hub_id and p.hub_id.split("/")[-1].lower() in name:
@@ -234,7 +235,9 @@ def preset_for_original(folder: OriginalFolder, model: str):
 
 
 def _read_weights(folder: OriginalFolder, allow_pickle: bool, model: str) -> dict[str, Any]:
-    import torch
+    """The folder's tensors: safetensors, or pickle files (with `allow_pickle`) through the weights-only reader
+    (`vsagen.transformer_files.read_state_dict`)."""
+    from .transformer_files import read_state_dict
 
     if folder.pickle and not allow_pickle:
         raise BadInput(f"--model {model}: the transformer has only pickle weights ({folder.files[0].name}); pickle "
@@ -242,46 +245,8 @@ def _read_weights(folder: OriginalFolder, allow_pickle: bool, model: str) -> dic
                        "you trust them")
     state: dict[str, Any] = {}
     for f in folder.files:
-        if folder.pickle:
-            try:
-                part = torch.load(f, map_location="cpu", weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any unpickling failure is this one line
-                raise BadInput(f"--model {model}: cannot read {f.name} as a state dict of tensors "
-                               f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})") from None
-            if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
-                raise BadInput(f"--model {model}: {f.name} is not a flat state dict of tensors")
-        else:
-            from safetensors.torch import load_file
-
-            part = load_file(str(f))
-        state.update(part)
+        state.update(read_state_dict(f, f"--model {model}: {f.name}"))
     return state
-
-
-def _empty_transformer(architecture: dict[str, Any]) -> Any:
-    """A `WanTransformer3DModel` of `architecture` with its parameters on the meta device (no memory, no init);
-    RoPE's computed buffers are real."""
-    from accelerate import init_empty_weights
-    from diffusers import WanTransformer3DModel
-
-    with init_empty_weights():
-        return WanTransformer3DModel(**architecture)
-
-
-def _check_fit(converted: dict[str, Any], want: dict[str, Any], model: str) -> None:
-    where = f"--model {model}: the original-layout transformer"
-    missing = [k for k in want if k not in converted]
-    if missing:
-        raise BadInput(f"{where} lacks {len(missing)} tensor(s) its architecture needs, e.g. {missing[0]} (as "
-                       "diffusers names it): the checkpoint is incomplete or of another architecture")
-    extra = [k for k in converted if k not in want]
-    if extra:
-        raise BadInput(f"{where} holds {len(extra)} tensor(s) a Wan transformer of its architecture does not have, "
-                       f"e.g. {extra[0]} (as diffusers names it): vsagen does not drop weights silently")
-    for k, v in want.items():
-        if tuple(converted[k].shape) != tuple(v.shape):
-            raise BadInput(f"{where}: {k} has shape {tuple(converted[k].shape)}, its architecture needs "
-                           f"{tuple(v.shape)}")
 
 
 def check_original_transformer(folder: OriginalFolder, architecture: dict[str, Any], model: str) -> None:
@@ -299,11 +264,14 @@ def check_original_transformer(folder: OriginalFolder, architecture: dict[str, A
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
     from safetensors import safe_open
 
+    from .transformer_files import check_fit, empty_transformer
+
     shapes: dict[str, Any] = {}
     for f in folder.files:
         with safe_open(str(f), framework="pt") as st:
             shapes |= {k: torch.empty(st.get_slice(k).get_shape(), device="meta") for k in st.keys()}
-    _check_fit(convert_wan_transformer_to_diffusers(shapes), _empty_transformer(architecture).state_dict(), model)
+    check_fit(convert_wan_transformer_to_diffusers(shapes), empty_transformer(architecture).state_dict(),
+              f"--model {model}: the original-layout transformer")
 
 
 def load_original_transformer(folder: OriginalFolder, architecture: dict[str, Any], dtype: Any, allow_pickle: bool,
@@ -319,18 +287,13 @@ def load_original_transformer(folder: OriginalFolder, architecture: dict[str, An
             finds the same from the headers alone).
     """
     from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-    from diffusers.models.model_loading_utils import load_model_dict_into_meta
+
+    from .transformer_files import place_transformer
 
     state = _read_weights(folder, allow_pickle, model)
     n = len(state)
-    converted = convert_wan_transformer_to_diffusers(state)
-    transformer = _empty_transformer(architecture)
-    _check_fit(converted, transformer.state_dict(), model)
-    # as diffusers' from_pretrained places a checkpoint's tensors: in `dtype`, but the modules the class keeps in
-    # float32 (`_keep_in_fp32_modules`: norms, modulation, time embedder)
-    load_model_dict_into_meta(transformer, converted, dtype=dtype,
-                              keep_in_fp32_modules=list(type(transformer)._keep_in_fp32_modules or []))
-    transformer.eval()
+    transformer = place_transformer(convert_wan_transformer_to_diffusers(state), architecture, dtype,
+                                    f"--model {model}: the original-layout transformer")
     files = ", ".join(f.name for f in folder.files[:2]) + (", ..." if len(folder.files) > 2 else "")
     return transformer, (f"transformer converted from the original Wan key names ({n} tensors in {files}) by "
                          "diffusers' convert_wan_transformer_to_diffusers")

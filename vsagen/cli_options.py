@@ -97,6 +97,11 @@ TileFitOption = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_pars
                                                      "a larger latent, crop before decode).")]
 RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
                                                   "prompt embeddings (timing without a download).")]
+Transformer = Annotated[Optional[str], typer.Option(
+    "--transformer", metavar="FILE[,FILE]",
+    help="Transformer-only weights (.safetensors, or .pth read by torch's weights-only loader only) replacing the "
+         "model's transformer, one file per expert (high-noise first); the text encoder and VAE come from --model. "
+         "Original Wan or diffusers key names; TurboDiffusion's files (proj_l, int8 -quant) included.")]
 AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
 Warmup = Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")]
 OffloadOption = Annotated[Offload, typer.Option("--offload", parser=choice_parser(Offload), metavar=_choices(Offload),
@@ -144,7 +149,8 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "sheet": (Sheet, False),
     "device": (DeviceOption, Device.AUTO),
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
-    "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False), "warmup": (Warmup, 0),
+    "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
+    "transformer": (Transformer, None), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
     "compile": (Compile, False), "ulysses": (Ulysses, None), "cfg_parallel": (CfgParallel, False),
     "gpus": (Gpus, None),
@@ -153,20 +159,21 @@ SHARED: dict[str, tuple[Any, Any]] = {
 GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
             "guidance_2",
             "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
-            "tile_fit", "random_weights", "allow_pickle", "warmup", "offload", "vae_tiling", "compile", "gpus",
+            "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "compile",
+            "gpus",
             "ulysses",
             "cfg_parallel")
 PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "warmup",
            "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
-           "random_weights", "allow_pickle", "compile", "gpus", "ulysses", "cfg_parallel")
+           "random_weights", "allow_pickle", "transformer", "compile", "gpus", "ulysses", "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
-           "tile_fit", "random_weights", "allow_pickle", "warmup", "vae_tiling")
+           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
-          "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle")
+          "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")
 
 
 

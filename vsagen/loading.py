@@ -257,7 +257,9 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
                          "whatever the prompt (for plumbing and timing)")
         else:
             location = src.location
-        if src.layout == "wan":
+        if cfg.transformer_sources:
+            pipe, weight_root = _transformer_files_pipeline(cfg, location, dtype, notes)
+        elif src.layout == "wan":
             pipe = _original_layout_pipeline(cfg, dtype, notes)
         else:
             if src.kind in ("tiny", "dir"):
@@ -265,7 +267,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
                 weight_root = Path(location)
             pipe = _from_pretrained(location, cfg, dtype)
             notes.extend(as_stock_pipeline(pipe, _model_index(src.kind, location)))
-        if src.kind == "hub" and src.layout != "wan":
+        if src.kind == "hub" and src.layout != "wan" and not cfg.transformer_sources:
             try:
                 from huggingface_hub import snapshot_download
 
@@ -350,6 +352,35 @@ def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any
     return pipe
 
 
+def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:
+    """The pipeline whose transformer(s) come from transformer-only files (`--transformer`, else the preset's
+    `[transformer_files]` downloaded: `vsagen.transformer_files`), the other components from `location` (the model's
+    checkpoint, loaded without its transformers); and the folder of the backend-owned tensors the files held
+    (`LoadedModel.weight_root`), or None.
+
+    Raises:
+        BadInput: a file that cannot be read or does not fit the architecture (one line naming it).
+        ModelNotFound: the base checkpoint or a preset's file cannot be found or downloaded.
+    """
+    from .transformer_files import backend_weights_root, hub_files, load_transformer_file
+
+    src = cfg.source
+    if src.kind == "dir":
+        _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), src.preset.ti2v)
+    files = [Path(f) for f in cfg.transformer_files] or hub_files(src.preset, cfg.model)
+    names = ["transformer", "transformer_2"][: len(files)]
+    # the components first (a download the user may lack fails before the files' wait), the transformers as None
+    pipe = _from_pretrained(location, cfg, dtype, **{n: None for n in names})
+    architectures = [src.preset.transformer, src.preset.transformer_2]
+    backend: dict[str, dict[str, Any]] = {}
+    for name, path, architecture in zip(names, files, architectures):
+        transformer, backend[name], note = load_transformer_file(path, dict(architecture), dtype)
+        pipe.register_modules(**{name: transformer})
+        notes.append(note)
+    notes.append(f"text encoder, tokenizer, VAE and scheduler from {src.location or src.preset.name}")
+    return pipe, backend_weights_root(backend)
+
+
 def _hub_transformer_folder(cfg: Request) -> Path:
     """The folder of a `transformer_layout = "wan"` hub preset's transformer, downloaded into the Hugging Face cache
     (its config.json and safetensors only)."""
@@ -382,7 +413,8 @@ class _AsImageToVideo(Request):
 
 
 def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str = "auto", random_weights: bool = False,
-                  allow_pickle: bool = False, image_to_video: bool | None = None) -> Any:
+                  allow_pickle: bool = False, image_to_video: bool | None = None,
+                  transformer: str | os.PathLike | Sequence[str | os.PathLike] | None = None) -> Any:
     """A ready diffusers Wan pipeline, loaded as the `vsagen` commands load it, for `vsagen.apply`.
 
     The model resolves as `--model` does (`vsagen.models.resolve_model`, then `vsagen.request.resolve.resolve`
@@ -406,6 +438,9 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         allow_pickle: also load pickle weights (.bin / .pt), which can run code when loaded.
         image_to_video: None: the model's own pipeline class; True: a WanImageToVideoPipeline (image-to-video
             models, and text-image-to-video ones such as "tiny-ti2v"); False: a WanPipeline (text-to-video models).
+        transformer: transformer-only weight files replacing the model's transformer(s) (`--transformer`: a path,
+            "A,B" or a sequence, one per expert, high-noise first; .safetensors, or .pth read by torch's weights-only
+            loader only; `vsagen.transformer_files`); the other components load from `model`.
 
     Returns:
         A `diffusers.WanPipeline` or `diffusers.WanImageToVideoPipeline` on `device` in eval mode, with stock
@@ -433,7 +468,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         if not isinstance(model, str):  # (None would fall back to the commands' default model)
             raise BadInput(f"model must be a preset name, a folder or a hub id, got {model!r}")
         options = request_options(model=model, device=device, dtype=dtype, random_weights=random_weights,
-                                  allow_pickle=allow_pickle, vae_tiling="off")
+                                  allow_pickle=allow_pickle, vae_tiling="off", transformer=transformer)
         source = resolve_model(options.model.model)
         if image_to_video and not source.takes_image:
             raise BadInput(f"image_to_video=True: {model} is a text-to-video model and takes no image (an "

@@ -42,6 +42,11 @@ A hub preset whose repository stores the transformer in the original Wan key nam
 config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transformer_layout = "wan"` and names the
 stock diffusers checkpoint of its architecture that supplies the other components, `components = "<hub id>"`
 (`transformer_subfolder`, optional: the folder inside the repository holding them; `vsagen.checkpoint_layouts`).
+
+A preset whose authors publish the transformer alone as single files (TurboDiffusion's `.pth` state dicts) names them
+in a `[transformer_files]` table: `repo` (the hub repository) and `files` (one per expert, the high-noise expert
+first); `hub_id` is then the stock diffusers checkpoint of its architecture that supplies the other components
+(`vsagen.transformer_files`). Such a preset never describes a checkpoint of that architecture by itself.
 """
 
 from __future__ import annotations
@@ -118,6 +123,8 @@ class Preset:
     transformer_layout: str = "diffusers"  # "wan": the hub repository's transformer is in the original Wan key names
     components: str = ""  # transformer_layout "wan": the diffusers hub id of the text encoder, tokenizer, VAE, scheduler
     transformer_subfolder: str = ""  # transformer_layout "wan": where in the repository the transformer is
+    # the hub files of a transformer published alone (`[transformer_files]`): (repository, (file per expert, ...))
+    transformer_files: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def image_to_video(self) -> bool:
@@ -162,9 +169,12 @@ class Preset:
 
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
              "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-             "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder"}
+             "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder",
+             "transformer_files"}
 _OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
-                      "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder"}
+                      "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder",
+                      "transformer_files"}
+TRANSFORMER_FILE_SUFFIXES = (".safetensors", ".pth", ".pt")  # what `--transformer` / [transformer_files] read
 _OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn"}
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
@@ -325,7 +335,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     checkpoint_class = data.get("checkpoint_class")
     if checkpoint_class is not None and (not isinstance(checkpoint_class, str) or not checkpoint_class.strip()):
         raise BadInput(f"preset {where}: checkpoint_class must be a pipeline class name, got {checkpoint_class!r}")
-    sampler = data["defaults"].get("sampler", "default")
+    sampler = data["defaults"].get("sampler", "default")  # options (e.g. "rcm:sigma_max=200") are checked when run
     if not isinstance(sampler, str) or sampler.split(":", 1)[0].strip() not in NAMED_SAMPLERS:
         raise BadInput(f"preset {where} [defaults]: sampler must be one of {', '.join(NAMED_SAMPLERS)} (with options), "
                        f"got {sampler!r}")
@@ -336,6 +346,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         if isinstance(g2, bool) or not isinstance(g2, (int, float)):
             raise BadInput(f"preset {where} [defaults]: guidance_2 must be a number, got {g2!r}")
     layout = _layout_keys(data, where, transformer_2)
+    hub_files = _transformer_files(data, where, 1 if transformer_2 is None else 2, layout["transformer_layout"])
     return Preset(
         name=data["name"],
         description=data["description"],
@@ -354,8 +365,32 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         image_encoder=dict(image_encoder) if image_encoder is not None else None,
         ti2v=ti2v,
         checkpoint_class=checkpoint_class,
+        transformer_files=hub_files,
         **layout,
     )
+
+
+def _transformer_files(data: dict[str, Any], where: str, experts: int,
+                       layout: str) -> tuple[str, tuple[str, ...]] | None:
+    """The `[transformer_files]` table, checked: `repo` a hub id, `files` one file name per expert (high-noise expert
+    first) ending in .safetensors, .pth or .pt; for hub presets of the diffusers layout (whose `hub_id` supplies the
+    other components)."""
+    table = data.get("transformer_files")
+    if table is None:
+        return None
+    if not isinstance(table, dict) or set(table) != {"repo", "files"}:
+        raise BadInput(f"preset {where}: [transformer_files] takes repo = '<org/name>' and files = [...]")
+    repo, files = table["repo"], table["files"]
+    if not isinstance(repo, str) or repo.count("/") != 1:
+        raise BadInput(f"preset {where} [transformer_files]: repo must be a hub id '<org/name>', got {repo!r}")
+    if (not isinstance(files, list) or len(files) != experts
+            or not all(isinstance(f, str) and f.endswith(TRANSFORMER_FILE_SUFFIXES) for f in files)):
+        raise BadInput(f"preset {where} [transformer_files]: files must list {experts} file name(s) ending in "
+                       f"{', '.join(TRANSFORMER_FILE_SUFFIXES)} (one per expert, high-noise first), got {files!r}")
+    if data["source"] != "hub" or layout != "diffusers":
+        raise BadInput(f"preset {where}: [transformer_files] is for hub presets whose hub_id is the diffusers "
+                       "checkpoint of the other components")
+    return repo, tuple(files)
 
 
 def _layout_keys(data: dict[str, Any], where: str, transformer_2: Any) -> dict[str, str]:
@@ -400,7 +435,7 @@ def preset_for_hub_id(hub_id: str) -> Preset | None:
     """The bundled preset whose `hub_id` is `hub_id`, if any."""
     for n in preset_names():
         p = load_preset(n)
-        if p.hub_id and p.hub_id == hub_id:
+        if p.hub_id and p.hub_id == hub_id and p.transformer_files is None:  # (a files preset: its base's id)
             return p
     return None
 
@@ -442,7 +477,8 @@ def preset_for_transformer_config(config: dict[str, Any], index: dict[str, Any] 
     written = checkpoint_class or named
     for n in preset_names():
         p = load_preset(n)
-        if p.source != "hub" or p.transformer_layout != "diffusers" or not same_architecture(config, p.transformer):
+        if (p.source != "hub" or p.transformer_layout != "diffusers" or p.transformer_files is not None
+                or not same_architecture(config, p.transformer)):
             continue
         if index is not None and (named not in (None, p.pipeline, p.checkpoint_class) or not same_family(p, index)):
             continue

@@ -50,7 +50,7 @@ def test_files_and_summary(tmp_path):
     assert (cfg.offload, cfg.vae_tiling) == ("none", "off") and not cfg.conditioned
     s = cfg.summary()
     assert s["out"] == str(tmp_path / "r.csv") and s["plot"] == str(tmp_path / "p.png")
-    assert s["model_source"] == {"kind": "tiny", "location": "", "preset": "tiny"}
+    assert s["model_source"] == {"kind": "tiny", "location": "", "preset": "tiny", "transformer_files": []}
     assert [b["name"] for b in s["backends"]] == ["full", "vsa"] and s["tile_fits"] == ["partial"]
     assert "offload" not in s and "vae_tiling" not in s and "source" not in s
     assert resolve_profile(model="tiny-i2v").conditioned

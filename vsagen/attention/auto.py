@@ -14,6 +14,7 @@ part by declaring its `auto_priority`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from .registry import backend_class, backend_facts, backend_names, held_names
 
@@ -62,8 +63,23 @@ def trained_backend(root: Path | None) -> tuple[str, str] | None:
     return None
 
 
+def _backend_in_files(files: Sequence[tuple[str, Sequence[str] | None]]) -> tuple[str, str] | None:
+    """(backend name, "<file> holds <key>.*") for the first backend of `candidates()` whose weights one of the files
+    holds (by their keys), or None."""
+    from .weights import matches_layer_weights
+
+    for name in candidates():
+        spec = backend_class(name).weights
+        for file, keys in files:
+            key = next((k for k in keys or () if matches_layer_weights(k, spec)), None)
+            if key is not None:
+                return name, f"{file} holds {key.rsplit('.', 1)[0]}.*"
+    return None
+
+
 def choose_backend(kind: str, location: str, random_weights: bool, device: str,
-                   trained_for: tuple[str, str] | None = None) -> tuple[str, str]:
+                   trained_for: tuple[str, str] | None = None,
+                   files: Sequence[tuple[str, Sequence[str] | None]] | None = None) -> tuple[str, str]:
     """The backend `--attn auto` runs, and the run's note saying why and what the alternative is.
 
     Args:
@@ -73,26 +89,34 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
         trained_for: (backend, model name) of a published checkpoint whose preset names the backend its authors
             run: chosen when the weights cannot tell (random weights at its architecture, or a hub id not downloaded
             yet); the weights, when readable, decide.
+        files: when the transformer comes from transformer-only files (`--transformer`, a preset's
+            `[transformer_files]`): [(file name, its keys, or None when not downloaded yet)]; they decide instead of
+            the checkpoint's folders.
 
     Returns:
         (name, note): e.g. ("vsa", "--attn auto chose vsa: this checkpoint was trained for it (transformer/ holds
         blocks.0.to_gate_compress.weight); --attn full runs dense attention").
     """
-    root = None if random_weights else checkpoint_root(kind, location)
-    found = trained_backend(root)
+    if files is not None:
+        found, unread = _backend_in_files(files), any(keys is None for _, keys in files)
+    else:
+        root = None if random_weights else checkpoint_root(kind, location)
+        found, unread = trained_backend(root), root is None
     if found is not None:
         name, why = found
         return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn {FALLBACK} "
                       "runs dense attention")
-    if trained_for is not None and (random_weights or root is None) and kind != "tiny":
+    if trained_for is not None and (random_weights or unread) and kind != "tiny":
         name, model = trained_for
         why = "random weights" if random_weights else "not downloaded yet, its weights unread"
         return name, (f"--attn auto chose {name}: {model} was trained for it (its preset says so; {why}); "
                       + (f"--attn {FALLBACK} runs dense attention" if name != FALLBACK else
                          "a sparse backend on it trades fidelity for speed"))
-    if random_weights or kind == "tiny":
+    if files is not None and not unread:
+        why = "the transformer file(s) hold no sparse-attention weights (none of a trained backend)"
+    elif random_weights or kind == "tiny":
         why = "random weights carry no trained sparse-attention weights"
-    elif root is None:  # a hub id not in the local cache: its files cannot be read before the download
+    elif unread:  # a hub id not in the local cache: its files cannot be read before the download
         why = ("the checkpoint is not downloaded yet, so its weights could not be checked for sparse-attention "
                "parts (download it first, or name the backend)")
     else:

@@ -39,6 +39,12 @@ def _key_pattern(spec: LayerWeights) -> re.Pattern:
     return re.compile("(?:" + "|".join(alternatives) + r")\.([A-Za-z0-9_]+)$")
 
 
+def matches_layer_weights(key: str, spec: LayerWeights) -> bool:
+    """Whether a checkpoint key is one of `spec`'s tensors (its key or an alias, with a layer number and a parameter
+    name, matched from the start)."""
+    return _key_pattern(spec).match(key) is not None
+
+
 def _match(m: re.Match) -> tuple[int, int, str]:
     """(scheme, layer, param) of a `_key_pattern` match: which key template matched (0: the backend's own key,
     then its aliases), the layer number it holds, and the parameter name."""

@@ -166,7 +166,9 @@ class CompareConfig(Request):
         d["error_steps"] = list(self.error_steps)
         d["out"] = str(self.out)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
-                             "preset": self.source.preset.name}
+                             "preset": self.source.preset.name,
+                             "transformer_files": list(self.transformer_sources)}
+        d.pop("transformer_files", None)
         return d
 
 

@@ -77,7 +77,9 @@ class RunConfig(Request):
         d["tile_fit"] = self.tile_fit
         d.update(attn=self.attn, sparsity=self.sparsity, attn_impl=self.attn_impl)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
-                             "preset": self.source.preset.name}
+                             "preset": self.source.preset.name,
+                             "transformer_files": list(self.transformer_sources)}
+        d.pop("transformer_files", None)
         d["out"], d["json_out"] = str(self.out), str(self.json_out)
         d["sheet_out"] = str(self.sheet_out) if self.sheet_out is not None else None
         d["image"] = str(self.image) if self.image is not None else None

@@ -73,7 +73,9 @@ class ProfileConfig(Request):
         d["backends"] = [b.summary() for b in self.backends]
         d["tile_fits"] = list(self.tile_fits)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
-                             "preset": self.source.preset.name}
+                             "preset": self.source.preset.name,
+                             "transformer_files": list(self.transformer_sources)}
+        d.pop("transformer_files", None)
         d["out"] = str(self.out) if self.out is not None else None
         d["plot"] = str(self.plot) if self.plot is not None else None
         return d

@@ -137,14 +137,16 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
 
 
 def auto_spec(kind: str, location: str, options: AttentionOptions, preset_tables: dict[str, dict[str, Any]],
-              random_weights: bool, device: str, trained_for: tuple[str, str] | None = None) -> tuple[BackendSpec, str]:
+              random_weights: bool, device: str, trained_for: tuple[str, str] | None = None,
+              files: Any = None) -> tuple[BackendSpec, str]:
     """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`; `trained_for`: its
-    preset's (backend, name) where the preset says), its spec and the note.
+    preset's (backend, name) where the preset says; `files`: the transformer files' keys, when the transformer comes
+    from files, `vsagen.transformer_files.auto_evidence`), its spec and the note.
 
     Raises:
         BadInput: a flag the chosen backend does not take (e.g. --sparsity when auto chose full), naming the
             choice and how to pick a backend."""
-    name, note = choose_backend(kind, location, random_weights, device, trained_for)
+    name, note = choose_backend(kind, location, random_weights, device, trained_for, files)
     try:
         return backend_specs((name,), preset_tables, options.sparsity, options.attn_impl, name)[0], note
     except BadInput as e:

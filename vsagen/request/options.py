@@ -11,6 +11,7 @@ module imports neither torch nor diffusers: the command line builds the groups b
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -144,6 +145,25 @@ def _integer(value: Any, flag: str, lo: int, hi: int) -> None:
         raise BadInput(f"{flag} must be in [{lo}, {hi}], got {value}")
 
 
+def _file_list(value: Any, flag: str) -> tuple[str, ...]:
+    """A list of files given as one comma-separated string, a path, or a sequence of them, as a tuple of str.
+
+    Raises:
+        BadInput: an empty entry, or a value that is no text nor path."""
+    items = [value] if isinstance(value, (str, os.PathLike)) else value
+    if not isinstance(items, (list, tuple)):
+        raise BadInput(f"{flag} takes FILE[,FILE], got {value!r}")
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise BadInput(f"{flag} takes FILE[,FILE], got {item!r}")
+        parts = [os.fspath(item)] if isinstance(item, os.PathLike) else str(item).split(",")
+        if not all(p.strip() for p in parts):
+            raise BadInput(f"{flag} has an empty entry in {os.fspath(item)!r}; give FILE[,FILE]")
+        out += [p.strip() for p in parts]
+    return tuple(out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
     """The model and the video's size.
@@ -156,9 +176,12 @@ class ModelOptions:
             comma-separated string is accepted).
         random_weights: the preset's architecture with random weights (timing without a download).
         allow_pickle: also load pickle weights (they can run code).
+        transformer: transformer-only weight files replacing the model's transformer(s), one per expert (the
+            high-noise expert first; a comma-separated string or a sequence of paths; `vsagen.transformer_files`).
 
     Raises:
-        BadInput: an empty model, a size that is not a positive integer, an unknown, empty or repeated tile fit.
+        BadInput: an empty model or --transformer entry, a size that is not a positive integer, an unknown, empty
+            or repeated tile fit.
     """
 
     model: str = DEFAULT_MODEL
@@ -168,8 +191,10 @@ class ModelOptions:
     tile_fits: tuple[TileFit, ...] = (TileFit.PARTIAL,)
     random_weights: bool = False
     allow_pickle: bool = False
+    transformer: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "transformer", _file_list(self.transformer, "--transformer"))
         if not isinstance(self.model, str):
             raise BadInput(f"--model must be a preset name (vsagen presets), a folder or a hub id, got {self.model!r}")
         if not self.model.strip():
@@ -348,7 +373,8 @@ GROUPS: dict[str, type] = {"model": ModelOptions, "sampling": SamplingOptions, "
 # The command line declares these options once (`vsagen.cli_options`) and routes them here; Python callers use the
 # same keywords (`request_options`).
 FLAGS: dict[str, tuple[str, str]] = {
-    **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle")},
+    **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle",
+                                 "transformer")},
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
                                     "seed", "sampler")},

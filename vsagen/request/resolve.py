@@ -21,6 +21,7 @@ from ..layout import CropPlan, plan_crop
 from ..models import ModelSource
 from ..presets import preset_names
 from ..tiny import check_tiny_cache
+from ..transformer_files import auto_evidence, check_transformer_files
 from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls, preset_file_notes
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
@@ -86,6 +87,18 @@ class Request:
     # how the denoising walks, one per run (t2v / i2v, profile: one; compare: one per --sampler entry); the first's
     # steps, CFG scale and flow shift are `steps`, `guidance`, `flow_shift`
     samplers: tuple[SamplerPlan, ...] = ()
+    # `--transformer`: the transformer-only files replacing the model's transformer(s), absolute paths, one per expert
+    # (a `[transformer_files]` preset without them downloads its own: `transformer_sources`)
+    transformer_files: tuple[str, ...] = ()
+
+    @property
+    def transformer_sources(self) -> tuple[str, ...]:
+        """The transformer files the run loads, for reports: `transformer_files`, else a `[transformer_files]`
+        preset's as "<repo>/<file>" (none with random weights)."""
+        hub = self.source.preset.transformer_files if self.source.exact_preset else None
+        if self.transformer_files or self.random_weights or hub is None:
+            return self.transformer_files
+        return tuple(f"{hub[0]}/{name}" for name in hub[1])
 
     @property
     def sampler(self) -> Sampler:
@@ -497,6 +510,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     if m.random_weights and not source.exact_preset:
         raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {m.model}; "
                        f"use a preset name ({', '.join(preset_names())})")
+    files = check_transformer_files(m.transformer, source.preset, m.model, m.random_weights) if m.transformer else ()
     if source.kind == "tiny" and not m.random_weights:  # built once into the vsagen cache: it must be writable
         check_tiny_cache(source.preset)
     fits = tuple(f.value for f in m.tile_fits)
@@ -526,8 +540,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     attn_note = None
     if auto:
         trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
+        evidence = auto_evidence(files, source.preset, m.random_weights) if source.exact_preset or files else None
         spec, attn_note = auto_spec(source.kind, source.location, at, d.attention, m.random_weights, device,
-                                    trained_for)
+                                    trained_for, evidence)
         specs = (spec,)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
@@ -538,7 +553,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
-        tile_fits=fits, backends=specs, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note)
+        tile_fits=fits, backends=specs, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note,
+        transformer_files=files)
     for fit in fits:  # the degree against every grid that runs
         check_ulysses(ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
                       frames=frames, height=height, width=width)

@@ -12,6 +12,7 @@ import math
 import re
 import signal
 
+import numpy as np
 import pytest
 import torch
 
@@ -152,14 +153,22 @@ def encoder_frames(monkeypatch):
     import vsagen.video
 
     frames: dict = {}
-    real_encode = vsagen.video.encode_mp4
+    real_encode, real_stream = vsagen.video.encode_mp4, vsagen.video.encode_mp4_stream
 
-    def capture(f, path, fps):
-        # the encoder writes a temporary `.{stem}.{random}.mp4` beside the target (vsagen.video): key by the target
-        frames[path.name[1:].rsplit(".", 2)[0] if path.name.startswith(".") else path.stem] = f.copy()
+    def stem(path):  # the encoder writes a temporary `.{stem}.{random}.mp4` beside the target: key by the target
+        return path.name[1:].rsplit(".", 2)[0] if path.name.startswith(".") else path.stem
+
+    def capture(f, path, fps):  # compare
+        frames[stem(path)] = f.copy()
         real_encode(f, path, fps)
 
+    def capture_stream(chunks, path, fps, **kwargs):  # t2v / i2v: the decode streamed into the encoder
+        chunks = [c.copy() for c in chunks]
+        frames[stem(path)] = np.concatenate(chunks)
+        return real_stream(iter(chunks), path, fps, **kwargs)
+
     monkeypatch.setattr(vsagen.video, "encode_mp4", capture)
+    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", capture_stream)
     return frames
 
 

@@ -27,13 +27,14 @@ def test_frames_match_the_recorded_reference(vsagen_cache, tmp_path, monkeypatch
     from vsagen.commands.generate import generate
 
     written = {}
-    encode_mp4 = video.encode_mp4
+    encode_mp4_stream = video.encode_mp4_stream
 
-    def capture(frames, path, fps):
-        written["frames"] = frames.copy()
-        return encode_mp4(frames, path, fps)
+    def capture(chunks, path, fps, **kwargs):  # t2v streams the decode into the encoder (issue 32)
+        chunks = [c.copy() for c in chunks]
+        written["frames"] = np.concatenate(chunks)
+        return encode_mp4_stream(iter(chunks), path, fps, **kwargs)
 
-    monkeypatch.setattr(video, "encode_mp4", capture)
+    monkeypatch.setattr(video, "encode_mp4_stream", capture)
     cfg = resolve("a red fox in the snow", model="tiny", attn=attn, frames=5, height=64, width=80, steps=2, seed=3,
                   device="cpu", out=tmp_path / f"{attn}.mp4", **options)  # recorded on CPU in float32
     generate(cfg, progress=False)

@@ -236,6 +236,26 @@ def test_an_encode_interrupted_between_frames_leaves_no_ffmpeg_and_no_file(tmp_p
     assert list(tmp_path.iterdir()) == [] and not _processes_naming(tmp_path)
 
 
+def test_a_stream_interrupted_between_chunks_leaves_no_ffmpeg_and_no_file(tmp_path):
+    """Issue 32: the decode streams into the encoder thread; a SIGTERM while a chunk decodes stops the stream at the
+    next safe point: the encoder is stopped, its ffmpeg has ended and the temporary file is gone."""
+    import numpy as np
+
+    from vsagen.video import encode_mp4_stream
+
+    def chunks():
+        for i in range(10):
+            if i == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # held by Outputs, raised at the next safe point
+            yield np.full((4, 32, 32, 3), 20 * i, np.uint8)
+
+    with as_interrupt():
+        with pytest.raises(SignalInterrupt):
+            with Outputs() as outputs:
+                outputs.add(tmp_path / "a.mp4", lambda tmp: encode_mp4_stream(chunks(), tmp, 8))
+    assert list(tmp_path.iterdir()) == [] and not _processes_naming(tmp_path)
+
+
 def _encode_with_signal(frames, path, at: int) -> None:
     """`encode_mp4`, a SIGTERM sent as frame `at` is handed to ffmpeg."""
     import imageio.v2 as imageio

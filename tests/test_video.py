@@ -189,3 +189,43 @@ def test_an_empty_encode_is_a_failure_not_a_video(tmp_path, monkeypatch):
     path.write_bytes(b"")
     with pytest.raises(RunFailure, match="ffmpeg wrote no video"):
         encode_mp4(smooth_frames(2, 16, 16, 0), path, 8)
+
+
+def test_a_stream_encodes_the_frames_encode_mp4_encodes(tmp_path):
+    """`encode_mp4_stream` over chunks of 1, 4, 4 and 3 frames writes the frames `encode_mp4` writes for the whole
+    video (read back: the same decoded frames), reports what it measured, and gives `keep` every chunk."""
+    from vsagen.video import encode_mp4, encode_mp4_stream
+
+    frames = smooth_frames(12, 32, 48, 3)
+    whole, streamed = tmp_path / "w.mp4", tmp_path / "s.mp4"
+    encode_mp4(frames, whole, 8)
+    kept = []
+    times = encode_mp4_stream(iter([frames[:1], frames[1:5], frames[5:9], frames[9:]]), streamed, 8, keep=kept.append)
+    assert np.array_equal(read_mp4(streamed), read_mp4(whole))
+    assert np.array_equal(np.concatenate(kept), frames)
+    assert times.frames == 12 and times.wall_s > 0 and times.encode_s > 0 and times.produce_s >= 0
+    assert 0 <= times.overlap_s <= min(times.produce_s, times.encode_s) + 1e-9
+
+
+def test_a_stream_that_fails_midway_raises_its_error_with_ffmpeg_ended(tmp_path):
+    """A decode error after two chunks: that error, the encoder thread and its ffmpeg ended; a chunk of another
+    frame size and an empty stream are RunFailures."""
+    import threading
+
+    from vsagen.errors import RunFailure
+    from vsagen.video import encode_mp4_stream
+
+    frames = smooth_frames(6, 16, 16, 1)
+
+    def failing():
+        yield frames[:3]
+        yield frames[3:]
+        raise RuntimeError("decoder died")
+
+    with pytest.raises(RuntimeError, match="decoder died"):
+        encode_mp4_stream(failing(), tmp_path / "f.mp4", 8)
+    assert not [t for t in threading.enumerate() if t.name == "vsagen-mp4-encoder"]
+    with pytest.raises(RunFailure, match="decoded frames of"):
+        encode_mp4_stream(iter([frames[:2], smooth_frames(2, 16, 32, 2)]), tmp_path / "g.mp4", 8)
+    with pytest.raises(RunFailure, match="no frames"):
+        encode_mp4_stream(iter([]), tmp_path / "h.mp4", 8)

@@ -215,14 +215,9 @@ def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0)
 
 def decode_latents(pipe: Any, latents: Any) -> Any:
     """Un-normalise Wan latents and decode them: (1, z, F_lat, H_lat, W_lat) -> (1, 3, F, H, W) in [-1, 1]."""
-    import torch
+    from .decode_stream import unnormalized
 
-    vae = pipe.vae
-    latents = latents.to(vae.dtype)
-    z = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-    std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-    return vae.decode(latents * std + mean, return_dict=False)[0]
+    return pipe.vae.decode(unnormalized(pipe.vae, latents), return_dict=False)[0]
 
 
 def video_frames(pipe: Any, video: Any, expected: tuple[int, int, int]) -> Any:

@@ -162,6 +162,14 @@ class TimingReport:
     projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
     to the end of the VAE decode; `load_s` and `write_s` (host clock) are outside it.
 
+    The decode and the mp4 write (`t2v` / `i2v`: `vsagen.decode_stream`, `video.encode_mp4_stream`) run as a
+    stream, the encode in a thread of its own while the next frames decode: `vae_decode_s` is then the decode's own
+    time (each latent frame's decode and its uint8 frames), `write_s` the encoder's (frames to ffmpeg, its finish),
+    `decode_write_s` the wall time of the two together and `overlap_s` = vae_decode_s + write_s - decode_write_s
+    (both at once); `wait_s` runs from the text encoder to the mp4 written (total_s - vae_decode_s +
+    decode_write_s), what the user waits for; `decode_share_of_wait` / `write_share_of_wait` in the JSON. Without
+    a stream (compare, profile, `vsagen.apply`) decode_write_s and overlap_s are 0 and wait_s is total_s + write_s.
+
     Under `--compile` the regions compiled into the transformer blocks' graphs cannot be timed (no timer runs
     inside a compiled graph): `attn1_s` always, and with the attention backend inside the graphs (no graph
     breaks) also `self_attention_s` and `attention_share_of_dit`. Those are None (null in the JSON, "not
@@ -202,6 +210,7 @@ class TimingReport:
     condition_encode_s: float = 0.0
     load_s: float = 0.0
     write_s: float = 0.0
+    decode_write_s: float = 0.0
     warmup_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     dit_by_expert_s: dict[str, float] = field(default_factory=dict)
@@ -258,6 +267,20 @@ class TimingReport:
         )
 
     @property
+    def overlap_s(self) -> float:
+        """Seconds the streamed decode and the mp4 encode ran at once (0 without a stream)."""
+        if not self.decode_write_s:
+            return 0.0
+        return max(0.0, self.vae_decode_s + self.write_s - self.decode_write_s)
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds from the text encoder to the mp4 written (see the class docstring)."""
+        if self.decode_write_s:
+            return self.total_s - self.vae_decode_s + self.decode_write_s
+        return self.total_s + self.write_s
+
+    @property
     def attn1_module_s(self) -> float | None:
         """The whole self-attention module (attn1: projections, q/k norms, RoPE, tile order, the backend, output
         projection); None where compiled (`attn1_s` under its JSON name)."""
@@ -283,6 +306,10 @@ class TimingReport:
                 out[DEPRECATED_ALIASES[key]] = value
             out[key] = value
         out["deprecated_aliases"] = dict(DEPRECATED_ALIASES)
+        wait = self.wait_s
+        out.update(overlap_s=self.overlap_s, wait_s=wait,
+                   decode_share_of_wait=self.vae_decode_s / wait if wait > 0 else None,
+                   write_share_of_wait=self.write_s / wait if wait > 0 else None)
         if self.ranks:
             out.update(rank_stats(self.ranks))
         return out
@@ -364,9 +391,16 @@ class TimingReport:
             row("        all-to-all (Ulysses)", self.all_to_all_s, True)
         if self.cfg_exchange_s:
             row("    CFG exchange", self.cfg_exchange_s, True)
+        wait = self.wait_s
+        share = lambda x: f" ({100 * x / wait:.0f}% of the wait)" if wait > 0 and self.write_s else ""  # noqa: E731
         if outer:
-            row("VAE decode", self.vae_decode_s)
+            row("VAE decode" + share(self.vae_decode_s), self.vae_decode_s)
             row("total", self.total_s)
+        if outer and self.write_s:
+            t.add_row("mp4 encode" + share(self.write_s), f"{self.write_s:.3f}", "", "")
+            if self.decode_write_s:
+                t.add_row("  at once with the decode", f"{self.overlap_s:.3f}", "", "")
+            t.add_row("wait: text encode to the mp4 written", f"{wait:.3f}", "", "")
         if self.load_s:
             t.add_row("(load, not in total)", f"{self.load_s:.3f}", "", "")
         if self.warmup_s:

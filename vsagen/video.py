@@ -9,9 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -171,6 +175,112 @@ def encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:
     w.close()
     if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
         raise RunFailure(f"ffmpeg wrote no video for {len(frames)} frames at {fps} fps (its own message is above)")
+
+
+@dataclass(frozen=True)
+class StreamTimes:
+    """What `encode_mp4_stream` measured (host clock, seconds): `produce_s` in the producer (the decode of each chunk
+    and its frames, main thread), `encode_s` in the encoder thread (handing frames to ffmpeg, ffmpeg's finish),
+    `wall_s` from the first chunk asked for to the mp4 closed; `overlap_s` = produce_s + encode_s - wall_s (the
+    time both ran at once, >= 0); `frames` encoded."""
+
+    produce_s: float
+    encode_s: float
+    wall_s: float
+    frames: int
+
+    @property
+    def overlap_s(self) -> float:
+        return max(0.0, self.produce_s + self.encode_s - self.wall_s)
+
+
+def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, *,
+                      keep: Callable[[np.ndarray], None] | None = None) -> StreamTimes:
+    """Encode a stream of (f, H, W, 3) uint8 frame chunks as `encode_mp4` does, the encode in a thread of its own
+    while this thread produces the next chunk (`chunks` is consumed here: a lazy decode runs here, between safe
+    points). At most two chunks wait for the encoder, so memory holds a few chunks, never the video. `keep`, if
+    given, also gets each chunk (e.g. to gather a contact sheet's frames).
+
+    Raises:
+        RunFailure: ffmpeg left the file empty, no chunk came, or the chunks' frame sizes differ.
+        SignalInterrupt: an ending signal arrived (under `Outputs`): the encoder is told the input ended and its
+            ffmpeg child waited for before this raises.
+        Whatever producing a chunk raised, after the same clean-up.
+    """
+    import imageio.v2 as imageio
+
+    waiting: queue.Queue = queue.Queue(maxsize=2)
+    failure: list[BaseException] = []
+    stop = threading.Event()  # the producer failed or was interrupted: encode nothing more
+    busy = [0.0]
+    writer = imageio.get_writer(path, format="FFMPEG", fps=fps, codec="libx264", pixelformat="yuv420p",
+                                macro_block_size=1, quality=8, ffmpeg_log_level="error")
+
+    def encode() -> None:
+        try:
+            while (chunk := waiting.get()) is not None:
+                t0 = time.perf_counter()
+                for frame in chunk:
+                    if stop.is_set():
+                        break
+                    writer.append_data(frame)
+                busy[0] += time.perf_counter() - t0
+        except BaseException as e:  # handed to the producer, which raises it
+            failure.append(e)
+            while waiting.get() is not None:  # take what the producer still hands over, up to the end marker
+                pass
+        finally:
+            # closed here in every case: ffmpeg is told the input ended and waited for, so no child outlives the
+            # temporary file (one did, and created it again after its removal)
+            t0 = time.perf_counter()
+            try:
+                writer.close()
+            except BaseException as e:
+                if not failure and not stop.is_set():
+                    failure.append(e)
+            busy[0] += time.perf_counter() - t0
+
+    def hand_over(chunk: np.ndarray) -> None:
+        while not failure:
+            try:
+                waiting.put(chunk, timeout=0.05)
+                return
+            except queue.Full:
+                interrupts.check()  # a safe point while the encoder catches up
+
+    thread = threading.Thread(target=encode, name="vsagen-mp4-encoder", daemon=True)
+    start = time.perf_counter()
+    produce, frames, size = 0.0, 0, None
+    thread.start()
+    try:
+        for_chunks = iter(chunks)
+        while not failure:
+            t0 = time.perf_counter()
+            chunk = next(for_chunks, None)
+            produce += time.perf_counter() - t0
+            if chunk is None:
+                break
+            if size is not None and chunk.shape[1:] != size:
+                raise RunFailure(f"decoded frames of {chunk.shape[1:3]} after frames of {size[:2]}")
+            size, frames = chunk.shape[1:], frames + len(chunk)
+            if keep is not None:
+                keep(chunk)
+            interrupts.check()  # a safe point: between chunks
+            hand_over(chunk)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        waiting.put(None)  # the end marker (the encoder takes every item, so this never waits long)
+        thread.join()
+    if failure:
+        raise failure[0]
+    interrupts.check()
+    if frames == 0:
+        raise RunFailure("the decode gave no frames to encode")
+    if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
+        raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps (its own message is above)")
+    return StreamTimes(produce, busy[0], time.perf_counter() - start, frames)
 
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = False) -> None:

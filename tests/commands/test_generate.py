@@ -130,13 +130,14 @@ def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir
     import vsagen.video
     from vsagen.commands.generate import generate
 
-    real = vsagen.video.encode_mp4
+    real = vsagen.video.encode_mp4_stream
 
-    def write_then_race(frames, path, fps):
-        real(frames, path, fps)
+    def write_then_race(chunks, path, fps, **kwargs):
+        times = real(chunks, path, fps, **kwargs)
         (tmp_path / "r.json").write_text("another run's report")
+        return times
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4", write_then_race)
+    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", write_then_race)
     cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, out=tmp_path / "r.mp4")
     with pytest.raises(BadInput) as info:
         generate(cfg, progress=False)
@@ -160,14 +161,17 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
     import vsagen.video
     from vsagen.cli import app
 
-    real = vsagen.video.encode_mp4
+    real = vsagen.video.encode_mp4_stream
 
-    def interrupted_midway(frames, path, fps):
-        real(frames[:2], path, fps)  # part of the file is on disk
-        assert path.exists() and path.stat().st_size > 0
-        os.kill(os.getpid(), getattr(signal, signum))
+    def interrupted_midway(chunks, path, fps, **kwargs):
+        def first_then_signal():
+            yield next(iter(chunks))
+            assert path.exists()  # the temporary mp4 the encoder thread is writing
+            os.kill(os.getpid(), getattr(signal, signum))
+            yield from chunks
+        return real(first_then_signal(), path, fps, **kwargs)
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4", interrupted_midway)
+    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", interrupted_midway)
     out = tmp_path / "s.mp4"
     res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--frames", "5", "--height", "64", "--width",
                                    "64", "--steps", "1", "--out", str(out)])

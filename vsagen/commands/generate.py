@@ -10,17 +10,16 @@ own, with its tqdm bar) at the crop plan's size -> crop the latent back -> VAE d
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .generate_config import RunConfig
-from ..errors import BadInput
+from ..errors import BadInput, RunFailure
 from ..layout import tile_layout
 from ..loading import experts, versions
 from ..estimate import cpu_time_estimate
-from ..pipeline import Conditioning, Session, out_of_memory_as_failure, video_frames
+from ..pipeline import Conditioning, Session, out_of_memory_as_failure
 from ..timing import TimingReport
 
 
@@ -67,10 +66,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     session.notes[0:0] = [n for n in (cfg.attn_note, *cfg.notes) if n is not None]
     for note in session.notes:
         log(f"note: {note}")
-    pipe = session.pipe
     plan = session.plan(cfg.tile_fit)
     noted = len(session.notes)
-    run = session.run(backend, plan, encode=True, decode=writer, log=log)
+    run = session.run(backend, plan, encode=True, decode=False, log=log)  # decoded below, as the mp4 is written
     for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
         log(f"note: {note}")
     untimed = session.untimed(backend)
@@ -86,19 +84,24 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         return None
     from .. import video
 
+    log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''}), encoding it as it decodes")
     log(f"writing {cfg.out} and {cfg.json_out}" if cfg.sheet_out is None else
         f"writing {cfg.out}, {cfg.json_out} and {cfg.sheet_out}")
-    t_write = time.perf_counter()
-    with out_of_memory_as_failure("generating", cfg.memory_hints()):
-        frames_u8 = video_frames(pipe, run.video, (cfg.frames, cfg.height, cfg.width))
-    # the files appear together or not at all; Ctrl-C / SIGTERM meanwhile: held to a safe point
+    kept: list[Any] = []  # every frame, for the contact sheet only
+    # the files appear together or not at all; Ctrl-C / SIGTERM meanwhile: held to a safe point (between chunks)
     video.find_ffmpeg()  # resolved (and cached) while a signal still interrupts at once
     with video.Outputs(overwrite=cfg.overwrite) as outputs:
-        outputs.add(cfg.out, lambda tmp: video.encode_mp4(frames_u8, tmp, cfg.fps), ".mp4")
-        write_s = time.perf_counter() - t_write
-        report = TimingReport.from_records(run.records, cfg.device, load_s=session.load_s, write_s=write_s,
-                                           warmup_s=run.warmup_s, notes=session.notes, untimed=untimed,
-                                           ranks=ranks or [])
+        streamed: list[video.StreamTimes] = []
+        outputs.add(cfg.out, lambda tmp: streamed.append(video.encode_mp4_stream(
+            _frame_chunks(session.pipe, run.latents, cfg), tmp, cfg.fps,
+            keep=kept.append if cfg.sheet_out is not None else None)), ".mp4")
+        times = streamed[0]
+        if times.frames != cfg.frames:
+            raise RunFailure(f"decoded video has {times.frames} frames, expected {cfg.frames}")
+        records = [*run.records, ("vae_decode", -1, times.produce_s), ("total", -1, times.produce_s)]
+        report = TimingReport.from_records(records, cfg.device, load_s=session.load_s, write_s=times.encode_s,
+                                           decode_write_s=times.wall_s, warmup_s=run.warmup_s, notes=session.notes,
+                                           untimed=untimed, ranks=ranks or [])
         summary = _summary(cfg, session, backend, plan, report)
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
@@ -107,6 +110,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
 
             title = sheet_title(cfg.model, cfg.backend.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
                                 cfg.seed, f"from {cfg.image.name}" if cfg.image is not None else "")
+            import numpy as np
+
+            frames_u8 = np.concatenate(kept)
             outputs.add(cfg.sheet_out, lambda tmp: save_sheet(frames_u8, tmp, cfg.fps, title), ".png")
         if cancelled():  # an interrupt swallowed on its way (KeyboardInterrupt inside a finalizer)
             raise KeyboardInterrupt
@@ -115,6 +121,22 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         except BadInput as e:
             raise BadInput(f"{e}: nothing was written") from None
     return RunResult(cfg.out, cfg.json_out, report, summary)
+
+
+def _frame_chunks(pipe: Any, latents: Any, cfg: RunConfig) -> Iterator[Any]:
+    """The run's latents decoded as a stream of (f, H, W, 3) uint8 chunks (`vsagen.decode_stream`); a chunk of
+    another height and width than the request's is a RunFailure."""
+    import torch
+
+    from ..decode_stream import decode_chunks, frames_u8
+
+    with out_of_memory_as_failure("decoding", cfg.memory_hints()), torch.inference_mode():
+        for chunk in decode_chunks(pipe.vae, latents):
+            frames = frames_u8(pipe.video_processor, chunk)
+            if frames.shape[1:3] != (cfg.height, cfg.width):
+                raise RunFailure(f"decoded frames are {frames.shape[1]}x{frames.shape[2]}, expected "
+                                 f"{cfg.height}x{cfg.width}")
+            yield frames
 
 
 def _sampler_record(cfg: Any, pipe: Any) -> dict[str, Any]:

@@ -136,7 +136,7 @@ LAYERS = (
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.checkpoint_layouts", "vsagen.tiny",
                  "vsagen.paths", "vsagen.transformer_files")),
-    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate")),
+    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate", "vsagen.light_vae")),
     ("commands", ("vsagen.commands",)),
     ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing",
                    "vsagen.terminal")),

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from vsagen.errors import BadInput
 from vsagen.light_vae import (EdgeConv3d, LightVaeConfig, LightVaeDecoder, PixelShuffle2d, ResBlock, SeparableConv3d,
                               Upsampler3d, attach, channel_rms, choose_decoder, read_folder, save_folder,
-                              uses_light_decoder)
+                              spatially_tiled, uses_light_decoder)
 from vsagen.presets import load_preset
 
 from conftest import one_error_line
@@ -280,6 +280,10 @@ def test_attach_routes_decode_and_keeps_encode():
     torch.testing.assert_close(out, d.decode(z).clamp(-1, 1))
     assert vae.decode(z).sample.shape == out.shape
     assert vae.encode(torch.randn(1, 3, 5, 32, 32)).latent_dist.mean.shape == (1, 48, 2, 2, 2)
+    vae.enable_tiling()
+    assert spatially_tiled(vae)
+    vae.light_decoder.follow_vae_tiling = False  # `--vae-tiling auto`: the light decoder stays untiled in space
+    assert not spatially_tiled(vae)
     vae.to(torch.float64)
     assert vae.light_decoder.conv_in.conv.weight.dtype == torch.float64
     with pytest.raises(BadInput, match="does not fit"):
@@ -297,6 +301,7 @@ def test_random_weights_build_the_presets_architecture():
     assert light.use_framewise_decoding and light.tile_sample_min_num_frames == 16 \
         and light.tile_sample_stride_num_frames == 12
     assert "light decoder (random weights" in notes[0]
+    assert not light.follow_vae_tiling  # the request's vae_tiling is not "on"
     cfg.vae_decoder, vae2 = "stock", stock_vae()
     choose_decoder(cfg, vae2, notes)
     assert not uses_light_decoder(vae2)

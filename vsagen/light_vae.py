@@ -309,6 +309,7 @@ class LightVaeDecoder(nn.Module):
         # their decode's tiling (attributes, as theirs): temporal windows of frames, spatial tiles of pixels
         self.use_framewise_decoding = False
         self.use_tiling = False
+        self.follow_vae_tiling = True  # attached (`attach`): tile spatially when the stock VAE's tiling is on
         self.tile_sample_min_num_frames, self.tile_sample_stride_num_frames = 16, 8
         self.tile_sample_min_height = self.tile_sample_min_width = 512
         self.tile_sample_stride_height = self.tile_sample_stride_width = 448
@@ -474,7 +475,7 @@ def _light_decode(self: Any, z: torch.Tensor, return_dict: bool = True) -> Any:
     un-normalized latents -> frames (B, 3, F, H, W) clamped to [-1, 1] as the stock decode clamps; `self.use_tiling`
     (diffusers' `enable_tiling`) turns on the light decoder's spatial tiles."""
     light = self.light_decoder
-    light.use_tiling = bool(getattr(self, "use_tiling", False))
+    light.use_tiling = spatially_tiled(self)
     frames = light.decode(z.to(next(light.parameters()).dtype)).clamp(-1.0, 1.0)
     if not return_dict:
         return (frames,)
@@ -510,6 +511,13 @@ def uses_light_decoder(vae: Any) -> bool:
     return isinstance(getattr(vae, "light_decoder", None), LightVaeDecoder)
 
 
+def spatially_tiled(vae: Any) -> bool:
+    """Whether `vae`'s decode runs in spatial tiles: its tiling on (`enable_tiling`) and, with a light decoder, that
+    decoder following it (`choose_decoder`: only for `--vae-tiling on`; AMD's runs decode untiled in space)."""
+    on = bool(getattr(vae, "use_tiling", False))
+    return (on and vae.light_decoder.follow_vae_tiling) if uses_light_decoder(vae) else on
+
+
 # ---- the run's choice (`--vae auto|light|stock`) -------------------------------------------------------------------
 
 def choose_decoder(cfg: Any, vae: Any, notes: list[str]) -> None:
@@ -540,6 +548,7 @@ def choose_decoder(cfg: Any, vae: Any, notes: list[str]) -> None:
             return
         decoder, origin = read_folder(folder, where), str(folder)
     decoder.set_temporal_tiling(spec.tile_frames, spec.tile_stride)
+    decoder.follow_vae_tiling = getattr(cfg, "vae_tiling", "off") == "on"  # not `auto`: its memory is the point
     attach(vae, decoder)
     windows = (f", windows of {spec.tile_frames} frames every {spec.tile_stride}" if spec.tile_frames else "")
     notes.append(f"VAE decode: the light decoder ({origin}{windows}); --vae stock for the stock decoder")

@@ -270,7 +270,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
                  + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
                  + (" | CFG parallel" if cfg.cfg_parallel else "")
-                 + (" | VAE tiled" if s["vae_tiling"] else ""))
+                 + (" | VAE tiled" if s["vae_tiling"] else "")
+                 + (" | light VAE decoder" if s.get("vae_decoder") == "light" else ""))
         con.print(fit_table(result.report.rich_table(title=title), con.width))  # the title broken between fields
         ranks = result.report.ranks_table()
         if ranks is not None:

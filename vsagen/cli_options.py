@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Iterable, Optional
 
 import typer
 
-from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeTiling
+from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeTiling
 
 
 def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
@@ -114,6 +114,10 @@ VaeTilingOption = Annotated[VaeTiling, typer.Option("--vae-tiling", parser=choic
                                                     help="Decode (and encode) with diffusers' spatially tiled VAE: "
                                                          "'on', 'off', or 'auto' (on for frames of more than 480x832 "
                                                          "pixels).")]
+VaeOption = Annotated[VaeDecoder, typer.Option("--vae", parser=choice_parser(VaeDecoder), metavar=_choices(VaeDecoder),
+                                               help="The decoder of the latents: 'light' (the model's lightweight "
+                                                    "VAE decoder: Hummingbird-XT's), 'stock' (its VAE's own) or "
+                                                    "'auto' (light where the model has one by default).")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
                                        "compile_repeated_blocks), each block one graph with the attention backend "
                                        "inside it, so the attention is not timed (graph breaks around it only for "
@@ -152,6 +156,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
     "transformer": (Transformer, None), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
+    "vae": (VaeOption, VaeDecoder.AUTO),
     "compile": (Compile, False), "ulysses": (Ulysses, None), "cfg_parallel": (CfgParallel, False),
     "gpus": (Gpus, None),
 }
@@ -159,8 +164,8 @@ SHARED: dict[str, tuple[Any, Any]] = {
 GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
             "guidance_2",
             "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
-            "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "compile",
-            "gpus",
+            "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "vae",
+            "compile", "gpus",
             "ulysses",
             "cfg_parallel")
 PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "warmup",
@@ -170,7 +175,7 @@ PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
-           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling")
+           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")

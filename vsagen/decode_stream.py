@@ -13,7 +13,8 @@ video frames on as soon as they exist, instead of concatenating them:
   which mix along height and width only) and cropped as diffusers does.
 
 Concatenated, the chunks equal `vae.decode` bit for bit (tests: every tiny family, tiled and untiled, odd frame
-counts). Any other VAE (e.g. a lightweight decoder of another class) is decoded whole and given as one chunk.
+counts). Any other VAE, or one whose `decode` was routed elsewhere (Hummingbird-XT's lightweight decoder,
+`vsagen.light_vae`), is decoded whole by its own `decode` and given as one chunk.
 
 `frames_u8` turns a chunk into the mp4's uint8 frames on the chunk's device (the pipeline's video processor, then
 the rounding of `video.to_uint8_frames`), so only uint8 crosses to the host.
@@ -36,10 +37,11 @@ def unnormalized(vae: Any, latents: Any) -> Any:
 
 
 def streams(vae: Any) -> bool:
-    """Whether `decode_chunks` decodes `vae` latent frame by latent frame (diffusers' AutoencoderKLWan exactly)."""
+    """Whether `decode_chunks` decodes `vae` latent frame by latent frame: diffusers' AutoencoderKLWan exactly, its
+    `decode` not replaced on the instance (`light_vae.attach` routes it to a lightweight decoder, decoded whole)."""
     from diffusers import AutoencoderKLWan
 
-    return type(vae) is AutoencoderKLWan
+    return type(vae) is AutoencoderKLWan and "decode" not in vars(vae)
 
 
 def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:

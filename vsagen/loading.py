@@ -234,7 +234,8 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
-        BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint.
+        BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light
+            VAE decoder asked for and absent or damaged (`vsagen.light_vae.choose_decoder`).
     """
     import torch
     from diffusers import UniPCMultistepScheduler
@@ -276,6 +277,9 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
             except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
                 weight_root = None
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
+    from .light_vae import choose_decoder
+
+    choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) decodes
     vae_dtype = preset.defaults.vae_dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
@@ -422,7 +426,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     cache on first use ($VSAGEN_CACHE, else ~/.cache/vsagen); only diffusers / transformers components and
     safetensors weights load; the scheduler is UniPC with the preset's flow shift; the VAE gets the preset's dtype
     (`vae_dtype`: the real models' presets keep it float32 under a bf16 pipeline); the weights are placed on
-    `device` (no offloading) and the VAE is not tiled (`pipe.vae.enable_tiling()` turns it on). torch's global
+    `device` (no offloading) and the VAE is not tiled (`pipe.vae.enable_tiling()` turns it on); a preset's lightweight
+    VAE decoder (hummingbird-xt's, where the folder holds it) decodes (`vsagen.light_vae`). torch's global
     random state is as it was before the call.
 
     Args:

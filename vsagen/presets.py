@@ -43,6 +43,12 @@ config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transf
 stock diffusers checkpoint of its architecture that supplies the other components, `components = "<hub id>"`
 (`transformer_subfolder`, optional: the folder inside the repository holding them; `vsagen.checkpoint_layouts`).
 
+A preset whose authors ship a lightweight VAE decoder (Hummingbird-XT's `AutoencoderKLTurboVAED`: a config.json +
+safetensors folder; `vsagen.light_vae`) says where it lives in a `[light_vae]` table: `subfolder` (inside the model's
+folder or hub repository), `default` (decode with it unless `--vae stock`; false: only with `--vae light`),
+`tile_frames` / `tile_stride` (its authors' temporal windows, 0: none) and `[light_vae.config]` (the decoder's
+config, for `--random-weights` and tiny builds; a real folder's config.json is what loads).
+
 A preset whose authors publish the transformer alone as single files (TurboDiffusion's `.pth` state dicts) names them
 in a `[transformer_files]` table: `repo` (the hub repository) and `files` (one per expert, the high-noise expert
 first); `hub_id` is then the stock diffusers checkpoint of its architecture that supplies the other components
@@ -93,6 +99,17 @@ class GenerationDefaults:
 
 
 @dataclass(frozen=True)
+class LightVae:
+    """A preset's `[light_vae]`: where its lightweight VAE decoder lives and how its authors run it."""
+
+    subfolder: str  # inside the model's folder / hub repository: config.json + diffusion_pytorch_model.safetensors
+    default: bool  # decode with it unless `--vae stock` (false: only with `--vae light`)
+    tile_frames: int  # temporal windows of this many frames (0: the whole video at once)
+    tile_stride: int  # ... every this many frames
+    config: dict[str, Any]  # its config.json keys, for random weights and tiny builds
+
+
+@dataclass(frozen=True)
 class Preset:
     """One model: where its weights come from and its architecture.
 
@@ -125,6 +142,7 @@ class Preset:
     transformer_subfolder: str = ""  # transformer_layout "wan": where in the repository the transformer is
     # the hub files of a transformer published alone (`[transformer_files]`): (repository, (file per expert, ...))
     transformer_files: tuple[str, tuple[str, ...]] | None = None
+    light_vae: LightVae | None = None  # `[light_vae]`: a lightweight VAE decoder beside the stock VAE
 
     @property
     def image_to_video(self) -> bool:
@@ -170,8 +188,8 @@ class Preset:
 _TOP_KEYS = {"name", "description", "pipeline", "source", "hub_id", "defaults", "vae_stride", "transformer", "vae",
              "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
              "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder",
-             "transformer_files"}
-_OPTIONAL_TOP_KEYS = {"text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
+             "transformer_files", "light_vae"}
+_OPTIONAL_TOP_KEYS = {"light_vae", "text_encoder", "expand_timesteps", "boundary_ratio", "transformer_2", "image_encoder", "ti2v",
                       "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder",
                       "transformer_files"}
 TRANSFORMER_FILE_SUFFIXES = (".safetensors", ".pth", ".pt")  # what `--transformer` / [transformer_files] read
@@ -366,8 +384,30 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         ti2v=ti2v,
         checkpoint_class=checkpoint_class,
         transformer_files=hub_files,
+        light_vae=_light_vae(data.get("light_vae"), where),
         **layout,
     )
+
+
+def _light_vae(table: Any, where: str) -> LightVae | None:
+    """The `[light_vae]` table, checked: `subfolder` a relative path, `default` a bool, `tile_frames` /
+    `tile_stride` integers >= 0 (stride at most frames), `config` a table."""
+    if table is None:
+        return None
+    keys = {"subfolder", "default", "tile_frames", "tile_stride", "config"}
+    if not isinstance(table, dict):
+        raise BadInput(f"preset {where}: light_vae must be a table, got {table!r}")
+    _check_keys(f"{where} [light_vae]", table, keys, keys)
+    sub, default, frames, stride = table["subfolder"], table["default"], table["tile_frames"], table["tile_stride"]
+    if not isinstance(sub, str) or not sub.strip("/") or Path(sub).is_absolute() or ".." in Path(sub).parts:
+        raise BadInput(f"preset {where} [light_vae]: subfolder must be a relative folder, got {sub!r}")
+    if not isinstance(default, bool) or not isinstance(table["config"], dict):
+        raise BadInput(f"preset {where} [light_vae]: default is true or false and config a table")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (frames, stride)) \
+            or stride > frames:
+        raise BadInput(f"preset {where} [light_vae]: tile_frames and tile_stride are integers >= 0, stride <= frames")
+    return LightVae(subfolder=sub.strip("/"), default=default, tile_frames=frames, tile_stride=stride,
+                    config=dict(table["config"]))
 
 
 def _transformer_files(data: dict[str, Any], where: str, experts: int,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from .generate_config import RunConfig
 from ..errors import BadInput, RunFailure
 from ..layout import tile_layout
+from ..light_vae import spatially_tiled, uses_light_decoder
 from ..loading import experts, versions
 from ..estimate import cpu_time_estimate
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure
@@ -182,7 +183,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         # random prompt embeddings only with --random-weights (the tiny model's text encoder runs)
         "random_weights": session.model.random_weights or cfg.source.kind == "tiny",
         "random_prompt_embeddings": session.model.random_weights,
-        "offload": cfg.offload, "vae_tiling": bool(pipe.vae.use_tiling),
+        "offload": cfg.offload, "vae_tiling": spatially_tiled(pipe.vae),
+        "vae_decoder": "light" if uses_light_decoder(pipe.vae) else "stock",
         "compile_fullgraph": session.compile_fullgraph,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},

@@ -96,6 +96,16 @@ class VaeTiling(Choice):
     OFF = "off"
 
 
+class VaeDecoder(Choice):
+    """`--vae`: which decoder turns the latents into frames (`vsagen.light_vae.choose_decoder`): "auto" (the
+    preset's lightweight decoder where it has one by default and the folder holds it, else the stock VAE's),
+    "light" (that lightweight decoder, or bad input) or "stock" (the model's own VAE decoder)."""
+
+    AUTO = "auto"
+    LIGHT = "light"
+    STOCK = "stock"
+
+
 class ImageFit(Choice):
     """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.image.fit_image`)."""
 
@@ -270,6 +280,7 @@ class PlacementOptions:
         device, dtype: `Device`, `Dtype`.
         offload: `Offload` (CUDA only; t2v / i2v).
         vae_tiling: `VaeTiling` (commands that decode).
+        vae: `VaeDecoder` (commands that decode).
         compile: torch.compile the transformer blocks.
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
         ulysses: ranks the sequence is split across (None: not given; `vsagen.request.resolve` makes it 1, or
@@ -278,13 +289,14 @@ class PlacementOptions:
             process alone, or a launcher's such as torchrun).
 
     Raises:
-        BadInput: an unknown device, dtype, offload or VAE tiling, or a Ulysses degree or process count below 1.
+        BadInput: an unknown device, dtype, offload, VAE tiling or decoder, or a Ulysses degree or process count below 1.
     """
 
     device: Device = Device.AUTO
     dtype: Dtype = Dtype.AUTO
     offload: Offload = Offload.NONE
     vae_tiling: VaeTiling = VaeTiling.AUTO
+    vae: VaeDecoder = VaeDecoder.AUTO
     compile: bool = False
     fused_blocks: bool = True
     ulysses: int | None = None
@@ -293,7 +305,8 @@ class PlacementOptions:
 
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
-                                ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling")):
+                                ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling"),
+                                ("vae", VaeDecoder, "--vae")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
         for flag, value in (("--ulysses", self.ulysses), ("--gpus", self.gpus)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -378,7 +391,8 @@ FLAGS: dict[str, tuple[str, str]] = {
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
                                     "seed", "sampler")},
-    **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "compile", "fused_blocks", "ulysses",
+    **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "vae", "compile",
+                                     "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},
     **{k: ("output", k) for k in ("out", "overwrite", "fps", "sheet")},

@@ -158,14 +158,14 @@ def encoder_frames(monkeypatch):
     def stem(path):  # the encoder writes a temporary `.{stem}.{random}.mp4` beside the target: key by the target
         return path.name[1:].rsplit(".", 2)[0] if path.name.startswith(".") else path.stem
 
-    def capture(f, path, fps):  # compare
+    def capture(f, path, *args):  # compare
         frames[stem(path)] = f.copy()
-        real_encode(f, path, fps)
+        real_encode(f, path, *args)
 
-    def capture_stream(chunks, path, fps, **kwargs):  # t2v / i2v: the decode streamed into the encoder
+    def capture_stream(chunks, path, *args, **kwargs):  # t2v / i2v: the decode streamed into the encoder
         chunks = [c.copy() for c in chunks]
         frames[stem(path)] = np.concatenate(chunks)
-        return real_stream(iter(chunks), path, fps, **kwargs)
+        return real_stream(iter(chunks), path, *args, **kwargs)
 
     monkeypatch.setattr(vsagen.video, "encode_mp4", capture)
     monkeypatch.setattr(vsagen.video, "encode_mp4_stream", capture_stream)

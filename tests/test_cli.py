@@ -296,6 +296,10 @@ BAD_INPUTS = [
     ("sampler-sigmas", ["--sampler", "dmd:sigmas=1,0.5,0.7"], ["sigmas must decrease"]),
     ("preset-sampler-cfg", ["--model", "fastwan2.1-t2v-1.3b", "--random-weights", "--guidance", "5"],
      ["--guidance 5", "dmd sampler"]),
+    # issue 32: the mp4's encoding
+    ("codec-unknown", ["--codec", "h265"], ["--codec must be x264 or nvenc"]),
+    ("codec-crf", ["--codec", "x264:crf=60"], ["crf must be an integer in [0, 51]"]),
+    ("codec-preset", ["--codec", "x264:preset=p4"], ["preset must be one of ultrafast"]),
 ]
 
 
@@ -478,6 +482,9 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
                           "--ranges must be in [1, --steps] = [1, 2]", None),
         "compare height": (["compare", "p", "--model", "tiny", "--width", "100"], "--width must be a positive", None),
         "attn option": (["--model", "tiny", "--attn", "vsa:sparsity=2"], "sparsity must be in [0, 1)", None),
+        "codec": (["--model", "tiny", "--codec", "x264:crf=-1"], "crf must be an integer in [0, 51]", None),
+        "compare codec": (["compare", "p", "--model", "tiny", "--codec", "av1"], "--codec must be x264 or nvenc",
+                          None),
         "unknown option": (["--bogus", "1"], "No such option: --bogus (see", None),
         "close option": (["--hieght", "1"], "--height", None),
         "truncated": (["--model", str(checkpoints["truncated"])],

@@ -29,10 +29,10 @@ def test_frames_match_the_recorded_reference(vsagen_cache, tmp_path, monkeypatch
     written = {}
     encode_mp4_stream = video.encode_mp4_stream
 
-    def capture(chunks, path, fps, **kwargs):  # t2v streams the decode into the encoder (issue 32)
+    def capture(chunks, path, *args, **kwargs):  # t2v streams the decode into the encoder (issue 32)
         chunks = [c.copy() for c in chunks]
         written["frames"] = np.concatenate(chunks)
-        return encode_mp4_stream(iter(chunks), path, fps, **kwargs)
+        return encode_mp4_stream(iter(chunks), path, *args, **kwargs)
 
     monkeypatch.setattr(video, "encode_mp4_stream", capture)
     cfg = resolve("a red fox in the snow", model="tiny", attn=attn, frames=5, height=64, width=80, steps=2, seed=3,

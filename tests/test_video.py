@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -229,3 +230,57 @@ def test_a_stream_that_fails_midway_raises_its_error_with_ffmpeg_ended(tmp_path)
         encode_mp4_stream(iter([frames[:2], smooth_frames(2, 16, 32, 2)]), tmp_path / "g.mp4", 8)
     with pytest.raises(RunFailure, match="no frames"):
         encode_mp4_stream(iter([]), tmp_path / "h.mp4", 8)
+
+
+def test_encoding_parses_checks_and_says_its_ffmpeg_options():
+    """`--codec NAME[:preset=P][:crf=N]`: the defaults (x264 veryfast, CRF 10: the quality vsagen always wrote),
+    NVENC's own presets, and one-line refusals."""
+    from vsagen.video import Encoding
+
+    assert Encoding.parse(None) == Encoding("x264", "veryfast", 10)
+    assert Encoding.parse("x264:crf=18").ffmpeg_params() == ["-preset", "veryfast", "-crf", "18"]
+    assert Encoding.parse("x264:preset=medium:crf=0").text() == "x264:preset=medium:crf=0"
+    assert Encoding.parse("nvenc").ffmpeg_params() == ["-preset", "p4", "-rc", "vbr", "-cq", "10"]
+    for bad, says in (("h265", "x264 or nvenc"), ("x264:crf=52", "[0, 51]"), ("x264:crf=1.5", "[0, 51]"),
+                      ("x264:preset=p1", "preset must be"), ("nvenc:preset=veryfast", "preset must be"),
+                      ("x264:crf", "options are"), ("x264:crf=1:crf=2", "each once"), ("x264:speed=1", "options")):
+        with pytest.raises(BadInput, match=re.escape(says)):
+            Encoding.parse(bad)
+
+
+def test_the_encoding_reaches_ffmpeg(tmp_path):
+    """A higher CRF writes a smaller file of the same frames; the preset and CRF are what ffmpeg was told."""
+    import imageio.v2 as imageio
+
+    from vsagen.video import Encoding, encode_mp4
+
+    frames = smooth_frames(8, 64, 96, 4)
+    sizes = {}
+    for crf in (10, 35):
+        path = tmp_path / f"{crf}.mp4"
+        encode_mp4(frames, path, 8, Encoding("x264", "veryfast", crf))
+        sizes[crf] = path.stat().st_size
+        assert read_mp4(path).shape == frames.shape
+    assert sizes[35] < sizes[10] / 2
+    seen = []
+    real = imageio.get_writer
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    import unittest.mock as mock
+
+    with mock.patch.object(imageio, "get_writer", spy):
+        encode_mp4(frames, tmp_path / "s.mp4", 8, Encoding("x264", "ultrafast", 23))
+    assert seen[0]["codec"] == "libx264" and seen[0]["output_params"] == ["-preset", "ultrafast", "-crf", "23"]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU may have an NVENC engine")
+def test_nvenc_without_an_nvidia_encoder_is_refused_in_one_line():
+    from vsagen.video import Encoding, check_encoder
+
+    check_encoder(Encoding())  # x264: nothing to probe
+    with pytest.raises(BadInput, match=r"--codec nvenc: the bundled ffmpeg cannot open NVIDIA's h264_nvenc") as e:
+        check_encoder(Encoding("nvenc"))
+    assert "\n" not in str(e.value)

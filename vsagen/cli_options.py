@@ -88,6 +88,11 @@ Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Sheet = Annotated[bool, typer.Option("--sheet", help="Also write a contact sheet beside each mp4 (same name, "
                                                      ".sheet.png): 8 evenly spaced frames, each labelled with its "
                                                      "index and time, under a title line.")]
+Codec = Annotated[Optional[str], typer.Option("--codec", metavar="NAME[:KEY=VALUE...]",
+                                             help="How the mp4 is encoded: x264 (libx264, the default: "
+                                                  "x264:preset=veryfast:crf=10) or nvenc (NVIDIA's h264_nvenc, "
+                                                  "where the GPU has an encoder engine; preset p1-p7); crf 0-51, "
+                                                  "lower is better and larger, e.g. x264:crf=18.")]
 DeviceOption = Annotated[Device, typer.Option("--device", parser=choice_parser(Device), metavar=_choices(Device),
                                               help="auto (CUDA when available), cuda or cpu.")]
 DtypeOption = Annotated[Dtype, typer.Option("--dtype", parser=choice_parser(Dtype), metavar=_choices(Dtype),
@@ -151,6 +156,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, 0),
     "sampler": (SamplerOption, None),
     "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "sheet": (Sheet, False),
+    "codec": (Codec, None),
     "device": (DeviceOption, Device.AUTO),
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
@@ -163,7 +169,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
 # What each command takes of them (t2v and i2v: all but fused_blocks, which the environment sets)
 GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
             "guidance_2",
-            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
+            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
             "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "vae",
             "compile", "gpus",
             "ulysses",
@@ -174,7 +180,7 @@ PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
            "random_weights", "allow_pickle", "transformer", "compile", "gpus", "ulysses", "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
            "guidance_2",
-           "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "device", "dtype",
+           "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
            "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",

@@ -132,8 +132,8 @@ def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir
 
     real = vsagen.video.encode_mp4_stream
 
-    def write_then_race(chunks, path, fps, **kwargs):
-        times = real(chunks, path, fps, **kwargs)
+    def write_then_race(chunks, path, *args, **kwargs):
+        times = real(chunks, path, *args, **kwargs)
         (tmp_path / "r.json").write_text("another run's report")
         return times
 
@@ -163,13 +163,13 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
 
     real = vsagen.video.encode_mp4_stream
 
-    def interrupted_midway(chunks, path, fps, **kwargs):
+    def interrupted_midway(chunks, path, *args, **kwargs):
         def first_then_signal():
             yield next(iter(chunks))
             assert path.exists()  # the temporary mp4 the encoder thread is writing
             os.kill(os.getpid(), getattr(signal, signum))
             yield from chunks
-        return real(first_then_signal(), path, fps, **kwargs)
+        return real(first_then_signal(), path, *args, **kwargs)
 
     monkeypatch.setattr(vsagen.video, "encode_mp4_stream", interrupted_midway)
     out = tmp_path / "s.mp4"

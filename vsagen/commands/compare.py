@@ -408,7 +408,7 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     with Outputs(overwrite=cfg.overwrite, folder=cfg.out) as outputs:
         runs = cfg.runs
         for run, frames in zip(runs, videos):
-            outputs.add(run.file, lambda tmp, frames=frames: encode_mp4(frames, tmp, cfg.fps))
+            outputs.add(run.file, lambda tmp, frames=frames: encode_mp4(frames, tmp, cfg.fps, cfg.encoding))
         if cfg.sheet:
             words = cfg.sampler_labels()
             for run, frames in zip(runs, videos):
@@ -418,7 +418,7 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
                 outputs.add(files[f"{run.label} sheet"],
                             lambda tmp, frames=frames, title=title: save_sheet(frames, tmp, cfg.fps, title))
         panels = compare_render.side_by_side(videos, cfg.labels)
-        outputs.add(files["side-by-side"], lambda tmp: encode_mp4(panels, tmp, cfg.fps))
+        outputs.add(files["side-by-side"], lambda tmp: encode_mp4(panels, tmp, cfg.fps, cfg.encoding))
         if "plot" in files:
             compare_render.write_plot(report, files["plot"], outputs=outputs)
         text = json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"

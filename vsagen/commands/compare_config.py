@@ -18,6 +18,7 @@ from ..request.backends import split_attn_list
 from ..request.options import RequestOptions, request_options
 from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
 from ..request.sampling import SamplerPlan, split_sampler_list
+from ..video import Encoding, check_encoder
 
 DEFAULT_ATTN = "full,vsa"
 DEFAULT_ERROR_STEPS = "first,middle,last"
@@ -75,6 +76,7 @@ class CompareConfig(Request):
     attention is compared with dense attention (sorted, each < that sampler's steps); `error_steps` the first's.
     `out` is the output folder, `files` the paths written in it. `plot` draws compare.png (matplotlib); `sheet`
     writes each run's contact sheet beside its mp4. `labels` name the runs in tables, panels and the plot.
+    `encoding`: how the mp4s are encoded (`--codec`).
     """
 
     fps: int
@@ -83,6 +85,7 @@ class CompareConfig(Request):
     plot: bool
     sheet: bool = False
     sampler_error_steps: tuple[tuple[int, ...], ...] = ()
+    encoding: Encoding = Encoding()
 
     @property
     def several_samplers(self) -> bool:
@@ -299,7 +302,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
         raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
     cfg = CompareConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                         else out.fps, out=folder, error_steps=chosen[0], plot=plot, sheet=out.sheet,
-                        sampler_error_steps=chosen)
+                        sampler_error_steps=chosen, encoding=out.encoding)
+    check_encoder(cfg.encoding)
     for path in cfg.files.values():
         check_target(path, cfg.overwrite, "--out folder")
     check_folder(folder)

@@ -94,7 +94,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     with video.Outputs(overwrite=cfg.overwrite) as outputs:
         streamed: list[video.StreamTimes] = []
         outputs.add(cfg.out, lambda tmp: streamed.append(video.encode_mp4_stream(
-            _frame_chunks(session.pipe, run.latents, cfg), tmp, cfg.fps,
+            _frame_chunks(session.pipe, run.latents, cfg), tmp, cfg.fps, cfg.encoding,
             keep=kept.append if cfg.sheet_out is not None else None)), ".mp4")
         times = streamed[0]
         if times.frames != cfg.frames:

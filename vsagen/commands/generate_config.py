@@ -14,6 +14,7 @@ from ..paths import check_output, check_target, default_out, sheet_path
 from ..presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..request.options import ImageFit, RequestOptions, request_options
 from ..request.resolve import Request, check_last_frame, request_fields, resolve
+from ..video import Encoding, check_encoder
 
 
 # i2v without a prompt: the image is the content
@@ -26,7 +27,8 @@ class RunConfig(Request):
     """A validated `vsagen t2v` / `vsagen i2v` request (see `Request` for the shared fields). `image` (i2v only)
     is the input image's path and `fit` how it is brought to height x width; `last_image` (optional) the last
     frame's path, fitted the same way (first/last-frame to video); `out` / `json_out` the mp4 and its JSON, written
-    at `fps`; `sheet_out` the contact sheet beside them (`--sheet`; None: none)."""
+    at `fps` and encoded as `encoding` says (`--codec`); `sheet_out` the contact sheet beside them (`--sheet`; None:
+    none)."""
 
     fps: int
     out: Path
@@ -35,6 +37,7 @@ class RunConfig(Request):
     fit: str | None = None
     last_image: Path | None = None
     sheet_out: Path | None = None
+    encoding: Encoding = Encoding()
 
     @property
     def backend(self) -> BackendSpec:
@@ -180,9 +183,11 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")
+    check_encoder(out.encoding)
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
-                     fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out)
+                     fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,
+                     encoding=out.encoding)
 
 
 def resolve_generate(prompt: str, *, image: Path | None = None, fit: str = "crop", last_image: Path | None = None,

@@ -351,17 +351,27 @@ class OutputOptions:
         overwrite: replace existing files.
         fps: frames per second of the mp4s (None: the preset's).
         sheet: also write each video's contact sheet (`vsagen.sheet`), a PNG beside its mp4.
+        codec: how the mp4s are encoded, `NAME[:preset=P][:crf=N]` (`vsagen.video.Encoding`; None: its defaults).
 
     Raises:
-        BadInput: fps outside [1, MAX_FPS].
+        BadInput: fps outside [1, MAX_FPS], a codec text `Encoding.parse` refuses.
     """
 
     out: Path | None = None
     overwrite: bool = False
     fps: int | None = None
     sheet: bool = False
+    codec: str | None = None
+
+    @property
+    def encoding(self) -> Any:
+        """The parsed `codec` (`vsagen.video.Encoding`)."""
+        from ..video import Encoding
+
+        return Encoding.parse(self.codec)
 
     def __post_init__(self) -> None:
+        self.encoding  # noqa: B018 - parsed once here, so a bad --codec is refused with the other options
         if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, int)
                                      or not 1 <= self.fps <= MAX_FPS):
             raise BadInput(f"--fps must be an integer in [1, {MAX_FPS}], got {self.fps}")
@@ -395,7 +405,7 @@ FLAGS: dict[str, tuple[str, str]] = {
                                      "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},
-    **{k: ("output", k) for k in ("out", "overwrite", "fps", "sheet")},
+    **{k: ("output", k) for k in ("out", "overwrite", "fps", "sheet", "codec")},
 }
 
 

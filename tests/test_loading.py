@@ -431,3 +431,18 @@ def test_the_weights_note_says_what_the_layers_without_them_run():
     partial = weights_note(SLAStarAttention(), 29, 30)
     assert partial.startswith("loaded trained sla-star weights (sla_proj_l) for 29 of 30 layers; the other 1 run "
                               "without them (") and "vsa" in partial
+
+
+@pytest.mark.parametrize("asked,want", [("auto", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_vae_dtype_is_the_presets_unless_asked(vsagen_cache, tiny_dir, tmp_path, asked, want):
+    """`--vae-dtype` (issue 32 item 2): auto keeps the preset's (the tiny model's: the pipeline's, fp32 on CPU);
+    bf16 / fp16 cast the VAE alone, the transformer keeps the run's dtype; the JSON's config records it; an unknown
+    value is one line."""
+    from vsagen.loading import load_model
+
+    cfg = resolve("a prompt", model="tiny", steps=1, vae_dtype=asked, out=tmp_path / "v.mp4")
+    pipe = load_model(cfg, log=lambda m: None).pipe
+    assert pipe.vae.dtype == want and pipe.transformer.dtype == torch.float32
+    assert cfg.summary()["vae_dtype"] == asked
+    with pytest.raises(BadInput, match="--vae-dtype"):
+        resolve("a prompt", model="tiny", vae_dtype="int8", out=tmp_path / "w.mp4")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Iterable, Optional
 
 import typer
 
-from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeTiling
+from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
 
 
 def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
@@ -123,6 +123,10 @@ VaeOption = Annotated[VaeDecoder, typer.Option("--vae", parser=choice_parser(Vae
                                                help="The decoder of the latents: 'light' (the model's lightweight "
                                                     "VAE decoder: Hummingbird-XT's), 'stock' (its VAE's own) or "
                                                     "'auto' (light where the model has one by default).")]
+VaeDtypeOption = Annotated[VaeDtype, typer.Option("--vae-dtype", parser=choice_parser(VaeDtype),
+                                                  metavar=_choices(VaeDtype),
+                                                  help="The VAE's dtype: auto (the preset's: fp32 for the real "
+                                                       "models), fp32, bf16 or fp16.")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
                                        "compile_repeated_blocks), each block one graph with the attention backend "
                                        "inside it, so the attention is not timed (graph breaks around it only for "
@@ -162,7 +166,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
     "transformer": (Transformer, None), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
-    "vae": (VaeOption, VaeDecoder.AUTO),
+    "vae": (VaeOption, VaeDecoder.AUTO), "vae_dtype": (VaeDtypeOption, VaeDtype.AUTO),
     "compile": (Compile, False), "ulysses": (Ulysses, None), "cfg_parallel": (CfgParallel, False),
     "gpus": (Gpus, None),
 }
@@ -171,6 +175,7 @@ GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames
             "guidance_2",
             "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
             "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "vae",
+            "vae_dtype",
             "compile", "gpus",
             "ulysses",
             "cfg_parallel")
@@ -181,7 +186,7 @@ PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
-           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae")
+           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae", "vae_dtype")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")

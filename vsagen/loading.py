@@ -280,7 +280,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     from .light_vae import choose_decoder
 
     choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) decodes
-    vae_dtype = preset.defaults.vae_dtype
+    vae_dtype = preset.defaults.vae_dtype if cfg.vae_dtype == "auto" else cfg.vae_dtype  # --vae-dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
     for _, t in experts(pipe):

@@ -96,6 +96,16 @@ class VaeTiling(Choice):
     OFF = "off"
 
 
+class VaeDtype(Choice):
+    """`--vae-dtype`: the VAE's dtype: "auto" (the preset's `vae_dtype`: float32 for the real models, as Wan runs
+    it), or "fp32", "bf16", "fp16" (the decode and, for image to video, the condition encode)."""
+
+    AUTO = "auto"
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
 class VaeDecoder(Choice):
     """`--vae`: which decoder turns the latents into frames (`vsagen.light_vae.choose_decoder`): "auto" (the
     preset's lightweight decoder where it has one by default and the folder holds it, else the stock VAE's),
@@ -281,6 +291,7 @@ class PlacementOptions:
         offload: `Offload` (CUDA only; t2v / i2v).
         vae_tiling: `VaeTiling` (commands that decode).
         vae: `VaeDecoder` (commands that decode).
+        vae_dtype: `VaeDtype` (commands that decode).
         compile: torch.compile the transformer blocks.
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
         ulysses: ranks the sequence is split across (None: not given; `vsagen.request.resolve` makes it 1, or
@@ -289,7 +300,8 @@ class PlacementOptions:
             process alone, or a launcher's such as torchrun).
 
     Raises:
-        BadInput: an unknown device, dtype, offload, VAE tiling or decoder, or a Ulysses degree or process count below 1.
+        BadInput: an unknown device, dtype, offload, VAE tiling, decoder or dtype, or a Ulysses degree or process
+            count below 1.
     """
 
     device: Device = Device.AUTO
@@ -297,6 +309,7 @@ class PlacementOptions:
     offload: Offload = Offload.NONE
     vae_tiling: VaeTiling = VaeTiling.AUTO
     vae: VaeDecoder = VaeDecoder.AUTO
+    vae_dtype: VaeDtype = VaeDtype.AUTO
     compile: bool = False
     fused_blocks: bool = True
     ulysses: int | None = None
@@ -306,7 +319,7 @@ class PlacementOptions:
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
                                 ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling"),
-                                ("vae", VaeDecoder, "--vae")):
+                                ("vae", VaeDecoder, "--vae"), ("vae_dtype", VaeDtype, "--vae-dtype")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
         for flag, value in (("--ulysses", self.ulysses), ("--gpus", self.gpus)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -401,7 +414,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
                                     "seed", "sampler")},
-    **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "vae", "compile",
+    **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "vae", "vae_dtype", "compile",
                                      "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},

@@ -75,6 +75,7 @@ class Request:
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.loading.place_pipeline
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
     vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.light_vae.choose_decoder)
+    vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
@@ -552,7 +553,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         flow_shift=plans[0].flow_shift, max_sequence_length=d.max_sequence_length, samplers=plans,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
-        vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, compile=pl.compile,
+        vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
         tile_fits=fits, backends=specs, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note,
         transformer_files=files)

@@ -311,9 +311,10 @@ def test_turbo_preset_random_weights_auto_picks_sla_and_rcm(tmp_path):
     assert cfg.transformer_sources == ("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P/TurboWan2.1-T2V-1.3B-480P.pth",)
 
 
-def test_turbo_preset_downloads_its_files_with_hf_hub_download(tmp_path, monkeypatch, vsagen_cache):
-    """No hub here: hf_hub_download is replaced by a local folder; the base components come from a local tiny
-    checkpoint standing in for the hub id (the preset's architecture is replaced by the tiny one)."""
+def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monkeypatch, vsagen_cache):
+    """No hub here: snapshot_download (of the preset's files only) is replaced by a local folder; the base
+    components come from a local tiny checkpoint standing in for the hub id (the preset's architecture is replaced
+    by the tiny one)."""
     import dataclasses
 
     import huggingface_hub
@@ -325,11 +326,11 @@ def test_turbo_preset_downloads_its_files_with_hf_hub_download(tmp_path, monkeyp
     turbo_file(tmp_path / "TurboWan2.1-T2V-1.3B-480P.pth", src)
     asked = []
 
-    def download(repo, name, local_files_only=False, **_):
-        asked.append((repo, name))
-        return str(tmp_path / name)
+    def download(repo, allow_patterns=None, local_files_only=False, **_):
+        asked.append((repo, *allow_patterns))
+        return str(tmp_path)
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
     tiny = load_preset("tiny")
     preset = dataclasses.replace(load_preset("turbowan2.1-t2v-1.3b"), transformer=tiny.transformer,
                                  vae=tiny.vae)
@@ -342,6 +343,29 @@ def test_turbo_preset_downloads_its_files_with_hf_hub_download(tmp_path, monkeyp
     assert asked == [("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P", "TurboWan2.1-T2V-1.3B-480P.pth")]
     assert all(torch.equal(loaded(model.pipe.transformer)[k], v) for k, v in src.items())
     assert model.weight_root is not None and (model.weight_root / "transformer" / tf.BACKEND_FILE).is_file()
+
+
+def test_a_turbo_preset_without_a_network_fails_at_once_naming_every_file(tmp_path, monkeypatch, vsagen_cache):
+    """New-user trial: without a network the preset's download retried for ~27 s, printing ~15 lines, and its advice
+    named one of the two experts' files (the one-file --transformer it suggested was then refused)."""
+    import time
+
+    from vsagen.errors import ModelNotFound
+    from vsagen.transformer_files import hub_files
+
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # no network, whatever the machine has (the real hub must never be asked for these multi-GB files here)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelNotFound) as info:
+        hub_files(load_preset("turbowan2.2-i2v-a14b"), "turbowan2.2-i2v-a14b")
+    assert time.perf_counter() - t0 < 5
+    msg = str(info.value)
+    assert "\n" not in msg and "TurboWan2.2-I2V-A14B-high-720P.pth TurboWan2.2-I2V-A14B-low-720P.pth" in msg
+    assert "--transformer DIR/TurboWan2.2-I2V-A14B-high-720P.pth,DIR/TurboWan2.2-I2V-A14B-low-720P.pth" in msg
+    assert hub_files(load_preset("turbowan2.2-i2v-a14b"), "x", local_only=True) is None
 
 
 def test_presets_lists_the_turbo_presets():

@@ -254,8 +254,8 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     else:
         if src.kind == "tiny":
             location = str(prepare_model_files(cfg))
-            notes.append(f"model {preset.name!r} has random weights: its videos are a near-uniform colour field "
-                         "whatever the prompt (for plumbing and timing)")
+            notes.append(f"model {preset.name!r} has random weights: its videos show nothing of the prompt (for "
+                         "plumbing and timing)")
         else:
             location = src.location
         if cfg.transformer_sources:

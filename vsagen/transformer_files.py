@@ -121,7 +121,9 @@ def read_state_dict(path: Path, where: str) -> dict[str, Any]:
                        "loading could run code; vsagen reads .pth files with torch's weights-only loader only") \
             from None
     except (OSError, RuntimeError, ValueError, EOFError, KeyError) as e:
-        raise BadInput(f"{where}: cannot read it as a torch.save checkpoint ({_first_line(e)[:120]}): the file is "
+        reason = _first_line(e)
+        reason = reason if len(reason) <= 120 else reason[:117].rsplit(" ", 1)[0] + " ..."  # whole words
+        raise BadInput(f"{where}: cannot read it as a torch.save checkpoint ({reason}): the file is "
                        "damaged, truncated or not a (zip-format) torch.save file; download it again") from None
     if not isinstance(state, dict) or not state:
         raise BadInput(f"{where}: holds a {type(state).__name__}, not a state dict of tensors")
@@ -297,29 +299,34 @@ def backend_weights_root(per_expert: dict[str, dict[str, Any]]) -> Path | None:
 
 
 def hub_files(preset: Preset, model: str, local_only: bool = False) -> list[Path] | None:
-    """A `[transformer_files]` preset's files, by huggingface_hub's `hf_hub_download` into the Hugging Face cache
-    (with `local_only`: only if already there, else None).
+    """A `[transformer_files]` preset's files (one per expert), by huggingface_hub's `snapshot_download` of just
+    those files into the Hugging Face cache (it fails at once without a network, where `hf_hub_download` retries
+    for ~25 s printing each try); with `local_only`: only if already there, else None.
 
     Raises:
-        ModelNotFound: a file that cannot be downloaded (not `local_only`).
+        ModelNotFound: a file that cannot be downloaded (not `local_only`), in one line naming every file.
     """
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import snapshot_download
 
     from .errors import ModelNotFound
 
     repo, names = preset.transformer_files or ("", ())
-    out = []
-    for name in names:
-        try:
-            out.append(Path(hf_hub_download(repo, name, local_files_only=local_only)))
-        except Exception as e:  # noqa: BLE001 - any download failure is the one line below
-            if local_only:
-                return None
-            raise ModelNotFound(f"cannot load model {model!r}: {repo}/{name} is not in the local Hugging Face cache "
-                                f"and could not be downloaded ({_first_line(e)[:100]}). Download it with `hf download "
-                                f"{repo} {name} --local-dir DIR` and pass --transformer DIR/{name} (with --model, "
-                                "the base checkpoint), time its architecture with --random-weights, or try --model "
-                                "tiny") from None
+    try:
+        root = Path(snapshot_download(repo, allow_patterns=list(names), local_files_only=local_only))
+        out = [root / name for name in names]
+        missing = [p.name for p in out if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{repo} has no {', '.join(missing)}")
+    except Exception as e:  # noqa: BLE001 - any download failure is the one line below
+        if local_only:
+            return None
+        files = " ".join(names)
+        given = ",".join(f"DIR/{n}" for n in names)
+        raise ModelNotFound(f"cannot load model {model!r}: {repo} ({', '.join(names)}) is not in the local Hugging "
+                            f"Face cache and could not be downloaded ({_first_line(e)[:80]}). Download "
+                            f"{'it' if len(names) == 1 else 'them'} with `hf download {repo} {files} --local-dir "
+                            f"DIR` and pass --transformer {given} (with --model, the base checkpoint), time the "
+                            "architecture with --random-weights, or try --model tiny") from None
     return out
 
 

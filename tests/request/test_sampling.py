@@ -95,6 +95,16 @@ def test_a_renoise_sampler_refuses_flags_that_would_not_do_what_they_say(flags, 
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("entry,steps,hint", [("rcm", 2, "use --sampler rcm:steps=2, or run"),
+                                               ("rcm:sigma_max=200", 1, "use --sampler rcm:steps=1:sigma_max=200, or"),
+                                               ("rcm", 8, "leave --steps out, or run")])
+def test_rcm_steps_point_to_rcms_own_option(entry, steps, hint):
+    """New-user trial: `--sampler rcm --steps 2` pointed away from `rcm:steps=2`, which runs 2 rCM steps."""
+    with pytest.raises(BadInput) as e:
+        plan_sampler(parse_sampler(entry), steps=steps, guidance=None, flow_shift=None, **DEFAULTS)
+    assert hint in str(e.value)
+
+
 def test_default_takes_its_entry_or_the_flags_but_not_both():
     entry = parse_sampler("default:steps=40:guidance=4:shift=8")
     plan = plan_sampler(entry, steps=None, guidance=None, flow_shift=None, **DEFAULTS)

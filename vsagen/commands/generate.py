@@ -85,7 +85,11 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         return None
     from .. import video
 
-    log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''}), encoding it as it decodes")
+    from ..decode_stream import streams
+
+    # a lightweight decoder (`--vae light`) decodes whole, then the encode runs
+    log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})"
+        + (", encoding it as it decodes" if streams(session.pipe.vae) else ""))
     log(f"writing {cfg.out} and {cfg.json_out}" if cfg.sheet_out is None else
         f"writing {cfg.out}, {cfg.json_out} and {cfg.sheet_out}")
     kept: list[Any] = []  # every frame, for the contact sheet only

@@ -415,7 +415,7 @@ def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str
 
     stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
                     "processors and hooks only" if stock_rows(cfg) else "")
-    notes = list(dict.fromkeys(n.replace("its videos are a near-uniform colour field whatever the prompt",
+    notes = list(dict.fromkeys(n.replace("its videos show nothing of the prompt",
                                          "its outputs mean nothing")
                                + (stock_suffix if n == fused_note else "") for n in session_notes))
     if not cuda:

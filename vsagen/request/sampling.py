@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import BadInput
-from ..samplers import NAMED, NUM_TRAIN_TIMESTEPS, NOISE, RCM_MAX_STEPS, Sampler, check_renoise_lists, rcm_times
+from ..samplers import (NAMED, NUM_TRAIN_TIMESTEPS, NOISE, RCM_MAX_STEPS, RCM_SIGMA_MAX, Sampler, check_renoise_lists,
+                        rcm_times)
 from .bounds import MAX_FLOW_SHIFT, MAX_GUIDANCE, MAX_STEPS
 
 MAX_RCM_SIGMA = 1e6  # rCM's initial EDM sigma: 80 (T2V) and 200 (I2V) published; atan saturates long before this
@@ -181,9 +182,13 @@ def plan_sampler(sampler: Sampler, *, steps: int | None, guidance: float | None,
         n = len(sampler.sigmas)
         sigmas = ", ".join(f"{s:.6g}" for s in sampler.sigmas)
         if steps is not None and steps != n:
+            own = ""
+            if sampler.sigma_max is not None and 1 <= steps <= RCM_MAX_STEPS:  # rCM takes 1-4 steps itself
+                own = (f"use --sampler rcm:steps={steps}" + ("" if sampler.sigma_max == RCM_SIGMA_MAX else
+                                                             f":sigma_max={sampler.sigma_max:g}") + ", ")
             raise BadInput(f"--steps {steps}: the {sampler.name} sampler runs {n} step{'s' if n != 1 else ''} (sigma "
-                           f"{sigmas}); leave --steps out, or run the checkpoint's scheduler with --sampler default "
-                           f"--steps {steps}")
+                           f"{sigmas}); leave --steps out, {own}or run the checkpoint's scheduler with --sampler "
+                           f"default --steps {steps}")
         if guidance is not None and guidance > 1:
             raise BadInput(f"--guidance {guidance:g} turns CFG on, and the {sampler.name} sampler runs without CFG "
                            "(one DiT pass a step, as the checkpoint was distilled); leave --guidance out, or use "

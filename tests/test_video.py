@@ -284,3 +284,26 @@ def test_nvenc_without_an_nvidia_encoder_is_refused_in_one_line():
     with pytest.raises(BadInput, match=r"--codec nvenc: the bundled ffmpeg cannot open NVIDIA's h264_nvenc") as e:
         check_encoder(Encoding("nvenc"))
     assert "\n" not in str(e.value)
+
+
+def test_an_unpublished_set_removes_the_folders_it_created(tmp_path):
+    """New-user trial: `--out x/y/o.mp4` interrupted left the empty x/y it had created. Folders that existed, or
+    that someone else filled meanwhile, stay."""
+    target = tmp_path / "x" / "y" / "o.mp4"
+    with pytest.raises(RuntimeError, match="stop"):
+        with Outputs() as outputs:
+            outputs.add(target, lambda tmp: tmp.write_bytes(b"partial"))
+            assert target.parent.is_dir()
+            raise RuntimeError("stop")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "x").mkdir()
+    with pytest.raises(RuntimeError, match="stop"):
+        with Outputs() as outputs:
+            outputs.add(target, lambda tmp: tmp.write_bytes(b"partial"))
+            (tmp_path / "x" / "other.txt").write_text("someone else's")
+            raise RuntimeError("stop")
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["other.txt"]
+    with Outputs() as outputs:  # published: the folders stay with the file
+        outputs.add(target, lambda tmp: tmp.write_bytes(b"whole"))
+        outputs.publish()
+    assert target.read_bytes() == b"whole"

@@ -65,7 +65,8 @@ class Outputs:
     block's whole life Ctrl-C, SIGTERM and SIGHUP are held back (`vsagen.interrupts.hold`) and raised only at safe
     points: before and after each file, between video frames, before the first file is moved; once every file is
     in place, a later signal no longer interrupts the command. Leaving the block unpublished (an error, an
-    interrupt) removes the temporaries, every child ffmpeg having ended, and `folder` if this block created it.
+    interrupt) removes the temporaries, every child ffmpeg having ended, and the folders this block created
+    (`folder`, and the missing parents of the targets) where they are empty.
 
     Raises (publish):
         BadInput: a target exists and `overwrite` is False (checked again at publication: nothing is published,
@@ -77,6 +78,7 @@ class Outputs:
         self.overwrite = overwrite
         self.folder = folder
         self._staged: list[tuple[Path, Path]] = []
+        self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
         self._created = False
         self._published = False
         self._stack = contextlib.ExitStack()
@@ -97,9 +99,11 @@ class Outputs:
             for tmp, _ in self._staged:
                 tmp.unlink(missing_ok=True)
             self._staged.clear()
-            if self._created and not self._published:
-                with contextlib.suppress(OSError):  # only if empty: nothing of anyone else's goes
-                    self.folder.rmdir()
+            if not self._published:
+                made = [*reversed(self._made), *([self.folder] if self._created else [])]
+                for folder in made:  # deepest first
+                    with contextlib.suppress(OSError):  # only if empty: nothing of anyone else's goes
+                        folder.rmdir()
         finally:
             self._stack.close()
         if exc[1] is not None and self._guard is not None:  # an error after a held signal: that interrupt
@@ -111,6 +115,8 @@ class Outputs:
         """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s); `write`
         may call `vsagen.interrupts.check()` at its own safe points (`encode_mp4` does between frames)."""
         interrupts.check()
+        missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
+        self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
         tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
         self._staged.append((tmp, target))
         write(tmp)

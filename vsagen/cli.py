@@ -261,7 +261,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         s = result.summary
         ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
         title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
-                 + (f" (sparsity {cfg.sparsity})" if cfg.sparsity is not None else "")
+                 + (f" (sparsity {cfg.sparsity})" if cfg.sparsity is not None else
+                    f" (top-k {s['backend']['topk']:g})" if "topk" in s["backend"] else "")
                  + (" | torch reference (slow: the Triton kernels run on CUDA)" if ran == "torch" else
                     f" | {ran} kernels" if ran else "")
                  + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"

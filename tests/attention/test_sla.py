@@ -201,3 +201,17 @@ def test_t2v_with_sla_writes_video_and_json(vsagen_cache, tiny_dir, tmp_path):
     assert data["backend"]["block_q"] == 128 and (tmp_path / "a.mp4").stat().st_size > 0
     assert any("loaded trained sla weights (sla_proj_l) for 2 of 2 layers" in n for n in data["timing"]["notes"])
     assert data["timing"]["self_attention_stages_s"].get("linear", 0) > 0
+
+
+@pytest.mark.slow
+def test_the_run_title_says_the_top_k(vsagen_cache, tiny_dir, tmp_path):
+    """New-user trial: vsa's title says its sparsity, sla's said nothing of its top-k."""
+    from typer.testing import CliRunner
+
+    from vsagen.cli import app
+
+    res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--steps", "1", "--frames", "5", "--height",
+                                   "64", "--width", "64", "--attn", "sla:topk=0.25", "--out", str(tmp_path / "a.mp4")],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[0].startswith("tiny | attn sla (top-k 0.25) |")

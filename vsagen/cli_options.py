@@ -73,8 +73,8 @@ SamplerOption = Annotated[Optional[str], typer.Option(
     help="How the denoising walks: default (the checkpoint's scheduler, --steps steps, CFG as --guidance says); dmd "
          "(FastWan's 3-step DMD: sigma 1, 0.757, 0.522, CFG off); dmd-hummingbird (Hummingbird-XT's: 1, 0.968, "
          "0.909); rcm (TurboDiffusion's, 1-4 steps: rcm:steps=4:sigma_max=80); dmd:sigmas=1.0,0.75,0.5 for any "
-         "list. A few-step sampler sets its steps and runs without CFG: --steps, --guidance > 1 and --flow-shift are "
-         "refused with it. Default from the preset.")]
+         "list. A few-step sampler sets its steps and runs without CFG: --steps (but its own count), --guidance > 1 "
+         "and --flow-shift are refused with it. Default from the preset.")]
 CompareSamplers = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="LIST",
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "

@@ -224,16 +224,16 @@ def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path,
 
 @pytest.mark.slow
 def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
-    from diffusers import AutoencoderKLWan
+    import vsagen.decode_stream as decode_stream
 
     tiled_calls = []
-    real = AutoencoderKLWan.tiled_decode
+    real = decode_stream._tiled  # t2v decodes as a stream: diffusers' tiled_decode, one latent frame at a time
 
-    def spy(self, *args, **kwargs):
-        tiled_calls.append(args[0].shape)
-        return real(self, *args, **kwargs)
+    def spy(vae, z):
+        tiled_calls.append(z.shape)
+        return real(vae, z)
 
-    monkeypatch.setattr(AutoencoderKLWan, "tiled_decode", spy)
+    monkeypatch.setattr(decode_stream, "_tiled", spy)
     for mode, tiled in (("on", True), ("off", False), ("auto", False)):
         out = tmp_path / f"{mode}.mp4"
         res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *WIDE_ARGS, "--vae-tiling", mode,

@@ -110,7 +110,7 @@ def test_another_vae_class_decodes_whole_and_the_offload_hook_runs(vsagen_cache)
         want = torch.cat(list(decode_chunks(base, z)), dim=2)
     assert len(chunks) == 1 and torch.equal(chunks[0], want)
     assert seen and seen[0] is other
-    # a decode routed elsewhere on the instance (vsagen.light_vae.attach): that decode, whole
+    # a decode routed elsewhere on the instance (not a light decoder): that decode, whole
     routed = _vae("tiny")
     routed.decode = lambda x, return_dict=False: (torch.full((1, 3, 9, 48, 80), 0.25),)
     with torch.inference_mode():

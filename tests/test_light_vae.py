@@ -359,3 +359,25 @@ def test_preset_light_vae_table_is_checked():
         with pytest.raises(BadInput, match=match):
             parse_preset(data, "x.toml")
     assert load_preset("hummingbird-xt").light_vae.default and not load_preset("tiny-ti2v").light_vae.default
+
+
+@pytest.mark.parametrize("frames", [1, 3, 6, 7])
+def test_the_stream_is_the_windowed_decode_window_by_window(frames):
+    """Issue 32: with temporal windows (AMD's 16 every 12, here 8 every 4) `decode_stream.decode_chunks` yields each
+    window's final frames as soon as it is blended; concatenated they are `vae.decode`'s frames exactly (odd latent
+    frame counts, a last window cut short); without windows, one chunk."""
+    from vsagen.decode_stream import decode_chunks, streams, unnormalized
+
+    vae = stock_vae()
+    attach(vae, randomize(LightVaeDecoder(TINY)).eval())
+    z = torch.randn(1, 48, frames, 2, 3)
+    assert not streams(vae)  # no windows: decoded whole
+    with torch.inference_mode():
+        assert len(list(decode_chunks(vae, z))) == 1
+    vae.light_decoder.set_temporal_tiling(8, 4)
+    assert streams(vae)
+    with torch.inference_mode():
+        chunks = list(decode_chunks(vae, z))
+        whole = vae.decode(unnormalized(vae, z), return_dict=False)[0]
+    assert torch.equal(torch.cat(chunks, dim=2), whole) and whole.shape[2] == 4 * (frames - 1) + 1
+    assert len(chunks) == (frames - 1 if frames > 2 else 1)  # windows of 3 latent frames every 1; else whole

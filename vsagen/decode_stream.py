@@ -13,8 +13,9 @@ video frames on as soon as they exist, instead of concatenating them:
   which mix along height and width only) and cropped as diffusers does.
 
 Concatenated, the chunks equal `vae.decode` bit for bit (tests: every tiny family, tiled and untiled, odd frame
-counts). Any other VAE, or one whose `decode` was routed elsewhere (Hummingbird-XT's lightweight decoder,
-`vsagen.light_vae`), is decoded whole by its own `decode` and given as one chunk.
+counts). Hummingbird-XT's lightweight decoder (`vsagen.light_vae`, attached to the stock VAE) streams window by
+window (`LightVaeDecoder.decode_chunks`). Any other VAE, or one whose `decode` was routed elsewhere, is decoded
+whole by its own `decode` and given as one chunk.
 
 `frames_u8` turns a chunk into the mp4's uint8 frames on the chunk's device (the pipeline's video processor, then
 the rounding of `video.to_uint8_frames`), so only uint8 crosses to the host.
@@ -37,11 +38,18 @@ def unnormalized(vae: Any, latents: Any) -> Any:
 
 
 def streams(vae: Any) -> bool:
-    """Whether `decode_chunks` decodes `vae` latent frame by latent frame: diffusers' AutoencoderKLWan exactly, its
-    `decode` not replaced on the instance (`light_vae.attach` routes it to a lightweight decoder, decoded whole)."""
+    """Whether `decode_chunks` decodes `vae` in pieces: diffusers' AutoencoderKLWan exactly, its `decode` its own
+    (latent frame by latent frame) or routed to a lightweight decoder (`light_vae.attach`: window by window when that
+    decoder decodes in temporal windows, as Hummingbird-XT's does)."""
     from diffusers import AutoencoderKLWan
 
-    return type(vae) is AutoencoderKLWan and "decode" not in vars(vae)
+    from .light_vae import uses_light_decoder
+
+    if type(vae) is not AutoencoderKLWan:
+        return False
+    if uses_light_decoder(vae):
+        return bool(vae.light_decoder.use_framewise_decoding)
+    return "decode" not in vars(vae)
 
 
 def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:
@@ -55,6 +63,11 @@ def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:
     if hook is not None and hasattr(hook, "pre_forward"):
         hook.pre_forward(vae)
     z = unnormalized(vae, latents)
+    from .light_vae import light_decode_chunks, uses_light_decoder
+
+    if uses_light_decoder(vae):
+        yield from light_decode_chunks(vae, z)
+        return
     if not streams(vae):
         yield vae.decode(z, return_dict=False)[0]
         return

@@ -46,7 +46,7 @@ import os
 import shutil
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -340,10 +340,17 @@ class LightVaeDecoder(nn.Module):
         """Their `_decode`: temporal windows when `use_framewise_decoding` and z has more latent frames than a
         window, else spatial tiles when `use_tiling` and z is wider or taller than a tile, else `forward`.
         z: (B, latent_channels, T, h, w); returns `forward`'s frames (not clamped)."""
+        return torch.cat(list(self.decode_chunks(z)), dim=2)
+
+    @torch.no_grad()
+    def decode_chunks(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
+        """`decode` as a stream: with temporal windows, each window's final frames as soon as it is decoded and
+        blended (`vsagen.decode_stream`), else the whole decode as one chunk; concatenated, `decode`'s frames."""
         t_min = self.tile_sample_min_num_frames // self.config.temporal_ratio
         if self.use_framewise_decoding and z.shape[2] > t_min:
-            return self._temporal_tiled(z)
-        return self._spatial_or_whole(z)
+            yield from self._temporal_tiled(z)
+        else:
+            yield self._spatial_or_whole(z)
 
     def _spatial_or_whole(self, z: torch.Tensor) -> torch.Tensor:
         r = self.config.spatial_ratio
@@ -352,27 +359,29 @@ class LightVaeDecoder(nn.Module):
             return self._spatial_tiled(z)
         return self(z)
 
-    def _temporal_tiled(self, z: torch.Tensor) -> torch.Tensor:
-        """Their `_temporal_tiled_decode`: windows of min/ratio + 1 latent frames every stride/ratio, the last frame
-        of each window after the first dropped, then each window's first (min - stride) frames blended linearly
-        (in place, as theirs) with the previous window's last ones, stride frames kept per window (stride + 1 for
-        the first)."""
+    def _temporal_tiled(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Their `_temporal_tiled_decode`, window by window: windows of min/ratio + 1 latent frames every
+        stride/ratio, the last frame of each window after the first dropped, each window's first (min - stride)
+        frames blended linearly (in place, as theirs) with the previous window's last ones, stride frames kept per
+        window (stride + 1 for the first), (T - 1) * ratio + 1 frames in all. A window's kept frames are final once
+        it is blended, so each is yielded then."""
         r = self.config.temporal_ratio
         n = z.shape[2]
         t_min, t_stride = self.tile_sample_min_num_frames // r, self.tile_sample_stride_num_frames // r
         blend, keep = self.tile_sample_min_num_frames - self.tile_sample_stride_num_frames, \
             self.tile_sample_stride_num_frames
-        row = []
+        left, prev = (n - 1) * r + 1, None
         for i in range(0, n, t_stride):
             decoded = self._spatial_or_whole(z[:, :, i: i + t_min + 1])
-            row.append(decoded[:, :, :-1] if i > 0 else decoded)
-            if i + t_stride + 1 == n:
+            tile = decoded[:, :, :-1] if i > 0 else decoded
+            if prev is not None:
+                _blend(prev, tile, blend, dim=2)
+            out = tile[:, :, : min(keep if prev is not None else keep + 1, left)]
+            left -= out.shape[2]
+            yield out
+            prev = tile
+            if i + t_stride + 1 == n or left == 0:
                 break
-        out = [row[0][:, :, : keep + 1]]
-        for prev, tile in zip(row, row[1:]):
-            _blend(prev, tile, blend, dim=2)
-            out.append(tile[:, :, :keep])
-        return torch.cat(out, dim=2)[:, :, : (n - 1) * r + 1]
 
     def _spatial_tiled(self, z: torch.Tensor) -> torch.Tensor:
         """Their `tiled_decode`: latent tiles of min/ratio every stride/ratio, blended linearly over min - stride
@@ -470,13 +479,21 @@ def save_folder(decoder: LightVaeDecoder, folder: Path) -> None:
 
 # ---- attaching it to a pipeline's VAE ------------------------------------------------------------------------------
 
+def light_decode_chunks(vae: Any, z: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The decode of a VAE with a light decoder (`attach`) as a stream: z (B, z_dim, T, h, w) un-normalized
+    latents -> chunks of frames (B, 3, f, H, W) clamped to [-1, 1] as the stock decode clamps, one per temporal
+    window (`LightVaeDecoder.decode_chunks`); `vae.use_tiling` (diffusers' `enable_tiling`) turns on the light
+    decoder's spatial tiles. Concatenated: `vae.decode(z)`."""
+    light = vae.light_decoder
+    light.use_tiling = spatially_tiled(vae)
+    for frames in light.decode_chunks(z.to(next(light.parameters()).dtype)):
+        yield frames.clamp(-1.0, 1.0)
+
+
 def _light_decode(self: Any, z: torch.Tensor, return_dict: bool = True) -> Any:
-    """`AutoencoderKLWan.decode` routed to `self.light_decoder` (installed by `attach`): z (B, z_dim, T, h, w)
-    un-normalized latents -> frames (B, 3, F, H, W) clamped to [-1, 1] as the stock decode clamps; `self.use_tiling`
-    (diffusers' `enable_tiling`) turns on the light decoder's spatial tiles."""
-    light = self.light_decoder
-    light.use_tiling = spatially_tiled(self)
-    frames = light.decode(z.to(next(light.parameters()).dtype)).clamp(-1.0, 1.0)
+    """`AutoencoderKLWan.decode` routed to `self.light_decoder` (installed by `attach`): `light_decode_chunks`
+    concatenated, (B, 3, F, H, W)."""
+    frames = torch.cat(list(light_decode_chunks(self, z)), dim=2)
     if not return_dict:
         return (frames,)
     from diffusers.models.autoencoders.vae import DecoderOutput

@@ -87,7 +87,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
 
     from ..decode_stream import streams
 
-    # a lightweight decoder (`--vae light`) decodes whole, then the encode runs
+    # a lightweight decoder (`--vae light`) streams by its temporal windows, where it decodes in windows
     log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})"
         + (", encoding it as it decodes" if streams(session.pipe.vae) else ""))
     log(f"writing {cfg.out} and {cfg.json_out}" if cfg.sheet_out is None else

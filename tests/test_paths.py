@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.paths import check_folder, check_output, check_target, default_out, sheet_path
+from vsagen.paths import check_folder, check_output, check_target, default_folder, default_out, sheet_path
 
 
 def test_check_target_and_folder(tmp_path):
@@ -52,3 +52,12 @@ def test_default_out_counts_up_past_taken_names(tmp_path, monkeypatch):
 def test_the_sheet_goes_beside_the_mp4():
     assert sheet_path(Path("out/v.mp4")) == Path("out/v.sheet.png")
     assert sheet_path(Path("a.b.mp4")) == Path("a.b.sheet.png")
+
+
+def test_compares_default_folder_counts_up_as_t2vs_files_do(tmp_path, monkeypatch):
+    """New-user trial: `vsagen compare` without --out refused its existing default folder where t2v appends -1."""
+    monkeypatch.chdir(tmp_path)
+    assert default_folder("tiny", "compare", 3, False) == Path("vsagen-tiny-compare-seed3")
+    (tmp_path / "vsagen-tiny-compare-seed3").mkdir()
+    assert default_folder("tiny", "compare", 3, False) == Path("vsagen-tiny-compare-seed3-1")
+    assert default_folder("tiny", "compare", 3, True) == Path("vsagen-tiny-compare-seed3")  # --overwrite: reused

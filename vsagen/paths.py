@@ -87,3 +87,17 @@ def default_out(model: str, attn: str, seed: int, overwrite: bool) -> Path:
         if not any(os.path.lexists(p) for p in (cand, cand.with_suffix(".json"), sheet_path(cand))):
             return cand
     raise BadInput("too many earlier outputs in this folder; pass --out")
+
+
+def default_folder(model: str, what: str, seed: int, overwrite: bool) -> Path:
+    """`vsagen-<model>-<what>-seed<seed>/` in the current folder (compare's output folder), named as `default_out`
+    names files: without --overwrite an existing one is kept and `-1`, `-2`, ... is appended; with --overwrite the
+    base name is reused (its files replaced)."""
+    base = default_out(model, what, seed, True).with_suffix("")
+    if overwrite:
+        return base
+    for i in range(10_000):
+        cand = Path(f"{base}{'' if i == 0 else f'-{i}'}")
+        if not os.path.lexists(cand):
+            return cand
+    raise BadInput("too many earlier outputs in this folder; pass --out")

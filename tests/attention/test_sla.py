@@ -152,8 +152,8 @@ def test_options_describe_and_notes():
     import unittest.mock as mock
 
     with mock.patch("vsagen.attention.sla._interpreting", return_value=False), \
-            pytest.raises(BadInput, match="needs a CUDA device"):
-        SLA(SLA.Options(impl="triton")).check(torch.device("cpu"), torch.float32)
+            pytest.raises(BadInput, match=r"--attn-impl triton or sla:impl=triton\) needs a CUDA device"):
+        SLA(SLA.Options(impl="triton")).check(torch.device("cpu"), torch.float32)  # named as the user gave it
 
 
 @pytest.mark.parametrize("prefix", ["blocks.{i}.self_attn.attn_op.local_attn.proj_l",

@@ -203,3 +203,12 @@ def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):
     cfg = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4", sheet=True, overwrite=True)
     assert cfg.sheet_out == tmp_path / "v.sheet.png" and cfg.summary()["sheet_out"] == str(cfg.sheet_out)
     assert (tmp_path / "v.sheet.png").read_text() == "an earlier sheet"
+
+
+def test_overwrite_without_sheet_says_an_earlier_sheet_stays(tmp_path):
+    """New-user trial: `--overwrite` without `--sheet` replaced the pair and silently kept an older run's sheet."""
+    (tmp_path / "v.sheet.png").write_text("an earlier sheet")
+    cfg = resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4", overwrite=True)
+    assert any("v.sheet.png is an earlier run's contact sheet and stays as it was" in n for n in cfg.notes)
+    assert not any("contact sheet" in n for n in resolve("a fox", model="tiny", device="cpu", sheet=True,
+                                                          out=tmp_path / "v.mp4", overwrite=True).notes)

@@ -70,8 +70,8 @@ class SLAAttention(Backend):
         from ..errors import BadInput
 
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
-            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
-                           "interpreter); use --attn-impl torch on CPU")
+            raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
+                           "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
     def prepare(self, run: RunInfo) -> tuple[str, ...]:
         """`check`; a note when the run's sequence is so short that SLA's int(topk * blocks) keeps no key block

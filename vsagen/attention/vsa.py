@@ -99,8 +99,8 @@ class VSAAttention(Backend):
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on)."""
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
-            raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1 for the slow "
-                           "interpreter); use --attn-impl torch on CPU")
+            raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
+                           "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
     def describe(self, device: torch.device | None = None) -> dict:
         """{"name", "sparsity", "impl"} and, given the run's device, "impl_ran" ("triton" | "torch")."""

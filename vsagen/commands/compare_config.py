@@ -13,7 +13,7 @@ from typing import Any
 from ..attention.spec import BackendSpec
 from ..errors import BadInput
 from ..models import resolve_model
-from ..paths import check_folder, check_target, default_out, sheet_path
+from ..paths import check_folder, check_target, default_folder, sheet_path
 from ..request.backends import split_attn_list
 from ..request.options import RequestOptions, request_options
 from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
@@ -297,7 +297,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
             notes += ("no plot (compare.png): matplotlib is not installed (pip install 'vsagen[plot]')",)
         plot = importlib.util.find_spec("matplotlib") is not None
     out = options.output
-    folder = out.out if out.out is not None else default_out(model, "compare", req.seed, True).with_suffix("")
+    folder = out.out if out.out is not None else default_folder(model, "compare", req.seed, out.overwrite)
     if folder.exists() and not folder.is_dir():
         raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
     cfg = CompareConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None

@@ -183,6 +183,9 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")
+    elif out.overwrite and sheet_path(path).exists():  # the pair is replaced; an earlier run's sheet is not
+        notes += (f"{sheet_path(path)} is an earlier run's contact sheet and stays as it was (this run writes none; "
+                  "--sheet replaces it)",)
     check_encoder(out.encoding)
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,

@@ -307,3 +307,22 @@ def test_an_unpublished_set_removes_the_folders_it_created(tmp_path):
         outputs.add(target, lambda tmp: tmp.write_bytes(b"whole"))
         outputs.publish()
     assert target.read_bytes() == b"whole"
+
+
+def test_a_failed_stream_finishes_its_producer_at_once(tmp_path):
+    """The producer generator is closed when the stream fails (its clean-up runs then, not when it is collected)."""
+    from vsagen.video import encode_mp4_stream
+
+    finished = []
+
+    def producer():
+        try:
+            yield smooth_frames(2, 16, 16, 0)
+            yield smooth_frames(2, 16, 32, 0)  # another size: the stream fails here
+            yield smooth_frames(2, 16, 16, 0)
+        finally:
+            finished.append(True)
+
+    with pytest.raises(Exception, match="decoded frames of"):
+        encode_mp4_stream(producer(), tmp_path / "p.mp4", 8)
+    assert finished == [True]

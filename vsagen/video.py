@@ -349,8 +349,8 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
     start = time.perf_counter()
     produce, frames, size = 0.0, 0, None
     thread.start()
+    for_chunks = iter(chunks)
     try:
-        for_chunks = iter(chunks)
         while not failure:
             t0 = time.perf_counter()
             chunk = next(for_chunks, None)
@@ -368,6 +368,9 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
         stop.set()
         raise
     finally:
+        close = getattr(for_chunks, "close", None)
+        if close is not None:  # a generator left unfinished (an interrupt, an error): finished now, its clean-up run
+            close()
         waiting.put(None)  # the end marker (the encoder takes every item, so this never waits long)
         thread.join()
     if failure:

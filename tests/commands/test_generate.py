@@ -181,6 +181,11 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
     assert res.stderr.strip().splitlines()[-1] == f"error: interrupted{by}; nothing was written"
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    # the decode's inference mode ended with it (a generator left suspended inside it kept the thread in inference
+    # mode while the result held its traceback: the next tests' autograd failed, in a CI run)
+    import torch
+
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
 
 
 def test_a_dmd_run_records_its_sampler_and_runs_one_dit_forward_a_step(vsagen_cache, tiny_dir, tmp_path,

@@ -130,18 +130,27 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
 
 def _frame_chunks(pipe: Any, latents: Any, cfg: RunConfig) -> Iterator[Any]:
     """The run's latents decoded as a stream of (f, H, W, 3) uint8 chunks (`vsagen.decode_stream`); a chunk of
-    another height and width than the request's is a RunFailure."""
+    another height and width than the request's is a RunFailure. Each chunk is decoded under inference mode entered
+    and left around that step alone: a context held across a `yield` would stay on in the caller's thread while the
+    generator waits (and for good, were it left unfinished by an interrupt)."""
     import torch
 
     from ..decode_stream import decode_chunks, frames_u8
 
-    with out_of_memory_as_failure("decoding", cfg.memory_hints()), torch.inference_mode():
-        for chunk in decode_chunks(pipe.vae, latents):
-            frames = frames_u8(pipe.video_processor, chunk)
+    chunks = decode_chunks(pipe.vae, latents)
+    try:
+        while True:
+            with out_of_memory_as_failure("decoding", cfg.memory_hints()), torch.inference_mode():
+                chunk = next(chunks, None)
+                if chunk is None:
+                    return
+                frames = frames_u8(pipe.video_processor, chunk)
             if frames.shape[1:3] != (cfg.height, cfg.width):
                 raise RunFailure(f"decoded frames are {frames.shape[1]}x{frames.shape[2]}, expected "
                                  f"{cfg.height}x{cfg.width}")
             yield frames
+    finally:
+        chunks.close()  # the VAE's feature cache is cleared now, not whenever the generator is collected
 
 
 def _sampler_record(cfg: Any, pipe: Any) -> dict[str, Any]:

@@ -39,11 +39,11 @@ def unnormalized(vae: Any, latents: Any) -> Any:
 
 def streams(vae: Any) -> bool:
     """Whether `decode_chunks` decodes `vae` in pieces: diffusers' AutoencoderKLWan exactly, its `decode` its own
-    (latent frame by latent frame) or routed to a lightweight decoder (`light_vae.attach`: window by window when that
+    (latent frame by latent frame) or routed to a lightweight decoder (`light_vae_attach.attach`: window by window when that
     decoder decodes in temporal windows, as Hummingbird-XT's does)."""
     from diffusers import AutoencoderKLWan
 
-    from .light_vae import uses_light_decoder
+    from .light_vae_attach import uses_light_decoder
 
     if type(vae) is not AutoencoderKLWan:
         return False
@@ -63,7 +63,7 @@ def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:
     if hook is not None and hasattr(hook, "pre_forward"):
         hook.pre_forward(vae)
     z = unnormalized(vae, latents)
-    from .light_vae import light_decode_chunks, uses_light_decoder
+    from .light_vae_attach import light_decode_chunks, uses_light_decoder
 
     if uses_light_decoder(vae):
         yield from light_decode_chunks(vae, z)

@@ -235,7 +235,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
         BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light
-            VAE decoder asked for and absent or damaged (`vsagen.light_vae.choose_decoder`).
+            VAE decoder asked for and absent or damaged (`vsagen.light_vae_attach.choose_decoder`).
     """
     import torch
     from diffusers import UniPCMultistepScheduler
@@ -277,7 +277,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
             except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
                 weight_root = None
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
-    from .light_vae import choose_decoder
+    from .light_vae_attach import choose_decoder
 
     choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) decodes
     vae_dtype = preset.defaults.vae_dtype if cfg.vae_dtype == "auto" else cfg.vae_dtype  # --vae-dtype

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from .generate_config import RunConfig
 from ..errors import BadInput, RunFailure
 from ..layout import tile_layout
-from ..light_vae import spatially_tiled, uses_light_decoder
+from ..light_vae_attach import spatially_tiled, uses_light_decoder
 from ..loading import experts, versions
 from ..estimate import cpu_time_estimate
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure

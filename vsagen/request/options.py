@@ -107,7 +107,7 @@ class VaeDtype(Choice):
 
 
 class VaeDecoder(Choice):
-    """`--vae`: which decoder turns the latents into frames (`vsagen.light_vae.choose_decoder`): "auto" (the
+    """`--vae`: which decoder turns the latents into frames (`vsagen.light_vae_attach.choose_decoder`): "auto" (the
     preset's lightweight decoder where it has one by default and the folder holds it, else the stock VAE's),
     "light" (that lightweight decoder, or bad input) or "stock" (the model's own VAE decoder)."""
 

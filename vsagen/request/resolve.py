@@ -74,7 +74,7 @@ class Request:
     overwrite: bool
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.loading.place_pipeline
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
-    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.light_vae.choose_decoder)
+    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.light_vae_attach.choose_decoder)
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)

@@ -1,0 +1,211 @@
+"""vsagen.kernels.fa4_block_sparse on a CPU (no flash_attn): FA4's block lists against the cube-level selection, a
+float64 emulation of FA4's block-sparse semantics against a token-level masked reference, padding, refusals.
+
+FA4 itself runs on sm90 / sm100 only: benchmarks/fa4_adapter.py checks the real kernel against a float32 reference.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from conftest import UNUSED, masked_dense, random_selection, rel_l2, softmax_attention_fp64, tile_map
+from vsagen.kernels import fa4_block_sparse as fa4
+from vsagen.layout import tile_layout
+
+# Grids with full cubes, partial cubes, and (V = 256) cubes of <= 128 tokens whose second key block is empty.
+CASES = [  # (grid, tile, query block)
+    ((5, 9, 17), (4, 4, 8), 128),
+    ((5, 9, 17), (4, 8, 8), 128),
+    ((5, 9, 17), (4, 8, 8), 256),
+]
+IDS = ["V128-q128", "V256-q128", "V256-q256"]
+
+
+def expected_maps(sel: torch.Tensor, sizes: torch.Tensor, vol: int, q_block: int):
+    """The cube map expanded to (B, H, M, N) full / mask block maps, by loops."""
+    b, h, n, _ = sel.shape
+    kb, qb = vol // 128, vol // q_block
+    full = torch.zeros(b, h, n * qb, n * kb, dtype=torch.bool)
+    mask = torch.zeros_like(full)
+    for m in range(n * qb):
+        for nb in range(n * kb):
+            cube, part = nb // kb, nb % kb
+            tokens = min(128, max(0, int(sizes[cube]) - 128 * part))
+            picked = sel[:, :, m // qb, cube]
+            full[:, :, m, nb] = picked & (tokens == 128)
+            mask[:, :, m, nb] = picked & (0 < tokens < 128)
+    return full, mask
+
+
+def decode(cnt: torch.Tensor, idx: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """FA4's lists (first cnt entries of each row) back to a dense map, asserting they ascend without repeats."""
+    b, h, rows = cnt.shape
+    for bi in range(b):
+        for hi in range(h):
+            for r in range(rows):
+                used = idx[bi, hi, r, :int(cnt[bi, hi, r])].tolist()
+                assert used == sorted(set(used)), used
+    return tile_map(idx, cnt, n_cols)
+
+
+@pytest.mark.parametrize("grid,tile,q_block", CASES, ids=IDS)
+def test_lists_are_the_cube_selection_expanded(grid, tile, q_block):
+    lay = tile_layout(grid, tile)
+    n, vol = lay.num_tiles, lay.tile_volume
+    q2k, cnt = random_selection(2, 3, n, max(2, n // 3), seed=vol + q_block, partial_counts=True)
+    assert int(q2k.max()) == UNUSED  # garbage past the counts is never read
+    index = fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, q_block=q_block)
+    m_cnt, m_idx, f_cnt, f_idx = index.fwd
+    n_q, n_k = n * vol // q_block, n * vol // 128
+    assert index.block_size == (q_block, 128)
+    assert m_cnt.shape == f_cnt.shape == (2, 3, n_q) and m_idx.shape[:3] == f_idx.shape[:3] == (2, 3, n_q)
+    assert m_idx.shape[3] <= n_k and all(t.dtype == torch.int32 for t in (*index.fwd, *index.bwd))
+    full, mask = expected_maps(tile_map(q2k, cnt, n), lay.tile_sizes, vol, q_block)
+    tokens = fa4.key_block_tokens(lay.tile_sizes, vol)
+    assert (tokens == 128).any() and ((tokens > 0) & (tokens < 128)).any()  # both kinds occur
+    if vol == 256:
+        assert (tokens == 0).any()  # some cube's second half holds no token: its block is dropped
+    got_full, got_mask = decode(f_cnt, f_idx, n_k), decode(m_cnt, m_idx, n_k)
+    assert torch.equal(got_full, full) and torch.equal(got_mask, mask)
+    assert not (got_full & got_mask).any()
+    assert not (got_full | got_mask)[..., tokens == 0].any()
+    # Backward: per key block, the query blocks that list it, full and mask as in the forward.
+    bm_cnt, bm_idx, bf_cnt, bf_idx = index.bwd
+    assert bm_cnt.shape == bf_cnt.shape == (2, 3, n_k) and bm_idx.shape[3] <= n_q and bf_idx.shape[3] <= n_q
+    assert torch.equal(decode(bf_cnt, bf_idx, n_q), full.transpose(-1, -2))
+    assert torch.equal(decode(bm_cnt, bm_idx, n_q), mask.transpose(-1, -2))
+    assert int(bm_cnt.sum()) == int(m_cnt.sum()) and int(bf_cnt.sum()) == int(f_cnt.sum())
+    assert int(bm_cnt.max()) == bm_idx.shape[3]  # compact: as wide as the longest list
+    assert fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, q_block=q_block, backward=False).bwd is None
+
+
+def test_query_block_must_not_span_cubes():
+    sizes = torch.full((4,), 128)
+    q2k, cnt = random_selection(1, 1, 4, 2, seed=0)
+    with pytest.raises(ValueError, match="multiple"):
+        fa4.fa4_block_sparse_index(q2k, cnt, sizes, 128, q_block=256)
+    with pytest.raises(ValueError, match="multiple"):
+        fa4.fa4_block_sparse_index(q2k, cnt, sizes, 64)
+    assert fa4.fa4_query_block(9, 128) == 128 and fa4.fa4_query_block(9, 256) == 128
+    assert fa4.fa4_query_block(10, 256) == 256
+    with pytest.raises(ValueError, match="256-row"):
+        fa4.fa4_query_block(10, 128)
+
+
+def emulate_fa4(qp, kp, vp, index, key_valid, scale=None):
+    """float64 FA4 block-sparse semantics on the padded sequence: query block m attends every slot of its full
+    blocks and the slots with key_valid of its mask blocks; a row with no key gives 0."""
+    qb, kb = index.block_size
+    m_cnt, m_idx, f_cnt, f_idx = index.fwd
+    n_k = kp.shape[1] // kb
+    full, mask = decode(f_cnt, f_idx, n_k), decode(m_cnt, m_idx, n_k)
+    full = full.repeat_interleave(qb, 2).repeat_interleave(kb, 3)
+    mask = mask.repeat_interleave(qb, 2).repeat_interleave(kb, 3)
+    allowed = full | (mask & key_valid.bool().view(1, 1, 1, -1))  # (B, H, P, P)
+    scale = qp.shape[-1] ** -0.5 if scale is None else scale
+    logits = torch.einsum("bshd,bthd->bhst", qp.double(), kp.double()) * scale
+    empty = ~allowed.any(-1, keepdim=True)
+    p = torch.softmax(logits.masked_fill(~(allowed | empty), float("-inf")), -1).masked_fill(empty, 0.0)
+    return torch.einsum("bhst,bthd->bshd", p, vp.double())
+
+
+def run_emulation(lay, q, k, v, q2k, cnt, q_block, scale=None):
+    index = fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, lay.tile_volume, q_block=q_block)
+    qp, kp, vp = (fa4.pad_to_cubes(x, lay.slots, lay.slot_valid) for x in (q, k, v))
+    out_p = emulate_fa4(qp, kp, vp, index, lay.slot_valid.reshape(-1).to(torch.int32), scale)
+    return fa4.unpad_from_cubes(out_p, lay.slots, lay.slot_valid, q.shape[1])
+
+
+@pytest.mark.parametrize("grid,tile,q_block", CASES, ids=IDS)
+@pytest.mark.parametrize("heads", [2, 3])
+def test_emulated_fa4_equals_token_masked_attention(grid, tile, q_block, heads):
+    lay = tile_layout(grid, tile)
+    n = lay.num_tiles
+    g = torch.Generator().manual_seed(heads * 7 + q_block)
+    q, k, v = (torch.randn(2, lay.num_tokens, heads, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    top_k = max(2, n // 3)
+    q2k, _ = random_selection(2, heads, n, top_k, seed=heads + q_block)
+    cnt = torch.randint(1, top_k + 1, (2, heads, n), generator=g, dtype=torch.int32)
+    got = run_emulation(lay, q, k, v, q2k, cnt, q_block, scale=0.3)
+    # The reference's mask is built from q2k token by token: query token in cube i sees key token j iff
+    # j's cube is among i's first cnt entries.
+    ref, _ = masked_dense(q, k, v, tile_map(q2k, cnt, n), lay, scale=0.3)
+    assert rel_l2(got, ref) < 1e-12
+
+
+@pytest.mark.parametrize("grid,tile,q_block", CASES, ids=IDS)
+def test_every_cube_selected_is_dense_attention(grid, tile, q_block):
+    lay = tile_layout(grid, tile)
+    n = lay.num_tiles
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, lay.num_tokens, 2, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    q2k = torch.arange(n, dtype=torch.int32).expand(2, 2, n, n).contiguous()
+    cnt = torch.full((2, 2, n), n, dtype=torch.int32)
+    got = run_emulation(lay, q, k, v, q2k, cnt, q_block)
+    assert rel_l2(got, softmax_attention_fp64(q, k, v)) < 1e-12
+
+
+@pytest.mark.parametrize("tile", [(4, 4, 8), (4, 8, 8)])
+def test_pad_unpad_round_trip(tile):
+    lay = tile_layout((5, 9, 17), tile)
+    x = torch.randn(2, lay.num_tokens, 3, 8, requires_grad=True)
+    xp = fa4.pad_to_cubes(x, lay.slots, lay.slot_valid)
+    assert xp.shape == (2, lay.num_tiles * lay.tile_volume, 3, 8) and xp.is_contiguous()
+    valid = lay.slot_valid.reshape(-1)
+    assert not xp[:, ~valid].any()
+    assert torch.equal(xp[:, valid], x.detach())  # real tokens fill each cube's first slots, in tile order
+    back = fa4.unpad_from_cubes(xp, lay.slots, lay.slot_valid, lay.num_tokens)
+    assert torch.equal(back, x)
+    back.sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))
+
+
+def test_reasons(monkeypatch):
+    def no_lookup(name, *a):
+        raise AssertionError(f"looked up {name}")
+
+    monkeypatch.setattr(fa4.importlib.util, "find_spec", no_lookup)
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    assert "128" in fa4.fa4_unavailable("cpu", 64)
+    assert "CUDA" in fa4.fa4_unavailable("cpu", 128)
+    assert "flash_attn" not in sys.modules
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "not available" in fa4.fa4_unavailable("cuda:0", 128)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "9.x or 10.x" in fa4.fa4_unavailable("cuda:0", 256)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    assert "256-row" in fa4.fa4_unavailable("cuda:0", 128)
+    monkeypatch.setattr(fa4.importlib.util, "find_spec", lambda name, *a: None)
+    for cap in [(9, 0), (10, 0)]:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        assert "pip install 'vsagen[fa4]'" in fa4.fa4_unavailable("cuda:0", 256)
+    monkeypatch.setattr(fa4, "_fa4_installed", lambda: True)
+    assert fa4.fa4_unavailable("cuda:0", 256) is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert fa4.fa4_unavailable("cuda:0", 128) is None
+
+
+def test_installed_check_wants_the_cute_package(monkeypatch, tmp_path):
+    """FA2's flash_attn (no cute/) or a missing cutlass is not FA4."""
+    (tmp_path / "flash_attn").mkdir()
+    spec = type("Spec", (), {"submodule_search_locations": [str(tmp_path / "flash_attn")]})()
+    monkeypatch.setattr(fa4.importlib.util, "find_spec", lambda name, *a: spec)
+    assert not fa4._fa4_installed()
+    (tmp_path / "flash_attn" / "cute").mkdir()
+    (tmp_path / "flash_attn" / "cute" / "interface.py").write_text("")
+    assert fa4._fa4_installed()
+    monkeypatch.setattr(fa4.importlib.util, "find_spec", lambda name, *a: None if name == "cutlass" else spec)
+    assert not fa4._fa4_installed()
+
+
+def test_attention_refuses_in_one_line_on_cpu():
+    lay = tile_layout((5, 9, 17), (4, 4, 8))
+    q = torch.zeros(1, lay.num_tokens, 2, 16)
+    q2k, cnt = random_selection(1, 2, lay.num_tiles, 2, seed=1)
+    with pytest.raises(RuntimeError, match="CUDA") as exc:
+        fa4.fa4_block_sparse_attention(q, q, q, q2k, cnt, lay.tile_sizes, lay.slots, lay.slot_valid, 128)
+    assert "\n" not in str(exc.value)

@@ -1,0 +1,295 @@
+"""VSA's fine stage on FlashAttention-4's block-sparse forward and backward (tile volumes 128 and 256).
+
+FlashAttention-4 (pip `flash-attn-4`, module `flash_attn.cute`, CuTe DSL; an optional dependency: `pip install
+'vsagen[fa4]'`) runs block-sparse attention over blocks of 128 key tokens, listed per query block the way
+FlexAttention lists them: "full" blocks need no mask, "mask" blocks run a `mask_mod` on each (query, key) pair.
+This module turns VSA's cube-level selection into that form:
+
+* the sequence is padded to whole cubes: cube c (tile order, `sizes[c]` real tokens) occupies the padded slots
+  [c * V, (c + 1) * V), its real tokens first, zeros after (`pad_to_cubes` / `unpad_from_cubes`);
+* each cube is V / 128 key blocks of 128 slots: a block of 128 real tokens is "full", one with some real tokens is
+  "mask" (the `mask_mod` keeps the key slots that hold real tokens), one with none is dropped;
+* each query block inherits its cube's key list (`fa4_block_sparse_index`).
+
+FA4 facts this relies on (flash-attn-4 4.0.0b36, `flash_attn/cute/`): `block_sparsity.BlockSparseTensorsTorch(
+mask_block_cnt (B, H, M) int32, mask_block_idx (B, H, M, N') int32, full_block_cnt, full_block_idx, block_size=(q,
+kv))` with the indices of each row packed left, only the first `cnt` read, and N' <= the key block count allowed
+(`_check_and_expand_block`); the backward takes the transposed lists (per key block, the query blocks: shapes
+(B, H, N) / (B, H, N, M'), `normalize_block_sparse_config_bwd`) as `block_sparse_tensors_bwd`, and without them
+it runs unsparsified; `interface.flash_attn_func(q, k, v, softmax_scale=, mask_mod=, aux_tensors=,
+block_sparse_tensors=, block_sparse_tensors_bwd=)` -> (out, lse) through its autograd `FlashAttnFunc`; a
+`mask_mod(batch, head, q_idx, kv_idx, seqlen_info, aux_tensors)` gets (1,)-shaped Int32 SSA values with absolute
+token positions (`mask.call_mask_mod`). Query blocks: on sm90 128 rows (`_tile_size_fwd_sm90`); on sm100 the
+forward pairs two 128-row tiles (`q_stage = 2` in `_get_fwd_config`), so its sparse query block must be 256, which
+fits a 256-token cube but would merge two 128-token cubes' lists (refused: `fa4_unavailable`). Key blocks: 128
+(on sm90 64-token key blocks give wrong output: REFERENCE.md).
+
+torch only at import; `flash_attn` and `cutlass` are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+FA4_BLOCK = 128
+"""Tokens in one FA4 key block (and one sm90 query block)."""
+
+FA4_REQUIREMENT = "flash-attn-4==4.0.0b36"
+
+
+def fa4_query_block(capability_major: int, tile_volume: int) -> int:
+    """Rows of FA4's sparse query block on a GPU of compute capability `capability_major`.x.
+
+    128 on sm90; 256 on sm100 (its forward runs two 128-row query tiles per block). Raises ValueError where the
+    tile volume is not a multiple of that block (a query block would span two cubes with different key lists).
+    """
+    q_block = 256 if capability_major == 10 else FA4_BLOCK
+    if tile_volume % q_block:
+        raise ValueError(f"tile volume {tile_volume} is not a multiple of FA4's {q_block}-row query block "
+                         f"on compute capability {capability_major}.x")
+    return q_block
+
+
+def _fa4_installed() -> bool:
+    # find_spec of the top-level name imports nothing; flash_attn may be FA2's package (no cute/) or a namespace.
+    spec = importlib.util.find_spec("flash_attn")
+    if spec is None or importlib.util.find_spec("cutlass") is None:
+        return False
+    return any(os.path.isfile(os.path.join(loc, "cute", "interface.py"))
+               for loc in (spec.submodule_search_locations or ()))
+
+
+def fa4_unavailable(device: torch.device | str, tile_volume: int) -> str | None:
+    """Why FA4's block-sparse attention cannot run here, in one line, or None when it can.
+
+    Args:
+        device: where q, k, v live.
+        tile_volume: tokens in a full cube (64, 128 or 256).
+
+    Returns:
+        None, or the reason: tile volume not a multiple of 128 (FA4's sm90 sparse path needs 128-token key blocks),
+        device not CUDA, compute capability other than 9.x / 10.x, 128-token cubes on 10.x (see
+        `fa4_query_block`), the package not installed (`pip install 'vsagen[fa4]'`). Nothing is imported from
+        `flash_attn` (the package check is `importlib.util.find_spec`).
+    """
+    if tile_volume % FA4_BLOCK:
+        return (f"FA4 needs tiles of a multiple of {FA4_BLOCK} tokens (its sm90 block-sparse path needs 128-token "
+                f"key blocks); got tile volume {tile_volume}: use tiles (4,4,8) or (4,8,8)")
+    device = torch.device(device)
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return f"FA4 runs on NVIDIA CUDA GPUs only; the tensors are on {device}"
+    if not torch.cuda.is_available():
+        return f"FA4 runs on NVIDIA CUDA GPUs; {device} was asked for but CUDA is not available"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return f"FA4's block-sparse attention needs compute capability 9.x or 10.x; this GPU is {major}.{minor}"
+    try:
+        fa4_query_block(major, tile_volume)
+    except ValueError as exc:
+        return f"FA4: {exc}; use tiles (4,8,8)"
+    if not _fa4_installed():
+        return f"FA4 is not installed: pip install 'vsagen[fa4]' ({FA4_REQUIREMENT})"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- padding
+
+def pad_to_cubes(x: torch.Tensor, slots: torch.Tensor, slot_valid: torch.Tensor) -> torch.Tensor:
+    """(B, S, H, D) tile order -> (B, n_tiles * V, H, D): cube c in rows [c * V, (c + 1) * V), zeros in padding.
+
+    Args:
+        x: (B, S, H, D) any dtype, tile order.
+        slots: (n_tiles, V) int64 token index of each padded slot (`TileLayout.slots`).
+        slot_valid: (n_tiles, V) bool, False for padding slots (`TileLayout.slot_valid`).
+
+    Returns a new contiguous tensor, differentiable with respect to x.
+    """
+    flat = slots.reshape(-1).to(device=x.device, dtype=torch.int64)
+    valid = slot_valid.reshape(1, -1, 1, 1).to(x.device)
+    return torch.where(valid, x.index_select(1, flat), x.new_zeros(()))
+
+
+def unpad_from_cubes(xp: torch.Tensor, slots: torch.Tensor, slot_valid: torch.Tensor,
+                     num_tokens: int) -> torch.Tensor:
+    """(B, n_tiles * V, H, D) padded -> (B, S, H, D) tile order, S = `num_tokens`: the inverse of `pad_to_cubes`.
+
+    Args:
+        xp: (B, n_tiles * V, H, D).
+        slots, slot_valid: as for `pad_to_cubes`.
+        num_tokens: S, the real tokens (slot_valid.sum()).
+    """
+    flat = slots.reshape(-1).to(device=xp.device, dtype=torch.int64)
+    valid = slot_valid.reshape(-1).to(xp.device)
+    # The padded slot of each token: padding slots scatter into a spare entry S (no data-dependent shape).
+    slot_of = torch.empty(num_tokens + 1, dtype=torch.int64, device=xp.device).scatter_(
+        0, torch.where(valid, flat, num_tokens), torch.arange(flat.numel(), device=xp.device))[:num_tokens]
+    return xp.index_select(1, slot_of)
+
+
+# ------------------------------------------------------------------------------------ index conversion
+
+def cube_map(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_cubes: int) -> torch.Tensor:
+    """Dense (B, H, nC, nC) bool map of the used q2k entries (entries past q2k_cnt may hold anything).
+
+    Args:
+        q2k: (B, H, nC, K) int key cubes per query cube; only the first q2k_cnt[b, h, c] are read.
+        q2k_cnt: (B, H, nC) int.
+        num_cubes: nC.
+    """
+    used = torch.arange(q2k.shape[-1], device=q2k.device) < q2k_cnt.unsqueeze(-1)
+    cols = torch.where(used, q2k.long(), num_cubes)
+    out = torch.zeros(*q2k.shape[:-1], num_cubes + 1, dtype=torch.bool, device=q2k.device)
+    return out.scatter_(-1, cols, True)[..., :num_cubes]
+
+
+def key_block_tokens(sizes: torch.Tensor, tile_volume: int) -> torch.Tensor:
+    """(nC * V / 128,) int64 real tokens in each 128-slot key block of the padded sequence (0..128).
+
+    Args:
+        sizes: (nC,) int real tokens of each cube (real tokens fill a cube's first slots).
+        tile_volume: V, a multiple of 128.
+    """
+    per_cube = tile_volume // FA4_BLOCK
+    start = torch.arange(per_cube, device=sizes.device) * FA4_BLOCK
+    return (sizes.long().view(-1, 1) - start).clamp(0, FA4_BLOCK).reshape(-1)
+
+
+def fa4_block_maps(q2k: torch.Tensor, q2k_cnt: torch.Tensor, sizes: torch.Tensor, tile_volume: int,
+                   q_block: int = FA4_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense (B, H, M, N) bool maps of FA4's full and mask blocks, M = nC * V / q_block, N = nC * V / 128.
+
+    A key block of a selected cube is full with 128 real tokens, mask with 1..127, absent with none. Query block
+    m belongs to cube m // (V / q_block) and takes its list. Raises ValueError for V not a multiple of 128 or of
+    q_block.
+    """
+    if tile_volume % FA4_BLOCK or tile_volume % q_block:
+        raise ValueError(f"tile volume {tile_volume} must be a multiple of 128 and of the query block {q_block}")
+    n_cubes = sizes.numel()
+    selected = cube_map(q2k, q2k_cnt, n_cubes)
+    selected = selected.repeat_interleave(tile_volume // FA4_BLOCK, -1).repeat_interleave(tile_volume // q_block, -2)
+    tokens = key_block_tokens(sizes.to(q2k.device), tile_volume)
+    return selected & (tokens == FA4_BLOCK), selected & (tokens > 0) & (tokens < FA4_BLOCK)
+
+
+def map_to_lists(block_map: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(…, R, C) bool map -> (cnt (…, R) int32, idx (…, R, width) int32): each row's True columns ascending,
+    packed left; entries past cnt are other columns (FA4 reads only the first cnt). width: default C."""
+    idx = torch.sort((~block_map).to(torch.uint8), dim=-1, stable=True).indices
+    width = block_map.shape[-1] if width is None else max(1, min(width, block_map.shape[-1]))
+    return block_map.sum(-1, dtype=torch.int32), idx[..., :width].to(torch.int32).contiguous()
+
+
+@dataclass(frozen=True)
+class Fa4SparseIndex:
+    """FA4's block-sparse lists of one call (plain torch tensors; `BlockSparseTensorsTorch` is built from them).
+
+    fwd / bwd: (mask_block_cnt, mask_block_idx, full_block_cnt, full_block_idx), int32. Forward: per query block,
+    (B, H, M) and (B, H, M, W) key blocks ascending. Backward (None when not asked): per key block, (B, H, N) and
+    (B, H, N, W') query blocks ascending. block_size: (q_block, 128).
+    """
+
+    fwd: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    bwd: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None
+    block_size: tuple[int, int]
+
+
+def fa4_block_sparse_index(q2k: torch.Tensor, q2k_cnt: torch.Tensor, sizes: torch.Tensor, tile_volume: int, *,
+                           q_block: int = FA4_BLOCK, backward: bool = True) -> Fa4SparseIndex:
+    """Cube-level top-k lists -> FA4's forward (and backward) block lists over the cube-padded sequence.
+
+    Args:
+        q2k: (B, H, nC, K) int (int32 or int64) key cubes per query cube, ascending; the first q2k_cnt used.
+        q2k_cnt: (B, H, nC) int.
+        sizes: (nC,) int real tokens per cube.
+        tile_volume: V, 128 or 256 (any multiple of 128 and of q_block).
+        q_block: FA4's sparse query block (`fa4_query_block`).
+        backward: also build the transposed lists the backward needs (their width is the longest list: one
+            device sync).
+
+    Returns:
+        Fa4SparseIndex on q2k's device. Forward lists are K * V / 128 wide (at most N).
+
+    Raises:
+        ValueError: V not a multiple of 128 or of q_block.
+    """
+    full, mask = fa4_block_maps(q2k, q2k_cnt, sizes, tile_volume, q_block)
+    width = q2k.shape[-1] * (tile_volume // FA4_BLOCK)
+    m_cnt, m_idx = map_to_lists(mask, width)
+    f_cnt, f_idx = map_to_lists(full, width)
+    bwd = None
+    if backward:
+        full_t, mask_t = full.transpose(-1, -2), mask.transpose(-1, -2)
+        bm_cnt, bf_cnt = mask_t.sum(-1, dtype=torch.int32), full_t.sum(-1, dtype=torch.int32)
+        bm_cnt, bm_idx = map_to_lists(mask_t, int(bm_cnt.max()) if bm_cnt.numel() else 1)
+        bf_cnt, bf_idx = map_to_lists(full_t, int(bf_cnt.max()) if bf_cnt.numel() else 1)
+        bwd = (bm_cnt, bm_idx, bf_cnt, bf_idx)
+    return Fa4SparseIndex(fwd=(m_cnt, m_idx, f_cnt, f_idx), bwd=bwd, block_size=(q_block, FA4_BLOCK))
+
+
+# ------------------------------------------------------------------------------------------- the FA4 call
+
+@functools.cache
+def key_valid_mask_mod():
+    """FA4 `mask_mod` (CuTe DSL, built on first use): key position n is kept iff aux_tensors[0][n] != 0.
+
+    aux_tensors[0] is the (nC * V,) int32 flag of each padded key slot (`slot_valid` flattened). FA4 calls it only
+    in mask blocks. Cached: FA4 keys its compile cache on the callable.
+    """
+    import cutlass
+    import cutlass.cute as cute
+    from flash_attn.cute import utils
+
+    @cute.jit
+    def key_slot_valid(batch, head, q_idx, kv_idx, seqlen_info, aux_tensors):
+        flag = utils.scalar_to_ssa(aux_tensors[0][kv_idx[0]], cutlass.Int32)
+        return flag > utils.scalar_to_ssa(0, cutlass.Int32)
+
+    return key_slot_valid
+
+
+def fa4_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
+                               q2k_cnt: torch.Tensor, sizes: torch.Tensor, slots: torch.Tensor,
+                               slot_valid: torch.Tensor, tile_volume: int, scale: float | None = None) -> torch.Tensor:
+    """VSA's fine stage through FA4: each query cube attends the real tokens of its first q2k_cnt key cubes.
+
+    Args:
+        q, k, v: (B, S, H, D) bf16 / fp16 CUDA, tile order (D as FA4 takes it, e.g. 64 or 128).
+        q2k: (B, H, nC, K) int key cubes per query cube (ascending); q2k_cnt: (B, H, nC) int, each >= 1.
+        sizes: (nC,) int real tokens per cube (`TileLayout.tile_sizes`).
+        slots, slot_valid: (nC, V) `TileLayout.slots` / `slot_valid`.
+        tile_volume: V, 128 or 256.
+        scale: softmax scale, default D ** -0.5.
+
+    Returns:
+        (B, S, H, D) like q; differentiable through FA4's own autograd function (backward on sm90 / sm100).
+
+    Raises:
+        RuntimeError: `fa4_unavailable`'s reason.
+    Source: FA4 `flash_attn/cute/interface.py` `flash_attn_func`, `block_sparsity.py` (module docstring).
+    """
+    reason = fa4_unavailable(q.device, tile_volume)
+    if reason:
+        raise RuntimeError(reason)
+    from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch
+    from flash_attn.cute.interface import flash_attn_func
+
+    q_block = fa4_query_block(torch.cuda.get_device_capability(q.device)[0], tile_volume)
+    need_bwd = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    index = fa4_block_sparse_index(q2k, q2k_cnt, sizes, tile_volume, q_block=q_block, backward=need_bwd)
+
+    def tensors(lists):
+        m_cnt, m_idx, f_cnt, f_idx = lists
+        return BlockSparseTensorsTorch(mask_block_cnt=m_cnt, mask_block_idx=m_idx, full_block_cnt=f_cnt,
+                                       full_block_idx=f_idx, block_size=index.block_size)
+
+    key_valid = slot_valid.reshape(-1).to(device=q.device, dtype=torch.int32).contiguous()
+    qp, kp, vp = (pad_to_cubes(x, slots, slot_valid) for x in (q, k, v))
+    out, _ = flash_attn_func(qp, kp, vp, softmax_scale=scale, mask_mod=key_valid_mask_mod(),
+                             aux_tensors=[key_valid], block_sparse_tensors=tensors(index.fwd),
+                             block_sparse_tensors_bwd=tensors(index.bwd) if index.bwd is not None else None)
+    return unpad_from_cubes(out, slots, slot_valid, q.shape[1])

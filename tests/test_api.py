@@ -83,7 +83,7 @@ def test_vsa_at_sparsity_zero_is_full(tiny_pipe):
 
 
 def test_bad_option_names_the_backend_options(tiny_pipe):
-    with pytest.raises(BadInput, match=r"no option 'spasity'.*sparsity, impl, gate_weights"):
+    with pytest.raises(BadInput, match=r"no option 'spasity'.*sparsity, impl, tile, query_rows, gate_weights"):
         vsagen.apply(tiny_pipe, "vsa", spasity=0.9)
     with pytest.raises(BadInput, match=r"no option 'x'.*its options: sparsity"):
         vsagen.apply(tiny_pipe, "vsa:x=1")

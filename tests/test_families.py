@@ -225,7 +225,8 @@ def test_vsa_runs_on_each_family(ti2v_dir, a14b_dir, tmp_path, name, impl):
               "--frames", "5", *size, "--steps", str(STEPS), "--out", str(out), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": impl, "impl_ran": impl}
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": impl, "tile": "4x4x4",
+                               "impl_ran": impl}
     assert data["denoised"]["grid"] == [2, 2, 3]
     assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
     assert data["timing"]["dit_forwards"] == 2 * STEPS

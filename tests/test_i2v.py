@@ -133,7 +133,8 @@ def test_i2v_with_vsa_torch(i2v_dir, tmp_path):
               "0.5", *SMALL, "--out", str(out), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "torch", "impl_ran": "torch"}
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "torch", "tile": "4x4x4",
+                               "impl_ran": "torch"}
     assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
     assert read_mp4(out).shape == (5, 64, 64, 3)
 
@@ -474,7 +475,8 @@ def test_vsa_triton_on_the_first_last_frame_families(flf2v_dir, i2v_a14b_dir, tm
               "triton", "--sparsity", "0.5", *SMALL, "--out", str(tmp_path / "v.mp4"), "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "triton", "impl_ran": "triton"}
+    assert data["backend"] == {"name": "vsa", "sparsity": 0.5, "impl": "triton", "tile": "4x4x4",
+                               "impl_ran": "triton"}
     assert set(data["timing"]["self_attention_stages_s"]) == {"coarse", "fine"}
     assert data["last_image"] == str(last)
     assert read_mp4(tmp_path / "v.mp4").shape == (5, 64, 64, 3)

@@ -148,7 +148,7 @@ def test_wan_480p_grid_counts():
     assert lay.num_full_tiles == 455
     assert lay.tiles_per_dim == (6, 8, 13)
     assert lay.tile_volume == 64
-    assert lay.summary() == {"grid": [21, 30, 52], "tile": [4, 4, 4], "tiles": 624, "full_tiles": 455,
+    assert lay.summary() == {"grid": [21, 30, 52], "tile": [4, 4, 4], "tile_volume": 64, "tiles": 624, "full_tiles": 455,
                              "tokens": 21 * 30 * 52}
 
 

@@ -207,7 +207,6 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[Any, ...]], *
         BadInput: a backend refuses the problem (e.g. a pattern file with another head count).
     """
     device = torch.device(device)
-    layout = tile_layout(shape.grid, device=device)
     q, k, v = make_inputs(shape, seed, device=device, dtype=dtype)
     qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     do = torch.randn_like(q)
@@ -243,7 +242,8 @@ def time_attention(shape: AttentionShape, backends: Sequence[tuple[Any, ...]], *
     for entry in backends:
         label, be = entry[0], entry[1]
         contexts = tuple(entry[2]) if len(entry) > 2 else LAYER0
-        calls.append((label, _backend_calls(be, layout if be.tiled else None, timer, shape, device, seed, contexts)))
+        layout = tile_layout(shape.grid, tuple(be.tile), device=device) if be.tiled else None  # the backend's cubes
+        calls.append((label, _backend_calls(be, layout, timer, shape, device, seed, contexts)))
     rows: list[KernelRow] = []
     for kind, wrap in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
         times = [(name, len(layer_calls),

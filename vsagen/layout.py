@@ -4,6 +4,12 @@ VSA (arXiv 2505.13389, sec. 2) partitions the post-patch latent grid (T, Hl, Wl)
 (4, 4, 4) = 64 tokens and maps each cube to one kernel tile. Tiles are visited t-tile, h-tile, w-tile
 (row-major over tile coordinates); the tokens inside a tile are row-major over (t, h, w).
 
+Larger cubes (FastVideo's VSA tile volumes 128 = (4, 4, 8) and 256 = (4, 8, 8), the `tile` option of the VSA
+backends) keep that order. vsagen's block-sparse kernels take tiles of at most 64 tokens, so a layout also cuts each
+cube into *kernel tiles*: its tokens in 64-token runs, in tile order (a cube of 128 tokens is kernel tiles 2c and
+2c + 1; an edge cube holds as many runs as its tokens need). A selection made over cubes is run by the kernels as
+the same selection over those runs (`vsagen.kernels.tile_expand`).
+
 Grids that are not multiples of 4 are handled two ways (both selectable with `--tile-fit`):
 * partial: edge tiles hold fewer than 64 tokens; `TileLayout.tile_sizes` carries the true counts.
 * crop: denoise a latent whose grid is rounded up to multiples of 4 and crop it back before the VAE
@@ -21,6 +27,49 @@ if TYPE_CHECKING:  # torch is imported where a layout is built: the crop plans a
     import torch
 
 TILE = (4, 4, 4)
+TILE_VOLUMES = (64, 128, 256)  # the VSA tile volumes vsagen runs (FastVideo's three: `vsa_utils`, VSA-128 / 256)
+KERNEL_TILE = 64  # tokens of the block-sparse kernels' tiles: a larger cube runs as runs of this many tokens
+
+
+def parse_tile(text: str) -> tuple[int, int, int]:
+    """A tile (cube) written `TxHxW` (`4x4x8`: 4 latent frames, 4 rows, 8 columns of the post-patch grid).
+
+    Returns:
+        (tt, th, tw) positive ints.
+
+    Raises:
+        ValueError: not three positive integers joined by `x`, a dimension that is not a power of two (a crop
+            plan then covers every tile of a run at once: `covering_tile`), or a volume other than 64, 128 or 256
+            (`TILE_VOLUMES`). The message says which, in one line.
+    """
+    parts = str(text).strip().lower().split("x")
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or any(d < 1 for d in dims):
+        raise ValueError(f"tile {text!r}: write it as TxHxW, e.g. 4x4x4, 4x4x8 or 4x8x8 (latent frames x rows x "
+                         "columns of the post-patch grid)")
+    if any(d & (d - 1) for d in dims):
+        raise ValueError(f"tile {text!r}: each side must be a power of two (1, 2, 4, 8, 16, ...)")
+    if math.prod(dims) not in TILE_VOLUMES:
+        raise ValueError(f"tile {text!r} holds {math.prod(dims)} tokens; the tile volumes are "
+                         f"{', '.join(map(str, TILE_VOLUMES))} (e.g. 4x4x4, 4x4x8, 4x8x8)")
+    return dims  # type: ignore[return-value]
+
+
+def tile_text(tile: tuple[int, int, int]) -> str:
+    """(4, 4, 8) -> "4x4x8" (the option's spelling)."""
+    return "x".join(str(int(d)) for d in tile)
+
+
+def covering_tile(tiles: "list[tuple[int, int, int]] | tuple[tuple[int, int, int], ...]") -> tuple[int, int, int]:
+    """The smallest cube that every tile of `tiles` divides (their per-side maximum: sides are powers of two), the
+    tile a `--tile-fit crop` plan rounds the grid up to when one run holds several tiles (`vsagen compare`); `TILE`
+    for none."""
+    if not tiles:
+        return TILE
+    return tuple(max(int(t[i]) for t in tiles) for i in range(3))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +90,11 @@ class TileLayout:
             padding slots hold 0 and are flagged False in `slot_valid`.
         slot_valid: (n_tiles, tile_volume) bool.
         tile_offsets_i32: `tile_offsets` as int32, the form the Triton kernels take.
+        kernel_offsets_i32: (n_kernel_tiles + 1,) int32 starts of the kernel tiles (each tile's tokens in runs of at
+            most `KERNEL_TILE`, in tile order); equal to `tile_offsets_i32` for tiles of at most 64 tokens.
+        kernel_tile_of: (n_kernel_tiles,) int64 the tile each kernel tile belongs to (ascending).
+        tile_kernel_first: (n_tiles,) int64 the first kernel tile of each tile.
+        tile_kernel_count: (n_tiles,) int64 kernel tiles of each tile (ceil(size / 64)).
     """
 
     grid: tuple[int, int, int]
@@ -54,6 +108,10 @@ class TileLayout:
     slots: torch.Tensor
     slot_valid: torch.Tensor
     tile_offsets_i32: torch.Tensor
+    kernel_offsets_i32: torch.Tensor
+    kernel_tile_of: torch.Tensor
+    tile_kernel_first: torch.Tensor
+    tile_kernel_count: torch.Tensor
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +127,11 @@ class TileLayout:
     def tile_volume(self) -> int:
         """Tokens in a full tile (64 for (4, 4, 4))."""
         return math.prod(self.tile)
+
+    @property
+    def kernel_tiles_per_tile(self) -> int:
+        """Kernel tiles of a full tile: ceil(tile_volume / 64) (1 for (4, 4, 4), 2 for (4, 4, 8), 4 for (4, 8, 8))."""
+        return -(-self.tile_volume // KERNEL_TILE)
 
     @property
     def num_full_tiles(self) -> int:
@@ -88,6 +151,7 @@ class TileLayout:
         return {
             "grid": list(self.grid),
             "tile": list(self.tile),
+            "tile_volume": self.tile_volume,
             "tiles": self.num_tiles,
             "full_tiles": self.num_full_tiles,
             "tokens": self.num_tokens,
@@ -153,12 +217,20 @@ def _build_layout(grid: tuple[int, int, int], tile: tuple[int, int, int], device
     slot = torch.arange(vol).view(1, -1)
     slot_valid = slot < sizes.view(-1, 1)
     slots = torch.where(slot_valid, offsets[:-1].view(-1, 1) + slot, torch.zeros((), dtype=torch.int64))
+    # kernel tiles: each tile's tokens in runs of at most KERNEL_TILE (a tile of 64 or fewer is one run)
+    per_tile = (sizes + KERNEL_TILE - 1) // KERNEL_TILE
+    kernel_of = torch.repeat_interleave(torch.arange(n_tiles), per_tile)
+    first = torch.zeros(n_tiles, dtype=torch.int64)
+    first[1:] = torch.cumsum(per_tile, 0)[:-1]
+    run = torch.arange(kernel_of.numel()) - first[kernel_of]
+    kernel_offsets = torch.cat([offsets[:-1][kernel_of] + run * KERNEL_TILE, offsets[-1:]])
     dev = torch.device(device)
     return TileLayout(
         grid=grid, tile=tile, tiles_per_dim=(nt, nh, nw),
         perm=perm.to(dev), inv_perm=inv_perm.to(dev), tile_sizes=sizes.to(dev), tile_offsets=offsets.to(dev),
         token_tile=token_tile.to(dev), slots=slots.to(dev), slot_valid=slot_valid.to(dev),
-        tile_offsets_i32=offsets.to(torch.int32).to(dev),
+        tile_offsets_i32=offsets.to(torch.int32).to(dev), kernel_offsets_i32=kernel_offsets.to(torch.int32).to(dev),
+        kernel_tile_of=kernel_of.to(dev), tile_kernel_first=first.to(dev), tile_kernel_count=per_tile.to(dev),
     )
 
 

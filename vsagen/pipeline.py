@@ -155,7 +155,7 @@ def denoise_plan(cfg: Request, pipe: Any, tile_fit: str) -> CropPlan:
     preset = cfg.source.preset
     return plan_crop(cfg.frames, cfg.height, cfg.width, fit=tile_fit,
                      vae_stride_temporal=preset.vae_stride_temporal, vae_stride_spatial=preset.vae_stride_spatial,
-                     patch_size=tuple(pipe.transformer.config.patch_size))
+                     patch_size=tuple(pipe.transformer.config.patch_size), tile=cfg.crop_tile)
 
 
 def expert_kwargs(pipe: Any, cfg: Request) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def test_options_specs_and_the_registry_answer_without_torch():
     assert res.returncode == 0, res.stderr
     out, heavy = json.loads(res.stdout)
     assert heavy == []
-    assert out[0] == "vsa:sparsity=0.9:impl=auto" and out[1].startswith("sla-star:sparsity=0.875:impl=auto")
+    assert out[0] == "vsa:sparsity=0.9:impl=auto:tile=4x4x4:query_rows=64" and out[1].startswith("sla-star:sparsity=0.875:impl=auto")
     assert out[-2] == ["auto", "triton", "torch"] and "sparsity must be in [0, 1), got 2.0" in out[-1]
 
 

@@ -59,7 +59,7 @@ def test_no_options_is_an_empty_frozen_dataclass():
 
 
 def test_option_names_in_declaration_order():
-    assert option_names(VSAOptions) == ["sparsity", "impl", "gate_weights", "tuning"]
+    assert option_names(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "tuning"]
 
     @dataclasses.dataclass(frozen=True)
     class Opts:
@@ -83,7 +83,8 @@ def test_options_dict_leaves_out_none_and_stringifies_non_scalars(tmp_path):
     assert options_dict(Opts()) == {"flag": True, "count": 3, "ratio": 0.25, "label": "x", "pair": "(1, 2)"}
     got = options_dict(Opts(path=tmp_path / "g.safetensors"))
     assert got["path"] == str(tmp_path / "g.safetensors") and isinstance(got["path"], str)
-    assert options_dict(VSAOptions(0.5, "torch")) == {"sparsity": 0.5, "impl": "torch"}
+    assert options_dict(VSAOptions(0.5, "torch")) == {"sparsity": 0.5, "impl": "torch", "tile": "4x4x4",
+                                                        "query_rows": 64}
 
 
 def test_layer_weights_key_formats_per_layer():
@@ -109,8 +110,8 @@ def test_registered_backends_have_the_protocol_attributes(name):
         assert callable(getattr(backend, method))
     # issue 28: the protocol declares every member a caller uses (per_layer and bench_params were probed with getattr;
     # auto_priority: what `--attn auto` reads, instead of a list of names in auto.py)
-    assert set(AttentionBackend.__annotations__) == {"name", "Options", "tiled", "traceable", "weights", "options",
-                                                     "per_layer", "bench_params", "auto_priority"}
+    assert set(AttentionBackend.__annotations__) == {"name", "Options", "tiled", "tile", "traceable", "weights",
+                                                     "options", "per_layer", "bench_params", "auto_priority"}
 
 
 def test_backend_defaults_and_the_wrapper_delegate_every_member():

@@ -39,7 +39,7 @@ def test_options_are_typed_from_the_dataclass(tmp_path):
 
 def test_text_round_trips():
     spec = resolve_spec("vsa:sparsity=0.9:impl=torch")
-    assert spec.text() == "vsa:sparsity=0.9:impl=torch"
+    assert spec.text() == "vsa:sparsity=0.9:impl=torch:tile=4x4x4:query_rows=64"
     assert resolve_spec(spec.text()) == spec
     assert spec.label == "vsa 0.9"
 
@@ -61,15 +61,15 @@ def test_precedence_entry_over_flag_over_preset_over_default():
     ("vsa:sparsity", ["NAME:KEY=VALUE"]),
     ("vsa:=0.5", ["NAME:KEY=VALUE"]),
     # issue 29: `tuning` (an object, set through vsagen.apply) is named too, as Python-only
-    ("vsa:density=0.5", ["no option 'density'", "its options: sparsity, impl, gate_weights; from Python only "
+    ("vsa:density=0.5", ["no option 'density'", "its options: sparsity, impl, tile, query_rows, gate_weights; from Python only "
                          "(vsagen.apply): tuning"]),
     ("full:sparsity=0.5", ["no option 'sparsity'", "its options: none"]),
     ("vsa:sparsity=0.5:sparsity=0.6", ["given twice"]),
     ("vsa:sparsity=lots", ["sparsity='lots' is not a number"]),
     ("vsa:sparsity=nan", ["sparsity='nan'"]),
     ("vsa:sparsity=1.0", ["--attn vsa: sparsity must be in [0, 1), got 1.0"]),
-    ("vsa:impl=cuda", ["impl must be one of auto, triton, torch, got 'cuda'"]),
-    ("vsa:tuning=fast", ["'tuning' is set from Python", "options here: sparsity, impl, gate_weights"]),
+    ("vsa:impl=cuda", ["impl must be one of auto, triton, torch, fa4, got 'cuda'"]),
+    ("vsa:tuning=fast", ["'tuning' is set from Python", "options here: sparsity, impl, tile, query_rows, gate_weights"]),
     ("vsa:gate_weights=/no/such/file.safetensors", ["gate_weights", "no such file"]),
 ])
 def test_bad_entries_are_one_clear_error(text, needles):
@@ -82,7 +82,7 @@ def test_bad_entries_are_one_clear_error(text, needles):
 
 
 def test_make_options_refuses_unknown_keys_listing_the_options():
-    with pytest.raises(BadInput, match=r"its options: sparsity, impl, gate_weights, tuning \(Python only\)$"):
+    with pytest.raises(BadInput, match=r"its options: sparsity, impl, tile, query_rows, gate_weights, tuning \(Python only\)$"):
         make_options("vsa", {"sparsity": 0.5, "topk": 3})
     assert make_options("vsa", {"sparsity": 0.25}).sparsity == 0.25
 
@@ -115,7 +115,8 @@ def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
     cfg = resolve("a fox", model="tiny", attn="vsa:sparsity=0.6:impl=torch", out=tmp_path / "v.mp4")
     assert (cfg.attn, cfg.sparsity, cfg.attn_impl) == ("vsa", 0.6, "torch")
     assert cfg.out.name == "v.mp4"
-    assert cfg.summary()["backend"] == {"name": "vsa", "sparsity": 0.6, "impl": "torch"}
+    assert cfg.summary()["backend"] == {"name": "vsa", "sparsity": 0.6, "impl": "torch", "tile": "4x4x4",
+                                              "query_rows": 64}
     # the preset's [attention.vsa] table fills what neither the entry nor a flag gives
     assert resolve("a fox", model="tiny", attn="vsa", out=tmp_path / "x.mp4").sparsity == 0.875
     # a flag and the entry setting one option: which was meant is unclear, so it is refused
@@ -146,7 +147,8 @@ def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["rows"]
     assert [(r["backend"], r["sparsity"]) for r in rows] == [("full", None), ("vsa", 0.5), ("vsa", 0.75)]
-    assert rows[1]["spec"] == "vsa:sparsity=0.5:impl=torch" and rows[2]["spec"] == "vsa:sparsity=0.75:impl=torch"
+    assert rows[1]["spec"] == "vsa:sparsity=0.5:impl=torch:tile=4x4x4:query_rows=64" and \
+        rows[2]["spec"] == "vsa:sparsity=0.75:impl=torch:tile=4x4x4:query_rows=64"
     # each row is compared with `full`, not with the other vsa row
     assert all(r["speedup_vs_full"] is not None and r["latents_rel_l2_vs_full"] is not None for r in rows[1:])
     assert rows[0]["latents_rel_l2_vs_full"] == 0.0
@@ -155,7 +157,7 @@ def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
 def test_python_only_options_are_refused_on_the_command_line():
     from vsagen.attention.spec import text_options
 
-    assert text_options(VSAOptions) == ["sparsity", "impl", "gate_weights"]
+    assert text_options(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights"]
     with pytest.raises(BadInput, match="'tuning' is set from Python, not on the command line"):
         resolve_spec("vsa:tuning=fast")
 
@@ -226,7 +228,9 @@ def test_option_help_lists_the_command_line_options_with_defaults_and_values():
     from vsagen.attention.spec import option_help, text_options
 
     assert option_help(backend_class("full").Options) == []
-    assert option_help(VSAOptions) == [("sparsity", "0.875", "a number"), ("impl", "auto", "auto | triton | torch"),
+    assert option_help(VSAOptions) == [("sparsity", "0.875", "a number"), ("impl", "auto", "auto | triton | torch | fa4"),
+                                       ("tile", "4x4x4", "TxHxW: 4x4x4 | 4x4x8 | 4x8x8"),
+                                       ("query_rows", "64", "an integer"),
                                        ("gate_weights", "none", "a file, or none")]  # not `tuning` (Python only)
     vdit = dict((k, (d, v)) for k, d, v in option_help(backend_class("sparse-vdit").Options))
     assert vdit["remap"] == ("false", "true | false") and vdit["query_block"] == ("64", "an integer")

@@ -184,3 +184,107 @@ def test_a_block_level_gate_adds_the_gated_coarse_output_through_the_processor(t
         del b.attn1.to_gate_compress
     ungated = patched_output(t, vsa, inputs)
     assert torch.equal(zero_gated, ungated) and not torch.allclose(gated, ungated)
+
+
+# ------------------------------------------------------------------ issue 33: the tile (cube) as an option
+# VSA over cubes of 64, 128 and 256 tokens (FastVideo's VSA tile volumes: 4x4x4, 4x4x8, 4x8x8): the coarse stage pools,
+# scores and selects cubes of the option's shape; the fine stage runs the selected cubes as 64-token kernel tiles.
+
+def _vsa_tile_fp64(q, k, v, lay, sparsity, gate=None):
+    """An independent float64 VSA over the layout's cubes (tile order): cube means over the true tokens, top
+    K = ceil((1 - sparsity) n_cubes) key cubes per query cube, softmax attention masked to those cubes' tokens, plus
+    gate * the coarse attention of the cube means broadcast to each cube's tokens."""
+    cube = lay.token_tile
+    n = lay.num_tiles
+    member = torch.nn.functional.one_hot(cube, n).double()
+    mean = lambda y: torch.einsum("sn,bshd->bnhd", member, y.double()) / member.sum(0)[None, :, None, None]  # noqa: E731
+    scale = q.shape[-1] ** -0.5
+    scores = torch.einsum("bnhd,bmhd->bhnm", mean(q), mean(k)) * scale
+    top = scores.topk(math.ceil((1 - sparsity) * n), dim=-1).indices
+    keep = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
+    allowed = keep[:, :, cube][:, :, :, cube]
+    logits = (torch.einsum("bshd,bthd->bhst", q.double(), k.double()) * scale).masked_fill(~allowed, float("-inf"))
+    out = torch.einsum("bhst,bthd->bshd", logits.softmax(-1), v.double())
+    if gate is not None:
+        out = out + gate.double() * torch.einsum("bhnm,bmhd->bnhd", scores.softmax(-1), mean(v))[:, cube]
+    return out
+
+
+TILE_CASES = [  # (impl, tile, grid, head dim, gate, query_rows): partial cubes but on the last grid, batch 2
+    ("torch", "4x4x8", (5, 6, 10), 64, True, 64), ("triton", "4x4x8", (5, 6, 10), 64, True, 64),
+    ("torch", "4x8x8", (5, 9, 17), 128, True, 64), ("triton", "4x8x8", (5, 9, 17), 128, True, 64),
+    ("torch", "4x4x4", (5, 6, 10), 128, True, 64), ("triton", "4x4x4", (5, 6, 10), 128, True, 64),
+    ("torch", "4x8x8", (4, 8, 16), 64, False, 64), ("triton", "4x8x8", (4, 8, 16), 64, False, 64),
+    ("triton", "4x4x8", (5, 9, 17), 64, False, 64), ("triton", "4x8x8", (5, 9, 17), 64, False, 64),
+    ("triton", "4x4x8", (5, 9, 17), 64, False, 128), ("triton", "4x8x8", (5, 9, 17), 128, True, 128),
+]
+
+
+@pytest.mark.parametrize("impl,tile,grid,d,gated,rows", TILE_CASES)
+def test_vsa_tile_option_matches_float64_forward_and_backward(impl, tile, grid, d, gated, rows):
+    """Every tile shape, both implementations (Triton under the interpreter; query rows 64 and 128): forward and
+    backward against an independent float64 VSA over the cubes, with and without the gate."""
+    backend = VSAAttention(VSAOptions(sparsity=0.5, impl=impl, tile=tile, query_rows=rows))
+    lay = tile_layout(grid, backend.tile)
+    assert lay.tile == tuple(int(x) for x in tile.split("x"))
+    q, k, v = make_qkv(2, lay.num_tokens, 2, d, seed=31, requires_grad=True)
+    gate = torch.rand(2, lay.num_tokens, 2, d, generator=torch.Generator().manual_seed(32)) if gated else None
+    out = backend(q, k, v, ctx(lay, gate, NullTimer()))
+    qd, kd, vd = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    want = _vsa_tile_fp64(qd, kd, vd, lay, 0.5, gate)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(33))
+    out.backward(do)
+    want.backward(do.double())
+    # the selection is discrete (no gradient through it); the gated coarse output carries no gradient in the Triton
+    # path (`coarse_stage` is detached) and does in the torch one: with a gate, the torch path's gradients only
+    if impl == "torch" or not gated:
+        for got, ref_grad in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+            torch.testing.assert_close(got.double(), ref_grad, atol=5e-5, rtol=5e-5)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("tile", ["4x4x8", "4x8x8"])
+def test_vsa_tile_every_cube_selected_equals_full(impl, tile):
+    backend = VSAAttention(VSAOptions(sparsity=0.0, impl=impl, tile=tile))
+    lay = tile_layout((5, 6, 10), backend.tile)
+    q, k, v = make_qkv(2, lay.num_tokens, 3, 16, seed=36)
+    out = backend(q, k, v, ctx(lay, None, NullTimer()))
+    torch.testing.assert_close(out.double(), softmax_attention_fp64(q, k, v), atol=DENSE_ATOL, rtol=DENSE_RTOL)
+
+
+def test_vsa_tile_top_k_counts_cubes_of_the_tile():
+    """K = ceil((1 - sparsity) * cubes) of the option's shape: at 87.5% a 4x8x8 grid of 16 cubes keeps 2 per row."""
+    backend = VSAAttention(VSAOptions(sparsity=0.875, impl="torch", tile="4x8x8"))
+    lay = tile_layout((8, 16, 16), backend.tile)
+    assert lay.num_tiles == 8
+    q, k, v = make_qkv(1, lay.num_tokens, 2, 8, seed=37)
+    _, q2k = backend.attend(q, k, v, lay, None, NullTimer())
+    assert q2k.shape == (1, 2, 8, 1)
+    assert backend.describe(torch.device("cpu"))["tile"] == "4x8x8"
+
+
+@pytest.mark.parametrize("text,needle", [("3x4x4", "power of two"), ("4x4x2", "holds 32 tokens"),
+                                         ("4x4", "write it as TxHxW"), ("4x4x-8", "write it as TxHxW"),
+                                         ("axbxc", "write it as TxHxW"), ("4x8x16", "holds 512 tokens")])
+def test_vsa_refuses_a_tile_that_is_not_a_cube_it_runs(text, needle):
+    with pytest.raises(BadInput, match=needle):
+        VSAOptions(tile=text)
+
+
+def test_vsa_refuses_query_rows_it_cannot_run():
+    with pytest.raises(BadInput, match="needs a tile of 128 or 256 tokens"):
+        VSAOptions(query_rows=128)
+    with pytest.raises(BadInput, match="query_rows must be 64 or 128"):
+        VSAOptions(tile="4x4x8", query_rows=32)
+    assert VSAOptions(tile="4x8x8", query_rows=128).query_rows == 128
+
+
+@pytest.mark.parametrize("tile,device,dtype,needle", [
+    ("4x4x4", "cuda", torch.bfloat16, "multiple of 128 tokens"),  # the tile refuses before the device is looked at
+    ("4x4x8", "cpu", torch.bfloat16, "NVIDIA CUDA GPUs only; this run is on cpu"),
+])
+def test_vsa_impl_fa4_is_refused_where_it_cannot_run(tile, device, dtype, needle):
+    backend = VSAAttention(VSAOptions(impl="fa4", tile=tile))
+    with pytest.raises(BadInput, match=f"vsa:impl=fa4: .*{needle}"):
+        backend.check(torch.device(device), dtype)

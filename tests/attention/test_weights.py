@@ -173,6 +173,7 @@ class RecordingBackend:
     name = "recording"
     Options = VSAOptions  # any frozen dataclass
     tiled = True
+    tile = (4, 4, 4)
     traceable = False
     weights = None
 

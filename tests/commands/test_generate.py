@@ -76,7 +76,8 @@ def test_vsa_at_sparsity_zero_gives_the_frames_of_full(vsagen_cache, tiny_dir, t
     generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
     vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
                    progress=False)
-    assert vsa.summary["backend"] == {"name": "vsa", "sparsity": 0.0, "impl": impl, "impl_ran": impl}
+    assert vsa.summary["backend"] == {"name": "vsa", "sparsity": 0.0, "impl": impl, "tile": "4x4x4",
+                                         "impl_ran": impl}
     assert vsa.summary["denoised"]["tiles"] == 4 and vsa.summary["denoised"]["full_tiles"] == 0
     a, b = frames["full"].astype(int), frames["vsa"].astype(int)
     assert a.shape == b.shape == (5, 80, 112, 3)

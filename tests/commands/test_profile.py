@@ -103,7 +103,8 @@ def test_profile_json_one_row_per_backend(cli_cache):
     assert math.isclose(data["overhead"]["full_vs_stock"], full["dit_s_per_step"] / stock["dit_s_per_step"] - 1)
     assert full["overhead_vs_stock"] == data["overhead"]["full_vs_stock"]
     assert data["tile_fit_comparison"] == []  # one tile fit
-    assert data["settings"]["backends"][1] == {"name": "vsa", "sparsity": 0.875, "impl": "auto"}
+    assert data["settings"]["backends"][1] == {"name": "vsa", "sparsity": 0.875, "impl": "auto",
+                                                      "tile": "4x4x4", "query_rows": 64}
     assert (full["impl"], vsa["impl"]) == ("auto", "torch")  # the implementation that ran (CPU: the reference)
     assert data["load_s"] > 0 and "torch" in data["versions"]
 

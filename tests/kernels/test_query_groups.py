@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from vsagen.kernels.block_sparse_attn import block_sparse_attention, block_sparse_attention_grouped
-from vsagen.kernels.query_groups import build_query_groups
+from vsagen.kernels.query_groups import block_query_groups, build_query_groups
 from vsagen.layout import tile_layout
 from vsagen.sparsity.patterns import dense, diagonal, multi_diagonal, q2k_table, skip, vertical_stripe
 
@@ -46,6 +46,25 @@ def test_every_row_once_and_groups_share_lists(grid, block_m):
                     rows.append(r)
         assert sorted(rows) == list(range(lay.num_tokens))
     assert all(off[t + 1] - off[t] <= 64 for t in range(lay.num_tiles))
+
+
+@pytest.mark.parametrize("tile", [(4, 4, 8), (4, 8, 8)])
+def test_block_groups_put_each_cubes_rows_in_programs_of_its_own(tile):
+    """Issue 33: the kernel tiles of one VSA cube share its key list, so a program holds rows of one cube only, every
+    row in exactly one program per head, a 256-token cube in two programs of 128."""
+    lay = tile_layout((5, 9, 17), tile)
+    g = block_query_groups(lay.kernel_tile_of, 3, lay.kernel_offsets_i32, 128)
+    assert g.dtype == torch.int32 and g.shape[1] == 2 + 128 // 8
+    cube_of_row = lay.token_tile.tolist()
+    for head in range(3):
+        rows = []
+        for prog in g[g[:, 0] == head].tolist():
+            mine = [r for w in prog[2:] for r in range(w >> 4, (w >> 4) + (w & 15))]
+            assert {cube_of_row[r] for r in mine} == {int(lay.kernel_tile_of[prog[1]])}
+            rows += mine
+        assert sorted(rows) == list(range(lay.num_tokens))
+    full = int((lay.tile_sizes == lay.tile_volume).sum())
+    assert len(g) >= 3 * full * (lay.tile_volume // 128)
 
 
 def test_bad_block_m():

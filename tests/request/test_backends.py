@@ -37,7 +37,8 @@ def test_precedence_and_one_configuration_once():
                            tables)[0].sparsity == 0.6  # entry
     with pytest.raises(BadInput, match="once"):  # the flag and the entry both set it
         attention_specs(("vsa:sparsity=0.6",), AttentionOptions(attn="vsa:sparsity=0.6", sparsity=0.5), tables)
-    with pytest.raises(BadInput, match=r"--attn lists vsa:sparsity=0.8:impl=auto twice \('vsa' and 'vsa:sparsity=0.8'\)"):
+    with pytest.raises(BadInput, match=r"--attn lists vsa:sparsity=0.8:impl=auto:tile=4x4x4:query_rows=64 twice "
+                                       r"\('vsa' and 'vsa:sparsity=0.8'\)"):
         attention_specs(("vsa", "vsa:sparsity=0.8"), AttentionOptions(attn="vsa,vsa:sparsity=0.8"), tables)
 
 

@@ -13,11 +13,12 @@ the kernels only when one is given.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import BadInput
+from ..layout import parse_tile, tile_text
 
 if TYPE_CHECKING:
     from ..kernels.tuning import KernelTuning
@@ -26,10 +27,13 @@ else:
 
 DEFAULT_SPARSITY = 0.875
 IMPLS = ("auto", "triton", "torch")
+VSA_IMPLS = IMPLS + ("fa4",)  # vsa / rocm-vsa: also FlashAttention-4's block-sparse kernels (tiles of 128 / 256)
 SCOPES = ("global", "marginal")  # sla-star's branch: over every key, or over the key tiles not selected
 FEATURE_MAPS = ("softmax", "elu", "relu")  # sla-star's phi (`vsagen.kernels.reference.FEATURE_MAPS`)
 QUERY_BLOCKS = (64, 128)  # sparse-vdit's grouped query rows (`vsagen.attention.sparse_vdit.QUERY_LAUNCH`'s keys)
 DEFAULT_QUERY_BLOCK = 64
+# VSA's `tile` option: its default, and how `vsagen backends` lists its values (any cube `layout.parse_tile` takes)
+TILE_FIELD = dict(default="4x4x4", metadata={"values": "TxHxW: 4x4x4 | 4x4x8 | 4x8x8"})
 
 
 def option_names(options_cls: type) -> list[str]:
@@ -72,9 +76,21 @@ def _check_tuning(tuning: Any) -> None:
         raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(tuning).__name__}")
 
 
-def _check_impl(impl: Any) -> None:
-    if impl not in IMPLS:
-        raise BadInput(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+def _tile_option(tile: Any) -> str:
+    """The `tile` option checked (`vsagen.layout.parse_tile`) and spelled `TxHxW`.
+
+    Raises:
+        BadInput: the one-line reason `parse_tile` gives.
+    """
+    try:
+        return tile_text(parse_tile(tile))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
+def _check_impl(impl: Any, impls: tuple[str, ...] = IMPLS) -> None:
+    if impl not in impls:
+        raise BadInput(f"impl must be one of {', '.join(impls)}, got {impl!r}")
 
 
 @dataclass(frozen=True)
@@ -89,7 +105,16 @@ class VSAOptions:
     Attributes:
         sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
             ceil((1 - sparsity) * tiles).
-        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton", "torch" (`--attn-impl`), or
+            "fa4": the fine stage on FlashAttention-4's block-sparse kernels (`pip install 'vsagen[fa4]'`; an NVIDIA
+            sm90 / sm100 GPU, bf16 / fp16, a tile of 128 or 256 tokens; the coarse stage stays vsagen's Triton).
+        tile: the cube VSA selects, `TxHxW` over the post-patch latent grid (latent frames x rows x columns): "4x4x4"
+            (64 tokens, VSA's paper and FastVideo's published checkpoints), "4x4x8" (128) or "4x8x8" (256), or any
+            cube of power-of-two sides holding 64, 128 or 256 tokens. Top-k counts cubes of this shape; a
+            checkpoint trained with one tile is run with it (its preset sets it).
+        query_rows: query rows per program of the Triton fine stage: 64 (one program per 64-token kernel tile) or
+            128 (one program per 128 rows of a cube, its kernel tiles sharing the cube's key list; needs a tile of
+            128 or 256 tokens).
         gate_weights: a safetensors file with trained gates (`blocks.{i}.to_gate_compress.{weight,bias}`, or the
             alias `blocks.{i}.attn1.to_gate_compress.*`, one scheme throughout),
             loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
@@ -100,23 +125,33 @@ class VSAOptions:
             line (benchmarks/attention.py builds variants with `dataclasses.replace`).
 
     Raises:
-        BadInput: sparsity not a number in [0, 1), an unknown impl, a tuning that is not a KernelTuning, or a
-            gate_weights path that is not a file.
+        BadInput: sparsity not a number in [0, 1), an unknown impl, a tile that is not such a cube, query_rows not
+            64 or 128 (128 with a 64-token tile), a tuning that is not a KernelTuning, or a gate_weights path that is
+            not a file.
     """
 
     sparsity: float = DEFAULT_SPARSITY
-    impl: Literal["auto", "triton", "torch"] = "auto"
+    impl: Literal["auto", "triton", "torch", "fa4"] = "auto"
+    tile: str = field(**TILE_FIELD)  # type: ignore[assignment]
+    query_rows: int = DEFAULT_QUERY_BLOCK
     gate_weights: Path | None = None
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tile", _tile_option(self.tile))
+        rows = self.query_rows
+        if isinstance(rows, bool) or rows not in QUERY_BLOCKS:
+            raise BadInput(f"query_rows must be {' or '.join(map(str, QUERY_BLOCKS))}, got {rows!r}")
+        if rows == 128 and math.prod(parse_tile(self.tile)) < 128:
+            raise BadInput(f"query_rows=128 runs the 128 rows of one cube per program and needs a tile of 128 or 256 "
+                           f"tokens (tile=4x4x8 or 4x8x8), got tile={self.tile}")
         s = self.sparsity
         if isinstance(s, bool) or not isinstance(s, (int, float)):
             raise BadInput(f"sparsity must be a number in [0, 1), got {s!r}")
         if not math.isfinite(s) or not 0.0 <= s < 1.0:
             raise BadInput(f"sparsity must be in [0, 1), got {s}")
         object.__setattr__(self, "sparsity", float(s) + 0.0)  # + 0.0: -0.0 becomes 0.0
-        _check_impl(self.impl)
+        _check_impl(self.impl, VSA_IMPLS)
         _check_tuning(self.tuning)
         if self.gate_weights is not None:
             object.__setattr__(self, "gate_weights", weights_path_option(self.gate_weights, "gate_weights"))
@@ -124,7 +159,7 @@ class VSAOptions:
 
 @dataclass(frozen=True)
 class ROCmVSAOptions(VSAOptions):
-    """Options of `rocm-vsa`: `vsa`'s (sparsity, impl, gate_weights, tuning); a tuning given here replaces the
+    """Options of `rocm-vsa`: `vsa`'s (sparsity, impl, tile, gate_weights, tuning); a tuning given here replaces the
     "rocm-vsa" profile's default. Raises BadInput as `VSAOptions`."""
 
 
@@ -136,6 +171,7 @@ class SLAStarOptions:
         sparsity: VSA's fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`).
         impl: "auto" (Triton on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`): the
             sparse part's implementation, and the branch's.
+        tile: VSA's cube (as `vsa`'s `tile`).
         scope: "global" (the branch over every key) or "marginal" (over the key tiles not selected).
         feature_map: phi, "softmax" (over the head dim), "elu" (elu + 1) or "relu".
         proj_weights: a safetensors file with trained projections (`blocks.{i}.attn1.proj_l.{weight,bias}`, or
@@ -150,14 +186,17 @@ class SLAStarOptions:
 
     sparsity: float = DEFAULT_SPARSITY
     impl: Literal["auto", "triton", "torch"] = "auto"
+    tile: str = field(**TILE_FIELD)  # type: ignore[assignment]
     scope: Literal["global", "marginal"] = "global"
     feature_map: Literal["softmax", "elu", "relu"] = "softmax"
     proj_weights: Path | None = None
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
-        sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tuning=self.tuning)  # VSA's own checks
+        _check_impl(self.impl)  # not fa4: the branch runs on vsagen's kernels
+        sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tile=self.tile, tuning=self.tuning)  # VSA's checks
         object.__setattr__(self, "sparsity", sparse.sparsity)
+        object.__setattr__(self, "tile", sparse.tile)
         if self.scope not in SCOPES:
             raise BadInput(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.feature_map not in FEATURE_MAPS:

@@ -32,7 +32,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 import torch
 
-from ..layout import TileLayout
+from ..layout import TILE, TileLayout
 from ..timing import Timer
 from .backend_options import NoOptions, option_names, options_dict  # noqa: F401 - re-exported (torch-free there)
 from .registry import PROTOCOL_MEMBERS  # noqa: F401 - every member of the protocol, kept where the registry checks them
@@ -188,6 +188,7 @@ class AttentionBackend(Protocol):
     name: ClassVar[str]                      # the --attn name
     Options: ClassVar[type]                  # frozen dataclass of the backend's options
     tiled: ClassVar[bool]                    # wants tile order and a TileLayout
+    tile: tuple[int, int, int]               # the (tt, th, tw) cube of that layout (tiled backends; (4, 4, 4) default)
     traceable: ClassVar[bool]                # torch.compile traces the call with no graph break
     weights: ClassVar[LayerWeights | None]   # per-layer parameters it can load, or None
     per_layer: ClassVar[bool]                # its layers run differently (benchmarks time each; `report` rows)
@@ -227,6 +228,7 @@ class Backend:
     name: ClassVar[str]
     Options: ClassVar[type] = NoOptions
     tiled: ClassVar[bool] = False
+    tile: tuple[int, int, int] = TILE  # VSA's backends read theirs from the `tile` option
     traceable: ClassVar[bool] = False
     weights: ClassVar[LayerWeights | None] = None
     per_layer: ClassVar[bool] = False
@@ -267,6 +269,7 @@ class BackendWrapper(Backend):
         self.Options = inner.Options
         self.options = inner.options
         self.tiled = inner.tiled
+        self.tile = inner.tile
         self.traceable = inner.traceable
         self.weights = inner.weights
         self.per_layer = inner.per_layer

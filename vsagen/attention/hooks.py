@@ -200,21 +200,21 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
 
             patch.handles.append(install(transformer))
         if backend.tiled:
-            _tile_order_hooks(transformer, timer, patch.handles)
+            _tile_order_hooks(transformer, timer, patch.handles, tuple(backend.tile))
     except BaseException:
         patch.remove()
         raise
     return patch
 
 
-def _tile_order_hooks(transformer: Any, timer: Timer, handles: list[Any]) -> None:
-    """Register the tile-order hooks (module docstring) on `transformer`, each handle into `handles` as soon as it
-    exists (so a failure half-way leaves nothing unremovable)."""
+def _tile_order_hooks(transformer: Any, timer: Timer, handles: list[Any], tile: tuple[int, int, int]) -> None:
+    """Register the tile-order hooks (module docstring) on `transformer` for cubes of `tile` (the backend's), each
+    handle into `handles` as soon as it exists (so a failure half-way leaves nothing unremovable)."""
     patch_size = tuple(transformer.config.patch_size)
     state: dict[str, TileLayout | None] = {"layout": None}
 
     def layout_for(hidden_states: torch.Tensor) -> TileLayout:
-        return tile_layout(_grid_of(hidden_states, patch_size), device=hidden_states.device)
+        return tile_layout(_grid_of(hidden_states, patch_size), tile, device=hidden_states.device)
 
     def pre_forward(module, args, kwargs):
         hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]

@@ -28,8 +28,8 @@ from .backend_options import NoOptions, ROCmVSAOptions, SLAOptions, SLAStarOptio
 
 # Every member of the backend protocol (`vsagen.attention.base.AttentionBackend`), for the registry's validation of
 # a backend class or object (base.py, which imports torch, reads it from here).
-PROTOCOL_MEMBERS = ("name", "Options", "tiled", "traceable", "weights", "per_layer", "bench_params", "auto_priority",
-                    "check", "prepare", "describe", "report", "__call__")
+PROTOCOL_MEMBERS = ("name", "Options", "tiled", "tile", "traceable", "weights", "per_layer", "bench_params",
+                    "auto_priority", "check", "prepare", "describe", "report", "__call__")
 
 
 @dataclass(frozen=True)

@@ -155,14 +155,12 @@ class SLAAttention(Backend):
         heads, device); int32 on `offsets`' device."""
         key = (seq, heads, str(offsets.device))
         if key not in self._groups:
-            from ..kernels.query_groups import build_query_groups
+            from ..kernels.query_groups import block_query_groups
 
             with torch.inference_mode(False):
-                n_tiles = offsets.numel() - 1
-                block_of = (torch.arange(n_tiles) // (self.options.block_q // rb.TILE)).view(1, n_tiles, 1)
-                self._groups[key] = build_query_groups(block_of.expand(heads, -1, -1),
-                                                       torch.ones(heads, n_tiles, dtype=torch.int64),
-                                                       rb.raster_tile_offsets(seq, "cpu"), 128).to(offsets.device)
+                block_of = torch.arange(offsets.numel() - 1) // (self.options.block_q // rb.TILE)
+                self._groups[key] = block_query_groups(block_of, heads, rb.raster_tile_offsets(seq, "cpu"),
+                                                       128).to(offsets.device)
         return self._groups[key]
 
     def _torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, cnt: torch.Tensor,

@@ -33,7 +33,7 @@ from ..errors import BadInput
 from ..kernels import reference as ref
 from .base import AttnContext, Backend, LayerWeights
 from .backend_options import SCOPES, SLAStarOptions, VSAOptions  # noqa: F401 - re-exported: its options live there
-from .vsa import VSAAttention
+from .vsa import VSAAttention, kernel_lists
 
 
 def _proj_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
@@ -73,22 +73,27 @@ class SLAStarAttention(Backend):
     def __init__(self, options: SLAStarOptions | None = None) -> None:
         super().__init__(options)
         o = self.options
-        self._vsa = VSAAttention(VSAOptions(sparsity=o.sparsity, impl=o.impl, tuning=o.tuning))
+        self._vsa = VSAAttention(VSAOptions(sparsity=o.sparsity, impl=o.impl, tile=o.tile, tuning=o.tuning))
 
     @property
     def sparsity(self) -> float:
         """The `sparsity` option."""
         return self.options.sparsity
 
+    @property
+    def tile(self) -> tuple[int, int, int]:  # type: ignore[override]
+        """VSA's cube (the `tile` option), the layout's."""
+        return self._vsa.tile
+
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """As `vsa` (the Triton kernels need CUDA or the interpreter)."""
         self._vsa.check(device, dtype)
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """{"name", "sparsity", "impl", "scope", "feature_map"} (+ "proj_weights" when named), and given the run's
-        device "impl_ran" (the sparse part's and the branch's)."""
+        """{"name", "sparsity", "impl", "tile", "scope", "feature_map"} (+ "proj_weights" when named), and given the
+        run's device "impl_ran" (the sparse part's and the branch's)."""
         o = self.options
-        d = {"name": self.name, "sparsity": o.sparsity, "impl": o.impl, "scope": o.scope,
+        d = {"name": self.name, "sparsity": o.sparsity, "impl": o.impl, "tile": o.tile, "scope": o.scope,
              "feature_map": o.feature_map}
         if o.proj_weights is not None:
             d["proj_weights"] = str(o.proj_weights)
@@ -127,8 +132,9 @@ class SLAStarAttention(Backend):
                 from ..kernels.linear_marginal import marginal_branch_add
 
                 cnt = torch.full(q2k.shape[:3], q2k.shape[3], dtype=torch.int32, device=q2k.device)  # all top-k
-                return marginal_branch_add(out, q, k, v, proj.weight, proj.bias, q2k.to(torch.int32), cnt,
-                                           layout.tile_offsets_i32, kind=o.feature_map)
+                lists, counts, offsets = kernel_lists(layout, q2k, cnt)  # the kernels' tiles: 64 tokens at most
+                return marginal_branch_add(out, q, k, v, proj.weight, proj.bias, lists, counts, offsets,
+                                           kind=o.feature_map)
             block_map = None
             if self.options.scope == "marginal":
                 block_map = ref.block_map_from_q2k(q2k.long(), layout.num_tiles)
@@ -148,6 +154,7 @@ class SLAStarAttention(Backend):
         off, tuning = layout.tile_offsets_i32, self.options.tuning
         with timer.region("self_attention/coarse"):
             c = coarse_stage(q, k, off, ref.top_k_from_sparsity(self.sparsity, layout.num_tiles), tuning=tuning)
+            lists, counts, off = kernel_lists(layout, c.q2k, c.q2k_cnt)  # the kernels' tiles: 64 tokens at most
         with timer.region("self_attention/fine"):
-            return sla_star_attention(q, k, v, c.q2k, c.q2k_cnt, off, proj.weight, proj.bias,
+            return sla_star_attention(q, k, v, lists, counts, off, proj.weight, proj.bias,
                                       scope=self.options.scope, kind=self.options.feature_map, tuning=tuning)

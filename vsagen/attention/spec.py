@@ -46,6 +46,14 @@ class BackendSpec:
         return getattr(self.options, "sparsity", None)
 
     @property
+    def tile(self) -> tuple[int, int, int] | None:
+        """The `tile` option of VSA's backends as (tt, th, tw), None for the others."""
+        from ..layout import parse_tile
+
+        text = getattr(self.options, "tile", None)
+        return None if text is None else parse_tile(text)
+
+    @property
     def impl(self) -> str:
         """The `impl` option ("auto" for backends without one)."""
         return getattr(self.options, "impl", "auto")
@@ -278,6 +286,7 @@ def option_help(options_cls: type) -> list[tuple[str, str, str]]:
     as `KEY=VALUE` writes it ("none" for an unset optional input), the values as a short phrase ("a number",
     "auto | triton | torch", "a file, or none", ...), for listings such as `vsagen backends`."""
     defaults = {f.name: f.default for f in fields(options_cls)}
+    metadata = {f.name: f.metadata for f in fields(options_cls)}
     hints = _hints(options_cls)
     out = []
     for key in text_options(options_cls):
@@ -285,7 +294,9 @@ def option_help(options_cls: type) -> list[tuple[str, str, str]]:
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         optional = typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) < len(typing.get_args(kind))
         base = args[0] if optional else kind
-        if typing.get_origin(base) is typing.Literal:
+        if "values" in metadata[key]:  # a field's own phrase (e.g. vsa's tile: "TxHxW: 4x4x4 | 4x4x8 | 4x8x8")
+            values = metadata[key]["values"]
+        elif typing.get_origin(base) is typing.Literal:
             values = " | ".join(map(str, typing.get_args(base)))
         else:
             values = {float: "a number", int: "an integer", bool: "true | false", Path: "a file"}.get(base, "text")

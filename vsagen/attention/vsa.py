@@ -2,6 +2,9 @@
 
 Coarse stage: mean-pool q, k, v per (4,4,4) tile with true token counts, tile-level scores, top-k key tiles
 per query tile with K = ceil((1 - sparsity) * n_tiles). Fine stage: token attention over the selected tiles.
+The `tile` option sets the cube: (4, 4, 4) by default, or FastVideo's larger VSA tile volumes (4, 4, 8) = 128 and
+(4, 8, 8) = 256 tokens; the coarse stage then pools, scores and selects those cubes (top-k counted in them), and the
+fine stage runs each selected cube as its 64-token kernel tiles (`vsagen.kernels.tile_expand`).
 Output = fine + gate * coarse, where coarse is the tile-level attention of the pooled tiles broadcast to each tile's
 tokens and gate = Linear(dim, dim)(the attn1 input), unflattened per head, no sigmoid (FastVideo's
 WanTransformerBlock_VSA; the attn1 input is the modulated norm1 output its q, k, v are projected from). The gate is zero
@@ -15,16 +18,22 @@ Two implementations of the same function, chosen by the `impl` option:
 * "triton": the kernels in `vsagen.kernels` (fused pooling + top-k into q2k lists, block-sparse flash
   attention forward and backward). The default on CUDA.
 * "torch": the eager reference in `vsagen.kernels.reference`, the oracle of the tests. The default elsewhere.
+* "fa4": the coarse stage on the Triton kernels, the fine stage on FlashAttention-4's block-sparse kernels
+  (`vsagen.kernels.fa4_block_sparse`: the cube lists as FA4's full / mask 128-token blocks over the cube-padded
+  sequence), for tiles of 128 or 256 tokens on NVIDIA sm90 / sm100 with `flash-attn-4` installed; refused before
+  loading anywhere else (`check`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ..errors import BadInput
 from ..kernels import reference as ref
+from ..layout import parse_tile
 from .base import AttnContext, Backend, LayerWeights
 from .backend_options import DEFAULT_SPARSITY, IMPLS, VSAOptions  # noqa: F401 - re-exported: vsa's options live there
 
@@ -39,6 +48,29 @@ def _interpreting() -> bool:
     from ..kernels.tuning import interpreting
 
     return interpreting()
+
+
+def kernel_lists(layout: Any, q2k: torch.Tensor, q2k_cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
+    """A cube-level selection as the block-sparse kernels take it: (q2k, q2k_cnt, tile_offsets) over the layout's
+    kernel tiles (`kernels.tile_expand.expand_to_kernel_tiles`); cubes of at most 64 tokens come back as they are,
+    with `layout.tile_offsets_i32`.
+
+    Args:
+        layout: the `TileLayout` (its tile any of VSA's cubes).
+        q2k: (B, H, Q_TILES, K) integer key cubes per query cube; q2k_cnt: (B, H, Q_TILES) integer.
+
+    Returns:
+        q2k (B, H, n_kernel_tiles, K') int32, q2k_cnt (B, H, n_kernel_tiles) int32, tile_offsets
+        (n_kernel_tiles + 1,) int32.
+    """
+    if layout.kernel_tiles_per_tile == 1:
+        return q2k.to(torch.int32), q2k_cnt.to(torch.int32), layout.tile_offsets_i32
+    from ..kernels.tile_expand import expand_to_kernel_tiles
+
+    lists, counts = expand_to_kernel_tiles(q2k, q2k_cnt, layout.tile_kernel_first, layout.tile_kernel_count,
+                                           layout.kernel_tile_of, layout.kernel_tiles_per_tile)
+    return lists, counts, layout.kernel_offsets_i32
 
 
 def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
@@ -72,6 +104,10 @@ class VSAAttention(Backend):
 
     kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning
 
+    def __init__(self, options: VSAOptions | None = None) -> None:
+        super().__init__(options)
+        self._groups: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # query_rows 128: (layout, table)
+
     def tuning(self, q: torch.Tensor):
         """The Triton kernels' tuning for q (B, S, H, D): the `tuning` option, else the device's default of this
         backend's kernel profile (`kernels.tuning.default_tuning`)."""
@@ -86,25 +122,55 @@ class VSAAttention(Backend):
         return self.options.sparsity
 
     @property
+    def tile(self) -> tuple[int, int, int]:  # type: ignore[override]
+        """The `tile` option as (tt, th, tw): the cube of the layout the tile-order hooks build."""
+        return parse_tile(self.options.tile)
+
+    @property
     def impl(self) -> str:
         """The `impl` option, as asked ("auto" included)."""
         return self.options.impl
 
+    def query_groups(self, layout: Any, heads: int) -> torch.Tensor:
+        """The query-group table (`kernels.query_groups.block_query_groups`, block_m 128) that runs each cube's rows
+        of `heads` heads in programs of 128 (the cube's kernel tiles share its key list in every batch entry, so the
+        table depends on the layout only). Cached per (layout, heads); int32 on the layout's device."""
+        key = (id(layout), heads)
+        if key not in self._groups:
+            from ..kernels.query_groups import block_query_groups
+
+            with torch.inference_mode(False):
+                self._groups[key] = (layout, block_query_groups(layout.kernel_tile_of, heads, layout.kernel_offsets_i32,
+                                                                128).to(layout.kernel_offsets_i32.device))
+        return self._groups[key][1]
+
     def resolved_impl(self, device: torch.device) -> str:
-        """'triton' or 'torch' for tensors on `device`."""
+        """'triton', 'torch' or 'fa4' for tensors on `device` ('auto': Triton on CUDA, else torch)."""
         if self.impl != "auto":
             return self.impl
         return "triton" if device.type == "cuda" else "torch"
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on)."""
+        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on), and for impl fa4
+        where FA4 cannot run (`kernels.fa4_block_sparse.fa4_unavailable`: the tile, the device, the package) or in
+        float32."""
+        if self.impl == "fa4":
+            from ..kernels.fa4_block_sparse import fa4_unavailable
+
+            why = fa4_unavailable(device, math.prod(self.tile))
+            if why is None and dtype not in (torch.bfloat16, torch.float16):
+                why = f"FA4 runs bf16 / fp16, not {str(dtype).replace('torch.', '')} (--dtype bf16)"
+            if why is not None:
+                raise BadInput(f"{self.name}:impl=fa4: {why}")
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """{"name", "sparsity", "impl"} and, given the run's device, "impl_ran" ("triton" | "torch")."""
-        d = {"name": self.name, "sparsity": self.sparsity, "impl": self.impl}
+        """{"name", "sparsity", "impl", "tile"} and, given the run's device, "impl_ran" ("triton" | "torch")."""
+        d = {"name": self.name, "sparsity": self.sparsity, "impl": self.impl, "tile": self.options.tile}
+        if self.options.query_rows != 64:
+            d["query_rows"] = self.options.query_rows
         if self.options.gate_weights is not None:
             d["gate_weights"] = str(self.options.gate_weights)
         if device is not None:
@@ -132,8 +198,9 @@ class VSAAttention(Backend):
                 selection, e.g. `sla-star`'s marginal scope).
         """
         top_k = ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
-        if self.resolved_impl(q.device) == "triton":
-            return self._triton(q, k, v, layout, gate, timer, top_k)
+        impl = self.resolved_impl(q.device)
+        if impl in ("triton", "fa4"):
+            return self._triton(q, k, v, layout, gate, timer, top_k, fa4=impl == "fa4")
         return self._torch(q, k, v, layout, gate, timer, top_k)
 
     def _torch(self, q, k, v, layout, gate, timer, top_k):
@@ -153,16 +220,31 @@ class VSAAttention(Backend):
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
         return out, q2k
 
-    def _triton(self, q, k, v, layout, gate, timer, top_k):
-        """The Triton kernels: (out, q2k) as `attend`."""
+    def _triton(self, q, k, v, layout, gate, timer, top_k, fa4=False):
+        """The Triton kernels (with `fa4`, FA4's for the fine stage): (out, q2k) as `attend`."""
         from ..kernels.block_sparse_attn import block_sparse_attention
         from ..kernels.coarse import coarse_stage
 
         tuning = self.tuning(q)
         with timer.region("self_attention/coarse"):
             c = coarse_stage(q, k, layout.tile_offsets_i32, top_k, v=v if gate is not None else None, tuning=tuning)
+            if not fa4:
+                lists, counts, offsets = kernel_lists(layout, c.q2k, c.q2k_cnt)
         with timer.region("self_attention/fine"):
-            out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_offsets_i32, tuning=tuning)
+            if fa4:
+                from ..kernels.fa4_block_sparse import fa4_block_sparse_attention
+
+                out = fa4_block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_sizes, layout.slots,
+                                                 layout.slot_valid, layout.tile_volume)
+            elif self.options.query_rows == 128:  # one program per 128 rows of a cube (its kernel tiles' one list)
+                from ..kernels.block_sparse_attn import block_sparse_attention_grouped
+                from .sparse_vdit import QUERY_LAUNCH
+
+                out, _ = block_sparse_attention_grouped(q, k, v, lists, counts, offsets,
+                                                        self.query_groups(layout, q.shape[2]), QUERY_LAUNCH[128],
+                                                        tuning=tuning)
+            else:
+                out, _ = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)

@@ -171,7 +171,7 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
     from .. import __version__
 
     pipe = session.pipe
-    layout = tile_layout(plan.denoise_grid)
+    layout = tile_layout(plan.denoise_grid, tuple(backend.tile))  # the backend's cubes ((4, 4, 4) for the others)
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
     return {
         "video": str(cfg.out), "json": str(cfg.json_out),

@@ -221,12 +221,13 @@ def _per_step(x: float | None, steps: int) -> float | None:
 
 
 def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Measured, cfg: ProfileConfig,
-              has_processor: bool, tiled: bool, impl: str | None = None) -> ProfileRow:
-    from ..layout import tile_layout
+              has_processor: bool, tiled: bool, impl: str | None = None,
+              tile: tuple[int, int, int] | None = None) -> ProfileRow:
+    from ..layout import TILE, tile_layout
 
     t = m.report
     steps = len(t.dit_per_step_s) or cfg.steps
-    layout = tile_layout(plan.denoise_grid)
+    layout = tile_layout(plan.denoise_grid, tile or TILE)  # the backend's cubes (tile counts of the row)
     # the slowest rank's seconds (rank_stats' max) in a multi-process run, else this process's
     top = rank_stats(m.ranks)["ranks_max"] if m.ranks else t.rank_row(0)
     dit = _per_step(top["dit_s"], steps)
@@ -342,7 +343,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
             said = backend.report(device)  # what the run's layers ran (each run prepares the backend anew)
             info = said.info
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled,
-                                  info.get("impl_ran", spec.impl)))
+                                  info.get("impl_ran", spec.impl), tuple(backend.tile)))
             r = rows[-1]
             r.spec, r.backend_info, r.layers = spec.text(), info, [dict(row) for row in said.layers]
             r.launches_per_forward, r.block_density = _layer_summary(r.layers)

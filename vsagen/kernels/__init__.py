@@ -20,6 +20,8 @@ Contents:
   program of 64 / 128 query rows, partial query tiles packed) that `block_sparse_attention_grouped` (the forward and
   dQ over groups, the dK/dV loop over packed plans; `sparse-vdit`'s static patterns) runs. No triton import.
 * `k2q.py`: `build_k2q_triton`, the q2k transpose in two Triton launches: the one the backward uses.
+* `tile_expand.py`: `expand_to_kernel_tiles`, a selection over VSA's larger cubes (128 / 256 tokens) as the same
+  selection over their 64-token kernel tiles, the lists the block-sparse kernels take (plain torch).
 * `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
   whole, then the partial tiles' tokens packed 64 to an iteration).
 * `qk_norm_rope.py`: the fused RMSNorm + RoPE prologue of the attention processor.

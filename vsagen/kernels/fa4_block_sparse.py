@@ -79,10 +79,10 @@ def fa4_unavailable(device: torch.device | str, tile_volume: int) -> str | None:
     """
     if tile_volume % FA4_BLOCK:
         return (f"FA4 needs tiles of a multiple of {FA4_BLOCK} tokens (its sm90 block-sparse path needs 128-token "
-                f"key blocks); got tile volume {tile_volume}: use tiles (4,4,8) or (4,8,8)")
+                f"key blocks); got tile volume {tile_volume}: use tile=4x4x8 or tile=4x8x8")
     device = torch.device(device)
     if device.type != "cuda" or getattr(torch.version, "hip", None):
-        return f"FA4 runs on NVIDIA CUDA GPUs only; the tensors are on {device}"
+        return f"FA4 runs on NVIDIA CUDA GPUs only; this run is on {device}"
     if not torch.cuda.is_available():
         return f"FA4 runs on NVIDIA CUDA GPUs; {device} was asked for but CUDA is not available"
     major, minor = torch.cuda.get_device_capability(device)
@@ -91,7 +91,7 @@ def fa4_unavailable(device: torch.device | str, tile_volume: int) -> str | None:
     try:
         fa4_query_block(major, tile_volume)
     except ValueError as exc:
-        return f"FA4: {exc}; use tiles (4,8,8)"
+        return f"FA4: {exc}; use tile=4x8x8"
     if not _fa4_installed():
         return f"FA4 is not installed: pip install 'vsagen[fa4]' ({FA4_REQUIREMENT})"
     return None

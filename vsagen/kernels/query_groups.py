@@ -71,3 +71,28 @@ def build_query_groups(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: t
                 chunk = segs[i:i + per]
                 rows.append([head, tiles[0], *chunk, *([0] * (per - len(chunk)))])
     return torch.tensor(rows, dtype=torch.int32).reshape(-1, 2 + per)
+
+
+def block_query_groups(block_of: torch.Tensor, heads: int, tile_offsets: torch.Tensor,
+                       block_m: int = 128) -> torch.Tensor:
+    """The query-group table of tiles grouped by a fixed block (a shape-only table: every tile of one block has the
+    same key list in every batch entry and head, e.g. the 64-token kernel tiles of one VSA cube, or the two tiles of
+    one of SLA's 128-token raster blocks).
+
+    Args:
+        block_of: (n_tiles,) integer, the block of each tile (ascending).
+        heads: H, the heads the table covers.
+        tile_offsets: (n_tiles + 1,) integer tile start rows, at most 64 rows per tile.
+        block_m: rows per program, as `build_query_groups`.
+
+    Returns:
+        (n_programs, 2 + block_m / 8) int32 on the CPU, as `build_query_groups`: each block's rows in programs of
+        block_m (a 256-token block takes two programs of 128).
+
+    Raises:
+        ValueError: as `build_query_groups`.
+    """
+    n_tiles = block_of.numel()
+    lists = block_of.detach().to("cpu", torch.int64).view(1, n_tiles, 1).expand(heads, -1, -1)
+    return build_query_groups(lists, torch.ones(heads, n_tiles, dtype=torch.int64), tile_offsets.detach().cpu(),
+                              block_m)

@@ -3,13 +3,14 @@ options filled by precedence once (`vsagen.attention.spec.resolve_spec`), and `-
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from ..attention import BackendSpec, backend_class, backend_names, resolve_spec
 from ..attention.auto import AUTO, choose_backend
 from ..attention.registry import backend_facts, options_of, named_weights_file
 from ..attention.spec import check_flags_apply, check_flags_not_repeated, impls_of
 from ..errors import BadInput
+from ..layout import covering_tile, parse_tile
 from .options import AttentionOptions, split_list
 
 
@@ -117,7 +118,8 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
                       preset_tables: dict[str, dict[str, Any]], model: str) -> tuple[str, ...]:
     """The run notes for the files a backend takes from the model's preset rather than from its entry (a path
     option of the preset's [attention.NAME] table the entry does not set, e.g. the tiny preset's sparse-vdit pattern
-    file): where the file came from, and how to name another."""
+    file): where the file came from, and how to name another; and for an entry whose `tile` differs from the one the
+    preset says the checkpoint was trained with, that it runs off its training."""
     import typing
     from pathlib import Path
 
@@ -133,6 +135,11 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
                 value = getattr(spec.options, key)
                 notes.append(f"{spec.name}: {key}={value} is the {model} preset's (its [attention.{spec.name}] "
                              f"table); --attn {spec.name}:{key}=FILE names another")
+        trained = preset_tables.get(spec.name, {}).get("tile")
+        if trained is not None and spec.tile is not None and spec.tile != parse_tile(trained):
+            notes.append(f"{spec.name}: {model} was trained with tile {trained}; tile={spec.options.tile} runs it off "
+                         f"its training (vsagen compare --attn {spec.name},{spec.name}:tile={spec.options.tile} "
+                         "shows what it costs)")
     return tuple(notes)
 
 
@@ -152,3 +159,11 @@ def auto_spec(kind: str, location: str, options: AttentionOptions, preset_tables
     except BadInput as e:
         raise BadInput(f"{e} (--attn auto chose {name} for this checkpoint: name a backend, e.g. --attn vsa)") \
             from None
+
+
+def crop_tile_of(specs: Sequence[BackendSpec], attention: Any) -> tuple[int, int, int]:
+    """The cube a `--tile-fit crop` plan rounds the grid up to: every VSA tile of `specs` covered; with no specs
+    (`--attn auto`, chosen later) every tile the preset's `[attention.<name>]` tables name."""
+    if specs:
+        return covering_tile([s.tile for s in specs if s.tile is not None])
+    return covering_tile([parse_tile(t["tile"]) for t in (attention or {}).values() if "tile" in t])

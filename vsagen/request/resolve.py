@@ -17,12 +17,13 @@ from typing import Any, Sequence
 
 from ..attention.spec import BackendSpec
 from ..errors import BadInput
-from ..layout import CropPlan, plan_crop
+from ..layout import TILE, CropPlan, plan_crop
 from ..models import ModelSource
 from ..presets import preset_names
 from ..tiny import check_tiny_cache
 from ..transformer_files import auto_evidence, check_transformer_files
-from .backends import attention_specs, auto_spec, check_entries, check_impl, known_impls, preset_file_notes
+from .backends import (attention_specs, auto_spec, check_entries, check_impl, crop_tile_of, known_impls,
+                       preset_file_notes)
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
 from ..samplers import NAMED, Sampler
@@ -84,6 +85,8 @@ class Request:
     notes: tuple[str, ...] = ()  # what the inputs will not do as the user may expect (run notes)
     tile_fits: tuple[str, ...] = ("partial",)  # every tile fit the command runs ("partial" | "crop")
     backends: tuple[BackendSpec, ...] = ()  # every backend the command runs, in order
+    # the cube `--tile-fit crop` rounds the grid up to: the backends' VSA tiles covered (`layout.covering_tile`)
+    crop_tile: tuple[int, int, int] = TILE
     attn_requested: str = ""  # the --attn text as given ("auto": the backend was chosen, see attn_note)
     attn_note: str | None = None  # why --attn auto chose the backend, and the alternative (a note of the run)
     # how the denoising walks, one per run (t2v / i2v, profile: one; compare: one per --sampler entry); the first's
@@ -130,7 +133,8 @@ class Request:
     def plan(self, tile_fit: str | None = None) -> CropPlan:
         """The crop plan under `tile_fit` (default the first) with the preset's strides and patch size (the
         model's own for a model a preset describes)."""
-        return preset_plan(self.source, self.frames, self.height, self.width, tile_fit or self.tile_fit)
+        return preset_plan(self.source, self.frames, self.height, self.width, tile_fit or self.tile_fit,
+                           self.crop_tile)
 
     def predicted_run(self, tile_fit: str | None = None) -> Any:
         """The run this request predicts before anything loads (`RunInfo`, `predicted=True`), for a backend's
@@ -160,11 +164,13 @@ class Request:
         return []
 
 
-def preset_plan(source: ModelSource, frames: int, height: int, width: int, tile_fit: str) -> CropPlan:
-    """The crop plan of a size under `tile_fit` with the preset's VAE strides and patch size."""
+def preset_plan(source: ModelSource, frames: int, height: int, width: int, tile_fit: str,
+                tile: tuple[int, int, int] = TILE) -> CropPlan:
+    """The crop plan of a size under `tile_fit` with the preset's VAE strides and patch size (`crop` rounds the grid
+    up to multiples of `tile`)."""
     p = source.preset
     return plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
-                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size)
+                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size, tile=tile)
 
 
 def torch_dtype(name: str) -> Any:
@@ -268,7 +274,7 @@ def check_last_frame(request: Request, what: str) -> None:
 
 
 def check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool, tile_fit: str, frames: int,
-                  height: int, width: int) -> None:
+                  height: int, width: int, tile: tuple[int, int, int] = TILE) -> None:
     """Refuse a `--ulysses` that cannot run (before loading; once per tile fit): not with --offload (diffusers
     #12533) nor --compile (not tested together); for a model of its preset's architecture, a degree that splits the
     heads and the tokens of the grid denoised under `tile_fit`.
@@ -286,7 +292,7 @@ def check_ulysses(ulysses: int, src: ModelSource, *, offload: str, compile: bool
     if src.exact_preset:
         from ..parallel.ulysses import check_ulysses_degree
 
-        grid = preset_plan(src, frames, height, width, tile_fit).denoise_grid
+        grid = preset_plan(src, frames, height, width, tile_fit, tile).denoise_grid
         check_ulysses_degree(ulysses, int(src.preset.transformer["num_attention_heads"]), math.prod(grid))
 
 
@@ -359,7 +365,7 @@ def split_processes(gpus: int, ulysses: int | None, cfg_parallel: bool, *, guida
 
 
 def _ulysses_degrees(src: ModelSource, frames: int, height: int, width: int, tile_fits: Sequence[str],
-                     up_to: int) -> list[int] | None:
+                     up_to: int, tile: tuple[int, int, int] = TILE) -> list[int] | None:
     """The Ulysses degrees <= up_to (at least 8) that split the heads and every grid of `tile_fits` of a model its
     preset describes; None for another model (unknown before loading)."""
     if not src.exact_preset:
@@ -367,12 +373,12 @@ def _ulysses_degrees(src: ModelSource, frames: int, height: int, width: int, til
     from ..parallel.ulysses import ulysses_degrees
 
     heads = int(src.preset.transformer["num_attention_heads"])
-    grids = [math.prod(preset_plan(src, frames, height, width, fit).denoise_grid) for fit in tile_fits]
+    grids = [math.prod(preset_plan(src, frames, height, width, fit, tile).denoise_grid) for fit in tile_fits]
     return [d for d in ulysses_degrees(heads, grids[0], max(8, up_to)) if all(g % d == 0 for g in grids)]
 
 
 def _split_request(pl: Any, src: ModelSource, device: str, guidance: float, frames: int, height: int, width: int,
-                   fits: Sequence[str]) -> tuple[int, bool, tuple[str, ...]]:
+                   fits: Sequence[str], tile: tuple[int, int, int] = TILE) -> tuple[int, bool, tuple[str, ...]]:
     """(ulysses, cfg_parallel, notes) of the placement options `pl`: as given without `--gpus`, else
     `split_processes`, after refusing what several processes started here cannot do.
 
@@ -400,7 +406,7 @@ def _split_request(pl: Any, src: ModelSource, device: str, guidance: float, fram
         notes += (f"--gpus {pl.gpus} on the CPU ({why}): {pl.gpus} processes (gloo) share this machine's cores",)
     ulysses, cfg_parallel, note = split_processes(
         pl.gpus, pl.ulysses, pl.cfg_parallel, guidance=guidance,
-        degrees=_ulysses_degrees(src, frames, height, width, fits, pl.gpus))
+        degrees=_ulysses_degrees(src, frames, height, width, fits, pl.gpus, tile))
     return ulysses, cfg_parallel, notes + ((note,) if note else ())
 
 
@@ -516,8 +522,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     if source.kind == "tiny" and not m.random_weights:  # built once into the vsagen cache: it must be writable
         check_tiny_cache(source.preset)
     fits = tuple(f.value for f in m.tile_fits)
+    crop_tile = crop_tile_of(specs, d.attention)
     for fit in fits:
-        _check_rope_range(source, preset_plan(source, frames, height, width, fit), fit)
+        _check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit)
     if plans[0].sampler.renoise and pl.cfg_parallel:
         raise BadInput(f"--cfg-parallel runs the unconditional pass on other processes, and the "
                        f"{plans[0].sampler.name} sampler runs without CFG; drop --cfg-parallel (--gpus N splits the "
@@ -537,7 +544,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         raise BadInput(f"--offload {pl.offload} moves weights between CPU and GPU memory and needs CUDA, but this run "
                        f"is on the CPU ({how}); use --offload none")
     dtype = pl.dtype.value if pl.dtype != Dtype.AUTO else ("bf16" if device == "cuda" else "fp32")
-    ulysses, cfg_parallel, split_notes = _split_request(pl, source, device, guidance, frames, height, width, fits)
+    ulysses, cfg_parallel, split_notes = _split_request(pl, source, device, guidance, frames, height, width, fits,
+                                                        crop_tile)
     notes += split_notes
     attn_note = None
     if auto:
@@ -555,14 +563,14 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
-        tile_fits=fits, backends=specs, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note,
+        tile_fits=fits, backends=specs, crop_tile=crop_tile, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note,
         transformer_files=files)
     if pl.vae.value == "light" and source.preset.light_vae is None:
         raise BadInput(f"--vae light: --model {m.model} has no lightweight VAE decoder (hummingbird-xt has one; "
                        "tiny-ti2v a tiny one)")
     for fit in fits:  # the degree against every grid that runs
         check_ulysses(ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
-                      frames=frames, height=height, width=width)
+                      frames=frames, height=height, width=width, tile=crop_tile)
     if cfg_parallel:
         from ..parallel.cfg import check_cfg_parallel
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 33's GPU figures (H200 / H100), from the repository root through the device tool. Prepare here once:
+#     bash ../shared/gpu/fetch-wheels.sh      (.whl: diffusers and the video writers)
+#     bash ../shared/gpu/fetch-fa4.sh         (.fa4a, .fa4b: FlashAttention-4, two folders, two calls)
+# Then three device calls back to back (the machine stays warm between them):
+#   1. carry [".fa4a"]:                mkdir -p /tmp/fa4 && tar -xJf .fa4a/cu13.tar.xz -C /tmp/fa4
+#   2. carry [".fa4b", ".whl"]:        bash benchmarks/tiles_gpu.sh kernels
+#      the kernels alone: benchmarks/tiles.py (every tile volume, query rows 64 / 128, FA4; correctness at full size
+#      on the 1.3B shape, forward and forward+backward against dense cuDNN at 1.3B and 14B 720p) and
+#      benchmarks/fa4_adapter.py (the adapter's own check and timings)
+#   3. carry [".fa4b", ".whl"]:        bash benchmarks/tiles_gpu.sh dit
+#      the DiT, eager, random weights: `vsagen profile` of full and vsa at each tile at 1.3B 480p and 14B 720p
+# Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs.
+set -u
+what=${1:-kernels}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+if [ -d .fa4b/whl ] && [ -d /tmp/fa4/nvidia_cutlass_dsl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site3 .fa4b/whl/*.whl &&
+    cp -rn /tmp/fa4/nvidia_cutlass_dsl/. /tmp/site3/nvidia_cutlass_dsl/ &&
+    cp -rn /tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1.dist-info /tmp/site3/ &&
+    export PYTHONPATH=/tmp/site3:/tmp/site3/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+else
+    echo "FA4 not prepared (.fa4b or /tmp/fa4 missing): its rows are skipped"
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'))" \
+    2>/dev/null || echo "flash-attn-4 not importable"
+git rev-parse --short HEAD 2>/dev/null
+if [ "$what" = kernels ]; then
+    python3 benchmarks/tiles.py --shapes 1.3b,14b --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
+    python3 benchmarks/fa4_adapter.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_adapter.txt"
+else
+    fa4=""
+    python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"
+    attn="full,vsa,vsa:tile=4x4x8,vsa:tile=4x8x8,vsa:tile=4x4x8:query_rows=128,vsa:tile=4x8x8:query_rows=128$fa4"
+    vsagen profile --model wan2.1-t2v-1.3b --random-weights --attn "$attn" --steps 2 --no-stock \
+        --format markdown 2>&1 | tee "$OUT/dit-1.3b.md"
+    vsagen profile --model wan2.1-t2v-14b --random-weights --attn "$attn" --steps 1 --warmup 1 --no-stock \
+        --format markdown 2>&1 | tee "$OUT/dit-14b.md"
+fi

@@ -65,3 +65,62 @@ def test_a_file_from_the_preset_is_a_note(tmp_path):
     named = cfg.backend.options.patterns
     assert resolve_generate("x", model="tiny", attn=f"sparse-vdit:patterns={named}", out=tmp_path / "b.mp4").notes == ()
     assert resolve_generate("x", model="tiny", attn="vsa", out=tmp_path / "c.mp4").notes == ()  # a number: no note
+
+
+def test_a_tile_other_than_the_trained_one_is_a_note(tmp_path):
+    """Issue 33: FastWan's gates were trained on 4x4x4 cubes (its preset's [attention.*] tables say so); a run with
+    another tile says so and how to see what it costs, a run with the trained one says nothing (nothing loads)."""
+    from vsagen.models import resolve_model
+    from vsagen.request.options import request_options
+    from vsagen.request.resolve import SEVERAL, resolve
+
+    src = resolve_model("fastwan2.1-t2v-1.3b")
+
+    def notes(attn: str, **kw) -> tuple[str, ...]:
+        return resolve(src, request_options(attn=attn, random_weights=True), prompt="p", **kw).notes
+
+    for name in ("vsa", "rocm-vsa", "sla-star"):
+        assert notes(f"{name}:tile=4x4x8") == (
+            f"{name}: fastwan2.1-t2v-1.3b was trained with tile 4x4x4; tile=4x4x8 runs it off its training (vsagen "
+            f"compare --attn {name},{name}:tile=4x4x8 shows what it costs)",)
+        assert notes(name) == notes(f"{name}:tile=4x4x4") == ()
+    assert notes("vsa,vsa:tile=4x8x8", backends=SEVERAL) == (
+        "vsa: fastwan2.1-t2v-1.3b was trained with tile 4x4x4; tile=4x8x8 runs it off its training (vsagen compare "
+        "--attn vsa,vsa:tile=4x8x8 shows what it costs)",)
+    assert notes("full", backends=SEVERAL) == ()
+    from vsagen.commands.generate_config import resolve_generate
+
+    assert resolve_generate("x", model="tiny", attn="vsa:tile=4x4x8", out=tmp_path / "a.mp4").notes == ()  # no claim
+
+
+@pytest.mark.parametrize("attn,several,crop_tile,grid", [
+    ("vsa", False, (4, 4, 4), (8, 8, 12)),
+    ("vsa:tile=4x8x8", False, (4, 8, 8), (8, 8, 16)),
+    ("sla-star:tile=4x4x8", False, (4, 4, 8), (8, 8, 16)),
+    ("vsa,vsa:tile=4x8x8", True, (4, 8, 8), (8, 8, 16)),
+    ("full,vsa:tile=4x4x8,rocm-vsa:tile=4x8x4", True, (4, 8, 8), (8, 8, 16)),  # the cube covering both
+    ("full", True, (4, 4, 4), (8, 8, 12)),
+])
+def test_tile_fit_crop_rounds_to_the_covering_tile_of_the_run(attn, several, crop_tile, grid):
+    """`--tile-fit crop` rounds the tiny preset's 5x6x10 grid (17 x 96 x 160) up to multiples of the cube covering
+    every backend's tile, one plan for every backend of a compare; `partial` keeps the grid (nothing loads)."""
+    from vsagen.models import resolve_model
+    from vsagen.request.options import request_options
+    from vsagen.request.resolve import ONE, SEVERAL, resolve
+
+    r = resolve(resolve_model("tiny"), request_options(attn=attn, tile_fit="crop,partial"), prompt="p",
+                backends=SEVERAL if several else ONE, several_fits=True)
+    plan = r.plan("crop")
+    assert r.crop_tile == crop_tile and plan.grid == (5, 6, 10) and plan.denoise_grid == grid
+    assert all(g % t == 0 for g, t in zip(plan.denoise_grid, crop_tile))
+    assert all(g % s.tile[i] == 0 for s in r.backends if s.tile for i, g in enumerate(plan.denoise_grid))
+    assert r.plan("partial").denoise_grid == (5, 6, 10)
+
+
+def test_compare_runs_every_backend_on_one_covering_crop_plan(tmp_path):
+    """`vsagen compare --attn vsa,vsa:tile=4x8x8 --tile-fit crop`: both rows denoise the grid rounded for 4x8x8."""
+    from vsagen.commands.compare_config import resolve_compare
+
+    cfg = resolve_compare("x", model="tiny", attn="vsa,vsa:tile=4x8x8", tile_fit="crop", out=tmp_path / "c")
+    assert [s.tile for s in cfg.backends] == [(4, 4, 4), (4, 8, 8)] and cfg.crop_tile == (4, 8, 8)
+    assert cfg.plan().fit == "crop" and cfg.plan().denoise_grid == (8, 8, 16)

@@ -5,7 +5,7 @@ backward, on a grid with partial tiles (fp32, max abs difference <= 1e-5). The p
 from __future__ import annotations
 
 import pytest
-from ulysses_worker import spawn
+from ulysses_worker import TILE_CASES, spawn
 
 import vsagen.parallel.ulysses  # noqa: F401  (the module under test; the workers import it)
 from vsagen.attention import backend_names
@@ -27,7 +27,7 @@ def test_the_exchanges_are_timed_as_all_to_all(results):
         assert res["all_to_all regions"] == ["all_to_all", "all_to_all"], res
 
 
-@pytest.mark.parametrize("name", backend_names())
+@pytest.mark.parametrize("name", [*backend_names(), *TILE_CASES])
 def test_every_backend_under_ulysses_2_equals_one_process(results, name):
     for res in results:
         assert res[f"{name} fwd"] <= 1e-5, res
@@ -46,9 +46,10 @@ def cp_results(tmp_path_factory):
     return spawn("cp_worker", tmp_path_factory.mktemp("cp"), "cp")
 
 
-@pytest.mark.parametrize("name", backend_names())
+@pytest.mark.parametrize("name", [*backend_names(), *TILE_CASES])
 def test_diffusers_ulysses_2_with_every_backend_equals_one_process(cp_results, name):
-    """The whole transformer: vsagen.apply, then enable_parallelism(ulysses_degree=2) with vsagen's plan."""
+    """The whole transformer: vsagen.apply, then enable_parallelism(ulysses_degree=2) with vsagen's plan (the
+    tile-order hooks build the layout of the backend's cube: `vsa:tile=4x4x8`, `sla-star:tile=4x8x8`)."""
     for res in cp_results:
         assert name in res, res
         assert res[name] <= 1e-5, res

@@ -12,6 +12,10 @@ HERE = Path(__file__).resolve().parent
 DEADLINE_S = 240  # a hang fails the test instead of the suite
 
 
+# backends with a larger VSA cube than the default 4x4x4 (issue 33), beside every registered backend
+TILE_CASES = ("vsa:tile=4x4x8", "sla-star:tile=4x8x8")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -74,18 +78,21 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
         res["round_trip"] = float((heads_to_seq(h, group) - x[:, rank * s:(rank + 1) * s]).abs().max())
 
         grid = (5, 6, 10)  # partial tiles in t and h; the tiny preset's pattern file's grid (2 heads)
-        lay = tile_layout(grid)
-        n_tok = lay.num_tokens
-        for name in backend_names():
+        n_tok = tile_layout(grid).num_tokens
+        for case in [*backend_names(), *TILE_CASES]:
+            name, _, tile = case.partition(":tile=")  # the TILE_CASES: a larger cube, partial in every dimension
             opts = {}
             if "impl" in backend_class(name).Options.__dataclass_fields__:
                 opts["impl"] = "torch"
             if name == "sparse-vdit":
                 opts["patterns"] = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+            if tile:
+                opts["tile"] = tile
             heads = 2 if name == "sparse-vdit" else 4
             be = make_backend(name, **opts)
+            lay = tile_layout(grid, be.tile) if be.tiled else None
             q, k, v, do = (torch.randn(2, n_tok, heads, 8, generator=g) for _ in range(4))
-            ctx = AttnContext(layout=lay if be.tiled else None, layer=0, expert="transformer", timer=NullTimer())
+            ctx = AttnContext(layout=lay, layer=0, expert="transformer", timer=NullTimer())
             qf, kf, vf = (t.clone().requires_grad_() for t in (q, k, v))
             ref = be(qf, kf, vf, ctx)
             ref_grads = torch.autograd.grad(ref, (qf, kf, vf), do)
@@ -94,11 +101,11 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
             ql, kl, vl = (t[:, chunk].clone().requires_grad_() for t in (q, k, v))
             got = UlyssesAttention(be, group)(ql, kl, vl, ctx)
             grads = torch.autograd.grad(got, (ql, kl, vl), do[:, chunk])
-            res[f"{name} fwd"] = float((got - ref[:, chunk]).abs().max())
+            res[f"{case} fwd"] = float((got - ref[:, chunk]).abs().max())
             if name == "full":  # the negative control: each rank attending its own shard only
                 with torch.no_grad():
                     res["shard only"] = float((be(ql, kl, vl, ctx) - ref[:, chunk]).abs().max())
-            res[f"{name} bwd"] = max(float((a - b[:, chunk]).abs().max()) for a, b in zip(grads, ref_grads))
+            res[f"{case} bwd"] = max(float((a - b[:, chunk]).abs().max()) for a, b in zip(grads, ref_grads))
         from vsagen.timing import Timer
 
         timer = Timer("cpu")  # the exchanges are timed as "all_to_all" (the disabled timers above recorded nothing)
@@ -156,10 +163,13 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         x = torch.randn(1, 16, 5, 12, 20, generator=g)  # grid 5x6x10: partial tiles, 300 tokens
         text = torch.randn(1, 8, 32, generator=g)
         args = dict(hidden_states=x, timestep=torch.tensor([700.0]), encoder_hidden_states=text, return_dict=False)
-        for name in backend_names():
+        for case in [*backend_names(), *TILE_CASES]:
+            name, _, tile = case.partition(":tile=")
             opts = {"impl": "torch"} if "impl" in backend_class(name).Options.__dataclass_fields__ else {}
             if name == "sparse-vdit":
                 opts["patterns"] = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+            if tile:
+                opts["tile"] = tile
             t = make_transformer()
             with vsagen.apply(t, name, fused_prologue="off", **opts), torch.no_grad():
                 ref = t(**args)[0]
@@ -167,7 +177,7 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
             t.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world), cp_plan=context_parallel_plan(t))
             with torch.no_grad():
                 got = t(**args)[0]
-            res[name] = float((got - ref).abs().max())
+            res[case] = float((got - ref).abs().max())
         dist.barrier()  # both ranks done with the runs above before new groups are set up
         try:
             t = make_transformer()

@@ -43,8 +43,8 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
         impls = [i for i in impls_of(name) if i != "auto"]  # the shipped sparse backends: triton, torch
         assert (f"implementations: {', '.join(impls)}; impl=auto runs triton on CUDA" if impls else
                 "implementations: one (no impl option)") in text
-        if name in {"vsa", "rocm-vsa", "sla-star", "sparse-vdit"}:
-            assert impls == ["triton", "torch"], name
+        if name in {"vsa", "rocm-vsa", "sla-star", "sparse-vdit"}:  # vsa's fine stage also on FlashAttention-4
+            assert impls == ["triton", "torch"] + (["fa4"] if name in {"vsa", "rocm-vsa"} else []), name
         for key, default, values in option_help(backend_class(name).Options):
             assert f"{key}={default} {values}" in text, (name, key)
     assert "options: none" in by_name["full"] and "implementations: one (no impl option)" in by_name["full"]
@@ -53,7 +53,11 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
     # sparse-vdit on --model tiny runs patterns/tiny.json), and vsa's `tuning` is named, as Python-only
     assert ("patterns=none a file, or none; default from the model's preset for tiny (patterns/tiny.json), "
             "tiny-a14b (patterns/tiny-a14b.json)") in " ".join(by_name["sparse-vdit"].split())
-    for name in ("vsa", "rocm-vsa", "sla-star"):
+    for name in ("vsa", "rocm-vsa", "sla-star"):  # issue 33: the VSA cube, and vsa's 128-row programs and FA4
+        text = " ".join(by_name[name].split())
+        assert "tile=4x4x4 TxHxW: 4x4x4 | 4x4x8 | 4x8x8" in text, name
+        vsa_only = ("query_rows=64 64 | 128 (128: a 128 / 256-token tile)", "impl=auto auto | triton | torch | fa4")
+        assert all((phrase in text) == (name != "sla-star") for phrase in vsa_only), name
         assert f"from Python only (vsagen.apply(pipe, '{name}', KEY=...)): tuning" in " ".join(by_name[name].split())
     assert "from Python only" not in by_name["full"]
 

@@ -39,7 +39,7 @@ def test_options_specs_and_the_registry_answer_without_torch():
     out, heavy = json.loads(res.stdout)
     assert heavy == []
     assert out[0] == "vsa:sparsity=0.9:impl=auto:tile=4x4x4:query_rows=64" and out[1].startswith("sla-star:sparsity=0.875:impl=auto")
-    assert out[-2] == ["auto", "triton", "torch"] and "sparsity must be in [0, 1), got 2.0" in out[-1]
+    assert out[-2] == ["auto", "triton", "torch", "fa4"] and "sparsity must be in [0, 1), got 2.0" in out[-1]
 
 
 def test_the_options_say_what_the_backend_modules_run():
@@ -53,8 +53,9 @@ def test_the_options_say_what_the_backend_modules_run():
     hints = typing.get_type_hints(opts.SLAStarOptions)
     assert typing.get_args(hints["feature_map"]) == opts.FEATURE_MAPS
     assert typing.get_args(hints["scope"]) == opts.SCOPES
-    for cls in (opts.VSAOptions, opts.SLAStarOptions, opts.SparseVDiTOptions):
+    for cls in (opts.SLAStarOptions, opts.SparseVDiTOptions):
         assert typing.get_args(typing.get_type_hints(cls)["impl"]) == opts.IMPLS
+    assert typing.get_args(typing.get_type_hints(opts.VSAOptions)["impl"]) == opts.VSA_IMPLS  # also fa4
 
 
 @pytest.mark.parametrize("cls", [opts.VSAOptions, opts.ROCmVSAOptions, opts.SLAStarOptions, opts.SparseVDiTOptions])

@@ -133,7 +133,7 @@ class VSAOptions:
     sparsity: float = DEFAULT_SPARSITY
     impl: Literal["auto", "triton", "torch", "fa4"] = "auto"
     tile: str = field(**TILE_FIELD)  # type: ignore[assignment]
-    query_rows: int = DEFAULT_QUERY_BLOCK
+    query_rows: int = field(default=DEFAULT_QUERY_BLOCK, metadata={"values": "64 | 128 (128: a 128 / 256-token tile)"})
     gate_weights: Path | None = None
     tuning: KernelTuning | None = None
 

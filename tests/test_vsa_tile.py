@@ -58,6 +58,19 @@ def test_t2v_with_a_tile_writes_the_video_and_records_the_tile(vsagen_cache, tin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json", "v.mp4"]
 
 
+@pytest.mark.slow
+def test_tile_fit_crop_denoises_whole_cubes_and_keeps_the_size(vsagen_cache, tiny_dir, tmp_path):
+    """`--tile-fit crop` with tile 4x8x8: the 5x6x10 grid is denoised as 8x8x16 (every cube full), and the video has
+    the requested size."""
+    out = tmp_path / "c.mp4"
+    res = runner.invoke(app, ["t2v", "--model", "tiny", "--attn", "vsa:tile=4x8x8", "x", "--steps", "1",
+                              "--tile-fit", "crop", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    den = json.loads(res.stdout)["denoised"]
+    assert den["grid"] == [8, 8, 16] and den["tile"] == [4, 8, 8] and den["tiles"] == den["full_tiles"] == 4
+    assert read_mp4(out).shape == TINY_SHAPE
+
+
 # (--attn entry, the words of its one line on this CPU machine)
 BAD = [
     ("vsa:tile=3x4x4", "tile '3x4x4': each side must be a power of two"),

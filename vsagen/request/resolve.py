@@ -563,7 +563,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
-        tile_fits=fits, backends=specs, crop_tile=crop_tile, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note,
+        tile_fits=fits, backends=specs, crop_tile=crop_tile, attn_requested=at.attn if backends != NONE else "",
+        attn_note=attn_note,
         transformer_files=files)
     if pl.vae.value == "light" and source.preset.light_vae is None:
         raise BadInput(f"--vae light: --model {m.model} has no lightweight VAE decoder (hummingbird-xt has one; "

@@ -22,14 +22,20 @@
    `sparse-vdit` forward and forward+backward through `vsagen.bench.time_attention` (as `vsagen profile --kernels`
    times it): layer 0's modes alone, and the mean per layer over every layer of the file, each with its block
    density and its ratio to SDPA cuDNN timed in the same call. `--patterns-only` runs only these rows.
-5. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
+5. Issue 33, with `--tiles` (`benchmarks/tiles.py`, imported): VSA at tile volumes 64 / 128 / 256 at each shape,
+   the whole backends (query rows 64 / 128, impl=fa4) and the fine stage alone of vsagen, FA4's adapter and FastVideo's
+   Triton VSA (from `--fastvideo-sdist`, FastVideo 0.2.1's sdist) on one selection, forward and forward+backward
+   against SDPA cuDNN in the same call, correctness at full size against float32 for every row at 1.3B; its table
+   closes the output. `--tiles-only` runs only these rows.
+6. Optional `--sweep` / `--sweep-bwd`: launch tables (tile-size classes, warps, stages) of the fine-stage
    kernels at the 1.3B shape; `--profile`: GPU kernel time against wall time for VSA forward+backward;
    `--probe`: the fine forward's memory walk alone, and with its two dots but no softmax.
 
 Usage: python benchmarks/attention.py [--shapes 1.3b,5b,14b] [--sparsity 0.875] [--sweep] [--sweep-bwd] [--profile]
        [--probe] [--tile-loads auto|on|off] [--bwd-streams 1|2] [--pack on|off]
        [--no-check] [--no-flex] [--sla-only | --no-sla] [--sla-kernel PATH] [--patterns FILE [--remap]]
-       [--patterns-only] [--json out.json]
+       [--patterns-only] [--tiles | --tiles-only] [--fastvideo-sdist .peers/fastvideo-0.2.1.tar.gz]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from vsagen.layout import tile_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/sla_peer.py, also when loaded by path (tests)
 import sla_peer  # noqa: E402
+import tiles  # noqa: E402
 
 
 Shape = AttentionShape  # the shapes, timing and input helpers live in vsagen.bench (shared with `vsagen profile`)
@@ -456,9 +463,16 @@ def main() -> None:
     ap.add_argument("--remap", action="store_true", help="--patterns: also at shapes of another grid (the same "
                     "modes compiled on that grid)")
     ap.add_argument("--patterns-only", action="store_true", help="only the --patterns rows")
+    tile_rows = ap.add_mutually_exclusive_group()
+    tile_rows.add_argument("--tiles", action="store_true", help="also the issue-33 rows of benchmarks/tiles.py")
+    tile_rows.add_argument("--tiles-only", action="store_true", help="only the issue-33 rows")
+    ap.add_argument("--fastvideo-sdist", default=None, help="--tiles: FastVideo 0.2.1's sdist (.tar.gz) for its "
+                    "Triton VSA rows; missing: they are skipped with the reason")
     args = ap.parse_args()
     if args.patterns_only and args.patterns is None:
         ap.error("--patterns-only needs --patterns FILE")
+    if args.patterns_only and args.tiles_only:
+        ap.error("--patterns-only and --tiles-only exclude each other")
     try:
         svd = sparse_vdit_backend(args.patterns, args.remap) if args.patterns is not None else None
     except BadInput as e:
@@ -480,7 +494,8 @@ def main() -> None:
           f"sparsity {args.sparsity}; tuning at the 1.3B shape: {tuning_for(SHAPES['1.3b'])}", flush=True)
     report: dict = {"checks": {}, "rows": [], "sla_rows": [], "sparse_vdit_rows": []}
     kernel = None
-    if args.patterns_only:
+    tiles_check = not args.no_check  # the user's choice, before --tiles-only turns the other checks off
+    if args.patterns_only or args.tiles_only:
         args.no_check = args.no_sla = args.sla_only = True  # sla_only: no time_shape rows either
     if not args.no_sla:
         kernel, why = sla_peer.load_kernel(args.sla_kernel)
@@ -503,6 +518,10 @@ def main() -> None:
         if svd is not None:
             report["sparse_vdit_rows"] += time_sparse_vdit(SHAPES[key], svd, args.remap)
             torch.cuda.empty_cache()
+    if args.tiles or args.tiles_only:
+        report["tiles"] = tiles.run_tiles([k for k in args.shapes.split(",") if k], args.sparsity,
+                                          torch.device("cuda"), with_check=tiles_check,
+                                          fastvideo_sdist=args.fastvideo_sdist)
     if args.sweep:
         sweep(SHAPES["1.3b"], args.sparsity, report["rows"], tuning_for(SHAPES["1.3b"]))
     if args.sweep_bwd:
@@ -527,6 +546,9 @@ def main() -> None:
             d = "-" if r["block_density"] is None else f"{100 * r['block_density']:.1f}%"
             print(f"| {r['shape']} | {r['kernel']} | {r['kind']} | {r['ms']:.3f} | {d} | "
                   f"{r['speedup_vs_baseline']:.2f}x |")
+    if "tiles" in report:
+        print("\nIssue 33: VSA tile volumes, whole backends and the fine stage alone per engine (benchmarks/tiles.py)")
+        tiles.print_table(report["tiles"])
 
 
 if __name__ == "__main__":

@@ -2,15 +2,19 @@
 # Issue 33's GPU figures (H200 / H100), from the repository root through the device tool. Prepare here once:
 #     bash ../shared/gpu/fetch-wheels.sh      (.whl: diffusers and the video writers)
 #     bash ../shared/gpu/fetch-fa4.sh         (.fa4a, .fa4b: FlashAttention-4, two folders, two calls)
+#     .peers/fastvideo-0.2.1.tar.gz           (FastVideo's sdist, 2.8 MB: pip download --no-deps --no-binary :all:
+#                                              fastvideo==0.2.1; its Triton VSA kernel is loaded from it as data)
 # Then three device calls back to back (the machine stays warm between them):
 #   1. carry [".fa4a"]:                mkdir -p /tmp/fa4 && tar -xJf .fa4a/cu13.tar.xz -C /tmp/fa4
-#   2. carry [".fa4b", ".whl"]:        bash benchmarks/tiles_gpu.sh kernels
-#      the kernels alone: benchmarks/tiles.py (every tile volume, query rows 64 / 128, FA4; correctness at full size
+#   2. carry [".fa4b", ".whl", ".peers"]:   bash benchmarks/tiles_gpu.sh kernels
+#      the kernels alone: benchmarks/tiles.py (every tile volume: whole backends with query rows 64 / 128 and FA4,
+#      and the fine stage alone of vsagen, FastVideo's Triton VSA and FA4 on one selection; correctness at full size
 #      on the 1.3B shape, forward and forward+backward against dense cuDNN at 1.3B and 14B 720p) and
 #      benchmarks/fa4_adapter.py (the adapter's own check and timings)
 #   3. carry [".fa4b", ".whl"]:        bash benchmarks/tiles_gpu.sh dit
 #      the DiT, eager, random weights: `vsagen profile` of full and vsa at each tile at 1.3B 480p and 14B 720p
-# Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs.
+# Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
+# the sdist, so do FastVideo's.
 set -u
 what=${1:-kernels}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -31,7 +35,8 @@ python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4
     2>/dev/null || echo "flash-attn-4 not importable"
 git rev-parse --short HEAD 2>/dev/null
 if [ "$what" = kernels ]; then
-    python3 benchmarks/tiles.py --shapes 1.3b,14b --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
+    python3 benchmarks/tiles.py --shapes 1.3b,14b --fastvideo-sdist .peers/fastvideo-0.2.1.tar.gz \
+        --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
     python3 benchmarks/fa4_adapter.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_adapter.txt"
 else
     fa4=""

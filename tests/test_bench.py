@@ -192,3 +192,42 @@ def test_scaling_script_builds_one_command_per_layout(capsys):
     assert many[-3:] == ["--ulysses", "4", "--cfg-parallel"] and "--random-weights" in many
     assert mod.per_step({"dit_s": 6.0, "ranks_max": {"dit_s": 9.0}}, "dit_s", 3) == 3.0
     assert mod.per_step({"dit_s": 6.0, "ranks_max": {}}, "dit_s", 3) == 2.0
+
+
+def test_fastvideo_harness_lists_and_layout_match_the_cube_selection():
+    """benchmarks/fastvideo_vsa.py (issue 33) without FastVideo's sdist: for cubes of 64 / 128 / 256 tokens on a grid
+    with partial cubes, route A's 64-token lists (here compacted by vsagen's `map_to_lists`, as FastVideo's
+    `map_to_index` does) decode to the cube selection's token mask, and the harness's padding, autograd wiring and
+    unpadding around a float64 emulation of FastVideo's kernel give the reference's output and gradients."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import fastvideo_vsa as fv
+
+    from vsagen.kernels import reference as ref
+    from vsagen.kernels.fa4_block_sparse import map_to_lists
+    from vsagen.layout import tile_layout
+
+    class Index:  # FastVideo's index.py contract, in torch
+        @staticmethod
+        def map_to_index(bmap):
+            cnt, idx = map_to_lists(bmap)
+            return idx, cnt
+
+    g = torch.Generator().manual_seed(3)
+    for tile in fv.TILES.values():
+        lay = tile_layout((5, 6, 10), tile)
+        n, top_k = lay.num_tiles, max(1, lay.num_tiles // 2)
+        q2k = torch.rand(1, 2, n, n, generator=g).argsort(-1)[..., :top_k].sort(-1).values
+        cnt = torch.full((1, 2, n), top_k, dtype=torch.int32)
+        idx, num = Index.map_to_index(fv.block_map(q2k, cnt, lay))
+        assert torch.equal(fv.decoded_mask(idx, num, fv.block_sizes(lay)), fv.cube_mask(q2k, cnt, lay))
+        q, k, v = (torch.randn(1, lay.num_tokens, 2, 16, generator=g, dtype=torch.float64, requires_grad=True)
+                   for _ in range(3))
+        out = fv.fastvideo_fine((fv.KernelEmulation, Index), q, k, v, q2k, cnt, lay)
+        want, _ = ref.block_sparse_attention_reference(q, k, v, q2k, lay.slots, lay.slot_valid)
+        do = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        got = torch.autograd.grad(out, (q, k, v), do)
+        exp = torch.autograd.grad(want, (q, k, v), do)
+        assert torch.allclose(out, want, atol=1e-12)
+        assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, exp))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from ..attention.spec import BackendSpec
+from ..cache import NO_CACHE, CacheSpec
 from ..errors import BadInput
 from ..layout import TILE, CropPlan, plan_crop
 from ..models import ModelSource
@@ -95,6 +96,12 @@ class Request:
     # `--transformer`: the transformer-only files replacing the model's transformer(s), absolute paths, one per expert
     # (a `[transformer_files]` preset without them downloads its own: `transformer_sources`)
     transformer_files: tuple[str, ...] = ()
+    caches: tuple[CacheSpec, ...] = ()  # --cache: the step cache of each run (t2v / i2v: one; none: no cache)
+
+    @property
+    def cache(self) -> CacheSpec:
+        """The (first) step cache (`none` for a request built without one)."""
+        return self.caches[0] if self.caches else NO_CACHE
 
     @property
     def transformer_sources(self) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from ..tiny import check_tiny_cache
 from ..transformer_files import auto_evidence, check_transformer_files
 from .backends import (attention_specs, auto_spec, check_entries, check_impl, crop_tile_of, known_impls,
                        preset_file_notes)
+from .caching import resolve_caches
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
 from ..samplers import NAMED, Sampler
@@ -554,6 +555,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     ulysses, cfg_parallel, split_notes = _split_request(pl, source, device, guidance, frames, height, width, fits,
                                                         crop_tile)
     notes += split_notes
+    caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans[0].sampler, ulysses * (1 + cfg_parallel))
+    notes += cache_notes
     attn_note = None
     if auto:
         trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
@@ -571,7 +574,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
         tile_fits=fits, backends=specs, crop_tile=crop_tile, attn_requested=at.attn if backends != NONE else "", attn_note=attn_note,
-        transformer_files=files)
+        transformer_files=files, caches=caches)
     if pl.vae.value == "light" and source.preset.light_vae is None:
         raise BadInput(f"--vae light: --model {m.model} has no lightweight VAE decoder (hummingbird-xt has one; "
                        "tiny-ti2v a tiny one)")

@@ -131,7 +131,7 @@ LAYERS = (
     ("kernels", ("vsagen.kernels",)),
     ("primitives", ("vsagen.errors", "vsagen.interrupts", "vsagen.architecture", "vsagen.layout", "vsagen.timing",
                     "vsagen.video", "vsagen.sheet", "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench",
-                    "vsagen.samplers",
+                    "vsagen.samplers", "vsagen.cache", "vsagen.cache_hooks",
                     "vsagen.attention",
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.checkpoint_layouts", "vsagen.tiny",

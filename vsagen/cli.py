@@ -267,6 +267,7 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
                     f" | {ran} kernels" if ran else "")
                  + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
                  + (f" {cfg.sampler.name} (CFG off)" if cfg.sampler.renoise else "")
+                 + (f" | cache {cfg.cache.short_text()}" if cfg.cache.enabled else "")
                  + f" | {cfg.device} {cfg.dtype}"
                  + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
                  + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")

@@ -75,6 +75,14 @@ SamplerOption = Annotated[Optional[str], typer.Option(
          "0.909); rcm (TurboDiffusion's, 1-4 steps: rcm:steps=4:sigma_max=80); dmd:sigmas=1.0,0.75,0.5 for any "
          "list. A few-step sampler sets its steps and runs without CFG: --steps (but its own count), --guidance > 1 "
          "and --flow-shift are refused with it. Default from the preset.")]
+CacheOption = Annotated[Optional[str], typer.Option(
+    "--cache", metavar="NAME[:KEY=VALUE...]",
+    help="Reuse DiT work across steps with diffusers' caching hooks, on every expert, with any --attn: none (the "
+         "default); first-block (first-block:threshold=0.05: skip the other blocks while the first block's output "
+         "barely changes); mag (mag:threshold=0.06:max_skip_steps=3:retention_ratio=0.2; needs the model's ratios: "
+         "run once with mag:calibrate=true, which writes them to file=PATH or the vsagen cache); taylorseer "
+         "(taylorseer:cache_interval=5:disable_cache_before_step=3:max_order=1, lite=true). The timing table and "
+         "JSON count the forwards computed and reused. Not with --compile, --offload group or several processes.")]
 CompareSamplers = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="LIST",
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "
@@ -158,7 +166,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "attn_impl": (AttnImpl, "auto"), "height": (Height, None), "width": (Width, None), "frames": (Frames, None),
     "steps": (Steps, None), "guidance": (Guidance, None), "guidance_2": (Guidance2, None),
     "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, 0),
-    "sampler": (SamplerOption, None),
+    "sampler": (SamplerOption, None), "cache": (CacheOption, None),
     "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "sheet": (Sheet, False),
     "codec": (Codec, None),
     "device": (DeviceOption, Device.AUTO),
@@ -171,7 +179,8 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "gpus": (Gpus, None),
 }
 # What each command takes of them (t2v and i2v: all but fused_blocks, which the environment sets)
-GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
+GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
+            "guidance",
             "guidance_2",
             "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
             "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "vae",

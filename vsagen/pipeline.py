@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from .cache_hooks import expert_steps, install_cache
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
 from .image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
@@ -443,7 +444,7 @@ class Session:
             timer: Timer | None = None, encode: bool = False, decode: bool = False,
             context: Callable[[], Any] = contextlib.nullcontext, what: str = "generating",
             log: Callable[[str], None] = lambda m: None, sampler: Sampler | None = None,
-            guidance: float | None = None) -> Denoised:
+            guidance: float | None = None, cache: Any = None) -> Denoised:
         """Patch, warm up, denoise (timed), optionally decode, unpatch.
 
         Args:
@@ -459,6 +460,9 @@ class Session:
             decode: VAE-decode the cropped latents (region "vae_decode") into `Denoised.video`.
             context: a context manager factory entered around warm-up and timed steps (e.g. SDPA pinning).
             what: names the run in an out-of-memory message ("generating", "profiling vsa (tile fit crop)").
+            cache: the step cache (`vsagen.cache.CacheSpec`; default the request's first), installed on every
+                expert after the backend and removed before it (`vsagen.cache_hooks`); MagCache's calibration is
+                written once the run ends.
             log: receives a status line before each phase without a progress bar of its own (the VAE decode).
 
         Returns:
@@ -496,6 +500,15 @@ class Session:
             raise
         split = None  # CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`)
         transformers = [t for _, t in experts(pipe)]
+        cache = cfg.cache if cache is None else cache
+        n_steps = len(sampler.sigmas) if sampler.renoise else steps
+        try:
+            cached = install_cache(experts(pipe), cache, timer, steps=expert_steps(pipe, n_steps)) \
+                if cache.enabled else None
+        except BaseException:
+            handle.remove()
+            installed.close()
+            raise
         if cfg.processes > 1:
             from .parallel.launch import enable_parallel
 
@@ -503,6 +516,8 @@ class Session:
                 split = enable_parallel(transformers, cfg.ulysses, cfg.cfg_parallel, cfg.device, timer)
             except BaseException:
                 self._parallel_off(transformers)
+                if cached is not None:
+                    cached.remove()
                 handle.remove()
                 installed.close()
                 raise
@@ -554,8 +569,13 @@ class Session:
                 split.remove()
             self._parallel_off(transformers)
             unwrap()
+            if cached is not None:
+                cached.remove()
             handle.remove()
             installed.close()
+        if cached is not None and (saved := cached.save_calibration(cfg.model, n_steps)) is not None:
+            self.notes.append(f"--cache mag: calibrated ratios of {cfg.model} ({n_steps} steps) written to {saved}; "
+                              "runs with --cache mag read them")
         return Denoised(latents, video, records, warmup_s, plan)
 
     def _parallel_off(self, transformers: Sequence[Any]) -> None:

@@ -72,15 +72,16 @@ class Timer:
         self._open[token] = (name, self.step, self._now())
         return token
 
-    def stop(self, token: int | None) -> None:
-        """Close the region opened by `start`."""
+    def stop(self, token: int | None, rename: str | None = None) -> None:
+        """Close the region opened by `start`; with `rename` it is recorded under that name (a region whose kind is
+        known only at its end: a DiT forward a cache computed or reused, `vsagen.cache_hooks`)."""
         if token is None:
             return
         if token in self._discarded:
             self._discarded.discard(token)
             return
         name, step, begin = self._open.pop(token)
-        self._records.append((name, step, begin, self._now()))
+        self._records.append((rename or name, step, begin, self._now()))
 
     def discard(self, name: str) -> None:
         """Forget the open regions called `name` or `name/...`: their `stop` records nothing. For a region whose body
@@ -218,6 +219,13 @@ class TimingReport:
     all_to_all_s: float = 0.0
     cfg_exchange_s: float = 0.0
     ranks: list[dict[str, Any]] = field(default_factory=list)
+    # a step cache (`vsagen.cache_hooks`): the DiT forwards it computed in full and those it served from its cache,
+    # their seconds, and the steps with a reused forward; without a cache every forward is computed
+    dit_computed_forwards: int = 0
+    dit_reused_forwards: int = 0
+    dit_computed_s: float = 0.0
+    dit_reused_s: float = 0.0
+    dit_reused_steps: list[int] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, records: list[tuple[str, int, float]], device: str, *, untimed: tuple[str, ...] = (),
@@ -253,6 +261,12 @@ class TimingReport:
         extra.setdefault("dit_forwards_by_expert", {e: count[f"dit/{e}"] for e in experts})
         extra.setdefault("all_to_all_s", total["all_to_all"])
         extra.setdefault("cfg_exchange_s", total["cfg_exchange"])
+        cached = count["dit_computed"] + count["dit_reused"] > 0
+        extra.setdefault("dit_computed_forwards", count["dit_computed"] if cached else count["dit"])
+        extra.setdefault("dit_reused_forwards", count["dit_reused"])
+        extra.setdefault("dit_computed_s", total["dit_computed"] if cached else total["dit"])
+        extra.setdefault("dit_reused_s", total["dit_reused"])
+        extra.setdefault("dit_reused_steps", sorted({s for n, s, _ in records if n == "dit_reused"}))
         return cls(
             device=device,
             total_s=total["total"], text_encode_s=total["text_encode"], denoise_s=total["denoise"],
@@ -306,6 +320,7 @@ class TimingReport:
                 out[DEPRECATED_ALIASES[key]] = value
             out[key] = value
         out["deprecated_aliases"] = dict(DEPRECATED_ALIASES)
+        out.update(self.cache_stats())
         wait = self.wait_s
         out.update(overlap_s=self.overlap_s, wait_s=wait,
                    decode_share_of_wait=self.vae_decode_s / wait if wait > 0 else None,
@@ -313,6 +328,16 @@ class TimingReport:
         if self.ranks:
             out.update(rank_stats(self.ranks))
         return out
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The step cache's share of the DiT forwards: "dit_reuse_share" (reused / all forwards counted, None without
+        forwards) and the mean DiT seconds of a computed and of a reused forward (None where there were none)."""
+        n = self.dit_computed_forwards + self.dit_reused_forwards
+        return {"dit_reuse_share": self.dit_reused_forwards / n if n else None,
+                "dit_per_computed_forward_s": self.dit_computed_s / self.dit_computed_forwards
+                if self.dit_computed_forwards else None,
+                "dit_per_reused_forward_s": self.dit_reused_s / self.dit_reused_forwards
+                if self.dit_reused_forwards else None}
 
     def rank_row(self, rank: int) -> dict[str, Any]:
         """This rank's line of a multi-process run's per-rank timing: {"rank", "dit_forwards", "dit_s",
@@ -379,6 +404,14 @@ class TimingReport:
             f"step{'s' if steps != 1 else ''})", self.dit_s, True)
         if steps:
             t.add_row("    per step (mean)", f"{self.dit_s / steps:.3f}", "", "")
+        if self.dit_reused_forwards:  # a step cache served some forwards: what a computed and a reused one cost
+            stats = self.cache_stats()
+            for what, n, sec in (("computed", self.dit_computed_forwards, self.dit_computed_s),
+                                 ("reused (cache)", self.dit_reused_forwards, self.dit_reused_s)):
+                row(f"    {what}: {n} forward{'s' if n != 1 else ''}", sec, True)
+                per = stats["dit_per_computed_forward_s" if what == "computed" else "dit_per_reused_forward_s"]
+                t.add_row("      per forward", f"{per:.3f}", "", "")
+            t.add_row(f"    reuse share {100 * stats['dit_reuse_share']:.0f}%", "", "", "")
         if len(self.dit_by_expert_s) > 1:
             for expert, sec in self.dit_by_expert_s.items():
                 n = self.dit_forwards_by_expert.get(expert, 0)

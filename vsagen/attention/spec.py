@@ -99,6 +99,11 @@ def _fmt(v: Any) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
+def format_option(v: Any) -> str:
+    """An option value as `NAME:KEY=VALUE` text writes it (floats as %g, booleans lower case)."""
+    return _fmt(v)
+
+
 def _hints(options_cls: type) -> dict[str, Any]:
     return typing.get_type_hints(options_cls)
 
@@ -169,6 +174,15 @@ def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
         raise BadInput(f"{where}: {key}={text!r} is not {what}") from None
 
 
+def convert_option(options_cls: type, key: str, text: str, where: str) -> Any:
+    """The text of option `key` of any frozen Options dataclass as its field's type (`--attn` and `--cache` alike).
+
+    Raises:
+        BadInput: a value that is not of the field's type, or a field set from Python only; `where` opens the line.
+    """
+    return _convert(options_cls, key, text, where)
+
+
 def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
     """Split `NAME[:KEY=VALUE...]` into the name and the raw option texts.
 
@@ -180,12 +194,8 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
     if name not in backend_names():
         raise BadInput(f"unknown {where} {name!r}; available: {', '.join(backend_names())}")
     known = text_options(options_of(name))
-    raw: dict[str, str] = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise BadInput(f"{where} {text!r}: options are written NAME:KEY=VALUE, got {pair!r}")
+
+    def check_key(key: str) -> None:
         if key not in known:
             listed = ", ".join(known) if known else "none"
             if key in option_names(options_of(name)):
@@ -194,10 +204,28 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
             python = python_options(options_of(name))
             also = f"; from Python only (vsagen.apply): {', '.join(python)}" if python else ""
             raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}{also}")
+
+    return name, option_pairs(text, pairs, where, check_key)
+
+
+def option_pairs(text: str, pairs: Sequence[str], where: str, check_key: Any) -> dict[str, str]:
+    """The `KEY=VALUE` parts of a `NAME:KEY=VALUE...` entry `text` (`--attn`, `--cache`) as {key: value text}, each
+    key checked by `check_key` (which raises BadInput for a key the name does not take).
+
+    Raises:
+        BadInput: a part that is not KEY=VALUE, or a key given twice; `check_key`'s refusals.
+    """
+    raw: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise BadInput(f"{where} {text!r}: options are written NAME:KEY=VALUE, got {pair!r}")
+        check_key(key)
         if key in raw:
             raise BadInput(f"{where} {text!r}: option {key!r} given twice")
         raw[key] = value.strip()
-    return name, raw
+    return raw
 
 
 def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") -> Any:

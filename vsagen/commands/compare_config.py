@@ -155,6 +155,7 @@ class CompareConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
+        d.pop("caches", None)  # --cache is not a flag of this command yet
         d.pop("samplers")
         d.pop("sampler_error_steps")
         d["sampler"] = self.sampler.summary()

@@ -177,6 +177,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "video": str(cfg.out), "json": str(cfg.json_out),
         "sheet": str(cfg.sheet_out) if cfg.sheet_out is not None else None, "model": cfg.model, "attn": cfg.attn,
         "attn_requested": cfg.attn_requested,
+        # the step cache (`--cache`): its name and options; timing says what it computed and reused
+        "cache": cfg.cache.summary(),
         "backend": backend.report(torch.device(cfg.device)).info,
         # layers that got the backend's own trained weights (VSA gates, SLA's proj_l), of all the transformers' layers
         "backend_weight_layers": session.model.weight_layers.get(backend.name, 0),

@@ -74,6 +74,8 @@ class RunConfig(Request):
         d = asdict(self)
         d.pop("samplers")
         d["sampler"] = self.sampler.summary()
+        d.pop("caches", None)
+        d["cache"] = self.cache.summary()
         for key in ("source", "backends", "tile_fits"):
             d.pop(key)
         d["backend"] = self.backend.summary()

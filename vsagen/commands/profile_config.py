@@ -66,6 +66,7 @@ class ProfileConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
+        d.pop("caches", None)  # --cache is not a flag of this command yet
         d.pop("samplers")
         d["sampler"] = self.sampler.summary()
         for key in ("source", "offload", "vae_tiling", "attn_requested", "attn_note"):

@@ -244,12 +244,13 @@ class SamplingOptions:
         seed: the seed of the initial noise (and, + 2, of a re-noise sampler's draws).
         sampler: how the denoising walks (`--sampler`: `default`, `dmd`, `dmd:sigmas=...`; see `vsagen.samplers`);
             `vsagen compare` takes a comma-separated list.
+        cache: the step cache (`--cache NAME[:KEY=VALUE...]`, `vsagen.cache`; None: none).
         None: the preset's (the command's for `warmup`).
 
     Raises:
         BadInput: steps outside [1, MAX_STEPS], warmup outside [0, MAX_STEPS], a CFG scale outside [0,
             MAX_GUIDANCE], a flow shift outside (0, MAX_FLOW_SHIFT], a seed outside [0, 2^63), a sampler entry that
-            does not parse (`vsagen.request.sampling.parse_sampler`).
+            does not parse (`vsagen.request.sampling.parse_sampler`), a cache entry that does not parse.
     """
 
     steps: int | None = None
@@ -260,8 +261,13 @@ class SamplingOptions:
     negative_prompt: str | None = None
     seed: int = 0
     sampler: str | None = None
+    cache: str | None = None
 
     def __post_init__(self) -> None:
+        if self.cache is not None:
+            from ..cache import parse_cache_list
+
+            parse_cache_list(self.cache)
         if self.sampler is not None:
             from .sampling import parse_sampler, split_sampler_list  # (it imports this module's bounds)
 
@@ -413,7 +419,7 @@ FLAGS: dict[str, tuple[str, str]] = {
                                  "transformer")},
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
-                                    "seed", "sampler")},
+                                    "seed", "sampler", "cache")},
     **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "vae", "vae_dtype", "compile",
                                      "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},

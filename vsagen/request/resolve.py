@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from ..attention.spec import BackendSpec
+from ..cache import NO_CACHE, CacheSpec
 from ..errors import BadInput
 from ..layout import TILE, CropPlan, plan_crop
 from ..models import ModelSource
@@ -24,6 +25,7 @@ from ..tiny import check_tiny_cache
 from ..transformer_files import auto_evidence, check_transformer_files
 from .backends import (attention_specs, auto_spec, check_entries, check_impl, crop_tile_of, known_impls,
                        preset_file_notes)
+from .caching import resolve_caches
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
 from ..samplers import NAMED, Sampler
@@ -95,6 +97,12 @@ class Request:
     # `--transformer`: the transformer-only files replacing the model's transformer(s), absolute paths, one per expert
     # (a `[transformer_files]` preset without them downloads its own: `transformer_sources`)
     transformer_files: tuple[str, ...] = ()
+    caches: tuple[CacheSpec, ...] = ()  # --cache: the step cache of each run (t2v / i2v: one; none: no cache)
+
+    @property
+    def cache(self) -> CacheSpec:
+        """The (first) step cache (`none` for a request built without one)."""
+        return self.caches[0] if self.caches else NO_CACHE
 
     @property
     def transformer_sources(self) -> tuple[str, ...]:
@@ -547,6 +555,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     ulysses, cfg_parallel, split_notes = _split_request(pl, source, device, guidance, frames, height, width, fits,
                                                         crop_tile)
     notes += split_notes
+    caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans[0].sampler, ulysses * (1 + cfg_parallel))
+    notes += cache_notes
     attn_note = None
     if auto:
         trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
@@ -564,8 +574,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
         tile_fits=fits, backends=specs, crop_tile=crop_tile, attn_requested=at.attn if backends != NONE else "",
-        attn_note=attn_note,
-        transformer_files=files)
+        attn_note=attn_note, transformer_files=files, caches=caches)
     if pl.vae.value == "light" and source.preset.light_vae is None:
         raise BadInput(f"--vae light: --model {m.model} has no lightweight VAE decoder (hummingbird-xt has one; "
                        "tiny-ti2v a tiny one)")

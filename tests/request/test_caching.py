@@ -1,0 +1,114 @@
+"""vsagen.request.caching and `--cache` on t2v / i2v: bad names and options, and what a cache cannot run with, are
+one line, exit 2, before anything loads and with nothing written; MagCache's file is found (or its absence said)
+up front; a run writes the cache and its counts into the JSON, and they equal what an independent counter saw."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from conftest import one_error_line
+from PIL import Image
+from typer.testing import CliRunner
+
+from vsagen.cache import NO_CACHE
+from vsagen.cache_hooks import save_ratios
+from vsagen.cli import app
+from vsagen.errors import BadInput
+from vsagen.request.caching import default_mag_file, resolve_caches
+from vsagen.samplers import NAMED
+
+runner = CliRunner()
+PLACE = SimpleNamespace(compile=False, offload="none")
+
+
+def test_resolve_caches(vsagen_cache, tmp_path):
+    assert resolve_caches(None, "tiny", PLACE, NAMED["default"], 1) == ((NO_CACHE,), ())
+    (spec,), notes = resolve_caches("first-block:threshold=0.1", "tiny", PLACE, NAMED["default"], 1)
+    assert spec.options.threshold == 0.1 and notes == ()
+    _, notes = resolve_caches("first-block", "tiny", PLACE, NAMED["dmd"], 1)
+    assert len(notes) == 1 and "dmd sampler (3 steps)" in notes[0]
+    assert default_mag_file("wan2.1-t2v-1.3b") == vsagen_cache / "magcache" / "wan2.1-t2v-1.3b.json"
+    assert default_mag_file("/data/my ckpt/").name == "data_my_ckpt.json"
+    (spec,), _ = resolve_caches("mag:calibrate=true", "tiny", PLACE, NAMED["default"], 1)
+    assert spec.options.file == default_mag_file("tiny")
+    save_ratios(tmp_path / "r.json", "tiny", 2, {"transformer": [1.0, 0.9]})
+    (spec,), _ = resolve_caches(f"mag:file={tmp_path / 'r.json'}", "tiny", PLACE, NAMED["default"], 1)
+    assert spec.options.file == tmp_path / "r.json"
+    specs, _ = resolve_caches("none,first-block", "tiny", PLACE, NAMED["default"], 1, several=True)
+    assert [s.name for s in specs] == ["none", "first-block"]
+    assert resolve_caches("none", "tiny", SimpleNamespace(compile=True, offload="group"), NAMED["default"], 4)[0] \
+        == (NO_CACHE,)  # no cache: nothing to refuse
+
+
+@pytest.mark.parametrize("text, place, processes, words", [
+    ("first-block,mag", PLACE, 1, "this command runs one cache"),
+    ("first-block", SimpleNamespace(compile=True, offload="none"), 1, "cannot run with --compile"),
+    ("mag:calibrate=true", SimpleNamespace(compile=False, offload="group"), 1, "cannot run with --offload group"),
+    ("taylorseer", PLACE, 2, "runs in one process"),
+    ("mag", PLACE, 1, "--cache mag: no calibration file"),
+])
+def test_resolve_caches_refuses(vsagen_cache, text, place, processes, words):
+    with pytest.raises(BadInput, match=words):
+        resolve_caches(text, "tiny", place, NAMED["default"], processes)
+
+
+BAD = [
+    (["--cache", "teacache"], "unknown --cache 'teacache'; available: none, first-block, mag, taylorseer"),
+    (["--cache", "first-block:thr=1"], "--cache 'first-block:thr=1': first-block has no option 'thr'; its options: "
+                                       "threshold"),
+    (["--cache", "mag:max_skip_steps=0"], "--cache 'mag:max_skip_steps=0': max_skip_steps must be an integer > 0, "
+                                          "got 0"),
+    (["--cache", "mag"], "--cache mag: no calibration file"),
+    (["--cache", "first-block", "--compile"], "--cache first-block cannot run with --compile"),
+    (["--cache", "taylorseer", "--gpus", "2"], "--cache taylorseer runs in one process"),
+]
+
+
+@pytest.mark.parametrize("command", ["t2v", "i2v"])
+@pytest.mark.parametrize("args, words", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_cache_is_one_line_before_loading(vsagen_cache, tmp_path, monkeypatch, command, args, words):
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    Image.new("RGB", (64, 48), (200, 90, 40)).save(tmp_path / "in" / "first.png")
+    head = ["i2v", str(tmp_path / "in" / "first.png"), "a fox", "--model", "tiny-i2v"] if command == "i2v" else \
+        ["t2v", "a fox", "--model", "tiny"]
+    res = runner.invoke(app, [*head, "--device", "cpu", *args])
+    assert res.exit_code == 2
+    assert one_error_line(res).startswith(f"error: {words}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"], "something was written"
+
+
+@pytest.mark.slow
+def test_t2v_json_counts_equal_an_independent_counter(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """first-block at a threshold that reuses every forward after the first step: the JSON's computed / reused
+    counts equal the forwards the tail block computed (a hook on its q projection) and those it did not."""
+    import vsagen.cache_hooks as hooks
+
+    seen = {"forwards": 0, "tail": 0}
+    original = hooks.install_cache
+
+    def counting(transformers, *a, **k):
+        installed = original(transformers, *a, **k)
+        for _, t in transformers:
+            handles = [t.register_forward_hook(lambda *_: seen.__setitem__("forwards", seen["forwards"] + 1)),
+                       t.blocks[-1].attn1.to_q.register_forward_hook(
+                           lambda *_: seen.__setitem__("tail", seen["tail"] + 1))]
+            installed._undo.extend(h.remove for h in handles)
+        return installed
+
+    monkeypatch.setattr("vsagen.pipeline.install_cache", counting)
+    out = tmp_path / "v.mp4"
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--attn", "vsa", "--cache",
+                              "first-block:threshold=1e9", "--steps", "3", "--guidance", "5", "--frames", "5",
+                              "--height", "64", "--width", "64", "--device", "cpu", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads((tmp_path / "v.json").read_text())
+    t = d["timing"]
+    assert d["cache"] == {"name": "first-block", "threshold": 1e9} and d["config"]["cache"] == d["cache"]
+    assert (t["dit_computed_forwards"], t["dit_reused_forwards"]) == (seen["tail"], seen["forwards"] - seen["tail"])
+    assert (t["dit_computed_forwards"], t["dit_reused_forwards"], t["dit_reused_steps"]) == (2, 4, [1, 2])
+    assert t["dit_reuse_share"] == pytest.approx(4 / 6) and out.is_file()
+    assert t["dit_computed_s"] + t["dit_reused_s"] == pytest.approx(t["dit_s"], rel=0.2)

@@ -1,0 +1,77 @@
+"""vsagen.cache: `--cache NAME[:KEY=VALUE...]` specs, parsed and validated without torch, one line per bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vsagen.cache import (CACHES, NO_CACHE, WAN_TAYLORSEER_MODULES, CacheSpec, FirstBlockOptions, MagOptions,
+                          TaylorSeerOptions, cache_options_help, parse_cache, parse_cache_list)
+from vsagen.errors import BadInput
+
+
+def test_names_defaults_and_texts():
+    assert list(CACHES) == ["none", "first-block", "mag", "taylorseer"]
+    assert parse_cache("none") == NO_CACHE and not NO_CACHE.enabled
+    fb = parse_cache("first-block")
+    assert fb == CacheSpec("first-block", FirstBlockOptions()) and fb.enabled
+    assert fb.text() == "first-block:threshold=0.05" and fb.short_text() == "first-block"
+    spec = parse_cache(" first-block : threshold = 0.1 ")
+    assert spec.options.threshold == 0.1 and spec.short_text() == "first-block:threshold=0.1"
+    mag = parse_cache("mag:calibrate=true:file=/tmp/x/r.json:max_skip_steps=2")
+    assert mag.options == MagOptions(max_skip_steps=2, calibrate=True, file=Path("/tmp/x/r.json"))
+    assert mag.short_text() == "mag:max_skip_steps=2:calibrate=true:file=r.json"
+    assert parse_cache("taylorseer:lite=on").options == TaylorSeerOptions(lite=True)
+    assert mag.summary()["file"] == "/tmp/x/r.json" and mag.summary()["name"] == "mag"
+    assert dict(cache_options_help())["mag"][-1] == "file=none"
+
+
+def test_list_keeps_order_and_refuses_repeats():
+    assert [s.name for s in parse_cache_list("none,first-block,first-block:threshold=0.2")] == \
+        ["none", "first-block", "first-block"]
+    with pytest.raises(BadInput, match="lists first-block:threshold=0.05 twice"):
+        parse_cache_list("first-block,first-block:threshold=0.05")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("teacache", "unknown --cache 'teacache'; available: none, first-block, mag, taylorseer"),
+    ("first-block:thresh=1", "first-block has no option 'thresh'; its options: threshold"),
+    ("none:x=1", "none has no option 'x'; its options: none"),
+    ("first-block:0.1", "options are written NAME:KEY=VALUE, got '0.1'"),
+    ("first-block:threshold=1:threshold=2", "option 'threshold' given twice"),
+    ("first-block:threshold=-0.1", "threshold must be a number >= 0, got -0.1"),
+    ("first-block:threshold=nan", "threshold='nan' is not a number"),
+    ("mag:max_skip_steps=0", "max_skip_steps must be an integer > 0, got 0"),
+    ("mag:retention_ratio=1.5", "retention_ratio must be in [0, 1], got 1.5"),
+    ("mag:calibrate=maybe", "calibrate='maybe' is not true or false"),
+    ("taylorseer:cache_interval=0", "cache_interval must be an integer > 0, got 0"),
+    ("taylorseer:max_order=1.5", "max_order='1.5' is not an integer"),
+    ("none,", "has an empty entry"),
+])
+def test_bad_specs_are_one_line(text, words):
+    with pytest.raises(BadInput) as e:
+        parse_cache_list(text)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_taylorseer_modules_match_wan_and_diffusers_defaults_do_not():
+    """REFERENCE.md: diffusers' default TaylorSeer patterns (fullmatch) match no Wan module; vsagen's do."""
+    import re
+
+    names = ["blocks.0.attn1", "blocks.12.attn2", "blocks.3.ffn", "blocks.0", "blocks.0.attn1.to_q", "proj_out"]
+    from diffusers.hooks.taylorseer_cache import _TRANSFORMER_BLOCK_IDENTIFIERS
+
+    assert not [n for n in names if any(re.fullmatch(p, n) for p in _TRANSFORMER_BLOCK_IDENTIFIERS)]
+    hit = [n for n in names if any(re.fullmatch(p, n) for p in WAN_TAYLORSEER_MODULES)]
+    assert hit == ["blocks.0.attn1", "blocks.12.attn2", "blocks.3.ffn"]
+
+
+def test_parsing_imports_neither_torch_nor_diffusers():
+    code = ("import sys; from vsagen.cache import parse_cache_list; parse_cache_list('mag,first-block');"
+            "print('torch' in sys.modules, 'diffusers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.split() == ["False", "False"]

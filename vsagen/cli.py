@@ -261,7 +261,9 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         s = result.summary
         ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
         title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
-                 + (f" (sparsity {cfg.sparsity})" if cfg.sparsity is not None else
+                 + (f" (sparsity {cfg.sparsity}" + (f", tile {s['backend']['tile']}" if s["backend"].get("tile")
+                                                   not in (None, "4x4x4") else "") + ")"
+                    if cfg.sparsity is not None else
                     f" (top-k {s['backend']['topk']:g})" if "topk" in s["backend"] else "")
                  + (" | torch reference (slow: the Triton kernels run on CUDA)" if ran == "torch" else
                     f" | {ran} kernels" if ran else "")

@@ -54,7 +54,8 @@ Attn = Annotated[str, typer.Option(help="Self-attention backend: auto (the defau
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]
 AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
-                                            "the torch reference elsewhere), triton or torch.")]
+                                            "the torch reference elsewhere), triton, torch, or fa4 (vsa / rocm-vsa "
+                                            "with a 128- or 256-token tile: FlashAttention-4's fine stage).")]
 Height = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
 Width = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
 Frames = Annotated[Optional[int], typer.Option(help="Frames, of the form 4k+1.")]
@@ -106,8 +107,9 @@ DeviceOption = Annotated[Device, typer.Option("--device", parser=choice_parser(D
 DtypeOption = Annotated[Dtype, typer.Option("--dtype", parser=choice_parser(Dtype), metavar=_choices(Dtype),
                                             help="auto (bf16 on CUDA, fp32 on CPU), bf16, fp16 or fp32.")]
 TileFitOption = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_parser(TileFit), metavar=_choices(TileFit),
-                                                help="Grids not multiple of 4: 'partial' edge tiles, or 'crop' (denoise "
-                                                     "a larger latent, crop before decode).")]
+                                                help="Grids that are not whole tiles (4x4x4, or the "
+                                                     "backend's tile): 'partial' edge tiles, or 'crop' (denoise a "
+                                                     "larger latent, crop before decode).")]
 RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
                                                   "prompt embeddings (timing without a download).")]
 Transformer = Annotated[Optional[str], typer.Option(

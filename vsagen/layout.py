@@ -42,14 +42,18 @@ def parse_tile(text: str) -> tuple[int, int, int]:
             plan then covers every tile of a run at once: `covering_tile`), or a volume other than 64, 128 or 256
             (`TILE_VOLUMES`). The message says which, in one line.
     """
+    if isinstance(text, (tuple, list)):  # (4, 4, 8), as Python callers may give it
+        text = "x".join(str(d) for d in text)
     parts = str(text).strip().lower().split("x")
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
         dims = ()
-    if len(dims) != 3 or any(d < 1 for d in dims):
+    if len(dims) != 3:
         raise ValueError(f"tile {text!r}: write it as TxHxW, e.g. 4x4x4, 4x4x8 or 4x8x8 (latent frames x rows x "
                          "columns of the post-patch grid)")
+    if any(d < 1 for d in dims):
+        raise ValueError(f"tile {text!r}: each side must be a power of two of at least 1 (1, 2, 4, 8, 16, ...)")
     if any(d & (d - 1) for d in dims):
         raise ValueError(f"tile {text!r}: each side must be a power of two (1, 2, 4, 8, 16, ...)")
     if math.prod(dims) not in TILE_VOLUMES:

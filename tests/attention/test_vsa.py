@@ -265,7 +265,8 @@ def test_vsa_tile_top_k_counts_cubes_of_the_tile():
 
 
 @pytest.mark.parametrize("text,needle", [("3x4x4", "power of two"), ("4x4x2", "holds 32 tokens"),
-                                         ("4x4", "write it as TxHxW"), ("4x4x-8", "write it as TxHxW"),
+                                         ("4x4", "write it as TxHxW"), ("4x4x-8", "power of two of at least 1"),
+                                         ("0x4x4", "power of two of at least 1"),
                                          ("axbxc", "write it as TxHxW"), ("4x8x16", "holds 512 tokens")])
 def test_vsa_refuses_a_tile_that_is_not_a_cube_it_runs(text, needle):
     with pytest.raises(BadInput, match=needle):
@@ -288,3 +289,7 @@ def test_vsa_impl_fa4_is_refused_where_it_cannot_run(tile, device, dtype, needle
     backend = VSAAttention(VSAOptions(impl="fa4", tile=tile))
     with pytest.raises(BadInput, match=f"vsa:impl=fa4: .*{needle}"):
         backend.check(torch.device(device), dtype)
+
+
+def test_vsa_takes_a_tile_as_python_gives_it():
+    assert VSAOptions(tile=(4, 4, 8)).tile == VSAOptions(tile=[4, 4, 8]).tile == VSAOptions(tile=" 4X4x8 ").tile == "4x4x8"

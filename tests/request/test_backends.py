@@ -82,11 +82,11 @@ def test_a_tile_other_than_the_trained_one_is_a_note(tmp_path):
     for name in ("vsa", "rocm-vsa", "sla-star"):
         assert notes(f"{name}:tile=4x4x8") == (
             f"{name}: fastwan2.1-t2v-1.3b was trained with tile 4x4x4; tile=4x4x8 runs it off its training (vsagen "
-            f"compare --attn {name},{name}:tile=4x4x8 shows what it costs)",)
+            f"compare --model fastwan2.1-t2v-1.3b --attn {name},{name}:tile=4x4x8 shows what it costs)",)
         assert notes(name) == notes(f"{name}:tile=4x4x4") == ()
     assert notes("vsa,vsa:tile=4x8x8", backends=SEVERAL) == (
         "vsa: fastwan2.1-t2v-1.3b was trained with tile 4x4x4; tile=4x8x8 runs it off its training (vsagen compare "
-        "--attn vsa,vsa:tile=4x8x8 shows what it costs)",)
+        "--model fastwan2.1-t2v-1.3b --attn vsa,vsa:tile=4x8x8 shows what it costs)",)
     assert notes("full", backends=SEVERAL) == ()
     from vsagen.commands.generate_config import resolve_generate
 

@@ -155,12 +155,16 @@ class VSAAttention(Backend):
         where FA4 cannot run (`kernels.fa4_block_sparse.fa4_unavailable`: the tile, the device, the package) or in
         float32."""
         if self.impl == "fa4":
-            from ..kernels.fa4_block_sparse import fa4_unavailable
+            from ..kernels.fa4_block_sparse import FA4_BLOCK, fa4_unavailable
 
-            why = fa4_unavailable(device, math.prod(self.tile))
-            if why is None and dtype not in (torch.bfloat16, torch.float16):
-                why = f"FA4 runs bf16 / fp16, not {str(dtype).replace('torch.', '')} (--dtype bf16)"
-            if why is not None:
+            volume = math.prod(self.tile)
+            # every reason at once (the tile's and the machine's), so one fix is not followed by another refusal
+            reasons = [fa4_unavailable(device, volume if volume % FA4_BLOCK == 0 else 2 * FA4_BLOCK),
+                       fa4_unavailable(device, volume) if volume % FA4_BLOCK else None]
+            if dtype not in (torch.bfloat16, torch.float16):
+                reasons.append(f"FA4 runs bf16 / fp16, not {str(dtype).replace('torch.', '')} (--dtype bf16)")
+            why = "; ".join(dict.fromkeys(r for r in reasons if r))
+            if why:
                 raise BadInput(f"{self.name}:impl=fa4: {why}")
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "

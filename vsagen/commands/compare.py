@@ -200,6 +200,9 @@ class CompareRow:
     probe_s: float
     warmup_s: float
     backend_info: dict[str, Any] = field(default_factory=dict)
+    # [K, tiles]: key tiles each query tile keeps, of the tiles of the backend's cube on the denoised grid (VSA's
+    # backends: K = ceil((1 - sparsity) tiles)); None where the backend has no such count
+    key_tiles_kept: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (PSNR +inf as the string "inf": `json_number`)."""
@@ -250,6 +253,19 @@ def video_metrics(ref: Any, frames: Any) -> dict[str, Any]:
     p, p_frames = psnr_db(ref, frames)
     s, s_frames = ssim(ref, frames)
     return {"psnr_db": p, "psnr_per_frame_db": p_frames, "ssim": s, "ssim_per_frame": s_frames}
+
+
+def key_tiles_kept(info: dict[str, Any], grid: tuple[int, int, int]) -> list[int] | None:
+    """[K, tiles] of a VSA-family backend's description `info` ({"sparsity", "tile", ...}) on `grid`: how many key
+    tiles of its cube each query tile keeps (K = ceil((1 - sparsity) tiles), VSA's top-k), so runs of different tiles
+    or sparsities compare at their real density; None for backends without a tile and a sparsity."""
+    if "tile" not in info or info.get("sparsity") is None:
+        return None
+    from ..kernels.reference import top_k_from_sparsity
+    from ..layout import parse_tile, tile_layout
+
+    n = tile_layout(tuple(grid), parse_tile(info["tile"])).num_tiles
+    return [top_k_from_sparsity(float(info["sparsity"]), n), n]
 
 
 def _walk(plan: Any, warmup: int) -> str:
@@ -364,7 +380,8 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
             latents_rel_l2=latents if math.isfinite(latents) else None,  # NaN latents: no distance
             error_steps=list(run_of.error_steps), attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
             attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
-            probe_s=probe_s, warmup_s=run.warmup_s, backend_info=info))
+            probe_s=probe_s, warmup_s=run.warmup_s, backend_info=info,
+            key_tiles_kept=key_tiles_kept(info, plan.denoise_grid)))
     notes = list(dict.fromkeys(session.notes))
     if cfg.device != "cuda":
         notes.append("CPU timings (each run measured once, in order): indicative only; compare speed on a GPU")

@@ -62,12 +62,16 @@ def rich_table(report: Any) -> Any:
     # (`vsagen.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
     t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 else "backend", overflow="fold",
                  min_width=8)
-    for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", "PSNR\ndB", "SSIM", "latents\nrel-L2",
-                "attn\nrel-L2\nmean", "attn rel-L2\nworst layer"):
+    kept = any(r.key_tiles_kept for r in report.rows)  # VSA's backends: key tiles kept per query tile, of all
+    for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", *(("key\ntiles\nkept",) if kept else ()), "PSNR\ndB",
+                "SSIM", "latents\nrel-L2", "attn\nrel-L2\nmean", "attn rel-L2\nworst layer"):
         t.add_column(col, justify="right", overflow="fold")
     for r in report.rows:
+        share = (f"{r.key_tiles_kept[0]}/{r.key_tiles_kept[1]}" if r.key_tiles_kept else
+                 "all" if r.sparsity is None else "")
         t.add_row(r.label.replace(":", ":\n").replace(" / ", " /\n"), f"{r.dit_s_per_video:.3f}",
-                  f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", _num(r.psnr_db, ".2f"),
+                  f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", *((share,) if kept else ()),
+                  _num(r.psnr_db, ".2f"),
                   _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"), _num(r.attention_rel_l2_mean, ".1e"),
                   _worst_layer(r))
     return t
@@ -75,6 +79,7 @@ def rich_table(report: Any) -> Any:
 
 CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "steps", "guidance", "flow_shift",
               "dit_forwards", "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
+              "key_tiles_kept",
               "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean", "attention_rel_l2_max", "probe_s",
               "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer", "file")
 
@@ -91,6 +96,7 @@ def render_csv(report: Any) -> str:
         d = {k: getattr(r, k) for k in CSV_FIELDS}
         d["psnr_db"] = json_number(r.psnr_db)
         d["sampler"] = r.sampler["entry"]
+        d["key_tiles_kept"] = "/".join(map(str, r.key_tiles_kept)) if r.key_tiles_kept else None
         d["psnr_per_frame_db"] = " ".join(str(json_number(x)) for x in r.psnr_per_frame_db)
         d["ssim_per_frame"] = " ".join(f"{x:.6g}" for x in r.ssim_per_frame)
         d["attention_rel_l2_per_layer"] = " ".join(

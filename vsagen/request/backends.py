@@ -138,8 +138,8 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
         trained = preset_tables.get(spec.name, {}).get("tile")
         if trained is not None and spec.tile is not None and spec.tile != parse_tile(trained):
             notes.append(f"{spec.name}: {model} was trained with tile {trained}; tile={spec.options.tile} runs it off "
-                         f"its training (vsagen compare --attn {spec.name},{spec.name}:tile={spec.options.tile} "
-                         "shows what it costs)")
+                         f"its training (vsagen compare --model {model} --attn {spec.name},{spec.name}:tile="
+                         f"{spec.options.tile} shows what it costs)")
     return tuple(notes)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from ..attention.spec import BackendSpec
 from ..cache import NO_CACHE, CacheSpec
 from ..errors import BadInput
-from ..layout import TILE, CropPlan, plan_crop
+from ..layout import TILE, CropPlan, plan_crop, tile_text
 from ..models import ModelSource
 from ..presets import preset_names
 from ..tiny import check_tiny_cache
@@ -246,9 +246,9 @@ def _check_sizes(src: ModelSource, frames: int, height: int, width: int) -> None
                            f"{name} must be a positive multiple of {mult} for {p.name}; got {v}")
 
 
-def _check_rope_range(src: ModelSource, plan: CropPlan, tile_fit: str) -> None:
+def _check_rope_range(src: ModelSource, plan: CropPlan, tile_fit: str, tile: tuple[int, int, int] = TILE) -> None:
     """The transformer's RoPE tables cover `rope_max_seq_len` post-patch positions per grid axis; a larger grid
-    (after --tile-fit crop rounding) would fail deep inside diffusers, so refuse it here."""
+    (after --tile-fit crop rounding to whole tiles of `tile`) would fail deep inside diffusers, so refuse it here."""
     limit = src.rope_max_seq_len
     if not limit:
         return
@@ -256,11 +256,25 @@ def _check_rope_range(src: ModelSource, plan: CropPlan, tile_fit: str) -> None:
     pt, ph, pw = p.patch_size
     most = {"--frames": (limit * pt - 1) * p.vae_stride_temporal + 1, "--height": limit * ph * p.vae_stride_spatial,
             "--width": limit * pw * p.vae_stride_spatial}
-    for (flag, top), g in zip(most.items(), plan.denoise_grid):
+    for (flag, top), g, asked in zip(most.items(), plan.denoise_grid, plan.grid):
+        if g > limit and asked <= limit:  # the size fits; the rounding to whole tiles does not
+            raise BadInput(f"--tile-fit crop rounds {flag[2:]} to whole tiles of {tile_text(tile)}: {g} latent "
+                           f"positions, past the {limit} {p.name}'s position tables cover; use --tile-fit partial "
+                           "or a smaller tile")
         if g > limit:
-            extra = " with --tile-fit crop rounding" if tile_fit == "crop" else ""
             raise BadInput(f"{flag} too large for {p.name}: its position tables cover {limit} latent positions "
-                           f"per axis, i.e. {flag} <= {top}{extra}")
+                           f"per axis, i.e. {flag} <= {top}")
+
+
+def crop_note(plan: CropPlan, tile: tuple[int, int, int]) -> str | None:
+    """The run note of a `--tile-fit crop` plan that denoises more than was asked (None when the grid is whole
+    tiles already): the size denoised, how many more tokens, and the tile it rounds to."""
+    if not plan.crops:
+        return None
+    ratio = math.prod(plan.denoise_grid) / math.prod(plan.grid)
+    return (f"--tile-fit crop: denoising {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width} "
+            f"({ratio:.2f}x the tokens of {plan.frames}x{plan.height}x{plan.width}) so the grid is whole tiles of "
+            f"{tile_text(tile)}; the video is cropped back")
 
 
 def check_last_frame(request: Request, what: str) -> None:
@@ -532,7 +546,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     fits = tuple(f.value for f in m.tile_fits)
     crop_tile = crop_tile_of(specs, d.attention)
     for fit in fits:
-        _check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit)
+        _check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit, crop_tile)
     if plans[0].sampler.renoise and pl.cfg_parallel:
         raise BadInput(f"--cfg-parallel runs the unconditional pass on other processes, and the "
                        f"{plans[0].sampler.name} sampler runs without CFG; drop --cfg-parallel (--gpus N splits the "
@@ -541,7 +555,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         raise BadInput(f"--guidance-2 {s.guidance_2:g} turns CFG on, and the {plans[0].sampler.name} sampler runs "
                        "without CFG; leave it out, or use --sampler default")
     notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance, plans[0].sampler),
-                                             distilled_class_note(source, s.sampler))
+                                             distilled_class_note(source, s.sampler),
+                                             crop_note(preset_plan(source, frames, height, width, "crop", crop_tile),
+                                                       crop_tile) if "crop" in fits else None)
                                  if n is not None)
     if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
         notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "

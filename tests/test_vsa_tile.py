@@ -81,7 +81,8 @@ BAD = [
     ("vsa:query_rows=128", "query_rows=128 runs the 128 rows of one cube per program and needs a tile of 128 or 256 "
                            "tokens (tile=4x4x8 or 4x8x8), got tile=4x4x4"),
     ("vsa:query_rows=96", "query_rows must be 64 or 128, got 96"),
-    ("vsa:impl=fa4", "vsa:impl=fa4: FA4 needs tiles of a multiple of 128 tokens"),
+    ("vsa:impl=fa4", "vsa:impl=fa4: FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu; FA4 needs tiles of a "
+                     "multiple of 128 tokens"),  # every reason at once
     ("vsa:tile=4x4x8:impl=fa4", "vsa:impl=fa4: FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu"),
     ("rocm-vsa:tile=4x8x8:impl=fa4", "rocm-vsa:impl=fa4: FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu"),
     ("sla-star:impl=fa4", "impl must be one of auto, triton, torch, got 'fa4'"),

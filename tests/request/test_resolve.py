@@ -13,6 +13,7 @@ from vsagen.errors import BadInput
 from vsagen.models import resolve_model
 from vsagen.presets import load_preset
 from vsagen.request.options import ModelOptions, PlacementOptions, RequestOptions, SamplingOptions, request_options
+from vsagen.request.plans import crop_note
 from vsagen.request.resolve import (NONE, ONE, SEVERAL, Request, check_last_frame, negative_prompt_note,
                                     request_fields, resolve, split_processes)
 
@@ -32,7 +33,9 @@ def test_values_given_win_over_the_preset():
         64, 80, 9, 3, 2, 1.5, 2.0, 7)
     assert r.tile_fits == ("partial", "crop") and [(b.name, b.sparsity) for b in r.backends] == [("full", None),
                                                                                                 ("vsa", 0.5)]
-    assert r.negative_prompt == "blurry" and r.notes == () and r.attn_note is None
+    # the one note: what --tile-fit crop denoises (vsagen.request.plans.crop_note)
+    assert r.negative_prompt == "blurry" and r.notes == (crop_note(r.plan("crop"), r.crop_tile),) \
+        and r.attn_note is None
     assert resolve(src, o, prompt="p", backends=NONE, several_fits=True).backends == ()
 
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from ..attention.spec import BackendSpec
 from ..cache import NO_CACHE, CacheSpec
 from ..errors import BadInput
-from ..layout import TILE, CropPlan, plan_crop, tile_text
+from ..layout import TILE, CropPlan
 from ..models import ModelSource
 from ..presets import preset_names
 from ..tiny import check_tiny_cache
@@ -27,6 +27,7 @@ from .backends import (attention_specs, auto_spec, check_entries, check_impl, cr
                        preset_file_notes)
 from .caching import resolve_caches
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
+from .plans import check_rope_range, crop_note, preset_plan
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
 from ..samplers import NAMED, Sampler
 
@@ -172,15 +173,6 @@ class Request:
         return []
 
 
-def preset_plan(source: ModelSource, frames: int, height: int, width: int, tile_fit: str,
-                tile: tuple[int, int, int] = TILE) -> CropPlan:
-    """The crop plan of a size under `tile_fit` with the preset's VAE strides and patch size (`crop` rounds the grid
-    up to multiples of `tile`)."""
-    p = source.preset
-    return plan_crop(frames, height, width, fit=tile_fit, vae_stride_temporal=p.vae_stride_temporal,
-                     vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size, tile=tile)
-
-
 def torch_dtype(name: str) -> Any:
     """'bf16' | 'fp16' | 'fp32' -> the torch dtype."""
     import torch
@@ -244,37 +236,6 @@ def _check_sizes(src: ModelSource, frames: int, height: int, width: int) -> None
             raise BadInput(f"{name} must be a positive multiple of {mult} for {p.name}; got {v}, "
                            f"nearest valid: {lo} or {lo + mult}" if v >= mult else
                            f"{name} must be a positive multiple of {mult} for {p.name}; got {v}")
-
-
-def _check_rope_range(src: ModelSource, plan: CropPlan, tile_fit: str, tile: tuple[int, int, int] = TILE) -> None:
-    """The transformer's RoPE tables cover `rope_max_seq_len` post-patch positions per grid axis; a larger grid
-    (after --tile-fit crop rounding to whole tiles of `tile`) would fail deep inside diffusers, so refuse it here."""
-    limit = src.rope_max_seq_len
-    if not limit:
-        return
-    p = src.preset
-    pt, ph, pw = p.patch_size
-    most = {"--frames": (limit * pt - 1) * p.vae_stride_temporal + 1, "--height": limit * ph * p.vae_stride_spatial,
-            "--width": limit * pw * p.vae_stride_spatial}
-    for (flag, top), g, asked in zip(most.items(), plan.denoise_grid, plan.grid):
-        if g > limit and asked <= limit:  # the size fits; the rounding to whole tiles does not
-            raise BadInput(f"--tile-fit crop rounds {flag[2:]} to whole tiles of {tile_text(tile)}: {g} latent "
-                           f"positions, past the {limit} {p.name}'s position tables cover; use --tile-fit partial "
-                           "or a smaller tile")
-        if g > limit:
-            raise BadInput(f"{flag} too large for {p.name}: its position tables cover {limit} latent positions "
-                           f"per axis, i.e. {flag} <= {top}")
-
-
-def crop_note(plan: CropPlan, tile: tuple[int, int, int]) -> str | None:
-    """The run note of a `--tile-fit crop` plan that denoises more than was asked (None when the grid is whole
-    tiles already): the size denoised, how many more tokens, and the tile it rounds to."""
-    if not plan.crops:
-        return None
-    ratio = math.prod(plan.denoise_grid) / math.prod(plan.grid)
-    return (f"--tile-fit crop: denoising {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width} "
-            f"({ratio:.2f}x the tokens of {plan.frames}x{plan.height}x{plan.width}) so the grid is whole tiles of "
-            f"{tile_text(tile)}; the video is cropped back")
 
 
 def check_last_frame(request: Request, what: str) -> None:
@@ -546,7 +507,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     fits = tuple(f.value for f in m.tile_fits)
     crop_tile = crop_tile_of(specs, d.attention)
     for fit in fits:
-        _check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit, crop_tile)
+        check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit, crop_tile)
     if plans[0].sampler.renoise and pl.cfg_parallel:
         raise BadInput(f"--cfg-parallel runs the unconditional pass on other processes, and the "
                        f"{plans[0].sampler.name} sampler runs without CFG; drop --cfg-parallel (--gpus N splits the "

@@ -1,0 +1,47 @@
+"""vsagen.request.plans: the crop plan of a request (the backends' covering tile), the note of a crop that denoises
+more than was asked, and the refusal of a grid past the transformer's position tables (naming the tile where the
+rounding, not the size, is the cause)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vsagen.errors import BadInput
+from vsagen.models import resolve_model
+from vsagen.request.plans import check_rope_range, crop_note, preset_plan
+
+
+def test_preset_plan_rounds_crop_to_the_tile():
+    src = resolve_model("tiny")  # 17x96x160: grid 5x6x10
+    assert preset_plan(src, 17, 96, 160, "partial", (4, 8, 8)).denoise_grid == (5, 6, 10)
+    assert preset_plan(src, 17, 96, 160, "crop").denoise_grid == (8, 8, 12)
+    assert preset_plan(src, 17, 96, 160, "crop", (4, 8, 8)).denoise_grid == (8, 8, 16)
+
+
+def test_crop_note_says_the_size_the_token_ratio_and_the_tile():
+    src = resolve_model("tiny")
+    plan = preset_plan(src, 17, 96, 160, "crop", (4, 8, 8))
+    note = crop_note(plan, (4, 8, 8))
+    ratio = math.prod(plan.denoise_grid) / math.prod(plan.grid)
+    assert note == (f"--tile-fit crop: denoising {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width} "
+                    f"({ratio:.2f}x the tokens of 17x96x160) so the grid is whole tiles of 4x8x8; the video is "
+                    "cropped back")
+    whole = preset_plan(src, 13, 64, 128, "crop")  # grid 4x4x8: whole 4x4x4 tiles
+    assert not whole.crops and crop_note(whole, (4, 4, 4)) is None
+
+
+def test_a_crop_past_the_position_tables_names_the_tile():
+    src = resolve_model("tiny")
+    limit = src.rope_max_seq_len
+    assert limit
+    width = (limit - 1) * 2 * 8  # a grid axis of limit - 1 positions: fits, but not rounded to a 64-wide tile
+    plan = preset_plan(src, 17, 96, width, "crop", (1, 1, 64))
+    check_rope_range(src, preset_plan(src, 17, 96, width, "partial"), "partial")  # the size itself fits
+    with pytest.raises(BadInput, match=r"--tile-fit crop rounds width to whole tiles of 1x1x64: 64 latent positions, "
+                                       r"past the \d+ tiny's position tables cover; use --tile-fit partial"):
+        check_rope_range(src, plan, "crop", (1, 1, 64))
+    too_wide = preset_plan(src, 17, 96, (limit + 1) * 2 * 8, "partial")
+    with pytest.raises(BadInput, match=r"--width too large for tiny: its position tables cover \d+ latent positions"):
+        check_rope_range(src, too_wide, "partial")

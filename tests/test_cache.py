@@ -75,3 +75,21 @@ def test_parsing_imports_neither_torch_nor_diffusers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_cache_counts_of_a_run():
+    """`cache_counts` fills `CacheCounts` from a run's timing: the entry without and with every option, the forwards
+    computed and reused, their share and seconds each; an uncached row has no label suffix."""
+    from types import SimpleNamespace
+
+    from vsagen.cache import CacheCounts, cache_counts, parse_cache
+
+    timing = SimpleNamespace(dit_computed_forwards=2, dit_reused_forwards=6, cache_stats=lambda: {
+        "dit_reuse_share": 0.75, "dit_per_computed_forward_s": 0.5, "dit_per_reused_forward_s": 0.1})
+    counts = CacheCounts(**cache_counts(parse_cache("first-block:threshold=0.1"), timing))
+    assert (counts.cache, counts.cache_spec, counts.cached, counts.cache_suffix) == (
+        "first-block:threshold=0.1", "first-block:threshold=0.1", True, " + first-block:threshold=0.1")
+    assert (counts.dit_computed_forwards, counts.dit_reused_forwards, counts.dit_reuse_share) == (2, 6, 0.75)
+    assert CacheCounts(**cache_counts(parse_cache("taylorseer"), timing)).cache_spec == (
+        "taylorseer:cache_interval=5:disable_cache_before_step=3:max_order=1:lite=false")
+    assert (CacheCounts().cached, CacheCounts().cache_suffix, NO_CACHE.short_text()) == (False, "", "none")

@@ -145,6 +145,40 @@ class CacheSpec:
 NO_CACHE = CacheSpec(NONE, NoCacheOptions())
 
 
+@dataclass(kw_only=True)
+class CacheCounts:
+    """A base of the rows of `vsagen profile` and `vsagen compare`: what one run's step cache did. `cache` is its
+    entry without default options ("none", "first-block:threshold=0.1"), `cache_spec` with every option;
+    `dit_computed_forwards` / `dit_reused_forwards` the timed DiT forwards it computed / served from its cache (all
+    computed without one), `dit_reuse_share` reused / both, and `dit_per_computed_forward_s` /
+    `dit_per_reused_forward_s` the mean DiT seconds of one (None where none ran)."""
+
+    cache: str = "none"
+    cache_spec: str = "none"
+    dit_computed_forwards: int = 0
+    dit_reused_forwards: int = 0
+    dit_reuse_share: float | None = None
+    dit_per_computed_forward_s: float | None = None
+    dit_per_reused_forward_s: float | None = None
+
+    @property
+    def cached(self) -> bool:
+        """Whether the run had a step cache (not `none`)."""
+        return self.cache != NONE
+
+    @property
+    def cache_suffix(self) -> str:
+        """" + <cache>" for a cached run, "" for an uncached one (labels)."""
+        return f" + {self.cache}" if self.cached else ""
+
+
+def cache_counts(spec: CacheSpec, timing: Any) -> dict[str, Any]:
+    """`CacheCounts`' fields of a run with the cache `spec`, from its `vsagen.timing.TimingReport` `timing`."""
+    return {"cache": spec.short_text(), "cache_spec": spec.text(),
+            "dit_computed_forwards": timing.dit_computed_forwards, "dit_reused_forwards": timing.dit_reused_forwards,
+            **timing.cache_stats()}
+
+
 def parse_cache(text: str, where: str = "--cache") -> CacheSpec:
     """One `NAME[:KEY=VALUE...]` entry as a `CacheSpec`.
 

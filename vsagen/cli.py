@@ -19,8 +19,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, CompareSamplers, JsonOut, Model, ProfileCompile,
-                          Verbose, choice_parser, close_options, path_text)
+from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, CacheList, CompareSamplers, JsonOut, Model,
+                          ProfileCompile, Verbose, choice_parser, close_options, path_text)
 from .errors import VsagenError
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from .interrupts import as_interrupt as _sigterm_as_interrupt
@@ -344,6 +344,7 @@ def i2v(
     out=(Annotated[Optional[Path], typer.Option(help="Write the report (in --format) to this file instead of "
                                                      "stdout.", parser=path_text)], None),
     compile=(ProfileCompile, False),
+    cache=(CacheList, None),
 )
 def profile(
     fmt: Annotated[ReportFormat, typer.Option("--format", parser=choice_parser(ReportFormat),
@@ -424,6 +425,7 @@ def profile(
     warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each run (default "
                                                        "1; a re-noise sampler warms up with one whole pass).")], None),
     sampler=(CompareSamplers, None),
+    cache=(CacheList, None),
 )
 def compare(
     prompt: Prompt,

@@ -84,6 +84,12 @@ CacheOption = Annotated[Optional[str], typer.Option(
          "run once with mag:calibrate=true, which writes them to file=PATH or the vsagen cache); taylorseer "
          "(taylorseer:cache_interval=5:disable_cache_before_step=3:max_order=1, lite=true). The timing table and "
          "JSON count the forwards computed and reused. Not with --compile, --offload group or several processes.")]
+CacheList = Annotated[Optional[str], typer.Option(
+    "--cache", metavar="LIST",
+    help="Step caches, comma-separated, each run with every --attn backend (e.g. none,first-block: each backend "
+         "uncached and with first-block; entries as t2v's --cache NAME[:KEY=VALUE...]); the rows count the DiT "
+         "forwards computed and reused, and speed-ups are against full uncached. Default none. Not with --compile "
+         "or several processes; mag needs its calibration file (calibrate with t2v).")]
 CompareSamplers = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="LIST",
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "
@@ -190,11 +196,13 @@ GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames
             "compile", "gpus",
             "ulysses",
             "cfg_parallel")
-PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "warmup",
+PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
+           "warmup",
            "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
            "random_weights", "allow_pickle", "transformer", "compile", "gpus", "ulysses", "cfg_parallel")
-COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "guidance",
+COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
+           "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
            "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae", "vae_dtype")

@@ -113,6 +113,20 @@ def test_without_region_takes_the_probe_out_of_the_enclosing_regions():
     assert after.dit_forwards == before.dit_forwards == 3
 
 
+def test_without_region_takes_each_probe_out_of_the_cached_forward_it_ran_in():
+    """A step cache's per-forward regions (dit_computed / dit_reused, several a step) each lose the probe calls that
+    ended since the previous one: the computed cond pass its 0.1, the reused uncond pass (blocks[0] still runs, and
+    its attention is probed) its 0.02, in records in the order the regions ended."""
+    records = [(PROBE_REGION, 0, 0.1), ("dit", 0, 1.0), ("dit_computed", 0, 1.0), (PROBE_REGION, 0, 0.02),
+               ("dit", 0, 0.3), ("dit_reused", 0, 0.3), ("dit", 1, 0.9), ("dit_computed", 1, 0.9)]
+    out, removed = without_region(records, PROBE_REGION)
+    assert removed == pytest.approx(0.12)
+    t = TimingReport.from_records(out, "cpu")
+    assert (t.dit_computed_s, t.dit_reused_s) == (pytest.approx(0.9 + 0.9), pytest.approx(0.28))
+    assert (t.dit_computed_forwards, t.dit_reused_forwards) == (2, 1)
+    assert t.dit_s == pytest.approx(2.2 - 0.12)
+
+
 def test_video_metrics_of_a_known_perturbation():
     """PSNR computed here from the definition: every value of the last frame one level up (no clipping)."""
     ref = np.random.default_rng(0).integers(0, 255, (3, 16, 24, 3), dtype=np.uint8)
@@ -424,3 +438,51 @@ def test_overwrite_with_other_samplers_removes_the_runs_it_did_not_write(sampler
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["full-dmd.mp4", "full-default-1-step-cfg-5.mp4", "side-by-side.mp4", "compare.json", "compare.csv"])
     assert res.stderr.count("removed ") == 5
+
+
+# --------------------------------------------------------------------------------------------------------------
+# --cache: every backend with every cache
+
+
+@pytest.mark.slow
+def test_caches_that_reuse_nothing_leave_every_frame_as_uncached(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """--cache none,first-block:threshold=0 --attn full,vsa: four runs (full; full + first-block; vsa; vsa +
+    first-block), the reference full uncached. At threshold 0 first-block reuses nothing (blocks[0]'s residual
+    changes every step), so each cached run's frames equal its backend's uncached frames exactly (full + first-block:
+    PSNR inf against the reference); the JSON and CSV rows say the cache and count 4 computed, 0 reused forwards."""
+    import vsagen.commands.compare as compare_module
+
+    videos = []
+    original = compare_module.write_outputs
+
+    def keep(cfg, report, frames, **k):
+        videos.extend(frames)
+        return original(cfg, report, frames, **k)
+
+    monkeypatch.setattr(compare_module, "write_outputs", keep)
+    out = tmp_path / "out"
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", "full,vsa", "--cache",
+                              "none,first-block:threshold=0", *SMALL, "--error-steps", "none", "--no-plot",
+                              "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    rows = data["rows"]
+    labels = ["full", "full + first-block:threshold=0", "vsa 0.875", "vsa 0.875 + first-block:threshold=0"]
+    assert [r["label"] for r in rows] == labels and data["reference"] == "full"
+    assert [r["cache"] for r in rows] == ["none", "first-block:threshold=0"] * 2
+    assert [c["name"] for c in data["caches"]] == ["none", "first-block"]
+    for r in rows:
+        assert (r["dit_forwards"], r["dit_computed_forwards"], r["dit_reused_forwards"]) == (4, 4, 0)
+        assert r["dit_reuse_share"] == 0.0 and r["dit_per_reused_forward_s"] is None
+        assert r["dit_per_computed_forward_s"] > 0 and r["speedup_vs_reference"] > 0
+    assert np.array_equal(videos[1], videos[0]) and np.array_equal(videos[3], videos[2])
+    assert rows[1]["psnr_db"] == "inf" and rows[1]["latents_rel_l2"] == 0.0
+    assert rows[3]["psnr_per_frame_db"] == rows[2]["psnr_per_frame_db"] and rows[3]["latents_rel_l2"] == rows[2][
+        "latents_rel_l2"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["full.mp4", "full-first-block-threshold-0.mp4", "vsa.mp4", "vsa-first-block-threshold-0.mp4",
+         "side-by-side.mp4", "compare.json", "compare.csv"])
+    assert list(data["files"])[:4] == labels  # the side-by-side panels are labelled as the runs
+    csv_rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
+    assert [(r["cache"], r["dit_computed_forwards"], r["dit_reused_forwards"]) for r in csv_rows] == [
+        ("none", "4", "0"), ("first-block:threshold=0", "4", "0")] * 2

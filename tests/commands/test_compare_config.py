@@ -54,6 +54,14 @@ BAD = [
     ("error-steps", ["--steps", "2", "--error-steps", "2"], ["--error-steps", "0 to 1"]),
     ("image-model", ["--model", "tiny-i2v"], ["image-to-video"]),
     ("out-is-file", ["--out", "{tmp}/afile"], ["is a file"]),
+    ("cache-unknown", ["--cache", "none,teacache"], ["unknown --cache 'teacache'; available: none, first-block"]),
+    ("cache-option", ["--cache", "none,first-block:thr=1"],
+     ["first-block has no option 'thr'; its options: threshold"]),
+    ("cache-value", ["--cache", "none,taylorseer:max_order=-1"], ["max_order must be an integer >= 0"]),
+    ("cache-twice", ["--cache", "none,none"], ["--cache lists none twice"]),
+    ("cache-mag", ["--cache", "none,mag"], ["--cache mag: no calibration file", "mag:calibrate=true"]),
+    ("cache-mag-calibrate", ["--cache", "none,mag:calibrate=true"], ["calibrates in a vsagen t2v or i2v run"]),
+    ("one-backend-one-cache", ["--attn", "full", "--cache", "first-block"], ["is one run", "two caches"]),
 ]
 
 
@@ -97,6 +105,28 @@ def test_runs_are_every_sampler_with_every_backend_sampler_major(tmp_path):
                                                "full-default-4-steps-cfg-5-shift-3.mp4"]
     cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", sampler="dmd", out=tmp_path / "one", plot=False)
     assert cfg.labels == ["full", "vsa 0.875"] and [p.name for p in cfg.run_files] == ["full.mp4", "vsa.mp4"]
+
+
+def test_runs_are_every_backend_with_every_cache(tmp_path):
+    """--attn full,vsa --cache none,first-block: each backend uncached and cached, side by side, the reference full
+    uncached; labels and file names say the cache (its options where not the default); with samplers too, the
+    sampler is the outer loop; the settings list the caches."""
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", cache="none,first-block:threshold=0.1",
+                          out=tmp_path / "o", plot=False, sheet=True)
+    assert cfg.labels == ["full", "full + first-block:threshold=0.1", "vsa 0.875",
+                          "vsa 0.875 + first-block:threshold=0.1"]
+    assert [p.name for p in cfg.run_files] == ["full.mp4", "full-first-block-threshold-0.1.mp4", "vsa.mp4",
+                                               "vsa-first-block-threshold-0.1.mp4"]
+    assert [(r.spec.name, r.cache.name, r.backend_index) for r in cfg.runs] == [
+        ("full", "none", 0), ("full", "first-block", 0), ("vsa", "none", 1), ("vsa", "first-block", 1)]
+    assert cfg.files["full + first-block:threshold=0.1 sheet"].name == "full-first-block-threshold-0.1.sheet.png"
+    assert cfg.summary()["caches"] == [{"name": "none"}, {"name": "first-block", "threshold": 0.1}]
+    cfg = resolve_compare("a cat", model="tiny", attn="full", cache="none,first-block", sampler="dmd,default",
+                          out=tmp_path / "s", plot=False)
+    assert cfg.labels == ["full / dmd", "full + first-block / dmd", "full / default 4 steps CFG 5",
+                          "full + first-block / default 4 steps CFG 5"]
+    assert cfg.run_files[1].name == "full-first-block-dmd.mp4"
+    assert any("--cache first-block with the dmd sampler" in n for n in cfg.notes)
 
 
 def test_a_negative_prompt_steers_the_runs_with_cfg(tmp_path):

@@ -192,6 +192,11 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = resolve("a fox", model="tiny", attn="vsa", seed=3, device="cpu")
     assert cfg.out == Path("vsagen-tiny-vsa-seed3.mp4") and cfg.json_out == Path("vsagen-tiny-vsa-seed3.json")
+    # a cached run is another video: its name says the cache (its name only, as the backend's), `none` nothing
+    cached = resolve("a fox", model="tiny", attn="vsa", cache="first-block:threshold=0.1", device="cpu")
+    assert cached.out == Path("vsagen-tiny-vsa-first-block-seed0.mp4")
+    uncached = resolve("a fox", model="tiny", attn="vsa", cache="none", device="cpu")
+    assert uncached.out == Path("vsagen-tiny-vsa-seed0.mp4")
 
 
 def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):

@@ -351,6 +351,15 @@ BAD = [
     ("cfg-parallel-without-guidance", ["--cfg-parallel", "--guidance", "1"], ["--cfg-parallel", "--guidance 1"]),
     ("kernels-gpus", ["--kernels", "--gpus", "2"], ["--kernels", "drop --gpus"]),
     ("gpus-ulysses", ["--gpus", "2", "--ulysses", "3"], ["--ulysses 3 runs in 3 processes, --gpus 2 starts 2"]),
+    ("cache-unknown", ["--cache", "none,teacache"], ["unknown --cache 'teacache'; available: none, first-block"]),
+    ("cache-option", ["--cache", "none,first-block:thr=1"],
+     ["first-block has no option 'thr'; its options: threshold"]),
+    ("cache-twice", ["--cache", "first-block,first-block:threshold=0.05"], ["lists first-block:threshold=0.05 twice"]),
+    ("cache-kernels", ["--kernels", "--cache", "none,first-block"], ["--cache reuses", "--kernels times"]),
+    ("cache-compile", ["--compile", "--cache", "none,first-block"], ["--cache first-block cannot run with --compile"]),
+    ("cache-gpus", ["--gpus", "2", "--cache", "first-block"], ["--cache first-block runs in one process"]),
+    ("cache-mag", ["--cache", "none,mag"], ["--cache mag: no calibration file", "mag:calibrate=true"]),
+    ("cache-mag-calibrate", ["--cache", "none,mag:calibrate=true"], ["calibrates in a vsagen t2v or i2v run"]),
 ]
 
 
@@ -431,3 +440,77 @@ def test_interpreted_triton_rows_are_flagged(cli_cache):
     data = json.loads(res.stdout)
     assert data["rows"][1]["impl"] == "triton"
     assert any(n.startswith("vsa 0.875: the Triton kernels ran under the Triton interpreter") for n in data["notes"])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# --cache: every (backend, cache) pair
+
+
+@pytest.mark.slow
+def test_profile_rows_per_backend_and_cache_count_what_the_hooks_did(cli_cache, monkeypatch):
+    """--cache none,first-block at a threshold that reuses every forward after the first step: one row per (backend,
+    cache), a backend's caches side by side, labels that say the cache; each row's computed / reused counts equal
+    what an independent counter saw in its timed steps (the tail block's forwards, and every forward): reuse only in
+    the cached rows; the speed-up against `full` uncached."""
+    import vsagen.cache_hooks as hooks
+    from vsagen.commands.profile import profile_dit
+    from vsagen.commands.profile_config import resolve_profile
+    from vsagen.commands.profile_render import render
+
+    seen: list[dict] = []  # per installed cache: forwards and tail-block forwards of the timed steps
+    original = hooks.install_cache
+
+    def counting(transformers, spec, timer, **k):
+        installed = original(transformers, spec, timer, **k)
+        count = {"forwards": 0, "tail": 0}
+        seen.append(count)
+
+        def add(key):
+            def hook(*_):  # returns None: the output stays
+                if timer.enabled:
+                    count[key] += 1
+            return hook
+
+        for _, t in transformers:
+            handles = [t.register_forward_hook(add("forwards")), t.blocks[-1].attn1.to_q.register_forward_hook(
+                add("tail"))]
+            installed._undo.extend(h.remove for h in handles)
+        return installed
+
+    monkeypatch.setattr("vsagen.pipeline.install_cache", counting)
+    cfg = resolve_profile(model="tiny", attn="full,vsa", cache="none,first-block:threshold=1e9", steps=2,
+                          stock=True, frames=5, height=64, width=64)
+    rep = profile_dit(cfg)
+    data = json.loads(render(rep, "json"))
+    rows = data["rows"]
+    fb = "first-block:threshold=1e+09"
+    assert [(r["backend"], r["cache"]) for r in rows] == [("full", "none"), ("full", fb), ("vsa", "none"), ("vsa", fb)]
+    assert [r["cache_spec"] for r in rows[:2]] == ["none", "first-block:threshold=1e+09"]
+    assert len(seen) == 2  # a hook only where a cache runs (the overhead rows: uncached)
+    for r in rows:
+        assert r["dit_forwards"] == 4 and r["dit_computed_forwards"] + r["dit_reused_forwards"] == 4
+        if r["cache"] == "none":
+            assert (r["dit_reused_forwards"], r["dit_reuse_share"], r["dit_per_reused_forward_s"]) == (0, 0.0, None)
+            assert r["dit_per_computed_forward_s"] > 0
+        else:  # step 0 computed (cond, uncond), step 1 reused
+            count = seen.pop(0)
+            counted = (count["tail"], count["forwards"] - count["tail"])
+            assert (r["dit_computed_forwards"], r["dit_reused_forwards"]) == counted == (2, 2)
+            assert r["dit_reuse_share"] == 0.5 and r["dit_per_reused_forward_s"] > 0
+    full, full_fb, vsa, vsa_fb = rows
+    assert full["speedup_vs_full"] == 1.0 and full["overhead_vs_stock"] is not None
+    assert full_fb["overhead_vs_stock"] is None  # the overhead is uncached full's
+    for r in (full_fb, vsa, vsa_fb):
+        assert math.isclose(r["speedup_vs_full"], full["dit_s_per_step"] / r["dit_s_per_step"], rel_tol=1e-12)
+    assert 0 < full_fb["latents_rel_l2_vs_full"] < 1  # the reused step moves the result a little
+    assert [r["dit_reused_forwards"] for r in data["overhead"]["rows"]] == [0, 0]
+    assert [c["name"] for c in data["settings"]["caches"]] == ["none", "first-block"]
+    md = render(rep, "markdown")
+    assert "| full + first-block:threshold=1e+09 | " in md and "| vsa 0.875 + first-block:threshold=1e+09 | " in md
+    assert "DiT forwards computed / reused" in md and "| 2 / 2 |" in md and "| 4 / 0 |" in md
+    assert any(n.startswith("cached rows: DiT s/step and its projection") for n in data["notes"])
+    table = render(rep, "table", width=400)
+    assert "full + first-block:threshold=1e+09" in table and "2 / 2" in table
+    rows_csv = list(csv.DictReader(io.StringIO(render(rep, "csv"))))
+    assert [(r["cache"], r["dit_reused_forwards"]) for r in rows_csv[:2]] == [("none", "0"),
+                                                                            ("first-block:threshold=1e+09", "2")]

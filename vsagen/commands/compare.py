@@ -2,8 +2,10 @@
 pipeline.
 
 The model is loaded once (`vsagen.pipeline.Session`) and the prompt encoded once (the negative branch too when any
-run has CFG). The runs are every (sampler, backend) pair of `--sampler` x `--attn`, sampler-major, in the order
-given (`CompareConfig.runs`); the first is the reference (by default `full` with the preset's sampler). Every run
+run has CFG). The runs are every (sampler, backend, step cache) triple of `--sampler` x `--attn` x `--cache`,
+sampler-major, a backend's caches side by side, in the order given (`CompareConfig.runs`); the first is the reference
+(by default `full` uncached with the preset's sampler). A run's cache goes on after its backend and comes off before
+it (`Session.run(cache=...)`); its row counts the DiT forwards the cache computed and reused. Every run
 generates the same video: same prompt embeddings, same seed (each run seeds a fresh CPU generator, so every run
 starts from the same initial noise; a re-noise sampler's draws are seeded too), same size; each with its sampler's
 steps, CFG scale and flow shift (`vsagen.request.sampling.SamplerPlan`: a re-noise sampler such as `dmd` runs its
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from ..attention.base import BackendWrapper
+from ..cache import CacheCounts, cache_counts
 from ..errors import BadInput
 from ..metrics import json_number, pooled_rel_l2, psnr_db, ssim
 from .compare_config import CompareConfig
@@ -49,6 +52,9 @@ from .compare_config import CompareConfig
 PROBE_REGION = "compare_probe"
 # The regions a probe call runs inside (besides "total" and "denoise", which compare does not report).
 PROBE_ENCLOSED_BY = ("dit", "attn1", "self_attention")
+# A step cache's per-forward regions (`vsagen.cache_hooks`): each encloses the probe calls recorded since the last
+# one of them ended (a step may hold a computed and a reused forward).
+PROBE_ENCLOSED_BY_FORWARD = ("dit_computed", "dit_reused")
 
 
 # ------------------------------------------------------------------------------------------------ attention error
@@ -123,14 +129,19 @@ class AttentionProbe(BackendWrapper):
 
 
 def without_region(records: list[tuple[str, int, float]], region: str,
-                   enclosing: tuple[str, ...] = PROBE_ENCLOSED_BY) -> tuple[list[tuple[str, int, float]], float]:
+                   enclosing: tuple[str, ...] = PROBE_ENCLOSED_BY,
+                   per_forward: tuple[str, ...] = PROBE_ENCLOSED_BY_FORWARD) -> tuple[list[tuple[str, int, float]],
+                                                                                      float]:
     """Take the time of `region` out of the regions that enclose it.
 
     Args:
-        records: `Timer.finish()` records (name, step, seconds).
+        records: `Timer.finish()` records (name, step, seconds), in the order the regions ended.
         region: the nested region to remove (PROBE_REGION).
         enclosing: region names that contain every `region` call; names "<name>/..." of them (e.g. "dit/<expert>")
             count too, except the backend's stages ("self_attention/<stage>", which end before the probe runs).
+        per_forward: region names of which each contains the `region` calls that ended after the previous one of
+            them ended (a step cache's "dit_computed" / "dit_reused": one per forward, several a step); each is
+            reduced by those calls' seconds.
 
     Returns:
         (the records without `region`, each enclosing name's records of a step reduced by that step's `region`
@@ -142,10 +153,15 @@ def without_region(records: list[tuple[str, int, float]], region: str,
             spent[step] += sec
     left: dict[tuple[str, int], float] = {}
     out = []
+    pending = 0.0  # `region` seconds since the last `per_forward` record
     for name, step, sec in records:
         if name == region:
+            pending += sec
             continue
-        if name in enclosing or (name.split("/", 1)[0] in enclosing and not name.startswith("self_attention/")):
+        if name in per_forward:
+            take = min(pending, sec)
+            pending, sec = 0.0, sec - take
+        elif name in enclosing or (name.split("/", 1)[0] in enclosing and not name.startswith("self_attention/")):
             rest = left.setdefault((name, step), spent.get(step, 0.0))
             take = min(rest, sec)
             left[(name, step)] = rest - take
@@ -158,7 +174,7 @@ def without_region(records: list[tuple[str, int, float]], region: str,
 
 
 @dataclass
-class CompareRow:
+class CompareRow(CacheCounts):
     """One run's results (a backend with a sampler). `sampler` is its `Sampler.summary()`, `steps` its denoising
     steps, `guidance` its CFG scale (> 1: two transformer forwards a step), `flow_shift` the scheduler's shift (None
     for a re-noise sampler, whose sigmas are used as given), `dit_forwards` the transformer forwards it timed.
@@ -169,7 +185,8 @@ class CompareRow:
     `latents_rel_l2` of the final latents. `attention_rel_l2` per (step, expert, layer) at `error_steps`,
     `attention_rel_l2_per_layer` per (expert, layer) over those steps, against dense attention
     (`AttentionProbe.errors`); `attention_rel_l2_mean` / `_max` over the layers. `probe_s`: seconds the dense
-    comparison took (not in the DiT times)."""
+    comparison took (not in the DiT times). The step cache: `CacheCounts`' fields (its entry, the DiT forwards it
+    computed and reused, the seconds of one of each)."""
 
     label: str
     backend: str
@@ -230,7 +247,7 @@ class CompareReport:
         return {"command": "compare", "model": s["model"], "prompt": s["prompt"], "device": s["device"],
                 "dtype": s["dtype"], "frames": s["frames"], "height": s["height"], "width": s["width"],
                 "steps": s["steps"], "warmup": s["warmup"], "guidance": s["guidance"], "seed": s["seed"],
-                "samplers": s["samplers"], "speedup_of": "dit_s_per_video",
+                "samplers": s["samplers"], "caches": s.get("caches", []), "speedup_of": "dit_s_per_video",
                 "reference": self.rows[0].label, "error_steps": s["error_steps"],
                 "rows": [r.to_dict() for r in self.rows], "files": self.files, "load_s": self.load_s,
                 "text_encode_s": self.text_encode_s, "notes": self.notes, "settings": s, "versions": self.versions}
@@ -350,7 +367,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         what = f"comparing {label}"
         with flow_shift(session.pipe, None if sp.sampler.renoise else sp.flow_shift):
             run = session.run(probe, plan, decode=True, what=what, sampler=sp.sampler, guidance=sp.guidance,
-                              steps=sp.steps)
+                              steps=sp.steps, cache=run_of.cache)
         with out_of_memory_as_failure(what, cfg.memory_hints()):
             frames = video_frames(session.pipe, run.video, (cfg.frames, cfg.height, cfg.width))
         run.video = None  # the frames are what is compared and written: free the decoded tensor (GPU memory)
@@ -381,7 +398,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
             error_steps=list(run_of.error_steps), attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
             attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
             probe_s=probe_s, warmup_s=run.warmup_s, backend_info=info,
-            key_tiles_kept=key_tiles_kept(info, plan.denoise_grid)))
+            key_tiles_kept=key_tiles_kept(info, plan.denoise_grid), **cache_counts(run_of.cache, timing)))
     notes = list(dict.fromkeys(session.notes))
     if cfg.device != "cuda":
         notes.append("CPU timings (each run measured once, in order): indicative only; compare speed on a GPU")
@@ -430,7 +447,8 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
             words = cfg.sampler_labels()
             for run, frames in zip(runs, videos):
                 sampler = words[cfg.samplers.index(run.plan)] if cfg.several_samplers else ""
-                title = sheet_title(cfg.model, run.spec.short_text(), cfg.frames, cfg.height, cfg.width,
+                what = run.spec.short_text() + (f" + {run.cache.short_text()}" if run.cache.enabled else "")
+                title = sheet_title(cfg.model, what, cfg.frames, cfg.height, cfg.width,
                                     run.plan.steps, cfg.seed, sampler, f"compare, reference {runs[0].label}")
                 outputs.add(files[f"{run.label} sheet"],
                             lambda tmp, frames=frames, title=title: save_sheet(frames, tmp, cfg.fps, title))

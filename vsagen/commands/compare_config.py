@@ -1,6 +1,7 @@
 """`CompareConfig`: a validated `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`: a list
-of backends and a list of samplers, the first of each the reference) and its own: the runs (every (sampler, backend)
-pair, sampler-major), the attention-error steps of each, the output folder and its files."""
+of backends, a list of samplers and a list of step caches, the first of each the reference) and its own: the runs
+(every (sampler, backend, cache) triple, sampler-major, a backend's caches side by side), the attention-error steps
+of each, the output folder and its files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..attention.spec import BackendSpec
+from ..cache import NO_CACHE, CacheSpec
 from ..errors import BadInput
 from ..models import resolve_model
 from ..paths import check_folder, check_target, default_folder, sheet_path
@@ -28,16 +30,17 @@ SIDE_BY_SIDE, JSON_FILE, CSV_FILE, PLOT_FILE = "side-by-side.mp4", "compare.json
 
 @dataclass(frozen=True)
 class CompareRun:
-    """One run of a comparison: a sampler (with its steps, CFG scale and flow shift) and a backend.
+    """One run of a comparison: a sampler (with its steps, CFG scale and flow shift), a backend and a step cache.
 
     Attributes:
         plan: the sampler and what it leaves the run (`vsagen.request.sampling.SamplerPlan`).
         spec: the attention backend.
-        label: names the run in tables, panels and the plot ("vsa 0.8 / dmd" where samplers differ, else the
-            backend's label).
+        label: names the run in tables, panels and the plot: the backend's label, " + <cache>" for a cached run
+            ("vsa 0.8 + first-block"), " / <sampler>" where samplers differ ("vsa 0.8 / dmd").
         file: the run's mp4.
         error_steps: the 0-based steps of this run at which its attention is compared with dense attention.
         backend_index: the backend's index in `CompareConfig.backends`.
+        cache: the step cache (`none`: uncached).
     """
 
     plan: SamplerPlan
@@ -46,6 +49,7 @@ class CompareRun:
     file: Path
     error_steps: tuple[int, ...]
     backend_index: int
+    cache: CacheSpec = NO_CACHE
 
 
 def sampler_label(plan: SamplerPlan, shift: bool = False) -> str:
@@ -71,8 +75,8 @@ def _plan_key(plan: SamplerPlan) -> tuple[Any, ...]:
 class CompareConfig(Request):
     """A validated `vsagen compare` request (see `Request` for the shared fields).
 
-    The runs (`runs`) are every (sampler, backend) pair of `samplers` x `backends`, sampler-major, in the order
-    given; the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
+    The runs (`runs`) are every (sampler, backend, cache) triple of `samplers` x `backends` x `caches`, in that
+    order (sampler-major, a backend's caches side by side), as given; the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
     attention is compared with dense attention (sorted, each < that sampler's steps); `error_steps` the first's.
     `out` is the output folder, `files` the paths written in it. `plot` draws compare.png (matplotlib); `sheet`
     writes each run's contact sheet beside its mp4. `labels` name the runs in tables, panels and the plot.
@@ -99,30 +103,37 @@ class CompareConfig(Request):
 
     @property
     def runs(self) -> list[CompareRun]:
-        """Every (sampler, backend) pair, sampler-major (each sampler with every backend), the reference first.
+        """Every (sampler, backend, cache) triple, sampler-major (each sampler with every backend, each backend with
+        every cache), the reference first.
 
-        Labels: the backend's ("vsa 0.875"; its spec without default options where a name repeats), followed by
+        Labels: the backend's ("vsa 0.875"; its spec without default options where a name repeats), then
+        " + <cache>" for a cached run (the cache's entry without default options: "vsa 0.875 + first-block"), then
         " / <sampler>" (`sampler_label`) when the samplers differ; a run listed again (a library caller's list)
         gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its backend's spec without default
-        options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its sampler's words when the samplers differ
-        (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`); a name taken by an earlier run gets `-<index>`."""
+        options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's (`vsa-first-block.mp4`), then its sampler's
+        words when the samplers differ (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`); a name taken by an
+        earlier run gets `-<index>`."""
         names = [s.name for s in self.backends]
         backend_labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
         plans = self.samplers or (SamplerPlan(self.sampler, self.steps, self.guidance, self.flow_shift),)
         words = self.sampler_labels() if self.samplers else [""]
         steps = self.sampler_error_steps or (self.error_steps,) * len(plans)
-        pairs = [(i, j) for i in range(len(plans)) for j in range(len(self.backends))]
-        labels = [backend_labels[j] + (f" / {words[i]}" if self.several_samplers else "") for i, j in pairs]
+        caches = self.caches or (NO_CACHE,)
+        triples = [(i, j, c) for i in range(len(plans)) for j in range(len(self.backends)) for c in caches]
+        labels = [backend_labels[j] + (f" + {c.short_text()}" if c.enabled else "")
+                  + (f" / {words[i]}" if self.several_samplers else "") for i, j, c in triples]
         labels = [x if x not in labels[:k] else f"{x} ({labels[:k].count(x) + 1})" for k, x in enumerate(labels)]
         stems: list[str] = []
-        for i, j in pairs:
+        for i, j, c in triples:
             spec = self.backends[j]
             stem = file_stem(spec.short_text()) or spec.name
+            if c.enabled:
+                stem += "-" + (file_stem(c.short_text()) or c.name)
             if self.several_samplers:
                 stem += "-" + (file_stem(words[i].lower()) or "sampler")
             stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
-        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j)
-                for (i, j), label, stem in zip(pairs, labels, stems)]
+        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c)
+                for (i, j, c), label, stem in zip(triples, labels, stems)]
 
     @property
     def labels(self) -> list[str]:
@@ -155,7 +166,7 @@ class CompareConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
-        d.pop("caches", None)  # --cache is not a flag of this command yet
+        d["caches"] = [c.summary() for c in self.caches]
         d.pop("samplers")
         d.pop("sampler_error_steps")
         d["sampler"] = self.sampler.summary()
@@ -239,7 +250,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                             plot: bool | None = None) -> CompareConfig:
     """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
     backends as `vsagen profile` takes it, `--sampler` a list of samplers (`split_sampler_list`; default the preset's),
-    at least two runs between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
+    `--cache` a list of step caches (`vsagen.request.caching.resolve_caches`; default none), at least two runs
+    between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
     `--error-steps` words are each run's own steps (first, middle, last of its step count); a numbered step must be a
     step of every run. `options.output.out` is a folder (default `vsagen-<model>-compare-seed<seed>`); none of the
     files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
@@ -273,10 +285,10 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                            f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \
                 from None
         raise
-    if len(req.backends) * len(req.samplers) < 2:
+    if len(req.backends) * len(req.samplers) * len(req.caches) < 2:
         raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
-                       "at least one run to compare with it: two backends (e.g. --attn full,vsa) or two samplers "
-                       "(e.g. --sampler dmd,default:steps=50:guidance=5)")
+                       "at least one run to compare with it: two backends (e.g. --attn full,vsa), two samplers "
+                       "(e.g. --sampler dmd,default:steps=50:guidance=5) or two caches (e.g. --cache none,first-block)")
     check_sampler_plans(req.samplers, sampler_text)
     if min(req.height, req.width) < 7:
         raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {req.width} x {req.height}")

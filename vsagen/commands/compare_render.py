@@ -1,6 +1,6 @@
 """Renderings of `vsagen compare`'s report (`vsagen.commands.compare.CompareReport`): the Rich table, the csv, the plot
 (speed-up against PSNR per run; attention error per layer) and the side-by-side video's frames (each panel labelled
-with its run: backend, and sampler where the samplers differ; drawn with Pillow)."""
+with its run: backend, its step cache where it has one, and sampler where the samplers differ; drawn with Pillow)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def title(report: Any) -> str:
 def rich_table(report: Any) -> Any:
     """The report as a `rich.table.Table`: per run DiT s/video (every timed step, both CFG passes), DiT s/step, the
     speed-up (of the DiT time per video), PSNR, SSIM, latents rel-L2, the mean attention error over the layers and
-    the worst layer."""
+    the worst layer. A cached run's cell says the DiT forwards its cache reused, of all ("reused 4/6": in the
+    run's cell, not a column of its own, so that 80 columns still fit without breaking a number)."""
     from rich.table import Table
 
     steps = report.settings["error_steps"]
@@ -60,8 +61,9 @@ def rich_table(report: Any) -> Any:
               caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
     # (`vsagen.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
-    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 else "backend", overflow="fold",
-                 min_width=8)
+    cached = any(r.cached for r in report.rows)  # --cache: the forwards each run computed / reused
+    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 or cached else "backend",
+                 overflow="fold", min_width=8)
     kept = any(r.key_tiles_kept for r in report.rows)  # VSA's backends: key tiles kept per query tile, of all
     for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", *(("key\ntiles\nkept",) if kept else ()), "PSNR\ndB",
                 "SSIM", "latents\nrel-L2", "attn\nrel-L2\nmean", "attn rel-L2\nworst layer"):
@@ -69,16 +71,21 @@ def rich_table(report: Any) -> Any:
     for r in report.rows:
         share = (f"{r.key_tiles_kept[0]}/{r.key_tiles_kept[1]}" if r.key_tiles_kept else
                  "all" if r.sparsity is None else "")
-        t.add_row(r.label.replace(":", ":\n").replace(" / ", " /\n"), f"{r.dit_s_per_video:.3f}",
-                  f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x", *((share,) if kept else ()),
+        reused = (f"\nreused {r.dit_reused_forwards}/{r.dit_computed_forwards + r.dit_reused_forwards}"
+                  if r.cached else "")
+        t.add_row(r.label.replace(":", ":\n").replace(" / ", " /\n").replace(" + ", " +\n") + reused,
+                  f"{r.dit_s_per_video:.3f}", f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x",
+                  *((share,) if kept else ()),
                   _num(r.psnr_db, ".2f"),
                   _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"), _num(r.attention_rel_l2_mean, ".1e"),
                   _worst_layer(r))
     return t
 
 
-CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "steps", "guidance", "flow_shift",
-              "dit_forwards", "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
+CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "cache", "cache_spec", "steps", "guidance",
+              "flow_shift", "dit_forwards", "dit_computed_forwards", "dit_reused_forwards", "dit_reuse_share",
+              "dit_per_computed_forward_s", "dit_per_reused_forward_s",
+              "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
               "key_tiles_kept",
               "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean", "attention_rel_l2_max", "probe_s",
               "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer", "file")

@@ -178,8 +178,10 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     if image is not None and not prompt.strip():
         notes = (NO_PROMPT_NOTE,) + notes
     out = options.output
-    # the default name says the backend and a few-step sampler (a dmd run and a default one are different videos)
-    what = req.backends[0].name + (f"-{req.sampler.name}" if req.sampler.renoise else "")
+    # the default name says the backend, a few-step sampler and a step cache (a dmd run and a default one, a cached
+    # run and an uncached one, are different videos)
+    what = (req.backends[0].name + (f"-{req.sampler.name}" if req.sampler.renoise else "")
+            + (f"-{req.cache.name}" if req.cache.enabled else ""))
     path = out.out if out.out is not None else default_out(model, what, req.seed, out.overwrite)
     json_out = check_output(path, out.overwrite)
     sheet_out = sheet_path(path) if out.sheet else None

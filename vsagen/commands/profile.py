@@ -7,10 +7,14 @@ The model is loaded once and the prompt embeddings computed once (`vsagen.pipeli
 with the same denoised size starts from the same latents (a `crop` configuration denoises a larger latent, so its
 noise is a different draw).
 
+With `--cache` (a comma list, e.g. `none,first-block`) every (backend, cache) pair of a tile fit is a configuration,
+the caches of one backend side by side; the cache's hooks go on after the backend and come off before it
+(`Session.run(cache=...)`), and each row counts the DiT forwards its cache computed and reused.
+
 Per configuration (`ProfileRow`): DiT seconds per step (all transformer forwards of a step: two with CFG),
 the attention backend's seconds per step and its stages (VSA: coarse, fine; the tile-order reorderings are
-reported apart as `layout`), the attention share of DiT time, the DiT speed-up against `full` at the same tile
-fit, the DiT time projected to the preset's step count, and the final latents' relative L2 distance to `full`'s.
+reported apart as `layout`), the attention share of DiT time, the DiT speed-up against `full` uncached at the same
+tile fit, the DiT time projected to the preset's step count, and the final latents' relative L2 distance to `full`'s.
 Also what the backend says of itself (`describe`: sparse-vdit's pattern file, its sha256, density and modes) and,
 for backends whose layers run differently (`per_layer`: sparse-vdit; their `report(device).layers`), one row per
 (expert, layer): launches,
@@ -20,7 +24,7 @@ Overhead of vsagen itself (`stock`): the same transformer with diffusers' own pr
 but the DiT timers (`diffusers-sdpa`; on CUDA its SDPA calls are pinned to cuDNN, then flash, as `full`'s are,
 so the difference is vsagen's code, not a kernel choice), and `full` with its tokens in tile order
 (`full+tile-order`: dense attention does not depend on token order, so it differs from `full` only by the cost
-of the tile-order hooks). Both run at the first tile fit.
+of the tile-order hooks). Both run at the first tile fit, uncached.
 
 Under torchrun (`--ulysses N`, `--cfg-parallel`) every rank loads the model and runs every configuration split
 across the ranks (`Session.run` switches the parallelism on and off per configuration); after each, every rank's
@@ -42,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..attention.full import FullAttention
+from ..cache import NO_CACHE, CacheCounts, cache_counts
 from ..presets import LAST_IMAGE_REQUIRED
 from .profile_config import ProfileConfig
 from ..timing import TimingReport, rank_stats
@@ -62,7 +67,7 @@ class TileOrderFull(FullAttention):
 
 
 @dataclass
-class ProfileRow:
+class ProfileRow(CacheCounts):
     """One configuration's timing; every `*_s_per_step` is seconds per denoising step (mean over the timed
     steps; a step holds two transformer forwards with CFG).
 
@@ -74,11 +79,11 @@ class ProfileRow:
     `diffusers-sdpa`, which has no vsagen processor. Under `--compile` what ran inside the compiled graphs is
     None too: `attn1_s_per_step` always, and `attention_s_per_step` and `attention_share_of_dit` when the
     backend was compiled in (`traceable`; its stages are then empty); `layout_s_per_step` then counts only the
-    reorderings outside the blocks. `speedup_vs_full` = DiT s/step of `full` at the same tile fit / this row's
-    (exactly 1.0 for `full`; None without a `full` row). `projected_dit_s` = DiT s/step x
+    reorderings outside the blocks. `speedup_vs_full` = DiT s/step of `full` uncached at the same tile fit / this
+    row's (exactly 1.0 for it; None without such a row). `projected_dit_s` = DiT s/step x
     `projected_steps` (the preset's step count). `overhead_vs_stock` = DiT s/step / `diffusers-sdpa`'s - 1 (for
-    `full` and the overhead rows). `latents_rel_l2_vs_full`: ||x - x_full|| / ||x_full|| of the final
-    (cropped) latents against `full` at the same tile fit. `backend_info` is the backend's `describe(device)`
+    `full` uncached and the overhead rows). `latents_rel_l2_vs_full`: ||x - x_full|| / ||x_full|| of the final
+    (cropped) latents against `full` uncached at the same tile fit. `backend_info` is the backend's `describe(device)`
     (empty for the overhead rows). `layers` holds, for backends that record it, what each (expert, layer) ran in
     its first call of the configuration (the first warm-up or timed step, its first forward), sorted by
     expert then layer (the backend's `report(device).layers`): {"expert", "layer", "heads", "launches" (kernel
@@ -86,6 +91,9 @@ class ProfileRow:
     tile pairs / (heads x tiles^2)), "sdpa_heads" (heads run by SDPA instead of the kernel), "modes" ({mode name:
     heads})}; empty for the others. `launches_per_forward` (their sum)
     and `block_density` (their head-weighted mean) summarise them (None without `layers`).
+
+    The step cache (`--cache`): `CacheCounts`' fields (its entry, the DiT forwards it computed and reused, the
+    seconds of one of each).
 
     Multi-process runs (`--ulysses`, `--cfg-parallel`): `dit_s_per_step`, `attention_s_per_step`,
     `all_to_all_s_per_step` (Ulysses' sequence <-> heads exchanges, inside the attention) and
@@ -132,27 +140,27 @@ class ProfileRow:
 
     @property
     def label(self) -> str:
-        """Backend name with its sparsity, e.g. "vsa 0.875"."""
-        return self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "")
+        """Backend name with its sparsity and the cache, if any, e.g. "vsa 0.875", "full + first-block"."""
+        return self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "") + self.cache_suffix
 
 
 def row_labels(rows: list[ProfileRow]) -> list[str]:
     """Each row's label ("vsa 0.875"), or its spec without the default options ("vsa:impl=torch") where two rows of
     one tile fit would otherwise read the same (two settings of one backend that differ in more than the
-    sparsity)."""
+    sparsity); either followed by " + <cache>" in a cached row."""
     from ..attention.spec import short_spec_text
 
     labels = [r.label for r in rows]
     keys = [(label, r.tile_fit) for label, r in zip(labels, rows)]
-    return [short_spec_text(r.spec) if keys.count(k) > 1 and r.spec else label
+    return [short_spec_text(r.spec) + r.cache_suffix if keys.count(k) > 1 and r.spec else label
             for label, r, k in zip(labels, rows, keys)]
 
 
 @dataclass
 class ProfileReport:
-    """The result of `profile_dit`: `rows` holds one `ProfileRow` per (tile fit, backend), in that order;
+    """The result of `profile_dit`: `rows` holds one `ProfileRow` per (tile fit, backend, cache), in that order;
     `overhead` the `diffusers-sdpa` and `full+tile-order` rows (empty with --no-stock);
-    `tile_fit_comparison` one entry per backend when both tile fits ran. `load_s` and `text_encode_s` (host
+    `tile_fit_comparison` one entry per (backend, cache) when both tile fits ran. `load_s` and `text_encode_s` (host
     clock, once for all configurations) are outside every row."""
 
     settings: dict[str, Any]
@@ -222,7 +230,8 @@ def _per_step(x: float | None, steps: int) -> float | None:
 
 def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Measured, cfg: ProfileConfig,
               has_processor: bool, tiled: bool, impl: str | None = None,
-              tile: tuple[int, int, int] | None = None) -> ProfileRow:
+              tile: tuple[int, int, int] | None = None, cache: Any = NO_CACHE) -> ProfileRow:
+    """One configuration's `ProfileRow` from its measurement `m` (`cache`: the `CacheSpec` it ran with)."""
     from ..layout import TILE, tile_layout
 
     t = m.report
@@ -250,6 +259,7 @@ def _make_row(name: str, kind: str, spec: Any, tile_fit: str, plan: Any, m: _Mea
         cfg_exchange_s_per_step=_per_step(top["cfg_exchange_s"], steps),
         ranks=[{"rank": r["rank"], "dit_forwards": r["dit_forwards"],
                 **{name: _per_step(r[key], steps) for key, name in RANK_FIELDS.items()}} for r in m.ranks or []],
+        **cache_counts(cache, t),
     )
 
 
@@ -268,8 +278,8 @@ def _pinned_sdpa() -> Any:
 
 def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: None,
                 writer: bool = True) -> ProfileReport | None:
-    """Load the model once (`vsagen.pipeline.Session`) and time every (backend, tile fit) configuration of `cfg` on
-    it (see the module docstring for what is measured and how).
+    """Load the model once (`vsagen.pipeline.Session`) and time every (tile fit, backend, cache) configuration of
+    `cfg` on it (see the module docstring for what is measured and how).
 
     Under `--ulysses` / `--cfg-parallel` every rank of the launch's process group (`vsagen.parallel.launch.start`)
     calls this with the same `cfg`; each configuration's timing is gathered to rank 0 (the `writer`), which returns
@@ -304,7 +314,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     session = Session.load(cfg, [b for _, b in backends],
                            also_runs=[TileOrderFull()] if stock_rows(cfg) else [], conditioning=conditioning, log=log)
     if cfg.device == "cpu" and writer:  # hours of work on a real size: said once the model loaded
-        warning = cpu_time_estimate(cfg, runs=len(backends) * len(cfg.tile_fits) + 2 * stock_rows(cfg),
+        warning = cpu_time_estimate(cfg, runs=len(backends) * len(cfg.tile_fits) * len(cfg.caches)
+                                    + 2 * stock_rows(cfg),
                                     runs_of="configurations")
         if warning is not None:
             log(warning)
@@ -317,10 +328,11 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
                              + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
                                "CLIP where the model has it) is outside the DiT times")
 
-    def measure(label: str, plan: Any, backend: Any, context: Callable[[], Any] = contextlib.nullcontext) -> _Measured:
+    def measure(label: str, plan: Any, backend: Any, context: Callable[[], Any] = contextlib.nullcontext,
+                cache: Any = NO_CACHE) -> _Measured:
         log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
             f"{cfg.warmup} warm-up + {cfg.steps} timed steps")
-        run = session.run(backend, plan, context=context, what=f"profiling {label}")
+        run = session.run(backend, plan, context=context, what=f"profiling {label}", cache=cache)
         report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
                                            untimed=session.untimed(backend))
         ranks = None
@@ -337,13 +349,14 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     names = [spec.name for spec in cfg.backends]
     for fit in cfg.tile_fits:
         plan = session.plan(fit)
-        for spec, backend in backends:
+        for (spec, backend), cache in ((b, c) for b in backends for c in cfg.caches):  # a backend's caches together
             what = spec.short_text() if names.count(spec.name) > 1 else spec.name  # settings of one backend apart
-            m = measure(f"{what} (tile fit {fit})", plan, backend)
+            what += f" + {cache.short_text()}" if cache.enabled else ""
+            m = measure(f"{what} (tile fit {fit})", plan, backend, cache=cache)
             said = backend.report(device)  # what the run's layers ran (each run prepares the backend anew)
             info = said.info
             rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled,
-                                  info.get("impl_ran", spec.impl), tuple(backend.tile)))
+                                  info.get("impl_ran", spec.impl), tuple(backend.tile), cache))
             r = rows[-1]
             r.spec, r.backend_info, r.layers = spec.text(), info, [dict(row) for row in said.layers]
             r.launches_per_forward, r.block_density = _layer_summary(r.layers)
@@ -371,13 +384,14 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
 
 
 def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], latents: dict[int, Any]) -> None:
-    """Fill each row's speed-up and latent distance against the first `full` row of its tile fit, and the overhead
-    against `diffusers-sdpa` (`overhead[0]`, when the overhead rows ran). `latents`: id(row) -> final latents."""
+    """Fill each row's speed-up and latent distance against the first uncached `full` row of its tile fit, and the
+    overhead against `diffusers-sdpa` (`overhead[0]`, when the overhead rows ran). `latents`: id(row) -> final
+    latents."""
     from ..bench import rel_l2
 
     full: dict[str, ProfileRow] = {}
-    for r in rows:  # the first `full` entry of each tile fit is the baseline
-        if r.backend == BASELINE:
+    for r in rows:  # the first uncached `full` entry of each tile fit is the baseline
+        if r.backend == BASELINE and not r.cached:
             full.setdefault(r.tile_fit, r)
     stock = overhead[0] if overhead else None
     for r in rows + overhead:
@@ -387,19 +401,20 @@ def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], laten
             r.latents_rel_l2_vs_full = dist if math.isfinite(dist) else None  # NaN latents: no distance
             if r.kind == "backend":
                 r.speedup_vs_full = ref.dit_s_per_step / r.dit_s_per_step
-        if stock is not None and r.tile_fit == stock.tile_fit and (r.kind == "overhead" or r.backend == BASELINE):
+        if stock is not None and r.tile_fit == stock.tile_fit and (r.kind == "overhead" or r is full.get(r.tile_fit)):
             r.overhead_vs_stock = r.dit_s_per_step / stock.dit_s_per_step - 1.0
 
 
 def _tile_fit_comparison(cfg: ProfileConfig, rows: list[ProfileRow]) -> list[dict[str, Any]]:
-    """One entry per backend entry when both tile fits ran: its partial and crop rows side by side."""
+    """One entry per (backend entry, cache) when both tile fits ran: its partial and crop rows side by side."""
     comparison: list[dict[str, Any]] = []
     if set(cfg.tile_fits) != {"partial", "crop"}:
         return comparison
-    for spec in cfg.backends:
-        p, c = (next(r for r in rows if r.spec == spec.text() and r.tile_fit == f) for f in ("partial", "crop"))
+    for spec, cache in ((b, c) for b in cfg.backends for c in cfg.caches):
+        p, c = (next(r for r in rows if r.spec == spec.text() and r.cache_spec == cache.text() and r.tile_fit == f)
+                for f in ("partial", "crop"))
         comparison.append({
-            "backend": spec.name, "sparsity": spec.sparsity,
+            "backend": spec.name, "sparsity": spec.sparsity, "cache": cache.short_text(),
             "partial_tokens": p.tokens, "crop_tokens": c.tokens,
             "partial_dit_s_per_step": p.dit_s_per_step, "crop_dit_s_per_step": c.dit_s_per_step,
             "crop_vs_partial": c.dit_s_per_step / p.dit_s_per_step,
@@ -424,6 +439,13 @@ def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str
                      "machine moves them a lot; compare backends on a GPU")
     if BASELINE not in [s.name for s in cfg.backends]:
         notes.append("no `full` in --attn: speed-ups, latent distances and the overhead of `full` are not computed")
+    elif all(c.enabled for c in cfg.caches):
+        notes.append("no `none` in --cache: speed-ups and latent distances are against `full` uncached, which did not "
+                     "run; add it (e.g. --cache none,first-block)")
+    if any(r.cached for r in rows):
+        notes.append(f"cached rows: DiT s/step and its projection to {cfg.full_steps} steps hold the share these "
+                     f"{cfg.steps} timed steps reused (each configuration's cache starts afresh); another step count "
+                     "reuses another share: the seconds per computed and per reused forward carry over")
     interpreted = sorted({label for r, label in zip(rows, row_labels(rows)) if r.impl == "triton"})
     if interpreted and interpreting():
         notes.append(f"{', '.join(interpreted)}: the Triton kernels ran under the Triton interpreter "

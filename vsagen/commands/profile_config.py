@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..attention.registry import backend_facts, named_weights_file
+from ..cache import parse_cache_list
 from ..errors import BadInput
 from ..models import attention_dims, resolve_model
 from ..paths import check_folder, check_target
@@ -32,8 +33,8 @@ CPU_KERNEL_MAX_TOKENS = 8192
 class ProfileConfig(Request):
     """A validated `vsagen profile` request (see `Request` for the shared fields).
 
-    Every (backend, tile fit) pair is one configuration, run on one loaded pipeline with the same prompt
-    embeddings and seed: `warmup` untimed denoising steps, then `steps` timed ones. `full_steps` is the
+    Every (tile fit, backend, step cache) triple is one configuration (`caches`: the `--cache` list, `none` without
+    one), run on one loaded pipeline with the same prompt embeddings and seed: `warmup` untimed denoising steps, then `steps` timed ones. `full_steps` is the
     preset's step count, the DiT time is projected to it. `stock` adds the overhead rows (diffusers' own
     processors, and `full` in tile order). `kernels` times the attention alone at the model's shape instead
     (no model is loaded; `heads` x `head_dim` come from the architecture, and are 0 without `kernels`). `fmt`
@@ -66,7 +67,7 @@ class ProfileConfig(Request):
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""
         d = asdict(self)
-        d.pop("caches", None)  # --cache is not a flag of this command yet
+        d["caches"] = [c.summary() for c in self.caches]
         d.pop("samplers")
         d["sampler"] = self.sampler.summary()
         for key in ("source", "offload", "vae_tiling", "attn_requested", "attn_note"):
@@ -107,7 +108,9 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     apply. `options.output.out` (the report) and `plot` must not exist unless `overwrite`, and their folders must be
     writable; `plot` needs matplotlib (`pip install 'vsagen[plot]'`) and a .png, .svg or .pdf name. `ulysses` and
     `cfg_parallel` are checked as for `t2v`, the degree against every tile fit's grid; `kernels` (one process, no
-    model) takes neither. A profile keeps its weights on the device and never decodes (offload none, VAE tiling
+    model) takes neither. `--cache` is a list (`vsagen.request.caching.resolve_caches`: each entry once, not with
+    `--compile` or several processes, `mag` with its calibration file, not `mag:calibrate=true`); `kernels` takes
+    none. A profile keeps its weights on the device and never decodes (offload none, VAE tiling
     off).
 
     Raises:
@@ -121,6 +124,8 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     if kernels and (s.steps is not None or s.warmup is not None):
         raise BadInput("--steps and --warmup count denoising steps; --kernels times the attention alone "
                        "(drop them, or drop --kernels)")
+    if kernels and s.cache is not None and any(c.enabled for c in parse_cache_list(s.cache)):
+        raise BadInput("--cache reuses DiT forwards across steps; --kernels times the attention alone (drop one)")
     if kernels and plot is not None:
         raise BadInput("--plot draws the DiT time per backend; it does not apply to --kernels")
     if kernels and (pl.ulysses not in (None, 1) or pl.cfg_parallel or pl.gpus not in (None, 1)):

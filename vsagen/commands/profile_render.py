@@ -112,11 +112,14 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
     s = rep.settings
     ulysses, cfg_parallel = s.get("ulysses", 1) > 1, s.get("cfg_parallel", False)
     fits = list(dict.fromkeys(r.tile_fit for r in rep.rows))
+    cached = any(r.cached for r in rep.rows)  # --cache: what each row computed and reused
     # the columns most read first: a narrow terminal's first table holds them (`_split_columns`)
     head = (["backend"] + (["tile fit"] if len(fits) > 1 else []) + ["DiT s/step", "attention s/step"]
             + (["all-to-all s/step"] if ulysses else []) + (["CFG exchange s/step"] if cfg_parallel else [])
-            + ["attention % of DiT", "speed-up vs full", "latents rel-L2 vs full",
-               f"DiT s for {n} step{'s' if n != 1 else ''}", "stages s/step", "layout s/step", "grid (S, tiles)"])
+            + ["attention % of DiT", "speed-up vs full", "latents rel-L2 vs full"]
+            + (["DiT forwards computed / reused", "DiT s per computed forward", "DiT s per reused forward"]
+               if cached else [])
+            + [f"DiT s for {n} step{'s' if n != 1 else ''}", "stages s/step", "layout s/step", "grid (S, tiles)"])
     body = []
     for r, label in zip(rep.rows, row_labels(rep.rows)):
         stages = ", ".join(f"{k} {_sec(v)}" for k, v in r.attention_stages_s_per_step.items()) or "-"
@@ -124,8 +127,10 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
                     + [_sec(r.dit_s_per_step), _sec(r.attention_s_per_step)]
                     + ([_sec(r.all_to_all_s_per_step)] if ulysses else [])
                     + ([_sec(r.cfg_exchange_s_per_step)] if cfg_parallel else [])
-                    + [_pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _rel(r.latents_rel_l2_vs_full),
-                       _sec(r.projected_dit_s), stages, _sec(r.layout_s_per_step),
+                    + [_pct(r.attention_share_of_dit), _times(r.speedup_vs_full), _rel(r.latents_rel_l2_vs_full)]
+                    + ([f"{r.dit_computed_forwards} / {r.dit_reused_forwards}", _sec(r.dit_per_computed_forward_s),
+                        _sec(r.dit_per_reused_forward_s)] if cached else [])
+                    + [_sec(r.projected_dit_s), stages, _sec(r.layout_s_per_step),
                        f"{'x'.join(map(str, r.grid))} ({r.tokens}, {r.tiles})"])
     slowest = " (slowest rank)" if ulysses or cfg_parallel else ""
     tables: list[Table] = [Table(f"DiT time per backend{slowest}" + (f", tile fit {fits[0]}" if len(fits) == 1
@@ -135,7 +140,8 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
         tables.append(Table("tile fit: partial edge tiles vs crop (denoise a latent rounded up to whole tiles)",
                             ["backend", "partial S", "crop S", "partial DiT s/step", "crop DiT s/step",
                              "crop / partial", "partial attention s/step", "crop attention s/step"],
-                            [[c["backend"] + (f" {c['sparsity']:g}" if c["sparsity"] is not None else ""),
+                            [[c["backend"] + (f" {c['sparsity']:g}" if c["sparsity"] is not None else "")
+                              + (f" + {c['cache']}" if c.get("cache", "none") != "none" else ""),
                               str(c["partial_tokens"]), str(c["crop_tokens"]), _sec(c["partial_dit_s_per_step"]),
                               _sec(c["crop_dit_s_per_step"]), _times(c["crop_vs_partial"]),
                               _sec(c["partial_attention_s_per_step"]), _sec(c["crop_attention_s_per_step"])]

@@ -56,7 +56,8 @@ def resolve_caches(text: str | None, model: str, placement: Any, sampler: Any, p
         BadInput: an entry that does not parse, several where one runs, a cache with `--compile` (diffusers' cache
             hooks decide on the host, under `torch.compiler.disable`, which breaks vsagen's one-graph blocks), with
             `--offload group` (a reused forward skips blocks whose onload hooks order the prefetch), with several
-            processes (each rank would decide alone), or `mag` without a calibration file.
+            processes (each rank would decide alone), `mag` without a calibration file, or `mag:calibrate=true` where
+            several run (profile, compare: a calibration is a t2v or i2v run).
     """
     if text is None:
         return (NO_CACHE,), ()
@@ -76,6 +77,9 @@ def resolve_caches(text: str | None, model: str, placement: Any, sampler: Any, p
     if processes > 1:
         raise BadInput(f"--cache {name} runs in one process (each rank would decide alone what to reuse); drop "
                        "--gpus / --ulysses / --cfg-parallel")
+    if several and any(s.name == "mag" and s.options.calibrate for s in specs):
+        raise BadInput("--cache mag:calibrate=true calibrates in a vsagen t2v or i2v run, which writes the ratios "
+                       "(it skips nothing: nothing to measure); run that first, then list mag here")
     specs = tuple(_mag(s, model) if s.name == "mag" else s for s in specs)
     notes: tuple[str, ...] = ()
     if sampler.renoise:

@@ -508,6 +508,9 @@ def test_profile_rows_per_backend_and_cache_count_what_the_hooks_did(cli_cache, 
     md = render(rep, "markdown")
     assert "| full + first-block:threshold=1e+09 | " in md and "| vsa 0.875 + first-block:threshold=1e+09 | " in md
     assert "DiT forwards computed / reused" in md and "| 2 / 2 |" in md and "| 4 / 0 |" in md
+    overhead = md.split("**vsagen overhead")[1].split("**")[1]  # the overhead table: uncached full only
+    assert [ln.split(" | ")[0] for ln in overhead.splitlines() if ln.startswith("| ") and "---" not in ln][1:] == [
+        "| diffusers-sdpa", "| full", "| full+tile-order"]
     assert any(n.startswith("cached rows: DiT s/step and its projection") for n in data["notes"])
     table = render(rep, "table", width=400)
     assert "full + first-block:threshold=1e+09" in table and "2 / 2" in table

@@ -148,7 +148,7 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
                              for c in rep.tile_fit_comparison]))
     if rep.overhead:
         fit = rep.overhead[0].tile_fit
-        full = [r for r in rep.rows if r.backend == BASELINE and r.tile_fit == fit]
+        full = [r for r in rep.rows if r.backend == BASELINE and r.tile_fit == fit and not r.cached]
         body = [[r.backend, _sec(r.dit_s_per_step), _sec(r.attention_s_per_step), _sec(r.layout_s_per_step),
                  "-" if r.backend == STOCK else _signed_pct(r.overhead_vs_stock), _rel(r.latents_rel_l2_vs_full)]
                 for r in [rep.overhead[0], *full, *rep.overhead[1:]]]

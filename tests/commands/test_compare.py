@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -486,3 +487,30 @@ def test_caches_that_reuse_nothing_leave_every_frame_as_uncached(vsagen_cache, t
     csv_rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
     assert [(r["cache"], r["dit_computed_forwards"], r["dit_reused_forwards"]) for r in csv_rows] == [
         ("none", "4", "0"), ("first-block:threshold=0", "4", "0")] * 2
+
+
+@pytest.mark.slow
+def test_every_backend_runs_with_every_cache(vsagen_cache, tiny_dir, tmp_path):
+    """Issue 34's acceptance on the tiny model: every registered backend with every cache (first-block, taylorseer,
+    mag from a calibration file), each at settings that reuse, in one compare run: a mp4 per run, each row's
+    computed + reused forwards add up to its DiT forwards, the cached rows reuse, the uncached ones do not."""
+    from vsagen.attention import backend_names
+    from vsagen.cache_hooks import save_ratios
+
+    ratios = tmp_path / "mag.json"
+    save_ratios(ratios, "tiny", 2, {"transformer": [1.0, 1.0]})
+    caches = ["none", "first-block:threshold=1e9", "taylorseer:cache_interval=2:disable_cache_before_step=1",
+              f"mag:file={ratios}:threshold=1"]
+    out = tmp_path / "out"
+    attn = ",".join(n + (":remap=true" if n == "sparse-vdit" else "") for n in backend_names())  # its file: any grid
+    res = runner.invoke(app, ["compare", "a prompt", "--model", "tiny", "--attn", attn, "--cache", ",".join(caches),
+                              *SMALL, "--error-steps", "none", "--no-plot", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) == len(backend_names()) * len(caches)
+    assert {r["backend"] for r in rows} == set(backend_names())
+    for r in rows:
+        assert (out / Path(r["file"]).name).is_file(), r["label"]
+        assert r["dit_computed_forwards"] + r["dit_reused_forwards"] == r["dit_forwards"] == 4, r["label"]
+        assert (r["dit_reused_forwards"] > 0) == (r["cache"] != "none"), r["label"]
+        assert r["psnr_db"] == "inf" or math.isfinite(r["psnr_db"]), r["label"]

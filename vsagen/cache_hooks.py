@@ -38,8 +38,9 @@ MAG_FILE_VERSION = 1
 
 
 def diffusers_config(spec: CacheSpec, *, steps: int, dtype: Any, ratios: Sequence[float] | None = None) -> Any:
-    """The diffusers config of `spec` for one expert that runs `steps` steps (MagCache interpolates its `ratios`
-    to them); `dtype`: the transformer's, for TaylorSeer's factors (diffusers' default bfloat16 would round an fp32
+    """The diffusers config of `spec` for one expert that runs `steps` steps (where the count of
+    its `ratios` differs, diffusers' MagCacheConfig resamples them to `steps` by nearest neighbour: entries repeated
+    or dropped); `dtype`: the transformer's, for TaylorSeer's factors (diffusers' default bfloat16 would round an fp32
     run's features)."""
     from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
 
@@ -104,12 +105,12 @@ class InstalledCache:
         while self._undo:
             self._undo.pop()()
 
-    def save_calibration(self, model: str, steps: int) -> Path | None:
-        """While MagCache calibrates: write `ratios()` to the spec's `file` (`save_ratios`) and return the path;
-        else None."""
+    def save_calibration(self, model: str, steps: int, sampler: str | None = None) -> Path | None:
+        """While MagCache calibrates: write `ratios()` to the spec's `file` (`save_ratios`: `model`, the run's
+        `steps` and `sampler` name) and return the path; else None."""
         if self.spec.name != "mag" or not self.spec.options.calibrate:
             return None
-        save_ratios(self.spec.options.file, model, steps, self.ratios())
+        save_ratios(self.spec.options.file, model, steps, self.ratios(), sampler)
         return self.spec.options.file
 
     def ratios(self) -> dict[str, list[float]]:
@@ -210,27 +211,39 @@ def expert_steps(pipe: Any, steps: int) -> dict[str, int]:
     return {names[0]: high, names[1]: steps - high}
 
 
-def save_ratios(path: Path, model: str, steps: int, ratios: dict[str, list[float]]) -> None:
-    """Write MagCache's calibrated ratios of `model` to `path` (JSON: version, model, steps, ratios by expert),
-    through a temporary file beside it.
+def save_ratios(path: Path, model: str, steps: int, ratios: dict[str, list[float]], sampler: str | None = None) -> None:
+    """Write MagCache's calibrated ratios of `model` to `path` (JSON: version, model, steps, sampler, ratios by
+    expert), through a temporary file beside it (`calibration_text`).
 
     Raises:
         BadInput: no ratios (nothing ran), or the file cannot be written.
     """
-    if not ratios:
-        raise BadInput("--cache mag:calibrate=true: the run recorded no ratios")
-    text = json.dumps({"version": MAG_FILE_VERSION, "model": model, "steps": steps, "ratios": ratios}, indent=1)
+    text = calibration_text(model, steps, ratios, sampler)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text + "\n")
+        tmp.write_text(text)
         tmp.replace(path)
     except OSError as e:
         raise BadInput(f"--cache mag: cannot write the calibration file {path} ({e.strerror or e})") from None
 
 
-def load_ratios(path: Path) -> dict[str, list[float]]:
-    """MagCache's ratios by expert from a file `save_ratios` wrote.
+def calibration_text(model: str, steps: int, ratios: dict[str, list[float]], sampler: str | None = None) -> str:
+    """The calibration file's JSON text: version, `model` (as `--model` named it), the `steps` the run took and
+    its `sampler`'s name (what later runs are checked against, `calibration_notes`), the ratios by expert.
+
+    Raises:
+        BadInput: no ratios (nothing ran).
+    """
+    if not ratios:
+        raise BadInput("--cache mag:calibrate=true: the run recorded no ratios")
+    return json.dumps({"version": MAG_FILE_VERSION, "model": model, "steps": steps, "sampler": sampler,
+                       "ratios": ratios}, indent=1) + "\n"
+
+
+def load_calibration(path: Path) -> dict[str, Any]:
+    """A calibration file `save_ratios` wrote: {"model": str | None, "steps": int | None, "sampler": str | None,
+    "ratios": {expert: [float, ...]}} (None: not recorded, a file of an earlier vsagen).
 
     Raises:
         BadInput: no such file, or not such a file (the line says how to make one).
@@ -241,8 +254,20 @@ def load_ratios(path: Path) -> dict[str, list[float]]:
     try:
         data = json.loads(path.read_text())
         ratios = {str(k): [float(x) for x in v] for k, v in data["ratios"].items()}
+        model, steps, sampler = data.get("model"), data.get("steps"), data.get("sampler")
+        steps = int(steps) if steps is not None else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise BadInput(f"--cache mag: {path} is not a MagCache calibration file of vsagen; {how}") from None
     if not ratios or not all(ratios.values()):
         raise BadInput(f"--cache mag: {path} holds no ratios; {how}")
-    return ratios
+    return {"model": None if model is None else str(model), "steps": steps,
+            "sampler": None if sampler is None else str(sampler), "ratios": ratios}
+
+
+def load_ratios(path: Path) -> dict[str, list[float]]:
+    """MagCache's ratios by expert from a file `save_ratios` wrote (`load_calibration`'s "ratios").
+
+    Raises:
+        BadInput: as `load_calibration`.
+    """
+    return load_calibration(path)["ratios"]

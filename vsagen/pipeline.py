@@ -573,7 +573,7 @@ class Session:
                 cached.remove()
             handle.remove()
             installed.close()
-        if cached is not None and (saved := cached.save_calibration(cfg.model, n_steps)) is not None:
+        if cached is not None and (saved := cached.save_calibration(cfg.model, n_steps, sampler.name)) is not None:
             self.notes.append(f"--cache mag: calibrated ratios of {cfg.model} ({n_steps} steps) written to {saved}; "
                               "runs with --cache mag read them")
         return Denoised(latents, video, records, warmup_s, plan)

@@ -17,29 +17,67 @@ from vsagen.cache_hooks import save_ratios
 from vsagen.cli import app
 from vsagen.errors import BadInput
 from vsagen.request.caching import default_mag_file, resolve_caches
+from vsagen.request.sampling import SamplerPlan
 from vsagen.samplers import NAMED
 
 runner = CliRunner()
 PLACE = SimpleNamespace(compile=False, offload="none")
+DEFAULT = [SamplerPlan(NAMED["default"], 2, 5.0, 3.0)]
+DMD = [SamplerPlan(NAMED["dmd"], 3, 1.0, 3.0)]
 
 
 def test_resolve_caches(vsagen_cache, tmp_path):
-    assert resolve_caches(None, "tiny", PLACE, NAMED["default"], 1) == ((NO_CACHE,), ())
-    (spec,), notes = resolve_caches("first-block:threshold=0.1", "tiny", PLACE, NAMED["default"], 1)
+    assert resolve_caches(None, "tiny", PLACE, DEFAULT, 1) == ((NO_CACHE,), ())
+    (spec,), notes = resolve_caches("first-block:threshold=0.1", "tiny", PLACE, DEFAULT, 1)
     assert spec.options.threshold == 0.1 and notes == ()
-    _, notes = resolve_caches("first-block", "tiny", PLACE, NAMED["dmd"], 1)
+    _, notes = resolve_caches("first-block", "tiny", PLACE, DMD, 1)
     assert len(notes) == 1 and "dmd sampler (3 steps)" in notes[0]
     assert default_mag_file("wan2.1-t2v-1.3b") == vsagen_cache / "magcache" / "wan2.1-t2v-1.3b.json"
     assert default_mag_file("/data/my ckpt/").name == "data_my_ckpt.json"
-    (spec,), _ = resolve_caches("mag:calibrate=true", "tiny", PLACE, NAMED["default"], 1)
+    (spec,), _ = resolve_caches("mag:calibrate=true", "tiny", PLACE, DEFAULT, 1)
     assert spec.options.file == default_mag_file("tiny")
     save_ratios(tmp_path / "r.json", "tiny", 2, {"transformer": [1.0, 0.9]})
-    (spec,), _ = resolve_caches(f"mag:file={tmp_path / 'r.json'}", "tiny", PLACE, NAMED["default"], 1)
+    (spec,), _ = resolve_caches(f"mag:file={tmp_path / 'r.json'}", "tiny", PLACE, DEFAULT, 1)
     assert spec.options.file == tmp_path / "r.json"
-    specs, _ = resolve_caches("none,first-block", "tiny", PLACE, NAMED["default"], 1, several=True)
+    specs, _ = resolve_caches("none,first-block", "tiny", PLACE, DEFAULT, 1, several=True)
     assert [s.name for s in specs] == ["none", "first-block"]
-    assert resolve_caches("none", "tiny", SimpleNamespace(compile=True, offload="group"), NAMED["default"], 4)[0] \
+    assert resolve_caches("none", "tiny", SimpleNamespace(compile=True, offload="group"), DEFAULT, 4)[0] \
         == (NO_CACHE,)  # no cache: nothing to refuse
+
+
+def test_mag_file_of_another_model_is_refused_before_loading(vsagen_cache, tmp_path):
+    save_ratios(tmp_path / "r.json", "tiny-a14b", 2, {"transformer": [1.0, 0.9]}, "default")
+    with pytest.raises(BadInput, match=r"^--cache mag: .*r.json holds the ratios of --model tiny-a14b, not of --model "
+                                       r"tiny; calibrate tiny with --cache mag:calibrate=true$"):
+        resolve_caches(f"mag:file={tmp_path / 'r.json'}", "tiny", PLACE, DEFAULT, 1)
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu", "--cache",
+                              f"mag:file={tmp_path / 'r.json'}", "--out", str(tmp_path / "v.mp4")])
+    assert res.exit_code == 2 and "holds the ratios of --model tiny-a14b" in one_error_line(res)
+    assert not (tmp_path / "v.mp4").exists()
+
+
+def test_mag_file_of_other_steps_or_sampler_is_noted(vsagen_cache, tmp_path):
+    """diffusers' MagCacheConfig resamples a ratio list of another length by nearest neighbour: the note says so."""
+    path = tmp_path / "r.json"
+    save_ratios(path, "tiny", 2, {"transformer": [1.0, 0.9]}, "default")
+    assert resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)[1] == ()
+    _, notes = resolve_caches(f"mag:file={path}", "tiny", PLACE, [SamplerPlan(NAMED["default"], 8, 5.0, 3.0)], 1)
+    assert notes == ("mag: calibrated at 2 steps, run at 8 steps: diffusers resamples its ratios to 8 steps by "
+                     "nearest neighbour (entries repeated or dropped, none measured at these steps); for this run's "
+                     "own ratios, calibrate with --cache mag:calibrate=true --steps 8",)
+    _, notes = resolve_caches(f"mag:file={path}", "tiny", PLACE, DMD, 1)
+    assert notes[0].startswith("mag: calibrated at 2 steps and the default sampler, run at 3 steps and the dmd "
+                               "sampler: diffusers resamples") and notes[0].endswith("--steps 3 --sampler dmd")
+    assert "dmd sampler (3 steps): a cache may reuse" in notes[1] and len(notes) == 2
+    # compare's samplers: a note per sampler that differs, the few-step note once per re-noise sampler
+    _, notes = resolve_caches(f"none,mag:file={path}", "tiny", PLACE, DEFAULT + DMD + DMD, 1, several=True)
+    assert len(notes) == 2 and "dmd sampler" in notes[0] and "a cache may reuse" in notes[1]
+    # what diffusers does with a list of another length (the note's words)
+    from diffusers.hooks import MagCacheConfig
+    cfg = MagCacheConfig(num_inference_steps=4, mag_ratios=[1.0, 0.5])
+    assert cfg.mag_ratios.tolist() == [1.0, 1.0, 0.5, 0.5]
+    save_ratios(path, "tiny", 2, {"transformer": [1.0, 0.9]})  # an earlier file without its sampler: steps only
+    assert resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)[1] == ()
 
 
 @pytest.mark.parametrize("text, place, processes, words", [
@@ -51,7 +89,7 @@ def test_resolve_caches(vsagen_cache, tmp_path):
 ])
 def test_resolve_caches_refuses(vsagen_cache, text, place, processes, words):
     with pytest.raises(BadInput, match=words):
-        resolve_caches(text, "tiny", place, NAMED["default"], processes)
+        resolve_caches(text, "tiny", place, DEFAULT, processes)
 
 
 BAD = [

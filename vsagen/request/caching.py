@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..cache import NO_CACHE, CacheSpec, parse_cache_list
 from ..errors import BadInput
@@ -22,9 +22,24 @@ def default_mag_file(model: str) -> Path:
     return cache_dir() / "magcache" / f"{slug}.json"
 
 
-def _mag(spec: CacheSpec, model: str) -> CacheSpec:
-    """A `mag` spec with its file filled in and checked: the ratios readable (a run that reads them), or a folder
-    that takes the file (a calibration)."""
+def run_steps(plan: Any) -> int:
+    """The denoising steps a `SamplerPlan` runs: a re-noise sampler's sigma count, else its `steps`."""
+    return len(plan.sampler.sigmas) if plan.sampler.renoise else plan.steps
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two `--model` texts name one model: equal (a trailing "/" aside), or paths to one folder."""
+    a, b = a.strip().rstrip("/"), b.strip().rstrip("/")
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def _mag(spec: CacheSpec, model: str, plans: Sequence[Any]) -> tuple[CacheSpec, tuple[str, ...]]:
+    """A `mag` spec with its file filled in and checked, and its notes: a calibration needs a folder that takes the
+    file; a run reads the file, which must be the model's, and is noted where it was calibrated at another step
+    count or sampler than a run's (`plans`: the run's `SamplerPlan`s)."""
     from ..paths import check_folder
 
     path = spec.options.file if spec.options.file is not None else default_mag_file(model)
@@ -36,20 +51,40 @@ def _mag(spec: CacheSpec, model: str) -> CacheSpec:
             check_folder(path.parent)
         except BadInput as e:
             raise BadInput(f"--cache mag:calibrate=true: {e}") from None
-        return spec
-    from ..cache_hooks import load_ratios
+        return spec, ()
+    from ..cache_hooks import load_calibration
 
-    load_ratios(path)
-    return spec
+    cal = load_calibration(path)
+    if cal["model"] is not None and not _same_model(cal["model"], model):
+        raise BadInput(f"--cache mag: {path} holds the ratios of --model {cal['model']}, not of --model {model}; "
+                       f"calibrate {model} with --cache mag:calibrate=true")
+    notes = []
+    for plan in plans:
+        steps, sampler = run_steps(plan), plan.sampler.name
+        differ = [(f"{cal['steps']} steps", f"{steps} steps", f"--steps {steps}")
+                  if cal["steps"] is not None and cal["steps"] != steps else None,
+                  (f"the {cal['sampler']} sampler", f"the {sampler} sampler", f"--sampler {sampler}")
+                  if cal["sampler"] is not None and cal["sampler"] != sampler else None]
+        differ = [d for d in differ if d is not None]
+        if not differ:
+            continue
+        how = (f"diffusers resamples its ratios to {steps} steps by nearest neighbour (entries repeated or dropped, "
+               "none measured at these steps)" if differ[0][0].endswith("steps") else
+               "its ratios were measured along another sampler's steps")
+        notes.append(f"mag: calibrated at {' and '.join(d[0] for d in differ)}, run at "
+                     f"{' and '.join(d[1] for d in differ)}: {how}; for this run's own ratios, calibrate with "
+                     f"--cache mag:calibrate=true {' '.join(d[2] for d in differ)}")
+    return spec, tuple(dict.fromkeys(notes))
 
 
-def resolve_caches(text: str | None, model: str, placement: Any, sampler: Any, processes: int,
+def resolve_caches(text: str | None, model: str, placement: Any, plans: Sequence[Any], processes: int,
                    several: bool = False) -> tuple[tuple[CacheSpec, ...], tuple[str, ...]]:
     """The `--cache` entries (None: `none`) as specs, and the run notes they call for.
 
     Args:
         text: the `--cache` text; model: `--model` as given (MagCache's default file); placement: the
-            `PlacementOptions`; sampler: the run's (first) `Sampler`; processes: the run's process count.
+            `PlacementOptions`; plans: the `SamplerPlan` of every sampler the command runs (compare: several);
+            processes: the run's process count.
         several: the command runs every entry (else one).
 
     Raises:
@@ -80,9 +115,15 @@ def resolve_caches(text: str | None, model: str, placement: Any, sampler: Any, p
     if several and any(s.name == "mag" and s.options.calibrate for s in specs):
         raise BadInput("--cache mag:calibrate=true calibrates in a vsagen t2v or i2v run, which writes the ratios "
                        "(it skips nothing: nothing to measure); run that first, then list mag here")
-    specs = tuple(_mag(s, model) if s.name == "mag" else s for s in specs)
-    notes: tuple[str, ...] = ()
-    if sampler.renoise:
-        notes += (f"--cache {name} with the {sampler.name} sampler ({len(sampler.sigmas)} steps): a cache may reuse a "
-                  "large share of so few steps, each far from the last; measure the cost with vsagen compare",)
-    return specs, notes
+    notes: list[str] = []
+    resolved = []
+    for s in specs:
+        if s.name == "mag":
+            s, mag_notes = _mag(s, model, plans)
+            notes += mag_notes
+        resolved.append(s)
+    for sampler in dict.fromkeys(p.sampler for p in plans if p.sampler.renoise):  # once per few-step sampler
+        notes.append(f"--cache {name} with the {sampler.name} sampler ({len(sampler.sigmas)} steps): a cache may "
+                     "reuse a large share of so few steps, each far from the last; measure the cost with vsagen "
+                     "compare")
+    return tuple(resolved), tuple(dict.fromkeys(notes))

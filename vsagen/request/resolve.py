@@ -532,7 +532,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     ulysses, cfg_parallel, split_notes = _split_request(pl, source, device, guidance, frames, height, width, fits,
                                                         crop_tile)
     notes += split_notes
-    caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans[0].sampler, ulysses * (1 + cfg_parallel),
+    caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans, ulysses * (1 + cfg_parallel),
                                          several=backends == SEVERAL)
     notes += cache_notes
     attn_note = None

@@ -93,3 +93,21 @@ def test_cache_counts_of_a_run():
     assert CacheCounts(**cache_counts(parse_cache("taylorseer"), timing)).cache_spec == (
         "taylorseer:cache_interval=5:disable_cache_before_step=3:max_order=1:lite=false")
     assert (CacheCounts().cached, CacheCounts().cache_suffix, NO_CACHE.short_text()) == (False, "", "none")
+
+
+def test_no_reuse_note_names_what_kept_the_run_computing():
+    """A cached run that reused no forward gets one note naming the option to change; none when it reused, without a
+    cache, or while MagCache calibrates (it never reuses)."""
+    from vsagen.cache import no_reuse_note
+
+    computed = [("dit", 0, 1.0), ("dit_computed", 0, 1.0)] * 4
+    assert no_reuse_note(parse_cache("first-block"), computed) == (
+        "first-block reused no forward: its threshold 0.05 was never met; raise it to reuse")
+    assert no_reuse_note(parse_cache("first-block:threshold=0"), computed, "comparing vsa + first-block:threshold=0") \
+        == ("first-block:threshold=0 reused no forward when comparing vsa + first-block:threshold=0: its threshold 0 "
+            "was never met; raise it to reuse")
+    assert "raise threshold (or lower retention_ratio)" in no_reuse_note(parse_cache("mag:threshold=0"), computed)
+    assert "cache_interval 5 after disable_cache_before_step 3" in no_reuse_note(parse_cache("taylorseer"), computed)
+    assert no_reuse_note(parse_cache("first-block"), [*computed, ("dit_reused", 1, 0.1)]) is None
+    assert no_reuse_note(NO_CACHE, [("dit", 0, 1.0)]) is None
+    assert no_reuse_note(parse_cache("mag:calibrate=true"), computed) is None

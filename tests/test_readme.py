@@ -91,3 +91,5 @@ def test_readme_cpu_commands_run_as_pasted(tmp_path, vsagen_cache, tiny_dir):
             assert list(where.rglob("*.mp4")), f"{command} wrote no mp4"
         if "profile" in words:
             assert "attention" in out, f"{command}\n{out}"
+        if "--cache" in words:  # the cache examples reuse on the tiny model (else a note says what to raise)
+            assert "reused no forward" not in out + err, f"{command}\n{out}\n{err}"

@@ -179,6 +179,26 @@ def cache_counts(spec: CacheSpec, timing: Any) -> dict[str, Any]:
             **timing.cache_stats()}
 
 
+def no_reuse_note(spec: CacheSpec, records: Any, where: str = "") -> str | None:
+    """The run note of a cached run that reused no DiT forward (None when it reused one, had no cache, or calibrated
+    MagCache, which never reuses): what kept it computing and which option to change. `records`: the run's
+    `Timer.finish` (name, step, seconds) records; `where` names the run among several ("comparing vsa + mag")."""
+    names = [r[0] for r in records]
+    if not spec.enabled or (spec.name == "mag" and spec.options.calibrate) or "dit_reused" in names \
+            or "dit_computed" not in names:
+        return None
+    o = spec.options
+    why = {"first-block": f"its threshold {format_option(getattr(o, 'threshold', 0))} was never met; raise it to "
+                          "reuse",
+           "mag": f"its predicted error stayed above its threshold {format_option(getattr(o, 'threshold', 0))} "
+                  f"after the first {format_option(getattr(o, 'retention_ratio', 0))} of the steps; raise threshold "
+                  "(or lower retention_ratio) to reuse",
+           "taylorseer": f"no forward fell between two computed ones (cache_interval "
+                         f"{getattr(o, 'cache_interval', 0)} after disable_cache_before_step "
+                         f"{getattr(o, 'disable_cache_before_step', 0)} computed forwards); lower them to reuse"}
+    return f"{spec.short_text()} reused no forward{f' when {where}' if where else ''}: {why[spec.name]}"
+
+
 def parse_cache(text: str, where: str = "--cache") -> CacheSpec:
     """One `NAME[:KEY=VALUE...]` entry as a `CacheSpec`.
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from .cache import no_reuse_note
 from .cache_hooks import expert_steps, install_cache
 from .errors import RunFailure
 from .layout import CropPlan, plan_crop
@@ -573,6 +574,8 @@ class Session:
                 cached.remove()
             handle.remove()
             installed.close()
+        if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
+            self.notes.append(note)
         if cached is not None and (saved := cached.save_calibration(cfg.model, n_steps, sampler.name)) is not None:
             self.notes.append(f"--cache mag: calibrated ratios of {cfg.model} ({n_steps} steps) written to {saved}; "
                               "runs with --cache mag read them")

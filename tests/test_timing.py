@@ -123,6 +123,23 @@ def test_rich_table_rows():
     assert console.export_text().count("not timed") == 2
 
 
+def test_rich_table_shows_the_cache_counts_whenever_a_cache_is_set():
+    """A cache that reused nothing still shows computed / reused / share (t2v hid them); no cache: no such rows."""
+    from rich.console import Console
+
+    records = [("total", -1, 8.0), ("denoise", 0, 6.0)] + [r for s in range(4) for r in (("dit", s, 1.0),
+                                                                                          ("dit_computed", s, 1.0))]
+    console = Console(width=200, record=True)
+    console.print(_report(records).rich_table("t", cached=True))
+    text = console.export_text()
+    for needle in ("computed: 4 forwards", "reused (cache): 0 forwards", "reuse share 0%"):
+        assert needle in text, needle
+    assert text.count("per forward") == 1  # of the computed ones only: no reused forward to average
+    console = Console(width=200, record=True)
+    console.print(_report(records).rich_table("t"))
+    assert "reuse share" not in console.export_text()
+
+
 def test_rich_table_leaves_out_the_regions_nobody_timed():
     """`vsagen.apply`'s report times the transformers only: no text-encode / denoise / VAE / total rows of 0 s
     (new-user trial), while the DiT and attention rows stay."""

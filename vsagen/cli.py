@@ -276,7 +276,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
                  + (" | CFG parallel" if cfg.cfg_parallel else "")
                  + (" | VAE tiled" if s["vae_tiling"] else "")
                  + (" | light VAE decoder" if s.get("vae_decoder") == "light" else ""))
-        con.print(fit_table(result.report.rich_table(title=title), con.width))  # the title broken between fields
+        table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
+        con.print(fit_table(table, con.width))  # the title broken between fields
         ranks = result.report.ranks_table()
         if ranks is not None:
             con.print(ranks)

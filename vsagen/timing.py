@@ -369,9 +369,11 @@ class TimingReport:
             t.add_row(label, "", *(fmt(stats[f"ranks_{label}"][k]) for _, k in cols))
         return t
 
-    def rich_table(self, title: str = "timing"):  # -> rich.table.Table
+    def rich_table(self, title: str = "timing", cached: bool = False):  # -> rich.table.Table
         """Render as a Rich table: region, seconds, share of the total, share of DiT time. It fits 80 columns (and
-        far fewer): where space runs short the region labels wrap (or fold), the numbers stay whole on their line."""
+        far fewer): where space runs short the region labels wrap (or fold), the numbers stay whole on their line.
+        The DiT forwards computed and reused, and the reuse share, show where a step cache reused a forward or
+        `cached` says the run had one (a cache that reused nothing: computed N, reused 0, share 0%)."""
         from rich.table import Table
 
         t = Table(title=title, title_justify="left")
@@ -404,14 +406,15 @@ class TimingReport:
             f"step{'s' if steps != 1 else ''})", self.dit_s, True)
         if steps:
             t.add_row("    per step (mean)", f"{self.dit_s / steps:.3f}", "", "")
-        if self.dit_reused_forwards:  # a step cache served some forwards: what a computed and a reused one cost
+        if self.dit_reused_forwards or cached:  # a step cache: what a computed and a reused forward cost
             stats = self.cache_stats()
             for what, n, sec in (("computed", self.dit_computed_forwards, self.dit_computed_s),
                                  ("reused (cache)", self.dit_reused_forwards, self.dit_reused_s)):
                 row(f"    {what}: {n} forward{'s' if n != 1 else ''}", sec, True)
                 per = stats["dit_per_computed_forward_s" if what == "computed" else "dit_per_reused_forward_s"]
-                t.add_row("      per forward", f"{per:.3f}", "", "")
-            t.add_row(f"    reuse share {100 * stats['dit_reuse_share']:.0f}%", "", "", "")
+                if per is not None:
+                    t.add_row("      per forward", f"{per:.3f}", "", "")
+            t.add_row(f"    reuse share {100 * (stats['dit_reuse_share'] or 0):.0f}%", "", "", "")
         if len(self.dit_by_expert_s) > 1:
             for expert, sec in self.dit_by_expert_s.items():
                 n = self.dit_forwards_by_expert.get(expert, 0)

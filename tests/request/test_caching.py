@@ -150,3 +150,17 @@ def test_t2v_json_counts_equal_an_independent_counter(vsagen_cache, tiny_dir, tm
     assert (t["dit_computed_forwards"], t["dit_reused_forwards"], t["dit_reused_steps"]) == (2, 4, [1, 2])
     assert t["dit_reuse_share"] == pytest.approx(4 / 6) and out.is_file()
     assert t["dit_computed_s"] + t["dit_reused_s"] == pytest.approx(t["dit_s"], rel=0.2)
+
+
+@pytest.mark.slow
+def test_t2v_that_reused_nothing_shows_its_counts_and_says_why(vsagen_cache, tiny_dir, tmp_path):
+    """`t2v --cache first-block:threshold=0`: the table shows computed 4 / reused 0 / share 0% (they were hidden)
+    and a note says the threshold was never met."""
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--cache", "first-block:threshold=0", "--steps", "2",
+                              "--frames", "5", "--height", "64", "--width", "64", "--device", "cpu", "--out",
+                              str(tmp_path / "v.mp4")], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    for needle in ("computed: 4 forwards", "reused (cache): 0 forwards", "reuse share 0%",
+                   "note: first-block:threshold=0 reused no forward: its threshold 0 was never met; raise it to reuse"):
+        assert needle in res.output, needle
+    assert "reused no forward" in " ".join(json.loads((tmp_path / "v.json").read_text())["timing"]["notes"])

@@ -148,12 +148,14 @@ def test_mag_calibrates_two_experts_saves_and_loads(a14b, tmp_path):
     assert expert_steps(session.pipe, 6) == {"transformer": 2, "transformer_2": 4}
     base, _, _ = run(session, vsa, "none")
     path = tmp_path / "ratios.json"
-    same, records, _ = run(session, vsa, f"mag:calibrate=true:file={path}")
-    assert torch.equal(same, base) and not steps_of(records, "dit_reused")
+    r = session.run(vsa, session.plan("partial"), cache=parse_cache(f"mag:calibrate=true:file={path}"))
+    assert torch.equal(r.latents, base) and not steps_of(r.records, "dit_reused")
+    assert not path.exists() and r.calibration[0] == path  # the caller writes it (t2v: with the video)
+    path.write_text(r.calibration[1])
     data = json.loads(path.read_text())
-    assert data["model"] == "tiny-a14b" and data["steps"] == 6
+    assert (data["model"], data["steps"], data["sampler"]) == ("tiny-a14b", 6, "default")
     assert [len(data["ratios"][e]) for e in ("transformer", "transformer_2")] == [2, 4]
-    assert data["ratios"]["transformer"][0] == 1.0 and any("calibrated ratios" in n for n in session.notes)
+    assert data["ratios"]["transformer"][0] == 1.0
     same, records, _ = run(session, vsa, f"mag:file={path}:threshold=0")
     assert torch.equal(same, base) and not steps_of(records, "dit_reused")
     lat, records, seen = run(session, vsa, f"mag:file={path}:threshold=1e9:retention_ratio=0:max_skip_steps=2")

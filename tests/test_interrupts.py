@@ -432,3 +432,38 @@ def test_a_signal_at_any_instant_of_the_write_leaves_all_or_nothing(vsagen_cache
     time.sleep(0.2)  # an ffmpeg that outlived its parent would write now
     for folder in folders:
         assert sorted(p.name for p in folder.iterdir()) in ([], ["a.json", "a.mp4"], ["cmp"])
+
+
+@pytest.mark.slow
+def test_a_signal_during_a_mag_calibration_writes_no_calibration(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """A Ctrl-C while a `mag:calibrate=true` run decoded said "interrupted; nothing was written" but left the
+    calibration file, written before the decode. It is now written with the video: interrupted, neither file is
+    there (nor a temporary one); complete, both, an earlier calibration replaced (without --overwrite)."""
+    import vsagen.commands.generate as gen
+    from vsagen.cache_hooks import load_calibration, save_ratios
+    from vsagen.commands.generate_config import resolve_generate
+
+    ratios = tmp_path / "cal" / "mag.json"
+    save_ratios(ratios, "earlier", 9, {"transformer": [1.0]})
+    earlier = ratios.read_text()
+    real = gen._frame_chunks
+
+    def signalled(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C as the decode starts (held by Outputs to a safe point)
+        yield from real(*a, **k)
+
+    def config():
+        return resolve_generate("a fox", model="tiny", frames=5, height=64, width=64, steps=2, warmup=0,
+                                device="cpu", cache=f"mag:calibrate=true:file={ratios}", out=str(tmp_path / "v.mp4"))
+
+    monkeypatch.setattr(gen, "_frame_chunks", signalled)
+    with as_interrupt():
+        with pytest.raises(SignalInterrupt):
+            gen.generate(config())
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cal", "mag.json"] and ratios.read_text() == earlier
+    monkeypatch.setattr(gen, "_frame_chunks", real)
+    result = gen.generate(config())
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cal", "mag.json", "v.json", "v.mp4"]
+    cal = load_calibration(ratios)
+    assert (cal["model"], cal["steps"], cal["sampler"], len(cal["ratios"]["transformer"])) == ("tiny", 2, "default", 2)
+    assert any(f"written to {ratios} with the video" in n for n in result.summary["timing"]["notes"])

@@ -326,3 +326,21 @@ def test_a_failed_stream_finishes_its_producer_at_once(tmp_path):
     with pytest.raises(Exception, match="decoded frames of"):
         encode_mp4_stream(producer(), tmp_path / "p.mp4", 8)
     assert finished == [True]
+
+
+def test_an_added_file_told_to_replace_replaces_without_overwrite(tmp_path):
+    """`add(..., replace=True)` (a MagCache calibration) replaces its file whatever `overwrite` says; added last, a
+    refused earlier file leaves it as it was."""
+    (tmp_path / "cal.json").write_text("old")
+    with Outputs() as outputs:
+        outputs.add(tmp_path / "a.json", lambda tmp: tmp.write_text("a"))
+        outputs.add(tmp_path / "cal.json", lambda tmp: tmp.write_text("new"), replace=True)
+        outputs.publish()
+    assert (tmp_path / "cal.json").read_text() == "new"
+    with pytest.raises(BadInput, match="a.json exists"):
+        with Outputs() as outputs:
+            outputs.add(tmp_path / "a.json", lambda tmp: tmp.write_text("b"))
+            outputs.add(tmp_path / "cal.json", lambda tmp: tmp.write_text("newer"), replace=True)
+            outputs.publish()
+    assert (tmp_path / "cal.json").read_text() == "new" and (tmp_path / "a.json").read_text() == "a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "cal.json"]

@@ -105,13 +105,16 @@ class InstalledCache:
         while self._undo:
             self._undo.pop()()
 
-    def save_calibration(self, model: str, steps: int, sampler: str | None = None) -> Path | None:
-        """While MagCache calibrates: write `ratios()` to the spec's `file` (`save_ratios`: `model`, the run's
-        `steps` and `sampler` name) and return the path; else None."""
+    def calibration_file(self, model: str, steps: int, sampler: str | None = None) -> tuple[Path, str] | None:
+        """While MagCache calibrates: (the spec's `file`, its JSON text: `calibration_text` of `ratios()`, `model`,
+        the run's `steps` and `sampler` name), for the caller to write with its other files; else None.
+
+        Raises:
+            BadInput: no ratios were recorded.
+        """
         if self.spec.name != "mag" or not self.spec.options.calibrate:
             return None
-        save_ratios(self.spec.options.file, model, steps, self.ratios(), sampler)
-        return self.spec.options.file
+        return self.spec.options.file, calibration_text(model, steps, self.ratios(), sampler)
 
     def ratios(self) -> dict[str, list[float]]:
         """The calibrated ratios per expert: per step, the mean over the contexts (cond / uncond) that ran it."""
@@ -211,7 +214,8 @@ def expert_steps(pipe: Any, steps: int) -> dict[str, int]:
     return {names[0]: high, names[1]: steps - high}
 
 
-def save_ratios(path: Path, model: str, steps: int, ratios: dict[str, list[float]], sampler: str | None = None) -> None:
+def save_ratios(path: Path, model: str, steps: int, ratios: dict[str, list[float]],
+                sampler: str | None = None) -> None:
     """Write MagCache's calibrated ratios of `model` to `path` (JSON: version, model, steps, sampler, ratios by
     expert), through a temporary file beside it (`calibration_text`).
 

@@ -297,6 +297,8 @@ class Denoised:
         records: the timer's (name, step, seconds) records (`Timer.finish`), warm-up excluded.
         warmup_s: host seconds of the untimed warm-up steps (0 without warm-up).
         plan: the crop plan that was denoised.
+        calibration: a MagCache calibration run's (file, JSON text) (`InstalledCache.calibration_file`), for the
+            caller to write with its other files (`vsagen t2v`: with the video, or not at all); else None.
     """
 
     latents: Any
@@ -304,6 +306,7 @@ class Denoised:
     records: list[tuple[str, int, float]]
     warmup_s: float
     plan: CropPlan
+    calibration: tuple[Any, str] | None = None
 
     @property
     def layout_s(self) -> float:
@@ -462,8 +465,8 @@ class Session:
             context: a context manager factory entered around warm-up and timed steps (e.g. SDPA pinning).
             what: names the run in an out-of-memory message ("generating", "profiling vsa (tile fit crop)").
             cache: the step cache (`vsagen.cache.CacheSpec`; default the request's first), installed on every
-                expert after the backend and removed before it (`vsagen.cache_hooks`); MagCache's calibration is
-                written once the run ends.
+                expert after the backend and removed before it (`vsagen.cache_hooks`); MagCache's calibration
+                comes back in `Denoised.calibration`, unwritten.
             log: receives a status line before each phase without a progress bar of its own (the VAE decode).
 
         Returns:
@@ -576,10 +579,8 @@ class Session:
             installed.close()
         if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
             self.notes.append(note)
-        if cached is not None and (saved := cached.save_calibration(cfg.model, n_steps, sampler.name)) is not None:
-            self.notes.append(f"--cache mag: calibrated ratios of {cfg.model} ({n_steps} steps) written to {saved}; "
-                              "runs with --cache mag read them")
-        return Denoised(latents, video, records, warmup_s, plan)
+        return Denoised(latents, video, records, warmup_s, plan,
+                        cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
 
     def _parallel_off(self, transformers: Sequence[Any]) -> None:
         """Switch diffusers' context parallelism off again after a `--ulysses` run (before vsagen's patch is removed:

@@ -79,6 +79,7 @@ class Outputs:
         self.folder = folder
         self._staged: list[tuple[Path, Path]] = []
         self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
+        self._replace: set[Path] = set()  # targets `add` was told to replace whatever `overwrite` says
         self._created = False
         self._published = False
         self._stack = contextlib.ExitStack()
@@ -111,14 +112,19 @@ class Outputs:
             if converted is not exc[1]:
                 raise converted from exc[1]
 
-    def add(self, target: Path, write: Callable[[Path], None], suffix: str | None = None) -> None:
+    def add(self, target: Path, write: Callable[[Path], None], suffix: str | None = None, *,
+            replace: bool = False) -> None:
         """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s); `write`
-        may call `vsagen.interrupts.check()` at its own safe points (`encode_mp4` does between frames)."""
+        may call `vsagen.interrupts.check()` at its own safe points (`encode_mp4` does between frames). `replace`:
+        the file replaces an existing one whatever `overwrite` says (a MagCache calibration file; add it last, so a
+        refused earlier file leaves the old one in place)."""
         interrupts.check()
         missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
         self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
         tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
         self._staged.append((tmp, target))
+        if replace:
+            self._replace.add(target)
         write(tmp)
         interrupts.check()
 
@@ -129,12 +135,13 @@ class Outputs:
         done: list[Path] = []
         try:
             for tmp, target in self._staged:
-                _publish(tmp, target, self.overwrite)
+                _publish(tmp, target, self.overwrite or target in self._replace)
                 done.append(target)
         except BaseException:
             if not self.overwrite:  # ours alone: linked here a moment ago (an existing file is never replaced)
                 for target in done:
-                    target.unlink(missing_ok=True)
+                    if target not in self._replace:
+                        target.unlink(missing_ok=True)
             raise
         finally:
             self._staged = [(t, g) for t, g in self._staged if g not in done]

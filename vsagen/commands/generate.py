@@ -45,8 +45,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     images.
     Under `--ulysses` / `--cfg-parallel` every rank runs this; only the `writer` (rank 0) decodes and writes, the
     others return None; rank 0's report holds every rank's timing row (`TimingReport.ranks`).
-    The mp4 and the JSON are published together, unless `cancelled()` says an interrupt arrived that Python
-    dropped (one raised inside a finalizer): then KeyboardInterrupt, nothing written.
+    The mp4 and the JSON (and a MagCache calibration's file, `Denoised.calibration`) are published together,
+    unless `cancelled()` says an interrupt arrived that Python dropped (one raised inside a finalizer): then
+    KeyboardInterrupt, nothing written.
     The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
     (`load_model`); the JSON records both. The backend's own weights are attached before the weights are placed.
 
@@ -70,6 +71,10 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     plan = session.plan(cfg.tile_fit)
     noted = len(session.notes)
     run = session.run(backend, plan, encode=True, decode=False, log=log)  # decoded below, as the mp4 is written
+    if run.calibration is not None:  # MagCache's ratios: written with the video below, or not at all
+        session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
+                             f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "
+                             "--cache mag reads them")
     for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
         log(f"note: {note}")
     untimed = session.untimed(backend)
@@ -119,6 +124,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
 
             frames_u8 = np.concatenate(kept)
             outputs.add(cfg.sheet_out, lambda tmp: save_sheet(frames_u8, tmp, cfg.fps, title), ".png")
+        if run.calibration is not None:  # last: it replaces an earlier calibration, once the others are accepted
+            path, ratios = run.calibration
+            outputs.add(path, lambda tmp: tmp.write_text(ratios), ".json", replace=True)
         if cancelled():  # an interrupt swallowed on its way (KeyboardInterrupt inside a finalizer)
             raise KeyboardInterrupt
         try:

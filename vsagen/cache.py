@@ -25,7 +25,7 @@ This module imports neither torch nor diffusers (the command line checks `--cach
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +114,12 @@ NONE = "none"
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """A cache name (`CACHES`) and its options."""
+    """A cache name (`CACHES`) and its options; `implicit`: options the request filled in, not the user (MagCache's
+    per-model default `file`), left out of `short_text` as default options are, kept in `text` and `summary`."""
 
     name: str
     options: Any
+    implicit: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
     def enabled(self) -> bool:
@@ -129,11 +131,12 @@ class CacheSpec:
         return ":".join([self.name] + [f"{k}={format_option(v)}" for k, v in options_dict(self.options).items()])
 
     def short_text(self) -> str:
-        """The spec with only the options that differ from the defaults (labels); a file shows its name only."""
+        """The spec with only the options that differ from the defaults and were given (labels, file names, titles);
+        a file shows its name only."""
         defaults = options_dict(CACHES[self.name]())
         parts = [self.name]
         for k, v in options_dict(self.options).items():
-            if defaults.get(k) != v:
+            if defaults.get(k) != v and k not in self.implicit:
                 parts.append(f"{k}={Path(v).name if k == 'file' else format_option(v)}")
         return ":".join(parts)
 

@@ -129,6 +129,27 @@ def test_runs_are_every_backend_with_every_cache(tmp_path):
     assert any("--cache first-block with the dmd sampler" in n for n in cfg.notes)
 
 
+def test_default_mag_file_stays_out_of_labels_and_names(tmp_path, monkeypatch):
+    """A plain `mag` reads the per-model default file: labels and file names say `mag` (they said mag:file=tiny.json),
+    the settings keep the file; a file given is shown. A few-step sampler after the first gets its note too."""
+    from vsagen.cache_hooks import save_ratios
+    from vsagen.request.caching import default_mag_file
+
+    monkeypatch.setenv("VSAGEN_CACHE", str(tmp_path / "cache"))  # its own: the others find no default file
+    save_ratios(default_mag_file("tiny"), "tiny", 4, {"transformer": [1.0, 0.9, 0.9, 0.9]}, "default")
+    cfg = resolve_compare("a cat", model="tiny", attn="full", cache="none,mag", out=tmp_path / "o", plot=False)
+    assert cfg.labels == ["full", "full + mag"] and cfg.run_files[1].name == "full-mag.mp4"
+    assert cfg.summary()["caches"][1]["file"] == str(default_mag_file("tiny"))
+    assert cfg.runs[1].cache.text().endswith(f"file={default_mag_file('tiny')}")
+    save_ratios(tmp_path / "my.json", "tiny", 4, {"transformer": [1.0, 0.9, 0.9, 0.9]}, "default")
+    cfg = resolve_compare("a cat", model="tiny", attn="full", cache=f"none,mag:file={tmp_path / 'my.json'}",
+                          sampler="default,dmd", out=tmp_path / "p", plot=False)
+    assert cfg.labels[1] == "full + mag:file=my.json / default 4 steps CFG 5"
+    assert sum("with the dmd sampler (3 steps): a cache may reuse" in n for n in cfg.notes) == 1
+    assert sum(n.startswith("mag: calibrated at 4 steps and the default sampler, run at 3 steps and the dmd") for n in
+               cfg.notes) == 1
+
+
 def test_a_negative_prompt_steers_the_runs_with_cfg(tmp_path):
     """The first sampler (dmd) runs without CFG, a later one with it: the negative prompt has an effect, no note."""
     cfg = resolve_compare("a cat", model="tiny", attn="full", sampler="dmd,default", negative_prompt="blurry",

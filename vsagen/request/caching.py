@@ -42,8 +42,9 @@ def _mag(spec: CacheSpec, model: str, plans: Sequence[Any]) -> tuple[CacheSpec, 
     count or sampler than a run's (`plans`: the run's `SamplerPlan`s)."""
     from ..paths import check_folder
 
-    path = spec.options.file if spec.options.file is not None else default_mag_file(model)
-    spec = replace(spec, options=replace(spec.options, file=path))
+    given = spec.options.file is not None
+    path = spec.options.file if given else default_mag_file(model)
+    spec = replace(spec, options=replace(spec.options, file=path), implicit=frozenset(() if given else ("file",)))
     if spec.options.calibrate:
         if path.is_dir():
             raise BadInput(f"--cache mag: file={path} is a folder; name a .json file")

@@ -84,12 +84,14 @@ def test_cache_counts_of_a_run():
 
     from vsagen.cache import CacheCounts, cache_counts, parse_cache
 
-    timing = SimpleNamespace(dit_computed_forwards=2, dit_reused_forwards=6, cache_stats=lambda: {
+    timing = SimpleNamespace(dit_computed_forwards=2, dit_reused_forwards=6, dit_computed_s=1.0, dit_reused_s=0.6,
+                             dit_reused_steps=[1, 2, 3], cache_stats=lambda: {
         "dit_reuse_share": 0.75, "dit_per_computed_forward_s": 0.5, "dit_per_reused_forward_s": 0.1})
     counts = CacheCounts(**cache_counts(parse_cache("first-block:threshold=0.1"), timing))
     assert (counts.cache, counts.cache_spec, counts.cached, counts.cache_suffix) == (
         "first-block:threshold=0.1", "first-block:threshold=0.1", True, " + first-block:threshold=0.1")
     assert (counts.dit_computed_forwards, counts.dit_reused_forwards, counts.dit_reuse_share) == (2, 6, 0.75)
+    assert (counts.dit_computed_s, counts.dit_reused_s, counts.dit_reused_steps) == (1.0, 0.6, [1, 2, 3])
     assert CacheCounts(**cache_counts(parse_cache("taylorseer"), timing)).cache_spec == (
         "taylorseer:cache_interval=5:disable_cache_before_step=3:max_order=1:lite=false")
     assert (CacheCounts().cached, CacheCounts().cache_suffix, NO_CACHE.short_text()) == (False, "", "none")

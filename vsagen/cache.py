@@ -154,7 +154,8 @@ class CacheCounts:
     entry without default options ("none", "first-block:threshold=0.1"), `cache_spec` with every option;
     `dit_computed_forwards` / `dit_reused_forwards` the timed DiT forwards it computed / served from its cache (all
     computed without one), `dit_reuse_share` reused / both, and `dit_per_computed_forward_s` /
-    `dit_per_reused_forward_s` the mean DiT seconds of one (None where none ran)."""
+    `dit_per_reused_forward_s` the mean DiT seconds of one (None where none ran), `dit_computed_s` / `dit_reused_s`
+    their DiT seconds and `dit_reused_steps` the steps with a reused forward (`TIMING_FIELDS`: as t2v's JSON)."""
 
     cache: str = "none"
     cache_spec: str = "none"
@@ -163,6 +164,9 @@ class CacheCounts:
     dit_reuse_share: float | None = None
     dit_per_computed_forward_s: float | None = None
     dit_per_reused_forward_s: float | None = None
+    dit_computed_s: float = 0.0
+    dit_reused_s: float = 0.0
+    dit_reused_steps: list[int] = field(default_factory=list)
 
     @property
     def cached(self) -> bool:
@@ -175,11 +179,15 @@ class CacheCounts:
         return f" + {self.cache}" if self.cached else ""
 
 
+# The fields `CacheCounts` takes from a run's `vsagen.timing.TimingReport` under the same names (t2v's JSON "timing"
+# has them too), besides its `cache_stats()`.
+TIMING_FIELDS = ("dit_computed_forwards", "dit_reused_forwards", "dit_computed_s", "dit_reused_s", "dit_reused_steps")
+
+
 def cache_counts(spec: CacheSpec, timing: Any) -> dict[str, Any]:
     """`CacheCounts`' fields of a run with the cache `spec`, from its `vsagen.timing.TimingReport` `timing`."""
     return {"cache": spec.short_text(), "cache_spec": spec.text(),
-            "dit_computed_forwards": timing.dit_computed_forwards, "dit_reused_forwards": timing.dit_reused_forwards,
-            **timing.cache_stats()}
+            **{k: getattr(timing, k) for k in TIMING_FIELDS}, **timing.cache_stats()}
 
 
 def no_reuse_note(spec: CacheSpec, records: Any, where: str = "") -> str | None:

@@ -476,6 +476,10 @@ def test_caches_that_reuse_nothing_leave_every_frame_as_uncached(vsagen_cache, t
         assert (r["dit_forwards"], r["dit_computed_forwards"], r["dit_reused_forwards"]) == (4, 4, 0)
         assert r["dit_reuse_share"] == 0.0 and r["dit_per_reused_forward_s"] is None
         assert r["dit_per_computed_forward_s"] > 0 and r["speedup_vs_reference"] > 0
+        # as t2v's JSON: the seconds of each kind and the steps with a reused forward
+        assert (r["dit_reused_s"], r["dit_reused_steps"]) == (0.0, [])
+        assert r["dit_computed_s"] == pytest.approx(r["dit_s_per_video"], rel=0.2)  # its hooks time a bit more
+    assert sum("reused no forward when comparing" in n for n in data["notes"]) == 2  # full's and vsa's cached runs
     assert np.array_equal(videos[1], videos[0]) and np.array_equal(videos[3], videos[2])
     assert rows[1]["psnr_db"] == "inf" and rows[1]["latents_rel_l2"] == 0.0
     assert rows[3]["psnr_per_frame_db"] == rows[2]["psnr_per_frame_db"] and rows[3]["latents_rel_l2"] == rows[2][
@@ -513,4 +517,6 @@ def test_every_backend_runs_with_every_cache(vsagen_cache, tiny_dir, tmp_path):
         assert (out / Path(r["file"]).name).is_file(), r["label"]
         assert r["dit_computed_forwards"] + r["dit_reused_forwards"] == r["dit_forwards"] == 4, r["label"]
         assert (r["dit_reused_forwards"] > 0) == (r["cache"] != "none"), r["label"]
+        assert (len(r["dit_reused_steps"]) > 0) == (r["cache"] != "none"), r["label"]
+        assert r["dit_computed_s"] + r["dit_reused_s"] == pytest.approx(r["dit_s_per_video"], rel=0.2), r["label"]
         assert r["psnr_db"] == "inf" or math.isfinite(r["psnr_db"]), r["label"]

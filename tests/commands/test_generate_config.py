@@ -197,6 +197,10 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     assert cached.out == Path("vsagen-tiny-vsa-first-block-seed0.mp4")
     uncached = resolve("a fox", model="tiny", attn="vsa", cache="none", device="cpu")
     assert uncached.out == Path("vsagen-tiny-vsa-seed0.mp4")
+    # a MagCache calibration is not a MagCache run (it reuses nothing): its own name
+    monkeypatch.setenv("VSAGEN_CACHE", str(tmp_path / "cache"))
+    calibration = resolve("a fox", model="tiny", attn="vsa", cache="mag:calibrate=true", device="cpu")
+    assert calibration.out == Path("vsagen-tiny-vsa-mag-calibrate-seed0.mp4")
 
 
 def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):

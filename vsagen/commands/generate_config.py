@@ -179,9 +179,10 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
         notes = (NO_PROMPT_NOTE,) + notes
     out = options.output
     # the default name says the backend, a few-step sampler and a step cache (a dmd run and a default one, a cached
-    # run and an uncached one, are different videos)
+    # run and an uncached one, a MagCache calibration and a MagCache run, are different videos)
     what = (req.backends[0].name + (f"-{req.sampler.name}" if req.sampler.renoise else "")
-            + (f"-{req.cache.name}" if req.cache.enabled else ""))
+            + (f"-{req.cache.name}" if req.cache.enabled else "")
+            + ("-calibrate" if req.cache.name == "mag" and req.cache.options.calibrate else ""))
     path = out.out if out.out is not None else default_out(model, what, req.seed, out.overwrite)
     json_out = check_output(path, out.overwrite)
     sheet_out = sheet_path(path) if out.sheet else None

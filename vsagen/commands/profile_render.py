@@ -202,6 +202,7 @@ def _csv(rep: ProfileReport | KernelReport) -> str:
             d = asdict(r)
             d["grid"] = "x".join(map(str, d["grid"]))
             d["dit_per_step_s"] = " ".join(f"{x:.6g}" for x in d["dit_per_step_s"])
+            d["dit_reused_steps"] = " ".join(map(str, d["dit_reused_steps"]))
             st = d.pop("attention_stages_s_per_step")
             for nested in ("dit_by_expert_s_per_step", "backend_info", "layers", "ranks"):
                 d.pop(nested)

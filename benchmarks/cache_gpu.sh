@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue 34's GPU acceptance in one device call (H200 / H100; writes the tables under $OUT): the Wan2.1-1.3B
+# architecture at 480x832x81 with random weights, 50 steps, CFG 5, eager: full, full + first-block, vsa and
+# vsa + first-block (`vsagen profile --cache none,first-block`): DiT seconds per computed and per reused forward,
+# the reuse share and the speed-up over dense uncached, same run. Random weights decide the reuse share (it says
+# nothing of fidelity): what carries over is the cost of a reused step and the speed-up at a given share.
+# Run from the repository root through the device tool, carrying .whl (../shared/gpu/fetch-wheels.sh), one call per
+# threshold (about 4 minutes each):
+#     bash benchmarks/cache_gpu.sh 0.05      (diffusers' default)
+#     bash benchmarks/cache_gpu.sh 0.1
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
+git rev-parse --short HEAD 2>/dev/null
+threshold=${1:-0.05}
+vsagen profile --model wan2.1-t2v-1.3b --random-weights --attn full,vsa --cache "none,first-block:threshold=$threshold" \
+    --steps 50 --warmup 1 --no-stock --format markdown 2>&1 | tee "$OUT/cache-$threshold.md"

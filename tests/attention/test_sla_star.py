@@ -176,7 +176,7 @@ def test_an_all_zero_projection_adds_nothing():
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("tile,grid", [("4x4x4", (5, 6, 10)), ("4x4x8", (5, 9, 17)), ("4x8x8", (5, 9, 17))])
+@pytest.mark.parametrize("tile,grid", [("4x4x4", (5, 6, 10)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 12))])
 def test_marginal_backend_against_an_independent_float64_formula(impl, tile, grid):
     """Batch 2, 3 heads, selections that differ per batch and head (sparsity 0.5 on partial tiles): the backend's
     output minus vsa's is proj(o_l) with o_l over exactly the keys of the tiles VSA did not select (review: a
@@ -227,7 +227,7 @@ def test_backward_against_float64(scope):
 
 
 @pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("tile,grid", [("4x4x4", (2, 4, 5)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 17))])
+@pytest.mark.parametrize("tile,grid", [("4x4x4", (2, 4, 5)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 12))])
 def test_triton_gives_the_torch_result_forward_and_backward(scope, tile, grid):
     """impl=triton (under the interpreter here): the VSA kernels, and the fused Triton branch of either scope
     (`kernels.sla_star_attn`). The same output and gradients (q, k, v and the projection) as impl=torch, batch 2,

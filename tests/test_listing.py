@@ -94,12 +94,12 @@ def test_presets_lists_bundled_presets():
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
     # issue 30: the published sparse / distilled checkpoints with how their authors run them
     fastwan = [c.strip() for c in rows[names.index("fastwan2.1-t2v-1.3b")]]
-    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8",
+    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8 4x4x4",
                              "FastVideo/FastWan2.1-T2V-1.3B-Diffusers"]
     assert [c.strip() for c in rows[names.index("hummingbird-xt")]][4:10] == ["3", "off", "10", "24",
                                                                             "dmd-hummingbird", "full"]
     assert [c.strip() for c in rows[names.index("wan2.1-vsa-t2v-14b-720p")]][4:10] == ["50", "5", "5", "16",
-                                                                                     "default", "vsa 0.9"]
+                                                                                     "default", "vsa 0.9 4x4x4"]
     assert "FastWan2.1 T2V 1.3B (FastVideo/FastWan2.1-T2V-1.3B-Diffusers): VSA 0.8, 3-step DMD" in res.stdout
     # issue 29: height x width, as run titles (frames x height x width) order them, and the header says so
     assert "HxW" in res.stdout and "WxH" not in res.stdout

@@ -36,8 +36,9 @@ def print_presets() -> None:
             steps, guidance = str(len(sampler.sigmas)), "off"
         attn = "auto"
         if d.attn is not None:
-            sparsity = d.attention.get(d.attn, {}).get("sparsity")
-            attn = d.attn + (f" {sparsity:g}" if sparsity is not None else "")
+            sparsity, tile = (d.attention.get(d.attn, {}).get(k) for k in ("sparsity", "tile"))
+            # the trained tile where the preset states it (FastVideo's VSA checkpoints: 4x4x4, kept unless named)
+            attn = d.attn + (f" {sparsity:g}" if sparsity is not None else "") + (f" {tile}" if tile else "")
             published.append(f"{name}: {p.description}")
         rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), steps, guidance,
                      f"{d.flow_shift:g}", str(d.fps), sampler.text, attn, weights))

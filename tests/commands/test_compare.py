@@ -491,6 +491,9 @@ def test_caches_that_reuse_nothing_leave_every_frame_as_uncached(vsagen_cache, t
     csv_rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
     assert [(r["cache"], r["dit_computed_forwards"], r["dit_reused_forwards"]) for r in csv_rows] == [
         ("none", "4", "0"), ("first-block:threshold=0", "4", "0")] * 2
+    for r, row in zip(csv_rows, rows):  # the CSV carries the seconds and reused steps the JSON rows do
+        assert float(r["dit_computed_s"]) == pytest.approx(row["dit_computed_s"]) and r["dit_reused_s"] == "0.0"
+        assert r["dit_reused_steps"] == ""
 
 
 @pytest.mark.slow

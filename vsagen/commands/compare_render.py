@@ -84,8 +84,8 @@ def rich_table(report: Any) -> Any:
 
 CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "cache", "cache_spec", "steps", "guidance",
               "flow_shift", "dit_forwards", "dit_computed_forwards", "dit_reused_forwards", "dit_reuse_share",
-              "dit_per_computed_forward_s", "dit_per_reused_forward_s",
-              "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
+              "dit_per_computed_forward_s", "dit_per_reused_forward_s", "dit_computed_s", "dit_reused_s",
+              "dit_reused_steps", "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
               "key_tiles_kept",
               "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean", "attention_rel_l2_max", "probe_s",
               "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer", "file")
@@ -104,6 +104,7 @@ def render_csv(report: Any) -> str:
         d["psnr_db"] = json_number(r.psnr_db)
         d["sampler"] = r.sampler["entry"]
         d["key_tiles_kept"] = "/".join(map(str, r.key_tiles_kept)) if r.key_tiles_kept else None
+        d["dit_reused_steps"] = " ".join(map(str, r.dit_reused_steps))
         d["psnr_per_frame_db"] = " ".join(str(json_number(x)) for x in r.psnr_per_frame_db)
         d["ssim_per_frame"] = " ".join(f"{x:.6g}" for x in r.ssim_per_frame)
         d["attention_rel_l2_per_layer"] = " ".join(

@@ -9,13 +9,7 @@
 #     bash benchmarks/cache_gpu.sh 0.05      (diffusers' default)
 #     bash benchmarks/cache_gpu.sh 0.1
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
-git rev-parse --short HEAD 2>/dev/null
+source benchmarks/gpu_env.sh || exit 1
 threshold=${1:-0.05}
 vsagen profile --model wan2.1-t2v-1.3b --random-weights --attn full,vsa --cache "none,first-block:threshold=$threshold" \
     --steps 50 --warmup 1 --no-stock --format markdown 2>&1 | tee "$OUT/cache-$threshold.md"

@@ -10,12 +10,8 @@
 # (`git show 63b54d1:infer/examples/wan2.2/autoencoder_kl_turbo_vaed_ours_wan22.py` of AMD-AGI/HummingbirdXT):
 #     bash benchmarks/decode_gpu.sh
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-python3 -c "import torch, triton, diffusers, imageio_ffmpeg; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__, 'imageio-ffmpeg', imageio_ffmpeg.__version__)"
+source benchmarks/gpu_env.sh || exit 1
+nproc; python3 -c "import imageio_ffmpeg; print('imageio-ffmpeg', imageio_ffmpeg.__version__)"
 python3 benchmarks/vae_dtype.py --model wan2.1-t2v-1.3b 2>&1 | grep -v Casting | tee "$OUT/vae_dtype_1.3b.txt"
 python3 benchmarks/vae_dtype.py --model wan2.2-ti2v-5b --tiling 2>&1 | grep -v Casting | tee "$OUT/vae_dtype_5b.txt"
 runs=/tmp/decode-runs; rm -rf "$runs"; mkdir -p "$runs"

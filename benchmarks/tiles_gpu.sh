@@ -17,23 +17,8 @@
 # the sdist, so do FastVideo's.
 set -u
 what=${1:-kernels}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-if [ -d .fa4b/whl ] && [ -d /tmp/fa4/nvidia_cutlass_dsl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site3 .fa4b/whl/*.whl &&
-    cp -rn /tmp/fa4/nvidia_cutlass_dsl/. /tmp/site3/nvidia_cutlass_dsl/ &&
-    cp -rn /tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1.dist-info /tmp/site3/ &&
-    export PYTHONPATH=/tmp/site3:/tmp/site3/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
-else
-    echo "FA4 not prepared (.fa4b or /tmp/fa4 missing): its rows are skipped"
-fi
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'))" \
-    2>/dev/null || echo "flash-attn-4 not importable"
-git rev-parse --short HEAD 2>/dev/null
+source benchmarks/gpu_env.sh || exit 1
+[ -d /tmp/fa4/nvidia_cutlass_dsl ] || echo "FA4 not prepared (.fa4b or /tmp/fa4 missing): its rows are skipped"
 if [ "$what" = kernels ]; then
     python3 benchmarks/tiles.py --shapes 1.3b,14b --fastvideo-sdist .peers/fastvideo-0.2.1.tar.gz \
         --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"

@@ -9,13 +9,7 @@
 # (`pip download --no-deps --no-binary :all: fastvideo==0.2.1 -d .peers`):
 #     bash benchmarks/turbo_gpu.sh
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1 || exit 1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
-git rev-parse --short HEAD 2>/dev/null
+source benchmarks/gpu_env.sh || exit 1
 python3 benchmarks/sla_equivalence.py --sdist .peers/fastvideo-0.2.1.tar.gz --shape 1.3b 2>&1 | grep -v Warning \
     | tee "$OUT/sla_equivalence.txt"
 python3 benchmarks/random_proj.py /tmp/proj.safetensors --layers 30 \

@@ -7,7 +7,7 @@ import torch
 
 import vsagen.blocks as blocks
 from conftest import make_transformer
-from vsagen.pipeline import fused_blocks_apply
+from vsagen.compiling import fused_blocks_apply
 
 
 def run(transformer, per_token: bool, dtype, seed: int = 0):

@@ -136,7 +136,7 @@ LAYERS = (
                     "vsagen.sparsity", "vsagen.parallel")),
     ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.checkpoint_layouts", "vsagen.tiny",
                  "vsagen.paths", "vsagen.transformer_files")),
-    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.loading", "vsagen.estimate", "vsagen.decode_stream",
+    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.compiling", "vsagen.loading", "vsagen.estimate", "vsagen.decode_stream",
              "vsagen.light_vae",
              "vsagen.light_vae_attach")),
     ("commands", ("vsagen.commands",)),

@@ -15,8 +15,7 @@ import torch
 
 from vsagen.errors import RunFailure
 from vsagen.layout import plan_crop
-from vsagen.pipeline import (Conditioning, Denoised, compile_note, expert_kwargs, fused_blocks_apply,
-                             out_of_memory_as_failure)
+from vsagen.pipeline import Conditioning, Denoised, expert_kwargs, out_of_memory_as_failure
 
 
 def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
@@ -45,22 +44,6 @@ def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
     names = [n for n, _, _ in timer.finish()]
     assert names.count("image_encode") == names.count("condition_encode") == 1
     assert names.count("denoise") == 3  # before, between and after the two carved-out stages
-
-
-def test_only_eager_cuda_runs_without_offloading_get_the_regions():
-    assert fused_blocks_apply("cuda", False, "none")
-    assert fused_blocks_apply("cuda:1", False)
-    assert not fused_blocks_apply("cpu", False)
-    assert not fused_blocks_apply("cuda", True)  # --compile compiles whole blocks
-    assert not fused_blocks_apply("cuda", False, "group")  # offload hooks wrap forward
-    assert not fused_blocks_apply("cuda", False, "model")
-
-
-def test_note_says_when_the_compile_is_timed():
-    from vsagen.pipeline import fused_blocks_note
-
-    assert "--warmup 1" in fused_blocks_note(0) and "--warmup" not in fused_blocks_note(1)
-    assert "VSAGEN_FUSED_BLOCKS=0" in fused_blocks_note(1)
 
 
 
@@ -200,18 +183,6 @@ def test_denoised_layout_seconds_add_the_layout_regions():
     d = Denoised(torch.zeros(1), None, records, 0.0, None)
     assert d.layout_s == 0.75
     assert Denoised(torch.zeros(1), None, [], 0.0, None).layout_s == 0
-
-
-def test_compile_note_names_graphs_breaks_and_warmup():
-    whole = compile_note(None, ["vsa"], warmup=1)
-    assert whole.startswith("--compile: every transformer block is one compiled graph")
-    assert "(vsa) runs inside the graphs" in whole and "measure the compiler" not in whole
-    broken = compile_note("--offload group's onload hook on every block is not traceable", [], warmup=0)
-    assert "compiled with graph breaks (--offload group's onload hook" in broken
-    assert "attn1 is inside the graphs and not timed, the attention backend is" in broken
-    assert broken.endswith("--warmup 0: the timed steps include the compilation, so their times measure the compiler")
-    for note in (whole, broken):
-        assert "layout counts only the reorderings outside the blocks" in note and "\n" not in note
 
 
 def test_status_after_speaks_only_for_a_slow_phase():

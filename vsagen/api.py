@@ -245,7 +245,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             (sparse-vdit's pattern file) refuses another here rather than at the first forward.
         steps: denoising steps of each pipeline call, if known (sparse-vdit maps its file's step ranges onto it).
         fused_blocks: also install `vsagen.blocks`' compiled elementwise regions (eager CUDA runs without
-            offloading; see `vsagen.pipeline.fused_blocks_apply`).
+            offloading; see `vsagen.compiling.fused_blocks_apply`).
         weights_root: a checkpoint folder whose `<component>/` subfolders (`transformer/`, `transformer_2/`; the
             folder itself for a bare transformer) hold backend-owned weights (VSA's `to_gate_compress`); None: the
             local folder each transformer was loaded from (`from_pretrained` of a local checkpoint), if any. A file

@@ -297,7 +297,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     from .. import __version__
     from ..loading import torch_dtype, versions
     from ..estimate import cpu_time_estimate
-    from ..pipeline import Conditioning, Session, fused_blocks_note
+    from ..compiling import fused_blocks_note
+    from ..pipeline import Conditioning, Session
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]

@@ -80,8 +80,8 @@ class Request:
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
     vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.light_vae_attach.choose_decoder)
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
-    compile: bool = False  # torch.compile the transformer blocks (vsagen.pipeline.compile_transformers)
-    fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.pipeline.fused_blocks_apply)
+    compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
+    fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
     cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)
     gpus: int | None = None  # processes vsagen starts itself (--gpus; vsagen.parallel.spawn), = `processes`

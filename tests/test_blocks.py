@@ -113,15 +113,15 @@ def test_remove_leaves_a_forward_installed_after_it_alone():
 @pytest.mark.parametrize("value,want", [("", True), ("0", False), ("false", False), ("OFF", False), ("no", False),
                                         ("1", True), ("true", True), ("On", True), ("yes", True)])
 def test_environment_switch_spellings(monkeypatch, value, want):
-    from vsagen.cli import _env_switch
+    from vsagen.cli_run import env_switch
 
     monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", value)
-    assert _env_switch("VSAGEN_FUSED_BLOCKS", True) is want
+    assert env_switch("VSAGEN_FUSED_BLOCKS", True) is want
 
 
 def test_environment_switch_warns_on_nonsense(monkeypatch):
-    from vsagen.cli import _env_switch
+    from vsagen.cli_run import env_switch
 
     monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", "garbage")
     with pytest.warns(RuntimeWarning, match="VSAGEN_FUSED_BLOCKS='garbage'"):
-        assert _env_switch("VSAGEN_FUSED_BLOCKS", True) is True
+        assert env_switch("VSAGEN_FUSED_BLOCKS", True) is True

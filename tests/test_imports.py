@@ -140,7 +140,7 @@ LAYERS = (
              "vsagen.light_vae",
              "vsagen.light_vae_attach")),
     ("commands", ("vsagen.commands",)),
-    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_options", "vsagen.listing",
+    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_run", "vsagen.cli_options", "vsagen.listing",
                    "vsagen.terminal")),
 )
 

@@ -1,27 +1,25 @@
 """The `vsagen` command line (Typer app only: parse, call the library, render).
 
 Library errors (`VsagenError`) become one line on stderr and exit code 2 (bad input) or 1 (failure while
-running); tracebacks appear only with --verbose. Heavy imports (torch, diffusers) happen inside commands. Under a
-torchrun launch (`--ulysses`, `--cfg-parallel`) rank 0 prints; the other ranks print an error only if rank 0 did not fail too.
+running); tracebacks appear only with --verbose (`vsagen.cli_run`). Heavy imports (torch, diffusers) happen inside
+commands. Under a torchrun launch (`--ulysses`, `--cfg-parallel`) rank 0 prints; the other ranks print an error only
+if rank 0 did not fail too.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
-import signal
 import sys
-import typing
-import warnings
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, SHARED, CacheList, CompareSamplers, JsonOut, Model,
+from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
                           ProfileCompile, Verbose, choice_parser, close_options, path_text)
-from .errors import VsagenError
+from .cli_run import (err, ran_in_workers, request_command, run_guarded, single_process,
+                      torchrun_launch_or_exit)
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from .interrupts import as_interrupt as _sigterm_as_interrupt
 from .request.options import ImageFit, ReportFormat, RequestOptions
@@ -50,184 +48,11 @@ def _options(version: Annotated[bool, typer.Option("--version", help="Print vsag
     """Generate Wan video with sparse video self-attention, and see where the time went."""
 
 
-def _env_switch(name: str, default: bool) -> bool:
-    """A boolean environment switch: 1/true/on/yes or 0/false/off/no (any case); anything else warns and keeps
-    `default`. Read here, at the command-line boundary, once per command (never at import): the library takes the
-    value as a parameter."""
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    warnings.warn(f"{name}={value!r} is not one of 1/true/on/yes or 0/false/off/no; keeping "
-                  f"{'on' if default else 'off'}", RuntimeWarning, stacklevel=2)
-    return default
-
-
-# The one switch of a code path read from the environment (for experiments): VSAGEN_FUSED_BLOCKS=0 turns off
-# vsagen.blocks' compiled elementwise regions in eager CUDA runs (the run's `fused_blocks` setting).
-FUSED_BLOCKS_ENV = "VSAGEN_FUSED_BLOCKS"
-
-
-def _err(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
-
-
-def _from_torch_compile(e: BaseException) -> bool:
-    """Whether `e` (or an exception it was raised from) comes out of torch._dynamo / torch._inductor."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-# How long a rank other than 0 of a launch waits, after its own error, for rank 0 to report (`_linger`).
-LINGER_S = 5.0
-
-
-def _linger(code: int) -> None:
-    """A rank other than 0 of a launch failed: wait up to LINGER_S for rank 0 to fail the same way and print the
-    line (torchrun ends the other ranks with SIGTERM once one exits, so leaving first could cut rank 0 off before
-    it prints). A SIGTERM meanwhile ends this process with `code`, silently; returning means rank 0 did not end,
-    so this rank's error is its own."""
-    import time
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
-    try:
-        time.sleep(LINGER_S)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _run_guarded(fn, verbose: bool, rank: int = 0) -> None:
-    """Call fn(); map errors to one line and an exit code. A rank other than 0 of a launch prints its line only
-    when rank 0 did not end meanwhile (`_linger`), prefixed with its rank."""
-
-    def err(msg: str, code: int) -> None:
-        if rank != 0:
-            _linger(code)
-            msg = f"rank {rank}: {msg}"
-        _err(msg)
-
-    try:
-        fn()
-    except VsagenError as e:
-        if verbose:
-            raise
-        err(str(e), e.exit_code)
-        raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", signal.SIGINT)  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
-        if rank == 0:
-            by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-            _err(f"interrupted{by}; nothing was written")
-        raise typer.Exit(128 + int(signum)) from None
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as e:  # noqa: BLE001 - the user gets one line; --verbose shows the traceback
-        if verbose:
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        # torch.compile's own failures (dynamo, inductor, its C++ / Triton toolchains) name neither vsagen nor
-        # --compile; say which option brought them in
-        hint = "; it came from torch.compile: try without --compile" if _from_torch_compile(e) else ""
-        err(f"{type(e).__name__}: {first} (run again with --verbose for the traceback{hint})", 1)
-        raise typer.Exit(1) from None
-
-
-def _torchrun_launch():
-    """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) as a `Launch`, or None outside a launcher; read here,
-    at the command-line boundary. Malformed: one error line, exit 2."""
-    from .errors import BadInput
-    from .parallel.launch import torchrun_launch
-
-    try:
-        return torchrun_launch(os.environ)
-    except BadInput as e:
-        _err(str(e))
-        raise typer.Exit(e.exit_code) from None
-
-
-def _single_process(run):
-    """`run` refused under a launch of several processes (torchrun): `compare` and `search` have no `--ulysses`, and
-    every rank would run and write the same files."""
-
-    def guarded() -> None:
-        from .errors import BadInput
-        from .parallel.launch import torchrun_launch
-
-        launch = torchrun_launch(os.environ)
-        if launch is not None and launch.world_size > 1:
-            raise BadInput(f"this command runs in {launch.world_size} processes (torchrun), but only t2v, i2v and "
-                           "profile split a run (--ulysses, --cfg-parallel): start one process")
-        run()
-
-    return guarded
-
-
-def request_command(keywords: tuple[str, ...], **overrides: tuple[Any, Any]) -> Callable[[Callable], Callable]:
-    """Decorator of a Typer command that runs a Wan pipeline: add the shared options `keywords` to its signature
-    (declared once in `vsagen.cli_options.SHARED`; `overrides` gives a command its own declaration and default of
-    one, e.g. profile's `--steps`), and call it with one `options=RequestOptions` built from them
-    (`vsagen.request.options.request_options`: each group checks its values; a bad one is one error line, exit 2).
-    The run's `fused_blocks` setting comes from the environment (`FUSED_BLOCKS_ENV`), read here once per command."""
-
-    def wrap(fn: Callable) -> Callable:
-        hints = typing.get_type_hints(fn, include_extras=True)
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
-               for p in inspect.signature(fn).parameters.values() if p.name != "options"]
-        shared = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, annotation=overrides.get(k, SHARED[k])[0],
-                                    default=overrides.get(k, SHARED[k])[1]) for k in keywords]
-
-        def command(**kwargs: Any) -> None:
-            flags = {k: kwargs.pop(k) for k in keywords}
-            launch = _torchrun_launch()
-            built: list[RequestOptions] = []
-
-            def build() -> None:
-                from .request.options import request_options
-
-                built.append(request_options(**flags, fused_blocks=_env_switch(FUSED_BLOCKS_ENV, True)))
-
-            _run_guarded(build, kwargs.get("verbose", False), rank=0 if launch is None else launch.rank)
-            fn(**kwargs, options=built[0])
-
-        command.__name__, command.__qualname__, command.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-        last = [p for p in own if p.name in ("json_out", "verbose")]  # the output switches end the list
-        params = [p for p in own if p not in last] + shared + last
-        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        return command
-
-    return wrap
-
-
-def _ran_in_workers(cfg: Any, launch: Any, verbose: bool) -> bool:
-    """`--gpus N` (N > 1) outside a launcher: run this command in N workers started here (`vsagen.parallel.spawn`)
-    after the request was checked; True once they succeeded, typer.Exit with their code if not. False: this process
-    runs the command (one process, or a worker of a launch)."""
-    if launch is not None or (cfg.gpus or 1) < 2:
-        return False
-    from .cli_options import command_line
-    from .loading import prepare_model_files
-    from .parallel.spawn import run_workers
-
-    code = run_workers(command_line(), cfg.gpus, prepare=lambda: prepare_model_files(cfg), verbose=verbose, err=_err)
-    if code:
-        raise typer.Exit(code)
-    return True
-
-
 def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[Path], fit: ImageFit,
                       json_out: bool, verbose: bool, last_image: Optional[Path] = None) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
 
-    launch = _torchrun_launch()
+    launch = torchrun_launch_or_exit()
     writer = launch is None or launch.writer
 
     def run() -> None:
@@ -236,7 +61,7 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         from .parallel import launch as parallel
 
         cfg = resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)
-        if _ran_in_workers(cfg, launch, verbose):
+        if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
         from rich.console import Console
@@ -288,7 +113,7 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
                   cfg.sheet_out is not None else ""), highlight=False, markup=False)
 
-    _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
+    run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
 Prompt = Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")]
@@ -369,7 +194,7 @@ def profile(
     embeddings: warm-up steps untimed, then the timed steps (latents only: no VAE decode, no video). Under
     torchrun with --ulysses / --cfg-parallel every configuration is split across the processes; rank 0 reports.
     """
-    launch = _torchrun_launch()
+    launch = torchrun_launch_or_exit()
     writer = launch is None or launch.writer
 
     def run() -> None:
@@ -379,7 +204,7 @@ def profile(
         from .terminal import stderr_log
 
         cfg = resolve_profile_options(options, prompt=prompt, fmt=fmt, plot=plot, stock=stock, kernels=kernels)
-        if _ran_in_workers(cfg, launch, verbose):
+        if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
         say = stderr_log("COLUMNS" in os.environ)
@@ -407,7 +232,7 @@ def profile(
         if cfg.out is None:
             sys.stdout.write(text)
 
-    _run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
+    run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
 @app.command()
@@ -475,7 +300,7 @@ def compare(
         con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
                   markup=False, highlight=False)
 
-    _run_guarded(_single_process(run), verbose)
+    run_guarded(single_process(run), verbose)
 
 
 @app.command()
@@ -522,7 +347,7 @@ def search(
             else:
                 con.print(fit_table(item, con.width))
 
-    _run_guarded(_single_process(run), verbose)
+    run_guarded(single_process(run), verbose)
 
 
 @app.command()
@@ -566,10 +391,10 @@ def main() -> None:
                 e.possibilities = close_options(e.option_name, [o for p in ctx.command.params for o in p.opts
                                                                     if o.startswith("-")])
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            _err(f"{e.format_message()}{hint}")
+            err(f"{e.format_message()}{hint}")
             code = e.exit_code
         elif name == "Abort":
-            _err("aborted")
+            err("aborted")
             code = 1
         else:
             raise

@@ -102,7 +102,7 @@ def test_cli_refuses_ulysses_outside_torchrun_and_several_processes_without_it(c
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
     assert "runs in 2 processes" in line
     monkeypatch.setenv("RANK", "1")  # rank 1 waits for rank 0 to report; alone, it reports with its rank
-    monkeypatch.setattr("vsagen.cli.LINGER_S", 0.05)
+    monkeypatch.setattr("vsagen.cli_run.LINGER_S", 0.05)
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
     assert line.startswith("error: rank 1: this command runs in 2 processes")
     monkeypatch.setenv("RANK", "0")  # --cfg-parallel: 2 x --ulysses processes; outside torchrun: refused

@@ -108,20 +108,3 @@ def test_remove_leaves_a_forward_installed_after_it_alone():
     handle.remove()
     assert t.blocks[0].__dict__.get("forward") is mine
     assert "forward" not in t.blocks[1].__dict__
-
-
-@pytest.mark.parametrize("value,want", [("", True), ("0", False), ("false", False), ("OFF", False), ("no", False),
-                                        ("1", True), ("true", True), ("On", True), ("yes", True)])
-def test_environment_switch_spellings(monkeypatch, value, want):
-    from vsagen.cli_run import env_switch
-
-    monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", value)
-    assert env_switch("VSAGEN_FUSED_BLOCKS", True) is want
-
-
-def test_environment_switch_warns_on_nonsense(monkeypatch):
-    from vsagen.cli_run import env_switch
-
-    monkeypatch.setenv("VSAGEN_FUSED_BLOCKS", "garbage")
-    with pytest.warns(RuntimeWarning, match="VSAGEN_FUSED_BLOCKS='garbage'"):
-        assert env_switch("VSAGEN_FUSED_BLOCKS", True) is True

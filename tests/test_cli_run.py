@@ -57,8 +57,8 @@ def test_torch_compile_failures_are_traced_through_the_cause_chain(capsys):
     assert err.rstrip().endswith("it came from torch.compile: try without --compile)")
 
 
-@pytest.mark.parametrize("value,want", [("1", True), ("ON", True), (" yes ", True), ("0", False), ("off", False),
-                                        ("", True)])
+@pytest.mark.parametrize("value,want", [("", True), ("1", True), ("true", True), ("ON", True), (" yes ", True),
+                                        ("0", False), ("false", False), ("off", False), ("No", False)])
 def test_env_switch_reads_the_usual_spellings(monkeypatch, value, want):
     monkeypatch.setenv("VSAGEN_TEST_SWITCH", value)
     assert env_switch("VSAGEN_TEST_SWITCH", True) is want
@@ -66,7 +66,7 @@ def test_env_switch_reads_the_usual_spellings(monkeypatch, value, want):
 
 def test_env_switch_warns_and_keeps_the_default_on_anything_else(monkeypatch):
     monkeypatch.setenv("VSAGEN_TEST_SWITCH", "maybe")
-    with pytest.warns(RuntimeWarning, match="keeping off"):
+    with pytest.warns(RuntimeWarning, match="VSAGEN_TEST_SWITCH='maybe' is not one of .*; keeping off"):
         assert env_switch("VSAGEN_TEST_SWITCH", False) is False
 
 

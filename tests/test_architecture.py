@@ -43,3 +43,14 @@ def test_missing_fields_take_the_constructor_defaults():
     assert {k: sig.parameters[k].default for k in CONFIG_DEFAULTS} == CONFIG_DEFAULTS
     a = architecture_from_config({"num_layers": 2, "patch_size": None})
     assert a == {"layers": 2, "heads": 40, "head_dim": 128, "in_channels": 16, "ffn_dim": 13824, "patch_size": [1, 2, 2]}
+
+
+def test_experts_names_each_transformer_of_a_pipeline_in_order():
+    from types import SimpleNamespace
+
+    from vsagen.architecture import experts
+
+    one, two = object(), object()
+    assert experts(SimpleNamespace(transformer=one)) == [("transformer", one)]
+    assert experts(SimpleNamespace(transformer=one, transformer_2=None)) == [("transformer", one)]  # an empty slot
+    assert experts(SimpleNamespace(transformer_2=two, transformer=one)) == [("transformer", one), ("transformer_2", two)]

@@ -39,7 +39,7 @@ def a14b(vsagen_cache, a14b_dir):
 
 def run(session, backend, text, **kw):
     """(latents, records, {"forwards", "tail_computed"} counted independently of the cache's state)."""
-    from vsagen.loading import experts
+    from vsagen.architecture import experts
 
     seen = {"forwards": 0, "tail_computed": 0}
     handles = []
@@ -61,7 +61,7 @@ def steps_of(records, name):
 
 
 def assert_clean(session):
-    from vsagen.loading import experts
+    from vsagen.architecture import experts
 
     for _, t in experts(session.pipe):
         assert not t.is_cache_enabled

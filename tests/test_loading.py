@@ -418,21 +418,6 @@ def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_
     assert "An error occurred" not in err and "ckpt/transformer" not in err
 
 
-def test_the_weights_note_says_what_the_layers_without_them_run():
-    """A checkpoint holding a backend's weights for some layers only (a new-user trial: gates for 1 of 2 layers ran
-    with a note that did not say what the other layer does)."""
-    from vsagen.attention.sla_star import SLAStarAttention
-    from vsagen.attention.vsa import VSAAttention
-    from vsagen.loading import weights_note
-
-    assert weights_note(VSAAttention(), 1, 2) == ("loaded trained vsa weights (to_gate_compress) for 1 of 2 layers; "
-                                                  "the other 1 run without them")
-    assert weights_note(VSAAttention(), 2, 2) == "loaded trained vsa weights (to_gate_compress) for 2 of 2 layers"
-    partial = weights_note(SLAStarAttention(), 29, 30)
-    assert partial.startswith("loaded trained sla-star weights (sla_proj_l) for 29 of 30 layers; the other 1 run "
-                              "without them (") and "vsa" in partial
-
-
 @pytest.mark.parametrize("asked,want", [("auto", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_vae_dtype_is_the_presets_unless_asked(vsagen_cache, tiny_dir, tmp_path, asked, want):
     """`--vae-dtype` (issue 32 item 2): auto keeps the preset's (the tiny model's: the pipeline's, fp32 on CPU);

@@ -1,5 +1,6 @@
 """The architecture of a Wan transformer as attention backends and pattern files compare it: a small dict read from a
-loaded diffusers `WanTransformer3DModel`, or from its constructor kwargs before anything is loaded."""
+loaded diffusers `WanTransformer3DModel`, or from its constructor kwargs before anything is loaded; and a Wan
+pipeline's transformers by component name (`experts`)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,9 @@ def architecture_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"layers": int(c["num_layers"]), "heads": int(c["num_attention_heads"]),
             "head_dim": int(c["attention_head_dim"]), "in_channels": int(c["in_channels"]),
             "ffn_dim": int(c["ffn_dim"]), "patch_size": [int(p) for p in c["patch_size"]]}
+
+
+def experts(pipe: Any) -> list[tuple[str, Any]]:
+    """The pipeline's transformers by component name: [("transformer", t)] or, for two-expert (A14B-style)
+    pipelines, also ("transformer_2", t2)."""
+    return [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .loading import experts
+from .architecture import experts
 
 # `--compile`: dynamo's per-code-object cache must hold the block graphs of every configuration a process runs
 # (`vsagen profile` recompiles per backend / tile fit; blocks[0] carries the tile-order pre-hook).

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
+from .architecture import experts
 from .checkpoint_layouts import index_as_stock
 from .errors import BadInput
 from .models import PICKLE_SUFFIXES, model_not_loadable
@@ -230,7 +231,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
     see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
     image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's trained gates) are
-    attached before the weights are placed (`attach_weights`).
+    attached before the weights are placed (`vsagen.backend_weights.attach_weights`).
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
@@ -286,6 +287,8 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     for _, t in experts(pipe):
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
+    from .backend_weights import attach_weights
+
     for backend in backends:
         attach_weights(model, backend)
     place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
@@ -489,60 +492,6 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         raise type(e)(f"{PIPELINE_WHERE}: {e}") from None
 
 
-def attach_weights(model: LoadedModel, backend: Any) -> int:
-    """Attach the weights `backend` owns to every transformer of the pipeline (`vsagen.attention.weights`), from the
-    file its options name or the checkpoint's `<root>/<expert>/` folder, and note how many layers got them.
-
-    Raises:
-        BadInput: a weights file that cannot be read or whose shapes do not fit the model (one line naming the
-            first mismatch).
-    """
-    from .attention.weights import attach_backend_weights
-
-    n = sum(attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None)
-            for name, t in experts(model.pipe))
-    model.weight_layers[backend.name] = n
-    note = weights_note(backend, n, sum(len(t.blocks) for _, t in experts(model.pipe)))
-    if note is not None:
-        model.notes.append(note)
-    return n
-
-
-def check_backend_weights(model: LoadedModel, backends: Sequence[Any]) -> None:
-    """Read and check every backend's own weights (a named file, or the checkpoint's tensors) against the loaded
-    transformers, then take them off again: each run attaches its backend's, and a misfit is refused before the first
-    run starts (and before the run's notes are printed).
-
-    Raises:
-        BadInput: a weights file that cannot be read or whose shapes do not fit (`attach_backend_weights`).
-    """
-    from .attention.weights import attach_backend_weights
-
-    for backend in backends:
-        undo: list[Callable[[], None]] = []
-        try:
-            for name, t in experts(model.pipe):
-                attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None,
-                                       undo)
-        finally:
-            for restore in reversed(undo):
-                restore()
-
-
-def weights_note(backend: Any, layers: int, total: int) -> str | None:
-    """The run note on backend-owned weights: which, and how many of the model's layers got them; with none, the
-    backend's `LayerWeights.missing_note` (None for backends without weights, or that need no word then)."""
-    if backend.weights is None:
-        return None
-    if not layers:
-        return backend.weights.missing_note
-    note = f"loaded trained {backend.name} weights ({backend.weights.attr}) for {layers} of {total} layers"
-    if layers < total:  # a checkpoint holding them for some layers only: the others run without
-        note += f"; the other {total - layers} run without them" + (
-            f" ({backend.weights.missing_note})" if backend.weights.missing_note else "")
-    return note
-
-
 def truncation_note(pipe: Any, request: Request) -> str | None:
     """The run note when the prompt (or the negative prompt, with CFG) has more tokens than the text encoder reads:
     diffusers' Wan pipelines tokenize to `max_sequence_length` tokens (the preset's, 512 for the Wan releases) and
@@ -559,12 +508,6 @@ def truncation_note(pipe: Any, request: Request) -> str | None:
             return (f"{what} is {n} tokens and the text encoder reads the first {limit}: the rest of it is cut "
                     "(diffusers' Wan pipelines truncate); shorten it so that all of it counts")
     return None
-
-
-def experts(pipe: Any) -> list[tuple[str, Any]]:
-    """The pipeline's transformers by component name: [("transformer", t)] or, for two-expert (A14B-style)
-    pipelines, also ("transformer_2", t2)."""
-    return [(n, t) for n in ("transformer", "transformer_2") if (t := getattr(pipe, n, None)) is not None]
 
 
 def versions(device: str) -> dict[str, str]:

@@ -22,15 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+from .architecture import experts
+from .backend_weights import check_backend_weights, weights_note
 from .cache import no_reuse_note
 from .cache_hooks import expert_steps, install_cache
-from .errors import RunFailure
-from .layout import CropPlan, plan_crop
-from .image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
 from .compiling import (compile_breaks, compile_note, compile_transformers, compile_untimed, fused_blocks_apply,
                         fused_blocks_note)
-from .loading import (LoadedModel, check_backend_weights, experts, load_model, torch_dtype, truncation_note,
-                      weights_note)
+from .errors import RunFailure
+from .image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
+from .layout import CropPlan, plan_crop
+from .loading import LoadedModel, load_model, torch_dtype, truncation_note
 from .request.resolve import Request
 from .samplers import NAMED as NAMED_SAMPLERS, Sampler, initial_noise, use_sampler
 from .timing import Timer

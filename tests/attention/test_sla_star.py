@@ -329,7 +329,7 @@ def test_a_named_file_must_cover_every_layer_and_one_key_scheme(tmp_path):
 def test_a_run_without_a_trained_projection_says_it_is_vsa():
     """Second review: sla-star without a projection ran as vsa (byte-identical videos) with no word; the note says
     so, and a loaded projection is noted as before."""
-    from vsagen.loading import weights_note
+    from vsagen.backend_weights import weights_note
 
     backend = SLAStarAttention()
     assert "output is exactly vsa's" in weights_note(backend, 0, 30)

@@ -18,7 +18,8 @@ from .generate_config import RunConfig
 from ..errors import BadInput, RunFailure
 from ..layout import tile_layout
 from ..light_vae_attach import spatially_tiled, uses_light_decoder
-from ..loading import experts, versions
+from ..architecture import experts
+from ..loading import versions
 from ..estimate import cpu_time_estimate
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure
 from ..timing import TimingReport

@@ -174,7 +174,7 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
     """
     from ..estimate import cpu_time_estimate
-    from ..loading import experts as experts_of
+    from ..architecture import experts as experts_of
     from ..pipeline import Session
     from ..sparsity.scoring import ModeScorer, ScoreOptions, patterns_from_scores, run_density  # torch
 

@@ -20,7 +20,7 @@ from conftest import assert_one_error_line, one_error_line
 import vsagen
 from vsagen.cli import app
 from vsagen.commands.generate_config import resolve_generate as resolve
-from vsagen.request.resolve import check_ulysses
+from vsagen.request.processes import check_ulysses
 from vsagen.errors import BadInput
 from vsagen.models import resolve_model
 from vsagen.parallel.launch import Launch, check_launch, enable_ulysses, torchrun_launch

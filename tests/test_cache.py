@@ -39,7 +39,7 @@ def test_list_keeps_order_and_refuses_repeats():
 @pytest.mark.parametrize("text, words", [
     ("teacache", "unknown --cache 'teacache'; available: none, first-block, mag, taylorseer"),
     ("first-block:thresh=1", "first-block has no option 'thresh'; its options: threshold"),
-    ("none:x=1", "none has no option 'x'; its options: none"),
+    ("none:x=1", "none has no option 'x'; none takes no options"),
     ("first-block:0.1", "options are written NAME:KEY=VALUE, got '0.1'"),
     ("first-block:threshold=1:threshold=2", "option 'threshold' given twice"),
     ("first-block:threshold=-0.1", "threshold must be a number >= 0, got -0.1"),

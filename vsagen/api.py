@@ -117,7 +117,8 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> Backend
     known = option_names(cls)
     for key in options:
         if key not in known:
-            raise BadInput(f"{WHERE}: {spec.name} has no option {key!r}; its options: {', '.join(known) or 'none'}")
+            raise BadInput(f"{WHERE}: {spec.name} has no option {key!r}; "
+                           + (f"its options: {', '.join(known)}" if known else f"{spec.name} takes no options"))
         if key in in_text:
             raise BadInput(f"{WHERE}: option {key!r} of {spec.name} given in the text and as a keyword")
     current = {f.name: getattr(spec.options, f.name) for f in fields(spec.options)}

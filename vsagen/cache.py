@@ -225,7 +225,8 @@ def parse_cache(text: str, where: str = "--cache") -> CacheSpec:
 
     def check_key(key: str) -> None:
         if key not in known:
-            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {', '.join(known) or 'none'}")
+            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; "
+                           + (f"its options: {', '.join(known)}" if known else f"{name} takes no options"))
 
     raw = option_pairs(text, pairs, where, check_key)
     values = {key: convert_option(cls, key, value, f"{where} {text!r}") for key, value in raw.items()}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -246,8 +247,10 @@ def calibration_text(model: str, steps: int, ratios: dict[str, list[float]], sam
 
 
 def load_calibration(path: Path) -> dict[str, Any]:
-    """A calibration file `save_ratios` wrote: {"model": str | None, "steps": int | None, "sampler": str | None,
-    "ratios": {expert: [float, ...]}} (None: not recorded, a file of an earlier vsagen).
+    """A calibration file `save_ratios` wrote: {"model": str, "steps": int, "sampler": str | None, "ratios":
+    {expert: [float, ...]}}, checked as `calibration_text` writes it: version `MAG_FILE_VERSION`, a model name,
+    steps >= 1, and for each expert a non-empty list of finite ratios > 0 (MagCache's ratios are norms of
+    consecutive steps' residual norms: positive).
 
     Raises:
         BadInput: no such file, or not such a file (the line says how to make one).
@@ -258,14 +261,20 @@ def load_calibration(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
         ratios = {str(k): [float(x) for x in v] for k, v in data["ratios"].items()}
-        model, steps, sampler = data.get("model"), data.get("steps"), data.get("sampler")
-        steps = int(steps) if steps is not None else None
+        model, steps, sampler = data["model"], data["steps"], data.get("sampler")
+        if (data.get("version") != MAG_FILE_VERSION or not isinstance(model, str) or not model.strip()
+                or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+                or not (sampler is None or isinstance(sampler, str))):
+            raise ValueError
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise BadInput(f"--cache mag: {path} is not a MagCache calibration file of vsagen; {how}") from None
     if not ratios or not all(ratios.values()):
         raise BadInput(f"--cache mag: {path} holds no ratios; {how}")
-    return {"model": None if model is None else str(model), "steps": steps,
-            "sampler": None if sampler is None else str(sampler), "ratios": ratios}
+    bad = next(((e, x) for e, r in ratios.items() for x in r if not (math.isfinite(x) and x > 0)), None)
+    if bad is not None:
+        raise BadInput(f"--cache mag: {path} holds the ratio {bad[1]!r} for {bad[0]} (ratios are finite and > 0): "
+                       f"not a calibration vsagen wrote; {how}")
+    return {"model": model, "steps": steps, "sampler": sampler, "ratios": ratios}
 
 
 def load_ratios(path: Path) -> dict[str, list[float]]:

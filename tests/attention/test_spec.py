@@ -63,7 +63,7 @@ def test_precedence_entry_over_flag_over_preset_over_default():
     # issue 29: `tuning` (an object, set through vsagen.apply) is named too, as Python-only
     ("vsa:density=0.5", ["no option 'density'", "its options: sparsity, impl, tile, query_rows, gate_weights; from Python only "
                          "(vsagen.apply): tuning"]),
-    ("full:sparsity=0.5", ["no option 'sparsity'", "its options: none"]),
+    ("full:sparsity=0.5", ["no option 'sparsity'", "full takes no options"]),
     ("vsa:sparsity=0.5:sparsity=0.6", ["given twice"]),
     ("vsa:sparsity=lots", ["sparsity='lots' is not a number"]),
     ("vsa:sparsity=nan", ["sparsity='nan'"]),

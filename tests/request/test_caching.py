@@ -80,6 +80,74 @@ def test_mag_file_of_other_steps_or_sampler_is_noted(vsagen_cache, tmp_path):
     assert resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)[1] == ()
 
 
+@pytest.mark.parametrize("mutate, words", [
+    (lambda d: d["ratios"]["transformer"].__setitem__(1, float("nan")), "holds the ratio nan for transformer"),
+    (lambda d: d["ratios"]["transformer"].__setitem__(0, -5.0), "holds the ratio -5.0 for transformer"),
+    (lambda d: d["ratios"]["transformer"].__setitem__(0, 0.0), "holds the ratio 0.0 for transformer"),
+    (lambda d: d.__setitem__("version", 9), "is not a MagCache calibration file of vsagen"),
+    (lambda d: d.pop("model"), "is not a MagCache calibration file of vsagen"),
+    (lambda d: d.__setitem__("model", ""), "is not a MagCache calibration file of vsagen"),
+    (lambda d: d.__setitem__("steps", 0), "is not a MagCache calibration file of vsagen"),
+    (lambda d: d.__setitem__("steps", True), "is not a MagCache calibration file of vsagen"),
+    (lambda d: d.__setitem__("sampler", 3), "is not a MagCache calibration file of vsagen"),
+    (lambda d: d["ratios"].__setitem__("transformer", []), "holds no ratios"),
+])
+def test_a_calibration_file_vsagen_did_not_write_is_refused(vsagen_cache, tmp_path, mutate, words):
+    """A new-user trial ran with NaN / negative ratios, another version, no model (which skipped the model check)
+    and 0 steps: each is now one line before loading."""
+    path = tmp_path / "r.json"
+    save_ratios(path, "tiny", 2, {"transformer": [1.0, 0.9]}, "default")
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(BadInput, match=words):
+        resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)
+
+
+def test_a_calibration_without_an_experts_ratios_is_refused_before_loading(vsagen_cache, tmp_path):
+    """The preset names the experts, so a file missing one is refused up front (a new-user trial met it only after
+    loading, and in compare / profile after the first run)."""
+    path = tmp_path / "r.json"
+    save_ratios(path, "tiny", 2, {"transformer_2": [1.0, 0.9]}, "default")
+    with pytest.raises(BadInput, match=r"r.json has no ratios for transformer \(it holds transformer_2\)"):
+        resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1, experts=("transformer",))
+    save_ratios(path, "tiny-a14b", 2, {"transformer": [1.0, 0.9]}, "default")
+    with pytest.raises(BadInput, match="has no ratios for transformer_2"):
+        resolve_caches(f"mag:file={path}", "tiny-a14b", PLACE, DEFAULT, 1, experts=("transformer", "transformer_2"))
+    assert resolve_caches(f"mag:file={path}", "tiny-a14b", PLACE, DEFAULT, 1)[0][0].name == "mag"  # unknown: later
+    for command in (["t2v", "a fox"], ["compare", "a fox", "--attn", "full"]):
+        save_ratios(path, "tiny", 2, {"transformer_2": [1.0, 0.9]}, "default")
+        res = runner.invoke(app, [*command, "--model", "tiny", "--device", "cpu", "--cache",
+                                  f"{'none,' if command[0] == 'compare' else ''}mag:file={path}", "--out",
+                                  str(tmp_path / ("v.mp4" if command[0] == "t2v" else "cmp"))])
+        assert res.exit_code == 2 and "has no ratios for transformer (it holds transformer_2)" in one_error_line(res)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_a_calibration_replaces_only_an_earlier_calibration(vsagen_cache, tmp_path):
+    """A new-user trial calibrated into photo.png and into the run's own mp4 / JSON, each replaced silently."""
+    photo = tmp_path / "photo.png"
+    photo.write_bytes(b"\x89PNG not really")
+    with pytest.raises(BadInput, match=r"file=.*photo.png does not end in .json; name a .json file"):
+        resolve_caches(f"mag:calibrate=true:file={photo}", "tiny", PLACE, DEFAULT, 1)
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    with pytest.raises(BadInput, match=r"notes.json exists and is not a calibration vsagen wrote; name another file"):
+        resolve_caches(f"mag:calibrate=true:file={other}", "tiny", PLACE, DEFAULT, 1)
+    earlier = tmp_path / "r.json"
+    save_ratios(earlier, "tiny", 2, {"transformer": [1.0, 0.9]}, "default")
+    _, notes = resolve_caches(f"mag:calibrate=true:file={earlier}", "tiny", PLACE, DEFAULT, 1)
+    assert notes == (f"mag: this calibration replaces the one in {earlier} (--model tiny, 2 steps)",)
+    assert photo.read_bytes() == b"\x89PNG not really" and other.read_text() == '{"mine": 1}'
+    for own in ("v.json", "v.mp4"):
+        res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu", "--out",
+                                  str(tmp_path / "v.mp4"), "--cache", f"mag:calibrate=true:file={tmp_path / own}"])
+        assert res.exit_code == 2, res.output
+        line = one_error_line(res)
+        assert ("is this run's own output" if own == "v.json" else "does not end in .json") in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json", "photo.png", "r.json"]
+
+
 @pytest.mark.parametrize("text, place, processes, words", [
     ("first-block,mag", PLACE, 1, "this command runs one cache"),
     ("first-block", SimpleNamespace(compile=True, offload="none"), 1, "cannot run with --compile"),
@@ -99,6 +167,8 @@ BAD = [
     (["--cache", "mag:max_skip_steps=0"], "--cache 'mag:max_skip_steps=0': max_skip_steps must be an integer > 0, "
                                           "got 0"),
     (["--cache", "mag"], "--cache mag: no calibration file"),
+    (["--cache", "mag:file="], "--cache 'mag:file=': file='' is not a file path"),
+    (["--cache", "none:x=1"], "--cache 'none:x=1': none has no option 'x'; none takes no options"),
     (["--cache", "first-block", "--compile"], "--cache first-block cannot run with --compile"),
     (["--cache", "taylorseer", "--gpus", "2"], "--cache taylorseer runs in one process"),
 ]

@@ -160,6 +160,8 @@ def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
         if kind is int:
             return int(text)
         if kind is Path:
+            if not text.strip():  # Path("") would be the current folder
+                raise ValueError
             return Path(text).expanduser()
         if typing.get_origin(kind) is typing.Literal:
             if text not in typing.get_args(kind):
@@ -170,7 +172,8 @@ def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
         if typing.get_origin(kind) is typing.Literal:
             raise BadInput(f"{where}: {key} must be one of {', '.join(map(str, typing.get_args(kind)))}, "
                            f"got {text!r}") from None
-        what = {float: "a number", int: "an integer", bool: "true or false"}.get(kind, getattr(kind, "__name__", kind))
+        what = {float: "a number", int: "an integer", bool: "true or false", Path: "a file path"}.get(
+            kind, getattr(kind, "__name__", kind))
         raise BadInput(f"{where}: {key}={text!r} is not {what}") from None
 
 
@@ -203,7 +206,8 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
                                f"options here: {listed}")
             python = python_options(options_of(name))
             also = f"; from Python only (vsagen.apply): {', '.join(python)}" if python else ""
-            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; its options: {listed}{also}")
+            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; "
+                           + (f"its options: {listed}" if known else f"{name} takes no options") + also)
 
     return name, option_pairs(text, pairs, where, check_key)
 

@@ -135,6 +135,18 @@ def image_notes(height: int, width: int, fit: str | None,
     return tuple(n for n in notes if n is not None)
 
 
+def _check_calibration_target(file: Path, outputs: list[Path | None]) -> None:
+    """`mag:calibrate=true:file=` may not name a file this run writes besides it (its mp4, JSON or sheet).
+
+    Raises:
+        BadInput: it does.
+    """
+    same = [o for o in outputs if o is not None and o.resolve() == file.resolve()]
+    if same:
+        raise BadInput(f"--cache mag:calibrate=true: file={file} is this run's own output; name another .json file "
+                       "for the ratios")
+
+
 def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = None, fit: ImageFit | str = "crop",
                 last_image: Path | None = None) -> RunConfig:
     """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
@@ -191,6 +203,8 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     elif out.overwrite and sheet_path(path).exists():  # the pair is replaced; an earlier run's sheet is not
         notes += (f"{sheet_path(path)} is an earlier run's contact sheet and stays as it was (this run writes none; "
                   "--sheet replaces it)",)
+    if req.cache.name == "mag" and req.cache.options.calibrate:
+        _check_calibration_target(req.cache.options.file, [path, json_out, sheet_out])
     check_encoder(out.encoding)
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,

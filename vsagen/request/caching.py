@@ -36,10 +36,16 @@ def _same_model(a: str, b: str) -> bool:
     return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
 
 
-def _mag(spec: CacheSpec, model: str, plans: Sequence[Any]) -> tuple[CacheSpec, tuple[str, ...]]:
-    """A `mag` spec with its file filled in and checked, and its notes: a calibration needs a folder that takes the
-    file; a run reads the file, which must be the model's, and is noted where it was calibrated at another step
-    count or sampler than a run's (`plans`: the run's `SamplerPlan`s)."""
+def _mag(spec: CacheSpec, model: str, plans: Sequence[Any],
+         experts: Sequence[str] | None) -> tuple[CacheSpec, tuple[str, ...]]:
+    """A `mag` spec with its file filled in and checked, and its notes.
+
+    A calibration writes a `.json` file in a folder that takes it, replacing only an earlier calibration (any other
+    file there is refused; the note says which calibration is replaced). A run reads the file, which must be the
+    model's and hold ratios for each of `experts` (the transformers' component names where the preset describes
+    the model, else None: checked once loaded), and is noted where it was calibrated at another step count or
+    sampler than a run's (`plans`: the run's `SamplerPlan`s)."""
+    from ..cache_hooks import load_calibration
     from ..paths import check_folder
 
     given = spec.options.file is not None
@@ -48,22 +54,34 @@ def _mag(spec: CacheSpec, model: str, plans: Sequence[Any]) -> tuple[CacheSpec, 
     if spec.options.calibrate:
         if path.is_dir():
             raise BadInput(f"--cache mag: file={path} is a folder; name a .json file")
+        if path.suffix.lower() != ".json":
+            raise BadInput(f"--cache mag:calibrate=true: file={path} does not end in .json; name a .json file")
         try:
             check_folder(path.parent)
         except BadInput as e:
             raise BadInput(f"--cache mag:calibrate=true: {e}") from None
-        return spec, ()
-    from ..cache_hooks import load_calibration
-
+        if not path.exists():
+            return spec, ()
+        try:
+            old = load_calibration(path)
+        except BadInput:
+            raise BadInput(f"--cache mag:calibrate=true: {path} exists and is not a calibration vsagen wrote; name "
+                           "another file (a calibration replaces only an earlier calibration)") from None
+        return spec, (f"mag: this calibration replaces the one in {path} (--model {old['model']}, {old['steps']} "
+                      "steps)",)
     cal = load_calibration(path)
-    if cal["model"] is not None and not _same_model(cal["model"], model):
+    if not _same_model(cal["model"], model):
         raise BadInput(f"--cache mag: {path} holds the ratios of --model {cal['model']}, not of --model {model}; "
                        f"calibrate {model} with --cache mag:calibrate=true")
+    missing = [e for e in experts or () if not cal["ratios"].get(e)]
+    if missing:
+        raise BadInput(f"--cache mag: {path} has no ratios for {' or '.join(missing)} (it holds "
+                       f"{', '.join(cal['ratios'])}); calibrate again with --cache mag:calibrate=true")
     notes = []
     for plan in plans:
         steps, sampler = run_steps(plan), plan.sampler.name
         differ = [(f"{cal['steps']} steps", f"{steps} steps", f"--steps {steps}")
-                  if cal["steps"] is not None and cal["steps"] != steps else None,
+                  if cal["steps"] != steps else None,
                   (f"the {cal['sampler']} sampler", f"the {sampler} sampler", f"--sampler {sampler}")
                   if cal["sampler"] is not None and cal["sampler"] != sampler else None]
         differ = [d for d in differ if d is not None]
@@ -79,7 +97,8 @@ def _mag(spec: CacheSpec, model: str, plans: Sequence[Any]) -> tuple[CacheSpec, 
 
 
 def resolve_caches(text: str | None, model: str, placement: Any, plans: Sequence[Any], processes: int,
-                   several: bool = False) -> tuple[tuple[CacheSpec, ...], tuple[str, ...]]:
+                   several: bool = False, experts: Sequence[str] | None = None
+                   ) -> tuple[tuple[CacheSpec, ...], tuple[str, ...]]:
     """The `--cache` entries (None: `none`) as specs, and the run notes they call for.
 
     Args:
@@ -87,13 +106,16 @@ def resolve_caches(text: str | None, model: str, placement: Any, plans: Sequence
             `PlacementOptions`; plans: the `SamplerPlan` of every sampler the command runs (compare: several);
             processes: the run's process count.
         several: the command runs every entry (else one).
+        experts: the model's transformers by component name where its preset describes it (a `mag` file must hold
+            ratios for each), else None.
 
     Raises:
         BadInput: an entry that does not parse, several where one runs, a cache with `--compile` (diffusers' cache
             hooks decide on the host, under `torch.compiler.disable`, which breaks vsagen's one-graph blocks), with
             `--offload group` (a reused forward skips blocks whose onload hooks order the prefetch), with several
-            processes (each rank would decide alone), `mag` without a calibration file, or `mag:calibrate=true` where
-            several run (profile, compare: a calibration is a t2v or i2v run).
+            processes (each rank would decide alone), `mag` without a calibration file of the model (and its
+            experts), `mag:calibrate=true` where several run (profile, compare: a calibration is a t2v or i2v run),
+            or a calibration into a file other than `.json` or over one that is not a calibration.
     """
     if text is None:
         return (NO_CACHE,), ()
@@ -120,7 +142,7 @@ def resolve_caches(text: str | None, model: str, placement: Any, plans: Sequence
     resolved = []
     for s in specs:
         if s.name == "mag":
-            s, mag_notes = _mag(s, model, plans)
+            s, mag_notes = _mag(s, model, plans, experts)
             notes += mag_notes
         resolved.append(s)
     for sampler in dict.fromkeys(p.sampler for p in plans if p.sampler.renoise):  # once per few-step sampler

@@ -396,7 +396,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                                         crop_tile)
     notes += split_notes
     caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans, ulysses * (1 + cfg_parallel),
-                                         several=backends == SEVERAL)
+                                         several=backends == SEVERAL,
+                                         experts=("transformer", "transformer_2")[:source.preset.experts]
+                                         if source.exact_preset else None)
     notes += cache_notes
     attn_note = None
     if auto:

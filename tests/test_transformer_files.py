@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -166,17 +167,55 @@ def test_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(BadInput, match=r"evil.pth: refused: it holds objects other than tensors") as e:
         tf.read_state_dict(tmp_path / "evil.pth", "--transformer evil.pth")
     assert "\n" not in str(e.value) and not marker.exists()
+    # the unpickler's reason, not torch's advice to turn the check off (a new-user trial saw that quoted)
+    assert re.search(r"GLOBAL (posix|os)\.system", str(e.value)) and "weights_only" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely succeed.\n\n\n"
+     "Trying to load unsupported GLOBAL posix.system whose module posix is blocked.\n\nCheck the documentation",
+     "Trying to load unsupported GLOBAL posix.system whose module posix is blocked"),
+    ("Weights only load failed. Re-running ...\n Please file an issue\n\nWeightsUnpickler error: Unsupported global: "
+     "GLOBAL posix.system was not an allowed global by default.", "Unsupported global: GLOBAL posix.system"),
+    ("Weights only load failed. Re-running `torch.load` with `weights_only` set to `False`.",
+     "the weights-only unpickler refused it"),
+])
+def test_the_unpickler_reason_is_its_own_line_of_each_torch(text, reason):
+    import pickle
+
+    assert tf._unpickler_reason(pickle.UnpicklingError(text)) == reason
 
 
 @pytest.mark.parametrize("content, match", [
     ({"a": torch.zeros(2), "b": 3}, "not a flat state dict of tensors"),
     ({"a": {"b": torch.zeros(2)}}, "not a flat state dict of tensors"),
     ([torch.zeros(2)], "holds a list, not a state dict"),
+    ({1: torch.zeros(2)}, r"key 1 is int, not str"),
+    ({}, r"holds no tensors \(an empty state dict\)"),
 ])
 def test_non_tensor_content_is_refused(tmp_path, content, match):
     torch.save(content, tmp_path / "x.pth")
     with pytest.raises(BadInput, match=match):
         tf.read_state_dict(tmp_path / "x.pth", "w")
+
+
+def test_the_legacy_non_zip_format_loads(tmp_path):
+    """torch.save(..., _use_new_zipfile_serialization=False) holds tensors but cannot be memory-mapped (a new-user
+    trial had it called damaged): it is read whole, still by the weights-only loader."""
+    state = {"a": torch.randn(3, 2), "b": torch.arange(4)}
+    torch.save(state, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    got = tf.read_state_dict(tmp_path / "legacy.pth", "legacy.pth")
+    assert got.keys() == state.keys() and all(torch.equal(got[k], v) for k, v in state.items())
+    marker = tmp_path / "MARKER"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"a": Payload()}, tmp_path / "evil.pth", _use_new_zipfile_serialization=False)
+    with pytest.raises(BadInput, match="refused: it holds objects other than tensors"):
+        tf.read_state_dict(tmp_path / "evil.pth", "evil.pth")
+    assert not marker.exists()
 
 
 def test_damaged_files_are_said_to_be_damaged_not_pickle(tmp_path):

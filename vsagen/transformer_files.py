@@ -80,13 +80,24 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+# The first bytes of a file torch.save wrote in its legacy (non-zip) format: pickle protocol 2 of torch's magic number
+# 0x1950a86a20f9469cfc6c (torch/serialization.py MAGIC_NUMBER), which torch checks first when it reads one.
+LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+
+
 def _unpickler_reason(e: BaseException) -> str:
-    """The weights-only unpickler's own reason (e.g. "Unsupported global: GLOBAL posix.system ..."), short."""
-    text = str(e)
+    """The weights-only unpickler's own reason, short: the line naming what it refused (torch 2.6-2.10: "WeightsUnpickler
+    error: Unsupported global: GLOBAL posix.system ..."; 2.13: "Trying to load unsupported GLOBAL posix.system whose
+    module posix is blocked."), never torch's advice around it (which suggests turning the check off)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     marker = "WeightsUnpickler error: "
-    reason = text.split(marker, 1)[1] if marker in text else _first_line(e)
-    reason = reason.strip().splitlines()[0] if reason.strip() else "refused"
-    return reason.split(" was not an allowed global")[0]
+    for line in lines:
+        if marker in line:
+            return line.split(marker, 1)[1].split(" was not an allowed global")[0]
+    for line in lines:
+        if "GLOBAL" in line or "nsupported" in line:
+            return line.rstrip(".").split(" was not an allowed global")[0]
+    return "the weights-only unpickler refused it"
 
 
 def read_state_dict(path: Path, where: str) -> dict[str, Any]:
@@ -115,7 +126,13 @@ def read_state_dict(path: Path, where: str) -> dict[str, Any]:
             raise BadInput(f"{where}: cannot read it as safetensors ({_first_line(e)}): the file is damaged or "
                            "truncated; download it again") from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # torch.save's legacy (non-zip) format cannot be memory-mapped: read it whole
+            with open(path, "rb") as f:
+                if f.read(len(LEGACY_TORCH_MAGIC)) != LEGACY_TORCH_MAGIC:
+                    raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise BadInput(f"{where}: refused: it holds objects other than tensors ({_unpickler_reason(e)}), whose "
                        "loading could run code; vsagen reads .pth files with torch's weights-only loader only") \
@@ -125,10 +142,15 @@ def read_state_dict(path: Path, where: str) -> dict[str, Any]:
         reason = reason if len(reason) <= 120 else reason[:117].rsplit(" ", 1)[0] + " ..."  # whole words
         raise BadInput(f"{where}: cannot read it as a torch.save checkpoint ({reason}): the file is "
                        "damaged, truncated or not a (zip-format) torch.save file; download it again") from None
-    if not isinstance(state, dict) or not state:
+    if not isinstance(state, dict):
         raise BadInput(f"{where}: holds a {type(state).__name__}, not a state dict of tensors")
+    if not state:
+        raise BadInput(f"{where}: holds no tensors (an empty state dict)")
     for key, value in state.items():
-        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+        if not isinstance(key, str):
+            raise BadInput(f"{where}: not a state dict of tensors (key {key!r} is {type(key).__name__}, not "
+                           "str)")
+        if not isinstance(value, torch.Tensor):
             raise BadInput(f"{where}: not a flat state dict of tensors ({key!r} is a {type(value).__name__})")
     return dict(state)
 

@@ -243,9 +243,14 @@ def test_errors_while_running_map_to_one_line(monkeypatch, tmp_path, error, code
     res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "x.mp4"))
     assert res.exit_code == code
     assert assert_one_error_line(res.stderr, res.stdout) == expected
-    # --verbose: the exception itself propagates (with its traceback).
+    # --verbose: an unexpected exception propagates (with its traceback); a vsagen error prints its traceback and
+    # keeps its exit code (bad input stays exit 2)
     res = t2v("p", "--model", "tiny", "--out", str(tmp_path / "x.mp4"), "--verbose")
-    assert res.exit_code != 0 and res.exception is error
+    if isinstance(error, errors.VsagenError):
+        assert res.exit_code == code and "Traceback (most recent call last)" in res.stderr
+        assert res.stderr.rstrip().endswith(expected)
+    else:
+        assert res.exit_code != 0 and res.exception is error
 
 
 # --------------------------------------------------------------------------------------------------------------

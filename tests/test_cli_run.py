@@ -29,6 +29,15 @@ def test_library_errors_are_one_line_with_their_exit_code(capsys):
     assert _exit_code(_raise(RunFailure("out of GPU memory")), capsys) == (1, "error: out of GPU memory\n")
 
 
+def test_verbose_adds_the_traceback_of_a_library_error_and_keeps_its_exit_code(capsys):
+    """A new-user trial: `--fps 0 --verbose` exited 1 with a traceback, where bad input is exit 2."""
+    with pytest.raises(typer.Exit) as e:
+        run_guarded(_raise(BadInput("--fps must be in [1, 240], got 0")), verbose=True)
+    err = capsys.readouterr().err
+    assert e.value.exit_code == 2 and err.startswith("Traceback (most recent call last)")
+    assert err.endswith("error: --fps must be in [1, 240], got 0\n")
+
+
 def test_other_errors_name_their_type_first_line_and_verbose(capsys):
     code, err = _exit_code(_raise(ValueError("first line\nsecond line")), capsys)
     assert code == 1 and err.count("\n") == 1

@@ -89,8 +89,10 @@ def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
     try:
         fn()
     except VsagenError as e:
-        if verbose:
-            raise
+        if verbose:  # the traceback too, but the exit code stays the error's (2: bad input)
+            import traceback
+
+            traceback.print_exc()
         report(str(e), e.exit_code)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:

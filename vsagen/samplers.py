@@ -149,10 +149,13 @@ def rcm_times(steps: int, sigma_max: float) -> tuple[tuple[float, ...], tuple[fl
     (float64); timestep = bf16(float32(t) x 1000), the value their bf16 transformer input holds.
 
     Raises:
-        ValueError: steps outside [1, RCM_MAX_STEPS] or sigma_max <= 0.
+        ValueError: steps outside [1, RCM_MAX_STEPS], sigma_max <= 0, or with 2 steps or more a sigma_max whose
+            angle is not above RCM_ANGLES[0] (the times would rise).
     """
     if not 1 <= steps <= RCM_MAX_STEPS or not sigma_max > 0:
         raise ValueError(f"rCM takes 1 to {RCM_MAX_STEPS} steps and sigma_max > 0, got {steps}, {sigma_max}")
+    if steps > 1 and not math.atan(sigma_max) > RCM_ANGLES[0]:
+        raise ValueError(f"rCM's times fall only from sigma_max > tan({RCM_ANGLES[0]}), got {sigma_max}")
     angles = (math.atan(sigma_max), *RCM_ANGLES[: steps - 1])
     times = tuple(math.sin(a) / (math.cos(a) + math.sin(a)) for a in angles)
     float32 = (lambda x: struct.unpack("<f", struct.pack("<f", x))[0])

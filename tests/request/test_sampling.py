@@ -10,7 +10,7 @@ from vsagen.models import resolve_model
 from vsagen.request.options import request_options
 from vsagen.request.resolve import resolve
 from vsagen.request.sampling import parse_sampler, plan_sampler, split_sampler_list
-from vsagen.samplers import NAMED
+from vsagen.samplers import NAMED, rcm_times
 
 
 @pytest.mark.parametrize("entry", ["default", "dmd", "dmd-hummingbird", "dmd:noise=once", "dmd:sigmas=1.0,0.75,0.5",
@@ -54,12 +54,25 @@ def test_a_custom_list_keeps_the_update_and_derives_timesteps_as_diffusers_does(
     ("rcm:steps=two", "steps must be an integer"),
     ("rcm:sigma_max=0", "sigma_max must be in (0"),
     ("rcm:sigma_max=inf", "sigma_max must be in (0"),
+    ("rcm:sigma_max=0.5", "with 4 steps sigma_max must be above tan(1.5) = 14.1 (rCM's next angle is 1.5: a lower "
+                          "start would put noise back), got 0.5"),  # a new-user trial: the times rose, exit 0
+    ("rcm:steps=2:sigma_max=14.1", "with 2 steps sigma_max must be above tan(1.5)"),
     ("rcm:ode=maybe", "ode must be true or false"),
     ("rcm:sigmas=1,0.5", "rcm takes no option 'sigmas'; its options: steps, sigma_max, ode")])
 def test_bad_entries_are_one_line(entry, message):
     with pytest.raises(BadInput) as e:
         parse_sampler(entry)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rcm_times_fall_at_every_accepted_sigma_max():
+    """One step may start anywhere; from 2 steps on the first angle atan(sigma_max) must exceed the next (1.5)."""
+    assert parse_sampler("rcm:steps=1:sigma_max=0.5").sigmas == pytest.approx((0.5 / 1.5,))
+    for text in ("rcm", "rcm:sigma_max=200", "rcm:steps=2:sigma_max=14.2", "rcm:steps=3:sigma_max=15"):
+        sigmas = parse_sampler(text).sigmas
+        assert all(a > b for a, b in zip(sigmas, sigmas[1:])), text
+    with pytest.raises(ValueError, match="times fall only from sigma_max > tan"):
+        rcm_times(2, 14.0)
 
 
 def test_a_list_splits_on_commas_but_keeps_a_sigma_list_whole():

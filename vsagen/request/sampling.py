@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import BadInput
-from ..samplers import (NAMED, NUM_TRAIN_TIMESTEPS, NOISE, RCM_MAX_STEPS, RCM_SIGMA_MAX, Sampler, check_renoise_lists,
-                        rcm_times)
+from ..samplers import (NAMED, NUM_TRAIN_TIMESTEPS, NOISE, RCM_ANGLES, RCM_MAX_STEPS, RCM_SIGMA_MAX, Sampler,
+                        check_renoise_lists, rcm_times)
 from .bounds import MAX_FLOW_SHIFT, MAX_GUIDANCE, MAX_STEPS
 
 MAX_RCM_SIGMA = 1e6  # rCM's initial EDM sigma: 80 (T2V) and 200 (I2V) published; atan saturates long before this
@@ -117,6 +117,10 @@ def _rcm(base: Sampler, given: dict[str, str], text: str) -> Sampler:
             raise BadInput(f"--sampler {text!r}: sigma_max must be a number, got {given['sigma_max']!r}") from None
         if not (math.isfinite(sigma_max) and 0 < sigma_max <= MAX_RCM_SIGMA):
             raise BadInput(f"--sampler {text!r}: sigma_max must be in (0, {MAX_RCM_SIGMA:g}], got {given['sigma_max']}")
+    if steps > 1 and not math.atan(sigma_max) > RCM_ANGLES[0]:  # the times must fall: atan(sigma_max) > 1.5
+        raise BadInput(f"--sampler {text!r}: with {steps} steps sigma_max must be above tan({RCM_ANGLES[0]:g}) = "
+                       f"{math.tan(RCM_ANGLES[0]):.4g} (rCM's next angle is {RCM_ANGLES[0]:g}: a lower start would put "
+                       f"noise back), got {sigma_max:g}")
     ode = given.get("ode", "false").lower()
     if ode not in ("true", "false"):
         raise BadInput(f"--sampler {text!r}: ode must be true or false, got {given['ode']!r}")

@@ -275,6 +275,25 @@ def test_load_pipeline_takes_transformer_files(tmp_path, vsagen_cache):
     assert all(torch.equal(loaded(pipe.transformer_2)[k], v) for k, v in low.items())
 
 
+def test_a_file_that_does_not_fit_is_refused_before_the_components_load(tmp_path, vsagen_cache, monkeypatch):
+    """A new-user trial: a bad `--transformer` file was refused only after the text encoder and VAE had loaded (a
+    download of a real model's components first). The user's files are now read first; a preset's downloaded files
+    still come after the components."""
+    torch.save({"a": torch.zeros(2), "b": "text"}, tmp_path / "str.pth")
+    (tmp_path / "cut.pth").write_bytes(b"PK\x03\x04" + os.urandom(100))
+    save_file({**source_state(), "blocks.0.attn1.to_zz.weight": torch.zeros(2)}, str(tmp_path / "extra.safetensors"))
+    save_file(source_state("tiny-ti2v"), str(tmp_path / "ti2v.safetensors"))  # another architecture
+    monkeypatch.setattr("vsagen.loading._from_pretrained",
+                        lambda *a, **k: pytest.fail("the components loaded before the file was checked"))
+    for name, match in (("str.pth", "not a flat state dict"), ("cut.pth", "damaged"),
+                        ("extra.safetensors", "does not have, e.g. blocks.0.attn1.to_zz.weight"),
+                        ("ti2v.safetensors", "ti2v.safetensors")):
+        res = runner.invoke(app, ["t2v", "a cat", "--model", "tiny", "--device", "cpu", "--attn", "full",
+                                  "--out", str(tmp_path / "out" / "o.mp4"), "--transformer", str(tmp_path / name)])
+        assert res.exit_code == 2 and match in one_error_line(res), (name, res.output)
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_inputs_are_one_line_exit_2_nothing_written(tmp_path, vsagen_cache):
     marker = tmp_path / "MARKER"
 

@@ -374,16 +374,22 @@ def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: 
     src = cfg.source
     if src.kind == "dir":
         _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), src.preset.ti2v)
+    given = bool(cfg.transformer_files)
     files = [Path(f) for f in cfg.transformer_files] or hub_files(src.preset, cfg.model)
     names = ["transformer", "transformer_2"][: len(files)]
-    # the components first (a download the user may lack fails before the files' wait), the transformers as None
-    pipe = _from_pretrained(location, cfg, dtype, **{n: None for n in names})
+    # The user's own files first: one that cannot be read or does not fit is refused before the components load (or
+    # download). A preset's downloaded files after the components: a download the user may lack fails before their
+    # wait. The pipeline is built with the transformers as None, then given them.
+    pipe = None if given else _from_pretrained(location, cfg, dtype, **{n: None for n in names})
     architectures = [src.preset.transformer, src.preset.transformer_2]
     backend: dict[str, dict[str, Any]] = {}
+    transformers: dict[str, Any] = {}
     for name, path, architecture in zip(names, files, architectures):
-        transformer, backend[name], note = load_transformer_file(path, dict(architecture), dtype)
-        pipe.register_modules(**{name: transformer})
+        transformers[name], backend[name], note = load_transformer_file(path, dict(architecture), dtype)
         notes.append(note)
+    if pipe is None:
+        pipe = _from_pretrained(location, cfg, dtype, **{n: None for n in names})
+    pipe.register_modules(**transformers)
     notes.append(f"text encoder, tokenizer, VAE and scheduler from {src.location or src.preset.name}")
     return pipe, backend_weights_root(backend)
 

@@ -259,6 +259,29 @@ def test_t2v_runs_a_turbo_file_with_auto_choosing_sla(tmp_path, vsagen_cache):
     assert report["config"]["backend"]["name"] == "sla"
 
 
+def test_a_file_with_nan_weights_runs_with_a_note_on_its_latents(tmp_path, vsagen_cache):
+    """A new-user trial: one NaN weight gave an all-black video, exit 0, no word."""
+    state = source_state()
+    key = next(k for k in state if k.endswith("ffn.net.0.proj.weight"))
+    state[key][0, 0] = float("nan")
+    save_file(state, str(tmp_path / "nan.safetensors"))
+    out = tmp_path / "o.mp4"
+    res = runner.invoke(app, ["t2v", "a cat", "--model", "tiny", "--transformer", str(tmp_path / "nan.safetensors"),
+                              "--attn", "full", "--out", str(out), "--steps", "1", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(out.with_suffix(".json").read_text())["timing"]["notes"]
+    assert any("values that are NaN or infinite, so the video is black or garbage" in n for n in notes), notes
+
+
+def test_nonfinite_latents_note_counts_and_is_silent_when_finite():
+    from vsagen.commands.generate import nonfinite_latents_note
+
+    x = torch.randn(1, 4, 2, 3, 3)
+    assert nonfinite_latents_note(x) is None
+    x[0, 0, 0, 0, :2] = torch.tensor([float("nan"), float("inf")])
+    assert nonfinite_latents_note(x).startswith("the denoised latents hold 2 of 72 values that are NaN or infinite")
+
+
 def test_load_pipeline_takes_transformer_files(tmp_path, vsagen_cache):
     import vsagen
 

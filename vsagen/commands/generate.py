@@ -35,6 +35,23 @@ class RunResult:
     summary: dict[str, Any]
 
 
+def nonfinite_latents_note(latents: Any) -> str | None:
+    """The run note when the denoised latents hold NaN or infinity (the decoded video is then black or garbage):
+    how many values, and what usually causes it. None when every value is finite.
+
+    Args:
+        latents: the denoised latents, any shape (a torch tensor).
+    """
+    import torch
+
+    bad = int((~torch.isfinite(latents)).sum())
+    if not bad:
+        return None
+    return (f"the denoised latents hold {bad} of {latents.numel()} values that are NaN or infinite, so the video is "
+            "black or garbage: the weights (e.g. a --transformer file) may hold non-finite values, or the run's "
+            "dtype overflows (try --dtype bf16 or fp32)")
+
+
 def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
              writer: bool = True, cancelled: Callable[[], bool] = lambda: False) -> RunResult | None:
     """Run one text-to-video (or, with `cfg.image`, image-to-video) generation and write the mp4 and its timing
@@ -76,6 +93,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
                              f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "
                              "--cache mag reads them")
+    finite_note = nonfinite_latents_note(run.latents)
+    if finite_note is not None:
+        session.notes.append(finite_note)
     for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
         log(f"note: {note}")
     untimed = session.untimed(backend)

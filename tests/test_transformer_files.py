@@ -282,6 +282,19 @@ def test_nonfinite_latents_note_counts_and_is_silent_when_finite():
     assert nonfinite_latents_note(x).startswith("the denoised latents hold 2 of 72 values that are NaN or infinite")
 
 
+def test_trained_weights_another_backend_would_use_are_noted(tmp_path, vsagen_cache):
+    """A new-user trial: `--transformer f.pth --attn vsa` set the file's proj_l aside without a word."""
+    turbo_file(tmp_path / "f.pth", source_state())
+    for attn, said in (("vsa", True), ("full", True), ("sla-star", False), ("sla", False)):
+        cfg = resolve_generate("a cat", model="tiny", transformer=str(tmp_path / "f.pth"), attn=attn, device="cpu",
+                               out=tmp_path / f"{attn}.mp4")
+        note = [n for n in cfg.notes if "does not use them" in n]
+        assert bool(note) == said, (attn, cfg.notes)
+        if said:
+            assert note[0] == (f"f.pth holds blocks.0.self_attn.attn_op.local_attn.proj_l.* (trained for sla): --attn "
+                               f"{attn} does not use them; --attn sla (or auto) runs the file as trained")
+
+
 def test_load_pipeline_takes_transformer_files(tmp_path, vsagen_cache):
     import vsagen
 

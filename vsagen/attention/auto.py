@@ -77,6 +77,28 @@ def _backend_in_files(files: Sequence[tuple[str, Sequence[str] | None]]) -> tupl
     return None
 
 
+def unused_weights_note(files: Sequence[tuple[str, Sequence[str] | None]], chosen: Sequence[str]) -> str | None:
+    """The run note when transformer files hold a candidate backend's trained weights that none of the `chosen`
+    backends (an explicit `--attn`) uses, e.g. TurboDiffusion's proj_l under `--attn vsa`; None when one of them
+    uses them, or the files hold none.
+
+    Args:
+        files: [(file name, its keys, or None when unread)] (`vsagen.transformer_files.auto_evidence`).
+        chosen: the backend names the run (or each run of a list) uses.
+    """
+    from .weights import matches_layer_weights
+
+    found = _backend_in_files(files)
+    if found is None:
+        return None
+    for name in chosen:
+        spec = backend_class(name).weights if name in backend_names() else None
+        if spec is not None and any(matches_layer_weights(k, spec) for _, keys in files for k in keys or ()):
+            return None
+    return (f"{found[1]} (trained for {found[0]}): --attn {','.join(chosen)} does not use them; --attn {found[0]} "
+            "(or auto) runs the file as trained")
+
+
 def choose_backend(kind: str, location: str, random_weights: bool, device: str,
                    trained_for: tuple[str, str] | None = None,
                    files: Sequence[tuple[str, Sequence[str] | None]] | None = None) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from ..layout import TILE, CropPlan
 from ..models import ModelSource
 from ..presets import preset_names
 from ..tiny import check_tiny_cache
+from ..attention.auto import unused_weights_note
 from ..transformer_files import auto_evidence, check_transformer_files
 from .backends import (attention_specs, auto_spec, check_entries, check_impl, crop_tile_of, known_impls,
                        preset_file_notes)
@@ -407,6 +408,10 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         spec, attn_note = auto_spec(source.kind, source.location, at, d.attention, m.random_weights, device,
                                     trained_for, evidence)
         specs = (spec,)
+    elif files and specs:
+        unused = unused_weights_note(auto_evidence(files, source.preset, m.random_weights) or [],
+                                     [s.name for s in specs])
+        notes += (unused,) if unused is not None else ()
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,

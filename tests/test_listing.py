@@ -36,6 +36,7 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
     assert marked == [n for n in names if n == FALLBACK or n in candidates()]
     assert {"full", "vsa", "sla-star"} <= set(marked) and "rocm-vsa" not in marked
     assert "full (dense) - default: --attn auto runs it for a checkpoint without sparse-attention weights" in flat
+    assert "sla (sparse, takes topk) - default" in flat and "(dense)" not in flat.replace("full (dense)", "")
     by_name = dict(zip(names, blocks))
     for name, block in by_name.items():
         text = " ".join(block.split())

@@ -3,6 +3,7 @@ terminal's width (80 columns and narrower keep every value: tables split or fold
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 
@@ -100,8 +101,11 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
     tables = preset_tables()  # the presets' own option defaults, said beside the backends' own
     for name in backend_names():  # the registry's names, in its order (read now: a backend registered late too)
         cls = backend_facts(name)  # the class, or its registry entry (no backend module imported: no torch)
-        # a tiled backend without a sparsity is sparse by other means (sparse-vdit: its pattern file)
-        kind = "sparse, takes --sparsity" if uses_sparsity(name) else "sparse" if cls.tiled else "dense"
+        # sparse by other means: a tiled backend without a sparsity (sparse-vdit: its pattern file), or a top-k
+        # (sla: key blocks kept per query block)
+        topk = any(f.name == "topk" for f in dataclasses.fields(cls.Options))
+        kind = ("sparse, takes --sparsity" if uses_sparsity(name) else "sparse, takes topk" if topk else
+                "sparse" if cls.tiled else "dense")
         picks = auto_picks(name)
         echo("")
         say(f"{name} ({kind})" + (f" - default: --attn auto runs it {picks}" if picks else ""))

@@ -128,3 +128,21 @@ def test_t2v_at_80_columns(vsagen_cache, tiny_dir, tmp_path):
     first = next(i for i, line in enumerate(note) if line.startswith("note: --negative-prompt"))
     assert note[first + 1].startswith(" " * 6) and len(note[first]) <= 80
     assert max(len(line) for line in out) <= 80
+
+
+def test_a_note_during_a_progress_bar_starts_its_own_line_in_a_pipe(capsys):
+    """A new-user trial: notes logged while the denoising bar was open landed on the bar's line in a pipe, so
+    `grep '^note'` missed them."""
+    import sys
+
+    from tqdm import tqdm
+
+    from vsagen.terminal import stderr_log
+
+    log = stderr_log(False)
+    for i in tqdm(range(3), desc="denoising", file=sys.stderr):
+        if i == 1:
+            log("note: in the middle")
+    log("note: after")
+    lines = capsys.readouterr().err.split("\n")
+    assert "note: in the middle" in lines and "note: after" in lines

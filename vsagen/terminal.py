@@ -34,14 +34,27 @@ def wrap_line(text: str, width: int | None) -> str:
 def stderr_log(columns_set: bool) -> Callable[[str], None]:
     """A function that prints a line on stderr (no markup, no highlighting), wrapped by `wrap_line` at the terminal's
     width when stderr is a terminal or `columns_set` (the COLUMNS environment variable, read by the caller), else
-    as one line."""
+    as one line, on a line of its own while a tqdm bar is drawn there."""
+    import sys
+
     from rich.console import Console
+    from tqdm import tqdm
 
     err = Console(stderr=True)
     width = err.width if err.is_terminal or columns_set else None
 
     def log(message: str) -> None:
-        err.print(wrap_line(message, width), markup=False, highlight=False, soft_wrap=True)
+        # an open progress bar (the denoising steps): on a terminal it is cleared first and drawn again after; in a
+        # pipe or file (no clearing there) the bar's line is ended first, so the message starts a line of its own
+        line = wrap_line(message, width)
+        if err.is_terminal:
+            with tqdm.external_write_mode(file=sys.stderr):
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
+        if any(not bar.disable for bar in list(getattr(tqdm, "_instances", ()))):
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
 
     return log
 

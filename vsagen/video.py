@@ -206,6 +206,14 @@ class Encoding:
     def text(self) -> str:
         return f"{self.codec}:preset={self.preset}:crf={self.crf}"
 
+    def note(self) -> str | None:
+        """The run note this encoding calls for: x264 at crf 0 is lossless, for which libx264 writes its High 4:4:4
+        Predictive profile even from yuv420p, and browsers do not play that. None otherwise."""
+        if self.codec == "x264" and self.crf == 0:
+            return ("--codec x264:crf=0 is lossless: libx264 then writes the High 4:4:4 Predictive profile, which "
+                    "browsers do not play (players such as VLC and ffplay do); crf 1 or more plays everywhere")
+        return None
+
     def ffmpeg_params(self) -> list[str]:
         """ffmpeg's output options for this encoding (after `-vcodec`)."""
         quality = ["-crf", str(self.crf)] if self.codec == "x264" else ["-rc", "vbr", "-cq", str(self.crf)]

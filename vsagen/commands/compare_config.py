@@ -313,6 +313,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     folder = out.out if out.out is not None else default_folder(model, "compare", req.seed, out.overwrite)
     if folder.exists() and not folder.is_dir():
         raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
+    if out.encoding.note() is not None:
+        notes = (*notes, out.encoding.note())
     cfg = CompareConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                         else out.fps, out=folder, error_steps=chosen[0], plot=plot, sheet=out.sheet,
                         sampler_error_steps=chosen, encoding=out.encoding)

@@ -206,6 +206,7 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     if req.cache.name == "mag" and req.cache.options.calibrate:
         _check_calibration_target(req.cache.options.file, [path, json_out, sheet_out])
     check_encoder(out.encoding)
+    notes += (out.encoding.note(),) if out.encoding.note() is not None else ()
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,

@@ -59,9 +59,10 @@ def check_transformer_files(files: Sequence[str], preset: Preset, model: str, ra
     if random_weights:
         raise BadInput("--transformer loads trained weights and --random-weights builds random ones; use one")
     if len(files) != preset.experts:
-        how = "one file" if preset.experts == 1 else f"{preset.experts} files, the high-noise expert first"
+        how = ("one file (--transformer FILE)" if preset.experts == 1 else
+               f"{preset.experts} files, the high-noise expert first (--transformer HIGH,LOW)")
         raise BadInput(f"--transformer names {len(files)} file(s) and --model {model} has {preset.experts} "
-                       f"transformer(s): give {how} (FILE[,FILE])")
+                       f"transformer(s): give {how}")
     out = []
     for f in files:
         path = Path(f).expanduser()

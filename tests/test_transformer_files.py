@@ -344,8 +344,8 @@ def test_bad_inputs_are_one_line_exit_2_nothing_written(tmp_path, vsagen_cache):
     out = tmp_path / "out" / "o.mp4"
     cases = [
         (["--transformer", str(tmp_path / "nope.pth")], "no such file"),
-        (["--transformer", f"{tmp_path / 'f.pth'},{tmp_path / 'f.pth'}"], "names 2 file(s) and --model tiny has 1 "
-                                                                   "transformer(s): give one file (--transformer FILE)"),
+        (["--transformer", f"{tmp_path / 'f.pth'},{tmp_path / 'f.pth'}"],
+         "names 2 file(s) and --model tiny has 1 transformer(s): give one file (--transformer FILE)"),
         (["--transformer", str(tmp_path / "evil.pth")], "refused: it holds objects other than tensors"),
         (["--transformer", str(tmp_path / "str.pth")], "not a flat state dict of tensors"),
         (["--transformer", str(tmp_path / "cut.pth")], "damaged"),

@@ -250,9 +250,12 @@ def test_a_named_file_without_the_backends_keys_is_refused_before_loading(tmp_pa
     t = make_transformer()
     f = tmp_path / "prefixed.safetensors"
     save_file({f"transformer.{k}": v for k, v in gate_tensors(t).items()}, f)
-    with pytest.raises(BadInput, match=r"holds no blocks\.N\.to_gate_compress\.\* or "
+    with pytest.raises(BadInput, match=r"^--attn vsa: .*holds no blocks\.N\.to_gate_compress\.\* or "
                                        r"blocks\.N\.attn1\.to_gate_compress\.\* tensors"):
         resolve("a fox", model="tiny", attn=f"vsa:gate_weights={f}", out=tmp_path / "v.mp4")
+    (tmp_path / "proj.pth").write_bytes(b"x")  # a new-user trial: this line lacked the entry it came from
+    with pytest.raises(BadInput, match=r"^--attn sla: .*proj.pth: backend weights are read from .safetensors files"):
+        resolve("a fox", model="tiny", attn=f"sla:proj_weights={tmp_path / 'proj.pth'}", out=tmp_path / "v.mp4")
     with pytest.raises(BadInput, match="holds no blocks"):
         attach_backend_weights(t, VSAAttention(VSAOptions(gate_weights=f)), None)
     assert all(layer_params(b.attn1, SPEC) is None for b in t.blocks)

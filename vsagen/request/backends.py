@@ -69,7 +69,10 @@ def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, A
         if named is not None:  # its keys are the backend's (the class's `weights`: the backend's module, torch)
             from ..attention.weights import check_weights_file
 
-            check_weights_file(named, backend_class(spec.name).weights)
+            try:
+                check_weights_file(named, backend_class(spec.name).weights)
+            except BadInput as e:  # say which entry named the file
+                raise BadInput(f"--attn {spec.name}: {e}") from None
     return specs
 
 

@@ -17,6 +17,7 @@ image to video; "dit", "attn1", "self_attention" and "layout" from the hooks; "v
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -288,7 +289,9 @@ class Session:
                 backend.prepare(run)
         if request.offload == "none":  # (offloaded runs attached them in load_model)
             check_backend_weights(model, backends)
-        pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=False)
+        # on a terminal the bar is cleared when done; in a pipe or file it is left as a line of its own (cleared, it
+        # left an unended line there, and the next message was appended to it)
+        pipe.set_progress_bar_config(disable=not progress, desc="denoising", unit="step", leave=not sys.stderr.isatty())
         fused = fused_blocks_apply(request.device, request.compile, request.offload, request.fused_blocks)
         if fused:
             model.notes.append(fused_blocks_note(request.warmup))

@@ -36,7 +36,7 @@ from .architecture import architecture_of
 from .attention import BackendSpec, backend_class, resolve_spec
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
 from .attention.hooks import wrap_method
-from .attention.spec import make_options, parse_spec
+from .attention.spec import make_options, no_option, parse_spec
 from .errors import BadInput
 from .timing import Timer, TimingReport
 
@@ -117,8 +117,7 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> Backend
     known = option_names(cls)
     for key in options:
         if key not in known:
-            raise BadInput(f"{WHERE}: {spec.name} has no option {key!r}; "
-                           + (f"its options: {', '.join(known)}" if known else f"{spec.name} takes no options"))
+            raise BadInput(f"{WHERE}: {no_option(spec.name, key, known)}")
         if key in in_text:
             raise BadInput(f"{WHERE}: option {key!r} of {spec.name} given in the text and as a keyword")
     current = {f.name: getattr(spec.options, f.name) for f in fields(spec.options)}

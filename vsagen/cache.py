@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .attention.backend_options import option_names, options_dict
-from .attention.spec import convert_option, format_option, option_pairs, text_options
+from .attention.spec import convert_option, format_option, no_option, option_pairs, text_options
 from .errors import BadInput
 
 # TaylorSeer's modules on a Wan transformer (regexes, `re.fullmatch` on the module names): the self-attention, the
@@ -225,8 +225,7 @@ def parse_cache(text: str, where: str = "--cache") -> CacheSpec:
 
     def check_key(key: str) -> None:
         if key not in known:
-            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; "
-                           + (f"its options: {', '.join(known)}" if known else f"{name} takes no options"))
+            raise BadInput(f"{where} {text!r}: {no_option(name, key, known)}")
 
     raw = option_pairs(text, pairs, where, check_key)
     values = {key: convert_option(cls, key, value, f"{where} {text!r}") for key, value in raw.items()}

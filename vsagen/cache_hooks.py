@@ -249,7 +249,7 @@ def calibration_text(model: str, steps: int, ratios: dict[str, list[float]], sam
 def load_calibration(path: Path) -> dict[str, Any]:
     """A calibration file `save_ratios` wrote: {"model": str, "steps": int, "sampler": str | None, "ratios":
     {expert: [float, ...]}}, checked as `calibration_text` writes it: version `MAG_FILE_VERSION`, a model name,
-    steps >= 1, and for each expert a non-empty list of finite ratios > 0 (MagCache's ratios are norms of
+    steps >= 1, and for each expert a non-empty list of finite ratios > 0 (MagCache's ratios are ratios of
     consecutive steps' residual norms: positive).
 
     Raises:

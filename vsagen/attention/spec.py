@@ -132,6 +132,13 @@ def python_options(options_cls: type) -> list[str]:
     return [n for n in option_names(options_cls) if n not in text_options(options_cls)]
 
 
+def no_option(name: str, key: str, known: Sequence[str]) -> str:
+    """The words of a refused option, shared by `--attn`, `--cache` and `vsagen.apply`: "NAME has no option 'KEY';
+    its options: ..." (or "NAME takes no options")."""
+    return f"{name} has no option {key!r}; " + (f"its options: {', '.join(known)}" if known else
+                                                f"{name} takes no options")
+
+
 def _convert(options_cls: type, key: str, text: str, where: str) -> Any:
     """The text of option `key` as the type its Options field declares (float, int, bool, str, Path, or Optional
     of one of them; "none" gives None for Optional fields)."""
@@ -206,8 +213,7 @@ def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
                                f"options here: {listed}")
             python = python_options(options_of(name))
             also = f"; from Python only (vsagen.apply): {', '.join(python)}" if python else ""
-            raise BadInput(f"{where} {text!r}: {name} has no option {key!r}; "
-                           + (f"its options: {listed}" if known else f"{name} takes no options") + also)
+            raise BadInput(f"{where} {text!r}: {no_option(name, key, known)}{also}")
 
     return name, option_pairs(text, pairs, where, check_key)
 

@@ -50,10 +50,17 @@ def their_module(args: argparse.Namespace) -> types.ModuleType:
                               capture_output=True, text=True).stdout
         path = Path(tempfile.mkdtemp()) / "autoencoder_kl_turbo_vaed_ours_wan22.py"
         path.write_text(text)
-    import diffusers  # noqa: F401 - before the stand-in: diffusers probes for timm when it is imported
+    # Their file's diffusers imports resolve before the stand-in exists: diffusers' lazy modules probe for timm with
+    # importlib.util.find_spec, which raises on a module without __spec__ (the 2026-12-05 H200 run stopped there).
+    import diffusers.loaders  # noqa: F401
+    import diffusers.models.autoencoders.autoencoder_kl_wan  # noqa: F401
+    import diffusers.models.embeddings  # noqa: F401
+    import diffusers.models.normalization  # noqa: F401
+    from importlib.machinery import ModuleSpec
 
     for pkg in ("timm", "timm.models"):
-        sys.modules.setdefault(pkg, types.ModuleType(pkg)).__path__ = []
+        stand_in = sys.modules.setdefault(pkg, types.ModuleType(pkg))
+        stand_in.__path__, stand_in.__spec__ = [], ModuleSpec(pkg, None, is_package=True)
     vit = types.ModuleType("timm.models.vision_transformer")
     vit.Mlp = type("Mlp", (torch.nn.Module,), {})
     sys.modules.setdefault(vit.__name__, vit)

@@ -22,6 +22,11 @@ import torch
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# vsagen wraps its notes to COLUMNS when it is set (vsagen.terminal); the tests read whole notes and paths from
+# stderr, so a COLUMNS exported by the user's shell, or pytest-xdist's workers (they set COLUMNS=80), broke three of
+# them where a temporary path pushed a line past 80 columns. Tests of the wrapping set COLUMNS themselves.
+os.environ.pop("COLUMNS", None)
+
 
 @pytest.fixture(scope="session")
 def vsagen_cache(tmp_path_factory):

@@ -94,6 +94,7 @@ def test_t2v_tiny_defaults_writes_video_and_json(cli_cache, tmp_path):
     assert data["video"] == str(out) and data["model"] == "tiny" and data["attn"] == "full"
     assert (data["frames"], data["height"], data["width"]) == (TINY_FRAMES, TINY_H, TINY_W)
     assert data["steps"] == TINY_STEPS and data["guidance"] == 5.0 and data["random_weights"] is True
+    assert data["vae_dtype"] == "fp32"  # the dtype the VAE ran in (tiny: the pipeline's, fp32 on CPU)
     # no --attn: auto, which runs full on the tiny model and says why, first among the notes, and in the title
     assert data["attn_requested"] == "auto" and data["timing"]["notes"][0].startswith("--attn auto chose full")
     assert "note: --attn auto chose full" in res.stderr and "attn full (auto)" in res.stdout

@@ -418,6 +418,20 @@ def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_
     assert "An error occurred" not in err and "ckpt/transformer" not in err
 
 
+@pytest.mark.parametrize("model,asked,image_to_video,want", [
+    ("wan2.1-t2v-1.3b", "auto", False, "bf16"), ("wan2.1-t2v-1.3b", "fp32", False, "fp32"),
+    ("wan2.2-ti2v-5b", "auto", False, "bf16"), ("wan2.2-ti2v-5b", "auto", True, "fp32"),
+    ("wan2.1-i2v-14b-480p", "auto", True, "fp32"), ("hummingbird-xt", "auto", False, "fp32"),
+    ("tiny", "auto", False, "same"), ("tiny", "fp16", False, "fp16")])
+def test_vae_dtype_auto_decodes_text_to_video_in_the_presets_decode_dtype(model, asked, image_to_video, want):
+    """`--vae-dtype auto` (issue 32 item 2): bf16 where the VAE only decodes and the preset measured it, the preset's
+    float32 where the VAE also encodes an image (and for Hummingbird-XT's light decoder); a given dtype wins."""
+    from vsagen.loading import resolve_vae_dtype
+    from vsagen.presets import load_preset
+
+    assert resolve_vae_dtype(asked, load_preset(model), image_to_video) == want
+
+
 @pytest.mark.parametrize("asked,want", [("auto", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_vae_dtype_is_the_presets_unless_asked(vsagen_cache, tiny_dir, tmp_path, asked, want):
     """`--vae-dtype` (issue 32 item 2): auto keeps the preset's (the tiny model's: the pipeline's, fp32 on CPU);

@@ -21,7 +21,7 @@ BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b
            "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p",
            "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 # attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets
-OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn"}
+OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn", "decode_dtype"}
 
 
 def raw(name: str) -> dict:
@@ -406,3 +406,22 @@ def test_a_transformer_layout_preset_names_its_components():
                         ({"source": "tiny", "text_encoder": raw("tiny")["text_encoder"]}, "one-expert hub presets")]:
         with pytest.raises(BadInput, match=match):
             parse_preset({**data, **edit}, "x.toml")
+
+
+@pytest.mark.parametrize("key,value", [("vae_dtype", "float32"), ("decode_dtype", "int8"), ("decode_dtype", 16)])
+def test_vae_dtypes_are_checked(key, value):
+    data = copy.deepcopy(raw("wan2.1-t2v-1.3b"))
+    data["defaults"][key] = value
+    with pytest.raises(BadInput, match=f"{key} must be one of same, fp32, bf16, fp16"):
+        parse_preset(data, "x.toml")
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_decode_dtype_is_bf16_where_measured(name):
+    """Issue 32 item 2: the real text-to-video presets decode in bf16 (measured 47-50 dB from float32 on both Wan VAEs,
+    BENCHMARKS.md 2026-12-05); image-to-video presets (the VAE encodes too), Hummingbird-XT (its light decoder was
+    measured in float32 only) and the tiny models (the pipeline's dtype) have none."""
+    p = load_preset(name)
+    measured = (p.source == "hub" and p.pipeline == "WanPipeline" and name != "hummingbird-xt")
+    assert p.defaults.decode_dtype == ("bf16" if measured else None)
+    assert p.defaults.vae_dtype == ("fp32" if p.source == "hub" else "same")

@@ -141,8 +141,9 @@ VaeOption = Annotated[VaeDecoder, typer.Option("--vae", parser=choice_parser(Vae
                                                     "'auto' (light where the model has one by default).")]
 VaeDtypeOption = Annotated[VaeDtype, typer.Option("--vae-dtype", parser=choice_parser(VaeDtype),
                                                   metavar=_choices(VaeDtype),
-                                                  help="The VAE's dtype: auto (the preset's: fp32 for the real "
-                                                       "models), fp32, bf16 or fp16.")]
+                                                  help="The VAE's dtype: auto (the preset's: bf16 for a text-to-"
+                                                       "video decode, fp32 where it also encodes an image), fp32, "
+                                                       "bf16 or fp16.")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
                                        "compile_repeated_blocks), each block one graph with the attention backend "
                                        "inside it, so the attention is not timed (graph breaks around it only for "

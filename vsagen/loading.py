@@ -46,6 +46,26 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
+def resolve_vae_dtype(requested: str, preset: Preset, image_to_video: bool) -> str:
+    """The VAE's dtype for a run: `--vae-dtype` when given, else (`auto`) the preset's `decode_dtype` where the VAE
+    only decodes (text to video) and the preset has one, else its `vae_dtype`.
+
+    Args:
+        requested: `--vae-dtype`: "auto", "fp32", "bf16" or "fp16".
+        preset: the model's preset (`GenerationDefaults.vae_dtype` / `decode_dtype`).
+        image_to_video: the run also encodes an image with the VAE (image to video), whose bf16 encode is unmeasured.
+
+    Returns:
+        "same" (the pipeline's dtype), "fp32", "bf16" or "fp16". Source: the decode's fidelity and time in bf16
+        against float32 at real size, BENCHMARKS.md 2026-12-05 (issue 32 item 2: the default is what holds the
+        frames within 40 dB PSNR of float32).
+    """
+    if requested != "auto":
+        return requested
+    d = preset.defaults
+    return d.decode_dtype if d.decode_dtype is not None and not image_to_video else d.vae_dtype
+
+
 def pipeline_class_name(cfg: Request) -> str:
     """The diffusers pipeline class a request runs: image to video (`Request.image_to_video`: an input image, or,
     for `vsagen profile`, an image-to-video model), else text to video."""
@@ -281,7 +301,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     from .light_vae_attach import choose_decoder
 
     choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) decodes
-    vae_dtype = preset.defaults.vae_dtype if cfg.vae_dtype == "auto" else cfg.vae_dtype  # --vae-dtype
+    vae_dtype = resolve_vae_dtype(cfg.vae_dtype, preset, cfg.image_to_video)  # --vae-dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
     for _, t in experts(pipe):

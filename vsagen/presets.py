@@ -82,6 +82,10 @@ class GenerationDefaults:
     negative_prompt: str
     max_sequence_length: int
     vae_dtype: str  # "same" (pipeline dtype) | "fp32" | "bf16" | "fp16"
+    # The VAE's dtype for a run where it only decodes (text to video), chosen by measurement: bf16 holds the Wan2.1
+    # and Wan2.2 VAEs' frames 47-50 dB from float32 at real size and decodes 1.3-1.5x faster (BENCHMARKS.md,
+    # 2026-12-05); None: `vae_dtype`. An image-to-video run (the VAE also encodes the image) keeps `vae_dtype`.
+    decode_dtype: str | None = None
     guidance_2: float | None = None  # CFG scale of the second expert (two-expert presets only; None: `guidance`)
     # The sampler its authors run (`vsagen.samplers`: "default", the checkpoint's scheduler for `steps` steps with
     # CFG `guidance`; "dmd" etc.: a few-step re-noise list, CFG off), below `--sampler`
@@ -193,7 +197,8 @@ _OPTIONAL_TOP_KEYS = {"light_vae", "text_encoder", "expand_timesteps", "boundary
                       "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder",
                       "transformer_files"}
 TRANSFORMER_FILE_SUFFIXES = (".safetensors", ".pth", ".pt")  # what `--transformer` / [transformer_files] read
-_OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn"}
+_OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn", "decode_dtype"}
+_VAE_DTYPES = ("same", "fp32", "bf16", "fp16")
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
 T2V_PIPELINE = "WanPipeline"
@@ -353,6 +358,10 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     checkpoint_class = data.get("checkpoint_class")
     if checkpoint_class is not None and (not isinstance(checkpoint_class, str) or not checkpoint_class.strip()):
         raise BadInput(f"preset {where}: checkpoint_class must be a pipeline class name, got {checkpoint_class!r}")
+    for key in ("vae_dtype", "decode_dtype"):
+        value = data["defaults"].get(key, "same")
+        if value not in _VAE_DTYPES:
+            raise BadInput(f"preset {where} [defaults]: {key} must be one of {', '.join(_VAE_DTYPES)}, got {value!r}")
     sampler = data["defaults"].get("sampler", "default")  # options (e.g. "rcm:sigma_max=200") are checked when run
     if not isinstance(sampler, str) or sampler.split(":", 1)[0].strip() not in NAMED_SAMPLERS:
         raise BadInput(f"preset {where} [defaults]: sampler must be one of {', '.join(NAMED_SAMPLERS)} (with options), "

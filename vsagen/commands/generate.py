@@ -229,9 +229,16 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "random_prompt_embeddings": session.model.random_weights,
         "offload": cfg.offload, "vae_tiling": spatially_tiled(pipe.vae),
         "vae_decoder": "light" if uses_light_decoder(pipe.vae) else "stock",
+        "vae_dtype": _dtype_name(next(pipe.vae.parameters()).dtype),  # what --vae-dtype (auto: the preset) resolved to
         "compile_fullgraph": session.compile_fullgraph,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
                                                                          **versions(cfg.device)},
     }
+
+
+def _dtype_name(dtype: Any) -> str:
+    """A torch dtype as the CLI names it ("bf16", "fp16", "fp32"; else torch's own name)."""
+    name = str(dtype).removeprefix("torch.")
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)

@@ -97,8 +97,9 @@ class VaeTiling(Choice):
 
 
 class VaeDtype(Choice):
-    """`--vae-dtype`: the VAE's dtype: "auto" (the preset's `vae_dtype`: float32 for the real models, as Wan runs
-    it), or "fp32", "bf16", "fp16" (the decode and, for image to video, the condition encode)."""
+    """`--vae-dtype`: the VAE's dtype: "auto" (the preset's: `decode_dtype` where the VAE only decodes, bf16 for the
+    real text-to-video models, else `vae_dtype`, float32 as Wan runs it; `vsagen.loading.resolve_vae_dtype`), or
+    "fp32", "bf16", "fp16" (the decode and, for image to video, the condition encode)."""
 
     AUTO = "auto"
     FP32 = "fp32"

@@ -7,7 +7,12 @@ the latents are not noise but the VAE's own encoding of a smooth moving syntheti
 of its own distribution. Both dtypes decode the same latents through `vsagen.decode_stream` (as `t2v` does), the
 frames are made uint8 as the mp4's are, and PSNR is taken against the float32 frames.
 
+`--variants` adds the other speed-ups issue 32 item 2 names, each on top of bf16 and checked the same way:
+`cl` (channels-last 3-D weights and activations), `cudnn` (cuDNN autotuning, `torch.backends.cudnn.benchmark`),
+`compile` (`torch.compile` of the decoder module; its compile is in the untimed first pass).
+
     python benchmarks/vae_dtype.py --model wan2.1-t2v-1.3b [--size 480x832x81] [--weights DIR] [--device cuda]
+        [--variants fp32,bf16,bf16+cl,bf16+cudnn,bf16+compile]
 """
 
 from __future__ import annotations
@@ -48,7 +53,12 @@ def main() -> None:
     ap.add_argument("--weights", default=None, help="a diffusers vae/ folder (default: random weights)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiling", action="store_true", help="the VAE's spatial tiling on")
+    ap.add_argument("--variants", default="fp32,bf16", help="comma list of fp32 | bf16[+cl][+cudnn][+compile]; the "
+                    "first is the reference (fp32)")
     args = ap.parse_args()
+    variants = args.variants.split(",")
+    if variants[0] != "fp32" or any(not set(v.split("+")[1:]) <= {"cl", "cudnn", "compile"} for v in variants):
+        ap.error("--variants: start with fp32; each is fp32 or bf16 with +cl, +cudnn, +compile")
     preset = load_preset(args.model)
     d = preset.defaults
     h, w, f = (int(v) for v in args.size.split("x")) if args.size else (d.height, d.width, d.frames)
@@ -65,21 +75,30 @@ def main() -> None:
         std = torch.tensor(vae.config.latents_std, device=args.device).view(1, z_dim, 1, 1, 1)
         latents = (posterior.mode() - mean) / std  # normalised, as the pipeline hands them to the decode
         results = {}
-        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            vae.to(dtype)
-            for _ in range(2):  # the first pass warms up (cuDNN plans); the second is timed
+        decoder = vae.decoder
+        for name in variants:
+            dtype, *extras = name.split("+")
+            vae.to(torch.float32 if dtype == "fp32" else torch.bfloat16)
+            layout = torch.channels_last_3d if "cl" in extras else torch.contiguous_format
+            for param in vae.parameters():  # Conv3d weights only (the resamplers' Conv2d and the biases stay)
+                if param.dim() == 5:
+                    param.data = param.data.contiguous(memory_format=layout)
+            torch.backends.cudnn.benchmark = "cudnn" in extras
+            vae.decoder = torch.compile(decoder) if "compile" in extras else decoder
+            for _ in range(2):  # the first pass warms up (cuDNN plans, a compile); the second is timed
                 if args.device == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 frames = np.concatenate([frames_u8(processor, c) for c in decode_chunks(vae, latents)])
                 sec = time.perf_counter() - t0
             results[name] = (frames, sec)
+        vae.decoder = decoder
     ref = results["fp32"][0]
     print(f"{args.model} VAE ({'trained' if args.weights else 'random'} weights), {f}x{h}x{w}, {args.device}"
           f"{', tiled' if args.tiling else ''}")
-    print(f"{'dtype':6} {'decode s':>9} {'PSNR vs fp32 dB':>16}")
+    print(f"{'variant':16} {'decode s':>9} {'PSNR vs fp32 dB':>16}")
     for name, (frames, sec) in results.items():
-        print(f"{name:6} {sec:9.2f} {psnr(frames, ref) if name != 'fp32' else float('inf'):16.2f}")
+        print(f"{name:16} {sec:9.2f} {psnr(frames, ref) if name != 'fp32' else float('inf'):16.2f}")
 
 
 if __name__ == "__main__":

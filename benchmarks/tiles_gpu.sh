@@ -10,7 +10,8 @@
 #      the kernels alone: benchmarks/tiles.py (every tile volume: whole backends with query rows 64 / 128 and FA4,
 #      and the fine stage alone of vsagen, FastVideo's Triton VSA and FA4 on one selection; correctness at full size
 #      on the 1.3B shape, forward and forward+backward against dense cuDNN at 1.3B and 14B 720p) and
-#      benchmarks/fa4_adapter.py (the adapter's own check and timings)
+#      benchmarks/fa4_adapter.py (the adapter's own check and timings), benchmarks/tile_expand.py (the list
+#      expansion of tiles 128 / 256: torch against the one Triton launch)
 #   3. carry [".fa4b", ".whl"]:        bash benchmarks/tiles_gpu.sh dit
 #      the DiT, eager, random weights: `vsagen profile` of full and vsa at each tile at 1.3B 480p and 14B 720p
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
@@ -23,6 +24,7 @@ if [ "$what" = kernels ]; then
     python3 benchmarks/tiles.py --shapes 1.3b,14b --fastvideo-sdist .peers/fastvideo-0.2.1.tar.gz \
         --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
     python3 benchmarks/fa4_adapter.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_adapter.txt"
+    python3 benchmarks/tile_expand.py 2>&1 | grep -v Warning | tee "$OUT/tile_expand.txt"
 else
     fa4=""
     python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"

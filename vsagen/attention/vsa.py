@@ -53,8 +53,9 @@ def _interpreting() -> bool:
 def kernel_lists(layout: Any, q2k: torch.Tensor, q2k_cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                 torch.Tensor]:
     """A cube-level selection as the block-sparse kernels take it: (q2k, q2k_cnt, tile_offsets) over the layout's
-    kernel tiles (`kernels.tile_expand.expand_to_kernel_tiles`); cubes of at most 64 tokens come back as they are,
-    with `layout.tile_offsets_i32`.
+    kernel tiles (`kernels.tile_expand_triton`, one launch, equal to the torch `kernels.tile_expand`); cubes of at
+    most 64 tokens come back as they are, with `layout.tile_offsets_i32`. For the Triton paths only (CUDA, ROCm or
+    the interpreter).
 
     Args:
         layout: the `TileLayout` (its tile any of VSA's cubes).
@@ -66,11 +67,12 @@ def kernel_lists(layout: Any, q2k: torch.Tensor, q2k_cnt: torch.Tensor) -> tuple
     """
     if layout.kernel_tiles_per_tile == 1:
         return q2k.to(torch.int32), q2k_cnt.to(torch.int32), layout.tile_offsets_i32
-    from ..kernels.tile_expand import expand_to_kernel_tiles
+    from ..kernels.tile_expand_triton import expand_to_kernel_tiles_triton
 
-    lists, counts = expand_to_kernel_tiles(q2k, q2k_cnt, layout.tile_kernel_first, layout.tile_kernel_count,
-                                           layout.kernel_tile_of, layout.kernel_tiles_per_tile)
-    return lists, counts, layout.kernel_offsets_i32
+    offsets = layout.kernel_offsets_i32
+    lists, counts = expand_to_kernel_tiles_triton(q2k, q2k_cnt, layout.tile_kernel_first, layout.tile_kernel_count,
+                                                  offsets.numel() - 1, layout.kernel_tiles_per_tile)
+    return lists, counts, offsets
 
 
 def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:

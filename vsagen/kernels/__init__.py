@@ -21,7 +21,9 @@ Contents:
   dQ over groups, the dK/dV loop over packed plans; `sparse-vdit`'s static patterns) runs. No triton import.
 * `k2q.py`: `build_k2q_triton`, the q2k transpose in two Triton launches: the one the backward uses.
 * `tile_expand.py`: `expand_to_kernel_tiles`, a selection over VSA's larger cubes (128 / 256 tokens) as the same
-  selection over their 64-token kernel tiles, the lists the block-sparse kernels take (plain torch).
+  selection over their 64-token kernel tiles, the lists the block-sparse kernels take (plain torch: the reference).
+* `tile_expand_triton.py`: `expand_to_kernel_tiles_triton`, the same expansion in one Triton launch: the one the
+  Triton paths use (`attention.vsa.kernel_lists`).
 * `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
   whole, then the partial tiles' tokens packed 64 to an iteration).
 * `qk_norm_rope.py`: the fused RMSNorm + RoPE prologue of the attention processor.

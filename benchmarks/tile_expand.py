@@ -34,7 +34,6 @@ def main() -> None:
             g = torch.Generator(device="cuda").manual_seed(0)
             q2k = torch.rand(1, heads, n, n, generator=g, device="cuda").argsort(-1)[..., :k].sort(-1).values
             q2k, cnt = q2k.to(torch.int32), torch.full((1, heads, n), k, dtype=torch.int32, device="cuda")
-            n_kernel = lay.kernel_offsets_i32.numel() - 1
 
             def plain():
                 return expand_to_kernel_tiles(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count,
@@ -42,7 +41,7 @@ def main() -> None:
 
             def one_launch():
                 return expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count,
-                                                     n_kernel, lay.kernel_tiles_per_tile)
+                                                     lay.kernel_tile_of, lay.kernel_tiles_per_tile)
 
             (a, ac), (b, bc) = plain(), one_launch()
             assert torch.equal(a, b) and torch.equal(ac, bc), f"{name} {tile}: the expansions differ"

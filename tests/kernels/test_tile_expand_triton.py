@@ -18,10 +18,9 @@ TILES = [(4, 4, 8), (4, 8, 8), (8, 4, 4)]
 
 
 def both(lay, q2k, cnt):
-    n_kernel = lay.kernel_offsets_i32.numel() - 1
     want = expand_to_kernel_tiles(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count, lay.kernel_tile_of,
                                   lay.kernel_tiles_per_tile)
-    got = expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count, n_kernel,
+    got = expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count, lay.kernel_tile_of,
                                         lay.kernel_tiles_per_tile)
     return want, got
 
@@ -56,14 +55,29 @@ def test_empty_lists_give_zero_counts():
     assert torch.equal(got_lists, lists) and torch.equal(got_counts, counts)
 
 
+def test_cube_counts_above_kernel_tiles_per_tile_are_clamped_as_torch_does():
+    """A tile_kernel_count above kernel_tiles_per_tile (no TileLayout gives one) is clamped to it as the torch
+    expansion's runs are, and never writes past a row: it aborted the process with a heap error (new-user trial)."""
+    lay = tile_layout((5, 6, 10), (4, 8, 8))
+    q2k, cnt = random_lists(2, 2, lay.num_tiles, 4, seed=3)
+    counts_too_large = lay.tile_kernel_count + lay.kernel_tiles_per_tile  # every cube claims R more than it may
+    args = (q2k, cnt, lay.tile_kernel_first, counts_too_large, lay.kernel_tile_of, lay.kernel_tiles_per_tile)
+    lists, counts = expand_to_kernel_tiles(*args)
+    got_lists, got_counts = expand_to_kernel_tiles_triton(*args)
+    assert torch.equal(got_counts, counts) and torch.equal(got_lists, lists)
+    _, one = expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count,
+                                           lay.kernel_tile_of, 1)  # R=1 on a layout whose cubes have 4
+    assert int(one.max()) <= q2k.shape[-1]
+
+
 def test_refuses_mismatched_shapes():
     lay = tile_layout((3, 9, 17), (4, 8, 8))
     q2k, cnt = random_lists(1, 2, lay.num_tiles, 3, seed=1)
-    n_kernel = lay.kernel_offsets_i32.numel() - 1
+    args = (lay.tile_kernel_first, lay.tile_kernel_count, lay.kernel_tile_of)
     with pytest.raises(ValueError, match="do not match"):
-        expand_to_kernel_tiles_triton(q2k[:, :, 1:], cnt, lay.tile_kernel_first, lay.tile_kernel_count, n_kernel, 4)
+        expand_to_kernel_tiles_triton(q2k[:, :, 1:], cnt, *args, 4)
     with pytest.raises(ValueError, match="1..8"):
-        expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count, n_kernel, 9)
+        expand_to_kernel_tiles_triton(q2k, cnt, *args, 9)
 
 
 _AMD_BUILD = """
@@ -78,7 +92,7 @@ for target in ("gfx942", "gfx950"):
     builds = []
     with capture_builds(target, builds):
         expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count,
-                                      lay.kernel_offsets_i32.numel() - 1, lay.kernel_tiles_per_tile)
+                                      lay.kernel_tile_of, lay.kernel_tiles_per_tile)
     print(target, [(b.kernel, b.problems()) for b in builds])
 """
 

@@ -69,10 +69,9 @@ def kernel_lists(layout: Any, q2k: torch.Tensor, q2k_cnt: torch.Tensor) -> tuple
         return q2k.to(torch.int32), q2k_cnt.to(torch.int32), layout.tile_offsets_i32
     from ..kernels.tile_expand_triton import expand_to_kernel_tiles_triton
 
-    offsets = layout.kernel_offsets_i32
     lists, counts = expand_to_kernel_tiles_triton(q2k, q2k_cnt, layout.tile_kernel_first, layout.tile_kernel_count,
-                                                  offsets.numel() - 1, layout.kernel_tiles_per_tile)
-    return lists, counts, offsets
+                                                  layout.kernel_tile_of, layout.kernel_tiles_per_tile)
+    return lists, counts, layout.kernel_offsets_i32
 
 
 def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:

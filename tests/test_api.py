@@ -360,3 +360,20 @@ def test_a_backend_class_is_one_bad_input_and_a_prepare_without_notes_is_none(ti
 
     with vsagen.apply(tiny_pipe, Quiet()) as handle:
         assert handle.notes == ()
+
+
+@pytest.mark.slow
+def test_a_whole_compiled_transformer_times_nothing_and_the_report_says_how_to_compile(tiny_pipe):
+    """torch.compile(pipe.transformer) after apply runs around the DiT timers: the report had 0 forwards and said
+    nothing (new-user trial); now a note names compile_repeated_blocks. A plain run has no such note."""
+    handle = vsagen.apply(tiny_pipe, "full")
+    latents(tiny_pipe)
+    assert handle.report().dit_forwards == 2 * STEPS and not any("no DiT forward" in n for n in handle.report().notes)
+    handle.remove()
+    handle = vsagen.apply(tiny_pipe, "full")
+    tiny_pipe.transformer = torch.compile(tiny_pipe.transformer, backend="eager")
+    latents(tiny_pipe)
+    report = handle.report()
+    assert report.dit_forwards == 0
+    assert any(f"stepped {STEPS} times but no DiT forward was timed" in n and "compile_repeated_blocks" in n
+               for n in report.notes), report.notes

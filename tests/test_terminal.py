@@ -54,6 +54,13 @@ def test_title_lines_break_between_fields_only():
     assert lines == ["tiny | attn vsa (sparsity 0.5) |",
                      "torch reference (slow: the Triton kernels run on CUDA) | 5x64x64 | 1 step |", "cpu fp32"]
     assert title_lines(title, 200) == title
+    # A field that fills the line to 79 or 80 columns leaves no room for the " |" that ends it: it went to the next
+    # line, and Rich wrapped the bar onto a line of its own (new-user trial: `--attn sparse-vdit` on the tiny model)
+    title = ("tiny | attn sparse-vdit | torch reference (slow: the Triton kernels run on CUDA) | 17x96x160 | 4 steps | "
+             "cpu fp32")
+    for width in (78, 79, 80, 81, 82):
+        lines = title_lines(title, width).splitlines()
+        assert all(len(line) <= width for line in lines) and " | ".join(lines).replace("| |", "|") == title, lines
 
 
 def rendered(renderable, width=80) -> list[str]:

@@ -145,12 +145,18 @@ class AppliedBackend:
     weight_layers: int = 0
     notes: tuple[str, ...] = ()
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _first_step: int = field(default=0, repr=False)  # timer.step when applied
 
     def report(self, **extra: Any) -> TimingReport:
         """The time recorded so far (synchronizes once on CUDA): DiT seconds per forward and per step, the
         attention backend's seconds and stages, the attention share of DiT time. `total_s`, `text_encode_s` and
         `vae_decode_s` are 0 here (the pipeline call is not wrapped); `extra` sets further report fields."""
-        return TimingReport.from_records(self.timer.finish(), self.device.type, **extra)
+        report = TimingReport.from_records(self.timer.finish(), self.device.type, **extra)
+        if report.dit_forwards == 0 and self.timer.step > self._first_step:
+            report.notes.append(f"the scheduler stepped {self.timer.step - self._first_step} times but no DiT forward "
+                                "was timed: torch.compile of the whole transformer runs around vsagen's hooks; "
+                                "compile its blocks instead: pipe.transformer.compile_repeated_blocks(fullgraph=True)")
+        return report
 
     def remove(self) -> None:
         """Restore the pipeline: the processors it had, no vsagen hooks, its scheduler's own `step`, and no
@@ -209,10 +215,11 @@ def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], Non
     return undo
 
 
-def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int | None = None) -> RunInfo:
+def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int | None = None,
+             model: str | None = None) -> RunInfo:
     """The `RunInfo` a backend is prepared with on `pipe` (a Wan pipeline or a bare transformer): the execution
-    device, the transformers' dtype, each transformer's component name and architecture, and `grid` / `steps` as
-    given.
+    device, the transformers' dtype, each transformer's component name and architecture, and `grid` / `steps` /
+    `model` as given.
 
     Raises:
         BadInput: `pipe` is neither a Wan transformer nor a pipeline with one.
@@ -221,13 +228,13 @@ def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int 
     first = transformers[0][1]
     return RunInfo(_device_of(pipe, first), first.dtype,
                    tuple(Expert(name, architecture_of(t)) for name, t in transformers),
-                   None if grid is None else tuple(grid), steps)
+                   None if grid is None else tuple(grid), steps, model=model)
 
 
 def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *, timer: Timer | None = None,
           grid: tuple[int, int, int] | None = None, steps: int | None = None, fused_blocks: bool = False,
           weights_root: Path | None = None, attach_weights: bool = True, fused_prologue: str = "auto",
-          **options: Any) -> AppliedBackend:
+          model: str | None = None, **options: Any) -> AppliedBackend:
     """Replace the video self-attention (`attn1`) of every transformer in `pipe` by a vsagen backend, and time it.
 
     This is the one place a backend meets a pipeline: the backend is prepared for the run (`prepare`, with the
@@ -254,6 +261,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             hold them already (from the same source) keep them. `remove()` puts back what the layers had before.
         fused_prologue: the q/k norm + RoPE prologue: "auto" (the fused Triton kernel on CUDA, diffusers'
             arithmetic elsewhere), "on" or "off" (`vsagen.attention.processor.use_fused_prologue`).
+        model: the model's name as loaded (a preset name, folder or hub id), if known: for the backend's notes
+            (sparse-vdit says when its pattern file was searched on another model of the same architecture).
         **options: the backend's options (e.g. sparsity=0.875, impl="torch"), on top of those in `backend`.
 
     Returns:
@@ -288,13 +297,13 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         built = spec.build()
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
-        notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps)) or ())  # (None: no notes)
+        notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps, model=model)) or ())  # (None: no notes)
     if timer is None:
         timer = Timer(device)
         timer.step = 0
     if any(is_patched(t) for _, t in transformers):  # before anything is attached: a refusal changes nothing
         raise BadInput(f"{WHERE}: this pipeline is already patched by vsagen: remove() the earlier handle first")
-    handle = AppliedBackend(built, spec, timer, device, notes=notes)
+    handle = AppliedBackend(built, spec, timer, device, notes=notes, _first_step=timer.step)
     try:
         if built is not None and built.weights is not None and attach_weights:
             attached: list[Callable[[], None]] = []

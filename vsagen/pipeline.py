@@ -406,7 +406,7 @@ class Session:
         try:
             handle = apply(pipe, backend, timer=timer, grid=plan.denoise_grid,
                            steps=len(sampler.sigmas) if sampler.renoise else steps, fused_blocks=self.fused,
-                           weights_root=self.model.weight_root)
+                           weights_root=self.model.weight_root, model=cfg.model)
         except BaseException:
             installed.close()
             raise

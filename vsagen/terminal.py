@@ -64,8 +64,9 @@ def title_lines(title: str, width: int) -> str:
     but the last ends in " |"); a field wider than `width` is left to wrap at its own spaces."""
     fields = title.split(" | ")
     lines = [fields[0]]
-    for field in fields[1:]:
-        if len(lines[-1]) + 3 + len(field) <= width:
+    for i, field in enumerate(fields[1:], 2):
+        room_for_bar = 2 if i < len(fields) else 0  # a line that another field may follow may end in " |"
+        if len(lines[-1]) + 3 + len(field) + room_for_bar <= width:
             lines[-1] += f" | {field}"
         else:
             lines[-1] += " |"

@@ -360,6 +360,15 @@ def test_t2v_runs_a_pattern_file_and_records_it(vsagen_cache, tiny_dir, tmp_path
     assert data["backend"]["steps_mapped_from"] == 2 and data["backend"]["run_steps"] == 1
     assert any("2-step pattern file" in n for n in data["timing"]["notes"]), data["timing"]["notes"]
     assert "note: sparse-vdit: 2-step pattern file" in res.stderr
+    assert not any("was searched on" in n for n in data["timing"]["notes"])  # searched on this model (tiny)
+    # The same file said to be searched on another model of this architecture: it runs, with a note (the run said
+    # nothing before; a new-user trial)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**json.loads(path.read_text()), "model": "wan2.1-t2v-1.3b"}))
+    res = t2v(tmp_path, f"sparse-vdit:patterns={other}", "b.mp4")
+    assert res.exit_code == 0, res.output
+    assert any(f"{other} was searched on wan2.1-t2v-1.3b, this run is tiny" in n
+               for n in json.loads(res.stdout)["timing"]["notes"])
 
 
 @pytest.mark.slow
@@ -497,6 +506,12 @@ def test_prepare_takes_the_run_and_apply_prepares_with_the_grid_and_steps(tmp_pa
     predicted = RunInfo(cpu, torch.float32, (Expert("transformer", architecture_from_config(
         load_preset("tiny").transformer)),), (5, 6, 10), 4, predicted=True)
     assert be.prepare(predicted) == ()
+    assert be.prepare(dataclasses.replace(predicted, model="tiny")) == ()  # the model the file was searched on
+    # Another model of the same architecture runs, with a note (a new-user trial read the docs as promising a
+    # refusal, and the run said nothing)
+    other, = be.prepare(dataclasses.replace(predicted, model="my-finetune"))
+    assert f"{path} was searched on tiny, this run is my-finetune" in other and "vsagen search --model my-finetune" \
+        in other
     notes = be.prepare(RunInfo(cpu, torch.float32, (Expert("transformer", architecture_of(t)),), (5, 6, 10), 8))
     assert len(notes) == 1 and "4-step pattern file" in notes[0] and "8-step run" in notes[0]
     for bad, match in [(dict(grid=(5, 6, 12)), "searched at"),

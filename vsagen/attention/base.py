@@ -151,6 +151,8 @@ class RunInfo:
         steps: denoising steps of one pipeline call, or None (unknown).
         predicted: True when the facts come from the request before loading (the preset's architecture), False
             when `vsagen.apply` binds the backend to loaded transformers.
+        model: the model as the user named it (`--model`: a preset name, a folder or a hub id), or None (not known:
+            `vsagen.apply`).
     """
 
     device: torch.device
@@ -159,6 +161,7 @@ class RunInfo:
     grid: tuple[int, int, int] | None = None
     steps: int | None = None
     predicted: bool = False
+    model: str | None = None
 
     @property
     def expert_names(self) -> tuple[str | None, ...]:

@@ -108,8 +108,9 @@ class SparseVDiTAttention(Backend):
         from ..kernels.tuning import interpreting
 
         if self.file is None:
-            raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE (write one "
-                           "with `vsagen search`)")
+            raise BadInput("sparse-vdit needs a pattern file, its option patterns=FILE (--attn sparse-vdit:patterns="
+                           "FILE; in Python vsagen.apply(pipe, 'sparse-vdit', patterns=FILE)); write one with `vsagen "
+                           "search`")
         if self.resolved_impl(device) == "triton" and dtype not in (torch.bfloat16, torch.float16, torch.float32):
             raise BadInput(f"--attn sparse-vdit's Triton kernels take bf16, fp16 or fp32, not {dtype}; use "
                            "impl=torch")
@@ -133,8 +134,12 @@ class SparseVDiTAttention(Backend):
         if run.grid is not None:
             self.check_grid(run.grid)
         self.layer_stats.clear()
-        note = self.check_steps(run.steps) if run.steps is not None else None
-        return () if note is None else (note,)
+        notes = [self.check_steps(run.steps) if run.steps is not None else None]
+        if run.model is not None and run.model != self.file.model:  # the architecture matched (bind)
+            notes.append(f"sparse-vdit: {self.where} was searched on {self.file.model}, this run is {run.model} (the "
+                         f"same architecture, so it runs; patterns searched on other weights may fit these less "
+                         f"well: `vsagen search --model {run.model}` searches this one)")
+        return tuple(n for n in notes if n is not None)
 
     def bind(self, transformer: Any, expert: str | None, experts: Any = None) -> None:
         """Refuse a transformer the pattern file was not searched on (`prepare` calls it for each expert).
@@ -248,7 +253,7 @@ class SparseVDiTAttention(Backend):
         if layout is None:
             raise RuntimeError("sparse-vdit needs tokens in tile order with a TileLayout (tile-order hooks missing)")
         if self.file is None:
-            raise BadInput("--attn sparse-vdit needs a pattern file: --attn sparse-vdit:patterns=FILE")
+            raise BadInput("sparse-vdit needs a pattern file, its option patterns=FILE")
         self.check_grid(layout.grid)
         modes = self.file.layer_modes(ctx.expert, ctx.layer, ctx.step, self._run_steps)
         if ctx.head_start + q.shape[2] > len(modes):  # (fewer heads than the file's: refused by bind)

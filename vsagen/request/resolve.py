@@ -167,7 +167,8 @@ class Request:
         experts = tuple(Expert(name, architecture_from_config(c)) for name, c in transformer_configs(src, self.model)) \
             if known else ()
         grid = tuple(self.plan(tile_fit).denoise_grid) if src.exact_preset else None
-        return RunInfo(torch.device(self.device), torch_dtype(self.dtype), experts, grid, self.steps, predicted=True)
+        return RunInfo(torch.device(self.device), torch_dtype(self.dtype), experts, grid, self.steps, predicted=True,
+                       model=self.model)
 
     def memory_hints(self) -> list[str]:
         """Flags of this command that lower GPU memory use and are not in use yet (for an out-of-memory message)."""

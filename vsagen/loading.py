@@ -454,7 +454,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     against its preset), and loads through `load_model`: a tiny preset's checkpoint is built offline into the vsagen
     cache on first use ($VSAGEN_CACHE, else ~/.cache/vsagen); only diffusers / transformers components and
     safetensors weights load; the scheduler is UniPC with the preset's flow shift; the VAE gets the preset's dtype
-    (`vae_dtype`: the real models' presets keep it float32 under a bf16 pipeline); the weights are placed on
+    (`resolve_vae_dtype` of "auto": bf16 where a real text-to-video model only decodes, float32 where the VAE also
+    encodes an image, under a bf16 pipeline); the weights are placed on
     `device` (no offloading) and the VAE is not tiled (`pipe.vae.enable_tiling()` turns it on); a preset's lightweight
     VAE decoder (hummingbird-xt's, where the folder holds it) decodes (`vsagen.light_vae`). torch's global
     random state is as it was before the call.

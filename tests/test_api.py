@@ -195,6 +195,10 @@ def test_backend_spec_merges_text_and_keywords():
     assert spec == BackendSpec("vsa", VSAOptions(0.9, "torch"))
     assert backend_spec(spec, {"sparsity": 0.5}).options == VSAOptions(0.5, "torch")
     assert backend_spec("vsa", {"sparsity": 0}).sparsity == 0.0  # typed from the Options dataclass
+    # a str reads as the spec text's value does (sparsity="0" was refused while "vsa:sparsity=0" ran: a trial)
+    assert backend_spec("vsa", {"sparsity": "0.5", "tile": "4x4x8"}) == backend_spec("vsa:sparsity=0.5:tile=4x4x8", {})
+    with pytest.raises(BadInput, match=r"vsagen.apply: sparsity='half' is not a number"):
+        backend_spec("vsa", {"sparsity": "half"})
     with pytest.raises(BadInput, match="given in the text and as a keyword"):
         backend_spec("vsa:sparsity=0.9", {"sparsity": 0.5})
     with pytest.raises(BadInput, match=r"full has no option 'sparsity'; full takes no options"):

@@ -24,7 +24,6 @@ removed: for a long-lived handle, turn it off with `handle.timer.enabled = False
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
@@ -36,7 +35,7 @@ from .architecture import architecture_of
 from .attention import BackendSpec, backend_class, resolve_spec
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
 from .attention.hooks import wrap_method
-from .attention.spec import make_options, no_option, parse_spec
+from .attention.spec import convert_option, make_options, no_option, parse_spec
 from .errors import BadInput
 from .timing import Timer, TimingReport
 
@@ -86,15 +85,10 @@ def _weights_folder(root: Path | None, component: str | None, transformer: Any) 
 
 
 def _typed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    """Option values as the Options fields declare them where that is unambiguous (a str for a Path field)."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for key, value in values.items():
-        hint = hints.get(key)
-        if isinstance(value, str) and hint is not None and Path in (hint, *typing.get_args(hint)):
-            value = Path(value).expanduser()
-        out[key] = value
-    return out
+    """Option values as the Options fields declare them: a str is read as the text of `NAME:KEY=VALUE` is
+    (`sparsity="0.9"` as `vsa:sparsity=0.9`, a path for a Path field); other values pass as given."""
+    return {key: convert_option(cls, key, value, WHERE) if isinstance(value, str) else value
+            for key, value in values.items()}
 
 
 def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> BackendSpec:

@@ -121,3 +121,41 @@ def test_a_crop_that_cuts_the_image_is_a_note(tmp_path):
     assert check_image_size(path, (322, 193), 96, 160, "crop") is None  # under MAX_ASPECT_CHANGE
     both = check_image_size(path, (40, 20), 480, 832, "crop")
     assert "is scaled up 24.0x" in both and "; it loses 13% of its width" in both  # 960 wide, 832 kept
+
+
+def test_16_bit_grayscale_is_scaled_not_clipped_white(tmp_path):
+    """A 16-bit grayscale PNG: PIL's convert("RGB") clipped every level above 255 (of 65535) to white, so the run
+    started from a white picture without a word (new-user trial); the levels are scaled by 1/257 instead."""
+    import numpy as np
+    from PIL import Image
+
+    from vsagen.image import open_image
+
+    levels = np.array([[0, 8000, 32768, 65535]] * 4, dtype=np.uint16).repeat(4, axis=1)
+    path = tmp_path / "gray16.png"
+    Image.fromarray(levels).save(path)  # a 16-bit grayscale PNG (PIL reopens it as "I;16" or "I")
+    with Image.open(path) as im:
+        assert im.mode.startswith("I")
+    got = np.asarray(open_image(path))
+    assert got.shape == (4, 16, 3) and (got[..., 0] == got[..., 1]).all() and (got[..., 1] == got[..., 2]).all()
+    assert got[0, ::4, 0].tolist() == [0, round(8000 / 257), round(32768 / 257), 255]
+
+
+def test_transparent_pixels_get_a_note_opaque_ones_none(tmp_path):
+    """Alpha is dropped as diffusers' load_image drops it (the colour under transparent pixels shows): said in a note
+    (it was silent: a new-user trial); an RGBA image that is all opaque, or an RGB one, gets none."""
+    from PIL import Image
+
+    from vsagen.commands.generate_config import image_notes
+    from vsagen.image import open_image, transparency_note
+
+    clear = tmp_path / "clear.png"
+    Image.new("RGBA", (64, 64), (255, 0, 0, 0)).save(clear)
+    assert open_image(clear).getpixel((0, 0)) == (255, 0, 0)  # as diffusers: the stored colour
+    assert "has transparent pixels" in transparency_note(clear)
+    opaque, rgb = tmp_path / "opaque.png", tmp_path / "rgb.png"
+    Image.new("RGBA", (64, 64), (0, 0, 255, 255)).save(opaque)
+    Image.new("RGB", (64, 64), (0, 0, 255)).save(rgb)
+    assert transparency_note(opaque) is None and transparency_note(rgb) is None
+    notes = image_notes(64, 64, "crop", [("image", clear, (64, 64)), ("--last-image", opaque, (64, 64))])
+    assert len(notes) == 1 and notes[0].startswith(f"image {clear} has transparent pixels")

@@ -217,7 +217,9 @@ def profile(
             report = profile_kernels(cfg, log=log) if cfg.kernels else profile_dit(cfg, log=log, writer=writer)
             if report is None:  # a rank other than 0: rank 0 reports
                 return
-            text = render(report, cfg.fmt)
+            # notes wrapped for a terminal (or where COLUMNS is set); to a pipe or file one line each, for grep
+            text = render(report, cfg.fmt, wrap_notes="COLUMNS" in os.environ or (cfg.out is None and
+                                                                              sys.stdout.isatty()))
             if cfg.fmt == "csv":  # a CSV holds the rows only: its notes on stderr, as t2v's
                 for note in report.notes:
                     log(f"note: {note}")

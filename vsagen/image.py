@@ -48,7 +48,7 @@ def open_image(path: Path):
                 if fmt not in FORMATS:
                     raise BadInput(f"image {path}: format {fmt} is not supported; use PNG, JPEG or WebP")
                 im.load()
-                return im.convert("RGB")
+                return _as_rgb(im)
     except BadInput:
         raise
     except Image.DecompressionBombError:
@@ -57,6 +57,36 @@ def open_image(path: Path):
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise BadInput(f"cannot read image {path}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                        "; use a PNG, JPEG or WebP file") from None
+
+
+def _as_rgb(im):
+    """A decoded PIL image as 8-bit RGB: 16-bit grayscale ("I;16*", and "I" as PIL opens 16-bit PNGs) scaled by
+    1/257 (PIL's convert clips it at 255: every pixel above 255 of 65535 came out white); alpha dropped, as
+    diffusers' `load_image` drops it (`transparency_note` says so)."""
+    import numpy as np
+    from PIL import Image
+
+    if im.mode.startswith("I"):
+        levels = np.asarray(im, dtype=np.float64) / 257.0
+        return Image.fromarray(np.clip(np.rint(levels), 0, 255).astype(np.uint8), "L").convert("RGB")
+    return im.convert("RGB")
+
+
+def transparency_note(path: Path, flag: str = "image") -> str | None:
+    """A note when the image at `path` (readable: `open_image` checked it) has pixels that are not opaque: the run
+    drops the alpha channel, as diffusers' `load_image` does, so the colour stored under transparent pixels shows in
+    the first frame. None for opaque images."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        if im.mode not in ("RGBA", "LA", "PA") and "transparency" not in im.info:
+            return None
+        alpha = im.convert("RGBA").getchannel("A")
+        if alpha.getextrema()[0] == 255:
+            return None
+    return (f"{flag} {path} has transparent pixels: their alpha is dropped (as diffusers' load_image drops it), so "
+            "the colour stored under them shows in the first frame; flatten it onto a background first if that is "
+            "not what the video should start from")
 
 
 def fit_image(image, height: int, width: int, fit: str):

@@ -50,6 +50,19 @@ def test_formats_carry_the_same_numbers():
     assert "\x1b[" not in table and "note: a note" in table
 
 
+def test_notes_wrap_for_a_terminal_and_stay_one_line_for_a_pipe_or_file():
+    """In a pipe or file a note is one line, for grep, as the README says (it was wrapped at 200 columns there:
+    a new-user trial); on a terminal it wraps between words under its text."""
+    rep = report()
+    long = "cached rows: " + "the seconds per computed and per reused forward carry over " * 5
+    rep.notes = [long.strip()]
+    piped = render(rep, "table", width=80, wrap_notes=False)
+    assert f"note: {long.strip()}\n" in piped
+    on_terminal = render(rep, "table", width=80).split("note: ", 1)[1].splitlines()
+    assert len(on_terminal) > 1 and all(len(line) <= 80 for line in on_terminal)
+    assert on_terminal[1].startswith("      ") and " ".join(x.strip() for x in on_terminal) == long.strip()
+
+
 def test_rows_that_would_read_the_same_show_their_spec():
     """Two vsa rows at one sparsity differ only in impl: both labels are their full specs, in table and markdown."""
     rep = report()

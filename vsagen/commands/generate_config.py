@@ -129,9 +129,10 @@ def image_notes(height: int, width: int, fit: str | None,
                 images: Sequence[tuple[str, Path | None, tuple[int, int] | None]]) -> tuple[str, ...]:
     """The notes (and refusals) about the input images once the size is known (`vsagen.image.check_image_size`: an
     image too small, or blown up by its fit); `images` holds (flag, path or None, (width, height))."""
-    from ..image import check_image_size
+    from ..image import check_image_size, transparency_note
 
-    notes = [check_image_size(path, size, height, width, fit, flag) for flag, path, size in images if path is not None]
+    notes = [note for flag, path, size in images if path is not None
+             for note in (check_image_size(path, size, height, width, fit, flag), transparency_note(path, flag))]
     return tuple(n for n in notes if n is not None)
 
 

@@ -282,10 +282,12 @@ def _print_table(con: Any, table: Table) -> None:
         con.print(table.caption, markup=False)
 
 
-def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None) -> str:
+def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None, *, wrap_notes: bool = True) -> str:
     """The report as text in `fmt` ("table" | "markdown" | "csv" | "json"); "table" is Rich's plain-text
     rendering (no colour codes) for a terminal `width` columns wide (default: COLUMNS where set, else the
     terminal's width when stdout is one, else 200); a table wider than that is split into several that fit, no number cut (`_print_table`).
+    Its notes follow, wrapped at `width` between words when `wrap_notes` (a terminal), else one line each (a pipe or
+    a file: the README promises a note stays one line there, for grep).
 
     Raises:
         BadInput: an unknown `fmt`.
@@ -312,7 +314,8 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
 
     for n in rep.notes:  # wrapped between words, indented under the note's text (as the other commands' notes)
         con.print(textwrap.fill(f"note: {n}", width=width, subsequent_indent=" " * len("note: "),
-                                break_long_words=False, break_on_hyphens=False), markup=False, overflow="ignore")
+                                break_long_words=False, break_on_hyphens=False) if wrap_notes else f"note: {n}",
+                  markup=False, overflow="ignore", soft_wrap=not wrap_notes)
     return buf.getvalue()
 
 

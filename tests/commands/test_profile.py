@@ -167,6 +167,24 @@ def test_profile_markdown_tile_fits_side_by_side(cli_cache, tmp_path):
 
 
 @pytest.mark.slow
+def test_tile_fit_comparison_labels_rows_as_the_main_table(cli_cache, tmp_path):
+    """Two vsa entries that differ in the tile: the partial-vs-crop table named both "vsa 0.875" and its JSON had no
+    spec (a new-user trial); now each row and entry carries the main table's label and the spec."""
+    out = tmp_path / "r.json"
+    res = profile("--model", "tiny", "--attn", "vsa,vsa:tile=4x4x8", "--tile-fit", "partial,crop", "--steps", "1",
+                  "--warmup", "0", "--no-stock", "--format", "json", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    entries = json.loads(out.read_text())["tile_fit_comparison"]
+    assert ["tile=4x4x8" in e["spec"] for e in entries] == [False, True]
+    labels = [e["label"] for e in entries]
+    assert len(set(labels)) == 2 and "tile=4x4x8" in labels[1], labels
+    md = profile("--model", "tiny", "--attn", "vsa,vsa:tile=4x4x8", "--tile-fit", "partial,crop", "--steps", "1",
+                 "--warmup", "0", "--no-stock", "--format", "markdown")
+    comparison = md.stdout.split("tile fit: partial edge tiles vs crop", 1)[1]
+    assert all(f"| {label} |" in comparison for label in labels), comparison
+
+
+@pytest.mark.slow
 def test_render_formats_agree(cli_cache):
     """One report, every format: the same numbers; json is strict JSON (no NaN)."""
     from vsagen.commands.profile_config import resolve_profile

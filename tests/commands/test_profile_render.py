@@ -157,7 +157,8 @@ def ulysses_report():
         r.ranks = [{"rank": k, "dit_forwards": 4, "dit_s_per_step": r.dit_s_per_step - 0.01 * k,
                     "attention_s_per_step": r.attention_s_per_step, "all_to_all_s_per_step": 0.0123 + i,
                     "cfg_exchange_s_per_step": 1.5e-05 * (i + 1)} for k in range(4)]
-    rep.tile_fit_comparison = [{"backend": "vsa", "sparsity": 0.875, "partial_tokens": 32, "crop_tokens": 768,
+    rep.tile_fit_comparison = [{"label": "vsa 0.875", "spec": "vsa:sparsity=0.875:impl=torch", "backend": "vsa",
+                                "sparsity": 0.875, "partial_tokens": 32, "crop_tokens": 768,
                                 "partial_dit_s_per_step": 0.4, "crop_dit_s_per_step": 12.3456,
                                 "crop_vs_partial": 30.864, "partial_attention_s_per_step": 0.1,
                                 "crop_attention_s_per_step": 0.000123}]

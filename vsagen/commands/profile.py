@@ -407,14 +407,17 @@ def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], laten
 
 
 def _tile_fit_comparison(cfg: ProfileConfig, rows: list[ProfileRow]) -> list[dict[str, Any]]:
-    """One entry per (backend entry, cache) when both tile fits ran: its partial and crop rows side by side."""
+    """One entry per (backend entry, cache) when both tile fits ran: its partial and crop rows side by side, labelled
+    as the main table labels its partial row (two entries of one backend and sparsity, e.g. two tiles, by spec)."""
     comparison: list[dict[str, Any]] = []
     if set(cfg.tile_fits) != {"partial", "crop"}:
         return comparison
+    labels = {id(r): label for r, label in zip(rows, row_labels(rows))}  # the main table's ("vsa:tile=4x4x8", ...)
     for spec, cache in ((b, c) for b in cfg.backends for c in cfg.caches):
         p, c = (next(r for r in rows if r.spec == spec.text() and r.cache_spec == cache.text() and r.tile_fit == f)
                 for f in ("partial", "crop"))
         comparison.append({
+            "label": labels[id(p)], "spec": spec.text(),
             "backend": spec.name, "sparsity": spec.sparsity, "cache": cache.short_text(),
             "partial_tokens": p.tokens, "crop_tokens": c.tokens,
             "partial_dit_s_per_step": p.dit_s_per_step, "crop_dit_s_per_step": c.dit_s_per_step,

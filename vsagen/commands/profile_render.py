@@ -140,8 +140,7 @@ def _profile_tables(rep: ProfileReport) -> list[Table]:
         tables.append(Table("tile fit: partial edge tiles vs crop (denoise a latent rounded up to whole tiles)",
                             ["backend", "partial S", "crop S", "partial DiT s/step", "crop DiT s/step",
                              "crop / partial", "partial attention s/step", "crop attention s/step"],
-                            [[c["backend"] + (f" {c['sparsity']:g}" if c["sparsity"] is not None else "")
-                              + (f" + {c['cache']}" if c.get("cache", "none") != "none" else ""),
+                            [[c["label"],
                               str(c["partial_tokens"]), str(c["crop_tokens"]), _sec(c["partial_dit_s_per_step"]),
                               _sec(c["crop_dit_s_per_step"]), _times(c["crop_vs_partial"]),
                               _sec(c["partial_attention_s_per_step"]), _sec(c["crop_attention_s_per_step"])]

@@ -73,6 +73,14 @@ def spatially_tiled(vae: Any) -> bool:
     return (on and vae.light_decoder.follow_vae_tiling) if uses_light_decoder(vae) else on
 
 
+def vae_summary(vae: Any) -> dict[str, Any]:
+    """What decoded a run, as its JSON records it: {"vae_tiling": bool (`spatially_tiled`), "vae_decoder": "light" |
+    "stock", "vae_dtype": the VAE's dtype as the CLI names it ("bf16", "fp16", "fp32")}."""
+    dtype = str(next(vae.parameters()).dtype).removeprefix("torch.")
+    return {"vae_tiling": spatially_tiled(vae), "vae_decoder": "light" if uses_light_decoder(vae) else "stock",
+            "vae_dtype": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)}
+
+
 # ---- the run's choice (`--vae auto|light|stock`) -------------------------------------------------------------------
 
 def choose_decoder(cfg: Any, vae: Any, notes: list[str]) -> None:

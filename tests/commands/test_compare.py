@@ -169,6 +169,9 @@ def test_compare_writes_every_file_atomically(cli_run):
     assert read_mp4(out / "side-by-side.mp4").shape == (5, 64, 3 * 128, 3)
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "compare.json").read_text()) == data
+    # what decoded the runs, resolved (compare.json had only the request's "auto": a new-user trial)
+    assert (data["vae_dtype"], data["vae_decoder"], data["vae_tiling"]) == ("fp32", "stock", False)
+    assert data["settings"]["vae_dtype"] == "auto"
     rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
     assert [r["label"] for r in rows] == ["full", "vsa:sparsity=0", "vsa"]
     assert rows[0]["psnr_db"] == "inf" and float(rows[2]["psnr_db"]) == pytest.approx(data["rows"][2]["psnr_db"])

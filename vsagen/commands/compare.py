@@ -47,6 +47,7 @@ from ..attention.base import BackendWrapper
 from ..cache import CacheCounts, cache_counts
 from ..errors import BadInput
 from ..metrics import json_number, pooled_rel_l2, psnr_db, ssim
+from ..light_vae_attach import vae_summary
 from .compare_config import CompareConfig
 
 PROBE_REGION = "compare_probe"
@@ -240,6 +241,7 @@ class CompareReport:
     load_s: float
     text_encode_s: float
     notes: list[str]
+    vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`light_vae_attach.vae_summary`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (no NaN or Infinity: PSNR +inf is "inf")."""
@@ -250,7 +252,8 @@ class CompareReport:
                 "samplers": s["samplers"], "caches": s.get("caches", []), "speedup_of": "dit_s_per_video",
                 "reference": self.rows[0].label, "error_steps": s["error_steps"],
                 "rows": [r.to_dict() for r in self.rows], "files": self.files, "load_s": self.load_s,
-                "text_encode_s": self.text_encode_s, "notes": self.notes, "settings": s, "versions": self.versions}
+                "text_encode_s": self.text_encode_s, "notes": self.notes, **self.vae, "settings": s,
+                "versions": self.versions}
 
 
 def _mean_max(per_layer: list[dict[str, Any]]) -> tuple[float | None, float | None]:
@@ -407,7 +410,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
                      "output, not the quality of real video")
     report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                            rows=rows, files={k: str(v) for k, v in files.items()}, load_s=session.load_s,
-                           text_encode_s=session.text_encode_s, notes=notes)
+                           text_encode_s=session.text_encode_s, notes=notes, vae=vae_summary(session.model.pipe.vae))
     if cancelled():
         raise KeyboardInterrupt
     log(f"writing {len(files)} files into {cfg.out}/")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from .generate_config import RunConfig
 from ..errors import BadInput, RunFailure
 from ..layout import tile_layout
-from ..light_vae_attach import spatially_tiled, uses_light_decoder
+from ..light_vae_attach import vae_summary
 from ..architecture import experts
 from ..loading import versions
 from ..estimate import cpu_time_estimate
@@ -227,18 +227,10 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         # random prompt embeddings only with --random-weights (the tiny model's text encoder runs)
         "random_weights": session.model.random_weights or cfg.source.kind == "tiny",
         "random_prompt_embeddings": session.model.random_weights,
-        "offload": cfg.offload, "vae_tiling": spatially_tiled(pipe.vae),
-        "vae_decoder": "light" if uses_light_decoder(pipe.vae) else "stock",
-        "vae_dtype": _dtype_name(next(pipe.vae.parameters()).dtype),  # what --vae-dtype (auto: the preset) resolved to
+        "offload": cfg.offload, **vae_summary(pipe.vae),  # what --vae / --vae-dtype / --vae-tiling resolved to
         "compile_fullgraph": session.compile_fullgraph,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},
         "timing": report.to_dict(), "config": cfg.summary(), "versions": {"vsagen": __version__,
                                                                          **versions(cfg.device)},
     }
-
-
-def _dtype_name(dtype: Any) -> str:
-    """A torch dtype as the CLI names it ("bf16", "fp16", "fp32"; else torch's own name)."""
-    name = str(dtype).removeprefix("torch.")
-    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)

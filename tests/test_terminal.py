@@ -63,6 +63,9 @@ def test_title_lines_break_between_fields_only():
         assert all(len(line) <= width for line in lines) and " | ".join(lines).replace("| |", "|") == title, lines
 
 
+NUMBER = re.compile(r"[-+]?\d[\w.%+-]*")  # 0.8, 6.41e-04, +529.9%, 1.00x
+
+
 def rendered(renderable, width=80) -> list[str]:
     con = Console(file=io.StringIO(), width=width, color_system=None)
     con.print(renderable)
@@ -96,6 +99,28 @@ def test_the_compare_table_keeps_every_word_at_80_columns():
     assert any("123.46" in line for line in lines) and any(line.endswith(" 6.5e-01") for line in lines)
     wide = rendered(fit_table(rich_table(report()), 200), 200)
     assert "┃ backend   ┃" in "\n".join(wide)  # room enough: the boxed table at its natural widths
+
+
+def test_a_label_longer_than_the_room_folds_and_no_number_is_cut():
+    """A run label with a long option list (a sampler's sigma list) left no room even for the compact table: Rich
+    then cut the numbers ("34.5" for 34.56, "2.3e-0" for 2.3e-01; a new-user trial). The label column folds inside
+    its words instead."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "commands"))
+    from test_compare_render import report, row
+
+    from vsagen.commands.compare_render import rich_table
+
+    rep = report()
+    rep.rows.append(row("vsa/dmd:sigmas=1.0,0.9375,0.875,0.8125,0.75,0.6875,0.625,0.5625,0.5", 34.56789,
+                        [0.123456, 0.654321]))
+    table = rich_table(rep)
+    numbers = {n for column in table.columns[1:] for cell in column._cells for n in NUMBER.findall(str(cell))}
+    lines = rendered(fit_table(table, 80))
+    text = "\n".join(lines)
+    assert max(map(len, lines)) <= 80 and "…" not in text, lines
+    assert numbers and not [n for n in numbers if n not in text], (numbers, lines)
 
 
 def test_the_search_table_keeps_every_mode_name_whole_at_80_columns():

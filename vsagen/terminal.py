@@ -104,6 +104,11 @@ def fit_table(table: Any, width: int) -> Any:
             room = width - (n - 1)  # one space between columns
         widths = list(least)
         left = room - sum(widths)
+        if left < 0 and n > 1:  # even the longest words do not fit: the first (label) column folds inside its words
+            # (e.g. "dmd:sigmas=1.0,0.75,0.5"), so that Rich does not cut the other columns' numbers instead
+            widths[0] = max(6, widths[0] + left)
+            table.columns[0].overflow = "fold"
+            left = 0
         for i in sorted(range(n), key=lambda i: natural[i] - least[i]):
             more = max(0, min(natural[i] - widths[i], left))
             widths[i] += more

@@ -42,6 +42,9 @@ def test_text_round_trips():
     assert spec.text() == "vsa:sparsity=0.9:impl=torch:tile=4x4x4:query_rows=64"
     assert resolve_spec(spec.text()) == spec
     assert spec.label == "vsa 0.9"
+    # a cube other than the default is part of the label (compare labelled vsa:tile=4x4x8 "vsa 0.875": a trial)
+    assert resolve_spec("vsa:sparsity=0.9:tile=4x4x8").label == "vsa 0.9 tile 4x4x8"
+    assert resolve_spec("sla-star:tile=4x8x8").label.endswith(" tile 4x8x8") and resolve_spec("full").label == "full"
 
 
 def test_precedence_entry_over_flag_over_preset_over_default():

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import BadInput
-from .backend_options import option_names, options_dict
+from .backend_options import TILE_FIELD, option_names, options_dict
 from .registry import backend_class, backend_names, options_of
 
 if TYPE_CHECKING:
@@ -60,8 +60,11 @@ class BackendSpec:
 
     @property
     def label(self) -> str:
-        """Name and sparsity, e.g. "vsa 0.875" (reports)."""
-        return self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
+        """Name and sparsity, and a cube other than the default 4x4x4, e.g. "vsa 0.875", "vsa 0.875 tile 4x4x8"
+        (reports)."""
+        tile = getattr(self.options, "tile", TILE_FIELD["default"])
+        return (self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
+                + (f" tile {tile}" if tile != TILE_FIELD["default"] else ""))
 
     def text(self) -> str:
         """The spec as it would be written on the command line, every option spelled out."""

@@ -140,8 +140,11 @@ class ProfileRow(CacheCounts):
 
     @property
     def label(self) -> str:
-        """Backend name with its sparsity and the cache, if any, e.g. "vsa 0.875", "full + first-block"."""
-        return self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "") + self.cache_suffix
+        """Backend name with its sparsity, a cube other than the default 4x4x4, and the cache, if any, e.g.
+        "vsa 0.875", "vsa 0.875 tile 4x4x8", "full + first-block"."""
+        tile = next((part[5:] for part in (self.spec or "").split(":") if part.startswith("tile=")), "4x4x4")
+        return (self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "")
+                + (f" tile {tile}" if tile != "4x4x4" else "") + self.cache_suffix)
 
 
 def row_labels(rows: list[ProfileRow]) -> list[str]:

@@ -199,6 +199,11 @@ def test_backend_spec_merges_text_and_keywords():
     assert backend_spec("vsa", {"sparsity": "0.5", "tile": "4x4x8"}) == backend_spec("vsa:sparsity=0.5:tile=4x4x8", {})
     with pytest.raises(BadInput, match=r"vsagen.apply: sparsity='half' is not a number"):
         backend_spec("vsa", {"sparsity": "half"})
+    # a preset's tables fill what neither the text nor a keyword sets (as the commands' [attention.NAME] tables)
+    fastwan = {"vsa": {"sparsity": 0.8}}
+    assert backend_spec("vsa", {}, fastwan).sparsity == 0.8
+    assert backend_spec("vsa:sparsity=0.9", {}, fastwan).sparsity == 0.9
+    assert backend_spec("vsa", {"sparsity": 0.5}, fastwan).sparsity == 0.5
     with pytest.raises(BadInput, match="given in the text and as a keyword"):
         backend_spec("vsa:sparsity=0.9", {"sparsity": 0.5})
     with pytest.raises(BadInput, match=r"full has no option 'sparsity'; full takes no options"):
@@ -381,3 +386,17 @@ def test_a_whole_compiled_transformer_times_nothing_and_the_report_says_how_to_c
     assert report.dit_forwards == 0
     assert any(f"stepped {STEPS} times but no DiT forward was timed" in n and "compile_repeated_blocks" in n
                for n in report.notes), report.notes
+
+
+@pytest.mark.slow
+def test_a_load_pipeline_pipeline_takes_its_presets_backend_defaults(vsagen_cache):
+    """`vsagen.load_pipeline("tiny")` then `apply(pipe, "sparse-vdit")`: the preset's bundled pattern file is used
+    as the CLI uses it (it was "needs a pattern file": a new-user trial); a stock diffusers pipeline has no preset."""
+    from vsagen.presets import load_preset
+
+    pipe = vsagen.load_pipeline("tiny")
+    with vsagen.apply(pipe, "sparse-vdit", impl="torch") as handle:
+        assert handle.spec.options.patterns == load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
+        pipe(prompt="a fox", num_frames=17, height=96, width=160, num_inference_steps=1,  # the file's size
+             generator=torch.Generator("cpu").manual_seed(0))
+        assert handle.report().dit_forwards == 2

@@ -91,9 +91,11 @@ def _typed(cls: type, values: dict[str, Any]) -> dict[str, Any]:
             for key, value in values.items()}
 
 
-def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> BackendSpec:
+def backend_spec(backend: str | BackendSpec, options: dict[str, Any],
+                 defaults: dict[str, dict[str, Any]] | None = None) -> BackendSpec:
     """The `BackendSpec` of `apply`'s arguments: a registered name, `NAME[:KEY=VALUE...]` text or a spec, with
-    `options` (keyword arguments, typed values) set on top.
+    `options` (keyword arguments, typed values) set on top; `defaults`, a preset's per-backend tables ({"vsa":
+    {"sparsity": 0.8}}), fill what neither sets (below them, above the backend's own defaults), as for the commands.
 
     Raises:
         BadInput: an unknown backend (the message lists the registered ones), an unknown option (it lists the
@@ -104,7 +106,7 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any]) -> Backend
         spec, in_text = backend, set()
     else:
         text = str(backend.value if isinstance(backend, Enum) else backend)
-        spec, in_text = resolve_spec(text, where=SPEC_WHERE), set(parse_spec(text, SPEC_WHERE)[1])
+        spec, in_text = resolve_spec(text, preset=defaults, where=SPEC_WHERE), set(parse_spec(text, SPEC_WHERE)[1])
     if not options:
         return spec
     cls = backend_class(spec.name).Options
@@ -240,7 +242,9 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             pipelines are patched) or a bare `WanTransformer3DModel`.
         backend: a registered name ("full", "vsa"), `NAME[:KEY=VALUE...]` text ("vsa:sparsity=0.9"), a
             `BackendSpec`, or a backend object (options then go into the object); None installs only the DiT
-            timers and keeps the pipeline's own processors (times stock diffusers).
+            timers and keeps the pipeline's own processors (times stock diffusers). A name or text on a pipeline
+            from `vsagen.load_pipeline(preset)` takes the preset's option defaults where neither sets one, as
+            the commands do (fastwan2.1-t2v-1.3b's vsa sparsity 0.8; the tiny models' sparse-vdit pattern file).
         timer: where regions go; default a new `Timer` on the pipeline's execution device, its step set to 0.
         grid: the post-patch latent grid (T, Hl, Wl) the pipeline will denoise, if known: a backend tied to one
             (sparse-vdit's pattern file) refuses another here rather than at the first forward.
@@ -287,7 +291,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         spec = None if backend is None else BackendSpec(backend.name, backend.options)
         built = backend
     else:
-        spec = backend_spec(backend, options)
+        spec = backend_spec(backend, options, getattr(pipe, "vsagen_backend_defaults", None))
         built = spec.build()
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing

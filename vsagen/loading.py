@@ -514,7 +514,11 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         if image_to_video and not request.image_to_video:
             request = _AsImageToVideo(**request_fields(request))
         with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if request.device == "cuda" else ()):
-            return load_model(request, lambda line: None).pipe
+            pipe = load_model(request, lambda line: None).pipe
+        # the preset's per-backend option defaults ([attention.NAME]: FastWan's vsa sparsity 0.8, the tiny models'
+        # sparse-vdit pattern file), for `vsagen.apply` to fill as the commands do
+        pipe.vsagen_backend_defaults = {k: dict(v) for k, v in source.preset.defaults.attention.items()}
+        return pipe
     except BadInput as e:
         raise type(e)(f"{PIPELINE_WHERE}: {e}") from None
 

@@ -62,9 +62,8 @@ class BackendSpec:
     def label(self) -> str:
         """Name and sparsity, and a cube other than the default 4x4x4, e.g. "vsa 0.875", "vsa 0.875 tile 4x4x8"
         (reports)."""
-        tile = getattr(self.options, "tile", TILE_FIELD["default"])
         return (self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
-                + (f" tile {tile}" if tile != TILE_FIELD["default"] else ""))
+                + tile_label(getattr(self.options, "tile", None)))
 
     def text(self) -> str:
         """The spec as it would be written on the command line, every option spelled out."""
@@ -140,6 +139,11 @@ def no_option(name: str, key: str, known: Sequence[str]) -> str:
     its options: ..." (or "NAME takes no options")."""
     return f"{name} has no option {key!r}; " + (f"its options: {', '.join(known)}" if known else
                                                 f"{name} takes no options")
+
+
+def tile_label(tile: str | None) -> str:
+    """" tile 4x4x8" for a VSA cube other than the default 4x4x4 (labels of reports); "" for the default or None."""
+    return f" tile {tile}" if tile is not None and tile != TILE_FIELD["default"] else ""
 
 
 def _convert(options_cls: type, key: str, text: str, where: str) -> Any:

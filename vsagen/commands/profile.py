@@ -142,9 +142,11 @@ class ProfileRow(CacheCounts):
     def label(self) -> str:
         """Backend name with its sparsity, a cube other than the default 4x4x4, and the cache, if any, e.g.
         "vsa 0.875", "vsa 0.875 tile 4x4x8", "full + first-block"."""
-        tile = next((part[5:] for part in (self.spec or "").split(":") if part.startswith("tile=")), "4x4x4")
-        return (self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "")
-                + (f" tile {tile}" if tile != "4x4x4" else "") + self.cache_suffix)
+        from ..attention.spec import parse_spec, tile_label
+
+        tile = parse_spec(self.spec)[1].get("tile") if self.spec else None
+        return (self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "") + tile_label(tile)
+                + self.cache_suffix)
 
 
 def row_labels(rows: list[ProfileRow]) -> list[str]:

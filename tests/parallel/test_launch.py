@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -209,8 +210,11 @@ def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache,
     assert res.returncode != 0
     errors = _errors(res.stderr)
     assert len(errors) == 1 and message in errors[0], res.stderr[-3000:]
-    # torchrun's summary: both ranks exited 2 (the first to leave got its peer a SIGTERM, which exits 2 as well)
-    assert res.stderr.count("exitcode  : 2") == 2, res.stderr[-3000:]
+    # torchrun's summary: the rank that refused exited 2; torchrun then sends its peer a SIGTERM, which vsagen turns
+    # into exit 2 once its handler is installed; a peer still starting Python (a loaded machine: the suite's own
+    # workers) dies of the signal itself (-15). Nothing else may show (the 2-core suite saw -15 once, 2026-12-05).
+    codes = re.findall(r"exitcode  : (-?\d+)", res.stderr)
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "-15"}, res.stderr[-3000:]
     frames = [line for line in res.stderr.splitlines() if line.strip().startswith('File "')]
     package = str(Path(vsagen.__file__).resolve().parent) + os.sep  # vsagen's own source, wherever the clone is
     assert not [f for f in frames if package in f], frames  # torchrun's own traceback only, none from vsagen

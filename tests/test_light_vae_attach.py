@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from vsagen.errors import BadInput
 from vsagen.light_vae import LightVaeConfig, LightVaeDecoder, save_folder
-from vsagen.light_vae_attach import attach, choose_decoder, spatially_tiled, uses_light_decoder
+from vsagen.light_vae_attach import attach, choose_decoder, decode_channels_last, spatially_tiled, uses_light_decoder
 from vsagen.presets import load_preset
 
 from conftest import one_error_line
@@ -45,6 +45,30 @@ def test_attach_routes_decode_and_keeps_encode():
     assert vae.light_decoder.conv_in.conv.weight.dtype == torch.float64
     with pytest.raises(BadInput, match="does not fit"):
         attach(vae, LightVaeDecoder(LightVaeConfig(latent_channels=16, patch_size=4)))
+
+
+def conv3d_weights(module):
+    return [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv3d)]
+
+
+def test_channels_last_decode_only_where_measured_and_same_frames():
+    """bf16 + CUDA + stock decoder: the decode path's Conv3d weights go channels-last (the encoder's stay), and the
+    decode is the same; float32, a CPU run or the light decoder: untouched. (The layout is set on CPU tensors here:
+    the device argument is the run's, the weights move there afterwards with their format.)"""
+    vae = stock_vae().to(torch.bfloat16)
+    z = torch.randn(1, 48, 3, 2, 2, dtype=torch.bfloat16) * 3
+    before = vae.decode(z).sample
+    assert not decode_channels_last(vae, "cpu") and not decode_channels_last(stock_vae(), "cuda")
+    assert decode_channels_last(vae, "cuda:0")
+    last = torch.channels_last_3d
+    decode_path = conv3d_weights(vae.decoder) + conv3d_weights(vae.post_quant_conv)
+    assert decode_path and all(w.is_contiguous(memory_format=last) for w in decode_path)
+    assert any(not w.is_contiguous() for w in decode_path)  # converted, not already contiguous both ways
+    assert all(w.is_contiguous() for w in conv3d_weights(vae.encoder))
+    torch.testing.assert_close(vae.decode(z).sample, before, rtol=0.02, atol=0.02)
+    light = stock_vae().to(torch.bfloat16)
+    attach(light, randomize(LightVaeDecoder(TINY)).eval().to(torch.bfloat16))
+    assert not decode_channels_last(light, "cuda")
 
 
 def test_random_weights_build_the_presets_architecture():

@@ -81,6 +81,31 @@ def vae_summary(vae: Any) -> dict[str, Any]:
             "vae_dtype": {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype)}
 
 
+def decode_channels_last(vae: Any, device: str) -> bool:
+    """Store the stock decode path's 3-D convolution weights (`post_quant_conv`, `decoder`) channels-last
+    (`torch.channels_last_3d`) where that was measured faster: a bf16 VAE on a CUDA device with the stock decoder.
+    cuDNN then runs those convolutions channels-last and their activations follow; the arithmetic is unchanged (same
+    PSNR against the float32 decode on the H200, and 1.11x / 1.38x faster decodes at the Wan2.1 / Wan2.2 VAE's sizes:
+    BENCHMARKS.md, 2026-12-05 third session). Call it after the VAE's dtype is set and before the pipeline is
+    placed (`Module.to` keeps a tensor's memory format). Returns whether it converted anything.
+
+    Args:
+        vae: diffusers' `AutoencoderKLWan` (or a stand-in with `decoder` / `post_quant_conv` modules).
+        device: the run's device ("cuda", "cuda:1", "cpu", ...).
+    """
+    if torch.device(device).type != "cuda" or getattr(torch.version, "hip", None) or uses_light_decoder(vae):
+        return False
+    if next(vae.parameters()).dtype != torch.bfloat16:
+        return False
+    changed = False
+    for part in (getattr(vae, "post_quant_conv", None), getattr(vae, "decoder", None)):
+        for module in part.modules() if part is not None else ():
+            if isinstance(module, torch.nn.Conv3d):
+                module.weight.data = module.weight.data.contiguous(memory_format=torch.channels_last_3d)
+                changed = True
+    return changed
+
+
 # ---- the run's choice (`--vae auto|light|stock`) -------------------------------------------------------------------
 
 def choose_decoder(cfg: Any, vae: Any, notes: list[str]) -> None:

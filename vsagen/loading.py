@@ -304,6 +304,9 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     vae_dtype = resolve_vae_dtype(cfg.vae_dtype, preset, cfg.image_to_video)  # --vae-dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
+    from .light_vae_attach import decode_channels_last
+
+    decode_channels_last(pipe.vae, cfg.device)  # bf16 on CUDA: the decode's Conv3d weights channels-last
     for _, t in experts(pipe):
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)

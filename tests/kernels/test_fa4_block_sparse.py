@@ -209,3 +209,72 @@ def test_attention_refuses_in_one_line_on_cpu():
     with pytest.raises(RuntimeError, match="CUDA") as exc:
         fa4.fa4_block_sparse_attention(q, q, q, q2k, cnt, lay.tile_sizes, lay.slots, lay.slot_valid, 128)
     assert "\n" not in str(exc.value)
+
+
+class FakeFA4:
+    """Stands in for `flash_attn.cute` on a CPU: `flash_attn_func` runs `emulate_fa4` on the lists it is handed and
+    records what it was called with (whether a mask_mod came, the sequence length)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def install(self, monkeypatch):
+        import types
+        from dataclasses import dataclass
+
+        @dataclass
+        class BlockSparseTensorsTorch:
+            mask_block_cnt: torch.Tensor
+            mask_block_idx: torch.Tensor
+            full_block_cnt: torch.Tensor
+            full_block_idx: torch.Tensor
+            block_size: tuple
+
+        def flash_attn_func(q, k, v, softmax_scale=None, mask_mod=None, aux_tensors=None,
+                            block_sparse_tensors=None, block_sparse_tensors_bwd=None):
+            t = block_sparse_tensors
+            index = fa4.Fa4SparseIndex(fwd=(t.mask_block_cnt, t.mask_block_idx, t.full_block_cnt, t.full_block_idx),
+                                       bwd=None, block_size=t.block_size)
+            if mask_mod is None:  # FA4 then never masks: a mask block would attend its padding
+                assert int(t.mask_block_cnt.sum()) == 0
+                key_valid = torch.ones(k.shape[1], dtype=torch.int32)
+            else:
+                key_valid = aux_tensors[0]
+            self.calls.append({"mask_mod": mask_mod is not None, "tokens": q.shape[1]})
+            return emulate_fa4(q, k, v, index, key_valid, softmax_scale).to(q.dtype), None
+
+        pkg = types.ModuleType("flash_attn")
+        cute = types.ModuleType("flash_attn.cute")
+        interface = types.ModuleType("flash_attn.cute.interface")
+        interface.flash_attn_func = flash_attn_func
+        block_sparsity = types.ModuleType("flash_attn.cute.block_sparsity")
+        block_sparsity.BlockSparseTensorsTorch = BlockSparseTensorsTorch
+        for name, mod in (("flash_attn", pkg), ("flash_attn.cute", cute), ("flash_attn.cute.interface", interface),
+                          ("flash_attn.cute.block_sparsity", block_sparsity)):
+            monkeypatch.setitem(sys.modules, name, mod)
+        monkeypatch.setattr(fa4, "fa4_unavailable", lambda device, volume: None)
+        monkeypatch.setattr(fa4, "key_valid_mask_mod", lambda: "key_slot_valid")
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        return self
+
+
+@pytest.mark.parametrize("grid,tile,padded", [
+    ((5, 9, 17), (4, 4, 8), True),    # partial cubes: padded, partial key blocks masked
+    ((8, 8, 16), (4, 4, 8), False),   # every cube full (a crop fit): as it is, no mask_mod
+    ((4, 16, 8), (4, 8, 8), False),
+])
+def test_the_adapter_pads_and_masks_only_partial_cubes(monkeypatch, grid, tile, padded):
+    fake = FakeFA4().install(monkeypatch)
+    lay = tile_layout(grid, tile)
+    n = lay.num_tiles
+    assert fa4.every_cube_full(n, lay.tile_volume, lay.num_tokens) is not padded
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(2, lay.num_tokens, 3, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    top_k = max(2, n // 3)
+    q2k, _ = random_selection(2, 3, n, top_k, seed=n)
+    cnt = torch.randint(1, top_k + 1, (2, 3, n), generator=g, dtype=torch.int32)
+    got = fa4.fa4_block_sparse_attention(q, k, v, q2k, cnt, lay.tile_sizes, lay.slots, lay.slot_valid,
+                                         lay.tile_volume, scale=0.3)
+    ref, _ = masked_dense(q, k, v, tile_map(q2k, cnt, n), lay, scale=0.3)
+    assert got.shape == q.shape and rel_l2(got, ref) < 1e-12
+    assert fake.calls == [{"mask_mod": padded, "tokens": n * lay.tile_volume}]

@@ -233,6 +233,13 @@ def fa4_block_sparse_index(q2k: torch.Tensor, q2k_cnt: torch.Tensor, sizes: torc
 
 # ------------------------------------------------------------------------------------------- the FA4 call
 
+def every_cube_full(num_cubes: int, tile_volume: int, num_tokens: int) -> bool:
+    """Whether all `num_cubes` cubes hold `tile_volume` real tokens (a grid the tile divides, e.g. `--tile-fit
+    crop`): then the tile-order sequence of `num_tokens` tokens is its own cube padding and FA4 needs no mask blocks.
+    Plain integers: no device sync."""
+    return num_cubes * tile_volume == num_tokens
+
+
 @functools.cache
 def key_valid_mask_mod():
     """FA4 `mask_mod` (CuTe DSL, built on first use): key position n is kept iff aux_tensors[0][n] != 0.
@@ -266,7 +273,9 @@ def fa4_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         scale: softmax scale, default D ** -0.5.
 
     Returns:
-        (B, S, H, D) like q; differentiable through FA4's own autograd function (backward on sm90 / sm100).
+        (B, S, H, D) like q; differentiable through FA4's own autograd function (backward on sm90 / sm100). Where
+        every cube is full (`every_cube_full`) q, k, v go to FA4 as they are, without padding or `mask_mod`;
+        otherwise they are padded to whole cubes and the partial key blocks run `key_valid_mask_mod`.
 
     Raises:
         RuntimeError: `fa4_unavailable`'s reason.
@@ -287,9 +296,15 @@ def fa4_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return BlockSparseTensorsTorch(mask_block_cnt=m_cnt, mask_block_idx=m_idx, full_block_cnt=f_cnt,
                                        full_block_idx=f_idx, block_size=index.block_size)
 
+    bwd = tensors(index.bwd) if index.bwd is not None else None
+    if every_cube_full(sizes.numel(), tile_volume, q.shape[1]):
+        # The tile order is already the padded sequence and every key block is full: no copies, no mask_mod.
+        out, _ = flash_attn_func(*(x.contiguous() for x in (q, k, v)), softmax_scale=scale,
+                                 block_sparse_tensors=tensors(index.fwd), block_sparse_tensors_bwd=bwd)
+        return out
     key_valid = slot_valid.reshape(-1).to(device=q.device, dtype=torch.int32).contiguous()
     qp, kp, vp = (pad_to_cubes(x, slots, slot_valid) for x in (q, k, v))
     out, _ = flash_attn_func(qp, kp, vp, softmax_scale=scale, mask_mod=key_valid_mask_mod(),
                              aux_tensors=[key_valid], block_sparse_tensors=tensors(index.fwd),
-                             block_sparse_tensors_bwd=tensors(index.bwd) if index.bwd is not None else None)
+                             block_sparse_tensors_bwd=bwd)
     return unpad_from_cubes(out, slots, slot_valid, q.shape[1])

@@ -66,6 +66,18 @@ def fwd_bwd(call, xs, do):
     return run
 
 
+def checked_volumes(text: str, device: torch.device) -> list[int] | None:
+    """The tile volumes of `--volumes` (128 / 256), or None after printing why FA4 cannot run one of them here."""
+    volumes = [int(v) for v in text.split(",")]
+    for vol in volumes:
+        reason = f"--volumes takes 128 and / or 256, got {vol}" if vol not in TILES else fa4.fa4_unavailable(device,
+                                                                                                              vol)
+        if reason:
+            print(f"error: {reason}", file=sys.stderr)
+            return None
+    return volumes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1.3b,14b")
@@ -74,15 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
-    volumes = [int(v) for v in args.volumes.split(",")]
-    for vol in volumes:
-        if vol not in TILES:
-            print(f"error: --volumes takes 128 and / or 256, got {vol}", file=sys.stderr)
-            return 2
-        reason = fa4.fa4_unavailable(device, vol)
-        if reason:
-            print(f"error: {reason}", file=sys.stderr)
-            return 2
+    volumes = checked_volumes(args.volumes, device)
+    if volumes is None:
+        return 2
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  sparsity {args.sparsity}")
     rows = []
     for key in args.shapes.split(","):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend
@@ -34,22 +35,8 @@ from vsagen.kernels.block_sparse_attn import block_sparse_attention
 from vsagen.kernels.reference import top_k_from_sparsity
 from vsagen.layout import tile_layout
 
-TILES = {128: (4, 4, 8), 256: (4, 8, 8)}
-
-
-def random_q2k(h: int, n: int, top_k: int, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q2k (1, H, n, K) int32 ascending distinct, q2k_cnt (1, H, n) int32 all K), random per row."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    q2k = torch.rand(1, h, n, n, generator=g, device=device).argsort(-1)[..., :top_k].sort(-1).values
-    return q2k.to(torch.int32), torch.full((1, h, n), top_k, dtype=torch.int32, device=device)
-
-
-def fwd_bwd(call, xs, do):
-    def run():
-        for x in xs:
-            x.grad = None
-        call().backward(do)
-    return run
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/fa4_adapter.py, also when loaded by path
+from fa4_adapter import TILES, checked_volumes, fwd_bwd, random_q2k  # noqa: E402
 
 
 def grid_of(shape: AttentionShape, fit: str, tile: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -133,12 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sparsity", type=float, default=0.875)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
-    volumes = [int(v) for v in args.volumes.split(",")]
-    for vol in volumes:
-        reason = "--volumes takes 128 and / or 256" if vol not in TILES else fa4.fa4_unavailable(device, vol)
-        if reason:
-            print(f"error: {reason}", file=sys.stderr)
-            return 2
+    volumes = checked_volumes(args.volumes, device)
+    if volumes is None:
+        return 2
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  sparsity {args.sparsity}")
     rows = []
     for key in args.shapes.split(","):

@@ -10,9 +10,9 @@ key tile is masked in the scores, as the shipped kernel's unpacked loop does.
 
 Per shape (the 1.3B grid 21x30x52 with partial tiles, and the same cropped to whole tiles, 20x28x52), 4x4x4 tiles,
 87.5% sparsity, random lists, bf16, D=128: the shipped forward (default tuning: TMA, tile plans where tiles are
-partial) and the pair kernel at num_warps 4 / 8 and num_stages 1 / 2 / 3 (an offline sm_90a compile: 255 registers
-(4 warps spill 4-24 bytes), 160 KB shared memory at 2 stages: one program per SM), each checked against the shipped output
-(relative L2) and timed (`vsagen.bench.bench_ms`) beside dense SDPA cuDNN.
+partial) and the pair kernel at num_warps 4 / 8 and num_stages 1 / 2 / 3 (an offline sm_90a compile: 255
+registers (4 warps spill 4-24 bytes), 160 KB shared memory at 2 stages: one program per SM), each checked against
+the shipped output (relative L2) and timed (`vsagen.bench.bench_ms`) beside dense SDPA cuDNN.
 
 Usage: python benchmarks/fwd_pair.py [--interpret-check]   (the check alone, small shapes, under TRITON_INTERPRET=1)
 """

@@ -144,7 +144,8 @@ def random_lists(b, h, n, top_k, device, seed, ragged=False):
 def interpret_check() -> int:
     """Small shapes on the CPU under TRITON_INTERPRET=1: pair kernel vs the shipped forward (fp32)."""
     worst = 0.0
-    for grid, heads, batch, ragged in (((3, 5, 9), 2, 2, True), ((4, 4, 8), 1, 1, False), ((3, 9, 4), 3, 1, True), ((4, 4, 12), 1, 2, True)):
+    cases = (((3, 5, 9), 2, 2, True), ((4, 4, 8), 1, 1, False), ((3, 9, 4), 3, 1, True), ((4, 4, 12), 1, 2, True))
+    for grid, heads, batch, ragged in cases:
         lay = tile_layout(grid, (4, 4, 4))
         g = torch.Generator().manual_seed(sum(grid))
         q, k, v = (torch.randn(batch, lay.num_tokens, heads, 32, generator=g) for _ in range(3))

@@ -51,7 +51,8 @@ def _pair_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_
                      stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ib, stride_ih, stride_iq,
                      stride_cb, stride_ch,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr):
+                     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, EVICT: tl.constexpr,
+                     CACHE: tl.constexpr):  # EVICT / CACHE passed: triton 3.6 fails on a str default
     pid = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads
@@ -83,7 +84,7 @@ def _pair_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_
     accb = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     cnt_row = cnt_ptr + b * stride_cb + h * stride_ch
     cnt_a = tl.load(cnt_row + ta)
-    cnt_b = tl.where(has_b, tl.load(cnt_row + tb), 0)
+    cnt_b = tl.load(cnt_row + tb, mask=has_b, other=0)  # (tl.where on scalars does not compile in triton 3.6)
     row_a = q2k_ptr + b * stride_ib + h * stride_ih + ta * stride_iq
     row_b = q2k_ptr + b * stride_ib + h * stride_ih + tb * stride_iq
     k_base = k_ptr + b * stride_kb + h * stride_kh
@@ -92,20 +93,20 @@ def _pair_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_
     col0 = h * HEAD_DIM
     for i in range(0, tl.minimum(cnt_a, cnt_b)):  # both tiles: two independent chains per iteration
         ka, va, na = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_a + i), row0, col0,
-                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
         kb, vb, nb = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_b + i), row0, col0,
-                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
         sa = mm(qa, tl.trans(ka), IEEE)
         sb = mm(qb, tl.trans(kb), IEEE)
         ma, la, acca = _softmax_step(sa, na, va, ma, la, acca, qk_scale, IEEE)
         mb, lb, accb = _softmax_step(sb, nb, vb, mb, lb, accb, qk_scale, IEEE)
     for i in range(tl.minimum(cnt_a, cnt_b), cnt_a):  # tails
         ka, va, na = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_a + i), row0, col0,
-                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
         ma, la, acca = _softmax_step(mm(qa, tl.trans(ka), IEEE), na, va, ma, la, acca, qk_scale, IEEE)
     for i in range(tl.minimum(cnt_a, cnt_b), cnt_b):
         kb, vb, nb = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_b + i), row0, col0,
-                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32)
+                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
         mb, lb, accb = _softmax_step(mm(qb, tl.trans(kb), IEEE), nb, vb, mb, lb, accb, qk_scale, IEEE)
     o_off = b * stride_ob + h * stride_oh
     l_off = b * stride_lb + h * stride_lh
@@ -128,7 +129,7 @@ def pair_fwd(q, k, v, q2k, cnt, offsets, num_warps=4, num_stages=2, tma=True):
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], lse.stride(0), lse.stride(1),
         q2k.stride(0), q2k.stride(1), q2k.stride(2), cnt.stride(0), cnt.stride(1),
         HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=BLOCK, BLOCK_N=BLOCK,
-        DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma, num_warps=num_warps,
+        DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma, EVICT="", CACHE="", num_warps=num_warps,
         num_stages=num_stages)
     return out, lse
 
@@ -162,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interpret-check", action="store_true")
     ap.add_argument("--sparsity", type=float, default=0.875)
+    ap.add_argument("--launches", default="4x1,4x2,4x3,8x1,8x2,8x3", help="num_warps x num_stages, comma list")
     args = ap.parse_args(argv)
+    launches = [tuple(int(x) for x in item.split("x")) for item in args.launches.split(",")]
     if args.interpret_check:
         return interpret_check()
     device = torch.device("cuda")
@@ -178,16 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         name = "x".join(map(str, grid))
         shipped = bench_ms(lambda: block_sparse_attention(q, k, v, q2k, cnt, lay.tile_offsets_i32), device=device)
         print(f"{name:10} {'shipped':22} {shipped:8.3f} {dense / shipped:8.2f} {0.0:8.1e}", flush=True)
-        for warps in (4, 8):
-            for stages in (1, 2, 3):
-                try:
-                    got = pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages)[0]
-                    ms = bench_ms(lambda: pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages),
-                                  device=device)
-                    print(f"{name:10} {f'pair w{warps} s{stages}':22} {ms:8.3f} {dense / ms:8.2f} "
-                          f"{rel_l2(got, want):8.1e}", flush=True)
-                except Exception as exc:  # noqa: BLE001 - a launch that does not compile is a result too
-                    print(f"{name:10} pair w{warps} s{stages}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        for warps, stages in launches:
+            try:
+                got = pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages)[0]
+                ms = bench_ms(lambda: pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages), device=device)
+                print(f"{name:10} {f'pair w{warps} s{stages}':22} {ms:8.3f} {dense / ms:8.2f} "
+                      f"{rel_l2(got, want):8.1e}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a launch that does not compile is a result too
+                print(f"{name:10} pair w{warps} s{stages}: {type(exc).__name__}: {str(exc)[-300:]}", flush=True)
     return 0
 
 

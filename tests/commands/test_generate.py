@@ -101,7 +101,8 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     data = json.loads(result.json_path.read_text())
     assert data == json.loads(json.dumps(result.summary))  # the file is the summary
     assert (data["frames"], data["height"], data["width"], data["steps"], data["seed"]) == (5, 64, 64, 1, 7)
-    assert data["backend"] == {"name": "full"} and data["attn"] == "full" and data["model"] == "tiny"
+    assert data["backend"] == {"name": "full", "impl_ran": "sdpa"}  # what ran, as every backend says it
+    assert data["attn"] == "full" and data["model"] == "tiny"
     assert data["experts"] == ["transformer"] and data["guidance_2"] is None and data["boundary_ratio"] is None
     assert data["image"] is None and data["last_image"] is None and data["random_weights"] is True
     assert data["versions"]["vsagen"] == vsagen.__version__

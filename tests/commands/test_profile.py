@@ -105,7 +105,7 @@ def test_profile_json_one_row_per_backend(cli_cache):
     assert data["tile_fit_comparison"] == []  # one tile fit
     assert data["settings"]["backends"][1] == {"name": "vsa", "sparsity": 0.875, "impl": "auto",
                                                       "tile": "4x4x4", "query_rows": 64}
-    assert (full["impl"], vsa["impl"]) == ("auto", "torch")  # the implementation that ran (CPU: the reference)
+    assert (full["impl"], vsa["impl"]) == ("sdpa", "torch")  # what ran (CPU: the reference), for every backend
     assert data["load_s"] > 0 and "torch" in data["versions"]
 
 
@@ -268,7 +268,7 @@ def test_profile_sparse_vdit_reports_each_layer_and_its_file(cli_cache, tmp_path
                           frames=5)
     data = json.loads(render(profile_dit(cfg), "json"))
     full, svd = data["rows"]
-    assert full["layers"] == [] and full["backend_info"] == {"name": "full"}
+    assert full["layers"] == [] and full["backend_info"] == {"name": "full", "impl_ran": "sdpa"}
     tiles = (1, 2, 3)  # grid 2x6x10 in 4x4x4 tiles
     d = {m.name: block_density(m, tiles) for m in default_catalog()}
     assert svd["layers"] == [

@@ -27,8 +27,9 @@ class FullAttention(Backend):
             raise BadInput("--attn full on CUDA runs cuDNN/flash attention, which need --dtype bf16 or fp16")
 
     def describe(self, device: torch.device | None = None) -> dict:
-        """{"name": "full"}."""
-        return {"name": self.name}
+        """{"name": "full"}; given the run's device, also {"impl_ran": "sdpa"} (torch's scaled_dot_product_attention:
+        cuDNN or flash on CUDA, torch's own choice elsewhere), as the other backends name what ran."""
+        return {"name": self.name} if device is None else {"name": self.name, "impl_ran": "sdpa"}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D) -> (B, S, H, D) like q (the context is unused)."""

@@ -1,6 +1,7 @@
 """vsagen.terminal at 80 columns (issue 29, item 10): stderr notes wrapped between words with a hanging indent (one
 line each to a pipe without COLUMNS), titles broken between their fields, and the compare and search tables fitted
-without a word cut (`sparse-vd/it`, `multi-diag/onal` before); and a t2v run at COLUMNS=80 end to end."""
+without a word cut (`sparse-vd/it`, `multi-diag/onal` before); and a t2v run at COLUMNS=80 end to end. To a pipe or
+a file (`stdout_console`) search's and compare's reports are 200 columns wide, search's notes one line each."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vsagen.cli import app
-from vsagen.terminal import fit_table, stderr_log, title_lines, wrap_line
+from vsagen.terminal import PIPE_WIDTH, fit_table, stderr_log, stdout_console, title_lines, wrap_line
 
 # The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
 NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
@@ -142,6 +143,76 @@ def test_the_search_table_keeps_every_mode_name_whole_at_80_columns():
         assert {"multi-", "diagonal", "vertical-", "stripe", "density", "dense", "mixed"} <= words, lines
         if len(experts) > 1:
             assert "transformer_2" in words
+
+
+def test_a_report_to_a_pipe_is_profile_s_width_and_stays_unwrapped(monkeypatch):
+    """stdout is no terminal under pytest: without COLUMNS a pipe or a file, 200 columns (profile's width) and no
+    wrapping; with COLUMNS (or on a terminal) Rich's own console at that width, wrapping."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    con, wraps = stdout_console()
+    assert (con.width, wraps, PIPE_WIDTH) == (200, False, 200)
+    monkeypatch.setenv("COLUMNS", "80")
+    con, wraps = stdout_console()
+    assert (con.width, wraps) == (80, True)
+
+
+def search_summary(monkeypatch, tmp_path, columns: str | None) -> list[str]:
+    """`vsagen search`'s stdout, its search replaced by a result with a long note: the lines (COLUMNS as given)."""
+    from vsagen.commands.search import SearchResult
+    from vsagen.sparsity.files import PatternFile, StepRange
+    from vsagen.sparsity.patterns import default_catalog
+
+    modes = {p.name: p for p in default_catalog()}
+    heads = (("dense", "skip"), ("diagonal", "mixed"))
+    pf = PatternFile(model="tiny", architecture={}, experts=("transformer",), height=96, width=160, frames=17,
+                     grid=(5, 6, 10), steps=1, lam=0.5, eps=1.0, prompts=1, modes=modes,
+                     ranges=(StepRange(0, 1, {"transformer": heads}),))
+    out = tmp_path / "p.json"
+    monkeypatch.setattr("vsagen.commands.search.search", lambda cfg, **kw: SearchResult(
+        out, pf, [NOTE.removeprefix("note: ")], 16, 15.7, 0.5))
+    res = CliRunner().invoke(app, ["search", "--model", "tiny", "--prompt", "a red fox", "--out", str(out)],
+                             env={"COLUMNS": columns})
+    assert res.exit_code == 0, res.output
+    return res.stdout.splitlines()
+
+
+def test_search_notes_stay_one_line_to_a_pipe_and_wrap_with_columns(monkeypatch, tmp_path):
+    """A new-user trial: `vsagen search ... > s.out` wrapped its note and its `patterns:` line at 80 columns in the
+    file (the README promises one line each there, for grep)."""
+    lines = search_summary(monkeypatch, tmp_path, None)
+    assert NOTE in lines
+    run_them = [line for line in lines if line.startswith("patterns: ")]
+    assert len(run_them) == 1 and run_them[0].endswith(f"run them with --attn sparse-vdit:patterns={tmp_path}/p.json")
+    assert any(line.startswith("overall block density") and "expected attention speed-up" in line for line in lines)
+    lines = search_summary(monkeypatch, tmp_path, "80")  # as on a terminal: wrapped under the note's text
+    assert NOTE not in lines and all(len(line) <= 80 or len(line.split()) == 1 for line in lines), lines
+    first = next(i for i, line in enumerate(lines) if line.startswith("note: "))
+    assert lines[first + 1].startswith(" " * 6)
+
+
+def test_compare_to_a_pipe_is_200_columns_and_keeps_labels_whole(monkeypatch, tmp_path):
+    """A new-user trial: `vsagen compare ... > c.out` laid the table out at 80 columns, so a sampler's label split
+    mid-token (`sigmas=1.0,0.756757,0` / `.521739`); to a pipe or a file it gets profile's 200 columns."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "commands"))
+    from test_compare_render import report, row
+
+    label = "vsa/dmd:sigmas=1.0,0.756757,0.521739,0.3125"
+    rep = report()
+    rep.rows.append(row(label, 34.56789, [0.123456, 0.654321]))
+    rep.files = {"csv": str(tmp_path / "cmp" / "compare.csv"), "json": str(tmp_path / "cmp" / "compare.json")}
+    monkeypatch.setattr("vsagen.commands.compare.compare", lambda cfg, **kw: rep)
+    args = ["compare", "x", "--model", "tiny", "--attn", "full,vsa", "--out", str(tmp_path / "cmp")]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": None})
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    options = label.split(":")[1]  # a label's options go on a line of their own (`rich_table`), whole at 200
+    assert any(options in line.split() for line in lines), lines
+    assert max(map(len, lines)) <= PIPE_WIDTH and "compare.csv, compare.json)" in lines[-1]
+    res = CliRunner().invoke(app, args, env={"COLUMNS": "80"})  # as on a terminal: 80 columns, the label folds
+    assert res.exit_code == 0, res.output
+    assert max(map(len, res.stdout.splitlines())) <= 80 and options not in res.stdout
 
 
 @pytest.mark.slow

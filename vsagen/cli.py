@@ -272,10 +272,8 @@ def compare(
     video, a labelled side-by-side video, a plot, a JSON and a CSV into --out, once every run has run."""
 
     def run() -> None:
-        from rich.console import Console
-
         from .commands.compare_config import resolve_compare_options
-        from .terminal import fit_table, stderr_log
+        from .terminal import fit_table, stderr_log, stdout_console
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         from .commands.compare import compare as run_compare
@@ -294,13 +292,15 @@ def compare(
             return
         from .commands.compare_render import rich_table
 
-        con = Console()  # the terminal's width (COLUMNS where set): cells wrap between words, no digit is cut
+        # the terminal's width (COLUMNS where set): cells wrap between words, no digit is cut; to a pipe or a file
+        # profile's width (200), the files line whole
+        con, wraps = stdout_console()
         con.print(fit_table(rich_table(report), con.width))
         for note in report.notes:  # notes on stderr, as t2v's; each once (the run's own were said as it began)
             if f"note: {note}" not in said:
                 log(f"note: {note}")
         con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
-                  markup=False, highlight=False)
+                  markup=False, highlight=False, soft_wrap=not wraps)
 
     run_guarded(single_process(run), verbose)
 
@@ -333,19 +333,20 @@ def search(
     averaged over steps, CFG passes and prompts (scale-free, unlike the paper's raw MSE). No video is decoded; the
     file is written only when the search ends (an interrupted search writes nothing)."""
     def run() -> None:
-        from rich.console import Console
-
         from .commands.search import resolve_search_options, search, summary_renderables
-        from .terminal import fit_table, stderr_log, wrap_line
+        from .terminal import fit_table, stderr_log, stdout_console, wrap_line
 
         cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
                                      impl=attn_impl)
         with _sigterm_as_interrupt() as interrupted:
             result = search(cfg, log=stderr_log("COLUMNS" in os.environ), cancelled=interrupted)
-        con = Console()  # the terminal's width (COLUMNS where set): words wrap whole, no digit is cut
+        # the terminal's width (COLUMNS where set): words wrap whole, no digit is cut; to a pipe or a file profile's
+        # width (200), each note and line of text whole, for grep
+        con, wraps = stdout_console()
         for item in summary_renderables(result):  # the notes with the summary (every one of them: stdout)
             if isinstance(item, str):
-                con.print(wrap_line(item, con.width), highlight=False, markup=False, soft_wrap=True)
+                con.print(wrap_line(item, con.width if wraps else None), highlight=False, markup=False,
+                          soft_wrap=True)
             else:
                 con.print(fit_table(item, con.width))
 

@@ -3,7 +3,8 @@ Rich tables fitted to the width without cutting a word (titles broken between th
 where the boxed one would fold a word). 80 columns is the width every rendering is tested at.
 
 Lines to a pipe or a file stay one line each (a log keeps a note on one line, for grep), unless COLUMNS is set: the
-command line decides (`stderr_log`), the functions here take the width.
+command line decides (`stderr_log` for stderr, `stdout_console` for a report on stdout), the functions here take the
+width. A report to a pipe or a file is laid out PIPE_WIDTH columns wide (as `vsagen profile`'s).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import re
 import textwrap
 from typing import Any, Callable
+
+# The width of a report on stdout sent to a pipe or a file (no terminal to fit; COLUMNS unset)
+PIPE_WIDTH = 200
 
 # A leading "note: " (or "warning: ", "error: ", ...) label: continuation lines start under the text after it.
 _LABEL = re.compile(r"^[a-z][a-z -]{0,14}: ")
@@ -57,6 +61,21 @@ def stderr_log(columns_set: bool) -> Callable[[str], None]:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
     return log
+
+
+def stdout_console() -> tuple[Any, bool]:
+    """A Rich console for a command's report on stdout, and whether its lines wrap: on a terminal, or with COLUMNS
+    set, Rich's own console (the terminal's width, COLUMNS where set) and True; to a pipe or a file a console
+    PIPE_WIDTH columns wide (as `vsagen profile`'s report) and False: print each note and each line of text whole
+    (`wrap_line(text, None)`, `soft_wrap=True`), one line for grep, as the README promises."""
+    import os
+    import sys
+
+    from rich.console import Console
+
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return Console(), True
+    return Console(width=PIPE_WIDTH), False
 
 
 def title_lines(title: str, width: int) -> str:

@@ -420,6 +420,8 @@ def test_overwrite_replaces_out_and_plot(cli_cache, tmp_path):
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["rows"][0]["speedup_vs_full"] == 1.0
     assert plot.read_bytes()[:4] == b"\x89PNG"
+    # the progress line counts its steps in words that agree (a new-user trial: "1 timed steps")
+    assert "0 warm-up + 1 timed step\n" in res.stderr and "1 timed steps" not in res.stderr, res.stderr
 
 
 def test_plot_without_matplotlib_is_one_line(cli_cache, tmp_path, monkeypatch):

@@ -337,7 +337,7 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     def measure(label: str, plan: Any, backend: Any, context: Callable[[], Any] = contextlib.nullcontext,
                 cache: Any = NO_CACHE) -> _Measured:
         log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
-            f"{cfg.warmup} warm-up + {cfg.steps} timed steps")
+            f"{cfg.warmup} warm-up + {cfg.steps} timed step{'s' * (cfg.steps != 1)}")
         run = session.run(backend, plan, context=context, what=f"profiling {label}", cache=cache)
         report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
                                            untimed=session.untimed(backend))

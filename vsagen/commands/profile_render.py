@@ -303,8 +303,10 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
 
     from rich.console import Console
 
-    if width is None:  # COLUMNS where set, else the terminal's width, else (a pipe, a file) 200
-        width = shutil.get_terminal_size(fallback=(200, 24)).columns
+    from ..terminal import PIPE_WIDTH
+
+    if width is None:  # COLUMNS where set, else the terminal's width, else (a pipe, a file) PIPE_WIDTH (200)
+        width = shutil.get_terminal_size(fallback=(PIPE_WIDTH, 24)).columns
     buf = io.StringIO()
     con = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
     for table in _tables(rep):

@@ -85,26 +85,32 @@ def test_an_unknown_option_is_offered_only_close_ones():
 def test_an_empty_path_is_refused_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """Typer turned `--out ""` into Path(""), the current folder: compare wrote its files there, t2v said ". is a
     folder", i2v said "image . is not a file". Every path option and argument refuses an empty text, before any
-    file is looked at."""
+    file is looked at, saying what that option takes (a trial's `t2v --out ""` said "give a file or folder name",
+    and t2v's --out takes an mp4 file)."""
     from conftest import assert_one_error_line
 
     from vsagen.cli import main
 
-    assert options.path_text("a b.mp4") == Path("a b.mp4") and options.path_text(Path("x")) == Path("x")
+    parse = options.path_parser("a thing")
+    assert parse("a b.mp4") == Path("a b.mp4") and parse(Path("x")) == Path("x")
     monkeypatch.chdir(tmp_path)
-    for args, flag in ((["t2v", "x", "--model", "tiny", "--out", ""], "--out"),
-                       (["i2v", "--model", "tiny-i2v", "", "x"], "IMAGE"),
-                       (["i2v", "--model", "tiny-i2v", "a.png", "x", "--last-image", " "], "--last-image"),
-                       (["compare", "x", "--model", "tiny", "--out", ""], "--out"),
-                       (["profile", "--model", "tiny", "--plot", ""], "--plot"),
-                       (["profile", "--model", "tiny", "--out", ""], "--out"),
-                       (["search", "--model", "tiny", "--prompts", ""], "--prompts"),
-                       (["search", "--model", "tiny", "--prompt", "p", "--out", ""], "--out")):
+    image, mp4 = "give an image file (PNG, JPEG or WebP)", "give an mp4 file name (e.g. fox.mp4)"
+    for args, flag, takes in (
+            (["t2v", "x", "--model", "tiny", "--out", ""], "--out", mp4),
+            (["i2v", "--model", "tiny-i2v", "a.png", "x", "--out", ""], "--out", mp4),
+            (["i2v", "--model", "tiny-i2v", "", "x"], "IMAGE", image),
+            (["i2v", "--model", "tiny-i2v", "a.png", "x", "--last-image", " "], "--last-image", image),
+            (["compare", "x", "--model", "tiny", "--out", ""], "--out", "give a folder name (created if missing)"),
+            (["profile", "--model", "tiny", "--plot", ""], "--plot", "give a .png, .svg or .pdf file name"),
+            (["profile", "--model", "tiny", "--out", ""], "--out", "give a file name for the report (without --out"),
+            (["search", "--model", "tiny", "--prompts", ""], "--prompts", "give a text file of prompts"),
+            (["search", "--model", "tiny", "--prompt", "p", "--out", ""], "--out", "give a .json file name")):
         monkeypatch.setattr("sys.argv", ["vsagen", *args])
         with pytest.raises(SystemExit) as exit_:
             main()  # the console script: a usage error is one line
         out, err = capsys.readouterr()
         assert exit_.value.code == 2, (args, out, err)
         line = assert_one_error_line(err, out)
-        assert f"'{flag}': the path is empty" in line, line
+        assert f"'{flag}': the path is empty; {takes}" in line, line
+        assert "file or folder" not in line, line
     assert list(tmp_path.iterdir()) == []

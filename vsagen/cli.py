@@ -16,8 +16,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_options import (COMPARE, GENERATE, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                          ProfileCompile, Verbose, choice_parser, close_options, path_text)
+from .cli_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
+                          ProfileCompile, Verbose, choice_parser, close_options, path_parser)
 from .cli_run import (err, ran_in_workers, request_command, run_guarded, single_process,
                       torchrun_launch_or_exit)
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
@@ -130,7 +130,7 @@ def t2v(prompt: Prompt, json_out: JsonOut = False, verbose: Verbose = False, *, 
 @request_command(GENERATE, model=(Model, "tiny-i2v"))
 def i2v(
     image: Annotated[Path, typer.Argument(help="First frame: a PNG, JPEG or WebP image.", metavar="IMAGE",
-                                          parser=path_text)],
+                                          parser=IMAGE_PATH)],
     prompt: Annotated[str, typer.Argument(help="What the video should show (optional: the image is the content; "
                                                "a prompt steers what moves).", metavar="PROMPT")] = "",
     fit: Annotated[ImageFit, typer.Option(parser=choice_parser(ImageFit), metavar="[crop|resize]",
@@ -141,7 +141,7 @@ def i2v(
     last_image: Annotated[Optional[Path], typer.Option(
         help="Last frame (PNG, JPEG or WebP), fitted like IMAGE: the video goes from IMAGE to it. First/last-frame "
              "(FLF2V) models need it; image-to-video models without a CLIP branch (Wan2.2 I2V A14B) take it "
-             "optionally; other models refuse it.", parser=path_text)] = None,
+             "optionally; other models refuse it.", parser=IMAGE_PATH)] = None,
     json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with
@@ -168,7 +168,9 @@ def i2v(
     tile_fit=(Annotated[str, typer.Option(help="Tile fits to run, comma-separated: partial, crop, or partial,crop "
                                                "(side by side).")], "partial"),
     out=(Annotated[Optional[Path], typer.Option(help="Write the report (in --format) to this file instead of "
-                                                     "stdout.", parser=path_text)], None),
+                                                     "stdout.", parser=path_parser(
+                                                         "a file name for the report (without --out it goes to "
+                                                         "stdout)"))], None),
     compile=(ProfileCompile, False),
     cache=(CacheList, None),
 )
@@ -178,7 +180,8 @@ def profile(
                                               help="table, markdown, csv or json.")] = ReportFormat.TABLE,
     plot: Annotated[Optional[Path], typer.Option(help="Also draw the DiT time per backend, split into attention "
                                                       "and the rest, as a .png/.svg/.pdf (needs matplotlib: "
-                                                      "pip install 'vsagen[plot]').", parser=path_text)] = None,
+                                                      "pip install 'vsagen[plot]').",
+                                                      parser=path_parser("a .png, .svg or .pdf file name"))] = None,
     kernels: Annotated[bool, typer.Option("--kernels", help="Time the self-attention alone at the model's shape "
                                                             "(forward, forward+backward; against dense SDPA) "
                                                             "instead of the DiT. Loads no model.")] = False,
@@ -248,7 +251,7 @@ def profile(
     out=(Annotated[Optional[Path], typer.Option(help="Output folder (created if missing; default "
                                                      "vsagen-<model>-compare-seed<seed>): an mp4 per backend, "
                                                      "side-by-side.mp4, compare.png, compare.json, compare.csv.",
-                                                parser=path_text)],
+                                                parser=path_parser("a folder name (created if missing)"))],
          None),
     warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each run (default "
                                                        "1; a re-noise sampler warms up with one whole pass).")], None),
@@ -307,13 +310,14 @@ def compare(
 
 @app.command()
 @request_command(SEARCH, out=(Annotated[Path, typer.Option(help="The pattern file to write (.json).",
-                                                           parser=path_text)],
+                                                           parser=path_parser("a .json file name"))],
                               Path("patterns.json")))
 def search(
     prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "
                                                          "# comments skipped); the errors are averaged over "
-                                                         "all of them.", parser=path_text)] = None,
+                                                         "all of them.",
+                                                    parser=path_parser("a text file of prompts"))] = None,
     lam: Annotated[float, typer.Option(help="Cost weight: each head gets the mode of lowest relative MSE + lam x "
                                             "block density (dense 1, skip 0).")] = 0.5,
     eps: Annotated[float, typer.Option(help="Largest relative MSE (MSE / mean square of the full output, per head; "

@@ -29,15 +29,24 @@ def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
     return parse
 
 
-def path_text(value: Any) -> Path:
-    """Typer's parser of a path option or argument: the path as typed (`~` kept as given). An empty text is refused
-    (`typer.BadParameter`: one `error:` line, exit 2): `Path("")` is the current folder, so `--out ""` wrote into
-    it and `i2v "" x` said "image . is not a file"."""
-    if isinstance(value, Path):
-        return value
-    if not str(value).strip():
-        raise typer.BadParameter("the path is empty; give a file or folder name")
-    return Path(value)
+def path_parser(what: str) -> Callable[[Any], Path]:
+    """Typer's parser of a path option or argument that takes `what` (e.g. "an mp4 file name, e.g. fox.mp4"): the
+    path as typed (`~` kept as given). An empty text is refused (`typer.BadParameter`: one `error:` line, exit 2,
+    saying what the option takes): `Path("")` is the current folder, so `--out ""` wrote into it and `i2v "" x`
+    said "image . is not a file"."""
+
+    def parse(value: Any) -> Path:
+        if isinstance(value, Path):
+            return value
+        if not str(value).strip():
+            raise typer.BadParameter(f"the path is empty; give {what}")
+        return Path(value)
+
+    return parse
+
+
+MP4_PATH = path_parser("an mp4 file name (e.g. fox.mp4)")
+IMAGE_PATH = path_parser("an image file (PNG, JPEG or WebP)")
 
 
 def _choices(enum: type[Enum]) -> str:
@@ -98,7 +107,7 @@ Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4."
 Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
                                                  "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
                                                  "folder); the timing JSON goes beside it (same name, .json).",
-                                             parser=path_text)]
+                                             parser=MP4_PATH)]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Sheet = Annotated[bool, typer.Option("--sheet", help="Also write a contact sheet beside each mp4 (same name, "
                                                      ".sheet.png): 8 evenly spaced frames, each labelled with its "

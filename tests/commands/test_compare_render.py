@@ -113,10 +113,41 @@ def test_samplers_csv_table_and_title_name_each_run_s_sampler():
     assert "default 50 steps CFG 5" in " ".join(text.split())
 
 
-@pytest.mark.parametrize("experts", [1, 2])
+def unmeasured_report() -> CompareReport:
+    """`--error-steps none`: no run compared its attention with dense attention."""
+    rep = report()
+    rep.settings["error_steps"] = []
+    for r in rep.rows:
+        r.error_steps, r.attention_rel_l2_mean, r.attention_rel_l2_max = [], None, None
+        r.attention_rel_l2_per_layer = [{**x, "rel_l2": None} for x in r.attention_rel_l2_per_layer]
+    return rep
+
+
+@pytest.mark.parametrize("width", [200, 80])
+def test_table_without_attention_error_says_it_was_not_measured(width):
+    """A trial's `compare --error-steps none` printed "attention rel-L2 against dense attention on the same q, k, v
+    at steps none" over two columns of dashes: the caption now says the error was not measured, and the attention
+    columns are left out."""
+    from rich.console import Console
+
+    from vsagen.terminal import fit_table
+
+    con = Console(file=io.StringIO(), width=width, color_system=None)
+    con.print(fit_table(rich_table(unmeasured_report()), width))
+    text = " ".join(con.file.getvalue().split())
+    assert "attention error not measured (--error-steps none)" in text, text
+    assert "at steps" not in text and "against dense" not in text and "attn" not in text and "worst" not in text
+    assert "31.50" in text and "1.70x" in text  # the other columns as before
+    con = Console(file=io.StringIO(), width=200, color_system=None)
+    con.print(rich_table(report()))
+    measured = " ".join(con.file.getvalue().split())
+    assert "against dense attention on the same q, k, v at steps 0, 1" in measured and "not measured" not in measured
+
+
+@pytest.mark.parametrize("experts", [1, 2, "unmeasured"])
 def test_plot_is_written(tmp_path, experts):
     pytest.importorskip("matplotlib")
-    rep = report()
+    rep = unmeasured_report() if experts == "unmeasured" else report()
     if experts == 2:  # a two-expert model: layers of transformer, then of transformer_2, labelled ticks
         for r in rep.rows:
             r.attention_rel_l2_per_layer += [{**x, "expert": "transformer_2"} for x in r.attention_rel_l2_per_layer]

@@ -28,6 +28,27 @@ def test_one_entry_or_a_list():
         split_attn_list("full,nope")
 
 
+@pytest.mark.parametrize("args", [["profile", "--model", "tiny", "--attn", "full", "--attn", "auto"],
+                                  ["profile", "--model", "tiny", "--attn", "auto"],
+                                  ["compare", "x", "--model", "tiny", "--attn", "full,auto"]], ids=" ".join)
+def test_auto_in_a_list_says_the_list_takes_backend_names(args, tmp_path, monkeypatch):
+    """A trial's `vsagen profile --attn auto` said "unknown --attn 'auto'", though t2v takes it: profile and compare
+    say they run named backends, name them, and point to `vsagen backends`; one line, exit 2, nothing written."""
+    from conftest import one_error_line
+    from typer.testing import CliRunner
+
+    from vsagen.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
+    line = one_error_line(CliRunner().invoke(app, args))
+    assert "profile and compare run the backends named in --attn (auto picks one for a t2v / i2v run)" in line
+    assert f"available: {', '.join(backend_names())} (see `vsagen backends`)" in line and "unknown" not in line
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(BadInput, match=r"--attn 'vsa,auto:sparsity=0.5': profile and compare run the backends"):
+        split_attn_list("vsa,auto:sparsity=0.5")
+
+
 def test_precedence_and_one_configuration_once():
     tables = {"vsa": {"sparsity": 0.8}}
     full, vsa = attention_specs(("full", "vsa"), AttentionOptions(attn="full,vsa"), tables)

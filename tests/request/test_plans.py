@@ -10,7 +10,7 @@ import pytest
 
 from vsagen.errors import BadInput
 from vsagen.models import resolve_model
-from vsagen.request.plans import check_rope_range, crop_note, preset_plan
+from vsagen.request.plans import check_rope_range, crop_note, preset_plan, size_limits
 
 
 def test_preset_plan_rounds_crop_to_the_tile():
@@ -45,3 +45,12 @@ def test_a_crop_past_the_position_tables_names_the_tile():
     too_wide = preset_plan(src, 17, 96, (limit + 1) * 2 * 8, "partial")
     with pytest.raises(BadInput, match=r"--width too large for tiny: its position tables cover \d+ latent positions"):
         check_rope_range(src, too_wide, "partial")
+
+
+def test_size_limits_are_the_largest_sizes_the_position_tables_take():
+    src = resolve_model("tiny")
+    tops = size_limits(src)
+    assert tops == {"--frames": 125, "--height": 512, "--width": 512}  # 32 positions: (32 - 1) * 4 + 1, 32 * 2 * 8
+    check_rope_range(src, preset_plan(src, tops["--frames"], tops["--height"], tops["--width"], "partial"), "partial")
+    with pytest.raises(BadInput, match=r"--frames too large for tiny"):
+        check_rope_range(src, preset_plan(src, tops["--frames"] + 4, 96, 160, "partial"), "partial")

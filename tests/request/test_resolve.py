@@ -61,6 +61,29 @@ def test_checks_against_the_preset(vsagen_cache, options, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("size", [dict(frames=127), dict(frames=123), dict(frames=999999999999999999999),
+                                  dict(frames=0), dict(frames=-7), dict(height=510), dict(height=513),
+                                  dict(width=10 ** 30), dict(width=20)], ids=str)
+def test_every_value_a_size_refusal_suggests_is_accepted(size):
+    """A trial's `--frames 127` on tiny said "nearest valid: 125 or 129", and 129 was refused next (tiny takes
+    125 at most); `--frames 999999999999999999999` suggested values as absurd. The maximum is checked first, and
+    every value a refusal suggests (or its bound) resolves."""
+    src = resolve_model("tiny")
+    (flag, value), = size.items()
+    with pytest.raises(BadInput) as info:
+        resolve(src, request_options(**size), prompt="p")
+    message = str(info.value)
+    assert "\n" not in message and f"got {value}" in message, message
+    if "nearest valid: " in message:
+        suggested = [int(v) for v in message.split("nearest valid: ")[1].split(" or ")]
+    else:
+        assert "too large for tiny" in message and ", i.e. " in message, message
+        suggested = [int(message.split(" <= ")[1].split(";")[0])]
+    assert suggested and all(v <= 512 for v in suggested), message
+    for v in suggested:
+        assert getattr(resolve(src, request_options(**{flag: v}), prompt="p"), flag) == v
+
+
 def test_notes_and_the_last_frame():
     src = resolve_model("tiny")
     r = resolve(src, request_options(guidance=1.0, negative_prompt="x"), prompt="p")

@@ -33,6 +33,11 @@ def _worst_layer(row: Any) -> str:
     return (f"{worst['expert']} " if experts else "") + f"L{worst['layer']} {worst['rel_l2']:.1e}"
 
 
+def _attention_measured(report: Any) -> bool:
+    """Whether some run compared its attention with dense attention (not with `--error-steps none`)."""
+    return any(r.error_steps for r in report.rows)
+
+
 def title(report: Any) -> str:
     """One line: model, size, steps and CFG (where every run has the same; else the warm-up only: the labels name each
     run's sampler), device and dtype, the reference."""
@@ -47,17 +52,21 @@ def title(report: Any) -> str:
 def rich_table(report: Any) -> Any:
     """The report as a `rich.table.Table`: per run DiT s/video (every timed step, both CFG passes), DiT s/step, the
     speed-up (of the DiT time per video), PSNR, SSIM, latents rel-L2, the mean attention error over the layers and
-    the worst layer. A cached run's cell says the DiT forwards its cache reused, of all ("reused 4/6": in the
-    run's cell, not a column of its own, so that 80 columns still fit without breaking a number)."""
+    the worst layer (both left out, and the caption says so, where no run measured it: `--error-steps none`). A
+    cached run's cell says the DiT forwards its cache reused, of all ("reused 4/6": in the run's cell, not a column
+    of its own, so that 80 columns still fit without breaking a number)."""
     from rich.table import Table
 
     steps = report.settings["error_steps"]
     alike = len({tuple(r.error_steps) for r in report.rows}) < 2
-    at = (f"at step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps)) or 'none'}" if alike else
-          "at each run's --error-steps")
+    measured = _attention_measured(report)  # --error-steps none: no attention columns, the caption says so
+    at = (f"at step{'s' if len(steps) != 1 else ''} {', '.join(map(str, steps))}" if alike else
+          "at each run's --error-steps (- where none)")
+    attention = (f"attention rel-L2 against dense attention on the same q, k, v {at}" if measured else
+                 "attention error not measured (--error-steps none)")
     t = Table(title=title(report), title_justify="left",
-              caption=f"speed-up: of the DiT seconds per video; attention rel-L2 against dense attention on the "
-                      f"same q, k, v {at}; PSNR / SSIM of the decoded frames against the reference",
+              caption=f"speed-up: of the DiT seconds per video; {attention}; PSNR / SSIM of the decoded frames "
+                      "against the reference",
               caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
     # (`vsagen.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
@@ -66,7 +75,7 @@ def rich_table(report: Any) -> Any:
                  overflow="fold", min_width=8)
     kept = any(r.key_tiles_kept for r in report.rows)  # VSA's backends: key tiles kept per query tile, of all
     for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", *(("key\ntiles\nkept",) if kept else ()), "PSNR\ndB",
-                "SSIM", "latents\nrel-L2", "attn\nrel-L2\nmean", "attn rel-L2\nworst layer"):
+                "SSIM", "latents\nrel-L2", *(("attn\nrel-L2\nmean", "attn rel-L2\nworst layer") if measured else ())):
         t.add_column(col, justify="right", overflow="fold")
     for r in report.rows:
         share = (f"{r.key_tiles_kept[0]}/{r.key_tiles_kept[1]}" if r.key_tiles_kept else
@@ -77,8 +86,8 @@ def rich_table(report: Any) -> Any:
                   f"{r.dit_s_per_video:.3f}", f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x",
                   *((share,) if kept else ()),
                   _num(r.psnr_db, ".2f"),
-                  _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"), _num(r.attention_rel_l2_mean, ".1e"),
-                  _worst_layer(r))
+                  _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"),
+                  *((_num(r.attention_rel_l2_mean, ".1e"), _worst_layer(r)) if measured else ()))
     return t
 
 
@@ -187,6 +196,8 @@ def write_plot(report: Any, path: Path, *, overwrite: bool = False, outputs: Any
     bx.set_xlabel("layer" + (" (expert:layer)" if any(len({x["expert"] for x in r.attention_rel_l2_per_layer}) > 1
                                                       for r in rows) else ""))
     bx.set_ylabel("attention rel-L2 vs dense (chosen steps)")
+    if not _attention_measured(report):
+        bx.text(0.5, 0.5, "not measured (--error-steps none)", ha="center", va="center", transform=bx.transAxes)
     bx.legend(fontsize=8)
     fig.suptitle(title(report), fontsize=8)
     def save(tmp: Path) -> None:

@@ -26,10 +26,15 @@ def split_attn_list(attn: str) -> tuple[str, ...]:
     known).
 
     Raises:
-        BadInput: an empty list or entry, an entry written twice, or an unknown backend name.
+        BadInput: an empty list or entry, an entry written twice, `auto` (one backend chosen for a t2v / i2v run,
+            not one of a list), or an unknown backend name.
     """
     entries = split_list(attn, "--attn", "full,vsa:sparsity=0.9")
     for entry in entries:
+        if entry.split(":", 1)[0].strip() == AUTO:  # t2v's default, not a backend: say which names a list takes
+            raise BadInput(f"--attn {attn!r}: profile and compare run the backends named in --attn (auto picks one "
+                           "for a t2v / i2v run); name them, e.g. --attn full,vsa; available: "
+                           f"{', '.join(backend_names())} (see `vsagen backends`)")
         check_backend_entry(entry)
     return entries
 

@@ -20,16 +20,24 @@ def preset_plan(source: ModelSource, frames: int, height: int, width: int, tile_
                      vae_stride_spatial=p.vae_stride_spatial, patch_size=p.patch_size, tile=tile)
 
 
+def size_limits(src: ModelSource) -> dict[str, int]:
+    """The largest `--frames`, `--height` and `--width` the transformer's RoPE tables cover (`rope_max_seq_len`
+    post-patch positions per grid axis), by flag; {} where the checkpoint gives no limit."""
+    limit = src.rope_max_seq_len
+    if not limit:
+        return {}
+    p = src.preset
+    pt, ph, pw = p.patch_size
+    return {"--frames": (limit * pt - 1) * p.vae_stride_temporal + 1, "--height": limit * ph * p.vae_stride_spatial,
+            "--width": limit * pw * p.vae_stride_spatial}
+
+
 def check_rope_range(src: ModelSource, plan: CropPlan, tile_fit: str, tile: tuple[int, int, int] = TILE) -> None:
     """The transformer's RoPE tables cover `rope_max_seq_len` post-patch positions per grid axis; a larger grid
     (after --tile-fit crop rounding to whole tiles of `tile`) would fail deep inside diffusers, so refuse it here."""
-    limit = src.rope_max_seq_len
-    if not limit:
+    limit, p, most = src.rope_max_seq_len, src.preset, size_limits(src)
+    if not most:
         return
-    p = src.preset
-    pt, ph, pw = p.patch_size
-    most = {"--frames": (limit * pt - 1) * p.vae_stride_temporal + 1, "--height": limit * ph * p.vae_stride_spatial,
-            "--width": limit * pw * p.vae_stride_spatial}
     for (flag, top), g, asked in zip(most.items(), plan.denoise_grid, plan.grid):
         if g > limit and asked <= limit:  # the size fits; the rounding to whole tiles does not
             raise BadInput(f"--tile-fit crop rounds {flag[2:]} to whole tiles of {tile_text(tile)}: {g} latent "

@@ -27,7 +27,7 @@ from .backends import (attention_specs, auto_spec, check_entries, check_impl, cr
                        preset_file_notes)
 from .caching import resolve_caches
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
-from .plans import check_rope_range, crop_note, preset_plan
+from .plans import check_rope_range, crop_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
 from ..samplers import NAMED, Sampler
@@ -217,26 +217,31 @@ def resolve_device(device: str) -> str:
 
 
 def _check_sizes(src: ModelSource, frames: int, height: int, width: int) -> None:
-    """Frames of the preset's temporal stride (4k+1), sizes multiples of its pixel multiple, within its RoPE range.
+    """Frames of the preset's temporal stride (4k+1), sizes multiples of its pixel multiple, within its RoPE range
+    (checked first, so that every value a message suggests is one the model takes).
 
     Raises:
         BadInput: the first invalid one, with the nearest valid values."""
     p = src.preset
     stride_t, mult = p.vae_stride_temporal, p.pixel_multiple
+    tops = size_limits(src)
+    for name, v in (("--frames", frames), ("--height", height), ("--width", width)):
+        if name in tops and v > tops[name]:
+            raise BadInput(f"{name} too large for {p.name}: its position tables cover {src.rope_max_seq_len} latent "
+                           f"positions per axis, i.e. {name} <= {tops[name]}; got {v}")
+
+    def nearest(lo: int, hi: int, top: int | None) -> str:
+        return f"nearest valid: {lo} or {hi}" if top is None or hi <= top else f"nearest valid: {lo}"
+
     if frames < 1 or (frames - 1) % stride_t:
         lo, hi = nearest_valid_frames(max(frames, 1), stride_t)
         raise BadInput(f"--frames must be {stride_t}k+1 (1, {1 + stride_t}, {1 + 2 * stride_t}, ...); got {frames}, "
-                       f"nearest valid: {lo} or {hi}")
-    limit = src.rope_max_seq_len
-    for name, v, patch in (("--height", height, p.patch_size[1]), ("--width", width, p.patch_size[2])):
-        top = limit * patch * p.vae_stride_spatial if limit else None
-        if top is not None and v > top:  # before the stride check: its nearest sizes would be too large too
-            raise BadInput(f"{name} too large for {p.name}: its position tables cover {limit} latent "
-                           f"positions per axis, i.e. {name} <= {top}; got {v}")
+                       + nearest(lo, hi, tops.get("--frames")))
+    for name, v in (("--height", height), ("--width", width)):
         if v < mult or v % mult:
             lo = max(mult, v // mult * mult)
             raise BadInput(f"{name} must be a positive multiple of {mult} for {p.name}; got {v}, "
-                           f"nearest valid: {lo} or {lo + mult}" if v >= mult else
+                           + nearest(lo, lo + mult, tops.get(name)) if v >= mult else
                            f"{name} must be a positive multiple of {mult} for {p.name}; got {v}")
 
 

@@ -249,3 +249,10 @@ def test_a_note_during_a_progress_bar_starts_its_own_line_in_a_pipe(capsys):
     log("note: after")
     lines = capsys.readouterr().err.split("\n")
     assert "note: in the middle" in lines and "note: after" in lines
+
+
+def test_one_pipe_width_for_every_report():
+    from vsagen import terminal
+    from vsagen.commands import profile_render
+
+    assert terminal.PIPE_WIDTH == profile_render.PIPE_WIDTH == 200

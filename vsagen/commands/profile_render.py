@@ -23,6 +23,10 @@ from typing import Any, NamedTuple
 from ..errors import BadInput
 from .profile import BASELINE, STOCK, KernelReport, ProfileReport, row_labels
 
+PIPE_WIDTH = 200
+"""Columns of a report sent to a pipe or a file; equal to `vsagen.terminal.PIPE_WIDTH` (a test checks: the terminal
+module sits above the commands, so neither imports the other's)."""
+
 
 def _sec(x: float | None) -> str:
     if x is None:
@@ -302,8 +306,6 @@ def render(rep: ProfileReport | KernelReport, fmt: str, width: int | None = None
     import shutil
 
     from rich.console import Console
-
-    from ..terminal import PIPE_WIDTH
 
     if width is None:  # COLUMNS where set, else the terminal's width, else (a pipe, a file) PIPE_WIDTH (200)
         width = shutil.get_terminal_size(fallback=(PIPE_WIDTH, 24)).columns

@@ -14,6 +14,9 @@
 #      expansion of tiles 128 / 256: torch against the one Triton launch)
 #   3. carry [".fa4b", ".whl"]:        bash benchmarks/tiles_gpu.sh dit
 #      the DiT, eager, random weights: `vsagen profile` of full and vsa at each tile at 1.3B 480p and 14B 720p
+#   or 2'. carry [".fa4b", ".whl"]:    bash benchmarks/tiles_gpu.sh schedules
+#      where FA4's time goes through the adapter (benchmarks/fa4_profile.py: padding, masks, lists, the kernel alone,
+#      on the models' grids and on grids of whole cubes) and the two-tile forward schedule (benchmarks/fwd_pair.py)
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
 # the sdist, so do FastVideo's.
 set -u
@@ -25,6 +28,9 @@ if [ "$what" = kernels ]; then
         --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
     python3 benchmarks/fa4_adapter.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_adapter.txt"
     python3 benchmarks/tile_expand.py 2>&1 | grep -v Warning | tee "$OUT/tile_expand.txt"
+elif [ "$what" = schedules ]; then
+    python3 benchmarks/fwd_pair.py 2>&1 | grep -v Warning | tee "$OUT/fwd_pair.txt"
+    python3 benchmarks/fa4_profile.py --shapes 1.3b,14b 2>&1 | grep -v Warning | tee "$OUT/fa4_profile.txt"
 else
     fa4=""
     python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"

@@ -4,6 +4,9 @@
 #     bash ../shared/gpu/fetch-fa4.sh         (.fa4a, .fa4b: FlashAttention-4, two folders, two calls)
 #     .peers/fastvideo-0.2.1.tar.gz           (FastVideo's sdist, 2.8 MB: pip download --no-deps --no-binary :all:
 #                                              fastvideo==0.2.1; its Triton VSA kernel is loaded from it as data)
+# fetch-fa4.sh's .fa4a/cu13.tar.xz (63 MiB) no longer fits beside the repository in one call's 64 MiB; recompress it
+# once (2 min, 49.5 MiB): mkdir /tmp/u && tar -xJf .fa4a/cu13.tar.xz -C /tmp/u &&
+#     tar -cf - -C /tmp/u . | xz -T2 --x86 --lzma2=preset=9e,dict=192MiB > /tmp/c.xz && mv /tmp/c.xz .fa4a/cu13.tar.xz
 # Then three device calls back to back (the machine stays warm between them):
 #   1. carry [".fa4a"]:                mkdir -p /tmp/fa4 && tar -xJf .fa4a/cu13.tar.xz -C /tmp/fa4
 #   2. carry [".fa4b", ".whl", ".peers"]:   bash benchmarks/tiles_gpu.sh kernels

@@ -146,7 +146,9 @@ def test_import_vsagen_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     assert vsagen.__version__ and callable(vsagen.apply) and callable(vsagen.load_pipeline)
-    assert {"apply", "load_pipeline"} <= set(vsagen.__all__)
+    assert {"apply", "load_pipeline", "BackendSpec"} <= set(vsagen.__all__)
+    assert vsagen.BackendSpec is BackendSpec  # the README says apply takes "a BackendSpec"
+    assert all(getattr(vsagen, name) is not None for name in vsagen.__all__)
 
 
 def readme_python_api_block(index: int = 0) -> str:
@@ -239,6 +241,43 @@ def test_what_is_not_a_backend_or_a_wan_pipeline_is_one_bad_input(tiny_pipe):
 
     with pytest.raises(BadInput, match="neither a Wan pipeline"):
         vsagen.apply(NotWan(), "full")
+
+
+def test_the_report_of_apply_leaves_the_regions_it_does_not_time_null():
+    """New-user trial: apply's report said total_s, text_encode_s, vae_decode_s (and the encodes) 0.0, which read
+    as "took no time"; apply times the DiT only, so they are None (null in the JSON), and so is wait_s."""
+    from conftest import make_transformer
+
+    from vsagen.api import OUTER_REGIONS
+
+    t = make_transformer()
+    with vsagen.apply(t, "full") as h:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            t(hidden_states=torch.randn(1, 16, 5, 12, 20, generator=g), timestep=torch.tensor([500.0]),
+              encoder_hidden_states=torch.randn(1, 9, 32, generator=g), return_dict=False)
+    data = h.report().to_dict()
+    assert {f"{region}_s" for region in OUTER_REGIONS} == {
+        "total_s", "text_encode_s", "denoise_s", "vae_decode_s", "image_encode_s", "condition_encode_s"}
+    assert all(data[f"{region}_s"] is None for region in OUTER_REGIONS)
+    assert data["wait_s"] is None and data["decode_share_of_wait"] is None and data["write_share_of_wait"] is None
+    assert data["dit_s"] > 0 and data["dit_forwards"] == 1
+    with h.timer.region("total"):  # a region the caller timed on the handle's timer is reported
+        pass
+    assert h.report().total_s >= 0 and h.report().text_encode_s is None
+    assert h.report(load_s=0.25).load_s == 0.25  # extra fields still set
+
+
+@pytest.mark.parametrize("root,why", [("/nope/no-such-folder", "no such folder"), (__file__, "not a folder")])
+def test_a_weights_root_that_is_not_a_folder_is_refused(root, why):
+    """New-user trial: `weights_root="/nope"` attached weights to 0 layers and said nothing."""
+    from conftest import make_transformer
+
+    t = make_transformer()
+    with pytest.raises(BadInput) as exc:
+        vsagen.apply(t, "vsa", weights_root=root)
+    assert str(exc.value) == f"vsagen.apply: weights_root={root!r}: {why}"
+    assert all(type(b.attn1.processor).__name__ != "VsagenAttnProcessor" for b in t.blocks)  # nothing installed
 
 
 @pytest.mark.slow

@@ -156,6 +156,25 @@ def test_rich_table_leaves_out_the_regions_nobody_timed():
     assert "DiT (2 forwards, 2 steps)" in text and "attention backend" in text
 
 
+def test_a_report_whose_outer_regions_are_none_renders_and_has_null_json():
+    """`vsagen.apply`'s report sets the regions of the pipeline call it does not time to None (new-user trial: 0.0
+    read as "took no time"): the table leaves their rows out, the JSON holds null, wait_s and its shares too."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    outer = ("total_s", "text_encode_s", "denoise_s", "vae_decode_s", "image_encode_s", "condition_encode_s")
+    report = replace(_report([("dit", 0, 2.0), ("self_attention", 0, 0.5)]), **dict.fromkeys(outer))
+    console = Console(width=200, record=True)
+    console.print(report.rich_table("t"))
+    rows = [line.strip("│ ").split("│")[0].strip() for line in console.export_text().splitlines()
+            if line.startswith("│")]
+    assert "DiT (1 forward, 1 step)" in rows and not {"total", "text encode", "VAE decode"} & set(rows)
+    data = report.to_dict()
+    assert all(data[k] is None for k in (*outer, "wait_s", "decode_share_of_wait", "write_share_of_wait"))
+    assert data["dit_s"] == 2.0 and data["overlap_s"] == 0.0
+
+
 def test_discard_forgets_the_open_regions_of_a_name():
     """A CFG-parallel call served by the exchange (`vsagen.parallel.cfg`) discards its "dit" regions: their stop
     records nothing; other regions, and later ones of the same name, are recorded."""

@@ -24,7 +24,7 @@ removed: for a long-lived handle, turn it off with `handle.timer.enabled = False
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable
@@ -41,6 +41,8 @@ from .timing import Timer, TimingReport
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
 SPEC_WHERE = "vsagen.apply backend"  # ... and in those of the spec parser ("unknown vsagen.apply backend 'x'")
+# the regions of a whole pipeline call, which `apply` does not time (the commands do): None in its report
+OUTER_REGIONS = ("total", "text_encode", "denoise", "vae_decode", "image_encode", "condition_encode")
 
 
 def _transformers(pipe: Any) -> list[tuple[str | None, Any]]:
@@ -144,10 +146,16 @@ class AppliedBackend:
     _first_step: int = field(default=0, repr=False)  # timer.step when applied
 
     def report(self, **extra: Any) -> TimingReport:
-        """The time recorded so far (synchronizes once on CUDA): DiT seconds per forward and per step, the
-        attention backend's seconds and stages, the attention share of DiT time. `total_s`, `text_encode_s` and
-        `vae_decode_s` are 0 here (the pipeline call is not wrapped); `extra` sets further report fields."""
-        report = TimingReport.from_records(self.timer.finish(), self.device.type, **extra)
+        """The time recorded so far (synchronizes once on CUDA; every pipeline call since `apply`, see the module
+        docstring): DiT seconds per forward and per step, the attention backend's seconds and stages, the attention
+        share of DiT time. The regions of the pipeline call around the DiT (`OUTER_REGIONS`: `total_s`,
+        `text_encode_s`, `denoise_s`, `vae_decode_s`, `image_encode_s`, `condition_encode_s`) are None (null in
+        the JSON, as is `wait_s`) unless the timer holds them: `apply` does not wrap the pipeline call. `extra` sets
+        further report fields (`TimingReport.from_records`)."""
+        records = self.timer.finish()
+        timed = {name for name, _, _ in records}
+        report = replace(TimingReport.from_records(records, self.device.type, **extra),
+                         **{f"{region}_s": None for region in OUTER_REGIONS if region not in timed})
         if report.dit_forwards == 0 and self.timer.step > self._first_step:
             report.notes.append(f"the scheduler stepped {self.timer.step - self._first_step} times but no DiT forward "
                                 "was timed: torch.compile of the whole transformer runs around vsagen's hooks; "
@@ -254,7 +262,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         weights_root: a checkpoint folder whose `<component>/` subfolders (`transformer/`, `transformer_2/`; the
             folder itself for a bare transformer) hold backend-owned weights (VSA's `to_gate_compress`); None: the
             local folder each transformer was loaded from (`from_pretrained` of a local checkpoint), if any. A file
-            named by the backend's options (vsa's `gate_weights`) takes precedence.
+            named by the backend's options (vsa's `gate_weights`) takes precedence. It must be an existing folder.
         attach_weights: attach the backend's own weights (from the options' file or `weights_root`); layers that
             hold them already (from the same source) keep them. `remove()` puts back what the layers had before.
         fused_prologue: the q/k norm + RoPE prologue: "auto" (the fused Triton kernel on CUDA, diffusers'
@@ -270,7 +278,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         BadInput: an unknown backend or option (the message lists the backend's options), a value the backend
             refuses, a backend that cannot run on the transformers' device / dtype or refuses their architecture or
             `grid`, options given with a backend object or None, a pipeline without a Wan transformer, a pipeline
-            vsagen has patched already (remove() the earlier handle first), or backend weights that do not fit.
+            vsagen has patched already (remove() the earlier handle first), a `weights_root` that is not an
+            existing folder, or backend weights that do not fit.
     """
     from .attention.hooks import is_patched, patch_transformer, time_transformer
     from .attention.registry import missing_members
@@ -279,6 +288,11 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     transformers = _transformers(pipe)
     first = transformers[0][1]
     device = _device_of(pipe, first)
+    if weights_root is not None:  # a mistyped folder would attach nothing, silently
+        given, weights_root = weights_root, Path(weights_root).expanduser()
+        if not weights_root.is_dir():
+            raise BadInput(f"{WHERE}: weights_root={str(given)!r}: "
+                           f"{'not a folder' if weights_root.exists() else 'no such folder'}")
     if isinstance(backend, type):
         raise BadInput(f"{WHERE}: give a backend object ({backend.__name__}()) or its name, not the class")
     if backend is not None and not isinstance(backend, (str, BackendSpec)) and missing_members(backend):

@@ -169,12 +169,16 @@ class TimingReport:
     `decode_write_s` the wall time of the two together and `overlap_s` = vae_decode_s + write_s - decode_write_s
     (both at once); `wait_s` runs from the text encoder to the mp4 written (total_s - vae_decode_s +
     decode_write_s), what the user waits for; `decode_share_of_wait` / `write_share_of_wait` in the JSON. Without
-    a stream (compare, profile, `vsagen.apply`) decode_write_s and overlap_s are 0 and wait_s is total_s + write_s.
+    a stream (compare, profile) decode_write_s and overlap_s are 0 and wait_s is total_s + write_s.
 
     Under `--compile` the regions compiled into the transformer blocks' graphs cannot be timed (no timer runs
     inside a compiled graph): `attn1_s` always, and with the attention backend inside the graphs (no graph
     breaks) also `self_attention_s` and `attention_share_of_dit`. Those are None (null in the JSON, "not
     timed" in the table), never a 0 that would read as "took no time"; `self_attention_stages_s` is then empty.
+
+    `vsagen.apply`'s report (`AppliedBackend.report`) times the DiT only: the regions of the pipeline call around it
+    (total_s, text_encode_s, denoise_s, vae_decode_s, image_encode_s, condition_encode_s; and so wait_s) are None
+    there, null in the JSON; the commands' reports time them all.
 
     Image to video only (0 otherwise): `image_encode_s` is diffusers' `encode_image` (CLIP image encoder; Wan2.1
     I2V) and `condition_encode_s` its `prepare_latents` (VAE encode of the condition video and the initial noise).
@@ -196,19 +200,19 @@ class TimingReport:
     """
 
     device: str
-    total_s: float
-    text_encode_s: float
-    denoise_s: float
+    total_s: float | None
+    text_encode_s: float | None
+    denoise_s: float | None
     dit_s: float
     dit_forwards: int
     dit_per_step_s: list[float]
     attn1_s: float | None
     self_attention_s: float | None
     self_attention_stages_s: dict[str, float]
-    vae_decode_s: float
+    vae_decode_s: float | None
     attention_share_of_dit: float | None
-    image_encode_s: float = 0.0
-    condition_encode_s: float = 0.0
+    image_encode_s: float | None = 0.0
+    condition_encode_s: float | None = 0.0
     load_s: float = 0.0
     write_s: float = 0.0
     decode_write_s: float = 0.0
@@ -288,8 +292,10 @@ class TimingReport:
         return max(0.0, self.vae_decode_s + self.write_s - self.decode_write_s)
 
     @property
-    def wait_s(self) -> float:
-        """Seconds from the text encoder to the mp4 written (see the class docstring)."""
+    def wait_s(self) -> float | None:
+        """Seconds from the text encoder to the mp4 written (see the class docstring); None without `total_s`."""
+        if self.total_s is None:
+            return None
         if self.decode_write_s:
             return self.total_s - self.vae_decode_s + self.decode_write_s
         return self.total_s + self.write_s
@@ -323,8 +329,8 @@ class TimingReport:
         out.update(self.cache_stats())
         wait = self.wait_s
         out.update(overlap_s=self.overlap_s, wait_s=wait,
-                   decode_share_of_wait=self.vae_decode_s / wait if wait > 0 else None,
-                   write_share_of_wait=self.write_s / wait if wait > 0 else None)
+                   decode_share_of_wait=self.vae_decode_s / wait if wait and self.vae_decode_s is not None else None,
+                   write_share_of_wait=self.write_s / wait if wait else None)
         if self.ranks:
             out.update(rank_stats(self.ranks))
         return out
@@ -381,8 +387,8 @@ class TimingReport:
         for head in ("seconds", "% total", "% DiT"):
             t.add_column(head, justify="right", no_wrap=True, overflow="fold")
 
-        def pct(x: float, of: float) -> str:
-            return f"{100 * x / of:5.1f}" if of > 0 else "-"
+        def pct(x: float, of: float | None) -> str:
+            return f"{100 * x / of:5.1f}" if of else "-"
 
         def row(name: str, sec: float | None, dit_share: bool = False) -> None:
             if sec is None:  # inside compiled graphs (see the class docstring)
@@ -392,7 +398,7 @@ class TimingReport:
 
         # Regions outside the transformer are absent where nobody timed them (`vsagen.apply`'s report: the pipeline
         # call is not wrapped); a real region is never exactly 0 s, so a 0 row is left out rather than shown.
-        outer = self.total_s != 0
+        outer = bool(self.total_s)  # (None where not timed)
         if outer:
             row("text encode", self.text_encode_s)
         if self.image_encode_s:
@@ -428,7 +434,7 @@ class TimingReport:
         if self.cfg_exchange_s:
             row("    CFG exchange", self.cfg_exchange_s, True)
         wait = self.wait_s
-        share = lambda x: f" ({100 * x / wait:.0f}% of the wait)" if wait > 0 and self.write_s else ""  # noqa: E731
+        share = lambda x: f" ({100 * x / wait:.0f}% of the wait)" if wait and self.write_s else ""  # noqa: E731
         if outer:
             row("VAE decode" + share(self.vae_decode_s), self.vae_decode_s)
             row("total", self.total_s)

@@ -267,6 +267,9 @@ BAD_INPUTS = [
     ("sparsity-neg-eq", ["--attn", "vsa", "--sparsity=-0.1"], ["--sparsity", "-0.1"]),
     ("attn", ["--attn", "nope"], ["nope", "full", "vsa"]),
     ("model", ["--model", "nope"], ["nope", "--model tiny"]),
+    # a new-user trial: a mistyped folder answered "not a preset (" and all 25 presets
+    ("model-folder", ["--model", "./models/Wan2.1"], ["--model './models/Wan2.1': no such folder"]),
+    ("model-abs-folder", ["--model", "{tmp}/models/Wan2.1"], ["/models/Wan2.1': no such folder"]),
     ("device", ["--device", "cuda"], ["--device cuda", "cpu"]),
     ("avi", ["--out", "{tmp}/x.avi"], [".mp4"]),
     ("sparsity-dense", ["--sparsity", "0.5"], ["--sparsity", "full"]),

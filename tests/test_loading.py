@@ -8,6 +8,7 @@ Every generation here runs in the session's private VSAGEN_CACHE (conftest's `vs
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import warnings
@@ -289,10 +290,13 @@ def test_load_pipeline_gives_the_image_to_video_pipeline(vsagen_cache, i2v_dir, 
 
 
 @pytest.mark.parametrize("model,kwargs,match", [
-    ("nope", {}, "unknown --model 'nope'"),
-    ("tiny", {"device": "gpu"}, "--device must be one of auto, cuda, cpu, got 'gpu'"),
-    ("tiny", {"dtype": "int8"}, "--dtype must be one of"),
-    ("some-org/some-model", {"random_weights": True}, "--random-weights builds a preset's architecture"),
+    ("nope", {}, "unknown model 'nope'"),
+    ("tiny", {"device": "gpu"}, "device must be one of auto, cuda, cpu, got 'gpu'"),
+    ("tiny", {"dtype": "int8"}, "dtype must be one of"),
+    ("tiny", {"dtype": torch.int8}, "dtype must be one of auto, bf16, fp16, fp32 or torch.bfloat16, torch.float16, "
+                                    "torch.float32, got torch.int8"),
+    ("some-org/some-model", {"random_weights": True}, "random_weights=True builds a preset's architecture"),
+    ("/tmp/nonexistent_dir", {}, "vsagen.load_pipeline: model '/tmp/nonexistent_dir': no such folder"),
     ("tiny", {"image_to_video": True}, "image_to_video=True: tiny is a text-to-video model"),
     ("tiny-i2v", {"image_to_video": False}, "image_to_video=False: tiny-i2v is an image-to-video model"),
     (None, {}, "model must be a preset name, a folder or a hub id, got None"),  # not the default model
@@ -304,12 +308,36 @@ def test_load_pipeline_bad_input_is_one_line(vsagen_cache, model, kwargs, match)
     msg = str(exc.value)
     assert type(exc.value) is BadInput and msg.startswith("vsagen.load_pipeline: ") and match in msg
     assert "\n" not in msg
+    assert not re.search(r"--(model|device|dtype|random-weights)\b", msg)  # the Python arguments, not the flags
+
+
+def test_load_pipeline_names_its_arguments_not_the_flags():
+    """New-user trial: load_pipeline's errors said "--dtype must be one of ..." and "pass --model DIR, or try
+    --model tiny"; they name the Python arguments, and leave other tools' flags (hf's --local-dir) alone."""
+    from vsagen.loading import _as_arguments
+
+    assert _as_arguments("--dtype must be one of auto, bf16, fp16, fp32, got 'x'") == \
+        "dtype must be one of auto, bf16, fp16, fp32, got 'x'"
+    assert _as_arguments("Download it with `hf download o/n --local-dir DIR` and pass --model DIR, time its "
+                         "architecture with --random-weights, or try --model tiny") == (
+        "Download it with `hf download o/n --local-dir DIR` and pass model=DIR, time its architecture with "
+        "random_weights=True, or try model='tiny'")
+    assert _as_arguments("--device cuda needs CUDA; pass --device cpu, --allow-pickle or --attn full") == \
+        "device='cuda' needs CUDA; pass device='cpu', allow_pickle=True or --attn full"
+    assert _as_arguments("--transformer x.pth: --transformer-ish --models") == \
+        "transformer x.pth: --transformer-ish --models"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, "fp32"])
+def test_load_pipeline_takes_a_torch_dtype(vsagen_cache, dtype):
+    pipe = vsagen.load_pipeline("tiny", device="cpu", dtype=dtype)
+    assert pipe.transformer.dtype == (torch.float32 if dtype == "fp32" else dtype)
 
 
 def test_load_pipeline_refuses_pickle_weights_unless_allowed(vsagen_cache, tiny_dir, tmp_path):
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
     sd = _make_pickle_only(ckpt)
-    with pytest.raises(BadInput, match=r"^vsagen.load_pipeline: --model .*transformer/ has only pickle weights"):
+    with pytest.raises(BadInput, match=r"^vsagen.load_pipeline: model .*transformer/ has only pickle weights"):
         vsagen.load_pipeline(ckpt)  # a Path
     state = vsagen.load_pipeline(ckpt, allow_pickle=True).transformer.state_dict()
     assert all(torch.equal(state[k], v) for k, v in sd.items())

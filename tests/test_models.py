@@ -42,7 +42,7 @@ def test_hub_ids_get_their_preset_or_the_default_settings():
     assert other.preset.name == DEFAULT_MODEL and not other.exact_preset  # only the generation defaults
 
 
-@pytest.mark.parametrize("model", ["no-such-preset", "org/", "/org/name", "./org/name", "~/org/name", "a/b/c"])
+@pytest.mark.parametrize("model", ["no-such-preset", "no_such.name"])
 def test_names_that_are_nothing_are_refused_listing_the_presets(model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(BadInput) as info:
@@ -50,6 +50,21 @@ def test_names_that_are_nothing_are_refused_listing_the_presets(model, tmp_path,
     msg = str(info.value)
     assert repr(model) in msg and "tiny" in msg and "--model tiny" in msg
     assert not isinstance(info.value, ModelNotFound)
+
+
+@pytest.mark.parametrize("model", ["org/", "/org/name", "./org/name", "~/org/name", "a/b/c", "./models/Wan2.1",
+                                   ".hidden", "~"])
+def test_paths_that_are_no_folder_say_so_in_one_line(model, tmp_path, monkeypatch):
+    """New-user trial: `--model ./models/Wan2.1` (a mistyped folder) answered "not a preset (" and every preset;
+    a value that looks like a path (a separator, a leading . or ~) says there is no such folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # "~" is no folder
+    with pytest.raises(BadInput) as info:
+        resolve_model(model)
+    assert str(info.value) == f"--model {model!r}: no such folder"
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(BadInput, match=r"^--model './a-file': not a folder$"):
+        resolve_model("./a-file")
 
 
 def test_local_directories_of_a_tiny_architecture_get_the_tiny_preset(tiny_dir, i2v_dir, flf2v_dir, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -436,6 +437,24 @@ def _hub_transformer_folder(cfg: Request) -> Path:
 
 
 PIPELINE_WHERE = "vsagen.load_pipeline"  # names the caller in BadInput messages
+# load_pipeline's arguments by the command-line flags the shared checks name them by (`_as_arguments`)
+_ARGUMENTS = {"--model": "model", "--device": "device", "--dtype": "dtype", "--transformer": "transformer",
+              "--random-weights": "random_weights=True", "--allow-pickle": "allow_pickle=True"}
+_FLAG = re.compile(r"(--[a-z-]+)(?![\w-])(?: (DIR|tiny|auto|cuda|cpu|bf16|fp16|fp32)\b)?")
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch.<name> -> the --dtype value
+
+
+def _as_arguments(message: str) -> str:
+    """A message of the commands' checks in `load_pipeline`'s words: each of its flags as the Python argument
+    ("--dtype must be" -> "dtype must be", "try --model tiny" -> "try model='tiny'", "pass --model DIR" -> "pass
+    model=DIR", "--random-weights" -> "random_weights=True"); other flags (`hf download --local-dir`) stay."""
+    def argument(m: re.Match) -> str:
+        flag, value = m.groups()
+        if flag not in _ARGUMENTS:
+            return m.group(0)
+        name = _ARGUMENTS[flag]
+        return name if value is None else f"{name}={value}" if value == "DIR" else f"{name}={value!r}"
+    return _FLAG.sub(argument, message)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -469,8 +488,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
             Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
             Face cache on first use).
         device: "auto" (CUDA when available, else the CPU), "cuda" or "cpu".
-        dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "bf16", "fp16" or "fp32": the transformers' and text
-            encoder's dtype.
+        dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "bf16", "fp16" or "fp32" (or torch.bfloat16, torch.float16,
+            torch.float32): the transformers' and text encoder's dtype.
         random_weights: a preset's real architecture with random weights and no text encoder nor tokenizer (no
             download; for timing: call the pipeline with `prompt_embeds`, its frames are noise).
         allow_pickle: also load pickle weights (.bin / .pt), which can run code when loaded.
@@ -489,8 +508,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         BadInput: an unknown model, device or dtype, a model vsagen refuses (pickle-only weights without
             `allow_pickle`, components from other libraries, another pipeline class), `device="cuda"` without
             CUDA, `random_weights` for a model no preset describes, or `image_to_video` the model cannot serve;
-            one line, starting "vsagen.load_pipeline:", naming the setting by its command-line flag (`--model`
-            is `model`).
+            one line, starting "vsagen.load_pipeline:", naming the setting by its argument ("dtype must be one
+            of ...", "try model='tiny'"; `_as_arguments`), not by the commands' flag.
         ModelNotFound (a BadInput): the checkpoint cannot be found or loaded (e.g. a hub id that is neither in the
             Hugging Face cache nor downloadable).
         BadInput: also when the tiny checkpoint cannot be written to the vsagen cache (not writable).
@@ -505,6 +524,12 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
         if not isinstance(model, str):  # (None would fall back to the commands' default model)
             raise BadInput(f"model must be a preset name, a folder or a hub id, got {model!r}")
+        if isinstance(dtype, torch.dtype):
+            name = str(dtype).removeprefix("torch.")
+            if name not in _TORCH_DTYPES:
+                raise BadInput(f"dtype must be one of auto, bf16, fp16, fp32 or torch.{', torch.'.join(_TORCH_DTYPES)}"
+                               f", got {dtype}")
+            dtype = _TORCH_DTYPES[name]
         options = request_options(model=model, device=device, dtype=dtype, random_weights=random_weights,
                                   allow_pickle=allow_pickle, vae_tiling="off", transformer=transformer)
         source = resolve_model(options.model.model)
@@ -523,7 +548,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         pipe.vsagen_backend_defaults = {k: dict(v) for k, v in source.preset.defaults.attention.items()}
         return pipe
     except BadInput as e:
-        raise type(e)(f"{PIPELINE_WHERE}: {e}") from None
+        raise type(e)(f"{PIPELINE_WHERE}: {_as_arguments(str(e))}") from None
 
 
 def truncation_note(pipe: Any, request: Request) -> str | None:

@@ -7,6 +7,7 @@ diffusers), so bad input (a damaged or incomplete checkpoint included) fails fas
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +80,8 @@ def resolve_model(model: str) -> ModelSource:
     """Map `--model` (preset name | local diffusers directory | hub id) to a `ModelSource`.
 
     Raises:
-        BadInput / ModelNotFound: not a preset, not a usable directory, not of the form org/name.
+        BadInput / ModelNotFound: not a preset, not a usable directory, not of the form org/name; a path (a
+            separator in it, or a leading . or ~) that is no folder: "no such folder", without the presets.
     """
     if model in preset_names():
         p = load_preset(model)
@@ -116,7 +118,10 @@ def resolve_model(model: str) -> ModelSource:
                            pipeline=cls if isinstance(cls, str) else "", index_class=written,
                            last_image_use=last_image_use(takes_image, tcfg,
                                                          bool(index_data.get("expand_timesteps", False))))
-    if _HUB_ID.match(model) and not model.startswith((".", "/", "~")):
+    hub_id = _HUB_ID.match(model) and not model.startswith((".", "/", "~"))
+    if not hub_id and (model.startswith((".", "~")) or "/" in model or os.sep in model):  # a path, mistyped
+        raise BadInput(f"--model {model!r}: {'not a folder' if path.exists() else 'no such folder'}")
+    if hub_id:
         preset = preset_for_hub_id(model)
         if preset is not None:
             return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"),

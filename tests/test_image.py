@@ -98,23 +98,25 @@ def test_fit_scale_is_the_scale_fit_image_applies():
 
 def test_check_image_size_refuses_tiny_images_and_notes_large_upscales(tmp_path):
     path = tmp_path / "in.png"
-    with pytest.raises(BadInput, match=rf"^--last-image {path} is 1x1 pixels: too small .* at least "
+    with pytest.raises(BadInput, match=rf"^--last-image {path} is 1x1 pixels \(height x width\): too small to start a 480x832 video from; give an image of at least "
                                        rf"{MIN_IMAGE_SIDE} pixels a side"):
         check_image_size(path, (1, 1), 480, 832, "crop", "--last-image")
-    with pytest.raises(BadInput, match="is 832x15 pixels"):
+    with pytest.raises(BadInput, match=r"is 15x832 pixels \(height x width\)"):
         check_image_size(path, (832, 15), 480, 832, "resize")
     assert check_image_size(path, (208, 120), 480, 832, "crop") is None  # exactly MAX_UPSCALE: no note
     note = check_image_size(path, (100, 100), 480, 832, "crop")  # 8.32x up to cover 832 wide
-    assert note.startswith(f"image {path} (100x100) is scaled up 8.3x") and "--fit crop" in note
+    assert note.startswith(f"image {path} (100x100, height x width) is scaled up 8.3x to fit the 480x832 video (--fit crop)")
+    assert "an image of 480x832 or more keeps the detail" in note
     assert "scaled up 4.8x" in check_image_size(path, (100, 100), 480, 832, "resize")  # fits inside: 480 / 100
     assert 480 / 128 < MAX_UPSCALE and check_image_size(path, (128, 128), 480, 832, "resize") is None
 
 
 def test_a_crop_that_cuts_the_image_is_a_note(tmp_path):
-    """Issue 29: i2v cropped a 320x200 image to 160x96 without a word."""
+    """Issue 29: i2v cropped a 320x200 (width x height) image to 96x160 without a word. Sizes are said height x
+    width, as everywhere else (a new-user trial: this said 160x96, width first)."""
     path = tmp_path / "in.png"
     note = check_image_size(path, (320, 200), 96, 160, "crop")  # covers 160 x 100: 4 of 100 rows cut
-    assert note == (f"image {path} (320x200) loses 4% of its height to the crop that fits it to the 160x96 video "
+    assert note == (f"image {path} (200x320, height x width) loses 4% of its height to the crop that fits it to the 96x160 video "
                     "(--height / --width set the video's size; --fit resize keeps the image whole, with black bars)")
     assert "loses 50% of its width" in check_image_size(path, (400, 100), 100, 200, "crop")  # 400x100 -> 2:1 cut
     assert check_image_size(path, (320, 200), 96, 160, "resize") is None  # padding was asked for
@@ -153,6 +155,10 @@ def test_transparent_pixels_get_a_note_opaque_ones_none(tmp_path):
     Image.new("RGBA", (64, 64), (255, 0, 0, 0)).save(clear)
     assert open_image(clear).getpixel((0, 0)) == (255, 0, 0)  # as diffusers: the stored colour
     assert "has transparent pixels" in transparency_note(clear)
+    assert "shows in the first frame" in transparency_note(clear) and "should start from" in transparency_note(clear)
+    last = transparency_note(clear, "--last-image")  # a new-user trial: this said "first frame" too
+    assert last.startswith(f"--last-image {clear} has transparent pixels")
+    assert "shows in the last frame" in last and "first frame" not in last and last.endswith("the video should end on")
     opaque, rgb = tmp_path / "opaque.png", tmp_path / "rgb.png"
     Image.new("RGBA", (64, 64), (0, 0, 255, 255)).save(opaque)
     Image.new("RGB", (64, 64), (0, 0, 255)).save(rgb)

@@ -450,7 +450,8 @@ def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_
     ("wan2.1-t2v-1.3b", "auto", False, "bf16"), ("wan2.1-t2v-1.3b", "fp32", False, "fp32"),
     ("wan2.2-ti2v-5b", "auto", False, "bf16"), ("wan2.2-ti2v-5b", "auto", True, "fp32"),
     ("wan2.1-i2v-14b-480p", "auto", True, "fp32"), ("hummingbird-xt", "auto", False, "fp32"),
-    ("tiny", "auto", False, "same"), ("tiny", "fp16", False, "fp16")])
+    ("tiny", "auto", False, "same"), ("tiny", "fp16", False, "fp16"),
+    ("tiny-i2v", "auto", True, "same")])  # the tiny models' VAE follows --dtype, image to video too (docs say so)
 def test_vae_dtype_auto_decodes_text_to_video_in_the_presets_decode_dtype(model, asked, image_to_video, want):
     """`--vae-dtype auto` (issue 32 item 2): bf16 where the VAE only decodes and the preset measured it, the preset's
     float32 where the VAE also encodes an image (and for Hummingbird-XT's light decoder); a given dtype wins."""

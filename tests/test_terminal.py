@@ -14,7 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vsagen.cli import app
-from vsagen.terminal import PIPE_WIDTH, fit_table, stderr_log, stdout_console, title_lines, wrap_line
+from vsagen.terminal import PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, wrap_line
 
 # The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
 NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
@@ -231,6 +231,41 @@ def test_t2v_at_80_columns(vsagen_cache, tiny_dir, tmp_path):
     first = next(i for i, line in enumerate(note) if line.startswith("note: --negative-prompt"))
     assert note[first + 1].startswith(" " * 6) and len(note[first]) <= 80
     assert max(len(line) for line in out) <= 80
+
+
+def test_a_title_stays_one_line_to_a_pipe_and_breaks_between_fields_on_a_terminal():
+    """A new-user trial: `vsagen t2v ... | head` broke the title at 80 columns. To a pipe or a file (`wraps` False)
+    the title is one line however long (here over PIPE_WIDTH), the table still fitted; wrapping, as before."""
+    from rich.table import Table
+
+    title = " | ".join(["tiny", "attn vsa (sparsity 0.5)", "torch reference (slow: the Triton kernels run on CUDA)",
+                        "5x64x64", "1 step"] + [f"field {i} of a long title" for i in range(8)])
+    assert len(title) > PIPE_WIDTH
+
+    def printed(width: int, wraps: bool) -> list[str]:
+        table = Table("backend", "DiT s/step", title=title)
+        table.add_row("vsa", "1.23")
+        con = Console(file=io.StringIO(), width=width)
+        print_table(con, table, wraps)
+        return con.file.getvalue().splitlines()
+
+    lines = printed(PIPE_WIDTH, False)
+    assert lines[0] == title and max(map(len, lines[1:])) <= PIPE_WIDTH and any("1.23" in x for x in lines)
+    lines = printed(80, True)
+    broken = title_lines(title, 80).splitlines()
+    assert len(broken) > 1 and lines[:len(broken)] == broken and max(map(len, lines)) <= 80
+
+
+@pytest.mark.slow
+def test_t2v_title_is_one_line_to_a_pipe(vsagen_cache, tiny_dir, tmp_path):
+    """`vsagen t2v x --model tiny --attn vsa | head`: the title (over 80 columns) on the first line, whole."""
+    res = CliRunner().invoke(app, ["t2v", "a prompt", "--model", "tiny", "--attn", "vsa", "--frames", "5", "--height",
+                                   "64", "--width", "64", "--steps", "1", "--out", str(tmp_path / "v.mp4")],
+                             env={"COLUMNS": None})
+    assert res.exit_code == 0, res.output
+    first = res.stdout.splitlines()[0]
+    assert first.startswith("tiny | attn vsa") and first.endswith(" | cpu fp32") and len(first) > 80, first
+    assert "torch reference (slow: the Triton kernels run on CUDA) | 5x64x64 | 1 step" in first
 
 
 def test_a_note_during_a_progress_bar_starts_its_own_line_in_a_pipe(capsys):

@@ -64,10 +64,8 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
-        from rich.console import Console
-
         from .commands.generate import generate
-        from .terminal import fit_table, stderr_log
+        from .terminal import print_table, stderr_log, stdout_console
 
         say = stderr_log("COLUMNS" in os.environ)  # notes wrapped between words on a terminal (or with COLUMNS)
         log = lambda m: writer and say(m)  # noqa: E731
@@ -82,7 +80,9 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         if json_out:
             sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
             return
-        con = Console()
+        # the terminal's width (COLUMNS where set), the title broken between fields; to a pipe or a file profile's
+        # width (200), the title and the lines of text whole, for grep
+        con, wraps = stdout_console()
         s = result.summary
         ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
         title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
@@ -102,16 +102,16 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
                  + (" | VAE tiled" if s["vae_tiling"] else "")
                  + (" | light VAE decoder" if s.get("vae_decoder") == "light" else ""))
         table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
-        con.print(fit_table(table, con.width))  # the title broken between fields
+        print_table(con, table, wraps)
         ranks = result.report.ranks_table()
         if ranks is not None:
             con.print(ranks)
         share = result.report.attention_share_of_dit
         con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
                   "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
-                  highlight=False, markup=False)
+                  highlight=False, markup=False, soft_wrap=not wraps)
         con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
-                  cfg.sheet_out is not None else ""), highlight=False, markup=False)
+                  cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
 
     run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
@@ -276,7 +276,7 @@ def compare(
 
     def run() -> None:
         from .commands.compare_config import resolve_compare_options
-        from .terminal import fit_table, stderr_log, stdout_console
+        from .terminal import print_table, stderr_log, stdout_console
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         from .commands.compare import compare as run_compare
@@ -298,7 +298,7 @@ def compare(
         # the terminal's width (COLUMNS where set): cells wrap between words, no digit is cut; to a pipe or a file
         # profile's width (200), the files line whole
         con, wraps = stdout_console()
-        con.print(fit_table(rich_table(report), con.width))
+        print_table(con, rich_table(report), wraps)
         for note in report.notes:  # notes on stderr, as t2v's; each once (the run's own were said as it began)
             if f"note: {note}" not in said:
                 log(f"note: {note}")
@@ -338,7 +338,7 @@ def search(
     file is written only when the search ends (an interrupted search writes nothing)."""
     def run() -> None:
         from .commands.search import resolve_search_options, search, summary_renderables
-        from .terminal import fit_table, stderr_log, stdout_console, wrap_line
+        from .terminal import print_table, stderr_log, stdout_console, wrap_line
 
         cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
                                      impl=attn_impl)
@@ -352,7 +352,7 @@ def search(
                 con.print(wrap_line(item, con.width if wraps else None), highlight=False, markup=False,
                           soft_wrap=True)
             else:
-                con.print(fit_table(item, con.width))
+                print_table(con, item, wraps)
 
     run_guarded(single_process(run), verbose)
 

@@ -141,7 +141,8 @@ OffloadOption = Annotated[Offload, typer.Option("--offload", parser=choice_parse
                                                      "stream).")]
 VaeTilingOption = Annotated[VaeTiling, typer.Option("--vae-tiling", parser=choice_parser(VaeTiling),
                                                     metavar=_choices(VaeTiling),
-                                                    help="Decode (and encode) with diffusers' spatially tiled VAE: "
+                                                    help="Decode (and, image to video, encode the input image) with "
+                                                         "diffusers' spatially tiled VAE: "
                                                          "'on', 'off', or 'auto' (on for frames of more than 480x832 "
                                                          "pixels).")]
 VaeOption = Annotated[VaeDecoder, typer.Option("--vae", parser=choice_parser(VaeDecoder), metavar=_choices(VaeDecoder),
@@ -151,8 +152,8 @@ VaeOption = Annotated[VaeDecoder, typer.Option("--vae", parser=choice_parser(Vae
 VaeDtypeOption = Annotated[VaeDtype, typer.Option("--vae-dtype", parser=choice_parser(VaeDtype),
                                                   metavar=_choices(VaeDtype),
                                                   help="The VAE's dtype: auto (the preset's: bf16 for a text-to-"
-                                                       "video decode, fp32 where it also encodes an image), fp32, "
-                                                       "bf16 or fp16.")]
+                                                       "video decode, fp32 where it also encodes an image; the tiny "
+                                                       "models' VAE follows --dtype), fp32, bf16 or fp16.")]
 Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
                                        "compile_repeated_blocks), each block one graph with the attention backend "
                                        "inside it, so the attention is not timed (graph breaks around it only for "

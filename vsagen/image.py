@@ -75,7 +75,7 @@ def _as_rgb(im):
 def transparency_note(path: Path, flag: str = "image") -> str | None:
     """A note when the image at `path` (readable: `open_image` checked it) has pixels that are not opaque: the run
     drops the alpha channel, as diffusers' `load_image` does, so the colour stored under transparent pixels shows in
-    the first frame. None for opaque images."""
+    the frame the image becomes (the first; the last for `flag` "--last-image"). None for opaque images."""
     from PIL import Image
 
     with Image.open(path) as im:
@@ -84,9 +84,10 @@ def transparency_note(path: Path, flag: str = "image") -> str | None:
         alpha = im.convert("RGBA").getchannel("A")
         if alpha.getextrema()[0] == 255:
             return None
+    frame, verb = ("last", "end on") if flag == "--last-image" else ("first", "start from")
     return (f"{flag} {path} has transparent pixels: their alpha is dropped (as diffusers' load_image drops it), so "
-            "the colour stored under them shows in the first frame; flatten it onto a background first if that is "
-            "not what the video should start from")
+            f"the colour stored under them shows in the {frame} frame; flatten it onto a background first if that is "
+            f"not what the video should {verb}")
 
 
 def fit_image(image, height: int, width: int, fit: str):
@@ -133,19 +134,20 @@ def check_image_size(path: Path, size: tuple[int, int], height: int, width: int,
     """
     w0, h0 = size
     if min(w0, h0) < MIN_IMAGE_SIDE:
-        raise BadInput(f"{flag} {path} is {w0}x{h0} pixels: too small to start a {width}x{height} video from; "
-                       f"give an image of at least {MIN_IMAGE_SIDE} pixels a side (ideally {width}x{height})")
+        raise BadInput(f"{flag} {path} is {h0}x{w0} pixels (height x width): too small to start a {height}x{width} "
+                       f"video from; give an image of at least {MIN_IMAGE_SIDE} pixels a side (ideally "
+                       f"{height}x{width})")
     scale = fit_scale(size, height, width, fit)
     said = []
     if scale > MAX_UPSCALE:
-        said.append(f"is scaled up {scale:.1f}x to fit the {width}x{height} video (--fit {fit}): its frames will look "
-                    f"blurry; an image of {width}x{height} or more keeps the detail")
+        said.append(f"is scaled up {scale:.1f}x to fit the {height}x{width} video (--fit {fit}): its frames will look "
+                    f"blurry; an image of {height}x{width} or more keeps the detail")
     side, share = max((("width", 1 - width / (w0 * scale)), ("height", 1 - height / (h0 * scale))),
                       key=lambda x: x[1])
     if fit == "crop" and share > MAX_ASPECT_CHANGE:
-        said.append(f"loses {100 * share:.0f}% of its {side} to the crop that fits it to the {width}x{height} video "
+        said.append(f"loses {100 * share:.0f}% of its {side} to the crop that fits it to the {height}x{width} video "
                     "(--height / --width set the video's size; --fit resize keeps the image whole, with black bars)")
-    return f"{flag} {path} ({w0}x{h0}) " + "; it ".join(said) if said else None
+    return f"{flag} {path} ({h0}x{w0}, height x width) " + "; it ".join(said) if said else None
 
 
 def extend_to(image, height: int, width: int):
@@ -161,7 +163,7 @@ def extend_to(image, height: int, width: int):
     arr = np.asarray(image)
     dh, dw = height - arr.shape[0], width - arr.shape[1]
     if dh < 0 or dw < 0:
-        raise ValueError(f"cannot extend a {arr.shape[1]}x{arr.shape[0]} image to {width}x{height}")
+        raise ValueError(f"cannot extend a {arr.shape[0]}x{arr.shape[1]} image to {height}x{width}")
     if dh == 0 and dw == 0:
         return image
     return Image.fromarray(np.pad(arr, ((0, dh), (0, dw), (0, 0)), mode="edge"))

@@ -78,6 +78,16 @@ def stdout_console() -> tuple[Any, bool]:
     return Console(width=PIPE_WIDTH), False
 
 
+def print_table(con: Any, table: Any, wraps: bool) -> None:
+    """Print `table` (a `rich.table.Table`) on `con` fitted to its width (`fit_table`). `wraps` (`stdout_console`'s):
+    its title broken between fields (a terminal, or COLUMNS set); else (a pipe or a file) the title on one line,
+    whole, however long, as the notes are (a new-user trial: `vsagen t2v ... | head` broke it at 80 columns)."""
+    if not wraps and isinstance(table.title, str) and table.title:
+        title, table.title = table.title, None
+        con.print(title, markup=False, highlight=False, soft_wrap=True)
+    con.print(fit_table(table, con.width))
+
+
 def title_lines(title: str, width: int) -> str:
     """A title of " | "-separated fields in lines of at most `width` columns, broken only between fields (each line
     but the last ends in " |"); a field wider than `width` is left to wrap at its own spaces."""

@@ -167,18 +167,18 @@ def test_a_tiny_input_image_is_refused_and_a_small_one_noted(tmp_path):
 
     for name, size in (("dot.png", (1, 1)), ("strip.png", (200, 8))):
         noise_image(tmp_path / name, size=size)
-        with pytest.raises(BadInput, match=rf"^image {tmp_path / name} is {size[0]}x{size[1]} pixels: too small"):
+        with pytest.raises(BadInput, match=rf"^image {tmp_path / name} is {size[1]}x{size[0]} pixels \(height x width\): too small"):
             resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / name, out=tmp_path / "a.mp4")
-    noise_image(tmp_path / "small.png", size=(20, 16))  # 160x96 with crop: 8x up
+    noise_image(tmp_path / "small.png", size=(20, 16))  # to 96x160 with crop: 8x up
     cfg = resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / "small.png", out=tmp_path / "b.mp4")
-    assert len(cfg.notes) == 1 and "scaled up 8.0x to fit the 160x96 video (--fit crop)" in cfg.notes[0]
+    assert len(cfg.notes) == 1 and "scaled up 8.0x to fit the 96x160 video (--fit crop)" in cfg.notes[0]
     noise_image(tmp_path / "fine.png", size=(160, 96))  # the video's own size and shape: nothing to say
     assert resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / "fine.png",
                    out=tmp_path / "c.mp4").notes == ()
     noise_image(tmp_path / "square.png", size=(48, 40))  # issue 29: a crop of 28% of the height is said
     notes = resolve("a fox", model="tiny-i2v", device="cpu", image=tmp_path / "square.png",
                     out=tmp_path / "d.mp4").notes
-    assert len(notes) == 1 and "(48x40) loses 28% of its height to the crop" in notes[0]
+    assert len(notes) == 1 and "(40x48, height x width) loses 28% of its height to the crop" in notes[0]
 
 
 def test_guidance_2_without_cfg_is_a_note(tmp_path):

@@ -208,8 +208,8 @@ def fa4_block_sparse_index(q2k: torch.Tensor, q2k_cnt: torch.Tensor, sizes: torc
         sizes: (nC,) int real tokens per cube.
         tile_volume: V, 128 or 256 (any multiple of 128 and of q_block).
         q_block: FA4's sparse query block (`fa4_query_block`).
-        backward: also build the transposed lists the backward needs (their width is the longest list: one
-            device sync).
+        backward: also build the transposed lists the backward needs (their widths are the longest lists: one
+            device sync for both).
 
     Returns:
         Fa4SparseIndex on q2k's device. Forward lists are K * V / 128 wide (at most N).
@@ -225,8 +225,9 @@ def fa4_block_sparse_index(q2k: torch.Tensor, q2k_cnt: torch.Tensor, sizes: torc
     if backward:
         full_t, mask_t = full.transpose(-1, -2), mask.transpose(-1, -2)
         bm_cnt, bf_cnt = mask_t.sum(-1, dtype=torch.int32), full_t.sum(-1, dtype=torch.int32)
-        bm_cnt, bm_idx = map_to_lists(mask_t, int(bm_cnt.max()) if bm_cnt.numel() else 1)
-        bf_cnt, bf_idx = map_to_lists(full_t, int(bf_cnt.max()) if bf_cnt.numel() else 1)
+        widths = torch.stack([bm_cnt.amax(), bf_cnt.amax()]).tolist() if bm_cnt.numel() else [1, 1]  # one sync
+        bm_cnt, bm_idx = map_to_lists(mask_t, widths[0])
+        bf_cnt, bf_idx = map_to_lists(full_t, widths[1])
         bwd = (bm_cnt, bm_idx, bf_cnt, bf_idx)
     return Fa4SparseIndex(fwd=(m_cnt, m_idx, f_cnt, f_idx), bwd=bwd, block_size=(q_block, FA4_BLOCK))
 

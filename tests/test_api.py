@@ -118,6 +118,22 @@ def test_backend_is_checked_on_the_transformers_device_and_dtype(tiny_pipe):
     assert all(type(p).__name__ != "VsagenAttnProcessor" for p in processors(tiny_pipe))
 
 
+def test_a_backends_refusal_names_what_a_python_caller_sets(tiny_pipe, monkeypatch):
+    """The backends' checks word their refusals for the commands (`--attn-impl triton`, `--dtype bf16`); through
+    `apply` they name the Python side (impl='triton', a bf16 pipeline), on the CPU tiny pipeline (no interpreter)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(BadInput) as exc:
+        vsagen.apply(tiny_pipe, "vsa", impl="triton")
+    msg = str(exc.value)
+    assert msg.startswith("vsagen.apply: ") and "impl='triton'" in msg and "--" not in msg and "\n" not in msg
+    with pytest.raises(BadInput) as exc:
+        vsagen.apply(tiny_pipe, "vsa:impl=fa4:tile=4x4x8")
+    assert "--" not in str(exc.value) and "bf16" in str(exc.value)
+    assert vsagen.api.python_words("needs --dtype bf16 or fp16") == \
+        "vsagen.apply: needs a bf16 or fp16 pipeline: pipe.to(torch.bfloat16)"
+    assert all(type(p).__name__ != "VsagenAttnProcessor" for p in processors(tiny_pipe))
+
+
 def test_bare_transformer_and_timing_only():
     from conftest import make_transformer
 

@@ -24,6 +24,7 @@ removed: for a long-lived handle, turn it off with `handle.timer.enabled = False
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
@@ -40,6 +41,19 @@ from .errors import BadInput
 from .timing import Timer, TimingReport
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
+# The commands' flags in the backends' refusals, and what a Python caller sets instead (`python_words`).
+_FLAG_WORDS = ((re.compile(r"--attn-impl (\w+) or [\w-]+:impl=\w+"), r"impl='\1'"),
+               (re.compile(r"--attn-impl (\w+)"), r"impl='\1'"),
+               (re.compile(r"--dtype (bf16|fp16)(?: or fp16)?"), "a bf16 or fp16 pipeline: pipe.to(torch.bfloat16)"),
+               (re.compile(r"--attn ([\w-]+)"), r"\1"))
+
+
+def python_words(message: str) -> str:
+    """A backend's refusal (worded for the commands: `--attn-impl triton`, `--dtype bf16`, `--attn NAME`) in the words
+    of `vsagen.apply`'s caller (`impl='triton'`, a bf16 pipeline, NAME), prefixed "vsagen.apply: "."""
+    for pattern, words in _FLAG_WORDS:
+        message = pattern.sub(words, message)
+    return f"{WHERE}: {message}"
 SPEC_WHERE = "vsagen.apply backend"  # ... and in those of the spec parser ("unknown vsagen.apply backend 'x'")
 # the regions of a whole pipeline call, which `apply` does not time (the commands do): None in its report
 OUTER_REGIONS = ("total", "text_encode", "denoise", "vae_decode", "image_encode", "condition_encode")
@@ -309,7 +323,10 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         built = spec.build()
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
-        notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps, model=model)) or ())  # (None: no notes)
+        try:
+            notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps, model=model)) or ())  # (None: none)
+        except BadInput as exc:  # the backends' checks speak the commands' flags
+            raise BadInput(python_words(str(exc))) from None
     if timer is None:
         timer = Timer(device)
         timer.step = 0

@@ -1,18 +1,21 @@
-"""An experimental schedule of the 64-token fine-stage forward (issue 33 item 3), for the lent GPU (not a test).
+"""Two experimental schedules of the 64-token fine-stage forward (issue 33 item 3), for the lent GPU (not a test).
 
 The shipped forward (`kernels.bsa_forward._bsa_fwd_kernel`) runs one 64-row query tile per program: each iteration
 is a dependent chain (Q K^T, wait, softmax, P V) that the H200 profile of 2026-11-29 found latency-bound. Here one
 program takes two neighbouring query tiles (2p, 2p + 1), each with its own key list, and walks both lists in one loop:
 the two tiles' chains are independent, so the compiler may issue the second tile's Q K^T while the first one's
 softmax runs (what FlashAttention-3 gets from two ping-ponging consumer warpgroups, inside one program). The lists'
-common length runs interleaved; the longer list's tail runs alone. Plain lists only (no tile plans): every partial
-key tile is masked in the scores, as the shipped kernel's unpacked loop does.
+common length runs interleaved; the longer list's tail runs alone. The second, "kv2", keeps one query tile per
+program and walks its list two entries per iteration: two independent Q K^T products, one softmax update over both
+(half the running-max rescales per FLOP), two P V products. Plain lists only (no tile plans): every partial key tile is
+masked in the scores, as the shipped kernel's unpacked loop does. Offline sm_90a compiles (triton 3.6): pair 255
+registers (4 warps spill 4-24 bytes), 160 KB shared memory at 2 stages; kv2 234 / 211 registers (4 / 8 warps), no
+spills, 147 KB at 2 stages: one program per SM for both.
 
 Per shape (the 1.3B grid 21x30x52 with partial tiles, and the same cropped to whole tiles, 20x28x52), 4x4x4 tiles,
 87.5% sparsity, random lists, bf16, D=128: the shipped forward (default tuning: TMA, tile plans where tiles are
-partial) and the pair kernel at num_warps 4 / 8 and num_stages 1 / 2 / 3 (an offline sm_90a compile: 255
-registers (4 warps spill 4-24 bytes), 160 KB shared memory at 2 stages: one program per SM), each checked against
-the shipped output (relative L2) and timed (`vsagen.bench.bench_ms`) beside dense SDPA cuDNN.
+partial) and both schedules at each `--launches` (num_warps x num_stages), each checked against the shipped output
+(relative L2) and timed (`vsagen.bench.bench_ms`) beside dense SDPA cuDNN.
 
 Usage: python benchmarks/fwd_pair.py [--interpret-check]   (the check alone, small shapes, under TRITON_INTERPRET=1)
 """
@@ -114,24 +117,95 @@ def _pair_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_
     _epilogue(accb, lb, mb, o_ptr, lse_ptr, b_start + offs_m, b_ok, offs_d, d_ok, o_off, l_off, stride_os)
 
 
-def pair_fwd(q, k, v, q2k, cnt, offsets, num_warps=4, num_stages=2, tma=True):
-    """(out (B, S, H, D) like q, lse (B, H, S) fp32) of the pair schedule; inputs as `block_sparse_attention`."""
+@triton.jit
+def _kv2_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, k_desc, v_desc, seq_len,
+                    n_tiles, num_heads, qk_scale,
+                    stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                    stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ib, stride_ih, stride_iq,
+                    stride_cb, stride_ch,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, EVICT: tl.constexpr,
+                    CACHE: tl.constexpr):
+    """One query tile per program, its key list walked two entries per iteration: two independent Q K^T products,
+    one softmax update over both (half the rescales per FLOP), two P V products; an odd list's last entry alone."""
+    t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    start = tl.load(off_ptr + t)
+    m_ok = offs_m < tl.load(off_ptr + t + 1) - start
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + (start + offs_m)[:, None] * stride_qs + offs_d[None, :],
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + t)
+    row = q2k_ptr + b * stride_ib + h * stride_ih + t * stride_iq
+    k_base = k_ptr + b * stride_kb + h * stride_kh
+    v_base = v_ptr + b * stride_vb + h * stride_vh
+    row0 = b * seq_len
+    col0 = h * HEAD_DIM
+    for i in range(0, cnt // 2):
+        k1, v1, n1 = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row + 2 * i), row0, col0,
+                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
+        k2, v2, n2 = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row + 2 * i + 1), row0,
+                                         col0, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
+        s1 = tl.where(n1[None, :], mm(q, tl.trans(k1), IEEE) * qk_scale, float("-inf"))
+        s2 = tl.where(n2[None, :], mm(q, tl.trans(k2), IEEE) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.maximum(tl.max(s1, 1), tl.max(s2, 1)))
+        alpha = tl.exp2(m_i - m_new)
+        p1 = tl.exp2(s1 - m_new[:, None])
+        p2 = tl.exp2(s2 - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p1, 1) + tl.sum(p2, 1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p1.to(v1.dtype), v1, acc, input_precision="ieee")
+            acc = tl.dot(p2.to(v2.dtype), v2, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p1.to(v1.dtype), v1, acc)
+            acc = tl.dot(p2.to(v2.dtype), v2, acc)
+        m_i = m_new
+    if cnt % 2 == 1:
+        k1, v1, n1 = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row + cnt - 1), row0, col0,
+                                         stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32, EVICT, CACHE)
+        m_i, l_i, acc = _softmax_step(mm(q, tl.trans(k1), IEEE), n1, v1, m_i, l_i, acc, qk_scale, IEEE)
+    _epilogue(acc, l_i, m_i, o_ptr, lse_ptr, start + offs_m, m_ok, offs_d, d_ok, b * stride_ob + h * stride_oh,
+              b * stride_lb + h * stride_lh, stride_os)
+
+
+def _launch(kernel, programs, q, k, v, q2k, cnt, offsets, num_warps, num_stages, tma):
+    """(out, lse) of `kernel` over grid (programs, B * H); inputs as `block_sparse_attention`."""
     b, s, h, d = q.shape
-    n_tiles = offsets.numel() - 1
     out = torch.empty_like(q)
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     tma = use_tma(k, v, wanted=tma)
     k_desc, v_desc = tma_descs(tma, k, v)
     interp = interpreting()
     q2k = q2k.contiguous()
-    _pair_fwd_kernel[((n_tiles + 1) // 2, b * h)](
-        q, k, v, out, lse, q2k, cnt, offsets, k_desc, v_desc, s, n_tiles, h, d ** -0.5 * LOG2E,
+    kernel[(programs, b * h)](
+        q, k, v, out, lse, q2k, cnt, offsets, k_desc, v_desc, s, offsets.numel() - 1, h, d ** -0.5 * LOG2E,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], lse.stride(0), lse.stride(1),
         q2k.stride(0), q2k.stride(1), q2k.stride(2), cnt.stride(0), cnt.stride(1),
         HEAD_DIM=d, BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_M=BLOCK, BLOCK_N=BLOCK,
         DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma, EVICT="", CACHE="", num_warps=num_warps,
         num_stages=num_stages)
     return out, lse
+
+
+def kv2_fwd(q, k, v, q2k, cnt, offsets, num_warps=4, num_stages=2, tma=True):
+    """(out, lse) of the two-key-tiles-per-iteration schedule (one program per query tile)."""
+    return _launch(_kv2_fwd_kernel, offsets.numel() - 1, q, k, v, q2k, cnt, offsets, num_warps, num_stages, tma)
+
+
+def pair_fwd(q, k, v, q2k, cnt, offsets, num_warps=4, num_stages=2, tma=True):
+    """(out, lse) of the pair schedule (one program per two query tiles)."""
+    return _launch(_pair_fwd_kernel, offsets.numel() // 2, q, k, v, q2k, cnt, offsets, num_warps, num_stages, tma)
 
 
 def random_lists(b, h, n, top_k, device, seed, ragged=False):
@@ -145,17 +219,19 @@ def random_lists(b, h, n, top_k, device, seed, ragged=False):
 def interpret_check() -> int:
     """Small shapes on the CPU under TRITON_INTERPRET=1: pair kernel vs the shipped forward (fp32)."""
     worst = 0.0
-    cases = (((3, 5, 9), 2, 2, True), ((4, 4, 8), 1, 1, False), ((3, 9, 4), 3, 1, True), ((4, 4, 12), 1, 2, True))
+    cases = (((3, 5, 9), 2, 2, True), ((4, 4, 8), 1, 1, False), ((3, 9, 4), 3, 1, True), ((4, 4, 12), 1, 2, True),
+             ((8, 7, 12), 2, 1, True), ((8, 8, 8), 1, 1, False))
     for grid, heads, batch, ragged in cases:
         lay = tile_layout(grid, (4, 4, 4))
         g = torch.Generator().manual_seed(sum(grid))
         q, k, v = (torch.randn(batch, lay.num_tokens, heads, 32, generator=g) for _ in range(3))
-        q2k, cnt = random_lists(batch, heads, lay.num_tiles, max(1, lay.num_tiles // 3), "cpu", 1, ragged)
+        q2k, cnt = random_lists(batch, heads, lay.num_tiles, max(1, lay.num_tiles // 2), "cpu", 1, ragged)
         want, want_lse = block_sparse_attention(q, k, v, q2k, cnt, lay.tile_offsets_i32)
-        got, lse = pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, tma=False)
-        worst = max(worst, rel_l2(got, want), rel_l2(lse, want_lse))
-        print(f"grid {grid} tiles {lay.num_tiles} batch {batch} heads {heads}: out {rel_l2(got, want):.1e} "
-              f"lse {rel_l2(lse, want_lse):.1e}")
+        for name, run in (("pair", pair_fwd), ("kv2", kv2_fwd)):
+            got, lse = run(q, k, v, q2k, cnt, lay.tile_offsets_i32, tma=False)
+            worst = max(worst, rel_l2(got, want), rel_l2(lse, want_lse))
+            print(f"{name} grid {grid} tiles {lay.num_tiles} batch {batch} heads {heads}: out {rel_l2(got, want):.1e} "
+                  f"lse {rel_l2(lse, want_lse):.1e}")
     return 0 if worst < 1e-5 else 1
 
 
@@ -181,14 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         name = "x".join(map(str, grid))
         shipped = bench_ms(lambda: block_sparse_attention(q, k, v, q2k, cnt, lay.tile_offsets_i32), device=device)
         print(f"{name:10} {'shipped':22} {shipped:8.3f} {dense / shipped:8.2f} {0.0:8.1e}", flush=True)
-        for warps, stages in launches:
-            try:
-                got = pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages)[0]
-                ms = bench_ms(lambda: pair_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages), device=device)
-                print(f"{name:10} {f'pair w{warps} s{stages}':22} {ms:8.3f} {dense / ms:8.2f} "
-                      f"{rel_l2(got, want):8.1e}", flush=True)
-            except Exception as exc:  # noqa: BLE001 - a launch that does not compile is a result too
-                print(f"{name:10} pair w{warps} s{stages}: {type(exc).__name__}: {str(exc)[-300:]}", flush=True)
+        for kind, run in (("pair", pair_fwd), ("kv2", kv2_fwd)):
+            for warps, stages in launches:
+                try:
+                    got = run(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages)[0]
+                    ms = bench_ms(lambda: run(q, k, v, q2k, cnt, lay.tile_offsets_i32, warps, stages), device=device)
+                    print(f"{name:10} {f'{kind} w{warps} s{stages}':22} {ms:8.3f} {dense / ms:8.2f} "
+                          f"{rel_l2(got, want):8.1e}", flush=True)
+                except Exception as exc:  # noqa: BLE001 - a launch that does not compile is a result too
+                    print(f"{name:10} {kind} w{warps} s{stages}: {type(exc).__name__}: {str(exc)[-300:]}", flush=True)
     return 0
 
 

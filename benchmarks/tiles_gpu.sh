@@ -31,9 +31,12 @@ if [ "$what" = kernels ]; then
         --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
     python3 benchmarks/fa4_adapter.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_adapter.txt"
     python3 benchmarks/tile_expand.py 2>&1 | grep -v Warning | tee "$OUT/tile_expand.txt"
-elif [ "$what" = schedules ]; then
-    python3 benchmarks/fwd_pair.py 2>&1 | grep -v Warning | tee "$OUT/fwd_pair.txt"
-    python3 benchmarks/fa4_profile.py --shapes 1.3b,14b 2>&1 | grep -v Warning | tee "$OUT/fa4_profile.txt"
+elif [ "$what" = schedules ]; then  # most telling first; each part bounded so that one call holds all three
+    timeout 200 python3 benchmarks/fa4_profile.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_profile.txt"
+    timeout 200 python3 benchmarks/fwd_pair.py --launches 4x1,4x2,8x1,8x2 2>&1 | grep -v Warning \
+        | tee "$OUT/fwd_pair.txt"
+    timeout 150 python3 benchmarks/fa4_profile.py --shapes 14b --fits crop 2>&1 | grep -v Warning \
+        | tee "$OUT/fa4_profile_14b.txt"
 else
     fa4=""
     python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"

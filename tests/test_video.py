@@ -61,6 +61,33 @@ def test_existing_files_are_kept_without_overwrite(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 
+def test_a_file_system_without_hard_links_still_publishes_and_never_replaces(tmp_path, monkeypatch):
+    """`os.link` refused (EPERM, as on vfat): the name is reserved with O_EXCL and the file moved over it; a file
+    that appeared meanwhile is kept and the run says so (it used to escape as an OSError traceback)."""
+    import errno
+
+    from vsagen import video
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(video.os, "link", no_links)
+    path = tmp_path / "r.json"
+    write_json({"a": 1}, path)
+    assert json.loads(path.read_text()) == {"a": 1} and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+    def appears_then_no_links(src, dst):
+        with open(dst, "w") as f:
+            f.write("theirs")
+        no_links(src, dst)
+
+    monkeypatch.setattr(video.os, "link", appears_then_no_links)
+    with pytest.raises(BadInput, match="appeared during the run"):
+        write_json({"a": 2}, tmp_path / "s.json")
+    assert (tmp_path / "s.json").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "s.json"]
+
+
 def test_json_refuses_nan(tmp_path):
     with pytest.raises(ValueError):
         write_json({"x": float("nan")}, tmp_path / "n.json")

@@ -7,6 +7,7 @@ file is never replaced silently, even by a concurrent run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -29,12 +30,24 @@ def to_uint8_frames(video: np.ndarray) -> np.ndarray:
     return (np.clip(v, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
 def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
     if overwrite:
         os.replace(tmp, target)
         return
     try:
-        os.link(tmp, target)
+        try:
+            os.link(tmp, target)  # fails if target exists: never replaces a file that appeared meanwhile
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            # a file system without hard links (vfat, some network mounts): reserve the name, then move over it
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            os.replace(tmp, target)
     except FileExistsError:
         raise BadInput(f"{target} exists (appeared during the run); pass --overwrite to replace it") from None
     finally:

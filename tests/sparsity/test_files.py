@@ -109,6 +109,7 @@ MALFORMED = {
     "layer-count": (lambda d: d["ranges"][1]["heads"]["transformer"].pop(), "must list 2 layers"),
     "layer-count-more": (lambda d: d["ranges"][1]["heads"]["transformer"].append(["dense", "dense"]),
                          "must list 2 layers"),
+    "edited-architecture": (_set("architecture", "layers", 3), 'must list 3 layers (its "architecture" block'),
     "head-count": (_set("ranges", 0, "heads", "transformer", 0, ["dense"]), "must list 2 head modes"),
     "head-count-more": (_set("ranges", 0, "heads", "transformer", 0, ["dense"] * 3), "must list 2 head modes"),
     "heads-missing-expert": (_set("ranges", 0, "heads", {}), "one entry per expert"),

@@ -265,10 +265,12 @@ def parse_patterns(data: Any, where: str) -> PatternFile:
         for e in experts:
             rows = table[e]
             if not isinstance(rows, list) or len(rows) != layers:
-                raise BadInput(f"{where}: ranges[{i}].heads.{e} must list {layers} layers")
+                raise BadInput(f"{where}: ranges[{i}].heads.{e} must list {layers} layers (its \"architecture\" "
+                               f"block's count; a damaged or edited file: search again)")
             for li, row in enumerate(rows):
                 if not isinstance(row, list) or len(row) != heads:
-                    raise BadInput(f"{where}: layer {li} of {e} must list {heads} head modes")
+                    raise BadInput(f"{where}: layer {li} of {e} must list {heads} head modes (its \"architecture\" "
+                                   f"block's count; a damaged or edited file: search again)")
                 if not all(isinstance(n, str) for n in row):
                     raise BadInput(f"{where}: layer {li} of {e} must list mode names (strings)")
                 unknown = sorted(set(row) - set(modes))

@@ -233,6 +233,9 @@ class FakeFA4:
         def flash_attn_func(q, k, v, softmax_scale=None, mask_mod=None, aux_tensors=None,
                             block_sparse_tensors=None, block_sparse_tensors_bwd=None):
             t = block_sparse_tensors
+            for lists in (t, block_sparse_tensors_bwd):  # FA4's own check, literal even for a width of 1
+                for idx in (lists and (lists.mask_block_idx, lists.full_block_idx)) or ():
+                    assert idx.stride(-1) == 1, f"Expected strides[leading_dim] == 1, but got {idx.stride(-1)}"
             index = fa4.Fa4SparseIndex(fwd=(t.mask_block_cnt, t.mask_block_idx, t.full_block_cnt, t.full_block_idx),
                                        bwd=None, block_size=t.block_size)
             if mask_mod is None:  # FA4 then never masks: a mask block would attend its padding
@@ -240,7 +243,8 @@ class FakeFA4:
                 key_valid = torch.ones(k.shape[1], dtype=torch.int32)
             else:
                 key_valid = aux_tensors[0]
-            self.calls.append({"mask_mod": mask_mod is not None, "tokens": q.shape[1]})
+            self.calls.append({"mask_mod": mask_mod is not None, "tokens": q.shape[1],
+                               "bwd": block_sparse_tensors_bwd is not None})
             return emulate_fa4(q, k, v, index, key_valid, softmax_scale).to(q.dtype), None
 
         pkg = types.ModuleType("flash_attn")
@@ -263,18 +267,20 @@ class FakeFA4:
     ((8, 8, 16), (4, 4, 8), False),   # every cube full (a crop fit): as it is, no mask_mod
     ((4, 16, 8), (4, 8, 8), False),
 ])
-def test_the_adapter_pads_and_masks_only_partial_cubes(monkeypatch, grid, tile, padded):
+@pytest.mark.parametrize("grad", [False, True])  # with grad the backward lists are built and handed over too
+def test_the_adapter_pads_and_masks_only_partial_cubes(monkeypatch, grid, tile, padded, grad):
     fake = FakeFA4().install(monkeypatch)
     lay = tile_layout(grid, tile)
     n = lay.num_tiles
     assert fa4.every_cube_full(n, lay.tile_volume, lay.num_tokens) is not padded
     g = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(2, lay.num_tokens, 3, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    q, k, v = (torch.randn(2, lay.num_tokens, 3, 16, generator=g, dtype=torch.float64).requires_grad_(grad)
+               for _ in range(3))
     top_k = max(2, n // 3)
     q2k, _ = random_selection(2, 3, n, top_k, seed=n)
     cnt = torch.randint(1, top_k + 1, (2, 3, n), generator=g, dtype=torch.int32)
     got = fa4.fa4_block_sparse_attention(q, k, v, q2k, cnt, lay.tile_sizes, lay.slots, lay.slot_valid,
                                          lay.tile_volume, scale=0.3)
     ref, _ = masked_dense(q, k, v, tile_map(q2k, cnt, n), lay, scale=0.3)
-    assert got.shape == q.shape and rel_l2(got, ref) < 1e-12
-    assert fake.calls == [{"mask_mod": padded, "tokens": n * lay.tile_volume}]
+    assert got.shape == q.shape and rel_l2(got.detach(), ref.detach()) < 1e-12
+    assert fake.calls == [{"mask_mod": padded, "tokens": n * lay.tile_volume, "bwd": grad}]

@@ -178,10 +178,15 @@ def fa4_block_maps(q2k: torch.Tensor, q2k_cnt: torch.Tensor, sizes: torch.Tensor
 
 def map_to_lists(block_map: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(…, R, C) bool map -> (cnt (…, R) int32, idx (…, R, width) int32): each row's True columns ascending,
-    packed left; entries past cnt are other columns (FA4 reads only the first cnt). width: default C."""
-    idx = torch.sort((~block_map).to(torch.uint8), dim=-1, stable=True).indices
+    packed left; entries past cnt are other columns (FA4 reads only the first cnt). width: default C.
+
+    idx always has stride 1 in its last dimension, also where width is 1 and the map is a transposed view: FA4
+    checks that stride literally, while torch calls a (…, R, 1) tensor with any last stride contiguous (a transposed
+    map once gave stride R there and FA4's backward refused: "Expected strides[leading_dim] == 1")."""
+    idx = torch.sort((~block_map.contiguous()).to(torch.uint8), dim=-1, stable=True).indices
     width = block_map.shape[-1] if width is None else max(1, min(width, block_map.shape[-1]))
-    return block_map.sum(-1, dtype=torch.int32), idx[..., :width].to(torch.int32).contiguous()
+    return (block_map.sum(-1, dtype=torch.int32),
+            idx[..., :width].to(torch.int32).clone(memory_format=torch.contiguous_format))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,10 @@
 #   or 2'. carry [".fa4b", ".whl"]:    bash benchmarks/tiles_gpu.sh schedules
 #      where FA4's time goes through the adapter (benchmarks/fa4_profile.py: padding, masks, lists, the kernel alone,
 #      on the models' grids and on grids of whole cubes) and the two-tile forward schedule (benchmarks/fwd_pair.py)
+#   or 2''. carry [".fa4b", ".whl"]:   bash benchmarks/tiles_gpu.sh crop
+#      grids of whole cubes, where FA4 needs no padding or mask: Nsight Compute on one forward of each engine with the
+#      same lists (benchmarks/ncu_fine.py), FA4's split on the crop grids (fa4_profile.py), and the 1.3B DiT with
+#      `--tile-fit crop` on both engines
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
 # the sdist, so do FastVideo's.
 set -u
@@ -37,6 +41,23 @@ elif [ "$what" = schedules ]; then  # most telling first; each part bounded so t
         | tee "$OUT/fwd_pair.txt"
     timeout 150 python3 benchmarks/fa4_profile.py --shapes 14b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_14b.txt"
+elif [ "$what" = crop ]; then
+    sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
+    sections="$sections --section ComputeWorkloadAnalysis --print-details all"
+    for vol in 128 256; do
+        timeout 90 python3 benchmarks/ncu_fine.py --volume $vol --time 2>&1 | grep -v Warning | tee "$OUT/fine-$vol.txt"
+        timeout 120 ncu --clock-control none --nvtx --nvtx-include "vsagen/" --nvtx-include "fa4/" $sections \
+            python3 benchmarks/ncu_fine.py --volume $vol > "$OUT/ncu-$vol.txt" 2>&1
+        grep -E "^  [a-z_]|Duration|Registers Per|Shared Memory Config|Achieved Occupancy|Theoretical Occ|Issue Slots|\
+Executed Ipc A|Compute \(SM\) Th|Memory Throughput|Warp Cycles Per Issued|Block Limit|Grid Size|Block Size|Tensor" \
+            "$OUT/ncu-$vol.txt" | head -60
+    done
+    fa4=""
+    python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"
+    timeout 200 vsagen profile --model wan2.1-t2v-1.3b --random-weights --tile-fit crop --steps 2 --no-stock \
+        --attn "full,vsa:tile=4x4x8,vsa:tile=4x8x8$fa4" --format markdown 2>&1 | tee "$OUT/dit-1.3b-crop.md"
+    timeout 120 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
+        | tee "$OUT/fa4_profile_crop.txt"
 else
     fa4=""
     python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"

@@ -62,8 +62,10 @@ Attn = Annotated[str, typer.Option(help="Self-attention backend: auto (the defau
                                         "sparse-vdit:patterns=FILE.")]
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]
-AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, "
-                                            "the torch reference elsewhere), triton, torch, or fa4 (vsa / rocm-vsa "
+AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, with "
+                                            "FlashAttention-4's fine stage where installed on an sm90 GPU and every "
+                                            "cube is whole, 128 or 256 tokens; the torch reference elsewhere), "
+                                            "triton, torch, or fa4 (vsa / rocm-vsa "
                                             "with a 128- or 256-token tile: FlashAttention-4's fine stage).")]
 Height = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]
 Width = Annotated[Optional[int], typer.Option(help="Pixels (multiple of the model's spatial stride).")]

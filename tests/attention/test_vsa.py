@@ -293,3 +293,66 @@ def test_vsa_impl_fa4_is_refused_where_it_cannot_run(tile, device, dtype, needle
 
 def test_vsa_takes_a_tile_as_python_gives_it():
     assert VSAOptions(tile=(4, 4, 8)).tile == VSAOptions(tile=[4, 4, 8]).tile == VSAOptions(tile=" 4X4x8 ").tile == "4x4x8"
+
+
+AUTO_FA4_CASES = [  # (backend, tile, grid, dtype, FA4 expected): FA4 only for vsa on whole cubes, bf16 / fp16
+    ("vsa", "4x4x8", (8, 8, 16), torch.bfloat16, True),     # every cube whole: FA4, no padding
+    ("vsa", "4x8x8", (4, 16, 8), torch.float16, True),
+    ("vsa", "4x4x8", (5, 9, 17), torch.bfloat16, False),    # partial cubes: FA4 would pad them; Triton
+    ("vsa", "4x4x4", (8, 8, 16), torch.bfloat16, False),    # 64-token cubes: FA4 cannot serve them on sm90
+    ("vsa", "4x4x8", (8, 8, 16), torch.float32, False),     # FA4 runs bf16 / fp16 only
+    ("rocm-vsa", "4x4x8", (8, 8, 16), torch.bfloat16, False),  # runs the ROCm seed's kernel changes, always
+    ("sla-star", "4x8x8", (4, 16, 8), torch.bfloat16, False),  # its branch was measured beside vsagen's kernels
+]
+
+
+@pytest.mark.parametrize("name,tile,grid,dtype,fa4_expected", AUTO_FA4_CASES)
+def test_vsa_impl_auto_runs_fa4_only_where_it_was_measured_faster(monkeypatch, name, tile, grid, dtype, fa4_expected):
+    """impl auto on a (stand-in) sm90 GPU with FA4: the fine stage goes to FA4 on grids of whole 128 / 256-token
+    cubes and stays on vsagen's Triton kernels elsewhere; either way the output is VSA's (float64 reference) and
+    `describe` says which engine ran."""
+    from fa4_fake import FakeFA4
+
+    fake = FakeFA4().install(monkeypatch)
+    backend = make_backend(name, sparsity=0.5, tile=tile)
+    vsa = getattr(backend, "_vsa", backend)  # sla-star's sparse part is a VSAAttention of its own
+    monkeypatch.setattr(vsa, "resolved_impl", lambda device: "triton")  # as on CUDA; the tensors stay on CPU
+    lay = tile_layout(grid, backend.tile)
+    q, k, v = (x.to(dtype) for x in make_qkv(2, lay.num_tokens, 2, 16, seed=41))
+    out = backend(q, k, v, ctx(lay, None, NullTimer()))
+    assert bool(fake.calls) is fa4_expected
+    want = _vsa_tile_fp64(*(x.double() for x in (q, k, v)), lay, 0.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=tol)
+    monkeypatch.undo()  # describe's own resolved_impl: "triton" on CUDA, then what the calls ran
+    assert backend.describe(torch.device("cuda"))["impl_ran"] == ("fa4" if fa4_expected else "triton")
+
+
+def test_vsa_impl_auto_keeps_triton_for_triton_options_and_other_gpus(monkeypatch):
+    """query_rows=128 (a Triton-only choice) and an sm100 GPU (FA4 not measured there) keep the Triton fine stage."""
+    from fa4_fake import FakeFA4
+
+    FakeFA4().install(monkeypatch)
+    lay = tile_layout((8, 8, 16), (4, 4, 8))
+    q = make_qkv(1, lay.num_tokens, 2, 16, seed=42)[0].to(torch.bfloat16)
+    assert VSAAttention(VSAOptions(tile="4x4x8")).auto_engine(q, lay) == "fa4"
+    assert VSAAttention(VSAOptions(tile="4x4x8", query_rows=128)).auto_engine(q, lay) == "triton"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    assert VSAAttention(VSAOptions(tile="4x4x8")).auto_engine(q, lay) == "triton"
+
+
+def test_vsa_impl_auto_says_the_engine_of_the_latest_run(monkeypatch):
+    """One backend run on two grids (profile --tile-fit crop,partial): `describe` after each says that run's engine."""
+    from fa4_fake import FakeFA4
+
+    FakeFA4().install(monkeypatch)
+    backend = VSAAttention(VSAOptions(sparsity=0.5, tile="4x4x8"))
+    monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")  # as on CUDA
+    for grid, engine in (((8, 8, 16), "fa4"), ((5, 9, 17), "triton"), ((8, 8, 16), "fa4")):
+        lay = tile_layout(grid, backend.tile)
+        q, k, v = (x.to(torch.bfloat16) for x in make_qkv(1, lay.num_tokens, 2, 16, seed=43))
+        backend(q, k, v, ctx(lay, None, NullTimer()))
+        assert backend._ran == engine
+    monkeypatch.undo()
+    assert backend.describe(torch.device("cuda"))["impl_ran"] == "fa4"
+    assert backend.describe(torch.device("cpu"))["impl_ran"] == "torch"  # a CPU run never reaches the engines

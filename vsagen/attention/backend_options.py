@@ -106,9 +106,11 @@ class VSAOptions:
     Attributes:
         sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
             ceil((1 - sparsity) * tiles).
-        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton", "torch" (`--attn-impl`), or
-            "fa4": the fine stage on FlashAttention-4's block-sparse kernels (`pip install 'vsagen[fa4]'`; an NVIDIA
-            sm90 / sm100 GPU, bf16 / fp16, a tile of 128 or 256 tokens; the coarse stage stays vsagen's Triton).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere; for `vsa` the fine stage on FA4 where
+            that was measured faster: whole cubes of 128 / 256 tokens, bf16 / fp16, sm90, FA4 installed, eager:
+            `VSAAttention.auto_engine`), "triton", "torch" (`--attn-impl`), or "fa4": the fine stage on
+            FlashAttention-4's block-sparse kernels (`pip install 'vsagen[fa4]'`; an NVIDIA sm90 / sm100 GPU, bf16 /
+            fp16, a tile of 128 or 256 tokens; the coarse stage stays vsagen's Triton).
         tile: the cube VSA selects, `TxHxW` over the post-patch latent grid (latent frames x rows x columns): "4x4x4"
             (64 tokens, VSA's paper and FastVideo's published checkpoints), "4x4x8" (128) or "4x8x8" (256), or any
             cube of power-of-two sides holding 64, 128 or 256 tokens. Top-k counts cubes of this shape; a

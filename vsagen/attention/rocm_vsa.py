@@ -37,6 +37,7 @@ class ROCmVSAAttention(VSAAttention):
     Options = ROCmVSAOptions
     kernel_profile = "rocm-vsa"
     auto_priority = None  # vsa's gates, vsa's output: `--attn auto` runs vsa for a gated checkpoint, never this
+    auto_fa4 = False  # the ROCm seed's kernel changes are what this backend runs: impl auto stays on Triton
 
     def __init__(self, options: ROCmVSAOptions | None = None) -> None:
         super().__init__(ROCmVSAOptions() if options is None else options)

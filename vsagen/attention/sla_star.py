@@ -74,6 +74,7 @@ class SLAStarAttention(Backend):
         super().__init__(options)
         o = self.options
         self._vsa = VSAAttention(VSAOptions(sparsity=o.sparsity, impl=o.impl, tile=o.tile, tuning=o.tuning))
+        self._vsa.auto_fa4 = False  # the branch and its fused kernels are measured with vsagen's fine stage
 
     @property
     def sparsity(self) -> float:

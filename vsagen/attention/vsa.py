@@ -16,12 +16,16 @@ and each layer's processor hands its gate projection over as `ctx.params`.
 
 Two implementations of the same function, chosen by the `impl` option:
 * "triton": the kernels in `vsagen.kernels` (fused pooling + top-k into q2k lists, block-sparse flash
-  attention forward and backward). The default on CUDA.
+  attention forward and backward). The default on CUDA, except where `auto` picks "fa4" (below).
 * "torch": the eager reference in `vsagen.kernels.reference`, the oracle of the tests. The default elsewhere.
 * "fa4": the coarse stage on the Triton kernels, the fine stage on FlashAttention-4's block-sparse kernels
   (`vsagen.kernels.fa4_block_sparse`: the cube lists as FA4's full / mask 128-token blocks over the cube-padded
   sequence), for tiles of 128 or 256 tokens on NVIDIA sm90 / sm100 with `flash-attn-4` installed; refused before
-  loading anywhere else (`check`).
+  loading anywhere else (`check`). "auto" runs the fine stage on FA4 wherever it was measured faster than vsagen's
+  Triton fine stage: a grid of whole cubes of 128 or 256 tokens (e.g. `--tile-fit crop`: no padding, no mask
+  blocks), bf16 / fp16, on sm90 with FA4 installed, eager (H100, 2026-12-05, BENCHMARKS.md: forward 1.29-1.32x,
+  forward+backward 1.40-1.45x, the 1.3B DiT 1.09x). On grids with partial cubes FA4 must pad them and loses:
+  Triton runs there.
 """
 
 from __future__ import annotations
@@ -104,10 +108,13 @@ class VSAAttention(Backend):
     auto_priority = 1  # `--attn auto` runs vsa for a checkpoint holding trained gates (after sla-star: auto.py)
 
     kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning
+    auto_fa4 = True  # impl auto may run the fine stage on FA4 (`auto_engine`); rocm-vsa and sla-star's VSA do not
 
     def __init__(self, options: VSAOptions | None = None) -> None:
         super().__init__(options)
         self._groups: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # query_rows 128: (layout, table)
+        self._fa4_here: dict[tuple[str, int], bool] = {}  # (device, tile volume) -> FA4 runs there (sm90, installed)
+        self._ran: str | None = None  # the engine of the latest eager call ("triton", "torch", "fa4"), for describe
 
     def tuning(self, q: torch.Tensor):
         """The Triton kernels' tuning for q (B, S, H, D): the `tuning` option, else the device's default of this
@@ -146,10 +153,41 @@ class VSAAttention(Backend):
         return self._groups[key][1]
 
     def resolved_impl(self, device: torch.device) -> str:
-        """'triton', 'torch' or 'fa4' for tensors on `device` ('auto': Triton on CUDA, else torch)."""
+        """'triton', 'torch' or 'fa4' for tensors on `device` ('auto': Triton on CUDA, else torch; a call on a grid
+        of whole cubes may then run FA4's fine stage instead: `auto_engine`)."""
         if self.impl != "auto":
             return self.impl
         return "triton" if device.type == "cuda" else "torch"
+
+    def auto_engine(self, q: torch.Tensor, layout: Any) -> str:
+        """The fine stage's engine for impl auto on CUDA: "fa4" where it was measured faster than the Triton fine
+        stage, else "triton".
+
+        FA4 where all of these hold: this backend may (`auto_fa4`: `vsa`, not `rocm-vsa` or `sla-star`'s VSA), the
+        Triton-only options are at their defaults (query_rows 64, no tuning), q is bf16 / fp16, the call is eager
+        (not traced by torch.compile: the custom ops are), every cube of the layout is whole and holds 128 or 256
+        tokens (`kernels.fa4_block_sparse.every_cube_full`), and the GPU is sm90 with FA4 installed
+        (`fa4_unavailable`; sm100 was not measured). Measured on the H100 (2026-12-05, BENCHMARKS.md: the 1.3B grid
+        rounded up to whole cubes): forward 2.57 / 2.53 ms against 3.32 / 3.35 ms at 4x4x8 / 4x8x8, forward +
+        backward 9.32 / 9.28 against 13.08 / 13.46 ms; on the model's grid with partial cubes FA4 must pad them
+        (31% more rows at 1.3B) and is slower (3.38 against 2.11 ms forward).
+
+        Args:
+            q: (B, S, H, D) on a CUDA device.
+            layout: the call's `TileLayout`.
+        """
+        from ..kernels.fa4_block_sparse import FA4_BLOCK, every_cube_full, fa4_unavailable
+
+        volume = layout.tile_volume
+        if (not self.auto_fa4 or self.options.query_rows != 64 or self.options.tuning is not None
+                or q.dtype not in (torch.bfloat16, torch.float16) or volume % FA4_BLOCK
+                or torch.compiler.is_compiling() or not every_cube_full(layout.num_tiles, volume, layout.num_tokens)):
+            return "triton"
+        key = (str(q.device), volume)
+        if key not in self._fa4_here:
+            self._fa4_here[key] = (torch.cuda.get_device_capability(q.device)[0] == 9
+                                   and fa4_unavailable(q.device, volume) is None)
+        return "fa4" if self._fa4_here[key] else "triton"
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on), and for impl fa4
@@ -180,6 +218,8 @@ class VSAAttention(Backend):
             d["gate_weights"] = str(self.options.gate_weights)
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
+            if self.impl == "auto" and device.type == "cuda" and self._ran:  # auto may have run FA4: say what ran
+                d["impl_ran"] = self._ran  # (one grid per run, so one engine: the latest call's)
         return d
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
@@ -204,6 +244,10 @@ class VSAAttention(Backend):
         """
         top_k = ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
         impl = self.resolved_impl(q.device)
+        if impl == "triton" and self.impl == "auto":
+            impl = self.auto_engine(q, layout)
+        if not torch.compiler.is_compiling():
+            self._ran = impl
         if impl in ("triton", "fa4"):
             return self._triton(q, k, v, layout, gate, timer, top_k, fa4=impl == "fa4")
         return self._torch(q, k, v, layout, gate, timer, top_k)

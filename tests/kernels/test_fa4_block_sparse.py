@@ -72,6 +72,56 @@ def test_lists_are_the_cube_selection_expanded(grid, tile, q_block):
     assert fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, q_block=q_block, backward=False).bwd is None
 
 
+WHOLE = [  # (grid, tile, query block): every cube whole
+    ((8, 8, 16), (4, 4, 8), 128),
+    ((4, 16, 8), (4, 8, 8), 128),
+    ((4, 16, 8), (4, 8, 8), 256),
+]
+
+
+@pytest.mark.parametrize("grid,tile,q_block", WHOLE, ids=["V128-q128", "V256-q128", "V256-q256"])
+@pytest.mark.parametrize("heads", [2, 3])
+def test_whole_cube_lists_equal_the_dense_map_lists(grid, tile, q_block, heads):
+    lay = tile_layout(grid, tile)
+    n, vol = lay.num_tiles, lay.tile_volume
+    assert fa4.every_cube_full(n, vol, lay.num_tokens)
+    top_k = max(2, n // 3)
+    q2k, _ = random_selection(2, heads, n, top_k, seed=heads + q_block + vol)
+    g = torch.Generator().manual_seed(heads)
+    cnt = torch.randint(1, top_k + 1, (2, heads, n), generator=g, dtype=torch.int32)  # ragged, 1 .. K
+    cnt.view(-1)[0], cnt.view(-1)[-1] = 1, top_k
+    q2k = q2k.masked_fill(torch.arange(top_k) >= cnt.unsqueeze(-1), UNUSED)  # garbage past the counts
+    fast = fa4.whole_cube_index(q2k, cnt, n, vol, q_block=q_block)
+    ref = fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, q_block=q_block)
+    n_q, n_k = n * vol // q_block, n * vol // 128
+    assert fast.block_size == ref.block_size == (q_block, 128)
+    for got, want, n_cols in ((fast.fwd, ref.fwd, n_k), (fast.bwd, ref.bwd, n_q)):
+        m_cnt, m_idx, f_cnt, f_idx = got
+        assert all(t.dtype == torch.int32 and t.is_contiguous() and t.stride(-1) == 1 for t in got)
+        assert m_cnt.shape == f_cnt.shape == want[2].shape and f_idx.shape == want[3].shape
+        assert m_idx.shape[:3] == want[1].shape[:3] and m_idx.shape[3] >= 1 and int(m_cnt.abs().sum()) == 0
+        assert int(want[0].sum()) == 0  # the dense path finds no mask block either
+        assert torch.equal(f_cnt, want[2])
+        assert torch.equal(decode(f_cnt, f_idx, n_cols), decode(want[2], want[3], n_cols))
+    assert fa4.whole_cube_index(q2k, cnt, n, vol, q_block=q_block, backward=False).bwd is None
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_whole_cube_lists_keep_stride_one_at_width_one(backward):
+    # K = 1 and one selecting cube per key cube: widths of 1 on both sides, from a transposed (strided) q2k.
+    n = 4
+    q2k = torch.arange(n, dtype=torch.int32).view(1, n, 1, 1).transpose(1, 2).expand(1, 1, n, 1)
+    cnt = torch.ones(1, n, 1, dtype=torch.int32).transpose(1, 2)
+    index = fa4.whole_cube_index(q2k, cnt, n, 128, backward=backward)
+    for t in (*index.fwd, *(index.bwd or ())):
+        assert t.dtype == torch.int32 and t.is_contiguous() and t.stride(-1) == 1
+    assert index.fwd[3].shape == (1, 1, n, 1) and index.fwd[3].view(-1).tolist() == list(range(n))
+    if backward:
+        assert index.bwd[3].shape == (1, 1, n, 1) and index.bwd[3].view(-1).tolist() == list(range(n))
+    with pytest.raises(ValueError, match="multiple"):
+        fa4.whole_cube_index(q2k, cnt, n, 128, q_block=256)
+
+
 def test_query_block_must_not_span_cubes():
     sizes = torch.full((4,), 128)
     q2k, cnt = random_selection(1, 1, 4, 2, seed=0)

@@ -43,8 +43,9 @@ Contents:
   occupancy and `nt` (evict-first) loads read from its AMDGCN (`python -m vsagen.kernels.amd_build`).
 * `fa4_block_sparse.py`: `fa4_block_sparse_attention`, VSA's fine stage for tile volumes 128 / 256 on
   FlashAttention-4's block-sparse kernels (optional: `pip install 'vsagen[fa4]'`; sm90 / sm100), with its parts:
-  the cube-to-FA4 block lists (`fa4_block_sparse_index`), cube padding, the key-slot `mask_mod`, and
-  `fa4_unavailable` (why it cannot run here). `flash_attn` is imported on first call only.
+  the cube-to-FA4 block lists (`fa4_block_sparse_index`; `whole_cube_index` where every cube is whole), cube
+  padding, the key-slot `mask_mod`, and `fa4_unavailable` (why it cannot run here). `flash_attn` is imported on
+  first call only.
 * `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the linear branch (either scope) as one custom op
   with gradients, so the backward sums the two parts' dQ / dK / dV in place.
 

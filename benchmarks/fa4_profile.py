@@ -7,7 +7,8 @@ every engine of a grid). Per grid, forward and forward+backward medians (`vsagen
 dense SDPA cuDNN on that grid in the same process:
     vsagen fine             vsagen's Triton fine stage (kernel-tile lists from the cube lists, rows 64)
     FA4 adapter             `fa4_block_sparse_attention`: index conversion, padding, FA4, unpadding
-    FA4 index               the adapter's list conversion alone (forward lists; forward + backward lists)
+    FA4 index               the adapter's list conversion alone (forward lists; forward + backward lists): on
+                            whole cubes `whole_cube_index`, with the dense-map conversion beside it ("old")
     FA4 kernel              `flash_attn_func` alone on pre-padded inputs and pre-built lists (mask_mod on the
                             partial grid's partial key blocks, none on the crop grid)
     FA4 kernel, no mask     (partial grid only) the same lists with every selected key block treated as full and no
@@ -82,11 +83,19 @@ def profile(shape: AttentionShape, vol: int, fit: str, sparsity: float, device) 
         f_mine, f_ad = bench_ms(mine, device=device), bench_ms(adapter, device=device)
     row("vsagen fine (rows 64)", f_mine, bench_ms(fwd_bwd(mine, (q, k, v), do), device=device))
     row("FA4 adapter", f_ad, bench_ms(fwd_bwd(adapter, (q, k, v), do), device=device))
-    row("FA4 index fwd / fwd+bwd",
-        bench_ms(lambda: fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, backward=False), device=device),
-        bench_ms(lambda: fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, backward=True), device=device))
-
     full_cubes = fa4.every_cube_full(lay.num_tiles, vol, lay.num_tokens)
+
+    def index(backward):  # the conversion the adapter runs on this grid
+        if full_cubes:
+            return fa4.whole_cube_index(q2k, cnt, lay.num_tiles, vol, backward=backward)
+        return fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, backward=backward)
+
+    row("FA4 index fwd / fwd+bwd", bench_ms(lambda: index(False), device=device),
+        bench_ms(lambda: index(True), device=device))
+    if full_cubes:
+        row("FA4 dense-map index (old)",
+            bench_ms(lambda: fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, backward=False), device=device),
+            bench_ms(lambda: fa4.fa4_block_sparse_index(q2k, cnt, lay.tile_sizes, vol, backward=True), device=device))
     xs = [(x if full_cubes else fa4.pad_to_cubes(x, lay.slots, lay.slot_valid)).detach().contiguous()
           .requires_grad_(True) for x in (q, k, v)]
     dop = do if full_cubes else fa4.pad_to_cubes(do, lay.slots, lay.slot_valid)
@@ -140,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == "SDPA cuDNN":
             base[label] = (f, fb)
         bf, bfb = base[label]
-        ratio = "" if name.startswith("FA4 index") else f"{bf / f:.2f}"
-        ratio_b = "" if name.startswith("FA4 index") else f"{bfb / fb:.2f}"
+        ratio = "" if "index" in name else f"{bf / f:.2f}"
+        ratio_b = "" if "index" in name else f"{bfb / fb:.2f}"
         print(f"| {label} | {name} | {f:.3f} | {ratio} | {fb:.3f} | {ratio_b} |")
     return 0
 

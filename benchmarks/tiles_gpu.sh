@@ -27,7 +27,7 @@
 #   or 2c. carry [".fa4b", ".whl"]:  bash benchmarks/tiles_gpu.sh auto
 #      impl=auto's engine choice in the DiT: `vsagen profile` of vsa:tile=4x8x8 (auto) beside impl=triton, with
 #      --tile-fit partial,crop at 1.3B and crop at 14B (the JSON's rows with the engine that ran;
-#      benchmarks/profile_rows.py prints them), and FA4's split on the 14B crop grid
+#      benchmarks/profile_rows.py prints them), and FA4's split on the 1.3B and 14B crop grids
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
 # the sdist, so do FastVideo's.
 set -u
@@ -63,6 +63,8 @@ Executed Ipc A|Compute \(SM\) Th|Memory Throughput|Warp Cycles Per Issued|Block 
     timeout 120 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_crop.txt"
 elif [ "$what" = auto ]; then
+    timeout 90 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
+        | tee "$OUT/fa4_profile_crop.txt"
     attn="full,vsa:tile=4x8x8,vsa:tile=4x8x8:impl=triton"
     timeout 180 vsagen profile --model wan2.1-t2v-1.3b --random-weights --attn "$attn" --tile-fit partial,crop \
         --steps 2 --no-stock --format json --out "$OUT/dit-auto-1.3b.json" 2>&1 | tail -3

@@ -267,7 +267,8 @@ def whole_cube_index(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_cubes: int, t
         Fa4SparseIndex on q2k's device, every tensor int32, contiguous, stride 1 in its last dimension (also at
         width 1). Forward: full (B, H, M) counts q2k_cnt * r and (B, H, M, max(K, 1) * r) indices (entries past
         the count hold block indices of cube 0). Backward: full (B, H, N) counts and (B, H, N, max(1, longest
-        k2q list) * qb) indices, 0 past the count. Mask counts are all 0, mask indices (…, 1) zeros.
+        k2q list) * qb) indices, 0 past the count. Mask counts are all 0, mask indices zeros (forward: as wide as
+        the full ones; backward: (…, 1)).
 
     Raises:
         ValueError: V not a multiple of 128 or of q_block, or q2k / q2k_cnt not (B, H, nC, K) / (B, H, nC).
@@ -289,8 +290,9 @@ def whole_cube_index(q2k: torch.Tensor, q2k_cnt: torch.Tensor, num_cubes: int, t
     blocks = (cubes.unsqueeze(-1) * r + torch.arange(r, dtype=torch.int32, device=dev)).reshape(b, h, n, -1)
     f_idx = blocks.unsqueeze(3).expand(b, h, n, qb, blocks.shape[-1]).reshape(b, h, n * qb, -1)
     f_cnt = (cnt * r).unsqueeze(-1).expand(b, h, n, qb).reshape(b, h, n * qb)
+    # forward mask lists as wide as the full ones, as the dense-map path gives them (the shapes FA4 ran with)
     fwd = (torch.zeros(b, h, n * qb, dtype=torch.int32, device=dev),
-           torch.zeros(b, h, n * qb, 1, dtype=torch.int32, device=dev), _packed(f_cnt), _packed(f_idx))
+           torch.zeros(b, h, n * qb, f_idx.shape[-1], dtype=torch.int32, device=dev), _packed(f_cnt), _packed(f_idx))
     bwd = None
     if backward:
         from .tuning import interpreting

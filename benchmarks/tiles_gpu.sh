@@ -26,7 +26,7 @@
 #      `--tile-fit crop` on both engines
 #   or 2c. carry [".fa4b", ".whl"]:  bash benchmarks/tiles_gpu.sh auto
 #      impl=auto's engine choice in the DiT: `vsagen profile` of vsa:tile=4x8x8 (auto) beside impl=triton, with
-#      --tile-fit partial,crop at 1.3B and crop at 14B (the JSON's rows with the engine that ran;
+#      --tile-fit partial,crop at 1.3B (and crop at 14B with WITH_14B_DIT=1; the JSON's rows with the engine that ran;
 #      benchmarks/profile_rows.py prints them), and FA4's split on the 1.3B and 14B crop grids
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
 # the sdist, so do FastVideo's.
@@ -68,11 +68,14 @@ elif [ "$what" = auto ]; then
     attn="full,vsa:tile=4x8x8,vsa:tile=4x8x8:impl=triton"
     timeout 180 vsagen profile --model wan2.1-t2v-1.3b --random-weights --attn "$attn" --tile-fit partial,crop \
         --steps 2 --no-stock --format json --out "$OUT/dit-auto-1.3b.json" 2>&1 | tail -3
-    timeout 300 vsagen profile --model wan2.1-t2v-14b --random-weights --attn "$attn" --tile-fit crop --steps 1 \
-        --warmup 1 --no-stock --format json --out "$OUT/dit-auto-14b.json" 2>&1 | tail -3
     python3 benchmarks/profile_rows.py "$OUT"/dit-auto-*.json
-    timeout 100 python3 benchmarks/fa4_profile.py --shapes 14b --fits crop --volumes 256 2>&1 | grep -v Warning \
+    timeout 150 python3 benchmarks/fa4_profile.py --shapes 14b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_14b_crop.txt"
+    if [ "${WITH_14B_DIT:-0}" = 1 ]; then  # 4-5 minutes more: the 14B DiT at --tile-fit crop
+        timeout 300 vsagen profile --model wan2.1-t2v-14b --random-weights --attn "$attn" --tile-fit crop \
+            --steps 1 --warmup 1 --no-stock --format json --out "$OUT/dit-auto-14b.json" 2>&1 | tail -3
+        python3 benchmarks/profile_rows.py "$OUT/dit-auto-14b.json"
+    fi
 else
     fa4=""
     python3 -c "import flash_attn.cute" 2>/dev/null && fa4=",vsa:tile=4x4x8:impl=fa4,vsa:tile=4x8x8:impl=fa4"

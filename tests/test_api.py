@@ -128,7 +128,7 @@ def test_a_backends_refusal_names_what_a_python_caller_sets(tiny_pipe, monkeypat
     assert msg.startswith("vsagen.apply: ") and "impl='triton'" in msg and "--" not in msg and "\n" not in msg
     with pytest.raises(BadInput) as exc:
         vsagen.apply(tiny_pipe, "vsa:impl=fa4:tile=4x4x8")
-    assert "--" not in str(exc.value) and "bf16" in str(exc.value)
+    assert "--" not in str(exc.value) and "impl='fa4'" in str(exc.value) and "NVIDIA CUDA GPUs" in str(exc.value)
     assert vsagen.api.python_words("needs --dtype bf16 or fp16") == \
         "vsagen.apply: needs a bf16 or fp16 pipeline: pipe.to(torch.bfloat16)"
     assert all(type(p).__name__ != "VsagenAttnProcessor" for p in processors(tiny_pipe))

@@ -46,6 +46,8 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
                 "implementations: one (no impl option)") in text
         if name in {"vsa", "rocm-vsa", "sla-star", "sparse-vdit"}:  # vsa's fine stage also on FlashAttention-4
             assert impls == ["triton", "torch"] + (["fa4"] if name in {"vsa", "rocm-vsa"} else []), name
+            fa4_auto = "a grid of whole 128 / 256-token cubes runs the fine stage on fa4" in text
+            assert fa4_auto is (name == "vsa"), name  # rocm-vsa and sla-star keep impl auto on Triton
         for key, default, values in option_help(backend_class(name).Options):
             assert f"{key}={default} {values}" in text, (name, key)
     assert "options: none" in by_name["full"] and "implementations: one (no impl option)" in by_name["full"]

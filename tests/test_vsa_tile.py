@@ -81,10 +81,11 @@ BAD = [
     ("vsa:query_rows=128", "query_rows=128 runs the 128 rows of one cube per program and needs a tile of 128 or 256 "
                            "tokens (tile=4x4x8 or 4x8x8), got tile=4x4x4"),
     ("vsa:query_rows=96", "query_rows must be 64 or 128, got 96"),
-    ("vsa:impl=fa4", "vsa:impl=fa4: FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu; FA4 needs tiles of a "
-                     "multiple of 128 tokens"),  # every reason at once
-    ("vsa:tile=4x4x8:impl=fa4", "vsa:impl=fa4: FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu"),
-    ("rocm-vsa:tile=4x8x8:impl=fa4", "rocm-vsa:impl=fa4: FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu"),
+    ("vsa:impl=fa4", "impl fa4 (--attn-impl fa4 or vsa:impl=fa4): FA4 runs on NVIDIA CUDA GPUs only; this run is on "
+                     "cpu; FA4 needs tiles of a multiple of 128 tokens"),  # every reason at once
+    ("vsa:tile=4x4x8:impl=fa4", "impl fa4 (--attn-impl fa4 or vsa:impl=fa4): FA4 runs on NVIDIA CUDA GPUs only; "
+                                "this run is on cpu"),
+    ("rocm-vsa:tile=4x8x8:impl=fa4", "rocm-vsa:impl=fa4): FA4 runs on NVIDIA CUDA GPUs only; this run is on cpu"),
     ("sla-star:impl=fa4", "impl must be one of auto, triton, torch, got 'fa4'"),
 ]
 # each command with the arguments it needs around the entry
@@ -106,14 +107,15 @@ def test_a_tile_or_fa4_that_cannot_run_is_one_line_before_loading(vsagen_cache, 
     res = runner.invoke(app, [*COMMANDS[command](entry), "--model", "tiny", "--device", "cpu"])
     line = one_error_line(res)
     assert words in line, line
+    assert "--dtype" not in line  # on a CPU (float32 by default) --dtype bf16 would not make FA4 run
     assert list(tmp_path.iterdir()) == [], "something was written"
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 @pytest.mark.parametrize("why,dtype,words", [
     ("FA4 is not installed: pip install 'vsagen[fa4]' (flash-attn-4)", "fp32",
-     "vsa:impl=fa4: FA4 is not installed: pip install 'vsagen[fa4]'"),
-    (None, "fp32", "vsa:impl=fa4: FA4 runs bf16 / fp16, not float32 (--dtype bf16)"),
+     "vsa:impl=fa4): FA4 is not installed: pip install 'vsagen[fa4]'"),
+    (None, "fp32", "vsa:impl=fa4): FA4 runs bf16 / fp16, not float32 (--dtype bf16)"),
 ], ids=["package-missing", "fp32"])
 def test_fa4_where_the_gpu_would_do_is_refused_before_loading(vsagen_cache, tmp_path, monkeypatch, command, why, dtype,
                                                               words):

@@ -111,8 +111,11 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
         say(f"{name} ({kind})" + (f" - default: --attn auto runs it {picks}" if picks else ""))
         say(summary_of(cls), indent=2)
         impls = [i for i in impls_of(name) if i != "auto"]
-        say("implementations: " + (f"{', '.join(impls)}; impl=auto runs triton on CUDA, torch (the reference) "
-                                   "elsewhere" if impls else "one (no impl option)"), indent=2)
+        auto = "impl=auto runs triton on CUDA, torch (the reference) elsewhere"
+        if getattr(cls, "auto_fa4", False):
+            auto += ("; on an sm90 GPU with FA4 installed, a grid of whole 128 / 256-token cubes runs the fine stage "
+                     "on fa4 (measured faster there)")
+        say("implementations: " + (f"{', '.join(impls)}; {auto}" if impls else "one (no impl option)"), indent=2)
         options = option_help(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
         python = python_options(cls.Options)
         if not options:

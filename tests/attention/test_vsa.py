@@ -287,7 +287,7 @@ def test_vsa_refuses_query_rows_it_cannot_run():
 ])
 def test_vsa_impl_fa4_is_refused_where_it_cannot_run(tile, device, dtype, needle):
     backend = VSAAttention(VSAOptions(impl="fa4", tile=tile))
-    with pytest.raises(BadInput, match=f"vsa:impl=fa4: .*{needle}"):
+    with pytest.raises(BadInput, match=rf"impl fa4 \(--attn-impl fa4 or vsa:impl=fa4\): .*{needle}"):
         backend.check(torch.device(device), dtype)
 
 
@@ -356,3 +356,16 @@ def test_vsa_impl_auto_says_the_engine_of_the_latest_run(monkeypatch):
     monkeypatch.undo()
     assert backend.describe(torch.device("cuda"))["impl_ran"] == "fa4"
     assert backend.describe(torch.device("cpu"))["impl_ran"] == "torch"  # a CPU run never reaches the engines
+
+
+def test_vsa_says_when_query_rows_has_no_effect():
+    """query_rows sets the Triton fine stage's programs: with the torch reference a run gets a note saying it is
+    ignored; with Triton (or the default 64) none."""
+    from vsagen.attention.base import RunInfo
+
+    run = RunInfo(device=torch.device("cpu"), dtype=torch.float32)
+    notes = VSAAttention(VSAOptions(tile="4x4x8", query_rows=128, impl="torch")).prepare(run)
+    assert notes == ("vsa: query_rows=128 has no effect with the torch reference (impl torch): it sets the programs "
+                     "of the Triton fine stage (impl triton, on CUDA)",)
+    assert VSAAttention(VSAOptions(tile="4x4x8", query_rows=128, impl="triton")).prepare(run) == ()  # interpreter
+    assert VSAAttention(VSAOptions(tile="4x4x8", impl="torch")).prepare(run) == ()

@@ -46,8 +46,9 @@ class WeightsRef:
 @dataclass(frozen=True)
 class LazyBackend:
     """A backend registered by where its class is (`module:Class`), with the class attributes read before it is
-    imported: `name`, `Options`, `tiled`, `auto_priority`, `weights` (a `WeightsRef`), and `summary`, the first
-    paragraph of the class docstring (`vsagen backends`). `load()` imports the class and checks that it agrees."""
+    imported: `name`, `Options`, `tiled`, `auto_priority`, `weights` (a `WeightsRef`), `auto_fa4` (impl auto may
+    run the fine stage on FlashAttention-4: `vsa`), and `summary`, the first paragraph of the class docstring
+    (`vsagen backends`). `load()` imports the class and checks that it agrees."""
 
     name: str
     where: str
@@ -56,6 +57,7 @@ class LazyBackend:
     tiled: bool = False
     auto_priority: int | None = None
     weights: WeightsRef | None = None
+    auto_fa4: bool = False
 
     @property
     def class_name(self) -> str:
@@ -86,7 +88,7 @@ def _load(entry: LazyBackend) -> type:
     weights = getattr(cls, "weights", None)
     got = {"name": cls.name, "Options": cls.Options, "tiled": cls.tiled, "auto_priority": cls.auto_priority,
            "weights": None if weights is None else WeightsRef(weights.key, weights.file_option, weights.aliases),
-           "summary": summary_of(cls)}
+           "summary": summary_of(cls), "auto_fa4": getattr(cls, "auto_fa4", False)}
     wrong = [k for k, v in got.items() if getattr(entry, k) != v]
     if wrong:
         raise TypeError(f"{entry.where} differs from its registry entry in {', '.join(wrong)}")
@@ -168,7 +170,7 @@ _BACKENDS: tuple[Any, ...] = (
                 "Dense self-attention, the baseline every sparse backend is measured against (no options)"),
     LazyBackend("vsa", f"{_HERE}.vsa:VSAAttention", VSAOptions,
                 "VSA with a fixed sparsity (fraction of key tiles skipped per query tile)", tiled=True,
-                auto_priority=1, weights=_VSA_GATE),
+                auto_priority=1, weights=_VSA_GATE, auto_fa4=True),
     LazyBackend("rocm-vsa", f"{_HERE}.rocm_vsa:ROCmVSAAttention", ROCmVSAOptions,
                 '`vsa` run with the "rocm-vsa" kernel profile', tiled=True, weights=_VSA_GATE),
     LazyBackend("sla-star", f"{_HERE}.sla_star:SLAStarAttention", SLAStarOptions,

@@ -200,14 +200,26 @@ class VSAAttention(Backend):
             # every reason at once (the tile's and the machine's), so one fix is not followed by another refusal
             reasons = [fa4_unavailable(device, volume if volume % FA4_BLOCK == 0 else 2 * FA4_BLOCK),
                        fa4_unavailable(device, volume) if volume % FA4_BLOCK else None]
-            if dtype not in (torch.bfloat16, torch.float16):
+            # the dtype where it is the next fix: on a GPU, or alone (off a GPU --dtype bf16 would not help)
+            if dtype not in (torch.bfloat16, torch.float16) and (device.type == "cuda" or not any(reasons)):
                 reasons.append(f"FA4 runs bf16 / fp16, not {str(dtype).replace('torch.', '')} (--dtype bf16)")
             why = "; ".join(dict.fromkeys(r for r in reasons if r))
             if why:
-                raise BadInput(f"{self.name}:impl=fa4: {why}")
+                raise BadInput(f"impl fa4 (--attn-impl fa4 or {self.name}:impl=fa4): {why}")
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
+
+    def prepare(self, run: Any) -> tuple[str, ...]:
+        """`check(run.device, run.dtype)`; a note where `query_rows=128` has no effect (it sets the Triton fine
+        stage's programs: the torch reference and FA4 ignore it)."""
+        self.check(run.device, run.dtype)
+        impl = self.resolved_impl(run.device)
+        if self.options.query_rows != 64 and impl != "triton":
+            how = "the torch reference" if impl == "torch" else "FA4's fine stage"
+            return (f"{self.name}: query_rows={self.options.query_rows} has no effect with {how} (impl {impl}): it "
+                    "sets the programs of the Triton fine stage (impl triton, on CUDA)",)
+        return ()
 
     def describe(self, device: torch.device | None = None) -> dict:
         """{"name", "sparsity", "impl", "tile"} and, given the run's device, "impl_ran" ("triton" | "torch")."""

@@ -114,3 +114,25 @@ def test_an_empty_path_is_refused_in_one_line_and_writes_nothing(tmp_path, monke
         assert f"'{flag}': the path is empty; {takes}" in line, line
         assert "file or folder" not in line, line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_repeated_option_finds_a_single_valued_option_given_twice():
+    """Click keeps the last of a repeated option silently (`--attn vsa --attn full` ran full); `repeated_option`
+    finds it, also as `--opt=value` and as the two spellings of a flag, and not in values or after `--`."""
+    from typer.main import get_command
+
+    t2v = get_command(app).commands["t2v"]
+    find = options.repeated_option
+    assert find(t2v, ["--attn", "vsa", "--attn", "full", "x"]) == ["--attn", "--attn"]
+    assert find(t2v, ["--tile-fit", "crop", "--tile-fit=partial", "x"]) == ["--tile-fit", "--tile-fit"]
+    assert find(t2v, ["--overwrite", "--no-overwrite", "x"]) == ["--overwrite", "--no-overwrite"]
+    assert find(t2v, ["--negative-prompt", "--steps", "--steps", "2", "x"]) is None  # the first --steps is a value
+    assert find(t2v, ["--attn", "vsa", "--", "--attn"]) is None  # after --: the prompt
+    assert find(t2v, ["--attn", "vsa", "--steps", "2", "x"]) is None
+
+
+def test_an_option_given_twice_is_refused_before_the_command_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(app, ["t2v", "--model", "tiny", "--attn", "vsa", "--attn", "full", "x"])
+    assert res.exit_code == 2 and "Invalid value for '--attn': given 2 times; give it once" in res.stderr
+    assert list(tmp_path.iterdir()) == []

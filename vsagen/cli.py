@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from .cli_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                          ProfileCompile, Verbose, choice_parser, close_options, path_parser)
+                          OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser)
 from .cli_run import (err, ran_in_workers, request_command, run_guarded, single_process,
                       torchrun_launch_or_exit)
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
@@ -31,6 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=OnceOptionsGroup,  # an option given twice is one error line, not the last one silently
 )
 
 

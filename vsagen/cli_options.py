@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
 
@@ -259,3 +260,43 @@ def close_options(typed: str, options: Iterable[str]) -> list[str]:
     none is close. Click's own suggestion compares the dashes too, so `--bogus` was offered `--out, --verbose`."""
     names = {o.lstrip("-"): o for o in options}
     return [names[n] for n in difflib.get_close_matches(typed.lstrip("-"), list(names), n=3, cutoff=0.7)]
+
+
+def repeated_option(command: Any, args: list[str]) -> list[str] | None:
+    """The spellings of the first single-valued option that `args` give more than once (e.g. ['--attn', '--attn'],
+    ['--overwrite', '--no-overwrite']), or None. `command`: a click command (its `params`); `args`: its arguments as
+    typed, before parsing. An option's value is skipped (so `--negative-prompt --steps` counts `--negative-prompt`
+    once), `--opt=value` counts as `--opt`, and nothing after `--` is read. Options that take several values
+    (`multiple`, `count`) are not counted."""
+    by_spelling = {}
+    for param in command.params:
+        if param.param_type_name != "option" or getattr(param, "multiple", False) or getattr(param, "count", False):
+            continue
+        for spelling in (*param.opts, *param.secondary_opts):
+            by_spelling[spelling] = param
+    seen: dict[str, list[str]] = {}
+    i = 0
+    while i < len(args) and args[i] != "--":
+        spelling, eq, _ = args[i].partition("=")
+        param = by_spelling.get(spelling)
+        if param is not None:
+            seen.setdefault(param.name, []).append(spelling)
+            if not eq and not getattr(param, "is_flag", False):
+                i += 1  # its value
+        i += 1
+    return next((spellings for spellings in seen.values() if len(spellings) > 1), None)
+
+
+class OnceOptionsGroup(TyperGroup):
+    """The `vsagen` command group: a command given one of its single-valued options twice (`--attn vsa --attn
+    full`, `--overwrite --no-overwrite`) is refused as a usage error (one `error:` line, exit 2) instead of click's
+    silent last-one-wins; a value given twice inside one `--attn` entry was already refused the same way."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        name, command, rest = super().resolve_command(ctx, args)
+        twice = None if command is None else repeated_option(command, rest)
+        if twice is not None:
+            sub = type(ctx)(command, info_name=name, parent=ctx)  # for the `--help` hint: `vsagen t2v --help`
+            given = f"given {len(twice)} times" + (f" ({' '.join(twice)})" if len(set(twice)) > 1 else "")
+            raise typer.BadParameter(f"{given}; give it once", ctx=sub, param_hint=f"'{twice[0]}'")
+        return name, command, rest

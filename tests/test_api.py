@@ -189,6 +189,7 @@ def test_readme_python_api_example_runs_as_pasted(vsagen_cache, capsys):
     out = capsys.readouterr().out
     assert "attention backend" in out and "DiT" in out and "coarse" in out  # vsa's table, its stages included
     assert re.search(r"^full: \d+\.\d{3} s of DiT$", out, re.M)
+    assert "{'name': 'vsa', 'sparsity': 0.875, 'impl': 'auto', 'tile': '4x4x4', 'impl_ran': 'torch'}" in out
     pipe = namespace["pipe"]
     assert type(pipe).__name__ == "WanPipeline"
     fresh = vsagen.load_pipeline("tiny")
@@ -455,3 +456,12 @@ def test_a_load_pipeline_pipeline_takes_its_presets_backend_defaults(vsagen_cach
         pipe(prompt="a fox", num_frames=17, height=96, width=160, num_inference_steps=1,  # the file's size
              generator=torch.Generator("cpu").manual_seed(0))
         assert handle.report().dit_forwards == 2
+
+
+def test_the_handle_describes_the_backend_that_ran(tiny_pipe):
+    """`handle.describe()` is the backend as the commands' JSON gives it (name, options, `impl_ran`)."""
+    with vsagen.apply(tiny_pipe, "vsa:tile=4x4x8") as handle:
+        assert handle.describe() == handle.backend.describe(handle.device)
+        assert handle.describe()["tile"] == "4x4x8" and handle.describe()["impl_ran"] == "torch"
+    with vsagen.apply(tiny_pipe, None) as timing_only:
+        assert timing_only.describe() == {"name": None}

@@ -176,6 +176,15 @@ class AppliedBackend:
                                 "compile its blocks instead: pipe.transformer.compile_repeated_blocks(fullgraph=True)")
         return report
 
+    def describe(self) -> dict[str, Any]:
+        """The backend as the commands' JSON gives it under `backend`: its name and options and, on this device, the
+        implementation that ran (`impl_ran`: "triton", "torch", "fa4" (vsa's fine stage on FlashAttention-4) or
+        "sdpa"), e.g. {"name": "vsa", "sparsity": 0.875, "impl": "auto", "tile": "4x4x8", "impl_ran": "triton"};
+        {"name": None} for `apply(pipe, None)` (timing only)."""
+        if self.backend is None:
+            return {"name": None}
+        return self.backend.describe(self.device)
+
     def remove(self) -> None:
         """Restore the pipeline: the processors it had, no vsagen hooks, its scheduler's own `step`, and no
         weights attached by this `apply`. Calling it again does nothing."""

@@ -197,6 +197,10 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     assert cached.out == Path("vsagen-tiny-vsa-first-block-seed0.mp4")
     uncached = resolve("a fox", model="tiny", attn="vsa", cache="none", device="cpu")
     assert uncached.out == Path("vsagen-tiny-vsa-seed0.mp4")
+    # two cubes are two videos: a cube other than VSA's 4x4x4 is in the name (as compare names its files)
+    assert resolve("a fox", model="tiny", attn="vsa:tile=4x4x8", device="cpu").out == \
+        Path("vsagen-tiny-vsa-tile-4x4x8-seed0.mp4")
+    assert resolve("a fox", model="tiny", attn="vsa:tile=4x4x4", device="cpu").out == Path("vsagen-tiny-vsa-seed0.mp4")
     # a MagCache calibration is not a MagCache run (it reuses nothing): its own name
     monkeypatch.setenv("VSAGEN_CACHE", str(tmp_path / "cache"))
     calibration = resolve("a fox", model="tiny", attn="vsa", cache="mag:calibrate=true", device="cpu")

@@ -191,9 +191,12 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     if image is not None and not prompt.strip():
         notes = (NO_PROMPT_NOTE,) + notes
     out = options.output
-    # the default name says the backend, a few-step sampler and a step cache (a dmd run and a default one, a cached
-    # run and an uncached one, a MagCache calibration and a MagCache run, are different videos)
-    what = (req.backends[0].name + (f"-{req.sampler.name}" if req.sampler.renoise else "")
+    # the default name says the backend (and a VSA cube other than 4x4x4), a few-step sampler and a step cache (a
+    # dmd run and a default one, a cached run and an uncached one, a MagCache calibration and a MagCache run, runs
+    # with two cubes, are different videos)
+    tile = getattr(req.backends[0].options, "tile", "4x4x4")
+    what = (req.backends[0].name + (f"-tile-{tile}" if tile != "4x4x4" else "")
+            + (f"-{req.sampler.name}" if req.sampler.renoise else "")
             + (f"-{req.cache.name}" if req.cache.enabled else "")
             + ("-calibrate" if req.cache.name == "mag" and req.cache.options.calibrate else ""))
     path = out.out if out.out is not None else default_out(model, what, req.seed, out.overwrite)

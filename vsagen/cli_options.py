@@ -294,9 +294,15 @@ class OnceOptionsGroup(TyperGroup):
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         name, command, rest = super().resolve_command(ctx, args)
-        twice = None if command is None else repeated_option(command, rest)
+        options = rest[:rest.index("--")] if "--" in rest else rest
+        asks_help = any(a in ctx.help_option_names for a in options)  # --help still prints the help
+        twice = None if command is None or asks_help else repeated_option(command, rest)
         if twice is not None:
+            try:  # Typer vendors click as typer._click (since 0.2x); before, it used click itself
+                from typer._click.exceptions import UsageError
+            except ImportError:
+                from click.exceptions import UsageError
             sub = type(ctx)(command, info_name=name, parent=ctx)  # for the `--help` hint: `vsagen t2v --help`
-            given = f"given {len(twice)} times" + (f" ({' '.join(twice)})" if len(set(twice)) > 1 else "")
-            raise typer.BadParameter(f"{given}; give it once", ctx=sub, param_hint=f"'{twice[0]}'")
+            both = f" ({' '.join(twice)})" if len(set(twice)) > 1 else ""
+            raise UsageError(f"{twice[0]} given {len(twice)} times{both}; give it once", ctx=sub)
         return name, command, rest

@@ -71,7 +71,7 @@ def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, mon
     (tmp_path / "afile").write_text("a file, not a folder")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     res = runner.invoke(app, ["compare", "a prompt", *(["--model", "tiny"] if "--model" not in args else []),
-                              "--out", str(tmp_path / "out"), *args])
+                              *(["--out", str(tmp_path / "out")] if "--out" not in args else []), *args])
     line = assert_one_error_line(res.stderr, res.stdout)
     assert res.exit_code == 2, res.output
     for needle in needles:

@@ -28,7 +28,7 @@ def test_one_entry_or_a_list():
         split_attn_list("full,nope")
 
 
-@pytest.mark.parametrize("args", [["profile", "--model", "tiny", "--attn", "full", "--attn", "auto"],
+@pytest.mark.parametrize("args", [["profile", "--model", "tiny", "--attn", "full,auto"],
                                   ["profile", "--model", "tiny", "--attn", "auto"],
                                   ["compare", "x", "--model", "tiny", "--attn", "full,auto"]], ids=" ".join)
 def test_auto_in_a_list_says_the_list_takes_backend_names(args, tmp_path, monkeypatch):

@@ -90,6 +90,7 @@ class FakeFA4:
                           ("flash_attn.cute.block_sparsity", block_sparsity)):
             monkeypatch.setitem(sys.modules, name, mod)
         monkeypatch.setattr(fa4, "fa4_unavailable", lambda device, volume: None)
+        monkeypatch.setattr(fa4, "fa4_version", lambda: fa4.FA4_REQUIREMENT.partition("==")[2])
         monkeypatch.setattr(fa4, "key_valid_mask_mod", lambda: "key_slot_valid")
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
         return self

@@ -329,7 +329,8 @@ def test_vsa_impl_auto_runs_fa4_only_where_it_was_measured_faster(monkeypatch, n
 
 
 def test_vsa_impl_auto_keeps_triton_for_triton_options_and_other_gpus(monkeypatch):
-    """query_rows=128 (a Triton-only choice) and an sm100 GPU (FA4 not measured there) keep the Triton fine stage."""
+    """query_rows=128 (a Triton-only choice), an sm100 GPU (FA4 not measured there) and an FA4 release other than
+    the one the adapter follows keep the Triton fine stage."""
     from fa4_fake import FakeFA4
 
     FakeFA4().install(monkeypatch)
@@ -338,6 +339,9 @@ def test_vsa_impl_auto_keeps_triton_for_triton_options_and_other_gpus(monkeypatc
     assert VSAAttention(VSAOptions(tile="4x4x8")).auto_engine(q, lay) == "fa4"
     assert VSAAttention(VSAOptions(tile="4x4x8", query_rows=128)).auto_engine(q, lay) == "triton"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    assert VSAAttention(VSAOptions(tile="4x4x8")).auto_engine(q, lay) == "triton"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr("vsagen.kernels.fa4_block_sparse.fa4_version", lambda: "4.0.0")  # not the measured release
     assert VSAAttention(VSAOptions(tile="4x4x8")).auto_engine(q, lay) == "triton"
 
 

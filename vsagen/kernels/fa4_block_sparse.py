@@ -43,6 +43,23 @@ FA4_BLOCK = 128
 FA4_REQUIREMENT = "flash-attn-4==4.0.0b36"
 
 
+def fa4_version() -> str | None:
+    """The installed flash-attn-4 distribution's version (package metadata: nothing imported), or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def fa4_is_pinned_version() -> bool:
+    """Whether the installed flash-attn-4 is the version this adapter follows and was measured with
+    (`FA4_REQUIREMENT`): its block-sparse tensors' layout and `flash_attn_func`'s arguments change between
+    releases. `impl=auto` runs FA4 only then; an explicit `impl=fa4` tries any installed version."""
+    return fa4_version() == FA4_REQUIREMENT.partition("==")[2]
+
+
 def fa4_query_block(capability_major: int, tile_volume: int) -> int:
     """Rows of FA4's sparse query block on a GPU of compute capability `capability_major`.x.
 

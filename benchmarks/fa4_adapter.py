@@ -78,18 +78,31 @@ def checked_volumes(text: str, device: torch.device) -> list[int] | None:
     return volumes
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fa4_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments this script and `fa4_profile.py` share: --shapes, --volumes, --sparsity."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--shapes", default="1.3b,14b")
     ap.add_argument("--volumes", default="128,256")
     ap.add_argument("--sparsity", type=float, default=0.875)
+    return ap
+
+
+def start(args: argparse.Namespace, device: torch.device) -> list[int] | None:
+    """`checked_volumes` of --volumes (None: FA4 cannot run here, said on stderr); then prints the GPU line."""
+    volumes = checked_volumes(args.volumes, device)
+    if volumes is not None:
+        print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  sparsity {args.sparsity}")
+    return volumes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = fa4_parser(__doc__.splitlines()[0])
     ap.add_argument("--no-check", action="store_true")
     args = ap.parse_args(argv)
     device = torch.device("cuda")
-    volumes = checked_volumes(args.volumes, device)
+    volumes = start(args, device)
     if volumes is None:
         return 2
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  sparsity {args.sparsity}")
     rows = []
     for key in args.shapes.split(","):
         shape = SHAPES[key]

@@ -21,7 +21,6 @@ Needs `pip install 'vsagen[fa4]'` and an sm90 GPU; otherwise prints why and exit
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from vsagen.kernels.reference import top_k_from_sparsity
 from vsagen.layout import tile_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/fa4_adapter.py, also when loaded by path
-from fa4_adapter import TILES, checked_volumes, fwd_bwd, random_q2k  # noqa: E402
+from fa4_adapter import TILES, fa4_parser, fwd_bwd, random_q2k, start  # noqa: E402
 
 
 def grid_of(shape: AttentionShape, fit: str, tile: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -122,17 +121,13 @@ def profile(shape: AttentionShape, vol: int, fit: str, sparsity: float, device) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="1.3b,14b")
-    ap.add_argument("--volumes", default="128,256")
+    ap = fa4_parser(__doc__.splitlines()[0])
     ap.add_argument("--fits", default="partial,crop")
-    ap.add_argument("--sparsity", type=float, default=0.875)
     args = ap.parse_args(argv)
     device = torch.device("cuda")
-    volumes = checked_volumes(args.volumes, device)
+    volumes = start(args, device)
     if volumes is None:
         return 2
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  sparsity {args.sparsity}")
     rows = []
     for key in args.shapes.split(","):
         for vol in volumes:

@@ -19,7 +19,8 @@
 #      the DiT, eager, random weights: `vsagen profile` of full and vsa at each tile at 1.3B 480p and 14B 720p
 #   or 2'. carry [".fa4b", ".whl"]:    bash benchmarks/tiles_gpu.sh schedules
 #      where FA4's time goes through the adapter (benchmarks/fa4_profile.py: padding, masks, lists, the kernel alone,
-#      on the models' grids and on grids of whole cubes) and the two-tile forward schedule (benchmarks/fwd_pair.py)
+#      on the models' grids and on grids of whole cubes); the two forward schedules it also timed (fwd_pair.py)
+#      were retired after they measured slower (source at commit 8b0ade0)
 #   or 2''. carry [".fa4b", ".whl"]:   bash benchmarks/tiles_gpu.sh crop
 #      grids of whole cubes, where FA4 needs no padding or mask: Nsight Compute on one forward of each engine with the
 #      same lists (benchmarks/ncu_fine.py), FA4's split on the crop grids (fa4_profile.py), and the 1.3B DiT with
@@ -39,10 +40,8 @@ if [ "$what" = kernels ]; then
         --json "$OUT/tiles.json" 2>&1 | grep -v Warning | tee "$OUT/tiles.txt"
     python3 benchmarks/fa4_adapter.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_adapter.txt"
     python3 benchmarks/tile_expand.py 2>&1 | grep -v Warning | tee "$OUT/tile_expand.txt"
-elif [ "$what" = schedules ]; then  # most telling first; each part bounded so that one call holds all three
+elif [ "$what" = schedules ]; then  # each part bounded so that one call holds both
     timeout 200 python3 benchmarks/fa4_profile.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/fa4_profile.txt"
-    timeout 200 python3 benchmarks/fwd_pair.py --launches 4x1,4x2,8x1,8x2 2>&1 | grep -v Warning \
-        | tee "$OUT/fwd_pair.txt"
     timeout 150 python3 benchmarks/fa4_profile.py --shapes 14b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_14b.txt"
 elif [ "$what" = crop ]; then

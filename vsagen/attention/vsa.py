@@ -167,8 +167,8 @@ class VSAAttention(Backend):
         Triton-only options are at their defaults (query_rows 64, no tuning), q is bf16 / fp16, the call is eager
         (not traced by torch.compile: the custom ops are), every cube of the layout is whole and holds 128 or 256
         tokens (`kernels.fa4_block_sparse.every_cube_full`), and the GPU is sm90 with FA4 installed
-        (`fa4_unavailable`; sm100 was not measured) in the version the adapter follows (`fa4_is_pinned_version`). Measured on the H100 (2026-12-05, BENCHMARKS.md: the 1.3B grid
-        rounded up to whole cubes): forward 2.57 / 2.53 ms against 3.32 / 3.35 ms at 4x4x8 / 4x8x8, forward +
+        (`fa4_unavailable`; sm100 was not measured) in the version the adapter follows (`fa4_is_pinned_version`).
+        Measured on the H100 (2026-12-05, BENCHMARKS.md: the 1.3B grid rounded up to whole cubes): forward 2.57 / 2.53 ms against 3.32 / 3.35 ms at 4x4x8 / 4x8x8, forward +
         backward 9.32 / 9.28 against 13.08 / 13.46 ms; on the model's grid with partial cubes FA4 must pad them
         (31% more rows at 1.3B) and is slower (3.38 against 2.11 ms forward).
 

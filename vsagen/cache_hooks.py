@@ -196,8 +196,12 @@ def _count_hooks(transformer: Any, expert: str, spec: CacheSpec, timer: Timer, i
             context = transformer.blocks[0]._diffusers_hook.get_hook(HEAD_HOOKS["mag"]).state_manager.context.name
             installed.calibration.setdefault(expert, {})[context] = list(s.calibration_ratios)
 
+    # the "dit" region's hooks are on the transformer already: the pre hook appended runs after its start and the
+    # post hook prepended runs before its stop, so each of these regions lies inside a "dit" region and the split
+    # never exceeds the DiT time (appended, the post hook ran after "dit" stopped: the time between the two, a GC
+    # pause or a preempted thread on a loaded CPU, was counted in the split only)
     return [transformer.register_forward_pre_hook(pre, with_kwargs=True),
-            transformer.register_forward_hook(post, with_kwargs=True)]
+            transformer.register_forward_hook(post, with_kwargs=True, prepend=True)]
 
 
 def expert_steps(pipe: Any, steps: int) -> dict[str, int]:

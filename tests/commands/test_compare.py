@@ -524,9 +524,10 @@ def test_every_backend_runs_with_every_cache(vsagen_cache, tiny_dir, tmp_path):
         assert r["dit_computed_forwards"] + r["dit_reused_forwards"] == r["dit_forwards"] == 4, r["label"]
         assert (r["dit_reused_forwards"] > 0) == (r["cache"] != "none"), r["label"]
         assert (len(r["dit_reused_steps"]) > 0) == (r["cache"] != "none"), r["label"]
-        # the split is timed inside each DiT forward: at most the DiT time, and most of it (the rest is hook
-        # overhead; on this CPU a forward takes ~3 ms, and under the suite's parallel workers the gap reached 24%
-        # once, so a 20% band was flaky: 2026-12-05)
+        # the split is timed inside each DiT forward (its regions nest in the "dit" ones): at most the DiT time,
+        # and most of it (the rest is hook overhead; on this CPU a forward takes ~3 ms, and under the suite's
+        # parallel workers the gap reached 24% once, so a 20% band was flaky: 2026-12-05). Before the regions
+        # nested, CI once saw the split 35% above the DiT time (sla + first-block).
         split = r["dit_computed_s"] + r["dit_reused_s"]
-        assert 0.5 * r["dit_s_per_video"] <= split <= 1.05 * r["dit_s_per_video"], r["label"]
+        assert 0.5 * r["dit_s_per_video"] <= split <= r["dit_s_per_video"] * (1 + 1e-9), r["label"]
         assert r["psnr_db"] == "inf" or math.isfinite(r["psnr_db"]), r["label"]

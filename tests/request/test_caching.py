@@ -219,7 +219,8 @@ def test_t2v_json_counts_equal_an_independent_counter(vsagen_cache, tiny_dir, tm
     assert (t["dit_computed_forwards"], t["dit_reused_forwards"]) == (seen["tail"], seen["forwards"] - seen["tail"])
     assert (t["dit_computed_forwards"], t["dit_reused_forwards"], t["dit_reused_steps"]) == (2, 4, [1, 2])
     assert t["dit_reuse_share"] == pytest.approx(4 / 6) and out.is_file()
-    assert t["dit_computed_s"] + t["dit_reused_s"] == pytest.approx(t["dit_s"], rel=0.2)
+    # nested in the "dit" regions: at most the DiT time, most of it (hook overhead aside)
+    assert 0.5 * t["dit_s"] <= t["dit_computed_s"] + t["dit_reused_s"] <= t["dit_s"] * (1 + 1e-9)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 # Sourced by the benchmarks/*_gpu.sh scripts on the lent GPU, from the repository root: installs the carried
 # wheels (.whl: ../shared/gpu/fetch-wheels.sh) and, where carried and unpacked, FlashAttention-4 (.fa4b, with
-# /tmp/fa4 from .fa4a: ../shared/gpu/fetch-fa4.sh), then vsagen itself (editable, offline; from the tree where that cannot build); sets OUT (default
-# /tmp/out) and prints the GPU, the versions and the commit. Returns 1 when an install fails.
+# /tmp/fa4 from .fa4a: ../shared/gpu/fetch-fa4.sh), then vsagen itself (editable, offline; from the tree where that
+# cannot build); sets OUT (default /tmp/out) and prints the GPU, the versions and the commit (where this machine's
+# git metadata is the tree's). Returns 1 when an install fails.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site
 if [ -d .fa4b/whl ] && [ -d /tmp/fa4/nvidia_cutlass_dsl ]; then
@@ -23,5 +24,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'triton', triton.__version__, 'diffusers', diffusers.__version__)"
 python3 -c "import flash_attn.cute, importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'))" \
     2>/dev/null || echo "flash-attn-4 not importable"
-git rev-parse --short HEAD 2>/dev/null
+# the device's git metadata can be an older copy than the tree it runs: name the commit only when they agree
+if git diff --quiet HEAD 2>/dev/null; then git rev-parse --short HEAD
+else echo "commit: unknown here (this machine's git metadata is not the tree's: note the commit you carried)"; fi
 return 0

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # torch is imported where a layout is built: the crop plans a
 
 TILE = (4, 4, 4)
 TILE_VOLUMES = (64, 128, 256)  # the VSA tile volumes vsagen runs (FastVideo's three: `vsa_utils`, VSA-128 / 256)
+NAMED_TILES = ((4, 4, 4), (4, 4, 8), (4, 8, 8))  # the cube of each volume VSA's paper and FastVideo use
 KERNEL_TILE = 64  # tokens of the block-sparse kernels' tiles: a larger cube runs as runs of this many tokens
 
 

@@ -168,9 +168,10 @@ class VSAAttention(Backend):
         (not traced by torch.compile: the custom ops are), every cube of the layout is whole and holds 128 or 256
         tokens (`kernels.fa4_block_sparse.every_cube_full`), and the GPU is sm90 with FA4 installed
         (`fa4_unavailable`; sm100 was not measured) in the version the adapter follows (`fa4_is_pinned_version`).
-        Measured on the H100 (2026-12-05, BENCHMARKS.md: the 1.3B grid rounded up to whole cubes): forward 2.57 / 2.53 ms against 3.32 / 3.35 ms at 4x4x8 / 4x8x8, forward +
-        backward 9.32 / 9.28 against 13.08 / 13.46 ms; on the model's grid with partial cubes FA4 must pad them
-        (31% more rows at 1.3B) and is slower (3.38 against 2.11 ms forward).
+        Measured on the H100 (2026-12-05, BENCHMARKS.md, fifth session: the 1.3B grid rounded up to whole cubes):
+        forward 2.43 / 2.39 ms against 3.29 / 3.30 ms at 4x4x8 / 4x8x8, forward + backward 9.26 / 9.10 against
+        13.11 / 13.25 ms; in the 1.3B DiT at `--tile-fit crop` 0.619 against 0.687 s/step. On the model's grid with
+        partial cubes FA4 must pad them (31% more rows at 1.3B) and is slower (3.38 against 2.11 ms forward).
 
         Args:
             q: (B, S, H, D) on a CUDA device.

@@ -1,13 +1,13 @@
 """The crop plan of a request before anything loads: its size under `--tile-fit` with the preset's strides and
-patch size (`vsagen.layout.plan_crop`), the run note of a crop that denoises more than was asked, and the refusal of
-a grid past the transformer's position tables."""
+patch size (`vsagen.layout.plan_crop`), the run notes of a crop that denoises more than was asked and of a cube
+longer than the grid, and the refusal of a grid past the transformer's position tables."""
 
 from __future__ import annotations
 
 import math
 
 from ..errors import BadInput
-from ..layout import TILE, CropPlan, plan_crop, tile_text
+from ..layout import NAMED_TILES, TILE, CropPlan, plan_crop, tile_text
 from ..models import ModelSource
 
 
@@ -57,3 +57,26 @@ def crop_note(plan: CropPlan, tile: tuple[int, int, int]) -> str | None:
     return (f"--tile-fit crop: denoising {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width} "
             f"({ratio:.2f}x the tokens of {plan.frames}x{plan.height}x{plan.width}) so the grid is whole tiles of "
             f"{tile_text(tile)}; the video is cropped back")
+
+
+def oversized_tile_note(grid: tuple[int, int, int], tile: tuple[int, int, int]) -> str | None:
+    """The run note of a cube longer than the latent grid along an axis under `--tile-fit partial` (None when it
+    fits): every cube of the layout is then partial, holding at most `prod(min(tile, grid))` of its tokens, so the
+    block-sparse kernels work on short tiles the whole run (it runs correctly, far from their rate, and unlike
+    what a checkpoint trained with whole cubes saw). Names the cubes that fit.
+
+    Args:
+        grid: the post-patch latent grid (frames, rows, columns) the run denoises.
+        tile: the VSA cube (tt, th, tw).
+    """
+    over = [f"{axis} {t} > {g}" for axis, t, g in zip(("frames", "rows", "columns"), tile, grid) if t > g]
+    if not over:
+        return None
+    most = math.prod(min(t, g) for t, g in zip(tile, grid))
+    fits = [tile_text(t) for t in NAMED_TILES if all(a <= g for a, g in zip(t, grid))]
+    named = ", ".join(fits[:-1]) + " or " + fits[-1] if len(fits) > 1 else "".join(fits)
+    hint = f"a cube within the grid ({named}) keeps whole cubes" if fits else \
+        "no named cube fits this grid; a larger size does"
+    return (f"tile {tile_text(tile)} is longer than the latent grid {tile_text(grid)} ({', '.join(over)}): every "
+            f"cube is partial and holds at most {most} of its {math.prod(tile)} tokens, so the sparse kernels run "
+            f"short tiles throughout; {hint}")

@@ -27,7 +27,7 @@ from .backends import (attention_specs, auto_spec, check_entries, check_impl, cr
                        preset_file_notes)
 from .caching import resolve_caches
 from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
-from .plans import check_rope_range, crop_note, preset_plan, size_limits
+from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
 from ..samplers import NAMED, Sampler
@@ -390,6 +390,10 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                              crop_note(preset_plan(source, frames, height, width, "crop", crop_tile),
                                                        crop_tile) if "crop" in fits else None)
                                  if n is not None)
+    if "partial" in fits:  # a cube the user chose (crop rounds the grid up to whole cubes: crop_note's cost)
+        grid = preset_plan(source, frames, height, width, "partial").grid
+        chosen = sorted({sp.tile for sp in specs if sp.tile is not None and sp.tile != TILE})
+        notes += tuple(n for n in (oversized_tile_note(grid, t) for t in chosen) if n is not None)
     if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
         notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
                   f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)

@@ -48,6 +48,9 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
             assert impls == ["triton", "torch"] + (["fa4"] if name in {"vsa", "rocm-vsa"} else []), name
             fa4_auto = "a grid of whole 128 / 256-token cubes runs the fine stage on fa4" in text
             assert fa4_auto is (name == "vsa"), name  # rocm-vsa and sla-star keep impl auto on Triton
+            # every condition of VSAAttention.auto_engine said (a reviewer found four missing)
+            assert fa4_auto is ("in the release of the fa4 extra" in text and "when the run is eager, bf16 / fp16, "
+                                "query_rows 64" in text), name
         for key, default, values in option_help(backend_class(name).Options):
             assert f"{key}={default} {values}" in text, (name, key)
     assert "options: none" in by_name["full"] and "implementations: one (no impl option)" in by_name["full"]
@@ -95,6 +98,7 @@ def test_presets_lists_bundled_presets():
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+    assert "attn: the backend the checkpoint was trained with, its sparsity and VSA cube" in " ".join(res.stdout.split())
     # issue 30: the published sparse / distilled checkpoints with how their authors run them
     fastwan = [c.strip() for c in rows[names.index("fastwan2.1-t2v-1.3b")]]
     assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8 4x4x4",

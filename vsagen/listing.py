@@ -73,7 +73,8 @@ def print_presets() -> None:
     for line in published:  # what each published sparse / distilled checkpoint is
         con.print(line, markup=False, highlight=False)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
-              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally.", markup=False,
+              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
+              "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option).", markup=False,
               highlight=False)
 
 
@@ -113,8 +114,9 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
         impls = [i for i in impls_of(name) if i != "auto"]
         auto = "impl=auto runs triton on CUDA, torch (the reference) elsewhere"
         if getattr(cls, "auto_fa4", False):
-            auto += ("; on an sm90 GPU with FA4 installed, a grid of whole 128 / 256-token cubes runs the fine stage "
-                     "on fa4 (measured faster there)")
+            auto += ("; on an sm90 GPU with FA4 installed in the release of the fa4 extra, a grid of whole 128 / "
+                     "256-token cubes runs the fine stage on fa4 (measured faster there) when the run is eager, bf16 /"
+                     " fp16, query_rows 64")
         say("implementations: " + (f"{', '.join(impls)}; {auto}" if impls else "one (no impl option)"), indent=2)
         options = option_help(cls.Options)  # others (e.g. vsa's kernel tuning) are set from Python only
         python = python_options(cls.Options)

@@ -98,7 +98,8 @@ def test_presets_lists_bundled_presets():
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
-    assert "attn: the backend the checkpoint was trained with, its sparsity and VSA cube" in " ".join(res.stdout.split())
+    legend = "attn: the backend the checkpoint was trained with, its sparsity and VSA cube"
+    assert legend in " ".join(res.stdout.split())
     # issue 30: the published sparse / distilled checkpoints with how their authors run them
     fastwan = [c.strip() for c in rows[names.index("fastwan2.1-t2v-1.3b")]]
     assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8 4x4x4",

@@ -107,7 +107,7 @@ def masked_attention_fp64(q, k, v, lay, q2k, cnt):
 
 
 @pytest.mark.parametrize("grid,tile,d", [((5, 6, 10), (4, 4, 8), 64), ((3, 9, 17), (4, 8, 8), 128),
-                                         ((4, 8, 8), (4, 8, 8), 64)])
+                                         ((4, 8, 8), (4, 8, 8), 64), ((5, 9, 12), (4, 4, 8), 128)])
 def test_kernels_over_expanded_lists_equal_the_cube_selection(grid, tile, d):
     """Forward and backward of the Triton kernels (interpreter) over the expanded lists against float64 attention
     masked by the cube lists; batch 2, ragged counts (some rows empty), partial cubes."""

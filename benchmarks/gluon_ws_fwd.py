@@ -1,0 +1,420 @@
+"""Experiment for the lent GPU (issue 33 item 3, not shipped): the 64-token fine-stage forward as a warp-specialized
+Gluon kernel for Hopper (sm_90): producer warps that only issue the K / V TMA loads into a ring of buffers, and
+consumer warpgroups that only compute, optionally two consumers per CTA whose matrix products alternate
+("ping-pong", FlashAttention-3, Shah et al., arXiv 2407.08608, sec. 3.1: one warpgroup's softmax runs while the
+other's products are on the tensor cores).
+
+Why: Nsight Compute on the shipped Triton forward (BENCHMARKS.md, 2026-12-05 fourth session) shows the tensor pipe
+active 48.9% of the time, against 80.5% for FlashAttention-4's warp-specialized kernel on the same lists; the two
+Triton programs per SM interleave by chance, not by schedule. Earlier attempts that kept one role per warp (the
+FlashAttention-3 intra-warpgroup overlap in Gluon, two query tiles or two key tiles per program in Triton) did not
+gain; Triton's automatic warp specialization does not compile this loop.
+
+Variants (`--variants`, each `NCONS:STAGES:PINGPONG`):
+  1:S:0   one consumer warpgroup and one producer warp per CTA (two CTAs per SM where shared memory allows),
+          S K / V buffers per consumer;
+  2:S:P   two consumer warpgroups per CTA, one query tile each (tiles 2t and 2t + 1, each with its own key list
+          and its own producer warp and ring of S buffers); P = 1 makes their Q K^T / P V issues alternate.
+Each consumer runs the FlashAttention-3 intra-warpgroup order of the retired `gluon_fwd.py` (commit 2ff0614): issue
+S_j = Q K_j^T and O += P_{j-1} V_{j-1}, wait for S_j only, softmax, wait for the product, release its buffer.
+
+Same function and layout contract as `bsa_forward.bsa_fwd` (VSA paper, arXiv 2505.13389, sec. 2, fine stage; online
+softmax as in FlashAttention-2): q, k, v (B, S, H, D) bf16 / fp16 in tile order, D 64 or 128, tiles of at most 64
+tokens; a partial tile's TMA box also covers the next tile's first rows, which the score mask removes.
+
+Usage (on the GPU, from the repository root): python3 benchmarks/gluon_ws_fwd.py [--shapes 1.3b]
+    [--variants 1:2:0,1:3:0,2:2:0,2:2:1] [--compile-only sm90]
+`--compile-only` compiles every variant for sm_90a on any machine (Triton 3.6's Gluon) and prints registers and
+shared memory, without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+try:  # Gluon ships with Triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+BLOCK = 64  # tokens of a kernel tile: the query and key tile rows
+LOG2E = 1.4426950408889634
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _tile(off_ptr, t):
+        """Start row and token count of tile t."""
+        start = gl.load(off_ptr + t)
+        return start, gl.load(off_ptr + t + 1) - start
+
+    @gluon.jit
+    def _query_tile(q2k_cnt_ptr, off_ptr, n_tiles, b, h, stride_cb, stride_ch, NCONS: gl.constexpr,
+                    CI: gl.constexpr):
+        """(tile index, its selected-key count; 0 for a tile past the last) of consumer CI in this CTA."""
+        qt = gl.program_id(0) * NCONS + CI
+        valid = qt < n_tiles
+        qt_safe = gl.minimum(qt, n_tiles - 1)
+        cnt = gl.load(q2k_cnt_ptr + b * stride_cb + h * stride_ch + qt_safe)
+        return qt_safe, gl.where(valid, cnt, 0), valid
+
+    @gluon.jit
+    def _producer(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr,
+                  CI: gl.constexpr):
+        """Consumer CI's loads: its Q tile, then the K / V tiles of its q2k row into its ring (one warp)."""
+        (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
+         o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, seq_len, n_tiles, num_heads,
+         stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch,
+         qk_scale) = args
+        pid_bh = gl.program_id(1)
+        b = pid_bh // num_heads
+        h = pid_bh % num_heads
+        qt, cnt, valid = _query_tile(cnt_ptr, off_ptr, n_tiles, b, h, stride_cb, stride_ch, NCONS, CI)
+        row0 = b * seq_len
+        col0 = h * HEAD_DIM
+        q_start = gl.load(off_ptr + qt)
+        mbarrier.expect(q_bar.index(CI), q_desc.block_type.nbytes, pred=valid)
+        tma.async_copy_global_to_shared(q_desc, [row0 + q_start, col0], q_bar.index(CI), q_smem.index(CI),
+                                        pred=valid)
+        row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + qt * stride_iq
+        for j in range(cnt):
+            s = j % STAGES
+            slot = CI * STAGES + s
+            mbarrier.wait(empty.index(slot), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+            start = gl.load(off_ptr + gl.load(row_ptr + j))
+            mbarrier.expect(ready.index(slot), 2 * k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [row0 + start, col0], ready.index(slot), k_smem.index(slot))
+            tma.async_copy_global_to_shared(v_desc, [row0 + start, col0], ready.index(slot), v_smem.index(slot))
+
+    @gluon.jit
+    def _consumer(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr,
+                  CI: gl.constexpr):
+        """Consumer CI (one warpgroup): attention of its query tile over its ring's key tiles; stores O and LSE."""
+        (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
+         o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, seq_len, n_tiles, num_heads,
+         stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ib, stride_ih, stride_iq, stride_cb, stride_ch,
+         qk_scale) = args
+        BLOCK_M: gl.constexpr = 64
+        BLOCK_N: gl.constexpr = 64
+        dtype: gl.constexpr = q_desc.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+        pid_bh = gl.program_id(1)
+        b = pid_bh // num_heads
+        h = pid_bh % num_heads
+        qt, cnt, valid = _query_tile(cnt_ptr, off_ptr, n_tiles, b, h, stride_cb, stride_ch, NCONS, CI)
+        # ping-pong: each consumer has cnt + 1 issue events (scores of tile 0; scores of tile j with the product of
+        # tile j - 1; the last product), none without tiles. Consumer 0 goes first: before its event j >= 1 it waits
+        # for consumer 1's event j - 1, and consumer 1 before its event j for consumer 0's event j; each arrives on
+        # the other's barrier after issuing. A consumer whose events ran out is no longer waited for.
+        events_other = 0
+        if PINGPONG:
+            _o, cnt_other, _v = _query_tile(cnt_ptr, off_ptr, n_tiles, b, h, stride_cb, stride_ch, NCONS, 1 - CI)
+            events_other = gl.where(cnt_other > 0, cnt_other + 1, 0)
+        q_start, q_len = _tile(off_ptr, qt)
+        row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + qt * stride_iq
+        q_op = q_smem.index(CI)
+
+        offs_n = gl.arange(0, BLOCK_N, layout=col_s)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+        s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        p = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)
+        mbarrier.wait(q_bar.index(CI), 0, pred=valid)
+
+        if cnt > 0:  # event 0: scores and softmax of tile 0, no product in flight yet
+            if PINGPONG:
+                if CI == 1:
+                    mbarrier.wait(turn.index(1), 0, pred=events_other > 0)
+            _, k_len = _tile(off_ptr, gl.load(row_ptr))
+            st = CI * STAGES
+            mbarrier.wait(ready.index(st), 0)
+            s = warpgroup_mma(q_op, k_smem.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - CI), count=1)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            s = gl.where((offs_n < k_len)[None, :], s * qk_scale, float("-inf"))
+            m_i = gl.max(s, axis=1)
+            pf = gl.exp2(s - m_i[:, None])
+            l_i = gl.sum(pf, axis=1)
+            p = gl.convert_layout(pf.to(dtype), p_layout)
+
+        for j in range(1, cnt):  # event j: scores of tile j while the product of tile j - 1 runs
+            if PINGPONG:
+                if CI == 0:
+                    mbarrier.wait(turn.index(0), (j - 1) & 1, pred=j - 1 < events_other)
+                else:
+                    mbarrier.wait(turn.index(1), j & 1, pred=j < events_other)
+            _, k_len = _tile(off_ptr, gl.load(row_ptr + j))
+            st = CI * STAGES + j % STAGES
+            sp = CI * STAGES + (j - 1) % STAGES
+            mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+            s = warpgroup_mma(q_op, k_smem.index(st).permute((1, 0)), s_init, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - CI), count=1)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
+            s = gl.where((offs_n < k_len)[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            alpha = gl.exp2(m_i - m_new)
+            pf = gl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(pf, axis=1)
+            p_next = gl.convert_layout(pf.to(dtype), p_layout)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(sp), count=1)  # tile j - 1's K and V are read: the producer refills it
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            m_i = m_new
+            p = p_next
+
+        if cnt > 0:  # event cnt: the last tile's product
+            if PINGPONG:
+                if CI == 0:
+                    mbarrier.wait(turn.index(0), (cnt - 1) & 1, pred=cnt - 1 < events_other)
+                else:
+                    mbarrier.wait(turn.index(1), cnt & 1, pred=cnt < events_other)
+            sp = CI * STAGES + (cnt - 1) % STAGES
+            acc = warpgroup_mma(p, v_smem.index(sp), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - CI), count=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(sp), count=1)
+
+        empty_row = l_i == 0.0  # no selected tile: output 0, LSE -inf
+        l_safe = gl.where(empty_row, 1.0, l_i)
+        out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+        offs_mo = gl.arange(0, BLOCK_M, layout=row_o)
+        offs_d = gl.arange(0, HEAD_DIM, layout=col_o)
+        o_mask = ((offs_mo < q_len) & valid)[:, None] & (offs_d < HEAD_DIM)[None, :]
+        o_ptrs = o_ptr + b * stride_ob + h * stride_oh + (q_start + offs_mo)[:, None] * stride_os + offs_d[None, :]
+        gl.store(o_ptrs, out.to(dtype), mask=o_mask)
+        lse = gl.where(empty_row, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+        offs_ms = gl.arange(0, BLOCK_M, layout=row_s)
+        gl.store(lse_ptr + b * stride_lb + h * stride_lh + q_start + offs_ms, lse, mask=(offs_ms < q_len) & valid)
+
+    @gluon.jit
+    def _consumer0(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr):
+        _consumer(args, HEAD_DIM, STAGES, NCONS, PINGPONG, 0)
+
+    @gluon.jit
+    def _consumer1(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr):
+        _consumer(args, HEAD_DIM, STAGES, NCONS, PINGPONG, 1)
+
+    @gluon.jit
+    def _producer0(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr):
+        _producer(args, HEAD_DIM, STAGES, NCONS, PINGPONG, 0)
+
+    @gluon.jit
+    def _producer1(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr):
+        _producer(args, HEAD_DIM, STAGES, NCONS, PINGPONG, 1)
+
+    @gluon.jit
+    def _ws_fwd_kernel(
+        q_desc, k_desc, v_desc, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr,
+        seq_len, n_tiles, num_heads, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+        stride_ib, stride_ih, stride_iq, stride_cb, stride_ch, qk_scale,
+        HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NCONS: gl.constexpr, PINGPONG: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        """One CTA: NCONS query tiles (consecutive) of one (batch, head); grid (ceil(n_tiles / NCONS), B * H)."""
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [NCONS, 64, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [NCONS * STAGES, 64, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [NCONS * STAGES, 64, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [NCONS, 1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [NCONS * STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NCONS * STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NCONS):
+            mbarrier.init(q_bar.index(i), count=1)
+        for i in gl.static_range(NCONS * STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
+        args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, ready, empty, turn,
+                o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, seq_len, n_tiles, num_heads,
+                stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ib, stride_ih, stride_iq, stride_cb,
+                stride_ch, qk_scale)
+        if NCONS == 1:
+            gl.warp_specialize([(_consumer0, (args, HEAD_DIM, STAGES, NCONS, PINGPONG)),
+                                (_producer0, (args, HEAD_DIM, STAGES, NCONS, PINGPONG))], [1], [24])
+        else:
+            gl.warp_specialize([(_consumer0, (args, HEAD_DIM, STAGES, NCONS, PINGPONG)),
+                                (_consumer1, (args, HEAD_DIM, STAGES, NCONS, PINGPONG)),
+                                (_producer0, (args, HEAD_DIM, STAGES, NCONS, PINGPONG)),
+                                (_producer1, (args, HEAD_DIM, STAGES, NCONS, PINGPONG))],
+                               [4, 1, 1], [CONSUMER_REGS, 24, 24])
+
+
+def _variant(text: str) -> tuple[int, int, int]:
+    ncons, stages, ping = (int(x) for x in text.split(":"))
+    if ncons not in (1, 2) or stages < 1 or ping not in (0, 1) or (ping and ncons == 1):
+        raise argparse.ArgumentTypeError(f"variant {text!r}: NCONS:STAGES:PINGPONG, NCONS 1 or 2, ping-pong needs 2")
+    return ncons, stages, ping
+
+
+def _launch_options(ncons: int) -> dict:
+    """Warps and the launch register cap: one consumer + a producer warp -> 8 warps (two warpgroups), two CTAs per
+    SM (128 registers a thread at launch); two consumers + two producer warps -> 12 warps, one CTA (168)."""
+    return {"num_warps": 4, "maxnreg": 128 if ncons == 1 else 168}
+
+
+def ws_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, variant, scale=None):
+    """The fine-stage forward with the warp-specialized Gluon kernel (no autograd); contract of `bsa_fwd`.
+
+    Args:
+        q, k, v: (B, S, H, D) bf16 / fp16 CUDA tensors in tile order, (B*S, H*D)-viewable, D 64 or 128.
+        q2k: (B, H, Q_TILES, K) int32, K >= 1; q2k_cnt (B, H, Q_TILES) int32; tile_offsets (n_tiles + 1,) int32.
+        variant: (NCONS, STAGES, PINGPONG) as in the module docstring.
+        scale: softmax scale, default 1/sqrt(D).
+
+    Returns:
+        out (B, S, H, D) like q; lse (B, H, S) fp32 natural log (-inf on rows with no selected tile).
+    """
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    ncons, stages, ping = variant
+    b, s, h, d = q.shape
+    n_tiles = tile_offsets.numel() - 1
+    scale = d ** -0.5 if scale is None else scale
+    el = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, d], el)
+    q_desc, k_desc, v_desc = (TensorDescriptor(x, [b * s, h * d], [x.stride(1), 1], [BLOCK, d], layout)
+                              for x in (q, k, v))
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+    _ws_fwd_kernel[((n_tiles + ncons - 1) // ncons, b * h)](
+        q_desc, k_desc, v_desc, out, lse, q2k, q2k_cnt, tile_offsets,
+        s, n_tiles, h, out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        q2k.stride(0), q2k.stride(1), q2k.stride(2), q2k_cnt.stride(0), q2k_cnt.stride(1), scale * LOG2E,
+        HEAD_DIM=d, STAGES=stages, NCONS=ncons, PINGPONG=ping, CONSUMER_REGS=240, **_launch_options(ncons))
+    return out, lse
+
+
+def _resource_usage(cubin: bytes) -> str:
+    """Registers, spill stores / loads of a cubin (`cuobjdump --dump-resource-usage` of Triton's bundled tools)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    return f"REG {m.group(1)} STACK {m.group(2)} LOCAL {m.group(4)}" if m else text.strip()[-200:]
+
+
+def compile_only(variants, head_dim: int = 128) -> None:
+    """Compile each variant for sm_90a without a GPU and print its registers, shared memory and warps."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import mangle_type
+
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK, head_dim], gl.bfloat16)
+    x = torch.empty(640, 2 * head_dim, dtype=torch.bfloat16)
+    desc = mangle_type(TensorDescriptor(x, [640, 2 * head_dim], [2 * head_dim, 1], [BLOCK, head_dim], layout))
+    print("descriptor type:", desc)
+    names = ["q_desc", "k_desc", "v_desc", "o_ptr", "lse_ptr", "q2k_ptr", "cnt_ptr", "off_ptr", "seq_len", "n_tiles",
+             "num_heads", "stride_ob", "stride_os", "stride_oh", "stride_lb", "stride_lh", "stride_ib", "stride_ih",
+             "stride_iq", "stride_cb", "stride_ch", "qk_scale"]
+    types = [desc, desc, desc, "*bf16", "*fp32", "*i32", "*i32", "*i32"] + ["i32"] * 13 + ["fp32"]
+    for ncons, stages, ping in variants:
+        sig = dict(zip(names, types))
+        consts = {"HEAD_DIM": head_dim, "STAGES": stages, "NCONS": ncons, "PINGPONG": ping, "CONSUMER_REGS": 240,
+                  "num_warps": 4}
+        sig.update({k: "constexpr" for k in consts})
+        params = [p.name for p in _ws_fwd_kernel.params]
+        src = GluonASTSource(_ws_fwd_kernel, sig, {(params.index(k),): v for k, v in consts.items()})
+        try:
+            c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=_launch_options(ncons))
+            print(f"variant {ncons}:{stages}:{ping}: compiled, {c.metadata.num_warps} warps, shared "
+                  f"{c.metadata.shared} B; {_resource_usage(c.asm['cubin'])}", flush=True)
+        except Exception as e:  # report every variant
+            print(f"variant {ncons}:{stages}:{ping}: failed: {type(e).__name__}: {str(e)[-3000:]}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="1.3b")
+    ap.add_argument("--variants", default="1:2:0,1:3:0,2:2:0,2:2:1,2:3:1",
+                    type=lambda t: [_variant(x) for x in t.split(",")])
+    ap.add_argument("--compile-only", action="store_true")
+    a = ap.parse_args(argv)
+    if not HAVE_GLUON:
+        print("Gluon is not importable in this Triton: nothing to run")
+        return 1
+    if a.compile_only:
+        compile_only(a.variants)
+        return 0
+    import torch
+
+    from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2
+    from vsagen.kernels.bsa_forward import bsa_fwd
+    from vsagen.kernels.coarse import coarse_stage
+    from vsagen.kernels.reference import top_k_from_sparsity
+    from vsagen.layout import tile_layout
+
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
+    for key in a.shapes.split(","):
+        base = SHAPES[key]
+        whole = AttentionShape(base.name + " whole tiles", tuple(g // 4 * 4 for g in base.grid), base.heads)
+        for shape in (base, whole):
+            lay = tile_layout(shape.grid, device="cuda")
+            off = lay.tile_offsets_i32
+            q, k, v = make_inputs(shape, seed=4)
+            c = coarse_stage(q, k, off, top_k_from_sparsity(0.875, lay.num_tiles))
+            o_ref, lse_ref = bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off)
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            dense = bench_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt))
+            t_tri = bench_ms(lambda: bsa_fwd(q, k, v, c.q2k, c.q2k_cnt, off))
+            print(f"{shape.name} {shape.grid}: cuDNN-or-flash dense {dense:.3f} ms; shipped Triton fine {t_tri:.3f} ms "
+                  f"({dense / t_tri:.2f}x)", flush=True)
+            cnt2 = c.q2k_cnt.clone()
+            cnt2[..., ::7] = 0
+            cnt2[..., 3::7] = 1
+            o_short, lse_short = bsa_fwd(q, k, v, c.q2k, cnt2, off)
+            for var in a.variants:
+                name = ":".join(map(str, var))
+                try:
+                    o, lse = ws_fwd(q, k, v, c.q2k, c.q2k_cnt, off, var)
+                    torch.cuda.synchronize()
+                    ok = rel_l2(o, o_ref) < 1e-2 and rel_l2(lse, lse_ref) < 1e-3
+                    o2, l2 = ws_fwd(q, k, v, c.q2k, cnt2, off, var)
+                    fin = torch.isfinite(lse_short)
+                    short_ok = (rel_l2(o2, o_short) < 1e-2 and torch.equal(fin, torch.isfinite(l2))
+                                and rel_l2(l2[fin], lse_short[fin]) < 1e-3)
+                    t = bench_ms(lambda: ws_fwd(q, k, v, c.q2k, c.q2k_cnt, off, var)) if ok else float("nan")
+                    print(f"  ws {name}: {t:.3f} ms ({dense / t:.2f}x dense, {t_tri / t:.3f}x shipped); out rel "
+                          f"{rel_l2(o, o_ref):.1e} lse rel {rel_l2(lse, lse_ref):.1e}; short / empty rows "
+                          f"{'agree' if short_ok else 'DIFFER'}", flush=True)
+                except Exception as e:  # report every variant
+                    print(f"  ws {name}: failed: {type(e).__name__}: {str(e)[:800]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

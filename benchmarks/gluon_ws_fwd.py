@@ -249,6 +249,8 @@ if HAVE_GLUON:
                 o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, seq_len, n_tiles, num_heads,
                 stride_ob, stride_os, stride_oh, stride_lb, stride_lh, stride_ib, stride_ih, stride_iq, stride_cb,
                 stride_ch, qk_scale)
+        # each partition's argument tuple is written out in the call: a tuple assigned to a variable first turns its
+        # constexprs into tensors (triton 3.6), and the layouts need HEAD_DIM as a constexpr
         if NCONS == 1:
             gl.warp_specialize([(_consumer0, (args, HEAD_DIM, STAGES, NCONS, PINGPONG)),
                                 (_producer0, (args, HEAD_DIM, STAGES, NCONS, PINGPONG))], [1], [24])

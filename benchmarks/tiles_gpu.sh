@@ -29,7 +29,7 @@
 #      impl=auto's engine choice in the DiT: `vsagen profile` of vsa:tile=4x8x8 (auto) beside impl=triton, with
 #      --tile-fit partial,crop at 1.3B (and crop at 14B with WITH_14B_DIT=1; the JSON's rows with the engine that ran;
 #      benchmarks/profile_rows.py prints them), and FA4's split on the 1.3B and 14B crop grids
-#   or 2ws. (no carry needed; no .fa4a call first):  bash benchmarks/tiles_gpu.sh ws
+#   or 2ws. carry [".whl"] (no .fa4a call first):  bash benchmarks/tiles_gpu.sh ws
 #      the warp-specialized Gluon forward of 64-token tiles (benchmarks/gluon_ws_fwd.py: one or two consumer
 #      warpgroups per CTA, producer warps, ping-pong) against the shipped Triton forward on the 1.3B grid and its
 #      whole-tile crop, each variant checked against it first; variants in order of risk (a hang ends the call)

@@ -107,6 +107,26 @@ def test_session_run_with_encode_decode_and_warmup(tiny_session):
     assert names.count("dit") == 2 and "attn1" not in names and "self_attention" not in names
 
 
+@pytest.mark.slow
+def test_a_backends_notes_are_the_sessions_once_loaded_and_once_after_runs(vsagen_cache, tiny_dir, tmp_path):
+    """A backend's `prepare` notes (vsa's query_rows=128 under the torch reference) are in the session's notes once
+    the model is loaded, so `vsagen t2v` says them before the denoising bar (they came after the run before), and a
+    run that binds the backend adds them no second time."""
+    from vsagen.attention import make_backend
+    from vsagen.commands.generate_config import resolve_generate as resolve
+    from vsagen.pipeline import Session
+
+    cfg = resolve("a red fox", model="tiny", frames=5, height=64, width=64, steps=1, warmup=0, device="cpu",
+                  out=tmp_path / "s.mp4")
+    vsa = make_backend("vsa", None, "torch", tile="4x4x8", query_rows=128)
+    session = Session.load(cfg, [vsa])
+    said = [n for n in session.notes if "query_rows=128 has no effect" in n]
+    assert len(said) == 1
+    session.run(vsa, session.plan("partial"))
+    session.run(vsa, session.plan("partial"))
+    assert [n for n in session.notes if "query_rows=128 has no effect" in n] == said
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Helpers of a run
 

@@ -271,7 +271,7 @@ class Session:
         for fit in request.tile_fits:
             run = request.predicted_run(fit)
             for backend in backends:
-                backend.prepare(run)  # its notes come again when the run binds it
+                backend.prepare(run)  # refusals only: its notes are said once loaded (below)
         t0 = time.perf_counter()
         with status_after(log, f"loading {request.model} ({'random weights, ' if request.random_weights else ''}"
                                f"{request.device} {request.dtype})"):
@@ -283,10 +283,13 @@ class Session:
             model.notes.append(truncated)
         from .api import run_info
 
-        for fit in request.tile_fits:  # the loaded transformers and the real grids: refused before any run starts
-            run = run_info(pipe, grid=denoise_plan(request, pipe, fit).denoise_grid, steps=request.steps)
+        # the loaded transformers and the real grids: refused before any run starts, and the backends' notes said
+        # now, before a progress bar (the run that binds one gives the same notes: the session keeps each once)
+        steps = len(request.sampler.sigmas) if request.sampler.renoise else request.steps
+        for fit in request.tile_fits:
+            run = run_info(pipe, grid=denoise_plan(request, pipe, fit).denoise_grid, steps=steps, model=request.model)
             for backend in backends:
-                backend.prepare(run)
+                model.notes.extend(n for n in backend.prepare(run) or () if n not in model.notes)
         if request.offload == "none":  # (offloaded runs attached them in load_model)
             check_backend_weights(model, backends)
         # on a terminal the bar is cleared when done; in a pipe or file it is left as a line of its own (cleared, it

@@ -61,7 +61,8 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
             "tiny-a14b (patterns/tiny-a14b.json)") in " ".join(by_name["sparse-vdit"].split())
     for name in ("vsa", "rocm-vsa", "sla-star"):  # issue 33: the VSA cube, and vsa's 128-row programs and FA4
         text = " ".join(by_name[name].split())
-        assert "tile=4x4x4 TxHxW, power-of-two sides, 64 / 128 / 256 tokens: 4x4x4 | 4x4x8 | 4x8x8" in text, name
+        assert ("tile=4x4x4 TxHxW, power-of-two sides, 64 / 128 / 256 tokens, e.g. 4x4x4 | 4x4x8 | 4x8x8"
+                in text), name
         vsa_only = ("query_rows=64 64 | 128 (128: a 128 / 256-token tile)", "impl=auto auto | triton | torch | fa4")
         assert all((phrase in text) == (name != "sla-star") for phrase in vsa_only), name
         assert f"from Python only (vsagen.apply(pipe, '{name}', KEY=...)): tuning" in " ".join(by_name[name].split())

@@ -232,7 +232,7 @@ def test_option_help_lists_the_command_line_options_with_defaults_and_values():
 
     assert option_help(backend_class("full").Options) == []
     assert option_help(VSAOptions) == [("sparsity", "0.875", "a number"), ("impl", "auto", "auto | triton | torch | fa4"),
-                                       ("tile", "4x4x4", "TxHxW, power-of-two sides, 64 / 128 / 256 tokens: "
+                                       ("tile", "4x4x4", "TxHxW, power-of-two sides, 64 / 128 / 256 tokens, e.g. "
                                                                   "4x4x4 | 4x4x8 | 4x8x8"),
                                        ("query_rows", "64", "64 | 128 (128: a 128 / 256-token tile)"),
                                        ("gate_weights", "none", "a file, or none")]  # not `tuning` (Python only)

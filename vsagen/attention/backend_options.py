@@ -33,8 +33,8 @@ FEATURE_MAPS = ("softmax", "elu", "relu")  # sla-star's phi (`vsagen.kernels.ref
 QUERY_BLOCKS = (64, 128)  # sparse-vdit's grouped query rows (`vsagen.attention.sparse_vdit.QUERY_LAUNCH`'s keys)
 DEFAULT_QUERY_BLOCK = 64
 # VSA's `tile` option: its default, and how `vsagen backends` lists its values (any cube `layout.parse_tile` takes)
-TILE_FIELD = dict(default="4x4x4", metadata={"values": "TxHxW, power-of-two sides, 64 / 128 / 256 tokens: 4x4x4 | "
-                                                       "4x4x8 | 4x8x8"})
+TILE_FIELD = dict(default="4x4x4", metadata={"values": "TxHxW, power-of-two sides, 64 / 128 / 256 tokens, e.g. "
+                                                       "4x4x4 | 4x4x8 | 4x8x8"})
 
 
 def option_names(options_cls: type) -> list[str]:

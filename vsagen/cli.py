@@ -32,6 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     cls=OnceOptionsGroup,  # an option given twice is one error line, not the last one silently
+    context_settings={"max_content_width": 120},  # help as wide as the terminal, up to 120 columns (click: 80)
 )
 
 

@@ -92,9 +92,9 @@ CacheOption = Annotated[Optional[str], typer.Option(
     "--cache", metavar="NAME[:KEY=VALUE...]",
     help="Reuse DiT work across steps with diffusers' caching hooks, on every expert, with any --attn: none (the "
          "default); first-block (first-block:threshold=0.05: skip the other blocks while the first block's output "
-         "barely changes); mag (mag:threshold=0.06:max_skip_steps=3:retention_ratio=0.2; needs the model's ratios: "
-         "run once with mag:calibrate=true, which writes them to file=PATH or the vsagen cache); taylorseer "
-         "(taylorseer:cache_interval=5:disable_cache_before_step=3:max_order=1, lite=true). The timing table and "
+         "barely changes); mag (options threshold=0.06, max_skip_steps=3, retention_ratio=0.2; needs the model's "
+         "ratios: run once with mag:calibrate=true, which writes them to file=PATH or the vsagen cache); taylorseer "
+         "(options cache_interval=5, disable_cache_before_step=3, max_order=1, lite=true). The timing table and "
          "JSON count the forwards computed and reused. Not with --compile, --offload group or several processes.")]
 CacheList = Annotated[Optional[str], typer.Option(
     "--cache", metavar="LIST",

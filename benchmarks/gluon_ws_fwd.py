@@ -25,7 +25,8 @@ tokens; a partial tile's TMA box also covers the next tile's first rows, which t
 Usage (on the GPU, from the repository root): python3 benchmarks/gluon_ws_fwd.py [--shapes 1.3b]
     [--variants 1:2:0,1:3:0,2:2:0,2:2:1] [--compile-only sm90]
 `--compile-only` compiles every variant for sm_90a on any machine (Triton 3.6's Gluon) and prints registers and
-shared memory, without a GPU.
+shared memory, without a GPU. `benchmarks/ws_protocol.py` replays the barrier protocol of these loops on the CPU
+(deadlocks, buffers read before they land or overwritten while read, ping-pong order); keep the two in step.
 """
 
 from __future__ import annotations
@@ -264,8 +265,9 @@ if HAVE_GLUON:
 
 def _variant(text: str) -> tuple[int, int, int]:
     ncons, stages, ping = (int(x) for x in text.split(":"))
-    if ncons not in (1, 2) or stages < 1 or ping not in (0, 1) or (ping and ncons == 1):
-        raise argparse.ArgumentTypeError(f"variant {text!r}: NCONS:STAGES:PINGPONG, NCONS 1 or 2, ping-pong needs 2")
+    if ncons not in (1, 2) or stages < 2 or ping not in (0, 1) or (ping and ncons == 1):
+        raise argparse.ArgumentTypeError(f"variant {text!r}: NCONS:STAGES:PINGPONG, NCONS 1 or 2, STAGES >= 2 (event "
+                                         "j reads tiles j and j - 1: `ws_protocol.py`), ping-pong needs 2")
     return ncons, stages, ping
 
 

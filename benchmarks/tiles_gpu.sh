@@ -30,9 +30,9 @@
 #      --tile-fit partial,crop at 1.3B (and crop at 14B with WITH_14B_DIT=1; the JSON's rows with the engine that ran;
 #      benchmarks/profile_rows.py prints them), and FA4's split on the 1.3B and 14B crop grids
 #   or 2ws. carry [".whl"] (no .fa4a call first):  bash benchmarks/tiles_gpu.sh ws
-#      the warp-specialized Gluon forward of 64-token tiles (benchmarks/gluon_ws_fwd.py: one or two consumer
-#      warpgroups per CTA, producer warps, ping-pong) against the shipped Triton forward on the 1.3B grid and its
-#      whole-tile crop, each variant checked against it first; variants in order of risk (a hang ends the call)
+#      the warp-specialized Gluon forward (benchmarks/gluon_ws_fwd.py: one or two consumer warpgroups per CTA,
+#      producer warps, ping-pong, two consumers on one cube's list) against the shipped Triton forward at every tile
+#      volume on the 1.3B grid and its whole-cube crop, each variant checked first (a hang ends the call)
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
 # the sdist, so do FastVideo's.
 set -u
@@ -66,8 +66,7 @@ Executed Ipc A|Compute \(SM\) Th|Memory Throughput|Warp Cycles Per Issued|Block 
     timeout 120 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_crop.txt"
 elif [ "$what" = ws ]; then
-    timeout 175 python3 benchmarks/gluon_ws_fwd.py --shapes 1.3b --variants 1:2:0,1:3:0,2:2:0,2:2:1,2:3:1 2>&1 \
-        | grep -v Warning | tee "$OUT/gluon_ws.txt"
+    timeout 175 python3 benchmarks/gluon_ws_fwd.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/gluon_ws.txt"
 elif [ "$what" = auto ]; then
     timeout 90 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_crop.txt"

@@ -6,10 +6,10 @@ producer and consumer loops event by event, as written there, against a model of
 completes when its arrivals are in; `wait(bar, parity)` passes while the phase of that parity is the last one
 completed, so a fresh barrier passes parity 1; a TMA load arrives when it lands, at a random later time), under
 random interleavings of the four agents (two consumers, two producers), for one or two consumers, with and
-without ping-pong, rings of 2-4 buffers (one deadlocks, as it must: the kernel needs two) and key-list lengths 0,
-1, 2, ... It checks that nothing deadlocks, that every
-consumer computes with the tile it expects in the buffer it reads, that no load lands in a buffer still being
-read, and (ping-pong) that the two consumers' issue events alternate while both have events left.
+without ping-pong, one ring per consumer or one shared by both (the `:s` variants), rings of 2-4 buffers (one
+deadlocks, as it must: the kernel needs two) and key-list lengths 0, 1, 2, ... It checks that nothing deadlocks,
+that every consumer computes with the tile it expects in the buffer it reads, that no load lands in a buffer still
+being read, and (ping-pong) that the two consumers' issue events alternate while both have events left.
 
 Usage: python3 benchmarks/ws_protocol.py [--trials 3000] [--seed 0]
 """
@@ -42,10 +42,12 @@ class Violation(AssertionError):
     pass
 
 
-def consumer(ci, cnt, cnt_other, stages, ping, st):
-    """Consumer `ci`'s events as `_consumer` issues them; yields ("wait", barrier, parity) where it waits."""
+def consumer(ci, cnt, cnt_other, stages, ping, shared, st):
+    """Consumer `ci`'s events as `_consumer` issues them; yields ("wait", barrier, parity) where it waits. With
+    `shared` both consumers walk one ring (producer 0's), each releasing every buffer."""
     events_other = (cnt_other + 1 if cnt_other > 0 else 0) if ping else 0
-    slot = lambda j: ci * stages + j % stages  # noqa: E731 - as the kernel indexes its ring
+    ring = 0 if shared else ci
+    slot = lambda j: ring * stages + j % stages  # noqa: E731 - as the kernel indexes its ring
 
     def turn_wait(j):
         if not ping:
@@ -61,7 +63,7 @@ def consumer(ci, cnt, cnt_other, stages, ping, st):
             st["turn"][1 - ci].arrive()
 
     def read(s, j, what):
-        if st["content"][s] != (ci, j):
+        if st["content"][s] != (ring, j):
             raise Violation(f"consumer {ci} {what} of tile {j} read buffer {s} holding {st['content'][s]}")
         st["reading"][s] += 1
 
@@ -100,20 +102,23 @@ def producer(ci, cnt, stages, st):
         yield ("step",)
 
 
-def simulate(ncons, stages, ping, counts, rng) -> list[tuple[int, int]]:
+def simulate(ncons, stages, ping, counts, rng, shared=False) -> list[tuple[int, int]]:
     """Run one CTA's protocol under a random interleaving; returns the ping-pong issue order.
 
     Raises:
         Violation: a deadlock, a wrong buffer read, a load into a buffer being read, or issues out of turn.
     """
-    st = {"ready": [Barrier() for _ in range(ncons * stages)], "empty": [Barrier() for _ in range(ncons * stages)],
-          "turn": [Barrier(), Barrier()], "content": [None] * (ncons * stages), "reading": [0] * (ncons * stages),
+    rings = 1 if shared else ncons
+    st = {"ready": [Barrier() for _ in range(rings * stages)],
+          "empty": [Barrier(2 if shared else 1) for _ in range(rings * stages)],
+          "turn": [Barrier(), Barrier()], "content": [None] * (rings * stages), "reading": [0] * (rings * stages),
           "inflight": [], "order": []}
     agents = []
     for ci in range(ncons):
         other = counts[1 - ci] if ncons == 2 else 0
-        agents.append(consumer(ci, counts[ci], other, stages, ping, st))
-        agents.append(producer(ci, counts[ci], stages, st))
+        agents.append(consumer(ci, counts[ci], other, stages, ping, shared, st))
+        if ci < rings:
+            agents.append(producer(ci, counts[ci], stages, st))
     blocked = {i: None for i in range(len(agents))}
     live = set(range(len(agents)))
     while live or st["inflight"]:
@@ -151,16 +156,18 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     runs = 0
-    for ncons, ping in ((1, 0), (2, 0), (2, 1)):
+    for ncons, ping, shared in ((1, 0, False), (2, 0, False), (2, 1, False), (2, 0, True), (2, 1, True)):
         try:  # one buffer cannot work: event j's Q K_j^T needs tile j while P_{j-1} V_{j-1} still reads j - 1
-            simulate(ncons, 1, ping, [3, 3], rng)
+            simulate(ncons, 1, ping, [3, 3], rng, shared)
             raise AssertionError("one buffer did not deadlock")
         except Violation as e:
             assert "deadlock" in str(e), e
         for stages in (2, 3, 4):
             for _ in range(a.trials // 12):
                 counts = [rng.choice([0, 1, 2, 3, rng.randrange(0, 12)]) for _ in range(2)]
-                simulate(ncons, stages, ping, counts if ncons == 2 else counts[:1] + [0], rng)
+                if shared:  # one list for both consumers
+                    counts[1] = counts[0]
+                simulate(ncons, stages, ping, counts if ncons == 2 else counts[:1] + [0], rng, shared)
                 runs += 1
     print(f"{runs} interleavings: no deadlock, every read of the right tile, no load into a buffer being read, "
           "ping-pong issues alternating")

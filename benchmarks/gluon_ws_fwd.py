@@ -26,10 +26,12 @@ softmax as in FlashAttention-2): q, k, v (B, S, H, D) bf16 / fp16 in tile order,
 tokens; a partial tile's TMA box also covers the next tile's first rows, which the score mask removes.
 
 Usage (on the GPU, from the repository root): python3 benchmarks/gluon_ws_fwd.py [--shapes 1.3b]
-    [--tiles 4x4x4,4x4x8,4x8x8] [--variants 1:2:0,...,2:4:1:s] [--compile-only]
-Each tile volume on the shape's grid and on that grid rounded up to whole 4x8x8 cubes; cube lists from vsagen's
-coarse stage at 87.5% sparsity, expanded to kernel tiles; every variant checked against the shipped Triton forward
-on the same lists (and on lists with empty and one-cube rows) before it is timed.
+    [--grids partial,whole] [--tiles 4x4x4,4x4x8,4x8x8] [--variants 1:2:0,...,2:4:1:s] [--compile-only]
+Each tile volume on the shape's grid (and with `whole` on that grid rounded up to whole 4x8x8 cubes); cube lists
+from vsagen's coarse stage at 87.5% sparsity, expanded to kernel tiles; dense SDPA and the shipped Triton forward
+timed first, then each variant in a process of its own (a hang or a broken CUDA context ends only that one, after
+`--timeout` seconds), checked against the shipped forward on the same lists (and on lists with empty and
+one-cube rows) before it is timed.
 `--compile-only` compiles every variant for sm_90a on any machine (Triton 3.6's Gluon) and prints registers and
 shared memory, without a GPU. `benchmarks/ws_protocol.py` replays the barrier protocol of these loops on the CPU
 (deadlocks, buffers read before they land or overwritten while read, ping-pong order); keep the two in step.
@@ -427,13 +429,110 @@ def _variant_text(var) -> str:
     return ":".join(map(str, var[:3])) + (":s" if var[3] else "")
 
 
+def _grids(base, names: str):
+    """The shape's grid ("partial", as the model has it) and / or that grid rounded up to whole 4x8x8 cubes."""
+    from vsagen.bench import AttentionShape
+
+    out = []
+    for name in names.split(","):
+        if name == "partial":
+            out.append(base)
+        elif name == "whole":
+            grid = tuple(-(-g // m) * m for g, m in zip(base.grid, (4, 8, 8)))
+            out.append(AttentionShape(base.name + " whole 4x8x8 cubes", grid, base.heads, base.head_dim))
+        else:
+            raise SystemExit(f"--grids: partial and / or whole, got {name!r}")
+    return out
+
+
+def _setups(a):
+    """Per (shape, grid, tile): the inputs, the kernel-tile lists (and the short ones) and the shipped outputs."""
+    import torch
+
+    from vsagen.attention.vsa import kernel_lists
+    from vsagen.bench import SHAPES, make_inputs
+    from vsagen.kernels.bsa_forward import bsa_fwd
+    from vsagen.kernels.coarse import coarse_stage
+    from vsagen.kernels.reference import top_k_from_sparsity
+    from vsagen.layout import parse_tile, tile_layout
+
+    for key in a.shapes.split(","):
+        for shape in _grids(SHAPES[key], a.grids):
+            q, k, v = make_inputs(shape, seed=4)
+            for tile in a.tiles.split(","):
+                lay = tile_layout(shape.grid, parse_tile(tile), device="cuda")
+                c = coarse_stage(q, k, lay.tile_offsets_i32, top_k_from_sparsity(0.875, lay.num_tiles))
+                lists, counts, off = kernel_lists(lay, c.q2k, c.q2k_cnt)
+                cube_cnt = c.q2k_cnt.clone()  # some cube rows empty, some of one cube: equal for a cube's tiles
+                cube_cnt[..., ::7] = 0
+                cube_cnt[..., 3::7] = 1
+                short_lists, short_counts, _ = kernel_lists(lay, c.q2k, cube_cnt)
+                yield dict(shape=shape, tile=tile, lay=lay, q=q, k=k, v=v, lists=lists, counts=counts, off=off,
+                           short=(short_lists, short_counts), ref=bsa_fwd(q, k, v, lists, counts, off),
+                           ref_short=bsa_fwd(q, k, v, short_lists, short_counts, off))
+                torch.cuda.synchronize()
+
+
+def _baselines(a) -> None:
+    """Dense SDPA and the shipped Triton fine stage (rows 64) on each setup."""
+    import torch
+
+    from vsagen.bench import bench_ms
+    from vsagen.kernels.bsa_forward import bsa_fwd
+
+    dense_of = {}
+    for s in _setups(a):
+        shape = s["shape"]
+        if shape.name not in dense_of:
+            qt, kt, vt = (x.transpose(1, 2) for x in (s["q"], s["k"], s["v"]))
+            dense_of[shape.name] = bench_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt))
+            print(f"{shape.name} {shape.grid}: dense SDPA {dense_of[shape.name]:.3f} ms", flush=True)
+        t = bench_ms(lambda: bsa_fwd(s["q"], s["k"], s["v"], s["lists"], s["counts"], s["off"]))
+        print(f"  {shape.name} tile {s['tile']}: shipped Triton fine (rows 64) {t:.3f} ms "
+              f"({dense_of[shape.name] / t:.2f}x dense)", flush=True)
+
+
+def _child(a) -> None:
+    """Each variant of `a.variants` on each setup: checked against the shipped forward, then timed (ms)."""
+    import torch
+
+    from vsagen.bench import bench_ms, rel_l2
+
+    for s in _setups(a):
+        n_kt = s["off"].numel() - 1
+        o_ref, lse_ref = s["ref"]
+        o_short, lse_short = s["ref_short"]
+        for var in a.variants:
+            name = _variant_text(var)
+            if var[3] and s["lay"].kernel_tiles_per_tile == 1:
+                continue  # one kernel tile per cube: nothing to share
+            items = (work_items(n_kt, 2, s["lay"].tile_kernel_first, s["lay"].tile_kernel_count) if var[3]
+                     else work_items(n_kt, var[0]))
+            where = f"{s['shape'].name} tile {s['tile']} ws {name}"
+            print(f"    launching {where}", flush=True)
+            args = (s["q"], s["k"], s["v"], s["lists"], s["counts"], s["off"], var, items)
+            o, lse = ws_fwd(*args)
+            torch.cuda.synchronize()
+            ok = rel_l2(o, o_ref) < 1e-2 and rel_l2(lse, lse_ref) < 1e-3
+            o2, l2 = ws_fwd(s["q"], s["k"], s["v"], *s["short"], s["off"], var, items)
+            fin = torch.isfinite(lse_short)
+            short_ok = (rel_l2(o2, o_short) < 1e-2 and torch.equal(fin, torch.isfinite(l2))
+                        and rel_l2(l2[fin], lse_short[fin]) < 1e-3)
+            t = bench_ms(lambda: ws_fwd(*args)) if ok and short_ok else float("nan")
+            print(f"    {where}: {t:.3f} ms; out rel {rel_l2(o, o_ref):.1e} lse rel {rel_l2(lse, lse_ref):.1e}; "
+                  f"short / empty rows {'agree' if short_ok else 'DIFFER'}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="1.3b")
+    ap.add_argument("--grids", default="partial", help="partial and / or whole (the grid rounded up to 4x8x8 cubes)")
     ap.add_argument("--tiles", default="4x4x4,4x4x8,4x8x8")
-    ap.add_argument("--variants", default="1:2:0,1:3:0,2:2:0,2:2:1,2:3:1,2:3:0:s,2:3:1:s,2:4:1:s",
+    ap.add_argument("--variants", default="1:2:0,1:3:0,2:2:0,2:3:0:s,2:2:1,2:3:1,2:3:1:s,2:4:1:s",
                     type=lambda t: [_variant(x) for x in t.split(",")])
+    ap.add_argument("--timeout", type=float, default=45.0, help="seconds per variant (its own process)")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--child", action="store_true", help="run the variants in this process (no baselines)")
     a = ap.parse_args(argv)
     if not HAVE_GLUON:
         print("Gluon is not importable in this Triton: nothing to run")
@@ -441,59 +540,28 @@ def main(argv: list[str]) -> int:
     if a.compile_only:
         compile_only(a.variants)
         return 0
+    if a.child:
+        _child(a)
+        return 0
+    import subprocess
+
     import torch
 
-    from vsagen.attention.vsa import kernel_lists
-    from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2
-    from vsagen.kernels.bsa_forward import bsa_fwd
-    from vsagen.kernels.coarse import coarse_stage
-    from vsagen.kernels.reference import top_k_from_sparsity
-    from vsagen.layout import parse_tile, tile_layout
-
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", __import__("triton").__version__)
-    for key in a.shapes.split(","):
-        base = SHAPES[key]
-        whole = AttentionShape(base.name + " whole 4x8x8 cubes", tuple(-(-g // m) * m for g, m in
-                                                                     zip(base.grid, (4, 8, 8))), base.heads)
-        for shape in (base, whole):
-            q, k, v = make_inputs(shape, seed=4)
-            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-            dense = bench_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt))
-            print(f"{shape.name} {shape.grid}: dense SDPA {dense:.3f} ms", flush=True)
-            for tile in a.tiles.split(","):
-                lay = tile_layout(shape.grid, parse_tile(tile), device="cuda")
-                c = coarse_stage(q, k, lay.tile_offsets_i32, top_k_from_sparsity(0.875, lay.num_tiles))
-                lists, counts, off = kernel_lists(lay, c.q2k, c.q2k_cnt)
-                cube_cnt = c.q2k_cnt.clone()  # some cube rows empty, some of one cube: the same for a cube's tiles
-                cube_cnt[..., ::7] = 0
-                cube_cnt[..., 3::7] = 1
-                short_lists, short_counts, _ = kernel_lists(lay, c.q2k, cube_cnt)
-                o_ref, lse_ref = bsa_fwd(q, k, v, lists, counts, off)
-                o_short, lse_short = bsa_fwd(q, k, v, short_lists, short_counts, off)
-                t_tri = bench_ms(lambda: bsa_fwd(q, k, v, lists, counts, off))
-                print(f"  tile {tile}: shipped Triton fine (rows 64) {t_tri:.3f} ms ({dense / t_tri:.2f}x dense)",
-                      flush=True)
-                n_kt = off.numel() - 1
-                for var in a.variants:
-                    name = _variant_text(var)
-                    if var[3] and lay.kernel_tiles_per_tile == 1:
-                        continue  # one kernel tile per cube: nothing to share
-                    items = (work_items(n_kt, 2, lay.tile_kernel_first, lay.tile_kernel_count) if var[3]
-                             else work_items(n_kt, var[0]))
-                    try:
-                        o, lse = ws_fwd(q, k, v, lists, counts, off, var, items)
-                        torch.cuda.synchronize()
-                        ok = rel_l2(o, o_ref) < 1e-2 and rel_l2(lse, lse_ref) < 1e-3
-                        o2, l2 = ws_fwd(q, k, v, short_lists, short_counts, off, var, items)
-                        fin = torch.isfinite(lse_short)
-                        short_ok = (rel_l2(o2, o_short) < 1e-2 and torch.equal(fin, torch.isfinite(l2))
-                                    and rel_l2(l2[fin], lse_short[fin]) < 1e-3)
-                        t = bench_ms(lambda: ws_fwd(q, k, v, lists, counts, off, var, items)) if ok else float("nan")
-                        print(f"    ws {name}: {t:.3f} ms ({dense / t:.2f}x dense, {t_tri / t:.3f}x shipped); out rel "
-                              f"{rel_l2(o, o_ref):.1e} lse rel {rel_l2(lse, lse_ref):.1e}; short / empty rows "
-                              f"{'agree' if short_ok else 'DIFFER'}", flush=True)
-                    except Exception as e:  # report every variant
-                        print(f"    ws {name}: failed: {type(e).__name__}: {str(e)[:800]}", flush=True)
+    _baselines(a)
+    for var in a.variants:  # each in a process of its own: a hang or a broken context stays there
+        cmd = [sys.executable, __file__, "--child", "--shapes", a.shapes, "--grids", a.grids, "--tiles", a.tiles,
+               "--variants", _variant_text(var)]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            lines = [x for x in (r.stdout + r.stderr).splitlines() if "Warning" not in x]
+            print("\n".join(x for x in lines if r.returncode or "launching" not in x), flush=True)
+            if r.returncode:
+                print(f"    ws {_variant_text(var)}: exit {r.returncode}", flush=True)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            last = [x for x in out.splitlines() if "launching" in x][-1:]
+            print(f"    ws {_variant_text(var)}: no answer in {a.timeout:.0f} s (a hang?); last: {last}", flush=True)
     return 0
 
 

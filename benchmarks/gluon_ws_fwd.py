@@ -532,13 +532,16 @@ def main(argv: list[str]) -> int:
                     type=lambda t: [_variant(x) for x in t.split(",")])
     ap.add_argument("--timeout", type=float, default=45.0, help="seconds per variant (its own process)")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument("--head-dims", default="128", help="--compile-only: the head dims to compile (64 and / or 128)")
     ap.add_argument("--child", action="store_true", help="run the variants in this process (no baselines)")
     a = ap.parse_args(argv)
     if not HAVE_GLUON:
         print("Gluon is not importable in this Triton: nothing to run")
         return 1
     if a.compile_only:
-        compile_only(a.variants)
+        for d in a.head_dims.split(","):
+            print(f"head dim {d}:")
+            compile_only(a.variants, int(d))
         return 0
     if a.child:
         _child(a)

@@ -358,6 +358,37 @@ def test_a_failed_stream_finishes_its_producer_at_once(tmp_path):
     assert finished == [True]
 
 
+def test_an_os_error_midway_through_an_overwrite_puts_the_old_files_back(tmp_path, monkeypatch):
+    """--overwrite of a set (video, JSON, sheet) where the last move fails: the files already moved are taken back,
+    the ones they replaced restored as they were, a new one removed, and no temporary or kept file is left (before,
+    such a set was left half new, half old)."""
+    import vsagen.video as video
+
+    (tmp_path / "a.mp4").write_text("old video")
+    (tmp_path / "c.png").write_text("old sheet")
+    real = video._publish
+
+    def fail_on_the_sheet(tmp, target, overwrite):
+        if target.name == "c.png":
+            raise OSError(28, "No space left on device")
+        real(tmp, target, overwrite)
+
+    monkeypatch.setattr(video, "_publish", fail_on_the_sheet)
+    with pytest.raises(OSError, match="No space"):
+        with Outputs(overwrite=True) as outs:
+            outs.add(tmp_path / "a.mp4", lambda t: t.write_text("new video"))
+            outs.add(tmp_path / "b.json", lambda t: t.write_text("new json"))
+            outs.add(tmp_path / "c.png", lambda t: t.write_text("new sheet"))
+            outs.publish()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.mp4": "old video", "c.png": "old sheet"}
+    monkeypatch.setattr(video, "_publish", real)
+    with Outputs(overwrite=True) as outs:  # and a set that goes in keeps nothing of the old files beside it
+        outs.add(tmp_path / "a.mp4", lambda t: t.write_text("new video"))
+        outs.add(tmp_path / "c.png", lambda t: t.write_text("new sheet"))
+        outs.publish()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"a.mp4": "new video", "c.png": "new sheet"}
+
+
 def test_an_added_file_told_to_replace_replaces_without_overwrite(tmp_path):
     """`add(..., replace=True)` (a MagCache calibration) replaces its file whatever `overwrite` says; added last, a
     refused earlier file leaves it as it was."""

@@ -54,6 +54,24 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _keep_old(target: Path) -> Path | None:
+    """A hard link to the file `target` names (kept while a replacement goes in, so a failed set can put it back),
+    or None: no file there, or a file system without hard links (the old file is then not kept)."""
+    if not target.exists():
+        return None
+    keep = _temporary_beside(target, target.suffix)
+    keep.unlink()  # the name only: the link takes it
+    try:
+        os.link(target, keep)
+    except FileExistsError:  # pragma: no cover - the name was taken meanwhile
+        return None
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        return None
+    return keep
+
+
 def _temporary_beside(target: Path, suffix: str) -> Path:
     """An empty temporary file in `target`'s folder (created if missing), hidden, with the usual file mode."""
     target.parent.mkdir(parents=True, exist_ok=True)  # missing folders: created (config checked they can be)
@@ -84,6 +102,7 @@ class Outputs:
     Raises (publish):
         BadInput: a target exists and `overwrite` is False (checked again at publication: nothing is published,
             and the files this set had already moved into place are removed again).
+        OSError: a file could not be moved into place; as above, and a file the set replaced is put back.
         SignalInterrupt: (also `add` and entering the block) an ending signal arrived; nothing is left.
     """
 
@@ -143,21 +162,37 @@ class Outputs:
 
     def publish(self) -> None:
         """Move every added file into place (a signal meanwhile is held; after the last one it is dropped: the
-        command's files are complete)."""
+        command's files are complete). All or nothing: if one cannot be moved (an existing file without
+        `overwrite`, an OS error), those already moved are taken back, and a file one of them replaced is put back
+        as it was (kept as a hard link until the set is in place; not on a file system without hard links)."""
         interrupts.check()
-        done: list[Path] = []
+        done: list[tuple[Path, Path | None]] = []  # (target, the file it replaced, kept) in publication order
         try:
             for tmp, target in self._staged:
-                _publish(tmp, target, self.overwrite or target in self._replace)
-                done.append(target)
+                replace = self.overwrite or target in self._replace
+                kept = _keep_old(target) if replace else None
+                try:
+                    _publish(tmp, target, replace)
+                except BaseException:
+                    if kept is not None:
+                        kept.unlink(missing_ok=True)
+                    raise
+                done.append((target, kept))
         except BaseException:
-            if not self.overwrite:  # ours alone: linked here a moment ago (an existing file is never replaced)
-                for target in done:
-                    if target not in self._replace:
+            for target, kept in reversed(done):  # ours: linked or moved here a moment ago
+                with contextlib.suppress(OSError):
+                    if kept is not None:
+                        os.replace(kept, target)
+                    else:
                         target.unlink(missing_ok=True)
             raise
+        else:
+            for _, kept in done:
+                if kept is not None:
+                    kept.unlink(missing_ok=True)
         finally:
-            self._staged = [(t, g) for t, g in self._staged if g not in done]
+            moved = {t for t, _ in done}
+            self._staged = [(t, g) for t, g in self._staged if g not in moved]
         self._published = True
         if self._guard is not None:
             self._guard.finish()

@@ -29,7 +29,8 @@
 #      impl=auto's engine choice in the DiT: `vsagen profile` of vsa:tile=4x8x8 (auto) beside impl=triton, with
 #      --tile-fit partial,crop at 1.3B (and crop at 14B with WITH_14B_DIT=1; the JSON's rows with the engine that ran;
 #      benchmarks/profile_rows.py prints them), and FA4's split on the 1.3B and 14B crop grids
-#   or 2ws. carry [".whl"] (no .fa4a call first):  bash benchmarks/tiles_gpu.sh ws
+#   or 2ws. carry [".whl"] (with ".fa4b" after the .fa4a call: FA4's rows on the same grid too):
+#                                  bash benchmarks/tiles_gpu.sh ws
 #      the warp-specialized Gluon forward (benchmarks/gluon_ws_fwd.py: one or two consumer warpgroups per CTA,
 #      producer warps, ping-pong, two consumers on one cube's list) against the shipped Triton forward at every tile
 #      volume on the 1.3B grid, each variant in its own process (45 s each at most), checked first; ~3-6 min
@@ -67,6 +68,10 @@ Executed Ipc A|Compute \(SM\) Th|Memory Throughput|Warp Cycles Per Issued|Block 
         | tee "$OUT/fa4_profile_crop.txt"
 elif [ "$what" = ws ]; then
     timeout 420 python3 benchmarks/gluon_ws_fwd.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/gluon_ws.txt"
+    if [ -d /tmp/fa4/nvidia_cutlass_dsl ]; then  # FA4 on the same grid, same run (the `.fa4a` call first)
+        timeout 120 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits partial 2>&1 | grep -v Warning \
+            | tee "$OUT/fa4_profile_partial.txt"
+    fi
 elif [ "$what" = auto ]; then
     timeout 90 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_crop.txt"

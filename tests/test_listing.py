@@ -99,6 +99,9 @@ def test_presets_lists_bundled_presets():
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
+    # a transformer published alone names its own repository (a trial read Wan-AI's as the TurboWan weights)
+    turbo = [c.strip() for c in rows[names.index("turbowan2.1-t2v-1.3b")]]
+    assert turbo[10] == "TurboDiffusion/TurboWan2.1-T2V-1.3B-480P"
     legend = "attn: the backend the checkpoint was trained with, its sparsity and VSA cube"
     assert legend in " ".join(res.stdout.split())
     # issue 30: the published sparse / distilled checkpoints with how their authors run them

@@ -27,6 +27,8 @@ def print_presets() -> None:
         p = load_preset(name)
         d = p.defaults
         weights = p.hub_id if p.source == "hub" else "built offline (random)"
+        if p.transformer_files is not None:  # a transformer published alone: its repository (the rest: hub_id's)
+            weights = p.transformer_files[0]
         i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image,
                                                                                                     "i2v")
         commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
@@ -74,7 +76,9 @@ def print_presets() -> None:
         con.print(line, markup=False, highlight=False)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
               "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
-              "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option).", markup=False,
+              "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub repository; "
+              "for a transformer published alone (TurboWan) its own, the other components from the base model's "
+              "Wan-AI repository.", markup=False,
               highlight=False)
 
 

@@ -76,9 +76,9 @@ def print_presets() -> None:
         con.print(line, markup=False, highlight=False)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
               "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
-              "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub repository; "
-              "for a transformer published alone (TurboWan) its own, the other components from the base model's "
-              "Wan-AI repository.", markup=False,
+              "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub "
+              "repository; for a transformer published alone (TurboWan) its own, the other components from the base "
+              "model's Wan-AI repository.", markup=False,
               highlight=False)
 
 

@@ -235,22 +235,6 @@ if HAVE_GLUON:
         gl.store(lse_ptr + b * stride_lb + h * stride_lh + q_start + offs_ms, lse, mask=(offs_ms < q_len) & valid)
 
     @gluon.jit
-    def _consumer0(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SHARED: gl.constexpr):
-        _consumer(args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0)
-
-    @gluon.jit
-    def _consumer1(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SHARED: gl.constexpr):
-        _consumer(args, HEAD_DIM, STAGES, PINGPONG, SHARED, 1)
-
-    @gluon.jit
-    def _producer0(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SHARED: gl.constexpr):
-        _producer(args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0)
-
-    @gluon.jit
-    def _producer1(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, SHARED: gl.constexpr):
-        _producer(args, HEAD_DIM, STAGES, PINGPONG, SHARED, 1)
-
-    @gluon.jit
     def _ws_fwd_kernel(
         q_desc, k_desc, v_desc, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, work_first, work_count,
         seq_len, num_heads, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
@@ -282,18 +266,18 @@ if HAVE_GLUON:
         # each partition's argument tuple is written out in the call: a tuple assigned to a variable first turns its
         # constexprs into tensors (triton 3.6), and the layouts need HEAD_DIM as a constexpr
         if NCONS == 1:
-            gl.warp_specialize([(_consumer0, (args, HEAD_DIM, STAGES, PINGPONG, SHARED)),
-                                (_producer0, (args, HEAD_DIM, STAGES, PINGPONG, SHARED))], [1], [24])
+            gl.warp_specialize([(_consumer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0)),
+                                (_producer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0))], [1], [24])
         elif SHARED:
-            gl.warp_specialize([(_consumer0, (args, HEAD_DIM, STAGES, PINGPONG, SHARED)),
-                                (_consumer1, (args, HEAD_DIM, STAGES, PINGPONG, SHARED)),
-                                (_producer0, (args, HEAD_DIM, STAGES, PINGPONG, SHARED))],
+            gl.warp_specialize([(_consumer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0)),
+                                (_consumer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 1)),
+                                (_producer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0))],
                                [4, 1], [CONSUMER_REGS, 24])
         else:
-            gl.warp_specialize([(_consumer0, (args, HEAD_DIM, STAGES, PINGPONG, SHARED)),
-                                (_consumer1, (args, HEAD_DIM, STAGES, PINGPONG, SHARED)),
-                                (_producer0, (args, HEAD_DIM, STAGES, PINGPONG, SHARED)),
-                                (_producer1, (args, HEAD_DIM, STAGES, PINGPONG, SHARED))],
+            gl.warp_specialize([(_consumer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0)),
+                                (_consumer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 1)),
+                                (_producer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 0)),
+                                (_producer, (args, HEAD_DIM, STAGES, PINGPONG, SHARED, 1))],
                                [4, 1, 1], [CONSUMER_REGS, 24, 24])
 
 

@@ -376,3 +376,50 @@ def test_vsa_says_when_query_rows_has_no_effect():
                      "of the Triton fine stage (impl triton, on CUDA)",)
     assert VSAAttention(VSAOptions(tile="4x4x8", query_rows=128, impl="triton")).prepare(run) == ()  # interpreter
     assert VSAAttention(VSAOptions(tile="4x4x8", impl="torch")).prepare(run) == ()
+
+
+WS_CASES = [  # (backend, options, grid, warp-specialized forward asked): where it measured faster on the H100
+    ("vsa", {"tile": "4x8x8"}, (5, 9, 17), True),     # 256-token cubes, partial ones too
+    ("vsa", {"tile": "4x8x8"}, (4, 16, 8), True),     # ... and whole
+    ("vsa", {"tile": "4x4x4"}, (8, 8, 16), True),     # 64-token cubes, every one whole
+    ("vsa", {"tile": "4x4x4"}, (5, 9, 17), False),    # partial 64-token cubes: the pipelined kernel packs them
+    ("vsa", {"tile": "4x4x8"}, (8, 8, 16), False),    # 128-token cubes: even, or not measured
+    ("vsa", {"tile": "4x8x8", "query_rows": 128}, (5, 9, 17), False),  # the grouped kernel
+    ("rocm-vsa", {"tile": "4x8x8"}, (5, 9, 17), False),  # the ROCm seed's tuning, always
+    ("sla-star", {"tile": "4x8x8"}, (5, 9, 17), False),  # measured with the pipelined forward
+]
+
+
+@pytest.mark.parametrize("name,options,grid,asked", WS_CASES)
+def test_vsa_asks_for_the_warp_specialized_forward_where_it_measured_faster(name, options, grid, asked):
+    """`fine_tuning` turns the warp-specialized forward on in the default sm_90 tuning only for the cubes where it
+    measured faster, and only for `vsa`; a tuning given as an option, or one without TMA loads, is kept as it is."""
+    from vsagen.kernels.tuning import arch_tuning
+
+    backend = make_backend(name, sparsity=0.5, **options)
+    vsa = getattr(backend, "_vsa", backend)
+    lay = tile_layout(grid, backend.tile)
+    sm90 = arch_tuning("sm90", 128, vsa.kernel_profile)
+    assert vsa.fine_tuning(sm90, lay).fwd_warp_specialized is asked
+    assert vsa.fine_tuning(sm90, lay) is vsa.fine_tuning(sm90, lay)  # one object per tuning (cached)
+    assert not vsa.fine_tuning(arch_tuning("nvidia", 128), lay).fwd_warp_specialized  # pointer loads: no TMA
+    given = VSAAttention(VSAOptions(sparsity=0.5, tuning=sm90, **options))
+    assert given.fine_tuning(sm90, lay) is sm90
+
+
+def test_vsa_says_which_forward_kernel_ran(monkeypatch):
+    """On a GPU `describe` names the Triton forward that ran; where the warp-specialized one cannot run (here: the
+    interpreter) it is the pipelined one, and the output is VSA's."""
+    from vsagen.kernels.tuning import arch_tuning
+
+    backend = VSAAttention(VSAOptions(sparsity=0.5, tile="4x8x8"))
+    monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")
+    monkeypatch.setattr(backend, "tuning", lambda q: arch_tuning("sm90", q.shape[-1]))  # asks for it
+    lay = tile_layout((5, 9, 17), backend.tile)
+    q, k, v = (x.to(torch.bfloat16) for x in make_qkv(1, lay.num_tokens, 2, 16, seed=44))
+    out = backend(q, k, v, ctx(lay, None, NullTimer()))
+    want = _vsa_tile_fp64(*(x.double() for x in (q, k, v)), lay, 0.5)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    monkeypatch.undo()
+    assert backend.describe(torch.device("cuda"))["fine_kernel"] == "pipelined"
+    assert "fine_kernel" not in backend.describe(torch.device("cpu"))

@@ -169,6 +169,7 @@ def test_tables_are_immutable():
     ("fwd_launch", 64),  # not a sequence
     ("one_pass_loads", "evict_last"),
     ("lean_index", "yes"),
+    ("fwd_warp_specialized", 1),
     ("hip_fwd", (2, 16)),  # not a triple
     ("hip_dq", (2, 24, 1)),  # no such MFMA
     ("hip_dkdv", (1, 16, 4)),  # kpack 1 or 2
@@ -185,6 +186,8 @@ def test_lists_are_stored_as_tuples_and_op_args_round_trip():
     args = op_args(t)
     assert args[:4] == (True, True, False, "tf32") and args[4] == [32, 2, 2, 64, 4, 3]
     assert KernelTuning.from_op_args(*args) == t
+    ws = dataclasses.replace(t, fwd_warp_specialized=True)  # the warp-specialized forward's switch crosses too
+    assert op_args(ws)[-1] is True and KernelTuning.from_op_args(*op_args(ws)) == ws
     with pytest.raises(ValueError, match="bwd_dq_launch"):
         KernelTuning.from_op_args(*args[:5], [64, 4], args[6])
     rocm = tuning.arch_tuning("rocm-cdna3", 128, "rocm-vsa")

@@ -38,6 +38,7 @@ class ROCmVSAAttention(VSAAttention):
     kernel_profile = "rocm-vsa"
     auto_priority = None  # vsa's gates, vsa's output: `--attn auto` runs vsa for a gated checkpoint, never this
     auto_fa4 = False  # the ROCm seed's kernel changes are what this backend runs: impl auto stays on Triton
+    ws_forward = False  # ... and its tuning: no warp-specialized (Hopper-only) forward
 
     def __init__(self, options: ROCmVSAOptions | None = None) -> None:
         super().__init__(ROCmVSAOptions() if options is None else options)

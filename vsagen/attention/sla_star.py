@@ -75,6 +75,7 @@ class SLAStarAttention(Backend):
         o = self.options
         self._vsa = VSAAttention(VSAOptions(sparsity=o.sparsity, impl=o.impl, tile=o.tile, tuning=o.tuning))
         self._vsa.auto_fa4 = False  # the branch and its fused kernels are measured with vsagen's fine stage
+        self._vsa.ws_forward = False  # ... with its pipelined forward
 
     @property
     def sparsity(self) -> float:

@@ -30,6 +30,8 @@ Two implementations of the same function, chosen by the `impl` option:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -109,12 +111,14 @@ class VSAAttention(Backend):
 
     kernel_profile = "vsa"  # `kernels.tuning.kernel_tuning`'s profile of the Triton kernels' default tuning
     auto_fa4 = True  # impl auto may run the fine stage on FA4 (`auto_engine`); rocm-vsa and sla-star's VSA do not
+    ws_forward = True  # the default tuning may run the warp-specialized forward (`fine_tuning`); as auto_fa4
 
     def __init__(self, options: VSAOptions | None = None) -> None:
         super().__init__(options)
         self._groups: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}  # query_rows 128: (layout, table)
         self._fa4_here: dict[tuple[str, int], bool] = {}  # (device, tile volume) -> FA4 runs there (sm90, installed)
         self._ran: str | None = None  # the engine of the latest eager call ("triton", "torch", "fa4"), for describe
+        self._fine_kernel: str | None = None  # its Triton forward kernel ("warp-specialized" | "pipelined")
 
     def tuning(self, q: torch.Tensor):
         """The Triton kernels' tuning for q (B, S, H, D): the `tuning` option, else the device's default of this
@@ -123,6 +127,21 @@ class VSAAttention(Backend):
 
         t = self.options.tuning
         return default_tuning(q.device, q.shape[-1], self.kernel_profile) if t is None else t
+
+    def fine_tuning(self, tuning: Any, layout: Any) -> Any:
+        """The fine stage's tuning: `tuning` (this call's, `tuning(q)`) with `fwd_warp_specialized` on where the
+        warp-specialized forward measured faster than the pipelined one (`kernels.bsa_forward_ws.ws_forward_pays`:
+        256-token cubes, or 64-token cubes where every cube is whole; H100, BENCHMARKS.md 2026-12-06). Only for
+        this backend's default tuning (no `tuning` option), query_rows 64 and TMA loads; the kernel itself still
+        runs only where it can (`ws_unsupported`: sm_90, bf16 / fp16, D 64 / 128), the pipelined one elsewhere."""
+        if (not self.ws_forward or self.options.tuning is not None or self.options.query_rows != 64
+                or not tuning.tma_loads or tuning.fwd_warp_specialized):
+            return tuning
+        from ..kernels.bsa_forward_ws import ws_forward_pays
+        from ..kernels.fa4_block_sparse import every_cube_full
+
+        whole = every_cube_full(layout.num_tiles, layout.tile_volume, layout.num_tokens)
+        return _with_ws_forward(tuning) if ws_forward_pays(layout.tile_volume, whole) else tuning
 
     @property
     def sparsity(self) -> float:
@@ -233,6 +252,8 @@ class VSAAttention(Backend):
             d["impl_ran"] = self.resolved_impl(device)
             if self.impl == "auto" and device.type == "cuda" and self._ran:  # auto may have run FA4: say what ran
                 d["impl_ran"] = self._ran  # (one grid per run, so one engine: the latest call's)
+            if d["impl_ran"] == "triton" and device.type == "cuda" and self._fine_kernel:
+                d["fine_kernel"] = self._fine_kernel  # the Triton forward that ran (`fine_tuning`)
         return d
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
@@ -306,8 +327,27 @@ class VSAAttention(Backend):
                                                         self.query_groups(layout, q.shape[2]), QUERY_LAUNCH[128],
                                                         tuning=tuning)
             else:
+                tuning = self.fine_tuning(tuning, layout)
+                if not torch.compiler.is_compiling():
+                    self._fine_kernel = _fine_kernel(tuning, q, k, v)
                 out, _ = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
         return out, c.q2k
+
+
+@functools.cache
+def _with_ws_forward(tuning: Any) -> Any:
+    """`tuning` with `fwd_warp_specialized` on (cached: one object per default tuning, no validation per call)."""
+    return dataclasses.replace(tuning, fwd_warp_specialized=True)
+
+
+def _fine_kernel(tuning: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """Which forward kernel `bsa_fwd` runs with `tuning` on q, k, v: "warp-specialized" or "pipelined"."""
+    if tuning.fwd_warp_specialized:
+        from ..kernels.bsa_forward_ws import ws_unsupported
+
+        if ws_unsupported(q, k, v) is None:
+            return "warp-specialized"
+    return "pipelined"

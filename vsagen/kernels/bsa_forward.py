@@ -178,7 +178,9 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
         q2k: (B, H, Q_TILES, K) int32, the first q2k_cnt entries of each row read; q2k_cnt: (B, H, Q_TILES) int32.
         tile_offsets: (n_tiles + 1,) int32 tile starts, at most 64 tokens per tile.
         scale: softmax scale, default 1/sqrt(D).
-        tuning: tile loads, packing and the forward's launches; None: `tuning.kernel_tuning(q.device, D)`.
+        tuning: tile loads, packing and the forward's launches; None: `tuning.kernel_tuning(q.device, D)`. With
+            `fwd_warp_specialized` the warp-specialized Gluon kernel runs where it can
+            (`bsa_forward_ws.ws_unsupported`), this module's kernel elsewhere.
 
     Returns:
         out (B, S, H, D) like q; lse (B, H, S) fp32 natural log (-inf on rows with no selected tile).
@@ -187,6 +189,11 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
         ValueError: shapes, dtypes, strides or index dtypes outside the contract (`check_inputs`).
     """
     check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if tuning is not None and tuning.fwd_warp_specialized:
+        from .bsa_forward_ws import bsa_fwd_ws, ws_unsupported
+
+        if ws_unsupported(q, k, v) is None:
+            return bsa_fwd_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
     out = torch.empty_like(q)
     return out, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None)
 

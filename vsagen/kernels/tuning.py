@@ -214,6 +214,11 @@ class KernelTuning:
             need three, two of them dependent (tile id, then its two offsets). (The forward and dQ loops already
             walk pre-offset tile plans; reading a pack's group words as one broadcast vector load instead of eight
             scalar loads made the H200 forward 7% slower and was dropped.)
+        fwd_warp_specialized: the forward runs on the warp-specialized Gluon kernel (`bsa_forward_ws`: a producer
+            warp for the TMA loads, a consumer warpgroup for the arithmetic; no tile plans) where it can run
+            (`bsa_forward_ws.ws_unsupported`: sm_90, bf16 / fp16, D 64 or 128, Gluon), else on the pipelined one.
+            Off in every default: the `vsa` backend turns it on per call where it measured faster
+            (`bsa_forward_ws.ws_forward_pays`: it depends on the cubes, which a tuning does not know).
         hip_fwd, hip_dq, hip_dkdv: AMD compiler options of the three kernels, each () (not on HIP: nothing is
             passed) or (waves_per_eu >= 0, matrix_instr_nonkdim in {0, 16, 32}, kpack in {1, 2}) for every size
             class; all three or none. A launcher refuses them on an NVIDIA device (Triton's NVIDIA backend does
@@ -233,12 +238,13 @@ class KernelTuning:
     bwd_dkdv_launch: Launch
     one_pass_loads: str = "cached"
     lean_index: bool = False
+    fwd_warp_specialized: bool = False
     hip_fwd: HipOptions = ()
     hip_dq: HipOptions = ()
     hip_dkdv: HipOptions = ()
 
     def __post_init__(self) -> None:
-        for name in ("tma_loads", "pack_partial_tiles", "bwd_two_streams", "lean_index"):
+        for name in ("tma_loads", "pack_partial_tiles", "bwd_two_streams", "lean_index", "fwd_warp_specialized"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"KernelTuning.{name} must be a bool, got {getattr(self, name)!r}")
         if self.score_precision not in SCORE_PRECISIONS:
@@ -259,7 +265,7 @@ class KernelTuning:
     def from_op_args(cls, tma_loads: bool, pack_partial_tiles: bool, bwd_two_streams: bool, score_precision: str,
                      fwd_launch: list[int], bwd_dq_launch: list[int], bwd_dkdv_launch: list[int],
                      one_pass_loads: str = "cached", lean_index: bool = False,
-                     hip_options: list[int] = ()) -> KernelTuning:
+                     hip_options: list[int] = (), fwd_warp_specialized: bool = False) -> KernelTuning:
         """The inverse of `op_args` (inside the custom ops). Raises ValueError as the constructor (a flat list
         whose length is not a multiple of 3, or HIP options neither empty nor 9 ints, included)."""
         if len(hip_options) not in (0, 9):
@@ -272,26 +278,26 @@ class KernelTuning:
                 raise ValueError(f"KernelTuning.{name}: a flat launch list holds triples, got {list(flat)}")
             launches.append(tuple(tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)))
         return cls(bool(tma_loads), bool(pack_partial_tiles), bool(bwd_two_streams), score_precision, *launches,
-                   one_pass_loads=one_pass_loads, lean_index=bool(lean_index), hip_fwd=hip[0], hip_dq=hip[1],
-                   hip_dkdv=hip[2])
+                   one_pass_loads=one_pass_loads, lean_index=bool(lean_index),
+                   fwd_warp_specialized=bool(fwd_warp_specialized), hip_fwd=hip[0], hip_dq=hip[1], hip_dkdv=hip[2])
 
 
 def op_args(tuning: KernelTuning) -> tuple:
     """The tuning as the plain arguments of the `torch.library` custom ops (`OP_SCHEMA_ARGS`): three bools, a str,
     three flat int lists (block, num_warps, num_stages, block, ...), a str, a bool and the HIP options as one flat
-    int list (empty, or the three kernels' triples). A function rather than a method: dynamo traces it on the
+    int list (empty, or the three kernels' triples), a bool. A function rather than a method: dynamo traces it on the
     constant that `default_tuning` returns (a method call on that constant would not trace)."""
     hip = [x for opts in (tuning.hip_fwd, tuning.hip_dq, tuning.hip_dkdv) for x in opts]
     return (tuning.tma_loads, tuning.pack_partial_tiles, tuning.bwd_two_streams, tuning.score_precision,
             [x for entry in tuning.fwd_launch for x in entry], [x for entry in tuning.bwd_dq_launch for x in entry],
             [x for entry in tuning.bwd_dkdv_launch for x in entry], tuning.one_pass_loads, tuning.lean_index,
-            hip if len(hip) == 9 else [])
+            hip if len(hip) == 9 else [], tuning.fwd_warp_specialized)
 
 
 # The tuning's part of the custom ops' schemas, in `op_args` order.
 OP_SCHEMA_ARGS = ("bool tma_loads, bool pack_partial_tiles, bool bwd_two_streams, str score_precision, "
                   "int[] fwd_launch, int[] bwd_dq_launch, int[] bwd_dkdv_launch, str one_pass_loads, "
-                  "bool lean_index, int[] hip_options")
+                  "bool lean_index, int[] hip_options, bool fwd_warp_specialized")
 
 
 def _checked_launch(name: str, launch) -> Launch:

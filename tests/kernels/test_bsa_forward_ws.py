@@ -1,0 +1,137 @@
+"""`kernels/bsa_forward_ws`: the warp-specialized Gluon forward. Gluon does not run under the Triton interpreter, so
+here: the kernel compiles for sm_90a (Hopper) at each head dim without spilling, where it may run (`ws_unsupported`,
+`ws_forward_pays`), and `bsa_fwd` falls back to the pipelined kernel wherever it cannot (same numbers as without the
+request, checked against a float64 reference). Its numbers on a GPU: benchmarks/fwd_ws.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import vsagen.kernels.reference as ref
+from vsagen.kernels import bsa_forward_ws as ws
+from vsagen.kernels.bsa_forward import bsa_fwd
+from vsagen.kernels.tuning import kernel_tuning
+from vsagen.layout import tile_layout
+
+needs_gluon = pytest.mark.skipif(not ws.have_gluon(), reason="this Triton has no Gluon")
+
+
+# Compiled in a child process without TRITON_INTERPRET (conftest sets it; under the interpreter gluon.jit makes
+# interpreted functions, not compilable ones). Prints one JSON object per (head dim, dtype).
+_COMPILE = r"""
+import json, os, re, subprocess, sys, tempfile
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from triton.runtime.jit import mangle_type
+from vsagen.kernels import bsa_forward_ws as ws
+
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+for head_dim, dt in json.loads(sys.argv[1]):
+    dtype = getattr(torch, dt)
+    el = "bf16" if dtype == torch.bfloat16 else "fp16"
+    x = torch.empty(640, 2 * head_dim, dtype=dtype)
+    desc = mangle_type(TensorDescriptor(x, [640, 2 * head_dim], [2 * head_dim, 1], [64, head_dim],
+                                        ws._smem_layout(head_dim, dtype)))
+    kernel = ws._bsa_fwd_ws_kernel
+    params = [p.name for p in kernel.params]
+    types = [desc, desc, desc, "*" + el, "*fp32", "*i32", "*i32", "*i32"] + ["i32"] * 12 + ["fp32"]
+    consts = {"HEAD_DIM": head_dim, "STAGES": ws.STAGES, "num_warps": 4}
+    sig = dict(zip(params, types)) | {k: "constexpr" for k in consts}
+    src = GluonASTSource(kernel, sig, {(params.index(k),): v for k, v in consts.items()})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": ws.MAX_REGS})
+    use = None
+    if os.path.exists(tool):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(c.asm["cubin"])
+            f.flush()
+            text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+        use = dict(zip(("reg", "stack", "shared", "local"), map(int, m.groups())))
+    ptx = c.asm["ptx"]
+    print(json.dumps(dict(head_dim=head_dim, warps=c.metadata.num_warps, shared=c.metadata.shared, use=use,
+                          wgmma="wgmma.mma_async" in ptx, tma="cp.async.bulk.tensor" in ptx,
+                          mbarrier="mbarrier" in ptx)))
+"""
+CASES = [(128, "bfloat16"), (64, "float16")]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """The kernel compiled for sm_90a by this Triton (no GPU needed) at each of CASES, as the launcher launches it."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(CASES)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+@needs_gluon
+def test_compiles_for_sm90_without_spills(compiled):
+    assert [c["head_dim"] for c in compiled] == [d for d, _ in CASES]
+    for c in compiled:
+        assert c["warps"] == 8  # one consumer warpgroup + the producer warp (padded to a warpgroup)
+        # the ring and the query tile; two CTAs per SM at D = 128 (228 KB of shared memory per SM, 1 KB each kept)
+        tiles = (1 + 2 * ws.STAGES) * 64 * c["head_dim"] * 2
+        assert tiles <= c["shared"] < tiles + 1024
+        assert 2 * (c["shared"] + 1024) <= 228 * 1024
+        assert c["wgmma"] and c["tma"] and c["mbarrier"]
+        if c["use"] is not None:  # cuobjdump bundled with this Triton
+            assert c["use"]["local"] == 0 and c["use"]["stack"] == 0 and c["use"]["reg"] <= ws.MAX_REGS
+
+
+def test_unsupported_off_hopper():
+    q = torch.randn(1, 64, 2, 128, dtype=torch.bfloat16)
+    assert "NVIDIA GPU" in ws.ws_unsupported(q, q, q)
+
+
+def test_pays_where_measured_faster():
+    assert ws.ws_forward_pays(256, False) and ws.ws_forward_pays(256, True)
+    assert ws.ws_forward_pays(64, True) and not ws.ws_forward_pays(64, False)
+    assert not ws.ws_forward_pays(128, False) and not ws.ws_forward_pays(128, True)
+
+
+def test_launcher_refuses_where_it_cannot_run():
+    q = torch.randn(1, 80, 2, 64, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 64, 80], dtype=torch.int32)
+    q2k = torch.tensor([[[[0, 1], [1, 0]]] * 2], dtype=torch.int32)
+    cnt = torch.full((1, 2, 2), 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="bsa_fwd_ws: not an NVIDIA GPU"):
+        ws.bsa_fwd_ws(q, q, q, q2k, cnt, offs)
+    with pytest.raises(ValueError):  # the contract's checks first (int64 indices)
+        ws.bsa_fwd_ws(q, q, q, q2k.long(), cnt, offs)
+
+
+def test_bsa_fwd_runs_the_pipelined_kernel_where_the_ws_one_cannot():
+    """A tuning asking for the warp-specialized forward on a device where it cannot run (the interpreter here) gets
+    the pipelined kernel: the same bits as without the request, and VSA's fine stage against float64 (partial
+    tiles, batch 2, an empty row)."""
+    lay = tile_layout((5, 6, 7), (4, 4, 4))  # partial tiles on every axis
+    n, b, h, d = lay.num_tiles, 2, 2, 32
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(b, lay.num_tokens, h, d, generator=g) for _ in range(3))
+    top_k = 3
+    q2k = torch.stack([torch.randperm(n, generator=g)[:top_k].sort().values for _ in range(b * h * n)])
+    q2k = q2k.view(b, h, n, top_k).to(torch.int32)
+    cnt = torch.full((b, h, n), top_k, dtype=torch.int32)
+    cnt[1, 0, 2] = 0  # an empty row: output 0, lse -inf
+    plain = kernel_tuning(q.device, d)
+    asked = dataclasses.replace(plain, fwd_warp_specialized=True)
+    out, lse = bsa_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, tuning=asked)
+    out0, lse0 = bsa_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, tuning=plain)
+    assert torch.equal(out, out0) and torch.equal(lse, lse0)
+    want, want_lse = ref.block_sparse_attention_reference(*(x.double() for x in (q, k, v)), q2k.long(), lay.slots,
+                                                          lay.slot_valid)
+    empty = lay.token_tile == 2  # query tile 2's tokens, whose row of batch 1 head 0 selected nothing
+    want[1, empty, 0] = 0
+    want_lse[1, 0, empty] = float("-inf")
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)

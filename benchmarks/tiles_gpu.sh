@@ -29,11 +29,11 @@
 #      impl=auto's engine choice in the DiT: `vsagen profile` of vsa:tile=4x8x8 (auto) beside impl=triton, with
 #      --tile-fit partial,crop at 1.3B (and crop at 14B with WITH_14B_DIT=1; the JSON's rows with the engine that ran;
 #      benchmarks/profile_rows.py prints them), and FA4's split on the 1.3B and 14B crop grids
-#   or 2ws. carry [".whl"] (with ".fa4b" after the .fa4a call: FA4's rows on the same grid too):
+#   or 2ws. carry [".whl"] (with ".fa4b" after the .fa4a call: FA4's rows on the 1.3B grid too):
 #                                  bash benchmarks/tiles_gpu.sh ws
-#      the warp-specialized Gluon forward (benchmarks/gluon_ws_fwd.py: one or two consumer warpgroups per CTA,
-#      producer warps, ping-pong, two consumers on one cube's list) against the shipped Triton forward at every tile
-#      volume on the 1.3B grid, each variant in its own process (45 s each at most), checked first; ~3-6 min
+#      the warp-specialized forward (vsagen/kernels/bsa_forward_ws.py, benchmarks/fwd_ws.py): checked against
+#      float64 and the pipelined forward, timed beside it at every tile volume on the 1.3B and 14B grids and on grids
+#      of whole cubes, and the 1.3B and 14B DiT with either forward in one process; ~3 min
 # Without .fa4a/.fa4b (or when /tmp/fa4 is gone) the FA4 rows say why they were skipped and the rest runs; without
 # the sdist, so do FastVideo's.
 set -u
@@ -67,7 +67,8 @@ Executed Ipc A|Compute \(SM\) Th|Memory Throughput|Warp Cycles Per Issued|Block 
     timeout 120 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits crop 2>&1 | grep -v Warning \
         | tee "$OUT/fa4_profile_crop.txt"
 elif [ "$what" = ws ]; then
-    timeout 420 python3 benchmarks/gluon_ws_fwd.py --shapes 1.3b 2>&1 | grep -v Warning | tee "$OUT/gluon_ws.txt"
+    timeout 420 python3 benchmarks/fwd_ws.py --shapes 1.3b,14b --dit 1.3b,14b 2>&1 | grep -v Warning \
+        | tee "$OUT/fwd_ws.txt"
     if [ -d /tmp/fa4/nvidia_cutlass_dsl ]; then  # FA4 on the same grid, same run (the `.fa4a` call first)
         timeout 120 python3 benchmarks/fa4_profile.py --shapes 1.3b --fits partial 2>&1 | grep -v Warning \
             | tee "$OUT/fa4_profile_partial.txt"

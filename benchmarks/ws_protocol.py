@@ -1,4 +1,7 @@
-"""A CPU model of `benchmarks/gluon_ws_fwd.py`'s barrier protocol (not a test of the kernel: of its schedule).
+"""A CPU model of the warp-specialized forward's barrier protocol (not a test of the kernel: of its schedule): the
+shipped kernel `vsagen/kernels/bsa_forward_ws.py` (one consumer, one producer, a ring of 3) and the variants of the
+retired experiment `benchmarks/gluon_ws_fwd.py` (two consumers, ping-pong, a shared ring; source at commit 86581d0,
+measured slower on the H100, BENCHMARKS.md 2026-12-06).
 
 The warp-specialized kernel cannot run here (Gluon has no interpreter) and a wrong phase or a missing arrive only
 shows on the GPU as a hang or as a K / V buffer overwritten while it is read. This script replays the kernel's

@@ -233,37 +233,18 @@ def test_fastvideo_harness_lists_and_layout_match_the_cube_selection():
         assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(got, exp))
 
 
-def test_warp_specialized_harness_work_items_variants_and_protocol():
-    """benchmarks/gluon_ws_fwd.py (issue 33, GPU only) and its CPU protocol model benchmarks/ws_protocol.py: the work
-    items cover every kernel tile once (pairs of consecutive tiles; pairs inside each cube for the shared variant,
-    so both tiles of a CTA share one key list), the variant syntax refuses what cannot run (one buffer deadlocks),
-    and the protocol model passes its interleavings and catches a release counted once on a shared ring."""
+def test_warp_specialized_protocol_model():
+    """benchmarks/ws_protocol.py, the CPU model of the warp-specialized forward's barrier protocol (the shipped
+    single-consumer kernel `vsagen.kernels.bsa_forward_ws` and the retired two-consumer variants): its random
+    interleavings pass, and it catches a release counted once on a shared ring."""
     import random
     import sys
 
     import pytest
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    import gluon_ws_fwd as ws
     import ws_protocol as proto
 
-    from vsagen.layout import tile_layout
-
-    for n, ncons in ((7, 1), (7, 2), (8, 2)):
-        first, count = ws.work_items(n, ncons, device="cpu")
-        tiles = [int(f) + i for f, c in zip(first, count) for i in range(int(c))]
-        assert tiles == list(range(n)) and int(count.max()) <= ncons
-    lay = tile_layout((5, 6, 10), (4, 8, 8))  # partial cubes: kernel tiles per cube 1-4
-    first, count = ws.work_items(int(lay.kernel_tile_of.numel()), 2, lay.tile_kernel_first, lay.tile_kernel_count,
-                                 device="cpu")
-    tiles = [int(f) + i for f, c in zip(first, count) for i in range(int(c))]
-    assert tiles == list(range(int(lay.kernel_tile_of.numel())))
-    for f, c in zip(first.tolist(), count.tolist()):  # a CTA's tiles are of one cube
-        assert len({int(lay.kernel_tile_of[f + i]) for i in range(c)}) == 1
-    assert ws._variant("2:3:1:s") == (2, 3, 1, 1) and ws._variant("1:2:0") == (1, 2, 0, 0)
-    for bad in ("1:1:0", "1:2:1", "1:2:0:s", "2:2:2", "3:2:0", "2:2", "2:2:0:x", "a:b:c"):
-        with pytest.raises(Exception, match="NCONS:STAGES:PINGPONG"):
-            ws._variant(bad)
     assert proto.main(["--trials", "300"]) == 0
     rng = random.Random(1)
     proto.simulate(2, 2, 1, [5, 5], rng, shared=True)

@@ -383,7 +383,8 @@ WS_CASES = [  # (backend, options, grid, warp-specialized forward asked): where 
     ("vsa", {"tile": "4x8x8"}, (4, 16, 8), True),     # ... and whole
     ("vsa", {"tile": "4x4x4"}, (8, 8, 16), True),     # 64-token cubes, every one whole
     ("vsa", {"tile": "4x4x4"}, (5, 9, 17), False),    # partial 64-token cubes: the pipelined kernel packs them
-    ("vsa", {"tile": "4x4x8"}, (8, 8, 16), False),    # 128-token cubes: even, or not measured
+    ("vsa", {"tile": "4x4x8"}, (8, 8, 16), True),     # 128-token cubes, every one whole
+    ("vsa", {"tile": "4x4x8"}, (5, 9, 17), False),    # partial 128-token cubes: about even, the pipelined kernel
     ("vsa", {"tile": "4x8x8", "query_rows": 128}, (5, 9, 17), False),  # the grouped kernel
     ("rocm-vsa", {"tile": "4x8x8"}, (5, 9, 17), False),  # the ROCm seed's tuning, always
     ("sla-star", {"tile": "4x8x8"}, (5, 9, 17), False),  # measured with the pipelined forward

@@ -131,7 +131,7 @@ class VSAAttention(Backend):
     def fine_tuning(self, tuning: Any, layout: Any) -> Any:
         """The fine stage's tuning: `tuning` (this call's, `tuning(q)`) with `fwd_warp_specialized` on where the
         warp-specialized forward measured faster than the pipelined one (`kernels.bsa_forward_ws.ws_forward_pays`:
-        256-token cubes, or 64-token cubes where every cube is whole; H100, BENCHMARKS.md 2026-12-06). Only for
+        256-token cubes, or any cubes where every cube is whole; H200 and H100, BENCHMARKS.md 2026-12-06). Only for
         this backend's default tuning (no `tuning` option), query_rows 64 and TMA loads; the kernel itself still
         runs only where it can (`ws_unsupported`: sm_90, bf16 / fp16, D 64 / 128), the pipelined one elsewhere."""
         if (not self.ws_forward or self.options.tuning is not None or self.options.query_rows != 64

@@ -16,6 +16,9 @@ Contents:
   backward, as the autograd-aware custom op behind `block_sparse_attention`; re-exports the raw launchers
   `bsa_fwd` (`bsa_forward.py`) / `bsa_bwd` (`bsa_backward.py`), whose shared jit helpers, input checks and TMA
   helpers are in `bsa_primitives.py`.
+* `bsa_forward_ws.py`: `bsa_fwd_ws`, the same forward as a warp-specialized Gluon kernel for sm_90 (a producer
+  warp for the TMA loads, a consumer warpgroup for the arithmetic), which `bsa_fwd` runs where its tuning's
+  `fwd_warp_specialized` asks and the kernel can run; `vsa` asks where it measured faster (`ws_forward_pays`).
 * `query_groups.py`: `build_query_groups`, the host-side table of query groups (tiles with equal key lists share a
   program of 64 / 128 query rows, partial query tiles packed) that `block_sparse_attention_grouped` (the forward and
   dQ over groups, the dK/dV loop over packed plans; `sparse-vdit`'s static patterns) runs. No triton import.

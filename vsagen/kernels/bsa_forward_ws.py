@@ -12,13 +12,13 @@ removes those keys, and those query rows are never stored.
 
 Why it exists: on the H100 the pipelined Triton forward keeps the tensor pipe busy 48.9% of the time (Nsight
 Compute, BENCHMARKS.md 2026-12-05 fourth session); with the loads on their own warp this kernel is faster where
-the key lists hold few partial tiles (2026-12-06, H100, 87.5% sparsity, ms against the pipelined forward on the
-same lists): 4x8x8 cubes 1.570 vs 1.674-1.712 at the Wan2.1-1.3B grid and 27.63 vs 31.50 at 14B 720p; whole 4x4x4
-cubes 3.053 vs 3.443 (1.3B grid rounded up) and 50.17 vs 57.49 (14B). It is slower where many partial key tiles
-sit in the lists (4x4x4 on the models' grids: 2.54 vs 2.09-2.14 ms, 48.1 vs 37.0 ms), which the pipelined
-kernel packs (`tile_plan`) and this one walks one per iteration; about even at 4x4x8 (1.769 vs 1.744 ms).
-`ws_forward_pays` encodes that choice. Two consumers per CTA, ping-pong, a shared ring and deeper rings measured
-slower (benchmarks/gluon_ws_fwd.py, the experiment this kernel comes from).
+the key lists hold few partial tiles (BENCHMARKS.md 2026-12-06, 87.5% sparsity, time of the pipelined forward over
+this one's on the same lists, H200 / H100): 4x8x8 cubes 1.038 / 1.07 on the Wan2.1-1.3B grid and 1.077 / 1.14 at
+14B 720p; grids of whole cubes 1.03-1.15 at every volume (4x4x8 on the H200 only). It is slower where many
+partial key tiles sit in the lists (4x4x4 on the models' grids: 0.76-0.82), which the pipelined kernel packs
+(`tile_plan`) and this one walks one per iteration, and about even at 4x4x8 there (0.94-0.99). `ws_forward_pays`
+encodes that choice. Two consumers per CTA, ping-pong, a shared ring and deeper rings measured slower (the
+retired experiment benchmarks/gluon_ws_fwd.py, source at commit 86581d0).
 
 No autograd: `bsa_fwd` dispatches here when its tuning asks (`KernelTuning.fwd_warp_specialized`) and
 `ws_unsupported` finds nothing against it; the backward (`bsa_backward`) takes the out / lse of either kernel.
@@ -54,9 +54,9 @@ def have_gluon() -> bool:
 
 def ws_forward_pays(tile_volume: int, every_cube_whole: bool) -> bool:
     """Whether this kernel measured faster than the pipelined Triton forward for VSA cubes of `tile_volume` tokens
-    (module docstring, H100): 256-token cubes on any grid, 64-token cubes where every cube is whole. 128-token cubes
-    measured even (model grid) or were not measured (whole cubes): the pipelined kernel stays."""
-    return tile_volume == 256 or (tile_volume == 64 and every_cube_whole)
+    (module docstring; H200 and H100): 256-token cubes on any grid, any cube where every cube is whole. On grids
+    with partial 64- or 128-token cubes the pipelined kernel, which packs the partial key tiles, stays."""
+    return tile_volume == 256 or every_cube_whole
 
 
 def ws_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:

@@ -135,3 +135,16 @@ def test_bsa_fwd_runs_the_pipelined_kernel_where_the_ws_one_cannot():
     want_lse[1, 0, empty] = float("-inf")
     torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse.double(), want_lse, atol=2e-5, rtol=2e-5)
+
+
+def test_index_operands_give_the_kernel_unit_stride_rows():
+    """The kernel walks a q2k row, a count row and the offsets as runs: strided views come back as copies with unit
+    stride and the same values; tensors already so are passed as they are."""
+    q2k = torch.randint(0, 9, (2, 3, 9, 5), dtype=torch.int32)
+    cnt = torch.randint(0, 6, (2, 9, 3), dtype=torch.int32).transpose(1, 2)  # (B, H, n) with stride 3 on n
+    offs = torch.arange(0, 640, 64, dtype=torch.int32)[::2]  # stride 2
+    got_q2k, got_cnt, got_offs = ws.index_operands(q2k.transpose(2, 3).contiguous().transpose(2, 3), cnt, offs)
+    for got, want in ((got_q2k, q2k), (got_cnt, cnt), (got_offs, offs)):
+        assert torch.equal(got, want) and got.stride(-1) == 1
+    same = ws.index_operands(q2k, cnt.contiguous(), offs.contiguous())
+    assert same[0] is q2k

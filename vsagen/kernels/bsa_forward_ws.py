@@ -226,6 +226,15 @@ def _smem_layout(head_dim: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([BLOCK, head_dim], el)
 
 
+def index_operands(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q2k, q2k_cnt, tile_offsets as the kernel reads them: a q2k row, a count row and the offsets as runs of unit
+    stride (copies only where a view has another stride, e.g. a sliced or transposed q2k)."""
+    q2k = q2k if q2k.shape[-1] <= 1 or q2k.stride(-1) == 1 else q2k.contiguous()
+    q2k_cnt = q2k_cnt if q2k_cnt.shape[-1] <= 1 or q2k_cnt.stride(-1) == 1 else q2k_cnt.contiguous()
+    return q2k, q2k_cnt, tile_offsets.contiguous()
+
+
 def bsa_fwd_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
                tile_offsets: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The fine-stage forward on the warp-specialized kernel (no autograd; contract of `bsa_forward.bsa_fwd`).
@@ -249,6 +258,7 @@ def bsa_fwd_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Ten
         raise ValueError(f"bsa_fwd_ws: {why}")
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    q2k, q2k_cnt, tile_offsets = index_operands(q2k, q2k_cnt, tile_offsets)
     b, s, h, d = q.shape
     scale = d ** -0.5 if scale is None else float(scale)
     layout = _smem_layout(d, q.dtype)

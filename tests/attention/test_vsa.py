@@ -424,3 +424,16 @@ def test_vsa_says_which_forward_kernel_ran(monkeypatch):
     monkeypatch.undo()
     assert backend.describe(torch.device("cuda"))["fine_kernel"] == "pipelined"
     assert "fine_kernel" not in backend.describe(torch.device("cpu"))
+    # where the kernel runs (stood in: the pipelined kernel's numbers under its name), describe says so
+    import vsagen.kernels.bsa_forward_ws as ws
+    from vsagen.kernels.bsa_forward import bsa_fwd
+
+    ran = []
+    monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")
+    monkeypatch.setattr(backend, "tuning", lambda q: arch_tuning("sm90", q.shape[-1]))
+    monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: None)
+    monkeypatch.setattr(ws, "bsa_fwd_ws", lambda *a: ran.append(1) or bsa_fwd(*a))
+    torch.testing.assert_close(backend(q, k, v, ctx(lay, None, NullTimer())), out, atol=0, rtol=0)
+    assert ran == [1]
+    monkeypatch.undo()
+    assert backend.describe(torch.device("cuda"))["fine_kernel"] == "warp-specialized"

@@ -66,7 +66,8 @@ CASES = [(128, "bfloat16"), (64, "float16")]
 
 @pytest.fixture(scope="module")
 def compiled():
-    """The kernel compiled for sm_90a by this Triton (no GPU needed) at each of CASES, as the launcher launches it."""
+    """The kernel compiled for sm_90a by this Triton (no GPU needed) at each of CASES, with the launcher's
+    constexprs and launch options (integer arguments unspecialized)."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(CASES)], capture_output=True, text=True,
                          env=env, timeout=300)
@@ -106,7 +107,7 @@ def test_launcher_refuses_where_it_cannot_run():
     cnt = torch.full((1, 2, 2), 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="bsa_fwd_ws: not an NVIDIA GPU"):
         ws.bsa_fwd_ws(q, q, q, q2k, cnt, offs)
-    with pytest.raises(ValueError):  # the contract's checks first (int64 indices)
+    with pytest.raises(ValueError, match="int32"):  # the contract's checks first (int64 indices)
         ws.bsa_fwd_ws(q, q, q, q2k.long(), cnt, offs)
 
 
@@ -148,3 +149,50 @@ def test_index_operands_give_the_kernel_unit_stride_rows():
         assert torch.equal(got, want) and got.stride(-1) == 1
     same = ws.index_operands(q2k, cnt.contiguous(), offs.contiguous())
     assert same[0] is q2k
+
+
+def test_bsa_fwd_dispatches_on_the_switch(monkeypatch):
+    """Where the kernel can run (stood in here), `bsa_fwd` hands the call to it exactly when the tuning asks, with
+    the call's operands, and returns its result."""
+    lay = tile_layout((4, 4, 9), (4, 4, 4))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, lay.num_tokens, 2, 16, generator=g) for _ in range(3))
+    n = lay.num_tiles
+    q2k = torch.arange(n, dtype=torch.int32).expand(1, 2, n, n).contiguous()
+    cnt = torch.full((1, 2, n), n, dtype=torch.int32)
+    calls = []
+    sentinel = (torch.zeros_like(q), torch.zeros(1, 2, lay.num_tokens))
+
+    def stand_in(*args, **kwargs):
+        calls.append(args)
+        return sentinel
+
+    monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: None)
+    monkeypatch.setattr(ws, "bsa_fwd_ws", stand_in)
+    plain = kernel_tuning(q.device, 16)
+    assert bsa_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, 0.3,
+                   tuning=dataclasses.replace(plain, fwd_warp_specialized=True)) is sentinel
+    assert len(calls) == 1 and calls[0][:6] == (q, k, v, q2k, cnt, lay.tile_offsets_i32) and calls[0][6] == 0.3
+    out, _ = bsa_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, tuning=plain)
+    assert len(calls) == 1 and out.abs().sum() > 0  # not asked: the pipelined kernel
+
+
+def test_a_triton_whose_warp_specialize_takes_other_arguments_has_no_usable_gluon(monkeypatch):
+    """Triton 3.5's `warp_specialize(default_args, default_partition, worker_args, ...)` would not compile the
+    kernel: `have_gluon` says no there, so `bsa_fwd` keeps the pipelined kernel instead of failing."""
+    if not ws.have_gluon():
+        pytest.skip("this Triton has no Gluon")
+    from triton.experimental.gluon import language as gl
+
+    def old_api(default_args, default_partition, worker_args, worker_partitions, worker_num_warps,
+                worker_num_regs, _semantic=None, _generator=None):
+        raise AssertionError("not called")
+
+    ws.have_gluon.cache_clear()
+    monkeypatch.setattr(gl, "warp_specialize", old_api)
+    try:
+        assert not ws.have_gluon()
+    finally:
+        monkeypatch.undo()
+        ws.have_gluon.cache_clear()
+    assert ws.have_gluon()

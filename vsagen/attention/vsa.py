@@ -31,7 +31,6 @@ Two implementations of the same function, chosen by the `impl` option:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -119,6 +118,7 @@ class VSAAttention(Backend):
         self._fa4_here: dict[tuple[str, int], bool] = {}  # (device, tile volume) -> FA4 runs there (sm90, installed)
         self._ran: str | None = None  # the engine of the latest eager call ("triton", "torch", "fa4"), for describe
         self._fine_kernel: str | None = None  # its Triton forward kernel ("warp-specialized" | "pipelined")
+        self._ws_tunings: dict[Any, Any] = {}  # a tuning -> the same with fwd_warp_specialized (`fine_tuning`)
 
     def tuning(self, q: torch.Tensor):
         """The Triton kernels' tuning for q (B, S, H, D): the `tuning` option, else the device's default of this
@@ -141,7 +141,11 @@ class VSAAttention(Backend):
         from ..kernels.fa4_block_sparse import every_cube_full
 
         whole = every_cube_full(layout.num_tiles, layout.tile_volume, layout.num_tokens)
-        return _with_ws_forward(tuning) if ws_forward_pays(layout.tile_volume, whole) else tuning
+        if not ws_forward_pays(layout.tile_volume, whole):
+            return tuning
+        if tuning not in self._ws_tunings:  # one object per tuning, validated once (a dict: dynamo traces it)
+            self._ws_tunings[tuning] = dataclasses.replace(tuning, fwd_warp_specialized=True)
+        return self._ws_tunings[tuning]
 
     @property
     def sparsity(self) -> float:
@@ -335,12 +339,6 @@ class VSAAttention(Backend):
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
         return out, c.q2k
-
-
-@functools.cache
-def _with_ws_forward(tuning: Any) -> Any:
-    """`tuning` with `fwd_warp_specialized` on (cached: one object per default tuning, no validation per call)."""
-    return dataclasses.replace(tuning, fwd_warp_specialized=True)
 
 
 def _fine_kernel(tuning: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:

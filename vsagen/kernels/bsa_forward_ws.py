@@ -42,13 +42,22 @@ MAX_REGS = 128  # launch cap per thread: two CTAs of 8 warps fit an SM's 64K reg
 
 @functools.cache
 def have_gluon() -> bool:
-    """Whether this Triton ships Gluon's Hopper API (Triton >= 3.5; `triton.experimental.gluon`)."""
+    """Whether this Triton ships the Gluon API this kernel is written in (`triton.experimental.gluon`, Triton >=
+    3.6): the Hopper modules, and `warp_specialize` taking a list of (function, args) partitions (Triton 3.5's
+    took the default partition apart and would not compile this kernel). Checked on 3.6 and 3.8."""
+    import inspect
+
     try:
+        from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.language.nvidia import hopper
         from triton.experimental.gluon.nvidia import hopper as host
     except ImportError:
         return False
-    return (all(hasattr(hopper, n) for n in ("mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait"))
+    try:
+        partitions = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
+    except (TypeError, ValueError):
+        return False
+    return (partitions and all(hasattr(hopper, n) for n in ("mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait"))
             and hasattr(host, "TensorDescriptor"))
 
 
@@ -68,7 +77,7 @@ def ws_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | N
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return "not sm_90 (its wgmma and TMA are Hopper's)"
     if not have_gluon():
-        return "this Triton has no Gluon (Triton >= 3.5)"
+        return "this Triton has no Gluon API of the kernel's (Triton >= 3.6)"
     if q.shape[-1] not in HEAD_DIMS:
         return f"head dim {q.shape[-1]} not in {HEAD_DIMS}"
     if not all(tma_layout_ok(x) for x in (q, k, v)):

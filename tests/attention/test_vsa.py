@@ -437,3 +437,21 @@ def test_vsa_says_which_forward_kernel_ran(monkeypatch):
     assert ran == [1]
     monkeypatch.undo()
     assert backend.describe(torch.device("cuda"))["fine_kernel"] == "warp-specialized"
+
+
+def test_vsa_fine_tuning_traces_without_a_graph_break():
+    """`--compile` traces `fine_tuning` inside the attention (fullgraph): the first call, which builds the flagged
+    tuning, and a later one both trace, and the switch reaches the custom ops' arguments."""
+    from vsagen.kernels.tuning import arch_tuning, op_args
+
+    backend = VSAAttention(VSAOptions(sparsity=0.5, tile="4x8x8"))
+    lay = tile_layout((5, 9, 17), backend.tile)
+    sm90 = arch_tuning("sm90", 128)
+
+    def f(x):
+        return x + float(op_args(backend.fine_tuning(sm90, lay))[-1])
+
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    assert compiled(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert compiled(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert list(backend._ws_tunings) == [sm90]

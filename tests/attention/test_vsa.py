@@ -432,7 +432,7 @@ def test_vsa_says_which_forward_kernel_ran(monkeypatch):
     monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")
     monkeypatch.setattr(backend, "tuning", lambda q: arch_tuning("sm90", q.shape[-1]))
     monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: None)
-    monkeypatch.setattr(ws, "bsa_fwd_ws", lambda *a: ran.append(1) or bsa_fwd(*a))
+    monkeypatch.setattr(ws, "launch_ws", lambda *a: ran.append(1) or bsa_fwd(*a))
     torch.testing.assert_close(backend(q, k, v, ctx(lay, None, NullTimer())), out, atol=0, rtol=0)
     assert ran == [1]
     monkeypatch.undo()

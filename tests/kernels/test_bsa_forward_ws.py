@@ -168,7 +168,7 @@ def test_bsa_fwd_dispatches_on_the_switch(monkeypatch):
         return sentinel
 
     monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: None)
-    monkeypatch.setattr(ws, "bsa_fwd_ws", stand_in)
+    monkeypatch.setattr(ws, "launch_ws", stand_in)
     plain = kernel_tuning(q.device, 16)
     assert bsa_fwd(q, k, v, q2k, cnt, lay.tile_offsets_i32, 0.3,
                    tuning=dataclasses.replace(plain, fwd_warp_specialized=True)) is sentinel

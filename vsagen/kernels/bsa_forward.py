@@ -190,10 +190,10 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     """
     check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
     if tuning is not None and tuning.fwd_warp_specialized:
-        from .bsa_forward_ws import bsa_fwd_ws, ws_unsupported
+        from .bsa_forward_ws import launch_ws, ws_unsupported
 
-        if ws_unsupported(q, k, v) is None:
-            return bsa_fwd_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
+        if ws_unsupported(q, k, v) is None:  # (check_inputs made above: launched without checking again)
+            return launch_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
     out = torch.empty_like(q)
     return out, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None)
 

@@ -265,6 +265,13 @@ def bsa_fwd_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Ten
     why = ws_unsupported(q, k, v)
     if why:
         raise ValueError(f"bsa_fwd_ws: {why}")
+    return launch_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
+
+
+def launch_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
+              tile_offsets: torch.Tensor, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`bsa_fwd_ws` without its checks, for a caller that made them (`bsa_forward.bsa_fwd`: `check_inputs`, then
+    `ws_unsupported` is None). Same arguments and returns."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     q2k, q2k_cnt, tile_offsets = index_operands(q2k, q2k_cnt, tile_offsets)

@@ -467,3 +467,208 @@ def test_a_signal_during_a_mag_calibration_writes_no_calibration(vsagen_cache, t
     cal = load_calibration(ratios)
     assert (cal["model"], cal["steps"], cal["sampler"], len(cal["ratios"]["transformer"])) == ("tiny", 2, "default", 2)
     assert any(f"written to {ratios} with the video" in n for n in result.summary["timing"]["notes"])
+
+
+# ------------------------------------------------------------------------------------------- the signal watcher
+# Issue 44 (new-user trial): a Ctrl-C during a real-size CPU step did nothing for minutes (Python runs its signal
+# handlers only between bytecodes, and one torch operation was still running), a second Ctrl-C and a SIGTERM did
+# nothing either, and the last line named the SIGTERM. Children here block inside one C call that never returns to
+# Python by itself (a normal pthread mutex locked twice by one thread), standing for that operation; they say so
+# once the main thread waits in it (Linux, glibc: its lock word).
+
+STUCK = r"""
+import ctypes, os, subprocess, sys, threading, time
+from pathlib import Path
+from vsagen import interrupts
+from vsagen.cli_run import report_interrupt
+
+libc = ctypes.CDLL(None)
+
+def stuck(seconds=None):
+    mutex = ctypes.create_string_buffer(64)  # a zeroed pthread_mutex_t: a normal mutex, unlocked
+    libc.pthread_mutex_lock(mutex)
+    state = ctypes.c_int.from_buffer(mutex)  # glibc's lock word: 2 once a thread waits on the locked mutex
+
+    def say():  # only once the main thread waits inside the C call (a signal before would reach Python at once)
+        while state.value != 2:
+            time.sleep(0.001)
+        print("in C", file=sys.stderr, flush=True)
+
+    threading.Thread(target=say, daemon=True).start()
+    if seconds is None:
+        libc.pthread_mutex_lock(mutex)  # locks itself out for good: signals cannot bring it back to Python
+    else:  # pthread_mutex_timedlock is not interrupted by signals either; it returns after `seconds`
+        deadline = (ctypes.c_long * 2)(int(time.time() + seconds), 0)
+        libc.pthread_mutex_timedlock(mutex, deadline)
+
+folder = Path(sys.argv[1])
+code = 0
+with interrupts.process():
+    try:
+        with interrupts.as_interrupt():
+            if sys.argv[2] == "step":
+                (folder / "building").mkdir()  # a temporary folder, as the tiny checkpoint's build makes
+                interrupts.remove_on_stop(folder / "building")
+                child = subprocess.Popen(["sleep", "60"])  # a child, as an ffmpeg encoder
+                print(f"child {child.pid}", file=sys.stderr, flush=True)
+                stuck()
+            else:
+                from vsagen.video import Outputs
+                with Outputs() as outputs:
+                    outputs.add(folder / "a.json", lambda tmp: (tmp.write_text("{"), stuck(3)))
+                    outputs.publish()
+    except KeyboardInterrupt as e:
+        code = report_interrupt(e)
+sys.exit(code)
+"""
+
+
+GLIBC = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's pthread mutex, /proc")
+
+
+def _lines_of(proc: subprocess.Popen):
+    """A queue of `proc`'s stderr lines (None at its end), read by a thread."""
+    import queue
+
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _next_line(lines, timeout: float = 10.0) -> str | None:
+    import queue
+
+    try:
+        return lines.get(timeout=timeout)
+    except queue.Empty:
+        raise AssertionError(f"no line within {timeout} s") from None
+
+
+def _start_stuck(tmp_path, mode: str):
+    proc = subprocess.Popen([sys.executable, "-c", STUCK, str(tmp_path), mode], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
+    return proc, _lines_of(proc)
+
+
+@GLIBC
+def test_a_signal_during_a_long_operation_says_at_once_and_a_second_stops_now(tmp_path):
+    """The first Ctrl-C: a line at once saying when it stops and that a second one stops now; the second signal (a
+    SIGTERM): the process ends at once, its child killed, its temporary folder removed, one final line naming the
+    FIRST signal, exit 130."""
+    proc, lines = _start_stuck(tmp_path, "step")
+    try:
+        child = int(_next_line(lines).split()[1])
+        assert _next_line(lines) == "in C"
+        proc.send_signal(signal.SIGINT)
+        notice = _next_line(lines, timeout=5)
+        assert notice.startswith("Ctrl-C: stopping when the running operation returns") and \
+            notice.endswith("press Ctrl-C again to stop now"), notice
+        assert proc.poll() is None  # still inside its operation
+        proc.send_signal(signal.SIGTERM)
+        assert _next_line(lines) == "error: interrupted; nothing was written"
+        assert _next_line(lines) is None
+        assert proc.wait(timeout=10) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list(tmp_path.iterdir()) == []  # the registered temporary folder is gone
+    assert not Path(f"/proc/{child}").exists() or "Z" in (Path(f"/proc/{child}/stat").read_text().split()[2])
+
+
+@GLIBC
+def test_while_files_are_written_a_second_signal_waits_for_the_safe_point(tmp_path):
+    """During a write (`hold`) the second signal does not end the process on the spot (its temporary file would
+    stay): the writer stops at its next safe point, removes the temporary file and reports the first signal."""
+    proc, lines = _start_stuck(tmp_path, "write")
+    try:
+        assert _next_line(lines) == "in C"
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
+        rest = []
+        while (line := _next_line(lines)) is not None:
+            rest.append(line)
+        assert rest[-1] == "error: interrupted by SIGTERM; nothing was written", rest
+        assert proc.wait(timeout=10) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    assert list(tmp_path.iterdir()) == []  # no temporary file, no a.json
+
+
+def test_two_signals_at_one_check_end_as_the_first():
+    """Both signals pending when Python next checks (as after one long C call): the interrupt is the first's (Ctrl-C:
+    exit 130), not the one whose handler ran last (SIGTERM, as the trial's final line said)."""
+    both = {signal.SIGINT, signal.SIGTERM}
+    with pytest.raises(SignalInterrupt) as info:
+        with as_interrupt() as interrupted:
+            signal.pthread_sigmask(signal.SIG_BLOCK, both)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # delivered together: both handlers run now
+            spin()
+    assert info.value.signum == signal.SIGINT and interrupted() == signal.SIGINT
+
+
+# The console entry point while torch imports (issue 44: a SIGTERM 0.8 s after the start killed it through the
+# default action, without a line): `import torch` is made to wait, and says so, before it starts.
+SLOW_IMPORT = r"""
+import sys, time
+import importlib.abc
+
+class SlowTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            print("importing torch", file=sys.stderr, flush=True)
+            time.sleep(60)
+        return None
+
+sys.meta_path.insert(0, SlowTorch())
+import vsagen.cli
+sys.argv = ["vsagen", *sys.argv[1:]]
+vsagen.cli.main()
+"""
+
+
+def test_sigterm_while_torch_imports_is_the_commands_one_line(vsagen_cache, tmp_path):
+    env = dict(os.environ, VSAGEN_CACHE=str(vsagen_cache), HF_HOME=str(tmp_path / "hf"))
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT, "t2v", "a fox", "--model", "tiny", "--out",
+                             str(tmp_path / "a.mp4")], stderr=subprocess.PIPE, text=True, env=env)
+    lines = _lines_of(proc)
+    try:
+        assert _next_line(lines, timeout=30) == "importing torch"
+        proc.send_signal(signal.SIGTERM)
+        assert _next_line(lines) == "error: interrupted by SIGTERM; nothing was written"
+        assert _next_line(lines) is None and proc.wait(timeout=10) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) in ([], ["hf"])
+
+
+def test_an_interrupt_while_the_command_line_is_parsed_is_one_line(monkeypatch, capsys):
+    """Typer turns a KeyboardInterrupt outside the command (while it parses) into a silent exit 130; the entry point
+    says the command's line and names the signal (143)."""
+    import vsagen.cli_options
+    from vsagen.cli import main
+
+    def parse(*_):
+        os.kill(os.getpid(), signal.SIGTERM)
+        spin()
+
+    monkeypatch.setattr(vsagen.cli_options, "repeated_option", parse)
+    monkeypatch.setattr(sys, "argv", ["vsagen", "t2v", "a fox"])
+    before = {s: signal.getsignal(s) for s in interrupts.ENDING_SIGNALS}
+    with pytest.raises(SystemExit) as info:
+        main()
+    assert info.value.code == 143
+    assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted by SIGTERM; nothing was written"]
+    assert {s: signal.getsignal(s) for s in interrupts.ENDING_SIGNALS} == before

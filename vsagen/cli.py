@@ -18,7 +18,7 @@ import typer
 
 from .cli_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
                           OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser)
-from .cli_run import (err, ran_in_workers, request_command, run_guarded, single_process,
+from .cli_run import (err, ran_in_workers, report_interrupt, request_command, run_guarded, single_process,
                       torchrun_launch_or_exit)
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from .interrupts import as_interrupt as _sigterm_as_interrupt
@@ -386,13 +386,22 @@ def main() -> None:
     """
     from .interrupts import process
 
+    speaks = os.environ.get("RANK", "0") in ("", "0")  # a rank of a torchrun launch other than 0 prints no interrupt
     try:
-        with process():  # once a command's files are in place, a late Ctrl-C / SIGTERM no longer changes its exit
+        # from here Ctrl-C / SIGTERM / SIGHUP end the command with its one line (also while torch imports); once its
+        # files are in place, a late one no longer changes its exit
+        with process(speaks=speaks) as guard:
             code = app(standalone_mode=False)
+            if code == 130 and guard is not None and guard.raised:  # Typer's exit for a KeyboardInterrupt outside a
+                code = report_interrupt(SignalInterrupt(guard.received[0]), speaks)  # command's report (parsing)
+    except KeyboardInterrupt as e:
+        code = report_interrupt(e, speaks)
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
         name = type(e).__name__
         ctx = getattr(e, "ctx", None)
-        if name == "NoArgsIsHelpError" and ctx is not None:  # no command: the help, as a usage error (exit 2)
+        if name == "Abort" and isinstance(e.__cause__, KeyboardInterrupt):  # click's word for an interrupt
+            code = report_interrupt(e.__cause__, speaks)
+        elif name == "NoArgsIsHelpError" and ctx is not None:  # no command: the help, as a usage error (exit 2)
             typer.echo(ctx.get_help())
             code = 2
         elif hasattr(e, "format_message") and hasattr(e, "exit_code"):

@@ -76,6 +76,18 @@ def linger(code: int) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def report_interrupt(e: KeyboardInterrupt, speaks: bool = True) -> int:
+    """The one line of a command an ending signal stopped, naming its first signal (`vsagen.interrupts.ending_line`;
+    said once, also when the signal watcher ends the process meanwhile) where `speaks`; returns the exit code, 128 +
+    the signal: 130 for Ctrl-C (a plain KeyboardInterrupt too), 143 for SIGTERM, 129 for SIGHUP."""
+    from .interrupts import ending_line, last_word
+
+    signum = int(getattr(e, "signum", signal.SIGINT))
+    if speaks:
+        last_word(lambda: err(ending_line(signum)))
+    return 128 + signum
+
+
 def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
     """Call fn(); map errors to one line and an exit code. A rank other than 0 of a launch prints its line only
     when rank 0 did not end meanwhile (`linger`), prefixed with its rank."""
@@ -96,11 +108,7 @@ def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
         report(str(e), e.exit_code)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:
-        signum = getattr(e, "signum", signal.SIGINT)  # 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP
-        if rank == 0:
-            by = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-            err(f"interrupted{by}; nothing was written")
-        raise typer.Exit(128 + int(signum)) from None
+        raise typer.Exit(report_interrupt(e, rank == 0)) from None
     except (typer.Exit, typer.Abort):
         raise
     except Exception as e:  # noqa: BLE001 - the user gets one line; --verbose shows the traceback

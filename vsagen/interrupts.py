@@ -17,6 +17,16 @@ dropped: the command went on and wrote everything), between creating a temporary
 * Without a guard (the library called from Python), `hold()` installs one for the block and hands what it recorded
   to the handlers it replaced once the block is over (after the temporary files are gone).
 
+* Python runs a signal handler only between bytecodes: while the main thread is inside one long C call (a torch
+  operation on the CPU at a real size takes minutes) a signal does nothing visible. So under `process()` (the
+  console entry point) a watcher thread hears the ending signals the moment they arrive (`signal.set_wakeup_fd`):
+  when the main thread has not acted on the first within `NOTICE_AFTER_S`, it says at once when the command stops
+  and that a second signal stops it now; a second signal (outside a write) ends the process at once: its children
+  killed, the temporary files registered with `remove_on_stop` removed, the one final line printed (naming the first
+  signal), exit 128 + its number. Nothing the command publishes has been written then (`hold()` keeps it out).
+* The interrupt always names the FIRST signal (Ctrl-C, then SIGTERM: "interrupted", exit 130), however many
+  arrived before Python ran its handlers.
+
 Only the main thread runs Python signal handlers; elsewhere nothing is installed or held.
 """
 
@@ -24,8 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import shutil
 import signal
+import sys
 import threading
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 # Ctrl-C, `kill`, a closed terminal.
@@ -33,6 +47,24 @@ ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP
 
 # Set by `process()`: once a guard's files are in place the ending signals stay ignored (the process is ending).
 _KEEP_DONE_GUARD = contextvars.ContextVar("vsagen_keep_done_guard", default=False)
+
+# How long the watcher (`process()`) gives the main thread to act on a signal before it says the command is busy in
+# one long operation (seconds): a command running Python stops within microseconds and prints only its final line.
+NOTICE_AFTER_S = 0.3
+
+
+def signal_name(signum: int) -> str:
+    """"SIGTERM" for 15; "signal N" for a number the platform does not name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def ending_line(signum: int) -> str:
+    """The one line (without "error: ") an interrupted command ends with; exit code 128 + `signum`."""
+    by = "" if signum == signal.SIGINT else f" by {signal_name(signum)}"
+    return f"interrupted{by}; nothing was written"
 
 
 class SignalInterrupt(KeyboardInterrupt):
@@ -54,16 +86,25 @@ class Guard:
         self.received: list[int] = []
         self.holding = 0
         self.done = False
+        self.raised = False  # a SignalInterrupt was raised (the main thread is unwinding)
+        self.arrived: list[int] = []  # in the order they arrived, as `process()`'s watcher heard them
         self.keep = keep  # under `process()`: once done, the ending signals are ignored until the process exits
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.received.append(int(signum))
         if not self.holding and not self.done:
-            raise SignalInterrupt(signum)
+            self.raised = True
+            raise SignalInterrupt(self.first())
+
+    def first(self) -> int:
+        """The signal that names the interrupt: the first to arrive. Python runs every pending handler at one check,
+        in the order of their numbers (a Ctrl-C and a SIGTERM that both arrived during one long C call ended as the
+        SIGTERM, the last handler's exception): the watcher's order of arrival where it heard them."""
+        return self.arrived[0] if self.arrived else self.received[0]
 
     def interrupted(self) -> int | None:
         """The first ending signal that arrived (also one whose KeyboardInterrupt a finalizer dropped), or None."""
-        return self.received[0] if self.received else None
+        return self.first() if self.received else None
 
     def finish(self) -> None:
         """The command's files are in place: a later ending signal no longer interrupts it. A kept guard (under
@@ -81,7 +122,7 @@ class Guard:
         command as: that interrupt (the signal is the cause: e.g. Ctrl-C to the process group killed the
         `ffmpeg -version` probe, and imageio then found "no ffmpeg"); otherwise `error` itself."""
         if self.received and not self.done and isinstance(error, Exception):
-            interrupt = SignalInterrupt(self.received[0])
+            interrupt = SignalInterrupt(self.first())
             interrupt.__cause__ = error
             return interrupt
         return error
@@ -92,7 +133,8 @@ class Guard:
         Raises:
             SignalInterrupt: with the first signal's number."""
         if self.received and not self.done:
-            raise SignalInterrupt(self.received[0])
+            self.raised = True
+            raise SignalInterrupt(self.first())
 
 
 def _in_main_thread() -> bool:
@@ -131,15 +173,17 @@ def as_interrupt() -> Iterator[Callable[[], int | None]]:
     command unwinds: its temporary files are removed and it writes nothing (one line; exit 128 + the signal's
     number, as a shell reports it: 130, 143, 129). While files are written the signal is held to a safe point, and
     once they are in place it no longer interrupts (module docstring). Only in the main thread (elsewhere:
-    unchanged).
+    unchanged). Under `process()` the block takes the process's guard (and its watcher) instead of its own.
 
     Yields `Guard.interrupted`: whether (which) ending signal arrived in the block; a KeyboardInterrupt raised while
     Python runs a finalizer (`__del__`) is printed and dropped, so a command asks it before it writes."""
     if not _in_main_thread():
         yield lambda: None
         return
-    guard = Guard(keep=_KEEP_DONE_GUARD.get())
-    previous = _install(guard)
+    outer = current_guard()
+    own = not (_KEEP_DONE_GUARD.get() and outer is not None and outer.keep)
+    guard = Guard(keep=_KEEP_DONE_GUARD.get()) if own else outer
+    previous = _install(guard) if own else {}
     try:
         yield guard.interrupted
     except Exception as e:  # after a signal: that interrupt (`Guard.as_interrupt`)
@@ -148,20 +192,167 @@ def as_interrupt() -> Iterator[Callable[[], int | None]]:
             raise
         raise converted from e
     finally:
-        if not (guard.done and _KEEP_DONE_GUARD.get()):
+        if own and not (guard.done and _KEEP_DONE_GUARD.get()):
             _restore(previous)
 
 
+# The files and folders a stop-now exit removes (`remove_on_stop`), and the lock of the command's final line
+# (`last_word`): the main thread reporting its interrupt, or the watcher ending the process, prints it, never both.
+_ON_STOP: list[Path] = []
+_LAST_WORD = threading.Lock()
+_last: dict[str, Any] = {"watcher": None, "said": False}
+
+
+def remove_on_stop(path: Path) -> Callable[[], None]:
+    """Have a stop-now exit (a second signal, `process()`) remove `path`, a file or folder this process writes
+    outside `hold()` (the tiny checkpoint being built, a temporary folder); returns the call that forgets it."""
+    _ON_STOP.append(Path(path))
+    return lambda: _ON_STOP.remove(Path(path)) if Path(path) in _ON_STOP else None
+
+
+def last_word(say: Callable[[], None]) -> None:
+    """Print the command's final line through `say()`, unless the watcher of `process()` is ending the process with
+    its own (a second signal meanwhile): one final line, whichever thread gets there first."""
+    with _LAST_WORD:
+        if not _last["said"]:
+            say()
+            _last["said"] = _last["watcher"] is not None
+
+
+def _children() -> list[int]:
+    """This process's children (Linux: /proc/self/task/*/children), e.g. an ffmpeg encoder; [] elsewhere."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+def _say(text: str) -> None:
+    with contextlib.suppress(Exception):  # stderr closed or gone: nothing to say it to
+        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + text + "\n")  # past a progress bar's line
+        sys.stderr.flush()
+
+
+class _Watcher:
+    """The thread that hears the ending signals as they arrive, through `signal.set_wakeup_fd` (written by Python's
+    C-level handler at once, whatever the main thread is doing), for `process()`'s guard: the notice when the main
+    thread does not act on the first signal, the stop-now exit on the second (module docstring)."""
+
+    def __init__(self, guard: Guard, speaks: bool) -> None:
+        self.guard, self.speaks = guard, speaks
+        self._read, self._write = os.pipe()  # non-inheritable: an exec'd child (ffmpeg) holds neither end
+        os.set_blocking(self._write, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._listen, name="vsagen-signal-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop hearing the signals (the wakeup fd as it was before) and end the thread."""
+        signal.set_wakeup_fd(self._previous_fd)
+        with contextlib.suppress(OSError):
+            os.write(self._write, b"\0")
+        self._thread.join(timeout=5)
+        for fd in (self._read, self._write):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read, 64)
+            except OSError:
+                return
+            for signum in data:
+                if signum == 0:  # `stop`
+                    return
+                self._heard(signum)
+            if not data:
+                return
+
+    def _heard(self, signum: int) -> None:
+        guard = self.guard
+        if signum not in ENDING_SIGNALS or signal.getsignal(signum) is not guard or guard.done:
+            return  # another handler in force (a launcher's), or the files are in place: not this guard's
+        guard.arrived.append(signum)
+        if len(guard.arrived) == 1:
+            timer = threading.Timer(NOTICE_AFTER_S, self._notice)
+            timer.daemon = True
+            timer.start()
+        elif not guard.holding:  # while files are written the writer stops at its next safe point
+            self._stop_now()
+
+    def _notice(self) -> None:
+        guard, first = self.guard, self.guard.arrived[0]
+        if guard.raised or guard.done or len(guard.arrived) > 1 or not self.speaks:
+            return  # the main thread acted (it is unwinding), or the files are in place, or it stops now
+        who = "Ctrl-C" if first == signal.SIGINT else signal_name(first)
+        if guard.holding:
+            _say(f"{who}: stopping at the write's next safe point (the next decoded chunk or frame); nothing will "
+                 "be written")
+            return
+        again = "press Ctrl-C again" if first == signal.SIGINT else f"send {who} (or Ctrl-C) again"
+        _say(f"{who}: stopping when the running operation returns (one step of a large model takes minutes on "
+             f"the CPU); {again} to stop now")
+
+    def _stop_now(self) -> None:
+        """End the process at once: children killed, registered temporaries removed, one final line, exit 128 + the
+        first signal. Never returns."""
+        first = self.guard.first()
+        _LAST_WORD.acquire()  # kept: the main thread prints no line of its own after this one
+        for pid in _children():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)  # gone before its output file is removed (ffmpeg would write it again)
+        for path in list(_ON_STOP):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        if self.speaks and not _last["said"]:
+            _say(f"error: {ending_line(first)}")
+        os._exit(128 + int(first))
+
+
+def _forget_watcher_in_child() -> None:
+    """A forked child (multiprocessing) must not write its signals into its parent's watcher."""
+    if _last["watcher"] is not None:
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+        _last["watcher"] = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_watcher_in_child)
+
+
 @contextlib.contextmanager
-def process() -> Iterator[None]:
-    """The console entry point's block: once a command's files are in place the ending signals are ignored
-    (`Guard.finish`) and stay so after its `as_interrupt` block, until the process exits, so a signal while it
-    prints its result or while the interpreter shuts down is dropped (exit 0, the files complete) instead of
-    killing it or ending it with "nothing was written"."""
+def process(speaks: bool = True) -> Iterator[Guard | None]:
+    """The console entry point's block. From its first line the ending signals end the command as an interrupt
+    (one line, exit 128 + the signal), also while it imports torch (the default action killed it silently); a
+    watcher hears them as they arrive (the notice, the stop-now exit: module docstring). Once a command's files are
+    in place the ending signals are ignored (`Guard.finish`) and stay so after its `as_interrupt` block, until the
+    process exits, so a signal while it prints its result or while the interpreter shuts down is dropped (exit 0,
+    the files complete) instead of killing it or ending it with "nothing was written". `speaks`: the watcher prints
+    (False for the ranks of a launch other than rank 0, as their interrupts print nothing). Yields the process's
+    guard (None outside the main thread)."""
     token = _KEEP_DONE_GUARD.set(True)
+    guard, previous, watcher = None, {}, None
+    if _in_main_thread():
+        guard = Guard(keep=True)
+        previous = _install(guard)
+        watcher = _Watcher(guard, speaks)
+        _last.update(watcher=watcher, said=False)
     try:
-        yield
+        yield guard
     finally:
+        if watcher is not None:
+            watcher.stop()
+            _last.update(watcher=None, said=False)
+            if not guard.done:
+                _restore(previous)
         _KEEP_DONE_GUARD.reset(token)
 
 

@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import BadInput
+from .interrupts import remove_on_stop
 from .presets import Preset
 
 TINY_SEED = 0
@@ -173,6 +174,7 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
                            "(vsagen.loading.prepare_model_files)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=root))
+    forget = remove_on_stop(tmp)  # a second Ctrl-C ends the process at once: the half-built folder goes too
     try:
         build_tiny_pipeline(preset).save_pretrained(tmp, safe_serialization=True)
         (tmp / _MARKER).write_text(f"built by vsagen from presets/{preset.name}.toml\n")
@@ -191,4 +193,5 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        forget()
     return target

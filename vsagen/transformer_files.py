@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import BadInput
+from .interrupts import remove_on_stop
 from .presets import TRANSFORMER_FILE_SUFFIXES, Preset
 
 QUANT_TILE = 128  # TurboDiffusion's Int8Linear: one scale per 128 x 128 tile of the weight
@@ -311,6 +312,7 @@ def backend_weights_root(per_expert: dict[str, dict[str, Any]]) -> Path | None:
     from safetensors.torch import save_file
 
     root = Path(tempfile.mkdtemp(prefix="vsagen-backend-weights-"))
+    remove_on_stop(root)  # also when a second Ctrl-C ends the process at once (no atexit then)
     if not _ROOTS:
         atexit.register(lambda: [shutil.rmtree(r, ignore_errors=True) for r in _ROOTS])
     _ROOTS.append(root)

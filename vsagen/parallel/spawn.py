@@ -23,6 +23,8 @@ import sys
 import uuid
 from typing import Callable, Iterator, Mapping, Sequence
 
+from ..interrupts import signal_name
+
 # How long the agent waits for the workers to end after passing them a signal, before it kills them.
 SHUTDOWN_TIMEOUT_S = 30
 # The signals the agent passes on to the workers (what `vsagen.cli` turns into an interrupted run).
@@ -57,21 +59,14 @@ def exit_status(codes: Mapping[int, int]) -> tuple[int, str | None]:
     forwarded = {int(getattr(signal, s)) for s in FORWARDED if hasattr(signal, s)}
     crashed = [r for r in ranks if codes[r] < 0 and -codes[r] not in forwarded]
     if crashed:
-        name = _signal_name(-codes[crashed[0]])
+        name = signal_name(-codes[crashed[0]])
         why = " (out of memory?)" if name == "SIGKILL" else ""
         return 1, f"worker rank {crashed[0]} was killed by {name}{why}; the run was stopped"
     handled = [r for r in ranks if codes[r] >= 128]
     if handled:
         return codes[handled[0]], None
     first = ranks[0]
-    return 128 - codes[first], f"interrupted by {_signal_name(-codes[first])}; nothing was written"
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+    return 128 - codes[first], f"interrupted by {signal_name(-codes[first])}; nothing was written"
 
 
 # The loggers of the launcher (the agent, its processes and rendezvous; torch.distributed gives them its own stderr

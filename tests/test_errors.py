@@ -1,5 +1,5 @@
 """vsagen.errors: the error classes and the exit codes the CLI turns them into (2: bad input, 1: failure while
-running), and that the CLI really exits with them."""
+running), and that the CLI really exits with them; the "did you mean" of a mistyped name."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import pytest
 from conftest import assert_one_error_line
 from typer.testing import CliRunner
 
-from vsagen.errors import BadInput, ModelNotFound, RunFailure, VsagenError
+from vsagen.errors import BadInput, ModelNotFound, RunFailure, VsagenError, close_matches
+
+
+def test_close_matches_are_the_close_names_closest_first_in_any_case():
+    names = ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "tiny", "tiny-i2v", "Hummingbird-XT"]
+    assert close_matches("wan2.1-t2v-1.3", names) == ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"]
+    assert close_matches("WAN2.1-T2V-1.3B", names)[0] == "wan2.1-t2v-1.3b"
+    assert close_matches("hummingbird-x", names) == ["Hummingbird-XT"]  # the name as given
+    assert close_matches("flux", names) == [] and close_matches("x", []) == []
 
 
 @pytest.mark.parametrize("cls,code", [(VsagenError, 1), (BadInput, 2), (ModelNotFound, 2), (RunFailure, 1)])

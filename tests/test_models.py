@@ -62,9 +62,32 @@ def test_paths_that_are_no_folder_say_so_in_one_line(model, tmp_path, monkeypatc
     with pytest.raises(BadInput) as info:
         resolve_model(model)
     assert str(info.value) == f"--model {model!r}: no such folder"
-    (tmp_path / "a-file").write_text("")
-    with pytest.raises(BadInput, match=r"^--model './a-file': not a folder$"):
-        resolve_model("./a-file")
+
+
+
+@pytest.mark.parametrize("model", ["notes.txt", "./notes.txt", "{tmp}/notes.txt"])
+def test_an_existing_file_is_a_file_not_a_folder(model, tmp_path, monkeypatch):
+    """New-user trial (issue 44): `--model notes.txt`, an existing file, answered "not a preset" and every preset."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("")
+    model = model.replace("{tmp}", str(tmp_path))
+    with pytest.raises(BadInput) as info:
+        resolve_model(model)
+    assert str(info.value) == (f"--model {model!r} is a file, not a folder: --model takes a checkpoint folder, a "
+                               "preset name (`vsagen presets` lists them) or a Hugging Face hub id (org/name)")
+
+
+@pytest.mark.parametrize("model,meant", [("wan2.1-t2v-1.3", "wan2.1-t2v-1.3b"), ("tiny-i2", "tiny-i2v"),
+                                         ("Wan2.2-TI2V-5B", "wan2.2-ti2v-5b")])
+def test_a_mistyped_preset_gets_a_did_you_mean(model, meant, tmp_path, monkeypatch):
+    """New-user trial (issue 44): `--model wan2.1-t2v-1.3` listed all 25 presets with no "did you mean", as a
+    mistyped command gets; the presets close to the name are offered, closest first, instead of the list."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadInput) as info:
+        resolve_model(model)
+    msg = str(info.value)
+    assert msg.startswith(f"unknown --model {model!r}: not a preset; did you mean {meant}")
+    assert "lists them all" in msg and "tiny-a14b" not in msg
 
 
 def test_local_directories_of_a_tiny_architecture_get_the_tiny_preset(tiny_dir, i2v_dir, flf2v_dir, tmp_path):

@@ -6,7 +6,6 @@ own message. Nothing heavy is imported here (the command line answers before tor
 
 from __future__ import annotations
 
-import difflib
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Optional
@@ -14,6 +13,7 @@ from typing import Annotated, Any, Callable, Iterable, Optional
 import typer
 from typer.core import TyperGroup
 
+from .errors import close_matches
 from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
 
 
@@ -259,7 +259,7 @@ def close_options(typed: str, options: Iterable[str]) -> list[str]:
     difflib's close matches of the names without their dashes (ratio >= 0.7, at most 3, closest first); [] when
     none is close. Click's own suggestion compares the dashes too, so `--bogus` was offered `--out, --verbose`."""
     names = {o.lstrip("-"): o for o in options}
-    return [names[n] for n in difflib.get_close_matches(typed.lstrip("-"), list(names), n=3, cutoff=0.7)]
+    return [names[n] for n in close_matches(typed.lstrip("-"), names)]
 
 
 def repeated_option(command: Any, args: list[str]) -> list[str] | None:

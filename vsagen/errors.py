@@ -1,4 +1,16 @@
-"""Errors that the CLI turns into one line and an exit code (2: bad input, 1: failure while running)."""
+"""Errors that the CLI turns into one line and an exit code (2: bad input, 1: failure while running), and the "did
+you mean" of a mistyped name."""
+
+import difflib
+from typing import Iterable
+
+
+def close_matches(typed: str, names: Iterable[str]) -> list[str]:
+    """The names among `names` that `typed`, a name none of them is, may have meant: difflib's close matches of the
+    names in lower case (ratio >= 0.7, at most 3, closest first), as click suggests a command for a mistyped one;
+    [] when none is close."""
+    folded = {n.lower(): n for n in names}
+    return [folded[n] for n in difflib.get_close_matches(typed.lower(), list(folded), n=3, cutoff=0.7)]
 
 
 class VsagenError(Exception):

@@ -15,7 +15,7 @@ from typing import Any
 
 from .checkpoint_layouts import (PICKLE_SUFFIXES, index_as_stock, original_wan_folder, preset_for_original,
                                  safetensors_problem)
-from .errors import BadInput, ModelNotFound
+from .errors import BadInput, ModelNotFound, close_matches
 from .request.options import DEFAULT_MODEL  # noqa: F401 - `--model`'s default, where models are resolved
 from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_for_hub_id,
                       preset_for_transformer_config, preset_names, same_architecture, same_family)
@@ -80,8 +80,9 @@ def resolve_model(model: str) -> ModelSource:
     """Map `--model` (preset name | local diffusers directory | hub id) to a `ModelSource`.
 
     Raises:
-        BadInput / ModelNotFound: not a preset, not a usable directory, not of the form org/name; a path (a
-            separator in it, or a leading . or ~) that is no folder: "no such folder", without the presets.
+        BadInput / ModelNotFound: not a preset (the presets' names close to it suggested, else all of them),
+            not a usable directory, not of the form org/name; an existing file: "a file, not a folder"; a path (a
+            separator in it, or a leading . or ~) that does not exist: "no such folder", without the presets.
     """
     if model in preset_names():
         p = load_preset(model)
@@ -118,15 +119,22 @@ def resolve_model(model: str) -> ModelSource:
                            pipeline=cls if isinstance(cls, str) else "", index_class=written,
                            last_image_use=last_image_use(takes_image, tcfg,
                                                          bool(index_data.get("expand_timesteps", False))))
+    if path.exists():  # a file (or a device, a socket): not what --model reads
+        raise BadInput(f"--model {model!r} is a file, not a folder: --model takes a checkpoint folder, a preset name "
+                       "(`vsagen presets` lists them) or a Hugging Face hub id (org/name)")
     hub_id = _HUB_ID.match(model) and not model.startswith((".", "/", "~"))
     if not hub_id and (model.startswith((".", "~")) or "/" in model or os.sep in model):  # a path, mistyped
-        raise BadInput(f"--model {model!r}: {'not a folder' if path.exists() else 'no such folder'}")
+        raise BadInput(f"--model {model!r}: no such folder")
     if hub_id:
         preset = preset_for_hub_id(model)
         if preset is not None:
             return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"),
                                layout=preset.transformer_layout, components=preset.components)
         return ModelSource("hub", model, load_preset(DEFAULT_MODEL), exact_preset=False)
+    close = close_matches(model, preset_names())
+    if close:  # a preset's name mistyped: the names it may have meant, not all of them
+        raise BadInput(f"unknown --model {model!r}: not a preset; did you mean {' or '.join(close)}? (`vsagen "
+                       "presets` lists them all)")
     raise BadInput(f"unknown --model {model!r}: not a preset ({', '.join(preset_names())}), an existing "
                    "directory, or a hub id of the form org/name; try --model tiny")
 

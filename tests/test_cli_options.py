@@ -139,3 +139,52 @@ def test_an_option_given_twice_is_refused_before_the_command_runs(tmp_path, monk
     for args in (["--help", "--attn", "vsa", "--attn", "full"], ["--attn", "vsa", "--attn", "full", "--help"]):
         res = CliRunner().invoke(app, ["t2v", *args])  # --help wins, as over every other bad value
         assert res.exit_code == 0 and "Usage:" in res.stdout, res.output
+
+
+def _main_line(monkeypatch, capsys, args: list[str]) -> str:
+    """The console script's one error line for `args` (exit 2)."""
+    from conftest import assert_one_error_line
+
+    from vsagen.cli import main
+
+    monkeypatch.setattr("sys.argv", ["vsagen", *args])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2, (args, out, err)
+    return assert_one_error_line(err, out)
+
+
+def test_an_unquoted_prompt_is_told_to_be_quoted(tmp_path, monkeypatch, capsys):
+    """New-user trial (issue 44): `vsagen t2v --model tiny a red fox` answered click's "Got unexpected extra
+    argument(s) (red fox)"; the line now says to quote the prompt, showing it whole, for every command that takes
+    one (an argument, or profile's and search's --prompt); nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    for args, want in (
+            (["t2v", "--model", "tiny", "a", "red", "fox"], "vsagen t2v ... 'a red fox'"),
+            (["i2v", "--model", "tiny-i2v", "a.png", "a", "red", "fox"], "vsagen i2v ... 'a red fox'"),
+            (["compare", "a", "fox's", "tail", "--model", "tiny"], "vsagen compare ... 'a fox'\"'\"'s tail'"),
+            (["profile", "--model", "tiny", "--prompt", "a", "red", "fox"], "--prompt 'a red fox'")):
+        line = _main_line(monkeypatch, capsys, args)
+        assert "quote" in line and line.split(" (see `")[0].endswith(want), line
+        assert "unexpected extra" not in line, line
+    line = _main_line(monkeypatch, capsys, ["presets", "x"])  # no prompt: click's own words
+    assert "unexpected extra argument" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_out_that_ends_in_a_separator_names_a_folder(tmp_path, monkeypatch, capsys):
+    """New-user trial (issue 44): `--out newdir/` (Path drops the slash) was told "the video is written as mp4";
+    a file option given a text ending in / says it names a folder (a folder that exists or not, or a file's name),
+    and writes nothing; compare's --out, a folder, takes it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "there").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    for out in ("newdir/", "there/", "notes.txt/", "a.mp4/"):
+        line = _main_line(monkeypatch, capsys, ["t2v", "x", "--model", "tiny", "--out", out])
+        assert f"'--out': {out} names a folder (it ends in /); give an mp4 file name" in line, line
+    line = _main_line(monkeypatch, capsys, ["search", "--model", "tiny", "--prompt", "p", "--out", "p/"])
+    assert "p/ names a folder (it ends in /); give a .json file name" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "there"]
+    assert not any((tmp_path / "there").iterdir())
+    assert options.path_parser("a folder name", folder=True)("newdir/") == Path("newdir")

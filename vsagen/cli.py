@@ -17,7 +17,8 @@ from typing import Annotated, Optional
 import typer
 
 from .cli_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                          OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser)
+                          OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser,
+                          unquoted_prompt)
 from .cli_run import (err, ran_in_workers, report_interrupt, request_command, run_guarded, single_process,
                       torchrun_launch_or_exit)
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
@@ -253,7 +254,7 @@ def profile(
     out=(Annotated[Optional[Path], typer.Option(help="Output folder (created if missing; default "
                                                      "vsagen-<model>-compare-seed<seed>): an mp4 per backend, "
                                                      "side-by-side.mp4, compare.png, compare.json, compare.csv.",
-                                                parser=path_parser("a folder name (created if missing)"))],
+                                                parser=path_parser("a folder name (created if missing)", folder=True))],
          None),
     warmup=(Annotated[Optional[int], typer.Option(help="Untimed warm-up denoising steps before each run (default "
                                                        "1; a re-noise sampler warms up with one whole pass).")], None),
@@ -393,7 +394,7 @@ def main() -> None:
         with process(speaks=speaks) as guard:
             code = app(standalone_mode=False)
             if code == 130 and guard is not None and guard.raised:  # Typer's exit for a KeyboardInterrupt outside a
-                code = report_interrupt(SignalInterrupt(guard.received[0]), speaks)  # command's report (parsing)
+                code = report_interrupt(SignalInterrupt(guard.first()), speaks)  # command's report (parsing)
     except KeyboardInterrupt as e:
         code = report_interrupt(e, speaks)
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
@@ -409,7 +410,8 @@ def main() -> None:
                 e.possibilities = close_options(e.option_name, [o for p in ctx.command.params for o in p.opts
                                                                     if o.startswith("-")])
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-            err(f"{e.format_message()}{hint}")
+            err(f"{(unquoted_prompt(e.format_message(), ctx) if ctx is not None else None) or e.format_message()}"
+                f"{hint}")
             code = e.exit_code
         elif name == "Abort":
             err("aborted")

@@ -6,6 +6,9 @@ own message. Nothing heavy is imported here (the command line answers before tor
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Optional
@@ -30,17 +33,21 @@ def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
     return parse
 
 
-def path_parser(what: str) -> Callable[[Any], Path]:
+def path_parser(what: str, folder: bool = False) -> Callable[[Any], Path]:
     """Typer's parser of a path option or argument that takes `what` (e.g. "an mp4 file name, e.g. fox.mp4"): the
     path as typed (`~` kept as given). An empty text is refused (`typer.BadParameter`: one `error:` line, exit 2,
     saying what the option takes): `Path("")` is the current folder, so `--out ""` wrote into it and `i2v "" x`
-    said "image . is not a file"."""
+    said "image . is not a file". Unless it takes a `folder`, a text ending in a separator (`--out newdir/`) names a
+    folder and is refused too: `Path` drops the separator, and the run was told "give a path ending in .mp4"."""
+    separators = tuple(s for s in (os.sep, os.altsep) if s)
 
     def parse(value: Any) -> Path:
         if isinstance(value, Path):
             return value
         if not str(value).strip():
             raise typer.BadParameter(f"the path is empty; give {what}")
+        if not folder and str(value).endswith(separators):
+            raise typer.BadParameter(f"{value} names a folder (it ends in {str(value)[-1]}); give {what}")
         return Path(value)
 
     return parse
@@ -260,6 +267,25 @@ def close_options(typed: str, options: Iterable[str]) -> list[str]:
     none is close. Click's own suggestion compares the dashes too, so `--bogus` was offered `--out, --verbose`."""
     names = {o.lstrip("-"): o for o in options}
     return [names[n] for n in close_matches(typed.lstrip("-"), names)]
+
+
+_EXTRA_ARGUMENTS = re.compile(r"^Got unexpected extra arguments?(?:\(s\))? \((.*)\)$")
+
+
+def unquoted_prompt(message: str, ctx: Any) -> str | None:
+    """The usage error of a prompt typed without quotes (`vsagen t2v --model tiny a red fox`: click's "Got unexpected
+    extra argument(s) (red fox)"), said as what to do: quote the prompt, shown whole. None for another message, or
+    a command without a prompt. `ctx`: the command's click context (its parameters parsed so far)."""
+    extra = _EXTRA_ARGUMENTS.match(message)
+    prompt = next((p for p in ctx.command.params if p.name == "prompt"), None)
+    given = ctx.params.get("prompt")
+    if extra is None or prompt is None or not isinstance(given, str):
+        return None
+    whole = shlex.quote(f"{given} {extra.group(1)}")
+    if prompt.param_type_name == "argument":
+        return (f"the prompt is one argument, and {extra.group(1)!r} came after it: quote the whole prompt, e.g. "
+                f"{ctx.command_path} ... {whole}")
+    return f"--prompt takes one value, and {extra.group(1)!r} came after it: quote it, e.g. --prompt {whole}"
 
 
 def repeated_option(command: Any, args: list[str]) -> list[str] | None:

@@ -385,6 +385,24 @@ def test_read_only_folder_is_refused(cli_cache, tmp_path):
 
 
 
+@pytest.mark.parametrize("command", [["t2v", "a fox"], ["compare", "a fox"], ["profile"], ["search", "--prompt", "x"],
+                                     ["t2v", "a fox", "--model", "some-org/some-model"]])
+def test_an_uncached_hub_model_offline_is_one_line_before_anything_loads(tmp_path, monkeypatch, command):
+    """New-user trial (issue 44): `vsagen t2v fox` (the default preset, not in the Hugging Face cache) printed
+    "loading wan2.1-t2v-1.3b" and failed ~7 s later; every command that loads a model now refuses it in one line
+    before the load starts, nothing written."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loading began"))
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, [*command, "--device", "cpu"])
+    line = one_error_line(res)
+    assert "is not in the local Hugging Face cache and the hub is off (HF_HUB_OFFLINE is set)" in line, line
+    assert "--model tiny" in line and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_default_model_unavailable_suggests_tiny(cli_cache, tmp_path):
     if cached_locally("Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):

@@ -164,3 +164,140 @@ def test_a_checkpoint_with_damaged_or_missing_weights_is_refused_before_loading(
     with pytest.raises(BadInput, match="transformer/diffusion_pytorch_model-00002-of-00002.safetensors is missing "
                                        r"\(1 of the 2 files"):
         check_weight_files(ckpt, "ckpt", index)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The Hugging Face cache and hub, asked before anything loads (issue 44: an uncached hub id offline, and plain
+# `vsagen t2v fox` with the default preset, printed "loading ..." and failed ~7 s later)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A private, empty Hugging Face cache (`hub.cache`), offline unless a test says otherwise; the hub's answers
+    (`HfApi.model_info`) counted in `hub.asked`, never the real hub's."""
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    class Hub:
+        def __init__(self):
+            self.cache, self.asked, self.answer = tmp_path / "hub", [], None
+
+        def store(self, repo: str, folder) -> None:
+            """Put `folder` in the cache as `repo`'s main revision."""
+            root = self.cache / f"models--{repo.replace('/', '--')}"
+            shutil.copytree(folder, root / "snapshots" / ("a" * 40))
+            (root / "refs").mkdir()
+            (root / "refs" / "main").write_text("a" * 40)
+
+    hub = Hub()
+
+    def model_info(api, repo, timeout=None, **_):
+        hub.asked.append(repo)
+        if hub.answer is not None:
+            raise hub.answer
+        return object()
+
+    hub.cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub.cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    return hub
+
+
+def _refusal(model: str, **kw) -> str:
+    from vsagen.models import check_hub_files
+
+    with pytest.raises(ModelNotFound) as info:
+        check_hub_files(resolve_model(model), model, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg and info.value.exit_code == 2
+    return msg
+
+
+def test_an_uncached_hub_model_offline_is_refused_at_once(hub):
+    msg = _refusal(DEFAULT_MODEL)
+    assert msg.startswith("cannot load model 'wan2.1-t2v-1.3b': hub id 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers' is not in "
+                          "the local Hugging Face cache and the hub is off (HF_HUB_OFFLINE is set)")
+    assert "hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --local-dir DIR" in msg and "--random-weights" in msg
+    msg = _refusal("some-org/some-model")
+    assert "hub id 'some-org/some-model'" in msg and "--random-weights" not in msg
+    assert hub.asked == []  # offline: the hub is not asked
+
+
+def test_a_cached_hub_model_or_one_the_hub_has_goes_on(hub, tiny_dir, monkeypatch):
+    """Nothing to refuse: the pipeline in the cache (offline), or the hub answering for it (the load downloads it);
+    random weights read nothing."""
+    import huggingface_hub.constants
+
+    from vsagen.models import check_hub_files
+
+    hub.store("org/cached", tiny_dir)
+    check_hub_files(resolve_model("org/cached"), "org/cached")
+    check_hub_files(resolve_model(DEFAULT_MODEL), DEFAULT_MODEL, random_weights=True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    check_hub_files(resolve_model(DEFAULT_MODEL), DEFAULT_MODEL)
+    assert hub.asked == ["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]  # asked for what the cache lacks only
+
+
+def test_a_half_cached_pipeline_is_not_cached(hub, tiny_dir, tmp_path):
+    """A component the model_index.json names missing (a download cut short), or its weights missing: not in the
+    cache; a cached weight file truncated: said as such, to download again."""
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_dir, partial)
+    shutil.rmtree(partial / "vae")
+    hub.store("org/partial", partial)
+    assert "hub id 'org/partial' is not in the local Hugging Face cache" in _refusal("org/partial")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_dir, damaged)
+    weights = next((damaged / "transformer").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-100])
+    hub.store("org/damaged", damaged)
+    from vsagen.models import check_hub_files
+
+    with pytest.raises(BadInput, match=r"^--model org/damaged: transformer/.* is damaged or truncated"):
+        check_hub_files(resolve_model("org/damaged"), "org/damaged")
+
+
+@pytest.mark.parametrize("answer,why", [
+    (OSError("[Errno -2] Name or service not known"), "the hub cannot be reached ([Errno -2] Name or service not"),
+    ("RepositoryNotFoundError", "the hub has no such repository (or it is private"),
+    ("GatedRepoError", "it is gated: accept its terms on huggingface.co")])
+def test_the_hubs_answer_for_an_uncached_model_is_the_reason(hub, monkeypatch, answer, why):
+    import huggingface_hub.constants
+    from huggingface_hub import errors
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    if isinstance(answer, str):  # the hub's HTTP errors, without the HTTP response their constructor reads
+        cls = getattr(errors, answer)
+        answer = cls.__new__(cls)
+        Exception.__init__(answer, "no")
+    hub.answer = answer
+    msg = _refusal("some-org/some-model")
+    assert f"hub id 'some-org/some-model' is not in the local Hugging Face cache and {why}" in msg, msg
+    assert hub.asked == ["some-org/some-model"]
+
+
+def test_a_presets_transformer_files_and_components_are_checked_too(hub, tiny_dir, tmp_path):
+    """A `[transformer_files]` preset whose base checkpoint is cached (its transformers not needed) and whose files
+    are not: the files' line, naming them all; `--transformer` files given instead: nothing more to have. An
+    original-layout preset: its transformer's repository, then its components' checkpoint."""
+    from vsagen.models import check_hub_files
+
+    turbo = "turbowan2.2-i2v-a14b"
+    base = tmp_path / "base"
+    shutil.copytree(tiny_dir, base)
+    shutil.rmtree(base / "transformer")  # not read: the preset's files replace it
+    hub.store("Wan-AI/Wan2.2-I2V-A14B-Diffusers", base)
+    msg = _refusal(turbo)
+    assert msg.startswith(f"cannot load model '{turbo}': TurboDiffusion/TurboWan2.2-I2V-A14B-720P (TurboWan2.2-I2V-"
+                          "A14B-high-720P.pth, TurboWan2.2-I2V-A14B-low-720P.pth) is not in the local Hugging Face "
+                          "cache and the hub is off"), msg
+    check_hub_files(resolve_model(turbo), turbo, transformer_files=True)
+    assert "hub id 'amd/HummingbirdXT' is not in the local Hugging Face cache" in _refusal("hummingbird-xt")
+    transformer = tmp_path / "hummingbird"
+    transformer.mkdir()
+    (transformer / "config.json").write_text("{}")
+    (transformer / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    hub.store("amd/HummingbirdXT", transformer)
+    msg = _refusal("hummingbird-xt")
+    assert "its components' checkpoint 'Wan-AI/Wan2.2-TI2V-5B-Diffusers' is not in the local Hugging Face" in msg

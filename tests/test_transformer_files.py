@@ -330,6 +330,42 @@ def test_a_file_that_does_not_fit_is_refused_before_the_components_load(tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_a_safetensors_file_of_another_model_is_refused_from_its_header_before_loading(tmp_path, vsagen_cache,
+                                                                                      monkeypatch):
+    """New-user trial (issue 44): a `--transformer` file with wrong keys printed "loading tiny" and failed ~7 s later;
+    its safetensors header (keys, shapes; no tensor read, no torch) is now checked against the architecture with the
+    other inputs: no Wan keys, other blocks, other width, other input channels: one line, before any load. A file
+    that fits (original or diffusers names, a Linear patch embedding) passes."""
+    state = source_state()
+    dim = load_preset("tiny").transformer["num_attention_heads"] * load_preset("tiny").transformer["attention_head_dim"]
+    conv = state["patch_embedding.weight"]
+    cases = {
+        "foo.safetensors": ({"foo.weight": torch.zeros(4, 4)},
+                            "holds no Wan transformer tensors (its keys: foo.weight;"),
+        "one-block.safetensors": ({k: v for k, v in state.items() if not k.startswith("blocks.1.")},
+                                  "holds 1 transformer blocks and --model tiny has 2: a checkpoint of another model"),
+        "wide.safetensors": ({**state, "blocks.0.attn1.to_q.weight": torch.zeros(2 * dim, 2 * dim)},
+                             f"its blocks are {2 * dim} wide and --model tiny's are {dim}"),
+        "i2v.safetensors": ({**state, "patch_embedding.weight": torch.zeros(conv.shape[0], 36, *conv.shape[2:])},
+                            "takes 36 input channels and --model tiny 16"),
+    }
+    architecture = load_preset("tiny").transformer
+    for name, (tensors, said) in cases.items():
+        save_file(tensors, str(tmp_path / name))
+        with pytest.raises(BadInput) as info:
+            tf.check_header(tmp_path / name, architecture, "tiny")
+        assert str(info.value).startswith(f"--transformer {tmp_path / name}") and said in str(info.value), name
+    original = {original_name(k): v for k, v in state.items()}
+    original["patch_embedding.weight"] = conv.reshape(conv.shape[0], -1)  # TurboDiffusion's Linear
+    for name, tensors in (("diffusers.safetensors", state), ("original.safetensors", original)):
+        save_file(tensors, str(tmp_path / name))
+        tf.check_header(tmp_path / name, architecture, "tiny")
+    monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loading began"))
+    res = runner.invoke(app, ["t2v", "a cat", "--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "o.mp4"),
+                              "--transformer", str(tmp_path / "foo.safetensors")])
+    assert "holds no Wan transformer tensors" in one_error_line(res) and not (tmp_path / "o.mp4").exists()
+
+
 def test_bad_inputs_are_one_line_exit_2_nothing_written(tmp_path, vsagen_cache):
     marker = tmp_path / "MARKER"
 

@@ -19,8 +19,8 @@ import typer
 from .cli_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
                           OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser,
                           unquoted_prompt)
-from .cli_run import (err, ran_in_workers, report_interrupt, request_command, run_guarded, single_process,
-                      torchrun_launch_or_exit)
+from .cli_run import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
+                      single_process, torchrun_launch_or_exit)
 from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from .interrupts import as_interrupt as _sigterm_as_interrupt
 from .request.options import ImageFit, ReportFormat, RequestOptions
@@ -64,6 +64,7 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         from .parallel import launch as parallel
 
         cfg = resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)
+        check_model_available(cfg)
         if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
@@ -210,6 +211,8 @@ def profile(
         from .terminal import stderr_log
 
         cfg = resolve_profile_options(options, prompt=prompt, fmt=fmt, plot=plot, stock=stock, kernels=kernels)
+        if not cfg.kernels:  # (--kernels loads no model)
+            check_model_available(cfg)
         if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
@@ -282,6 +285,7 @@ def compare(
         from .terminal import print_table, stderr_log, stdout_console
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
+        check_model_available(cfg)
         from .commands.compare import compare as run_compare
 
         say = stderr_log("COLUMNS" in os.environ)
@@ -345,6 +349,7 @@ def search(
 
         cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
                                      impl=attn_impl)
+        check_model_available(cfg)
         with _sigterm_as_interrupt() as interrupted:
             result = search(cfg, log=stderr_log("COLUMNS" in os.environ), cancelled=interrupted)
         # the terminal's width (COLUMNS where set): words wrap whole, no digit is cut; to a pipe or a file profile's

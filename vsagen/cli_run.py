@@ -122,6 +122,18 @@ def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
         raise typer.Exit(1) from None
 
 
+def check_model_available(cfg: Any) -> None:
+    """A resolved request's model can be loaded as far as the Hugging Face cache and hub say, before torch imports
+    (`vsagen.models.check_hub_files`: an uncached hub id offline is one line at once, not after the load began).
+
+    Raises:
+        ModelNotFound: see `check_hub_files`."""
+    from .models import check_hub_files
+
+    check_hub_files(cfg.source, cfg.model, random_weights=cfg.random_weights,
+                    transformer_files=bool(cfg.transformer_files))
+
+
 def torchrun_launch_or_exit():
     """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) as a `Launch`, or None outside a launcher; read here,
     at the command-line boundary. Malformed: one error line, exit 2."""

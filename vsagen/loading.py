@@ -516,7 +516,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     """
     import torch
 
-    from .models import resolve_model
+    from .models import check_hub_files, resolve_model
     from .request.options import request_options
     from .request.resolve import NONE, request_fields, resolve
 
@@ -539,6 +539,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         if image_to_video is False and source.image_to_video:
             raise BadInput(f"image_to_video=False: {model} is an image-to-video model (WanImageToVideoPipeline only)")
         request = resolve(source, options, prompt="", backends=NONE)
+        check_hub_files(source, model, random_weights=random_weights, transformer_files=bool(request.transformer_files))
         if image_to_video and not request.image_to_video:
             request = _AsImageToVideo(**request_fields(request))
         with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if request.device == "cuda" else ()):

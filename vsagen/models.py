@@ -21,6 +21,8 @@ from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_
                       preset_for_transformer_config, preset_names, same_architecture, same_family)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# How long the hub is given to answer for a repository that is not in the local Hugging Face cache (seconds).
+HUB_PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -241,3 +243,105 @@ def attention_dims(src: ModelSource, model: str) -> tuple[int, int]:
     except (KeyError, TypeError, ValueError):
         raise ModelNotFound(f"--model {model}: its transformer config has no num_attention_heads / "
                             "attention_head_dim") from None
+
+
+def _cached_snapshot(repo: str) -> Path | None:
+    """The folder of `repo`'s snapshot in the local Hugging Face cache (its main revision), or None."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache (or no cache at all): nothing there
+        return None
+
+
+def _cached_pipeline(repo: str, model: str, replaced: set[str]) -> bool:
+    """Whether the cache holds `repo` as a load reads it: its model_index.json and every component it names (but
+    `replaced`, given from elsewhere) with its files, each weight file whole (`check_weight_files`).
+
+    Raises:
+        BadInput: a cached weight file is damaged or a shard missing (to download again)."""
+    root = _cached_snapshot(repo)
+    if root is None or not (root / "model_index.json").is_file():
+        return False
+    index = {k: v for k, v in _read_index(root / "model_index.json").items() if k not in replaced}
+    for name, spec in index.items():
+        if not name.startswith("_") and isinstance(spec, list) and spec and spec[0] is not None:
+            if not (root / name).is_dir() or not any((root / name).iterdir()):
+                return False
+    try:
+        check_weight_files(root, model, index)
+    except BadInput as e:
+        if "holds no weights" in str(e) or "is missing" in str(e):  # half downloaded: the load downloads the rest
+            return False
+        raise
+    return True
+
+
+def _hub_unreachable(repo: str) -> str | None:
+    """Why the Hugging Face hub cannot give `repo` now (offline mode, no connection, no such repository, gated), in
+    words; None when it answered for the repository (a download can go ahead)."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if constants.HF_HUB_OFFLINE:
+        return "the hub is off (HF_HUB_OFFLINE is set)"
+    try:
+        HfApi().model_info(repo, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError:
+        return "it is gated: accept its terms on huggingface.co and log in with `hf auth login`"
+    except RepositoryNotFoundError:
+        return "the hub has no such repository (or it is private: log in with `hf auth login`)"
+    except Exception as e:  # noqa: BLE001 - no connection, a timeout, a proxy's refusal: the hub cannot be reached
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"the hub cannot be reached ({first[:100]})"
+    return None
+
+
+def check_hub_files(src: ModelSource, model: str, *, random_weights: bool = False,
+                    transformer_files: bool = False) -> None:
+    """Before anything heavy loads (no torch): every Hugging Face repository a load of `src` reads is in the local
+    Hugging Face cache, or the hub answers for it (the load then downloads it); else one line. The repositories: a
+    hub model's pipeline (without the transformers that `--transformer` files or a `[transformer_files]` preset's
+    files replace), those files, an original-layout preset's transformer folder and components' checkpoint. Nothing
+    for random weights, tiny models or local folders of a whole pipeline. Read: the cache's folders and the
+    safetensors headers; asked: the hub, once per repository not cached (`HUB_PROBE_TIMEOUT_S`).
+
+    Args:
+        src: the resolved `--model`; model: `--model` as given; random_weights: `--random-weights` (nothing read);
+        transformer_files: `--transformer` files given (they replace the transformers).
+
+    Raises:
+        ModelNotFound: a repository neither cached nor available (offline, no connection, none such, gated): one
+            line naming it, why, and how to download it (`model_not_loadable`; a preset's transformer files:
+            `vsagen.transformer_files.files_not_loadable`).
+        BadInput: a cached weight file damaged.
+    """
+    if random_weights:
+        return
+    transformers = {"transformer", "transformer_2"}
+    preset_files = src.preset.transformer_files if src.exact_preset and not transformer_files else None
+    if src.kind == "hub" and src.layout != "wan":
+        replaced = transformers if transformer_files or preset_files is not None else set()
+        if not _cached_pipeline(src.location, model, replaced) and (why := _hub_unreachable(src.location)):
+            raise model_not_loadable(model, src.location, f"hub id {src.location!r} is not in the local Hugging "
+                                     f"Face cache and {why}", src.exact_preset)
+    if src.kind == "hub" and src.layout == "wan":  # the transformer in a folder of the repository
+        sub = src.preset.transformer_subfolder.strip("/")
+        root = _cached_snapshot(src.location)
+        cached = root is not None and (root / sub / "config.json").is_file() and any(
+            f.name.endswith(".safetensors") for f in (root / sub).iterdir())
+        if not cached and (why := _hub_unreachable(src.location)):
+            raise model_not_loadable(model, src.location, f"hub id {src.location!r} is not in the local Hugging "
+                                     f"Face cache and {why}", True)
+    if src.layout == "wan" and src.components:
+        if not _cached_pipeline(src.components, model, {"transformer"}) and (
+                why := _hub_unreachable(src.components)):
+            raise model_not_loadable(model, src.components, f"its components' checkpoint {src.components!r} is not "
+                                     f"in the local Hugging Face cache and {why}", True)
+    if preset_files is not None:
+        from .transformer_files import files_not_loadable, hub_files
+
+        if hub_files(src.preset, model, local_only=True) is None and (why := _hub_unreachable(preset_files[0])):
+            raise files_not_loadable(preset_files[0], preset_files[1], model, f"not in the local Hugging Face cache "
+                                     f"and {why}")

@@ -27,12 +27,13 @@ What a file may be (TurboDiffusion @aaecff5 publishes `.pth` state dicts, `turbo
 from __future__ import annotations
 
 import atexit
+import math
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import BadInput
+from .errors import BadInput, ModelNotFound
 from .interrupts import remove_on_stop
 from .presets import TRANSFORMER_FILE_SUFFIXES, Preset
 
@@ -48,14 +49,15 @@ def where_of(path: Path | str) -> str:
 
 def check_transformer_files(files: Sequence[str], preset: Preset, model: str, random_weights: bool) -> tuple[str, ...]:
     """`--transformer` checked before anything loads (no torch): one existing file per expert of the model (the
-    high-noise expert first), each ending in .safetensors, .pth or .pt.
+    high-noise expert first), each ending in .safetensors, .pth or .pt; a .safetensors file's header fits the
+    expert's architecture (`check_header`).
 
     Returns:
         The files as absolute paths.
 
     Raises:
         BadInput: one line: with --random-weights, a count other than the model's experts, a missing file, a folder,
-            another suffix.
+            another suffix; a .safetensors file of another model, or no transformer (`check_header`).
     """
     if random_weights:
         raise BadInput("--transformer loads trained weights and --random-weights builds random ones; use one")
@@ -74,7 +76,53 @@ def check_transformer_files(files: Sequence[str], preset: Preset, model: str, ra
         if not path.name.endswith(TRANSFORMER_FILE_SUFFIXES):
             raise BadInput(f"{where_of(f)}: reads {', '.join(TRANSFORMER_FILE_SUFFIXES)} files only")
         out.append(str(path.resolve()))
+    for f, architecture in zip(out, (preset.transformer, preset.transformer_2)):
+        if f.endswith(".safetensors"):  # a .pth's keys need torch: checked as it loads
+            check_header(Path(f), dict(architecture or {}), model)
     return tuple(out)
+
+
+def check_header(path: Path, architecture: dict[str, Any], model: str) -> None:
+    """A transformer file's safetensors header (no tensor read, no torch) against the architecture it replaces (a
+    preset's [transformer]): Wan transformer key names (the original ones or diffusers'), as many blocks, the
+    blocks' width (block 0's query weight, int8 or not) and the patch embedding's input channels. What the load
+    checks tensor by tensor (`check_fit`) beyond that still fails there.
+
+    Raises:
+        BadInput: one line naming the file: damaged or truncated, or of another model (what differs)."""
+    from safetensors import SafetensorError, safe_open
+
+    where = where_of(path)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise BadInput(f"{where}: cannot read it as safetensors ({_first_line(e)}): the file is damaged or "
+                       "truncated; download it again") from None
+    original = is_original_layout(list(shapes))
+    if not original and not any(".attn1." in k for k in shapes) and "proj_out.weight" not in shapes:
+        example = ", ".join(list(shapes)[:2]) + (", ..." if len(shapes) > 2 else "") if shapes else "none"
+        raise BadInput(f"{where} holds no Wan transformer tensors (its keys: {example}; a Wan transformer's are "
+                       "blocks.N.self_attn.q.weight, or diffusers' blocks.N.attn1.to_q.weight): not a transformer "
+                       f"checkpoint for --model {model}")
+    blocks = {int(k.split(".")[1]) for k in shapes if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    layers = architecture.get("num_layers")
+    if layers is not None and blocks != set(range(layers)):
+        raise BadInput(f"{where} holds {len(blocks)} transformer blocks and --model {model} has {layers}: a "
+                       "checkpoint of another model (or an incomplete one)")
+    dim = architecture.get("num_attention_heads", 0) * architecture.get("attention_head_dim", 0)
+    query = "blocks.0.self_attn.q" if original else "blocks.0.attn1.to_q"
+    shape = shapes.get(f"{query}.weight", shapes.get(f"{query}.int8_weight"))
+    if dim and shape is not None and shape != (dim, dim):
+        raise BadInput(f"{where}: its blocks are {shape[0]} wide and --model {model}'s are {dim} ({query} is "
+                       f"{shape}): a checkpoint of another model size")
+    embedding, channels = shapes.get("patch_embedding.weight"), architecture.get("in_channels")
+    if embedding is not None and channels is not None and len(embedding) >= 2:
+        p = architecture.get("patch_size", (1, 2, 2))
+        per = 1 if len(embedding) == 5 else math.prod((p,) * 3 if isinstance(p, int) else p)  # a Linear: c*pt*ph*pw
+        if embedding[1] != channels * per:
+            raise BadInput(f"{where} takes {embedding[1] // per} input channels and --model {model} {channels} (an "
+                           "image-to-video transformer takes the image's too): a checkpoint of another kind of model")
 
 
 def _first_line(e: BaseException) -> str:
@@ -333,8 +381,6 @@ def hub_files(preset: Preset, model: str, local_only: bool = False) -> list[Path
     """
     from huggingface_hub import snapshot_download
 
-    from .errors import ModelNotFound
-
     repo, names = preset.transformer_files or ("", ())
     try:
         root = Path(snapshot_download(repo, allow_patterns=list(names), local_files_only=local_only))
@@ -345,14 +391,20 @@ def hub_files(preset: Preset, model: str, local_only: bool = False) -> list[Path
     except Exception as e:  # noqa: BLE001 - any download failure is the one line below
         if local_only:
             return None
-        files = " ".join(names)
-        given = ",".join(f"DIR/{n}" for n in names)
-        raise ModelNotFound(f"cannot load model {model!r}: {repo} ({', '.join(names)}) is not in the local Hugging "
-                            f"Face cache and could not be downloaded ({_first_line(e)[:80]}). Download "
-                            f"{'it' if len(names) == 1 else 'them'} with `hf download {repo} {files} --local-dir "
-                            f"DIR` and pass --transformer {given} (with --model, the base checkpoint), time the "
-                            "architecture with --random-weights, or try --model tiny") from None
+        raise files_not_loadable(repo, names, model, f"not in the local Hugging Face cache and could not be "
+                                 f"downloaded ({_first_line(e)[:80]})") from None
     return out
+
+
+def files_not_loadable(repo: str, names: Sequence[str], model: str, why: str) -> ModelNotFound:
+    """The one error line for a `[transformer_files]` preset's files that cannot be had (`why`, in words), with how
+    to download them and pass them as `--transformer`."""
+    files = " ".join(names)
+    given = ",".join(f"DIR/{n}" for n in names)
+    return ModelNotFound(f"cannot load model {model!r}: {repo} ({', '.join(names)}) is {why}. Download "
+                         f"{'it' if len(names) == 1 else 'them'} with `hf download {repo} {files} --local-dir DIR` and "
+                         f"pass --transformer {given} (with --model, the base checkpoint), time the architecture with "
+                         "--random-weights, or try --model tiny")
 
 
 def auto_evidence(files: Sequence[str], preset: Preset,

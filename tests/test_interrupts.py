@@ -567,7 +567,7 @@ def test_a_signal_during_a_long_operation_says_at_once_and_a_second_stops_now(tm
         assert _next_line(lines) == "in C"
         proc.send_signal(signal.SIGINT)
         notice = _next_line(lines, timeout=5)
-        assert notice.startswith("Ctrl-C: stopping when the running operation returns") and \
+        assert notice.startswith("Ctrl-C: stopping as soon as the running operation returns") and \
             notice.endswith("press Ctrl-C again to stop now"), notice
         assert proc.poll() is None  # still inside its operation
         proc.send_signal(signal.SIGTERM)
@@ -672,3 +672,17 @@ def test_an_interrupt_while_the_command_line_is_parsed_is_one_line(monkeypatch, 
     assert info.value.code == 143
     assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted by SIGTERM; nothing was written"]
     assert {s: signal.getsignal(s) for s in interrupts.ENDING_SIGNALS} == before
+
+
+def test_the_watchers_lines_stand_apart_from_a_progress_bar(capsys):
+    """The notice came while the denoising bar was drawn without a newline, and was written onto the bar's line; it
+    is written through tqdm (the bar cleared, the line, the bar again), a line of its own."""
+    import tqdm
+
+    bar = tqdm.tqdm(total=2, desc="denoising", file=sys.stderr)
+    try:
+        interrupts._say("Ctrl-C: stopping")
+    finally:
+        bar.close()
+    err = capsys.readouterr().err
+    assert "\rCtrl-C: stopping\n" in err and "step/s]Ctrl-C" not in err, repr(err)

@@ -230,8 +230,14 @@ def _children() -> list[int]:
 
 
 def _say(text: str) -> None:
+    """`text` as a line of its own on stderr, also while a progress bar is drawn there (the denoising bar: tqdm
+    clears it, writes the line and draws it again)."""
+    tqdm = sys.modules.get("tqdm")
     with contextlib.suppress(Exception):  # stderr closed or gone: nothing to say it to
-        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + text + "\n")  # past a progress bar's line
+        if tqdm is not None:
+            tqdm.tqdm.write(text, file=sys.stderr)
+        else:
+            sys.stderr.write(text + "\n")
         sys.stderr.flush()
 
 
@@ -293,8 +299,8 @@ class _Watcher:
                  "be written")
             return
         again = "press Ctrl-C again" if first == signal.SIGINT else f"send {who} (or Ctrl-C) again"
-        _say(f"{who}: stopping when the running operation returns (one step of a large model takes minutes on "
-             f"the CPU); {again} to stop now")
+        _say(f"{who}: stopping as soon as the running operation returns (on the CPU one operation of a real-size "
+             f"model takes minutes); {again} to stop now")
 
     def _stop_now(self) -> None:
         """End the process at once: children killed, registered temporaries removed, one final line, exit 128 + the

@@ -1,5 +1,5 @@
-"""The workers of tests/parallel/test_ulysses.py and test_cfg.py, and `spawn`, which runs one on 2 gloo processes
-(imported by the spawned processes through PYTHONPATH; not a test)."""
+"""The workers of tests/attention/test_ulysses_attention.py, tests/parallel/test_ulysses.py and test_cfg.py, and
+`spawn`, which runs one on 2 gloo processes (imported by the spawned processes through PYTHONPATH; not a test)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from vsagen.attention import backend_class, backend_names, make_backend
     from vsagen.attention.base import AttnContext
     from vsagen.layout import tile_layout
-    from vsagen.parallel.ulysses import UlyssesAttention, heads_to_seq, seq_to_heads
+    from vsagen.attention.ulysses_attention import UlyssesAttention, heads_to_seq, seq_to_heads
     from vsagen.presets import load_preset
     from vsagen.timing import NullTimer
 

@@ -35,10 +35,10 @@ import torch
 from .architecture import architecture_of
 from .attention import BackendSpec, backend_class, resolve_spec
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
-from .attention.hooks import wrap_method
 from .attention.spec import convert_option, make_options, no_option, parse_spec
 from .errors import BadInput
 from .timing import Timer, TimingReport
+from .wrapping import wrap_method
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
 # The commands' flags in the backends' refusals, and what a Python caller sets instead (`python_words`).

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Callable, Iterable, Optional
 import typer
 from typer.core import TyperGroup
 
-from .request.options import DEFAULT_MODEL, Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
+from .models import DEFAULT_MODEL
+from .request.options import Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
 
 
 def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:

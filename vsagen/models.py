@@ -16,10 +16,10 @@ from typing import Any
 from .checkpoint_layouts import (PICKLE_SUFFIXES, index_as_stock, original_wan_folder, preset_for_original,
                                  safetensors_problem)
 from .errors import BadInput, ModelNotFound
-from .request.options import DEFAULT_MODEL  # noqa: F401 - `--model`'s default, where models are resolved
 from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_for_hub_id,
                       preset_for_transformer_config, preset_names, same_architecture, same_family)
 
+DEFAULT_MODEL = "wan2.1-t2v-1.3b"  # `--model`'s default (a preset name)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -161,7 +161,7 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
     Returns:
         A function that restores the instance (removes the wrappers).
     """
-    from .attention.hooks import wrap_method
+    from .wrapping import wrap_method
 
     undos = []
     for method, region in CONDITION_REGIONS:

@@ -1,6 +1,6 @@
-"""vsagen.sparsity.scoring: the scores against a float64 reference built from the oracle masks (random q, k, v on a
-grid with partial tiles), the scoring backend's averages per step range and layer, the choice rule (eps, lam
-extremes, against brute force), non-finite scores, step ranges."""
+"""vsagen.attention.sparse_vdit_search (sparse-vdit's offline search): the scores against a float64 reference built
+from the oracle masks (random q, k, v on a grid with partial tiles), the scoring backend's averages per step range and
+layer, the choice rule (eps, lam extremes, against brute force), non-finite scores, step ranges."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from vsagen.errors import BadInput, RunFailure
 from vsagen.layout import tile_layout
 from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
 from vsagen.sparsity.patterns import default_catalog, dense, diagonal, oracle_block_map, skip, vertical_stripe
-from vsagen.sparsity.scoring import (DEFAULT_EPS, DEFAULT_LAM, ModeScorer, ScoreOptions, choose_mode, mode_errors,
-                                     patterns_from_scores, step_ranges)
+from vsagen.attention.sparse_vdit_search import (DEFAULT_EPS, DEFAULT_LAM, ModeScorer, ScoreOptions, choose_mode,
+                                                mode_errors, patterns_from_scores, step_ranges)
 
 # float64 scores of the torch impl against a float64 reference: only summation order differs.
 SCORE_RTOL = 1e-9

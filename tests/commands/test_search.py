@@ -3,7 +3,7 @@ written), an interrupted search writes nothing (Ctrl-C and SIGTERM), and end to 
 `load_patterns` accepts, tied to the tiny architecture, each head's mode the rule's choice on the file's own scores,
 eps 0 -> dense, huge lam -> skip, both experts of tiny-a14b; `vsagen t2v --attn sparse-vdit:patterns=<searched
 file>` records the file and its sha256; the shipped vsagen/preset_data/patterns files are searches of their presets. (The
-scoring itself: tests/sparsity/test_scoring.py.)"""
+scoring itself: tests/attention/test_sparse_vdit_search.py.)"""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from vsagen.errors import BadInput
 from vsagen.architecture import architecture_of
 from vsagen.sparsity.files import file_hash, load_patterns
 from vsagen.sparsity.patterns import block_density, default_catalog
-from vsagen.sparsity.scoring import DEFAULT_EPS, DEFAULT_LAM, choose_mode
+from vsagen.attention.sparse_vdit_search import DEFAULT_EPS, DEFAULT_LAM, choose_mode
 
 STEPS = 2  # fewest denoising steps that still exercise the loop
 TINY_ARCH = {"layers": 2, "heads": 2, "head_dim": 16, "in_channels": 16, "ffn_dim": 32, "patch_size": [1, 2, 2]}

@@ -1,6 +1,7 @@
-"""Sparse-vDiT's offline scoring (seed 003, arXiv 2506.03065): a scoring backend that returns full attention and
-measures every mode of a catalog against it, per (step range, expert, layer, head), and the choice of one mode per
-head from those measurements (`vsagen search` runs it on a loaded model and writes the pattern file).
+"""Sparse-vDiT's offline search (seed 003, arXiv 2506.03065), beside the `sparse-vdit` backend it runs
+(`vsagen.attention.sparse_vdit`): a scoring backend that returns full attention and measures every mode of a catalog
+against it, per (step range, expert, layer, head), and the choice of one mode per head from those measurements
+(`vsagen search` runs it on a loaded model and writes the pattern file, `vsagen.sparsity.files`).
 
 The scoring backend (`ModeScorer`) takes every self-attention call's q, k, v (tile order), returns the full output
 O_full (torch SDPA, as `full`) and scores each mode of the catalog (`patterns.default_catalog`) on that call, for all
@@ -38,11 +39,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..attention.base import Backend, RunInfo
 from ..errors import BadInput, RunFailure
-from .files import (DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, StepRange,  # noqa: F401 - re-exported
-                    parse_patterns, step_ranges)
-from .patterns import Pattern, block_density, default_catalog, q2k_table
+from ..sparsity.files import (DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, StepRange,  # noqa: F401 - re-exported
+                              parse_patterns, step_ranges)
+from ..sparsity.patterns import Pattern, block_density, default_catalog, q2k_table
+from .base import Backend, RunInfo
 
 SCORE_DIGITS = 6  # significant digits of the scores written to the file
 
@@ -126,8 +127,8 @@ class ModeScorer(Backend):
 
     def __init__(self, modes: Sequence[Pattern] | None = None, steps: int = 1, ranges: int = 1,
                  options: ScoreOptions | None = None) -> None:
-        from ..attention.full import FullAttention
-        from ..attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
+        from .full import FullAttention
+        from .sparse_vdit import SparseVDiTAttention, SparseVDiTOptions
 
         super().__init__(options)
         self.modes = tuple(default_catalog() if modes is None else modes)

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 from ..errors import BadInput
+from ..models import DEFAULT_MODEL
 
 from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
-
-DEFAULT_MODEL = "wan2.1-t2v-1.3b"
 
 C = TypeVar("C", bound="Choice")
 

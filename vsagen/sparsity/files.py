@@ -44,10 +44,10 @@ def _arch_text(a: Mapping[str, Any]) -> str:
     return f"{a['layers']} layers x {a['heads']} heads of {a['head_dim']}, {a['in_channels']} input channels"
 
 
-# The search's settings (`vsagen.sparsity.scoring`, `vsagen search`), here with the files that record them, so a
-# search request is checked without torch: Sparse-vDiT's lambda (seed 003), the cost weight of a mode's block
-# density; its epsilon, the relative MSE a sparse mode may have at most (1 = skip's); the implementations that
-# compute the modes.
+# The search's settings (`vsagen.attention.sparse_vdit_search`, `vsagen search`), here with the files that record them,
+# so a search request is checked without torch: Sparse-vDiT's lambda (seed 003), the cost weight of a mode's block
+# density; its epsilon, the relative MSE a sparse mode may have at most (1 = skip's); the implementations that compute
+# the modes.
 DEFAULT_LAM = 0.5
 DEFAULT_EPS = 1.0
 IMPLS = ("auto", "triton", "torch")

@@ -143,7 +143,7 @@ def dit(key: str) -> None:
     import vsagen
     from diffusers import WanTransformer3DModel
 
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     name, latent, timed = DIT[key]
     preset = load_preset(name)

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from vsagen.attention import registry
 from vsagen.attention.base import PROTOCOL_MEMBERS, AttnContext, Backend, LayerWeights, RunInfo
-from vsagen.cli import app
-from vsagen.video import read_mp4
+from vsagen.cli.app import app
+from vsagen.media.video import read_mp4
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "adding-a-backend.md"

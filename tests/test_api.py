@@ -1,6 +1,6 @@
 """vsagen.apply (vsagen/api.py): the Python API on a diffusers WanPipeline the user built (conftest's `tiny_pipe`,
 float32 on CPU), and the README's "Python API" example run as pasted (it loads its pipeline with
-`vsagen.load_pipeline`, whose own tests are in test_loading.py)."""
+`vsagen.load_pipeline`, whose own tests are in models/test_loading.py)."""
 
 from __future__ import annotations
 
@@ -448,7 +448,7 @@ def test_a_whole_compiled_transformer_times_nothing_and_the_report_says_how_to_c
 def test_a_load_pipeline_pipeline_takes_its_presets_backend_defaults(vsagen_cache):
     """`vsagen.load_pipeline("tiny")` then `apply(pipe, "sparse-vdit")`: the preset's bundled pattern file is used
     as the CLI uses it (it was "needs a pattern file": a new-user trial); a stock diffusers pipeline has no preset."""
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     pipe = vsagen.load_pipeline("tiny")
     with vsagen.apply(pipe, "sparse-vdit", impl="torch") as handle:

@@ -158,7 +158,7 @@ def _picture(h, w, seed):
 
 @pytest.mark.parametrize("tile_fit", ["partial", "crop"])
 def test_conditioning_arguments_fit_then_extend_to_the_denoised_size(tile_fit):
-    from vsagen.image import fit_image
+    from vsagen.media.image import fit_image
 
     plan = plan_crop(5, 80, 112, fit=tile_fit, vae_stride_temporal=4, vae_stride_spatial=8, patch_size=(1, 2, 2))
     first, last = _picture(50, 90, 0), _picture(70, 40, 1)

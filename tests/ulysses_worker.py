@@ -61,7 +61,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from vsagen.attention.base import AttnContext
     from vsagen.layout import tile_layout
     from vsagen.attention.ulysses_attention import UlyssesAttention, heads_to_seq, seq_to_heads
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
     from vsagen.timing import NullTimer
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -157,7 +157,7 @@ def cp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         import vsagen
         from vsagen.attention import backend_class, backend_names
         from vsagen.parallel.ulysses import context_parallel_plan
-        from vsagen.presets import load_preset
+        from vsagen.models.presets import load_preset
 
         g = torch.Generator().manual_seed(3)
         x = torch.randn(1, 16, 5, 12, 20, generator=g)  # grid 5x6x10: partial tiles, 300 tokens

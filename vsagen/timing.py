@@ -74,7 +74,7 @@ class Timer:
 
     def stop(self, token: int | None, rename: str | None = None) -> None:
         """Close the region opened by `start`; with `rename` it is recorded under that name (a region whose kind is
-        known only at its end: a DiT forward a cache computed or reused, `vsagen.cache_hooks`)."""
+        known only at its end: a DiT forward a cache computed or reused, `vsagen.cache.install`)."""
         if token is None:
             return
         if token in self._discarded:
@@ -163,7 +163,7 @@ class TimingReport:
     projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
     to the end of the VAE decode; `load_s` and `write_s` (host clock) are outside it.
 
-    The decode and the mp4 write (`t2v` / `i2v`: `vsagen.decode_stream`, `video.encode_mp4_stream`) run as a
+    The decode and the mp4 write (`t2v` / `i2v`: `vsagen.decode.stream`, `video.encode_mp4_stream`) run as a
     stream, the encode in a thread of its own while the next frames decode: `vae_decode_s` is then the decode's own
     time (each latent frame's decode and its uint8 frames), `write_s` the encoder's (frames to ffmpeg, its finish),
     `decode_write_s` the wall time of the two together and `overlap_s` = vae_decode_s + write_s - decode_write_s
@@ -223,7 +223,7 @@ class TimingReport:
     all_to_all_s: float = 0.0
     cfg_exchange_s: float = 0.0
     ranks: list[dict[str, Any]] = field(default_factory=list)
-    # a step cache (`vsagen.cache_hooks`): the DiT forwards it computed in full and those it served from its cache,
+    # a step cache (`vsagen.cache.install`): the DiT forwards it computed in full and those it served from its cache,
     # their seconds, and the steps with a reused forward; without a cache every forward is computed
     dit_computed_forwards: int = 0
     dit_reused_forwards: int = 0

@@ -186,7 +186,7 @@ def test_t2v_with_sla_writes_video_and_json(vsagen_cache, tiny_dir, tmp_path):
     projection loaded for every layer, the linear stage timed."""
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     t = make_transformer()
     f = tmp_path / "proj.safetensors"
@@ -208,7 +208,7 @@ def test_the_run_title_says_the_top_k(vsagen_cache, tiny_dir, tmp_path):
     """New-user trial: vsa's title says its sparsity, sla's said nothing of its top-k."""
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--steps", "1", "--frames", "5", "--height",
                                    "64", "--width", "64", "--attn", "sla:topk=0.25", "--out", str(tmp_path / "a.mp4")],

@@ -142,7 +142,7 @@ def test_profile_resolves_two_configurations_of_one_backend():
 
 @pytest.mark.slow
 def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     res = CliRunner().invoke(app, ["profile", "--model", "tiny", "--attn", "full,vsa:sparsity=0.5,vsa:sparsity=0.75",
                                    "--attn-impl", "torch", "--steps", "1", "--warmup", "0", "--no-stock",

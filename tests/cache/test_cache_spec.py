@@ -1,4 +1,5 @@
-"""vsagen.cache: `--cache NAME[:KEY=VALUE...]` specs, parsed and validated without torch, one line per bad input."""
+"""vsagen.cache.cache_spec: `--cache NAME[:KEY=VALUE...]` specs, parsed and validated without torch, one line per bad
+input."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vsagen.cache import (CACHES, NO_CACHE, WAN_TAYLORSEER_MODULES, CacheSpec, FirstBlockOptions, MagOptions,
-                          TaylorSeerOptions, cache_options_help, parse_cache, parse_cache_list)
+from vsagen.cache.cache_spec import (CACHES, NO_CACHE, WAN_TAYLORSEER_MODULES, CacheSpec, FirstBlockOptions, MagOptions,
+                                     TaylorSeerOptions, cache_options_help, parse_cache, parse_cache_list)
 from vsagen.errors import BadInput
 
 
@@ -70,10 +71,10 @@ def test_taylorseer_modules_match_wan_and_diffusers_defaults_do_not():
 
 
 def test_parsing_imports_neither_torch_nor_diffusers():
-    code = ("import sys; from vsagen.cache import parse_cache_list; parse_cache_list('mag,first-block');"
+    code = ("import sys; from vsagen.cache.cache_spec import parse_cache_list; parse_cache_list('mag,first-block');"
             "print('torch' in sys.modules, 'diffusers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["False", "False"]
 
 
@@ -82,7 +83,7 @@ def test_cache_counts_of_a_run():
     computed and reused, their share and seconds each; an uncached row has no label suffix."""
     from types import SimpleNamespace
 
-    from vsagen.cache import CacheCounts, cache_counts, parse_cache
+    from vsagen.cache.cache_spec import CacheCounts, cache_counts, parse_cache
 
     timing = SimpleNamespace(dit_computed_forwards=2, dit_reused_forwards=6, dit_computed_s=1.0, dit_reused_s=0.6,
                              dit_reused_steps=[1, 2, 3], cache_stats=lambda: {
@@ -100,7 +101,7 @@ def test_cache_counts_of_a_run():
 def test_no_reuse_note_names_what_kept_the_run_computing():
     """A cached run that reused no forward gets one note naming the option to change; none when it reused, without a
     cache, or while MagCache calibrates (it never reuses)."""
-    from vsagen.cache import no_reuse_note
+    from vsagen.cache.cache_spec import no_reuse_note
 
     computed = [("dit", 0, 1.0), ("dit_computed", 0, 1.0)] * 4
     assert no_reuse_note(parse_cache("first-block"), computed) == (

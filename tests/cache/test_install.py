@@ -1,4 +1,4 @@
-"""vsagen.cache_hooks: diffusers' caches on every expert after vsagen's attention patch (CPU, tiny models). A cache
+"""vsagen.cache.install: diffusers' caches on every expert after vsagen's attention patch (CPU, tiny models). A cache
 that reuses nothing gives the uncached latents exactly; one that reuses is counted from the hooks' own state, and
 the counts equal what an independent counter (a hook on the tail block's q projection, which runs only when the
 tail block computes) saw; removal leaves the transformers as they were."""
@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from vsagen.cache import parse_cache
-from vsagen.cache_hooks import expert_steps, install_cache, load_ratios, save_ratios
+from vsagen.cache.cache_spec import parse_cache
+from vsagen.cache.install import expert_steps, install_cache, load_ratios, save_ratios
 from vsagen.errors import BadInput
 from vsagen.timing import Timer, TimingReport
 
@@ -97,7 +97,7 @@ def test_the_computed_and_reused_regions_lie_inside_the_dit_regions(tiny, monkey
     (20 ms here; a GC pause or a preempted thread in CI) once made the split 35% longer than the DiT time."""
     import time
 
-    import vsagen.cache_hooks as cache_hooks
+    import vsagen.cache.install as cache_hooks
 
     probe = cache_hooks._probe
 

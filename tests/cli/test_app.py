@@ -1,4 +1,4 @@
-"""vsagen.cli: the `vsagen` command (Typer app through CliRunner in-process; `main()` through subprocesses where
+"""vsagen.cli.app: the `vsagen` command (Typer app through CliRunner in-process; `main()` through subprocesses where
 exit codes of the console-script wrapper, click's own usage errors or start-up time are the subject).
 
 Every run uses the session's private VSAGEN_CACHE (conftest's `vsagen_cache`); subprocesses get it, and a
@@ -18,8 +18,8 @@ import pytest
 from conftest import assert_one_error_line, cached_locally, one_error_line
 from typer.testing import CliRunner
 
-from vsagen.cli import app
-from vsagen.video import read_mp4
+from vsagen.cli.app import app
+from vsagen.media.video import read_mp4
 
 # `vsagen --help` must feel instant: no torch / diffusers import. Observed ~0.15 s on this 2-core machine; 2 s
 # is generous (a torch import alone takes ~2 s, a diffusers import ~5 s).
@@ -53,8 +53,8 @@ def sub_env(cache: Path, tmp: Path) -> dict:
 
 
 def run_main(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`python -m vsagen.cli ARGS` (the console script's `main()` wrapper)."""
-    return subprocess.run([sys.executable, "-m", "vsagen.cli", *args], capture_output=True, text=True, env=env,
+    """`python -m vsagen ARGS` (`vsagen.cli.main`, which the console script runs too)."""
+    return subprocess.run([sys.executable, "-m", "vsagen", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
 
@@ -443,10 +443,10 @@ def test_help_is_fast_and_imports_nothing_heavy(vsagen_cache, tmp_path):
         assert wall < HELP_WALL_S, f"`vsagen {' '.join(args)}` took {wall:.2f} s"
     probe = (
         "import sys, json\n"
-        "import vsagen.cli\n"
+        "import vsagen.cli.app\n"
         "after_import = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
         "sys.argv = ['vsagen', 't2v', '--help']\n"
-        "try:\n    vsagen.cli.main()\nexcept SystemExit:\n    pass\n"
+        "try:\n    vsagen.cli.app.main()\nexcept SystemExit:\n    pass\n"
         "after_help = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
         "sys.stderr.write(json.dumps([after_import, after_help]))\n" % (HEAVY_MODULES, HEAVY_MODULES)
     )
@@ -510,7 +510,7 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
         "cache": (["--model", "tiny"], f"vsagen cache {tmp_path}/a-file/cache (not a folder: {tmp_path}/a-file)",
                   tmp_path / "a-file" / "cache"),
     }
-    probe = ("import json, sys\nfrom vsagen.cli import main\n"
+    probe = ("import json, sys\nfrom vsagen.cli.app import main\n"
              "report, sys.argv = sys.argv[1], ['vsagen', *sys.argv[2:]]\n"
              "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
@@ -585,7 +585,7 @@ def _synopses() -> dict[str, set[str]]:
     A, B]" (compare) spelled out."""
     import re
 
-    doc = (Path(__file__).parents[1] / "docs" / "commands.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "commands.md").read_text()
     block = doc.split("## Synopsis", 1)[1].split("```")[1]
     texts: dict[str, str] = {}
     name = None

@@ -1,5 +1,5 @@
-"""vsagen.listing: `vsagen presets` and `vsagen backends` through the CLI: exactly the registry and the bundled presets,
-the default backend marked, each backend's implementations and options, and every value whole at 80 and 60
+"""vsagen.cli.listing: `vsagen presets` and `vsagen backends` through the CLI: exactly the registry and the bundled
+presets, the default backend marked, each backend's implementations and options, and every value whole at 80 and 60
 columns."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-import vsagen.listing  # noqa: F401 - the module under test (the commands call it)
-from vsagen.cli import app
-from vsagen.presets import preset_names
+import vsagen.cli.listing  # noqa: F401 - the module under test (the commands call it)
+from vsagen.cli.app import app
+from vsagen.models.presets import preset_names
 
 runner = CliRunner()
 
@@ -70,7 +70,7 @@ def test_backends_lists_exactly_the_registry_with_the_default_implementations_an
 
 
 def _preset_cells(name: str) -> list[str]:
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     from vsagen.samplers import NAMED
 
@@ -151,7 +151,7 @@ def test_presets_and_backends_import_neither_torch_nor_diffusers():
     import sys
     import time
 
-    probe = ("import sys, json\nfrom vsagen.cli import main\nsys.argv = ['vsagen', sys.argv[1]]\n"
+    probe = ("import sys, json\nfrom vsagen.cli.app import main\nsys.argv = ['vsagen', sys.argv[1]]\n"
              "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers', "
              "'triton') or m in ('vsagen.attention.base', 'vsagen.attention.vsa'))\n"

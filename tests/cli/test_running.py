@@ -1,4 +1,4 @@
-"""`vsagen.cli_run`: errors as one line and an exit code, the environment switch, single-process commands."""
+"""`vsagen.cli.running`: errors as one line and an exit code, the environment switch, single-process commands."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import pytest
 import typer
 
-from vsagen.cli_run import env_switch, from_torch_compile, run_guarded, single_process, torchrun_launch_or_exit
+from vsagen.cli.running import env_switch, from_torch_compile, run_guarded, single_process, torchrun_launch_or_exit
 from vsagen.errors import BadInput, RunFailure
 from vsagen.interrupts import SignalInterrupt
 

@@ -1,5 +1,5 @@
-"""vsagen.cli_options: every shared option is a typed Typer option with a help text, and the commands that take it
-show that text."""
+"""vsagen.cli.shared_options: every shared option is a typed Typer option with a help text, and the commands that take
+it show that text."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import vsagen.cli_options as options
-from vsagen.cli import app
+import vsagen.cli.shared_options as options
+from vsagen.cli.app import app
 
 NAMES = [n for n in dir(options) if n[:1].isupper() and typing.get_origin(getattr(options, n)) is typing.Annotated]
 
@@ -63,7 +63,7 @@ def test_command_line_gives_what_was_typed_so_that_workers_parse_the_same():
 
 def test_t2v_gives_its_workers_its_own_command_line(monkeypatch):
     got = []
-    monkeypatch.setattr("vsagen.cli._generate_command", lambda *a, **k: got.append(options.command_line()))
+    monkeypatch.setattr("vsagen.cli.app._generate_command", lambda *a, **k: got.append(options.command_line()))
     res = CliRunner().invoke(app, ["t2v", "--model", "tiny", "--gpus", "2", "--ulysses", "2", "a fox"])
     assert res.exit_code == 0, res.output
     assert got == [["t2v", "--model", "tiny", "--gpus", "2", "--ulysses", "2", "--", "a fox"]]
@@ -72,7 +72,7 @@ def test_t2v_gives_its_workers_its_own_command_line(monkeypatch):
 def test_an_unknown_option_is_offered_only_close_ones():
     """Issue 29: Click compared `--bogus` with the option names dashes included and offered `--out, --verbose`; the
     command line offers the names close to what was typed, without the dashes, or none."""
-    from vsagen.cli_options import close_options
+    from vsagen.cli.shared_options import close_options
 
     names = ["--height", "--width", "--steps", "--seed", "--out", "--verbose", "--json", "--dtype", "--fps", "-v"]
     assert close_options("--bogus", names) == []
@@ -89,7 +89,7 @@ def test_an_empty_path_is_refused_in_one_line_and_writes_nothing(tmp_path, monke
     and t2v's --out takes an mp4 file)."""
     from conftest import assert_one_error_line
 
-    from vsagen.cli import main
+    from vsagen.cli.app import main
 
     parse = options.path_parser("a thing")
     assert parse("a b.mp4") == Path("a b.mp4") and parse(Path("x")) == Path("x")

@@ -1,4 +1,4 @@
-"""vsagen.terminal at 80 columns (issue 29, item 10): stderr notes wrapped between words with a hanging indent (one
+"""vsagen.cli.terminal at 80 columns (issue 29, item 10): stderr notes wrapped between words with a hanging indent (one
 line each to a pipe without COLUMNS), titles broken between their fields, and the compare and search tables fitted
 without a word cut (`sparse-vd/it`, `multi-diag/onal` before); and a t2v run at COLUMNS=80 end to end. To a pipe or
 a file (`stdout_console`) search's and compare's reports are 200 columns wide, search's notes one line each."""
@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from vsagen.cli import app
-from vsagen.terminal import PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, wrap_line
+from vsagen.cli.app import app
+from vsagen.cli.terminal import PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, wrap_line
 
 # The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
 NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
@@ -76,7 +76,7 @@ def rendered(renderable, width=80) -> list[str]:
 def test_the_compare_table_keeps_every_word_at_80_columns():
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent / "commands"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "commands"))
     from test_compare_render import report, row
 
     from vsagen.commands.compare_render import rich_table
@@ -108,7 +108,7 @@ def test_a_label_longer_than_the_room_folds_and_no_number_is_cut():
     its words instead."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent / "commands"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "commands"))
     from test_compare_render import report, row
 
     from vsagen.commands.compare_render import rich_table
@@ -195,7 +195,7 @@ def test_compare_to_a_pipe_is_200_columns_and_keeps_labels_whole(monkeypatch, tm
     mid-token (`sigmas=1.0,0.756757,0` / `.521739`); to a pipe or a file it gets profile's 200 columns."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).parent / "commands"))
+    sys.path.insert(0, str(Path(__file__).parents[1] / "commands"))
     from test_compare_render import report, row
 
     label = "vsa/dmd:sigmas=1.0,0.756757,0.521739,0.3125"
@@ -275,7 +275,7 @@ def test_a_note_during_a_progress_bar_starts_its_own_line_in_a_pipe(capsys):
 
     from tqdm import tqdm
 
-    from vsagen.terminal import stderr_log
+    from vsagen.cli.terminal import stderr_log
 
     log = stderr_log(False)
     for i in tqdm(range(3), desc="denoising", file=sys.stderr):
@@ -287,7 +287,7 @@ def test_a_note_during_a_progress_bar_starts_its_own_line_in_a_pipe(capsys):
 
 
 def test_one_pipe_width_for_every_report():
-    from vsagen import terminal
+    from vsagen.cli.app import terminal
     from vsagen.commands import profile_render
 
     assert terminal.PIPE_WIDTH == profile_render.PIPE_WIDTH == 200

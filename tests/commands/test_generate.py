@@ -11,7 +11,7 @@ import pytest
 
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
-from vsagen.video import read_mp4
+from vsagen.media.video import read_mp4
 
 # Fewest denoising steps that still exercise the loop (CFG on: two transformer forwards a step).
 STEPS = 2
@@ -114,7 +114,7 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     # --sheet: published with the pair, every frame of the 5 as the encoder got it, titled with the run
     from PIL import Image
 
-    from vsagen.sheet import sheet_layout
+    from vsagen.media.sheet import sheet_layout
 
     assert data["sheet"] == str(tmp_path / "v.sheet.png") and any("v.sheet.png" in line for line in lines)
     sheet = np.asarray(Image.open(tmp_path / "v.sheet.png").convert("RGB"))
@@ -129,17 +129,17 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
 def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
     """Without --overwrite a timing JSON that appears while the run writes its video is kept, and the video is not
     published either: the two appear together or not at all."""
-    import vsagen.video
+    import vsagen.media.video
     from vsagen.commands.generate import generate
 
-    real = vsagen.video.encode_mp4_stream
+    real = vsagen.media.video.encode_mp4_stream
 
     def write_then_race(chunks, path, *args, **kwargs):
         times = real(chunks, path, *args, **kwargs)
         (tmp_path / "r.json").write_text("another run's report")
         return times
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", write_then_race)
+    monkeypatch.setattr(vsagen.media.video, "encode_mp4_stream", write_then_race)
     cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, out=tmp_path / "r.mp4")
     with pytest.raises(BadInput) as info:
         generate(cfg, progress=False)
@@ -160,10 +160,10 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
 
     from typer.testing import CliRunner
 
-    import vsagen.video
-    from vsagen.cli import app
+    import vsagen.media.video
+    from vsagen.cli.app import app
 
-    real = vsagen.video.encode_mp4_stream
+    real = vsagen.media.video.encode_mp4_stream
 
     def interrupted_midway(chunks, path, *args, **kwargs):
         def first_then_signal():
@@ -173,7 +173,7 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
             yield from chunks
         return real(first_then_signal(), path, *args, **kwargs)
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", interrupted_midway)
+    monkeypatch.setattr(vsagen.media.video, "encode_mp4_stream", interrupted_midway)
     out = tmp_path / "s.mp4"
     res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--frames", "5", "--height", "64", "--width",
                                    "64", "--steps", "1", "--out", str(out)])

@@ -11,7 +11,7 @@ from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.request.options import check_choice
 from vsagen.request.resolve import VAE_TILING_AUTO_MAX_AREA, nearest_valid_frames, resolve_device, vae_tiling_enabled
 from vsagen.errors import BadInput
-from vsagen.presets import load_preset
+from vsagen.models.presets import load_preset
 
 
 def test_vae_tiling_auto_threshold(tmp_path):
@@ -208,7 +208,7 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
 
 
 def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):
-    """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.paths.check_target`), before loading."""
+    """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.media.paths.check_target`), before loading."""
     assert resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4").sheet_out is None
     (tmp_path / "v.sheet.png").write_text("an earlier sheet")
     with pytest.raises(BadInput, match=r"v\.sheet\.png exists; pass --overwrite to replace it, or choose another --out"):

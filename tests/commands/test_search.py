@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import one_error_line
-from vsagen.cli import _sigterm_as_interrupt, app
+from vsagen.cli.app import _sigterm_as_interrupt, app
 from vsagen.commands.search import read_prompts, resolve_search, search
 from vsagen.errors import BadInput
 from vsagen.architecture import architecture_of
@@ -253,7 +253,7 @@ def test_shipped_pattern_files_fit_their_presets(preset, tmp_path):
     from vsagen.attention import backend_class
     from vsagen.commands.generate_config import resolve_generate as resolve
     from vsagen.layout import plan_crop
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     p = load_preset(preset)
     path = p.defaults.attention["sparse-vdit"]["patterns"]

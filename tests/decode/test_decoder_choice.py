@@ -1,5 +1,5 @@
-"""`vsagen.light_vae_attach`: the lightweight decoder in a pipeline: attached to the stock VAE (decode routed, encode
-kept), its decode as a stream of temporal windows equal to the whole decode, the preset's choice (`--vae
+"""`vsagen.decode.decoder_choice`: the lightweight decoder in a pipeline: attached to the stock VAE (decode routed,
+encode kept), its decode as a stream of temporal windows equal to the whole decode, the preset's choice (`--vae
 auto|light|stock`, random weights, a missing folder), and `--vae light` end to end on the tiny-ti2v model."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from test_light_vae import TINY, randomize
 from typer.testing import CliRunner
 
 from vsagen.errors import BadInput
-from vsagen.light_vae import LightVaeConfig, LightVaeDecoder, save_folder
-from vsagen.light_vae_attach import attach, choose_decoder, decode_channels_last, spatially_tiled, uses_light_decoder
-from vsagen.presets import load_preset
+from vsagen.decode.light_decoder import LightVaeConfig, LightVaeDecoder, save_folder
+from vsagen.decode.decoder_choice import (attach, choose_decoder, decode_channels_last, spatially_tiled,
+                                          uses_light_decoder)
+from vsagen.models.presets import load_preset
 
 from conftest import one_error_line
 
@@ -109,7 +110,7 @@ runner = CliRunner()
 
 @pytest.mark.slow
 def test_t2v_vae_light_end_to_end(ti2v_dir, tmp_path):
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     common = ["--model", "tiny-ti2v", "--steps", "1", "--frames", "9", "--height", "64", "--width", "64", "--json"]
     res = runner.invoke(app, ["t2v", "a fox", *common, "--vae", "light", "--out", str(tmp_path / "l.mp4")])
@@ -130,7 +131,7 @@ def test_preset_light_vae_table_is_checked():
     import copy
     import tomllib
 
-    from vsagen.presets import _preset_dir, parse_preset
+    from vsagen.models.presets import _preset_dir, parse_preset
 
     raw = tomllib.loads((_preset_dir() / "tiny-ti2v.toml").read_text())
     for key, value, match in [("subfolder", "/abs", "relative folder"), ("default", "yes", "true or false"),
@@ -144,10 +145,10 @@ def test_preset_light_vae_table_is_checked():
 
 @pytest.mark.parametrize("frames", [1, 3, 6, 7])
 def test_the_stream_is_the_windowed_decode_window_by_window(frames):
-    """Issue 32: with temporal windows (AMD's 16 every 12, here 8 every 4) `decode_stream.decode_chunks` yields each
-    window's final frames as soon as it is blended; concatenated they are `vae.decode`'s frames exactly (odd latent
+    """Issue 32: with temporal windows (AMD's 16 every 12, here 8 every 4) `vsagen.decode.stream.decode_chunks` yields
+    each window's final frames as soon as it is blended; concatenated they are `vae.decode`'s frames exactly (odd latent
     frame counts, a last window cut short); without windows, one chunk."""
-    from vsagen.decode_stream import decode_chunks, streams, unnormalized
+    from vsagen.decode.stream import decode_chunks, streams, unnormalized
 
     vae = stock_vae()
     attach(vae, randomize(LightVaeDecoder(TINY)).eval())

@@ -1,9 +1,9 @@
-"""`vsagen.light_vae`: Hummingbird-XT's lightweight VAE decoder (AMD's `AutoencoderKLTurboVAED`).
+"""`vsagen.decode.light_decoder`: Hummingbird-XT's lightweight VAE decoder (AMD's `AutoencoderKLTurboVAED`).
 
 Shapes for odd latent frame counts (whole, temporal windows, spatial tiles); each new block against a float64
 re-enactment of its formula on random inputs (the convolutions as sums of shifted slices, not torch's conv); the
 real folder layout (config.json + diffusion_pytorch_model.safetensors, decoder keys) written and read back; damaged or
-missing files refused in one line. In a pipeline (`--vae`, the stream): `test_light_vae_attach.py`. Equivalence
+missing files refused in one line. In a pipeline (`--vae`, the stream): `decode/test_decoder_choice.py`. Equivalence
 with HummingbirdXT's own module: `benchmarks/light_vae_equivalence.py`.
 """
 
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from vsagen.errors import BadInput
-from vsagen.light_vae import (EdgeConv3d, LightVaeConfig, LightVaeDecoder, PixelShuffle2d, ResBlock, SeparableConv3d,
-                              Upsampler3d, channel_rms, read_folder, save_folder)
-from vsagen.presets import load_preset
+from vsagen.decode.light_decoder import (EdgeConv3d, LightVaeConfig, LightVaeDecoder, PixelShuffle2d, ResBlock,
+                                         SeparableConv3d, Upsampler3d, channel_rms, read_folder, save_folder)
+from vsagen.models.presets import load_preset
 
 TINY = LightVaeConfig.from_dict(load_preset("tiny-ti2v").light_vae.config, "tiny-ti2v")
 

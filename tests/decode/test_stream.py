@@ -1,4 +1,4 @@
-"""vsagen.decode_stream: the streamed VAE decode equals diffusers' whole-latent decode bit for bit (every tiny family,
+"""vsagen.decode.stream: the streamed VAE decode equals diffusers' whole-latent decode bit for bit (every tiny family,
 tiled and untiled, odd latent frame counts and sizes such as crop plans give), chunk by chunk as the Wan VAEs are
 causal (1 frame, then 4 per latent frame); the uint8 frames equal the whole-video path's (NaN and infinities
 included); other VAEs decode whole; an offload hook is honoured."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import saved_tiny
 
-from vsagen.decode_stream import decode_chunks, frames_u8, streams, unnormalized
+from vsagen.decode.stream import decode_chunks, frames_u8, streams, unnormalized
 from vsagen.pipeline import decode_latents, video_frames
 
 FAMILIES = ["tiny", "tiny-ti2v", "tiny-i2v", "tiny-flf2v", "tiny-a14b", "tiny-i2v-a14b"]

@@ -1,4 +1,4 @@
-"""vsagen.image: opening input images (PNG, JPEG, WebP; refusals name the path), fitting them to a size (crop,
+"""vsagen.media.image: opening input images (PNG, JPEG, WebP; refusals name the path), fitting them to a size (crop,
 resize), extending them to the denoised size, and the synthetic test picture."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from vsagen.errors import BadInput
-from vsagen.image import MAX_UPSCALE, MIN_IMAGE_SIDE, check_image_size, fit_image, fit_scale, open_image
+from vsagen.media.image import MAX_UPSCALE, MIN_IMAGE_SIDE, check_image_size, fit_image, fit_scale, open_image
 
 
 @pytest.mark.parametrize("fit", ["crop", "resize"])
@@ -25,7 +25,7 @@ def test_fit_image_gives_exactly_the_size(fit, src):
 
 
 def test_extend_to_keeps_the_image_in_the_top_left_corner():
-    from vsagen.image import extend_to
+    from vsagen.media.image import extend_to
 
     rng = np.random.default_rng(3)
     src = Image.fromarray(rng.integers(0, 256, (5, 7, 3), dtype=np.uint8))
@@ -42,7 +42,7 @@ def test_extend_to_keeps_the_image_in_the_top_left_corner():
 def test_synthetic_image_is_deterministic_and_sized():
     import numpy as np
 
-    from vsagen.image import synthetic_image
+    from vsagen.media.image import synthetic_image
 
     a, b, c = synthetic_image(24, 40, 0), synthetic_image(24, 40, 0), synthetic_image(24, 40, 1)
     assert a.size == (40, 24) and a.mode == "RGB"
@@ -131,7 +131,7 @@ def test_16_bit_grayscale_is_scaled_not_clipped_white(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from vsagen.image import open_image
+    from vsagen.media.image import open_image
 
     levels = np.array([[0, 8000, 32768, 65535]] * 4, dtype=np.uint16).repeat(4, axis=1)
     path = tmp_path / "gray16.png"
@@ -149,7 +149,7 @@ def test_transparent_pixels_get_a_note_opaque_ones_none(tmp_path):
     from PIL import Image
 
     from vsagen.commands.generate_config import image_notes
-    from vsagen.image import open_image, transparency_note
+    from vsagen.media.image import open_image, transparency_note
 
     clear = tmp_path / "clear.png"
     Image.new("RGBA", (64, 64), (255, 0, 0, 0)).save(clear)

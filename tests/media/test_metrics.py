@@ -1,4 +1,4 @@
-"""vsagen.metrics: PSNR against the textbook formula on known perturbations, SSIM against an independent
+"""vsagen.media.metrics: PSNR against the textbook formula on known perturbations, SSIM against an independent
 implementation of Wang et al.'s Gaussian-window SSIM (numpy + scipy), the pooled relative L2 against one
 concatenated tensor, and the JSON form of infinities."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vsagen.metrics import json_number, pooled_rel_l2, psnr_db, psnr_from_mse, ssim
+from vsagen.media.metrics import json_number, pooled_rel_l2, psnr_db, psnr_from_mse, ssim
 
 # PSNR and SSIM are computed in float64 from uint8 frames: the only error is float64 rounding of sums over
 # ~1e5 values (~1e-12 relative); 1e-9 leaves room and catches any formula difference.

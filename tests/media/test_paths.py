@@ -1,4 +1,4 @@
-"""vsagen.paths: output paths checked before a run (a folder where a file goes, an existing file without
+"""vsagen.media.paths: output paths checked before a run (a folder where a file goes, an existing file without
 --overwrite, a dangling symlink, an unwritable folder: one line each) and the default output names."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.paths import check_folder, check_output, check_target, default_folder, default_out, sheet_path
+from vsagen.media.paths import check_folder, check_output, check_target, default_folder, default_out, sheet_path
 
 
 def test_check_target_and_folder(tmp_path):

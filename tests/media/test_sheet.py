@@ -1,4 +1,4 @@
-"""vsagen.sheet: the contact sheet's frame choice, tile scaling, layout (every tile, label and title line in its
+"""vsagen.media.sheet: the contact sheet's frame choice, tile scaling, layout (every tile, label and title line in its
 place, none overlapping) and pixels (each tile is its frame, scaled as the module says), and its atomic PNG write."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from PIL import Image
 
 from vsagen.errors import BadInput
-from vsagen.sheet import (BACKGROUND, COLUMNS, MARGIN, contact_sheet, frame_indices, label_of, sheet_layout,
-                          save_sheet, sheet_title, tile_of, tile_scale)
-from vsagen.video import write_with
+from vsagen.media.sheet import (BACKGROUND, COLUMNS, MARGIN, contact_sheet, frame_indices, label_of, sheet_layout,
+                                save_sheet, sheet_title, tile_of, tile_scale)
+from vsagen.media.video import write_with
 
 
 def random_frames(f, h, w, seed=0):

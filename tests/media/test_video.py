@@ -1,4 +1,4 @@
-"""vsagen.video: float frames to uint8, mp4 encode / decode at the exact size, and the atomic writers (JSON, text,
+"""vsagen.media.video: float frames to uint8, mp4 encode / decode at the exact size, and the atomic writers (JSON, text,
 any writer): a temporary file beside the target moved into place, an existing file never replaced silently."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.video import Outputs, read_mp4, to_uint8_frames, write_json, write_mp4, write_text, write_with
+from vsagen.media.video import Outputs, read_mp4, to_uint8_frames, write_json, write_mp4, write_text, write_with
 
 # H.264 (yuv420p, quality 8) of smooth frames: a mean absolute error of a few levels; a wrong size, frame order or
 # colour plane would be off by tens.
@@ -66,7 +66,7 @@ def test_a_file_system_without_hard_links_still_publishes_and_never_replaces(tmp
     that appeared meanwhile is kept and the run says so (it used to escape as an OSError traceback)."""
     import errno
 
-    from vsagen import video
+    from vsagen.media import video
 
     def no_links(src, dst):
         raise OSError(errno.EPERM, "Operation not permitted")
@@ -151,7 +151,7 @@ def _publish_pair_with_sigterm_between(tmp_path, monkeypatch) -> list:
     handler saw in the folder each time it ran."""
     import signal
 
-    import vsagen.video as video
+    import vsagen.media.video as video
 
     real = video._publish
 
@@ -197,7 +197,7 @@ def test_an_empty_encode_is_a_failure_not_a_video(tmp_path, monkeypatch):
     import imageio.v2 as imageio
 
     from vsagen.errors import RunFailure
-    from vsagen.video import encode_mp4
+    from vsagen.media.video import encode_mp4
 
     class Silent:  # a writer that writes nothing, as ffmpeg did
         def __enter__(self):
@@ -222,7 +222,7 @@ def test_an_empty_encode_is_a_failure_not_a_video(tmp_path, monkeypatch):
 def test_a_stream_encodes_the_frames_encode_mp4_encodes(tmp_path):
     """`encode_mp4_stream` over chunks of 1, 4, 4 and 3 frames writes the frames `encode_mp4` writes for the whole
     video (read back: the same decoded frames), reports what it measured, and gives `keep` every chunk."""
-    from vsagen.video import encode_mp4, encode_mp4_stream
+    from vsagen.media.video import encode_mp4, encode_mp4_stream
 
     frames = smooth_frames(12, 32, 48, 3)
     whole, streamed = tmp_path / "w.mp4", tmp_path / "s.mp4"
@@ -241,7 +241,7 @@ def test_a_stream_that_fails_midway_raises_its_error_with_ffmpeg_ended(tmp_path)
     import threading
 
     from vsagen.errors import RunFailure
-    from vsagen.video import encode_mp4_stream
+    from vsagen.media.video import encode_mp4_stream
 
     frames = smooth_frames(6, 16, 16, 1)
 
@@ -262,7 +262,7 @@ def test_a_stream_that_fails_midway_raises_its_error_with_ffmpeg_ended(tmp_path)
 def test_encoding_parses_checks_and_says_its_ffmpeg_options():
     """`--codec NAME[:preset=P][:crf=N]`: the defaults (x264 veryfast, CRF 10: the quality vsagen always wrote),
     NVENC's own presets, and one-line refusals."""
-    from vsagen.video import Encoding
+    from vsagen.media.video import Encoding
 
     assert Encoding.parse(None) == Encoding("x264", "veryfast", 10)
     assert Encoding.parse("x264:crf=18").ffmpeg_params() == ["-preset", "veryfast", "-crf", "18"]
@@ -282,7 +282,7 @@ def test_the_encoding_reaches_ffmpeg(tmp_path):
     """A higher CRF writes a smaller file of the same frames; the preset and CRF are what ffmpeg was told."""
     import imageio.v2 as imageio
 
-    from vsagen.video import Encoding, encode_mp4
+    from vsagen.media.video import Encoding, encode_mp4
 
     frames = smooth_frames(8, 64, 96, 4)
     sizes = {}
@@ -308,7 +308,7 @@ def test_the_encoding_reaches_ffmpeg(tmp_path):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU may have an NVENC engine")
 def test_nvenc_without_an_nvidia_encoder_is_refused_in_one_line():
-    from vsagen.video import Encoding, check_encoder
+    from vsagen.media.video import Encoding, check_encoder
 
     check_encoder(Encoding())  # x264: nothing to probe
     with pytest.raises(BadInput, match=r"--codec nvenc: the bundled ffmpeg cannot open NVIDIA's h264_nvenc") as e:
@@ -341,7 +341,7 @@ def test_an_unpublished_set_removes_the_folders_it_created(tmp_path):
 
 def test_a_failed_stream_finishes_its_producer_at_once(tmp_path):
     """The producer generator is closed when the stream fails (its clean-up runs then, not when it is collected)."""
-    from vsagen.video import encode_mp4_stream
+    from vsagen.media.video import encode_mp4_stream
 
     finished = []
 
@@ -362,7 +362,7 @@ def test_an_os_error_midway_through_an_overwrite_puts_the_old_files_back(tmp_pat
     """--overwrite of a set (video, JSON, sheet) where the last move fails: the files already moved are taken back,
     the ones they replaced restored as they were, a new one removed, and no temporary or kept file is left (before,
     such a set was left half new, half old)."""
-    import vsagen.video as video
+    import vsagen.media.video as video
 
     (tmp_path / "a.mp4").write_text("old video")
     (tmp_path / "c.png").write_text("old sheet")

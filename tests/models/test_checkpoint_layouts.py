@@ -1,8 +1,8 @@
-"""vsagen.checkpoint_layouts: checkpoints that are not a stock diffusers Wan pipeline, written here from the tiny
+"""vsagen.models.checkpoint_layouts: checkpoints that are not a stock diffusers Wan pipeline, written here from the tiny
 models: a FastVideo-style diffusers folder whose model_index.json names `WanDMDPipeline` (a class diffusers does not
 have), and a VideoX-Fun "civitai" folder holding the transformer in the original Wan key names (renamed by this
-file's own key map, not diffusers' converter). Each resolves, loads (`vsagen.loading`) and runs `vsagen t2v`; damaged
-ones are one line, exit 2, before anything runs."""
+file's own key map, not diffusers' converter). Each resolves, loads (`vsagen.models.loading`) and runs `vsagen t2v`;
+damaged ones are one line, exit 2, before anything runs."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from conftest import one_error_line, original_name
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from vsagen.checkpoint_layouts import diffusers_config, index_as_stock, is_original_config, stock_pipeline_class
-from vsagen.cli import app
+from vsagen.models.checkpoint_layouts import diffusers_config, index_as_stock, is_original_config, stock_pipeline_class
+from vsagen.cli.app import app
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput, ModelNotFound
-from vsagen.models import resolve_model
-from vsagen.presets import load_preset
+from vsagen.models.sources import resolve_model
+from vsagen.models.presets import load_preset
 
 DMD_NOTE = ("model_index.json names WanDMDPipeline (FastVideo's class, not in diffusers): built as WanPipeline from "
             "its components")
@@ -94,7 +94,7 @@ def test_index_as_stock_maps_a_foreign_class_and_fills_expand_timesteps():
 def test_a_fastvideo_folder_loads_as_the_stock_pipeline(vsagen_cache, tiny_dir, ti2v_dir, tmp_path):
     from diffusers import WanPipeline
 
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     folder = fastvideo_folder(tiny_dir, tmp_path / "FastWan-tiny")
     src = resolve_model(str(folder))
@@ -117,7 +117,7 @@ def test_a_fastvideo_hub_id_in_the_cache_loads_the_same_way(vsagen_cache, ti2v_d
     Face cache is read by diffusers' from_pretrained, its model_index.json from the cache afterwards."""
     import huggingface_hub.constants
 
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     repo = tmp_path / "hub" / "models--org--FastWan-tiny"
     fastvideo_folder(ti2v_dir, repo / "snapshots" / ("a" * 40), drop_expand=True)
@@ -136,7 +136,7 @@ def test_a_fastvideo_hub_id_in_the_cache_loads_the_same_way(vsagen_cache, ti2v_d
                                              ("WanDMDPipeline", ["fastvideo", "WanTransformer3DModel"])])
 def test_classes_diffusers_has_or_foreign_transformers_stay_refused(vsagen_cache, tiny_dir, tmp_path, cls,
                                                                     transformer):
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     folder = fastvideo_folder(tiny_dir, tmp_path / "other")
     index = json.loads((folder / "model_index.json").read_text())
@@ -164,7 +164,7 @@ def test_diffusers_config_of_an_original_config():
 
 @pytest.mark.parametrize("preset", ["tiny", "tiny-ti2v"])
 def test_a_civitai_folder_converts_to_the_same_transformer(vsagen_cache, tiny_dir, ti2v_dir, tmp_path, preset):
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     folder, state = civitai_folder(tiny_dir if preset == "tiny" else ti2v_dir, tmp_path / "civitai", preset=preset)
     src = resolve_model(str(folder))
@@ -183,7 +183,7 @@ def test_the_converted_transformer_has_the_dtypes_of_a_stock_load(tiny_dir, tmp_
     modulation, time embedder) stay float32, the rest bf16, every value the stock load's."""
     from diffusers import WanTransformer3DModel
 
-    from vsagen.checkpoint_layouts import load_original_transformer, original_wan_folder
+    from vsagen.models.checkpoint_layouts import load_original_transformer, original_wan_folder
 
     folder, _ = civitai_folder(tiny_dir, tmp_path / "civitai")
     ours, _ = load_original_transformer(original_wan_folder(folder, "x"), load_preset("tiny").transformer,
@@ -214,10 +214,10 @@ def _extra_one(state):
 ])
 def test_tensors_that_do_not_fit_are_one_line(vsagen_cache, tiny_dir, tmp_path, monkeypatch, edit, match):
     """Found from the safetensors headers, before the components load (a real text encoder takes a while)."""
-    import vsagen.loading
-    from vsagen.loading import load_model
+    import vsagen.models.loading
+    from vsagen.models.loading import load_model
 
-    monkeypatch.setattr(vsagen.loading, "_from_pretrained", lambda *a, **kw: pytest.fail("components loaded"))
+    monkeypatch.setattr(vsagen.models.loading, "_from_pretrained", lambda *a, **kw: pytest.fail("components loaded"))
     folder, _ = civitai_folder(tiny_dir, tmp_path / "bad", edit)
     with pytest.raises(BadInput, match=match) as info:
         load_model(resolve("a fox", model=str(folder), out=tmp_path / "a.mp4"), log=lambda m: None)
@@ -226,7 +226,7 @@ def test_tensors_that_do_not_fit_are_one_line(vsagen_cache, tiny_dir, tmp_path, 
 
 def test_pickle_only_transformers_need_allow_pickle_and_load_weights_only(vsagen_cache, tiny_dir, tmp_path,
                                                                          monkeypatch):
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     folder, state = civitai_folder(tiny_dir, tmp_path / "pth")
     weights = folder / "diffusion_pytorch_model.safetensors"
@@ -294,10 +294,10 @@ def test_a_transformer_layout_preset_is_matched_by_folder_name_and_resolves_as_a
     hub source in that layout. (Its download is not possible here: the folder path is what runs.)"""
     import tomllib
 
-    import vsagen.checkpoint_layouts
-    import vsagen.models
-    import vsagen.presets
-    from vsagen.presets import _preset_dir, parse_preset, preset_names
+    import vsagen.models.checkpoint_layouts
+    import vsagen.models.sources
+    import vsagen.models.presets
+    from vsagen.models.presets import _preset_dir, parse_preset, preset_names
 
     data = tomllib.loads((_preset_dir() / "tiny.toml").read_text())
     data.pop("attention")
@@ -305,8 +305,8 @@ def test_a_transformer_layout_preset_is_matched_by_folder_name_and_resolves_as_a
                 components="org/tiny-diffusers")
     fake = parse_preset(data, "tiny-xt.toml")
     names = [*preset_names(), "tiny-xt"]
-    real = vsagen.presets.load_preset
-    for module in (vsagen.presets, vsagen.models, vsagen.checkpoint_layouts):
+    real = vsagen.models.presets.load_preset
+    for module in (vsagen.models.presets, vsagen.models.sources, vsagen.models.checkpoint_layouts):
         monkeypatch.setattr(module, "preset_names", lambda: names)
         monkeypatch.setattr(module, "load_preset", lambda n: fake if n == "tiny-xt" else real(n))
     src = resolve_model(str(civitai_folder(tiny_dir, tmp_path / "TinyXT-main")[0]))

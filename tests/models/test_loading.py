@@ -1,4 +1,4 @@
-"""vsagen.loading: loading a pipeline (local directory, pickle weights, foreign libraries, trained VSA gates, hub
+"""vsagen.models.loading: loading a pipeline (local directory, pickle weights, foreign libraries, trained VSA gates, hub
 ids that are not cached, random weights), `vsagen.load_pipeline` (the same load from Python) and placing it
 (`place_pipeline`: diffusers' offload APIs), all on CPU with the tiny model.
 
@@ -22,7 +22,7 @@ import torch
 import vsagen
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput, ModelNotFound
-from vsagen.video import read_mp4
+from vsagen.media.video import read_mp4
 
 # Loading a hub id that is not cached must fail without waiting on the network (no hub access here, and a
 # user without network must not wait either). Observed ~0.1 s in-process; 15 s would mean a retry loop.
@@ -88,7 +88,7 @@ def _make_pickle_only(ckpt: Path) -> dict:
 
 
 def test_pickle_only_weights_need_allow_pickle(vsagen_cache, tiny_dir, tmp_path):
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "pickled")
     sd = _make_pickle_only(ckpt)
@@ -119,7 +119,7 @@ def test_pickle_refusal_through_generate_writes_nothing(vsagen_cache, tiny_dir, 
 
 @pytest.mark.parametrize("edit", ["foreign-library", "foreign-pipeline"])
 def test_foreign_components_are_refused(vsagen_cache, tiny_dir, tmp_path, edit):
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "foreign")
     index_path = ckpt / "model_index.json"
@@ -145,7 +145,7 @@ def test_trained_gates_are_loaded_and_used(vsagen_cache, tiny_dir, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from vsagen.commands.generate import generate
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "gated")
     weights = ckpt / "transformer" / "diffusion_pytorch_model.safetensors"
@@ -234,7 +234,7 @@ def test_missing_hub_model_fails_fast(vsagen_cache, tmp_path, model, hub_id):
 @pytest.mark.slow
 def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
     from vsagen.commands.generate import generate
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     cfg = resolve("ignored prompt", model="tiny", random_weights=True, steps=STEPS, out=tmp_path / "rw.mp4")
     model = load_model(cfg, log=lambda m: None)
@@ -255,8 +255,8 @@ def test_random_weights_on_tiny_preset(vsagen_cache, tmp_path):
 def test_load_pipeline_loads_as_t2v_does_and_apply_patches_it(vsagen_cache, tiny_dir, tmp_path):
     from diffusers import WanPipeline
 
-    from vsagen.loading import load_model
-    from vsagen.presets import load_preset
+    from vsagen.models.loading import load_model
+    from vsagen.models.presets import load_preset
 
     rng = torch.get_rng_state()
     with warnings.catch_warnings():  # issue 29: diffusers 0.42 warns (FutureWarning) on `torch_dtype=`; it takes dtype
@@ -314,7 +314,7 @@ def test_load_pipeline_bad_input_is_one_line(vsagen_cache, model, kwargs, match)
 def test_load_pipeline_names_its_arguments_not_the_flags():
     """New-user trial: load_pipeline's errors said "--dtype must be one of ..." and "pass --model DIR, or try
     --model tiny"; they name the Python arguments, and leave other tools' flags (hf's --local-dir) alone."""
-    from vsagen.loading import _as_arguments
+    from vsagen.models.loading import _as_arguments
 
     assert _as_arguments("--dtype must be one of auto, bf16, fp16, fp32, got 'x'") == \
         "dtype must be one of auto, bf16, fp16, fp32, got 'x'"
@@ -375,7 +375,7 @@ class _FakePipe:
 
 
 def test_place_pipeline_uses_diffusers_offload_apis():
-    from vsagen.loading import place_pipeline
+    from vsagen.models.loading import place_pipeline
 
     expected = {
         "none": ("to", ("cuda",), {}),
@@ -400,7 +400,7 @@ def test_place_pipeline_uses_diffusers_offload_apis():
 def test_a_prompt_past_the_encoder_s_length_is_a_note(vsagen_cache, tmp_path):
     """Issue 29: diffusers cut prompts past `max_sequence_length` tokens without a word."""
     from vsagen.commands.generate_config import resolve_generate
-    from vsagen.loading import truncation_note
+    from vsagen.models.loading import truncation_note
 
     pipe = vsagen.load_pipeline("tiny")  # ByT5: one token a byte, plus the end token
     long = resolve_generate("a" * 600, model="tiny", out=tmp_path / "a.mp4")
@@ -419,7 +419,7 @@ def test_a_prompt_past_the_encoder_s_length_is_a_note(vsagen_cache, tmp_path):
 def test_a_tiny_cache_that_cannot_be_written_is_bad_input(vsagen_cache, tmp_path, monkeypatch):
     """Issue 29: `prepare_model_files` exited 1 (RunFailure) for a cache it cannot write; it is bad input (exit 2),
     one line naming the folder (here the cache turns into a path under a file after the request was resolved)."""
-    from vsagen.loading import prepare_model_files
+    from vsagen.models.loading import prepare_model_files
 
     cfg = resolve("a prompt", model="tiny", out=tmp_path / "x.mp4")
     (tmp_path / "a-file").write_text("not a folder")
@@ -432,9 +432,9 @@ def test_a_tiny_cache_that_cannot_be_written_is_bad_input(vsagen_cache, tmp_path
 
 def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_dir, tmp_path, capfd):
     """Issue 29: a folder without transformer weights printed diffusers' own "An error occurred while trying to
-    fetch ..." line before vsagen's. `vsagen.models` now refuses such a folder before loading; should diffusers
+    fetch ..." line before vsagen's. `vsagen.models.sources` now refuses such a folder before loading; should diffusers
     still fail, its log is silent during the call and the exception is vsagen's one line."""
-    from vsagen.loading import _from_pretrained
+    from vsagen.models.loading import _from_pretrained
 
     ckpt = copy_checkpoint(tiny_dir, tmp_path / "ckpt")
     cfg = resolve("a prompt", model=str(ckpt), out=tmp_path / "x.mp4")
@@ -455,8 +455,8 @@ def test_diffusers_says_nothing_of_its_own_when_a_load_fails(vsagen_cache, tiny_
 def test_vae_dtype_auto_decodes_text_to_video_in_the_presets_decode_dtype(model, asked, image_to_video, want):
     """`--vae-dtype auto` (issue 32 item 2): bf16 where the VAE only decodes and the preset measured it, the preset's
     float32 where the VAE also encodes an image (and for Hummingbird-XT's light decoder); a given dtype wins."""
-    from vsagen.loading import resolve_vae_dtype
-    from vsagen.presets import load_preset
+    from vsagen.models.loading import resolve_vae_dtype
+    from vsagen.models.presets import load_preset
 
     assert resolve_vae_dtype(asked, load_preset(model), image_to_video) == want
 
@@ -466,7 +466,7 @@ def test_vae_dtype_is_the_presets_unless_asked(vsagen_cache, tiny_dir, tmp_path,
     """`--vae-dtype` (issue 32 item 2): auto keeps the preset's (the tiny model's: the pipeline's, fp32 on CPU);
     bf16 / fp16 cast the VAE alone, the transformer keeps the run's dtype; the JSON's config records it; an unknown
     value is one line."""
-    from vsagen.loading import load_model
+    from vsagen.models.loading import load_model
 
     cfg = resolve("a prompt", model="tiny", steps=1, vae_dtype=asked, out=tmp_path / "v.mp4")
     pipe = load_model(cfg, log=lambda m: None).pipe

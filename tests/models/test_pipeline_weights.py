@@ -1,4 +1,4 @@
-"""`vsagen.backend_weights`: a backend's own weights on every expert of a loaded pipeline, the up-front check of
+"""`vsagen.models.pipeline_weights`: a backend's own weights on every expert of a loaded pipeline, the up-front check of
 every backend's, and the run note on how many layers got them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from safetensors.torch import save_file
 from vsagen.attention.sla_star import SLAStarAttention
 from vsagen.attention.vsa import VSAAttention
 from vsagen.attention.weights import layer_params
-from vsagen.backend_weights import attach_weights, check_backend_weights, weights_note
+from vsagen.models.pipeline_weights import attach_weights, check_backend_weights, weights_note
 from vsagen.errors import BadInput
-from vsagen.loading import LoadedModel
+from vsagen.models.loading import LoadedModel
 
 
 def _two_experts(root, gate_layers=None, width=None):

@@ -1,4 +1,5 @@
-"""vsagen.presets: bundled TOML presets, strict parsing (unknown / missing keys are errors), model-card values."""
+"""vsagen.models.presets: bundled TOML presets, strict parsing (unknown / missing keys are errors), model-card
+values."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from dataclasses import FrozenInstanceError, fields
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_OPTIONAL,
-                            LAST_IMAGE_REQUIRED, GenerationDefaults, clip_tokens, load_preset, parse_preset,
-                            preset_for_hub_id, preset_for_transformer_config, preset_names)
-from vsagen.presets import _preset_dir
+from vsagen.models.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_OPTIONAL,
+                                   LAST_IMAGE_REQUIRED, GenerationDefaults, clip_tokens, load_preset, parse_preset,
+                                   preset_for_hub_id, preset_for_transformer_config, preset_names)
+from vsagen.models.presets import _preset_dir
 
 BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b", "hummingbird-xt", "tiny",
            "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b",

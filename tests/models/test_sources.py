@@ -1,4 +1,4 @@
-"""vsagen.models: `--model` (preset name | local diffusers directory | hub id) -> `ModelSource`, without loading
+"""vsagen.models.sources: `--model` (preset name | local diffusers directory | hub id) -> `ModelSource`, without loading
 weights: the kind and location, the preset a directory gets, what the model takes (image, last image), and the
 attention shape `--kernels` reads."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from vsagen.errors import BadInput, ModelNotFound
 from vsagen.commands.generate_config import resolve_generate as resolve
-from vsagen.models import DEFAULT_MODEL, ModelSource, attention_dims, resolve_model
-from vsagen.presets import I2V_PIPELINE, LAST_IMAGE_NONE, LAST_IMAGE_REQUIRED, load_preset
+from vsagen.models.sources import DEFAULT_MODEL, ModelSource, attention_dims, resolve_model
+from vsagen.models.presets import I2V_PIPELINE, LAST_IMAGE_NONE, LAST_IMAGE_REQUIRED, load_preset
 
 
 def test_directory_without_model_index_is_refused(vsagen_cache, tmp_path):
@@ -113,7 +113,7 @@ def test_a_checkpoint_with_damaged_or_missing_weights_is_refused_before_loading(
     """Issue 29: a truncated or overwritten safetensors file and a folder without weights were found by diffusers
     (blamed on pickle, after its own log line); a missing shard too. `resolve_model` reads the headers (no torch)
     and names the file, what is wrong and what to do. Pickle-only folders are left to the loader (--allow-pickle)."""
-    from vsagen.models import check_weight_files, safetensors_problem
+    from vsagen.models.sources import check_weight_files, safetensors_problem
 
     ckpt = shutil.copytree(tiny_dir, tmp_path / "ckpt")
     index = json.loads((ckpt / "model_index.json").read_text())

@@ -1,4 +1,4 @@
-"""vsagen.tiny: the embedded tiny models: the cache folder (VSAGEN_CACHE > XDG_CACHE_HOME > ~/.cache), a
+"""vsagen.models.tiny: the embedded tiny models: the cache folder (VSAGEN_CACHE > XDG_CACHE_HOME > ~/.cache), a
 deterministic build, and `ensure_tiny_checkpoint` (saved once, atomically, marked complete)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from vsagen.presets import load_preset
-from vsagen.tiny import _MARKER, cache_dir, ensure_tiny_checkpoint
+from vsagen.models.presets import load_preset
+from vsagen.models.tiny import _MARKER, cache_dir, ensure_tiny_checkpoint
 
 
 def test_tiny_build_is_deterministic():
-    from vsagen.tiny import build_tiny_pipeline
+    from vsagen.models.tiny import build_tiny_pipeline
 
     p = load_preset("tiny-a14b")
     a, b = build_tiny_pipeline(p), build_tiny_pipeline(p)
@@ -38,11 +38,12 @@ def test_cache_folder_precedence(monkeypatch, tmp_path):
 
 
 def test_ensure_tiny_checkpoint_builds_once_into_the_cache(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
-    import vsagen.tiny
+    import vsagen.models.tiny
 
     assert tiny_dir == vsagen_cache / "tiny-pipeline" and (tiny_dir / _MARKER).is_file()
     assert (tiny_dir / "model_index.json").is_file() and list((tiny_dir / "transformer").glob("*.safetensors"))
-    monkeypatch.setattr(vsagen.tiny, "build_tiny_pipeline", lambda p: (_ for _ in ()).throw(AssertionError("rebuilt")))
+    monkeypatch.setattr(vsagen.models.tiny, "build_tiny_pipeline",
+                        lambda p: (_ for _ in ()).throw(AssertionError("rebuilt")))
     assert ensure_tiny_checkpoint(load_preset("tiny")) == tiny_dir  # complete: not built again
     # a folder without the marker (an interrupted save) is replaced by a complete one
     root = tmp_path / "root"
@@ -58,11 +59,11 @@ def test_a_checkpoint_finished_by_another_process_meanwhile_is_kept(tmp_path, mo
     """Two ranks of one torchrun launch build the tiny checkpoint at once: the one that finishes second must use the
     first one's checkpoint, not delete it while the first loads from it (it did: rank 0 then found an empty
     text_encoder folder)."""
-    import vsagen.tiny
+    import vsagen.models.tiny
 
     root = tmp_path / "root"
     target = root / "tiny-pipeline"
-    real = vsagen.tiny.build_tiny_pipeline
+    real = vsagen.models.tiny.build_tiny_pipeline
 
     class Racing:
         def __init__(self, preset):
@@ -74,7 +75,7 @@ def test_a_checkpoint_finished_by_another_process_meanwhile_is_kept(tmp_path, mo
             (target / _MARKER).write_text("the other process\n")
             (target / "in use").write_text("loading from here")
 
-    monkeypatch.setattr(vsagen.tiny, "build_tiny_pipeline", Racing)
+    monkeypatch.setattr(vsagen.models.tiny, "build_tiny_pipeline", Racing)
     assert ensure_tiny_checkpoint(load_preset("tiny"), root) == target
     assert (target / "in use").is_file() and (target / _MARKER).read_text() == "the other process\n"
     assert sorted(p.name for p in root.iterdir()) == ["tiny-pipeline"]  # no temporary folder left
@@ -83,7 +84,7 @@ def test_a_checkpoint_finished_by_another_process_meanwhile_is_kept(tmp_path, mo
 def test_no_build_under_a_process_group(tmp_path):
     """transformers' save_pretrained writes only on rank 0 of an initialized process group: a tiny checkpoint saved
     then lacked its text encoder's weights (rank 1's copy, with the completion marker). So the build refuses, and
-    the CLI builds it before `--ulysses` starts the group (vsagen.loading.prepare_model_files)."""
+    the CLI builds it before `--ulysses` starts the group (vsagen.models.loading.prepare_model_files)."""
     import socket
 
     import pytest
@@ -106,7 +107,7 @@ def test_a_damaged_checkpoint_is_built_again(tiny_dir, tmp_path):
     diffusers' failure was blamed on pickle. It is found from the files' headers and built again in its place."""
     import os
 
-    from vsagen.tiny import tiny_checkpoint_problem
+    from vsagen.models.tiny import tiny_checkpoint_problem
 
     root = tmp_path / "root"
     target = shutil.copytree(tiny_dir, root / "tiny-pipeline")
@@ -127,9 +128,9 @@ def test_an_unwritable_cache_is_found_before_anything_loads(tiny_dir, tmp_path, 
     the test leaves nothing behind."""
     import pytest
 
-    import vsagen.tiny
+    import vsagen.models.tiny
     from vsagen.errors import BadInput
-    from vsagen.tiny import check_tiny_cache
+    from vsagen.models.tiny import check_tiny_cache
 
     tiny = load_preset("tiny")
     a_file = tmp_path / "a-file"
@@ -144,7 +145,7 @@ def test_an_unwritable_cache_is_found_before_anything_loads(tiny_dir, tmp_path, 
     def refused(prefix, dir):
         raise PermissionError(13, "Permission denied", str(dir))
 
-    monkeypatch.setattr(vsagen.tiny.tempfile, "mkdtemp", refused)
+    monkeypatch.setattr(vsagen.models.tiny.tempfile, "mkdtemp", refused)
     with pytest.raises(BadInput, match=f"cache {tmp_path}/new/cache \\(Permission denied: {tmp_path}\\)"):
         check_tiny_cache(tiny, tmp_path / "new" / "cache")
     check_tiny_cache(tiny, tiny_dir.parent)  # the checkpoint is there whole: nothing to write

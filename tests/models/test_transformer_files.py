@@ -1,8 +1,8 @@
-"""vsagen/transformer_files.py: transformer-only checkpoint files (`--transformer FILE[,FILE]`, the TurboDiffusion
-presets' `[transformer_files]`), written here in each real layout from the tiny presets' architectures: TurboDiffusion's
-.pth (original Wan key names, proj_l, a Linear patch embedding), its -quant int8 files, diffusers-named safetensors, two
-experts; the weights-only rule (a pickle that would run code is refused and runs nothing); bad inputs (one line, exit
-2, nothing written)."""
+"""vsagen/models/transformer_files.py: transformer-only checkpoint files (`--transformer FILE[,FILE]`, the
+TurboDiffusion presets' `[transformer_files]`), written here in each real layout from the tiny presets' architectures:
+TurboDiffusion's .pth (original Wan key names, proj_l, a Linear patch embedding), its -quant int8 files, diffusers-named
+safetensors, two experts; the weights-only rule (a pickle that would run code is refused and runs nothing); bad inputs
+(one line, exit 2, nothing written)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from conftest import noise_image, one_error_line, original_name
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from vsagen import transformer_files as tf
-from vsagen.cli import app
+from vsagen.models.sources import transformer_files as tf
+from vsagen.cli.app import app
 from vsagen.commands.generate_config import resolve_generate
 from vsagen.errors import BadInput
-from vsagen.presets import load_preset, preset_names
+from vsagen.models.presets import load_preset, preset_names
 
 runner = CliRunner()
 PROJ = "blocks.{i}.self_attn.attn_op.local_attn.proj_l"
@@ -319,7 +319,7 @@ def test_a_file_that_does_not_fit_is_refused_before_the_components_load(tmp_path
     (tmp_path / "cut.pth").write_bytes(b"PK\x03\x04" + os.urandom(100))
     save_file({**source_state(), "blocks.0.attn1.to_zz.weight": torch.zeros(2)}, str(tmp_path / "extra.safetensors"))
     save_file(source_state("tiny-ti2v"), str(tmp_path / "ti2v.safetensors"))  # another architecture
-    monkeypatch.setattr("vsagen.loading._from_pretrained",
+    monkeypatch.setattr("vsagen.models.loading._from_pretrained",
                         lambda *a, **k: pytest.fail("the components loaded before the file was checked"))
     for name, match in (("str.pth", "not a flat state dict"), ("cut.pth", "damaged"),
                         ("extra.safetensors", "does not have, e.g. blocks.0.attn1.to_zz.weight"),
@@ -389,7 +389,7 @@ def test_turbo_presets_parse():
 
 
 def test_turbo_presets_never_describe_their_base_checkpoint():
-    from vsagen.models import resolve_model
+    from vsagen.models.sources import resolve_model
 
     assert resolve_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers").preset.name == "wan2.1-t2v-1.3b"
     assert resolve_model("Wan-AI/Wan2.2-I2V-A14B-Diffusers").preset.name == "wan2.2-i2v-a14b"
@@ -414,8 +414,8 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
 
     import huggingface_hub
 
-    from vsagen import loading
-    from vsagen.models import ModelSource
+    from vsagen.models.sources import loading
+    from vsagen.models.sources import ModelSource
 
     src = source_state()
     turbo_file(tmp_path / "TurboWan2.1-T2V-1.3B-480P.pth", src)
@@ -446,7 +446,7 @@ def test_a_turbo_preset_without_a_network_fails_at_once_naming_every_file(tmp_pa
     import time
 
     from vsagen.errors import ModelNotFound
-    from vsagen.transformer_files import hub_files
+    from vsagen.models.transformer_files import hub_files
 
     import huggingface_hub.constants
 

@@ -37,7 +37,7 @@ def test_auto_in_a_list_says_the_list_takes_backend_names(args, tmp_path, monkey
     from conftest import one_error_line
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
@@ -91,7 +91,7 @@ def test_a_file_from_the_preset_is_a_note(tmp_path):
 def test_a_tile_other_than_the_trained_one_is_a_note(tmp_path):
     """Issue 33: FastWan's gates were trained on 4x4x4 cubes (its preset's [attention.*] tables say so); a run with
     another tile says so and how to see what it costs, a run with the trained one says nothing (nothing loads)."""
-    from vsagen.models import resolve_model
+    from vsagen.models.sources import resolve_model
     from vsagen.request.options import request_options
     from vsagen.request.resolve import SEVERAL, resolve
 
@@ -125,7 +125,7 @@ def test_a_tile_other_than_the_trained_one_is_a_note(tmp_path):
 def test_tile_fit_crop_rounds_to_the_covering_tile_of_the_run(attn, several, crop_tile, grid):
     """`--tile-fit crop` rounds the tiny preset's 5x6x10 grid (17 x 96 x 160) up to multiples of the cube covering
     every backend's tile, one plan for every backend of a compare; `partial` keeps the grid (nothing loads)."""
-    from vsagen.models import resolve_model
+    from vsagen.models.sources import resolve_model
     from vsagen.request.options import request_options
     from vsagen.request.resolve import ONE, SEVERAL, resolve
 

@@ -12,9 +12,9 @@ from conftest import one_error_line
 from PIL import Image
 from typer.testing import CliRunner
 
-from vsagen.cache import NO_CACHE
-from vsagen.cache_hooks import save_ratios
-from vsagen.cli import app
+from vsagen.cache.cache_spec import NO_CACHE
+from vsagen.cache.install import save_ratios
+from vsagen.cli.app import app
 from vsagen.errors import BadInput
 from vsagen.request.caching import default_mag_file, resolve_caches
 from vsagen.request.sampling import SamplerPlan
@@ -193,7 +193,7 @@ def test_bad_cache_is_one_line_before_loading(vsagen_cache, tmp_path, monkeypatc
 def test_t2v_json_counts_equal_an_independent_counter(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
     """first-block at a threshold that reuses every forward after the first step: the JSON's computed / reused
     counts equal the forwards the tail block computed (a hook on its q projection) and those it did not."""
-    import vsagen.cache_hooks as hooks
+    import vsagen.cache.install as hooks
 
     seen = {"forwards": 0, "tail": 0}
     original = hooks.install_cache

@@ -12,7 +12,7 @@ from conftest import one_error_line
 from PIL import Image
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.errors import BadInput
 from vsagen.request.options import (FLAGS, GROUPS, MAX_FPS, AttentionOptions, Device, Dtype, ModelOptions, Offload,
                                     OutputOptions, PlacementOptions, RequestOptions, SamplingOptions, TileFit,
@@ -86,11 +86,11 @@ def test_a_command_of_one_tile_fit_refuses_a_list(vsagen_cache, tmp_path, monkey
 
 
 def test_the_command_line_declares_each_shared_option_once():
-    """Every flag routed to a group is declared in one place (`vsagen.cli_options.SHARED`) and every field of every
-    group has its keyword, so no command can take an option another command validates differently."""
+    """Every flag routed to a group is declared in one place (`vsagen.cli.shared_options.SHARED`) and every field of
+    every group has its keyword, so no command can take an option another command validates differently."""
     from dataclasses import fields
 
-    from vsagen.cli_options import COMPARE, GENERATE, PROFILE, SEARCH, SHARED
+    from vsagen.cli.shared_options import COMPARE, GENERATE, PROFILE, SEARCH, SHARED
 
     assert set(SHARED) == set(FLAGS) - {"fused_blocks"}  # fused_blocks: from the environment, once per command
     routed = {(g, f) for g, f in FLAGS.values()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.models import resolve_model
+from vsagen.models.sources import resolve_model
 from vsagen.request.options import request_options
 from vsagen.request.resolve import resolve
 from vsagen.request.sampling import parse_sampler, plan_sampler, split_sampler_list

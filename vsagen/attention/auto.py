@@ -83,7 +83,7 @@ def unused_weights_note(files: Sequence[tuple[str, Sequence[str] | None]], chose
     uses them, or the files hold none.
 
     Args:
-        files: [(file name, its keys, or None when unread)] (`vsagen.transformer_files.auto_evidence`).
+        files: [(file name, its keys, or None when unread)] (`vsagen.models.transformer_files.auto_evidence`).
         chosen: the backend names the run (or each run of a list) uses.
     """
     from .weights import matches_layer_weights
@@ -105,7 +105,8 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
     """The backend `--attn auto` runs, and the run's note saying why and what the alternative is.
 
     Args:
-        kind, location: the model source (`vsagen.models.ModelSource`: "tiny", "dir" or "hub", and its path or id).
+        kind, location: the model source (`vsagen.models.sources.ModelSource`: "tiny", "dir" or "hub", and its path or
+            id).
         random_weights: `--random-weights` (no trained weights of any kind).
         device: "cuda" or "cpu" (the note says that on the CPU the sparse backends run slow torch references).
         trained_for: (backend, model name) of a published checkpoint whose preset names the backend its authors

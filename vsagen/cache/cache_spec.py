@@ -3,7 +3,7 @@
 A `CacheSpec` is a cache name plus an instance of its frozen `Options` dataclass, validated when it is built (one
 `BadInput` line). The caches are diffusers' hooks (`../shared/REFERENCE.md`, "Caching hooks"), which act per
 transformer block or module and never touch the attention processor, so they compose with every `--attn` backend
-(`vsagen.cache_hooks` installs them on every expert, after vsagen's attention patch):
+(`vsagen.cache.install` installs them on every expert, after vsagen's attention patch):
 
 * `none`: no cache (every DiT forward computed).
 * `first-block` (diffusers `FirstBlockCacheConfig`): blocks[0] always runs; when the relative mean change of its
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .attention.backend_options import option_names, options_dict
-from .attention.spec import convert_option, format_option, no_option, option_pairs, text_options
-from .errors import BadInput
+from ..attention.backend_options import option_names, options_dict
+from ..attention.spec import convert_option, format_option, no_option, option_pairs, text_options
+from ..errors import BadInput
 
 # TaylorSeer's modules on a Wan transformer (regexes, `re.fullmatch` on the module names): the self-attention, the
 # cross-attention and the FFN of every block, the features the TaylorSeer paper predicts.

@@ -1,5 +1,5 @@
-"""Install a `vsagen.cache.CacheSpec` on a pipeline's transformers through diffusers' `enable_cache`, count what it
-did, and read MagCache's calibration.
+"""Install a `vsagen.cache.cache_spec.CacheSpec` on a pipeline's transformers through diffusers' `enable_cache`, count
+what it did, and read MagCache's calibration.
 
 `install_cache(transformers, spec, timer, ...)` runs `transformer.enable_cache(config)` on every expert (after
 vsagen's attention patch: the torch hooks vsagen puts on a transformer and on `blocks[0]` run around the forward
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .cache import WAN_TAYLORSEER_MODULES, CacheSpec
-from .errors import BadInput
-from .timing import Timer
+from ..errors import BadInput
+from ..timing import Timer
+from .cache_spec import WAN_TAYLORSEER_MODULES, CacheSpec
 
 # diffusers' hook names (diffusers.hooks.first_block_cache / mag_cache / taylorseer_cache)
 HEAD_HOOKS = {"first-block": "fbc_leader_block_hook", "mag": "mag_cache_leader_block_hook"}

@@ -1,7 +1,7 @@
 """The `vsagen` command line (Typer app only: parse, call the library, render).
 
 Library errors (`VsagenError`) become one line on stderr and exit code 2 (bad input) or 1 (failure while
-running); tracebacks appear only with --verbose (`vsagen.cli_run`). Heavy imports (torch, diffusers) happen inside
+running); tracebacks appear only with --verbose (`vsagen.cli.running`). Heavy imports (torch, diffusers) happen inside
 commands. Under a torchrun launch (`--ulysses`, `--cfg-parallel`) rank 0 prints; the other ranks print an error only
 if rank 0 did not fail too.
 """
@@ -16,13 +16,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from .cli_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                          OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser)
-from .cli_run import (err, ran_in_workers, request_command, run_guarded, single_process,
+from ..interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
+from ..interrupts import as_interrupt as _sigterm_as_interrupt
+from ..request.options import ImageFit, ReportFormat, RequestOptions
+from .running import (err, ran_in_workers, request_command, run_guarded, single_process,
                       torchrun_launch_or_exit)
-from .interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
-from .interrupts import as_interrupt as _sigterm_as_interrupt
-from .request.options import ImageFit, ReportFormat, RequestOptions
+from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
+                             OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser)
 
 app = typer.Typer(
     name="vsagen",
@@ -38,7 +38,7 @@ app = typer.Typer(
 
 def _show_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from .. import __version__
 
         typer.echo(f"vsagen {__version__}")
         raise typer.Exit(0)
@@ -58,15 +58,15 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
     writer = launch is None or launch.writer
 
     def run() -> None:
-        from .commands.generate_config import resolve_run
-        from .loading import prepare_model_files
-        from .parallel import launch as parallel
+        from ..commands.generate_config import resolve_run
+        from ..models.loading import prepare_model_files
+        from ..parallel import launch as parallel
 
         cfg = resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)
         if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
-        from .commands.generate import generate
+        from ..commands.generate import generate
         from .terminal import print_table, stderr_log, stdout_console
 
         say = stderr_log("COLUMNS" in os.environ)  # notes wrapped between words on a terminal (or with COLUMNS)
@@ -203,9 +203,9 @@ def profile(
     writer = launch is None or launch.writer
 
     def run() -> None:
-        from .commands.profile_config import resolve_profile_options
-        from .loading import prepare_model_files
-        from .parallel import launch as parallel
+        from ..commands.profile_config import resolve_profile_options
+        from ..models.loading import prepare_model_files
+        from ..parallel import launch as parallel
         from .terminal import stderr_log
 
         cfg = resolve_profile_options(options, prompt=prompt, fmt=fmt, plot=plot, stock=stock, kernels=kernels)
@@ -214,8 +214,8 @@ def profile(
         parallel.check_launch(cfg.ulysses, launch, "profile", cfg.cfg_parallel)
         say = stderr_log("COLUMNS" in os.environ)
         log = lambda m: writer and say(m)  # noqa: E731
-        from .commands.profile import profile_dit, profile_kernels
-        from .commands.profile_render import render, write_plot
+        from ..commands.profile import profile_dit, profile_kernels
+        from ..commands.profile_render import render, write_plot
 
         # SIGTERM / SIGHUP as Ctrl-C: no partial report or plot
         with parallel.joined(launch, cfg, lambda: prepare_model_files(cfg)), _sigterm_as_interrupt():
@@ -232,7 +232,7 @@ def profile(
                 write_plot(report, cfg.plot, overwrite=cfg.overwrite)
                 log(f"plot: {cfg.plot}")
             if cfg.out is not None:
-                from .video import write_text
+                from ..media.video import write_text
 
                 write_text(text, cfg.out, overwrite=cfg.overwrite)
                 log(f"report: {cfg.out}")
@@ -277,11 +277,11 @@ def compare(
     video, a labelled side-by-side video, a plot, a JSON and a CSV into --out, once every run has run."""
 
     def run() -> None:
-        from .commands.compare_config import resolve_compare_options
+        from ..commands.compare_config import resolve_compare_options
         from .terminal import print_table, stderr_log, stdout_console
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
-        from .commands.compare import compare as run_compare
+        from ..commands.compare import compare as run_compare
 
         say = stderr_log("COLUMNS" in os.environ)
         said: set[str] = set()
@@ -295,7 +295,7 @@ def compare(
         if json_out:
             sys.stdout.write(json.dumps(report.to_dict(), allow_nan=False) + "\n")
             return
-        from .commands.compare_render import rich_table
+        from ..commands.compare_render import rich_table
 
         # the terminal's width (COLUMNS where set): cells wrap between words, no digit is cut; to a pipe or a file
         # profile's width (200), the files line whole
@@ -339,7 +339,7 @@ def search(
     averaged over steps, CFG passes and prompts (scale-free, unlike the paper's raw MSE). No video is decoded; the
     file is written only when the search ends (an interrupted search writes nothing)."""
     def run() -> None:
-        from .commands.search import resolve_search_options, search, summary_renderables
+        from ..commands.search import resolve_search_options, search, summary_renderables
         from .terminal import print_table, stderr_log, stdout_console, wrap_line
 
         cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
@@ -384,7 +384,7 @@ def main() -> None:
     Typer may vendor its own copy of click, so click's exceptions are recognised by their interface
     (`format_message`, `exit_code`) rather than by class.
     """
-    from .interrupts import process
+    from ..interrupts import process
 
     try:
         with process():  # once a command's files are in place, a late Ctrl-C / SIGTERM no longer changes its exit

@@ -14,8 +14,8 @@ def print_presets() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
-    from .request.sampling import parse_sampler
+    from ..models.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
+    from ..request.sampling import parse_sampler
 
     # height x width, as the run titles' frames x height x width (and --height, --width) order them; a few-step
     # sampler's steps are its sigma list's (CFG off); "attn": the backend a published sparse checkpoint was
@@ -89,9 +89,9 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
 
     from rich.console import Console
 
-    from .attention.auto import auto_picks, auto_rule
-    from .attention.registry import backend_facts, backend_names, summary_of, uses_sparsity
-    from .attention.spec import FLAG_OPTIONS, impls_of, option_help, python_options
+    from ..attention.auto import auto_picks, auto_rule
+    from ..attention.registry import backend_facts, backend_names, summary_of, uses_sparsity
+    from ..attention.spec import FLAG_OPTIONS, impls_of, option_help, python_options
 
     width = max(40, Console().width)  # the terminal's (COLUMNS where set)
 
@@ -141,7 +141,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
 
 def preset_tables() -> dict[str, dict[str, dict[str, Any]]]:
     """Every bundled preset's `[attention.<backend>]` option defaults, by preset name."""
-    from .presets import load_preset, preset_names
+    from ..models.presets import load_preset, preset_names
 
     return {name: load_preset(name).defaults.attention for name in preset_names()}
 

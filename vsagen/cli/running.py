@@ -1,5 +1,5 @@
 """How a `vsagen` command runs: its errors as one line and an exit code, torchrun launches and `--gpus` workers, and
-the decorator that gives a Typer command the shared request options (interface layer, beside `vsagen.cli`).
+the decorator that gives a Typer command the shared request options (interface layer, beside `vsagen.cli.app`).
 
 Library errors (`VsagenError`) become one line on stderr and exit code 2 (bad input) or 1 (failure while running);
 tracebacks appear only with --verbose. The environment (torchrun's variables, `VSAGEN_FUSED_BLOCKS`) is read here,
@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import typer
 
-from .cli_options import SHARED
-from .errors import VsagenError
-from .request.options import RequestOptions
+from ..errors import VsagenError
+from ..request.options import RequestOptions
+from .shared_options import SHARED
 
 
 def env_switch(name: str, default: bool) -> bool:
@@ -117,8 +117,8 @@ def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
 def torchrun_launch_or_exit():
     """torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) as a `Launch`, or None outside a launcher; read here,
     at the command-line boundary. Malformed: one error line, exit 2."""
-    from .errors import BadInput
-    from .parallel.launch import torchrun_launch
+    from ..errors import BadInput
+    from ..parallel.launch import torchrun_launch
 
     try:
         return torchrun_launch(os.environ)
@@ -132,8 +132,8 @@ def single_process(run):
     every rank would run and write the same files."""
 
     def guarded() -> None:
-        from .errors import BadInput
-        from .parallel.launch import torchrun_launch
+        from ..errors import BadInput
+        from ..parallel.launch import torchrun_launch
 
         launch = torchrun_launch(os.environ)
         if launch is not None and launch.world_size > 1:
@@ -146,7 +146,7 @@ def single_process(run):
 
 def request_command(keywords: tuple[str, ...], **overrides: tuple[Any, Any]) -> Callable[[Callable], Callable]:
     """Decorator of a Typer command that runs a Wan pipeline: add the shared options `keywords` to its signature
-    (declared once in `vsagen.cli_options.SHARED`; `overrides` gives a command its own declaration and default of
+    (declared once in `vsagen.cli.shared_options.SHARED`; `overrides` gives a command its own declaration and default of
     one, e.g. profile's `--steps`), and call it with one `options=RequestOptions` built from them
     (`vsagen.request.options.request_options`: each group checks its values; a bad one is one error line, exit 2).
     The run's `fused_blocks` setting comes from the environment (`FUSED_BLOCKS_ENV`), read here once per command."""
@@ -164,7 +164,7 @@ def request_command(keywords: tuple[str, ...], **overrides: tuple[Any, Any]) -> 
             built: list[RequestOptions] = []
 
             def build() -> None:
-                from .request.options import request_options
+                from ..request.options import request_options
 
                 built.append(request_options(**flags, fused_blocks=env_switch(FUSED_BLOCKS_ENV, True)))
 
@@ -187,9 +187,9 @@ def ran_in_workers(cfg: Any, launch: Any, verbose: bool) -> bool:
     runs the command (one process, or a worker of a launch)."""
     if launch is not None or (cfg.gpus or 1) < 2:
         return False
-    from .cli_options import command_line
-    from .loading import prepare_model_files
-    from .parallel.spawn import run_workers
+    from ..models.loading import prepare_model_files
+    from ..parallel.spawn import run_workers
+    from .shared_options import command_line
 
     code = run_workers(command_line(), cfg.gpus, prepare=lambda: prepare_model_files(cfg), verbose=verbose, err=err)
     if code:

@@ -1,6 +1,6 @@
 """The command-line options the `vsagen` commands share: one typed declaration (type, default handling, help text)
 each, so `t2v`, `i2v`, `profile`, `compare` and `search` describe an option the same way, and `SHARED`: each shared
-option's declaration and default by its keyword (`vsagen.request.options.FLAGS`), from which `vsagen.cli` adds the
+option's declaration and default by its keyword (`vsagen.request.options.FLAGS`), from which `vsagen.cli.app` adds the
 options a command takes to its signature. Choices are the request layer's `str` Enums, parsed with the request's
 own message. Nothing heavy is imported here (the command line answers before torch loads)."""
 
@@ -14,8 +14,8 @@ from typing import Annotated, Any, Callable, Iterable, Optional
 import typer
 from typer.core import TyperGroup
 
-from .models import DEFAULT_MODEL
-from .request.options import Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
+from ..models.sources import DEFAULT_MODEL
+from ..request.options import Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
 
 
 def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:

@@ -17,7 +17,7 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
   the seconds per video (runs of different step counts or CFG compare as videos; with one sampler the ratio is the
   per-step one), measured as `vsagen profile` measures them (the "dit" regions of the timed steps; warm-up untimed);
   its sampler, steps, CFG scale and DiT forwards;
-* PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.metrics`),
+* PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.media.metrics`),
   and the relative L2 distance of the final latents;
 * the attention error: at the steps `error_steps` (default the first, middle and last of each run's own steps),
   every self-attention call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per
@@ -29,7 +29,7 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
 Outputs go to one folder (`--out`, default `vsagen-<model>-compare-seed<seed>/`): each run's mp4, a side-by-side
 mp4 with each panel labelled, the plot (speed-up against PSNR; attention error per layer; needs matplotlib),
 `compare.json` and `compare.csv`. Nothing is written before every run has finished; the files are one set
-(`vsagen.video.Outputs`): each written to a temporary file, then all moved into place together, so an interrupted
+(`vsagen.media.video.Outputs`): each written to a temporary file, then all moved into place together, so an interrupted
 (Ctrl-C, SIGTERM) or failed write leaves none of them. Text-to-video models only. Renderings (table, csv, plot,
 side-by-side video) are in `vsagen.commands.compare_render`.
 """
@@ -44,16 +44,16 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from ..attention.base import BackendWrapper
-from ..cache import CacheCounts, cache_counts
+from ..cache.cache_spec import CacheCounts, cache_counts
+from ..decode.decoder_choice import vae_summary
 from ..errors import BadInput
-from ..metrics import json_number, pooled_rel_l2, psnr_db, ssim
-from ..light_vae_attach import vae_summary
+from ..media.metrics import json_number, pooled_rel_l2, psnr_db, ssim
 from .compare_config import CompareConfig
 
 PROBE_REGION = "compare_probe"
 # The regions a probe call runs inside (besides "total" and "denoise", which compare does not report).
 PROBE_ENCLOSED_BY = ("dit", "attn1", "self_attention")
-# A step cache's per-forward regions (`vsagen.cache_hooks`): each encloses the probe calls recorded since the last
+# A step cache's per-forward regions (`vsagen.cache.install`): each encloses the probe calls recorded since the last
 # one of them ended (a step may hold a computed and a reused forward).
 PROBE_ENCLOSED_BY_FORWARD = ("dit_computed", "dit_reused")
 
@@ -241,7 +241,7 @@ class CompareReport:
     load_s: float
     text_encode_s: float
     notes: list[str]
-    vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`light_vae_attach.vae_summary`)
+    vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`decoder_choice.vae_summary`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (no NaN or Infinity: PSNR +inf is "inf")."""
@@ -266,7 +266,7 @@ def _mean_max(per_layer: list[dict[str, Any]]) -> tuple[float | None, float | No
 
 def video_metrics(ref: Any, frames: Any) -> dict[str, Any]:
     """{"psnr_db", "psnr_per_frame_db", "ssim", "ssim_per_frame"} of (F, H, W, 3) uint8 `frames` against `ref`
-    (`vsagen.metrics`); the reference itself (the same array) gets +inf and 1 without computing."""
+    (`vsagen.media.metrics`); the reference itself (the same array) gets +inf and 1 without computing."""
     if frames is ref:
         n = len(ref)
         return {"psnr_db": math.inf, "psnr_per_frame_db": [math.inf] * n, "ssim": 1.0, "ssim_per_frame": [1.0] * n}
@@ -300,9 +300,9 @@ def _walk(plan: Any, warmup: int) -> str:
 @contextlib.contextmanager
 def flow_shift(pipe: Any, shift: float | None) -> Iterator[None]:
     """Within the block, the pipeline's scheduler (UniPC, loaded with the request's first flow shift by
-    `vsagen.loading`) runs at flow shift `shift`: a scheduler of its class from its config with that shift replaces it
-    for the block, and the loaded one comes back after; nothing changes for None (a re-noise sampler, whose sigmas
-    are used as given), the loaded shift, or a scheduler without a flow shift."""
+    `vsagen.models.loading`) runs at flow shift `shift`: a scheduler of its class from its config with that shift
+    replaces it for the block, and the loaded one comes back after; nothing changes for None (a re-noise sampler, whose
+    sigmas are used as given), the loaded shift, or a scheduler without a flow shift."""
     own = pipe.scheduler
     loaded = getattr(own.config, "flow_shift", None)
     if shift is None or loaded is None or loaded == shift:
@@ -340,8 +340,8 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
 
     from .. import __version__
     from ..bench import rel_l2
-    from ..loading import versions
     from ..estimate import cpu_time_estimate
+    from ..models.loading import versions
     from ..pipeline import Session, out_of_memory_as_failure, video_frames
     from ..timing import TimingReport
 
@@ -420,7 +420,7 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
 
 def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], *,
                   log: Callable[[str], None] = lambda m: None) -> None:
-    """Write every file of `cfg.files` as one set (`vsagen.video.Outputs`): each to a temporary file first, then
+    """Write every file of `cfg.files` as one set (`vsagen.media.video.Outputs`): each to a temporary file first, then
     all moved into place together; if one fails, or the write is interrupted (Ctrl-C, SIGTERM: held to a safe
     point), none is left, nor the folder if this call created it. Once all are in place, remove the files an
     earlier compare wrote into the folder (`stale_outputs`, read before the new compare.json replaces the old one)
@@ -435,9 +435,9 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     """
     import json
 
+    from ..media.sheet import save_sheet, sheet_title
+    from ..media.video import Outputs, encode_mp4, find_ffmpeg
     from . import compare_render
-    from ..sheet import save_sheet, sheet_title
-    from ..video import Outputs, encode_mp4, find_ffmpeg
 
     files = cfg.files
     stale = stale_outputs(cfg.out, files.values())

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ..attention.spec import BackendSpec
-from ..cache import NO_CACHE, CacheSpec
+from ..cache.cache_spec import NO_CACHE, CacheSpec
 from ..errors import BadInput
-from ..models import resolve_model
-from ..paths import check_folder, check_target, default_folder, sheet_path
+from ..media.paths import check_folder, check_target, default_folder, sheet_path
+from ..media.video import Encoding, check_encoder
+from ..models.sources import resolve_model
 from ..request.backends import split_attn_list
 from ..request.options import RequestOptions, request_options
 from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
 from ..request.sampling import SamplerPlan, split_sampler_list
-from ..video import Encoding, check_encoder
 
 DEFAULT_ATTN = "full,vsa"
 DEFAULT_ERROR_STEPS = "first,middle,last"

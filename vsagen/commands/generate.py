@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .generate_config import RunConfig
-from ..errors import BadInput, RunFailure
-from ..layout import tile_layout
-from ..light_vae_attach import vae_summary
 from ..architecture import experts
-from ..loading import versions
+from ..decode.decoder_choice import vae_summary
+from ..errors import BadInput, RunFailure
 from ..estimate import cpu_time_estimate
+from ..layout import tile_layout
+from ..models.loading import versions
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure
 from ..timing import TimingReport
+from .generate_config import RunConfig
 
 
 @dataclass
@@ -109,9 +109,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         ranks = gather_to_writer(mine.rank_row(dist.get_rank()))
     if not writer:
         return None
-    from .. import video
+    from ..media import video
 
-    from ..decode_stream import streams
+    from ..decode.stream import streams
 
     # a lightweight decoder (`--vae light`) streams by its temporal windows, where it decodes in windows
     log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})"
@@ -137,7 +137,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
         if cfg.sheet_out is not None:  # the contact sheet, published with the pair
-            from ..sheet import save_sheet, sheet_title
+            from ..media.sheet import save_sheet, sheet_title
 
             title = sheet_title(cfg.model, cfg.backend.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
                                 cfg.seed, f"from {cfg.image.name}" if cfg.image is not None else "")
@@ -158,13 +158,13 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
 
 
 def _frame_chunks(pipe: Any, latents: Any, cfg: RunConfig) -> Iterator[Any]:
-    """The run's latents decoded as a stream of (f, H, W, 3) uint8 chunks (`vsagen.decode_stream`); a chunk of
+    """The run's latents decoded as a stream of (f, H, W, 3) uint8 chunks (`vsagen.decode.stream`); a chunk of
     another height and width than the request's is a RunFailure. Each chunk is decoded under inference mode entered
     and left around that step alone: a context held across a `yield` would stay on in the caller's thread while the
     generator waits (and for good, were it left unfinished by an interrupt)."""
     import torch
 
-    from ..decode_stream import decode_chunks, frames_u8
+    from ..decode.stream import decode_chunks, frames_u8
 
     chunks = decode_chunks(pipe.vae, latents)
     try:

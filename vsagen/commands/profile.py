@@ -46,11 +46,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..attention.full import FullAttention
-from ..cache import NO_CACHE, CacheCounts, cache_counts
-from ..presets import LAST_IMAGE_REQUIRED
-from .profile_config import ProfileConfig
-from ..timing import TimingReport, rank_stats
+from ..cache.cache_spec import NO_CACHE, CacheCounts, cache_counts
 from ..errors import BadInput
+from ..models.presets import LAST_IMAGE_REQUIRED
+from ..timing import TimingReport, rank_stats
+from .profile_config import ProfileConfig
 
 STOCK = "diffusers-sdpa"
 TILE_ORDER_FULL = "full+tile-order"
@@ -300,9 +300,9 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from .. import __version__
-    from ..loading import torch_dtype, versions
-    from ..estimate import cpu_time_estimate
     from ..compiling import fused_blocks_note
+    from ..estimate import cpu_time_estimate
+    from ..models.loading import torch_dtype, versions
     from ..pipeline import Conditioning, Session
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
@@ -513,8 +513,8 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
 
     from .. import __version__
     from ..bench import AttentionShape, time_attention, timed_layers
-    from ..loading import torch_dtype, versions
-    from ..models import transformer_configs
+    from ..models.loading import torch_dtype, versions
+    from ..models.sources import transformer_configs
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]

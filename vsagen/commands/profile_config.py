@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ..attention.registry import backend_facts, named_weights_file
-from ..cache import parse_cache_list
+from ..cache.cache_spec import parse_cache_list
 from ..errors import BadInput
-from ..models import attention_dims, resolve_model
-from ..paths import check_folder, check_target
-from ..presets import LAST_IMAGE_REQUIRED
+from ..media.paths import check_folder, check_target
+from ..models.presets import LAST_IMAGE_REQUIRED
+from ..models.sources import attention_dims, resolve_model
 from ..request.backends import split_attn_list
 from ..request.options import Offload, ReportFormat, RequestOptions, VaeTiling, request_options
 from ..request.resolve import SEVERAL, Request, check_last_frame, request_fields, resolve

@@ -1,6 +1,7 @@
-"""Hummingbird-XT's lightweight decoder (`vsagen.light_vae`) in a pipeline: attached to the stock Wan2.2 VAE (which
-keeps encoding and its config: latents mean / std, z_dim, scale factors), its decode as a stream of temporal windows
-for `vsagen.decode_stream`, and the run's choice of decoder (`--vae auto|light|stock`, the preset's `[light_vae]`).
+"""Hummingbird-XT's lightweight decoder (`vsagen.decode.light_decoder`) in a pipeline: attached to the stock Wan2.2 VAE
+(which keeps encoding and its config: latents mean / std, z_dim, scale factors), its decode as a stream of temporal
+windows for `vsagen.decode.stream`, and the run's choice of decoder (`--vae auto|light|stock`, the preset's
+`[light_vae]`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from typing import Any, Iterator
 
 import torch
 
-from .errors import BadInput
-from .light_vae import CONFIG_NAME, WEIGHTS_NAME, LightVaeConfig, LightVaeDecoder, read_folder, save_folder
+from ..errors import BadInput
+from .light_decoder import CONFIG_NAME, WEIGHTS_NAME, LightVaeConfig, LightVaeDecoder, read_folder, save_folder
 
 # ---- attaching it to a pipeline's VAE ------------------------------------------------------------------------------
 
@@ -145,7 +146,7 @@ def choose_decoder(cfg: Any, vae: Any, notes: list[str]) -> None:
 def _folder(cfg: Any, spec: Any) -> Path | None:
     """The light decoder's folder for a loaded model: a local folder's or the tiny checkpoint's subfolder (a tiny one
     written first with seeded random weights), a hub repository's downloaded (None when it cannot be)."""
-    from .tiny import TINY_SEED, cache_dir
+    from ..models.tiny import TINY_SEED, cache_dir
 
     src = cfg.source
     if src.kind == "tiny":

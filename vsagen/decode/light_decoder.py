@@ -36,7 +36,7 @@ What it is:
 Not supported here (refused in one line): `timestep_conditioning` and `decoder_inject_noise` (their decode passes no
 timestep; noise injection draws fresh noise). The training-time `aligned_feature_projection_*` heads are not part of
 the decoder and are ignored. vsagen keeps the stock Wan2.2 VAE for encoding (image conditioning) and its config
-(latents mean / std, z_dim, scale factors), and routes its `decode` here (`vsagen.light_vae_attach`).
+(latents mean / std, z_dim, scale factors), and routes its `decode` here (`vsagen.decode.decoder_choice`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import BadInput
+from ..errors import BadInput
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
 CONFIG_NAME = "config.json"
@@ -343,7 +343,7 @@ class LightVaeDecoder(nn.Module):
     @torch.no_grad()
     def decode_chunks(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
         """`decode` as a stream: with temporal windows, each window's final frames as soon as it is decoded and
-        blended (`vsagen.decode_stream`), else the whole decode as one chunk; concatenated, `decode`'s frames."""
+        blended (`vsagen.decode.stream`), else the whole decode as one chunk; concatenated, `decode`'s frames."""
         t_min = self.tile_sample_min_num_frames // self.config.temporal_ratio
         if self.use_framewise_decoding and z.shape[2] > t_min:
             yield from self._temporal_tiled(z)
@@ -425,7 +425,7 @@ def read_folder(folder: Path, where: str) -> LightVaeDecoder:
     """
     from safetensors.torch import load_file
 
-    from .checkpoint_layouts import safetensors_problem
+    from ..models.checkpoint_layouts import safetensors_problem
 
     config_file, weights = folder / CONFIG_NAME, folder / WEIGHTS_NAME
     for f in (config_file, weights):

@@ -12,10 +12,10 @@ video frames on as soon as they exist, instead of concatenating them:
   every spatial tile, each tile with its own feature cache, then that frame's tiles blended (`blend_v` / `blend_h`,
   which mix along height and width only) and cropped as diffusers does.
 
-Concatenated, the chunks equal `vae.decode` bit for bit (tests: every tiny family, tiled and untiled, odd frame
-counts). Hummingbird-XT's lightweight decoder (`vsagen.light_vae`, attached to the stock VAE) streams window by
-window (`LightVaeDecoder.decode_chunks`). Any other VAE, or one whose `decode` was routed elsewhere, is decoded
-whole by its own `decode` and given as one chunk.
+Concatenated, the chunks equal `vae.decode` bit for bit (tests: every tiny family, tiled and untiled, odd frame counts).
+Hummingbird-XT's lightweight decoder (`vsagen.decode.light_decoder`, attached to the stock VAE) streams window by window
+(`LightVaeDecoder.decode_chunks`). Any other VAE, or one whose `decode` was routed elsewhere, is decoded whole by its
+own `decode` and given as one chunk.
 
 `frames_u8` turns a chunk into the mp4's uint8 frames on the chunk's device (the pipeline's video processor, then
 the rounding of `video.to_uint8_frames`), so only uint8 crosses to the host.
@@ -39,11 +39,11 @@ def unnormalized(vae: Any, latents: Any) -> Any:
 
 def streams(vae: Any) -> bool:
     """Whether `decode_chunks` decodes `vae` in pieces: diffusers' AutoencoderKLWan exactly, its `decode` its own
-    (latent frame by latent frame) or routed to a lightweight decoder (`light_vae_attach.attach`: window by window when that
-    decoder decodes in temporal windows, as Hummingbird-XT's does)."""
+    (latent frame by latent frame) or routed to a lightweight decoder (`decoder_choice.attach`: window by window when
+    that decoder decodes in temporal windows, as Hummingbird-XT's does)."""
     from diffusers import AutoencoderKLWan
 
-    from .light_vae_attach import uses_light_decoder
+    from .decoder_choice import uses_light_decoder
 
     if type(vae) is not AutoencoderKLWan:
         return False
@@ -63,7 +63,7 @@ def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:
     if hook is not None and hasattr(hook, "pre_forward"):
         hook.pre_forward(vae)
     z = unnormalized(vae, latents)
-    from .light_vae_attach import light_decode_chunks, uses_light_decoder
+    from .decoder_choice import light_decode_chunks, uses_light_decoder
 
     if uses_light_decoder(vae):
         yield from light_decode_chunks(vae, z)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from ..errors import BadInput
 
 FITS = ("crop", "resize")
 FORMATS = ("PNG", "JPEG", "WEBP")
@@ -184,7 +184,7 @@ def synthetic_image(height: int, width: int, seed: int = 0):
 @dataclass(frozen=True)
 class Conditioning:
     """The picture(s) an image-to-video run starts from (and, first/last-frame models, ends at): PIL images,
-    brought to the request's height x width by `fit` ("crop" | "resize", `vsagen.image.fit_image`; None: already
+    brought to the request's height x width by `fit` ("crop" | "resize", `vsagen.media.image.fit_image`; None: already
     that size)."""
 
     image: Any
@@ -202,7 +202,7 @@ class Conditioning:
 
     @classmethod
     def synthetic(cls, height: int, width: int, seed: int, last: bool) -> "Conditioning":
-        """Seeded test pictures of the requested size (`vsagen.image.synthetic_image`; seed + 1 for the last
+        """Seeded test pictures of the requested size (`vsagen.media.image.synthetic_image`; seed + 1 for the last
         frame), for timing image-to-video models: the DiT's cost does not depend on the picture."""
         return cls(synthetic_image(height, width, seed),
                    synthetic_image(height, width, seed + 1) if last else None, None)

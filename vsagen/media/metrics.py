@@ -1,6 +1,6 @@
 """Fidelity metrics of one video against a reference video, and of one tensor against a reference tensor.
 
-Videos are (F, H, W, 3) uint8 frames, as written to the mp4 (`vsagen.video.to_uint8_frames`), so the metrics
+Videos are (F, H, W, 3) uint8 frames, as written to the mp4 (`vsagen.media.video.to_uint8_frames`), so the metrics
 describe what a user sees (after the VAE decode and the 8-bit rounding), not the latents.
 
 * PSNR (dB) = 10 log10(255^2 / MSE), MSE over every pixel and channel: per frame, and overall from the MSE of

@@ -1,5 +1,5 @@
 """Where a command's files go: output paths checked before anything runs (not a folder, not existing without
---overwrite, in a folder that takes new files) and the default output names. Writing them is `vsagen.video`'s."""
+--overwrite, in a folder that takes new files) and the default output names. Writing them is `vsagen.media.video`'s."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 
 
 def check_target(path: Path, overwrite: bool, flag: str) -> None:

@@ -192,8 +192,8 @@ def contact_sheet(frames: np.ndarray, fps: float, title: str, count: int = SHEET
 
 
 def save_sheet(frames: np.ndarray, path: Path, fps: float, title: str, count: int = SHEET_FRAMES) -> None:
-    """Write `contact_sheet(frames, fps, title, count)` to `path` as PNG, in place (for `vsagen.video.Outputs.add`,
-    which publishes it atomically with the run's other files)."""
+    """Write `contact_sheet(frames, fps, title, count)` to `path` as PNG, in place (for
+    `vsagen.media.video.Outputs.add`, which publishes it atomically with the run's other files)."""
     from PIL import Image
 
     Image.fromarray(contact_sheet(frames, fps, title, count)).save(path, format="PNG", optimize=True)

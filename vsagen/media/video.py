@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from . import interrupts
-from .errors import BadInput, RunFailure
+from .. import interrupts
+from ..errors import BadInput, RunFailure
 
 
 def to_uint8_frames(video: np.ndarray) -> np.ndarray:

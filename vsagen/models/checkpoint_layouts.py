@@ -11,8 +11,8 @@
   `load_original_transformer` converts it through diffusers' own single-file conversion
   (`convert_wan_transformer_to_diffusers`) into a `WanTransformer3DModel` of a preset's architecture. The text
   encoder, tokenizer, VAE and scheduler come from the stock diffusers checkpoint of that architecture
-  (`vsagen.loading`). Reading, checking and placing the tensors is `vsagen.transformer_files`' (shared with
-`--transformer FILE`).
+  (`vsagen.models.loading`). Reading, checking and placing the tensors is `vsagen.models.transformer_files`'
+  (shared with `--transformer FILE`).
 
 Everything here but `load_original_transformer` reads JSON and safetensors headers only.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from ..errors import BadInput
 from .presets import I2V_PIPELINE, T2V_PIPELINE, load_preset, preset_names, same_architecture
 
 STOCK_PIPELINES = (T2V_PIPELINE, I2V_PIPELINE)
@@ -69,7 +69,7 @@ def stock_pipeline_class(index: dict[str, Any], transformer: dict[str, Any]) -> 
     """The stock diffusers Wan class to build a checkpoint as, when its model_index.json names a class vsagen does not
     run: `WanImageToVideoPipeline` where the transformer takes an image (`takes_image_input`), else `WanPipeline`;
     None when the class is already a stock one, or the transformer is not diffusers' `WanTransformer3DModel` (then
-    the checkpoint is refused as before). Whether diffusers has the named class is `vsagen.loading`'s check."""
+    the checkpoint is refused as before). Whether diffusers has the named class is `vsagen.models.loading`'s check."""
     cls = index.get("_class_name")
     if (not isinstance(cls, str) or not cls.strip().isidentifier() or cls in STOCK_PIPELINES
             or list(index.get("transformer") or []) != WAN_TRANSFORMER):
@@ -236,7 +236,7 @@ def preset_for_original(folder: OriginalFolder, model: str):
 
 def _read_weights(folder: OriginalFolder, allow_pickle: bool, model: str) -> dict[str, Any]:
     """The folder's tensors: safetensors, or pickle files (with `allow_pickle`) through the weights-only reader
-    (`vsagen.transformer_files.read_state_dict`)."""
+    (`vsagen.models.transformer_files.read_state_dict`)."""
     from .transformer_files import read_state_dict
 
     if folder.pickle and not allow_pickle:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
-from .architecture import experts
+from ..architecture import experts
+from ..errors import BadInput
+from ..request.resolve import Request, torch_dtype  # noqa: F401 - torch_dtype: the run's dtype, for its callers
 from .checkpoint_layouts import index_as_stock
-from .errors import BadInput
-from .models import PICKLE_SUFFIXES, model_not_loadable
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
+from .sources import PICKLE_SUFFIXES, model_not_loadable
 
 _ALLOWED_LIBRARIES = {"diffusers", "transformers"}
 
@@ -81,7 +81,7 @@ def _check_local_checkpoint(path: Path, allow_pickle: bool, pipeline: str = "Wan
     (`[null, null]`) are skipped. A text-image-to-video checkpoint (`ti2v`, saved as a WanPipeline) may be
     run as a WanImageToVideoPipeline. A class diffusers does not have, naming diffusers' WanTransformer3DModel
     (FastVideo's `WanDMDPipeline`), counts as the stock class its transformer calls for
-    (`vsagen.checkpoint_layouts.stock_pipeline_class`)."""
+    (`vsagen.models.checkpoint_layouts.stock_pipeline_class`)."""
     import diffusers
 
     index = json.loads((path / "model_index.json").read_text())
@@ -234,7 +234,7 @@ def prepare_model_files(cfg: Request) -> Path | None:
     (`vsagen.parallel.launch.start`): transformers' `save_pretrained` writes only on rank 0 of an initialized group.
 
     Raises:
-        BadInput: the cache folder is not writable (bad input, as `vsagen.tiny.check_tiny_cache` finds it before
+        BadInput: the cache folder is not writable (bad input, as `vsagen.models.tiny.check_tiny_cache` finds it before
             anything loads; here when it became so meanwhile).
     """
     tiny_components = cfg.source.layout == "wan" and not cfg.source.components  # the tiny preset's own checkpoint
@@ -252,12 +252,12 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
     see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
     image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's trained gates) are
-    attached before the weights are placed (`vsagen.backend_weights.attach_weights`).
+    attached before the weights are placed (`vsagen.models.pipeline_weights.attach_weights`).
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
         BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light
-            VAE decoder asked for and absent or damaged (`vsagen.light_vae_attach.choose_decoder`).
+            VAE decoder asked for and absent or damaged (`vsagen.decode.decoder_choice.choose_decoder`).
     """
     import torch
     from diffusers import UniPCMultistepScheduler
@@ -299,19 +299,19 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
             except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
                 weight_root = None
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
-    from .light_vae_attach import choose_decoder
+    from ..decode.decoder_choice import choose_decoder
 
     choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) decodes
     vae_dtype = resolve_vae_dtype(cfg.vae_dtype, preset, cfg.image_to_video)  # --vae-dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))
-    from .light_vae_attach import decode_channels_last
+    from ..decode.decoder_choice import decode_channels_last
 
     decode_channels_last(pipe.vae, cfg.device)  # bf16 on CUDA: the decode's Conv3d weights channels-last
     for _, t in experts(pipe):
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
-    from .backend_weights import attach_weights
+    from .pipeline_weights import attach_weights
 
     for backend in backends:
         attach_weights(model, backend)
@@ -340,12 +340,12 @@ def _model_index(kind: str, location: str) -> dict[str, Any]:
 
 
 def as_stock_pipeline(pipe: Any, index: dict[str, Any]) -> list[str]:
-    """Make a pipeline loaded from `index` (its model_index.json) run as diffusers' stock Wan pipeline of its
-    components would (`vsagen.checkpoint_layouts.index_as_stock`), and return the notes saying what differs: a foreign
-    class built as the stock one (diffusers' from_pretrained of a stock class loads the components whatever class
-    the index names), and per-token timesteps for a Wan2.2-TI2V-5B-architecture transformer whose index lacks
-    `expand_timesteps` (diffusers' from_pretrained defaults a key the index lacks to the constructor's false; the
-    pipeline reads `config.expand_timesteps` when called, so it is registered here)."""
+    """Make a pipeline loaded from `index` (its model_index.json) run as diffusers' stock Wan pipeline of its components
+    would (`vsagen.models.checkpoint_layouts.index_as_stock`), and return the notes saying what differs: a foreign class
+    built as the stock one (diffusers' from_pretrained of a stock class loads the components whatever class the index
+    names), and per-token timesteps for a Wan2.2-TI2V-5B-architecture transformer whose index lacks `expand_timesteps`
+    (diffusers' from_pretrained defaults a key the index lacks to the constructor's false; the pipeline reads
+    `config.expand_timesteps` when called, so it is registered here)."""
     stock, notes = index_as_stock(index, dict(pipe.transformer.config))
     if stock.get("expand_timesteps") and not pipe.config.expand_timesteps:
         pipe.register_to_config(expand_timesteps=True)
@@ -353,7 +353,7 @@ def as_stock_pipeline(pipe: Any, index: dict[str, Any]) -> list[str]:
 
 
 def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any:
-    """The pipeline of a transformer in the original Wan key names (`vsagen.checkpoint_layouts`): the transformer
+    """The pipeline of a transformer in the original Wan key names (`vsagen.models.checkpoint_layouts`): the transformer
     converted by diffusers' single-file conversion with its preset's architecture, the other components from the
     stock diffusers checkpoint of that architecture (`ModelSource.components`; the tiny preset's own checkpoint).
 
@@ -385,8 +385,8 @@ def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any
 
 def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:
     """The pipeline whose transformer(s) come from transformer-only files (`--transformer`, else the preset's
-    `[transformer_files]` downloaded: `vsagen.transformer_files`), the other components from `location` (the model's
-    checkpoint, loaded without its transformers); and the folder of the backend-owned tensors the files held
+    `[transformer_files]` downloaded: `vsagen.models.transformer_files`), the other components from `location` (the
+    model's checkpoint, loaded without its transformers); and the folder of the backend-owned tensors the files held
     (`LoadedModel.weight_root`), or None.
 
     Raises:
@@ -472,21 +472,21 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
                   transformer: str | os.PathLike | Sequence[str | os.PathLike] | None = None) -> Any:
     """A ready diffusers Wan pipeline, loaded as the `vsagen` commands load it, for `vsagen.apply`.
 
-    The model resolves as `--model` does (`vsagen.models.resolve_model`, then `vsagen.request.resolve.resolve`
+    The model resolves as `--model` does (`vsagen.models.sources.resolve_model`, then `vsagen.request.resolve.resolve`
     against its preset), and loads through `load_model`: a tiny preset's checkpoint is built offline into the vsagen
     cache on first use ($VSAGEN_CACHE, else ~/.cache/vsagen); only diffusers / transformers components and
     safetensors weights load; the scheduler is UniPC with the preset's flow shift; the VAE gets the preset's dtype
     (`resolve_vae_dtype` of "auto": bf16 where a real text-to-video model only decodes, float32 where the VAE also
     encodes an image, under a bf16 pipeline); the weights are placed on
     `device` (no offloading) and the VAE is not tiled (`pipe.vae.enable_tiling()` turns it on); a preset's lightweight
-    VAE decoder (hummingbird-xt's, where the folder holds it) decodes (`vsagen.light_vae`). torch's global
+    VAE decoder (hummingbird-xt's, where the folder holds it) decodes (`vsagen.decode.light_decoder`). torch's global
     random state is as it was before the call.
 
     Args:
-        model: a preset name ("tiny", "wan2.1-t2v-1.3b", ...; `vsagen presets` lists them), a local diffusers folder
-            or a folder holding a transformer in the original Wan key names (`vsagen.checkpoint_layouts`; a str or a
-            Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging
-            Face cache on first use).
+        model: a preset name ("tiny", "wan2.1-t2v-1.3b", ...; `vsagen presets` lists them), a local diffusers folder or
+            a folder holding a transformer in the original Wan key names (`vsagen.models.checkpoint_layouts`; a str or a
+            Path) or a hub id (a hub checkpoint, a real preset's included, downloads into the Hugging Face cache on
+            first use).
         device: "auto" (CUDA when available, else the CPU), "cuda" or "cpu".
         dtype: "auto" (bf16 on CUDA, fp32 on the CPU), "bf16", "fp16" or "fp32" (or torch.bfloat16, torch.float16,
             torch.float32): the transformers' and text encoder's dtype.
@@ -497,7 +497,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
             models, and text-image-to-video ones such as "tiny-ti2v"); False: a WanPipeline (text-to-video models).
         transformer: transformer-only weight files replacing the model's transformer(s) (`--transformer`: a path,
             "A,B" or a sequence, one per expert, high-noise first; .safetensors, or .pth read by torch's weights-only
-            loader only; `vsagen.transformer_files`); the other components load from `model`.
+            loader only; `vsagen.models.transformer_files`); the other components load from `model`.
 
     Returns:
         A `diffusers.WanPipeline` or `diffusers.WanImageToVideoPipeline` on `device` in eval mode, with stock
@@ -516,9 +516,9 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     """
     import torch
 
-    from .models import resolve_model
-    from .request.options import request_options
-    from .request.resolve import NONE, request_fields, resolve
+    from ..request.options import request_options
+    from ..request.resolve import NONE, request_fields, resolve
+    from .sources import resolve_model
 
     try:
         model = os.fspath(model) if isinstance(model, os.PathLike) else model

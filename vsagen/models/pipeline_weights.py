@@ -1,14 +1,14 @@
 """The weights an attention backend owns (VSA's trained gates, SLA's `proj_l`, ...) on a loaded pipeline: attached
 to every expert from the file the backend's options name or the checkpoint's `<root>/<expert>/` folder, checked up
 front for every backend of a command, and the run note that says how many layers got them
-(`vsagen.attention.weights` reads and fits the tensors). `model` is a `vsagen.loading.LoadedModel`.
+(`vsagen.attention.weights` reads and fits the tensors). `model` is a `vsagen.models.loading.LoadedModel`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .architecture import experts
+from ..architecture import experts
 
 
 def attach_weights(model: Any, backend: Any) -> int:
@@ -19,7 +19,7 @@ def attach_weights(model: Any, backend: Any) -> int:
         BadInput: a weights file that cannot be read or whose shapes do not fit the model (one line naming the
             first mismatch).
     """
-    from .attention.weights import attach_backend_weights
+    from ..attention.weights import attach_backend_weights
 
     n = sum(attach_backend_weights(t, backend, model.weight_root / name if model.weight_root is not None else None)
             for name, t in experts(model.pipe))
@@ -38,7 +38,7 @@ def check_backend_weights(model: Any, backends: Sequence[Any]) -> None:
     Raises:
         BadInput: a weights file that cannot be read or whose shapes do not fit (`attach_backend_weights`).
     """
-    from .attention.weights import attach_backend_weights
+    from ..attention.weights import attach_backend_weights
 
     for backend in backends:
         undo: list[Callable[[], None]] = []

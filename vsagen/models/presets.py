@@ -41,18 +41,18 @@ checkpoint class or its folder name, never as the fallback for a plain Wan check
 A hub preset whose repository stores the transformer in the original Wan key names (a VideoX-Fun "civitai" folder:
 config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transformer_layout = "wan"` and names the
 stock diffusers checkpoint of its architecture that supplies the other components, `components = "<hub id>"`
-(`transformer_subfolder`, optional: the folder inside the repository holding them; `vsagen.checkpoint_layouts`).
+(`transformer_subfolder`, optional: the folder inside the repository holding them; `vsagen.models.checkpoint_layouts`).
 
 A preset whose authors ship a lightweight VAE decoder (Hummingbird-XT's `AutoencoderKLTurboVAED`: a config.json +
-safetensors folder; `vsagen.light_vae`) says where it lives in a `[light_vae]` table: `subfolder` (inside the model's
-folder or hub repository), `default` (decode with it unless `--vae stock`; false: only with `--vae light`),
-`tile_frames` / `tile_stride` (its authors' temporal windows, 0: none) and `[light_vae.config]` (the decoder's
-config, for `--random-weights` and tiny builds; a real folder's config.json is what loads).
+safetensors folder; `vsagen.decode.light_decoder`) says where it lives in a `[light_vae]` table: `subfolder` (inside the
+model's folder or hub repository), `default` (decode with it unless `--vae stock`; false: only with `--vae light`),
+`tile_frames` / `tile_stride` (its authors' temporal windows, 0: none) and `[light_vae.config]` (the decoder's config,
+for `--random-weights` and tiny builds; a real folder's config.json is what loads).
 
 A preset whose authors publish the transformer alone as single files (TurboDiffusion's `.pth` state dicts) names them
 in a `[transformer_files]` table: `repo` (the hub repository) and `files` (one per expert, the high-noise expert
 first); `hub_id` is then the stock diffusers checkpoint of its architecture that supplies the other components
-(`vsagen.transformer_files`). Such a preset never describes a checkpoint of that architecture by itself.
+(`vsagen.models.transformer_files`). Such a preset never describes a checkpoint of that architecture by itself.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
-from .samplers import NAMED as NAMED_SAMPLERS
+from ..errors import BadInput
+from ..samplers import NAMED as NAMED_SAMPLERS
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def _check_keys(where: str, got: dict, allowed: set[str], required: set[str]) ->
 def _attention_tables(tables: Any, where: str) -> dict[str, dict[str, Any]]:
     """Check the `[attention.<backend>]` tables: each names a registered backend, and its keys and values are
     options that backend takes (validated by its Options dataclass)."""
-    from .attention.spec import make_options
+    from ..attention.spec import make_options
 
     if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
         raise BadInput(f"preset {where}: [attention] holds one table per backend, e.g. [attention.vsa]")
@@ -282,7 +282,7 @@ def _preset_paths(backend: str, table: dict[str, Any]) -> dict[str, Any]:
     preset's `[attention.sparse-vdit] patterns = "patterns/tiny.json"` names a file shipped beside it)."""
     import typing
 
-    from .attention.registry import REGISTRY
+    from ..attention.registry import REGISTRY
 
     facts = REGISTRY.get(backend)  # a class or its registry entry: the Options, without importing the backend
     if facts is None:
@@ -350,7 +350,7 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     if (transformer_2 is None) != (ratio is None):
         raise BadInput(f"preset {where}: transformer_2 and boundary_ratio go together (a two-expert pipeline "
                        "needs both; a one-expert pipeline neither)")
-    from .attention.registry import REGISTRY
+    from ..attention.registry import REGISTRY
 
     attn = data["defaults"].get("attn")
     if attn is not None and (not isinstance(attn, str) or REGISTRY.get(attn) is None):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadInput, ModelNotFound
 from .checkpoint_layouts import (PICKLE_SUFFIXES, index_as_stock, original_wan_folder, preset_for_original,
                                  safetensors_problem)
-from .errors import BadInput, ModelNotFound
 from .presets import (I2V_PIPELINE, Preset, last_image_use, load_preset, preset_for_hub_id,
                       preset_for_transformer_config, preset_names, same_architecture, same_family)
 
@@ -34,7 +34,7 @@ class ModelSource:
     rope_max_seq_len: int | None = None  # post-patch positions per grid axis the transformer's RoPE covers
     pipeline: str = ""  # diffusers pipeline class (a directory's model_index.json, else the preset's)
     last_image_use: str = ""  # a directory's own (`last_image_use` of its configs); "" for presets: the preset's
-    layout: str = "diffusers"  # "wan": the transformer is in the original Wan key names (`vsagen.checkpoint_layouts`)
+    layout: str = "diffusers"  # "wan": the transformer is in the original Wan key names (`checkpoint_layouts`)
     components: str = ""  # layout "wan": the diffusers hub id of the other components ("": the tiny preset's checkpoint)
     index_class: str = ""  # a directory's model_index.json class as written (e.g. FastVideo's WanDMDPipeline)
 
@@ -51,7 +51,7 @@ class ModelSource:
 
     @property
     def last_image(self) -> str:
-        """How the model uses a last frame (`--last-image`): a `vsagen.presets.LAST_IMAGE_*` value, from the
+        """How the model uses a last frame (`--last-image`): a `vsagen.models.presets.LAST_IMAGE_*` value, from the
         checkpoint's own configs for a directory, else from the preset."""
         return self.last_image_use or self.preset.last_image
 
@@ -132,9 +132,10 @@ def resolve_model(model: str) -> ModelSource:
 
 
 def _original_layout_source(path: Path, model: str) -> ModelSource:
-    """A folder without model_index.json: a transformer in the original Wan key names (`vsagen.checkpoint_layouts`)
-    gets the preset of its architecture, whose checkpoint supplies the other components (a `transformer_layout =
-    "wan"` preset's `components`, a stock preset's hub id, a tiny preset's own checkpoint)."""
+    """A folder without model_index.json: a transformer in the original Wan key names
+    (`vsagen.models.checkpoint_layouts`) gets the preset of its architecture, whose checkpoint supplies the other
+    components (a `transformer_layout = "wan"` preset's `components`, a stock preset's hub id, a tiny preset's own
+    checkpoint)."""
     folder = original_wan_folder(path, model)
     if folder is None:
         raise ModelNotFound(f"--model {model}: not a diffusers pipeline directory (no model_index.json) nor a "
@@ -159,7 +160,7 @@ def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:
     """A checkpoint directory's weights, checked before anything loads: every component of its model_index.json
     whose folder holds a model (a `config.json`) has weight files, every shard its `*.safetensors.index.json`
     names is there, and each safetensors file is whole (`safetensors_problem`: a download cut short, a damaged
-    disk). Pickle-only folders are `vsagen.loading`'s to refuse or allow (`--allow-pickle`).
+    disk). Pickle-only folders are `vsagen.models.loading`'s to refuse or allow (`--allow-pickle`).
 
     Raises:
         BadInput: one line naming the file or folder, what is wrong, and what to do (download it again).

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import BadInput
+from ..errors import BadInput
 from .presets import Preset
 
 TINY_SEED = 0
@@ -43,10 +43,10 @@ def cache_dir() -> Path:
 
 def tiny_checkpoint_problem(target: Path) -> str | None:
     """Why the saved tiny checkpoint `target` cannot be used, or None: not saved completely (no marker), or a weight
-    file damaged since (`vsagen.models.check_weight_files`: headers only)."""
+    file damaged since (`vsagen.models.sources.check_weight_files`: headers only)."""
     import json
 
-    from .models import check_weight_files
+    from .sources import check_weight_files
 
     if not (target / _MARKER).is_file():
         return "not built"
@@ -170,7 +170,7 @@ def ensure_tiny_checkpoint(preset: Preset, root: Path | None = None) -> Path:
 
     if dist.is_available() and dist.is_initialized():  # transformers would save the text encoder on rank 0 only
         raise RuntimeError("build the tiny checkpoint before torch.distributed's process group starts "
-                           "(vsagen.loading.prepare_model_files)")
+                           "(vsagen.models.loading.prepare_model_files)")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{preset.name}-", dir=root))
     try:

@@ -1,6 +1,6 @@
 """Transformer-only checkpoint files (`--transformer FILE[,FILE]`, a preset's `[transformer_files]`): one file per
 expert, read into a diffusers `WanTransformer3DModel` of the model's architecture while the other components (text
-encoder, tokenizer, VAE, scheduler) load from the base checkpoint as usual (`vsagen.loading`).
+encoder, tokenizer, VAE, scheduler) load from the base checkpoint as usual (`vsagen.models.loading`).
 
 What a file may be (TurboDiffusion @aaecff5 publishes `.pth` state dicts, `turbodiffusion/inference/modify_model.py`):
 
@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import BadInput
+from ..errors import BadInput
 from .presets import TRANSFORMER_FILE_SUFFIXES, Preset
 
 QUANT_TILE = 128  # TurboDiffusion's Int8Linear: one scale per 128 x 128 tile of the weight
@@ -173,8 +173,8 @@ def file_keys(path: Path, where: str) -> list[str]:
 
 def backend_key(key: str) -> bool:
     """Whether `key` is a tensor some registered attention backend owns (its `LayerWeights` key or an alias)."""
-    from .attention.registry import backend_facts, backend_names
-    from .attention.weights import matches_layer_weights
+    from ..attention.registry import backend_facts, backend_names
+    from ..attention.weights import matches_layer_weights
 
     return any(backend_facts(n).weights is not None and matches_layer_weights(key, backend_facts(n).weights)
                for n in backend_names())
@@ -331,7 +331,7 @@ def hub_files(preset: Preset, model: str, local_only: bool = False) -> list[Path
     """
     from huggingface_hub import snapshot_download
 
-    from .errors import ModelNotFound
+    from ..errors import ModelNotFound
 
     repo, names = preset.transformer_files or ("", ())
     try:

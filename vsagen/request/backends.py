@@ -156,7 +156,7 @@ def auto_spec(kind: str, location: str, options: AttentionOptions, preset_tables
               files: Any = None) -> tuple[BackendSpec, str]:
     """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`; `trained_for`: its
     preset's (backend, name) where the preset says; `files`: the transformer files' keys, when the transformer comes
-    from files, `vsagen.transformer_files.auto_evidence`), its spec and the note.
+    from files, `vsagen.models.transformer_files.auto_evidence`), its spec and the note.
 
     Raises:
         BadInput: a flag the chosen backend does not take (e.g. --sparsity when auto chose full), naming the

@@ -1,5 +1,5 @@
-"""The step-cache part of a request: `--cache` entries as `vsagen.cache.CacheSpec`s, checked against the rest of the
-request before anything loads (one line each), MagCache's calibration file found, and the run notes a cache calls
+"""The step-cache part of a request: `--cache` entries as `vsagen.cache.cache_spec.CacheSpec`s, checked against the rest
+of the request before anything loads (one line each), MagCache's calibration file found, and the run notes a cache calls
 for."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..cache import NO_CACHE, CacheSpec, parse_cache_list
+from ..cache.cache_spec import NO_CACHE, CacheSpec, parse_cache_list
 from ..errors import BadInput
 
 
 def default_mag_file(model: str) -> Path:
     """Where `mag:calibrate=true` writes (and `mag` reads) a model's ratios by default:
     `<vsagen cache>/magcache/<model>.json` (the model's name or path, as a file name)."""
-    from ..tiny import cache_dir
+    from ..models.tiny import cache_dir
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.strip().strip("/")) or "model"
     return cache_dir() / "magcache" / f"{slug}.json"
@@ -45,8 +45,8 @@ def _mag(spec: CacheSpec, model: str, plans: Sequence[Any],
     model's and hold ratios for each of `experts` (the transformers' component names where the preset describes
     the model, else None: checked once loaded), and is noted where it was calibrated at another step count or
     sampler than a run's (`plans`: the run's `SamplerPlan`s)."""
-    from ..cache_hooks import load_calibration
-    from ..paths import check_folder
+    from ..cache.install import load_calibration
+    from ..media.paths import check_folder
 
     given = spec.options.file is not None
     path = spec.options.file if given else default_mag_file(model)

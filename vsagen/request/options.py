@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 from ..errors import BadInput
-from ..models import DEFAULT_MODEL
+from ..models.sources import DEFAULT_MODEL
 
 from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
 
@@ -80,7 +80,7 @@ class TileFit(Choice):
 
 
 class Offload(Choice):
-    """`--offload`: where the weights live between uses (`vsagen.loading.place_pipeline`)."""
+    """`--offload`: where the weights live between uses (`vsagen.models.loading.place_pipeline`)."""
 
     NONE = "none"
     MODEL = "model"
@@ -97,7 +97,7 @@ class VaeTiling(Choice):
 
 class VaeDtype(Choice):
     """`--vae-dtype`: the VAE's dtype: "auto" (the preset's: `decode_dtype` where the VAE only decodes, bf16 for the
-    real text-to-video models, else `vae_dtype`, float32 as Wan runs it; `vsagen.loading.resolve_vae_dtype`), or
+    real text-to-video models, else `vae_dtype`, float32 as Wan runs it; `vsagen.models.loading.resolve_vae_dtype`), or
     "fp32", "bf16", "fp16" (the decode and, for image to video, the condition encode)."""
 
     AUTO = "auto"
@@ -107,7 +107,7 @@ class VaeDtype(Choice):
 
 
 class VaeDecoder(Choice):
-    """`--vae`: which decoder turns the latents into frames (`vsagen.light_vae_attach.choose_decoder`): "auto" (the
+    """`--vae`: which decoder turns the latents into frames (`vsagen.decode.decoder_choice.choose_decoder`): "auto" (the
     preset's lightweight decoder where it has one by default and the folder holds it, else the stock VAE's),
     "light" (that lightweight decoder, or bad input) or "stock" (the model's own VAE decoder)."""
 
@@ -117,7 +117,7 @@ class VaeDecoder(Choice):
 
 
 class ImageFit(Choice):
-    """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.image.fit_image`)."""
+    """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.media.image.fit_image`)."""
 
     CROP = "crop"
     RESIZE = "resize"
@@ -196,8 +196,8 @@ class ModelOptions:
             comma-separated string is accepted).
         random_weights: the preset's architecture with random weights (timing without a download).
         allow_pickle: also load pickle weights (they can run code).
-        transformer: transformer-only weight files replacing the model's transformer(s), one per expert (the
-            high-noise expert first; a comma-separated string or a sequence of paths; `vsagen.transformer_files`).
+        transformer: transformer-only weight files replacing the model's transformer(s), one per expert (the high-noise
+            expert first; a comma-separated string or a sequence of paths; `vsagen.models.transformer_files`).
 
     Raises:
         BadInput: an empty model or --transformer entry, a size that is not a positive integer, an unknown, empty
@@ -244,7 +244,7 @@ class SamplingOptions:
         seed: the seed of the initial noise (and, + 2, of a re-noise sampler's draws).
         sampler: how the denoising walks (`--sampler`: `default`, `dmd`, `dmd:sigmas=...`; see `vsagen.samplers`);
             `vsagen compare` takes a comma-separated list.
-        cache: the step cache (`--cache NAME[:KEY=VALUE...]`, `vsagen.cache`; None: none).
+        cache: the step cache (`--cache NAME[:KEY=VALUE...]`, `vsagen.cache.cache_spec`; None: none).
         None: the preset's (the command's for `warmup`).
 
     Raises:
@@ -265,7 +265,7 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         if self.cache is not None:
-            from ..cache import parse_cache_list
+            from ..cache.cache_spec import parse_cache_list
 
             parse_cache_list(self.cache)
         if self.sampler is not None:
@@ -369,8 +369,8 @@ class OutputOptions:
         out: the file or folder to write (each command says which; None: its default name).
         overwrite: replace existing files.
         fps: frames per second of the mp4s (None: the preset's).
-        sheet: also write each video's contact sheet (`vsagen.sheet`), a PNG beside its mp4.
-        codec: how the mp4s are encoded, `NAME[:preset=P][:crf=N]` (`vsagen.video.Encoding`; None: its defaults).
+        sheet: also write each video's contact sheet (`vsagen.media.sheet`), a PNG beside its mp4.
+        codec: how the mp4s are encoded, `NAME[:preset=P][:crf=N]` (`vsagen.media.video.Encoding`; None: its defaults).
 
     Raises:
         BadInput: fps outside [1, MAX_FPS], a codec text `Encoding.parse` refuses.
@@ -384,8 +384,8 @@ class OutputOptions:
 
     @property
     def encoding(self) -> Any:
-        """The parsed `codec` (`vsagen.video.Encoding`)."""
-        from ..video import Encoding
+        """The parsed `codec` (`vsagen.media.video.Encoding`)."""
+        from ..media.video import Encoding
 
         return Encoding.parse(self.codec)
 
@@ -412,8 +412,8 @@ class RequestOptions:
 GROUPS: dict[str, type] = {"model": ModelOptions, "sampling": SamplingOptions, "placement": PlacementOptions,
                            "attention": AttentionOptions, "output": OutputOptions}
 # Every shared option by its keyword (the flag's name, `-` as `_`: `--tile-fit` is `tile_fit`) -> (group, field).
-# The command line declares these options once (`vsagen.cli_options`) and routes them here; Python callers use the
-# same keywords (`request_options`).
+# The command line declares these options once (`vsagen.cli.shared_options`) and routes them here; Python callers
+# use the same keywords (`request_options`).
 FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle",
                                  "transformer")},

@@ -14,15 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..attention.auto import unused_weights_note
 from ..attention.spec import BackendSpec
-from ..cache import NO_CACHE, CacheSpec
+from ..cache.cache_spec import NO_CACHE, CacheSpec
 from ..errors import BadInput
 from ..layout import TILE, CropPlan
-from ..models import ModelSource
-from ..presets import preset_names
-from ..tiny import check_tiny_cache
-from ..attention.auto import unused_weights_note
-from ..transformer_files import auto_evidence, check_transformer_files
+from ..models.presets import preset_names
+from ..models.sources import ModelSource
+from ..models.tiny import check_tiny_cache
+from ..models.transformer_files import auto_evidence, check_transformer_files
+from ..samplers import NAMED, Sampler
 from .backends import (attention_specs, auto_spec, check_entries, check_impl, crop_tile_of, known_impls,
                        preset_file_notes)
 from .caching import resolve_caches
@@ -30,7 +31,6 @@ from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
 from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
-from ..samplers import NAMED, Sampler
 
 # `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
 # the 1.3B's default size keeps diffusers' default (untiled) decode. The criterion is the frame area, not
@@ -77,9 +77,9 @@ class Request:
     allow_pickle: bool
     warmup: int
     overwrite: bool
-    offload: str = "none"  # none | model | group (CUDA only); see vsagen.loading.place_pipeline
+    offload: str = "none"  # none | model | group (CUDA only); see vsagen.models.loading.place_pipeline
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
-    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.light_vae_attach.choose_decoder)
+    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.decode.decoder_choice.choose_decoder)
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
@@ -160,7 +160,7 @@ class Request:
 
         from ..architecture import architecture_from_config
         from ..attention.base import Expert, RunInfo
-        from ..models import transformer_configs
+        from ..models.sources import transformer_configs
 
         src = self.source
         known = src.exact_preset or src.kind == "dir"
@@ -321,7 +321,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     needs no weights.
 
     Args:
-        source: the model (`vsagen.models.resolve_model` of `options.model.model`).
+        source: the model (`vsagen.models.sources.resolve_model` of `options.model.model`).
         options: the option groups; a command puts its own defaults (e.g. profile's 2 timed steps) into them.
         prompt: the (first) prompt, already checked by the command.
         backends: ONE (`--attn` is one entry, `auto` allowed: chosen from the checkpoint's weights), SEVERAL (a

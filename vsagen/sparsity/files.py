@@ -336,6 +336,6 @@ def save_patterns(patterns: PatternFile, path: Path, *, overwrite: bool = False)
     Raises:
         BadInput: `path` exists and `overwrite` is False.
     """
-    from ..video import write_json
+    from ..media.video import write_json
 
     write_json(patterns.to_json(), Path(path), overwrite=overwrite)

@@ -287,7 +287,7 @@ def test_a_note_during_a_progress_bar_starts_its_own_line_in_a_pipe(capsys):
 
 
 def test_one_pipe_width_for_every_report():
-    from vsagen.cli.app import terminal
+    from vsagen.cli import terminal
     from vsagen.commands import profile_render
 
     assert terminal.PIPE_WIDTH == profile_render.PIPE_WIDTH == 200

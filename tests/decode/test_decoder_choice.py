@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_light_vae import TINY, randomize
+from test_light_decoder import TINY, randomize
 from typer.testing import CliRunner
 
 from vsagen.errors import BadInput

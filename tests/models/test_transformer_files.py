@@ -17,7 +17,7 @@ from conftest import noise_image, one_error_line, original_name
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from vsagen.models.sources import transformer_files as tf
+from vsagen.models import transformer_files as tf
 from vsagen.cli.app import app
 from vsagen.commands.generate_config import resolve_generate
 from vsagen.errors import BadInput
@@ -414,7 +414,7 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
 
     import huggingface_hub
 
-    from vsagen.models.sources import loading
+    from vsagen.models import loading
     from vsagen.models.sources import ModelSource
 
     src = source_state()

@@ -18,7 +18,7 @@ Hummingbird-XT's lightweight decoder (`vsagen.decode.light_decoder`, attached to
 own `decode` and given as one chunk.
 
 `frames_u8` turns a chunk into the mp4's uint8 frames on the chunk's device (the pipeline's video processor, then
-the rounding of `video.to_uint8_frames`), so only uint8 crosses to the host.
+the rounding of `vsagen.media.video.to_uint8_frames`), so only uint8 crosses to the host.
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ def _tiled(vae: Any, z: Any) -> Iterator[Any]:
 
 def frames_u8(processor: Any, chunk: Any) -> Any:
     """A decoded chunk (1, 3, f, H, W) in [-1, 1] -> (f, H, W, 3) uint8 numpy: the pipeline's `video_processor`
-    (diffusers' denormalisation to [0, 1]) in float32, then NaN -> 0, +inf -> 1, -inf -> 0, clip and round half up
-    as `video.to_uint8_frames` does, on the chunk's device; only the uint8 frames are copied to the host."""
+    (diffusers' denormalisation to [0, 1]) in float32, then NaN -> 0, +inf -> 1, -inf -> 0, clip and round half up as
+    `vsagen.media.video.to_uint8_frames` does, on the chunk's device; only the uint8 frames are copied to the host."""
     import torch
 
     pictures = processor.postprocess(chunk[0].permute(1, 0, 2, 3).float(), output_type="pt")  # (f, 3, H, W)

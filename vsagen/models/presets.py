@@ -308,70 +308,13 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
     dnames = {f.name for f in fields(GenerationDefaults)} - _NOT_IN_DEFAULTS_TABLE
     _check_keys(f"{where} [defaults]", data["defaults"], dnames, dnames - _OPTIONAL_DEFAULTS)
     _check_keys(f"{where} [vae_stride]", data["vae_stride"], {"temporal", "spatial"}, {"temporal", "spatial"})
-    if data["source"] not in _SOURCES:
-        raise BadInput(f"preset {where}: source must be one of {sorted(_SOURCES)}, got {data['source']!r}")
-    if data["pipeline"] not in _PIPELINES:
-        raise BadInput(f"preset {where}: pipeline must be one of {sorted(_PIPELINES)}, got {data['pipeline']!r}")
-    if data["source"] == "tiny" and "text_encoder" not in data:
-        raise BadInput(f"preset {where}: source 'tiny' needs a [text_encoder] table")
-    image_encoder = data.get("image_encoder")
-    if image_encoder is not None and data["pipeline"] != I2V_PIPELINE:
-        raise BadInput(f"preset {where}: [image_encoder] is for pipeline {I2V_PIPELINE!r} only")
-    if (data["pipeline"] == I2V_PIPELINE and data["source"] == "tiny"
-            and data["transformer"].get("image_dim") is not None and image_encoder is None):
-        raise BadInput(f"preset {where}: source 'tiny' with a transformer image_dim needs an [image_encoder] table")
-    pos_len = data["transformer"].get("pos_embed_seq_len")
-    if pos_len is not None:
-        if data["pipeline"] != I2V_PIPELINE or data["transformer"].get("image_dim") is None:
-            raise BadInput(f"preset {where} [transformer]: pos_embed_seq_len (first/last-frame CLIP tokens) needs "
-                           f"pipeline {I2V_PIPELINE!r} and a transformer image_dim")
-        if image_encoder is not None and pos_len != 2 * clip_tokens(image_encoder):
-            raise BadInput(f"preset {where} [transformer]: pos_embed_seq_len must be 2 x the [image_encoder]'s "
-                           f"{clip_tokens(image_encoder)} tokens per image = {2 * clip_tokens(image_encoder)}, "
-                           f"got {pos_len!r}")
-    expand = data.get("expand_timesteps", False)
-    if not isinstance(expand, bool):
-        raise BadInput(f"preset {where}: expand_timesteps must be true or false, got {expand!r}")
-    ti2v = data.get("ti2v", False)
-    if not isinstance(ti2v, bool):
-        raise BadInput(f"preset {where}: ti2v must be true or false, got {ti2v!r}")
-    if ti2v and data["pipeline"] != T2V_PIPELINE:
-        raise BadInput(f"preset {where}: ti2v (text and image to video) is for pipeline {T2V_PIPELINE!r} presets")
-    t2 = data.get("transformer_2")
-    if t2 is not None and not isinstance(t2, (bool, dict)):
-        raise BadInput(f"preset {where}: transformer_2 must be true/false or a table of transformer settings, "
-                       f"got {t2!r}")
-    transformer_2 = dict(data["transformer"]) if t2 is True else (dict(t2) if isinstance(t2, dict) else None)
-    ratio = data.get("boundary_ratio")
-    if ratio is not None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio < 1.0:
-            raise BadInput(f"preset {where}: boundary_ratio must be a number in (0, 1), got {ratio!r}")
-        ratio = float(ratio)
-    if (transformer_2 is None) != (ratio is None):
-        raise BadInput(f"preset {where}: transformer_2 and boundary_ratio go together (a two-expert pipeline "
-                       "needs both; a one-expert pipeline neither)")
-    from ..attention.registry import REGISTRY
-
-    attn = data["defaults"].get("attn")
-    if attn is not None and (not isinstance(attn, str) or REGISTRY.get(attn) is None):
-        raise BadInput(f"preset {where} [defaults]: attn must name a backend ({', '.join(REGISTRY)}), got {attn!r}")
+    image_encoder = _check_components(data, where)
+    expand, ti2v = _flags(data, where)
+    transformer_2, ratio = _experts(data, where)
     checkpoint_class = data.get("checkpoint_class")
     if checkpoint_class is not None and (not isinstance(checkpoint_class, str) or not checkpoint_class.strip()):
         raise BadInput(f"preset {where}: checkpoint_class must be a pipeline class name, got {checkpoint_class!r}")
-    for key in ("vae_dtype", "decode_dtype"):
-        value = data["defaults"].get(key, "same")
-        if value not in _VAE_DTYPES:
-            raise BadInput(f"preset {where} [defaults]: {key} must be one of {', '.join(_VAE_DTYPES)}, got {value!r}")
-    sampler = data["defaults"].get("sampler", "default")  # options (e.g. "rcm:sigma_max=200") are checked when run
-    if not isinstance(sampler, str) or sampler.split(":", 1)[0].strip() not in NAMED_SAMPLERS:
-        raise BadInput(f"preset {where} [defaults]: sampler must be one of {', '.join(NAMED_SAMPLERS)} (with options), "
-                       f"got {sampler!r}")
-    g2 = data["defaults"].get("guidance_2")
-    if g2 is not None:
-        if transformer_2 is None:
-            raise BadInput(f"preset {where} [defaults]: guidance_2 needs a second expert (transformer_2)")
-        if isinstance(g2, bool) or not isinstance(g2, (int, float)):
-            raise BadInput(f"preset {where} [defaults]: guidance_2 must be a number, got {g2!r}")
+    _check_defaults(data["defaults"], where, transformer_2)
     layout = _layout_keys(data, where, transformer_2)
     hub_files = _transformer_files(data, where, 1 if transformer_2 is None else 2, layout["transformer_layout"])
     return Preset(
@@ -396,6 +339,100 @@ def parse_preset(data: dict[str, Any], where: str) -> Preset:
         light_vae=_light_vae(data.get("light_vae"), where),
         **layout,
     )
+
+
+def _check_components(data: dict[str, Any], where: str) -> Any:
+    """Check a preset's source, pipeline class and the component tables they need (text encoder, image encoder,
+    first/last-frame CLIP tokens); returns the [image_encoder] table or None.
+
+    Raises:
+        BadInput: an unknown source or pipeline, or a component table missing or out of place.
+    """
+    if data["source"] not in _SOURCES:
+        raise BadInput(f"preset {where}: source must be one of {sorted(_SOURCES)}, got {data['source']!r}")
+    if data["pipeline"] not in _PIPELINES:
+        raise BadInput(f"preset {where}: pipeline must be one of {sorted(_PIPELINES)}, got {data['pipeline']!r}")
+    if data["source"] == "tiny" and "text_encoder" not in data:
+        raise BadInput(f"preset {where}: source 'tiny' needs a [text_encoder] table")
+    image_encoder = data.get("image_encoder")
+    if image_encoder is not None and data["pipeline"] != I2V_PIPELINE:
+        raise BadInput(f"preset {where}: [image_encoder] is for pipeline {I2V_PIPELINE!r} only")
+    if (data["pipeline"] == I2V_PIPELINE and data["source"] == "tiny"
+            and data["transformer"].get("image_dim") is not None and image_encoder is None):
+        raise BadInput(f"preset {where}: source 'tiny' with a transformer image_dim needs an [image_encoder] table")
+    pos_len = data["transformer"].get("pos_embed_seq_len")
+    if pos_len is not None:
+        if data["pipeline"] != I2V_PIPELINE or data["transformer"].get("image_dim") is None:
+            raise BadInput(f"preset {where} [transformer]: pos_embed_seq_len (first/last-frame CLIP tokens) needs "
+                           f"pipeline {I2V_PIPELINE!r} and a transformer image_dim")
+        if image_encoder is not None and pos_len != 2 * clip_tokens(image_encoder):
+            raise BadInput(f"preset {where} [transformer]: pos_embed_seq_len must be 2 x the [image_encoder]'s "
+                           f"{clip_tokens(image_encoder)} tokens per image = {2 * clip_tokens(image_encoder)}, "
+                           f"got {pos_len!r}")
+    return image_encoder
+
+
+def _flags(data: dict[str, Any], where: str) -> tuple[bool, bool]:
+    """A preset's `expand_timesteps` and `ti2v` switches, checked (BadInput: not a bool, ti2v off a T2V pipeline)."""
+    expand = data.get("expand_timesteps", False)
+    if not isinstance(expand, bool):
+        raise BadInput(f"preset {where}: expand_timesteps must be true or false, got {expand!r}")
+    ti2v = data.get("ti2v", False)
+    if not isinstance(ti2v, bool):
+        raise BadInput(f"preset {where}: ti2v must be true or false, got {ti2v!r}")
+    if ti2v and data["pipeline"] != T2V_PIPELINE:
+        raise BadInput(f"preset {where}: ti2v (text and image to video) is for pipeline {T2V_PIPELINE!r} presets")
+    return expand, ti2v
+
+
+def _experts(data: dict[str, Any], where: str) -> tuple[dict[str, Any] | None, float | None]:
+    """The second expert's transformer settings and the boundary ratio of a two-expert preset, or (None, None).
+
+    Raises:
+        BadInput: transformer_2 of the wrong type, a ratio outside (0, 1), or one given without the other.
+    """
+    t2 = data.get("transformer_2")
+    if t2 is not None and not isinstance(t2, (bool, dict)):
+        raise BadInput(f"preset {where}: transformer_2 must be true/false or a table of transformer settings, "
+                       f"got {t2!r}")
+    transformer_2 = dict(data["transformer"]) if t2 is True else (dict(t2) if isinstance(t2, dict) else None)
+    ratio = data.get("boundary_ratio")
+    if ratio is not None:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio < 1.0:
+            raise BadInput(f"preset {where}: boundary_ratio must be a number in (0, 1), got {ratio!r}")
+        ratio = float(ratio)
+    if (transformer_2 is None) != (ratio is None):
+        raise BadInput(f"preset {where}: transformer_2 and boundary_ratio go together (a two-expert pipeline "
+                       "needs both; a one-expert pipeline neither)")
+    return transformer_2, ratio
+
+
+def _check_defaults(defaults: dict[str, Any], where: str, transformer_2: dict[str, Any] | None) -> None:
+    """Check the values of a preset's [defaults] table that name things: the attention backend, the VAE / decode
+    dtypes, the sampler, and guidance_2 (which needs a second expert).
+
+    Raises:
+        BadInput: an unknown backend, dtype or sampler name, or a guidance_2 that cannot apply.
+    """
+    from ..attention.registry import REGISTRY
+
+    attn = defaults.get("attn")
+    if attn is not None and (not isinstance(attn, str) or REGISTRY.get(attn) is None):
+        raise BadInput(f"preset {where} [defaults]: attn must name a backend ({', '.join(REGISTRY)}), got {attn!r}")
+    for key in ("vae_dtype", "decode_dtype"):
+        value = defaults.get(key, "same")
+        if value not in _VAE_DTYPES:
+            raise BadInput(f"preset {where} [defaults]: {key} must be one of {', '.join(_VAE_DTYPES)}, got {value!r}")
+    sampler = defaults.get("sampler", "default")  # options (e.g. "rcm:sigma_max=200") are checked when run
+    if not isinstance(sampler, str) or sampler.split(":", 1)[0].strip() not in NAMED_SAMPLERS:
+        raise BadInput(f"preset {where} [defaults]: sampler must be one of {', '.join(NAMED_SAMPLERS)} (with options), "
+                       f"got {sampler!r}")
+    g2 = defaults.get("guidance_2")
+    if g2 is not None:
+        if transformer_2 is None:
+            raise BadInput(f"preset {where} [defaults]: guidance_2 needs a second expert (transformer_2)")
+        if isinstance(g2, bool) or not isinstance(g2, (int, float)):
+            raise BadInput(f"preset {where} [defaults]: guidance_2 must be a number, got {g2!r}")
 
 
 def _light_vae(table: Any, where: str) -> LightVae | None:

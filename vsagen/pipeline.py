@@ -31,6 +31,7 @@ from .compiling import (compile_breaks, compile_note, compile_transformers, comp
                         fused_blocks_note)
 from .errors import RunFailure
 from .image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
+from .kernels.runtime_notes import runtime_notes
 from .layout import CropPlan, plan_crop
 from .loading import LoadedModel, load_model, torch_dtype, truncation_note
 from .request.resolve import Request
@@ -490,6 +491,7 @@ class Session:
             installed.close()
         if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
             self.notes.append(note)
+        self.notes.extend(n for n in runtime_notes() if n not in self.notes)  # a kernel that fell back in the run
         return Denoised(latents, video, records, warmup_s, plan,
                         cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
 

@@ -180,7 +180,8 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
         scale: softmax scale, default 1/sqrt(D).
         tuning: tile loads, packing and the forward's launches; None: `tuning.kernel_tuning(q.device, D)`. With
             `fwd_warp_specialized` the warp-specialized Gluon kernel runs where it can
-            (`bsa_forward_ws.ws_unsupported`), this module's kernel elsewhere.
+            (`bsa_forward_ws.ws_unsupported`), this module's kernel elsewhere, and wherever the Gluon kernel fails
+            to compile or launch (`bsa_forward_ws.launch_or_fall_back`: a run note, once per process).
 
     Returns:
         out (B, S, H, D) like q; lse (B, H, S) fp32 natural log (-inf on rows with no selected tile).
@@ -190,10 +191,12 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
     """
     check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
     if tuning is not None and tuning.fwd_warp_specialized:
-        from .bsa_forward_ws import launch_ws, ws_unsupported
+        from .bsa_forward_ws import launch_or_fall_back, ws_unsupported
 
-        if ws_unsupported(q, k, v) is None:  # (check_inputs made above: launched without checking again)
-            return launch_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
+        # (check_inputs made above: launched without checking again); None: it failed here, the pipelined one runs
+        if ws_unsupported(q, k, v) is None and \
+                (res := launch_or_fall_back(q, k, v, q2k, q2k_cnt, tile_offsets, scale)) is not None:
+            return res
     out = torch.empty_like(q)
     return out, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None)
 

@@ -302,6 +302,31 @@ def masked_dense(q, k, v, allowed_tiles, lay, scale=None):
     return out, lse.masked_fill(empty, float("-inf"))
 
 
+@pytest.fixture
+def input_checks(monkeypatch):
+    """How often the block-sparse kernels' input checks ran from here on: {"check_inputs": n, "check_fp32_bwd": n}
+    (`bsa_primitives`'s, counted in every vsagen.kernels module that took them by name; they still check)."""
+    import sys
+
+    import vsagen.kernels.block_sparse_attn  # noqa: F401 - every module that takes the checks, imported
+    import vsagen.kernels.bsa_forward_ws  # noqa: F401
+    import vsagen.kernels.bsa_primitives as primitives
+    import vsagen.kernels.sla_star_attn  # noqa: F401
+
+    counts = dict.fromkeys(("check_inputs", "check_fp32_bwd"), 0)
+    for name in counts:
+        real = getattr(primitives, name)
+
+        def counted(*args, _name=name, _real=real):
+            counts[_name] += 1
+            return _real(*args)
+
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith("vsagen.kernels") and getattr(module, name, None) is real:
+                monkeypatch.setattr(module, name, counted)
+    return counts
+
+
 def leaves(*xs, dtype=torch.float64):
     return [x.detach().to(dtype).requires_grad_(True) for x in xs]
 

@@ -285,6 +285,22 @@ def test_the_report_of_apply_leaves_the_regions_it_does_not_time_null():
     assert h.report(load_s=0.25).load_s == 0.25  # extra fields still set
 
 
+def test_a_note_a_kernel_gave_is_in_the_report_of_apply(monkeypatch):
+    """Issue 44: a kernel that falls back while running (the warp-specialized Gluon forward failing to compile) says
+    so through `kernels.runtime_notes`; apply's report carries the note, once however often it is said."""
+    from conftest import make_transformer
+
+    import vsagen.kernels.runtime_notes as notes
+
+    monkeypatch.setattr(notes, "_NOTES", [])
+    t = make_transformer()
+    with vsagen.apply(t, "full") as h:
+        assert h.report().notes == []
+        notes.add_note("a kernel fell back")
+        notes.add_note("a kernel fell back")
+    assert h.report().notes == ["a kernel fell back"]
+
+
 @pytest.mark.parametrize("root,why", [("/nope/no-such-folder", "no such folder"), (__file__, "not a folder")])
 def test_a_weights_root_that_is_not_a_folder_is_refused(root, why):
     """New-user trial: `weights_root="/nope"` attached weights to 0 layers and said nothing."""

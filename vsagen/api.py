@@ -37,6 +37,7 @@ from .attention import BackendSpec, backend_class, resolve_spec
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
 from .attention.spec import convert_option, make_options, no_option, parse_spec
 from .errors import BadInput
+from .kernels.runtime_notes import runtime_notes
 from .timing import Timer, TimingReport
 from .wrapping import wrap_method
 
@@ -170,6 +171,7 @@ class AppliedBackend:
         timed = {name for name, _, _ in records}
         report = replace(TimingReport.from_records(records, self.device.type, **extra),
                          **{f"{region}_s": None for region in OUTER_REGIONS if region not in timed})
+        report.notes.extend(runtime_notes())  # a kernel that fell back (once per process: `kernels.runtime_notes`)
         if report.dit_forwards == 0 and self.timer.step > self._first_step:
             report.notes.append(f"the scheduler stepped {self.timer.step - self._first_step} times but no DiT forward "
                                 "was timed: torch.compile of the whole transformer runs around vsagen's hooks; "

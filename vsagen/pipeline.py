@@ -29,6 +29,7 @@ from .cache.install import expert_steps, install_cache
 from .compiling import (compile_breaks, compile_note, compile_transformers, compile_untimed, fused_blocks_apply,
                         fused_blocks_note)
 from .errors import RunFailure
+from .kernels.runtime_notes import runtime_notes
 from .layout import CropPlan, plan_crop
 from .media.image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
 from .models.loading import LoadedModel, load_model, torch_dtype, truncation_note
@@ -490,6 +491,7 @@ class Session:
             installed.close()
         if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
             self.notes.append(note)
+        self.notes.extend(n for n in runtime_notes() if n not in self.notes)  # a kernel that fell back in the run
         return Denoised(latents, video, records, warmup_s, plan,
                         cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
 

@@ -332,9 +332,9 @@ class VSAAttention(Backend):
                                                         tuning=tuning)
             else:
                 tuning = self.fine_tuning(tuning, layout)
-                if not torch.compiler.is_compiling():
-                    self._fine_kernel = _fine_kernel(tuning, q, k, v)
                 out, _ = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)
+                if not torch.compiler.is_compiling():  # after the call: a Gluon kernel that failed in it ran no more
+                    self._fine_kernel = _fine_kernel(tuning, q, k, v)
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)

@@ -229,7 +229,7 @@ def test_the_document_names_the_real_fields_names_and_files():
     where = {registry: ("registry_of", "check_backend_class", "backend_names", "backend_class", "_BACKENDS"),
              vsagen.attention.auto: ("candidates", "FALLBACK", "choose_backend"),
              vsagen.attention.weights: ("weights_path_option", "check_weights_file"),
-             vsagen.attention.spec: ("FLAG_OPTIONS", "resolve_spec", "text_options"),
+             vsagen.attention.spec: ("FLAG_OPTIONS", "spec_of", "text_options"),
              vsagen.request.backends: ("known_impls",), vsagen.bench: ("timed_layers",),
              vsagen.kernels.tuning: ("default_tuning", "PROFILES", "ROCM_VSA_CHANGES", "_tuning_for"),
              vsagen.commands.profile: ("BASELINE",)}

@@ -252,6 +252,24 @@ def parse_cache_list(text: str, where: str = "--cache") -> tuple[CacheSpec, ...]
     return specs
 
 
+@dataclass(frozen=True)
+class CacheList:
+    """`--cache` as parsed once (`parse_caches`): the text as given and each entry's `CacheSpec`, in order. Whether a
+    list is taken is the command's (`vsagen profile` and `vsagen compare` run several)."""
+
+    text: str
+    specs: tuple[CacheSpec, ...]
+
+
+def parse_caches(text: str, where: str = "--cache") -> CacheList:
+    """A `--cache` text (one entry, or a comma-separated list) as its `CacheList`.
+
+    Raises:
+        BadInput: see `parse_cache_list`.
+    """
+    return CacheList(str(text), parse_cache_list(text, where))
+
+
 def cache_options_help() -> list[tuple[str, list[str]]]:
     """(name, ["KEY=DEFAULT", ...]) of every cache, for help texts and docs."""
     def shown(v: Any) -> str:

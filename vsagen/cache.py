@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .attention.backend_options import option_names, options_dict
+from .attention.shared import option_names, options_dict
 from .attention.spec import convert_option, format_option, no_option, option_pairs, text_options
 from .errors import BadInput
 

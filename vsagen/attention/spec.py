@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import BadInput
-from .backend_options import TILE_FIELD, option_names, options_dict
+from .shared import TILE_FIELD, option_names, options_dict
 from .registry import backend_class, backend_names, options_of
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..attention.registry import backend_facts, named_weights_file
+from ..attention.registry import backend_class, named_weights_file
 from ..errors import BadInput
 from ..models import attention_dims, resolve_model
 from ..paths import check_folder, check_target
@@ -138,7 +138,7 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
         placement=dataclasses.replace(pl, offload=Offload.NONE, vae_tiling=VaeTiling.OFF))
     req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_fits=True, command_steps=PROFILE_STEPS)
     for entry, spec in zip(options.attention.attn.entries, req.backends):
-        if kernels and named_weights_file(backend_facts(spec.name), spec.options) is not None:
+        if kernels and named_weights_file(backend_class(spec.name), spec.options) is not None:
             raise BadInput(f"--kernels times the attention on random inputs without trained weights; drop the "
                            f"weights file from --attn {entry.text!r}, or drop --kernels")
     if src.preset.last_image == LAST_IMAGE_REQUIRED and not kernels:

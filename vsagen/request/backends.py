@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from ..attention import BackendSpec, backend_class, backend_names
 from ..attention.auto import AUTO, choose_backend
-from ..attention.registry import backend_facts, options_of, named_weights_file
+from ..attention.registry import named_weights_file, options_of
 from ..attention.spec import BackendEntry, check_flags_apply, check_flags_not_repeated, impls_of, parse_entry, spec_of
 from ..errors import BadInput
 from ..layout import covering_tile, parse_tile
@@ -113,8 +113,8 @@ def backend_specs(entries: Sequence[BackendEntry], preset_tables: dict[str, dict
     check_flags_not_repeated(entries, flags)
     specs = tuple(spec_of(e, preset=preset_tables, flags=flags) for e in entries)
     for spec in specs:
-        named = named_weights_file(backend_facts(spec.name), spec.options)
-        if named is not None:  # its keys are the backend's (the class's `weights`: the backend's module, torch)
+        named = named_weights_file(backend_class(spec.name), spec.options)
+        if named is not None:  # its keys are the backend's (the class's `weights`)
             from ..attention.weights import check_weights_file
 
             try:

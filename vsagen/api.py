@@ -33,9 +33,9 @@ from typing import Any, Callable
 import torch
 
 from .architecture import architecture_of
-from .attention import BackendSpec, backend_class, resolve_spec
+from .attention import BackendSpec, backend_class
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
-from .attention.spec import convert_option, make_options, no_option, parse_spec
+from .attention.spec import convert_option, make_options, no_option, parse_entry, spec_of
 from .errors import BadInput
 from .kernels.runtime_notes import runtime_notes
 from .timing import Timer, TimingReport
@@ -122,8 +122,8 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any],
     if isinstance(backend, BackendSpec):
         spec, in_text = backend, set()
     else:
-        text = str(backend.value if isinstance(backend, Enum) else backend)
-        spec, in_text = resolve_spec(text, preset=defaults, where=SPEC_WHERE), set(parse_spec(text, SPEC_WHERE)[1])
+        entry = parse_entry(str(backend.value if isinstance(backend, Enum) else backend), SPEC_WHERE)
+        spec, in_text = spec_of(entry, preset=defaults, where=SPEC_WHERE), set(entry.options)
     if not options:
         return spec
     cls = backend_class(spec.name).Options

@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 import vsagen.kernels.reference as ref
 from vsagen.attention.base import AttnContext, RunInfo
 from vsagen.attention.registry import backend_class
-from vsagen.attention.sla import PROJ_KEY, SLAAttention
+from vsagen.attention.shared import FASTVIDEO_PROJ_KEY, TURBODIFFUSION_PROJ_KEY
+from vsagen.attention.sla import SLAAttention
 from vsagen.attention.weights import attach_layer_weights, layer_params
 from vsagen.errors import BadInput
 from vsagen.timing import NullTimer, Timer
@@ -26,7 +27,8 @@ SLA = SLAAttention
 
 
 def test_registered_as_sla():
-    assert backend_class("sla") is SLAAttention and SLAAttention.weights.key == PROJ_KEY
+    assert backend_class("sla") is SLAAttention and SLAAttention.weights.key == TURBODIFFUSION_PROJ_KEY
+    assert SLAAttention.weights.aliases == (FASTVIDEO_PROJ_KEY,) and SLAAttention.weights.dtype == "float32"
 
 
 def ctx(proj=None, timer=None):
@@ -151,7 +153,7 @@ def test_options_describe_and_notes():
     assert backend.prepare(full) == ()
     import unittest.mock as mock
 
-    with mock.patch("vsagen.attention.sla._interpreting", return_value=False), \
+    with mock.patch("vsagen.attention.sla.interpreting", return_value=False), \
             pytest.raises(BadInput, match=r"--attn-impl triton or sla:impl=triton\) needs a CUDA device"):
         SLA(SLA.Options(impl="triton")).check(torch.device("cpu"), torch.float32)  # named as the user gave it
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vsagen.cache.cache_spec import (CACHES, NO_CACHE, WAN_TAYLORSEER_MODULES, CacheSpec, FirstBlockOptions, MagOptions,
-                                     TaylorSeerOptions, cache_options_help, parse_cache, parse_cache_list)
+from vsagen.cache.cache_spec import (CACHES, NO_CACHE, WAN_TAYLORSEER_MODULES, CacheList, CacheSpec, FirstBlockOptions,
+                          MagOptions, TaylorSeerOptions, cache_options_help, parse_cache, parse_cache_list,
+                          parse_caches)
 from vsagen.errors import BadInput
 
 
@@ -35,6 +36,8 @@ def test_list_keeps_order_and_refuses_repeats():
         ["none", "first-block", "first-block"]
     with pytest.raises(BadInput, match="lists first-block:threshold=0.05 twice"):
         parse_cache_list("first-block,first-block:threshold=0.05")
+    caches = parse_caches(" none,first-block:threshold=0.2")  # what `--cache` is held as: its text and its specs
+    assert caches == CacheList(" none,first-block:threshold=0.2", (NO_CACHE, parse_cache("first-block:threshold=0.2")))
 
 
 @pytest.mark.parametrize("text, words", [

@@ -144,7 +144,8 @@ LISTING_WALL_S = 3.0
 def test_presets_and_backends_import_neither_torch_nor_diffusers():
     """Issue 29: `vsagen presets` took 5.0 s and `vsagen backends` 4.8 s, importing every backend (torch) through
     the registry. Each command runs in a fresh interpreter (both at once), through `main()` as the console script
-    does, and reports what it imported: no torch, no diffusers, no backend module; its listing printed, in time."""
+    does, and reports what it imported: no torch, no diffusers (the backend modules it reads import torch only
+    inside the methods that compute); its listing printed, in time."""
     import json
     import os
     import subprocess
@@ -154,7 +155,7 @@ def test_presets_and_backends_import_neither_torch_nor_diffusers():
     probe = ("import sys, json\nfrom vsagen.cli.app import main\nsys.argv = ['vsagen', sys.argv[1]]\n"
              "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
              "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers', "
-             "'triton') or m in ('vsagen.attention.base', 'vsagen.attention.vsa'))\n"
+             "'triton'))\n"
              "sys.stderr.write(json.dumps([code, heavy]))\n")
     t0 = time.perf_counter()
     procs = {c: subprocess.Popen([sys.executable, "-c", probe, c], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .registry import backend_class, backend_facts, backend_names, held_names
+from .registry import backend_class, backend_names, held_names
 
 AUTO = "auto"
 FALLBACK = "full"  # the dense baseline: what a checkpoint without any candidate's weights was trained with
@@ -26,7 +26,7 @@ EXPERT_FOLDERS = ("transformer", "transformer_2")
 def candidates() -> list[str]:
     """The registered backends `--attn auto` may choose (an `auto_priority` that is not None), highest priority
     first, ties in registry order; read from the registry on each call."""
-    named = [(name, backend_facts(name).auto_priority) for name in backend_names()]
+    named = [(name, backend_class(name).auto_priority) for name in backend_names()]
     return [name for name, priority in sorted((x for x in named if x[1] is not None), key=lambda x: -x[1])]
 
 
@@ -158,13 +158,13 @@ def _deciding_names(name: str) -> str:
     auto gives such a checkpoint to sla)."""
     claimed: set[str] = set()
     for other in candidates():
-        weights = backend_facts(other).weights
+        weights = backend_class(other).weights
         keys = [k for k in (weights.key, *weights.aliases) if k not in claimed]
         if other == name:
             first, *rest = (f"{k.format(layer='N')}.*" for k in keys)
             return first + (f" (or {', '.join(rest)})" if rest else "")
         claimed.update(keys)
-    return held_names(backend_facts(name).weights)
+    return held_names(backend_class(name).weights)
 
 
 def auto_rule() -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..attention.backend_options import option_names, options_dict
+from ..attention.shared import option_names, options_dict
 from ..attention.spec import convert_option, format_option, no_option, option_pairs, text_options
 from ..errors import BadInput
 
@@ -250,6 +250,24 @@ def parse_cache_list(text: str, where: str = "--cache") -> tuple[CacheSpec, ...]
         if spec in specs[:i]:
             raise BadInput(f"{where} lists {spec.text()} twice; give each configuration once")
     return specs
+
+
+@dataclass(frozen=True)
+class CacheList:
+    """`--cache` as parsed once (`parse_caches`): the text as given and each entry's `CacheSpec`, in order. Whether a
+    list is taken is the command's (`vsagen profile` and `vsagen compare` run several)."""
+
+    text: str
+    specs: tuple[CacheSpec, ...]
+
+
+def parse_caches(text: str, where: str = "--cache") -> CacheList:
+    """A `--cache` text (one entry, or a comma-separated list) as its `CacheList`.
+
+    Raises:
+        BadInput: see `parse_cache_list`.
+    """
+    return CacheList(str(text), parse_cache_list(text, where))
 
 
 def cache_options_help() -> list[tuple[str, list[str]]]:

@@ -90,7 +90,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
     from rich.console import Console
 
     from ..attention.auto import auto_picks, auto_rule
-    from ..attention.registry import backend_facts, backend_names, summary_of, uses_sparsity
+    from ..attention.registry import backend_class, backend_names, summary_of, uses_sparsity
     from ..attention.spec import FLAG_OPTIONS, impls_of, option_help, python_options
 
     width = max(40, Console().width)  # the terminal's (COLUMNS where set)
@@ -105,7 +105,7 @@ def print_backends(echo: Callable[[str], None] = print) -> None:
     say(f"Default: --attn auto (t2v, i2v) = {auto_rule()}; the run's notes say which and why.")
     tables = preset_tables()  # the presets' own option defaults, said beside the backends' own
     for name in backend_names():  # the registry's names, in its order (read now: a backend registered late too)
-        cls = backend_facts(name)  # the class, or its registry entry (no backend module imported: no torch)
+        cls = backend_class(name)  # (the backend modules import no torch until they compute)
         # sparse by other means: a tiled backend without a sparsity (sparse-vdit: its pattern file), or a top-k
         # (sla: key blocks kept per query block)
         topk = any(f.name == "topk" for f in dataclasses.fields(cls.Options))

@@ -142,9 +142,9 @@ class ProfileRow(CacheCounts):
     def label(self) -> str:
         """Backend name with its sparsity, a cube other than the default 4x4x4, and the cache, if any, e.g.
         "vsa 0.875", "vsa 0.875 tile 4x4x8", "full + first-block"."""
-        from ..attention.spec import parse_spec, tile_label
+        from ..attention.spec import parse_entry, tile_label
 
-        tile = parse_spec(self.spec)[1].get("tile") if self.spec else None
+        tile = parse_entry(self.spec).options.get("tile") if self.spec else None
         return (self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "") + tile_label(tile)
                 + self.cache_suffix)
 

@@ -30,7 +30,7 @@ Contents:
 * `tile_expand.py`: `expand_to_kernel_tiles`, a selection over VSA's larger cubes (128 / 256 tokens) as the same
   selection over their 64-token kernel tiles, the lists the block-sparse kernels take (plain torch: the reference).
 * `tile_expand_triton.py`: `expand_to_kernel_tiles_triton`, the same expansion in one Triton launch: the one the
-  Triton paths use (`attention.vsa.kernel_lists`).
+  Triton paths use (`attention.shared.kernel_lists`).
 * `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
   whole, then the partial tiles' tokens packed 64 to an iteration).
 * `qk_norm_rope.py`: the fused RMSNorm + RoPE prologue of the attention processor.

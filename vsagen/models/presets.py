@@ -284,7 +284,7 @@ def _preset_paths(backend: str, table: dict[str, Any]) -> dict[str, Any]:
 
     from ..attention.registry import REGISTRY
 
-    facts = REGISTRY.get(backend)  # a class or its registry entry: the Options, without importing the backend
+    facts = REGISTRY.get(backend)  # the class: its Options
     if facts is None:
         return table
     hints = typing.get_type_hints(facts.Options)

@@ -173,10 +173,10 @@ def file_keys(path: Path, where: str) -> list[str]:
 
 def backend_key(key: str) -> bool:
     """Whether `key` is a tensor some registered attention backend owns (its `LayerWeights` key or an alias)."""
-    from ..attention.registry import backend_facts, backend_names
+    from ..attention.registry import backend_class, backend_names
     from ..attention.weights import matches_layer_weights
 
-    return any(backend_facts(n).weights is not None and matches_layer_weights(key, backend_facts(n).weights)
+    return any(backend_class(n).weights is not None and matches_layer_weights(key, backend_class(n).weights)
                for n in backend_names())
 
 

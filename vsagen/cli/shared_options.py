@@ -108,9 +108,11 @@ CompareSamplers = Annotated[Optional[str], typer.Option(
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "
          "default from the preset.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
-Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
-                                                 "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
-                                                 "folder); the timing JSON goes beside it (same name, .json).",
+Out = Annotated[Optional[Path], typer.Option(help="The video file to write, its extension the format: .mp4 (H.264), "
+                                                 ".webm (VP9), .gif (animated) or .png (PNG frames NAME-0000.png, "
+                                                 "...); not a folder; default vsagen-<model>-<attn>-seed<seed>.mp4 "
+                                                 "in the current folder. The timing JSON goes beside it (same name, "
+                                                 ".json).",
                                              parser=MP4_PATH)]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Sheet = Annotated[bool, typer.Option("--sheet", help="Also write a contact sheet beside each mp4 (same name, "

@@ -23,7 +23,7 @@ from .running import (err, ran_in_workers, request_command, run_guarded, single_
                       torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
                              OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
-                             path_parser)
+                             complete_model, path_parser)
 
 app = typer.Typer(
     name="vsagen",
@@ -378,6 +378,31 @@ def backends() -> None:
     from .listing import print_backends
 
     print_backends(typer.echo)
+
+
+@app.command()
+def download(
+    preset: Annotated[str, typer.Argument(help="A preset (see `vsagen presets`).", metavar="PRESET",
+                                          autocompletion=complete_model)],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the files and their sizes (from the hub's "
+                                                            "metadata) without downloading.")] = False,
+    verbose: Verbose = False,
+) -> None:
+    """Download exactly the files PRESET's runs read (every component's config and weights, a transformer the preset
+    names, its light VAE decoder) into the Hugging Face cache: their sizes and the total first, then a progress bar
+    per file. Later runs find them there, offline too."""
+
+    def run() -> None:
+        from ..commands.download import download as fetch
+        from ..commands.download import plan_download, plan_lines
+
+        plan = plan_download(preset)
+        for line in plan_lines(plan):
+            typer.echo(line)
+        if not dry_run:
+            fetch(plan, log=typer.echo)
+
+    run_guarded(single_process(run), verbose)
 
 
 def main() -> None:

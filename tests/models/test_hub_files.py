@@ -30,6 +30,14 @@ def test_components_and_folders():
     listing = {"t/a.safetensors": 1, "t/a.bin": 1, "t/sub/b.safetensors": 1, "u/a.bin": 2}
     assert folder_files("r", listing, "t") == [HubFile("r", "t/a.safetensors", 1)]
     assert folder_files("r", listing, "u") == [HubFile("r", "u/a.bin", 2)]  # no safetensors: what there is
+    variants = {"v/m-00001-of-00002.safetensors": 1, "v/m-00002-of-00002.safetensors": 1,
+                "v/m.safetensors.index.json": 1, "v/m.fp16-00001-of-00001.safetensors": 1,
+                "v/m.safetensors.index.fp16.json": 1, "v/d.bf16.safetensors": 1, "v/config.json": 1}
+    assert [f.path for f in folder_files("r", variants, "v")] == [
+        "v/config.json", "v/m-00001-of-00002.safetensors", "v/m-00002-of-00002.safetensors",
+        "v/m.safetensors.index.json"]
+    only = {"w/d.fp16.safetensors": 1}
+    assert [f.path for f in folder_files("r", only, "w")] == ["w/d.fp16.safetensors"]  # no plain one: kept
 
 
 def test_a_diffusers_preset_reads_its_components():

@@ -38,12 +38,24 @@ def components_of(index: dict[str, Any]) -> list[str]:
 
 def folder_files(repo: str, listing: Listing, folder: str) -> list[HubFile]:
     """The files directly in `folder` (not in folders below it), safetensors preferred: where the folder holds any
-    `.safetensors`, the other weight formats (`OTHER_WEIGHTS`) are left out."""
+    `.safetensors`, the other weight formats (`OTHER_WEIGHTS`) are left out, and where it holds plain ones, the
+    variants' (`NAME.fp16.safetensors`: diffusers reads them only with `variant=`)."""
     prefix = f"{folder.strip('/')}/" if folder.strip("/") else ""  # "": the repository's top
     here = sorted(p for p in listing if p.startswith(prefix) and "/" not in p[len(prefix):])
     if any(p.endswith(".safetensors") for p in here):
         here = [p for p in here if not p.endswith(OTHER_WEIGHTS)]
+    if any(p.endswith(".safetensors") and not _variant(p) for p in here):
+        here = [p for p in here if not _variant(p)]
     return [HubFile(repo, p, listing[p]) for p in here]
+
+
+def _variant(path: str) -> bool:
+    """A weight file of a variant (`NAME.fp16.safetensors`, `NAME.fp16-00001-of-00002.safetensors`, its
+    `NAME.safetensors.index.fp16.json`), which diffusers reads only when asked for that variant."""
+    name = path.rpartition("/")[2]
+    if name.endswith(".safetensors"):
+        return "." in name[:-len(".safetensors")]
+    return ".safetensors.index." in name and name.endswith(".json") and not name.endswith(".safetensors.index.json")
 
 
 def pipeline_files(repo: str, listing: Listing, index: dict[str, Any], skip: tuple[str, ...] = ()) -> list[HubFile]:

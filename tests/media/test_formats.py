@@ -49,11 +49,18 @@ def test_png_frames_are_named_and_checked_before_the_run(tmp_path):
     assert check_output(tmp_path / "f.png", False, frames=2) == tmp_path / "f.json"
 
 
-def test_codec_is_for_mp4_only():
+def test_codec_is_for_mp4_only_and_webm_needs_vp9(monkeypatch):
     check_format(FORMATS["gif"], Encoding())
+    check_format(FORMATS["webm"], Encoding())  # the bundled ffmpeg has libvpx-vp9
     check_format(FORMATS["mp4"], Encoding("x264", crf=18))
     with pytest.raises(BadInput, match="--codec sets the mp4's encoder; a .gif"):
         check_format(FORMATS["gif"], Encoding("x264", crf=18))
+    import vsagen.media.formats as formats
+
+    monkeypatch.setattr(formats, "_encoders", lambda: frozenset({"libx264", "gif"}))  # an ffmpeg without VP9
+    with pytest.raises(BadInput, match="--out .webm: the bundled ffmpeg has no libvpx-vp9 encoder here"):
+        check_format(FORMATS["webm"], Encoding())
+    check_format(FORMATS["gif"], Encoding())
 
 
 def test_the_mp4_carries_its_metadata_escaped_text_included(tmp_path):

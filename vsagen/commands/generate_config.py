@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from ..attention import BackendSpec
 from ..errors import BadInput
-from ..media.formats import FORMATS, VideoFormat, check_format, output_format
+from ..media.formats import FORMATS, VideoFormat, check_format, frame_paths, output_format
 from ..media.paths import check_output, check_target, default_out, sheet_path
 from ..media.video import Encoding, check_encoder
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
@@ -227,6 +227,9 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     json_out = check_output(path, out.overwrite, req.frames)
     video_format = output_format(path)
     check_format(video_format, out.encoding)
+    if video_format.name == "png" and out.overwrite and frame_paths(path, req.frames + 1)[-1].exists():
+        notes += (f"{frame_paths(path, req.frames + 1)[-1]} and any later frame files are an earlier, longer run's "
+                  f"and stay as they were (this run writes {req.frames} frames)",)
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")

@@ -480,14 +480,15 @@ def test_shell_completion_offers_presets_and_backends_without_torch(vsagen_cache
         "sys.stderr.write(json.dumps([answers, heavy]))\n" % (HEAVY_MODULES,)
     )
     words = ["vsagen t2", "vsagen t2v --model wan2.1-t2v", "vsagen i2v --model tiny-i", "vsagen t2v --attn v",
-             "vsagen profile --attn full,sla", "vsagen compare --attn vsa:"]
+             "vsagen profile --attn full,sla", "vsagen compare --attn vsa:", "vsagen download wan2.2-t"]
     probe = probe.replace("sys.argv_words", repr(json.dumps(words)))
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30)
     answers, heavy = json.loads(res.stderr)
     from vsagen.attention.registry import backend_names
 
     assert answers == [["t2v"], ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"], ["tiny-i2v", "tiny-i2v-a14b"], ["vsa"],
-                       [f"full,{n}" for n in backend_names() if n.startswith("sla")], []]
+                       [f"full,{n}" for n in backend_names() if n.startswith("sla")], [],
+                       ["wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]]
     assert heavy == []
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -156,12 +157,15 @@ def test_download_fetches_exactly_the_presets_files_into_the_cache(tmp_path):
 @pytest.mark.parametrize("case", ["gated", "unreachable", "offline", "missing"])
 def test_a_hub_that_cannot_serve_is_one_line_exit_2(tmp_path, case):
     repos = {} if case == "missing" else {REPO: repo_files()}
-    with FakeHub(repos, gated=(REPO,) if case == "gated" else ()) as hub:
-        url = hub.url
-        if case == "unreachable":
-            hub.server.server_close()  # the port refuses connections
-        res = vsagen_download(["wan2.1-t2v-1.3b"], tmp_path / "hf", url,
-                              **({"HF_HUB_OFFLINE": "1"} if case == "offline" else {}))
+    if case == "unreachable":  # a loopback port nothing listens on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        res = vsagen_download(["wan2.1-t2v-1.3b"], tmp_path / "hf", url)
+    else:
+        with FakeHub(repos, gated=(REPO,) if case == "gated" else ()) as hub:
+            res = vsagen_download(["wan2.1-t2v-1.3b"], tmp_path / "hf", hub.url,
+                                  **({"HF_HUB_OFFLINE": "1"} if case == "offline" else {}))
     assert res.returncode == 2 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot download {REPO}: "), res.stderr

@@ -456,6 +456,42 @@ def test_help_is_fast_and_imports_nothing_heavy(vsagen_cache, tmp_path):
     assert after_import == [] and after_help == []
 
 
+def test_shell_completion_offers_presets_and_backends_without_torch(vsagen_cache, tmp_path):
+    """Issue 44 item 8: `--show-completion` prints the bash script, and Typer's completion protocol
+    (`_VSAGEN_COMPLETE=complete_bash`, COMP_WORDS / COMP_CWORD) completes subcommands, `--model` with the preset
+    names and `--attn` with the backend names (the last item of a comma list), importing neither torch nor
+    diffusers."""
+    env = {**sub_env(vsagen_cache, tmp_path), "SHELL": "/bin/bash"}
+    res = run_main(["--show-completion"], env, timeout=30)
+    assert res.returncode == 0 and "_VSAGEN_COMPLETE=complete_bash" in res.stdout and "complete " in res.stdout
+    probe = (
+        "import contextlib, io, json, os, sys\n"
+        "import vsagen.cli.app\n"
+        "sys.argv = ['vsagen']\n"
+        "answers = []\n"
+        "for words in json.loads(sys.argv_words):\n"
+        "    os.environ.update(_VSAGEN_COMPLETE='complete_bash', COMP_WORDS=words,\n"
+        "                      COMP_CWORD=str(len(words.split(' ')) - 1))\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n            vsagen.cli.app.main()\n        except SystemExit:\n            pass\n"
+        "    answers.append(out.getvalue().split())\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
+        "sys.stderr.write(json.dumps([answers, heavy]))\n" % (HEAVY_MODULES,)
+    )
+    words = ["vsagen t2", "vsagen t2v --model wan2.1-t2v", "vsagen i2v --model tiny-i", "vsagen t2v --attn v",
+             "vsagen profile --attn full,sla", "vsagen compare --attn vsa:", "vsagen download wan2.2-t"]
+    probe = probe.replace("sys.argv_words", repr(json.dumps(words)))
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30)
+    answers, heavy = json.loads(res.stderr)
+    from vsagen.attention.registry import backend_names
+
+    assert answers == [["t2v"], ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"], ["tiny-i2v", "tiny-i2v-a14b"], ["vsa"],
+                       [f"full,{n}" for n in backend_names() if n.startswith("sla")], [],
+                       ["wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]]
+    assert heavy == []
+
+
 # Bad input that needs no model answers before torch and diffusers load: ~0.4 s idle on this 2-core machine (it took
 # 4.4 s for --height 100, 10-14 s for a damaged checkpoint, issue 29); 3 s is generous.
 BAD_INPUT_WALL_S = 3.0

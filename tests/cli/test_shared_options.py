@@ -139,3 +139,15 @@ def test_an_option_given_twice_is_refused_before_the_command_runs(tmp_path, monk
     for args in (["--help", "--attn", "vsa", "--attn", "full"], ["--attn", "vsa", "--attn", "full", "--help"]):
         res = CliRunner().invoke(app, ["t2v", *args])  # --help wins, as over every other bad value
         assert res.exit_code == 0 and "Usage:" in res.stdout, res.output
+
+
+def test_completion_of_model_and_attn_values():
+    from vsagen.attention.registry import backend_names
+    from vsagen.models.presets import preset_names
+
+    assert options.complete_model("") == preset_names()
+    assert options.complete_model("tiny-t") == ["tiny-ti2v"] and options.complete_model("./my") == []
+    assert options.complete_attn("") == ["auto", *backend_names()]
+    assert options.complete_attn("sparse") == ["sparse-vdit"]
+    assert options.complete_attn("full,") == [f"full,{n}" for n in backend_names()]  # auto only alone
+    assert options.complete_attn("full,vsa:sp") == []  # options: typed by hand (`vsagen backends` lists them)

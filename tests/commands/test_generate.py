@@ -111,6 +111,16 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     video = read_mp4(result.video_path)
     assert video.shape == (5, 64, 64, 3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json", "v.mp4", "v.sheet.png"]
+    # the prompt and settings in the mp4's own metadata
+    from vsagen.media.formats import read_metadata
+
+    tags = read_metadata(result.video_path)
+    assert tags["title"] == "a fox" and data["format"] == "mp4"
+    assert json.loads(tags["comment"]) == {
+        "prompt": "a fox", "negative_prompt": cfg.negative_prompt, "model": "tiny", "attn": "full", "cache": "none",
+        "sampler": "default", "steps": 1, "seed": 7, "frames": 5, "height": 64, "width": 64, "fps": data["fps"],
+        "guidance": data["guidance"], "guidance_2": None, "image": None, "vsagen": vsagen.__version__}
+    assert tags["description"] == f"vsagen {vsagen.__version__}: tiny, --attn full, 1 steps default, seed 7, 5x64x64"
     # --sheet: published with the pair, every frame of the 5 as the encoder got it, titled with the run
     from PIL import Image
 
@@ -123,6 +133,29 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     assert sheet.shape[:2] == (layout.height, layout.width) and layout.indices == [0, 1, 2, 3, 4]
     for index, (x, y) in zip(layout.indices, layout.tiles):
         assert np.array_equal(sheet[y:y + 64, x:x + 64], encoder_frames["v"][index]), index
+
+
+@pytest.mark.slow
+def test_out_gif_writes_an_animated_gif_and_an_unknown_extension_is_refused_before_loading(vsagen_cache, tiny_dir,
+                                                                                           tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from vsagen.cli.app import app
+
+    common = ["t2v", "a fox", "--model", "tiny", "--frames", "5", "--height", "48", "--width", "80", "--steps", "1"]
+    res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "a.avi")])
+    assert res.exit_code == 2 and "loading" not in res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --out {tmp_path / 'a.avi'}: the extension picks the format: "
+                                               ".mp4 (H.264), .webm (VP9), .gif (animated) or .png (one PNG per "
+                                               "frame); give a path ending in one of them"]
+    res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "p.gif"), "--json"])
+    assert res.exit_code == 0, res.output
+    gif = Image.open(tmp_path / "p.gif")
+    assert (gif.n_frames, gif.size) == (5, (80, 48))
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["format"] == "gif" and data["video"] == str(tmp_path / "p.gif")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.gif", "p.json"]
 
 
 @pytest.mark.slow

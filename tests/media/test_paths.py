@@ -30,7 +30,7 @@ def test_check_target_and_folder(tmp_path):
 
 def test_check_output_gives_the_json_beside_the_mp4(tmp_path):
     assert check_output(tmp_path / "sub" / "v.mp4", False) == tmp_path / "sub" / "v.json"
-    for bad, needle in ((tmp_path, "is a folder: use --out"), (tmp_path / "v.avi", "ending in .mp4"),
+    for bad, needle in ((tmp_path, "is a folder: use --out"), (tmp_path / "v.avi", "the extension picks the format: .mp4"),
                         (tmp_path / ".mp4", "no file name before .mp4")):
         with pytest.raises(BadInput, match=needle):
             check_output(bad, False)

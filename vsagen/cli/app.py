@@ -22,12 +22,13 @@ from ..request.options import ImageFit, ReportFormat, RequestOptions
 from .running import (err, ran_in_workers, request_command, run_guarded, single_process,
                       torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                             OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, path_parser)
+                             OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
+                             complete_model, path_parser)
 
 app = typer.Typer(
     name="vsagen",
     help="Generate Wan video with sparse video self-attention, and see where the time went.",
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion; --model and --attn complete (shared_options)
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -157,7 +158,8 @@ def i2v(
     PROFILE,
     attn=(Annotated[str, typer.Option(help="Backends to compare, comma-separated (e.g. full,vsa; see `vsagen "
                                            "backends`), each with options as NAME:KEY=VALUE[:KEY=VALUE] (e.g. "
-                                           "full,vsa:sparsity=0.85,vsa:sparsity=0.9: two settings of one backend).")],
+                                           "full,vsa:sparsity=0.85,vsa:sparsity=0.9: two settings of one backend).",
+                                      autocompletion=complete_attn)],
           "full,vsa"),
     sparsity=(Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn (default from "
                                                            "the preset).")], None),
@@ -247,7 +249,8 @@ def profile(
     COMPARE,
     attn=(Annotated[str, typer.Option(help="Backends, comma-separated, the first the reference (e.g. full,vsa,"
                                            "sla-star; see `vsagen backends`), each with options as "
-                                           "NAME:KEY=VALUE[:KEY=VALUE] (e.g. full,vsa:sparsity=0.9).")], "full,vsa"),
+                                           "NAME:KEY=VALUE[:KEY=VALUE] (e.g. full,vsa:sparsity=0.9).",
+                                      autocompletion=complete_attn)], "full,vsa"),
     sparsity=(Annotated[Optional[float], typer.Option(help="Sparsity of the sparse backends in --attn "
                                                            "(default from the preset).")], None),
     out=(Annotated[Optional[Path], typer.Option(help="Output folder (created if missing; default "
@@ -377,6 +380,31 @@ def backends() -> None:
     print_backends(typer.echo)
 
 
+@app.command()
+def download(
+    preset: Annotated[str, typer.Argument(help="A preset (see `vsagen presets`).", metavar="PRESET",
+                                          autocompletion=complete_model)],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the files and their sizes (from the hub's "
+                                                            "metadata) without downloading.")] = False,
+    verbose: Verbose = False,
+) -> None:
+    """Download exactly the files PRESET's runs read (every component's config and weights, a transformer the preset
+    names, its light VAE decoder) into the Hugging Face cache: their sizes and the total first, then a progress bar
+    per file. Later runs find them there, offline too."""
+
+    def run() -> None:
+        from ..commands.download import download as fetch
+        from ..commands.download import plan_download, plan_lines
+
+        plan = plan_download(preset)
+        for line in plan_lines(plan):
+            typer.echo(line)
+        if not dry_run:
+            fetch(plan, log=typer.echo)
+
+    run_guarded(single_process(run), verbose)
+
+
 def main() -> None:
     """Console-script entry point: usage errors also become one `error:` line (exit code 2); no command at all
     prints the help and exits 2.
@@ -388,7 +416,9 @@ def main() -> None:
 
     try:
         with process():  # once a command's files are in place, a late Ctrl-C / SIGTERM no longer changes its exit
-            code = app(standalone_mode=False)
+            # named `vsagen` however started (`python -m vsagen`, torchrun): the completion script and its
+            # variable (_VSAGEN_COMPLETE) are the command's, as the usage lines are
+            code = app(standalone_mode=False, prog_name="vsagen")
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
         name = type(e).__name__
         ctx = getattr(e, "ctx", None)

@@ -54,14 +54,36 @@ IMAGE_PATH = path_parser("an image file (PNG, JPEG or WebP)")
 def _choices(enum: type[Enum]) -> str:
     return "[" + "|".join(str(m.value) for m in enum) + "]"
 
-Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.")]
+def complete_model(incomplete: str) -> list[str]:
+    """Shell completion of `--model`: the preset names that start with what was typed (none: the shell completes
+    a folder name instead). Reads the preset files' names only (no torch, no preset parsed)."""
+    from ..models.presets import preset_names
+
+    return [name for name in preset_names() if name.startswith(incomplete)]
+
+
+def complete_attn(incomplete: str) -> list[str]:
+    """Shell completion of `--attn` (a comma-separated list where a command takes several): `auto` and the
+    registered backend names that start with the last item typed, the items before it kept; none once the item has
+    options (`NAME:...`). Reads the registry's names (no torch)."""
+    from ..attention.registry import backend_names
+
+    head, _, last = incomplete.rpartition(",")
+    if ":" in last:
+        return []
+    return [f"{head},{name}" if head else name for name in ("auto", *backend_names())
+            if name.startswith(last) and not (head and name == "auto")]
+
+
+Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.",
+                                    autocompletion=complete_model)]
 # The backends are not listed here (that would import them, and torch, before `--help` answers): `vsagen backends`
 # lists the registry; the examples name backends that exist.
 Attn = Annotated[str, typer.Option(help="Self-attention backend: auto (the default: the backend the checkpoint was "
                                         "trained for, else full; the run's notes say which and why) or a name "
                                         "`vsagen backends` lists (full, vsa, sparse-vdit, ...), with options as "
                                         "NAME:KEY=VALUE[:KEY=VALUE], e.g. vsa:sparsity=0.9:impl=torch or "
-                                        "sparse-vdit:patterns=FILE.")]
+                                        "sparse-vdit:patterns=FILE.", autocompletion=complete_attn)]
 Sparsity = Annotated[Optional[float], typer.Option(help="Fraction of key tiles skipped per query tile "
                                                        "(sparse backends; default from the preset).")]
 AttnImpl = Annotated[str, typer.Option(help="Backend implementation: auto (vsa: Triton kernels on CUDA, with "
@@ -108,9 +130,11 @@ CompareSamplers = Annotated[Optional[str], typer.Option(
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "
          "default from the preset.")]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
-Out = Annotated[Optional[Path], typer.Option(help="The mp4 file to write (a file name ending in .mp4, not a folder; "
-                                                 "default vsagen-<model>-<attn>-seed<seed>.mp4 in the current "
-                                                 "folder); the timing JSON goes beside it (same name, .json).",
+Out = Annotated[Optional[Path], typer.Option(help="The video file to write, its extension the format: .mp4 (H.264), "
+                                                 ".webm (VP9), .gif (animated) or .png (PNG frames NAME-0000.png, "
+                                                 "...); not a folder; default vsagen-<model>-<attn>-seed<seed>.mp4 "
+                                                 "in the current folder. The timing JSON goes beside it (same name, "
+                                                 ".json).",
                                              parser=MP4_PATH)]
 Overwrite = Annotated[bool, typer.Option(help="Replace existing output files.")]
 Sheet = Annotated[bool, typer.Option("--sheet", help="Also write a contact sheet beside each mp4 (same name, "

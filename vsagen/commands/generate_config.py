@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..attention import BackendSpec
 from ..errors import BadInput
+from ..media.formats import FORMATS, VideoFormat, check_format, frame_paths, output_format
 from ..media.paths import check_output, check_target, default_out, sheet_path
 from ..media.video import Encoding, check_encoder
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
@@ -38,6 +40,28 @@ class RunConfig(Request):
     last_image: Path | None = None
     sheet_out: Path | None = None
     encoding: Encoding = Encoding()
+    video_format: str = "mp4"  # --out's extension: mp4 | webm | gif | png (vsagen.media.formats)
+
+    @property
+    def format(self) -> VideoFormat:
+        """The video's file format (`--out`'s extension)."""
+        return FORMATS[self.video_format]
+
+    def metadata(self) -> dict[str, str]:
+        """The video's container metadata: `title` the prompt, `description` one line of the settings, `comment`
+        a compact JSON of the prompt, negative prompt, model, backend spec, sampler, steps, seed, size, fps,
+        guidance and vsagen's version (what a later run needs to make the video again)."""
+        from .. import __version__
+
+        record = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "model": self.model,
+                  "attn": self.backend.text(), "cache": self.cache.text(), "sampler": self.sampler.name,
+                  "steps": self.steps, "seed": self.seed, "frames": self.frames, "height": self.height,
+                  "width": self.width, "fps": self.fps, "guidance": self.guidance, "guidance_2": self.guidance_2,
+                  "image": self.image.name if self.image is not None else None, "vsagen": __version__}
+        return {"title": self.prompt, "comment": json.dumps(record, ensure_ascii=False, separators=(",", ":")),
+                "description": f"vsagen {__version__}: {self.model}, --attn {self.backend.text()}, {self.steps} "
+                               f"steps {self.sampler.name}, seed {self.seed}, {self.frames}x{self.height}x"
+                               f"{self.width}"}
 
     @property
     def backend(self) -> BackendSpec:
@@ -200,7 +224,12 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
             + (f"-{req.cache.name}" if req.cache.enabled else "")
             + ("-calibrate" if req.cache.name == "mag" and req.cache.options.calibrate else ""))
     path = out.out if out.out is not None else default_out(model, what, req.seed, out.overwrite)
-    json_out = check_output(path, out.overwrite)
+    json_out = check_output(path, out.overwrite, req.frames)
+    video_format = output_format(path)
+    check_format(video_format, out.encoding)
+    if video_format.name == "png" and out.overwrite and frame_paths(path, req.frames + 1)[-1].exists():
+        notes += (f"{frame_paths(path, req.frames + 1)[-1]} and any later frame files are an earlier, longer run's "
+                  f"and stay as they were (this run writes {req.frames} frames)",)
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")
@@ -214,7 +243,7 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,
-                     encoding=out.encoding)
+                     encoding=out.encoding, video_format=video_format.name)
 
 
 def resolve_generate(prompt: str, *, image: Path | None = None, fit: str = "crop", last_image: Path | None = None,

@@ -51,19 +51,21 @@ def _why_unwritable(e: OSError) -> str:
         else (e.strerror or str(e)).lower())
 
 
-def check_output(out: Path, overwrite: bool) -> Path:
-    """`--out` of t2v / i2v: an mp4 file name (not a folder) that may be written, and its JSON beside it (see
-    `check_target`, `check_folder`). Returns the JSON's path."""
+def check_output(out: Path, overwrite: bool, frames: int = 1) -> Path:
+    """`--out` of t2v / i2v: a video file name (not a folder) whose extension picks the format
+    (`vsagen.media.formats.output_format`: .mp4, .webm, .gif, or .png for `frames` PNG files NAME-0000.png, ...)
+    that may be written, and its JSON beside it (see `check_target`, `check_folder`). Returns the JSON's path."""
+    from .formats import FORMATS, frame_paths, output_format
+
     if out.is_dir():
         raise BadInput(f"--out is the mp4 file to write; {out} is a folder: use --out {out / 'name.mp4'}")
     if not out.name or out.name in (".", ".."):
         raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
     json_out = out.with_suffix(".json")
-    if out.name.lower() == ".mp4":
-        raise BadInput(f"--out {out}: no file name before .mp4; give e.g. video.mp4")
-    if out.suffix.lower() != ".mp4":
-        raise BadInput(f"--out {out}: the video is written as mp4; give a path ending in .mp4")
-    for p in (out, json_out):
+    if out.name.lower() in {f".{name}" for name in FORMATS}:
+        raise BadInput(f"--out {out}: no file name before {out.name}; give e.g. video{out.name.lower()}")
+    files = frame_paths(out, frames) if output_format(out).name == "png" else [out]
+    for p in (*files, json_out):
         check_target(p, overwrite, "--out")
     check_folder(out.parent)
     return json_out

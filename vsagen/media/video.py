@@ -151,14 +151,20 @@ class Outputs:
         the file replaces an existing one whatever `overwrite` says (a MagCache calibration file; add it last, so a
         refused earlier file leaves the old one in place)."""
         interrupts.check()
-        missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
-        self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
-        tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
-        self._staged.append((tmp, target))
+        tmp = self.reserve(target, suffix)
         if replace:
             self._replace.add(target)
         write(tmp)
         interrupts.check()
+
+    def reserve(self, target: Path, suffix: str | None = None) -> Path:
+        """A temporary file beside `target` (suffix: `target`'s), staged for `publish` as `add`'s are, for a
+        writer that fills it itself (PNG frames, one per frame as the video decodes); removed unpublished."""
+        missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
+        self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
+        tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
+        self._staged.append((tmp, target))
+        return tmp
 
     def publish(self) -> None:
         """Move every added file into place (a signal meanwhile is held; after the last one it is dropped: the
@@ -306,12 +312,18 @@ def find_ffmpeg() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
-def _writer(path: Path, fps: int, encoding: Encoding | None) -> Any:
+def metadata_params(metadata: dict[str, str] | None) -> list[str]:
+    """ffmpeg's `-metadata KEY=VALUE` options for `metadata` (the mp4 and WebM muxers keep title, description and
+    comment without further flags; other keys in an mp4 would need `-movflags use_metadata_tags`)."""
+    return [arg for key, value in (metadata or {}).items() for arg in ("-metadata", f"{key}={value}")]
+
+
+def _writer(path: Path, fps: int, encoding: Encoding | None, metadata: dict[str, str] | None = None) -> Any:
     import imageio.v2 as imageio
 
     encoding = Encoding() if encoding is None else encoding
     return imageio.get_writer(path, format="FFMPEG", fps=fps, codec=CODECS[encoding.codec], pixelformat="yuv420p",
-                              macro_block_size=1, quality=None, output_params=encoding.ffmpeg_params(),
+                              macro_block_size=1, quality=None, output_params=[*encoding.ffmpeg_params(), *metadata_params(metadata)],
                               ffmpeg_log_level="error")
 
 
@@ -358,11 +370,14 @@ class StreamTimes:
 
 
 def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encoding: Encoding | None = None, *,
-                      keep: Callable[[np.ndarray], None] | None = None) -> StreamTimes:
+                      keep: Callable[[np.ndarray], None] | None = None, metadata: dict[str, str] | None = None,
+                      open_writer: Callable[[Path, int], Any] | None = None) -> StreamTimes:
     """Encode a stream of (f, H, W, 3) uint8 frame chunks as `encode_mp4` does, the encode in a thread of its own
     while this thread produces the next chunk (`chunks` is consumed here: a lazy decode runs here, between safe
     points). At most two chunks wait for the encoder, so memory holds a few chunks, never the video. `encoding` as
-    `encode_mp4`'s. `keep`, if given, also gets each chunk (e.g. to gather a contact sheet's frames).
+    `encode_mp4`'s. `keep`, if given, also gets each chunk (e.g. to gather a contact sheet's frames). `metadata`:
+    the mp4's container tags (title, description, comment; `-metadata` of ffmpeg). `open_writer(path, fps)`: another
+    format's writer (`append_data(frame)`, `close()`; `vsagen.media.formats`) in place of the mp4's.
 
     Raises:
         RunFailure: ffmpeg left the file empty, no chunk came, or the chunks' frame sizes differ.
@@ -374,7 +389,7 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
     failure: list[BaseException] = []
     stop = threading.Event()  # the producer failed or was interrupted: encode nothing more
     busy = [0.0]
-    writer = _writer(path, fps, encoding)
+    writer = _writer(path, fps, encoding, metadata) if open_writer is None else open_writer(path, fps)
 
     def encode() -> None:
         try:
@@ -441,7 +456,7 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
     interrupts.check()
     if frames == 0:
         raise RunFailure("the decode gave no frames to encode")
-    if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
+    if open_writer is None and (not path.exists() or path.stat().st_size == 0):  # ffmpeg can fail on its own input and still exit quietly
         raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps (its own message is above)")
     return StreamTimes(produce, busy[0], time.perf_counter() - start, frames)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend
 
-from vsagen.attention.vsa import kernel_lists
+from vsagen.attention.shared import kernel_lists
 from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2, sdpa
 from vsagen.kernels import fa4_block_sparse as fa4
 from vsagen.kernels.block_sparse_attn import block_sparse_attention

@@ -213,7 +213,7 @@ def check(mods: tuple[ModuleType, ModuleType], grid: tuple[int, int, int], heads
     mask, then FastVideo's path and vsagen's fine stage against the float32 reference with one reference selection.
 
     Returns one line per tile volume ("... fwd e dq e dk e dv e" for each engine)."""
-    from vsagen.attention.vsa import kernel_lists
+    from vsagen.attention.shared import kernel_lists
     from vsagen.kernels import reference as ref
     from vsagen.kernels.block_sparse_attn import block_sparse_attention
     from vsagen.layout import tile_layout

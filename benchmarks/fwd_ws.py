@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from vsagen.attention.vsa import kernel_lists
+from vsagen.attention.shared import kernel_lists
 from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2
 from vsagen.kernels import reference as ref
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
@@ -143,7 +143,7 @@ def dit(key: str) -> None:
     import vsagen
     from diffusers import WanTransformer3DModel
 
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     name, latent, timed = DIT[key]
     preset = load_preset(name)

@@ -32,8 +32,8 @@ import torch
 from peer_dmd import load_module  # benchmarks/ is on the path when this script runs
 
 from vsagen.bench import bench_ms, rel_l2
-from vsagen.light_vae import LightVaeConfig, LightVaeDecoder
-from vsagen.presets import load_preset
+from vsagen.decode.light_decoder import LightVaeConfig, LightVaeDecoder
+from vsagen.models.presets import load_preset
 
 COMMIT = "63b54d1ab3433ab6752660e835a81769a2598298"
 FILE = "infer/examples/wan2.2/autoencoder_kl_turbo_vaed_ours_wan22.py"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from vsagen.attention.vsa import kernel_lists
+from vsagen.attention.shared import kernel_lists
 from vsagen.bench import SHAPES, AttentionShape, bench_ms, make_inputs, rel_l2
 from vsagen.kernels import fa4_block_sparse as fa4
 from vsagen.kernels.block_sparse_attn import block_sparse_attention

@@ -28,7 +28,7 @@ RUNS = {"as trained": [], "dense": ["--sampler", "default", "--attn", "full"]}
 
 def run_one(preset: str, label: str, extra: list[str], outdir: Path, prompt: str) -> dict:
     out = outdir / f"{preset}-{label.replace(' ', '-')}.mp4"
-    cmd = [sys.executable, "-m", "vsagen.cli", "t2v", prompt, "--model", preset, "--random-weights", "--seed", "0",
+    cmd = [sys.executable, "-m", "vsagen", "t2v", prompt, "--model", preset, "--random-weights", "--seed", "0",
            "--warmup", "1", "--out", str(out), "--overwrite", "--json", *RUNS[label], *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)

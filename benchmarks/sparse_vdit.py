@@ -29,14 +29,14 @@ import sys
 
 import torch
 
-from vsagen.attention import sparse_vdit as sv
+from vsagen.attention import shared
 from vsagen.attention.sparse_vdit import SparseVDiTAttention, SparseVDiTOptions, masked_attention
 from vsagen.bench import SHAPES, AttentionShape, bench_ms, rel_l2, sdpa
 from vsagen.layout import tile_layout
 from vsagen.sparsity.files import PatternFile, StepRange, load_patterns, save_patterns
 from vsagen.sparsity.patterns import block_density, block_map, default_catalog, token_density
 
-DEFAULT_LAUNCH = dict(sv.QUERY_LAUNCH)
+DEFAULT_LAUNCH = dict(shared.QUERY_LAUNCH)
 
 # Heads of one layer of the hand-written 1.3B file (12 heads), rotated by one head per layer.
 HAND_LAYER = ("dense", "dense", "mixed", "mixed", "vertical-stripe", "vertical-stripe", "multi-diagonal",
@@ -90,7 +90,7 @@ def sweep(shape: AttentionShape, layers: dict, rows: list) -> None:
         best: dict[int, tuple[float, tuple]] = {}
         for label, (qb, launch) in FWD_SWEEP.items():
             if launch is not None:
-                sv.QUERY_LAUNCH[qb] = launch + DEFAULT_LAUNCH[qb][3:]  # the benchmark's override of the backend's table
+                shared.QUERY_LAUNCH[qb] = launch + DEFAULT_LAUNCH[qb][3:]  # the benchmark's override
             be = SparseVDiTAttention(SparseVDiTOptions(query_block=qb))
             with torch.no_grad():
                 ms = bench_ms(lambda: be.attend(q, k, v, modes, layout))
@@ -100,7 +100,7 @@ def sweep(shape: AttentionShape, layers: dict, rows: list) -> None:
             print(f"  fwd {name:16s} {label:26s} {ms:8.3f}", flush=True)
         for label, (qb, launch) in BWD_SWEEP.items():
             if launch is not None:
-                sv.QUERY_LAUNCH[qb] = best[qb][1] + launch
+                shared.QUERY_LAUNCH[qb] = best[qb][1] + launch
             be = SparseVDiTAttention(SparseVDiTOptions(query_block=qb))
 
             def run():
@@ -110,7 +110,7 @@ def sweep(shape: AttentionShape, layers: dict, rows: list) -> None:
             ms = bench_ms(run)
             rows.append({"sweep": "fwd+bwd", "mode": name, "variant": label, "ms": ms})
             print(f"  fwd+bwd {name:12s} {label:26s} {ms:8.3f}", flush=True)
-        sv.QUERY_LAUNCH.update(DEFAULT_LAUNCH)
+        shared.QUERY_LAUNCH.update(DEFAULT_LAUNCH)
 
 
 def inputs(shape: AttentionShape, seed: int, grad: bool = False) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ def run_one(args: argparse.Namespace, spec: str, outdir: Path) -> dict:
     attn, _, sparsity = spec.partition(":")
     out = outdir / f"{attn}{'-' + sparsity if sparsity else ''}.mp4"
     command = ["i2v", str(args.image)] if args.image else ["t2v"]
-    cmd = [sys.executable, "-m", "vsagen.cli", *command, args.prompt, "--model", args.model, "--attn", attn,
+    cmd = [sys.executable, "-m", "vsagen", *command, args.prompt, "--model", args.model, "--attn", attn,
            "--steps", str(args.steps), "--out", str(out), "--overwrite", "--json", "--seed", "0"]
     if sparsity:
         cmd += ["--sparsity", sparsity]

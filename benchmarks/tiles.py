@@ -10,7 +10,7 @@ For each shape (default the Wan2.1-1.3B 480p and 14B 720p problems, B=1, D=128, 
   selection (vsagen's Triton coarse stage on those inputs, held fixed), each row from the cube lists (q2k, q2k_cnt)
   and tile-order (B, S, H, D) q, k, v to the (B, S, H, D) output, whatever index conversion and padding the engine
   needs included:
-    vsagen rows 64 / rows 128    `block_sparse_attention` over `vsa.kernel_lists`'s kernel-tile lists, and (cubes of
+    vsagen rows 64 / rows 128    `block_sparse_attention` over `shared.kernel_lists`'s kernel-tile lists, and (cubes of
                                  128 / 256) the grouped kernel over the backend's `query_groups` (one program per 128
                                  rows of a cube)
     FastVideo Triton             FastVideo 0.2.1's Triton VSA kernel from its sdist (`benchmarks/fastvideo_vsa.py`:
@@ -39,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from vsagen.attention.vsa import VSAAttention, VSAOptions, kernel_lists
+from vsagen.attention.shared import QUERY_LAUNCH, kernel_lists
+from vsagen.attention.vsa import VSAAttention, VSAOptions
 from vsagen.bench import SHAPES, make_inputs, rel_l2, time_attention
 from vsagen.kernels import reference as ref
 from vsagen.layout import parse_tile, tile_layout
@@ -81,7 +82,6 @@ def cube_selection(q: torch.Tensor, k: torch.Tensor, layout, sparsity: float) ->
 def vsagen_fine(backend: VSAAttention):
     """vsagen's fine stage as `backend` runs it (rows 64: `block_sparse_attention`; rows 128: the grouped kernel over
     `backend.query_groups`): run(q, k, v, q2k, q2k_cnt, layout) -> (B, S, H, D)."""
-    from vsagen.attention.sparse_vdit import QUERY_LAUNCH
     from vsagen.kernels.block_sparse_attn import block_sparse_attention, block_sparse_attention_grouped
 
     def run(q, k, v, q2k, cnt, layout):

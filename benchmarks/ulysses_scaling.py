@@ -122,7 +122,7 @@ def main() -> None:
                 dit = per_step(timing, "dit_s", a.steps)
                 a2a = per_step(timing, "all_to_all_s", a.steps)
                 exch = per_step(timing, "cfg_exchange_s", a.steps)
-                from vsagen.video import read_mp4
+                from vsagen.media.video import read_mp4
 
                 frames = read_mp4(out)
                 if name == "1":

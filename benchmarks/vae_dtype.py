@@ -4,7 +4,7 @@ real size, so `--vae-dtype`'s default can be chosen by measurement (target: with
 The VAE is the preset's real architecture (`[vae]` of its preset: the Wan2.1 VAE, or the Wan2.2 one of the 5B) with
 its weights from `--weights DIR` (a diffusers `vae/` folder, safetensors) when given, else random (seeded): then
 the latents are not noise but the VAE's own encoding of a smooth moving synthetic clip, so the decoder sees latents
-of its own distribution. Both dtypes decode the same latents through `vsagen.decode_stream` (as `t2v` does), the
+of its own distribution. Both dtypes decode the same latents through `vsagen.decode.stream` (as `t2v` does), the
 frames are made uint8 as the mp4's are, and PSNR is taken against the float32 frames.
 
 `--variants` adds the other speed-ups issue 32 item 2 names, each on top of bf16 and checked the same way:
@@ -23,8 +23,8 @@ import time
 import numpy as np
 import torch
 
-from vsagen.decode_stream import decode_chunks, frames_u8
-from vsagen.presets import load_preset
+from vsagen.decode.stream import decode_chunks, frames_u8
+from vsagen.models.presets import load_preset
 
 
 def smooth_clip(frames: int, height: int, width: int) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# vsagen wraps its notes to COLUMNS when it is set (vsagen.terminal); the tests read whole notes and paths from
+# vsagen wraps its notes to COLUMNS when it is set (vsagen.cli.terminal); the tests read whole notes and paths from
 # stderr, so a COLUMNS exported by the user's shell, or pytest-xdist's workers (they set COLUMNS=80), broke three of
 # them where a temporary path pushed a line past 80 columns. Tests of the wrapping set COLUMNS themselves.
 os.environ.pop("COLUMNS", None)
@@ -43,8 +43,8 @@ def vsagen_cache(tmp_path_factory):
 
 def saved_tiny(name: str):
     """Directory of the saved tiny pipeline of preset `name` (built once into the session's VSAGEN_CACHE)."""
-    from vsagen.presets import load_preset
-    from vsagen.tiny import ensure_tiny_checkpoint
+    from vsagen.models.presets import load_preset
+    from vsagen.models.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(load_preset(name))
 
@@ -92,7 +92,7 @@ def make_transformer(dtype=torch.float32, seed: int = 0):
     """The tiny preset's WanTransformer3DModel with seeded random weights (CPU, eval)."""
     from diffusers import WanTransformer3DModel
 
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     torch.manual_seed(seed)
     t = WanTransformer3DModel(**load_preset("tiny").transformer).eval()
@@ -155,10 +155,10 @@ def encoder_frames(monkeypatch):
     H.264 is lossy; comparing these instead of decoded mp4s keeps a 1-level pixel difference from turning
     into different encoder decisions.
     """
-    import vsagen.video
+    import vsagen.media.video
 
     frames: dict = {}
-    real_encode, real_stream = vsagen.video.encode_mp4, vsagen.video.encode_mp4_stream
+    real_encode, real_stream = vsagen.media.video.encode_mp4, vsagen.media.video.encode_mp4_stream
 
     def stem(path):  # the encoder writes a temporary `.{stem}.{random}.mp4` beside the target: key by the target
         return path.name[1:].rsplit(".", 2)[0] if path.name.startswith(".") else path.stem
@@ -172,8 +172,8 @@ def encoder_frames(monkeypatch):
         frames[stem(path)] = np.concatenate(chunks)
         return real_stream(iter(chunks), path, *args, **kwargs)
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4", capture)
-    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", capture_stream)
+    monkeypatch.setattr(vsagen.media.video, "encode_mp4", capture)
+    monkeypatch.setattr(vsagen.media.video, "encode_mp4_stream", capture_stream)
     return frames
 
 
@@ -300,6 +300,31 @@ def masked_dense(q, k, v, allowed_tiles, lay, scale=None):
     out = torch.einsum("bhst,bthd->bhsd", torch.softmax(logits, -1), v.double())
     out = out.masked_fill(empty.unsqueeze(-1), 0.0).transpose(1, 2)
     return out, lse.masked_fill(empty, float("-inf"))
+
+
+@pytest.fixture
+def input_checks(monkeypatch):
+    """How often the block-sparse kernels' input checks ran from here on: {"check_inputs": n, "check_fp32_bwd": n}
+    (`bsa_primitives`'s, counted in every vsagen.kernels module that took them by name; they still check)."""
+    import sys
+
+    import vsagen.kernels.block_sparse_attn  # noqa: F401 - every module that takes the checks, imported
+    import vsagen.kernels.bsa_forward_ws  # noqa: F401
+    import vsagen.kernels.bsa_primitives as primitives
+    import vsagen.kernels.sla_star_attn  # noqa: F401
+
+    counts = dict.fromkeys(("check_inputs", "check_fp32_bwd"), 0)
+    for name in counts:
+        real = getattr(primitives, name)
+
+        def counted(*args, _name=name, _real=real):
+            counts[_name] += 1
+            return _real(*args)
+
+        for module_name, module in list(sys.modules.items()):
+            if module_name.startswith("vsagen.kernels") and getattr(module, name, None) is real:
+                monkeypatch.setattr(module, name, counted)
+    return counts
 
 
 def leaves(*xs, dtype=torch.float64):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import vsagen.__main__ as entry  # importing it runs nothing
-from vsagen.cli import main
+from vsagen.cli import main  # the console script (pyproject: vsagen = "vsagen.cli:main")
 
 
 def test_module_entry_is_the_console_script():

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from vsagen.attention import registry
 from vsagen.attention.base import PROTOCOL_MEMBERS, AttnContext, Backend, LayerWeights, RunInfo
-from vsagen.cli import app
-from vsagen.video import read_mp4
+from vsagen.cli.app import app
+from vsagen.media.video import read_mp4
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "adding-a-backend.md"
@@ -39,12 +39,19 @@ SMALL = ("--model", "tiny", "--device", "cpu", "--frames", "5", "--height", "64"
 GRID, TOKENS, HEADS, HEAD_DIM, LAYERS, FORWARDS = (2, 4, 4), 32, 2, 16, 2, 2
 
 
+TOY_LINE = "toy_backend:ToyAttention"  # its line in `_BACKENDS`, as the shipped backends' (".vsa:VSAAttention")
+
+
 @pytest.fixture
 def toy(monkeypatch, vsagen_cache, tiny_dir):
-    """The toy registered as its line in `_BACKENDS` would register it: one entry in `REGISTRY`, the class checked
-    by `registry_of` (what builds `REGISTRY`); undone after the test. Its record starts empty."""
-    entry = registry.registry_of((*registry._BACKENDS, ToyAttention))[ToyAttention.name]
-    monkeypatch.setitem(registry.REGISTRY, ToyAttention.name, entry)
+    """The toy registered exactly as the shipped backends are: its line added to `_BACKENDS`, `REGISTRY` built
+    from them by `registry_of` (which imports and checks each class); undone after the test. Its record starts
+    empty."""
+    monkeypatch.setattr(registry, "_BACKENDS", (*registry._BACKENDS, TOY_LINE))
+    built = registry.registry_of(registry._BACKENDS)  # as `REGISTRY` is built when the registry is imported
+    for name, cls in built.items():  # into the one dict every caller reads
+        monkeypatch.setitem(registry.REGISTRY, name, cls)
+    assert registry.REGISTRY == built and built["toy"] is ToyAttention and registry.backend_names()[-1] == "toy"
     SEEN.clear()
     yield SEEN
     SEEN.clear()
@@ -212,6 +219,7 @@ def test_the_documents_skeleton_is_the_protocol():
 def test_the_document_names_the_real_fields_names_and_files():
     """Every field of the values a backend meets is documented; every name and file it points to exists."""
     import vsagen.attention.auto
+    import vsagen.attention.shared
     import vsagen.attention.spec
     import vsagen.attention.weights
     import vsagen.bench
@@ -226,13 +234,31 @@ def test_the_document_names_the_real_fields_names_and_files():
     assert "`step`" in text and "`timestep`" in text  # AttnContext's properties
     for path in set(re.findall(r"`((?:vsagen|kernels|tests|presets|docs)/[\w/.*]+)`", text)):
         assert list(ROOT.glob(path)), path
-    where = {registry: ("registry_of", "check_backend_class", "backend_names", "backend_class", "_BACKENDS"),
+    where = {registry: ("registry_of", "check_backend_class", "backend_names", "backend_class", "_BACKENDS",
+                        "backend_at"),
              vsagen.attention.auto: ("candidates", "FALLBACK", "choose_backend"),
-             vsagen.attention.weights: ("weights_path_option", "check_weights_file"),
-             vsagen.attention.spec: ("FLAG_OPTIONS", "resolve_spec", "text_options"),
+             vsagen.attention.shared: ("weights_path_option", "check_tuning", "kernel_lists", "QUERY_LAUNCH"),
+             vsagen.attention.weights: ("check_weights_file",),
+             vsagen.attention.spec: ("FLAG_OPTIONS", "spec_of", "text_options"),
              vsagen.request.backends: ("known_impls",), vsagen.bench: ("timed_layers",),
              vsagen.kernels.tuning: ("default_tuning", "PROFILES", "ROCM_VSA_CHANGES", "_tuning_for"),
              vsagen.commands.profile: ("BASELINE",)}
     for module, names in where.items():
         for name in names:
             assert f"`{name}" in text and hasattr(module, name), (module.__name__, name)
+
+
+def test_the_toy_module_imports_no_torch_as_the_shipped_ones():
+    """Registering a backend imports its module (`registry_of`), and the listings and the checks of `--attn` read
+    the registry before torch loads: the toy, as every shipped backend (tests/attention/test_registry.py), imports
+    torch only inside the methods that compute."""
+    import json
+    import subprocess
+    import sys
+
+    probe = ("import sys, json\nfrom vsagen.attention.registry import registry_of\n"
+             f"cls = registry_of(({TOY_LINE!r},))['toy']\n"
+             "print(json.dumps([cls.__name__, [m for m in sys.modules if m.split('.')[0] == 'torch']]))")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parent)
+    assert json.loads(res.stdout) == ["ToyAttention", []], res.stderr

@@ -1,6 +1,6 @@
 """vsagen.apply (vsagen/api.py): the Python API on a diffusers WanPipeline the user built (conftest's `tiny_pipe`,
 float32 on CPU), and the README's "Python API" example run as pasted (it loads its pipeline with
-`vsagen.load_pipeline`, whose own tests are in test_loading.py)."""
+`vsagen.load_pipeline`, whose own tests are in models/test_loading.py)."""
 
 from __future__ import annotations
 
@@ -285,6 +285,22 @@ def test_the_report_of_apply_leaves_the_regions_it_does_not_time_null():
     assert h.report(load_s=0.25).load_s == 0.25  # extra fields still set
 
 
+def test_a_note_a_kernel_gave_is_in_the_report_of_apply(monkeypatch):
+    """Issue 44: a kernel that falls back while running (the warp-specialized Gluon forward failing to compile) says
+    so through `kernels.runtime_notes`; apply's report carries the note, once however often it is said."""
+    from conftest import make_transformer
+
+    import vsagen.kernels.runtime_notes as notes
+
+    monkeypatch.setattr(notes, "_NOTES", [])
+    t = make_transformer()
+    with vsagen.apply(t, "full") as h:
+        assert h.report().notes == []
+        notes.add_note("a kernel fell back")
+        notes.add_note("a kernel fell back")
+    assert h.report().notes == ["a kernel fell back"]
+
+
 @pytest.mark.parametrize("root,why", [("/nope/no-such-folder", "no such folder"), (__file__, "not a folder")])
 def test_a_weights_root_that_is_not_a_folder_is_refused(root, why):
     """New-user trial: `weights_root="/nope"` attached weights to 0 layers and said nothing."""
@@ -448,7 +464,7 @@ def test_a_whole_compiled_transformer_times_nothing_and_the_report_says_how_to_c
 def test_a_load_pipeline_pipeline_takes_its_presets_backend_defaults(vsagen_cache):
     """`vsagen.load_pipeline("tiny")` then `apply(pipe, "sparse-vdit")`: the preset's bundled pattern file is used
     as the CLI uses it (it was "needs a pattern file": a new-user trial); a stock diffusers pipeline has no preset."""
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     pipe = vsagen.load_pipeline("tiny")
     with vsagen.apply(pipe, "sparse-vdit", impl="torch") as handle:

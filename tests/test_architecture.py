@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vsagen.architecture import ARCH_FIELDS, CONFIG_DEFAULTS, architecture_from_config, architecture_of
-from vsagen.presets import load_preset, preset_names
+from vsagen.models.presets import load_preset, preset_names
 
 
 @pytest.mark.parametrize("name", [n for n in preset_names() if load_preset(n).source == "tiny"])

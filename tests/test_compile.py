@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from vsagen.attention import make_backend, resolve_spec
 from vsagen.attention.full import FullAttention
 from vsagen.attention.hooks import patch_transformer
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.compiling import compile_breaks, compile_untimed
 from vsagen.timing import Timer, TimingReport
 

@@ -37,7 +37,7 @@ def test_hierarchy():
 
 @pytest.mark.parametrize("cls", [BadInput, ModelNotFound, RunFailure])
 def test_the_cli_exits_with_the_class_exit_code(monkeypatch, tmp_path, cls):
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     def fail(cfg, **kwargs):
         raise cls(f"{cls.__name__} from the library")

@@ -14,11 +14,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
-from vsagen.presets import _preset_dir, load_preset, parse_preset
-from vsagen.video import read_mp4
+from vsagen.models.presets import _preset_dir, load_preset, parse_preset
+from vsagen.media.video import read_mp4
 
 runner = CliRunner()
 # Steps of the short runs: with flow shift 3.0 and boundary 0.875, 2 steps are t = 999 (first expert) and

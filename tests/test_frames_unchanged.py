@@ -23,7 +23,7 @@ MAX_LEVELS = 1  # uint8 levels: float32 summation-order noise may flip a roundin
 @pytest.mark.slow
 @pytest.mark.parametrize("attn,options", [("full", {}), ("vsa", {"sparsity": 0.5, "attn_impl": "torch"})])
 def test_frames_match_the_recorded_reference(vsagen_cache, tmp_path, monkeypatch, attn, options):
-    import vsagen.video as video
+    import vsagen.media.video as video
     from vsagen.commands.generate import generate
 
     written = {}

@@ -16,10 +16,10 @@ from PIL import Image
 from conftest import noise_image, one_error_line
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.errors import BadInput
-from vsagen.presets import _preset_dir, load_preset, parse_preset
-from vsagen.video import read_mp4
+from vsagen.models.presets import _preset_dir, load_preset, parse_preset
+from vsagen.media.video import read_mp4
 
 runner = CliRunner()
 # small runs: 5 frames of 64 x 64 (grid 2 x 4 x 4), 1 step, CFG on (two forwards)
@@ -57,7 +57,7 @@ def test_image_encoder_table_needs_the_i2v_pipeline():
 def test_i2v_checkpoint_round_trips(i2v_dir):
     from diffusers import WanImageToVideoPipeline
 
-    from vsagen.tiny import build_tiny_pipeline
+    from vsagen.models.tiny import build_tiny_pipeline
 
     index = json.loads((i2v_dir / "model_index.json").read_text())
     assert index["_class_name"] == "WanImageToVideoPipeline" and index["image_encoder"][1] == "CLIPVisionModel"
@@ -186,7 +186,7 @@ def test_decompression_bomb_is_bad_input(vsagen_cache, tmp_path, monkeypatch):
 
     from PIL import Image as PILImage
 
-    from vsagen.image import open_image
+    from vsagen.media.image import open_image
 
     img = noise_image(tmp_path / "big.png", size=(48, 40))  # 1,920 pixels
     monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 1000)  # warning above 1,000, error above 2,000
@@ -305,17 +305,17 @@ def dit_inputs(monkeypatch):
 
 @pytest.fixture
 def fits(monkeypatch):
-    """The (size, fit) of every `vsagen.image.fit_image` call."""
-    import vsagen.image
+    """The (size, fit) of every `vsagen.media.image.fit_image` call."""
+    import vsagen.media.image
 
     calls: list[tuple] = []
-    real = vsagen.image.fit_image
+    real = vsagen.media.image.fit_image
 
     def spy(image, height, width, fit):
         calls.append(((height, width), fit))
         return real(image, height, width, fit)
 
-    monkeypatch.setattr(vsagen.image, "fit_image", spy)
+    monkeypatch.setattr(vsagen.media.image, "fit_image", spy)
     return calls
 
 
@@ -389,7 +389,7 @@ def test_flf2v_random_weights_with_a_last_image(vsagen_cache, tmp_path):
 
 def test_local_flf2v_and_i2v_checkpoints_get_their_own_preset(flf2v_dir, i2v_dir, tmp_path):
     from vsagen.commands.generate_config import resolve_generate as resolve
-    from vsagen.presets import LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
+    from vsagen.models.presets import LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 
     first, last = noise_image(tmp_path / "first.png"), noise_image(tmp_path / "last.png", seed=1)
     cfg = resolve("a fox", model=str(flf2v_dir), image=first, last_image=last, out=tmp_path / "a.mp4")
@@ -438,7 +438,7 @@ def test_last_image_is_for_image_to_video_only(vsagen_cache, tmp_path, monkeypat
     library refuses a last image without a first one."""
     import sys
 
-    from vsagen.cli import main
+    from vsagen.cli.app import main
     from vsagen.commands.generate_config import resolve_generate as resolve
 
     last = noise_image(tmp_path / "last.png")

@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"vsagen": ROOT / "vsagen"}
 
 
-def modules() -> dict[str, Path]:
+def modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
+    """Every module of `packages` (name -> its folder) by dotted name, each with its file."""
     out = {}
-    for pkg, folder in PACKAGES.items():
+    for pkg, folder in packages.items():
         for f in sorted(folder.rglob("*.py")):
             rel = f.relative_to(folder).with_suffix("")
             parts = [] if rel.name == "__init__" else [rel.name]
@@ -126,46 +127,130 @@ def test_nothing_is_decided_at_import(name):
 
 
 # The layers of vsagen, bottom to top (docs/internals.md, "Layers"): a module imports only modules of its own layer
-# or of a layer below, anywhere in the file (top level or inside a function). Every module belongs to one layer.
+# or of a layer below, anywhere in the file (top level or inside a function). Every module belongs to one layer: a
+# name covers that module and, for a package, everything under it, except the root package `vsagen`, which names only
+# vsagen/__init__.py (so a new module at the root must be placed here). The longest name wins: a room of the package
+# may put one module on another layer than the room's (the loader of models runs a request, above the models).
 LAYERS = (
     ("kernels", ("vsagen.kernels",)),
-    ("primitives", ("vsagen.errors", "vsagen.interrupts", "vsagen.architecture", "vsagen.layout", "vsagen.timing",
-                    "vsagen.video", "vsagen.sheet", "vsagen.image", "vsagen.metrics", "vsagen.blocks", "vsagen.bench",
-                    "vsagen.samplers", "vsagen.cache", "vsagen.cache_hooks",
-                    "vsagen.attention",
-                    "vsagen.sparsity", "vsagen.parallel")),
-    ("request", ("vsagen.request", "vsagen.presets", "vsagen.models", "vsagen.checkpoint_layouts", "vsagen.tiny",
-                 "vsagen.paths", "vsagen.transformer_files")),
-    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.compiling", "vsagen.backend_weights", "vsagen.loading",
-             "vsagen.estimate", "vsagen.decode_stream", "vsagen.light_vae", "vsagen.light_vae_attach")),
+    ("base", ("vsagen.errors", "vsagen.interrupts", "vsagen.architecture", "vsagen.layout", "vsagen.timing",
+              "vsagen.blocks", "vsagen.samplers", "vsagen.wrapping")),
+    ("media", ("vsagen.media",)),
+    ("sparsity", ("vsagen.sparsity",)),
+    ("parallel", ("vsagen.parallel",)),
+    ("attention", ("vsagen.attention", "vsagen.bench")),
+    ("caching", ("vsagen.cache",)),
+    ("models", ("vsagen.models", "vsagen.preset_data")),
+    ("decode", ("vsagen.decode",)),
+    ("request", ("vsagen.request",)),
+    ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.compiling", "vsagen.estimate", "vsagen.models.loading",
+             "vsagen.models.pipeline_weights")),
     ("commands", ("vsagen.commands",)),
-    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.cli_run", "vsagen.cli_options", "vsagen.listing",
-                   "vsagen.terminal")),
+    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli")),
 )
 
 
-def layer_of(name: str) -> int:
-    """The index in LAYERS of module `name`: the layer of its longest matching prefix (a package or the module)."""
-    best = max(((len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
-                if name == p or name.startswith(p + ".")), default=None)
-    assert best is not None, f"{name} belongs to no layer: add it to LAYERS (and docs/internals.md)"
-    return best[1]
+def layer_of(name: str, layers: tuple = LAYERS) -> int | None:
+    """The index in `layers` of module `name` (the layer of its longest matching name), or None for a module that
+    belongs to no layer."""
+    def covers(p: str) -> bool:
+        return name == p or (p != "vsagen" and name.startswith(p + "."))
+
+    best = max(((len(p), i) for i, (_, prefixes) in enumerate(layers) for p in prefixes if covers(p)), default=None)
+    return None if best is None else best[1]
 
 
-def test_layer_of_takes_the_longest_prefix():
-    assert [layer_of(n) for n in ("vsagen.kernels.coarse", "vsagen.attention.vsa", "vsagen.request.resolve",
-                                  "vsagen.pipeline", "vsagen.commands.profile", "vsagen.cli", "vsagen")] == \
-        [0, 1, 2, 3, 4, 5, 5]
+def layering_faults(files: dict[str, Path], layers: tuple = LAYERS) -> list[str]:
+    """One line per module of `files` in no layer of `layers` and per import of a module from a layer above its own."""
+    wrong = [f"{name} belongs to no layer: add it to LAYERS (and docs/internals.md)"
+             for name in sorted(files) if layer_of(name, layers) is None]
+    for name, path in sorted(files.items()):
+        mine = layer_of(name, layers)
+        for dep in sorted(imported(name, path, files)):
+            theirs = layer_of(dep, layers)
+            if mine is not None and theirs is not None and theirs > mine:
+                wrong.append(f"{name} ({layers[mine][0]}) imports {dep} ({layers[theirs][0]})")
+    return wrong
+
+
+def test_layer_of_takes_the_longest_name():
+    names = ("vsagen.kernels.coarse", "vsagen.layout", "vsagen.media.video", "vsagen.sparsity.files",
+             "vsagen.parallel.launch", "vsagen.attention.vsa", "vsagen.cache.install", "vsagen.models.presets",
+             "vsagen.decode.stream", "vsagen.request.resolve", "vsagen.pipeline", "vsagen.commands.profile",
+             "vsagen.cli.app", "vsagen")
+    assert [LAYERS[layer_of(n)][0] for n in names] == [
+        "kernels", "base", "media", "sparsity", "parallel", "attention", "caching", "models", "decode", "request",
+        "run", "commands", "interface", "interface"]
+    assert layer_of("vsagen.new_module") is None  # the root package names only itself
+
+
+def _plant(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    """A synthetic vsagen/ under `root`: {relative path: source}, every folder a package; its module map."""
+    for rel, text in files.items():
+        path = root / "vsagen" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        for folder in [path.parent, *path.parent.parents]:
+            if folder == root:
+                break
+            (folder / "__init__.py").touch()
+    return modules({"vsagen": root / "vsagen"})
+
+
+def test_the_check_catches_the_upward_imports_it_was_written_for(tmp_path):
+    """Issue 44's four imports from a lower layer up, planted in a synthetic package: the pattern search imported
+    attention, the Ulysses wrapper's module attention's base while the processor imported it back, the model sources
+    the request's options, CFG parallel the method wrapper of attention's hooks. Each is one line; the imports the
+    layers allow (the processor importing down, the request importing models, the loader of the models room, a layer
+    above the room's, importing the request) are none; an unplaced module is one."""
+    files = _plant(tmp_path, {
+        "attention/base.py": "",
+        "attention/hooks.py": "def wrap_method(): ...\n",
+        "attention/processor.py": "from ..parallel.ulysses import UlyssesAttention\n",
+        "sparsity/scoring.py": "def f():\n    from ..attention.base import Backend\n",
+        "parallel/ulysses.py": "from ..attention.base import BackendWrapper\n",
+        "parallel/cfg.py": "def g():\n    import vsagen.attention.hooks\n",
+        "models/sources.py": "from ..request.options import DEFAULT_MODEL\n",
+        "models/loading.py": "from ..request.resolve import Request\n",
+        "request/options.py": "from ..models.sources import ModelSource\n",
+        "request/resolve.py": "",
+        "stray.py": "",
+    })
+    assert layering_faults(files) == [
+        "vsagen.stray belongs to no layer: add it to LAYERS (and docs/internals.md)",
+        "vsagen.models.sources (models) imports vsagen.request.options (request)",
+        "vsagen.parallel.cfg (parallel) imports vsagen.attention.hooks (attention)",
+        "vsagen.parallel.ulysses (parallel) imports vsagen.attention.base (attention)",
+        "vsagen.sparsity.scoring (sparsity) imports vsagen.attention.base (attention)",
+    ]
 
 
 def test_no_module_imports_a_layer_above_it():
-    """Issue 28: the primitives (attention/, sparsity/, parallel/, kernels/, layout, timing, video, image, ...) import
-    no request, run or command module; requests import no run module; the run layer no command."""
-    files = modules()
-    wrong = []
-    for name, path in sorted(files.items()):
-        mine = layer_of(name)
-        for dep in sorted(imported(name, path, files)):
-            if layer_of(dep) > mine:
-                wrong.append(f"{name} ({LAYERS[mine][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]})")
-    assert not wrong, "\n".join(wrong)
+    """Issues 28 and 44: no module imports one of a layer above its own (LAYERS, bottom to top: kernels, base, media,
+    sparsity, parallel, attention, caching, models, decode, request, run, commands, interface), and every module
+    has its layer."""
+    faults = layering_faults(modules())
+    assert not faults, "\n".join(faults)
+
+
+def test_the_package_root_holds_at_most_15_modules():
+    """Issue 44: the root holds the public API, the orchestrator and the small primitives every layer shares; the
+    rest lives in rooms (cli/, models/, decode/, cache/, media/, ...)."""
+    root = sorted(p.name for p in (ROOT / "vsagen").glob("*.py"))
+    assert len(root) <= 15, root
+
+
+def test_every_package_is_installed_and_says_what_belongs_there():
+    """Every folder of vsagen/ is a package that pyproject.toml installs, its __init__.py a docstring saying what
+    belongs there."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = [p for p in sorted((ROOT / "vsagen").rglob("*")) if p.is_dir() and p.name != "__pycache__"
+               and any(p.glob("*.py"))]
+    for folder in folders:
+        init = folder / "__init__.py"
+        name = ".".join(folder.relative_to(ROOT).parts)
+        assert init.is_file(), f"{folder.relative_to(ROOT)} has modules but no __init__.py"
+        assert name in listed, f"{name} is missing from pyproject.toml's packages"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(ROOT)} has no docstring"

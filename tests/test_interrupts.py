@@ -20,7 +20,7 @@ import pytest
 
 from vsagen import interrupts
 from vsagen.interrupts import Guard, SignalInterrupt, as_interrupt, check, current_guard, hold, process
-from vsagen.video import Outputs, encode_mp4, read_mp4
+from vsagen.media.video import Outputs, encode_mp4, read_mp4
 
 
 def spin() -> None:
@@ -109,7 +109,7 @@ LATE_SIGNALS = r"""
 import os, signal, sys, time
 from pathlib import Path
 from vsagen.interrupts import as_interrupt, process
-from vsagen.video import Outputs
+from vsagen.media.video import Outputs
 
 class AtShutdown:
     def __del__(self):
@@ -166,7 +166,7 @@ def test_ffmpeg_found_before_the_write_is_not_probed_again(tmp_path, monkeypatch
     import imageio_ffmpeg._utils as utils
     import numpy as np
 
-    from vsagen.video import find_ffmpeg
+    from vsagen.media.video import find_ffmpeg
 
     exe = find_ffmpeg()
     monkeypatch.setattr(utils, "_is_valid_exe", lambda exe: pytest.fail("ffmpeg probed again"))
@@ -241,7 +241,7 @@ def test_a_stream_interrupted_between_chunks_leaves_no_ffmpeg_and_no_file(tmp_pa
     next safe point: the encoder is stopped, its ffmpeg has ended and the temporary file is gone."""
     import numpy as np
 
-    from vsagen.video import encode_mp4_stream
+    from vsagen.media.video import encode_mp4_stream
 
     def chunks():
         for i in range(10):
@@ -317,14 +317,14 @@ TINY = ["--model", "tiny", "--frames", "5", "--height", "64", "--width", "64", "
 
 # Starting 8 interpreters that each import torch, diffusers and transformers costs ~7 s of CPU apiece on this
 # machine; so one process imports them once and forks a `vsagen` process per case, each running the console
-# entry point `vsagen.cli.main()` with its own argv, folder, signal handlers and ffmpeg children (the interpreter's
+# entry point `vsagen.cli.app.main()` with its own argv, folder, signal handlers and ffmpeg children (the interpreter's
 # own start and shutdown are the only difference; a late signal's fate at shutdown is tested above). It then sends
 # each its signal as its stderr shows the case's line, and reports every exit status and stderr as JSON.
 FORKER = r"""
 import json, os, signal, sys, threading, time, traceback
 cases = json.loads(sys.stdin.read())
 import imageio.v2, imageio_ffmpeg, diffusers, transformers  # imports only: no computation before the forks
-import vsagen.cli, vsagen.commands.compare, vsagen.commands.generate, vsagen.loading, vsagen.pipeline
+import vsagen.cli.app, vsagen.commands.compare, vsagen.commands.generate, vsagen.models.loading, vsagen.pipeline
 from diffusers import WanPipeline
 sys.stdout.flush(); sys.stderr.flush()
 runs = []
@@ -339,7 +339,7 @@ for folder, argv, line, delay, signame in cases:
         sys.argv = ["vsagen", *argv]
         code = 1
         try:
-            vsagen.cli.main()
+            vsagen.cli.app.main()
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -440,7 +440,7 @@ def test_a_signal_during_a_mag_calibration_writes_no_calibration(vsagen_cache, t
     calibration file, written before the decode. It is now written with the video: interrupted, neither file is
     there (nor a temporary one); complete, both, an earlier calibration replaced (without --overwrite)."""
     import vsagen.commands.generate as gen
-    from vsagen.cache_hooks import load_calibration, save_ratios
+    from vsagen.cache.install import load_calibration, save_ratios
     from vsagen.commands.generate_config import resolve_generate
 
     ratios = tmp_path / "cal" / "mag.json"
@@ -480,7 +480,7 @@ STUCK = r"""
 import ctypes, os, subprocess, sys, threading, time
 from pathlib import Path
 from vsagen import interrupts
-from vsagen.cli_run import report_interrupt
+from vsagen.cli.running import report_interrupt
 
 libc = ctypes.CDLL(None)
 
@@ -513,7 +513,7 @@ with interrupts.process():
                 print(f"child {child.pid}", file=sys.stderr, flush=True)
                 stuck()
             else:
-                from vsagen.video import Outputs
+                from vsagen.media.video import Outputs
                 with Outputs() as outputs:
                     outputs.add(folder / "a.json", lambda tmp: (tmp.write_text("{"), stuck(3)))
                     outputs.publish()
@@ -657,14 +657,14 @@ def test_sigterm_while_torch_imports_is_the_commands_one_line(vsagen_cache, tmp_
 def test_an_interrupt_while_the_command_line_is_parsed_is_one_line(monkeypatch, capsys):
     """Typer turns a KeyboardInterrupt outside the command (while it parses) into a silent exit 130; the entry point
     says the command's line and names the signal (143)."""
-    import vsagen.cli_options
+    import vsagen.cli.shared_options
     from vsagen.cli import main
 
     def parse(*_):
         os.kill(os.getpid(), signal.SIGTERM)
         spin()
 
-    monkeypatch.setattr(vsagen.cli_options, "repeated_option", parse)
+    monkeypatch.setattr(vsagen.cli.shared_options, "repeated_option", parse)
     monkeypatch.setattr(sys, "argv", ["vsagen", "t2v", "a fox"])
     before = {s: signal.getsignal(s) for s in interrupts.ENDING_SIGNALS}
     with pytest.raises(SystemExit) as info:

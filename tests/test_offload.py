@@ -19,9 +19,9 @@ import torch
 from conftest import noise_image, one_error_line
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.commands.generate_config import resolve_generate as resolve
-from vsagen.video import read_mp4
+from vsagen.media.video import read_mp4
 
 runner = CliRunner()
 # Small runs: 5 frames of 64 x 64 (grid 2 x 4 x 4), CFG on (two forwards a step).
@@ -53,17 +53,17 @@ def recorder(monkeypatch):
 
 @pytest.fixture
 def placed(monkeypatch):
-    """Spies on vsagen.loading.place_pipeline (the real one still runs): [(pipe, offload, device)]."""
-    import vsagen.loading
+    """Spies on vsagen.models.loading.place_pipeline (the real one still runs): [(pipe, offload, device)]."""
+    import vsagen.models.loading
 
     calls = []
-    real = vsagen.loading.place_pipeline
+    real = vsagen.models.loading.place_pipeline
 
     def spy(pipe, offload, device):
         real(pipe, offload, device)
         calls.append((pipe, offload, device))
 
-    monkeypatch.setattr(vsagen.loading, "place_pipeline", spy)
+    monkeypatch.setattr(vsagen.models.loading, "place_pipeline", spy)
     return calls
 
 
@@ -137,7 +137,7 @@ def test_tile_order_hooks_compose_with_group_offload_hooks(order):
 
     from vsagen.attention import make_backend
     from vsagen.attention.hooks import patch_transformer
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
     from vsagen.timing import Timer
 
     def build():
@@ -224,7 +224,7 @@ def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path,
 
 @pytest.mark.slow
 def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
-    import vsagen.decode_stream as decode_stream
+    import vsagen.decode.stream as decode_stream
 
     tiled_calls = []
     real = decode_stream._tiled  # t2v decodes as a stream: diffusers' tiled_decode, one latent frame at a time

@@ -108,13 +108,18 @@ def test_session_run_with_encode_decode_and_warmup(tiny_session):
 
 
 @pytest.mark.slow
-def test_a_backends_notes_are_the_sessions_once_loaded_and_once_after_runs(vsagen_cache, tiny_dir, tmp_path):
+def test_a_backends_notes_are_the_sessions_once_loaded_and_once_after_runs(vsagen_cache, tiny_dir, tmp_path,
+                                                                          monkeypatch):
     """A backend's `prepare` notes (vsa's query_rows=128 under the torch reference) are in the session's notes once
     the model is loaded, so `vsagen t2v` says them before the denoising bar (they came after the run before), and a
-    run that binds the backend adds them no second time."""
+    run that binds the backend adds them no second time. A kernel's run note (`kernels.runtime_notes`, e.g. the
+    Gluon forward falling back) joins them after the run, once (issue 44)."""
+    import vsagen.kernels.runtime_notes as kernel_notes
     from vsagen.attention import make_backend
     from vsagen.commands.generate_config import resolve_generate as resolve
     from vsagen.pipeline import Session
+
+    monkeypatch.setattr(kernel_notes, "_NOTES", [])
 
     cfg = resolve("a red fox", model="tiny", frames=5, height=64, width=64, steps=1, warmup=0, device="cpu",
                   out=tmp_path / "s.mp4")
@@ -122,9 +127,11 @@ def test_a_backends_notes_are_the_sessions_once_loaded_and_once_after_runs(vsage
     session = Session.load(cfg, [vsa])
     said = [n for n in session.notes if "query_rows=128 has no effect" in n]
     assert len(said) == 1
+    kernel_notes.add_note("a kernel fell back")  # as a launch in the run would
     session.run(vsa, session.plan("partial"))
     session.run(vsa, session.plan("partial"))
     assert [n for n in session.notes if "query_rows=128 has no effect" in n] == said
+    assert session.notes.count("a kernel fell back") == 1
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -158,7 +165,7 @@ def _picture(h, w, seed):
 
 @pytest.mark.parametrize("tile_fit", ["partial", "crop"])
 def test_conditioning_arguments_fit_then_extend_to_the_denoised_size(tile_fit):
-    from vsagen.image import fit_image
+    from vsagen.media.image import fit_image
 
     plan = plan_crop(5, 80, 112, fit=tile_fit, vae_stride_temporal=4, vae_stride_spatial=8, patch_size=(1, 2, 2))
     first, last = _picture(50, 90, 0), _picture(70, 40, 1)

@@ -87,8 +87,10 @@ def test_readme_cpu_commands_run_as_pasted(tmp_path, vsagen_cache, tiny_dir):
         assert proc.returncode == 0, f"{command}\n{err[-3000:]}"
         assert "Traceback" not in err, f"{command}\n{err}"
         words = shlex.split(command)
-        if any(w in words for w in ("t2v", "i2v", "compare")):
-            assert list(where.rglob("*.mp4")), f"{command} wrote no mp4"
+        if any(w in words for w in ("t2v", "i2v", "compare")):  # the video --out's extension names (t2v / i2v)
+            ext = Path(words[words.index("--out") + 1]).suffix if "--out" in words and "compare" not in words \
+                else ".mp4"
+            assert list(where.rglob("*-0000.png" if ext == ".png" else f"*{ext}")), f"{command} wrote no {ext}"
         if "profile" in words:
             assert "attention" in out, f"{command}\n{out}"
         if "--cache" in words:  # the cache examples reuse on the tiny model (else a note says what to raise)

@@ -9,7 +9,7 @@ import torch
 
 from vsagen.layout import plan_crop
 from vsagen.pipeline import denoise_latents
-from vsagen.presets import load_preset
+from vsagen.models.presets import load_preset
 from vsagen.samplers import NAMED, RENOISE_SEED_OFFSET, Sampler, renoise_scheduler, use_sampler
 
 

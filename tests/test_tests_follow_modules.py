@@ -1,6 +1,6 @@
-"""The layout of tests/: every module of vsagen/ has tests/test_<module>.py and every module of vsagen/attention/
-has tests/attention/test_<module>.py (vsagen/sparsity/, vsagen/parallel/, vsagen/request/, vsagen/commands/:
-tests/sparsity/, tests/parallel/, tests/request/, tests/commands/), each importing its module (kernels/: tests/kernels/test_package.py); every
+"""The layout of tests/: every module at the root of vsagen/ has tests/test_<module>.py and every module of a room of
+the package, vsagen/<room>/<module>.py, has tests/<room>/test_<module>.py, each importing its module (kernels/:
+tests/kernels/test_package.py); every room of vsagen/ is in PACKAGES here (or is kernels/ or preset_data/); every
 other test file is a feature-level one that tests/README.md names; no two test files share a basename (the test
 folders are not packages, so pytest imports every test file by its basename)."""
 
@@ -15,11 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 # package -> (its source folder, the folder of its test files)
 PACKAGES = {"vsagen": (ROOT / "vsagen", TESTS),
-            "vsagen.attention": (ROOT / "vsagen" / "attention", TESTS / "attention"),
-            "vsagen.sparsity": (ROOT / "vsagen" / "sparsity", TESTS / "sparsity"),
-            "vsagen.parallel": (ROOT / "vsagen" / "parallel", TESTS / "parallel"),
-            "vsagen.request": (ROOT / "vsagen" / "request", TESTS / "request"),
-            "vsagen.commands": (ROOT / "vsagen" / "commands", TESTS / "commands")}
+            **{f"vsagen.{room}": (ROOT / "vsagen" / room, TESTS / room)
+               for room in ("attention", "cache", "cli", "commands", "decode", "media", "models", "parallel", "request",
+                            "sparsity")}}
 
 
 def package_modules() -> list[tuple[str, str]]:
@@ -41,9 +39,9 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_imported_modules_sees_every_form(tmp_path):
     f = tmp_path / "t.py"
-    f.write_text("import vsagen.video as v\nfrom vsagen import timing\n\n"
+    f.write_text("import vsagen.media.video as v\nfrom vsagen import timing\n\n"
                  "def g():\n    from vsagen.attention.spec import x\n")
-    assert {"vsagen.video", "vsagen.timing", "vsagen.attention.spec"} <= imported_modules(f)
+    assert {"vsagen.media.video", "vsagen.timing", "vsagen.attention.spec"} <= imported_modules(f)
 
 
 @pytest.mark.parametrize("package,name", package_modules(), ids=lambda v: v)
@@ -68,3 +66,8 @@ def test_test_file_basenames_are_unique():
     names = [p.name for p in TESTS.rglob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
     assert not list(TESTS.rglob("__init__.py"))  # rootdir-relative imports (`from conftest import ...`) rely on this
+
+
+def test_every_room_of_the_package_has_its_test_folder():
+    rooms = {p.name for p in (ROOT / "vsagen").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms - {"kernels", "preset_data"} == {name.split(".")[1] for name in PACKAGES if name != "vsagen"}

@@ -14,8 +14,8 @@ import pytest
 from conftest import one_error_line
 from typer.testing import CliRunner
 
-from vsagen.cli import app
-from vsagen.video import read_mp4
+from vsagen.cli.app import app
+from vsagen.media.video import read_mp4
 
 runner = CliRunner()
 # the tiny preset's size (17 x 96 x 160 -> grid 5 x 6 x 10), one step: every tile below has partial cubes

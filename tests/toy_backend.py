@@ -4,8 +4,9 @@ Dense attention on the tokens in tile order, times a known factor (`scale`) and,
 per-head gain: its output is known exactly (with `scale=1` and no gains it is dense attention, so its latents equal
 `full`'s up to rounding). It records what it was told of each run (`prepare`) and what each call received (`SEEN`),
 and reports one row per (expert, layer) (`per_layer`). It imports vsagen's public modules only, as a module of its
-own would; the test registers it with one entry in `vsagen.attention.registry.REGISTRY` (the entry its line in
-`_BACKENDS` would add). Nothing in vsagen names it.
+own would, and, as every backend module, no torch until it computes; the test registers it as the shipped backends
+are, by its line ("toy_backend:ToyAttention") among `vsagen.attention.registry._BACKENDS`. Nothing in vsagen names
+it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING, Any
 
 from vsagen.attention.base import AttnContext, Backend, BackendReport, LayerWeights, RunInfo
-from vsagen.attention.weights import weights_path_option
+from vsagen.attention.shared import weights_path_option
 from vsagen.errors import BadInput
+
+if TYPE_CHECKING:
+    import torch
 
 GAIN_KEY = "blocks.{layer}.attn1.toy_gain"
 GAIN_ALIAS = "blocks.{layer}.attn1.gain"  # another project's name for the same tensors (`LayerWeights.aliases`)
@@ -89,22 +90,18 @@ class ToyOptions:
             object.__setattr__(self, "gains", weights_path_option(self.gains, "gains"))
 
 
-class Gain(torch.nn.Module):
-    """One layer's trained gains: `weight`, (heads,)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
-
-
 def gain_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
     """One gain per head of the layer's `attn1`."""
     return {"weight": (int(attn.heads),)}
 
 
 def gain_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
-    """The checked tensors of one layer as its `Gain`."""
-    return Gain(tensors["weight"])
+    """The checked tensors of one layer as a Module holding them: `weight`, (heads,)."""
+    import torch
+
+    gain = torch.nn.Module()
+    gain.weight = torch.nn.Parameter(tensors["weight"].detach().clone(), requires_grad=False)
+    return gain
 
 
 class ToyAttention(Backend):
@@ -145,10 +142,14 @@ class ToyAttention(Backend):
 
     def bench_params(self, heads: int, head_dim: int, device: torch.device, seed: int) -> torch.nn.Module:
         """Gains of one (`vsagen profile --kernels` times the gain's multiply too)."""
-        return Gain(torch.ones(heads)).to(device)
+        import torch
+
+        return gain_module({"weight": torch.ones(heads)}, None).to(device)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D) in tile order -> scale x dense attention (x the layer's gains), (B, S, H, D)."""
+        import torch.nn.functional as F
+
         if ctx.layout is None or not q.shape == k.shape == v.shape:
             raise RuntimeError("toy needs q, k, v of one shape in tile order with a TileLayout")
         heads = q.shape[2]

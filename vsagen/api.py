@@ -33,12 +33,13 @@ from typing import Any, Callable
 import torch
 
 from .architecture import architecture_of
-from .attention import BackendSpec, backend_class, resolve_spec
+from .attention import BackendSpec, backend_class
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
-from .attention.hooks import wrap_method
-from .attention.spec import convert_option, make_options, no_option, parse_spec
+from .attention.spec import convert_option, make_options, no_option, parse_entry, spec_of
 from .errors import BadInput
+from .kernels.runtime_notes import runtime_notes
 from .timing import Timer, TimingReport
+from .wrapping import wrap_method
 
 WHERE = "vsagen.apply"  # names the caller in BadInput messages
 # The commands' flags in the backends' refusals, and what a Python caller sets instead (`python_words`).
@@ -121,8 +122,8 @@ def backend_spec(backend: str | BackendSpec, options: dict[str, Any],
     if isinstance(backend, BackendSpec):
         spec, in_text = backend, set()
     else:
-        text = str(backend.value if isinstance(backend, Enum) else backend)
-        spec, in_text = resolve_spec(text, preset=defaults, where=SPEC_WHERE), set(parse_spec(text, SPEC_WHERE)[1])
+        entry = parse_entry(str(backend.value if isinstance(backend, Enum) else backend), SPEC_WHERE)
+        spec, in_text = spec_of(entry, preset=defaults, where=SPEC_WHERE), set(entry.options)
     if not options:
         return spec
     cls = backend_class(spec.name).Options
@@ -170,6 +171,7 @@ class AppliedBackend:
         timed = {name for name, _, _ in records}
         report = replace(TimingReport.from_records(records, self.device.type, **extra),
                          **{f"{region}_s": None for region in OUTER_REGIONS if region not in timed})
+        report.notes.extend(runtime_notes())  # a kernel that fell back (once per process: `kernels.runtime_notes`)
         if report.dit_forwards == 0 and self.timer.step > self._first_step:
             report.notes.append(f"the scheduler stepped {self.timer.step - self._first_step} times but no DiT forward "
                                 "was timed: torch.compile of the whole transformer runs around vsagen's hooks; "

@@ -23,7 +23,7 @@ blocks) without offloading (whose hooks wrap `forward`). Each function is compil
 rank, on its first call (a few seconds: in the warm-up, or in the first timed step with `--warmup 0`). Past
 dynamo's recompile limit (8 variants per function) a function runs uncompiled, as it does when Inductor fails
 to compile it (a warning says so). Whether a run gets them is the run's `fused_blocks` setting (the command line
-reads `VSAGEN_FUSED_BLOCKS=0` once, in `vsagen.cli`); nothing here reads the environment.
+reads `VSAGEN_FUSED_BLOCKS=0` once, in `vsagen.cli.app`); nothing here reads the environment.
 """
 
 from __future__ import annotations

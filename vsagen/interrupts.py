@@ -8,7 +8,7 @@ dropped: the command went on and wrote everything), between creating a temporary
 
 * `as_interrupt()` installs a `Guard` as the handler of the ending signals for a command's run: a signal raises
   `SignalInterrupt` where the run is (model loading, denoising: a run is interruptible anywhere), and is recorded.
-* While files are written (`hold()`, which `vsagen.video.Outputs` takes for its whole lifetime) the guard only
+* While files are written (`hold()`, which `vsagen.media.video.Outputs` takes for its whole lifetime) the guard only
   records; the writer calls `check()` at safe points (between files, between video frames, before the files are
   moved into place), which raises `SignalInterrupt` there. An exception raised after a signal arrived, before
   the files are in place, ends the command as that interrupt (the signal caused it). Once the files are in place

@@ -1,6 +1,6 @@
 """The one orchestrator of every command that runs a Wan pipeline: load -> patch -> denoise (timed).
 
-A `Session` owns one loaded pipeline (`vsagen.loading.load_model`), its prompt embeddings and its image-to-video
+A `Session` owns one loaded pipeline (`vsagen.models.loading.load_model`), its prompt embeddings and its image-to-video
 conditioning. `Session.run(backend, plan, ...)` then runs one configuration on it: patch every transformer through
 `vsagen.apply` (one code path for patching, shared with the Python API), `warmup` untimed denoising steps, the
 timed steps, optionally the VAE decode, unpatch; it returns the latents and the timer's records. Out of GPU
@@ -24,15 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from .architecture import experts
-from .backend_weights import check_backend_weights, weights_note
-from .cache import no_reuse_note
-from .cache_hooks import expert_steps, install_cache
+from .cache.cache_spec import no_reuse_note
+from .cache.install import expert_steps, install_cache
 from .compiling import (compile_breaks, compile_note, compile_transformers, compile_untimed, fused_blocks_apply,
                         fused_blocks_note)
 from .errors import RunFailure
-from .image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
+from .kernels.runtime_notes import runtime_notes
 from .layout import CropPlan, plan_crop
-from .loading import LoadedModel, load_model, torch_dtype, truncation_note
+from .media.image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
+from .models.loading import LoadedModel, load_model, torch_dtype, truncation_note
+from .models.pipeline_weights import check_backend_weights, weights_note
 from .request.resolve import Request
 from .samplers import NAMED as NAMED_SAMPLERS, Sampler, initial_noise, use_sampler
 from .timing import Timer
@@ -123,7 +124,7 @@ def status_after(log: Callable[[str], None], message: str, delay_s: float = 2.0)
 
 def decode_latents(pipe: Any, latents: Any) -> Any:
     """Un-normalise Wan latents and decode them: (1, z, F_lat, H_lat, W_lat) -> (1, 3, F, H, W) in [-1, 1]."""
-    from .decode_stream import unnormalized
+    from .decode.stream import unnormalized
 
     return pipe.vae.decode(unnormalized(pipe.vae, latents), return_dict=False)[0]
 
@@ -137,7 +138,7 @@ def video_frames(pipe: Any, video: Any, expected: tuple[int, int, int]) -> Any:
     """
     import torch
 
-    from .video import to_uint8_frames
+    from .media.video import to_uint8_frames
 
     with torch.inference_mode():
         frames = pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]
@@ -161,7 +162,7 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
     Returns:
         A function that restores the instance (removes the wrappers).
     """
-    from .attention.hooks import wrap_method
+    from .wrapping import wrap_method
 
     undos = []
     for method, region in CONDITION_REGIONS:
@@ -375,8 +376,8 @@ class Session:
             decode: VAE-decode the cropped latents (region "vae_decode") into `Denoised.video`.
             context: a context manager factory entered around warm-up and timed steps (e.g. SDPA pinning).
             what: names the run in an out-of-memory message ("generating", "profiling vsa (tile fit crop)").
-            cache: the step cache (`vsagen.cache.CacheSpec`; default the request's first), installed on every
-                expert after the backend and removed before it (`vsagen.cache_hooks`); MagCache's calibration
+            cache: the step cache (`vsagen.cache.cache_spec.CacheSpec`; default the request's first), installed on every
+                expert after the backend and removed before it (`vsagen.cache.install`); MagCache's calibration
                 comes back in `Denoised.calibration`, unwritten.
             log: receives a status line before each phase without a progress bar of its own (the VAE decode).
 
@@ -490,6 +491,7 @@ class Session:
             installed.close()
         if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
             self.notes.append(note)
+        self.notes.extend(n for n in runtime_notes() if n not in self.notes)  # a kernel that fell back in the run
         return Denoised(latents, video, records, warmup_s, plan,
                         cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
 

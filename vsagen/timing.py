@@ -74,7 +74,7 @@ class Timer:
 
     def stop(self, token: int | None, rename: str | None = None) -> None:
         """Close the region opened by `start`; with `rename` it is recorded under that name (a region whose kind is
-        known only at its end: a DiT forward a cache computed or reused, `vsagen.cache_hooks`)."""
+        known only at its end: a DiT forward a cache computed or reused, `vsagen.cache.install`)."""
         if token is None:
             return
         if token in self._discarded:
@@ -163,13 +163,13 @@ class TimingReport:
     projection. `attention_share_of_dit` = self_attention_s / dit_s. `total_s` runs from the text encoder
     to the end of the VAE decode; `load_s` and `write_s` (host clock) are outside it.
 
-    The decode and the mp4 write (`t2v` / `i2v`: `vsagen.decode_stream`, `video.encode_mp4_stream`) run as a
-    stream, the encode in a thread of its own while the next frames decode: `vae_decode_s` is then the decode's own
+    The decode and the mp4 write (`t2v` / `i2v`: `vsagen.decode.stream`, `vsagen.media.video.encode_mp4_stream`) run as
+    a stream, the encode in a thread of its own while the next frames decode: `vae_decode_s` is then the decode's own
     time (each latent frame's decode and its uint8 frames), `write_s` the encoder's (frames to ffmpeg, its finish),
-    `decode_write_s` the wall time of the two together and `overlap_s` = vae_decode_s + write_s - decode_write_s
-    (both at once); `wait_s` runs from the text encoder to the mp4 written (total_s - vae_decode_s +
-    decode_write_s), what the user waits for; `decode_share_of_wait` / `write_share_of_wait` in the JSON. Without
-    a stream (compare, profile) decode_write_s and overlap_s are 0 and wait_s is total_s + write_s.
+    `decode_write_s` the wall time of the two together and `overlap_s` = vae_decode_s + write_s - decode_write_s (both
+    at once); `wait_s` runs from the text encoder to the mp4 written (total_s - vae_decode_s + decode_write_s), what the
+    user waits for; `decode_share_of_wait` / `write_share_of_wait` in the JSON. Without a stream (compare, profile)
+    decode_write_s and overlap_s are 0 and wait_s is total_s + write_s.
 
     Under `--compile` the regions compiled into the transformer blocks' graphs cannot be timed (no timer runs
     inside a compiled graph): `attn1_s` always, and with the attention backend inside the graphs (no graph
@@ -223,7 +223,7 @@ class TimingReport:
     all_to_all_s: float = 0.0
     cfg_exchange_s: float = 0.0
     ranks: list[dict[str, Any]] = field(default_factory=list)
-    # a step cache (`vsagen.cache_hooks`): the DiT forwards it computed in full and those it served from its cache,
+    # a step cache (`vsagen.cache.install`): the DiT forwards it computed in full and those it served from its cache,
     # their seconds, and the steps with a reused forward; without a cache every forward is computed
     dit_computed_forwards: int = 0
     dit_reused_forwards: int = 0

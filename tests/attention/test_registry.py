@@ -12,17 +12,56 @@ from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAAttention
 from vsagen.errors import BadInput
 
 
-# The backends this repository ships: registered, whatever else is (a new backend adds a name, breaking nothing here).
-SHIPPED = {"full", "vsa", "rocm-vsa", "sla-star", "sparse-vdit"}
+def shipped_backends() -> dict[str, type]:
+    """{name: class} of every backend class the package's modules define (a `Backend` with its own `name`), found
+    by importing each module of vsagen/attention/: what the repository ships, whether registered or not."""
+    import importlib
+    import pkgutil
+
+    import vsagen.attention
+    from vsagen.attention.base import Backend, BackendWrapper
+
+    found = {}
+    for info in pkgutil.iter_modules(vsagen.attention.__path__):
+        module = importlib.import_module(f"vsagen.attention.{info.name}")
+        for cls in vars(module).values():
+            if (isinstance(cls, type) and issubclass(cls, Backend) and cls.__module__ == module.__name__
+                    and "name" in vars(cls) and cls is not BackendWrapper):
+                found[cls.name] = cls
+    return found
+
+
+# Backends the package builds itself and never offers to `--attn`: the scorer `vsagen search` runs
+# (`vsagen.attention.sparse_vdit_search.ModeScorer`, beside the backend whose patterns it finds).
+INTERNAL = {"sparse-vdit-search"}
 
 
 def test_backend_names():
-    """The names are the registry's, read from it in `_BACKENDS` order; the shipped backends are among them."""
+    """The names are the registry's, read from it in `_BACKENDS` order; every backend a module of the package
+    defines is registered (issue 44: `sla` was missing from the lists that named the backends, and no test failed)."""
     from vsagen.attention import registry
+    from vsagen.attention.registry import backend_at
 
-    assert backend_names() == list(REGISTRY) == list(BACKENDS) == [cls.name for cls in registry._BACKENDS]
-    assert SHIPPED <= set(backend_names())
+    assert backend_names() == list(REGISTRY) == list(BACKENDS) == [backend_at(w).name for w in registry._BACKENDS]
+    shipped = shipped_backends()
+    assert {"full", "vsa", "rocm-vsa", "sla-star", "sla", "sparse-vdit"} <= set(shipped)  # the finder finds them
+    assert INTERNAL <= set(shipped) and not INTERNAL & set(REGISTRY)
+    shipped = {name: cls for name, cls in shipped.items() if name not in INTERNAL}
+    assert shipped == {name: REGISTRY.get(name) for name in shipped}, "a backend module without its registry line"
     assert uses_sparsity("vsa") and not uses_sparsity("full")
+
+
+def test_the_package_names_every_registered_backend():
+    """`vsagen.attention` exports each registered backend's class and Options, read from the registry (no list of
+    its own to forget one in)."""
+    import vsagen.attention
+
+    for name, cls in REGISTRY.items():
+        for x in (cls, cls.Options):
+            assert getattr(vsagen.attention, x.__name__) is x and x.__name__ in vsagen.attention.__all__, name
+    assert vsagen.attention.SLAAttention.name == "sla" and "SLAOptions" in vsagen.attention.__all__
+    with pytest.raises(AttributeError):
+        vsagen.attention.NopeAttention  # noqa: B018
 
 
 def test_make_backend_unknown_lists_names():
@@ -55,10 +94,7 @@ def test_enum_is_the_registry():
 
 
 def test_backend_class_takes_a_name_or_an_enum_member():
-    from vsagen.attention.registry import LazyBackend
-
-    for name, entry in REGISTRY.items():
-        cls = entry.load() if isinstance(entry, LazyBackend) else entry
+    for name, cls in REGISTRY.items():
         assert backend_class(name) is cls
         assert backend_class(BackendName(name)) is cls
         assert cls.name == name
@@ -80,7 +116,7 @@ def test_backend_class_refuses_unknown_names_listing_the_known_ones(name):
 
 
 def test_uses_sparsity_reads_the_options_fields():
-    for name, cls in REGISTRY.items():  # a class, or the entry that stands for it: the same Options
+    for name, cls in REGISTRY.items():
         assert uses_sparsity(name) == ("sparsity" in cls.Options.__dataclass_fields__)
     assert uses_sparsity(BackendName.VSA) and not uses_sparsity(BackendName.FULL)
 
@@ -135,36 +171,30 @@ def test_the_registry_refuses_two_backends_of_one_name_and_a_priority_without_we
     assert registry_of(registry._BACKENDS) == REGISTRY
 
 
-def test_every_shipped_entry_agrees_with_its_class():
-    """Issue 29: the shipped backends are registered as `LazyBackend` entries (listings and checks answer without
-    torch); each entry's name, Options, tiling, auto priority, weights key, file option and aliases, and description
-    are the class's own, which `load` checks when it imports the class."""
-    from vsagen.attention.registry import LazyBackend, WeightsRef, backend_facts, summary_of
+def test_a_backend_is_registered_by_its_place():
+    """`_BACKENDS` holds each backend's place ("module:Class"); `registry_of` imports and checks each, and refuses a
+    class that is no backend or a priority without weights, as for a class given itself."""
+    from vsagen.attention.registry import backend_at, registry_of, summary_of
 
-    for name, entry in REGISTRY.items():
-        assert isinstance(entry, LazyBackend) and backend_facts(name) is entry
-        cls = entry.load()
-        assert (cls.name, cls.Options, cls.tiled, cls.auto_priority) == (name, entry.Options, entry.tiled,
-                                                                         entry.auto_priority)
-        weights = None if cls.weights is None else WeightsRef(cls.weights.key, cls.weights.file_option,
-                                                              cls.weights.aliases)
-        assert weights == entry.weights and summary_of(cls) == entry.summary
+    assert backend_at(".full:FullAttention") is FullAttention is backend_at("vsagen.attention.full:FullAttention")
+    assert registry_of((".vsa:VSAAttention", FullAttention)) == {"vsa": VSAAttention, "full": FullAttention}
+    with pytest.raises(TypeError, match="ForwardState is not an attention backend"):
+        registry_of((".base:ForwardState",))
     assert summary_of(FullAttention) == summary_of(REGISTRY["full"]) == (
         "Dense self-attention, the baseline every sparse backend is measured against (no options)")
 
 
-def test_an_entry_that_differs_from_its_class_is_refused_when_loaded():
-    from vsagen.attention.registry import LazyBackend
+def test_the_registry_and_every_backend_module_import_no_torch():
+    """Issue 29 and 44: every backend module imports torch and the kernels inside the methods that compute, so the
+    registry imports them all and `vsagen backends`, `vsagen presets` and the checks of `--attn` still answer before
+    torch loads (tests/test_listing.py times the listings)."""
+    import json
+    import subprocess
+    import sys
 
-    wrong = LazyBackend("vsa", "vsagen.attention.vsa:VSAAttention", REGISTRY["vsa"].Options, "VSA", tiled=False)
-    with pytest.raises(TypeError, match="differs from its registry entry in tiled, auto_priority, weights, summary"):
-        wrong.load()
-    with pytest.raises(TypeError, match="only a backend with weights has one"):
-        registry_of_one(LazyBackend("x", "vsagen.attention.full:FullAttention", REGISTRY["full"].Options, "x",
-                                    auto_priority=1))
-
-
-def registry_of_one(entry):
-    from vsagen.attention.registry import registry_of
-
-    return registry_of((entry,))
+    probe = ("import sys, json\nfrom vsagen.attention import REGISTRY\n"
+             "print(json.dumps([sorted(c.__module__ for c in REGISTRY.values()), sorted(m for m in sys.modules "
+             "if m.split('.')[0] in ('torch', 'triton', 'diffusers', 'transformers'))]))")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    modules, heavy = json.loads(res.stdout)
+    assert heavy == [] and "vsagen.attention.sla" in modules and len(modules) == len(REGISTRY)

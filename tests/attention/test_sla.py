@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 import vsagen.kernels.reference as ref
 from vsagen.attention.base import AttnContext, RunInfo
 from vsagen.attention.registry import backend_class
-from vsagen.attention.sla import PROJ_KEY, SLAAttention
+from vsagen.attention.shared import FASTVIDEO_PROJ_KEY, TURBODIFFUSION_PROJ_KEY
+from vsagen.attention.sla import SLAAttention
 from vsagen.attention.weights import attach_layer_weights, layer_params
 from vsagen.errors import BadInput
 from vsagen.timing import NullTimer, Timer
@@ -26,7 +27,8 @@ SLA = SLAAttention
 
 
 def test_registered_as_sla():
-    assert backend_class("sla") is SLAAttention and SLAAttention.weights.key == PROJ_KEY
+    assert backend_class("sla") is SLAAttention and SLAAttention.weights.key == TURBODIFFUSION_PROJ_KEY
+    assert SLAAttention.weights.aliases == (FASTVIDEO_PROJ_KEY,) and SLAAttention.weights.dtype == "float32"
 
 
 def ctx(proj=None, timer=None):
@@ -151,7 +153,7 @@ def test_options_describe_and_notes():
     assert backend.prepare(full) == ()
     import unittest.mock as mock
 
-    with mock.patch("vsagen.attention.sla._interpreting", return_value=False), \
+    with mock.patch("vsagen.attention.sla.interpreting", return_value=False), \
             pytest.raises(BadInput, match=r"--attn-impl triton or sla:impl=triton\) needs a CUDA device"):
         SLA(SLA.Options(impl="triton")).check(torch.device("cpu"), torch.float32)  # named as the user gave it
 
@@ -186,7 +188,7 @@ def test_t2v_with_sla_writes_video_and_json(vsagen_cache, tiny_dir, tmp_path):
     projection loaded for every layer, the linear stage timed."""
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     t = make_transformer()
     f = tmp_path / "proj.safetensors"
@@ -208,7 +210,7 @@ def test_the_run_title_says_the_top_k(vsagen_cache, tiny_dir, tmp_path):
     """New-user trial: vsa's title says its sparsity, sla's said nothing of its top-k."""
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--steps", "1", "--frames", "5", "--height",
                                    "64", "--width", "64", "--attn", "sla:topk=0.25", "--out", str(tmp_path / "a.mp4")],

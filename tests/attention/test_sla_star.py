@@ -329,7 +329,7 @@ def test_a_named_file_must_cover_every_layer_and_one_key_scheme(tmp_path):
 def test_a_run_without_a_trained_projection_says_it_is_vsa():
     """Second review: sla-star without a projection ran as vsa (byte-identical videos) with no word; the note says
     so, and a loaded projection is noted as before."""
-    from vsagen.backend_weights import weights_note
+    from vsagen.models.pipeline_weights import weights_note
 
     backend = SLAStarAttention()
     assert "output is exactly vsa's" in weights_note(backend, 0, 30)
@@ -365,7 +365,7 @@ def test_t2v_with_sla_star_writes_video_and_json(vsagen_cache, tiny_dir, tmp_pat
     writes (loaded for every layer, noted)."""
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     common = ["t2v", "a fox", "--model", "tiny", "--steps", "1", "--frames", "5", "--height", "64", "--width", "80",
               "--json"]

@@ -327,7 +327,7 @@ SMALL_GRID, SMALL_SIZE = (2, 4, 5), (64, 80, 5)
 def t2v(tmp_path, attn: str, out: str):
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     return CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", *SMALL, "--attn", attn,
                                     "--out", str(tmp_path / out), "--json"])
@@ -410,7 +410,7 @@ def test_inference_with_the_searched_tiny_file_equals_the_oracle_reference(impl)
     equals, at its size, the same transformer whose every head runs the file's mode as an oracle-mask float64
     attention; a dense-everywhere control differs (the file's modes matter)."""
     import vsagen
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
     from vsagen.sparsity.files import load_patterns
 
     path = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
@@ -438,7 +438,7 @@ def test_inference_with_the_searched_tiny_file_equals_the_oracle_reference(impl)
 
 def test_triton_impl_refuses_fp64_in_check(tmp_path):
     """fp64 reached the kernels' ValueError mid-run; check() says it up front (one BadInput line)."""
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     path = load_preset("tiny").defaults.attention["sparse-vdit"]["patterns"]
     with pytest.raises(BadInput, match="impl=torch"):
@@ -449,7 +449,7 @@ def test_triton_impl_refuses_fp64_in_check(tmp_path):
 def test_bind_refuses_a_file_for_other_experts(tmp_path):
     """A two-expert file (tiny-a14b's) on a one-expert pipeline ran silently with its first expert's modes; the
     pipeline's experts must be the file's."""
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     t = make_transformer()
     two = SparseVDiTAttention(SparseVDiTOptions(patterns=load_preset("tiny-a14b").defaults.attention["sparse-vdit"][
@@ -496,7 +496,7 @@ def test_prepare_takes_the_run_and_apply_prepares_with_the_grid_and_steps(tmp_pa
     import vsagen
     from vsagen.architecture import architecture_from_config, architecture_of
     from vsagen.attention.base import Expert, RunInfo
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     path = tmp_path / "p.json"
     tiny_file(path, steps=4)

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from vsagen.attention import REGISTRY, BackendSpec, resolve_spec
-from vsagen.attention.spec import check_flags_apply, make_options, parse_spec
+from vsagen.attention.spec import BackendEntry, check_flags_apply, make_options, parse_entry, spec_of
 from vsagen.attention.vsa import DEFAULT_SPARSITY, VSAOptions
 from vsagen.errors import BadInput
 
@@ -99,8 +99,20 @@ def test_flags_that_no_backend_takes_are_refused():
         check_flags_apply(["full"], {"--attn-impl": "torch"}, "full")
 
 
-def test_parse_spec_keeps_raw_text():
-    assert parse_spec("vsa:sparsity=0.5") == ("vsa", {"sparsity": "0.5"})
+def test_an_entry_is_parsed_once_into_typed_values(tmp_path):
+    """`parse_entry` reads the text (name, keys, values typed as the Options fields declare); `spec_of` fills the
+    rest from it without reading text again; the Options' own validation runs there, over the preset's values too."""
+    f = tmp_path / "g.safetensors"
+    f.write_bytes(b"")
+    entry = parse_entry(f" vsa : sparsity=0.5 : query_rows=128 : tile=4x4x8 : gate_weights={f} ")
+    assert entry == BackendEntry("vsa", (("sparsity", 0.5), ("query_rows", 128), ("tile", "4x4x8"),
+                                         ("gate_weights", f)), f"vsa : sparsity=0.5 : query_rows=128 : tile=4x4x8 : "
+                                                                f"gate_weights={f}")
+    assert spec_of(entry, preset={"vsa": {"sparsity": 0.6, "impl": "torch"}}) == \
+        BackendSpec("vsa", VSAOptions(sparsity=0.5, impl="torch", query_rows=128, tile="4x4x8", gate_weights=f))
+    assert parse_entry("vsa:sparsity=1.0").options == {"sparsity": 1.0}  # a number: refused by VSAOptions, later
+    with pytest.raises(BadInput, match=r"--attn vsa: sparsity must be in \[0, 1\), got 1.0"):
+        spec_of(parse_entry("vsa:sparsity=1.0"))
 
 
 def test_build_gives_a_backend_with_those_options():
@@ -142,7 +154,7 @@ def test_profile_resolves_two_configurations_of_one_backend():
 
 @pytest.mark.slow
 def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     res = CliRunner().invoke(app, ["profile", "--model", "tiny", "--attn", "full,vsa:sparsity=0.5,vsa:sparsity=0.75",
                                    "--attn-impl", "torch", "--steps", "1", "--warmup", "0", "--no-stock",

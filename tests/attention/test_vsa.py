@@ -437,6 +437,22 @@ def test_vsa_says_which_forward_kernel_ran(monkeypatch):
     assert ran == [1]
     monkeypatch.undo()
     assert backend.describe(torch.device("cuda"))["fine_kernel"] == "warp-specialized"
+    # where it fails to compile in the call (stood in), the pipelined kernel ran, and describe says so (issue 44)
+    import vsagen.kernels.runtime_notes as notes
+
+    def compile_fails(*args):
+        raise RuntimeError("PassManager::run failed")
+
+    real_unsupported = ws.ws_unsupported
+    monkeypatch.setattr(notes, "_NOTES", [])
+    monkeypatch.setattr(ws, "FAILED", [])
+    monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")
+    monkeypatch.setattr(backend, "tuning", lambda q: arch_tuning("sm90", q.shape[-1]))
+    monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: real_unsupported(q, k, v) if ws.FAILED else None)
+    monkeypatch.setattr(ws, "launch_ws", compile_fails)
+    torch.testing.assert_close(backend(q, k, v, ctx(lay, None, NullTimer())), out, atol=0, rtol=0)
+    assert backend.describe(torch.device("cuda"))["fine_kernel"] == "pipelined"
+    assert len(notes.runtime_notes()) == 1 and "PassManager::run failed" in notes.runtime_notes()[0]
 
 
 def test_vsa_fine_tuning_traces_without_a_graph_break():

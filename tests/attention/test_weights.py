@@ -222,7 +222,7 @@ def test_t2v_loads_a_named_gate_file_and_refuses_a_mismatched_one(vsagen_cache, 
 
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     t = make_transformer()
     good, bad = tmp_path / "good.safetensors", tmp_path / "bad.safetensors"
@@ -312,7 +312,7 @@ def test_t2v_runs_a_block_gated_checkpoint_as_vsa_and_refuses_one_whose_gates_do
     from typer.testing import CliRunner
 
     from conftest import block_gated_checkpoint, one_error_line
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     good = block_gated_checkpoint(tiny_dir, tmp_path / "good")
     bad = block_gated_checkpoint(tiny_dir, tmp_path / "bad", shape=(32, 16))

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from vsagen.attention.base import AttnContext
 from vsagen.attention.full import FullAttention
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.commands.compare import PROBE_REGION, AttentionProbe, video_metrics, without_region, write_outputs
 from vsagen.commands.compare_config import resolve_compare
 from vsagen.layout import tile_layout
@@ -157,7 +157,7 @@ def cli_run(vsagen_cache, tiny_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_compare_writes_every_file_atomically(cli_run):
-    from vsagen.video import read_mp4
+    from vsagen.media.video import read_mp4
 
     out, data, res = cli_run
     names = ["full.mp4", "vsa-sparsity-0.mp4", "vsa.mp4", "full.sheet.png", "vsa-sparsity-0.sheet.png",
@@ -185,8 +185,8 @@ def test_compare_writes_a_contact_sheet_per_backend(cli_run):
     decoded mp4: the sheet is drawn from the frames before encoding), titled with the backend and the reference."""
     from PIL import Image
 
-    from vsagen.sheet import sheet_layout
-    from vsagen.video import read_mp4
+    from vsagen.media.sheet import sheet_layout
+    from vsagen.media.video import read_mp4
 
     out, data, _ = cli_run
     for label, name in (("full", "full"), ("vsa:sparsity=0", "vsa-sparsity-0"), ("vsa", "vsa")):
@@ -355,7 +355,7 @@ def sampler_run(vsagen_cache, tiny_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_samplers_run_with_every_backend_and_write_every_file(sampler_run):
-    from vsagen.video import read_mp4
+    from vsagen.media.video import read_mp4
 
     out, data, _ = sampler_run
     stems = [f"{b}-{s}" for s in ("dmd", "default-2-steps-cfg-3-shift-3", "default-2-steps-cfg-5-shift-5")
@@ -402,7 +402,7 @@ def test_each_run_records_its_sampler_and_dit_seconds_per_video(sampler_run):
 def test_a_sampler_s_run_is_the_plain_t2v_run_of_that_sampler(sampler_run):
     """The same frames as `vsagen t2v` of the same seed: dmd (its warm-up pass leaves no trace), and the scheduler at
     flow shift 5 although the session loaded shift 3 (the scheduler swapped for the run)."""
-    from vsagen.video import read_mp4
+    from vsagen.media.video import read_mp4
 
     out, _, t2v = sampler_run
     assert np.array_equal(read_mp4(out / "full-dmd.mp4"), read_mp4(t2v["dmd"]))
@@ -505,7 +505,7 @@ def test_every_backend_runs_with_every_cache(vsagen_cache, tiny_dir, tmp_path):
     mag from a calibration file), each at settings that reuse, in one compare run: a mp4 per run, each row's
     computed + reused forwards add up to its DiT forwards, the cached rows reuse, the uncached ones do not."""
     from vsagen.attention import backend_names
-    from vsagen.cache_hooks import save_ratios
+    from vsagen.cache.install import save_ratios
 
     ratios = tmp_path / "mag.json"
     save_ratios(ratios, "tiny", 2, {"transformer": [1.0, 1.0]})

@@ -9,7 +9,7 @@ import pytest
 from conftest import assert_one_error_line
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.commands.compare_config import file_stem, parse_error_steps, resolve_compare
 from vsagen.errors import BadInput
 
@@ -132,7 +132,7 @@ def test_runs_are_every_backend_with_every_cache(tmp_path):
 def test_default_mag_file_stays_out_of_labels_and_names(tmp_path, monkeypatch):
     """A plain `mag` reads the per-model default file: labels and file names say `mag` (they said mag:file=tiny.json),
     the settings keep the file; a file given is shown. A few-step sampler after the first gets its note too."""
-    from vsagen.cache_hooks import save_ratios
+    from vsagen.cache.install import save_ratios
     from vsagen.request.caching import default_mag_file
 
     monkeypatch.setenv("VSAGEN_CACHE", str(tmp_path / "cache"))  # its own: the others find no default file

@@ -72,10 +72,10 @@ def test_table_names_each_backend_and_its_worst_layer():
 
 
 def test_table_at_80_columns_keeps_every_digit():
-    """As the CLI prints it (`vsagen.terminal.fit_table`): 80 columns, no digit cut, each run on its lines."""
+    """As the CLI prints it (`vsagen.cli.terminal.fit_table`): 80 columns, no digit cut, each run on its lines."""
     from rich.console import Console
 
-    from vsagen.terminal import fit_table
+    from vsagen.cli.terminal import fit_table
 
     rep = report()
     rep.rows.append(row("sla-star:scope=marginal 0.875", 123.456789, [0.123456, 0.654321]))
@@ -130,7 +130,7 @@ def test_table_without_attention_error_says_it_was_not_measured(width):
     columns are left out."""
     from rich.console import Console
 
-    from vsagen.terminal import fit_table
+    from vsagen.cli.terminal import fit_table
 
     con = Console(file=io.StringIO(), width=width, color_system=None)
     con.print(fit_table(rich_table(unmeasured_report()), width))

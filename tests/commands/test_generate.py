@@ -11,7 +11,7 @@ import pytest
 
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
-from vsagen.video import read_mp4
+from vsagen.media.video import read_mp4
 
 # Fewest denoising steps that still exercise the loop (CFG on: two transformer forwards a step).
 STEPS = 2
@@ -111,10 +111,20 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
     video = read_mp4(result.video_path)
     assert video.shape == (5, 64, 64, 3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v.json", "v.mp4", "v.sheet.png"]
+    # the prompt and settings in the mp4's own metadata
+    from vsagen.media.formats import read_metadata
+
+    tags = read_metadata(result.video_path)
+    assert tags["title"] == "a fox" and data["format"] == "mp4"
+    assert json.loads(tags["comment"]) == {
+        "prompt": "a fox", "negative_prompt": cfg.negative_prompt, "model": "tiny", "attn": "full", "cache": "none",
+        "sampler": "default", "steps": 1, "seed": 7, "frames": 5, "height": 64, "width": 64, "fps": data["fps"],
+        "guidance": data["guidance"], "guidance_2": None, "image": None, "vsagen": vsagen.__version__}
+    assert tags["description"] == f"vsagen {vsagen.__version__}: tiny, --attn full, 1 steps default, seed 7, 5x64x64"
     # --sheet: published with the pair, every frame of the 5 as the encoder got it, titled with the run
     from PIL import Image
 
-    from vsagen.sheet import sheet_layout
+    from vsagen.media.sheet import sheet_layout
 
     assert data["sheet"] == str(tmp_path / "v.sheet.png") and any("v.sheet.png" in line for line in lines)
     sheet = np.asarray(Image.open(tmp_path / "v.sheet.png").convert("RGB"))
@@ -126,20 +136,43 @@ def test_summary_is_the_json_and_describes_the_request(vsagen_cache, tiny_dir, t
 
 
 @pytest.mark.slow
+def test_out_gif_writes_an_animated_gif_and_an_unknown_extension_is_refused_before_loading(vsagen_cache, tiny_dir,
+                                                                                           tmp_path):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from vsagen.cli.app import app
+
+    common = ["t2v", "a fox", "--model", "tiny", "--frames", "5", "--height", "48", "--width", "80", "--steps", "1"]
+    res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "a.avi")])
+    assert res.exit_code == 2 and "loading" not in res.stderr
+    assert res.stderr.strip().splitlines() == [f"error: --out {tmp_path / 'a.avi'}: the extension picks the format: "
+                                               ".mp4 (H.264), .webm (VP9), .gif (animated) or .png (one PNG per "
+                                               "frame); give a path ending in one of them"]
+    res = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "p.gif"), "--json"])
+    assert res.exit_code == 0, res.output
+    gif = Image.open(tmp_path / "p.gif")
+    assert (gif.n_frames, gif.size) == (5, (80, 48))
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["format"] == "gif" and data["video"] == str(tmp_path / "p.gif")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.gif", "p.json"]
+
+
+@pytest.mark.slow
 def test_json_that_appears_during_the_run_is_not_replaced(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
     """Without --overwrite a timing JSON that appears while the run writes its video is kept, and the video is not
     published either: the two appear together or not at all."""
-    import vsagen.video
+    import vsagen.media.video
     from vsagen.commands.generate import generate
 
-    real = vsagen.video.encode_mp4_stream
+    real = vsagen.media.video.encode_mp4_stream
 
     def write_then_race(chunks, path, *args, **kwargs):
         times = real(chunks, path, *args, **kwargs)
         (tmp_path / "r.json").write_text("another run's report")
         return times
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", write_then_race)
+    monkeypatch.setattr(vsagen.media.video, "encode_mp4_stream", write_then_race)
     cfg = resolve("a fox", model="tiny", frames=5, height=64, width=64, steps=1, out=tmp_path / "r.mp4")
     with pytest.raises(BadInput) as info:
         generate(cfg, progress=False)
@@ -160,10 +193,10 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
 
     from typer.testing import CliRunner
 
-    import vsagen.video
-    from vsagen.cli import app
+    import vsagen.media.video
+    from vsagen.cli.app import app
 
-    real = vsagen.video.encode_mp4_stream
+    real = vsagen.media.video.encode_mp4_stream
 
     def interrupted_midway(chunks, path, *args, **kwargs):
         def first_then_signal():
@@ -173,7 +206,7 @@ def test_a_signal_while_the_mp4_is_written_leaves_no_file(vsagen_cache, tiny_dir
             yield from chunks
         return real(first_then_signal(), path, *args, **kwargs)
 
-    monkeypatch.setattr(vsagen.video, "encode_mp4_stream", interrupted_midway)
+    monkeypatch.setattr(vsagen.media.video, "encode_mp4_stream", interrupted_midway)
     out = tmp_path / "s.mp4"
     res = CliRunner().invoke(app, ["t2v", "a fox", "--model", "tiny", "--frames", "5", "--height", "64", "--width",
                                    "64", "--steps", "1", "--out", str(out)])

@@ -11,7 +11,7 @@ from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.request.options import check_choice
 from vsagen.request.resolve import VAE_TILING_AUTO_MAX_AREA, nearest_valid_frames, resolve_device, vae_tiling_enabled
 from vsagen.errors import BadInput
-from vsagen.presets import load_preset
+from vsagen.models.presets import load_preset
 
 
 def test_vae_tiling_auto_threshold(tmp_path):
@@ -208,7 +208,7 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
 
 
 def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):
-    """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.paths.check_target`), before loading."""
+    """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.media.paths.check_target`), before loading."""
     assert resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4").sheet_out is None
     (tmp_path / "v.sheet.png").write_text("an earlier sheet")
     with pytest.raises(BadInput, match=r"v\.sheet\.png exists; pass --overwrite to replace it, or choose another --out"):
@@ -225,3 +225,19 @@ def test_overwrite_without_sheet_says_an_earlier_sheet_stays(tmp_path):
     assert any("v.sheet.png is an earlier run's contact sheet and stays as it was" in n for n in cfg.notes)
     assert not any("contact sheet" in n for n in resolve("a fox", model="tiny", device="cpu", sheet=True,
                                                           out=tmp_path / "v.mp4", overwrite=True).notes)
+
+
+def test_out_png_checks_every_frame_file_and_says_an_earlier_longer_runs_frames_stay(tmp_path):
+    """`--out f.png` writes f-0000.png ... (one per frame): each is checked before loading as the mp4 is, and with
+    --overwrite a longer earlier run's frames past this run's count stay, which a note says."""
+    cfg = resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png")
+    assert cfg.video_format == "png" and cfg.json_out == tmp_path / "f.json" and cfg.summary()["video_format"] == "png"
+    (tmp_path / "f-0004.png").write_bytes(b"x")
+    with pytest.raises(BadInput, match=r"f-0004\.png exists; pass --overwrite"):
+        resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png")
+    (tmp_path / "f-0005.png").write_bytes(b"x")  # an earlier run of more frames
+    cfg = resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png", overwrite=True)
+    assert any(f"{tmp_path / 'f-0005.png'} and any later frame files are an earlier, longer run's" in n
+               for n in cfg.notes)
+    assert not any("longer run" in n for n in resolve("a fox", model="tiny", device="cpu", frames=9,
+                                                      out=tmp_path / "f.png", overwrite=True).notes)

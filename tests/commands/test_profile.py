@@ -19,7 +19,7 @@ import pytest
 from conftest import assert_one_error_line
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 
 runner = CliRunner()
 TINY_STEPS = 4  # vsagen/preset_data/tiny.toml [defaults] steps: the projection target
@@ -239,7 +239,7 @@ SVD_LAYERS = (("dense", "diagonal"), ("skip", "skip"))  # a fused two-mode layer
 def tiny_patterns(path, frames=5, grid=(2, 6, 10), layers=SVD_LAYERS):
     """A hand-written pattern file for the tiny preset's architecture (2 layers x 2 heads of 16) at 96x160 with
     `frames` frames (latent grid `grid`)."""
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
     from vsagen.sparsity.files import PatternFile, StepRange, save_patterns
     from vsagen.sparsity.patterns import default_catalog
 
@@ -472,7 +472,7 @@ def test_profile_rows_per_backend_and_cache_count_what_the_hooks_did(cli_cache, 
     cache), a backend's caches side by side, labels that say the cache; each row's computed / reused counts equal
     what an independent counter saw in its timed steps (the tail block's forwards, and every forward): reuse only in
     the cached rows; the speed-up against `full` uncached."""
-    import vsagen.cache_hooks as hooks
+    import vsagen.cache.install as hooks
     from vsagen.commands.profile import profile_dit
     from vsagen.commands.profile_config import resolve_profile
     from vsagen.commands.profile_render import render

@@ -71,10 +71,11 @@ def test_a_preset_impl_holds_unless_attn_impl_is_given():
     """`--attn-impl auto` is the flag's default, so a preset's [attention.vsa] impl is not overridden by it."""
     import vsagen.request.backends as config
     from vsagen.attention import resolve_spec
+    from vsagen.attention.spec import parse_entry
 
     tables = {"vsa": {"sparsity": 0.875, "impl": "torch"}}
-    assert config.backend_specs(("vsa",), tables, None, "auto", "vsa")[0].impl == "torch"
-    assert config.backend_specs(("vsa",), tables, None, "triton", "vsa")[0].impl == "triton"
+    assert config.backend_specs((parse_entry("vsa"),), tables, None, "auto", "vsa")[0].impl == "torch"
+    assert config.backend_specs((parse_entry("vsa"),), tables, None, "triton", "vsa")[0].impl == "triton"
     assert resolve_spec("vsa", preset=tables).impl == "torch"
 
 

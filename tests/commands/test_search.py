@@ -3,7 +3,7 @@ written), an interrupted search writes nothing (Ctrl-C and SIGTERM), and end to 
 `load_patterns` accepts, tied to the tiny architecture, each head's mode the rule's choice on the file's own scores,
 eps 0 -> dense, huge lam -> skip, both experts of tiny-a14b; `vsagen t2v --attn sparse-vdit:patterns=<searched
 file>` records the file and its sha256; the shipped vsagen/preset_data/patterns files are searches of their presets. (The
-scoring itself: tests/sparsity/test_scoring.py.)"""
+scoring itself: tests/attention/test_sparse_vdit_search.py.)"""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import one_error_line
-from vsagen.cli import _sigterm_as_interrupt, app
+from vsagen.cli.app import _sigterm_as_interrupt, app
 from vsagen.commands.search import read_prompts, resolve_search, search
 from vsagen.errors import BadInput
 from vsagen.architecture import architecture_of
 from vsagen.sparsity.files import file_hash, load_patterns
 from vsagen.sparsity.patterns import block_density, default_catalog
-from vsagen.sparsity.scoring import DEFAULT_EPS, DEFAULT_LAM, choose_mode
+from vsagen.attention.sparse_vdit_search import DEFAULT_EPS, DEFAULT_LAM, choose_mode
 
 STEPS = 2  # fewest denoising steps that still exercise the loop
 TINY_ARCH = {"layers": 2, "heads": 2, "head_dim": 16, "in_channels": 16, "ffn_dim": 32, "patch_size": [1, 2, 2]}
@@ -253,7 +253,7 @@ def test_shipped_pattern_files_fit_their_presets(preset, tmp_path):
     from vsagen.attention import backend_class
     from vsagen.commands.generate_config import resolve_generate as resolve
     from vsagen.layout import plan_crop
-    from vsagen.presets import load_preset
+    from vsagen.models.presets import load_preset
 
     p = load_preset(preset)
     path = p.defaults.attention["sparse-vdit"]["patterns"]

@@ -331,3 +331,35 @@ def _bad_inputs():
 def test_public_function_rejects_bad_inputs(case):
     with pytest.raises(ValueError):
         bsa.block_sparse_attention(**_bad_inputs()[case])
+
+
+def test_a_launch_checks_its_inputs_once_and_bad_input_still_fails_clearly(input_checks):
+    """Issue 44: the public function checked its inputs, then the launcher under it again (the backward a third
+    time). Now each call checks once: the forward, the forward with its backward, the grouped forward; a launcher
+    called directly still checks; and bad input through each path fails with the contract's words."""
+    from vsagen.kernels.query_groups import build_query_groups
+
+    lay = tile_layout((3, 5, 7))
+    q, k, v = make_qkv(1, lay.num_tokens, 1, 16, seed=61)
+    q2k, cnt = random_selection(1, 1, lay.num_tiles, 2, seed=62)
+    off = lay.tile_offsets_i32
+    bsa.block_sparse_attention(q, k, v, q2k, cnt, off)  # no grad: the fast path
+    assert input_checks == {"check_inputs": 1, "check_fp32_bwd": 0}
+    xs = leaves(q, k, v, dtype=torch.float32)
+    out, lse = bsa.block_sparse_attention(*xs, q2k, cnt, off)  # the custom op, and its backward
+    (out.sum() + lse.sum()).backward()
+    assert input_checks == {"check_inputs": 2, "check_fp32_bwd": 1}
+    groups = build_query_groups(q2k[0], cnt[0], off, 16)
+    bsa.block_sparse_attention_grouped(q, k, v, q2k, cnt, off, groups, (16, 4, 1, 16, 4, 1))
+    assert input_checks == {"check_inputs": 3, "check_fp32_bwd": 1}
+    bsa.bsa_fwd(q, k, v, q2k, cnt, off)  # the launcher, called directly, checks
+    assert input_checks == {"check_inputs": 4, "check_fp32_bwd": 1}
+    calls = [lambda *a: bsa.block_sparse_attention(*a),
+             lambda q, *a: bsa.block_sparse_attention(q.requires_grad_(True), *a),
+             lambda *a: bsa.block_sparse_attention_grouped(*a, groups, (16, 4, 1, 16, 4, 1)),
+             lambda *a: bsa.bsa_fwd(*a)]
+    for call in calls:
+        with pytest.raises(ValueError, match="q2k, q2k_cnt and tile_offsets must be int32"):
+            call(q.clone(), k, v, q2k.long(), cnt, off)
+        with pytest.raises(ValueError, match="q, k, v must share one"):
+            call(q.clone(), k[:, :-1], v, q2k, cnt, off)

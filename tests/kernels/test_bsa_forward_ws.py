@@ -10,12 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
 import vsagen.kernels.reference as ref
 import vsagen.kernels.bsa_forward_ws as ws
+import vsagen.kernels.runtime_notes as notes
 from vsagen.kernels.bsa_forward import bsa_fwd
 from vsagen.kernels.tuning import kernel_tuning
 from vsagen.layout import tile_layout
@@ -192,6 +194,111 @@ def test_a_triton_whose_warp_specialize_takes_other_arguments_has_no_usable_gluo
     monkeypatch.setattr(gl, "warp_specialize", old_api)
     try:
         assert not ws.have_gluon()
+    finally:
+        monkeypatch.undo()
+        ws.have_gluon.cache_clear()
+    assert ws.have_gluon()
+
+
+def _small_case(seed: int):
+    """q, k, v (1, S, 2, 16) bf16 (the kernel's dtypes) on a layout with partial tiles, full q2k rows, the offsets."""
+    lay = tile_layout((4, 4, 9), (4, 4, 4))
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, lay.num_tokens, 2, 16, generator=g).to(torch.bfloat16) for _ in range(3))
+    n = lay.num_tiles
+    q2k = torch.arange(n, dtype=torch.int32).expand(1, 2, n, n).contiguous()
+    return q, k, v, q2k, torch.full((1, 2, n), n, dtype=torch.int32), lay.tile_offsets_i32
+
+
+class _FailingKernel:
+    """Stands in for the Gluon kernel where its compile fails, as Triton 3.9 failed on the removed
+    `async_copy_global_to_shared`: a CompilationError whose cause is the API's own error. Counts its launches."""
+
+    def __init__(self, error=None):
+        self.launches = 0
+        self.error = error
+
+    def __getitem__(self, grid):
+        return self.launch
+
+    def launch(self, *args, **kwargs):
+        import ast
+
+        from triton.compiler.errors import CompilationError
+
+        self.launches += 1
+        if self.error is not None:
+            raise self.error
+        src = "tma.async_copy_global_to_shared(q_desc, coord, bar, smem)"
+        try:
+            raise RuntimeError("async_copy_global_to_shared has been removed; call async_load instead")
+        except RuntimeError as inner:
+            raise CompilationError(src, ast.parse(src).body[0], None) from inner
+
+
+@needs_gluon
+def test_a_gluon_kernel_that_fails_to_compile_falls_back_to_the_pipelined_one_with_a_note(monkeypatch):
+    """Issue 44: a Triton whose Gluon API the checks accept but the compile refuses ran `vsa` into a crash. Now
+    `bsa_fwd` runs the pipelined kernel (the same bits as without the request), says why once as a run note, and
+    does not try the Gluon kernel again in this process (`ws_unsupported` names the failure)."""
+    monkeypatch.setattr(notes, "_NOTES", [])
+    monkeypatch.setattr(ws, "FAILED", [])
+    real_unsupported = ws.ws_unsupported
+    # where the kernel can run (stood in) until it failed; then the real reason, which names the failure first
+    monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: real_unsupported(q, k, v) if ws.FAILED else None)
+    kernel = _FailingKernel()
+    monkeypatch.setattr(ws, "_bsa_fwd_ws_kernel", kernel)
+    q, k, v, q2k, cnt, offs = _small_case(5)
+    plain = kernel_tuning(q.device, 16)
+    asked = dataclasses.replace(plain, fwd_warp_specialized=True)
+    want, want_lse = bsa_fwd(q, k, v, q2k, cnt, offs, tuning=plain)
+    for _ in range(2):
+        out, lse = bsa_fwd(q, k, v, q2k, cnt, offs, tuning=asked)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert kernel.launches == 1  # tried once, then not again
+    said = notes.runtime_notes()
+    assert len(said) == 1 and "warp-specialized Gluon forward" in said[0] and "pipelined Triton forward" in said[0]
+    assert "RuntimeError: async_copy_global_to_shared has been removed; call async_load instead" in said[0]
+    assert "failed on this Triton earlier" in real_unsupported(q, k, v)
+
+
+@needs_gluon
+def test_out_of_memory_in_the_gluon_launch_is_raised_not_taken_for_a_compile_failure(monkeypatch):
+    monkeypatch.setattr(notes, "_NOTES", [])
+    monkeypatch.setattr(ws, "FAILED", [])
+    monkeypatch.setattr(ws, "ws_unsupported", lambda q, k, v: None)
+    monkeypatch.setattr(ws, "_bsa_fwd_ws_kernel", _FailingKernel(torch.OutOfMemoryError("out of memory")))
+    q, k, v, q2k, cnt, offs = _small_case(6)
+    asked = dataclasses.replace(kernel_tuning(q.device, 16), fwd_warp_specialized=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        bsa_fwd(q, k, v, q2k, cnt, offs, tuning=asked)
+    assert ws.FAILED == [] and notes.runtime_notes() == ()
+
+
+def test_the_api_check_follows_the_calls_not_the_version(monkeypatch):
+    """Issue 44: Triton 3.9 removed `tma.async_copy_global_to_shared` (a stand-in that raises "call async_load
+    instead" is left under the old name); the kernel calls `async_load` where it exists, the old name only where it
+    does not (3.6), and `have_gluon` says no where neither takes the kernel's arguments."""
+    from triton.experimental.gluon.language.nvidia.hopper import tma
+
+    def async_load(tensor_desc, coord, barrier, result, pred=True, _semantic=None):
+        pass
+
+    def async_copy_global_to_shared(*args, _semantic=None, **kwargs):  # 3.9's stand-in for the removed name
+        raise RuntimeError("call async_load instead")
+
+    new = types.SimpleNamespace(async_load=async_load, async_copy_global_to_shared=async_copy_global_to_shared)
+    assert ws.tma_load(new) is async_load
+    assert ws.tma_load(types.SimpleNamespace(async_copy_global_to_shared=async_load)) is async_load  # 3.6
+    assert ws._accepts(async_load, 4, ()) and not ws._accepts(async_copy_global_to_shared, 4, ())
+    if not ws.have_gluon():
+        pytest.skip("this Triton has no Gluon")
+    assert ws.missing_gluon_api() == []
+    ws.have_gluon.cache_clear()
+    monkeypatch.delattr(tma, "async_load", raising=False)
+    monkeypatch.setattr(tma, "async_copy_global_to_shared", async_copy_global_to_shared)
+    try:
+        assert ws.missing_gluon_api() == ["tma.tma_load"] and not ws.have_gluon()
     finally:
         monkeypatch.undo()
         ws.have_gluon.cache_clear()

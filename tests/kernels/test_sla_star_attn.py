@@ -335,3 +335,18 @@ def test_bad_inputs_raise(name, grad):
     inputs = {key: x.requires_grad_(grad) if x.is_floating_point() else x for key, x in inputs.items()}
     with pytest.raises(ValueError, match=match):
         ssa.sla_star_attention(**inputs, **kw)
+
+
+@pytest.mark.parametrize("scope,epilogue", [("global", True), ("global", False), ("marginal", False)])
+def test_a_call_checks_the_block_sparse_inputs_once(scope, epilogue, input_checks):
+    """Issue 44: `sla_star_attention` checked q, k, v and the lists, then `block_sparse_attention` under it again,
+    then its launcher a third time. Now once per call, with or without gradients (the backward adds none), and a
+    bad index dtype still fails with the contract's words."""
+    args, sel, _ = make_case(SMALL, 1, 1, 16, seed=9)
+    launch = dataclasses.replace(LAUNCH, fused_epilogue=epilogue)
+    fused(args, sel, SMALL, scope=scope, launch=launch)
+    assert input_checks == {"check_inputs": 1, "check_fp32_bwd": 0}
+    fwd_bwd(args, sel, SMALL, None, scope=scope, launch=launch)
+    assert input_checks == {"check_inputs": 2, "check_fp32_bwd": 1}
+    with pytest.raises(ValueError, match="q2k, q2k_cnt and tile_offsets must be int32"):
+        fused(args, (sel[0].long(), sel[1]), SMALL, scope=scope, launch=launch)

@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from conftest import assert_one_error_line, one_error_line
 import vsagen
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.request.processes import check_ulysses
 from vsagen.errors import BadInput
-from vsagen.models import resolve_model
+from vsagen.models.sources import resolve_model
 from vsagen.parallel.launch import Launch, check_launch, enable_ulysses, torchrun_launch
 
 TORCHRUN_TIMEOUT_S = 240  # a hang fails the test instead of the suite
@@ -103,7 +103,7 @@ def test_cli_refuses_ulysses_outside_torchrun_and_several_processes_without_it(c
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
     assert "runs in 2 processes" in line
     monkeypatch.setenv("RANK", "1")  # rank 1 waits for rank 0 to report; alone, it reports with its rank
-    monkeypatch.setattr("vsagen.cli_run.LINGER_S", 0.05)
+    monkeypatch.setattr("vsagen.cli.running.LINGER_S", 0.05)
     line = one_error_line(runner.invoke(app, ["t2v", "--model", "tiny", "--device", "cpu", "x"]))
     assert line.startswith("error: rank 1: this command runs in 2 processes")
     monkeypatch.setenv("RANK", "0")  # --cfg-parallel: 2 x --ulysses processes; outside torchrun: refused
@@ -156,7 +156,7 @@ RUN_ARGS = ["t2v", "--model", "tiny", "--device", "cpu", "--attn", "vsa:impl=tor
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, vsagen_cache, tiny_dir):
     """RUN_ARGS in one process: the mp4 the torchrun runs must equal."""
-    from vsagen.video import read_mp4
+    from vsagen.media.video import read_mp4
 
     where = tmp_path_factory.mktemp("one")
     one = _vsagen([*RUN_ARGS, "--out", str(where / "one.mp4")], where, vsagen_cache, torchrun=False)
@@ -172,7 +172,7 @@ def test_two_processes_write_one_mp4_equal_to_one_process_and_every_rank_timing(
     """--ulysses 2 in the 2 processes `--gpus 2` starts (issue 29: no torchrun), --cfg-parallel under torchrun:
     one mp4 (rank 0's), equal to one process; its JSON and table hold each rank's DiT / attention / exchange times;
     with --gpus, rank 0's notes once and nothing of the launcher's on the terminal."""
-    from vsagen.video import read_mp4
+    from vsagen.media.video import read_mp4
 
     res = _vsagen([*RUN_ARGS, *flags, "--out", str(tmp_path / "u.mp4")], tmp_path, cli_cache, torchrun=torchrun)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]

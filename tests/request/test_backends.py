@@ -9,23 +9,30 @@ import pytest
 from vsagen.attention import backend_names
 from vsagen.attention.spec import impls_of
 from vsagen.errors import BadInput
-from vsagen.request.backends import (attention_specs, auto_spec, backend_specs, check_entries, known_impls,
-                                     split_attn_list)
+from vsagen.request.backends import attention_specs, auto_spec, backend_specs, known_impls, parse_attn
 from vsagen.request.options import AttentionOptions
 
 
 def test_one_entry_or_a_list():
-    assert check_entries(AttentionOptions(attn="auto"), several=False) == ("auto",)
-    assert check_entries(AttentionOptions(attn=" vsa:sparsity=0.9 "), several=False) == ("vsa:sparsity=0.9",)
-    assert check_entries(AttentionOptions(attn="full,vsa"), several=True) == ("full", "vsa")
+    """`--attn` is parsed with its group (`AttnList`); the command says whether it takes one entry or a list."""
+    assert AttentionOptions(attn="auto").attn.one().name == "auto"
+    one = AttentionOptions(attn=" vsa:sparsity=0.9 ").attn.one()
+    assert (one.name, one.options, one.text) == ("vsa", {"sparsity": 0.9}, "vsa:sparsity=0.9")  # typed, as written
+    assert [e.name for e in AttentionOptions(attn="full,vsa").attn.several()] == ["full", "vsa"]
     for name in backend_names():
-        assert check_entries(AttentionOptions(attn=name), several=False) == (name,)
+        assert AttentionOptions(attn=name).attn.one().name == name
     with pytest.raises(BadInput, match="this command runs one backend; `vsagen compare` and `vsagen profile` run"):
-        check_entries(AttentionOptions(attn="full,vsa"), several=False)
+        AttentionOptions(attn="full,vsa").attn.one()
     with pytest.raises(BadInput, match="--attn auto takes no options"):
-        check_entries(AttentionOptions(attn="auto:sparsity=0.5"), several=False)
+        AttentionOptions(attn="auto:sparsity=0.5").attn.one()
+    with pytest.raises(BadInput, match=r"unknown --attn ''; available: "):
+        AttentionOptions(attn=" ").attn.one()
     with pytest.raises(BadInput, match=r"unknown --attn 'nope'; available: " + ", ".join(backend_names())):
-        split_attn_list("full,nope")
+        AttentionOptions(attn="full,nope")  # refused when the group is built, before any model
+    for text, words in ((" , ", "--attn ' , ' has an empty entry"), ("", "--attn is empty; give a comma-separated"),
+                        ("vsa,full,vsa", "--attn lists 'vsa' twice")):
+        with pytest.raises(BadInput, match=words):
+            parse_attn(text).several()
 
 
 @pytest.mark.parametrize("args", [["profile", "--model", "tiny", "--attn", "full,auto"],
@@ -37,7 +44,7 @@ def test_auto_in_a_list_says_the_list_takes_backend_names(args, tmp_path, monkey
     from conftest import one_error_line
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
@@ -46,27 +53,33 @@ def test_auto_in_a_list_says_the_list_takes_backend_names(args, tmp_path, monkey
     assert f"available: {', '.join(backend_names())} (see `vsagen backends`)" in line and "unknown" not in line
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(BadInput, match=r"--attn 'vsa,auto:sparsity=0.5': profile and compare run the backends"):
-        split_attn_list("vsa,auto:sparsity=0.5")
+        parse_attn("vsa,auto:sparsity=0.5").several()
 
 
 def test_precedence_and_one_configuration_once():
     tables = {"vsa": {"sparsity": 0.8}}
-    full, vsa = attention_specs(("full", "vsa"), AttentionOptions(attn="full,vsa"), tables)
+
+    def specs(**options):
+        at = AttentionOptions(**options)
+        return attention_specs(at.attn.several(), at, tables)
+
+    full, vsa = specs(attn="full,vsa")
     assert full.name == "full" and vsa.sparsity == 0.8  # the preset's table over the default
-    assert attention_specs(("vsa",), AttentionOptions(attn="vsa", sparsity=0.5), tables)[0].sparsity == 0.5  # flag
-    assert attention_specs(("vsa:sparsity=0.6",), AttentionOptions(attn="vsa:sparsity=0.6"),
-                           tables)[0].sparsity == 0.6  # entry
+    assert specs(attn="vsa", sparsity=0.5)[0].sparsity == 0.5  # flag
+    assert specs(attn="vsa:sparsity=0.6")[0].sparsity == 0.6  # entry
     with pytest.raises(BadInput, match="once"):  # the flag and the entry both set it
-        attention_specs(("vsa:sparsity=0.6",), AttentionOptions(attn="vsa:sparsity=0.6", sparsity=0.5), tables)
+        specs(attn="vsa:sparsity=0.6", sparsity=0.5)
     with pytest.raises(BadInput, match=r"--attn lists vsa:sparsity=0.8:impl=auto:tile=4x4x4:query_rows=64 twice "
                                        r"\('vsa' and 'vsa:sparsity=0.8'\)"):
-        attention_specs(("vsa", "vsa:sparsity=0.8"), AttentionOptions(attn="vsa,vsa:sparsity=0.8"), tables)
+        specs(attn="vsa,vsa:sparsity=0.8")
 
 
 def test_implementations_come_from_the_registry():
     assert set(known_impls()) == {"auto"} | {i for n in backend_names() for i in impls_of(n)}
     with pytest.raises(BadInput, match="--attn-impl cuda is not an implementation any backend has"):
-        backend_specs(("vsa",), {}, None, "cuda", "vsa")
+        AttentionOptions(attn="vsa", attn_impl="cuda")
+    with pytest.raises(BadInput, match="--attn-impl torch does not apply to --attn full; choose from auto"):
+        backend_specs(parse_attn("full").several(), {}, None, "torch", "full")
 
 
 def test_auto_chooses_from_the_checkpoint_and_names_the_choice():
@@ -91,7 +104,7 @@ def test_a_file_from_the_preset_is_a_note(tmp_path):
 def test_a_tile_other_than_the_trained_one_is_a_note(tmp_path):
     """Issue 33: FastWan's gates were trained on 4x4x4 cubes (its preset's [attention.*] tables say so); a run with
     another tile says so and how to see what it costs, a run with the trained one says nothing (nothing loads)."""
-    from vsagen.models import resolve_model
+    from vsagen.models.sources import resolve_model
     from vsagen.request.options import request_options
     from vsagen.request.resolve import SEVERAL, resolve
 
@@ -125,7 +138,7 @@ def test_a_tile_other_than_the_trained_one_is_a_note(tmp_path):
 def test_tile_fit_crop_rounds_to_the_covering_tile_of_the_run(attn, several, crop_tile, grid):
     """`--tile-fit crop` rounds the tiny preset's 5x6x10 grid (17 x 96 x 160) up to multiples of the cube covering
     every backend's tile, one plan for every backend of a compare; `partial` keeps the grid (nothing loads)."""
-    from vsagen.models import resolve_model
+    from vsagen.models.sources import resolve_model
     from vsagen.request.options import request_options
     from vsagen.request.resolve import ONE, SEVERAL, resolve
 

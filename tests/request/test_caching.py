@@ -12,9 +12,9 @@ from conftest import one_error_line
 from PIL import Image
 from typer.testing import CliRunner
 
-from vsagen.cache import NO_CACHE
-from vsagen.cache_hooks import save_ratios
-from vsagen.cli import app
+from vsagen.cache.cache_spec import NO_CACHE, parse_caches
+from vsagen.cache.install import save_ratios
+from vsagen.cli.app import app
 from vsagen.errors import BadInput
 from vsagen.request.caching import default_mag_file, resolve_caches
 from vsagen.request.sampling import SamplerPlan
@@ -28,20 +28,20 @@ DMD = [SamplerPlan(NAMED["dmd"], 3, 1.0, 3.0)]
 
 def test_resolve_caches(vsagen_cache, tmp_path):
     assert resolve_caches(None, "tiny", PLACE, DEFAULT, 1) == ((NO_CACHE,), ())
-    (spec,), notes = resolve_caches("first-block:threshold=0.1", "tiny", PLACE, DEFAULT, 1)
+    (spec,), notes = resolve_caches(parse_caches("first-block:threshold=0.1"), "tiny", PLACE, DEFAULT, 1)
     assert spec.options.threshold == 0.1 and notes == ()
-    _, notes = resolve_caches("first-block", "tiny", PLACE, DMD, 1)
+    _, notes = resolve_caches(parse_caches("first-block"), "tiny", PLACE, DMD, 1)
     assert len(notes) == 1 and "dmd sampler (3 steps)" in notes[0]
     assert default_mag_file("wan2.1-t2v-1.3b") == vsagen_cache / "magcache" / "wan2.1-t2v-1.3b.json"
     assert default_mag_file("/data/my ckpt/").name == "data_my_ckpt.json"
-    (spec,), _ = resolve_caches("mag:calibrate=true", "tiny", PLACE, DEFAULT, 1)
+    (spec,), _ = resolve_caches(parse_caches("mag:calibrate=true"), "tiny", PLACE, DEFAULT, 1)
     assert spec.options.file == default_mag_file("tiny")
     save_ratios(tmp_path / "r.json", "tiny", 2, {"transformer": [1.0, 0.9]})
-    (spec,), _ = resolve_caches(f"mag:file={tmp_path / 'r.json'}", "tiny", PLACE, DEFAULT, 1)
+    (spec,), _ = resolve_caches(parse_caches(f"mag:file={tmp_path / 'r.json'}"), "tiny", PLACE, DEFAULT, 1)
     assert spec.options.file == tmp_path / "r.json"
-    specs, _ = resolve_caches("none,first-block", "tiny", PLACE, DEFAULT, 1, several=True)
+    specs, _ = resolve_caches(parse_caches("none,first-block"), "tiny", PLACE, DEFAULT, 1, several=True)
     assert [s.name for s in specs] == ["none", "first-block"]
-    assert resolve_caches("none", "tiny", SimpleNamespace(compile=True, offload="group"), DEFAULT, 4)[0] \
+    assert resolve_caches(parse_caches("none"), "tiny", SimpleNamespace(compile=True, offload="group"), DEFAULT, 4)[0] \
         == (NO_CACHE,)  # no cache: nothing to refuse
 
 
@@ -49,7 +49,7 @@ def test_mag_file_of_another_model_is_refused_before_loading(vsagen_cache, tmp_p
     save_ratios(tmp_path / "r.json", "tiny-a14b", 2, {"transformer": [1.0, 0.9]}, "default")
     with pytest.raises(BadInput, match=r"^--cache mag: .*r.json holds the ratios of --model tiny-a14b, not of --model "
                                        r"tiny; calibrate tiny with --cache mag:calibrate=true$"):
-        resolve_caches(f"mag:file={tmp_path / 'r.json'}", "tiny", PLACE, DEFAULT, 1)
+        resolve_caches(parse_caches(f"mag:file={tmp_path / 'r.json'}"), "tiny", PLACE, DEFAULT, 1)
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu", "--cache",
                               f"mag:file={tmp_path / 'r.json'}", "--out", str(tmp_path / "v.mp4")])
     assert res.exit_code == 2 and "holds the ratios of --model tiny-a14b" in one_error_line(res)
@@ -60,24 +60,24 @@ def test_mag_file_of_other_steps_or_sampler_is_noted(vsagen_cache, tmp_path):
     """diffusers' MagCacheConfig resamples a ratio list of another length by nearest neighbour: the note says so."""
     path = tmp_path / "r.json"
     save_ratios(path, "tiny", 2, {"transformer": [1.0, 0.9]}, "default")
-    assert resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)[1] == ()
-    _, notes = resolve_caches(f"mag:file={path}", "tiny", PLACE, [SamplerPlan(NAMED["default"], 8, 5.0, 3.0)], 1)
+    assert resolve_caches(parse_caches(f"mag:file={path}"), "tiny", PLACE, DEFAULT, 1)[1] == ()
+    _, notes = resolve_caches(parse_caches(f"mag:file={path}"), "tiny", PLACE, [SamplerPlan(NAMED["default"], 8, 5.0, 3.0)], 1)
     assert notes == ("mag: calibrated at 2 steps, run at 8 steps: diffusers resamples its ratios to 8 steps by "
                      "nearest neighbour (entries repeated or dropped, none measured at these steps); for this run's "
                      "own ratios, calibrate with --cache mag:calibrate=true --steps 8",)
-    _, notes = resolve_caches(f"mag:file={path}", "tiny", PLACE, DMD, 1)
+    _, notes = resolve_caches(parse_caches(f"mag:file={path}"), "tiny", PLACE, DMD, 1)
     assert notes[0].startswith("mag: calibrated at 2 steps and the default sampler, run at 3 steps and the dmd "
                                "sampler: diffusers resamples") and notes[0].endswith("--steps 3 --sampler dmd")
     assert "dmd sampler (3 steps): a cache may reuse" in notes[1] and len(notes) == 2
     # compare's samplers: a note per sampler that differs, the few-step note once per re-noise sampler
-    _, notes = resolve_caches(f"none,mag:file={path}", "tiny", PLACE, DEFAULT + DMD + DMD, 1, several=True)
+    _, notes = resolve_caches(parse_caches(f"none,mag:file={path}"), "tiny", PLACE, DEFAULT + DMD + DMD, 1, several=True)
     assert len(notes) == 2 and "dmd sampler" in notes[0] and "a cache may reuse" in notes[1]
     # what diffusers does with a list of another length (the note's words)
     from diffusers.hooks import MagCacheConfig
     cfg = MagCacheConfig(num_inference_steps=4, mag_ratios=[1.0, 0.5])
     assert cfg.mag_ratios.tolist() == [1.0, 1.0, 0.5, 0.5]
     save_ratios(path, "tiny", 2, {"transformer": [1.0, 0.9]})  # an earlier file without its sampler: steps only
-    assert resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)[1] == ()
+    assert resolve_caches(parse_caches(f"mag:file={path}"), "tiny", PLACE, DEFAULT, 1)[1] == ()
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -101,7 +101,7 @@ def test_a_calibration_file_vsagen_did_not_write_is_refused(vsagen_cache, tmp_pa
     mutate(data)
     path.write_text(json.dumps(data))
     with pytest.raises(BadInput, match=words):
-        resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1)
+        resolve_caches(parse_caches(f"mag:file={path}"), "tiny", PLACE, DEFAULT, 1)
 
 
 def test_a_calibration_without_an_experts_ratios_is_refused_before_loading(vsagen_cache, tmp_path):
@@ -110,11 +110,11 @@ def test_a_calibration_without_an_experts_ratios_is_refused_before_loading(vsage
     path = tmp_path / "r.json"
     save_ratios(path, "tiny", 2, {"transformer_2": [1.0, 0.9]}, "default")
     with pytest.raises(BadInput, match=r"r.json has no ratios for transformer \(it holds transformer_2\)"):
-        resolve_caches(f"mag:file={path}", "tiny", PLACE, DEFAULT, 1, experts=("transformer",))
+        resolve_caches(parse_caches(f"mag:file={path}"), "tiny", PLACE, DEFAULT, 1, experts=("transformer",))
     save_ratios(path, "tiny-a14b", 2, {"transformer": [1.0, 0.9]}, "default")
     with pytest.raises(BadInput, match="has no ratios for transformer_2"):
-        resolve_caches(f"mag:file={path}", "tiny-a14b", PLACE, DEFAULT, 1, experts=("transformer", "transformer_2"))
-    assert resolve_caches(f"mag:file={path}", "tiny-a14b", PLACE, DEFAULT, 1)[0][0].name == "mag"  # unknown: later
+        resolve_caches(parse_caches(f"mag:file={path}"), "tiny-a14b", PLACE, DEFAULT, 1, experts=("transformer", "transformer_2"))
+    assert resolve_caches(parse_caches(f"mag:file={path}"), "tiny-a14b", PLACE, DEFAULT, 1)[0][0].name == "mag"  # unknown: later
     for command in (["t2v", "a fox"], ["compare", "a fox", "--attn", "full"]):
         save_ratios(path, "tiny", 2, {"transformer_2": [1.0, 0.9]}, "default")
         res = runner.invoke(app, [*command, "--model", "tiny", "--device", "cpu", "--cache",
@@ -129,14 +129,14 @@ def test_a_calibration_replaces_only_an_earlier_calibration(vsagen_cache, tmp_pa
     photo = tmp_path / "photo.png"
     photo.write_bytes(b"\x89PNG not really")
     with pytest.raises(BadInput, match=r"file=.*photo.png does not end in .json; name a .json file"):
-        resolve_caches(f"mag:calibrate=true:file={photo}", "tiny", PLACE, DEFAULT, 1)
+        resolve_caches(parse_caches(f"mag:calibrate=true:file={photo}"), "tiny", PLACE, DEFAULT, 1)
     other = tmp_path / "notes.json"
     other.write_text('{"mine": 1}')
     with pytest.raises(BadInput, match=r"notes.json exists and is not a calibration vsagen wrote; name another file"):
-        resolve_caches(f"mag:calibrate=true:file={other}", "tiny", PLACE, DEFAULT, 1)
+        resolve_caches(parse_caches(f"mag:calibrate=true:file={other}"), "tiny", PLACE, DEFAULT, 1)
     earlier = tmp_path / "r.json"
     save_ratios(earlier, "tiny", 2, {"transformer": [1.0, 0.9]}, "default")
-    _, notes = resolve_caches(f"mag:calibrate=true:file={earlier}", "tiny", PLACE, DEFAULT, 1)
+    _, notes = resolve_caches(parse_caches(f"mag:calibrate=true:file={earlier}"), "tiny", PLACE, DEFAULT, 1)
     assert notes == (f"mag: this calibration replaces the one in {earlier} (--model tiny, 2 steps)",)
     assert photo.read_bytes() == b"\x89PNG not really" and other.read_text() == '{"mine": 1}'
     for own in ("v.json", "v.mp4"):
@@ -157,7 +157,7 @@ def test_a_calibration_replaces_only_an_earlier_calibration(vsagen_cache, tmp_pa
 ])
 def test_resolve_caches_refuses(vsagen_cache, text, place, processes, words):
     with pytest.raises(BadInput, match=words):
-        resolve_caches(text, "tiny", place, DEFAULT, processes)
+        resolve_caches(parse_caches(text), "tiny", place, DEFAULT, processes)
 
 
 BAD = [
@@ -193,7 +193,7 @@ def test_bad_cache_is_one_line_before_loading(vsagen_cache, tmp_path, monkeypatc
 def test_t2v_json_counts_equal_an_independent_counter(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
     """first-block at a threshold that reuses every forward after the first step: the JSON's computed / reused
     counts equal the forwards the tail block computed (a hook on its q projection) and those it did not."""
-    import vsagen.cache_hooks as hooks
+    import vsagen.cache.install as hooks
 
     seen = {"forwards": 0, "tail": 0}
     original = hooks.install_cache

@@ -12,11 +12,11 @@ from conftest import one_error_line
 from PIL import Image
 from typer.testing import CliRunner
 
-from vsagen.cli import app
+from vsagen.cli.app import app
 from vsagen.errors import BadInput
 from vsagen.request.options import (FLAGS, GROUPS, MAX_FPS, AttentionOptions, Device, Dtype, ModelOptions, Offload,
                                     OutputOptions, PlacementOptions, RequestOptions, SamplingOptions, TileFit,
-                                    VaeTiling, check_choice, request_options, split_list)
+                                    VaeTiling, check_choice, request_options)
 
 runner = CliRunner()
 
@@ -86,11 +86,11 @@ def test_a_command_of_one_tile_fit_refuses_a_list(vsagen_cache, tmp_path, monkey
 
 
 def test_the_command_line_declares_each_shared_option_once():
-    """Every flag routed to a group is declared in one place (`vsagen.cli_options.SHARED`) and every field of every
-    group has its keyword, so no command can take an option another command validates differently."""
+    """Every flag routed to a group is declared in one place (`vsagen.cli.shared_options.SHARED`) and every field of
+    every group has its keyword, so no command can take an option another command validates differently."""
     from dataclasses import fields
 
-    from vsagen.cli_options import COMPARE, GENERATE, PROFILE, SEARCH, SHARED
+    from vsagen.cli.shared_options import COMPARE, GENERATE, PROFILE, SEARCH, SHARED
 
     assert set(SHARED) == set(FLAGS) - {"fused_blocks"}  # fused_blocks: from the environment, once per command
     routed = {(g, f) for g, f in FLAGS.values()}
@@ -134,8 +134,78 @@ def test_each_group_refuses_what_it_owns(make, needle):
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
-def test_split_list_and_check_choice():
-    assert split_list(" a , b ", "--x", "a,b") == ("a", "b") and split_list(["a", "b"], "--x", "a,b") == ("a", "b")
+def test_check_choice():
     check_choice("--fit", "crop", ("crop", "resize"))
     with pytest.raises(BadInput, match=r"^--fit must be one of crop, resize, got 'x'$"):
         check_choice("--fit", "x", ("crop", "resize"))
+
+
+# The functions that read `--attn`, `--attn-impl`, `--sampler` and `--cache` text, by the module that defines them.
+PARSERS = {"vsagen.request.backends": ("parse_attn", "check_impl"), "vsagen.attention.spec": ("parse_entry",),
+           "vsagen.request.sampling": ("parse_sampler_list", "split_sampler_list", "parse_sampler"),
+           "vsagen.cache.cache_spec": ("parse_caches", "parse_cache_list", "parse_cache")}
+
+
+def count_parses(monkeypatch) -> dict[str, int]:
+    """Count every call of the `PARSERS`, wherever vsagen bound them (each importing module's name patched too)."""
+    import importlib
+    import sys
+
+    counts: dict[str, int] = {}
+    for module, names in PARSERS.items():
+        for name in names:
+            original = getattr(importlib.import_module(module), name)
+
+            def counted(*args, _original=original, _name=name, **kwargs):
+                counts[_name] = counts.get(_name, 0) + 1
+                return _original(*args, **kwargs)
+
+            for mod in [m for n, m in sys.modules.items() if n.startswith("vsagen") and m is not None]:
+                if getattr(mod, name, None) is original:
+                    monkeypatch.setattr(mod, name, counted)
+    return counts
+
+
+def test_each_option_is_parsed_once_on_its_way_to_the_kernel(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """Issue 44: `--attn` was split or parsed six times on its way to the kernel, `--attn-impl` checked twice, the
+    sampler parsed in the option group, thrown away and parsed again, `--cache` parsed three times. A whole `vsagen
+    t2v` run now reads each text once, when its option group is built; everything below takes the typed values."""
+    import json
+
+    import vsagen.commands.generate_config  # noqa: F401 - bound before counting, as the command line binds it
+    import vsagen.pipeline  # noqa: F401
+
+    counts = count_parses(monkeypatch)
+    out = tmp_path / "v.mp4"
+    res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu", "--frames", "5", "--height", "64",
+                              "--width", "64", "--attn", "vsa:sparsity=0.5:tile=4x4x8", "--attn-impl", "torch",
+                              "--sampler", "default:steps=2", "--cache", "first-block:threshold=0.2", "--out",
+                              str(out)])
+    assert res.exit_code == 0, res.output
+    assert counts == {"parse_attn": 1, "parse_entry": 1, "check_impl": 1, "parse_sampler_list": 1,
+                      "split_sampler_list": 1, "parse_sampler": 1, "parse_caches": 1, "parse_cache_list": 1,
+                      "parse_cache": 1}
+    data = json.loads(out.with_suffix(".json").read_text())  # and the typed values reached the run
+    assert (data["backend"]["sparsity"], data["backend"]["tile"], data["backend"]["impl_ran"]) == (0.5, "4x4x8",
+                                                                                                  "torch")
+    assert data["config"]["steps"] == 2 and data["config"]["cache"]["threshold"] == 0.2
+
+
+def test_the_resolved_request_carries_the_groups_typed_values():
+    """`resolve` takes the parsed values the groups hold (the same objects), and a group replaced by a command
+    (`dataclasses.replace`, as profile sets its warm-up) keeps them without parsing again."""
+    import dataclasses
+
+    from vsagen.models.sources import resolve_model
+    from vsagen.request.resolve import SEVERAL, resolve
+
+    options = request_options(model="tiny", attn="full,vsa:sparsity=0.5", sampler="default:steps=2",
+                              cache="none,first-block")
+    sampling = dataclasses.replace(options.sampling, warmup=1)
+    assert sampling.sampler is options.sampling.sampler and sampling.cache is options.sampling.cache
+    req = resolve(resolve_model("tiny"), dataclasses.replace(options, sampling=sampling), prompt="p",
+                  backends=SEVERAL)
+    assert req.samplers[0].sampler is options.sampling.sampler.samplers[0]
+    assert req.caches == options.sampling.cache.specs and all(a is b for a, b in zip(req.caches,
+                                                                                       options.sampling.cache.specs))
+    assert [s.sparsity for s in req.backends] == [None, 0.5] and req.attn_requested == "full,vsa:sparsity=0.5"

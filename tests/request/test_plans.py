@@ -9,7 +9,7 @@ import math
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.models import resolve_model
+from vsagen.models.sources import resolve_model
 from vsagen.request.plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 
 

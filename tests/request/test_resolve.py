@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.models import resolve_model
-from vsagen.presets import load_preset
+from vsagen.models.sources import resolve_model
+from vsagen.models.presets import load_preset
 from vsagen.request.options import ModelOptions, PlacementOptions, RequestOptions, SamplingOptions, request_options
 from vsagen.request.plans import crop_note
 from vsagen.request.resolve import (NONE, ONE, SEVERAL, Request, check_last_frame, negative_prompt_note,
@@ -53,7 +53,7 @@ def test_values_given_win_over_the_preset():
 def test_checks_against_the_preset(vsagen_cache, options, needle):
     src = resolve_model("tiny")
     if options.get("model", ModelOptions()).random_weights:  # a folder of the tiny architecture: no exact preset
-        from vsagen.tiny import ensure_tiny_checkpoint
+        from vsagen.models.tiny import ensure_tiny_checkpoint
 
         src = resolve_model(str(ensure_tiny_checkpoint(load_preset("tiny"))))
     with pytest.raises(BadInput) as info:

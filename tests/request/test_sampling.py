@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.models import resolve_model
+from vsagen.models.sources import resolve_model
 from vsagen.request.options import request_options
 from vsagen.request.resolve import resolve
-from vsagen.request.sampling import parse_sampler, plan_sampler, split_sampler_list
+from vsagen.request.sampling import (SamplerList, parse_sampler, parse_sampler_list, plan_sampler,
+                                     split_sampler_list)
 from vsagen.samplers import NAMED, rcm_times
 
 
@@ -85,6 +86,15 @@ def test_a_list_splits_on_commas_but_keeps_a_sigma_list_whole():
     for bad in ("", "dmd,,default", "0.5,dmd"):
         with pytest.raises(BadInput):
             split_sampler_list(bad)
+
+
+def test_a_list_is_held_parsed_with_its_text_and_entries():
+    """What `--sampler` is held as once its group is built: the text, each entry as written and its sampler."""
+    held = parse_sampler_list("dmd:sigmas=1.0,0.5, default:steps=50")
+    assert held == SamplerList("dmd:sigmas=1.0,0.5, default:steps=50", ("dmd:sigmas=1.0,0.5", "default:steps=50"),
+                               (parse_sampler("dmd:sigmas=1.0,0.5"), parse_sampler("default:steps=50")))
+    with pytest.raises(BadInput, match="unknown --sampler 'nope'"):
+        parse_sampler_list("default,nope")
 
 
 DEFAULTS = dict(default_steps=50, default_guidance=5.0, default_shift=3.0, preset="p")

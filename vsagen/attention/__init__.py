@@ -1,32 +1,33 @@
-"""Attention backends for the video self-attention: the protocol (`base`), one module per backend (`full`,
-`vsa`, `rocm-vsa`, `sla-star`, `sparse-vdit`), their options (`options`), the registry of names (`registry`), the
-backend-as-a-value (`spec`), the per-layer processor (`processor`), the transformer hooks (`hooks`) and backend-owned
-weights (`weights`).
+"""Attention backends for the video self-attention: the protocol (`base`), one module per backend (`full`, `vsa`,
+`rocm-vsa`, `sla-star`, `sla`, `sparse-vdit`: each its class and its `Options`), what several backends share
+(`shared`), the registry of names (`registry`), the backend-as-a-value (`spec`), `--attn auto` (`auto`), the
+per-layer processor (`processor`), the transformer hooks (`hooks`) and backend-owned weights (`weights`).
 
-Importing the package imports neither torch nor a backend module: the names, options and specs answer from
-`registry`, `options` and `spec`; the backend classes and the protocol's torch types are imported on first use
-(`vsagen.attention.VSAAttention`, `make_backend`).
+Importing the package imports no torch: the backend modules import it inside the methods that compute. The
+registered backends' classes and Options are names of the package, read from the registry
+(`vsagen.attention.VSAAttention`, `vsagen.attention.SLAOptions`).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from .backend_options import NoOptions, ROCmVSAOptions, SLAStarOptions, SparseVDiTOptions, VSAOptions
+from .base import AttentionBackend, AttnContext, Backend, LayerWeights
 from .registry import REGISTRY, BackendName, backend_class, backend_names, uses_sparsity
+from .shared import NoOptions
 from .spec import BackendSpec, check_flags_apply, make_options, resolve_spec
 
-# Names of the package imported on first use, and the module of each (they import torch).
-_LAZY = {"AttentionBackend": "base", "AttnContext": "base", "LayerWeights": "base",
-         "FullAttention": "full", "ROCmVSAAttention": "rocm_vsa", "SLAStarAttention": "sla_star",
-         "SparseVDiTAttention": "sparse_vdit", "VSAAttention": "vsa"}
+
+def registered_names() -> dict[str, type]:
+    """{class name: class} of every registered backend's class and Options (`VSAAttention`, `VSAOptions`, ...)."""
+    return {x.__name__: x for cls in REGISTRY.values() for x in (cls, cls.Options)}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = registered_names().get(name)
+    if found is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found
 
 
 def make_backend(name: str, sparsity: float | None = None, impl: str = "auto", **options: Any) -> Any:
@@ -53,8 +54,6 @@ def make_backend(name: str, sparsity: float | None = None, impl: str = "auto", *
     return cls(make_options(cls.name, values))
 
 
-__all__ = ["AttentionBackend", "AttnContext", "BackendName", "BackendSpec", "FullAttention", "LayerWeights",
-           "NoOptions", "REGISTRY", "ROCmVSAAttention", "ROCmVSAOptions", "SLAStarAttention", "SLAStarOptions",
-           "SparseVDiTAttention", "SparseVDiTOptions",
-           "VSAAttention", "VSAOptions",
-           "backend_class", "backend_names", "make_backend", "resolve_spec", "uses_sparsity"]
+__all__ = ["AttentionBackend", "AttnContext", "Backend", "BackendName", "BackendSpec", "LayerWeights", "NoOptions",
+           "REGISTRY", "backend_class", "backend_names", "make_backend", "registered_names", "resolve_spec",
+           "uses_sparsity", *sorted(set(registered_names()) - {"NoOptions"})]

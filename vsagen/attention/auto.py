@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .registry import backend_class, backend_facts, backend_names, held_names
+from .registry import backend_class, backend_names, held_names
 
 AUTO = "auto"
 FALLBACK = "full"  # the dense baseline: what a checkpoint without any candidate's weights was trained with
@@ -26,7 +26,7 @@ EXPERT_FOLDERS = ("transformer", "transformer_2")
 def candidates() -> list[str]:
     """The registered backends `--attn auto` may choose (an `auto_priority` that is not None), highest priority
     first, ties in registry order; read from the registry on each call."""
-    named = [(name, backend_facts(name).auto_priority) for name in backend_names()]
+    named = [(name, backend_class(name).auto_priority) for name in backend_names()]
     return [name for name, priority in sorted((x for x in named if x[1] is not None), key=lambda x: -x[1])]
 
 
@@ -83,7 +83,7 @@ def unused_weights_note(files: Sequence[tuple[str, Sequence[str] | None]], chose
     uses them, or the files hold none.
 
     Args:
-        files: [(file name, its keys, or None when unread)] (`vsagen.transformer_files.auto_evidence`).
+        files: [(file name, its keys, or None when unread)] (`vsagen.models.transformer_files.auto_evidence`).
         chosen: the backend names the run (or each run of a list) uses.
     """
     from .weights import matches_layer_weights
@@ -105,7 +105,8 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
     """The backend `--attn auto` runs, and the run's note saying why and what the alternative is.
 
     Args:
-        kind, location: the model source (`vsagen.models.ModelSource`: "tiny", "dir" or "hub", and its path or id).
+        kind, location: the model source (`vsagen.models.sources.ModelSource`: "tiny", "dir" or "hub", and its path or
+            id).
         random_weights: `--random-weights` (no trained weights of any kind).
         device: "cuda" or "cpu" (the note says that on the CPU the sparse backends run slow torch references).
         trained_for: (backend, model name) of a published checkpoint whose preset names the backend its authors
@@ -157,13 +158,13 @@ def _deciding_names(name: str) -> str:
     auto gives such a checkpoint to sla)."""
     claimed: set[str] = set()
     for other in candidates():
-        weights = backend_facts(other).weights
+        weights = backend_class(other).weights
         keys = [k for k in (weights.key, *weights.aliases) if k not in claimed]
         if other == name:
             first, *rest = (f"{k.format(layer='N')}.*" for k in keys)
             return first + (f" (or {', '.join(rest)})" if rest else "")
         claimed.update(keys)
-    return held_names(backend_facts(name).weights)
+    return held_names(backend_class(name).weights)
 
 
 def auto_rule() -> str:

@@ -28,14 +28,20 @@ one of highest priority).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol
 
 from ..layout import TILE, TileLayout
-from ..timing import Timer
-from .backend_options import NoOptions, option_names, options_dict  # noqa: F401 - re-exported (torch-free there)
-from .registry import PROTOCOL_MEMBERS  # noqa: F401 - every member of the protocol, kept where the registry checks them
+from .shared import NoOptions, option_names, options_dict  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..timing import Timer
+
+# Every member of the backend protocol (`AttentionBackend`), for the registry's validation of a backend class or
+# object (`vsagen.attention.registry.missing_members`).
+PROTOCOL_MEMBERS = ("name", "Options", "tiled", "tile", "traceable", "weights", "per_layer", "bench_params",
+                    "auto_priority", "check", "prepare", "describe", "report", "__call__")
 
 
 @dataclass
@@ -108,7 +114,8 @@ class LayerWeights:
             checkpoint's own tensors (None: the checkpoint only).
         aliases: other key prefixes (each with a `{layer}` field) accepted for the same tensors, e.g. the names
             other projects' checkpoints use.
-        dtype: the dtype the Module is kept in (None: the transformer's, as its `to_q` weight).
+        dtype: the dtype the Module is kept in, by its torch name (e.g. "float32"; None: the transformer's, as its
+            `to_q` weight).
         missing_note: the run note when no layer got the tensors (e.g. sla-star: its output is then vsa's), or None
             when running without them needs no word.
     """
@@ -120,7 +127,7 @@ class LayerWeights:
     optional: tuple[str, ...] = ()
     file_option: str | None = None
     aliases: tuple[str, ...] = ()
-    dtype: torch.dtype | None = None
+    dtype: str | None = None
     missing_note: str | None = None
 
 

@@ -6,11 +6,14 @@ slow math path silently; those kernels need bf16 or fp16. On CPU torch picks its
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import TYPE_CHECKING
 
 from ..errors import BadInput
-from .base import AttnContext, Backend, NoOptions
+from .base import AttnContext, Backend
+from .shared import NoOptions
+
+if TYPE_CHECKING:
+    import torch
 
 
 class FullAttention(Backend):
@@ -23,6 +26,8 @@ class FullAttention(Backend):
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput for fp32 on CUDA (cuDNN and flash need bf16 / fp16)."""
+        import torch
+
         if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
             raise BadInput("--attn full on CUDA runs cuDNN/flash attention, which need --dtype bf16 or fp16")
 
@@ -33,6 +38,8 @@ class FullAttention(Backend):
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D) -> (B, S, H, D) like q (the context is unused)."""
+        import torch.nn.functional as F
+
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         if q.is_cuda:
             from torch.nn.attention import SDPBackend, sdpa_kernel

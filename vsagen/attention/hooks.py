@@ -21,7 +21,7 @@ forward's timestep in the transformer's `ForwardState`, which every layer's `Att
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -260,19 +260,3 @@ def _tile_order_hooks(transformer: Any, timer: Timer, handles: list[Any], tile: 
     handles.append(transformer.rope.register_forward_hook(rope_hook))
     handles.append(transformer.blocks[0].register_forward_pre_hook(first_block_pre, with_kwargs=True))
     handles.append(transformer.proj_out.register_forward_hook(proj_out_hook))
-
-
-def wrap_method(obj: Any, name: str, make: Callable[[Callable], Callable]) -> Callable[[], None]:
-    """Replace `obj.name` on this instance by `make(original)`; returns the undo, which gives the instance back
-    what it had (its own attribute, or none, so the class's method shows again)."""
-    own = name in vars(obj)
-    saved = vars(obj).get(name)
-    setattr(obj, name, make(getattr(obj, name)))
-
-    def undo() -> None:
-        if own:
-            setattr(obj, name, saved)
-        else:
-            delattr(obj, name)
-
-    return undo

@@ -185,7 +185,7 @@ class VsagenAttnProcessor:
         layout = getattr(rotary_emb, "layout", None)
         backend = self.backend
         if group is not None:  # this rank's chunk of the sequence: all-to-all around the backend
-            from ..parallel.ulysses import UlyssesAttention
+            from .ulysses_attention import UlyssesAttention
 
             backend = UlyssesAttention(backend, group)
         if backend.tiled and layout is None:

@@ -24,10 +24,19 @@ reference.
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .backend_options import ROCmVSAOptions
-from .vsa import VSAAttention
+from .vsa import VSAAttention, VSAOptions
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class ROCmVSAOptions(VSAOptions):
+    """Options of `rocm-vsa`: `vsa`'s (sparsity, impl, tile, gate_weights, tuning); a tuning given here replaces the
+    "rocm-vsa" profile's default. Raises BadInput as `VSAOptions`."""
 
 
 class ROCmVSAAttention(VSAAttention):

@@ -24,19 +24,82 @@ formula). With `impl=torch` everything runs the float references (`vsagen.kernel
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
-from ..kernels import raster_blocks as rb
-from ..kernels import reference as ref
-from .backend_options import SLAOptions  # noqa: F401 - re-exported: its options live there
+from ..errors import BadInput
 from .base import AttnContext, Backend, LayerWeights, RunInfo
-from .sla_star import _proj_module, _proj_shapes
-from .vsa import _interpreting
+from .shared import (FASTVIDEO_PROJ_KEY, FEATURE_MAPS, QUERY_LAUNCH, TURBODIFFUSION_PROJ_KEY, check_impl_option,
+                     check_tuning, interpreting, proj_module, proj_shapes, random_proj, weights_path_option)
 
-PROJ_KEY = "blocks.{layer}.self_attn.attn_op.local_attn.proj_l"  # TurboDiffusion's
-PROJ_ALIASES = ("blocks.{layer}.attn1.attn_impl.proj_l",)  # FastVideo's diffusers conversion
+if TYPE_CHECKING:
+    import torch
+
+    from ..kernels.tuning import KernelTuning
+else:
+    KernelTuning = Any  # the real type needs torch; `check_tuning` checks a given value against it
+
+SLA_BLOCKS = (64, 128)  # block sizes in tokens (`vsagen.kernels.raster_blocks.BLOCK_SIZES`)
+
+
+@dataclass(frozen=True)
+class SLAOptions:
+    """Options of `sla`.
+
+    Attributes:
+        topk: fraction of key blocks each query block keeps, in (0, 1]: int(topk * blocks), at least 1 (SLA's
+            `topk`; TurboDiffusion's default 0.1).
+        block_q: tokens per query block, 64 or 128 (TurboDiffusion's inference: 128; its SageSLA on Hopper: 64).
+        block_k: tokens per key block, 64 or 128 (TurboDiffusion's inference: 64; its SageSLA on Hopper: 128).
+        feature_map: the linear branch's phi, "softmax" (over the head dim; SLA's default), "elu" (elu + 1) or
+            "relu".
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`).
+        query_rows: query rows per program of the Triton sparse part: 64 (one program per 64-token raster tile; a
+            128-token block's two tiles each walk its key list) or 128 (one program per 128-token query block over
+            `kernels.query_groups`, loading each selected key tile once for both halves; needs block_q 128).
+        proj_weights: a safetensors file with trained projections (`blocks.{i}.self_attn.attn_op.local_attn.
+            proj_l.{weight,bias}`, TurboDiffusion's names, or FastVideo's `blocks.{i}.attn1.attn_impl.proj_l.*`),
+            loaded for every transformer instead of the checkpoint's own; None: the checkpoint's, if it has any
+            (else the branch is zero).
+        tuning: the block-sparse kernels' tuning (`KernelTuning`; Python only).
+
+    Raises:
+        BadInput: topk not a number in (0, 1], a block size not 64 or 128, an unknown feature map or impl, a
+            tuning that is not a KernelTuning, query_rows not 64 or 128 (128 with block_q 64), or a proj_weights
+            path that is not a file.
+    """
+
+    topk: float = 0.1
+    block_q: int = 128
+    block_k: int = 64
+    feature_map: Literal["softmax", "elu", "relu"] = "softmax"
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    query_rows: int = 64
+    proj_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        t = self.topk
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0.0 < t <= 1.0:
+            raise BadInput(f"topk must be a number in (0, 1], got {t!r}")
+        object.__setattr__(self, "topk", float(t))
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value not in SLA_BLOCKS:
+                raise BadInput(f"{name} must be {' or '.join(map(str, SLA_BLOCKS))}, got {value!r}")
+        if isinstance(self.query_rows, bool) or self.query_rows not in SLA_BLOCKS:
+            raise BadInput(f"query_rows must be {' or '.join(map(str, SLA_BLOCKS))}, got {self.query_rows!r}")
+        if self.query_rows > self.block_q:
+            raise BadInput(f"query_rows {self.query_rows} needs block_q {self.query_rows} (the rows of one program "
+                           f"share one key list), got block_q {self.block_q}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise BadInput(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {self.feature_map!r}")
+        check_impl_option(self.impl)
+        check_tuning(self.tuning)
+        if self.proj_weights is not None:
+            object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
 
 
 class SLAAttention(Backend):
@@ -46,9 +109,9 @@ class SLAAttention(Backend):
     Options = SLAOptions
     tiled = False
     traceable = True  # torch ops and custom ops (the block-sparse kernels, the fused branch)
-    weights = LayerWeights(key=PROJ_KEY, attr="sla_proj_l", shapes=_proj_shapes, build=_proj_module,
-                           optional=("bias",), file_option="proj_weights", aliases=PROJ_ALIASES,
-                           dtype=torch.float32,
+    weights = LayerWeights(key=TURBODIFFUSION_PROJ_KEY, attr="sla_proj_l", shapes=proj_shapes, build=proj_module,
+                           optional=("bias",), file_option="proj_weights", aliases=(FASTVIDEO_PROJ_KEY,),
+                           dtype="float32",
                            missing_note="sla: no trained projection (proj_l) in the checkpoint, so the linear branch "
                                         "is zero and only the sparse part runs (name one with proj_weights=FILE)")
     # `--attn auto` runs it for a checkpoint holding TurboDiffusion's or FastVideo's proj_l (before sla-star, whose
@@ -69,7 +132,7 @@ class SLAAttention(Backend):
         """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on)."""
         from ..errors import BadInput
 
-        if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
+        if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
@@ -100,14 +163,13 @@ class SLAAttention(Backend):
 
     def bench_params(self, heads: int, head_dim: int, device: torch.device, seed: int) -> torch.nn.Module:
         """A random projection of trained size (float32 Linear(D, D)) to time the branch with, as `sla-star`'s."""
-        g = torch.Generator().manual_seed(seed + 17)
-        tensors = {"weight": torch.randn(head_dim, head_dim, generator=g) / head_dim ** 0.5,
-                   "bias": torch.randn(head_dim, generator=g) * 0.01}
-        return _proj_module(tensors, None).to(device)
+        return random_proj(head_dim, device, seed)
 
     def select(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """SLA's selection of raster q, k (B, S, H, D) as the kernels' (q2k, q2k_cnt) over 64-token tiles
         (`raster_blocks.sla_block_map`, then `tile_lists`)."""
+        from ..kernels import raster_blocks as rb
+
         o = self.options
         lut = rb.sla_block_map(q, k, o.topk, o.block_q, o.block_k)
         return rb.tile_lists(lut, q.shape[1], o.block_q, o.block_k)
@@ -115,6 +177,10 @@ class SLAAttention(Backend):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D) raster order -> (B, S, H, D) like q. Stages: coarse (the selection), fine (the
         sparse part; with gradients and a projection, the branch too, as one op), linear (the branch)."""
+        import torch
+
+        from ..kernels import raster_blocks as rb
+
         proj, timer, o = ctx.params, ctx.timer, self.options
         with timer.region("self_attention/coarse"):
             q2k, cnt = self.select(q, k)
@@ -126,8 +192,6 @@ class SLAAttention(Backend):
         tuning = o.tuning
         grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
         if o.query_rows == 128:  # one program per 128-token block (both of its tiles), the branch after it
-            from .sparse_vdit import QUERY_LAUNCH
-
             groups = self.query_groups(q.shape[1], q.shape[2], offsets)
             with timer.region("self_attention/fine"):
                 out, _ = block_sparse_attention_grouped(q, k, v, q2k, cnt, offsets, groups, QUERY_LAUNCH[128],
@@ -155,6 +219,9 @@ class SLAAttention(Backend):
         heads, device); int32 on `offsets`' device."""
         key = (seq, heads, str(offsets.device))
         if key not in self._groups:
+            import torch
+
+            from ..kernels import raster_blocks as rb
             from ..kernels.query_groups import block_query_groups
 
             with torch.inference_mode(False):
@@ -167,6 +234,11 @@ class SLAAttention(Backend):
                proj: Any, timer: Any) -> torch.Tensor:
         """The float references: the sparse part over the raster tiles (`raster_blocks.block_sparse_reference`),
         the branch in float32 (`reference.linear_attention_branch`)."""
+        import torch
+
+        from ..kernels import raster_blocks as rb
+        from ..kernels import reference as ref
+
         with timer.region("self_attention/fine"):
             out = rb.block_sparse_reference(q, k, v, q2k, cnt)
         if proj is None:

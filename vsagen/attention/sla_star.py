@@ -25,31 +25,66 @@ the PyTorch branch (float32, `reference.linear_attention_branch`).
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import BadInput
-from ..kernels import reference as ref
 from .base import AttnContext, Backend, LayerWeights
-from .backend_options import SCOPES, SLAStarOptions, VSAOptions  # noqa: F401 - re-exported: its options live there
-from .vsa import VSAAttention, kernel_lists
+from .shared import (DEFAULT_SPARSITY, FASTVIDEO_PROJ_KEY, FEATURE_MAPS, TILE_FIELD, TURBODIFFUSION_PROJ_KEY,
+                     check_impl_option, kernel_lists, proj_module, proj_shapes, random_proj, weights_path_option)
+from .vsa import VSAAttention, VSAOptions
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..kernels.tuning import KernelTuning
+else:
+    KernelTuning = Any  # the real type needs torch; VSAOptions checks a given value against it
+
+SCOPES = ("global", "marginal")  # the branch: over every key, or over the key tiles not selected
 
 
-def _proj_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
-    """proj_l maps one head's D channels to D (shared by the heads)."""
-    d = attn.to_q.weight.shape[0] // attn.heads
-    return {"weight": (d, d), "bias": (d,)}
+@dataclass(frozen=True)
+class SLAStarOptions:
+    """Options of `sla-star`.
 
+    Attributes:
+        sparsity: VSA's fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`).
+        impl: "auto" (Triton on CUDA, the torch reference elsewhere), "triton" or "torch" (`--attn-impl`): the
+            sparse part's implementation, and the branch's.
+        tile: VSA's cube (as `vsa`'s `tile`).
+        scope: "global" (the branch over every key) or "marginal" (over the key tiles not selected).
+        feature_map: phi, "softmax" (over the head dim), "elu" (elu + 1) or "relu".
+        proj_weights: a safetensors file with trained projections (`blocks.{i}.attn1.proj_l.{weight,bias}`, or
+            an alias scheme), loaded for every transformer instead of the checkpoint's own; None: the
+            checkpoint's, if it has any (else the projection is zero).
+        tuning: the Triton kernels' tuning of the sparse part (as `vsa`'s; Python only).
 
-def _proj_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
-    """A float32 Linear(D, D) holding the trained projection (bias zero when the file has none)."""
-    w = tensors["weight"]
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=True, dtype=torch.float32)
-    with torch.no_grad():
-        lin.weight.copy_(w.float())
-        lin.bias.copy_(tensors["bias"].float() if "bias" in tensors else torch.zeros(w.shape[0]))
-    return lin
+    Raises:
+        BadInput: a value out of range (as `VSAOptions`), an unknown scope or feature map, or a proj_weights path
+            that is not a file.
+    """
+
+    sparsity: float = DEFAULT_SPARSITY
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    tile: str = field(**TILE_FIELD)  # type: ignore[assignment]
+    scope: Literal["global", "marginal"] = "global"
+    feature_map: Literal["softmax", "elu", "relu"] = "softmax"
+    proj_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        check_impl_option(self.impl)  # not fa4: the branch runs on vsagen's kernels
+        sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tile=self.tile, tuning=self.tuning)  # VSA's checks
+        object.__setattr__(self, "sparsity", sparse.sparsity)
+        object.__setattr__(self, "tile", sparse.tile)
+        if self.scope not in SCOPES:
+            raise BadInput(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.feature_map not in FEATURE_MAPS:
+            raise BadInput(f"feature_map must be one of {', '.join(FEATURE_MAPS)}, got {self.feature_map!r}")
+        if self.proj_weights is not None:
+            object.__setattr__(self, "proj_weights", weights_path_option(self.proj_weights, "proj_weights"))
 
 
 class SLAStarAttention(Backend):
@@ -59,11 +94,10 @@ class SLAStarAttention(Backend):
     Options = SLAStarOptions
     tiled = True
     traceable = True  # custom ops (VSA's, the fused branch) and torch ops
-    weights = LayerWeights(key="blocks.{layer}.attn1.proj_l", attr="sla_proj_l", shapes=_proj_shapes,
-                           build=_proj_module, optional=("bias",), file_option="proj_weights",
-                           aliases=("blocks.{layer}.self_attn.attn_op.local_attn.proj_l",
-                                    "blocks.{layer}.attn1.attn_impl.proj_l"),
-                           dtype=torch.float32,
+    weights = LayerWeights(key="blocks.{layer}.attn1.proj_l", attr="sla_proj_l", shapes=proj_shapes,
+                           build=proj_module, optional=("bias",), file_option="proj_weights",
+                           aliases=(TURBODIFFUSION_PROJ_KEY, FASTVIDEO_PROJ_KEY),
+                           dtype="float32",
                            missing_note="sla-star: no trained projection (proj_l) in the checkpoint, so the branch "
                                         "is zero and the output is exactly vsa's (name one with proj_weights=FILE)")
     # `--attn auto` prefers it to vsa (priority 1): a checkpoint trained for sla-star (VSA + a branch) may carry vsa's
@@ -106,14 +140,15 @@ class SLAStarAttention(Backend):
     def bench_params(self, heads: int, head_dim: int, device: torch.device, seed: int) -> torch.nn.Module:
         """A random projection of trained size (float32 Linear(D, D)) to time the branch with (`vsagen profile
         --kernels`, benchmarks): without one the branch is not computed and `sla-star` times as `vsa`."""
-        g = torch.Generator().manual_seed(seed + 17)
-        tensors = {"weight": torch.randn(head_dim, head_dim, generator=g) / head_dim ** 0.5,
-                   "bias": torch.randn(head_dim, generator=g) * 0.01}
-        return _proj_module(tensors, None).to(device)
+        return random_proj(head_dim, device, seed)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         """q, k, v: (B, S, H, D) tile order -> (B, S, H, D) like q. Stages: coarse, fine (VSA's), linear (the
         branch and its projection; only with a trained projection, `ctx.params`)."""
+        import torch
+
+        from ..kernels import reference as ref
+
         layout = ctx.layout
         if layout is None:
             raise RuntimeError("sla-star needs tokens in tile order with a TileLayout (tile-order hooks missing)")
@@ -150,6 +185,7 @@ class SLAStarAttention(Backend):
         """Triton with gradients (either scope): VSA's coarse stage, then its fine stage and the branch as one custom
         op (`kernels.sla_star_attn`: the backward adds the branch's dQ / dK / dV into the sparse part's in place),
         timed as the `fine` stage."""
+        from ..kernels import reference as ref
         from ..kernels.coarse import coarse_stage
         from ..kernels.sla_star_attn import sla_star_attention
 

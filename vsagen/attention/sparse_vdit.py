@@ -28,24 +28,73 @@ loaded transformers); one searched at another size is refused once the run's gri
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from ..architecture import architecture_of
 from ..errors import BadInput
 from ..sparsity.files import PatternFile, file_hash, load_patterns
 from ..sparsity.patterns import Pattern, block_map, q2k_table, skip
 from .base import AttnContext, Backend, BackendReport, RunInfo
-from .backend_options import DEFAULT_QUERY_BLOCK, IMPLS, SparseVDiTOptions  # noqa: F401 - re-exported
-# The grouped kernels' launches per `query_block`: (block_m, num_warps, num_stages) of the forward, then of dQ.
-# Swept on the H200 (torch 2.11, triton 3.6; `benchmarks/sparse_vdit.py --sweep`, Wan2.1-1.3B 480p shape): 64-row
-# groups at (4 warps, 2 stages) took the forward from 4.55 to 3.77 ms on a vertical-stripe layer, 3.55 to 3.33 on
-# multi-diagonal, 5.76 to 5.18 on a mixed layer (diagonal: 1.11 to 1.10), forward+backward 18.8 to 17.3, 14.2 to
-# 14.0, 22.5 to 21.9 ms (diagonal 4.44 to 4.50); 128-row groups (8 warps) were slower on every layer; the packed
-# dK/dV loop then took forward+backward to 15.8, 13.3, 20.1 (diagonal 4.37) ms (BENCHMARKS.md, "sparse-vdit").
-QUERY_LAUNCH = {64: (64, 4, 2, 64, 4, 2), 128: (128, 8, 3, 128, 8, 2)}  # keys: `backend_options.QUERY_BLOCKS`
+from .shared import DEFAULT_QUERY_BLOCK, QUERY_BLOCKS, QUERY_LAUNCH, check_impl_option, check_tuning, interpreting
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..kernels.tuning import KernelTuning
+else:
+    KernelTuning = Any  # the real type needs torch; `check_tuning` checks a given value against it
+
+
+@dataclass(frozen=True)
+class SparseVDiTOptions:
+    """Options of `sparse-vdit`.
+
+    Attributes:
+        patterns: the pattern file (`vsagen search --out`); required (a preset may give a default).
+        remap: run a file searched at another size on this run's grid (the same modes compiled on the new tile
+            grid; their densities change and they were not searched there).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere), "triton" or "torch".
+        query_block: the forward's query rows per program over query groups (`kernels.query_groups`: tiles with
+            equal key lists share a program, partial query tiles packed): 64 or 128; 0 runs one program per query
+            tile (the `vsa` forward). The backward is the same either way.
+        tuning: the Triton kernels' tuning (`KernelTuning`), from Python only; None: the device's defaults.
+        sdpa_heads: with impl triton, heads whose query tiles all share one key list (dense, vertical-stripe) run
+            torch SDPA (cuDNN on CUDA) over the tokens of that list instead of the block-sparse kernel (their rows
+            of the kernel's tables are emptied): one SDPA call per distinct list; False: every head in the kernel.
+            No effect with impl torch (every head runs the masked reference there).
+
+    Raises:
+        BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
+    """
+
+    patterns: Path | None = None
+    remap: bool = False
+    impl: Literal["auto", "triton", "torch"] = "auto"
+    query_block: int = DEFAULT_QUERY_BLOCK
+    tuning: KernelTuning | None = None
+    sdpa_heads: bool = True
+
+    def __post_init__(self) -> None:
+        if self.patterns is not None:
+            if not str(self.patterns).strip():
+                raise BadInput("patterns is empty: give a pattern file (write one with `vsagen search`)")
+            path = Path(self.patterns).expanduser()
+            if path.is_dir():
+                raise BadInput(f"patterns {str(path)!r} is a folder: give a pattern file (.json)")
+            if not path.is_file():
+                raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
+            object.__setattr__(self, "patterns", path.resolve())  # the run's JSON records where it really is
+        for name in ("remap", "sdpa_heads"):
+            if not isinstance(getattr(self, name), bool):
+                raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.query_block not in QUERY_BLOCKS and self.query_block != 0:
+            raise BadInput(f"query_block must be 0, {' or '.join(map(str, QUERY_BLOCKS))}, got {self.query_block!r}")
+        check_impl_option(self.impl)
+        check_tuning(self.tuning)
+
+
 CACHE_BYTES = 1 << 30  # per-layer index tables kept on the device, at most (beyond it they are rebuilt per call)
 
 
@@ -59,6 +108,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_ma
     Returns:
         (B, S, H, D) like q.
     """
+    import torch
+
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = q.shape[-1] ** -0.5
     outs = []
@@ -105,7 +156,7 @@ class SparseVDiTAttention(Backend):
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
         """Raises BadInput without a pattern file, or for the Triton kernels on a CPU without the interpreter."""
-        from ..kernels.tuning import interpreting
+        import torch
 
         if self.file is None:
             raise BadInput("sparse-vdit needs a pattern file, its option patterns=FILE (--attn sparse-vdit:patterns="
@@ -223,6 +274,9 @@ class SparseVDiTAttention(Backend):
         `device`, K the widest row of the layer's heads, and the query-group table of the grouped forward
         (`kernels.query_groups.build_query_groups`, None with query_block 0), for a `TileLayout`; cached per (modes,
         grid, device) up to CACHE_BYTES."""
+        import torch
+        import torch.nn.functional as F
+
         tiles = layout.tiles_per_dim
         key = (tuple(p.key() for p in modes), tuple(layout.grid), str(device))
         hit = self._tables.get(key)
@@ -265,6 +319,8 @@ class SparseVDiTAttention(Backend):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, modes: tuple[Pattern, ...], layout: Any,
                ctx: AttnContext | None = None) -> torch.Tensor:
         """The layer's attention with head h under `modes[h]`, q, k, v (B, S, H, D) in tile order."""
+        import torch
+
         kinds = {p.kind for p in modes}
         stats_key = (None if ctx is None else ctx.expert, -1 if ctx is None else ctx.layer)
         if kinds == {"skip"}:
@@ -307,6 +363,8 @@ class SparseVDiTAttention(Backend):
         key list shared by every query tile of a head ((head indices (h,) int64, key token rows (R,) int64 in tile
         order or None for all keys), on `device`); no SDPA calls unless the `sdpa_heads` option is on. Cached per
         (modes, grid, device)."""
+        import torch
+
         key = ("plan", tuple(p.key() for p in modes), tuple(layout.grid), str(device))
         hit = self._tables.get(key)
         if hit is not None:
@@ -348,6 +406,9 @@ class SparseVDiTAttention(Backend):
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Dense attention of q (B, S, H, D) over k, v (B, R, H, D) -> (B, S, H, D), torch SDPA (cuDNN first on CUDA for
     bf16 / fp16)."""
+    import torch
+    import torch.nn.functional as F
+
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -379,5 +440,7 @@ def _shared_list(pattern: Pattern, tiles: tuple[int, int, int]) -> tuple[int, ..
 
 def _token_rows(key_tiles: tuple[int, ...], layout: Any) -> torch.Tensor:
     """(R,) int64 tile-order token rows of `key_tiles` (ascending) under `layout`."""
+    import torch
+
     off = layout.tile_offsets.cpu()
     return torch.cat([torch.arange(int(off[t]), int(off[t + 1])) for t in key_tiles])

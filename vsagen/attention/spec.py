@@ -4,8 +4,9 @@ A spec is a registered backend name plus an instance of that backend's frozen `O
 on the command line as `NAME[:KEY=VALUE[:KEY=VALUE...]]`, e.g. `vsa`, `vsa:sparsity=0.9`, `vsa:sparsity=0.9:impl=torch`
 (`vsagen profile --attn full,vsa:sparsity=0.85,vsa:sparsity=0.9` compares two configurations of one backend).
 
-Precedence of an option's value, implemented once in `resolve_spec`: the spec's own `KEY=VALUE` > a dedicated flag
-that maps to the option (`--sparsity` -> `sparsity`, `--attn-impl` -> `impl`) > the model preset's
+An entry's text is parsed once (`parse_entry`: a `BackendEntry`, the options it sets typed); its spec is filled from
+it (`spec_of`). Precedence of an option's value, implemented once in `spec_of`: the spec's own `KEY=VALUE` > a
+dedicated flag that maps to the option (`--sparsity` -> `sparsity`, `--attn-impl` -> `impl`) > the model preset's
 `[attention.<name>]` table > the Options dataclass default.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import BadInput
-from .backend_options import TILE_FIELD, option_names, options_dict
+from .shared import TILE_FIELD, option_names, options_dict
 from .registry import backend_class, backend_names, options_of
 
 if TYPE_CHECKING:
@@ -72,8 +73,8 @@ class BackendSpec:
 
     def short_text(self) -> str:
         """The spec with only the options that differ from the backend's defaults (`vsa:sparsity=0.9`, or the bare
-        name), for labels."""
-        return short_spec_text(self.text())
+        name), for labels; a path option shows its file name only."""
+        return _short_text(self.name, options_dict(self.options))
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready: {"name", "sparsity", "impl", **the other options set}; `sparsity` (None for dense backends)
@@ -82,19 +83,27 @@ class BackendSpec:
 
 
 def short_spec_text(text: str) -> str:
-    """`NAME:KEY=VALUE...` text (as `BackendSpec.text` writes it) without the options at their defaults, for labels;
-    a path option shows its file name only (`sparse-vdit:patterns=h22.json`); reads no file."""
-    name, raw = parse_spec(text)
+    """`NAME:KEY=VALUE...` text (as `BackendSpec.text` writes it, e.g. a report row's `spec`) without the options at
+    their defaults, for labels; a path option shows its file name only (`sparse-vdit:patterns=h22.json`); reads no
+    file."""
+    entry = parse_entry(text)
+    return _short_text(entry.name, entry.options)
+
+
+def _short_text(name: str, values: Mapping[str, Any]) -> str:
+    """`NAME[:KEY=VALUE...]` of the `values` that differ from backend `name`'s defaults (compared as text writes
+    them); a path option as its file name."""
     options = options_of(name)
     defaults = {k: _fmt(v) for k, v in options_dict(options()).items()}
     hints = _hints(options)
 
-    def shown(key: str, value: str) -> str:
+    def shown(key: str, value: Any) -> str:
         kind = hints.get(key)
         is_path = kind is Path or Path in typing.get_args(kind)
-        return Path(value).name if is_path and value else value
+        return Path(str(value)).name if is_path and str(value) else _fmt(value)
 
-    return ":".join([name, *(f"{k}={shown(k, v)}" for k, v in raw.items() if defaults.get(k) != v)])
+    return ":".join([name, *(f"{k}={shown(k, v)}" for k, v in values.items()
+                             if v is not None and defaults.get(k) != _fmt(v))])
 
 
 def _fmt(v: Any) -> str:
@@ -200,29 +209,51 @@ def convert_option(options_cls: type, key: str, text: str, where: str) -> Any:
     return _convert(options_cls, key, text, where)
 
 
-def parse_spec(text: str, where: str = "--attn") -> tuple[str, dict[str, str]]:
-    """Split `NAME[:KEY=VALUE...]` into the name and the raw option texts.
+@dataclass(frozen=True)
+class BackendEntry:
+    """One `NAME[:KEY=VALUE...]` entry, parsed (`parse_entry`): a registered backend name, the options the entry
+    sets as their typed values (in the order written; the rest come from flags, the preset and the defaults when
+    the spec is filled, `spec_of`), and the entry as written, for messages."""
+
+    name: str
+    given: tuple[tuple[str, Any], ...] = ()
+    text: str = ""
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """{key: typed value} of the options the entry sets."""
+        return dict(self.given)
+
+
+def parse_entry(text: str, where: str = "--attn") -> BackendEntry:
+    """Parse one `NAME[:KEY=VALUE...]` entry: its name checked against the registry, each key against the
+    backend's options, each value converted to its field's type (`convert_option`). The one place entry text is
+    read; the Options' own validation runs when the spec is filled (`spec_of`), over the preset's values too.
 
     Raises:
         BadInput: an unknown name (the message lists the registered ones), an entry that is not KEY=VALUE, an
-            unknown key (the message lists the backend's options), or a key given twice.
+            unknown key (the message lists the backend's options), a key given twice, or a value that is not of
+            its field's type; `where` opens the line.
     """
     name, *pairs = [p.strip() for p in text.strip().split(":")]
     if name not in backend_names():
         raise BadInput(f"unknown {where} {name!r}; available: {', '.join(backend_names())}")
-    known = text_options(options_of(name))
+    cls = options_of(name)
+    known = text_options(cls)
 
     def check_key(key: str) -> None:
         if key not in known:
             listed = ", ".join(known) if known else "none"
-            if key in option_names(options_of(name)):
+            if key in option_names(cls):
                 raise BadInput(f"{where} {text!r}: option {key!r} is set from Python, not on the command line; "
                                f"options here: {listed}")
-            python = python_options(options_of(name))
+            python = python_options(cls)
             also = f"; from Python only (vsagen.apply): {', '.join(python)}" if python else ""
             raise BadInput(f"{where} {text!r}: {no_option(name, key, known)}{also}")
 
-    return name, option_pairs(text, pairs, where, check_key)
+    raw = option_pairs(text, pairs, where, check_key)
+    given = tuple((key, _convert(cls, key, value, f"{where} {text!r}")) for key, value in raw.items())
+    return BackendEntry(name, given, text.strip())
 
 
 def option_pairs(text: str, pairs: Sequence[str], where: str, check_key: Any) -> dict[str, str]:
@@ -265,30 +296,40 @@ def make_options(name: str, values: Mapping[str, Any], where: str = "--attn") ->
         raise BadInput(f"{where} {name}: {e}") from None
 
 
-def resolve_spec(text: str, *, preset: Mapping[str, Mapping[str, Any]] | None = None,
-                 flags: Mapping[str, Any] | None = None, where: str = "--attn") -> BackendSpec:
-    """Parse one `NAME[:KEY=VALUE...]` entry and fill its options (spec > flag > preset table > default).
+def spec_of(entry: BackendEntry, *, preset: Mapping[str, Mapping[str, Any]] | None = None,
+            flags: Mapping[str, Any] | None = None, where: str = "--attn") -> BackendSpec:
+    """The `BackendSpec` of a parsed entry, its options filled by precedence (entry > flag > preset table >
+    default) and validated by the backend's Options.
 
     Args:
-        text: the entry.
+        entry: the parsed entry (`parse_entry`).
         preset: the model preset's per-backend tables ({"vsa": {"sparsity": 0.875}, ...}).
         flags: dedicated flags that were given (not None), by flag name (`FLAG_OPTIONS`); a flag whose option the
             backend lacks is ignored here (`check_flags_apply` refuses flags that apply to no backend).
 
     Raises:
-        BadInput: see `parse_spec` and `make_options`.
+        BadInput: see `make_options`.
     """
-    name, raw = parse_spec(text, where)
-    cls = options_of(name)
-    known = option_names(cls)
-    values: dict[str, Any] = {k: v for k, v in (preset or {}).get(name, {}).items() if k in known}
+    known = option_names(options_of(entry.name))
+    values: dict[str, Any] = {k: v for k, v in (preset or {}).get(entry.name, {}).items() if k in known}
     for flag, value in (flags or {}).items():
         key = FLAG_OPTIONS[flag]
         if value is not None and key in known:
             values[key] = value
-    for key, value in raw.items():
-        values[key] = _convert(cls, key, value, f"{where} {text!r}")
-    return BackendSpec(name, make_options(name, values, where))
+    values.update(entry.given)
+    return BackendSpec(entry.name, make_options(entry.name, values, where))
+
+
+def resolve_spec(text: str, *, preset: Mapping[str, Mapping[str, Any]] | None = None,
+                 flags: Mapping[str, Any] | None = None, where: str = "--attn") -> BackendSpec:
+    """`spec_of(parse_entry(text))`: one `NAME[:KEY=VALUE...]` entry as a spec, for callers holding text (Python
+    callers, tests); the commands parse `--attn` once, when its option group is built
+    (`vsagen.request.options.AttentionOptions`).
+
+    Raises:
+        BadInput: see `parse_entry` and `make_options`.
+    """
+    return spec_of(parse_entry(text, where), preset=preset, flags=flags, where=where)
 
 
 def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> None:
@@ -311,7 +352,7 @@ def check_flags_apply(names: list[str], flags: Mapping[str, Any], attn: str) -> 
         raise BadInput(f"{flag} {value} does not apply to --attn {attn}; choose from {', '.join(offered)}")
 
 
-def check_flags_not_repeated(entries: Sequence[str], flags: Mapping[str, Any]) -> None:
+def check_flags_not_repeated(entries: Sequence[BackendEntry], flags: Mapping[str, Any]) -> None:
     """Refuse a dedicated flag (given, not None) next to an entry that sets the same option itself: which one was
     meant is not clear, so it is said once.
 
@@ -319,10 +360,9 @@ def check_flags_not_repeated(entries: Sequence[str], flags: Mapping[str, Any]) -
         BadInput: e.g. "--sparsity 0.7 and --attn entry 'vsa:sparsity=0.5' both set vsa's sparsity; give it once".
     """
     for entry in entries:
-        name, raw = parse_spec(entry)
         for flag, value in flags.items():
-            if value is not None and FLAG_OPTIONS[flag] in raw:
-                raise BadInput(f"{flag} {value} and --attn entry {entry.strip()!r} both set {name}'s "
+            if value is not None and FLAG_OPTIONS[flag] in entry.options:
+                raise BadInput(f"{flag} {value} and --attn entry {entry.text!r} both set {entry.name}'s "
                                f"{FLAG_OPTIONS[flag]}; give it once")
 
 

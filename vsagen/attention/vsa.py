@@ -32,51 +32,89 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
-
-import torch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import BadInput
-from ..kernels import reference as ref
 from ..layout import parse_tile
 from .base import AttnContext, Backend, LayerWeights
-from .backend_options import DEFAULT_SPARSITY, IMPLS, VSAOptions  # noqa: F401 - re-exported: vsa's options live there
+from .shared import (DEFAULT_QUERY_BLOCK, DEFAULT_SPARSITY, IMPLS, QUERY_BLOCKS, QUERY_LAUNCH, TILE_FIELD,
+                     check_impl_option, check_tuning, interpreting, kernel_lists, tile_option, weights_path_option)
 
+if TYPE_CHECKING:
+    import torch
 
+    from ..kernels.tuning import KernelTuning
+else:
+    KernelTuning = Any  # the real type needs torch; `check_tuning` checks a given value against it
+
+VSA_IMPLS = IMPLS + ("fa4",)  # vsa / rocm-vsa: also FlashAttention-4's block-sparse kernels (tiles of 128 / 256)
 # The trained gate's checkpoint keys: FastVideo's published block-level name (canonical) and the name under `attn1`
-# (an alias) that vsagen read before; the registry's entry (`registry._VSA_GATE`) states the same two.
+# (an alias) that vsagen read before.
 GATE_KEY = "blocks.{layer}.to_gate_compress"
 GATE_ALIASES = ("blocks.{layer}.attn1.to_gate_compress",)
 
 
-def _interpreting() -> bool:
-    from ..kernels.tuning import interpreting
+@dataclass(frozen=True)
+class VSAOptions:
+    """Options of `vsa`.
 
-    return interpreting()
+    Attributes:
+        sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
+            ceil((1 - sparsity) * tiles).
+        impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere; for `vsa` the fine stage on FA4 where
+            that was measured faster: whole cubes of 128 / 256 tokens, bf16 / fp16, sm90, FA4 installed, eager:
+            `VSAAttention.auto_engine`), "triton", "torch" (`--attn-impl`), or "fa4": the fine stage on
+            FlashAttention-4's block-sparse kernels (`pip install 'vsagen[fa4]'`; an NVIDIA sm90 / sm100 GPU, bf16 /
+            fp16, a tile of 128 or 256 tokens; the coarse stage stays vsagen's Triton).
+        tile: the cube VSA selects, `TxHxW` over the post-patch latent grid (latent frames x rows x columns): "4x4x4"
+            (64 tokens, VSA's paper and FastVideo's published checkpoints), "4x4x8" (128) or "4x8x8" (256), or any
+            cube of power-of-two sides holding 64, 128 or 256 tokens. Top-k counts cubes of this shape; a
+            checkpoint trained with one tile is run with it (its preset sets it).
+        query_rows: query rows per program of the Triton fine stage: 64 (one program per 64-token kernel tile) or
+            128 (one program per 128 rows of a cube, its kernel tiles sharing the cube's key list; needs a tile of
+            128 or 256 tokens).
+        gate_weights: a safetensors file with trained gates (`blocks.{i}.to_gate_compress.{weight,bias}`, or the
+            alias `blocks.{i}.attn1.to_gate_compress.*`, one scheme throughout),
+            loaded for every transformer of the pipeline instead of the checkpoint's own; None: the checkpoint's,
+            if it has any.
+        tuning: the Triton kernels' tuning (`vsagen.kernels.tuning.KernelTuning`: TMA loads, partial-tile packing,
+            the backward's second stream, score precision, launch tables), passed down to the launchers; None: the
+            per-architecture defaults (`kernel_tuning(device, head_dim)`). Set from Python only, not the command
+            line (benchmarks/attention.py builds variants with `dataclasses.replace`).
 
-
-def kernel_lists(layout: Any, q2k: torch.Tensor, q2k_cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                torch.Tensor]:
-    """A cube-level selection as the block-sparse kernels take it: (q2k, q2k_cnt, tile_offsets) over the layout's
-    kernel tiles (`kernels.tile_expand_triton`, one launch, equal to the torch `kernels.tile_expand`); cubes of at
-    most 64 tokens come back as they are, with `layout.tile_offsets_i32`. For the Triton paths only (CUDA, ROCm or
-    the interpreter).
-
-    Args:
-        layout: the `TileLayout` (its tile any of VSA's cubes).
-        q2k: (B, H, Q_TILES, K) integer key cubes per query cube; q2k_cnt: (B, H, Q_TILES) integer.
-
-    Returns:
-        q2k (B, H, n_kernel_tiles, K') int32, q2k_cnt (B, H, n_kernel_tiles) int32, tile_offsets
-        (n_kernel_tiles + 1,) int32.
+    Raises:
+        BadInput: sparsity not a number in [0, 1), an unknown impl, a tile that is not such a cube, query_rows not
+            64 or 128 (128 with a 64-token tile), a tuning that is not a KernelTuning, or a gate_weights path that is
+            not a file.
     """
-    if layout.kernel_tiles_per_tile == 1:
-        return q2k.to(torch.int32), q2k_cnt.to(torch.int32), layout.tile_offsets_i32
-    from ..kernels.tile_expand_triton import expand_to_kernel_tiles_triton
 
-    lists, counts = expand_to_kernel_tiles_triton(q2k, q2k_cnt, layout.tile_kernel_first, layout.tile_kernel_count,
-                                                  layout.kernel_tile_of, layout.kernel_tiles_per_tile)
-    return lists, counts, layout.kernel_offsets_i32
+    sparsity: float = DEFAULT_SPARSITY
+    impl: Literal["auto", "triton", "torch", "fa4"] = "auto"
+    tile: str = field(**TILE_FIELD)  # type: ignore[assignment]
+    query_rows: int = field(default=DEFAULT_QUERY_BLOCK, metadata={"values": "64 | 128 (128: a 128 / 256-token tile)"})
+    gate_weights: Path | None = None
+    tuning: KernelTuning | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tile", tile_option(self.tile))
+        rows = self.query_rows
+        if isinstance(rows, bool) or rows not in QUERY_BLOCKS:
+            raise BadInput(f"query_rows must be {' or '.join(map(str, QUERY_BLOCKS))}, got {rows!r}")
+        if rows == 128 and math.prod(parse_tile(self.tile)) < 128:
+            raise BadInput(f"query_rows=128 runs the 128 rows of one cube per program and needs a tile of 128 or 256 "
+                           f"tokens (tile=4x4x8 or 4x8x8), got tile={self.tile}")
+        s = self.sparsity
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            raise BadInput(f"sparsity must be a number in [0, 1), got {s!r}")
+        if not math.isfinite(s) or not 0.0 <= s < 1.0:
+            raise BadInput(f"sparsity must be in [0, 1), got {s}")
+        object.__setattr__(self, "sparsity", float(s) + 0.0)  # + 0.0: -0.0 becomes 0.0
+        check_impl_option(self.impl, VSA_IMPLS)
+        check_tuning(self.tuning)
+        if self.gate_weights is not None:
+            object.__setattr__(self, "gate_weights", weights_path_option(self.gate_weights, "gate_weights"))
 
 
 def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
@@ -89,6 +127,8 @@ def _gate_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
 def _gate_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
     """A Linear holding the trained gate, in the stored dtype (the loader then casts it to the transformer's: built
     in float32 first, a float64 gate would lose its precision on the way)."""
+    import torch
+
     w = tensors["weight"]
     lin = torch.nn.Linear(w.shape[1], w.shape[0], bias="bias" in tensors, dtype=w.dtype)
     lin.load_state_dict(tensors)
@@ -168,6 +208,8 @@ class VSAAttention(Backend):
         table depends on the layout only). Cached per (layout, heads); int32 on the layout's device."""
         key = (id(layout), heads)
         if key not in self._groups:
+            import torch
+
             from ..kernels.query_groups import block_query_groups
 
             with torch.inference_mode(False):
@@ -200,6 +242,8 @@ class VSAAttention(Backend):
             q: (B, S, H, D) on a CUDA device.
             layout: the call's `TileLayout`.
         """
+        import torch
+
         from ..kernels.fa4_block_sparse import FA4_BLOCK, every_cube_full, fa4_is_pinned_version, fa4_unavailable
 
         volume = layout.tile_volume
@@ -217,6 +261,8 @@ class VSAAttention(Backend):
         """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on), and for impl fa4
         where FA4 cannot run (`kernels.fa4_block_sparse.fa4_unavailable`: the tile, the device, the package) or in
         float32."""
+        import torch
+
         if self.impl == "fa4":
             from ..kernels.fa4_block_sparse import FA4_BLOCK, fa4_unavailable
 
@@ -230,7 +276,7 @@ class VSAAttention(Backend):
             why = "; ".join(dict.fromkeys(r for r in reasons if r))
             if why:
                 raise BadInput(f"impl fa4 (--attn-impl fa4 or {self.name}:impl=fa4): {why}")
-        if self.resolved_impl(device) == "triton" and device.type != "cuda" and not _interpreting():
+        if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
 
@@ -280,6 +326,10 @@ class VSAAttention(Backend):
             q2k: (B, H, Q_TILES, K) integer, the key tiles each query tile selected (for backends built on VSA's
                 selection, e.g. `sla-star`'s marginal scope).
         """
+        import torch
+
+        from ..kernels import reference as ref
+
         top_k = ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
         impl = self.resolved_impl(q.device)
         if impl == "triton" and self.impl == "auto":
@@ -292,6 +342,8 @@ class VSAAttention(Backend):
 
     def _torch(self, q, k, v, layout, gate, timer, top_k):
         """The eager reference: (out, q2k) as `attend`."""
+        from ..kernels import reference as ref
+
         with timer.region("self_attention/coarse"):
             q_c = ref.tile_mean_pool(q, layout.token_tile, layout.tile_sizes)
             k_c = ref.tile_mean_pool(k, layout.token_tile, layout.tile_sizes)
@@ -309,6 +361,9 @@ class VSAAttention(Backend):
 
     def _triton(self, q, k, v, layout, gate, timer, top_k, fa4=False):
         """The Triton kernels (with `fa4`, FA4's for the fine stage): (out, q2k) as `attend`."""
+        import torch
+
+        from ..kernels import reference as ref
         from ..kernels.block_sparse_attn import block_sparse_attention
         from ..kernels.coarse import coarse_stage
 
@@ -325,16 +380,15 @@ class VSAAttention(Backend):
                                                  layout.slot_valid, layout.tile_volume)
             elif self.options.query_rows == 128:  # one program per 128 rows of a cube (its kernel tiles' one list)
                 from ..kernels.block_sparse_attn import block_sparse_attention_grouped
-                from .sparse_vdit import QUERY_LAUNCH
 
                 out, _ = block_sparse_attention_grouped(q, k, v, lists, counts, offsets,
                                                         self.query_groups(layout, q.shape[2]), QUERY_LAUNCH[128],
                                                         tuning=tuning)
             else:
                 tuning = self.fine_tuning(tuning, layout)
-                if not torch.compiler.is_compiling():
-                    self._fine_kernel = _fine_kernel(tuning, q, k, v)
                 out, _ = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)
+                if not torch.compiler.is_compiling():  # after the call: a Gluon kernel that failed in it ran no more
+                    self._fine_kernel = _fine_kernel(tuning, q, k, v)
         if gate is not None:
             coarse = ref.coarse_attention(c.q_c, c.k_c, c.v_c, c.scores).index_select(1, layout.token_tile)
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import BadInput
 from .base import LayerWeights
-from .backend_options import weights_path_option  # noqa: F401 - re-exported: the Options (torch-free) check with it
+from .shared import weights_path_option  # noqa: F401 - re-exported: the Options check with it
 from .registry import named_weights_file  # noqa: F401 - re-exported: read before torch loads
 
 
@@ -241,7 +241,8 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
         if _origin(attn._modules.get(spec.attr)) == origin:
             continue  # attached from this source already (before the weights were placed): kept as it is
         ref = attn.to_q.weight
-        module = spec.build(tensors, attn).to(device=ref.device, dtype=spec.dtype or ref.dtype)
+        module = spec.build(tensors, attn).to(device=ref.device,
+                                              dtype=getattr(torch, spec.dtype) if spec.dtype else ref.dtype)
         module.vsagen_weights_origin = origin
         if undo is not None:
             undo.append(_restorer(attn, spec.attr, module))

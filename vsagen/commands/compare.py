@@ -17,7 +17,7 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
   the seconds per video (runs of different step counts or CFG compare as videos; with one sampler the ratio is the
   per-step one), measured as `vsagen profile` measures them (the "dit" regions of the timed steps; warm-up untimed);
   its sampler, steps, CFG scale and DiT forwards;
-* PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.metrics`),
+* PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.media.metrics`),
   and the relative L2 distance of the final latents;
 * the attention error: at the steps `error_steps` (default the first, middle and last of each run's own steps),
   every self-attention call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per
@@ -29,7 +29,7 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
 Outputs go to one folder (`--out`, default `vsagen-<model>-compare-seed<seed>/`): each run's mp4, a side-by-side
 mp4 with each panel labelled, the plot (speed-up against PSNR; attention error per layer; needs matplotlib),
 `compare.json` and `compare.csv`. Nothing is written before every run has finished; the files are one set
-(`vsagen.video.Outputs`): each written to a temporary file, then all moved into place together, so an interrupted
+(`vsagen.media.video.Outputs`): each written to a temporary file, then all moved into place together, so an interrupted
 (Ctrl-C, SIGTERM) or failed write leaves none of them. Text-to-video models only. Renderings (table, csv, plot,
 side-by-side video) are in `vsagen.commands.compare_render`.
 """
@@ -44,16 +44,16 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from ..attention.base import BackendWrapper
-from ..cache import CacheCounts, cache_counts
+from ..cache.cache_spec import CacheCounts, cache_counts
 from ..errors import BadInput
-from ..metrics import json_number, pooled_rel_l2, psnr_db, ssim
-from ..light_vae_attach import vae_summary
+from ..media.metrics import json_number, pooled_rel_l2, psnr_db, ssim
+from ..decode.decoder_choice import vae_summary
 from .compare_config import CompareConfig
 
 PROBE_REGION = "compare_probe"
 # The regions a probe call runs inside (besides "total" and "denoise", which compare does not report).
 PROBE_ENCLOSED_BY = ("dit", "attn1", "self_attention")
-# A step cache's per-forward regions (`vsagen.cache_hooks`): each encloses the probe calls recorded since the last
+# A step cache's per-forward regions (`vsagen.cache.install`): each encloses the probe calls recorded since the last
 # one of them ended (a step may hold a computed and a reused forward).
 PROBE_ENCLOSED_BY_FORWARD = ("dit_computed", "dit_reused")
 
@@ -241,7 +241,7 @@ class CompareReport:
     load_s: float
     text_encode_s: float
     notes: list[str]
-    vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`light_vae_attach.vae_summary`)
+    vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`decoder_choice.vae_summary`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (no NaN or Infinity: PSNR +inf is "inf")."""
@@ -266,7 +266,7 @@ def _mean_max(per_layer: list[dict[str, Any]]) -> tuple[float | None, float | No
 
 def video_metrics(ref: Any, frames: Any) -> dict[str, Any]:
     """{"psnr_db", "psnr_per_frame_db", "ssim", "ssim_per_frame"} of (F, H, W, 3) uint8 `frames` against `ref`
-    (`vsagen.metrics`); the reference itself (the same array) gets +inf and 1 without computing."""
+    (`vsagen.media.metrics`); the reference itself (the same array) gets +inf and 1 without computing."""
     if frames is ref:
         n = len(ref)
         return {"psnr_db": math.inf, "psnr_per_frame_db": [math.inf] * n, "ssim": 1.0, "ssim_per_frame": [1.0] * n}
@@ -300,9 +300,9 @@ def _walk(plan: Any, warmup: int) -> str:
 @contextlib.contextmanager
 def flow_shift(pipe: Any, shift: float | None) -> Iterator[None]:
     """Within the block, the pipeline's scheduler (UniPC, loaded with the request's first flow shift by
-    `vsagen.loading`) runs at flow shift `shift`: a scheduler of its class from its config with that shift replaces it
-    for the block, and the loaded one comes back after; nothing changes for None (a re-noise sampler, whose sigmas
-    are used as given), the loaded shift, or a scheduler without a flow shift."""
+    `vsagen.models.loading`) runs at flow shift `shift`: a scheduler of its class from its config with that shift
+    replaces it for the block, and the loaded one comes back after; nothing changes for None (a re-noise sampler, whose
+    sigmas are used as given), the loaded shift, or a scheduler without a flow shift."""
     own = pipe.scheduler
     loaded = getattr(own.config, "flow_shift", None)
     if shift is None or loaded is None or loaded == shift:
@@ -339,20 +339,17 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     import torch
 
     from .. import __version__
-    from ..bench import rel_l2
-    from ..loading import versions
     from ..estimate import cpu_time_estimate
-    from ..pipeline import Session, out_of_memory_as_failure, video_frames
-    from ..timing import TimingReport
+    from ..models.loading import versions
+    from ..pipeline import Session
 
     device = torch.device(cfg.device)
-    runs = cfg.runs
     # one probe per backend, shared by its runs (each run sets the steps it measures and reads its errors after)
-    probes = [AttentionProbe(spec.build(), runs[0].error_steps) for spec in cfg.backends]
+    probes = [AttentionProbe(spec.build(), cfg.runs[0].error_steps) for spec in cfg.backends]
     # each backend refuses what it cannot serve before loading (`Session.load`); weights are attached per run
     session = Session.load(cfg, probes, progress=progress, log=log)
     if cfg.device == "cpu":  # hours of work on a real size: said once the model loaded
-        warning = cpu_time_estimate(cfg, runs=len(runs), runs_of="runs")
+        warning = cpu_time_estimate(cfg, runs=len(cfg.runs), runs_of="runs")
         if warning is not None:
             log(warning)
     session.notes[0:0] = cfg.notes
@@ -360,67 +357,106 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         log(f"note: {note}")
     plan = session.plan(cfg.tile_fit)
     session.prompts()
-    results = []
-    for i, run_of in enumerate(runs):
-        sp, probe, label, at = run_of.plan, probes[run_of.backend_index], run_of.label, run_of.error_steps
-        probe.steps = frozenset(at)
-        log(f"[{i + 1}/{len(runs)}] {label}{' (reference)' if i == 0 else ''}: {_walk(sp, cfg.warmup)} at "
-            f"{cfg.frames}x{cfg.height}x{cfg.width}, attention error at step{'s' if len(at) != 1 else ''} "
-            f"{', '.join(map(str, at)) or 'none'}")
-        what = f"comparing {label}"
-        with flow_shift(session.pipe, None if sp.sampler.renoise else sp.flow_shift):
-            run = session.run(probe, plan, decode=True, what=what, sampler=sp.sampler, guidance=sp.guidance,
-                              steps=sp.steps, cache=run_of.cache)
-        with out_of_memory_as_failure(what, cfg.memory_hints()):
-            frames = video_frames(session.pipe, run.video, (cfg.frames, cfg.height, cfg.width))
-        run.video = None  # the frames are what is compared and written: free the decoded tensor (GPU memory)
-        records, probe_s = without_region(run.records, PROBE_REGION)
-        results.append((run_of, probe.errors(), run, frames, probe_s,
-                        TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s)))
-    ref_run, ref_frames, ref_timing = results[0][2], results[0][3], results[0][5]
-    files = cfg.files
-    rows = []
-    for run_of, (per_step, per_layer), run, frames, probe_s, timing in results:
-        spec, sp = run_of.spec, run_of.plan
-        if run is not ref_run:
-            log(f"PSNR / SSIM of {run_of.label} against {runs[0].label}")
-        steps = max(len(timing.dit_per_step_s), 1)
-        mean, worst = _mean_max(per_layer)
-        latents = rel_l2(run.latents, ref_run.latents)
-        info = probes[run_of.backend_index].report(device).info
-        rows.append(CompareRow(
-            label=run_of.label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,
-            impl=info.get("impl_ran", spec.impl), file=str(run_of.file), sampler=sp.sampler.summary(),
-            steps=sp.steps, guidance=sp.guidance, flow_shift=None if sp.sampler.renoise else sp.flow_shift,
-            dit_forwards=timing.dit_forwards, dit_s_per_video=timing.dit_s, dit_s_per_step=timing.dit_s / steps,
-            dit_per_step_s=list(timing.dit_per_step_s),
-            attention_s_per_step=None if timing.self_attention_s is None else timing.self_attention_s / steps,
-            speedup_vs_reference=1.0 if run is ref_run else ref_timing.dit_s / timing.dit_s,
-            **video_metrics(ref_frames, frames),
-            latents_rel_l2=latents if math.isfinite(latents) else None,  # NaN latents: no distance
-            error_steps=list(run_of.error_steps), attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
-            attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
-            probe_s=probe_s, warmup_s=run.warmup_s, backend_info=info,
-            key_tiles_kept=key_tiles_kept(info, plan.denoise_grid), **cache_counts(run_of.cache, timing)))
+    results = [_generate(cfg, session, plan, probes, i, log) for i in range(len(cfg.runs))]
+    ref = results[0]
+    rows = [_row(res, ref, probes[res.run_of.backend_index].report(device).info, plan.denoise_grid, cfg.runs[0].label,
+                 log) for res in results]
+    report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
+                           rows=rows, files={k: str(v) for k, v in cfg.files.items()}, load_s=session.load_s,
+                           text_encode_s=session.text_encode_s, notes=_report_notes(cfg, session),
+                           vae=vae_summary(session.model.pipe.vae))
+    if cancelled():
+        raise KeyboardInterrupt
+    log(f"writing {len(cfg.files)} files into {cfg.out}/")
+    write_outputs(cfg, report, [r.frames for r in results], log=log)
+    return report
+
+
+@dataclass
+class _RunResult:
+    """One run of `compare`: what it was, its probe's errors (per step, per layer), the `Session.run` result (latents,
+    records), its uint8 frames, the probe's seconds and the timing report without them."""
+    run_of: Any
+    errors: tuple[Any, Any]
+    run: Any
+    frames: Any
+    probe_s: float
+    timing: Any
+
+
+def _generate(cfg: CompareConfig, session: Any, plan: Any, probes: list[AttentionProbe], i: int,
+              log: Callable[[str], None]) -> _RunResult:
+    """Run `cfg.runs[i]` on the loaded `session` (its sampler, backend probe and cache), decode it to uint8 frames and
+    take the probe's region out of its timings.
+
+    Raises:
+        RunFailure: out of GPU memory while decoding (the message names the run).
+    """
+    from ..pipeline import out_of_memory_as_failure, video_frames
+    from ..timing import TimingReport
+
+    runs = cfg.runs
+    run_of = runs[i]
+    sp, probe, label, at = run_of.plan, probes[run_of.backend_index], run_of.label, run_of.error_steps
+    probe.steps = frozenset(at)
+    log(f"[{i + 1}/{len(runs)}] {label}{' (reference)' if i == 0 else ''}: {_walk(sp, cfg.warmup)} at "
+        f"{cfg.frames}x{cfg.height}x{cfg.width}, attention error at step{'s' if len(at) != 1 else ''} "
+        f"{', '.join(map(str, at)) or 'none'}")
+    what = f"comparing {label}"
+    with flow_shift(session.pipe, None if sp.sampler.renoise else sp.flow_shift):
+        run = session.run(probe, plan, decode=True, what=what, sampler=sp.sampler, guidance=sp.guidance,
+                          steps=sp.steps, cache=run_of.cache)
+    with out_of_memory_as_failure(what, cfg.memory_hints()):
+        frames = video_frames(session.pipe, run.video, (cfg.frames, cfg.height, cfg.width))
+    run.video = None  # the frames are what is compared and written: free the decoded tensor (GPU memory)
+    records, probe_s = without_region(run.records, PROBE_REGION)
+    return _RunResult(run_of, probe.errors(), run, frames, probe_s,
+                      TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s))
+
+
+def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int, int, int], ref_label: str,
+         log: Callable[[str], None]) -> CompareRow:
+    """The `CompareRow` of one run against the reference run `ref` (speed-up, PSNR / SSIM of the frames, latents'
+    relative L2, attention errors); `info` is the run's backend report info, `grid` the denoised latent grid."""
+    from ..bench import rel_l2
+
+    run_of, (per_step, per_layer), run, timing = res.run_of, res.errors, res.run, res.timing
+    spec, sp = run_of.spec, run_of.plan
+    if res is not ref:
+        log(f"PSNR / SSIM of {run_of.label} against {ref_label}")
+    steps = max(len(timing.dit_per_step_s), 1)
+    mean, worst = _mean_max(per_layer)
+    latents = rel_l2(run.latents, ref.run.latents)
+    return CompareRow(
+        label=run_of.label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,
+        impl=info.get("impl_ran", spec.impl), file=str(run_of.file), sampler=sp.sampler.summary(),
+        steps=sp.steps, guidance=sp.guidance, flow_shift=None if sp.sampler.renoise else sp.flow_shift,
+        dit_forwards=timing.dit_forwards, dit_s_per_video=timing.dit_s, dit_s_per_step=timing.dit_s / steps,
+        dit_per_step_s=list(timing.dit_per_step_s),
+        attention_s_per_step=None if timing.self_attention_s is None else timing.self_attention_s / steps,
+        speedup_vs_reference=1.0 if res is ref else ref.timing.dit_s / timing.dit_s,
+        **video_metrics(ref.frames, res.frames),
+        latents_rel_l2=latents if math.isfinite(latents) else None,  # NaN latents: no distance
+        error_steps=list(run_of.error_steps), attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
+        attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
+        probe_s=res.probe_s, warmup_s=run.warmup_s, backend_info=info,
+        key_tiles_kept=key_tiles_kept(info, grid), **cache_counts(run_of.cache, timing))
+
+
+def _report_notes(cfg: CompareConfig, session: Any) -> list[str]:
+    """The report's notes: the session's (each once, in order), then what the timings and metrics mean here."""
     notes = list(dict.fromkeys(session.notes))
     if cfg.device != "cuda":
         notes.append("CPU timings (each run measured once, in order): indicative only; compare speed on a GPU")
     if session.model.random_weights or cfg.source.kind == "tiny":
         notes.append("random weights: PSNR, SSIM and the errors measure how far each run moves this network's "
                      "output, not the quality of real video")
-    report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
-                           rows=rows, files={k: str(v) for k, v in files.items()}, load_s=session.load_s,
-                           text_encode_s=session.text_encode_s, notes=notes, vae=vae_summary(session.model.pipe.vae))
-    if cancelled():
-        raise KeyboardInterrupt
-    log(f"writing {len(files)} files into {cfg.out}/")
-    write_outputs(cfg, report, [r[3] for r in results], log=log)
-    return report
+    return notes
 
 
 def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], *,
                   log: Callable[[str], None] = lambda m: None) -> None:
-    """Write every file of `cfg.files` as one set (`vsagen.video.Outputs`): each to a temporary file first, then
+    """Write every file of `cfg.files` as one set (`vsagen.media.video.Outputs`): each to a temporary file first, then
     all moved into place together; if one fails, or the write is interrupted (Ctrl-C, SIGTERM: held to a safe
     point), none is left, nor the folder if this call created it. Once all are in place, remove the files an
     earlier compare wrote into the folder (`stale_outputs`, read before the new compare.json replaces the old one)
@@ -436,8 +472,8 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     import json
 
     from . import compare_render
-    from ..sheet import save_sheet, sheet_title
-    from ..video import Outputs, encode_mp4, find_ffmpeg
+    from ..media.sheet import save_sheet, sheet_title
+    from ..media.video import Outputs, encode_mp4, find_ffmpeg
 
     files = cfg.files
     stale = stale_outputs(cfg.out, files.values())

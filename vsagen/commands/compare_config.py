@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from ..attention.spec import BackendSpec
-from ..cache import NO_CACHE, CacheSpec
+from ..cache.cache_spec import NO_CACHE, CacheSpec
 from ..errors import BadInput
-from ..models import resolve_model
-from ..paths import check_folder, check_target, default_folder, sheet_path
-from ..request.backends import split_attn_list
+from ..models.sources import resolve_model
+from ..media.paths import check_folder, check_target, default_folder, sheet_path
 from ..request.options import RequestOptions, request_options
 from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
-from ..request.sampling import SamplerPlan, split_sampler_list
-from ..video import Encoding, check_encoder
+from ..request.sampling import SamplerPlan
+from ..media.video import Encoding, check_encoder
 
 DEFAULT_ATTN = "full,vsa"
 DEFAULT_ERROR_STEPS = "first,middle,last"
@@ -249,7 +248,7 @@ def check_sampler_plans(plans: tuple[SamplerPlan, ...], text: str) -> None:
 def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps: str = DEFAULT_ERROR_STEPS,
                             plot: bool | None = None) -> CompareConfig:
     """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
-    backends as `vsagen profile` takes it, `--sampler` a list of samplers (`split_sampler_list`; default the preset's),
+    backends as `vsagen profile` takes it, `--sampler` a list of samplers (`parse_sampler_list`; default the preset's),
     `--cache` a list of step caches (`vsagen.request.caching.resolve_caches`; default none), at least two runs
     between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
     `--error-steps` words are each run's own steps (first, middle, last of its step count); a numbered step must be a
@@ -266,8 +265,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     """
     if not prompt.strip():
         raise BadInput("the prompt is empty")
-    attn = options.attention.attn
-    split_attn_list(attn)  # an empty or malformed list: refused before the model is resolved
+    attn = options.attention.attn.text  # parsed with its group: a bad entry was refused before the model is resolved
     model = options.model.model
     src = resolve_model(model)
     if src.image_to_video:
@@ -275,11 +273,12 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     s = options.sampling
     options = dataclasses.replace(options, sampling=dataclasses.replace(
         s, warmup=COMPARE_WARMUP if s.warmup is None else s.warmup))
-    sampler_text = s.sampler if s.sampler is not None else src.preset.defaults.sampler
+    sampler_text = s.sampler.text if s.sampler is not None else src.preset.defaults.sampler
     try:
         req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True)
     except BadInput as e:  # a flag a sampler of the list refuses: say how to set it for one entry
-        if len(split_sampler_list(sampler_text)) > 1 and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
+        listed = s.sampler is not None and len(s.sampler.entries) > 1  # (a preset's sampler is one entry)
+        if listed and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
             d = src.preset.defaults
             raise BadInput(f"{e} (--steps, --guidance and --flow-shift apply to every --sampler entry; set a default "
                            f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \

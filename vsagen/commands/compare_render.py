@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..metrics import json_number
+from ..media.metrics import json_number
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -69,7 +69,7 @@ def rich_table(report: Any) -> Any:
                       "against the reference",
               caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
-    # (`vsagen.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
+    # (`vsagen.cli.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
     cached = any(r.cached for r in report.rows)  # --cache: the forwards each run computed / reused
     t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 or cached else "backend",
                  overflow="fold", min_width=8)
@@ -163,13 +163,13 @@ def side_by_side(videos: Sequence[np.ndarray], labels: Sequence[str]) -> np.ndar
 def write_plot(report: Any, path: Path, *, overwrite: bool = False, outputs: Any = None) -> None:
     """Two panels: speed-up over the reference (DiT time per video) against PSNR per run (infinite PSNR drawn at the
     top with an arrow mark), and the attention error (rel-L2 against dense) per layer, one line per run. Written
-    atomically (`vsagen.video.write_with`) in the format of `path`'s suffix; matplotlib's object API. With
-    `outputs` (a `vsagen.video.Outputs`), added to that set instead (published with it; `overwrite` is the set's).
+    atomically (`vsagen.media.video.write_with`) in the format of `path`'s suffix; matplotlib's object API. With
+    `outputs` (a `vsagen.media.video.Outputs`), added to that set instead (published with it; `overwrite` is the set's).
 
     Raises:
         BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
     """
-    from ..video import new_figure, write_with
+    from ..media.video import new_figure, write_with
 
     rows = report.rows
     finite = [r.psnr_db for r in rows if math.isfinite(r.psnr_db)]

@@ -14,15 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .generate_config import RunConfig
-from ..errors import BadInput, RunFailure
-from ..layout import tile_layout
-from ..light_vae_attach import vae_summary
 from ..architecture import experts
-from ..loading import versions
+from ..decode.decoder_choice import vae_summary
+from ..errors import BadInput, RunFailure
 from ..estimate import cpu_time_estimate
+from ..layout import tile_layout
+from ..models.loading import versions
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure
 from ..timing import TimingReport
+from .generate_config import RunConfig
 
 
 @dataclass
@@ -109,24 +109,22 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         ranks = gather_to_writer(mine.rank_row(dist.get_rank()))
     if not writer:
         return None
-    from .. import video
-
-    from ..decode_stream import streams
+    from ..decode.stream import streams
+    from ..media import video
+    from ..media.formats import write_video
 
     # a lightweight decoder (`--vae light`) streams by its temporal windows, where it decodes in windows
     log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})"
         + (", encoding it as it decodes" if streams(session.pipe.vae) else ""))
-    log(f"writing {cfg.out} and {cfg.json_out}" if cfg.sheet_out is None else
-        f"writing {cfg.out}, {cfg.json_out} and {cfg.sheet_out}")
+    log(f"writing {_video_path(cfg)} and {cfg.json_out}" if cfg.sheet_out is None else
+        f"writing {_video_path(cfg)}, {cfg.json_out} and {cfg.sheet_out}")
     kept: list[Any] = []  # every frame, for the contact sheet only
     # the files appear together or not at all; Ctrl-C / SIGTERM meanwhile: held to a safe point (between chunks)
     video.find_ffmpeg()  # resolved (and cached) while a signal still interrupts at once
     with video.Outputs(overwrite=cfg.overwrite) as outputs:
-        streamed: list[video.StreamTimes] = []
-        outputs.add(cfg.out, lambda tmp: streamed.append(video.encode_mp4_stream(
-            _frame_chunks(session.pipe, run.latents, cfg), tmp, cfg.fps, cfg.encoding,
-            keep=kept.append if cfg.sheet_out is not None else None)), ".mp4")
-        times = streamed[0]
+        times = write_video(outputs, cfg.format, cfg.out, _frame_chunks(session.pipe, run.latents, cfg), cfg.fps,
+                            cfg.encoding, frames=cfg.frames, metadata=cfg.metadata() if cfg.format.metadata else None,
+                            keep=kept.append if cfg.sheet_out is not None else None)
         if times.frames != cfg.frames:
             raise RunFailure(f"decoded video has {times.frames} frames, expected {cfg.frames}")
         records = [*run.records, ("vae_decode", -1, times.produce_s), ("total", -1, times.produce_s)]
@@ -137,7 +135,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
         if cfg.sheet_out is not None:  # the contact sheet, published with the pair
-            from ..sheet import save_sheet, sheet_title
+            from ..media.sheet import save_sheet, sheet_title
 
             title = sheet_title(cfg.model, cfg.backend.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
                                 cfg.seed, f"from {cfg.image.name}" if cfg.image is not None else "")
@@ -154,17 +152,24 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
             outputs.publish()
         except BadInput as e:
             raise BadInput(f"{e}: nothing was written") from None
-    return RunResult(cfg.out, cfg.json_out, report, summary)
+    return RunResult(_video_path(cfg), cfg.json_out, report, summary)
+
+
+def _video_path(cfg: RunConfig) -> Path:
+    """Where the video went: `--out`, or for PNG frames their ffmpeg pattern (`NAME-%04d.png`)."""
+    from ..media.formats import frame_pattern
+
+    return frame_pattern(cfg.out, cfg.frames) if cfg.video_format == "png" else cfg.out
 
 
 def _frame_chunks(pipe: Any, latents: Any, cfg: RunConfig) -> Iterator[Any]:
-    """The run's latents decoded as a stream of (f, H, W, 3) uint8 chunks (`vsagen.decode_stream`); a chunk of
+    """The run's latents decoded as a stream of (f, H, W, 3) uint8 chunks (`vsagen.decode.stream`); a chunk of
     another height and width than the request's is a RunFailure. Each chunk is decoded under inference mode entered
     and left around that step alone: a context held across a `yield` would stay on in the caller's thread while the
     generator waits (and for good, were it left unfinished by an interrupt)."""
     import torch
 
-    from ..decode_stream import decode_chunks, frames_u8
+    from ..decode.stream import decode_chunks, frames_u8
 
     chunks = decode_chunks(pipe.vae, latents)
     try:
@@ -203,7 +208,7 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
     layout = tile_layout(plan.denoise_grid, tuple(backend.tile))  # the backend's cubes ((4, 4, 4) for the others)
     two_experts = getattr(pipe.config, "boundary_ratio", None) is not None
     return {
-        "video": str(cfg.out), "json": str(cfg.json_out),
+        "video": str(_video_path(cfg)), "format": cfg.video_format, "json": str(cfg.json_out),
         "sheet": str(cfg.sheet_out) if cfg.sheet_out is not None else None, "model": cfg.model, "attn": cfg.attn,
         "attn_requested": cfg.attn_requested,
         # the step cache (`--cache`): its name and options; timing says what it computed and reused

@@ -3,18 +3,20 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..attention import BackendSpec
 from ..errors import BadInput
-from ..models import resolve_model
-from ..paths import check_output, check_target, default_out, sheet_path
-from ..presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
+from ..media.formats import FORMATS, VideoFormat, check_format, frame_paths, output_format
+from ..media.paths import check_output, check_target, default_out, sheet_path
+from ..media.video import Encoding, check_encoder
+from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
+from ..models.sources import resolve_model
 from ..request.options import ImageFit, RequestOptions, request_options
 from ..request.resolve import Request, check_last_frame, request_fields, resolve
-from ..video import Encoding, check_encoder
 
 
 # i2v without a prompt: the image is the content
@@ -38,6 +40,28 @@ class RunConfig(Request):
     last_image: Path | None = None
     sheet_out: Path | None = None
     encoding: Encoding = Encoding()
+    video_format: str = "mp4"  # --out's extension: mp4 | webm | gif | png (vsagen.media.formats)
+
+    @property
+    def format(self) -> VideoFormat:
+        """The video's file format (`--out`'s extension)."""
+        return FORMATS[self.video_format]
+
+    def metadata(self) -> dict[str, str]:
+        """The video's container metadata: `title` the prompt, `description` one line of the settings, `comment`
+        a compact JSON of the prompt, negative prompt, model, backend spec, sampler, steps, seed, size, fps,
+        guidance and vsagen's version (what a later run needs to make the video again)."""
+        from .. import __version__
+
+        record = {"prompt": self.prompt, "negative_prompt": self.negative_prompt, "model": self.model,
+                  "attn": self.backend.text(), "cache": self.cache.text(), "sampler": self.sampler.name,
+                  "steps": self.steps, "seed": self.seed, "frames": self.frames, "height": self.height,
+                  "width": self.width, "fps": self.fps, "guidance": self.guidance, "guidance_2": self.guidance_2,
+                  "image": self.image.name if self.image is not None else None, "vsagen": __version__}
+        return {"title": self.prompt, "comment": json.dumps(record, ensure_ascii=False, separators=(",", ":")),
+                "description": f"vsagen {__version__}: {self.model}, --attn {self.backend.text()}, {self.steps} "
+                               f"steps {self.sampler.name}, seed {self.seed}, {self.frames}x{self.height}x"
+                               f"{self.width}"}
 
     @property
     def backend(self) -> BackendSpec:
@@ -115,7 +139,7 @@ def _check_last_image(model: str, src: Any, image: Path | None,
         raise BadInput(f"--last-image: --model {model} is a text-image-to-video model (Wan2.2-TI2V-5B style, "
                        "per-token timesteps) and diffusers ignores a last image for it; use an FLF2V model (e.g. "
                        "--model wan2.1-flf2v-14b-720p) or wan2.2-i2v-a14b")
-    from ..image import open_image
+    from ..media.image import open_image
 
     last_image = Path(last_image)
     try:
@@ -127,9 +151,9 @@ def _check_last_image(model: str, src: Any, image: Path | None,
 
 def image_notes(height: int, width: int, fit: str | None,
                 images: Sequence[tuple[str, Path | None, tuple[int, int] | None]]) -> tuple[str, ...]:
-    """The notes (and refusals) about the input images once the size is known (`vsagen.image.check_image_size`: an
+    """The notes (and refusals) about the input images once the size is known (`vsagen.media.image.check_image_size`: an
     image too small, or blown up by its fit); `images` holds (flag, path or None, (width, height))."""
-    from ..image import check_image_size, transparency_note
+    from ..media.image import check_image_size, transparency_note
 
     notes = [note for flag, path, size in images if path is not None
              for note in (check_image_size(path, size, height, width, fit, flag), transparency_note(path, flag))]
@@ -152,13 +176,13 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
                 last_image: Path | None = None) -> RunConfig:
     """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
     `--attn auto` the default) and its own: `image` (a PNG / JPEG / WebP path) makes it image to video, so the
-    model must be an image-to-video one (and the reverse), and then the prompt may be left out ("": a note says
-    so; one of spaces only is refused); `fit` (crop | resize, see `vsagen.image`) says how the
-    image is brought to the size; `last_image` (with `image`) makes it first/last-frame to video, only where
-    diffusers does it (`vsagen.presets.last_image_use`): FLF2V models need it, image-to-video models without a CLIP
-    branch (Wan2.2-I2V-A14B style) take it optionally, others refuse it. `options.output.out` is the mp4 (default
-    `vsagen-<model>-<attn>-seed<seed>.mp4`), its JSON goes beside it, and with `options.output.sheet` its contact
-    sheet (`vsagen.paths.sheet_path`); none of them may exist unless `overwrite`.
+    model must be an image-to-video one (and the reverse), and then the prompt may be left out ("": a note says so; one
+    of spaces only is refused); `fit` (crop | resize, see `vsagen.media.image`) says how the image is brought to the
+    size; `last_image` (with `image`) makes it first/last-frame to video, only where diffusers does it
+    (`vsagen.models.presets.last_image_use`): FLF2V models need it, image-to-video models without a CLIP branch
+    (Wan2.2-I2V-A14B style) take it optionally, others refuse it. `options.output.out` is the mp4 (default
+    `vsagen-<model>-<attn>-seed<seed>.mp4`), its JSON goes beside it, and with `options.output.sheet` its contact sheet
+    (`vsagen.media.paths.sheet_path`); none of them may exist unless `overwrite`.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
@@ -178,7 +202,7 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
         raise BadInput(f"--model {model} is an image-to-video model; use `vsagen i2v IMAGE PROMPT`")
     image_size = None
     if image is not None:
-        from ..image import open_image
+        from ..media.image import open_image
 
         image = Path(image)
         image_size = open_image(image).size  # readable now, or one message naming the path
@@ -200,7 +224,12 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
             + (f"-{req.cache.name}" if req.cache.enabled else "")
             + ("-calibrate" if req.cache.name == "mag" and req.cache.options.calibrate else ""))
     path = out.out if out.out is not None else default_out(model, what, req.seed, out.overwrite)
-    json_out = check_output(path, out.overwrite)
+    json_out = check_output(path, out.overwrite, req.frames)
+    video_format = output_format(path)
+    check_format(video_format, out.encoding)
+    if video_format.name == "png" and out.overwrite and frame_paths(path, req.frames + 1)[-1].exists():
+        notes += (f"{frame_paths(path, req.frames + 1)[-1]} and any later frame files are an earlier, longer run's "
+                  f"and stay as they were (this run writes {req.frames} frames)",)
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")
@@ -214,7 +243,7 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,
-                     encoding=out.encoding)
+                     encoding=out.encoding, video_format=video_format.name)
 
 
 def resolve_generate(prompt: str, *, image: Path | None = None, fit: str = "crop", last_image: Path | None = None,

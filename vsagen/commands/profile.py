@@ -46,8 +46,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..attention.full import FullAttention
-from ..cache import NO_CACHE, CacheCounts, cache_counts
-from ..presets import LAST_IMAGE_REQUIRED
+from ..cache.cache_spec import NO_CACHE, CacheCounts, cache_counts
+from ..models.presets import LAST_IMAGE_REQUIRED
 from .profile_config import ProfileConfig
 from ..timing import TimingReport, rank_stats
 from ..errors import BadInput
@@ -142,9 +142,9 @@ class ProfileRow(CacheCounts):
     def label(self) -> str:
         """Backend name with its sparsity, a cube other than the default 4x4x4, and the cache, if any, e.g.
         "vsa 0.875", "vsa 0.875 tile 4x4x8", "full + first-block"."""
-        from ..attention.spec import parse_spec, tile_label
+        from ..attention.spec import parse_entry, tile_label
 
-        tile = parse_spec(self.spec)[1].get("tile") if self.spec else None
+        tile = parse_entry(self.spec).options.get("tile") if self.spec else None
         return (self.backend + (f" {self.sparsity:g}" if self.sparsity is not None else "") + tile_label(tile)
                 + self.cache_suffix)
 
@@ -300,81 +300,25 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     import torch
 
     from .. import __version__
-    from ..loading import torch_dtype, versions
-    from ..estimate import cpu_time_estimate
     from ..compiling import fused_blocks_note
-    from ..pipeline import Conditioning, Session
+    from ..models.loading import versions
 
-    device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
+    device = torch.device(cfg.device)
     backends = [(spec, spec.build()) for spec in cfg.backends]
-    if stock_rows(cfg):
-        try:
-            TileOrderFull().check(device, dtype)
-        except BadInput:
-            raise BadInput("the overhead rows (diffusers-sdpa, full+tile-order) run cuDNN/flash attention on CUDA, "
-                           "which need --dtype bf16 or fp16; pass another --dtype or --no-stock") from None
-    last = cfg.source.preset.last_image == LAST_IMAGE_REQUIRED
-    conditioning = Conditioning.synthetic(cfg.height, cfg.width, cfg.seed, last) if cfg.conditioned else None
-    # every backend is prepared for every tile fit's run before loading and again once loaded (`Session.load`);
-    # backend weights are attached per configuration and detached after it
-    session = Session.load(cfg, [b for _, b in backends],
-                           also_runs=[TileOrderFull()] if stock_rows(cfg) else [], conditioning=conditioning, log=log)
-    if cfg.device == "cpu" and writer:  # hours of work on a real size: said once the model loaded
-        warning = cpu_time_estimate(cfg, runs=len(backends) * len(cfg.tile_fits) * len(cfg.caches)
-                                    + 2 * stock_rows(cfg),
-                                    runs_of="configurations")
-        if warning is not None:
-            log(warning)
-    session.prompts()  # once for every configuration (host clock: `text_encode_s`)
+    session = _load_session(cfg, [b for _, b in backends], writer, log)
     cuda = device.type == "cuda"
     fused_note = fused_blocks_note(cfg.warmup) if session.fused else None
-    if cfg.conditioned:
-        session.notes.append("image-to-video model: conditioned on a synthetic first frame"
-                             + (" and last frame" if last else "")
-                             + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
-                               "CLIP where the model has it) is outside the DiT times")
-
-    def measure(label: str, plan: Any, backend: Any, context: Callable[[], Any] = contextlib.nullcontext,
-                cache: Any = NO_CACHE) -> _Measured:
-        log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
-            f"{cfg.warmup} warm-up + {cfg.steps} timed step{'s' * (cfg.steps != 1)}")
-        run = session.run(backend, plan, context=context, what=f"profiling {label}", cache=cache)
-        report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
-                                           untimed=session.untimed(backend))
-        ranks = None
-        if cfg.processes > 1:  # a collective: every rank, every configuration, in the same order
-            import torch.distributed as dist
-
-            from ..parallel.launch import gather_to_writer
-
-            ranks = gather_to_writer(report.rank_row(dist.get_rank()))
-        return _Measured(report, run.layout_s, run.latents, ranks)
-
-    rows: list[ProfileRow] = []
     latents: dict[int, Any] = {}  # id(row) -> its final latents
-    names = [spec.name for spec in cfg.backends]
-    for fit in cfg.tile_fits:
-        plan = session.plan(fit)
-        for (spec, backend), cache in ((b, c) for b in backends for c in cfg.caches):  # a backend's caches together
-            what = spec.short_text() if names.count(spec.name) > 1 else spec.name  # settings of one backend apart
-            what += f" + {cache.short_text()}" if cache.enabled else ""
-            m = measure(f"{what} (tile fit {fit})", plan, backend, cache=cache)
-            said = backend.report(device)  # what the run's layers ran (each run prepares the backend anew)
-            info = said.info
-            rows.append(_make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled,
-                                  info.get("impl_ran", spec.impl), tuple(backend.tile), cache))
-            r = rows[-1]
-            r.spec, r.backend_info, r.layers = spec.text(), info, [dict(row) for row in said.layers]
-            r.launches_per_forward, r.block_density = _layer_summary(r.layers)
-            latents[id(rows[-1])] = m.latents
+    rows = _backend_rows(cfg, session, backends, latents, log)
     overhead: list[ProfileRow] = []
     if stock_rows(cfg):
         fit = cfg.tile_fits[0]
         plan = session.plan(fit)
-        m = measure(f"{STOCK} (diffusers' processors)", plan, None, _pinned_sdpa if cuda else contextlib.nullcontext)
+        m = _measure(cfg, session, f"{STOCK} (diffusers' processors)", plan, None, log,
+                     _pinned_sdpa if cuda else contextlib.nullcontext)
         overhead.append(_make_row(STOCK, "overhead", None, fit, plan, m, cfg, False, False))
         latents[id(overhead[-1])] = m.latents
-        m = measure(f"{TILE_ORDER_FULL}", plan, TileOrderFull())
+        m = _measure(cfg, session, f"{TILE_ORDER_FULL}", plan, TileOrderFull(), log)
         overhead.append(_make_row(TILE_ORDER_FULL, "overhead", None, fit, plan, m, cfg, True, True))
         latents[id(overhead[-1])] = m.latents
 
@@ -387,6 +331,92 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                          rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
                          text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
+
+
+def _load_session(cfg: ProfileConfig, backends: list[Any], writer: bool, log: Callable[[str], None]) -> Any:
+    """The `Session` every configuration of `cfg` runs on: the overhead rows' dtype checked, the model loaded once
+    (a conditioned model with a synthetic first / last frame), the CPU estimate said, the prompt encoded once.
+
+    Raises:
+        BadInput: the overhead rows on CUDA in a dtype cuDNN / flash attention refuse; what `Session.load` raises.
+    """
+    import torch
+
+    from ..estimate import cpu_time_estimate
+    from ..models.loading import torch_dtype
+    from ..pipeline import Conditioning, Session
+
+    if stock_rows(cfg):
+        try:
+            TileOrderFull().check(torch.device(cfg.device), torch_dtype(cfg.dtype))
+        except BadInput:
+            raise BadInput("the overhead rows (diffusers-sdpa, full+tile-order) run cuDNN/flash attention on CUDA, "
+                           "which need --dtype bf16 or fp16; pass another --dtype or --no-stock") from None
+    last = cfg.source.preset.last_image == LAST_IMAGE_REQUIRED
+    conditioning = Conditioning.synthetic(cfg.height, cfg.width, cfg.seed, last) if cfg.conditioned else None
+    # every backend is prepared for every tile fit's run before loading and again once loaded (`Session.load`);
+    # backend weights are attached per configuration and detached after it
+    session = Session.load(cfg, backends, also_runs=[TileOrderFull()] if stock_rows(cfg) else [],
+                           conditioning=conditioning, log=log)
+    if cfg.device == "cpu" and writer:  # hours of work on a real size: said once the model loaded
+        warning = cpu_time_estimate(cfg, runs=len(backends) * len(cfg.tile_fits) * len(cfg.caches)
+                                    + 2 * stock_rows(cfg),
+                                    runs_of="configurations")
+        if warning is not None:
+            log(warning)
+    session.prompts()  # once for every configuration (host clock: `text_encode_s`)
+    if cfg.conditioned:
+        session.notes.append("image-to-video model: conditioned on a synthetic first frame"
+                             + (" and last frame" if last else "")
+                             + " (the DiT's cost does not depend on the picture); encoding the condition (VAE, and "
+                               "CLIP where the model has it) is outside the DiT times")
+    return session
+
+
+def _measure(cfg: ProfileConfig, session: Any, label: str, plan: Any, backend: Any, log: Callable[[str], None],
+             context: Callable[[], Any] = contextlib.nullcontext, cache: Any = NO_CACHE) -> _Measured:
+    """Run one configuration on `session` (`cfg.warmup` untimed + `cfg.steps` timed steps) and read its timing; under
+    `--ulysses` / `--cfg-parallel` a collective that gathers every rank's row to the writer (every rank, every
+    configuration, in the same order)."""
+    log(f"profiling {label} at {plan.denoise_frames}x{plan.denoise_height}x{plan.denoise_width}: "
+        f"{cfg.warmup} warm-up + {cfg.steps} timed step{'s' * (cfg.steps != 1)}")
+    run = session.run(backend, plan, context=context, what=f"profiling {label}", cache=cache)
+    report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
+                                       untimed=session.untimed(backend))
+    ranks = None
+    if cfg.processes > 1:
+        import torch.distributed as dist
+
+        from ..parallel.launch import gather_to_writer
+
+        ranks = gather_to_writer(report.rank_row(dist.get_rank()))
+    return _Measured(report, run.layout_s, run.latents, ranks)
+
+
+def _backend_rows(cfg: ProfileConfig, session: Any, backends: list[tuple[Any, Any]], latents: dict[int, Any],
+                  log: Callable[[str], None]) -> list[ProfileRow]:
+    """One row per (tile fit, backend, cache) of `cfg`, a backend's caches together; each row's final latents go into
+    `latents` by id(row)."""
+    import torch
+
+    device = torch.device(cfg.device)
+    rows: list[ProfileRow] = []
+    names = [spec.name for spec in cfg.backends]
+    for fit in cfg.tile_fits:
+        plan = session.plan(fit)
+        for (spec, backend), cache in ((b, c) for b in backends for c in cfg.caches):
+            what = spec.short_text() if names.count(spec.name) > 1 else spec.name  # settings of one backend apart
+            what += f" + {cache.short_text()}" if cache.enabled else ""
+            m = _measure(cfg, session, f"{what} (tile fit {fit})", plan, backend, log, cache=cache)
+            said = backend.report(device)  # what the run's layers ran (each run prepares the backend anew)
+            info = said.info
+            r = _make_row(spec.name, "backend", spec, fit, plan, m, cfg, True, backend.tiled,
+                          info.get("impl_ran", spec.impl), tuple(backend.tile), cache)
+            r.spec, r.backend_info, r.layers = spec.text(), info, [dict(row) for row in said.layers]
+            r.launches_per_forward, r.block_density = _layer_summary(r.layers)
+            rows.append(r)
+            latents[id(r)] = m.latents
+    return rows
 
 
 def _compare_with_full(rows: list[ProfileRow], overhead: list[ProfileRow], latents: dict[int, Any]) -> None:
@@ -513,8 +543,8 @@ def profile_kernels(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m
 
     from .. import __version__
     from ..bench import AttentionShape, time_attention, timed_layers
-    from ..loading import torch_dtype, versions
-    from ..models import transformer_configs
+    from ..models.loading import torch_dtype, versions
+    from ..models.sources import transformer_configs
 
     device, dtype = torch.device(cfg.device), torch_dtype(cfg.dtype)
     backends = [(spec, spec.build()) for spec in cfg.backends]

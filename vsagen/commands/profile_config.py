@@ -9,13 +9,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..attention.registry import backend_facts, named_weights_file
-from ..cache import parse_cache_list
+from ..attention.registry import backend_class, named_weights_file
 from ..errors import BadInput
-from ..models import attention_dims, resolve_model
-from ..paths import check_folder, check_target
-from ..presets import LAST_IMAGE_REQUIRED
-from ..request.backends import split_attn_list
+from ..models.sources import attention_dims, resolve_model
+from ..media.paths import check_folder, check_target
+from ..models.presets import LAST_IMAGE_REQUIRED
 from ..request.options import Offload, ReportFormat, RequestOptions, VaeTiling, request_options
 from ..request.resolve import SEVERAL, Request, check_last_frame, request_fields, resolve
 
@@ -124,7 +122,7 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     if kernels and (s.steps is not None or s.warmup is not None):
         raise BadInput("--steps and --warmup count denoising steps; --kernels times the attention alone "
                        "(drop them, or drop --kernels)")
-    if kernels and s.cache is not None and any(c.enabled for c in parse_cache_list(s.cache)):
+    if kernels and s.cache is not None and any(c.enabled for c in s.cache.specs):
         raise BadInput("--cache reuses DiT forwards across steps; --kernels times the attention alone (drop one)")
     if kernels and plot is not None:
         raise BadInput("--plot draws the DiT time per backend; it does not apply to --kernels")
@@ -139,10 +137,10 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
         options, sampling=dataclasses.replace(s, warmup=PROFILE_WARMUP if s.warmup is None else s.warmup),
         placement=dataclasses.replace(pl, offload=Offload.NONE, vae_tiling=VaeTiling.OFF))
     req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_fits=True, command_steps=PROFILE_STEPS)
-    for entry, spec in zip(split_attn_list(options.attention.attn), req.backends):
-        if kernels and named_weights_file(backend_facts(spec.name), spec.options) is not None:
+    for entry, spec in zip(options.attention.attn.entries, req.backends):
+        if kernels and named_weights_file(backend_class(spec.name), spec.options) is not None:
             raise BadInput(f"--kernels times the attention on random inputs without trained weights; drop the "
-                           f"weights file from --attn {entry!r}, or drop --kernels")
+                           f"weights file from --attn {entry.text!r}, or drop --kernels")
     if src.preset.last_image == LAST_IMAGE_REQUIRED and not kernels:
         check_last_frame(req, f"--model {model} (first/last frame; profiled with a synthetic last frame)")
     heads, head_dim = attention_dims(src, model) if kernels else (0, 0)

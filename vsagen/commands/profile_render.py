@@ -24,7 +24,7 @@ from ..errors import BadInput
 from .profile import BASELINE, STOCK, KernelReport, ProfileReport, row_labels
 
 PIPE_WIDTH = 200
-"""Columns of a report sent to a pipe or a file; equal to `vsagen.terminal.PIPE_WIDTH` (a test checks: the terminal
+"""Columns of a report sent to a pipe or a file; equal to `vsagen.cli.terminal.PIPE_WIDTH` (a test checks: the terminal
 module sits above the commands, so neither imports the other's)."""
 
 
@@ -331,7 +331,7 @@ def write_plot(rep: ProfileReport, path: Path, *, overwrite: bool = False) -> No
     Raises:
         BadInput: matplotlib is not installed, or `path` exists and `overwrite` is False.
     """
-    from ..video import new_figure, write_with
+    from ..media.video import new_figure, write_with
 
     rows = rep.rows
     two_fits = len({r.tile_fit for r in rows}) > 1

@@ -2,9 +2,9 @@
 layer, head), written as a pattern file (`vsagen.sparsity.files`) for `--attn sparse-vdit:patterns=FILE`.
 
 The model denoises with full attention (diffusers' own loop through `vsagen.pipeline.Session`, no VAE decode), the
-scoring backend of `vsagen.sparsity.scoring` (`ModeScorer`) in every self-attention layer, over every prompt; each
-head then gets the mode of lowest relative MSE + lam x block density (`patterns_from_scores`; the method is in
-that module's docstring). `--ranges N` gives N equal step ranges their own modes. The file is written only when the
+scoring backend of `vsagen.attention.sparse_vdit_search` (`ModeScorer`) in every self-attention layer, over every
+prompt; each head then gets the mode of lowest relative MSE + lam x block density (`patterns_from_scores`; the method is
+in that module's docstring). `--ranges N` gives N equal step ranges their own modes. The file is written only when the
 search ends (an interrupted search writes nothing).
 
 Text-to-video models only (an image-to-video search would need input pictures).
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..architecture import architecture_of
 from ..errors import BadInput
-from ..models import resolve_model
-from ..paths import check_folder, check_target
+from ..media.paths import check_folder, check_target
+from ..models.sources import resolve_model
 from ..request.backends import check_impl
 from ..request.options import RequestOptions, VaeTiling, request_options
 from ..request.resolve import NONE, Request, request_fields, resolve, sampler_plans
-from ..architecture import architecture_of
 from ..sparsity.files import DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, save_patterns, step_ranges
 from ..sparsity.patterns import Pattern, block_density
 
@@ -173,10 +173,10 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         ModelNotFound: the checkpoint cannot be loaded.
         RunFailure: out of GPU memory, or NaN / Inf in the attention outputs (`patterns_from_scores`).
     """
-    from ..estimate import cpu_time_estimate
     from ..architecture import experts as experts_of
+    from ..attention.sparse_vdit_search import ModeScorer, ScoreOptions, patterns_from_scores, run_density  # torch
+    from ..estimate import cpu_time_estimate
     from ..pipeline import Session
-    from ..sparsity.scoring import ModeScorer, ScoreOptions, patterns_from_scores, run_density  # torch
 
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))

@@ -19,6 +19,10 @@ Contents:
 * `bsa_forward_ws.py`: `bsa_fwd_ws`, the same forward as a warp-specialized Gluon kernel for sm_90 (a producer
   warp for the TMA loads, a consumer warpgroup for the arithmetic), which `bsa_fwd` runs where its tuning's
   `fwd_warp_specialized` asks and the kernel can run; `vsa` asks where it measured faster (`ws_forward_pays`).
+  `have_gluon` checks the Gluon calls it makes (not Triton's version); a compile that fails anyway falls back to the
+  pipelined kernel with a run note.
+* `runtime_notes.py`: `runtime_notes()`, the notes kernels gave while running (e.g. that fallback), once per
+  process; the run layer says them with a run's notes. No triton import.
 * `query_groups.py`: `build_query_groups`, the host-side table of query groups (tiles with equal key lists share a
   program of 64 / 128 query rows, partial query tiles packed) that `block_sparse_attention_grouped` (the forward and
   dQ over groups, the dK/dV loop over packed plans; `sparse-vdit`'s static patterns) runs. No triton import.
@@ -26,7 +30,7 @@ Contents:
 * `tile_expand.py`: `expand_to_kernel_tiles`, a selection over VSA's larger cubes (128 / 256 tokens) as the same
   selection over their 64-token kernel tiles, the lists the block-sparse kernels take (plain torch: the reference).
 * `tile_expand_triton.py`: `expand_to_kernel_tiles_triton`, the same expansion in one Triton launch: the one the
-  Triton paths use (`attention.vsa.kernel_lists`).
+  Triton paths use (`attention.shared.kernel_lists`).
 * `tile_plan.py`: `build_tile_plan`, the order in which the forward and dQ loops visit a q2k row (full tiles
   whole, then the partial tiles' tokens packed 64 to an iteration).
 * `qk_norm_rope.py`: the fused RMSNorm + RoPE prologue of the attention processor.

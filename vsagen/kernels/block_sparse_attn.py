@@ -71,9 +71,10 @@ __all__ = ["BLOCK", "block_sparse_attention", "block_sparse_attention_grouped", 
     schema="(Tensor q, Tensor k, Tensor v, Tensor q2k, Tensor q2k_cnt, Tensor tile_offsets, float scale, "
            f"{OP_SCHEMA_ARGS}) -> (Tensor, Tensor)")
 def _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *tuning):
-    """Forward custom op: `bsa_fwd` (inputs validated by `block_sparse_attention`); `tuning` is
+    """Forward custom op: `bsa_fwd` (inputs checked by `block_sparse_attention`, not again); `tuning` is
     `tuning.op_args`."""
-    return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=KernelTuning.from_op_args(*tuning))
+    return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=KernelTuning.from_op_args(*tuning),
+                   checked=True)
 
 
 @_bsa_op.register_fake
@@ -92,7 +93,7 @@ def _bsa_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offsets, scale
     tuning = KernelTuning.from_op_args(*tuning)
     k2q, k2q_cnt, rows = k2q_lists(q2k, q2k_cnt, tile_offsets, q.shape[1], tuning)
     return bsa_bwd(dout, q, k, v, out, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, dlse=dlse,
-                   tuning=tuning, k2q_rows=rows)
+                   tuning=tuning, k2q_rows=rows, checked=True)
 
 
 @_bsa_bwd_op.register_fake
@@ -125,7 +126,7 @@ def _bsa_grouped_op(q, k, v, q2k, q2k_cnt, tile_offsets, groups, group_launch, s
     """Forward custom op over query groups: `bsa_fwd_grouped` (group_launch[:3] = its (block_m, num_warps,
     num_stages); group_launch[3:6] the backward's dQ launch over the same groups)."""
     return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *group_launch[:3], scale,
-                           tuning=KernelTuning.from_op_args(*tuning))
+                           tuning=KernelTuning.from_op_args(*tuning), checked=True)
 
 
 @_bsa_grouped_op.register_fake
@@ -147,7 +148,7 @@ def _bsa_grouped_bwd_op(dout, dlse, q, k, v, out, lse, q2k, q2k_cnt, tile_offset
     k2q, k2q_cnt = build_k2q_triton(q2k, q2k_cnt, tile_offsets.numel() - 1)
     return bsa_bwd(dout, q, k, v, out, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, dlse=dlse,
                    tuning=tuning, k2q_rows=False, groups=groups, group_launch=tuple(group_launch[3:6]),
-                   pack_dkdv=True)
+                   pack_dkdv=True, checked=True)
 
 
 @_bsa_grouped_bwd_op.register_fake
@@ -192,8 +193,8 @@ def check_inputs_and_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
 
 def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor,
                            q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor,
-                           scale: float | None = None,
-                           tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           scale: float | None = None, tuning: KernelTuning | None = None, *,
+                           checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse attention over tiles (VSA's fine stage), differentiable in q, k, v (and through lse).
 
     Args:
@@ -209,6 +210,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
         tuning: how the kernels load tiles, loop and launch (`tuning.KernelTuning`); None:
             `tuning.kernel_tuning(q.device, D)`, the defaults of the device's architecture. Under torch.compile the
             default is resolved once while tracing; the tuning reaches the custom ops as plain arguments.
+        checked: the caller made `check_inputs_and_tiles` on these tensors already (`sla_star_attention` does):
+            not made again. Either way each launch checks its inputs once (the launchers below are told so).
 
     Returns:
         out: (B, S, H, D) like q (q's strides when q is dense, else contiguous).
@@ -229,7 +232,8 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
 
     Source: VSA paper (arXiv 2505.13389) sec. 2, fine stage; FlashAttention-2 (arXiv 2307.08691) alg. 1 and 2.
     """
-    check_inputs_and_tiles(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if not checked:
+        check_inputs_and_tiles(q, k, v, q2k, q2k_cnt, tile_offsets)
     scale = float(q.shape[-1] ** -0.5 if scale is None else scale)
     tuning = default_tuning(q.device, q.shape[-1]) if tuning is None else tuning
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -237,7 +241,7 @@ def block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2
         check_fp32_bwd(q)
     if not needs_grad and not torch.compiler.is_compiling():
         # fast path: no dispatcher, nothing saved
-        return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
+        return bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning, checked=True)
     return _bsa_op(q, k, v, q2k, q2k_cnt, tile_offsets, scale, *op_args(tuning))
 
 
@@ -277,5 +281,6 @@ def block_sparse_attention_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     if needs_grad:
         check_fp32_bwd(q)
     if not needs_grad and not torch.compiler.is_compiling():
-        return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *launch[:3], scale, tuning=tuning)
+        return bsa_fwd_grouped(q, k, v, q2k, q2k_cnt, tile_offsets, groups, *launch[:3], scale, tuning=tuning,
+                               checked=True)
     return _bsa_grouped_op(q, k, v, q2k, q2k_cnt, tile_offsets, groups, launch, scale, *op_args(tuning))

@@ -352,7 +352,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             tile_offsets: torch.Tensor, scale: float | None = None, dlse: torch.Tensor | None = None,
             tuning: KernelTuning | None = None, k2q_rows: bool = False, groups: torch.Tensor | None = None,
             group_launch: tuple[int, int, int] | None = None,
-            pack_dkdv: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            pack_dkdv: bool = False, *, checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the backward kernels (no autograd; layout contract in `block_sparse_attn`'s docstring).
 
     Args:
@@ -370,6 +370,8 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         pack_dkdv: with k2q lists of tile ids (k2q_rows False) on a layout with partial tiles, the dK/dV loop walks
             tile plans of the k2q rows (`tile_plan.build_tile_plan`, one more small launch): partial query tiles
             packed 64 rows to an iteration instead of one padded tile each.
+        checked: the forward's public function made `check_inputs` and `check_fp32_bwd` on q, k, v and the index
+            tensors (the custom ops' backward): not made again; k2q, do, out and lse are checked either way.
 
     Returns:
         dq, dk, dv: (B, S, H, D) like q, k, v.
@@ -378,7 +380,9 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ValueError: inputs outside the contract (`check_inputs`), k2q / do / out / lse of the wrong shape or
             dtype, or fp32 inputs with D > 128 on a GPU.
     """
-    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if not checked:
+        check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+        check_fp32_bwd(q)
     b, s, h, d = q.shape
     n_tiles = tile_offsets.numel() - 1
     if k2q.dim() != 4 or k2q.shape[:3] != (b, h, n_tiles) or k2q_cnt.shape != (b, h, n_tiles):
@@ -389,7 +393,6 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if do.shape != q.shape or out.shape != q.shape or lse.shape != (b, h, s):
         raise ValueError(f"do and out must be {tuple(q.shape)} and lse ({b}, {h}, {s}); got {tuple(do.shape)}, "
                          f"{tuple(out.shape)}, {tuple(lse.shape)}")
-    check_fp32_bwd(q)
     scale = d ** -0.5 if scale is None else scale
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     do = do.to(q.dtype)

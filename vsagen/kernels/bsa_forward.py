@@ -169,8 +169,8 @@ def _bsa_fwd_kernel(
 
 
 def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
-            tile_offsets: torch.Tensor, scale: float | None = None,
-            tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            tile_offsets: torch.Tensor, scale: float | None = None, tuning: KernelTuning | None = None, *,
+            checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel (no autograd; layout contract in `block_sparse_attn`'s docstring).
 
     Args:
@@ -180,20 +180,26 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
         scale: softmax scale, default 1/sqrt(D).
         tuning: tile loads, packing and the forward's launches; None: `tuning.kernel_tuning(q.device, D)`. With
             `fwd_warp_specialized` the warp-specialized Gluon kernel runs where it can
-            (`bsa_forward_ws.ws_unsupported`), this module's kernel elsewhere.
+            (`bsa_forward_ws.ws_unsupported`), this module's kernel elsewhere, and wherever the Gluon kernel fails
+            to compile or launch (`bsa_forward_ws.launch_or_fall_back`: a run note, once per process).
+        checked: the caller made `check_inputs` on these tensors already (`block_sparse_attn`'s and `sla_star_attn`'s
+            public functions and their custom ops do): not made again, so a launch checks its inputs once.
 
     Returns:
         out (B, S, H, D) like q; lse (B, H, S) fp32 natural log (-inf on rows with no selected tile).
 
     Raises:
-        ValueError: shapes, dtypes, strides or index dtypes outside the contract (`check_inputs`).
+        ValueError: shapes, dtypes, strides or index dtypes outside the contract (`check_inputs`; unless checked).
     """
-    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if not checked:
+        check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
     if tuning is not None and tuning.fwd_warp_specialized:
-        from .bsa_forward_ws import launch_ws, ws_unsupported
+        from .bsa_forward_ws import launch_or_fall_back, ws_unsupported
 
-        if ws_unsupported(q, k, v) is None:  # (check_inputs made above: launched without checking again)
-            return launch_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
+        # (check_inputs made above: launched without checking again); None: it failed here, the pipelined one runs
+        if ws_unsupported(q, k, v) is None and \
+                (res := launch_or_fall_back(q, k, v, q2k, q2k_cnt, tile_offsets, scale)) is not None:
+            return res
     out = torch.empty_like(q)
     return out, _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None)
 
@@ -201,13 +207,14 @@ def bsa_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor
 def bsa_fwd_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
                    tile_offsets: torch.Tensor, kvw: torch.Tensor, z: torch.Tensor, bias: torch.Tensor, kind: str,
                    eps: float, scale: float | None = None, tuning: KernelTuning | None = None,
-                   save_sparse: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   save_sparse: bool = False, *,
+                   checked: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward kernel with SLA*'s projected global linear branch added in its epilogue (no autograd): one
     launch where `bsa_fwd` then `linear_branch`'s apply kernel would read q and the sparse output again and write
     the sum once more (seed 002's SLA*; the branch as `linear_branch.linear_branch_add` computes it).
 
     Args:
-        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning: as `bsa_fwd`.
+        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, checked: as `bsa_fwd`.
         kvw: (B*H, D, D) KV W^T contiguous, in `linear_branch._operand`'s dtype; z: (B*H, D) fp32 contiguous (the
             sums of `linear_branch.kv_sums`, the projection folded in); bias: (D,) fp32.
         kind: the feature map (`reference.FEATURE_MAPS`); eps: added to the denominator.
@@ -220,7 +227,8 @@ def bsa_fwd_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch
     Raises:
         ValueError: as `bsa_fwd`.
     """
-    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if not checked:
+        check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     o_sparse = torch.empty_like(out) if save_sparse else out.new_empty(0)
     branch = dict(o_sparse=o_sparse if save_sparse else out, kvw=kvw, z=z, bias=bias, eps=float(eps),
@@ -272,16 +280,16 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
 
 def bsa_fwd_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
                     tile_offsets: torch.Tensor, groups: torch.Tensor, block_m: int, num_warps: int, num_stages: int,
-                    scale: float | None = None,
-                    tuning: KernelTuning | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    scale: float | None = None, tuning: KernelTuning | None = None, *,
+                    checked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward kernel over query groups (no autograd): each program takes `block_m` query rows of tiles that
     share one key list (`query_groups.build_query_groups`), so tiles with equal lists share their K / V loads and
     partial query tiles are packed instead of padded to 64 rows. Same result as `bsa_fwd` (the same online softmax
     over the same keys per row).
 
     Args:
-        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning: as `bsa_fwd`; q2k's rows of the tiles of one group must
-            be equal (the group reads the list of its `list tile`).
+        q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, checked: as `bsa_fwd`; q2k's rows of the tiles of one
+            group must be equal (the group reads the list of its `list tile`).
         groups: (n_programs, 2 + block_m / 8) int32 contiguous on q's device (`build_query_groups` with this
             block_m): every query row of every head in exactly one program.
         block_m: rows per program (a multiple of 8, a power of two, >= 16); num_warps, num_stages: its launch.
@@ -290,9 +298,10 @@ def bsa_fwd_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torc
         out (B, S, H, D) like q; lse (B, H, S) fp32 as `bsa_fwd`.
 
     Raises:
-        ValueError: as `bsa_fwd`, or a groups table of the wrong width or dtype.
+        ValueError: as `bsa_fwd`, or a groups table of the wrong width or dtype (checked either way).
     """
-    check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
+    if not checked:
+        check_inputs(q, k, v, q2k, q2k_cnt, tile_offsets)
     if groups.dtype != torch.int32 or groups.dim() != 2 or groups.shape[1] != 2 + block_m // PACK_SEG \
             or not groups.is_contiguous():
         raise ValueError(f"groups must be a contiguous int32 (n, {2 + block_m // PACK_SEG}) table for block_m "

@@ -29,36 +29,93 @@ dispatch; its numbers are checked on the GPU (`benchmarks/fwd_ws.py`, against fl
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
 from .bsa_primitives import BLOCK, LOG2E, check_inputs, tma_layout_ok
+from .runtime_notes import add_note
 from .tuning import interpreting
 
 STAGES = 3  # K / V buffers of the ring: at D = 128, 115 KB of shared memory, two CTAs per SM (4 stages: one, slower)
-HEAD_DIMS = (64, 128)  # compiled without spills at the launch's 128-register cap (sm_90a, triton 3.6 and 3.8)
+HEAD_DIMS = (64, 128)  # compiled without spills at the launch's 128-register cap (sm_90a, triton 3.6, 3.8, 3.9)
 MAX_REGS = 128  # launch cap per thread: two CTAs of 8 warps fit an SM's 64K registers
+
+
+# The Gluon API this kernel calls, checked by name and calling convention (not by Triton's version): (module, name,
+# how many arguments the kernel passes by position, the keywords it passes). "tma_load" is `tma.async_load` (Triton
+# >= 3.7), else `tma.async_copy_global_to_shared` (3.6; 3.9 keeps that name only to raise "call async_load").
+GLUON_API = (
+    ("gl", "warp_specialize", 3, ()),  # a list of (function, args) partitions (3.5 took the default one apart)
+    ("gl", "allocate_shared_memory", 3, ()),
+    ("gl", "NVMMADistributedLayout", 0, ("version", "warps_per_cta", "instr_shape")),
+    ("gl", "DotOperandLayout", 0, ("operand_index", "parent", "k_width")),
+    ("gl", "SliceLayout", 2, ()),
+    ("gl", "convert_layout", 2, ()),
+    ("gl", "static_range", 1, ()),
+    ("gl.NVMMASharedLayout", "get_default_for", 2, ()),
+    ("mbarrier", "MBarrierLayout", 0, ()),
+    ("mbarrier", "init", 1, ("count",)),
+    ("mbarrier", "expect", 2, ()),
+    ("mbarrier", "wait", 2, ()),
+    ("mbarrier", "arrive", 1, ("count",)),
+    ("tma", "tma_load", 4, ()),
+    ("hopper", "warpgroup_mma", 3, ("use_acc", "is_async")),
+    ("hopper", "warpgroup_mma_wait", 0, ("num_outstanding", "deps")),
+    ("host", "TensorDescriptor", 5, ()),
+)
+
+
+def _accepts(fn, positional: int, keywords: tuple[str, ...]) -> bool:
+    """Whether fn takes `positional` arguments by position and `keywords` by name as named parameters (a stand-in
+    taking *args / **kwargs, like Triton 3.9's removed `async_copy_global_to_shared`, does not). A jit-wrapped
+    function (Triton's `ConstexprFunction`) is judged by the function it wraps."""
+    import inspect
+
+    try:
+        params = inspect.signature(getattr(fn, "fn", fn)).parameters
+    except (TypeError, ValueError):
+        return False
+    by_position = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(by_position) < positional:
+        return False
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not set(keywords) <= named:
+        return False
+    rest = [p for p in by_position[positional:] if p.name not in keywords and not p.name.startswith("_")]
+    rest += [p for p in params.values() if p.kind == p.KEYWORD_ONLY and p.name not in keywords
+             and not p.name.startswith("_")]
+    return all(p.default is not p.empty for p in rest)  # nothing else required
+
+
+def tma_load(tma):
+    """The TMA global-to-shared copy of this Triton's Gluon `tma` module, (desc, coord, barrier, smem, pred=True):
+    `async_load` (Triton >= 3.7), else `async_copy_global_to_shared` (3.6)."""
+    return getattr(tma, "async_load", None) or getattr(tma, "async_copy_global_to_shared", None)
+
+
+def missing_gluon_api() -> list[str]:
+    """The Gluon names of `GLUON_API` this Triton lacks or whose calling convention differs from the kernel's calls
+    (e.g. ["tma.tma_load"]); ["triton.experimental.gluon"] where Gluon does not import."""
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia import hopper
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+        from triton.experimental.gluon.nvidia import hopper as host
+    except ImportError:
+        return ["triton.experimental.gluon"]
+    spaces = {"gl": gl, "gl.NVMMASharedLayout": getattr(gl, "NVMMASharedLayout", None), "mbarrier": mbarrier,
+              "tma": types.SimpleNamespace(tma_load=tma_load(tma)), "hopper": hopper, "host": host}
+    return [f"{space}.{name}" for space, name, positional, keywords in GLUON_API
+            if (fn := getattr(spaces[space], name, None)) is None or not _accepts(fn, positional, keywords)]
 
 
 @functools.cache
 def have_gluon() -> bool:
-    """Whether this Triton ships the Gluon API this kernel is written in (`triton.experimental.gluon`, Triton >=
-    3.6): the Hopper modules, and `warp_specialize` taking a list of (function, args) partitions (Triton 3.5's
-    took the default partition apart and would not compile this kernel). Checked on 3.6 and 3.8."""
-    import inspect
-
-    try:
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.language.nvidia import hopper
-        from triton.experimental.gluon.nvidia import hopper as host
-    except ImportError:
-        return False
-    try:
-        partitions = "functions_and_args" in inspect.signature(gl.warp_specialize).parameters
-    except (TypeError, ValueError):
-        return False
-    return (partitions and all(hasattr(hopper, n) for n in ("mbarrier", "tma", "warpgroup_mma", "warpgroup_mma_wait"))
-            and hasattr(host, "TensorDescriptor"))
+    """Whether this Triton ships the Gluon API this kernel is written in (`triton.experimental.gluon`): every call of
+    `GLUON_API` present and taking the kernel's arguments (`missing_gluon_api` is empty). Where it is not, `bsa_fwd`
+    runs the pipelined kernel. Checked on Triton 3.6, 3.8 and 3.9 (3.5's `warp_specialize` is refused)."""
+    return not missing_gluon_api()
 
 
 def ws_forward_pays(tile_volume: int, every_cube_whole: bool) -> bool:
@@ -68,16 +125,23 @@ def ws_forward_pays(tile_volume: int, every_cube_whole: bool) -> bool:
     return tile_volume == 256 or every_cube_whole
 
 
+FAILED: list[str] = []  # why the kernel failed to compile or launch in this process (`launch_or_fall_back`)
+
+
 def ws_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """Why `bsa_fwd_ws` cannot take q, k, v (each (B, S, H, D)), in a few words, or None when it can: not a CUDA
-    sm_90 device (or under the Triton interpreter), a Triton without Gluon, a dtype other than bf16 / fp16, D not in
-    `HEAD_DIMS`, or a layout TMA cannot read (`bsa_primitives.tma_layout_ok`). Plain checks, no device sync."""
+    """Why `bsa_fwd_ws` cannot take q, k, v (each (B, S, H, D)), in a few words, or None when it can: the kernel
+    failed to compile or launch earlier in this process (`launch_or_fall_back`), not a CUDA sm_90 device (or under
+    the Triton interpreter), a Triton without the Gluon API the kernel calls (`missing_gluon_api`), a dtype other
+    than bf16 / fp16, D not in `HEAD_DIMS`, or a layout TMA cannot read (`bsa_primitives.tma_layout_ok`). Plain
+    checks, no device sync."""
+    if FAILED:
+        return f"it failed on this Triton earlier in this process ({FAILED[0]})"
     if q.device.type != "cuda" or interpreting() or torch.version.hip is not None:
         return "not an NVIDIA GPU (or the Triton interpreter)"
     if torch.cuda.get_device_capability(q.device)[0] != 9:
         return "not sm_90 (its wgmma and TMA are Hopper's)"
     if not have_gluon():
-        return "this Triton has no Gluon API of the kernel's (Triton >= 3.6)"
+        return f"this Triton lacks the Gluon API the kernel calls ({', '.join(missing_gluon_api())})"
     if q.shape[-1] not in HEAD_DIMS:
         return f"head dim {q.shape[-1]} not in {HEAD_DIMS}"
     if not all(tma_layout_ok(x) for x in (q, k, v)):
@@ -89,6 +153,8 @@ if have_gluon():
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+    _tma_load = tma_load(tma)  # (desc, coord, barrier, smem): async_load, or 3.6's async_copy_global_to_shared
 
     @gluon.jit
     def _tile(off_ptr, t):
@@ -110,15 +176,15 @@ if have_gluon():
         col0 = h * HEAD_DIM
         cnt = gl.load(cnt_ptr + b * stride_cb + h * stride_ch + qt)
         mbarrier.expect(q_bar.index(0), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row0 + gl.load(off_ptr + qt), col0], q_bar.index(0), q_smem)
+        _tma_load(q_desc, [row0 + gl.load(off_ptr + qt), col0], q_bar.index(0), q_smem)
         row_ptr = q2k_ptr + b * stride_ib + h * stride_ih + qt * stride_iq
         for j in range(cnt):
             s = j % STAGES
             mbarrier.wait(empty.index(s), ((j // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
             start = gl.load(off_ptr + gl.load(row_ptr + j))
             mbarrier.expect(ready.index(s), 2 * k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [row0 + start, col0], ready.index(s), k_smem.index(s))
-            tma.async_copy_global_to_shared(v_desc, [row0 + start, col0], ready.index(s), v_smem.index(s))
+            _tma_load(k_desc, [row0 + start, col0], ready.index(s), k_smem.index(s))
+            _tma_load(v_desc, [row0 + start, col0], ready.index(s), v_smem.index(s))
 
     @gluon.jit
     def _consumer(args, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr):
@@ -290,3 +356,36 @@ def launch_ws(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tens
             q2k.stride(0), q2k.stride(1), q2k.stride(2), q2k_cnt.stride(0), q2k_cnt.stride(1), scale * LOG2E,
             HEAD_DIM=d, STAGES=STAGES, num_warps=4, maxnreg=MAX_REGS)
     return out, lse
+
+
+def launch_or_fall_back(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.Tensor, q2k_cnt: torch.Tensor,
+                        tile_offsets: torch.Tensor, scale: float | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`launch_ws` (same arguments and returns), or None where the kernel fails to compile or launch on this Triton
+    although `have_gluon` found its API (a compiler change, registers or shared memory it cannot get): the caller
+    runs the pipelined kernel instead (`bsa_forward.bsa_fwd`). The first failure is kept in `FAILED`, so
+    `ws_unsupported` names it and no later call tries again, and said once as a run note
+    (`runtime_notes.add_note`). Out of memory is raised as it is."""
+    try:
+        return launch_ws(q, k, v, q2k, q2k_cnt, tile_offsets, scale)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any failure of the optional kernel: the pipelined one runs
+        import triton
+
+        why = failure_text(exc)
+        FAILED.append(why)
+        add_note(f"the warp-specialized Gluon forward of vsa's fine stage failed on Triton {triton.__version__} "
+                 f"({why}); the pipelined Triton forward runs instead in this process (the same attention; the "
+                 "warp-specialized one measured 3-15% faster where vsa picks it)")
+        return None
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for an exception of a Triton compile or launch: the innermost cause's type and message (a
+    CompilationError's message without its source excerpt), at most 240 characters."""
+    while exc.__cause__ is not None:  # a compile error wraps the callee's, down to the API's own
+        exc = exc.__cause__
+    text = getattr(exc, "error_message", None) or str(exc)
+    lines = [line.strip() for line in str(text).splitlines() if line.strip() not in ("", "^")]
+    return f"{type(exc).__name__}: {lines[-1] if lines else 'no message'}"[:240]

@@ -54,7 +54,7 @@ def _forward(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, ki
     pass over K and V, then the block-sparse forward with the branch in its epilogue (`bsa_forward.bsa_fwd_linear`),
     and o_sparse is empty unless save_sparse (the backward's input)."""
     if scope == "marginal" or not launch.fused_epilogue:
-        o_s, lse = bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning)
+        o_s, lse = bsa_fwd(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning=tuning, checked=True)
         if scope == "marginal":
             out = marginal._forward(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind, eps, launch)
             return out, o_s, lse, q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
@@ -63,7 +63,7 @@ def _forward(q, k, v, q2k, q2k_cnt, tile_offsets, scale, weight, bias, scope, ki
     kv, z = kv_sums(k, v, kind, launch)
     kvw = _operand(kv @ weight.float().t(), q)  # (B*H, D, D): the projection folded into the sums
     out, o_s, lse = bsa_fwd_linear(q, k, v, q2k, q2k_cnt, tile_offsets, kvw, z, bias.float().contiguous(), kind,
-                                   eps, scale, tuning=tuning, save_sparse=save_sparse)
+                                   eps, scale, tuning=tuning, save_sparse=save_sparse, checked=True)
     return out, o_s, lse, kv, z
 
 
@@ -88,7 +88,7 @@ def _bwd_op(dout, q, k, v, o_s, lse, q2k, q2k_cnt, tile_offsets, scale, weight, 
     launch, tuning = LinearLaunch(*rest[:_N_LAUNCH]), KernelTuning.from_op_args(*rest[_N_LAUNCH:])
     k2q, k2q_cnt, rows = k2q_lists(q2k, q2k_cnt, tile_offsets, q.shape[1], tuning)
     grads = bsa_bwd(dout, q, k, v, o_s, lse, q2k, q2k_cnt, k2q, k2q_cnt, tile_offsets, scale, tuning=tuning,
-                    k2q_rows=rows)
+                    k2q_rows=rows, checked=True)
     if scope == "marginal":
         return marginal.marginal_branch_backward(dout, q, k, v, weight, q2k, q2k_cnt, tile_offsets, kind, eps,
                                                  launch, grads=grads)
@@ -157,7 +157,8 @@ def sla_star_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: t
         marginal.check_selection(q, q2k, q2k_cnt, tile_offsets)
     needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v, weight, bias))
     if not needs_grad and (scope == "marginal" or not launch.fused_epilogue):
-        o_s, _ = block_sparse_attention(q, k, v, q2k, q2k_cnt, tile_offsets, scale=scale, tuning=tuning)
+        o_s, _ = block_sparse_attention(q, k, v, q2k, q2k_cnt, tile_offsets, scale=scale, tuning=tuning,
+                                        checked=True)
         if scope == "global":
             return linear_branch_add(o_s, q, k, v, weight, bias, kind=kind, eps=eps, launch=launch)
         return marginal.marginal_branch_add(o_s, q, k, v, weight, bias, q2k, q2k_cnt, tile_offsets, kind=kind,

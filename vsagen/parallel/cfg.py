@@ -103,7 +103,7 @@ class CfgSplit:
     def install(self, transformers: Sequence[Any]) -> "CfgSplit":
         """Wrap `cache_context` and `forward` of every transformer (after diffusers' context parallelism, whose
         hooks replace `forward` too: these wrappers go outside them). Returns self."""
-        from ..attention.hooks import wrap_method
+        from ..wrapping import wrap_method
 
         for t in transformers:
             state: dict[str, Any] = {"name": None, "pending": None}

@@ -104,10 +104,10 @@ def start(launch: Launch, device: str, timeout_s: float = TIMEOUT_S) -> None:
 @contextlib.contextmanager
 def joined(launch: Launch | None, request: Any, prepare: Callable[[], Any] = lambda: None) -> Iterator[None]:
     """Run the body as this launch's rank of a multi-process `request` (a `vsagen.request.resolve.Request` whose
-    `processes` > 1): `prepare()` first, before the group exists (the caller's files to build: e.g. the tiny
-    checkpoint, `vsagen.loading.prepare_model_files`, which transformers writes on rank 0 only under a group), the
-    process group joined (`start`), and left after the body (`finish`), however it ends. Outside a launch, or for a
-    one-process request, just the body.
+    `processes` > 1): `prepare()` first, before the group exists (the caller's files to build: e.g. the tiny checkpoint,
+    `vsagen.models.loading.prepare_model_files`, which transformers writes on rank 0 only under a group), the process
+    group joined (`start`), and left after the body (`finish`), however it ends. Outside a launch, or for a one-process
+    request, just the body.
 
     Raises:
         BadInput: as `start`; whatever `prepare` raises.

@@ -27,7 +27,7 @@ from ..interrupts import signal_name
 
 # How long the agent waits for the workers to end after passing them a signal, before it kills them.
 SHUTDOWN_TIMEOUT_S = 30
-# The signals the agent passes on to the workers (what `vsagen.cli` turns into an interrupted run).
+# The signals the agent passes on to the workers (what `vsagen.cli.app` turns into an interrupted run).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
@@ -122,12 +122,12 @@ def run_workers(argv: Sequence[str], processes: int, *, prepare: Callable[[], ob
     them; returns the exit code for this process (0: every worker succeeded).
 
     Args:
-        argv: the command and its options, as `vsagen.cli_options.command_line` gives them (the workers read their
-            rank from the environment the agent sets).
+        argv: the command and its options, as `vsagen.cli.shared_options.command_line` gives them (the workers read
+            their rank from the environment the agent sets).
         program: what this interpreter runs in each worker before `argv` (vsagen's command line; a test's script).
         processes: N >= 2 workers (local ranks 0..N-1: on CUDA, GPU i for local rank i, `launch.start`).
         prepare: called first, before any worker starts: what the workers would otherwise each build at once (the
-            tiny checkpoint, `vsagen.loading.prepare_model_files`).
+            tiny checkpoint, `vsagen.models.loading.prepare_model_files`).
         verbose: let the launcher's own log lines through.
         err: prints a line of the parent's (`exit_status`), without the `error: ` prefix.
 

@@ -1,42 +1,87 @@
-"""The attention part of a request: `--attn` entries (and `--sparsity`, `--attn-impl`) as `BackendSpec`s, their
-options filled by precedence once (`vsagen.attention.spec.resolve_spec`), and `--attn auto`'s choice."""
+"""The attention part of a request: `--attn` parsed once into its entries (`AttnList`, built with its option group,
+`vsagen.request.options.AttentionOptions`), their specs with options filled by precedence
+(`vsagen.attention.spec.spec_of`) with `--sparsity` and `--attn-impl`, and `--attn auto`'s choice."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..attention import BackendSpec, backend_class, backend_names, resolve_spec
+from ..attention import BackendSpec, backend_class, backend_names
 from ..attention.auto import AUTO, choose_backend
-from ..attention.registry import backend_facts, options_of, named_weights_file
-from ..attention.spec import check_flags_apply, check_flags_not_repeated, impls_of
+from ..attention.registry import named_weights_file, options_of
+from ..attention.spec import BackendEntry, check_flags_apply, check_flags_not_repeated, impls_of, parse_entry, spec_of
 from ..errors import BadInput
 from ..layout import covering_tile, parse_tile
-from .options import AttentionOptions, split_list
+from .lists import check_list
+
+LIST_EXAMPLE = "full,vsa:sparsity=0.9"
 
 
-def check_backend_entry(text: str) -> None:
-    """Refuse an unknown backend name early (before the model is resolved), naming the registered ones."""
-    if text.split(":", 1)[0].strip() not in backend_names():
-        raise BadInput(f"unknown --attn {text.split(':', 1)[0].strip()!r}; available: {', '.join(backend_names())}")
+@dataclass(frozen=True)
+class AttnList:
+    """`--attn` as parsed once: the text as given (stripped) and one entry per comma-separated piece, in order: a
+    backend's `BackendEntry` (its name, the options it sets, typed), `auto` as an entry of that name (kept as
+    written: it takes no options), or None for an empty piece. Whether a list or `auto` is taken is the command's
+    (`one`, `several`), so a piece refused only by one kind of command is kept here.
+
+    Attributes:
+        text: the `--attn` text as given (`Request.attn_requested`, messages).
+        entries: the pieces, parsed.
+    """
+
+    text: str
+    entries: tuple[BackendEntry | None, ...]
+
+    def one(self) -> BackendEntry:
+        """The entry of a command that runs one backend (`auto` allowed, without options).
+
+        Raises:
+            BadInput: a list, `auto` with options, an empty text (an unknown name '').
+        """
+        if len(self.entries) > 1:
+            raise BadInput(f"--attn {self.text!r}: this command runs one backend; `vsagen compare` and `vsagen "
+                           "profile` run several (comma-separated)")
+        entry = self.entries[0]
+        if entry is None:
+            raise BadInput(f"unknown --attn ''; available: {', '.join(backend_names())}")
+        if entry.name == AUTO and entry.text != AUTO:
+            raise BadInput(f"--attn auto takes no options (got {self.text!r}): name the backend to set its options, "
+                           "e.g. --attn vsa:sparsity=0.9")
+        return entry
+
+    def several(self) -> tuple[BackendEntry, ...]:
+        """The entries of a command that runs several backends (`vsagen profile`, `vsagen compare`), in order.
+
+        Raises:
+            BadInput: an empty list or entry, an entry written twice, `auto` (one backend chosen for a t2v / i2v
+                run, not one of a list).
+        """
+        check_list(tuple(e.text if e is not None else "" for e in self.entries), self.text, "--attn", LIST_EXAMPLE)
+        for entry in self.entries:
+            if entry.name == AUTO:  # t2v's default, not a backend: say which names a list takes
+                raise BadInput(f"--attn {self.text!r}: profile and compare run the backends named in --attn (auto "
+                               "picks one for a t2v / i2v run); name them, e.g. --attn full,vsa; available: "
+                               f"{', '.join(backend_names())} (see `vsagen backends`)")
+        return self.entries  # type: ignore[return-value]  # no None: check_list refused empty pieces
 
 
-def split_attn_list(attn: str) -> tuple[str, ...]:
-    """The entries of a comma-separated `--attn` list (`NAME[:KEY=VALUE...]` each, as `vsagen profile` and
-    `vsagen compare` take it), in order; options are not read yet (`backend_specs` does, once the model's preset is
-    known).
+def parse_attn(text: str) -> AttnList:
+    """`--attn` text (one entry, `auto`, or a comma-separated list) as its `AttnList`: each piece's name checked
+    against the registry and its options typed (`vsagen.attention.spec.parse_entry`), once.
 
     Raises:
-        BadInput: an empty list or entry, an entry written twice, `auto` (one backend chosen for a t2v / i2v run,
-            not one of a list), or an unknown backend name.
+        BadInput: an unknown backend name, a malformed option, an unknown key, a value not of its option's type.
     """
-    entries = split_list(attn, "--attn", "full,vsa:sparsity=0.9")
-    for entry in entries:
-        if entry.split(":", 1)[0].strip() == AUTO:  # t2v's default, not a backend: say which names a list takes
-            raise BadInput(f"--attn {attn!r}: profile and compare run the backends named in --attn (auto picks one "
-                           "for a t2v / i2v run); name them, e.g. --attn full,vsa; available: "
-                           f"{', '.join(backend_names())} (see `vsagen backends`)")
-        check_backend_entry(entry)
-    return entries
+    entries: list[BackendEntry | None] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            entries.append(None)
+        elif piece.split(":", 1)[0].strip() == AUTO:
+            entries.append(BackendEntry(AUTO, (), piece))
+        else:
+            entries.append(parse_entry(piece))
+    return AttnList(text, tuple(entries))
 
 
 def known_impls() -> list[str]:
@@ -52,26 +97,24 @@ def check_impl(attn_impl: str, impls: list[str] | tuple[str, ...]) -> None:
                        f"{', '.join(impls)}")
 
 
-def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,
+def backend_specs(entries: Sequence[BackendEntry], preset_tables: dict[str, dict[str, Any]], sparsity: float | None,
                   attn_impl: str, attn: str) -> tuple[BackendSpec, ...]:
-    """The `BackendSpec` of each `--attn` entry (`NAME[:KEY=VALUE...]`), options filled by precedence (entry or
-    `--sparsity` / `--attn-impl` (both for one option: refused) > the preset's [attention.NAME] table > the
-    backend's default; see `vsagen.attention.spec`). `--attn-impl auto` (its default) counts as not given. A
-    weights file an entry names is read now (its header: readable, holding the backend's keys).
+    """The `BackendSpec` of each parsed `--attn` entry, options filled by precedence (entry or `--sparsity` /
+    `--attn-impl` (both for one option: refused) > the preset's [attention.NAME] table > the backend's default; see
+    `vsagen.attention.spec`). `--attn-impl auto` (its default) counts as not given; `attn` is the `--attn` text, for
+    messages. A weights file an entry names is read now (its header: readable, holding the backend's keys).
 
     Raises:
-        BadInput: an unknown backend or option, a value a backend refuses, a flag no backend in the list takes,
-            or a flag and an entry that both set one option (say it once).
+        BadInput: an option value a backend refuses, a flag no backend in the list takes, or a flag and an entry
+            that both set one option (say it once).
     """
-    check_impl(attn_impl, known_impls())
     flags = {"--sparsity": sparsity, "--attn-impl": None if attn_impl == "auto" else attn_impl}
-    names = [e.split(":", 1)[0].strip() for e in entries]
-    check_flags_apply(names, flags, attn)
+    check_flags_apply([e.name for e in entries], flags, attn)
     check_flags_not_repeated(entries, flags)
-    specs = tuple(resolve_spec(e, preset=preset_tables, flags=flags) for e in entries)
+    specs = tuple(spec_of(e, preset=preset_tables, flags=flags) for e in entries)
     for spec in specs:
-        named = named_weights_file(backend_facts(spec.name), spec.options)
-        if named is not None:  # its keys are the backend's (the class's `weights`: the backend's module, torch)
+        named = named_weights_file(backend_class(spec.name), spec.options)
+        if named is not None:  # its keys are the backend's (the class's `weights`)
             from ..attention.weights import check_weights_file
 
             try:
@@ -81,48 +124,26 @@ def backend_specs(entries: tuple[str, ...], preset_tables: dict[str, dict[str, A
     return specs
 
 
-def check_entries(options: AttentionOptions, several: bool) -> tuple[str, ...]:
-    """The `--attn` entries as written, checked before the model is known: one entry (`auto` included, without
-    options) for a command that runs one backend, a list of distinct known entries for one that runs several.
-
-    Raises:
-        BadInput: `auto` with options, an unknown name, a list where one backend runs.
-    """
-    attn = options.attn
-    if several:
-        return split_attn_list(attn)
-    if "," in attn:
-        raise BadInput(f"--attn {attn!r}: this command runs one backend; `vsagen compare` and `vsagen profile` run "
-                       "several (comma-separated)")
-    name = attn.split(":", 1)[0].strip()
-    if name == AUTO:
-        if attn != AUTO:
-            raise BadInput(f"--attn auto takes no options (got {attn!r}): name the backend to set its options, e.g. "
-                           "--attn vsa:sparsity=0.9")
-        return (AUTO,)
-    check_backend_entry(attn)
-    return (attn,)
-
-
-def attention_specs(entries: tuple[str, ...], options: AttentionOptions, preset_tables: dict[str, dict[str, Any]],
-                    ) -> tuple[BackendSpec, ...]:
-    """The specs of `check_entries`' entries (not `auto`, which `auto_spec` resolves once the device is known);
-    two entries that come to one configuration are refused.
+def attention_specs(entries: tuple[BackendEntry, ...], options: Any,
+                    preset_tables: dict[str, dict[str, Any]]) -> tuple[BackendSpec, ...]:
+    """The specs of the entries a command runs (`AttnList.one` / `several`; not `auto`, which `auto_spec` resolves
+    once the device is known), with `options` (`AttentionOptions`) giving `--sparsity` and `--attn-impl`; two
+    entries that come to one configuration are refused.
 
     Raises:
         BadInput: see `backend_specs`; or two entries written differently that are one configuration (e.g. `vsa` and
             `vsa:sparsity=0.875` where the preset's sparsity is 0.875).
     """
-    specs = backend_specs(entries, preset_tables, options.sparsity, options.attn_impl, options.attn)
+    specs = backend_specs(entries, preset_tables, options.sparsity, options.attn_impl, options.attn.text)
     for i, spec in enumerate(specs):
         if spec in specs[:i]:
             first = entries[specs.index(spec)]
-            raise BadInput(f"--attn lists {spec.text()} twice ({first!r} and {entries[i]!r}); give each "
+            raise BadInput(f"--attn lists {spec.text()} twice ({first.text!r} and {entries[i].text!r}); give each "
                            "configuration once")
     return specs
 
 
-def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
+def preset_file_notes(entries: Sequence[BackendEntry], specs: tuple[BackendSpec, ...],
                       preset_tables: dict[str, dict[str, Any]], model: str) -> tuple[str, ...]:
     """The run notes for the files a backend takes from the model's preset rather than from its entry (a path
     option of the preset's [attention.NAME] table the entry does not set, e.g. the tiny preset's sparse-vdit pattern
@@ -131,11 +152,9 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
     import typing
     from pathlib import Path
 
-    from ..attention.spec import parse_spec
-
     notes = []
     for entry, spec in zip(entries, specs):
-        given = parse_spec(entry)[1]
+        given = entry.options
         hints = typing.get_type_hints(options_of(spec.name))
         for key in preset_tables.get(spec.name, {}):
             hint = hints.get(key)
@@ -151,19 +170,21 @@ def preset_file_notes(entries: tuple[str, ...], specs: tuple[BackendSpec, ...],
     return tuple(notes)
 
 
-def auto_spec(kind: str, location: str, options: AttentionOptions, preset_tables: dict[str, dict[str, Any]],
+def auto_spec(kind: str, location: str, options: Any, preset_tables: dict[str, dict[str, Any]],
               random_weights: bool, device: str, trained_for: tuple[str, str] | None = None,
               files: Any = None) -> tuple[BackendSpec, str]:
     """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`; `trained_for`: its
     preset's (backend, name) where the preset says; `files`: the transformer files' keys, when the transformer comes
-    from files, `vsagen.transformer_files.auto_evidence`), its spec and the note.
+    from files, `vsagen.models.transformer_files.auto_evidence`), its spec and the note; `options` is the request's
+    `AttentionOptions` (its `--sparsity` and `--attn-impl` apply to the choice).
 
     Raises:
         BadInput: a flag the chosen backend does not take (e.g. --sparsity when auto chose full), naming the
             choice and how to pick a backend."""
     name, note = choose_backend(kind, location, random_weights, device, trained_for, files)
     try:
-        return backend_specs((name,), preset_tables, options.sparsity, options.attn_impl, name)[0], note
+        return backend_specs((BackendEntry(name, (), name),), preset_tables, options.sparsity, options.attn_impl,
+                             name)[0], note
     except BadInput as e:
         raise BadInput(f"{e} (--attn auto chose {name} for this checkpoint: name a backend, e.g. --attn vsa)") \
             from None

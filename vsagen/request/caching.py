@@ -1,6 +1,6 @@
-"""The step-cache part of a request: `--cache` entries as `vsagen.cache.CacheSpec`s, checked against the rest of the
-request before anything loads (one line each), MagCache's calibration file found, and the run notes a cache calls
-for."""
+"""The step-cache part of a request: `--cache` parsed once into `vsagen.cache.cache_spec.CacheSpec`s (a `vsagen.cache.cache_spec.CacheList`,
+built with its option group, `vsagen.request.options.SamplingOptions`), checked against the rest of the request before anything
+loads (one line each), MagCache's calibration file found, and the run notes a cache calls for."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..cache import NO_CACHE, CacheSpec, parse_cache_list
+from ..cache.cache_spec import NO_CACHE, CacheList, CacheSpec
 from ..errors import BadInput
 
 
 def default_mag_file(model: str) -> Path:
     """Where `mag:calibrate=true` writes (and `mag` reads) a model's ratios by default:
     `<vsagen cache>/magcache/<model>.json` (the model's name or path, as a file name)."""
-    from ..tiny import cache_dir
+    from ..models.tiny import cache_dir
 
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.strip().strip("/")) or "model"
     return cache_dir() / "magcache" / f"{slug}.json"
@@ -45,8 +45,8 @@ def _mag(spec: CacheSpec, model: str, plans: Sequence[Any],
     model's and hold ratios for each of `experts` (the transformers' component names where the preset describes
     the model, else None: checked once loaded), and is noted where it was calibrated at another step count or
     sampler than a run's (`plans`: the run's `SamplerPlan`s)."""
-    from ..cache_hooks import load_calibration
-    from ..paths import check_folder
+    from ..cache.install import load_calibration
+    from ..media.paths import check_folder
 
     given = spec.options.file is not None
     path = spec.options.file if given else default_mag_file(model)
@@ -96,32 +96,32 @@ def _mag(spec: CacheSpec, model: str, plans: Sequence[Any],
     return spec, tuple(dict.fromkeys(notes))
 
 
-def resolve_caches(text: str | None, model: str, placement: Any, plans: Sequence[Any], processes: int,
+def resolve_caches(caches: CacheList | None, model: str, placement: Any, plans: Sequence[Any], processes: int,
                    several: bool = False, experts: Sequence[str] | None = None
                    ) -> tuple[tuple[CacheSpec, ...], tuple[str, ...]]:
-    """The `--cache` entries (None: `none`) as specs, and the run notes they call for.
+    """The `--cache` entries (None: `none`) checked against the rest of the request, and the run notes they call for.
 
     Args:
-        text: the `--cache` text; model: `--model` as given (MagCache's default file); placement: the
-            `PlacementOptions`; plans: the `SamplerPlan` of every sampler the command runs (compare: several);
-            processes: the run's process count.
+        caches: `--cache` as parsed (`SamplingOptions.cache`); model: `--model` as given (MagCache's default file);
+            placement: the `PlacementOptions`; plans: the `SamplerPlan` of every sampler the command runs (compare:
+            several); processes: the run's process count.
         several: the command runs every entry (else one).
         experts: the model's transformers by component name where its preset describes it (a `mag` file must hold
             ratios for each), else None.
 
     Raises:
-        BadInput: an entry that does not parse, several where one runs, a cache with `--compile` (diffusers' cache
-            hooks decide on the host, under `torch.compiler.disable`, which breaks vsagen's one-graph blocks), with
-            `--offload group` (a reused forward skips blocks whose onload hooks order the prefetch), with several
-            processes (each rank would decide alone), `mag` without a calibration file of the model (and its
-            experts), `mag:calibrate=true` where several run (profile, compare: a calibration is a t2v or i2v run),
-            or a calibration into a file other than `.json` or over one that is not a calibration.
+        BadInput: several entries where one runs, a cache with `--compile` (diffusers' cache hooks decide on the
+            host, under `torch.compiler.disable`, which breaks vsagen's one-graph blocks), with `--offload group` (a
+            reused forward skips blocks whose onload hooks order the prefetch), with several processes (each rank
+            would decide alone), `mag` without a calibration file of the model (and its experts),
+            `mag:calibrate=true` where several run (profile, compare: a calibration is a t2v or i2v run), or a
+            calibration into a file other than `.json` or over one that is not a calibration.
     """
-    if text is None:
+    if caches is None:
         return (NO_CACHE,), ()
-    specs = parse_cache_list(text)
+    specs = caches.specs
     if len(specs) > 1 and not several:
-        raise BadInput(f"--cache {text!r}: this command runs one cache")
+        raise BadInput(f"--cache {caches.text!r}: this command runs one cache")
     on = [s for s in specs if s.enabled]
     if not on:
         return specs, ()

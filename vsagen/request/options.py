@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import BadInput
+from ..models.sources import DEFAULT_MODEL
 
 from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
+from .lists import split_list
 
-DEFAULT_MODEL = "wan2.1-t2v-1.3b"
+if TYPE_CHECKING:
+    from .backends import AttnList
+    from ..cache.cache_spec import CacheList
+    from .sampling import SamplerList
 
 C = TypeVar("C", bound="Choice")
 
@@ -81,7 +86,7 @@ class TileFit(Choice):
 
 
 class Offload(Choice):
-    """`--offload`: where the weights live between uses (`vsagen.loading.place_pipeline`)."""
+    """`--offload`: where the weights live between uses (`vsagen.models.loading.place_pipeline`)."""
 
     NONE = "none"
     MODEL = "model"
@@ -98,7 +103,7 @@ class VaeTiling(Choice):
 
 class VaeDtype(Choice):
     """`--vae-dtype`: the VAE's dtype: "auto" (the preset's: `decode_dtype` where the VAE only decodes, bf16 for the
-    real text-to-video models, else `vae_dtype`, float32 as Wan runs it; `vsagen.loading.resolve_vae_dtype`), or
+    real text-to-video models, else `vae_dtype`, float32 as Wan runs it; `vsagen.models.loading.resolve_vae_dtype`), or
     "fp32", "bf16", "fp16" (the decode and, for image to video, the condition encode)."""
 
     AUTO = "auto"
@@ -108,7 +113,7 @@ class VaeDtype(Choice):
 
 
 class VaeDecoder(Choice):
-    """`--vae`: which decoder turns the latents into frames (`vsagen.light_vae_attach.choose_decoder`): "auto" (the
+    """`--vae`: which decoder turns the latents into frames (`vsagen.decode.decoder_choice.choose_decoder`): "auto" (the
     preset's lightweight decoder where it has one by default and the folder holds it, else the stock VAE's),
     "light" (that lightweight decoder, or bad input) or "stock" (the model's own VAE decoder)."""
 
@@ -118,7 +123,7 @@ class VaeDecoder(Choice):
 
 
 class ImageFit(Choice):
-    """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.image.fit_image`)."""
+    """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.media.image.fit_image`)."""
 
     CROP = "crop"
     RESIZE = "resize"
@@ -131,24 +136,6 @@ class ReportFormat(Choice):
     MARKDOWN = "markdown"
     CSV = "csv"
     JSON = "json"
-
-
-def split_list(value: str | Iterable[str], flag: str, example: str) -> tuple[str, ...]:
-    """A comma-separated option ('a,b' or an iterable of strings) as its stripped entries, in order.
-
-    Raises:
-        BadInput: an empty list or entry, or an entry written twice.
-    """
-    text = value if isinstance(value, str) else ",".join(value)
-    if not text.strip():
-        raise BadInput(f"{flag} is empty; give a comma-separated list (e.g. {example})")
-    items = tuple(x.strip() for x in text.split(","))
-    for x in items:
-        if not x:
-            raise BadInput(f"{flag} {text!r} has an empty entry; give a comma-separated list (e.g. {example})")
-        if items.count(x) > 1:
-            raise BadInput(f"{flag} lists {x!r} twice")
-    return items
 
 
 def _number(value: Any, flag: str, lo: float, hi: float, *, lo_open: bool = False, what: str = "a number") -> None:
@@ -197,8 +184,8 @@ class ModelOptions:
             comma-separated string is accepted).
         random_weights: the preset's architecture with random weights (timing without a download).
         allow_pickle: also load pickle weights (they can run code).
-        transformer: transformer-only weight files replacing the model's transformer(s), one per expert (the
-            high-noise expert first; a comma-separated string or a sequence of paths; `vsagen.transformer_files`).
+        transformer: transformer-only weight files replacing the model's transformer(s), one per expert (the high-noise
+            expert first; a comma-separated string or a sequence of paths; `vsagen.models.transformer_files`).
 
     Raises:
         BadInput: an empty model or --transformer entry, a size that is not a positive integer, an unknown, empty
@@ -244,8 +231,11 @@ class SamplingOptions:
         negative_prompt: the negative prompt of CFG.
         seed: the seed of the initial noise (and, + 2, of a re-noise sampler's draws).
         sampler: how the denoising walks (`--sampler`: `default`, `dmd`, `dmd:sigmas=...`; see `vsagen.samplers`);
-            `vsagen compare` takes a comma-separated list.
-        cache: the step cache (`--cache NAME[:KEY=VALUE...]`, `vsagen.cache`; None: none).
+            `vsagen compare` takes a comma-separated list. Given as text, held parsed
+            (`vsagen.request.sampling.SamplerList`, once, here).
+        cache: the step cache (`--cache NAME[:KEY=VALUE...]`, `vsagen.cache.cache_spec`; None: none); `vsagen profile` and
+            `vsagen compare` take a comma-separated list. Given as text, held parsed
+            (`vsagen.cache.cache_spec.CacheList`, once, here).
         None: the preset's (the command's for `warmup`).
 
     Raises:
@@ -261,21 +251,19 @@ class SamplingOptions:
     flow_shift: float | None = None
     negative_prompt: str | None = None
     seed: int = 0
-    sampler: str | None = None
-    cache: str | None = None
+    sampler: str | SamplerList | None = None
+    cache: str | CacheList | None = None
 
     def __post_init__(self) -> None:
-        if self.cache is not None:
-            from ..cache import parse_cache_list
+        from ..cache.cache_spec import CacheList, parse_caches
+        from .sampling import SamplerList, parse_sampler_list  # (it imports this module's bounds)
 
-            parse_cache_list(self.cache)
-        if self.sampler is not None:
-            from .sampling import parse_sampler, split_sampler_list  # (it imports this module's bounds)
-
+        if self.cache is not None and not isinstance(self.cache, CacheList):
+            object.__setattr__(self, "cache", parse_caches(self.cache))
+        if self.sampler is not None and not isinstance(self.sampler, SamplerList):
             if not isinstance(self.sampler, str) or not self.sampler.strip():
                 raise BadInput("--sampler is empty; give default, dmd, dmd-hummingbird or dmd:sigmas=1.0,0.75,0.5")
-            for entry in split_sampler_list(self.sampler):
-                parse_sampler(entry)
+            object.__setattr__(self, "sampler", parse_sampler_list(self.sampler))
         if self.steps is not None:
             _integer(self.steps, "--steps", 1, MAX_STEPS)
         if self.warmup is not None:
@@ -340,26 +328,33 @@ class AttentionOptions:
 
     Attributes:
         attn: one `NAME[:KEY=VALUE...]` entry ("auto": the backend the checkpoint was trained for), or a
-            comma-separated list of them for the commands that run several (`vsagen profile`, `vsagen compare`).
+            comma-separated list of them for the commands that run several (`vsagen profile`, `vsagen compare`):
+            given as text (or an already parsed `vsagen.request.backends.AttnList`), held parsed: every name checked
+            against the registry and every option typed once, here (`parse_attn`); whether a list or `auto` is
+            taken is the command's (`AttnList.one`, `AttnList.several`).
         sparsity: sets the `sparsity` option of the sparse backends named (None: not given).
-        attn_impl: sets the `impl` option of the backends that have it ("auto": not given). Which names exist is
-            the registry's to say (the backends' Options), so `resolve` checks it (`request.backends.check_impl`),
-            before the model is resolved.
+        attn_impl: sets the `impl` option of the backends that have it ("auto": not given); one of the
+            implementations some registered backend offers (`vsagen.request.backends.known_impls`).
 
     Raises:
-        BadInput: a sparsity outside [0, 1).
+        BadInput: a sparsity outside [0, 1), an implementation no backend has, an unknown backend name or option, a
+            value not of its option's type.
     """
 
-    attn: str = "auto"
+    attn: str | AttnList = "auto"
     sparsity: float | None = None
     attn_impl: str = "auto"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "attn", str(getattr(self.attn, "value", self.attn)).strip())
+        from .backends import AttnList, check_impl, known_impls, parse_attn  # (it imports this module)
+
         if self.sparsity is not None and (isinstance(self.sparsity, bool) or not isinstance(self.sparsity, (int, float))
                                           or not 0.0 <= self.sparsity < 1.0):
             raise BadInput(f"--sparsity must be in [0, 1), got {self.sparsity}")
         object.__setattr__(self, "attn_impl", str(getattr(self.attn_impl, "value", self.attn_impl)).strip())
+        check_impl(self.attn_impl, known_impls())
+        if not isinstance(self.attn, AttnList):
+            object.__setattr__(self, "attn", parse_attn(str(getattr(self.attn, "value", self.attn)).strip()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,8 +365,8 @@ class OutputOptions:
         out: the file or folder to write (each command says which; None: its default name).
         overwrite: replace existing files.
         fps: frames per second of the mp4s (None: the preset's).
-        sheet: also write each video's contact sheet (`vsagen.sheet`), a PNG beside its mp4.
-        codec: how the mp4s are encoded, `NAME[:preset=P][:crf=N]` (`vsagen.video.Encoding`; None: its defaults).
+        sheet: also write each video's contact sheet (`vsagen.media.sheet`), a PNG beside its mp4.
+        codec: how the mp4s are encoded, `NAME[:preset=P][:crf=N]` (`vsagen.media.video.Encoding`; None: its defaults).
 
     Raises:
         BadInput: fps outside [1, MAX_FPS], a codec text `Encoding.parse` refuses.
@@ -385,8 +380,8 @@ class OutputOptions:
 
     @property
     def encoding(self) -> Any:
-        """The parsed `codec` (`vsagen.video.Encoding`)."""
-        from ..video import Encoding
+        """The parsed `codec` (`vsagen.media.video.Encoding`)."""
+        from ..media.video import Encoding
 
         return Encoding.parse(self.codec)
 
@@ -401,20 +396,21 @@ class OutputOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class RequestOptions:
-    """Every group a command that runs a Wan pipeline takes (`vsagen.request.resolve.resolve`)."""
+    """Every group a command that runs a Wan pipeline takes (`vsagen.request.resolve.resolve`); a group not given is
+    its defaults (built when the options are, not at import: the attention group reads the registry)."""
 
-    model: ModelOptions = ModelOptions()
-    sampling: SamplingOptions = SamplingOptions()
-    placement: PlacementOptions = PlacementOptions()
-    attention: AttentionOptions = AttentionOptions()
-    output: OutputOptions = OutputOptions()
+    model: ModelOptions = field(default_factory=ModelOptions)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
+    attention: AttentionOptions = field(default_factory=AttentionOptions)
+    output: OutputOptions = field(default_factory=OutputOptions)
 
 
 GROUPS: dict[str, type] = {"model": ModelOptions, "sampling": SamplingOptions, "placement": PlacementOptions,
                            "attention": AttentionOptions, "output": OutputOptions}
 # Every shared option by its keyword (the flag's name, `-` as `_`: `--tile-fit` is `tile_fit`) -> (group, field).
-# The command line declares these options once (`vsagen.cli_options`) and routes them here; Python callers use the
-# same keywords (`request_options`).
+# The command line declares these options once (`vsagen.cli.shared_options`) and routes them here; Python callers
+# use the same keywords (`request_options`).
 FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle",
                                  "transformer")},

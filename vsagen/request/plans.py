@@ -8,7 +8,7 @@ import math
 
 from ..errors import BadInput
 from ..layout import NAMED_TILES, TILE, CropPlan, plan_crop, tile_text
-from ..models import ModelSource
+from ..models.sources import ModelSource
 
 
 def preset_plan(source: ModelSource, frames: int, height: int, width: int, tile_fit: str,

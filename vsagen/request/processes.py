@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from ..errors import BadInput
 from ..layout import TILE
-from ..models import ModelSource
+from ..models.sources import ModelSource
 from .options import Device, Offload
 from .plans import preset_plan
 

@@ -14,22 +14,22 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..attention.spec import BackendSpec
-from ..cache import NO_CACHE, CacheSpec
+from ..attention.spec import BackendEntry, BackendSpec
+from ..cache.cache_spec import NO_CACHE, CacheSpec
 from ..errors import BadInput
 from ..layout import TILE, CropPlan
-from ..models import ModelSource
-from ..presets import preset_names
-from ..tiny import check_tiny_cache
-from ..attention.auto import unused_weights_note
-from ..transformer_files import auto_evidence, check_transformer_files
-from .backends import (attention_specs, auto_spec, check_entries, check_impl, crop_tile_of, known_impls,
-                       preset_file_notes)
+from ..models.sources import ModelSource
+from ..models.presets import preset_names
+from ..models.tiny import check_tiny_cache
+from ..attention.auto import AUTO, unused_weights_note
+from ..models.transformer_files import auto_evidence, check_transformer_files
+from .backends import attention_specs, auto_spec, crop_tile_of, preset_file_notes
 from .caching import resolve_caches
-from .options import MAX_STEPS, Device, Dtype, Offload, RequestOptions, TileFit
+from .options import (MAX_STEPS, Device, Dtype, ModelOptions, Offload, PlacementOptions, RequestOptions,
+                      SamplingOptions, TileFit)
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
-from .sampling import SamplerPlan, parse_sampler, plan_sampler, split_sampler_list
+from .sampling import SamplerList, SamplerPlan, parse_sampler_list, plan_sampler
 from ..samplers import NAMED, Sampler
 
 # `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
@@ -77,9 +77,9 @@ class Request:
     allow_pickle: bool
     warmup: int
     overwrite: bool
-    offload: str = "none"  # none | model | group (CUDA only); see vsagen.loading.place_pipeline
+    offload: str = "none"  # none | model | group (CUDA only); see vsagen.models.loading.place_pipeline
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
-    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.light_vae_attach.choose_decoder)
+    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.decode.decoder_choice.choose_decoder)
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
@@ -160,7 +160,7 @@ class Request:
 
         from ..architecture import architecture_from_config
         from ..attention.base import Expert, RunInfo
-        from ..models import transformer_configs
+        from ..models.sources import transformer_configs
 
         src = self.source
         known = src.exact_preset or src.kind == "dir"
@@ -276,7 +276,7 @@ def negative_prompt_note(negative_prompt: str | None, guidance: float, sampler: 
             "without the negative branch); use --guidance above 1 (e.g. 5) for it to steer the video")
 
 
-def distilled_class_note(source: ModelSource, sampler: str | None) -> str | None:
+def distilled_class_note(source: ModelSource, sampler: SamplerList | None) -> str | None:
     """A note when a local checkpoint's model_index names FastVideo's `WanDMDPipeline` (its DMD-distilled
     checkpoints) but no preset of a published checkpoint describes it and no `--sampler` was given: it then runs the
     preset's sampler, which may not be the one it was distilled for."""
@@ -289,21 +289,21 @@ def distilled_class_note(source: ModelSource, sampler: str | None) -> str | None
 
 def sampler_plans(source: ModelSource, options: RequestOptions, several: bool = False,
                   command_steps: int | None = None) -> tuple[SamplerPlan, ...]:
-    """The sampler of each run (`--sampler`, else the preset's) with the steps, CFG scale and flow shift it leaves
-    the run (`vsagen.request.sampling.plan_sampler`); `command_steps` is a command's own step default (`vsagen
-    profile` times 2 steps) for the checkpoint's scheduler, below the flags and the entry.
+    """The sampler of each run (`--sampler` as its option group parsed it, else the preset's) with the steps, CFG
+    scale and flow shift it leaves the run (`vsagen.request.sampling.plan_sampler`); `command_steps` is a command's
+    own step default (`vsagen profile` times 2 steps) for the checkpoint's scheduler, below the flags and the entry.
 
     Raises:
-        BadInput: several entries where the command runs one, an entry written twice, a flag the sampler refuses.
+        BadInput: several entries where the command runs one, an entry written twice, a flag the sampler refuses, a
+            preset's sampler that does not parse.
     """
     s, d = options.sampling, source.preset.defaults
-    text = s.sampler if s.sampler is not None else d.sampler
-    entries = split_sampler_list(text)
-    if len(entries) > 1 and not several:
+    chosen = s.sampler if s.sampler is not None else parse_sampler_list(d.sampler)
+    text = chosen.text
+    if len(chosen.samplers) > 1 and not several:
         raise BadInput(f"--sampler {text!r}: this command runs one sampler (`vsagen compare` runs several)")
-    samplers = [parse_sampler(e) for e in entries]
     seen: dict[str, str] = {}
-    for entry, x in zip(entries, samplers):  # entries written differently may run the same (dmd, dmd:noise=fresh)
+    for entry, x in zip(chosen.entries, chosen.samplers):  # written differently, may run the same (dmd, dmd:noise=fresh)
         if x.text in seen:
             same = "is written twice" if seen[x.text] == entry else f"runs the same sampler as {seen[x.text]!r}"
             raise BadInput(f"--sampler {text!r}: {entry!r} {same}")
@@ -311,17 +311,159 @@ def sampler_plans(source: ModelSource, options: RequestOptions, several: bool = 
     steps = d.steps if command_steps is None else command_steps
     return tuple(plan_sampler(x, steps=s.steps, guidance=s.guidance, flow_shift=s.flow_shift, default_steps=steps,
                               default_guidance=d.guidance, default_shift=d.flow_shift, preset=source.preset.name)
-                 for x in samplers)
+                 for x in chosen.samplers)
+
+
+def _entries(options: RequestOptions, backends: str, several_fits: bool) -> tuple[BackendEntry, ...]:
+    """The `--attn` entries the command runs (ONE: one, `auto` allowed; SEVERAL: a list; NONE: none), after the
+    tile-fit count (a command that runs one fit takes one).
+
+    Raises:
+        BadInput: several tile fits where one runs; see `AttnList.one` and `AttnList.several`.
+    """
+    fits = options.model.tile_fits
+    if len(fits) > 1 and not several_fits:
+        raise BadInput(f"--tile-fit must be one of {', '.join(TileFit.values())}, got "
+                       f"{','.join(f.value for f in fits)!r} (this command runs one tile fit; `vsagen profile` "
+                       "runs several)")
+    attn = options.attention.attn
+    return () if backends == NONE else attn.several() if backends == SEVERAL else (attn.one(),)
+
+
+def _size(source: ModelSource, m: ModelOptions) -> tuple[int, int, int]:
+    """(height, width, frames): the flags, else the preset's, checked against the model (`_check_sizes`)."""
+    d = source.preset.defaults
+    height = d.height if m.height is None else m.height
+    width = d.width if m.width is None else m.width
+    frames = d.frames if m.frames is None else m.frames
+    _check_sizes(source, frames, height, width)
+    return height, width, frames
+
+
+def _guidance_2(source: ModelSource, s: SamplingOptions, plan: SamplerPlan) -> float | None:
+    """The second expert's CFG scale: None with one expert; 1 under a few-step sampler; else `--guidance-2`, the
+    preset's, or the first expert's scale."""
+    d = source.preset.defaults
+    if source.preset.experts < 2:
+        return None
+    if plan.sampler.renoise:
+        return 1.0  # a few-step sampler runs both experts without CFG
+    return s.guidance_2 if s.guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None else plan.guidance)
+
+
+def _model_files(source: ModelSource, m: ModelOptions) -> tuple[str, ...]:
+    """The `--transformer` files checked against the preset (absolute paths), after `--random-weights` (a preset's
+    architecture) and the tiny model's cache (writable) are.
+
+    Raises:
+        BadInput: random weights of a model no preset describes, a transformer file that does not fit, an unwritable
+            vsagen cache for the tiny model.
+    """
+    if m.random_weights and not source.exact_preset:
+        raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {m.model}; "
+                       f"use a preset name ({', '.join(preset_names())})")
+    files = check_transformer_files(m.transformer, source.preset, m.model, m.random_weights) if m.transformer else ()
+    if source.kind == "tiny" and not m.random_weights:  # built once into the vsagen cache: it must be writable
+        check_tiny_cache(source.preset)
+    return files
+
+
+def _check_few_step(plan: SamplerPlan, s: SamplingOptions, pl: PlacementOptions) -> None:
+    """Refuse what a few-step (re-noise) sampler, which runs without CFG, cannot honour: `--cfg-parallel`, a
+    `--guidance-2` above 1."""
+    if plan.sampler.renoise and pl.cfg_parallel:
+        raise BadInput(f"--cfg-parallel runs the unconditional pass on other processes, and the "
+                       f"{plan.sampler.name} sampler runs without CFG; drop --cfg-parallel (--gpus N splits the "
+                       "sequence with Ulysses instead)")
+    if plan.sampler.renoise and s.guidance_2 is not None and s.guidance_2 > 1:
+        raise BadInput(f"--guidance-2 {s.guidance_2:g} turns CFG on, and the {plan.sampler.name} sampler runs "
+                       "without CFG; leave it out, or use --sampler default")
+
+
+def _run_notes(source: ModelSource, s: SamplingOptions, plan: SamplerPlan, size: tuple[int, int, int],
+               fits: tuple[str, ...], specs: tuple[BackendSpec, ...], crop_tile: tuple[int, int, int]
+               ) -> tuple[str, ...]:
+    """The notes of the sampling and size settings: a negative prompt without CFG, a checkpoint distilled for
+    another sampler, what `--tile-fit crop` costs, a chosen cube larger than the grid, a second CFG scale without
+    CFG."""
+    height, width, frames = size
+    guidance = plan.guidance
+    notes = tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance, plan.sampler),
+                              distilled_class_note(source, s.sampler),
+                              crop_note(preset_plan(source, frames, height, width, "crop", crop_tile), crop_tile)
+                              if "crop" in fits else None)
+                  if n is not None)
+    if "partial" in fits:  # a cube the user chose (crop rounds the grid up to whole cubes: crop_note's cost)
+        grid = preset_plan(source, frames, height, width, "partial").grid
+        chosen = sorted({sp.tile for sp in specs if sp.tile is not None and sp.tile != TILE})
+        notes += tuple(n for n in (oversized_tile_note(grid, t) for t in chosen) if n is not None)
+    if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
+        notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
+                  f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)
+    return notes
+
+
+def _device_dtype(pl: PlacementOptions) -> tuple[str, str]:
+    """The run's device ("cuda" | "cpu") and dtype ("bf16" | "fp16" | "fp32"), `auto` resolved.
+
+    Raises:
+        BadInput: `--device cuda` without CUDA, `--offload` on the CPU.
+    """
+    device = resolve_device(pl.device)
+    if pl.offload != Offload.NONE and device != "cuda":
+        how = "--device cpu" if pl.device == Device.CPU else "--device auto found no CUDA"
+        raise BadInput(f"--offload {pl.offload} moves weights between CPU and GPU memory and needs CUDA, but this run "
+                       f"is on the CPU ({how}); use --offload none")
+    return device, pl.dtype.value if pl.dtype != Dtype.AUTO else ("bf16" if device == "cuda" else "fp32")
+
+
+def _chosen_backends(source: ModelSource, options: RequestOptions, specs: tuple[BackendSpec, ...], auto: bool,
+                     files: tuple[str, ...], device: str) -> tuple[tuple[BackendSpec, ...], str | None, tuple[str, ...]]:
+    """(specs, attn_note, notes): `--attn auto`'s choice for the checkpoint and why (`auto_spec`), or the specs as
+    given with a note for trained weights in `--transformer` files that none of them uses."""
+    m, d = options.model, source.preset.defaults
+    if auto:
+        trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
+        evidence = auto_evidence(files, source.preset, m.random_weights) if source.exact_preset or files else None
+        spec, attn_note = auto_spec(source.kind, source.location, options.attention, d.attention, m.random_weights,
+                                    device, trained_for, evidence)
+        return (spec,), attn_note, ()
+    if files and specs:
+        unused = unused_weights_note(auto_evidence(files, source.preset, m.random_weights) or [],
+                                     [s.name for s in specs])
+        return specs, None, (unused,) if unused is not None else ()
+    return specs, None, ()
+
+
+def _check_placement(request: Request) -> None:
+    """What needs the whole request: the lightweight decoder exists, the Ulysses degree divides every grid that
+    runs, CFG parallelism has CFG to split.
+
+    Raises:
+        BadInput: `--vae light` without one, a degree or a CFG split the run cannot take.
+    """
+    source = request.source
+    if request.vae_decoder == "light" and source.preset.light_vae is None:
+        raise BadInput(f"--vae light: --model {request.model} has no lightweight VAE decoder (hummingbird-xt has one; "
+                       "tiny-ti2v a tiny one)")
+    for fit in request.tile_fits:  # the degree against every grid that runs
+        check_ulysses(request.ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
+                      frames=request.frames, height=request.height, width=request.width, tile=request.crop_tile)
+    if request.cfg_parallel:
+        from ..parallel.cfg import check_cfg_parallel
+
+        check_cfg_parallel(request.guidance, offload=request.offload, compile=request.compile)
 
 
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
             several_fits: bool = False, several_samplers: bool = False,
             command_steps: int | None = None) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
-    needs no weights.
+    needs no weights. The option groups hold `--attn`, `--sampler` and `--cache` parsed; nothing here reads their
+    text again.
 
     Args:
-        source: the model (`vsagen.models.resolve_model` of `options.model.model`).
+        source: the model (`vsagen.models.sources.resolve_model` of `options.model.model`).
         options: the option groups; a command puts its own defaults (e.g. profile's 2 timed steps) into them.
         prompt: the (first) prompt, already checked by the command.
         backends: ONE (`--attn` is one entry, `auto` allowed: chosen from the checkpoint's weights), SEVERAL (a
@@ -341,110 +483,45 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         BadInput: the first invalid setting, in one message naming the flag and what would be valid.
     """
     m, s, pl, at = options.model, options.sampling, options.placement, options.attention
-    if len(m.tile_fits) > 1 and not several_fits:
-        raise BadInput(f"--tile-fit must be one of {', '.join(TileFit.values())}, got "
-                       f"{','.join(f.value for f in m.tile_fits)!r} (this command runs one tile fit; `vsagen profile` "
-                       "runs several)")
-    if backends != NONE:
-        check_impl(at.attn_impl, known_impls())
-    entries = check_entries(at, backends == SEVERAL) if backends != NONE else ()
+    entries = _entries(options, backends, several_fits)
     d = source.preset.defaults
-    auto = entries == ("auto",)
+    auto = len(entries) == 1 and entries[0].name == AUTO  # chosen once the device is known (`_chosen_backends`)
     specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
-    preset_notes = preset_file_notes(entries, specs, d.attention, source.preset.name) if specs else ()
-    height = d.height if m.height is None else m.height
-    width = d.width if m.width is None else m.width
-    frames = d.frames if m.frames is None else m.frames
-    _check_sizes(source, frames, height, width)
-    experts = source.preset.experts
-    if s.guidance_2 is not None and experts < 2:
+    notes = preset_file_notes(entries, specs, d.attention, source.preset.name) if specs else ()
+    height, width, frames = size = _size(source, m)
+    if s.guidance_2 is not None and source.preset.experts < 2:
         raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {source.preset.name} has one "
                        "transformer; use --guidance")
     plans = sampler_plans(source, options, several_samplers, command_steps)
-    guidance = plans[0].guidance
-    guidance_2 = None
-    if experts >= 2 and plans[0].sampler.renoise:
-        guidance_2 = 1.0  # a few-step sampler runs both experts without CFG
-    elif experts >= 2:
-        guidance_2 = s.guidance_2 if s.guidance_2 is not None else (d.guidance_2 if d.guidance_2 is not None
-                                                                    else guidance)
-    if m.random_weights and not source.exact_preset:
-        raise BadInput(f"--random-weights builds a preset's architecture, and no preset describes --model {m.model}; "
-                       f"use a preset name ({', '.join(preset_names())})")
-    files = check_transformer_files(m.transformer, source.preset, m.model, m.random_weights) if m.transformer else ()
-    if source.kind == "tiny" and not m.random_weights:  # built once into the vsagen cache: it must be writable
-        check_tiny_cache(source.preset)
+    files = _model_files(source, m)
     fits = tuple(f.value for f in m.tile_fits)
     crop_tile = crop_tile_of(specs, d.attention)
     for fit in fits:
         check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit, crop_tile)
-    if plans[0].sampler.renoise and pl.cfg_parallel:
-        raise BadInput(f"--cfg-parallel runs the unconditional pass on other processes, and the "
-                       f"{plans[0].sampler.name} sampler runs without CFG; drop --cfg-parallel (--gpus N splits the "
-                       "sequence with Ulysses instead)")
-    if plans[0].sampler.renoise and s.guidance_2 is not None and s.guidance_2 > 1:
-        raise BadInput(f"--guidance-2 {s.guidance_2:g} turns CFG on, and the {plans[0].sampler.name} sampler runs "
-                       "without CFG; leave it out, or use --sampler default")
-    notes = preset_notes + tuple(n for n in (negative_prompt_note(s.negative_prompt, guidance, plans[0].sampler),
-                                             distilled_class_note(source, s.sampler),
-                                             crop_note(preset_plan(source, frames, height, width, "crop", crop_tile),
-                                                       crop_tile) if "crop" in fits else None)
-                                 if n is not None)
-    if "partial" in fits:  # a cube the user chose (crop rounds the grid up to whole cubes: crop_note's cost)
-        grid = preset_plan(source, frames, height, width, "partial").grid
-        chosen = sorted({sp.tile for sp in specs if sp.tile is not None and sp.tile != TILE})
-        notes += tuple(n for n in (oversized_tile_note(grid, t) for t in chosen) if n is not None)
-    if s.guidance_2 is not None and guidance <= 1 < s.guidance_2:  # diffusers: the first scale decides
-        notes += (f"--guidance-2 {s.guidance_2:g} has no effect: CFG is off for both experts (--guidance "
-                  f"{guidance:g} <= 1 turns it off, as diffusers decides); use --guidance above 1 too",)
-    device = resolve_device(pl.device)
-    if pl.offload != Offload.NONE and device != "cuda":
-        how = "--device cpu" if pl.device == Device.CPU else "--device auto found no CUDA"
-        raise BadInput(f"--offload {pl.offload} moves weights between CPU and GPU memory and needs CUDA, but this run "
-                       f"is on the CPU ({how}); use --offload none")
-    dtype = pl.dtype.value if pl.dtype != Dtype.AUTO else ("bf16" if device == "cuda" else "fp32")
-    ulysses, cfg_parallel, split_notes = split_request(pl, source, device, guidance, frames, height, width, fits,
-                                                        crop_tile)
-    notes += split_notes
+    _check_few_step(plans[0], s, pl)
+    notes += _run_notes(source, s, plans[0], size, fits, specs, crop_tile)
+    device, dtype = _device_dtype(pl)
+    ulysses, cfg_parallel, split_notes = split_request(pl, source, device, plans[0].guidance, frames, height, width,
+                                                        fits, crop_tile)
     caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans, ulysses * (1 + cfg_parallel),
                                          several=backends == SEVERAL,
                                          experts=("transformer", "transformer_2")[:source.preset.experts]
                                          if source.exact_preset else None)
-    notes += cache_notes
-    attn_note = None
-    if auto:
-        trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
-        evidence = auto_evidence(files, source.preset, m.random_weights) if source.exact_preset or files else None
-        spec, attn_note = auto_spec(source.kind, source.location, at, d.attention, m.random_weights, device,
-                                    trained_for, evidence)
-        specs = (spec,)
-    elif files and specs:
-        unused = unused_weights_note(auto_evidence(files, source.preset, m.random_weights) or [],
-                                     [s.name for s in specs])
-        notes += (unused,) if unused is not None else ()
+    specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
-        steps=plans[0].steps, guidance=guidance, guidance_2=guidance_2, seed=s.seed,
+        steps=plans[0].steps, guidance=plans[0].guidance, guidance_2=_guidance_2(source, s, plans[0]), seed=s.seed,
         flow_shift=plans[0].flow_shift, max_sequence_length=d.max_sequence_length, samplers=plans,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
-        fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus, notes=notes,
-        tile_fits=fits, backends=specs, crop_tile=crop_tile, attn_requested=at.attn if backends != NONE else "",
-        attn_note=attn_note, transformer_files=files, caches=caches)
-    if pl.vae.value == "light" and source.preset.light_vae is None:
-        raise BadInput(f"--vae light: --model {m.model} has no lightweight VAE decoder (hummingbird-xt has one; "
-                       "tiny-ti2v a tiny one)")
-    for fit in fits:  # the degree against every grid that runs
-        check_ulysses(ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
-                      frames=frames, height=height, width=width, tile=crop_tile)
-    if cfg_parallel:
-        from ..parallel.cfg import check_cfg_parallel
-
-        check_cfg_parallel(guidance, offload=request.offload, compile=request.compile)
+        fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
+        notes=notes + split_notes + cache_notes + backend_notes, tile_fits=fits, backends=specs, crop_tile=crop_tile,
+        attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,
+        caches=caches)
+    _check_placement(request)
     return request
-
 
 __all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "VAE_TILING_AUTO_MAX_AREA", "check_last_frame",
            "negative_prompt_note", "nearest_valid_frames", "preset_plan", "request_fields", "resolve",

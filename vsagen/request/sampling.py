@@ -156,6 +156,25 @@ def split_sampler_list(text: str) -> tuple[str, ...]:
     return tuple(entries)
 
 
+@dataclass(frozen=True)
+class SamplerList:
+    """`--sampler` (or a preset's `sampler`) as parsed once (`parse_sampler_list`): the text as given, each entry as
+    written and its `Sampler`, in order. Whether a list is taken is the command's (`vsagen compare` runs several)."""
+
+    text: str
+    entries: tuple[str, ...]
+    samplers: tuple[Sampler, ...]
+
+
+def parse_sampler_list(text: str) -> SamplerList:
+    """A `--sampler` text (one entry, or `vsagen compare`'s comma-separated list) as its `SamplerList`.
+
+    Raises:
+        BadInput: an empty list or entry, a list that starts with a number (`split_sampler_list`), an entry that does
+            not parse (`parse_sampler`).
+    """
+    entries = split_sampler_list(text)
+    return SamplerList(text, entries, tuple(parse_sampler(e) for e in entries))
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,10 @@ def _arch_text(a: Mapping[str, Any]) -> str:
     return f"{a['layers']} layers x {a['heads']} heads of {a['head_dim']}, {a['in_channels']} input channels"
 
 
-# The search's settings (`vsagen.sparsity.scoring`, `vsagen search`), here with the files that record them, so a
-# search request is checked without torch: Sparse-vDiT's lambda (seed 003), the cost weight of a mode's block
-# density; its epsilon, the relative MSE a sparse mode may have at most (1 = skip's); the implementations that
-# compute the modes.
+# The search's settings (`vsagen.attention.sparse_vdit_search`, `vsagen search`), here with the files that record them,
+# so a search request is checked without torch: Sparse-vDiT's lambda (seed 003), the cost weight of a mode's block
+# density; its epsilon, the relative MSE a sparse mode may have at most (1 = skip's); the implementations that compute
+# the modes.
 DEFAULT_LAM = 0.5
 DEFAULT_EPS = 1.0
 IMPLS = ("auto", "triton", "torch")
@@ -218,6 +218,48 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _parse_ranges(raw: list[Any], experts: tuple[str, ...], layers: int, heads: int, modes: set[str],
+                  where: str) -> list[StepRange]:
+    """The `StepRange`s of a pattern file's "ranges" list: consecutive from step 0, each with a (layers x heads)
+    table of mode names per expert, every name one of `modes`.
+
+    Raises:
+        BadInput: a range that is not an object, does not start where the previous one stopped or is empty, or whose
+            per-expert table has the wrong experts, shape or mode names.
+    """
+    ranges = []
+    expect = 0
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict):
+            raise BadInput(f"{where}: ranges[{i}] is not an object")
+        start, stop = r.get("start"), r.get("stop")
+        if not (isinstance(start, int) and isinstance(stop, int) and start == expect and stop > start):
+            raise BadInput(f"{where}: ranges[{i}] must start at step {expect} and end after it")
+        expect = stop
+        table = r.get("heads")
+        if not isinstance(table, dict) or set(table) != set(experts):
+            raise BadInput(f"{where}: ranges[{i}].heads must have one entry per expert ({', '.join(experts)})")
+        per_expert = {}
+        for e in experts:
+            rows = table[e]
+            if not isinstance(rows, list) or len(rows) != layers:
+                raise BadInput(f"{where}: ranges[{i}].heads.{e} must list {layers} layers (its \"architecture\" "
+                               f"block's count; a damaged or edited file: search again)")
+            for li, row in enumerate(rows):
+                if not isinstance(row, list) or len(row) != heads:
+                    raise BadInput(f"{where}: layer {li} of {e} must list {heads} head modes (its \"architecture\" "
+                                   f"block's count; a damaged or edited file: search again)")
+                if not all(isinstance(n, str) for n in row):
+                    raise BadInput(f"{where}: layer {li} of {e} must list mode names (strings)")
+                unknown = sorted(set(row) - modes)
+                if unknown:
+                    raise BadInput(f"{where}: layer {li} of {e} uses mode(s) {', '.join(unknown)} that \"modes\" "
+                                   "does not define")
+            per_expert[e] = tuple(tuple(row) for row in rows)
+        ranges.append(StepRange(start, stop, per_expert))
+    return ranges
+
+
 def parse_patterns(data: Any, where: str) -> PatternFile:
     """A `PatternFile` from its JSON object, checked throughout.
 
@@ -249,41 +291,12 @@ def parse_patterns(data: Any, where: str) -> PatternFile:
     steps = _need(data, "steps", int, where)
     if steps < 1:
         raise BadInput(f"{where}: steps must be a positive integer, got {steps}")
-    ranges = []
-    expect = 0
-    for i, r in enumerate(_need(data, "ranges", list, where)):
-        if not isinstance(r, dict):
-            raise BadInput(f"{where}: ranges[{i}] is not an object")
-        start, stop = r.get("start"), r.get("stop")
-        if not (isinstance(start, int) and isinstance(stop, int) and start == expect and stop > start):
-            raise BadInput(f"{where}: ranges[{i}] must start at step {expect} and end after it")
-        expect = stop
-        table = r.get("heads")
-        if not isinstance(table, dict) or set(table) != set(experts):
-            raise BadInput(f"{where}: ranges[{i}].heads must have one entry per expert ({', '.join(experts)})")
-        per_expert = {}
-        for e in experts:
-            rows = table[e]
-            if not isinstance(rows, list) or len(rows) != layers:
-                raise BadInput(f"{where}: ranges[{i}].heads.{e} must list {layers} layers (its \"architecture\" "
-                               f"block's count; a damaged or edited file: search again)")
-            for li, row in enumerate(rows):
-                if not isinstance(row, list) or len(row) != heads:
-                    raise BadInput(f"{where}: layer {li} of {e} must list {heads} head modes (its \"architecture\" "
-                                   f"block's count; a damaged or edited file: search again)")
-                if not all(isinstance(n, str) for n in row):
-                    raise BadInput(f"{where}: layer {li} of {e} must list mode names (strings)")
-                unknown = sorted(set(row) - set(modes))
-                if unknown:
-                    raise BadInput(f"{where}: layer {li} of {e} uses mode(s) {', '.join(unknown)} that \"modes\" "
-                                   "does not define")
-            per_expert[e] = tuple(tuple(row) for row in rows)
-        ranges.append(StepRange(start, stop, per_expert))
+    ranges = _parse_ranges(_need(data, "ranges", list, where), experts, layers, heads, set(modes), where)
     if not ranges:
         raise BadInput(f"{where}: no step ranges")
-    if expect != steps:
-        raise BadInput(f"{where}: the step ranges end at step {expect}, not at steps ({steps}): they must cover "
-                       f"0..{steps}")
+    if ranges[-1].stop != steps:
+        raise BadInput(f"{where}: the step ranges end at step {ranges[-1].stop}, not at steps ({steps}): they must "
+                       f"cover 0..{steps}")
     scores = data.get("scores", {})
     if not isinstance(scores, dict) or not all(
             isinstance(v, dict) and all(isinstance(m, str) and _finite(x) for m, x in v.items())
@@ -336,6 +349,6 @@ def save_patterns(patterns: PatternFile, path: Path, *, overwrite: bool = False)
     Raises:
         BadInput: `path` exists and `overwrite` is False.
     """
-    from ..video import write_json
+    from ..media.video import write_json
 
     write_json(patterns.to_json(), Path(path), overwrite=overwrite)

@@ -1,0 +1,186 @@
+"""What several backends share: the checks and constants of their options, and the helpers of their computation
+that more than one backend calls, so that no backend imports another's private parts.
+
+Options: `NoOptions`, the field names and JSON form of an Options value (`option_names`, `options_dict`), a weights
+file option (`weights_path_option`), a `tuning` (`check_tuning`), VSA's `tile` (`TILE_FIELD`, `tile_option`), an
+`impl` (`IMPLS`, `check_impl_option`), the default sparsity and the linear branch's feature maps.
+
+Computation: whether the Triton interpreter runs (`interpreting`), VSA's cube lists as the block-sparse kernels' tile
+lists (`kernel_lists`: `vsa`, `sla-star`), the launch settings of the grouped kernels per query rows
+(`QUERY_LAUNCH`: `vsa`, `sla`, `sparse-vdit`) and the linear branch's trained projection (its checkpoint names,
+`proj_shapes`, `proj_module`, `random_proj`: `sla-star`, `sla`).
+
+Like the backend modules, this module imports neither torch nor the kernels when it is imported (the registry imports
+every backend for the listings and the checks of `--attn`, before torch loads): the functions that compute import
+them. A `tuning` field holds a `vsagen.kernels.tuning.KernelTuning`: its annotation reads `Any` at run time (so the
+field is set from Python only) and a given value is checked by `check_tuning`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BadInput
+from ..layout import parse_tile, tile_text
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_SPARSITY = 0.875
+IMPLS = ("auto", "triton", "torch")
+FEATURE_MAPS = ("softmax", "elu", "relu")  # the linear branch's phi (`vsagen.kernels.reference.FEATURE_MAPS`)
+# The grouped kernels' launches per query rows (`vsa`'s and `sla`'s `query_rows`, `sparse-vdit`'s `query_block`):
+# (block_m, num_warps, num_stages) of the forward, then of dQ. Swept on the H200 (torch 2.11, triton 3.6;
+# `benchmarks/sparse_vdit.py --sweep`, Wan2.1-1.3B 480p shape): 64-row groups at (4 warps, 2 stages) took the forward
+# from 4.55 to 3.77 ms on a vertical-stripe layer, 3.55 to 3.33 on multi-diagonal, 5.76 to 5.18 on a mixed layer
+# (diagonal: 1.11 to 1.10), forward+backward 18.8 to 17.3, 14.2 to 14.0, 22.5 to 21.9 ms (diagonal 4.44 to 4.50);
+# 128-row groups (8 warps) were slower on every layer; the packed dK/dV loop then took forward+backward to 15.8, 13.3,
+# 20.1 (diagonal 4.37) ms (BENCHMARKS.md, "sparse-vdit").
+QUERY_LAUNCH = {64: (64, 4, 2, 64, 4, 2), 128: (128, 8, 3, 128, 8, 2)}
+QUERY_BLOCKS = tuple(QUERY_LAUNCH)  # the query rows a grouped launch takes
+DEFAULT_QUERY_BLOCK = 64
+# VSA's `tile` option: its default, and how `vsagen backends` lists its values (any cube `layout.parse_tile` takes)
+TILE_FIELD = dict(default="4x4x4", metadata={"values": "TxHxW, power-of-two sides, 64 / 128 / 256 tokens, e.g. "
+                                                       "4x4x4 | 4x4x8 | 4x8x8"})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A backend without options."""
+
+
+def option_names(options_cls: type) -> list[str]:
+    """The field names of an Options dataclass, in declaration order."""
+    return [f.name for f in fields(options_cls)]
+
+
+def options_dict(options: Any) -> dict[str, Any]:
+    """JSON-ready {field: value} of an Options instance; fields that are None (unset optional inputs such as a
+    weights file) are left out, values that are not JSON scalars become strings."""
+    out = {}
+    for f in fields(options):
+        v = getattr(options, f.name)
+        if v is not None:
+            out[f.name] = v if isinstance(v, (bool, int, float, str)) else str(v)
+    return out
+
+
+def weights_path_option(value: Any, option: str) -> Path:
+    """An Options field naming a weights file (`gate_weights`, `proj_weights`), checked: an existing file.
+
+    Raises:
+        BadInput: empty, a folder, or no such file.
+    """
+    path = Path(value)
+    if path.is_dir() or not str(value).strip():
+        raise BadInput(f"{option} {str(value)!r}: give a .safetensors file, not a folder")
+    if not path.is_file():
+        raise BadInput(f"{option} {str(path)!r}: no such file (give a .safetensors file)")
+    return path
+
+
+def check_tuning(tuning: Any) -> None:
+    """Refuse a `tuning` that is not None nor a `KernelTuning` (imported here only when one is given).
+
+    Raises:
+        BadInput: "tuning must be a vsagen.kernels.tuning.KernelTuning, got <type>".
+    """
+    if tuning is None:
+        return
+    from ..kernels.tuning import KernelTuning as Tuning
+
+    if not isinstance(tuning, Tuning):
+        raise BadInput(f"tuning must be a vsagen.kernels.tuning.KernelTuning, got {type(tuning).__name__}")
+
+
+def tile_option(tile: Any) -> str:
+    """The `tile` option checked (`vsagen.layout.parse_tile`) and spelled `TxHxW`.
+
+    Raises:
+        BadInput: the one-line reason `parse_tile` gives.
+    """
+    try:
+        return tile_text(parse_tile(tile))
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+
+
+def check_impl_option(impl: Any, impls: tuple[str, ...] = IMPLS) -> None:
+    """Refuse an `impl` option that is none of `impls`.
+
+    Raises:
+        BadInput: "impl must be one of auto, triton, torch, got 'x'".
+    """
+    if impl not in impls:
+        raise BadInput(f"impl must be one of {', '.join(impls)}, got {impl!r}")
+
+
+def interpreting() -> bool:
+    """Whether the Triton interpreter runs the kernels (TRITON_INTERPRET=1: the Triton paths then run on a CPU)."""
+    from ..kernels.tuning import interpreting as triton_interpreting
+
+    return triton_interpreting()
+
+
+def kernel_lists(layout: Any, q2k: torch.Tensor, q2k_cnt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                torch.Tensor]:
+    """A cube-level selection as the block-sparse kernels take it: (q2k, q2k_cnt, tile_offsets) over the layout's
+    kernel tiles (`kernels.tile_expand_triton`, one launch, equal to the torch `kernels.tile_expand`); cubes of at
+    most 64 tokens come back as they are, with `layout.tile_offsets_i32`. For the Triton paths only (CUDA, ROCm or
+    the interpreter).
+
+    Args:
+        layout: the `TileLayout` (its tile any of VSA's cubes).
+        q2k: (B, H, Q_TILES, K) integer key cubes per query cube; q2k_cnt: (B, H, Q_TILES) integer.
+
+    Returns:
+        q2k (B, H, n_kernel_tiles, K') int32, q2k_cnt (B, H, n_kernel_tiles) int32, tile_offsets
+        (n_kernel_tiles + 1,) int32.
+    """
+    import torch
+
+    if layout.kernel_tiles_per_tile == 1:
+        return q2k.to(torch.int32), q2k_cnt.to(torch.int32), layout.tile_offsets_i32
+    from ..kernels.tile_expand_triton import expand_to_kernel_tiles_triton
+
+    lists, counts = expand_to_kernel_tiles_triton(q2k, q2k_cnt, layout.tile_kernel_first, layout.tile_kernel_count,
+                                                  layout.kernel_tile_of, layout.kernel_tiles_per_tile)
+    return lists, counts, layout.kernel_offsets_i32
+
+
+# The linear branch's trained projection under other projects' checkpoint names: TurboDiffusion's (SLA's own module) and
+# FastVideo's diffusers conversion; `sla` reads them, `sla-star` takes them as aliases of its own key.
+TURBODIFFUSION_PROJ_KEY = "blocks.{layer}.self_attn.attn_op.local_attn.proj_l"
+FASTVIDEO_PROJ_KEY = "blocks.{layer}.attn1.attn_impl.proj_l"
+
+
+def proj_shapes(attn: Any) -> dict[str, tuple[int, ...]]:
+    """The linear branch's projection proj_l maps one head's D channels to D (shared by the heads): its tensors'
+    shapes given the layer's attn1 module."""
+    d = attn.to_q.weight.shape[0] // attn.heads
+    return {"weight": (d, d), "bias": (d,)}
+
+
+def proj_module(tensors: dict[str, torch.Tensor], attn: Any) -> torch.nn.Module:
+    """A float32 Linear(D, D) holding the trained projection (bias zero when the file has none)."""
+    import torch
+
+    w = tensors["weight"]
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=True, dtype=torch.float32)
+    with torch.no_grad():
+        lin.weight.copy_(w.float())
+        lin.bias.copy_(tensors["bias"].float() if "bias" in tensors else torch.zeros(w.shape[0]))
+    return lin
+
+
+def random_proj(head_dim: int, device: torch.device, seed: int) -> torch.nn.Module:
+    """A random projection of trained size (float32 Linear(D, D)) to time the linear branch with (`bench_params` of
+    `sla-star` and `sla`: without one the branch is not computed)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 17)
+    tensors = {"weight": torch.randn(head_dim, head_dim, generator=g) / head_dim ** 0.5,
+               "bias": torch.randn(head_dim, generator=g) * 0.01}
+    return proj_module(tensors, None).to(device)

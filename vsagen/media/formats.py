@@ -1,0 +1,200 @@
+"""The video's file format, chosen by `--out`'s extension: `.mp4` (H.264, the default), `.webm` (VP9), `.gif`
+(an animated GIF, a palette made from the whole video) or `.png` (one PNG per frame, `NAME-0000.png`, ...); the
+prompt and settings written into the file as metadata (`-metadata` of ffmpeg: title, description, comment; PNG text
+chunks); and reading that metadata back (ffmpeg's ffmetadata format)."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import BadInput, RunFailure
+from . import video
+
+
+@dataclass(frozen=True)
+class VideoFormat:
+    """One output format: `name` (its `--out` extension without the dot), `what` (in words), `encoder` (the bundled
+    ffmpeg's encoder, None for PNG frames, which PIL writes) and whether it holds metadata (GIF does not)."""
+
+    name: str
+    what: str
+    encoder: str | None
+    metadata: bool = True
+
+
+FORMATS = {f.name: f for f in (
+    VideoFormat("mp4", "H.264 mp4 (--codec)", "libx264"),
+    VideoFormat("webm", "VP9 WebM", "libvpx-vp9"),
+    VideoFormat("gif", "animated GIF", "gif", metadata=False),
+    VideoFormat("png", "PNG frames NAME-0000.png, NAME-0001.png, ...", None),
+)}
+WEBM_CRF = 30  # VP9's constant quality (0-63, lower is better): 30 is a small preview that keeps the detail
+GIF_FILTER = "split[a][b];[a]palettegen=stats_mode=full[p];[b][p]paletteuse"  # one palette for the whole video
+
+
+def output_format(out: Path) -> VideoFormat:
+    """The format `--out`'s extension names (case-insensitive).
+
+    Raises:
+        BadInput: another extension, or none (one line naming those there are)."""
+    fmt = FORMATS.get(out.suffix.lower().lstrip("."))
+    if fmt is None:
+        raise BadInput(f"--out {out}: the extension picks the format: .mp4 (H.264), .webm (VP9), .gif (animated) "
+                       "or .png (one PNG per frame); give a path ending in one of them")
+    return fmt
+
+
+def frame_paths(out: Path, frames: int) -> list[Path]:
+    """The files of `--out NAME.png`: `NAME-0000.png` ... beside it, one per frame (four digits, more past 9999)."""
+    digits = max(4, len(str(frames - 1)))
+    return [out.with_name(f"{out.stem}-{i:0{digits}d}.png") for i in range(frames)]
+
+
+def frame_pattern(out: Path, frames: int) -> Path:
+    """The frames of `--out NAME.png` as ffmpeg's pattern (`NAME-%04d.png`, what `ffmpeg -i` reads back)."""
+    return out.with_name(f"{out.stem}-%0{max(4, len(str(frames - 1)))}d.png")
+
+
+@functools.lru_cache(maxsize=None)
+def _encoders() -> frozenset[str]:
+    try:
+        done = subprocess.run([video.find_ffmpeg(), "-hide_banner", "-encoders"], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(line.split()[1] for line in done.stdout.splitlines()
+                     if len(line.split()) > 1 and len(line.split()[0]) == 6)
+
+
+def check_format(fmt: VideoFormat, encoding: video.Encoding) -> None:
+    """Make sure `fmt` can be written here, before anything runs: the bundled ffmpeg has its encoder (WebM needs
+    libvpx-vp9), and `--codec` (mp4 only) is left at its default for the others.
+
+    Raises:
+        BadInput: one line saying why."""
+    if fmt.name != "mp4" and encoding != video.Encoding():
+        raise BadInput(f"--codec sets the mp4's encoder; a .{fmt.name} is written as {fmt.what}: leave --codec out")
+    if fmt.encoder is not None and fmt.name != "mp4" and fmt.encoder not in _encoders():
+        raise BadInput(f"--out .{fmt.name}: the bundled ffmpeg has no {fmt.encoder} encoder here; use .mp4 or .gif")
+
+
+class _FfmpegFrames:
+    """A WebM or GIF writer with imageio's `append_data` / `close` over imageio-ffmpeg's `write_frames` (imageio's
+    own FFMPEG writer refuses a .gif name); ffmpeg starts at the first frame, whose size it takes."""
+
+    def __init__(self, path: Path, fps: int, fmt: VideoFormat, metadata: dict[str, str] | None) -> None:
+        self.path, self.fps, self.fmt, self.metadata = path, fps, fmt, metadata
+        self._gen: Any = None
+
+    def append_data(self, frame: np.ndarray) -> None:
+        if self._gen is None:
+            import imageio_ffmpeg
+
+            params = (["-crf", str(WEBM_CRF), "-b:v", "0", "-deadline", "good", "-cpu-used", "5", "-row-mt", "1",
+                       *video.metadata_params(self.metadata)] if self.fmt.name == "webm" else
+                      ["-vf", GIF_FILTER, "-loop", "0"])
+            self._gen = imageio_ffmpeg.write_frames(
+                str(self.path), (frame.shape[1], frame.shape[0]), fps=self.fps, codec=self.fmt.encoder,
+                pix_fmt_out="yuv420p" if self.fmt.name == "webm" else "pal8", quality=None, macro_block_size=1,
+                output_params=params, ffmpeg_log_level="error")
+            self._gen.send(None)
+        self._gen.send(np.ascontiguousarray(frame))
+
+    def close(self) -> None:
+        if self._gen is not None:
+            self._gen.close()  # ffmpeg is told the input ended and waited for
+
+
+class _PngFrames:
+    """PNG frames: each frame to a temporary file `outputs` stages for its target (`Outputs.reserve`), with the
+    metadata as text chunks, so every frame appears with the JSON or none does."""
+
+    def __init__(self, outputs: video.Outputs, targets: list[Path], metadata: dict[str, str] | None) -> None:
+        self.outputs, self.targets, self.metadata, self.done = outputs, targets, metadata, 0
+
+    def append_data(self, frame: np.ndarray) -> None:
+        from PIL import Image
+        from PIL.PngImagePlugin import PngInfo
+
+        if self.done >= len(self.targets):
+            raise RunFailure(f"the decode gave more than the {len(self.targets)} frames asked for")
+        info = PngInfo()
+        for key, value in (self.metadata or {}).items():
+            info.add_itxt(key, value)
+        Image.fromarray(frame).save(self.outputs.reserve(self.targets[self.done]), format="PNG", pnginfo=info)
+        self.done += 1
+
+    def close(self) -> None:
+        pass
+
+
+def write_video(outputs: video.Outputs, fmt: VideoFormat, out: Path, chunks: Iterator[np.ndarray], fps: int,
+                encoding: video.Encoding, *, frames: int, metadata: dict[str, str] | None = None,
+                keep: Callable[[np.ndarray], None] | None = None) -> video.StreamTimes:
+    """Stream (f, H, W, 3) uint8 chunks into `out` in `fmt` inside an `Outputs` block (published with the rest of
+    its set): mp4 through `video.encode_mp4_stream` at `encoding`, WebM and GIF through ffmpeg, PNG frames as the
+    `frames` files `frame_paths(out, frames)`. `metadata` (title, description, comment) goes into the file where
+    the format holds it. Returns what the stream measured.
+
+    Raises:
+        RunFailure / SignalInterrupt: as `video.encode_mp4_stream`."""
+    streamed: list[video.StreamTimes] = []
+    if fmt.name == "png":
+        writer = _PngFrames(outputs, frame_paths(out, frames), metadata)
+        return video.encode_mp4_stream(chunks, out, fps, keep=keep, open_writer=lambda path, rate: writer)
+    opener = None if fmt.name == "mp4" else (lambda path, rate: _FfmpegFrames(path, rate, fmt, metadata))
+
+    def write(tmp: Path) -> None:
+        streamed.append(video.encode_mp4_stream(chunks, tmp, fps, encoding, keep=keep, metadata=metadata,
+                                                open_writer=opener))
+        if not tmp.exists() or tmp.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
+            raise RunFailure(f"ffmpeg wrote no {fmt.what} (its own message is above)")
+
+    outputs.add(out, write, f".{fmt.name}")
+    return streamed[0]
+
+
+def _unescape(text: str) -> list[tuple[str, bool]]:
+    """ffmetadata text as (character, escaped) pairs: a backslash takes the next character (`=`, `;`, `#`, `\\`,
+    a newline) literally."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append((text[i + 1], True))
+            i += 2
+        else:
+            out.append((text[i], False))
+            i += 1
+    return out
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The container metadata of a video file (mp4, WebM, ...) as ffmpeg reads it (`ffmpeg -i FILE -f ffmetadata
+    -`, escapes undone); keys lower-cased (Matroska writes COMMENT).
+
+    Raises:
+        RunFailure: ffmpeg could not read the file."""
+    done = subprocess.run([video.find_ffmpeg(), "-v", "error", "-i", str(path), "-f", "ffmetadata", "-"],
+                          capture_output=True, timeout=60)
+    if done.returncode != 0:
+        raise RunFailure(f"ffmpeg could not read {path}: {done.stderr.decode(errors='replace').strip()}")
+    tags: dict[str, str] = {}
+    line: list[tuple[str, bool]] = []
+    for ch, escaped in [*_unescape(done.stdout.decode("utf-8")), ("\n", False)]:
+        if ch != "\n" or escaped:
+            line.append((ch, escaped))
+            continue
+        if line and line[0] == ("[", False):  # a stream's or chapter's section: the file's own tags are above
+            break
+        if line and line[0] != (";", False):  # ";" starts a comment (the ";FFMETADATA1" header)
+            split = next((i for i, (c, e) in enumerate(line) if c == "=" and not e), None)
+            if split is not None:
+                tags["".join(c for c, _ in line[:split]).lower()] = "".join(c for c, _ in line[split + 1:])
+        line = []
+    return tags

@@ -1,0 +1,528 @@
+"""Video, JSON, text and figure output: written to a temporary file beside the target, then moved into place.
+
+Without overwrite the final step is `os.link`, which fails if the target appeared meanwhile, so an existing
+file is never replaced silently, even by a concurrent run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import queue
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .. import interrupts
+from ..errors import BadInput, RunFailure
+
+
+def to_uint8_frames(video: np.ndarray) -> np.ndarray:
+    """(F, H, W, 3) float in [0, 1] (NaN allowed: random weights) -> (F, H, W, 3) uint8."""
+    v = np.nan_to_num(np.asarray(video, dtype=np.float32), nan=0.0, posinf=1.0, neginf=0.0)
+    return (np.clip(v, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
+
+
+def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
+    if overwrite:
+        os.replace(tmp, target)
+        return
+    try:
+        try:
+            os.link(tmp, target)  # fails if target exists: never replaces a file that appeared meanwhile
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                raise
+            # a file system without hard links (vfat, some network mounts): reserve the name, then move over it
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            os.replace(tmp, target)
+    except FileExistsError:
+        raise BadInput(f"{target} exists (appeared during the run); pass --overwrite to replace it") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _keep_old(target: Path) -> Path | None:
+    """A hard link to the file `target` names (kept while a replacement goes in, so a failed set can put it back),
+    or None: no file there, or a file system without hard links (the old file is then not kept)."""
+    if not target.exists():
+        return None
+    keep = _temporary_beside(target, target.suffix)
+    keep.unlink()  # the name only: the link takes it
+    try:
+        os.link(target, keep)
+    except FileExistsError:  # pragma: no cover - the name was taken meanwhile
+        return None
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        return None
+    return keep
+
+
+def _temporary_beside(target: Path, suffix: str) -> Path:
+    """An empty temporary file in `target`'s folder (created if missing), hidden, with the usual file mode."""
+    target.parent.mkdir(parents=True, exist_ok=True)  # missing folders: created (config checked they can be)
+    fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=suffix, dir=target.parent)
+    os.close(fd)
+    tmp = Path(name)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; the result should get the usual mode
+    return tmp
+
+
+def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], suffix: str) -> None:
+    with Outputs(overwrite=overwrite) as outputs:
+        outputs.add(target, write, suffix)
+        outputs.publish()
+
+
+class Outputs:
+    """Files that appear together or not at all (a video and its timing JSON; compare's folder): each is written
+    to a temporary file beside its target (`add`), then all are moved into place at once (`publish`). For the
+    block's whole life Ctrl-C, SIGTERM and SIGHUP are held back (`vsagen.interrupts.hold`) and raised only at safe
+    points: before and after each file, between video frames, before the first file is moved; once every file is
+    in place, a later signal no longer interrupts the command. Leaving the block unpublished (an error, an
+    interrupt) removes the temporaries, every child ffmpeg having ended, and the folders this block created
+    (`folder`, and the missing parents of the targets) where they are empty.
+
+    Raises (publish):
+        BadInput: a target exists and `overwrite` is False (checked again at publication: nothing is published,
+            and the files this set had already moved into place are removed again).
+        OSError: a file could not be moved into place; as above, and a file the set replaced is put back.
+        SignalInterrupt: (also `add` and entering the block) an ending signal arrived; nothing is left.
+    """
+
+    def __init__(self, overwrite: bool = False, folder: Path | None = None) -> None:
+        self.overwrite = overwrite
+        self.folder = folder
+        self._staged: list[tuple[Path, Path]] = []
+        self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
+        self._replace: set[Path] = set()  # targets `add` was told to replace whatever `overwrite` says
+        self._created = False
+        self._published = False
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "Outputs":
+        self._guard = self._stack.enter_context(interrupts.hold())
+        try:
+            if self.folder is not None and not self.folder.exists():
+                self.folder.mkdir(parents=True)
+                self._created = True
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            for tmp, _ in self._staged:
+                tmp.unlink(missing_ok=True)
+            self._staged.clear()
+            if not self._published:
+                made = [*reversed(self._made), *([self.folder] if self._created else [])]
+                for folder in made:  # deepest first
+                    with contextlib.suppress(OSError):  # only if empty: nothing of anyone else's goes
+                        folder.rmdir()
+        finally:
+            self._stack.close()
+        if exc[1] is not None and self._guard is not None:  # an error after a held signal: that interrupt
+            converted = self._guard.as_interrupt(exc[1])
+            if converted is not exc[1]:
+                raise converted from exc[1]
+
+    def add(self, target: Path, write: Callable[[Path], None], suffix: str | None = None, *,
+            replace: bool = False) -> None:
+        """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s); `write`
+        may call `vsagen.interrupts.check()` at its own safe points (`encode_mp4` does between frames). `replace`:
+        the file replaces an existing one whatever `overwrite` says (a MagCache calibration file; add it last, so a
+        refused earlier file leaves the old one in place)."""
+        interrupts.check()
+        tmp = self.reserve(target, suffix)
+        if replace:
+            self._replace.add(target)
+        write(tmp)
+        interrupts.check()
+
+    def reserve(self, target: Path, suffix: str | None = None) -> Path:
+        """A temporary file beside `target` (suffix: `target`'s), staged for `publish` as `add`'s are, for a
+        writer that fills it itself (PNG frames, one per frame as the video decodes); removed unpublished."""
+        missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
+        self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
+        tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)
+        self._staged.append((tmp, target))
+        return tmp
+
+    def publish(self) -> None:
+        """Move every added file into place (a signal meanwhile is held; after the last one it is dropped: the
+        command's files are complete). All or nothing: if one cannot be moved (an existing file without
+        `overwrite`, an OS error), those already moved are taken back, and a file one of them replaced is put back
+        as it was (kept as a hard link until the set is in place; not on a file system without hard links)."""
+        interrupts.check()
+        done: list[tuple[Path, Path | None]] = []  # (target, the file it replaced, kept) in publication order
+        try:
+            for tmp, target in self._staged:
+                replace = self.overwrite or target in self._replace
+                kept = _keep_old(target) if replace else None
+                try:
+                    _publish(tmp, target, replace)
+                except BaseException:
+                    if kept is not None:
+                        kept.unlink(missing_ok=True)
+                    raise
+                done.append((target, kept))
+        except BaseException:
+            for target, kept in reversed(done):  # ours: linked or moved here a moment ago
+                with contextlib.suppress(OSError):
+                    if kept is not None:
+                        os.replace(kept, target)
+                    else:
+                        target.unlink(missing_ok=True)
+            raise
+        else:
+            for _, kept in done:
+                if kept is not None:
+                    kept.unlink(missing_ok=True)
+        finally:
+            moved = {t for t, _ in done}
+            self._staged = [(t, g) for t, g in self._staged if g not in moved]
+        self._published = True
+        if self._guard is not None:
+            self._guard.finish()
+
+
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
+NVENC_PRESETS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7")
+CODECS = {"x264": "libx264", "nvenc": "h264_nvenc"}  # --codec NAME -> ffmpeg's encoder
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How the mp4s are encoded (`--codec NAME[:preset=P][:crf=N]`): H.264, yuv420p, exactly H x W, through
+    imageio-ffmpeg's bundled ffmpeg.
+
+    Attributes:
+        codec: "x264" (libx264 on the CPU) or "nvenc" (NVIDIA's h264_nvenc, where the GPU has an NVENC engine).
+        preset: x264's speed preset (X264_PRESETS; default veryfast: measured 2.8x faster than x264's own default
+            medium at CRF 10 for the same size and 0.1 dB less PSNR, BENCHMARKS.md) or NVENC's p1-p7.
+        crf: constant quality, 0-51, lower is better (x264's -crf; NVENC's -cq): 10, the quality vsagen always
+            wrote (imageio's quality 8).
+
+    Raises:
+        BadInput: an unknown codec or preset, or a crf outside [0, 51].
+    """
+
+    codec: str = "x264"
+    preset: str | None = None
+    crf: int = 10
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise BadInput(f"--codec must be {' or '.join(CODECS)}, got {self.codec!r}")
+        presets = X264_PRESETS if self.codec == "x264" else NVENC_PRESETS
+        if self.preset is None:
+            object.__setattr__(self, "preset", "veryfast" if self.codec == "x264" else "p4")
+        if self.preset not in presets:
+            raise BadInput(f"--codec {self.codec}: preset must be one of {', '.join(presets)}, got {self.preset!r}")
+        if isinstance(self.crf, bool) or not isinstance(self.crf, int) or not 0 <= self.crf <= 51:
+            raise BadInput(f"--codec {self.codec}: crf must be an integer in [0, 51], got {self.crf!r}")
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Encoding":
+        """`NAME[:preset=P][:crf=N]` (None: the defaults). Raises BadInput, one line."""
+        if text is None:
+            return cls()
+        name, *pairs = str(text).strip().split(":")
+        fields: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or key not in ("preset", "crf") or key in fields:
+                raise BadInput(f"--codec {text}: options are preset=P and crf=N, each once (e.g. x264:crf=18)")
+            try:
+                fields[key] = int(value) if key == "crf" else value
+            except ValueError:
+                raise BadInput(f"--codec {text}: crf must be an integer in [0, 51], got {value!r}") from None
+        return cls(name, **fields)
+
+    def text(self) -> str:
+        return f"{self.codec}:preset={self.preset}:crf={self.crf}"
+
+    def note(self) -> str | None:
+        """The run note this encoding calls for: x264 at crf 0 is lossless, for which libx264 writes its High 4:4:4
+        Predictive profile even from yuv420p, and browsers do not play that. None otherwise."""
+        if self.codec == "x264" and self.crf == 0:
+            return ("--codec x264:crf=0 is lossless: libx264 then writes the High 4:4:4 Predictive profile, which "
+                    "browsers do not play (players such as VLC and ffplay do); crf 1 or more plays everywhere")
+        return None
+
+    def ffmpeg_params(self) -> list[str]:
+        """ffmpeg's output options for this encoding (after `-vcodec`)."""
+        quality = ["-crf", str(self.crf)] if self.codec == "x264" else ["-rc", "vbr", "-cq", str(self.crf)]
+        return ["-preset", self.preset, *quality]
+
+
+def check_encoder(encoding: Encoding) -> None:
+    """Make sure the bundled ffmpeg can open `encoding`'s encoder here: x264 always can; NVENC needs an NVIDIA GPU
+    with an NVENC engine and its driver library (a 0.1 s probe: ffmpeg encodes 4 blank frames to nowhere).
+
+    Raises:
+        BadInput: NVENC cannot be opened (one line, with ffmpeg's reason)."""
+    if encoding.codec == "x264":
+        return
+    import subprocess
+
+    probe = [find_ffmpeg(), "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "color=c=black:s=256x256:r=16",
+             "-frames:v", "4", "-c:v", CODECS[encoding.codec], *encoding.ffmpeg_params(), "-f", "null", "-"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BadInput(f"--codec {encoding.codec}: ffmpeg could not be run ({e})") from None
+    if done.returncode != 0:
+        lines = [line.split("] ", 1)[-1] for line in done.stderr.strip().splitlines()]  # ffmpeg's "[enc @ 0x..] "
+        reason = next((line for line in lines if "nvenc" in line.lower() or "cuda" in line.lower()),
+                      lines[0] if lines else "no reason given")
+        raise BadInput(f"--codec {encoding.codec}: the bundled ffmpeg cannot open NVIDIA's h264_nvenc here "
+                       f"({reason}); NVENC needs an NVIDIA GPU with an encoder engine (Hopper's H100 / H200 have "
+                       f"none); use --codec x264")
+
+
+def find_ffmpeg() -> str:
+    """The ffmpeg executable imageio-ffmpeg runs (its path; imageio-ffmpeg caches it for the process). Call it
+    before `Outputs`: it runs `ffmpeg -version` in a child of this process group, which a Ctrl-C to the group
+    kills, and inside `Outputs` (the signal held) imageio would then report "No ffmpeg exe could be found"; here
+    the signal interrupts at once.
+
+    Raises:
+        RuntimeError: imageio-ffmpeg finds no ffmpeg."""
+    import imageio_ffmpeg
+
+    return imageio_ffmpeg.get_ffmpeg_exe()
+
+
+def metadata_params(metadata: dict[str, str] | None) -> list[str]:
+    """ffmpeg's `-metadata KEY=VALUE` options for `metadata` (the mp4 and WebM muxers keep title, description and
+    comment without further flags; other keys in an mp4 would need `-movflags use_metadata_tags`)."""
+    return [arg for key, value in (metadata or {}).items() for arg in ("-metadata", f"{key}={value}")]
+
+
+def _writer(path: Path, fps: int, encoding: Encoding | None, metadata: dict[str, str] | None = None) -> Any:
+    import imageio.v2 as imageio
+
+    encoding = Encoding() if encoding is None else encoding
+    return imageio.get_writer(path, format="FFMPEG", fps=fps, codec=CODECS[encoding.codec], pixelformat="yuv420p",
+                              macro_block_size=1, quality=None, output_params=[*encoding.ffmpeg_params(), *metadata_params(metadata)],
+                              ffmpeg_log_level="error")
+
+
+def encode_mp4(frames: np.ndarray, path: Path, fps: int, encoding: Encoding | None = None) -> None:
+    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg into `path`
+    (written in place: `write_mp4` and `Outputs` give the atomic publication). Between frames it checks for a
+    held-back Ctrl-C / SIGTERM (`vsagen.interrupts.check`); the ffmpeg child has ended when this returns or raises.
+    `encoding`: the codec, preset and CRF (`Encoding`; None: its defaults, x264 veryfast CRF 10).
+
+    Raises:
+        RunFailure: ffmpeg left the file empty.
+        SignalInterrupt: an ending signal arrived during the encode (under `Outputs`)."""
+    w = _writer(path, fps, encoding)
+    try:
+        for frame in frames:
+            w.append_data(frame)
+            interrupts.check()  # a safe point
+    except BaseException:
+        # imageio's writer closes only on success (its __exit__): closed here, ffmpeg is told the input ended and
+        # waited for, so no child outlives the temporary file (one did, and created it again after its removal)
+        with contextlib.suppress(Exception):
+            w.close()
+        raise
+    w.close()
+    if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
+        raise RunFailure(f"ffmpeg wrote no video for {len(frames)} frames at {fps} fps (its own message is above)")
+
+
+@dataclass(frozen=True)
+class StreamTimes:
+    """What `encode_mp4_stream` measured (host clock, seconds): `produce_s` in the producer (the decode of each chunk
+    and its frames, main thread), `encode_s` in the encoder thread (handing frames to ffmpeg, ffmpeg's finish),
+    `wall_s` from the first chunk asked for to the mp4 closed; `overlap_s` = produce_s + encode_s - wall_s (the
+    time both ran at once, >= 0); `frames` encoded."""
+
+    produce_s: float
+    encode_s: float
+    wall_s: float
+    frames: int
+
+    @property
+    def overlap_s(self) -> float:
+        return max(0.0, self.produce_s + self.encode_s - self.wall_s)
+
+
+def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encoding: Encoding | None = None, *,
+                      keep: Callable[[np.ndarray], None] | None = None, metadata: dict[str, str] | None = None,
+                      open_writer: Callable[[Path, int], Any] | None = None) -> StreamTimes:
+    """Encode a stream of (f, H, W, 3) uint8 frame chunks as `encode_mp4` does, the encode in a thread of its own
+    while this thread produces the next chunk (`chunks` is consumed here: a lazy decode runs here, between safe
+    points). At most two chunks wait for the encoder, so memory holds a few chunks, never the video. `encoding` as
+    `encode_mp4`'s. `keep`, if given, also gets each chunk (e.g. to gather a contact sheet's frames). `metadata`:
+    the mp4's container tags (title, description, comment; `-metadata` of ffmpeg). `open_writer(path, fps)`: another
+    format's writer (`append_data(frame)`, `close()`; `vsagen.media.formats`) in place of the mp4's.
+
+    Raises:
+        RunFailure: ffmpeg left the file empty, no chunk came, or the chunks' frame sizes differ.
+        SignalInterrupt: an ending signal arrived (under `Outputs`): the encoder is told the input ended and its
+            ffmpeg child waited for before this raises.
+        Whatever producing a chunk raised, after the same clean-up.
+    """
+    waiting: queue.Queue = queue.Queue(maxsize=2)
+    failure: list[BaseException] = []
+    stop = threading.Event()  # the producer failed or was interrupted: encode nothing more
+    busy = [0.0]
+    writer = _writer(path, fps, encoding, metadata) if open_writer is None else open_writer(path, fps)
+
+    def encode() -> None:
+        try:
+            while (chunk := waiting.get()) is not None:
+                t0 = time.perf_counter()
+                for frame in chunk:
+                    if stop.is_set():
+                        break
+                    writer.append_data(frame)
+                busy[0] += time.perf_counter() - t0
+        except BaseException as e:  # handed to the producer, which raises it
+            failure.append(e)
+            while waiting.get() is not None:  # take what the producer still hands over, up to the end marker
+                pass
+        finally:
+            # closed here in every case: ffmpeg is told the input ended and waited for, so no child outlives the
+            # temporary file (one did, and created it again after its removal)
+            t0 = time.perf_counter()
+            try:
+                writer.close()
+            except BaseException as e:
+                if not failure and not stop.is_set():
+                    failure.append(e)
+            busy[0] += time.perf_counter() - t0
+
+    def hand_over(chunk: np.ndarray) -> None:
+        while not failure:
+            try:
+                waiting.put(chunk, timeout=0.05)
+                return
+            except queue.Full:
+                interrupts.check()  # a safe point while the encoder catches up
+
+    thread = threading.Thread(target=encode, name="vsagen-mp4-encoder", daemon=True)
+    start = time.perf_counter()
+    produce, frames, size = 0.0, 0, None
+    thread.start()
+    for_chunks = iter(chunks)
+    try:
+        while not failure:
+            t0 = time.perf_counter()
+            chunk = next(for_chunks, None)
+            produce += time.perf_counter() - t0
+            if chunk is None:
+                break
+            if size is not None and chunk.shape[1:] != size:
+                raise RunFailure(f"decoded frames of {chunk.shape[1:3]} after frames of {size[:2]}")
+            size, frames = chunk.shape[1:], frames + len(chunk)
+            if keep is not None:
+                keep(chunk)
+            interrupts.check()  # a safe point: between chunks
+            hand_over(chunk)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        close = getattr(for_chunks, "close", None)
+        if close is not None:  # a generator left unfinished (an interrupt, an error): finished now, its clean-up run
+            close()
+        waiting.put(None)  # the end marker (the encoder takes every item, so this never waits long)
+        thread.join()
+    if failure:
+        raise failure[0]
+    interrupts.check()
+    if frames == 0:
+        raise RunFailure("the decode gave no frames to encode")
+    if open_writer is None and (not path.exists() or path.stat().st_size == 0):  # ffmpeg can fail on its own input and still exit quietly
+        raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps (its own message is above)")
+    return StreamTimes(produce, busy[0], time.perf_counter() - start, frames)
+
+
+def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = False) -> None:
+    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg.
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    _write_atomic(path, overwrite, lambda tmp: encode_mp4(frames, tmp, fps), ".mp4")
+
+
+def json_text(data: Any) -> str:
+    """`data` as indented JSON text with a final newline.
+
+    Raises:
+        ValueError: NaN or infinite numbers (they would not be JSON)."""
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
+
+
+def write_json(data: Any, path: Path, *, overwrite: bool = False) -> None:
+    """Write `data` as indented JSON atomically.
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    text = json_text(data)
+    _write_atomic(path, overwrite, lambda tmp: tmp.write_text(text), ".json")
+
+
+def write_text(text: str, path: Path, *, overwrite: bool = False) -> None:
+    """Write `text` (UTF-8) atomically.
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    _write_atomic(path, overwrite, lambda tmp: tmp.write_text(text, encoding="utf-8"), path.suffix or ".txt")
+
+
+def write_with(path: Path, write: Callable[[Path], None], *, overwrite: bool = False) -> None:
+    """Atomically create `path` with `write(tmp)`, which writes a temporary file beside it (with the same
+    suffix, so writers that pick the format by suffix, such as matplotlib's `savefig`, see the right one).
+
+    Raises:
+        BadInput: `path` exists and `overwrite` is False.
+    """
+    _write_atomic(path, overwrite, write, path.suffix)
+
+
+def new_figure(what: str, **kwargs: Any) -> Any:
+    """A matplotlib `Figure(**kwargs)` (the object API: no pyplot state), for writing with `write_with`.
+
+    Raises:
+        BadInput: matplotlib is not installed (`what`, e.g. "--plot", names what needs it).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise BadInput(f"{what} needs matplotlib, which is not installed: pip install 'vsagen[plot]'") from None
+    return Figure(**kwargs)
+
+
+def read_mp4(path: Path) -> np.ndarray:
+    """Decode an mp4 to (F, H, W, 3) uint8 (used by tests and checks)."""
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(path, format="FFMPEG") as r:
+        return np.stack([np.asarray(f) for f in r])

@@ -8,6 +8,17 @@ import os
 # Kernels run under the Triton interpreter on CPU; it must be set before any @triton.jit decorates.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# torch's CPU threads: by default each pytest-xdist worker took every core, so `-n auto` ran two threads per core,
+# and the tiny models' thousands of small operations waited on each other's spinning threads: a tiny t2v run took
+# 4 s of CPU against 0.6 s on one thread (2-core machine, its cores shared). Each worker takes its share of the cores instead (the
+# subprocesses its tests start inherit it; a user's OMP_NUM_THREADS is kept). Set before torch is imported, which
+# reads it; only in a worker (xdist names it before it loads this file), since the workers inherit the controller's
+# environment.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    from vsagen.parallel.spawn import worker_threads  # imports no torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 import math
 import re
 import signal
@@ -21,6 +32,64 @@ import torch
 # signal ignored), so six of them failed when `bash .ci/run &` ran in the background. Start from the default.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _patch_the_language_once_per_launch() -> None:
+    """Make the Triton interpreter patch `triton.language` once per kernel launch, not again at every helper call.
+
+    A launch (`GridExecutor.__call__`) patches the language's builtins to interpreted ones (`_patch_lang`) and
+    restores them when its programs are done; every call of a `@triton.jit` helper from inside the kernel
+    (`InterpretedFunction.__call__`) patched them again, listing every member of `tl`, `tl.tensor` and `tl.math`
+    with `inspect.getmembers` to find builtins that the launch (or an earlier helper of it) had already replaced,
+    and dropping what it set: a quarter of a profiled kernel test's time; test_linear_marginal, test_k2q and
+    test_tile_plan took 40% less CPU without it. While a launch runs, a helper whose module sees no language module
+    other than those patched in this launch now runs on them as they are; any other call patches as before. Left as it is where the interpreter's code is not the one this was written
+    against (another Triton)."""
+    import inspect
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+
+        launch = inspect.getsource(interpreter.GridExecutor.__call__)
+        helper = inspect.getsource(interpreter.InterpretedFunction.__call__)
+    except (ImportError, AttributeError, TypeError, OSError):
+        return
+    if not ("patch_scope = _patch_lang(self.fn)" in launch and "patch_scope.restore()" in launch
+            and "\n        _patch_lang(self.fn)\n" in helper):
+        return
+    patch, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    state: dict = {}  # "patched": the language modules the launch in progress has patched
+
+    class Unpatched:
+        def restore(self) -> None:
+            pass
+
+    def patch_lang(fn):
+        langs = [value for value in fn.__globals__.values() if value is tl or value is tl.core]
+        patched = state.get("patched")
+        if patched is not None and all(any(lang is done for done in patched) for lang in langs):
+            return Unpatched()  # a helper inside the launch: the language is patched already
+        scope = patch(fn)
+        if state.get("starting"):  # the launch's own patch
+            state.update(starting=False, patched=langs)
+        elif patched is not None:  # a helper that sees another one (`triton.language.standard` sees tl.core)
+            patched.extend(langs)
+        return scope
+
+    def launch_patching_once(self, *args, **kwargs):
+        state.update(starting=True, patched=None)
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            state.update(starting=False, patched=None)
+
+    interpreter._patch_lang = patch_lang
+    interpreter.GridExecutor.__call__ = launch_patching_once
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_the_language_once_per_launch()
 
 # vsagen wraps its notes to COLUMNS when it is set (vsagen.cli.terminal); the tests read whole notes and paths from
 # stderr, so a COLUMNS exported by the user's shell, or pytest-xdist's workers (they set COLUMNS=80), broke three of

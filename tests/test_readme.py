@@ -2,8 +2,12 @@
 against the code; a test runs each README command block that can run on CPU").
 
 Every command in a fenced block of README.md that names `--model tiny` (the embedded model, built offline) is run in
-a fresh folder, all of them at once (one CPU thread each), and must exit 0, print no traceback, and write the video
-it promises. A command after `&&` in a set-up line counts too (the README's first command ends in a tiny t2v run).
+a fresh folder and must exit 0, print no traceback, and write the video it promises. A command after `&&` in a
+set-up line counts too (the README's first command ends in a tiny t2v run). The first command, and those that start
+processes of their own (`--gpus`, `torchrun`), run as the shell runs them: `python -m vsagen` (or torch's launcher)
+in subprocesses, at once (one CPU thread each); the others run meanwhile in this process, through the command line's
+Typer app with the same words (each subprocess paid ~7 s of imports; the entry point's own exit codes and signals
+are tested in tests/test_cli.py and tests/test_interrupts.py).
 Synopsis blocks (`[options]`) and real-size commands (they need a GPU and downloads) are not run; the Python block
 runs in tests/test_api.py.
 """
@@ -70,22 +74,50 @@ def _argv(command: str) -> list[str]:
             str(_free_port()), *words[1:]]
 
 
+def in_a_subprocess(index: int, command: str) -> bool:
+    """Whether the command runs as the shell runs it: the README's first, and those that start processes."""
+    words = shlex.split(command)
+    return index == 0 or words[0] == "torchrun" or any(w == "--gpus" or w.startswith("--gpus=") for w in words)
+
+
+def test_the_first_and_the_multi_process_commands_run_in_subprocesses():
+    commands = ["vsagen t2v --model tiny x", "vsagen compare --model tiny x", "vsagen t2v --model tiny --gpus 2 x",
+                "torchrun --nproc_per_node 2 -m vsagen t2v --model tiny x", "vsagen t2v --model tiny --gpus=2 x"]
+    assert [in_a_subprocess(i, c) for i, c in enumerate(commands)] == [True, False, True, True, True]
+
+
 @pytest.mark.slow
-def test_readme_cpu_commands_run_as_pasted(tmp_path, vsagen_cache, tiny_dir):
+def test_readme_cpu_commands_run_as_pasted(tmp_path, vsagen_cache, tiny_dir, monkeypatch):
+    from typer.testing import CliRunner
+
+    from vsagen.cli import app
+
     commands = cpu_commands(README.read_text())
     assert len(commands) >= 3, commands  # t2v (set-up line), compare and profile at least
     env = {**os.environ, "VSAGEN_CACHE": str(vsagen_cache), "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf")}
     env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    runs = []
+    folders = []
     for i, command in enumerate(commands):
-        where = tmp_path / f"run{i}"
-        where.mkdir()
-        runs.append((command, where, subprocess.Popen(_argv(command), cwd=where, env=env, text=True,
-                                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
-    for command, where, proc in runs:
+        folders.append(tmp_path / f"run{i}")
+        folders[-1].mkdir()
+    started = {i: subprocess.Popen(_argv(command), cwd=folders[i], env=env, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+               for i, command in enumerate(commands) if in_a_subprocess(i, command)}
+    results = {}
+    for i, command in enumerate(commands):
+        if i not in started:
+            monkeypatch.chdir(folders[i])
+            res = CliRunner().invoke(app, shlex.split(command)[1:])
+            raised = res.exception is not None and not isinstance(res.exception, SystemExit)
+            results[i] = (res.exit_code, res.stdout, res.stderr + (repr(res.exception) if raised else ""))
+    for i, proc in started.items():
         out, err = proc.communicate(timeout=TIMEOUT_S)
-        assert proc.returncode == 0, f"{command}\n{err[-3000:]}"
-        assert "Traceback" not in err, f"{command}\n{err}"
+        results[i] = (proc.returncode, out, err)
+    for i, command in enumerate(commands):
+        code, out, err = results[i]
+        where = folders[i]
+        assert code == 0, f"{command}\n{err[-3000:]}"
+        assert "Traceback" not in out + err, f"{command}\n{err}"
         words = shlex.split(command)
         if any(w in words for w in ("t2v", "i2v", "compare")):  # the video --out's extension names (t2v / i2v)
             ext = Path(words[words.index("--out") + 1]).suffix if "--out" in words and "compare" not in words \

@@ -176,13 +176,15 @@ def test_an_all_zero_projection_adds_nothing():
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("tile,grid", [("4x4x4", (5, 6, 10)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 12))])
+@pytest.mark.parametrize("tile,grid", [("4x4x4", (5, 5, 7)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 9))])
 def test_marginal_backend_against_an_independent_float64_formula(impl, tile, grid):
     """Batch 2, 3 heads, selections that differ per batch and head (sparsity 0.5 on partial tiles): the backend's
     output minus vsa's is proj(o_l) with o_l over exactly the keys of the tiles VSA did not select (review: a
     transposed block map or one head's selection for all passed every other test). Issue 33: for every tile shape
-    (the Triton branch walks the cubes' 64-token kernel tiles)."""
+    (the Triton branch walks the cubes' 64-token kernel tiles), on 2 x 2 x 2 cubes: a whole and a partial one along
+    every axis."""
     lay = tile_layout(grid, tuple(int(x) for x in tile.split("x")))
+    assert lay.num_tiles == 8 and lay.num_full_tiles == 1
     q, k, v = make_qkv(2, lay.num_tokens, 3, 16, seed=45)
     proj = linear(16, 7)
     vsa = VSAAttention(VSAOptions(sparsity=0.5, impl=impl, tile=tile))
@@ -227,7 +229,7 @@ def test_backward_against_float64(scope):
 
 
 @pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("tile,grid", [("4x4x4", (2, 4, 5)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 12))])
+@pytest.mark.parametrize("tile,grid", [("4x4x4", (2, 4, 5)), ("4x4x8", (5, 6, 10)), ("4x8x8", (5, 9, 9))])
 def test_triton_gives_the_torch_result_forward_and_backward(scope, tile, grid):
     """impl=triton (under the interpreter here): the VSA kernels, and the fused Triton branch of either scope
     (`kernels.sla_star_attn`). The same output and gradients (q, k, v and the projection) as impl=torch, batch 2,

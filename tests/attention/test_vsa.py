@@ -212,13 +212,15 @@ def _vsa_tile_fp64(q, k, v, lay, sparsity, gate=None, coarse_grad=True):
     return out
 
 
-TILE_CASES = [  # (impl, tile, grid, head dim, gate, query_rows): partial cubes but on the last grid, batch 2
+# (impl, tile, grid, head dim, gate, query_rows): batch 2; partial cubes on every axis (a whole cube and a partial one
+# along each: 2 x 2 x 2 cubes, the fewest the interpreter can run with both kinds on every axis), but on (4, 8, 16)
+TILE_CASES = [
     ("torch", "4x4x8", (5, 6, 10), 64, True, 64), ("triton", "4x4x8", (5, 6, 10), 64, True, 64),
     ("torch", "4x8x8", (5, 9, 12), 128, True, 64), ("triton", "4x8x8", (5, 9, 12), 128, True, 64),
-    ("torch", "4x4x4", (5, 6, 10), 128, True, 64), ("triton", "4x4x4", (5, 6, 10), 128, True, 64),
+    ("torch", "4x4x4", (5, 5, 7), 128, True, 64), ("triton", "4x4x4", (5, 5, 7), 128, True, 64),
     ("torch", "4x8x8", (4, 8, 16), 64, False, 64), ("triton", "4x8x8", (4, 8, 16), 64, False, 64),
-    ("triton", "4x4x8", (5, 9, 12), 64, False, 64), ("triton", "4x8x8", (5, 9, 12), 64, False, 64),
-    ("triton", "4x4x8", (5, 9, 12), 64, False, 128), ("triton", "4x8x8", (5, 9, 12), 128, True, 128),
+    ("triton", "4x4x8", (5, 5, 9), 64, False, 64), ("triton", "4x8x8", (5, 9, 9), 64, False, 64),
+    ("triton", "4x4x8", (5, 5, 9), 64, False, 128), ("triton", "4x8x8", (5, 9, 12), 128, True, 128),
     ("triton", "4x4x8", (5, 6, 10), 128, True, 64),
 ]
 
@@ -230,6 +232,7 @@ def test_vsa_tile_option_matches_float64_forward_and_backward(impl, tile, grid, 
     backend = VSAAttention(VSAOptions(sparsity=0.5, impl=impl, tile=tile, query_rows=rows))
     lay = tile_layout(grid, backend.tile)
     assert lay.tile == tuple(int(x) for x in tile.split("x"))
+    assert lay.num_tiles == (2 if grid == (4, 8, 16) else 8)
     q, k, v = make_qkv(2, lay.num_tokens, 2, d, seed=31, requires_grad=True)
     gate = torch.rand(2, lay.num_tokens, 2, d, generator=torch.Generator().manual_seed(32)) if gated else None
     out = backend(q, k, v, ctx(lay, gate, NullTimer()))
@@ -301,10 +304,10 @@ def test_vsa_takes_a_tile_as_python_gives_it():
 AUTO_FA4_CASES = [  # (backend, tile, grid, dtype, FA4 expected): FA4 only for vsa on whole cubes, bf16 / fp16
     ("vsa", "4x4x8", (8, 8, 16), torch.bfloat16, True),     # every cube whole: FA4, no padding
     ("vsa", "4x8x8", (4, 16, 8), torch.float16, True),
-    ("vsa", "4x4x8", (5, 9, 17), torch.bfloat16, False),    # partial cubes: FA4 would pad them; Triton
-    ("vsa", "4x4x4", (8, 8, 16), torch.bfloat16, False),    # 64-token cubes: FA4 cannot serve them on sm90
-    ("vsa", "4x4x8", (8, 8, 16), torch.float32, False),     # FA4 runs bf16 / fp16 only
-    ("rocm-vsa", "4x4x8", (8, 8, 16), torch.bfloat16, False),  # runs the ROCm seed's kernel changes, always
+    ("vsa", "4x4x8", (5, 5, 9), torch.bfloat16, False),     # partial cubes: FA4 would pad them; Triton
+    ("vsa", "4x4x4", (4, 8, 8), torch.bfloat16, False),     # 64-token cubes: FA4 cannot serve them on sm90
+    ("vsa", "4x4x8", (4, 8, 16), torch.float32, False),     # FA4 runs bf16 / fp16 only
+    ("rocm-vsa", "4x4x8", (4, 8, 16), torch.bfloat16, False),  # runs the ROCm seed's kernel changes, always
     ("sla-star", "4x8x8", (4, 16, 8), torch.bfloat16, False),  # its branch was measured beside vsagen's kernels
 ]
 
@@ -355,7 +358,7 @@ def test_vsa_impl_auto_says_the_engine_of_the_latest_run(monkeypatch):
     FakeFA4().install(monkeypatch)
     backend = VSAAttention(VSAOptions(sparsity=0.5, tile="4x4x8"))
     monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")  # as on CUDA
-    for grid, engine in (((8, 8, 16), "fa4"), ((5, 9, 17), "triton"), ((8, 8, 16), "fa4")):
+    for grid, engine in (((4, 8, 16), "fa4"), ((5, 5, 9), "triton"), ((4, 8, 16), "fa4")):
         lay = tile_layout(grid, backend.tile)
         q, k, v = (x.to(torch.bfloat16) for x in make_qkv(1, lay.num_tokens, 2, 16, seed=43))
         backend(q, k, v, ctx(lay, None, NullTimer()))
@@ -416,7 +419,7 @@ def test_vsa_says_which_forward_kernel_ran(monkeypatch):
     backend = VSAAttention(VSAOptions(sparsity=0.5, tile="4x8x8"))
     monkeypatch.setattr(backend, "resolved_impl", lambda device: "triton")
     monkeypatch.setattr(backend, "tuning", lambda q: arch_tuning("sm90", q.shape[-1]))  # asks for it
-    lay = tile_layout((5, 9, 17), backend.tile)
+    lay = tile_layout((5, 9, 9), backend.tile)  # partial 256-token cubes (WS_CASES' first)
     q, k, v = (x.to(torch.bfloat16) for x in make_qkv(1, lay.num_tokens, 2, 16, seed=44))
     out = backend(q, k, v, ctx(lay, None, NullTimer()))
     want = _vsa_tile_fp64(*(x.double() for x in (q, k, v)), lay, 0.5)

@@ -211,8 +211,9 @@ def test_backward_is_deterministic(classes):
 def test_tma_loads_give_the_pointer_loads_result_bitwise(dtype, b, h, d):
     """TMA boxes of partial tiles also read the next tile's rows (or the next batch's, or zeros past the end);
     the masks must make them count for exactly nothing: forward and all gradients equal the pointer-load path
-    bitwise. Grid (5, 6, 10) has partial tiles on every axis; batch 2 puts boxes across the batch boundary."""
-    lay = tile_layout((5, 6, 10))
+    bitwise. Grid (5, 5, 7) has a whole and a partial tile along every axis; batch 2 puts boxes across the batch
+    boundary."""
+    lay = tile_layout((5, 5, 7))
     n = lay.num_tiles
     q, k, v = make_qkv(b, lay.num_tokens, h, d, dtype=dtype, seed=91)
     q2k, cnt = random_selection(b, h, n, 3, seed=92, partial_counts=True)

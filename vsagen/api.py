@@ -306,32 +306,13 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             vsagen has patched already (remove() the earlier handle first), a `weights_root` that is not an
             existing folder, or backend weights that do not fit.
     """
-    from .attention.hooks import is_patched, patch_transformer, time_transformer
-    from .attention.registry import missing_members
-    from .attention.weights import attach_backend_weights
+    from .attention.hooks import is_patched
 
     transformers = _transformers(pipe)
     first = transformers[0][1]
     device = _device_of(pipe, first)
-    if weights_root is not None:  # a mistyped folder would attach nothing, silently
-        given, weights_root = weights_root, Path(weights_root).expanduser()
-        if not weights_root.is_dir():
-            raise BadInput(f"{WHERE}: weights_root={str(given)!r}: "
-                           f"{'not a folder' if weights_root.exists() else 'no such folder'}")
-    if isinstance(backend, type):
-        raise BadInput(f"{WHERE}: give a backend object ({backend.__name__}()) or its name, not the class")
-    if backend is not None and not isinstance(backend, (str, BackendSpec)) and missing_members(backend):
-        raise BadInput(f"{WHERE}: the backend must be a name (e.g. 'vsa'), NAME:KEY=VALUE text, a BackendSpec, an "
-                       f"attention backend object or None; got {type(backend).__name__}")
-    if backend is None or not isinstance(backend, (str, BackendSpec)):
-        if options:
-            raise BadInput(f"{WHERE}: options ({', '.join(options)}) need a backend name or spec, not "
-                           f"{'None' if backend is None else type(backend).__name__}")
-        spec = None if backend is None else BackendSpec(backend.name, backend.options)
-        built = backend
-    else:
-        spec = backend_spec(backend, options, getattr(pipe, "vsagen_backend_defaults", None))
-        built = spec.build()
+    weights_root = _checked_weights_root(weights_root)
+    spec, built = _backend_of(pipe, backend, options)
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
         try:
@@ -345,22 +326,74 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         raise BadInput(f"{WHERE}: this pipeline is already patched by vsagen: remove() the earlier handle first")
     handle = AppliedBackend(built, spec, timer, device, notes=notes, _first_step=timer.step)
     try:
-        if built is not None and built.weights is not None and attach_weights:
-            attached: list[Callable[[], None]] = []
-            handle._undo.append(lambda: [restore() for restore in reversed(attached)])
-            handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name, t),
-                                                              undo=attached)
-                                       for name, t in transformers)
-        states = []
-        for name, t in transformers:
-            patch = (time_transformer(t, timer, expert=name, fused_blocks=fused_blocks) if built is None else
-                     patch_transformer(t, built, timer, expert=name, fused_blocks=fused_blocks,
-                                       fused_prologue=fused_prologue))
-            handle._undo.append(patch.remove)
-            states.append(patch.forward_state)
-        if pipe is not first:
-            handle._undo.append(_count_steps(pipe, timer, states))
+        _install(handle, pipe, transformers, weights_root=weights_root, attach_weights=attach_weights,
+                 fused_blocks=fused_blocks, fused_prologue=fused_prologue)
     except BaseException:
         handle.remove()
         raise
     return handle
+
+
+def _checked_weights_root(weights_root: Path | None) -> Path | None:
+    """`apply`'s `weights_root`, user-expanded, or None.
+
+    Raises:
+        BadInput: it is not an existing folder (a mistyped folder would attach nothing, silently).
+    """
+    if weights_root is not None:
+        given, weights_root = weights_root, Path(weights_root).expanduser()
+        if not weights_root.is_dir():
+            raise BadInput(f"{WHERE}: weights_root={str(given)!r}: "
+                           f"{'not a folder' if weights_root.exists() else 'no such folder'}")
+    return weights_root
+
+
+def _backend_of(pipe: Any, backend: Any, options: dict[str, Any]) -> tuple[BackendSpec | None, Any]:
+    """`apply`'s backend argument as (spec, backend object): a name, text or spec is built (with `options` and the
+    pipeline's preset defaults, `backend_spec`); an object passes as it is; None is (None, None).
+
+    Raises:
+        BadInput: a class instead of an object, something that is no backend, options with an object or None, or
+            what `backend_spec` refuses.
+    """
+    from .attention.registry import missing_members
+
+    if isinstance(backend, type):
+        raise BadInput(f"{WHERE}: give a backend object ({backend.__name__}()) or its name, not the class")
+    if backend is not None and not isinstance(backend, (str, BackendSpec)) and missing_members(backend):
+        raise BadInput(f"{WHERE}: the backend must be a name (e.g. 'vsa'), NAME:KEY=VALUE text, a BackendSpec, an "
+                       f"attention backend object or None; got {type(backend).__name__}")
+    if backend is None or not isinstance(backend, (str, BackendSpec)):
+        if options:
+            raise BadInput(f"{WHERE}: options ({', '.join(options)}) need a backend name or spec, not "
+                           f"{'None' if backend is None else type(backend).__name__}")
+        return (None if backend is None else BackendSpec(backend.name, backend.options)), backend
+    spec = backend_spec(backend, options, getattr(pipe, "vsagen_backend_defaults", None))
+    return spec, spec.build()
+
+
+def _install(handle: AppliedBackend, pipe: Any, transformers: list[tuple[str | None, Any]], *,
+             weights_root: Path | None, attach_weights: bool, fused_blocks: bool, fused_prologue: str) -> None:
+    """Put `handle`'s backend on every transformer, each undo on `handle._undo`: the backend's own weights (when it
+    has some and `attach_weights`), the processors and hooks (`patch_transformer`; the DiT timers alone,
+    `time_transformer`, without a backend), and the scheduler's step counting (pipelines only). The caller removes
+    the handle if this raises."""
+    from .attention.hooks import patch_transformer, time_transformer
+    from .attention.weights import attach_backend_weights
+
+    built, timer = handle.backend, handle.timer
+    if built is not None and built.weights is not None and attach_weights:
+        attached: list[Callable[[], None]] = []
+        handle._undo.append(lambda: [restore() for restore in reversed(attached)])
+        handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name, t),
+                                                          undo=attached)
+                                   for name, t in transformers)
+    states = []
+    for name, t in transformers:
+        patch = (time_transformer(t, timer, expert=name, fused_blocks=fused_blocks) if built is None else
+                 patch_transformer(t, built, timer, expert=name, fused_blocks=fused_blocks,
+                                   fused_prologue=fused_prologue))
+        handle._undo.append(patch.remove)
+        states.append(patch.forward_state)
+    if pipe is not transformers[0][1]:
+        handle._undo.append(_count_steps(pipe, timer, states))

@@ -222,6 +222,27 @@ class Denoised:
 
 
 @dataclass
+class _Patched:
+    """What `Session.run` put on the pipeline for one run, in the order it went on (`Session._unpatch` takes it off).
+
+    Attributes:
+        installed: the sampler's scheduler (an ExitStack around `use_sampler`).
+        handle: `vsagen.apply`'s `AppliedBackend`.
+        cached: the installed step cache, or None (no `--cache`).
+        transformers: the pipeline's transformers (every expert).
+        split: CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`), or None.
+        unwrap: removes the image-to-video stage timers (`time_condition_stages`; a no-op for text to video).
+    """
+
+    installed: contextlib.ExitStack
+    handle: Any
+    cached: Any
+    transformers: list[Any]
+    split: Any = None
+    unwrap: Callable[[], None] = lambda: None
+
+
+@dataclass
 class Session:
     """A loaded pipeline with its prompt embeddings and conditioning, ready to run backends on (see the module
     docstring). Build it with `Session.load`.
@@ -390,8 +411,6 @@ class Session:
         """
         import torch
 
-        from .api import apply
-
         cfg = self.request
         steps = cfg.steps if steps is None else steps
         warmup = cfg.warmup if warmup is None else warmup
@@ -404,20 +423,50 @@ class Session:
             extra.update(self.conditioning.arguments(cfg.height, cfg.width, plan))
         if cfg.processes > 1:
             self._check_parallel(plan)
-        # the sampler's scheduler goes in before `apply`, which counts the steps at the pipeline's scheduler
+        cache = cfg.cache if cache is None else cache
+        n_steps = len(sampler.sigmas) if sampler.renoise else steps
+        patched = self._patch(backend, plan, timer, sampler, cache, n_steps)
+        self._note_patch(backend, patched)
+        patched.unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
+
+        def denoise(pos: Any, neg: Any, n: int) -> Any:
+            if patched.split is not None:
+                patched.split.negative = neg
+            return denoise_latents(pipe, plan, pos, neg, steps=n, guidance=guidance, seed=cfg.seed, extra=extra,
+                                   sampler=sampler)
+
+        try:
+            with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
+                warmup_s = self._warm_up(denoise, warmup, encode, timer)
+                latents, video = self._timed_steps(denoise, plan, steps, timer, encode=encode, decode=decode, log=log)
+                records = timer.finish()
+        finally:
+            self._unpatch(patched)
+        if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
+            self.notes.append(note)
+        self.notes.extend(n for n in runtime_notes() if n not in self.notes)  # a kernel that fell back in the run
+        cached = patched.cached
+        return Denoised(latents, video, records, warmup_s, plan,
+                        cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
+
+    def _patch(self, backend: Any, plan: CropPlan, timer: Timer, sampler: Sampler, cache: Any,
+               n_steps: int) -> "_Patched":
+        """Put a run's pieces on the pipeline, in this order: the sampler's scheduler (before `apply`, which counts
+        the steps at the pipeline's scheduler), the backend (`vsagen.apply`), the step cache (when enabled) and,
+        under several processes, the parallelism. A piece that fails to go on takes the ones before it off again."""
+        from .api import apply
+
+        cfg = self.request
+        pipe = self.pipe
         installed = contextlib.ExitStack()
         installed.enter_context(use_sampler(pipe, sampler, cfg.seed))
         try:
-            handle = apply(pipe, backend, timer=timer, grid=plan.denoise_grid,
-                           steps=len(sampler.sigmas) if sampler.renoise else steps, fused_blocks=self.fused,
+            handle = apply(pipe, backend, timer=timer, grid=plan.denoise_grid, steps=n_steps, fused_blocks=self.fused,
                            weights_root=self.model.weight_root, model=cfg.model)
         except BaseException:
             installed.close()
             raise
-        split = None  # CFG parallel's wrappers (`vsagen.parallel.cfg.CfgSplit`)
         transformers = [t for _, t in experts(pipe)]
-        cache = cfg.cache if cache is None else cache
-        n_steps = len(sampler.sigmas) if sampler.renoise else steps
         try:
             cached = install_cache(experts(pipe), cache, timer, steps=expert_steps(pipe, n_steps)) \
                 if cache.enabled else None
@@ -425,75 +474,80 @@ class Session:
             handle.remove()
             installed.close()
             raise
+        patched = _Patched(installed, handle, cached, transformers)
         if cfg.processes > 1:
             from .parallel.launch import enable_parallel
 
             try:
-                split = enable_parallel(transformers, cfg.ulysses, cfg.cfg_parallel, cfg.device, timer)
+                patched.split = enable_parallel(transformers, cfg.ulysses, cfg.cfg_parallel, cfg.device, timer)
             except BaseException:
-                self._parallel_off(transformers)
-                if cached is not None:
-                    cached.remove()
-                handle.remove()
-                installed.close()
+                self._unpatch(patched)
                 raise
+        return patched
+
+    def _unpatch(self, patched: "_Patched") -> None:
+        """Take a run's pieces off the pipeline: CFG parallel's wrappers, the Ulysses parallelism, the image-to-video
+        stage timers, the step cache, the backend, the sampler's scheduler (in that order)."""
+        if patched.split is not None:
+            patched.split.remove()
+        self._parallel_off(patched.transformers)
+        patched.unwrap()
+        if patched.cached is not None:
+            patched.cached.remove()
+        patched.handle.remove()
+        patched.installed.close()
+
+    def _note_patch(self, backend: Any, patched: "_Patched") -> None:
+        """Keep what the patch said, once per session however many runs: the layers holding the backend's own
+        weights (`LoadedModel.weight_layers`), the backend's notes and the weights note."""
+        handle = patched.handle
         if handle.weight_layers:
             self.model.weight_layers[backend.name] = handle.weight_layers
-        weights = weights_note(backend, handle.weight_layers, sum(len(t.blocks) for t in transformers)) \
+        weights = weights_note(backend, handle.weight_layers, sum(len(t.blocks) for t in patched.transformers)) \
             if backend is not None else None
         for note in (*handle.notes, weights):  # once per session, however many runs
             if note is not None and note not in self.notes:
                 self.notes.append(note)
-        unwrap = time_condition_stages(pipe, timer) if self.conditioning is not None else (lambda: None)
 
-        def denoise(pos: Any, neg: Any, n: int) -> Any:
-            if split is not None:
-                split.negative = neg
-            return denoise_latents(pipe, plan, pos, neg, steps=n, guidance=guidance, seed=cfg.seed, extra=extra,
-                                   sampler=sampler)
+    def _warm_up(self, denoise: Callable[[Any, Any, int], Any], warmup: int, encode: bool, timer: Timer) -> float:
+        """The untimed warm-up steps (the timer off; the prompts encoded afresh when `encode`), then an idle device;
+        returns their host seconds (0 without warm-up). The timer is on again after."""
+        import torch
 
-        try:
-            with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
-                timer.enabled = False
-                t0 = time.perf_counter()
-                if warmup:
-                    denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
-                if cfg.device == "cuda":
-                    torch.cuda.synchronize()  # the timed steps start on an idle device
-                warmup_s = time.perf_counter() - t0 if warmup else 0.0
-                timer.enabled = True
-                video = None
-                with timer.region("total"):
-                    if encode:
-                        with timer.region("text_encode"), status_after(log, "encoding the prompt (text encoder)"):
-                            pos, neg = self.encode_prompts()
-                    else:
-                        pos, neg = self.prompts()
-                    timer.step = 0
-                    with timer.region("denoise"):
-                        latents = denoise(pos, neg, steps)
-                    timer.step = -1
-                    f, h, w = plan.latent
-                    latents = latents[:, :, :f, :h, :w]
-                    if decode:
-                        log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})")
-                        with timer.region("vae_decode"):
-                            video = decode_latents(pipe, latents)
-                records = timer.finish()
-        finally:
-            if split is not None:
-                split.remove()
-            self._parallel_off(transformers)
-            unwrap()
-            if cached is not None:
-                cached.remove()
-            handle.remove()
-            installed.close()
-        if (note := no_reuse_note(cache, records, "" if what == "generating" else what)) and note not in self.notes:
-            self.notes.append(note)
-        self.notes.extend(n for n in runtime_notes() if n not in self.notes)  # a kernel that fell back in the run
-        return Denoised(latents, video, records, warmup_s, plan,
-                        cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
+        timer.enabled = False
+        t0 = time.perf_counter()
+        if warmup:
+            denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
+        if self.request.device == "cuda":
+            torch.cuda.synchronize()  # the timed steps start on an idle device
+        warmup_s = time.perf_counter() - t0 if warmup else 0.0
+        timer.enabled = True
+        return warmup_s
+
+    def _timed_steps(self, denoise: Callable[[Any, Any, int], Any], plan: CropPlan, steps: int, timer: Timer, *,
+                     encode: bool, decode: bool, log: Callable[[str], None]) -> tuple[Any, Any]:
+        """The timed run in region "total": the prompts ("text_encode" when `encode`), the denoising steps
+        ("denoise", timer steps from 0), the latents cropped to `plan.latent`, the VAE decode ("vae_decode") when
+        `decode`. Returns (latents, video or None)."""
+        cfg = self.request
+        video = None
+        with timer.region("total"):
+            if encode:
+                with timer.region("text_encode"), status_after(log, "encoding the prompt (text encoder)"):
+                    pos, neg = self.encode_prompts()
+            else:
+                pos, neg = self.prompts()
+            timer.step = 0
+            with timer.region("denoise"):
+                latents = denoise(pos, neg, steps)
+            timer.step = -1
+            f, h, w = plan.latent
+            latents = latents[:, :, :f, :h, :w]
+            if decode:
+                log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})")
+                with timer.region("vae_decode"):
+                    video = decode_latents(self.pipe, latents)
+        return latents, video
 
     def _parallel_off(self, transformers: Sequence[Any]) -> None:
         """Switch diffusers' context parallelism off again after a `--ulysses` run (before vsagen's patch is removed:

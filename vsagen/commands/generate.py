@@ -75,29 +75,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         RunFailure: the run itself failed (message names the stage).
     """
     backend = cfg.backend.build()
-    conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
-                    if cfg.image is not None else None)
-    session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress, log=log)
-    if cfg.device == "cpu" and writer:  # once the model loaded (a bad request stays one error line)
-        warning = cpu_time_estimate(cfg)
-        if warning is not None:
-            log(warning)
-    # --attn auto: which backend and why, first among the run's notes; then the request's own (config.resolve)
-    session.notes[0:0] = [n for n in (cfg.attn_note, *cfg.notes) if n is not None]
-    for note in session.notes:
-        log(f"note: {note}")
+    session = _load_session(cfg, backend, progress=progress, writer=writer, log=log)
     plan = session.plan(cfg.tile_fit)
-    noted = len(session.notes)
-    run = session.run(backend, plan, encode=True, decode=False, log=log)  # decoded below, as the mp4 is written
-    if run.calibration is not None:  # MagCache's ratios: written with the video below, or not at all
-        session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
-                             f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "
-                             "--cache mag reads them")
-    finite_note = nonfinite_latents_note(run.latents)
-    if finite_note is not None:
-        session.notes.append(finite_note)
-    for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
-        log(f"note: {note}")
+    run = _denoise(cfg, session, backend, plan, log)
     untimed = session.untimed(backend)
     ranks = None
     if cfg.processes > 1:  # every rank's DiT / attention / exchange times, to rank 0
@@ -109,6 +89,57 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         ranks = gather_to_writer(mine.rank_row(dist.get_rank()))
     if not writer:
         return None
+    report, summary = _write_outputs(cfg, session, backend, plan, run, untimed, ranks, log=log, cancelled=cancelled)
+    return RunResult(_video_path(cfg), cfg.json_out, report, summary)
+
+
+def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,
+                  log: Callable[[str], None]) -> Session:
+    """Load the run's session (with the image-to-video conditioning), then say what the run will be: the CPU time
+    estimate (the writer only, once the model loaded: a bad request stays one error line) and every note so far,
+    `--attn auto`'s and the request's own first."""
+    conditioning = (Conditioning.from_files(cfg.image, cfg.last_image, cfg.fit or "crop")
+                    if cfg.image is not None else None)
+    session = Session.load(cfg, [backend], conditioning=conditioning, progress=progress, log=log)
+    if cfg.device == "cpu" and writer:  # once the model loaded (a bad request stays one error line)
+        warning = cpu_time_estimate(cfg)
+        if warning is not None:
+            log(warning)
+    # --attn auto: which backend and why, first among the run's notes; then the request's own (config.resolve)
+    session.notes[0:0] = [n for n in (cfg.attn_note, *cfg.notes) if n is not None]
+    for note in session.notes:
+        log(f"note: {note}")
+    return session
+
+
+def _denoise(cfg: RunConfig, session: Session, backend: Any, plan: Any, log: Callable[[str], None]) -> Any:
+    """The run on the session (prompts encoded inside it, not decoded: the mp4 decodes as it is written), then the
+    run's own notes said: a MagCache calibration to be written, non-finite latents, and what the run noted."""
+    noted = len(session.notes)
+    run = session.run(backend, plan, encode=True, decode=False, log=log)  # decoded below, as the mp4 is written
+    if run.calibration is not None:  # MagCache's ratios: written with the video below, or not at all
+        session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
+                             f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "
+                             "--cache mag reads them")
+    finite_note = nonfinite_latents_note(run.latents)
+    if finite_note is not None:
+        session.notes.append(finite_note)
+    for note in session.notes[noted:]:  # the run's own (e.g. sparse-vdit mapping its file's step ranges)
+        log(f"note: {note}")
+    return run
+
+
+def _write_outputs(cfg: RunConfig, session: Session, backend: Any, plan: Any, run: Any, untimed: Any, ranks: Any, *,
+                   log: Callable[[str], None], cancelled: Callable[[], bool]) -> tuple[TimingReport, dict[str, Any]]:
+    """Decode the run's latents as a stream into the video, and publish it with its timing JSON (and the contact
+    sheet, and a MagCache calibration) together, or nothing (`vsagen.media.video.Outputs`). Returns the report and
+    the JSON's object.
+
+    Raises:
+        RunFailure: the decode gave another number of frames than asked.
+        KeyboardInterrupt: `cancelled()` says an interrupt was swallowed on its way; nothing is written.
+        BadInput: the files could not be published ("...: nothing was written").
+    """
     from ..decode.stream import streams
     from ..media import video
     from ..media.formats import write_video
@@ -135,14 +166,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")
         if cfg.sheet_out is not None:  # the contact sheet, published with the pair
-            from ..media.sheet import save_sheet, sheet_title
-
-            title = sheet_title(cfg.model, cfg.backend.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
-                                cfg.seed, f"from {cfg.image.name}" if cfg.image is not None else "")
-            import numpy as np
-
-            frames_u8 = np.concatenate(kept)
-            outputs.add(cfg.sheet_out, lambda tmp: save_sheet(frames_u8, tmp, cfg.fps, title), ".png")
+            _add_sheet(outputs, cfg, kept)
         if run.calibration is not None:  # last: it replaces an earlier calibration, once the others are accepted
             path, ratios = run.calibration
             outputs.add(path, lambda tmp: tmp.write_text(ratios), ".json", replace=True)
@@ -152,7 +176,20 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
             outputs.publish()
         except BadInput as e:
             raise BadInput(f"{e}: nothing was written") from None
-    return RunResult(_video_path(cfg), cfg.json_out, report, summary)
+    return report, summary
+
+
+def _add_sheet(outputs: Any, cfg: RunConfig, kept: list[Any]) -> None:
+    """Add the contact sheet of the `kept` frame chunks ((f, H, W, 3) uint8 each) to `outputs`, titled with the
+    run's model, backend, size, steps, seed and image."""
+    from ..media.sheet import save_sheet, sheet_title
+
+    title = sheet_title(cfg.model, cfg.backend.short_text(), cfg.frames, cfg.height, cfg.width, cfg.steps,
+                        cfg.seed, f"from {cfg.image.name}" if cfg.image is not None else "")
+    import numpy as np
+
+    frames_u8 = np.concatenate(kept)
+    outputs.add(cfg.sheet_out, lambda tmp: save_sheet(frames_u8, tmp, cfg.fps, title), ".png")
 
 
 def _video_path(cfg: RunConfig) -> Path:

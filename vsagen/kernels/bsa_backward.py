@@ -385,14 +385,7 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         check_fp32_bwd(q)
     b, s, h, d = q.shape
     n_tiles = tile_offsets.numel() - 1
-    if k2q.dim() != 4 or k2q.shape[:3] != (b, h, n_tiles) or k2q_cnt.shape != (b, h, n_tiles):
-        raise ValueError(f"k2q must be (B, H, KV_TILES, Q_TILES) and k2q_cnt (B, H, KV_TILES) with "
-                         f"(B, H, KV_TILES) = ({b}, {h}, {n_tiles}); got {tuple(k2q.shape)}, {tuple(k2q_cnt.shape)}")
-    if k2q.dtype != torch.int32 or k2q_cnt.dtype != torch.int32 or k2q.stride(-1) != 1:
-        raise ValueError("k2q and k2q_cnt must be int32, k2q with unit stride on its last axis")
-    if do.shape != q.shape or out.shape != q.shape or lse.shape != (b, h, s):
-        raise ValueError(f"do and out must be {tuple(q.shape)} and lse ({b}, {h}, {s}); got {tuple(do.shape)}, "
-                         f"{tuple(out.shape)}, {tuple(lse.shape)}")
+    _check_bwd_inputs(q, do, out, lse, k2q, k2q_cnt, n_tiles)
     scale = d ** -0.5 if scale is None else scale
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     do = do.to(q.dtype)
@@ -404,6 +397,51 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     block_d = max(16, triton.next_power_of_2(d))
     interp = interpreting()
+    _launch_preprocess(out, do, lse, dlse, delta, block_d)
+    tma_kv, tma_qdo = use_tma(k, v, wanted=tuning.tma_loads), use_tma(q, do, wanted=tuning.tma_loads)
+    k_desc, v_desc = tma_descs(tma_kv, k, v)
+    q_desc, do_desc = tma_descs(tma_qdo, q, do)
+    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
+                **load_hints(tuning))
+    grid = (n_tiles, b * h)
+    side = _dq_stream(q, tuning, interp)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
+        _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
+                   scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq, groups, group_launch)
+    pack_q = pack_dkdv and not k2q_rows and s != BLOCK * n_tiles and s < PLAN_MAX_ROWS
+    if pack_q:  # the dK/dV loop over tile plans of the k2q rows: partial query tiles packed
+        k2q, k2q_cnt = tile_plan.build_tile_plan(k2q, k2q_cnt, tile_offsets)
+    _launch_dkdv(grid, block_d, q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, scale,
+                 meta, tma_qdo, k2q_rows, pack_q, tuning)
+    if side is not None:
+        torch.cuda.current_stream(q.device).wait_stream(side)
+    return dq, dk, dv
+
+
+def _check_bwd_inputs(q: torch.Tensor, do: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, k2q: torch.Tensor,
+                      k2q_cnt: torch.Tensor, n_tiles: int) -> None:
+    """`bsa_bwd`'s own input checks (k2q / k2q_cnt, do, out, lse against q's (B, S, H, D) and `n_tiles`).
+
+    Raises:
+        ValueError: a shape, dtype or stride outside the contract (one message per group, as listed).
+    """
+    b, s, h, _ = q.shape
+    if k2q.dim() != 4 or k2q.shape[:3] != (b, h, n_tiles) or k2q_cnt.shape != (b, h, n_tiles):
+        raise ValueError(f"k2q must be (B, H, KV_TILES, Q_TILES) and k2q_cnt (B, H, KV_TILES) with "
+                         f"(B, H, KV_TILES) = ({b}, {h}, {n_tiles}); got {tuple(k2q.shape)}, {tuple(k2q_cnt.shape)}")
+    if k2q.dtype != torch.int32 or k2q_cnt.dtype != torch.int32 or k2q.stride(-1) != 1:
+        raise ValueError("k2q and k2q_cnt must be int32, k2q with unit stride on its last axis")
+    if do.shape != q.shape or out.shape != q.shape or lse.shape != (b, h, s):
+        raise ValueError(f"do and out must be {tuple(q.shape)} and lse ({b}, {h}, {s}); got {tuple(do.shape)}, "
+                         f"{tuple(out.shape)}, {tuple(lse.shape)}")
+
+
+def _launch_preprocess(out: torch.Tensor, do: torch.Tensor, lse: torch.Tensor, dlse: torch.Tensor | None,
+                       delta: torch.Tensor, block_d: int) -> None:
+    """The preprocess launch on the current stream: delta (B, H, S) float32 = rowsum(dO * O), minus `dlse` if
+    given; out / do (B, S, H, D) with unit stride on D, lse / dlse (B, H, S) contiguous float32."""
+    b, s, h, d = out.shape
     _bsa_bwd_preprocess_kernel[(triton.cdiv(s, BLOCK), b * h)](
         out, do, lse, lse if dlse is None else dlse, delta,
         out.stride(0), out.stride(1), out.stride(2),
@@ -412,24 +450,24 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         s, h,
         HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=BLOCK, HAS_DLSE=dlse is not None, num_warps=PRE_NUM_WARPS,
     )
-    tma_kv, tma_qdo = use_tma(k, v, wanted=tuning.tma_loads), use_tma(q, do, wanted=tuning.tma_loads)
-    k_desc, v_desc = tma_descs(tma_kv, k, v)
-    q_desc, do_desc = tma_descs(tma_qdo, q, do)
-    meta = dict(HEAD_DIM=d, BLOCK_D=block_d, DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp),
-                **load_hints(tuning))
-    grid = (n_tiles, b * h)
-    side = None
-    if tuning.bwd_two_streams and q.is_cuda and not interp:  # dQ on a second stream, beside dK/dV: their
-        # launches fill each other's tails
-        side = _side_stream(q.device.index if q.device.index is not None else torch.cuda.current_device())
-        side.wait_stream(torch.cuda.current_stream(q.device))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
-        _launch_dq(grid, block_d, q, k, v, do, dq, lse, delta, lists, counts, tile_offsets, k_desc, v_desc, s, h,
-                   scale, dict(meta, PACK=pack), tma_kv, tuning.bwd_dq_launch, tuning.hip_dq, groups, group_launch)
-    pack_q = pack_dkdv and not k2q_rows and s != BLOCK * n_tiles and s < PLAN_MAX_ROWS
-    if pack_q:  # the dK/dV loop over tile plans of the k2q rows: partial query tiles packed
-        k2q, k2q_cnt = tile_plan.build_tile_plan(k2q, k2q_cnt, tile_offsets)
+
+
+def _dq_stream(q: torch.Tensor, tuning: KernelTuning, interp: bool) -> torch.cuda.Stream | None:
+    """The second stream the dQ launches go on (a tuning's bwd_two_streams, on CUDA, not interpreting), made to
+    wait for the current stream's work; None: dQ on the current stream."""
+    if not (tuning.bwd_two_streams and q.is_cuda and not interp):
+        return None
+    # dQ on a second stream, beside dK/dV: their launches fill each other's tails
+    side = _side_stream(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    side.wait_stream(torch.cuda.current_stream(q.device))
+    return side
+
+
+def _launch_dkdv(grid, block_d, q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc,
+                 scale, meta, tma_qdo, k2q_rows, pack_q, tuning) -> None:
+    """The dK/dV kernel's size-class launches (a tuning's bwd_dkdv_launch, its hip_dkdv options) on the current
+    stream, over the k2q lists (or their tile plans, `pack_q`)."""
+    s, h = q.shape[1], q.shape[2]
     for blk, lo, num_warps, num_stages in size_classes(tuning.bwd_dkdv_launch, block_d, q.dtype):
         _bsa_bwd_dkdv_kernel[grid](
             q, k, v, do, dk, dv, lse, delta, k2q, k2q_cnt, tile_offsets, q_desc, do_desc, s,
@@ -443,8 +481,6 @@ def bsa_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             k2q.stride(0), k2q.stride(1), k2q.stride(2),
             k2q_cnt.stride(0), k2q_cnt.stride(1),
             h, scale, scale * LOG2E, lo, blk, **meta, BLOCK_M=BLOCK, BLOCK_N=blk, TMA=tma_qdo, K2Q_ROWS=k2q_rows,
-            PACK_Q=pack_q, PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages, **hip_kwargs(tuning.hip_dkdv, q.device),
+            PACK_Q=pack_q, PACK_SEG=PACK_SEG, num_warps=num_warps, num_stages=num_stages,
+            **hip_kwargs(tuning.hip_dkdv, q.device),
         )
-    if side is not None:
-        torch.cuda.current_stream(q.device).wait_stream(side)
-    return dq, dk, dv

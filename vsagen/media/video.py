@@ -385,51 +385,93 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
             ffmpeg child waited for before this raises.
         Whatever producing a chunk raised, after the same clean-up.
     """
-    waiting: queue.Queue = queue.Queue(maxsize=2)
-    failure: list[BaseException] = []
-    stop = threading.Event()  # the producer failed or was interrupted: encode nothing more
-    busy = [0.0]
     writer = _writer(path, fps, encoding, metadata) if open_writer is None else open_writer(path, fps)
+    encoder = _Encoder(writer)
+    start = time.perf_counter()
+    encoder.thread.start()
+    produce, frames = _produce(chunks, encoder, keep)
+    if encoder.failure:
+        raise encoder.failure[0]
+    interrupts.check()
+    if frames == 0:
+        raise RunFailure("the decode gave no frames to encode")
+    if open_writer is None and (not path.exists() or path.stat().st_size == 0):  # ffmpeg can fail on its own input and still exit quietly
+        raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps (its own message is above)")
+    return StreamTimes(produce, encoder.busy_s, time.perf_counter() - start, frames)
 
-    def encode() -> None:
+
+class _Encoder:
+    """`encode_mp4_stream`'s encoding thread (`thread`, not started): it takes chunks from a queue of two and appends
+    their frames to `writer` until the end marker (None), and closes the writer in every case (ffmpeg is told the
+    input ended and waited for). A failure is kept in `failure` for the producer to raise; `stop` set by the
+    producer (it failed or was interrupted) means encode nothing more; `busy_s` is the encoding's seconds."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.waiting: queue.Queue = queue.Queue(maxsize=2)
+        self.failure: list[BaseException] = []
+        self.stop = threading.Event()  # the producer failed or was interrupted: encode nothing more
+        self.busy_s = 0.0
+        self.thread = threading.Thread(target=self._encode, name="vsagen-mp4-encoder", daemon=True)
+
+    def _encode(self) -> None:
+        """The thread's body."""
         try:
-            while (chunk := waiting.get()) is not None:
+            while (chunk := self.waiting.get()) is not None:
                 t0 = time.perf_counter()
                 for frame in chunk:
-                    if stop.is_set():
+                    if self.stop.is_set():
                         break
-                    writer.append_data(frame)
-                busy[0] += time.perf_counter() - t0
+                    self.writer.append_data(frame)
+                self.busy_s += time.perf_counter() - t0
         except BaseException as e:  # handed to the producer, which raises it
-            failure.append(e)
-            while waiting.get() is not None:  # take what the producer still hands over, up to the end marker
+            self.failure.append(e)
+            while self.waiting.get() is not None:  # take what the producer still hands over, up to the end marker
                 pass
         finally:
             # closed here in every case: ffmpeg is told the input ended and waited for, so no child outlives the
             # temporary file (one did, and created it again after its removal)
             t0 = time.perf_counter()
             try:
-                writer.close()
+                self.writer.close()
             except BaseException as e:
-                if not failure and not stop.is_set():
-                    failure.append(e)
-            busy[0] += time.perf_counter() - t0
+                if not self.failure and not self.stop.is_set():
+                    self.failure.append(e)
+            self.busy_s += time.perf_counter() - t0
 
-    def hand_over(chunk: np.ndarray) -> None:
-        while not failure:
+    def hand_over(self, chunk: np.ndarray) -> None:
+        """Queue `chunk` for the encoder, checking for interrupts while the queue is full; dropped once the encoder
+        failed."""
+        while not self.failure:
             try:
-                waiting.put(chunk, timeout=0.05)
+                self.waiting.put(chunk, timeout=0.05)
                 return
             except queue.Full:
                 interrupts.check()  # a safe point while the encoder catches up
 
-    thread = threading.Thread(target=encode, name="vsagen-mp4-encoder", daemon=True)
-    start = time.perf_counter()
+    def finish(self) -> None:
+        """Hand over the end marker and wait for the thread (the encoder takes every item, so this never waits
+        long)."""
+        self.waiting.put(None)
+        self.thread.join()
+
+
+def _produce(chunks: Iterator[np.ndarray], encoder: _Encoder,
+             keep: Callable[[np.ndarray], None] | None) -> tuple[float, int]:
+    """Consume `chunks` on this thread and hand each to the started `encoder` (a safe point between chunks), until
+    they end or the encoder fails; the chunks' generator is closed and the encoder finished in every case.
+
+    Returns:
+        (seconds spent producing the chunks, frames handed over).
+
+    Raises:
+        RunFailure: a chunk's frame size differs from the first's.
+        Whatever producing a chunk raised, or a signal at a safe point (the encoder stopped first).
+    """
     produce, frames, size = 0.0, 0, None
-    thread.start()
     for_chunks = iter(chunks)
     try:
-        while not failure:
+        while not encoder.failure:
             t0 = time.perf_counter()
             chunk = next(for_chunks, None)
             produce += time.perf_counter() - t0
@@ -441,24 +483,16 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
             if keep is not None:
                 keep(chunk)
             interrupts.check()  # a safe point: between chunks
-            hand_over(chunk)
+            encoder.hand_over(chunk)
     except BaseException:
-        stop.set()
+        encoder.stop.set()
         raise
     finally:
         close = getattr(for_chunks, "close", None)
         if close is not None:  # a generator left unfinished (an interrupt, an error): finished now, its clean-up run
             close()
-        waiting.put(None)  # the end marker (the encoder takes every item, so this never waits long)
-        thread.join()
-    if failure:
-        raise failure[0]
-    interrupts.check()
-    if frames == 0:
-        raise RunFailure("the decode gave no frames to encode")
-    if open_writer is None and (not path.exists() or path.stat().st_size == 0):  # ffmpeg can fail on its own input and still exit quietly
-        raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps (its own message is above)")
-    return StreamTimes(produce, busy[0], time.perf_counter() - start, frames)
+        encoder.finish()  # the end marker
+    return produce, frames
 
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = False) -> None:

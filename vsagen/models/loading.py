@@ -516,32 +516,14 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     """
     import torch
 
-    from ..request.options import request_options
-    from ..request.resolve import NONE, request_fields, resolve
-    from .sources import check_hub_files, resolve_model
-
     try:
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
         if not isinstance(model, str):  # (None would fall back to the commands' default model)
             raise BadInput(f"model must be a preset name, a folder or a hub id, got {model!r}")
-        if isinstance(dtype, torch.dtype):
-            name = str(dtype).removeprefix("torch.")
-            if name not in _TORCH_DTYPES:
-                raise BadInput(f"dtype must be one of auto, bf16, fp16, fp32 or torch.{', torch.'.join(_TORCH_DTYPES)}"
-                               f", got {dtype}")
-            dtype = _TORCH_DTYPES[name]
-        options = request_options(model=model, device=device, dtype=dtype, random_weights=random_weights,
-                                  allow_pickle=allow_pickle, vae_tiling="off", transformer=transformer)
-        source = resolve_model(options.model.model)
-        if image_to_video and not source.takes_image:
-            raise BadInput(f"image_to_video=True: {model} is a text-to-video model and takes no image (an "
-                           "image-to-video model is e.g. 'tiny-i2v')")
-        if image_to_video is False and source.image_to_video:
-            raise BadInput(f"image_to_video=False: {model} is an image-to-video model (WanImageToVideoPipeline only)")
-        request = resolve(source, options, prompt="", backends=NONE)
-        check_hub_files(source, model, random_weights=random_weights, transformer_files=bool(request.transformer_files))
-        if image_to_video and not request.image_to_video:
-            request = _AsImageToVideo(**request_fields(request))
+        dtype = _dtype_text(dtype)
+        source, request = _pipeline_request(model, device=device, dtype=dtype, random_weights=random_weights,
+                                            allow_pickle=allow_pickle, image_to_video=image_to_video,
+                                            transformer=transformer)
         with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if request.device == "cuda" else ()):
             pipe = load_model(request, lambda line: None).pipe
         # the preset's per-backend option defaults ([attention.NAME]: FastWan's vsa sparsity 0.8, the tiny models'
@@ -550,6 +532,45 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         return pipe
     except BadInput as e:
         raise type(e)(f"{PIPELINE_WHERE}: {_as_arguments(str(e))}") from None
+
+
+def _dtype_text(dtype: Any) -> Any:
+    """`load_pipeline`'s dtype as the options' text ("bf16" for torch.bfloat16; text passes as given). Raises
+    BadInput for a torch dtype other than bfloat16, float16 and float32."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        name = str(dtype).removeprefix("torch.")
+        if name not in _TORCH_DTYPES:
+            raise BadInput(f"dtype must be one of auto, bf16, fp16, fp32 or torch.{', torch.'.join(_TORCH_DTYPES)}"
+                           f", got {dtype}")
+        dtype = _TORCH_DTYPES[name]
+    return dtype
+
+
+def _pipeline_request(model: str, *, device: str, dtype: str, random_weights: bool, allow_pickle: bool,
+                      image_to_video: bool | None, transformer: Any) -> tuple[Any, Request]:
+    """The model source and validated request of `load_pipeline`'s arguments, resolved as the commands do (no
+    backends, VAE untiled; `image_to_video=True` on a text-image-to-video model: an image-to-video request). Raises
+    BadInput in the commands' words (`load_pipeline` rewords them): what `resolve` refuses, an `image_to_video` the
+    model cannot serve, missing hub files."""
+    from ..request.options import request_options
+    from ..request.resolve import NONE, request_fields, resolve
+    from .sources import check_hub_files, resolve_model
+
+    options = request_options(model=model, device=device, dtype=dtype, random_weights=random_weights,
+                              allow_pickle=allow_pickle, vae_tiling="off", transformer=transformer)
+    source = resolve_model(options.model.model)
+    if image_to_video and not source.takes_image:
+        raise BadInput(f"image_to_video=True: {model} is a text-to-video model and takes no image (an "
+                       "image-to-video model is e.g. 'tiny-i2v')")
+    if image_to_video is False and source.image_to_video:
+        raise BadInput(f"image_to_video=False: {model} is an image-to-video model (WanImageToVideoPipeline only)")
+    request = resolve(source, options, prompt="", backends=NONE)
+    check_hub_files(source, model, random_weights=random_weights, transformer_files=bool(request.transformer_files))
+    if image_to_video and not request.image_to_video:
+        request = _AsImageToVideo(**request_fields(request))
+    return source, request
 
 
 def truncation_note(pipe: Any, request: Request) -> str | None:

@@ -124,6 +124,24 @@ def test_json_flag_prints_exactly_one_object(cli_cache, tmp_path):
 
 
 @pytest.mark.slow
+def test_seeds_print_one_object_a_seed_and_their_tables(cli_cache, tmp_path):
+    common = ["--model", "tiny", "a prompt", "--steps", "1", "--frames", "5", "--height", "64", "--width", "64",
+              "--seeds", "3,1"]
+    res = t2v(*common, "--out", str(tmp_path / "j.mp4"), "--json")
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [(d["seed"], d["video"]) for d in lines] == [(3, str(tmp_path / "j-seed3.mp4")),
+                                                        (1, str(tmp_path / "j-seed1.mp4"))]
+    assert [json.loads((tmp_path / f"j-seed{n}.json").read_text()) for n in (3, 1)] == lines
+    assert "seed 3 (1 of 2)" in res.stderr and "seed 1 (2 of 2)" in res.stderr
+    res = t2v(*common, "--out", str(tmp_path / "t.mp4"))  # the table, then where the files went, for each seed
+    assert res.exit_code == 0, res.output
+    assert res.stdout.count("attention backend share of DiT time") == 2
+    assert res.stdout.index("video: " + str(tmp_path / "t-seed3.mp4")) < res.stdout.index(
+        "video: " + str(tmp_path / "t-seed1.mp4"))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fit", ["partial", "crop"])
 def test_vsa_runs_with_either_tile_fit(cli_cache, tmp_path, fit):
     out = tmp_path / "v.mp4"
@@ -292,6 +310,12 @@ BAD_INPUTS = [
     ("seed-negative", ["--seed=-1"], ["--seed", "-1"]),
     ("seed-huge", ["--seed", str(2**64)], ["--seed"]),
     ("out-dot", ["--out", "{tmp}/."], [".mp4"]),  # pathlib reads "dir/." as "dir": no .mp4 name
+    # issue 44: several seeds a run
+    ("seed-and-seeds", ["--seed", "1", "--seeds", "1,2"], ["--seed and --seeds together"]),
+    ("seeds-twice", ["--seeds", "3,3"], ["--seeds names a seed twice"]),
+    ("seeds-not-integers", ["--seeds", "1,x"], ["--seeds takes comma-separated integers", "1,x"]),
+    ("seeds-gpus", ["--seeds", "1,2", "--gpus", "2", "--device", "cpu"], ["--seeds runs its seeds in one process"]),
+    ("seeds-second-exists", ["--seeds", "1,2", "--out", "{tmp}/x.mp4"], ["x-seed2.json"]),
     ("frames-past-rope", ["--frames", "129", "--height", "16", "--width", "16"], ["--frames", "125"]),
     ("height-past-rope", ["--height", "528", "--frames", "1"], ["--height", "512"]),
     ("width-past-rope", ["--width", "1024", "--frames", "1"], ["--width", "512"]),
@@ -321,6 +345,8 @@ def test_bad_input_one_error_line_exit_2(cli_cache, tmp_path, case_id, extra, ne
             pytest.skip("CUDA is available here")
     if case_id == "out-is-dir":
         (tmp_path / "adir.mp4").mkdir()
+    if case_id == "seeds-second-exists":  # the second seed's JSON: refused before the first seed runs
+        (tmp_path / "x-seed2.json").write_text("{}")
     before = sorted(p.name for p in tmp_path.iterdir())
     extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     args = ["--model", "tiny", *extra] if "--model" not in extra else list(extra)

@@ -238,3 +238,57 @@ def test_a_dmd_run_records_its_sampler_and_runs_one_dit_forward_a_step(vsagen_ca
     assert data["config"]["sampler"] == data["sampler"]
     assert data["timing"]["dit_forwards"] == 3 and result.report.dit_forwards == 3
     assert len(result.report.dit_per_step_s) == 3  # the steps counted at the installed scheduler
+
+
+@pytest.mark.slow
+def test_each_seed_of_seeds_is_the_video_of_that_seed_alone(vsagen_cache, tiny_dir, tmp_path, encoder_frames):
+    """`--seeds 1,2`: one load, one prompt encoding, and each seed's frames bit for bit those of `--seed N` alone
+    (compared as handed to the encoder, and decoded). `--random-weights` draws the weights from the seed (a model
+    per seed): refused with several seeds."""
+    from vsagen.commands.generate import generate, generate_seeds
+    from vsagen.commands.generate_config import resolve_runs
+    from vsagen.request.options import request_options
+
+    common = dict(model="tiny", frames=5, height=64, width=64, steps=1, device="cpu")
+    with pytest.raises(BadInput, match="--random-weights draws the weights from the seed"):
+        resolve_runs("a fox", request_options(seeds="1,2", random_weights=True, **common))
+    cfgs = resolve_runs("a fox", request_options(seeds="1,2", out=tmp_path / "v.mp4", **common))
+    assert [(c.seed, c.out.name, c.json_out.name) for c in cfgs] == [(1, "v-seed1.mp4", "v-seed1.json"),
+                                                                    (2, "v-seed2.mp4", "v-seed2.json")]
+    published: list = []
+    results = generate_seeds(cfgs, progress=False, published=lambda c, r: published.append((c.seed, r)))
+    assert [(seed, r.video_path.name) for seed, r in published] == [(1, "v-seed1.mp4"), (2, "v-seed2.mp4")]
+    alone = generate(resolve("a fox", seed=2, out=tmp_path / "alone.mp4", **common), progress=False)
+    assert np.array_equal(encoder_frames["v-seed2"], encoder_frames["alone"])
+    assert not np.array_equal(encoder_frames["v-seed1"], encoder_frames["alone"])
+    assert np.array_equal(read_mp4(results[1].video_path), read_mp4(alone.video_path))
+    for seed, result in zip((1, 2), results):
+        data = json.loads(result.json_path.read_text())
+        assert data == json.loads(json.dumps(result.summary))
+        assert data["seed"] == seed and data["video"] == str(result.video_path)
+        assert data["timing"]["dit_forwards"] == 2  # CFG on: two forwards for its one step, nothing of the other
+        encoded_once = [n for n in data["timing"]["notes"] if n.startswith("--seeds: the prompt was encoded once")]
+        assert len(encoded_once) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone.json", "alone.mp4", "v-seed1.json",
+                                                          "v-seed1.mp4", "v-seed2.json", "v-seed2.mp4"]
+
+
+@pytest.mark.slow
+def test_an_interrupt_during_a_later_seed_keeps_the_seeds_already_published(vsagen_cache, tiny_dir, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default names, each with its seed
+    from vsagen.commands.generate import generate_seeds
+    from vsagen.commands.generate_config import resolve_runs
+    from vsagen.request.options import request_options
+
+    cfgs = resolve_runs("a fox", request_options(model="tiny", frames=5, height=64, width=64, steps=1,
+                                                 device="cpu", seeds="4,5,6", sheet=True))
+    done: list = []
+    with pytest.raises(KeyboardInterrupt):  # an interrupt swallowed while the second seed's files were made
+        generate_seeds(cfgs, progress=False, cancelled=lambda: len(done) == 1,
+                       published=lambda c, r: done.append(c.seed))
+    assert done == [4] and [c.out.name for c in cfgs] == [f"vsagen-tiny-full-seed{n}.mp4" for n in (4, 5, 6)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vsagen-tiny-full-seed4.json", "vsagen-tiny-full-seed4.mp4",
+                                                          "vsagen-tiny-full-seed4.sheet.png"]
+    assert cfgs[0].out.exists() and cfgs[0].json_out.exists() and cfgs[0].sheet_out.exists()
+    assert not any(p.exists() for c in cfgs[1:] for p in (c.out, c.json_out, c.sheet_out))

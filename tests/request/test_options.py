@@ -209,3 +209,30 @@ def test_the_resolved_request_carries_the_groups_typed_values():
     assert req.caches == options.sampling.cache.specs and all(a is b for a, b in zip(req.caches,
                                                                                        options.sampling.cache.specs))
     assert [s.sparsity for s in req.backends] == [None, 0.5] and req.attn_requested == "full,vsa:sparsity=0.5"
+
+
+def test_seeds_are_parsed_once_in_order_and_refused_with_seed_or_twice():
+    from vsagen.request.options import parse_seeds
+
+    assert SamplingOptions(seeds="3, 1,2").seeds == (3, 1, 2) and SamplingOptions(seeds=(5,)).seeds == (5,)
+    assert request_options(seeds="7,8").sampling == SamplingOptions(seeds=(7, 8))
+    assert SamplingOptions().seed is None and SamplingOptions().seeds is None
+    assert parse_seeds(f"0,{2**63 - 1}") == (0, 2**63 - 1)
+    for bad, needle in [("", "comma-separated integers"), ("1,,2", "comma-separated integers"),
+                        ("1,-2", "comma-separated integers"), (str(2**63), "comma-separated integers"),
+                        ("1.5", "comma-separated integers"), ((), "comma-separated integers"),
+                        ((True,), "comma-separated integers"), ("²", "comma-separated integers"),
+                        ("4,2,4", "names a seed twice")]:
+        with pytest.raises(BadInput, match=needle):
+            parse_seeds(bad)
+    with pytest.raises(BadInput, match=r"^--seed and --seeds together"):
+        SamplingOptions(seed=0, seeds="1,2")
+
+
+def test_a_request_of_one_seed_refuses_seeds(vsagen_cache):
+    from vsagen.models.sources import resolve_model
+    from vsagen.request.resolve import resolve
+
+    with pytest.raises(BadInput, match="--seeds is taken by vsagen t2v and vsagen i2v only"):
+        resolve(resolve_model("tiny"), request_options(model="tiny", seeds="1,2"), prompt="a fox")
+    assert resolve(resolve_model("tiny"), request_options(model="tiny", device="cpu"), prompt="a fox").seed == 0

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -51,6 +51,48 @@ def _options(version: Annotated[bool, typer.Option("--version", help="Print vsag
     """Generate Wan video with sparse video self-attention, and see where the time went."""
 
 
+def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
+    """One video's result: its JSON line (`--json`), or its timing table and where its files went."""
+    from .terminal import print_table, stdout_console
+
+    if json_out:
+        sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
+        sys.stdout.flush()
+        return
+    # the terminal's width (COLUMNS where set), the title broken between fields; to a pipe or a file profile's
+    # width (200), the title and the lines of text whole, for grep
+    con, wraps = stdout_console()
+    s = result.summary
+    ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
+    title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
+             + (f" (sparsity {cfg.sparsity}" + (f", tile {s['backend']['tile']}" if s["backend"].get("tile")
+                                               not in (None, "4x4x4") else "") + ")"
+                if cfg.sparsity is not None else
+                f" (top-k {s['backend']['topk']:g})" if "topk" in s["backend"] else "")
+             + (" | torch reference (slow: the Triton kernels run on CUDA)" if ran == "torch" else
+                f" | {ran} kernels" if ran else "")
+             + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+             + (f" {cfg.sampler.name} (CFG off)" if cfg.sampler.renoise else "")
+             + (f" | cache {cfg.cache.short_text()}" if cfg.cache.enabled else "")
+             + f" | {cfg.device} {cfg.dtype}"
+             + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
+             + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
+             + (" | CFG parallel" if cfg.cfg_parallel else "")
+             + (" | VAE tiled" if s["vae_tiling"] else "")
+             + (" | light VAE decoder" if s.get("vae_decoder") == "light" else ""))
+    table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
+    print_table(con, table, wraps)
+    ranks = result.report.ranks_table()
+    if ranks is not None:
+        con.print(ranks)
+    share = result.report.attention_share_of_dit
+    con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
+              "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
+              highlight=False, markup=False, soft_wrap=not wraps)
+    con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
+              cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
+
+
 def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[Path], fit: ImageFit,
                       json_out: bool, verbose: bool, last_image: Optional[Path] = None) -> None:
     """The body of `vsagen t2v` and `vsagen i2v`: resolve, generate, render the table or the JSON."""
@@ -59,17 +101,18 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
     writer = launch is None or launch.writer
 
     def run() -> None:
-        from ..commands.generate_config import resolve_run
+        from ..commands.generate_config import resolve_runs
         from ..models.loading import prepare_model_files
         from ..parallel import launch as parallel
 
-        cfg = resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)
+        cfgs = resolve_runs(prompt, options, image=image, fit=fit, last_image=last_image)
+        cfg = cfgs[0]
         check_model_available(cfg)
         if ran_in_workers(cfg, launch, verbose):
             return
         parallel.check_launch(cfg.ulysses, launch, "i2v" if image is not None else "t2v", cfg.cfg_parallel)
-        from ..commands.generate import generate
-        from .terminal import print_table, stderr_log, stdout_console
+        from ..commands.generate import generate, generate_seeds
+        from .terminal import stderr_log
 
         say = stderr_log("COLUMNS" in os.environ)  # notes wrapped between words on a terminal (or with COLUMNS)
         log = lambda m: writer and say(m)  # noqa: E731
@@ -78,44 +121,13 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
         # the mp4 and JSON or nothing
         with parallel.joined(launch, cfg, lambda: prepare_model_files(cfg)), \
                 _sigterm_as_interrupt() as interrupted:
+            if len(cfgs) > 1:  # --seeds: each seed's files published, and shown, before the next seed starts
+                generate_seeds(cfgs, log=log, cancelled=interrupted,
+                               published=lambda c, r: _show_result(r, c, json_out))
+                return
             result = generate(cfg, log=log, progress=writer, writer=writer, cancelled=interrupted)
-        if result is None:  # a rank other than 0: rank 0 reports
-            return
-        if json_out:
-            sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
-            return
-        # the terminal's width (COLUMNS where set), the title broken between fields; to a pipe or a file profile's
-        # width (200), the title and the lines of text whole, for grep
-        con, wraps = stdout_console()
-        s = result.summary
-        ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
-        title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
-                 + (f" (sparsity {cfg.sparsity}" + (f", tile {s['backend']['tile']}" if s["backend"].get("tile")
-                                                   not in (None, "4x4x4") else "") + ")"
-                    if cfg.sparsity is not None else
-                    f" (top-k {s['backend']['topk']:g})" if "topk" in s["backend"] else "")
-                 + (" | torch reference (slow: the Triton kernels run on CUDA)" if ran == "torch" else
-                    f" | {ran} kernels" if ran else "")
-                 + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
-                 + (f" {cfg.sampler.name} (CFG off)" if cfg.sampler.renoise else "")
-                 + (f" | cache {cfg.cache.short_text()}" if cfg.cache.enabled else "")
-                 + f" | {cfg.device} {cfg.dtype}"
-                 + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
-                 + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
-                 + (" | CFG parallel" if cfg.cfg_parallel else "")
-                 + (" | VAE tiled" if s["vae_tiling"] else "")
-                 + (" | light VAE decoder" if s.get("vae_decoder") == "light" else ""))
-        table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
-        print_table(con, table, wraps)
-        ranks = result.report.ranks_table()
-        if ranks is not None:
-            con.print(ranks)
-        share = result.report.attention_share_of_dit
-        con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
-                  "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
-                  highlight=False, markup=False, soft_wrap=not wraps)
-        con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
-                  cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
+        if result is not None:  # None: a rank other than 0 (rank 0 reports)
+            _show_result(result, cfg, json_out)
 
     run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
@@ -284,7 +296,7 @@ def compare(
 
     def run() -> None:
         from ..commands.compare_config import resolve_compare_options
-        from .terminal import print_table, stderr_log, stdout_console
+        from .terminal import stderr_log
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         check_model_available(cfg)

@@ -110,7 +110,13 @@ FlowShift = Annotated[Optional[float], typer.Option(help="Flow-matching timestep
                                                          "spends more steps at high noise; default from the preset).")]
 NegativePrompt = Annotated[Optional[str], typer.Option(help="Negative prompt for CFG (no effect with --guidance "
                                                             "<= 1, which turns CFG off; the run's notes say so).")]
-Seed = Annotated[int, typer.Option(help="Random seed.")]
+Seed = Annotated[Optional[int], typer.Option(help="Random seed (default 0).")]
+Seeds = Annotated[Optional[str], typer.Option(
+    metavar="N,N,...", help="Several seeds, one video each (not with --seed): the model loads and the prompt is "
+    "encoded once, then each seed's video is made exactly as --seed N makes it, with its own JSON (and sheet); "
+    "with --out NAME.ext each goes to NAME-seedN.ext. Each seed's files are published as they are done, so "
+    "Ctrl-C keeps the videos of the seeds already finished. One process (not with --gpus / --ulysses / "
+    "--cfg-parallel); not with --random-weights (drawn from the seed) or a MagCache calibration.")]
 SamplerOption = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="NAME[:KEY=VALUE...]",
     help="How the denoising walks: default (the checkpoint's scheduler, --steps steps, CFG as --guidance says); dmd "
@@ -219,7 +225,8 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "model": (Model, DEFAULT_MODEL), "attn": (Attn, "auto"), "sparsity": (Sparsity, None),
     "attn_impl": (AttnImpl, "auto"), "height": (Height, None), "width": (Width, None), "frames": (Frames, None),
     "steps": (Steps, None), "guidance": (Guidance, None), "guidance_2": (Guidance2, None),
-    "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, 0),
+    "flow_shift": (FlowShift, None), "negative_prompt": (NegativePrompt, None), "seed": (Seed, None),
+    "seeds": (Seeds, None),
     "sampler": (SamplerOption, None), "cache": (CacheOption, None),
     "fps": (Fps, None), "out": (Out, None), "overwrite": (Overwrite, False), "sheet": (Sheet, False),
     "codec": (Codec, None),
@@ -236,9 +243,9 @@ SHARED: dict[str, tuple[Any, Any]] = {
 GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
             "guidance",
             "guidance_2",
-            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
-            "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling", "vae",
-            "vae_dtype",
+            "flow_shift", "negative_prompt", "seed", "seeds", "fps", "out", "overwrite", "sheet", "codec", "device",
+            "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling",
+            "vae", "vae_dtype",
             "compile", "gpus",
             "ulysses",
             "cfg_parallel")

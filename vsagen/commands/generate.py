@@ -10,9 +10,9 @@ own, with its tqdm bar) at the crop plan's size -> crop the latent back -> VAE d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ..architecture import experts
 from ..decode.decoder_choice import vae_summary
@@ -77,7 +77,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     backend = cfg.backend.build()
     session = _load_session(cfg, backend, progress=progress, writer=writer, log=log)
     plan = session.plan(cfg.tile_fit)
-    run = _denoise(cfg, session, backend, plan, log)
+    run = _denoise(cfg, session, backend, plan, log, encode=True)
     untimed = session.untimed(backend)
     ranks = None
     if cfg.processes > 1:  # every rank's DiT / attention / exchange times, to rank 0
@@ -93,6 +93,45 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     return RunResult(_video_path(cfg), cfg.json_out, report, summary)
 
 
+def generate_seeds(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
+                   cancelled: Callable[[], bool] = lambda: False,
+                   published: Callable[[RunConfig, RunResult], None] = lambda c, r: None) -> list[RunResult]:
+    """`vsagen t2v` / `i2v` `--seeds`: one video per request of `cfgs` (`resolve_runs`: the same request but for its
+    seed and its files; never random weights, which come from the seed), on one process. The model is loaded once
+    (from `cfgs[0]`) and the prompt encoded once (host clock, outside each video's timed total; a note says so),
+    then each seed denoises, decodes and publishes its files as `generate` does: the latents, and so the video, are
+    those of `generate(cfg)` for that seed alone. Each seed's set of files is published (and handed to `published`
+    with its request) before the next seed starts, so an interrupt keeps the finished ones.
+
+    Raises:
+        BadInput, ModelNotFound, RunFailure: as `generate`; KeyboardInterrupt: as `generate`, the seeds already
+            published staying on disk.
+    """
+    first = cfgs[0]
+    backend = first.backend.build()
+    session = _load_session(first, backend, progress=progress, writer=True, log=log)
+    plan = session.plan(first.tile_fit)
+    untimed = session.untimed(backend)
+    loaded = session.notes[len(_request_notes(first)):]  # the load's own, after the request's
+    results = []
+    for i, cfg in enumerate(cfgs):
+        session = replace(session, request=cfg)  # the prompt embeddings kept: the seed only draws the noise
+        session.notes[:] = _request_notes(cfg) + loaded  # each video's JSON: its request's, the load's, its run's
+        log(f"seed {cfg.seed} ({i + 1} of {len(cfgs)})")
+        for note in _request_notes(cfg):
+            if note not in _request_notes(first):  # (the first's were said with the load's)
+                log(f"note: {note}")
+        session.prompts()  # encoded on the first seed only
+        session.notes.append(f"--seeds: the prompt was encoded once for the {len(cfgs)} seeds "
+                             f"({session.text_encode_s:.2f} s, outside this video's timed total)")
+        run = _denoise(cfg, session, backend, plan, log, encode=False)
+        report, summary = _write_outputs(cfg, session, backend, plan, run, untimed, None, log=log,
+                                         cancelled=cancelled)
+        results.append(RunResult(_video_path(cfg), cfg.json_out, report, summary))
+        published(cfg, results[-1])
+    return results
+
+
 def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,
                   log: Callable[[str], None]) -> Session:
     """Load the run's session (with the image-to-video conditioning), then say what the run will be: the CPU time
@@ -106,17 +145,24 @@ def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,
         if warning is not None:
             log(warning)
     # --attn auto: which backend and why, first among the run's notes; then the request's own (config.resolve)
-    session.notes[0:0] = [n for n in (cfg.attn_note, *cfg.notes) if n is not None]
+    session.notes[0:0] = _request_notes(cfg)
     for note in session.notes:
         log(f"note: {note}")
     return session
 
 
-def _denoise(cfg: RunConfig, session: Session, backend: Any, plan: Any, log: Callable[[str], None]) -> Any:
-    """The run on the session (prompts encoded inside it, not decoded: the mp4 decodes as it is written), then the
-    run's own notes said: a MagCache calibration to be written, non-finite latents, and what the run noted."""
+def _request_notes(cfg: RunConfig) -> list[str]:
+    """The request's own notes: `--attn auto`'s (which backend and why), then `resolve_run`'s."""
+    return [n for n in (cfg.attn_note, *cfg.notes) if n is not None]
+
+
+def _denoise(cfg: RunConfig, session: Session, backend: Any, plan: Any, log: Callable[[str], None], *,
+             encode: bool) -> Any:
+    """The run on the session (prompts encoded inside it when `encode`, else the session's; not decoded: the mp4
+    decodes as it is written), then the run's own notes said: a MagCache calibration to be written, non-finite
+    latents, and what the run noted."""
     noted = len(session.notes)
-    run = session.run(backend, plan, encode=True, decode=False, log=log)  # decoded below, as the mp4 is written
+    run = session.run(backend, plan, encode=encode, decode=False, log=log)  # decoded below, as the mp4 is written
     if run.calibration is not None:  # MagCache's ratios: written with the video below, or not at all
         session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
                              f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "

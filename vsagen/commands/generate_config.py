@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -244,6 +244,44 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
                      else out.fps, out=path, json_out=json_out, image=image,
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,
                      encoding=out.encoding, video_format=video_format.name)
+
+
+def seed_out(path: Path, seed: int) -> Path:
+    """Where one seed of `--seeds` goes with `--out NAME.ext`: `NAME-seed{seed}.ext` beside it."""
+    return path.with_name(f"{path.stem}-seed{seed}{path.suffix}")
+
+
+def resolve_runs(prompt: str, options: RequestOptions, *, image: Path | None = None, fit: ImageFit | str = "crop",
+                 last_image: Path | None = None) -> list[RunConfig]:
+    """`resolve_run` for each seed of `options.sampling.seeds` (`--seeds 1,2,3`, in the order given), or for the one
+    seed without it. Each seed's request is the single-seed one of `--seed N`: its default name carries the seed,
+    and `--out NAME.ext` becomes `NAME-seedN.ext` (`seed_out`). Every seed's targets are checked here, before
+    anything is loaded: none may exist without `overwrite`; no two seeds share a file (a seed given twice is refused
+    when the options are built, `vsagen.request.options.parse_seeds`).
+
+    Raises:
+        BadInput: see `resolve_run`; with several seeds also `--gpus` / `--ulysses` / `--cfg-parallel` (the seeds
+            run in one process), `--random-weights` (drawn from the seed: a model per seed) and a MagCache
+            calibration (one ratios file, not one per seed).
+    """
+    seeds = options.sampling.seeds
+    if seeds is None:
+        return [resolve_run(prompt, options, image=image, fit=fit, last_image=last_image)]
+    out = options.output.out
+    cfgs = [resolve_run(prompt, replace(options, sampling=replace(options.sampling, seed=seed, seeds=None),
+                                        output=replace(options.output, out=None if out is None
+                                                       else seed_out(out, seed))),
+                        image=image, fit=fit, last_image=last_image) for seed in seeds]
+    first = cfgs[0]
+    if first.processes > 1:
+        raise BadInput("--seeds runs its seeds in one process; leave out --gpus / --ulysses / --cfg-parallel, or "
+                       "run once per --seed")
+    if first.random_weights:  # the weights and the prompt embeddings are drawn from the seed: a model per seed
+        raise BadInput("--random-weights draws the weights from the seed, so each seed is another model; run once "
+                       "per --seed")
+    if first.cache.name == "mag" and first.cache.options.calibrate:
+        raise BadInput("--cache mag:calibrate=true writes one ratios file; calibrate with one --seed")
+    return cfgs
 
 
 def resolve_generate(prompt: str, *, image: Path | None = None, fit: str = "crop", last_image: Path | None = None,

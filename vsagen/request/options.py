@@ -219,6 +219,21 @@ class ModelOptions:
         object.__setattr__(self, "tile_fits", tuple(TileFit.parse(f, "--tile-fit") for f in entries))
 
 
+def parse_seeds(text: str | tuple[int, ...]) -> tuple[int, ...]:
+    """`--seeds` as seeds: `"1,2,3"` (or a tuple of ints) -> (1, 2, 3), in the order given.
+
+    Raises:
+        BadInput: an empty list or entry, an entry that is no integer in [0, 2^63), a seed given twice.
+    """
+    entries = [e.strip() for e in text.split(",")] if isinstance(text, str) else list(text)
+    seeds = [int(e) if isinstance(e, str) and e.isascii() and e.isdigit() else e for e in entries]
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < MAX_SEED for s in seeds):
+        raise BadInput(f"--seeds takes comma-separated integers in [0, 2^63) such as 1,2,3; got {text!r}")
+    if len(set(seeds)) != len(seeds):
+        raise BadInput(f"--seeds names a seed twice ({text!r}): each seed is one video")
+    return tuple(seeds)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplingOptions:
     """How the denoising runs.
@@ -229,7 +244,9 @@ class SamplingOptions:
             models only).
         flow_shift: the flow-matching timestep shift of the scheduler.
         negative_prompt: the negative prompt of CFG.
-        seed: the seed of the initial noise (and, + 2, of a re-noise sampler's draws).
+        seed: the seed of the initial noise (and, + 2, of a re-noise sampler's draws); None: not given (0).
+        seeds: several seeds, one video each (`vsagen t2v` / `vsagen i2v` `--seeds 1,2,3`): given as text, held
+            parsed as a tuple of ints (once, here); None: one video, of `seed`.
         sampler: how the denoising walks (`--sampler`: `default`, `dmd`, `dmd:sigmas=...`; see `vsagen.samplers`);
             `vsagen compare` takes a comma-separated list. Given as text, held parsed
             (`vsagen.request.sampling.SamplerList`, once, here).
@@ -240,7 +257,8 @@ class SamplingOptions:
 
     Raises:
         BadInput: steps outside [1, MAX_STEPS], warmup outside [0, MAX_STEPS], a CFG scale outside [0,
-            MAX_GUIDANCE], a flow shift outside (0, MAX_FLOW_SHIFT], a seed outside [0, 2^63), a sampler entry that
+            MAX_GUIDANCE], a flow shift outside (0, MAX_FLOW_SHIFT], a seed outside [0, 2^63), `seed` and `seeds`
+            together, a `seeds` list that is empty, repeats a seed or holds a non-integer, a sampler entry that
             does not parse (`vsagen.request.sampling.parse_sampler`), a cache entry that does not parse.
     """
 
@@ -250,7 +268,8 @@ class SamplingOptions:
     guidance_2: float | None = None
     flow_shift: float | None = None
     negative_prompt: str | None = None
-    seed: int = 0
+    seed: int | None = None
+    seeds: str | tuple[int, ...] | None = None
     sampler: str | SamplerList | None = None
     cache: str | CacheList | None = None
 
@@ -273,8 +292,13 @@ class SamplingOptions:
                 _number(value, flag, 0, MAX_GUIDANCE)
         if self.flow_shift is not None:
             _number(self.flow_shift, "--flow-shift", 0, MAX_FLOW_SHIFT, lo_open=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED:
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < MAX_SEED):
             raise BadInput(f"--seed must be in [0, 2^63), got {self.seed}")
+        if self.seeds is not None:
+            if self.seed is not None:
+                raise BadInput("--seed and --seeds together: give one (--seeds 1,2,3 makes a video per seed)")
+            object.__setattr__(self, "seeds", parse_seeds(self.seeds))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,7 +440,7 @@ FLAGS: dict[str, tuple[str, str]] = {
                                  "transformer")},
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
-                                    "seed", "sampler", "cache")},
+                                    "seed", "seeds", "sampler", "cache")},
     **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "vae", "vae_dtype", "compile",
                                      "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},

@@ -480,9 +480,12 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         scale without CFG).
 
     Raises:
-        BadInput: the first invalid setting, in one message naming the flag and what would be valid.
+        BadInput: the first invalid setting, in one message naming the flag and what would be valid (`--seeds`
+            among them: one request is one seed).
     """
     m, s, pl, at = options.model, options.sampling, options.placement, options.attention
+    if s.seeds is not None:  # `vsagen t2v` / `i2v` resolve each seed's request (`resolve_runs`)
+        raise BadInput("--seeds is taken by vsagen t2v and vsagen i2v only; give --seed")
     entries = _entries(options, backends, several_fits)
     d = source.preset.defaults
     auto = len(entries) == 1 and entries[0].name == AUTO  # chosen once the device is known (`_chosen_backends`)
@@ -511,7 +514,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
-        steps=plans[0].steps, guidance=plans[0].guidance, guidance_2=_guidance_2(source, s, plans[0]), seed=s.seed,
+        steps=plans[0].steps, guidance=plans[0].guidance, guidance_2=_guidance_2(source, s, plans[0]),
+        seed=0 if s.seed is None else s.seed,
         flow_shift=plans[0].flow_shift, max_sequence_length=d.max_sequence_length, samplers=plans,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,

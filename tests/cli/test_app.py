@@ -315,6 +315,8 @@ BAD_INPUTS = [
     ("seeds-twice", ["--seeds", "3,3"], ["--seeds names a seed twice"]),
     ("seeds-not-integers", ["--seeds", "1,x"], ["--seeds takes comma-separated integers", "1,x"]),
     ("seeds-gpus", ["--seeds", "1,2", "--gpus", "2", "--device", "cpu"], ["--seeds runs its seeds in one process"]),
+    ("seeds-calibrate", ["--seeds", "1,2", "--cache", "mag:calibrate=true"], ["calibrate with one --seed"]),
+    ("seeds-random-weights", ["--seeds", "1,2", "--random-weights"], ["--random-weights draws the weights"]),
     ("seeds-second-exists", ["--seeds", "1,2", "--out", "{tmp}/x.mp4"], ["x-seed2.json"]),
     ("frames-past-rope", ["--frames", "129", "--height", "16", "--width", "16"], ["--frames", "125"]),
     ("height-past-rope", ["--height", "528", "--frames", "1"], ["--height", "512"]),

@@ -296,7 +296,7 @@ def compare(
 
     def run() -> None:
         from ..commands.compare_config import resolve_compare_options
-        from .terminal import stderr_log
+        from .terminal import print_table, stderr_log, stdout_console
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         check_model_available(cfg)

@@ -90,7 +90,7 @@ def test_the_first_and_the_multi_process_commands_run_in_subprocesses():
 def test_readme_cpu_commands_run_as_pasted(tmp_path, vsagen_cache, tiny_dir, monkeypatch):
     from typer.testing import CliRunner
 
-    from vsagen.cli import app
+    from vsagen.cli.app import app
 
     commands = cpu_commands(README.read_text())
     assert len(commands) >= 3, commands  # t2v (set-up line), compare and profile at least

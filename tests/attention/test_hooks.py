@@ -19,6 +19,10 @@ from vsagen.attention.hooks import TiledRope, patch_transformer, time_transforme
 from vsagen.layout import tile_layout
 from vsagen.timing import NullTimer, Timer
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture computes the
+# references once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_hooks")
+
 # The same comparison as TOL_REORDER_FP32 in float64: reordering sums only costs ~1e-16 relative per op; observed 0.
 TOL_REORDER_FP64 = 1e-12
 # Tile order once vs reorder per layer: identical tokens in identical tile order reach the backend; only the

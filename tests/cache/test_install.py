@@ -15,6 +15,10 @@ from vsagen.cache.install import expert_steps, install_cache, load_ratios, save_
 from vsagen.errors import BadInput
 from vsagen.timing import Timer, TimingReport
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixtures load the tiny
+# pipelines once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_cache_hooks")
+
 
 def _session(model, steps):
     from vsagen.attention import make_backend

@@ -30,6 +30,10 @@ from vsagen.commands.compare_config import resolve_compare
 from vsagen.layout import tile_layout
 from vsagen.timing import Timer, TimingReport
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): three module fixtures run compare
+# once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_compare")
+
 runner = CliRunner()
 SMALL = ["--frames", "5", "--height", "64", "--width", "128", "--steps", "2", "--warmup", "0"]
 # vsa at sparsity 0 selects every key tile, so its fine stage is dense attention over the same keys in another

@@ -15,6 +15,10 @@ import pytest
 from vsagen.kernels import amd_build
 from vsagen.kernels.amd_build import KernelBuild, count_loads, read_resources
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture compiles every
+# kernel for AMD once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_amd_build")
+
 # Every kernel a rocm-vsa forward + backward launches (coarse stage, fine forward, backward, k2q, tile plans).
 KERNELS = {"_tile_pool_kernel", "_tile_scores_kernel", "_top_k_kernel", "_tile_plan_kernel", "_bsa_fwd_kernel",
            "_k2q_map_kernel", "_k2q_compact_kernel", "_bsa_bwd_preprocess_kernel", "_bsa_bwd_dq_kernel",

@@ -33,6 +33,10 @@ from vsagen.kernels.linear_marginal import marginal_branch_add
 from vsagen.kernels.tuning import kernel_tuning, op_args
 from vsagen.layout import tile_layout
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture runs each
+# case's kernels once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_sla_star_attn")
+
 NAMES = ("out", "dq", "dk", "dv", "dweight", "dbias")
 LAY = tile_layout((3, 5, 6))  # 4 tiles of 48, 24, 12 and 6 tokens: S = 90, every tile partial
 SMALL = tile_layout((2, 4, 5))  # 2 tiles of 32 and 8 tokens: S = 40, for the tests that only compare runs

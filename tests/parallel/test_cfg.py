@@ -14,6 +14,10 @@ from vsagen.errors import BadInput
 from vsagen.parallel.cfg import CfgSplit, check_cfg_parallel
 from vsagen.timing import Timer
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture spawns 2 gloo
+# processes once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_cfg")
+
 CASES = (*(f"tiny {a}" for a in CFG_TINY_BACKENDS), "tiny-a14b full")
 
 

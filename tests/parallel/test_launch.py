@@ -26,6 +26,10 @@ from vsagen.errors import BadInput
 from vsagen.models.sources import resolve_model
 from vsagen.parallel.launch import Launch, check_launch, enable_ulysses, torchrun_launch
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture runs the one-
+# process reference once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_launch")
+
 TORCHRUN_TIMEOUT_S = 240  # a hang fails the test instead of the suite
 LAUNCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK")

@@ -11,6 +11,10 @@ from ulysses_worker import TILE_CASES, spawn
 import vsagen.parallel.ulysses  # noqa: F401  (the module under test; the workers import it)
 from vsagen.attention import backend_names
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the two module fixtures spawn 2
+# gloo processes each once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_ulysses")
+
 
 @pytest.fixture(scope="module")
 def cp_results(tmp_path_factory):

@@ -214,11 +214,12 @@ def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache,
     assert res.returncode != 0
     errors = _errors(res.stderr)
     assert len(errors) == 1 and message in errors[0], res.stderr[-3000:]
-    # torchrun's summary: the rank that refused exited 2; torchrun then sends its peer a SIGTERM, which vsagen turns
-    # into exit 2 once its handler is installed; a peer still starting Python (a loaded machine: the suite's own
-    # workers) dies of the signal itself (-15). Nothing else may show (the 2-core suite saw -15 once, 2026-12-05).
+    # torchrun's summary: the rank that refused exited 2. Its peer usually refuses too (2); where it is slower,
+    # torchrun's SIGTERM reaches it first: inside vsagen's interrupt guard it ends as an interrupted run (143, its line
+    # on rank 0 only), still starting Python it dies of the signal itself (-15). Nothing else may show (the 2-core
+    # suite saw -15 on 2026-12-05 and 143 in CI on 2026-12-07).
     codes = re.findall(r"exitcode  : (-?\d+)", res.stderr)
-    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "-15"}, res.stderr[-3000:]
+    assert len(codes) == 2 and "2" in codes and set(codes) <= {"2", "-15", "143"}, res.stderr[-3000:]
     frames = [line for line in res.stderr.splitlines() if line.strip().startswith('File "')]
     package = str(Path(vsagen.__file__).resolve().parent) + os.sep  # vsagen's own source, wherever the clone is
     assert not [f for f in frames if package in f], frames  # torchrun's own traceback only, none from vsagen

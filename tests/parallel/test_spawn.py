@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vsagen.parallel.spawn import exit_status, run_workers, worker_threads
+from vsagen.parallel.spawn import AGENT_PID_ENV, die_with_agent, exit_status, run_workers, worker_threads
 
 SIGTERM, SIGINT, SIGKILL = int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGKILL)
 
@@ -126,3 +126,50 @@ def test_a_signal_to_the_parent_reaches_every_worker_once_and_none_is_left(tmp_p
         assert out == "" and err == "", err
         threads = {p.name.rsplit("threads", 1)[1] for p in folder.glob("rank*.pid*")}
         assert threads == {str(worker_threads(2))}  # OMP_NUM_THREADS set for the workers where it was not
+
+
+# The worker above as `vsagen`'s entry point starts: first `die_with_agent` (`vsagen.cli.app.main`).
+DYING_WORKER = "from vsagen.parallel.spawn import die_with_agent; die_with_agent()\n" + WORKER
+
+
+def test_workers_end_when_their_agent_is_killed_outright(tmp_path):
+    """kill -9 of the parent (no signal to pass on): the kernel sends each worker SIGTERM (`die_with_agent`), which
+    it handles and ends; none is left running (without it they slept on as orphans, 2026-12-07)."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), DYING_WORKER], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(_pids(tmp_path)) < 2 and time.monotonic() < deadline and parent.poll() is None:
+        time.sleep(0.05)
+    pids = _pids(tmp_path)
+    assert len(pids) == 2, parent.communicate(timeout=60)
+    parent.kill()
+    parent.communicate(timeout=60)
+    deadline = time.monotonic() + 20
+    while [p for p in pids if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if _alive(p)]
+    got = sorted(p.name for p in tmp_path.glob("rank*.got*"))
+    assert got == [f"rank0.got{SIGTERM}", f"rank1.got{SIGTERM}"], got
+
+
+def test_die_with_agent_acts_only_in_a_worker_and_signals_at_once_where_the_agent_is_gone():
+    assert die_with_agent({}) is False and die_with_agent({AGENT_PID_ENV: "x"}) is False
+    code = ("import os, signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda s, f: sys.exit(7))\n"
+            "from vsagen.parallel.spawn import die_with_agent\n"
+            "print(die_with_agent({'%s': str(os.getppid() + 1)}), flush=True)\n"
+            "time.sleep(30)\n" % AGENT_PID_ENV)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 7, res.stderr  # the parent named is not its parent: SIGTERM at once
+
+
+def test_the_vsagen_entry_point_calls_die_with_agent(monkeypatch):
+    import vsagen.parallel.spawn as spawn
+    from vsagen.cli import app as cli_app
+
+    called = []
+    monkeypatch.setattr(spawn, "die_with_agent", lambda: called.append(1))
+    monkeypatch.setattr(sys, "argv", ["vsagen", "backends"])
+    with pytest.raises(SystemExit) as e:
+        cli_app.main()
+    assert e.value.code == 0 and called == [1]

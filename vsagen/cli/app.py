@@ -430,6 +430,7 @@ def main() -> None:
     (`format_message`, `exit_code`) rather than by class.
     """
     from ..interrupts import process
+    from ..parallel.spawn import die_with_agent
 
     speaks = os.environ.get("RANK", "0") in ("", "0")  # a rank of a torchrun launch other than 0 prints no interrupt
     try:
@@ -438,6 +439,7 @@ def main() -> None:
         # vsagen`, torchrun): the completion script and its variable (_VSAGEN_COMPLETE) are the command's, as the
         # usage lines are
         with process(speaks=speaks) as guard:
+            die_with_agent()  # a worker of `--gpus N` ends with the vsagen process that started it
             code = app(standalone_mode=False, prog_name="vsagen")
             if code == 130 and guard is not None and guard.raised:  # Typer's exit for a KeyboardInterrupt outside a
                 code = report_interrupt(SignalInterrupt(guard.first()), speaks)  # command's report (parsing)

@@ -10,7 +10,9 @@ launcher's log lines are held back (shown with `verbose`) and its `ChildFailedEr
 prints a line of its own only where no worker could (`exit_status`) and exits with the workers' code (2 for bad
 input). The workers run in sessions of their own (the agent starts them so), so Ctrl-C at the terminal reaches
 the parent alone, and the agent passes the signal (SIGINT, SIGTERM, SIGHUP) on to each worker, which unwinds as
-one process does (nothing written), and waits for them (SIGKILL after `SHUTDOWN_TIMEOUT_S`).
+one process does (nothing written), and waits for them (SIGKILL after `SHUTDOWN_TIMEOUT_S`). A parent that dies
+without passing a signal on (kill -9) takes its workers with it: each has the kernel send it SIGTERM then
+(`die_with_agent`, called first by vsagen's entry point).
 """
 
 from __future__ import annotations
@@ -29,6 +31,32 @@ from ..interrupts import signal_name
 SHUTDOWN_TIMEOUT_S = 30
 # The signals the agent passes on to the workers (what `vsagen.cli.app` turns into an interrupted run).
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP")
+# Set in each worker's environment: the process id of the agent that started it (`die_with_agent`).
+AGENT_PID_ENV = "VSAGEN_AGENT_PID"
+# Linux's prctl option that has the kernel signal a process when the thread that started it ends (<linux/prctl.h>).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_agent(env: Mapping[str, str] = os.environ) -> bool:
+    """In a worker of `run_workers`: have the kernel send this process SIGTERM when its agent dies (Linux's
+    `prctl(PR_SET_PDEATHSIG)`), so a parent killed outright (SIGKILL, a crash, a test runner stopped) leaves no
+    worker behind: the SIGTERM unwinds the worker as an interrupted run (its temporary files removed, nothing
+    written). An agent that died before the call (the worker's parent is no longer `env[AGENT_PID_ENV]`) gets the
+    same signal at once. Nothing happens outside such a worker or off Linux.
+
+    Returns:
+        True where the death signal was set."""
+    agent = env.get(AGENT_PID_ENV, "")
+    if not agent.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != int(agent):  # the agent ended between starting this process and the prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
 
 
 def worker_threads(processes: int) -> int:
@@ -147,7 +175,9 @@ def run_workers(argv: Sequence[str], processes: int, *, prepare: Callable[[], ob
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
         logs_specs=DefaultLogsSpecs(log_dir=os.devnull),  # workers print to the terminal; no log or error files
         signals_to_handle=",".join(FORWARDED), shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(worker_threads(processes))}
+    env = {AGENT_PID_ENV: str(os.getpid())}  # each worker dies with this process (`die_with_agent`)
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(worker_threads(processes))
     with _restored(env), _launcher_quiet(verbose):
         try:
             elastic_launch(config, sys.executable)(*program, *argv)

@@ -175,16 +175,25 @@ def test_each_option_is_parsed_once_on_its_way_to_the_kernel(vsagen_cache, tiny_
     import vsagen.commands.generate_config  # noqa: F401 - bound before counting, as the command line binds it
     import vsagen.pipeline  # noqa: F401
 
+    from vsagen.media.video import Encoding
+
     counts = count_parses(monkeypatch)
+    parse_codec = Encoding.parse.__func__
+
+    def counted_codec(cls, text):
+        counts["Encoding.parse"] = counts.get("Encoding.parse", 0) + 1
+        return parse_codec(cls, text)
+
+    monkeypatch.setattr(Encoding, "parse", classmethod(counted_codec))
     out = tmp_path / "v.mp4"
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu", "--frames", "5", "--height", "64",
                               "--width", "64", "--attn", "vsa:sparsity=0.5:tile=4x4x8", "--attn-impl", "torch",
-                              "--sampler", "default:steps=2", "--cache", "first-block:threshold=0.2", "--out",
-                              str(out)])
+                              "--sampler", "default:steps=2", "--cache", "first-block:threshold=0.2",
+                              "--codec", "x264:crf=12", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert counts == {"parse_attn": 1, "parse_entry": 1, "check_impl": 1, "parse_sampler_list": 1,
                       "split_sampler_list": 1, "parse_sampler": 1, "parse_caches": 1, "parse_cache_list": 1,
-                      "parse_cache": 1}
+                      "parse_cache": 1, "Encoding.parse": 1}  # --codec was parsed at each of five reads
     data = json.loads(out.with_suffix(".json").read_text())  # and the typed values reached the run
     assert (data["backend"]["sparsity"], data["backend"]["tile"], data["backend"]["impl_ran"]) == (0.5, "4x4x8",
                                                                                                   "torch")

@@ -390,7 +390,8 @@ class OutputOptions:
         overwrite: replace existing files.
         fps: frames per second of the mp4s (None: the preset's).
         sheet: also write each video's contact sheet (`vsagen.media.sheet`), a PNG beside its mp4.
-        codec: how the mp4s are encoded, `NAME[:preset=P][:crf=N]` (`vsagen.media.video.Encoding`; None: its defaults).
+        codec: how the mp4s are encoded: `NAME[:preset=P][:crf=N]` text (None: the defaults), parsed once into a
+            `vsagen.media.video.Encoding`, which the field then holds (an `Encoding` is also taken as is).
 
     Raises:
         BadInput: fps outside [1, MAX_FPS], a codec text `Encoding.parse` refuses.
@@ -400,17 +401,18 @@ class OutputOptions:
     overwrite: bool = False
     fps: int | None = None
     sheet: bool = False
-    codec: str | None = None
+    codec: Any = None
 
     @property
     def encoding(self) -> Any:
         """The parsed `codec` (`vsagen.media.video.Encoding`)."""
-        from ..media.video import Encoding
-
-        return Encoding.parse(self.codec)
+        return self.codec
 
     def __post_init__(self) -> None:
-        self.encoding  # noqa: B018 - parsed once here, so a bad --codec is refused with the other options
+        from ..media.video import Encoding
+
+        if not isinstance(self.codec, Encoding):  # parsed once here: a bad --codec is refused with the other options
+            object.__setattr__(self, "codec", Encoding.parse(self.codec))
         if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, int)
                                      or not 1 <= self.fps <= MAX_FPS):
             raise BadInput(f"--fps must be an integer in [1, {MAX_FPS}], got {self.fps}")

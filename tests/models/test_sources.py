@@ -219,8 +219,9 @@ def test_an_uncached_hub_model_offline_is_refused_at_once(hub):
     assert msg.startswith("cannot load model 'wan2.1-t2v-1.3b': hub id 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers' is not in "
                           "the local Hugging Face cache and the hub is off (HF_HUB_OFFLINE is set)")
     assert "hf download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --local-dir DIR" in msg and "--random-weights" in msg
+    assert "Download it with `vsagen download wan2.1-t2v-1.3b` or `hf download" in msg  # a preset: its own command
     msg = _refusal("some-org/some-model")
-    assert "hub id 'some-org/some-model'" in msg and "--random-weights" not in msg
+    assert "hub id 'some-org/some-model'" in msg and "--random-weights" not in msg and "vsagen download" not in msg
     assert hub.asked == []  # offline: the hub is not asked
 
 

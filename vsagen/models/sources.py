@@ -159,11 +159,13 @@ def _original_layout_source(path: Path, model: str) -> ModelSource:
 
 def model_not_loadable(model: str, location: str, why: str, exact_preset: bool) -> ModelNotFound:
     """The one error line for a model (a hub id, a folder) whose pipeline could not be loaded (`why`: the cause, in
-    words), with what to do: download it into a folder and pass that, time the architecture with random weights (a
-    preset's), or try the tiny model."""
+    words), with what to do: download it (a preset: `vsagen download PRESET`) or into a folder and pass that, time the
+    architecture with random weights (a preset's), or try the tiny model."""
     timing_hint = ", time its architecture with --random-weights" if exact_preset else ""
-    return ModelNotFound(f"cannot load model {model!r}: {why}. Download it with `hf download {location} --local-dir "
-                         f"DIR` and pass --model DIR{timing_hint}, or try --model tiny")
+    # a preset's files, exactly those it needs, into the Hugging Face cache (`vsagen.commands.download`)
+    preset_hint = f"`vsagen download {model}` or " if model in preset_names() else ""
+    return ModelNotFound(f"cannot load model {model!r}: {why}. Download it with {preset_hint}`hf download {location} "
+                         f"--local-dir DIR` and pass --model DIR{timing_hint}, or try --model tiny")
 
 
 def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:

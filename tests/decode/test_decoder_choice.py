@@ -83,6 +83,8 @@ def test_random_weights_build_the_presets_architecture():
     assert light.use_framewise_decoding and light.tile_sample_min_num_frames == 16 \
         and light.tile_sample_stride_num_frames == 12
     assert "light decoder (random weights" in notes[0]
+    # the released decoder's widths (v1 and v3 config.json on the hub; issue 45), not the assumed 128..512 of before
+    assert light.config.decoder_block_out_channels == (32, 64, 256, 512)
     assert not light.follow_vae_tiling  # the request's vae_tiling is not "on"
     cfg.vae_decoder, vae2 = "stock", stock_vae()
     choose_decoder(cfg, vae2, notes)

@@ -232,7 +232,9 @@ def test_choose_tiny_reads_a_file_random_weights_the_hub_or_the_tiny_models_own(
     snapshot.mkdir()
     torch.save(random_decoder(NARROW, seed=3).state_dict(), snapshot / "taew2_1.pth")
     hub.store("madebyollin/taehv", snapshot)
+    asked = len(hub.asked)
     choose_decoder(tiny_cfg("tiny"), vae := wan21_vae(), notes)
+    assert len(hub.asked) == asked  # a cached file is read without asking the hub
     assert vae_summary(vae)["vae_weights"] == "madebyollin/taehv/taew2_1.pth" and not vae.tiny_decoder.config.raw_latents
     cfg = tiny_cfg("tiny", preset="tiny", kind="tiny")  # written beside the tiny checkpoint once, then read
     choose_decoder(cfg, vae := wan21_vae(), notes)

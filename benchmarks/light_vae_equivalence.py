@@ -22,14 +22,12 @@ repository); `tiny` the tiny-ti2v preset's. `704p` is the latent of 704x1280x121
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
 import torch
-from peer_dmd import load_module  # benchmarks/ is on the path when this script runs
+from peer_dmd import load_module, peer_file  # benchmarks/ is on the path when this script runs
 
 from vsagen.bench import bench_ms, rel_l2
 from vsagen.decode.light_decoder import LightVaeConfig, LightVaeDecoder
@@ -43,13 +41,7 @@ ARCHS = {"tiny": "tiny-ti2v", "hummingbird": "hummingbird-xt"}
 
 def their_module(args: argparse.Namespace) -> types.ModuleType:
     """Their file, loaded with a stand-in for timm's Mlp."""
-    if args.source is not None:
-        path = Path(args.source)
-    else:
-        text = subprocess.run(["git", f"--git-dir={args.git_dir}", "show", f"{COMMIT}:{FILE}"], check=True,
-                              capture_output=True, text=True).stdout
-        path = Path(tempfile.mkdtemp()) / "autoencoder_kl_turbo_vaed_ours_wan22.py"
-        path.write_text(text)
+    path = peer_file(args.source, args.git_dir, COMMIT, FILE)
     # Their file's diffusers imports resolve before the stand-in exists: diffusers' lazy modules probe for timm with
     # importlib.util.find_spec, which raises on a module without __spec__ (the 2026-12-05 H200 run stopped there).
     import diffusers.loaders  # noqa: F401

@@ -49,6 +49,21 @@ def extract(sdist: Path, into: Path, files: dict[str, str] = FILES) -> dict[str,
     return found
 
 
+def peer_file(source: str | None, git_dir: str | None, commit: str, file: str) -> Path:
+    """A peer's source file as data: `source` (a path) as given, else `file` at `commit` of the git directory
+    `git_dir` (e.g. a snapshot the `fetch` tool brings), written to a temporary folder (also used by
+    benchmarks/light_vae_equivalence.py and benchmarks/make_taehv_reference.py)."""
+    import subprocess
+
+    if source is not None:
+        return Path(source)
+    text = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{commit}:{file}"], check=True, capture_output=True,
+                          text=True).stdout
+    path = Path(tempfile.mkdtemp()) / Path(file).name
+    path.write_text(text)
+    return path
+
+
 def load_module(name: str, path: Path) -> types.ModuleType:
     import importlib.util
 

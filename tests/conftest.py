@@ -21,6 +21,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 import math
 import re
+import shutil
 import signal
 
 import numpy as np
@@ -285,6 +286,40 @@ def cached_locally(hub_id: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure means "not in the local cache"
         return False
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """A private, empty Hugging Face cache (`hub.cache`), offline unless a test says otherwise; the hub's answers
+    (`HfApi.model_info`) counted in `hub.asked`, never the real hub's (models/test_sources.py,
+    decode/test_tiny_files.py)."""
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    class Hub:
+        def __init__(self):
+            self.cache, self.asked, self.answer = tmp_path / "hub", [], None
+
+        def store(self, repo: str, folder) -> None:
+            """Put `folder` in the cache as `repo`'s main revision."""
+            root = self.cache / f"models--{repo.replace('/', '--')}"
+            shutil.copytree(folder, root / "snapshots" / ("a" * 40))
+            (root / "refs").mkdir()
+            (root / "refs" / "main").write_text("a" * 40)
+
+    hub = Hub()
+
+    def model_info(api, repo, timeout=None, **_):
+        hub.asked.append(repo)
+        if hub.answer is not None:
+            raise hub.answer
+        return object()
+
+    hub.cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub.cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    return hub
 
 
 def assert_one_error_line(stderr: str, stdout: str = "") -> str:

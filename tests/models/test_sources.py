@@ -171,39 +171,6 @@ def test_a_checkpoint_with_damaged_or_missing_weights_is_refused_before_loading(
 # `vsagen t2v fox` with the default preset, printed "loading ..." and failed ~7 s later)
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """A private, empty Hugging Face cache (`hub.cache`), offline unless a test says otherwise; the hub's answers
-    (`HfApi.model_info`) counted in `hub.asked`, never the real hub's."""
-    import huggingface_hub
-    import huggingface_hub.constants
-
-    class Hub:
-        def __init__(self):
-            self.cache, self.asked, self.answer = tmp_path / "hub", [], None
-
-        def store(self, repo: str, folder) -> None:
-            """Put `folder` in the cache as `repo`'s main revision."""
-            root = self.cache / f"models--{repo.replace('/', '--')}"
-            shutil.copytree(folder, root / "snapshots" / ("a" * 40))
-            (root / "refs").mkdir()
-            (root / "refs" / "main").write_text("a" * 40)
-
-    hub = Hub()
-
-    def model_info(api, repo, timeout=None, **_):
-        hub.asked.append(repo)
-        if hub.answer is not None:
-            raise hub.answer
-        return object()
-
-    hub.cache.mkdir()
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub.cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
-    return hub
-
-
 def _refusal(model: str, **kw) -> str:
     from vsagen.models.sources import check_hub_files
 

@@ -16,7 +16,7 @@ from vsagen.cli.app import app
 from vsagen.errors import BadInput
 from vsagen.request.options import (FLAGS, GROUPS, MAX_FPS, AttentionOptions, Device, Dtype, ModelOptions, Offload,
                                     OutputOptions, PlacementOptions, RequestOptions, SamplingOptions, TileFit,
-                                    VaeTiling, check_choice, request_options)
+                                    VaeDecoder, VaeSpec, VaeTiling, check_choice, request_options)
 
 runner = CliRunner()
 
@@ -132,6 +132,38 @@ def test_each_group_refuses_what_it_owns(make, needle):
     with pytest.raises(BadInput) as info:
         make()
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_vae_is_parsed_once_into_its_typed_value(tmp_path, monkeypatch):
+    """`--vae` text -> `VaeSpec` in the placement group (a weights file absolute, checked to exist), the same object
+    in the resolved request and back to its text in the run's config; every malformed value one line."""
+    from vsagen.models.sources import resolve_model
+    from vsagen.request.resolve import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taew2_1.pth").write_bytes(b"x")
+    (tmp_path / "folder.pth").mkdir()
+    (tmp_path / "w.bin").write_bytes(b"x")
+    assert PlacementOptions().vae == VaeSpec() == VaeSpec.parse("auto") == VaeSpec.parse(VaeDecoder.AUTO)
+    spec = VaeSpec.parse(" tiny:weights=taew2_1.pth")
+    assert spec == VaeSpec(VaeDecoder.TINY, weights=tmp_path / "taew2_1.pth") and spec.weights.is_absolute()
+    assert spec.text() == f"tiny:weights={tmp_path / 'taew2_1.pth'}" and VaeSpec.parse(spec) is spec
+    assert VaeSpec.parse("tiny:name=lighttaew2_2") == VaeSpec(VaeDecoder.TINY, name="lighttaew2_2")
+    assert VaeSpec.parse("tiny:name=lighttaew2_2").text() == "tiny:name=lighttaew2_2"
+    options = request_options(model="tiny", vae="tiny:weights=taew2_1.pth")
+    assert options.placement.vae == spec
+    assert resolve(resolve_model("tiny"), options, prompt="p").vae_decoder is options.placement.vae
+    for bad, says in (("tiny:weights=none.pth", "--vae tiny:weights=none.pth: no such file"),
+                      ("tiny:weights=folder.pth", "not a file (a TAEHV decoder is one .safetensors or .pth file)"),
+                      ("tiny:weights=w.bin", "reads .safetensors, .pth, .pt files only"),
+                      ("tiny:weights=", "tiny takes one option, weights=FILE or name=NAME"),
+                      ("tiny:size=2", "tiny takes one option"), ("light:name=taew2_1", "tiny takes one option"),
+                      ("tiny:name=taew2_3", "--vae tiny:name must be one of taew2_1, taew2_2, lighttaew2_1, "
+                                            "lighttaew2_2, got 'taew2_3'"),
+                      ("small", "--vae must be one of auto, light, stock, tiny, got 'small'")):
+        with pytest.raises(BadInput) as info:
+            PlacementOptions(vae=bad)
+        assert says in str(info.value) and "\n" not in str(info.value), bad
 
 
 def test_check_choice():

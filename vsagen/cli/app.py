@@ -79,7 +79,8 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
              + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
              + (" | CFG parallel" if cfg.cfg_parallel else "")
              + (" | VAE tiled" if s["vae_tiling"] else "")
-             + (" | light VAE decoder" if s.get("vae_decoder") == "light" else ""))
+             + (" | light VAE decoder" if s.get("vae_decoder") == "light" else "")
+             + (" | tiny VAE decoder" if s.get("vae_decoder") == "tiny" else ""))
     table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
     print_table(con, table, wraps)
     ranks = result.report.ranks_table()

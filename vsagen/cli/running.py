@@ -124,14 +124,17 @@ def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
 
 def check_model_available(cfg: Any) -> None:
     """A resolved request's model can be loaded as far as the Hugging Face cache and hub say, before torch imports
-    (`vsagen.models.check_hub_files`: an uncached hub id offline is one line at once, not after the load began).
+    (`vsagen.models.check_hub_files`: an uncached hub id offline is one line at once, not after the load began), and
+    so can the published tiny VAE decoder `--vae tiny` reads (`vsagen.decode.tiny_files.check_tiny_vae`).
 
     Raises:
-        ModelNotFound: see `check_hub_files`."""
+        ModelNotFound: see `check_hub_files`, `check_tiny_vae`."""
+    from ..decode.tiny_files import check_tiny_vae
     from ..models.sources import check_hub_files
 
     check_hub_files(cfg.source, cfg.model, random_weights=cfg.random_weights,
                     transformer_files=bool(cfg.transformer_files))
+    check_tiny_vae(cfg.vae_decoder, cfg.source, cfg.random_weights)
 
 
 def torchrun_launch_or_exit():

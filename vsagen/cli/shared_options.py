@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 
 from ..errors import close_matches
 from ..models.sources import DEFAULT_MODEL
-from ..request.options import Choice, Device, Dtype, Offload, TileFit, VaeDecoder, VaeDtype, VaeTiling
+from ..request.options import VAE_METAVAR, Choice, Device, Dtype, Offload, TileFit, VaeDtype, VaeTiling
 
 
 def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
@@ -186,10 +186,13 @@ VaeTilingOption = Annotated[VaeTiling, typer.Option("--vae-tiling", parser=choic
                                                          "diffusers' spatially tiled VAE: "
                                                          "'on', 'off', or 'auto' (on for frames of more than 480x832 "
                                                          "pixels).")]
-VaeOption = Annotated[VaeDecoder, typer.Option("--vae", parser=choice_parser(VaeDecoder), metavar=_choices(VaeDecoder),
-                                               help="The decoder of the latents: 'light' (the model's lightweight "
-                                                    "VAE decoder: Hummingbird-XT's), 'stock' (its VAE's own) or "
-                                                    "'auto' (light where the model has one by default).")]
+VaeOption = Annotated[str, typer.Option("--vae", metavar=f"[{VAE_METAVAR}]",
+                                        help="The decoder of the latents: 'stock' (its VAE's own), 'light' (the "
+                                             "model's lightweight VAE decoder: Hummingbird-XT's), 'tiny' (TAEHV: "
+                                             "taew2_1 for 16-channel latents, taew2_2 for the 48-channel Wan2.2-5B "
+                                             "ones, read from the Hugging Face cache; tiny:name=lighttaew2_1 for "
+                                             "LightX2V's; tiny:weights=FILE a .safetensors or .pth file) or 'auto' "
+                                             "(light where the model has one by default).")]
 VaeDtypeOption = Annotated[VaeDtype, typer.Option("--vae-dtype", parser=choice_parser(VaeDtype),
                                                   metavar=_choices(VaeDtype),
                                                   help="The VAE's dtype: auto (the preset's: bf16 for a text-to-"
@@ -235,7 +238,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
     "transformer": (Transformer, None), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
-    "vae": (VaeOption, VaeDecoder.AUTO), "vae_dtype": (VaeDtypeOption, VaeDtype.AUTO),
+    "vae": (VaeOption, "auto"), "vae_dtype": (VaeDtypeOption, VaeDtype.AUTO),
     "compile": (Compile, False), "ulysses": (Ulysses, None), "cfg_parallel": (CfgParallel, False),
     "gpus": (Gpus, None),
 }

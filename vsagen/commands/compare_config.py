@@ -176,6 +176,7 @@ class CompareConfig(Request):
         for key in ("source", "tile_fits", "attn_requested", "attn_note"):
             d.pop(key)
         d["tile_fit"] = self.tile_fit
+        d["vae_decoder"] = self.vae_decoder.text()  # `--vae` as given (a weights file absolute)
         d["backends"] = [b.summary() for b in self.backends]
         d["error_steps"] = list(self.error_steps)
         d["out"] = str(self.out)

@@ -14,7 +14,8 @@ video frames on as soon as they exist, instead of concatenating them:
 
 Concatenated, the chunks equal `vae.decode` bit for bit (tests: every tiny family, tiled and untiled, odd frame counts).
 Hummingbird-XT's lightweight decoder (`vsagen.decode.light_decoder`, attached to the stock VAE) streams window by window
-(`LightVaeDecoder.decode_chunks`). Any other VAE, or one whose `decode` was routed elsewhere, is decoded whole by its
+(`LightVaeDecoder.decode_chunks`), the TAEHV tiny decoder (`vsagen.decode.tiny_decoder`) latent frame by latent frame
+(`TinyVaeDecoder.decode_chunks`: causal too, 1 frame then 4 per latent frame). Any other VAE, or one whose `decode` was routed elsewhere, is decoded whole by its
 own `decode` and given as one chunk.
 
 `frames_u8` turns a chunk into the mp4's uint8 frames on the chunk's device (the pipeline's video processor, then
@@ -28,25 +29,26 @@ from typing import Any, Iterator
 
 def unnormalized(vae: Any, latents: Any) -> Any:
     """Wan latents (1, z, F_lat, H_lat, W_lat) in the VAE's dtype, un-normalised with its latents_mean / std."""
-    import torch
+    from .decoder_choice import latent_stats
 
     latents = latents.to(vae.dtype)
-    z = vae.config.z_dim
-    mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
-    std = torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents.device, latents.dtype)
+    mean, std = latent_stats(vae, latents)
     return latents * std + mean
 
 
 def streams(vae: Any) -> bool:
     """Whether `decode_chunks` decodes `vae` in pieces: diffusers' AutoencoderKLWan exactly, its `decode` its own
     (latent frame by latent frame) or routed to a lightweight decoder (`decoder_choice.attach`: window by window when
-    that decoder decodes in temporal windows, as Hummingbird-XT's does)."""
+    that decoder decodes in temporal windows, as Hummingbird-XT's does) or to a tiny one (latent frame by latent
+    frame)."""
     from diffusers import AutoencoderKLWan
 
-    from .decoder_choice import uses_light_decoder
+    from .decoder_choice import uses_light_decoder, uses_tiny_decoder
 
     if type(vae) is not AutoencoderKLWan:
         return False
+    if uses_tiny_decoder(vae):
+        return True
     if uses_light_decoder(vae):
         return bool(vae.light_decoder.use_framewise_decoding)
     return "decode" not in vars(vae)
@@ -54,7 +56,8 @@ def streams(vae: Any) -> bool:
 
 def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:
     """Decode normalised Wan latents (1, z, F_lat, H_lat, W_lat) as a stream of video chunks (1, 3, f, H, W) in
-    [-1, 1], in the VAE's dtype and device: f = 1 for the first latent frame, then 4 per latent frame (Wan VAEs);
+    [-1, 1], in the VAE's dtype and device: f = 1 for the first latent frame, then 4 per latent frame (Wan VAEs, the
+    tiny decoder);
     one chunk with every frame for other VAEs. Call it under `torch.inference_mode()`. An accelerate offload hook
     on the VAE (`--offload model`) moves it to the device first, as diffusers' `decode` does.
 
@@ -62,9 +65,12 @@ def decode_chunks(vae: Any, latents: Any) -> Iterator[Any]:
     hook = getattr(vae, "_hf_hook", None)
     if hook is not None and hasattr(hook, "pre_forward"):
         hook.pre_forward(vae)
-    z = unnormalized(vae, latents)
-    from .decoder_choice import light_decode_chunks, uses_light_decoder
+    from .decoder_choice import light_decode_chunks, tiny_decode_chunks, uses_light_decoder, uses_tiny_decoder
 
+    if uses_tiny_decoder(vae):  # the DiT's latents as they are (it un-normalises them itself where it must)
+        yield from tiny_decode_chunks(vae, latents)
+        return
+    z = unnormalized(vae, latents)
     if uses_light_decoder(vae):
         yield from light_decode_chunks(vae, z)
         return

@@ -257,7 +257,8 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
         BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light
-            VAE decoder asked for and absent or damaged (`vsagen.decode.decoder_choice.choose_decoder`).
+            or tiny VAE decoder asked for and absent, damaged or of another latent width
+            (`vsagen.decode.decoder_choice.choose_decoder`).
     """
     import torch
     from diffusers import UniPCMultistepScheduler
@@ -301,7 +302,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
         pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
     from ..decode.decoder_choice import choose_decoder
 
-    choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) decodes
+    choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) or TAEHV's
     vae_dtype = resolve_vae_dtype(cfg.vae_dtype, preset, cfg.image_to_video)  # --vae-dtype
     if vae_dtype != "same":
         pipe.vae.to(torch_dtype(vae_dtype))

@@ -281,7 +281,7 @@ def _cached_pipeline(repo: str, model: str, replaced: set[str]) -> bool:
     return True
 
 
-def _hub_unreachable(repo: str) -> str | None:
+def hub_unreachable(repo: str) -> str | None:
     """Why the Hugging Face hub cannot give `repo` now (offline mode, no connection, no such repository, gated), in
     words; None when it answered for the repository (a download can go ahead)."""
     from huggingface_hub import HfApi, constants
@@ -328,7 +328,7 @@ def check_hub_files(src: ModelSource, model: str, *, random_weights: bool = Fals
     preset_files = src.preset.transformer_files if src.exact_preset and not transformer_files else None
     if src.kind == "hub" and src.layout != "wan":
         replaced = transformers if transformer_files or preset_files is not None else set()
-        if not _cached_pipeline(src.location, model, replaced) and (why := _hub_unreachable(src.location)):
+        if not _cached_pipeline(src.location, model, replaced) and (why := hub_unreachable(src.location)):
             raise model_not_loadable(model, src.location, f"hub id {src.location!r} is not in the local Hugging "
                                      f"Face cache and {why}", src.exact_preset)
     if src.kind == "hub" and src.layout == "wan":  # the transformer in a folder of the repository
@@ -336,17 +336,17 @@ def check_hub_files(src: ModelSource, model: str, *, random_weights: bool = Fals
         root = _cached_snapshot(src.location)
         cached = root is not None and (root / sub / "config.json").is_file() and any(
             f.name.endswith(".safetensors") for f in (root / sub).iterdir())
-        if not cached and (why := _hub_unreachable(src.location)):
+        if not cached and (why := hub_unreachable(src.location)):
             raise model_not_loadable(model, src.location, f"hub id {src.location!r} is not in the local Hugging "
                                      f"Face cache and {why}", True)
     if src.layout == "wan" and src.components:
         if not _cached_pipeline(src.components, model, {"transformer"}) and (
-                why := _hub_unreachable(src.components)):
+                why := hub_unreachable(src.components)):
             raise model_not_loadable(model, src.components, f"its components' checkpoint {src.components!r} is not "
                                      f"in the local Hugging Face cache and {why}", True)
     if preset_files is not None:
         from .transformer_files import files_not_loadable, hub_files
 
-        if hub_files(src.preset, model, local_only=True) is None and (why := _hub_unreachable(preset_files[0])):
+        if hub_files(src.preset, model, local_only=True) is None and (why := hub_unreachable(preset_files[0])):
             raise files_not_loadable(preset_files[0], preset_files[1], model, f"not in the local Hugging Face cache "
                                      f"and {why}")

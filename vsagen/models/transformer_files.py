@@ -66,20 +66,28 @@ def check_transformer_files(files: Sequence[str], preset: Preset, model: str, ra
                f"{preset.experts} files, the high-noise expert first (--transformer HIGH,LOW)")
         raise BadInput(f"--transformer names {len(files)} file(s) and --model {model} has {preset.experts} "
                        f"transformer(s): give {how}")
-    out = []
-    for f in files:
-        path = Path(f).expanduser()
-        if not path.exists():
-            raise BadInput(f"{where_of(f)}: no such file")
-        if not path.is_file():
-            raise BadInput(f"{where_of(f)}: not a file (a transformer checkpoint is one .safetensors or .pth file)")
-        if not path.name.endswith(TRANSFORMER_FILE_SUFFIXES):
-            raise BadInput(f"{where_of(f)}: reads {', '.join(TRANSFORMER_FILE_SUFFIXES)} files only")
-        out.append(str(path.resolve()))
+    out = [str(weights_file(f, where_of(f), "a transformer checkpoint", TRANSFORMER_FILE_SUFFIXES)) for f in files]
     for f, architecture in zip(out, (preset.transformer, preset.transformer_2)):
         if f.endswith(".safetensors"):  # a .pth's keys need torch: checked as it loads
             check_header(Path(f), dict(architecture or {}), model)
     return tuple(out)
+
+
+def weights_file(f: str, where: str, what: str, suffixes: tuple[str, ...]) -> Path:
+    """A weights file named on the command line, checked without reading it: `f` as an absolute path (`~`
+    expanded) of an existing file ending in one of `suffixes` (`--transformer`, `--vae tiny:weights=`).
+
+    Raises:
+        BadInput: one line starting with `where`: no such file, a folder (`what` is one file), another suffix.
+    """
+    path = Path(f).expanduser()
+    if not path.exists():
+        raise BadInput(f"{where}: no such file")
+    if not path.is_file():
+        raise BadInput(f"{where}: not a file ({what} is one .safetensors or .pth file)")
+    if not path.name.endswith(suffixes):
+        raise BadInput(f"{where}: reads {', '.join(suffixes)} files only")
+    return path.resolve()
 
 
 def check_header(path: Path, architecture: dict[str, Any], model: str) -> None:

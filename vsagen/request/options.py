@@ -113,13 +113,69 @@ class VaeDtype(Choice):
 
 
 class VaeDecoder(Choice):
-    """`--vae`: which decoder turns the latents into frames (`vsagen.decode.decoder_choice.choose_decoder`): "auto" (the
-    preset's lightweight decoder where it has one by default and the folder holds it, else the stock VAE's),
-    "light" (that lightweight decoder, or bad input) or "stock" (the model's own VAE decoder)."""
+    """`--vae`'s decoder (`vsagen.decode.decoder_choice.choose_decoder`): "auto" (the preset's lightweight decoder
+    where it has one by default and the folder holds it, else the stock VAE's), "light" (that lightweight decoder, or
+    bad input), "stock" (the model's own VAE decoder) or "tiny" (the TAEHV family's, `vsagen.decode.tiny_decoder`)."""
 
     AUTO = "auto"
     LIGHT = "light"
     STOCK = "stock"
+    TINY = "tiny"
+
+
+VAE_METAVAR = "auto|light|stock|tiny[:weights=FILE|:name=NAME]"
+
+
+@dataclass(frozen=True)
+class VaeSpec:
+    """`--vae`, parsed once: `auto | light | stock | tiny[:weights=FILE | :name=NAME]`.
+
+    Attributes:
+        kind: the decoder (`VaeDecoder`).
+        weights: `tiny:weights=FILE`: the TAEHV decoder's weights (.safetensors, or .pth / .pt read by torch's
+            weights-only loader), an existing file, absolute.
+        name: `tiny:name=NAME`: a published decoder (`vsagen.decode.tiny_files.PUBLISHED`: taew2_1, taew2_2,
+            lighttaew2_1, lighttaew2_2) read from the Hugging Face cache. Neither: the published one of the model's
+            latent width (madebyollin's `taew2_1` for 16 channels, `taew2_2` for 48).
+    """
+
+    kind: VaeDecoder = VaeDecoder.AUTO
+    weights: Path | None = None
+    name: str | None = None
+
+    @classmethod
+    def parse(cls, value: Any, flag: str = "--vae") -> "VaeSpec":
+        """`value` (a VaeSpec, a `VaeDecoder`, or its text) as a VaeSpec.
+
+        Raises:
+            BadInput: one line: an unknown decoder, an option on another decoder than tiny, an unknown or empty
+                option, an unknown published name, a weights file that is missing, a folder, or of another format.
+        """
+        if isinstance(value, cls):
+            return value
+        text = str(getattr(value, "value", value)).strip()
+        head, sep, option = text.partition(":")
+        kind = VaeDecoder.parse(head.strip(), flag)
+        if not sep:
+            return cls(kind)
+        usage = "tiny takes one option, weights=FILE or name=NAME (e.g. --vae tiny:weights=taew2_1.safetensors)"
+        key, eq, arg = (part.strip() for part in option.partition("="))
+        if kind != VaeDecoder.TINY or not eq or key not in ("weights", "name") or not arg:
+            raise BadInput(f"{flag} {text}: {usage}")
+        if key == "name":
+            from ..decode.tiny_files import PUBLISHED
+
+            check_choice(f"{flag} tiny:name", arg, tuple(PUBLISHED))
+            return cls(kind, name=arg)
+        from ..decode.tiny_files import WEIGHT_SUFFIXES
+        from ..models.transformer_files import weights_file
+
+        return cls(kind, weights=weights_file(arg, f"{flag} {text}", "a TAEHV decoder", WEIGHT_SUFFIXES))
+
+    def text(self) -> str:
+        """The value as `--vae` takes it (a weights file absolute)."""
+        option = f":weights={self.weights}" if self.weights is not None else f":name={self.name}" if self.name else ""
+        return f"{self.kind.value}{option}"
 
 
 class ImageFit(Choice):
@@ -309,7 +365,7 @@ class PlacementOptions:
         device, dtype: `Device`, `Dtype`.
         offload: `Offload` (CUDA only; t2v / i2v).
         vae_tiling: `VaeTiling` (commands that decode).
-        vae: `VaeDecoder` (commands that decode).
+        vae: `VaeSpec`, given as it or as its text (commands that decode).
         vae_dtype: `VaeDtype` (commands that decode).
         compile: torch.compile the transformer blocks.
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
@@ -319,15 +375,15 @@ class PlacementOptions:
             process alone, or a launcher's such as torchrun).
 
     Raises:
-        BadInput: an unknown device, dtype, offload, VAE tiling, decoder or dtype, or a Ulysses degree or process
-            count below 1.
+        BadInput: an unknown device, dtype, offload, VAE tiling, decoder (or its options: `VaeSpec.parse`) or dtype,
+            or a Ulysses degree or process count below 1.
     """
 
     device: Device = Device.AUTO
     dtype: Dtype = Dtype.AUTO
     offload: Offload = Offload.NONE
     vae_tiling: VaeTiling = VaeTiling.AUTO
-    vae: VaeDecoder = VaeDecoder.AUTO
+    vae: VaeSpec | str = VaeSpec()
     vae_dtype: VaeDtype = VaeDtype.AUTO
     compile: bool = False
     fused_blocks: bool = True
@@ -338,7 +394,7 @@ class PlacementOptions:
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
                                 ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling"),
-                                ("vae", VaeDecoder, "--vae"), ("vae_dtype", VaeDtype, "--vae-dtype")):
+                                ("vae", VaeSpec, "--vae"), ("vae_dtype", VaeDtype, "--vae-dtype")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
         for flag, value in (("--ulysses", self.ulysses), ("--gpus", self.gpus)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..attention.spec import BackendEntry, BackendSpec
 from ..cache.cache_spec import NO_CACHE, CacheSpec
+from ..decode.tiny_files import check_tiny_request
 from ..errors import BadInput
 from ..layout import TILE, CropPlan
 from ..models.sources import ModelSource
@@ -26,7 +27,7 @@ from ..models.transformer_files import auto_evidence, check_transformer_files
 from .backends import attention_specs, auto_spec, crop_tile_of, preset_file_notes
 from .caching import resolve_caches
 from .options import (MAX_STEPS, Device, Dtype, ModelOptions, Offload, PlacementOptions, RequestOptions,
-                      SamplingOptions, TileFit)
+                      SamplingOptions, TileFit, VaeSpec)
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
 from .sampling import SamplerList, SamplerPlan, parse_sampler_list, plan_sampler
@@ -79,7 +80,7 @@ class Request:
     overwrite: bool
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.models.loading.place_pipeline
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
-    vae_decoder: str = "auto"  # --vae auto | light | stock (vsagen.decode.decoder_choice.choose_decoder)
+    vae_decoder: VaeSpec = VaeSpec()  # --vae parsed (vsagen.decode.decoder_choice.choose_decoder)
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
@@ -436,16 +437,19 @@ def _chosen_backends(source: ModelSource, options: RequestOptions, specs: tuple[
 
 
 def _check_placement(request: Request) -> None:
-    """What needs the whole request: the lightweight decoder exists, the Ulysses degree divides every grid that
-    runs, CFG parallelism has CFG to split.
+    """What needs the whole request: the lightweight decoder exists, a tiny decoder named or given as safetensors
+    decodes the model's latent width (`check_tiny_request`), the Ulysses degree divides every grid that runs, CFG
+    parallelism has CFG to split.
 
     Raises:
-        BadInput: `--vae light` without one, a degree or a CFG split the run cannot take.
+        BadInput: `--vae light` without one, `--vae tiny` of another width or a damaged file, a degree or a CFG
+            split the run cannot take.
     """
-    source = request.source
-    if request.vae_decoder == "light" and source.preset.light_vae is None:
+    source, vae = request.source, request.vae_decoder
+    if vae.kind == "light" and source.preset.light_vae is None:
         raise BadInput(f"--vae light: --model {request.model} has no lightweight VAE decoder (hummingbird-xt has one; "
                        "tiny-ti2v a tiny one)")
+    check_tiny_request(vae, source, request.model)
     for fit in request.tile_fits:  # the degree against every grid that runs
         check_ulysses(request.ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
                       frames=request.frames, height=request.height, width=request.width, tile=request.crop_tile)
@@ -519,7 +523,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         flow_shift=plans[0].flow_shift, max_sequence_length=d.max_sequence_length, samplers=plans,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
-        vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae.value, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
+        vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
         notes=notes + split_notes + cache_notes + backend_notes, tile_fits=fits, backends=specs, crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,

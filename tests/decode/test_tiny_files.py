@@ -1,0 +1,94 @@
+"""`vsagen.decode.tiny_files`: where `--vae tiny` finds its weights. The published files by latent width and name,
+LightX2V's un-normalised-latents rule, the checks before anything loads (a name or a safetensors file of another
+width, a damaged file; a published file neither cached nor reachable: one line, the hub not asked offline) and a
+cached one found, in a private Hugging Face cache (`hub`, conftest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder, save_file
+from vsagen.decode.tiny_files import (PUBLISHED, check_tiny_request, check_tiny_vae, hub_file, published_for,
+                                      raw_latents_file, tiny_model_file)
+from vsagen.errors import BadInput, ModelNotFound
+from vsagen.models.sources import resolve_model
+from vsagen.request.options import VaeSpec
+
+from conftest import one_error_line
+
+
+def test_the_published_files_by_width_and_name():
+    assert published_for(16).hub_text == "madebyollin/taehv/taew2_1.pth"
+    assert published_for(48).hub_text == "madebyollin/taehv/taew2_2.pth"
+    light = published_for(48, "lighttaew2_2")
+    assert light.hub_text == "lightx2v/Autoencoders/lighttaew2_2.safetensors" and light.raw_latents
+    assert {n: (f.latent_channels, f.patch_size) for n, f in PUBLISHED.items()} == {
+        "taew2_1": (16, 1), "taew2_2": (48, 2), "lighttaew2_1": (16, 1), "lighttaew2_2": (48, 2)}
+    assert raw_latents_file("/x/LightTAEW2_1.safetensors") and not raw_latents_file("/lighttae/taew2_1.pth")
+    assert tiny_model_file(Path("/c/tiny-pipeline"), light) == Path("/c/tiny-pipeline/vae/tiny/lighttaew2_2.safetensors")
+
+
+def test_a_name_or_a_file_of_another_width_is_refused_before_loading(tmp_path):
+    tiny, ti2v = resolve_model("tiny"), resolve_model("tiny-ti2v")
+    with pytest.raises(BadInput, match="taew2_2 decodes 48-channel latents and --model tiny's VAE makes 16-channel "
+                                       "ones; its published decoders are taew2_1, lighttaew2_1"):
+        check_tiny_request(VaeSpec.parse("tiny:name=taew2_2"), tiny, "tiny")
+    f = tmp_path / "taew2_2.safetensors"
+    save_file(random_decoder(TinyVaeConfig(48, 2, (8, 8, 8, 8)), seed=0), f)
+    check_tiny_request(VaeSpec.parse(f"tiny:weights={f}"), ti2v, "tiny-ti2v")
+    with pytest.raises(BadInput, match="decodes 48-channel latents and --model tiny's VAE makes 16-channel"):
+        check_tiny_request(VaeSpec.parse(f"tiny:weights={f}"), tiny, "tiny")
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(BadInput, match="damaged or truncated"):
+        check_tiny_request(VaeSpec.parse(f"tiny:weights={cut}"), ti2v, "tiny-ti2v")
+    for fine in ("tiny", "stock", "tiny:name=lighttaew2_1"):
+        check_tiny_request(VaeSpec.parse(fine), tiny, "tiny")
+
+
+def test_an_uncached_published_file_offline_is_one_line_at_once(hub):
+    for model, name, file in (("wan2.1-t2v-1.3b", "tiny", "madebyollin/taehv/taew2_1.pth"),
+                              ("fastwan2.2-ti2v-5b", "tiny", "madebyollin/taehv/taew2_2.pth"),
+                              ("wan2.1-t2v-1.3b", "tiny:name=lighttaew2_1",
+                               "lightx2v/Autoencoders/lighttaew2_1.safetensors")):
+        with pytest.raises(ModelNotFound) as info:
+            check_tiny_vae(VaeSpec.parse(name), resolve_model(model), random_weights=False)
+        msg = str(info.value)
+        assert msg.startswith(f"--vae tiny: {file} is not in the local Hugging Face cache and the hub is off "
+                              "(HF_HUB_OFFLINE is set)") and "\n" not in msg and info.value.exit_code == 2
+        assert "hf download " in msg and "--vae tiny:weights=DIR/" in msg
+    assert hub.asked == []
+    for nothing_to_read in (("stock", "wan2.1-t2v-1.3b", False), ("tiny", "wan2.1-t2v-1.3b", True),
+                            ("tiny", "tiny", False)):
+        check_tiny_vae(VaeSpec.parse(nothing_to_read[0]), resolve_model(nothing_to_read[1]), nothing_to_read[2])
+
+
+def test_a_cached_file_is_found_and_a_reachable_hub_goes_on(hub, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    folder = tmp_path / "snap"
+    folder.mkdir()
+    (folder / "taew2_1.pth").write_bytes(b"weights")
+    hub.store("madebyollin/taehv", folder)
+    check_tiny_vae(VaeSpec.parse("tiny"), resolve_model("wan2.1-t2v-1.3b"), random_weights=False)
+    assert hub_file(PUBLISHED["taew2_1"], local_only=True).read_bytes() == b"weights"
+    assert hub_file(PUBLISHED["taew2_2"], local_only=True) is None
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    check_tiny_vae(VaeSpec.parse("tiny"), resolve_model("fastwan2.2-ti2v-5b"), random_weights=False)
+    assert hub.asked == ["madebyollin/taehv"]  # taew2_2 is not cached: the hub answered for its repository
+
+
+def test_the_command_line_refuses_before_loading(hub, tiny_dir, tmp_path):
+    """A local checkpoint (nothing to download for it) with `--vae tiny` offline: one line, exit 2, nothing
+    written, before anything loads."""
+    from vsagen.cli.app import app
+
+    out = tmp_path / "out"
+    out.mkdir()
+    res = CliRunner().invoke(app, ["t2v", "a fox", "--model", str(tiny_dir), "--vae", "tiny", "--steps", "1",
+                                   "--out", str(out / "f.mp4")])
+    assert one_error_line(res).startswith("error: --vae tiny: madebyollin/taehv/taew2_1.pth is not in the local")
+    assert list(out.iterdir()) == []

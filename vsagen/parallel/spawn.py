@@ -37,7 +37,7 @@ AGENT_PID_ENV = "VSAGEN_AGENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_agent(env: Mapping[str, str] = os.environ) -> bool:
+def die_with_agent(env: Mapping[str, str] | None = None) -> bool:
     """In a worker of `run_workers`: have the kernel send this process SIGTERM when its agent dies (Linux's
     `prctl(PR_SET_PDEATHSIG)`), so a parent killed outright (SIGKILL, a crash, a test runner stopped) leaves no
     worker behind: the SIGTERM unwinds the worker as an interrupted run (its temporary files removed, nothing
@@ -45,8 +45,8 @@ def die_with_agent(env: Mapping[str, str] = os.environ) -> bool:
     same signal at once. Nothing happens outside such a worker or off Linux.
 
     Returns:
-        True where the death signal was set."""
-    agent = env.get(AGENT_PID_ENV, "")
+        True where the death signal was set. `env`: the environment to read (default: this process's)."""
+    agent = (os.environ if env is None else env).get(AGENT_PID_ENV, "")
     if not agent.isdigit() or not sys.platform.startswith("linux"):
         return False
     import ctypes

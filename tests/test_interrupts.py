@@ -258,9 +258,9 @@ def test_a_stream_interrupted_between_chunks_leaves_no_ffmpeg_and_no_file(tmp_pa
 
 def _encode_with_signal(frames, path, at: int) -> None:
     """`encode_mp4`, a SIGTERM sent as frame `at` is handed to ffmpeg."""
-    import imageio.v2 as imageio
+    from vsagen.media import video
 
-    real = imageio.get_writer
+    real = video._writer
 
     def writer(*a, **k):
         w = real(*a, **k)
@@ -275,11 +275,11 @@ def _encode_with_signal(frames, path, at: int) -> None:
         w.append_data = append_data
         return w
 
-    imageio.get_writer = writer
+    video._writer = writer
     try:
         encode_mp4(frames, path, 8)
     finally:
-        imageio.get_writer = real
+        video._writer = real
 
 
 def _processes_naming(folder: Path) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import BadInput, RunFailure
-from . import video
+from . import ffmpeg_pipe, video
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ FORMATS = {f.name: f for f in (
     VideoFormat("png", "PNG frames NAME-0000.png, NAME-0001.png, ...", None),
 )}
 WEBM_CRF = 30  # VP9's constant quality (0-63, lower is better): 30 is a small preview that keeps the detail
-GIF_FILTER = "split[a][b];[a]palettegen=stats_mode=full[p];[b][p]paletteuse"  # one palette for the whole video
+# VP9's output options: constant quality alone (`-b:v 0`), libvpx's good deadline at speed 5, row multithreading
+WEBM_OPTIONS = {"crf": str(WEBM_CRF), "b:v": "0", "deadline": "good", "cpu-used": "5", "row-mt": "1"}
 
 
 def output_format(out: Path) -> VideoFormat:
@@ -84,31 +85,18 @@ def check_format(fmt: VideoFormat, encoding: video.Encoding) -> None:
         raise BadInput(f"--out .{fmt.name}: the bundled ffmpeg has no {fmt.encoder} encoder here; use .mp4 or .gif")
 
 
-class _FfmpegFrames:
-    """A WebM or GIF writer with imageio's `append_data` / `close` over imageio-ffmpeg's `write_frames` (imageio's
-    own FFMPEG writer refuses a .gif name); ffmpeg starts at the first frame, whose size it takes."""
+def _ffmpeg_frames(path: Path, fps: int, fmt: VideoFormat, metadata: dict[str, str] | None) -> ffmpeg_pipe.PipeWriter:
+    """The WebM or GIF encoder child (started at the first frame, whose size it takes): VP9 yuv420p at
+    WEBM_OPTIONS with `metadata` as its tags, or a looping GIF through one palette for the whole video."""
 
-    def __init__(self, path: Path, fps: int, fmt: VideoFormat, metadata: dict[str, str] | None) -> None:
-        self.path, self.fps, self.fmt, self.metadata = path, fps, fmt, metadata
-        self._gen: Any = None
+    def command(width: int, height: int) -> list[str]:
+        if fmt.name == "webm":
+            return ffmpeg_pipe.encode_command(path, width, height, fps, vcodec=fmt.encoder, pix_fmt="yuv420p",
+                                              options=WEBM_OPTIONS, metadata=metadata)
+        return ffmpeg_pipe.encode_command(path, width, height, fps, vcodec=fmt.encoder, pix_fmt="pal8",
+                                          options={"loop": "0"}, graph=ffmpeg_pipe.palette_gif)
 
-    def append_data(self, frame: np.ndarray) -> None:
-        if self._gen is None:
-            import imageio_ffmpeg
-
-            params = (["-crf", str(WEBM_CRF), "-b:v", "0", "-deadline", "good", "-cpu-used", "5", "-row-mt", "1",
-                       *video.metadata_params(self.metadata)] if self.fmt.name == "webm" else
-                      ["-vf", GIF_FILTER, "-loop", "0"])
-            self._gen = imageio_ffmpeg.write_frames(
-                str(self.path), (frame.shape[1], frame.shape[0]), fps=self.fps, codec=self.fmt.encoder,
-                pix_fmt_out="yuv420p" if self.fmt.name == "webm" else "pal8", quality=None, macro_block_size=1,
-                output_params=params, ffmpeg_log_level="error")
-            self._gen.send(None)
-        self._gen.send(np.ascontiguousarray(frame))
-
-    def close(self) -> None:
-        if self._gen is not None:
-            self._gen.close()  # ffmpeg is told the input ended and waited for
+    return ffmpeg_pipe.PipeWriter(path, command)
 
 
 class _PngFrames:
@@ -148,13 +136,13 @@ def write_video(outputs: video.Outputs, fmt: VideoFormat, out: Path, chunks: Ite
     if fmt.name == "png":
         writer = _PngFrames(outputs, frame_paths(out, frames), metadata)
         return video.encode_mp4_stream(chunks, out, fps, keep=keep, open_writer=lambda path, rate: writer)
-    opener = None if fmt.name == "mp4" else (lambda path, rate: _FfmpegFrames(path, rate, fmt, metadata))
+    opener = None if fmt.name == "mp4" else (lambda path, rate: _ffmpeg_frames(path, rate, fmt, metadata))
 
     def write(tmp: Path) -> None:
         streamed.append(video.encode_mp4_stream(chunks, tmp, fps, encoding, keep=keep, metadata=metadata,
                                                 open_writer=opener))
         if not tmp.exists() or tmp.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
-            raise RunFailure(f"ffmpeg wrote no {fmt.what} (its own message is above)")
+            raise RunFailure(f"ffmpeg wrote no {fmt.what}")
 
     outputs.add(out, write, f".{fmt.name}")
     return streamed[0]
@@ -180,10 +168,9 @@ def read_metadata(path: Path) -> dict[str, str]:
 
     Raises:
         RunFailure: ffmpeg could not read the file."""
-    done = subprocess.run([video.find_ffmpeg(), "-v", "error", "-i", str(path), "-f", "ffmetadata", "-"],
-                          capture_output=True, timeout=60)
+    done = subprocess.run(ffmpeg_pipe.metadata_command(path), capture_output=True, timeout=60)
     if done.returncode != 0:
-        raise RunFailure(f"ffmpeg could not read {path}: {done.stderr.decode(errors='replace').strip()}")
+        raise RunFailure(f"ffmpeg could not read {path}: {ffmpeg_pipe.reason(done.stderr.decode(errors='replace'))}")
     tags: dict[str, str] = {}
     line: list[tuple[str, bool]] = []
     for ch, escaped in [*_unescape(done.stdout.decode("utf-8")), ("\n", False)]:

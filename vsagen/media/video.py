@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import interrupts
 from ..errors import BadInput, RunFailure
+from . import ffmpeg_pipe
 
 
 def to_uint8_frames(video: np.ndarray) -> np.ndarray:
@@ -212,7 +213,7 @@ CODECS = {"x264": "libx264", "nvenc": "h264_nvenc"}  # --codec NAME -> ffmpeg's 
 @dataclass(frozen=True)
 class Encoding:
     """How the mp4s are encoded (`--codec NAME[:preset=P][:crf=N]`): H.264, yuv420p, exactly H x W, through
-    imageio-ffmpeg's bundled ffmpeg.
+    imageio-ffmpeg's bundled ffmpeg (the command built with ffmpeg-python: `vsagen.media.ffmpeg_pipe`).
 
     Attributes:
         codec: "x264" (libx264 on the CPU) or "nvenc" (NVIDIA's h264_nvenc, where the GPU has an NVENC engine).
@@ -268,10 +269,14 @@ class Encoding:
                     "browsers do not play (players such as VLC and ffplay do); crf 1 or more plays everywhere")
         return None
 
+    def ffmpeg_options(self) -> dict[str, str]:
+        """ffmpeg's output options for this encoding besides the encoder, as ffmpeg-python takes them (no dash)."""
+        quality = {"crf": str(self.crf)} if self.codec == "x264" else {"rc": "vbr", "cq": str(self.crf)}
+        return {"preset": self.preset, **quality}
+
     def ffmpeg_params(self) -> list[str]:
-        """ffmpeg's output options for this encoding (after `-vcodec`)."""
-        quality = ["-crf", str(self.crf)] if self.codec == "x264" else ["-rc", "vbr", "-cq", str(self.crf)]
-        return ["-preset", self.preset, *quality]
+        """ffmpeg's output options for this encoding (after `-vcodec`), as command-line words."""
+        return [word for key, value in self.ffmpeg_options().items() for word in (f"-{key}", value)]
 
 
 def check_encoder(encoding: Encoding) -> None:
@@ -284,8 +289,7 @@ def check_encoder(encoding: Encoding) -> None:
         return
     import subprocess
 
-    probe = [find_ffmpeg(), "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i", "color=c=black:s=256x256:r=16",
-             "-frames:v", "4", "-c:v", CODECS[encoding.codec], *encoding.ffmpeg_params(), "-f", "null", "-"]
+    probe = ffmpeg_pipe.probe_command(CODECS[encoding.codec], encoding.ffmpeg_options())
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -307,34 +311,31 @@ def find_ffmpeg() -> str:
 
     Raises:
         RuntimeError: imageio-ffmpeg finds no ffmpeg."""
-    import imageio_ffmpeg
-
-    return imageio_ffmpeg.get_ffmpeg_exe()
+    return ffmpeg_pipe.executable()
 
 
-def metadata_params(metadata: dict[str, str] | None) -> list[str]:
-    """ffmpeg's `-metadata KEY=VALUE` options for `metadata` (the mp4 and WebM muxers keep title, description and
-    comment without further flags; other keys in an mp4 would need `-movflags use_metadata_tags`)."""
-    return [arg for key, value in (metadata or {}).items() for arg in ("-metadata", f"{key}={value}")]
-
-
-def _writer(path: Path, fps: int, encoding: Encoding | None, metadata: dict[str, str] | None = None) -> Any:
-    import imageio.v2 as imageio
-
+def _writer(path: Path, fps: int, encoding: Encoding | None,
+            metadata: dict[str, str] | None = None) -> ffmpeg_pipe.PipeWriter:
+    """The mp4's encoder child (started at the first frame): H.264 yuv420p at exactly the frames' H x W, `encoding`'s
+    options, `metadata` as the container's tags (the mp4 muxer keeps title, description and comment without
+    further flags; other keys would need `-movflags use_metadata_tags`)."""
     encoding = Encoding() if encoding is None else encoding
-    return imageio.get_writer(path, format="FFMPEG", fps=fps, codec=CODECS[encoding.codec], pixelformat="yuv420p",
-                              macro_block_size=1, quality=None, output_params=[*encoding.ffmpeg_params(), *metadata_params(metadata)],
-                              ffmpeg_log_level="error")
+
+    def command(width: int, height: int) -> list[str]:
+        return ffmpeg_pipe.encode_command(path, width, height, fps, vcodec=CODECS[encoding.codec], pix_fmt="yuv420p",
+                                          options=encoding.ffmpeg_options(), metadata=metadata)
+
+    return ffmpeg_pipe.PipeWriter(path, command)
 
 
 def encode_mp4(frames: np.ndarray, path: Path, fps: int, encoding: Encoding | None = None) -> None:
-    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg into `path`
+    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with the bundled ffmpeg into `path`
     (written in place: `write_mp4` and `Outputs` give the atomic publication). Between frames it checks for a
     held-back Ctrl-C / SIGTERM (`vsagen.interrupts.check`); the ffmpeg child has ended when this returns or raises.
     `encoding`: the codec, preset and CRF (`Encoding`; None: its defaults, x264 veryfast CRF 10).
 
     Raises:
-        RunFailure: ffmpeg left the file empty.
+        RunFailure: ffmpeg failed (its last line) or left the file empty.
         SignalInterrupt: an ending signal arrived during the encode (under `Outputs`)."""
     w = _writer(path, fps, encoding)
     try:
@@ -342,14 +343,19 @@ def encode_mp4(frames: np.ndarray, path: Path, fps: int, encoding: Encoding | No
             w.append_data(frame)
             interrupts.check()  # a safe point
     except BaseException:
-        # imageio's writer closes only on success (its __exit__): closed here, ffmpeg is told the input ended and
-        # waited for, so no child outlives the temporary file (one did, and created it again after its removal)
-        with contextlib.suppress(Exception):
-            w.close()
+        # ended here, so no child outlives the temporary file (one did, and created it again after its removal)
+        _give_up(w)
         raise
     w.close()
     if not path.exists() or path.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
-        raise RunFailure(f"ffmpeg wrote no video for {len(frames)} frames at {fps} fps (its own message is above)")
+        raise RunFailure(f"ffmpeg wrote no video for {len(frames)} frames at {fps} fps")
+
+
+def _give_up(writer: Any) -> None:
+    """End `writer` whose file is being given up: ffmpeg killed (`PipeWriter.abort`), or closed where the writer
+    has no abort (PNG frames); errors of the ending are dropped (the error being raised says what went wrong)."""
+    with contextlib.suppress(Exception):
+        getattr(writer, "abort", writer.close)()
 
 
 @dataclass(frozen=True)
@@ -396,7 +402,7 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
     if frames == 0:
         raise RunFailure("the decode gave no frames to encode")
     if open_writer is None and (not path.exists() or path.stat().st_size == 0):  # ffmpeg can fail on its own input and still exit quietly
-        raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps (its own message is above)")
+        raise RunFailure(f"ffmpeg wrote no video for {frames} frames at {fps} fps")
     return StreamTimes(produce, encoder.busy_s, time.perf_counter() - start, frames)
 
 
@@ -429,13 +435,16 @@ class _Encoder:
             while self.waiting.get() is not None:  # take what the producer still hands over, up to the end marker
                 pass
         finally:
-            # closed here in every case: ffmpeg is told the input ended and waited for, so no child outlives the
-            # temporary file (one did, and created it again after its removal)
+            # ended here in every case (closed: ffmpeg told the input ended and waited for; given up after a failure
+            # or a stop: killed and waited for), so no child outlives the temporary file (one did, and created it
+            # again after its removal)
             t0 = time.perf_counter()
-            try:
-                self.writer.close()
-            except BaseException as e:
-                if not self.failure and not self.stop.is_set():
+            if self.failure or self.stop.is_set():
+                _give_up(self.writer)
+            else:
+                try:
+                    self.writer.close()
+                except BaseException as e:
                     self.failure.append(e)
             self.busy_s += time.perf_counter() - t0
 
@@ -496,7 +505,7 @@ def _produce(chunks: Iterator[np.ndarray], encoder: _Encoder,
 
 
 def write_mp4(frames: np.ndarray, path: Path, fps: int, *, overwrite: bool = False) -> None:
-    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with imageio-ffmpeg.
+    """Encode (F, H, W, 3) uint8 frames as H.264 mp4 (yuv420p) at exactly H x W with the bundled ffmpeg.
 
     Raises:
         BadInput: `path` exists and `overwrite` is False.

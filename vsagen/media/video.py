@@ -304,10 +304,10 @@ def check_encoder(encoding: Encoding) -> None:
 
 
 def find_ffmpeg() -> str:
-    """The ffmpeg executable imageio-ffmpeg runs (its path; imageio-ffmpeg caches it for the process). Call it
-    before `Outputs`: it runs `ffmpeg -version` in a child of this process group, which a Ctrl-C to the group
-    kills, and inside `Outputs` (the signal held) imageio would then report "No ffmpeg exe could be found"; here
-    the signal interrupts at once.
+    """The ffmpeg executable vsagen runs, imageio-ffmpeg's bundled one (its path; imageio-ffmpeg caches it for the
+    process: `ffmpeg_pipe.executable`). Call it before `Outputs`: it runs `ffmpeg -version` in a child of this
+    process group, which a Ctrl-C to the group kills, and inside `Outputs` (the signal held) imageio-ffmpeg would
+    then report "No ffmpeg exe could be found"; here the signal interrupts at once.
 
     Raises:
         RuntimeError: imageio-ffmpeg finds no ffmpeg."""

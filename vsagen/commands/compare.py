@@ -19,12 +19,10 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
   its sampler, steps, CFG scale and DiT forwards;
 * PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.media.metrics`),
   and the relative L2 distance of the final latents;
-* the decode: which decoder and weights decoded the run, its seconds, and the seconds saved against the reference's
-  decode. `--vae` may list several decoders (`--vae stock,tiny`, the first the reference decoder): then every
-  (sampler, backend, cache) triple's DiT runs once and its final latents are decoded by each decoder in turn (the
-  decoders built once, `decoder_states`, and swapped on the VAE), each decode a run of its own; with one triple
-  (`--attn full --vae stock,tiny`), each decoder's PSNR / SSIM is against the reference decoder's frames of the
-  same latents. With `--warmup`, each decoder first decodes once untimed;
+* the decode: its decoder and weights, its seconds and those saved against the reference's. With several `--vae`
+  decoders (`stock,tiny`, the first the reference), each triple's DiT runs once and each decoder (built once,
+  `decoder_states`, swapped on the VAE) decodes its final latents as a run of its own (with `--warmup`, once
+  untimed first); with one triple, PSNR / SSIM are each decoder's against the reference decoder on the same latents;
 * the attention error: at the steps `error_steps` (default the first, middle and last of each run's own steps),
   every self-attention call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per
   (step, expert, layer) the relative L2 sqrt(sum ||o - o_dense||^2 / sum ||o_dense||^2) over that step's calls (both

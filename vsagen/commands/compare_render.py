@@ -72,7 +72,8 @@ def rich_table(report: Any) -> Any:
                  "attention error not measured (--error-steps none)")
     t = Table(title=title(report), title_justify="left",
               caption=f"speed-up: of the DiT seconds per video; {attention}; PSNR / SSIM of the decoded frames "
-                      "against the reference",
+                      "against the reference" + ("; decode s saved: the reference's decode s minus the run's"
+                                                 if several_vaes(report) else ""),
               caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
     # (`vsagen.cli.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut

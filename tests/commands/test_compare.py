@@ -249,6 +249,56 @@ def test_reference_twice_through_the_library(vsagen_cache, tiny_dir, tmp_path):
         "compare.csv", "compare.json", "full-1.mp4", "full.mp4", "side-by-side.mp4"]
 
 
+@pytest.mark.slow
+def test_each_decoder_decodes_the_same_latents_of_one_dit_run(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """--attn full --vae stock,tiny, and stock again (the library takes a list the CLI refuses): the DiT runs once and
+    every decode gets its final latents (the same tensor); the stock decoder after the tiny one gives the reference's
+    frames exactly (PSNR inf, SSIM 1: the decoder swap leaves the stock decode as it was), the tiny one other frames.
+    The rows and compare.json carry each decoder, its weights and its decode seconds; every video is written."""
+    import vsagen.commands.compare as compare_module
+    import vsagen.pipeline
+    from vsagen.commands.compare import compare
+    from vsagen.decode.decoder_choice import vae_summary
+
+    decoded, videos = [], []
+    original_decode, original_write = vsagen.pipeline.decode_latents, compare_module.write_outputs
+
+    def decode(pipe, latents):
+        decoded.append((latents, vae_summary(pipe.vae)["vae_decoder"]))
+        return original_decode(pipe, latents)
+
+    def keep(cfg, report, frames, **k):
+        videos.extend(frames)
+        return original_write(cfg, report, frames, **k)
+
+    monkeypatch.setattr(vsagen.pipeline, "decode_latents", decode)
+    monkeypatch.setattr(compare_module, "write_outputs", keep)
+    out = tmp_path / "out"
+    cfg = resolve_compare("a prompt", model="tiny", attn="full", vae="stock,tiny", frames=5, height=64, width=64,
+                          steps=1, warmup=0, out=out, plot=False, error_steps="none")
+    cfg = dataclasses.replace(cfg, vae_decoders=(*cfg.vae_decoders, cfg.vae_decoders[0]))
+    report = compare(cfg, progress=False)
+    assert [kind for _, kind in decoded] == ["stock", "tiny", "stock"]  # one decode each (no --warmup)
+    assert all(latents is decoded[0][0] for latents, _ in decoded)
+    stock, tiny, again = report.rows
+    assert [r.label for r in report.rows] == ["full / stock VAE", "full / tiny VAE", "full / stock VAE (2)"]
+    assert np.array_equal(videos[2], videos[0]) and again.psnr_db == math.inf and again.ssim == 1.0
+    assert not np.array_equal(videos[1], videos[0]) and math.isfinite(tiny.psnr_db) and tiny.ssim < 1.0
+    for r in report.rows:  # one DiT run: its times, no latent distance
+        assert r.dit_s_per_video == stock.dit_s_per_video and r.latents_rel_l2 == 0.0 and r.speedup_vs_reference == 1
+        assert r.decode_s > 0 and r.decode_saved_s == stock.decode_s - r.decode_s
+    assert (stock.vae_decoder, stock.vae_weights, tiny.vae_decoder) == ("stock", None, "tiny")
+    assert tiny.vae_weights.endswith("taew2_1.safetensors") and tiny.decode_speedup_vs_reference == pytest.approx(
+        stock.decode_s / tiny.decode_s)
+    data = json.loads((out / "compare.json").read_text())
+    assert [(r["vae_decoder"], r["vae_weights"], r["decode_s"]) for r in data["rows"]] == [
+        (r.vae_decoder, r.vae_weights, r.decode_s) for r in report.rows]
+    assert data["vae_decoder"] == "stock" and data["settings"]["vae_decoders"] == ["stock", "tiny", "stock"]
+    assert any("the tiny decoder (TAEHV" in n for n in data["notes"])
+    assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "full-vae-stock-2.mp4",
+                                                     "full-vae-stock.mp4", "full-vae-tiny.mp4", "side-by-side.mp4"]
+
+
 def test_an_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
     """Files are written only after every run; an interrupt while writing removes those already written, and the
     folder this run created."""

@@ -62,6 +62,17 @@ BAD = [
     ("cache-mag", ["--cache", "none,mag"], ["--cache mag: no calibration file", "mag:calibrate=true"]),
     ("cache-mag-calibrate", ["--cache", "none,mag:calibrate=true"], ["calibrates in a vsagen t2v or i2v run"]),
     ("one-backend-one-cache", ["--attn", "full", "--cache", "first-block"], ["is one run", "two caches"]),
+    ("vae-unknown", ["--attn", "full", "--vae", "stock,small"], ["--vae must be one of auto, light, stock, tiny, "
+                                                                 "got 'small'"]),
+    ("vae-twice", ["--vae", "stock,tiny,stock"], ["--vae 'stock,tiny,stock' lists stock twice"]),
+    ("vae-auto-in-a-list", ["--vae", "stock,auto"], ["a list names its decoders"]),
+    ("vae-light-without-one", ["--attn", "full", "--vae", "stock,light"],
+     ["--vae light: --model tiny has no lightweight VAE decoder"]),
+    ("vae-tiny-of-another-width", ["--attn", "full", "--vae", "stock,tiny:name=taew2_2"],
+     ["--vae tiny:name=taew2_2 decodes 48-channel latents and --model tiny's VAE makes 16-channel ones"]),
+    ("vae-tiny-file-of-another-width", ["--attn", "full", "--vae", "stock,tiny:weights={tmp}/w48.safetensors"],
+     ["decodes 48-channel latents and --model tiny's VAE makes 16-channel ones"]),
+    ("one-backend-one-decoder", ["--attn", "full", "--vae", "tiny"], ["is one run", "two VAE decoders"]),
 ]
 
 
@@ -69,6 +80,10 @@ BAD = [
 def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, monkeypatch, args, needles):
     monkeypatch.setattr("vsagen.pipeline.Session.load", lambda *a, **k: pytest.fail("loaded despite bad input"))
     (tmp_path / "afile").write_text("a file, not a folder")
+    if any("w48.safetensors" in a for a in args):  # a TAEHV decoder of the Wan2.2-5B latent width (48 channels)
+        from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder, save_file
+
+        save_file(random_decoder(TinyVaeConfig(48, 2, (8, 8, 8, 8)), seed=0), tmp_path / "w48.safetensors")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     res = runner.invoke(app, ["compare", "a prompt", *(["--model", "tiny"] if "--model" not in args else []),
                               *(["--out", str(tmp_path / "out")] if "--out" not in args else []), *args])
@@ -76,7 +91,8 @@ def test_bad_input_is_one_line_exit_2_before_loading(vsagen_cache, tmp_path, mon
     assert res.exit_code == 2, res.output
     for needle in needles:
         assert needle in line, f"{needle!r} not in {line!r}"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"], "something was written"
+    written = sorted(p.name for p in tmp_path.iterdir() if p.name != "w48.safetensors")
+    assert written == ["afile"], "something was written"
 
 
 def test_runs_are_every_sampler_with_every_backend_sampler_major(tmp_path):
@@ -127,6 +143,27 @@ def test_runs_are_every_backend_with_every_cache(tmp_path):
                           "full + first-block / default 4 steps CFG 5"]
     assert cfg.run_files[1].name == "full-first-block-dmd.mp4"
     assert any("--cache first-block with the dmd sampler" in n for n in cfg.notes)
+
+
+def test_runs_are_every_triple_with_every_decoder(tmp_path):
+    """--attn full,vsa --vae stock,tiny:name=lighttaew2_1: each backend's DiT run decoded by each decoder, the
+    decoders innermost (one DiT run, then its decodes), the reference full with the stock decoder; labels and file
+    names say the decoder; the settings list every --vae entry; one decoder leaves labels and files as they were."""
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", vae="stock,tiny:name=lighttaew2_1",
+                          out=tmp_path / "o", plot=False, sheet=True)
+    assert cfg.labels == ["full / stock VAE", "full / tiny:name=lighttaew2_1 VAE", "vsa 0.875 / stock VAE",
+                          "vsa 0.875 / tiny:name=lighttaew2_1 VAE"]
+    assert [p.name for p in cfg.run_files] == ["full-vae-stock.mp4", "full-vae-tiny-name-lighttaew2-1.mp4",
+                                               "vsa-vae-stock.mp4", "vsa-vae-tiny-name-lighttaew2-1.mp4"]
+    assert [(r.spec.name, r.backend_index, r.vae_index) for r in cfg.runs] == [
+        ("full", 0, 0), ("full", 0, 1), ("vsa", 1, 0), ("vsa", 1, 1)]
+    assert cfg.vae_decoder.kind == "stock" and cfg.several_vaes
+    assert cfg.files["full / stock VAE sheet"].name == "full-vae-stock.sheet.png"
+    assert cfg.summary()["vae_decoders"] == ["stock", "tiny:name=lighttaew2_1"]
+    cfg = resolve_compare("a cat", model="tiny", attn="full", vae="stock,tiny", out=tmp_path / "one", plot=False)
+    assert cfg.labels == ["full / stock VAE", "full / tiny VAE"] and len(cfg.runs) == 2  # one DiT run, two decodes
+    cfg = resolve_compare("a cat", model="tiny", attn="full,vsa", vae="tiny", out=tmp_path / "t", plot=False)
+    assert cfg.labels == ["full", "vsa 0.875"] and not cfg.several_vaes and cfg.summary()["vae_decoders"] == ["tiny"]
 
 
 def test_default_mag_file_stays_out_of_labels_and_names(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from vsagen.commands.compare_render import render_csv, rich_table, side_by_side,
 
 
 def row(label: str, psnr: float, layers: list[float | None], expert: str = "transformer", sampler: str = "default",
-        steps: int = 2, guidance: float = 5.0) -> CompareRow:
+        steps: int = 2, guidance: float = 5.0, vae: str = "stock", decode_s: float = 0.4) -> CompareRow:
     per_layer = [{"expert": expert, "layer": i, "rel_l2": x} for i, x in enumerate(layers)]
     finite = [x for x in layers if x is not None]
     per_step = [0.5] * steps
@@ -28,7 +28,9 @@ def row(label: str, psnr: float, layers: list[float | None], expert: str = "tran
                       psnr_per_frame_db=[psnr, psnr], ssim=1.0 if psnr == math.inf else 0.8,
                       ssim_per_frame=[1.0, 0.5], latents_rel_l2=0.0, error_steps=[0, 1], attention_rel_l2=[],
                       attention_rel_l2_per_layer=per_layer, attention_rel_l2_mean=sum(finite) / len(finite),
-                      attention_rel_l2_max=max(finite), probe_s=0.01, warmup_s=0.0)
+                      attention_rel_l2_max=max(finite), probe_s=0.01, warmup_s=0.0, vae_decoder=vae,
+                      vae_weights="taew2_1.safetensors" if vae == "tiny" else None, vae_tiling=False,
+                      decode_s=decode_s, decode_saved_s=0.4 - decode_s, decode_speedup_vs_reference=0.4 / decode_s)
 
 
 def report() -> CompareReport:
@@ -169,3 +171,25 @@ def test_side_by_side_keeps_each_video_outside_its_label():
         assert set(np.unique(corner)) <= {0, 255} and (corner == 255).any()  # the label: white on black
     with pytest.raises(ValueError):
         side_by_side(videos, ["one label"])
+
+
+def test_several_decoders_add_the_decode_columns_and_the_csv_names_each_decoder():
+    """--vae stock,tiny: the table gains the decode seconds and those saved against the reference's decode (signed);
+    the CSV carries each row's decoder, weights and decode seconds. One decoder: no decode columns."""
+    from rich.console import Console
+
+    rep = report()
+    rep.settings["vae_decoders"] = ["stock", "tiny"]
+    rep.rows = [row("full / stock VAE", math.inf, [0.0, 0.0]),
+                row("full / tiny VAE", 24.5, [0.0, 0.0], vae="tiny", decode_s=0.1)]
+    con = Console(width=200, record=True)
+    con.print(rich_table(rep))
+    text = con.export_text()
+    assert "decode" in text and "s saved" in text and "+0.300" in text and "+0.000" in text
+    rows = list(csv.DictReader(io.StringIO(render_csv(rep))))
+    assert [(r["vae_decoder"], r["vae_weights"], float(r["decode_s"]), float(r["decode_saved_s"])) for r in rows] == [
+        ("stock", "", 0.4, 0.0), ("tiny", "taew2_1.safetensors", 0.1, pytest.approx(0.3))]
+    assert float(rows[1]["decode_speedup_vs_reference"]) == pytest.approx(4.0)
+    con = Console(width=200, record=True)
+    con.print(rich_table(report()))
+    assert "s saved" not in con.export_text()

@@ -241,3 +241,15 @@ def test_out_png_checks_every_frame_file_and_says_an_earlier_longer_runs_frames_
                for n in cfg.notes)
     assert not any("longer run" in n for n in resolve("a fox", model="tiny", device="cpu", frames=9,
                                                       out=tmp_path / "f.png", overwrite=True).notes)
+
+
+def test_the_settings_of_a_tiny_weights_file_are_json(tmp_path):
+    """`--vae tiny:weights=FILE`: the run's settings hold the decoder as its text (the file absolute), and the list
+    compare takes (`vae_decoders`, whose entries hold a Path) is not in them: they go into t2v's JSON as they are."""
+    import json
+
+    (tmp_path / "taew2_1.pth").write_bytes(b"x")
+    cfg = resolve("a fox", model="tiny", device="cpu", vae=f"tiny:weights={tmp_path / 'taew2_1.pth'}",
+                  out=tmp_path / "a.mp4")
+    settings = json.loads(json.dumps(cfg.summary()))
+    assert settings["vae_decoder"] == f"tiny:weights={tmp_path / 'taew2_1.pth'}" and "vae_decoders" not in settings

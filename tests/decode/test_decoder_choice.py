@@ -55,6 +55,30 @@ def test_attach_routes_decode_and_keeps_encode():
         attach(vae, LightVaeDecoder(LightVaeConfig(latent_channels=16, patch_size=4)))
 
 
+def test_detach_gives_back_the_stock_decode_and_reattach_the_decoder():
+    """`vsagen compare --vae stock,light`: a VAE with a light decoder detached decodes as the stock VAE it was (the
+    same frames as before the light decoder was attached); reattached, the light decoder's frames again; a stock
+    state is a no-op."""
+    from vsagen.decode.decoder_choice import detach, reattach
+
+    vae = stock_vae()
+    z = torch.randn(1, 48, 1, 1, 1)
+    before, names = vae.decode(z, return_dict=False)[0], set(dict(vae.named_parameters()))
+    attach(vae, randomize(LightVaeDecoder(TINY)).eval())
+    light = vae.decode(z, return_dict=False)[0]
+    assert not torch.equal(light, before)
+    state = detach(vae)
+    assert not uses_light_decoder(vae) and "decode" not in vae.__dict__ and state["light_decoder"] is not None
+    assert torch.equal(vae.decode(z, return_dict=False)[0], before)
+    assert set(dict(vae.named_parameters())) == names  # no decoder left on it
+    stock = detach(vae)
+    assert all(v is None for v in stock.values())
+    reattach(vae, state)
+    assert uses_light_decoder(vae) and torch.equal(vae.decode(z, return_dict=False)[0], light)
+    reattach(vae, stock)
+    assert not uses_light_decoder(vae) and vae_summary(vae)["vae_decoder"] == "stock"
+
+
 def conv3d_weights(module):
     return [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv3d)]
 

@@ -144,15 +144,15 @@ def test_vae_is_parsed_once_into_its_typed_value(tmp_path, monkeypatch):
     (tmp_path / "taew2_1.pth").write_bytes(b"x")
     (tmp_path / "folder.pth").mkdir()
     (tmp_path / "w.bin").write_bytes(b"x")
-    assert PlacementOptions().vae == VaeSpec() == VaeSpec.parse("auto") == VaeSpec.parse(VaeDecoder.AUTO)
+    assert PlacementOptions().vae.one() == VaeSpec() == VaeSpec.parse("auto") == VaeSpec.parse(VaeDecoder.AUTO)
     spec = VaeSpec.parse(" tiny:weights=taew2_1.pth")
     assert spec == VaeSpec(VaeDecoder.TINY, weights=tmp_path / "taew2_1.pth") and spec.weights.is_absolute()
     assert spec.text() == f"tiny:weights={tmp_path / 'taew2_1.pth'}" and VaeSpec.parse(spec) is spec
     assert VaeSpec.parse("tiny:name=lighttaew2_2") == VaeSpec(VaeDecoder.TINY, name="lighttaew2_2")
     assert VaeSpec.parse("tiny:name=lighttaew2_2").text() == "tiny:name=lighttaew2_2"
     options = request_options(model="tiny", vae="tiny:weights=taew2_1.pth")
-    assert options.placement.vae == spec
-    assert resolve(resolve_model("tiny"), options, prompt="p").vae_decoder is options.placement.vae
+    assert options.placement.vae.one() == spec
+    assert resolve(resolve_model("tiny"), options, prompt="p").vae_decoder is options.placement.vae.one()
     for bad, says in (("tiny:weights=none.pth", "--vae tiny:weights=none.pth: no such file"),
                       ("tiny:weights=folder.pth", "not a file (a TAEHV decoder is one .safetensors or .pth file)"),
                       ("tiny:weights=w.bin", "reads .safetensors, .pth, .pt files only"),
@@ -166,16 +166,47 @@ def test_vae_is_parsed_once_into_its_typed_value(tmp_path, monkeypatch):
         assert says in str(info.value) and "\n" not in str(info.value), bad
 
 
+def test_a_vae_list_is_parsed_once_and_taken_whole_by_compare_only(tmp_path, monkeypatch):
+    """`--vae stock,tiny:weights=F,light` -> a `VaeList` of typed entries, in order; a command that decodes with one
+    refuses a list, compare (`several`) takes it; an empty entry, `auto` in a list, an entry twice: one line each."""
+    from vsagen.models.sources import resolve_model
+    from vsagen.request.options import VaeList, parse_vaes
+    from vsagen.request.resolve import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.pth").write_bytes(b"x")
+    vaes = PlacementOptions(vae=" stock, tiny:weights=t.pth ,light").vae
+    assert isinstance(vaes, VaeList) and vaes.text == "stock, tiny:weights=t.pth ,light"
+    assert vaes.several() == (VaeSpec(VaeDecoder.STOCK), VaeSpec(VaeDecoder.TINY, weights=tmp_path / "t.pth"),
+                              VaeSpec(VaeDecoder.LIGHT))
+    assert vaes.specs[1].short_text() == "tiny:weights=t.pth" and parse_vaes(VaeSpec()).specs == (VaeSpec(),)
+    assert PlacementOptions(vae="auto").vae.several() == (VaeSpec(),)  # compare's default: one decoder
+    options = request_options(model="tiny", vae="stock,tiny")
+    req = resolve(resolve_model("tiny"), options, prompt="p", several_vaes=True)
+    assert req.vae_decoders == options.placement.vae.specs and req.vae_decoder is options.placement.vae.specs[0]
+    with pytest.raises(BadInput, match=r"^--vae 'stock,tiny': this command decodes with one decoder; `vsagen "
+                                       r"compare` compares several"):
+        resolve(resolve_model("tiny"), options, prompt="p")
+    for bad, says in (("stock,,tiny", "--vae 'stock,,tiny' has an empty entry"), ("", "--vae '' has an empty entry"),
+                      ("stock,auto", "--vae 'stock,auto': a list names its decoders"),
+                      ("tiny,stock,tiny", "--vae 'tiny,stock,tiny' lists tiny twice"),
+                      ("stock,tiny:name=x", "--vae tiny:name must be one of")):
+        with pytest.raises(BadInput) as info:
+            PlacementOptions(vae=bad).vae.several()
+        assert says in str(info.value) and "\n" not in str(info.value), bad
+
+
 def test_check_choice():
     check_choice("--fit", "crop", ("crop", "resize"))
     with pytest.raises(BadInput, match=r"^--fit must be one of crop, resize, got 'x'$"):
         check_choice("--fit", "x", ("crop", "resize"))
 
 
-# The functions that read `--attn`, `--attn-impl`, `--sampler` and `--cache` text, by the module that defines them.
+# The functions that read `--attn`, `--attn-impl`, `--sampler`, `--cache` and `--vae` text, by the module that defines them.
 PARSERS = {"vsagen.request.backends": ("parse_attn", "check_impl"), "vsagen.attention.spec": ("parse_entry",),
            "vsagen.request.sampling": ("parse_sampler_list", "split_sampler_list", "parse_sampler"),
-           "vsagen.cache.cache_spec": ("parse_caches", "parse_cache_list", "parse_cache")}
+           "vsagen.cache.cache_spec": ("parse_caches", "parse_cache_list", "parse_cache"),
+           "vsagen.request.options": ("parse_vaes",)}
 
 
 def count_parses(monkeypatch) -> dict[str, int]:
@@ -221,11 +252,11 @@ def test_each_option_is_parsed_once_on_its_way_to_the_kernel(vsagen_cache, tiny_
     res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", "--device", "cpu", "--frames", "5", "--height", "64",
                               "--width", "64", "--attn", "vsa:sparsity=0.5:tile=4x4x8", "--attn-impl", "torch",
                               "--sampler", "default:steps=2", "--cache", "first-block:threshold=0.2",
-                              "--codec", "x264:crf=12", "--out", str(out)])
+                              "--codec", "x264:crf=12", "--vae", "stock", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert counts == {"parse_attn": 1, "parse_entry": 1, "check_impl": 1, "parse_sampler_list": 1,
                       "split_sampler_list": 1, "parse_sampler": 1, "parse_caches": 1, "parse_cache_list": 1,
-                      "parse_cache": 1, "Encoding.parse": 1}  # --codec was parsed at each of five reads
+                      "parse_cache": 1, "parse_vaes": 1, "Encoding.parse": 1}  # --codec was parsed at each of five reads
     data = json.loads(out.with_suffix(".json").read_text())  # and the typed values reached the run
     assert (data["backend"]["sparsity"], data["backend"]["tile"], data["backend"]["impl_ran"]) == (0.5, "4x4x8",
                                                                                                   "torch")

@@ -278,6 +278,14 @@ def profile(
                                                        "1; a re-noise sampler warms up with one whole pass).")], None),
     sampler=(CompareSamplers, None),
     cache=(CacheList, None),
+    vae=(Annotated[str, typer.Option("--vae", metavar="DECODER[,DECODER...]",
+                                     help="The decoder(s) of the latents, as t2v's --vae takes one (stock, light, "
+                                          "tiny[:weights=FILE|:name=NAME], auto). Several, comma-separated, the "
+                                          "first the reference (e.g. stock,tiny): each DiT run's final latents are "
+                                          "decoded by each (the DiT runs once per backend, sampler and cache), "
+                                          "each decode a run of its own with its seconds and those saved against "
+                                          "the reference's; with one --attn, PSNR / SSIM are each decoder's "
+                                          "against the reference decoder on the same latents.")], "auto"),
 )
 def compare(
     prompt: Prompt,
@@ -290,10 +298,11 @@ def compare(
                                                       "installed, else skipped with a note.")] = None,
     json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
-    """Compare attention backends and samplers against the first run on one loaded model: every (sampler, backend)
-    pair, the same seed, noise and settings for each; DiT s/video, s/step and speed-up, PSNR / SSIM of the video per
-    frame and overall, latent distance, and each layer's attention error against dense attention. Writes every
-    video, a labelled side-by-side video, a plot, a JSON and a CSV into --out, once every run has run."""
+    """Compare attention backends, samplers, step caches and VAE decoders against the first run on one loaded model:
+    every (sampler, backend, cache) triple, the same seed, noise and settings for each, its latents decoded by each
+    --vae decoder; DiT s/video, s/step and speed-up, decode s and s saved, PSNR / SSIM of the video per frame and
+    overall, latent distance, and each layer's attention error against dense attention. Writes every video, a
+    labelled side-by-side video, a plot, a JSON and a CSV into --out, once every run has run."""
 
     def run() -> None:
         from ..commands.compare_config import resolve_compare_options

@@ -134,7 +134,8 @@ def check_model_available(cfg: Any) -> None:
 
     check_hub_files(cfg.source, cfg.model, random_weights=cfg.random_weights,
                     transformer_files=bool(cfg.transformer_files))
-    check_tiny_vae(cfg.vae_decoder, cfg.source, cfg.random_weights)
+    for vae in cfg.vae_decoders or (cfg.vae_decoder,):  # (compare: every --vae entry)
+        check_tiny_vae(vae, cfg.source, cfg.random_weights)
 
 
 def torchrun_launch_or_exit():

@@ -19,6 +19,10 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
   its sampler, steps, CFG scale and DiT forwards;
 * PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.media.metrics`),
   and the relative L2 distance of the final latents;
+* the decode: its decoder and weights, its seconds and those saved against the reference's. With several `--vae`
+  decoders (`stock,tiny`, the first the reference), each triple's DiT runs once and each decoder (built once,
+  `decoder_states`, swapped on the VAE) decodes its final latents as a run of its own (with `--warmup`, once
+  untimed first); with one triple, PSNR / SSIM are each decoder's against the reference decoder on the same latents;
 * the attention error: at the steps `error_steps` (default the first, middle and last of each run's own steps),
   every self-attention call's output is compared with dense attention (`full`'s SDPA) on the same q, k, v; per
   (step, expert, layer) the relative L2 sqrt(sum ||o - o_dense||^2 / sum ||o_dense||^2) over that step's calls (both
@@ -47,7 +51,7 @@ from ..attention.base import BackendWrapper
 from ..cache.cache_spec import CacheCounts, cache_counts
 from ..errors import BadInput
 from ..media.metrics import json_number, pooled_rel_l2, psnr_db, ssim
-from ..decode.decoder_choice import vae_summary
+from ..decode.decoder_choice import decoder_states, reattach, vae_summary
 from .compare_config import CompareConfig
 
 PROBE_REGION = "compare_probe"
@@ -187,7 +191,10 @@ class CompareRow(CacheCounts):
     `attention_rel_l2_per_layer` per (expert, layer) over those steps, against dense attention
     (`AttentionProbe.errors`); `attention_rel_l2_mean` / `_max` over the layers. `probe_s`: seconds the dense
     comparison took (not in the DiT times). The step cache: `CacheCounts`' fields (its entry, the DiT forwards it
-    computed and reused, the seconds of one of each)."""
+    computed and reused, the seconds of one of each). The decode: `vae_decoder` ("stock" | "light" | "tiny"),
+    `vae_weights` (the tiny decoder's weights as t2v's JSON names them, else None) and `vae_tiling` of the decoder
+    that decoded the run (`vae_summary`); `decode_s` its seconds (host clock, the device synchronized),
+    `decode_saved_s` the reference's `decode_s` minus this run's, `decode_speedup_vs_reference` their ratio."""
 
     label: str
     backend: str
@@ -217,6 +224,12 @@ class CompareRow(CacheCounts):
     attention_rel_l2_max: float | None
     probe_s: float
     warmup_s: float
+    vae_decoder: str
+    vae_weights: str | None
+    vae_tiling: bool
+    decode_s: float
+    decode_saved_s: float
+    decode_speedup_vs_reference: float | None
     backend_info: dict[str, Any] = field(default_factory=dict)
     # [K, tiles]: key tiles each query tile keeps, of the tiles of the backend's cube on the denoised grid (VSA's
     # backends: K = ceil((1 - sparsity) tiles)); None where the backend has no such count
@@ -352,15 +365,24 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         warning = cpu_time_estimate(cfg, runs=len(cfg.runs), runs_of="runs")
         if warning is not None:
             log(warning)
+    # every decoder of --vae built once (the first is the one the model loaded with); None: that one decodes
+    states = decoder_states(cfg, session.pipe.vae, session.notes) if cfg.several_vaes else None
     session.notes[0:0] = cfg.notes
     for note in session.notes:
         log(f"note: {note}")
     plan = session.plan(cfg.tile_fit)
     session.prompts()
-    results = [_generate(cfg, session, plan, probes, i, log) for i in range(len(cfg.runs))]
+    results: list[_RunResult] = []
+    warmed: set[int] = set()  # the decoders decoded once untimed (several decoders with --warmup)
+    for i, run_of in enumerate(cfg.runs):
+        if run_of.vae_index == 0:  # a (sampler, backend, cache) triple's DiT run, its latents decoded by each decoder
+            dit = _generate(cfg, session, plan, probes, i, log)
+        results.append(_decode(cfg, session, run_of, dit, states, warmed, log))
     ref = results[0]
     rows = [_row(res, ref, probes[res.run_of.backend_index].report(device).info, plan.denoise_grid, cfg.runs[0].label,
                  log) for res in results]
+    if states is not None:
+        reattach(session.pipe.vae, states[0])
     report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                            rows=rows, files={k: str(v) for k, v in cfg.files.items()}, load_s=session.load_s,
                            text_encode_s=session.text_encode_s, notes=_report_notes(cfg, session),
@@ -373,26 +395,34 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
 
 
 @dataclass
-class _RunResult:
-    """One run of `compare`: what it was, its probe's errors (per step, per layer), the `Session.run` result (latents,
-    records), its uint8 frames, the probe's seconds and the timing report without them."""
-    run_of: Any
+class _DitRun:
+    """One DiT run of `compare` (a (sampler, backend, cache) triple): its probe's errors (per step, per layer), the
+    `Session.run` result (latents, records), the probe's seconds and the timing report without them."""
     errors: tuple[Any, Any]
     run: Any
-    frames: Any
     probe_s: float
     timing: Any
 
 
+@dataclass
+class _RunResult:
+    """One run of `compare`: what it was, its DiT run (shared by the runs that decode the same latents), its uint8
+    frames, the seconds its decode took and what decoded it (`vae_summary`)."""
+    run_of: Any
+    dit: _DitRun
+    frames: Any
+    decode_s: float
+    vae: dict[str, Any]
+
+
 def _generate(cfg: CompareConfig, session: Any, plan: Any, probes: list[AttentionProbe], i: int,
-              log: Callable[[str], None]) -> _RunResult:
-    """Run `cfg.runs[i]` on the loaded `session` (its sampler, backend probe and cache), decode it to uint8 frames and
-    take the probe's region out of its timings.
+              log: Callable[[str], None]) -> _DitRun:
+    """Run `cfg.runs[i]`'s DiT on the loaded `session` (its sampler, backend probe and cache), its latents undecoded,
+    and take the probe's region out of its timings.
 
     Raises:
-        RunFailure: out of GPU memory while decoding (the message names the run).
+        RunFailure: out of GPU memory (the message names the run).
     """
-    from ..pipeline import out_of_memory_as_failure, video_frames
     from ..timing import TimingReport
 
     runs = cfg.runs
@@ -404,14 +434,45 @@ def _generate(cfg: CompareConfig, session: Any, plan: Any, probes: list[Attentio
         f"{', '.join(map(str, at)) or 'none'}")
     what = f"comparing {label}"
     with flow_shift(session.pipe, None if sp.sampler.renoise else sp.flow_shift):
-        run = session.run(probe, plan, decode=True, what=what, sampler=sp.sampler, guidance=sp.guidance,
-                          steps=sp.steps, cache=run_of.cache)
-    with out_of_memory_as_failure(what, cfg.memory_hints()):
-        frames = video_frames(session.pipe, run.video, (cfg.frames, cfg.height, cfg.width))
-    run.video = None  # the frames are what is compared and written: free the decoded tensor (GPU memory)
+        run = session.run(probe, plan, what=what, sampler=sp.sampler, guidance=sp.guidance, steps=sp.steps,
+                          cache=run_of.cache)
     records, probe_s = without_region(run.records, PROBE_REGION)
-    return _RunResult(run_of, probe.errors(), run, frames, probe_s,
-                      TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s))
+    return _DitRun(probe.errors(), run, probe_s, TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s))
+
+
+def _decode(cfg: CompareConfig, session: Any, run_of: Any, dit: _DitRun, states: list[dict[str, Any]] | None,
+            warmed: set[int], log: Callable[[str], None]) -> _RunResult:
+    """Decode `dit`'s final latents with `run_of`'s decoder (`states[run_of.vae_index]`, reattached to the VAE; None:
+    the one the model loaded with) into uint8 frames, timed (host clock, the device synchronized; with several
+    decoders and `cfg.warmup`, each decoder first decodes once untimed: the first decode of a process pays cuDNN's
+    and the allocator's set-up).
+
+    Raises:
+        RunFailure: out of GPU memory while decoding (the message names the run), or frames of the wrong size.
+    """
+    import time
+
+    import torch
+
+    from ..pipeline import decode_latents, out_of_memory_as_failure, video_frames
+
+    vae = session.pipe.vae
+    if states is not None:
+        reattach(vae, states[run_of.vae_index])
+    sync = torch.cuda.synchronize if torch.device(cfg.device).type == "cuda" else (lambda: None)
+    what = f"decoding {run_of.label}"
+    log(f"{what} ({vae_summary(vae)['vae_decoder']} VAE decoder)")
+    with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode():
+        if states is not None and cfg.warmup and run_of.vae_index not in warmed:
+            decode_latents(session.pipe, dit.run.latents)
+            warmed.add(run_of.vae_index)
+        sync()
+        t0 = time.perf_counter()
+        video = decode_latents(session.pipe, dit.run.latents)
+        sync()
+        decode_s = time.perf_counter() - t0
+        frames = video_frames(session.pipe, video, (cfg.frames, cfg.height, cfg.width))
+    return _RunResult(run_of, dit, frames, decode_s, vae_summary(vae))
 
 
 def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int, int, int], ref_label: str,
@@ -420,13 +481,13 @@ def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int
     relative L2, attention errors); `info` is the run's backend report info, `grid` the denoised latent grid."""
     from ..bench import rel_l2
 
-    run_of, (per_step, per_layer), run, timing = res.run_of, res.errors, res.run, res.timing
+    run_of, (per_step, per_layer), run, timing = res.run_of, res.dit.errors, res.dit.run, res.dit.timing
     spec, sp = run_of.spec, run_of.plan
     if res is not ref:
         log(f"PSNR / SSIM of {run_of.label} against {ref_label}")
     steps = max(len(timing.dit_per_step_s), 1)
     mean, worst = _mean_max(per_layer)
-    latents = rel_l2(run.latents, ref.run.latents)
+    latents = rel_l2(run.latents, ref.dit.run.latents)
     return CompareRow(
         label=run_of.label, backend=spec.name, spec=spec.text(), sparsity=spec.sparsity,
         impl=info.get("impl_ran", spec.impl), file=str(run_of.file), sampler=sp.sampler.summary(),
@@ -434,12 +495,15 @@ def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int
         dit_forwards=timing.dit_forwards, dit_s_per_video=timing.dit_s, dit_s_per_step=timing.dit_s / steps,
         dit_per_step_s=list(timing.dit_per_step_s),
         attention_s_per_step=None if timing.self_attention_s is None else timing.self_attention_s / steps,
-        speedup_vs_reference=1.0 if res is ref else ref.timing.dit_s / timing.dit_s,
+        speedup_vs_reference=1.0 if res.dit is ref.dit else ref.dit.timing.dit_s / timing.dit_s,
         **video_metrics(ref.frames, res.frames),
         latents_rel_l2=latents if math.isfinite(latents) else None,  # NaN latents: no distance
         error_steps=list(run_of.error_steps), attention_rel_l2=per_step, attention_rel_l2_per_layer=per_layer,
         attention_rel_l2_mean=mean, attention_rel_l2_max=worst,
-        probe_s=res.probe_s, warmup_s=run.warmup_s, backend_info=info,
+        probe_s=res.dit.probe_s, warmup_s=run.warmup_s, backend_info=info,
+        vae_decoder=res.vae["vae_decoder"], vae_weights=res.vae["vae_weights"], vae_tiling=res.vae["vae_tiling"],
+        decode_s=res.decode_s, decode_saved_s=ref.decode_s - res.decode_s,
+        decode_speedup_vs_reference=ref.decode_s / res.decode_s if res.decode_s > 0 else None,
         key_tiles_kept=key_tiles_kept(info, grid), **cache_counts(run_of.cache, timing))
 
 
@@ -486,7 +550,8 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
             words = cfg.sampler_labels()
             for run, frames in zip(runs, videos):
                 sampler = words[cfg.samplers.index(run.plan)] if cfg.several_samplers else ""
-                what = run.spec.short_text() + (f" + {run.cache.short_text()}" if run.cache.enabled else "")
+                what = (run.spec.short_text() + (f" + {run.cache.short_text()}" if run.cache.enabled else "")
+                        + (f" | vae {cfg.vae_decoders[run.vae_index].short_text()}" if cfg.several_vaes else ""))
                 title = sheet_title(cfg.model, what, cfg.frames, cfg.height, cfg.width,
                                     run.plan.steps, cfg.seed, sampler, f"compare, reference {runs[0].label}")
                 outputs.add(files[f"{run.label} sheet"],

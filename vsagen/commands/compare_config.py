@@ -1,7 +1,7 @@
 """`CompareConfig`: a validated `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`: a list
-of backends, a list of samplers and a list of step caches, the first of each the reference) and its own: the runs
-(every (sampler, backend, cache) triple, sampler-major, a backend's caches side by side), the attention-error steps
-of each, the output folder and its files."""
+of backends, a list of samplers, a list of step caches and a list of VAE decoders, the first of each the reference)
+and its own: the runs (every (sampler, backend, cache) triple, sampler-major, a backend's caches side by side, each
+triple's latents decoded by every decoder), the attention-error steps of each, the output folder and its files."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..cache.cache_spec import NO_CACHE, CacheSpec
 from ..errors import BadInput
 from ..models.sources import resolve_model
 from ..media.paths import check_folder, check_target, default_folder, sheet_path
-from ..request.options import RequestOptions, request_options
+from ..request.options import RequestOptions, VaeSpec, request_options
 from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
 from ..request.sampling import SamplerPlan
 from ..media.video import Encoding, check_encoder
@@ -40,6 +40,8 @@ class CompareRun:
         error_steps: the 0-based steps of this run at which its attention is compared with dense attention.
         backend_index: the backend's index in `CompareConfig.backends`.
         cache: the step cache (`none`: uncached).
+        vae_index: the decoder's index in `CompareConfig.vae_decoders`; the runs of one (sampler, backend, cache)
+            triple share one DiT run, whose latents the decoder of each decodes (0 starts a triple).
     """
 
     plan: SamplerPlan
@@ -49,6 +51,7 @@ class CompareRun:
     error_steps: tuple[int, ...]
     backend_index: int
     cache: CacheSpec = NO_CACHE
+    vae_index: int = 0
 
 
 def sampler_label(plan: SamplerPlan, shift: bool = False) -> str:
@@ -101,38 +104,51 @@ class CompareConfig(Request):
         return [sampler_label(p, shift=len(shifts) > 1) for p in self.samplers]
 
     @property
+    def several_vaes(self) -> bool:
+        """Whether the runs differ in their VAE decoder (`--vae` lists several: labels and file names then name it)."""
+        return len(self.vae_decoders) > 1
+
+    @property
     def runs(self) -> list[CompareRun]:
         """Every (sampler, backend, cache) triple, sampler-major (each sampler with every backend, each backend with
-        every cache), the reference first.
+        every cache), each with every decoder of `vae_decoders` when it lists several (one DiT run, its latents
+        decoded by each), the reference first.
 
         Labels: the backend's ("vsa 0.875"; its spec without default options where a name repeats), then
         " + <cache>" for a cached run (the cache's entry without default options: "vsa 0.875 + first-block"), then
-        " / <sampler>" (`sampler_label`) when the samplers differ; a run listed again (a library caller's list)
-        gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its backend's spec without default
-        options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's (`vsa-first-block.mp4`), then its sampler's
-        words when the samplers differ (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`); a name taken by an
-        earlier run gets `-<index>`."""
+        " / <sampler>" (`sampler_label`) when the samplers differ, then " / <decoder> VAE" when the decoders differ
+        ("full / tiny VAE"; a weights file by its name: `VaeSpec.short_text`); a run listed again (a library
+        caller's list) gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its backend's spec
+        without default options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's (`vsa-first-block.mp4`),
+        then its sampler's words when the samplers differ (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`), then
+        "vae-<decoder>" when the decoders differ (`full-vae-tiny.mp4`); a name taken by an earlier run gets
+        `-<index>`."""
         names = [s.name for s in self.backends]
         backend_labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
         plans = self.samplers or (SamplerPlan(self.sampler, self.steps, self.guidance, self.flow_shift),)
         words = self.sampler_labels() if self.samplers else [""]
         steps = self.sampler_error_steps or (self.error_steps,) * len(plans)
         caches = self.caches or (NO_CACHE,)
-        triples = [(i, j, c) for i in range(len(plans)) for j in range(len(self.backends)) for c in caches]
+        vaes = [v.short_text() for v in self.vae_decoders] if self.several_vaes else [""]
+        runs = [(i, j, c, v) for i in range(len(plans)) for j in range(len(self.backends)) for c in caches
+                for v in range(len(vaes))]
         labels = [backend_labels[j] + (f" + {c.short_text()}" if c.enabled else "")
-                  + (f" / {words[i]}" if self.several_samplers else "") for i, j, c in triples]
+                  + (f" / {words[i]}" if self.several_samplers else "")
+                  + (f" / {vaes[v]} VAE" if self.several_vaes else "") for i, j, c, v in runs]
         labels = [x if x not in labels[:k] else f"{x} ({labels[:k].count(x) + 1})" for k, x in enumerate(labels)]
         stems: list[str] = []
-        for i, j, c in triples:
+        for i, j, c, v in runs:
             spec = self.backends[j]
             stem = file_stem(spec.short_text()) or spec.name
             if c.enabled:
                 stem += "-" + (file_stem(c.short_text()) or c.name)
             if self.several_samplers:
                 stem += "-" + (file_stem(words[i].lower()) or "sampler")
+            if self.several_vaes:
+                stem += "-vae-" + file_stem(vaes[v])
             stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
-        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c)
-                for (i, j, c), label, stem in zip(triples, labels, stems)]
+        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c, v)
+                for (i, j, c, v), label, stem in zip(runs, labels, stems)]
 
     @property
     def labels(self) -> list[str]:
@@ -177,6 +193,7 @@ class CompareConfig(Request):
             d.pop(key)
         d["tile_fit"] = self.tile_fit
         d["vae_decoder"] = self.vae_decoder.text()  # `--vae` as given (a weights file absolute)
+        d["vae_decoders"] = [v.text() for v in self.vae_decoders]  # every entry (the first: `vae_decoder`)
         d["backends"] = [b.summary() for b in self.backends]
         d["error_steps"] = list(self.error_steps)
         d["out"] = str(self.out)
@@ -250,16 +267,18 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                             plot: bool | None = None) -> CompareConfig:
     """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
     backends as `vsagen profile` takes it, `--sampler` a list of samplers (`parse_sampler_list`; default the preset's),
-    `--cache` a list of step caches (`vsagen.request.caching.resolve_caches`; default none), at least two runs
-    between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
+    `--cache` a list of step caches (`vsagen.request.caching.resolve_caches`; default none), `--vae` a list of VAE
+    decoders (`vsagen.request.options.VaeList.several`; each checked against the model), at least two runs between
+    them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
     `--error-steps` words are each run's own steps (first, middle, last of its step count); a numbered step must be a
     step of every run. `options.output.out` is a folder (default `vsagen-<model>-compare-seed<seed>`); none of the
     files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: a single
-            run, an unknown backend, sampler or option, an entry written twice or two sampler entries that run the
-            same, a flag a sampler refuses (`--sampler dmd --guidance 5`), an image-to-video model, a size, frame
+            run, an unknown backend, sampler, decoder or option, an entry written twice or two sampler entries that
+            run the same, a decoder the model cannot take (`--vae light` without one, tiny weights of another latent
+            width), a flag a sampler refuses (`--sampler dmd --guidance 5`), an image-to-video model, a size, frame
             count or step count the model refuses, bad --error-steps, an existing output file without `overwrite`,
             an unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when
             matplotlib is installed and otherwise adds a note).
@@ -276,7 +295,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
         s, warmup=COMPARE_WARMUP if s.warmup is None else s.warmup))
     sampler_text = s.sampler.text if s.sampler is not None else src.preset.defaults.sampler
     try:
-        req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True)
+        req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True, several_vaes=True)
     except BadInput as e:  # a flag a sampler of the list refuses: say how to set it for one entry
         listed = s.sampler is not None and len(s.sampler.entries) > 1  # (a preset's sampler is one entry)
         if listed and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
@@ -285,10 +304,11 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                            f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \
                 from None
         raise
-    if len(req.backends) * len(req.samplers) * len(req.caches) < 2:
+    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) < 2:
         raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
                        "at least one run to compare with it: two backends (e.g. --attn full,vsa), two samplers "
-                       "(e.g. --sampler dmd,default:steps=50:guidance=5) or two caches (e.g. --cache none,first-block)")
+                       "(e.g. --sampler dmd,default:steps=50:guidance=5), two caches (e.g. --cache none,first-block) "
+                       "or two VAE decoders (e.g. --vae stock,tiny)")
     check_sampler_plans(req.samplers, sampler_text)
     if min(req.height, req.width) < 7:
         raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {req.width} x {req.height}")

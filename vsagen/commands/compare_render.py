@@ -49,10 +49,16 @@ def title(report: Any) -> str:
             f"reference {report.rows[0].label}")
 
 
+def several_vaes(report: Any) -> bool:
+    """Whether the runs were decoded by several decoders (`--vae stock,tiny`)."""
+    return len(report.settings.get("vae_decoders") or ()) > 1
+
+
 def rich_table(report: Any) -> Any:
     """The report as a `rich.table.Table`: per run DiT s/video (every timed step, both CFG passes), DiT s/step, the
     speed-up (of the DiT time per video), PSNR, SSIM, latents rel-L2, the mean attention error over the layers and
-    the worst layer (both left out, and the caption says so, where no run measured it: `--error-steps none`). A
+    the worst layer (both left out, and the caption says so, where no run measured it: `--error-steps none`); with
+    several decoders (`--vae stock,tiny`) the decode seconds and those saved against the reference's decode. A
     cached run's cell says the DiT forwards its cache reused, of all ("reused 4/6": in the run's cell, not a column
     of its own, so that 80 columns still fit without breaking a number)."""
     from rich.table import Table
@@ -66,15 +72,18 @@ def rich_table(report: Any) -> Any:
                  "attention error not measured (--error-steps none)")
     t = Table(title=title(report), title_justify="left",
               caption=f"speed-up: of the DiT seconds per video; {attention}; PSNR / SSIM of the decoded frames "
-                      "against the reference",
+                      "against the reference" + ("; decode s saved: the reference's decode s minus the run's"
+                                                 if several_vaes(report) else ""),
               caption_justify="left")
     # headers broken by hand so that 80 columns fit without breaking a word; a label's options each on a line
     # (`vsagen.cli.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
     cached = any(r.cached for r in report.rows)  # --cache: the forwards each run computed / reused
-    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 or cached else "backend",
+    vaes = several_vaes(report)  # --vae stock,tiny: each run's decode seconds and those saved against the reference
+    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 or cached or vaes else "backend",
                  overflow="fold", min_width=8)
     kept = any(r.key_tiles_kept for r in report.rows)  # VSA's backends: key tiles kept per query tile, of all
-    for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", *(("key\ntiles\nkept",) if kept else ()), "PSNR\ndB",
+    for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", *(("key\ntiles\nkept",) if kept else ()),
+                *(("decode\ns", "decode\ns saved") if vaes else ()), "PSNR\ndB",
                 "SSIM", "latents\nrel-L2", *(("attn\nrel-L2\nmean", "attn rel-L2\nworst layer") if measured else ())):
         t.add_column(col, justify="right", overflow="fold")
     for r in report.rows:
@@ -85,6 +94,7 @@ def rich_table(report: Any) -> Any:
         t.add_row(r.label.replace(":", ":\n").replace(" / ", " /\n").replace(" + ", " +\n") + reused,
                   f"{r.dit_s_per_video:.3f}", f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x",
                   *((share,) if kept else ()),
+                  *((f"{r.decode_s:.3f}", f"{r.decode_saved_s:+.3f}") if vaes else ()),
                   _num(r.psnr_db, ".2f"),
                   _num(r.ssim, ".4f"), _num(r.latents_rel_l2, ".1e"),
                   *((_num(r.attention_rel_l2_mean, ".1e"), _worst_layer(r)) if measured else ()))
@@ -95,8 +105,8 @@ CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "cache"
               "flow_shift", "dit_forwards", "dit_computed_forwards", "dit_reused_forwards", "dit_reuse_share",
               "dit_per_computed_forward_s", "dit_per_reused_forward_s", "dit_computed_s", "dit_reused_s",
               "dit_reused_steps", "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
-              "key_tiles_kept",
-              "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean", "attention_rel_l2_max", "probe_s",
+              "key_tiles_kept", "vae_decoder", "vae_weights", "vae_tiling", "decode_s", "decode_saved_s",
+              "decode_speedup_vs_reference", "psnr_db", "ssim", "latents_rel_l2", "attention_rel_l2_mean", "attention_rel_l2_max", "probe_s",
               "psnr_per_frame_db", "ssim_per_frame", "attention_rel_l2_per_layer", "file")
 
 

@@ -105,6 +105,7 @@ class RunConfig(Request):
         d["backend"] = self.backend.summary()
         d["tile_fit"] = self.tile_fit
         d["vae_decoder"] = self.vae_decoder.text()  # `--vae` as given (a weights file absolute)
+        d.pop("vae_decoders")  # (compare's list; this command decodes with `vae_decoder` alone)
         d.update(attn=self.attn, sparsity=self.sparsity, attn_impl=self.attn_impl)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name,

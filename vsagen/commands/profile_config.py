@@ -73,6 +73,7 @@ class ProfileConfig(Request):
         d["backends"] = [b.summary() for b in self.backends]
         d["tile_fits"] = list(self.tile_fits)
         d["vae_decoder"] = self.vae_decoder.text()  # `--vae` as given (a weights file absolute)
+        d.pop("vae_decoders")  # (compare's list; this command decodes with `vae_decoder` alone)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
                              "preset": self.source.preset.name,
                              "transformer_files": list(self.transformer_sources)}

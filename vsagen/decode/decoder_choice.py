@@ -77,6 +77,50 @@ def attach(vae: Any, decoder: LightVaeDecoder | TinyVaeDecoder) -> None:
     vae.decode = types.MethodType(apply_forward_hook(_tiny_decode if tiny else _light_decode), vae)
 
 
+# the submodules `attach` gives a VAE
+DECODER_MODULES = ("light_decoder", "tiny_decoder")
+
+
+def detach(vae: Any) -> dict[str, Any]:
+    """Take the decoder `attach` gave `vae` off it, so that it decodes with its stock decoder again; returns what was
+    taken ({"decode": the bound decode or None, "light_decoder" / "tiny_decoder": the module or None}) for
+    `reattach`. A stock VAE gives a state of Nones."""
+    state = {"decode": vae.__dict__.pop("decode", None)}
+    for name in DECODER_MODULES:
+        state[name] = vae._modules.pop(name, None)
+    return state
+
+
+def reattach(vae: Any, state: dict[str, Any]) -> None:
+    """Make `vae` decode as it did when `detach` returned `state` (its decoder back, or the stock one)."""
+    detach(vae)
+    if state["decode"] is not None:
+        vae.decode = state["decode"]
+    for name in DECODER_MODULES:
+        if state[name] is not None:
+            vae.add_module(name, state[name])
+
+
+def decoder_states(cfg: Any, vae: Any, notes: list[str]) -> list[dict[str, Any]]:
+    """Every decoder of `cfg.vae_decoders` built once for a VAE loaded with the first (`choose_decoder` of
+    `cfg.vae_decoder`, as `vsagen.models.loading.load_model` does): one `detach` state each, in order, to `reattach`
+    before a decode. The VAE decodes with the first after. The stock decoder's convolutions are stored as a stock
+    load stores them (`decode_channels_last`). Each decoder's note is added to `notes`.
+
+    Raises:
+        BadInput, ModelNotFound: see `choose_decoder`.
+    """
+    import dataclasses
+
+    states = [detach(vae)]
+    decode_channels_last(vae, str(cfg.device))  # the stock decoder, as a `--vae stock` load leaves it
+    for spec in cfg.vae_decoders[1:]:
+        choose_decoder(dataclasses.replace(cfg, vae_decoder=spec), vae, notes)
+        states.append(detach(vae))
+    reattach(vae, states[0])
+    return states
+
+
 def latent_stats(vae: Any, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The VAE's latents (mean, std), each (1, z_dim, 1, 1, 1) on `like`'s device and dtype."""
     z = vae.config.z_dim

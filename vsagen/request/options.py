@@ -177,6 +177,68 @@ class VaeSpec:
         option = f":weights={self.weights}" if self.weights is not None else f":name={self.name}" if self.name else ""
         return f"{self.kind.value}{option}"
 
+    def short_text(self) -> str:
+        """The value in a few words, for labels and file names: a weights file by its name alone
+        (`tiny:weights=taew2_1.safetensors`), a published name as given (`tiny:name=lighttaew2_1`)."""
+        return f"{self.kind.value}:weights={self.weights.name}" if self.weights is not None else self.text()
+
+
+VAE_LIST_EXAMPLE = "stock,tiny or stock,tiny:name=lighttaew2_1,light"
+
+
+@dataclass(frozen=True)
+class VaeList:
+    """`--vae` as parsed once (`parse_vaes`): the text as given and one `VaeSpec` per comma-separated entry, in order.
+    Whether a list is taken is the command's (`one`: t2v, i2v, profile; `several`: `vsagen compare`, whose first
+    entry is the reference decoder)."""
+
+    text: str
+    specs: tuple[VaeSpec, ...]
+
+    def one(self) -> VaeSpec:
+        """The decoder of a command that decodes with one.
+
+        Raises:
+            BadInput: a list.
+        """
+        if len(self.specs) > 1:
+            raise BadInput(f"--vae {self.text!r}: this command decodes with one decoder; `vsagen compare` compares "
+                           "several on the same latents (comma-separated)")
+        return self.specs[0]
+
+    def several(self) -> tuple[VaeSpec, ...]:
+        """The decoders of `vsagen compare`, in order (one entry: `auto` allowed, as for one decoder).
+
+        Raises:
+            BadInput: `auto` in a list of several (it is light or stock by the model: name the decoder), a decoder
+                written twice.
+        """
+        if len(self.specs) > 1:
+            for i, spec in enumerate(self.specs):
+                if spec.kind == VaeDecoder.AUTO:
+                    raise BadInput(f"--vae {self.text!r}: a list names its decoders (auto is light or stock by the "
+                                   f"model); e.g. --vae {VAE_LIST_EXAMPLE}")
+                if spec in self.specs[:i]:
+                    raise BadInput(f"--vae {self.text!r} lists {spec.short_text()} twice")
+        return self.specs
+
+
+def parse_vaes(value: Any, flag: str = "--vae") -> VaeList:
+    """`--vae` (one entry or a comma-separated list; a `VaeSpec`, a `VaeDecoder` or text) as its `VaeList`, each
+    entry parsed once (`VaeSpec.parse`). A weights file's name cannot hold a comma.
+
+    Raises:
+        BadInput: an empty list or entry; see `VaeSpec.parse`.
+    """
+    if isinstance(value, VaeSpec):
+        return VaeList(value.text(), (value,))
+    text = str(getattr(value, "value", value)).strip()
+    items = tuple(x.strip() for x in text.split(","))
+    if not text or not all(items):
+        raise BadInput(f"{flag} {text!r} has an empty entry; give one decoder or a comma-separated list "
+                       f"(e.g. {VAE_LIST_EXAMPLE})")
+    return VaeList(text, tuple(VaeSpec.parse(x, flag) for x in items))
+
 
 class ImageFit(Choice):
     """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.media.image.fit_image`)."""
@@ -365,7 +427,8 @@ class PlacementOptions:
         device, dtype: `Device`, `Dtype`.
         offload: `Offload` (CUDA only; t2v / i2v).
         vae_tiling: `VaeTiling` (commands that decode).
-        vae: `VaeSpec`, given as it or as its text (commands that decode).
+        vae: `VaeList` (`parse_vaes`), given as it, as a `VaeSpec` or as text (commands that decode; `vsagen compare`
+            takes several).
         vae_dtype: `VaeDtype` (commands that decode).
         compile: torch.compile the transformer blocks.
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
@@ -383,7 +446,7 @@ class PlacementOptions:
     dtype: Dtype = Dtype.AUTO
     offload: Offload = Offload.NONE
     vae_tiling: VaeTiling = VaeTiling.AUTO
-    vae: VaeSpec | str = VaeSpec()
+    vae: VaeList | VaeSpec | str = VaeSpec()
     vae_dtype: VaeDtype = VaeDtype.AUTO
     compile: bool = False
     fused_blocks: bool = True
@@ -394,8 +457,10 @@ class PlacementOptions:
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
                                 ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling"),
-                                ("vae", VaeSpec, "--vae"), ("vae_dtype", VaeDtype, "--vae-dtype")):
+                                ("vae_dtype", VaeDtype, "--vae-dtype")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
+        if not isinstance(self.vae, VaeList):
+            object.__setattr__(self, "vae", parse_vaes(self.vae))
         for flag, value in (("--ulysses", self.ulysses), ("--gpus", self.gpus)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise BadInput(f"{flag} must be an integer of at least 1, got {value!r}")

@@ -81,6 +81,8 @@ class Request:
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.models.loading.place_pipeline
     vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
     vae_decoder: VaeSpec = VaeSpec()  # --vae parsed (vsagen.decode.decoder_choice.choose_decoder)
+    # every decoder the command decodes with, `vae_decoder` first (compare: one per --vae entry; else that one)
+    vae_decoders: tuple[VaeSpec, ...] = ()
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
@@ -445,11 +447,12 @@ def _check_placement(request: Request) -> None:
         BadInput: `--vae light` without one, `--vae tiny` of another width or a damaged file, a degree or a CFG
             split the run cannot take.
     """
-    source, vae = request.source, request.vae_decoder
-    if vae.kind == "light" and source.preset.light_vae is None:
-        raise BadInput(f"--vae light: --model {request.model} has no lightweight VAE decoder (hummingbird-xt has one; "
-                       "tiny-ti2v a tiny one)")
-    check_tiny_request(vae, source, request.model)
+    source = request.source
+    for vae in request.vae_decoders or (request.vae_decoder,):
+        if vae.kind == "light" and source.preset.light_vae is None:
+            raise BadInput(f"--vae light: --model {request.model} has no lightweight VAE decoder (hummingbird-xt has "
+                           "one; tiny-ti2v a tiny one)")
+        check_tiny_request(vae, source, request.model)
     for fit in request.tile_fits:  # the degree against every grid that runs
         check_ulysses(request.ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
                       frames=request.frames, height=request.height, width=request.width, tile=request.crop_tile)
@@ -460,7 +463,7 @@ def _check_placement(request: Request) -> None:
 
 
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
-            several_fits: bool = False, several_samplers: bool = False,
+            several_fits: bool = False, several_samplers: bool = False, several_vaes: bool = False,
             command_steps: int | None = None) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
     needs no weights. The option groups hold `--attn`, `--sampler` and `--cache` parsed; nothing here reads their
@@ -475,6 +478,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         several_fits: the command runs every tile fit of `options.model.tile_fits` (`vsagen profile`); otherwise it
             takes one.
         several_samplers: the command runs every `--sampler` entry (`vsagen compare`); otherwise it takes one.
+        several_vaes: the command decodes with every `--vae` entry (`vsagen compare`); otherwise it takes one.
         command_steps: the command's own step count for the checkpoint's scheduler (below `--steps`, above the
             preset's; a re-noise sampler's list decides its own).
 
@@ -491,6 +495,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     if s.seeds is not None:  # `vsagen t2v` / `i2v` resolve each seed's request (`resolve_runs`)
         raise BadInput("--seeds is taken by vsagen t2v and vsagen i2v only; give --seed")
     entries = _entries(options, backends, several_fits)
+    vaes = pl.vae.several() if several_vaes else (pl.vae.one(),)
     d = source.preset.defaults
     auto = len(entries) == 1 and entries[0].name == AUTO  # chosen once the device is known (`_chosen_backends`)
     specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
@@ -523,7 +528,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         flow_shift=plans[0].flow_shift, max_sequence_length=d.max_sequence_length, samplers=plans,
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
-        vae_tiling=pl.vae_tiling.value, vae_decoder=pl.vae, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
+        vae_tiling=pl.vae_tiling.value, vae_decoder=vaes[0], vae_decoders=vaes, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
         notes=notes + split_notes + cache_notes + backend_notes, tile_fits=fits, backends=specs, crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,

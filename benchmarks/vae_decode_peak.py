@@ -14,12 +14,15 @@ scratch included: 8.5% and 8.1% more).
 `gpu` (CUDA, random weights, no download, < 3 min on an H100): the Wan2.1 VAE at 480x832x81 and the Wan2.2 VAE at
 704x1280x121, bf16 (channels-last 3-D weights, as `vsagen t2v` runs it) and float32, untiled and tiled, each decoded
 once as `vsagen t2v` streams it after a 2-latent-frame warm-up. One table: the decode's seconds,
-`torch.cuda.max_memory_allocated` above what was allocated before it, the estimator's prediction for the untiled
-decode, the fake-tensor tracker's peak for the same decode, and what `--vae-tiling auto` would decide with this
-machine's free memory now (the VAE alone on the GPU, so more is free than after a DiT).
+`torch.cuda.max_memory_allocated` above what was allocated before it (weights and latents), the prediction (untiled:
+the run-time estimate `decode_peak_estimate`; tiled, with `--tracker`: the fake-tensor tracker's count of the same
+streamed decode, ~10-20 s of CPU a row, so off by default; on the CPU, 2026-12-07: Wan2.1 VAE 6.48 GiB fp32 /
+3.26 GiB bf16, Wan2.2 VAE 10.90 / 5.45 GiB) and their ratio, which the rule's x1.25 + 1 GiB must cover; then what
+`--vae-tiling auto` would decide with this machine's free memory now (the VAE alone on the GPU, so more is free
+than after a DiT).
 
     python benchmarks/vae_decode_peak.py fit [--real]
-    python benchmarks/vae_decode_peak.py gpu [--only wan2.2] [--no-tracker]
+    python benchmarks/vae_decode_peak.py gpu [--only wan2.2] [--tracker]
 """
 
 from __future__ import annotations
@@ -103,15 +106,33 @@ def _decode(vae: torch.nn.Module, z: torch.Tensor) -> None:
             device_frames_u8(processor, chunk)
 
 
+def _timed_peak(vae: torch.nn.Module, z: torch.Tensor) -> tuple[float, int]:
+    """(seconds, bytes above what was allocated before) of one streamed decode of `z`, after a 2-frame warm-up."""
+    _decode(vae, z[:, :, :2])  # warm-up: cuDNN's first calls
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    _decode(vae, z)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, torch.cuda.max_memory_allocated() - before
+
+
 def gpu(only: str | None, tracker: bool) -> None:
-    """Decode each GPU case untiled and tiled in both dtypes; print the table."""
+    """Decode each GPU case untiled and tiled in both dtypes; print the table. The prediction of an untiled row is
+    the run-time estimate (`decode_peak_estimate`), of a tiled row the fake-tensor tracker's count (3 latent frames:
+    the peak does not grow after the third)."""
     from diffusers import AutoencoderKLWan
+    from diffusers.utils import logging as diffusers_logging
 
     from vsagen.decode.decoder_choice import decode_channels_last
 
+    diffusers_logging.set_verbosity_error()  # (its note on casting a model with `.to`)
+    t_start = time.perf_counter()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     print(f"{'vae':7} {'size':13} {'dtype':5} {'tiling':7} {'decode s':>8} {'max alloc GiB':>13} "
-          f"{'estimate GiB':>12} {'tracker GiB':>11} auto here")
+          f"{'predicted GiB':>13} {'alloc/pred':>10}  predicted by")
     for name, frames, height, width in GPU_CASES:
         if only and name != only:
             continue
@@ -121,42 +142,37 @@ def gpu(only: str | None, tracker: bool) -> None:
             torch.manual_seed(0)
             with torch.device("cuda"):
                 vae = AutoencoderKLWan(**config).eval().to(dtype)
-            decode_channels_last(vae, "cuda")
+            decode_channels_last(vae, "cuda")  # as `vsagen t2v` runs a bf16 decode
             z = torch.randn(shape, device="cuda")
+            estimate = decode_peak_estimate(config, *shape[2:], dtype.itemsize)
             for tiled in (False, True):
                 vae.enable_tiling() if tiled else vae.disable_tiling()
-                _decode(vae, z[:, :, :2])  # warm-up: cuDNN's first calls
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                before = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                t0 = time.perf_counter()
-                _decode(vae, z)
-                torch.cuda.synchronize()
-                seconds = time.perf_counter() - t0
-                peak = torch.cuda.max_memory_allocated() - before
-                est = decode_peak_estimate(config, *shape[2:], vae.dtype.itemsize)
-                traced = "-"
-                if tracker:
-                    fvae, fake = build_vae(config, dtype, fake=True)
-                    if tiled:
-                        fvae.enable_tiling()
-                    traced = f"{decode_peak_bytes(fvae, (*shape[:2], 3, *shape[3:]), fake_mode=fake) / GIB:.2f}"
-                available, where = available_bytes("cuda")
-                auto = choose_tiling("auto", est, available, where)
+                seconds, peak = _timed_peak(vae, z)
+                predicted, source = estimate, "the estimate"
+                if tiled and tracker:
+                    fake_vae, fake = build_vae(config, dtype, fake=True)
+                    fake_vae.enable_tiling()
+                    predicted = decode_peak_bytes(fake_vae, (*shape[:2], 3, *shape[3:]), fake_mode=fake)
+                    source = "the tracker"
+                elif tiled:
+                    predicted, source = float("nan"), "-"
                 print(f"{name:7} {f'{frames}x{height}x{width}':13} {label:5} {'tiled' if tiled else 'untiled':7} "
-                      f"{seconds:8.2f} {peak / GIB:13.2f} {est / GIB if not tiled else float('nan'):12.2f} "
-                      f"{traced:>11} {'tiled' if auto.tiled else 'untiled'} (need {auto.need / GIB:.1f} of "
-                      f"{available / GIB:.1f} GiB)", flush=True)
+                      f"{seconds:8.2f} {peak / GIB:13.2f} {predicted / GIB:13.2f} {peak / predicted:10.2f}  "
+                      f"{source}", flush=True)
+            available, where = available_bytes("cuda")
+            auto = choose_tiling("auto", estimate, available, where)
+            print(f"  auto with the memory free now (the VAE alone on the GPU): {auto.why()}", flush=True)
             del vae, z
             torch.cuda.empty_cache()
+    print(f"{time.perf_counter() - t_start:.0f} s in all")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["fit", "gpu"])
     ap.add_argument("--only", choices=list(VAES), help="gpu: one VAE only")
-    ap.add_argument("--no-tracker", action="store_true", help="gpu: skip the fake-tensor tracker's column")
+    ap.add_argument("--tracker", action="store_true", help="gpu: the fake-tensor tracker's count for the tiled rows "
+                    "(CPU work: ~10-20 s a row)")
     ap.add_argument("--real", action="store_true", help="fit: also check the tracker on real tensors (minutes)")
     args = ap.parse_args()
     if args.what == "fit":
@@ -166,7 +182,7 @@ def main() -> None:
     elif not torch.cuda.is_available():
         ap.error("gpu: no CUDA device")
     else:
-        gpu(args.only, not args.no_tracker)
+        gpu(args.only, args.tracker)
 
 
 if __name__ == "__main__":

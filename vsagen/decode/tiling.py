@@ -100,7 +100,8 @@ def decode_peak_estimate(config: Mapping[str, Any], latent_frames: int, latent_h
 
     peak = a x h_lat x w_lat + 3 x latent bytes (+ `OUTPUT_COPIES` x video bytes when not `streamed`), `a` from
     `PEAK_FIT` for the Wan2.1 / Wan2.2 VAEs; for another architecture a = `GENERIC_ACTIVATIONS` x
-    last-stage channels x 4 frames x (2 ** upsamplings) ** 2 x max(element_bytes, 4) (its norms run in float32).
+    last-stage channels x 4 frames x (2 ** upsamplings) ** 2 x 4 bytes whatever the dtype (its norms and
+    upsamplers run in float32).
 
     Raises:
         ValueError: a size below 1, or an element size other than 2 or 4.

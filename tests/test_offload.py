@@ -74,17 +74,17 @@ def placed(monkeypatch):
 def test_flags_reach_the_config_with_their_defaults(recorder, tmp_path, monkeypatch):
     res = runner.invoke(app, ["t2v", "p", "--model", "tiny", "--out", str(tmp_path / "a.mp4"), "--json"])
     assert res.exit_code == 0, res.output
-    assert (recorder[-1].offload, recorder[-1].vae_tiling, recorder[-1].vae_tiled) == ("none", "auto", False)
+    assert (recorder[-1].offload, recorder[-1].vae_tiling) == ("none", "auto")  # decided at decode, by memory
     res = runner.invoke(app, ["t2v", "p", "--model", "tiny", "--out", str(tmp_path / "b.mp4"), "--json",
                               "--vae-tiling", "on"])
     assert res.exit_code == 0, res.output
-    assert (recorder[-1].vae_tiling, recorder[-1].vae_tiled) == ("on", True)
+    assert recorder[-1].vae_tiling == "on"
     assert recorder[-1].summary()["vae_tiling"] == "on" and recorder[-1].summary()["offload"] == "none"
     img = noise_image(tmp_path / "in.png")
     res = runner.invoke(app, ["i2v", str(img), "p", "--model", "tiny-i2v", "--out", str(tmp_path / "c.mp4"),
                               "--json", "--vae-tiling", "off"])
     assert res.exit_code == 0, res.output
-    assert (recorder[-1].vae_tiling, recorder[-1].vae_tiled) == ("off", False)
+    assert recorder[-1].vae_tiling == "off"
     # With CUDA (faked: nothing runs, generate is the recorder) every offload mode is accepted, for both commands.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for mode in ("model", "group"):
@@ -224,7 +224,11 @@ def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path,
 
 @pytest.mark.slow
 def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """`on` / `off` as given; `auto` untiled where the estimated peak fits the free memory (this machine's), tiled
+    where it does not (the free memory faked to 0.5 GiB, below the 1 GiB reserve alone); the JSON's
+    `vae_tiling_choice` and the run's notes say which and why."""
     import vsagen.decode.stream as decode_stream
+    import vsagen.decode.tiling as tiling
 
     tiled_calls = []
     real = decode_stream._tiled  # t2v decodes as a stream: diffusers' tiled_decode, one latent frame at a time
@@ -234,13 +238,29 @@ def test_vae_tiling_on_and_off_end_to_end(vsagen_cache, tiny_dir, tmp_path, monk
         return real(vae, z)
 
     monkeypatch.setattr(decode_stream, "_tiled", spy)
-    for mode, tiled in (("on", True), ("off", False), ("auto", False)):
-        out = tmp_path / f"{mode}.mp4"
+    real_available = tiling.available_bytes
+    for mode, tiled, free in (("on", True, None), ("off", False, None), ("auto", False, None),
+                              ("auto", True, tiling.GIB // 2)):
+        monkeypatch.setattr(tiling, "available_bytes",
+                            real_available if free is None else (lambda device, free=free: (free, "faked")))
+        out = tmp_path / f"{mode}-{tiled}.mp4"
         res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *WIDE_ARGS, "--vae-tiling", mode,
                                   "--out", str(out), "--json"])
         assert res.exit_code == 0, res.output
         data = json.loads(res.stdout)
         assert data["vae_tiling"] is tiled and data["config"]["vae_tiling"] == mode
+        choice = data["vae_tiling_choice"]
+        assert (choice["mode"], choice["tiled"]) == (mode, tiled)
+        if mode == "auto":
+            said = "tiled" if tiled else "untiled"
+            assert choice["why"].startswith(f"--vae-tiling auto: the VAE decodes {said}: its estimated peak ")
+            assert choice["why"] in data["timing"]["notes"] and choice["why"] in res.stderr
+            assert (choice["needed_gib"] > choice["available_gib"]) is tiled
+            assert choice["available_from"] == ("faked" if free else "CPU MemAvailable")
+        else:
+            assert choice["why"] == f"--vae-tiling {mode}: the VAE decodes {'tiled' if tiled else 'untiled'} " \
+                                    f"(--vae-tiling {mode})"
+            assert not any(n.startswith("--vae-tiling") for n in data["timing"]["notes"])
         assert len(tiled_calls) == (1 if tiled else 0), mode  # the decode really ran tiled (or not)
         tiled_calls.clear()
         assert read_mp4(out).shape == (5, 64, 288, 3)

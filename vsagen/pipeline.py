@@ -255,6 +255,7 @@ class Session:
         compile_fullgraph: under `--compile`, whether each block is one graph; None without `--compile`.
         load_s: host seconds of `load_model` (loading and placing the weights).
         text_encode_s: host seconds of the one prompt encoding `prompts()` did (0 until then).
+        vae_tiling: what `--vae-tiling` decided for the last decode (`decide_vae_tiling`), None before one.
     """
 
     request: Request
@@ -264,6 +265,7 @@ class Session:
     compile_fullgraph: bool | None = None
     load_s: float = 0.0
     text_encode_s: float = 0.0
+    vae_tiling: Any = None  # the last decode's `vsagen.decode.tiling.TilingChoice` (None before one)
     _prompts: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @classmethod
@@ -545,9 +547,26 @@ class Session:
             latents = latents[:, :, :f, :h, :w]
             if decode:
                 log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})")
+                self.decide_vae_tiling(latents, streamed=False)
                 with timer.region("vae_decode"):
                     video = decode_latents(self.pipe, latents)
         return latents, video
+
+    def decide_vae_tiling(self, latents: Any, *, streamed: bool) -> Any:
+        """Decide `--vae-tiling` for decoding `latents` (1, z, F_lat, H_lat, W_lat) now and set the VAE's tiling
+        (`vsagen.decode.tiling.decide_decode_tiling`: `auto` by the untiled decode's estimated peak against the
+        memory free now); `streamed`: `vsagen.decode.stream`'s decode, else `vae.decode`. Under `auto` the reason
+        becomes a note of the session, once per decision (tiled / untiled). Returns the `TilingChoice` (also kept
+        in `vae_tiling`)."""
+        from .decode.tiling import decide_decode_tiling
+
+        cfg = self.request
+        choice = decide_decode_tiling(self.pipe.vae, tuple(latents.shape), cfg.vae_tiling, cfg.device,
+                                      streamed=streamed, height=cfg.height, width=cfg.width)
+        if cfg.vae_tiling == "auto" and not any(n.startswith(choice.decision()) for n in self.notes):
+            self.notes.append(choice.why())
+        self.vae_tiling = choice
+        return choice
 
     def _parallel_off(self, transformers: Sequence[Any]) -> None:
         """Switch diffusers' context parallelism off again after a `--ulysses` run (before vsagen's patch is removed:

@@ -175,6 +175,11 @@ def test_compare_writes_every_file_atomically(cli_run):
     assert json.loads((out / "compare.json").read_text()) == data
     # what decoded the runs, resolved (compare.json had only the request's "auto": a new-user trial)
     assert (data["vae_dtype"], data["vae_decoder"], data["vae_tiling"]) == ("fp32", "stock", False)
+    choice = data["vae_tiling_choice"]  # `--vae-tiling auto`, decided by memory before each (whole) decode: the last
+    assert (choice["mode"], choice["tiled"]) == ("auto", False)
+    said = "--vae-tiling auto: the VAE decodes untiled: its estimated peak "
+    assert choice["why"].startswith(said) and sum(n.startswith(said) for n in data["notes"]) == 1  # 3 decodes, 1 note
+    assert choice["estimated_peak_gib"] < choice["needed_gib"] <= choice["available_gib"]
     assert data["settings"]["vae_dtype"] == "auto"
     rows = list(csv.DictReader(io.StringIO((out / "compare.csv").read_text())))
     assert [r["label"] for r in rows] == ["full", "vsa:sparsity=0", "vsa"]

@@ -1,5 +1,5 @@
 """vsagen.commands.generate_config: `resolve_generate` (a t2v / i2v request: flag > preset default, every check that
-needs no weights, through `vsagen.request.resolve.resolve`) and the request layer's helpers: VAE tiling, valid frame counts, output targets and folders, choices, devices."""
+needs no weights, through `vsagen.request.resolve.resolve`) and the request layer's helpers: `--vae-tiling` as asked, valid frame counts, output targets and folders, choices, devices."""
 
 from __future__ import annotations
 
@@ -9,21 +9,16 @@ import pytest
 
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.request.options import check_choice
-from vsagen.request.resolve import VAE_TILING_AUTO_MAX_AREA, nearest_valid_frames, resolve_device, vae_tiling_enabled
+from vsagen.request.resolve import nearest_valid_frames, resolve_device
 from vsagen.errors import BadInput
 from vsagen.models.presets import load_preset
 
 
-def test_vae_tiling_auto_threshold(tmp_path):
-    assert VAE_TILING_AUTO_MAX_AREA == 480 * 832
-    assert not vae_tiling_enabled("auto", 480, 832)  # Wan2.1-1.3B's native size: untiled
-    assert not vae_tiling_enabled("auto", 832, 480)
-    assert vae_tiling_enabled("auto", 720, 1280) and vae_tiling_enabled("auto", 704, 1280)
-    assert vae_tiling_enabled("auto", 496, 832)  # one step above the area
-    assert vae_tiling_enabled("on", 16, 16) and not vae_tiling_enabled("off", 720, 1280)
-    # the presets' defaults resolve without weights: 1.3B at 480p untiled, 14B at 720p tiled
-    assert not resolve("p", model="wan2.1-t2v-1.3b", device="cpu", out=tmp_path / "a.mp4").vae_tiled
-    assert resolve("p", model="wan2.1-t2v-14b", device="cpu", out=tmp_path / "b.mp4").vae_tiled
+def test_vae_tiling_is_carried_as_asked(tmp_path):
+    """The request carries `--vae-tiling` as given, `auto` included: the decode decides it by memory when it runs
+    (`vsagen.decode.tiling`), not the request by the frame size."""
+    assert resolve("p", model="wan2.1-t2v-14b", device="cpu", out=tmp_path / "a.mp4").vae_tiling == "auto"
+    assert resolve("p", model="tiny", device="cpu", vae_tiling="on", out=tmp_path / "b.mp4").vae_tiling == "on"
 
 
 @pytest.mark.parametrize("frames,stride,want", [(10, 4, (9, 13)), (9, 4, (9, 13)), (1, 4, (1, 5)), (0, 4, (1, 5)),

@@ -150,6 +150,9 @@ def test_t2v_vae_light_end_to_end(ti2v_dir, tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["vae_decoder"] == "light" and data["config"]["vae_decoder"] == "light"
+    # `--vae-tiling auto` leaves the light decoder to its own rule (untiled in space), not estimated
+    assert data["vae_tiling"] is False and data["vae_tiling_choice"]["estimated_peak_gib"] is None
+    assert "the light decoder" in data["vae_tiling_choice"]["why"]
     assert (ti2v_dir / "vae" / "light" / "diffusion_pytorch_model.safetensors").is_file()
     res = runner.invoke(app, ["t2v", "a fox", *common, "--out", str(tmp_path / "s.mp4")])
     assert res.exit_code == 0, res.output

@@ -183,9 +183,10 @@ OffloadOption = Annotated[Offload, typer.Option("--offload", parser=choice_parse
 VaeTilingOption = Annotated[VaeTiling, typer.Option("--vae-tiling", parser=choice_parser(VaeTiling),
                                                     metavar=_choices(VaeTiling),
                                                     help="Decode (and, image to video, encode the input image) with "
-                                                         "diffusers' spatially tiled VAE: "
-                                                         "'on', 'off', or 'auto' (on for frames of more than 480x832 "
-                                                         "pixels).")]
+                                                         "diffusers' spatially tiled VAE: 'on', 'off', or 'auto' "
+                                                         "(decode: untiled where its estimated memory peak fits the "
+                                                         "free memory, decided when it starts; image encode: on "
+                                                         "above 480x832 pixels).")]
 VaeOption = Annotated[str, typer.Option("--vae", metavar=f"[{VAE_METAVAR}]",
                                         help="The decoder of the latents: 'stock' (its VAE's own), 'light' (the "
                                              "model's lightweight VAE decoder: Hummingbird-XT's), 'tiny' (TAEHV: "

@@ -386,7 +386,8 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     report = CompareReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                            rows=rows, files={k: str(v) for k, v in cfg.files.items()}, load_s=session.load_s,
                            text_encode_s=session.text_encode_s, notes=_report_notes(cfg, session),
-                           vae=vae_summary(session.model.pipe.vae))
+                           vae={**vae_summary(session.model.pipe.vae),
+                                "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling else None})
     if cancelled():
         raise KeyboardInterrupt
     log(f"writing {len(cfg.files)} files into {cfg.out}/")

@@ -176,7 +176,7 @@ class CompareConfig(Request):
 
     def memory_hints(self) -> list[str]:
         """`--vae-tiling on` where not given."""
-        return [] if self.vae_tiled else ["--vae-tiling on"]
+        return [] if self.vae_tiling == "on" else ["--vae-tiling on"]
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready settings (no Path objects, no preset internals)."""

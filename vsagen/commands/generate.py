@@ -66,8 +66,9 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     The mp4 and the JSON (and a MagCache calibration's file, `Denoised.calibration`) are published together,
     unless `cancelled()` says an interrupt arrived that Python dropped (one raised inside a finalizer): then
     KeyboardInterrupt, nothing written.
-    The weights are placed or offloaded as `cfg.offload` says and the VAE tiled as `cfg.vae_tiled` says
-    (`load_model`); the JSON records both. The backend's own weights are attached before the weights are placed.
+    The weights are placed or offloaded as `cfg.offload` says (`load_model`) and the VAE decodes tiled as
+    `cfg.vae_tiling` says, `auto` decided when the decode starts (`Session.decide_vae_tiling`); the JSON records
+    both. The backend's own weights are attached before the weights are placed.
 
     Raises:
         BadInput: invalid request found only once the model is known (e.g. backend vs dtype).
@@ -190,6 +191,10 @@ def _write_outputs(cfg: RunConfig, session: Session, backend: Any, plan: Any, ru
     from ..media import video
     from ..media.formats import write_video
 
+    noted = len(session.notes)
+    session.decide_vae_tiling(run.latents, streamed=streams(session.pipe.vae))  # --vae-tiling auto: by memory now
+    for note in session.notes[noted:]:
+        log(f"note: {note}")
     # a lightweight decoder (`--vae light`) streams by its temporal windows, where it decodes in windows
     log(f"decoding the video (VAE, {cfg.frames} frame{'s' if cfg.frames != 1 else ''})"
         + (", encoding it as it decodes" if streams(session.pipe.vae) else ""))
@@ -316,6 +321,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "random_weights": session.model.random_weights or cfg.source.kind == "tiny",
         "random_prompt_embeddings": session.model.random_weights,
         "offload": cfg.offload, **vae_summary(pipe.vae),  # what --vae / --vae-dtype / --vae-tiling resolved to
+        # --vae-tiling's decision and why (auto: the untiled decode's estimated peak against the free memory)
+        "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling is not None else None,
         "compile_fullgraph": session.compile_fullgraph,
         "denoised": {"frames": plan.denoise_frames, "height": plan.denoise_height, "width": plan.denoise_width,
                      "latent": list(plan.denoise_latent), **layout.summary()},

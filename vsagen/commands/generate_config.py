@@ -76,7 +76,7 @@ class RunConfig(Request):
     def memory_hints(self) -> list[str]:
         """`--offload` and `--vae-tiling on`, where not given."""
         return (([] if self.offload != "none" else ["--offload group (or model)"])
-                + ([] if self.vae_tiled else ["--vae-tiling on"]))
+                + ([] if self.vae_tiling == "on" else ["--vae-tiling on"]))
 
     @property
     def attn(self) -> str:

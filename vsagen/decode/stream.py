@@ -154,8 +154,13 @@ def frames_u8(processor: Any, chunk: Any) -> Any:
     """A decoded chunk (1, 3, f, H, W) in [-1, 1] -> (f, H, W, 3) uint8 numpy: the pipeline's `video_processor`
     (diffusers' denormalisation to [0, 1]) in float32, then NaN -> 0, +inf -> 1, -inf -> 0, clip and round half up as
     `vsagen.media.video.to_uint8_frames` does, on the chunk's device; only the uint8 frames are copied to the host."""
+    return device_frames_u8(processor, chunk).cpu().numpy()
+
+
+def device_frames_u8(processor: Any, chunk: Any) -> Any:
+    """`frames_u8` before the copy to the host: (f, H, W, 3) uint8 on the chunk's device."""
     import torch
 
     pictures = processor.postprocess(chunk[0].permute(1, 0, 2, 3).float(), output_type="pt")  # (f, 3, H, W)
     v = torch.nan_to_num(pictures, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
-    return (v * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return (v * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)

@@ -250,9 +250,10 @@ def prepare_model_files(cfg: Request) -> Path | None:
 
 def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any] = ()) -> LoadedModel:
     """Load (or build) the pipeline for `cfg` with its dtype, placed on its device or offloaded (`cfg.offload`,
-    see `place_pipeline`), with VAE tiling as `cfg.vae_tiled` says (`vsagen profile` requests: no offload, no
-    image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's trained gates) are
-    attached before the weights are placed (`vsagen.models.pipeline_weights.attach_weights`).
+    see `place_pipeline`), the VAE's tiling on for an image-to-video condition's encode as `cfg.vae_tiling` says
+    (`vsagen.decode.tiling.encode_tiled`; the decode decides again, by memory, when it runs) (`vsagen profile`
+    requests: no offload, no image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's
+    trained gates) are attached before the weights are placed (`vsagen.models.pipeline_weights.attach_weights`).
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
@@ -320,7 +321,9 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
-    if cfg.vae_tiled:
+    from ..decode.tiling import encode_tiled
+
+    if encode_tiled(cfg.vae_tiling, cfg.height, cfg.width):  # the decode decides again (`decide_decode_tiling`)
         pipe.vae.enable_tiling()
     else:
         pipe.vae.disable_tiling()

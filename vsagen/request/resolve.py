@@ -33,14 +33,6 @@ from .processes import check_ulysses, split_request
 from .sampling import SamplerList, SamplerPlan, parse_sampler_list, plan_sampler
 from ..samplers import NAMED, Sampler
 
-# `--vae-tiling auto` tiles the VAE when a frame has more pixels than Wan2.1-1.3B's native 480p (480 x 832), so
-# the 1.3B's default size keeps diffusers' default (untiled) decode. The criterion is the frame area, not
-# pixels x frames: diffusers' AutoencoderKLWan decodes one latent frame at a time (a causal feature cache carries
-# the rest), so its activation peak grows with height x width, and its tiling splits frames spatially only
-# (256 px tiles, 192 px stride). So 720p (2.3x the area) and Wan2.2-5B's 704 x 1280 are tiled, 480p and smaller
-# are not. The memory saved and the time tiling costs were not measured for this choice.
-VAE_TILING_AUTO_MAX_AREA = 480 * 832
-
 # What a command does with backends: runs one (t2v, i2v: `auto` allowed), several (profile, compare), or none.
 ONE, SEVERAL, NONE = "one", "several", "none"
 
@@ -79,7 +71,7 @@ class Request:
     warmup: int
     overwrite: bool
     offload: str = "none"  # none | model | group (CUDA only); see vsagen.models.loading.place_pipeline
-    vae_tiling: str = "off"  # auto | on | off, as asked; `vae_tiled` is the decision
+    vae_tiling: str = "off"  # auto | on | off, as asked; decided at decode (vsagen.decode.tiling)
     vae_decoder: VaeSpec = VaeSpec()  # --vae parsed (vsagen.decode.decoder_choice.choose_decoder)
     # every decoder the command decodes with, `vae_decoder` first (compare: one per --vae entry; else that one)
     vae_decoders: tuple[VaeSpec, ...] = ()
@@ -138,11 +130,6 @@ class Request:
         """Whether the request runs a WanImageToVideoPipeline (the model's own pipeline class by default)."""
         return self.source.image_to_video
 
-    @property
-    def vae_tiled(self) -> bool:
-        """Whether the VAE runs tiled (`vae_tiling`, `auto` resolved by `vae_tiling_enabled`)."""
-        return vae_tiling_enabled(self.vae_tiling, self.height, self.width)
-
     def plan(self, tile_fit: str | None = None) -> CropPlan:
         """The crop plan under `tile_fit` (default the first) with the preset's strides and patch size (the
         model's own for a model a preset describes)."""
@@ -188,14 +175,6 @@ def torch_dtype(name: str) -> Any:
 def request_fields(request: Request) -> dict[str, Any]:
     """{field: value} of the `Request` part of `request` (to build a command's config from it)."""
     return {f.name: getattr(request, f.name) for f in fields(Request)}
-
-
-def vae_tiling_enabled(mode: str, height: int, width: int) -> bool:
-    """`--vae-tiling` as a decision: `on` / `off` as given; `auto` tiles frames of more than
-    `VAE_TILING_AUTO_MAX_AREA` pixels (more than Wan2.1's 480 x 832; see the constant for why the frame area)."""
-    if mode == "auto":
-        return height * width > VAE_TILING_AUTO_MAX_AREA
-    return mode == "on"
 
 
 def nearest_valid_frames(frames: int, stride: int) -> tuple[int, int]:
@@ -536,6 +515,6 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     _check_placement(request)
     return request
 
-__all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "VAE_TILING_AUTO_MAX_AREA", "check_last_frame",
+__all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "check_last_frame",
            "negative_prompt_note", "nearest_valid_frames", "preset_plan", "request_fields", "resolve",
-           "resolve_device", "sampler_plans", "torch_dtype", "vae_tiling_enabled"]
+           "resolve_device", "sampler_plans", "torch_dtype"]

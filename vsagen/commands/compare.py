@@ -463,6 +463,7 @@ def _decode(cfg: CompareConfig, session: Any, run_of: Any, dit: _DitRun, states:
     sync = torch.cuda.synchronize if torch.device(cfg.device).type == "cuda" else (lambda: None)
     what = f"decoding {run_of.label}"
     log(f"{what} ({vae_summary(vae)['vae_decoder']} VAE decoder)")
+    session.decide_vae_tiling(dit.run.latents, streamed=False)  # --vae-tiling auto: by memory, for this decoder
     with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode():
         if states is not None and cfg.warmup and run_of.vae_index not in warmed:
             decode_latents(session.pipe, dit.run.latents)

@@ -115,9 +115,34 @@ def _skip_the_overflow_checks_that_assert_nothing() -> None:
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
 
 
+def _remember_the_interpreters_numpy_dtypes() -> None:
+    """Look a Triton type's numpy dtype up once. The interpreter's `_get_np_dtype` built its table of 19 types
+    anew at every call (a dict of hashed Triton types, once or more per interpreted operation): 8% of a kernel
+    test's time. The answer depends on the type alone (equal types, equal answers), so it is kept per type."""
+    try:
+        from triton.runtime import interpreter
+
+        real = interpreter._get_np_dtype
+    except (ImportError, AttributeError):
+        return
+    known: dict = {}
+
+    def np_dtype(tt_dtype):
+        try:
+            return known[tt_dtype]
+        except KeyError:
+            known[tt_dtype] = found = real(tt_dtype)
+            return found
+        except TypeError:  # an unhashable type: as before
+            return real(tt_dtype)
+
+    interpreter._get_np_dtype = np_dtype
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_the_language_once_per_launch()
     _skip_the_overflow_checks_that_assert_nothing()
+    _remember_the_interpreters_numpy_dtypes()
 
 # vsagen wraps its notes to COLUMNS when it is set (vsagen.cli.terminal); the tests read whole notes and paths from
 # stderr, so a COLUMNS exported by the user's shell, or pytest-xdist's workers (they set COLUMNS=80), broke three of

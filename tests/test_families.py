@@ -249,25 +249,26 @@ def test_ti2v_tile_fit_crop(ti2v_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_ti2v_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, encoder_frames, impl):
+def test_ti2v_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, encoder_frames):
     """Per-token timesteps through the tile-order hooks, end to end: `--attn vsa --sparsity 0` (tile order, every
     tile selected) gives the frames of `--attn full` (raster order), compared as handed to the encoder (at most
-    1 uint8 level apart; see test_pipeline.test_vsa_at_sparsity_zero_gives_the_frames_of_full)."""
+    1 uint8 level apart; see test_pipeline.test_vsa_at_sparsity_zero_gives_the_frames_of_full); both
+    implementations against one `full` run."""
     from vsagen.commands.generate import generate
 
     frames = encoder_frames
     # grid 2 x 5 x 7: partial tiles on every axis
     common = dict(model="tiny-ti2v", frames=5, height=160, width=224, steps=1, device="cpu")
     generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
-    vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
-                   progress=False)
-    assert vsa.summary["expand_timesteps"] is True
-    assert vsa.summary["denoised"]["grid"] == [2, 5, 7] and vsa.summary["denoised"]["full_tiles"] == 0
-    a, b = frames["full"].astype(int), frames["vsa"].astype(int)
-    assert a.shape == b.shape == (5, 160, 224, 3)
-    assert np.abs(a - b).max() <= 1
-    assert (a != b).mean() < 1e-3
+    for impl in ("torch", "triton"):
+        vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / f"{impl}.mp4",
+                               **common), progress=False)
+        assert vsa.summary["expand_timesteps"] is True
+        assert vsa.summary["denoised"]["grid"] == [2, 5, 7] and vsa.summary["denoised"]["full_tiles"] == 0
+        a, b = frames["full"].astype(int), frames[impl].astype(int)
+        assert a.shape == b.shape == (5, 160, 224, 3)
+        assert np.abs(a - b).max() <= 1, impl
+        assert (a != b).mean() < 1e-3, impl
 
 
 def test_ti2v_transformer_reorders_a_non_uniform_per_token_timestep(ti2v_dir):

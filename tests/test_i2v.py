@@ -249,24 +249,25 @@ def test_ti2v_model_takes_an_image_too(ti2v_dir, tmp_path):
     assert res.exit_code == 0, res.output
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_ti2v_image_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, encoder_frames, impl):
+def test_ti2v_image_vsa_at_sparsity_zero_gives_the_frames_of_full(ti2v_dir, tmp_path, encoder_frames):
     """Image to video with per-token timesteps that differ across tokens (the image's first latent frame gets
     t = 0, the rest t): `--attn vsa --sparsity 0` (tile order) gives the frames of `--attn full` (raster
-    order), so the timesteps are reordered with the tokens (at most 1 uint8 level apart, as in test_families)."""
+    order), so the timesteps are reordered with the tokens (at most 1 uint8 level apart, as in test_families);
+    both implementations against one `full` run."""
     from vsagen.commands.generate_config import resolve_generate as resolve
     from vsagen.commands.generate import generate
 
     img = noise_image(tmp_path / "in.png", size=(224, 160))
     common = dict(model="tiny-ti2v", frames=5, height=160, width=224, steps=1, device="cpu", image=img)
     generate(resolve("a fox", attn="full", out=tmp_path / "full.mp4", **common), progress=False)
-    vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / "vsa.mp4", **common),
-                   progress=False)
-    assert vsa.summary["denoised"]["grid"] == [2, 5, 7] and vsa.summary["expand_timesteps"] is True
-    a, b = encoder_frames["full"].astype(int), encoder_frames["vsa"].astype(int)
-    assert a.shape == b.shape == (5, 160, 224, 3)
-    assert np.abs(a - b).max() <= 1
-    assert (a != b).mean() < 1e-3
+    for impl in ("torch", "triton"):
+        vsa = generate(resolve("a fox", attn="vsa", sparsity=0.0, attn_impl=impl, out=tmp_path / f"{impl}.mp4",
+                               **common), progress=False)
+        assert vsa.summary["denoised"]["grid"] == [2, 5, 7] and vsa.summary["expand_timesteps"] is True
+        a, b = encoder_frames["full"].astype(int), encoder_frames[impl].astype(int)
+        assert a.shape == b.shape == (5, 160, 224, 3)
+        assert np.abs(a - b).max() <= 1, impl
+        assert (a != b).mean() < 1e-3, impl
 
 
 def test_ti2v_random_weights_image_run(vsagen_cache, tmp_path):

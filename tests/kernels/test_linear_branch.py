@@ -25,6 +25,10 @@ import vsagen.kernels.reference as ref
 from vsagen.kernels.linear_branch import (DEFAULT_LAUNCH, LinearLaunch, kv_sums, linear_branch_add,
                                           linear_branch_backward)
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture runs the
+# default launch once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_linear_branch")
+
 # bf16 / fp16 inputs: under the interpreter the kernels compute in fp32 and round each output and gradient once
 # to the dtype (2^-9 relative for bf16): 3e-3 to 4e-3 relative L2 measured against float64 on the rounded inputs;
 # a real bug (a wrong mask, a missing term) is O(1e-1).
@@ -94,6 +98,15 @@ def test_matches_float64_reference(kind, dtype, weight_dtype, b, s, h, d):
     assert_matches(got, branch_reference(args, dout, kind), FP32_REL_L2 if dtype == torch.float32 else LOWP_REL_L2)
 
 
+@pytest.fixture(scope="module")
+def variants_case():
+    """The launch variants' case (batch 2, 150 tokens: a partial block, 2 heads, D 16, softmax) with its float64
+    reference and the default launch's result, both computed once for every variant (the same inputs each
+    variant made and ran them on before): (args, dout, reference, default)."""
+    args, dout = make_case(2, 150, 2, 16, seed=3)
+    return args, dout, branch_reference(args, dout, "softmax"), branch_fwd_bwd(args, dout, "softmax")
+
+
 @pytest.mark.parametrize("launch", [
     LinearLaunch(block=16, programs_per_sm=1, stream_programs_per_sm=1),
     LinearLaunch(block=32, fwd_warps=8, bwd_warps=4, programs_per_sm=1, stream_programs_per_sm=1),
@@ -103,15 +116,15 @@ def test_matches_float64_reference(kind, dtype, weight_dtype, b, s, h, d):
     LinearLaunch(block=64, programs_per_sm=8, stream_programs_per_sm=1),
     LinearLaunch(block=32, fwd_warps=1, bwd_warps=1, programs_per_sm=1, stream_programs_per_sm=3),
 ], ids=lambda la: f"block{la.block}-pps{la.programs_per_sm}-stream{la.stream_programs_per_sm}")
-def test_launch_variants_give_the_same_result(launch):
-    args, dout = make_case(2, 150, 2, 16, seed=3)
+def test_launch_variants_give_the_same_result(launch, variants_case):
+    args, dout, reference, default = variants_case
     for stream, per_sm in ((False, launch.programs_per_sm), (True, launch.stream_programs_per_sm)):
         n_chunks = lb._chunking(args[1], launch, stream=stream)[1]
         assert (n_chunks == 1) == (per_sm == 1), (stream, n_chunks)
     got = branch_fwd_bwd(args, dout, "softmax", launch)
-    assert_matches(got, branch_reference(args, dout, "softmax"), FP32_REL_L2)
+    assert_matches(got, reference, FP32_REL_L2)
     # against the default launch: fp32 sums in another chunking / block order only
-    assert_matches(got, branch_fwd_bwd(args, dout, "softmax"), 1e-6)
+    assert_matches(got, default, 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

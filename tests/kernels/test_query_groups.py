@@ -13,6 +13,10 @@ from vsagen.kernels.query_groups import block_query_groups, build_query_groups
 from vsagen.layout import tile_layout
 from vsagen.sparsity.patterns import dense, diagonal, multi_diagonal, q2k_table, skip, vertical_stripe
 
+# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture runs the
+# per-tile launch once, not in each worker.
+pytestmark = pytest.mark.xdist_group("test_query_groups")
+
 MODES = (vertical_stripe(1, 2), skip(), diagonal(0), multi_diagonal(0), dense())
 
 
@@ -74,26 +78,35 @@ def test_bad_block_m():
         build_query_groups(q2k, cnt, lay.tile_offsets, 48)
 
 
-@pytest.mark.parametrize("block_m,backward", [(16, False), (128, True)])
-def test_grouped_forward_and_backward_equal_the_per_tile_launch(block_m, backward):
+@pytest.fixture(scope="module")
+def per_tile():
+    """The per-tile launch on partial tiles along every axis (grid (5, 6, 5), 150 tokens keep the interpreter quick),
+    batch 2, one head per mode, with its gradients: computed once, the reference of both grouped launches below
+    (the same inputs and the same per-tile kernels each of them ran on its own before)."""
     torch.manual_seed(7)
-    lay = tile_layout((5, 6, 5))  # partial tiles along every axis (150 tokens keep the interpreter quick)
+    lay = tile_layout((5, 6, 5))
     q2k, cnt = tables(lay)
-    groups = build_query_groups(q2k, cnt, lay.tile_offsets, block_m)
     b = 2
     q, k, v = (torch.randn(b, lay.num_tokens, len(MODES), 16, requires_grad=True) for _ in range(3))
     args = (q, k, v, q2k[None].expand(b, -1, -1, -1), cnt[None].expand(b, -1, -1), lay.tile_offsets_i32)
-    o1, l1 = block_sparse_attention(*args)
+    out, lse = block_sparse_attention(*args)
+    do = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    return dict(lay=lay, q2k=q2k, cnt=cnt, args=args, out=out.detach(), lse=lse.detach(), do=do, grads=grads)
+
+
+@pytest.mark.parametrize("block_m,backward", [(16, False), (128, True)])
+def test_grouped_forward_and_backward_equal_the_per_tile_launch(per_tile, block_m, backward):
+    lay, args = per_tile["lay"], per_tile["args"]
+    groups = build_query_groups(per_tile["q2k"], per_tile["cnt"], lay.tile_offsets, block_m)
     o2, l2 = block_sparse_attention_grouped(*args, groups, (block_m, 4, 2, block_m, 4, 2))
-    torch.testing.assert_close(o2, o1, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(l2, l1, atol=1e-6, rtol=1e-6)  # -inf rows (the skip head) equal
+    torch.testing.assert_close(o2, per_tile["out"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(l2, per_tile["lse"], atol=1e-6, rtol=1e-6)  # -inf rows (the skip head) equal
     assert bool((o2[:, :, 1] == 0).all())
     if not backward:
         return
-    do = torch.randn_like(o1)
-    g1 = torch.autograd.grad(o1, (q, k, v), do)
-    g2 = torch.autograd.grad(o2, (q, k, v), do)
-    for a, c in zip(g2, g1):
+    g2 = torch.autograd.grad(o2, args[:3], per_tile["do"])
+    for a, c in zip(g2, per_tile["grads"]):
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
 
 

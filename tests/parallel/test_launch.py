@@ -159,12 +159,20 @@ RUN_ARGS = ["t2v", "--model", "tiny", "--device", "cpu", "--attn", "vsa:impl=tor
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, vsagen_cache, tiny_dir):
-    """RUN_ARGS in one process: the mp4 the torchrun runs must equal."""
+    """RUN_ARGS in one process (this one, on one CPU thread as each rank runs, so the sums run in the same order;
+    a `python -m vsagen` of its own only added its start): the mp4 the parallel runs must equal."""
+    import torch
+
     from vsagen.media.video import read_mp4
 
     where = tmp_path_factory.mktemp("one")
-    one = _vsagen([*RUN_ARGS, "--out", str(where / "one.mp4")], where, vsagen_cache, torchrun=False)
-    assert one.returncode == 0, one.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        one = CliRunner().invoke(app, [*RUN_ARGS, "--out", str(where / "one.mp4")])
+    finally:
+        torch.set_num_threads(threads)
+    assert one.exit_code == 0, one.output
     return read_mp4(where / "one.mp4")
 
 

@@ -265,7 +265,7 @@ def test_encoding_parses_checks_and_says_its_ffmpeg_options():
 
     assert Encoding.parse(None) == Encoding("x264", "veryfast", 10)
     assert Encoding.parse("x264:crf=18").ffmpeg_params() == ["-preset", "veryfast", "-crf", "18"]
-    assert Encoding.parse("x264:preset=medium:crf=0").text() == "x264:preset=medium:crf=0"
+    assert Encoding.parse("x264:preset=medium:crf=0").text() == "x264:preset=medium:crf=0:threads=0:segments=1"
     # a new-user trial: crf 0 wrote a High 4:4:4 Predictive stream, which browsers do not play, without a word
     assert "High 4:4:4 Predictive profile, which browsers do not play" in Encoding.parse("x264:crf=0").note()
     assert Encoding.parse("x264:crf=1").note() is None and Encoding().note() is None

@@ -79,6 +79,17 @@ def encode_command(path: Path, width: int, height: int, fps: int, *, vcodec: str
                           str(path), metadata)
 
 
+def concat_command(listing: Path, path: Path, metadata: dict[str, str] | None = None) -> list[str]:
+    """The command that joins the mp4 segments `listing` names (the concat demuxer's list: `file 'NAME'` lines,
+    names relative to its folder) into the mp4 `path` (overwritten) by stream copy, no re-encode; `metadata` as
+    `encode_command`'s (`vsagen.media.segments`)."""
+    import ffmpeg
+
+    out = ffmpeg.input(str(listing), format="concat").output(str(path), c="copy", format="mp4")
+    return _with_metadata(out.global_args(*LOG_ARGS).compile(cmd=executable(), overwrite_output=True),
+                          str(path), metadata)
+
+
 def probe_command(vcodec: str, options: dict[str, Any]) -> list[str]:
     """The command that opens encoder `vcodec` with `options` on 4 blank 256x256 frames and writes nowhere
     (`vsagen.media.video.check_encoder`)."""
@@ -86,6 +97,15 @@ def probe_command(vcodec: str, options: dict[str, Any]) -> list[str]:
 
     blank = ffmpeg.input("color=c=black:s=256x256:r=16", format="lavfi")
     out = blank.output("-", format="null", vcodec=vcodec, **{"frames:v": 4}, **options)
+    return out.global_args(*LOG_ARGS).compile(cmd=executable())
+
+
+def packets_command(path: Path) -> list[str]:
+    """The command that prints each video packet of `path` (stream copy, nothing decoded) on standard output in
+    ffmpeg's framecrc format: `stream, dts, pts, duration, size, checksum` lines in the stream's time base."""
+    import ffmpeg
+
+    out = ffmpeg.input(str(path)).output("-", format="framecrc", c="copy", an=None)
     return out.global_args(*LOG_ARGS).compile(cmd=executable())
 
 
@@ -162,6 +182,13 @@ class PipeWriter:
             raise self._failure()
         if not self.path.exists() or self.path.stat().st_size == 0:
             raise self._failure(f"ffmpeg wrote no video for {self.frames} frames")
+
+    def kill(self) -> None:
+        """Send ffmpeg the kill signal without waiting for it (from another thread than the one feeding it: a write
+        blocked on the full pipe then fails at once); `abort` waits for it."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
 
     def abort(self) -> None:
         """Kill ffmpeg and wait for it (its file is being given up)."""

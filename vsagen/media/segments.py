@@ -12,9 +12,8 @@ exists, so on many cores the encode is no longer one x264's frame-threading limi
 Segments are at least MIN_SEGMENT_FRAMES long (fewer frames: fewer segments, down to one): x264 reorders frames
 for its B-frames and delays the decode timestamps of a segment by two frames, but a segment of one or two frames
 has no such delay, and a delayed segment after an undelayed one would put decode timestamps out of order in the
-join (measured with imageio-ffmpeg's ffmpeg 7.0.2 and 9.0.2: up to two frames undelayed at every preset,
-three or more delayed; `ultrafast`, without B-frames, never delayed). Sizes differ
-by at most one frame, the longer first.
+join (measured with imageio-ffmpeg's ffmpeg 7.0.2 and 9.0.2: up to two frames undelayed at every preset, three or
+more delayed; `ultrafast`, without B-frames, never delayed). Sizes differ by at most one frame, the longer first.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ vsagen's writer thread feeds them, through vsagen's own writers (`vsagen.media.v
 an `--codec` setting, and through the same ffmpeg command builder otherwise. Per option and size:
 
 * encode s: from the first frame handed over to the mp4 closed, every frame ready (the decode taking no time),
-  the median of `--repeats` runs;
+  the median of `--repeats` runs; join s: of that, the segments' join (one ffmpeg, stream copy);
 * tail s: the same with the frames handed over evenly across `--decode-s` seconds (a streamed decode of that
   length), minus that time: what the user still waits once the decode ended;
 * MB, PSNR Y (BT.601 luma, dB) of the decoded file against the source frames and against today's file;
@@ -123,9 +123,10 @@ def options(cores: int) -> list[Option]:
     return [*found, Option("today again (the spread over the run)", found[0].open)]
 
 
-def write(option: Option, frames: np.ndarray, path: Path, decode_s: float) -> float:
-    """Seconds from the first frame handed to `option`'s writer to the file closed; with `decode_s` > 0 the frames
-    are handed over evenly across that time (frame i at (i + 1) / F of it)."""
+def write(option: Option, frames: np.ndarray, path: Path, decode_s: float) -> tuple[float, float | None]:
+    """Seconds from the first frame handed to `option`'s writer to the file closed, and of that the segments' join
+    (None: no join); with `decode_s` > 0 the frames are handed over evenly across that time (frame i at
+    (i + 1) / F of it)."""
     writer = option.open(path, len(frames))
     t0 = time.perf_counter()
     for i, frame in enumerate(frames):
@@ -135,7 +136,7 @@ def write(option: Option, frames: np.ndarray, path: Path, decode_s: float) -> fl
                 time.sleep(wait)
         writer.append_data(frame)
     writer.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, getattr(writer, "join_s", None)
 
 
 def checks(path: Path, back: np.ndarray, count: int) -> str:
@@ -161,13 +162,13 @@ def measure(size: str, args: argparse.Namespace, tmp: Path) -> list[dict[str, An
     source_y, today_y, rows = luma(frames), None, []
     for k, option in enumerate(options(os.cpu_count() or 1)):
         path = tmp / f"option-{k}.mp4"
-        runs = [write(option, frames, path, 0.0) for _ in range(args.repeats)]
-        tail = write(option, frames, path, args.decode_s) - args.decode_s
+        runs, joins = zip(*(write(option, frames, path, 0.0) for _ in range(args.repeats)))
+        tail = write(option, frames, path, args.decode_s)[0] - args.decode_s
         back = read_mp4(path)
         back_y = luma(back) if len(back) == f else None
         today_y = back_y if k == 0 else today_y
-        row = {"size": size, "option": option.name, "encode_s": statistics.median(runs), "runs_s": runs,
-               "tail_s": tail, "mb": path.stat().st_size / 1e6, "checks": checks(path, back, f),
+        row = {"size": size, "option": option.name, "encode_s": statistics.median(runs), "runs_s": list(runs),
+               "join_s": statistics.median(joins) if joins[0] is not None else None, "tail_s": tail, "mb": path.stat().st_size / 1e6, "checks": checks(path, back, f),
                "psnr_y_source": psnr(back_y, source_y) if back_y is not None else None,
                "psnr_y_today": psnr(back_y, today_y) if back_y is not None and today_y is not None else None}
         rows.append(row)
@@ -179,7 +180,8 @@ def measure(size: str, args: argparse.Namespace, tmp: Path) -> list[dict[str, An
 def print_row(row: dict[str, Any], today: dict[str, Any]) -> None:
     vs = today["encode_s"] / row["encode_s"]
     same = row["psnr_y_today"]
-    print(f"{row['size']:13} {row['option'][:44]:44} {row['encode_s']:8.3f} {vs:5.2f}x {row['tail_s']:7.3f} "
+    join = f"{row['join_s']:.3f}" if row["join_s"] is not None else "-"
+    print(f"{row['size']:13} {row['option'][:44]:44} {row['encode_s']:8.3f} {vs:5.2f}x {join:>6} {row['tail_s']:7.3f} "
           f"{row['mb']:7.2f} {row['psnr_y_source'] or float('nan'):7.2f} "
           f"{'same' if same == float('inf') else f'{same:.2f}' if same else '-':>7} {row['checks']}", flush=True)
 
@@ -198,7 +200,7 @@ def main() -> None:
     print(f"cpu cores: {os.cpu_count()}; ffmpeg: {Path(ffmpeg_pipe.executable()).name} (imageio-ffmpeg "
           f"{imageio_ffmpeg.__version__}); x264 CRF 10 unless said; encode s: median of {args.repeats}, frames "
           f"ready; tail s: after a {args.decode_s} s paced decode")
-    print(f"{'size':13} {'option':44} {'encode s':>8} {'speed':>6} {'tail s':>7} {'MB':>7} {'Y src':>7} "
+    print(f"{'size':13} {'option':44} {'encode s':>8} {'speed':>6} {'join s':>6} {'tail s':>7} {'MB':>7} {'Y src':>7} "
           f"{'Y today':>7} checks")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

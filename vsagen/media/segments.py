@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any, Callable
@@ -109,6 +110,7 @@ class SegmentWriter:
         self.path, self.command, self.join = Path(path), command, join
         self.starts = segment_starts(frames, segments)
         self.frames = 0
+        self.join_s = 0.0  # seconds the join took (`close`), host clock
         self.failures: list[BaseException] = []
         self._feeds: list[_Feed] = []
         self._size: tuple[int, ...] | None = None
@@ -159,11 +161,13 @@ class SegmentWriter:
     def _join(self) -> None:
         listing = self._folder / JOIN_LIST
         listing.write_text("".join(f"file '{feed.writer.path.name}'\n" for feed in self._feeds))
+        t0 = time.perf_counter()
         with tempfile.TemporaryFile() as said:
             code = subprocess.run(self.join(listing, self.path), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=said, start_new_session=True).returncode
             said.seek(0)
             reason = ffmpeg_pipe.reason(said.read().decode(errors="replace"))
+        self.join_s = time.perf_counter() - t0
         if code != 0 or not self.path.exists() or self.path.stat().st_size == 0:
             raise RunFailure(f"ffmpeg failed (exit {code}) joining {len(self._feeds)} segments into {self.path.name}"
                              + (f": {reason}" if reason else " (ffmpeg said nothing)"))

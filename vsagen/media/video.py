@@ -353,7 +353,7 @@ def _writer(path: Path, fps: int, encoding: Encoding | None, metadata: dict[str,
             raise ValueError("a segmented encode needs the number of frames expected")
         if len(segments.segment_starts(frames, encoding.segments)) > 1:
             return segments.SegmentWriter(
-                path, frames, encoding.segments,
+                path, frames, encoding.segments, fps,
                 lambda part, width, height: ffmpeg_pipe.encode_command(part, width, height, fps, vcodec=vcodec,
                                                                        pix_fmt="yuv420p", options=options),
                 lambda listing, out: ffmpeg_pipe.concat_command(listing, out, metadata))

@@ -93,15 +93,14 @@ def test_a_stream_starts_each_segment_at_its_first_frame_and_keeps_the_metadata(
 
 
 def test_more_segments_than_frames_allow_are_clamped_down_to_one_ffmpeg(tmp_path):
-    """Fewer than 2 x MIN_SEGMENT_FRAMES frames: one ffmpeg, the command vsagen always ran; without the frame
-    count a segmented writer cannot cut (a programming error, not a user's)."""
+    """Fewer than 2 x MIN_SEGMENT_FRAMES frames: one ffmpeg, the command vsagen always ran; so without the frame
+    count (a stream of unknown length), which the cut needs."""
     writer = video._writer(tmp_path / "a.mp4", 16, video.Encoding(segments=64), frames=7)
     assert isinstance(writer, ffmpeg_pipe.PipeWriter)
     clip = random_clip(7)
     video.encode_mp4(clip, tmp_path / "b.mp4", 16, video.Encoding(segments=64))
     assert video.read_mp4(tmp_path / "b.mp4").shape == clip.shape
-    with pytest.raises(ValueError, match="number of frames"):
-        video._writer(tmp_path / "c.mp4", 16, video.Encoding(segments=2))
+    assert isinstance(video._writer(tmp_path / "c.mp4", 16, video.Encoding(segments=2)), ffmpeg_pipe.PipeWriter)
 
 
 def _left(folder: Path) -> list[str]:
@@ -157,7 +156,7 @@ def test_a_segment_ffmpeg_failing_is_one_line_with_its_reason(tmp_path):
     with pytest.raises(RunFailure) as e:
         video.encode_mp4(np.zeros((8, 63, 65, 3), np.uint8) + 7, tmp_path / "odd.mp4", 16,
                          video.Encoding(segments=2))  # yuv420p needs even sizes
-    assert re.search(r"writing segment-00\d\.mp4: width not divisible by 2 \(65x63\)$", str(e.value))
+    assert str(e.value).endswith("writing odd.mp4: width not divisible by 2 (65x63)")  # the mp4's name, as one ffmpeg
     assert "\n" not in str(e.value) and _left(tmp_path) == []
 
 

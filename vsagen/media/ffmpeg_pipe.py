@@ -135,15 +135,17 @@ class PipeWriter:
     """An encoder child fed raw frames (imageio's writer interface: `append_data(frame)`, `close()`): ffmpeg starts
     at the first frame with `command(width, height)` (`encode_command` for this writer's file), whose size every
     later frame must have. `close` tells ffmpeg the input ended and waits for it; `abort` kills it (an error or an
-    interrupt: its file is about to be removed). The child has ended when either returns or raises.
+    interrupt: its file is about to be removed). The child has ended when either returns or raises. Its errors name
+    the file `name` (default: `path`'s name; a segment's writer names the mp4 the segment is part of).
 
     Raises (append_data, close):
         RunFailure: ffmpeg failed (what it said, one line: `reason`), wrote an empty file, or a frame is not (H, W, 3) uint8
             of the first frame's size.
     """
 
-    def __init__(self, path: Path, command: Callable[[int, int], list[str]]) -> None:
+    def __init__(self, path: Path, command: Callable[[int, int], list[str]], name: str | None = None) -> None:
         self.path, self.command = Path(path), command
+        self.name = self.path.name if name is None else name
         self.frames = 0
         self._size: tuple[int, int] | None = None
         self._proc: subprocess.Popen | None = None
@@ -210,5 +212,5 @@ class PipeWriter:
         return code
 
     def _failure(self, what: str | None = None) -> RunFailure:
-        what = what or f"ffmpeg failed (exit {self._proc.returncode}) writing {self.path.name}"
+        what = what or f"ffmpeg failed (exit {self._proc.returncode}) writing {self.name}"
         return RunFailure(f"{what}: {self.said}" if self.said else f"{what} (ffmpeg said nothing)")

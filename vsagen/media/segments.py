@@ -141,7 +141,7 @@ class SegmentWriter:
         if self._folder is None:
             self._folder = Path(tempfile.mkdtemp(prefix=f".{self.path.stem}.segments.", dir=self.path.parent))
         part = self._folder / f"segment-{k:03d}.mp4"
-        writer = ffmpeg_pipe.PipeWriter(part, lambda w, h: self.command(part, w, h))
+        writer = ffmpeg_pipe.PipeWriter(part, lambda w, h: self.command(part, w, h), self.path.name)
         return _Feed(writer, self.failures)
 
     def close(self) -> None:

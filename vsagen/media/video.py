@@ -342,15 +342,11 @@ def _writer(path: Path, fps: int, encoding: Encoding | None, metadata: dict[str,
     """The mp4's encoder (started at the first frame): H.264 yuv420p at exactly the frames' H x W, `encoding`'s
     options, `metadata` as the container's tags (the mp4 muxer keeps title, description and comment without
     further flags; other keys would need `-movflags use_metadata_tags`). One ffmpeg (`ffmpeg_pipe.PipeWriter`), or
-    with x264 `segments` > 1 and `frames` (the frames expected) long enough to cut, a `segments.SegmentWriter`.
-
-    Raises:
-        ValueError: `segments` > 1 without `frames` (the cut needs the count)."""
+    with x264 `segments` > 1 and `frames` (the frames expected) long enough to cut, a `segments.SegmentWriter`;
+    without `frames` (a stream of unknown length: the cut needs the count) one ffmpeg."""
     encoding = Encoding() if encoding is None else encoding
     options, vcodec = encoding.ffmpeg_options(), CODECS[encoding.codec]
-    if encoding.segments > 1:
-        if frames is None:
-            raise ValueError("a segmented encode needs the number of frames expected")
+    if encoding.segments > 1 and frames is not None:
         if len(segments.segment_starts(frames, encoding.segments)) > 1:
             return segments.SegmentWriter(
                 path, frames, encoding.segments, fps,
@@ -419,7 +415,7 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
     while this thread produces the next chunk (`chunks` is consumed here: a lazy decode runs here, between safe
     points). At most two chunks wait for the encoder, so memory holds a few chunks, never the video (a segmented
     encode, `segments.SegmentWriter`, holds frames until their segment's ffmpeg takes them). `encoding` as
-    `encode_mp4`'s; `frames`: the frames the chunks will hold, which a segmented encode needs. `keep`, if given,
+    `encode_mp4`'s; `frames`: the frames the chunks will hold, which a segmented encode needs (without it: one ffmpeg). `keep`, if given,
     also gets each chunk (e.g. to gather a contact sheet's frames). `metadata`: the mp4's container tags (title,
     description, comment; `-metadata` of ffmpeg). `open_writer(path, fps)`: another format's writer
     (`append_data(frame)`, `close()`; `vsagen.media.formats`) in place of the mp4's.
@@ -429,7 +425,6 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
         SignalInterrupt: an ending signal arrived (under `Outputs`): the encoder is told the input ended and its
             ffmpeg child waited for before this raises.
         Whatever producing a chunk raised, after the same clean-up.
-        ValueError: a segmented encoding without `frames`.
     """
     writer = _writer(path, fps, encoding, metadata, frames=frames) if open_writer is None else open_writer(path, fps)
     encoder = _Encoder(writer)

@@ -27,7 +27,7 @@ import threading
 import time
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 

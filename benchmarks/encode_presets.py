@@ -20,15 +20,16 @@ from pathlib import Path
 import numpy as np
 
 
-def smooth_video(frames: int, height: int, width: int, seed: int = 0) -> np.ndarray:
-    """A real-looking clip: drifting low-frequency colour waves plus mild fine texture, uint8 (F, H, W, 3)."""
+def smooth_video(frames: int, height: int, width: int, seed: int = 0, start: int = 0) -> np.ndarray:
+    """A real-looking clip: drifting low-frequency colour waves plus mild fine texture, uint8 (F, H, W, 3); `start`:
+    the index of its first frame in the clip of that seed (frames start .. start + frames - 1)."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     phase = rng.uniform(0, 2 * np.pi, (3, 3))
     texture = rng.normal(0, 0.02, (height, width, 3)).astype(np.float32)
     out = np.empty((frames, height, width, 3), np.uint8)
     for f in range(frames):
-        t = f / 8
+        t = (start + f) / 8
         chans = [0.5 + 0.2 * np.sin(x / 37 + y / 53 + t + phase[c, 0]) + 0.15 * np.sin(x / 11 - t * 1.3 + phase[c, 1])
                  * np.cos(y / 17 + t + phase[c, 2]) for c in range(3)]
         img = np.stack(chans, -1) + texture

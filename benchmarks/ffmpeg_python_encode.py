@@ -40,7 +40,7 @@ def pipe_encode(frames: np.ndarray, path: Path, fps: int) -> None:
     """vsagen's writer now: the command built with ffmpeg-python, frames piped by `PipeWriter`."""
     from vsagen.media import video
 
-    w = video._writer(path, fps, video.Encoding(), METADATA)
+    w = video._writer(path, fps, video.Encoding(segments=1), METADATA)
     for frame in frames:
         w.append_data(frame)
     w.close()

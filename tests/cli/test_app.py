@@ -335,6 +335,8 @@ BAD_INPUTS = [
     ("codec-unknown", ["--codec", "h265"], ["--codec must be x264 or nvenc"]),
     ("codec-crf", ["--codec", "x264:crf=60"], ["crf must be an integer in [0, 51]"]),
     ("codec-preset", ["--codec", "x264:preset=p4"], ["preset must be one of ultrafast"]),
+    # issue 45: segment-parallel x264
+    ("codec-segments", ["--codec", "x264:segments=0"], ["segments must be an integer in [1, 64], got 0"]),
 ]
 
 

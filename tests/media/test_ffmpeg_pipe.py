@@ -31,6 +31,7 @@ OLD = {
               "-frames:v", "4", "-c:v", "h264_nvenc", "-preset", "p4", "-rc", "vbr", "-cq", "10", "-f", "null", "-"],
 }
 METADATA = {"title": "a=b; c", "comment": "second"}
+ONE = video.Encoding(segments=1)  # the one ffmpeg these tests are about, whatever X264_SEGMENTS says
 FLAGS = {"-an", "-y", "-hide_banner"}
 SAME = {"-c:v": "-vcodec", "-v": "-loglevel", "-i -": "-i pipe:"}  # two spellings of one option
 
@@ -62,7 +63,7 @@ def parts(command: list[str]) -> dict:
 
 def new_command(kind: str, path: Path) -> list[str]:
     if kind == "mp4":
-        return video._writer(path, 16, None, METADATA).command(62, 34)
+        return video._writer(path, 16, ONE, METADATA).command(62, 34)
     return formats._ffmpeg_frames(path, 16, formats.FORMATS[kind], METADATA).command(62, 34)
 
 
@@ -110,7 +111,7 @@ def test_the_file_is_the_one_imageio_wrote(tmp_path, kind):
     frames = np.random.default_rng(3).integers(0, 256, (4, 34, 62, 3), dtype=np.uint8)
     old, new = tmp_path / f"old.{kind}", tmp_path / f"new.{kind}"
     _old_write(kind, frames, old)
-    writer = video._writer(new, 16, None, METADATA) if kind == "mp4" else formats._ffmpeg_frames(
+    writer = video._writer(new, 16, ONE, METADATA) if kind == "mp4" else formats._ffmpeg_frames(
         new, 16, formats.FORMATS[kind], METADATA if kind == "webm" else None)
     for frame in frames:
         writer.append_data(frame)
@@ -149,7 +150,7 @@ def test_a_failing_ffmpeg_is_one_line_with_its_reason_and_has_ended(tmp_path, fr
 
 
 def test_abort_kills_ffmpeg_and_bad_frames_are_refused(tmp_path):
-    writer = video._writer(tmp_path / "a.mp4", 8, None)
+    writer = video._writer(tmp_path / "a.mp4", 8, ONE)
     writer.append_data(np.zeros((16, 16, 3), np.uint8))
     with pytest.raises(RunFailure, match=r"a frame of \(16, 32\) after frames of \(16, 16\)"):
         writer.append_data(np.zeros((16, 32, 3), np.uint8))

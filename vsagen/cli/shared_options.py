@@ -157,7 +157,9 @@ Codec = Annotated[Optional[str], typer.Option("--codec", metavar="NAME[:KEY=VALU
                                              help="How the mp4 is encoded: x264 (libx264, the default: "
                                                   "x264:preset=veryfast:crf=10) or nvenc (NVIDIA's h264_nvenc, "
                                                   "where the GPU has an encoder engine; preset p1-p7); crf 0-51, "
-                                                  "lower is better and larger, e.g. x264:crf=18.")]
+                                                  "lower is better and larger, e.g. x264:crf=18; x264 also takes "
+                                                  "threads=T (0: x264 chooses) and segments=S (S ffmpeg processes "
+                                                  "each encoding a part, joined without re-encoding).")]
 DeviceOption = Annotated[Device, typer.Option("--device", parser=choice_parser(Device), metavar=_choices(Device),
                                               help="auto (CUDA when available), cuda or cpu.")]
 DtypeOption = Annotated[Dtype, typer.Option("--dtype", parser=choice_parser(Dtype), metavar=_choices(Dtype),

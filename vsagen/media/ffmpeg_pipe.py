@@ -79,6 +79,17 @@ def encode_command(path: Path, width: int, height: int, fps: int, *, vcodec: str
                           str(path), metadata)
 
 
+def concat_command(listing: Path, path: Path, metadata: dict[str, str] | None = None) -> list[str]:
+    """The command that joins the mp4 segments `listing` names (the concat demuxer's list: `file 'NAME'` lines,
+    names relative to its folder) into the mp4 `path` (overwritten) by stream copy, no re-encode; `metadata` as
+    `encode_command`'s (`vsagen.media.segments`)."""
+    import ffmpeg
+
+    out = ffmpeg.input(str(listing), format="concat").output(str(path), c="copy", format="mp4")
+    return _with_metadata(out.global_args(*LOG_ARGS).compile(cmd=executable(), overwrite_output=True),
+                          str(path), metadata)
+
+
 def probe_command(vcodec: str, options: dict[str, Any]) -> list[str]:
     """The command that opens encoder `vcodec` with `options` on 4 blank 256x256 frames and writes nowhere
     (`vsagen.media.video.check_encoder`)."""
@@ -86,6 +97,15 @@ def probe_command(vcodec: str, options: dict[str, Any]) -> list[str]:
 
     blank = ffmpeg.input("color=c=black:s=256x256:r=16", format="lavfi")
     out = blank.output("-", format="null", vcodec=vcodec, **{"frames:v": 4}, **options)
+    return out.global_args(*LOG_ARGS).compile(cmd=executable())
+
+
+def packets_command(path: Path) -> list[str]:
+    """The command that prints each video packet of `path` (stream copy, nothing decoded) on standard output in
+    ffmpeg's framecrc format: `stream, dts, pts, duration, size, checksum` lines in the stream's time base."""
+    import ffmpeg
+
+    out = ffmpeg.input(str(path)).output("-", format="framecrc", c="copy", an=None)
     return out.global_args(*LOG_ARGS).compile(cmd=executable())
 
 
@@ -115,15 +135,17 @@ class PipeWriter:
     """An encoder child fed raw frames (imageio's writer interface: `append_data(frame)`, `close()`): ffmpeg starts
     at the first frame with `command(width, height)` (`encode_command` for this writer's file), whose size every
     later frame must have. `close` tells ffmpeg the input ended and waits for it; `abort` kills it (an error or an
-    interrupt: its file is about to be removed). The child has ended when either returns or raises.
+    interrupt: its file is about to be removed). The child has ended when either returns or raises. Its errors name
+    the file `name` (default: `path`'s name; a segment's writer names the mp4 the segment is part of).
 
     Raises (append_data, close):
         RunFailure: ffmpeg failed (what it said, one line: `reason`), wrote an empty file, or a frame is not (H, W, 3) uint8
             of the first frame's size.
     """
 
-    def __init__(self, path: Path, command: Callable[[int, int], list[str]]) -> None:
+    def __init__(self, path: Path, command: Callable[[int, int], list[str]], name: str | None = None) -> None:
         self.path, self.command = Path(path), command
+        self.name = self.path.name if name is None else name
         self.frames = 0
         self._size: tuple[int, int] | None = None
         self._proc: subprocess.Popen | None = None
@@ -163,6 +185,13 @@ class PipeWriter:
         if not self.path.exists() or self.path.stat().st_size == 0:
             raise self._failure(f"ffmpeg wrote no video for {self.frames} frames")
 
+    def kill(self) -> None:
+        """Send ffmpeg the kill signal without waiting for it (from another thread than the one feeding it: a write
+        blocked on the full pipe then fails at once); `abort` waits for it."""
+        if self._proc is not None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+
     def abort(self) -> None:
         """Kill ffmpeg and wait for it (its file is being given up)."""
         if self._proc is None:
@@ -183,5 +212,5 @@ class PipeWriter:
         return code
 
     def _failure(self, what: str | None = None) -> RunFailure:
-        what = what or f"ffmpeg failed (exit {self._proc.returncode}) writing {self.path.name}"
+        what = what or f"ffmpeg failed (exit {self._proc.returncode}) writing {self.name}"
         return RunFailure(f"{what}: {self.said}" if self.said else f"{what} (ffmpeg said nothing)")

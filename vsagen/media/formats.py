@@ -140,7 +140,7 @@ def write_video(outputs: video.Outputs, fmt: VideoFormat, out: Path, chunks: Ite
 
     def write(tmp: Path) -> None:
         streamed.append(video.encode_mp4_stream(chunks, tmp, fps, encoding, keep=keep, metadata=metadata,
-                                                open_writer=opener))
+                                                open_writer=opener, frames=frames))
         if not tmp.exists() or tmp.stat().st_size == 0:  # ffmpeg can fail on its own input and still exit quietly
             raise RunFailure(f"ffmpeg wrote no {fmt.what}")
 

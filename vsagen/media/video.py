@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import interrupts
 from ..errors import BadInput, RunFailure
-from . import ffmpeg_pipe
+from . import ffmpeg_pipe, segments
 
 
 def to_uint8_frames(video: np.ndarray) -> np.ndarray:
@@ -208,12 +208,18 @@ class Outputs:
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 NVENC_PRESETS = ("p1", "p2", "p3", "p4", "p5", "p6", "p7")
 CODECS = {"x264": "libx264", "nvenc": "h264_nvenc"}  # --codec NAME -> ffmpeg's encoder
+# x264's default segments (`segments=N`): the one constant to change once `benchmarks/encode_options.py` has measured
+# a faster choice on the GPU machine's CPU; 1 is one ffmpeg for the whole video, as vsagen always wrote
+X264_SEGMENTS = 1
+# --codec's integer options and their bounds (x264's own limit on threads: 128)
+_BOUNDS = {"crf": (0, 51), "threads": (0, 128), "segments": (1, 64)}
 
 
 @dataclass(frozen=True)
 class Encoding:
-    """How the mp4s are encoded (`--codec NAME[:preset=P][:crf=N]`): H.264, yuv420p, exactly H x W, through
-    imageio-ffmpeg's bundled ffmpeg (the command built with ffmpeg-python: `vsagen.media.ffmpeg_pipe`).
+    """How the mp4s are encoded (`--codec NAME[:preset=P][:crf=N][:threads=T][:segments=S]`): H.264, yuv420p,
+    exactly H x W, through imageio-ffmpeg's bundled ffmpeg (the command built with ffmpeg-python:
+    `vsagen.media.ffmpeg_pipe`).
 
     Attributes:
         codec: "x264" (libx264 on the CPU) or "nvenc" (NVIDIA's h264_nvenc, where the GPU has an NVENC engine).
@@ -221,14 +227,21 @@ class Encoding:
             medium at CRF 10 for the same size and 0.1 dB less PSNR, BENCHMARKS.md) or NVENC's p1-p7.
         crf: constant quality, 0-51, lower is better (x264's -crf; NVENC's -cq): 10, the quality vsagen always
             wrote (imageio's quality 8).
+        threads: x264's threads per ffmpeg (-threads), 0-128; 0 (default) lets x264 choose (1.5 x the cores).
+        segments: x264 only: the video cut into this many contiguous segments encoded by as many ffmpeg processes
+            at once and joined without re-encoding (`vsagen.media.segments`; at least 4 frames a segment, fewer
+            frames make fewer segments), 1-64; default X264_SEGMENTS.
 
     Raises:
-        BadInput: an unknown codec or preset, or a crf outside [0, 51].
+        BadInput: an unknown codec or preset, a crf outside [0, 51], threads or segments out of bounds, or either
+            given to nvenc.
     """
 
     codec: str = "x264"
     preset: str | None = None
     crf: int = 10
+    threads: int = 0
+    segments: int | None = None
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
@@ -236,30 +249,39 @@ class Encoding:
         presets = X264_PRESETS if self.codec == "x264" else NVENC_PRESETS
         if self.preset is None:
             object.__setattr__(self, "preset", "veryfast" if self.codec == "x264" else "p4")
+        if self.segments is None:
+            object.__setattr__(self, "segments", X264_SEGMENTS if self.codec == "x264" else 1)
         if self.preset not in presets:
             raise BadInput(f"--codec {self.codec}: preset must be one of {', '.join(presets)}, got {self.preset!r}")
-        if isinstance(self.crf, bool) or not isinstance(self.crf, int) or not 0 <= self.crf <= 51:
-            raise BadInput(f"--codec {self.codec}: crf must be an integer in [0, 51], got {self.crf!r}")
+        for key, (low, high) in _BOUNDS.items():
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise BadInput(f"--codec {self.codec}: {key} must be an integer in [{low}, {high}], got {value!r}")
+        if self.codec != "x264" and (self.threads, self.segments) != (0, 1):
+            raise BadInput(f"--codec {self.codec}: threads and segments are x264's options; leave them out")
 
     @classmethod
     def parse(cls, text: str | None) -> "Encoding":
-        """`NAME[:preset=P][:crf=N]` (None: the defaults). Raises BadInput, one line."""
+        """`NAME[:preset=P][:crf=N][:threads=T][:segments=S]` (None: the defaults). Raises BadInput, one line."""
         if text is None:
             return cls()
         name, *pairs = str(text).strip().split(":")
         fields: dict[str, Any] = {}
         for pair in pairs:
             key, sep, value = pair.partition("=")
-            if not sep or key not in ("preset", "crf") or key in fields:
-                raise BadInput(f"--codec {text}: options are preset=P and crf=N, each once (e.g. x264:crf=18)")
+            if not sep or key not in ("preset", *_BOUNDS) or key in fields:
+                raise BadInput(f"--codec {text}: options are preset=P, crf=N, threads=T and segments=S, each once "
+                               "(e.g. x264:crf=18)")
             try:
-                fields[key] = int(value) if key == "crf" else value
+                fields[key] = value if key == "preset" else int(value)
             except ValueError:
-                raise BadInput(f"--codec {text}: crf must be an integer in [0, 51], got {value!r}") from None
+                low, high = _BOUNDS[key]
+                raise BadInput(f"--codec {text}: {key} must be an integer in [{low}, {high}], got {value!r}") from None
         return cls(name, **fields)
 
     def text(self) -> str:
-        return f"{self.codec}:preset={self.preset}:crf={self.crf}"
+        extra = f":threads={self.threads}:segments={self.segments}" if self.codec == "x264" else ""
+        return f"{self.codec}:preset={self.preset}:crf={self.crf}{extra}"
 
     def note(self) -> str | None:
         """The run note this encoding calls for: x264 at crf 0 is lossless, for which libx264 writes its High 4:4:4
@@ -270,9 +292,10 @@ class Encoding:
         return None
 
     def ffmpeg_options(self) -> dict[str, str]:
-        """ffmpeg's output options for this encoding besides the encoder, as ffmpeg-python takes them (no dash)."""
+        """ffmpeg's output options for this encoding besides the encoder, as ffmpeg-python takes them (no dash);
+        `-threads` only where set (x264's own choice otherwise, the command vsagen always ran)."""
         quality = {"crf": str(self.crf)} if self.codec == "x264" else {"rc": "vbr", "cq": str(self.crf)}
-        return {"preset": self.preset, **quality}
+        return {"preset": self.preset, **quality, **({"threads": str(self.threads)} if self.threads else {})}
 
     def ffmpeg_params(self) -> list[str]:
         """ffmpeg's output options for this encoding (after `-vcodec`), as command-line words."""
@@ -314,16 +337,26 @@ def find_ffmpeg() -> str:
     return ffmpeg_pipe.executable()
 
 
-def _writer(path: Path, fps: int, encoding: Encoding | None,
-            metadata: dict[str, str] | None = None) -> ffmpeg_pipe.PipeWriter:
-    """The mp4's encoder child (started at the first frame): H.264 yuv420p at exactly the frames' H x W, `encoding`'s
+def _writer(path: Path, fps: int, encoding: Encoding | None, metadata: dict[str, str] | None = None, *,
+            frames: int | None = None) -> Any:
+    """The mp4's encoder (started at the first frame): H.264 yuv420p at exactly the frames' H x W, `encoding`'s
     options, `metadata` as the container's tags (the mp4 muxer keeps title, description and comment without
-    further flags; other keys would need `-movflags use_metadata_tags`)."""
+    further flags; other keys would need `-movflags use_metadata_tags`). One ffmpeg (`ffmpeg_pipe.PipeWriter`), or
+    with x264 `segments` > 1 and `frames` (the frames expected) long enough to cut, a `segments.SegmentWriter`;
+    without `frames` (a stream of unknown length: the cut needs the count) one ffmpeg."""
     encoding = Encoding() if encoding is None else encoding
+    options, vcodec = encoding.ffmpeg_options(), CODECS[encoding.codec]
+    if encoding.segments > 1 and frames is not None:
+        if len(segments.segment_starts(frames, encoding.segments)) > 1:
+            return segments.SegmentWriter(
+                path, frames, encoding.segments, fps,
+                lambda part, width, height: ffmpeg_pipe.encode_command(part, width, height, fps, vcodec=vcodec,
+                                                                       pix_fmt="yuv420p", options=options),
+                lambda listing, out: ffmpeg_pipe.concat_command(listing, out, metadata))
 
     def command(width: int, height: int) -> list[str]:
-        return ffmpeg_pipe.encode_command(path, width, height, fps, vcodec=CODECS[encoding.codec], pix_fmt="yuv420p",
-                                          options=encoding.ffmpeg_options(), metadata=metadata)
+        return ffmpeg_pipe.encode_command(path, width, height, fps, vcodec=vcodec, pix_fmt="yuv420p",
+                                          options=options, metadata=metadata)
 
     return ffmpeg_pipe.PipeWriter(path, command)
 
@@ -337,7 +370,7 @@ def encode_mp4(frames: np.ndarray, path: Path, fps: int, encoding: Encoding | No
     Raises:
         RunFailure: ffmpeg failed (its last line) or left the file empty.
         SignalInterrupt: an ending signal arrived during the encode (under `Outputs`)."""
-    w = _writer(path, fps, encoding)
+    w = _writer(path, fps, encoding, frames=len(frames))
     try:
         for frame in frames:
             w.append_data(frame)
@@ -377,13 +410,15 @@ class StreamTimes:
 
 def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encoding: Encoding | None = None, *,
                       keep: Callable[[np.ndarray], None] | None = None, metadata: dict[str, str] | None = None,
-                      open_writer: Callable[[Path, int], Any] | None = None) -> StreamTimes:
+                      open_writer: Callable[[Path, int], Any] | None = None, frames: int | None = None) -> StreamTimes:
     """Encode a stream of (f, H, W, 3) uint8 frame chunks as `encode_mp4` does, the encode in a thread of its own
     while this thread produces the next chunk (`chunks` is consumed here: a lazy decode runs here, between safe
-    points). At most two chunks wait for the encoder, so memory holds a few chunks, never the video. `encoding` as
-    `encode_mp4`'s. `keep`, if given, also gets each chunk (e.g. to gather a contact sheet's frames). `metadata`:
-    the mp4's container tags (title, description, comment; `-metadata` of ffmpeg). `open_writer(path, fps)`: another
-    format's writer (`append_data(frame)`, `close()`; `vsagen.media.formats`) in place of the mp4's.
+    points). At most two chunks wait for the encoder, so memory holds a few chunks, never the video (a segmented
+    encode, `segments.SegmentWriter`, holds frames until their segment's ffmpeg takes them). `encoding` as
+    `encode_mp4`'s; `frames`: the frames the chunks will hold, which a segmented encode needs (without it: one ffmpeg). `keep`, if given,
+    also gets each chunk (e.g. to gather a contact sheet's frames). `metadata`: the mp4's container tags (title,
+    description, comment; `-metadata` of ffmpeg). `open_writer(path, fps)`: another format's writer
+    (`append_data(frame)`, `close()`; `vsagen.media.formats`) in place of the mp4's.
 
     Raises:
         RunFailure: ffmpeg left the file empty, no chunk came, or the chunks' frame sizes differ.
@@ -391,7 +426,7 @@ def encode_mp4_stream(chunks: Iterator[np.ndarray], path: Path, fps: int, encodi
             ffmpeg child waited for before this raises.
         Whatever producing a chunk raised, after the same clean-up.
     """
-    writer = _writer(path, fps, encoding, metadata) if open_writer is None else open_writer(path, fps)
+    writer = _writer(path, fps, encoding, metadata, frames=frames) if open_writer is None else open_writer(path, fps)
     encoder = _Encoder(writer)
     start = time.perf_counter()
     encoder.thread.start()

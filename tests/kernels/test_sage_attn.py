@@ -100,3 +100,34 @@ def test_refuses_gradients_and_bad_operands():
     ops[4] = v  # bf16 v
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         bsa_fwd_sage(*ops, q2k, cnt, offsets)
+
+
+@pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 24), (torch.float32, 32)])
+def test_triton_quantization_equals_torch_formulas(dtype, d):
+    """`quantize_operands_triton` gives `sage.quantize_operands`' outputs bitwise: groups of 1..128 tokens (SLA's
+    128-token key blocks), K smoothed in the input's dtype, a zero V channel, batch 2, odd head dim."""
+    from vsagen.kernels.sage_attn import quantize_operands_triton
+
+    gen = torch.Generator().manual_seed(18)
+    q, k, v = (torch.randn(2, 203, 3, d, generator=gen).to(dtype) for _ in range(3))
+    k = k + torch.randn(1, 1, 3, d, generator=gen).to(dtype)
+    v[1, :, 2, 3] = 0
+    qo, ko = random_layout(gen, 203), sage.block_offsets(203, 128)
+    got = quantize_operands_triton(q, k, v, qo, ko)
+    want = sage.quantize_operands(q, k, v, qo, ko)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        bits = (lambda x: x.view(torch.uint8) if x.dtype == sage.FP8 else x)  # noqa: E731
+        assert torch.equal(bits(a), bits(b))
+
+
+def test_compiles_as_one_custom_op_without_a_graph_break():
+    """Under torch.compile (fullgraph) the 8-bit fine stage is the custom op `vsagen::sage_block_sparse_attn`: the
+    same output as the eager call."""
+    q, k, v, q2k, cnt, offsets = _case(19, b=2, s=70, h=1, d=16)
+    tuning = _tuning(16, False)
+
+    def f(q, k, v):
+        return sage_block_sparse_attention(q, k, v, q2k, cnt, offsets, offsets, offsets, tuning=tuning)
+
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(q, k, v), f(q, k, v))

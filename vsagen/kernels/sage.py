@@ -45,6 +45,14 @@ LN2 = 0.6931471805599453
 FP8 = torch.float8_e4m3fn
 
 
+def check_forward_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError where q, k or v need gradients: the 8-bit fine stage has no backward (a bf16 one would not
+    be its derivative), so training takes the bf16 fine stage."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError("the 8-bit fine stage (precision=int8) is forward only: it has no backward (the bf16 "
+                         "one's would not match it); use precision=bf16 to train or take gradients")
+
+
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 

@@ -3,12 +3,15 @@ a test): at the Wan2.1-1.3B 480p (32760 tokens, 12 heads x 128) and 14B 720p (75
 VSA's (4, 4, 4) tiles, its default sparsity, the coarse stage's own selection of random bf16 q, k, v (batch 1).
 
 Timed (triton.testing.do_bench, ms): the bf16 forward `vsa` runs (`block_sparse_attention`, default tuning), the
-8-bit kernel alone (`bsa_fwd_sage` over operands quantized beforehand) at a few launches, the torch quantization
-(`sage.quantize_operands`), and the two together (`sage_block_sparse_attention`). Errors (relative L2) on a subset of
+8-bit kernel alone (`bsa_fwd_sage` over operands quantized beforehand) at a few launches, the quantization (torch
+formulas `sage.quantize_operands`; Triton `quantize_operands_triton`, what runs), and the two together
+(`sage_block_sparse_attention`, what `vsa:precision=int8` runs). Errors (relative L2) on a subset of
 `--check-heads` heads: each fine stage against float64 attention over the same selection, and the 8-bit kernel
 (tile plans off) against the float64 reference of its own formulas (`sage.sage_fine_reference`).
 
 Usage: python benchmarks/sage_fine.py [--shapes 1.3b,14b] [--sparsity 0.875] [--check-heads 2]
+       on the lent GPU (torch 2.11, triton 3.6; needs no wheel), from the repository root:
+       PYTHONPATH=$PWD python3 benchmarks/sage_fine.py 2>&1 | tee $OUT/sage_fine.txt
        TRITON_INTERPRET=1 python benchmarks/sage_fine.py --shapes smoke  (CPU: a small grid, one call per timing)
 """
 
@@ -26,12 +29,12 @@ from vsagen.kernels import sage
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
 from vsagen.kernels.coarse import coarse_stage
 from vsagen.kernels.reference import top_k_from_sparsity
-from vsagen.kernels.sage_attn import bsa_fwd_sage, sage_block_sparse_attention
+from vsagen.kernels.sage_attn import bsa_fwd_sage, quantize_operands_triton, sage_block_sparse_attention
 from vsagen.kernels.tuning import kernel_tuning
 from vsagen.layout import tile_layout
 
 SHAPES = {"1.3b": ((21, 30, 52), 12), "14b": ((21, 45, 80), 40), "smoke": ((5, 6, 7), 2)}  # grid, heads
-INT8_LAUNCHES = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (64, 8, 2), (64, 8, 3))
+INT8_LAUNCHES = ((64, 4, 2), (64, 4, 3), (64, 8, 2))  # (BLOCK_M, warps, stages); the bf16 table's sm90 row: 64, 4, 3
 
 
 def bench(fn) -> float:
@@ -91,7 +94,9 @@ def bench_shape(name: str, sparsity: float, check_heads: int) -> None:
     tuning = kernel_tuning(q.device, 128)
     c = coarse_stage(q, k, offsets, top_k, tuning=tuning)
     lists, counts = c.q2k.to(torch.int32), c.q2k_cnt.to(torch.int32)
-    ops = sage.quantize_operands(q, k, v, offsets, offsets)
+    ops = quantize_operands_triton(q, k, v, offsets, offsets)
+    bits = (lambda x: x.view(torch.uint8) if x.dtype == sage.FP8 else x)  # noqa: E731
+    same = all(torch.equal(bits(a), bits(b)) for a, b in zip(ops, sage.quantize_operands(q, k, v, offsets, offsets)))
     print(f"\n{name}: {lay.num_tokens} tokens, {heads} heads x 128, {lay.num_tiles} tiles, top-k {top_k} "
           f"(sparsity {sparsity})")
     bf16_out = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)[0]
@@ -104,10 +109,13 @@ def bench_shape(name: str, sparsity: float, check_heads: int) -> None:
         print(f"  int8 kernel {str(launch):14}               {ms:8.3f} ms  {t_bf16 / ms:5.2f}x")
         best = min(best or (ms, launch), (ms, launch))
     t_quant = bench(lambda: sage.quantize_operands(q, k, v, offsets, offsets))
+    t_qtri = bench(lambda: quantize_operands_triton(q, k, v, offsets, offsets))
     best_t = dataclasses.replace(tuning, fwd_launch=(best[1],))
     t_all = bench(lambda: sage_block_sparse_attention(q, k, v, lists, counts, offsets, offsets,
                                                                          offsets, tuning=best_t))
-    print(f"  torch quantization of q, k, v              {t_quant:8.3f} ms")
+    print(f"  quantization of q, k, v: torch             {t_quant:8.3f} ms")
+    print(f"  quantization of q, k, v: Triton            {t_qtri:8.3f} ms  (bitwise the torch one: {same}; GPU "
+          "division within 2 ulp)")
     print(f"  int8 quantize + kernel {str(best[1]):14}    {t_all:8.3f} ms  {t_bf16 / t_all:5.2f}x  "
           f"(kernel alone {t_bf16 / best[0]:.2f}x)")
     for key, val in errors(q, k, v, lists, counts, offsets, bf16_out, best_t, check_heads).items():

@@ -108,7 +108,9 @@ def _quant_int8(x: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor | Non
 
 def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
                              k_offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`sage.quantize_operands` (same arithmetic, same outputs) with one Triton pass per tensor.
+    """`sage.quantize_operands` (same arithmetic, same outputs) with one Triton pass per tensor. Bitwise equal under
+    the interpreter; on a GPU Triton's fp32 division is div.full.f32 (within 2 ulp, as in SpargeAttn's own Triton
+    quantization, utils.py:139-143), so an int8 value may differ by one where x / scale lies that close to a half.
 
     Args:
         q, k, v: (B, S, H, D) bf16 / fp16 / fp32 contiguous, on a CUDA device or under the interpreter.

@@ -3,8 +3,9 @@ a test): at the Wan2.1-1.3B 480p (32760 tokens, 12 heads x 128) and 14B 720p (75
 VSA's (4, 4, 4) tiles, its default sparsity, the coarse stage's own selection of random bf16 q, k, v (batch 1).
 
 Timed (triton.testing.do_bench, ms): the bf16 forward `vsa` runs (`block_sparse_attention`, default tuning), the
-8-bit kernel alone (`bsa_fwd_sage` over operands quantized beforehand) at a few launches, the quantization (torch
-formulas `sage.quantize_operands`; Triton `quantize_operands_triton`, what runs), and the two together
+8-bit kernel alone (`bsa_fwd_sage` over operands quantized beforehand) at a few launches (TMA loads and tile plans
+as the device's default tuning; then the best launch with pointer loads, and without tile plans), the quantization
+(torch formulas `sage.quantize_operands`; Triton `quantize_operands_triton`, what runs), and the two together
 (`sage_block_sparse_attention`, what `vsa:precision=int8` runs). Errors (relative L2) on a subset of
 `--check-heads` heads: each fine stage against float64 attention over the same selection, and the 8-bit kernel
 (tile plans off) against the float64 reference of its own formulas (`sage.sage_fine_reference`).
@@ -108,6 +109,10 @@ def bench_shape(name: str, sparsity: float, check_heads: int) -> None:
         ms = bench(lambda: bsa_fwd_sage(*ops, lists, counts, offsets, tuning=t))
         print(f"  int8 kernel {str(launch):14}               {ms:8.3f} ms  {t_bf16 / ms:5.2f}x")
         best = min(best or (ms, launch), (ms, launch))
+    for what, change in (("pointer loads", dict(tma_loads=False)), ("no tile plans", dict(pack_partial_tiles=False))):
+        t = dataclasses.replace(tuning, fwd_launch=(best[1],), **change)
+        ms = bench(lambda: bsa_fwd_sage(*ops, lists, counts, offsets, tuning=t))
+        print(f"  int8 kernel {str(best[1]):14} {what:14} {ms:8.3f} ms  {t_bf16 / ms:5.2f}x")
     t_quant = bench(lambda: sage.quantize_operands(q, k, v, offsets, offsets))
     t_qtri = bench(lambda: quantize_operands_triton(q, k, v, offsets, offsets))
     best_t = dataclasses.replace(tuning, fwd_launch=(best[1],))

@@ -12,6 +12,7 @@ import torch
 from test_sage import masked_attention, random_layout, random_lists, rel_l2
 from vsagen.kernels import sage
 from vsagen.kernels.bsa_forward import _round_e4m3
+from vsagen.kernels.bsa_primitives import TMA_DTYPES, TMA_DTYPES_8BIT, use_tma
 from vsagen.kernels.sage_attn import bsa_fwd_sage, sage_block_sparse_attention
 from vsagen.kernels.tuning import kernel_tuning
 
@@ -131,3 +132,17 @@ def test_compiles_as_one_custom_op_without_a_graph_break():
         return sage_block_sparse_attention(q, k, v, q2k, cnt, offsets, offsets, offsets, tuning=tuning)
 
     assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(q, k, v), f(q, k, v))
+
+
+def test_tma_loads_of_the_1_byte_tiles_equal_pointer_loads():
+    """int8 K and fp8 V by TMA (emulated by the interpreter; a partial tile's box covers the next tile's rows, masked
+    as the bf16 kernel masks them): bitwise the pointer loads' result, tile plans on and off."""
+    q, k, v, q2k, cnt, offsets = _case(20, b=2, s=150, h=1, d=16)
+    ops = sage.quantize_operands(q, k, v, offsets, offsets)
+    assert use_tma(ops[2], ops[4], wanted=True, dtypes=TMA_DTYPES + TMA_DTYPES_8BIT)  # the TMA path does run
+    assert not use_tma(ops[2], ops[4], wanted=True)  # (and only for the 8-bit fine stage)
+    for pack in (False, True):
+        base = _tuning(16, pack)
+        outs = [bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=dataclasses.replace(base, tma_loads=tma))
+                for tma in (False, True)]
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

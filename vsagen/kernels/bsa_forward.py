@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_inputs, interpreting, load_full_kv_tile,
-                             load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, query_group,
-                             size_classes, tma_descs, use_tma)
+from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, TMA_DTYPES, TMA_DTYPES_8BIT, check_inputs, interpreting,
+                             load_full_kv_tile, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists,
+                             query_group, size_classes, tma_descs, use_tma)
 from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -306,7 +306,7 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
-    tma = use_tma(k, v, wanted=tuning.tma_loads)
+    tma = use_tma(k, v, wanted=tuning.tma_loads, dtypes=TMA_DTYPES + (TMA_DTYPES_8BIT if sage else ()))
     k_desc, v_desc = tma_descs(tma, k, v)
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
     br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})

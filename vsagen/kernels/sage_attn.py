@@ -7,8 +7,9 @@ the bf16 fine stage (`block_sparse_attention`).
 The operands are quantized by `quantize_operands_triton` (K's mean and V's per-channel extremes by torch
 reductions, then one Triton pass per tensor that reads it once and writes its 1-byte values and scales: the same
 arithmetic as `sage.quantize_operands`, bitwise under the interpreter), then one launch per size class of the
-block-sparse forward with SAGE on: pointer loads of the 1-byte K / V tiles (TMA takes bf16 / fp16 here), the q2k
-lists or tile plans, and the query-group launch, as the bf16 kernel.
+block-sparse forward with SAGE on: the 1-byte K / V tiles by TMA where the tuning asks and the layout allows
+(`bsa_primitives.use_tma`), else pointer loads; the q2k lists or tile plans and the query-group launch as the bf16
+kernel.
 """
 
 from __future__ import annotations

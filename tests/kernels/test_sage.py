@@ -111,7 +111,7 @@ def test_smooth_k_is_exact_for_softmax():
 def test_reference_within_band_of_plain_attention(geometry):
     """The quantized fine stage (float64 arithmetic) against float64 attention: SageAttention's band (3e-2)."""
     gen = torch.Generator().manual_seed(4)
-    b, s, h, d = 2, 203, 2, 64
+    b, s, h, d = 2, 141, 1, 64
     q, k, v = (torch.randn(b, s, h, d, generator=gen) for _ in range(3))
     k = k + 0.5 * torch.randn(1, 1, h, d, generator=gen)  # a channel bias for smoothing to remove
     offsets = random_layout(gen, s) if geometry == "tiles" else sage.block_offsets(s, 64)
@@ -121,7 +121,7 @@ def test_reference_within_band_of_plain_attention(geometry):
     out = sage.sage_attention_reference(q, k, v, q2k, cnt, offsets, qo, ko)
     want = masked_attention(q, k, v, q2k, cnt, offsets)
     err = rel_l2(out, want)
-    # measured 3.5e-2 / 3.6e-2: e4m3's 3 mantissa bits (V alone 2.6e-2, int8 Q.K^T alone 1.2e-2), above
+    # measured 3.2e-2 / 3.6e-2: e4m3's 3 mantissa bits (V alone 2.6e-2, int8 Q.K^T alone 1.2e-2), above
     # SageAttention's 3e-2 on random Gaussians, where the output averages many keys' rounding errors
     assert 1e-2 < err < 4.5e-2, err
 

@@ -106,18 +106,20 @@ def test_refuses_gradients_and_bad_operands():
 @pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 24), (torch.float32, 32)])
 def test_triton_quantization_equals_torch_formulas(dtype, d):
     """`quantize_operands_triton` gives `sage.quantize_operands`' outputs bitwise: groups of 1..128 tokens (SLA's
-    128-token key blocks), K smoothed in the input's dtype, a zero V channel, batch 2, odd head dim."""
+    128-token key blocks), K smoothed in the input's dtype, a zero V channel, batch 2, odd head dim, strided q, k, v
+    (contiguous outputs)."""
     from vsagen.kernels.sage_attn import quantize_operands_triton
 
     gen = torch.Generator().manual_seed(18)
-    q, k, v = (torch.randn(2, 203, 3, d, generator=gen).to(dtype) for _ in range(3))
-    k = k + torch.randn(1, 1, 3, d, generator=gen).to(dtype)
+    qkv = torch.randn(2, 203, 3, 3 * d, generator=gen).to(dtype)  # views of one fused projection: strided tokens
+    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+    k += torch.randn(1, 1, 3, d, generator=gen).to(dtype)
     v[1, :, 2, 3] = 0
     qo, ko = random_layout(gen, 203), sage.block_offsets(203, 128)
     got = quantize_operands_triton(q, k, v, qo, ko)
     want = sage.quantize_operands(q, k, v, qo, ko)
     for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape
+        assert a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()
         bits = (lambda x: x.view(torch.uint8) if x.dtype == sage.FP8 else x)  # noqa: E731
         assert torch.equal(bits(a), bits(b))
 

@@ -43,11 +43,12 @@ def _round_like(x, DTYPE: tl.constexpr):
 @triton.jit
 def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, num_heads, stride_b, stride_s,
                        stride_h, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                       MEAN: tl.constexpr):
+                       MEAN: tl.constexpr):  # out: (B, S, H, D) contiguous
     """One token group (program_id(0): tokens off[g] .. off[g + 1] - 1, at most BLOCK_G) of one (batch, head)
     (program_id(1)) of x (B, S, H, D) to int8 (`sage.quantize_int8`'s arithmetic): with MEAN, x - mean[b, h] rounded
     to x's dtype first (K smoothing); scale = max |x| / 127 + 1e-7 in fp32, stored per token at scale_ptr
-    ((B, H, S) contiguous); trunc(x / scale + 0.5 sign) into out (x's strides)."""
+    ((B, H, S) contiguous); trunc(x / scale + 0.5 sign) into out ((B, S, H, D) contiguous; x: any strides, unit on
+    D)."""
     g = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // num_heads
@@ -59,6 +60,7 @@ def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, nu
     d_ok = offs_d < HEAD_DIM
     rows = (start + offs_g)[:, None].to(tl.int64)
     ptrs = b.to(tl.int64) * stride_b + h * stride_h + rows * stride_s + offs_d[None, :]
+    out_ptrs = ((b.to(tl.int64) * seq_len + rows) * num_heads + h) * HEAD_DIM + offs_d[None, :]
     mask = ok[:, None] & d_ok[None, :]
     raw = tl.load(x_ptr + ptrs, mask=mask, other=0.0)
     x = raw.to(tl.float32)
@@ -68,7 +70,7 @@ def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, nu
     scale = tl.max(tl.max(tl.abs(x), 1), 0) / 127.0 + 1e-7
     y = x / scale
     y = y + 0.5 * tl.where(y >= 0, 1.0, -1.0)
-    tl.store(out_ptr + ptrs, y.to(tl.int8), mask=mask)  # the float -> int conversion truncates toward zero
+    tl.store(out_ptr + out_ptrs, y.to(tl.int8), mask=mask)  # the float -> int conversion truncates toward zero
     tl.store(scale_ptr + bh.to(tl.int64) * seq_len + start + offs_g, tl.zeros_like(offs_g).to(tl.float32) + scale,
              mask=ok)
 
@@ -76,7 +78,8 @@ def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, nu
 @triton.jit
 def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stride_s, stride_h,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EMULATE: tl.constexpr):
-    """BLOCK_S tokens (program_id(0)) of one (batch, head) (program_id(1)) of v (B, S, H, D) to fp8 e4m3: v times
+    """BLOCK_S tokens (program_id(0)) of one (batch, head) (program_id(1)) of v (B, S, H, D; any strides, unit on D)
+    to fp8 e4m3 into out ((B, S, H, D) contiguous): v times
     its channel's 2.25 / max |v| (recp_ptr, (B, H, D) fp32 contiguous), rounded to nearest even (`sage.quantize_v_fp8`;
     EMULATE: rounded by `_round_e4m3` first, for the interpreter's cast)."""
     bh = tl.program_id(1)
@@ -86,12 +89,14 @@ def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stri
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     mask = (offs_s < seq_len)[:, None] & d_ok[None, :]
-    ptrs = b.to(tl.int64) * stride_b + h * stride_h + offs_s[:, None].to(tl.int64) * stride_s + offs_d[None, :]
+    rows = offs_s[:, None].to(tl.int64)
+    ptrs = b.to(tl.int64) * stride_b + h * stride_h + rows * stride_s + offs_d[None, :]
+    out_ptrs = ((b.to(tl.int64) * seq_len + rows) * num_heads + h) * HEAD_DIM + offs_d[None, :]
     recp = tl.load(recp_ptr + bh * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
     y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]
     if EMULATE:
         y = tl.where(y < 0, -_round_e4m3(-y), _round_e4m3(y))
-    tl.store(out_ptr + ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _quant_int8(x: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor | None) -> tuple[torch.Tensor,
@@ -114,14 +119,15 @@ def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     quantization, utils.py:139-143), so an int8 value may differ by one where x / scale lies that close to a half.
 
     Args:
-        q, k, v: (B, S, H, D) bf16 / fp16 / fp32 contiguous, on a CUDA device or under the interpreter.
+        q, k, v: (B, S, H, D) bf16 / fp16 / fp32 (any strides; copied where D's is not 1), on a CUDA device or
+            under the interpreter.
         q_offsets, k_offsets: (G + 1,) int32 token group starts, groups of at most MAX_GROUP (128) tokens (not
             checked: that would synchronize the device; VSA's kernel tiles hold <= 64, SLA's blocks 64 / 128).
 
     Returns:
         (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale) as `sage.quantize_operands`.
     """
-    q, k, v = (x.contiguous() for x in (q, k, v))
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # the kernels take any other strides
     b, s, h, d = q.shape
     mean = k.mean(dim=1).contiguous()  # (B, H, D) in k's dtype, as `sage.smooth_k`
     qi, qs = _quant_int8(q, q_offsets, None)

@@ -44,7 +44,8 @@ def test_options_specs_and_the_registry_answer_without_torch():
     assert res.returncode == 0, res.stderr
     out, heavy = json.loads(res.stdout)
     assert heavy == []
-    assert out[0] == "vsa:sparsity=0.9:impl=auto:tile=4x4x4:query_rows=64" and out[1].startswith("sla-star:sparsity=0.875:impl=auto")
+    assert out[0] == "vsa:sparsity=0.9:impl=auto:tile=4x4x4:query_rows=64:precision=bf16"
+    assert out[1].startswith("sla-star:sparsity=0.875:impl=auto")
     assert out[-2] == ["auto", "triton", "torch", "fa4"] and "sparsity must be in [0, 1), got 2.0" in out[-1]
 
 
@@ -85,7 +86,7 @@ def test_the_option_checks():
     with pytest.raises(BadInput, match=r"^impl must be one of auto, triton, torch, got 'fa4'$"):
         shared.check_impl_option("fa4")
     assert shared.options_dict(VSAOptions(sparsity=0.5)) == {"sparsity": 0.5, "impl": "auto", "tile": "4x4x4",
-                                                              "query_rows": 64}
+                                                              "query_rows": 64, "precision": "bf16"}
     assert shared.option_names(shared.NoOptions) == []
 
 
@@ -114,3 +115,21 @@ def test_the_projection_is_a_float32_linear_of_the_trained_tensors():
     assert torch.allclose(lin(x).double(), x.double() @ w.T.float().double() + b.float().double(), atol=1e-5)
     one, two = shared.random_proj(16, torch.device("cpu"), 0), shared.random_proj(16, torch.device("cpu"), 0)
     assert one.weight.shape == (16, 16) and torch.equal(one.weight, two.weight)
+
+
+@pytest.mark.parametrize("hip,cap,needle", [(None, (8, 0), "this GPU is sm_80"), ("6.2", (9, 4), "not on ROCm"),
+                                            (None, (9, 0), None), (None, (8, 9), None)])
+def test_int8_refusal_names_the_gpus_with_fp8(monkeypatch, hip, cap, needle):
+    """precision=int8's Triton fine stage runs an fp8 e4m3 P.V: refused in one line on NVIDIA before sm_89 and on
+    ROCm; never for bf16, the torch formulas or a CPU."""
+    import torch
+
+    from vsagen.attention.shared import int8_refusal
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    why = int8_refusal("vsa", "int8", "triton", torch.device("cuda"))
+    assert (why is None) if needle is None else (needle in why and "\n" not in why)
+    assert int8_refusal("vsa", "bf16", "triton", torch.device("cuda")) is None
+    assert int8_refusal("vsa", "int8", "torch", torch.device("cuda")) is None
+    assert int8_refusal("vsa", "int8", "triton", torch.device("cpu")) is None

@@ -217,3 +217,32 @@ def test_the_run_title_says_the_top_k(vsagen_cache, tiny_dir, tmp_path):
                              env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert res.stdout.splitlines()[0].startswith("tiny | attn sla (top-k 0.25) |")
+
+
+@pytest.mark.parametrize("bq,bk,rows", [(64, 128, 64), (128, 64, 128)])
+def test_int8_precision_within_band_and_impls_agree(bq, bk, rows):
+    """precision=int8 (SageSLA's numerics; 64 / 128 is its sm90 geometry): within 8-bit's band of the float64 SLA,
+    visibly quantized, the Triton kernels (interpreter; tile plans walk partial tiles packed) close to the torch
+    formulas; the selection and the branch unchanged."""
+    q, k, v = make_qkv(2, 150, 1, 16, seed=41)
+    proj = projection(16, seed=42)
+    outs = {}
+    for impl in ("torch", "triton"):
+        backend = SLA(SLA.Options(topk=0.4, block_q=bq, block_k=bk, impl=impl, query_rows=rows, precision="int8"))
+        outs[impl] = backend(q, k, v, ctx(proj))
+        assert backend.describe()["precision"] == "int8" and outs[impl].dtype == q.dtype
+    want = sla_float64(q.double(), k.double(), v.double(), projection(16, seed=42).double(), 0.4, bq, bk)
+    err = rel(outs["torch"], want)
+    assert 3e-3 < err < 4.5e-2, err
+    assert rel(outs["triton"], outs["torch"]) < 1e-2
+
+
+def test_int8_precision_is_forward_only_and_parsed_once():
+    from vsagen.attention.spec import parse_entry
+
+    assert dict(parse_entry("sla:precision=int8").given) == {"precision": "int8"}
+    with pytest.raises(BadInput, match="precision must be one of bf16, int8"):
+        SLA.Options(precision="fp8")
+    q, k, v = make_qkv(1, 130, 1, 16, seed=43, requires_grad=True)
+    with pytest.raises(ValueError, match="forward only"):
+        SLA(SLA.Options(precision="int8", impl="torch"))(q, k, v, ctx(None))

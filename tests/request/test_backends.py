@@ -69,8 +69,8 @@ def test_precedence_and_one_configuration_once():
     assert specs(attn="vsa:sparsity=0.6")[0].sparsity == 0.6  # entry
     with pytest.raises(BadInput, match="once"):  # the flag and the entry both set it
         specs(attn="vsa:sparsity=0.6", sparsity=0.5)
-    with pytest.raises(BadInput, match=r"--attn lists vsa:sparsity=0.8:impl=auto:tile=4x4x4:query_rows=64 twice "
-                                       r"\('vsa' and 'vsa:sparsity=0.8'\)"):
+    with pytest.raises(BadInput, match=r"--attn lists vsa:sparsity=0.8:impl=auto:tile=4x4x4:query_rows=64:"
+                                       r"precision=bf16 twice \('vsa' and 'vsa:sparsity=0.8'\)"):
         specs(attn="vsa,vsa:sparsity=0.8")
 
 

@@ -117,6 +117,54 @@ def check_impl_option(impl: Any, impls: tuple[str, ...] = IMPLS) -> None:
         raise BadInput(f"impl must be one of {', '.join(impls)}, got {impl!r}")
 
 
+PRECISIONS = ("bf16", "int8")  # the fine stage's arithmetic (`vsa` / `sla` option `precision`)
+
+
+def check_precision_option(precision: Any) -> None:
+    """Refuse a `precision` option that is not one of PRECISIONS (BadInput, one line)."""
+    if precision not in PRECISIONS:
+        raise BadInput(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
+
+def int8_refusal(name: str, precision: str, impl: str, device: torch.device) -> str | None:
+    """Why backend `name` cannot run precision=int8 on the Triton kernels on `device` (None: it can, or the run
+    takes bf16 or the torch formulas): the kernels' P.V is an fp8 e4m3 dot, which NVIDIA GPUs from sm_89 (Ada,
+    Hopper, Blackwell) run; older NVIDIA GPUs and ROCm builds (whose MI300 fp8 is e4m3fnuz) are refused."""
+    if precision != "int8" or impl != "triton" or device.type != "cuda":
+        return None
+    import torch
+
+    if torch.version.hip:
+        return f"{name}: precision=int8 runs fp8 e4m3 P.V on NVIDIA GPUs from sm_89; not on ROCm (use precision=bf16)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        return (f"{name}: precision=int8 needs fp8 tensor cores (NVIDIA sm_89 Ada, sm_90 Hopper, sm_100 Blackwell); "
+                f"this GPU is sm_{major}{minor} (use precision=bf16)")
+    return None
+
+
+def int8_fine_stage(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: torch.Tensor, counts: torch.Tensor,
+                    offsets: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor, triton: bool,
+                    tuning: Any = None, groups: torch.Tensor | None = None) -> torch.Tensor:
+    """The 8-bit fine stage of `vsa` / `sla` (precision=int8) over kernel-tile lists: on the Triton kernels
+    (`kernels.sage_attn.sage_block_sparse_attention`; `groups` a 128-row query-group table or None), else the same
+    formulas in float32 torch ops (`kernels.sage.sage_attention_reference`, the CPU path). q, k, v (B, S, H, D);
+    lists / counts / offsets as the block-sparse kernels take them; q_offsets / k_offsets the token groups of the
+    int8 scales. Returns (B, S, H, D) in q's dtype. Raises ValueError where gradients are needed (forward only)."""
+    import torch
+
+    from ..kernels import sage
+
+    sage.check_forward_only(q, k, v)
+    if triton:
+        from ..kernels.sage_attn import sage_block_sparse_attention
+
+        launch = None if groups is None else QUERY_LAUNCH[128][:3]
+        return sage_block_sparse_attention(q, k, v, lists, counts, offsets, q_offsets, k_offsets, tuning=tuning,
+                                           groups=groups, group_launch=launch)
+    return sage.sage_attention_reference(q, k, v, lists, counts, offsets, q_offsets, k_offsets, dtype=torch.float32)
+
+
 def interpreting() -> bool:
     """Whether the Triton interpreter runs the kernels (TRITON_INTERPRET=1: the Triton paths then run on a CPU)."""
     from ..kernels.tuning import interpreting as triton_interpreting

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import BadInput
 from .base import AttnContext, Backend, LayerWeights, RunInfo
 from .shared import (FASTVIDEO_PROJ_KEY, FEATURE_MAPS, QUERY_LAUNCH, TURBODIFFUSION_PROJ_KEY, check_impl_option,
-                     check_tuning, interpreting, proj_module, proj_shapes, random_proj, weights_path_option)
+                     check_precision_option, check_tuning, int8_fine_stage, int8_refusal, interpreting, proj_module,
+                     proj_shapes, random_proj, weights_path_option)
 
 if TYPE_CHECKING:
     import torch
@@ -64,11 +65,17 @@ class SLAOptions:
             loaded for every transformer instead of the checkpoint's own; None: the checkpoint's, if it has any
             (else the branch is zero).
         tuning: the block-sparse kernels' tuning (`KernelTuning`; Python only).
+        precision: the sparse part's arithmetic, "bf16" (the run's dtype) or "int8": SageSLA's 8-bit numerics
+            (`kernels.sage`: K smoothed, int8 q / k with one scale per query / key block, fp8 e4m3 P.V), on the
+            Triton kernels or, with impl torch, the same formulas in float32 torch ops. With block_q 64 and
+            block_k 128 this is TurboDiffusion's SageSLA on Hopper (its sm90 geometry; 128 / 64 elsewhere).
+            Forward only (refused where gradients are needed); the selection and the linear branch stay in the
+            run's dtype.
 
     Raises:
         BadInput: topk not a number in (0, 1], a block size not 64 or 128, an unknown feature map or impl, a
-            tuning that is not a KernelTuning, query_rows not 64 or 128 (128 with block_q 64), or a proj_weights
-            path that is not a file.
+            tuning that is not a KernelTuning, query_rows not 64 or 128 (128 with block_q 64), a proj_weights
+            path that is not a file, or a precision other than bf16 / int8.
     """
 
     topk: float = 0.1
@@ -78,9 +85,11 @@ class SLAOptions:
     impl: Literal["auto", "triton", "torch"] = "auto"
     query_rows: int = 64
     proj_weights: Path | None = None
+    precision: Literal["bf16", "int8"] = "bf16"
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
+        check_precision_option(self.precision)
         t = self.topk
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0.0 < t <= 1.0:
             raise BadInput(f"topk must be a number in (0, 1], got {t!r}")
@@ -129,12 +138,16 @@ class SLAAttention(Backend):
         return "triton" if device.type == "cuda" else "torch"
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on)."""
+        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on), and for
+        precision=int8 on a GPU without fp8 tensor cores (`shared.int8_refusal`)."""
         from ..errors import BadInput
 
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
+        why = int8_refusal(self.name, self.options.precision, self.resolved_impl(device), device)
+        if why:
+            raise BadInput(why)
 
     def prepare(self, run: RunInfo) -> tuple[str, ...]:
         """`check`; a note when the run's sequence is so short that SLA's int(topk * blocks) keeps no key block
@@ -157,6 +170,8 @@ class SLAAttention(Backend):
              "feature_map": o.feature_map, "impl": o.impl, "query_rows": o.query_rows}
         if o.proj_weights is not None:
             d["proj_weights"] = str(o.proj_weights)
+        if o.precision != "bf16":
+            d["precision"] = o.precision  # the sparse part's; the selection and the branch run in the run's dtype
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
         return d
@@ -191,7 +206,12 @@ class SLAAttention(Backend):
         offsets = rb.raster_tile_offsets(q.shape[1], q.device)
         tuning = o.tuning
         grads = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-        if o.query_rows == 128:  # one program per 128-token block (both of its tiles), the branch after it
+        if o.precision == "int8":
+            groups = self.query_groups(q.shape[1], q.shape[2], offsets) if o.query_rows == 128 else None
+            with timer.region("self_attention/fine"):
+                out = int8_fine_stage(q, k, v, q2k, cnt, offsets, *self.int8_groups(q.shape[1], q.device),
+                                      triton=True, tuning=tuning, groups=groups)
+        elif o.query_rows == 128:  # one program per 128-token block (both of its tiles), the branch after it
             groups = self.query_groups(q.shape[1], q.shape[2], offsets)
             with timer.region("self_attention/fine"):
                 out, _ = block_sparse_attention_grouped(q, k, v, q2k, cnt, offsets, groups, QUERY_LAUNCH[128],
@@ -211,6 +231,13 @@ class SLAAttention(Backend):
 
         with timer.region("self_attention/linear"):
             return linear_branch_add(out, q, k, v, proj.weight, proj.bias, kind=o.feature_map)
+
+    def int8_groups(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token groups of precision=int8's scales over `seq` raster tokens: (query, key) block starts of
+        block_q / block_k tokens, the blocks SLA selects (as SageSLA quantizes: TurboDiffusion core.py:186-203)."""
+        from ..kernels.sage import block_offsets
+
+        return block_offsets(seq, self.options.block_q, device), block_offsets(seq, self.options.block_k, device)
 
     def query_groups(self, seq: int, heads: int, offsets: torch.Tensor) -> torch.Tensor:
         """The query-group table (`kernels.query_groups.build_query_groups`, block_m 128) that gives each 128-token
@@ -240,7 +267,11 @@ class SLAAttention(Backend):
         from ..kernels import reference as ref
 
         with timer.region("self_attention/fine"):
-            out = rb.block_sparse_reference(q, k, v, q2k, cnt)
+            if self.options.precision == "int8":
+                out = int8_fine_stage(q, k, v, q2k, cnt, rb.raster_tile_offsets(q.shape[1], q.device),
+                                      *self.int8_groups(q.shape[1], q.device), triton=False)
+            else:
+                out = rb.block_sparse_reference(q, k, v, q2k, cnt)
         if proj is None:
             return out
         with timer.region("self_attention/linear"):

@@ -40,7 +40,8 @@ from ..errors import BadInput
 from ..layout import parse_tile
 from .base import AttnContext, Backend, LayerWeights
 from .shared import (DEFAULT_QUERY_BLOCK, DEFAULT_SPARSITY, IMPLS, QUERY_BLOCKS, QUERY_LAUNCH, TILE_FIELD,
-                     check_impl_option, check_tuning, interpreting, kernel_lists, tile_option, weights_path_option)
+                     check_impl_option, check_precision_option, check_tuning, int8_fine_stage, int8_refusal,
+                     interpreting, kernel_lists, tile_option, weights_path_option)
 
 if TYPE_CHECKING:
     import torch
@@ -83,11 +84,16 @@ class VSAOptions:
             the backward's second stream, score precision, launch tables), passed down to the launchers; None: the
             per-architecture defaults (`kernel_tuning(device, head_dim)`). Set from Python only, not the command
             line (benchmarks/attention.py builds variants with `dataclasses.replace`).
+        precision: the fine stage's arithmetic, "bf16" (the run's dtype) or "int8": SageSLA's 8-bit numerics
+            (`kernels.sage`: int8 Q.K^T with K smoothing and scales per 64-token kernel tile, fp8 e4m3 P.V) on the
+            Triton kernels, or the same formulas in float32 torch ops with impl torch. Forward only (refused where
+            gradients are needed: there is no 8-bit backward); not with impl fa4 (auto keeps the Triton fine stage
+            then). The coarse stage and the gate stay in the run's dtype.
 
     Raises:
         BadInput: sparsity not a number in [0, 1), an unknown impl, a tile that is not such a cube, query_rows not
-            64 or 128 (128 with a 64-token tile), a tuning that is not a KernelTuning, or a gate_weights path that is
-            not a file.
+            64 or 128 (128 with a 64-token tile), a tuning that is not a KernelTuning, a gate_weights path that is
+            not a file, or a precision other than bf16 / int8 (int8 with impl fa4).
     """
 
     sparsity: float = DEFAULT_SPARSITY
@@ -95,10 +101,15 @@ class VSAOptions:
     tile: str = field(**TILE_FIELD)  # type: ignore[assignment]
     query_rows: int = field(default=DEFAULT_QUERY_BLOCK, metadata={"values": "64 | 128 (128: a 128 / 256-token tile)"})
     gate_weights: Path | None = None
+    precision: Literal["bf16", "int8"] = "bf16"
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tile", tile_option(self.tile))
+        check_precision_option(self.precision)
+        if self.precision != "bf16" and self.impl == "fa4":
+            raise BadInput(f"precision={self.precision} runs vsagen's fine stage (impl triton or torch), not FA4's "
+                           "(impl fa4)")
         rows = self.query_rows
         if isinstance(rows, bool) or rows not in QUERY_BLOCKS:
             raise BadInput(f"query_rows must be {' or '.join(map(str, QUERY_BLOCKS))}, got {rows!r}")
@@ -248,6 +259,7 @@ class VSAAttention(Backend):
 
         volume = layout.tile_volume
         if (not self.auto_fa4 or self.options.query_rows != 64 or self.options.tuning is not None
+                or self.options.precision != "bf16"
                 or q.dtype not in (torch.bfloat16, torch.float16) or volume % FA4_BLOCK
                 or torch.compiler.is_compiling() or not every_cube_full(layout.num_tiles, volume, layout.num_tokens)):
             return "triton"
@@ -258,9 +270,9 @@ class VSAAttention(Backend):
         return "fa4" if self._fa4_here[key] else "triton"
 
     def check(self, device: torch.device, dtype: torch.dtype) -> None:
-        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on), and for impl fa4
+        """Raises BadInput for the Triton kernels on a CPU (unless the Triton interpreter is on), for impl fa4
         where FA4 cannot run (`kernels.fa4_block_sparse.fa4_unavailable`: the tile, the device, the package) or in
-        float32."""
+        float32, and for precision=int8 on a GPU without fp8 tensor cores (`shared.int8_refusal`)."""
         import torch
 
         if self.impl == "fa4":
@@ -279,6 +291,9 @@ class VSAAttention(Backend):
         if self.resolved_impl(device) == "triton" and device.type != "cuda" and not interpreting():
             raise BadInput(f"impl triton (--attn-impl triton or {self.name}:impl=triton) needs a CUDA device (or "
                            "TRITON_INTERPRET=1 for the slow interpreter); use impl torch on CPU")
+        why = int8_refusal(self.name, self.options.precision, self.resolved_impl(device), device)
+        if why:
+            raise BadInput(why)
 
     def prepare(self, run: Any) -> tuple[str, ...]:
         """`check(run.device, run.dtype)`; a note where `query_rows=128` has no effect (it sets the Triton fine
@@ -298,6 +313,8 @@ class VSAAttention(Backend):
             d["query_rows"] = self.options.query_rows
         if self.options.gate_weights is not None:
             d["gate_weights"] = str(self.options.gate_weights)
+        if self.options.precision != "bf16":
+            d["precision"] = self.options.precision  # the fine stage's; the coarse stage runs in the run's dtype
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
             if self.impl == "auto" and device.type == "cuda" and self._ran:  # auto may have run FA4: say what ran
@@ -354,10 +371,26 @@ class VSAAttention(Backend):
                 v_c = ref.tile_mean_pool(v, layout.token_tile, layout.tile_sizes)
                 coarse = ref.coarse_attention(q_c, k_c, v_c, scores).index_select(1, layout.token_tile)
         with timer.region("self_attention/fine"):
-            out, _ = ref.block_sparse_attention_reference(q, k, v, q2k, layout.slots, layout.slot_valid)
+            if self.options.precision == "int8":
+                out = self._torch_int8(q, k, v, layout, q2k)
+            else:
+                out, _ = ref.block_sparse_attention_reference(q, k, v, q2k, layout.slots, layout.slot_valid)
         if coarse is not None:
             out = out + (gate.to(coarse.dtype) * coarse).to(out.dtype)
         return out, q2k
+
+    def _torch_int8(self, q, k, v, layout, q2k):
+        """The 8-bit fine stage in torch ops (float32) over the cube lists q2k expanded to kernel tiles, int8
+        scales per kernel tile: the formulas the Triton kernels run (`shared.int8_fine_stage`)."""
+        import torch
+
+        from ..kernels.tile_expand import expand_to_kernel_tiles
+
+        cnt = torch.full(q2k.shape[:3], q2k.shape[-1], dtype=torch.int32, device=q2k.device)
+        lists, counts = expand_to_kernel_tiles(q2k, cnt, layout.tile_kernel_first, layout.tile_kernel_count,
+                                               layout.kernel_tile_of, layout.kernel_tiles_per_tile)
+        off = layout.kernel_offsets_i32
+        return int8_fine_stage(q, k, v, lists, counts, off, off, off, triton=False)
 
     def _triton(self, q, k, v, layout, gate, timer, top_k, fa4=False):
         """The Triton kernels (with `fa4`, FA4's for the fine stage): (out, q2k) as `attend`."""
@@ -378,6 +411,12 @@ class VSAAttention(Backend):
 
                 out = fa4_block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, layout.tile_sizes, layout.slots,
                                                  layout.slot_valid, layout.tile_volume)
+            elif self.options.precision == "int8":  # the 8-bit fine stage, scales per kernel tile
+                groups = self.query_groups(layout, q.shape[2]) if self.options.query_rows == 128 else None
+                out = int8_fine_stage(q, k, v, lists, counts, offsets, offsets, offsets, triton=True, tuning=tuning,
+                                      groups=groups)
+                if not torch.compiler.is_compiling():
+                    self._fine_kernel = "pipelined"
             elif self.options.query_rows == 128:  # one program per 128 rows of a cube (its kernel tiles' one list)
                 from ..kernels.block_sparse_attn import block_sparse_attention_grouped
 

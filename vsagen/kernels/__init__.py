@@ -53,6 +53,13 @@ Contents:
   the cube-to-FA4 block lists (`fa4_block_sparse_index`; `whole_cube_index` where every cube is whole), cube
   padding, the key-slot `mask_mod`, and `fa4_unavailable` (why it cannot run here). `flash_attn` is imported on
   first call only.
+* `sage.py`: the 8-bit fine stage's numerics (SageAttention2 / TurboDiffusion's SageSLA, cited by file and line):
+  K smoothing, int8 q / k per token group, fp8 e4m3 v per channel (`quantize_operands`), and the float reference of
+  the attention over them (`sage_fine_reference`: the tests' oracle and the CPU path of `precision=int8`). No
+  triton import.
+* `sage_attn.py`: `sage_block_sparse_attention` / `bsa_fwd_sage`, those formulas on the block-sparse forward
+  kernel (its SAGE switch: int8 Q.K^T, fp8 P.V), forward only (the custom op `vsagen::sage_block_sparse_attn`
+  under torch.compile).
 * `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the linear branch (either scope) as one custom op
   with gradients, so the backward sums the two parts' dQ / dK / dV in place.
 

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, check_inputs, interpreting, load_full_kv_tile,
-                             load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists, query_group,
-                             size_classes, tma_descs, use_tma)
+from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, TMA_DTYPES, TMA_DTYPES_8BIT, check_inputs, interpreting,
+                             load_full_kv_tile, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists,
+                             query_group, size_classes, tma_descs, use_tma)
 from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -50,24 +50,59 @@ def _linear_epilogue(q, m_ok, d_ok, offs_d, o_ptr, o_rows, sparse_ptr, kvw_ptr, 
 
 
 @triton.jit
-def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASK: tl.constexpr = True):
+def _round_e4m3(p):
+    """p (fp32, in [0, 448]) rounded to e4m3's grid, nearest even, kept in fp32: 3 mantissa bits from 2^-6 up (the
+    bits below rounded off, a carry moving into the exponent), steps of 2^-9 below 2^-6 (subnormals). The Triton
+    interpreter's own fp32 -> fp8e4nv cast (3.9) drops the carry (127.46 -> 64, not 128), so the interpreted SAGE
+    kernel rounds with this and multiplies in fp32; the GPU casts (cvt.rn.satfinite)."""
+    bits = p.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000  # round to nearest even at mantissa bit 20
+    normal = bits.to(tl.float32, bitcast=True)
+    sub = (p + 16384.0) - 16384.0  # fp32 ulp at 2^14 is 2^-9: nearest even multiple of 2^-9
+    return tl.where(p < 0.015625, sub, normal)
+
+
+@triton.jit
+def _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr, MASK: tl.constexpr = True,
+                  SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0):
     """One online-softmax update (FlashAttention-2 alg. 1) with scores s (BLOCK_M, BLOCK_N) fp32 unscaled, key
     validity n_ok (BLOCK_N,) (ignored unless MASK), values v (BLOCK_N, BLOCK_D); returns the new (m_i, l_i, acc),
-    base 2."""
+    base 2. qk_scale: a scalar, or SAGE's (BLOCK_M, BLOCK_N) dequantizing scales. SAGE (`sage`'s formulas): P~ =
+    exp2(s - m + P_OFFSET) summed unrounded into l_i, rounded to e4m3 (v's dtype, fp8e4nv; fp32 under the
+    interpreter: `_round_e4m3`) for the P.V product."""
     if MASK:
         s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))  # base-2 logits
     else:
         s = s * qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    if SAGE:
+        p = tl.exp2(s - m_new[:, None] + P_OFFSET)
+    else:
+        p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
+    if SAGE and IEEE:
+        p = _round_e4m3(p)
     if IEEE:  # the accumulator goes into the dot itself (as timed on the H200)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
     else:
         acc = tl.dot(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _sage_scales(qsc, ks_row, rows, n_ok, SAGE: tl.constexpr, MASK: tl.constexpr = True):
+    """The (BLOCK_M, BLOCK_N) dequantizing scales of one key step (SAGE: query scales qsc (BLOCK_M,) with the
+    softmax scale folded in, times the keys' per-token scales at ks_row + rows); else qsc, the scalar qk_scale."""
+    scales = qsc
+    if SAGE:
+        if MASK:
+            ksc = tl.load(ks_row + rows, mask=n_ok, other=0.0)
+        else:
+            ksc = tl.load(ks_row + rows)
+        scales = qsc[:, None] * ksc[None, :]
+    return scales
 
 
 @triton.jit
@@ -81,12 +116,13 @@ def _bsa_fwd_kernel(
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
     num_heads, qk_scale, len_lo, len_hi,
-    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps, qg_ptr,
+    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps, qg_ptr, qs_ptr, ks_ptr, vs_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
     BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
     EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
+    SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -100,7 +136,11 @@ def _bsa_fwd_kernel(
     EVICT / CACHE: the K / V loads' hints (`tuning.load_hints`; pointer loads only).
     QGROUP: program_id(0) is a query group (`bsa_fwd_grouped`): row program_id(0) of qg_ptr holds (head, list
     tile, BLOCK_M / PACK_SEG row segments (first row << 4) | rows): BLOCK_M query rows of tiles that share one key
-    list, the list of tile `list tile`; program_id(1) is the batch."""
+    list, the list of tile `list tile`; program_id(1) is the batch.
+    SAGE: the 8-bit fine stage (`sage`'s formulas): q / k int8 with per-token fp32 scales at qs_ptr / ks_ptr
+    ((B, H, S) contiguous), v fp8e4nv with per-channel scales at vs_ptr ((B, H, D) contiguous); the scores
+    are int32 dots (fp32 ones of int8 values under the interpreter, exact), P.V an fp8 dot (`_softmax_step`),
+    P_OFFSET the exponent offset of P~ (removed from the LSE)."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -125,6 +165,13 @@ def _bsa_fwd_kernel(
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)  # q: (BLOCK_M, BLOCK_D)
     if DOT_FP32:
         q = q.to(tl.float32)
+    if SAGE:  # per-token scales, (B, H, S) contiguous; qsc (BLOCK_M,) with the base-2 softmax scale folded in
+        sc_row = pid_bh.to(tl.int64) * seq_len
+        qsc = tl.load(qs_ptr + sc_row + q_rows, mask=m_ok, other=0.0) * qk_scale
+        ks_row = ks_ptr + sc_row
+    else:
+        qsc = qk_scale
+        ks_row = ks_ptr
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # acc: (BLOCK_M, BLOCK_D) fp32
@@ -134,27 +181,37 @@ def _bsa_fwd_kernel(
     if PACK:
         nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + list_t * 4)
         for i in range(0, nf):  # full tiles
-            k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, tl.load(row_ptr + i), b * seq_len,
+            k_start = tl.load(row_ptr + i)
+            k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, b * seq_len,
                                       h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
                                       EVICT, CACHE)
-            s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
-            m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc, qk_scale, IEEE, MASK=False)
+            s = mm(q, tl.trans(k), IEEE).to(tl.float32)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+            m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc,
+                                          _sage_scales(qsc, ks_row, k_start + offs_n, offs_n, SAGE, MASK=False),
+                                          IEEE, MASK=False, SAGE=SAGE, P_OFFSET=P_OFFSET)
         for p in range(0, npk):  # partial tiles, packed
             rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
             k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
-            s = mm(q, tl.trans(k), IEEE)
-            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
+            s = mm(q, tl.trans(k), IEEE).to(tl.float32)
+            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, _sage_scales(qsc, ks_row, rows, n_ok, SAGE),
+                                          IEEE, SAGE=SAGE, P_OFFSET=P_OFFSET)
     else:
         cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + list_t)
         for i in range(0, cnt):
-            k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, tl.load(row_ptr + i),
+            kt = tl.load(row_ptr + i)
+            k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt,
                                               b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
                                               TMA, DOT_FP32, EVICT, CACHE)  # k, v: (BLOCK_N, BLOCK_D)
-            s = mm(q, tl.trans(k), IEEE)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
-            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, qk_scale, IEEE)
+            s = mm(q, tl.trans(k), IEEE).to(tl.float32)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
+            ksc = qk_scale
+            if SAGE:
+                ksc = _sage_scales(qsc, ks_row, tl.load(off_ptr + kt) + offs_n, n_ok, SAGE)
+            m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, ksc, IEEE, SAGE=SAGE, P_OFFSET=P_OFFSET)
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    if SAGE:  # V's per-channel scales
+        out = out * tl.load(vs_ptr + pid_bh.to(tl.int64) * HEAD_DIM + offs_d, mask=d_ok, other=0.0)[None, :]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i)) - P_OFFSET) * 0.6931471805599453)
     o_rows = b * stride_ob + h * stride_oh + q_rows[:, None] * stride_os
     if BRANCH:  # the sparse output goes through memory (L2), so its registers are free for the branch's GEMM
         sparse_ptr = o_sparse_ptr if SAVE_SPARSE else o_ptr
@@ -238,9 +295,10 @@ def bsa_fwd_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch
 
 
 def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, groups=None,
-            group_launch=None) -> torch.Tensor:
+            group_launch=None, sage=None) -> torch.Tensor:
     """The forward kernel's launches into `out` (one per size class; with `groups`, one over the query groups at
-    group_launch = (block_m, num_warps, num_stages)); branch: `bsa_fwd_linear`'s operands or None. Returns lse."""
+    group_launch = (block_m, num_warps, num_stages)); branch: `bsa_fwd_linear`'s operands or None; sage: the
+    8-bit fine stage's scales (qs, ks, vs, offset: `sage_attn.bsa_fwd_sage`) or None. Returns lse."""
     b, s, h, d = q.shape
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     n_tiles = tile_offsets.numel() - 1
@@ -248,10 +306,13 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
-    tma = use_tma(k, v, wanted=tuning.tma_loads)
+    tma = use_tma(k, v, wanted=tuning.tma_loads, dtypes=TMA_DTYPES + (TMA_DTYPES_8BIT if sage else ()))
     k_desc, v_desc = tma_descs(tma, k, v)
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
     br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})
+    scales = (lse, lse, lse) if sage is None else (sage["qs"], sage["ks"], sage["vs"])
+    if sage is not None:
+        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"]))
     if groups is None:
         grid, classes, extra = (n_tiles, b * h), size_classes(tuning.fwd_launch, block_d, q.dtype), {}
     else:
@@ -268,7 +329,7 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
             lists.stride(0), lists.stride(1), lists.stride(2),
             counts.stride(0), counts.stride(1),
             h, scale * LOG2E, lo, blk,
-            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"], lse if groups is None else groups,
+            br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"], lse if groups is None else groups, *scales,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning),

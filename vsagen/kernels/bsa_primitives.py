@@ -205,26 +205,30 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q2k: torch.T
         raise ValueError("q2k, q2k_cnt and tile_offsets must be int32")
 
 
-def tma_layout_ok(x: torch.Tensor) -> bool:
+TMA_DTYPES = (torch.bfloat16, torch.float16)  # what the bf16 kernels read by TMA
+TMA_DTYPES_8BIT = (torch.int8, torch.float8_e4m3fn)  # and the 8-bit fine stage's K / V (`sage_attn`)
+
+
+def tma_layout_ok(x: torch.Tensor, dtypes: tuple[torch.dtype, ...] = TMA_DTYPES) -> bool:
     """Whether x (B, S, H, D) can be read as the 2D (B*S, H*D) tensor of a TMA descriptor with (64, D) boxes:
-    bf16 / fp16, D a power of two >= 16 (no padding columns), heads contiguous within a token, batches spaced
-    S tokens apart, a 16-byte aligned base and token stride."""
+    a dtype of `dtypes` (bf16 / fp16 by default), D a power of two >= 16 (no padding columns), heads contiguous
+    within a token, batches spaced S tokens apart, a 16-byte aligned base and token stride."""
     b, s, h, d = x.shape
-    if x.dtype not in (torch.bfloat16, torch.float16) or d < 16 or d & (d - 1):
+    if x.dtype not in dtypes or d < 16 or d & (d - 1):
         return False
     es = x.element_size()
     return (x.stride(3) == 1 and x.stride(2) == d and x.stride(1) >= h * d
             and (b == 1 or x.stride(0) == s * x.stride(1)) and x.data_ptr() % 16 == 0 and (x.stride(1) * es) % 16 == 0)
 
 
-def use_tma(*xs: torch.Tensor, wanted: bool) -> bool:
+def use_tma(*xs: torch.Tensor, wanted: bool, dtypes: tuple[torch.dtype, ...] = TMA_DTYPES) -> bool:
     """Whether the kernels fetch tiles of xs (each (B, S, H, D)) by TMA: only when `wanted` (a tuning's
     `tma_loads`, which says whether the device should), this Triton has host-side tensor descriptors (>= 3.4)
     and the layout allows it (`tma_layout_ok`). Under the interpreter TMA is emulated, so a tuning with
     tma_loads=True runs it on CPU (the tests do). With TMA the box of a partial tile also covers the rows after it
     (the next tile's tokens, or zeros past the tensor's end); the kernels mask them in the scores, so inputs must
-    be finite there as everywhere (0 * inf would leak)."""
-    return bool(wanted) and have_tensor_descriptors() and all(tma_layout_ok(x) for x in xs)
+    be finite there as everywhere (0 * inf would leak). dtypes: as `tma_layout_ok`."""
+    return bool(wanted) and have_tensor_descriptors() and all(tma_layout_ok(x, dtypes) for x in xs)
 
 
 @functools.cache

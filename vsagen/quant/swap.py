@@ -1,0 +1,111 @@
+"""Which linears of a diffusers `WanTransformer3DModel` run in low precision, and the swap that puts
+`Int8Linear` / `Fp8Linear` in their place.
+
+The layers: inside each transformer block, the self-attention's q / k / v / output projections (`attn1.to_q`,
+`to_k`, `to_v`, `to_qkv` where fused, `to_out.0`), the cross-attention's (`attn2.*`, with the image projections
+`add_k_proj` / `add_v_proj` of the I2V models) and the FFN's two linears (`ffn.net.0.proj`, `ffn.net.2`): the
+linears TurboDiffusion's `replace_linear_norm` quantizes (every `nn.Linear` in `model.blocks` but SLA's `proj_l`,
+`turbodiffusion/inference/modify_model.py:64-67`), named as diffusers names them. Everything else stays in the run's
+dtype: the patch embedding, the time / text / image embedders, the time projection that makes the modulation, the
+blocks' modulation tables and norms, the head (`proj_out`), and any module an attention backend attached (SLA's
+`proj_l`). These layers hold nearly all of the DiT's GEMM FLOPs (Wan2.1-1.3B at 32,760 tokens: 30 blocks x (6 x 1536 +
+2 x 8960) x 1536 multiply-adds per token against 2 x 64 x 1536 for the patch embedding and the head, 99.98%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from torch import nn
+
+from .fp8_linear import Fp8Linear
+from .int8_linear import Int8Linear
+
+PRECISIONS = ("none", "fp8", "int8")
+# group -> the names inside one block (diffusers' WanTransformerBlock)
+LAYER_GROUPS = {
+    "self_attn": ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_qkv", "attn1.to_out.0"),
+    "cross_attn": ("attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_kv", "attn2.to_out.0", "attn2.add_k_proj",
+                   "attn2.add_v_proj"),
+    "ffn": ("ffn.net.0.proj", "ffn.net.2"),
+}
+
+
+@dataclass
+class SwapReport:
+    """What `quantize_transformer` did: the linears swapped (block-qualified names, diffusers' naming) and those
+    left in the run's dtype with the reason."""
+    precision: str
+    swapped: list[str] = field(default_factory=list)
+    kept: list[tuple[str, str]] = field(default_factory=list)
+
+    def note(self) -> str:
+        """One line for the run's notes."""
+        what = {"fp8": "FP8 e4m3 W8A8 (row-wise scales)", "int8": "int8 W8A8 (128x128 block scales)"}
+        text = f"{len(self.swapped)} block linears run as {what.get(self.precision, self.precision)}"
+        if self.kept:
+            text += f"; {len(self.kept)} kept in the run's dtype (e.g. {self.kept[0][0]}: {self.kept[0][1]})"
+        return text
+
+
+def block_linears(transformer: Any, groups: Iterable[str] = tuple(LAYER_GROUPS)) -> list[tuple[str, nn.Linear]]:
+    """The `nn.Linear`s of `transformer.blocks` in `groups` (LAYER_GROUPS), as (name from the transformer, module),
+    block by block. Raises ValueError for an unknown group."""
+    unknown = sorted(set(groups) - set(LAYER_GROUPS))
+    if unknown:
+        raise ValueError(f"unknown layer group(s) {unknown}; known: {sorted(LAYER_GROUPS)}")
+    names = [n for g in groups for n in LAYER_GROUPS[g]]
+    out = []
+    for i, block in enumerate(transformer.blocks):
+        for name in names:
+            module = block.get_submodule(name) if _has(block, name) else None
+            if isinstance(module, nn.Linear):
+                out.append((f"blocks.{i}.{name}", module))
+    return out
+
+
+def _has(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
+
+
+def fp8_shape_problem(linear: nn.Linear) -> str | None:
+    """Why `torch._scaled_mm` cannot take this linear (K and N multiples of 16), or None."""
+    if linear.in_features % 16 or linear.out_features % 16:
+        return f"{linear.in_features} -> {linear.out_features} is not a multiple of 16 (torch._scaled_mm)"
+    return None
+
+
+def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str] = tuple(LAYER_GROUPS)) -> SwapReport:
+    """Replace, in place, the block linears of `groups` by low-precision ones built from their weights
+    (`Int8Linear.from_linear` / `Fp8Linear.from_linear`) on each linear's own device.
+
+    Args:
+        transformer: a diffusers WanTransformer3DModel (anything with `.blocks` of WanTransformerBlock).
+        precision: "fp8" or "int8" ("none" changes nothing).
+
+    Returns:
+        SwapReport: the names swapped, and those kept with the reason (FP8's shape rule).
+
+    Raises:
+        ValueError: an unknown precision or group.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; known: {', '.join(PRECISIONS)}")
+    report = SwapReport(precision)
+    if precision == "none":
+        return report
+    build: Callable[[nn.Linear], nn.Module] = Fp8Linear.from_linear if precision == "fp8" else Int8Linear.from_linear
+    for name, linear in block_linears(transformer, groups):
+        problem = fp8_shape_problem(linear) if precision == "fp8" else None
+        if problem:
+            report.kept.append((name, problem))
+            continue
+        parent_name, _, leaf = name.rpartition(".")
+        transformer.get_submodule(parent_name).register_module(leaf, build(linear))
+        report.swapped.append(name)
+    return report

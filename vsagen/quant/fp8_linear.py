@@ -62,8 +62,9 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def _compiled_quantizer():
-    """`quantize_fp8_rows` compiled by torch.compile (one fused pass on CUDA); built once per process."""
-    return torch.compile(quantize_fp8_rows, dynamic=False)
+    """`quantize_fp8_rows` compiled by torch.compile (fused kernels on CUDA; torch's automatic dynamic
+    shapes after a second token count); built once per process."""
+    return torch.compile(quantize_fp8_rows)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -85,8 +85,9 @@ def quantize_int8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.cache
 def _compiled_quantizer():
-    """`quantize_int8_blocks` compiled by torch.compile (one fused pass on CUDA); built once per process."""
-    return torch.compile(quantize_int8_blocks, dynamic=False)
+    """`quantize_int8_blocks` compiled by torch.compile (fused kernels on CUDA; torch's automatic dynamic
+    shapes after a second token count); built once per process."""
+    return torch.compile(quantize_int8_blocks)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

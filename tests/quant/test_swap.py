@@ -67,3 +67,26 @@ def test_none_changes_nothing_and_fp8_keeps_misfits():
     assert t.blocks[1].attn2.to_out[0] is odd and "1 kept in the run's dtype" in report.note()
     with pytest.raises(ValueError, match="unknown precision"):
         quantize_transformer(t, "fp4")
+
+
+def test_install_int8_takes_given_codes_and_reports_them():
+    """A `-quant` file's codes installed by name (the bias kept), then `quantize_transformer` leaves them as loaded
+    and swaps the rest; the `weight` property gives the dequantized weight for code that reads shapes and dtypes."""
+    from vsagen.quant.int8_linear import quantize_int8_blocks
+    from vsagen.quant.swap import install_int8, precision_summary
+
+    t = make_transformer()
+    to_q = t.blocks[0].attn1.to_q
+    q, s = quantize_int8_blocks(to_q.weight.detach())
+    assert install_int8(t, {"blocks.0.attn1.to_q": (q, s)}) == ["blocks.0.attn1.to_q"]
+    layer = t.blocks[0].attn1.to_q
+    assert isinstance(layer, Int8Linear) and layer.int8_weight is q and torch.equal(layer.bias, to_q.bias.detach())
+    assert layer.weight.shape == (32, 32) and layer.weight.dtype == torch.float32
+    assert float((layer.weight - to_q.weight.detach()).abs().max()) <= float(s.max())
+    assert precision_summary(t) == {"int8": 1, "fp8": 0, "dtype": 19}
+    report = quantize_transformer(t, "int8")
+    assert report.already == ["blocks.0.attn1.to_q"] and len(report.swapped) == 19 and t.blocks[0].attn1.to_q is layer
+    assert report.note().startswith("20 block linears run as int8 W8A8 (128x128 block scales) (1 as loaded)")
+    assert precision_summary(t) == {"int8": 20, "fp8": 0, "dtype": 0}
+    with pytest.raises(ValueError, match="no linear of weight shape"):
+        install_int8(t, {"blocks.0.attn2.to_q": (q[:16], s)})

@@ -317,7 +317,11 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
 
     for backend in backends:
         attach_weights(model, backend)
+    if cfg.offload != "none":  # group offloading records the modules it manages: swap before
+        notes.extend(quantize_experts(pipe, cfg.quant))
     place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
+    if cfg.offload == "none":  # on the device: the weights quantize there
+        notes.extend(quantize_experts(pipe, cfg.quant))
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
@@ -387,6 +391,20 @@ def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any
     return pipe
 
 
+def quantize_experts(pipe: Any, quant: str) -> list[str]:
+    """`--quant fp8|int8`: every transformer's block linears swapped for low-bit ones (`vsagen.quant.swap`; those
+    already int8 from a `-quant` file kept as loaded). Returns the run notes (none for "none")."""
+    if quant == "none":
+        return []
+    from ..quant.swap import quantize_transformer
+
+    notes = []
+    for name, t in experts(pipe):
+        report = quantize_transformer(t, quant)
+        notes.append(f"--quant {quant}: {name}: {report.note()}")
+    return notes
+
+
 def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:
     """The pipeline whose transformer(s) come from transformer-only files (`--transformer`, else the preset's
     `[transformer_files]` downloaded: `vsagen.models.transformer_files`), the other components from `location` (the
@@ -413,7 +431,8 @@ def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: 
     backend: dict[str, dict[str, Any]] = {}
     transformers: dict[str, Any] = {}
     for name, path, architecture in zip(names, files, architectures):
-        transformers[name], backend[name], note = load_transformer_file(path, dict(architecture), dtype)
+        transformers[name], backend[name], note = load_transformer_file(path, dict(architecture), dtype,
+                                                                        keep_int8=cfg.quant == "int8")
         notes.append(note)
     if pipe is None:
         pipe = _from_pretrained(location, cfg, dtype, **{n: None for n in names})

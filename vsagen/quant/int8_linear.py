@@ -56,6 +56,24 @@ INT8_MAX = 128.0  # their `int8_max`: amax maps to 128, which saturates to 127
 AMAX_FLOOR = 1e-8  # their `_reduce_amax` starts at 1e-8, so an all-zero block gets scale 1e-8 / 128
 
 
+INT8_CAPABILITY = (8, 0)
+INT8_GPUS = "int8 tensor cores as Triton drives them (compute capability 8.0+: A100, L4, L40S, RTX 3090 / 4090, H100, H200)"
+
+
+def int8_unsupported(device: Any) -> str | None:
+    """Why int8 linears cannot run on `device` (a torch.device or its name), or None where they can: the CPU
+    (`torch._int_mm`, exact float32 otherwise) or a CUDA GPU of compute capability 8.0 or more (not ROCm)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda" or torch.version.hip:
+        return f"--quant int8 runs on the CPU and on NVIDIA GPUs with {INT8_GPUS}, not on {device.type}"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < INT8_CAPABILITY:
+        return f"--quant int8 needs {INT8_GPUS}; {torch.cuda.get_device_name(device)} is sm{cap[0]}{cap[1]}"
+    return None
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative integers."""
     return -(-a // b)

@@ -35,6 +35,16 @@ class LowBitLinear(nn.Module):
     def linear_2d(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The (out, in) weight the codes stand for, dequantized on each access in the bias' dtype (float32 without
+        one) on the codes' device: for code that reads a linear's shape, dtype or device (vsagen's attention
+        backends read `attn.to_q.weight`); never on the forward path."""
+        return self.dequantized_weight(torch.float32 if self.bias is None else self.bias.dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         return self.linear_2d(x.reshape(-1, shape[-1])).reshape(*shape[:-1], self.out_features)

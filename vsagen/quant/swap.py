@@ -21,6 +21,7 @@ from torch import nn
 
 from .fp8_linear import Fp8Linear
 from .int8_linear import Int8Linear
+from .lowbit import LowBitLinear
 
 PRECISIONS = ("none", "fp8", "int8")
 # group -> the names inside one block (diffusers' WanTransformerBlock)
@@ -39,19 +40,24 @@ class SwapReport:
     precision: str
     swapped: list[str] = field(default_factory=list)
     kept: list[tuple[str, str]] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)  # low-bit before the swap (a `-quant` file's int8 linears)
 
     def note(self) -> str:
         """One line for the run's notes."""
         what = {"fp8": "FP8 e4m3 W8A8 (row-wise scales)", "int8": "int8 W8A8 (128x128 block scales)"}
-        text = f"{len(self.swapped)} block linears run as {what.get(self.precision, self.precision)}"
+        text = f"{len(self.swapped) + len(self.already)} block linears run as {what.get(self.precision, self.precision)}"
+        if self.already:
+            text += f" ({len(self.already)} as loaded)"
         if self.kept:
             text += f"; {len(self.kept)} kept in the run's dtype (e.g. {self.kept[0][0]}: {self.kept[0][1]})"
         return text
 
 
-def block_linears(transformer: Any, groups: Iterable[str] = tuple(LAYER_GROUPS)) -> list[tuple[str, nn.Linear]]:
-    """The `nn.Linear`s of `transformer.blocks` in `groups` (LAYER_GROUPS), as (name from the transformer, module),
-    block by block. Raises ValueError for an unknown group."""
+def block_linears(transformer: Any, groups: Iterable[str] = tuple(LAYER_GROUPS),
+                  kind: type = nn.Linear) -> list[tuple[str, Any]]:
+    """The modules of type `kind` (`nn.Linear`; `LowBitLinear`: those already swapped) of `transformer.blocks` in
+    `groups` (LAYER_GROUPS), as (name from the transformer, module), block by block. Raises ValueError for an
+    unknown group."""
     unknown = sorted(set(groups) - set(LAYER_GROUPS))
     if unknown:
         raise ValueError(f"unknown layer group(s) {unknown}; known: {sorted(LAYER_GROUPS)}")
@@ -60,7 +66,7 @@ def block_linears(transformer: Any, groups: Iterable[str] = tuple(LAYER_GROUPS))
     for i, block in enumerate(transformer.blocks):
         for name in names:
             module = block.get_submodule(name) if _has(block, name) else None
-            if isinstance(module, nn.Linear):
+            if isinstance(module, kind):
                 out.append((f"blocks.{i}.{name}", module))
     return out
 
@@ -78,6 +84,25 @@ def fp8_shape_problem(linear: nn.Linear) -> str | None:
     if linear.in_features % 16 or linear.out_features % 16:
         return f"{linear.in_features} -> {linear.out_features} is not a multiple of 16 (torch._scaled_mm)"
     return None
+
+
+def install_int8(transformer: Any, codes: dict[str, tuple[Any, Any]]) -> list[str]:
+    """Replace, in place, each linear named in `codes` (diffusers' name from the transformer, e.g.
+    `blocks.0.attn1.to_q`) by an `Int8Linear` holding its (int8 weight, block scales) as given (a `-quant` file's),
+    with the linear's bias, on the linear's device. Returns the names.
+
+    Raises:
+        ValueError: a name that is not an `nn.Linear` of the transformer, or codes of another shape than its weight.
+    """
+    for name, (q, scale) in codes.items():
+        linear = transformer.get_submodule(name) if _has(transformer, name) else None
+        if not isinstance(linear, nn.Linear) or tuple(q.shape) != tuple(linear.weight.shape):
+            raise ValueError(f"{name}: no linear of weight shape {tuple(q.shape)} in the transformer")
+        bias = None if linear.bias is None else linear.bias.detach()
+        device = linear.weight.device
+        parent_name, _, leaf = name.rpartition(".")
+        transformer.get_submodule(parent_name).register_module(leaf, Int8Linear(q.to(device), scale.to(device), bias))
+    return list(codes)
 
 
 def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str] = tuple(LAYER_GROUPS)) -> SwapReport:
@@ -99,6 +124,7 @@ def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str]
     report = SwapReport(precision)
     if precision == "none":
         return report
+    report.already = [name for name, _ in block_linears(transformer, groups, LowBitLinear)]
     build: Callable[[nn.Linear], nn.Module] = Fp8Linear.from_linear if precision == "fp8" else Int8Linear.from_linear
     for name, linear in block_linears(transformer, groups):
         problem = fp8_shape_problem(linear) if precision == "fp8" else None
@@ -109,3 +135,13 @@ def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str]
         transformer.get_submodule(parent_name).register_module(leaf, build(linear))
         report.swapped.append(name)
     return report
+
+
+def precision_summary(transformer: Any) -> dict[str, int]:
+    """How many of the transformer's block linears (LAYER_GROUPS) run in each precision: {"int8": n, "fp8": n,
+    "dtype": n} (dtype: the run's own), for the run's JSON."""
+    out = {"int8": 0, "fp8": 0, "dtype": 0}
+    for _, module in block_linears(transformer, kind=(nn.Linear, LowBitLinear)):
+        key = "int8" if isinstance(module, Int8Linear) else "fp8" if isinstance(module, Fp8Linear) else "dtype"
+        out[key] += 1
+    return out

@@ -58,3 +58,20 @@ def test_bad_inputs_refused():
     with pytest.raises(ValueError, match="unit column stride"):
         int8_block_gemm(xq.t(), torch.ones(1, 1), torch.zeros(20, 20, dtype=torch.int8), torch.ones(1, 1),
                         torch.float32)
+
+
+def test_custom_op_is_the_launch_and_traces_whole():
+    """`vsagen::int8_block_gemm` (what CUDA runs): the launcher's output, its fake tensor's shape and dtype, and one
+    node in a fullgraph trace (no graph break at the Triton launch)."""
+    from vsagen.kernels.int8_block_gemm import int8_block_gemm_op
+
+    torch.manual_seed(2)
+    xq, xs = quantize_int8_blocks(torch.randn(40, 136))
+    wq, ws = quantize_int8_blocks(torch.randn(24, 136))
+    bias = torch.randn(24)
+    want = int8_block_gemm(xq, xs, wq, ws, torch.float32, bias)
+    assert torch.equal(int8_block_gemm_op(xq, xs, wq, ws, torch.float32, bias), want)
+    traced = torch.compile(lambda *a: int8_block_gemm_op(*a, torch.float32, bias), backend="eager", fullgraph=True)
+    assert torch.equal(traced(xq, xs, wq, ws), want)
+    torch.library.opcheck(int8_block_gemm_op, (xq, xs, wq, ws, torch.bfloat16, None),
+                          test_utils=("test_schema", "test_faketensor"))

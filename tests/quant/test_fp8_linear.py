@@ -117,3 +117,11 @@ def test_fp8_unsupported_names_the_gpus(monkeypatch):
                                        "RTX 4090, H100, H200, B200, RTX 5090); NVIDIA A100 is sm80")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     assert fp8_unsupported("cuda") is None
+
+
+def test_traces_whole_under_torch_compile():
+    """The layer (quantizer, product, bias) traces as one graph (`--compile`'s fullgraph blocks), same values."""
+    torch.manual_seed(6)
+    layer = Fp8Linear.from_linear(nn.Linear(160, 48))
+    x = torch.randn(2, 20, 160)
+    assert torch.equal(torch.compile(layer, backend="eager", fullgraph=True)(x), layer(x))

@@ -153,3 +153,11 @@ def test_cpu_dispatch_is_the_cpu_path():
     b = torch.randn(24)
     got = int8_block_matmul(xq, xs, wq, ws, torch.float32, b)
     assert torch.equal(got, _cpu_block_matmul(xq, xs, wq, ws) + b)
+
+
+def test_traces_whole_under_torch_compile():
+    """The layer (quantizer, CPU GEMM, bias) traces as one graph (`--compile`'s fullgraph blocks), same values."""
+    torch.manual_seed(6)
+    layer = Int8Linear.from_linear(nn.Linear(160, 48))
+    x = torch.randn(2, 20, 160)
+    assert torch.equal(torch.compile(layer, backend="eager", fullgraph=True)(x), layer(x))

@@ -68,8 +68,11 @@ def _compiled_quantizer():
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_fp8_rows`, compiled on CUDA, eager elsewhere."""
-    return _compiled_quantizer()(x) if x.is_cuda else quantize_fp8_rows(x)
+    """`quantize_fp8_rows`, compiled on CUDA in eager runs, traced into the graph under `--compile`, eager on the
+    CPU."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        return _compiled_quantizer()(x)
+    return quantize_fp8_rows(x)
 
 
 def fp8_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,

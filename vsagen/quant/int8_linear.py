@@ -35,7 +35,7 @@ In formulas, with blocks of 128 along M, N and K:
     out     = y + bias                       (a bf16 + bf16 add rounds once: computing it in float32 is the same)
 
 Here: `quantize_int8_blocks` is their quantizer (in torch; compiled on CUDA), `int8_block_matmul` their GEMM
-(`vsagen.kernels.int8_block_gemm` on CUDA; on the CPU `torch._int_mm` per K slice, or an exact float32 product
+(`vsagen.kernels.int8_block_gemm`, a custom op, on CUDA; on the CPU `torch._int_mm` per K slice, or an exact float32 product
 where `_int_mm` does not take the shape: every partial sum is an integer below 2^24 in magnitude, so float32 holds
 it exactly), `Int8Linear` their module. One extension: K need not be a multiple of 128 (the partial K block reads
 zeros past the edge, as the quantizer does), so the tiny test models' 32-wide linears run too.
@@ -109,8 +109,11 @@ def _compiled_quantizer():
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_int8_blocks`, compiled on CUDA, eager elsewhere (same values: the benchmark checks them equal)."""
-    return _compiled_quantizer()(x) if x.is_cuda else quantize_int8_blocks(x)
+    """`quantize_int8_blocks`, compiled on CUDA in eager runs, traced into the graph under `--compile`, eager on the
+    CPU (the same values: the benchmark checks compiled against eager)."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        return _compiled_quantizer()(x)
+    return quantize_int8_blocks(x)
 
 
 def _cpu_block_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
@@ -148,9 +151,9 @@ def int8_block_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: 
         `_cpu_block_matmul` (the same value up to float32 summation order inside the GPU's FMA).
     """
     if xq.is_cuda:
-        from ..kernels.int8_block_gemm import int8_block_gemm
+        from ..kernels.int8_block_gemm import int8_block_gemm_op
 
-        return int8_block_gemm(xq, xs, wq, ws, out_dtype, bias)
+        return int8_block_gemm_op(xq, xs, wq, ws, out_dtype, bias)
     y = _cpu_block_matmul(xq, xs, wq, ws).to(out_dtype)
     return y if bias is None else (y.float() + bias.float()).to(out_dtype)
 

@@ -100,9 +100,16 @@ def install_int8(transformer: Any, codes: dict[str, tuple[Any, Any]]) -> list[st
             raise ValueError(f"{name}: no linear of weight shape {tuple(q.shape)} in the transformer")
         bias = None if linear.bias is None else linear.bias.detach()
         device = linear.weight.device
-        parent_name, _, leaf = name.rpartition(".")
-        transformer.get_submodule(parent_name).register_module(leaf, Int8Linear(q.to(device), scale.to(device), bias))
+        put_modules(transformer, {name: Int8Linear(q.to(device), scale.to(device), bias)})
     return list(codes)
+
+
+def put_modules(transformer: Any, modules: dict[str, nn.Module]) -> None:
+    """Set each named submodule of `transformer` (`blocks.0.attn1.to_q`) to the given module, in place: the swap's
+    undo with the linears it replaced."""
+    for name, module in modules.items():
+        parent_name, _, leaf = name.rpartition(".")
+        transformer.get_submodule(parent_name).register_module(leaf, module)
 
 
 def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str] = tuple(LAYER_GROUPS)) -> SwapReport:
@@ -131,8 +138,7 @@ def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str]
         if problem:
             report.kept.append((name, problem))
             continue
-        parent_name, _, leaf = name.rpartition(".")
-        transformer.get_submodule(parent_name).register_module(leaf, build(linear))
+        put_modules(transformer, {name: build(linear)})
         report.swapped.append(name)
     return report
 

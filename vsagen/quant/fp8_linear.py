@@ -113,8 +113,10 @@ class Fp8Linear(LowBitLinear):
         return y if self.bias is None else (y.float() + self.bias.float()).to(x.dtype)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:
-        """The weight the e4m3 values and channel scales stand for, in `dtype`."""
-        return (self.weight_fp8.to(torch.float64) * self.weight_scale.double()).to(dtype)
+        """The weight the e4m3 values and channel scales stand for, in `dtype` (computed in float32 unless `dtype` is
+        float64: an e4m3 value times a float32 scale is then correctly rounded)."""
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        return (self.weight_fp8.to(work) * self.weight_scale.to(work)).to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 W8A8, row-wise scales"

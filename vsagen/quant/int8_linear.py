@@ -181,9 +181,12 @@ class Int8Linear(LowBitLinear):
         return int8_block_matmul(xq, xs, self.int8_weight, self.scale, x.dtype, self.bias)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:
-        """The weight the int8 values and block scales stand for: int8 x its block's scale, in `dtype`."""
-        s = self.scale.repeat_interleave(QUANT_BLOCK, 0).repeat_interleave(QUANT_BLOCK, 1)
-        return (self.int8_weight.to(torch.float64) * s[: self.out_features, : self.in_features]).to(dtype)
+        """The weight the int8 values and block scales stand for: int8 x its block's scale, in `dtype` (computed in
+        float32 unless `dtype` is float64: the product of an int8 and a float32 scale is then correctly rounded, the
+        float32 value float64's cast would give)."""
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        s = self.scale.to(work).repeat_interleave(QUANT_BLOCK, 0).repeat_interleave(QUANT_BLOCK, 1)
+        return (self.int8_weight.to(work) * s[: self.out_features, : self.in_features]).to(dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 W8A8, 128x128 block scales"

@@ -104,6 +104,20 @@ def checks(x: torch.Tensor, w: torch.Tensor, q_fp8, q_int8, q_rows) -> list[str]
     return notes
 
 
+def torchao_row(x: torch.Tensor, w: torch.Tensor, add) -> None:
+    """torchao's float8 dynamic-activation row-wise linear (what diffusers' `TorchAoConfig` applies), where torchao
+    is importable here (it is not in the lent GPU's environment unless a wheel is carried); a row either way."""
+    try:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    except ImportError:
+        return  # main() said so
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=x.device, dtype=torch.bfloat16)
+    lin.weight.data.copy_(w)
+    quantize_(lin, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    with torch.no_grad():
+        add("torchao float8 row-wise (quantize + GEMM)", lambda: lin(x), lin(x))
+
+
 def run_shape(m: int, k: int, n: int, rep_ms: int, quantizers) -> list[dict]:
     """Every variant at one shape: rows of {variant, ms, tflops, speedup, rel_err}."""
     q_fp8, q_int8, q_rows, q_rescale = quantizers
@@ -150,6 +164,7 @@ def run_shape(m: int, k: int, n: int, rep_ms: int, quantizers) -> list[dict]:
     add("int8 block quantize + GEMM (TurboDiffusion)",
         lambda: int8_block_gemm(*q_int8(x), wb, wsb, torch.bfloat16, config=cfg),
         int8_block_gemm(*q_int8(x), wb, wsb, torch.bfloat16, config=cfg))
+    torchao_row(x, w, add)
     add("fp8 quantize alone", lambda: q_fp8(x))
     add("int8 block quantize alone", lambda: q_int8(x))
     base = rows[0]["ms"]
@@ -181,6 +196,12 @@ def main() -> None:
     rows, k = (200, 256) if args.smoke else (1000, 1536)
     notes = checks(torch.randn(rows, k, device=DEVICE, generator=g).to(torch.bfloat16),
                    (torch.randn(rows, k, device=DEVICE, generator=g) * 0.03).to(torch.bfloat16), *quantizers[:3])
+    try:
+        import torchao
+
+        notes.append(f"torchao {torchao.__version__}: its float8 row-wise linear timed too")
+    except ImportError:
+        notes.append("torchao: not importable here (not in this environment): no torchao row")
     for line in notes:
         print("check:", line)
     rows = []
@@ -191,8 +212,10 @@ def main() -> None:
     print(f"\n{'model':5} {'M x K x N':>18} {'variant':50} {'ms':>8} {'TFLOP/s':>8} {'x bf16':>7} {'rel err':>9}")
     for r in rows:
         err = "" if r["rel_err"] is None else f"{r['rel_err']:.2e}"
-        print(f"{r['model']:5} {r['shape']:>18} {r['variant']:50} {r['ms']:8.3f} {r['tflops']:8.1f} "
-              f"{r['speedup']:7.2f} {err:>9}")
+        alone = r["variant"].endswith("alone")  # a quantizer: no FLOPs, no speed-up
+        print(f"{r['model']:5} {r['shape']:>18} {r['variant']:50} {r['ms']:8.3f} "
+              f"{'' if alone else format(r['tflops'], '8.1f'):>8} {'' if alone else format(r['speedup'], '7.2f'):>7} "
+              f"{err:>9}")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "lowbit_gemm.json").write_text(json.dumps({"device": dev, "notes": notes,
                                                                            "rows": rows}, indent=1))

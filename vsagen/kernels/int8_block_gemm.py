@@ -53,7 +53,6 @@ CANDIDATE_CONFIGS = (
     GemmConfig(128, 128, 8, 4, 4),
     GemmConfig(128, 256, 8, 8, 3),
     GemmConfig(256, 128, 8, 8, 3),
-    GemmConfig(64, 128, 8, 4, 4),
 )
 
 

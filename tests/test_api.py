@@ -163,8 +163,8 @@ def test_quant_swaps_the_block_linears_and_remove_puts_them_back():
     t = make_transformer()
     before = dict(block_linears(t))
     g = torch.Generator().manual_seed(0)
-    x = dict(hidden_states=torch.randn(1, 16, 3, 8, 12, generator=g), timestep=torch.tensor([500.0]),
-             encoder_hidden_states=torch.randn(1, 9, 32, generator=g), return_dict=False)
+    x = dict(hidden_states=torch.randn(1, 16, 1, 8, 8, generator=g), timestep=torch.tensor([500.0]),
+             encoder_hidden_states=torch.randn(1, 5, 32, generator=g), return_dict=False)
     with torch.no_grad():
         want = t(**x)[0]
     with vsagen.apply(t, make_backend("full"), quant="int8") as h:
@@ -172,7 +172,7 @@ def test_quant_swaps_the_block_linears_and_remove_puts_them_back():
         assert any("20 block linears run as int8 W8A8" in n for n in h.notes)
         with torch.no_grad():
             got = t(**x)[0]
-    assert 0 < rel_l2(got, want) < 1e-2
+    assert 0 < rel_l2(got, want) < 2e-2
     assert dict(block_linears(t)) == before  # the same modules back
     with pytest.raises(BadInput, match=r"^vsagen.apply: quant='fp8' needs a GPU with FP8 tensor cores"):
         vsagen.apply(t, None, quant="fp8")

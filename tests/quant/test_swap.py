@@ -90,3 +90,16 @@ def test_install_int8_takes_given_codes_and_reports_them():
     assert precision_summary(t) == {"int8": 20, "fp8": 0, "dtype": 0}
     with pytest.raises(ValueError, match="no linear of weight shape"):
         install_int8(t, {"blocks.0.attn2.to_q": (q[:16], s)})
+
+
+def test_quantize_pipeline_swaps_every_expert():
+    from types import SimpleNamespace
+
+    from vsagen.quant.swap import precision_summary, quantize_pipeline
+
+    pipe = SimpleNamespace(transformer=make_transformer(), transformer_2=make_transformer(seed=1))
+    assert quantize_pipeline(pipe, "none") == []
+    notes = quantize_pipeline(pipe, "int8")
+    assert notes == [f"--quant int8: {n}: 20 block linears run as int8 W8A8 (128x128 block scales)"
+                     for n in ("transformer", "transformer_2")]  # on the CPU: no compile note
+    assert precision_summary(pipe.transformer_2) == {"int8": 20, "fp8": 0, "dtype": 0}

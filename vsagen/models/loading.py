@@ -313,15 +313,16 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     for _, t in experts(pipe):
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
+    from ..quant.swap import quantize_pipeline
     from .pipeline_weights import attach_weights
 
     for backend in backends:
         attach_weights(model, backend)
     if cfg.offload != "none":  # group offloading records the modules it manages: swap before
-        notes.extend(quantize_experts(pipe, cfg.quant))
+        notes.extend(quantize_pipeline(pipe, cfg.quant))
     place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
     if cfg.offload == "none":  # on the device: the weights quantize there
-        notes.extend(quantize_experts(pipe, cfg.quant))
+        notes.extend(quantize_pipeline(pipe, cfg.quant))
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
@@ -389,20 +390,6 @@ def _original_layout_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> Any
     where = src.components or f"the {src.preset.name} preset's checkpoint"
     notes.append(f"{note}; text encoder, tokenizer, VAE and scheduler from {where}")
     return pipe
-
-
-def quantize_experts(pipe: Any, quant: str) -> list[str]:
-    """`--quant fp8|int8`: every transformer's block linears swapped for low-bit ones (`vsagen.quant.swap`; those
-    already int8 from a `-quant` file kept as loaded). Returns the run notes (none for "none")."""
-    if quant == "none":
-        return []
-    from ..quant.swap import quantize_transformer
-
-    notes = []
-    for name, t in experts(pipe):
-        report = quantize_transformer(t, quant)
-        notes.append(f"--quant {quant}: {name}: {report.note()}")
-    return notes
 
 
 def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:

@@ -19,6 +19,8 @@ from typing import Any, Callable, Iterable
 
 from torch import nn
 
+from ..architecture import experts
+
 from .fp8_linear import Fp8Linear
 from .int8_linear import Int8Linear
 from .lowbit import LowBitLinear
@@ -151,3 +153,15 @@ def precision_summary(transformer: Any) -> dict[str, int]:
         key = "int8" if isinstance(module, Int8Linear) else "fp8" if isinstance(module, Fp8Linear) else "dtype"
         out[key] += 1
     return out
+
+
+def quantize_pipeline(pipe: Any, quant: str) -> list[str]:
+    """`--quant fp8|int8` on a loaded pipeline: every transformer's block linears swapped (`quantize_transformer`;
+    those already int8 from a `-quant` file kept as loaded). Returns the run notes (none for "none")."""
+    if quant == "none":
+        return []
+    notes = [f"--quant {quant}: {name}: {quantize_transformer(t, quant).note()}" for name, t in experts(pipe)]
+    if any(b.is_cuda for _, t in experts(pipe) for b in t.buffers()):
+        notes.append(f"--quant {quant}: the activation quantizers are compiled (torch.compile) in the first DiT "
+                     "forward, tens of seconds once: --warmup 1 keeps that out of the timed steps")
+    return notes

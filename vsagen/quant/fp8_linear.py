@@ -84,10 +84,12 @@ def fp8_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.T
         out_dtype: y's dtype.
 
     Returns:
-        (M, N) out_dtype: `torch._scaled_mm` on CUDA, the float32 emulation elsewhere.
+        (M, N) out_dtype: `torch._scaled_mm` on CUDA (its bf16 result cast to another out_dtype), the float32
+        emulation elsewhere.
     """
-    if xq.is_cuda:
-        return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=out_dtype)
+    if xq.is_cuda:  # row-wise scaling writes bf16 only (torch 2.11): other dtypes are cast from it
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+        return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
     return ((xq.float() @ wq.float().t()) * xs * ws.t()).to(out_dtype)
 
 

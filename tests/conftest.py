@@ -634,7 +634,8 @@ def block_gemm_reference(xq, xs, wq, ws):
     for kb in range(math.ceil(k / 128)):
         sl = slice(kb * 128, (kb + 1) * 128)
         t = xq[:, sl].double() @ wq[:, sl].double().t()
-        t = t * xs[:, kb].double().repeat_interleave(128)[:m, None] * ws[:, kb].double().repeat_interleave(128)[None, :n]
+        rows = xs[:, kb].double().repeat_interleave(128)[:m, None]
+        t = t * rows * ws[:, kb].double().repeat_interleave(128)[None, :n]
         ref += t
         mag += t.abs()
     return ref, mag

@@ -78,7 +78,8 @@ def test_t2v_int8_on_the_tiny_model(vsagen_cache, tmp_path):
     """Every block linear runs as TurboDiffusion's int8 W8A8 (torch._int_mm on the CPU); the JSON says so."""
     out = tmp_path / "v.mp4"
     res = CliRunner().invoke(app, ["t2v", "a cat", "--model", "tiny", "--device", "cpu", "--quant", "int8",
-                                   "--steps", "1", "--frames", "5", "--height", "64", "--width", "64", "--guidance", "1",
+                                   "--steps", "1", "--frames", "5", "--height", "64", "--width", "64",
+                                   "--guidance", "1",
                                    "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.with_suffix(".json").read_text())

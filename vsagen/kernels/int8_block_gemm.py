@@ -4,7 +4,8 @@
 The formula (`vsagen.quant.int8_linear` gives it with its file:line citations): for an output element (m, n),
 
     y[m, n] = out_dtype( sum over K blocks kb, in order, of
-                         float32(int32 dot of xq[m, kb*128 : kb*128+128] and wq[n, same]) * (xs[m // 128, kb] * ws[n // 128, kb]) )
+                         float32(int32 dot of xq[m, kb*128 : kb*128+128] and wq[n, same])
+                         * (xs[m // 128, kb] * ws[n // 128, kb]) )
 
 accumulated in float32 (their `dequant`, `gemm/utils.hpp:119`: one float accumulator, one int32 partial per
 128-wide K tile, the two scales multiplied first), then, with a bias, `out_dtype(that + bias)` (their

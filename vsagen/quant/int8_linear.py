@@ -35,10 +35,10 @@ In formulas, with blocks of 128 along M, N and K:
     out     = y + bias                       (a bf16 + bf16 add rounds once: computing it in float32 is the same)
 
 Here: `quantize_int8_blocks` is their quantizer (in torch; compiled on CUDA), `int8_block_matmul` their GEMM
-(`vsagen.kernels.int8_block_gemm`, a custom op, on CUDA; on the CPU `torch._int_mm` per K slice, or an exact float32 product
-where `_int_mm` does not take the shape: every partial sum is an integer below 2^24 in magnitude, so float32 holds
-it exactly), `Int8Linear` their module. One extension: K need not be a multiple of 128 (the partial K block reads
-zeros past the edge, as the quantizer does), so the tiny test models' 32-wide linears run too.
+(`vsagen.kernels.int8_block_gemm`, a custom op, on CUDA; on the CPU `torch._int_mm` per K slice, or an exact
+float32 product where `_int_mm` does not take the shape: every partial sum is an integer below 2^24 in magnitude,
+so float32 holds it exactly), `Int8Linear` their module. One extension: K need not be a multiple of 128 (the partial
+K block reads zeros past the edge, as the quantizer does), so the tiny test models' 32-wide linears run too.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ AMAX_FLOOR = 1e-8  # their `_reduce_amax` starts at 1e-8, so an all-zero block g
 
 
 INT8_CAPABILITY = (8, 0)
-INT8_GPUS = "int8 tensor cores as Triton drives them (compute capability 8.0+: A100, L4, L40S, RTX 3090 / 4090, H100, H200)"
+INT8_GPUS = ("int8 tensor cores as Triton drives them (compute capability 8.0+: A100, L4, L40S, RTX 3090 / 4090, "
+             "H100, H200)")
 
 
 def int8_unsupported(device: Any) -> str | None:

@@ -47,7 +47,8 @@ class SwapReport:
     def note(self) -> str:
         """One line for the run's notes."""
         what = {"fp8": "FP8 e4m3 W8A8 (row-wise scales)", "int8": "int8 W8A8 (128x128 block scales)"}
-        text = f"{len(self.swapped) + len(self.already)} block linears run as {what.get(self.precision, self.precision)}"
+        n = len(self.swapped) + len(self.already)
+        text = f"{n} block linears run as {what.get(self.precision, self.precision)}"
         if self.already:
             text += f" ({len(self.already)} as loaded)"
         if self.kept:

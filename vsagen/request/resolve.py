@@ -512,7 +512,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, vae_decoder=vaes[0], vae_decoders=vaes, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
         quant=quant, fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
-        notes=notes + split_notes + cache_notes + backend_notes + quant_notes, tile_fits=fits, backends=specs, crop_tile=crop_tile,
+        notes=notes + split_notes + cache_notes + backend_notes + quant_notes, tile_fits=fits, backends=specs,
+        crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,
         caches=caches)
     _check_placement(request)

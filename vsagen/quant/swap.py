@@ -10,6 +10,16 @@ dtype: the patch embedding, the time / text / image embedders, the time projecti
 blocks' modulation tables and norms, the head (`proj_out`), and any module an attention backend attached (SLA's
 `proj_l`). These layers hold nearly all of the DiT's GEMM FLOPs (Wan2.1-1.3B at 32,760 tokens: 30 blocks x (6 x 1536 +
 2 x 8960) x 1536 multiply-adds per token against 2 x 64 x 1536 for the patch embedding and the head, 99.98%).
+
+Measured (`benchmarks/quant_layer_error.py` on the CPU, 2026-12-07: the 1.3B architecture cut to 2 blocks, diffusers'
+random initialisation, 512 tokens; FP8 emulated, one group low-bit at a time, the rest float32), the output's
+relative L2 distance to the float64 forward, fp8 / int8: self-attention 2.2e-3 / 2.2e-3, cross-attention
+3.7e-3 / 2.3e-3, FFN 2.5e-3 / 2.2e-3, every block linear 3.9e-3 / 2.3e-3, against 5.8e-3 for the whole forward in
+bf16. The head alone: 3.7e-2 / 1.1e-2 (its error reaches the output with no residual stream to dilute it), so it
+stays in the run's dtype; the text embedder and the modulation projection 2.8e-3 / 2.2e-3 for a negligible share of
+the FLOPs (kept; diffusers' time embedder also reads its first parameter's dtype, which a swapped linear lacks).
+Every block linear's own FP8 output within 3.7e-2 of float64 (int8: 1.6e-2). Random weights have no trained
+outlier channels: these figures rank the groups, they do not predict a trained checkpoint's error.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ def resolve_quant(quant: Quant, device: str, source: ModelSource, random_weights
         BadInput: fp8 or int8 asked for on a device without them (`fp8_unsupported`, `int8_unsupported`: one line
             naming the GPUs that have them).
     """
+    if quant == Quant.NONE or (quant == Quant.AUTO and not holds_int8_files(source, random_weights)):
+        return "none", ()  # (no torch import: the checks below read the device)
     from ..quant.fp8_linear import fp8_unsupported
     from ..quant.int8_linear import int8_unsupported
 
@@ -34,14 +36,9 @@ def resolve_quant(quant: Quant, device: str, source: ModelSource, random_weights
         if problem:
             raise BadInput(f"{problem}; use --quant none (or int8)")
         return "fp8", ()
-    if quant == Quant.INT8:
-        problem = int8_unsupported(device)
-        if problem:
-            raise BadInput(f"{problem}; use --quant none")
+    problem = int8_unsupported(device)  # int8 asked for, or auto for a -quant preset's files
+    if problem is None:
         return "int8", ()
-    if quant == Quant.AUTO and holds_int8_files(source, random_weights):
-        problem = int8_unsupported(device)
-        if problem is None:
-            return "int8", ()
-        return "none", (f"{source.preset.name}'s int8 weights are dequantized at load ({problem.split('; ')[0]})",)
-    return "none", ()
+    if quant == Quant.INT8:
+        raise BadInput(f"{problem}; use --quant none")
+    return "none", (f"{source.preset.name}'s int8 weights are dequantized at load ({problem.split('; ')[0]})",)

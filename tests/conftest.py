@@ -621,3 +621,21 @@ def original_name(key: str) -> str:
         return f"blocks.{m[1]}.{_BLOCK[m[2]]}{m[3] or ''}"
     m = re.fullmatch(r"(.+?)(\.weight|\.bias)?", key)
     return _TOP[m[1]] + (m[2] or "")
+
+
+def block_gemm_reference(xq, xs, wq, ws):
+    """TurboDiffusion's block-scaled int8 GEMM in float64 (vsagen.quant.int8_linear): the sum over 128-wide K
+    blocks of the integer dot times xs[m // 128, kb] * ws[n // 128, kb]; and the sum of the terms' magnitudes (the
+    scale of float32's rounding error). Returns two (M, N) float64 tensors."""
+    m, k = xq.shape
+    n = wq.shape[0]
+    ref = torch.zeros(m, n, dtype=torch.float64)
+    mag = torch.zeros(m, n, dtype=torch.float64)
+    for kb in range(math.ceil(k / 128)):
+        sl = slice(kb * 128, (kb + 1) * 128)
+        t = xq[:, sl].double() @ wq[:, sl].double().t()
+        rows = xs[:, kb].double().repeat_interleave(128)[:m, None]
+        t = t * rows * ws[:, kb].double().repeat_interleave(128)[None, :n]
+        ref += t
+        mag += t.abs()
+    return ref, mag

@@ -152,6 +152,36 @@ def test_bare_transformer_and_timing_only():
         vsagen.apply(t, None, sparsity=0.5)
 
 
+def test_quant_swaps_the_block_linears_and_remove_puts_them_back():
+    """`quant="int8"`: every block linear runs as TurboDiffusion's int8 W8A8 while applied (the output close to the
+    float32 one), the originals back after remove(); fp8 on the CPU and unknown precisions refused, nothing
+    changed."""
+    from conftest import make_transformer, rel_l2
+    from vsagen.quant.int8_linear import Int8Linear
+    from vsagen.quant.swap import block_linears
+
+    t = make_transformer()
+    before = dict(block_linears(t))
+    g = torch.Generator().manual_seed(0)
+    x = dict(hidden_states=torch.randn(1, 16, 1, 8, 8, generator=g), timestep=torch.tensor([500.0]),
+             encoder_hidden_states=torch.randn(1, 5, 32, generator=g), return_dict=False)
+    with torch.no_grad():
+        want = t(**x)[0]
+    with vsagen.apply(t, make_backend("full"), quant="int8") as h:
+        assert all(isinstance(t.get_submodule(n), Int8Linear) for n in before)
+        assert any("20 block linears run as int8 W8A8" in n for n in h.notes)
+        with torch.no_grad():
+            got = t(**x)[0]
+    assert 0 < rel_l2(got, want) < 2e-2
+    assert dict(block_linears(t)) == before  # the same modules back
+    with pytest.raises(BadInput, match=r"^vsagen.apply: quant='fp8' needs a GPU with FP8 tensor cores"):
+        vsagen.apply(t, None, quant="fp8")
+    with pytest.raises(BadInput, match="quant must be one of none, fp8, int8, got 'fp4'"):
+        vsagen.apply(t, None, quant="fp4")
+    assert dict(block_linears(t)) == before and all(
+        type(b.attn1.processor).__name__ != "VsagenAttnProcessor" for b in t.blocks)
+
+
 def test_import_vsagen_is_light():
     """`vsagen.apply` and `vsagen.load_pipeline` are imported on first use: `import vsagen` loads neither torch nor
     diffusers."""

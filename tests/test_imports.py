@@ -138,6 +138,7 @@ LAYERS = (
     ("media", ("vsagen.media",)),
     ("sparsity", ("vsagen.sparsity",)),
     ("parallel", ("vsagen.parallel",)),
+    ("quant", ("vsagen.quant",)),
     ("attention", ("vsagen.attention", "vsagen.bench")),
     ("caching", ("vsagen.cache",)),
     ("models", ("vsagen.models", "vsagen.preset_data")),

@@ -16,8 +16,8 @@ TESTS = ROOT / "tests"
 # package -> (its source folder, the folder of its test files)
 PACKAGES = {"vsagen": (ROOT / "vsagen", TESTS),
             **{f"vsagen.{room}": (ROOT / "vsagen" / room, TESTS / room)
-               for room in ("attention", "cache", "cli", "commands", "decode", "media", "models", "parallel", "request",
-                            "sparsity")}}
+               for room in ("attention", "cache", "cli", "commands", "decode", "media", "models", "parallel", "quant",
+                            "request", "sparsity")}}
 
 
 def package_modules() -> list[tuple[str, str]]:

@@ -263,7 +263,7 @@ def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int 
 def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *, timer: Timer | None = None,
           grid: tuple[int, int, int] | None = None, steps: int | None = None, fused_blocks: bool = False,
           weights_root: Path | None = None, attach_weights: bool = True, fused_prologue: str = "auto",
-          model: str | None = None, **options: Any) -> AppliedBackend:
+          model: str | None = None, quant: str = "none", **options: Any) -> AppliedBackend:
     """Replace the video self-attention (`attn1`) of every transformer in `pipe` by a vsagen backend, and time it.
 
     This is the one place a backend meets a pipeline: the backend is prepared for the run (`prepare`, with the
@@ -294,6 +294,9 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             arithmetic elsewhere), "on" or "off" (`vsagen.attention.processor.use_fused_prologue`).
         model: the model's name as loaded (a preset name, folder or hub id), if known: for the backend's notes
             (sparse-vdit says when its pattern file was searched on another model of the same architecture).
+        quant: the precision of the transformers' block linears (`vsagen.quant`, the CLI's `--quant`): "none",
+            "fp8" (FP8 e4m3 W8A8, GPUs of compute capability 8.9+) or "int8" (TurboDiffusion's int8 W8A8 with
+            128 x 128 block scales; CPU or sm80+); `remove()` puts the original linears back.
         **options: the backend's options (e.g. sparsity=0.875, impl="torch"), on top of those in `backend`.
 
     Returns:
@@ -304,7 +307,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             refuses, a backend that cannot run on the transformers' device / dtype or refuses their architecture or
             `grid`, options given with a backend object or None, a pipeline without a Wan transformer, a pipeline
             vsagen has patched already (remove() the earlier handle first), a `weights_root` that is not an
-            existing folder, or backend weights that do not fit.
+            existing folder, backend weights that do not fit, or a `quant` the device cannot run.
     """
     from .attention.hooks import is_patched
 
@@ -312,6 +315,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     first = transformers[0][1]
     device = _device_of(pipe, first)
     weights_root = _checked_weights_root(weights_root)
+    _check_quant(quant, device)
     spec, built = _backend_of(pipe, backend, options)
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
@@ -328,10 +332,41 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     try:
         _install(handle, pipe, transformers, weights_root=weights_root, attach_weights=attach_weights,
                  fused_blocks=fused_blocks, fused_prologue=fused_prologue)
+        handle.notes += _quantize(handle, transformers, quant)
     except BaseException:
         handle.remove()
         raise
     return handle
+
+
+def _check_quant(quant: str, device: torch.device) -> None:
+    """BadInput (in Python's words) for an unknown `quant` or one the device cannot run."""
+    from .quant.fp8_linear import fp8_unsupported
+    from .quant.int8_linear import int8_unsupported
+    from .quant.swap import PRECISIONS
+
+    if quant not in PRECISIONS:
+        raise BadInput(f"{WHERE}: quant must be one of {', '.join(PRECISIONS)}, got {quant!r}")
+    problem = {"none": None, "fp8": fp8_unsupported, "int8": int8_unsupported}[quant]
+    problem = problem(device) if problem else None
+    if problem:
+        raise BadInput(f"{WHERE}: " + problem.replace(f"--quant {quant}", f"quant={quant!r}"))
+
+
+def _quantize(handle: AppliedBackend, transformers: list[tuple[str | None, Any]], quant: str) -> tuple[str, ...]:
+    """Swap every transformer's block linears for `quant` ones (`vsagen.quant.swap`), the originals put back by
+    `handle.remove()`; the notes."""
+    if quant == "none":
+        return ()
+    from .quant.swap import block_linears, put_modules, quantize_transformer
+
+    notes = []
+    for name, t in transformers:
+        originals = dict(block_linears(t))
+        report = quantize_transformer(t, quant)
+        handle._undo.append(lambda t=t, o={n: originals[n] for n in report.swapped}: put_modules(t, o))
+        notes.append(f"quant={quant!r}: {name or 'transformer'}: {report.note()}")
+    return tuple(notes)
 
 
 def _checked_weights_root(weights_root: Path | None) -> Path | None:

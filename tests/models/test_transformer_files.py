@@ -123,6 +123,42 @@ def test_quant_file_matches_its_dequantized_weights(tmp_path):
         assert (got[f"{name}.weight"].double() - src_value(src, name)).abs().max() < 0.05  # a faithful quantization
 
 
+def test_quant_file_runs_its_own_int8_weights(tmp_path):
+    """`keep_int8` (`--quant int8`): each quantized linear becomes an Int8Linear holding the file's int8 values and
+    scales as stored (TurboDiffusion's W8A8), under diffusers' name, with the file's bias; the transformer's output
+    matches the dequantized one's within int8 activation error."""
+    from vsagen.quant.int8_linear import Int8Linear
+    from vsagen.quant.swap import block_linears, precision_summary
+
+    src = source_state()
+    state = {original_name(k): v.clone() for k, v in src.items()}
+    stored = {}
+    for k in [k for k in state if k.startswith("blocks.") and k.endswith(".weight") and state[k].dim() == 2]:
+        name = k[: -len(".weight")]
+        q, scale = quantize(state.pop(k))
+        state[f"{name}.int8_weight"], state[f"{name}.scale"] = q, scale
+        stored[name] = (q, scale, state[f"{name}.bias"])
+    torch.save(state, tmp_path / "q.pth")
+    arch = load_preset("tiny").transformer
+    t, _, note = tf.load_transformer_file(tmp_path / "q.pth", arch, torch.float32, keep_int8=True)
+    plain, _, _ = tf.load_transformer_file(tmp_path / "q.pth", arch, torch.float32)
+    assert "run as int8 W8A8 GEMMs" in note and precision_summary(t) == {"int8": 20, "fp8": 0, "dtype": 0}
+    diffusers_name = {original_name(f"{n}.weight")[: -len(".weight")]: n
+                      for n, _ in block_linears(t, kind=Int8Linear)}
+    assert sorted(diffusers_name) == sorted(stored)
+    for name, (q, scale, bias) in stored.items():
+        layer = t.get_submodule(diffusers_name[name])
+        assert isinstance(layer, Int8Linear), name
+        assert torch.equal(layer.int8_weight, q) and torch.equal(layer.scale, scale) and torch.equal(layer.bias, bias)
+        assert torch.equal(layer.weight, plain.get_submodule(diffusers_name[name]).weight.detach())  # the dequantized
+    g = torch.Generator().manual_seed(4)
+    x = dict(hidden_states=torch.randn(1, 16, 2, 8, 8, generator=g), timestep=torch.tensor([400.0]),
+             encoder_hidden_states=torch.randn(1, 5, arch["text_dim"], generator=g), return_dict=False)
+    with torch.no_grad():
+        got, want = t(**x)[0], plain(**x)[0]
+    assert float((got - want).norm() / want.norm()) < 1e-2
+
+
 def src_value(src: dict, original: str) -> torch.Tensor:
     return next(v for k, v in src.items() if original_name(k) == f"{original}.weight").double()
 
@@ -133,7 +169,8 @@ def test_dequantize_partial_edge_tiles():
     w = torch.randn(200, 300, generator=g, dtype=torch.float64) * torch.linspace(0.1, 4, 300, dtype=torch.float64)
     q, s = quantize(w.float())
     state = {"x.int8_weight": q, "x.scale": s}
-    assert tf.dequantize(state, torch.float64, "f") == 1
+    codes = tf.dequantize(state, torch.float64, "f")
+    assert list(codes) == ["x"] and codes["x"][0] is q and torch.equal(codes["x"][1], s)
     rows, cols = torch.arange(200) // 128, torch.arange(300) // 128  # each element's tile
     ref = q.double() * s.double()[rows][:, cols]
     assert torch.equal(state["x.weight"], ref)

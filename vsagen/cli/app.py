@@ -76,6 +76,7 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
              + (f" | cache {cfg.cache.short_text()}" if cfg.cache.enabled else "")
              + f" | {cfg.device} {cfg.dtype}"
              + (f" | offload {cfg.offload}" if cfg.offload != "none" else "")
+             + (f" | {cfg.quant} linears" if cfg.quant != "none" else "")
              + (f" | ulysses {cfg.ulysses}" if cfg.ulysses > 1 else "")
              + (" | CFG parallel" if cfg.cfg_parallel else "")
              + (" | VAE tiled" if s["vae_tiling"] else "")

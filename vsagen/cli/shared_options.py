@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 
 from ..errors import close_matches
 from ..models.sources import DEFAULT_MODEL
-from ..request.options import VAE_METAVAR, Choice, Device, Dtype, Offload, TileFit, VaeDtype, VaeTiling
+from ..request.options import VAE_METAVAR, Choice, Device, Dtype, Offload, Quant, TileFit, VaeDtype, VaeTiling
 
 
 def choice_parser(enum: type[Choice]) -> Callable[[Any], Choice | str]:
@@ -182,6 +182,12 @@ OffloadOption = Annotated[Offload, typer.Option("--offload", parser=choice_parse
                                                      "(CUDA only): 'none', 'model' (whole components in turn) or "
                                                      "'group' (one transformer block at a time, prefetched on a CUDA "
                                                      "stream).")]
+QuantOption = Annotated[Quant, typer.Option("--quant", parser=choice_parser(Quant), metavar=_choices(Quant),
+                                            help="The transformer blocks' linears: 'none' (the run's dtype), 'fp8' "
+                                                 "(FP8 e4m3 W8A8, row-wise scales: GPUs of compute capability "
+                                                 "8.9+), 'int8' (TurboDiffusion's int8 W8A8, 128x128 block "
+                                                 "scales: the CPU or sm80+), or 'auto' (int8 for a -quant preset "
+                                                 "where the device runs it, else none).")]
 VaeTilingOption = Annotated[VaeTiling, typer.Option("--vae-tiling", parser=choice_parser(VaeTiling),
                                                     metavar=_choices(VaeTiling),
                                                     help="Decode (and, image to video, encode the input image) with "
@@ -240,7 +246,8 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
     "transformer": (Transformer, None), "warmup": (Warmup, 0),
-    "offload": (OffloadOption, Offload.NONE), "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
+    "offload": (OffloadOption, Offload.NONE), "quant": (QuantOption, Quant.AUTO),
+    "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
     "vae": (VaeOption, "auto"), "vae_dtype": (VaeDtypeOption, VaeDtype.AUTO),
     "compile": (Compile, False), "ulysses": (Ulysses, None), "cfg_parallel": (CfgParallel, False),
     "gpus": (Gpus, None),
@@ -252,14 +259,14 @@ GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames
             "flow_shift", "negative_prompt", "seed", "seeds", "fps", "out", "overwrite", "sheet", "codec", "device",
             "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling",
             "vae", "vae_dtype",
-            "compile", "gpus",
+            "compile", "quant", "gpus",
             "ulysses",
             "cfg_parallel")
 PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
            "warmup",
            "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
-           "random_weights", "allow_pickle", "transformer", "compile", "gpus", "ulysses", "cfg_parallel")
+           "random_weights", "allow_pickle", "transformer", "compile", "quant", "gpus", "ulysses", "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
            "guidance",
            "guidance_2",

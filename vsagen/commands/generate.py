@@ -21,6 +21,7 @@ from ..estimate import cpu_time_estimate
 from ..layout import tile_layout
 from ..models.loading import versions
 from ..pipeline import Conditioning, Session, out_of_memory_as_failure
+from ..quant.swap import precision_summary
 from ..timing import TimingReport
 from .generate_config import RunConfig
 
@@ -320,6 +321,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         # random prompt embeddings only with --random-weights (the tiny model's text encoder runs)
         "random_weights": session.model.random_weights or cfg.source.kind == "tiny",
         "random_prompt_embeddings": session.model.random_weights,
+        # --quant resolved, and how many block linears of each transformer ran in each precision
+        "quant": {"precision": cfg.quant, **{name: precision_summary(t) for name, t in experts(pipe)}},
         "offload": cfg.offload, **vae_summary(pipe.vae),  # what --vae / --vae-dtype / --vae-tiling resolved to
         # --vae-tiling's decision and why (auto: the untiled decode's estimated peak against the free memory)
         "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling is not None else None,

@@ -62,6 +62,8 @@ Contents:
   under torch.compile).
 * `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the linear branch (either scope) as one custom op
   with gradients, so the backward sums the two parts' dQ / dK / dV in place.
+* `int8_block_gemm.py`: `int8_block_gemm`, an int8 GEMM with one float scale per 128 x 128 block of each operand
+  (TurboDiffusion's W8A8 linear; `vsagen.quant.int8_linear` runs it), with its launch `GemmConfig`s.
 
 The Triton names are imported on first use (PEP 562 `__getattr__`), so importing this package, e.g. for the
 references or the tuning, needs no triton (a Linux-only dependency) and registers no custom op. No module here
@@ -105,6 +107,7 @@ _TRITON_EXPORTS = {
     "LinearLaunch": "linear_branch",
     "marginal_branch_add": "linear_marginal",
     "sla_star_attention": "sla_star_attn",
+    "int8_block_gemm": "int8_block_gemm",
 }
 
 
@@ -131,6 +134,7 @@ __all__ = [
     "coarse_attention",
     "coarse_output",
     "coarse_stage",
+    "int8_block_gemm",
     "kernel_tuning",
     "kv_sums",
     "linear_branch_add",

@@ -313,11 +313,16 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     for _, t in experts(pipe):
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
+    from ..quant.swap import quantize_pipeline
     from .pipeline_weights import attach_weights
 
     for backend in backends:
         attach_weights(model, backend)
+    if cfg.offload != "none":  # group offloading records the modules it manages: swap before
+        notes.extend(quantize_pipeline(pipe, cfg.quant))
     place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
+    if cfg.offload == "none":  # on the device: the weights quantize there
+        notes.extend(quantize_pipeline(pipe, cfg.quant))
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
@@ -413,7 +418,8 @@ def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: 
     backend: dict[str, dict[str, Any]] = {}
     transformers: dict[str, Any] = {}
     for name, path, architecture in zip(names, files, architectures):
-        transformers[name], backend[name], note = load_transformer_file(path, dict(architecture), dtype)
+        transformers[name], backend[name], note = load_transformer_file(path, dict(architecture), dtype,
+                                                                        keep_int8=cfg.quant == "int8")
         notes.append(note)
     if pipe is None:
         pipe = _from_pretrained(location, cfg, dtype, **{n: None for n in names})

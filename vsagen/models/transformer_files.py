@@ -19,7 +19,8 @@ What a file may be (TurboDiffusion @aaecff5 publishes `.pth` state dicts, `turbo
 * `-quant` files (TurboDiffusion's `Int8Linear`, `turbodiffusion/ops/core.py`): a Linear's weight stored as
   `<name>.int8_weight` (int8, [out, in]) and `<name>.scale` (fp32, [ceil(out/128), ceil(in/128)], one per 128x128
   tile; their quantizer writes amax / 128, `ops/quant/quant.hpp`), dequantized at load: w = int8 * scale of its tile
-  (partial edge tiles use their tile's scale), computed in float64 and cast once to the run's dtype.
+  (partial edge tiles use their tile's scale), computed in float64 and cast once to the run's dtype. With `--quant
+  int8` the linears then run the file's int8 values as TurboDiffusion does (`vsagen.quant.int8_linear.Int8Linear`).
 * `patch_embedding.weight` stored as a Linear [dim, in_channels * pt * ph * pw] (TurboDiffusion's `WanModel`
   patchifies as `(c kt kh kw)`, the Conv3d weight's own flattening) is reshaped to diffusers' Conv3d weight.
 """
@@ -237,9 +238,12 @@ def backend_key(key: str) -> bool:
                for n in backend_names())
 
 
-def dequantize(state: dict[str, Any], dtype: Any, where: str) -> int:
+def dequantize(state: dict[str, Any], dtype: Any, where: str) -> dict[str, tuple[Any, Any]]:
     """Replace every `<name>.int8_weight` + `<name>.scale` pair of `state` by `<name>.weight` = int8 x the scale of
-    its 128 x 128 tile (float64, then `dtype`), in place. Returns how many weights were dequantized.
+    its 128 x 128 tile (float64, then `dtype`), in place.
+
+    Returns:
+        {name: (int8 weight, float32 scales)}: the pairs taken out, as stored (for `--quant int8`, which runs them).
 
     Raises:
         BadInput: an int8 weight without its scale (or the reverse), not int8 / 2-D, or a scale whose shape is not
@@ -248,6 +252,7 @@ def dequantize(state: dict[str, Any], dtype: Any, where: str) -> int:
     import torch
 
     names = [k[: -len(".int8_weight")] for k in state if k.endswith(".int8_weight")]
+    codes = {}
     for name in names:
         q, scale = state.pop(f"{name}.int8_weight"), state.pop(f"{name}.scale", None)
         if scale is None:
@@ -258,10 +263,11 @@ def dequantize(state: dict[str, Any], dtype: Any, where: str) -> int:
                            f"expected a 2-D int8 weight and one scale per {QUANT_TILE}x{QUANT_TILE} tile {tiles}")
         s = scale.to(torch.float64).repeat_interleave(QUANT_TILE, 0).repeat_interleave(QUANT_TILE, 1)
         state[f"{name}.weight"] = (q.to(torch.float64) * s[: q.shape[0], : q.shape[1]]).to(dtype)
+        codes[name] = (q, scale.float())
     stray = next((k for k in state if k.endswith(".scale") and f"{k[:-6]}.weight" not in state), None)
     if stray is not None and names:
         raise BadInput(f"{where}: {stray} has no {stray[:-6]}.int8_weight beside it")
-    return len(names)
+    return codes
 
 
 def patch_embedding_as_conv(state: dict[str, Any], architecture: dict[str, Any]) -> None:
@@ -326,9 +332,12 @@ def place_transformer(converted: dict[str, Any], architecture: dict[str, Any], d
     return transformer.eval()
 
 
-def load_transformer_file(path: Path, architecture: dict[str, Any], dtype: Any) -> tuple[Any, dict[str, Any], str]:
+def load_transformer_file(path: Path, architecture: dict[str, Any], dtype: Any,
+                          keep_int8: bool = False) -> tuple[Any, dict[str, Any], str]:
     """One transformer file as a diffusers `WanTransformer3DModel` of `architecture` (a preset's [transformer]) in
-    `dtype` (module docstring: formats, names, quantized weights).
+    `dtype` (module docstring: formats, names, quantized weights). With `keep_int8` (`--quant int8`), the file's
+    int8 weights run as they are stored: each such linear becomes a `vsagen.quant.int8_linear.Int8Linear` holding the
+    file's int8 values and scales (TurboDiffusion's W8A8 GEMM) instead of their dequantized weight.
 
     Returns:
         (transformer, backend tensors {key: tensor} as stored, the run note on what was read).
@@ -342,7 +351,7 @@ def load_transformer_file(path: Path, architecture: dict[str, Any], dtype: Any) 
     state = read_state_dict(path, where)
     backend = {k: state.pop(k) for k in [k for k in state if backend_key(k)]}
     n = len(state) + len(backend)
-    quantized = dequantize(state, dtype, where)
+    codes = dequantize(state, dtype, where)
     patch_embedding_as_conv(state, architecture)
     original = is_original_layout(list(state))
     converted = convert_wan_transformer_to_diffusers(state) if original else state
@@ -350,8 +359,16 @@ def load_transformer_file(path: Path, architecture: dict[str, Any], dtype: Any) 
     note = f"transformer from {path.name} ({n} tensors" + (
         ", original Wan key names converted by diffusers' convert_wan_transformer_to_diffusers" if original else "")
     note += f"; {len(backend)} attention-backend tensors set aside for the backend)" if backend else ")"
-    if quantized:
-        note += (f"; {quantized} int8 weights (one scale per {QUANT_TILE}x{QUANT_TILE} tile) dequantized to "
+    if codes and keep_int8:
+        from ..quant.swap import install_int8
+
+        named = {f"{k}.weight": k for k in codes}
+        renamed = convert_wan_transformer_to_diffusers(dict(named)) if original else named
+        install_int8(transformer, {key[: -len(".weight")]: codes[name] for key, name in renamed.items()})
+        note += (f"; {len(codes)} int8 weights (one scale per {QUANT_TILE}x{QUANT_TILE} tile) run as int8 W8A8 GEMMs, "
+                 "activations quantized per 128x128 block (TurboDiffusion's Int8Linear)")
+    elif codes:
+        note += (f"; {len(codes)} int8 weights (one scale per {QUANT_TILE}x{QUANT_TILE} tile) dequantized to "
                  f"{str(dtype).replace('torch.', '')} at load: they run as ordinary weights, not int8 GEMMs")
     return transformer, backend, note
 

@@ -93,6 +93,18 @@ class Offload(Choice):
     GROUP = "group"
 
 
+class Quant(Choice):
+    """`--quant`: the precision of the transformer blocks' linears (`vsagen.quant`): "auto" (int8 for a `-quant`
+    preset, whose files hold TurboDiffusion's int8 weights, where the device runs int8; else none), "none" (the
+    run's dtype; `-quant` weights dequantized at load), "fp8" (FP8 e4m3 W8A8, GPUs with FP8 tensor cores), "int8"
+    (TurboDiffusion's int8 W8A8 with 128 x 128 block scales; a `-quant` file's own int8 weights)."""
+
+    AUTO = "auto"
+    NONE = "none"
+    FP8 = "fp8"
+    INT8 = "int8"
+
+
 class VaeTiling(Choice):
     """`--vae-tiling`: diffusers' spatially tiled VAE ("auto": for frames larger than 480 x 832)."""
 
@@ -431,6 +443,8 @@ class PlacementOptions:
             takes several).
         vae_dtype: `VaeDtype` (commands that decode).
         compile: torch.compile the transformer blocks.
+        quant: `Quant`, the precision of the transformer blocks' linears (resolved against the device and the
+            model by `vsagen.request.quantization.resolve_quant`).
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
         ulysses: ranks the sequence is split across (None: not given; `vsagen.request.resolve` makes it 1, or
             derives it from `gpus`); cfg_parallel: the CFG passes on two halves of the ranks.
@@ -438,8 +452,8 @@ class PlacementOptions:
             process alone, or a launcher's such as torchrun).
 
     Raises:
-        BadInput: an unknown device, dtype, offload, VAE tiling, decoder (or its options: `VaeSpec.parse`) or dtype,
-            or a Ulysses degree or process count below 1.
+        BadInput: an unknown device, dtype, offload, VAE tiling, decoder (or its options: `VaeSpec.parse`), dtype or
+            quant, or a Ulysses degree or process count below 1.
     """
 
     device: Device = Device.AUTO
@@ -449,6 +463,7 @@ class PlacementOptions:
     vae: VaeList | VaeSpec | str = VaeSpec()
     vae_dtype: VaeDtype = VaeDtype.AUTO
     compile: bool = False
+    quant: Quant = Quant.AUTO
     fused_blocks: bool = True
     ulysses: int | None = None
     cfg_parallel: bool = False
@@ -457,7 +472,7 @@ class PlacementOptions:
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
                                 ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling"),
-                                ("vae_dtype", VaeDtype, "--vae-dtype")):
+                                ("vae_dtype", VaeDtype, "--vae-dtype"), ("quant", Quant, "--quant")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
         if not isinstance(self.vae, VaeList):
             object.__setattr__(self, "vae", parse_vaes(self.vae))
@@ -565,7 +580,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
                                     "seed", "seeds", "sampler", "cache")},
     **{k: ("placement", k) for k in ("device", "dtype", "offload", "vae_tiling", "vae", "vae_dtype", "compile",
-                                     "fused_blocks", "ulysses",
+                                     "quant", "fused_blocks", "ulysses",
                                      "cfg_parallel", "gpus")},
     **{k: ("attention", k) for k in ("attn", "sparsity", "attn_impl")},
     **{k: ("output", k) for k in ("out", "overwrite", "fps", "sheet", "codec")},

@@ -30,6 +30,7 @@ from .options import (MAX_STEPS, Device, Dtype, ModelOptions, Offload, Placement
                       SamplingOptions, TileFit, VaeSpec)
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
+from .quantization import resolve_quant
 from .sampling import SamplerList, SamplerPlan, parse_sampler_list, plan_sampler
 from ..samplers import NAMED, Sampler
 
@@ -77,6 +78,7 @@ class Request:
     vae_decoders: tuple[VaeSpec, ...] = ()
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
+    quant: str = "none"  # none | fp8 | int8: the blocks' linears (vsagen.request.quantization.resolve_quant)
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
     cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)
@@ -499,6 +501,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          experts=("transformer", "transformer_2")[:source.preset.experts]
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
+    quant, quant_notes = resolve_quant(pl.quant, device, source, m.random_weights)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
@@ -508,8 +511,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, vae_decoder=vaes[0], vae_decoders=vaes, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
-        fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
-        notes=notes + split_notes + cache_notes + backend_notes, tile_fits=fits, backends=specs, crop_tile=crop_tile,
+        quant=quant, fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
+        notes=notes + split_notes + cache_notes + backend_notes + quant_notes, tile_fits=fits, backends=specs,
+        crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,
         caches=caches)
     _check_placement(request)

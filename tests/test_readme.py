@@ -9,7 +9,7 @@ in subprocesses, at once (one CPU thread each); the others run meanwhile in this
 Typer app with the same words (each subprocess paid ~7 s of imports; the entry point's own exit codes and signals
 are tested in tests/test_cli.py and tests/test_interrupts.py).
 Synopsis blocks (`[options]`) and real-size commands (they need a GPU and downloads) are not run; the Python block
-runs in tests/test_api.py.
+runs in tests/test_api.py, the Serving block (a server and the requests to it) in tests/serve/test_routes.py.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def cpu_commands(text: str) -> list[str]:
             command = line.split("&&")[-1].strip()
             words = shlex.split(command, comments=True)
             if words and words[0] in ("vsagen", "torchrun") and "--model" in words \
-                    and words[words.index("--model") + 1].startswith("tiny"):
+                    and words[words.index("--model") + 1].startswith("tiny") and words[1:2] != ["serve"]:
                 out.append(shlex.join(words))
     return out
 

@@ -21,8 +21,8 @@ from ..interrupts import as_interrupt as _sigterm_as_interrupt
 from ..request.options import ImageFit, ReportFormat, RequestOptions
 from .running import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
                       single_process, torchrun_launch_or_exit)
-from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                             OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
+from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
+                             JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
                              complete_model, path_parser, unquoted_prompt)
 
 app = typer.Typer(
@@ -428,6 +428,42 @@ def download(
             typer.echo(line)
         if not dry_run:
             fetch(plan, log=typer.echo)
+
+    run_guarded(single_process(run), verbose)
+
+
+@app.command()
+@request_command(SERVE)
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on; any other than loopback (127.0.0.1, ::1, "
+                                           "localhost) needs --token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    token: Annotated[Optional[str], typer.Option(
+        help="Bearer token every route but /health asks for (Authorization: Bearer TOKEN); default: the "
+             "VSAGEN_SERVE_TOKEN environment variable, else none.", envvar="VSAGEN_SERVE_TOKEN",
+        show_envvar=False)] = None,
+    folder: Annotated[Path, typer.Option(help="Where the jobs (jobs.sqlite3) and the videos (videos/ID.mp4 and "
+                                              "ID.json) live; one server per folder.",
+                                         parser=path_parser("a folder for the jobs and videos", folder=True))]
+    = Path("vsagen-serve"),
+    queue: Annotated[int, typer.Option(help="Most jobs waiting at once; past it a request gets 429 with "
+                                            "Retry-After.")] = 16,
+    verbose: Verbose = False, *, options: RequestOptions,
+) -> None:
+    """Keep one t2v configuration loaded and make videos over HTTP (OpenAI's /v1/videos API shape): the model,
+    backend, sampler, cache and decoder options are fixed at start; each request sets its prompt, size, seconds,
+    steps, seed, guidance and negative prompt."""
+
+    def run() -> None:
+        from ..serve.settings import Settings, check_installed
+
+        settings = Settings(host=host, port=port, token=token, folder=folder, queue=queue)
+        check_installed()
+        from ..serve.server import serve as serve_forever
+        from .terminal import stderr_log
+
+        with _sigterm_as_interrupt():
+            serve_forever(settings, options, log=stderr_log("COLUMNS" in os.environ))
 
     run_guarded(single_process(run), verbose)
 

@@ -22,8 +22,8 @@ from ..request.options import ImageFit, ReportFormat, RequestOptions
 from .running import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
                       single_process, torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
-                             JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
-                             complete_model, path_parser, unquoted_prompt)
+                             JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options,
+                             complete_attn, complete_model, path_parser, unquoted_prompt)
 
 app = typer.Typer(
     name="vsagen",

@@ -133,14 +133,64 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
     run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
+
+
 Prompt = Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")]
 
 
 @app.command()
 @request_command(GENERATE)
-def t2v(prompt: Prompt, json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions) -> None:
+def t2v(
+    prompt: Annotated[str, typer.Argument(help="What the video should show (or --prompts FILE).",
+                                          metavar="PROMPT")] = "",
+    prompts: Annotated[Optional[Path], typer.Option(
+        help="Several videos from one load: one prompt a line, or a JSON object a line with the video's own seed, "
+             "height, width, frames, steps, guidance, negative_prompt; video i goes to --out's NAME-000i.mp4 "
+             "(default vsagen-prompts-000i.mp4).", parser=path_parser("a text file, one prompt a line"))] = None,
+    json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
+) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
+    if prompts is not None:
+        _batch_command(prompt, prompts, options, json_out=json_out, verbose=verbose)
+        return
     _generate_command(prompt, options, image=None, fit=ImageFit.CROP, json_out=json_out, verbose=verbose)
+
+
+def _batch_command(prompt: str, file: Path, options: RequestOptions, *, json_out: bool, verbose: bool) -> None:
+    """`vsagen t2v --prompts FILE`: every line's video from one load, each shown as it is published (its table or
+    JSON line), then one summary table (not with --json)."""
+
+    def run() -> None:
+        from ..commands.batch import generate_batch, resolve_batch
+        from ..errors import BadInput
+        from ..models.loading import prepare_model_files
+        from .terminal import print_table, stderr_log, stdout_console
+
+        if prompt:
+            raise BadInput("give PROMPT or --prompts FILE, not both")
+        if torchrun_launch_or_exit() is not None:
+            raise BadInput("--prompts runs its videos in one process; start one process")
+        cfgs = resolve_batch(file, options)
+        check_model_available(cfgs[0])
+        prepare_model_files(cfgs[0])
+        say = stderr_log("COLUMNS" in os.environ)
+        with _sigterm_as_interrupt() as interrupted:
+            results = generate_batch(cfgs, log=say, cancelled=interrupted,
+                                     published=lambda c, r: _show_result(r, c, json_out))
+        if not json_out:
+            from rich.table import Table
+
+            table = Table(title=f"--prompts {file}: {len(results)} videos from one load")
+            for column in ("#", "prompt", "seed", "frames x H x W", "steps", "wait s", "video"):
+                table.add_column(column, justify="right" if column in ("#", "seed", "steps", "wait s") else "left")
+            for i, (cfg, result) in enumerate(zip(cfgs, results), 1):
+                wait = result.report.wait_s
+                table.add_row(str(i), cfg.prompt, str(cfg.seed), f"{cfg.frames}x{cfg.height}x{cfg.width}",
+                              str(cfg.steps), f"{wait:.2f}" if wait is not None else "-", str(result.video_path))
+            con, wraps = stdout_console()
+            print_table(con, table, wraps)
+
+    run_guarded(run, verbose)
 
 
 @app.command()

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..commands.generate_config import RunConfig, resolve_run
+from ..commands.generate_config import RunConfig, resolve_run, video_options
 from ..errors import BadInput
 from ..request.options import RequestOptions
 
@@ -167,18 +167,15 @@ class Served:
         served = self.request.model
         if fields.model is not None and fields.model != served:
             raise BadInput(f"model {fields.model!r} is not served here; this server runs {served!r}")
-        o = self.options
         frames = fields.frames
         if frames is None and fields.seconds is not None:
             frames = frames_of(fields.seconds, self.request.fps, self.request.source.preset.vae_stride_temporal)
-        model = replace(o.model, **{k: v for k, v in (("height", fields.height), ("width", fields.width),
-                                                       ("frames", frames)) if v is not None})
-        sampling = replace(o.sampling, **{k: v for k, v in (
-            ("steps", fields.steps), ("seed", fields.seed), ("guidance", fields.guidance),
-            ("negative_prompt", fields.negative_prompt)) if v is not None})
+        options = video_options(self.options, height=fields.height, width=fields.width, frames=frames,
+                                steps=fields.steps, seed=fields.seed, guidance=fields.guidance,
+                                negative_prompt=fields.negative_prompt)
         video, _ = self.paths(job_id)
-        output = replace(o.output, out=video, overwrite=True, sheet=False)
-        return resolve_run(fields.prompt, replace(o, model=model, sampling=sampling, output=output))
+        output = replace(options.output, out=video, overwrite=True, sheet=False)
+        return resolve_run(fields.prompt, replace(options, output=output))
 
 
 def accepted(fields: VideoFields, cfg: RunConfig) -> dict[str, Any]:

@@ -241,6 +241,56 @@ def test_a_retried_post_with_its_idempotency_key_is_one_job(server):
                            flags=re.M)[1]) > 0
 
 
+def _browser():
+    """A Chromium for Playwright: the system's (Debian's `chromium`), else Playwright's own; None where neither."""
+    import shutil
+
+    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+@pytest.mark.slow
+def test_the_page_makes_a_video_in_a_real_browser_and_it_plays(server):
+    """Headless Chromium through Playwright (skipped where either is missing): the page's form submits a job, the
+    list shows it finish, the video element plays the mp4 (frames decoded, time advancing) beside its timing."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=_browser(), args=["--no-sandbox"])
+        except Exception as e:  # noqa: BLE001 - no browser here
+            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        assert page.title() == "vsagen serve: tiny"
+        page.fill("#prompt", "a fox <b>in markup</b>")
+        page.fill("#size", "32x16")
+        page.fill("#seconds", "1")
+        page.fill("#steps", "1")
+        page.click("#submit")
+        mine = lambda: [v for v in server.client().get("/v1/videos").json()["data"]  # noqa: E731
+                        if v["prompt"] == "a fox <b>in markup</b>"]
+        deadline = time.monotonic() + 30
+        while not mine():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        box = f"#{mine()[0]['id']}"
+        page.wait_for_selector(f"{box} video.result", timeout=60_000)
+        played = page.evaluate("""async (box) => {
+            const v = document.querySelector(box + ' video.result');
+            if (v.readyState < 2) await new Promise(ok => v.addEventListener('loadeddata', ok, {once: true}));
+            await v.play();
+            const t0 = v.currentTime;
+            await new Promise(ok => setTimeout(ok, 400));
+            return {width: v.videoWidth, height: v.videoHeight, duration: v.duration, advanced: v.currentTime > t0,
+                    error: v.error && v.error.code};
+        }""", box)
+        text = page.inner_text(box)
+        bold = page.locator("#jobs b").count()
+        browser.close()
+    assert played == {"width": 32, "height": 16, "duration": 1.125, "advanced": True, "error": None}
+    assert "a fox <b>in markup</b> (32x16, 1.125 s, seed 0)" in text and "completed" in text and bold == 0
+    assert "denoise" in text and "wait (text encode to mp4 written)" in text
+
+
 def test_a_full_queue_then_kill_9_mid_video_then_a_restart_with_a_token_finishes_every_job(server):
     """The slow job runs (progress reported) while three wait (`--queue 3`); the next gets 429 with Retry-After.
     kill -9 mid-video, restart with VSAGEN_SERVE_TOKEN: every accepted job completes, the slow one on its second
@@ -267,6 +317,7 @@ def test_a_full_queue_then_kill_9_mid_video_then_a_restart_with_a_token_finishes
         assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
         assert "needs its token" in refused.json()["error"]["message"]
         assert anonymous.get("/health").status_code == 200
+        assert anonymous.get("/").status_code == 200  # the page asks for the token itself
     with server.client(token="wrong") as wrong:
         assert wrong.get(f"/v1/videos/{slow['id']}").status_code == 401
     with server.client() as c:

@@ -489,7 +489,7 @@ def serve(
                                            "localhost) needs --token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     token: Annotated[Optional[str], typer.Option(
-        help="Bearer token every route but /health asks for (Authorization: Bearer TOKEN); default: the "
+        help="Bearer token every route but / and /health asks for (Authorization: Bearer TOKEN); default: the "
              "VSAGEN_SERVE_TOKEN environment variable, else none.", envvar="VSAGEN_SERVE_TOKEN",
         show_envvar=False)] = None,
     folder: Annotated[Path, typer.Option(help="Where the jobs (jobs.sqlite3) and the videos (videos/ID.mp4 and "

@@ -8,6 +8,7 @@ JSON, `/health` and `/metrics` (Prometheus text).
     GET    /v1/videos/{id}/content  the mp4, once completed
     GET    /v1/videos/{id}/timing   the run's timing JSON, once completed
     DELETE /v1/videos/{id}          a job not in progress, and its files
+    GET    /                        a page to make and watch videos (`vsagen.serve.page`; no token needed: it asks)
     GET    /health                  {"status": "ok"} (no token needed)
     GET    /metrics                 queue depth, jobs by state, seconds by stage
 
@@ -15,7 +16,7 @@ Every refusal is one line in OpenAI's error object ({"error": {"message", "type"
 status, never a traceback: bad fields 400 (in the command line's words where the command line refuses the same
 value), a missing or wrong token 401, an unknown id 404, a job in the wrong state 409, a reused idempotency key with
 other fields 409, a body over the limit 413, another content type 415, a full queue 429 with Retry-After. With a
-token set, every route but /health asks for it (`Authorization: Bearer TOKEN`, compared in constant time).
+token set, every route but / and /health asks for it (`Authorization: Bearer TOKEN`, compared in constant time).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..errors import BadInput
 from .jobs import Served, VideoFields, accepted, parse_fields, valid_id, video_object
+from .page import page_html
 from .settings import Settings
 from .store import JobStore, KeyReused, QueueFull, STATUSES
 from .worker import STAGES, Worker
@@ -118,7 +120,7 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
-        if settings.token is not None and request.url.path != "/health":
+        if settings.token is not None and request.url.path not in ("/", "/health"):
             given = request.headers.get("authorization", "")
             scheme, _, credential = given.partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(),
@@ -234,6 +236,10 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
         for path in served.paths(job.id):
             path.unlink(missing_ok=True)
         return {"id": job.id, "object": "video.deleted", "deleted": True}
+
+    @app.get("/")
+    def page() -> Any:
+        return HTMLResponse(page_html(served.request.model, f"{served.request.width}x{served.request.height}"))
 
     @app.get("/health")
     def health() -> Any:

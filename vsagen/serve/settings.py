@@ -53,7 +53,7 @@ class Settings:
 
     Attributes:
         host, port: where it listens (default 127.0.0.1:8000).
-        token: the bearer token every route but /health asks for (None: none; required off loopback).
+        token: the bearer token every route but / and /health asks for (None: none; required off loopback).
         folder: where the jobs (`jobs.sqlite3`) and the videos (`videos/`) live.
         queue: the most jobs waiting at once (a request past it: 429 with Retry-After).
         max_body: the largest request body in bytes (past it: 413).

@@ -312,3 +312,15 @@ def test_a_resident_model_makes_the_videos_of_generate_for_each_request(vsagen_c
         assert notes[0] == notes[1] and len(served.summary["timing"]["notes"]) == len(alone.summary["timing"]["notes"])
     with pytest.raises(BadInput, match=r"^this request changes backends, attn_requested of the loaded model"):
         resident.generate(resolve("x", **{**flags, "attn": "vsa"}, out=tmp_path / "vsa.mp4"))
+
+
+def test_a_resident_model_of_random_weights_keeps_its_seed(vsagen_cache, tmp_path):
+    """With random weights the seed drew the weights: a request of another seed differs from the loaded model (a
+    request of the same seed, another prompt and size, does not)."""
+    from vsagen.commands.generate import Resident
+
+    flags = dict(model="tiny", steps=1, height=16, width=16, frames=1, device="cpu", attn="full", random_weights=True)
+    resident = object.__new__(Resident)  # (the comparison alone: nothing loaded)
+    resident.request = resolve("loaded", **flags, seed=1, out=tmp_path / "a.mp4")
+    assert resident.differs(resolve("other", **{**flags, "height": 32}, seed=1, out=tmp_path / "b.mp4")) == []
+    assert resident.differs(resolve("other", **flags, seed=2, out=tmp_path / "c.mp4")) == ["seed"]

@@ -169,11 +169,12 @@ class Resident:
 
     def differs(self, cfg: RunConfig) -> list[str]:
         """The fields of `cfg` outside `PER_VIDEO` that differ from the loaded request's ([] when `cfg` runs on
-        this model as loaded)."""
+        this model as loaded); with random weights the seed too (it drew the weights and the prompt embeddings)."""
         from dataclasses import fields
 
-        return [f.name for f in fields(RunConfig) if f.name not in self.PER_VIDEO
-                and getattr(cfg, f.name) != getattr(self.request, f.name)]
+        wrong = [f.name for f in fields(RunConfig) if f.name not in self.PER_VIDEO
+                 and getattr(cfg, f.name) != getattr(self.request, f.name)]
+        return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
 
     def generate(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None,
                  cancelled: Callable[[], bool] = lambda: False) -> RunResult:

@@ -173,6 +173,9 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
             fields = await fields_of(request)
             job_id = f"video_{secrets.token_hex(16)}"
             cfg = await run_in_threadpool(served.config, job_id, fields)
+            wrong = worker.resident.differs(cfg)
+            if wrong:  # (a server of random weights: the seed drew them)
+                raise BadInput(f"this server's model was loaded with its {', '.join(wrong)}; a video may not set it")
         except BadInput as e:
             raise Refusal(400, str(e), "invalid_request") from None
         digest = hashlib.sha256(json.dumps(fields.to_json(), sort_keys=True).encode()).hexdigest()

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vsagen.serve.routes import error_body, metrics_text
+from vsagen.serve.routes import authorized, error_body, metrics_text
 
 pytestmark = pytest.mark.xdist_group("test_serve_routes")
 
@@ -354,3 +354,12 @@ def test_sigterm_stops_the_server_and_keeps_the_queue(server):
     server.stop(signal.SIGTERM)
     assert server.proc.returncode == 0, server.log.read_text()
     assert server.log.read_text().rstrip().endswith("stopped by SIGTERM")
+
+
+def test_who_may_pass():
+    assert authorized(None, "/v1/videos", "")  # no token set: everyone (loopback only)
+    assert authorized("t0k", "/v1/videos", "Bearer t0k") and authorized("t0k", "/metrics", "bearer  t0k ")
+    for header in ("", "Bearer", "Bearer t0", "Bearer t0kk", "Basic t0k", "t0k"):
+        assert not authorized("t0k", "/v1/videos", header), header
+    assert authorized("t0k", "/", "") and authorized("t0k", "/health", "")
+    assert not authorized("t0k", "/health/x", "") and not authorized("t0k", "//", "")

@@ -27,6 +27,7 @@ import hmac
 import json
 import math
 import secrets
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -79,25 +80,54 @@ def metrics_text(counts: dict[str, int], worker: Worker) -> str:
     return "\n".join(lines) + "\n"
 
 
-def create_app(settings: Settings, store: JobStore, served: Served, worker: Worker) -> Any:
-    """The FastAPI application of one server (routes: module docstring). The worker starts and stops with it.
+def refuse(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A refusal as an HTTP answer: `error_body` with `status` and `headers`."""
+    return JSONResponse(error_body(message, code, status), status_code=status, headers=headers)
 
-    Args:
-        settings: host, token, queue bound, body limit (`vsagen.serve.settings.Settings`).
-        store: the job store; served: the loaded configuration and the videos' folder; worker: the job thread.
+
+def authorized(token: str | None, path: str, header: str) -> bool:
+    """Whether a request to `path` with this Authorization `header` may pass: no token set, the page and /health
+    (open), or `Bearer TOKEN` with the token (compared in constant time)."""
+    if token is None or path in ("/", "/health"):
+        return True
+    scheme, _, credential = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), token.encode())
+
+
+async def read_fields(request: Request, max_body: int) -> VideoFields:
+    """A POST's fields, checked (`parse_fields`): JSON, or a multipart / urlencoded form, of at most `max_body`
+    bytes.
+
+    Raises:
+        Refusal: 413 over the limit, 400 not a JSON object or a field given twice, 415 another content type.
+        BadInput: a field `parse_fields` refuses.
     """
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Any):
-        worker.start()
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_body:
+        raise Refusal(413, f"the body is {length} bytes; the limit is {max_body}", "body_too_large")
+    body = await request.body()
+    if len(body) > max_body:
+        raise Refusal(413, f"the body is over the limit of {max_body} bytes", "body_too_large")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "application/json":
         try:
-            yield
-        finally:
-            worker.stop()
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise Refusal(400, "the body is not valid JSON", "invalid_json") from None
+        if not isinstance(data, dict):
+            raise Refusal(400, "the body must be a JSON object of the video's fields", "invalid_json")
+        return parse_fields(data, form=False)
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        form = await request.form()
+        if len(set(form.keys())) != len(form.multi_items()):
+            raise Refusal(400, "a field is given twice in the form", "invalid_request")
+        return parse_fields(dict(form), form=True)
+    raise Refusal(415, "send the video's fields as JSON (application/json) or a multipart form",
+                  "unsupported_media_type")
 
-    app = FastAPI(title="vsagen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    def refuse(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(error_body(message, code, status), status_code=status, headers=headers)
+def _guard(app: FastAPI, settings: Settings) -> None:
+    """Every failure as one line in OpenAI's error object, and the token asked for (`authorized`)."""
 
     @app.exception_handler(Refusal)
     async def _refusal(_: Request, e: Refusal) -> JSONResponse:
@@ -120,49 +150,17 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
-        if settings.token is not None and request.url.path not in ("/", "/health"):
-            given = request.headers.get("authorization", "")
-            scheme, _, credential = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(),
-                                                                     settings.token.encode()):
-                what = "a wrong token" if given else "no token"
-                return refuse(401, f"this server needs its token (Authorization: Bearer TOKEN); the request had "
-                                   f"{what}", "unauthorized", {"WWW-Authenticate": "Bearer"})
+        given = request.headers.get("authorization", "")
+        if not authorized(settings.token, request.url.path, given):
+            what = "a wrong token" if given else "no token"
+            return refuse(401, f"this server needs its token (Authorization: Bearer TOKEN); the request had {what}",
+                          "unauthorized", {"WWW-Authenticate": "Bearer"})
         return await call_next(request)
 
-    def job_of(video_id: str) -> Any:
-        job = store.get(video_id) if valid_id(video_id) else None
-        if job is None:
-            raise Refusal(404, f"no video {video_id!r} here", "not_found")
-        return job
 
-    def answer(job: Any) -> dict[str, Any]:
-        return video_object(job, worker.steps_done(job.id))
-
-    async def fields_of(request: Request) -> VideoFields:
-        """The body's fields, checked: JSON or a multipart / urlencoded form, at most `settings.max_body` bytes."""
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > settings.max_body:
-            raise Refusal(413, f"the body is {length} bytes; the limit is {settings.max_body}", "body_too_large")
-        body = await request.body()
-        if len(body) > settings.max_body:
-            raise Refusal(413, f"the body is over the limit of {settings.max_body} bytes", "body_too_large")
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind == "application/json":
-            try:
-                data = json.loads(body)
-            except (ValueError, UnicodeDecodeError):
-                raise Refusal(400, "the body is not valid JSON", "invalid_json") from None
-            if not isinstance(data, dict):
-                raise Refusal(400, "the body must be a JSON object of the video's fields", "invalid_json")
-            return parse_fields(data, form=False)
-        if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
-            form = await request.form()
-            if len(set(form.keys())) != len(form.multi_items()):
-                raise Refusal(400, "a field is given twice in the form", "invalid_request")
-            return parse_fields(dict(form), form=True)
-        raise Refusal(415, "send the video's fields as JSON (application/json) or a multipart form",
-                      "unsupported_media_type")
+def _create_route(app: FastAPI, settings: Settings, store: JobStore, served: Served, worker: Worker) -> None:
+    """POST /v1/videos: checked, resolved as `t2v` resolves it, then accepted once written (or the idempotency
+    key's job, or 429 / 409)."""
 
     @app.post("/v1/videos")
     async def create_video(request: Request) -> Any:
@@ -170,7 +168,7 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
         if key is not None and not 1 <= len(key) <= 255:
             raise Refusal(400, "Idempotency-Key must be 1 to 255 characters", "invalid_request")
         try:
-            fields = await fields_of(request)
+            fields = await read_fields(request, settings.max_body)
             job_id = f"video_{secrets.token_hex(16)}"
             cfg = await run_in_threadpool(served.config, job_id, fields)
             wrong = worker.resident.differs(cfg)
@@ -191,7 +189,28 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
                           "idempotency_key_reused") from None
         if created:
             worker.wake()
-        return JSONResponse(answer(job), headers={} if created else {"Idempotent-Replayed": "true"})
+        return JSONResponse(video_object(job, worker.steps_done(job.id)),
+                            headers={} if created else {"Idempotent-Replayed": "true"})
+
+
+def _video_routes(app: FastAPI, store: JobStore, served: Served, worker: Worker) -> None:
+    """GET /v1/videos, GET / DELETE /v1/videos/{id}, its content and its timing."""
+
+    def job_of(video_id: str) -> Any:
+        job = store.get(video_id) if valid_id(video_id) else None
+        if job is None:
+            raise Refusal(404, f"no video {video_id!r} here", "not_found")
+        return job
+
+    def completed_file(video_id: str, which: int) -> Path:
+        job = job_of(video_id)
+        if job.status != "completed":
+            raise Refusal(409, f"video {video_id} is {job.status.replace('_', ' ')}; its files come once it is "
+                               "completed", "video_not_ready")
+        path = served.paths(job.id)[which]
+        if not path.is_file():
+            raise Refusal(404, f"the files of video {video_id} are gone", "not_found")
+        return path
 
     @app.get("/v1/videos")
     def list_videos(after: str | None = None, limit: int = 20, order: str = "desc") -> Any:
@@ -201,23 +220,14 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
             raise Refusal(400, f"order must be asc or desc, got {order!r}", "invalid_request")
         jobs, more = store.page(after=after if after is not None and valid_id(after) else None, limit=limit,
                                 order=order)
-        data = [answer(j) for j in jobs]
+        data = [video_object(j, worker.steps_done(j.id)) for j in jobs]
         return {"object": "list", "data": data, "has_more": more,
                 "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
     @app.get("/v1/videos/{video_id}")
     def retrieve_video(video_id: str) -> Any:
-        return answer(job_of(video_id))
-
-    def completed_file(video_id: str, which: int) -> Any:
         job = job_of(video_id)
-        if job.status != "completed":
-            raise Refusal(409, f"video {video_id} is {job.status.replace('_', ' ')}; its files come once it is "
-                               "completed", "video_not_ready")
-        path = served.paths(job.id)[which]
-        if not path.is_file():
-            raise Refusal(404, f"the files of video {video_id} are gone", "not_found")
-        return path
+        return video_object(job, worker.steps_done(job.id))
 
     @app.get("/v1/videos/{video_id}/content")
     def video_content(video_id: str, variant: str = "video") -> Any:
@@ -239,6 +249,28 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
         for path in served.paths(job.id):
             path.unlink(missing_ok=True)
         return {"id": job.id, "object": "video.deleted", "deleted": True}
+
+
+def create_app(settings: Settings, store: JobStore, served: Served, worker: Worker) -> FastAPI:
+    """The FastAPI application of one server (routes: module docstring). The worker starts and stops with it.
+
+    Args:
+        settings: host, token, queue bound, body limit (`vsagen.serve.settings.Settings`).
+        store: the job store; served: the loaded configuration and the videos' folder; worker: the job thread.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Any):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = FastAPI(title="vsagen serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    _guard(app, settings)
+    _create_route(app, settings, store, served, worker)
+    _video_routes(app, store, served, worker)
 
     @app.get("/")
     def page() -> Any:

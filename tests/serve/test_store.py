@@ -131,3 +131,13 @@ def test_recover_finishes_requeues_or_fails_what_a_crash_left(store):
     store.claim()
     assert store.recover(lambda job: False, max_attempts=2) == {"completed": 0, "queued": 1, "failed": 0}
     assert set(store.counts()) == set(STATUSES)
+
+
+def test_requeue_puts_a_stopped_job_back_uncounted(store):
+    store.add("video_a", fields(1), limit=5)
+    store.claim()
+    store.requeue("video_a")
+    job = store.get("video_a")
+    assert (job.status, job.attempts, job.progress) == ("queued", 0, 0)
+    store.requeue("video_a")  # not in progress: unchanged
+    assert store.get("video_a").attempts == 0 and store.claim().attempts == 1

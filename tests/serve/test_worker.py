@@ -98,3 +98,38 @@ def test_the_thread_takes_queued_jobs_and_stops(tmp_path, served):
         time.sleep(0.01)
     worker.stop()
     assert not worker._thread.is_alive()
+
+
+class Stepping(Refusing):
+    """A loaded model whose run counts its steps on the pipeline's progress bar, as diffusers' loop does."""
+
+    def __init__(self, steps: int, before: callable) -> None:
+        super().__init__(AssertionError("not raised"))
+        self.steps, self.before = steps, before
+        self.session.pipe = types.SimpleNamespace(progress_bar=lambda total: tqdm(total=total, disable=True))
+
+    def generate(self, cfg):
+        with self.session.pipe.progress_bar(total=self.steps) as bar:
+            for i in range(self.steps):
+                self.before(i)
+                bar.update()
+        raise RunFailure("(the test's run ends here)")
+
+
+def test_steps_set_the_progress_and_a_stop_queues_the_job_again(tmp_path, served):
+    store = JobStore(tmp_path / "jobs.sqlite3")
+    fields = VideoFields("a fox", steps=4)
+    store.add("video_4", accepted(fields, served.config("video_4", fields)), limit=4)
+    seen, workers = [], []
+
+    def before(i: int) -> None:
+        seen.append((store.get("video_4").progress, workers[0].steps_done("video_4")))
+        if i == 2:
+            workers[0]._stop.set()  # the server stops during the third step
+
+    workers.append(Worker(store, served, Stepping(4, before)))
+    workers[0].run(store.claim())
+    worker = workers[0]
+    assert seen == [(0, 0), (22, 1), (45, 2)]  # 90% x steps done / 4, in the store and in memory
+    job = store.get("video_4")
+    assert (job.status, job.attempts, job.progress) == ("queued", 0, 0) and worker.running is None

@@ -166,7 +166,7 @@ def serve(settings: Settings, options: RequestOptions, *, log: Callable[[str], N
             server.run(sockets=[sock])
             waiting = store.counts()["queued"]
             log(f"stopped{f' by {signal_name(server.signalled)}' if server.signalled else ''}"
-                + (f"; {waiting} waiting job{'s' if waiting != 1 else ''} stay queued for the next start"
+                + (f"; {waiting} waiting job{' stays' if waiting == 1 else 's stay'} queued for the next start"
                    if waiting else ""))
         finally:
             store.close()

@@ -201,6 +201,12 @@ class JobStore:
             db.execute("UPDATE jobs SET status = 'failed', completed_at = ?, run_s = ?, error_code = ?, "
                        "error_message = ? WHERE id = ?", (int(time.time()), run_s, code, message, job_id))
 
+    def requeue(self, job_id: str) -> None:
+        """Put an in-progress job back in the queue, this attempt not counted (the server stopped it)."""
+        with self._write() as db:
+            db.execute("UPDATE jobs SET status = 'queued', progress = 0, attempts = MAX(attempts - 1, 0) "
+                       "WHERE id = ? AND status = 'in_progress'", (job_id,))
+
     def recover(self, published: Callable[[Job], bool], max_attempts: int) -> dict[str, int]:
         """After a start: every job left in progress (the server stopped mid-job) becomes completed where
         `published(job)` (its files are in place), queued again while it was tried fewer than `max_attempts`

@@ -1,7 +1,8 @@
 """The thread of `vsagen serve` that makes the videos: it claims the oldest queued job (`vsagen.serve.store`),
 resolves its request from the fields the store kept (`vsagen.serve.jobs.Served.config`), runs it on the loaded
 model (`vsagen.commands.generate.Resident.generate`: the video and its JSON published together, or nothing) and
-ends the job completed or failed with one line saying why. One job at a time: the model is one.
+ends the job completed or failed with one line saying why. One job at a time: the model is one. When the server
+stops, the running job stops at its next step and is queued again for the next start.
 
 Progress: diffusers' denoising loop counts its steps on the pipeline's progress bar; while a job runs, the bar the
 pipeline makes is wrapped so that each step also sets the job's progress (90% at the last step; 100% once the
@@ -24,6 +25,10 @@ STAGES = ("text_encode_s", "denoise_s", "dit_s", "attention_backend_s", "vae_dec
           "wait_s")
 # how often a job is started before a crash during it counts as the job's own (`JobStore.recover`)
 MAX_ATTEMPTS = 2
+
+
+class Stopped(Exception):
+    """The server is stopping: the running job ends at its next step, queued again (`Worker.stop`)."""
 
 
 class _CountingBar:
@@ -88,12 +93,14 @@ class Worker:
         """Start the thread."""
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to stop after its job, and wait up to `timeout` seconds for it (a job cut short by the
-        process ending stays in progress in the store: the next start re-queues it)."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the thread: a running job stops at its next denoising step (its files unwritten) and is queued
+        again, this attempt not counted; a job past its steps (decoding, writing) finishes. Waits up to `timeout`
+        seconds (a job still running then stays in progress in the store: the next start queues it again)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def wake(self) -> None:
         """Say a job was queued."""
@@ -115,6 +122,9 @@ class Worker:
         try:
             cfg = self.served.config(job.id, VideoFields.from_json(job.fields["request"]))
             result = self._generate(job.id, cfg)
+        except Stopped:
+            self.store.requeue(job.id)
+            self.log(f"{job.id}: stopped with the server; queued again")
         except BadInput as e:
             self._fail(job, "invalid_request", str(e), t0)
         except VsagenError as e:
@@ -144,6 +154,8 @@ class Worker:
         self.running = (job_id, 0)
 
         def report(done: int) -> None:
+            if self._stop.is_set():
+                raise Stopped
             self.running = (job_id, done)
             self.store.progress(job_id, min(90, 90 * done // max(total, 1)))
 

@@ -65,3 +65,16 @@ def test_the_first_signal_stops_gracefully_a_second_ctrl_c_at_once():
     assert server.should_exit and not server.force_exit and server.signalled == signal.SIGTERM
     server.stop(signal.SIGINT)
     assert server.force_exit and server.signalled == signal.SIGTERM  # the first one is the one said
+
+
+def test_refusals_come_before_the_folder_is_made(tmp_path, vsagen_cache):
+    from typer.testing import CliRunner
+
+    from vsagen.cli.app import app
+
+    for args, words in ((["--model", "tiny-i2v"], "error: vsagen serve makes text-to-video videos, and --model "
+                                                  "tiny-i2v is an image-to-video model\n"),
+                        (["--model", "tiny", "--frames", "2"], "error: --frames must be 4k+1")):
+        res = CliRunner().invoke(app, ["serve", *args, "--folder", str(tmp_path / "f")])
+        assert res.exit_code == 2 and res.stderr.startswith(words) and res.stderr.count("\n") == 1, res.stderr
+        assert not (tmp_path / "f").exists()

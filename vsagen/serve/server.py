@@ -92,27 +92,42 @@ def recover(store: JobStore, served: Served, log: Callable[[str], None]) -> dict
     return counts
 
 
-def load(settings: Settings, options: RequestOptions, log: Callable[[str], None]) -> tuple[Served, Any]:
-    """The served configuration (the options resolved as `vsagen t2v` resolves them, with a placeholder prompt)
-    and the model loaded once (`Resident`).
+def served_request(settings: Settings, options: RequestOptions) -> Served:
+    """What the server will run: the options resolved as `vsagen t2v` resolves them (a placeholder prompt), and
+    the model found, before anything is made or loaded.
 
     Raises:
-        BadInput, ModelNotFound, RunFailure: as `vsagen t2v` refuses or fails the same options.
+        BadInput: an image-to-video model, or what `vsagen t2v` refuses of the same options; ModelNotFound: as
+            `vsagen t2v`.
     """
     from ..cli.running import check_model_available
-    from ..commands.generate import Resident
     from ..commands.generate_config import resolve_run
-    from ..models.loading import prepare_model_files
+    from ..models.sources import resolve_model
 
+    if resolve_model(options.model.model).image_to_video:
+        raise BadInput(f"vsagen serve makes text-to-video videos, and --model {options.model.model} is an "
+                       "image-to-video model")
     videos = settings.folder / "videos"
     output = replace(options.output, out=videos / "loading.mp4", overwrite=True, sheet=False)
     cfg = resolve_run("vsagen serve", replace(options, output=output))
     check_model_available(cfg)
-    prepare_model_files(cfg)
-    resident = Resident(cfg, log=log)
+    return Served(options, cfg, videos)
+
+
+def load(served: Served, log: Callable[[str], None]) -> Any:
+    """The served model, loaded once (`Resident`).
+
+    Raises:
+        BadInput, ModelNotFound, RunFailure: as `vsagen t2v` refuses or fails the same options.
+    """
+    from ..commands.generate import Resident
+    from ..models.loading import prepare_model_files
+
+    prepare_model_files(served.request)
+    resident = Resident(served.request, log=log)
     resident.loaded_notes.append("vsagen serve: the model stays loaded between videos; load_s is the server's one "
                                  "load at its start")
-    return Served(options, cfg, videos), resident
+    return resident
 
 
 class GracefulServer(uvicorn.Server):
@@ -153,10 +168,11 @@ def serve(settings: Settings, options: RequestOptions, *, log: Callable[[str], N
     from .routes import create_app
     from .worker import Worker
 
+    served = served_request(settings, options)
     with claimed(settings.folder) as folder, listening(settings) as sock:
         store = JobStore(folder / DATABASE)
         try:
-            served, resident = load(settings, options, log)
+            resident = load(served, log)
             recover(store, served, log)
             worker = Worker(store, served, resident, log=log)
             app = create_app(settings, store, served, worker)

@@ -35,16 +35,16 @@ def fenced_blocks(text: str) -> list[str]:
 
 def cpu_commands(text: str) -> list[str]:
     """The shell commands of `text`'s fenced blocks that run the tiny model: each line's last `&&` part, its comment
-    removed; blocks that are synopses (`[options]`) and Python blocks are left out."""
+    removed; blocks that are synopses (`[options]`), Python blocks and the Serving block are left out."""
     out = []
     for block in fenced_blocks(text):
-        if "[options]" in block or re.search(r"^(import|from) ", block, flags=re.M):
-            continue
+        if "[options]" in block or "vsagen serve" in block or re.search(r"^(import|from) ", block, flags=re.M):
+            continue  # (the Serving block, a server and requests to it: tests/serve/test_routes.py)
         for line in block.splitlines():
             command = line.split("&&")[-1].strip()
             words = shlex.split(command, comments=True)
             if words and words[0] in ("vsagen", "torchrun") and "--model" in words \
-                    and words[words.index("--model") + 1].startswith("tiny") and words[1:2] != ["serve"]:
+                    and words[words.index("--model") + 1].startswith("tiny"):
                 out.append(shlex.join(words))
     return out
 
@@ -56,6 +56,12 @@ def test_cpu_commands_finds_the_tiny_lines_only():
             "```\nvsagen t2v PROMPT [options]\nvsagen t2v --model tiny x\n```\n"
             "```python\nimport vsagen\n```\n")
     assert cpu_commands(text) == ["vsagen t2v --model tiny 'a b'", "vsagen profile --model tiny --attn full,vsa"]
+
+
+def test_cpu_commands_leave_the_serving_block_to_its_own_test():
+    text = ("```bash\nvsagen serve --model tiny --steps 2 &\nid=$(curl -s http://127.0.0.1:8000/v1/videos \\\n"
+            "  -d '{}')\n```\n```bash\nvsagen t2v --model tiny x\n```\n")
+    assert cpu_commands(text) == ["vsagen t2v --model tiny x"]
 
 
 def _free_port() -> int:

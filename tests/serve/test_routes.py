@@ -292,6 +292,7 @@ def test_the_page_makes_a_video_in_a_real_browser_and_it_plays(server):
     assert "denoise" in text and "wait (text encode to mp4 written)" in text
 
 
+@pytest.mark.slow  # a second server start and a job of 250 steps run twice: ~10 s
 def test_a_full_queue_then_kill_9_mid_video_then_a_restart_with_a_token_loses_nothing(server):
     """The slow job runs (progress reported) while 100 wait (`--queue 100`); the 101st gets 429 with Retry-After.
     kill -9 mid-video, restart with VSAGEN_SERVE_TOKEN: every accepted job is there, none failed, the slow one

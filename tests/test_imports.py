@@ -147,7 +147,7 @@ LAYERS = (
     ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.compiling", "vsagen.estimate", "vsagen.models.loading",
              "vsagen.models.pipeline_weights")),
     ("commands", ("vsagen.commands",)),
-    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli")),
+    ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.serve")),
 )
 
 

@@ -9,7 +9,7 @@ in subprocesses, at once (one CPU thread each); the others run meanwhile in this
 Typer app with the same words (each subprocess paid ~7 s of imports; the entry point's own exit codes and signals
 are tested in tests/test_cli.py and tests/test_interrupts.py).
 Synopsis blocks (`[options]`) and real-size commands (they need a GPU and downloads) are not run; the Python block
-runs in tests/test_api.py.
+runs in tests/test_api.py, the Serving block (a server and the requests to it) in tests/serve/test_routes.py.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def fenced_blocks(text: str) -> list[str]:
 
 def cpu_commands(text: str) -> list[str]:
     """The shell commands of `text`'s fenced blocks that run the tiny model: each line's last `&&` part, its comment
-    removed; blocks that are synopses (`[options]`) and Python blocks are left out."""
+    removed; blocks that are synopses (`[options]`), Python blocks and the Serving block are left out."""
     out = []
     for block in fenced_blocks(text):
-        if "[options]" in block or re.search(r"^(import|from) ", block, flags=re.M):
-            continue
+        if "[options]" in block or "vsagen serve" in block or re.search(r"^(import|from) ", block, flags=re.M):
+            continue  # (the Serving block, a server and requests to it: tests/serve/test_routes.py)
         for line in block.splitlines():
             command = line.split("&&")[-1].strip()
             words = shlex.split(command, comments=True)
@@ -56,6 +56,12 @@ def test_cpu_commands_finds_the_tiny_lines_only():
             "```\nvsagen t2v PROMPT [options]\nvsagen t2v --model tiny x\n```\n"
             "```python\nimport vsagen\n```\n")
     assert cpu_commands(text) == ["vsagen t2v --model tiny 'a b'", "vsagen profile --model tiny --attn full,vsa"]
+
+
+def test_cpu_commands_leave_the_serving_block_to_its_own_test():
+    text = ("```bash\nvsagen serve --model tiny --steps 2 &\nid=$(curl -s http://127.0.0.1:8000/v1/videos \\\n"
+            "  -d '{}')\n```\n```bash\nvsagen t2v --model tiny x\n```\n")
+    assert cpu_commands(text) == ["vsagen t2v --model tiny x"]
 
 
 def _free_port() -> int:

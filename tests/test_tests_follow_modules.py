@@ -17,7 +17,7 @@ TESTS = ROOT / "tests"
 PACKAGES = {"vsagen": (ROOT / "vsagen", TESTS),
             **{f"vsagen.{room}": (ROOT / "vsagen" / room, TESTS / room)
                for room in ("attention", "cache", "cli", "commands", "decode", "media", "models", "parallel", "quant",
-                            "request", "sparsity")}}
+                            "request", "serve", "sparsity")}}
 
 
 def package_modules() -> list[tuple[str, str]]:

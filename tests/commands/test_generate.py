@@ -292,3 +292,35 @@ def test_an_interrupt_during_a_later_seed_keeps_the_seeds_already_published(vsag
                                                           "vsagen-tiny-full-seed4.sheet.png"]
     assert cfgs[0].out.exists() and cfgs[0].json_out.exists() and cfgs[0].sheet_out.exists()
     assert not any(p.exists() for c in cfgs[1:] for p in (c.out, c.json_out, c.sheet_out))
+
+
+@pytest.mark.slow
+def test_a_resident_model_makes_the_videos_of_generate_for_each_request(vsagen_cache, tiny_dir, tmp_path):
+    """`Resident` (vsagen serve's model, loaded once): each request's mp4 and latents are those `generate` makes of
+    it alone, byte for byte, across sizes, frames, steps, seeds and prompts; its JSON keeps the load's notes; a
+    request that changes the loaded configuration (here the backend) is refused, naming the field."""
+    from vsagen.commands.generate import Resident, generate
+
+    flags = dict(model="tiny", steps=1, height=16, width=16, frames=1, device="cpu", attn="full")
+    resident = Resident(resolve("loaded", **flags, out=tmp_path / "loaded.mp4"))
+    for i, (prompt, extra) in enumerate([("a fox", {}), ("a cat", dict(height=32, frames=5, steps=2, seed=3))]):
+        alone = generate(resolve(prompt, **{**flags, **extra}, out=tmp_path / f"alone{i}.mp4"), progress=False)
+        served = resident.generate(resolve(prompt, **{**flags, **extra}, out=tmp_path / f"served{i}.mp4"))
+        assert served.video_path.read_bytes() == alone.video_path.read_bytes()
+        notes = [[n for n in r.summary["timing"]["notes"] if not n.startswith("--vae-tiling auto")]  # (free memory)
+                 for r in (served, alone)]
+        assert notes[0] == notes[1] and len(served.summary["timing"]["notes"]) == len(alone.summary["timing"]["notes"])
+    with pytest.raises(BadInput, match=r"^this request changes backends, attn_requested of the loaded model"):
+        resident.generate(resolve("x", **{**flags, "attn": "vsa"}, out=tmp_path / "vsa.mp4"))
+
+
+def test_a_resident_model_of_random_weights_keeps_its_seed(vsagen_cache, tmp_path):
+    """With random weights the seed drew the weights: a request of another seed differs from the loaded model (a
+    request of the same seed, another prompt and size, does not)."""
+    from vsagen.commands.generate import Resident
+
+    flags = dict(model="tiny", steps=1, height=16, width=16, frames=1, device="cpu", attn="full", random_weights=True)
+    resident = object.__new__(Resident)  # (the comparison alone: nothing loaded)
+    resident.request = resolve("loaded", **flags, seed=1, out=tmp_path / "a.mp4")
+    assert resident.differs(resolve("other", **{**flags, "height": 32}, seed=1, out=tmp_path / "b.mp4")) == []
+    assert resident.differs(resolve("other", **flags, seed=2, out=tmp_path / "c.mp4")) == ["seed"]

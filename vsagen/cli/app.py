@@ -21,9 +21,9 @@ from ..interrupts import as_interrupt as _sigterm_as_interrupt
 from ..request.options import ImageFit, ReportFormat, RequestOptions
 from .running import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
                       single_process, torchrun_launch_or_exit)
-from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
-                             OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
-                             complete_model, path_parser, unquoted_prompt)
+from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
+                             JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options,
+                             complete_attn, complete_model, path_parser, unquoted_prompt)
 
 app = typer.Typer(
     name="vsagen",
@@ -134,14 +134,64 @@ def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[P
     run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
 
+
+
 Prompt = Annotated[str, typer.Argument(help="What the video should show.", metavar="PROMPT")]
 
 
 @app.command()
 @request_command(GENERATE)
-def t2v(prompt: Prompt, json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions) -> None:
+def t2v(
+    prompt: Annotated[str, typer.Argument(help="What the video should show (or --prompts FILE).",
+                                          metavar="PROMPT")] = "",
+    prompts: Annotated[Optional[Path], typer.Option(
+        help="Several videos from one load: one prompt a line, or a JSON object a line with the video's own seed, "
+             "height, width, frames, steps, guidance, negative_prompt; video i goes to --out's NAME-000i.mp4 "
+             "(default vsagen-prompts-000i.mp4).", parser=path_parser("a text file, one prompt a line"))] = None,
+    json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
+) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
+    if prompts is not None:
+        _batch_command(prompt, prompts, options, json_out=json_out, verbose=verbose)
+        return
     _generate_command(prompt, options, image=None, fit=ImageFit.CROP, json_out=json_out, verbose=verbose)
+
+
+def _batch_command(prompt: str, file: Path, options: RequestOptions, *, json_out: bool, verbose: bool) -> None:
+    """`vsagen t2v --prompts FILE`: every line's video from one load, each shown as it is published (its table or
+    JSON line), then one summary table (not with --json)."""
+
+    def run() -> None:
+        from ..commands.batch import generate_batch, resolve_batch
+        from ..errors import BadInput
+        from ..models.loading import prepare_model_files
+        from .terminal import print_table, stderr_log, stdout_console
+
+        if prompt:
+            raise BadInput("give PROMPT or --prompts FILE, not both")
+        if torchrun_launch_or_exit() is not None:
+            raise BadInput("--prompts runs its videos in one process; start one process")
+        cfgs = resolve_batch(file, options)
+        check_model_available(cfgs[0])
+        prepare_model_files(cfgs[0])
+        say = stderr_log("COLUMNS" in os.environ)
+        with _sigterm_as_interrupt() as interrupted:
+            results = generate_batch(cfgs, log=say, cancelled=interrupted,
+                                     published=lambda c, r: _show_result(r, c, json_out))
+        if not json_out:
+            from rich.table import Table
+
+            table = Table(title=f"--prompts {file}: {len(results)} videos from one load")
+            for column in ("#", "prompt", "seed", "frames x H x W", "steps", "wait s", "video"):
+                table.add_column(column, justify="right" if column in ("#", "seed", "steps", "wait s") else "left")
+            for i, (cfg, result) in enumerate(zip(cfgs, results), 1):
+                wait = result.report.wait_s
+                table.add_row(str(i), cfg.prompt, str(cfg.seed), f"{cfg.frames}x{cfg.height}x{cfg.width}",
+                              str(cfg.steps), f"{wait:.2f}" if wait is not None else "-", str(result.video_path))
+            con, wraps = stdout_console()
+            print_table(con, table, wraps)
+
+    run_guarded(run, verbose)
 
 
 @app.command()
@@ -429,6 +479,42 @@ def download(
             typer.echo(line)
         if not dry_run:
             fetch(plan, log=typer.echo)
+
+    run_guarded(single_process(run), verbose)
+
+
+@app.command()
+@request_command(SERVE)
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on; any other than loopback (127.0.0.1, ::1, "
+                                           "localhost) needs --token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    token: Annotated[Optional[str], typer.Option(
+        help="Bearer token every route but / and /health asks for (Authorization: Bearer TOKEN); default: the "
+             "VSAGEN_SERVE_TOKEN environment variable, else none.", envvar="VSAGEN_SERVE_TOKEN",
+        show_envvar=False)] = None,
+    folder: Annotated[Path, typer.Option(help="Where the jobs (jobs.sqlite3) and the videos (videos/ID.mp4 and "
+                                              "ID.json) live; one server per folder.",
+                                         parser=path_parser("a folder for the jobs and videos", folder=True))]
+    = Path("vsagen-serve"),
+    queue: Annotated[int, typer.Option(help="Most jobs waiting at once; past it a request gets 429 with "
+                                            "Retry-After.")] = 16,
+    verbose: Verbose = False, *, options: RequestOptions,
+) -> None:
+    """Keep one t2v configuration loaded and make videos over HTTP (OpenAI's /v1/videos API shape): the model,
+    backend, sampler, cache and decoder options are fixed at start; each request sets its prompt, size, seconds,
+    steps, seed, guidance and negative prompt."""
+
+    def run() -> None:
+        from ..serve.settings import Settings, check_installed
+
+        settings = Settings(host=host, port=port, token=token, folder=folder, queue=queue)
+        check_installed()
+        from ..serve.server import serve as serve_forever
+        from .terminal import stderr_log
+
+        with _sigterm_as_interrupt():
+            serve_forever(settings, options, log=stderr_log("COLUMNS" in os.environ))
 
     run_guarded(single_process(run), verbose)
 

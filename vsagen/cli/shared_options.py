@@ -275,6 +275,8 @@ COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")
+# `vsagen serve`: t2v's options but those of one run's files and processes (each video's files are the job's)
+SERVE = tuple(k for k in GENERATE if k not in ("seeds", "out", "overwrite", "sheet", "gpus", "ulysses", "cfg_parallel"))
 
 
 

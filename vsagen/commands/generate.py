@@ -134,6 +134,71 @@ def generate_seeds(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = la
     return results
 
 
+class Resident:
+    """One `vsagen t2v` configuration loaded once and kept for many videos (`vsagen serve`): the model, backend,
+    sampler, step cache, decoder, device and dtype of the request it was loaded with stay; each video's request
+    (`resolve_run` of the same options with its own prompt, negative prompt, size, frames, steps, seed, CFG scale
+    and files) runs on the loaded session as `generate` runs one: the prompt encoded in the timed run, the latents
+    decoded as the video is written, the video and its JSON published together or not at all. Text to video
+    only (an image-to-video request carries its own conditioning per video).
+
+    Attributes:
+        request: the request it was loaded with.
+        session: the loaded session (`Session.load`); `load_s` the load's seconds, in every video's JSON.
+        loaded_notes: the load's notes, in every video's JSON after the video's request's own (a caller may add
+            its own).
+    """
+
+    # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
+    PER_VIDEO = frozenset({"prompt", "negative_prompt", "height", "width", "frames", "steps", "guidance", "seed",
+                           "samplers", "notes", "out", "json_out", "overwrite", "attn_note"})
+
+    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None) -> None:
+        """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`).
+
+        Raises:
+            BadInput: an image-to-video request, or what `generate` refuses at load.
+            ModelNotFound, RunFailure: as `generate`.
+        """
+        if cfg.image is not None or cfg.image_to_video:
+            raise BadInput(f"--model {cfg.model} is an image-to-video model; a resident model runs text to video")
+        self.request = cfg
+        self.backend = cfg.backend.build()
+        self.session = _load_session(cfg, self.backend, progress=False, writer=True, log=log)
+        self.loaded_notes = self.session.notes[len(_request_notes(cfg)):]  # the load's own (each video's JSON has them)
+        self._untimed = self.session.untimed(self.backend)
+
+    def differs(self, cfg: RunConfig) -> list[str]:
+        """The fields of `cfg` outside `PER_VIDEO` that differ from the loaded request's ([] when `cfg` runs on
+        this model as loaded); with random weights the seed too (it drew the weights and the prompt embeddings)."""
+        from dataclasses import fields
+
+        wrong = [f.name for f in fields(RunConfig) if f.name not in self.PER_VIDEO
+                 and getattr(cfg, f.name) != getattr(self.request, f.name)]
+        return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
+
+    def generate(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None,
+                 cancelled: Callable[[], bool] = lambda: False) -> RunResult:
+        """One video of `cfg` on the loaded session: its files published together (`cfg.out`, `cfg.json_out`),
+        its JSON's notes the request's, the load's and the run's.
+
+        Raises:
+            BadInput: `cfg` differs from the loaded request outside `PER_VIDEO` (naming the fields), or its backend
+                refuses the video's grid; RunFailure, KeyboardInterrupt: as `generate`.
+        """
+        wrong = self.differs(cfg)
+        if wrong:
+            raise BadInput(f"this request changes {', '.join(wrong)} of the loaded model; a video may set only its "
+                           "prompt, negative prompt, size, frames, steps, seed and CFG scale")
+        session = replace(self.session, request=cfg, _prompts=None)
+        session.notes[:] = _request_notes(cfg) + self.loaded_notes
+        plan = session.plan(cfg.tile_fit)
+        run = _denoise(cfg, session, self.backend, plan, log, encode=True)
+        report, summary = _write_outputs(cfg, session, self.backend, plan, run, self._untimed, None, log=log,
+                                         cancelled=cancelled)
+        return RunResult(_video_path(cfg), cfg.json_out, report, summary)
+
+
 def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,
                   log: Callable[[str], None]) -> Session:
     """Load the run's session (with the image-to-video conditioning), then say what the run will be: the CPU time

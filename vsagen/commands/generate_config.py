@@ -248,6 +248,30 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
                      encoding=out.encoding, video_format=video_format.name)
 
 
+# One video's own values a request made for several videos may set (`vsagen serve`'s requests, `t2v --prompts`'s
+# lines), by keyword -> the option group that checks it.
+VIDEO_VALUES = {"height": "model", "width": "model", "frames": "model", "steps": "sampling", "seed": "sampling",
+                "guidance": "sampling", "negative_prompt": "sampling"}
+
+
+def video_options(options: RequestOptions, **values: Any) -> RequestOptions:
+    """`options` with one video's own values (`VIDEO_VALUES`; None: keep `options`' own) put into their groups,
+    each group checking them as it checks the command line's flags (the same words).
+
+    Raises:
+        BadInput: a value its group refuses. TypeError: a keyword not in VIDEO_VALUES.
+    """
+    unknown = sorted(set(values) - set(VIDEO_VALUES))
+    if unknown:
+        raise TypeError(f"not a video's own value: {', '.join(unknown)}")
+    groups = {}
+    for group in set(VIDEO_VALUES.values()):
+        given = {k: v for k, v in values.items() if VIDEO_VALUES[k] == group and v is not None}
+        if given:
+            groups[group] = replace(getattr(options, group), **given)
+    return replace(options, **groups)
+
+
 def seed_out(path: Path, seed: int) -> Path:
     """Where one seed of `--seeds` goes with `--out NAME.ext`: `NAME-seed{seed}.ext` beside it."""
     return path.with_name(f"{path.stem}-seed{seed}{path.suffix}")

@@ -59,6 +59,22 @@ class SearchConfig(Request):
                 "tile_fit": self.tile_fit, "impl": self.impl, "out": str(self.out)}
 
 
+def prompts_text(path: Path) -> str:
+    """The text of a `--prompts` file (`vsagen search`, `vsagen t2v`).
+
+    Raises:
+        BadInput: a missing, unreadable or non-UTF-8 file, or a folder.
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
+
+
 def read_prompts(path: Path) -> tuple[str, ...]:
     """The prompts of a `--prompts` file: one a line, surrounding spaces stripped, blank lines and lines starting
     with # skipped.
@@ -67,14 +83,7 @@ def read_prompts(path: Path) -> tuple[str, ...]:
         BadInput: a missing, unreadable or non-UTF-8 file, or one without a prompt.
     """
     path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"--prompts {path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
+    text = prompts_text(path)
     prompts = tuple(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
     if not prompts:
         raise BadInput(f"--prompts {path} has no prompt (one a line; blank lines and # comments are skipped)")

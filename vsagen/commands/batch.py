@@ -1,0 +1,141 @@
+"""`vsagen t2v --prompts FILE`: several videos from one load. The file holds one video a line: a prompt as text, or
+a JSON object with the prompt and the video's own seed, size, frames, steps, guidance and negative prompt
+(`read_batch`); blank lines and lines starting with `#` are skipped. Each line becomes the `t2v` request of the
+command line's options with its own values in their groups (`resolve_batch`: every line checked, every target
+free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
+`vsagen.commands.generate.Resident`), each video and its JSON published before the next starts: an interrupt keeps
+the finished ones and leaves no partial one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import BadInput
+from ..request.options import RequestOptions
+from .generate_config import VIDEO_VALUES, RunConfig, resolve_run, video_options
+from .search import prompts_text
+
+# a line's JSON keys: the prompt, then a video's own values (`vsagen.commands.generate_config.VIDEO_VALUES`)
+KEYS = ("prompt", *VIDEO_VALUES)
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One line of a `--prompts` file: its number in the file, the prompt and the video's own values (None: the
+    command line's)."""
+
+    line: int
+    prompt: str
+    values: dict[str, Any]
+
+
+def _typed(key: str, value: Any, where: str) -> Any:
+    """A JSON line's value as its option takes it: integers for sizes, frames, steps and seed, a number for the
+    guidance, text for the negative prompt (each option group checks the range)."""
+    if key == "guidance":
+        ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        what = "a number"
+    elif key == "negative_prompt":
+        ok, what = isinstance(value, str), "a string"
+    else:
+        ok, what = not isinstance(value, bool) and isinstance(value, int), "an integer"
+    if not ok:
+        raise BadInput(f"{where}: {key} must be {what}, got {value!r}")
+    return float(value) if key == "guidance" else value
+
+
+def read_batch(path: Path) -> list[BatchLine]:
+    """The videos of a `--prompts` file (module docstring), in order.
+
+    Raises:
+        BadInput: the file cannot be read, holds no video, or a line is not valid JSON where it starts with `{`,
+            lacks its prompt, has an unknown key or a value of the wrong type (naming the file and the line).
+    """
+    text = prompts_text(path)
+    out = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line, where = raw.strip(), f"--prompts {path} line {number}"
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("{"):
+            out.append(BatchLine(number, line, {}))
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError as e:
+            raise BadInput(f"{where}: not valid JSON ({e})") from None
+        unknown = sorted(set(data) - set(KEYS)) if isinstance(data, dict) else []
+        if not isinstance(data, dict) or unknown or not isinstance(data.get("prompt"), str):
+            raise BadInput(f"{where}: " + (f"unknown key {unknown[0]!r}" if unknown else "no prompt")
+                           + f"; a JSON line takes {', '.join(KEYS)} (the prompt a string)")
+        values = {k: _typed(k, v, where) for k, v in data.items() if k != "prompt" and v is not None}
+        out.append(BatchLine(number, data["prompt"], values))
+    if not out:
+        raise BadInput(f"--prompts {path} has no prompt (one a line, or a JSON object; blank lines and # comments "
+                       "are skipped)")
+    return out
+
+
+def batch_out(path: Path, index: int) -> Path:
+    """Where video `index` (1-based) of `--prompts` goes: `NAME-0001.ext` beside `--out NAME.ext`."""
+    return path.with_name(f"{path.stem}-{index:04d}{path.suffix}")
+
+
+def resolve_batch(path: Path, options: RequestOptions) -> list[RunConfig]:
+    """The `t2v` request of each line of `path` (`read_batch`): the command line's options with the line's own
+    values in their groups, resolved as `vsagen t2v` resolves one (the line named in a refusal); video i goes to
+    `batch_out(--out, i)` (default `vsagen-prompts.mp4`).
+
+    Raises:
+        BadInput: see `read_batch` and `resolve_run`; also `--seeds` (a line gives its seed), several processes,
+            `--random-weights` (the weights come from the seed) and a MagCache calibration (one ratios file).
+    """
+    if options.sampling.seeds is not None:
+        raise BadInput("--seeds and --prompts together: give each line its seed ({\"prompt\": ..., \"seed\": N})")
+    base = options.output.out if options.output.out is not None else Path("vsagen-prompts.mp4")
+    cfgs = []
+    for index, line in enumerate(read_batch(path), 1):
+        try:
+            mine = video_options(options, **line.values)
+            cfgs.append(resolve_run(line.prompt, replace(mine, output=replace(mine.output,
+                                                                               out=batch_out(base, index)))))
+        except BadInput as e:
+            raise BadInput(f"--prompts {path} line {line.line}: {e}") from None
+    first = cfgs[0]
+    if first.processes > 1:
+        raise BadInput("--prompts runs its videos in one process; leave out --gpus / --ulysses / --cfg-parallel")
+    if first.random_weights:
+        raise BadInput("--random-weights draws the weights from the seed, so each video would need its own model; "
+                       "run one t2v per video")
+    if first.cache.name == "mag" and first.cache.options.calibrate:
+        raise BadInput("--cache mag:calibrate=true writes one ratios file; calibrate with one t2v run")
+    return cfgs
+
+
+def generate_batch(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = lambda m: None,
+                   cancelled: Callable[[], bool] = lambda: False,
+                   published: Callable[[RunConfig, Any], None] = lambda c, r: None) -> list[Any]:
+    """Make every video of `cfgs` (`resolve_batch`) on one model loaded from the first (`Resident`), in order;
+    each video's files are published, and handed to `published` with its request, before the next starts.
+
+    Returns:
+        The `RunResult` of each video.
+
+    Raises:
+        BadInput, ModelNotFound, RunFailure: as `vsagen t2v`; KeyboardInterrupt: the videos already published
+            stay on disk, the one being made leaves nothing.
+    """
+    from .generate import Resident
+
+    resident = Resident(cfgs[0], log=log)
+    results = []
+    for i, cfg in enumerate(cfgs):
+        log(f"video {i + 1} of {len(cfgs)}: {cfg.prompt[:60]!r}, seed {cfg.seed}")
+        results.append(resident.generate(cfg, log=log, cancelled=cancelled))
+        published(cfg, results[-1])
+    return results

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder, save_file
@@ -92,3 +93,27 @@ def test_the_command_line_refuses_before_loading(hub, tiny_dir, tmp_path):
                                    "--out", str(out / "f.mp4")])
     assert one_error_line(res).startswith("error: --vae tiny: madebyollin/taehv/taew2_1.pth is not in the local")
     assert list(out.iterdir()) == []
+
+
+def test_a_safetensors_file_without_a_whole_decoder_is_refused_from_its_header(tmp_path):
+    """Found by trying bad files as a new user: these were refused only once the model had loaded."""
+    from safetensors.torch import save_file as save
+
+    tiny = resolve_model("tiny")
+    state = random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=3).state_dict()
+    cases = {"unknown": ({"foo": state["decoder.1.weight"].clone()}, "decoder.1.weight missing"),
+             "missing": ({k: v for k, v in state.items() if k != "decoder.9.conv.4.weight"},
+                         "lacks decoder.9.conv.4.weight"),
+             "shape": ({**state, "decoder.10.conv.2.weight": state["decoder.10.conv.2.weight"][:, :7].contiguous()},
+                       r"decoder.10.conv.2.weight has shape \(8, 7, 3, 3\)"),
+             "int8": ({k: v.to(torch.int8) for k, v in state.items()}, "holds int8 values, not floating point"),
+             "extra": ({**state, "decoder.30.weight": state["decoder.1.bias"].clone()}, "has decoder.30.weight")}
+    for name, (bad, match) in cases.items():
+        f = tmp_path / f"{name}.safetensors"
+        save(bad, str(f))
+        with pytest.raises(BadInput, match=match) as info:
+            check_tiny_request(VaeSpec.parse(f"tiny:weights={f}"), tiny, "tiny")
+        assert "\n" not in str(info.value) and str(info.value).startswith(f"--vae tiny:weights={f}: ")
+    save({**{k: v.half() for k, v in state.items()}, "encoder.0.weight": state["decoder.1.bias"].clone()},
+         str(tmp_path / "half.safetensors"))
+    check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / 'half.safetensors'}"), tiny, "tiny")

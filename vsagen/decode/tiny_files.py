@@ -1,4 +1,4 @@
-"""Where `--vae tiny` finds its weights (the TAEHV family's decoder, `vsagen.decode.tiny_decoder`), without torch.
+"""Where `--vae tiny` finds its weights (the TAEHV family's decoder, `vsagen.decode.tiny_decoder`), and its checks.
 
 The published files, on the Hugging Face hub (`PUBLISHED`):
 
@@ -13,7 +13,7 @@ The published files, on the Hugging Face hub (`PUBLISHED`):
 
 Without `weights=FILE`, a run reads the file from the Hugging Face cache, downloading it there when it is not
 (`hub_file`). Before anything heavy loads: a published decoder or a `.safetensors` weights file (its header) of
-another latent width than the model's VAE, or a damaged one, is refused in one line (`check_tiny_request`), and so is
+another latent width than the model's VAE, or a damaged one or one holding no TAEHV decoder, is refused in one line (`check_tiny_request`), and so is
 an uncached published file with the hub out of reach (`check_tiny_vae`). The tiny models hold a tiny one of their latent width in their folder (`tiny_model_file`),
 written with seeded random weights on first use, as their other components are.
 """
@@ -129,9 +129,9 @@ def check_tiny_vae(spec: Any, source: Any, random_weights: bool) -> None:
 
 
 def check_tiny_request(spec: Any, source: Any, model: str) -> None:
-    """What `--vae tiny` asks, checked against the model without torch: a `name=` decoder decodes the latent width of
-    the model's VAE; a `.safetensors` `weights=` file is whole and its first conv takes that width (a `.pth` is
-    checked as it loads). The width is known for presets and tiny models (`z_dim` of their `[vae]`), else not
+    """What `--vae tiny` asks, checked against the model before anything loads: a `name=` decoder decodes the latent
+    width of the model's VAE; a `.safetensors` `weights=` file is whole, holds a TAEHV decoder (its header's keys,
+    shapes and dtypes, `_header_width`) and its first conv takes that width (a `.pth` is checked as it loads). The width is known for presets and tiny models (`z_dim` of their `[vae]`), else not
     checked here (the load checks it against the VAE's own).
 
     Raises:
@@ -149,24 +149,28 @@ def check_tiny_request(spec: Any, source: Any, model: str) -> None:
                        f"{theirs}-channel ones; its published decoders are {fits}")
 
 
-def _header_width(path: Path, where: str) -> int | None:
-    """The latent channels a safetensors TAEHV decoder takes (its first conv's input), from the header alone; None
-    when it has no such tensor (the load says what it is).
+def _header_width(path: Path, where: str) -> int:
+    """The latent channels a safetensors TAEHV decoder takes (its first conv's input), from the header alone, after
+    what loading it checks (`vsagen.decode.tiny_decoder.check_state`: every tensor there with its shape, floating
+    point) on meta tensors of the header's shapes: nothing read or built.
 
     Raises:
-        BadInput: the file is damaged or truncated."""
+        BadInput: the file is damaged or truncated, or holds no TAEHV decoder (one line starting with `where`)."""
+    import torch
     from safetensors import safe_open
 
     from ..models.checkpoint_layouts import safetensors_problem
+    from .tiny_decoder import check_state
 
     problem = safetensors_problem(path)
     if problem is not None:
         raise BadInput(f"{where}: the file is damaged or truncated ({problem}); download it again")
     with safe_open(str(path), framework="numpy") as f:
-        if "decoder.1.weight" not in f.keys():
-            return None
-        shape = f.get_slice("decoder.1.weight").get_shape()
-    return int(shape[1]) if len(shape) == 4 else None
+        slices = {k: f.get_slice(k) for k in f.keys() if k.startswith("decoder.")}
+        state = {k: torch.empty(s.get_shape(), device="meta",
+                                dtype=torch.float32 if s.get_dtype().startswith(("F", "BF")) else torch.int8)
+                 for k, s in slices.items()}
+    return check_state(state, where).latent_channels
 
 
 def tiny_model_file(checkpoint: Path, entry: TinyVaeFile) -> Path:

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder, save_file
-from vsagen.decode.tiny_files import (PUBLISHED, check_tiny_request, check_tiny_vae, hub_file, published_for,
+from vsagen.decode.tiny_files import (PUBLISHED, check_distinct_decoders, check_tiny_request, check_tiny_vae, hub_file, published_for,
                                       raw_latents_file, tiny_model_file)
 from vsagen.errors import BadInput, ModelNotFound
 from vsagen.models.sources import resolve_model
@@ -117,3 +117,27 @@ def test_a_safetensors_file_without_a_whole_decoder_is_refused_from_its_header(t
     save({**{k: v.half() for k, v in state.items()}, "encoder.0.weight": state["decoder.1.bias"].clone()},
          str(tmp_path / "half.safetensors"))
     check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / 'half.safetensors'}"), tiny, "tiny")
+
+
+def test_one_decoder_listed_twice_under_two_names_is_refused(tmp_path):
+    """Found as a new user: `compare --vae tiny,tiny:name=taew2_1` ran the same decoder twice (PSNR inf)."""
+    from vsagen.cli.app import app
+
+    def check(text, model):
+        check_distinct_decoders([VaeSpec.parse(x) for x in text.split(",")], resolve_model(model), model)
+
+    for text, model, same in (("tiny,tiny:name=taew2_1", "tiny", "taew2_1"),
+                              ("stock,tiny:name=taew2_2,tiny", "tiny-ti2v", "taew2_2"),
+                              ("tiny:name=taew2_1,stock,tiny", "wan2.1-t2v-1.3b", "taew2_1")):
+        with pytest.raises(BadInput, match=rf"are the same decoder for --model {model} \({same}, ") as info:
+            check(text, model)
+        assert "\n" not in str(info.value)
+    save_file(random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=0), tmp_path / "taew2_1.safetensors")
+    for fine, model in (("tiny,tiny:name=lighttaew2_1,stock", "tiny"), ("tiny,tiny:name=taew2_2", "tiny"),
+                        (f"tiny,tiny:weights={tmp_path / 'taew2_1.safetensors'}", "tiny")):
+        check(fine, model)  # another decoder (taew2_2's width is check_tiny_request's refusal), a file of one's own
+    res = CliRunner().invoke(app, ["compare", "a fox", "--model", "tiny", "--attn", "full", "--vae",
+                                   "tiny,tiny:name=taew2_1", "--out", str(tmp_path / "cmp")])
+    assert one_error_line(res) == ("error: --vae: tiny and tiny:name=taew2_1 are the same decoder for --model tiny "
+                                   "(taew2_1, for its 16-channel latents); list it once")
+    assert not (tmp_path / "cmp").exists()

@@ -149,6 +149,33 @@ def check_tiny_request(spec: Any, source: Any, model: str) -> None:
                        f"{theirs}-channel ones; its published decoders are {fits}")
 
 
+def check_distinct_decoders(specs: Any, source: Any, model: str) -> None:
+    """`vsagen compare --vae A,B,...`: no two entries decode with the same tiny decoder. Without `weights=FILE` a
+    tiny entry reads the published decoder of the model's latent width (`published_for`), so `tiny` and
+    `tiny:name=taew2_1` are one decoder for a 16-channel VAE (two identical rows). Checked where the width is known
+    (presets and tiny models, as `check_tiny_request`); entries written the same way are `VaeList.several`'s.
+
+    Args:
+        specs: the `--vae` entries (`vsagen.request.options.VaeSpec`), in order; source: the resolved model; model:
+            `--model` as given (for the message).
+
+    Raises:
+        BadInput: one line naming both entries and the decoder they share.
+    """
+    if not (source.exact_preset or source.kind == "tiny"):
+        return
+    width = int(source.preset.vae.get("z_dim", 16))
+    seen: dict[str, Any] = {}
+    for spec in specs:
+        if spec.kind != "tiny" or spec.weights is not None:
+            continue
+        name = published_for(width, spec.name).name
+        if name in seen:
+            raise BadInput(f"--vae: {seen[name].short_text()} and {spec.short_text()} are the same decoder for "
+                           f"--model {model} ({name}, for its {width}-channel latents); list it once")
+        seen[name] = spec
+
+
 def _header_width(path: Path, where: str) -> int:
     """The latent channels a safetensors TAEHV decoder takes (its first conv's input), from the header alone, after
     what loading it checks (`vsagen.decode.tiny_decoder.check_state`: every tensor there with its shape, floating

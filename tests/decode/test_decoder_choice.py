@@ -255,6 +255,11 @@ def test_choose_tiny_reads_a_file_random_weights_the_hub_or_the_tiny_models_own(
     save_file(random_decoder(NARROW, seed=2), light)
     choose_decoder(tiny_cfg(f"tiny:weights={light}"), vae := wan21_vae(), notes)
     assert vae.tiny_decoder.config.raw_latents and vae_summary(vae)["vae_weights"] == str(light)
+    assert "--vae-tiling" not in notes[-1]
+    tiled = tiny_cfg(f"tiny:weights={light}")
+    tiled.vae_tiling = "on"  # silently ignored before: a new user's finding
+    choose_decoder(tiled, wan21_vae(), notes)
+    assert notes[-1].endswith("--vae-tiling on does not apply to it (it decodes a frame at a time, untiled)")
     with pytest.raises(ModelNotFound, match="madebyollin/taehv/taew2_1.pth is not in the local Hugging Face cache"):
         choose_decoder(tiny_cfg("tiny"), wan21_vae(), notes)
     snapshot = tmp_path / "snapshot"

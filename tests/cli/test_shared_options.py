@@ -141,7 +141,7 @@ def test_an_option_given_twice_is_refused_before_the_command_runs(tmp_path, monk
         assert res.exit_code == 0 and "Usage:" in res.stdout, res.output
 
 
-def test_completion_of_model_and_attn_values():
+def test_completion_of_model_attn_and_vae_values():
     from vsagen.attention.registry import backend_names
     from vsagen.models.presets import preset_names
 
@@ -149,8 +149,16 @@ def test_completion_of_model_and_attn_values():
     assert options.complete_model("tiny-t") == ["tiny-ti2v"] and options.complete_model("./my") == []
     assert options.complete_attn("") == ["auto", *backend_names()]
     assert options.complete_attn("sparse") == ["sparse-vdit"]
-    assert options.complete_attn("full,") == [f"full,{n}" for n in backend_names()]  # auto only alone
+    assert options.complete_attn("full,") == [f"full,{n}" for n in backend_names() if n != "full"]  # auto only alone
+    assert "vsa:sparsity=0.5,vsa" in options.complete_attn("vsa:sparsity=0.5,v")  # a name with options again
     assert options.complete_attn("full,vsa:sp") == []  # options: typed by hand (`vsagen backends` lists them)
+    assert options.complete_vae("") == ["auto", "light", "stock", "tiny", "tiny:name=taew2_1", "tiny:name=taew2_2",
+                                        "tiny:name=lighttaew2_1", "tiny:name=lighttaew2_2"]
+    assert options.complete_vae("stock,") == ["stock,light", "stock,tiny", "stock,tiny:name=taew2_1",
+                                              "stock,tiny:name=taew2_2", "stock,tiny:name=lighttaew2_1",
+                                              "stock,tiny:name=lighttaew2_2"]  # auto only alone
+    assert options.complete_vae("tiny:weights=") == [] and options.complete_vae("tiny:name=t") == [
+        "tiny:name=taew2_1", "tiny:name=taew2_2"]
 
 
 def _main_line(monkeypatch, capsys, args: list[str]) -> str:

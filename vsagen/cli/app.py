@@ -23,7 +23,7 @@ from .running import (check_model_available, err, ran_in_workers, report_interru
                       single_process, torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, CacheList, CompareSamplers, JsonOut, Model,
                              OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options, complete_attn,
-                             complete_model, path_parser, unquoted_prompt)
+                             complete_model, complete_vae, path_parser, unquoted_prompt)
 
 app = typer.Typer(
     name="vsagen",
@@ -285,7 +285,8 @@ def profile(
                                           "decoded by each (the DiT runs once per backend, sampler and cache), "
                                           "each decode a run of its own with its seconds and those saved against "
                                           "the reference's; with one --attn, PSNR / SSIM are each decoder's "
-                                          "against the reference decoder on the same latents.")], "auto"),
+                                          "against the reference decoder on the same latents.",
+                                     autocompletion=complete_vae)], "auto"),
 )
 def compare(
     prompt: Prompt,

@@ -294,7 +294,8 @@ BAD_INPUTS = [
     ("steps-0", ["--steps", "0"], ["--steps"]),
     ("tile-fit", ["--tile-fit", "pad"], ["--tile-fit", "partial", "crop"]),
     ("dtype", ["--dtype", "fp8"], ["--dtype", "bf16"]),
-    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["--out is the mp4 file", "adir.mp4 is a folder"]),
+    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["--out is the video file to write (.mp4, .webm",
+                                                     "adir.mp4 is a folder"]),
     # found by a new-user trial: these used to run (or fail late with exit 1)
     ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
     ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),

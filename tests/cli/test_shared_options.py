@@ -94,7 +94,8 @@ def test_an_empty_path_is_refused_in_one_line_and_writes_nothing(tmp_path, monke
     parse = options.path_parser("a thing")
     assert parse("a b.mp4") == Path("a b.mp4") and parse(Path("x")) == Path("x")
     monkeypatch.chdir(tmp_path)
-    image, mp4 = "give an image file (PNG, JPEG or WebP)", "give an mp4 file name (e.g. fox.mp4)"
+    image = "give an image file (PNG, JPEG or WebP)"
+    mp4 = "give a video file name (e.g. fox.mp4; .webm, .gif, or .png for PNG frames)"
     for args, flag, takes in (
             (["t2v", "x", "--model", "tiny", "--out", ""], "--out", mp4),
             (["i2v", "--model", "tiny-i2v", "a.png", "x", "--out", ""], "--out", mp4),
@@ -202,7 +203,8 @@ def test_an_out_that_ends_in_a_separator_names_a_folder(tmp_path, monkeypatch, c
     (tmp_path / "notes.txt").write_text("")
     for out in ("newdir/", "there/", "notes.txt/", "a.mp4/"):
         line = _main_line(monkeypatch, capsys, ["t2v", "x", "--model", "tiny", "--out", out])
-        assert f"'--out': {out} names a folder (it ends in /); give an mp4 file name" in line, line
+        want = f"'--out': {out} names a folder (it ends in /); give a video file name (e.g. fox.mp4; .webm"
+        assert want in line, line
     line = _main_line(monkeypatch, capsys, ["search", "--model", "tiny", "--prompt", "p", "--out", "p/"])
     assert "p/ names a folder (it ends in /); give a .json file name" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "there"]

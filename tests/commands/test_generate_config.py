@@ -118,11 +118,12 @@ def test_out_names_a_file_and_a_folder_is_refused_as_one(tmp_path, monkeypatch):
     (tmp_path / "clips").mkdir()
     with pytest.raises(BadInput) as info:
         resolve("a fox", model="tiny", device="cpu", out=tmp_path / "clips")
-    assert str(info.value) == (f"--out is the mp4 file to write; {tmp_path / 'clips'} is a folder: use --out "
-                                f"{tmp_path / 'clips' / 'name.mp4'}")
+    assert str(info.value) == ("--out is the video file to write (.mp4, .webm, .gif, or .png for PNG frames); "
+                               f"{tmp_path / 'clips'} is a folder: use --out {tmp_path / 'clips' / 'name.mp4'}")
     monkeypatch.chdir(tmp_path)
     for out in (".", ""):
-        with pytest.raises(BadInput, match=r"^--out is the mp4 file to write; \. is a folder: use --out name\.mp4$"):
+        with pytest.raises(BadInput, match=r"^--out is the video file to write \(\.mp4, \.webm, \.gif, or \.png for "
+                                           r"PNG frames\); \. is a folder: use --out name\.mp4$"):
             resolve("a fox", model="tiny", device="cpu", out=Path(out))
 
 

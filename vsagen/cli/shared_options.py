@@ -54,7 +54,7 @@ def path_parser(what: str, folder: bool = False) -> Callable[[Any], Path]:
     return parse
 
 
-MP4_PATH = path_parser("an mp4 file name (e.g. fox.mp4)")
+MP4_PATH = path_parser("a video file name (e.g. fox.mp4; .webm, .gif, or .png for PNG frames)")
 IMAGE_PATH = path_parser("an image file (PNG, JPEG or WebP)")
 
 

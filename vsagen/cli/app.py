@@ -453,7 +453,7 @@ def main() -> None:
             die_with_agent()  # a worker of `--gpus N` ends with the vsagen process that started it
             code = app(standalone_mode=False, prog_name="vsagen")
             if code == 130 and guard is not None and guard.raised:  # Typer's exit for a KeyboardInterrupt outside a
-                code = report_interrupt(SignalInterrupt(guard.first()), speaks)  # command's report (parsing)
+                code = report_interrupt(SignalInterrupt(guard.first(), guard.kept), speaks)  # its report (parsing)
     except KeyboardInterrupt as e:
         code = report_interrupt(e, speaks)
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's

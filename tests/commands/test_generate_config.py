@@ -244,7 +244,12 @@ def test_the_settings_of_a_tiny_weights_file_are_json(tmp_path):
     compare takes (`vae_decoders`, whose entries hold a Path) is not in them: they go into t2v's JSON as they are."""
     import json
 
-    (tmp_path / "taew2_1.pth").write_bytes(b"x")
+    import torch
+
+    from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder
+
+    # a real decoder: a .pth is read (memory-mapped) before loading now, as a safetensors file's header is
+    torch.save(random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=0).state_dict(), tmp_path / "taew2_1.pth")
     cfg = resolve("a fox", model="tiny", device="cpu", vae=f"tiny:weights={tmp_path / 'taew2_1.pth'}",
                   out=tmp_path / "a.mp4")
     settings = json.loads(json.dumps(cfg.summary()))

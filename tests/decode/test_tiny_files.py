@@ -95,8 +95,9 @@ def test_the_command_line_refuses_before_loading(hub, tiny_dir, tmp_path):
     assert list(out.iterdir()) == []
 
 
-def test_a_safetensors_file_without_a_whole_decoder_is_refused_from_its_header(tmp_path):
-    """Found by trying bad files as a new user: these were refused only once the model had loaded."""
+def test_a_weights_file_without_a_whole_decoder_is_refused_before_loading(tmp_path):
+    """Found by trying bad files as a new user: these were refused only once the model had loaded (a safetensors
+    file read by its header, a .pth memory-mapped)."""
     from safetensors.torch import save_file as save
 
     tiny = resolve_model("tiny")
@@ -117,6 +118,15 @@ def test_a_safetensors_file_without_a_whole_decoder_is_refused_from_its_header(t
     save({**{k: v.half() for k, v in state.items()}, "encoder.0.weight": state["decoder.1.bias"].clone()},
          str(tmp_path / "half.safetensors"))
     check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / 'half.safetensors'}"), tiny, "tiny")
+    wide = random_decoder(TinyVaeConfig(48, 2, (8, 8, 8, 8)), seed=4).state_dict()
+    torch.save({**state, "encoder.0.weight": torch.zeros(2)}, tmp_path / "fine.pth")
+    check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / 'fine.pth'}"), tiny, "tiny")
+    for name, content, match in (("wide.pth", wide, "decodes 48-channel latents and --model tiny's VAE makes 16"),
+                                 ("other.pth", {"w": torch.zeros(2)}, "decoder.1.weight missing"),
+                                 ("code.pth", {"w": Path("x")}, "refused: it holds objects other than tensors")):
+        torch.save(content, tmp_path / name)  # a .pth was checked only once the model had loaded
+        with pytest.raises(BadInput, match=match):
+            check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / name}"), tiny, "tiny")
 
 
 def test_one_decoder_listed_twice_under_two_names_is_refused(tmp_path):

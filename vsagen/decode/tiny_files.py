@@ -12,10 +12,11 @@ The published files, on the Hugging Face hub (`PUBLISHED`):
   `enable_lightvae`), and so does vsagen for a `--vae tiny:weights=FILE` of such a name (`raw_latents_file`).
 
 Without `weights=FILE`, a run reads the file from the Hugging Face cache, downloading it there when it is not
-(`hub_file`). Before anything heavy loads: a published decoder or a `.safetensors` weights file (its header) of
-another latent width than the model's VAE, or a damaged one or one holding no TAEHV decoder, is refused in one line (`check_tiny_request`), and so is
-an uncached published file with the hub out of reach (`check_tiny_vae`). The tiny models hold a tiny one of their latent width in their folder (`tiny_model_file`),
-written with seeded random weights on first use, as their other components are.
+(`hub_file`). Before anything heavy loads: a published decoder or a weights file (a safetensors header, a `.pth`
+memory-mapped) of another latent width than the model's VAE, a damaged or refused one or one holding no TAEHV
+decoder, is refused in one line (`check_tiny_request`), and so is an uncached published file with the hub out of
+reach (`check_tiny_vae`). The tiny models hold a tiny one of their latent width in their folder
+(`tiny_model_file`), written with seeded random weights on first use, as their other components are.
 """
 
 from __future__ import annotations
@@ -130,9 +131,10 @@ def check_tiny_vae(spec: Any, source: Any, random_weights: bool) -> None:
 
 def check_tiny_request(spec: Any, source: Any, model: str) -> None:
     """What `--vae tiny` asks, checked against the model before anything loads: a `name=` decoder decodes the latent
-    width of the model's VAE; a `.safetensors` `weights=` file is whole, holds a TAEHV decoder (its header's keys,
-    shapes and dtypes, `_header_width`) and its first conv takes that width (a `.pth` is checked as it loads). The width is known for presets and tiny models (`z_dim` of their `[vae]`), else not
-    checked here (the load checks it against the VAE's own).
+    width of the model's VAE; a `weights=` file is whole, holds a TAEHV decoder (`_file_width`: a safetensors
+    header's keys, shapes and dtypes; a `.pth`'s tensors memory-mapped, their data not read) and its first conv
+    takes that width. The width is known for presets and tiny models (`z_dim` of their `[vae]`), else not checked
+    here (the load checks it against the VAE's own).
 
     Raises:
         BadInput: one line naming the file or name, the widths and what fits.
@@ -142,8 +144,8 @@ def check_tiny_request(spec: Any, source: Any, model: str) -> None:
     theirs = int(source.preset.vae.get("z_dim", 16)) if source.exact_preset or source.kind == "tiny" else None
     fits = ", ".join(n for n, f in PUBLISHED.items() if f.latent_channels == theirs) or "none published"
     width = PUBLISHED[spec.name].latent_channels if spec.name is not None else None
-    if spec.weights is not None and spec.weights.name.endswith(".safetensors"):
-        width = _header_width(spec.weights, f"--vae {spec.text()}")
+    if spec.weights is not None:
+        width = _file_width(spec.weights, f"--vae {spec.text()}")
     if theirs is not None and width is not None and width != theirs:
         raise BadInput(f"--vae {spec.text()} decodes {width}-channel latents and --model {model}'s VAE makes "
                        f"{theirs}-channel ones; its published decoders are {fits}")
@@ -176,19 +178,24 @@ def check_distinct_decoders(specs: Any, source: Any, model: str) -> None:
         seen[name] = spec
 
 
-def _header_width(path: Path, where: str) -> int:
-    """The latent channels a safetensors TAEHV decoder takes (its first conv's input), from the header alone, after
-    what loading it checks (`vsagen.decode.tiny_decoder.check_state`: every tensor there with its shape, floating
-    point) on meta tensors of the header's shapes: nothing read or built.
+def _file_width(path: Path, where: str) -> int:
+    """The latent channels a TAEHV decoder file takes (its first conv's input), after what loading it checks
+    (`vsagen.decode.tiny_decoder.check_state`: every tensor there with its shape, floating point), no tensor data
+    read: a `.safetensors` file's header (meta tensors of its shapes), a `.pth` / `.pt` through torch's weights-only
+    loader memory-mapped (`vsagen.models.transformer_files.read_state_dict`).
 
     Raises:
-        BadInput: the file is damaged or truncated, or holds no TAEHV decoder (one line starting with `where`)."""
+        BadInput: the file is damaged or truncated, refused (a pickle that could run code), or holds no TAEHV decoder
+            (one line starting with `where`)."""
     import torch
     from safetensors import safe_open
 
     from ..models.checkpoint_layouts import safetensors_problem
+    from ..models.transformer_files import read_state_dict
     from .tiny_decoder import check_state
 
+    if not path.name.endswith(".safetensors"):
+        return check_state(read_state_dict(path, where), where).latent_channels
     problem = safetensors_problem(path)
     if problem is not None:
         raise BadInput(f"{where}: the file is damaged or truncated ({problem}); download it again")

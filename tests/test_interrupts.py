@@ -83,6 +83,22 @@ def test_once_the_files_are_in_place_a_signal_no_longer_interrupts(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
+def test_a_set_more_follow_leaves_the_signal_interrupting(tmp_path):
+    """`--seeds`: a seed's files in place (`Outputs(final=False)`) do not end the interruptible part: a later
+    signal stops the command, its line saying the files in place stay (before, every later seed ran to the end)."""
+    with pytest.raises(SignalInterrupt) as info:
+        with as_interrupt():
+            with Outputs(final=False) as outputs:
+                outputs.add(tmp_path / "seed1.json", lambda tmp: tmp.write_text("{}"))
+                outputs.publish()
+            os.kill(os.getpid(), signal.SIGINT)
+            spin()
+    assert info.value.kept and [p.name for p in tmp_path.iterdir()] == ["seed1.json"]
+    assert interrupts.ending_line(info.value.signum, info.value.kept) == (
+        "interrupted; nothing more was written (the files already published stay)")
+    assert interrupts.ending_line(signal.SIGTERM) == "interrupted by SIGTERM; nothing was written"
+
+
 def test_the_entry_point_ignores_the_signals_once_the_files_are_in_place():
     """Under `process()` (main), once a command's files are in place the ending signals are ignored (SIG_IGN, which
     Python keeps at shutdown) until the process ends: a signal while the command prints its result or the

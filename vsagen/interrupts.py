@@ -61,18 +61,21 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def ending_line(signum: int) -> str:
-    """The one line (without "error: ") an interrupted command ends with; exit code 128 + `signum`."""
+def ending_line(signum: int, kept: bool = False) -> str:
+    """The one line (without "error: ") an interrupted command ends with; exit code 128 + `signum`. `kept`: sets of
+    its files were already in place (`--seeds`' finished seeds, `Guard.published`), and stay."""
     by = "" if signum == signal.SIGINT else f" by {signal_name(signum)}"
-    return f"interrupted{by}; nothing was written"
+    return f"interrupted{by}; " + ("nothing more was written (the files already published stay)" if kept
+                                   else "nothing was written")
 
 
 class SignalInterrupt(KeyboardInterrupt):
     """Ctrl-C, SIGTERM or SIGHUP as a KeyboardInterrupt that remembers its signal (for the exit code 128 + signum)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, kept: bool = False) -> None:
         super().__init__(signum)
         self.signum = int(signum)
+        self.kept = kept  # files the command published earlier stay (`ending_line`)
 
 
 class Guard:
@@ -89,12 +92,13 @@ class Guard:
         self.raised = False  # a SignalInterrupt was raised (the main thread is unwinding)
         self.arrived: list[int] = []  # in the order they arrived, as `process()`'s watcher heard them
         self.keep = keep  # under `process()`: once done, the ending signals are ignored until the process exits
+        self.kept = False  # a set of files is in place and more follow (`published`)
 
     def __call__(self, signum: int, frame: Any) -> None:
         self.received.append(int(signum))
         if not self.holding and not self.done:
             self.raised = True
-            raise SignalInterrupt(self.first())
+            raise SignalInterrupt(self.first(), self.kept)
 
     def first(self) -> int:
         """The signal that names the interrupt: the first to arrive. Python runs every pending handler at one check,
@@ -105,6 +109,15 @@ class Guard:
     def interrupted(self) -> int | None:
         """The first ending signal that arrived (also one whose KeyboardInterrupt a finalizer dropped), or None."""
         return self.first() if self.received else None
+
+    def published(self, final: bool = True) -> None:
+        """A set of the command's files is in place: the last (`final`), then `finish`; else more follow (`--seeds`:
+        the next seed's files), and an ending signal still interrupts the command, its line saying the files already
+        in place stay (`ending_line`)."""
+        if final:
+            self.finish()
+        else:
+            self.kept = True
 
     def finish(self) -> None:
         """The command's files are in place: a later ending signal no longer interrupts it. A kept guard (under
@@ -122,7 +135,7 @@ class Guard:
         command as: that interrupt (the signal is the cause: e.g. Ctrl-C to the process group killed the
         `ffmpeg -version` probe, and imageio then found "no ffmpeg"); otherwise `error` itself."""
         if self.received and not self.done and isinstance(error, Exception):
-            interrupt = SignalInterrupt(self.first())
+            interrupt = SignalInterrupt(self.first(), self.kept)
             interrupt.__cause__ = error
             return interrupt
         return error
@@ -134,7 +147,7 @@ class Guard:
             SignalInterrupt: with the first signal's number."""
         if self.received and not self.done:
             self.raised = True
-            raise SignalInterrupt(self.first())
+            raise SignalInterrupt(self.first(), self.kept)
 
 
 def _in_main_thread() -> bool:
@@ -318,7 +331,7 @@ class _Watcher:
                 with contextlib.suppress(OSError):
                     path.unlink()
         if self.speaks and not _last["said"]:
-            _say(f"error: {ending_line(first)}")
+            _say(f"error: {ending_line(first, self.guard.kept)}")
         os._exit(128 + int(first))
 
 

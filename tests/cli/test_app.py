@@ -294,7 +294,8 @@ BAD_INPUTS = [
     ("steps-0", ["--steps", "0"], ["--steps"]),
     ("tile-fit", ["--tile-fit", "pad"], ["--tile-fit", "partial", "crop"]),
     ("dtype", ["--dtype", "fp8"], ["--dtype", "bf16"]),
-    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["--out is the mp4 file", "adir.mp4 is a folder"]),
+    ("out-is-dir", ["--out", "{tmp}/adir.mp4"], ["--out is the video file to write (.mp4, .webm",
+                                                     "adir.mp4 is a folder"]),
     # found by a new-user trial: these used to run (or fail late with exit 1)
     ("guidance-nan", ["--guidance", "nan"], ["--guidance", "nan"]),
     ("guidance-inf", ["--guidance", "inf"], ["--guidance", "inf"]),
@@ -507,8 +508,8 @@ def test_help_is_fast_and_imports_nothing_heavy(vsagen_cache, tmp_path):
 def test_shell_completion_offers_presets_and_backends_without_torch(vsagen_cache, tmp_path):
     """Issue 44 item 8: `--show-completion` prints the bash script, and Typer's completion protocol
     (`_VSAGEN_COMPLETE=complete_bash`, COMP_WORDS / COMP_CWORD) completes subcommands, `--model` with the preset
-    names and `--attn` with the backend names (the last item of a comma list), importing neither torch nor
-    diffusers."""
+    names, `--attn` with the backend names and `--vae` with the decoders (the last item of a comma list), importing
+    neither torch nor diffusers."""
     env = {**sub_env(vsagen_cache, tmp_path), "SHELL": "/bin/bash"}
     res = run_main(["--show-completion"], env, timeout=30)
     assert res.returncode == 0 and "_VSAGEN_COMPLETE=complete_bash" in res.stdout and "complete " in res.stdout
@@ -528,7 +529,8 @@ def test_shell_completion_offers_presets_and_backends_without_torch(vsagen_cache
         "sys.stderr.write(json.dumps([answers, heavy]))\n" % (HEAVY_MODULES,)
     )
     words = ["vsagen t2", "vsagen t2v --model wan2.1-t2v", "vsagen i2v --model tiny-i", "vsagen t2v --attn v",
-             "vsagen profile --attn full,sla", "vsagen compare --attn vsa:", "vsagen download wan2.2-t"]
+             "vsagen profile --attn full,sla", "vsagen compare --attn vsa:", "vsagen download wan2.2-t",
+             "vsagen t2v --vae ti", "vsagen compare --vae stock,tiny:name=light"]
     probe = probe.replace("sys.argv_words", repr(json.dumps(words)))
     res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=30)
     answers, heavy = json.loads(res.stderr)
@@ -536,7 +538,10 @@ def test_shell_completion_offers_presets_and_backends_without_torch(vsagen_cache
 
     assert answers == [["t2v"], ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b"], ["tiny-i2v", "tiny-i2v-a14b"], ["vsa"],
                        [f"full,{n}" for n in backend_names() if n.startswith("sla")], [],
-                       ["wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]]
+                       ["wan2.2-t2v-a14b", "wan2.2-ti2v-5b"],
+                       ["tiny", "tiny:name=taew2_1", "tiny:name=taew2_2", "tiny:name=lighttaew2_1",
+                        "tiny:name=lighttaew2_2"],  # --vae completed nothing (a new user's finding)
+                       ["stock,tiny:name=lighttaew2_1", "stock,tiny:name=lighttaew2_2"]]
     assert heavy == []
 
 

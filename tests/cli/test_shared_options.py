@@ -94,7 +94,8 @@ def test_an_empty_path_is_refused_in_one_line_and_writes_nothing(tmp_path, monke
     parse = options.path_parser("a thing")
     assert parse("a b.mp4") == Path("a b.mp4") and parse(Path("x")) == Path("x")
     monkeypatch.chdir(tmp_path)
-    image, mp4 = "give an image file (PNG, JPEG or WebP)", "give an mp4 file name (e.g. fox.mp4)"
+    image = "give an image file (PNG, JPEG or WebP)"
+    mp4 = "give a video file name (e.g. fox.mp4; .webm, .gif, or .png for PNG frames)"
     for args, flag, takes in (
             (["t2v", "x", "--model", "tiny", "--out", ""], "--out", mp4),
             (["i2v", "--model", "tiny-i2v", "a.png", "x", "--out", ""], "--out", mp4),
@@ -141,7 +142,7 @@ def test_an_option_given_twice_is_refused_before_the_command_runs(tmp_path, monk
         assert res.exit_code == 0 and "Usage:" in res.stdout, res.output
 
 
-def test_completion_of_model_and_attn_values():
+def test_completion_of_model_attn_and_vae_values():
     from vsagen.attention.registry import backend_names
     from vsagen.models.presets import preset_names
 
@@ -149,8 +150,16 @@ def test_completion_of_model_and_attn_values():
     assert options.complete_model("tiny-t") == ["tiny-ti2v"] and options.complete_model("./my") == []
     assert options.complete_attn("") == ["auto", *backend_names()]
     assert options.complete_attn("sparse") == ["sparse-vdit"]
-    assert options.complete_attn("full,") == [f"full,{n}" for n in backend_names()]  # auto only alone
+    assert options.complete_attn("full,") == [f"full,{n}" for n in backend_names() if n != "full"]  # auto only alone
+    assert "vsa:sparsity=0.5,vsa" in options.complete_attn("vsa:sparsity=0.5,v")  # a name with options again
     assert options.complete_attn("full,vsa:sp") == []  # options: typed by hand (`vsagen backends` lists them)
+    assert options.complete_vae("") == ["auto", "light", "stock", "tiny", "tiny:name=taew2_1", "tiny:name=taew2_2",
+                                        "tiny:name=lighttaew2_1", "tiny:name=lighttaew2_2"]
+    assert options.complete_vae("stock,") == ["stock,light", "stock,tiny", "stock,tiny:name=taew2_1",
+                                              "stock,tiny:name=taew2_2", "stock,tiny:name=lighttaew2_1",
+                                              "stock,tiny:name=lighttaew2_2"]  # auto only alone
+    assert options.complete_vae("tiny:weights=") == [] and options.complete_vae("tiny:name=t") == [
+        "tiny:name=taew2_1", "tiny:name=taew2_2"]
 
 
 def _main_line(monkeypatch, capsys, args: list[str]) -> str:
@@ -194,7 +203,8 @@ def test_an_out_that_ends_in_a_separator_names_a_folder(tmp_path, monkeypatch, c
     (tmp_path / "notes.txt").write_text("")
     for out in ("newdir/", "there/", "notes.txt/", "a.mp4/"):
         line = _main_line(monkeypatch, capsys, ["t2v", "x", "--model", "tiny", "--out", out])
-        assert f"'--out': {out} names a folder (it ends in /); give an mp4 file name" in line, line
+        want = f"'--out': {out} names a folder (it ends in /); give a video file name (e.g. fox.mp4; .webm"
+        assert want in line, line
     line = _main_line(monkeypatch, capsys, ["search", "--model", "tiny", "--prompt", "p", "--out", "p/"])
     assert "p/ names a folder (it ends in /); give a .json file name" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "there"]

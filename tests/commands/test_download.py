@@ -178,3 +178,16 @@ def test_a_tiny_preset_needs_no_download(tmp_path):
     res = vsagen_download(["tiny"], tmp_path / "hf", "http://127.0.0.1:9")
     assert res.returncode == 0 and res.stdout.strip() == ("tiny: built offline by vsagen (random weights, in its own "
                                                           "cache): nothing to download")
+
+
+def test_a_mistyped_preset_gets_a_did_you_mean():
+    """A new user's finding: `vsagen download wan2.1-t2v-1.3` listed all 25 presets where `t2v --model` suggests."""
+    from typer.testing import CliRunner
+
+    from conftest import one_error_line
+    from vsagen.cli.app import app
+
+    line = one_error_line(CliRunner().invoke(app, ["download", "wan2.1-t2v-1.3", "--dry-run"]))
+    assert line == ("error: unknown preset 'wan2.1-t2v-1.3'; did you mean wan2.1-t2v-1.3b or wan2.1-t2v-14b or "
+                    "fastwan2.1-t2v-1.3b? (`vsagen presets` lists them all)")
+    assert "presets: fastwan2.1-t2v-1.3b, " in one_error_line(CliRunner().invoke(app, ["download", "zzz"]))

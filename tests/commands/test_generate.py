@@ -292,6 +292,17 @@ def test_an_interrupt_during_a_later_seed_keeps_the_seeds_already_published(vsag
                                                           "vsagen-tiny-full-seed4.sheet.png"]
     assert cfgs[0].out.exists() and cfgs[0].json_out.exists() and cfgs[0].sheet_out.exists()
     assert not any(p.exists() for c in cfgs[1:] for p in (c.out, c.json_out, c.sheet_out))
+    for p in tmp_path.iterdir():
+        p.unlink()
+    import signal
+
+    from vsagen.interrupts import SignalInterrupt, as_interrupt
+
+    with pytest.raises(SignalInterrupt) as info, as_interrupt():  # a real Ctrl-C once seed 4 is in place
+        generate_seeds(cfgs, progress=False, published=lambda c, r: signal.raise_signal(signal.SIGINT))
+    assert info.value.kept  # (it was dropped: seeds 5 and 6 were made, exit 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vsagen-tiny-full-seed4.json", "vsagen-tiny-full-seed4.mp4",
+                                                          "vsagen-tiny-full-seed4.sheet.png"]
 
 
 @pytest.mark.slow

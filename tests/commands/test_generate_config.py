@@ -118,11 +118,12 @@ def test_out_names_a_file_and_a_folder_is_refused_as_one(tmp_path, monkeypatch):
     (tmp_path / "clips").mkdir()
     with pytest.raises(BadInput) as info:
         resolve("a fox", model="tiny", device="cpu", out=tmp_path / "clips")
-    assert str(info.value) == (f"--out is the mp4 file to write; {tmp_path / 'clips'} is a folder: use --out "
-                                f"{tmp_path / 'clips' / 'name.mp4'}")
+    assert str(info.value) == ("--out is the video file to write (.mp4, .webm, .gif, or .png for PNG frames); "
+                               f"{tmp_path / 'clips'} is a folder: use --out {tmp_path / 'clips' / 'name.mp4'}")
     monkeypatch.chdir(tmp_path)
     for out in (".", ""):
-        with pytest.raises(BadInput, match=r"^--out is the mp4 file to write; \. is a folder: use --out name\.mp4$"):
+        with pytest.raises(BadInput, match=r"^--out is the video file to write \(\.mp4, \.webm, \.gif, or \.png for "
+                                           r"PNG frames\); \. is a folder: use --out name\.mp4$"):
             resolve("a fox", model="tiny", device="cpu", out=Path(out))
 
 
@@ -243,7 +244,12 @@ def test_the_settings_of_a_tiny_weights_file_are_json(tmp_path):
     compare takes (`vae_decoders`, whose entries hold a Path) is not in them: they go into t2v's JSON as they are."""
     import json
 
-    (tmp_path / "taew2_1.pth").write_bytes(b"x")
+    import torch
+
+    from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder
+
+    # a real decoder: a .pth is read (memory-mapped) before loading now, as a safetensors file's header is
+    torch.save(random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=0).state_dict(), tmp_path / "taew2_1.pth")
     cfg = resolve("a fox", model="tiny", device="cpu", vae=f"tiny:weights={tmp_path / 'taew2_1.pth'}",
                   out=tmp_path / "a.mp4")
     settings = json.loads(json.dumps(cfg.summary()))

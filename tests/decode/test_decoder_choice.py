@@ -255,6 +255,11 @@ def test_choose_tiny_reads_a_file_random_weights_the_hub_or_the_tiny_models_own(
     save_file(random_decoder(NARROW, seed=2), light)
     choose_decoder(tiny_cfg(f"tiny:weights={light}"), vae := wan21_vae(), notes)
     assert vae.tiny_decoder.config.raw_latents and vae_summary(vae)["vae_weights"] == str(light)
+    assert "--vae-tiling" not in notes[-1]
+    tiled = tiny_cfg(f"tiny:weights={light}")
+    tiled.vae_tiling = "on"  # silently ignored before: a new user's finding
+    choose_decoder(tiled, wan21_vae(), notes)
+    assert notes[-1].endswith("--vae-tiling on does not apply to it (it decodes a frame at a time, untiled)")
     with pytest.raises(ModelNotFound, match="madebyollin/taehv/taew2_1.pth is not in the local Hugging Face cache"):
         choose_decoder(tiny_cfg("tiny"), wan21_vae(), notes)
     snapshot = tmp_path / "snapshot"
@@ -302,7 +307,7 @@ def test_vae_tiny_end_to_end_on_every_family(vsagen_cache, tmp_path, command, mo
 def test_weights_of_another_width_or_damaged_are_one_line_and_write_nothing(vsagen_cache, tmp_path):
     from vsagen.cli.app import app
 
-    wide = tmp_path / "w" / "taew2_2.pth"  # a .pth: its width is known once it loads
+    wide = tmp_path / "w" / "taew2_2.pth"  # a .pth: read memory-mapped before anything loads
     wide.parent.mkdir()
     torch.save(random_decoder(TinyVaeConfig(48, 2, (8, 8, 8, 8)), seed=0).state_dict(), wide)
     cut = tmp_path / "w" / "cut.safetensors"
@@ -310,7 +315,7 @@ def test_weights_of_another_width_or_damaged_are_one_line_and_write_nothing(vsag
     cut.write_bytes(cut.read_bytes()[:2000])
     out = tmp_path / "out"
     out.mkdir()
-    for weights, says in ((wide, "does not fit the model's VAE: it decodes 48-channel latents"),
+    for weights, says in ((wide, "decodes 48-channel latents and --model tiny's VAE makes 16-channel ones"),
                           (cut, "the file is damaged or truncated")):
         res = runner.invoke(app, ["t2v", "a fox", "--model", "tiny", *COMMON, "--vae", f"tiny:weights={weights}",
                                   "--out", str(out / "f.mp4")])

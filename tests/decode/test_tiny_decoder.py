@@ -151,3 +151,14 @@ def test_config_of_reads_the_widths_and_the_patch():
     assert config_of(state, "w") == TinyVaeConfig(48, 2, (32, 16, 8, 4))
     c = TinyVaeConfig(48, 2)
     assert (c.temporal_ratio, c.spatial_ratio, c.frames_to_trim) == (4, 16, 3)
+
+
+def test_integer_tensors_are_refused_not_cast():
+    """Found by a new user's int8 file: its values were cast to float and decoded as if they were weights."""
+    state = random_decoder(NARROW, seed=1).state_dict()
+    bad = {**state, "decoder.22.weight": (state["decoder.22.weight"] * 100).to(torch.int8)}
+    with pytest.raises(BadInput, match="decoder.22.weight holds int8 values, not floating point weights") as info:
+        from_state_dict(bad, "--vae tiny:weights=f")
+    assert "\n" not in str(info.value)
+    back = from_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()}, "w")
+    assert back.decoder[22].weight.dtype == torch.float32

@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder, save_file
-from vsagen.decode.tiny_files import (PUBLISHED, check_tiny_request, check_tiny_vae, hub_file, published_for,
+from vsagen.decode.tiny_files import (PUBLISHED, check_distinct_decoders, check_tiny_request, check_tiny_vae, hub_file, published_for,
                                       raw_latents_file, tiny_model_file)
 from vsagen.errors import BadInput, ModelNotFound
 from vsagen.models.sources import resolve_model
@@ -92,3 +93,61 @@ def test_the_command_line_refuses_before_loading(hub, tiny_dir, tmp_path):
                                    "--out", str(out / "f.mp4")])
     assert one_error_line(res).startswith("error: --vae tiny: madebyollin/taehv/taew2_1.pth is not in the local")
     assert list(out.iterdir()) == []
+
+
+def test_a_weights_file_without_a_whole_decoder_is_refused_before_loading(tmp_path):
+    """Found by trying bad files as a new user: these were refused only once the model had loaded (a safetensors
+    file read by its header, a .pth memory-mapped)."""
+    from safetensors.torch import save_file as save
+
+    tiny = resolve_model("tiny")
+    state = random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=3).state_dict()
+    cases = {"unknown": ({"foo": state["decoder.1.weight"].clone()}, "decoder.1.weight missing"),
+             "missing": ({k: v for k, v in state.items() if k != "decoder.9.conv.4.weight"},
+                         "lacks decoder.9.conv.4.weight"),
+             "shape": ({**state, "decoder.10.conv.2.weight": state["decoder.10.conv.2.weight"][:, :7].contiguous()},
+                       r"decoder.10.conv.2.weight has shape \(8, 7, 3, 3\)"),
+             "int8": ({k: v.to(torch.int8) for k, v in state.items()}, "holds int8 values, not floating point"),
+             "extra": ({**state, "decoder.30.weight": state["decoder.1.bias"].clone()}, "has decoder.30.weight")}
+    for name, (bad, match) in cases.items():
+        f = tmp_path / f"{name}.safetensors"
+        save(bad, str(f))
+        with pytest.raises(BadInput, match=match) as info:
+            check_tiny_request(VaeSpec.parse(f"tiny:weights={f}"), tiny, "tiny")
+        assert "\n" not in str(info.value) and str(info.value).startswith(f"--vae tiny:weights={f}: ")
+    save({**{k: v.half() for k, v in state.items()}, "encoder.0.weight": state["decoder.1.bias"].clone()},
+         str(tmp_path / "half.safetensors"))
+    check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / 'half.safetensors'}"), tiny, "tiny")
+    wide = random_decoder(TinyVaeConfig(48, 2, (8, 8, 8, 8)), seed=4).state_dict()
+    torch.save({**state, "encoder.0.weight": torch.zeros(2)}, tmp_path / "fine.pth")
+    check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / 'fine.pth'}"), tiny, "tiny")
+    for name, content, match in (("wide.pth", wide, "decodes 48-channel latents and --model tiny's VAE makes 16"),
+                                 ("other.pth", {"w": torch.zeros(2)}, "decoder.1.weight missing"),
+                                 ("code.pth", {"w": Path("x")}, "refused: it holds objects other than tensors")):
+        torch.save(content, tmp_path / name)  # a .pth was checked only once the model had loaded
+        with pytest.raises(BadInput, match=match):
+            check_tiny_request(VaeSpec.parse(f"tiny:weights={tmp_path / name}"), tiny, "tiny")
+
+
+def test_one_decoder_listed_twice_under_two_names_is_refused(tmp_path):
+    """Found as a new user: `compare --vae tiny,tiny:name=taew2_1` ran the same decoder twice (PSNR inf)."""
+    from vsagen.cli.app import app
+
+    def check(text, model):
+        check_distinct_decoders([VaeSpec.parse(x) for x in text.split(",")], resolve_model(model), model)
+
+    for text, model, same in (("tiny,tiny:name=taew2_1", "tiny", "taew2_1"),
+                              ("stock,tiny:name=taew2_2,tiny", "tiny-ti2v", "taew2_2"),
+                              ("tiny:name=taew2_1,stock,tiny", "wan2.1-t2v-1.3b", "taew2_1")):
+        with pytest.raises(BadInput, match=rf"are the same decoder for --model {model} \({same}, ") as info:
+            check(text, model)
+        assert "\n" not in str(info.value)
+    save_file(random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=0), tmp_path / "taew2_1.safetensors")
+    for fine, model in (("tiny,tiny:name=lighttaew2_1,stock", "tiny"), ("tiny,tiny:name=taew2_2", "tiny"),
+                        (f"tiny,tiny:weights={tmp_path / 'taew2_1.safetensors'}", "tiny")):
+        check(fine, model)  # another decoder (taew2_2's width is check_tiny_request's refusal), a file of one's own
+    res = CliRunner().invoke(app, ["compare", "a fox", "--model", "tiny", "--attn", "full", "--vae",
+                                   "tiny,tiny:name=taew2_1", "--out", str(tmp_path / "cmp")])
+    assert one_error_line(res) == ("error: --vae: tiny and tiny:name=taew2_1 are the same decoder for --model tiny "
+                                   "(taew2_1, for its 16-channel latents); list it once")
+    assert not (tmp_path / "cmp").exists()

@@ -140,8 +140,12 @@ def test_vae_is_parsed_once_into_its_typed_value(tmp_path, monkeypatch):
     from vsagen.models.sources import resolve_model
     from vsagen.request.resolve import resolve
 
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "taew2_1.pth").write_bytes(b"x")
+    import torch
+
+    from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder
+
+    monkeypatch.chdir(tmp_path)  # a real decoder: resolve reads a .pth (memory-mapped) before loading
+    torch.save(random_decoder(TinyVaeConfig(16, 1, (8, 8, 8, 8)), seed=0).state_dict(), tmp_path / "taew2_1.pth")
     (tmp_path / "folder.pth").mkdir()
     (tmp_path / "w.bin").write_bytes(b"x")
     assert PlacementOptions().vae.one() == VaeSpec() == VaeSpec.parse("auto") == VaeSpec.parse(VaeDecoder.AUTO)

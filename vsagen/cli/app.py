@@ -23,7 +23,7 @@ from .running import (check_model_available, err, ran_in_workers, report_interru
                       single_process, torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
                              JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options,
-                             complete_attn, complete_model, path_parser, unquoted_prompt)
+                             complete_attn, complete_model, complete_vae, path_parser, unquoted_prompt)
 
 app = typer.Typer(
     name="vsagen",
@@ -336,7 +336,8 @@ def profile(
                                           "decoded by each (the DiT runs once per backend, sampler and cache), "
                                           "each decode a run of its own with its seconds and those saved against "
                                           "the reference's; with one --attn, PSNR / SSIM are each decoder's "
-                                          "against the reference decoder on the same latents.")], "auto"),
+                                          "against the reference decoder on the same latents.",
+                                     autocompletion=complete_vae)], "auto"),
 )
 def compare(
     prompt: Prompt,
@@ -539,7 +540,7 @@ def main() -> None:
             die_with_agent()  # a worker of `--gpus N` ends with the vsagen process that started it
             code = app(standalone_mode=False, prog_name="vsagen")
             if code == 130 and guard is not None and guard.raised:  # Typer's exit for a KeyboardInterrupt outside a
-                code = report_interrupt(SignalInterrupt(guard.first()), speaks)  # command's report (parsing)
+                code = report_interrupt(SignalInterrupt(guard.first(), guard.kept), speaks)  # its report (parsing)
     except KeyboardInterrupt as e:
         code = report_interrupt(e, speaks)
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's

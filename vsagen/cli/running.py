@@ -84,7 +84,7 @@ def report_interrupt(e: KeyboardInterrupt, speaks: bool = True) -> int:
 
     signum = int(getattr(e, "signum", signal.SIGINT))
     if speaks:
-        last_word(lambda: err(ending_line(signum)))
+        last_word(lambda: err(ending_line(signum, bool(getattr(e, "kept", False)))))
     return 128 + signum
 
 

@@ -54,7 +54,7 @@ def path_parser(what: str, folder: bool = False) -> Callable[[Any], Path]:
     return parse
 
 
-MP4_PATH = path_parser("an mp4 file name (e.g. fox.mp4)")
+MP4_PATH = path_parser("a video file name (e.g. fox.mp4; .webm, .gif, or .png for PNG frames)")
 IMAGE_PATH = path_parser("an image file (PNG, JPEG or WebP)")
 
 
@@ -75,11 +75,26 @@ def complete_attn(incomplete: str) -> list[str]:
     options (`NAME:...`). Reads the registry's names (no torch)."""
     from ..attention.registry import backend_names
 
+    return _complete_list(incomplete, ("auto", *backend_names()))
+
+
+def complete_vae(incomplete: str) -> list[str]:
+    """Shell completion of `--vae` (a comma-separated list for `vsagen compare`), as `complete_attn`: the decoders
+    (`VaeDecoder`) and `tiny:name=NAME` of each published tiny decoder (`vsagen.decode.tiny_files.PUBLISHED`) that
+    start with the last item typed; none for `tiny:weights=` (the shell then completes a file name)."""
+    from ..decode.tiny_files import PUBLISHED
+    from ..request.options import VaeDecoder
+
+    return _complete_list(incomplete, (*(d.value for d in VaeDecoder), *(f"tiny:name={n}" for n in PUBLISHED)))
+
+
+def _complete_list(incomplete: str, names: Iterable[str]) -> list[str]:
+    """The `names` that start with the last comma-separated item of `incomplete`, the items before it kept; `auto`
+    only as the first item (a list names its entries), no name an earlier item is (a list names each once). An item
+    with options past what `names` spell (`vsa:`) has none."""
     head, _, last = incomplete.rpartition(",")
-    if ":" in last:
-        return []
-    return [f"{head},{name}" if head else name for name in ("auto", *backend_names())
-            if name.startswith(last) and not (head and name == "auto")]
+    taken = {"auto", *head.split(",")} if head else set()
+    return [f"{head},{name}" if head else name for name in names if name.startswith(last) and name not in taken]
 
 
 Model = Annotated[str, typer.Option(help="Preset name (see `vsagen presets`), local diffusers directory, or hub id.",
@@ -201,7 +216,8 @@ VaeOption = Annotated[str, typer.Option("--vae", metavar=f"[{VAE_METAVAR}]",
                                              "taew2_1 for 16-channel latents, taew2_2 for the 48-channel Wan2.2-5B "
                                              "ones, read from the Hugging Face cache; tiny:name=lighttaew2_1 for "
                                              "LightX2V's; tiny:weights=FILE a .safetensors or .pth file) or 'auto' "
-                                             "(light where the model has one by default).")]
+                                             "(light where the model has one by default).",
+                                        autocompletion=complete_vae)]
 VaeDtypeOption = Annotated[VaeDtype, typer.Option("--vae-dtype", parser=choice_parser(VaeDtype),
                                                   metavar=_choices(VaeDtype),
                                                   help="The VAE's dtype: auto (the preset's: bf16 for a text-to-"

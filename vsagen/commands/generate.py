@@ -128,7 +128,7 @@ def generate_seeds(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = la
                              f"({session.text_encode_s:.2f} s, outside this video's timed total)")
         run = _denoise(cfg, session, backend, plan, log, encode=False)
         report, summary = _write_outputs(cfg, session, backend, plan, run, untimed, None, log=log,
-                                         cancelled=cancelled)
+                                         cancelled=cancelled, final=i == len(cfgs) - 1)
         results.append(RunResult(_video_path(cfg), cfg.json_out, report, summary))
         published(cfg, results[-1])
     return results
@@ -243,10 +243,12 @@ def _denoise(cfg: RunConfig, session: Session, backend: Any, plan: Any, log: Cal
 
 
 def _write_outputs(cfg: RunConfig, session: Session, backend: Any, plan: Any, run: Any, untimed: Any, ranks: Any, *,
-                   log: Callable[[str], None], cancelled: Callable[[], bool]) -> tuple[TimingReport, dict[str, Any]]:
+                   log: Callable[[str], None], cancelled: Callable[[], bool],
+                   final: bool = True) -> tuple[TimingReport, dict[str, Any]]:
     """Decode the run's latents as a stream into the video, and publish it with its timing JSON (and the contact
     sheet, and a MagCache calibration) together, or nothing (`vsagen.media.video.Outputs`). Returns the report and
-    the JSON's object.
+    the JSON's object. `final`: the command's last set of files (`--seeds`: the last seed's; before it, a signal
+    still stops the command once the files are in place, `vsagen.interrupts.Guard.published`).
 
     Raises:
         RunFailure: the decode gave another number of frames than asked.
@@ -269,7 +271,7 @@ def _write_outputs(cfg: RunConfig, session: Session, backend: Any, plan: Any, ru
     kept: list[Any] = []  # every frame, for the contact sheet only
     # the files appear together or not at all; Ctrl-C / SIGTERM meanwhile: held to a safe point (between chunks)
     video.find_ffmpeg()  # resolved (and cached) while a signal still interrupts at once
-    with video.Outputs(overwrite=cfg.overwrite) as outputs:
+    with video.Outputs(overwrite=cfg.overwrite, final=final) as outputs:
         times = write_video(outputs, cfg.format, cfg.out, _frame_chunks(session.pipe, run.latents, cfg), cfg.fps,
                             cfg.encoding, frames=cfg.frames, metadata=cfg.metadata() if cfg.format.metadata else None,
                             keep=kept.append if cfg.sheet_out is not None else None)

@@ -284,7 +284,8 @@ def choose_tiny(cfg: Any, vae: Any, notes: list[str]) -> None:
     latents for a `lighttae` file name); with random weights one of the published architecture (a tiny model's:
     `TINY_MODEL_WIDTHS`) drawn from the run's seed; a tiny model's own file, written with seeded random weights on
     first use; else the published file (`name=`, or madebyollin's for the VAE's latent width) from the Hugging Face
-    cache, downloaded there when missing. One note says which runs.
+    cache, downloaded there when missing. One note says which runs (and, with `--vae-tiling on`, that it runs
+    untiled).
 
     Raises:
         BadInput: a file that is damaged, not a TAEHV decoder (`vsagen.decode.tiny_decoder.read_file`) or of another
@@ -309,8 +310,10 @@ def choose_tiny(cfg: Any, vae: Any, notes: list[str]) -> None:
         decoder.origin = entry.hub_text
     attach(vae, decoder)
     latents = "un-normalised latents" if decoder.config.raw_latents else "the DiT's latents as they are"
+    untiled = ("; --vae-tiling on does not apply to it (it decodes a frame at a time, untiled)"
+               if getattr(cfg, "vae_tiling", "auto") == "on" else "")
     notes.append(f"VAE decode: the tiny decoder (TAEHV, {decoder.origin}; {latents}); --vae stock for the stock "
-                 "decoder")
+                 f"decoder{untiled}")
 
 
 def _config_of(entry: Any, widths: tuple[int, int, int, int]) -> TinyVaeConfig:

@@ -226,15 +226,41 @@ def config_of(state: dict[str, torch.Tensor], where: str, raw_latents: bool = Fa
 
 def from_state_dict(state: dict[str, torch.Tensor], where: str, raw_latents: bool = False) -> TinyVaeDecoder:
     """A float32 CPU decoder in eval mode from a state dict's `decoder.*` tensors (others, e.g. the encoder's,
-    ignored): its shape by `config_of`, a time growth's extra rows dropped (the last rows kept), then every tensor
-    present with its shape.
+    ignored), checked by `decoder_tensors`.
 
     Raises:
-        BadInput: see `config_of`; a tensor missing, unexpected or of another shape (one line naming it).
+        BadInput: see `decoder_tensors`.
     """
     ours = {k: v for k, v in state.items() if k.startswith("decoder.")}
     decoder = TinyVaeDecoder(config_of(ours, where, raw_latents))
+    decoder.load_state_dict({k: v.float() for k, v in decoder_tensors(ours, decoder, where).items()})
+    return decoder.eval()
+
+
+def check_state(state: dict[str, torch.Tensor], where: str) -> TinyVaeConfig:
+    """What `from_state_dict` checks, without building or loading anything: `state` may hold meta tensors (a
+    safetensors header's shapes and dtypes, read before anything loads). The decoder's shape (`config_of`).
+
+    Raises:
+        BadInput: see `decoder_tensors`.
+    """
+    ours = {k: v for k, v in state.items() if k.startswith("decoder.")}
+    config = config_of(ours, where)
+    with torch.device("meta"):
+        decoder_tensors(ours, TinyVaeDecoder(config), where)
+    return config
+
+
+def decoder_tensors(ours: dict[str, torch.Tensor], decoder: TinyVaeDecoder, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of `ours` (a file's `decoder.*` keys) that load into `decoder` (built by `config_of` from them):
+    a time growth's extra rows dropped (the last rows kept), every other tensor as it is.
+
+    Raises:
+        BadInput: one line starting with `where`: a tensor missing, unexpected, of another shape, or not floating
+            point (an integer tensor is no weight this decoder can use as it is).
+    """
     own = decoder.state_dict()
+    ours = dict(ours)
     for i, layer in enumerate(decoder.decoder):
         key = f"decoder.{i}.conv.weight"
         if isinstance(layer, TimeGrow) and key in ours and ours[key].shape[0] > own[key].shape[0]:
@@ -247,8 +273,10 @@ def from_state_dict(state: dict[str, torch.Tensor], where: str, raw_latents: boo
         if tuple(ours[k].shape) != tuple(v.shape):
             raise BadInput(f"{where}: {k} has shape {tuple(ours[k].shape)}, the decoder its other tensors describe "
                            f"needs {tuple(v.shape)}")
-    decoder.load_state_dict({k: ours[k].float() for k in own})
-    return decoder.eval()
+        if not ours[k].is_floating_point():
+            raise BadInput(f"{where}: {k} holds {str(ours[k].dtype).removeprefix('torch.')} values, not floating "
+                           "point weights (a quantized file?); give a float32, float16 or bfloat16 TAEHV decoder")
+    return {k: ours[k] for k in own}
 
 
 def read_file(path: Path, where: str, raw_latents: bool = False) -> TinyVaeDecoder:

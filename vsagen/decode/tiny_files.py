@@ -1,4 +1,4 @@
-"""Where `--vae tiny` finds its weights (the TAEHV family's decoder, `vsagen.decode.tiny_decoder`), without torch.
+"""Where `--vae tiny` finds its weights (the TAEHV family's decoder, `vsagen.decode.tiny_decoder`), and its checks.
 
 The published files, on the Hugging Face hub (`PUBLISHED`):
 
@@ -12,10 +12,11 @@ The published files, on the Hugging Face hub (`PUBLISHED`):
   `enable_lightvae`), and so does vsagen for a `--vae tiny:weights=FILE` of such a name (`raw_latents_file`).
 
 Without `weights=FILE`, a run reads the file from the Hugging Face cache, downloading it there when it is not
-(`hub_file`). Before anything heavy loads: a published decoder or a `.safetensors` weights file (its header) of
-another latent width than the model's VAE, or a damaged one, is refused in one line (`check_tiny_request`), and so is
-an uncached published file with the hub out of reach (`check_tiny_vae`). The tiny models hold a tiny one of their latent width in their folder (`tiny_model_file`),
-written with seeded random weights on first use, as their other components are.
+(`hub_file`). Before anything heavy loads: a published decoder or a weights file (a safetensors header, a `.pth`
+memory-mapped) of another latent width than the model's VAE, a damaged or refused one or one holding no TAEHV
+decoder, is refused in one line (`check_tiny_request`), and so is an uncached published file with the hub out of
+reach (`check_tiny_vae`). The tiny models hold a tiny one of their latent width in their folder
+(`tiny_model_file`), written with seeded random weights on first use, as their other components are.
 """
 
 from __future__ import annotations
@@ -129,10 +130,11 @@ def check_tiny_vae(spec: Any, source: Any, random_weights: bool) -> None:
 
 
 def check_tiny_request(spec: Any, source: Any, model: str) -> None:
-    """What `--vae tiny` asks, checked against the model without torch: a `name=` decoder decodes the latent width of
-    the model's VAE; a `.safetensors` `weights=` file is whole and its first conv takes that width (a `.pth` is
-    checked as it loads). The width is known for presets and tiny models (`z_dim` of their `[vae]`), else not
-    checked here (the load checks it against the VAE's own).
+    """What `--vae tiny` asks, checked against the model before anything loads: a `name=` decoder decodes the latent
+    width of the model's VAE; a `weights=` file is whole, holds a TAEHV decoder (`_file_width`: a safetensors
+    header's keys, shapes and dtypes; a `.pth`'s tensors memory-mapped, their data not read) and its first conv
+    takes that width. The width is known for presets and tiny models (`z_dim` of their `[vae]`), else not checked
+    here (the load checks it against the VAE's own).
 
     Raises:
         BadInput: one line naming the file or name, the widths and what fits.
@@ -142,31 +144,67 @@ def check_tiny_request(spec: Any, source: Any, model: str) -> None:
     theirs = int(source.preset.vae.get("z_dim", 16)) if source.exact_preset or source.kind == "tiny" else None
     fits = ", ".join(n for n, f in PUBLISHED.items() if f.latent_channels == theirs) or "none published"
     width = PUBLISHED[spec.name].latent_channels if spec.name is not None else None
-    if spec.weights is not None and spec.weights.name.endswith(".safetensors"):
-        width = _header_width(spec.weights, f"--vae {spec.text()}")
+    if spec.weights is not None:
+        width = _file_width(spec.weights, f"--vae {spec.text()}")
     if theirs is not None and width is not None and width != theirs:
         raise BadInput(f"--vae {spec.text()} decodes {width}-channel latents and --model {model}'s VAE makes "
                        f"{theirs}-channel ones; its published decoders are {fits}")
 
 
-def _header_width(path: Path, where: str) -> int | None:
-    """The latent channels a safetensors TAEHV decoder takes (its first conv's input), from the header alone; None
-    when it has no such tensor (the load says what it is).
+def check_distinct_decoders(specs: Any, source: Any, model: str) -> None:
+    """`vsagen compare --vae A,B,...`: no two entries decode with the same tiny decoder. Without `weights=FILE` a
+    tiny entry reads the published decoder of the model's latent width (`published_for`), so `tiny` and
+    `tiny:name=taew2_1` are one decoder for a 16-channel VAE (two identical rows). Checked where the width is known
+    (presets and tiny models, as `check_tiny_request`); entries written the same way are `VaeList.several`'s.
+
+    Args:
+        specs: the `--vae` entries (`vsagen.request.options.VaeSpec`), in order; source: the resolved model; model:
+            `--model` as given (for the message).
 
     Raises:
-        BadInput: the file is damaged or truncated."""
+        BadInput: one line naming both entries and the decoder they share.
+    """
+    if not (source.exact_preset or source.kind == "tiny"):
+        return
+    width = int(source.preset.vae.get("z_dim", 16))
+    seen: dict[str, Any] = {}
+    for spec in specs:
+        if spec.kind != "tiny" or spec.weights is not None:
+            continue
+        name = published_for(width, spec.name).name
+        if name in seen:
+            raise BadInput(f"--vae: {seen[name].short_text()} and {spec.short_text()} are the same decoder for "
+                           f"--model {model} ({name}, for its {width}-channel latents); list it once")
+        seen[name] = spec
+
+
+def _file_width(path: Path, where: str) -> int:
+    """The latent channels a TAEHV decoder file takes (its first conv's input), after what loading it checks
+    (`vsagen.decode.tiny_decoder.check_state`: every tensor there with its shape, floating point), no tensor data
+    read: a `.safetensors` file's header (meta tensors of its shapes), a `.pth` / `.pt` through torch's weights-only
+    loader memory-mapped (`vsagen.models.transformer_files.read_state_dict`).
+
+    Raises:
+        BadInput: the file is damaged or truncated, refused (a pickle that could run code), or holds no TAEHV decoder
+            (one line starting with `where`)."""
+    import torch
     from safetensors import safe_open
 
     from ..models.checkpoint_layouts import safetensors_problem
+    from ..models.transformer_files import read_state_dict
+    from .tiny_decoder import check_state
 
+    if not path.name.endswith(".safetensors"):
+        return check_state(read_state_dict(path, where), where).latent_channels
     problem = safetensors_problem(path)
     if problem is not None:
         raise BadInput(f"{where}: the file is damaged or truncated ({problem}); download it again")
     with safe_open(str(path), framework="numpy") as f:
-        if "decoder.1.weight" not in f.keys():
-            return None
-        shape = f.get_slice("decoder.1.weight").get_shape()
-    return int(shape[1]) if len(shape) == 4 else None
+        slices = {k: f.get_slice(k) for k in f.keys() if k.startswith("decoder.")}
+        state = {k: torch.empty(s.get_shape(), device="meta",
+                                dtype=torch.float32 if s.get_dtype().startswith(("F", "BF")) else torch.int8)
+                 for k, s in slices.items()}
+    return check_state(state, where).latent_channels
 
 
 def tiny_model_file(checkpoint: Path, entry: TinyVaeFile) -> Path:

@@ -58,9 +58,10 @@ def check_output(out: Path, overwrite: bool, frames: int = 1) -> Path:
     from .formats import FORMATS, frame_paths, output_format
 
     if out.is_dir():
-        raise BadInput(f"--out is the mp4 file to write; {out} is a folder: use --out {out / 'name.mp4'}")
+        raise BadInput(f"--out is the video file to write (.mp4, .webm, .gif, or .png for PNG frames); {out} is a "
+                       f"folder: use --out {out / 'name.mp4'}")
     if not out.name or out.name in (".", ".."):
-        raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4")
+        raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4, .webm, .gif or .png")
     json_out = out.with_suffix(".json")
     if out.name.lower() in {f".{name}" for name in FORMATS}:
         raise BadInput(f"--out {out}: no file name before {out.name}; give e.g. video{out.name.lower()}")

@@ -96,7 +96,8 @@ class Outputs:
     to a temporary file beside its target (`add`), then all are moved into place at once (`publish`). For the
     block's whole life Ctrl-C, SIGTERM and SIGHUP are held back (`vsagen.interrupts.hold`) and raised only at safe
     points: before and after each file, between video frames, before the first file is moved; once every file is
-    in place, a later signal no longer interrupts the command. Leaving the block unpublished (an error, an
+    in place, a later signal no longer interrupts the command (unless not `final`: more sets follow, `--seeds`'
+    seeds before the last). Leaving the block unpublished (an error, an
     interrupt) removes the temporaries, every child ffmpeg having ended, and the folders this block created
     (`folder`, and the missing parents of the targets) where they are empty.
 
@@ -107,9 +108,10 @@ class Outputs:
         SignalInterrupt: (also `add` and entering the block) an ending signal arrived; nothing is left.
     """
 
-    def __init__(self, overwrite: bool = False, folder: Path | None = None) -> None:
+    def __init__(self, overwrite: bool = False, folder: Path | None = None, final: bool = True) -> None:
         self.overwrite = overwrite
         self.folder = folder
+        self.final = final  # the command's last set: once published, a signal no longer stops it
         self._staged: list[tuple[Path, Path]] = []
         self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
         self._replace: set[Path] = set()  # targets `add` was told to replace whatever `overwrite` says
@@ -202,7 +204,7 @@ class Outputs:
             self._staged = [(t, g) for t, g in self._staged if g not in moved]
         self._published = True
         if self._guard is not None:
-            self._guard.finish()
+            self._guard.published(self.final)
 
 
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")

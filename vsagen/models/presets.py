@@ -64,7 +64,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInput
+from ..errors import BadInput, close_matches
 from ..samplers import NAMED as NAMED_SAMPLERS
 
 
@@ -502,10 +502,14 @@ def load_preset(name: str) -> Preset:
     """Load a bundled preset by name.
 
     Raises:
-        BadInput: no such preset (the message lists the known ones), or the file is malformed.
+        BadInput: no such preset (the message names the close ones, else lists them all), or the file is malformed.
     """
     path = _preset_dir() / f"{name}.toml"
     if not path.is_file():
+        close = close_matches(name, preset_names())
+        if close:  # mistyped: the names it may have meant, as --model says
+            raise BadInput(f"unknown preset {name!r}; did you mean {' or '.join(close)}? (`vsagen presets` lists "
+                           "them all)")
         raise BadInput(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
     try:
         data = tomllib.loads(path.read_text())

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..attention.spec import BackendEntry, BackendSpec
 from ..cache.cache_spec import NO_CACHE, CacheSpec
-from ..decode.tiny_files import check_tiny_request
+from ..decode.tiny_files import check_distinct_decoders, check_tiny_request
 from ..errors import BadInput
 from ..layout import TILE, CropPlan
 from ..models.sources import ModelSource
@@ -421,12 +421,12 @@ def _chosen_backends(source: ModelSource, options: RequestOptions, specs: tuple[
 
 def _check_placement(request: Request) -> None:
     """What needs the whole request: the lightweight decoder exists, a tiny decoder named or given as safetensors
-    decodes the model's latent width (`check_tiny_request`), the Ulysses degree divides every grid that runs, CFG
-    parallelism has CFG to split.
+    decodes the model's latent width (`check_tiny_request`), no two `--vae` entries are one decoder
+    (`check_distinct_decoders`), the Ulysses degree divides every grid that runs, CFG parallelism has CFG to split.
 
     Raises:
-        BadInput: `--vae light` without one, `--vae tiny` of another width or a damaged file, a degree or a CFG
-            split the run cannot take.
+        BadInput: `--vae light` without one, `--vae tiny` of another width or a damaged file, one decoder listed
+            twice, a degree or a CFG split the run cannot take.
     """
     source = request.source
     for vae in request.vae_decoders or (request.vae_decoder,):
@@ -434,6 +434,7 @@ def _check_placement(request: Request) -> None:
             raise BadInput(f"--vae light: --model {request.model} has no lightweight VAE decoder (hummingbird-xt has "
                            "one; tiny-ti2v a tiny one)")
         check_tiny_request(vae, source, request.model)
+    check_distinct_decoders(request.vae_decoders, source, request.model)
     for fit in request.tile_fits:  # the degree against every grid that runs
         check_ulysses(request.ulysses, source, offload=request.offload, compile=request.compile, tile_fit=fit,
                       frames=request.frames, height=request.height, width=request.width, tile=request.crop_tile)

@@ -262,12 +262,11 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
             (`vsagen.decode.decoder_choice.choose_decoder`).
     """
     import torch
-    from diffusers import UniPCMultistepScheduler
 
     _quiet_libraries()
     torch.manual_seed(cfg.seed)
     dtype = torch_dtype(cfg.dtype)
-    preset, src = cfg.source.preset, cfg.source
+    preset = cfg.source.preset
     notes: list[str] = []
     weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
     if cfg.random_weights:
@@ -276,40 +275,8 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
         pipe = _random_weights_pipeline(preset, dtype, build_on, cfg.flow_shift, cfg.image_to_video)
         notes.append(f"random weights: {preset.name} architecture, random prompt embeddings (timing only)")
     else:
-        if src.kind == "tiny":
-            location = str(prepare_model_files(cfg))
-            notes.append(f"model {preset.name!r} has random weights: its videos show nothing of the prompt (for "
-                         "plumbing and timing)")
-        else:
-            location = src.location
-        if cfg.transformer_sources:
-            pipe, weight_root = _transformer_files_pipeline(cfg, location, dtype, notes)
-        elif src.layout == "wan":
-            pipe = _original_layout_pipeline(cfg, dtype, notes)
-        else:
-            if src.kind in ("tiny", "dir"):
-                _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
-                weight_root = Path(location)
-            pipe = _from_pretrained(location, cfg, dtype)
-            notes.extend(as_stock_pipeline(pipe, _model_index(src.kind, location)))
-        if src.kind == "hub" and src.layout != "wan" and not cfg.transformer_sources:
-            try:
-                from huggingface_hub import snapshot_download
-
-                weight_root = Path(snapshot_download(location, allow_patterns=["transformer/*", "transformer_2/*"],
-                                                     local_files_only=True))
-            except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
-                weight_root = None
-        pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
-    from ..decode.decoder_choice import choose_decoder
-
-    choose_decoder(cfg, pipe.vae, notes)  # `--vae`: a preset's lightweight decoder (Hummingbird-XT's) or TAEHV's
-    vae_dtype = resolve_vae_dtype(cfg.vae_dtype, preset, cfg.image_to_video)  # --vae-dtype
-    if vae_dtype != "same":
-        pipe.vae.to(torch_dtype(vae_dtype))
-    from ..decode.decoder_choice import decode_channels_last
-
-    decode_channels_last(pipe.vae, cfg.device)  # bf16 on CUDA: the decode's Conv3d weights channels-last
+        pipe, weight_root = _checkpoint_pipeline(cfg, dtype, notes)
+    _prepare_decoder(cfg, pipe.vae, notes)
     for _, t in experts(pipe):
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
@@ -326,13 +293,61 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
+    return model
+
+
+def _checkpoint_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:
+    """The pipeline of `cfg`'s checkpoint (a tiny model's folder, written first; a local folder; a hub id; the
+    original Wan layout; transformer-only files over a base) with UniPC at `cfg.flow_shift`, and the root its
+    backend weights (gates) are read from (None where there is none). Raises as `load_model`."""
+    from diffusers import UniPCMultistepScheduler
+
+    preset, src = cfg.source.preset, cfg.source
+    weight_root: Path | None = None
+    if src.kind == "tiny":
+        location = str(prepare_model_files(cfg))
+        notes.append(f"model {preset.name!r} has random weights: its videos show nothing of the prompt (for "
+                     "plumbing and timing)")
+    else:
+        location = src.location
+    if cfg.transformer_sources:
+        pipe, weight_root = _transformer_files_pipeline(cfg, location, dtype, notes)
+    elif src.layout == "wan":
+        pipe = _original_layout_pipeline(cfg, dtype, notes)
+    else:
+        if src.kind in ("tiny", "dir"):
+            _check_local_checkpoint(Path(location), cfg.allow_pickle, pipeline_class_name(cfg), preset.ti2v)
+            weight_root = Path(location)
+        pipe = _from_pretrained(location, cfg, dtype)
+        notes.extend(as_stock_pipeline(pipe, _model_index(src.kind, location)))
+    if src.kind == "hub" and src.layout != "wan" and not cfg.transformer_sources:
+        try:
+            from huggingface_hub import snapshot_download
+
+            weight_root = Path(snapshot_download(location, allow_patterns=["transformer/*", "transformer_2/*"],
+                                                 local_files_only=True))
+        except Exception:  # noqa: BLE001 - gates are optional; a missing snapshot means none
+            weight_root = None
+    pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=cfg.flow_shift)
+    return pipe, weight_root
+
+
+def _prepare_decoder(cfg: Request, vae: Any, notes: list[str]) -> None:
+    """`--vae` (a preset's lightweight decoder or TAEHV's, `choose_decoder`), `--vae-dtype`, channels-last Conv3d
+    weights for a bf16 decode on CUDA, and the tiling of an image-to-video condition's encode (`encode_tiled`; the
+    decode decides again, by memory, when it runs)."""
+    from ..decode.decoder_choice import choose_decoder, decode_channels_last
     from ..decode.tiling import encode_tiled
 
-    if encode_tiled(cfg.vae_tiling, cfg.height, cfg.width):  # the decode decides again (`decide_decode_tiling`)
-        pipe.vae.enable_tiling()
+    choose_decoder(cfg, vae, notes)
+    vae_dtype = resolve_vae_dtype(cfg.vae_dtype, cfg.source.preset, cfg.image_to_video)
+    if vae_dtype != "same":
+        vae.to(torch_dtype(vae_dtype))
+    decode_channels_last(vae, cfg.device)
+    if encode_tiled(cfg.vae_tiling, cfg.height, cfg.width):
+        vae.enable_tiling()
     else:
-        pipe.vae.disable_tiling()
-    return model
+        vae.disable_tiling()
 
 
 def _model_index(kind: str, location: str) -> dict[str, Any]:

@@ -12,17 +12,7 @@ from __future__ import annotations
 
 
 def main() -> None:
-    """Run the `vsagen` command line on `sys.argv` (`vsagen.cli.app.main`); exits with the command's code.
-
-    At exit, after every other exit handler, the objects alive are frozen out of the garbage collector
-    (`gc.freeze`): the interpreter's last collection then skips the millions of objects torch, transformers and
-    diffusers made, which it walked for 1.3 s after a tiny `vsagen t2v` had written its files (2-core CPU,
-    2026-12-07; 0.16 s frozen). Nothing is lost: exit handlers, file flushes and child processes are as before.
-    """
-    import atexit
-    import gc
-
+    """Run the `vsagen` command line on `sys.argv` (`vsagen.cli.app.main`); exits with the command's code."""
     from .app import main as run
 
-    atexit.register(gc.freeze)  # registered first, so it runs last
     run()

@@ -46,34 +46,8 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 os.environ.pop("COLUMNS", None)
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` (pyproject.toml) that also works where pytest-xdist cannot mark the tests: a test file
-    marked `pytestmark = pytest.mark.xdist_group(...)` (its module fixtures spawn processes or run the tiny
-    pipeline) goes whole to one worker, so its fixtures run once instead of once in each worker; every other test
-    goes alone to the next free worker. xdist 3.8 tags a marked test by rewriting `item._nodeid`, which pytest 9
-    no longer reads (its ids live in `_id`), so the files are found here by their mark's line instead.
-    `None` (xdist's own scheduler) for any other `--dist`."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    marked = re.compile(r"^pytestmark = pytest\.mark\.xdist_group\(", re.M)
-    here = os.path.dirname(os.path.abspath(__file__))
-    files = set()
-    for folder, _, names in os.walk(here):
-        for name in names:
-            path = os.path.join(folder, name)
-            if name.startswith("test_") and name.endswith(".py"):
-                with open(path, encoding="utf-8") as f:
-                    if marked.search(f.read()):
-                        files.add(os.path.relpath(path, config.rootpath).replace(os.sep, "/"))
-
-    class WholeMarkedFiles(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return file if file in files else super()._split_scope(nodeid)
-
-    return WholeMarkedFiles(config, log)
+# how xdist shares the tests between workers: tests/scheduling.py
+from scheduling import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

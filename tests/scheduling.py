@@ -1,0 +1,55 @@
+"""How the suite's tests are shared between pytest-xdist's workers (hooks that tests/conftest.py imports): files
+marked as an xdist group go whole to one worker, and the long single tests start first."""
+
+from __future__ import annotations
+
+import os
+import re
+
+
+# Tests of over ~10 s (pytest --durations on the 2-core machine, 2026-12-07) that no xdist group holds: run first.
+# xdist hands out the grouped files first (most tests first) and then single tests in collection order, so a 27 s
+# test collected near the end ran while the other worker had finished: the suite's last half minute on one core.
+LONG_SINGLE_TESTS = ("tests/test_readme.py::test_readme_cpu_commands_run_as_pasted",
+                     "tests/test_pipeline.py::test_in_a_pipe_the_denoising_bar_ends_its_line_before_the_next_message",
+                     "tests/test_interrupts.py::test_a_signal_at_any_instant_of_the_write_leaves_all_or_nothing",
+                     "tests/cli/test_app.py::test_bad_input_answers_fast_in_one_line_writing_nothing")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long single tests (`LONG_SINGLE_TESTS`) first, the rest in their order (every worker reorders alike)."""
+    first = [item for item in items if item.nodeid.split("[", 1)[0] in LONG_SINGLE_TESTS]
+    if first:
+        rest = [item for item in items if item.nodeid.split("[", 1)[0] not in LONG_SINGLE_TESTS]
+        items[:] = first + rest
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (pyproject.toml) that also works where pytest-xdist cannot mark the tests: a test file
+    marked `pytestmark = pytest.mark.xdist_group(...)` (its module fixtures spawn processes or run the tiny
+    pipeline) goes whole to one worker, so its fixtures run once instead of once in each worker; every other test
+    goes alone to the next free worker. xdist 3.8 tags a marked test by rewriting `item._nodeid`, which pytest 9
+    no longer reads (its ids live in `_id`), so the files are found here by their mark's line instead.
+    `None` (xdist's own scheduler) for any other `--dist`."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    marked = re.compile(r"^pytestmark = pytest\.mark\.xdist_group\(", re.M)
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = set()
+    for folder, _, names in os.walk(here):
+        for name in names:
+            path = os.path.join(folder, name)
+            if name.startswith("test_") and name.endswith(".py"):
+                with open(path, encoding="utf-8") as f:
+                    if marked.search(f.read()):
+                        files.add(os.path.relpath(path, config.rootpath).replace(os.sep, "/"))
+
+    class WholeMarkedFiles(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return file if file in files else super()._split_scope(nodeid)
+
+    return WholeMarkedFiles(config, log)
+

@@ -11,7 +11,6 @@ import re
 # xdist hands out the grouped files first (most tests first) and then single tests in collection order, so a 27 s
 # test collected near the end ran while the other worker had finished: the suite's last half minute on one core.
 LONG_SINGLE_TESTS = ("tests/test_readme.py::test_readme_cpu_commands_run_as_pasted",
-                     "tests/test_pipeline.py::test_in_a_pipe_the_denoising_bar_ends_its_line_before_the_next_message",
                      "tests/test_interrupts.py::test_a_signal_at_any_instant_of_the_write_leaves_all_or_nothing",
                      "tests/cli/test_app.py::test_bad_input_answers_fast_in_one_line_writing_nothing")
 

@@ -46,7 +46,6 @@ def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):
     assert names.count("denoise") == 3  # before, between and after the two carved-out stages
 
 
-
 # --------------------------------------------------------------------------------------------------------------
 # Session: one load, several runs
 
@@ -230,17 +229,3 @@ def test_status_after_speaks_only_for_a_slow_phase():
         raise ValueError  # fails fast: only its own error
     time.sleep(0.1)
     assert lines == ["loading x"]
-
-
-def test_in_a_pipe_the_denoising_bar_ends_its_line_before_the_next_message(vsagen_cache, tmp_path):
-    """The README's command piped: the cleared bar left an unended line and "decoding the video" was appended to
-    it; outside a terminal the bar is left as a line of its own."""
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-m", "vsagen", "t2v", "--model", "tiny", "--device", "cpu", "--steps", "1",
-                          "--out", str(tmp_path / "o.mp4"), "x"], capture_output=True,
-                         env={**__import__("os").environ, "VSAGEN_CACHE": str(vsagen_cache)}, timeout=300)
-    err = res.stderr.decode()  # as bytes: text mode would turn the bar's carriage returns into newlines
-    assert res.returncode == 0, err
-    assert any(line.startswith("decoding the video") for line in err.split("\n")), err

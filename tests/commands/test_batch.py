@@ -116,3 +116,22 @@ def test_each_video_is_its_line_alone_and_an_interrupt_keeps_the_finished_ones(t
                                       out=tmp_path / "cat.mp4"),
                      progress=False)
     assert alone.video_path.read_bytes() == Path("vsagen-prompts-0002.mp4").read_bytes()
+
+
+def test_a_signal_after_the_first_video_stops_the_batch_and_each_video_gets_its_sheet(tmp_path, vsagen_cache,
+                                                                                      tiny_dir, monkeypatch):
+    """Found on 2026-12-07: a Ctrl-C or SIGTERM once the first video was published was dropped (the interrupt
+    guard ended at the first publication): every later video was made and the command exited 0; and with
+    `--sheet` the second video was refused ("this request changes sheet_out of the loaded model")."""
+    import signal
+
+    from vsagen.commands.batch import generate_batch
+    from vsagen.interrupts import SignalInterrupt, as_interrupt
+
+    monkeypatch.chdir(tmp_path)
+    cfgs = resolve_batch(write(tmp_path, "a fox\na cat\na dog\n"), request_options(**SMALL, sheet=True))
+    with pytest.raises(SignalInterrupt) as info, as_interrupt():  # a real Ctrl-C once video 2 is in place
+        generate_batch(cfgs, published=lambda c, r: signal.raise_signal(signal.SIGINT) if c is cfgs[1] else None)
+    assert info.value.kept
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("vsagen-")) == [
+        f"vsagen-prompts-000{i}.{ext}" for i in (1, 2) for ext in ("json", "mp4", "sheet.png")]

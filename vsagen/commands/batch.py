@@ -136,6 +136,6 @@ def generate_batch(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = la
     results = []
     for i, cfg in enumerate(cfgs):
         log(f"video {i + 1} of {len(cfgs)}: {cfg.prompt[:60]!r}, seed {cfg.seed}")
-        results.append(resident.generate(cfg, log=log, cancelled=cancelled))
+        results.append(resident.generate(cfg, log=log, cancelled=cancelled, final=i == len(cfgs) - 1))
         published(cfg, results[-1])
     return results

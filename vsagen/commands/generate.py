@@ -151,7 +151,7 @@ class Resident:
 
     # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
     PER_VIDEO = frozenset({"prompt", "negative_prompt", "height", "width", "frames", "steps", "guidance", "seed",
-                           "samplers", "notes", "out", "json_out", "overwrite", "attn_note"})
+                           "samplers", "notes", "out", "json_out", "sheet_out", "overwrite", "attn_note"})
 
     def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None) -> None:
         """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`).
@@ -178,9 +178,10 @@ class Resident:
         return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
 
     def generate(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None,
-                 cancelled: Callable[[], bool] = lambda: False) -> RunResult:
-        """One video of `cfg` on the loaded session: its files published together (`cfg.out`, `cfg.json_out`),
-        its JSON's notes the request's, the load's and the run's.
+                 cancelled: Callable[[], bool] = lambda: False, final: bool = True) -> RunResult:
+        """One video of `cfg` on the loaded session: its files published together (`cfg.out`, `cfg.json_out`,
+        `cfg.sheet_out`), its JSON's notes the request's, the load's and the run's. `final`: the command's last
+        video (as `_write_outputs`'s: before it, a signal after the publication still stops the command).
 
         Raises:
             BadInput: `cfg` differs from the loaded request outside `PER_VIDEO` (naming the fields), or its backend
@@ -195,7 +196,7 @@ class Resident:
         plan = session.plan(cfg.tile_fit)
         run = _denoise(cfg, session, self.backend, plan, log, encode=True)
         report, summary = _write_outputs(cfg, session, self.backend, plan, run, self._untimed, None, log=log,
-                                         cancelled=cancelled)
+                                         cancelled=cancelled, final=final)
         return RunResult(_video_path(cfg), cfg.json_out, report, summary)
 
 

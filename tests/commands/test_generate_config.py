@@ -254,3 +254,21 @@ def test_the_settings_of_a_tiny_weights_file_are_json(tmp_path):
                   out=tmp_path / "a.mp4")
     settings = json.loads(json.dumps(cfg.summary()))
     assert settings["vae_decoder"] == f"tiny:weights={tmp_path / 'taew2_1.pth'}" and "vae_decoders" not in settings
+
+
+def test_a_prompt_with_a_nul_or_past_the_metadata_s_limit_is_refused_before_anything_runs(tmp_path):
+    """Found on 2026-12-07 (serve and --prompts take any text): a NUL in the prompt, or a prompt of 200,000
+    characters, ran the whole video, then failed writing it ("embedded null byte"; "Argument list too long": the
+    prompt goes into the mp4's metadata on ffmpeg's command line). Refused at the request now; the limit itself
+    passes."""
+    from vsagen.commands.generate_config import PROMPT_BYTES
+
+    flags = dict(model="tiny", device="cpu", out=tmp_path / "a.mp4")
+    with pytest.raises(BadInput, match=r"^the prompt holds a NUL character$"):
+        resolve("a\0b", **flags)
+    with pytest.raises(BadInput, match=r"^the negative prompt is 16385 bytes long; at most 16384 "):
+        resolve("a fox", negative_prompt="x" * (PROMPT_BYTES + 1), **flags)
+    with pytest.raises(BadInput, match=r"^the prompt is 16386 bytes long"):  # UTF-8 bytes, not characters
+        resolve("é" * 8193, **flags)
+    assert resolve("x" * PROMPT_BYTES, **flags).prompt == "x" * PROMPT_BYTES
+    assert not list(tmp_path.iterdir())

@@ -174,6 +174,21 @@ def _check_calibration_target(file: Path, outputs: list[Path | None]) -> None:
                        "for the ratios")
 
 
+PROMPT_BYTES = 16384  # the prompt and the negative prompt each (UTF-8): they go into the mp4's metadata on ffmpeg's
+# command line, where one argument may hold 128 KiB (Linux's MAX_ARG_STRLEN); the text encoder reads 512 tokens
+
+
+def _check_text(text: str, what: str) -> None:
+    """Refuse a prompt that holds a NUL character (no file's metadata or command line can carry it) or is longer
+    than `PROMPT_BYTES` in UTF-8. Raises BadInput."""
+    if "\0" in text:
+        raise BadInput(f"{what} holds a NUL character")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > PROMPT_BYTES:
+        raise BadInput(f"{what} is {size} bytes long; at most {PROMPT_BYTES} (the text encoder reads its first "
+                       "512 tokens)")
+
+
 def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = None, fit: ImageFit | str = "crop",
                 last_image: Path | None = None) -> RunConfig:
     """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
@@ -190,6 +205,8 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
             is loaded or written.
     """
+    for text, what in ((prompt, "the prompt"), (options.sampling.negative_prompt or "", "the negative prompt")):
+        _check_text(text, what)
     if not prompt.strip() and image is None:
         raise BadInput("the prompt is empty")
     if prompt and not prompt.strip():  # spaces only: a mistake, where no prompt at all is a choice

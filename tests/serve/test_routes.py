@@ -197,6 +197,8 @@ BAD = [  # (method, path, how, body, status, words of the message)
     ("POST", "/v1/videos", "json", {"prompt": 3}, 400, "prompt must be a string"),
     ("POST", "/v1/videos", "json", ["a", "list"], 400, "must be a JSON object"),
     ("POST", "/v1/videos", "raw", b"{not json", 400, "not valid JSON"),
+    ("POST", "/v1/videos", "raw", b"[" * 5000 + b"]" * 5000, 400, "not valid JSON"),  # (was a 500: RecursionError)
+    ("POST", "/v1/videos", "json", {"prompt": "a\u0000b"}, 400, "the prompt holds a NUL character"),
     ("POST", "/v1/videos", "form", {"prompt": "x", "input_reference": "img"}, 400, "image to video is not served"),
     ("POST", "/v1/videos", "form", {"prompt": "x", "steps": "1.5"}, 400, "steps must be an integer, got '1.5'"),
     ("POST", "/v1/videos", "text", "prompt=x", 415, "as JSON (application/json) or a multipart form"),

@@ -112,7 +112,7 @@ async def read_fields(request: Request, max_body: int) -> VideoFields:
     if kind == "application/json":
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # (nesting past the stack: a 500 before)
             raise Refusal(400, "the body is not valid JSON", "invalid_json") from None
         if not isinstance(data, dict):
             raise Refusal(400, "the body must be a JSON object of the video's fields", "invalid_json")

@@ -76,8 +76,14 @@ def checks(x: torch.Tensor, w: torch.Tensor, q_fp8, q_int8, q_rows) -> list[str]
                                   ("int8 row quantizer", q_rows, int8_rowwise)):
         (a, sa), (b, sb) = compiled(x), eager(x)
         same = torch.equal(a.view(torch.uint8), b.view(torch.uint8)) and torch.equal(sa, sb)
-        notes.append(f"{name}: compiled {'==' if same else '!='} eager")
-        assert same or name != "int8 block quantizer", notes[-1]
+        if same:
+            notes.append(f"{name}: compiled == eager (bitwise)")
+        else:  # the compiled division may differ by an ulp, moving a value across a rounding boundary
+            codes = (a.float() - b.float()).abs()
+            notes.append(f"{name}: compiled != eager: {float((codes > 0).float().mean()):.2e} of the codes differ, "
+                         f"max {float(codes.max()):.0f} code(s); scales max rel diff "
+                         f"{float(((sa.float() - sb.float()).abs() / sb.float().abs().clamp_min(1e-30)).max()):.1e}")
+            assert float(codes.max()) <= 1.0, notes[-1]
     xq, xs = int8_linear.quantize_int8_blocks(x[:384])
     wq, ws = int8_linear.quantize_int8_blocks(w)
     ref = torch.zeros(xq.shape[0], wq.shape[0], dtype=torch.float64, device=x.device)

@@ -9,7 +9,7 @@ then warm decodes streamed with windows of 1 (today's `vsagen t2v`: each latent 
 hands them to the encoder (the device -> host copy included), and with channels-last weights. Median of 5 warm runs,
 synchronised. The last column is the frames' max difference against the whole decode (streamed equals whole).
 
-    python benchmarks/tiny_decode.py [--repeats 5] [--only taew2_1]
+    python benchmarks/tiny_decode.py [--repeats 5] [--only taew2_1] [--bf16]
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
+from diffusers.video_processor import VideoProcessor
 
+from vsagen.decode.stream import host_frames
 from vsagen.decode.tiny_decoder import TinyVaeConfig, random_decoder
 
 SHAPES = {  # name: (config, latent (T, h, w), video frames x pixels)
@@ -36,6 +39,13 @@ def _decode_u8(decoder, z: torch.Tensor, window: int) -> torch.Tensor:
         u8 = (chunk[0].permute(1, 2, 3, 0) * 255.0).round().clamp(0, 255).to(torch.uint8)
         out.append(u8.to("cpu", non_blocking=False))
     return torch.cat(out)
+
+
+def _vsagen_path(decoder, processor, z: torch.Tensor, window: int) -> np.ndarray:
+    """What `vsagen t2v` runs since 2026-12-07 evening: `vsagen.decode.stream.host_frames` over the chunks in
+    [-1, 1] (contiguous uint8 on the device, pinned asynchronous copies one chunk behind the decode)."""
+    chunks = (c * 2.0 - 1.0 for c in decoder.decode_chunks(z, window=window))
+    return np.concatenate(list(host_frames(processor, chunks)))
 
 
 def _timed(fn, repeats: int) -> tuple[float, object]:
@@ -67,6 +77,11 @@ def bench(name: str, dtype: torch.dtype, repeats: int, channels_last: bool) -> N
         print(f"{tag:34} whole ({t} latent frames)  {whole_s:7.3f} s   frames {tuple(whole.shape)}")
         gpu_only, _ = _timed(lambda: decoder.decode(z), repeats)
         print(f"{tag:34} whole, no uint8 / copy    {gpu_only:7.3f} s")
+        processor = VideoProcessor(vae_scale_factor=8)
+        for window in (1, 2, 4):
+            s, frames = _timed(lambda: _vsagen_path(decoder, processor, z, window), repeats)
+            diff = (torch.from_numpy(frames).int() - whole.int()).abs().max().item()
+            print(f"{tag:34} vsagen host_frames, window {window}  {s:7.3f} s   max |u8 - whole| {diff}")
     del decoder, z
     torch.cuda.empty_cache()
 
@@ -75,13 +90,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", choices=sorted(SHAPES))
+    parser.add_argument("--bf16", action="store_true", help="bf16 only (as `vsagen t2v` runs it), no channels-last")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     torch.backends.cudnn.benchmark = False  # as vsagen t2v runs the decoders
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for name in [args.only] if args.only else sorted(SHAPES):
-        for dtype, cl in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)):
+        variants = ((torch.bfloat16, False),) if args.bf16 else \
+            ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False))
+        for dtype, cl in variants:
             bench(name, dtype, args.repeats, cl)
 
 

@@ -93,7 +93,14 @@ def test_session_runs_repeat_from_the_seed_and_unpatch(tiny_session):
 def test_session_run_with_encode_decode_and_warmup(tiny_session):
     session, full, _ = tiny_session
     plan = session.plan("partial")
-    run = session.run(full, plan, warmup=1, encode=True, decode=True)
+    decoded = []  # latent frames a decoder call: the warm-up's first two, untimed, then the run's decode
+    original = session.pipe.vae.decoder.forward
+    session.pipe.vae.decoder.forward = lambda x, *a, **k: decoded.append(x.shape[2]) or original(x, *a, **k)
+    try:
+        run = session.run(full, plan, warmup=1, encode=True, decode=True)
+    finally:
+        del session.pipe.vae.decoder.forward
+    assert decoded == [1] * (2 + plan.latent[0])
     names = [n for n, _, _ in run.records]
     assert {"total", "text_encode", "denoise", "vae_decode"} <= set(names)
     assert names.count("dit") == 2  # the warm-up step's forwards are not recorded

@@ -383,7 +383,7 @@ class Session:
             timer: Timer | None = None, encode: bool = False, decode: bool = False,
             context: Callable[[], Any] = contextlib.nullcontext, what: str = "generating",
             log: Callable[[str], None] = lambda m: None, sampler: Sampler | None = None,
-            guidance: float | None = None, cache: Any = None) -> Denoised:
+            guidance: float | None = None, cache: Any = None, warm_decode: bool = False) -> Denoised:
         """Patch, warm up, denoise (timed), optionally decode, unpatch.
 
         Args:
@@ -403,6 +403,8 @@ class Session:
                 expert after the backend and removed before it (`vsagen.cache.install`); MagCache's calibration
                 comes back in `Denoised.calibration`, unwritten.
             log: receives a status line before each phase without a progress bar of its own (the VAE decode).
+            warm_decode: the warm-up (`warmup` > 0) also decodes its latents' first two latent frames, untimed, for
+                a caller that decodes the run's latents afterwards (`decode` does so on its own).
 
         Returns:
             `Denoised` (latents cropped to `plan.latent`, video if decoded, records, warm-up seconds).
@@ -439,7 +441,7 @@ class Session:
 
         try:
             with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
-                warmup_s = self._warm_up(denoise, warmup, encode, timer)
+                warmup_s = self._warm_up(denoise, warmup, encode, timer, plan, warm_decode or decode)
                 latents, video = self._timed_steps(denoise, plan, steps, timer, encode=encode, decode=decode, log=log)
                 records = timer.finish()
         finally:
@@ -511,15 +513,27 @@ class Session:
             if note is not None and note not in self.notes:
                 self.notes.append(note)
 
-    def _warm_up(self, denoise: Callable[[Any, Any, int], Any], warmup: int, encode: bool, timer: Timer) -> float:
-        """The untimed warm-up steps (the timer off; the prompts encoded afresh when `encode`), then an idle device;
-        returns their host seconds (0 without warm-up). The timer is on again after."""
+    def _warm_up(self, denoise: Callable[[Any, Any, int], Any], warmup: int, encode: bool, timer: Timer,
+                 plan: CropPlan, warm_decode: bool) -> float:
+        """The untimed warm-up steps (the timer off; the prompts encoded afresh when `encode`), with `warm_decode` the
+        first two latent frames of their latents decoded as the run's decode will be (`vsagen.decode.stream.
+        warm_decode`), then an idle device; returns their host seconds (0 without warm-up). The timer is on again
+        after."""
         import torch
 
         timer.enabled = False
         t0 = time.perf_counter()
         if warmup:
-            denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
+            latents = denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
+            if warm_decode:  # the decoder's first call too (cuDNN, the kernels' loading), on the decode's own shape
+                from .decode.stream import streams, warm_decode as decode_first_frames
+
+                f, h, w = plan.latent
+                latents = latents[:, :, :f, :h, :w]
+                noted = len(self.notes)
+                self.decide_vae_tiling(latents, streamed=streams(self.pipe.vae))
+                del self.notes[noted:]  # the timed decode decides again, and notes its decision then
+                decode_first_frames(self.pipe.vae, self.pipe.video_processor, latents)
         if self.request.device == "cuda":
             torch.cuda.synchronize()  # the timed steps start on an idle device
         warmup_s = time.perf_counter() - t0 if warmup else 0.0

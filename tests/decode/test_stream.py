@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import saved_tiny
 
-from vsagen.decode.stream import decode_chunks, frames_u8, streams, unnormalized
+from vsagen.decode.stream import decode_chunks, frames_u8, host_frames, streams, unnormalized, warm_decode
 from vsagen.pipeline import decode_latents, video_frames
 
 FAMILIES = ["tiny", "tiny-ti2v", "tiny-i2v", "tiny-flf2v", "tiny-a14b", "tiny-i2v-a14b"]
@@ -79,6 +79,45 @@ def test_uint8_frames_equal_the_whole_video_path():
     streamed = np.concatenate([frames_u8(processor, c) for c in (video[:, :, :1], video[:, :, 1:5], video[:, :, 5:])])
     assert streamed.dtype == np.uint8 and np.array_equal(streamed, whole)
     assert tuple(whole[0, 0, :3, 0]) == (0, 255, 0)
+
+
+def test_host_frames_are_the_uint8_frames_contiguous_and_close_the_decode():
+    """`host_frames` gives each chunk's `frames_u8`, C-contiguous in (f, H, W, 3) (a channel-first array handed to
+    the encoder cost a host transposition per frame), one per chunk in order; closed early, it closes the decode it
+    wraps (the VAE's feature cache cleared at once)."""
+    from diffusers.video_processor import VideoProcessor
+
+    processor = VideoProcessor(vae_scale_factor=8)
+    g = torch.Generator().manual_seed(11)
+    chunks = [torch.rand(1, 3, f, 10, 14, generator=g) * 2 - 1 for f in (1, 4, 4)]
+    got = list(host_frames(processor, iter(chunks)))
+    assert [a.shape for a in got] == [(f, 10, 14, 3) for f in (1, 4, 4)]
+    assert all(a.flags.c_contiguous and np.array_equal(a, frames_u8(processor, c)) for a, c in zip(got, chunks))
+    closed = []
+
+    def decode():
+        try:
+            yield from chunks
+        finally:
+            closed.append(True)
+
+    stream = host_frames(processor, decode())
+    next(stream)
+    stream.close()
+    assert closed == [True]
+
+
+def test_warm_decode_decodes_the_first_latent_frames(vsagen_cache):
+    """`warm_decode` (the warm-up's decode) runs the decoder on the first two latent frames only."""
+    vae = _vae("tiny")
+    from diffusers.video_processor import VideoProcessor
+
+    seen = []
+    original = vae.decoder.forward
+    vae.decoder.forward = lambda x, *a, **k: seen.append(x.shape[2]) or original(x, *a, **k)
+    with torch.inference_mode():
+        warm_decode(vae, VideoProcessor(vae_scale_factor=8), _latents(vae, 5, 6, 10, seed=3))
+    assert seen == [1, 1]  # a latent frame a call, two of the five
 
 
 def test_the_pipeline_decode_is_the_same_as_the_stream(tiny_pipe):

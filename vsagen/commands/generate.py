@@ -230,7 +230,8 @@ def _denoise(cfg: RunConfig, session: Session, backend: Any, plan: Any, log: Cal
     decodes as it is written), then the run's own notes said: a MagCache calibration to be written, non-finite
     latents, and what the run noted."""
     noted = len(session.notes)
-    run = session.run(backend, plan, encode=encode, decode=False, log=log)  # decoded below, as the mp4 is written
+    # decoded below, as the mp4 is written (the warm-up, if any, decodes two latent frames of its own first)
+    run = session.run(backend, plan, encode=encode, decode=False, log=log, warm_decode=True)
     if run.calibration is not None:  # MagCache's ratios: written with the video below, or not at all
         session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
                              f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "
@@ -326,16 +327,15 @@ def _frame_chunks(pipe: Any, latents: Any, cfg: RunConfig) -> Iterator[Any]:
     generator waits (and for good, were it left unfinished by an interrupt)."""
     import torch
 
-    from ..decode.stream import decode_chunks, frames_u8
+    from ..decode.stream import decode_chunks, host_frames
 
-    chunks = decode_chunks(pipe.vae, latents)
+    chunks = host_frames(pipe.video_processor, decode_chunks(pipe.vae, latents))
     try:
         while True:
             with out_of_memory_as_failure("decoding", cfg.memory_hints()), torch.inference_mode():
-                chunk = next(chunks, None)
-                if chunk is None:
+                frames = next(chunks, None)
+                if frames is None:
                     return
-                frames = frames_u8(pipe.video_processor, chunk)
             if frames.shape[1:3] != (cfg.height, cfg.width):
                 raise RunFailure(f"decoded frames are {frames.shape[1]}x{frames.shape[2]}, expected "
                                  f"{cfg.height}x{cfg.width}")

@@ -151,16 +151,64 @@ def _tiled(vae: Any, z: Any) -> Iterator[Any]:
 
 
 def frames_u8(processor: Any, chunk: Any) -> Any:
-    """A decoded chunk (1, 3, f, H, W) in [-1, 1] -> (f, H, W, 3) uint8 numpy: the pipeline's `video_processor`
-    (diffusers' denormalisation to [0, 1]) in float32, then NaN -> 0, +inf -> 1, -inf -> 0, clip and round half up as
-    `vsagen.media.video.to_uint8_frames` does, on the chunk's device; only the uint8 frames are copied to the host."""
+    """A decoded chunk (1, 3, f, H, W) in [-1, 1] -> (f, H, W, 3) uint8 numpy, C-contiguous: the pipeline's
+    `video_processor` (diffusers' denormalisation to [0, 1]) in float32, then NaN -> 0, +inf -> 1, -inf -> 0, clip
+    and round half up as `vsagen.media.video.to_uint8_frames` does, on the chunk's device; only the uint8 frames are
+    copied to the host."""
     return device_frames_u8(processor, chunk).cpu().numpy()
 
 
 def device_frames_u8(processor: Any, chunk: Any) -> Any:
-    """`frames_u8` before the copy to the host: (f, H, W, 3) uint8 on the chunk's device."""
+    """`frames_u8` before the copy to the host: (f, H, W, 3) uint8 on the chunk's device, contiguous in that order
+    (the layout the encoder writes, made on the device: a channel-first array handed over instead cost a host-side
+    transposition per frame in the encoder thread)."""
     import torch
 
     pictures = processor.postprocess(chunk[0].permute(1, 0, 2, 3).float(), output_type="pt")  # (f, 3, H, W)
     v = torch.nan_to_num(pictures, nan=0.0, posinf=1.0, neginf=0.0).clamp(0.0, 1.0)
-    return (v * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
+    return (v * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+def host_frames(processor: Any, chunks: Iterator[Any]) -> Iterator[Any]:
+    """Decoded chunks (1, 3, f, H, W) in [-1, 1] -> their `frames_u8` (f, H, W, 3) uint8 numpy, in order.
+
+    On a CUDA device each chunk's frames are copied into page-locked host memory asynchronously, and a chunk is
+    handed on only once the next chunk's decode has been queued: the copy, and the host's wait for it, overlap that
+    decode instead of following it (a synchronous copy into pageable memory waited for the whole decode of its chunk
+    first, then copied at pageable speed). The frames are the same bytes as `frames_u8`'s. The last chunk is given
+    once `chunks` ends. Elsewhere each chunk is converted and given as it comes.
+    """
+    import torch
+
+    pending = None  # (pinned host frames, the event after their copy)
+    try:
+        for chunk in chunks:
+            frames = device_frames_u8(processor, chunk)
+            if frames.device.type != "cuda":
+                yield frames.cpu().numpy()
+                continue
+            host = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
+            host.copy_(frames, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+            if pending is not None:
+                pending[1].synchronize()
+                yield pending[0].numpy()
+            pending = (host, copied)
+        if pending is not None:
+            pending[1].synchronize()
+            yield pending[0].numpy()
+    finally:  # left unfinished (an interrupt, an error): the decode's own clean-up runs now
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def warm_decode(vae: Any, processor: Any, latents: Any, frames: int = 2) -> None:
+    """Decode the first `frames` latent frames of `latents` (1, z, F_lat, H_lat, W_lat) and make them host frames,
+    discarding them: the first decode in a process pays cuDNN's and the kernels' first-call costs (measured on an H100:
+    the tiny decoder's first 81x480x832 decode 1.06 s against 0.19 s warm, BENCHMARKS.md 2026-12-07 evening), which an
+    untimed warm-up (`--warmup N`) takes out of the timed run as it does the DiT's. Call it under inference mode; the
+    VAE's tiling as the timed decode will have it."""
+    for _ in host_frames(processor, decode_chunks(vae, latents[:, :, :frames])):
+        pass

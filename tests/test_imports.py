@@ -145,7 +145,7 @@ LAYERS = (
     ("decode", ("vsagen.decode",)),
     ("request", ("vsagen.request",)),
     ("run", ("vsagen.api", "vsagen.pipeline", "vsagen.compiling", "vsagen.estimate", "vsagen.models.loading",
-             "vsagen.models.pipeline_weights")),
+             "vsagen.models.python_loader", "vsagen.models.pipeline_weights")),
     ("commands", ("vsagen.commands",)),
     ("interface", ("vsagen", "vsagen.__main__", "vsagen.cli", "vsagen.serve")),
 )

@@ -4,7 +4,7 @@ Shape vocabulary used throughout: B batch, S tokens (T*Hl*Wl latent tokens after
 D head dim, (T, Hl, Wl) the post-patch latent grid, Q_TILES / KV_TILES tile counts, K top-k.
 
 Python API: `vsagen.load_pipeline(model)` (a diffusers Wan pipeline loaded as the commands load it, see
-`vsagen.models.loading`) and `vsagen.apply(pipe, backend, **options)` (see `vsagen.api`; `vsagen.BackendSpec`, a backend
+`vsagen.models.python_loader`) and `vsagen.apply(pipe, backend, **options)` (see `vsagen.api`; `vsagen.BackendSpec`, a backend
 name with its options, is one of the backends it takes), each imported on first use so that `import vsagen` stays
 light (no torch, no diffusers).
 """
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return apply
     if name == "load_pipeline":
-        from .models.loading import load_pipeline
+        from .models.python_loader import load_pipeline
 
         return load_pipeline
     if name == "BackendSpec":

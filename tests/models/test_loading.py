@@ -314,7 +314,7 @@ def test_load_pipeline_bad_input_is_one_line(vsagen_cache, model, kwargs, match)
 def test_load_pipeline_names_its_arguments_not_the_flags():
     """New-user trial: load_pipeline's errors said "--dtype must be one of ..." and "pass --model DIR, or try
     --model tiny"; they name the Python arguments, and leave other tools' flags (hf's --local-dir) alone."""
-    from vsagen.models.loading import _as_arguments
+    from vsagen.models.python_loader import _as_arguments
 
     assert _as_arguments("--dtype must be one of auto, bf16, fp16, fp32, got 'x'") == \
         "dtype must be one of auto, bf16, fp16, fp32, got 'x'"

@@ -65,7 +65,8 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_fp8_rows` as the forward runs it: on CUDA the one-pass Triton kernel (`vsagen.kernels.act_quant`,
     the same values bit for bit, one custom op in eager runs and under `--compile` alike, compiled by Triton once
-    per K and never per token count), the torch formula elsewhere (and for dtypes the kernel does not read)."""
+    per dtype and tile shape, never per token count), the torch formula elsewhere (and for dtypes the kernel does
+    not read)."""
     if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
         from ..kernels.act_quant import quantize_fp8_rows_op
 
@@ -110,7 +111,11 @@ class Fp8Linear(LowBitLinear):
     def linear_2d(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = quantize_activations(x)
         y = fp8_matmul(xq, xs, self.weight_fp8, self.weight_scale, x.dtype)
-        return y if self.bias is None else (y.float() + self.bias.float()).to(x.dtype)
+        if self.bias is None:
+            return y
+        if self.bias.dtype == y.dtype:  # one pass, in place: the same rounding (float32 sum, rounded once)
+            return y.add_(self.bias)
+        return (y.float() + self.bias.float()).to(x.dtype)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:
         """The weight the e4m3 values and channel scales stand for, in `dtype` (computed in float32 unless `dtype` is

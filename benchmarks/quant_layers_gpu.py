@@ -13,7 +13,8 @@ Prints, for the GPU it runs on:
      (quantized input given), and the rest (forward - quantizer - GEMM: the bias add for FP8, Python); and the FP8
      bias both ways (in place in bf16, now; through a float32 copy of the output, before);
   4. the FP8 row quantizer's launch candidates (`act_quant.ROW_CANDIDATES`) at K = 1536 and 8960, and with
-     `--compiled-baseline` the torch formulas under torch.compile (the quantizers before, ~1 minute more).
+     `--compiled-baseline` the torch formulas under torch.compile as the DiT ran them before (every block shape
+     seen first, so the timed graph is the dynamic-shape one; about a minute more).
 Writes everything as JSON to $OUT/quant_layers.json where $OUT is set. Exits 1 when a check fails (after the tables).
 
 Usage, from the repository root (torch 2.11 / triton 3.6 on the lent H100; about a minute):
@@ -142,26 +143,32 @@ def parts(name: str, m: LowBitLinear, x: torch.Tensor, rep: int, cuda: bool) -> 
     return row
 
 
-def quantizer_configs(device: str, rep: int, cuda: bool, tokens: int, compiled: bool) -> list[dict]:
-    """The FP8 row quantizer's launch candidates (and with `compiled`, both torch formulas under torch.compile) at
-    (tokens, 1536) and (tokens, 8960)."""
+def quantizer_configs(device: str, rep: int, cuda: bool, tokens: int, text: int, compiled: bool) -> list[dict]:
+    """The FP8 row quantizer's launch candidates and the int8 block quantizer at (tokens, 1536) and (tokens, 8960);
+    with `compiled`, both torch formulas under torch.compile as the DiT ran them before: first called on every
+    shape a block gives them ((tokens, 1536), (text, 1536), (tokens, 8960): automatic dynamic shapes recompile to
+    a graph with M and K symbolic), then timed."""
+    ks = (1536, 8960) if cuda else (256, 384)
+    xs = {k: torch.randn(tokens, k, device=device).to(torch.bfloat16) for k in ks}
+    compiled_fns = []
+    if compiled:
+        for what, fn in (("torch.compile fp8 rows (before)", fp8_linear.quantize_fp8_rows),
+                         ("torch.compile int8 blocks (before)", int8_linear.quantize_int8_blocks)):
+            fn = torch.compile(fn)
+            for x in (xs[ks[0]], xs[ks[0]][:text], xs[ks[1]]):
+                fn(x)
+            compiled_fns.append((what, fn))
     rows = []
-    compiled_fns = ((("torch.compile fp8 rows (before)", torch.compile(fp8_linear.quantize_fp8_rows)),
-                     ("torch.compile int8 blocks (before)", torch.compile(int8_linear.quantize_int8_blocks)))
-                    if compiled else ())
-    for k in (1536, 8960) if cuda else (256, 384):
-        x = torch.randn(tokens, k, device=device).to(torch.bfloat16)
+    for k, x in xs.items():
         for cfg in act_quant.ROW_CANDIDATES:
             rows.append({"what": f"triton fp8 rows {tuple(cfg)}", "shape": f"{tokens}x{k}",
                          "ms": bench(lambda cfg=cfg: act_quant.quantize_fp8_rows(x, cfg), rep, cuda)})
         rows.append({"what": "triton int8 blocks", "shape": f"{tokens}x{k}",
                      "ms": bench(lambda: act_quant.quantize_int8_blocks(x), rep, cuda)})
         for what, fn in compiled_fns:
-            fn(x)
             rows.append({"what": what, "shape": f"{tokens}x{k}", "ms": bench(lambda fn=fn: fn(x), rep, cuda)})
     for r in rows:
-        rows_k = int(r["shape"].split("x")[1])
-        r["GB/s"] = tokens * rows_k * 2 * 1.5 / r["ms"] / 1e6  # bf16 read + 1-byte codes written
+        r["GB/s"] = tokens * int(r["shape"].split("x")[1]) * 3 / r["ms"] / 1e6  # bf16 read + 1-byte codes written
     return rows
 
 
@@ -221,7 +228,8 @@ def main() -> int:
         totals = {"layer": "block linears", "shape": "10 in sequence"}
         for v in VARIANTS:
             totals[v] = bench(lambda v=v: [m(xs[n]) for n, m in layers[v]], args.rep_ms, cuda)
-        qrows = quantizer_configs(device, args.rep_ms, cuda, shapes["tokens"], args.compiled_baseline)
+        qrows = quantizer_configs(device, args.rep_ms, cuda, shapes["tokens"], shapes["text"],
+                                  args.compiled_baseline)
     print_tables(table, totals, breakdown, qrows)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "quant_layers.json").write_text(json.dumps(

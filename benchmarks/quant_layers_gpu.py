@@ -12,7 +12,7 @@ Prints, for the GPU it runs on:
   3. for the low-bit layers, the forward split into its parts: the activation quantizer alone, the GEMM alone
      (quantized input given), and the rest (forward - quantizer - GEMM: the bias add for FP8, Python); and the FP8
      bias both ways (in place in bf16, now; through a float32 copy of the output, before);
-  4. the FP8 row quantizer's launch candidates (`act_quant.ROW_CANDIDATES`) at K = 1536 and 8960, and with
+  4. the quantizers' launch candidates (`act_quant.ROW_CANDIDATES`, `BLOCK_CANDIDATES`) at K = 1536 and 8960, and with
      `--compiled-baseline` the torch formulas under torch.compile as the DiT ran them before (every block shape
      seen first, so the timed graph is the dynamic-shape one; about a minute more).
 Writes everything as JSON to $OUT/quant_layers.json where $OUT is set. Exits 1 when a check fails (after the tables).
@@ -144,7 +144,7 @@ def parts(name: str, m: LowBitLinear, x: torch.Tensor, rep: int, cuda: bool) -> 
 
 
 def quantizer_configs(device: str, rep: int, cuda: bool, tokens: int, text: int, compiled: bool) -> list[dict]:
-    """The FP8 row quantizer's launch candidates and the int8 block quantizer at (tokens, 1536) and (tokens, 8960);
+    """The quantizers' launch candidates (FP8 rows, int8 blocks) at (tokens, 1536) and (tokens, 8960);
     with `compiled`, both torch formulas under torch.compile as the DiT ran them before: first called on every
     shape a block gives them ((tokens, 1536), (text, 1536), (tokens, 8960): automatic dynamic shapes recompile to
     a graph with M and K symbolic), then timed."""
@@ -163,8 +163,9 @@ def quantizer_configs(device: str, rep: int, cuda: bool, tokens: int, text: int,
         for cfg in act_quant.ROW_CANDIDATES:
             rows.append({"what": f"triton fp8 rows {tuple(cfg)}", "shape": f"{tokens}x{k}",
                          "ms": bench(lambda cfg=cfg: act_quant.quantize_fp8_rows(x, cfg), rep, cuda)})
-        rows.append({"what": "triton int8 blocks", "shape": f"{tokens}x{k}",
-                     "ms": bench(lambda: act_quant.quantize_int8_blocks(x), rep, cuda)})
+        for cfg in act_quant.BLOCK_CANDIDATES:
+            rows.append({"what": f"triton int8 blocks {tuple(cfg)}", "shape": f"{tokens}x{k}",
+                         "ms": bench(lambda cfg=cfg: act_quant.quantize_int8_blocks(x, cfg), rep, cuda)})
         for what, fn in compiled_fns:
             rows.append({"what": what, "shape": f"{tokens}x{k}", "ms": bench(lambda fn=fn: fn(x), rep, cuda)})
     for r in rows:
@@ -173,7 +174,8 @@ def quantizer_configs(device: str, rep: int, cuda: bool, tokens: int, text: int,
 
 
 def print_tables(table: list[dict], totals: dict, breakdown: list[dict], qrows: list[dict]) -> None:
-    print(f"\n{'layer':16} {'M x K x N':>18} " + " ".join(f"{v + ' ms':>9} {'x bf16':>6} {'relL2':>8}" for v in VARIANTS))
+    head = " ".join(f"{v + ' ms':>9} {'x bf16':>6} {'relL2':>8}" for v in VARIANTS)
+    print(f"\n{'layer':16} {'M x K x N':>18} {head}")
     for r in table + [totals]:
         cells = []
         for v in VARIANTS:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vsagen.kernels.act_quant import (RowQuantConfig, quantize_fp8_rows, quantize_fp8_rows_op, quantize_int8_blocks,
-                                      quantize_int8_blocks_op)
+from vsagen.kernels.act_quant import (BlockQuantConfig, RowQuantConfig, quantize_fp8_rows, quantize_fp8_rows_op,
+                                      quantize_int8_blocks, quantize_int8_blocks_op)
 from vsagen.quant import fp8_linear, int8_linear
 
 
@@ -25,7 +25,8 @@ def fp8_rows_input(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     x = torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g) * 30
     x[1] = 0.0
     x[2] = -0.0
-    ties = torch.tensor([256.0] + [s * 0.75 * 2.0 ** e for e in range(-6, 8) for s in (1, -1)] + [2.0 ** -8, -2.0 ** -8])
+    ties = [s * 0.75 * 2.0 ** e for e in range(-6, 8) for s in (1, -1)]
+    ties = torch.tensor([256.0] + ties + [2.0 ** -8, -2.0 ** -8])
     x[3, : min(cols, ties.numel())] = ties[:cols]
     return x.to(dtype)
 
@@ -53,8 +54,11 @@ def test_fp8_rows_reads_a_row_stride():
     assert same_fp8(q, want_q) and torch.equal(scale, want_scale) and q.is_contiguous()
 
 
-@pytest.mark.parametrize("rows,cols,dtype", [(130, 300, torch.bfloat16), (129, 140, torch.float32)])
-def test_int8_blocks_bitwise_as_the_torch_formula(rows, cols, dtype):
+@pytest.mark.parametrize("rows,cols,dtype,cfg", [
+    (130, 300, torch.bfloat16, None),                   # the block in registers
+    (129, 140, torch.float32, BlockQuantConfig(32, 4)),  # 32 rows at a time, walked twice
+])
+def test_int8_blocks_bitwise_as_the_torch_formula(rows, cols, dtype, cfg):
     """Partial blocks on both edges, a zero block (the 1e-8 floor), and a block whose amax is 128 (x * 128 / amax
     = x exactly) holding half-integers: ties to even, 127.5 saturating to 127."""
     g = torch.Generator().manual_seed(rows + cols)
@@ -65,7 +69,7 @@ def test_int8_blocks_bitwise_as_the_torch_formula(rows, cols, dtype):
     x[0:128, 0:128] = (torch.rand(128, 128, generator=g) - 0.5) * 200
     x[0, :10] = halves
     x = x.to(dtype)
-    q, scale = quantize_int8_blocks(x)
+    q, scale = quantize_int8_blocks(x, cfg)
     want_q, want_scale = int8_linear.quantize_int8_blocks(x)
     assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
     assert q[0, :10].tolist() == [127, 2, -2, 4, -4, 0, 0, 127, -128, 126]

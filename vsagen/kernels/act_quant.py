@@ -9,7 +9,7 @@ torch formulas of `vsagen.quant` (which they reproduce bit for bit; the tests co
   (amax, then codes).
 * `quantize_int8_blocks`: TurboDiffusion's `quant_cuda` (`vsagen.quant.int8_linear`'s formula, one scale per
   128 x 128 block): amax_b = max(1e-8, max over the block of |x|); q = clamp(rne(fl(x * fl(fl(1 / amax_b) * 128))),
-  -128, 127); scale_b = amax_b / 128. One program per block, held in registers.
+  -128, 127); scale_b = amax_b / 128. One program per block, held in registers (or walked twice in row chunks).
 
 Rounding without libdevice (the interpreter has none) and the same on the GPU: e4m3 by bits (`bsa_forward`'s
 `_round_e4m3` on |v|, the sign put back, then a cast of a value already on the grid, exact everywhere: the
@@ -43,15 +43,26 @@ _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 class RowQuantConfig(NamedTuple):
     """How `quantize_fp8_rows` launches: rows per program, K tile (a power of two), warps. `one_tile_k`: the
     largest K held whole in registers (one load); past it the row block is walked twice."""
-    block_m: int = 4
+    block_m: int = 2
     block_k: int = 1024
     num_warps: int = 4
     one_tile_k: int = 2048
 
 
+class BlockQuantConfig(NamedTuple):
+    """How `quantize_int8_blocks` launches: rows of the 128 x 128 block loaded at a time (128: the block held in
+    registers, one read; fewer: two walks, the second from L2, more programs resident), warps."""
+    chunk_rows: int = 128
+    num_warps: int = 16
+
+
 DEFAULT_ROW_CONFIG = RowQuantConfig()
+DEFAULT_BLOCK_CONFIG = BlockQuantConfig()
 # what `benchmarks/quant_layers_gpu.py` times at the Wan DiT's shapes
-ROW_CANDIDATES = (RowQuantConfig(4, 1024, 4, 2048), RowQuantConfig(8, 512, 4, 2048), RowQuantConfig(2, 2048, 8, 4096))
+ROW_CANDIDATES = (RowQuantConfig(2, 1024, 4, 2048), RowQuantConfig(4, 1024, 4, 2048), RowQuantConfig(8, 512, 4, 0),
+                  RowQuantConfig(1, 1024, 16, 16384), RowQuantConfig(1, 1024, 8, 16384))
+BLOCK_CANDIDATES = (BlockQuantConfig(128, 16), BlockQuantConfig(128, 8), BlockQuantConfig(32, 4),
+                    BlockQuantConfig(64, 8))
 
 
 @triton.jit
@@ -64,10 +75,11 @@ def _e4m3_signed(v):
 @triton.jit(do_not_specialize=["M"])
 def _fp8_rows_kernel(X, Q, S, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                      ONE_TILE: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    in_m = rows < M
-    x_rows = X + rows.to(tl.int64)[:, None] * stride_xm
-    q_rows = Q + rows.to(tl.int64)[:, None] * K
+    first = tl.program_id(0) * BLOCK_M
+    rows = tl.arange(0, BLOCK_M)  # offsets inside the row block: int32, the block's base pointer int64
+    in_m = first + rows < M
+    x_rows = X + first.to(tl.int64) * stride_xm + rows[:, None] * stride_xm
+    q_rows = Q + first.to(tl.int64) * K + rows[:, None] * K
     cols = tl.arange(0, BLOCK_K)
     if ONE_TILE:
         mask = in_m[:, None] & (cols < K)[None, :]
@@ -81,7 +93,7 @@ def _fp8_rows_kernel(X, Q, S, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
             amax = tl.maximum(amax, tl.max(tl.abs(x), 1))
     amax = tl.maximum(amax, 1e-12)
     inv = tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), amax) * 448.0
-    tl.store(S + rows, tl.math.div_rn(amax, tl.full((BLOCK_M,), 448.0, tl.float32)), mask=in_m)
+    tl.store(S + first + rows, tl.math.div_rn(amax, tl.full((BLOCK_M,), 448.0, tl.float32)), mask=in_m)
     if ONE_TILE:
         v = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
         tl.store(q_rows + cols[None, :], _e4m3_signed(v).to(Q.dtype.element_ty), mask=mask)
@@ -93,20 +105,43 @@ def _fp8_rows_kernel(X, Q, S, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
             tl.store(q_rows + (k0 + cols)[None, :], _e4m3_signed(v).to(Q.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _int8_codes(x, inv):
+    """fp32 x times inv, clamped to [-128, 127] (integer bounds: the same as clamping after the rounding, and no
+    product feeds the addition), rounded to an integer, ties to even (1.5 * 2^23 added and taken away), as int8."""
+    v = tl.minimum(tl.maximum(x * inv, -128.0), 127.0)
+    return ((v + 12582912.0) - 12582912.0).to(tl.int8)
+
+
 @triton.jit(do_not_specialize=["M"])
-def _int8_blocks_kernel(X, Q, S, M, K, stride_xm):
+def _int8_blocks_kernel(X, Q, S, M, K, stride_xm, CHUNK: tl.constexpr):
     QB: tl.constexpr = 128
     cb = tl.program_id(0)
     rb = tl.program_id(1)
-    rows = rb * QB + tl.arange(0, QB)
-    cols = cb * QB + tl.arange(0, QB)
-    mask = (rows < M)[:, None] & (cols < K)[None, :]
-    x = tl.load(X + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.max(tl.abs(x), 1), 0), 1e-8)
+    r = tl.arange(0, CHUNK)  # offsets inside the block: int32, the block's base pointer int64
+    c = tl.arange(0, QB)
+    c_ok = (cb * QB + c < K)[None, :]
+    x_block = X + (rb * QB).to(tl.int64) * stride_xm + cb * QB
+    q_block = Q + (rb * QB).to(tl.int64) * K + cb * QB
+    if CHUNK == QB:  # the block held in registers: one read
+        mask = (rb * QB + r < M)[:, None] & c_ok
+        x = tl.load(x_block + r[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        amax = tl.max(tl.max(tl.abs(x), 1), 0)
+    else:  # CHUNK rows at a time, twice (the second read from L2)
+        amax = 0.0
+        for r0 in range(0, QB, CHUNK):
+            mask = (rb * QB + r0 + r < M)[:, None] & c_ok
+            x = tl.load(x_block + (r0 + r)[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(x), 1), 0))
+    amax = tl.maximum(amax, 1e-8)
     inv = tl.math.div_rn(1.0, amax) * 128.0
-    v = tl.minimum(tl.maximum(x * inv, -128.0), 127.0)
-    v = (v + 12582912.0) - 12582912.0  # 1.5 * 2^23: rounds to an integer, ties to even
-    tl.store(Q + rows.to(tl.int64)[:, None] * K + cols[None, :], v.to(tl.int8), mask=mask)
+    if CHUNK == QB:
+        tl.store(q_block + r[:, None] * K + c[None, :], _int8_codes(x, inv), mask=mask)
+    else:
+        for r0 in range(0, QB, CHUNK):
+            mask = (rb * QB + r0 + r < M)[:, None] & c_ok
+            x = tl.load(x_block + (r0 + r)[:, None] * stride_xm + c[None, :], mask=mask, other=0.0).to(tl.float32)
+            tl.store(q_block + (r0 + r)[:, None] * K + c[None, :], _int8_codes(x, inv), mask=mask)
     tl.store(S + rb * tl.num_programs(0) + cb, tl.math.div_rn(amax, 128.0))
 
 
@@ -141,23 +176,26 @@ def quantize_fp8_rows(x: torch.Tensor, config: RowQuantConfig | None = None) -> 
     return q, scale
 
 
-def quantize_int8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_int8_blocks(x: torch.Tensor, config: BlockQuantConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q (M, K) int8, scale (cdiv(M, 128), cdiv(K, 128)) float32), one scale per 128 x 128 block
     (module docstring: TurboDiffusion's formula).
 
     Args:
         x: (M, K) bfloat16 / float16 / float32 on the GPU (any device under TRITON_INTERPRET=1), unit column stride.
+        config: the launch (None: DEFAULT_BLOCK_CONFIG; chunk_rows a power of two dividing 128).
 
     Raises:
         ValueError: x not 2-D floating point with a unit column stride.
     """
     _check(x, "quantize_int8_blocks")
+    cfg = config or DEFAULT_BLOCK_CONFIG
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.int8, device=x.device)
     scale = torch.empty(triton.cdiv(m, QUANT_BLOCK), triton.cdiv(k, QUANT_BLOCK), dtype=torch.float32,
                         device=x.device)
     if m and k:
-        _int8_blocks_kernel[(scale.shape[1], scale.shape[0])](x, q, scale, m, k, x.stride(0), num_warps=8)
+        _int8_blocks_kernel[(scale.shape[1], scale.shape[0])](x, q, scale, m, k, x.stride(0), CHUNK=cfg.chunk_rows,
+                                                              num_warps=cfg.num_warps)
     return q, scale
 
 

@@ -1,5 +1,5 @@
-"""One-pass Triton quantizers for the low-bit linears' activations (`--quant`): each reads its input once (a row
-block's second read, fp8 with K past one tile, comes from L2) and writes the codes and scales, in place of the
+"""One-pass Triton quantizers for the low-bit linears' activations (`--quant`): each reads its input once (the two-walk
+launches read a row block twice, the second time meant to hit L2) and writes the codes and scales, in place of the
 torch formulas of `vsagen.quant` (which they reproduce bit for bit; the tests compare them under the interpreter).
 
 * `quantize_fp8_rows`: FP8 e4m3 with one float32 scale per row (`vsagen.quant.fp8_linear`'s formula):
@@ -16,11 +16,13 @@ Rounding without libdevice (the interpreter has none) and the same on the GPU: e
 interpreter's own fp32 -> e4m3 cast drops carries), int8 by the float32 magic constant 1.5 * 2^23 (v + C - C rounds
 to the nearest integer, ties to even, for |v| < 2^22). The clamp runs before the rounding (equal, the bounds being
 integers on the grid) so no product feeds the addition directly: nothing can be contracted into an FMA, which would
-round the unrounded product. The divisions are `div_rn` (Triton's `/` is approximate on the GPU).
+round the unrounded product. The divisions are `div_rn` (Triton's `/` may lower to an approximate division; the
+PTX for sm_90 has div.rn.f32, no fma, and the magic addition kept, checked with triton 3.9).
 
 Layout contract: x (M, K) bfloat16 / float16 / float32, unit column stride, any row stride; codes (M, K) contiguous;
-scales contiguous float32, (M, 1) (fp8) or (cdiv(M, 128), cdiv(K, 128)) (int8). M is not specialized (no
-recompile per token count). Unsupported: NaN / Inf inputs (the maximum ignores NaN, torch's propagates it).
+scales contiguous float32, (M, 1) (fp8) or (cdiv(M, 128), cdiv(K, 128)) (int8); the row stride and K below 2^24
+(int32 offsets inside a block). M is not specialized (no recompile per token count). Unsupported: NaN / Inf
+inputs (the maximum ignores NaN, torch's propagates it).
 
 Both are custom ops (`vsagen::quantize_fp8_rows`, `vsagen::quantize_int8_blocks`) with fake implementations, so
 `--compile` keeps each one node in the graph, and an eager run compiles nothing (no torch.compile, no dynamo guards).

@@ -173,7 +173,7 @@ def quantizer_configs(device: str, rep: int, cuda: bool, tokens: int, text: int,
     return rows
 
 
-def print_tables(table: list[dict], totals: dict, breakdown: list[dict], qrows: list[dict]) -> None:
+def print_layer_tables(table: list[dict], totals: dict, breakdown: list[dict]) -> None:
     head = " ".join(f"{v + ' ms':>9} {'x bf16':>6} {'relL2':>8}" for v in VARIANTS)
     print(f"\n{'layer':16} {'M x K x N':>18} {head}")
     for r in table + [totals]:
@@ -188,7 +188,10 @@ def print_tables(table: list[dict], totals: dict, breakdown: list[dict], qrows: 
         rest = r["forward"] - r["quant"] - r["gemm"]
         extra = (f"{r['bias_inplace']:9.3f} {r['bias_f32_round_trip']:17.3f}" if "bias_inplace" in r else "")
         print(f"{r['layer']:16} {r['variant']:5} {r['forward']:8.3f} {r['quant']:8.3f} {r['gemm']:8.3f} {rest:8.3f} "
-              f"{extra}")
+              f"{extra}", flush=True)
+
+
+def print_quantizer_table(qrows: list[dict]) -> None:
     print(f"\n{'quantizer':52} {'M x K':>12} {'ms':>8} {'GB/s':>8}")
     for r in qrows:
         print(f"{r['what']:52} {r['shape']:>12} {r['ms']:8.3f} {r['GB/s']:8.0f}")
@@ -213,7 +216,7 @@ def main() -> int:
     with torch.inference_mode():
         notes, ok = check_quantizers(xs)
         for line in notes:
-            print("check:", line)
+            print("check:", line, flush=True)
         table, breakdown = [], []
         for i, (name, lin) in enumerate(layers["bf16"]):
             x = xs[name]
@@ -230,9 +233,10 @@ def main() -> int:
         totals = {"layer": "block linears", "shape": "10 in sequence"}
         for v in VARIANTS:
             totals[v] = bench(lambda v=v: [m(xs[n]) for n, m in layers[v]], args.rep_ms, cuda)
+        print_layer_tables(table, totals, breakdown)  # printed before the quantizer sweep, which may be cut short
         qrows = quantizer_configs(device, args.rep_ms, cuda, shapes["tokens"], shapes["text"],
                                   args.compiled_baseline)
-    print_tables(table, totals, breakdown, qrows)
+    print_quantizer_table(qrows)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "quant_layers.json").write_text(json.dumps(
             {"device": dev, "notes": notes, "layers": table, "total": totals, "parts": breakdown,

@@ -11,7 +11,8 @@ Prints, for the GPU it runs on:
      to a float32 linear of the bf16 weights on the same input;
   3. for the low-bit layers, the forward split into its parts: the activation quantizer alone, the GEMM alone
      (quantized input given), and the rest (forward - quantizer - GEMM: the bias add for FP8, Python); and the FP8
-     bias both ways (in place in bf16, now; through a float32 copy of the output, before);
+     bias both ways (in place in bf16, now; through a float32 copy of the output, before), and for reference
+     `_scaled_mm` with the bias in its epilogue (not used: it rounds once where the layer's formula rounds twice);
   4. the quantizers' launch candidates (`act_quant.ROW_CANDIDATES`, `BLOCK_CANDIDATES`) at K = 1536 and 8960, and with
      `--compiled-baseline` the torch formulas under torch.compile as the DiT ran them before (every block shape
      seen first, so the timed graph is the dynamic-shape one; about a minute more).
@@ -135,6 +136,13 @@ def parts(name: str, m: LowBitLinear, x: torch.Tensor, rep: int, cuda: bool) -> 
                "gemm": bench(lambda: fp8_linear.fp8_matmul(xq, xs, m.weight_fp8, m.weight_scale, x.dtype), rep, cuda),
                "bias_inplace": bench(lambda: y.add_(m.bias), rep, cuda),
                "bias_f32_round_trip": bench(lambda: (y.float() + m.bias.float()).to(x.dtype), rep, cuda)}
+        if cuda:  # not what the layer does: the bias in _scaled_mm's epilogue rounds once, the formula twice
+            try:
+                row["gemm_bias_epilogue"] = bench(lambda: torch._scaled_mm(
+                    xq, m.weight_fp8.t(), scale_a=xs, scale_b=m.weight_scale.t(), bias=m.bias,
+                    out_dtype=torch.bfloat16), rep, cuda)
+            except RuntimeError:  # refused by this torch
+                row["gemm_bias_epilogue"] = float("nan")
     else:
         xq, xs = int8_linear.quantize_activations(x2)
         row = {"quant": bench(lambda: int8_linear.quantize_activations(x2), rep, cuda),
@@ -183,10 +191,13 @@ def print_layer_tables(table: list[dict], totals: dict, breakdown: list[dict]) -
             cells.append(f"{r[v]:9.3f} {r['bf16'] / r[v]:6.2f} {'' if err is None else format(err, '.2e'):>8}")
         print(f"{r['layer']:16} {r['shape']:>18} " + " ".join(cells))
     print(f"\n{'layer':16} {'variant':5} {'forward':>8} {'quant':>8} {'gemm':>8} {'rest':>8} {'bias add_':>9} "
-          f"{'bias f32 (before)':>17}")
+          f"{'bias f32 (before)':>17} {'gemm+bias epilogue (unused)':>27}")
     for r in breakdown:
         rest = r["forward"] - r["quant"] - r["gemm"]
-        extra = (f"{r['bias_inplace']:9.3f} {r['bias_f32_round_trip']:17.3f}" if "bias_inplace" in r else "")
+        epilogue = r.get("gemm_bias_epilogue")
+        epilogue = "" if epilogue is None else f"{epilogue:.3f}"
+        extra = (f"{r['bias_inplace']:9.3f} {r['bias_f32_round_trip']:17.3f} {epilogue:>27}"
+                 if "bias_inplace" in r else "")
         print(f"{r['layer']:16} {r['variant']:5} {r['forward']:8.3f} {r['quant']:8.3f} {r['gemm']:8.3f} {rest:8.3f} "
               f"{extra}", flush=True)
 

@@ -28,6 +28,17 @@ def test_gemm_matches_float64_and_the_cpu_path(m, n, k, cfg):
     assert torch.allclose(got, _cpu_block_matmul(xq, xs, wq, ws), rtol=1e-6, atol=1e-6 * float(mag.max()))
 
 
+def test_scalar_scales_same_bits_as_gathered():
+    """Tiles inside one 128 x 128 scale block (BLOCK_M, BLOCK_N dividing 128) load one scale pair per K step; wider
+    tiles gather them per row and column: the same products, the same bits."""
+    torch.manual_seed(4)
+    xq, xs = quantize_int8_blocks(torch.randn(150, 300) * torch.rand(150, 1))
+    wq, ws = quantize_int8_blocks(torch.randn(260, 300) * 0.1)
+    scalar = int8_block_gemm(xq, xs, wq, ws, torch.float32, config=GemmConfig(64, 128, 2, 4, 1))
+    gathered = int8_block_gemm(xq, xs, wq, ws, torch.float32, config=GemmConfig(64, 256, 2, 4, 1))
+    assert torch.equal(scalar, gathered)
+
+
 def truncated_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """float32 -> bfloat16 by dropping the low 16 bits: what the Triton interpreter's cast does (triton 3.9; a GPU
     rounds to nearest even)."""

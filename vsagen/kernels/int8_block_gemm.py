@@ -13,7 +13,10 @@ accumulated in float32 (their `dequant`, `gemm/utils.hpp:119`: one float accumul
 adding in float32 and rounding once is the same value).
 
 One program computes a (BLOCK_M, BLOCK_N) tile of y, walking K 128 at a time (BLOCK_K = 128: one scale pair per
-step; the scales of a row / column are gathered by `offs // 128`, so BLOCK_M and BLOCK_N need not be 128). The
+step; the scales of a row / column are gathered by `offs // 128`, so BLOCK_M and BLOCK_N need not be 128). Where
+BLOCK_M and BLOCK_N divide 128 (the default 128 x 128) a tile lies in one scale block each way, and each K step
+loads two scalars and multiplies the int32 partial by their product (the same value as the gathered outer
+product: one multiply per element less in the per-step rescale). The
 int8 dot accumulates exactly in int32 (at most 128 * 128 * 128 = 2^21 in magnitude). K need not be a multiple of
 128 (their kernel requires it, `kernel.hpp:182`): the loads past K read 0, which adds nothing. Program ids are
 grouped GROUP_M row tiles at a time so consecutive programs share weight tiles in L2.
@@ -60,7 +63,7 @@ CANDIDATE_CONFIGS = (
 @triton.jit
 def _int8_block_gemm_kernel(X, XS, W, WS, B, Y, M, N, K, KB, stride_xm, stride_wn, stride_ym,
                             HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            GROUP_M: tl.constexpr):
+                            GROUP_M: tl.constexpr, SCALAR_SCALES: tl.constexpr):
     QB: tl.constexpr = 128
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -78,17 +81,24 @@ def _int8_block_gemm_kernel(X, XS, W, WS, B, Y, M, N, K, KB, stride_xm, stride_w
     in_n = offs_n < N
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
     w_ptrs = W + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
-    xs_ptrs = XS + (offs_m // QB) * KB
-    ws_ptrs = WS + (offs_n // QB) * KB
+    if SCALAR_SCALES:  # the tile inside one scale block each way: one scale pair per K step
+        xs_ptrs = XS + (pid_m * BLOCK_M // QB) * KB
+        ws_ptrs = WS + (pid_n * BLOCK_N // QB) * KB
+    else:
+        xs_ptrs = XS + (offs_m // QB) * KB
+        ws_ptrs = WS + (offs_n // QB) * KB
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, KB):
         in_k = offs_k < K - kb * QB
         a = tl.load(x_ptrs, mask=in_m[:, None] & in_k[None, :], other=0)
         b = tl.load(w_ptrs, mask=in_k[:, None] & in_n[None, :], other=0)
         part = tl.dot(a, b, out_dtype=tl.int32)
-        sa = tl.load(xs_ptrs + kb, mask=in_m, other=0.0)
-        sb = tl.load(ws_ptrs + kb, mask=in_n, other=0.0)
-        acc += part.to(tl.float32) * (sa[:, None] * sb[None, :])
+        if SCALAR_SCALES:
+            acc += part.to(tl.float32) * (tl.load(xs_ptrs + kb) * tl.load(ws_ptrs + kb))
+        else:
+            sa = tl.load(xs_ptrs + kb, mask=in_m, other=0.0)
+            sb = tl.load(ws_ptrs + kb, mask=in_n, other=0.0)
+            acc += part.to(tl.float32) * (sa[:, None] * sb[None, :])
         x_ptrs += QB
         w_ptrs += QB
     out = acc.to(Y.dtype.element_ty)
@@ -136,6 +146,7 @@ def int8_block_gemm(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: to
     _int8_block_gemm_kernel[grid](
         xq, xs, wq, ws, bias if bias is not None else y, y, m, n, k, kb, xq.stride(0), wq.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m,
+        SCALAR_SCALES=QUANT_BLOCK % cfg.block_m == 0 and QUANT_BLOCK % cfg.block_n == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 

@@ -4,12 +4,15 @@ CUTLASS on sm89+), its float32 result rescaled and cast to the activations' dtyp
 
 The formulas (the row-wise recipe of torchao's float8 inference and of `torch._scaled_mm`):
     amax_m = max(AMAX_FLOOR, max_k |x[m, k]|)                   (float32)
-    xq     = e4m3(clamp(x * (448 / amax_m), -448, 448))        (round to nearest even: torch's float32 -> e4m3 cast)
+    xq     = e4m3(clamp(x * (448 / amax_m), -448, 448))        (round to nearest even: torch's float32 -> e4m3 cast;
+                                                               448 / amax_m is torch's fl(fl(1 / amax_m) * 448))
     xs_m   = amax_m / 448
     the weight the same way along its rows (output channels): wq (N, K), ws_n
-    y[m, n] = out_dtype( float32(sum_k xq[m, k] * wq[n, k]) * xs_m * ws_n );  out = y + bias (rounded once)
+    y[m, n] = out_dtype( float32(sum_k xq[m, k] * wq[n, k]) * xs_m * ws_n );  out = y + bias (rounded once; with
+    the bias in y's dtype one in-place add, a float32 sum rounded once as well)
 
-On CUDA the product is `torch._scaled_mm(xq, wq.t(), scale_a=xs (M, 1), scale_b=ws (1, N))`, which needs K and N
+On CUDA the activations are quantized by one Triton pass (`vsagen.kernels.act_quant`, the same values bit for
+bit) and the product is `torch._scaled_mm(xq, wq.t(), scale_a=xs (M, 1), scale_b=ws (1, N))`, which needs K and N
 multiples of 16 and a GPU with FP8 tensor cores (`fp8_unsupported`). Elsewhere `fp8_matmul` emulates it: the
 e4m3 values (exact in float32) multiplied in float32 and rescaled; the tests check that emulation, and the
 quantizer, against float64, and against torch's own CPU `_scaled_mm` where it exists.
@@ -20,7 +23,6 @@ FP8 tensor cores: compute capability 8.9 (Ada: L4, L40S, RTX 4090), 9.0 (Hopper:
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -60,18 +62,15 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, amax / E4M3_MAX
 
 
-@functools.cache
-def _compiled_quantizer():
-    """`quantize_fp8_rows` compiled by torch.compile (fused kernels on CUDA; torch's automatic dynamic
-    shapes after a second token count); built once per process."""
-    return torch.compile(quantize_fp8_rows)
-
-
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_fp8_rows`, compiled on CUDA in eager runs, traced into the graph under `--compile`, eager on the
-    CPU."""
-    if x.is_cuda and not torch.compiler.is_compiling():
-        return _compiled_quantizer()(x)
+    """`quantize_fp8_rows` as the forward runs it: on CUDA the one-pass Triton kernel (`vsagen.kernels.act_quant`,
+    the same values bit for bit, one custom op in eager runs and under `--compile` alike, compiled by Triton once
+    per dtype and tile shape, never per token count), the torch formula elsewhere (and for dtypes the kernel does
+    not read)."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        from ..kernels.act_quant import quantize_fp8_rows_op
+
+        return quantize_fp8_rows_op(x if x.stride(-1) == 1 else x.contiguous())
     return quantize_fp8_rows(x)
 
 
@@ -112,7 +111,11 @@ class Fp8Linear(LowBitLinear):
     def linear_2d(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = quantize_activations(x)
         y = fp8_matmul(xq, xs, self.weight_fp8, self.weight_scale, x.dtype)
-        return y if self.bias is None else (y.float() + self.bias.float()).to(x.dtype)
+        if self.bias is None:
+            return y
+        if self.bias.dtype == y.dtype:  # one pass, in place: the same rounding (float32 sum, rounded once)
+            return y.add_(self.bias)
+        return (y.float() + self.bias.float()).to(x.dtype)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:
         """The weight the e4m3 values and channel scales stand for, in `dtype` (computed in float32 unless `dtype` is

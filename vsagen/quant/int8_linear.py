@@ -34,7 +34,8 @@ In formulas, with blocks of 128 along M, N and K:
     y[m, n] = out_dtype( sum_kb fl32( float(sum_{k in kb} xq[m, k] * wq[n, k]) * fl32(xs[m/128, kb] * ws[n/128, kb]) ) )
     out     = y + bias                       (a bf16 + bf16 add rounds once: computing it in float32 is the same)
 
-Here: `quantize_int8_blocks` is their quantizer (in torch; compiled on CUDA), `int8_block_matmul` their GEMM
+Here: `quantize_int8_blocks` is their quantizer (in torch; on CUDA the one-pass Triton kernel of
+`vsagen.kernels.act_quant`, the same values), `int8_block_matmul` their GEMM
 (`vsagen.kernels.int8_block_gemm`, a custom op, on CUDA; on the CPU `torch._int_mm` per K slice, or an exact
 float32 product where `_int_mm` does not take the shape: every partial sum is an integer below 2^24 in magnitude,
 so float32 holds it exactly), `Int8Linear` their module. One extension: K need not be a multiple of 128 (the partial
@@ -43,7 +44,6 @@ K block reads zeros past the edge, as the quantizer does), so the tiny test mode
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -102,18 +102,14 @@ def quantize_int8_blocks(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), amax / INT8_MAX
 
 
-@functools.cache
-def _compiled_quantizer():
-    """`quantize_int8_blocks` compiled by torch.compile (fused kernels on CUDA; torch's automatic dynamic
-    shapes after a second token count); built once per process."""
-    return torch.compile(quantize_int8_blocks)
-
-
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_int8_blocks`, compiled on CUDA in eager runs, traced into the graph under `--compile`, eager on the
-    CPU (the same values: the benchmark checks compiled against eager)."""
-    if x.is_cuda and not torch.compiler.is_compiling():
-        return _compiled_quantizer()(x)
+    """`quantize_int8_blocks` as the forward runs it: on CUDA the one-pass Triton kernel (`vsagen.kernels.act_quant`,
+    one program per 128 x 128 block, the same values bit for bit, one custom op in eager runs and under `--compile`
+    alike, never recompiled per token count), the torch formula elsewhere (and for dtypes the kernel does not read)."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        from ..kernels.act_quant import quantize_int8_blocks_op
+
+        return quantize_int8_blocks_op(x if x.stride(-1) == 1 else x.contiguous())
     return quantize_int8_blocks(x)
 
 

@@ -171,8 +171,4 @@ def quantize_pipeline(pipe: Any, quant: str) -> list[str]:
     those already int8 from a `-quant` file kept as loaded). Returns the run notes (none for "none")."""
     if quant == "none":
         return []
-    notes = [f"--quant {quant}: {name}: {quantize_transformer(t, quant).note()}" for name, t in experts(pipe)]
-    if any(b.is_cuda for _, t in experts(pipe) for b in t.buffers()):
-        notes.append(f"--quant {quant}: the activation quantizers are compiled (torch.compile) in the first DiT "
-                     "forward, tens of seconds once: --warmup 1 keeps that out of the timed steps")
-    return notes
+    return [f"--quant {quant}: {name}: {quantize_transformer(t, quant).note()}" for name, t in experts(pipe)]

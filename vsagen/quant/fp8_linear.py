@@ -8,8 +8,9 @@ The formulas (the row-wise recipe of torchao's float8 inference and of `torch._s
                                                                448 / amax_m is torch's fl(fl(1 / amax_m) * 448))
     xs_m   = amax_m / 448
     the weight the same way along its rows (output channels): wq (N, K), ws_n
-    y[m, n] = out_dtype( float32(sum_k xq[m, k] * wq[n, k]) * xs_m * ws_n );  out = y + bias (rounded once; with
-    the bias in y's dtype one in-place add, a float32 sum rounded once as well)
+    y[m, n] = out_dtype( float32(sum_k xq[m, k] * wq[n, k]) * xs_m * ws_n + bias_n )   (rounded once: the bias in
+    the GEMM's epilogue, `_scaled_mm(bias=)`; an add after the GEMM cost a whole pass over the (tokens, out) output,
+    0.15 ms of a 0.36 ms 32760x1536x1536 layer on an H100, BENCHMARKS.md 2026-12-07 evening)
 
 On CUDA the activations are quantized by one Triton pass (`vsagen.kernels.act_quant`, the same values bit for
 bit) and the product is `torch._scaled_mm(xq, wq.t(), scale_a=xs (M, 1), scale_b=ws (1, N))`, which needs K and N
@@ -75,21 +76,26 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor,
-               out_dtype: torch.dtype) -> torch.Tensor:
-    """y = out_dtype((xq . wq^T) * xs * ws^T) (module docstring).
+               out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = out_dtype((xq . wq^T) * xs * ws^T + bias), rounded once (module docstring).
 
     Args:
         xq: (M, K) float8_e4m3fn; xs: (M, 1) float32. wq: (N, K) float8_e4m3fn; ws: (N, 1) float32.
-        out_dtype: y's dtype.
+        out_dtype: y's dtype. bias: (N,) or None.
 
     Returns:
-        (M, N) out_dtype: `torch._scaled_mm` on CUDA (its bf16 result cast to another out_dtype), the float32
-        emulation elsewhere.
+        (M, N) out_dtype: `torch._scaled_mm` on CUDA, the bias in its epilogue where it is bf16 (row-wise scaling
+        writes bf16 only, torch 2.11: another out_dtype is cast from its result, another bias dtype added after in
+        float32), the float32 emulation elsewhere.
     """
-    if xq.is_cuda:  # row-wise scaling writes bf16 only (torch 2.11): other dtypes are cast from it
-        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), out_dtype=torch.bfloat16)
+    if xq.is_cuda:
+        fused = bias if bias is not None and bias.dtype == torch.bfloat16 else None
+        y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws.t(), bias=fused, out_dtype=torch.bfloat16)
+        if bias is not None and fused is None:
+            return (y.float() + bias.float()).to(out_dtype)
         return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
-    return ((xq.float() @ wq.float().t()) * xs * ws.t()).to(out_dtype)
+    y = (xq.float() @ wq.float().t()) * xs * ws.t()
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 class Fp8Linear(LowBitLinear):
@@ -110,12 +116,7 @@ class Fp8Linear(LowBitLinear):
 
     def linear_2d(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = quantize_activations(x)
-        y = fp8_matmul(xq, xs, self.weight_fp8, self.weight_scale, x.dtype)
-        if self.bias is None:
-            return y
-        if self.bias.dtype == y.dtype:  # one pass, in place: the same rounding (float32 sum, rounded once)
-            return y.add_(self.bias)
-        return (y.float() + self.bias.float()).to(x.dtype)
+        return fp8_matmul(xq, xs, self.weight_fp8, self.weight_scale, x.dtype, self.bias)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:
         """The weight the e4m3 values and channel scales stand for, in `dtype` (computed in float32 unless `dtype` is

@@ -472,6 +472,36 @@ def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(i2v_ser
     assert (sorted(images.iterdir()) if images.exists() else []) == kept
 
 
+@pytest.mark.slow
+def test_the_page_of_an_image_to_video_server_uploads_the_image(i2v_server, tmp_path):
+    """Headless Chromium (skipped where Playwright or a browser is missing): the page's image field sends the file
+    as input_reference with the form's fields, attn among them; the video is made from it and plays."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    (tmp_path / "fox.png").write_bytes(PNG)
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=_browser(), args=["--no-sandbox"])
+        except Exception as e:  # noqa: BLE001 - no browser here
+            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
+        page = browser.new_page()
+        page.goto(i2v_server.url + "/")
+        page.fill("#prompt", "a fox from the page")
+        page.fill("#attn", "vsa:sparsity=0.25")
+        page.set_input_files("#image", str(tmp_path / "fox.png"))
+        page.click("#submit")
+        mine = lambda: [v for v in i2v_server.client().get("/v1/videos").json()["data"]  # noqa: E731
+                        if v["prompt"] == "a fox from the page"]
+        deadline = time.monotonic() + 30
+        while not mine():
+            assert time.monotonic() < deadline, page.inner_text("#message")
+            time.sleep(0.05)
+        page.wait_for_selector(f"#{mine()[0]['id']} video.result", timeout=60_000)
+        browser.close()
+    video = mine()[0]
+    assert video["vsagen"]["input_reference"] is True and video["vsagen"]["attn"].startswith("vsa:sparsity=0.25:")
+    assert (i2v_server.folder / "serve" / "images" / f"{video['id']}.png").read_bytes() == PNG
+
+
 @pytest.mark.slow  # a second start of the image-to-video server
 def test_a_queued_image_to_video_job_survives_kill_9(i2v_server):
     """kill -9 while one i2v job runs and another waits: the restarted server finds both images and makes both

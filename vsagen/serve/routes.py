@@ -306,7 +306,8 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
 
     @app.get("/")
     def page() -> Any:
-        return HTMLResponse(page_html(served.request.model, f"{served.request.width}x{served.request.height}"))
+        return HTMLResponse(page_html(served.request.model, f"{served.request.width}x{served.request.height}",
+                                      image=served.request.images_per_video))
 
     @app.get("/health")
     def health() -> Any:

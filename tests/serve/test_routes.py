@@ -7,6 +7,7 @@ each start costs the imports and the load; the videos are 16x16, 1 frame, 1-2 st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -266,38 +268,50 @@ def test_a_retried_post_with_its_idempotency_key_is_one_job(server):
                            flags=re.M)[1]) > 0
 
 
-def _browser():
-    """A Chromium for Playwright: the system's (Debian's `chromium`), else Playwright's own; None where neither."""
+@contextlib.contextmanager
+def _browser_page(url: str):
+    """A page of headless Chromium through Playwright at `url` (skipped where either is missing): the system's
+    Chromium (Debian's `chromium`), else Playwright's own."""
     import shutil
 
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        except Exception as e:  # noqa: BLE001 - no browser here
+            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
+        page = browser.new_page()
+        page.goto(url)
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+def _listed(server: Server, prompt: str, page: Any) -> dict:
+    """The video of `prompt` once the server lists it (the page's form sent it); the page's message if not."""
+    deadline = time.monotonic() + 30
+    while True:
+        mine = [v for v in server.client().get("/v1/videos").json()["data"] if v["prompt"] == prompt]
+        if mine:
+            return mine[0]
+        assert time.monotonic() < deadline, page.inner_text("#message")
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
 def test_the_page_makes_a_video_in_a_real_browser_and_it_plays(server):
     """Headless Chromium through Playwright (skipped where either is missing): the page's form submits a job, the
     list shows it finish, the video element plays the mp4 (frames decoded, time advancing) beside its timing."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        try:
-            browser = p.chromium.launch(executable_path=_browser(), args=["--no-sandbox"])
-        except Exception as e:  # noqa: BLE001 - no browser here
-            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
-        page = browser.new_page()
-        page.goto(server.url + "/")
+    with _browser_page(server.url + "/") as page:
         assert page.title() == "vsagen serve: tiny"
         page.fill("#prompt", "a fox <b>in markup</b>")
         page.fill("#size", "32x16")
         page.fill("#seconds", "1")
         page.fill("#steps", "1")
         page.click("#submit")
-        mine = lambda: [v for v in server.client().get("/v1/videos").json()["data"]  # noqa: E731
-                        if v["prompt"] == "a fox <b>in markup</b>"]
-        deadline = time.monotonic() + 30
-        while not mine():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        box = f"#{mine()[0]['id']}"
+        box = f"#{_listed(server, 'a fox <b>in markup</b>', page)['id']}"
         page.wait_for_selector(f"{box} video.result", timeout=60_000)
         played = page.evaluate("""async (box) => {
             const v = document.querySelector(box + ' video.result');
@@ -310,7 +324,6 @@ def test_the_page_makes_a_video_in_a_real_browser_and_it_plays(server):
         }""", box)
         text = page.inner_text(box)
         bold = page.locator("#jobs b").count()
-        browser.close()
     assert played == {"width": 32, "height": 16, "duration": 1.125, "advanced": True, "error": None}
     assert "a fox <b>in markup</b> (32x16, 1.125 s, seed 0)" in text and "completed" in text and bold == 0
     assert "denoise" in text and "wait (text encode to mp4 written)" in text
@@ -475,29 +488,15 @@ def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(i2v_ser
 @pytest.mark.slow
 def test_the_page_of_an_image_to_video_server_uploads_the_image(i2v_server, tmp_path):
     """Headless Chromium (skipped where Playwright or a browser is missing): the page's image field sends the file
-    as input_reference with the form's fields, attn among them; the video is made from it and plays."""
-    sync_api = pytest.importorskip("playwright.sync_api")
+    as input_reference with the form's fields, attn among them; the finished video shows on the page."""
     (tmp_path / "fox.png").write_bytes(PNG)
-    with sync_api.sync_playwright() as p:
-        try:
-            browser = p.chromium.launch(executable_path=_browser(), args=["--no-sandbox"])
-        except Exception as e:  # noqa: BLE001 - no browser here
-            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
-        page = browser.new_page()
-        page.goto(i2v_server.url + "/")
+    with _browser_page(i2v_server.url + "/") as page:
         page.fill("#prompt", "a fox from the page")
         page.fill("#attn", "vsa:sparsity=0.25")
         page.set_input_files("#image", str(tmp_path / "fox.png"))
         page.click("#submit")
-        mine = lambda: [v for v in i2v_server.client().get("/v1/videos").json()["data"]  # noqa: E731
-                        if v["prompt"] == "a fox from the page"]
-        deadline = time.monotonic() + 30
-        while not mine():
-            assert time.monotonic() < deadline, page.inner_text("#message")
-            time.sleep(0.05)
-        page.wait_for_selector(f"#{mine()[0]['id']} video.result", timeout=60_000)
-        browser.close()
-    video = mine()[0]
+        video = _listed(i2v_server, "a fox from the page", page)
+        page.wait_for_selector(f"#{video['id']} video.result", timeout=60_000)
     assert video["vsagen"]["input_reference"] is True and video["vsagen"]["attn"].startswith("vsa:sparsity=0.25:")
     assert (i2v_server.folder / "serve" / "images" / f"{video['id']}.png").read_bytes() == PNG
 

@@ -434,6 +434,15 @@ def test_image_to_video_over_http(i2v_server, tmp_path):
         contents = [c.get(f"/v1/videos/{d['id']}/content").content for d in done]
         assert all(x[4:8] == b"ftyp" for x in contents) and contents[0] != contents[1]
         timing = [c.get(f"/v1/videos/{d['id']}/timing").json() for d in done]
+        key = {"Idempotency-Key": "i2v-1"}  # the image counts as a field of the request
+        again = [c.post("/v1/videos", data={"prompt": "a fox"}, headers=key,
+                        files={"input_reference": ("a.png", image, "image/png")})
+                 for image in (PNG, PNG, _png((40, 36), seed=9))]
+        assert [r.status_code for r in again] == [200, 200, 409] and again[0].json()["id"] == again[1].json()["id"]
+        assert sorted(p.name for p in images.iterdir()) == sorted(f"{v['id']}.{x}" for v, x in (
+            (video, "png"), (other.json(), "jpg"), (again[0].json(), "png")))  # nothing of the replay nor the 409
+        assert c.delete(f"/v1/videos/{video['id']}").json()["deleted"] is True
+        assert not (images / f"{video['id']}.png").exists()  # deleted with its job
     assert timing[0]["image"] == str(images / f"{video['id']}.png") and timing[0]["fit"] == "crop"
     assert timing[1]["image"].endswith(".jpg") and timing[1]["fit"] == "resize"
     assert [t["backend"]["sparsity"] for t in timing] == [0.875, 0.5] and timing[1]["attn_requested"] == \

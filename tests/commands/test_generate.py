@@ -321,7 +321,7 @@ def test_a_resident_model_makes_the_videos_of_generate_for_each_request(vsagen_c
         notes = [[n for n in r.summary["timing"]["notes"] if not n.startswith("--vae-tiling auto")]  # (free memory)
                  for r in (served, alone)]
         assert notes[0] == notes[1] and len(served.summary["timing"]["notes"]) == len(alone.summary["timing"]["notes"])
-    with pytest.raises(BadInput, match=r"^this request changes backends, attn_requested of the loaded model"):
+    with pytest.raises(BadInput, match=r"^this request changes backends of the loaded model"):
         resident.generate(resolve("x", **{**flags, "attn": "vsa"}, out=tmp_path / "vsa.mp4"))
 
 
@@ -335,3 +335,67 @@ def test_a_resident_model_of_random_weights_keeps_its_seed(vsagen_cache, tmp_pat
     resident.request = resolve("loaded", **flags, seed=1, out=tmp_path / "a.mp4")
     assert resident.differs(resolve("other", **{**flags, "height": 32}, seed=1, out=tmp_path / "b.mp4")) == []
     assert resident.differs(resolve("other", **flags, seed=2, out=tmp_path / "c.mp4")) == ["seed"]
+
+
+@pytest.mark.slow
+def test_a_resident_image_to_video_model_makes_each_request_s_video_of_its_image(vsagen_cache, i2v_dir, tmp_path):
+    """A resident image-to-video model (`images_per_video`: loaded without an image): each request brings its image
+    (and fit) and may change its backend's per-run options (vsa's sparsity); the mp4 is byte for byte the one
+    `generate` makes of that request alone, its JSON recording the image and the backend that ran; another image
+    is another video."""
+    from dataclasses import replace
+
+    from conftest import noise_image
+
+    from vsagen.commands.generate import Resident, generate
+    from vsagen.commands.generate_config import resolve_run
+    from vsagen.request.backends import per_run_spec
+    from vsagen.request.options import request_options
+
+    flags = dict(model="tiny-i2v", steps=1, height=32, width=48, frames=1, device="cpu", attn="vsa:impl=torch")
+    loaded = resolve_run("loaded", request_options(**flags, out=tmp_path / "loaded.mp4"), images_per_video=True)
+    assert loaded.image is None and loaded.image_to_video and loaded.images_per_video
+    resident = Resident(loaded)
+    image = noise_image(tmp_path / "b.jpg", (64, 40), seed=2)
+    alone = generate(resolve("a fox", **{**flags, "attn": "vsa:impl=torch:sparsity=0.5"}, image=image, fit="resize",
+                             out=tmp_path / "alone.mp4"), progress=False)
+    cfg = resolve("a fox", **flags, image=image, fit="resize", out=tmp_path / "served.mp4")
+    cfg = replace(cfg, backends=(per_run_spec(loaded.backend, "vsa:sparsity=0.5", flags["attn"]),))
+    assert resident.differs(cfg) == [] and resident.backend_for(cfg) is not resident.backend
+    served = resident.generate(cfg)
+    assert served.video_path.read_bytes() == alone.video_path.read_bytes()
+    assert (served.summary["image"], served.summary["fit"]) == (str(image), "resize")
+    assert served.summary["backend"]["sparsity"] == alone.summary["backend"]["sparsity"] == 0.5
+    other = noise_image(tmp_path / "a.png", (40, 36), seed=1)
+    again = resident.generate(replace(cfg, image=other, out=tmp_path / "other.mp4",
+                                      json_out=tmp_path / "other.json"))
+    assert again.video_path.read_bytes() != served.video_path.read_bytes() and again.summary["image"] == str(other)
+
+
+def test_what_a_resident_model_lets_a_request_change(vsagen_cache, tmp_path):
+    """The fields a request may not change, by the comparison alone (nothing loaded): an image for a text-to-video
+    model, none for an image-to-video one; the backend's per-run options but not its cube nor another backend."""
+    from dataclasses import replace
+
+    from conftest import noise_image
+
+    from vsagen.attention.spec import resolve_spec
+    from vsagen.commands.generate import Resident
+    from vsagen.commands.generate_config import resolve_run
+    from vsagen.request.options import request_options
+
+    image = noise_image(tmp_path / "a.png", (32, 32))
+    flags = dict(steps=1, height=16, width=16, frames=1, device="cpu", attn="vsa")
+    t2v, i2v = object.__new__(Resident), object.__new__(Resident)
+    t2v.request = resolve("loaded", model="tiny", **flags, out=tmp_path / "a.mp4")
+    i2v.request = resolve_run("loaded", request_options(model="tiny-i2v", **flags, out=tmp_path / "b.mp4"),
+                              images_per_video=True)
+    assert i2v.differs(resolve("x", model="tiny-i2v", **flags, image=image, fit="resize", out=tmp_path / "c.mp4")) == []
+    assert i2v.differs(replace(i2v.request, images_per_video=False)) == ["image"]
+    with_image = resolve("x", model="tiny-ti2v", **{**flags, "height": 32, "width": 32}, image=image,
+                         out=tmp_path / "d.mp4")
+    assert "image" in t2v.differs(with_image) and "image" not in t2v.differs(replace(with_image, image=None))
+    request = t2v.request
+    assert t2v.differs(replace(request, backends=(resolve_spec("vsa:sparsity=0.3:precision=int8"),))) == []
+    assert t2v.differs(replace(request, backends=(resolve_spec("vsa:tile=4x4x8"),))) == ["backends"]
+    assert t2v.differs(replace(request, backends=(resolve_spec("sla"),), attn_requested="sla")) == ["backends"]

@@ -272,3 +272,18 @@ def test_a_prompt_with_a_nul_or_past_the_metadata_s_limit_is_refused_before_anyt
         resolve("é" * 8193, **flags)
     assert resolve("x" * PROMPT_BYTES, **flags).prompt == "x" * PROMPT_BYTES
     assert not list(tmp_path.iterdir())
+
+
+def test_a_resident_image_to_video_request_is_taken_without_an_image(tmp_path):
+    """`images_per_video` (vsagen serve's loaded request): an image-to-video model without an image is image to
+    video, its videos bringing theirs; a text-to-video model, or a request with its image, is as without it."""
+    from vsagen.commands.generate_config import resolve_run
+    from vsagen.request.options import request_options
+
+    flags = dict(steps=1, height=32, width=32, frames=1, device="cpu", out=tmp_path / "a.mp4")
+    with pytest.raises(BadInput, match="is an image-to-video model; use `vsagen i2v IMAGE PROMPT`"):
+        resolve_run("x", request_options(model="tiny-i2v", **flags))
+    cfg = resolve_run("x", request_options(model="tiny-i2v", **flags), images_per_video=True)
+    assert (cfg.image, cfg.images_per_video, cfg.image_to_video) == (None, True, True)
+    t2v = resolve_run("x", request_options(model="tiny", **flags), images_per_video=True)
+    assert (t2v.images_per_video, t2v.image_to_video) == (False, False)

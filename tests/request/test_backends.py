@@ -1,6 +1,7 @@
 """vsagen.request.backends: `--attn` entries as specs: one entry (with `auto`) or a list, options by precedence
 (entry or flag, never both > the preset's table > the default), entries that are one configuration, `--attn auto`'s
-choice; names and implementations read from the registry (a new backend needs no change here)."""
+choice; names and implementations read from the registry (a new backend needs no change here); a loaded backend's
+options changed for one run (`vsagen serve`'s per-video `attn`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 from vsagen.attention import backend_names
 from vsagen.attention.spec import impls_of
 from vsagen.errors import BadInput
-from vsagen.request.backends import attention_specs, auto_spec, backend_specs, known_impls, parse_attn
+from vsagen.attention.spec import resolve_spec
+from vsagen.request.backends import (attention_specs, auto_spec, backend_specs, fixed_changes, known_impls, parse_attn,
+                                     per_run_options, per_run_spec)
 from vsagen.request.options import AttentionOptions
 
 
@@ -158,3 +161,41 @@ def test_compare_runs_every_backend_on_one_covering_crop_plan(tmp_path):
     cfg = resolve_compare("x", model="tiny", attn="vsa,vsa:tile=4x8x8", tile_fit="crop", out=tmp_path / "c")
     assert [s.tile for s in cfg.backends] == [(4, 4, 4), (4, 8, 8)] and cfg.crop_tile == (4, 8, 8)
     assert cfg.plan().fit == "crop" and cfg.plan().denoise_grid == (8, 8, 16)
+
+
+def test_the_options_a_run_can_change_leave_out_the_cube_and_the_files():
+    assert per_run_options("vsa") == ("sparsity", "impl", "query_rows", "precision")
+    assert per_run_options("sparse-vdit") == ("remap", "impl", "query_block", "sdpa_heads")  # not its patterns file
+    assert "topk" in per_run_options("sla") and "proj_weights" not in per_run_options("sla")
+    assert per_run_options("full") == ()
+    for name in backend_names():  # never a file nor the cube, whatever the backend
+        assert not {"tile", "gate_weights", "proj_weights", "patterns"} & set(per_run_options(name))
+
+
+def test_a_run_s_spec_is_the_loaded_one_with_what_the_entry_changes():
+    loaded = resolve_spec("vsa:sparsity=0.5:impl=torch")
+    spec = per_run_spec(loaded, " vsa:sparsity=0.9 ", "vsa:sparsity=0.5:impl=torch")
+    assert (spec.name, spec.sparsity, spec.impl, spec.options.tile) == ("vsa", 0.9, "torch", "4x4x4")  # impl kept
+    assert per_run_spec(loaded, "vsa", "x") == loaded and fixed_changes(loaded, spec) == []
+    assert fixed_changes(loaded, resolve_spec("vsa:tile=4x4x8")) == ["tile"]
+    assert fixed_changes(loaded, resolve_spec("sla")) == ["backend"]
+
+
+@pytest.mark.parametrize("text,words", [
+    ("sla", "attn 'sla' needs the sla backend; this server was started with --attn auto and runs vsa:sparsity=0.5:"),
+    ("auto", "attn 'auto' chooses a backend when the model loads; this server was started with --attn auto"),
+    ("vsa:tile=4x4x8", "attn 'vsa:tile=4x4x8': tile is fixed when the model loads; this server was started with"),
+    ("vsa:gate_weights=g.safetensors", "attn 'vsa:gate_weights=g.safetensors': gate_weights is fixed when"),
+    ("vsa:sparsity=1.5", "attn 'vsa:sparsity=1.5': sparsity must be in [0, 1), got 1.5"),
+    ("vsa:sparsity=lots", "--attn 'vsa:sparsity=lots': sparsity='lots' is not a number"),  # the --attn parser's words
+    ("vsa,full", "--attn 'vsa,full': this command runs one backend"),
+    ("vsb", "unknown --attn 'vsb'; available: "),
+])
+def test_what_a_run_cannot_change_is_one_line_naming_the_loaded_backend(text, words):
+    with pytest.raises(BadInput) as e:
+        per_run_spec(resolve_spec("vsa:sparsity=0.5"), text, "auto")
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)
+    if text in ("sla", "auto", "vsa:tile=4x4x8"):
+        assert str(e.value).endswith("a video may change vsa's sparsity, impl, query_rows, precision")
+    with pytest.raises(BadInput, match="a video may not change full's options$"):
+        per_run_spec(resolve_spec("full"), "vsa:sparsity=0.9", "full")

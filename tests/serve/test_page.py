@@ -12,8 +12,12 @@ from vsagen.serve.page import TIMING_ROWS, page_html
 
 def test_the_page_has_the_form_and_the_timing_rows():
     page = page_html("tiny", "160x96")
-    for field in ("prompt", "size", "seconds", "steps", "seed", "token"):
+    for field in ("prompt", "size", "seconds", "steps", "seed", "attn", "token"):
         assert f'id="{field}"' in page, field
+    assert 'id="image"' not in page  # a text-to-video server's
+    with_image = page_html("tiny-i2v", "160x96", image=True)
+    assert '<input id="image" name="image" type="file" accept="image/png,image/jpeg,image/webp" required>' in with_image
+    assert 'form.append("input_reference", image.files[0])' in with_image
     assert "<title>vsagen serve: tiny</title>" in page and "e.g. 160x96" in page
     rows = json.loads(re.search(r"const ROWS = (.*);", page)[1])
     assert [tuple(r) for r in rows] == list(TIMING_ROWS)

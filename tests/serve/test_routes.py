@@ -7,6 +7,7 @@ each start costs the imports and the load; the videos are 16x16, 1 frame, 1-2 st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,6 +32,22 @@ SMALL = {"size": "16x16", "frames": 1, "steps": 1}
 TOKEN = "s3cret-for-the-tests"
 QUEUE = ["--queue", "100"]  # added to the README's command: a full queue is 100 jobs waiting
 SLOW = 250  # steps of the job killed mid-video (16x16, 1 frame: ~3 s, outlasting 100 POSTs)
+
+
+def _png(size: tuple[int, int], seed: int, kind: str = "PNG") -> bytes:
+    """A random-noise RGB image (width, height) as the bytes of a `kind` file."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(out, kind)
+    return out.getvalue()
+
+
+PNG = _png((40, 36), seed=1)
 
 
 def readme_serving_block() -> list[str]:
@@ -199,7 +217,12 @@ BAD = [  # (method, path, how, body, status, words of the message)
     ("POST", "/v1/videos", "raw", b"{not json", 400, "not valid JSON"),
     ("POST", "/v1/videos", "raw", b"[" * 5000 + b"]" * 5000, 400, "not valid JSON"),  # (was a 500: RecursionError)
     ("POST", "/v1/videos", "json", {"prompt": "a\u0000b"}, 400, "the prompt holds a NUL character"),
-    ("POST", "/v1/videos", "form", {"prompt": "x", "input_reference": "img"}, 400, "image to video is not served"),
+    ("POST", "/v1/videos", "form", {"prompt": "x", "input_reference": "img"}, 400,
+     "input_reference must be an image file: send it as a file part of a multipart/form-data body"),
+    ("POST", "/v1/videos", "file", {"prompt": "x"}, 400, "input_reference: this server runs tiny, which makes videos "
+                                                         "from text and takes no image"),
+    ("POST", "/v1/videos", "json", {"prompt": "x", "attn": "vsa:sparsity=0.9"}, 400,
+     "attn 'vsa:sparsity=0.9' needs the vsa backend; this server was started with --attn auto and runs full"),
     ("POST", "/v1/videos", "form", {"prompt": "x", "steps": "1.5"}, 400, "steps must be an integer, got '1.5'"),
     ("POST", "/v1/videos", "text", "prompt=x", 415, "as JSON (application/json) or a multipart form"),
     ("POST", "/v1/videos", "json", {"prompt": "x" * 300_000}, 413, "the limit is 262144"),
@@ -216,6 +239,7 @@ BAD = [  # (method, path, how, body, status, words of the message)
 def test_bad_requests_get_one_line_and_a_4xx(server, method, path, how, body, status, words):
     kwargs = ({"json": body} if how == "json" else
               {"files": {k: (None, v) for k, v in body.items()}} if how == "form" else
+              {"data": body, "files": {"input_reference": ("a.png", PNG, "image/png")}} if how == "file" else
               {"content": body, "headers": {"Content-Type": "application/json" if how == "raw" else "text/plain"}}
               if how in ("raw", "text") else {})
     with server.client() as c:
@@ -244,38 +268,50 @@ def test_a_retried_post_with_its_idempotency_key_is_one_job(server):
                            flags=re.M)[1]) > 0
 
 
-def _browser():
-    """A Chromium for Playwright: the system's (Debian's `chromium`), else Playwright's own; None where neither."""
+@contextlib.contextmanager
+def _browser_page(url: str):
+    """A page of headless Chromium through Playwright at `url` (skipped where either is missing): the system's
+    Chromium (Debian's `chromium`), else Playwright's own."""
     import shutil
 
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        except Exception as e:  # noqa: BLE001 - no browser here
+            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
+        page = browser.new_page()
+        page.goto(url)
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+def _listed(server: Server, prompt: str, page: Any) -> dict:
+    """The video of `prompt` once the server lists it (the page's form sent it); the page's message if not."""
+    deadline = time.monotonic() + 30
+    while True:
+        mine = [v for v in server.client().get("/v1/videos").json()["data"] if v["prompt"] == prompt]
+        if mine:
+            return mine[0]
+        assert time.monotonic() < deadline, page.inner_text("#message")
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
 def test_the_page_makes_a_video_in_a_real_browser_and_it_plays(server):
     """Headless Chromium through Playwright (skipped where either is missing): the page's form submits a job, the
     list shows it finish, the video element plays the mp4 (frames decoded, time advancing) beside its timing."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        try:
-            browser = p.chromium.launch(executable_path=_browser(), args=["--no-sandbox"])
-        except Exception as e:  # noqa: BLE001 - no browser here
-            pytest.skip(f"no Chromium for Playwright here ({type(e).__name__})")
-        page = browser.new_page()
-        page.goto(server.url + "/")
+    with _browser_page(server.url + "/") as page:
         assert page.title() == "vsagen serve: tiny"
         page.fill("#prompt", "a fox <b>in markup</b>")
         page.fill("#size", "32x16")
         page.fill("#seconds", "1")
         page.fill("#steps", "1")
         page.click("#submit")
-        mine = lambda: [v for v in server.client().get("/v1/videos").json()["data"]  # noqa: E731
-                        if v["prompt"] == "a fox <b>in markup</b>"]
-        deadline = time.monotonic() + 30
-        while not mine():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        box = f"#{mine()[0]['id']}"
+        box = f"#{_listed(server, 'a fox <b>in markup</b>', page)['id']}"
         page.wait_for_selector(f"{box} video.result", timeout=60_000)
         played = page.evaluate("""async (box) => {
             const v = document.querySelector(box + ' video.result');
@@ -288,7 +324,6 @@ def test_the_page_makes_a_video_in_a_real_browser_and_it_plays(server):
         }""", box)
         text = page.inner_text(box)
         bold = page.locator("#jobs b").count()
-        browser.close()
     assert played == {"width": 32, "height": 16, "duration": 1.125, "advanced": True, "error": None}
     assert "a fox <b>in markup</b> (32x16, 1.125 s, seed 0)" in text and "completed" in text and bold == 0
     assert "denoise" in text and "wait (text encode to mp4 written)" in text
@@ -357,6 +392,143 @@ def test_sigterm_stops_the_server_and_every_waiting_job_stays_queued(server):
     videos = server.folder / "serve" / "videos"
     assert all((videos / f"{j.id}.mp4").is_file() == (j.status == "completed") for j in jobs)
     assert not list(videos.glob(".*"))  # the stopped job's temporaries gone with it
+
+
+I2V = ["serve", "--model", "tiny-i2v", "--attn", "vsa", "--steps", "1", "--height", "32", "--width", "32", "--frames",
+       "1"]
+
+
+@pytest.fixture(scope="module")
+def i2v_server(tmp_path_factory, vsagen_cache, i2v_dir):
+    """An image-to-video server (tiny-i2v, `--attn vsa`: a video may change its sparsity), started once."""
+    s = Server(tmp_path_factory.mktemp("serve-i2v"), vsagen_cache)
+    s.start(I2V)
+    yield s
+    s.stop(signal.SIGKILL)
+
+
+def _upload(client: httpx.Client, image: bytes, name: str = "a.png", kind: str = "image/png",
+            **fields: str) -> httpx.Response:
+    """POST /v1/videos as a multipart form: `fields`, and `image` as the file part input_reference."""
+    return client.post("/v1/videos", data={"prompt": "a fox", **fields}, files={"input_reference": (name, image, kind)})
+
+
+@pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's, about OpenAI's own service
+def test_image_to_video_over_http(i2v_server, tmp_path):
+    """A real multipart upload: the job queued with its image kept under its id, the video made from it; a second
+    image makes another video; a video's attn changes the loaded vsa's sparsity and its JSON records what ran; the
+    openai SDK's videos.create(input_reference=...) works unchanged."""
+    images = i2v_server.folder / "serve" / "images"
+    with i2v_server.client() as c:
+        first = _upload(c, PNG)
+        assert first.status_code == 200, first.text
+        video = first.json()
+        assert video["status"] == "queued" and video["vsagen"]["input_reference"] is True
+        assert (images / f"{video['id']}.png").read_bytes() == PNG
+        other = _upload(c, _png((48, 32), seed=2, kind="JPEG"), "b.jpg", "image/jpeg", fit="resize",
+                        attn="vsa:sparsity=0.5", seed="0")
+        assert other.status_code == 200, other.text
+        assert other.json()["vsagen"]["attn"].startswith("vsa:sparsity=0.5:")
+        done = [wait_done(c, v["id"]) for v in (video, other.json())]
+        assert [d["status"] for d in done] == ["completed"] * 2, done
+        contents = [c.get(f"/v1/videos/{d['id']}/content").content for d in done]
+        assert all(x[4:8] == b"ftyp" for x in contents) and contents[0] != contents[1]
+        timing = [c.get(f"/v1/videos/{d['id']}/timing").json() for d in done]
+        key = {"Idempotency-Key": "i2v-1"}  # the image counts as a field of the request
+        again = [c.post("/v1/videos", data={"prompt": "a fox"}, headers=key,
+                        files={"input_reference": ("a.png", image, "image/png")})
+                 for image in (PNG, PNG, _png((40, 36), seed=9))]
+        assert [r.status_code for r in again] == [200, 200, 409] and again[0].json()["id"] == again[1].json()["id"]
+        assert sorted(p.name for p in images.iterdir()) == sorted(f"{v['id']}.{x}" for v, x in (
+            (video, "png"), (other.json(), "jpg"), (again[0].json(), "png")))  # nothing of the replay nor the 409
+        assert c.delete(f"/v1/videos/{video['id']}").json()["deleted"] is True
+        assert not (images / f"{video['id']}.png").exists()  # deleted with its job
+    assert timing[0]["image"] == str(images / f"{video['id']}.png") and timing[0]["fit"] == "crop"
+    assert timing[1]["image"].endswith(".jpg") and timing[1]["fit"] == "resize"
+    assert [t["backend"]["sparsity"] for t in timing] == [0.875, 0.5] and timing[1]["attn_requested"] == \
+        "vsa:sparsity=0.5"
+    assert any(n.startswith("attn 'vsa:sparsity=0.5': this video ran") for n in timing[1]["timing"]["notes"])
+    openai = pytest.importorskip("openai")
+    (tmp_path / "c.png").write_bytes(PNG)
+    client = openai.OpenAI(base_url=f"{i2v_server.url}/v1", api_key="unused", max_retries=0)
+    with open(tmp_path / "c.png", "rb") as f:
+        sdk = client.videos.create(model="tiny-i2v", prompt="a cat", input_reference=f, extra_body={"seed": 3})
+    assert wait_done(i2v_server.client(), sdk.id)["status"] == "completed"
+
+
+BAD_IMAGES = [  # (the file part, or None: none; more fields; words of the message)
+    ((b"not an image at all", "a.png", "image/png"), {}, "cannot read image input_reference: UnidentifiedImageError"),
+    ((b"", "empty.png", "image/png"), {}, "cannot read image input_reference: UnidentifiedImageError"),
+    ((_png((40, 36), 3, "GIF"), "a.gif", "image/gif"), {},
+     "image input_reference: format GIF is not supported; use PNG, JPEG or WebP"),
+    ((_png((40, 36), 3, "BMP"), "a.png", "image/png"), {}, "image input_reference: format BMP is not supported"),
+    ((_png((8, 8), 4), "s.png", "image/png"), {}, "image input_reference is 8x8 pixels (height x width): too small"),
+    (None, {}, "input_reference is missing: this server runs tiny-i2v, an image-to-video model"),
+    (None, {"input_reference": "https://example.com/a.png"}, "input_reference must be an image file"),
+    ((PNG, "a.png", "image/png"), {"fit": "stretch"}, "fit must be one of crop, resize"),
+    ((PNG, "a.png", "image/png"), {"attn": "sla"}, "attn 'sla' needs the sla backend; this server was started with "
+                                                   "--attn vsa and runs vsa:sparsity=0.875"),
+    ((PNG, "a.png", "image/png"), {"attn": "vsa:tile=4x4x8"}, "attn 'vsa:tile=4x4x8': tile is fixed when the model "
+                                                              "loads"),
+    ((PNG, "a.png", "image/png"), {"attn": "vsa:sparsity=1"}, "attn 'vsa:sparsity=1': sparsity must be in [0, 1)"),
+    ((PNG, "a.png", "image/png"), {"size": "20x32"}, "--width must be a positive multiple of 16 for tiny-i2v"),
+]
+
+
+def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(i2v_server):
+    images = i2v_server.folder / "serve" / "images"
+    with i2v_server.client() as c:
+        before = c.get("/v1/videos", params={"limit": 100}).json()["data"]
+        kept = sorted(images.iterdir()) if images.exists() else []
+        for part, fields, words in BAD_IMAGES:
+            res = c.post("/v1/videos", data={"prompt": "a fox", **fields},  # (no file: a urlencoded form)
+                         files={"input_reference": (part[1], part[0], part[2])} if part is not None else None)
+            assert res.status_code == 400, (words, res.text)
+            message = res.json()["error"]["message"]
+            assert message.startswith(words) and "\n" not in message and str(i2v_server.folder) not in message, \
+                message
+        big = c.post("/v1/videos", data={"prompt": "a fox"},
+                     files={"input_reference": ("big.png", b"\x89PNG" + bytes(16 * 1024 * 1024), "image/png")})
+        assert big.status_code == 413 and "the limit is" in big.json()["error"]["message"]
+        assert c.get("/v1/videos", params={"limit": 100}).json()["data"] == before
+    assert (sorted(images.iterdir()) if images.exists() else []) == kept
+
+
+@pytest.mark.slow
+def test_the_page_of_an_image_to_video_server_uploads_the_image(i2v_server, tmp_path):
+    """Headless Chromium (skipped where Playwright or a browser is missing): the page's image field sends the file
+    as input_reference with the form's fields, attn among them; the finished video shows on the page."""
+    (tmp_path / "fox.png").write_bytes(PNG)
+    with _browser_page(i2v_server.url + "/") as page:
+        page.fill("#prompt", "a fox from the page")
+        page.fill("#attn", "vsa:sparsity=0.25")
+        page.set_input_files("#image", str(tmp_path / "fox.png"))
+        page.click("#submit")
+        video = _listed(i2v_server, "a fox from the page", page)
+        page.wait_for_selector(f"#{video['id']} video.result", timeout=60_000)
+    assert video["vsagen"]["input_reference"] is True and video["vsagen"]["attn"].startswith("vsa:sparsity=0.25:")
+    assert (i2v_server.folder / "serve" / "images" / f"{video['id']}.png").read_bytes() == PNG
+
+
+@pytest.mark.slow  # a second start of the image-to-video server
+def test_a_queued_image_to_video_job_survives_kill_9(i2v_server):
+    """kill -9 while one i2v job runs and another waits: the restarted server finds both images and makes both
+    videos (the running one on its second attempt)."""
+    with i2v_server.client() as c:
+        slow = _upload(c, PNG, steps="200").json()  # (UniPC asserts at 400 steps of one frame)
+        waiting = _upload(c, _png((32, 32), seed=5)).json()
+        deadline = time.monotonic() + 60
+        while c.get(f"/v1/videos/{slow['id']}").json()["vsagen"]["steps_done"] in (None, 0):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    i2v_server.stop(signal.SIGKILL)
+    i2v_server.start(I2V)
+    with i2v_server.client() as c:
+        ended = [wait_done(c, v["id"], timeout=120) for v in (slow, waiting)]
+    assert [(v["status"], v["vsagen"]["attempts"]) for v in ended] == [("completed", 2), ("completed", 1)], \
+        [v["error"] for v in ended]
+    images = i2v_server.folder / "serve" / "images"
+    assert (images / f"{waiting['id']}.png").is_file() and (images / f"{slow['id']}.png").is_file()
 
 
 def test_error_body_and_metrics_text_shapes():

@@ -49,11 +49,17 @@ def test_recover_after_a_crash_mid_publication(tmp_path):
     (videos / "video_a.json").write_text("{}")
     (videos / "video_b.mp4").write_bytes(b"mp4")  # the video moved, its JSON not yet: half a set
     (videos / ".video_b.abc.json").write_text("{")  # a temporary of the publication
+    images = tmp_path / "images"
+    images.mkdir()
+    kept, orphan = images / "video_b.png", images / f"video_{'c' * 32}.jpg"  # a job's image, a refused request's
+    for path in (kept, orphan, images / ".video_d.png.1234"):  # (and an upload the crash cut short)
+        path.write_bytes(b"image")
     lines = []
     served = Served(None, None, videos)
     assert recover(store, served, lines.append) == {"completed": 1, "queued": 1, "failed": 0}
     assert store.get("video_a").status == "completed" and store.get("video_b").status == "queued"
     assert not (videos / ".video_b.abc.json").exists()
+    assert [p.name for p in images.iterdir()] == ["video_b.png"]
     assert lines == ["jobs left in progress by the last server: 1 completed, 1 queued"]
 
 
@@ -72,8 +78,10 @@ def test_refusals_come_before_the_folder_is_made(tmp_path, vsagen_cache):
 
     from vsagen.cli.app import app
 
-    for args, words in ((["--model", "tiny-i2v"], "error: vsagen serve makes text-to-video videos, and --model "
-                                                  "tiny-i2v is an image-to-video model\n"),
+    for args, words in ((["--model", "tiny-flf2v"], "error: vsagen serve: --model tiny-flf2v makes a video between "
+                                                    "a first and a last image, and a video request carries one image "
+                                                    "(input_reference); serve an image-to-video model (e.g. --model "
+                                                    "tiny-i2v)\n"),
                         (["--model", "tiny", "--frames", "2"], "error: --frames must be 4k+1")):
         res = CliRunner().invoke(app, ["serve", *args, "--folder", str(tmp_path / "f")])
         assert res.exit_code == 2 and res.stderr.startswith(words) and res.stderr.count("\n") == 1, res.stderr

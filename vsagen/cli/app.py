@@ -502,9 +502,10 @@ def serve(
                                             "Retry-After.")] = 16,
     verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
-    """Keep one t2v configuration loaded and make videos over HTTP (OpenAI's /v1/videos API shape): the model,
-    backend, sampler, cache and decoder options are fixed at start; each request sets its prompt, size, seconds,
-    steps, seed, guidance and negative prompt."""
+    """Keep one t2v (or, for an image-to-video model, i2v) configuration loaded and make videos over HTTP (OpenAI's
+    /v1/videos API shape): the model, backend, sampler, cache and decoder options are fixed at start; each request
+    sets its prompt, size, seconds, steps, seed, guidance and negative prompt, its image (input_reference) for an
+    image-to-video model, and the options of the backend a run can change (attn, e.g. vsa:sparsity=0.9)."""
 
     def run() -> None:
         from ..serve.settings import Settings, check_installed

@@ -139,8 +139,11 @@ class Resident:
     sampler, step cache, decoder, device and dtype of the request it was loaded with stay; each video's request
     (`resolve_run` of the same options with its own prompt, negative prompt, size, frames, steps, seed, CFG scale
     and files) runs on the loaded session as `generate` runs one: the prompt encoded in the timed run, the latents
-    decoded as the video is written, the video and its JSON published together or not at all. Text to video
-    only (an image-to-video request carries its own conditioning per video).
+    decoded as the video is written, the video and its JSON published together or not at all. An image-to-video
+    model is loaded from a request without an image (`RunConfig.images_per_video`), and each video's request brings
+    its own (`image`, `fit`), read when the video runs. A video's backend may differ from the loaded one in the
+    options a run can change (`vsagen.request.backends.per_run_options`: e.g. vsa's sparsity); it runs on the
+    loaded session as `vsagen compare` runs its backends, a fresh backend object prepared for the run.
 
     Attributes:
         request: the request it was loaded with.
@@ -151,17 +154,21 @@ class Resident:
 
     # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
     PER_VIDEO = frozenset({"prompt", "negative_prompt", "height", "width", "frames", "steps", "guidance", "seed",
-                           "samplers", "notes", "out", "json_out", "sheet_out", "overwrite", "attn_note"})
+                           "samplers", "notes", "out", "json_out", "sheet_out", "overwrite", "attn_note",
+                           "attn_requested"})
+    # ... and of an image-to-video model's videos: their image and how it is fitted
+    PER_IMAGE = frozenset({"image", "fit", "images_per_video"})
 
     def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None) -> None:
         """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`).
 
         Raises:
-            BadInput: an image-to-video request, or what `generate` refuses at load.
+            BadInput: a request with an image of its own, or what `generate` refuses at load.
             ModelNotFound, RunFailure: as `generate`.
         """
-        if cfg.image is not None or cfg.image_to_video:
-            raise BadInput(f"--model {cfg.model} is an image-to-video model; a resident model runs text to video")
+        if cfg.image is not None:
+            raise BadInput(f"--model {cfg.model}: a resident model is loaded without an image; each video brings its "
+                           "own (resolve_run(images_per_video=True))")
         self.request = cfg
         self.backend = cfg.backend.build()
         self.session = _load_session(cfg, self.backend, progress=False, writer=True, log=log)
@@ -169,35 +176,71 @@ class Resident:
         self._untimed = self.session.untimed(self.backend)
 
     def differs(self, cfg: RunConfig) -> list[str]:
-        """The fields of `cfg` outside `PER_VIDEO` that differ from the loaded request's ([] when `cfg` runs on
-        this model as loaded); with random weights the seed too (it drew the weights and the prompt embeddings)."""
+        """The fields of `cfg` outside `PER_VIDEO` (and, for an image-to-video model, `PER_IMAGE`) that differ from
+        the loaded request's ([] when `cfg` runs on this model as loaded): its backend where it differs in more than
+        a run can change (`fixed_changes`), an image for a text-to-video model, none for an image-to-video one; with
+        random weights the seed too (it drew the weights and the prompt embeddings)."""
         from dataclasses import fields
 
-        wrong = [f.name for f in fields(RunConfig) if f.name not in self.PER_VIDEO
+        from ..request.backends import fixed_changes
+
+        own = self.PER_VIDEO | (self.PER_IMAGE if self.request.images_per_video else frozenset())
+        wrong = [f.name for f in fields(RunConfig) if f.name not in own
                  and getattr(cfg, f.name) != getattr(self.request, f.name)]
+        if "backends" in wrong and len(cfg.backends) == 1 and not fixed_changes(self.request.backend, cfg.backend):
+            wrong.remove("backends")
+        if self.request.images_per_video and cfg.image is None:
+            wrong.append("image")
         return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
 
     def generate(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None,
                  cancelled: Callable[[], bool] = lambda: False, final: bool = True) -> RunResult:
-        """One video of `cfg` on the loaded session: its files published together (`cfg.out`, `cfg.json_out`,
-        `cfg.sheet_out`), its JSON's notes the request's, the load's and the run's. `final`: the command's last
-        video (as `_write_outputs`'s: before it, a signal after the publication still stops the command).
+        """One video of `cfg` on the loaded session: its image read (image to video), its backend the loaded one
+        or, where it differs per run, a fresh one (`backend_for`), its files published together (`cfg.out`,
+        `cfg.json_out`, `cfg.sheet_out`), its JSON's notes the request's, the load's and the run's. `final`: the
+        command's last video (as `_write_outputs`'s: before it, a signal after the publication still stops the
+        command).
 
         Raises:
-            BadInput: `cfg` differs from the loaded request outside `PER_VIDEO` (naming the fields), or its backend
-                refuses the video's grid; RunFailure, KeyboardInterrupt: as `generate`.
+            BadInput: `cfg` differs from the loaded request outside `PER_VIDEO` (naming the fields), its image cannot
+                be read, or its backend refuses the video's grid; RunFailure, KeyboardInterrupt: as `generate`.
         """
         wrong = self.differs(cfg)
         if wrong:
             raise BadInput(f"this request changes {', '.join(wrong)} of the loaded model; a video may set only its "
-                           "prompt, negative prompt, size, frames, steps, seed and CFG scale")
-        session = replace(self.session, request=cfg, _prompts=None)
+                           "prompt, negative prompt, size, frames, steps, seed, CFG scale, the options of its "
+                           "backend a run can change and, for an image-to-video model, its image")
+        conditioning = (Conditioning.from_files(cfg.image, None, cfg.fit or "crop") if cfg.image is not None
+                        else None)
+        session = replace(self.session, request=cfg, _prompts=None, conditioning=conditioning)
         session.notes[:] = _request_notes(cfg) + self.loaded_notes
         plan = session.plan(cfg.tile_fit)
-        run = _denoise(cfg, session, self.backend, plan, log, encode=True)
-        report, summary = _write_outputs(cfg, session, self.backend, plan, run, self._untimed, None, log=log,
+        backend = self.backend_for(cfg, plan)
+        run = _denoise(cfg, session, backend, plan, log, encode=True)
+        untimed = self._untimed if backend is self.backend else session.untimed(backend)
+        report, summary = _write_outputs(cfg, session, backend, plan, run, untimed, None, log=log,
                                          cancelled=cancelled, final=final)
         return RunResult(_video_path(cfg), cfg.json_out, report, summary)
+
+    def backend_for(self, cfg: RunConfig, plan: Any = None) -> Any:
+        """The backend object a video of `cfg` runs: the loaded one for the loaded spec, else a fresh one of
+        `cfg`'s spec (same backend, options a run can change) prepared for the run on the loaded transformers
+        (`AttentionBackend.prepare`), as `Session.load` prepares the loaded one; `plan` the video's crop plan
+        (default: `cfg`'s under its tile fit).
+
+        Raises:
+            BadInput: the backend refuses the run (device, dtype, grid).
+        """
+        if cfg.backend == self.request.backend:
+            return self.backend
+        from ..api import run_info
+        from ..pipeline import denoise_plan
+
+        backend = cfg.backend.build()
+        plan = denoise_plan(cfg, self.session.pipe, cfg.tile_fit) if plan is None else plan
+        steps = len(cfg.sampler.sigmas) if cfg.sampler.renoise else cfg.steps
+        backend.prepare(run_info(self.session.pipe, grid=plan.denoise_grid, steps=steps, model=cfg.model))
+        return backend
 
 
 def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,

@@ -30,7 +30,8 @@ class RunConfig(Request):
     is the input image's path and `fit` how it is brought to height x width; `last_image` (optional) the last
     frame's path, fitted the same way (first/last-frame to video); `out` / `json_out` the mp4 and its JSON, written
     at `fps` and encoded as `encoding` says (`--codec`); `sheet_out` the contact sheet beside them (`--sheet`; None:
-    none)."""
+    none). `images_per_video`: the request a resident image-to-video model loads with (`vsagen serve`): no image of
+    its own, each video's request brings one (`resolve_run(images_per_video=True)`)."""
 
     fps: int
     out: Path
@@ -41,6 +42,7 @@ class RunConfig(Request):
     sheet_out: Path | None = None
     encoding: Encoding = Encoding()
     video_format: str = "mp4"  # --out's extension: mp4 | webm | gif | png (vsagen.media.formats)
+    images_per_video: bool = False
 
     @property
     def format(self) -> VideoFormat:
@@ -70,8 +72,9 @@ class RunConfig(Request):
 
     @property
     def image_to_video(self) -> bool:
-        """An input image makes it image to video (`resolve_run` refuses image-to-video models without one)."""
-        return self.image is not None
+        """An input image makes it image to video (`resolve_run` refuses image-to-video models without one), as
+        does a resident image-to-video model's request, whose videos bring theirs (`images_per_video`)."""
+        return self.image is not None or self.images_per_video
 
     def memory_hints(self) -> list[str]:
         """`--offload` and `--vae-tiling on`, where not given."""
@@ -190,7 +193,7 @@ def _check_text(text: str, what: str) -> None:
 
 
 def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = None, fit: ImageFit | str = "crop",
-                last_image: Path | None = None) -> RunConfig:
+                last_image: Path | None = None, images_per_video: bool = False) -> RunConfig:
     """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
     `--attn auto` the default) and its own: `image` (a PNG / JPEG / WebP path) makes it image to video, so the
     model must be an image-to-video one (and the reverse), and then the prompt may be left out ("": a note says so; one
@@ -199,7 +202,9 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     (`vsagen.models.presets.last_image_use`): FLF2V models need it, image-to-video models without a CLIP branch
     (Wan2.2-I2V-A14B style) take it optionally, others refuse it. `options.output.out` is the mp4 (default
     `vsagen-<model>-<attn>-seed<seed>.mp4`), its JSON goes beside it, and with `options.output.sheet` its contact sheet
-    (`vsagen.media.paths.sheet_path`); none of them may exist unless `overwrite`.
+    (`vsagen.media.paths.sheet_path`); none of them may exist unless `overwrite`. `images_per_video` (no `image`):
+    the request a resident model loads with (`vsagen serve`), an image-to-video one taken without an image: each
+    of its videos' requests brings one.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag and what would be valid), before anything
@@ -217,7 +222,7 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     if image is not None and not src.takes_image:
         raise BadInput(f"--model {model} is a text-to-video model and takes no image; use `vsagen t2v PROMPT`, "
                        "or an image-to-video model (e.g. --model tiny-i2v)")
-    if image is None and src.image_to_video:
+    if image is None and src.image_to_video and not images_per_video:
         raise BadInput(f"--model {model} is an image-to-video model; use `vsagen i2v IMAGE PROMPT`")
     image_size = None
     if image is not None:
@@ -262,7 +267,8 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,
-                     encoding=out.encoding, video_format=video_format.name)
+                     encoding=out.encoding, video_format=video_format.name,
+                     images_per_video=images_per_video and image is None and src.image_to_video)
 
 
 # One video's own values a request made for several videos may set (`vsagen serve`'s requests, `t2v --prompts`'s

@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 from ..attention import BackendSpec, backend_class, backend_names
 from ..attention.auto import AUTO, choose_backend
 from ..attention.registry import named_weights_file, options_of
-from ..attention.spec import BackendEntry, check_flags_apply, check_flags_not_repeated, impls_of, parse_entry, spec_of
+from ..attention.spec import (BackendEntry, check_flags_apply, check_flags_not_repeated, impls_of, parse_entry, spec_of,
+                              text_options)
 from ..errors import BadInput
 from ..layout import covering_tile, parse_tile
 from .lists import check_list
@@ -196,3 +197,57 @@ def crop_tile_of(specs: Sequence[BackendSpec], attention: Any) -> tuple[int, int
     if specs:
         return covering_tile([s.tile for s in specs if s.tile is not None])
     return covering_tile([parse_tile(t["tile"]) for t in (attention or {}).values() if "tile" in t])
+
+
+def per_run_options(name: str) -> tuple[str, ...]:
+    """The options of backend `name` that a loaded pipeline can change from one run to the next without loading
+    anything again (`vsagen serve`'s per-video `attn`; `vsagen compare` runs such variants on one session): the
+    options the command line sets (`vsagen.attention.spec.text_options`) but the cube (`tile`: the crop plan rounds
+    the grid to it, and a checkpoint is trained with one) and the files (a weights file, a pattern file: read when
+    the backend's weights are attached or the run is prepared)."""
+    import typing
+    from pathlib import Path
+
+    hints = typing.get_type_hints(options_of(name))
+    return tuple(k for k in text_options(options_of(name))
+                 if k != "tile" and hints[k] is not Path and Path not in typing.get_args(hints[k]))
+
+
+def per_run_spec(loaded: BackendSpec, text: str, started: str) -> BackendSpec:
+    """The backend one run of a loaded pipeline takes from an `--attn`-style entry `text` (parsed by the command
+    line's parser, `parse_attn`): the loaded spec with the options the entry sets, which must be options of the
+    same backend that change per run (`per_run_options`: e.g. vsa's sparsity, sla's topk); `started` is the
+    `--attn` text the pipeline was loaded with, for the messages.
+
+    Raises:
+        BadInput: what `--attn` refuses (an unknown name or option, a list, a value not of its type), `auto`, another
+            backend, an option fixed at load, a value the backend's Options refuse; each line names what the
+            pipeline was loaded with.
+    """
+    entry = parse_attn(text.strip()).one()
+    keys = per_run_options(loaded.name)
+    loaded_with = f"this server was started with --attn {started} and runs {loaded.text()}"
+    may = (f"a video may change {loaded.name}'s {', '.join(keys)}" if keys else
+           f"a video may not change {loaded.name}'s options")
+    if entry.name == AUTO:
+        raise BadInput(f"attn 'auto' chooses a backend when the model loads; {loaded_with}; {may}")
+    if entry.name != loaded.name:
+        raise BadInput(f"attn {entry.text!r} needs the {entry.name} backend; {loaded_with} (another backend needs "
+                       f"another server); {may}")
+    fixed = [k for k in entry.options if k not in keys]
+    if fixed:
+        raise BadInput(f"attn {entry.text!r}: {fixed[0]} is fixed when the model loads; {loaded_with}; {may}")
+    try:
+        return BackendSpec(loaded.name, replace(loaded.options, **entry.options))
+    except (BadInput, TypeError) as e:  # the Options' own validation
+        raise BadInput(f"attn {entry.text!r}: {e}") from None
+
+
+def fixed_changes(loaded: BackendSpec, spec: BackendSpec) -> list[str]:
+    """The options in which `spec` differs from `loaded` that a run cannot change on the loaded pipeline (all of
+    them, as "backend", for another backend); [] where `spec` can run there (`per_run_options`)."""
+    if spec.name != loaded.name:
+        return ["backend"]
+    keys = per_run_options(loaded.name)
+    return [f.name for f in fields(loaded.options)
+            if f.name not in keys and getattr(loaded.options, f.name) != getattr(spec.options, f.name)]

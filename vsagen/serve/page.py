@@ -1,5 +1,6 @@
-"""The page `vsagen serve` answers at `GET /`: a form (prompt, size, seconds, steps, seed; the token where the
-server asks for one) that POSTs to /v1/videos, and the list of jobs, polled each second, with their status and
+"""The page `vsagen serve` answers at `GET /`: a form (prompt, size, seconds, steps, seed, attn; the image of an
+image-to-video server; the token where the server asks for one) that POSTs to /v1/videos (as JSON, or with an image
+as a multipart form, the image its `input_reference`), and the list of jobs, polled each second, with their status and
 progress; a finished video plays inline (fetched with the token, so a server with a token serves the page too)
 beside its timing table (the timing JSON's stages). Plain HTML and JavaScript in one string, no external file; every
 text from a job is set as text, never as markup."""
@@ -39,6 +40,8 @@ table.timing td:last-child { text-align: right; font-variant-numeric: tabular-nu
   <label for="seconds">seconds</label><input id="seconds" name="seconds" type="number" min="0" step="any">
   <label for="steps">steps</label><input id="steps" name="steps" type="number" min="1" step="1">
   <label for="seed">seed</label><input id="seed" name="seed" type="number" min="0" step="1">
+  <label for="attn">attn</label><input id="attn" name="attn" placeholder="e.g. vsa:sparsity=0.9">
+__IMAGE__
   <label for="token">token</label><input id="token" name="token" type="password" placeholder="if the server has one">
   <span></span><button id="submit" type="submit">make the video</button>
 </form>
@@ -68,7 +71,7 @@ document.getElementById("create").addEventListener("submit", async (event) => {
   const body = {prompt: document.getElementById("prompt").value};
   const token = document.getElementById("token").value;
   if (token) sessionStorage.setItem("vsagen-token", token);
-  for (const name of ["size", "seconds"]) {
+  for (const name of ["size", "seconds", "attn"]) {
     const value = document.getElementById(name).value.trim();
     if (value) body[name] = value;
   }
@@ -77,8 +80,16 @@ document.getElementById("create").addEventListener("submit", async (event) => {
     if (value) body[name] = Number(value);
   }
   document.getElementById("message").textContent = "";
+  const image = document.getElementById("image");
+  let request = {method: "POST", headers: headers(true), body: JSON.stringify(body)};
+  if (image && image.files.length) {  // a multipart form: the fields as text, the image as input_reference
+    const form = new FormData();
+    for (const [name, value] of Object.entries(body)) form.append(name, String(value));
+    form.append("input_reference", image.files[0]);
+    request = {method: "POST", headers: headers(false), body: form};
+  }
   try {
-    await api("/v1/videos", {method: "POST", headers: headers(true), body: JSON.stringify(body)});
+    await api("/v1/videos", request);
     refresh();
   } catch (e) {
     document.getElementById("message").textContent = e.message;
@@ -139,7 +150,13 @@ setInterval(refresh, 1000);
 """
 
 
-def page_html(model: str, size: str) -> str:
-    """The page of a server of `model` (its name set as text), `size` ("WIDTHxHEIGHT") its default video size."""
+# the form's image field, on the page of an image-to-video server
+_IMAGE = ('  <label for="image">image</label><input id="image" name="image" type="file" '
+          'accept="image/png,image/jpeg,image/webp" required>')
+
+
+def page_html(model: str, size: str, image: bool = False) -> str:
+    """The page of a server of `model` (its name set as text), `size` ("WIDTHxHEIGHT") its default video size;
+    `image`: an image-to-video server (the form asks for the image each video starts from)."""
     return (_PAGE.replace("__MODEL__", html.escape(model)).replace("__SIZE__", html.escape(size))
-            .replace("__ROWS__", json.dumps(TIMING_ROWS)))
+            .replace("__IMAGE__", _IMAGE if image else "").replace("__ROWS__", json.dumps(TIMING_ROWS)))

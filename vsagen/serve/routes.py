@@ -2,7 +2,8 @@
 `client.videos.create` / `retrieve` / `download_content` / `list` / `delete` work unchanged, plus the run's timing
 JSON, `/health` and `/metrics` (Prometheus text).
 
-    POST   /v1/videos               a video request (JSON or multipart form; header Idempotency-Key optional)
+    POST   /v1/videos               a video request (JSON or multipart form, with the image input_reference for an
+                                    image-to-video model; header Idempotency-Key optional)
     GET    /v1/videos               the jobs, newest first (after, limit, order)
     GET    /v1/videos/{id}          one job: status queued | in_progress | completed | failed, progress (percent)
     GET    /v1/videos/{id}/content  the mp4, once completed
@@ -37,7 +38,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..errors import BadInput
-from .jobs import Served, VideoFields, accepted, parse_fields, valid_id, video_object
+from .jobs import Served, VideoFields, accepted, image_suffix, parse_fields, valid_id, video_object
 from .page import page_html
 from .settings import Settings
 from .store import JobStore, KeyReused, QueueFull, STATUSES
@@ -94,21 +95,24 @@ def authorized(token: str | None, path: str, header: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(credential.strip().encode(), token.encode())
 
 
-async def read_fields(request: Request, max_body: int) -> VideoFields:
-    """A POST's fields, checked (`parse_fields`): JSON, or a multipart / urlencoded form, of at most `max_body`
-    bytes.
+async def read_fields(request: Request, settings: Settings) -> tuple[VideoFields, bytes | None]:
+    """A POST's fields, checked (`parse_fields`), and the bytes of its image (`input_reference`, a file part of a
+    multipart form; None without one): JSON or a urlencoded form of at most `settings.max_body` bytes, a multipart
+    form of at most that plus `settings.max_image`.
 
     Raises:
-        Refusal: 413 over the limit, 400 not a JSON object or a field given twice, 415 another content type.
+        Refusal: 413 over the limit (the image over `max_image`), 400 not a JSON object or a field given twice, 415
+            another content type.
         BadInput: a field `parse_fields` refuses.
     """
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > max_body:
-        raise Refusal(413, f"the body is {length} bytes; the limit is {max_body}", "body_too_large")
-    body = await request.body()
-    if len(body) > max_body:
-        raise Refusal(413, f"the body is over the limit of {max_body} bytes", "body_too_large")
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    limit = settings.max_body + (settings.max_image if kind == "multipart/form-data" else 0)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise Refusal(413, f"the body is {length} bytes; the limit is {limit}", "body_too_large")
+    body = await request.body()
+    if len(body) > limit:
+        raise Refusal(413, f"the body is over the limit of {limit} bytes", "body_too_large")
     if kind == "application/json":
         try:
             data = json.loads(body)
@@ -116,12 +120,21 @@ async def read_fields(request: Request, max_body: int) -> VideoFields:
             raise Refusal(400, "the body is not valid JSON", "invalid_json") from None
         if not isinstance(data, dict):
             raise Refusal(400, "the body must be a JSON object of the video's fields", "invalid_json")
-        return parse_fields(data, form=False)
+        return parse_fields(data, form=False), None
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form()
         if len(set(form.keys())) != len(form.multi_items()):
             raise Refusal(400, "a field is given twice in the form", "invalid_request")
-        return parse_fields(dict(form), form=True)
+        values = dict(form)
+        upload = values.get("input_reference")
+        if upload is None or isinstance(upload, str):  # (text: `parse_fields` says it must be a file)
+            return parse_fields(values, form=True), None
+        del values["input_reference"]
+        data = await upload.read()
+        if len(data) > settings.max_image:
+            raise Refusal(413, f"input_reference is {len(data)} bytes; the limit is {settings.max_image}",
+                          "body_too_large")
+        return parse_fields(values, form=True, image=image_suffix(data)), data
     raise Refusal(415, "send the video's fields as JSON (application/json) or a multipart form",
                   "unsupported_media_type")
 
@@ -159,36 +172,55 @@ def _guard(app: FastAPI, settings: Settings) -> None:
 
 
 def _create_route(app: FastAPI, settings: Settings, store: JobStore, served: Served, worker: Worker) -> None:
-    """POST /v1/videos: checked, resolved as `t2v` resolves it, then accepted once written (or the idempotency
-    key's job, or 429 / 409)."""
+    """POST /v1/videos: checked, its image kept beside the job, resolved as `t2v` / `i2v` resolve it, its backend
+    prepared where `attn` changes it, then accepted once written (or the idempotency key's job, or 429 / 409); a
+    refused request leaves no image behind."""
+
+    def check(job_id: str, fields: VideoFields, image: bytes | None) -> Any:
+        served.check_image(fields)  # (before the image is written)
+        if image is not None:
+            served.save_image(job_id, fields.image, image)
+        cfg = served.config(job_id, fields)
+        wrong = worker.resident.differs(cfg)
+        if wrong:  # (a server of random weights: the seed drew them)
+            raise BadInput(f"this server's model was loaded with its {', '.join(wrong)}; a video may not set it")
+        worker.resident.backend_for(cfg)  # the backend this video runs refuses what it cannot serve now
+        return cfg
+
+    def forget(job_id: str) -> None:
+        for path in served.job_images(job_id):
+            path.unlink(missing_ok=True)
 
     @app.post("/v1/videos")
     async def create_video(request: Request) -> Any:
         key = request.headers.get("idempotency-key")
         if key is not None and not 1 <= len(key) <= 255:
             raise Refusal(400, "Idempotency-Key must be 1 to 255 characters", "invalid_request")
+        job_id = f"video_{secrets.token_hex(16)}"
         try:
-            fields = await read_fields(request, settings.max_body)
-            job_id = f"video_{secrets.token_hex(16)}"
-            cfg = await run_in_threadpool(served.config, job_id, fields)
-            wrong = worker.resident.differs(cfg)
-            if wrong:  # (a server of random weights: the seed drew them)
-                raise BadInput(f"this server's model was loaded with its {', '.join(wrong)}; a video may not set it")
+            fields, image = await read_fields(request, settings)
+            cfg = await run_in_threadpool(check, job_id, fields, image)
         except BadInput as e:
+            await run_in_threadpool(forget, job_id)
             raise Refusal(400, str(e), "invalid_request") from None
-        digest = hashlib.sha256(json.dumps(fields.to_json(), sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps(fields.to_json(), sort_keys=True).encode()
+                                + (hashlib.sha256(image).digest() if image is not None else b"")).hexdigest()
         try:
             job, created = await run_in_threadpool(lambda: store.add(job_id, accepted(fields, cfg),
                                                                      limit=settings.queue, key=key,
                                                                      body_sha256=digest))
         except QueueFull as e:
+            await run_in_threadpool(forget, job_id)
             wait = max(1, math.ceil(e.queued * (store.mean_run_s() or 1.0)))
             raise Refusal(429, f"{e}; try again in {wait} s", "queue_full", {"Retry-After": str(wait)}) from None
         except KeyReused:
+            await run_in_threadpool(forget, job_id)
             raise Refusal(409, "this Idempotency-Key was used with other fields; use a new key for a new video",
                           "idempotency_key_reused") from None
         if created:
             worker.wake()
+        else:  # the key's earlier job keeps its own image
+            await run_in_threadpool(forget, job_id)
         return JSONResponse(video_object(job, worker.steps_done(job.id)),
                             headers={} if created else {"Idempotent-Replayed": "true"})
 
@@ -246,7 +278,7 @@ def _video_routes(app: FastAPI, store: JobStore, served: Served, worker: Worker)
         if gone is not None and gone.status == "in_progress":
             raise Refusal(409, f"video {video_id} is being made; delete it once it is completed or failed",
                           "video_in_progress")
-        for path in served.paths(job.id):
+        for path in (*served.paths(job.id), *served.job_images(job.id)):
             path.unlink(missing_ok=True)
         return {"id": job.id, "object": "video.deleted", "deleted": True}
 
@@ -274,7 +306,8 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
 
     @app.get("/")
     def page() -> Any:
-        return HTMLResponse(page_html(served.request.model, f"{served.request.width}x{served.request.height}"))
+        return HTMLResponse(page_html(served.request.model, f"{served.request.width}x{served.request.height}",
+                                      image=served.request.images_per_video))
 
     @app.get("/health")
     def health() -> Any:

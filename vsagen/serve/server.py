@@ -82,10 +82,14 @@ def listening(settings: Settings) -> Iterator[Any]:
 
 def recover(store: JobStore, served: Served, log: Callable[[str], None]) -> dict[str, int]:
     """The jobs an earlier server left in progress: completed where both files are in place, queued again, or
-    failed after `MAX_ATTEMPTS` (`JobStore.recover`); the hidden temporaries of an unfinished publication
-    (`.video_<id>.*`) removed. Says what it did."""
-    for tmp in served.videos.glob(".video_*"):
+    failed after `MAX_ATTEMPTS` (`JobStore.recover`); the hidden temporaries of an unfinished publication or
+    upload (`.video_<id>.*`) removed, and the images of requests that were never accepted (a crash between the
+    upload and the job's row). Says what it did."""
+    for tmp in (*served.videos.glob(".video_*"), *served.images.glob(".video_*")):
         tmp.unlink(missing_ok=True)
+    for image in served.images.glob("video_*"):
+        if store.get(image.name.split(".")[0]) is None:
+            image.unlink(missing_ok=True)
     counts = store.recover(lambda job: all(p.is_file() for p in served.paths(job.id)), MAX_ATTEMPTS)
     if any(counts.values()):
         log("jobs left in progress by the last server: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n))
@@ -93,23 +97,27 @@ def recover(store: JobStore, served: Served, log: Callable[[str], None]) -> dict
 
 
 def served_request(settings: Settings, options: RequestOptions) -> Served:
-    """What the server will run: the options resolved as `vsagen t2v` resolves them (a placeholder prompt), and
-    the model found, before anything is made or loaded.
+    """What the server will run: the options resolved as `vsagen t2v` resolves them (a placeholder prompt; an
+    image-to-video model without an image, each video bringing its own: `RunConfig.images_per_video`), and the
+    model found, before anything is made or loaded.
 
     Raises:
-        BadInput: an image-to-video model, or what `vsagen t2v` refuses of the same options; ModelNotFound: as
-            `vsagen t2v`.
+        BadInput: a first/last-frame model (it needs two images a video, and a request carries one), or what
+            `vsagen t2v` refuses of the same options; ModelNotFound: as `vsagen t2v`.
     """
     from ..cli.running import check_model_available
     from ..commands.generate_config import resolve_run
+    from ..models.presets import LAST_IMAGE_REQUIRED
     from ..models.sources import resolve_model
 
-    if resolve_model(options.model.model).image_to_video:
-        raise BadInput(f"vsagen serve makes text-to-video videos, and --model {options.model.model} is an "
-                       "image-to-video model")
+    model = options.model.model
+    if resolve_model(model).last_image == LAST_IMAGE_REQUIRED:
+        raise BadInput(f"vsagen serve: --model {model} makes a video between a first and a last image, and a video "
+                       "request carries one image (input_reference); serve an image-to-video model (e.g. --model "
+                       "tiny-i2v)")
     videos = settings.folder / "videos"
     output = replace(options.output, out=videos / "loading.mp4", overwrite=True, sheet=False)
-    cfg = resolve_run("vsagen serve", replace(options, output=output))
+    cfg = resolve_run("vsagen serve", replace(options, output=output), images_per_video=True)
     check_model_available(cfg)
     return Served(options, cfg, videos)
 

@@ -21,6 +21,7 @@ DEFAULT_FOLDER = Path("vsagen-serve")
 DEFAULT_QUEUE = 16
 MAX_QUEUE = 100_000
 MAX_BODY = 256 * 1024  # bytes: a video request is a few fields of text
+MAX_IMAGE = 16 * 1024 * 1024  # bytes: an image to video's input_reference (PNG / JPEG / WebP as sent)
 
 
 def check_installed() -> None:
@@ -56,7 +57,8 @@ class Settings:
         token: the bearer token every route but / and /health asks for (None: none; required off loopback).
         folder: where the jobs (`jobs.sqlite3`) and the videos (`videos/`) live.
         queue: the most jobs waiting at once (a request past it: 429 with Retry-After).
-        max_body: the largest request body in bytes (past it: 413).
+        max_body: the largest request body in bytes (past it: 413), besides an image.
+        max_image: the largest `input_reference` image in bytes (a multipart body may be `max_body` larger).
 
     Raises:
         BadInput: a port outside [1, 65535], a queue bound outside [1, MAX_QUEUE], an empty or spaced token, an
@@ -69,6 +71,7 @@ class Settings:
     folder: Path = DEFAULT_FOLDER
     queue: int = DEFAULT_QUEUE
     max_body: int = MAX_BODY
+    max_image: int = MAX_IMAGE
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= 65535:

@@ -38,6 +38,21 @@ def test_a_taken_port_is_one_line():
         assert sock.getsockname()[1] == port
 
 
+def test_a_taken_port_writes_no_folder(tmp_path):
+    """New-user trial: `vsagen serve --port TAKEN` refused the port but left the new folder with serve.lock and
+    videos/ behind; the address is tried first now."""
+    from vsagen.request.options import request_options
+    from vsagen.serve.server import serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(BadInput, match="^cannot listen on "):
+            serve(Settings(port=port, folder=tmp_path / "new"), request_options(model="tiny", device="cpu"))
+    assert not (tmp_path / "new").exists()
+
+
 def test_recover_after_a_crash_mid_publication(tmp_path):
     videos = tmp_path / "videos"
     videos.mkdir()

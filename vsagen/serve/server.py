@@ -177,7 +177,8 @@ def serve(settings: Settings, options: RequestOptions, *, log: Callable[[str], N
     from .worker import Worker
 
     served = served_request(settings, options)
-    with claimed(settings.folder) as folder, listening(settings) as sock:
+    # the address first: a taken port is refused before the folder is made (nothing written)
+    with listening(settings) as sock, claimed(settings.folder) as folder:
         store = JobStore(folder / DATABASE)
         try:
             resident = load(served, log)

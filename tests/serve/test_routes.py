@@ -230,6 +230,9 @@ BAD = [  # (method, path, how, body, status, words of the message)
     ("GET", "/v1/videos/..%2F..%2Fetc%2Fpasswd/content", None, None, 404, "no "),
     ("GET", "/v1/videos?limit=0", None, None, 400, "limit must be in [1, 100]"),
     ("GET", "/v1/videos?limit=many", None, None, 400, "limit"),
+    # a cursor naming no video was ignored: the first page again, a paging client's endless loop
+    ("GET", "/v1/videos?after=nope", None, None, 400, "after must be a video id"),
+    ("GET", "/v1/videos?after=video_0123456789abcdef0123456789abcdef", None, None, 404, "no video"),
     ("DELETE", "/v1/videos/nope", None, None, 404, "no video 'nope' here"),
     ("GET", "/v2/nothing", None, None, 404, "no such route"),
 ]

@@ -250,8 +250,12 @@ def _video_routes(app: FastAPI, store: JobStore, served: Served, worker: Worker)
             raise Refusal(400, f"limit must be in [1, {MAX_LIST}], got {limit}", "invalid_request")
         if order not in ("asc", "desc"):
             raise Refusal(400, f"order must be asc or desc, got {order!r}", "invalid_request")
-        jobs, more = store.page(after=after if after is not None and valid_id(after) else None, limit=limit,
-                                order=order)
+        if after is not None:  # a cursor that names no video: 400 / 404, not the first page again (a loop)
+            if not valid_id(after):
+                raise Refusal(400, f"after must be a video id (video_ and 32 hex digits), got {after!r}",
+                              "invalid_request")
+            job_of(after)
+        jobs, more = store.page(after=after, limit=limit, order=order)
         data = [video_object(j, worker.steps_done(j.id)) for j in jobs]
         return {"object": "list", "data": data, "has_more": more,
                 "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}

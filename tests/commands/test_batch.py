@@ -71,6 +71,20 @@ def test_each_line_is_the_command_line_request_with_its_own_values(tmp_path, vsa
     assert batch_out(Path("a/b.mp4"), 12) == Path("a/b-0012.mp4")
 
 
+def test_default_names_move_past_earlier_batches(tmp_path, vsagen_cache, monkeypatch):
+    """New-user trial: a second `--prompts` run without --out was refused ("line 1: vsagen-prompts-0001.mp4
+    exists") where a second `vsagen t2v` takes the next free name; now the batch takes the first base name none of
+    whose videos, JSONs or sheets exist; --overwrite keeps the first."""
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, "a fox\na cat\n")
+    Path("vsagen-prompts-0002.json").write_text("{}")  # one file of an earlier batch is enough
+    assert [c.out for c in resolve_batch(path, request_options(**SMALL))] == \
+        [Path("vsagen-prompts-1-0001.mp4"), Path("vsagen-prompts-1-0002.mp4")]
+    Path("vsagen-prompts-1-0001.sheet.png").write_text("")
+    assert resolve_batch(path, request_options(**SMALL))[0].out == Path("vsagen-prompts-2-0001.mp4")
+    assert resolve_batch(path, request_options(**SMALL, overwrite=True))[0].out == Path("vsagen-prompts-0001.mp4")
+
+
 @pytest.mark.parametrize("text,flags,words", [
     ("x\n{\"prompt\": \"y\", \"frames\": 2}\n", {}, "line 2: --frames must be 4k+1"),
     ("{\"prompt\": \"y\", \"steps\": 0}\n", {}, "line 1: --steps must be in [1, 10000], got 0"),

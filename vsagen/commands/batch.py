@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -86,10 +87,30 @@ def batch_out(path: Path, index: int) -> Path:
     return path.with_name(f"{path.stem}-{index:04d}{path.suffix}")
 
 
+def default_batch_out(count: int, overwrite: bool) -> Path:
+    """`--prompts` without `--out`: `vsagen-prompts.mp4` (videos `vsagen-prompts-0001.mp4`, ...) in the current
+    folder; without --overwrite, where any of the `count` videos (or their JSON or contact sheet) exists, the first
+    of `vsagen-prompts-1.mp4`, `-2`, ... whose videos are all new (as `vsagen t2v` names a single video,
+    `vsagen.media.paths.default_out`).
+
+    Raises:
+        BadInput: ten thousand earlier batches in the folder."""
+    from ..media.paths import sheet_path
+
+    for i in range(1 if overwrite else 10_000):
+        base = Path(f"vsagen-prompts{'' if i == 0 else f'-{i}'}.mp4")
+        videos = [batch_out(base, j) for j in range(1, count + 1)]
+        if overwrite or not any(os.path.lexists(p) for v in videos for p in (v, v.with_suffix(".json"),
+                                                                               sheet_path(v))):
+            return base
+    raise BadInput("too many earlier outputs in this folder; pass --out")
+
+
 def resolve_batch(path: Path, options: RequestOptions) -> list[RunConfig]:
     """The `t2v` request of each line of `path` (`read_batch`): the command line's options with the line's own
     values in their groups, resolved as `vsagen t2v` resolves one (the line named in a refusal); video i goes to
-    `batch_out(--out, i)` (default `vsagen-prompts.mp4`).
+    `batch_out(--out, i)` (default `default_batch_out`: `vsagen-prompts.mp4`, or `vsagen-prompts-1.mp4`, ... where
+    earlier videos have those names).
 
     Raises:
         BadInput: see `read_batch` and `resolve_run`; also `--seeds` (a line gives its seed), several processes,
@@ -97,9 +118,11 @@ def resolve_batch(path: Path, options: RequestOptions) -> list[RunConfig]:
     """
     if options.sampling.seeds is not None:
         raise BadInput("--seeds and --prompts together: give each line its seed ({\"prompt\": ..., \"seed\": N})")
-    base = options.output.out if options.output.out is not None else Path("vsagen-prompts.mp4")
+    lines = read_batch(path)
+    base = options.output.out if options.output.out is not None else \
+        default_batch_out(len(lines), options.output.overwrite)
     cfgs = []
-    for index, line in enumerate(read_batch(path), 1):
+    for index, line in enumerate(lines, 1):
         try:
             mine = video_options(options, **line.values)
             cfgs.append(resolve_run(line.prompt, replace(mine, output=replace(mine.output,

@@ -98,6 +98,9 @@ def test_presets_lists_bundled_presets():
         "i2v --last-image", "720x1280", "81", "50", "5", "16", "16"]
     assert [c.strip() for c in rows[names.index("wan2.1-i2v-14b-720p")]][1] == "i2v"
     assert [c.strip() for c in rows[names.index("tiny-flf2v")]][1] == "i2v --last-image"
+    tail = res.stdout[res.stdout.index("negative prompt of "):]
+    assert tail.startswith("negative prompt of wan2.1-flf2v-14b-720p, ") and "色调艳丽" in tail
+    assert "fastwan" not in tail.split("vsagen t2v PROMPT")[0]  # few-step presets run without CFG: none
     assert "Wan-AI/Wan2.1-T2V-1.3B-Diffusers" in res.stdout
     # a transformer published alone names its own repository (a trial read Wan-AI's as the TurboWan weights)
     turbo = [c.strip() for c in rows[names.index("turbowan2.1-t2v-1.3b")]]

@@ -94,6 +94,35 @@ def test_wan21_preset_matches_model_card():
     assert p.text_encoder is None
 
 
+# Wan's own default negative prompt (Wan-Video/Wan2.1 and Wan2.2, wan/configs/shared_config.py sample_neg_prompt)
+WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，"
+                "多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
+
+
+def test_negative_prompts_as_published():
+    """Issue 48 item 3: every Wan CFG preset carries Wan's default negative prompt (its generate.py passes it to
+    every CFG run), FastVideo's VSA 14B its inference config's English one; few-step presets (CFG off) and the
+    tiny models none; a --negative-prompt, "" included, replaces it."""
+    from vsagen.request.options import request_options
+    from vsagen.request.resolve import NONE, resolve
+    from vsagen.models.sources import resolve_model
+
+    for name in preset_names():
+        d = load_preset(name).defaults
+        if name.startswith("wan2.") and "vsa" not in name:
+            assert d.negative_prompt == WAN_NEGATIVE, name
+        elif name == "wan2.1-vsa-t2v-14b-720p":
+            assert d.negative_prompt.startswith("Bright tones, overexposed, static, blurred details, subtitles, ")
+            assert d.negative_prompt.endswith(", three legs, many people in the background, walking backwards")
+            assert d.negative_prompt.count(",") == WAN_NEGATIVE.count("，")  # the same 30 terms, translated
+        else:
+            assert d.negative_prompt == "", name
+    source = resolve_model("wan2.1-t2v-1.3b")
+    for given, want in ((None, WAN_NEGATIVE), ("", ""), ("rain", "rain")):
+        options = request_options(model="wan2.1-t2v-1.3b", negative_prompt=given, random_weights=True)
+        assert resolve(source, options, prompt="x", backends=NONE).negative_prompt == want
+
+
 def test_wan21_14b_preset_matches_the_checkpoint_config():
     p = load_preset("wan2.1-t2v-14b")
     d = p.defaults

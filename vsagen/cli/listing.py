@@ -74,6 +74,14 @@ def print_presets() -> None:
                       + f"; {row[10]}", markup=False, highlight=False)
     for line in published:  # what each published sparse / distilled checkpoint is
         con.print(line, markup=False, highlight=False)
+    negatives: dict[str, list[str]] = {}  # each default negative prompt and the presets that run it
+    for name in preset_names():
+        d = load_preset(name).defaults
+        if d.negative_prompt and not parse_sampler(d.sampler).renoise:
+            negatives.setdefault(d.negative_prompt, []).append(name)
+    for text, names in negatives.items():
+        con.print(f"negative prompt of {', '.join(names)} (CFG runs; --negative-prompt replaces it, \"\" for none): "
+                  f"{text}", markup=False, highlight=False)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
               "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
               "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub "

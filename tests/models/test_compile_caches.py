@@ -49,7 +49,8 @@ def _clean_env(cache: Path) -> dict[str, str]:
 
 
 def _compile_in_fresh_process(env: dict[str, str], order: str) -> dict:
-    res = subprocess.run([sys.executable, "-c", _COMPILE_ONCE, order], capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run([sys.executable, "-c", _COMPILE_ONCE, order], capture_output=True, text=True, env=env,
+                         timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.splitlines()[-1])
 

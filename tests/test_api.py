@@ -4,6 +4,7 @@ float32 on CPU), and the README's "Python API" example run as pasted (it loads i
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
@@ -511,3 +512,18 @@ def test_the_handle_describes_the_backend_that_ran(tiny_pipe):
         assert handle.describe()["tile"] == "4x4x8" and handle.describe()["impl_ran"] == "torch"
     with vsagen.apply(tiny_pipe, None) as timing_only:
         assert timing_only.describe() == {"name": None}
+
+
+def test_apply_keeps_compiled_code_in_the_vsagen_cache(monkeypatch, tmp_path):
+    """Issue 47: `vsagen.apply` (which may install compiled block regions and runs vsagen's Triton kernels) points
+    torch's compile caches into the vsagen cache, as the commands do; torch is imported by then, so Inductor's
+    default written into the environment by torch._dynamo counts as unset, and a user's own folder is kept."""
+    from conftest import make_transformer
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("VSAGEN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    with vsagen.apply(make_transformer(), "full"):
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "compile" / "inductor")
+        assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")

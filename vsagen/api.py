@@ -268,7 +268,8 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
 
     This is the one place a backend meets a pipeline: the backend is prepared for the run (`prepare`, with the
     transformers' architectures, device and dtype, and `grid` / `steps` where given), its own weights are attached,
-    every `attn1` gets a vsagen processor.
+    every `attn1` gets a vsagen processor. torch's compile caches are pointed into vsagen's cache folder where the
+    user has not placed them (`vsagen.models.compile_caches.use_compile_caches`).
 
     Args:
         pipe: a diffusers Wan pipeline (`WanPipeline`, `WanImageToVideoPipeline`, ...; both experts of two-expert
@@ -310,6 +311,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             existing folder, backend weights that do not fit, or a `quant` the device cannot run.
     """
     from .attention.hooks import is_patched
+    from .models.compile_caches import use_compile_caches
 
     transformers = _transformers(pipe)
     first = transformers[0][1]
@@ -328,6 +330,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         timer.step = 0
     if any(is_patched(t) for _, t in transformers):  # before anything is attached: a refusal changes nothing
         raise BadInput(f"{WHERE}: this pipeline is already patched by vsagen: remove() the earlier handle first")
+    use_compile_caches()  # the Triton kernels, and the fused blocks' compiled code, kept in vsagen's cache folder
     handle = AppliedBackend(built, spec, timer, device, notes=notes, _first_step=timer.step)
     try:
         _install(handle, pipe, transformers, weights_root=weights_root, attach_weights=attach_weights,

@@ -529,8 +529,10 @@ def main() -> None:
     (`format_message`, `exit_code`) rather than by class.
     """
     from ..interrupts import process
+    from ..models.compile_caches import use_compile_caches
     from ..parallel.spawn import die_with_agent
 
+    use_compile_caches()  # before torch loads: compiled code kept in vsagen's cache, for this command and its workers
     speaks = os.environ.get("RANK", "0") in ("", "0")  # a rank of a torchrun launch other than 0 prints no interrupt
     try:
         # from here Ctrl-C / SIGTERM / SIGHUP end the command with its one line (also while torch imports); once its

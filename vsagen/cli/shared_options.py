@@ -227,7 +227,9 @@ Compile = Annotated[bool, typer.Option("--compile", help="torch.compile the tran
                                        "compile_repeated_blocks), each block one graph with the attention backend "
                                        "inside it, so the attention is not timed (graph breaks around it only for "
                                        "a backend that cannot be traced, or with --offload group). The first step "
-                                       "pays the compilation: use --warmup 1.")]
+                                       "pays the compilation: use --warmup 1. The compiled code is kept in the "
+                                       "vsagen cache ($VSAGEN_CACHE/compile): a later run at the same sizes "
+                                       "reuses it (only Dynamo's tracing is repeated).")]
 ProfileCompile = Annotated[bool, typer.Option("--compile", help="torch.compile the transformer blocks (diffusers' "
                                               "compile_repeated_blocks), each block one graph with the attention "
                                               "backend inside it, so the attention columns read '-' (time it with "

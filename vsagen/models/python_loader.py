@@ -57,7 +57,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     encodes an image, under a bf16 pipeline); the weights are placed on
     `device` (no offloading) and the VAE is not tiled (`pipe.vae.enable_tiling()` turns it on); a preset's lightweight
     VAE decoder (hummingbird-xt's, where the folder holds it) decodes (`vsagen.decode.light_decoder`). torch's global
-    random state is as it was before the call.
+    random state is as it was before the call. torch's compile caches are pointed into vsagen's cache folder where the
+    user has not placed them (`vsagen.models.compile_caches.use_compile_caches`).
 
     Args:
         model: a preset name ("tiny", "wan2.1-t2v-1.3b", ...; `vsagen presets` lists them), a local diffusers folder or
@@ -93,6 +94,8 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
     """
     import torch
 
+    from .compile_caches import use_compile_caches
+
     try:
         model = os.fspath(model) if isinstance(model, os.PathLike) else model
         if not isinstance(model, str):  # (None would fall back to the commands' default model)
@@ -101,6 +104,7 @@ def load_pipeline(model: str | os.PathLike, *, device: str = "auto", dtype: str 
         source, request = _pipeline_request(model, device=device, dtype=dtype, random_weights=random_weights,
                                             allow_pickle=allow_pickle, image_to_video=image_to_video,
                                             transformer=transformer)
+        use_compile_caches()  # compiled code (Triton kernels, torch.compile) kept in vsagen's cache folder
         with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if request.device == "cuda" else ()):
             pipe = load_model(request, lambda line: None).pipe
         # the preset's per-backend option defaults ([attention.NAME]: FastWan's vsa sparsity 0.8, the tiny models'

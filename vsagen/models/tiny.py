@@ -83,15 +83,24 @@ def check_tiny_cache(preset: Preset, root: Path | None = None) -> None:
     target = root / f"{preset.name}-pipeline"
     if target.is_dir() and tiny_checkpoint_problem(target) is None:
         return
+    if (problem := write_problem(root)) is not None:
+        raise unwritable_cache(problem, root)
+
+
+def write_problem(root: Path) -> OSError | None:
+    """Why folder `root` (made where missing) cannot be written, or None: its nearest existing folder is a file, or a
+    folder made there and removed at once fails (the one test of writing there that holds: a root user, /proc, ...).
+    Leaves nothing behind. The OSError names the existing path that failed."""
     existing = root
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if not existing.is_dir():
-        raise unwritable_cache(NotADirectoryError(20, "not a folder", str(existing)), root)
-    try:  # a folder made and removed at once: the one test of writing there that holds (a root user, /proc, ...)
+        return NotADirectoryError(20, "not a folder", str(existing))
+    try:
         os.rmdir(tempfile.mkdtemp(prefix=".vsagen-probe-", dir=existing))
     except OSError as e:
-        raise unwritable_cache(OSError(e.errno, e.strerror, str(existing)), root) from None
+        return OSError(e.errno, e.strerror, str(existing))
+    return None
 
 
 def tiny_image_encoder(config: dict):

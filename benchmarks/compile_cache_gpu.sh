@@ -17,7 +17,7 @@ source benchmarks/gpu_env.sh || exit 1
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR TORCHINDUCTOR_FORCE_DISABLE_CACHES
 work=/tmp/compile-cache; rm -rf "$work"; mkdir -p "$work/runs"
 export VSAGEN_CACHE=$work/vsagen-cache
-for run in first second off; do
+for run in ${RUNS:-first second off}; do  # RUNS="first second": without the caches-off contrast
     if [ "$run" = off ]; then
         export TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 TRITON_CACHE_DIR=$work/triton-off
     fi

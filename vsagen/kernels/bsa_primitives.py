@@ -166,6 +166,36 @@ def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_
 
 
 
+@triton.jit
+def load_k_vt(k_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, stride_ks, stride_vd, offs_d, d_ok,
+              TMA: tl.constexpr, MASK: tl.constexpr, DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "",
+              CACHE: tl.constexpr = ""):
+    """The 8-bit fine stage's tiles of one key step: K (BLOCK_N, BLOCK_D) as the other loaders load it and V^T
+    (BLOCK_D, BLOCK_N) from V stored transposed (`sage.v_t_view`: per (batch, head) a (D, Sp) block, tokens
+    unit-stride, channels stride_vd apart), for the P.V dot as tl.trans(vt): a K-major B operand (Hopper's fp8
+    wgmma takes no other). K: with TMA the box of the (B*S, H*D) descriptor at (row0 + k_start, col0) (past a
+    partial tile's end it holds the next tokens: the caller masks them); else pointer loads of the tokens `rows`
+    (BLOCK_N,). V^T: pointer loads of the tokens `rows` always (a V^T box would start at token k_start, the
+    innermost coordinate, which Triton's descriptors require 16-byte aligned: tile starts are not). Pointer loads
+    zero the tokens where n_ok is False when MASK (EVICT / CACHE hints)."""
+    if MASK:
+        k_mask = n_ok[:, None] & d_ok[None, :]
+        v_mask = d_ok[:, None] & n_ok[None, :]
+    else:
+        k_mask = d_ok[None, :]
+        v_mask = d_ok[:, None]
+    if TMA:
+        k = k_desc.load([row0 + k_start, col0])
+    else:
+        k = tl.load(k_base + rows[:, None] * stride_ks + offs_d[None, :], mask=k_mask, other=0.0,
+                    eviction_policy=EVICT, cache_modifier=CACHE)
+    vt = tl.load(v_base + offs_d[:, None] * stride_vd + rows[None, :], mask=v_mask, other=0.0, eviction_policy=EVICT,
+                 cache_modifier=CACHE)
+    if DOT_FP32:  # the interpreter's dots take fp32 operands (exact for int8 / e4m3 values)
+        k, vt = k.to(tl.float32), vt.to(tl.float32)
+    return k, vt
+
+
 # ------------------------------------------------------------------------------------------------ host side
 
 

@@ -182,3 +182,22 @@ def test_kernel_on_triton_quantized_transposed_v():
         assert rel_l2(out, want) < (1e-5 if not pack else 2e-2)
         out2, lse2 = bsa_fwd_sage(*plain, q2k, cnt, offsets, tuning=t, out_dtype=torch.float32)
         assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+def test_v_t_tma_boxes_where_every_tile_is_full():
+    """Every tile full (S = 64 T: tile starts 16-byte aligned): V^T by TMA boxes of its (B*H*D, S) rows
+    (`v_t_tma_ok`), bitwise the pointer loads' result, batch 2, with the reference of the same formulas; with a
+    partial tile the V^T boxes are off (K's stay on)."""
+    from vsagen.kernels.bsa_primitives import v_t_tma_ok
+
+    q, k, v, _, _, _ = _case(23, b=2, s=192, h=1, d=16)
+    offsets = sage.block_offsets(192, 64)
+    q2k, cnt = random_lists(torch.Generator().manual_seed(24), 2, 1, 3, 2)
+    ops = list(sage.quantize_operands(q, k, v, offsets, offsets))
+    ops[4] = sage.transpose_v(ops[4])
+    assert v_t_tma_ok(ops[4], 192, 3) and not v_t_tma_ok(ops[4], 191, 3) and not v_t_tma_ok(ops[4][:, :, :, :8],
+                                                                                              192, 3)
+    outs = [bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=dataclasses.replace(_tuning(16, False), tma_loads=tma),
+                         out_dtype=torch.float32) for tma in (False, True)]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert rel_l2(outs[1][0], sage.sage_fine_reference(*ops, q2k, cnt, offsets)[0]) < 1e-5

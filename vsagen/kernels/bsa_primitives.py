@@ -167,17 +167,18 @@ def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_
 
 
 @triton.jit
-def load_k_vt(k_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, stride_ks, stride_vd, offs_d, d_ok,
-              TMA: tl.constexpr, MASK: tl.constexpr, DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "",
-              CACHE: tl.constexpr = ""):
+def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, vt_row0, stride_ks, stride_vd, offs_d,
+              d_ok, TMA: tl.constexpr, VT_TMA: tl.constexpr, MASK: tl.constexpr, DOT_FP32: tl.constexpr,
+              EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
     """The 8-bit fine stage's tiles of one key step: K (BLOCK_N, BLOCK_D) as the other loaders load it and V^T
     (BLOCK_D, BLOCK_N) from V stored transposed (`sage.v_t_view`: per (batch, head) a (D, Sp) block, tokens
     unit-stride, channels stride_vd apart), for the P.V dot as tl.trans(vt): a K-major B operand (Hopper's fp8
     wgmma takes no other). K: with TMA the box of the (B*S, H*D) descriptor at (row0 + k_start, col0) (past a
     partial tile's end it holds the next tokens: the caller masks them); else pointer loads of the tokens `rows`
-    (BLOCK_N,). V^T: pointer loads of the tokens `rows` always (a V^T box would start at token k_start, the
-    innermost coordinate, which Triton's descriptors require 16-byte aligned: tile starts are not). Pointer loads
-    zero the tokens where n_ok is False when MASK (EVICT / CACHE hints)."""
+    (BLOCK_N,). V^T: with VT_TMA the box of the (B*H*D, S) descriptor at (vt_row0, k_start) (`tma_descs_v_t`; its
+    innermost coordinate k_start must be a multiple of 16, which the launcher ensures by taking it only where every
+    tile is full), else pointer loads of the tokens `rows`. Pointer loads zero the tokens where n_ok is False when
+    MASK (EVICT / CACHE hints)."""
     if MASK:
         k_mask = n_ok[:, None] & d_ok[None, :]
         v_mask = d_ok[:, None] & n_ok[None, :]
@@ -189,8 +190,11 @@ def load_k_vt(k_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, stride_ks
     else:
         k = tl.load(k_base + rows[:, None] * stride_ks + offs_d[None, :], mask=k_mask, other=0.0,
                     eviction_policy=EVICT, cache_modifier=CACHE)
-    vt = tl.load(v_base + offs_d[:, None] * stride_vd + rows[None, :], mask=v_mask, other=0.0, eviction_policy=EVICT,
-                 cache_modifier=CACHE)
+    if VT_TMA:
+        vt = v_desc.load([vt_row0, k_start])
+    else:
+        vt = tl.load(v_base + offs_d[:, None] * stride_vd + rows[None, :], mask=v_mask, other=0.0,
+                     eviction_policy=EVICT, cache_modifier=CACHE)
     if DOT_FP32:  # the interpreter's dots take fp32 operands (exact for int8 / e4m3 values)
         k, vt = k.to(tl.float32), vt.to(tl.float32)
     return k, vt
@@ -282,6 +286,27 @@ def tma_descs(tma: bool, *xs: torch.Tensor) -> tuple:
 
     return tuple(TensorDescriptor(x, shape=[x.shape[0] * x.shape[1], x.shape[2] * x.shape[3]],
                                   strides=[x.stride(1), 1], block_shape=[BLOCK, x.shape[3]]) for x in xs)
+
+
+def v_t_tma_ok(vt: torch.Tensor, seq_len: int, n_tiles: int) -> bool:
+    """Whether the transposed fp8 V (`sage.v_t_view`) can be read by TMA as the 2D (B*H*D, S) tensor of its storage
+    (row stride Sp) with (D, 64) boxes: that layout (`sage.is_v_transposed`), D a power of two in [16, 256], a
+    16-byte aligned base, and every tile full (seq_len = 64 n_tiles, known without reading the offsets): a box's
+    innermost coordinate, the tile's first token, must be 16-byte aligned (Triton's descriptor contract, checked by
+    its interpreter), which tile starts after a partial tile are not."""
+    from .sage import is_v_transposed
+
+    d = vt.shape[3]
+    return seq_len == BLOCK * n_tiles and 16 <= d <= 256 and not d & (d - 1) and is_v_transposed(vt) \
+        and vt.data_ptr() % 16 == 0
+
+
+def tma_descs_v_t(vt: torch.Tensor):
+    """The TMA descriptor of the transposed fp8 V (`v_t_tma_ok`): (B*H*D, S) rows of its storage, (D, 64) boxes."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b, s, h, d = vt.shape
+    return TensorDescriptor(vt, shape=[b * h * d, s], strides=[vt.stride(3), 1], block_shape=[d, BLOCK])
 
 
 def q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, seq_len: int, pack: bool

@@ -15,7 +15,8 @@ import triton.language as tl
 
 from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, TMA_DTYPES_8BIT, check_inputs, interpreting, load_full_kv_tile,
                              load_k_vt, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists,
-                             query_group, size_classes, tma_descs, tma_descs_v_t, use_tma, v_t_tma_ok)
+                             query_group, size_classes, tma_descs, tma_descs_v_t, token_alignment, use_tma,
+                             v_t_tma_ok)
 from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -123,6 +124,7 @@ def _bsa_fwd_kernel(
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
     EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
     SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0, VT_TMA: tl.constexpr = False,
+    V_ALIGN: tl.constexpr = 1,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -139,8 +141,8 @@ def _bsa_fwd_kernel(
     list, the list of tile `list tile`; program_id(1) is the batch.
     SAGE: the 8-bit fine stage (`sage`'s formulas): q / k int8 with per-token fp32 scales at qs_ptr / ks_ptr
     ((B, H, S) contiguous), v fp8e4nv stored transposed (`sage.v_t_view`: unit token stride, channel stride
-    stride_vd; VT_TMA: its tiles by TMA from v_desc over (B*H*D, S), else pointer loads) with per-channel scales at
-    vs_ptr ((B, H, D) contiguous);
+    stride_vd; VT_TMA: its tiles by TMA from v_desc over (B*H*D, S), else pointer loads; V_ALIGN: a power of two
+    dividing every tile start, `token_alignment`) with per-channel scales at vs_ptr ((B, H, D) contiguous);
     every key step loads a V^T (BLOCK_D, BLOCK_N) tile (`load_k_vt`) and takes tl.trans of it as the P.V dot's B
     operand (K-major, as Hopper's fp8 wgmma needs). The scores are int32 dots (fp32 ones of int8 values under the
     interpreter, exact), P.V an fp8 dot (`_softmax_step`), P_OFFSET the exponent offset of P~ (removed from the
@@ -187,9 +189,10 @@ def _bsa_fwd_kernel(
         for i in range(0, nf):  # full tiles
             k_start = tl.load(row_ptr + i)
             if SAGE:
+                k_start = tl.multiple_of(k_start, V_ALIGN)
                 k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, offs_n, b * seq_len,
                                   h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
-                                  False, DOT_FP32, EVICT, CACHE)
+                                  False, False, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, b * seq_len,
@@ -203,7 +206,7 @@ def _bsa_fwd_kernel(
             rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
             if SAGE:  # gathered tokens: pointer loads (TMA boxes are runs)
                 k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, 0, rows, n_ok, 0, 0, 0, stride_ks, stride_vd,
-                                  offs_d, d_ok, False, False, True, DOT_FP32, EVICT, CACHE)
+                                  offs_d, d_ok, False, False, True, True, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT,
@@ -216,11 +219,11 @@ def _bsa_fwd_kernel(
         for i in range(0, cnt):
             kt = tl.load(row_ptr + i)
             if SAGE:
-                k_start = tl.load(off_ptr + kt)
+                k_start = tl.multiple_of(tl.load(off_ptr + kt), V_ALIGN)
                 n_ok = offs_n < tl.load(off_ptr + kt + 1) - k_start
                 k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, n_ok, b * seq_len,
                                   h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
-                                  True, DOT_FP32, EVICT, CACHE)
+                                  True, False, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt,
@@ -334,15 +337,17 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
     if sage is None:
         tma = use_tma(k, v, wanted=tuning.tma_loads)
         k_desc, v_desc = tma_descs(tma, k, v)
-    else:  # v: the transposed fp8 V (`sage.v_t_view`), by TMA only where every tile is full (`v_t_tma_ok`)
+    else:  # v: the transposed fp8 V (`sage.v_t_view`), by TMA only where every tile start is 16-byte aligned
         tma = use_tma(k, wanted=tuning.tma_loads, dtypes=TMA_DTYPES_8BIT)
-        vt_tma = tma and v_t_tma_ok(v, s, n_tiles)
+        v_align = token_alignment(tile_offsets, s)
+        vt_tma = tma and v_align == 16 and v_t_tma_ok(v)
         k_desc, v_desc = tma_descs(tma, k)[0], tma_descs_v_t(v) if vt_tma else v
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
     br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})
     scales = (lse, lse, lse) if sage is None else (sage["qs"], sage["ks"], sage["vs"])
     if sage is not None:
-        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"], VT_TMA=vt_tma))
+        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"], VT_TMA=vt_tma,
+                                                 V_ALIGN=v_align))
     if groups is None:
         grid, classes, extra = (n_tiles, b * h), size_classes(tuning.fwd_launch, block_d, q.dtype), {}
     else:

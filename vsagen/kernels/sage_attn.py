@@ -78,9 +78,10 @@ def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, nu
 @triton.jit
 def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stride_s, stride_h, stride_t,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EMULATE: tl.constexpr):
-    """BLOCK_S tokens (program_id(0)) of one (batch, head) (program_id(1)) of v (B, S, H, D; any strides, unit on D)
-    to fp8 e4m3, stored transposed into out ((B, H, D, stride_t) contiguous, `sage.v_t_storage`: tokens unit-stride,
-    so the kernel's P.V takes V^T tiles as Hopper's fp8 wgmma wants its B operand): v times its channel's
+    """BLOCK_S token columns (program_id(0); those of tokens >= seq_len get zeros) of one (batch, head)
+    (program_id(1)) of v (B, S, H, D; any strides, unit on D) to fp8 e4m3, stored transposed into out ((B, H, D,
+    stride_t) contiguous, `sage.v_t_storage`: tokens unit-stride, so the kernel's P.V takes V^T tiles as Hopper's
+    fp8 wgmma wants its B operand): v times its channel's
     2.25 / max |v| (recp_ptr, (B, H, D) fp32 contiguous), rounded to nearest even (`sage.quantize_v_fp8`; EMULATE:
     rounded by `_round_e4m3` first, for the interpreter's cast). The (BLOCK_S, BLOCK_D) tile read row-major is
     written column-major: one pass, the transposition a layout change in registers / shared memory."""
@@ -95,10 +96,10 @@ def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stri
     ptrs = b.to(tl.int64) * stride_b + h * stride_h + rows * stride_s + offs_d[None, :]
     out_ptrs = (bh.to(tl.int64) * HEAD_DIM + offs_d[None, :]) * stride_t + rows
     recp = tl.load(recp_ptr + bh * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
-    y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]
+    y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]  # 0 past seq_len
     if EMULATE:
         y = tl.where(y < 0, -_round_e4m3(-y), _round_e4m3(y))
-    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=(offs_s < stride_t)[:, None] & d_ok[None, :])
 
 
 def _quant_int8(x: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor | None) -> tuple[torch.Tensor,
@@ -142,7 +143,7 @@ def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     amax = torch.where(amax > 0, amax, torch.full_like(amax, sage.V_SCALE_MAX))
     recp = (sage.V_SCALE_MAX / amax).contiguous()
     vt = sage.v_t_storage(b, s, h, d, v.device)
-    _quant_v_kernel[(triton.cdiv(s, 64), b * h)](v, recp, vt, s, h, v.stride(0), v.stride(1), v.stride(2),
+    _quant_v_kernel[(triton.cdiv(vt.shape[-1], 64), b * h)](v, recp, vt, s, h, v.stride(0), v.stride(1), v.stride(2),
                                                   vt.shape[-1], HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
                                                   BLOCK_S=64, EMULATE=interpreting())
     return qi, qs, ki, ks, sage.v_t_view(vt, s), (amax / sage.V_SCALE_MAX).contiguous()

@@ -124,7 +124,7 @@ def _bsa_fwd_kernel(
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
     EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
     SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0, VT_TMA: tl.constexpr = False,
-    V_ALIGN: tl.constexpr = 1,
+    V_ALIGN: tl.constexpr = 1, V_SEG_ALIGN: tl.constexpr = 1,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -142,7 +142,8 @@ def _bsa_fwd_kernel(
     SAGE: the 8-bit fine stage (`sage`'s formulas): q / k int8 with per-token fp32 scales at qs_ptr / ks_ptr
     ((B, H, S) contiguous), v fp8e4nv stored transposed (`sage.v_t_view`: unit token stride, channel stride
     stride_vd; VT_TMA: its tiles by TMA from v_desc over (B*H*D, S), else pointer loads; V_ALIGN: a power of two
-    dividing every tile start, `token_alignment`) with per-channel scales at vs_ptr ((B, H, D) contiguous);
+    dividing every tile start, `token_alignment`; V_SEG_ALIGN: min(V_ALIGN, PACK_SEG), that of the tile plans'
+    groups) with per-channel scales at vs_ptr ((B, H, D) contiguous);
     every key step loads a V^T (BLOCK_D, BLOCK_N) tile (`load_k_vt`) and takes tl.trans of it as the P.V dot's B
     operand (K-major, as Hopper's fp8 wgmma needs). The scores are int32 dots (fp32 ones of int8 values under the
     interpreter, exact), P.V an fp8 dot (`_softmax_step`), P_OFFSET the exponent offset of P~ (removed from the
@@ -192,7 +193,7 @@ def _bsa_fwd_kernel(
                 k_start = tl.multiple_of(k_start, V_ALIGN)
                 k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, offs_n, b * seq_len,
                                   h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
-                                  False, False, DOT_FP32, EVICT, CACHE)
+                                  False, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, b * seq_len,
@@ -204,9 +205,10 @@ def _bsa_fwd_kernel(
                                           IEEE, MASK=False, SAGE=SAGE, P_OFFSET=P_OFFSET)
         for p in range(0, npk):  # partial tiles, packed
             rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
-            if SAGE:  # gathered tokens: pointer loads (TMA boxes are runs)
+            if SAGE:  # gathered tokens: pointer loads, runs of PACK_SEG from a tile start + a multiple of PACK_SEG
+                rows = tl.max_contiguous(tl.multiple_of(rows, V_SEG_ALIGN), PACK_SEG)
                 k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, 0, rows, n_ok, 0, 0, 0, stride_ks, stride_vd,
-                                  offs_d, d_ok, False, False, True, True, DOT_FP32, EVICT, CACHE)
+                                  offs_d, d_ok, False, False, True, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT,
@@ -223,7 +225,7 @@ def _bsa_fwd_kernel(
                 n_ok = offs_n < tl.load(off_ptr + kt + 1) - k_start
                 k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, n_ok, b * seq_len,
                                   h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
-                                  True, False, DOT_FP32, EVICT, CACHE)
+                                  True, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt,
@@ -347,7 +349,7 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
     scales = (lse, lse, lse) if sage is None else (sage["qs"], sage["ks"], sage["vs"])
     if sage is not None:
         br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"], VT_TMA=vt_tma,
-                                                 V_ALIGN=v_align))
+                                                 V_ALIGN=v_align, V_SEG_ALIGN=min(v_align, PACK_SEG)))
     if groups is None:
         grid, classes, extra = (n_tiles, b * h), size_classes(tuning.fwd_launch, block_d, q.dtype), {}
     else:

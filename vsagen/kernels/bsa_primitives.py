@@ -169,8 +169,8 @@ def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_
 
 @triton.jit
 def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, vt_row0, stride_ks, stride_vd, offs_d,
-              d_ok, TMA: tl.constexpr, VT_TMA: tl.constexpr, MASK: tl.constexpr, GATHER: tl.constexpr,
-              DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
+              d_ok, TMA: tl.constexpr, VT_TMA: tl.constexpr, MASK: tl.constexpr, DOT_FP32: tl.constexpr,
+              EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
     """The 8-bit fine stage's tiles of one key step: K (BLOCK_N, BLOCK_D) as the other loaders load it and V^T
     (BLOCK_D, BLOCK_N) from V stored transposed (`sage.v_t_view`: per (batch, head) a (D, Sp) block, tokens
     unit-stride, channels stride_vd apart), for the P.V dot as tl.trans(vt): a K-major B operand (Hopper's fp8
@@ -178,18 +178,15 @@ def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, v
     partial tile's end it holds the next tokens: the caller masks them); else pointer loads of the tokens `rows`
     (BLOCK_N,). V^T: with VT_TMA the box of the (B*H*D, S) descriptor at (vt_row0, k_start) (`tma_descs_v_t`; its
     innermost coordinate k_start must be a multiple of 16: `token_alignment`), else pointer loads of the tokens
-    `rows`: unmasked along the tokens (so as wide as the caller's tl.multiple_of on k_start lets them be; a run
-    past a partial tile reads the next tokens, or the zero columns after S, all multiplied by P = 0) unless GATHER
-    (a packed list of tokens, masked by n_ok). K's pointer loads zero the tokens where n_ok is False when MASK
-    (EVICT / CACHE hints)."""
+    `rows`, unmasked along the tokens, so as wide as the caller's hints on rows let them be (tl.multiple_of /
+    tl.max_contiguous): the tokens where n_ok is False (past a partial tile or a pack's groups, all < S + 64) read
+    the next tokens or the zero columns after S (`sage.v_t_storage`), finite values multiplied by P = 0. K's
+    pointer loads zero the tokens where n_ok is False when MASK (EVICT / CACHE hints)."""
     if MASK:
         k_mask = n_ok[:, None] & d_ok[None, :]
     else:
         k_mask = d_ok[None, :]
-    if GATHER:
-        v_mask = d_ok[:, None] & n_ok[None, :]
-    else:
-        v_mask = d_ok[:, None]
+    v_mask = d_ok[:, None]
     if TMA:
         k = k_desc.load([row0 + k_start, col0])
     else:

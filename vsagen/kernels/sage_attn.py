@@ -6,10 +6,13 @@ the bf16 fine stage (`block_sparse_attention`).
 
 The operands are quantized by `quantize_operands_triton` (K's mean and V's per-channel extremes by torch
 reductions, then one Triton pass per tensor that reads it once and writes its 1-byte values and scales: the same
-arithmetic as `sage.quantize_operands`, bitwise under the interpreter), then one launch per size class of the
-block-sparse forward with SAGE on: the 1-byte K / V tiles by TMA where the tuning asks and the layout allows
-(`bsa_primitives.use_tma`), else pointer loads; the q2k lists or tile plans and the query-group launch as the bf16
-kernel.
+arithmetic as `sage.quantize_operands`, bitwise under the interpreter; V written transposed, `sage.v_t_view`), then
+one launch per size class of the block-sparse forward with SAGE on: int8 K tiles by TMA where the tuning asks and
+the layout allows (`bsa_primitives.use_tma`), else pointer loads; fp8 V^T (D, 64) tiles, the P.V dot's K-major B
+operand through tl.trans (Hopper's fp8 wgmma takes no other order: with V (S, D) Triton transposed each tile
+through registers and shared memory, and the 8-bit stage ran at 0.37-0.41x the bf16 one on an H100, issue 46), by
+TMA where every tile start is a multiple of 16 tokens, else by pointer loads as wide as the tile starts' alignment
+(`bsa_primitives.token_alignment`); the q2k lists or tile plans and the query-group launch as the bf16 kernel.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ B operand's shared layout), the PTX's wgmma / mma instructions, how V (or V^T) r
 Builds (head dim 128, launch (64, 4, 3), VSA's (4, 4, 4) tiles): the SAGE forward over q2k lists on a grid whose
 tile starts are multiples of 8 tokens like the 1.3B 480p grid's (`lists8`: (5, 6, 8), frames and rows 1 and 2 past
 a multiple of 4, as (21, 30, 52)) and of 4 like the 14B 720p grid's (`lists4`: (5, 5, 8), as (21, 45, 80)), over
-tile plans on the first (`packed8`), over a grid of full tiles (`full`: tile starts multiples of 64, V^T by TMA);
-the bf16 forward on the first grid (`bf16`) for comparison.
+tile plans on the first (`packed8`), over a grid of full tiles (`full`: tile starts multiples of 64, V^T by TMA),
+as the query-group launch `vsa` / `sla` take with 128-row groups on the first (`groups8`: launch (128, 8, 3),
+`attention.shared.QUERY_LAUNCH`); the bf16 forward on the first grid (`bf16`) for comparison.
 
 Usage (CPU; the Triton of this machine, not the lent GPU's):
     PYTHONPATH=$PWD python benchmarks/sage_sm90_build.py [--builds plain,packed,full,bf16] [--dump DIR]
@@ -29,6 +30,7 @@ import triton
 from vsagen.kernels import sage
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
 from vsagen.kernels.bsa_primitives import token_alignment
+from vsagen.kernels.query_groups import block_query_groups
 from vsagen.kernels.sage_attn import bsa_fwd_sage
 from vsagen.kernels.tuning import arch_tuning
 from vsagen.layout import tile_layout
@@ -72,7 +74,12 @@ def compile_forward(build: str) -> dict[str, str]:
         else:
             qi, sc = torch.zeros(b, s, h, d, dtype=torch.int8), torch.ones(b, h, s)
             vt = sage.transpose_v(torch.zeros(b, s, h, d, dtype=sage.FP8))
-            bsa_fwd_sage(qi, sc, qi, sc, vt, torch.ones(b, h, d), q2k, cnt, off, tuning=tuning)
+            groups = None
+            if build == "groups8":
+                q2k[..., 1::2, :], cnt[..., 1::2] = q2k[..., 0::2, :], cnt[..., 0::2]  # tile pairs share a list
+                groups = block_query_groups(torch.arange(t) // 2, h, off, 128)
+            bsa_fwd_sage(qi, sc, qi, sc, vt, torch.ones(b, h, d), q2k, cnt, off, tuning=tuning, groups=groups,
+                         group_launch=(128, 8, 3) if groups is not None else None)
     finally:
         JITFunction.run = original
     return got
@@ -98,7 +105,7 @@ def summary(asm: dict[str, str]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--builds", default="lists8,lists4,packed8,full,bf16")
+    ap.add_argument("--builds", default="lists8,lists4,packed8,full,groups8,bf16")
     ap.add_argument("--dump", type=Path, help="write each build's ttgir and ptx into this folder")
     args = ap.parse_args()
     print("triton", triton.__version__, "target cuda sm90 (compiled on the CPU, nothing launched)")

@@ -8,12 +8,15 @@ as the device's default tuning; then the best launch with pointer loads, and wit
 (torch formulas `sage.quantize_operands`; Triton `quantize_operands_triton`, what runs), and the two together
 (`sage_block_sparse_attention`, what `vsa:precision=int8` runs). Errors (relative L2) on a subset of
 `--check-heads` heads: each fine stage against float64 attention over the same selection, and the 8-bit kernel
-(tile plans off) against the float64 reference of its own formulas (`sage.sage_fine_reference`).
+(tile plans off) against the float64 reference of its own formulas (`sage.sage_fine_reference`). The 8-bit kernel
+reads V transposed (`sage.v_t_view`, written so by the Triton quantizer): the line "V^T tiles" says how (vectors of
+as many bytes as the tile starts' alignment allows, TMA boxes where it is 16).
 
-Usage: python benchmarks/sage_fine.py [--shapes 1.3b,14b] [--sparsity 0.875] [--check-heads 2]
+Usage: python benchmarks/sage_fine.py [--shapes 1.3b,14b,1.3b-crop] [--sparsity 0.875] [--check-heads 2] [--smoke]
        on the lent GPU (torch 2.11, triton 3.6; needs no wheel), from the repository root:
        PYTHONPATH=$PWD python3 benchmarks/sage_fine.py 2>&1 | tee $OUT/sage_fine.txt
-       TRITON_INTERPRET=1 python benchmarks/sage_fine.py --shapes smoke  (CPU: a small grid, one call per timing)
+       TRITON_INTERPRET=1 python benchmarks/sage_fine.py --smoke  (CPU: --shapes smoke, a small grid, one call per
+       timing)
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import triton.testing
 
 from vsagen.kernels import sage
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
+from vsagen.kernels.bsa_primitives import token_alignment, v_t_tma_ok
 from vsagen.kernels.coarse import coarse_stage
 from vsagen.kernels.reference import top_k_from_sparsity
 from vsagen.kernels.sage_attn import bsa_fwd_sage, quantize_operands_triton, sage_block_sparse_attention
 from vsagen.kernels.tuning import kernel_tuning
 from vsagen.layout import tile_layout
 
-SHAPES = {"1.3b": ((21, 30, 52), 12), "14b": ((21, 45, 80), 40), "smoke": ((5, 6, 7), 2)}  # grid, heads
+SHAPES = {"1.3b": ((21, 30, 52), 12), "14b": ((21, 45, 80), 40), "smoke": ((5, 6, 7), 2),  # grid, heads
+          "1.3b-crop": ((20, 28, 52), 12)}  # the 1.3B grid cropped to whole tiles: V^T by TMA
 INT8_LAUNCHES = ((64, 4, 2), (64, 4, 3), (64, 8, 2))  # (BLOCK_M, warps, stages); the bf16 table's sm90 row: 64, 4, 3
 
 
@@ -100,6 +105,10 @@ def bench_shape(name: str, sparsity: float, check_heads: int) -> None:
     same = all(torch.equal(bits(a), bits(b)) for a, b in zip(ops, sage.quantize_operands(q, k, v, offsets, offsets)))
     print(f"\n{name}: {lay.num_tokens} tokens, {heads} heads x 128, {lay.num_tiles} tiles, top-k {top_k} "
           f"(sparsity {sparsity})")
+    align = token_alignment(offsets, lay.num_tokens)
+    print(f"  V^T tiles: tile starts multiples of {align} tokens ({align}-byte loads), TMA boxes "
+          f"{'on' if align == 16 and tuning.tma_loads and v_t_tma_ok(ops[4]) else 'off'}; V^T layout "
+          f"{sage.is_v_transposed(ops[4])}")
     bf16_out = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)[0]
     t_bf16 = bench(lambda: block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning))
     print(f"  bf16 fine stage (default tuning)          {t_bf16:8.3f} ms")
@@ -132,7 +141,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="1.3b,14b")
     ap.add_argument("--sparsity", type=float, default=0.875)
     ap.add_argument("--check-heads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="--shapes smoke (CPU, TRITON_INTERPRET=1)")
     args = ap.parse_args()
+    if args.smoke:
+        args.shapes = "smoke"
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter)"
     print(gpu, "torch", torch.__version__, "triton", triton.__version__)
     with torch.inference_mode():

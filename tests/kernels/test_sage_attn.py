@@ -107,7 +107,7 @@ def test_refuses_gradients_and_bad_operands():
 def test_triton_quantization_equals_torch_formulas(dtype, d):
     """`quantize_operands_triton` gives `sage.quantize_operands`' outputs bitwise: groups of 1..128 tokens (SLA's
     128-token key blocks), K smoothed in the input's dtype, a zero V channel, batch 2, odd head dim, strided q, k, v
-    (contiguous outputs)."""
+    (outputs contiguous but V, written transposed: `sage.v_t_view`)."""
     from vsagen.kernels.sage_attn import quantize_operands_triton
 
     gen = torch.Generator().manual_seed(18)
@@ -119,7 +119,8 @@ def test_triton_quantization_equals_torch_formulas(dtype, d):
     got = quantize_operands_triton(q, k, v, qo, ko)
     want = sage.quantize_operands(q, k, v, qo, ko)
     for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert sage.is_v_transposed(a) if a.dtype == sage.FP8 else a.is_contiguous()
         bits = (lambda x: x.view(torch.uint8) if x.dtype == sage.FP8 else x)  # noqa: E731
         assert torch.equal(bits(a), bits(b))
 
@@ -148,3 +149,81 @@ def test_tma_loads_of_the_1_byte_tiles_equal_pointer_loads():
         outs = [bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=dataclasses.replace(base, tma_loads=tma))
                 for tma in (False, True)]
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+def _v_t_padding(vt):
+    """Columns S..Sp of a `sage.v_t_view`'s storage, (B, H, D, Sp - S)."""
+    b, s, h, d = vt.shape
+    sp = vt.stride(3)
+    return torch.as_strided(vt, (b, h, d, sp), (h * d * sp, d * sp, sp, 1))[..., s:]
+
+
+@pytest.mark.parametrize("s", [1, 61, 157])
+def test_transposed_v_layout_holds_the_same_values(s):
+    """`sage.transpose_v` / `v_t_view`: (B, S, H, D) views of (B, H, D, S + 64 rounded up to 16) storage, tokens
+    unit-stride, zeros after S, equal to the token-major tensor; `is_v_transposed` tells the two layouts apart (odd
+    S, S = 1)."""
+    gen = torch.Generator().manual_seed(21)
+    vf = sage.quantize_v_fp8(torch.randn(2, s, 3, 24, generator=gen))[0]
+    vt = sage.transpose_v(vf)
+    assert vt.shape == vf.shape and sage.is_v_transposed(vt) and not sage.is_v_transposed(vf)
+    assert vt.stride(1) == 1 and vt.stride(3) == -(-(s + 64) // 16) * 16 and vt.stride(3) % 16 == 0
+    assert not _v_t_padding(vt).view(torch.uint8).any()
+    assert torch.equal(vt.view(torch.uint8), vf.view(torch.uint8))
+    assert sage.is_v_transposed(vt[:1]) and not sage.is_v_transposed(vt[:, :, 1:])  # heads no longer packed
+
+
+def test_kernel_on_triton_quantized_transposed_v():
+    """The kernel reading the V^T the Triton quantizer writes (no copy) against the float64 reference of the same
+    formulas: batch 2, odd S, partial tiles, plain lists / tile plans (packed partial-tile gathers of V^T columns) /
+    TMA K boxes, and bitwise the result of the same operands in the token-major layout (copied by `bsa_fwd_sage`)."""
+    from vsagen.kernels.sage_attn import quantize_operands_triton
+
+    q, k, v, q2k, cnt, offsets = _case(22, b=2, s=131, h=1, d=16, k_sel=3)
+    ops = quantize_operands_triton(q, k, v, offsets, offsets)
+    assert sage.is_v_transposed(ops[4]) and ops[4].stride(3) == 208
+    assert not _v_t_padding(ops[4]).view(torch.uint8).any()  # the quantizer wrote zeros after S
+    plain = list(ops)
+    plain[4] = ops[4].contiguous()  # token-major
+    want = sage.sage_fine_reference(*plain, q2k, cnt, offsets)[0]
+    for pack, tma in ((False, False), (True, False), (False, True), (True, True)):
+        t = dataclasses.replace(_tuning(16, pack), tma_loads=tma)
+        out, lse = bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=t, out_dtype=torch.float32)
+        assert rel_l2(out, want) < (1e-5 if not pack else 2e-2)
+        out2, lse2 = bsa_fwd_sage(*plain, q2k, cnt, offsets, tuning=t, out_dtype=torch.float32)
+        assert torch.equal(out, out2) and torch.equal(lse, lse2)
+
+
+def test_token_alignment_of_tile_starts():
+    """`token_alignment`: the largest power of two <= 16 dividing every tile start, read once per offsets tensor
+    (kept while it is unmodified), 16 unread where every tile is full."""
+    from vsagen.kernels.bsa_primitives import token_alignment
+
+    gen = torch.Generator().manual_seed(25)
+    for _ in range(4):
+        off = random_layout(gen, 301)
+        want = max(a for a in (1, 2, 4, 8, 16) if all(int(x) % a == 0 for x in off[:-1]))
+        assert token_alignment(off, 301) == want
+    off = torch.tensor([0, 8, 24, 40], dtype=torch.int32)
+    assert token_alignment(off, 40) == 8
+    off[1:3] = torch.tensor([16, 32])  # modified in place: read again
+    assert token_alignment(off, 40) == 16
+    assert token_alignment(torch.tensor([0, 64, 128], dtype=torch.int32), 128) == 16
+
+
+def test_v_t_tma_boxes_where_tile_starts_are_aligned():
+    """Tile starts multiples of 16 (64-token tiles, the last partial): V^T by TMA boxes of its (B*H*D, S) rows
+    (`v_t_tma_ok`; past S the boxes read zeros), bitwise the pointer loads' result, batch 2, odd S, and the
+    reference of the same formulas."""
+    from vsagen.kernels.bsa_primitives import v_t_tma_ok
+
+    q, k, v, _, _, _ = _case(23, b=2, s=179, h=1, d=16)
+    offsets = sage.block_offsets(179, 64)
+    q2k, cnt = random_lists(torch.Generator().manual_seed(24), 2, 1, 3, 2)
+    ops = list(sage.quantize_operands(q, k, v, offsets, offsets))
+    ops[4] = sage.transpose_v(ops[4])
+    assert v_t_tma_ok(ops[4]) and not v_t_tma_ok(ops[4].contiguous())
+    outs = [bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=dataclasses.replace(_tuning(16, False), tma_loads=tma),
+                         out_dtype=torch.float32) for tma in (False, True)]
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert rel_l2(outs[1][0], sage.sage_fine_reference(*ops, q2k, cnt, offsets)[0]) < 1e-5

@@ -13,9 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, TMA_DTYPES, TMA_DTYPES_8BIT, check_inputs, interpreting,
-                             load_full_kv_tile, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists,
-                             query_group, size_classes, tma_descs, use_tma)
+from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, TMA_DTYPES_8BIT, check_inputs, interpreting, load_full_kv_tile,
+                             load_k_vt, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists,
+                             query_group, size_classes, tma_descs, tma_descs_v_t, token_alignment, use_tma,
+                             v_t_tma_ok)
 from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -110,7 +111,7 @@ def _bsa_fwd_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, q2k_ptr, cnt_ptr, off_ptr, k_desc, v_desc, seq_len,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
+    stride_vb, stride_vs, stride_vh, stride_vd,
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
     stride_ib, stride_ih, stride_iq,
@@ -122,7 +123,8 @@ def _bsa_fwd_kernel(
     BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
     EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
-    SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0,
+    SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0, VT_TMA: tl.constexpr = False,
+    V_ALIGN: tl.constexpr = 1, V_SEG_ALIGN: tl.constexpr = 1,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -138,9 +140,14 @@ def _bsa_fwd_kernel(
     tile, BLOCK_M / PACK_SEG row segments (first row << 4) | rows): BLOCK_M query rows of tiles that share one key
     list, the list of tile `list tile`; program_id(1) is the batch.
     SAGE: the 8-bit fine stage (`sage`'s formulas): q / k int8 with per-token fp32 scales at qs_ptr / ks_ptr
-    ((B, H, S) contiguous), v fp8e4nv with per-channel scales at vs_ptr ((B, H, D) contiguous); the scores
-    are int32 dots (fp32 ones of int8 values under the interpreter, exact), P.V an fp8 dot (`_softmax_step`),
-    P_OFFSET the exponent offset of P~ (removed from the LSE)."""
+    ((B, H, S) contiguous), v fp8e4nv stored transposed (`sage.v_t_view`: unit token stride, channel stride
+    stride_vd; VT_TMA: its tiles by TMA from v_desc over (B*H*D, S), else pointer loads; V_ALIGN: a power of two
+    dividing every tile start, `token_alignment`; V_SEG_ALIGN: min(V_ALIGN, PACK_SEG), that of the tile plans'
+    groups) with per-channel scales at vs_ptr ((B, H, D) contiguous);
+    every key step loads a V^T (BLOCK_D, BLOCK_N) tile (`load_k_vt`) and takes tl.trans of it as the P.V dot's B
+    operand (K-major, as Hopper's fp8 wgmma needs). The scores are int32 dots (fp32 ones of int8 values under the
+    interpreter, exact), P.V an fp8 dot (`_softmax_step`), P_OFFSET the exponent offset of P~ (removed from the
+    LSE). stride_vd is unused without SAGE."""
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -182,16 +189,30 @@ def _bsa_fwd_kernel(
         nf, npk, ng = plan_counts(cnt_ptr + b * stride_cb + h * stride_ch + list_t * 4)
         for i in range(0, nf):  # full tiles
             k_start = tl.load(row_ptr + i)
-            k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, b * seq_len,
-                                      h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
-                                      EVICT, CACHE)
+            if SAGE:
+                k_start = tl.multiple_of(k_start, V_ALIGN)
+                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, offs_n, b * seq_len,
+                                  h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
+                                  False, DOT_FP32, EVICT, CACHE)
+                v = tl.trans(vt)
+            else:
+                k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, b * seq_len,
+                                          h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok, TMA, DOT_FP32,
+                                          EVICT, CACHE)
             s = mm(q, tl.trans(k), IEEE).to(tl.float32)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
             m_i, l_i, acc = _softmax_step(s, offs_n, v, m_i, l_i, acc,
                                           _sage_scales(qsc, ks_row, k_start + offs_n, offs_n, SAGE, MASK=False),
                                           IEEE, MASK=False, SAGE=SAGE, P_OFFSET=P_OFFSET)
         for p in range(0, npk):  # partial tiles, packed
             rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
-            k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT, CACHE)
+            if SAGE:  # gathered tokens: pointer loads, runs of PACK_SEG from a tile start + a multiple of PACK_SEG
+                rows = tl.max_contiguous(tl.multiple_of(rows, V_SEG_ALIGN), PACK_SEG)
+                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, 0, rows, n_ok, 0, 0, 0, stride_ks, stride_vd,
+                                  offs_d, d_ok, False, False, True, DOT_FP32, EVICT, CACHE)
+                v = tl.trans(vt)
+            else:
+                k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT,
+                                 CACHE)
             s = mm(q, tl.trans(k), IEEE).to(tl.float32)
             m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, _sage_scales(qsc, ks_row, rows, n_ok, SAGE),
                                           IEEE, SAGE=SAGE, P_OFFSET=P_OFFSET)
@@ -199,13 +220,21 @@ def _bsa_fwd_kernel(
         cnt = tl.load(cnt_ptr + b * stride_cb + h * stride_ch + list_t)
         for i in range(0, cnt):
             kt = tl.load(row_ptr + i)
-            k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt,
-                                              b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d, d_ok,
-                                              TMA, DOT_FP32, EVICT, CACHE)  # k, v: (BLOCK_N, BLOCK_D)
+            if SAGE:
+                k_start = tl.multiple_of(tl.load(off_ptr + kt), V_ALIGN)
+                n_ok = offs_n < tl.load(off_ptr + kt + 1) - k_start
+                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, n_ok, b * seq_len,
+                                  h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
+                                  True, DOT_FP32, EVICT, CACHE)
+                v = tl.trans(vt)
+            else:
+                k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt,
+                                                  b * seq_len, h * HEAD_DIM, stride_ks, stride_vs, offs_n, offs_d,
+                                                  d_ok, TMA, DOT_FP32, EVICT, CACHE)  # k, v: (BLOCK_N, BLOCK_D)
             s = mm(q, tl.trans(k), IEEE).to(tl.float32)  # s: (BLOCK_M, BLOCK_N) fp32, unscaled
             ksc = qk_scale
             if SAGE:
-                ksc = _sage_scales(qsc, ks_row, tl.load(off_ptr + kt) + offs_n, n_ok, SAGE)
+                ksc = _sage_scales(qsc, ks_row, k_start + offs_n, n_ok, SAGE)
             m_i, l_i, acc = _softmax_step(s, n_ok, v, m_i, l_i, acc, ksc, IEEE, SAGE=SAGE, P_OFFSET=P_OFFSET)
     empty = l_i == 0.0  # no selected tile: output 0, LSE -inf
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -298,7 +327,8 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
             group_launch=None, sage=None) -> torch.Tensor:
     """The forward kernel's launches into `out` (one per size class; with `groups`, one over the query groups at
     group_launch = (block_m, num_warps, num_stages)); branch: `bsa_fwd_linear`'s operands or None; sage: the
-    8-bit fine stage's scales (qs, ks, vs, offset: `sage_attn.bsa_fwd_sage`) or None. Returns lse."""
+    8-bit fine stage's scales (qs, ks, vs, offset: `sage_attn.bsa_fwd_sage`) or None, and then v is the transposed
+    fp8 V (`sage.v_t_view`). Returns lse."""
     b, s, h, d = q.shape
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     n_tiles = tile_offsets.numel() - 1
@@ -306,13 +336,20 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
     lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
     interp = interpreting()
     block_d = max(16, triton.next_power_of_2(d))
-    tma = use_tma(k, v, wanted=tuning.tma_loads, dtypes=TMA_DTYPES + (TMA_DTYPES_8BIT if sage else ()))
-    k_desc, v_desc = tma_descs(tma, k, v)
+    if sage is None:
+        tma = use_tma(k, v, wanted=tuning.tma_loads)
+        k_desc, v_desc = tma_descs(tma, k, v)
+    else:  # v: the transposed fp8 V (`sage.v_t_view`), by TMA only where every tile start is 16-byte aligned
+        tma = use_tma(k, wanted=tuning.tma_loads, dtypes=TMA_DTYPES_8BIT)
+        v_align = token_alignment(tile_offsets, s)
+        vt_tma = tma and v_align == 16 and v_t_tma_ok(v)
+        k_desc, v_desc = tma_descs(tma, k)[0], tma_descs_v_t(v) if vt_tma else v
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
     br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})
     scales = (lse, lse, lse) if sage is None else (sage["qs"], sage["ks"], sage["vs"])
     if sage is not None:
-        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"]))
+        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"], VT_TMA=vt_tma,
+                                                 V_ALIGN=v_align, V_SEG_ALIGN=min(v_align, PACK_SEG)))
     if groups is None:
         grid, classes, extra = (n_tiles, b * h), size_classes(tuning.fwd_launch, block_d, q.dtype), {}
     else:
@@ -323,7 +360,7 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
             q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), v.stride(3),
             out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(1),
             lists.stride(0), lists.stride(1), lists.stride(2),

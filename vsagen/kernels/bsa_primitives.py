@@ -11,6 +11,7 @@ bitwise equal, tested under the interpreter). Elsewhere, pointer loads.
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 import triton
@@ -166,6 +167,41 @@ def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_
 
 
 
+@triton.jit
+def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, vt_row0, stride_ks, stride_vd, offs_d,
+              d_ok, TMA: tl.constexpr, VT_TMA: tl.constexpr, MASK: tl.constexpr, DOT_FP32: tl.constexpr,
+              EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
+    """The 8-bit fine stage's tiles of one key step: K (BLOCK_N, BLOCK_D) as the other loaders load it and V^T
+    (BLOCK_D, BLOCK_N) from V stored transposed (`sage.v_t_view`: per (batch, head) a (D, Sp) block, tokens
+    unit-stride, channels stride_vd apart), for the P.V dot as tl.trans(vt): a K-major B operand (Hopper's fp8
+    wgmma takes no other). K: with TMA the box of the (B*S, H*D) descriptor at (row0 + k_start, col0) (past a
+    partial tile's end it holds the next tokens: the caller masks them); else pointer loads of the tokens `rows`
+    (BLOCK_N,). V^T: with VT_TMA the box of the (B*H*D, S) descriptor at (vt_row0, k_start) (`tma_descs_v_t`; its
+    innermost coordinate k_start must be a multiple of 16: `token_alignment`), else pointer loads of the tokens
+    `rows`, unmasked along the tokens, so as wide as the caller's hints on rows let them be (tl.multiple_of /
+    tl.max_contiguous): the tokens where n_ok is False (past a partial tile or a pack's groups, all < S + 64) read
+    the next tokens or the zero columns after S (`sage.v_t_storage`), finite values multiplied by P = 0. K's
+    pointer loads zero the tokens where n_ok is False when MASK (EVICT / CACHE hints)."""
+    if MASK:
+        k_mask = n_ok[:, None] & d_ok[None, :]
+    else:
+        k_mask = d_ok[None, :]
+    v_mask = d_ok[:, None]
+    if TMA:
+        k = k_desc.load([row0 + k_start, col0])
+    else:
+        k = tl.load(k_base + rows[:, None] * stride_ks + offs_d[None, :], mask=k_mask, other=0.0,
+                    eviction_policy=EVICT, cache_modifier=CACHE)
+    if VT_TMA:
+        vt = v_desc.load([vt_row0, k_start])
+    else:
+        vt = tl.load(v_base + offs_d[:, None] * stride_vd + rows[None, :], mask=v_mask, other=0.0,
+                     eviction_policy=EVICT, cache_modifier=CACHE)
+    if DOT_FP32:  # the interpreter's dots take fp32 operands (exact for int8 / e4m3 values)
+        k, vt = k.to(tl.float32), vt.to(tl.float32)
+    return k, vt
+
+
 # ------------------------------------------------------------------------------------------------ host side
 
 
@@ -252,6 +288,52 @@ def tma_descs(tma: bool, *xs: torch.Tensor) -> tuple:
 
     return tuple(TensorDescriptor(x, shape=[x.shape[0] * x.shape[1], x.shape[2] * x.shape[3]],
                                   strides=[x.stride(1), 1], block_shape=[BLOCK, x.shape[3]]) for x in xs)
+
+
+def v_t_tma_ok(vt: torch.Tensor) -> bool:
+    """Whether the transposed fp8 V (`sage.v_t_view`) can be read by TMA as the 2D (B*H*D, S) tensor of its storage
+    (row stride Sp, a multiple of 16 bytes) with (D, 64) boxes: that layout (`sage.is_v_transposed`), D a power of
+    two in [16, 256], a 16-byte aligned base. The boxes start at tile starts (the innermost coordinate), which must
+    be multiples of 16 too (`token_alignment`): the caller checks that."""
+    from .sage import is_v_transposed
+
+    d = vt.shape[3]
+    return 16 <= d <= 256 and not d & (d - 1) and is_v_transposed(vt) and vt.data_ptr() % 16 == 0
+
+
+_ALIGNMENTS: dict[int, tuple] = {}  # id(tile_offsets) -> (weakref, version, alignment): `token_alignment`
+
+
+def token_alignment(tile_offsets: torch.Tensor, seq_len: int, most: int = 16) -> int:
+    """The largest power of two <= `most` that divides every tile start of tile_offsets ((T + 1,) int32): what the
+    8-bit fine stage's V^T tiles (tokens unit-stride) may assume of their first token (vector width of the pointer
+    loads in bytes, 16: TMA boxes). With every tile full (seq_len = 64 T) `most`, without reading the offsets; else
+    they are read once (a device-to-host copy of T ints: one synchronization) and the answer kept for that tensor
+    while it lives unmodified (its version counter), so a layout's offsets cost one read per process."""
+    n = tile_offsets.numel() - 1
+    if seq_len == BLOCK * n or n <= 0:
+        return most
+    key = id(tile_offsets)
+    hit = _ALIGNMENTS.get(key)
+    if hit is not None and hit[0]() is tile_offsets and hit[1] == tile_offsets._version:
+        return hit[2]
+    starts = tile_offsets[:-1].to("cpu", torch.int64)
+    align = most
+    while align > 1 and bool((starts % align).any()):
+        align //= 2
+    if len(_ALIGNMENTS) >= 64:  # forget the offsets tensors that died
+        for k in [k for k, (ref, _, _) in _ALIGNMENTS.items() if ref() is None]:
+            del _ALIGNMENTS[k]
+    _ALIGNMENTS[key] = (weakref.ref(tile_offsets), tile_offsets._version, align)
+    return align
+
+
+def tma_descs_v_t(vt: torch.Tensor):
+    """The TMA descriptor of the transposed fp8 V (`v_t_tma_ok`): (B*H*D, S) rows of its storage, (D, 64) boxes."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    b, s, h, d = vt.shape
+    return TensorDescriptor(vt, shape=[b * h * d, s], strides=[vt.stride(3), 1], block_shape=[d, BLOCK])
 
 
 def q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, seq_len: int, pack: bool

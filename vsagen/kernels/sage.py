@@ -43,6 +43,8 @@ P_FP8_OFFSET = 8.807  # base-2 offset of P~ (SpargeAttn attn_utils.cuh:28): P~ <
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FP8 = torch.float8_e4m3fn
+V_T_ALIGN = 16  # tokens: the transposed V's channel rows are padded to a multiple (16 bytes of fp8: TMA strides)
+V_T_PAD = 64  # tokens of zeros at least after each channel row: a key step's 64-token read from any tile start
 
 
 def check_forward_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -123,6 +125,47 @@ def quantize_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offse
     ki, ks = quantize_int8(smooth_k(k), k_offsets)
     vf, vs = quantize_v_fp8(v)
     return qi, qs, ki, ks, vf, vs
+
+
+def v_t_columns(s: int) -> int:
+    """Sp, the columns of the transposed V's channel rows for S tokens: S + V_T_PAD rounded up to V_T_ALIGN."""
+    return -(-(s + V_T_PAD) // V_T_ALIGN) * V_T_ALIGN
+
+
+def v_t_storage(b: int, s: int, h: int, d: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Uninitialised storage for V in the kernel's transposed layout: (B, H, D, Sp) float8_e4m3fn contiguous,
+    Sp = `v_t_columns(S)` (a multiple of 16 bytes, so each channel's row can be a TMA descriptor's row). The writer
+    must fill columns S..Sp with zeros: the kernel reads a tile's 64 tokens unmasked (so its loads vectorize) and
+    multiplies those past the tile by P = 0, which needs finite values there; V_T_PAD keeps those reads inside
+    the row. 64 bytes more per channel row than S, about 0.2% of V at 32760 tokens."""
+    return torch.empty((b, h, d, v_t_columns(s)), dtype=FP8, device=device)
+
+
+def v_t_view(storage: torch.Tensor, s: int) -> torch.Tensor:
+    """The (B, S, H, D) view of `v_t_storage`'s (B, H, D, Sp): the operand's logical shape (what `quantize_v_fp8`
+    returns), with unit stride on the tokens and stride Sp on the channels."""
+    return storage[..., :s].permute(0, 3, 1, 2)
+
+
+def is_v_transposed(vf: torch.Tensor) -> bool:
+    """Whether vf (B, S, H, D) is laid out as `v_t_view` makes it: tokens unit-stride, each (batch, head) a (D, Sp)
+    block with Sp >= S + V_T_PAD, a multiple of V_T_ALIGN, the heads and batches packed ((B, H, D, Sp) storage).
+    (The zeros in columns S..Sp are the writer's part of the contract: not checked.)"""
+    b, s, h, d = vf.shape
+    sp = vf.stride(3)
+    return (vf.stride(1) == 1 or s <= 1) and sp >= s + V_T_PAD and sp % V_T_ALIGN == 0 and vf.stride(2) == d * sp \
+        and (b <= 1 or vf.stride(0) == h * d * sp)
+
+
+def transpose_v(vf: torch.Tensor) -> torch.Tensor:
+    """vf (B, S, H, D) in any layout copied into the transposed layout (`v_t_view`): one read and one write of V,
+    which `quantize_operands_triton` does not pay (its quantizer writes this layout directly); for operands from
+    `quantize_operands` (the torch formulas: tests, references)."""
+    b, s, h, d = vf.shape
+    storage = torch.zeros((b, h, d, v_t_columns(s)), dtype=FP8, device=vf.device)  # zero padding columns
+    view = v_t_view(storage, s)
+    view.copy_(vf)
+    return view
 
 
 def round_fp8(x: torch.Tensor) -> torch.Tensor:

@@ -6,10 +6,13 @@ the bf16 fine stage (`block_sparse_attention`).
 
 The operands are quantized by `quantize_operands_triton` (K's mean and V's per-channel extremes by torch
 reductions, then one Triton pass per tensor that reads it once and writes its 1-byte values and scales: the same
-arithmetic as `sage.quantize_operands`, bitwise under the interpreter), then one launch per size class of the
-block-sparse forward with SAGE on: the 1-byte K / V tiles by TMA where the tuning asks and the layout allows
-(`bsa_primitives.use_tma`), else pointer loads; the q2k lists or tile plans and the query-group launch as the bf16
-kernel.
+arithmetic as `sage.quantize_operands`, bitwise under the interpreter; V written transposed, `sage.v_t_view`), then
+one launch per size class of the block-sparse forward with SAGE on: int8 K tiles by TMA where the tuning asks and
+the layout allows (`bsa_primitives.use_tma`), else pointer loads; fp8 V^T (D, 64) tiles, the P.V dot's K-major B
+operand through tl.trans (Hopper's fp8 wgmma takes no other order: with V (S, D) Triton transposed each tile
+through registers and shared memory, and the 8-bit stage ran at 0.37-0.41x the bf16 one on an H100, issue 46), by
+TMA where every tile start is a multiple of 16 tokens, else by pointer loads as wide as the tile starts' alignment
+(`bsa_primitives.token_alignment`); the q2k lists or tile plans and the query-group launch as the bf16 kernel.
 """
 
 from __future__ import annotations
@@ -76,12 +79,15 @@ def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, nu
 
 
 @triton.jit
-def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stride_s, stride_h,
+def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stride_s, stride_h, stride_t,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EMULATE: tl.constexpr):
-    """BLOCK_S tokens (program_id(0)) of one (batch, head) (program_id(1)) of v (B, S, H, D; any strides, unit on D)
-    to fp8 e4m3 into out ((B, S, H, D) contiguous): v times
-    its channel's 2.25 / max |v| (recp_ptr, (B, H, D) fp32 contiguous), rounded to nearest even (`sage.quantize_v_fp8`;
-    EMULATE: rounded by `_round_e4m3` first, for the interpreter's cast)."""
+    """BLOCK_S token columns (program_id(0); those of tokens >= seq_len get zeros) of one (batch, head)
+    (program_id(1)) of v (B, S, H, D; any strides, unit on D) to fp8 e4m3, stored transposed into out ((B, H, D,
+    stride_t) contiguous, `sage.v_t_storage`: tokens unit-stride, so the kernel's P.V takes V^T tiles as Hopper's
+    fp8 wgmma wants its B operand): v times its channel's
+    2.25 / max |v| (recp_ptr, (B, H, D) fp32 contiguous), rounded to nearest even (`sage.quantize_v_fp8`; EMULATE:
+    rounded by `_round_e4m3` first, for the interpreter's cast). The (BLOCK_S, BLOCK_D) tile read row-major is
+    written column-major: one pass, the transposition a layout change in registers / shared memory."""
     bh = tl.program_id(1)
     b = bh // num_heads
     h = bh % num_heads
@@ -91,12 +97,12 @@ def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stri
     mask = (offs_s < seq_len)[:, None] & d_ok[None, :]
     rows = offs_s[:, None].to(tl.int64)
     ptrs = b.to(tl.int64) * stride_b + h * stride_h + rows * stride_s + offs_d[None, :]
-    out_ptrs = ((b.to(tl.int64) * seq_len + rows) * num_heads + h) * HEAD_DIM + offs_d[None, :]
+    out_ptrs = (bh.to(tl.int64) * HEAD_DIM + offs_d[None, :]) * stride_t + rows
     recp = tl.load(recp_ptr + bh * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
-    y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]
+    y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]  # 0 past seq_len
     if EMULATE:
         y = tl.where(y < 0, -_round_e4m3(-y), _round_e4m3(y))
-    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=(offs_s < stride_t)[:, None] & d_ok[None, :])
 
 
 def _quant_int8(x: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor | None) -> tuple[torch.Tensor,
@@ -125,7 +131,10 @@ def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             checked: that would synchronize the device; VSA's kernel tiles hold <= 64, SLA's blocks 64 / 128).
 
     Returns:
-        (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale) as `sage.quantize_operands`.
+        (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale) as `sage.quantize_operands`, the same values and shapes;
+        q_int8 / k_int8 contiguous, v_fp8 in the kernel's transposed layout (`sage.v_t_view`: (B, S, H, D) viewing
+        (B, H, D, S rounded up to 16) contiguous storage), written so by the V quantizer itself (no extra pass; its
+        stores go through a register / shared-memory transposition instead of straight out).
     """
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # the kernels take any other strides
     b, s, h, d = q.shape
@@ -136,17 +145,17 @@ def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     amax = torch.maximum(-lo.float(), hi.float())
     amax = torch.where(amax > 0, amax, torch.full_like(amax, sage.V_SCALE_MAX))
     recp = (sage.V_SCALE_MAX / amax).contiguous()
-    vf = torch.empty(v.shape, dtype=sage.FP8, device=v.device)
-    _quant_v_kernel[(triton.cdiv(s, 64), b * h)](v, recp, vf, s, h, v.stride(0), v.stride(1), v.stride(2),
-                                                  HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_S=64,
-                                                  EMULATE=interpreting())
-    return qi, qs, ki, ks, vf, (amax / sage.V_SCALE_MAX).contiguous()
+    vt = sage.v_t_storage(b, s, h, d, v.device)
+    _quant_v_kernel[(triton.cdiv(vt.shape[-1], 64), b * h)](v, recp, vt, s, h, v.stride(0), v.stride(1), v.stride(2),
+                                                  vt.shape[-1], HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+                                                  BLOCK_S=64, EMULATE=interpreting())
+    return qi, qs, ki, ks, sage.v_t_view(vt, s), (amax / sage.V_SCALE_MAX).contiguous()
 
 
 def check_sage_operands(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch.Tensor, vf: torch.Tensor,
                         vs: torch.Tensor) -> None:
-    """Raise ValueError unless qi, ki (B, S, H, D) are int8 and vf float8_e4m3fn of that shape with unit stride on
-    D, D <= 256, qs, ks (B, H, S) and vs (B, H, D) contiguous fp32, all on one device."""
+    """Raise ValueError unless qi, ki (B, S, H, D) are int8 with unit stride on D and vf float8_e4m3fn of that shape
+    (any layout), D <= 256, qs, ks (B, H, S) and vs (B, H, D) contiguous fp32, all on one device."""
     if qi.dim() != 4 or ki.shape != qi.shape or vf.shape != qi.shape:
         raise ValueError(f"q, k, v must share one (B, S, H, D) shape, got {tuple(qi.shape)}, {tuple(ki.shape)}, "
                          f"{tuple(vf.shape)}")
@@ -154,7 +163,7 @@ def check_sage_operands(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks
         raise ValueError(f"the 8-bit fine stage takes int8 q, k and float8_e4m3fn v, got {qi.dtype}, {ki.dtype}, "
                          f"{vf.dtype}")
     b, s, h, d = qi.shape
-    if d > 256 or any(x.stride(-1) != 1 for x in (qi, ki, vf)):
+    if d > 256 or any(x.stride(-1) != 1 for x in (qi, ki)):
         raise ValueError(f"head dim {d} must be <= 256 with unit stride")
     for name, x, shape in (("q_scale", qs, (b, h, s)), ("k_scale", ks, (b, h, s)), ("v_scale", vs, (b, h, d))):
         if x.shape != shape or x.dtype != torch.float32 or not x.is_contiguous():
@@ -171,7 +180,10 @@ def bsa_fwd_sage(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch
     """The block-sparse forward with SAGE on (no autograd) over quantized operands.
 
     Args:
-        qi, qs, ki, ks, vf, vs: `sage.quantize_operands`' outputs (checked: `check_sage_operands`).
+        qi, qs, ki, ks, vf, vs: `sage.quantize_operands`' outputs (checked: `check_sage_operands`); vf best in the
+            transposed layout `quantize_operands_triton` writes (`sage.v_t_view`, what the kernel reads), else
+            copied into it first (`sage.transpose_v`: one more read and write of V, e.g. for `sage.quantize_operands`'
+            contiguous vf).
         q2k, q2k_cnt, tile_offsets, scale, tuning: as `bsa_forward.bsa_fwd` (the warp-specialized forward does not
             run: it has no 8-bit variant).
         out_dtype: the output's dtype.
@@ -198,7 +210,8 @@ def bsa_fwd_sage(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch
     if b == 0 or s == 0:
         return out, torch.empty((b, h, s), dtype=torch.float32, device=qi.device)
     tuning = default_tuning(qi.device, d) if tuning is None else tuning
-    lse = _launch(qi, ki, vf, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None, groups, group_launch,
+    vt = vf if sage.is_v_transposed(vf) else sage.transpose_v(vf)
+    lse = _launch(qi, ki, vt, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None, groups, group_launch,
                   sage=dict(qs=qs, ks=ks, vs=vs, offset=sage.P_FP8_OFFSET))
     return out, lse
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from vsagen.cli.app import app
 from vsagen.commands.compare_config import resolve_compare
-from vsagen.commands.compare_quant import PrecisionSets, load_precision, load_request, precision_sets
+from vsagen.commands.compare_quant import PrecisionSets, load_request, precision_sets
 from vsagen.errors import BadInput
 from vsagen.quant.fp8_linear import Fp8Linear
 from vsagen.quant.int8_linear import Int8Linear, quantize_int8_blocks
@@ -135,7 +135,7 @@ def test_the_runs_of_a_precision_list(tmp_path):
     assert [r.file.name for r in runs[:2]] == ["full-vae-stock-quant-none.mp4", "full-vae-tiny-quant-none.mp4"]
     assert runs[4].file.name == "full-vae-stock-quant-int8.mp4"
     assert cfg.summary()["quants"] == ["none", "int8"]
-    assert load_precision(cfg) == "none" and load_request(cfg).quant == "none"
+    assert (load_request(cfg).quant, load_request(cfg).keep_int8_files) == ("none", True)  # built after loading
     first = resolve_compare("a cat", model="tiny", attn="full", quant="int8,none", device="cpu", frames=5, height=64,
                             width=64, steps=1, out=tmp_path / "p", plot=False)
     assert [r.label for r in first.runs] == ["full / int8 linears", "full / fp32 linears"]
@@ -215,3 +215,42 @@ def test_compare_none_and_int8_on_the_tiny_model(vsagen_cache, tiny_dir, tmp_pat
                                                                ("int8", "transformer:int8=20:fp8=0:dtype=0")]
     assert sorted(p.name for p in out.iterdir()) == ["compare.csv", "compare.json", "full-quant-int8.mp4",
                                                      "full-quant-none.mp4", "side-by-side.mp4"]
+
+
+@pytest.mark.slow
+def test_a_transformer_files_int8_weights_run_as_stored(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    """`--transformer` a file of TurboDiffusion's int8 weights with `--quant none,int8`: the model loads once with the
+    file's int8 linears as stored (not dequantized and quantized again), the int8 rows run them, the none rows their
+    dequantized weights; those very modules are in place again after."""
+    from safetensors.torch import save_file
+
+    import vsagen.pipeline
+
+    t = make_transformer(seed=7)
+    state = {k: v.detach().clone().contiguous() for k, v in t.state_dict().items()}
+    codes = {}
+    for name, _ in block_linears(t):
+        codes[name] = quantize_int8_blocks(state.pop(f"{name}.weight"))
+        state[f"{name}.int8_weight"], state[f"{name}.scale"] = codes[name]
+    save_file(state, str(tmp_path / "q.safetensors"))
+    loads, original = [], vsagen.pipeline.Session.load.__func__
+
+    def load(cls, request, *a, **k):
+        session = original(cls, request, *a, **k)
+        loads.append((session, linears(session.pipe.transformer)))
+        return session
+
+    monkeypatch.setattr(vsagen.pipeline.Session, "load", classmethod(load))
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["compare", "a cat", "--model", "tiny", "--device", "cpu", "--attn", "full", "--quant",
+                              "none,int8", "--transformer", str(tmp_path / "q.safetensors"), *SMALL, "--out", str(out),
+                              "--no-plot", "--error-steps", "none"])
+    assert res.exit_code == 0, res.output
+    (session, own), = loads
+    assert sorted(own) == sorted(codes) and all(isinstance(m, Int8Linear) for m in own.values())
+    assert all(torch.equal(own[n].int8_weight, q) and torch.equal(own[n].scale, s) for n, (q, s) in codes.items())
+    assert linears(session.pipe.transformer) == own
+    data = json.loads((out / "compare.json").read_text())
+    assert [r["quant"]["transformer"] for r in data["rows"]] == [{"int8": 0, "fp8": 0, "dtype": 20},
+                                                                 {"int8": 20, "fp8": 0, "dtype": 0}]
+    assert any("20 block linears run as int8 W8A8 (128x128 block scales) (20 as loaded)" in n for n in data["notes"])

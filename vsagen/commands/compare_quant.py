@@ -1,14 +1,15 @@
 """`vsagen compare --quant none,int8`: the precisions of the transformer blocks' linears as one more dimension of the
 runs, on one loaded model.
 
-The model loads once, in the precision `load_precision` says (a `-quant` preset's own int8 linears where int8 is
-asked, else the run's dtype). For each transformer (`vsagen.architecture.experts`), every precision's set of block
-linears (`vsagen.quant.swap.block_linears`: {name: module}) is built once, before the first run:
+The model loads once, its linears in the run's dtype but a transformer file's int8 ones (a `-quant` preset's, or
+`--transformer`'s), which load as int8 linears where int8 is asked (`load_request`). For each transformer
+(`vsagen.architecture.experts`), every precision's set of block linears (`vsagen.quant.swap.block_linears`: {name:
+module}) is built once, before the first run:
 
-* "none": the loaded `nn.Linear`s as they are; a loaded low-bit linear (a `-quant` file's int8) as the run-dtype
-  linear it stands for (`dequantized_linear`: the weight `--quant none` loads from that file);
-* "int8": the loaded `Int8Linear`s as they are (a `-quant` file's own weights, as `--quant int8` runs them), the
-  others quantized from the "none" set (`quantize_transformer`, as `--quant int8` does at load);
+* "none": the loaded `nn.Linear`s as they are; a loaded low-bit linear (a file's int8) as the run-dtype linear it
+  stands for (`dequantized_linear`: the weight `--quant none` loads from that file);
+* "int8": the loaded `Int8Linear`s as they are (a file's own int8 weights, as `--quant int8` runs them), the others
+  quantized from the loaded linears (`quantize_transformer`, as `--quant int8` does at load);
 * "fp8": quantized from the "none" set (`quantize_transformer`: a linear `torch._scaled_mm` cannot take stays in the
   run's dtype, as with `--quant fp8`).
 
@@ -22,24 +23,17 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from ..request.quantization import holds_int8_files
-
 
 def load_request(cfg: Any) -> Any:
     """The request `cfg` (a `CompareConfig`) loads the model with: itself where it runs one precision (`--quant`
-    applied at load), else itself with `quant` = `load_precision`."""
+    applied at load, as t2v does), else itself with `quant` "none" (nothing quantized at load: each 8-bit set is built
+    from the loaded weights) and, where int8 is asked, `keep_int8_files` (a transformer file's int8 weights, a
+    `-quant` preset's or `--transformer`'s, load as the int8 linears they are, for the int8 runs to run as stored)."""
     if not cfg.several_quants:
         return cfg
     import dataclasses
 
-    return dataclasses.replace(cfg, quant=load_precision(cfg))
-
-
-def load_precision(cfg: Any) -> str:
-    """The precision `cfg` (a `CompareConfig` with several `quants`) loads the model in: "int8" where the files hold
-    TurboDiffusion's int8 weights and int8 is asked (those run as stored; "none" is then their dequantized weight),
-    else "none" (the run's dtype; the 8-bit sets are built from it)."""
-    return "int8" if "int8" in cfg.quants and holds_int8_files(cfg.source, cfg.random_weights) else "none"
+    return dataclasses.replace(cfg, quant="none", keep_int8_files="int8" in cfg.quants)
 
 
 class PrecisionSets:

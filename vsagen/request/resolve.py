@@ -81,6 +81,9 @@ class Request:
     quant: str = "none"  # none | fp8 | int8: the blocks' linears (vsagen.request.quantization.resolve_quant)
     # every precision the command runs, `quant` first (compare: one per --quant entry; else that one)
     quants: tuple[str, ...] = ()
+    # load a transformer file's int8 weights (a `-quant` file's) as int8 linears whatever `quant` says, nothing else
+    # quantized at load (compare's load with several precisions: `vsagen.commands.compare_quant.load_request`)
+    keep_int8_files: bool = False
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
     cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)

@@ -51,6 +51,21 @@ def linears(t):
     return dict(block_linears(t, kind=(nn.Linear, LowBitLinear)))
 
 
+def captured_loads(monkeypatch) -> list:
+    """Each `Session.load` of the test, as (the session, its transformer's block linears right after loading)."""
+    import vsagen.pipeline
+
+    loads, original = [], vsagen.pipeline.Session.load.__func__
+
+    def load(cls, request, *a, **k):
+        session = original(cls, request, *a, **k)
+        loads.append((session, linears(session.pipe.transformer)))
+        return session
+
+    monkeypatch.setattr(vsagen.pipeline.Session, "load", classmethod(load))
+    return loads
+
+
 def test_each_precision_runs_as_if_quantized_at_load_and_the_loaded_linears_come_back():
     """none, int8, fp8 on a two-expert pipeline: each set's output bitwise that of a copy quantized as `--quant` does
     at load; sets built once (the same modules each time they are put); the summaries; the originals back after."""
@@ -182,16 +197,7 @@ def test_a_list_through_the_library_is_refused_by_a_one_precision_request():
 def test_compare_none_and_int8_on_the_tiny_model(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
     """`--attn full --quant none,int8`: the model loads once, two rows (the reference fp32, int8 against it: close,
     not equal), the linears column, the JSON's and CSV's quant fields; the loaded linears are back after."""
-    import vsagen.pipeline
-
-    loads, original = [], vsagen.pipeline.Session.load.__func__
-
-    def load(cls, request, *a, **k):
-        session = original(cls, request, *a, **k)
-        loads.append((session, linears(session.pipe.transformer)))
-        return session
-
-    monkeypatch.setattr(vsagen.pipeline.Session, "load", classmethod(load))
+    loads = captured_loads(monkeypatch)
     out = tmp_path / "o"
     res = runner.invoke(app, ["compare", "a cat", "--model", "tiny", "--device", "cpu", "--attn", "full", "--quant",
                               "none,int8", *SMALL, "--out", str(out), "--no-plot", "--error-steps", "none"],
@@ -224,8 +230,6 @@ def test_a_transformer_files_int8_weights_run_as_stored(vsagen_cache, tiny_dir, 
     dequantized weights; those very modules are in place again after."""
     from safetensors.torch import save_file
 
-    import vsagen.pipeline
-
     t = make_transformer(seed=7)
     state = {k: v.detach().clone().contiguous() for k, v in t.state_dict().items()}
     codes = {}
@@ -233,14 +237,7 @@ def test_a_transformer_files_int8_weights_run_as_stored(vsagen_cache, tiny_dir, 
         codes[name] = quantize_int8_blocks(state.pop(f"{name}.weight"))
         state[f"{name}.int8_weight"], state[f"{name}.scale"] = codes[name]
     save_file(state, str(tmp_path / "q.safetensors"))
-    loads, original = [], vsagen.pipeline.Session.load.__func__
-
-    def load(cls, request, *a, **k):
-        session = original(cls, request, *a, **k)
-        loads.append((session, linears(session.pipe.transformer)))
-        return session
-
-    monkeypatch.setattr(vsagen.pipeline.Session, "load", classmethod(load))
+    loads = captured_loads(monkeypatch)
     out = tmp_path / "o"
     res = runner.invoke(app, ["compare", "a cat", "--model", "tiny", "--device", "cpu", "--attn", "full", "--quant",
                               "none,int8", "--transformer", str(tmp_path / "q.safetensors"), *SMALL, "--out", str(out),

@@ -1,7 +1,9 @@
 """`CompareConfig`: a validated `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`: a list
-of backends, a list of samplers, a list of step caches and a list of VAE decoders, the first of each the reference)
-and its own: the runs (every (sampler, backend, cache) triple, sampler-major, a backend's caches side by side, each
-triple's latents decoded by every decoder), the attention-error steps of each, the output folder and its files."""
+of backends, a list of samplers, a list of step caches, a list of VAE decoders and a list of precisions of the
+blocks' linears, the first of each the reference) and its own: the runs (every (sampler, backend, cache) triple,
+sampler-major, a backend's caches side by side, each triple's latents decoded by every decoder, all of it once per
+precision), the attention-error steps of each, the output folder and its files (and an earlier run's files it
+leaves behind: `stale_outputs`)."""
 
 from __future__ import annotations
 
@@ -86,7 +88,8 @@ class CompareConfig(Request):
     """A validated `vsagen compare` request (see `Request` for the shared fields).
 
     The runs (`runs`) are every (sampler, backend, cache) triple of `samplers` x `backends` x `caches`, in that
-    order (sampler-major, a backend's caches side by side), as given; the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
+    order (sampler-major, a backend's caches side by side), as given, all of them once per precision of `quants`
+    (precision-major); the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
     attention is compared with dense attention (sorted, each < that sampler's steps); `error_steps` the first's.
     `out` is the output folder, `files` the paths written in it. `plot` draws compare.png (matplotlib); `sheet`
     writes each run's contact sheet beside its mp4. `labels` name the runs in tables, panels and the plot.
@@ -290,16 +293,17 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
     backends as `vsagen profile` takes it, `--sampler` a list of samplers (`parse_sampler_list`; default the preset's),
     `--cache` a list of step caches (`vsagen.request.caching.resolve_caches`; default none), `--vae` a list of VAE
-    decoders (`vsagen.request.options.VaeList.several`; each checked against the model), at least two runs between
-    them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
+    decoders (`vsagen.request.options.VaeList.several`; each checked against the model), `--quant` a list of
+    precisions (`vsagen.request.quantization.resolve_quants`: each against the device and the model), at least two
+    runs between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
     `--error-steps` words are each run's own steps (first, middle, last of its step count); a numbered step must be a
     step of every run. `options.output.out` is a folder (default `vsagen-<model>-compare-seed<seed>`); none of the
     files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: a single
-            run, an unknown backend, sampler, decoder or option, an entry written twice or two sampler entries that
-            run the same, a decoder the model cannot take (`--vae light` without one, tiny weights of another latent
+            run, an unknown backend, sampler, decoder, precision or option, an entry written twice or two sampler
+            entries that run the same, a precision the device cannot run (fp8 on the CPU) or two that resolve to one, a decoder the model cannot take (`--vae light` without one, tiny weights of another latent
             width), a flag a sampler refuses (`--sampler dmd --guidance 5`), an image-to-video model, a size, frame
             count or step count the model refuses, bad --error-steps, an existing output file without `overwrite`,
             an unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when

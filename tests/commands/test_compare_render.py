@@ -193,3 +193,31 @@ def test_several_decoders_add_the_decode_columns_and_the_csv_names_each_decoder(
     con = Console(width=200, record=True)
     con.print(rich_table(report()))
     assert "s saved" not in con.export_text()
+
+
+def test_the_linears_column_and_csv_fields_of_several_precisions():
+    """`--quant none,fp8` on a two-expert model: a `linears` column (the precision, the block linears that ran in
+    it of all: FP8 kept two in the run's dtype) only where the precisions differ; the CSV's quant fields."""
+    from rich.console import Console
+
+    from vsagen.commands.compare_render import linears_cell
+
+    rep = report()
+    rep.settings.update(dtype="bf16", quants=["none", "fp8"])
+    rep.rows[0].quant = {"precision": "none", "transformer": {"int8": 0, "fp8": 0, "dtype": 20},
+                         "transformer_2": {"int8": 0, "fp8": 0, "dtype": 20}}
+    rep.rows[1].quant = {"precision": "fp8", "transformer": {"int8": 0, "fp8": 19, "dtype": 1},
+                         "transformer_2": {"int8": 0, "fp8": 19, "dtype": 1}}
+    assert [linears_cell(r, "bf16") for r in rep.rows] == ["bf16 40/40", "fp8 38/40"]
+    console = Console(width=200, record=True)
+    console.print(rich_table(rep))
+    text = console.export_text()
+    assert "linears" in text and "fp8" in text and "38/40" in text and "40/40" in text
+    rows = list(csv.DictReader(io.StringIO(render_csv(rep))))
+    assert [(r["quant"], r["quant_linears"]) for r in rows] == [
+        ("none", "transformer:int8=0:fp8=0:dtype=20 transformer_2:int8=0:fp8=0:dtype=20"),
+        ("fp8", "transformer:int8=0:fp8=19:dtype=1 transformer_2:int8=0:fp8=19:dtype=1")]
+    rep.settings["quants"] = ["fp8"]  # one precision: no column
+    console = Console(width=200, record=True)
+    console.print(rich_table(rep))
+    assert "linears" not in console.export_text()

@@ -103,3 +103,28 @@ def test_quantize_pipeline_swaps_every_expert():
     assert notes == [f"--quant int8: {n}: 20 block linears run as int8 W8A8 (128x128 block scales)"
                      for n in ("transformer", "transformer_2")]  # on the CPU: no compile note
     assert precision_summary(pipe.transformer_2) == {"int8": 20, "fp8": 0, "dtype": 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dequantized_linear_is_the_weight_loading_a_quant_file_gives(dtype):
+    """An `Int8Linear` of random codes and scales (partial 128 x 128 tiles: 200 x 130) back as an `nn.Linear` in the
+    run's dtype: bitwise the weight `transformer_files.dequantize` computes from the same pair at load (float64, cast
+    once), within one rounding of the float64 product; its bias as it was; the output that of F.linear with both."""
+    from vsagen.models.transformer_files import dequantize
+    from vsagen.quant.swap import dequantized_linear
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(-128, 128, (200, 130), generator=g, dtype=torch.int8)
+    scale = torch.rand(2, 2, generator=g) * 1e-2 + 1e-3
+    bias = torch.randn(200, generator=g).to(dtype)
+    state = {"w.int8_weight": q, "w.scale": scale}
+    dequantize(state, dtype, "test")
+    linear = dequantized_linear(Int8Linear(q, scale, bias), dtype)
+    assert isinstance(linear, nn.Linear) and linear.weight.dtype == dtype and linear.bias.dtype == dtype
+    assert torch.equal(linear.weight, state["w.weight"]) and torch.equal(linear.bias, bias)
+    exact = q.double() * scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:200, :130]
+    ulp = torch.finfo(dtype).eps * exact.abs()
+    assert bool(((linear.weight.double() - exact).abs() <= ulp).all())
+    x = torch.randn(3, 130, generator=g).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(linear(x), nn.functional.linear(x, state["w.weight"], bias))

@@ -23,7 +23,8 @@ from .running import (check_model_available, err, ran_in_workers, report_interru
                       single_process, torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
                              JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options,
-                             complete_attn, complete_model, complete_vae, path_parser, unquoted_prompt)
+                             complete_attn, complete_model, complete_quant, complete_vae,
+                             path_parser, unquoted_prompt)
 
 app = typer.Typer(
     name="vsagen",
@@ -338,6 +339,12 @@ def profile(
                                           "the reference's; with one --attn, PSNR / SSIM are each decoder's "
                                           "against the reference decoder on the same latents.",
                                      autocompletion=complete_vae)], "auto"),
+    quant=(Annotated[str, typer.Option("--quant", metavar="PRECISION[,PRECISION...]",
+                                       help="The precision(s) of the transformer blocks' linears, as t2v's --quant "
+                                            "takes one (none, fp8, int8, auto). Several, comma-separated, the first "
+                                            "the reference (e.g. none,int8): the model loads once, each precision's "
+                                            "linears are built once and swapped in for its runs, and every run runs "
+                                            "in each.", autocompletion=complete_quant)], "auto"),
 )
 def compare(
     prompt: Prompt,
@@ -350,9 +357,9 @@ def compare(
                                                       "installed, else skipped with a note.")] = None,
     json_out: JsonOut = False, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
-    """Compare attention backends, samplers, step caches and VAE decoders against the first run on one loaded model:
-    every (sampler, backend, cache) triple, the same seed, noise and settings for each, its latents decoded by each
-    --vae decoder; DiT s/video, s/step and speed-up, decode s and s saved, PSNR / SSIM of the video per frame and
+    """Compare attention backends, samplers, step caches, VAE decoders and --quant precisions against the first run
+    on one loaded model: every (sampler, backend, cache) triple in each precision, the same seed, noise and settings
+    for each, its latents decoded by each --vae decoder; DiT s/video, s/step and speed-up, decode s and s saved, PSNR / SSIM of the video per frame and
     overall, latent distance, and each layer's attention error against dense attention. Writes every video, a
     labelled side-by-side video, a plot, a JSON and a CSV into --out, once every run has run."""
 

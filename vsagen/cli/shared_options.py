@@ -88,6 +88,12 @@ def complete_vae(incomplete: str) -> list[str]:
     return _complete_list(incomplete, (*(d.value for d in VaeDecoder), *(f"tiny:name={n}" for n in PUBLISHED)))
 
 
+def complete_quant(incomplete: str) -> list[str]:
+    """Shell completion of `--quant` (a comma-separated list for `vsagen compare`), as `complete_attn`: the
+    precisions (`Quant`) that start with the last item typed."""
+    return _complete_list(incomplete, tuple(q.value for q in Quant))
+
+
 def _complete_list(incomplete: str, names: Iterable[str]) -> list[str]:
     """The `names` that start with the last comma-separated item of `incomplete`, the items before it kept; `auto`
     only as the first item (a list names its entries), no name an earlier item is (a list names each once). An item
@@ -289,7 +295,8 @@ COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
            "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
-           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae", "vae_dtype")
+           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae", "vae_dtype",
+           "quant")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")

@@ -19,6 +19,8 @@ whole pass), then the timed generation, decoded. Per run (`CompareRow`):
   its sampler, steps, CFG scale and DiT forwards;
 * PSNR and SSIM of the decoded 8-bit frames against the reference's, per frame and overall (`vsagen.media.metrics`),
   and the relative L2 distance of the final latents;
+* the precision of the blocks' linears (`quant`): with several `--quant` precisions every run above runs in each,
+  precision-major, each precision's linears built once and swapped in (`vsagen.commands.compare_quant`);
 * the decode: its decoder and weights, its seconds and those saved against the reference's. With several `--vae`
   decoders (`stock,tiny`, the first the reference), each triple's DiT runs once and each decoder (built once,
   `decoder_states`, swapped on the VAE) decodes its final latents as a run of its own (with `--warmup`, once
@@ -44,7 +46,6 @@ import contextlib
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Collection, Iterator
 
 from ..attention.base import BackendWrapper
@@ -52,7 +53,8 @@ from ..cache.cache_spec import CacheCounts, cache_counts
 from ..errors import BadInput
 from ..media.metrics import json_number, pooled_rel_l2, psnr_db, ssim
 from ..decode.decoder_choice import decoder_states, reattach, vae_summary
-from .compare_config import CompareConfig
+from .compare_config import CompareConfig, precision_label, stale_outputs
+from .compare_quant import load_request, precision_sets
 
 PROBE_REGION = "compare_probe"
 # The regions a probe call runs inside (besides "total" and "denoise", which compare does not report).
@@ -234,6 +236,9 @@ class CompareRow(CacheCounts):
     # [K, tiles]: key tiles each query tile keeps, of the tiles of the backend's cube on the denoised grid (VSA's
     # backends: K = ceil((1 - sparsity) tiles)); None where the backend has no such count
     key_tiles_kept: list[int] | None = None
+    # the precision of the blocks' linears: {"precision": "none" | "fp8" | "int8", <expert>: {"int8": n, "fp8": n,
+    # "dtype": n}} (`vsagen.quant.swap.precision_summary`, as t2v's JSON)
+    quant: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (PSNR +inf as the string "inf": `json_number`)."""
@@ -360,24 +365,25 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     # one probe per backend, shared by its runs (each run sets the steps it measures and reads its errors after)
     probes = [AttentionProbe(spec.build(), cfg.runs[0].error_steps) for spec in cfg.backends]
     # each backend refuses what it cannot serve before loading (`Session.load`); weights are attached per run
-    session = Session.load(cfg, probes, progress=progress, log=log)
+    session = Session.load(load_request(cfg), probes, progress=progress, log=log)
     if cfg.device == "cpu":  # hours of work on a real size: said once the model loaded
         warning = cpu_time_estimate(cfg, runs=len(cfg.runs), runs_of="runs")
         if warning is not None:
             log(warning)
     # every decoder of --vae built once (the first is the one the model loaded with); None: that one decodes
     states = decoder_states(cfg, session.pipe.vae, session.notes) if cfg.several_vaes else None
-    session.notes[0:0] = cfg.notes
-    for note in session.notes:
-        log(f"note: {note}")
-    plan = session.plan(cfg.tile_fit)
-    session.prompts()
     results: list[_RunResult] = []
-    warmed: set[int] = set()  # the decoders decoded once untimed (several decoders with --warmup)
-    for i, run_of in enumerate(cfg.runs):
-        if run_of.vae_index == 0:  # a (sampler, backend, cache) triple's DiT run, its latents decoded by each decoder
-            dit = _generate(cfg, session, plan, probes, i, log)
-        results.append(_decode(cfg, session, run_of, dit, states, warmed, log))
+    with precision_sets(cfg, session.pipe, session.notes) as put:  # every --quant precision's linears, built once
+        session.notes[0:0] = cfg.notes
+        for note in session.notes:
+            log(f"note: {note}")
+        plan = session.plan(cfg.tile_fit)
+        session.prompts()
+        warmed: set[int] = set()  # the decoders decoded once untimed (several decoders with --warmup)
+        for i, run_of in enumerate(cfg.runs):
+            if run_of.vae_index == 0:  # a (precision, sampler, backend, cache)'s DiT run, decoded by each decoder
+                dit = _generate(cfg, session, plan, probes, i, log, put(run_of.quant_index))
+            results.append(_decode(cfg, session, run_of, dit, states, warmed, log))
     ref = results[0]
     rows = [_row(res, ref, probes[res.run_of.backend_index].report(device).info, plan.denoise_grid, cfg.runs[0].label,
                  log) for res in results]
@@ -403,6 +409,7 @@ class _DitRun:
     run: Any
     probe_s: float
     timing: Any
+    quant: dict[str, Any]  # the precision its linears ran in (`compare_quant.precision_sets`)
 
 
 @dataclass
@@ -417,9 +424,9 @@ class _RunResult:
 
 
 def _generate(cfg: CompareConfig, session: Any, plan: Any, probes: list[AttentionProbe], i: int,
-              log: Callable[[str], None]) -> _DitRun:
-    """Run `cfg.runs[i]`'s DiT on the loaded `session` (its sampler, backend probe and cache), its latents undecoded,
-    and take the probe's region out of its timings.
+              log: Callable[[str], None], quant: dict[str, Any]) -> _DitRun:
+    """Run `cfg.runs[i]`'s DiT on the loaded `session` (its sampler, backend probe and cache; its precision's linears
+    in place, `quant` their record), its latents undecoded, and take the probe's region out of its timings.
 
     Raises:
         RunFailure: out of GPU memory (the message names the run).
@@ -438,7 +445,8 @@ def _generate(cfg: CompareConfig, session: Any, plan: Any, probes: list[Attentio
         run = session.run(probe, plan, what=what, sampler=sp.sampler, guidance=sp.guidance, steps=sp.steps,
                           cache=run_of.cache)
     records, probe_s = without_region(run.records, PROBE_REGION)
-    return _DitRun(probe.errors(), run, probe_s, TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s))
+    return _DitRun(probe.errors(), run, probe_s, TimingReport.from_records(records, cfg.device, warmup_s=run.warmup_s),
+                   quant)
 
 
 def _decode(cfg: CompareConfig, session: Any, run_of: Any, dit: _DitRun, states: list[dict[str, Any]] | None,
@@ -506,7 +514,7 @@ def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int
         vae_decoder=res.vae["vae_decoder"], vae_weights=res.vae["vae_weights"], vae_tiling=res.vae["vae_tiling"],
         decode_s=res.decode_s, decode_saved_s=ref.decode_s - res.decode_s,
         decode_speedup_vs_reference=ref.decode_s / res.decode_s if res.decode_s > 0 else None,
-        key_tiles_kept=key_tiles_kept(info, grid), **cache_counts(run_of.cache, timing))
+        key_tiles_kept=key_tiles_kept(info, grid), quant=res.dit.quant, **cache_counts(run_of.cache, timing))
 
 
 def _report_notes(cfg: CompareConfig, session: Any) -> list[str]:
@@ -553,7 +561,9 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
             for run, frames in zip(runs, videos):
                 sampler = words[cfg.samplers.index(run.plan)] if cfg.several_samplers else ""
                 what = (run.spec.short_text() + (f" + {run.cache.short_text()}" if run.cache.enabled else "")
-                        + (f" | vae {cfg.vae_decoders[run.vae_index].short_text()}" if cfg.several_vaes else ""))
+                        + (f" | vae {cfg.vae_decoders[run.vae_index].short_text()}" if cfg.several_vaes else "")
+                        + (f" | {precision_label(cfg.quants[run.quant_index], cfg.dtype)} linears"
+                           if cfg.several_quants else ""))
                 title = sheet_title(cfg.model, what, cfg.frames, cfg.height, cfg.width,
                                     run.plan.steps, cfg.seed, sampler, f"compare, reference {runs[0].label}")
                 outputs.add(files[f"{run.label} sheet"],
@@ -572,34 +582,3 @@ def write_outputs(cfg: CompareConfig, report: CompareReport, videos: list[Any], 
     for path in stale:
         path.unlink(missing_ok=True)
         log(f"removed {path} (an earlier compare's, not written by this one)")
-
-
-# The files `compare` writes: an earlier run's files of these kinds that its compare.json lists may be removed
-STALE_SUFFIXES = (".mp4", ".png", ".json", ".csv")
-
-
-def stale_outputs(folder: Path, keep: Collection[Path]) -> list[Path]:
-    """The files an earlier `compare` wrote into `folder` that a run writing `keep` leaves behind: those its
-    compare.json lists under "files" (by file name, in `folder` itself, of a kind compare writes: STALE_SUFFIXES),
-    that exist and are not in `keep`. Nothing without a readable compare.json of a compare run; never a file
-    outside `folder`, a folder or a file the JSON does not list."""
-    import json
-
-    from .compare_config import JSON_FILE
-
-    try:
-        data = json.loads((folder / JSON_FILE).read_text())
-    except (OSError, ValueError):
-        return []
-    listed = data.get("files") if isinstance(data, dict) and data.get("command") == "compare" else None
-    if not isinstance(listed, dict):
-        return []
-    kept = {Path(p).name for p in keep}
-    out = []
-    for value in listed.values():
-        name = Path(value).name if isinstance(value, str) else ""
-        path = folder / name
-        if (name and name not in kept and name.lower().endswith(STALE_SUFFIXES) and path not in out
-                and path.is_file() and not path.is_symlink()):
-            out.append(path)
-    return out

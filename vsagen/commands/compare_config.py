@@ -1,7 +1,9 @@
 """`CompareConfig`: a validated `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`: a list
-of backends, a list of samplers, a list of step caches and a list of VAE decoders, the first of each the reference)
-and its own: the runs (every (sampler, backend, cache) triple, sampler-major, a backend's caches side by side, each
-triple's latents decoded by every decoder), the attention-error steps of each, the output folder and its files."""
+of backends, a list of samplers, a list of step caches, a list of VAE decoders and a list of precisions of the
+blocks' linears, the first of each the reference) and its own: the runs (every (sampler, backend, cache) triple,
+sampler-major, a backend's caches side by side, each triple's latents decoded by every decoder, all of it once per
+precision), the attention-error steps of each, the output folder and its files (and an earlier run's files it
+leaves behind: `stale_outputs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import dataclasses
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from ..attention.spec import BackendSpec
 from ..cache.cache_spec import NO_CACHE, CacheSpec
@@ -42,6 +44,7 @@ class CompareRun:
         cache: the step cache (`none`: uncached).
         vae_index: the decoder's index in `CompareConfig.vae_decoders`; the runs of one (sampler, backend, cache)
             triple share one DiT run, whose latents the decoder of each decodes (0 starts a triple).
+        quant_index: the precision's index in `CompareConfig.quants` (the blocks' linears the run's DiT runs in).
     """
 
     plan: SamplerPlan
@@ -52,6 +55,13 @@ class CompareRun:
     backend_index: int
     cache: CacheSpec = NO_CACHE
     vae_index: int = 0
+    quant_index: int = 0
+
+
+def precision_label(quant: str, dtype: str) -> str:
+    """The blocks' linears of a `--quant` precision in a word, for labels and file names: "int8", "fp8", or the
+    run's dtype for "none" ("bf16")."""
+    return dtype if quant == "none" else quant
 
 
 def sampler_label(plan: SamplerPlan, shift: bool = False) -> str:
@@ -78,7 +88,8 @@ class CompareConfig(Request):
     """A validated `vsagen compare` request (see `Request` for the shared fields).
 
     The runs (`runs`) are every (sampler, backend, cache) triple of `samplers` x `backends` x `caches`, in that
-    order (sampler-major, a backend's caches side by side), as given; the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
+    order (sampler-major, a backend's caches side by side), as given, all of them once per precision of `quants`
+    (precision-major); the first is the reference. `sampler_error_steps` are, per sampler, the 0-based denoising steps whose
     attention is compared with dense attention (sorted, each < that sampler's steps); `error_steps` the first's.
     `out` is the output folder, `files` the paths written in it. `plot` draws compare.png (matplotlib); `sheet`
     writes each run's contact sheet beside its mp4. `labels` name the runs in tables, panels and the plot.
@@ -109,20 +120,29 @@ class CompareConfig(Request):
         return len(self.vae_decoders) > 1
 
     @property
+    def several_quants(self) -> bool:
+        """Whether the runs differ in the precision of the blocks' linears (`--quant` lists several: labels and file
+        names then name it)."""
+        return len(self.quants) > 1
+
+    @property
     def runs(self) -> list[CompareRun]:
         """Every (sampler, backend, cache) triple, sampler-major (each sampler with every backend, each backend with
         every cache), each with every decoder of `vae_decoders` when it lists several (one DiT run, its latents
-        decoded by each), the reference first.
+        decoded by each), the reference first; with several `quants`, all of that once per precision, in their
+        order (precision-major: the reference is the first precision's first run).
 
         Labels: the backend's ("vsa 0.875"; its spec without default options where a name repeats), then
         " + <cache>" for a cached run (the cache's entry without default options: "vsa 0.875 + first-block"), then
         " / <sampler>" (`sampler_label`) when the samplers differ, then " / <decoder> VAE" when the decoders differ
-        ("full / tiny VAE"; a weights file by its name: `VaeSpec.short_text`); a run listed again (a library
-        caller's list) gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its backend's spec
-        without default options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's (`vsa-first-block.mp4`),
-        then its sampler's words when the samplers differ (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`), then
-        "vae-<decoder>" when the decoders differ (`full-vae-tiny.mp4`); a name taken by an earlier run gets
-        `-<index>`."""
+        ("full / tiny VAE"; a weights file by its name: `VaeSpec.short_text`), then " / <precision> linears" when
+        the precisions differ ("full / int8 linears", "full / bf16 linears": `precision_label`); a run listed again
+        (a library caller's list) gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its
+        backend's spec without default options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's
+        (`vsa-first-block.mp4`), then its sampler's words when the samplers differ (`vsa-dmd.mp4`,
+        `full-default-50-steps-cfg-5.mp4`), then "vae-<decoder>" when the decoders differ (`full-vae-tiny.mp4`), then
+        "quant-<entry>" when the precisions differ (`full-quant-none.mp4`, `full-quant-int8.mp4`); a name taken by
+        an earlier run gets `-<index>`."""
         names = [s.name for s in self.backends]
         backend_labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
         plans = self.samplers or (SamplerPlan(self.sampler, self.steps, self.guidance, self.flow_shift),)
@@ -130,14 +150,16 @@ class CompareConfig(Request):
         steps = self.sampler_error_steps or (self.error_steps,) * len(plans)
         caches = self.caches or (NO_CACHE,)
         vaes = [v.short_text() for v in self.vae_decoders] if self.several_vaes else [""]
-        runs = [(i, j, c, v) for i in range(len(plans)) for j in range(len(self.backends)) for c in caches
-                for v in range(len(vaes))]
+        quants = [precision_label(q, self.dtype) for q in self.quants] if self.several_quants else [""]
+        runs = [(q, i, j, c, v) for q in range(len(quants)) for i in range(len(plans))
+                for j in range(len(self.backends)) for c in caches for v in range(len(vaes))]
         labels = [backend_labels[j] + (f" + {c.short_text()}" if c.enabled else "")
                   + (f" / {words[i]}" if self.several_samplers else "")
-                  + (f" / {vaes[v]} VAE" if self.several_vaes else "") for i, j, c, v in runs]
+                  + (f" / {vaes[v]} VAE" if self.several_vaes else "")
+                  + (f" / {quants[q]} linears" if self.several_quants else "") for q, i, j, c, v in runs]
         labels = [x if x not in labels[:k] else f"{x} ({labels[:k].count(x) + 1})" for k, x in enumerate(labels)]
         stems: list[str] = []
-        for i, j, c, v in runs:
+        for q, i, j, c, v in runs:
             spec = self.backends[j]
             stem = file_stem(spec.short_text()) or spec.name
             if c.enabled:
@@ -146,9 +168,11 @@ class CompareConfig(Request):
                 stem += "-" + (file_stem(words[i].lower()) or "sampler")
             if self.several_vaes:
                 stem += "-vae-" + file_stem(vaes[v])
+            if self.several_quants:
+                stem += "-quant-" + self.quants[q]
             stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
-        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c, v)
-                for (i, j, c, v), label, stem in zip(runs, labels, stems)]
+        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c, v, q)
+                for (q, i, j, c, v), label, stem in zip(runs, labels, stems)]
 
     @property
     def labels(self) -> list[str]:
@@ -195,6 +219,7 @@ class CompareConfig(Request):
         d["vae_decoder"] = self.vae_decoder.text()  # `--vae` as given (a weights file absolute)
         d["vae_decoders"] = [v.text() for v in self.vae_decoders]  # every entry (the first: `vae_decoder`)
         d["backends"] = [b.summary() for b in self.backends]
+        d["quants"] = list(self.quants)  # every --quant precision resolved (the first: `quant`)
         d["error_steps"] = list(self.error_steps)
         d["out"] = str(self.out)
         d["model_source"] = {"kind": self.source.kind, "location": self.source.location,
@@ -268,16 +293,17 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
     backends as `vsagen profile` takes it, `--sampler` a list of samplers (`parse_sampler_list`; default the preset's),
     `--cache` a list of step caches (`vsagen.request.caching.resolve_caches`; default none), `--vae` a list of VAE
-    decoders (`vsagen.request.options.VaeList.several`; each checked against the model), at least two runs between
-    them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
+    decoders (`vsagen.request.options.VaeList.several`; each checked against the model), `--quant` a list of
+    precisions (`vsagen.request.quantization.resolve_quants`: each against the device and the model), at least two
+    runs between them, the first the reference) and its own. `warmup` defaults to COMPARE_WARMUP.
     `--error-steps` words are each run's own steps (first, middle, last of its step count); a numbered step must be a
     step of every run. `options.output.out` is a folder (default `vsagen-<model>-compare-seed<seed>`); none of the
     files the run writes there (`CompareConfig.files`) may exist unless `overwrite`.
 
     Raises:
         BadInput: any invalid setting (one message naming the flag), before anything is loaded or written: a single
-            run, an unknown backend, sampler, decoder or option, an entry written twice or two sampler entries that
-            run the same, a decoder the model cannot take (`--vae light` without one, tiny weights of another latent
+            run, an unknown backend, sampler, decoder, precision or option, an entry written twice or two sampler
+            entries that run the same, a precision the device cannot run (fp8 on the CPU) or two that resolve to one, a decoder the model cannot take (`--vae light` without one, tiny weights of another latent
             width), a flag a sampler refuses (`--sampler dmd --guidance 5`), an image-to-video model, a size, frame
             count or step count the model refuses, bad --error-steps, an existing output file without `overwrite`,
             an unwritable folder, `plot=True` without matplotlib (`plot=None`, the default, draws the plot when
@@ -295,7 +321,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
         s, warmup=COMPARE_WARMUP if s.warmup is None else s.warmup))
     sampler_text = s.sampler.text if s.sampler is not None else src.preset.defaults.sampler
     try:
-        req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True, several_vaes=True)
+        req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True, several_vaes=True,
+                      several_quants=True)
     except BadInput as e:  # a flag a sampler of the list refuses: say how to set it for one entry
         listed = s.sampler is not None and len(s.sampler.entries) > 1  # (a preset's sampler is one entry)
         if listed and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
@@ -304,11 +331,11 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                            f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \
                 from None
         raise
-    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) < 2:
+    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) * len(req.quants) < 2:
         raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
                        "at least one run to compare with it: two backends (e.g. --attn full,vsa), two samplers "
-                       "(e.g. --sampler dmd,default:steps=50:guidance=5), two caches (e.g. --cache none,first-block) "
-                       "or two VAE decoders (e.g. --vae stock,tiny)")
+                       "(e.g. --sampler dmd,default:steps=50:guidance=5), two caches (e.g. --cache none,first-block), "
+                       "two VAE decoders (e.g. --vae stock,tiny) or two precisions (e.g. --quant none,int8)")
     check_sampler_plans(req.samplers, sampler_text)
     if min(req.height, req.width) < 7:
         raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {req.width} x {req.height}")
@@ -356,3 +383,32 @@ def resolve_compare(prompt: str, *, attn: str = DEFAULT_ATTN, error_steps: str =
         TypeError: an unknown keyword.
     """
     return resolve_compare_options(prompt, request_options(attn=attn, **flags), error_steps=error_steps, plot=plot)
+
+
+# The files `compare` writes: an earlier run's files of these kinds that its compare.json lists may be removed
+STALE_SUFFIXES = (".mp4", ".png", ".json", ".csv")
+
+
+def stale_outputs(folder: Path, keep: Collection[Path]) -> list[Path]:
+    """The files an earlier `compare` wrote into `folder` that a run writing `keep` leaves behind: those its
+    compare.json lists under "files" (by file name, in `folder` itself, of a kind compare writes: STALE_SUFFIXES),
+    that exist and are not in `keep`. Nothing without a readable compare.json of a compare run; never a file
+    outside `folder`, a folder or a file the JSON does not list."""
+    import json
+
+    try:
+        data = json.loads((folder / JSON_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    listed = data.get("files") if isinstance(data, dict) and data.get("command") == "compare" else None
+    if not isinstance(listed, dict):
+        return []
+    kept = {Path(p).name for p in keep}
+    out = []
+    for value in listed.values():
+        name = Path(value).name if isinstance(value, str) else ""
+        path = folder / name
+        if (name and name not in kept and name.lower().endswith(STALE_SUFFIXES) and path not in out
+                and path.is_file() and not path.is_symlink()):
+            out.append(path)
+    return out

@@ -54,11 +54,29 @@ def several_vaes(report: Any) -> bool:
     return len(report.settings.get("vae_decoders") or ()) > 1
 
 
+def several_quants(report: Any) -> bool:
+    """Whether the runs' block linears ran in several precisions (`--quant none,int8`)."""
+    return len(report.settings.get("quants") or ()) > 1
+
+
+def linears_cell(row: Any, dtype: str) -> str:
+    """A row's precision and how many block linears ran in it, of all (every transformer): "int8 20/20", "bf16
+    20/20" (`--quant none`: the run's dtype), "fp8 18/20" (FP8 keeps a shape `torch._scaled_mm` refuses)."""
+    from .compare_config import precision_label
+
+    precision = row.quant.get("precision", "none")
+    counts = [v for k, v in row.quant.items() if k != "precision"]
+    key = "dtype" if precision == "none" else precision
+    ran, total = sum(c[key] for c in counts), sum(sum(c.values()) for c in counts)
+    return f"{precision_label(precision, dtype)} {ran}/{total}"
+
+
 def rich_table(report: Any) -> Any:
     """The report as a `rich.table.Table`: per run DiT s/video (every timed step, both CFG passes), DiT s/step, the
     speed-up (of the DiT time per video), PSNR, SSIM, latents rel-L2, the mean attention error over the layers and
     the worst layer (both left out, and the caption says so, where no run measured it: `--error-steps none`); with
-    several decoders (`--vae stock,tiny`) the decode seconds and those saved against the reference's decode. A
+    several decoders (`--vae stock,tiny`) the decode seconds and those saved against the reference's decode; with
+    several precisions (`--quant none,int8`) the precision of the blocks' linears (`linears_cell`). A
     cached run's cell says the DiT forwards its cache reused, of all ("reused 4/6": in the run's cell, not a column
     of its own, so that 80 columns still fit without breaking a number)."""
     from rich.table import Table
@@ -79,8 +97,11 @@ def rich_table(report: Any) -> Any:
     # (`vsagen.cli.terminal.fit_table` makes the table compact where its words still do not fit); cells fold, never cut
     cached = any(r.cached for r in report.rows)  # --cache: the forwards each run computed / reused
     vaes = several_vaes(report)  # --vae stock,tiny: each run's decode seconds and those saved against the reference
-    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 or cached or vaes else "backend",
-                 overflow="fold", min_width=8)
+    quants = several_quants(report)  # --quant none,int8: the precision each run's linears ran in
+    t.add_column("run" if len({r.sampler["entry"] for r in report.rows}) > 1 or cached or vaes or quants
+                 else "backend", overflow="fold", min_width=8)
+    if quants:
+        t.add_column("linears", justify="right", overflow="fold")
     kept = any(r.key_tiles_kept for r in report.rows)  # VSA's backends: key tiles kept per query tile, of all
     for col in ("DiT\ns/video", "DiT\ns/step", "speed-\nup", *(("key\ntiles\nkept",) if kept else ()),
                 *(("decode\ns", "decode\ns saved") if vaes else ()), "PSNR\ndB",
@@ -92,6 +113,7 @@ def rich_table(report: Any) -> Any:
         reused = (f"\nreused {r.dit_reused_forwards}/{r.dit_computed_forwards + r.dit_reused_forwards}"
                   if r.cached else "")
         t.add_row(r.label.replace(":", ":\n").replace(" / ", " /\n").replace(" + ", " +\n") + reused,
+                  *((linears_cell(r, report.settings["dtype"]).replace(" ", "\n"),) if quants else ()),
                   f"{r.dit_s_per_video:.3f}", f"{r.dit_s_per_step:.4f}", f"{r.speedup_vs_reference:.2f}x",
                   *((share,) if kept else ()),
                   *((f"{r.decode_s:.3f}", f"{r.decode_saved_s:+.3f}") if vaes else ()),
@@ -101,7 +123,8 @@ def rich_table(report: Any) -> Any:
     return t
 
 
-CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "cache", "cache_spec", "steps", "guidance",
+CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "cache", "cache_spec", "quant", "quant_linears",
+              "steps", "guidance",
               "flow_shift", "dit_forwards", "dit_computed_forwards", "dit_reused_forwards", "dit_reuse_share",
               "dit_per_computed_forward_s", "dit_per_reused_forward_s", "dit_computed_s", "dit_reused_s",
               "dit_reused_steps", "dit_s_per_video", "dit_s_per_step", "speedup_vs_reference", "attention_s_per_step",
@@ -113,15 +136,20 @@ CSV_FIELDS = ("label", "backend", "spec", "sparsity", "impl", "sampler", "cache"
 def render_csv(report: Any) -> str:
     """One line per run (CSV_FIELDS): scalars as numbers (PSNR +inf as "inf", missing as ""), the sampler as its
     entry (`dmd`, `default:steps=50:guidance=5`), per-frame values space-separated, the per-layer attention error as
-    space-separated `layer:value` (`expert/layer:value` with two experts)."""
+    space-separated `layer:value` (`expert/layer:value` with two experts), `quant` the precision of the blocks'
+    linears ("none" | "fp8" | "int8") and `quant_linears` how many ran in each, per transformer, space-separated
+    (`transformer:int8=20:fp8=0:dtype=0`)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
     for r in report.rows:
         experts = len({x["expert"] for x in r.attention_rel_l2_per_layer}) > 1
-        d = {k: getattr(r, k) for k in CSV_FIELDS}
+        d = {k: getattr(r, k) for k in CSV_FIELDS if k != "quant_linears"}
         d["psnr_db"] = json_number(r.psnr_db)
         d["sampler"] = r.sampler["entry"]
+        d["quant"] = r.quant.get("precision")
+        d["quant_linears"] = " ".join(f"{name}:" + ":".join(f"{k}={n}" for k, n in counts.items())
+                                      for name, counts in r.quant.items() if name != "precision")
         d["key_tiles_kept"] = "/".join(map(str, r.key_tiles_kept)) if r.key_tiles_kept else None
         d["dit_reused_steps"] = " ".join(map(str, r.dit_reused_steps))
         d["psnr_per_frame_db"] = " ".join(str(json_number(x)) for x in r.psnr_per_frame_db)

@@ -430,9 +430,10 @@ def _transformer_files_pipeline(cfg: Request, location: str, dtype: Any, notes: 
     architectures = [src.preset.transformer, src.preset.transformer_2]
     backend: dict[str, dict[str, Any]] = {}
     transformers: dict[str, Any] = {}
+    keep_int8 = cfg.quant == "int8" or cfg.keep_int8_files  # a file's int8 weights run as stored
     for name, path, architecture in zip(names, files, architectures):
         transformers[name], backend[name], note = load_transformer_file(path, dict(architecture), dtype,
-                                                                        keep_int8=cfg.quant == "int8")
+                                                                        keep_int8=keep_int8)
         notes.append(note)
     if pipe is None:
         pipe = _from_pretrained(location, cfg, dtype, **{n: None for n in names})

@@ -125,6 +125,22 @@ def put_modules(transformer: Any, modules: dict[str, nn.Module]) -> None:
         transformer.get_submodule(parent_name).register_module(leaf, module)
 
 
+def dequantized_linear(module: LowBitLinear, dtype: Any) -> nn.Linear:
+    """The `nn.Linear` in `dtype` a low-bit linear stands for, on its device: the weight its codes and scales give,
+    computed in float64 and cast once to `dtype` (for a `-quant` file's int8 linear, the weight loading that file
+    without `--quant int8` gives: `vsagen.models.transformer_files.dequantize`), its bias as it is (cast to `dtype`)."""
+    import torch
+
+    codes = getattr(module, module.kept[0])
+    linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None, device=codes.device,
+                       dtype=dtype)
+    with torch.no_grad():
+        linear.weight.copy_(module.dequantized_weight(torch.float64).to(dtype))
+        if module.bias is not None:
+            linear.bias.copy_(module.bias)
+    return linear
+
+
 def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str] = tuple(LAYER_GROUPS)) -> SwapReport:
     """Replace, in place, the block linears of `groups` by low-precision ones built from their weights
     (`Int8Linear.from_linear` / `Fp8Linear.from_linear`) on each linear's own device.

@@ -22,6 +22,7 @@ from ..models.sources import DEFAULT_MODEL
 
 from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
 from .lists import split_list
+from .quantization import QUANT_LIST_EXAMPLE, QuantList
 
 if TYPE_CHECKING:
     from .backends import AttnList
@@ -443,8 +444,9 @@ class PlacementOptions:
             takes several).
         vae_dtype: `VaeDtype` (commands that decode).
         compile: torch.compile the transformer blocks.
-        quant: `Quant`, the precision of the transformer blocks' linears (resolved against the device and the
-            model by `vsagen.request.quantization.resolve_quant`).
+        quant: the precision of the transformer blocks' linears: a `QuantList` of `Quant`s, given as it, as a
+            `Quant` or as text (one entry or a comma-separated list, each parsed once, here) (`vsagen compare` takes several; resolved against the device and the model by
+            `vsagen.request.quantization.resolve_quants`).
         fused_blocks: vsagen's compiled elementwise regions in eager CUDA runs (`vsagen.blocks`).
         ulysses: ranks the sequence is split across (None: not given; `vsagen.request.resolve` makes it 1, or
             derives it from `gpus`); cfg_parallel: the CFG passes on two halves of the ranks.
@@ -453,7 +455,7 @@ class PlacementOptions:
 
     Raises:
         BadInput: an unknown device, dtype, offload, VAE tiling, decoder (or its options: `VaeSpec.parse`), dtype or
-            quant, or a Ulysses degree or process count below 1.
+            quant (or an empty or repeated entry of a list), or a Ulysses degree or process count below 1.
     """
 
     device: Device = Device.AUTO
@@ -463,7 +465,7 @@ class PlacementOptions:
     vae: VaeList | VaeSpec | str = VaeSpec()
     vae_dtype: VaeDtype = VaeDtype.AUTO
     compile: bool = False
-    quant: Quant = Quant.AUTO
+    quant: QuantList | Quant | str = Quant.AUTO
     fused_blocks: bool = True
     ulysses: int | None = None
     cfg_parallel: bool = False
@@ -472,8 +474,12 @@ class PlacementOptions:
     def __post_init__(self) -> None:
         for name, cls, flag in (("device", Device, "--device"), ("dtype", Dtype, "--dtype"),
                                 ("offload", Offload, "--offload"), ("vae_tiling", VaeTiling, "--vae-tiling"),
-                                ("vae_dtype", VaeDtype, "--vae-dtype"), ("quant", Quant, "--quant")):
+                                ("vae_dtype", VaeDtype, "--vae-dtype")):
             object.__setattr__(self, name, cls.parse(getattr(self, name), flag))
+        if not isinstance(self.quant, QuantList):  # one entry, or a list (`vsagen compare`): each parsed once, here
+            text = str(self.quant).strip()
+            items = split_list(text, "--quant", QUANT_LIST_EXAMPLE) if "," in text else (text,)
+            object.__setattr__(self, "quant", QuantList(text, tuple(Quant.parse(x, "--quant") for x in items)))
         if not isinstance(self.vae, VaeList):
             object.__setattr__(self, "vae", parse_vaes(self.vae))
         for flag, value in (("--ulysses", self.ulysses), ("--gpus", self.gpus)):

@@ -30,7 +30,7 @@ from .options import (MAX_STEPS, Device, Dtype, ModelOptions, Offload, Placement
                       SamplingOptions, TileFit, VaeSpec)
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
 from .processes import check_ulysses, split_request
-from .quantization import resolve_quant
+from .quantization import resolve_quants
 from .sampling import SamplerList, SamplerPlan, parse_sampler_list, plan_sampler
 from ..samplers import NAMED, Sampler
 
@@ -79,6 +79,11 @@ class Request:
     vae_dtype: str = "auto"  # --vae-dtype auto (the preset's) | fp32 | bf16 | fp16
     compile: bool = False  # torch.compile the transformer blocks (vsagen.compiling.compile_transformers)
     quant: str = "none"  # none | fp8 | int8: the blocks' linears (vsagen.request.quantization.resolve_quant)
+    # every precision the command runs, `quant` first (compare: one per --quant entry; else that one)
+    quants: tuple[str, ...] = ()
+    # load a transformer file's int8 weights (a `-quant` file's) as int8 linears whatever `quant` says, nothing else
+    # quantized at load (compare's load with several precisions: `vsagen.commands.compare_quant.load_request`)
+    keep_int8_files: bool = False
     fused_blocks: bool = True  # vsagen.blocks' compiled regions where they apply (vsagen.compiling.fused_blocks_apply)
     ulysses: int = 1  # ranks the transformer's sequence is split across (vsagen.parallel.launch; torchrun)
     cfg_parallel: bool = False  # the CFG branches on two halves of the ranks (vsagen.parallel.cfg; torchrun)
@@ -446,7 +451,7 @@ def _check_placement(request: Request) -> None:
 
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
             several_fits: bool = False, several_samplers: bool = False, several_vaes: bool = False,
-            command_steps: int | None = None) -> Request:
+            several_quants: bool = False, command_steps: int | None = None) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
     needs no weights. The option groups hold `--attn`, `--sampler` and `--cache` parsed; nothing here reads their
     text again.
@@ -461,6 +466,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
             takes one.
         several_samplers: the command runs every `--sampler` entry (`vsagen compare`); otherwise it takes one.
         several_vaes: the command decodes with every `--vae` entry (`vsagen compare`); otherwise it takes one.
+        several_quants: the command runs every `--quant` precision (`vsagen compare`); otherwise it takes one.
         command_steps: the command's own step count for the checkpoint's scheduler (below `--steps`, above the
             preset's; a re-noise sampler's list decides its own).
 
@@ -478,6 +484,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         raise BadInput("--seeds is taken by vsagen t2v and vsagen i2v only; give --seed")
     entries = _entries(options, backends, several_fits)
     vaes = pl.vae.several() if several_vaes else (pl.vae.one(),)
+    asked_quants = pl.quant.several() if several_quants else (pl.quant.one(),)
     d = source.preset.defaults
     auto = len(entries) == 1 and entries[0].name == AUTO  # chosen once the device is known (`_chosen_backends`)
     specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
@@ -502,7 +509,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          experts=("transformer", "transformer_2")[:source.preset.experts]
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
-    quant, quant_notes = resolve_quant(pl.quant, device, source, m.random_weights)
+    quants, quant_notes = resolve_quants(asked_quants, device, source, m.random_weights)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
@@ -512,7 +519,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         device=device, dtype=dtype, random_weights=m.random_weights, allow_pickle=m.allow_pickle,
         warmup=0 if s.warmup is None else s.warmup, overwrite=options.output.overwrite, offload=pl.offload.value,
         vae_tiling=pl.vae_tiling.value, vae_decoder=vaes[0], vae_decoders=vaes, vae_dtype=pl.vae_dtype.value, compile=pl.compile,
-        quant=quant, fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
+        quant=quants[0], quants=quants, fused_blocks=pl.fused_blocks, ulysses=ulysses, cfg_parallel=cfg_parallel, gpus=pl.gpus,
         notes=notes + split_notes + cache_notes + backend_notes + quant_notes, tile_fits=fits, backends=specs,
         crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,

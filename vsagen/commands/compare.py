@@ -255,6 +255,7 @@ class CompareReport:
     text_encode_s: float
     notes: list[str]
     vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`decoder_choice.vae_summary`)
+    lora: list[dict[str, Any]] = field(default_factory=list)  # --lora: each file's record (`vsagen.models.lora`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (no NaN or Infinity: PSNR +inf is "inf")."""
@@ -265,7 +266,7 @@ class CompareReport:
                 "samplers": s["samplers"], "caches": s.get("caches", []), "speedup_of": "dit_s_per_video",
                 "reference": self.rows[0].label, "error_steps": s["error_steps"],
                 "rows": [r.to_dict() for r in self.rows], "files": self.files, "load_s": self.load_s,
-                "text_encode_s": self.text_encode_s, "notes": self.notes, **self.vae, "settings": s,
+                "text_encode_s": self.text_encode_s, "notes": self.notes, **self.vae, "lora": self.lora, "settings": s,
                 "versions": self.versions}
 
 
@@ -387,7 +388,8 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
                            rows=rows, files={k: str(v) for k, v in cfg.files.items()}, load_s=session.load_s,
                            text_encode_s=session.text_encode_s, notes=_report_notes(cfg, session),
                            vae={**vae_summary(session.model.pipe.vae),
-                                "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling else None})
+                                "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling else None},
+                           lora=session.model.loras)
     if cancelled():
         raise KeyboardInterrupt
     log(f"writing {len(cfg.files)} files into {cfg.out}/")

@@ -26,6 +26,8 @@ from ..attention.auto import AUTO, unused_weights_note
 from ..models.transformer_files import auto_evidence, check_transformer_files
 from .backends import attention_specs, auto_spec, crop_tile_of, preset_file_notes
 from .caching import resolve_caches
+from .loras import resolve_loras
+from ..models.lora_spec import LoraSpec
 from .options import (MAX_STEPS, Device, Dtype, ModelOptions, Offload, PlacementOptions, RequestOptions,
                       SamplingOptions, TileFit, VaeSpec)
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
@@ -97,6 +99,8 @@ class Request:
     # (a `[transformer_files]` preset without them downloads its own: `transformer_sources`)
     transformer_files: tuple[str, ...] = ()
     caches: tuple[CacheSpec, ...] = ()  # --cache: the step cache of each run (t2v / i2v: one; none: no cache)
+    # --lora: the LoRAs loaded into the transformers, experts resolved (vsagen.request.loras.resolve_loras)
+    loras: tuple[LoraSpec, ...] = ()
 
     @property
     def cache(self) -> CacheSpec:
@@ -503,6 +507,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
     quant, quant_notes = resolve_quant(pl.quant, device, source, m.random_weights)
+    loras = resolve_loras(m.lora, source, m.model, quant, m.random_weights)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
@@ -516,7 +521,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         notes=notes + split_notes + cache_notes + backend_notes + quant_notes, tile_fits=fits, backends=specs,
         crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,
-        caches=caches)
+        caches=caches, loras=loras)
     _check_placement(request)
     return request
 

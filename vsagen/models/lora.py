@@ -157,10 +157,14 @@ def check_loras(files: Sequence[LoraFile], targets: dict[str, Any]
     ({component: transformer}, `targets_of`) it goes into; the components it goes into.
 
     Raises:
-        BadInput: expert 2 on a one-expert model; an unfused LoRA and a fused one on one transformer; see
-            `state_dict`, `check_fit`.
+        BadInput: expert 2 on a one-expert model; an unfused LoRA and a fused one on one transformer; a
+            transformer that holds PEFT adapters already; see `state_dict`, `check_fit`.
     """
     out, modes = [], {}
+    for c, t in targets.items():
+        if getattr(t, "peft_config", None):
+            raise BadInput(f"--lora: the pipeline's {c} holds PEFT adapters already ({', '.join(t.peft_config)}); "
+                           "load LoRAs into a transformer without them (unload_lora() first)")
     for lora in files:
         where = f"--lora {lora.spec.source}"
         components = tuple(c for c in lora.spec.components if c in targets)
@@ -221,7 +225,7 @@ def load_loras(pipe: Any, files: Sequence[LoraFile], log: Callable[[str], None] 
             t.unload_lora()
             undos.append(lambda t=t, f=factors: _subtract(t, f))
         else:
-            undos.append(lambda t=t, a=[n for n, _ in adapters]: t.delete_adapters(a))
+            undos.append(t.unload_lora)  # (`check_loras`: no adapter of another's on it)
     records = [lora.record(components) for lora, _, components in checked]
     return records, lambda: [undo() for undo in reversed(undos)]
 

@@ -53,3 +53,11 @@ def expected_delta(factors: dict, block: int, name: str, scale: float) -> torch.
     """The float64 product a LoRA adds to `blocks.<block>.<name>.weight` at `scale`."""
     down, up, s = factors[(block, name)]
     return scale * s * (up @ down)
+
+
+def tiny_lora(folder, fmt: str = "diffusers", name: str = "l.safetensors"):
+    """A LoRA of format `fmt` for the tiny transformer's architecture written into `folder`; its path."""
+    from conftest import make_transformer
+
+    write_lora(folder / name, fmt, make_transformer())
+    return folder / name

@@ -7,16 +7,14 @@ import pytest
 import torch
 
 from conftest import make_transformer
-from lora_files import FORMATS, write_lora
+from lora_files import FORMATS, tiny_lora, write_lora
 from vsagen.errors import BadInput
 from vsagen.models.lora_spec import LoraSpec, lora_format, parse_loras
 
 
 @pytest.fixture(scope="module")
 def lora(tmp_path_factory):
-    path = tmp_path_factory.mktemp("lora") / "style.safetensors"
-    write_lora(path, "diffusers", make_transformer())
-    return path
+    return tiny_lora(tmp_path_factory.mktemp("lora"), "diffusers", "style.safetensors")
 
 
 def test_the_options_are_parsed_once_into_a_spec(lora, monkeypatch):

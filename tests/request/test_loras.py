@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_transformer
-from lora_files import write_lora
+from lora_files import tiny_lora, write_lora
 from vsagen.errors import BadInput
 from vsagen.models.lora_spec import LoraSpec
 from vsagen.models.sources import resolve_model
@@ -17,9 +17,7 @@ from vsagen.request.resolve import resolve
 
 @pytest.fixture(scope="module")
 def lora(tmp_path_factory):
-    path = tmp_path_factory.mktemp("lora") / "l.safetensors"
-    write_lora(path, "kohya", make_transformer())
-    return path
+    return tiny_lora(tmp_path_factory.mktemp("lora"), "kohya", "l.safetensors")
 
 
 def test_the_expert_is_every_expert_of_the_model_where_not_given(vsagen_cache, lora):

@@ -99,7 +99,8 @@ def _save(path, tensors):
 
 
 @pytest.mark.parametrize("tensors, message", [
-    ({"transformer.blocks.0.attn1.to_q.lora_A.weight": (4, 48), "transformer.blocks.0.attn1.to_q.lora_B.weight": (32, 4)},
+    ({"transformer.blocks.0.attn1.to_q.lora_A.weight": (4, 48),
+      "transformer.blocks.0.attn1.to_q.lora_B.weight": (32, 4)},
      "blocks.0.attn1.to_q's factors are (4, 48) and (32, 4), and the model's layer is 32 x 32"),
     ({"transformer.blocks.0.norm9.lora_A.weight": (4, 32), "transformer.blocks.0.norm9.lora_B.weight": (32, 4)},
      "blocks.0.norm9 (as diffusers names it) is no linear layer of the model"),

@@ -281,8 +281,8 @@ GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames
             "guidance",
             "guidance_2",
             "flow_shift", "negative_prompt", "seed", "seeds", "fps", "out", "overwrite", "sheet", "codec", "device",
-            "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer", "lora", "warmup", "offload", "vae_tiling",
-            "vae", "vae_dtype",
+            "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer", "lora", "warmup", "offload",
+            "vae_tiling", "vae", "vae_dtype",
             "compile", "quant", "gpus",
             "ulysses",
             "cfg_parallel")
@@ -290,12 +290,14 @@ PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
            "warmup",
            "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
-           "random_weights", "allow_pickle", "transformer", "lora", "compile", "quant", "gpus", "ulysses", "cfg_parallel")
+           "random_weights", "allow_pickle", "transformer", "lora", "compile", "quant", "gpus", "ulysses",
+           "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
            "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
-           "tile_fit", "random_weights", "allow_pickle", "transformer", "lora", "warmup", "vae_tiling", "vae", "vae_dtype")
+           "tile_fit", "random_weights", "allow_pickle", "transformer", "lora", "warmup", "vae_tiling", "vae",
+           "vae_dtype")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")

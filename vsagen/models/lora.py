@@ -102,7 +102,8 @@ def state_dict(lora: LoraFile) -> dict[str, Any]:
         return WanLoraLoaderMixin.lora_state_dict(str(lora.path), use_safetensors=True)
     except (KeyError, ValueError, RuntimeError, OSError) as e:
         why = f"no {e}" if isinstance(e, KeyError) else (str(e).splitlines() or [type(e).__name__])[0]
-        raise BadInput(f"--lora {lora.spec.source}: diffusers' Wan LoRA loader cannot convert it ({why[:160]})") from None
+        raise BadInput(f"--lora {lora.spec.source}: diffusers' Wan LoRA loader cannot convert it "
+                       f"({why[:160]})") from None
 
 
 def check_fit(state: dict[str, Any], transformer: Any, where: str) -> int:

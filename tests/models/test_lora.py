@@ -140,3 +140,21 @@ def test_the_undo_takes_a_fused_and_an_unfused_lora_out(base, tmp_path):
         undo()
         assert type(t.blocks[0].attn1.to_q) is torch.nn.Linear
         assert maxdiff(forward(t, base[1]), base[2]) < 1e-5
+
+
+def test_a_hub_lora_is_fetched_by_its_file_or_its_repository_s_one_file(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    path = tmp_path / "l.safetensors"
+    write_lora(path, "diffusers", make_transformer())
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: asked.append((repo, name)) or str(path))
+    listing = ["README.md", "l.safetensors", "sub/other.safetensors"]
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo: listing)
+    assert fetch(LoraSpec.parse("owner/repo/sub/l.safetensors")).path == path
+    assert fetch(LoraSpec.parse("owner/repo:scale=0.5")).sha256 == fetch(LoraSpec(str(path))).sha256
+    assert asked == [("owner/repo", "sub/l.safetensors"), ("owner/repo", "l.safetensors")]
+    listing.append("b.safetensors")
+    with pytest.raises(BadInput, match=r"^--lora owner/repo: the repository holds 2 top-level .safetensors files "
+                                       r"\(l.safetensors, b.safetensors\); name one: owner/repo/FILE.safetensors$"):
+        fetch(LoraSpec.parse("owner/repo"))

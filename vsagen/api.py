@@ -344,7 +344,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             from .models.lora import load_loras
 
             try:
-                handle.loras, undo = load_loras(pipe, loras, undoable=True)
+                handle.loras, undo, _ = load_loras(pipe, loras, undoable=True)
             except BadInput as exc:
                 raise BadInput(f"{WHERE}: {str(exc).replace('--lora ', 'lora ')}") from None
             handle._undo.append(undo)

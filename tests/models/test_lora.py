@@ -44,7 +44,7 @@ def _fresh(base):
 def test_each_format_changes_the_output_by_its_product(base, tmp_path, fmt):
     t = _fresh(base)
     factors = write_lora(tmp_path / f"{fmt}.safetensors", fmt, t, seed=1)
-    records, _ = load_loras(t, [_file(tmp_path / f"{fmt}.safetensors", scale=0.7)])
+    records, _, _ = load_loras(t, [_file(tmp_path / f"{fmt}.safetensors", scale=0.7)])
     assert type(t.blocks[1].attn2.to_v) is torch.nn.Linear  # fused: no PEFT layer left in the forward
     for name in ("attn1.to_q", "attn2.to_v", "ffn.net.2"):
         got = t.get_submodule(f"blocks.1.{name}").weight.double() - base[0][f"blocks.1.{name}.weight"].double()
@@ -73,7 +73,7 @@ def test_the_second_expert_s_lora_lands_only_there_and_both_lands_in_each(base, 
     path = tmp_path / "l.safetensors"
     write_lora(path, "kohya", make_transformer(), seed=4)
     pipe = SimpleNamespace(transformer=_fresh(base), transformer_2=_fresh(base))
-    records, _ = load_loras(pipe, [_file(path, expert="2")])
+    records, _, _ = load_loras(pipe, [_file(path, expert="2")])
     assert records[0]["components"] == ["transformer_2"]
     assert torch.equal(forward(pipe.transformer, base[1]), base[2])
     assert maxdiff(forward(pipe.transformer_2, base[1]), base[2]) > 1e-3
@@ -136,7 +136,7 @@ def test_the_undo_takes_a_fused_and_an_unfused_lora_out(base, tmp_path):
     write_lora(path, "original", make_transformer(), seed=7)
     for fused in (True, False):
         t = _fresh(base)
-        _, undo = load_loras(t, [_file(path, scale=0.9, fused=fused)], undoable=True)
+        _, undo, _ = load_loras(t, [_file(path, scale=0.9, fused=fused)], undoable=True)
         undo()
         assert type(t.blocks[0].attn1.to_q) is torch.nn.Linear
         assert maxdiff(forward(t, base[1]), base[2]) < 1e-5
@@ -158,3 +158,17 @@ def test_a_hub_lora_is_fetched_by_its_file_or_its_repository_s_one_file(tmp_path
     with pytest.raises(BadInput, match=r"^--lora owner/repo: the repository holds 2 top-level .safetensors files "
                                        r"\(l.safetensors, b.safetensors\); name one: owner/repo/FILE.safetensors$"):
         fetch(LoraSpec.parse("owner/repo"))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_lora_of_row_scales_is_rescaled_in_place(base, tmp_path, fused):
+    path = tmp_path / "l.safetensors"
+    write_lora(path, "diffusers", make_transformer(), seed=8)
+    t, once = _fresh(base), _fresh(base)
+    loaded = load_loras(t, [fetch(LoraSpec.parse(f"{path}:scale=0,1.5" + ("" if fused else ":fused=false")))])
+    assert loaded.records[0]["scale"] == [0.0, 1.5] and torch.equal(forward(t, base[1]), base[2])
+    load_loras(once, [_file(path, scale=1.5, fused=fused)])
+    loaded.rescale(1.5)
+    assert maxdiff(forward(t, base[1]), forward(once, base[1])) < 1e-5
+    loaded.rescale(0.0)
+    assert maxdiff(forward(t, base[1]), base[2]) < 1e-5

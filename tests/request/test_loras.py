@@ -46,3 +46,16 @@ def test_a_file_for_a_larger_model_is_refused_by_its_header(vsagen_cache, tmp_pa
     write_lora(path, "original", make_transformer(), blocks=3)
     with pytest.raises(BadInput, match="adapts block 2, and the model has 2 blocks"):
         resolve_loras((LoraSpec(str(path)),), resolve_model("tiny"), "tiny", "none", False)
+
+
+def test_rows_over_scales_are_compare_s_and_of_one_lora(vsagen_cache, lora):
+    listed = LoraSpec.parse(f"{lora}:scale=0, 0.5,1")
+    assert (listed.scale, listed.scales) == (0.0, (0.0, 0.5, 1.0)) and listed.text().endswith(":scale=0,0.5,1")
+    with pytest.raises(BadInput, match=r":scale=0,0.5,1: one scale per run; vsagen compare runs a row per scale$"):
+        resolve(resolve_model("tiny"), request_options(model="tiny", lora=[listed]), prompt="p")
+    src = resolve_model("tiny")
+    assert resolve_loras((listed,), src, "tiny", "none", False, several=True)[0].scales == (0.0, 0.5, 1.0)
+    with pytest.raises(BadInput, match="rows over the scales of one LoRA"):
+        resolve_loras((listed, listed), src, "tiny", "none", False, several=True)
+    with pytest.raises(BadInput, match="a scale is listed twice"):
+        LoraSpec.parse(f"{lora}:scale=1,1")

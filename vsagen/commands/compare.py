@@ -231,6 +231,7 @@ class CompareRow(CacheCounts):
     decode_saved_s: float
     decode_speedup_vs_reference: float | None
     backend_info: dict[str, Any] = field(default_factory=dict)
+    lora_scale: float | None = None  # the scale of the --lora that lists row scales (None: none lists several)
     # [K, tiles]: key tiles each query tile keeps, of the tiles of the backend's cube on the denoised grid (VSA's
     # backends: K = ceil((1 - sparsity) tiles)); None where the backend has no such count
     key_tiles_kept: list[int] | None = None
@@ -376,7 +377,9 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
     results: list[_RunResult] = []
     warmed: set[int] = set()  # the decoders decoded once untimed (several decoders with --warmup)
     for i, run_of in enumerate(cfg.runs):
-        if run_of.vae_index == 0:  # a (sampler, backend, cache) triple's DiT run, its latents decoded by each decoder
+        if run_of.vae_index == 0:  # a (sampler, backend, cache, LoRA scale)'s DiT run, decoded by each decoder
+            if run_of.lora_scale is not None:  # the --lora of row scales at this run's (merged again where fused)
+                session.model.lora_rescale(run_of.lora_scale)
             dit = _generate(cfg, session, plan, probes, i, log)
         results.append(_decode(cfg, session, run_of, dit, states, warmed, log))
     ref = results[0]
@@ -508,7 +511,8 @@ def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int
         vae_decoder=res.vae["vae_decoder"], vae_weights=res.vae["vae_weights"], vae_tiling=res.vae["vae_tiling"],
         decode_s=res.decode_s, decode_saved_s=ref.decode_s - res.decode_s,
         decode_speedup_vs_reference=ref.decode_s / res.decode_s if res.decode_s > 0 else None,
-        key_tiles_kept=key_tiles_kept(info, grid), **cache_counts(run_of.cache, timing))
+        key_tiles_kept=key_tiles_kept(info, grid), lora_scale=run_of.lora_scale,
+        **cache_counts(run_of.cache, timing))
 
 
 def _report_notes(cfg: CompareConfig, session: Any) -> list[str]:

@@ -34,6 +34,8 @@ class LoadedModel:
     weight_root: Path | None = None  # checkpoint root (backend-owned weights are read from <root>/<expert>/)
     weight_layers: dict[str, int] = field(default_factory=dict)  # backend name -> layers that got its weights
     loras: list[dict[str, Any]] = field(default_factory=list)  # one record per --lora (`vsagen.models.lora`)
+    # sets the scale of the --lora that lists row scales (`vsagen compare`; `vsagen.models.lora.LoadedLoras`)
+    lora_rescale: Callable[[float], None] | None = None
 
 
 def _quiet_libraries() -> None:
@@ -290,11 +292,11 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     for backend in backends:
         attach_weights(model, backend)
     if cfg.offload != "none":  # group offloading records the modules it manages: fuse and swap before
-        model.loras = load_loras(pipe, loras, log)[0]
+        model.loras, _, model.lora_rescale = load_loras(pipe, loras, log)
         notes.extend(quantize_pipeline(pipe, cfg.quant))
     place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
     if cfg.offload == "none":  # on the device: the LoRAs fuse there, then the weights quantize
-        model.loras = load_loras(pipe, loras, log)[0]
+        model.loras, _, model.lora_rescale = load_loras(pipe, loras, log)
         notes.extend(quantize_pipeline(pipe, cfg.quant))
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "

@@ -17,7 +17,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import BadInput
 from .lora_spec import LoraSpec, lora_format
@@ -35,10 +35,10 @@ class LoraFile:
     sha256: str
 
     def record(self, components: Sequence[str]) -> dict[str, Any]:
-        """What the JSON records of it: file, sha256, scale, expert (as given or resolved), the components it went
-        into, fused."""
+        """What the JSON records of it: file, sha256, scale (the list of a compare's row scales), expert (as given
+        or resolved), the components it went into, fused."""
         return {"file": self.spec.source if not self.spec.local else str(self.path), "sha256": self.sha256,
-                "scale": self.spec.scale, "expert": self.spec.expert or "both", "components": list(components),
+                "scale": list(self.spec.scales) if self.spec.scales else self.spec.scale, "expert": self.spec.expert or "both", "components": list(components),
                 "fused": self.spec.fused}
 
 
@@ -182,22 +182,29 @@ def check_loras(files: Sequence[LoraFile], targets: dict[str, Any]
     return out
 
 
-def load_loras(pipe: Any, files: Sequence[LoraFile], log: Callable[[str], None] = lambda m: None, *,
-               undoable: bool = False) -> tuple[list[dict[str, Any]], Callable[[], None]]:
-    """Load `files` into `pipe` (a Wan pipeline or a bare transformer), each into its expert(s), at its scale;
-    fused ones merged into the weights and their PEFT layers unloaded, unfused ones left as active PEFT layers.
-    Everything is checked before anything changes (`check_loras`).
+class LoadedLoras(NamedTuple):
+    """What `load_loras` did: one JSON record per LoRA (`LoraFile.record`); `undo()` takes them out again
+    (unfused: the PEFT layers unloaded, the weights as they were; fused, loaded `undoable`: each merged product
+    subtracted again, the weights as they were up to rounding in their dtype; else nothing); `rescale(s)` sets
+    the scale of the LoRA whose spec lists row scales (`vsagen compare`), fused or not (None: no such LoRA)."""
 
-    Returns:
-        (records, undo): one JSON record per LoRA (`LoraFile.record`), and the function that takes them out again
-        (unfused: the adapters deleted, the weights as they were; fused, with `undoable`: each merged product
-        subtracted again, the weights as they were up to rounding in their dtype; without: nothing).
+    records: list[dict[str, Any]]
+    undo: Callable[[], None]
+    rescale: Callable[[float], None] | None = None
+
+
+def load_loras(pipe: Any, files: Sequence[LoraFile], log: Callable[[str], None] = lambda m: None, *,
+               undoable: bool = False) -> LoadedLoras:
+    """Load `files` into `pipe` (a Wan pipeline or a bare transformer), each into its expert(s), at its scale;
+    fused ones merged into the weights and their PEFT layers unloaded (kept, merged, on a transformer holding a
+    LoRA of several row scales, so `rescale` can merge it again), unfused ones left as active PEFT layers.
+    Everything is checked before anything changes (`check_loras`).
 
     Raises:
         BadInput: see `check_loras`; peft not installed.
     """
     if not files:
-        return [], lambda: None
+        return LoadedLoras([], lambda: None)
     targets = targets_of(pipe)
     checked = check_loras(files, targets)
     try:
@@ -206,6 +213,8 @@ def load_loras(pipe: Any, files: Sequence[LoraFile], log: Callable[[str], None] 
         raise BadInput("--lora needs the peft package (pip install peft)") from None
     names: dict[str, list[tuple[str, float]]] = {c: [] for c in targets}
     fused = {c: lora.spec.fused for lora, _, components in checked for c in components}
+    rows = next(((f"vsagen_lora_{i}", components) for i, (lora, _, components) in enumerate(checked)
+                 if lora.spec.scales), None)
     with warnings.catch_warnings():  # PEFT warns of a second adapter on one model: vsagen loads them so
         warnings.simplefilter("ignore")
         for i, (lora, state, components) in enumerate(checked):
@@ -223,12 +232,28 @@ def load_loras(pipe: Any, files: Sequence[LoraFile], log: Callable[[str], None] 
         if fused[c]:
             factors = _merged_factors(t) if undoable else []
             t.fuse_lora(lora_scale=1.0, adapter_names=[n for n, _ in adapters])
-            t.unload_lora()
-            undos.append(lambda t=t, f=factors: _subtract(t, f))
+            if rows is None or c not in rows[1]:
+                t.unload_lora()
+                undos.append(lambda t=t, f=factors: _subtract(t, f))
         else:
             undos.append(t.unload_lora)  # (`check_loras`: no adapter of another's on it)
     records = [lora.record(components) for lora, _, components in checked]
-    return records, lambda: [undo() for undo in reversed(undos)]
+    rescale = None if rows is None else (lambda scale: _rescale(targets, names, fused, rows, scale))
+    return LoadedLoras(records, lambda: [undo() for undo in reversed(undos)], rescale)
+
+
+def _rescale(targets: dict[str, Any], names: dict[str, list[tuple[str, float]]], fused: dict[str, bool],
+             rows: tuple[str, tuple[str, ...]], scale: float) -> None:
+    """Set the row LoRA's (`rows`: its adapter name and components) scale on each of its transformers, the other
+    LoRAs at theirs: unmerged first and merged again where fused (PEFT's `unmerge` / `merge`)."""
+    name, components = rows
+    for c in components:
+        t, adapters = targets[c], names[c]
+        if fused[c]:
+            t.unfuse_lora()
+        t.set_adapters([n for n, _ in adapters], [scale if n == name else s for n, s in adapters])
+        if fused[c]:
+            t.fuse_lora(lora_scale=1.0, adapter_names=[n for n, _ in adapters])
 
 
 def _merged_factors(transformer: Any) -> list[tuple[str, Any, Any, float, Any]]:

@@ -43,12 +43,14 @@ class LoraSpec:
         expert: "1" (`transformer`), "2" (`transformer_2`), "both", or None (not given: every expert of the model,
             `vsagen.request.resolve` fills it in).
         fused: merged into the weights once loaded (no PEFT layer left in the forward), else kept as PEFT layers.
+        scales: `scale=S1,S2,...`: one row per scale (`vsagen compare`; `scale` is the first); () for one scale.
     """
 
     source: str
     scale: float = 1.0
     expert: str | None = None
     fused: bool = True
+    scales: tuple[float, ...] = ()
 
     @property
     def local(self) -> bool:
@@ -64,7 +66,8 @@ class LoraSpec:
     def text(self) -> str:
         """The value as `--lora` takes it (the options given or resolved spelled out)."""
         expert = f":expert={self.expert}" if self.expert is not None else ""
-        return f"{self.source}:scale={self.scale:g}{expert}" + ("" if self.fused else ":fused=false")
+        scale = ",".join(f"{s:g}" for s in self.scales or (self.scale,))
+        return f"{self.source}:scale={scale}{expert}" + ("" if self.fused else ":fused=false")
 
     @classmethod
     def parse(cls, value: Any, flag: str = "--lora") -> "LoraSpec":
@@ -72,8 +75,9 @@ class LoraSpec:
 
         Raises:
             BadInput: one line naming `flag`: an empty source, an unknown or repeated option, a scale that is no
-                finite number in [-MAX_LORA_SCALE, MAX_LORA_SCALE], an expert other than 1, 2, both, a fused value
-                other than true / false, a file that is missing, a folder or not .safetensors.
+                finite number in [-MAX_LORA_SCALE, MAX_LORA_SCALE] (or a list of them naming one twice), an expert
+                other than 1, 2, both, a fused value other than true / false, a file that is missing, a folder or
+                not .safetensors.
         """
         if isinstance(value, cls):
             return value
@@ -90,13 +94,16 @@ class LoraSpec:
         source = ":".join(parts).strip()
         if not source:
             raise BadInput(f"{flag} {text!r} names no file; {_USAGE}")
-        return cls(_source(source, f"{flag} {source}"), _scale(options.get("scale", "1"), flag, text),
-                   _expert(options.get("expert"), flag, text), _fused(options.get("fused", "true"), flag, text))
+        scales = tuple(_scale(arg, flag, text) for arg in options.get("scale", "1").split(","))
+        if len(set(scales)) != len(scales):
+            raise BadInput(f"{flag} {text}: a scale is listed twice")
+        return cls(_source(source, f"{flag} {source}"), scales[0], _expert(options.get("expert"), flag, text),
+                   _fused(options.get("fused", "true"), flag, text), scales if len(scales) > 1 else ())
 
 
 def _scale(arg: str, flag: str, text: str) -> float:
     try:
-        scale = float(arg)
+        scale = float(arg.strip())
     except ValueError:
         scale = math.nan
     if not math.isfinite(scale) or abs(scale) > MAX_LORA_SCALE:

@@ -13,18 +13,26 @@ from .quantization import holds_int8_files
 
 
 def resolve_loras(loras: tuple[LoraSpec, ...], source: ModelSource, model: str, quant: str,
-                  random_weights: bool) -> tuple[LoraSpec, ...]:
+                  random_weights: bool, several: bool = False) -> tuple[LoraSpec, ...]:
     """The LoRAs with their experts resolved ("1" on a one-expert model, "both" on a two-expert one where not
     given), local files' headers checked against the model's block count (a preset that describes the model).
+    `several`: the command runs a row per scale of one LoRA's `scale=S1,S2,...` (`vsagen compare`).
 
     Raises:
-        BadInput: expert 2 (or both) on a one-expert model, an unfused LoRA with low-bit linears (`--quant` swaps
+        BadInput: a list of scales where the command runs one, or on more than one LoRA;
+            expert 2 (or both) on a one-expert model, an unfused LoRA with low-bit linears (`--quant` swaps
             the linears the PEFT layers wrap: fuse it), any LoRA on a `-quant` preset's int8 weights (they cannot
             take a fused product), a damaged file or one of no known format or of a larger model.
     """
     experts = source.preset.experts
     layers = source.preset.transformer.get("num_layers") if source.exact_preset else None
     out = []
+    listed = [spec for spec in loras if spec.scales]
+    if listed and not several:
+        raise BadInput(f"--lora {listed[0].text()}: one scale per run; vsagen compare runs a row per scale")
+    if len(listed) > 1:
+        raise BadInput(f"--lora {listed[1].text()}: rows over the scales of one LoRA (--lora "
+                       f"{listed[0].source} lists some already); give the other LoRAs one scale")
     for spec in loras:
         where = f"--lora {spec.source}"
         if spec.expert in ("2", "both") and experts < 2:
@@ -40,5 +48,5 @@ def resolve_loras(loras: tuple[LoraSpec, ...], source: ModelSource, model: str, 
         if spec.local:
             lora_format(Path(spec.source), where, layers)
         expert = spec.expert or ("both" if experts > 1 else "1")
-        out.append(LoraSpec(spec.source, spec.scale, expert, spec.fused))
+        out.append(LoraSpec(spec.source, spec.scale, expert, spec.fused, spec.scales))
     return tuple(out)

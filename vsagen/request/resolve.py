@@ -450,7 +450,7 @@ def _check_placement(request: Request) -> None:
 
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
             several_fits: bool = False, several_samplers: bool = False, several_vaes: bool = False,
-            command_steps: int | None = None) -> Request:
+            several_loras: bool = False, command_steps: int | None = None) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
     needs no weights. The option groups hold `--attn`, `--sampler` and `--cache` parsed; nothing here reads their
     text again.
@@ -465,6 +465,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
             takes one.
         several_samplers: the command runs every `--sampler` entry (`vsagen compare`); otherwise it takes one.
         several_vaes: the command decodes with every `--vae` entry (`vsagen compare`); otherwise it takes one.
+        several_loras: the command runs a row per scale of a `--lora FILE:scale=S1,S2,...` (`vsagen compare`);
+            otherwise each LoRA takes one scale.
         command_steps: the command's own step count for the checkpoint's scheduler (below `--steps`, above the
             preset's; a re-noise sampler's list decides its own).
 
@@ -507,7 +509,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
     quant, quant_notes = resolve_quant(pl.quant, device, source, m.random_weights)
-    loras = resolve_loras(m.lora, source, m.model, quant, m.random_weights)
+    loras = resolve_loras(m.lora, source, m.model, quant, m.random_weights, several_loras)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,

@@ -38,7 +38,8 @@ class LoraFile:
         """What the JSON records of it: file, sha256, scale (the list of a compare's row scales), expert (as given
         or resolved), the components it went into, fused."""
         return {"file": self.spec.source if not self.spec.local else str(self.path), "sha256": self.sha256,
-                "scale": list(self.spec.scales) if self.spec.scales else self.spec.scale, "expert": self.spec.expert or "both", "components": list(components),
+                "scale": list(self.spec.scales) if self.spec.scales else self.spec.scale,
+                "expert": self.spec.expert or "both", "components": list(components),
                 "fused": self.spec.fused}
 
 

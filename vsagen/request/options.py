@@ -321,8 +321,8 @@ class ModelOptions:
             (`vsagen.models.lora_spec.parse_loras`, once, here).
 
     Raises:
-        BadInput: an empty model or --transformer entry, a --lora the parser refuses, a size that is not a positive integer, an unknown, empty
-            or repeated tile fit.
+        BadInput: an empty model or --transformer entry, a --lora the parser refuses, a size that is not a positive
+            integer, an unknown, empty or repeated tile fit.
     """
 
     model: str = DEFAULT_MODEL

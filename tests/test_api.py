@@ -513,6 +513,7 @@ def test_the_handle_describes_the_backend_that_ran(tiny_pipe):
         assert timing_only.describe() == {"name": None}
 
 
+@pytest.mark.slow
 def test_a_lora_loads_under_the_backend_and_remove_takes_it_out(tiny_pipe, tmp_path):
     from lora_files import write_lora
 

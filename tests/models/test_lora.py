@@ -172,3 +172,11 @@ def test_a_lora_of_row_scales_is_rescaled_in_place(base, tmp_path, fused):
     assert maxdiff(forward(t, base[1]), forward(once, base[1])) < 1e-5
     loaded.rescale(0.0)
     assert maxdiff(forward(t, base[1]), base[2]) < 1e-5
+
+
+def test_without_peft_a_lora_is_one_line_before_the_file_is_read(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError
+    with pytest.raises(BadInput, match=r"^--lora needs the peft package, .*: pip install peft$"):
+        fetch(LoraSpec(str(tmp_path / "never-read.safetensors")))

@@ -43,6 +43,15 @@ class LoraFile:
                 "fused": self.spec.fused}
 
 
+def require_peft() -> None:
+    """Raise BadInput (one line) unless PEFT, which diffusers' LoRA loading runs on, can be imported."""
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise BadInput("--lora needs the peft package, which diffusers' LoRA loading runs on: pip install peft") \
+            from None
+
+
 def sha256_of(path: Path) -> str:
     """The file's SHA-256 in hex (remembered per path, size and modification time)."""
     st = path.stat()
@@ -61,9 +70,10 @@ def fetch(spec: LoraSpec, layers: int | None = None) -> LoraFile:
     and hashed.
 
     Raises:
-        BadInput: a hub id that cannot be fetched or names a repository without exactly one top-level .safetensors
-            file; what `lora_format` refuses.
+        BadInput: peft not installed; a hub id that cannot be fetched or names a repository without exactly one
+            top-level .safetensors file; what `lora_format` refuses.
     """
+    require_peft()
     where = f"--lora {spec.source}"
     path = Path(spec.source) if spec.local else _hub_file(spec.source, where)
     lora_format(path, where, layers)
@@ -206,12 +216,9 @@ def load_loras(pipe: Any, files: Sequence[LoraFile], log: Callable[[str], None] 
     """
     if not files:
         return LoadedLoras([], lambda: None)
+    require_peft()
     targets = targets_of(pipe)
     checked = check_loras(files, targets)
-    try:
-        import peft  # noqa: F401 - diffusers' LoRA loading needs it
-    except ImportError:
-        raise BadInput("--lora needs the peft package (pip install peft)") from None
     names: dict[str, list[tuple[str, float]]] = {c: [] for c in targets}
     fused = {c: lora.spec.fused for lora, _, components in checked for c in components}
     rows = next(((f"vsagen_lora_{i}", components) for i, (lora, _, components) in enumerate(checked)

@@ -1,8 +1,10 @@
 """LoRAs into a Wan pipeline through diffusers' Wan LoRA loader (`WanLoraLoaderMixin`): its `lora_state_dict`
 converts the original Wan keys (`diffusion_model.`, lora_A / lora_B or lora_down / lora_up with alphas) and
-kohya / musubi-tuner's (`lora_unet_`) to diffusers' PEFT keys; `load_lora_weights` puts them as PEFT layers into
-`transformer` or, with `load_into_transformer_2`, into the second expert. Each LoRA is checked layer by layer
-against the transformer it goes into before anything is changed (`check_fit`, also on an empty meta transformer
+kohya / musubi-tuner's (`lora_unet_`) to diffusers' PEFT keys. Its `load_lora_weights` hands them to
+`transformer.load_lora_adapter` (or, with `load_into_transformer_2`, to `transformer_2`'s); vsagen calls that method
+of each expert the LoRA goes into itself (so a bare transformer takes one too; the zero image-projection factors
+`load_lora_weights` adds for an image-to-video transformer add nothing and are left out). Each LoRA is checked layer
+by layer against the transformer it goes into before anything is changed (`check_fit`, also on an empty meta transformer
 before the weights load); then, fused (the default), `fuse_lora` merges every LoRA of a transformer at its scale
 into the weights and `unload_lora` takes the PEFT layers away (the forward is the stock one); unfused, the PEFT
 layers stay, at their scales (`set_adapters`).

@@ -36,8 +36,9 @@ for mode in ("fused", "unfused"):
         continue
     for row in json.load(open(path))["rows"]:
         base = base or row["dit_s_per_step"]
+        psnr = row["psnr_db"] if row["psnr_db"] == "inf" else format(row["psnr_db"], ".2f")
         print(f"{mode + ' scale ' + format(row['lora_scale'], 'g'):18} {row['dit_s_per_step']:10.3f} "
-              f"{row['dit_s_per_step'] / base:15.3f} {row['psnr_db'] if row['psnr_db'] == 'inf' else format(row['psnr_db'], '.2f'):>8}")
+              f"{row['dit_s_per_step'] / base:15.3f} {psnr:>8}")
 for name in ("plain", "lora"):
     path = os.path.join(out, f"t2v-{name}.json")
     if os.path.exists(path):

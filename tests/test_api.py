@@ -527,3 +527,23 @@ def test_apply_keeps_compiled_code_in_the_vsagen_cache(monkeypatch, tmp_path):
     with vsagen.apply(make_transformer(), "full"):
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "compile" / "inductor")
         assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+@pytest.mark.slow
+def test_a_lora_loads_under_the_backend_and_remove_takes_it_out(tiny_pipe, tmp_path):
+    from lora_files import write_lora
+
+    path = tmp_path / "l.safetensors"
+    write_lora(path, "original", tiny_pipe.transformer, seed=2)
+    stock = latents(tiny_pipe)
+    weights = {k: v.clone() for k, v in tiny_pipe.transformer.state_dict().items()}
+    with pytest.raises(BadInput, match=r"^vsagen.apply: lora .*: expert=2 names transformer_2, and the model has one"):
+        vsagen.apply(tiny_pipe, "full", lora=f"{path}:expert=2")
+    with pytest.raises(BadInput, match=r"^vsagen.apply: lora .*:fused=false keeps PEFT layers .* quant='int8'"):
+        vsagen.apply(tiny_pipe, "full", lora=f"{path}:fused=false", quant="int8")
+    with vsagen.apply(tiny_pipe, "vsa:sparsity=0", impl="torch", lora=[f"{path}:scale=0.8"]) as handle:
+        assert handle.loras[0]["scale"] == 0.8 and handle.loras[0]["components"] == ["transformer"]
+        with_lora = latents(tiny_pipe)
+    assert rel(with_lora, stock) > 1e-3  # the LoRA moved the video; sparsity 0 alone does not (above)
+    # remove() subtracted the fused product: the weights as they were, up to fp32 rounding
+    assert all((v - weights[k]).abs().max() < 1e-6 for k, v in tiny_pipe.transformer.state_dict().items())

@@ -149,6 +149,7 @@ class AppliedBackend:
         weight_layers: how many layers hold backend-owned weights after this `apply` (0: none attached).
         notes: what the backend said of the run when it was prepared (e.g. sparse-vdit mapping its file's step
             ranges onto `steps`).
+        loras: what `apply(..., lora=...)` loaded: file, sha256, scale, expert, components, fused.
     """
 
     backend: AttentionBackend | None
@@ -157,6 +158,7 @@ class AppliedBackend:
     device: torch.device
     weight_layers: int = 0
     notes: tuple[str, ...] = ()
+    loras: list[dict[str, Any]] = field(default_factory=list)  # one record per LoRA loaded (`vsagen.models.lora`)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _first_step: int = field(default=0, repr=False)  # timer.step when applied
 
@@ -188,8 +190,10 @@ class AppliedBackend:
         return self.backend.describe(self.device)
 
     def remove(self) -> None:
-        """Restore the pipeline: the processors it had, no vsagen hooks, its scheduler's own `step`, and no
-        weights attached by this `apply`. Calling it again does nothing."""
+        """Restore the pipeline: the processors it had, no vsagen hooks, its scheduler's own `step`, no weights
+        attached by this `apply`, and no LoRA (an unfused one's PEFT layers deleted; a fused one's product
+        subtracted from the weights again, as they were up to rounding in their dtype). Calling it again does
+        nothing."""
         while self._undo:
             self._undo.pop()()
 
@@ -263,7 +267,7 @@ def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int 
 def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *, timer: Timer | None = None,
           grid: tuple[int, int, int] | None = None, steps: int | None = None, fused_blocks: bool = False,
           weights_root: Path | None = None, attach_weights: bool = True, fused_prologue: str = "auto",
-          model: str | None = None, quant: str = "none", **options: Any) -> AppliedBackend:
+          model: str | None = None, quant: str = "none", lora: Any = None, **options: Any) -> AppliedBackend:
     """Replace the video self-attention (`attn1`) of every transformer in `pipe` by a vsagen backend, and time it.
 
     This is the one place a backend meets a pipeline: the backend is prepared for the run (`prepare`, with the
@@ -298,6 +302,9 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         quant: the precision of the transformers' block linears (`vsagen.quant`, the CLI's `--quant`): "none",
             "fp8" (FP8 e4m3 W8A8, GPUs of compute capability 8.9+) or "int8" (TurboDiffusion's int8 W8A8 with
             128 x 128 block scales; CPU or sm80+); `remove()` puts the original linears back.
+        lora: LoRAs loaded into the transformers first, through diffusers' Wan LoRA loader (`vsagen.models.lora`):
+            one or a list of `FILE_OR_HUB_ID[:scale=S][:expert=1|2|both][:fused=false]` texts (the commands'
+            `--lora`) or `vsagen.models.lora_spec.LoraSpec`s; fused into the weights by default, before `quant`.
         **options: the backend's options (e.g. sparsity=0.875, impl="torch"), on top of those in `backend`.
 
     Returns:
@@ -308,7 +315,9 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
             refuses, a backend that cannot run on the transformers' device / dtype or refuses their architecture or
             `grid`, options given with a backend object or None, a pipeline without a Wan transformer, a pipeline
             vsagen has patched already (remove() the earlier handle first), a `weights_root` that is not an
-            existing folder, backend weights that do not fit, or a `quant` the device cannot run.
+            existing folder, backend weights that do not fit, a `quant` the device cannot run, or a LoRA that
+            cannot load (a damaged file, no layer or another shape of this model, expert 2 of a one-expert
+            pipeline, unfused with a `quant`).
     """
     from .attention.hooks import is_patched
     from .models.compile_caches import use_compile_caches
@@ -318,6 +327,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     device = _device_of(pipe, first)
     weights_root = _checked_weights_root(weights_root)
     _check_quant(quant, device)
+    loras = _lora_files(lora, quant)
     spec, built = _backend_of(pipe, backend, options)
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
@@ -333,6 +343,14 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     use_compile_caches()  # the Triton kernels, and the fused blocks' compiled code, kept in vsagen's cache folder
     handle = AppliedBackend(built, spec, timer, device, notes=notes, _first_step=timer.step)
     try:
+        if loras:  # before the patch and the low-bit swap; checked whole before anything changes
+            from .models.lora import load_loras
+
+            try:
+                handle.loras, undo, _ = load_loras(pipe, loras, undoable=True)
+            except BadInput as exc:
+                raise BadInput(f"{WHERE}: {str(exc).replace('--lora ', 'lora ')}") from None
+            handle._undo.append(undo)
         _install(handle, pipe, transformers, weights_root=weights_root, attach_weights=attach_weights,
                  fused_blocks=fused_blocks, fused_prologue=fused_prologue)
         handle.notes += _quantize(handle, transformers, quant)
@@ -354,6 +372,29 @@ def _check_quant(quant: str, device: torch.device) -> None:
     problem = problem(device) if problem else None
     if problem:
         raise BadInput(f"{WHERE}: " + problem.replace(f"--quant {quant}", f"quant={quant!r}"))
+
+
+def _lora_files(lora: Any, quant: str) -> list[Any]:
+    """`apply`'s `lora` parsed (`vsagen.models.lora_spec.parse_loras`), fetched and header-checked
+    (`vsagen.models.lora.fetch`).
+
+    Raises:
+        BadInput: (in Python's words) what the parser or the header check refuses; an unfused LoRA with a quant.
+    """
+    if lora is None:
+        return []
+    from .models.lora import fetch
+    from .models.lora_spec import parse_loras
+
+    try:
+        specs = parse_loras(lora, "lora")
+        for spec in specs:
+            if not spec.fused and quant != "none":
+                raise BadInput(f"lora {spec.source}:fused=false keeps PEFT layers around the linears that "
+                               f"quant={quant!r} swaps for low-bit ones: fuse it or use quant='none'")
+        return [fetch(spec) for spec in specs]
+    except BadInput as exc:
+        raise BadInput(f"{WHERE}: {str(exc).replace('--lora ', 'lora ')}") from None
 
 
 def _quantize(handle: AppliedBackend, transformers: list[tuple[str | None, Any]], quant: str) -> tuple[str, ...]:

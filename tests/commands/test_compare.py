@@ -591,3 +591,21 @@ def test_every_backend_runs_with_every_cache(vsagen_cache, tiny_dir, tmp_path):
         split = r["dit_computed_s"] + r["dit_reused_s"]
         assert 0.5 * r["dit_s_per_video"] <= split <= r["dit_s_per_video"] * (1 + 1e-9), r["label"]
         assert r["psnr_db"] == "inf" or math.isfinite(r["psnr_db"]), r["label"]
+
+
+@pytest.mark.slow
+def test_rows_over_a_lora_s_scales_run_on_one_loaded_model(vsagen_cache, tiny_dir, tmp_path):
+    """--lora FILE:scale=1,0,1: a row per scale, rescaled in place between runs: the scale-0 row moves away from the
+    reference (scale 1) and the third row, at scale 1 again, is the reference's video."""
+    from lora_files import tiny_lora
+    from vsagen.commands.compare import compare
+
+    lora = tiny_lora(tmp_path)
+    cfg = resolve_compare("a prompt", model="tiny", attn="full", lora=[f"{lora}:scale=1,0,0.5"], frames=5, height=64,
+                          width=64, steps=1, warmup=0, out=tmp_path / "c", plot=False)
+    cfg = dataclasses.replace(cfg, loras=(dataclasses.replace(cfg.loras[0], scale=1.0, scales=(1.0, 0.0, 1.0)),))
+    report = compare(cfg, progress=False)
+    assert [r.label for r in report.rows] == ["full / LoRA 1", "full / LoRA 0", "full / LoRA 1 (2)"]
+    assert [r.lora_scale for r in report.rows] == [1.0, 0.0, 1.0] and report.lora[0]["scale"] == [1.0, 0.0, 1.0]
+    assert report.rows[1].latents_rel_l2 > 1e-3 and report.rows[2].latents_rel_l2 < 1e-5
+    assert Path(report.rows[1].file).name == "full-lora-0.mp4"

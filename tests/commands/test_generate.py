@@ -399,3 +399,35 @@ def test_what_a_resident_model_lets_a_request_change(vsagen_cache, tmp_path):
     assert t2v.differs(replace(request, backends=(resolve_spec("vsa:sparsity=0.3:precision=int8"),))) == []
     assert t2v.differs(replace(request, backends=(resolve_spec("vsa:tile=4x4x8"),))) == ["backends"]
     assert t2v.differs(replace(request, backends=(resolve_spec("sla"),), attn_requested="sla")) == ["backends"]
+
+
+@pytest.mark.slow
+def test_a_lora_of_the_second_expert_is_recorded_and_a_damaged_one_is_refused_before_loading(vsagen_cache, a14b_dir,
+                                                                                             tmp_path):
+    import hashlib
+
+    from typer.testing import CliRunner
+
+    from conftest import make_transformer
+    from lora_files import write_lora
+    from vsagen.cli.app import app
+
+    lora = tmp_path / "l.safetensors"
+    write_lora(lora, "kohya", make_transformer())
+    (tmp_path / "cut.safetensors").write_bytes(lora.read_bytes()[:100])
+    common = ["t2v", "a fox", "--model", "tiny-a14b", "--frames", "5", "--height", "48", "--width", "80", "--steps",
+              "2"]
+    res = CliRunner().invoke(app, [*common, "--lora", str(tmp_path / "cut.safetensors"), "--out",
+                                   str(tmp_path / "x.mp4")])
+    assert res.exit_code == 2 and "loading" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "cannot read it as safetensors" in res.stderr
+    res = CliRunner().invoke(app, [*common, "--lora", f"{lora}:scale=0.5:expert=2", "--lora", f"{lora}:expert=1",
+                                   "--out", str(tmp_path / "v.mp4"), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "v.json").read_text())
+    sha = hashlib.sha256(lora.read_bytes()).hexdigest()
+    assert data["lora"] == [{"file": str(lora), "sha256": sha, "scale": 0.5, "expert": "2",
+                             "components": ["transformer_2"], "fused": True},
+                            {"file": str(lora), "sha256": sha, "scale": 1.0, "expert": "1",
+                             "components": ["transformer"], "fused": True}]
+    assert [s["expert"] for s in data["config"]["loras"]] == ["2", "1"]

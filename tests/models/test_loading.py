@@ -365,3 +365,23 @@ def test_vae_dtype_is_the_presets_unless_asked(vsagen_cache, tiny_dir, tmp_path,
     assert cfg.summary()["vae_dtype"] == asked
     with pytest.raises(BadInput, match="--vae-dtype"):
         resolve("a prompt", model="tiny", vae_dtype="int8", out=tmp_path / "w.mp4")
+
+
+def test_a_lora_is_fused_before_the_linears_go_int8(vsagen_cache, tiny_dir, tmp_path):
+    """`--lora` with `--quant int8`: the int8 weights are those of the fused weights (the LoRA fused first), and the
+    LoRA's record reaches the loaded model."""
+    from lora_files import expected_delta, write_lora
+    from vsagen.models.loading import load_model
+
+    plain = load_model(resolve("p", model="tiny", out=tmp_path / "a.mp4"), log=lambda m: None)
+    factors = write_lora(tmp_path / "l.safetensors", "original", plain.pipe.transformer, seed=3)
+    cfg = resolve("p", model="tiny", quant="int8", device="cpu", lora=[f"{tmp_path / 'l.safetensors'}:scale=0.6"],
+                  out=tmp_path / "b.mp4")
+    model = load_model(cfg, log=lambda m: None)
+    assert model.loras[0]["scale"] == 0.6 and model.loras[0]["fused"] is True
+    linear = model.pipe.transformer.blocks[1].attn1.to_k
+    fused = plain.pipe.transformer.blocks[1].attn1.to_k.weight.double() + expected_delta(factors, 1, "attn1.to_k", 0.6)
+    err = (linear.dequantized_weight(torch.float64) - fused).abs().max()
+    assert type(linear).__name__ == "Int8Linear" and err <= fused.abs().max() / 127  # int8 rounding of the sum
+    moved = (linear.dequantized_weight(torch.float64) - plain.pipe.transformer.blocks[1].attn1.to_k.weight).abs().max()
+    assert moved > 10 * fused.abs().max() / 127  # the LoRA's product is in the int8 weights, far above their rounding

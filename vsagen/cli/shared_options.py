@@ -17,6 +17,7 @@ import typer
 from typer.core import TyperGroup
 
 from ..errors import close_matches
+from ..models.lora_spec import LORA_METAVAR
 from ..models.sources import DEFAULT_MODEL
 from ..request.options import VAE_METAVAR, Choice, Device, Dtype, Offload, Quant, TileFit, VaeDtype, VaeTiling
 
@@ -196,6 +197,13 @@ Transformer = Annotated[Optional[str], typer.Option(
     help="Transformer-only weights (.safetensors, or .pth read by torch's weights-only loader only) replacing the "
          "model's transformer, one file per expert (high-noise first); the text encoder and VAE come from --model. "
          "Original Wan or diffusers key names; TurboDiffusion's files (proj_l, int8 -quant) included.")]
+LoraOption = Annotated[Optional[list[str]], typer.Option(
+    "--lora", metavar=LORA_METAVAR,
+    help="A LoRA (.safetensors, or a hub id owner/repo[/FILE.safetensors]) loaded into the transformer through "
+         "diffusers' Wan LoRA loader: diffusers / PEFT keys, the original Wan keys, kohya / musubi-tuner's "
+         "lora_unet_ keys. scale: its strength (default 1); expert: 1 (transformer), 2 (transformer_2) or both "
+         "(default: every expert); fused into the weights before --quant (default) or fused=false (PEFT layers "
+         "kept). Repeatable.")]
 AllowPickle = Annotated[bool, typer.Option(help="Also load pickle (.bin/.pt) weights; they can run code.")]
 Warmup = Annotated[int, typer.Option(help="Untimed warm-up denoising steps before the timed run.")]
 OffloadOption = Annotated[Offload, typer.Option("--offload", parser=choice_parser(Offload), metavar=_choices(Offload),
@@ -269,7 +277,7 @@ SHARED: dict[str, tuple[Any, Any]] = {
     "device": (DeviceOption, Device.AUTO),
     "dtype": (DtypeOption, Dtype.AUTO), "tile_fit": (TileFitOption, TileFit.PARTIAL),
     "random_weights": (RandomWeights, False), "allow_pickle": (AllowPickle, False),
-    "transformer": (Transformer, None), "warmup": (Warmup, 0),
+    "transformer": (Transformer, None), "lora": (LoraOption, None), "warmup": (Warmup, 0),
     "offload": (OffloadOption, Offload.NONE), "quant": (QuantOption, Quant.AUTO),
     "vae_tiling": (VaeTilingOption, VaeTiling.AUTO),
     "vae": (VaeOption, "auto"), "vae_dtype": (VaeDtypeOption, VaeDtype.AUTO),
@@ -281,8 +289,8 @@ GENERATE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames
             "guidance",
             "guidance_2",
             "flow_shift", "negative_prompt", "seed", "seeds", "fps", "out", "overwrite", "sheet", "codec", "device",
-            "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "offload", "vae_tiling",
-            "vae", "vae_dtype",
+            "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer", "lora", "warmup", "offload",
+            "vae_tiling", "vae", "vae_dtype",
             "compile", "quant", "gpus",
             "ulysses",
             "cfg_parallel")
@@ -290,13 +298,14 @@ PROFILE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames"
            "warmup",
            "tile_fit",
            "out", "guidance", "guidance_2", "negative_prompt", "seed", "overwrite", "device", "dtype",
-           "random_weights", "allow_pickle", "transformer", "compile", "quant", "gpus", "ulysses", "cfg_parallel")
+           "random_weights", "allow_pickle", "transformer", "lora", "compile", "quant", "gpus", "ulysses",
+           "cfg_parallel")
 COMPARE = ("model", "attn", "sparsity", "attn_impl", "height", "width", "frames", "steps", "sampler", "cache",
            "guidance",
            "guidance_2",
            "flow_shift", "negative_prompt", "seed", "fps", "out", "overwrite", "sheet", "codec", "device", "dtype",
-           "tile_fit", "random_weights", "allow_pickle", "transformer", "warmup", "vae_tiling", "vae", "vae_dtype",
-           "quant")
+           "tile_fit", "random_weights", "allow_pickle", "transformer", "lora", "warmup", "vae_tiling", "vae",
+           "vae_dtype", "quant")
 SEARCH = ("model", "steps", "sampler", "height", "width", "frames", "out", "overwrite", "guidance", "guidance_2",
           "flow_shift",
           "negative_prompt", "seed", "device", "dtype", "tile_fit", "random_weights", "allow_pickle", "transformer")

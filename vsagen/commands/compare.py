@@ -233,6 +233,7 @@ class CompareRow(CacheCounts):
     decode_saved_s: float
     decode_speedup_vs_reference: float | None
     backend_info: dict[str, Any] = field(default_factory=dict)
+    lora_scale: float | None = None  # the scale of the --lora that lists row scales (None: none lists several)
     # [K, tiles]: key tiles each query tile keeps, of the tiles of the backend's cube on the denoised grid (VSA's
     # backends: K = ceil((1 - sparsity) tiles)); None where the backend has no such count
     key_tiles_kept: list[int] | None = None
@@ -260,6 +261,7 @@ class CompareReport:
     text_encode_s: float
     notes: list[str]
     vae: dict[str, Any] = field(default_factory=dict)  # what decoded every run (`decoder_choice.vae_summary`)
+    lora: list[dict[str, Any]] = field(default_factory=list)  # --lora: each file's record (`vsagen.models.lora`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (no NaN or Infinity: PSNR +inf is "inf")."""
@@ -270,7 +272,7 @@ class CompareReport:
                 "samplers": s["samplers"], "caches": s.get("caches", []), "speedup_of": "dit_s_per_video",
                 "reference": self.rows[0].label, "error_steps": s["error_steps"],
                 "rows": [r.to_dict() for r in self.rows], "files": self.files, "load_s": self.load_s,
-                "text_encode_s": self.text_encode_s, "notes": self.notes, **self.vae, "settings": s,
+                "text_encode_s": self.text_encode_s, "notes": self.notes, **self.vae, "lora": self.lora, "settings": s,
                 "versions": self.versions}
 
 
@@ -381,7 +383,9 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
         session.prompts()
         warmed: set[int] = set()  # the decoders decoded once untimed (several decoders with --warmup)
         for i, run_of in enumerate(cfg.runs):
-            if run_of.vae_index == 0:  # a (precision, sampler, backend, cache)'s DiT run, decoded by each decoder
+            if run_of.vae_index == 0:  # a (precision, sampler, backend, cache, LoRA scale)'s DiT run, each decoder
+                if run_of.lora_scale is not None:  # the --lora of row scales at this run's (merged again where fused)
+                    session.model.lora_rescale(run_of.lora_scale)
                 dit = _generate(cfg, session, plan, probes, i, log, put(run_of.quant_index))
             results.append(_decode(cfg, session, run_of, dit, states, warmed, log))
     ref = results[0]
@@ -393,7 +397,8 @@ def compare(cfg: CompareConfig, *, log: Callable[[str], None] = lambda m: None, 
                            rows=rows, files={k: str(v) for k, v in cfg.files.items()}, load_s=session.load_s,
                            text_encode_s=session.text_encode_s, notes=_report_notes(cfg, session),
                            vae={**vae_summary(session.model.pipe.vae),
-                                "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling else None})
+                                "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling else None},
+                           lora=session.model.loras)
     if cancelled():
         raise KeyboardInterrupt
     log(f"writing {len(cfg.files)} files into {cfg.out}/")
@@ -514,7 +519,8 @@ def _row(res: _RunResult, ref: _RunResult, info: dict[str, Any], grid: tuple[int
         vae_decoder=res.vae["vae_decoder"], vae_weights=res.vae["vae_weights"], vae_tiling=res.vae["vae_tiling"],
         decode_s=res.decode_s, decode_saved_s=ref.decode_s - res.decode_s,
         decode_speedup_vs_reference=ref.decode_s / res.decode_s if res.decode_s > 0 else None,
-        key_tiles_kept=key_tiles_kept(info, grid), quant=res.dit.quant, **cache_counts(run_of.cache, timing))
+        key_tiles_kept=key_tiles_kept(info, grid), quant=res.dit.quant, lora_scale=run_of.lora_scale,
+        **cache_counts(run_of.cache, timing))
 
 
 def _report_notes(cfg: CompareConfig, session: Any) -> list[str]:

@@ -42,9 +42,10 @@ class CompareRun:
         error_steps: the 0-based steps of this run at which its attention is compared with dense attention.
         backend_index: the backend's index in `CompareConfig.backends`.
         cache: the step cache (`none`: uncached).
-        vae_index: the decoder's index in `CompareConfig.vae_decoders`; the runs of one (sampler, backend, cache)
-            triple share one DiT run, whose latents the decoder of each decodes (0 starts a triple).
+        vae_index: the decoder's index in `CompareConfig.vae_decoders`; the runs of one (sampler, backend, cache,
+            LoRA scale) share one DiT run, whose latents the decoder of each decodes (0 starts one).
         quant_index: the precision's index in `CompareConfig.quants` (the blocks' linears the run's DiT runs in).
+        lora_scale: the scale of the `--lora` that lists row scales (`scale=S1,S2,...`), None without one.
     """
 
     plan: SamplerPlan
@@ -56,6 +57,7 @@ class CompareRun:
     cache: CacheSpec = NO_CACHE
     vae_index: int = 0
     quant_index: int = 0
+    lora_scale: float | None = None
 
 
 def precision_label(quant: str, dtype: str) -> str:
@@ -126,23 +128,31 @@ class CompareConfig(Request):
         return len(self.quants) > 1
 
     @property
+    def lora_scales(self) -> tuple[float, ...]:
+        """The row scales of the `--lora` that lists several (`scale=S1,S2,...`), () without one."""
+        return next((spec.scales for spec in self.loras if spec.scales), ())
+
+    @property
     def runs(self) -> list[CompareRun]:
         """Every (sampler, backend, cache) triple, sampler-major (each sampler with every backend, each backend with
-        every cache), each with every decoder of `vae_decoders` when it lists several (one DiT run, its latents
-        decoded by each), the reference first; with several `quants`, all of that once per precision, in their
-        order (precision-major: the reference is the first precision's first run).
+        every cache), each at every row scale of a `--lora` that lists several (`lora_scales`), each with every
+        decoder of `vae_decoders` when it lists several (one DiT run, its latents decoded by each), the reference
+        first; with several `quants`, all of that once per precision, in their order (precision-major: the
+        reference is the first precision's first run; several precisions and several LoRA scales are not asked
+        together, `resolve` refuses it).
 
         Labels: the backend's ("vsa 0.875"; its spec without default options where a name repeats), then
         " + <cache>" for a cached run (the cache's entry without default options: "vsa 0.875 + first-block"), then
-        " / <sampler>" (`sampler_label`) when the samplers differ, then " / <decoder> VAE" when the decoders differ
-        ("full / tiny VAE"; a weights file by its name: `VaeSpec.short_text`), then " / <precision> linears" when
-        the precisions differ ("full / int8 linears", "full / bf16 linears": `precision_label`); a run listed again
-        (a library caller's list) gets " (2)", " (3)", ... Files: each run's mp4 in `out`, named after its
-        backend's spec without default options (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's
-        (`vsa-first-block.mp4`), then its sampler's words when the samplers differ (`vsa-dmd.mp4`,
-        `full-default-50-steps-cfg-5.mp4`), then "vae-<decoder>" when the decoders differ (`full-vae-tiny.mp4`), then
-        "quant-<entry>" when the precisions differ (`full-quant-none.mp4`, `full-quant-int8.mp4`); a name taken by
-        an earlier run gets `-<index>`."""
+        " / <sampler>" (`sampler_label`) when the samplers differ, then " / LoRA <scale>" when the LoRA scales
+        differ, then " / <decoder> VAE" when the decoders differ ("full / tiny VAE"; a weights file by its name:
+        `VaeSpec.short_text`), then " / <precision> linears" when the precisions differ ("full / int8 linears",
+        "full / bf16 linears": `precision_label`); a run listed again (a library caller's list) gets " (2)",
+        " (3)", ... Files: each run's mp4 in `out`, named after its backend's spec without default options
+        (`file_stem`: `vsa-sparsity-0.9.mp4`), then its cache's (`vsa-first-block.mp4`), then its sampler's words
+        when the samplers differ (`vsa-dmd.mp4`, `full-default-50-steps-cfg-5.mp4`), then "lora-<scale>" when the
+        LoRA scales differ (`full-lora-0.5.mp4`), then "vae-<decoder>" when the decoders differ
+        (`full-vae-tiny.mp4`), then "quant-<entry>" when the precisions differ (`full-quant-none.mp4`,
+        `full-quant-int8.mp4`); a name taken by an earlier run gets `-<index>`."""
         names = [s.name for s in self.backends]
         backend_labels = [s.short_text() if names.count(s.name) > 1 else s.label for s in self.backends]
         plans = self.samplers or (SamplerPlan(self.sampler, self.steps, self.guidance, self.flow_shift),)
@@ -151,28 +161,32 @@ class CompareConfig(Request):
         caches = self.caches or (NO_CACHE,)
         vaes = [v.short_text() for v in self.vae_decoders] if self.several_vaes else [""]
         quants = [precision_label(q, self.dtype) for q in self.quants] if self.several_quants else [""]
-        runs = [(q, i, j, c, v) for q in range(len(quants)) for i in range(len(plans))
-                for j in range(len(self.backends)) for c in caches for v in range(len(vaes))]
+        scales = self.lora_scales or (None,)
+        runs = [(q, i, j, c, w, v) for q in range(len(quants)) for i in range(len(plans))
+                for j in range(len(self.backends)) for c in caches for w in scales for v in range(len(vaes))]
         labels = [backend_labels[j] + (f" + {c.short_text()}" if c.enabled else "")
                   + (f" / {words[i]}" if self.several_samplers else "")
+                  + (f" / LoRA {w:g}" if w is not None else "")
                   + (f" / {vaes[v]} VAE" if self.several_vaes else "")
-                  + (f" / {quants[q]} linears" if self.several_quants else "") for q, i, j, c, v in runs]
+                  + (f" / {quants[q]} linears" if self.several_quants else "") for q, i, j, c, w, v in runs]
         labels = [x if x not in labels[:k] else f"{x} ({labels[:k].count(x) + 1})" for k, x in enumerate(labels)]
         stems: list[str] = []
-        for q, i, j, c, v in runs:
+        for q, i, j, c, w, v in runs:
             spec = self.backends[j]
             stem = file_stem(spec.short_text()) or spec.name
             if c.enabled:
                 stem += "-" + (file_stem(c.short_text()) or c.name)
             if self.several_samplers:
                 stem += "-" + (file_stem(words[i].lower()) or "sampler")
+            if w is not None:
+                stem += f"-lora-{w:g}"
             if self.several_vaes:
                 stem += "-vae-" + file_stem(vaes[v])
             if self.several_quants:
                 stem += "-quant-" + self.quants[q]
             stems.append(stem if stem not in stems else f"{stem}-{len(stems)}")
-        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c, v, q)
-                for (q, i, j, c, v), label, stem in zip(runs, labels, stems)]
+        return [CompareRun(plans[i], self.backends[j], label, self.out / f"{stem}.mp4", steps[i], j, c, v, q, w)
+                for (q, i, j, c, w, v), label, stem in zip(runs, labels, stems)]
 
     @property
     def labels(self) -> list[str]:
@@ -322,7 +336,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     sampler_text = s.sampler.text if s.sampler is not None else src.preset.defaults.sampler
     try:
         req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True, several_vaes=True,
-                      several_quants=True)
+                      several_quants=True, several_loras=True)
     except BadInput as e:  # a flag a sampler of the list refuses: say how to set it for one entry
         listed = s.sampler is not None and len(s.sampler.entries) > 1  # (a preset's sampler is one entry)
         if listed and str(e).startswith(("--steps", "--guidance", "--flow-shift")):
@@ -331,11 +345,14 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                            f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \
                 from None
         raise
-    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) * len(req.quants) < 2:
+    scales = next((spec.scales for spec in req.loras if spec.scales), (None,))
+    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) * len(req.quants) \
+            * len(scales) < 2:
         raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
                        "at least one run to compare with it: two backends (e.g. --attn full,vsa), two samplers "
                        "(e.g. --sampler dmd,default:steps=50:guidance=5), two caches (e.g. --cache none,first-block), "
-                       "two VAE decoders (e.g. --vae stock,tiny) or two precisions (e.g. --quant none,int8)")
+                       "two VAE decoders (e.g. --vae stock,tiny), two precisions (e.g. --quant none,int8) or two LoRA "
+                       "scales (e.g. --lora FILE:scale=0,1)")
     check_sampler_plans(req.samplers, sampler_text)
     if min(req.height, req.width) < 7:
         raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {req.width} x {req.height}")

@@ -434,6 +434,8 @@ def _summary(cfg: Any, session: Any, backend: Any, plan: Any, report: TimingRepo
         "random_prompt_embeddings": session.model.random_weights,
         # --quant resolved, and how many block linears of each transformer ran in each precision
         "quant": {"precision": cfg.quant, **{name: precision_summary(t) for name, t in experts(pipe)}},
+        # --lora: each file's sha256, scale, expert, the components it went into, fused or not
+        "lora": session.model.loras,
         "offload": cfg.offload, **vae_summary(pipe.vae),  # what --vae / --vae-dtype / --vae-tiling resolved to
         # --vae-tiling's decision and why (auto: the untiled decode's estimated peak against the free memory)
         "vae_tiling_choice": session.vae_tiling.summary() if session.vae_tiling is not None else None,

@@ -177,6 +177,7 @@ class ProfileReport:
     text_encode_s: float
     notes: list[str]
     compile_fullgraph: bool | None = None  # --compile: each block one graph (True) or with graph breaks (False)
+    lora: list[dict[str, Any]] = field(default_factory=list)  # --lora: each file's record (`vsagen.models.lora`)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (seconds; ratios as plain numbers; no NaN)."""
@@ -194,7 +195,7 @@ class ProfileReport:
                          "tile_order_vs_stock": tile_vs_stock},
             "tile_fit_comparison": self.tile_fit_comparison,
             "load_s": self.load_s, "text_encode_s": self.text_encode_s, "notes": self.notes,
-            "settings": self.settings, "versions": self.versions,
+            "lora": self.lora, "settings": self.settings, "versions": self.versions,
         }
 
 
@@ -330,7 +331,8 @@ def profile_dit(cfg: ProfileConfig, *, log: Callable[[str], None] = lambda m: No
     notes = _profile_notes(cfg, [*cfg.notes, *session.notes], fused_note, rows, cuda)  # the request's own first
     return ProfileReport(settings=cfg.summary(), versions={"vsagen": __version__, **versions(cfg.device)},
                          rows=rows, overhead=overhead, tile_fit_comparison=comparison, load_s=session.load_s,
-                         text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph)
+                         text_encode_s=session.text_encode_s, notes=notes, compile_fullgraph=session.compile_fullgraph,
+                         lora=session.model.loras)
 
 
 def _load_session(cfg: ProfileConfig, backends: list[Any], writer: bool, log: Callable[[str], None]) -> Any:

@@ -33,6 +33,9 @@ class LoadedModel:
     notes: list[str]
     weight_root: Path | None = None  # checkpoint root (backend-owned weights are read from <root>/<expert>/)
     weight_layers: dict[str, int] = field(default_factory=dict)  # backend name -> layers that got its weights
+    loras: list[dict[str, Any]] = field(default_factory=list)  # one record per --lora (`vsagen.models.lora`)
+    # sets the scale of the --lora that lists row scales (`vsagen compare`; `vsagen.models.lora.LoadedLoras`)
+    lora_rescale: Callable[[float], None] | None = None
 
 
 def _quiet_libraries() -> None:
@@ -252,12 +255,15 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     (`vsagen.decode.tiling.encode_tiled`; the decode decides again, by memory, when it runs) (`vsagen profile`
     requests: no offload, no image, no tiling: it never decodes). The weights each of `backends` owns (e.g. VSA's
     trained gates) are attached before the weights are placed (`vsagen.models.pipeline_weights.attach_weights`).
+    The request's LoRAs (`--lora`) are checked before the weights load (`prepare_loras`) and loaded into the
+    transformers once they have (`vsagen.models.lora.load_loras`: fused by default), before `--quant` swaps the
+    linears; their records go to `LoadedModel.loras`.
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
         BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light
             or tiny VAE decoder asked for and absent, damaged or of another latent width
-            (`vsagen.decode.decoder_choice.choose_decoder`).
+            (`vsagen.decode.decoder_choice.choose_decoder`), or a LoRA that cannot load (`prepare_loras`).
     """
     import torch
 
@@ -267,6 +273,7 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
     preset = cfg.source.preset
     notes: list[str] = []
     weight_root: Path | None = None  # checkpoint root: gates are read from <root>/transformer{,_2}/
+    loras = prepare_loras(cfg)  # fetched and checked against the architecture before the weights load
     if cfg.random_weights:
         # offloaded weights live in CPU memory: build them there (the model may not fit on the GPU at once)
         build_on = cfg.device if cfg.offload == "none" else "cpu"
@@ -279,19 +286,41 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
         t.eval()
     model = LoadedModel(pipe=pipe, random_weights=cfg.random_weights, notes=notes, weight_root=weight_root)
     from ..quant.swap import quantize_pipeline
+    from .lora import load_loras
     from .pipeline_weights import attach_weights
 
     for backend in backends:
         attach_weights(model, backend)
-    if cfg.offload != "none":  # group offloading records the modules it manages: swap before
+    if cfg.offload != "none":  # group offloading records the modules it manages: fuse and swap before
+        model.loras, _, model.lora_rescale = load_loras(pipe, loras, log)
         notes.extend(quantize_pipeline(pipe, cfg.quant))
     place_pipeline(pipe, cfg.offload, cfg.device)  # after backend weights and the VAE dtype (see place_pipeline)
-    if cfg.offload == "none":  # on the device: the weights quantize there
+    if cfg.offload == "none":  # on the device: the LoRAs fuse there, then the weights quantize
+        model.loras, _, model.lora_rescale = load_loras(pipe, loras, log)
         notes.extend(quantize_pipeline(pipe, cfg.quant))
     if cfg.offload != "none":
         notes.append(f"--offload {cfg.offload}: weights live in CPU memory; their transfers to the GPU are inside "
                      "the timed regions that trigger them (text encode, DiT forwards, ...)")
     return model
+
+
+def prepare_loras(cfg: Request) -> list[Any]:
+    """The request's LoRAs fetched (a hub id downloaded), hashed and checked layer by layer against the model's
+    transformers built empty from their configs where these are known without loading (`vsagen.models.lora`).
+
+    Raises:
+        BadInput: a LoRA that cannot be fetched, converted, or fits no layer, or another shape.
+    """
+    if not cfg.loras:
+        return []
+    from .lora import check_before_load, fetch
+    from .sources import transformer_configs
+
+    layers = cfg.source.preset.transformer.get("num_layers") if cfg.source.exact_preset else None
+    files = [fetch(spec, layers) for spec in cfg.loras]
+    known = cfg.source.exact_preset or cfg.source.kind == "dir"
+    check_before_load(files, transformer_configs(cfg.source, cfg.model) if known else [])
+    return files
 
 
 def _checkpoint_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import BadInput
+from ..models.lora_spec import LoraSpec, parse_loras
 from ..models.sources import DEFAULT_MODEL
 
 from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
@@ -317,10 +318,12 @@ class ModelOptions:
         allow_pickle: also load pickle weights (they can run code).
         transformer: transformer-only weight files replacing the model's transformer(s), one per expert (the high-noise
             expert first; a comma-separated string or a sequence of paths; `vsagen.models.transformer_files`).
+        lora: LoRAs loaded into the transformer(s) (`--lora`, repeatable): texts or `LoraSpec`s, held parsed
+            (`vsagen.models.lora_spec.parse_loras`, once, here).
 
     Raises:
-        BadInput: an empty model or --transformer entry, a size that is not a positive integer, an unknown, empty
-            or repeated tile fit.
+        BadInput: an empty model or --transformer entry, a --lora the parser refuses, a size that is not a positive
+            integer, an unknown, empty or repeated tile fit.
     """
 
     model: str = DEFAULT_MODEL
@@ -331,9 +334,11 @@ class ModelOptions:
     random_weights: bool = False
     allow_pickle: bool = False
     transformer: tuple[str, ...] = ()
+    lora: tuple[LoraSpec, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "transformer", _file_list(self.transformer, "--transformer"))
+        object.__setattr__(self, "lora", parse_loras(self.lora))
         if not isinstance(self.model, str):
             raise BadInput(f"--model must be a preset name (vsagen presets), a folder or a hub id, got {self.model!r}")
         if not self.model.strip():
@@ -581,7 +586,7 @@ GROUPS: dict[str, type] = {"model": ModelOptions, "sampling": SamplingOptions, "
 # use the same keywords (`request_options`).
 FLAGS: dict[str, tuple[str, str]] = {
     **{k: ("model", k) for k in ("model", "height", "width", "frames", "random_weights", "allow_pickle",
-                                 "transformer")},
+                                 "transformer", "lora")},
     "tile_fit": ("model", "tile_fits"),
     **{k: ("sampling", k) for k in ("steps", "warmup", "guidance", "guidance_2", "flow_shift", "negative_prompt",
                                     "seed", "seeds", "sampler", "cache")},

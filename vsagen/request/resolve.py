@@ -26,6 +26,8 @@ from ..attention.auto import AUTO, unused_weights_note
 from ..models.transformer_files import auto_evidence, check_transformer_files
 from .backends import attention_specs, auto_spec, crop_tile_of, preset_file_notes
 from .caching import resolve_caches
+from .loras import resolve_loras
+from ..models.lora_spec import LoraSpec
 from .options import (MAX_STEPS, Device, Dtype, ModelOptions, Offload, PlacementOptions, RequestOptions,
                       SamplingOptions, TileFit, VaeSpec)
 from .plans import check_rope_range, crop_note, oversized_tile_note, preset_plan, size_limits
@@ -102,6 +104,8 @@ class Request:
     # (a `[transformer_files]` preset without them downloads its own: `transformer_sources`)
     transformer_files: tuple[str, ...] = ()
     caches: tuple[CacheSpec, ...] = ()  # --cache: the step cache of each run (t2v / i2v: one; none: no cache)
+    # --lora: the LoRAs loaded into the transformers, experts resolved (vsagen.request.loras.resolve_loras)
+    loras: tuple[LoraSpec, ...] = ()
 
     @property
     def cache(self) -> CacheSpec:
@@ -451,7 +455,8 @@ def _check_placement(request: Request) -> None:
 
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
             several_fits: bool = False, several_samplers: bool = False, several_vaes: bool = False,
-            several_quants: bool = False, command_steps: int | None = None) -> Request:
+            several_quants: bool = False, several_loras: bool = False,
+            command_steps: int | None = None) -> Request:
     """Resolve a request against the model's preset (precedence: module docstring) and check everything that
     needs no weights. The option groups hold `--attn`, `--sampler` and `--cache` parsed; nothing here reads their
     text again.
@@ -467,6 +472,9 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         several_samplers: the command runs every `--sampler` entry (`vsagen compare`); otherwise it takes one.
         several_vaes: the command decodes with every `--vae` entry (`vsagen compare`); otherwise it takes one.
         several_quants: the command runs every `--quant` precision (`vsagen compare`); otherwise it takes one.
+        several_loras: the command runs a row per scale of a `--lora FILE:scale=S1,S2,...` (`vsagen compare`);
+            otherwise each LoRA takes one scale (not both lists at once: the low-bit linears are built from the
+            weights with the LoRA fused at one scale).
         command_steps: the command's own step count for the checkpoint's scheduler (below `--steps`, above the
             preset's; a re-noise sampler's list decides its own).
 
@@ -510,6 +518,12 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
     quants, quant_notes = resolve_quants(asked_quants, device, source, m.random_weights)
+    loras = ()
+    for quant in quants:  # each precision refuses what it cannot run with the LoRAs (an unfused one, int8 files)
+        loras = resolve_loras(m.lora, source, m.model, quant, m.random_weights, several_loras)
+    if len(quants) > 1 and any(spec.scales for spec in loras):
+        raise BadInput("--quant with several precisions and a LoRA with several scales: the low-bit linears are "
+                       "built from the weights with the LoRA fused at one scale; compare one list at a time")
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,
@@ -523,7 +537,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         notes=notes + split_notes + cache_notes + backend_notes + quant_notes, tile_fits=fits, backends=specs,
         crop_tile=crop_tile,
         attn_requested=at.attn.text if backends != NONE else "", attn_note=attn_note, transformer_files=files,
-        caches=caches)
+        caches=caches, loras=loras)
     _check_placement(request)
     return request
 

@@ -186,6 +186,24 @@ def test_bad_lists_are_refused_in_one_line_before_loading(vsagen_cache, tmp_path
     assert not out.exists()
 
 
+def test_precisions_and_lora_scales_are_not_listed_together(vsagen_cache, tiny_dir, tmp_path):
+    """The low-bit linears are built from the weights with the LoRA fused at one scale, so a --quant list and a
+    --lora scale list at once are refused in one line (the branches that added each axis met here)."""
+    from diffusers import WanTransformer3DModel
+    from lora_files import write_lora
+
+    from vsagen.commands.compare_config import resolve_compare
+
+    lora = tmp_path / "l.safetensors"
+    write_lora(lora, "diffusers", WanTransformer3DModel.from_pretrained(tiny_dir, subfolder="transformer"))
+    with pytest.raises(BadInput, match=r"^--quant with several precisions and a LoRA with several scales"):
+        resolve_compare("a cat", model="tiny", attn="full", quant="none,int8", lora=[f"{lora}:scale=0,1"],
+                        device="cpu", out=tmp_path / "o")
+    one = resolve_compare("a cat", model="tiny", attn="full", quant="none,int8", lora=[f"{lora}:scale=0.5"],
+                          device="cpu", out=tmp_path / "o")
+    assert [r.label for r in one.runs] == ["full / fp32 linears", "full / int8 linears"]
+
+
 def test_a_list_through_the_library_is_refused_by_a_one_precision_request():
     from vsagen.commands.generate_config import resolve_generate
 

@@ -79,7 +79,7 @@ def generate(cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, pro
     backend = cfg.backend.build()
     session = _load_session(cfg, backend, progress=progress, writer=writer, log=log)
     plan = session.plan(cfg.tile_fit)
-    run = _denoise(cfg, session, backend, plan, log, encode=True)
+    run = _denoise(cfg, session, backend, plan, log, encode=True, writer=writer)
     untimed = session.untimed(backend)
     ranks = None
     if cfg.processes > 1:  # every rank's DiT / attention / exchange times, to rank 0
@@ -268,13 +268,12 @@ def _request_notes(cfg: RunConfig) -> list[str]:
 
 
 def _denoise(cfg: RunConfig, session: Session, backend: Any, plan: Any, log: Callable[[str], None], *,
-             encode: bool) -> Any:
+             encode: bool, writer: bool = True) -> Any:
     """The run on the session (prompts encoded inside it when `encode`, else the session's; not decoded: the mp4
-    decodes as it is written), then the run's own notes said: a MagCache calibration to be written, non-finite
-    latents, and what the run noted."""
+    decodes as it is written, by the `writer` rank, whose warm-up also decodes two latent frames untimed), then the
+    run's own notes said: a MagCache calibration to be written, non-finite latents, and what the run noted."""
     noted = len(session.notes)
-    # decoded below, as the mp4 is written (the warm-up, if any, decodes two latent frames of its own first)
-    run = session.run(backend, plan, encode=encode, decode=False, log=log, warm_decode=True)
+    run = session.run(backend, plan, encode=encode, decode=False, log=log, warm_decode=writer)
     if run.calibration is not None:  # MagCache's ratios: written with the video below, or not at all
         session.notes.append(f"--cache mag: the calibrated ratios of {cfg.model} ({cfg.steps} steps, "
                              f"{cfg.sampler.name} sampler) are written to {run.calibration[0]} with the video; "

@@ -142,6 +142,15 @@ def test_values_are_typed_once_and_normalized():
     assert counts == [3, 3, 1, 7, 3]
 
 
+def test_a_presets_table_sets_them_under_the_entry():
+    """The preset's [attention.vsa] table (TOML's types: an int, a list) gives defaults; the entry wins."""
+    from vsagen.attention.spec import parse_entry, spec_of
+
+    preset = {"vsa": {"dense_steps": 2, "dense_layers": [1, 0], "min_tokens": 512}}
+    options = spec_of(parse_entry("vsa:dense_steps=0.1"), preset=preset).options
+    assert (options.dense_steps, options.dense_layers, options.min_tokens) == ("0.1", "0,1", 512)
+
+
 @pytest.mark.parametrize("text, words", [
     ("vsa:dense_steps=1.5", "dense_steps must be N (the first N steps), a fraction in (0, 1) or all, got '1.5'"),
     ("sla:dense_steps=-1", "dense_steps must be N"),

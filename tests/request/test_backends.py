@@ -163,6 +163,15 @@ def test_compare_runs_every_backend_on_one_covering_crop_plan(tmp_path):
     assert cfg.plan().fit == "crop" and cfg.plan().denoise_grid == (8, 8, 16)
 
 
+def test_the_commas_of_dense_layers_stay_in_their_entry():
+    entries = parse_attn("full,vsa:dense_layers=0,2-3,29:sparsity=0.5,sla:dense_layers=1,vsa").entries
+    assert [e.text for e in entries] == ["full", "vsa:dense_layers=0,2-3,29:sparsity=0.5", "sla:dense_layers=1", "vsa"]
+    assert entries[1].options == {"dense_layers": "0,2-3,29", "sparsity": 0.5}
+    assert resolve_spec(entries[1].text).options.dense_layers == "0,2,3,29"  # normalized by the Options
+    with pytest.raises(BadInput, match="unknown --attn '2'"):  # elsewhere a number is no backend
+        parse_attn("vsa:sparsity=0.5,2")
+
+
 def test_the_options_a_run_can_change_leave_out_the_cube_and_the_files():
     assert per_run_options("vsa") == ("sparsity", "impl", "query_rows", "precision", "dense_steps", "dense_layers",
                                       "min_tokens")

@@ -135,7 +135,8 @@ def test_values_are_typed_once_and_normalized():
     assert resolve_spec("vsa:dense_steps=ALL").options.dense_steps == "all"
     python = VSAOptions(dense_steps=2, dense_layers=[29, 0])  # from Python: an int, a list
     assert (python.dense_steps, python.dense_layers) == ("2", "0,29")
-    assert resolve_spec("vsa:dense_steps=2:dense_layers=0").short_text() == "vsa:dense_steps=2:dense_layers=0"
+    spec = resolve_spec("vsa:dense_steps=2:dense_layers=0")
+    assert (spec.short_text(), spec.label) == ("vsa:dense_steps=2:dense_layers=0", "vsa 0.875 dense_steps=2 dense_layers=0")
     # ceil(F x steps): any positive fraction runs a step; 0.3 x 10 is 3, not 4 (float rounding)
     counts = [dense_step_count(resolve_spec(f"vsa:dense_steps={f}").options, n)
               for f, n in (("0.25", 10), ("0.3", 10), ("0.01", 4), ("all", 7), ("3", None))]

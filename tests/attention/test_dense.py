@@ -15,7 +15,8 @@ import torch
 from conftest import forward, make_inputs, make_transformer, one_error_line
 
 import vsagen
-from vsagen.attention.dense import DenseCall, check_knobs, dense_step_count, knob_info, layer_set
+from vsagen.attention.base import RunInfo
+from vsagen.attention.dense import DenseCall, check_knobs, check_knobs_fit, dense_step_count, knob_info, layer_set
 from vsagen.attention.spec import resolve_spec
 from vsagen.attention.vsa import VSAAttention, VSAOptions
 from vsagen.errors import BadInput
@@ -136,7 +137,8 @@ def test_values_are_typed_once_and_normalized():
     python = VSAOptions(dense_steps=2, dense_layers=[29, 0])  # from Python: an int, a list
     assert (python.dense_steps, python.dense_layers) == ("2", "0,29")
     spec = resolve_spec("vsa:dense_steps=2:dense_layers=0")
-    assert (spec.short_text(), spec.label) == ("vsa:dense_steps=2:dense_layers=0", "vsa 0.875 dense_steps=2 dense_layers=0")
+    assert spec.short_text() == "vsa:dense_steps=2:dense_layers=0"
+    assert spec.label == "vsa 0.875 dense_steps=2 dense_layers=0"  # a report's row
     # ceil(F x steps): any positive fraction runs a step; 0.3 x 10 is 3, not 4 (float rounding)
     counts = [dense_step_count(resolve_spec(f"vsa:dense_steps={f}").options, n)
               for f, n in (("0.25", 10), ("0.3", 10), ("0.01", 4), ("all", 7), ("3", None))]
@@ -178,6 +180,11 @@ def test_what_a_run_cannot_honour_is_refused_before_patching(case):
                                        "unknown"):
         vsagen.apply(t, "vsa:dense_steps=0.5")  # a bare transformer: no scheduler, no steps=
     assert all(type(b.attn1.processor).__name__ != "VsagenAttnProcessor" for b in t.blocks)
+    fp32_cuda = RunInfo(torch.device("cuda"), torch.float32)  # the dense calls are full's: its refusals hold
+    with pytest.raises(BadInput, match="^--attn vsa: the calls dense_steps / dense_layers / min_tokens name run full, "
+                                       "which refuses this run: --attn full on CUDA runs cuDNN/flash"):
+        check_knobs_fit(resolve_spec("vsa:min_tokens=9").build(), fp32_cuda)
+    check_knobs_fit(resolve_spec("vsa").build(), fp32_cuda)  # no knob: vsa's own checks only
     with pytest.raises(BadInput, match="min_tokens must be a positive integer"):
         check_knobs(types.SimpleNamespace(dense_steps=None, dense_layers=None, min_tokens=True))
 

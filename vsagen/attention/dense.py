@@ -148,13 +148,23 @@ def call_is_dense(options: Any, layer: int, tokens: int, dense_step: bool) -> bo
 def check_knobs_fit(backend: Any, run: Any, has_scheduler: bool = True) -> None:
     """Refuse knobs a run cannot honour, before it starts (the commands before loading, with the run the request
     predicts; `vsagen.apply` with the loaded transformers): a `dense_layers` index past a transformer's last block
-    (`run.experts`, a `RunInfo`'s), a fraction `dense_steps` with neither `run.steps` nor a scheduler to count.
+    (`run.experts`, a `RunInfo`'s), a fraction `dense_steps` with neither `run.steps` nor a scheduler to count, a
+    device / dtype `full` cannot run on (the dense calls are its).
 
     Raises:
         BadInput: one line, e.g. "--attn vsa: dense_layers=0,40 names block 40, but this model has 30 blocks
             (0-29)".
     """
     options = getattr(backend, "options", None)
+    if not has_knobs(options):
+        return
+    from .full import FullAttention
+
+    try:  # the dense calls are full's: its refusals apply (fp32 on CUDA)
+        FullAttention().check(run.device, run.dtype)
+    except BadInput as exc:
+        raise BadInput(f"--attn {backend.name}: the calls dense_steps / dense_layers / min_tokens name run full, "
+                       f"which refuses this run: {exc}") from None
     wanted = layer_set(options)
     blocks = [e.layers for e in run.experts]
     if wanted and blocks and max(wanted) >= min(blocks):

@@ -35,6 +35,7 @@ import torch
 from .architecture import architecture_of
 from .attention import BackendSpec, backend_class
 from .attention.base import AttentionBackend, Expert, RunInfo, option_names
+from .attention.dense import check_knobs_fit, knob_info, reset_counts
 from .attention.spec import convert_option, make_options, no_option, parse_entry, spec_of
 from .errors import BadInput
 from .kernels.runtime_notes import runtime_notes
@@ -187,7 +188,7 @@ class AppliedBackend:
         {"name": None} for `apply(pipe, None)` (timing only)."""
         if self.backend is None:
             return {"name": None}
-        return self.backend.describe(self.device)
+        return {**self.backend.describe(self.device), **knob_info(self.backend)}
 
     def remove(self) -> None:
         """Restore the pipeline: the processors it had, no vsagen hooks, its scheduler's own `step`, no weights
@@ -232,8 +233,10 @@ def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], Non
             state.step = (state.step or 0) + 1
 
     def reset() -> None:
+        steps = _scheduler_steps(scheduler)
         for state in states:
             state.step = 0
+            state.steps = steps if steps is not None else state.steps
 
     wrap("step", stepped)
     wrap("set_timesteps", reset)
@@ -246,6 +249,16 @@ def _count_steps(pipe: Any, timer: Timer, states: list[Any]) -> Callable[[], Non
             state.step = None
 
     return undo
+
+
+def _scheduler_steps(scheduler: Any) -> int | None:
+    """The step count of the scheduler's current timesteps (`num_inference_steps`, else the timesteps' length), or
+    None before any were set."""
+    steps = getattr(scheduler, "num_inference_steps", None)
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        return steps
+    timesteps = getattr(scheduler, "timesteps", None)
+    return None if timesteps is None else len(timesteps)
 
 
 def run_info(pipe: Any, *, grid: tuple[int, int, int] | None = None, steps: int | None = None,
@@ -332,7 +345,9 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     notes: tuple[str, ...] = ()
     if built is not None:  # before anything is attached or patched: a refusal changes nothing
         try:
-            notes = tuple(built.prepare(run_info(pipe, grid=grid, steps=steps, model=model)) or ())  # (None: none)
+            run = run_info(pipe, grid=grid, steps=steps, model=model)
+            notes = tuple(built.prepare(run) or ())  # (None: none)
+            check_knobs_fit(built, run, has_scheduler=pipe is not transformers[0][1])
         except BadInput as exc:  # the backends' checks speak the commands' flags
             raise BadInput(python_words(str(exc))) from None
     if timer is None:
@@ -352,7 +367,7 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
                 raise BadInput(f"{WHERE}: {str(exc).replace('--lora ', 'lora ')}") from None
             handle._undo.append(undo)
         _install(handle, pipe, transformers, weights_root=weights_root, attach_weights=attach_weights,
-                 fused_blocks=fused_blocks, fused_prologue=fused_prologue)
+                 fused_blocks=fused_blocks, fused_prologue=fused_prologue, steps=steps)
         handle.notes += _quantize(handle, transformers, quant)
     except BaseException:
         handle.remove()
@@ -452,7 +467,8 @@ def _backend_of(pipe: Any, backend: Any, options: dict[str, Any]) -> tuple[Backe
 
 
 def _install(handle: AppliedBackend, pipe: Any, transformers: list[tuple[str | None, Any]], *,
-             weights_root: Path | None, attach_weights: bool, fused_blocks: bool, fused_prologue: str) -> None:
+             weights_root: Path | None, attach_weights: bool, fused_blocks: bool, fused_prologue: str,
+             steps: int | None = None) -> None:
     """Put `handle`'s backend on every transformer, each undo on `handle._undo`: the backend's own weights (when it
     has some and `attach_weights`), the processors and hooks (`patch_transformer`; the DiT timers alone,
     `time_transformer`, without a backend), and the scheduler's step counting (pipelines only). The caller removes
@@ -467,12 +483,15 @@ def _install(handle: AppliedBackend, pipe: Any, transformers: list[tuple[str | N
         handle.weight_layers = sum(attach_backend_weights(t, built, _weights_folder(weights_root, name, t),
                                                           undo=attached)
                                    for name, t in transformers)
+    if built is not None:
+        reset_counts(built)  # the knobs' dense / sparse call counts of this run
     states = []
     for name, t in transformers:
         patch = (time_transformer(t, timer, expert=name, fused_blocks=fused_blocks) if built is None else
                  patch_transformer(t, built, timer, expert=name, fused_blocks=fused_blocks,
                                    fused_prologue=fused_prologue))
         handle._undo.append(patch.remove)
+        patch.forward_state.steps = steps  # the scheduler's count replaces it once the pipeline sets its timesteps
         states.append(patch.forward_state)
     if pipe is not transformers[0][1]:
         handle._undo.append(_count_steps(pipe, timer, states))

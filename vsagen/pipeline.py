@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from .architecture import experts
+from .attention.dense import check_knobs_fit
 from .cache.cache_spec import no_reuse_note
 from .cache.install import expert_steps, install_cache
 from .compiling import (compile_breaks, compile_note, compile_transformers, compile_untimed, fused_blocks_apply,
@@ -296,6 +297,7 @@ class Session:
             run = request.predicted_run(fit)
             for backend in backends:
                 backend.prepare(run)  # refusals only: its notes are said once loaded (below)
+                check_knobs_fit(backend, run)  # dense_layers past the model's blocks
         t0 = time.perf_counter()
         with status_after(log, f"loading {request.model} ({'random weights, ' if request.random_weights else ''}"
                                f"{request.device} {request.dtype})"):

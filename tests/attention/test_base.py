@@ -59,7 +59,8 @@ def test_no_options_is_an_empty_frozen_dataclass():
 
 
 def test_option_names_in_declaration_order():
-    assert option_names(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision", "tuning"]
+    assert option_names(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision", "tuning",
+                                        "dense_steps", "dense_layers", "min_tokens"]  # the shared knobs last
 
     @dataclasses.dataclass(frozen=True)
     class Opts:

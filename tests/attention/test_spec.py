@@ -66,7 +66,7 @@ def test_precedence_entry_over_flag_over_preset_over_default():
     ("vsa:=0.5", ["NAME:KEY=VALUE"]),
     # issue 29: `tuning` (an object, set through vsagen.apply) is named too, as Python-only
     ("vsa:density=0.5", ["no option 'density'", "its options: sparsity, impl, tile, query_rows, gate_weights, "
-                         "precision; from Python only (vsagen.apply): tuning"]),
+                         "precision, dense_steps, dense_layers, min_tokens; from Python only (vsagen.apply): tuning"]),
     ("full:sparsity=0.5", ["no option 'sparsity'", "full takes no options"]),
     ("vsa:sparsity=0.5:sparsity=0.6", ["given twice"]),
     ("vsa:sparsity=lots", ["sparsity='lots' is not a number"]),
@@ -87,7 +87,7 @@ def test_bad_entries_are_one_clear_error(text, needles):
 
 def test_make_options_refuses_unknown_keys_listing_the_options():
     with pytest.raises(BadInput, match=r"its options: sparsity, impl, tile, query_rows, gate_weights, precision, "
-                                       r"tuning \(Python only\)$"):
+                                       r"tuning \(Python only\), dense_steps, dense_layers, min_tokens$"):
         make_options("vsa", {"sparsity": 0.5, "topk": 3})
     assert make_options("vsa", {"sparsity": 0.25}).sparsity == 0.25
 
@@ -174,7 +174,8 @@ def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
 def test_python_only_options_are_refused_on_the_command_line():
     from vsagen.attention.spec import text_options
 
-    assert text_options(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision"]
+    assert text_options(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision",
+                                        "dense_steps", "dense_layers", "min_tokens"]
     with pytest.raises(BadInput, match="'tuning' is set from Python, not on the command line"):
         resolve_spec("vsa:tuning=fast")
 
@@ -250,7 +251,12 @@ def test_option_help_lists_the_command_line_options_with_defaults_and_values():
                                                                   "4x4x4 | 4x4x8 | 4x8x8"),
                                        ("query_rows", "64", "64 | 128 (128: a 128 / 256-token tile)"),
                                        ("gate_weights", "none", "a file, or none"),
-                                       ("precision", "bf16", "bf16 | int8")]  # not `tuning` (Python only)
+                                       ("precision", "bf16", "bf16 | int8"),  # not `tuning` (Python only)
+                                       ("dense_steps", "none", "N (the first N steps) | a fraction in (0, 1) (the "
+                                                               "first ceil(F x steps)) | all, or none"),
+                                       ("dense_layers", "none", "block indices, e.g. 0,1,29 or 0-2,29, or none"),
+                                       ("min_tokens", "none", "an integer (a call over fewer tokens runs full), or "
+                                                              "none")]
     vdit = dict((k, (d, v)) for k, d, v in option_help(backend_class("sparse-vdit").Options))
     assert vdit["remap"] == ("false", "true | false") and vdit["query_block"] == ("64", "an integer")
     for name in REGISTRY:

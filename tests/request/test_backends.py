@@ -163,9 +163,20 @@ def test_compare_runs_every_backend_on_one_covering_crop_plan(tmp_path):
     assert cfg.plan().fit == "crop" and cfg.plan().denoise_grid == (8, 8, 16)
 
 
+def test_the_commas_of_dense_layers_stay_in_their_entry():
+    entries = parse_attn("full,vsa:dense_layers=0,2-3,29:sparsity=0.5,sla:dense_layers=1,vsa").entries
+    assert [e.text for e in entries] == ["full", "vsa:dense_layers=0,2-3,29:sparsity=0.5", "sla:dense_layers=1", "vsa"]
+    assert entries[1].options == {"dense_layers": "0,2-3,29", "sparsity": 0.5}
+    assert resolve_spec(entries[1].text).options.dense_layers == "0,2,3,29"  # normalized by the Options
+    with pytest.raises(BadInput, match="unknown --attn '2'"):  # elsewhere a number is no backend
+        parse_attn("vsa:sparsity=0.5,2")
+
+
 def test_the_options_a_run_can_change_leave_out_the_cube_and_the_files():
-    assert per_run_options("vsa") == ("sparsity", "impl", "query_rows", "precision")
-    assert per_run_options("sparse-vdit") == ("remap", "impl", "query_block", "sdpa_heads")  # not its patterns file
+    assert per_run_options("vsa") == ("sparsity", "impl", "query_rows", "precision", "dense_steps", "dense_layers",
+                                      "min_tokens")
+    assert per_run_options("sparse-vdit") == ("remap", "impl", "query_block", "sdpa_heads", "dense_steps",
+                                              "dense_layers", "min_tokens")  # not its patterns file
     assert "topk" in per_run_options("sla") and "proj_weights" not in per_run_options("sla")
     assert per_run_options("full") == ()
     for name in backend_names():  # never a file nor the cube, whatever the backend
@@ -196,6 +207,7 @@ def test_what_a_run_cannot_change_is_one_line_naming_the_loaded_backend(text, wo
         per_run_spec(resolve_spec("vsa:sparsity=0.5"), text, "auto")
     assert str(e.value).startswith(words) and "\n" not in str(e.value)
     if text in ("sla", "auto", "vsa:tile=4x4x8"):
-        assert str(e.value).endswith("a video may change vsa's sparsity, impl, query_rows, precision")
+        assert str(e.value).endswith("a video may change vsa's sparsity, impl, query_rows, precision, dense_steps, "
+                                     "dense_layers, min_tokens")
     with pytest.raises(BadInput, match="a video may not change full's options$"):
         per_run_spec(resolve_spec("full"), "vsa:sparsity=0.9", "full")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol
 
 from ..layout import TILE, TileLayout
-from .shared import NoOptions, option_names, options_dict  # noqa: F401 - re-exported
+from .shared import NoOptions, knob_info, option_names, options_dict  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     import torch
@@ -51,10 +51,13 @@ class ForwardState:
     before the blocks run (`vsagen.attention.hooks`), and the step index within the current pipeline call (reset
     when the scheduler's timesteps are set, advanced after each scheduler step). Shared by the processors of the
     transformer's layers; read lazily (`AttnContext.timestep`) so torch.compile only guards on it when a backend
-    reads it."""
+    reads it. The pre-hook also decides whether the forward's step runs dense (`dense`, from the step and the step
+    count `steps`), so a compiled block guards on that bool rather than on the step."""
 
     timestep: torch.Tensor | None = None
     step: int | None = None  # denoising step of the current pipeline call, when a scheduler is counted (vsagen.apply)
+    steps: int | None = None  # denoising steps of the current call: the scheduler's, else vsagen.apply's `steps`
+    dense: bool = False  # this forward's step runs dense (`vsagen.attention.dense`: the `dense_steps` knob)
 
 
 @dataclass(frozen=True)
@@ -261,8 +264,9 @@ class Backend:
         return {"name": self.name, **options_dict(self.options)}
 
     def report(self, device: torch.device | None = None) -> BackendReport:
-        """`describe(device)`, no per-layer rows."""
-        return BackendReport(self.describe(device))
+        """`describe(device)` and the quality knobs' call counts where a knob is set (`shared.knob_info`), no
+        per-layer rows."""
+        return BackendReport({**self.describe(device), **knob_info(self)})
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} does not implement the attention call")
@@ -299,8 +303,8 @@ class BackendWrapper(Backend):
         return self.inner.describe(device)
 
     def report(self, device: torch.device | None = None) -> BackendReport:
-        """The inner backend's, with this wrapper's `describe`."""
-        return BackendReport(self.describe(device), self.inner.report(device).layers)
+        """The inner backend's, with this wrapper's `describe` (and the knobs' call counts, `shared.knob_info`)."""
+        return BackendReport({**self.describe(device), **knob_info(self)}, self.inner.report(device).layers)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
         return self.inner(q, k, v, ctx)

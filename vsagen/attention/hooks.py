@@ -29,6 +29,7 @@ from ..errors import BadInput
 from ..layout import TileLayout, tile_layout
 from ..timing import Timer
 from .base import AttentionBackend, ForwardState
+from .dense import step_is_dense
 from .processor import PROLOGUE_MODES, VsagenAttnProcessor
 
 
@@ -152,11 +153,17 @@ def time_transformer(transformer: Any, timer: Timer, expert: str | None = None,
     return patch
 
 
-def _forward_state_hook(transformer: Any, state: ForwardState) -> Any:
-    """A pre-hook that records each forward's `timestep` argument in `state` (read by `AttnContext.timestep`)."""
+def _forward_state_hook(transformer: Any, state: ForwardState, options: Any = None,
+                        timer: Timer | None = None) -> Any:
+    """A pre-hook that records each forward's `timestep` argument in `state` (read by `AttnContext.timestep`) and
+    whether its step runs dense under the backend's `dense_steps` (`options`; the step is `state.step`, else the
+    timer's)."""
 
     def pre_forward(module, args, kwargs):
         state.timestep = kwargs["timestep"] if "timestep" in kwargs else (args[1] if len(args) > 1 else None)
+        if getattr(options, "dense_steps", None) is not None:
+            step = state.step if state.step is not None else (timer.step if timer is not None else 0)
+            state.dense = step_is_dense(options, step, state.steps)
 
     return transformer.register_forward_pre_hook(pre_forward, with_kwargs=True)
 
@@ -191,7 +198,7 @@ def patch_transformer(transformer: Any, backend: AttentionBackend, timer: Timer,
     _mark(transformer, patch)
     try:  # a failure half-way leaves the transformer as it was, unmarked
         patch.handles.extend(_dit_timing_hooks(transformer, timer, expert))
-        patch.handles.append(_forward_state_hook(transformer, patch.forward_state))
+        patch.handles.append(_forward_state_hook(transformer, patch.forward_state, backend.options, timer))
         for i, block in enumerate(transformer.blocks):
             block.attn1.set_processor(VsagenAttnProcessor(backend, timer, layer=i, expert=expert,
                                                           forward=patch.forward_state, fused_prologue=fused_prologue))

@@ -5,10 +5,11 @@
 does: projections (fused or not), RMS norm across heads, split into heads, RoPE on interleaved pairs in float32
 tables (on CUDA the norm and RoPE run as one fused Triton pass, `vsagen.kernels.qk_norm_rope`, chosen by the
 `fused_prologue` parameter). It then hands (B, S, H, D) and an `AttnContext` (tile layout, layer, expert, timer,
-the layer's backend-owned parameters) to the backend and times the call. Under torch.compile (`--compile`) all of
-it is traced into the block's graph when the backend is `traceable` (the fused prologue then gives way to
-diffusers' arithmetic, which inductor fuses), and the timers record nothing inside the graph; other backends run
-eagerly between graphs (`run_backend_eager`).
+the layer's backend-owned parameters) to the backend and times the call; where the backend's quality knobs
+(`dense_steps`, `dense_layers`, `min_tokens`: `vsagen.attention.dense`) say so, the call runs `full` instead.
+Under torch.compile (`--compile`) all of it is traced into the block's graph when the backend is `traceable` (the
+fused prologue then gives way to diffusers' arithmetic, which inductor fuses), and the timers record nothing inside
+the graph; other backends run eagerly between graphs (`run_backend_eager`).
 
 Sequence parallelism (issue 15): after `vsagen.apply`, `transformer.enable_parallelism(config=ContextParallelConfig(
 ulysses_degree=N), cp_plan=vsagen.parallel.ulysses.context_parallel_plan(transformer))` injects diffusers' parallel
@@ -28,6 +29,8 @@ import torch
 
 from ..timing import Timer
 from .base import AttentionBackend, AttnContext, ForwardState
+from .dense import DenseCall, call_is_dense, counts_of, has_knobs
+from .ulysses_attention import UlyssesAttention
 from .weights import layer_params
 
 
@@ -123,6 +126,16 @@ def local_rope(rotary_emb: Any, local_len: int, group: Any) -> Any:
     return type(rotary_emb)(cos, sin, layout) if layout is not None else (cos, sin)
 
 
+_DENSE: list[DenseCall] = []
+
+
+def dense_call() -> DenseCall:
+    """The one `DenseCall` (a sparse backend's call run as `full`) the processors share."""
+    if not _DENSE:
+        _DENSE.append(DenseCall())
+    return _DENSE[0]
+
+
 class VsagenAttnProcessor:
     """Self-attention processor for one Wan `attn1` (one instance per layer) that delegates the attention itself
     to a backend.
@@ -185,8 +198,6 @@ class VsagenAttnProcessor:
         layout = getattr(rotary_emb, "layout", None)
         backend = self.backend
         if group is not None:  # this rank's chunk of the sequence: all-to-all around the backend
-            from .ulysses_attention import UlyssesAttention
-
             backend = UlyssesAttention(backend, group)
         if backend.tiled and layout is None:
             raise RuntimeError(f"--attn {self.backend.name} needs tile order, but the RoPE tables carry no "
@@ -194,6 +205,15 @@ class VsagenAttnProcessor:
         ctx = AttnContext(layout=layout, layer=self.layer, expert=self.expert, timer=self.timer,
                           hidden_states=hidden_states, params=layer_params(attn, self.backend.weights),
                           forward=self.forward)
+        knobs = self.backend.options
+        if has_knobs(knobs):  # the quality knobs: this call may run `full` instead (`vsagen.attention.dense`)
+            dense = call_is_dense(knobs, self.layer, whole, self.forward is not None and self.forward.dense)
+            counts = counts_of(self.backend)
+            if dense:
+                counts.dense += 1
+                backend = dense_call() if group is None else UlyssesAttention(dense_call(), group)
+            else:
+                counts.sparse += 1
         call = run_backend if backend.traceable else run_backend_eager
         out = call(backend, query, key, value, ctx)
         out = out.flatten(2, 3).type_as(query)

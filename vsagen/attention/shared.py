@@ -5,6 +5,9 @@ Options: `NoOptions`, the field names and JSON form of an Options value (`option
 file option (`weights_path_option`), a `tuning` (`check_tuning`), VSA's `tile` (`TILE_FIELD`, `tile_option`), an
 `impl` (`IMPLS`, `check_impl_option`), the default sparsity and the linear branch's feature maps.
 
+The quality knobs' bookkeeping (`KNOBS`, `has_knobs`, the calls run dense and sparse: `counts_of`, `knob_info`; the
+knobs themselves are `vsagen.attention.dense`'s).
+
 Computation: whether the Triton interpreter runs (`interpreting`), VSA's cube lists as the block-sparse kernels' tile
 lists (`kernel_lists`: `vsa`, `sla-star`), the launch settings of the grouped kernels per query rows
 (`QUERY_LAUNCH`: `vsa`, `sla`, `sparse-vdit`) and the linear branch's trained projection (its checkpoint names,
@@ -52,18 +55,20 @@ class NoOptions:
 
 
 def option_names(options_cls: type) -> list[str]:
-    """The field names of an Options dataclass, in declaration order."""
-    return [f.name for f in fields(options_cls)]
+    """The field names of an Options dataclass, in declaration order, keyword-only fields (those every sparse
+    backend shares, `vsagen.attention.dense.DenseKnobs`, declared on a base class) last."""
+    every = fields(options_cls)
+    return [f.name for f in every if not f.kw_only] + [f.name for f in every if f.kw_only]
 
 
 def options_dict(options: Any) -> dict[str, Any]:
-    """JSON-ready {field: value} of an Options instance; fields that are None (unset optional inputs such as a
-    weights file) are left out, values that are not JSON scalars become strings."""
+    """JSON-ready {field: value} of an Options instance (in `option_names` order); fields that are None (unset
+    optional inputs such as a weights file) are left out, values that are not JSON scalars become strings."""
     out = {}
-    for f in fields(options):
-        v = getattr(options, f.name)
+    for name in option_names(type(options)):
+        v = getattr(options, name)
         if v is not None:
-            out[f.name] = v if isinstance(v, (bool, int, float, str)) else str(v)
+            out[name] = v if isinstance(v, (bool, int, float, str)) else str(v)
     return out
 
 
@@ -232,3 +237,55 @@ def random_proj(head_dim: int, device: torch.device, seed: int) -> torch.nn.Modu
     tensors = {"weight": torch.randn(head_dim, head_dim, generator=g) / head_dim ** 0.5,
                "bias": torch.randn(head_dim, generator=g) * 0.01}
     return proj_module(tensors, None).to(device)
+
+
+# The quality knobs every sparse backend's Options take (`vsagen.attention.dense.DenseKnobs`): here, below the backends
+# and `base`, the report's counts of the calls they sent to `full`.
+KNOBS = ("dense_steps", "dense_layers", "min_tokens")
+
+
+def has_knobs(options: Any) -> bool:
+    """Whether `options` set any knob (a backend without them, e.g. `full`, has none set)."""
+    return any(getattr(options, k, None) is not None for k in KNOBS)
+
+
+@dataclass
+class CallCounts:
+    """Attention calls of the last run that ran dense and sparse (`knob_info`)."""
+
+    dense: int = 0
+    sparse: int = 0
+
+
+def innermost(backend: Any) -> Any:
+    """The backend under any wrappers (`BackendWrapper.inner`: compare's probe, Ulysses)."""
+    while getattr(backend, "inner", None) is not None:
+        backend = backend.inner
+    return backend
+
+
+def counts_of(backend: Any) -> CallCounts:
+    """The call counts kept on the innermost backend object (made on first use)."""
+    inner = innermost(backend)
+    counts = getattr(inner, "_dense_counts", None)
+    if counts is None:
+        counts = CallCounts()
+        inner._dense_counts = counts
+    return counts
+
+
+def reset_counts(backend: Any) -> None:
+    """Start the counts of a new run (`vsagen.apply`)."""
+    counts = counts_of(backend)
+    counts.dense = counts.sparse = 0
+
+
+def knob_info(backend: Any) -> dict[str, Any]:
+    """JSON-ready knobs a backend's options set and its calls of the last run: {"dense_steps", "dense_layers",
+    "min_tokens" (those set), "dense_calls", "sparse_calls"}; {} where no knob is set (a report as before)."""
+    options = getattr(backend, "options", None)
+    if not has_knobs(options):
+        return {}
+    counts = counts_of(backend)
+    return {**{k: getattr(options, k) for k in KNOBS if getattr(options, k) is not None},
+            "dense_calls": counts.dense, "sparse_calls": counts.sparse}

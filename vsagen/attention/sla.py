@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import BadInput
 from .base import AttnContext, Backend, LayerWeights, RunInfo
+from .dense import DenseKnobs, check_knobs
 from .shared import (FASTVIDEO_PROJ_KEY, FEATURE_MAPS, QUERY_LAUNCH, TURBODIFFUSION_PROJ_KEY, check_impl_option,
                      check_precision_option, check_tuning, int8_fine_stage, int8_refusal, interpreting, proj_module,
                      proj_shapes, random_proj, weights_path_option)
@@ -46,7 +47,7 @@ SLA_BLOCKS = (64, 128)  # block sizes in tokens (`vsagen.kernels.raster_blocks.B
 
 
 @dataclass(frozen=True)
-class SLAOptions:
+class SLAOptions(DenseKnobs):
     """Options of `sla`.
 
     Attributes:
@@ -89,6 +90,7 @@ class SLAOptions:
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
+        check_knobs(self)  # dense_steps, dense_layers, min_tokens (`vsagen.attention.dense`)
         check_precision_option(self.precision)
         t = self.topk
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0.0 < t <= 1.0:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import BadInput
 from .base import AttnContext, Backend, LayerWeights
+from .dense import DenseKnobs, check_knobs
 from .shared import (DEFAULT_SPARSITY, FASTVIDEO_PROJ_KEY, FEATURE_MAPS, TILE_FIELD, TURBODIFFUSION_PROJ_KEY,
                      check_impl_option, kernel_lists, proj_module, proj_shapes, random_proj, weights_path_option)
 from .vsa import VSAAttention, VSAOptions
@@ -46,7 +47,7 @@ SCOPES = ("global", "marginal")  # the branch: over every key, or over the key t
 
 
 @dataclass(frozen=True)
-class SLAStarOptions:
+class SLAStarOptions(DenseKnobs):
     """Options of `sla-star`.
 
     Attributes:
@@ -75,6 +76,7 @@ class SLAStarOptions:
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
+        check_knobs(self)  # dense_steps, dense_layers, min_tokens (`vsagen.attention.dense`)
         check_impl_option(self.impl)  # not fa4: the branch runs on vsagen's kernels
         sparse = VSAOptions(sparsity=self.sparsity, impl=self.impl, tile=self.tile, tuning=self.tuning)  # VSA's checks
         object.__setattr__(self, "sparsity", sparse.sparsity)

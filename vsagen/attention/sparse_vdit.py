@@ -37,7 +37,9 @@ from ..errors import BadInput
 from ..sparsity.files import PatternFile, file_hash, load_patterns
 from ..sparsity.patterns import Pattern, block_map, q2k_table, skip
 from .base import AttnContext, Backend, BackendReport, RunInfo
-from .shared import DEFAULT_QUERY_BLOCK, QUERY_BLOCKS, QUERY_LAUNCH, check_impl_option, check_tuning, interpreting
+from .dense import DenseKnobs, check_knobs
+from .shared import (DEFAULT_QUERY_BLOCK, QUERY_BLOCKS, QUERY_LAUNCH, check_impl_option, check_tuning, interpreting,
+                     knob_info)
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +50,7 @@ else:
 
 
 @dataclass(frozen=True)
-class SparseVDiTOptions:
+class SparseVDiTOptions(DenseKnobs):
     """Options of `sparse-vdit`.
 
     Attributes:
@@ -77,6 +79,7 @@ class SparseVDiTOptions:
     sdpa_heads: bool = True
 
     def __post_init__(self) -> None:
+        check_knobs(self)  # dense_steps, dense_layers, min_tokens (`vsagen.attention.dense`)
         if self.patterns is not None:
             if not str(self.patterns).strip():
                 raise BadInput("patterns is empty: give a pattern file (write one with `vsagen search`)")
@@ -266,7 +269,7 @@ class SparseVDiTAttention(Backend):
         name: heads})}."""
         rows = tuple({**self.layer_stats[key], "modes": dict(self.layer_stats[key]["modes"])}
                      for key in sorted(self.layer_stats, key=lambda k: (k[0] or "", k[1])))
-        return BackendReport(self.describe(device), rows)
+        return BackendReport({**self.describe(device), **knob_info(self)}, rows)
 
     def layer_table(self, modes: tuple[Pattern, ...], layout: Any,
                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..errors import BadInput
-from .shared import TILE_FIELD, option_names, options_dict
+from .shared import KNOBS, TILE_FIELD, option_names, options_dict
 from .registry import backend_class, backend_names, options_of
 
 if TYPE_CHECKING:
@@ -61,11 +61,15 @@ class BackendSpec:
 
     @property
     def label(self) -> str:
-        """Name and sparsity, a cube other than the default 4x4x4 and a fine-stage precision other than bf16, e.g.
-        "vsa 0.875", "vsa 0.875 tile 4x4x8", "vsa 0.875 int8" (reports)."""
+        """Name and sparsity, a cube other than the default 4x4x4, a fine-stage precision other than bf16 and the
+        quality knobs set, e.g. "vsa 0.875", "vsa 0.875 tile 4x4x8", "vsa 0.875 int8", "vsa 0.875 dense_steps=2"
+        (reports)."""
         precision = getattr(self.options, "precision", "bf16")
+        knobs = "".join(f" {k}={_fmt(getattr(self.options, k))}" for k in KNOBS
+                        if getattr(self.options, k, None) is not None)
         return (self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
-                + tile_label(getattr(self.options, "tile", None)) + (f" {precision}" if precision != "bf16" else ""))
+                + tile_label(getattr(self.options, "tile", None)) + (f" {precision}" if precision != "bf16" else "")
+                + knobs)
 
     def text(self) -> str:
         """The spec as it would be written on the command line, every option spelled out."""

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import BadInput
 from ..layout import parse_tile
 from .base import AttnContext, Backend, LayerWeights
+from .dense import DenseKnobs, check_knobs
 from .shared import (DEFAULT_QUERY_BLOCK, DEFAULT_SPARSITY, IMPLS, QUERY_BLOCKS, QUERY_LAUNCH, TILE_FIELD,
                      check_impl_option, check_precision_option, check_tuning, int8_fine_stage, int8_refusal,
                      interpreting, kernel_lists, tile_option, weights_path_option)
@@ -58,7 +59,7 @@ GATE_ALIASES = ("blocks.{layer}.attn1.to_gate_compress",)
 
 
 @dataclass(frozen=True)
-class VSAOptions:
+class VSAOptions(DenseKnobs):
     """Options of `vsa`.
 
     Attributes:
@@ -105,6 +106,7 @@ class VSAOptions:
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
+        check_knobs(self)  # dense_steps, dense_layers, min_tokens (`vsagen.attention.dense`)
         object.__setattr__(self, "tile", tile_option(self.tile))
         check_precision_option(self.precision)
         if self.precision != "bf16" and self.impl == "fa4":

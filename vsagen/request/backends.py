@@ -75,7 +75,7 @@ def parse_attn(text: str) -> AttnList:
         BadInput: an unknown backend name, a malformed option, an unknown key, a value not of its option's type.
     """
     entries: list[BackendEntry | None] = []
-    for piece in (p.strip() for p in text.split(",")):
+    for piece in _pieces(text):
         if not piece:
             entries.append(None)
         elif piece.split(":", 1)[0].strip() == AUTO:
@@ -83,6 +83,19 @@ def parse_attn(text: str) -> AttnList:
         else:
             entries.append(parse_entry(piece))
     return AttnList(text, tuple(entries))
+
+
+def _pieces(text: str) -> list[str]:
+    """The entries of `--attn` text split at its commas, except that a piece of block indices (`29`, `0-2`) goes on
+    with the entry before it: the commas of `dense_layers=0,1,29` (no backend name is a number)."""
+    pieces: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        head = piece.split(":", 1)[0].replace("-", "")
+        if pieces and head.isdigit() and pieces[-1].rsplit(":", 1)[-1].startswith("dense_layers="):
+            pieces[-1] += "," + piece
+        else:
+            pieces.append(piece)
+    return pieces
 
 
 def known_impls() -> list[str]:

@@ -61,11 +61,14 @@ class BackendSpec:
 
     @property
     def label(self) -> str:
-        """Name and sparsity, a cube other than the default 4x4x4 and a fine-stage precision other than bf16, e.g.
-        "vsa 0.875", "vsa 0.875 tile 4x4x8", "vsa 0.875 int8" (reports)."""
+        """Name and sparsity, a cube other than the default 4x4x4, a fine-stage precision other than bf16 and VSA's
+        top-k count other than tiles, e.g. "vsa 0.875", "vsa 0.875 tile 4x4x8", "vsa 0.875 int8", "vsa 0.8 topk
+        tokens" (reports)."""
         precision = getattr(self.options, "precision", "bf16")
+        count = getattr(self.options, "topk_count", "tiles")
         return (self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
-                + tile_label(getattr(self.options, "tile", None)) + (f" {precision}" if precision != "bf16" else ""))
+                + tile_label(getattr(self.options, "tile", None)) + (f" {precision}" if precision != "bf16" else "")
+                + (f" topk {count}" if count != "tiles" else ""))
 
     def text(self) -> str:
         """The spec as it would be written on the command line, every option spelled out."""

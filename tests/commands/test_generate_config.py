@@ -302,3 +302,14 @@ def test_turbowan22_i2v_sizes_the_video_by_the_image_and_runs_rcm_as_ode(tmp_pat
     assert "the video is 1168x784" in cfg.notes[0] and "--adaptive_resolution" in cfg.notes[0]
     cfg = resolve("a fox", **flags, height=480, width=832, out=tmp_path / "b.mp4")
     assert (cfg.height, cfg.width) == (480, 832) and not any("adaptive" in n for n in cfg.notes)
+
+
+def test_turbowan_presets_run_sla_in_turbodiffusions_hopper_geometry(tmp_path):
+    """TurboDiffusion's default SageSLA selects 64-token query x 128-token key blocks on Hopper (SLA/core.py:186-187);
+    the TurboWan presets set that; an entry's blocks still win."""
+    cfg = resolve("a fox", model="turbowan2.1-t2v-1.3b", device="cpu", out=tmp_path / "a.mp4")
+    o = cfg.backend.options
+    assert (cfg.attn, o.block_q, o.block_k, o.topk) == ("sla", 64, 128, 0.1)
+    o = resolve("a fox", model="turbowan2.1-t2v-1.3b", device="cpu", attn="sla:block_q=128:block_k=64",
+                out=tmp_path / "b.mp4").backend.options
+    assert (o.block_q, o.block_k) == (128, 64)

@@ -35,8 +35,11 @@ of one of these architectures that also say how their authors run them: `[defaul
 few-step re-noise list with CFG off; `vsagen.samplers`), `[defaults] attn` (the attention backend they were trained
 for, which `--attn auto` runs when the weights cannot tell: random weights, a hub id not downloaded yet) with its
 options in `[attention.<backend>]`, and `checkpoint_class`, the pipeline class their model_index.json names when
-it is not a diffusers class (FastVideo's `WanDMDPipeline`). Such a preset describes a local folder only by its
-checkpoint class or its folder name, never as the fallback for a plain Wan checkpoint of the same architecture.
+it is not a diffusers class (FastVideo's `WanDMDPipeline`), and for image to video `[defaults] image_size`:
+"adaptive" sizes the video by the input image (its aspect at the area of height x width, TurboDiffusion's
+`--adaptive_resolution`; `vsagen.media.image.adaptive_size`), "fixed" (the default) at height x width. Such a
+preset describes a local folder only by its checkpoint class or its folder name, never as the fallback for a plain
+Wan checkpoint of the same architecture.
 
 A hub preset whose repository stores the transformer in the original Wan key names (a VideoX-Fun "civitai" folder:
 config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transformer_layout = "wan"` and names the

@@ -123,8 +123,9 @@ def adaptive_size(size: tuple[int, int], area: int, stride: int) -> tuple[int, i
         stride: what both sides must be multiples of (the preset's pixel multiple).
 
     Returns:
-        (height, width) in pixels, multiples of `stride`; the image is then fitted to it (`fit_image`), a crop of at
-        most half a stride per side.
+        (height, width) in pixels, multiples of `stride`; the image is then fitted to it (`fit_image`): a crop of
+        what the rounding leaves over (about stride / 2 x (1 / height + 1 / width) of a side, under 2% at 720p's
+        area), where TurboDiffusion resizes to the size without keeping the aspect.
     """
     w0, h0 = size
     aspect = h0 / w0

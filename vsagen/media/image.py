@@ -124,8 +124,8 @@ def adaptive_size(size: tuple[int, int], area: int, stride: int) -> tuple[int, i
 
     Returns:
         (height, width) in pixels, multiples of `stride`; the image is then fitted to it (`fit_image`): a crop of
-        what the rounding leaves over (at most about stride / 2 x (1 / height + 1 / width) of a side: under 2% at 720p's
-        area up to 3:1), where TurboDiffusion resizes to the size without keeping the aspect.
+        what the rounding leaves over (at most about stride / 2 x (1 / height + 1 / width) of a side: under 2% at
+        720p's area up to 3:1), where TurboDiffusion resizes to the size without keeping the aspect.
     """
     w0, h0 = size
     aspect = h0 / w0

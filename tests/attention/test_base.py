@@ -85,7 +85,8 @@ def test_options_dict_leaves_out_none_and_stringifies_non_scalars(tmp_path):
     got = options_dict(Opts(path=tmp_path / "g.safetensors"))
     assert got["path"] == str(tmp_path / "g.safetensors") and isinstance(got["path"], str)
     assert options_dict(VSAOptions(0.5, "torch")) == {"sparsity": 0.5, "impl": "torch", "tile": "4x4x4",
-                                                        "query_rows": 64, "precision": "bf16", "topk_count": "tiles"}
+                                                        "query_rows": 64, "precision": "bf16",
+                                                        "topk_count": "tiles"}
 
 
 def test_layer_weights_key_formats_per_layer():

@@ -86,7 +86,8 @@ def test_the_option_checks():
     with pytest.raises(BadInput, match=r"^impl must be one of auto, triton, torch, got 'fa4'$"):
         shared.check_impl_option("fa4")
     assert shared.options_dict(VSAOptions(sparsity=0.5)) == {"sparsity": 0.5, "impl": "auto", "tile": "4x4x4",
-                                                              "query_rows": 64, "precision": "bf16", "topk_count": "tiles"}
+                                                              "query_rows": 64, "precision": "bf16",
+                                                              "topk_count": "tiles"}
     assert shared.option_names(shared.NoOptions) == []
 
 

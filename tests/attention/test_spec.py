@@ -133,7 +133,8 @@ def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
     assert (cfg.attn, cfg.sparsity, cfg.attn_impl) == ("vsa", 0.6, "torch")
     assert cfg.out.name == "v.mp4"
     assert cfg.summary()["backend"] == {"name": "vsa", "sparsity": 0.6, "impl": "torch", "tile": "4x4x4",
-                                              "query_rows": 64, "precision": "bf16", "topk_count": "tiles"}
+                                              "query_rows": 64, "precision": "bf16",
+                                              "topk_count": "tiles"}
     # the preset's [attention.vsa] table fills what neither the entry nor a flag gives
     assert resolve("a fox", model="tiny", attn="vsa", out=tmp_path / "x.mp4").sparsity == 0.875
     # a flag and the entry setting one option: which was meant is unclear, so it is refused
@@ -164,8 +165,8 @@ def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["rows"]
     assert [(r["backend"], r["sparsity"]) for r in rows] == [("full", None), ("vsa", 0.5), ("vsa", 0.75)]
-    assert rows[1]["spec"] == "vsa:sparsity=0.5:impl=torch:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles" and \
-        rows[2]["spec"] == "vsa:sparsity=0.75:impl=torch:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles"
+    tail = ":impl=torch:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles"
+    assert rows[1]["spec"] == "vsa:sparsity=0.5" + tail and rows[2]["spec"] == "vsa:sparsity=0.75" + tail
     # each row is compared with `full`, not with the other vsa row
     assert all(r["speedup_vs_full"] is not None and r["latents_rel_l2_vs_full"] is not None for r in rows[1:])
     assert rows[0]["latents_rel_l2_vs_full"] == 0.0

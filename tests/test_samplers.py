@@ -84,11 +84,13 @@ def _run(pipe, sampler: Sampler, seed: int, guidance: float = 5.0):
     return latents.double(), seen
 
 
-@pytest.mark.parametrize("entry", ["dmd", "dmd-hummingbird", "rcm", "rcm:steps=2:sigma_max=200", "rcm:ode=true"])
+@pytest.mark.parametrize("entry", ["dmd", "dmd-hummingbird", "rcm", "rcm:steps=2:sigma_max=200",
+                                   "rcm:sigma_max=200:ode=true"])
 def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(tiny_pipe, entry):
     """x starts as sigma_0 eps; x0 = x - sigma_i v; x_next = (1 - sigma_next) x0 + sigma_next eps (fresh or the same
-    eps per the sampler; rCM's ODE: x_next = x + (sigma_next - sigma_i) v); the last step returns x0; one DiT forward a
-    step at the sampler's timesteps, whatever --steps and CFG were asked."""
+    eps per the sampler; rCM's ODE, as the TurboWan2.2 I2V presets run it: TurboDiffusion's --ode update
+    x_next = x - (t_cur - t_next) v, turbodiffusion/inference/wan2.2_i2v_infer.py:202-203); the last step returns x0;
+    one DiT forward a step at the sampler's timesteps, whatever --steps and CFG were asked."""
     from vsagen.request.sampling import parse_sampler
 
     sampler, seed = parse_sampler(entry), 3
@@ -104,7 +106,7 @@ def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(t
     for i, (x_in, _, v) in enumerate(seen):
         assert torch.allclose(x_in, x, rtol=1e-6, atol=1e-6), i
         if sampler.noise == "none":
-            x = x_in + (sig[i + 1] - sig[i]) * v
+            x = x_in - (sig[i] - sig[i + 1]) * v  # their t_cur, t_next
             continue
         x0 = x_in - sig[i] * v
         if sampler.noise == "once":

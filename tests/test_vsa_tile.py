@@ -143,8 +143,8 @@ def test_compare_shows_a_larger_tile_beside_the_trained_one(vsagen_cache, tiny_d
     base, big = data["rows"]
     assert data["reference"] == "vsa" and (base["label"], big["label"]) == ("vsa", "vsa:tile=4x4x8")
     assert (base["backend_info"]["tile"], big["backend_info"]["tile"]) == ("4x4x4", "4x4x8")
-    assert base["spec"].endswith("tile=4x4x4:query_rows=64:precision=bf16")
-    assert big["spec"].endswith("tile=4x4x8:query_rows=64:precision=bf16")
+    assert base["spec"].endswith("tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles")
+    assert big["spec"].endswith("tile=4x4x8:query_rows=64:precision=bf16:topk_count=tiles")
     assert base["psnr_db"] == "inf" and base["ssim"] == 1.0 and base["latents_rel_l2"] == 0.0
     assert 0 < big["psnr_db"] < 200 and 0 < big["ssim"] < 1 and big["latents_rel_l2"] > 0
     for row in (base, big):  # 87.5% of the cubes skipped on the 5x6x10 grid: both differ from dense attention

@@ -30,7 +30,8 @@ Named samplers (sources read 2026-12-03; see the references in each entry):
   TrigFlow angles atan(sigma_max), 1.5, 1.4, 1.0 (the first `steps`), each mapped to the flow time
   t = sin(a) / (cos(a) + sin(a)): 0.987654, 0.933781, 0.852895, 0.608979 for sigma_max 80 (T2V; their I2V uses 200,
   first t 0.995025); the transformer gets t x 1000 through a bf16 tensor (988, 932, 852, 608); fresh noise at each
-  re-noise; `ode=true` (their I2V `--ode`) takes the Euler step x - (t - t_next) v instead of re-noising.
+  re-noise; `ode=true` (their I2V `--ode`, wan2.2_i2v_infer.py:202-203, which their I2V script passes: the
+  TurboWan2.2 I2V presets' default) takes the Euler step x - (t - t_next) v instead of re-noising.
 
 Every re-noise sampler starts from sigma_0 x eps (a flow latent at sigma_0 with the clean part's mean, 0): pure
 noise for the DMD lists (sigma_0 = 1), 0.987654 x eps for rCM, as TurboDiffusion starts.

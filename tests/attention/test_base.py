@@ -59,8 +59,9 @@ def test_no_options_is_an_empty_frozen_dataclass():
 
 
 def test_option_names_in_declaration_order():
-    assert option_names(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision", "tuning",
-                                        "dense_steps", "dense_layers", "min_tokens"]  # the shared knobs last
+    assert option_names(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision",
+                                        "topk_count", "tuning", "dense_steps", "dense_layers",
+                                        "min_tokens"]  # the shared knobs last
 
     @dataclasses.dataclass(frozen=True)
     class Opts:
@@ -85,7 +86,8 @@ def test_options_dict_leaves_out_none_and_stringifies_non_scalars(tmp_path):
     got = options_dict(Opts(path=tmp_path / "g.safetensors"))
     assert got["path"] == str(tmp_path / "g.safetensors") and isinstance(got["path"], str)
     assert options_dict(VSAOptions(0.5, "torch")) == {"sparsity": 0.5, "impl": "torch", "tile": "4x4x4",
-                                                        "query_rows": 64, "precision": "bf16"}
+                                                        "query_rows": 64, "precision": "bf16",
+                                                        "topk_count": "tiles"}
 
 
 def test_layer_weights_key_formats_per_layer():

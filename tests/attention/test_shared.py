@@ -44,7 +44,7 @@ def test_options_specs_and_the_registry_answer_without_torch():
     assert res.returncode == 0, res.stderr
     out, heavy = json.loads(res.stdout)
     assert heavy == []
-    assert out[0] == "vsa:sparsity=0.9:impl=auto:tile=4x4x4:query_rows=64:precision=bf16"
+    assert out[0] == "vsa:sparsity=0.9:impl=auto:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles"
     assert out[1].startswith("sla-star:sparsity=0.875:impl=auto")
     assert out[-2] == ["auto", "triton", "torch", "fa4"] and "sparsity must be in [0, 1), got 2.0" in out[-1]
 
@@ -86,7 +86,8 @@ def test_the_option_checks():
     with pytest.raises(BadInput, match=r"^impl must be one of auto, triton, torch, got 'fa4'$"):
         shared.check_impl_option("fa4")
     assert shared.options_dict(VSAOptions(sparsity=0.5)) == {"sparsity": 0.5, "impl": "auto", "tile": "4x4x4",
-                                                              "query_rows": 64, "precision": "bf16"}
+                                                              "query_rows": 64, "precision": "bf16",
+                                                              "topk_count": "tiles"}
     assert shared.option_names(shared.NoOptions) == []
 
 

@@ -39,7 +39,7 @@ def test_options_are_typed_from_the_dataclass(tmp_path):
 
 def test_text_round_trips():
     spec = resolve_spec("vsa:sparsity=0.9:impl=torch")
-    assert spec.text() == "vsa:sparsity=0.9:impl=torch:tile=4x4x4:query_rows=64:precision=bf16"
+    assert spec.text() == "vsa:sparsity=0.9:impl=torch:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles"
     assert resolve_spec(spec.text()) == spec
     assert spec.label == "vsa 0.9"
     # a cube other than the default is part of the label (compare labelled vsa:tile=4x4x8 "vsa 0.875": a trial)
@@ -66,7 +66,8 @@ def test_precedence_entry_over_flag_over_preset_over_default():
     ("vsa:=0.5", ["NAME:KEY=VALUE"]),
     # issue 29: `tuning` (an object, set through vsagen.apply) is named too, as Python-only
     ("vsa:density=0.5", ["no option 'density'", "its options: sparsity, impl, tile, query_rows, gate_weights, "
-                         "precision, dense_steps, dense_layers, min_tokens; from Python only (vsagen.apply): tuning"]),
+                         "precision, topk_count, dense_steps, dense_layers, min_tokens; from Python only (vsagen.apply): "
+                         "tuning"]),
     ("full:sparsity=0.5", ["no option 'sparsity'", "full takes no options"]),
     ("vsa:sparsity=0.5:sparsity=0.6", ["given twice"]),
     ("vsa:sparsity=lots", ["sparsity='lots' is not a number"]),
@@ -87,7 +88,7 @@ def test_bad_entries_are_one_clear_error(text, needles):
 
 def test_make_options_refuses_unknown_keys_listing_the_options():
     with pytest.raises(BadInput, match=r"its options: sparsity, impl, tile, query_rows, gate_weights, precision, "
-                                       r"tuning \(Python only\), dense_steps, dense_layers, min_tokens$"):
+                                       r"topk_count, tuning \(Python only\), dense_steps, dense_layers, min_tokens$"):
         make_options("vsa", {"sparsity": 0.5, "topk": 3})
     assert make_options("vsa", {"sparsity": 0.25}).sparsity == 0.25
 
@@ -133,7 +134,8 @@ def test_t2v_takes_options_in_the_attn_entry(monkeypatch, tmp_path):
     assert (cfg.attn, cfg.sparsity, cfg.attn_impl) == ("vsa", 0.6, "torch")
     assert cfg.out.name == "v.mp4"
     assert cfg.summary()["backend"] == {"name": "vsa", "sparsity": 0.6, "impl": "torch", "tile": "4x4x4",
-                                              "query_rows": 64, "precision": "bf16"}
+                                              "query_rows": 64, "precision": "bf16",
+                                              "topk_count": "tiles"}
     # the preset's [attention.vsa] table fills what neither the entry nor a flag gives
     assert resolve("a fox", model="tiny", attn="vsa", out=tmp_path / "x.mp4").sparsity == 0.875
     # a flag and the entry setting one option: which was meant is unclear, so it is refused
@@ -164,8 +166,8 @@ def test_profile_compares_two_sparsities_in_one_run(vsagen_cache, tiny_dir):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["rows"]
     assert [(r["backend"], r["sparsity"]) for r in rows] == [("full", None), ("vsa", 0.5), ("vsa", 0.75)]
-    assert rows[1]["spec"] == "vsa:sparsity=0.5:impl=torch:tile=4x4x4:query_rows=64:precision=bf16" and \
-        rows[2]["spec"] == "vsa:sparsity=0.75:impl=torch:tile=4x4x4:query_rows=64:precision=bf16"
+    tail = ":impl=torch:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles"
+    assert rows[1]["spec"] == "vsa:sparsity=0.5" + tail and rows[2]["spec"] == "vsa:sparsity=0.75" + tail
     # each row is compared with `full`, not with the other vsa row
     assert all(r["speedup_vs_full"] is not None and r["latents_rel_l2_vs_full"] is not None for r in rows[1:])
     assert rows[0]["latents_rel_l2_vs_full"] == 0.0
@@ -175,7 +177,7 @@ def test_python_only_options_are_refused_on_the_command_line():
     from vsagen.attention.spec import text_options
 
     assert text_options(VSAOptions) == ["sparsity", "impl", "tile", "query_rows", "gate_weights", "precision",
-                                        "dense_steps", "dense_layers", "min_tokens"]
+                                        "topk_count", "dense_steps", "dense_layers", "min_tokens"]
     with pytest.raises(BadInput, match="'tuning' is set from Python, not on the command line"):
         resolve_spec("vsa:tuning=fast")
 
@@ -252,6 +254,7 @@ def test_option_help_lists_the_command_line_options_with_defaults_and_values():
                                        ("query_rows", "64", "64 | 128 (128: a 128 / 256-token tile)"),
                                        ("gate_weights", "none", "a file, or none"),
                                        ("precision", "bf16", "bf16 | int8"),  # not `tuning` (Python only)
+                                       ("topk_count", "tiles", "tiles | tokens"),
                                        ("dense_steps", "none", "N (the first N steps) | a fraction in (0, 1) (the "
                                                                "first ceil(F x steps)) | all, or none"),
                                        ("dense_layers", "none", "block indices, e.g. 0,1,29 or 0-2,29, or none"),

@@ -12,6 +12,7 @@ import torch
 import vsagen.kernels.reference as ref
 from conftest import FP32_ATOL, FP32_RTOL, attn_ctx as ctx, make_qkv, softmax_attention_fp64
 from vsagen.attention import make_backend
+from vsagen.attention.spec import resolve_spec
 from vsagen.attention.full import FullAttention
 from vsagen.attention.vsa import VSAAttention, VSAOptions
 from vsagen.errors import BadInput
@@ -524,3 +525,41 @@ def test_t2v_with_vsa_int8_records_the_precision(vsagen_cache, tiny_dir, tmp_pat
     data = json.loads(res.stdout)
     assert data["backend"]["precision"] == "int8" and data["backend"]["impl_ran"] == "torch"
     assert (tmp_path / "a.mp4").stat().st_size > 0
+
+
+def test_vsa_topk_count_tokens_is_the_reference_at_fastvideos_earlier_count():
+    """`topk_count=tokens` (FastVideo's count before its PR #1517): on a grid of partial cubes the backend is the
+    eager reference at K = ceil((1 - s) tokens / 64), fewer than today's count; the run JSON says so."""
+    lay = tile_layout((5, 6, 10))  # 300 tokens in 12 cubes, most partial
+    backend = resolve_spec("vsa:topk_count=tokens:impl=torch:sparsity=0.5").build()
+    assert (backend.top_k(lay), ref.top_k_from_sparsity(0.5, lay.num_tiles)) == (3, 6)
+    q, k, v = make_qkv(B, lay.num_tokens, H, D, seed=41)
+    gate = torch.rand(B, lay.num_tokens, H, D, generator=torch.Generator().manual_seed(42))
+    got, q2k = backend.attend(q, k, v, lay, gate, NullTimer())
+    want, _ = ref.vsa_reference(q.double(), k.double(), v.double(), token_tile=lay.token_tile,
+                                tile_sizes=lay.tile_sizes, slots=lay.slots, slot_valid=lay.slot_valid, top_k=3,
+                                gate=gate.double())
+    assert q2k.shape == (B, H, lay.num_tiles, 3)
+    torch.testing.assert_close(got.double(), want, atol=FP32_ATOL, rtol=FP32_RTOL)
+    assert backend.describe()["topk_count"] == "tokens" and "topk_count" not in make_backend("vsa").describe()
+    with pytest.raises(BadInput, match="topk_count must be one of tiles, tokens"):
+        resolve_spec("vsa:topk_count=padded")
+
+
+def test_fastvideo_presets_count_top_k_as_their_checkpoints_were_trained():
+    """FastWan2.1-1.3B at 480x832x81 (its default size; 21x30x52 post-patch): 103 kept cubes of 624 with its
+    preset's count (FastVideo's before PR #1517), 125 counted today's way (`vsa:topk_count=tiles`)."""
+    from vsagen.models.presets import load_preset
+    from vsagen.models.sources import resolve_model
+    from vsagen.request.plans import preset_plan
+
+    src = resolve_model("fastwan2.1-t2v-1.3b")
+    d = src.preset.defaults
+    lay = tile_layout(tuple(preset_plan(src, d.frames, d.height, d.width, "partial").grid))
+    table = d.attention["vsa"]
+    assert (d.frames, d.height, d.width, lay.num_tokens, lay.num_tiles) == (81, 480, 832, 32760, 624)
+    assert VSAAttention(VSAOptions(**table)).top_k(lay) == 103
+    assert VSAAttention(VSAOptions(**{**table, "topk_count": "tiles"})).top_k(lay) == 125
+    for name in ("fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "wan2.1-vsa-t2v-14b-720p"):
+        tables = load_preset(name).defaults.attention
+        assert tables["vsa"]["topk_count"] == tables["rocm-vsa"]["topk_count"] == "tokens"

@@ -83,7 +83,7 @@ def _preset_cells(name: str) -> list[str]:
 
 
 def test_presets_lists_bundled_presets():
-    res = runner.invoke(app, ["presets"], env={"COLUMNS": "200"})  # wide enough for one table
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": "210"})  # wide enough for one table
     assert res.exit_code == 0
     rows = [line.strip("│ ").split("│") for line in res.stdout.splitlines() if line.startswith("│")]
     names = [r[0].strip() for r in rows]

@@ -232,7 +232,7 @@ def test_compare_rows(cli_run):
     for r in data["rows"]:
         assert r["dit_s_per_step"] > 0 and len(r["dit_per_step_s"]) == 2 and r["probe_s"] > 0
         assert r["speedup_vs_reference"] == pytest.approx(full["dit_s_per_step"] / r["dit_s_per_step"], rel=1e-12)
-    assert vsa["spec"] == "vsa:sparsity=0.875:impl=auto:tile=4x4x4:query_rows=64:precision=bf16"
+    assert vsa["spec"] == "vsa:sparsity=0.875:impl=auto:tile=4x4x4:query_rows=64:precision=bf16:topk_count=tiles"
     assert vsa["impl"] == "torch"
     assert any("random weights" in n for n in data["notes"])
 

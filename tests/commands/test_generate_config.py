@@ -287,3 +287,29 @@ def test_a_resident_image_to_video_request_is_taken_without_an_image(tmp_path):
     assert (cfg.image, cfg.images_per_video, cfg.image_to_video) == (None, True, True)
     t2v = resolve_run("x", request_options(model="tiny", **flags), images_per_video=True)
     assert (t2v.images_per_video, t2v.image_to_video) == (False, False)
+
+
+def test_turbowan22_i2v_sizes_the_video_by_the_image_and_runs_rcm_as_ode(tmp_path):
+    """turbowan2.2-i2v-a14b runs as TurboDiffusion's Wan2.2 I2V script (--ode --adaptive_resolution): the image's
+    aspect at 720 x 1280's area (a 2:3 portrait: 1168 x 784), said in a note; --height / --width still win."""
+    from conftest import noise_image
+
+    noise_image(tmp_path / "portrait.png", size=(200, 300))
+    flags = dict(model="turbowan2.2-i2v-a14b", device="cpu", image=tmp_path / "portrait.png")
+    cfg = resolve("a fox", **flags, out=tmp_path / "a.mp4")
+    assert (cfg.height, cfg.width, cfg.sampler.text, cfg.sampler.noise) == (
+        1168, 784, "rcm:sigma_max=200:ode=true", "none")
+    assert "the video is 1168x784" in cfg.notes[0] and "--adaptive_resolution" in cfg.notes[0]
+    cfg = resolve("a fox", **flags, height=480, width=832, out=tmp_path / "b.mp4")
+    assert (cfg.height, cfg.width) == (480, 832) and not any("adaptive" in n for n in cfg.notes)
+
+
+def test_turbowan_presets_run_sla_in_turbodiffusions_hopper_geometry(tmp_path):
+    """TurboDiffusion's default SageSLA selects 64-token query x 128-token key blocks on Hopper (SLA/core.py:186-187);
+    the TurboWan presets set that; an entry's blocks still win."""
+    cfg = resolve("a fox", model="turbowan2.1-t2v-1.3b", device="cpu", out=tmp_path / "a.mp4")
+    o = cfg.backend.options
+    assert (cfg.attn, o.block_q, o.block_k, o.topk) == ("sla", 64, 128, 0.1)
+    o = resolve("a fox", model="turbowan2.1-t2v-1.3b", device="cpu", attn="sla:block_q=128:block_k=64",
+                out=tmp_path / "b.mp4").backend.options
+    assert (o.block_q, o.block_k) == (128, 64)

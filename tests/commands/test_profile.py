@@ -104,7 +104,8 @@ def test_profile_json_one_row_per_backend(cli_cache):
     assert full["overhead_vs_stock"] == data["overhead"]["full_vs_stock"]
     assert data["tile_fit_comparison"] == []  # one tile fit
     assert data["settings"]["backends"][1] == {"name": "vsa", "sparsity": 0.875, "impl": "auto",
-                                                      "tile": "4x4x4", "query_rows": 64, "precision": "bf16"}
+                                                      "tile": "4x4x4", "query_rows": 64, "precision": "bf16",
+                                                      "topk_count": "tiles"}
     assert (full["impl"], vsa["impl"]) == ("sdpa", "torch")  # what ran (CPU: the reference), for every backend
     assert data["load_s"] > 0 and "torch" in data["versions"]
 

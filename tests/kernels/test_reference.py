@@ -135,6 +135,31 @@ def test_top_k_from_sparsity_rejects_out_of_range(sparsity):
         ref.top_k_from_sparsity(sparsity, 10)
 
 
+def _fastvideo_top_k_before_1517(sparsity: float, tokens: int, tile_volume: int) -> int:
+    """FastVideo's VSA count until its PR #1517 (fastvideo/attention/backends/video_sparse_attn.py:269-271
+    @9f0ce517c): ceil((1 - sparsity) * (tokens / prod(VSA_TILE_SIZE)))."""
+    return math.ceil((1 - sparsity) * (tokens / tile_volume))
+
+
+@pytest.mark.parametrize("grid,tile,sparsity", [((21, 30, 52), (4, 4, 4), 0.8), ((21, 45, 80), (4, 4, 4), 0.9),
+                                                ((21, 30, 52), (4, 4, 8), 0.875), ((5, 6, 10), (4, 4, 4), 0.5),
+                                                ((8, 16, 16), (4, 4, 4), 0.9), ((3, 5, 7), (4, 4, 4), 0.0)])
+def test_top_k_from_tokens_is_fastvideos_count_before_pr_1517(grid, tile, sparsity):
+    """Partial cubes: fewer tiles than today's count (the 1.3B at 480x832x81: 103 of 624 vs 125); whole cubes
+    (8x16x16): the same."""
+    lay = tile_layout(grid, tile)
+    got = ref.top_k_from_tokens(sparsity, lay.num_tokens, lay.tile_volume, lay.num_tiles)
+    assert got == min(lay.num_tiles, max(1, _fastvideo_top_k_before_1517(sparsity, lay.num_tokens, lay.tile_volume)))
+    today = ref.top_k_from_sparsity(sparsity, lay.num_tiles)
+    assert got <= today
+    if grid == (21, 30, 52) and tile == (4, 4, 4):
+        assert (lay.num_tokens, lay.num_tiles, got, today) == (32760, 624, 103, 125)
+    if grid == (8, 16, 16):
+        assert got == today
+    with pytest.raises(ValueError, match="cannot hold"):
+        ref.top_k_from_tokens(sparsity, lay.num_tokens, lay.tile_volume, -(-lay.num_tokens // lay.tile_volume) - 1)
+
+
 # ---------------------------------------------------------------------------------------------- pooling
 
 

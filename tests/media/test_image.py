@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from vsagen.errors import BadInput
-from vsagen.media.image import MAX_UPSCALE, MIN_IMAGE_SIDE, check_image_size, fit_image, fit_scale, open_image
+from vsagen.media.image import (MAX_UPSCALE, MIN_IMAGE_SIDE, adaptive_size, check_image_size, fit_image, fit_scale,
+                                open_image)
 
 
 @pytest.mark.parametrize("fit", ["crop", "resize"])
@@ -165,3 +166,25 @@ def test_transparent_pixels_get_a_note_opaque_ones_none(tmp_path):
     assert transparency_note(opaque) is None and transparency_note(rgb) is None
     notes = image_notes(64, 64, "crop", [("image", clear, (64, 64)), ("--last-image", opaque, (64, 64))])
     assert len(notes) == 1 and notes[0].startswith(f"image {clear} has transparent pixels")
+
+
+def _turbodiffusion_adaptive(w0: int, h0: int, base_w: int, base_h: int, stride: int) -> tuple[int, int]:
+    """TurboDiffusion's --adaptive_resolution re-enacted (turbodiffusion/inference/wan2.2_i2v_infer.py:103-117,
+    @aaecff5): numpy float64 sides from the aspect h0 / w0 at base_w x base_h's area, `round` of the numpy float."""
+    area = base_w * base_h
+    aspect = h0 / w0
+    ideal_w, ideal_h = np.sqrt(area / aspect), np.sqrt(area * aspect)
+    return round(ideal_h / stride) * stride, round(ideal_w / stride) * stride
+
+
+@pytest.mark.parametrize("w0,h0", [(1280, 720), (720, 1280), (1024, 1024), (1000, 1500), (640, 480), (1023, 677),
+                                   (333, 1999), (4000, 3000)])
+def test_adaptive_size_is_turbodiffusions_rule(w0, h0):
+    """The size of TurboWan2.2 I2V's default run: the image's aspect at the 720p 16:9 area (1280 x 720), sides
+    multiples of 16; a 16:9 image gets their fixed 1280 x 720."""
+    height, width = adaptive_size((w0, h0), 720 * 1280, 16)
+    assert (height, width) == _turbodiffusion_adaptive(w0, h0, 1280, 720, 16)
+    assert height % 16 == 0 == width % 16 and abs(height * width / (720 * 1280) - 1) < 0.08
+    assert abs(height * w0 / (width * h0) - 1) < 16 / min(height, width)  # the aspect kept, to within a stride
+    if (w0, h0) == (1280, 720):
+        assert (height, width) == (720, 1280)

@@ -22,7 +22,7 @@ BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b
            "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p",
            "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 # attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets
-OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn", "decode_dtype"}
+OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn", "decode_dtype", "image_size"}
 
 
 def raw(name: str) -> dict:
@@ -414,6 +414,7 @@ def test_a_published_distill_never_stands_in_for_a_plain_checkpoint_of_its_archi
 @pytest.mark.parametrize("table,value,message", [
     ("defaults", {"sampler": "nope"}, "sampler must be one of"),
     ("defaults", {"attn": "nope"}, "attn must name a backend"),
+    ("defaults", {"image_size": "nope"}, "image_size must be one of fixed, adaptive"),
     ("top", {"checkpoint_class": ""}, "checkpoint_class must be a pipeline class name")])
 def test_bad_sampler_attn_or_checkpoint_class_in_a_preset_is_refused(table, value, message):
     data = raw("fastwan2.1-t2v-1.3b")

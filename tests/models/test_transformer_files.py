@@ -455,8 +455,9 @@ def test_turbo_presets_parse():
         p = load_preset(name)
         repo, files = p.transformer_files
         assert repo.startswith("TurboDiffusion/TurboWan") and len(files) == p.experts
-        assert p.defaults.attn == "sla" and p.defaults.attention["sla"] == {"topk": 0.1}
-        assert p.defaults.sampler == ("rcm:sigma_max=200" if p.image_to_video else "rcm")
+        assert p.defaults.attn == "sla" and p.defaults.attention["sla"] == {"block_q": 64, "block_k": 128, "topk": 0.1}
+        assert p.defaults.sampler == ("rcm:sigma_max=200:ode=true" if p.image_to_video else "rcm")
+        assert p.defaults.image_size == ("adaptive" if p.image_to_video else "fixed")
         assert (p.boundary_ratio == 0.9) == (p.experts == 2) and p.hub_id.startswith("Wan-AI/")
         assert ("quant" in name) == all("-quant.pth" in f for f in files)
 

@@ -73,7 +73,7 @@ def test_precedence_and_one_configuration_once():
     with pytest.raises(BadInput, match="once"):  # the flag and the entry both set it
         specs(attn="vsa:sparsity=0.6", sparsity=0.5)
     with pytest.raises(BadInput, match=r"--attn lists vsa:sparsity=0.8:impl=auto:tile=4x4x4:query_rows=64:"
-                                       r"precision=bf16 twice \('vsa' and 'vsa:sparsity=0.8'\)"):
+                                       r"precision=bf16:topk_count=tiles twice \('vsa' and 'vsa:sparsity=0.8'\)"):
         specs(attn="vsa,vsa:sparsity=0.8")
 
 
@@ -173,8 +173,8 @@ def test_the_commas_of_dense_layers_stay_in_their_entry():
 
 
 def test_the_options_a_run_can_change_leave_out_the_cube_and_the_files():
-    assert per_run_options("vsa") == ("sparsity", "impl", "query_rows", "precision", "dense_steps", "dense_layers",
-                                      "min_tokens")
+    assert per_run_options("vsa") == ("sparsity", "impl", "query_rows", "precision", "topk_count", "dense_steps",
+                                      "dense_layers", "min_tokens")
     assert per_run_options("sparse-vdit") == ("remap", "impl", "query_block", "sdpa_heads", "dense_steps",
                                               "dense_layers", "min_tokens")  # not its patterns file
     assert "topk" in per_run_options("sla") and "proj_weights" not in per_run_options("sla")
@@ -207,7 +207,7 @@ def test_what_a_run_cannot_change_is_one_line_naming_the_loaded_backend(text, wo
         per_run_spec(resolve_spec("vsa:sparsity=0.5"), text, "auto")
     assert str(e.value).startswith(words) and "\n" not in str(e.value)
     if text in ("sla", "auto", "vsa:tile=4x4x8"):
-        assert str(e.value).endswith("a video may change vsa's sparsity, impl, query_rows, precision, dense_steps, "
-                                     "dense_layers, min_tokens")
+        assert str(e.value).endswith("a video may change vsa's sparsity, impl, query_rows, precision, topk_count, "
+                                     "dense_steps, dense_layers, min_tokens")
     with pytest.raises(BadInput, match="a video may not change full's options$"):
         per_run_spec(resolve_spec("full"), "vsa:sparsity=0.9", "full")

@@ -61,15 +61,16 @@ class BackendSpec:
 
     @property
     def label(self) -> str:
-        """Name and sparsity, a cube other than the default 4x4x4, a fine-stage precision other than bf16 and the
-        quality knobs set, e.g. "vsa 0.875", "vsa 0.875 tile 4x4x8", "vsa 0.875 int8", "vsa 0.875 dense_steps=2"
-        (reports)."""
+        """Name and sparsity, a cube other than the default 4x4x4, a fine-stage precision other than bf16, VSA's
+        top-k count other than tiles and the quality knobs set, e.g. "vsa 0.875", "vsa 0.875 tile 4x4x8", "vsa 0.875
+        int8", "vsa 0.8 topk tokens", "vsa 0.875 dense_steps=2" (reports)."""
         precision = getattr(self.options, "precision", "bf16")
+        count = getattr(self.options, "topk_count", "tiles")
         knobs = "".join(f" {k}={_fmt(getattr(self.options, k))}" for k in KNOBS
                         if getattr(self.options, k, None) is not None)
         return (self.name + (f" {self.sparsity:g}" if self.sparsity is not None else "")
                 + tile_label(getattr(self.options, "tile", None)) + (f" {precision}" if precision != "bf16" else "")
-                + knobs)
+                + (f" topk {count}" if count != "tiles" else "") + knobs)
 
     def text(self) -> str:
         """The spec as it would be written on the command line, every option spelled out."""

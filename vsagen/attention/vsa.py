@@ -56,6 +56,7 @@ VSA_IMPLS = IMPLS + ("fa4",)  # vsa / rocm-vsa: also FlashAttention-4's block-sp
 # (an alias) that vsagen read before.
 GATE_KEY = "blocks.{layer}.to_gate_compress"
 GATE_ALIASES = ("blocks.{layer}.attn1.to_gate_compress",)
+TOPK_COUNTS = ("tiles", "tokens")  # the `topk_count` option: what VSA's top-k is counted from
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,12 @@ class VSAOptions(DenseKnobs):
 
     Attributes:
         sparsity: fraction of key tiles skipped per query tile, in [0, 1) (`--sparsity`); top-k =
-            ceil((1 - sparsity) * tiles).
+            ceil((1 - sparsity) * tiles) (`topk_count`).
+        topk_count: what the top-k is counted from: "tiles", ceil((1 - sparsity) * tiles), partial tiles counted
+            whole (FastVideo since its PR #1517, 2026-07: video_sparse_attn.py:166-169 @2f3d407), or "tokens",
+            ceil((1 - sparsity) * tokens / tile volume) (FastVideo before it, what FastWan and Wan2.1-VSA were
+            trained with: `vsagen.kernels.reference.top_k_from_tokens`). The two differ only on grids with partial
+            tiles (480x832x81 at 0.8: 125 kept tiles of 624 vs 103).
         impl: "auto" (Triton kernels on CUDA, the torch reference elsewhere; for `vsa` the fine stage on FA4 where
             that was measured faster: whole cubes of 128 / 256 tokens, bf16 / fp16, sm90, FA4 installed, eager:
             `VSAAttention.auto_engine`), "triton", "torch" (`--attn-impl`), or "fa4": the fine stage on
@@ -94,7 +100,8 @@ class VSAOptions(DenseKnobs):
     Raises:
         BadInput: sparsity not a number in [0, 1), an unknown impl, a tile that is not such a cube, query_rows not
             64 or 128 (128 with a 64-token tile), a tuning that is not a KernelTuning, a gate_weights path that is
-            not a file, or a precision other than bf16 / int8 (int8 with impl fa4).
+            not a file, a precision other than bf16 / int8 (int8 with impl fa4), or a topk_count other than tiles /
+            tokens.
     """
 
     sparsity: float = DEFAULT_SPARSITY
@@ -103,11 +110,14 @@ class VSAOptions(DenseKnobs):
     query_rows: int = field(default=DEFAULT_QUERY_BLOCK, metadata={"values": "64 | 128 (128: a 128 / 256-token tile)"})
     gate_weights: Path | None = None
     precision: Literal["bf16", "int8"] = "bf16"
+    topk_count: Literal["tiles", "tokens"] = "tiles"
     tuning: KernelTuning | None = None
 
     def __post_init__(self) -> None:
         check_knobs(self)  # dense_steps, dense_layers, min_tokens (`vsagen.attention.dense`)
         object.__setattr__(self, "tile", tile_option(self.tile))
+        if self.topk_count not in TOPK_COUNTS:
+            raise BadInput(f"topk_count must be one of {', '.join(TOPK_COUNTS)}, got {self.topk_count!r}")
         check_precision_option(self.precision)
         if self.precision != "bf16" and self.impl == "fa4":
             raise BadInput(f"precision={self.precision} runs vsagen's fine stage (impl triton or torch), not FA4's "
@@ -204,6 +214,15 @@ class VSAAttention(Backend):
     def sparsity(self) -> float:
         """The `sparsity` option."""
         return self.options.sparsity
+
+    def top_k(self, layout: Any) -> int:
+        """The key tiles each query tile keeps on `layout` (a `vsagen.layout.TileLayout`), counted as the
+        `topk_count` option says (`kernels.reference.top_k_from_sparsity` / `top_k_from_tokens`)."""
+        from ..kernels import reference as ref
+
+        if self.options.topk_count == "tokens":
+            return ref.top_k_from_tokens(self.sparsity, layout.num_tokens, layout.tile_volume, layout.num_tiles)
+        return ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
 
     @property
     def tile(self) -> tuple[int, int, int]:  # type: ignore[override]
@@ -317,6 +336,8 @@ class VSAAttention(Backend):
             d["gate_weights"] = str(self.options.gate_weights)
         if self.options.precision != "bf16":
             d["precision"] = self.options.precision  # the fine stage's; the coarse stage runs in the run's dtype
+        if self.options.topk_count != "tiles":
+            d["topk_count"] = self.options.topk_count
         if device is not None:
             d["impl_ran"] = self.resolved_impl(device)
             if self.impl == "auto" and device.type == "cuda" and self._ran:  # auto may have run FA4: say what ran
@@ -347,9 +368,7 @@ class VSAAttention(Backend):
         """
         import torch
 
-        from ..kernels import reference as ref
-
-        top_k = ref.top_k_from_sparsity(self.sparsity, layout.num_tiles)
+        top_k = self.top_k(layout)
         impl = self.resolved_impl(q.device)
         if impl == "triton" and self.impl == "auto":
             impl = self.auto_engine(q, layout)

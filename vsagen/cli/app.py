@@ -206,7 +206,9 @@ def i2v(
                                           help="How the image (and --last-image) becomes exactly --height x --width, "
                                                "its aspect kept: 'crop' scales it to cover the size and center-crops "
                                                "the overflow; 'resize' scales it to fit inside and pads the rest with "
-                                               "black.")] = ImageFit.CROP,
+                                               "black. Without --height / --width the size is the preset's; "
+                                               "TurboWan2.2 I2V's takes the image's aspect at its area, as "
+                                               "TurboDiffusion's --adaptive_resolution.")] = ImageFit.CROP,
     last_image: Annotated[Optional[Path], typer.Option(
         help="Last frame (PNG, JPEG or WebP), fitted like IMAGE: the video goes from IMAGE to it. First/last-frame "
              "(FLF2V) models need it; image-to-video models without a CLIP branch (Wan2.2 I2V A14B) take it "

@@ -297,14 +297,18 @@ def video_metrics(ref: Any, frames: Any) -> dict[str, Any]:
 
 def key_tiles_kept(info: dict[str, Any], grid: tuple[int, int, int]) -> list[int] | None:
     """[K, tiles] of a VSA-family backend's description `info` ({"sparsity", "tile", ...}) on `grid`: how many key
-    tiles of its cube each query tile keeps (K = ceil((1 - sparsity) tiles), VSA's top-k), so runs of different tiles
-    or sparsities compare at their real density; None for backends without a tile and a sparsity."""
+    tiles of its cube each query tile keeps (K = ceil((1 - sparsity) tiles), VSA's top-k; with "topk_count":
+    "tokens", ceil((1 - sparsity) tokens / tile volume)), so runs of different tiles or sparsities compare at their
+    real density; None for backends without a tile and a sparsity."""
     if "tile" not in info or info.get("sparsity") is None:
         return None
-    from ..kernels.reference import top_k_from_sparsity
+    from ..kernels.reference import top_k_from_sparsity, top_k_from_tokens
     from ..layout import parse_tile, tile_layout
 
-    n = tile_layout(tuple(grid), parse_tile(info["tile"])).num_tiles
+    layout = tile_layout(tuple(grid), parse_tile(info["tile"]))
+    n = layout.num_tiles
+    if info.get("topk_count") == "tokens":  # FastVideo's count before its PR #1517 (the `topk_count` option)
+        return [top_k_from_tokens(float(info["sparsity"]), layout.num_tokens, layout.tile_volume, n), n]
     return [top_k_from_sparsity(float(info["sparsity"]), n), n]
 
 

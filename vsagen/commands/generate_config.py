@@ -154,6 +154,34 @@ def _check_last_image(model: str, src: Any, image: Path | None,
     return last_image, size
 
 
+def _image_sized(src: Any, options: RequestOptions, image: Path,
+                 size: tuple[int, int]) -> tuple[RequestOptions, str | None]:
+    """`options` with the video's size taken from the image where the preset sizes by the image (`[defaults]
+    image_size = "adaptive"`, `vsagen.media.image.adaptive_size` at the area of its default height x width) and
+    neither --height nor --width was given; and the run's note saying so (None: `options` unchanged).
+
+    Raises:
+        BadInput: an image so elongated that a side of its size passes the model's position tables.
+    """
+    from ..media.image import adaptive_size
+    from ..request.plans import size_limits
+
+    d, m = src.preset.defaults, options.model
+    if d.image_size != "adaptive" or m.height is not None or m.width is not None:
+        return options, None
+    height, width = adaptive_size(size, d.height * d.width, src.preset.pixel_multiple)
+    tops = size_limits(src)
+    for flag, v in (("--height", height), ("--width", width)):
+        if flag in tops and v > tops[flag]:
+            raise BadInput(f"image {image} ({size[1]}x{size[0]}, height x width) gives {m.model} a {height}x{width} "
+                           f"video at its default area (its aspect kept), past the position tables' {flag} <= "
+                           f"{tops[flag]}; give --height and --width")
+    note = (f"the video is {height}x{width}: image {image} ({size[1]}x{size[0]}, height x width) at the area of "
+            f"{d.height}x{d.width}, its aspect kept (TurboDiffusion's --adaptive_resolution, as {src.preset.name}'s "
+            "authors run it); --height / --width set the size")
+    return replace(options, model=replace(m, height=height, width=width)), note
+
+
 def image_notes(height: int, width: int, fit: str | None,
                 images: Sequence[tuple[str, Path | None, tuple[int, int] | None]]) -> tuple[str, ...]:
     """The notes (and refusals) about the input images once the size is known (`vsagen.media.image.check_image_size`: an
@@ -224,18 +252,19 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
                        "or an image-to-video model (e.g. --model tiny-i2v)")
     if image is None and src.image_to_video and not images_per_video:
         raise BadInput(f"--model {model} is an image-to-video model; use `vsagen i2v IMAGE PROMPT`")
-    image_size = None
+    image_size, size_note = None, None
     if image is not None:
         from ..media.image import open_image
 
         image = Path(image)
         image_size = open_image(image).size  # readable now, or one message naming the path
+        options, size_note = _image_sized(src, options, image, image_size)
     last_image, last_image_size = _check_last_image(model, src, image, last_image)
     req = resolve(src, options, prompt=prompt)
     if last_image is not None:
         check_last_frame(req, "--last-image")
-    notes = req.notes + image_notes(req.height, req.width, fit.value,
-                                    [("image", image, image_size), ("--last-image", last_image, last_image_size)])
+    notes = ((size_note,) if size_note is not None else ()) + req.notes + image_notes(
+        req.height, req.width, fit.value, [("image", image, image_size), ("--last-image", last_image, last_image_size)])
     if image is not None and not prompt.strip():
         notes = (NO_PROMPT_NOTE,) + notes
     out = options.output

@@ -82,6 +82,7 @@ from .reference import (
     tile_plan_reference,
     tile_scores,
     top_k_from_sparsity,
+    top_k_from_tokens,
     vsa_reference,
 )
 from .query_groups import build_query_groups
@@ -148,6 +149,7 @@ __all__ = [
     "tile_scores",
     "tile_scores_triton",
     "top_k_from_sparsity",
+    "top_k_from_tokens",
     "top_k_tiles",
     "vsa_reference",
 ]

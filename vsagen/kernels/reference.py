@@ -45,6 +45,24 @@ def top_k_from_sparsity(sparsity: float, num_tiles: int) -> int:
     return max(1, min(num_tiles, math.ceil((1.0 - sparsity) * num_tiles - 1e-9)))
 
 
+def top_k_from_tokens(sparsity: float, num_tokens: int, tile_volume: int, num_tiles: int) -> int:
+    """Number of key tiles each query tile keeps as FastVideo counted it until its PR #1517 (2026-07-04, commit
+    00ec3e738): K = ceil((1 - sparsity) * (num_tokens / tile_volume)), the real (unpadded) tokens over the tile's
+    volume (fastvideo/attention/backends/video_sparse_attn.py:269-271 @9f0ce517c, the FastWan release of 2025-08;
+    :290-291 just before #1517), the same float expression, clamped to [1, num_tiles]. With partial tiles this
+    keeps fewer tiles than `top_k_from_sparsity` (FastWan2.1-1.3B at 480x832x81, sparsity 0.8: 32760 tokens in
+    624 tiles, 103 kept instead of 125); on a grid of whole tiles the two agree.
+
+    Raises:
+        ValueError: sparsity outside [0, 1), or fewer tiles than num_tokens / tile_volume needs.
+    """
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+    if num_tiles * tile_volume < num_tokens:
+        raise ValueError(f"{num_tiles} tiles of {tile_volume} tokens cannot hold {num_tokens} tokens")
+    return max(1, min(num_tiles, math.ceil((1 - sparsity) * (num_tokens / tile_volume))))
+
+
 def tile_mean_pool(x: torch.Tensor, token_tile: torch.Tensor, tile_sizes: torch.Tensor) -> torch.Tensor:
     """Mean of each tile's real tokens.
 

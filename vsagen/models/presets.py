@@ -35,8 +35,11 @@ of one of these architectures that also say how their authors run them: `[defaul
 few-step re-noise list with CFG off; `vsagen.samplers`), `[defaults] attn` (the attention backend they were trained
 for, which `--attn auto` runs when the weights cannot tell: random weights, a hub id not downloaded yet) with its
 options in `[attention.<backend>]`, and `checkpoint_class`, the pipeline class their model_index.json names when
-it is not a diffusers class (FastVideo's `WanDMDPipeline`). Such a preset describes a local folder only by its
-checkpoint class or its folder name, never as the fallback for a plain Wan checkpoint of the same architecture.
+it is not a diffusers class (FastVideo's `WanDMDPipeline`), and for image to video `[defaults] image_size`:
+"adaptive" sizes the video by the input image (its aspect at the area of height x width, TurboDiffusion's
+`--adaptive_resolution`; `vsagen.media.image.adaptive_size`), "fixed" (the default) at height x width. Such a
+preset describes a local folder only by its checkpoint class or its folder name, never as the fallback for a plain
+Wan checkpoint of the same architecture.
 
 A hub preset whose repository stores the transformer in the original Wan key names (a VideoX-Fun "civitai" folder:
 config.json with `dim`, `num_heads`, ... and safetensors beside it) says `transformer_layout = "wan"` and names the
@@ -90,6 +93,10 @@ class GenerationDefaults:
     # The sampler its authors run (`vsagen.samplers`: "default", the checkpoint's scheduler for `steps` steps with
     # CFG `guidance`; "dmd" etc.: a few-step re-noise list, CFG off), below `--sampler`
     sampler: str = "default"
+    # How `vsagen i2v` sizes the video without --height / --width: "fixed" (height x width) or "adaptive" (the input
+    # image's aspect at the area height x width, `vsagen.media.image.adaptive_size`: TurboDiffusion's
+    # --adaptive_resolution, which its Wan2.2 I2V script passes)
+    image_size: str = "fixed"
     attn: str | None = None  # the attention backend its authors run (published sparse checkpoints), for --attn auto
     # Per-backend option defaults, from the preset's `[attention.<backend>]` tables, e.g. {"vsa": {"sparsity":
     # 0.875}}: below a flag or a `NAME:KEY=VALUE` option, above the backend's own default (vsagen.attention.spec).
@@ -197,7 +204,8 @@ _OPTIONAL_TOP_KEYS = {"light_vae", "text_encoder", "expand_timesteps", "boundary
                       "attention", "checkpoint_class", "transformer_layout", "components", "transformer_subfolder",
                       "transformer_files"}
 TRANSFORMER_FILE_SUFFIXES = (".safetensors", ".pth", ".pt")  # what `--transformer` / [transformer_files] read
-_OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn", "decode_dtype"}
+_OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn", "decode_dtype", "image_size"}
+IMAGE_SIZES = ("fixed", "adaptive")  # [defaults] image_size
 _VAE_DTYPES = ("same", "fp32", "bf16", "fp16")
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}
@@ -409,10 +417,10 @@ def _experts(data: dict[str, Any], where: str) -> tuple[dict[str, Any] | None, f
 
 def _check_defaults(defaults: dict[str, Any], where: str, transformer_2: dict[str, Any] | None) -> None:
     """Check the values of a preset's [defaults] table that name things: the attention backend, the VAE / decode
-    dtypes, the sampler, and guidance_2 (which needs a second expert).
+    dtypes, the sampler, the image sizing, and guidance_2 (which needs a second expert).
 
     Raises:
-        BadInput: an unknown backend, dtype or sampler name, or a guidance_2 that cannot apply.
+        BadInput: an unknown backend, dtype, sampler or image_size name, or a guidance_2 that cannot apply.
     """
     from ..attention.registry import REGISTRY
 
@@ -427,6 +435,9 @@ def _check_defaults(defaults: dict[str, Any], where: str, transformer_2: dict[st
     if not isinstance(sampler, str) or sampler.split(":", 1)[0].strip() not in NAMED_SAMPLERS:
         raise BadInput(f"preset {where} [defaults]: sampler must be one of {', '.join(NAMED_SAMPLERS)} (with options), "
                        f"got {sampler!r}")
+    if defaults.get("image_size", "fixed") not in IMAGE_SIZES:
+        raise BadInput(f"preset {where} [defaults]: image_size must be one of {', '.join(IMAGE_SIZES)}, got "
+                       f"{defaults['image_size']!r}")
     g2 = defaults.get("guidance_2")
     if g2 is not None:
         if transformer_2 is None:

@@ -10,12 +10,8 @@ import re
 # Tests of over ~10 s (pytest --durations on the 2-core machine, 2026-12-07) that no xdist group holds: run first.
 # xdist hands out the grouped files first (most tests first) and then single tests in collection order, so a 27 s
 # test collected near the end ran while the other worker had finished: the suite's last half minute on one core.
-LONG_SINGLE_TESTS = ("tests/test_compile.py::test_block_compiles_without_graph_breaks_and_matches_eager",
-                     "tests/test_compile.py::test_compiled_t2v_gives_the_frames_of_eager",
-                     "tests/test_compile.py::test_compiled_profile_rows",
-                     "tests/test_readme.py::test_readme_cpu_commands_run_as_pasted",
+LONG_SINGLE_TESTS = ("tests/test_readme.py::test_readme_cpu_commands_run_as_pasted",
                      "tests/test_interrupts.py::test_a_signal_at_any_instant_of_the_write_leaves_all_or_nothing",
-                     "tests/models/test_compile_caches.py::test_second_process_finds_the_compiled_graph",
                      "tests/cli/test_app.py::test_bad_input_answers_fast_in_one_line_writing_nothing")
 
 

@@ -5,10 +5,10 @@
 #  2. the 1.3B DiT step with vsa at 480x832x81, random weights, eager: vsagen profile once per --quant (none, fp8,
 #     int8), same call (the run JSONs record which linears ran in which precision).
 # Run from the repository root through the device tool, carrying .whl (../shared/gpu/fetch-wheels.sh):
-#     bash benchmarks/quant_gpu.sh
+#     bash benchmarks/quant_gpu.sh       (SKIP_GEMM=1: the profile rows only)
 set -u
 source benchmarks/gpu_env.sh || exit 1
-timeout 240 python3 benchmarks/lowbit_gemm.py 2>&1 | grep -v Warning | tee "$OUT/lowbit_gemm.txt"
+[ -n "${SKIP_GEMM:-}" ] || timeout 240 python3 benchmarks/lowbit_gemm.py 2>&1 | grep -v Warning | tee "$OUT/lowbit_gemm.txt"
 for q in none fp8 int8; do
     timeout 150 vsagen profile --model wan2.1-t2v-1.3b --random-weights --attn vsa --steps 2 --warmup 1 --quant "$q" \
         --format json --out "$OUT/profile-$q.json" --overwrite > "$OUT/profile-$q.log" 2>&1 || tail -5 "$OUT/profile-$q.log"

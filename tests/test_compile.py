@@ -36,14 +36,20 @@ TOL_COMPILED_BLOCK = 1e-5
 LATENT = (16, 5, 12, 20)  # (C, F_lat, H_lat, W_lat) -> grid (5, 6, 10), 300 tokens, 12 tiles (10 partial)
 TEXT_LEN = 9
 # name -> (--attn, sparsity, --attn-impl, with the backend's trained per-layer weights: VSA's gate
-# attn1.to_gate_compress, sla-star's projection attn1.sla_proj_l)
+# attn1.to_gate_compress, sla-star's projection attn1.sla_proj_l, the compiler backend)
+# What these cases guard is vsagen's side: that dynamo traces each backend into one graph (no graph break, the
+# Triton stages as custom ops with fake implementations that AOTAutograd's functionalization accepts). Inductor's
+# C++ code generation on top of that is torch's, and cost 11-31 s of CPU a case (pytest --durations, 2-core
+# machine, 2026-12-07): one case runs under inductor (the Triton custom ops lowered as inductor's fallback kernels,
+# what `--compile` runs on a GPU), the others under "aot_eager" (dynamo + AOTAutograd, no code generation).
+# test_compiled_t2v_gives_the_frames_of_eager runs inductor end to end.
 BLOCK_CASES = {
-    "full": ("full", None, "auto", False),
-    "vsa-torch-gate": ("vsa", 0.5, "torch", True),
+    "full": ("full", None, "auto", False, "aot_eager"),
+    "vsa-torch-gate": ("vsa", 0.5, "torch", True, "aot_eager"),
     # (the Triton path without gates is the gated one's subset: left to the gated case, for the suite's time)
-    "vsa-triton-gate": ("vsa", 0.5, "triton", True),
-    "sla-star-global-proj": ("sla-star", 0.5, "torch", True),
-    "sla-star:scope=marginal-proj": ("sla-star:scope=marginal", 0.5, "torch", True),
+    "vsa-triton-gate": ("vsa", 0.5, "triton", True, "inductor"),
+    "sla-star-global-proj": ("sla-star", 0.5, "torch", True, "aot_eager"),
+    "sla-star:scope=marginal-proj": ("sla-star:scope=marginal", 0.5, "torch", True, "aot_eager"),
 }
 
 
@@ -64,7 +70,7 @@ def block_inputs(transformer, seed: int):
 def patched_block(case: str, timer: Timer):
     """blocks[0] of the tiny transformer (seeded random weights) patched with the case's backend, and the
     transformer."""
-    attn, sparsity, impl, gate = BLOCK_CASES[case]
+    attn, sparsity, impl, gate, _ = BLOCK_CASES[case]
     transformer = make_transformer()
     backend = resolve_spec(attn, flags={"--sparsity": sparsity, "--attn-impl": impl}).build()
     if gate:
@@ -79,18 +85,19 @@ def patched_block(case: str, timer: Timer):
 @pytest.mark.parametrize("case", list(BLOCK_CASES))
 def test_block_compiles_without_graph_breaks_and_matches_eager(case):
     """blocks[0] compiled as `compile_transformers` does (diffusers' `compile_repeated_blocks` calls
-    `block.compile(fullgraph=True, dynamic=False)`): no graph break anywhere (fullgraph raises on one; dynamo's
+    `block.compile(fullgraph=True, dynamic=False)`), under the case's compiler backend: no graph break anywhere (fullgraph raises on one; dynamo's
     break counter stays empty), the block's forward is one graph holding the attention (the Triton stages as the
     two custom ops), blocks[0]'s tile-order pre-hook a graph of its own; on fresh inputs (not the ones it was
     compiled with) the compiled block gives the eager block's output, and no region is timed inside it."""
+    from torch._dynamo import lookup_backend
     from torch._dynamo.utils import counters
-    from torch._inductor.compile_fx import compile_fx
 
     graphs = []
+    compiler = lookup_backend(BLOCK_CASES[case][4])
 
-    def inductor(gm, example_inputs):  # inductor, recording the graphs dynamo hands it
+    def recording(gm, example_inputs):  # the case's compiler backend, recording the graphs dynamo hands it
         graphs.append(gm)
-        return compile_fx(gm, example_inputs)
+        return compiler(gm, example_inputs)
 
     timer = Timer("cpu")
     block, transformer, backend = patched_block(case, timer)
@@ -100,7 +107,7 @@ def test_block_compiles_without_graph_breaks_and_matches_eager(case):
         eager = block(*fresh)
         torch._dynamo.reset()
         counters.clear()
-        block.compile(fullgraph=True, dynamic=False, backend=inductor)
+        block.compile(fullgraph=True, dynamic=False, backend=recording)
         block(*block_inputs(transformer, seed=1))  # compiles
         compiled = block(*fresh)
     assert dict(counters["graph_break"]) == {}
@@ -206,9 +213,14 @@ def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_fram
 
 
 @pytest.mark.slow
-def test_compiled_profile_rows(tiny_dir, tmp_path):
+def test_compiled_profile_rows(tiny_dir, tmp_path, monkeypatch):
     """--compile in profile: attention columns null, compile_fullgraph, the plot's "not timed" bar drawn into a
-    folder that did not exist, and --warmup 0 flagged (its timed steps include the compilation)."""
+    folder that did not exist, and --warmup 0 flagged (its timed steps include the compilation). What is tested is
+    profile's handling of compiled blocks, so the blocks compile under "aot_eager" (dynamo + AOTAutograd, fullgraph
+    as ever) instead of inductor's C++ code generation (12 s of the suite's CPU; t2v's test above runs inductor)."""
+    module_compile = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, *a, **k: module_compile(self, *a, **{**k, "backend": "aot_eager"}))
     plot = tmp_path / "new" / "dit.png"
     res = runner.invoke(app, ["profile", "--model", "tiny", "--attn", "full,vsa", "--steps", "1", "--no-stock",
                               "--compile", "--warmup", "0", "--format", "json", "--plot", str(plot)])

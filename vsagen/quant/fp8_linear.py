@@ -64,11 +64,14 @@ def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_fp8_rows` as the forward runs it: on CUDA the one-pass Triton kernel (`vsagen.kernels.act_quant`,
-    the same values bit for bit, one custom op in eager runs and under `--compile` alike, compiled by Triton once
-    per dtype and tile shape, never per token count), the torch formula elsewhere (and for dtypes the kernel does
-    not read)."""
-    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+    """`quantize_fp8_rows` as the forward runs it: in eager CUDA runs the one-pass Triton kernel
+    (`vsagen.kernels.act_quant`, the same values bit for bit, compiled by Triton once per dtype and tile shape,
+    never per token count); the torch formula elsewhere: on the CPU, for dtypes the kernel does not read, and under
+    `--compile`, where the whole block is one graph of static shapes and Inductor can fuse the formula into the
+    pass that makes the activation (the modulated LayerNorm before q / k / v and the FFN, the GELU before the
+    FFN's second linear) and compute the three q / k / v quantizations of one input once (common subexpressions),
+    which an opaque custom op would prevent."""
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and not torch.compiler.is_compiling():
         from ..kernels.act_quant import quantize_fp8_rows_op
 
         return quantize_fp8_rows_op(x if x.stride(-1) == 1 else x.contiguous())

@@ -211,11 +211,16 @@ def test_two_processes_write_one_mp4_equal_to_one_process_and_every_rank_timing(
             assert noise not in res.stdout + res.stderr, res.stderr[-4000:]
 
 
+# One refusal of each command that splits a run (t2v and profile: each its own resolution under torchrun, each rank
+# refusing in `run_guarded`). Each refusal's words are tested in one process: "does not divide 385 tokens" in
+# test_resolve_checks_the_degree_before_loading above and tests/commands/test_profile.py; `profile --kernels
+# --ulysses 2` in test_profile.py ("kernels-ulysses"); `--cfg-parallel --guidance 1` (a t2v refusal of the same
+# resolution, rank and path as ulysses-degree, so not launched again here) in tests/parallel/test_cfg.py,
+# tests/request/test_resolve.py and test_profile.py ("cfg-parallel-without-guidance").
 @pytest.mark.parametrize("args,message", [
     (["t2v", "--ulysses", "2", "--height", "112", "--width", "176", "a fox"], "does not divide 385 tokens"),
-    (["t2v", "--cfg-parallel", "--guidance", "1", "a fox"], "--guidance 1 turns classifier-free guidance off"),
     (["profile", "--kernels", "--ulysses", "2"], "--kernels times the attention alone in one process")],
-    ids=["ulysses-degree", "cfg-parallel-without-guidance", "profile-kernels"])
+    ids=["ulysses-degree", "profile-kernels"])
 def test_torchrun_bad_input_exits_2_on_every_rank_with_one_error_line(cli_cache, tmp_path, args, message):
     res = _vsagen([args[0], "--model", "tiny", "--device", "cpu", *args[1:], "--out", str(tmp_path / "u.mp4")],
                   tmp_path, cli_cache, python=python_under_a_folder_named_vsagen(tmp_path))

@@ -1,6 +1,7 @@
 """`vsagen serve`'s start and stop (`vsagen.serve.server`): one server per folder, the address refused in one line
 when taken, the recovery of what a crash left (files in place: completed; half a publication: its temporaries gone,
-queued again), the graceful stop on a signal (end to end: tests/serve/test_routes.py)."""
+queued again; an image-to-video job made again after a crash from the image kept under its id), the graceful stop
+on a signal (end to end: tests/serve/test_routes.py)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,54 @@ def test_refusals_come_before_the_folder_is_made(tmp_path, vsagen_cache):
         res = CliRunner().invoke(app, ["serve", *args, "--folder", str(tmp_path / "f")])
         assert res.exit_code == 2 and res.stderr.startswith(words) and res.stderr.count("\n") == 1, res.stderr
         assert not (tmp_path / "f").exists()
+
+
+def test_an_image_to_video_job_a_crash_left_in_progress_is_made_again_from_its_kept_image(tmp_path, i2v_dir):
+    """The i2v side of a kill -9 and a restart (the crash and restart of a real process over HTTP:
+    test_routes.py's kill -9 test, t2v): two multipart uploads accepted by the application of `vsagen serve`
+    (its images kept under the jobs' ids), the first claimed and mid-steps as the crash leaves it; the restart's
+    folder lock, store and `recover` queue it again and keep both images; the worker then makes both videos, each
+    from its own image read from disk (the one job on its second attempt). In this process: the model is loaded
+    once and kept across the restart (the restart's reload: the t2v test)."""
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from conftest import noise_image
+    from vsagen.request.options import request_options
+    from vsagen.serve.routes import create_app
+    from vsagen.serve.server import DATABASE, load, served_request
+    from vsagen.serve.worker import Worker
+
+    settings = Settings(folder=tmp_path / "serve")
+    options = request_options(model="tiny-i2v", attn="vsa", steps=1, height=32, width=32, frames=1, device="cpu")
+    served = served_request(settings, options)
+    resident = load(served, lambda line: None)
+    uploads = [noise_image(tmp_path / "a.png", (40, 36), seed=1).read_bytes(),
+               noise_image(tmp_path / "b.png", (32, 32), seed=5).read_bytes()]
+    with claimed(settings.folder) as folder:  # the first server, its worker not started
+        store = JobStore(folder / DATABASE)
+        client = TestClient(create_app(settings, store, served, Worker(store, served, resident)))
+        ids = [client.post("/v1/videos", data={"prompt": "a fox", "seed": "3"},
+                           files={"input_reference": ("x.png", image, "image/png")}).json()["id"] for image in uploads]
+        running = store.claim()  # what the worker's loop does first; a step reports its progress; then kill -9,
+        store.progress(running.id, 45)  # which ends no job
+        assert running.id == ids[0] and [store.get(i).status for i in ids] == ["in_progress", "queued"]
+    lines = []
+    with claimed(settings.folder) as folder:  # the restart (a kill -9 lets the lock go; its connection stays open)
+        again, served = JobStore(folder / DATABASE), served_request(settings, options)
+        assert recover(again, served, lines.append) == {"completed": 0, "queued": 1, "failed": 0}
+        assert [p.name for p in served.job_images(ids[0]) + served.job_images(ids[1])] == [f"{i}.png" for i in ids]
+        worker = Worker(again, served, resident)
+        for _ in ids:
+            worker.run(again.claim())
+        videos = [TestClient(create_app(settings, again, served, worker)).get(f"/v1/videos/{i}").json() for i in ids]
+        again.close()
+    store.close()
+    assert lines == ["jobs left in progress by the last server: 1 queued"]
+    assert [(v["status"], v["vsagen"]["attempts"]) for v in videos] == [("completed", 2), ("completed", 1)], videos
+    made = [json.loads(served.paths(i)[1].read_text()) for i in ids]
+    assert [m["image"] for m in made] == [str(served.images / f"{i}.png") for i in ids]
+    assert [served.job_images(i)[0].read_bytes() for i in ids] == uploads  # as sent
+    mp4s = [served.paths(i)[0].read_bytes() for i in ids]
+    assert all(m[4:8] == b"ftyp" for m in mp4s) and mp4s[0] != mp4s[1]  # same prompt and seed: the images differ

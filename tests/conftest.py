@@ -48,6 +48,8 @@ os.environ.pop("COLUMNS", None)
 
 # how xdist shares the tests between workers: tests/scheduling.py
 from scheduling import pytest_collection_modifyitems, pytest_xdist_make_scheduler  # noqa: E402,F401
+# the gloo processes of the Ulysses and CFG-parallel tests, spawned once for the session: tests/ulysses_worker.py
+from ulysses_worker import gloo_runs  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""How the suite's tests are shared between pytest-xdist's workers (hooks that tests/conftest.py imports): files
-marked as an xdist group go whole to one worker, and the long single tests start first."""
+"""How the suite's tests are shared between pytest-xdist's workers (hooks that tests/conftest.py imports): the files
+marked as one xdist group go whole to one worker, and the long single tests start first."""
 
 from __future__ import annotations
 
@@ -24,31 +24,44 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` (pyproject.toml) that also works where pytest-xdist cannot mark the tests: a test file
-    marked `pytestmark = pytest.mark.xdist_group(...)` (its module fixtures spawn processes or run the tiny
-    pipeline) goes whole to one worker, so its fixtures run once instead of once in each worker; every other test
-    goes alone to the next free worker. xdist 3.8 tags a marked test by rewriting `item._nodeid`, which pytest 9
-    no longer reads (its ids live in `_id`), so the files are found here by their mark's line instead.
+    """`--dist loadgroup` (pyproject.toml) that also works where pytest-xdist cannot mark the tests: the test files
+    marked `pytestmark = pytest.mark.xdist_group("NAME")` with the same NAME (their module or session fixtures spawn
+    processes or run the tiny pipeline) go whole to one worker, so those fixtures run once instead of once in each
+    worker (the three files of the group "gloo" share one spawn of 2 processes: tests/ulysses_worker.py); every
+    other test goes alone to the next free worker. xdist 3.8 tags a marked test by rewriting `item._nodeid`, which
+    pytest 9 no longer reads (its ids live in `_id`), so the files and their group's name are found here by their
+    mark's line instead (a mark whose name is no string literal: the file is a group of its own).
     `None` (xdist's own scheduler) for any other `--dist`."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    marked = re.compile(r"^pytestmark = pytest\.mark\.xdist_group\(", re.M)
-    here = os.path.dirname(os.path.abspath(__file__))
-    files = set()
-    for folder, _, names in os.walk(here):
+    groups = marked_files(os.path.dirname(os.path.abspath(__file__)), str(config.rootpath))
+
+    class WholeMarkedGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return groups[file] if file in groups else super()._split_scope(nodeid)
+
+    return WholeMarkedGroups(config, log)
+
+
+def marked_files(tests: str, root: str) -> dict[str, str]:
+    """{test file under the folder `tests`, relative to `root` with "/": its xdist scope} for every file with a line
+    `pytestmark = pytest.mark.xdist_group(...)`: "xdist_group:NAME" for a literal NAME (`"NAME"`, `'NAME'` or
+    `name="NAME"`), the file itself otherwise."""
+    mark = re.compile(r"^pytestmark = pytest\.mark\.xdist_group\((.*)$", re.M)
+    literal = re.compile(r"""^(?:name=)?(["'])([^"']+)\1\)""")
+    files = {}
+    for folder, _, names in os.walk(tests):
         for name in names:
             path = os.path.join(folder, name)
             if name.startswith("test_") and name.endswith(".py"):
                 with open(path, encoding="utf-8") as f:
-                    if marked.search(f.read()):
-                        files.add(os.path.relpath(path, config.rootpath).replace(os.sep, "/"))
-
-    class WholeMarkedFiles(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return file if file in files else super()._split_scope(nodeid)
-
-    return WholeMarkedFiles(config, log)
+                    found = mark.search(f.read())
+                if found:
+                    file = os.path.relpath(path, root).replace(os.sep, "/")
+                    group = literal.match(found.group(1))
+                    files[file] = f"xdist_group:{group.group(2)}" if group else file
+    return files
 

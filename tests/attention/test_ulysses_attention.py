@@ -1,20 +1,25 @@
 """vsagen.attention.ulysses_attention with gloo and 2 processes: the all-to-all exchanges against slicing, timed as
 "all_to_all", and every registered backend (torch implementations) under `UlyssesAttention` over 2 ranks equal to the
 same backend on the whole sequence, forward and backward, on a grid with partial tiles (fp32, max abs difference
-<= 1e-5). The workers are tests/ulysses_worker.py's; the processes have a timeout."""
+<= 1e-5). The workload is tests/ulysses_worker.py's `attention_workload`, run by its session fixture `gloo_runs` on
+the 2 processes that also run tests/parallel/test_ulysses.py's and test_cfg.py's; the processes have a timeout."""
 
 from __future__ import annotations
 
 import pytest
-from ulysses_worker import TILE_CASES, spawn
+from ulysses_worker import TILE_CASES
 
 import vsagen.attention.ulysses_attention  # noqa: F401  (the module under test; the workers import it)
 from vsagen.attention import backend_names
 
+# One pytest-xdist worker runs this file and the other two files of the xdist group "gloo" (tests/scheduling.py):
+# the session fixture `gloo_runs` (tests/ulysses_worker.py) spawns 2 gloo processes once for the three files.
+pytestmark = pytest.mark.xdist_group("gloo")
+
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    return spawn("worker", tmp_path_factory.mktemp("ulysses"), "rank")
+def results(gloo_runs):
+    return gloo_runs("attention")
 
 
 def test_exchanges_are_slicing(results):

@@ -2,29 +2,31 @@
 orchestrator with gloo and 2 spawned processes equals one process (fp32, max abs difference <= 1e-5) for every
 registered backend (torch impls) on the tiny model's grid with partial tiles and for both experts of tiny-a14b; a
 served unconditional call counts no DiT forward; `profile_dit` under CFG parallel (every configuration, the overhead
-rows included); the refusals before loading. The CLI under torchrun: tests/parallel/test_launch.py."""
+rows included); the refusals before loading. The workload is tests/ulysses_worker.py's `cfg_workload`, run by its
+session fixture `gloo_runs` on the 2 processes that also run the other two files'. The CLI under torchrun:
+tests/parallel/test_launch.py."""
 
 from __future__ import annotations
 
 import pytest
-from ulysses_worker import CFG_TINY_BACKENDS, spawn
+from ulysses_worker import CFG_TINY_BACKENDS
 
 from vsagen.commands.generate_config import resolve_generate as resolve
 from vsagen.errors import BadInput
 from vsagen.parallel.cfg import CfgSplit, check_cfg_parallel
 from vsagen.timing import Timer
 
-# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the module fixture spawns 2 gloo
-# processes once, not in each worker.
-pytestmark = pytest.mark.xdist_group("test_cfg")
+# One pytest-xdist worker runs this file and the other two files of the xdist group "gloo" (tests/scheduling.py):
+# the session fixture `gloo_runs` (tests/ulysses_worker.py) spawns 2 gloo processes once for the three files.
+pytestmark = pytest.mark.xdist_group("gloo")
 
 CASES = (*(f"tiny {a}" for a in CFG_TINY_BACKENDS), "tiny-a14b full")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory, tiny_dir, a14b_dir):
-    """Both checkpoints are built here, before the processes start (they load them)."""
-    return spawn("cfg_worker", tmp_path_factory.mktemp("cfg"), "cfg")
+def results(gloo_runs):
+    """`gloo_runs` builds both checkpoints before the processes start (they load them)."""
+    return gloo_runs("cfg")
 
 
 @pytest.mark.parametrize("case", CASES)

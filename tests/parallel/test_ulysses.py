@@ -1,24 +1,26 @@
 """vsagen.parallel.ulysses: the degrees that split heads and tokens, the refusal of one that does not, and with gloo
 and 2 processes the whole transformer under diffusers' context parallelism with vsagen's plan: every registered
 backend (torch implementations) under Ulysses 2 equal to one process (fp32, max abs difference <= 1e-5). The exchanges
-and `UlyssesAttention` themselves: tests/attention/test_ulysses_attention.py. The processes have a timeout."""
+and `UlyssesAttention` themselves: tests/attention/test_ulysses_attention.py. The workload is
+tests/ulysses_worker.py's `cp_workload`, run by its session fixture `gloo_runs` on the 2 processes that also run the
+other two files'; the processes have a timeout."""
 
 from __future__ import annotations
 
 import pytest
-from ulysses_worker import TILE_CASES, spawn
+from ulysses_worker import TILE_CASES
 
 import vsagen.parallel.ulysses  # noqa: F401  (the module under test; the workers import it)
 from vsagen.attention import backend_names
 
-# One pytest-xdist worker runs the whole file (`--dist loadgroup`, pyproject.toml): the two module fixtures spawn 2
-# gloo processes each once, not in each worker.
-pytestmark = pytest.mark.xdist_group("test_ulysses")
+# One pytest-xdist worker runs this file and the other two files of the xdist group "gloo" (tests/scheduling.py):
+# the session fixture `gloo_runs` (tests/ulysses_worker.py) spawns 2 gloo processes once for the three files.
+pytestmark = pytest.mark.xdist_group("gloo")
 
 
 @pytest.fixture(scope="module")
-def cp_results(tmp_path_factory):
-    return spawn("cp_worker", tmp_path_factory.mktemp("cp"), "cp")
+def cp_results(gloo_runs):
+    return gloo_runs("cp")
 
 
 @pytest.mark.parametrize("name", [*backend_names(), *TILE_CASES])

@@ -102,3 +102,36 @@ def test_custom_ops_compile_once_for_every_token_count():
         assert same_fp8(q8, quantize_fp8_rows(x)[0]) and torch.equal(qi, quantize_int8_blocks(x)[0])
         assert s8.shape == (m, 1) and si.shape == (-(-m // 128), 2)
     assert counters["stats"]["unique_graphs"] - before == 2
+
+
+@pytest.mark.parametrize("rows,cols,cfg", [
+    (37, 45, None),                         # one tile per row block, partial row block, odd K
+    (9, 150, RowQuantConfig(4, 64, 4, 64)),  # K walked twice (GELU computed on each walk), partial last tile
+])
+def test_fp8_rows_with_gelu_is_gelu_in_bf16_then_the_formula(rows, cols, cfg):
+    """`gelu=True`: the codes and scales of `quantize_fp8_rows(F.gelu(x, approximate="tanh"))` for a bfloat16 x (what
+    the unfused FFN hands its second linear), up to the GELU's own rounding: its tanh (by exp here, tanhf in torch)
+    can put a value on the neighbouring bfloat16, so a code may differ by one e4m3 step and a row's scale by one
+    bfloat16 ulp of its amax. Against float64: the same error as the unfused path's."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(rows + cols)
+    x = (torch.randn(rows, cols, generator=g) * torch.rand(rows, 1, generator=g) * 4 - 0.5).to(torch.bfloat16)
+    x[1] = 0.0  # a zero row: GELU(0) = 0, the floor scale
+    q, scale = quantize_fp8_rows(x, cfg, gelu=True)
+    want_q, want_scale = fp8_linear.quantize_fp8_rows(F.gelu(x, approximate="tanh"))
+    assert q.shape == x.shape and scale.shape == (rows, 1)
+    assert torch.allclose(scale, want_scale, rtol=2.0 ** -7, atol=0)
+    codes, want_codes = q.float(), want_q.float()
+    assert (codes != want_codes).float().mean() <= 0.01
+    assert ((codes - want_codes).abs() <= want_codes.abs().clamp_min(2.0 ** -6) * 2.0 ** -2).all()
+    x64 = x.double()
+    exact = 0.5 * x64 * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x64 + 0.044715 * x64 ** 3)))
+    err = ((codes.double() * scale.double() - exact).norm() / exact.norm()).item()
+    want_err = ((want_codes.double() * want_scale.double() - exact).norm() / exact.norm()).item()
+    assert err <= 1.05 * want_err + 1e-6 and err < 3e-2
+
+
+def test_fp8_rows_with_gelu_reads_bf16_only():
+    with pytest.raises(ValueError, match="bfloat16 only"):
+        quantize_fp8_rows(torch.randn(4, 32), gelu=True)

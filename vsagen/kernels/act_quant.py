@@ -6,7 +6,8 @@ torch formulas of `vsagen.quant` (which they reproduce bit for bit; the tests co
       amax_m = max(1e-12, max_k |x[m, k]|);  inv_m = fl(fl(1 / amax_m) * 448)   (torch's `448 / amax`: reciprocal,
       then the product);  q = e4m3_rne(clamp(fl(x * inv_m), -448, 448));  scale_m = amax_m / 448 (IEEE division)
   One program per BLOCK_M rows: the row block held in registers when K fits one BLOCK_K tile, else two walks over K
-  (amax, then codes).
+  (amax, then codes). With `gelu=True` the same of GELU(x) rounded to bfloat16 (the FFN's activation, computed on
+  each walk from the FFN's first linear's output): the (tokens, 4 x dim) activation is never written in bfloat16.
 * `quantize_int8_blocks`: TurboDiffusion's `quant_cuda` (`vsagen.quant.int8_linear`'s formula, one scale per
   128 x 128 block): amax_b = max(1e-8, max over the block of |x|); q = clamp(rne(fl(x * fl(fl(1 / amax_b) * 128))),
   -128, 127); scale_b = amax_b / 128. One program per block, held in registers (or walked twice in row chunks).
@@ -24,7 +25,8 @@ scales contiguous float32, (M, 1) (fp8) or (cdiv(M, 128), cdiv(K, 128)) (int8); 
 (int32 offsets inside a block). M is not specialized (no recompile per token count). Unsupported: NaN / Inf
 inputs (the maximum ignores NaN, torch's propagates it).
 
-Both are custom ops (`vsagen::quantize_fp8_rows`, `vsagen::quantize_int8_blocks`) with fake implementations, so
+They are custom ops (`vsagen::quantize_fp8_rows`, `vsagen::gelu_quantize_fp8_rows`, `vsagen::quantize_int8_blocks`)
+with fake implementations, so
 `--compile` keeps each one node in the graph, and an eager run compiles nothing (no torch.compile, no dynamo guards).
 """
 
@@ -74,9 +76,22 @@ def _e4m3_signed(v):
     return tl.where(v.to(tl.int32, bitcast=True) < 0, -r, r)
 
 
+@triton.jit
+def _gelu_tanh_bf16(x):
+    """fp32 x -> GELU with the tanh approximation (torch's `gelu(approximate="tanh")` formula, in fp32:
+    0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), tanh(u) = 1 - 2 / (exp(2u) + 1)), rounded to bfloat16's grid
+    (nearest even, by bits: the interpreter's casts do not round), returned as fp32."""
+    u = 0.7978845608028654 * (x + 0.044715 * (x * x * x))
+    u = tl.minimum(tl.maximum(u, -20.0), 20.0)  # tanh is +-1 in fp32 past |u| = 9.01; exp(2u) stays finite
+    g = 0.5 * x * (1.0 + (1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)))
+    bits = g.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["M"])
 def _fp8_rows_kernel(X, Q, S, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                     ONE_TILE: tl.constexpr):
+                     ONE_TILE: tl.constexpr, GELU: tl.constexpr = False):
     first = tl.program_id(0) * BLOCK_M
     rows = tl.arange(0, BLOCK_M)  # offsets inside the row block: int32, the block's base pointer int64
     in_m = first + rows < M
@@ -86,12 +101,16 @@ def _fp8_rows_kernel(X, Q, S, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
     if ONE_TILE:
         mask = in_m[:, None] & (cols < K)[None, :]
         x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if GELU:
+            x = _gelu_tanh_bf16(x)
         amax = tl.max(tl.abs(x), 1)
     else:
         amax = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             mask = in_m[:, None] & (k0 + cols < K)[None, :]
             x = tl.load(x_rows + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+            if GELU:
+                x = _gelu_tanh_bf16(x)
             amax = tl.maximum(amax, tl.max(tl.abs(x), 1))
     amax = tl.maximum(amax, 1e-12)
     inv = tl.math.div_rn(tl.full((BLOCK_M,), 1.0, tl.float32), amax) * 448.0
@@ -103,6 +122,8 @@ def _fp8_rows_kernel(X, Q, S, M, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: t
         for k0 in range(0, K, BLOCK_K):
             mask = in_m[:, None] & (k0 + cols < K)[None, :]
             x = tl.load(x_rows + (k0 + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+            if GELU:
+                x = _gelu_tanh_bf16(x)
             v = tl.minimum(tl.maximum(x * inv[:, None], -448.0), 448.0)
             tl.store(q_rows + (k0 + cols)[None, :], _e4m3_signed(v).to(Q.dtype.element_ty), mask=mask)
 
@@ -153,17 +174,23 @@ def _check(x: torch.Tensor, who: str) -> None:
                          "float16 or float32 tensor with a unit column stride")
 
 
-def quantize_fp8_rows(x: torch.Tensor, config: RowQuantConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_rows(x: torch.Tensor, config: RowQuantConfig | None = None, *,
+                      gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x (M, K) -> (q (M, K) float8_e4m3fn, scale (M, 1) float32), one scale per row (module docstring: formula).
 
     Args:
         x: (M, K) bfloat16 / float16 / float32 on the GPU (any device under TRITON_INTERPRET=1), unit column stride.
         config: the launch (None: DEFAULT_ROW_CONFIG).
+        gelu: quantize GELU(x) instead (tanh approximation, rounded to bfloat16 first, as diffusers' FFN hands its
+            second linear `F.gelu(x, approximate="tanh")` of a bfloat16 x), in the same pass: the FFN's activation
+            never written in bfloat16. bfloat16 x only.
 
     Raises:
-        ValueError: x not 2-D floating point with a unit column stride.
+        ValueError: x not 2-D floating point with a unit column stride; `gelu` with x not bfloat16.
     """
     _check(x, "quantize_fp8_rows")
+    if gelu and x.dtype != torch.bfloat16:
+        raise ValueError(f"quantize_fp8_rows(gelu=True): x is {x.dtype}; the fused GELU reads bfloat16 only")
     cfg = config or DEFAULT_ROW_CONFIG
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
@@ -174,7 +201,7 @@ def quantize_fp8_rows(x: torch.Tensor, config: RowQuantConfig | None = None) -> 
     block_k = triton.next_power_of_2(k) if one_tile else cfg.block_k
     block_m = max(1, min(64, cfg.block_m * cfg.block_k // block_k)) if one_tile else cfg.block_m
     _fp8_rows_kernel[(triton.cdiv(m, block_m),)](x, q, scale, m, k, x.stride(0), BLOCK_M=block_m, BLOCK_K=block_k,
-                                                 ONE_TILE=one_tile, num_warps=cfg.num_warps)
+                                                 ONE_TILE=one_tile, GELU=gelu, num_warps=cfg.num_warps)
     return q, scale
 
 
@@ -210,6 +237,16 @@ def quantize_fp8_rows_op(x):
 @quantize_fp8_rows_op.register_fake
 def _quantize_fp8_rows_fake(x):
     return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("vsagen::gelu_quantize_fp8_rows", mutates_args=(), schema="(Tensor x) -> (Tensor, Tensor)")
+def gelu_quantize_fp8_rows_op(x):
+    """`quantize_fp8_rows(x, gelu=True)` with DEFAULT_ROW_CONFIG as a custom op: the FFN's GELU and its
+    quantization in one pass."""
+    return quantize_fp8_rows(x, gelu=True)
+
+
+gelu_quantize_fp8_rows_op.register_fake(_quantize_fp8_rows_fake)
 
 
 @torch.library.custom_op("vsagen::quantize_int8_blocks", mutates_args=(), schema="(Tensor x) -> (Tensor, Tensor)")

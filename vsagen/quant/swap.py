@@ -31,6 +31,7 @@ from torch import nn
 
 from ..architecture import experts
 
+from .fp8_ffn import fuse_fp8_ffns
 from .fp8_linear import Fp8Linear
 from .int8_linear import Int8Linear
 from .lowbit import LowBitLinear
@@ -169,6 +170,8 @@ def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str]
             continue
         put_modules(transformer, {name: build(linear)})
         report.swapped.append(name)
+    if precision == "fp8":
+        fuse_fp8_ffns(transformer)  # (eager CUDA runs: the GELU inside the second linear's quantizer)
     return report
 
 

@@ -550,18 +550,41 @@ def test_shell_completion_offers_presets_and_backends_without_torch(vsagen_cache
 
 
 # Bad input that needs no model answers before torch and diffusers load: ~0.4 s idle on this 2-core machine (it took
-# 4.4 s for --height 100, 10-14 s for a damaged checkpoint, issue 29); 3 s is generous.
+# 4.4 s for --height 100, 10-14 s for a damaged checkpoint, issue 29; 2.9 s for the --ulysses degree and
+# --cfg-parallel --guidance 1 with --attn auto, whose weights check imported torch); 3 s is generous.
 BAD_INPUT_WALL_S = 3.0
+# The bad inputs of one VSAGEN_CACHE run in one process, one `main()` after another, each followed by this line on
+# stdout and stderr (a process per input cost ~0.7 s each). Each one's time is the import of vsagen.cli.app plus its
+# own `main()`, what it takes from a cold start less the interpreter's; the heavy modules are read after each.
+_SEPARATOR = "--- next bad input ---"
+_BATCH_PROBE = (
+    "import json, sys, time\nt0 = time.perf_counter()\nfrom vsagen.cli.app import main\n"
+    "imported = time.perf_counter() - t0\nreport, answers = sys.argv[1], []\n"
+    "for argv in json.loads(sys.argv[2]):\n    sys.argv = ['vsagen', *argv]\n    t = time.perf_counter()\n"
+    "    try:\n        main()\n        code = 0\n    except SystemExit as e:\n        code = e.code\n"
+    "    heavy = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
+    "    answers.append([code, heavy, imported + time.perf_counter() - t])\n"
+    "    for stream in (sys.stdout, sys.stderr):\n        stream.write(%r + chr(10))\n        stream.flush()\n"
+    "open(report, 'w').write(json.dumps(answers))\n" % (HEAVY_MODULES, _SEPARATOR))
+# where each command's output goes: the option and the name in the test's output folder
+_TARGETS = {"t2v": ("--out", "v.mp4"), "i2v": ("--out", "i.mp4"), "search": ("--out", "p.json"),
+            "compare": ("--out", "c"), "profile": ("--out", "r.md"), "serve": ("--folder", "s")}
 
 
 def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir, tmp_path):
     """Issue 29 (items 4 and 5): each bad input gives one `error:` line and exit 2 through `main()`, within
     BAD_INPUT_WALL_S, having imported neither torch nor diffusers, and writes nothing (no output file, no cache
-    folder), t2v's and also search's and compare's. A truncated or overwritten safetensors file is named as damaged
-    (it was blamed on pickle), a folder without transformer weights gets vsagen's line only (diffusers printed its
-    own first), an unwritable VSAGEN_CACHE is bad input (it exited 1), and an unknown option is offered only close
-    ones (`--bogus` was offered `--out, --verbose`)."""
+    folder), t2v's and also i2v's, profile's, search's, compare's and serve's. A truncated or overwritten safetensors
+    file is named as damaged (it was blamed on pickle), a folder without transformer weights gets vsagen's line only
+    (diffusers printed its own first), an unwritable VSAGEN_CACHE is bad input (it exited 1), and an unknown option is
+    offered only close ones (`--bogus` was offered `--out, --verbose`). The process splits (--ulysses, --cfg-parallel)
+    are refused after `--attn auto` read the checkpoint's weight names and a named backend weights file's, which
+    import no torch (they did: 2.9 s and 240 MB on every torchrun rank)."""
     import shutil
+
+    import numpy as np
+    from PIL import Image
+    from safetensors.numpy import save_file
 
     checkpoints = {}
     for case in ("truncated", "overwritten", "no-weights"):
@@ -576,12 +599,20 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
             weights.unlink()
         checkpoints[case] = ckpt
     (tmp_path / "a-file").write_text("not a folder")
+    image = tmp_path / "first.png"
+    Image.new("RGB", (160, 96), (200, 90, 30)).save(image)
+    gates = tmp_path / "gates.safetensors"
+    save_file({"blocks.0.attn1.to_gate_compress.weight": np.random.default_rng(0).random((3, 5), np.float32)},
+              str(gates))
     out = tmp_path / "out"
     out.mkdir()
+    split = ["--device", "cpu", "--height", "112", "--width", "176"]  # 7 x 11 x 5 = 385 tokens: 2 does not divide
     cases = {  # args after `t2v PROMPT` (or a whole command line), what the line says, the VSAGEN_CACHE
         "height": (["--model", "tiny", "--height", "100"], "--height must be a positive multiple of 16", None),
         "search ranges": (["search", "--prompt", "p", "--model", "tiny", "--steps", "2", "--ranges", "3"],
                           "--ranges must be in [1, --steps] = [1, 2]", None),
+        "search ti2v size": (["search", "--prompt", "p", "--model", "tiny-ti2v", "--height", "48"],
+                             "--height must be a positive multiple of 32 for tiny-ti2v", None),
         "compare height": (["compare", "p", "--model", "tiny", "--width", "100"], "--width must be a positive", None),
         "attn option": (["--model", "tiny", "--attn", "vsa:sparsity=2"], "sparsity must be in [0, 1)", None),
         "codec": (["--model", "tiny", "--codec", "x264:crf=-1"], "crf must be an integer in [0, 51]", None),
@@ -595,6 +626,25 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
                            "given 2 times (--overwrite --no-overwrite); give it once", None),
         "compare option twice": (["compare", "p", "--model", "tiny", "--tile-fit", "crop", "--tile-fit=partial"],
                                  "--tile-fit given 2 times; give it once", None),
+        "ulysses degree": (["--model", "tiny", "--ulysses", "2", *split], "--ulysses 2 does not divide 385 tokens",
+                           None),
+        "ulysses heads": (["--model", "tiny", "--device", "cpu", "--ulysses", "3"],
+                          "--ulysses 3 does not divide 2 heads", None),
+        "cfg-parallel no cfg": (["--model", "tiny", "--device", "cpu", "--cfg-parallel", "--guidance", "1"],
+                                "--guidance 1 turns classifier-free guidance off", None),
+        "ulysses with gate weights": (["--model", "tiny", "--attn", f"vsa:gate_weights={gates}", "--ulysses", "2",
+                                       *split], "--ulysses 2 does not divide 385 tokens", None),
+        "i2v ulysses": (["i2v", str(image), "p", "--model", "tiny-i2v", "--ulysses", "2", *split],
+                        "--ulysses 2 does not divide 385 tokens", None),
+        "i2v no image": (["i2v", str(tmp_path / "none.png"), "p", "--model", "tiny-i2v"], "none.png does not exist",
+                         None),
+        "i2v ti2v size": (["i2v", str(image), "p", "--model", "tiny-ti2v", "--width", "100"],
+                          "--width must be a positive multiple of 32 for tiny-ti2v", None),
+        "profile ulysses": (["profile", "--model", "tiny", "--ulysses", "2", *split],
+                            "--ulysses 2 does not divide 385 tokens", None),
+        "profile cfg-parallel": (["profile", "--model", "tiny", "--device", "cpu", "--cfg-parallel", "--guidance", "1"],
+                                 "--guidance 1 turns classifier-free guidance off", None),
+        "serve open host": (["serve", "--model", "tiny", "--host", "0.0.0.0"], "give it a token", None),
         "truncated": (["--model", str(checkpoints["truncated"])],
                       "transformer/diffusion_pytorch_model.safetensors is damaged or truncated", None),
         "overwritten": (["--model", str(checkpoints["overwritten"])],
@@ -603,24 +653,23 @@ def test_bad_input_answers_fast_in_one_line_writing_nothing(cli_cache, tiny_dir,
         "cache": (["--model", "tiny"], f"vsagen cache {tmp_path}/a-file/cache (not a folder: {tmp_path}/a-file)",
                   tmp_path / "a-file" / "cache"),
     }
-    probe = ("import json, sys\nfrom vsagen.cli.app import main\n"
-             "report, sys.argv = sys.argv[1], ['vsagen', *sys.argv[2:]]\n"
-             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in %r)\n"
-             "open(report, 'w').write(json.dumps([code, heavy]))\n" % (HEAVY_MODULES,))
+    batches: dict[Path, list[tuple[str, list[str], str]]] = {}
     for name, (args, says, cache) in cases.items():
-        env = sub_env(cli_cache if cache is None else cache, tmp_path)
-        report = tmp_path / f"{name}.json"
-        command = args if args[0] in ("search", "compare") else ["t2v", "a prompt", *args]
-        target = out / ("p.json" if args[0] == "search" else "c" if args[0] == "compare" else "v.mp4")
-        argv = [sys.executable, "-c", probe, str(report), *command, "--out", str(target)]
-        t0 = time.perf_counter()
-        res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
-        wall = time.perf_counter() - t0
-        code, heavy = json.loads(report.read_text())
-        line = assert_one_error_line(res.stderr, res.stdout)
-        assert (code, heavy) == (2, []) and says in line, (name, line, heavy)
-        assert wall < BAD_INPUT_WALL_S, f"{name}: {wall:.2f} s"
+        command = args if args[0] in _TARGETS else ["t2v", "a prompt", *args]
+        option, target = _TARGETS[command[0]]
+        batches.setdefault(cli_cache if cache is None else cache, []).append(
+            (name, [*command, option, str(out / target)], says))
+    for i, (cache, batch) in enumerate(batches.items()):
+        report = tmp_path / f"batch-{i}.json"
+        res = subprocess.run([sys.executable, "-c", _BATCH_PROBE, str(report), json.dumps([a for _, a, _ in batch])],
+                             capture_output=True, text=True, env=sub_env(cache, tmp_path), timeout=120)
+        answers = json.loads(report.read_text())
+        errs, outs = res.stderr.split(_SEPARATOR + "\n"), res.stdout.split(_SEPARATOR + "\n")
+        assert len(answers) == len(batch) == len(errs) - 1 == len(outs) - 1, res.stderr[-2000:]
+        for (name, _, says), (code, heavy, wall), err, stdout in zip(batch, answers, errs, outs):
+            line = assert_one_error_line(err, stdout)
+            assert (code, heavy) == (2, []) and says in line, (name, line, heavy)
+            assert wall < BAD_INPUT_WALL_S, f"{name}: {wall:.2f} s"
     assert list(out.iterdir()) == []
     assert not (tmp_path / "a-file").is_dir()
 

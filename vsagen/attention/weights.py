@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import BadInput
 from .base import LayerWeights
 from .shared import weights_path_option  # noqa: F401 - re-exported: the Options check with it
 from .registry import named_weights_file  # noqa: F401 - re-exported: read before torch loads
+
+if TYPE_CHECKING:  # torch is imported by the functions that touch tensors: `--attn auto` and the Options checks
+    import torch   # read key names only (safetensors headers), before a bad input is refused
 
 
 def _files(source: Path) -> list[Path]:
@@ -117,7 +118,7 @@ def first_layer_key(folder: Path, spec: LayerWeights | None) -> str | None:
     pattern = _key_pattern(spec)
     for f in sorted(folder.glob("*.safetensors")):
         try:
-            with safe_open(str(f), framework="pt") as sf:
+            with safe_open(str(f), framework="numpy") as sf:
                 for key in sf.keys():
                     if pattern.match(key):
                         return key
@@ -142,7 +143,7 @@ def check_weights_file(path: Path, spec: LayerWeights) -> int:
     files = _files(path)
     pattern = _key_pattern(spec)
     try:
-        with safe_open(str(files[0]), framework="pt") as sf:
+        with safe_open(str(files[0]), framework="numpy") as sf:
             n = sum(1 for key in sf.keys() if pattern.match(key))
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise BadInput(f"cannot read backend weights from {path}: {str(e).splitlines()[0] if str(e) else e}") \
@@ -168,6 +169,8 @@ def check_layer_tensors(found: dict[int, dict[str, torch.Tensor]], spec: LayerWe
             (`require_all`), a tensor the backend does not take, a missing required tensor, a shape other than
             `spec.shapes(attn)`, a tensor that is not floating point, or one with NaN / Inf values.
     """
+    import torch
+
     keys = keys or {}
 
     def name_of(layer: int, param: str) -> str:
@@ -229,6 +232,8 @@ def attach_layer_weights(transformer: Any, spec: LayerWeights, source: Path | No
     Raises:
         BadInput: see `read_layer_tensors` and `check_layer_tensors` (nothing is attached then).
     """
+    import torch
+
     if source is None or not source.exists():
         return 0
     keys: dict[int, dict[str, str]] = {}

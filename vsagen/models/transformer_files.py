@@ -221,7 +221,7 @@ def file_keys(path: Path, where: str) -> list[str]:
         from safetensors import SafetensorError, safe_open
 
         try:
-            with safe_open(str(path), framework="pt") as f:
+            with safe_open(str(path), framework="numpy") as f:
                 return list(f.keys())
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:
             raise BadInput(f"{where}: cannot read it as safetensors ({_first_line(e)}): the file is damaged or "

@@ -215,6 +215,8 @@ def test_no_grad_path_skips_the_op_and_gives_the_same_forward(case, monkeypatch)
 
     monkeypatch.setattr(ssa, "_op", boom)
     assert torch.equal(fused(case["args"], case["sel"], LAY, **case["kw"]), case["got"][0])
+    if case["dtype"] != torch.float32:  # whether gradients are needed does not depend on the dtype: fp32's scopes
+        return
     with torch.no_grad():  # inputs that require grad, under no_grad: the same
         xs = [x.detach().requires_grad_(True) for x in case["args"]]
         assert torch.equal(fused(xs, case["sel"], LAY, **case["kw"]), case["got"][0])

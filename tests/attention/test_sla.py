@@ -75,13 +75,17 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-CASES = [  # (impl, head dim, S, block_q, block_k, query_rows): partial last blocks everywhere, both block orders
+# (impl, head dim, S, block_q, block_k, query_rows): partial last blocks everywhere, both block orders. At D 128,
+# S = 201 (was 333; fewer programs and keys under the interpreter): 3 query blocks of 64 and a partial one, key blocks
+# of 128 and 73 (64 + 9 in kernel tiles), one selected of 2 (at least 1; each key block and the partial query
+# blocks are chosen somewhere with these seeds), with block_q 128 a whole block and a partial one of 73.
+CASES = [
     ("torch", 64, 300, 128, 64, 64),
-    ("torch", 128, 333, 64, 128, 64),
+    ("torch", 128, 201, 64, 128, 64),
     ("triton", 64, 300, 128, 64, 64),
-    ("triton", 128, 333, 64, 128, 64),
+    ("triton", 128, 201, 64, 128, 64),
     ("triton", 64, 300, 128, 64, 128),  # one program per 128-token query block (a partial last one: 44 rows)
-    ("triton", 128, 333, 128, 128, 128),
+    ("triton", 128, 201, 128, 128, 128),
 ]
 
 

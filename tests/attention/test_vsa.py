@@ -214,15 +214,20 @@ def _vsa_tile_fp64(q, k, v, lay, sparsity, gate=None, coarse_grad=True):
 
 
 # (impl, tile, grid, head dim, gate, query_rows): batch 2; partial cubes on every axis (a whole cube and a partial one
-# along each: 2 x 2 x 2 cubes, the fewest the interpreter can run with both kinds on every axis), but on (4, 8, 16)
+# along each: 2 x 2 x 2 cubes, the fewest the interpreter can run with both kinds on every axis), but on (4, 8, 16).
+# The Triton fine stage runs 64-token kernel tiles whatever the cube (the cube shape only changes the expanded lists),
+# and the gate is added after it (with a gate the coarse stage also pools v). Two Triton cases are left out as paths
+# the others run: ungated 4x8x8 on (5, 9, 9) at D 64 (4x8x8 on 2 x 2 x 2 partial cubes with query rows 64: the
+# (5, 9, 12) case; the ungated coarse stage: the (4, 8, 16) and (5, 5, 9) cases, at D 64) and gated 4x4x8 on
+# (5, 6, 10) at D 128 (the same case at D 64 is the first Triton one; gated at D 128 with query rows 64: the 4x8x8
+# and 4x4x4 cases, on partial cubes).
 TILE_CASES = [
     ("torch", "4x4x8", (5, 6, 10), 64, True, 64), ("triton", "4x4x8", (5, 6, 10), 64, True, 64),
     ("torch", "4x8x8", (5, 9, 12), 128, True, 64), ("triton", "4x8x8", (5, 9, 12), 128, True, 64),
     ("torch", "4x4x4", (5, 5, 7), 128, True, 64), ("triton", "4x4x4", (5, 5, 7), 128, True, 64),
     ("torch", "4x8x8", (4, 8, 16), 64, False, 64), ("triton", "4x8x8", (4, 8, 16), 64, False, 64),
-    ("triton", "4x4x8", (5, 5, 9), 64, False, 64), ("triton", "4x8x8", (5, 9, 9), 64, False, 64),
+    ("triton", "4x4x8", (5, 5, 9), 64, False, 64),
     ("triton", "4x4x8", (5, 5, 9), 64, False, 128), ("triton", "4x8x8", (5, 9, 12), 128, True, 128),
-    ("triton", "4x4x8", (5, 6, 10), 128, True, 64),
 ]
 
 
@@ -250,8 +255,10 @@ def test_vsa_tile_option_matches_float64_forward_and_backward(impl, tile, grid, 
         torch.testing.assert_close(got.double(), ref_grad, atol=5e-5, rtol=5e-5)
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("tile,d", [("4x4x8", 16), ("4x8x8", 16), ("4x8x8", 128)])
+# Triton's 4x8x8 at D 16 left out: the same kernels, grid and lists as its 4x8x8 case at D 128, and D 16 in its
+# 4x4x8 case.
+@pytest.mark.parametrize("impl,tile,d", [("torch", "4x4x8", 16), ("triton", "4x4x8", 16), ("torch", "4x8x8", 16),
+                                         ("torch", "4x8x8", 128), ("triton", "4x8x8", 128)])
 def test_vsa_tile_every_cube_selected_equals_full(impl, tile, d):
     backend = VSAAttention(VSAOptions(sparsity=0.0, impl=impl, tile=tile))
     lay = tile_layout((5, 6, 10), backend.tile)

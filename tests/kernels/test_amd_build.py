@@ -1,7 +1,7 @@
 """Tests for kernels/amd_build.py: every kernel `rocm-vsa` launches, compiled for AMD Instinct gfx942 (MI300X /
-MI325X) and gfx950 (MI355X) with each shipped HIP config on this CPU machine (`python -m vsagen.kernels.amd_build`
-in a subprocess without the Triton interpreter): no spill, LDS within the target's limit, the one-pass hints
-present as `nt` loads in the AMDGCN; and the metadata parsing on known text."""
+MI325X) and gfx950 (MI355X) with each shipped HIP config on this CPU machine (`amd_build.main`, what `python -m
+vsagen.kernels.amd_build` runs, in a subprocess without the Triton interpreter): no spill, LDS within the target's
+limit, the one-pass hints present as `nt` loads in the AMDGCN; and the metadata parsing on known text."""
 
 from __future__ import annotations
 
@@ -26,17 +26,35 @@ KERNELS = {"_tile_pool_kernel", "_tile_scores_kernel", "_top_k_kernel", "_tile_p
 HINTED = {"_bsa_fwd_kernel", "_bsa_bwd_dq_kernel", "_bsa_bwd_dkdv_kernel"}
 
 
-def _builds(profile: str) -> list[dict]:
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-m", "vsagen.kernels.amd_build", "--json", "--profile", profile],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode in (0, 1), proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+# One child process (without the interpreter) for both profiles: each one imports torch and Triton anew (about 4 s
+# of CPU), the compiles are the same as two would do. `rocm-vsa` as `python -m vsagen.kernels.amd_build --json
+# --profile rocm-vsa` prints it (`main`); `vsa`: its forward's builds for gfx942.
+_BOTH_PROFILES = """
+import contextlib, io, json
+from vsagen.kernels import amd_build
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    code = amd_build.main(["--json", "--profile", "rocm-vsa"])
+vsa = [(b.kernel, b.nt_loads, b.hinted) for b in amd_build.rocm_vsa_builds("gfx942", profile="vsa")
+       if b.kernel == "_bsa_fwd_kernel"]
+print(json.dumps({"code": code, "rocm-vsa": json.loads(printed.getvalue()), "vsa": vsa}))
+"""
 
 
 @pytest.fixture(scope="module")
-def rocm_builds():
-    return _builds("rocm-vsa")
+def builds():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", _BOTH_PROFILES], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["code"] in (0, 1)  # 1: a build has a problem, which the tests below name
+    return out
+
+
+@pytest.fixture(scope="module")
+def rocm_builds(builds):
+    return builds["rocm-vsa"]
 
 
 def test_every_kernel_and_config_compiles_for_both_targets(rocm_builds):
@@ -66,15 +84,9 @@ def test_no_spill_no_lds_overflow_and_the_hints_reach_the_loads(rocm_builds):
             assert not b["hinted"] and b["nt_loads"] == 0
 
 
-def test_vsa_profile_emits_no_nt_loads():
+def test_vsa_profile_emits_no_nt_loads(builds):
     """The nt bits come from the hints: `vsa`'s own kernels for the same targets carry none (forward only)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    code = ("from vsagen.kernels.amd_build import rocm_vsa_builds; import json; "
-            "print(json.dumps([(b.kernel, b.nt_loads, b.hinted) for b in rocm_vsa_builds('gfx942', profile='vsa') "
-            "if b.kernel == '_bsa_fwd_kernel']))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = json.loads(proc.stdout)
+    rows = builds["vsa"]
     assert rows and all(nt == 0 and not hinted for _, nt, hinted in rows)
 
 

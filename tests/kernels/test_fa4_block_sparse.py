@@ -142,8 +142,10 @@ def run_emulation(lay, q, k, v, q2k, cnt, q_block, scale=None):
     return fa4.unpad_from_cubes(out_p, lay.slots, lay.slot_valid, q.shape[1])
 
 
+# 3 heads only (2 ran as well): the same lists, padding and emulation on the same grids, and with batch 2 three heads
+# also tell a batch / head mix-up that two would not by shape.
 @pytest.mark.parametrize("grid,tile,q_block", CASES, ids=IDS)
-@pytest.mark.parametrize("heads", [2, 3])
+@pytest.mark.parametrize("heads", [3])
 def test_emulated_fa4_equals_token_masked_attention(grid, tile, q_block, heads):
     lay = tile_layout(grid, tile)
     n = lay.num_tiles

@@ -514,6 +514,50 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
     assert model.weight_root is not None and (model.weight_root / "transformer" / tf.BACKEND_FILE).is_file()
 
 
+@pytest.mark.parametrize("name,tiny", [("lightx2v-wan2.1-t2v-14b", "tiny"), ("lightx2v-wan2.2-i2v-a14b", "tiny-i2v-a14b")])
+def test_lightx2v_presets_download_their_original_key_safetensors(tmp_path, monkeypatch, vsagen_cache, name, tiny):
+    """LightX2V's distill files as their configs name them (configs/distill/wan21/wan_t2v_distill_model_4step_cfg.json,
+    wan22/wan_moe_i2v_distill_model.json @f8aee98), in the layout their loader reads (the original Wan keys, a Conv3d
+    patch embedding: lightx2v/models/networks/base_model.py:441-471): the preset fetches just those files (no hub
+    here: snapshot_download answers from a folder), converts each into its expert (high-noise first) of a tiny
+    architecture standing in for the 14B, and takes the other components from the base checkpoint."""
+    import dataclasses
+
+    import huggingface_hub
+    from conftest import noise_image, saved_tiny
+
+    from vsagen.models import loading
+    from vsagen.models.sources import ModelSource
+
+    preset = load_preset(name)
+    repo, files = preset.transformer_files
+    experts = ["transformer", "transformer_2"][: len(files)]
+    states = [source_state(tiny, e, seed=3 + i) for i, e in enumerate(experts)]
+    for f, state in zip(files, states):
+        save_file({original_name(k): v.contiguous() for k, v in state.items()}, str(tmp_path / f))
+    asked = []
+
+    def download(repo, allow_patterns=None, local_files_only=False, **_):
+        asked.append((repo, *allow_patterns))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    small = load_preset(tiny)
+    preset = dataclasses.replace(preset, transformer=small.transformer, transformer_2=small.transformer_2,
+                                 vae=small.vae)
+    image = None
+    if preset.takes_image:
+        image = noise_image(tmp_path / "img.png", size=(64, 48))
+    cfg = resolve_generate("a cat", image=image, model=tiny, device="cpu", out=tmp_path / "o.mp4", attn="full")
+    cfg = dataclasses.replace(cfg, source=ModelSource("dir", str(saved_tiny(tiny)), preset))
+    model = loading.load_model(cfg, lambda line: None)
+    assert asked == [(repo, *files)]
+    for expert, state in zip(experts, states):
+        got = loaded(getattr(model.pipe, expert))
+        assert set(got) == set(state) and all(torch.equal(got[k], v) for k, v in state.items()), expert
+    assert model.weight_root is None  # nothing but the transformer in these files
+
+
 def test_a_turbo_preset_without_a_network_fails_at_once_naming_every_file(tmp_path, monkeypatch, vsagen_cache):
     """New-user trial: without a network the preset's download retried for ~27 s, printing ~15 lines, and its advice
     named one of the two experts' files (the one-file --transformer it suggested was then refused)."""

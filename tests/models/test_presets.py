@@ -16,13 +16,12 @@ from vsagen.models.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMA
 from vsagen.models.presets import _preset_dir
 
 BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b", "fastwan2.2-ti2v-5b-vsa",
-           "hummingbird-xt", "lightx2v-wan2.1-t2v-14b",
-           "lightx2v-wan2.2-i2v-a14b", "tiny",
-           "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b",
-           "turbowan2.1-t2v-1.3b-quant", "turbowan2.1-t2v-14b-480p", "turbowan2.1-t2v-14b-720p", "turbowan2.2-i2v-a14b",
-           "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p",
-           "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p",
-           "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
+           "hummingbird-xt", "lightx2v-wan2.1-t2v-14b", "lightx2v-wan2.2-i2v-a14b", "tiny", "tiny-a14b",
+           "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b", "turbowan2.1-t2v-1.3b-fv",
+           "turbowan2.1-t2v-1.3b-quant", "turbowan2.1-t2v-14b-480p", "turbowan2.1-t2v-14b-720p",
+           "turbowan2.2-i2v-a14b", "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p", "wan2.1-i2v-14b-480p",
+           "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p", "wan2.2-i2v-a14b",
+           "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 # attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets
 OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn", "decode_dtype", "image_size"}
 

@@ -450,11 +450,12 @@ TURBO = [n for n in preset_names() if n.startswith("turbowan")]
 
 
 def test_turbo_presets_parse():
-    assert len(TURBO) == 6
+    assert len(TURBO) == 7
     for name in TURBO:
         p = load_preset(name)
         repo, files = p.transformer_files
-        assert repo.startswith("TurboDiffusion/TurboWan") and len(files) == p.experts
+        assert repo.startswith("loayrashid/TurboWan" if name.endswith("-fv") else "TurboDiffusion/TurboWan")
+        assert len(files) == p.experts
         assert p.defaults.attn == "sla" and p.defaults.attention["sla"] == {"block_q": 64, "block_k": 128, "topk": 0.1}
         assert p.defaults.sampler == ("rcm:sigma_max=200:ode=true" if p.image_to_video else "rcm")
         assert p.defaults.image_size == ("adaptive" if p.image_to_video else "fixed")
@@ -514,7 +515,8 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
     assert model.weight_root is not None and (model.weight_root / "transformer" / tf.BACKEND_FILE).is_file()
 
 
-@pytest.mark.parametrize("name,tiny", [("lightx2v-wan2.1-t2v-14b", "tiny"), ("lightx2v-wan2.2-i2v-a14b", "tiny-i2v-a14b")])
+@pytest.mark.parametrize("name,tiny", [("lightx2v-wan2.1-t2v-14b", "tiny"),
+                                       ("lightx2v-wan2.2-i2v-a14b", "tiny-i2v-a14b")])
 def test_lightx2v_presets_download_their_original_key_safetensors(tmp_path, monkeypatch, vsagen_cache, name, tiny):
     """LightX2V's distill files as their configs name them (configs/distill/wan21/wan_t2v_distill_model_4step_cfg.json,
     wan22/wan_moe_i2v_distill_model.json @f8aee98), in the layout their loader reads (the original Wan keys, a Conv3d
@@ -556,6 +558,114 @@ def test_lightx2v_presets_download_their_original_key_safetensors(tmp_path, monk
         got = loaded(getattr(model.pipe, expert))
         assert set(got) == set(state) and all(torch.equal(got[k], v) for k, v in state.items()), expert
     assert model.weight_root is None  # nothing but the transformer in these files
+
+
+# FastVideo's TurboDiffusion conversion (scripts/checkpoint_conversion/convert_turbodiffusion_to_diffusers.py:30-65,
+# @2f3d407) as facts about names: an original Wan key's pattern -> FastVideo's name for it (the test writes files so)
+FASTVIDEO_NAMES = [(r"blocks\.(\d+)\.self_attn\.([qkv])\.(.+)", r"blocks.\1.to_\2.\3"),
+                   (r"blocks\.(\d+)\.self_attn\.o\.(.+)", r"blocks.\1.to_out.\2"),
+                   (r"blocks\.(\d+)\.self_attn\.norm_([qk])\.(.+)", r"blocks.\1.norm_\2.\3"),
+                   (r"blocks\.(\d+)\.self_attn\.attn_op\.local_attn\.proj_l\.(.+)",
+                    r"blocks.\1.attn1.attn_impl.proj_l.\2"),
+                   (r"blocks\.(\d+)\.cross_attn\.([qkv])\.(.+)", r"blocks.\1.attn2.to_\2.\3"),
+                   (r"blocks\.(\d+)\.cross_attn\.o\.(.+)", r"blocks.\1.attn2.to_out.\2"),
+                   (r"blocks\.(\d+)\.cross_attn\.norm_([qk])\.(.+)", r"blocks.\1.attn2.norm_\2.\3"),
+                   (r"blocks\.(\d+)\.norm3\.(.+)", r"blocks.\1.self_attn_residual_norm.norm.\2"),
+                   (r"blocks\.(\d+)\.ffn\.0\.(.+)", r"blocks.\1.ffn.fc_in.\2"),
+                   (r"blocks\.(\d+)\.ffn\.2\.(.+)", r"blocks.\1.ffn.fc_out.\2"),
+                   (r"blocks\.(\d+)\.modulation", r"blocks.\1.scale_shift_table"),
+                   (r"text_embedding\.0\.(.+)", r"condition_embedder.text_embedder.fc_in.\1"),
+                   (r"text_embedding\.2\.(.+)", r"condition_embedder.text_embedder.fc_out.\1"),
+                   (r"time_embedding\.0\.(.+)", r"condition_embedder.time_embedder.mlp.fc_in.\1"),
+                   (r"time_embedding\.2\.(.+)", r"condition_embedder.time_embedder.mlp.fc_out.\1"),
+                   (r"time_projection\.1\.(.+)", r"condition_embedder.time_modulation.linear.\1"),
+                   (r"head\.head\.(.+)", r"proj_out.\1"), (r"head\.norm\.(.+)", r"norm_out.\1"),
+                   (r"head\.modulation", r"scale_shift_table")]
+
+
+def fastvideo_file(path: Path, state: dict[str, torch.Tensor], seed: int = 5) -> dict[str, torch.Tensor]:
+    """A transformer/diffusion_pytorch_model.safetensors as FastVideo's TurboDiffusion conversion writes it: FastVideo's
+    module names, the Conv3d patch embedding, SLA's proj_l per layer; returns the proj_l tensors by original key."""
+    out, proj = {}, {}
+    layers = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))
+    d = load_preset("tiny").transformer["attention_head_dim"]
+    g = torch.Generator().manual_seed(seed)
+    for i in range(layers):
+        for part, shape in (("weight", (d, d)), ("bias", (d,))):
+            proj[f"{PROJ.format(i=i)}.{part}"] = torch.randn(shape, generator=g)
+    for key, value in {**{original_name(k): v for k, v in state.items()}, **proj}.items():
+        name = next((re.sub(a, b, key) for a, b in FASTVIDEO_NAMES if re.fullmatch(a, key)), key)
+        out[name] = value.contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(path))
+    return proj
+
+
+def save_keys(path: Path) -> list[str]:
+    """A safetensors file's keys as stored."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
+
+
+def test_fastvideo_module_names_load_back_key_by_key(tmp_path):
+    src = source_state()
+    proj = fastvideo_file(tmp_path / "t.safetensors", src)
+    keys = tf.file_keys(tmp_path / "t.safetensors", "x")
+    assert tf.is_fastvideo_layout(list(save_keys(tmp_path / "t.safetensors"))) and set(proj) <= set(keys)
+    tf.check_header(tmp_path / "t.safetensors", load_preset("tiny").transformer, "tiny")
+    t, backend, note = tf.load_transformer_file(tmp_path / "t.safetensors", load_preset("tiny").transformer,
+                                                torch.float32)
+    got = loaded(t)
+    assert set(got) == set(src) and all(torch.equal(got[k], v) for k, v in src.items())
+    assert set(backend) == set(proj) and all(torch.equal(backend[k], v) for k, v in proj.items())
+    assert "FastVideo's module names read back to the original Wan ones" in note
+    wide = dict(load_preset("tiny").transformer, attention_head_dim=2 * load_preset("tiny").transformer[
+        "attention_head_dim"])
+    with pytest.raises(BadInput, match="blocks.0.to_q"):  # the width check finds FastVideo's query weight
+        tf.check_header(tmp_path / "t.safetensors", wide, "tiny")
+
+
+def test_the_fastvideo_turbowan_preset_fetches_only_the_transformer_file(tmp_path, monkeypatch, vsagen_cache):
+    """turbowan2.1-t2v-1.3b-fv: the one file FastVideo's conversion puts in the repository's transformer/ (no hub
+    here: snapshot_download answers from a folder), read into a tiny architecture standing in for the 1.3B, its
+    proj_l set aside for sla; the components from the stock checkpoint (a tiny one here)."""
+    import dataclasses
+
+    import huggingface_hub
+    from conftest import saved_tiny
+
+    from vsagen.models import loading
+    from vsagen.models.sources import ModelSource
+
+    src = source_state()
+    preset = load_preset("turbowan2.1-t2v-1.3b-fv")
+    repo, files = preset.transformer_files
+    assert (repo, files) == ("loayrashid/TurboWan2.1-T2V-1.3B-Diffusers",
+                             ("transformer/diffusion_pytorch_model.safetensors",))
+    proj = fastvideo_file(tmp_path / files[0], src)
+    asked = []
+
+    def download(repo, allow_patterns=None, local_files_only=False, **_):
+        asked.append((repo, *allow_patterns))
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    tiny = load_preset("tiny")
+    preset = dataclasses.replace(preset, transformer=tiny.transformer, vae=tiny.vae)
+    cfg = resolve_generate("a cat", model="tiny", device="cpu", out=tmp_path / "o.mp4", attn="full")
+    cfg = dataclasses.replace(cfg, source=ModelSource("dir", str(saved_tiny("tiny")), preset))
+    model = loading.load_model(cfg, lambda line: None)
+    assert asked == [(repo, *files)]
+    assert all(torch.equal(loaded(model.pipe.transformer)[k], v) for k, v in src.items())
+    from safetensors.torch import load_file
+
+    kept = load_file(str(model.weight_root / "transformer" / tf.BACKEND_FILE))
+    assert set(kept) == set(proj) and all(torch.equal(kept[k], v) for k, v in proj.items())
+    cfg = resolve_generate("a cat", model="turbowan2.1-t2v-1.3b-fv", random_weights=True, device="cpu",
+                           out=tmp_path / "r.mp4")
+    assert (cfg.backend.name, cfg.sampler.name, cfg.steps) == ("sla", "rcm", 4)
 
 
 def test_a_turbo_preset_without_a_network_fails_at_once_naming_every_file(tmp_path, monkeypatch, vsagen_cache):

@@ -481,19 +481,18 @@ def test_turbo_preset_random_weights_auto_picks_sla_and_rcm(tmp_path):
     assert cfg.transformer_sources == ("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P/TurboWan2.1-T2V-1.3B-480P.pth",)
 
 
-def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monkeypatch, vsagen_cache):
-    """No hub here: snapshot_download (of the preset's files only) is replaced by a local folder; the base
-    components come from a local tiny checkpoint standing in for the hub id (the preset's architecture is replaced
-    by the tiny one)."""
+def load_preset_files(tmp_path: Path, monkeypatch, name: str, tiny: str, image: Path | None = None):
+    """Load `name` (a [transformer_files] preset) with no hub: snapshot_download (of the preset's files only) answers
+    from `tmp_path`, where the test wrote them; the base components come from the saved tiny checkpoint `tiny`, whose
+    architecture replaces the preset's. Returns (the loaded model, the (repo, *files) each download asked for)."""
     import dataclasses
 
     import huggingface_hub
+    from conftest import saved_tiny
 
     from vsagen.models import loading
     from vsagen.models.sources import ModelSource
 
-    src = source_state()
-    turbo_file(tmp_path / "TurboWan2.1-T2V-1.3B-480P.pth", src)
     asked = []
 
     def download(repo, allow_patterns=None, local_files_only=False, **_):
@@ -501,15 +500,21 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
-    tiny = load_preset("tiny")
-    preset = dataclasses.replace(load_preset("turbowan2.1-t2v-1.3b"), transformer=tiny.transformer,
-                                 vae=tiny.vae)
-    cfg = resolve_generate("a cat", model="tiny", device="cpu", out=tmp_path / "o.mp4", attn="full")
-    from conftest import saved_tiny
+    small = load_preset(tiny)
+    preset = dataclasses.replace(load_preset(name), transformer=small.transformer, transformer_2=small.transformer_2,
+                                 vae=small.vae)
+    cfg = resolve_generate("a cat", image=image, model=tiny, device="cpu", out=tmp_path / "o.mp4", attn="full")
+    cfg = dataclasses.replace(cfg, source=ModelSource("dir", str(saved_tiny(tiny)), preset))
+    return loading.load_model(cfg, lambda line: None), asked
 
-    source = ModelSource("dir", str(saved_tiny("tiny")), preset)
-    cfg = dataclasses.replace(cfg, source=source)
-    model = loading.load_model(cfg, lambda line: None)
+
+def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monkeypatch, vsagen_cache):
+    """No hub here: snapshot_download (of the preset's files only) is replaced by a local folder; the base
+    components come from a local tiny checkpoint standing in for the hub id (the preset's architecture is replaced
+    by the tiny one)."""
+    src = source_state()
+    turbo_file(tmp_path / "TurboWan2.1-T2V-1.3B-480P.pth", src)
+    model, asked = load_preset_files(tmp_path, monkeypatch, "turbowan2.1-t2v-1.3b", "tiny")
     assert asked == [("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P", "TurboWan2.1-T2V-1.3B-480P.pth")]
     assert all(torch.equal(loaded(model.pipe.transformer)[k], v) for k, v in src.items())
     assert model.weight_root is not None and (model.weight_root / "transformer" / tf.BACKEND_FILE).is_file()
@@ -520,39 +525,18 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
 def test_lightx2v_presets_download_their_original_key_safetensors(tmp_path, monkeypatch, vsagen_cache, name, tiny):
     """LightX2V's distill files as their configs name them (configs/distill/wan21/wan_t2v_distill_model_4step_cfg.json,
     wan22/wan_moe_i2v_distill_model.json @f8aee98), in the layout their loader reads (the original Wan keys, a Conv3d
-    patch embedding: lightx2v/models/networks/base_model.py:441-471): the preset fetches just those files (no hub
-    here: snapshot_download answers from a folder), converts each into its expert (high-noise first) of a tiny
-    architecture standing in for the 14B, and takes the other components from the base checkpoint."""
-    import dataclasses
+    patch embedding: lightx2v/models/networks/base_model.py:441-471): the preset fetches just those files, converts
+    each into its expert (high-noise first) of a tiny architecture standing in for the 14B, and takes the other
+    components from the base checkpoint."""
+    from conftest import noise_image
 
-    import huggingface_hub
-    from conftest import noise_image, saved_tiny
-
-    from vsagen.models import loading
-    from vsagen.models.sources import ModelSource
-
-    preset = load_preset(name)
-    repo, files = preset.transformer_files
+    repo, files = load_preset(name).transformer_files
     experts = ["transformer", "transformer_2"][: len(files)]
     states = [source_state(tiny, e, seed=3 + i) for i, e in enumerate(experts)]
     for f, state in zip(files, states):
         save_file({original_name(k): v.contiguous() for k, v in state.items()}, str(tmp_path / f))
-    asked = []
-
-    def download(repo, allow_patterns=None, local_files_only=False, **_):
-        asked.append((repo, *allow_patterns))
-        return str(tmp_path)
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
-    small = load_preset(tiny)
-    preset = dataclasses.replace(preset, transformer=small.transformer, transformer_2=small.transformer_2,
-                                 vae=small.vae)
-    image = None
-    if preset.takes_image:
-        image = noise_image(tmp_path / "img.png", size=(64, 48))
-    cfg = resolve_generate("a cat", image=image, model=tiny, device="cpu", out=tmp_path / "o.mp4", attn="full")
-    cfg = dataclasses.replace(cfg, source=ModelSource("dir", str(saved_tiny(tiny)), preset))
-    model = loading.load_model(cfg, lambda line: None)
+    image = noise_image(tmp_path / "img.png", size=(64, 48)) if load_preset(tiny).takes_image else None
+    model, asked = load_preset_files(tmp_path, monkeypatch, name, tiny, image)
     assert asked == [(repo, *files)]
     for expert, state in zip(experts, states):
         got = loaded(getattr(model.pipe, expert))
@@ -628,39 +612,19 @@ def test_fastvideo_module_names_load_back_key_by_key(tmp_path):
 
 
 def test_the_fastvideo_turbowan_preset_fetches_only_the_transformer_file(tmp_path, monkeypatch, vsagen_cache):
-    """turbowan2.1-t2v-1.3b-fv: the one file FastVideo's conversion puts in the repository's transformer/ (no hub
-    here: snapshot_download answers from a folder), read into a tiny architecture standing in for the 1.3B, its
-    proj_l set aside for sla; the components from the stock checkpoint (a tiny one here)."""
-    import dataclasses
-
-    import huggingface_hub
-    from conftest import saved_tiny
-
-    from vsagen.models import loading
-    from vsagen.models.sources import ModelSource
+    """turbowan2.1-t2v-1.3b-fv: the one file FastVideo's conversion puts in the repository's transformer/, read into a
+    tiny architecture standing in for the 1.3B, its proj_l set aside for sla; the components from the stock
+    checkpoint (a tiny one here)."""
+    from safetensors.torch import load_file
 
     src = source_state()
-    preset = load_preset("turbowan2.1-t2v-1.3b-fv")
-    repo, files = preset.transformer_files
+    repo, files = load_preset("turbowan2.1-t2v-1.3b-fv").transformer_files
     assert (repo, files) == ("loayrashid/TurboWan2.1-T2V-1.3B-Diffusers",
                              ("transformer/diffusion_pytorch_model.safetensors",))
     proj = fastvideo_file(tmp_path / files[0], src)
-    asked = []
-
-    def download(repo, allow_patterns=None, local_files_only=False, **_):
-        asked.append((repo, *allow_patterns))
-        return str(tmp_path)
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
-    tiny = load_preset("tiny")
-    preset = dataclasses.replace(preset, transformer=tiny.transformer, vae=tiny.vae)
-    cfg = resolve_generate("a cat", model="tiny", device="cpu", out=tmp_path / "o.mp4", attn="full")
-    cfg = dataclasses.replace(cfg, source=ModelSource("dir", str(saved_tiny("tiny")), preset))
-    model = loading.load_model(cfg, lambda line: None)
+    model, asked = load_preset_files(tmp_path, monkeypatch, "turbowan2.1-t2v-1.3b-fv", "tiny")
     assert asked == [(repo, *files)]
     assert all(torch.equal(loaded(model.pipe.transformer)[k], v) for k, v in src.items())
-    from safetensors.torch import load_file
-
     kept = load_file(str(model.weight_root / "transformer" / tf.BACKEND_FILE))
     assert set(kept) == set(proj) and all(torch.equal(kept[k], v) for k, v in proj.items())
     cfg = resolve_generate("a cat", model="turbowan2.1-t2v-1.3b-fv", random_weights=True, device="cpu",

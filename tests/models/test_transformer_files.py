@@ -450,7 +450,7 @@ TURBO = [n for n in preset_names() if n.startswith("turbowan")]
 
 
 def test_turbo_presets_parse():
-    assert len(TURBO) == 7
+    assert len(TURBO) == 8
     for name in TURBO:
         p = load_preset(name)
         repo, files = p.transformer_files
@@ -461,6 +461,19 @@ def test_turbo_presets_parse():
         assert p.defaults.image_size == ("adaptive" if p.image_to_video else "fixed")
         assert (p.boundary_ratio == 0.9) == (p.experts == 2) and p.hub_id.startswith("Wan-AI/")
         assert ("quant" in name) == all("-quant.pth" in f for f in files)
+
+
+@pytest.mark.parametrize("fv,same", [("turbowan2.1-t2v-1.3b-fv", "turbowan2.1-t2v-1.3b"),
+                                     ("turbowan2.1-t2v-14b-fv", "turbowan2.1-t2v-14b-720p")])
+def test_fastvideo_conversions_run_as_the_turbodiffusion_presets(fv, same):
+    """FastVideo's conversions (one transformer/ file in its repository) run with the TurboDiffusion preset's
+    defaults, sampler and attention, on the same base checkpoint and architecture (the 14B at 720p, as FastVideo's
+    turbo_t2v_14b preset: fastvideo/pipelines/basic/turbodiffusion/presets.py:33-49)."""
+    a, b = load_preset(fv), load_preset(same)
+    assert a.transformer_files[1] == ("transformer/diffusion_pytorch_model.safetensors",)
+    assert a.transformer_files[0] == "loayrashid/" + b.transformer_files[0].split("/")[1].rsplit("-", 1)[0] + \
+        "-Diffusers"
+    assert (a.defaults, a.hub_id, a.transformer, a.vae) == (b.defaults, b.hub_id, b.transformer, b.vae)
 
 
 def test_turbo_presets_never_describe_their_base_checkpoint():

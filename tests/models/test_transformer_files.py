@@ -624,6 +624,20 @@ def test_fastvideo_module_names_load_back_key_by_key(tmp_path):
         tf.check_header(tmp_path / "t.safetensors", wide, "tiny")
 
 
+def test_a_fastvideo_named_file_runs_with_transformer_and_auto_sees_its_proj_l(tmp_path, vsagen_cache):
+    """A local copy of a FastVideo conversion: `--transformer DIR/transformer/diffusion_pytorch_model.safetensors`
+    over the base model; `--attn auto` finds SLA's proj_l under FastVideo's name and runs sla."""
+    import vsagen
+
+    src = source_state()
+    fastvideo_file(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors", src)
+    file = str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors")
+    cfg = resolve_generate("a cat", model="tiny", transformer=file, device="cpu", out=tmp_path / "o.mp4")
+    assert cfg.backend.name == "sla" and "proj_l" in cfg.attn_note
+    pipe = vsagen.load_pipeline("tiny", device="cpu", transformer=file)
+    assert all(torch.equal(loaded(pipe.transformer)[k], v) for k, v in src.items())
+
+
 def test_the_fastvideo_turbowan_preset_fetches_only_the_transformer_file(tmp_path, monkeypatch, vsagen_cache):
     """turbowan2.1-t2v-1.3b-fv: the one file FastVideo's conversion puts in the repository's transformer/, read into a
     tiny architecture standing in for the 1.3B, its proj_l set aside for sla; the components from the stock

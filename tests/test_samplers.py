@@ -48,6 +48,25 @@ def test_dmd_hummingbird_is_amds_warped_list_with_its_bf16_int64_timesteps():
     assert hb.noise == "once"
 
 
+def test_lightx2v_4step_is_their_shift_5_table_at_1000_750_500_250():
+    """LightX2V's WanStepDistillScheduler (step_distill/scheduler.py:25-33 @f8aee98): sigmas linspace(1, 0, 1001)[:-1]
+    shifted by sample_shift 5, indexed at 1000 - t for denoising_step_list [1000, 750, 500, 250]; timesteps sigma x
+    1000. Float64 from their formula; and their float32 torch table is exactly what the installed scheduler holds."""
+    picked = [1000 - t for t in (1000, 750, 500, 250)]
+    want = _flow_table(5.0, np.linspace(1.0, 0.0, 1001)[:-1])[picked]
+    lx = NAMED["lightx2v-4step"]
+    assert np.allclose(lx.sigmas, want, rtol=0, atol=1e-15)
+    assert np.allclose(lx.timesteps, want * 1000, rtol=0, atol=1e-12)
+    assert [round(s, 6) for s in lx.sigmas] == [1.0, 0.9375, 0.833333, 0.625]
+    assert (lx.noise, lx.cfg, lx.renoise, lx.sigma_max) == ("none", False, True, None)
+    table = torch.linspace(1.0, 0.0, 1001)[:-1]  # their lines 26-29, float32
+    table = 5.0 * table / (1 + 4.0 * table)
+    s = renoise_scheduler(lx, 0)
+    s.set_timesteps(4, device="cpu")
+    assert torch.equal(s.sigmas[:4], table[picked]) and torch.equal(s.timesteps, (table * 1000)[picked])
+    assert not s.config.stochastic_sampling  # their step_post: x - sigma v + sigma_next v, no fresh noise
+
+
 def test_the_scheduler_takes_the_list_as_given_and_appends_a_terminal_zero():
     s = renoise_scheduler(NAMED["dmd"], 7)
     s.set_timesteps(50, device="cpu")  # the pipeline's step count does not decide
@@ -85,7 +104,7 @@ def _run(pipe, sampler: Sampler, seed: int, guidance: float = 5.0):
 
 
 @pytest.mark.parametrize("entry", ["dmd", "dmd-hummingbird", "rcm", "rcm:steps=2:sigma_max=200",
-                                   "rcm:sigma_max=200:ode=true"])
+                                   "rcm:sigma_max=200:ode=true", "lightx2v-4step"])
 def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(tiny_pipe, entry):
     """x starts as sigma_0 eps; x0 = x - sigma_i v; x_next = (1 - sigma_next) x0 + sigma_next eps (fresh or the same
     eps per the sampler; rCM's ODE, as the TurboWan2.2 I2V presets run it: TurboDiffusion's --ode update
@@ -96,7 +115,9 @@ def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(t
     sampler, seed = parse_sampler(entry), 3
     latents, seen = _run(tiny_pipe, sampler, seed)
     assert len(seen) == len(sampler.sigmas)  # CFG off: one forward a step (guidance 5 was passed)
-    assert [float(t.flatten()[0]) for _, t, _ in seen] == list(sampler.timesteps)
+    # the timesteps as the scheduler's float32 tensor holds them (LightX2V's 833.333 too, as their float32 table)
+    held = torch.tensor(sampler.timesteps, dtype=torch.float32).tolist()
+    assert [float(t.flatten()[0]) for _, t, _ in seen] == held
     shape = seen[0][0].shape
     eps0 = torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed)).double()  # diffusers' initial noise
     x = sampler.sigmas[0] * eps0
@@ -118,11 +139,12 @@ def test_the_loop_on_the_tiny_model_equals_a_float64_reenactment_of_the_update(t
 
 
 @pytest.mark.parametrize("entry,high", [("rcm", 2), ("rcm:sigma_max=200", 2), ("rcm:steps=2", 2), ("rcm:steps=1", 1),
-                                        ("dmd", 1)])
+                                        ("dmd", 1), ("lightx2v-4step", 2)])
 def test_two_experts_switch_where_turbodiffusion_switches(a14b_dir, entry, high):
     """Wan2.2 A14B under a few-step list: the high-noise expert denoises the steps with t >= 0.9 (TurboDiffusion's
     I2V switches to the low-noise one at t < 0.9; diffusers compares timestep >= boundary_ratio * 1000), the
-    low-noise one the rest, one forward a step."""
+    low-noise one the rest, one forward a step. LightX2V switches by step index 2 (boundary_step_index,
+    wan_distill_runner.py:61 @f8aee98): its first two steps (t 1000, 937.5) are the ones at t >= 0.9."""
     from diffusers import WanPipeline
 
     from vsagen.request.sampling import parse_sampler

@@ -33,6 +33,17 @@ Named samplers (sources read 2026-12-03; see the references in each entry):
   re-noise; `ode=true` (their I2V `--ode`, wan2.2_i2v_infer.py:202-203, which their I2V script passes: the
   TurboWan2.2 I2V presets' default) takes the Euler step x - (t - t_next) v instead of re-noising.
 
+* `lightx2v-4step`: LightX2V's 4-step distilled Wan models (`lightx2v/Wan2.1-Distill-Models`,
+  `lightx2v/Wan2.2-Distill-Models`; ModelTC/LightX2V @f8aee98, `WanStepDistillScheduler`,
+  `lightx2v/models/schedulers/wan/step_distill/scheduler.py:25-49`, with `denoising_step_list` [1000, 750, 500, 250]
+  and `sample_shift` 5 from `configs/distill/wan21/wan_t2v_distill_model_4step_cfg.json` and
+  `configs/distill/wan22/wan_moe_i2v_distill_model.json`): a float32 table of 1000 sigmas linspace(1, 0, 1001)[:-1]
+  shifted by 5 (sigma' = 5 s / (1 + 4 s)), indexed at 1000 - t: sigma = 1, 15/16, 5/6, 5/8, timesteps sigma x 1000
+  (1000, 937.5, 833.333, 625). Its step is the Euler ODE step x + (sigma_next - sigma) v, x - sigma v at the last
+  (no re-noise: `noise="none"`), from pure noise. The Wan2.2 A14B experts switch at step index 2
+  (`boundary_step_index`, `lightx2v/models/runners/wan/wan_distill_runner.py:61`), which the base checkpoint's
+  boundary_ratio 0.9 gives (timesteps 1000 and 937.5 >= 900 run the high-noise expert).
+
 Every re-noise sampler starts from sigma_0 x eps (a flow latent at sigma_0 with the clean part's mean, 0): pure
 noise for the DMD lists (sigma_0 = 1), 0.987654 x eps for rCM, as TurboDiffusion starts.
 
@@ -163,6 +174,9 @@ def rcm_times(steps: int, sigma_max: float) -> tuple[tuple[float, ...], tuple[fl
     return times, tuple(bf16(float32(t) * 1000) for t in times)
 
 
+# LightX2V's 4-step list (see the module docstring): shift 5 at the training timesteps 1000, 750, 500, 250
+LIGHTX2V_SIGMAS = (1.0, 15 / 16, 5 / 6, 5 / 8)
+
 NAMED: dict[str, Sampler] = {
     "default": Sampler("default", source="the checkpoint's scheduler config (UniPC multistep, flow shift)"),
     "dmd": Sampler("dmd", sigmas=(1.0, 28 / 37, 12 / 23), timesteps=(1000.0, 757.0, 522.0), noise="fresh",
@@ -171,6 +185,9 @@ NAMED: dict[str, Sampler] = {
                                noise="once", source="AMD Hummingbird-XT: timesteps 1000, 750, 500 at shift 10"),
     "rcm": Sampler("rcm", *rcm_times(RCM_MAX_STEPS, RCM_SIGMA_MAX), noise="fresh", sigma_max=RCM_SIGMA_MAX,
                    source="TurboDiffusion rCM: TrigFlow angles atan(sigma_max), 1.5, 1.4, 1.0"),
+    "lightx2v-4step": Sampler("lightx2v-4step", sigmas=LIGHTX2V_SIGMAS,
+                              timesteps=tuple(s * NUM_TRAIN_TIMESTEPS for s in LIGHTX2V_SIGMAS), noise="none",
+                              source="LightX2V 4-step distill: timesteps 1000, 750, 500, 250 at shift 5, Euler steps"),
 }
 DEFAULT_SAMPLER = "default"
 

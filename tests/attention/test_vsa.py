@@ -567,6 +567,14 @@ def test_fastvideo_presets_count_top_k_as_their_checkpoints_were_trained():
     assert (d.frames, d.height, d.width, lay.num_tokens, lay.num_tiles) == (81, 480, 832, 32760, 624)
     assert VSAAttention(VSAOptions(**table)).top_k(lay) == 103
     assert VSAAttention(VSAOptions(**{**table, "topk_count": "tiles"})).top_k(lay) == 125
-    for name in ("fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "wan2.1-vsa-t2v-14b-720p"):
+    # FastWan2.2-TI2V-5B (VSA) at 704x1280x121: 31x22x40 post-patch, 86 kept cubes of 480 (96 counted by tiles)
+    src = resolve_model("fastwan2.2-ti2v-5b-vsa")
+    d = src.preset.defaults
+    lay = tile_layout(tuple(preset_plan(src, d.frames, d.height, d.width, "partial").grid))
+    table = d.attention["vsa"]
+    assert (lay.num_tokens, lay.num_tiles) == (27280, 480)
+    assert VSAAttention(VSAOptions(**table)).top_k(lay) == math.ceil(0.2 * 27280 / 64) == 86
+    assert VSAAttention(VSAOptions(**{**table, "topk_count": "tiles"})).top_k(lay) == 96
+    for name in ("fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "wan2.1-vsa-t2v-14b-720p", "fastwan2.2-ti2v-5b-vsa"):
         tables = load_preset(name).defaults.attention
         assert tables["vsa"]["topk_count"] == tables["rocm-vsa"]["topk_count"] == "tokens"

@@ -304,6 +304,21 @@ def test_turbowan22_i2v_sizes_the_video_by_the_image_and_runs_rcm_as_ode(tmp_pat
     assert (cfg.height, cfg.width) == (480, 832) and not any("adaptive" in n for n in cfg.notes)
 
 
+def test_lightx2v_wan22_i2v_sizes_the_video_by_the_image_rounding_down(tmp_path):
+    """lightx2v-wan2.2-i2v-a14b sizes as LightX2V's Wan runner does: the image's aspect at 720 x 1280's area, the
+    sides rounded down to multiples of 16 (a 2:3 portrait: 1168 x 768, where TurboDiffusion's rule gives 1168 x 784);
+    its 4 Euler steps, CFG off."""
+    from conftest import noise_image
+
+    noise_image(tmp_path / "portrait.png", size=(200, 300))
+    cfg = resolve("a fox", model="lightx2v-wan2.2-i2v-a14b", device="cpu", image=tmp_path / "portrait.png",
+                  out=tmp_path / "a.mp4")
+    assert (cfg.height, cfg.width, cfg.sampler.text, cfg.steps, cfg.guidance) == (1168, 768, "lightx2v-4step", 4, 1.0)
+    assert "the video is 1168x768" in cfg.notes[0] and "LightX2V's sizing, sides rounded down" in cfg.notes[0]
+    assert cfg.transformer_sources == tuple(f"lightx2v/Wan2.2-Distill-Models/wan2.2_i2v_A14b_{n}_noise_lightx2v_4step"
+                                            ".safetensors" for n in ("high", "low"))
+
+
 def test_turbowan_presets_run_sla_in_turbodiffusions_hopper_geometry(tmp_path):
     """TurboDiffusion's default SageSLA selects 64-token query x 128-token key blocks on Hopper (SLA/core.py:186-187);
     the TurboWan presets set that; an entry's blocks still win."""

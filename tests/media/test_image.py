@@ -177,6 +177,30 @@ def _turbodiffusion_adaptive(w0: int, h0: int, base_w: int, base_h: int, stride:
     return round(ideal_h / stride) * stride, round(ideal_w / stride) * stride
 
 
+def _lightx2v_size(w0: int, h0: int, area: int) -> tuple[int, int]:
+    """LightX2V's Wan I2V sizing re-enacted (lightx2v/models/runners/wan/wan_runner.py:805-811, 854-855 @f8aee98):
+    latent sides round(sqrt(area r) // vae_stride 8 // patch 2 * 2) in numpy float64, pixels latent x 8."""
+    aspect = h0 / w0
+    lat_h = round(np.sqrt(area * aspect) // 8 // 2 * 2)
+    lat_w = round(np.sqrt(area / aspect) // 8 // 2 * 2)
+    return lat_h * 8, lat_w * 8
+
+
+@pytest.mark.parametrize("w0,h0", [(1280, 720), (720, 1280), (1024, 1024), (1000, 1500), (640, 480), (1023, 677),
+                                   (333, 1999), (4000, 3000), (1279, 721)])
+def test_adaptive_floor_size_is_lightx2vs_rule(w0, h0):
+    """`adaptive-floor` (the LightX2V Wan2.2 I2V preset): the sides rounded down where TurboDiffusion's round to
+    nearest; a 16:9 image gets 720 x 1280 under both."""
+    got = adaptive_size((w0, h0), 720 * 1280, 16, "floor")
+    assert got == _lightx2v_size(w0, h0, 720 * 1280)
+    near = adaptive_size((w0, h0), 720 * 1280, 16)
+    assert got[0] <= near[0] and got[1] <= near[1] and got[0] % 16 == 0 == got[1] % 16
+    if (w0, h0) == (1280, 720):
+        assert got == near == (720, 1280)
+    if (w0, h0) == (1000, 1500):
+        assert (got, near) == ((1168, 768), (1168, 784))  # where the two rules part
+
+
 @pytest.mark.parametrize("w0,h0", [(1280, 720), (720, 1280), (1024, 1024), (1000, 1500), (640, 480), (1023, 677),
                                    (333, 1999), (4000, 3000)])
 def test_adaptive_size_is_turbodiffusions_rule(w0, h0):

@@ -15,12 +15,14 @@ from vsagen.models.presets import (LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMA
                                    preset_for_hub_id, preset_for_transformer_config, preset_names)
 from vsagen.models.presets import _preset_dir
 
-BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b", "hummingbird-xt", "tiny",
-           "tiny-a14b", "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b",
-           "turbowan2.1-t2v-1.3b-quant", "turbowan2.1-t2v-14b-480p", "turbowan2.1-t2v-14b-720p", "turbowan2.2-i2v-a14b",
-           "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p",
-           "wan2.1-i2v-14b-480p", "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p",
-           "wan2.2-i2v-a14b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
+BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b", "fastwan2.2-ti2v-5b-vsa",
+           "hummingbird-xt", "lightx2v-wan2.1-t2v-14b", "lightx2v-wan2.2-i2v-a14b", "tiny", "tiny-a14b",
+           "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b", "turbowan2.1-t2v-1.3b-fv",
+           "turbowan2.1-t2v-1.3b-quant", "turbowan2.1-t2v-14b-480p", "turbowan2.1-t2v-14b-720p",
+           "turbowan2.1-t2v-14b-fv",
+           "turbowan2.2-i2v-a14b", "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p", "wan2.1-i2v-14b-480p",
+           "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p", "wan2.2-i2v-a14b",
+           "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 # attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets
 OPTIONAL_DEFAULTS = {"guidance_2", "attention", "sampler", "attn", "decode_dtype", "image_size"}
 
@@ -371,6 +373,8 @@ PUBLISHED = {
                                 0.9, (720, 1280, 81, 16)),
     "fastwan2.2-ti2v-5b": ("FastVideo/FastWan2.2-TI2V-5B-FullAttn-Diffusers", "wan2.2-ti2v-5b", "dmd", "full", None,
                            (704, 1280, 121, 24)),
+    "fastwan2.2-ti2v-5b-vsa": ("FastVideo/FastWan2.2-TI2V-5B-Diffusers", "wan2.2-ti2v-5b", "dmd", "vsa", 0.8,
+                               (704, 1280, 121, 24)),
     "hummingbird-xt": ("amd/HummingbirdXT", "wan2.2-ti2v-5b", "dmd-hummingbird", "full", None, (704, 1280, 121, 24)),
 }
 
@@ -409,6 +413,19 @@ def test_a_published_distill_never_stands_in_for_a_plain_checkpoint_of_its_archi
     # preset (else a FastWan folder not named after its repository ran the 50-step scheduler)
     assert preset_for_transformer_config(config, plain, "x", checkpoint_class="WanDMDPipeline").name == \
         "fastwan2.1-t2v-1.3b"
+
+
+def test_the_two_fastwan_5b_folders_get_their_own_presets():
+    """FastVideo publishes the 5B distill twice (FullAttn and VSA, both WanDMDPipeline): a folder named after either
+    repository gets that one's preset, though one repository name is part of the other's."""
+    config = dict(load_preset("wan2.2-ti2v-5b").transformer)
+    index = {"_class_name": "WanDMDPipeline", "expand_timesteps": True}
+    pick = (lambda folder: preset_for_transformer_config(config, index, folder).name)
+    assert pick("FastWan2.2-TI2V-5B-FullAttn-Diffusers") == "fastwan2.2-ti2v-5b"
+    assert pick("FastWan2.2-TI2V-5B-Diffusers") == "fastwan2.2-ti2v-5b-vsa"
+    assert pick("my-5b") == "fastwan2.2-ti2v-5b"  # a folder named after neither: the first by name
+    assert load_preset("fastwan2.2-ti2v-5b-vsa").defaults.attention["vsa"] == {
+        "sparsity": 0.8, "tile": "4x4x4", "topk_count": "tokens"}
 
 
 @pytest.mark.parametrize("table,value,message", [

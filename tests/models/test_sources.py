@@ -42,6 +42,34 @@ def test_hub_ids_get_their_preset_or_the_default_settings():
     assert other.preset.name == DEFAULT_MODEL and not other.exact_preset  # only the generation defaults
 
 
+@pytest.mark.parametrize("hub_id,presets", [
+    ("loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "turbowan2.1-t2v-1.3b-fv"),
+    ("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P", "turbowan2.1-t2v-1.3b or turbowan2.1-t2v-1.3b-quant"),
+    ("lightx2v/Wan2.1-Distill-Models", "lightx2v-wan2.1-t2v-14b")])
+def test_a_repository_of_transformer_files_names_its_presets(hub_id, presets):
+    """Such a repository runs beside a base checkpoint through its preset (FastVideo's conversion too: its
+    transformer is in FastVideo's module names, which diffusers does not load)."""
+    with pytest.raises(BadInput, match=f"through a preset: --model {presets}$"):
+        resolve_model(hub_id)
+
+
+def test_a_local_fastvideo_conversion_is_refused_naming_the_transformer_route(tiny_dir, tmp_path):
+    """A downloaded FastVideo conversion (a diffusers folder whose transformer/ holds FastVideo's module names)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "TurboWan2.1-T2V-1.3B-Diffusers"
+    shutil.copytree(tiny_dir, folder)
+    weights = next((folder / "transformer").glob("*.safetensors"))
+    state = load_file(str(weights))
+    renamed = {k.replace(".attn1.to_q.", ".to_q.") if ".attn1.to_q." in k else k: v for k, v in state.items()}
+    save_file({k: v.contiguous() for k, v in renamed.items()}, str(weights))
+    with pytest.raises(BadInput, match="transformer/ holds FastVideo's module names .* --transformer "):
+        resolve_model(str(folder))
+    save_file({k: torch.zeros_like(v) for k, v in state.items()}, str(weights))  # diffusers' names: no refusal
+    assert resolve_model(str(folder)).kind == "dir"
+
+
 @pytest.mark.parametrize("model", ["no-such-preset", "no_such.name"])
 def test_names_that_are_nothing_are_refused_listing_the_presets(model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

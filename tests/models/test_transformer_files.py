@@ -450,16 +450,30 @@ TURBO = [n for n in preset_names() if n.startswith("turbowan")]
 
 
 def test_turbo_presets_parse():
-    assert len(TURBO) == 6
+    assert len(TURBO) == 8
     for name in TURBO:
         p = load_preset(name)
         repo, files = p.transformer_files
-        assert repo.startswith("TurboDiffusion/TurboWan") and len(files) == p.experts
+        assert repo.startswith("loayrashid/TurboWan" if name.endswith("-fv") else "TurboDiffusion/TurboWan")
+        assert len(files) == p.experts
         assert p.defaults.attn == "sla" and p.defaults.attention["sla"] == {"block_q": 64, "block_k": 128, "topk": 0.1}
         assert p.defaults.sampler == ("rcm:sigma_max=200:ode=true" if p.image_to_video else "rcm")
         assert p.defaults.image_size == ("adaptive" if p.image_to_video else "fixed")
         assert (p.boundary_ratio == 0.9) == (p.experts == 2) and p.hub_id.startswith("Wan-AI/")
         assert ("quant" in name) == all("-quant.pth" in f for f in files)
+
+
+@pytest.mark.parametrize("fv,same", [("turbowan2.1-t2v-1.3b-fv", "turbowan2.1-t2v-1.3b"),
+                                     ("turbowan2.1-t2v-14b-fv", "turbowan2.1-t2v-14b-720p")])
+def test_fastvideo_conversions_run_as_the_turbodiffusion_presets(fv, same):
+    """FastVideo's conversions (one transformer/ file in its repository) run with the TurboDiffusion preset's
+    defaults, sampler and attention, on the same base checkpoint and architecture (the 14B at 720p, as FastVideo's
+    turbo_t2v_14b preset: fastvideo/pipelines/basic/turbodiffusion/presets.py:33-49)."""
+    a, b = load_preset(fv), load_preset(same)
+    assert a.transformer_files[1] == ("transformer/diffusion_pytorch_model.safetensors",)
+    assert a.transformer_files[0] == "loayrashid/" + b.transformer_files[0].split("/")[1].rsplit("-", 1)[0] + \
+        "-Diffusers"
+    assert (a.defaults, a.hub_id, a.transformer, a.vae) == (b.defaults, b.hub_id, b.transformer, b.vae)
 
 
 def test_turbo_presets_never_describe_their_base_checkpoint():
@@ -480,19 +494,18 @@ def test_turbo_preset_random_weights_auto_picks_sla_and_rcm(tmp_path):
     assert cfg.transformer_sources == ("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P/TurboWan2.1-T2V-1.3B-480P.pth",)
 
 
-def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monkeypatch, vsagen_cache):
-    """No hub here: snapshot_download (of the preset's files only) is replaced by a local folder; the base
-    components come from a local tiny checkpoint standing in for the hub id (the preset's architecture is replaced
-    by the tiny one)."""
+def load_preset_files(tmp_path: Path, monkeypatch, name: str, tiny: str, image: Path | None = None):
+    """Load `name` (a [transformer_files] preset) with no hub: snapshot_download (of the preset's files only) answers
+    from `tmp_path`, where the test wrote them; the base components come from the saved tiny checkpoint `tiny`, whose
+    architecture replaces the preset's. Returns (the loaded model, the (repo, *files) each download asked for)."""
     import dataclasses
 
     import huggingface_hub
+    from conftest import saved_tiny
 
     from vsagen.models import loading
     from vsagen.models.sources import ModelSource
 
-    src = source_state()
-    turbo_file(tmp_path / "TurboWan2.1-T2V-1.3B-480P.pth", src)
     asked = []
 
     def download(repo, allow_patterns=None, local_files_only=False, **_):
@@ -500,18 +513,150 @@ def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monke
         return str(tmp_path)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
-    tiny = load_preset("tiny")
-    preset = dataclasses.replace(load_preset("turbowan2.1-t2v-1.3b"), transformer=tiny.transformer,
-                                 vae=tiny.vae)
-    cfg = resolve_generate("a cat", model="tiny", device="cpu", out=tmp_path / "o.mp4", attn="full")
-    from conftest import saved_tiny
+    small = load_preset(tiny)
+    preset = dataclasses.replace(load_preset(name), transformer=small.transformer, transformer_2=small.transformer_2,
+                                 vae=small.vae)
+    cfg = resolve_generate("a cat", image=image, model=tiny, device="cpu", out=tmp_path / "o.mp4", attn="full")
+    cfg = dataclasses.replace(cfg, source=ModelSource("dir", str(saved_tiny(tiny)), preset))
+    return loading.load_model(cfg, lambda line: None), asked
 
-    source = ModelSource("dir", str(saved_tiny("tiny")), preset)
-    cfg = dataclasses.replace(cfg, source=source)
-    model = loading.load_model(cfg, lambda line: None)
+
+def test_turbo_preset_downloads_its_files_with_snapshot_download(tmp_path, monkeypatch, vsagen_cache):
+    """No hub here: snapshot_download (of the preset's files only) is replaced by a local folder; the base
+    components come from a local tiny checkpoint standing in for the hub id (the preset's architecture is replaced
+    by the tiny one)."""
+    src = source_state()
+    turbo_file(tmp_path / "TurboWan2.1-T2V-1.3B-480P.pth", src)
+    model, asked = load_preset_files(tmp_path, monkeypatch, "turbowan2.1-t2v-1.3b", "tiny")
     assert asked == [("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P", "TurboWan2.1-T2V-1.3B-480P.pth")]
     assert all(torch.equal(loaded(model.pipe.transformer)[k], v) for k, v in src.items())
     assert model.weight_root is not None and (model.weight_root / "transformer" / tf.BACKEND_FILE).is_file()
+
+
+@pytest.mark.parametrize("name,tiny", [("lightx2v-wan2.1-t2v-14b", "tiny"),
+                                       ("lightx2v-wan2.2-i2v-a14b", "tiny-i2v-a14b")])
+def test_lightx2v_presets_download_their_original_key_safetensors(tmp_path, monkeypatch, vsagen_cache, name, tiny):
+    """LightX2V's distill files as their configs name them (configs/distill/wan21/wan_t2v_distill_model_4step_cfg.json,
+    wan22/wan_moe_i2v_distill_model.json @f8aee98), in the layout their loader reads (the original Wan keys, a Conv3d
+    patch embedding: lightx2v/models/networks/base_model.py:441-471): the preset fetches just those files, converts
+    each into its expert (high-noise first) of a tiny architecture standing in for the 14B, and takes the other
+    components from the base checkpoint."""
+    from conftest import noise_image
+
+    repo, files = load_preset(name).transformer_files
+    experts = ["transformer", "transformer_2"][: len(files)]
+    states = [source_state(tiny, e, seed=3 + i) for i, e in enumerate(experts)]
+    for f, state in zip(files, states):
+        save_file({original_name(k): v.contiguous() for k, v in state.items()}, str(tmp_path / f))
+    image = noise_image(tmp_path / "img.png", size=(64, 48)) if load_preset(tiny).takes_image else None
+    model, asked = load_preset_files(tmp_path, monkeypatch, name, tiny, image)
+    assert asked == [(repo, *files)]
+    for expert, state in zip(experts, states):
+        got = loaded(getattr(model.pipe, expert))
+        assert set(got) == set(state) and all(torch.equal(got[k], v) for k, v in state.items()), expert
+    assert model.weight_root is None  # nothing but the transformer in these files
+
+
+# FastVideo's TurboDiffusion conversion (scripts/checkpoint_conversion/convert_turbodiffusion_to_diffusers.py:30-65,
+# @2f3d407) as facts about names: an original Wan key's pattern -> FastVideo's name for it (the test writes files so)
+FASTVIDEO_NAMES = [(r"blocks\.(\d+)\.self_attn\.([qkv])\.(.+)", r"blocks.\1.to_\2.\3"),
+                   (r"blocks\.(\d+)\.self_attn\.o\.(.+)", r"blocks.\1.to_out.\2"),
+                   (r"blocks\.(\d+)\.self_attn\.norm_([qk])\.(.+)", r"blocks.\1.norm_\2.\3"),
+                   (r"blocks\.(\d+)\.self_attn\.attn_op\.local_attn\.proj_l\.(.+)",
+                    r"blocks.\1.attn1.attn_impl.proj_l.\2"),
+                   (r"blocks\.(\d+)\.cross_attn\.([qkv])\.(.+)", r"blocks.\1.attn2.to_\2.\3"),
+                   (r"blocks\.(\d+)\.cross_attn\.o\.(.+)", r"blocks.\1.attn2.to_out.\2"),
+                   (r"blocks\.(\d+)\.cross_attn\.norm_([qk])\.(.+)", r"blocks.\1.attn2.norm_\2.\3"),
+                   (r"blocks\.(\d+)\.norm3\.(.+)", r"blocks.\1.self_attn_residual_norm.norm.\2"),
+                   (r"blocks\.(\d+)\.ffn\.0\.(.+)", r"blocks.\1.ffn.fc_in.\2"),
+                   (r"blocks\.(\d+)\.ffn\.2\.(.+)", r"blocks.\1.ffn.fc_out.\2"),
+                   (r"blocks\.(\d+)\.modulation", r"blocks.\1.scale_shift_table"),
+                   (r"text_embedding\.0\.(.+)", r"condition_embedder.text_embedder.fc_in.\1"),
+                   (r"text_embedding\.2\.(.+)", r"condition_embedder.text_embedder.fc_out.\1"),
+                   (r"time_embedding\.0\.(.+)", r"condition_embedder.time_embedder.mlp.fc_in.\1"),
+                   (r"time_embedding\.2\.(.+)", r"condition_embedder.time_embedder.mlp.fc_out.\1"),
+                   (r"time_projection\.1\.(.+)", r"condition_embedder.time_modulation.linear.\1"),
+                   (r"head\.head\.(.+)", r"proj_out.\1"), (r"head\.norm\.(.+)", r"norm_out.\1"),
+                   (r"head\.modulation", r"scale_shift_table")]
+
+
+def fastvideo_file(path: Path, state: dict[str, torch.Tensor], seed: int = 5) -> dict[str, torch.Tensor]:
+    """A transformer/diffusion_pytorch_model.safetensors as FastVideo's TurboDiffusion conversion writes it: FastVideo's
+    module names, the Conv3d patch embedding, SLA's proj_l per layer; returns the proj_l tensors by original key."""
+    out, proj = {}, {}
+    layers = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))
+    d = load_preset("tiny").transformer["attention_head_dim"]
+    g = torch.Generator().manual_seed(seed)
+    for i in range(layers):
+        for part, shape in (("weight", (d, d)), ("bias", (d,))):
+            proj[f"{PROJ.format(i=i)}.{part}"] = torch.randn(shape, generator=g)
+    for key, value in {**{original_name(k): v for k, v in state.items()}, **proj}.items():
+        name = next((re.sub(a, b, key) for a, b in FASTVIDEO_NAMES if re.fullmatch(a, key)), key)
+        out[name] = value.contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(path))
+    return proj
+
+
+def save_keys(path: Path) -> list[str]:
+    """A safetensors file's keys as stored."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return list(f.keys())
+
+
+def test_fastvideo_module_names_load_back_key_by_key(tmp_path):
+    src = source_state()
+    proj = fastvideo_file(tmp_path / "t.safetensors", src)
+    keys = tf.file_keys(tmp_path / "t.safetensors", "x")
+    assert tf.is_fastvideo_layout(list(save_keys(tmp_path / "t.safetensors"))) and set(proj) <= set(keys)
+    tf.check_header(tmp_path / "t.safetensors", load_preset("tiny").transformer, "tiny")
+    t, backend, note = tf.load_transformer_file(tmp_path / "t.safetensors", load_preset("tiny").transformer,
+                                                torch.float32)
+    got = loaded(t)
+    assert set(got) == set(src) and all(torch.equal(got[k], v) for k, v in src.items())
+    assert set(backend) == set(proj) and all(torch.equal(backend[k], v) for k, v in proj.items())
+    assert "FastVideo's module names read back to the original Wan ones" in note
+    wide = dict(load_preset("tiny").transformer, attention_head_dim=2 * load_preset("tiny").transformer[
+        "attention_head_dim"])
+    with pytest.raises(BadInput, match="blocks.0.to_q"):  # the width check finds FastVideo's query weight
+        tf.check_header(tmp_path / "t.safetensors", wide, "tiny")
+
+
+def test_a_fastvideo_named_file_runs_with_transformer_and_auto_sees_its_proj_l(tmp_path, vsagen_cache):
+    """A local copy of a FastVideo conversion: `--transformer DIR/transformer/diffusion_pytorch_model.safetensors`
+    over the base model; `--attn auto` finds SLA's proj_l under FastVideo's name and runs sla."""
+    import vsagen
+
+    src = source_state()
+    fastvideo_file(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors", src)
+    file = str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors")
+    cfg = resolve_generate("a cat", model="tiny", transformer=file, device="cpu", out=tmp_path / "o.mp4")
+    assert cfg.backend.name == "sla" and "proj_l" in cfg.attn_note
+    pipe = vsagen.load_pipeline("tiny", device="cpu", transformer=file)
+    assert all(torch.equal(loaded(pipe.transformer)[k], v) for k, v in src.items())
+
+
+def test_the_fastvideo_turbowan_preset_fetches_only_the_transformer_file(tmp_path, monkeypatch, vsagen_cache):
+    """turbowan2.1-t2v-1.3b-fv: the one file FastVideo's conversion puts in the repository's transformer/, read into a
+    tiny architecture standing in for the 1.3B, its proj_l set aside for sla; the components from the stock
+    checkpoint (a tiny one here)."""
+    from safetensors.torch import load_file
+
+    src = source_state()
+    repo, files = load_preset("turbowan2.1-t2v-1.3b-fv").transformer_files
+    assert (repo, files) == ("loayrashid/TurboWan2.1-T2V-1.3B-Diffusers",
+                             ("transformer/diffusion_pytorch_model.safetensors",))
+    proj = fastvideo_file(tmp_path / files[0], src)
+    model, asked = load_preset_files(tmp_path, monkeypatch, "turbowan2.1-t2v-1.3b-fv", "tiny")
+    assert asked == [(repo, *files)]
+    assert all(torch.equal(loaded(model.pipe.transformer)[k], v) for k, v in src.items())
+    kept = load_file(str(model.weight_root / "transformer" / tf.BACKEND_FILE))
+    assert set(kept) == set(proj) and all(torch.equal(kept[k], v) for k, v in proj.items())
+    cfg = resolve_generate("a cat", model="turbowan2.1-t2v-1.3b-fv", random_weights=True, device="cpu",
+                           out=tmp_path / "r.mp4")
+    assert (cfg.backend.name, cfg.sampler.name, cfg.steps) == ("sla", "rcm", 4)
 
 
 def test_a_turbo_preset_without_a_network_fails_at_once_naming_every_file(tmp_path, monkeypatch, vsagen_cache):

@@ -143,7 +143,8 @@ SamplerOption = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="NAME[:KEY=VALUE...]",
     help="How the denoising walks: default (the checkpoint's scheduler, --steps steps, CFG as --guidance says); dmd "
          "(FastWan's 3-step DMD: sigma 1, 0.757, 0.522, CFG off); dmd-hummingbird (Hummingbird-XT's: 1, 0.968, "
-         "0.909); rcm (TurboDiffusion's, 1-4 steps: rcm:steps=4:sigma_max=80); dmd:sigmas=1.0,0.75,0.5 for any "
+         "0.909); rcm (TurboDiffusion's, 1-4 steps: rcm:steps=4:sigma_max=80); lightx2v-4step (LightX2V's 4 Euler "
+         "steps: 1, 0.9375, 0.833, 0.625); dmd:sigmas=1.0,0.75,0.5 for any "
          "list. A few-step sampler sets its steps and runs without CFG: --steps (but its own count), --guidance > 1 "
          "and --flow-shift are refused with it. Default from the preset.")]
 CacheOption = Annotated[Optional[str], typer.Option(

@@ -157,7 +157,8 @@ def _check_last_image(model: str, src: Any, image: Path | None,
 def _image_sized(src: Any, options: RequestOptions, image: Path,
                  size: tuple[int, int]) -> tuple[RequestOptions, str | None]:
     """`options` with the video's size taken from the image where the preset sizes by the image (`[defaults]
-    image_size = "adaptive"`, `vsagen.media.image.adaptive_size` at the area of its default height x width) and
+    image_size = "adaptive"` or "adaptive-floor", `vsagen.media.image.adaptive_size` at the area of its default
+    height x width) and
     neither --height nor --width was given; and the run's note saying so (None: `options` unchanged).
 
     Raises:
@@ -167,9 +168,11 @@ def _image_sized(src: Any, options: RequestOptions, image: Path,
     from ..request.plans import size_limits
 
     d, m = src.preset.defaults, options.model
-    if d.image_size != "adaptive" or m.height is not None or m.width is not None:
+    if not d.image_size.startswith("adaptive") or m.height is not None or m.width is not None:
         return options, None
-    height, width = adaptive_size(size, d.height * d.width, src.preset.pixel_multiple)
+    floor = d.image_size == "adaptive-floor"
+    rule = "LightX2V's sizing, sides rounded down" if floor else "TurboDiffusion's --adaptive_resolution"
+    height, width = adaptive_size(size, d.height * d.width, src.preset.pixel_multiple, "floor" if floor else "nearest")
     tops = size_limits(src)
     for flag, v in (("--height", height), ("--width", width)):
         if flag in tops and v > tops[flag]:
@@ -177,8 +180,8 @@ def _image_sized(src: Any, options: RequestOptions, image: Path,
                            f"video at its default area (its aspect kept), past the position tables' {flag} <= "
                            f"{tops[flag]}; give --height and --width")
     note = (f"the video is {height}x{width}: image {image} ({size[1]}x{size[0]}, height x width) at the area of "
-            f"{d.height}x{d.width}, its aspect kept (TurboDiffusion's --adaptive_resolution, as {src.preset.name}'s "
-            "authors run it); --height / --width set the size")
+            f"{d.height}x{d.width}, its aspect kept ({rule}, as {src.preset.name}'s authors run it); --height / "
+            "--width set the size")
     return replace(options, model=replace(m, height=height, width=width)), note
 
 

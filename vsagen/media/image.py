@@ -109,18 +109,21 @@ def fit_image(image, height: int, width: int, fit: str):
     return canvas
 
 
-def adaptive_size(size: tuple[int, int], area: int, stride: int) -> tuple[int, int]:
+def adaptive_size(size: tuple[int, int], area: int, stride: int, rounding: str = "nearest") -> tuple[int, int]:
     """The video's (height, width) for an image of `size` (width, height) under TurboDiffusion's
     `--adaptive_resolution` (turbodiffusion/inference/wan2.2_i2v_infer.py:101-117, @aaecff5): the image's aspect
     r = h0 / w0 at the pixel area `area` (their 720p 16:9 entry, 1280 x 720), each side rounded to the nearest
     multiple of `stride` (their VAE's spatial factor x 2 = 16): height = stride x round(sqrt(area r) / stride),
     width = stride x round(sqrt(area / r) / stride), ties to even (as their numpy-float `round`); at least one
-    stride a side.
+    stride a side. `rounding="floor"` rounds each side down instead: LightX2V's Wan I2V sizing
+    (`lightx2v/models/runners/wan/wan_runner.py:804-811`, ModelTC/LightX2V @f8aee98: latent side =
+    sqrt(area r) // vae_stride // patch x patch, so the pixel side is stride x floor(sqrt(area r) / stride)).
 
     Args:
         size: the image's (width, height) in pixels, each >= 1.
         area: the target pixel count (height x width of the preset's default size).
         stride: what both sides must be multiples of (the preset's pixel multiple).
+        rounding: "nearest" (TurboDiffusion) or "floor" (LightX2V).
 
     Returns:
         (height, width) in pixels, multiples of `stride`; the image is then fitted to it (`fit_image`): a crop of
@@ -129,8 +132,9 @@ def adaptive_size(size: tuple[int, int], area: int, stride: int) -> tuple[int, i
     """
     w0, h0 = size
     aspect = h0 / w0
-    height = max(1, round(math.sqrt(area * aspect) / stride)) * stride
-    width = max(1, round(math.sqrt(area / aspect) / stride)) * stride
+    to_int = math.floor if rounding == "floor" else round
+    height = max(1, to_int(math.sqrt(area * aspect) / stride)) * stride
+    width = max(1, to_int(math.sqrt(area / aspect) / stride)) * stride
     return height, width
 
 

@@ -37,7 +37,8 @@ for, which `--attn auto` runs when the weights cannot tell: random weights, a hu
 options in `[attention.<backend>]`, and `checkpoint_class`, the pipeline class their model_index.json names when
 it is not a diffusers class (FastVideo's `WanDMDPipeline`), and for image to video `[defaults] image_size`:
 "adaptive" sizes the video by the input image (its aspect at the area of height x width, TurboDiffusion's
-`--adaptive_resolution`; `vsagen.media.image.adaptive_size`), "fixed" (the default) at height x width. Such a
+`--adaptive_resolution`; `vsagen.media.image.adaptive_size`; "adaptive-floor": the sides rounded down, LightX2V's
+sizing), "fixed" (the default) at height x width. Such a
 preset describes a local folder only by its checkpoint class or its folder name, never as the fallback for a plain
 Wan checkpoint of the same architecture.
 
@@ -95,7 +96,8 @@ class GenerationDefaults:
     sampler: str = "default"
     # How `vsagen i2v` sizes the video without --height / --width: "fixed" (height x width) or "adaptive" (the input
     # image's aspect at the area height x width, `vsagen.media.image.adaptive_size`: TurboDiffusion's
-    # --adaptive_resolution, which its Wan2.2 I2V script passes)
+    # --adaptive_resolution, which its Wan2.2 I2V script passes), or "adaptive-floor" (the same with the sides
+    # rounded down: LightX2V's Wan I2V sizing)
     image_size: str = "fixed"
     attn: str | None = None  # the attention backend its authors run (published sparse checkpoints), for --attn auto
     # Per-backend option defaults, from the preset's `[attention.<backend>]` tables, e.g. {"vsa": {"sparsity":
@@ -205,7 +207,7 @@ _OPTIONAL_TOP_KEYS = {"light_vae", "text_encoder", "expand_timesteps", "boundary
                       "transformer_files"}
 TRANSFORMER_FILE_SUFFIXES = (".safetensors", ".pth", ".pt")  # what `--transformer` / [transformer_files] read
 _OPTIONAL_DEFAULTS = {"guidance_2", "sampler", "attn", "decode_dtype", "image_size"}
-IMAGE_SIZES = ("fixed", "adaptive")  # [defaults] image_size
+IMAGE_SIZES = ("fixed", "adaptive", "adaptive-floor")  # [defaults] image_size
 _VAE_DTYPES = ("same", "fp32", "bf16", "fp16")
 _NOT_IN_DEFAULTS_TABLE = {"attention"}  # GenerationDefaults fields filled from other tables
 _SOURCES = {"hub", "tiny"}

@@ -132,6 +132,10 @@ def resolve_model(model: str) -> ModelSource:
         if preset is not None:
             return ModelSource("hub", model, preset, rope_max_seq_len=preset.transformer.get("rope_max_seq_len"),
                                layout=preset.transformer_layout, components=preset.components)
+        owners = [n for n in preset_names() if (load_preset(n).transformer_files or ("",))[0] == model]
+        if owners:  # TurboDiffusion's / LightX2V's files, FastVideo's conversions (FastVideo's module names)
+            raise BadInput(f"--model {model}: vsagen runs this repository's transformer files beside their base "
+                           f"checkpoint through a preset: --model {' or '.join(owners)}")
         return ModelSource("hub", model, load_preset(DEFAULT_MODEL), exact_preset=False)
     close = close_matches(model, preset_names())
     if close:  # a preset's name mistyped: the names it may have meant, not all of them
@@ -168,6 +172,23 @@ def model_not_loadable(model: str, location: str, why: str, exact_preset: bool) 
                          f"--local-dir DIR` and pass --model DIR{timing_hint}, or try --model tiny")
 
 
+def _fastvideo_named(files: list[Path]) -> bool:
+    """Whether a transformer folder's safetensors hold FastVideo's module names (headers only; a damaged file is
+    `safetensors_problem`'s to name)."""
+    from safetensors import SafetensorError, safe_open
+
+    from .transformer_files import is_fastvideo_layout
+
+    for f in (f for f in files if f.name.endswith(".safetensors")):
+        try:
+            with safe_open(str(f), framework="numpy") as h:
+                if is_fastvideo_layout(list(h.keys())):
+                    return True
+        except (OSError, ValueError, RuntimeError, SafetensorError):
+            continue
+    return False
+
+
 def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:
     """A checkpoint directory's weights, checked before anything loads: every component of its model_index.json
     whose folder holds a model (a `config.json`) has weight files, every shard its `*.safetensors.index.json`
@@ -196,6 +217,10 @@ def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:
                 raise BadInput(f"--model {model}: {name}/{missing[0]} is missing ({len(missing)} of the "
                                f"{len(named)} files {shards.name} names): the download is incomplete; download it "
                                "again")
+        if name in ("transformer", "transformer_2") and _fastvideo_named(files):
+            raise BadInput(f"--model {model}: {name}/ holds FastVideo's module names (a FastVideo conversion, e.g. of "
+                           "TurboWan), which diffusers does not load; run the file over its base model: --model <base "
+                           f"preset> --transformer {sub}/<file>.safetensors")
         for f in (f for f in files if f.name.endswith(".safetensors")):
             problem = safetensors_problem(f)
             if problem is not None:

@@ -10,7 +10,9 @@ What a file may be (TurboDiffusion @aaecff5 publishes `.pth` state dicts, `turbo
   apply here. The content must be a flat dict of str -> tensor.
 * Keys in the original Wan names (`blocks.N.self_attn.q.weight`, `ffn.0`, `modulation`, `head.head`,
   `patch_embedding`, ...), converted by diffusers' `convert_wan_transformer_to_diffusers`, or diffusers' own names
-  (taken as they are). Every tensor must be one the architecture has, shape for shape, and none missing.
+  (taken as they are), or FastVideo's module names (`blocks.N.to_q`, `ffn.fc_in`, `scale_shift_table`, ...: its
+  diffusers conversions of TurboDiffusion's files), read back to the original names first (`fastvideo_to_original`).
+  Every tensor must be one the architecture has, shape for shape, and none missing.
 * Backend-owned tensors (any registered backend's `LayerWeights` key or alias, e.g. SLA's
   `blocks.N.self_attn.attn_op.local_attn.proj_l.{weight,bias}`) are set aside before the conversion and written to
   a per-process folder `<root>/<expert>/backend_weights.safetensors`, which the backend weights loader reads as it
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -108,6 +111,7 @@ def check_header(path: Path, architecture: dict[str, Any], model: str) -> None:
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
         raise BadInput(f"{where}: cannot read it as safetensors ({_first_line(e)}): the file is damaged or "
                        "truncated; download it again") from None
+    fastvideo = is_fastvideo_layout(list(shapes))
     original = is_original_layout(list(shapes))
     if not original and not any(".attn1." in k for k in shapes) and "proj_out.weight" not in shapes:
         example = ", ".join(list(shapes)[:2]) + (", ..." if len(shapes) > 2 else "") if shapes else "none"
@@ -120,7 +124,7 @@ def check_header(path: Path, architecture: dict[str, Any], model: str) -> None:
         raise BadInput(f"{where} holds {len(blocks)} transformer blocks and --model {model} has {layers}: a "
                        "checkpoint of another model (or an incomplete one)")
     dim = architecture.get("num_attention_heads", 0) * architecture.get("attention_head_dim", 0)
-    query = "blocks.0.self_attn.q" if original else "blocks.0.attn1.to_q"
+    query = "blocks.0.self_attn.q" if original else "blocks.0.to_q" if fastvideo else "blocks.0.attn1.to_q"
     shape = shapes.get(f"{query}.weight", shapes.get(f"{query}.int8_weight"))
     if dim and shape is not None and shape != (dim, dim):
         raise BadInput(f"{where}: its blocks are {shape[0]} wide and --model {model}'s are {dim} ({query} is "
@@ -216,17 +220,20 @@ def read_state_dict(path: Path, where: str) -> dict[str, Any]:
 
 def file_keys(path: Path, where: str) -> list[str]:
     """A weights file's keys (safetensors: its header; `.pth`: through `read_state_dict`, memory-mapped), which
-    checks the file as loading will (`read_state_dict`'s errors)."""
+    checks the file as loading will (`read_state_dict`'s errors); FastVideo's module names as the original ones they
+    load as (`fastvideo_to_original`), so an attention backend's tensors show under their own keys."""
     if path.name.endswith(".safetensors"):
         from safetensors import SafetensorError, safe_open
 
         try:
             with safe_open(str(path), framework="numpy") as f:
-                return list(f.keys())
+                keys = list(f.keys())
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:
             raise BadInput(f"{where}: cannot read it as safetensors ({_first_line(e)}): the file is damaged or "
                            "truncated; download it again") from None
-    return list(read_state_dict(path, where))
+    else:
+        keys = list(read_state_dict(path, where))
+    return list(fastvideo_to_original(dict.fromkeys(keys))) if is_fastvideo_layout(keys) else keys
 
 
 def backend_key(key: str) -> bool:
@@ -281,6 +288,56 @@ def patch_embedding_as_conv(state: dict[str, Any], architecture: dict[str, Any])
     shape = (w.shape[0], architecture["in_channels"], *patch)
     if w.numel() == w.shape[0] * shape[1] * patch[0] * patch[1] * patch[2]:
         state["patch_embedding.weight"] = w.reshape(shape)
+
+
+# FastVideo's diffusers conversions of TurboDiffusion's files (loayrashid/TurboWan2.1-T2V-*-Diffusers: a Wan diffusers
+# repository whose transformer/diffusion_pytorch_model.safetensors was replaced) hold FastVideo's own module names,
+# which its scripts/checkpoint_conversion/convert_turbodiffusion_to_diffusers.py:30-65 (@2f3d407) writes from the
+# original ones; they are read back to the original names by this table (regex on a FastVideo key -> original key,
+# the first that matches; anything else, e.g. patch_embedding.* and blocks.N.norm1.*, is kept).
+_FASTVIDEO_TO_ORIGINAL = tuple((re.compile(a), b) for a, b in (
+    (r"blocks\.(\d+)\.to_([qkv])\.(.+)", r"blocks.\1.self_attn.\2.\3"),
+    (r"blocks\.(\d+)\.to_out\.(.+)", r"blocks.\1.self_attn.o.\2"),
+    (r"blocks\.(\d+)\.norm_([qk])\.(.+)", r"blocks.\1.self_attn.norm_\2.\3"),
+    (r"blocks\.(\d+)\.attn2\.to_([qkv])\.(.+)", r"blocks.\1.cross_attn.\2.\3"),
+    (r"blocks\.(\d+)\.attn2\.to_out\.(.+)", r"blocks.\1.cross_attn.o.\2"),
+    (r"blocks\.(\d+)\.attn2\.norm_([qk])\.(.+)", r"blocks.\1.cross_attn.norm_\2.\3"),
+    (r"blocks\.(\d+)\.attn2\.add_([kv])_proj\.(.+)", r"blocks.\1.cross_attn.add_\2.\3"),
+    (r"blocks\.(\d+)\.attn2\.norm_added_([kq])\.(.+)", r"blocks.\1.cross_attn.norm_add_\2.\3"),
+    (r"blocks\.(\d+)\.self_attn_residual_norm\.norm\.(.+)", r"blocks.\1.norm3.\2"),
+    (r"blocks\.(\d+)\.norm3\.(.+)", r"blocks.\1.norm2.\2"),
+    (r"blocks\.(\d+)\.ffn\.fc_in\.(.+)", r"blocks.\1.ffn.0.\2"),
+    (r"blocks\.(\d+)\.ffn\.fc_out\.(.+)", r"blocks.\1.ffn.2.\2"),
+    (r"blocks\.(\d+)\.scale_shift_table", r"blocks.\1.modulation"),
+    (r"blocks\.(\d+)\.attn1\.attn_impl\.proj_l\.(.+)", r"blocks.\1.self_attn.attn_op.local_attn.proj_l.\2"),
+    (r"condition_embedder\.text_embedder\.fc_in\.(.+)", r"text_embedding.0.\1"),
+    (r"condition_embedder\.text_embedder\.fc_out\.(.+)", r"text_embedding.2.\1"),
+    (r"condition_embedder\.time_embedder\.mlp\.fc_in\.(.+)", r"time_embedding.0.\1"),
+    (r"condition_embedder\.time_embedder\.mlp\.fc_out\.(.+)", r"time_embedding.2.\1"),
+    (r"condition_embedder\.time_modulation\.linear\.(.+)", r"time_projection.1.\1"),
+    (r"proj_out\.(.+)", r"head.head.\1"),
+    (r"norm_out\.(.+)", r"head.norm.\1"),
+    (r"scale_shift_table", r"head.modulation"),
+))
+_FASTVIDEO_TELL = re.compile(r"blocks\.\d+\.(to_q|ffn\.fc_in)\.")  # diffusers: blocks.N.attn1.to_q, ffn.net.0.proj
+
+
+def is_fastvideo_layout(keys: Sequence[str]) -> bool:
+    """Whether keys are FastVideo's module names (`blocks.N.to_q.weight`, `blocks.N.ffn.fc_in.weight`: its
+    TurboDiffusion conversions), neither diffusers' nor the original Wan ones."""
+    return any(_FASTVIDEO_TELL.match(k) for k in keys)
+
+
+def fastvideo_to_original(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` (FastVideo's module names) with its keys in the original Wan names (`_FASTVIDEO_TO_ORIGINAL`), the
+    tensors as they are; SLA's proj_l under TurboDiffusion's own key, which the sla backend owns."""
+    def original(key: str) -> str:
+        for pattern, to in _FASTVIDEO_TO_ORIGINAL:
+            if pattern.fullmatch(key):
+                return pattern.sub(to, key)
+        return key
+
+    return {original(k): v for k, v in state.items()}
 
 
 def is_original_layout(keys: Sequence[str]) -> bool:
@@ -349,6 +406,9 @@ def load_transformer_file(path: Path, architecture: dict[str, Any], dtype: Any,
 
     where = where_of(path)
     state = read_state_dict(path, where)
+    fastvideo = is_fastvideo_layout(list(state))
+    if fastvideo:
+        state = fastvideo_to_original(state)
     backend = {k: state.pop(k) for k in [k for k in state if backend_key(k)]}
     n = len(state) + len(backend)
     codes = dequantize(state, dtype, where)
@@ -357,6 +417,7 @@ def load_transformer_file(path: Path, architecture: dict[str, Any], dtype: Any,
     converted = convert_wan_transformer_to_diffusers(state) if original else state
     transformer = place_transformer(converted, architecture, dtype, where)
     note = f"transformer from {path.name} ({n} tensors" + (
+        ", FastVideo's module names read back to the original Wan ones" if fastvideo else "") + (
         ", original Wan key names converted by diffusers' convert_wan_transformer_to_diffusers" if original else "")
     note += f"; {len(backend)} attention-backend tensors set aside for the backend)" if backend else ")"
     if codes and keep_int8:

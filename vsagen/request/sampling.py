@@ -51,10 +51,10 @@ def _default_option(key: str, value: str, entry: str) -> Any:
 def parse_sampler(entry: str) -> Sampler:
     """One `--sampler` entry: `NAME[:KEY=VALUE...]`.
 
-    `default` takes `steps`, `guidance`, `shift`; a DMD list (`dmd`, `dmd-hummingbird`) takes `sigmas`
-    (comma-separated, each in (0, 1], decreasing), `timesteps` (as many, in [0, 1000], non-increasing; default sigma
-    x 1000 when `sigmas` is given) and `noise` (fresh | once | none); `rcm` takes `steps` (1-4), `sigma_max` (> 0)
-    and `ode` (true | false).
+    `default` takes `steps`, `guidance`, `shift`; a sigma list (`dmd`, `dmd-hummingbird`, `lightx2v-4step`) takes
+    `sigmas` (comma-separated, each in (0, 1], decreasing), `timesteps` (as many, in [0, 1000], non-increasing;
+    default sigma x 1000 when `sigmas` is given) and `noise` (fresh | once | none); `rcm` takes `steps` (1-4),
+    `sigma_max` (> 0) and `ode` (true | false).
 
     Raises:
         BadInput: an unknown name or option, an option given twice, a value out of its bounds (one line naming it).

@@ -16,7 +16,7 @@ from vsagen.cli.app import app
 from vsagen.errors import BadInput
 from vsagen.request.options import (FLAGS, GROUPS, MAX_FPS, AttentionOptions, Device, Dtype, ModelOptions, Offload,
                                     OutputOptions, PlacementOptions, RequestOptions, SamplingOptions, TileFit,
-                                    VaeDecoder, VaeSpec, VaeTiling, check_choice, request_options)
+                                    VaeDecoder, VaeSpec, VaeTiling, request_options)
 
 runner = CliRunner()
 
@@ -198,12 +198,6 @@ def test_a_vae_list_is_parsed_once_and_taken_whole_by_compare_only(tmp_path, mon
         with pytest.raises(BadInput) as info:
             PlacementOptions(vae=bad).vae.several()
         assert says in str(info.value) and "\n" not in str(info.value), bad
-
-
-def test_check_choice():
-    check_choice("--fit", "crop", ("crop", "resize"))
-    with pytest.raises(BadInput, match=r"^--fit must be one of crop, resize, got 'x'$"):
-        check_choice("--fit", "x", ("crop", "resize"))
 
 
 # The functions that read `--attn`, `--attn-impl`, `--sampler`, `--cache` and `--vae` text, by the module that defines them.

@@ -3,5 +3,5 @@ builds them before torch loads; `--attn`, `--sampler` and `--cache` are parsed t
 ONE resolution of them against the model's preset into a validated `Request` (`resolve`), and its parts: the
 attention (`backends`: the parsed `--attn` entries as `BackendSpec`s, `--attn auto`), the sampler (`sampling`), the
 step cache (`caching`), the crop plans (`plans`), the processes (`processes`), and the shared checks of
-comma-separated lists (`lists`) and of absurd values (`bounds`). Commands extend `Request` with their own part
+comma-separated lists (`lists`) and of absurd values (`bounds`), and the closed sets of option values (`choices`). Commands extend `Request` with their own part
 (`vsagen.commands`)."""

@@ -1,8 +1,9 @@
 """What a command asks for, as typed option groups: the model and its size, sampling, placement (device, dtype,
 offload, compile, parallelism), attention, output. Each group is a frozen dataclass holding what was asked (None:
 not given, the preset decides) and checks, when it is built, every bound it owns that needs no model: so every
-command refuses the same value with the same line, before anything loads. The choices are `str` Enums (`Choice`)
-that Typer accepts as option types; a Python caller may pass their plain strings.
+command refuses the same value with the same line, before anything loads. The choices are `str` Enums (`Choice`,
+`vsagen.request.choices`, re-exported here) that Typer accepts as option types; a Python caller may pass their plain
+strings.
 
 `vsagen.request.resolve.resolve` turns the groups into a validated request against the model's preset. This
 module imports neither torch nor diffusers: the command line builds the groups before any heavy import.
@@ -13,14 +14,15 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BadInput
 from ..models.lora_spec import LoraSpec, parse_loras
 from ..models.sources import DEFAULT_MODEL
 
+from .choices import (Choice, Device, Dtype, ImageFit, Offload, Quant, ReportFormat, TileFit,  # noqa: F401
+                      VaeDecoder, VaeDtype, VaeTiling, check_choice)  # (re-exported: the option groups' choices)
 from .bounds import MAX_FLOW_SHIFT, MAX_FPS, MAX_GUIDANCE, MAX_SEED, MAX_STEPS  # noqa: F401 - re-exported
 from .lists import split_list
 from .quantization import QUANT_LIST_EXAMPLE, QuantList
@@ -29,113 +31,6 @@ if TYPE_CHECKING:
     from .backends import AttnList
     from ..cache.cache_spec import CacheList
     from .sampling import SamplerList
-
-C = TypeVar("C", bound="Choice")
-
-
-class Choice(str, Enum):
-    """A closed set of option values; members are their strings (`Device.CPU == "cpu"`)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    @classmethod
-    def values(cls) -> tuple[str, ...]:
-        """The accepted strings, in declaration order."""
-        return tuple(m.value for m in cls)
-
-    @classmethod
-    def parse(cls: type[C], value: Any, flag: str) -> C:
-        """`value` (a member or its string) as a member.
-
-        Raises:
-            BadInput: "<flag> must be one of a, b, c, got 'x'" (`check_choice`).
-        """
-        if isinstance(value, cls):
-            return value
-        check_choice(flag, value, cls.values())
-        return cls(value)
-
-
-def check_choice(flag: str, value: Any, choices: tuple[str, ...]) -> None:
-    """Raise BadInput naming `flag` and its valid values unless `value` is one of `choices`."""
-    if value not in choices:
-        raise BadInput(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
-
-
-class Device(Choice):
-    """`--device`: where the run computes ("auto": CUDA when available, else the CPU)."""
-
-    AUTO = "auto"
-    CUDA = "cuda"
-    CPU = "cpu"
-
-
-class Dtype(Choice):
-    """`--dtype`: the pipeline's dtype ("auto": bf16 on CUDA, fp32 on the CPU)."""
-
-    AUTO = "auto"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
-
-
-class TileFit(Choice):
-    """`--tile-fit`: how a latent grid that is not a multiple of the tile is covered (`vsagen.layout.plan_crop`)."""
-
-    PARTIAL = "partial"
-    CROP = "crop"
-
-
-class Offload(Choice):
-    """`--offload`: where the weights live between uses (`vsagen.models.loading.place_pipeline`)."""
-
-    NONE = "none"
-    MODEL = "model"
-    GROUP = "group"
-
-
-class Quant(Choice):
-    """`--quant`: the precision of the transformer blocks' linears (`vsagen.quant`): "auto" (int8 for a `-quant`
-    preset, whose files hold TurboDiffusion's int8 weights, where the device runs int8; else none), "none" (the
-    run's dtype; `-quant` weights dequantized at load), "fp8" (FP8 e4m3 W8A8, GPUs with FP8 tensor cores), "int8"
-    (TurboDiffusion's int8 W8A8 with 128 x 128 block scales; a `-quant` file's own int8 weights)."""
-
-    AUTO = "auto"
-    NONE = "none"
-    FP8 = "fp8"
-    INT8 = "int8"
-
-
-class VaeTiling(Choice):
-    """`--vae-tiling`: diffusers' spatially tiled VAE ("auto": for frames larger than 480 x 832)."""
-
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
-
-
-class VaeDtype(Choice):
-    """`--vae-dtype`: the VAE's dtype: "auto" (the preset's: `decode_dtype` where the VAE only decodes, bf16 for the
-    real text-to-video models, else `vae_dtype`, float32 as Wan runs it; `vsagen.models.loading.resolve_vae_dtype`), or
-    "fp32", "bf16", "fp16" (the decode and, for image to video, the condition encode)."""
-
-    AUTO = "auto"
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-
-class VaeDecoder(Choice):
-    """`--vae`'s decoder (`vsagen.decode.decoder_choice.choose_decoder`): "auto" (the preset's lightweight decoder
-    where it has one by default and the folder holds it, else the stock VAE's), "light" (that lightweight decoder, or
-    bad input), "stock" (the model's own VAE decoder) or "tiny" (the TAEHV family's, `vsagen.decode.tiny_decoder`)."""
-
-    AUTO = "auto"
-    LIGHT = "light"
-    STOCK = "stock"
-    TINY = "tiny"
-
 
 VAE_METAVAR = "auto|light|stock|tiny[:weights=FILE|:name=NAME]"
 
@@ -252,22 +147,6 @@ def parse_vaes(value: Any, flag: str = "--vae") -> VaeList:
         raise BadInput(f"{flag} {text!r} has an empty entry; give one decoder or a comma-separated list "
                        f"(e.g. {VAE_LIST_EXAMPLE})")
     return VaeList(text, tuple(VaeSpec.parse(x, flag) for x in items))
-
-
-class ImageFit(Choice):
-    """`--fit` of `vsagen i2v`: how an input image becomes the video's size (`vsagen.media.image.fit_image`)."""
-
-    CROP = "crop"
-    RESIZE = "resize"
-
-
-class ReportFormat(Choice):
-    """`--format` of `vsagen profile`."""
-
-    TABLE = "table"
-    MARKDOWN = "markdown"
-    CSV = "csv"
-    JSON = "json"
 
 
 def _number(value: Any, flag: str, lo: float, hi: float, *, lo_open: bool = False, what: str = "a number") -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from vsagen import interrupts
 from vsagen.errors import BadInput, RunFailure
-from vsagen.media import ffmpeg_pipe, formats, segments, video
+from vsagen.media import encoding, ffmpeg_pipe, formats, segments, video
 
 
 def random_clip(frames: int, height: int = 64, width: int = 96) -> np.ndarray:
@@ -162,7 +162,7 @@ def test_a_segment_ffmpeg_failing_is_one_line_with_its_reason(tmp_path):
 
 def test_codec_threads_and_segments_parse_once_into_the_encoding():
     assert video.Encoding.parse("x264:segments=4:threads=6") == video.Encoding("x264", "veryfast", 10, 6, 4)
-    assert video.Encoding().segments == video.X264_SEGMENTS and video.Encoding("nvenc").segments == 1
+    assert video.Encoding().segments == encoding.X264_SEGMENTS and video.Encoding("nvenc").segments == 1
     assert video.Encoding(threads=6).ffmpeg_options()["threads"] == "6"
     assert "threads" not in video.Encoding().ffmpeg_options()  # x264's own choice: the command vsagen always ran
     for bad, says in (("x264:segments=0", "segments must be an integer in [1, 64], got 0"),

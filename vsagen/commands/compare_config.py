@@ -21,7 +21,7 @@ from ..media.paths import check_folder, check_target, default_folder, sheet_path
 from ..request.options import RequestOptions, VaeSpec, request_options
 from ..request.resolve import SEVERAL, Request, negative_prompt_note, request_fields, resolve
 from ..request.sampling import SamplerPlan
-from ..media.video import Encoding, check_encoder
+from ..media.encoding import Encoding, check_encoder
 
 DEFAULT_ATTN = "full,vsa"
 DEFAULT_ERROR_STEPS = "first,middle,last"

@@ -12,7 +12,7 @@ from ..attention import BackendSpec
 from ..errors import BadInput
 from ..media.formats import FORMATS, VideoFormat, check_format, frame_paths, output_format
 from ..media.paths import check_output, check_target, default_out, sheet_path
-from ..media.video import Encoding, check_encoder
+from ..media.encoding import Encoding, check_encoder
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..models.sources import resolve_model
 from ..request.options import ImageFit, RequestOptions, request_options

@@ -92,7 +92,7 @@ def concat_command(listing: Path, path: Path, metadata: dict[str, str] | None = 
 
 def probe_command(vcodec: str, options: dict[str, Any]) -> list[str]:
     """The command that opens encoder `vcodec` with `options` on 4 blank 256x256 frames and writes nowhere
-    (`vsagen.media.video.check_encoder`)."""
+    (`vsagen.media.encoding.check_encoder`)."""
     import ffmpeg
 
     blank = ffmpeg.input("color=c=black:s=256x256:r=16", format="lavfi")

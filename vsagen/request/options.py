@@ -435,7 +435,7 @@ class OutputOptions:
         return self.codec
 
     def __post_init__(self) -> None:
-        from ..media.video import Encoding
+        from ..media.encoding import Encoding
 
         if not isinstance(self.codec, Encoding):  # parsed once here: a bad --codec is refused with the other options
             object.__setattr__(self, "codec", Encoding.parse(self.codec))

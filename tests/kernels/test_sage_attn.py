@@ -98,8 +98,12 @@ def test_refuses_gradients_and_bad_operands():
     with pytest.raises(ValueError, match="forward only"):
         sage_block_sparse_attention(q.requires_grad_(), k, v, q2k, cnt, offsets, offsets, offsets)
     ops = list(sage.quantize_operands(q.detach(), k, v, offsets, offsets))
+    slots = sage.v_slots(ops[4], offsets)
     ops[4] = v  # bf16 v
     with pytest.raises(ValueError, match="float8_e4m3fn"):
+        bsa_fwd_sage(*ops, q2k, cnt, offsets)
+    ops[4] = slots[..., 1:, :].contiguous()  # one slot short
+    with pytest.raises(ValueError, match="one per tile"):
         bsa_fwd_sage(*ops, q2k, cnt, offsets)
 
 
@@ -171,7 +175,7 @@ def test_v_slots_layout_on_unaligned_tile_starts():
     assert torch.equal(bits.flatten(3)[..., cols], want)
 
 
-def test_kernel_on_triton_quantized_transposed_v():
+def test_kernel_on_triton_quantized_v_slots():
     """The kernel reading the V^T slots the Triton quantizer writes (no copy) against the float64 reference of the
     same formulas: batch 2, odd S, partial tiles whose starts are not multiples of 16, plain lists / tile plans
     (packed partial-tile gathers of slot columns) / TMA K and V^T boxes, and bitwise the result of the same operands
@@ -197,7 +201,7 @@ def test_kernel_on_triton_quantized_transposed_v():
         assert all(torch.equal(a, b) for a, b in zip(got[pack, False], got[pack, True]))
 
 
-def test_v_t_tma_boxes_where_tile_starts_are_aligned():
+def test_v_t_tma_boxes_on_raster_tiles():
     """64-token tiles, the last partial: V^T by TMA boxes of its slots' (B*H*D, T*64) rows (`v_t_tma_ok`; past S
     the last slot's zeros), bitwise the pointer loads' result, batch 2, odd S, and the reference of the same
     formulas."""

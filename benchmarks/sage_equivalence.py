@@ -66,7 +66,9 @@ def main() -> None:
         else:  # K smoothed by torch first (module docstring)
             tq, tqs, tk, tks = theirs.get_vanilla_qk_quant(qh, kh - km, None, bq, bk)
         qo, ko = sage.block_offsets(s, bq, dev), sage.block_offsets(s, bk, dev)
-        for name, fn in (("torch formulas", sage.quantize_operands), ("Triton", quantize_operands_triton)):
+        tiles = sage.block_offsets(s, 64, dev)  # V's slots (not compared here)
+        for name, fn in (("torch formulas", sage.quantize_operands),
+                         ("Triton", lambda *xs: quantize_operands_triton(*xs, tiles))):
             mq, mqs, mk, mks = fn(q, k, k, qo, ko)[:4]
             same = {"q int8": torch.equal(mq.transpose(1, 2), tq), "k int8": torch.equal(mk.transpose(1, 2), tk),
                     "q scale": torch.equal(mqs[:, :, qo[:-1].long()], tqs),

@@ -9,8 +9,9 @@ as the device's default tuning; then the best launch with pointer loads, and wit
 (`sage_block_sparse_attention`, what `vsa:precision=int8` runs). Errors (relative L2) on a subset of
 `--check-heads` heads: each fine stage against float64 attention over the same selection, and the 8-bit kernel
 (tile plans off) against the float64 reference of its own formulas (`sage.sage_fine_reference`). The 8-bit kernel
-reads V transposed (`sage.v_t_view`, written so by the Triton quantizer): the line "V^T tiles" says how (vectors of
-as many bytes as the tile starts' alignment allows, TMA boxes where it is 16).
+reads V transposed in one 64-token slot per kernel tile (`sage.v_slots`, written so by the Triton quantizer): every
+V^T box starts at a multiple of 64 tokens whatever the grid's partial tiles; the line "V^T tiles" says whether they
+come by TMA boxes (the tuning's TMA loads) and that the quantizer's layout is that one.
 
 Usage: python benchmarks/sage_fine.py [--shapes 1.3b,14b,1.3b-crop] [--sparsity 0.875] [--check-heads 2] [--smoke]
        on the lent GPU (torch 2.11, triton 3.6; needs no wheel), from the repository root:
@@ -31,7 +32,7 @@ import triton.testing
 
 from vsagen.kernels import sage
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
-from vsagen.kernels.bsa_primitives import token_alignment, v_t_tma_ok
+from vsagen.kernels.bsa_primitives import v_t_tma_ok
 from vsagen.kernels.coarse import coarse_stage
 from vsagen.kernels.reference import top_k_from_sparsity
 from vsagen.kernels.sage_attn import bsa_fwd_sage, quantize_operands_triton, sage_block_sparse_attention
@@ -39,7 +40,7 @@ from vsagen.kernels.tuning import kernel_tuning
 from vsagen.layout import tile_layout
 
 SHAPES = {"1.3b": ((21, 30, 52), 12), "14b": ((21, 45, 80), 40), "smoke": ((5, 6, 7), 2),  # grid, heads
-          "1.3b-crop": ((20, 28, 52), 12)}  # the 1.3B grid cropped to whole tiles: V^T by TMA
+          "1.3b-crop": ((20, 28, 52), 12)}  # the 1.3B grid cropped to whole tiles: no partial tiles
 INT8_LAUNCHES = ((64, 4, 2), (64, 4, 3), (64, 8, 2))  # (BLOCK_M, warps, stages); the bf16 table's sm90 row: 64, 4, 3
 
 
@@ -100,15 +101,16 @@ def bench_shape(name: str, sparsity: float, check_heads: int) -> None:
     tuning = kernel_tuning(q.device, 128)
     c = coarse_stage(q, k, offsets, top_k, tuning=tuning)
     lists, counts = c.q2k.to(torch.int32), c.q2k_cnt.to(torch.int32)
-    ops = quantize_operands_triton(q, k, v, offsets, offsets)
+    ops = quantize_operands_triton(q, k, v, offsets, offsets, offsets)
     bits = (lambda x: x.view(torch.uint8) if x.dtype == sage.FP8 else x)  # noqa: E731
-    same = all(torch.equal(bits(a), bits(b)) for a, b in zip(ops, sage.quantize_operands(q, k, v, offsets, offsets)))
+    want = list(sage.quantize_operands(q, k, v, offsets, offsets))
+    want[4] = sage.v_slots(want[4], offsets)
+    same = all(torch.equal(bits(a), bits(b)) for a, b in zip(ops, want))
     print(f"\n{name}: {lay.num_tokens} tokens, {heads} heads x 128, {lay.num_tiles} tiles, top-k {top_k} "
           f"(sparsity {sparsity})")
-    align = token_alignment(offsets, lay.num_tokens)
-    print(f"  V^T tiles: tile starts multiples of {align} tokens ({align}-byte loads), TMA boxes "
-          f"{'on' if align == 16 and tuning.tma_loads and v_t_tma_ok(ops[4]) else 'off'}; V^T layout "
-          f"{sage.is_v_transposed(ops[4])}")
+    print(f"  V^T tiles: 64-token slots {tuple(ops[4].shape)} (every box at a multiple of 64 tokens), TMA boxes "
+          f"{'on' if tuning.tma_loads and v_t_tma_ok(ops[4]) else 'off'}; "
+          f"{int((offsets.diff() < 64).sum())} of {lay.num_tiles} tiles partial")
     bf16_out = block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning)[0]
     t_bf16 = bench(lambda: block_sparse_attention(q, k, v, lists, counts, offsets, tuning=tuning))
     print(f"  bf16 fine stage (default tuning)          {t_bf16:8.3f} ms")
@@ -123,7 +125,7 @@ def bench_shape(name: str, sparsity: float, check_heads: int) -> None:
         ms = bench(lambda: bsa_fwd_sage(*ops, lists, counts, offsets, tuning=t))
         print(f"  int8 kernel {str(best[1]):14} {what:14} {ms:8.3f} ms  {t_bf16 / ms:5.2f}x")
     t_quant = bench(lambda: sage.quantize_operands(q, k, v, offsets, offsets))
-    t_qtri = bench(lambda: quantize_operands_triton(q, k, v, offsets, offsets))
+    t_qtri = bench(lambda: quantize_operands_triton(q, k, v, offsets, offsets, offsets))
     best_t = dataclasses.replace(tuning, fwd_launch=(best[1],))
     t_all = bench(lambda: sage_block_sparse_attention(q, k, v, lists, counts, offsets, offsets,
                                                                          offsets, tuning=best_t))

@@ -8,9 +8,12 @@ B operand's shared layout), the PTX's wgmma / mma instructions, how V (or V^T) r
 Builds (head dim 128, launch (64, 4, 3), VSA's (4, 4, 4) tiles): the SAGE forward over q2k lists on a grid whose
 tile starts are multiples of 8 tokens like the 1.3B 480p grid's (`lists8`: (5, 6, 8), frames and rows 1 and 2 past
 a multiple of 4, as (21, 30, 52)) and of 4 like the 14B 720p grid's (`lists4`: (5, 5, 8), as (21, 45, 80)), over
-tile plans on the first (`packed8`), over a grid of full tiles (`full`: tile starts multiples of 64, V^T by TMA),
+tile plans on the first (`packed8`), over a grid of full tiles (`full`: tile starts multiples of 64),
 as the query-group launch `vsa` / `sla` take with 128-row groups on the first (`groups8`: launch (128, 8, 3),
-`attention.shared.QUERY_LAUNCH`); the bf16 forward on the first grid (`bf16`) for comparison.
+`attention.shared.QUERY_LAUNCH`); the bf16 forward on the first grid (`bf16`) for comparison. V is in the kernel
+tiles' 64-token slots (`sage.v_slots`), so every V^T box starts at a multiple of 64 tokens whatever the grid's tile
+starts: the SAGE builds should fetch V^T by `cp.async.bulk.tensor` on every grid (the packed partial tiles' gathers
+by pointer loads).
 
 Usage (CPU; the Triton of this machine, not the lent GPU's):
     PYTHONPATH=$PWD python benchmarks/sage_sm90_build.py [--builds plain,packed,full,bf16] [--dump DIR]
@@ -29,7 +32,6 @@ import triton
 
 from vsagen.kernels import sage
 from vsagen.kernels.block_sparse_attn import block_sparse_attention
-from vsagen.kernels.bsa_primitives import token_alignment
 from vsagen.kernels.query_groups import block_query_groups
 from vsagen.kernels.sage_attn import bsa_fwd_sage
 from vsagen.kernels.tuning import arch_tuning
@@ -55,7 +57,8 @@ def compile_forward(build: str) -> dict[str, str]:
         options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, spec, options)
         c = triton.compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
         got.update(ttgir=c.asm["ttgir"], ptx=c.asm["ptx"], shared=str(c.metadata.shared))
-        got["align"] = str(token_alignment(off, s))
+        starts = off[:-1].long()
+        got["align"] = str(max(a for a in (1, 2, 4, 8, 16, 32, 64) if not bool((starts % a).any())))
         return None
 
     b, h, d = 1, 2, 128
@@ -73,7 +76,7 @@ def compile_forward(build: str) -> dict[str, str]:
             block_sparse_attention(x, x, x, q2k, cnt, off, tuning=tuning)
         else:
             qi, sc = torch.zeros(b, s, h, d, dtype=torch.int8), torch.ones(b, h, s)
-            vt = sage.transpose_v(torch.zeros(b, s, h, d, dtype=sage.FP8))
+            vt = sage.v_slots(torch.zeros(b, s, h, d, dtype=sage.FP8), off)
             groups = None
             if build == "groups8":
                 q2k[..., 1::2, :], cnt[..., 1::2] = q2k[..., 0::2, :], cnt[..., 0::2]  # tile pairs share a list

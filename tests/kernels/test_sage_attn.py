@@ -98,8 +98,12 @@ def test_refuses_gradients_and_bad_operands():
     with pytest.raises(ValueError, match="forward only"):
         sage_block_sparse_attention(q.requires_grad_(), k, v, q2k, cnt, offsets, offsets, offsets)
     ops = list(sage.quantize_operands(q.detach(), k, v, offsets, offsets))
+    slots = sage.v_slots(ops[4], offsets)
     ops[4] = v  # bf16 v
     with pytest.raises(ValueError, match="float8_e4m3fn"):
+        bsa_fwd_sage(*ops, q2k, cnt, offsets)
+    ops[4] = slots[..., 1:, :].contiguous()  # one slot short
+    with pytest.raises(ValueError, match="one per tile"):
         bsa_fwd_sage(*ops, q2k, cnt, offsets)
 
 
@@ -107,7 +111,7 @@ def test_refuses_gradients_and_bad_operands():
 def test_triton_quantization_equals_torch_formulas(dtype, d):
     """`quantize_operands_triton` gives `sage.quantize_operands`' outputs bitwise: groups of 1..128 tokens (SLA's
     128-token key blocks), K smoothed in the input's dtype, a zero V channel, batch 2, odd head dim, strided q, k, v
-    (outputs contiguous but V, written transposed: `sage.v_t_view`)."""
+    (outputs contiguous; V written into the kernel tiles' slots: `sage.v_slots` of the torch formulas' V)."""
     from vsagen.kernels.sage_attn import quantize_operands_triton
 
     gen = torch.Generator().manual_seed(18)
@@ -116,11 +120,11 @@ def test_triton_quantization_equals_torch_formulas(dtype, d):
     k += torch.randn(1, 1, 3, d, generator=gen).to(dtype)
     v[1, :, 2, 3] = 0
     qo, ko = random_layout(gen, 203), sage.block_offsets(203, 128)
-    got = quantize_operands_triton(q, k, v, qo, ko)
-    want = sage.quantize_operands(q, k, v, qo, ko)
+    got = quantize_operands_triton(q, k, v, qo, ko, qo)
+    want = list(sage.quantize_operands(q, k, v, qo, ko))
+    want[4] = sage.v_slots(want[4], qo)
     for a, b in zip(got, want):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert sage.is_v_transposed(a) if a.dtype == sage.FP8 else a.is_contiguous()
+        assert a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()
         bits = (lambda x: x.view(torch.uint8) if x.dtype == sage.FP8 else x)  # noqa: E731
         assert torch.equal(bits(a), bits(b))
 
@@ -151,79 +155,66 @@ def test_tma_loads_of_the_1_byte_tiles_equal_pointer_loads():
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
-def _v_t_padding(vt):
-    """Columns S..Sp of a `sage.v_t_view`'s storage, (B, H, D, Sp - S)."""
-    b, s, h, d = vt.shape
-    sp = vt.stride(3)
-    return torch.as_strided(vt, (b, h, d, sp), (h * d * sp, d * sp, sp, 1))[..., s:]
-
-
-@pytest.mark.parametrize("s", [1, 61, 157])
-def test_transposed_v_layout_holds_the_same_values(s):
-    """`sage.transpose_v` / `v_t_view`: (B, S, H, D) views of (B, H, D, S + 64 rounded up to 16) storage, tokens
-    unit-stride, zeros after S, equal to the token-major tensor; `is_v_transposed` tells the two layouts apart (odd
-    S, S = 1)."""
+def test_v_slots_layout_on_unaligned_tile_starts():
+    """`sage.v_slots`: tile t's V^T at columns 64 t .. 64 t + size_t of (B, H, D, T * 64), zeros in the rest of each
+    slot, tile starts not multiples of 16 (partial tiles, odd S); `v_from_slots` inverts it and
+    `v_slot_columns` gives each token's column."""
     gen = torch.Generator().manual_seed(21)
-    vf = sage.quantize_v_fp8(torch.randn(2, s, 3, 24, generator=gen))[0]
-    vt = sage.transpose_v(vf)
-    assert vt.shape == vf.shape and sage.is_v_transposed(vt) and not sage.is_v_transposed(vf)
-    assert vt.stride(1) == 1 and vt.stride(3) == -(-(s + 64) // 16) * 16 and vt.stride(3) % 16 == 0
-    assert not _v_t_padding(vt).view(torch.uint8).any()
-    assert torch.equal(vt.view(torch.uint8), vf.view(torch.uint8))
-    assert sage.is_v_transposed(vt[:1]) and not sage.is_v_transposed(vt[:, :, 1:])  # heads no longer packed
+    offsets = random_layout(gen, 157)
+    assert any(int(x) % 16 for x in offsets[:-1])
+    vf = sage.quantize_v_fp8(torch.randn(2, 157, 3, 24, generator=gen))[0]
+    vt = sage.v_slots(vf, offsets)
+    t = offsets.numel() - 1
+    assert vt.shape == (2, 3, 24, t, 64) and vt.is_contiguous()
+    bits, want = vt.view(torch.uint8), vf.view(torch.uint8).permute(0, 2, 3, 1)
+    for i in range(t):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        assert torch.equal(bits[..., i, :hi - lo], want[..., lo:hi]) and not bits[..., i, hi - lo:].any()
+    assert torch.equal(sage.v_from_slots(vt, offsets).view(torch.uint8), vf.view(torch.uint8))
+    cols = sage.v_slot_columns(offsets, 157).long()
+    assert torch.equal(bits.flatten(3)[..., cols], want)
 
 
-def test_kernel_on_triton_quantized_transposed_v():
-    """The kernel reading the V^T the Triton quantizer writes (no copy) against the float64 reference of the same
-    formulas: batch 2, odd S, partial tiles, plain lists / tile plans (packed partial-tile gathers of V^T columns) /
-    TMA K boxes, and bitwise the result of the same operands in the token-major layout (copied by `bsa_fwd_sage`)."""
+def test_kernel_on_triton_quantized_v_slots():
+    """The kernel reading the V^T slots the Triton quantizer writes (no copy) against the float64 reference of the
+    same formulas: batch 2, odd S, partial tiles whose starts are not multiples of 16, plain lists / tile plans
+    (packed partial-tile gathers of slot columns) / TMA K and V^T boxes, and bitwise the result of the same operands
+    in the token-major layout (copied into slots by `bsa_fwd_sage`)."""
+    from vsagen.kernels.bsa_primitives import v_t_tma_ok
     from vsagen.kernels.sage_attn import quantize_operands_triton
 
     q, k, v, q2k, cnt, offsets = _case(22, b=2, s=131, h=1, d=16, k_sel=3)
-    ops = quantize_operands_triton(q, k, v, offsets, offsets)
-    assert sage.is_v_transposed(ops[4]) and ops[4].stride(3) == 208
-    assert not _v_t_padding(ops[4]).view(torch.uint8).any()  # the quantizer wrote zeros after S
+    assert any(int(x) % 16 for x in offsets[:-1])
+    ops = quantize_operands_triton(q, k, v, offsets, offsets, offsets)
+    assert ops[4].shape == (2, 1, 16, offsets.numel() - 1, 64) and v_t_tma_ok(ops[4])
     plain = list(ops)
-    plain[4] = ops[4].contiguous()  # token-major
+    plain[4] = sage.v_from_slots(ops[4], offsets)  # token-major
     want = sage.sage_fine_reference(*plain, q2k, cnt, offsets)[0]
+    got = {}
     for pack, tma in ((False, False), (True, False), (False, True), (True, True)):
         t = dataclasses.replace(_tuning(16, pack), tma_loads=tma)
-        out, lse = bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=t, out_dtype=torch.float32)
+        out, lse = got[pack, tma] = bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=t, out_dtype=torch.float32)
         assert rel_l2(out, want) < (1e-5 if not pack else 2e-2)
         out2, lse2 = bsa_fwd_sage(*plain, q2k, cnt, offsets, tuning=t, out_dtype=torch.float32)
         assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    for pack in (False, True):  # V^T (and K) boxes: bitwise the pointer loads
+        assert all(torch.equal(a, b) for a, b in zip(got[pack, False], got[pack, True]))
 
 
-def test_token_alignment_of_tile_starts():
-    """`token_alignment`: the largest power of two <= 16 dividing every tile start, read once per offsets tensor
-    (kept while it is unmodified), 16 unread where every tile is full."""
-    from vsagen.kernels.bsa_primitives import token_alignment
-
-    gen = torch.Generator().manual_seed(25)
-    for _ in range(4):
-        off = random_layout(gen, 301)
-        want = max(a for a in (1, 2, 4, 8, 16) if all(int(x) % a == 0 for x in off[:-1]))
-        assert token_alignment(off, 301) == want
-    off = torch.tensor([0, 8, 24, 40], dtype=torch.int32)
-    assert token_alignment(off, 40) == 8
-    off[1:3] = torch.tensor([16, 32])  # modified in place: read again
-    assert token_alignment(off, 40) == 16
-    assert token_alignment(torch.tensor([0, 64, 128], dtype=torch.int32), 128) == 16
-
-
-def test_v_t_tma_boxes_where_tile_starts_are_aligned():
-    """Tile starts multiples of 16 (64-token tiles, the last partial): V^T by TMA boxes of its (B*H*D, S) rows
-    (`v_t_tma_ok`; past S the boxes read zeros), bitwise the pointer loads' result, batch 2, odd S, and the
-    reference of the same formulas."""
+def test_v_t_tma_boxes_on_raster_tiles():
+    """64-token tiles, the last partial: V^T by TMA boxes of its slots' (B*H*D, T*64) rows (`v_t_tma_ok`; past S
+    the last slot's zeros), bitwise the pointer loads' result, batch 2, odd S, and the reference of the same
+    formulas."""
     from vsagen.kernels.bsa_primitives import v_t_tma_ok
 
     q, k, v, _, _, _ = _case(23, b=2, s=179, h=1, d=16)
     offsets = sage.block_offsets(179, 64)
     q2k, cnt = random_lists(torch.Generator().manual_seed(24), 2, 1, 3, 2)
     ops = list(sage.quantize_operands(q, k, v, offsets, offsets))
-    ops[4] = sage.transpose_v(ops[4])
-    assert v_t_tma_ok(ops[4]) and not v_t_tma_ok(ops[4].contiguous())
+    want = sage.sage_fine_reference(*ops, q2k, cnt, offsets)[0]
+    ops[4] = sage.v_slots(ops[4], offsets)
+    assert v_t_tma_ok(ops[4]) and not v_t_tma_ok(ops[4][..., :32])
     outs = [bsa_fwd_sage(*ops, q2k, cnt, offsets, tuning=dataclasses.replace(_tuning(16, False), tma_loads=tma),
                          out_dtype=torch.float32) for tma in (False, True)]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
-    assert rel_l2(outs[1][0], sage.sage_fine_reference(*ops, q2k, cnt, offsets)[0]) < 1e-5
+    assert rel_l2(outs[1][0], want) < 1e-5

@@ -58,8 +58,8 @@ Contents:
   the attention over them (`sage_fine_reference`: the tests' oracle and the CPU path of `precision=int8`). No
   triton import.
 * `sage_attn.py`: `sage_block_sparse_attention` / `bsa_fwd_sage`, those formulas on the block-sparse forward
-  kernel (its SAGE switch: int8 Q.K^T, fp8 P.V with V stored transposed), forward only (the custom op
-  `vsagen::sage_block_sparse_attn` under torch.compile).
+  kernel (its SAGE switch: int8 Q.K^T, fp8 P.V with V stored transposed, one 64-token slot per kernel tile),
+  forward only (the custom op `vsagen::sage_block_sparse_attn` under torch.compile).
 * `sla_star_attn.py`: `sla_star_attention`, VSA's fine stage and the linear branch (either scope) as one custom op
   with gradients, so the backward sums the two parts' dQ / dK / dV in place.
 * `int8_block_gemm.py`: `int8_block_gemm`, an int8 GEMM with one float scale per 128 x 128 block of each operand

@@ -15,8 +15,7 @@ import triton.language as tl
 
 from .bsa_primitives import (BLOCK, LOG2E, PACK_SEG, TMA_DTYPES_8BIT, check_inputs, interpreting, load_full_kv_tile,
                              load_k_vt, load_listed_kv_tile, load_rows, mm, pack_rows, plan_counts, q2k_lists,
-                             query_group, size_classes, tma_descs, tma_descs_v_t, token_alignment, use_tma,
-                             v_t_tma_ok)
+                             query_group, size_classes, tma_descs, tma_descs_v_t, use_tma, v_t_tma_ok)
 from .linear_branch import _KIND, _flags, _mm, _phi
 from .tuning import KernelTuning, default_tuning, hip_kwargs, load_hints
 
@@ -117,14 +116,13 @@ def _bsa_fwd_kernel(
     stride_ib, stride_ih, stride_iq,
     stride_cb, stride_ch,
     num_heads, qk_scale, len_lo, len_hi,
-    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps, qg_ptr, qs_ptr, ks_ptr, vs_ptr,
+    o_sparse_ptr, kvw_ptr, z_ptr, bias_ptr, eps, qg_ptr, qs_ptr, ks_ptr, vs_ptr, vcol_ptr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_FP32: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, PACK: tl.constexpr, PACK_SEG: tl.constexpr,
     BRANCH: tl.constexpr = False, SAVE_SPARSE: tl.constexpr = False, KIND: tl.constexpr = 0,
     LOWP: tl.constexpr = False, BRANCH_IEEE: tl.constexpr = False, BRANCH_SPLIT: tl.constexpr = 1,
     EVICT: tl.constexpr = "", CACHE: tl.constexpr = "", QGROUP: tl.constexpr = False,
     SAGE: tl.constexpr = False, P_OFFSET: tl.constexpr = 0.0, VT_TMA: tl.constexpr = False,
-    V_ALIGN: tl.constexpr = 1, V_SEG_ALIGN: tl.constexpr = 1,
 ):
     """One program: one query tile of one (batch, head), looping over its selected key tiles; exits at once
     unless the tile holds more than len_lo and at most len_hi (<= BLOCK_M) tokens (its size class). TMA: the
@@ -140,12 +138,13 @@ def _bsa_fwd_kernel(
     tile, BLOCK_M / PACK_SEG row segments (first row << 4) | rows): BLOCK_M query rows of tiles that share one key
     list, the list of tile `list tile`; program_id(1) is the batch.
     SAGE: the 8-bit fine stage (`sage`'s formulas): q / k int8 with per-token fp32 scales at qs_ptr / ks_ptr
-    ((B, H, S) contiguous), v fp8e4nv stored transposed (`sage.v_t_view`: unit token stride, channel stride
-    stride_vd; VT_TMA: its tiles by TMA from v_desc over (B*H*D, S), else pointer loads; V_ALIGN: a power of two
-    dividing every tile start, `token_alignment`; V_SEG_ALIGN: min(V_ALIGN, PACK_SEG), that of the tile plans'
-    groups) with per-channel scales at vs_ptr ((B, H, D) contiguous);
-    every key step loads a V^T (BLOCK_D, BLOCK_N) tile (`load_k_vt`) and takes tl.trans of it as the P.V dot's B
-    operand (K-major, as Hopper's fp8 wgmma needs). The scores are int32 dots (fp32 ones of int8 values under the
+    ((B, H, S) contiguous), v fp8e4nv transposed in tile slots (`sage.v_slots`: key tile t's tokens at columns
+    64 t.. of its (D, T*64) block, channel stride stride_vd; VT_TMA: its tiles by TMA from v_desc over (B*H*D,
+    T*64), else pointer loads) with per-channel scales at vs_ptr ((B, H, D) contiguous); every key step loads a V^T
+    (BLOCK_D, BLOCK_N) tile (`load_k_vt`) and takes tl.trans of it as the P.V dot's B operand (K-major, as Hopper's
+    fp8 wgmma needs): with q2k lists tile kt's slot at column kt * 64; with tile plans (which hold token rows) the
+    columns from vcol_ptr ((S,) int32, `sage.v_slot_columns`): a full tile's slot start, a packed group's 8
+    columns. The scores are int32 dots (fp32 ones of int8 values under the
     interpreter, exact), P.V an fp8 dot (`_softmax_step`), P_OFFSET the exponent offset of P~ (removed from the
     LSE). stride_vd is unused without SAGE."""
     pid_t = tl.program_id(0)
@@ -190,10 +189,10 @@ def _bsa_fwd_kernel(
         for i in range(0, nf):  # full tiles
             k_start = tl.load(row_ptr + i)
             if SAGE:
-                k_start = tl.multiple_of(k_start, V_ALIGN)
-                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, offs_n, b * seq_len,
-                                  h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
-                                  False, DOT_FP32, EVICT, CACHE)
+                v_col = tl.multiple_of(tl.load(vcol_ptr + k_start), BLOCK_N)  # the tile's slot
+                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, v_col, v_col + offs_n,
+                                  offs_n, b * seq_len, h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd,
+                                  offs_d, d_ok, TMA, VT_TMA, False, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v = load_full_kv_tile(k_desc, v_desc, k_base, v_base, k_start, b * seq_len,
@@ -205,10 +204,12 @@ def _bsa_fwd_kernel(
                                           IEEE, MASK=False, SAGE=SAGE, P_OFFSET=P_OFFSET)
         for p in range(0, npk):  # partial tiles, packed
             rows, n_ok = pack_rows(row_ptr, nf, ng, p, offs_n, BLOCK_N, PACK_SEG)
-            if SAGE:  # gathered tokens: pointer loads, runs of PACK_SEG from a tile start + a multiple of PACK_SEG
-                rows = tl.max_contiguous(tl.multiple_of(rows, V_SEG_ALIGN), PACK_SEG)
-                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, 0, rows, n_ok, 0, 0, 0, stride_ks, stride_vd,
-                                  offs_d, d_ok, False, False, True, DOT_FP32, EVICT, CACHE)
+            if SAGE:  # gathered tokens: pointer loads, runs of PACK_SEG slot columns from a slot start + j PACK_SEG
+                within = offs_n % PACK_SEG
+                v_cols = tl.load(vcol_ptr + rows - within) + within  # each group's first token's column
+                v_cols = tl.max_contiguous(tl.multiple_of(v_cols, PACK_SEG), PACK_SEG)
+                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, 0, rows, 0, v_cols, n_ok, 0, 0, 0, stride_ks,
+                                  stride_vd, offs_d, d_ok, False, False, True, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v = load_rows(k_base, v_base, rows, n_ok, stride_ks, stride_vs, offs_d, d_ok, DOT_FP32, EVICT,
@@ -221,11 +222,12 @@ def _bsa_fwd_kernel(
         for i in range(0, cnt):
             kt = tl.load(row_ptr + i)
             if SAGE:
-                k_start = tl.multiple_of(tl.load(off_ptr + kt), V_ALIGN)
+                k_start = tl.load(off_ptr + kt)
                 n_ok = offs_n < tl.load(off_ptr + kt + 1) - k_start
-                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, n_ok, b * seq_len,
-                                  h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d, d_ok, TMA, VT_TMA,
-                                  True, DOT_FP32, EVICT, CACHE)
+                v_col = kt * BLOCK_N  # the tile's slot
+                k, vt = load_k_vt(k_desc, v_desc, k_base, v_base, k_start, k_start + offs_n, v_col, v_col + offs_n,
+                                  n_ok, b * seq_len, h * HEAD_DIM, pid_bh * HEAD_DIM, stride_ks, stride_vd, offs_d,
+                                  d_ok, TMA, VT_TMA, True, DOT_FP32, EVICT, CACHE)
                 v = tl.trans(vt)
             else:
                 k, v, n_ok = load_listed_kv_tile(k_desc, v_desc, k_base, v_base, off_ptr, kt,
@@ -327,8 +329,8 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
             group_launch=None, sage=None) -> torch.Tensor:
     """The forward kernel's launches into `out` (one per size class; with `groups`, one over the query groups at
     group_launch = (block_m, num_warps, num_stages)); branch: `bsa_fwd_linear`'s operands or None; sage: the
-    8-bit fine stage's scales (qs, ks, vs, offset: `sage_attn.bsa_fwd_sage`) or None, and then v is the transposed
-    fp8 V (`sage.v_t_view`). Returns lse."""
+    8-bit fine stage's scales (qs, ks, vs, offset: `sage_attn.bsa_fwd_sage`) or None, and then v is the fp8 V in
+    tile slots ((B, H, D, T, 64), `sage.v_slots`). Returns lse."""
     b, s, h, d = q.shape
     tuning = default_tuning(q.device, d) if tuning is None else tuning
     n_tiles = tile_offsets.numel() - 1
@@ -339,17 +341,22 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
     if sage is None:
         tma = use_tma(k, v, wanted=tuning.tma_loads)
         k_desc, v_desc = tma_descs(tma, k, v)
-    else:  # v: the transposed fp8 V (`sage.v_t_view`), by TMA only where every tile start is 16-byte aligned
+    else:  # v: the fp8 V in tile slots (`sage.v_slots`): every tile's V^T box starts at a multiple of 64 tokens
         tma = use_tma(k, wanted=tuning.tma_loads, dtypes=TMA_DTYPES_8BIT)
-        v_align = token_alignment(tile_offsets, s)
-        vt_tma = tma and v_align == 16 and v_t_tma_ok(v)
+        vt_tma = tma and v_t_tma_ok(v)
         k_desc, v_desc = tma_descs(tma, k)[0], tma_descs_v_t(v) if vt_tma else v
     lists, counts, pack = q2k_lists(q2k, q2k_cnt, tile_offsets, s, tuning.pack_partial_tiles)
+    v_strides = (v.stride(0), v.stride(1), v.stride(2), v.stride(3))  # (b, s, h, d); slots: (b, -, h, d)
+    vcols = lse
+    if sage is not None:
+        from .sage import v_slot_columns
+
+        v_strides = (v.stride(0), 1, v.stride(1), v.stride(2))
+        vcols = v_slot_columns(tile_offsets, s) if pack else lse
     br = branch or dict(o_sparse=out, kvw=out, z=lse, bias=lse, eps=0.0, consts={})
     scales = (lse, lse, lse) if sage is None else (sage["qs"], sage["ks"], sage["vs"])
     if sage is not None:
-        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"], VT_TMA=vt_tma,
-                                                 V_ALIGN=v_align, V_SEG_ALIGN=min(v_align, PACK_SEG)))
+        br = dict(br, consts=dict(br["consts"], SAGE=True, P_OFFSET=sage["offset"], VT_TMA=vt_tma))
     if groups is None:
         grid, classes, extra = (n_tiles, b * h), size_classes(tuning.fwd_launch, block_d, q.dtype), {}
     else:
@@ -360,13 +367,14 @@ def _launch(q, k, v, q2k, q2k_cnt, tile_offsets, scale, tuning, out, branch, gro
             q, k, v, out, lse, lists, counts, tile_offsets, k_desc, v_desc, s,
             q.stride(0), q.stride(1), q.stride(2),
             k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), v.stride(3),
+            *v_strides,
             out.stride(0), out.stride(1), out.stride(2),
             lse.stride(0), lse.stride(1),
             lists.stride(0), lists.stride(1), lists.stride(2),
             counts.stride(0), counts.stride(1),
             h, scale * LOG2E, lo, blk,
             br["o_sparse"], br["kvw"], br["z"], br["bias"], br["eps"], lse if groups is None else groups, *scales,
+            vcols,
             HEAD_DIM=d, BLOCK_D=block_d, BLOCK_M=blk, BLOCK_N=BLOCK,
             DOT_FP32=interp, IEEE=(q.dtype == torch.float32 or interp), TMA=tma,
             PACK=pack, PACK_SEG=PACK_SEG, **load_hints(tuning),

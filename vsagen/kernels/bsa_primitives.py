@@ -11,7 +11,6 @@ bitwise equal, tested under the interpreter). Elsewhere, pointer loads.
 from __future__ import annotations
 
 import functools
-import weakref
 
 import torch
 import triton
@@ -168,20 +167,20 @@ def load_rows(base_a, base_b, rows, n_ok, stride_a, stride_b, offs_d, d_ok, DOT_
 
 
 @triton.jit
-def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, vt_row0, stride_ks, stride_vd, offs_d,
-              d_ok, TMA: tl.constexpr, VT_TMA: tl.constexpr, MASK: tl.constexpr, DOT_FP32: tl.constexpr,
-              EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
+def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, v_col, v_cols, n_ok, row0, col0, vt_row0, stride_ks,
+              stride_vd, offs_d, d_ok, TMA: tl.constexpr, VT_TMA: tl.constexpr, MASK: tl.constexpr,
+              DOT_FP32: tl.constexpr, EVICT: tl.constexpr = "", CACHE: tl.constexpr = ""):
     """The 8-bit fine stage's tiles of one key step: K (BLOCK_N, BLOCK_D) as the other loaders load it and V^T
-    (BLOCK_D, BLOCK_N) from V stored transposed (`sage.v_t_view`: per (batch, head) a (D, Sp) block, tokens
-    unit-stride, channels stride_vd apart), for the P.V dot as tl.trans(vt): a K-major B operand (Hopper's fp8
-    wgmma takes no other). K: with TMA the box of the (B*S, H*D) descriptor at (row0 + k_start, col0) (past a
-    partial tile's end it holds the next tokens: the caller masks them); else pointer loads of the tokens `rows`
-    (BLOCK_N,). V^T: with VT_TMA the box of the (B*H*D, S) descriptor at (vt_row0, k_start) (`tma_descs_v_t`; its
-    innermost coordinate k_start must be a multiple of 16: `token_alignment`), else pointer loads of the tokens
-    `rows`, unmasked along the tokens, so as wide as the caller's hints on rows let them be (tl.multiple_of /
-    tl.max_contiguous): the tokens where n_ok is False (past a partial tile or a pack's groups, all < S + 64) read
-    the next tokens or the zero columns after S (`sage.v_t_storage`), finite values multiplied by P = 0. K's
-    pointer loads zero the tokens where n_ok is False when MASK (EVICT / CACHE hints)."""
+    (BLOCK_D, BLOCK_N) from V in tile slots (`sage.v_slots`: per (batch, head) a (D, T*64) block, tile t's tokens
+    at columns 64 t.., zeros past them in the slot, channels stride_vd apart), for the P.V dot as tl.trans(vt): a
+    K-major B operand (Hopper's fp8 wgmma takes no other). K: with TMA the box of the (B*S, H*D) descriptor at
+    (row0 + k_start, col0) (past a partial tile's end it holds the next tokens: the caller masks them); else
+    pointer loads of the tokens `rows` (BLOCK_N,). V^T: with VT_TMA the box of the (B*H*D, T*64) descriptor at
+    (vt_row0, v_col) (`tma_descs_v_t`; v_col a slot start, a multiple of 64), else pointer loads of the columns
+    v_cols (BLOCK_N,), unmasked along the tokens, so as wide as the caller's hints on v_cols let them be
+    (tl.multiple_of / tl.max_contiguous): columns where n_ok is False stay inside a slot (its zeros or its tile's
+    tokens), finite values multiplied by P = 0. K's pointer loads zero the tokens where n_ok is False when MASK
+    (EVICT / CACHE hints)."""
     if MASK:
         k_mask = n_ok[:, None] & d_ok[None, :]
     else:
@@ -193,9 +192,9 @@ def load_k_vt(k_desc, v_desc, k_base, v_base, k_start, rows, n_ok, row0, col0, v
         k = tl.load(k_base + rows[:, None] * stride_ks + offs_d[None, :], mask=k_mask, other=0.0,
                     eviction_policy=EVICT, cache_modifier=CACHE)
     if VT_TMA:
-        vt = v_desc.load([vt_row0, k_start])
+        vt = v_desc.load([vt_row0, v_col])
     else:
-        vt = tl.load(v_base + offs_d[:, None] * stride_vd + rows[None, :], mask=v_mask, other=0.0,
+        vt = tl.load(v_base + offs_d[:, None] * stride_vd + v_cols[None, :], mask=v_mask, other=0.0,
                      eviction_policy=EVICT, cache_modifier=CACHE)
     if DOT_FP32:  # the interpreter's dots take fp32 operands (exact for int8 / e4m3 values)
         k, vt = k.to(tl.float32), vt.to(tl.float32)
@@ -291,49 +290,20 @@ def tma_descs(tma: bool, *xs: torch.Tensor) -> tuple:
 
 
 def v_t_tma_ok(vt: torch.Tensor) -> bool:
-    """Whether the transposed fp8 V (`sage.v_t_view`) can be read by TMA as the 2D (B*H*D, S) tensor of its storage
-    (row stride Sp, a multiple of 16 bytes) with (D, 64) boxes: that layout (`sage.is_v_transposed`), D a power of
-    two in [16, 256], a 16-byte aligned base. The boxes start at tile starts (the innermost coordinate), which must
-    be multiples of 16 too (`token_alignment`): the caller checks that."""
-    from .sage import is_v_transposed
-
-    d = vt.shape[3]
-    return 16 <= d <= 256 and not d & (d - 1) and is_v_transposed(vt) and vt.data_ptr() % 16 == 0
-
-
-_ALIGNMENTS: dict[int, tuple] = {}  # id(tile_offsets) -> (weakref, version, alignment): `token_alignment`
-
-
-def token_alignment(tile_offsets: torch.Tensor, seq_len: int, most: int = 16) -> int:
-    """The largest power of two <= `most` that divides every tile start of tile_offsets ((T + 1,) int32): what the
-    8-bit fine stage's V^T tiles (tokens unit-stride) may assume of their first token (vector width of the pointer
-    loads in bytes, 16: TMA boxes). With every tile full (seq_len = 64 T) `most`, without reading the offsets; else
-    they are read once (a device-to-host copy of T ints: one synchronization) and the answer kept for that tensor
-    while it lives unmodified (its version counter), so a layout's offsets cost one read per process."""
-    n = tile_offsets.numel() - 1
-    if seq_len == BLOCK * n or n <= 0:
-        return most
-    key = id(tile_offsets)
-    hit = _ALIGNMENTS.get(key)
-    if hit is not None and hit[0]() is tile_offsets and hit[1] == tile_offsets._version:
-        return hit[2]
-    starts = tile_offsets[:-1].to("cpu", torch.int64)
-    align = most
-    while align > 1 and bool((starts % align).any()):
-        align //= 2
-    if len(_ALIGNMENTS) >= 64:  # forget the offsets tensors that died
-        for k in [k for k, (ref, _, _) in _ALIGNMENTS.items() if ref() is None]:
-            del _ALIGNMENTS[k]
-    _ALIGNMENTS[key] = (weakref.ref(tile_offsets), tile_offsets._version, align)
-    return align
+    """Whether the fp8 V in tile slots (`sage.v_slots`, (B, H, D, T, 64) contiguous) can be read by TMA as the 2D
+    (B*H*D, T*64) tensor of its storage with (D, 64) boxes: D a power of two in [16, 256], a 16-byte aligned base
+    (the row stride T*64 bytes and every box start, a slot start, are multiples of 64 bytes)."""
+    d = vt.shape[2]
+    return vt.dim() == 5 and vt.shape[4] == BLOCK and vt.is_contiguous() and 16 <= d <= 256 and not d & (d - 1) \
+        and vt.data_ptr() % 16 == 0
 
 
 def tma_descs_v_t(vt: torch.Tensor):
-    """The TMA descriptor of the transposed fp8 V (`v_t_tma_ok`): (B*H*D, S) rows of its storage, (D, 64) boxes."""
+    """The TMA descriptor of the fp8 V in tile slots (`v_t_tma_ok`): (B*H*D, T*64) rows, (D, 64) boxes."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    b, s, h, d = vt.shape
-    return TensorDescriptor(vt, shape=[b * h * d, s], strides=[vt.stride(3), 1], block_shape=[d, BLOCK])
+    b, h, d, t, slot = vt.shape
+    return TensorDescriptor(vt, shape=[b * h * d, t * slot], strides=[t * slot, 1], block_shape=[d, BLOCK])
 
 
 def q2k_lists(q2k: torch.Tensor, q2k_cnt: torch.Tensor, tile_offsets: torch.Tensor, seq_len: int, pack: bool

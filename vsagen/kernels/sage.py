@@ -43,8 +43,7 @@ P_FP8_OFFSET = 8.807  # base-2 offset of P~ (SpargeAttn attn_utils.cuh:28): P~ <
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FP8 = torch.float8_e4m3fn
-V_T_ALIGN = 16  # tokens: the transposed V's channel rows are padded to a multiple (16 bytes of fp8: TMA strides)
-V_T_PAD = 64  # tokens of zeros at least after each channel row: a key step's 64-token read from any tile start
+V_SLOT = 64  # tokens per tile slot of the kernel's V^T (`v_slots`): the kernel's key tile
 
 
 def check_forward_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -127,45 +126,42 @@ def quantize_operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offse
     return qi, qs, ki, ks, vf, vs
 
 
-def v_t_columns(s: int) -> int:
-    """Sp, the columns of the transposed V's channel rows for S tokens: S + V_T_PAD rounded up to V_T_ALIGN."""
-    return -(-(s + V_T_PAD) // V_T_ALIGN) * V_T_ALIGN
+def v_slots(vf: torch.Tensor, tile_offsets: torch.Tensor) -> torch.Tensor:
+    """V in the 8-bit kernel's layout: transposed, one 64-token slot per kernel tile.
+
+    Tile t's tokens tile_offsets[t] .. tile_offsets[t + 1] - 1 lie at slot columns [0, size_t) of out[..., t, :],
+    zeros in the rest of the slot; viewed as (B*H*D, T*64) rows every tile's V^T box starts at a multiple of 64
+    tokens (64 bytes) whatever the tile sizes, so Hopper's TMA can fetch it (16-byte aligned innermost coordinate)
+    and the fp8 wgmma takes it K-major (`bsa_primitives.load_k_vt`). Where every tile is full (S = 64 T) this is
+    plain V^T. One read and one write of V, which `sage_attn.quantize_operands_triton` does not pay (its quantizer
+    writes these slots directly); for `quantize_operands`' token-major vf (tests, references).
+
+    Args:
+        vf: (B, S, H, D) float8_e4m3fn, any layout.
+        tile_offsets: (T + 1,) integer tile starts, tiles of 1..64 tokens, tile_offsets[T] = S.
+
+    Returns:
+        (B, H, D, T, 64) float8_e4m3fn contiguous.
+    """
+    idx, valid = _tile_slots(tile_offsets.to(vf.device))  # (T, 64)
+    bits = vf.view(torch.uint8).permute(0, 2, 3, 1)[..., idx]  # (B, H, D, T, 64); byte 0 is +0.0 in e4m3
+    return torch.where(valid, bits, 0).contiguous().view(FP8)
 
 
-def v_t_storage(b: int, s: int, h: int, d: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Uninitialised storage for V in the kernel's transposed layout: (B, H, D, Sp) float8_e4m3fn contiguous,
-    Sp = `v_t_columns(S)` (a multiple of 16 bytes, so each channel's row can be a TMA descriptor's row). The writer
-    must fill columns S..Sp with zeros: the kernel reads a tile's 64 tokens unmasked (so its loads vectorize) and
-    multiplies those past the tile by P = 0, which needs finite values there; V_T_PAD keeps those reads inside
-    the row. 64 bytes more per channel row than S, about 0.2% of V at 32760 tokens."""
-    return torch.empty((b, h, d, v_t_columns(s)), dtype=FP8, device=device)
+def v_from_slots(vt: torch.Tensor, tile_offsets: torch.Tensor) -> torch.Tensor:
+    """The token-major (B, S, H, D) float8_e4m3fn contiguous V of `v_slots`' (B, H, D, T, 64) vt (the inverse)."""
+    _, valid = _tile_slots(tile_offsets.to(vt.device))
+    cols = torch.arange(valid.numel(), device=vt.device)[valid.reshape(-1)]  # tokens in order
+    return vt.view(torch.uint8).flatten(3)[..., cols].permute(0, 3, 1, 2).contiguous().view(FP8)
 
 
-def v_t_view(storage: torch.Tensor, s: int) -> torch.Tensor:
-    """The (B, S, H, D) view of `v_t_storage`'s (B, H, D, Sp): the operand's logical shape (what `quantize_v_fp8`
-    returns), with unit stride on the tokens and stride Sp on the channels."""
-    return storage[..., :s].permute(0, 3, 1, 2)
-
-
-def is_v_transposed(vf: torch.Tensor) -> bool:
-    """Whether vf (B, S, H, D) is laid out as `v_t_view` makes it: tokens unit-stride, each (batch, head) a (D, Sp)
-    block with Sp >= S + V_T_PAD, a multiple of V_T_ALIGN, the heads and batches packed ((B, H, D, Sp) storage).
-    (The zeros in columns S..Sp are the writer's part of the contract: not checked.)"""
-    b, s, h, d = vf.shape
-    sp = vf.stride(3)
-    return (vf.stride(1) == 1 or s <= 1) and sp >= s + V_T_PAD and sp % V_T_ALIGN == 0 and vf.stride(2) == d * sp \
-        and (b <= 1 or vf.stride(0) == h * d * sp)
-
-
-def transpose_v(vf: torch.Tensor) -> torch.Tensor:
-    """vf (B, S, H, D) in any layout copied into the transposed layout (`v_t_view`): one read and one write of V,
-    which `quantize_operands_triton` does not pay (its quantizer writes this layout directly); for operands from
-    `quantize_operands` (the torch formulas: tests, references)."""
-    b, s, h, d = vf.shape
-    storage = torch.zeros((b, h, d, v_t_columns(s)), dtype=FP8, device=vf.device)  # zero padding columns
-    view = v_t_view(storage, s)
-    view.copy_(vf)
-    return view
+def v_slot_columns(tile_offsets: torch.Tensor, s: int) -> torch.Tensor:
+    """(S,) int32 on tile_offsets' device: each token's column in `v_slots`' (T*64) rows, 64 t + (token -
+    tile_offsets[t]) for the token's tile t (what the kernel's tile plans, which hold token rows, read V^T by)."""
+    off = tile_offsets.long()
+    tok = torch.arange(s, device=off.device)
+    tile = torch.searchsorted(off[1:], tok, right=True)
+    return (tile * V_SLOT + tok - off[tile]).to(torch.int32)
 
 
 def round_fp8(x: torch.Tensor) -> torch.Tensor:

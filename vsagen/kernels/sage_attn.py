@@ -6,13 +6,16 @@ the bf16 fine stage (`block_sparse_attention`).
 
 The operands are quantized by `quantize_operands_triton` (K's mean and V's per-channel extremes by torch
 reductions, then one Triton pass per tensor that reads it once and writes its 1-byte values and scales: the same
-arithmetic as `sage.quantize_operands`, bitwise under the interpreter; V written transposed, `sage.v_t_view`), then
-one launch per size class of the block-sparse forward with SAGE on: int8 K tiles by TMA where the tuning asks and
-the layout allows (`bsa_primitives.use_tma`), else pointer loads; fp8 V^T (D, 64) tiles, the P.V dot's K-major B
-operand through tl.trans (Hopper's fp8 wgmma takes no other order: with V (S, D) Triton transposed each tile
-through registers and shared memory, and the 8-bit stage ran at 0.37-0.41x the bf16 one on an H100, issue 46), by
-TMA where every tile start is a multiple of 16 tokens, else by pointer loads as wide as the tile starts' alignment
-(`bsa_primitives.token_alignment`); the q2k lists or tile plans and the query-group launch as the bf16 kernel.
+arithmetic as `sage.quantize_operands`, bitwise under the interpreter; V written transposed into one 64-token slot
+per kernel tile, `sage.v_slots`), then one launch per size class of the block-sparse forward with SAGE on: int8 K
+tiles by TMA where the tuning asks and the layout allows (`bsa_primitives.use_tma`), else pointer loads; fp8 V^T
+(D, 64) tiles, the P.V dot's K-major B operand through tl.trans (Hopper's fp8 wgmma takes no other order: with V
+(S, D) Triton transposed each tile through registers and shared memory, and the 8-bit stage ran at 0.37-0.41x the
+bf16 one on an H100, issue 46), key tile t's from slot column 64 t: by TMA boxes wherever the tuning asks (every
+box starts at a multiple of 64 tokens, whatever the grid's partial tiles: with V^T token-packed, tile starts
+multiples of 4 only kept the 14B grid's boxes off, BENCHMARKS.md 2026-12-07 night), else 64-byte pointer loads; the
+tile plans' packed partial tiles gather runs of 8 slot columns. The q2k lists or tile plans and the query-group
+launch as the bf16 kernel.
 """
 
 from __future__ import annotations
@@ -79,30 +82,32 @@ def _quant_int8_kernel(x_ptr, mean_ptr, out_ptr, scale_ptr, off_ptr, seq_len, nu
 
 
 @triton.jit
-def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, seq_len, num_heads, stride_b, stride_s, stride_h, stride_t,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, EMULATE: tl.constexpr):
-    """BLOCK_S token columns (program_id(0); those of tokens >= seq_len get zeros) of one (batch, head)
-    (program_id(1)) of v (B, S, H, D; any strides, unit on D) to fp8 e4m3, stored transposed into out ((B, H, D,
-    stride_t) contiguous, `sage.v_t_storage`: tokens unit-stride, so the kernel's P.V takes V^T tiles as Hopper's
-    fp8 wgmma wants its B operand): v times its channel's
-    2.25 / max |v| (recp_ptr, (B, H, D) fp32 contiguous), rounded to nearest even (`sage.quantize_v_fp8`; EMULATE:
-    rounded by `_round_e4m3` first, for the interpreter's cast). The (BLOCK_S, BLOCK_D) tile read row-major is
-    written column-major: one pass, the transposition a layout change in registers / shared memory."""
+def _quant_v_kernel(v_ptr, recp_ptr, out_ptr, off_ptr, num_heads, num_tiles, stride_b, stride_s, stride_h,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SLOT: tl.constexpr, EMULATE: tl.constexpr):
+    """Kernel tile t (program_id(0): tokens off[t] .. off[t + 1] - 1, at most SLOT) of one (batch, head)
+    (program_id(1)) of v (B, S, H, D; any strides, unit on D) to fp8 e4m3, stored transposed into its slot: columns
+    t * SLOT .. t * SLOT + SLOT - 1 of out ((B, H, D, T * SLOT) contiguous, `sage.v_slots`), zeros past the tile's
+    tokens: v times its channel's 2.25 / max |v| (recp_ptr, (B, H, D) fp32 contiguous), rounded to nearest even
+    (`sage.quantize_v_fp8`; EMULATE: rounded by `_round_e4m3` first, for the interpreter's cast). The (SLOT,
+    BLOCK_D) tile read row-major is written column-major: one pass, the transposition a layout change in registers /
+    shared memory."""
+    t = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // num_heads
     h = bh % num_heads
-    offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    start = tl.load(off_ptr + t)
+    offs_s = tl.arange(0, SLOT)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    mask = (offs_s < seq_len)[:, None] & d_ok[None, :]
-    rows = offs_s[:, None].to(tl.int64)
+    mask = (offs_s < tl.load(off_ptr + t + 1) - start)[:, None] & d_ok[None, :]
+    rows = (start + offs_s)[:, None].to(tl.int64)
     ptrs = b.to(tl.int64) * stride_b + h * stride_h + rows * stride_s + offs_d[None, :]
-    out_ptrs = (bh.to(tl.int64) * HEAD_DIM + offs_d[None, :]) * stride_t + rows
+    out_ptrs = (bh.to(tl.int64) * HEAD_DIM + offs_d[None, :]) * (num_tiles * SLOT) + t * SLOT + offs_s[:, None]
     recp = tl.load(recp_ptr + bh * HEAD_DIM + offs_d, mask=d_ok, other=0.0)
-    y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]  # 0 past seq_len
+    y = tl.load(v_ptr + ptrs, mask=mask, other=0.0).to(tl.float32) * recp[None, :]  # 0 past the tile
     if EMULATE:
         y = tl.where(y < 0, -_round_e4m3(-y), _round_e4m3(y))
-    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=(offs_s < stride_t)[:, None] & d_ok[None, :])
+    tl.store(out_ptr + out_ptrs, y.to(out_ptr.dtype.element_ty), mask=d_ok[None, :])
 
 
 def _quant_int8(x: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor | None) -> tuple[torch.Tensor,
@@ -119,8 +124,9 @@ def _quant_int8(x: torch.Tensor, offsets: torch.Tensor, mean: torch.Tensor | Non
 
 
 def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
-                             k_offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`sage.quantize_operands` (same arithmetic, same outputs) with one Triton pass per tensor. Bitwise equal under
+                             k_offsets: torch.Tensor, tile_offsets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`sage.quantize_operands` (same arithmetic, same values; V in the kernel's slots) with one Triton pass per
+    tensor. Bitwise equal under
     the interpreter; on a GPU Triton's fp32 division is div.full.f32 (within 2 ulp, as in SpargeAttn's own Triton
     quantization, utils.py:139-143), so an int8 value may differ by one where x / scale lies that close to a half.
 
@@ -129,12 +135,14 @@ def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             under the interpreter.
         q_offsets, k_offsets: (G + 1,) int32 token group starts, groups of at most MAX_GROUP (128) tokens (not
             checked: that would synchronize the device; VSA's kernel tiles hold <= 64, SLA's blocks 64 / 128).
+        tile_offsets: (T + 1,) int32 starts of the kernel's key tiles (1..64 tokens each, not checked), the slots
+            of V's layout.
 
     Returns:
-        (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale) as `sage.quantize_operands`, the same values and shapes;
-        q_int8 / k_int8 contiguous, v_fp8 in the kernel's transposed layout (`sage.v_t_view`: (B, S, H, D) viewing
-        (B, H, D, S rounded up to 16) contiguous storage), written so by the V quantizer itself (no extra pass; its
-        stores go through a register / shared-memory transposition instead of straight out).
+        (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale) as `sage.quantize_operands`, the same values; q_int8 /
+        k_int8 contiguous, v_fp8 (B, H, D, T, 64) in the kernel's slot layout (`sage.v_slots` of
+        `sage.quantize_operands`' v_fp8, bitwise), written so by the V quantizer itself (no extra pass; one program
+        per (tile, batch-head) writes its whole slot, its stores through a register / shared-memory transposition).
     """
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # the kernels take any other strides
     b, s, h, d = q.shape
@@ -145,24 +153,28 @@ def quantize_operands_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     amax = torch.maximum(-lo.float(), hi.float())
     amax = torch.where(amax > 0, amax, torch.full_like(amax, sage.V_SCALE_MAX))
     recp = (sage.V_SCALE_MAX / amax).contiguous()
-    vt = sage.v_t_storage(b, s, h, d, v.device)
-    _quant_v_kernel[(triton.cdiv(vt.shape[-1], 64), b * h)](v, recp, vt, s, h, v.stride(0), v.stride(1), v.stride(2),
-                                                  vt.shape[-1], HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
-                                                  BLOCK_S=64, EMULATE=interpreting())
-    return qi, qs, ki, ks, sage.v_t_view(vt, s), (amax / sage.V_SCALE_MAX).contiguous()
+    n_tiles = tile_offsets.numel() - 1
+    vt = torch.empty((b, h, d, n_tiles, sage.V_SLOT), dtype=sage.FP8, device=v.device)
+    if vt.numel():
+        _quant_v_kernel[(n_tiles, b * h)](v, recp, vt, tile_offsets, h, n_tiles, v.stride(0), v.stride(1),
+                                          v.stride(2), HEAD_DIM=d, BLOCK_D=triton.next_power_of_2(d),
+                                          SLOT=sage.V_SLOT, EMULATE=interpreting())
+    return qi, qs, ki, ks, vt, (amax / sage.V_SCALE_MAX).contiguous()
 
 
 def check_sage_operands(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch.Tensor, vf: torch.Tensor,
                         vs: torch.Tensor) -> None:
-    """Raise ValueError unless qi, ki (B, S, H, D) are int8 with unit stride on D and vf float8_e4m3fn of that shape
-    (any layout), D <= 256, qs, ks (B, H, S) and vs (B, H, D) contiguous fp32, all on one device."""
-    if qi.dim() != 4 or ki.shape != qi.shape or vf.shape != qi.shape:
-        raise ValueError(f"q, k, v must share one (B, S, H, D) shape, got {tuple(qi.shape)}, {tuple(ki.shape)}, "
-                         f"{tuple(vf.shape)}")
+    """Raise ValueError unless qi, ki (B, S, H, D) are int8 with unit stride on D and vf float8_e4m3fn, either of
+    that shape (any layout) or in the kernel's slots ((B, H, D, T, 64) contiguous, `sage.v_slots`; T checked by the
+    caller), D <= 256, qs, ks (B, H, S) and vs (B, H, D) contiguous fp32, all on one device."""
+    b, s, h, d = qi.shape if qi.dim() == 4 else (None,) * 4
+    slots = vf.dim() == 5 and vf.shape[:3] == (b, h, d) and vf.shape[4] == sage.V_SLOT and vf.is_contiguous()
+    if qi.dim() != 4 or ki.shape != qi.shape or (vf.shape != qi.shape and not slots):
+        raise ValueError(f"q, k must share one (B, S, H, D) shape and v be of it or (B, H, D, T, 64) contiguous, got "
+                         f"{tuple(qi.shape)}, {tuple(ki.shape)}, {tuple(vf.shape)}")
     if qi.dtype != torch.int8 or ki.dtype != torch.int8 or vf.dtype != sage.FP8:
         raise ValueError(f"the 8-bit fine stage takes int8 q, k and float8_e4m3fn v, got {qi.dtype}, {ki.dtype}, "
                          f"{vf.dtype}")
-    b, s, h, d = qi.shape
     if d > 256 or any(x.stride(-1) != 1 for x in (qi, ki)):
         raise ValueError(f"head dim {d} must be <= 256 with unit stride")
     for name, x, shape in (("q_scale", qs, (b, h, s)), ("k_scale", ks, (b, h, s)), ("v_scale", vs, (b, h, d))):
@@ -181,9 +193,9 @@ def bsa_fwd_sage(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch
 
     Args:
         qi, qs, ki, ks, vf, vs: `sage.quantize_operands`' outputs (checked: `check_sage_operands`); vf best in the
-            transposed layout `quantize_operands_triton` writes (`sage.v_t_view`, what the kernel reads), else
-            copied into it first (`sage.transpose_v`: one more read and write of V, e.g. for `sage.quantize_operands`'
-            contiguous vf).
+            slot layout `quantize_operands_triton` writes ((B, H, D, T, 64), `sage.v_slots` of these tile_offsets:
+            what the kernel reads), else (B, S, H, D) copied into it first (`sage.v_slots`: one more read and write
+            of V, e.g. for `sage.quantize_operands`' token-major vf).
         q2k, q2k_cnt, tile_offsets, scale, tuning: as `bsa_forward.bsa_fwd` (the warp-specialized forward does not
             run: it has no 8-bit variant).
         out_dtype: the output's dtype.
@@ -194,7 +206,8 @@ def bsa_fwd_sage(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch
         (-inf where no tile is selected).
 
     Raises:
-        ValueError: operands outside `check_sage_operands`, index tensors not int32 or of the wrong shape.
+        ValueError: operands outside `check_sage_operands`, index tensors not int32 or of the wrong shape, slots
+            not one per tile.
     """
     check_sage_operands(qi, qs, ki, ks, vf, vs)
     b, s, h, d = qi.shape
@@ -206,11 +219,13 @@ def bsa_fwd_sage(qi: torch.Tensor, qs: torch.Tensor, ki: torch.Tensor, ks: torch
     if groups is not None and (groups.dtype != torch.int32 or groups.dim() != 2 or group_launch is None
                                or groups.shape[1] != 2 + group_launch[0] // PACK_SEG):
         raise ValueError("groups must be an int32 (n, 2 + block_m / 8) table with its group_launch")
+    if vf.dim() == 5 and vf.shape[3] != n_tiles:
+        raise ValueError(f"v in slots must hold one per tile ({n_tiles}), got {vf.shape[3]}")
     out = torch.empty((b, s, h, d), dtype=out_dtype, device=qi.device)
     if b == 0 or s == 0:
         return out, torch.empty((b, h, s), dtype=torch.float32, device=qi.device)
     tuning = default_tuning(qi.device, d) if tuning is None else tuning
-    vt = vf if sage.is_v_transposed(vf) else sage.transpose_v(vf)
+    vt = vf if vf.dim() == 5 else sage.v_slots(vf, tile_offsets)
     lse = _launch(qi, ki, vt, q2k, q2k_cnt, tile_offsets, scale, tuning, out, None, groups, group_launch,
                   sage=dict(qs=qs, ks=ks, vs=vs, offset=sage.P_FP8_OFFSET))
     return out, lse
@@ -244,7 +259,7 @@ def sage_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if torch.compiler.is_compiling():  # one custom op: torch.compile sees through it without a graph break
         return _sage_op(q, k, v, q2k, q2k_cnt, tile_offsets, q_offsets, k_offsets, groups,
                         list(group_launch or ()), scale, *op_args(tuning))
-    ops = quantize_operands_triton(q, k, v, q_offsets, k_offsets)
+    ops = quantize_operands_triton(q, k, v, q_offsets, k_offsets, tile_offsets)
     return bsa_fwd_sage(*ops, q2k, q2k_cnt, tile_offsets, scale, tuning, q.dtype, groups, group_launch)[0]
 
 
@@ -255,7 +270,7 @@ def sage_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 def _sage_op(q, k, v, q2k, q2k_cnt, tile_offsets, q_offsets, k_offsets, groups, group_launch, scale, *tuning):
     """`sage_block_sparse_attention` as a forward-only custom op (no autograd formula: the caller refuses
     gradients first); `tuning` is `tuning.op_args`."""
-    ops = quantize_operands_triton(q, k, v, q_offsets, k_offsets)
+    ops = quantize_operands_triton(q, k, v, q_offsets, k_offsets, tile_offsets)
     return bsa_fwd_sage(*ops, q2k, q2k_cnt, tile_offsets, scale, KernelTuning.from_op_args(*tuning), q.dtype,
                         groups, tuple(group_launch) or None)[0]
 

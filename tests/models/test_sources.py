@@ -220,6 +220,18 @@ def test_an_uncached_hub_model_offline_is_refused_at_once(hub):
     assert hub.asked == []  # offline: the hub is not asked
 
 
+@pytest.mark.parametrize("model,repo,base", [
+    ("lightx2v-wan2.1-t2v-14b", "lightx2v/Wan2.1-Distill-Models", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    ("turbowan2.1-t2v-1.3b-fv", "loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
+def test_a_preset_whose_transformer_is_published_apart_offers_only_its_own_download(hub, model, repo, base):
+    """A new-user trial: the line told `hf download <the base repository> --local-dir DIR` and --model DIR, which
+    runs the stock model (its transformer, its 50-step CFG sampler), not the preset's distilled transformer."""
+    msg = _refusal(model)
+    assert f"Download it with `vsagen download {model}` (its transformer from {repo}, the rest of the pipeline " \
+           f"from {base}) and run the same command again" in msg
+    assert "hf download" not in msg and "--model DIR" not in msg and hub.asked == []
+
+
 def test_a_cached_hub_model_or_one_the_hub_has_goes_on(hub, tiny_dir, monkeypatch):
     """Nothing to refuse: the pipeline in the cache (offline), or the hub answering for it (the load downloads it);
     random weights read nothing."""

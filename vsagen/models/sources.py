@@ -166,8 +166,17 @@ def model_not_loadable(model: str, location: str, why: str, exact_preset: bool) 
     words), with what to do: download it (a preset: `vsagen download PRESET`) or into a folder and pass that, time the
     architecture with random weights (a preset's), or try the tiny model."""
     timing_hint = ", time its architecture with --random-weights" if exact_preset else ""
+    preset = load_preset(model) if model in preset_names() else None
+    if preset is not None and (preset.transformer_files is not None or preset.transformer_layout != "diffusers"):
+        # its transformer is published apart from the rest of the pipeline: a folder of `location` alone would run
+        # the stock model (its own transformer, sampler and CFG), so only the preset's own download is offered
+        repo = preset.transformer_files[0] if preset.transformer_files is not None else preset.hub_id
+        base = preset.components or preset.hub_id
+        return ModelNotFound(f"cannot load model {model!r}: {why}. Download it with `vsagen download {model}` (its "
+                             f"transformer from {repo}, the rest of the pipeline from {base}) and run the same "
+                             f"command again{timing_hint}, or try --model tiny")
     # a preset's files, exactly those it needs, into the Hugging Face cache (`vsagen.commands.download`)
-    preset_hint = f"`vsagen download {model}` or " if model in preset_names() else ""
+    preset_hint = f"`vsagen download {model}` or " if preset is not None else ""
     return ModelNotFound(f"cannot load model {model!r}: {why}. Download it with {preset_hint}`hf download {location} "
                          f"--local-dir DIR` and pass --model DIR{timing_hint}, or try --model tiny")
 

@@ -532,6 +532,9 @@ def test_t2v_with_vsa_int8_records_the_precision(vsagen_cache, tiny_dir, tmp_pat
     data = json.loads(res.stdout)
     assert data["backend"]["precision"] == "int8" and data["backend"]["impl_ran"] == "torch"
     assert (tmp_path / "a.mp4").stat().st_size > 0
+    # said, not only recorded (a new-user trial: the CPU run gave no sign that the 8-bit kernels did not run)
+    note = next(n for n in data["timing"]["notes"] if "precision=int8 with impl torch" in n)
+    assert "float32 torch ops" in note and "not its speed" in note and f"note: {note}" in res.stderr
 
 
 def test_vsa_topk_count_tokens_is_the_reference_at_fastvideos_earlier_count():

@@ -148,6 +148,17 @@ def int8_refusal(name: str, precision: str, impl: str, device: torch.device) -> 
     return None
 
 
+def int8_emulation_note(name: str, precision: str, impl: str) -> tuple[str, ...]:
+    """The run note for precision=int8 off the Triton kernels (impl torch, the CPU's): the 8-bit numerics are then
+    computed by the float32 formulas (`kernels.sage.sage_attention_reference`), which reproduce their error but not
+    their speed; () otherwise. (A new-user trial: the CPU run said nothing of it, and its title does not say int8.)"""
+    if precision != "int8" or impl == "triton":
+        return ()
+    return (f"{name}: precision=int8 with impl {impl} computes the 8-bit fine stage's numerics (int8 Q.K^T, fp8 P.V) "
+            "in float32 torch ops: its error, not its speed (slower than bf16); the 8-bit kernels run with impl "
+            "triton on NVIDIA GPUs from sm_89",)
+
+
 def int8_fine_stage(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lists: torch.Tensor, counts: torch.Tensor,
                     offsets: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor, triton: bool,
                     tuning: Any = None, groups: torch.Tensor | None = None) -> torch.Tensor:

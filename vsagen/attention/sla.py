@@ -33,8 +33,8 @@ from ..errors import BadInput
 from .base import AttnContext, Backend, LayerWeights, RunInfo
 from .dense import DenseKnobs, check_knobs
 from .shared import (FASTVIDEO_PROJ_KEY, FEATURE_MAPS, QUERY_LAUNCH, TURBODIFFUSION_PROJ_KEY, check_impl_option,
-                     check_precision_option, check_tuning, int8_fine_stage, int8_refusal, interpreting, proj_module,
-                     proj_shapes, random_proj, weights_path_option)
+                     check_precision_option, check_tuning, int8_emulation_note, int8_fine_stage, int8_refusal,
+                     interpreting, proj_module, proj_shapes, random_proj, weights_path_option)
 
 if TYPE_CHECKING:
     import torch
@@ -153,16 +153,19 @@ class SLAAttention(Backend):
 
     def prepare(self, run: RunInfo) -> tuple[str, ...]:
         """`check`; a note when the run's sequence is so short that SLA's int(topk * blocks) keeps no key block
-        (vsagen keeps one: `raster_blocks.selected_blocks`)."""
+        (vsagen keeps one: `raster_blocks.selected_blocks`), and where precision=int8 runs as float32 formulas
+        (`shared.int8_emulation_note`)."""
         self.check(run.device, run.dtype)
+        notes = int8_emulation_note(self.name, self.options.precision, self.resolved_impl(run.device))
         if run.grid is None:
-            return ()
+            return notes
         seq = run.grid[0] * run.grid[1] * run.grid[2]
         n = -(-seq // self.options.block_k)
         if int(self.options.topk * n) < 1:
-            return (f"sla: topk {self.options.topk:g} of {n} key block{'s' if n != 1 else ''} keeps none by SLA's "
-                    f"rule int(topk * blocks) (its kernel would divide by zero); 1 is kept per query block",)
-        return ()
+            return notes + (f"sla: topk {self.options.topk:g} of {n} key block{'s' if n != 1 else ''} keeps none by "
+                            "SLA's rule int(topk * blocks) (its kernel would divide by zero); 1 is kept per query "
+                            "block",)
+        return notes
 
     def describe(self, device: torch.device | None = None) -> dict:
         """{"name", "topk", "block_q", "block_k", "feature_map", "impl", "query_rows"} (+ "proj_weights" when named) and, given the

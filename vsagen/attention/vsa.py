@@ -41,8 +41,8 @@ from ..layout import parse_tile
 from .base import AttnContext, Backend, LayerWeights
 from .dense import DenseKnobs, check_knobs
 from .shared import (DEFAULT_QUERY_BLOCK, DEFAULT_SPARSITY, IMPLS, QUERY_BLOCKS, QUERY_LAUNCH, TILE_FIELD,
-                     check_impl_option, check_precision_option, check_tuning, int8_fine_stage, int8_refusal,
-                     interpreting, kernel_lists, tile_option, weights_path_option)
+                     check_impl_option, check_precision_option, check_tuning, int8_emulation_note, int8_fine_stage,
+                     int8_refusal, interpreting, kernel_lists, tile_option, weights_path_option)
 
 if TYPE_CHECKING:
     import torch
@@ -318,14 +318,16 @@ class VSAAttention(Backend):
 
     def prepare(self, run: Any) -> tuple[str, ...]:
         """`check(run.device, run.dtype)`; a note where `query_rows=128` has no effect (it sets the Triton fine
-        stage's programs: the torch reference and FA4 ignore it)."""
+        stage's programs: the torch reference and FA4 ignore it), and where precision=int8 runs as float32 formulas
+        (`shared.int8_emulation_note`)."""
         self.check(run.device, run.dtype)
         impl = self.resolved_impl(run.device)
+        notes = int8_emulation_note(self.name, self.options.precision, impl)
         if self.options.query_rows != 64 and impl != "triton":
             how = "the torch reference" if impl == "torch" else "FA4's fine stage"
-            return (f"{self.name}: query_rows={self.options.query_rows} has no effect with {how} (impl {impl}): it "
-                    "sets the programs of the Triton fine stage (impl triton, on CUDA)",)
-        return ()
+            notes += (f"{self.name}: query_rows={self.options.query_rows} has no effect with {how} (impl {impl}): it "
+                      "sets the programs of the Triton fine stage (impl triton, on CUDA)",)
+        return notes
 
     def describe(self, device: torch.device | None = None) -> dict:
         """{"name", "sparsity", "impl", "tile"} and, given the run's device, "impl_ran" ("triton" | "torch")."""

@@ -207,6 +207,7 @@ def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_fram
     assert "no graph breaks" in note and "vsagen profile --kernels" in note
     assert f"note: {note}" in res.stderr  # printed too, not only in the JSON (new-user trial)
     assert t["warmup_s"] > 3 * max(t["dit_per_step_s"])  # compilation stayed in the warm-up
+    assert 0 < t["warmup_parts_s"]["compile"] < t["warmup_parts_s"]["denoise"]  # and the run JSON says how much
     a, b = encoder_frames["eager"].astype(int), encoder_frames["comp"].astype(int)
     assert a.shape == b.shape == (5, 64, 64, 3)
     assert np.abs(a - b).max() <= 1

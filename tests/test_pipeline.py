@@ -105,6 +105,9 @@ def test_session_run_with_encode_decode_and_warmup(tiny_session):
     assert {"total", "text_encode", "denoise", "vae_decode"} <= set(names)
     assert names.count("dit") == 2  # the warm-up step's forwards are not recorded
     assert run.warmup_s > 0
+    parts = run.warmup_parts  # the warm-up step and the decoder's first call, nothing compiled here
+    assert set(parts) == {"denoise", "compile", "decode"} and parts["denoise"] > 0 and parts["decode"] > 0
+    assert parts["denoise"] + parts["decode"] == pytest.approx(run.warmup_s) and parts["compile"] == 0
     assert run.video.shape == (1, 3, 5, 64, 64)
     assert float(run.video.min()) >= -1.0 - 1e-3 and float(run.video.max()) <= 1.0 + 1e-3
     # without a backend: the pipeline's own processors, DiT timing only

@@ -271,3 +271,39 @@ def test_tables_at_80_columns_lose_no_digit(width):
     narrow = Console(width=40, record=True)
     narrow.print(ranks)
     assert "…" not in narrow.export_text()  # folded, not cut
+
+
+def test_warm_up_parts_in_the_json_and_the_table():
+    """The warm-up's split (issue 47: what a second process's warm-up is made of): the decoder's first call is the
+    rest of the warm-up after its steps, the compile time a part of the steps; shown where not 0."""
+    from rich.console import Console
+
+    from vsagen.timing import WarmUp
+
+    assert WarmUp().parts() == {}  # no warm-up: nothing to split
+    warm = WarmUp(seconds=3.0, denoise=2.25, compile=1.5)
+    assert warm.parts() == {"denoise": 2.25, "compile": 1.5, "decode": 0.75}
+    report = _report([("total", -1, 1.0), ("dit", 0, 1.0)], warmup_s=3.0, warmup_parts_s=warm.parts())
+    assert report.to_dict()["warmup_parts_s"] == {"denoise": 2.25, "compile": 1.5, "decode": 0.75}
+    console = Console(width=200, record=True)
+    console.print(report.rich_table("t"))
+    text = console.export_text()
+    for label, value in (("(warm-up, not in total)", "3.000"), ("warm-up steps", "2.250"),
+                         ("of which torch.compile", "1.500"), ("decoder's first call", "0.750")):
+        assert any(label in line and value in line for line in text.splitlines()), label
+    console = Console(width=200, record=True)
+    console.print(_report([("dit", 0, 1.0)], warmup_s=2.0, warmup_parts_s=WarmUp(2.0, 2.0).parts()).rich_table())
+    assert "torch.compile" not in console.export_text() and "decoder" not in console.export_text()
+
+
+def test_compile_seconds_grows_across_a_compilation():
+    """`compile_seconds` reads Dynamo's own cumulative compile time (without importing Dynamo when it is absent)."""
+    import torch
+
+    from vsagen.timing import compile_seconds
+
+    before = compile_seconds()
+    x = torch.randn(7, 5, dtype=torch.float64)
+    fn = torch.compile(lambda t: torch.sin(t) * 2 + t.cos(), backend="eager", fullgraph=True)
+    torch.testing.assert_close(fn(x), torch.sin(x) * 2 + x.cos())
+    assert compile_seconds() > before

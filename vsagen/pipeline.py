@@ -37,7 +37,7 @@ from .models.loading import LoadedModel, load_model, torch_dtype, truncation_not
 from .models.pipeline_weights import check_backend_weights, weights_note
 from .request.resolve import Request
 from .samplers import NAMED as NAMED_SAMPLERS, Sampler, initial_noise, use_sampler
-from .timing import Timer
+from .timing import Timer, WarmUp, compile_seconds
 
 def encode_prompts(cfg: Request, model: LoadedModel, do_cfg: bool) -> tuple[Any, Any]:
     """Prompt embeddings (positive, negative or None without CFG), each (1, max_sequence_length, text_dim) in
@@ -205,6 +205,7 @@ class Denoised:
         records: the timer's (name, step, seconds) records (`Timer.finish`), warm-up excluded.
         warmup_s: host seconds of the untimed warm-up steps (0 without warm-up).
         plan: the crop plan that was denoised.
+        warmup_parts: where `warmup_s` went (`WarmUp.parts`; empty without warm-up).
         calibration: a MagCache calibration run's (file, JSON text) (`InstalledCache.calibration_file`), for the
             caller to write with its other files (`vsagen t2v`: with the video, or not at all); else None.
     """
@@ -215,6 +216,7 @@ class Denoised:
     warmup_s: float
     plan: CropPlan
     calibration: tuple[Any, str] | None = None
+    warmup_parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def layout_s(self) -> float:
@@ -443,7 +445,7 @@ class Session:
 
         try:
             with out_of_memory_as_failure(what, cfg.memory_hints()), torch.inference_mode(), context():
-                warmup_s = self._warm_up(denoise, warmup, encode, timer, plan, warm_decode or decode)
+                warm = self._warm_up(denoise, warmup, encode, timer, plan, warm_decode or decode)
                 latents, video = self._timed_steps(denoise, plan, steps, timer, encode=encode, decode=decode, log=log)
                 records = timer.finish()
         finally:
@@ -452,8 +454,9 @@ class Session:
             self.notes.append(note)
         self.notes.extend(n for n in runtime_notes() if n not in self.notes)  # a kernel that fell back in the run
         cached = patched.cached
-        return Denoised(latents, video, records, warmup_s, plan,
-                        cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None)
+        return Denoised(latents, video, records, warm.seconds, plan,
+                        cached.calibration_file(cfg.model, n_steps, sampler.name) if cached is not None else None,
+                        warm.parts())
 
     def _patch(self, backend: Any, plan: CropPlan, timer: Timer, sampler: Sampler, cache: Any,
                n_steps: int) -> "_Patched":
@@ -516,17 +519,21 @@ class Session:
                 self.notes.append(note)
 
     def _warm_up(self, denoise: Callable[[Any, Any, int], Any], warmup: int, encode: bool, timer: Timer,
-                 plan: CropPlan, warm_decode: bool) -> float:
+                 plan: CropPlan, warm_decode: bool) -> "WarmUp":
         """The untimed warm-up steps (the timer off; the prompts encoded afresh when `encode`), with `warm_decode` the
         first two latent frames of their latents decoded as the run's decode will be (`vsagen.decode.stream.
-        warm_decode`), then an idle device; returns their host seconds (0 without warm-up). The timer is on again
-        after."""
+        warm_decode`), then an idle device; returns where its host seconds went (all 0 without warm-up). The timer is
+        on again after."""
         import torch
 
         timer.enabled = False
+        warm = WarmUp(compile_before=compile_seconds())
         t0 = time.perf_counter()
         if warmup:
             latents = denoise(*(self.encode_prompts() if encode else self.prompts()), warmup)
+            if self.request.device == "cuda":
+                torch.cuda.synchronize()
+            warm.denoise = time.perf_counter() - t0
             if warm_decode:  # the decoder's first call too (cuDNN, the kernels' loading), on the decode's own shape
                 from .decode.stream import streams, warm_decode as decode_first_frames
 
@@ -538,9 +545,11 @@ class Session:
                 decode_first_frames(self.pipe.vae, self.pipe.video_processor, latents)
         if self.request.device == "cuda":
             torch.cuda.synchronize()  # the timed steps start on an idle device
-        warmup_s = time.perf_counter() - t0 if warmup else 0.0
+        if warmup:
+            warm.seconds = time.perf_counter() - t0
+            warm.compile = compile_seconds() - warm.compile_before
         timer.enabled = True
-        return warmup_s
+        return warm
 
     def _timed_steps(self, denoise: Callable[[Any, Any, int], Any], plan: CropPlan, steps: int, timer: Timer, *,
                      encode: bool, decode: bool, log: Callable[[str], None]) -> tuple[Any, Any]:

@@ -22,6 +22,7 @@ the per-rank rows rank 0 reports.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import defaultdict
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -190,6 +191,9 @@ class TimingReport:
     `cfg_exchange_s` that of its CFG-parallel exchanges (part of `dit_s`); `ranks` holds every rank's `rank_row`
     (rank 0's report; empty in a one-process run), and `to_dict` adds their max and mean (`rank_stats`).
 
+    `warmup_s` is the untimed warm-up (not in `total_s`); `warmup_parts_s` says where it went (`WarmUp.parts`: the
+    warm-up steps, torch.compile's compilation inside them, the decoder's first call), empty without a warm-up.
+
     Names in the JSON (`to_dict`): the fields that time the self-attention carry names that say what they time,
     `attn1_module_s` (the whole attn1 module, the table's "self-attention module (attn1)" row),
     `attention_backend_s` (the backend call alone, the table's "attention backend" row) and
@@ -217,6 +221,7 @@ class TimingReport:
     write_s: float = 0.0
     decode_write_s: float = 0.0
     warmup_s: float = 0.0
+    warmup_parts_s: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     dit_by_expert_s: dict[str, float] = field(default_factory=dict)
     dit_forwards_by_expert: dict[str, int] = field(default_factory=dict)
@@ -447,7 +452,15 @@ class TimingReport:
             t.add_row("(load, not in total)", f"{self.load_s:.3f}", "", "")
         if self.warmup_s:
             t.add_row("(warm-up, not in total)", f"{self.warmup_s:.3f}", "", "")
+            for part, label in WARMUP_ROWS:
+                if self.warmup_parts_s.get(part):
+                    t.add_row(label, f"{self.warmup_parts_s[part]:.3f}", "", "")
         return t
+
+
+# The warm-up's parts as table rows (`WarmUp.parts`), each shown where it is not 0.
+WARMUP_ROWS = (("denoise", "  warm-up steps"), ("compile", "    of which torch.compile"),
+               ("decode", "  decoder's first call"))
 
 
 # The per-rank columns that `rank_stats` summarises ("self_attention_s": the deprecated alias of
@@ -465,3 +478,37 @@ def rank_stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]
         out["ranks_max"][col] = max(values) if values else None
         out["ranks_mean"][col] = sum(values) / len(values) if values else None
     return out
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent in torch.compile's compilation so far (Dynamo's tracing and the backend's
+    compile, `torch._dynamo.utils.calculate_time_spent()["total_wall_time"]`), 0 where Dynamo was never imported
+    (read without importing it). Cumulative: a stage's compile time is the difference across it."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None or not hasattr(utils, "calculate_time_spent"):
+        return 0.0
+    return float(utils.calculate_time_spent().get("total_wall_time", 0.0))
+
+
+@dataclass
+class WarmUp:
+    """Where an untimed warm-up's host seconds went (`Session`'s warm-up; all 0 without one).
+
+    Attributes:
+        seconds: the whole warm-up (the steps, the decoder's first call, the wait for an idle device).
+        denoise: the warm-up denoising steps (the DiT's first forwards: compilation, kernel loading, allocator).
+        compile: torch.compile's compilation inside the warm-up (`compile_seconds`; part of `denoise`).
+        compile_before: `compile_seconds()` when the warm-up began.
+    """
+
+    seconds: float = 0.0
+    denoise: float = 0.0
+    compile: float = 0.0
+    compile_before: float = 0.0
+
+    def parts(self) -> dict[str, float]:
+        """{"denoise", "compile", "decode"} seconds for the run's JSON (`TimingReport.warmup_parts_s`), "decode" the
+        rest of the warm-up (the decoder's first call on two latent frames); empty without a warm-up."""
+        if not self.seconds:
+            return {}
+        return {"denoise": self.denoise, "compile": self.compile, "decode": max(0.0, self.seconds - self.denoise)}

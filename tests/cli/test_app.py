@@ -175,6 +175,8 @@ def test_warmup_is_reported_apart(cli_cache, tmp_path):
     assert res.exit_code == 0, res.output
     timing = json.loads(res.stdout)["timing"]
     assert timing["warmup_s"] > 0
+    parts = timing["warmup_parts_s"]
+    assert parts["denoise"] + parts["decode"] == pytest.approx(timing["warmup_s"]) and parts["denoise"] > 0
     assert timing["dit_forwards"] == 2  # the warm-up's forwards are not counted
 
 

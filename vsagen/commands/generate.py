@@ -323,8 +323,9 @@ def _write_outputs(cfg: RunConfig, session: Session, backend: Any, plan: Any, ru
             raise RunFailure(f"decoded video has {times.frames} frames, expected {cfg.frames}")
         records = [*run.records, ("vae_decode", -1, times.produce_s), ("total", -1, times.produce_s)]
         report = TimingReport.from_records(records, cfg.device, load_s=session.load_s, write_s=times.encode_s,
-                                           decode_write_s=times.wall_s, warmup_s=run.warmup_s, notes=session.notes,
-                                           untimed=untimed, ranks=ranks or [])
+                                           decode_write_s=times.wall_s, warmup_s=run.warmup_s,
+                                           warmup_parts_s=run.warmup_parts, notes=session.notes, untimed=untimed,
+                                           ranks=ranks or [])
         summary = _summary(cfg, session, backend, plan, report)
         text = video.json_text(summary)
         outputs.add(cfg.json_out, lambda tmp: tmp.write_text(text), ".json")

@@ -384,7 +384,7 @@ def _measure(cfg: ProfileConfig, session: Any, label: str, plan: Any, backend: A
         f"{cfg.warmup} warm-up + {cfg.steps} timed step{'s' * (cfg.steps != 1)}")
     run = session.run(backend, plan, context=context, what=f"profiling {label}", cache=cache)
     report = TimingReport.from_records(run.records, cfg.device, warmup_s=run.warmup_s,
-                                       untimed=session.untimed(backend))
+                                       warmup_parts_s=run.warmup_parts, untimed=session.untimed(backend))
     ranks = None
     if cfg.processes > 1:
         import torch.distributed as dist

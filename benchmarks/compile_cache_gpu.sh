@@ -6,7 +6,7 @@
 #   second  the same VSAGEN_CACHE: should find everything there (FX graph / AOTAutograd cache hits, no Triton kernel
 #           added), paying Dynamo's tracing only;
 #   off     for contrast, torch's caches off (TORCHINDUCTOR_FORCE_DISABLE_CACHES=1) and an empty Triton cache.
-# Prints each run's warmup_s and load_s (from the run's JSON), torch's cache counters (fxgraph_cache_*,
+# Prints each run's warmup_s, its parts (warmup_parts_s) and load_s (from the run's JSON), torch's cache counters (fxgraph_cache_*,
 # autograd_cache_*) and Dynamo's seconds per compile phase (benchmarks/compile_counted.py), the kernels in the
 # Triton cache after the run, the cache's size, and second/first warm-up.
 # Target (issue 47): second warmup_s <= 20% of first. About 2-3 minutes on an H100.
@@ -46,6 +46,9 @@ for name in ("first", "second", "off"):
     counters = json.load(open(os.path.join(runs, f"{name}.counters.json")))
     print(f"{name:7} warmup_s {rows[name]['warmup_s']:7.2f}  load_s {rows[name]['load_s']:6.2f}  "
           f"total_s {rows[name]['total_s']:6.2f}  {counters}")
+    parts = rows[name].get("warmup_parts_s") or {}  # the warm-up's split (steps, compile inside them, decoder)
+    print(f"{'':7} warm-up steps {parts.get('denoise', 0):6.2f} (of which torch.compile {parts.get('compile', 0):5.2f})"
+          f"  decoder's first call {parts.get('decode', 0):5.2f}")
 if "first" in rows and "second" in rows:
     ratio = rows["second"]["warmup_s"] / rows["first"]["warmup_s"]
     print(f"second/first warmup_s: {ratio:.3f} (target <= 0.20)")

@@ -203,6 +203,26 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     assert calibration.out == Path("vsagen-tiny-vsa-mag-calibrate-seed0.mp4")
 
 
+def test_the_default_name_and_the_metadata_say_a_precision_other_than_the_default(tmp_path, monkeypatch):
+    """New-user trial: runs differing only in precision (`--attn vsa:precision=int8`, `--quant int8`) got names that
+    differed by the -1 suffix only. The fine stage's precision other than bf16 and the linears' other than the
+    model's default (`--quant auto`: int8 for a -quant preset's files) are in the name; default names unchanged."""
+    monkeypatch.chdir(tmp_path)
+    out = lambda **kw: resolve("a fox", model="tiny", device="cpu", **kw).out  # noqa: E731
+    assert out() == Path("vsagen-tiny-full-seed0.mp4")
+    assert out(attn="vsa:precision=bf16") == Path("vsagen-tiny-vsa-seed0.mp4")
+    assert out(attn="vsa:precision=int8") == Path("vsagen-tiny-vsa-int8-seed0.mp4")
+    assert out(attn="sla:precision=int8") == Path("vsagen-tiny-sla-int8-seed0.mp4")
+    assert out(quant="int8") == Path("vsagen-tiny-full-int8-linears-seed0.mp4")
+    assert out(quant="none") == out(quant="auto") == Path("vsagen-tiny-full-seed0.mp4")
+    quant = lambda q: resolve("a fox", model="turbowan2.1-t2v-1.3b-quant", device="cpu", quant=q).out  # noqa: E731
+    assert quant("auto") == quant("int8") == Path("vsagen-turbowan2.1-t2v-1.3b-quant-sla-rcm-seed0.mp4")
+    assert quant("none") == Path("vsagen-turbowan2.1-t2v-1.3b-quant-sla-fp32-linears-rcm-seed0.mp4")
+    described = resolve("a fox", model="tiny", device="cpu", quant="int8").metadata()["description"]
+    assert ", --attn full, --quant int8, 4 steps" in described
+    assert "--quant" not in resolve("a fox", model="tiny", device="cpu").metadata()["description"]
+
+
 def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):
     """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.media.paths.check_target`), before loading."""
     assert resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4").sheet_out is None

@@ -140,6 +140,45 @@ def test_presets_fit_the_terminal_and_cut_nothing(columns):
         assert "commands, sampler and attention" in res.stdout and "\nweights" in res.stdout
 
 
+def _commands_cell(name: str) -> str:
+    from vsagen.models.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset
+
+    p = load_preset(name)
+    i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image, "i2v")
+    return i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
+
+
+def test_presets_to_a_pipe_split_no_word(capsys, monkeypatch):
+    """New-user trial: `vsagen presets | cat` (no terminal, so Rich's 80 columns) split `[--last-image]` inside the
+    word. To a pipe or a file (captured here: not a terminal, COLUMNS unset) the one table, each preset's row whole on
+    one line, and every line of text whole."""
+    from vsagen.cli.listing import print_presets
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_presets()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for name in preset_names():
+        row = next(line for line in lines if line.startswith(f"│ {name} "))
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        values = _preset_cells(name)[:-1]  # (the weights: a transformer published alone shows its own)
+        assert cells[1] == _commands_cell(name) and all(v in row for v in values) and cells[10], (name, row)
+    assert any(line.startswith("negative prompt of ") and line.endswith("倒着走") for line in lines)
+    assert any(line.startswith("vsagen t2v PROMPT") and line.endswith("Wan-AI repository.") for line in lines)
+
+
+@pytest.mark.parametrize("columns", [80, 60, 40])
+def test_presets_on_a_narrow_terminal_split_no_word(columns):
+    """On a terminal of 80 columns and narrower: every word of the commands column (`[--last-image]`) and of the
+    legend is on one line, never folded inside it."""
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0
+    words = set(res.stdout.replace(",", " ").replace(";", " ").split())
+    for name in preset_names():
+        assert set(_commands_cell(name).replace(",", " ").split()) <= words, name
+    assert {"--last-image:", "[--last-image]:", "Wan-AI"} <= words
+
+
 # A generous bound for an answer that imports neither torch nor diffusers (~0.4 s on an idle 2-core machine).
 LISTING_WALL_S = 3.0
 

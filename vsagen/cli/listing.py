@@ -16,6 +16,7 @@ def print_presets() -> None:
 
     from ..models.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
     from ..request.sampling import parse_sampler
+    from .terminal import fit_table, stdout_console
 
     # height x width, as the run titles' frames x height x width (and --height, --width) order them; a few-step
     # sampler's steps are its sigma list's (CFG off); "attn": the backend a published sparse checkpoint was
@@ -57,9 +58,11 @@ def print_presets() -> None:
             t.add_row(*(row[i] for i in cols))
         return t
 
-    con = Console()
+    con, wraps = stdout_console()
     unbounded = con.options.update_width(10_000)
     everything = table("presets", tuple(range(len(heads))), compact=False)
+    if not wraps:  # a pipe or a file (a new-user trial: `| cat` split words): the one table, each row one line
+        con = Console(width=max(con.width, con.measure(everything, options=unbounded).maximum))
     narrow = [table("presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
               table("commands, sampler and attention", (0, 1, 8, 9), compact=True),
               table("weights", (0, 10), compact=True)]
@@ -67,13 +70,13 @@ def print_presets() -> None:
         con.print(everything)
     elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
         for t in narrow:  # the defaults, then the commands, sampler and attention, then the weights
-            con.print(t)
+            con.print(fit_table(t, con.width))  # columns at least their longest word wide: none is split
     else:  # narrower still: a paragraph per preset, wrapped between its fields
         for row in rows:
             con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:10], row[2:10]))
                       + f"; {row[10]}", markup=False, highlight=False)
     for line in published:  # what each published sparse / distilled checkpoint is
-        con.print(line, markup=False, highlight=False)
+        con.print(line, markup=False, highlight=False, soft_wrap=not wraps)
     negatives: dict[str, list[str]] = {}  # each default negative prompt and the presets that run it
     for name in preset_names():
         d = load_preset(name).defaults
@@ -81,13 +84,12 @@ def print_presets() -> None:
             negatives.setdefault(d.negative_prompt, []).append(name)
     for text, names in negatives.items():
         con.print(f"negative prompt of {', '.join(names)} (CFG runs; --negative-prompt replaces it, \"\" for none): "
-                  f"{text}", markup=False, highlight=False)
+                  f"{text}", markup=False, highlight=False, soft_wrap=not wraps)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
               "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
               "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub "
               "repository; for a transformer published alone (TurboWan) its own, the other components from the base "
-              "model's Wan-AI repository.", markup=False,
-              highlight=False)
+              "model's Wan-AI repository.", markup=False, highlight=False, soft_wrap=not wraps)
 
 
 def print_backends(echo: Callable[[str], None] = print) -> None:

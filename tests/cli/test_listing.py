@@ -77,8 +77,9 @@ def _preset_cells(name: str) -> list[str]:
     p = load_preset(name)
     d = p.defaults
     sampler = NAMED[d.sampler.split(":")[0]]  # the bundled presets name their sampler without options
-    steps, guidance = (str(len(sampler.sigmas)), "off") if sampler.renoise else (str(d.steps), f"{d.guidance:g}")
-    return [name, f"{d.height}x{d.width}", str(d.frames), steps, guidance, f"{d.flow_shift:g}",
+    steps, guidance, shift = ((str(len(sampler.sigmas)), "off", "-") if sampler.renoise else
+                              (str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}"))
+    return [name, f"{d.height}x{d.width}", str(d.frames), steps, guidance, shift,
             str(d.fps), d.sampler, d.attn or "auto", p.hub_id if p.source == "hub" else "built offline (random)"]
 
 
@@ -109,9 +110,9 @@ def test_presets_lists_bundled_presets():
     assert legend in " ".join(res.stdout.split())
     # issue 30: the published sparse / distilled checkpoints with how their authors run them
     fastwan = [c.strip() for c in rows[names.index("fastwan2.1-t2v-1.3b")]]
-    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8 4x4x4",
+    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "-", "16", "dmd", "vsa 0.8 4x4x4",
                              "FastVideo/FastWan2.1-T2V-1.3B-Diffusers"]
-    assert [c.strip() for c in rows[names.index("hummingbird-xt")]][4:10] == ["3", "off", "10", "24",
+    assert [c.strip() for c in rows[names.index("hummingbird-xt")]][4:10] == ["3", "off", "-", "24",
                                                                             "dmd-hummingbird", "full"]
     assert [c.strip() for c in rows[names.index("wan2.1-vsa-t2v-14b-720p")]][4:10] == ["50", "5", "5", "16",
                                                                                      "default", "vsa 0.9 4x4x4"]

@@ -348,3 +348,23 @@ def test_turbowan_presets_run_sla_in_turbodiffusions_hopper_geometry(tmp_path):
     o = resolve("a fox", model="turbowan2.1-t2v-1.3b", device="cpu", attn="sla:block_q=128:block_k=64",
                 out=tmp_path / "b.mp4").backend.options
     assert (o.block_q, o.block_k) == (128, 64)
+
+
+def test_the_json_reports_no_flow_shift_for_a_fixed_sigma_sampler(tmp_path):
+    """New-user trial: with a re-noise sampler (lightx2v-4step, dmd, rcm: a fixed sigma list, used as given) the run
+    JSON's `flow_shift` said the preset's shift, which that sampler does not use: null then, the shift the
+    checkpoint's scheduler runs otherwise; `vsagen profile` and `vsagen compare` say the same."""
+    from vsagen.commands.compare_config import resolve_compare
+    from vsagen.commands.profile_config import resolve_profile
+
+    fixed = resolve("a fox", model="lightx2v-wan2.1-t2v-14b", device="cpu", out=tmp_path / "a.mp4")
+    assert fixed.sampler.name == "lightx2v-4step" and fixed.summary()["flow_shift"] is None
+    assert resolve("a fox", model="tiny", device="cpu", sampler="dmd", out=tmp_path / "b.mp4").summary()[
+        "flow_shift"] is None
+    own = resolve("a fox", model="tiny", device="cpu", flow_shift=4.0, out=tmp_path / "c.mp4")
+    assert own.summary()["flow_shift"] == 4.0 and own.summary()["sampler"]["name"] == "default"
+    assert resolve_profile(model="tiny", device="cpu", sampler="dmd").summary()["flow_shift"] is None
+    assert resolve_profile(model="tiny", device="cpu").summary()["flow_shift"] == load_preset("tiny").defaults.flow_shift
+    compare = resolve_compare("a fox", model="tiny", device="cpu", sampler="dmd,default", out=tmp_path / "cmp")
+    assert compare.summary()["flow_shift"] is None
+    assert [s["flow_shift"] for s in compare.summary()["samplers"]] == [None, load_preset("tiny").defaults.flow_shift]

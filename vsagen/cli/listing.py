@@ -19,7 +19,7 @@ def print_presets() -> None:
     from .terminal import fit_table, stdout_console
 
     # height x width, as the run titles' frames x height x width (and --height, --width) order them; a few-step
-    # sampler's steps are its sigma list's (CFG off); "attn": the backend a published sparse checkpoint was
+    # sampler's steps are its sigma list's (CFG off, no flow shift: "-"); "attn": the backend a published sparse checkpoint was
     # trained for (--attn auto runs it), "auto" otherwise
     heads = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "sampler", "attn",
              "weights")
@@ -35,9 +35,9 @@ def print_presets() -> None:
         commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
         sampler = parse_sampler(d.sampler)
         guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        steps = str(d.steps)
-        if sampler.renoise:
-            steps, guidance = str(len(sampler.sigmas)), "off"
+        steps, shift = str(d.steps), f"{d.flow_shift:g}"
+        if sampler.renoise:  # its sigmas are used as given: the flow shift applies to nothing
+            steps, guidance, shift = str(len(sampler.sigmas)), "off", "-"
         attn = "auto"
         if d.attn is not None:
             sparsity, tile = (d.attention.get(d.attn, {}).get(k) for k in ("sparsity", "tile"))
@@ -45,7 +45,7 @@ def print_presets() -> None:
             attn = d.attn + (f" {sparsity:g}" if sparsity is not None else "") + (f" {tile}" if tile else "")
             published.append(f"{name}: {p.description}")
         rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), steps, guidance,
-                     f"{d.flow_shift:g}", str(d.fps), sampler.text, attn, weights))
+                     shift, str(d.fps), sampler.text, attn, weights))
 
     def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
@@ -86,7 +86,8 @@ def print_presets() -> None:
         con.print(f"negative prompt of {', '.join(names)} (CFG runs; --negative-prompt replaces it, \"\" for none): "
                   f"{text}", markup=False, highlight=False, soft_wrap=not wraps)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
-              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
+              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. flow shift -: a few-step "
+              "sampler's sigmas are used as given. attn: the backend the "
               "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub "
               "repository; for a transformer published alone (TurboWan) its own, the other components from the base "
               "model's Wan-AI repository.", markup=False, highlight=False, soft_wrap=not wraps)

@@ -223,6 +223,7 @@ class CompareConfig(Request):
         d.pop("samplers")
         d.pop("sampler_error_steps")
         d["sampler"] = self.sampler.summary()
+        d["flow_shift"] = self.used_flow_shift  # the first sampler's, as `sampler`; each one's in `samplers`
         d["samplers"] = [{"sampler": p.sampler.summary(), "label": label, "steps": p.steps, "guidance": p.guidance,
                           "flow_shift": None if p.sampler.renoise else p.flow_shift,
                           "error_steps": list(steps)}

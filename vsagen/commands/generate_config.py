@@ -102,6 +102,7 @@ class RunConfig(Request):
         d = asdict(self)
         d.pop("samplers")
         d["sampler"] = self.sampler.summary()
+        d["flow_shift"] = self.used_flow_shift  # None: a re-noise sampler's sigmas are used as given
         d.pop("caches", None)
         d["cache"] = self.cache.summary()
         for key in ("source", "backends", "tile_fits"):

@@ -127,6 +127,12 @@ class Request:
         return self.samplers[0].sampler if self.samplers else NAMED["default"]
 
     @property
+    def used_flow_shift(self) -> float | None:
+        """The flow shift the (first) run's sampler uses, for reports: `flow_shift` with the checkpoint's scheduler,
+        None with a re-noise sampler, whose sigmas are used as given (the preset's shift then applies to nothing)."""
+        return None if self.sampler.renoise else self.flow_shift
+
+    @property
     def tile_fit(self) -> str:
         """The (first) tile fit."""
         return self.tile_fits[0]

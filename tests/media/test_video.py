@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -273,6 +274,21 @@ def test_the_encoding_reaches_ffmpeg(tmp_path):
     command = _writer(tmp_path / "s.mp4", 8, Encoding("x264", "ultrafast", 23, segments=1)).command(96, 64)
     said = {command[i]: command[i + 1] for i in range(command.index("pipe:") + 1, len(command) - 1)}
     assert (said["-vcodec"], said["-preset"], said["-crf"]) == ("libx264", "ultrafast", "23")
+
+
+def test_a_target_through_a_missing_folder_and_back_makes_no_folder(tmp_path, monkeypatch):
+    """New-user trial: `--out a/../b.mp4` left an empty folder `a` behind (its missing parents were created as
+    spelled). The target is normalised first: published as b.mp4, unpublished nothing; no `a` either way."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="stop"):
+        with Outputs() as outputs:
+            outputs.add(Path("a/../b.mp4"), lambda tmp: tmp.write_bytes(b"partial"))
+            raise RuntimeError("stop")
+    assert list(tmp_path.iterdir()) == []
+    with Outputs(folder=Path("c/../d")) as outputs:  # compare's folder too
+        outputs.add(Path("a/../b.mp4"), lambda tmp: tmp.write_bytes(b"whole"))
+        outputs.publish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.mp4", "d"] and (tmp_path / "b.mp4").read_bytes() == b"whole"
 
 
 def test_an_unpublished_set_removes_the_folders_it_created(tmp_path):

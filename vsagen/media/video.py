@@ -24,6 +24,7 @@ from .. import interrupts
 from ..errors import BadInput, RunFailure
 from . import ffmpeg_pipe, segments
 from .encoding import CODECS, Encoding  # noqa: F401 - Encoding re-exported (the writers' parameter)
+from .paths import normal_path
 
 
 def to_uint8_frames(video: np.ndarray) -> np.ndarray:
@@ -111,7 +112,7 @@ class Outputs:
 
     def __init__(self, overwrite: bool = False, folder: Path | None = None, final: bool = True) -> None:
         self.overwrite = overwrite
-        self.folder = folder
+        self.folder = None if folder is None else normal_path(folder)
         self.final = final  # the command's last set: once published, a signal no longer stops it
         self._staged: list[tuple[Path, Path]] = []
         self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
@@ -155,6 +156,7 @@ class Outputs:
         the file replaces an existing one whatever `overwrite` says (a MagCache calibration file; add it last, so a
         refused earlier file leaves the old one in place)."""
         interrupts.check()
+        target = normal_path(target)
         tmp = self.reserve(target, suffix)
         if replace:
             self._replace.add(target)
@@ -164,6 +166,7 @@ class Outputs:
     def reserve(self, target: Path, suffix: str | None = None) -> Path:
         """A temporary file beside `target` (suffix: `target`'s), staged for `publish` as `add`'s are, for a
         writer that fills it itself (PNG frames, one per frame as the video decodes); removed unpublished."""
+        target = normal_path(target)  # `a/../b.mp4`: no folder `a` made on the way
         missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
         self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
         tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)

@@ -380,3 +380,37 @@ def test_an_added_file_told_to_replace_replaces_without_overwrite(tmp_path):
             outputs.publish()
     assert (tmp_path / "cal.json").read_text() == "new" and (tmp_path / "a.json").read_text() == "a"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "cal.json"]
+
+
+def test_a_full_disk_names_the_users_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """New-user trial: a disk full while the mp4 was written gave an error line naming the hidden temporary file
+    (`.b.x1y2.mp4`). ENOSPC simulated in process, as Python's write raises it and as ffmpeg reports it: the line
+    names the output the user asked for, and nothing is left in its folder."""
+    import errno
+
+    import vsagen.media.video as video
+    from vsagen.errors import RunFailure
+    from vsagen.media.encoding import Encoding
+    from vsagen.media.formats import FORMATS, write_video
+
+    out = tmp_path / "b.mp4"
+
+    def full_disk(chunks, path, *args, **kwargs):
+        path.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    def ffmpeg_full_disk(chunks, path, *args, **kwargs):
+        path.write_bytes(b"partial")
+        raise RunFailure(f"ffmpeg failed (exit 1) writing {path.name}: Error writing trailer of {path}: "
+                         f"{os.strerror(errno.ENOSPC)}")
+
+    frames = iter([np.zeros((1, 16, 16, 3), np.uint8)])
+    for fake, want in ((full_disk, f"cannot write {out}: no space left on device (nothing was written)"),
+                       (ffmpeg_full_disk, f"ffmpeg failed (exit 1) writing b.mp4: Error writing trailer of {out}: "
+                                          "No space left on device")):
+        monkeypatch.setattr(video, "encode_mp4_stream", fake)
+        with pytest.raises(RunFailure) as failed:
+            with Outputs() as outputs:
+                write_video(outputs, FORMATS["mp4"], out, frames, 8, Encoding(), frames=1)
+        assert str(failed.value) == want
+        assert list(tmp_path.iterdir()) == []

@@ -144,7 +144,8 @@ def weights_refusal(cfg: Request, available: Callable[[str], tuple[int | None, s
     if free is not None and need > free:
         if cfg.device == "cpu":
             half = weights_bytes(params, 2, cfg.random_weights) <= free and cfg.dtype == "fp32"
-            fix = "use a GPU, " + ("--dtype bf16, " if half else "") + "or a smaller model (--model tiny to try the tool)"
+            fix = ("use a GPU, " + ("--dtype bf16, " if half else "")
+                   + "or a smaller model (--model tiny to try the tool)")
         elif on_cpu:
             fix = "use a machine with more memory, or a smaller model"
         else:

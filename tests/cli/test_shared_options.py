@@ -173,9 +173,9 @@ def test_completion_of_sampler_values():
     assert options.complete_sampler("l") == ["lightx2v-4step"]
     assert options.complete_sampler("dmd,r") == ["dmd,rcm"] and options.complete_sampler("dmd:sig") == []
     for command in ("t2v", "i2v", "profile", "compare", "search"):
+        words = f"vsagen {command} --sampler r"
         res = CliRunner().invoke(app, [], prog_name="vsagen",
-                                 env={"_VSAGEN_COMPLETE": "complete_bash", "COMP_WORDS": f"vsagen {command} --sampler r",
-                                      "COMP_CWORD": "3"})
+                                 env={"_VSAGEN_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": "3"})
         assert res.stdout.split() == ["rcm"], (command, res.output)
 
 

@@ -364,7 +364,8 @@ def test_the_json_reports_no_flow_shift_for_a_fixed_sigma_sampler(tmp_path):
     own = resolve("a fox", model="tiny", device="cpu", flow_shift=4.0, out=tmp_path / "c.mp4")
     assert own.summary()["flow_shift"] == 4.0 and own.summary()["sampler"]["name"] == "default"
     assert resolve_profile(model="tiny", device="cpu", sampler="dmd").summary()["flow_shift"] is None
-    assert resolve_profile(model="tiny", device="cpu").summary()["flow_shift"] == load_preset("tiny").defaults.flow_shift
+    shift = load_preset("tiny").defaults.flow_shift
+    assert resolve_profile(model="tiny", device="cpu").summary()["flow_shift"] == shift
     compare = resolve_compare("a fox", model="tiny", device="cpu", sampler="dmd,default", out=tmp_path / "cmp")
     assert compare.summary()["flow_shift"] is None
-    assert [s["flow_shift"] for s in compare.summary()["samplers"]] == [None, load_preset("tiny").defaults.flow_shift]
+    assert [s["flow_shift"] for s in compare.summary()["samplers"]] == [None, shift]

@@ -288,7 +288,8 @@ def test_a_target_through_a_missing_folder_and_back_makes_no_folder(tmp_path, mo
     with Outputs(folder=Path("c/../d")) as outputs:  # compare's folder too
         outputs.add(Path("a/../b.mp4"), lambda tmp: tmp.write_bytes(b"whole"))
         outputs.publish()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.mp4", "d"] and (tmp_path / "b.mp4").read_bytes() == b"whole"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.mp4", "d"]
+    assert (tmp_path / "b.mp4").read_bytes() == b"whole"
 
 
 def test_an_unpublished_set_removes_the_folders_it_created(tmp_path):

@@ -93,6 +93,10 @@ def test_weights_that_cannot_fit_are_refused_with_the_figures(tmp_path):
     assert weights_refusal(replace(a14b, device="cuda", dtype="bf16", offload="model"), _free(500, 30)) is None
     assert weights_refusal(replace(a14b, device="cuda", dtype="bf16"), _free(500, 40)) is not None  # 53 GiB at once
     assert weights_refusal(big, lambda device: (None, "no /proc/meminfo")) is None  # unknown: not refused
+    small = resolve("a fox", model="wan2.1-t2v-1.3b", device="cpu", out=tmp_path / "s.mp4")  # 5.3 GiB in fp32
+    assert weights_refusal(replace(small, ulysses=2), _free(11.0)) is None
+    assert "21.1 GiB (1.42 B parameters x 4 bytes, fp32; x 4 processes, a copy each)" in weights_refusal(
+        replace(small, ulysses=2, cfg_parallel=True), _free(11.0))  # four ranks, a copy each
 
 
 def test_the_command_refuses_before_building(tmp_path, monkeypatch):

@@ -119,7 +119,8 @@ def weights_refusal(cfg: Request, available: Callable[[str], tuple[int | None, s
     the largest transformer whole onto the GPU; `group` one block at a time, not checked). A lower bound: the text
     encoder, the VAE and the activations come on top. `available(device)` -> (bytes or None, what they are) reads
     the free memory (default `vsagen.decode.tiling.available_bytes`: the CPU's MemAvailable, cgroup-limited; the
-    GPU's free memory)."""
+    GPU's free memory, of the rank's own GPU). The ranks of a multi-process CPU run (`--ulysses`, `--cfg-parallel`)
+    each hold a copy in the one machine's memory."""
     from .decode.tiling import available_bytes
     from .errors import VsagenError
     from .models.sources import transformer_configs
@@ -135,15 +136,17 @@ def weights_refusal(cfg: Request, available: Callable[[str], tuple[int | None, s
         return None
     int8_files = (cfg.quant == "int8" or cfg.keep_int8_files) and holds_int8_files(src, cfg.random_weights)
     per = 1 if int8_files else DTYPE_BYTES[cfg.dtype]
-    need = weights_bytes(params, per, cfg.random_weights)
+    copies = cfg.processes if cfg.device == "cpu" else 1  # each rank of a CPU run holds its own copy
+    need = copies * weights_bytes(params, per, cfg.random_weights)
     what = (f"--model {cfg.model}: its transformer weights alone take {_gib(need)} ({sum(params) / 1e9:.2f} B "
             f"parameters x {per} bytes, {'int8' if int8_files else cfg.dtype}"
-            + (", built in fp32 first" if cfg.random_weights and per < 4 else "") + ")")
+            + (", built in fp32 first" if cfg.random_weights and per < 4 else "")
+            + (f"; x {copies} processes, a copy each" if copies > 1 else "") + ")")
     on_cpu = cfg.device == "cpu" or cfg.offload != "none"
     free, where = available("cpu" if on_cpu else cfg.device)
     if free is not None and need > free:
         if cfg.device == "cpu":
-            half = weights_bytes(params, 2, cfg.random_weights) <= free and cfg.dtype == "fp32"
+            half = copies * weights_bytes(params, 2, cfg.random_weights) <= free and cfg.dtype == "fp32"
             fix = ("use a GPU, " + ("--dtype bf16, " if half else "")
                    + "or a smaller model (--model tiny to try the tool)")
         elif on_cpu:

@@ -336,36 +336,19 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
     from .models.compile_caches import use_compile_caches
 
     transformers = _transformers(pipe)
-    first = transformers[0][1]
-    device = _device_of(pipe, first)
+    device = _device_of(pipe, transformers[0][1])
     weights_root = _checked_weights_root(weights_root)
     _check_quant(quant, device)
     loras = _lora_files(lora, quant)
     spec, built = _backend_of(pipe, backend, options)
-    notes: tuple[str, ...] = ()
-    if built is not None:  # before anything is attached or patched: a refusal changes nothing
-        try:
-            run = run_info(pipe, grid=grid, steps=steps, model=model)
-            notes = tuple(built.prepare(run) or ())  # (None: none)
-            check_knobs_fit(built, run, has_scheduler=pipe is not transformers[0][1])
-        except BadInput as exc:  # the backends' checks speak the commands' flags
-            raise BadInput(python_words(str(exc))) from None
-    if timer is None:
-        timer = Timer(device)
-        timer.step = 0
+    notes = _prepared(built, pipe, transformers, grid=grid, steps=steps, model=model)  # before anything changes
+    timer = _step_zero_timer(device) if timer is None else timer
     if any(is_patched(t) for _, t in transformers):  # before anything is attached: a refusal changes nothing
         raise BadInput(f"{WHERE}: this pipeline is already patched by vsagen: remove() the earlier handle first")
     use_compile_caches()  # the Triton kernels, and the fused blocks' compiled code, kept in vsagen's cache folder
     handle = AppliedBackend(built, spec, timer, device, notes=notes, _first_step=timer.step)
     try:
-        if loras:  # before the patch and the low-bit swap; checked whole before anything changes
-            from .models.lora import load_loras
-
-            try:
-                handle.loras, undo, _ = load_loras(pipe, loras, undoable=True)
-            except BadInput as exc:
-                raise BadInput(f"{WHERE}: {str(exc).replace('--lora ', 'lora ')}") from None
-            handle._undo.append(undo)
+        _load_loras(handle, pipe, loras)  # before the patch and the low-bit swap
         _install(handle, pipe, transformers, weights_root=weights_root, attach_weights=attach_weights,
                  fused_blocks=fused_blocks, fused_prologue=fused_prologue, steps=steps)
         handle.notes += _quantize(handle, transformers, quant)
@@ -373,6 +356,43 @@ def apply(pipe: Any, backend: str | BackendSpec | AttentionBackend | None, /, *,
         handle.remove()
         raise
     return handle
+
+
+def _prepared(built: AttentionBackend | None, pipe: Any, transformers: list[tuple[str, Any]], *,
+              grid: tuple[int, int, int] | None, steps: int | None, model: str | None) -> tuple[str, ...]:
+    """Prepare `built` (None: no backend, no notes) for the run `pipe` predicts (`run_info`) and check its quality
+    knobs fit it; its notes. Raises BadInput in Python's words (the backends' checks speak the commands' flags)."""
+    if built is None:
+        return ()
+    try:
+        run = run_info(pipe, grid=grid, steps=steps, model=model)
+        notes = tuple(built.prepare(run) or ())  # (None: none)
+        check_knobs_fit(built, run, has_scheduler=pipe is not transformers[0][1])
+    except BadInput as exc:
+        raise BadInput(python_words(str(exc))) from None
+    return notes
+
+
+def _step_zero_timer(device: torch.device) -> Timer:
+    """A new `Timer` on `device`, its step set to 0 (`apply`'s default)."""
+    timer = Timer(device)
+    timer.step = 0
+    return timer
+
+
+def _load_loras(handle: AppliedBackend, pipe: Any, loras: list[Any]) -> None:
+    """Load `loras` (none: nothing) into `pipe`'s transformers, checked whole before anything changes; their
+    records to `handle.loras` and their undo to `handle`'s (`remove()` unloads them). Raises BadInput in Python's
+    words."""
+    if not loras:
+        return
+    from .models.lora import load_loras
+
+    try:
+        handle.loras, undo, _ = load_loras(pipe, loras, undoable=True)
+    except BadInput as exc:
+        raise BadInput(f"{WHERE}: {str(exc).replace('--lora ', 'lora ')}") from None
+    handle._undo.append(undo)
 
 
 def _check_quant(quant: str, device: torch.device) -> None:

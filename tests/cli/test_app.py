@@ -762,3 +762,18 @@ def test_every_option_of_each_command_is_in_its_docs_synopsis():
         missing = [names[0] for names in options if not set(names) & synopses[name]]
         unknown = synopses[name] - {n for names in options for n in names}
         assert not missing and not unknown, (name, "in --help, not the synopsis:", missing, "not options:", unknown)
+
+
+def test_the_run_title_says_the_attention_precision():
+    """New-user trial: a `--attn vsa:precision=int8` run's title did not say int8 (`--quant` says "int8 linears")."""
+    from types import SimpleNamespace
+
+    from vsagen.cli.app import _attn_details
+
+    vsa = {"name": "vsa", "sparsity": 0.875, "tile": "4x4x4", "precision": "bf16"}
+    assert _attn_details(SimpleNamespace(sparsity=0.875), vsa) == " (sparsity 0.875)"
+    assert _attn_details(SimpleNamespace(sparsity=0.875), {**vsa, "precision": "int8", "tile": "4x4x8"}) == \
+        " (sparsity 0.875, tile 4x4x8, precision int8)"
+    assert _attn_details(SimpleNamespace(sparsity=None), {"name": "sla", "topk": 0.1, "precision": "int8"}) == \
+        " (top-k 0.1, precision int8)"
+    assert _attn_details(SimpleNamespace(sparsity=None), {"name": "full"}) == ""

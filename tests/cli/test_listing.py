@@ -77,8 +77,9 @@ def _preset_cells(name: str) -> list[str]:
     p = load_preset(name)
     d = p.defaults
     sampler = NAMED[d.sampler.split(":")[0]]  # the bundled presets name their sampler without options
-    steps, guidance = (str(len(sampler.sigmas)), "off") if sampler.renoise else (str(d.steps), f"{d.guidance:g}")
-    return [name, f"{d.height}x{d.width}", str(d.frames), steps, guidance, f"{d.flow_shift:g}",
+    steps, guidance, shift = ((str(len(sampler.sigmas)), "off", "-") if sampler.renoise else
+                              (str(d.steps), f"{d.guidance:g}", f"{d.flow_shift:g}"))
+    return [name, f"{d.height}x{d.width}", str(d.frames), steps, guidance, shift,
             str(d.fps), d.sampler, d.attn or "auto", p.hub_id if p.source == "hub" else "built offline (random)"]
 
 
@@ -109,9 +110,9 @@ def test_presets_lists_bundled_presets():
     assert legend in " ".join(res.stdout.split())
     # issue 30: the published sparse / distilled checkpoints with how their authors run them
     fastwan = [c.strip() for c in rows[names.index("fastwan2.1-t2v-1.3b")]]
-    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "8", "16", "dmd", "vsa 0.8 4x4x4",
+    assert fastwan[1:11] == ["t2v", "480x832", "81", "3", "off", "-", "16", "dmd", "vsa 0.8 4x4x4",
                              "FastVideo/FastWan2.1-T2V-1.3B-Diffusers"]
-    assert [c.strip() for c in rows[names.index("hummingbird-xt")]][4:10] == ["3", "off", "10", "24",
+    assert [c.strip() for c in rows[names.index("hummingbird-xt")]][4:10] == ["3", "off", "-", "24",
                                                                             "dmd-hummingbird", "full"]
     assert [c.strip() for c in rows[names.index("wan2.1-vsa-t2v-14b-720p")]][4:10] == ["50", "5", "5", "16",
                                                                                      "default", "vsa 0.9 4x4x4"]
@@ -138,6 +139,45 @@ def test_presets_fit_the_terminal_and_cut_nothing(columns):
         row = next(line.split() for line in lines if line.startswith("wan2.1-t2v-1.3b ") and "x" in line)
         assert row == ["wan2.1-t2v-1.3b", "480x832", "81", "50", "5", "3", "16"]
         assert "commands, sampler and attention" in res.stdout and "\nweights" in res.stdout
+
+
+def _commands_cell(name: str) -> str:
+    from vsagen.models.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset
+
+    p = load_preset(name)
+    i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image, "i2v")
+    return i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
+
+
+def test_presets_to_a_pipe_split_no_word(capsys, monkeypatch):
+    """New-user trial: `vsagen presets | cat` (no terminal, so Rich's 80 columns) split `[--last-image]` inside the
+    word. To a pipe or a file (captured here: not a terminal, COLUMNS unset) the one table, each preset's row whole on
+    one line, and every line of text whole."""
+    from vsagen.cli.listing import print_presets
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_presets()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for name in preset_names():
+        row = next(line for line in lines if line.startswith(f"│ {name} "))
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        values = _preset_cells(name)[:-1]  # (the weights: a transformer published alone shows its own)
+        assert cells[1] == _commands_cell(name) and all(v in row for v in values) and cells[10], (name, row)
+    assert any(line.startswith("negative prompt of ") and line.endswith("倒着走") for line in lines)
+    assert any(line.startswith("vsagen t2v PROMPT") and line.endswith("Wan-AI repository.") for line in lines)
+
+
+@pytest.mark.parametrize("columns", [80, 60, 40])
+def test_presets_on_a_narrow_terminal_split_no_word(columns):
+    """On a terminal of 80 columns and narrower: every word of the commands column (`[--last-image]`) and of the
+    legend is on one line, never folded inside it."""
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0
+    words = set(res.stdout.replace(",", " ").replace(";", " ").split())
+    for name in preset_names():
+        assert set(_commands_cell(name).replace(",", " ").split()) <= words, name
+    assert {"--last-image:", "[--last-image]:", "Wan-AI"} <= words
 
 
 # A generous bound for an answer that imports neither torch nor diffusers (~0.4 s on an idle 2-core machine).

@@ -162,6 +162,23 @@ def test_completion_of_model_attn_and_vae_values():
         "tiny:name=taew2_1", "tiny:name=taew2_2"]
 
 
+def test_completion_of_sampler_values():
+    """New-user trial: --sampler had no shell completion where --attn, --model, --vae and --quant have it: the named
+    samplers, a list's next entry for `vsagen compare`, none inside an entry's options; and the shell asks for them
+    through the options of t2v / i2v, profile, compare and search (Typer's completion protocol)."""
+    from vsagen.samplers import sampler_names
+
+    assert options.complete_sampler("") == sampler_names() and sampler_names()[0] == "default"
+    assert options.complete_sampler("dmd") == ["dmd", "dmd-hummingbird"]
+    assert options.complete_sampler("l") == ["lightx2v-4step"]
+    assert options.complete_sampler("dmd,r") == ["dmd,rcm"] and options.complete_sampler("dmd:sig") == []
+    for command in ("t2v", "i2v", "profile", "compare", "search"):
+        words = f"vsagen {command} --sampler r"
+        res = CliRunner().invoke(app, [], prog_name="vsagen",
+                                 env={"_VSAGEN_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": "3"})
+        assert res.stdout.split() == ["rcm"], (command, res.output)
+
+
 def _main_line(monkeypatch, capsys, args: list[str]) -> str:
     """The console script's one error line for `args` (exit 2)."""
     from conftest import assert_one_error_line

@@ -203,6 +203,26 @@ def test_default_output_name_in_the_current_folder(tmp_path, monkeypatch):
     assert calibration.out == Path("vsagen-tiny-vsa-mag-calibrate-seed0.mp4")
 
 
+def test_the_default_name_and_the_metadata_say_a_precision_other_than_the_default(tmp_path, monkeypatch):
+    """New-user trial: runs differing only in precision (`--attn vsa:precision=int8`, `--quant int8`) got names that
+    differed by the -1 suffix only. The fine stage's precision other than bf16 and the linears' other than the
+    model's default (`--quant auto`: int8 for a -quant preset's files) are in the name; default names unchanged."""
+    monkeypatch.chdir(tmp_path)
+    out = lambda **kw: resolve("a fox", model="tiny", device="cpu", **kw).out  # noqa: E731
+    assert out() == Path("vsagen-tiny-full-seed0.mp4")
+    assert out(attn="vsa:precision=bf16") == Path("vsagen-tiny-vsa-seed0.mp4")
+    assert out(attn="vsa:precision=int8") == Path("vsagen-tiny-vsa-int8-seed0.mp4")
+    assert out(attn="sla:precision=int8") == Path("vsagen-tiny-sla-int8-seed0.mp4")
+    assert out(quant="int8") == Path("vsagen-tiny-full-int8-linears-seed0.mp4")
+    assert out(quant="none") == out(quant="auto") == Path("vsagen-tiny-full-seed0.mp4")
+    quant = lambda q: resolve("a fox", model="turbowan2.1-t2v-1.3b-quant", device="cpu", quant=q).out  # noqa: E731
+    assert quant("auto") == quant("int8") == Path("vsagen-turbowan2.1-t2v-1.3b-quant-sla-rcm-seed0.mp4")
+    assert quant("none") == Path("vsagen-turbowan2.1-t2v-1.3b-quant-sla-fp32-linears-rcm-seed0.mp4")
+    described = resolve("a fox", model="tiny", device="cpu", quant="int8").metadata()["description"]
+    assert ", --attn full, --quant int8, 4 steps" in described
+    assert "--quant" not in resolve("a fox", model="tiny", device="cpu").metadata()["description"]
+
+
 def test_an_existing_sheet_is_refused_before_the_run_unless_overwrite(tmp_path):
     """--sheet: the contact sheet's path is checked as the mp4's (`vsagen.media.paths.check_target`), before loading."""
     assert resolve("a fox", model="tiny", device="cpu", out=tmp_path / "v.mp4").sheet_out is None
@@ -328,3 +348,24 @@ def test_turbowan_presets_run_sla_in_turbodiffusions_hopper_geometry(tmp_path):
     o = resolve("a fox", model="turbowan2.1-t2v-1.3b", device="cpu", attn="sla:block_q=128:block_k=64",
                 out=tmp_path / "b.mp4").backend.options
     assert (o.block_q, o.block_k) == (128, 64)
+
+
+def test_the_json_reports_no_flow_shift_for_a_fixed_sigma_sampler(tmp_path):
+    """New-user trial: with a re-noise sampler (lightx2v-4step, dmd, rcm: a fixed sigma list, used as given) the run
+    JSON's `flow_shift` said the preset's shift, which that sampler does not use: null then, the shift the
+    checkpoint's scheduler runs otherwise; `vsagen profile` and `vsagen compare` say the same."""
+    from vsagen.commands.compare_config import resolve_compare
+    from vsagen.commands.profile_config import resolve_profile
+
+    fixed = resolve("a fox", model="lightx2v-wan2.1-t2v-14b", device="cpu", out=tmp_path / "a.mp4")
+    assert fixed.sampler.name == "lightx2v-4step" and fixed.summary()["flow_shift"] is None
+    assert resolve("a fox", model="tiny", device="cpu", sampler="dmd", out=tmp_path / "b.mp4").summary()[
+        "flow_shift"] is None
+    own = resolve("a fox", model="tiny", device="cpu", flow_shift=4.0, out=tmp_path / "c.mp4")
+    assert own.summary()["flow_shift"] == 4.0 and own.summary()["sampler"]["name"] == "default"
+    assert resolve_profile(model="tiny", device="cpu", sampler="dmd").summary()["flow_shift"] is None
+    shift = load_preset("tiny").defaults.flow_shift
+    assert resolve_profile(model="tiny", device="cpu").summary()["flow_shift"] == shift
+    compare = resolve_compare("a fox", model="tiny", device="cpu", sampler="dmd,default", out=tmp_path / "cmp")
+    assert compare.summary()["flow_shift"] is None
+    assert [s["flow_shift"] for s in compare.summary()["samplers"]] == [None, shift]

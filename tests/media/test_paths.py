@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.media.paths import check_folder, check_output, check_target, default_folder, default_out, sheet_path
+from vsagen.media.paths import (check_folder, check_output, check_target, default_folder, default_out, normal_path,
+                                sheet_path)
 
 
 def test_check_target_and_folder(tmp_path):
@@ -61,3 +62,29 @@ def test_compares_default_folder_counts_up_as_t2vs_files_do(tmp_path, monkeypatc
     (tmp_path / "vsagen-tiny-compare-seed3").mkdir()
     assert default_folder("tiny", "compare", 3, False) == Path("vsagen-tiny-compare-seed3-1")
     assert default_folder("tiny", "compare", 3, True) == Path("vsagen-tiny-compare-seed3")  # --overwrite: reused
+
+
+def test_normal_path_takes_out_dot_dot_as_the_file_system_would(tmp_path, monkeypatch):
+    """`a/../b.mp4` -> `b.mp4` (a folder `a` need not exist); through a symlinked folder, its target's parent; the
+    file name kept (a symlink there is not followed); paths without `..` unchanged; relative stays relative."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    assert normal_path(Path("a/../b.mp4")) == Path("b.mp4")
+    assert normal_path(Path("x/y/../z.mp4")) == Path("x/z.mp4")
+    assert normal_path(tmp_path / "a" / ".." / "b.mp4") == tmp_path / "b.mp4"
+    assert normal_path(Path("./v.mp4")) == Path("v.mp4") and normal_path(Path("a/..")) == Path("a/..")
+    (tmp_path / "deep" / "er").mkdir(parents=True)
+    os.symlink(tmp_path / "deep" / "er", tmp_path / "link")
+    assert normal_path(Path("link/../v.mp4")) == Path("deep/v.mp4")  # where `open` would put it
+    os.symlink(tmp_path / "elsewhere.mp4", tmp_path / "named.mp4")
+    assert normal_path(Path("a/../named.mp4")) == Path("named.mp4")
+
+
+def test_an_out_with_dot_dot_is_normalised_before_any_folder_is_made(tmp_path, monkeypatch):
+    """`vsagen t2v --out a/../b.mp4`: the run's paths are b.mp4 and b.json, and resolving makes no folder."""
+    from vsagen.commands.generate_config import resolve_generate
+
+    monkeypatch.chdir(tmp_path)
+    cfg = resolve_generate("a fox", model="tiny", device="cpu", out="a/../b.mp4")
+    assert (cfg.out, cfg.json_out) == (Path("b.mp4"), Path("b.json")) and list(tmp_path.iterdir()) == []

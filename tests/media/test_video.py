@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -275,6 +276,22 @@ def test_the_encoding_reaches_ffmpeg(tmp_path):
     assert (said["-vcodec"], said["-preset"], said["-crf"]) == ("libx264", "ultrafast", "23")
 
 
+def test_a_target_through_a_missing_folder_and_back_makes_no_folder(tmp_path, monkeypatch):
+    """New-user trial: `--out a/../b.mp4` left an empty folder `a` behind (its missing parents were created as
+    spelled). The target is normalised first: published as b.mp4, unpublished nothing; no `a` either way."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="stop"):
+        with Outputs() as outputs:
+            outputs.add(Path("a/../b.mp4"), lambda tmp: tmp.write_bytes(b"partial"))
+            raise RuntimeError("stop")
+    assert list(tmp_path.iterdir()) == []
+    with Outputs(folder=Path("c/../d")) as outputs:  # compare's folder too
+        outputs.add(Path("a/../b.mp4"), lambda tmp: tmp.write_bytes(b"whole"))
+        outputs.publish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.mp4", "d"]
+    assert (tmp_path / "b.mp4").read_bytes() == b"whole"
+
+
 def test_an_unpublished_set_removes_the_folders_it_created(tmp_path):
     """New-user trial: `--out x/y/o.mp4` interrupted left the empty x/y it had created. Folders that existed, or
     that someone else filled meanwhile, stay."""
@@ -364,3 +381,37 @@ def test_an_added_file_told_to_replace_replaces_without_overwrite(tmp_path):
             outputs.publish()
     assert (tmp_path / "cal.json").read_text() == "new" and (tmp_path / "a.json").read_text() == "a"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "cal.json"]
+
+
+def test_a_full_disk_names_the_users_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """New-user trial: a disk full while the mp4 was written gave an error line naming the hidden temporary file
+    (`.b.x1y2.mp4`). ENOSPC simulated in process, as Python's write raises it and as ffmpeg reports it: the line
+    names the output the user asked for, and nothing is left in its folder."""
+    import errno
+
+    import vsagen.media.video as video
+    from vsagen.errors import RunFailure
+    from vsagen.media.encoding import Encoding
+    from vsagen.media.formats import FORMATS, write_video
+
+    out = tmp_path / "b.mp4"
+
+    def full_disk(chunks, path, *args, **kwargs):
+        path.write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    def ffmpeg_full_disk(chunks, path, *args, **kwargs):
+        path.write_bytes(b"partial")
+        raise RunFailure(f"ffmpeg failed (exit 1) writing {path.name}: Error writing trailer of {path}: "
+                         f"{os.strerror(errno.ENOSPC)}")
+
+    frames = iter([np.zeros((1, 16, 16, 3), np.uint8)])
+    for fake, want in ((full_disk, f"cannot write {out}: no space left on device (nothing was written)"),
+                       (ffmpeg_full_disk, f"ffmpeg failed (exit 1) writing b.mp4: Error writing trailer of {out}: "
+                                          "No space left on device")):
+        monkeypatch.setattr(video, "encode_mp4_stream", fake)
+        with pytest.raises(RunFailure) as failed:
+            with Outputs() as outputs:
+                write_video(outputs, FORMATS["mp4"], out, frames, 8, Encoding(), frames=1)
+        assert str(failed.value) == want
+        assert list(tmp_path.iterdir()) == []

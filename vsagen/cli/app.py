@@ -66,10 +66,7 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
     s = result.summary
     ran = s["backend"].get("impl_ran")  # the implementation that ran (sparse backends: triton or torch)
     title = (f"{s['model']} | attn {s['attn']}" + (" (auto)" if cfg.attn_requested == "auto" else "")
-             + (f" (sparsity {cfg.sparsity}" + (f", tile {s['backend']['tile']}" if s["backend"].get("tile")
-                                               not in (None, "4x4x4") else "") + ")"
-                if cfg.sparsity is not None else
-                f" (top-k {s['backend']['topk']:g})" if "topk" in s["backend"] else "")
+             + _attn_details(cfg, s["backend"])
              + (" | torch reference (slow: the Triton kernels run on CUDA)" if ran == "torch" else
                 f" | {ran} kernels" if ran else "")
              + f" | {cfg.frames}x{cfg.height}x{cfg.width} | {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
@@ -94,6 +91,17 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
               highlight=False, markup=False, soft_wrap=not wraps)
     con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
               cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
+
+
+def _attn_details(cfg: Any, backend: dict[str, Any]) -> str:
+    """The backend's part of a run's title after its name: " (sparsity 0.875, tile 4x4x8, precision int8)" (the
+    sparsity or top-k, a cube other than 4x4x4, a fine-stage precision other than bf16), "" where none applies."""
+    details = ([f"sparsity {cfg.sparsity}"] if cfg.sparsity is not None else
+               [f"top-k {backend['topk']:g}"] if "topk" in backend else [])
+    details += [f"tile {backend['tile']}"] if cfg.sparsity is not None and backend.get("tile") not in (None, "4x4x4") \
+        else []
+    details += [f"precision {backend['precision']}"] if backend.get("precision", "bf16") != "bf16" else []
+    return f" ({', '.join(details)})" if details else ""
 
 
 def _generate_command(prompt: str, options: RequestOptions, *, image: Optional[Path], fit: ImageFit,

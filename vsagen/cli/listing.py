@@ -7,73 +7,101 @@ import dataclasses
 from typing import Any, Callable
 
 
+# height x width, as the run titles' frames x height x width (and --height, --width) order them; a few-step sampler's
+# steps are its sigma list's (CFG off, no flow shift: "-"); "attn": the backend a published sparse checkpoint was
+# trained for (--attn auto runs it), "auto" otherwise
+PRESET_HEADS = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "sampler", "attn",
+                "weights")
+
+
 def print_presets() -> None:
     """The bundled model presets and their defaults on stdout, sized to the terminal: one table where it fits, else
-    (80 columns) the defaults and the commands and weights as two tables, else a paragraph per preset."""
-    from rich import box
+    (80 columns) the defaults and the commands and weights as two tables, else a paragraph per preset; to a pipe
+    or a file the one table at its own width, each row on one line."""
     from rich.console import Console
-    from rich.table import Table
 
-    from ..models.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset, preset_names
-    from ..request.sampling import parse_sampler
+    from ..models.presets import preset_names
+    from .terminal import fit_table, stdout_console
 
-    # height x width, as the run titles' frames x height x width (and --height, --width) order them; a few-step
-    # sampler's steps are its sigma list's (CFG off); "attn": the backend a published sparse checkpoint was
-    # trained for (--attn auto runs it), "auto" otherwise
-    heads = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow shift", "fps", "sampler", "attn",
-             "weights")
     rows, published = [], []
     for name in preset_names():
-        p = load_preset(name)
-        d = p.defaults
-        weights = p.hub_id if p.source == "hub" else "built offline (random)"
-        if p.transformer_files is not None:  # a transformer published alone: its repository (the rest: hub_id's)
-            weights = p.transformer_files[0]
-        i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image,
-                                                                                                    "i2v")
-        commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
-        sampler = parse_sampler(d.sampler)
-        guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
-        steps = str(d.steps)
-        if sampler.renoise:
-            steps, guidance = str(len(sampler.sigmas)), "off"
-        attn = "auto"
-        if d.attn is not None:
-            sparsity, tile = (d.attention.get(d.attn, {}).get(k) for k in ("sparsity", "tile"))
-            # the trained tile where the preset states it (FastVideo's VSA checkpoints: 4x4x4, kept unless named)
-            attn = d.attn + (f" {sparsity:g}" if sparsity is not None else "") + (f" {tile}" if tile else "")
-            published.append(f"{name}: {p.description}")
-        rows.append((name, commands, f"{d.height}x{d.width}", str(d.frames), steps, guidance,
-                     f"{d.flow_shift:g}", str(d.fps), sampler.text, attn, weights))
-
-    def table(title: str, cols: tuple[int, ...], compact: bool) -> Table:
-        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
-                  show_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
-        for i in cols:  # only the commands (and a header) wrap, by words; anything still too wide folds, never cut
-            t.add_column(heads[i], justify="left" if heads[i] in ("name", "commands", "weights", "sampler", "attn")
-                         else "right",
-                         no_wrap=heads[i] not in ("commands", "flow shift"), overflow="fold")
-        for row in rows:
-            t.add_row(*(row[i] for i in cols))
-        return t
-
-    con = Console()
+        row, description = _preset_row(name)
+        rows.append(row)
+        published += [description] if description is not None else []
+    con, wraps = stdout_console()
     unbounded = con.options.update_width(10_000)
-    everything = table("presets", tuple(range(len(heads))), compact=False)
-    narrow = [table("presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
-              table("commands, sampler and attention", (0, 1, 8, 9), compact=True),
-              table("weights", (0, 10), compact=True)]
+    everything = _presets_table(rows, "presets", tuple(range(len(PRESET_HEADS))), compact=False)
+    if not wraps:  # a pipe or a file (a new-user trial: `| cat` split words): the one table, each row one line
+        con = Console(width=max(con.width, con.measure(everything, options=unbounded).maximum))
+    narrow = [_presets_table(rows, "presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
+              _presets_table(rows, "commands, sampler and attention", (0, 1, 8, 9), compact=True),
+              _presets_table(rows, "weights", (0, 10), compact=True)]
     if con.measure(everything, options=unbounded).maximum <= con.width:
         con.print(everything)
     elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
         for t in narrow:  # the defaults, then the commands, sampler and attention, then the weights
-            con.print(t)
+            con.print(fit_table(t, con.width))  # columns at least their longest word wide: none is split
     else:  # narrower still: a paragraph per preset, wrapped between its fields
         for row in rows:
-            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(heads[2:10], row[2:10]))
+            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(PRESET_HEADS[2:10], row[2:10]))
                       + f"; {row[10]}", markup=False, highlight=False)
+    _print_preset_notes(con, wraps, published)
+
+
+def _preset_row(name: str) -> tuple[tuple[str, ...], str | None]:
+    """Preset `name`'s cells, one per `PRESET_HEADS` entry, and "<name>: <description>" for a published sparse /
+    distilled checkpoint (one with a trained backend), else None."""
+    from ..models.presets import LAST_IMAGE_OPTIONAL, LAST_IMAGE_REQUIRED, load_preset
+    from ..request.sampling import parse_sampler
+
+    p = load_preset(name)
+    d = p.defaults
+    weights = p.hub_id if p.source == "hub" else "built offline (random)"
+    if p.transformer_files is not None:  # a transformer published alone: its repository (the rest: hub_id's)
+        weights = p.transformer_files[0]
+    i2v = {LAST_IMAGE_REQUIRED: "i2v --last-image", LAST_IMAGE_OPTIONAL: "i2v [--last-image]"}.get(p.last_image, "i2v")
+    commands = i2v if p.image_to_video else (f"t2v, {i2v}" if p.takes_image else "t2v")
+    sampler = parse_sampler(d.sampler)
+    guidance = f"{d.guidance:g}" + (f" / {d.guidance_2:g}" if d.guidance_2 is not None else "")
+    steps, shift = str(d.steps), f"{d.flow_shift:g}"
+    if sampler.renoise:  # its sigmas are used as given: the flow shift applies to nothing
+        steps, guidance, shift = str(len(sampler.sigmas)), "off", "-"
+    attn, description = "auto", None
+    if d.attn is not None:
+        sparsity, tile = (d.attention.get(d.attn, {}).get(k) for k in ("sparsity", "tile"))
+        # the trained tile where the preset states it (FastVideo's VSA checkpoints: 4x4x4, kept unless named)
+        attn = d.attn + (f" {sparsity:g}" if sparsity is not None else "") + (f" {tile}" if tile else "")
+        description = f"{name}: {p.description}"
+    return (name, commands, f"{d.height}x{d.width}", str(d.frames), steps, guidance, shift, str(d.fps), sampler.text,
+            attn, weights), description
+
+
+def _presets_table(rows: list[tuple[str, ...]], title: str, cols: tuple[int, ...], compact: bool) -> Any:
+    """A Rich table of the `cols` columns (indices into `PRESET_HEADS`) of `rows`: boxed, or `compact` (a rule
+    under the header, one space between columns). Only the commands (and a header) wrap, by words; anything still
+    too wide folds, never cut."""
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+              show_edge=not compact, padding=(0, 1, 0, 0) if compact else (0, 1))
+    for i in cols:
+        head = PRESET_HEADS[i]
+        t.add_column(head, justify="left" if head in ("name", "commands", "weights", "sampler", "attn") else "right",
+                     no_wrap=head not in ("commands", "flow shift"), overflow="fold")
+    for row in rows:
+        t.add_row(*(row[i] for i in cols))
+    return t
+
+
+def _print_preset_notes(con: Any, wraps: bool, published: list[str]) -> None:
+    """The lines under the presets' table(s) on `con`: what each published checkpoint is, each default negative
+    prompt with the presets that run it (CFG runs only), and the legend; each line whole unless `wraps`."""
+    from ..models.presets import load_preset, preset_names
+    from ..request.sampling import parse_sampler
+
     for line in published:  # what each published sparse / distilled checkpoint is
-        con.print(line, markup=False, highlight=False)
+        con.print(line, markup=False, highlight=False, soft_wrap=not wraps)
     negatives: dict[str, list[str]] = {}  # each default negative prompt and the presets that run it
     for name in preset_names():
         d = load_preset(name).defaults
@@ -81,13 +109,13 @@ def print_presets() -> None:
             negatives.setdefault(d.negative_prompt, []).append(name)
     for text, names in negatives.items():
         con.print(f"negative prompt of {', '.join(names)} (CFG runs; --negative-prompt replaces it, \"\" for none): "
-                  f"{text}", markup=False, highlight=False)
+                  f"{text}", markup=False, highlight=False, soft_wrap=not wraps)
     con.print("vsagen t2v PROMPT --model NAME / vsagen i2v IMAGE PROMPT --model NAME, as the commands column says; "
-              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. attn: the backend the "
-              "checkpoint was trained with, its sparsity and VSA cube (TxHxW, the tile option). weights: the hub "
-              "repository; for a transformer published alone (TurboWan) its own, the other components from the base "
-              "model's Wan-AI repository.", markup=False,
-              highlight=False)
+              "i2v --last-image: needs a last frame; i2v [--last-image]: takes one optionally. flow shift -: a "
+              "few-step sampler's sigmas are used as given. attn: the backend the checkpoint was trained with, its "
+              "sparsity and VSA cube (TxHxW, the tile option). weights: the hub repository; for a transformer "
+              "published alone (TurboWan) its own, the other components from the base model's Wan-AI repository.",
+              markup=False, highlight=False, soft_wrap=not wraps)
 
 
 def print_backends(echo: Callable[[str], None] = print) -> None:

@@ -95,6 +95,15 @@ def complete_quant(incomplete: str) -> list[str]:
     return _complete_list(incomplete, tuple(q.value for q in Quant))
 
 
+def complete_sampler(incomplete: str) -> list[str]:
+    """Shell completion of `--sampler` (a comma-separated list for `vsagen compare`), as `complete_attn`: the named
+    samplers (`vsagen.samplers.sampler_names`, `default` first) that start with the last item typed; none once the
+    item has options (`dmd:...`). Reads no torch."""
+    from ..samplers import sampler_names
+
+    return _complete_list(incomplete, sampler_names())
+
+
 def _complete_list(incomplete: str, names: Iterable[str]) -> list[str]:
     """The `names` that start with the last comma-separated item of `incomplete`, the items before it kept; `auto`
     only as the first item (a list names its entries), no name an earlier item is (a list names each once). An item
@@ -146,7 +155,7 @@ SamplerOption = Annotated[Optional[str], typer.Option(
          "0.909); rcm (TurboDiffusion's, 1-4 steps: rcm:steps=4:sigma_max=80); lightx2v-4step (LightX2V's 4 Euler "
          "steps: 1, 0.9375, 0.833, 0.625); dmd:sigmas=1.0,0.75,0.5 for any "
          "list. A few-step sampler sets its steps and runs without CFG: --steps (but its own count), --guidance > 1 "
-         "and --flow-shift are refused with it. Default from the preset.")]
+         "and --flow-shift are refused with it. Default from the preset.", autocompletion=complete_sampler)]
 CacheOption = Annotated[Optional[str], typer.Option(
     "--cache", metavar="NAME[:KEY=VALUE...]",
     help="Reuse DiT work across steps with diffusers' caching hooks, on every expert, with any --attn: none (the "
@@ -164,7 +173,7 @@ CacheList = Annotated[Optional[str], typer.Option(
 CompareSamplers = Annotated[Optional[str], typer.Option(
     "--sampler", metavar="LIST",
     help="Comma-separated samplers, each run with every --attn backend (e.g. dmd,default:steps=50:guidance=5); "
-         "default from the preset.")]
+         "default from the preset.", autocompletion=complete_sampler)]
 Fps = Annotated[Optional[int], typer.Option(help="Frames per second of the mp4.")]
 Out = Annotated[Optional[Path], typer.Option(help="The video file to write, its extension the format: .mp4 (H.264), "
                                                  ".webm (VP9), .gif (animated) or .png (PNG frames NAME-0000.png, "

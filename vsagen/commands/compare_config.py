@@ -223,6 +223,7 @@ class CompareConfig(Request):
         d.pop("samplers")
         d.pop("sampler_error_steps")
         d["sampler"] = self.sampler.summary()
+        d["flow_shift"] = self.used_flow_shift  # the first sampler's, as `sampler`; each one's in `samplers`
         d["samplers"] = [{"sampler": p.sampler.summary(), "label": label, "steps": p.steps, "guidance": p.guidance,
                           "flow_shift": None if p.sampler.renoise else p.flow_shift,
                           "error_steps": list(steps)}
@@ -302,6 +303,34 @@ def check_sampler_plans(plans: tuple[SamplerPlan, ...], text: str) -> None:
                            f"({sampler_label(plans[i], shift=True)}); give each sampler once")
 
 
+def _check_two_runs(req: Any, attn: str, sampler_text: str) -> None:
+    """BadInput unless the resolved compare request `req` makes at least two runs (backends x samplers x caches x
+    VAE decoders x precisions x LoRA scales): the reference and one to compare with it."""
+    scales = next((spec.scales for spec in req.loras if spec.scales), (None,))
+    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) * len(req.quants) \
+            * len(scales) < 2:
+        raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
+                       "at least one run to compare with it: two backends (e.g. --attn full,vsa), two samplers "
+                       "(e.g. --sampler dmd,default:steps=50:guidance=5), two caches (e.g. --cache none,first-block), "
+                       "two VAE decoders (e.g. --vae stock,tiny), two precisions (e.g. --quant none,int8) or two LoRA "
+                       "scales (e.g. --lora FILE:scale=0,1)")
+
+
+def _plot_choice(plot: bool | None) -> tuple[bool, tuple[str, ...]]:
+    """Whether compare draws its plot, and the note when it does not: `plot=None` draws it where matplotlib is
+    installed (else a note), False never, True needs matplotlib (BadInput without it)."""
+    if plot is False:
+        return False, ()
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True, ()
+    if plot:  # asked for by name
+        raise BadInput("the plot needs matplotlib, which is not installed: pip install 'vsagen[plot]', or "
+                       "pass --no-plot")
+    return False, ("no plot (compare.png): matplotlib is not installed (pip install 'vsagen[plot]')",)
+
+
 def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps: str = DEFAULT_ERROR_STEPS,
                             plot: bool | None = None) -> CompareConfig:
     """Validate a `vsagen compare` request: the shared part (`vsagen.request.resolve.resolve`; `--attn` a list of
@@ -345,14 +374,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
                            f"entry's own: default:steps={d.steps}:guidance={d.guidance:g}:shift={d.flow_shift:g})") \
                 from None
         raise
-    scales = next((spec.scales for spec in req.loras if spec.scales), (None,))
-    if len(req.backends) * len(req.samplers) * len(req.caches) * len(req.vae_decoders) * len(req.quants) \
-            * len(scales) < 2:
-        raise BadInput(f"--attn {attn!r} with --sampler {sampler_text!r} is one run: compare needs the reference and "
-                       "at least one run to compare with it: two backends (e.g. --attn full,vsa), two samplers "
-                       "(e.g. --sampler dmd,default:steps=50:guidance=5), two caches (e.g. --cache none,first-block), "
-                       "two VAE decoders (e.g. --vae stock,tiny), two precisions (e.g. --quant none,int8) or two LoRA "
-                       "scales (e.g. --lora FILE:scale=0,1)")
+    _check_two_runs(req, attn, sampler_text)
     check_sampler_plans(req.samplers, sampler_text)
     if min(req.height, req.width) < 7:
         raise BadInput(f"SSIM needs frames of at least 7 x 7 pixels; got {req.width} x {req.height}")
@@ -364,15 +386,8 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     if several and any(p.guidance > 1 for p in req.samplers):  # the negative prompt steers the runs with CFG
         first = negative_prompt_note(s.negative_prompt, req.guidance, req.sampler)
         notes = tuple(n for n in notes if n != first)
-    if plot is not False:
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            if plot:  # asked for by name
-                raise BadInput("the plot needs matplotlib, which is not installed: pip install 'vsagen[plot]', or "
-                               "pass --no-plot")
-            notes += ("no plot (compare.png): matplotlib is not installed (pip install 'vsagen[plot]')",)
-        plot = importlib.util.find_spec("matplotlib") is not None
+    plot, plot_notes = _plot_choice(plot)
+    notes += plot_notes
     out = options.output
     folder = out.out if out.out is not None else default_folder(model, "compare", req.seed, out.overwrite)
     if folder.exists() and not folder.is_dir():

@@ -61,7 +61,8 @@ class RunConfig(Request):
                   "width": self.width, "fps": self.fps, "guidance": self.guidance, "guidance_2": self.guidance_2,
                   "image": self.image.name if self.image is not None else None, "vsagen": __version__}
         return {"title": self.prompt, "comment": json.dumps(record, ensure_ascii=False, separators=(",", ":")),
-                "description": f"vsagen {__version__}: {self.model}, --attn {self.backend.text()}, {self.steps} "
+                "description": f"vsagen {__version__}: {self.model}, --attn {self.backend.text()}, "
+                               + (f"--quant {self.quant}, " if self.quant != "none" else "") + f"{self.steps} "
                                f"steps {self.sampler.name}, seed {self.seed}, {self.frames}x{self.height}x"
                                f"{self.width}"}
 
@@ -101,6 +102,7 @@ class RunConfig(Request):
         d = asdict(self)
         d.pop("samplers")
         d["sampler"] = self.sampler.summary()
+        d["flow_shift"] = self.used_flow_shift  # None: a re-noise sampler's sigmas are used as given
         d.pop("caches", None)
         d["cache"] = self.cache.summary()
         for key in ("source", "backends", "tile_fits"):
@@ -271,15 +273,7 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     if image is not None and not prompt.strip():
         notes = (NO_PROMPT_NOTE,) + notes
     out = options.output
-    # the default name says the backend (and a VSA cube other than 4x4x4), a few-step sampler and a step cache (a
-    # dmd run and a default one, a cached run and an uncached one, a MagCache calibration and a MagCache run, runs
-    # with two cubes, are different videos)
-    tile = getattr(req.backends[0].options, "tile", "4x4x4")
-    what = (req.backends[0].name + (f"-tile-{tile}" if tile != "4x4x4" else "")
-            + (f"-{req.sampler.name}" if req.sampler.renoise else "")
-            + (f"-{req.cache.name}" if req.cache.enabled else "")
-            + ("-calibrate" if req.cache.name == "mag" and req.cache.options.calibrate else ""))
-    path = out.out if out.out is not None else default_out(model, what, req.seed, out.overwrite)
+    path = out.out if out.out is not None else default_out(model, _name_part(req), req.seed, out.overwrite)
     json_out = check_output(path, out.overwrite, req.frames)
     video_format = output_format(path)
     check_format(video_format, out.encoding)
@@ -301,6 +295,25 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,
                      encoding=out.encoding, video_format=video_format.name,
                      images_per_video=images_per_video and image is None and src.image_to_video)
+
+
+def _name_part(req: Any) -> str:
+    """What a default file name says of the run between the model and the seed: the backend (and a VSA cube other
+    than 4x4x4, a fine-stage precision other than bf16), the linears' precision where it is not the model's default
+    (`--quant`), a few-step sampler and a step cache. A dmd run and a default one, a cached run and an uncached one,
+    a MagCache calibration and a MagCache run, runs with two cubes or two precisions are different videos; the
+    default run's name is `<backend>` alone ("full", "vsa")."""
+    from ..request.quantization import resolve_quant
+
+    options = req.backends[0].options
+    tile, precision = getattr(options, "tile", "4x4x4"), getattr(options, "precision", "bf16")
+    default_quant, _ = resolve_quant("auto", req.device, req.source, req.random_weights)
+    return (req.backends[0].name + (f"-tile-{tile}" if tile != "4x4x4" else "")
+            + (f"-{precision}" if precision != "bf16" else "")
+            + (f"-{req.quant if req.quant != 'none' else req.dtype}-linears" if req.quant != default_quant else "")
+            + (f"-{req.sampler.name}" if req.sampler.renoise else "")
+            + (f"-{req.cache.name}" if req.cache.enabled else "")
+            + ("-calibrate" if req.cache.name == "mag" and req.cache.options.calibrate else ""))
 
 
 # One video's own values a request made for several videos may set (`vsagen serve`'s requests, `t2v --prompts`'s

@@ -68,6 +68,7 @@ class ProfileConfig(Request):
         d["caches"] = [c.summary() for c in self.caches]
         d.pop("samplers")
         d["sampler"] = self.sampler.summary()
+        d["flow_shift"] = self.used_flow_shift  # None: a re-noise sampler's sigmas are used as given
         for key in ("source", "offload", "vae_tiling", "attn_requested", "attn_note"):
             d.pop(key)
         d["backends"] = [b.summary() for b in self.backends]

@@ -12,6 +12,23 @@ from pathlib import Path
 from ..errors import BadInput
 
 
+def normal_path(path: Path) -> Path:
+    """`path` with its `..` steps taken out, as the file system would take them: the folder part resolved
+    (`os.path.realpath`: a symlinked folder's `..` is its target's parent; a folder that does not exist yet is
+    stepped out of by name), the file name kept (a symlink there is the file replaced, not followed); relative
+    again where it lies below the current folder (`a/../b.mp4` -> `b.mp4`). A path without `..`, or whose name is
+    `.` / `..` / empty (refused by the checks), is returned unchanged. (A new-user trial: `--out a/../b.mp4` left an
+    empty folder `a` behind: its missing parents were created as spelled.)"""
+    if ".." not in path.parts or path.name in ("", ".", ".."):
+        return path
+    folder = Path(os.path.realpath(path.parent))
+    if not path.is_absolute():
+        here = Path(os.getcwd())
+        if folder == here or here in folder.parents:
+            folder = folder.relative_to(here)
+    return folder / path.name
+
+
 def check_target(path: Path, overwrite: bool, flag: str) -> None:
     """`path` is not a directory, and (without `overwrite`) does not exist, a dangling symlink included.
 

@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .. import interrupts
-from ..errors import BadInput, RunFailure
+from ..errors import BadInput, RunFailure, VsagenError
 from . import ffmpeg_pipe, segments
 from .encoding import CODECS, Encoding  # noqa: F401 - Encoding re-exported (the writers' parameter)
+from .paths import normal_path
 
 
 def to_uint8_frames(video: np.ndarray) -> np.ndarray:
@@ -86,6 +87,19 @@ def _temporary_beside(target: Path, suffix: str) -> Path:
     return tmp
 
 
+def _said_of(error: OSError | VsagenError, tmp: Path, target: Path) -> VsagenError:
+    """`error`, raised while writing the temporary file `tmp` of `target`, as the error of `target`: an OS error
+    as a RunFailure "cannot write <target>: <the reason> (nothing was written)"; a vsagen error with the temporary
+    file's path or name in its text (ffmpeg's "... writing .b.x1y2.mp4: Error writing trailer of /d/.b.x1y2.mp4:
+    No space left on device") with `target`'s in their place. (A new-user trial: a full disk's error line named the
+    hidden temporary file.)"""
+    if isinstance(error, OSError):
+        reason = error.strerror or str(error) or type(error).__name__
+        return RunFailure(f"cannot write {target}: {reason[:1].lower()}{reason[1:]} (nothing was written)")
+    text = str(error).replace(str(tmp), str(target)).replace(tmp.name, target.name)
+    return error if text == str(error) else type(error)(text)
+
+
 def _write_atomic(target: Path, overwrite: bool, write: Callable[[Path], None], suffix: str) -> None:
     with Outputs(overwrite=overwrite) as outputs:
         outputs.add(target, write, suffix)
@@ -111,7 +125,7 @@ class Outputs:
 
     def __init__(self, overwrite: bool = False, folder: Path | None = None, final: bool = True) -> None:
         self.overwrite = overwrite
-        self.folder = folder
+        self.folder = None if folder is None else normal_path(folder)
         self.final = final  # the command's last set: once published, a signal no longer stops it
         self._staged: list[tuple[Path, Path]] = []
         self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
@@ -153,17 +167,28 @@ class Outputs:
         """Write `target`'s content with `write(tmp)` to a temporary file beside it (suffix: `target`'s); `write`
         may call `vsagen.interrupts.check()` at its own safe points (`encode_mp4` does between frames). `replace`:
         the file replaces an existing one whatever `overwrite` says (a MagCache calibration file; add it last, so a
-        refused earlier file leaves the old one in place)."""
+        refused earlier file leaves the old one in place).
+
+        Raises:
+            RunFailure: `write` failed with an OS error (a full disk: ENOSPC), or with a vsagen error naming the
+                temporary file (ffmpeg's): said of `target`, the file the user asked for; the temporary file is
+                removed when the block ends, as every unpublished one.
+        """
         interrupts.check()
+        target = normal_path(target)
         tmp = self.reserve(target, suffix)
         if replace:
             self._replace.add(target)
-        write(tmp)
+        try:
+            write(tmp)
+        except (OSError, VsagenError) as e:
+            raise _said_of(e, tmp, target) from None
         interrupts.check()
 
     def reserve(self, target: Path, suffix: str | None = None) -> Path:
         """A temporary file beside `target` (suffix: `target`'s), staged for `publish` as `add`'s are, for a
         writer that fills it itself (PNG frames, one per frame as the video decodes); removed unpublished."""
+        target = normal_path(target)  # `a/../b.mp4`: no folder `a` made on the way
         missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
         self._made.extend(reversed(missing))  # outermost first; __exit__ removes them deepest first
         tmp = _temporary_beside(target, target.suffix if suffix is None else suffix)

@@ -261,10 +261,17 @@ def load_model(cfg: Request, log: Callable[[str], None], backends: Sequence[Any]
 
     Raises:
         ModelNotFound: the checkpoint cannot be found or loaded (message says how to provide it).
-        BadInput: pickle-only weights without --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light
-            or tiny VAE decoder asked for and absent, damaged or of another latent width
+        BadInput: the transformer weights alone cannot fit in the free memory of where they go
+            (`vsagen.estimate.weights_refusal`, before anything is built), pickle-only weights without
+            --allow-pickle, or a non-Wan / non-diffusers checkpoint, or a light or tiny VAE decoder asked for and
+            absent, damaged or of another latent width
             (`vsagen.decode.decoder_choice.choose_decoder`), or a LoRA that cannot load (`prepare_loras`).
     """
+    from ..estimate import weights_refusal
+
+    refusal = weights_refusal(cfg)  # before anything is built (a model too big died out of memory a minute later)
+    if refusal is not None:
+        raise BadInput(refusal)
     import torch
 
     _quiet_libraries()

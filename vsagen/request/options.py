@@ -442,8 +442,10 @@ class OutputOptions:
         if self.fps is not None and (isinstance(self.fps, bool) or not isinstance(self.fps, int)
                                      or not 1 <= self.fps <= MAX_FPS):
             raise BadInput(f"--fps must be an integer in [1, {MAX_FPS}], got {self.fps}")
-        if self.out is not None:
-            object.__setattr__(self, "out", Path(self.out).expanduser())
+        if self.out is not None:  # `a/../b.mp4` -> `b.mp4` before any folder is made for it
+            from ..media.paths import normal_path
+
+            object.__setattr__(self, "out", normal_path(Path(self.out).expanduser()))
 
 
 @dataclass(frozen=True, kw_only=True)

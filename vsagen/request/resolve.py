@@ -127,6 +127,12 @@ class Request:
         return self.samplers[0].sampler if self.samplers else NAMED["default"]
 
     @property
+    def used_flow_shift(self) -> float | None:
+        """The flow shift the (first) run's sampler uses, for reports: `flow_shift` with the checkpoint's scheduler,
+        None with a re-noise sampler, whose sigmas are used as given (the preset's shift then applies to nothing)."""
+        return None if self.sampler.renoise else self.flow_shift
+
+    @property
     def tile_fit(self) -> str:
         """The (first) tile fit."""
         return self.tile_fits[0]
@@ -453,6 +459,27 @@ def _check_placement(request: Request) -> None:
         check_cfg_parallel(request.guidance, offload=request.offload, compile=request.compile)
 
 
+def _check_guidance_2(source: ModelSource, s: Any) -> None:
+    """BadInput for `--guidance-2` (in the sampling group `s`) on a model of one transformer."""
+    if s.guidance_2 is not None and source.preset.experts < 2:
+        raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {source.preset.name} has one "
+                       "transformer; use --guidance")
+
+
+def _quant_loras(source: ModelSource, m: ModelOptions, quants: tuple[str, ...],
+                 several_loras: bool) -> tuple[LoraSpec, ...]:
+    """`--lora` resolved (`resolve_loras`) under each of the run's precisions `quants`, each refusing what it cannot
+    run with the LoRAs (an unfused one, int8 files); BadInput for several precisions with several LoRA scales (the
+    low-bit linears are built from the weights with the LoRA fused at one scale)."""
+    loras: tuple[LoraSpec, ...] = ()
+    for quant in quants:
+        loras = resolve_loras(m.lora, source, m.model, quant, m.random_weights, several_loras)
+    if len(quants) > 1 and any(spec.scales for spec in loras):
+        raise BadInput("--quant with several precisions and a LoRA with several scales: the low-bit linears are "
+                       "built from the weights with the LoRA fused at one scale; compare one list at a time")
+    return loras
+
+
 def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backends: str = ONE,
             several_fits: bool = False, several_samplers: bool = False, several_vaes: bool = False,
             several_quants: bool = False, several_loras: bool = False,
@@ -498,9 +525,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
     notes = preset_file_notes(entries, specs, d.attention, source.preset.name) if specs else ()
     height, width, frames = size = _size(source, m)
-    if s.guidance_2 is not None and source.preset.experts < 2:
-        raise BadInput(f"--guidance-2 is the second expert's CFG scale, and {source.preset.name} has one "
-                       "transformer; use --guidance")
+    _check_guidance_2(source, s)
     plans = sampler_plans(source, options, several_samplers, command_steps)
     files = _model_files(source, m)
     fits = tuple(f.value for f in m.tile_fits)
@@ -518,12 +543,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
     quants, quant_notes = resolve_quants(asked_quants, device, source, m.random_weights)
-    loras = ()
-    for quant in quants:  # each precision refuses what it cannot run with the LoRAs (an unfused one, int8 files)
-        loras = resolve_loras(m.lora, source, m.model, quant, m.random_weights, several_loras)
-    if len(quants) > 1 and any(spec.scales for spec in loras):
-        raise BadInput("--quant with several precisions and a LoRA with several scales: the low-bit linears are "
-                       "built from the weights with the LoRA fused at one scale; compare one list at a time")
+    loras = _quant_loras(source, m, quants, several_loras)
     request = Request(
         prompt=prompt, negative_prompt=d.negative_prompt if s.negative_prompt is None else s.negative_prompt,
         model=m.model, source=source, height=height, width=width, frames=frames,

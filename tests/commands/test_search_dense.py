@@ -150,3 +150,49 @@ def test_an_existing_file_is_refused_and_an_interrupted_search_writes_nothing(vs
     with pytest.raises(KeyboardInterrupt):
         dense_search(cfg, progress=False, cancelled=lambda: True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json"]
+
+
+@pytest.mark.slow
+def test_two_experts_are_pooled_per_step_and_layer(vsagen_cache, a14b_dir, tmp_path):
+    """tiny-a14b: the high-noise expert runs step 0 and the low-noise one step 1; each (step, layer) entry holds the
+    expert that ran it, and `dense_layers` covers a block of both."""
+    cfg = resolve_dense_search(attn="vsa:impl=torch", model="tiny-a14b", prompt="a", steps=2, frames=5,
+                               out=tmp_path / "d.json")
+    result = dense_search(cfg, progress=False)
+    data = json.loads((tmp_path / "d.json").read_text())
+    per_expert = {(r["step"], r["layer"]): (r["expert"], r["rel_l2"]) for r in data["rel_l2_per_expert"]}
+    assert len(per_expert) == len(data["rel_l2_per_expert"]) == 4  # one expert an entry
+    assert {e for e, _ in per_expert.values()} == {"transformer", "transformer_2"}
+    for (s, layer), (_, e) in per_expert.items():
+        assert data["rel_l2"][s][layer] == e and result.errors[s][layer] == pytest.approx(e, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("errors,budget,sparse", [([[1.0, 1.0], [0.1, 1.0]], 0.1, {(1, 0)}),
+                                                  ([[0.5, 0.2], [0.3, 0.1]], 0.0, set()),
+                                                  ([[0.5, 0.2], [0.3, 0.1]], 1.0, {(0, 0), (0, 1), (1, 0), (1, 1)})])
+def test_a_run_with_the_suggested_knobs_runs_the_suggested_entries_full(vsagen_cache, tiny_dir, tmp_path, errors,
+                                                                        budget, sparse):
+    """A suggestion's `--attn` text, pasted (parsed as `--attn` parses it) and run through the processor in the
+    search's own denoise loop: the calls that still reach the backend are exactly the entries the suggestion leaves
+    sparse; the others ran `full` (error 0)."""
+    from vsagen.attention.base import BackendWrapper
+    from vsagen.commands.search import denoise_prompts
+    from vsagen.commands.search_dense import suggested_spec
+
+    cfg = resolve_dense_search(attn="vsa:impl=torch", model="tiny", prompt="a", steps=STEPS, frames=5,
+                               out=tmp_path / "d.json")
+    sug = suggest_dense(errors, budget)
+    assert {(s, i) for s in range(2) for i in range(2) if not sug.is_dense(s, i)} == sparse
+    text = suggested_spec(cfg.backends[0], sug, STEPS).command_text(cfg.source.preset.defaults.attention)
+    spec = spec_of(parse_attn(text).one(), preset=cfg.source.preset.defaults.attention)
+
+    class Recorder(BackendWrapper):
+        def __call__(self, q, k, v, ctx):
+            self.seen.add((ctx.step, ctx.layer))
+            return self.inner(q, k, v, ctx)
+
+    recorder = Recorder(spec.build())
+    recorder.seen = set()
+    denoise_prompts(cfg, recorder, progress=False)
+    assert recorder.seen == sparse, text

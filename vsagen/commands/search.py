@@ -7,7 +7,9 @@ prompt; each head then gets the mode of lowest relative MSE + lam x block densit
 in that module's docstring). `--ranges N` gives N equal step ranges their own modes. The file is written only when the
 search ends (an interrupted search writes nothing).
 
-Text-to-video models only (an image-to-video search would need input pictures).
+Text-to-video models only (an image-to-video search would need input pictures). The prompts, model and output checks
+and the denoise loop (`denoise_prompts`, `write_at_end`) also serve `--suggest-dense` (`vsagen.commands.search_dense`:
+a sparse backend's error per (step, layer) and the dense steps / layers suggested from it).
 """
 
 from __future__ import annotations

@@ -16,12 +16,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import vsagen.kernels  # noqa: F401 - the Triton import (seconds) at collection, not inside the first vsa call
+import vsagen.pipeline  # noqa: F401 - diffusers' import (seconds) at collection, not in the first refusal test
 from conftest import one_error_line
 from vsagen.attention.dense import call_is_dense, step_is_dense
 from vsagen.attention.dense_search import ErrorScorer, suggest_dense
 from vsagen.attention.spec import spec_of
 from vsagen.cli.app import app
 from vsagen.commands.search_dense import dense_search, resolve_dense_search, sparse_backends
+from vsagen.errors import RunFailure
 from vsagen.models.presets import load_preset
 from vsagen.request.backends import parse_attn
 from vsagen.timing import Timer
@@ -117,6 +120,7 @@ BAD = [
     ("budget-alone", ["--budget", "0.1", "--sparsity", "0.5"], "--sparsity / --budget go with --suggest-dense"),
     ("budget", ["--suggest-dense", "--attn", "vsa", "--budget", "-1"], "--budget must be a finite number >= 0"),
     ("budget-nan", ["--suggest-dense", "--attn", "vsa", "--budget", "nan"], "--budget must be a finite number"),
+    ("budget-inf", ["--suggest-dense", "--attn", "vsa", "--budget", "inf"], "--budget must be a finite number"),
     ("two", ["--suggest-dense", "--attn", "vsa,sla"], "runs one backend"),
     ("option", ["--suggest-dense", "--attn", "vsa:nope=1"], "vsa has no option 'nope'"),
     ("sparsity", ["--suggest-dense", "--attn", "vsa", "--sparsity", "1.5"], "--sparsity must be in [0, 1)"),
@@ -150,6 +154,16 @@ def test_an_existing_file_is_refused_and_an_interrupted_search_writes_nothing(vs
     with pytest.raises(KeyboardInterrupt):
         dense_search(cfg, progress=False, cancelled=lambda: True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json"]
+
+
+@pytest.mark.slow
+def test_a_non_finite_error_is_a_run_failure_that_writes_nothing(vsagen_cache, tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(ErrorScorer, "errors", lambda self: {(0, "transformer", 1): (math.nan, 1.0)})
+    cfg = resolve_dense_search(attn="vsa:impl=torch", model="tiny", prompt="a", steps=1, frames=5,
+                               out=tmp_path / "d.json")
+    with pytest.raises(RunFailure, match="NaN or infinite"):
+        dense_search(cfg, progress=False)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ measurements and the suggestion, written atomically once the search ends (an int
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 import time
 from dataclasses import dataclass
@@ -62,8 +63,7 @@ def check_search_mode(suggest_dense: bool, *, attn: str | None, sparsity: float 
     given = [f for f, v in (("--attn", attn), ("--sparsity", sparsity), ("--budget", budget)) if v is not None]
     if given:
         raise BadInput(f"{' / '.join(given)} {'goes' if len(given) == 1 else 'go'} with --suggest-dense (measure a "
-                       "backend and suggest its "
-                       "dense_steps / dense_layers); the pattern search scores its own modes")
+                       "backend and suggest its dense_steps / dense_layers); the pattern search scores its own modes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +104,7 @@ def resolve_dense_search_options(options: RequestOptions, *, attn: str, sparsity
             `out` without `overwrite`, and every refusal of the shared options and of the backend's options.
     """
     texts = search_prompts(prompt, prompts)
-    if not (isinstance(budget, (int, float)) and budget == budget and budget >= 0 and budget != float("inf")):
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget < 0:
         raise BadInput(f"--budget must be a finite number >= 0 (the fraction of the summed error left), got {budget}")
     options = dataclasses.replace(options, attention=AttentionOptions(attn=attn, sparsity=sparsity, attn_impl=impl))
     src, options = search_source(options)
@@ -184,12 +184,12 @@ def dense_search(cfg: DenseSearchConfig, *, log: Callable[[str], None] = lambda 
     if not sums:
         raise BadInput("the search scored no attention call (did the model denoise?)")
     errors = error_matrix(sums, cfg.denoise_steps, layers)
-    if not all(e < float("inf") for row in errors for e in row):  # (NaN compares False too)
+    if not all(math.isfinite(e) for row in errors for e in row):
         raise RunFailure(f"--attn {cfg.measured.name} or dense attention gave NaN or infinite outputs: nothing was "
                          "written; try another --dtype or real weights")
     suggestion = suggest_dense(errors, cfg.budget)
     spec = suggested_spec(cfg.backends[0], suggestion, cfg.denoise_steps)
-    notes = list(session.notes)
+    notes = list(dict.fromkeys(n for n in (cfg.attn_note, *cfg.notes, *session.notes) if n is not None))
     given = [f"{k}={getattr(cfg.backends[0].options, k)}" for k in ("dense_steps", "dense_layers")
              if getattr(cfg.backends[0].options, k) is not None]
     if given:

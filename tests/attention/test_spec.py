@@ -264,3 +264,26 @@ def test_option_help_lists_the_command_line_options_with_defaults_and_values():
     assert vdit["remap"] == ("false", "true | false") and vdit["query_block"] == ("64", "an integer")
     for name in REGISTRY:
         assert [k for k, _, _ in option_help(backend_class(name).Options)] == text_options(backend_class(name).Options)
+
+
+@pytest.mark.parametrize("text", ["vsa", "vsa:sparsity=0.9:dense_steps=2:dense_layers=0-2,29", "vsa:dense_steps=0.25",
+                                  "sla-star:sparsity=0.5:dense_layers=3:min_tokens=64", "vsa:dense_steps=all:impl=torch",
+                                  "sparse-vdit:patterns={tmp}/p.json:dense_layers=1"])
+def test_command_text_parses_back_to_the_same_options(tmp_path, text):
+    """What `vsagen search --suggest-dense` prints to paste goes through `--attn`'s own parser (its commas included:
+    `parse_attn` joins the pieces of dense_layers) to the same options, with the preset's tables or without."""
+    from vsagen.request.backends import parse_attn
+
+    (tmp_path / "p.json").write_text("{}")
+    spec = resolve_spec(text.replace("{tmp}", str(tmp_path)))
+    for preset in (None, {"vsa": {"sparsity": 0.875}, "sla-star": {"sparsity": 0.9}}):
+        pasted = spec.command_text(preset)
+        assert spec_of(parse_attn(pasted).one(), preset=preset).options == spec.options, pasted
+    assert spec.command_text().startswith(spec.name) and "=none" not in spec.command_text()
+
+
+def test_command_text_writes_a_value_the_preset_would_change_and_leaves_out_what_it_sets():
+    spec = resolve_spec("sla-star:sparsity=0.875")  # vsa's default, but this preset's table says 0.9
+    assert spec.command_text() == "sla-star" and spec.command_text({"sla-star": {"sparsity": 0.9}}) == \
+        "sla-star:sparsity=0.875"
+    assert resolve_spec("vsa:sparsity=0.9").command_text({"vsa": {"sparsity": 0.9}}) == "vsa"

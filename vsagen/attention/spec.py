@@ -77,6 +77,18 @@ class BackendSpec:
         parts = [self.name] + [f"{k}={_fmt(v)}" for k, v in options_dict(self.options).items() if v is not None]
         return ":".join(parts)
 
+    def command_text(self, preset: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+        """The spec as `--attn` takes it back: the name and each option the command line sets (`text_options`) whose
+        value differs from the one the bare name gets (the model preset's `[attention.NAME]` table in `preset`, else
+        the backend's default), paths whole, e.g. `vsa:sparsity=0.9:dense_steps=2`: `resolve_spec` of it with the
+        same `preset` gives these options again."""
+        cls = type(self.options)
+        table = {k: v for k, v in (preset or {}).get(self.name, {}).items() if k in option_names(cls)}
+        base = {k: _fmt(v) for k, v in options_dict(make_options(self.name, table) if table else cls()).items()}
+        settable = text_options(cls)
+        return ":".join([self.name, *(f"{k}={_fmt(v)}" for k, v in options_dict(self.options).items()
+                                      if k in settable and base.get(k) != _fmt(v))])
+
     def short_text(self) -> str:
         """The spec with only the options that differ from the backend's defaults (`vsa:sparsity=0.9`, or the bare
         name), for labels; a path option shows its file name only."""

@@ -22,8 +22,9 @@ from ..request.options import ImageFit, ReportFormat, RequestOptions
 from .running import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
                       single_process, torchrun_launch_or_exit)
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
-                             JsonOut, Model, OnceOptionsGroup, ProfileCompile, Verbose, choice_parser, close_options,
-                             complete_attn, complete_model, complete_quant, complete_vae,
+                             JsonOut, Model, OnceOptionsGroup, ProfileCompile, SearchAttn, SearchAttnImpl,
+                             SearchBudget, SearchEps, SearchLam, SearchRanges, Sparsity, SuggestDense, Verbose,
+                             choice_parser, close_options, complete_attn, complete_model, complete_quant, complete_vae,
                              path_parser, unquoted_prompt)
 
 app = typer.Typer(
@@ -409,46 +410,58 @@ def compare(
 
 
 @app.command()
-@request_command(SEARCH, out=(Annotated[Path, typer.Option(help="The pattern file to write (.json).",
-                                                           parser=path_parser("a .json file name"))],
-                              Path("patterns.json")))
+@request_command(SEARCH, out=(Annotated[Optional[Path], typer.Option(
+    help="The JSON file to write: the pattern file (default patterns.json), or with --suggest-dense the "
+         "measurements and the suggestion (default dense-errors.json).", parser=path_parser("a .json file name"))],
+    None))
 def search(
     prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "
                                                          "# comments skipped); the errors are averaged over "
                                                          "all of them.",
                                                     parser=path_parser("a text file of prompts"))] = None,
-    lam: Annotated[float, typer.Option(help="Cost weight: each head gets the mode of lowest relative MSE + lam x "
-                                            "block density (dense 1, skip 0).")] = 0.5,
-    eps: Annotated[float, typer.Option(help="Largest relative MSE (MSE / mean square of the full output, per head; "
-                                            "skip's is 1) a sparse mode may have; a head where every sparse mode "
-                                            "exceeds it stays dense (1: only no worse than a zero output).")] = 1.0,
-    ranges: Annotated[int, typer.Option(help="Split the steps into this many equal ranges, each with its own "
-                                             "modes (1 <= ranges <= steps).")] = 1,
-    attn_impl: Annotated[str, typer.Option(help="How the modes are computed: auto (Triton block-sparse kernels on "
-                                                "CUDA, torch masked attention elsewhere), triton or torch.")]
-    = "auto",
-    verbose: Verbose = False, *, options: RequestOptions,
+    lam: SearchLam = None, eps: SearchEps = None, ranges: SearchRanges = None, attn_impl: SearchAttnImpl = "auto",
+    suggest_dense: SuggestDense = False, attn: SearchAttn = None, sparsity: Sparsity = None,
+    budget: SearchBudget = None, verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Search Sparse-vDiT patterns: denoise with full attention and give every (step range, expert, layer, head)
     the attention mode (dense, skip, diagonal, multi-diagonal, vertical-stripe, mixed) of lowest relative MSE +
     lam x block density, scored on the run's own q, k, v; write them as a pattern file for
     --attn sparse-vdit:patterns=FILE. The relative MSE is mean((O_mode - O_full)^2) / mean(O_full^2) per head,
     averaged over steps, CFG passes and prompts (scale-free, unlike the paper's raw MSE). No video is decoded; the
-    file is written only when the search ends (an interrupted search writes nothing)."""
+    file is written only when the search ends (an interrupted search writes nothing).
+
+    With --suggest-dense --attn SPEC: run the sparse backend SPEC beside full attention on the same q, k, v in every
+    self-attention call, its error sqrt(sum ||O - O_full||^2 / sum ||O_full||^2) per (step, layer) over the CFG
+    passes and prompts; of every dense_steps=k, dense_layers=D, suggest the one running the fewest (step, layer)
+    entries full that leaves at most --budget x the error summed over all entries (ties: fewer knob values, then
+    fewer steps). Prints the error per layer and per step and the --attn text to paste."""
     def run() -> None:
         from ..commands.search import resolve_search_options, search, summary_renderables
+        from ..commands.search_dense import (check_search_mode, dense_renderables, dense_search,
+                                             resolve_dense_search_options)
         from .terminal import print_table, stderr_log, stdout_console, wrap_line
 
-        cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, lam=lam, eps=eps, ranges=ranges,
-                                     impl=attn_impl)
+        check_search_mode(suggest_dense, attn=attn, sparsity=sparsity, budget=budget, lam=lam, eps=eps, ranges=ranges)
+        if suggest_dense:
+            cfg = resolve_dense_search_options(options, attn=attn, sparsity=sparsity, impl=attn_impl, prompt=prompt,
+                                               prompts=prompts, **({} if budget is None else {"budget": budget}))
+        else:
+            cfg = resolve_search_options(options, prompt=prompt, prompts=prompts, impl=attn_impl,
+                                         **{k: v for k, v in (("lam", lam), ("eps", eps), ("ranges", ranges))
+                                            if v is not None})
         check_model_available(cfg)
         with _sigterm_as_interrupt() as interrupted:
-            result = search(cfg, log=stderr_log("COLUMNS" in os.environ), cancelled=interrupted)
+            if suggest_dense:
+                items = dense_renderables(dense_search(cfg, log=stderr_log("COLUMNS" in os.environ),
+                                                       cancelled=interrupted))
+            else:
+                items = summary_renderables(search(cfg, log=stderr_log("COLUMNS" in os.environ),
+                                                   cancelled=interrupted))
         # the terminal's width (COLUMNS where set): words wrap whole, no digit is cut; to a pipe or a file profile's
         # width (200), each note and line of text whole, for grep
         con, wraps = stdout_console()
-        for item in summary_renderables(result):  # the notes with the summary (every one of them: stdout)
+        for item in items:  # the notes with the summary (every one of them: stdout)
             if isinstance(item, str):
                 con.print(wrap_line(item, con.width if wraps else None), highlight=False, markup=False,
                           soft_wrap=True)

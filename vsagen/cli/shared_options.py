@@ -273,6 +273,36 @@ CfgParallel = Annotated[bool, typer.Option("--cfg-parallel", help="Run the condi
                                            "on different processes (needs --guidance > 1): --gpus 2, or 2 x N "
                                            "processes with --ulysses N (or torchrun with as many).")]
 
+# `vsagen search`'s own options: the pattern search's (--lam, --eps, --ranges; None: not given, so that
+# --suggest-dense can refuse them) and those of --suggest-dense (`vsagen.commands.search_dense`).
+SearchLam = Annotated[Optional[float], typer.Option(help="Cost weight: each head gets the mode of lowest relative MSE "
+                                                         "+ lam x block density (dense 1, skip 0). Default 0.5.")]
+SearchEps = Annotated[Optional[float], typer.Option(help="Largest relative MSE (MSE / mean square of the full output, "
+                                                         "per head; skip's is 1) a sparse mode may have; a head where "
+                                                         "every sparse mode exceeds it stays dense (1: only no worse "
+                                                         "than a zero output). Default 1.0.")]
+SearchRanges = Annotated[Optional[int], typer.Option(help="Split the steps into this many equal ranges, each with "
+                                                          "its own modes (1 <= ranges <= steps). Default 1.")]
+SearchAttnImpl = Annotated[str, typer.Option(help="How the modes are computed: auto (Triton block-sparse kernels on "
+                                                  "CUDA, torch masked attention elsewhere), triton or torch; with "
+                                                  "--suggest-dense, the measured backend's implementation (as t2v's "
+                                                  "--attn-impl).")]
+SuggestDense = Annotated[bool, typer.Option("--suggest-dense", help="Instead of Sparse-vDiT patterns: measure the "
+                                            "--attn backend's relative L2 error against full attention per (step, "
+                                            "layer) while denoising on full attention, and suggest the dense_steps "
+                                            "and dense_layers that run the fewest (step, layer) entries full while "
+                                            "leaving at most --budget of the summed error; prints the --attn text to "
+                                            "paste and writes the measurements (.json).")]
+SearchAttn = Annotated[Optional[str], typer.Option(help="With --suggest-dense: the sparse backend to measure, "
+                                                        "NAME[:KEY=VALUE...] as t2v's --attn (vsa, "
+                                                        "vsa:sparsity=0.9, sla-star, ...).",
+                                                   autocompletion=complete_attn)]
+SearchBudget = Annotated[Optional[float], typer.Option(help="With --suggest-dense: the error the suggestion may "
+                                                            "leave, as a fraction of the backend's relative L2 "
+                                                            "summed over every (step, layer): 0 runs every entry "
+                                                            "that errs full, 1 or more suggests nothing. Default "
+                                                            "0.5.")]
+
 # Every shared option by its keyword (`vsagen.request.options.FLAGS`): (declaration, default). A command takes a
 # subset; it may declare one of them itself (another help text or default), and the value still goes to its group.
 SHARED: dict[str, tuple[Any, Any]] = {

@@ -7,7 +7,9 @@ prompt; each head then gets the mode of lowest relative MSE + lam x block densit
 in that module's docstring). `--ranges N` gives N equal step ranges their own modes. The file is written only when the
 search ends (an interrupted search writes nothing).
 
-Text-to-video models only (an image-to-video search would need input pictures).
+Text-to-video models only (an image-to-video search would need input pictures). The prompts, model and output checks
+and the denoise loop (`denoise_prompts`, `write_at_end`) also serve `--suggest-dense` (`vsagen.commands.search_dense`:
+a sparse backend's error per (step, layer) and the dense steps / layers suggested from it).
 """
 
 from __future__ import annotations
@@ -90,6 +92,52 @@ def read_prompts(path: Path) -> tuple[str, ...]:
     return prompts
 
 
+def search_prompts(prompt: str | None, prompts: Path | None) -> tuple[str, ...]:
+    """The prompts a search denoises: `prompt`, or the lines of the file `prompts` (`read_prompts`), exactly one.
+
+    Raises:
+        BadInput: neither or both, an empty prompt, a prompts file `read_prompts` refuses.
+    """
+    if (prompt is None) == (prompts is None):
+        raise BadInput("give the prompts to search on: --prompt TEXT or --prompts FILE (one prompt a line), not both"
+                       if prompt is not None else "give the prompts to search on: --prompt TEXT or --prompts FILE "
+                       "(one prompt a line)")
+    if prompt is not None and not prompt.strip():
+        raise BadInput("--prompt is empty")
+    return (prompt.strip(),) if prompt is not None else read_prompts(prompts)  # type: ignore[arg-type]
+
+
+def search_source(options: RequestOptions) -> tuple[Any, RequestOptions]:
+    """The model a search runs (`resolve_model`) and `options` as a search runs them: no warm-up, no VAE tiling (it
+    decodes nothing).
+
+    Raises:
+        BadInput: an image-to-video model (a search would need input pictures), or one `resolve_model` refuses.
+    """
+    model = options.model.model
+    src = resolve_model(model)
+    if src.image_to_video:
+        raise BadInput(f"--model {model} is an image-to-video model; vsagen search runs text-to-video models "
+                       "(searching with input pictures is not supported)")
+    return src, dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, warmup=0),
+                                    placement=dataclasses.replace(options.placement, vae_tiling=VaeTiling.OFF))
+
+
+def search_out(options: RequestOptions, req: Request, default: Path, what: str) -> Path:
+    """The JSON file a search writes (`--out`, else `default`), checked: a .json name, absent (or `--overwrite`),
+    its folder writable. `what` names the file in the message ("the pattern file").
+
+    Raises:
+        BadInput: any of those, naming --out.
+    """
+    out = options.output.out if options.output.out is not None else default
+    if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
+        raise BadInput(f"--out {str(out)!r}: {what} is JSON; give a file name ending in .json")
+    check_target(out, req.overwrite, "--out")
+    check_folder(out.parent)
+    return out
+
+
 def resolve_search_options(options: RequestOptions, *, prompt: str | None = None, prompts: Path | None = None,
                            lam: float = DEFAULT_LAM, eps: float = DEFAULT_EPS, ranges: int = 1,
                            impl: str = "auto") -> SearchConfig:
@@ -103,32 +151,16 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
             prompt or both, an empty prompts file, lam or eps negative or not finite, ranges outside [1, steps],
             an image-to-video model, an existing `out` without `overwrite`, an unwritable folder.
     """
-    if (prompt is None) == (prompts is None):
-        raise BadInput("give the prompts to search on: --prompt TEXT or --prompts FILE (one prompt a line), not both"
-                       if prompt is not None else "give the prompts to search on: --prompt TEXT or --prompts FILE "
-                       "(one prompt a line)")
-    if prompt is not None and not prompt.strip():
-        raise BadInput("--prompt is empty")
-    texts = (prompt.strip(),) if prompt is not None else read_prompts(prompts)  # type: ignore[arg-type]
+    texts = search_prompts(prompt, prompts)
     for flag, value in (("--lam", lam), ("--eps", eps)):
         if not math.isfinite(value) or value < 0:
             raise BadInput(f"{flag} must be a finite number >= 0, got {value}")
     check_impl(impl, sorted(IMPLS))
-    model = options.model.model
-    src = resolve_model(model)
-    if src.image_to_video:
-        raise BadInput(f"--model {model} is an image-to-video model; vsagen search runs text-to-video models "
-                       "(searching with input pictures is not supported)")
-    options = dataclasses.replace(options, sampling=dataclasses.replace(options.sampling, warmup=0),
-                                  placement=dataclasses.replace(options.placement, vae_tiling=VaeTiling.OFF))
+    src, options = search_source(options)
     plan = sampler_plans(src, options)[0]  # a distilled preset's few-step sampler decides the steps it searches
     step_ranges(plan.steps, ranges)  # before `resolve`, which finds the device (`--device auto` imports torch)
     req = resolve(src, options, prompt=texts[0], backends=NONE)
-    out = options.output.out if options.output.out is not None else DEFAULT_OUT
-    if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
-        raise BadInput(f"--out {str(out)!r}: the pattern file is JSON; give a file name ending in .json")
-    check_target(out, req.overwrite, "--out")
-    check_folder(out.parent)
+    out = search_out(options, req, DEFAULT_OUT, "the pattern file")
     if impl == "triton" and req.device != "cuda":
         from ..kernels.tuning import interpreting
 
@@ -184,11 +216,42 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
     """
     from ..architecture import experts as experts_of
     from ..attention.sparse_vdit_search import ModeScorer, ScoreOptions, patterns_from_scores, run_density  # torch
-    from ..estimate import cpu_time_estimate
-    from ..pipeline import Session
 
     t0 = time.perf_counter()
     scorer = ModeScorer(modes, cfg.steps, cfg.ranges, ScoreOptions(cfg.impl))
+    session, plan = denoise_prompts(cfg, scorer, log=log, progress=progress, cancelled=cancelled)
+    transformers = experts_of(session.pipe)
+    names = [n for n, _ in transformers]
+    arch = architecture_of(transformers[0][1])
+    patterns, notes = patterns_from_scores(
+        scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
+        height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
+    write_at_end(cfg.out, lambda: save_patterns(patterns, cfg.out, overwrite=cfg.overwrite), cancelled)
+    # the session's notes (random weights, compile) join the search's in the summary, on one stream
+    return SearchResult(cfg.out, patterns, [*session.notes, *notes], scorer.calls, time.perf_counter() - t0,
+                        run_density(scorer, patterns))
+
+
+def denoise_prompts(cfg: Any, scorer: Any, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,
+                    cancelled: Callable[[], bool] = lambda: False) -> tuple[Any, Any]:
+    """Load `cfg`'s model once with the scoring backend `scorer` and denoise every prompt of `cfg.prompts` with it
+    (diffusers' own loop, `vsagen.pipeline.Session`; no VAE decode): what each search mode scores.
+
+    Args:
+        cfg: a validated search request (a `Request` with `prompts`).
+        scorer: the attention backend every self-attention call runs (`ModeScorer`, `ErrorScorer`).
+        log, progress, cancelled: as `search`'s.
+
+    Returns:
+        (the `Session`, its crop plan).
+
+    Raises:
+        KeyboardInterrupt: `cancelled()` said so after a prompt's run.
+        BadInput, ModelNotFound, RunFailure: as `Session.load` and `Session.run`.
+    """
+    from ..estimate import cpu_time_estimate
+    from ..pipeline import Session
+
     session = Session.load(cfg, [scorer], progress=progress, log=log)
     if cfg.device == "cpu":  # hours of work on a real size: said once the model loaded
         warning = cpu_time_estimate(cfg, runs=len(cfg.prompts), runs_of="prompts")
@@ -201,21 +264,23 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         run_on.run(scorer, plan, encode=True, what=f"searching (prompt {i + 1})")
         if cancelled():
             raise KeyboardInterrupt
-    transformers = experts_of(session.pipe)
-    names = [n for n, _ in transformers]
-    arch = architecture_of(transformers[0][1])
-    patterns, notes = patterns_from_scores(
-        scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
-        height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
+    return session, plan
+
+
+def write_at_end(out: Path, write: Callable[[], None], cancelled: Callable[[], bool]) -> None:
+    """A search's last step: `write()` its file `out` (atomically, refusing an existing one unless --overwrite),
+    unless `cancelled()` says an interrupt came (one a finalizer swallowed).
+
+    Raises:
+        KeyboardInterrupt: `cancelled()` said so; nothing is written.
+        BadInput: `out` appeared while the search ran (and --overwrite was not given).
+    """
     if cancelled():
         raise KeyboardInterrupt
     try:
-        save_patterns(patterns, cfg.out, overwrite=cfg.overwrite)
+        write()
     except BadInput:
-        raise BadInput(f"{cfg.out} appeared during the search; nothing was written (pass --overwrite)") from None
-    # the session's notes (random weights, compile) join the search's in the summary, on one stream
-    return SearchResult(cfg.out, patterns, [*session.notes, *notes], scorer.calls, time.perf_counter() - t0,
-                        run_density(scorer, patterns))
+        raise BadInput(f"{out} appeared during the search; nothing was written (pass --overwrite)") from None
 
 
 def summary_renderables(result: SearchResult) -> list[Any]:

@@ -80,7 +80,7 @@ def run_cli(tmp_path, *args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("budget", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("budget", [0.0, 1.0])  # a budget between: the float64 test (0.4), the rule's brute force
 def test_the_printed_spec_parses_back_and_its_knobs_meet_the_budget(vsagen_cache, tiny_dir, tmp_path, budget):
     res = run_cli(tmp_path, "--attn", "vsa:impl=torch", "--budget", str(budget))
     assert res.exit_code == 0, res.output

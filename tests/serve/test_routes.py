@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from vsagen.serve.routes import authorized, error_body, metrics_text
@@ -513,6 +514,58 @@ def test_the_page_of_an_image_to_video_server_uploads_the_image(i2v_server, tmp_
         page.wait_for_selector(f"#{video['id']} video.result", timeout=60_000)
     assert video["vsagen"]["input_reference"] is True and video["vsagen"]["attn"].startswith("vsa:sparsity=0.25:")
     assert (i2v_server.folder / "serve" / "images" / f"{video['id']}.png").read_bytes() == PNG
+
+
+TI2V = ["serve", "--model", "tiny-ti2v", "--steps", "1", "--height", "32", "--width", "32", "--frames", "1"]
+
+
+@pytest.fixture(scope="module")
+def ti2v_server(tmp_path_factory, vsagen_cache, ti2v_dir):
+    """A text-image-to-video server (tiny-ti2v: videos from text, and from an image + text), started once."""
+    s = Server(tmp_path_factory.mktemp("serve-ti2v"), vsagen_cache)
+    s.start(TI2V)
+    yield s
+    s.stop(signal.SIGKILL)
+
+
+def test_a_text_image_to_video_server_makes_a_video_from_text_and_one_from_an_image_on_one_load(ti2v_server,
+                                                                                                  tmp_path):
+    """One tiny-ti2v server: a JSON request (text only) and a multipart one (input_reference) both complete; each
+    mp4 is byte for byte, and frame for frame, what `vsagen t2v` / `vsagen i2v` of the same options write (the
+    image: the file the server kept, so the container's metadata names the same one); the model loaded once (one
+    load's seconds in both videos' JSON and in /metrics, its note saying both kinds run on it); the page's image
+    field is optional."""
+    from typer.testing import CliRunner
+
+    from vsagen.cli.app import app
+    from vsagen.media.video import read_mp4
+
+    with ti2v_server.client() as c:
+        text = c.post("/v1/videos", json={"prompt": "a fox", "seed": 4})
+        image = _upload(c, PNG, seed="4")
+        assert text.status_code == image.status_code == 200, (text.text, image.text)
+        assert [r.json()["vsagen"]["input_reference"] for r in (text, image)] == [False, True]
+        done = [wait_done(c, r.json()["id"]) for r in (text, image)]
+        assert [d["status"] for d in done] == ["completed"] * 2, done
+        served = [c.get(f"/v1/videos/{d['id']}/content").content for d in done]
+        timing = [c.get(f"/v1/videos/{d['id']}/timing").json() for d in done]
+        metrics = c.get("/metrics").text
+        page = c.get("/").text
+    kept = ti2v_server.folder / "serve" / "images" / f"{done[1]['id']}.png"
+    flags = TI2V[1:] + ["--seed", "4"]
+    for cli, video, args in ((tmp_path / "t2v.mp4", served[0], ["t2v", "a fox"]),
+                             (tmp_path / "i2v.mp4", served[1], ["i2v", str(kept), "a fox"])):
+        res = CliRunner().invoke(app, [*args, *flags, "--out", str(cli)])
+        assert res.exit_code == 0, res.output
+        (tmp_path / f"served-{cli.name}").write_bytes(video)
+        assert np.array_equal(read_mp4(tmp_path / f"served-{cli.name}"), read_mp4(cli)) and video == cli.read_bytes()
+    assert [t["image"] for t in timing] == [None, str(kept)] and served[0] != served[1]
+    load_s = float(re.search(r"^vsagen_load_seconds ([0-9.]+)$", metrics, flags=re.M)[1])
+    assert timing[0]["timing"]["load_s"] == timing[1]["timing"]["load_s"] == pytest.approx(load_s, abs=1e-6)
+    assert all(any("takes text and image requests on this one load" in n for n in t["timing"]["notes"])
+               for t in timing)
+    assert ti2v_server.log.read_text().count("serving tiny-ti2v") == 1
+    assert '<label for="image">image (optional)</label>' in page
 
 
 def test_error_body_and_metrics_text_shapes():

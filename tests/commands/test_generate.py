@@ -433,13 +433,14 @@ def test_a_lora_of_the_second_expert_is_recorded_and_a_damaged_one_is_refused_be
     assert [s["expert"] for s in data["config"]["loras"]] == ["2", "1"]
 
 
-def test_a_resident_text_image_to_video_model_makes_the_videos_of_t2v_and_i2v_on_one_load(vsagen_cache, ti2v_dir,
-                                                                                        tmp_path, monkeypatch):
+def test_a_resident_text_image_to_video_model_makes_the_videos_of_t2v_and_i2v_on_one_load(vsagen_cache, tmp_path,
+                                                                                        monkeypatch):
     """A text-image-to-video model loaded once with `images` (vsagen serve's): a request with an image runs a
     WanImageToVideoPipeline over the loaded components, one without the loaded WanPipeline, each mp4 byte for byte
     the one `generate` makes of that request alone (`vsagen i2v` / `vsagen t2v`). Where the two hold the VAE in
     different dtypes (a preset's `decode_dtype`, here given to tiny-ti2v: text decodes in bf16, an image keeps fp32),
-    the load keeps the image's VAE and text decodes with a bf16 copy; the transformer is the one object."""
+    the load keeps the image's VAE and text decodes with a bf16 copy; the transformer is the one object. Random
+    weights (their builder, `_random_weights_pipeline`; the checkpoint's load: tests/serve/test_routes.py)."""
     import torch
 
     from conftest import noise_image
@@ -452,7 +453,7 @@ def test_a_resident_text_image_to_video_model_makes_the_videos_of_t2v_and_i2v_on
     real = loading.resolve_vae_dtype
     monkeypatch.setattr(loading, "resolve_vae_dtype", lambda requested, preset, i2v: real(requested, preset, i2v)
                         if requested != "auto" else ("fp32" if i2v else "bf16"))
-    flags = dict(model="tiny-ti2v", steps=1, height=32, width=32, frames=1, device="cpu", seed=2)
+    flags = dict(model="tiny-ti2v", steps=1, height=32, width=32, frames=1, device="cpu", seed=2, random_weights=True)
     loaded = resolve_run("loaded", request_options(**flags, out=tmp_path / "loaded.mp4"), images_per_video=True)
     resident = Resident(loaded, images=True)
     assert not loaded.images_per_video and resident.takes_images
@@ -470,4 +471,5 @@ def test_a_resident_text_image_to_video_model_makes_the_videos_of_t2v_and_i2v_on
     assert (type(text_pipe).__name__, type(image_pipe).__name__) == ("WanPipeline", "WanImageToVideoPipeline")
     assert image_pipe.transformer is text_pipe.transformer and image_pipe.text_encoder is text_pipe.text_encoder
     assert text_pipe.transformer.dtype == torch.float32 and image_pipe.vae is not text_pipe.vae
-    assert any("takes text and image requests on this one load" in n for n in made["text"][1].summary["timing"]["notes"])
+    notes = made["text"][1].summary["timing"]["notes"]
+    assert any("takes text and image requests on this one load" in n for n in notes)

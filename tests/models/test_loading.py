@@ -404,7 +404,8 @@ def test_a_ti2v_pipeline_s_image_to_video_pipeline_shares_its_components_and_cas
     for name in ("transformer", "text_encoder", "tokenizer", "vae", "scheduler"):
         assert getattr(image, name) is getattr(pipe, name), name
     assert image.transformer.dtype == torch.bfloat16 and image.vae.dtype == torch.float32
-    assert image.config.expand_timesteps is True and image._progress_bar_config == {"disable": True, "desc": "denoising"}
+    assert image.config.expand_timesteps is True
+    assert image._progress_bar_config == {"disable": True, "desc": "denoising"}
     copy = decode_vae_copy(pipe.vae, "bf16", "cpu")
     assert copy is not pipe.vae and copy.dtype == torch.bfloat16 and pipe.vae.dtype == torch.float32
     reference = {k: v.to(torch.bfloat16) for k, v in pipe.vae.state_dict().items()}

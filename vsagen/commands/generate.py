@@ -260,8 +260,7 @@ class Resident:
         """The fields of `cfg` outside `PER_VIDEO` (and, where a video may bring an image (`takes_images`),
         `PER_IMAGE`) that differ from the loaded request's ([] when `cfg` runs on this model as loaded): its backend
         where it differs in more than a run can change (`fixed_changes`), an image where none is taken, none for an
-        image-to-video model; with
-        random weights the seed too (it drew the weights and the prompt embeddings)."""
+        image-to-video model; with random weights the seed too (it drew the weights and the prompt embeddings)."""
         from dataclasses import fields
 
         from ..request.backends import fixed_changes

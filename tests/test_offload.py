@@ -218,6 +218,36 @@ def test_offloaded_runs_give_the_frames_of_the_plain_run(vsagen_cache, tmp_path,
     assert read_mp4(tmp_path / "group.mp4").shape == (5, 64, 64, 3)
 
 
+@pytest.mark.parametrize("mode", ["model", "group"])
+def test_an_offloaded_resident_ti2v_model_takes_text_and_image_requests(vsagen_cache, tmp_path, monkeypatch, placed,
+                                                                        mode):
+    """vsagen serve's text-image-to-video model (`Resident(images=True)`) offloaded: the image requests' pipeline over
+    the loaded components under the text pipeline's hooks, and the text requests' VAE copy (its dtype split from the
+    image's, as a preset's `decode_dtype` splits it) placed as the load placed the rest (under model offload, the text
+    pipeline placed again with it: `place_pipeline` twice); each video that of `generate` alone, the two kinds
+    alternating (the mp4s byte for byte)."""
+    import vsagen.models.loading as loading
+    from vsagen.commands.generate import Resident, generate
+    from vsagen.commands.generate_config import resolve_run
+    from vsagen.request.options import request_options
+
+    real = loading.resolve_vae_dtype
+    monkeypatch.setattr(loading, "resolve_vae_dtype", lambda requested, preset, i2v: real(requested, preset, i2v)
+                        if requested != "auto" else ("fp32" if i2v else "bf16"))
+    flags = dict(model="tiny-ti2v", steps=1, height=32, width=32, frames=1, device="cpu", random_weights=True)
+    loaded = resolve_run("loaded", request_options(**flags, out=tmp_path / "loaded.mp4"), images_per_video=True)
+    resident = Resident(dataclasses.replace(loaded, offload=mode), images=True)
+    assert [m for _, m, _ in placed] == [mode] * (2 if mode == "model" else 1)
+    image = noise_image(tmp_path / "in.png", (40, 36))
+    for i, extra in enumerate([dict(image=image), {}, dict(image=image), {}]):
+        cfg = resolve("a fox", **flags, **extra, out=tmp_path / f"served{i}.mp4")
+        resident.generate(dataclasses.replace(cfg, offload=mode))
+        if i < 2:
+            generate(dataclasses.replace(cfg, out=tmp_path / f"alone{i}.mp4", json_out=tmp_path / f"alone{i}.json"),
+                     progress=False)
+        assert (tmp_path / f"served{i}.mp4").read_bytes() == (tmp_path / f"alone{i % 2}.mp4").read_bytes(), i
+
+
 # --------------------------------------------------------------------------------------------------------------
 # VAE tiling end to end
 

@@ -431,3 +431,45 @@ def test_a_lora_of_the_second_expert_is_recorded_and_a_damaged_one_is_refused_be
                             {"file": str(lora), "sha256": sha, "scale": 1.0, "expert": "1",
                              "components": ["transformer"], "fused": True}]
     assert [s["expert"] for s in data["config"]["loras"]] == ["2", "1"]
+
+
+def test_a_resident_text_image_to_video_model_makes_the_videos_of_t2v_and_i2v_on_one_load(vsagen_cache, tmp_path,
+                                                                                        monkeypatch):
+    """A text-image-to-video model loaded once with `images` (vsagen serve's): a request with an image runs a
+    WanImageToVideoPipeline over the loaded components, one without the loaded WanPipeline, each mp4 byte for byte
+    the one `generate` makes of that request alone (`vsagen i2v` / `vsagen t2v`). Where the two hold the VAE in
+    different dtypes (a preset's `decode_dtype`, here given to tiny-ti2v: text decodes in bf16, an image keeps fp32),
+    the load keeps the image's VAE and text decodes with a bf16 copy; the transformer is the one object. Random
+    weights (their builder, `_random_weights_pipeline`; the checkpoint's load: tests/serve/test_routes.py)."""
+    import torch
+
+    from conftest import noise_image
+
+    import vsagen.models.loading as loading
+    from vsagen.commands.generate import Resident, generate
+    from vsagen.commands.generate_config import resolve_run
+    from vsagen.request.options import request_options
+
+    real = loading.resolve_vae_dtype
+    monkeypatch.setattr(loading, "resolve_vae_dtype", lambda requested, preset, i2v: real(requested, preset, i2v)
+                        if requested != "auto" else ("fp32" if i2v else "bf16"))
+    flags = dict(model="tiny-ti2v", steps=1, height=32, width=32, frames=1, device="cpu", seed=2, random_weights=True)
+    loaded = resolve_run("loaded", request_options(**flags, out=tmp_path / "loaded.mp4"), images_per_video=True)
+    resident = Resident(loaded, images=True)
+    assert not loaded.images_per_video and resident.takes_images
+    image = noise_image(tmp_path / "a.png", (40, 36), seed=1)
+    made = {}
+    for kind, extra in (("image", dict(image=image)), ("text", {})):  # the image first: the text run after it
+        cfg = resolve("a fox", **flags, **extra, out=tmp_path / f"served-{kind}.mp4")
+        assert resident.differs(cfg) == []
+        made[kind] = (resident.pipe_for(cfg), resident.generate(cfg),
+                      generate(resolve("a fox", **flags, **extra, out=tmp_path / f"alone-{kind}.mp4"), progress=False))
+    for kind, (_, served, alone) in made.items():
+        assert served.video_path.read_bytes() == alone.video_path.read_bytes(), kind
+        assert served.summary["vae_dtype"] == alone.summary["vae_dtype"] == ("fp32" if kind == "image" else "bf16")
+    image_pipe, text_pipe = made["image"][0], made["text"][0]
+    assert (type(text_pipe).__name__, type(image_pipe).__name__) == ("WanPipeline", "WanImageToVideoPipeline")
+    assert image_pipe.transformer is text_pipe.transformer and image_pipe.text_encoder is text_pipe.text_encoder
+    assert text_pipe.transformer.dtype == torch.float32 and image_pipe.vae is not text_pipe.vae
+    notes = made["text"][1].summary["timing"]["notes"]
+    assert any("takes text and image requests on this one load" in n for n in notes)

@@ -385,3 +385,28 @@ def test_a_lora_is_fused_before_the_linears_go_int8(vsagen_cache, tiny_dir, tmp_
     assert type(linear).__name__ == "Int8Linear" and err <= fused.abs().max() / 127  # int8 rounding of the sum
     moved = (linear.dequantized_weight(torch.float64) - plain.pipe.transformer.blocks[1].attn1.to_k.weight).abs().max()
     assert moved > 10 * fused.abs().max() / 127  # the LoRA's product is in the int8 weights, far above their rounding
+
+
+def test_a_ti2v_pipeline_s_image_to_video_pipeline_shares_its_components_and_casts_nothing(ti2v_dir):
+    """`image_to_video_pipeline`: the loaded WanPipeline's components as the same objects (a bf16 transformer
+    stays bf16 beside an fp32 VAE: diffusers' `from_pipe` would cast both to one dtype), its per-token timesteps and
+    progress bar settings; `decode_vae_copy`: the VAE's weights cast as a load in that dtype casts them (equal to
+    `vae.to(bf16)`, value for value), the original untouched."""
+    from diffusers import WanPipeline
+
+    from vsagen.models.loading import decode_vae_copy, image_to_video_pipeline
+
+    pipe = WanPipeline.from_pretrained(ti2v_dir, use_safetensors=True)
+    pipe.transformer.to(torch.bfloat16)
+    pipe.set_progress_bar_config(disable=True, desc="denoising")
+    image = image_to_video_pipeline(pipe)
+    assert type(image).__name__ == "WanImageToVideoPipeline" and image.image_encoder is None
+    for name in ("transformer", "text_encoder", "tokenizer", "vae", "scheduler"):
+        assert getattr(image, name) is getattr(pipe, name), name
+    assert image.transformer.dtype == torch.bfloat16 and image.vae.dtype == torch.float32
+    assert image.config.expand_timesteps is True
+    assert image._progress_bar_config == {"disable": True, "desc": "denoising"}
+    copy = decode_vae_copy(pipe.vae, "bf16", "cpu")
+    assert copy is not pipe.vae and copy.dtype == torch.bfloat16 and pipe.vae.dtype == torch.float32
+    reference = {k: v.to(torch.bfloat16) for k, v in pipe.vae.state_dict().items()}
+    assert all(torch.equal(v, reference[k]) for k, v in copy.state_dict().items())

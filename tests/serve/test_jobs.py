@@ -190,6 +190,27 @@ def test_an_image_to_video_server_reads_the_job_s_image_as_vsagen_i2v_does(serve
             served_i2v.image_path(*bad)
 
 
+def test_a_text_image_to_video_server_takes_a_video_with_an_image_or_without(tmp_path, vsagen_cache):
+    """tiny-ti2v: loaded as for text (no `images_per_video`); a video without input_reference is `vsagen t2v`'s
+    request, one with it `vsagen i2v`'s (its image read and fitted), fit only with an image."""
+    from conftest import noise_image
+    from vsagen.commands.generate_config import resolve_run
+
+    flags = dict(model="tiny-ti2v", steps=1, height=32, width=32, frames=1, device="cpu")
+    base = resolve_run("vsagen serve", request_options(**flags, out=tmp_path / "videos" / "x.mp4", overwrite=True),
+                       images_per_video=True)
+    served = Served(request_options(**flags), base, tmp_path / "videos")
+    assert not base.images_per_video and base.source.takes_image
+    job_id = "video_" + "ab" * 16
+    path = served.save_image(job_id, "png", noise_image(tmp_path / "up.png", (40, 36)).read_bytes())
+    image = served.config(job_id, VideoFields("a fox", image="png", fit="resize"))
+    text = served.config(job_id, VideoFields("a fox"))
+    assert (image.image, image.fit, image.image_to_video) == (path, "resize", True)
+    assert (text.image, text.fit, text.image_to_video) == (None, None, False)
+    with pytest.raises(BadInput, match="^fit says how input_reference is fitted"):
+        served.check_image(VideoFields("x", fit="crop"))
+
+
 def test_a_text_to_video_server_takes_no_image_and_a_video_changes_its_backend_per_run(served, tmp_path):
     with pytest.raises(BadInput, match=r"^input_reference: this server runs tiny, which makes videos from text and "
                                        r"takes no image; image to video needs a server of an image-to-video model"):

@@ -18,6 +18,9 @@ def test_the_page_has_the_form_and_the_timing_rows():
     with_image = page_html("tiny-i2v", "160x96", image=True)
     assert '<input id="image" name="image" type="file" accept="image/png,image/jpeg,image/webp" required>' in with_image
     assert 'form.append("input_reference", image.files[0])' in with_image
+    optional = page_html("tiny-ti2v", "224x160", image=True, image_required=False)  # text-image to video
+    assert ('<label for="image">image (optional)</label><input id="image" name="image" type="file" '
+            'accept="image/png,image/jpeg,image/webp">') in optional
     assert "<title>vsagen serve: tiny</title>" in page and "e.g. 160x96" in page
     rows = json.loads(re.search(r"const ROWS = (.*);", page)[1])
     assert [tuple(r) for r in rows] == list(TIMING_ROWS)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from vsagen.serve.routes import authorized, error_body, metrics_text
@@ -397,17 +398,20 @@ def test_sigterm_stops_the_server_and_every_waiting_job_stays_queued(server):
     assert not list(videos.glob(".*"))  # the stopped job's temporaries gone with it
 
 
-I2V = ["serve", "--model", "tiny-i2v", "--attn", "vsa", "--steps", "1", "--height", "32", "--width", "32", "--frames",
-       "1"]
+# the image server: a text-image-to-video model (tiny-ti2v), so that one start serves image requests and text ones
+# (a pure image-to-video model's jobs, CLIP branch included, through the same application: tests/serve/
+# test_server.py, in this process)
+IMAGE_SERVER = ["serve", "--model", "tiny-ti2v", "--attn", "vsa", "--steps", "1", "--height", "32", "--width", "32",
+                "--frames", "1"]
 
 
 @pytest.fixture(scope="module")
-def i2v_server(tmp_path_factory, vsagen_cache, i2v_dir):
-    """An image-to-video server (tiny-i2v, `--attn vsa`: a video may change its sparsity), started once. (An i2v job
-    a crash left in progress, made again from its kept image: tests/serve/test_server.py, in this process; the
-    crash and restart of a real server: the kill -9 test above.)"""
+def image_server(tmp_path_factory, vsagen_cache, ti2v_dir):
+    """The image server (tiny-ti2v, `--attn vsa`: a video may change its sparsity), started once. (An i2v job a
+    crash left in progress, made again from its kept image: tests/serve/test_server.py, in this process; the crash
+    and restart of a real server: the kill -9 test above.)"""
     s = Server(tmp_path_factory.mktemp("serve-i2v"), vsagen_cache)
-    s.start(I2V)
+    s.start(IMAGE_SERVER)
     yield s
     s.stop(signal.SIGKILL)
 
@@ -419,12 +423,12 @@ def _upload(client: httpx.Client, image: bytes, name: str = "a.png", kind: str =
 
 
 @pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's, about OpenAI's own service
-def test_image_to_video_over_http(i2v_server, tmp_path):
+def test_image_to_video_over_http(image_server, tmp_path):
     """A real multipart upload: the job queued with its image kept under its id, the video made from it; a second
     image makes another video; a video's attn changes the loaded vsa's sparsity and its JSON records what ran; the
     openai SDK's videos.create(input_reference=...) works unchanged."""
-    images = i2v_server.folder / "serve" / "images"
-    with i2v_server.client() as c:
+    images = image_server.folder / "serve" / "images"
+    with image_server.client() as c:
         first = _upload(c, PNG)
         assert first.status_code == 200, first.text
         video = first.json()
@@ -455,10 +459,10 @@ def test_image_to_video_over_http(i2v_server, tmp_path):
     assert any(n.startswith("attn 'vsa:sparsity=0.5': this video ran") for n in timing[1]["timing"]["notes"])
     openai = pytest.importorskip("openai")
     (tmp_path / "c.png").write_bytes(PNG)
-    client = openai.OpenAI(base_url=f"{i2v_server.url}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{image_server.url}/v1", api_key="unused", max_retries=0)
     with open(tmp_path / "c.png", "rb") as f:
-        sdk = client.videos.create(model="tiny-i2v", prompt="a cat", input_reference=f, extra_body={"seed": 3})
-    assert wait_done(i2v_server.client(), sdk.id)["status"] == "completed"
+        sdk = client.videos.create(model="tiny-ti2v", prompt="a cat", input_reference=f, extra_body={"seed": 3})
+    assert wait_done(image_server.client(), sdk.id)["status"] == "completed"
 
 
 BAD_IMAGES = [  # (the file part, or None: none; more fields; words of the message)
@@ -468,7 +472,6 @@ BAD_IMAGES = [  # (the file part, or None: none; more fields; words of the messa
      "image input_reference: format GIF is not supported; use PNG, JPEG or WebP"),
     ((_png((40, 36), 3, "BMP"), "a.png", "image/png"), {}, "image input_reference: format BMP is not supported"),
     ((_png((8, 8), 4), "s.png", "image/png"), {}, "image input_reference is 8x8 pixels (height x width): too small"),
-    (None, {}, "input_reference is missing: this server runs tiny-i2v, an image-to-video model"),
     (None, {"input_reference": "https://example.com/a.png"}, "input_reference must be an image file"),
     ((PNG, "a.png", "image/png"), {"fit": "stretch"}, "fit must be one of crop, resize"),
     ((PNG, "a.png", "image/png"), {"attn": "sla"}, "attn 'sla' needs the sla backend; this server was started with "
@@ -476,13 +479,13 @@ BAD_IMAGES = [  # (the file part, or None: none; more fields; words of the messa
     ((PNG, "a.png", "image/png"), {"attn": "vsa:tile=4x4x8"}, "attn 'vsa:tile=4x4x8': tile is fixed when the model "
                                                               "loads"),
     ((PNG, "a.png", "image/png"), {"attn": "vsa:sparsity=1"}, "attn 'vsa:sparsity=1': sparsity must be in [0, 1)"),
-    ((PNG, "a.png", "image/png"), {"size": "20x32"}, "--width must be a positive multiple of 16 for tiny-i2v"),
+    ((PNG, "a.png", "image/png"), {"size": "20x32"}, "--width must be a positive multiple of 32 for tiny-ti2v"),
 ]
 
 
-def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(i2v_server):
-    images = i2v_server.folder / "serve" / "images"
-    with i2v_server.client() as c:
+def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(image_server):
+    images = image_server.folder / "serve" / "images"
+    with image_server.client() as c:
         before = c.get("/v1/videos", params={"limit": 100}).json()["data"]
         kept = sorted(images.iterdir()) if images.exists() else []
         for part, fields, words in BAD_IMAGES:
@@ -490,7 +493,7 @@ def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(i2v_ser
                          files={"input_reference": (part[1], part[0], part[2])} if part is not None else None)
             assert res.status_code == 400, (words, res.text)
             message = res.json()["error"]["message"]
-            assert message.startswith(words) and "\n" not in message and str(i2v_server.folder) not in message, \
+            assert message.startswith(words) and "\n" not in message and str(image_server.folder) not in message, \
                 message
         big = c.post("/v1/videos", data={"prompt": "a fox"},
                      files={"input_reference": ("big.png", b"\x89PNG" + bytes(16 * 1024 * 1024), "image/png")})
@@ -500,19 +503,64 @@ def test_bad_images_and_attn_are_one_line_and_nothing_is_queued_nor_kept(i2v_ser
 
 
 @pytest.mark.slow
-def test_the_page_of_an_image_to_video_server_uploads_the_image(i2v_server, tmp_path):
+def test_the_page_of_an_image_to_video_server_uploads_the_image(image_server, tmp_path):
     """Headless Chromium (skipped where Playwright or a browser is missing): the page's image field sends the file
     as input_reference with the form's fields, attn among them; the finished video shows on the page."""
     (tmp_path / "fox.png").write_bytes(PNG)
-    with _browser_page(i2v_server.url + "/") as page:
+    with _browser_page(image_server.url + "/") as page:
         page.fill("#prompt", "a fox from the page")
         page.fill("#attn", "vsa:sparsity=0.25")
         page.set_input_files("#image", str(tmp_path / "fox.png"))
         page.click("#submit")
-        video = _listed(i2v_server, "a fox from the page", page)
+        video = _listed(image_server, "a fox from the page", page)
         page.wait_for_selector(f"#{video['id']} video.result", timeout=60_000)
     assert video["vsagen"]["input_reference"] is True and video["vsagen"]["attn"].startswith("vsa:sparsity=0.25:")
-    assert (i2v_server.folder / "serve" / "images" / f"{video['id']}.png").read_bytes() == PNG
+    assert (image_server.folder / "serve" / "images" / f"{video['id']}.png").read_bytes() == PNG
+
+
+def test_text_and_image_requests_on_one_load_are_the_videos_of_t2v_and_i2v(image_server, tmp_path):
+    """The image server (tiny-ti2v, a text-image-to-video model): a JSON request (text only) and a multipart one
+    (input_reference) both complete; each mp4 is byte for byte, and frame for frame, what `vsagen t2v` / `vsagen
+    i2v` of the same options write (the image: the file the server kept, so the container's metadata names the same
+    one); the model loaded once (one load's seconds in both videos' JSON and in /metrics, its note saying both kinds
+    run on it); the page's image field is optional."""
+    import torch
+    from typer.testing import CliRunner
+
+    from vsagen.cli.app import app
+    from vsagen.media.video import read_mp4
+
+    with image_server.client() as c:
+        text = c.post("/v1/videos", json={"prompt": "a fox", "seed": 4})
+        image = _upload(c, PNG, seed="4")
+        assert text.status_code == image.status_code == 200, (text.text, image.text)
+        assert [r.json()["vsagen"]["input_reference"] for r in (text, image)] == [False, True]
+        done = [wait_done(c, r.json()["id"]) for r in (text, image)]
+        assert [d["status"] for d in done] == ["completed"] * 2, done
+        served = [c.get(f"/v1/videos/{d['id']}/content").content for d in done]
+        timing = [c.get(f"/v1/videos/{d['id']}/timing").json() for d in done]
+        metrics = c.get("/metrics").text
+        page = c.get("/").text
+    kept = image_server.folder / "serve" / "images" / f"{done[1]['id']}.png"
+    flags = IMAGE_SERVER[1:] + ["--seed", "4"]
+    threads = torch.get_num_threads()
+    for cli, video, args in ((tmp_path / "t2v.mp4", served[0], ["t2v", "a fox"]),
+                             (tmp_path / "i2v.mp4", served[1], ["i2v", str(kept), "a fox"])):
+        torch.set_num_threads(1)  # as the server's OMP_NUM_THREADS=1: the same CPU kernels' reduction order
+        try:
+            res = CliRunner().invoke(app, [*args, *flags, "--out", str(cli)])
+        finally:
+            torch.set_num_threads(threads)
+        assert res.exit_code == 0, res.output
+        (tmp_path / f"served-{cli.name}").write_bytes(video)
+        assert np.array_equal(read_mp4(tmp_path / f"served-{cli.name}"), read_mp4(cli)) and video == cli.read_bytes()
+    assert [t["image"] for t in timing] == [None, str(kept)] and served[0] != served[1]
+    load_s = float(re.search(r"^vsagen_load_seconds ([0-9.]+)$", metrics, flags=re.M)[1])
+    assert timing[0]["timing"]["load_s"] == timing[1]["timing"]["load_s"] == pytest.approx(load_s, abs=1e-6)
+    assert all(any("takes text and image requests on this one load" in n for n in t["timing"]["notes"])
+               for t in timing)
+    assert image_server.log.read_text().count("serving tiny-ti2v") == 1
+    assert '<label for="image">image (optional)</label>' in page
 
 
 def test_error_body_and_metrics_text_shapes():

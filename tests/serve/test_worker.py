@@ -40,6 +40,9 @@ class Refusing:
         self.error = error
         self.session = types.SimpleNamespace(load_s=1.0, pipe=types.SimpleNamespace(progress_bar=lambda **k: None))
 
+    def pipe_for(self, cfg):
+        return self.session.pipe
+
     def generate(self, cfg):
         raise self.error
 

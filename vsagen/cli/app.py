@@ -535,7 +535,8 @@ def serve(
     """Keep one t2v (or, for an image-to-video model, i2v) configuration loaded and make videos over HTTP (OpenAI's
     /v1/videos API shape): the model, backend, sampler, cache and decoder options are fixed at start; each request
     sets its prompt, size, seconds, steps, seed, guidance and negative prompt, its image (input_reference) for an
-    image-to-video model, and the options of the backend a run can change (attn, e.g. vsa:sparsity=0.9)."""
+    image-to-video model (optional for a text-image-to-video one, which makes videos from text or from an image on
+    one load), and the options of the backend a run can change (attn, e.g. vsa:sparsity=0.9)."""
 
     def run() -> None:
         from ..serve.settings import Settings, check_installed

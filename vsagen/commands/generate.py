@@ -134,6 +134,60 @@ def generate_seeds(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = la
     return results
 
 
+@dataclass
+class TwoModes:
+    """A text-image-to-video model (Wan2.2-TI2V-5B family) taking text and image requests on one load (`vsagen
+    serve`): text requests run the loaded `WanPipeline` as `vsagen t2v` does, image requests a
+    `WanImageToVideoPipeline` over the same components as `vsagen i2v` does (`image_to_video_pipeline`: the
+    transformer(s), text encoder and scheduler are the same objects; nothing loads twice). The one component the
+    two may hold differently is the VAE: under `--vae-dtype auto` a preset with a `decode_dtype` decodes text
+    videos in it and keeps image videos (encode and decode) in its `vae_dtype` (`resolve_vae_dtype`). Then the load
+    holds the image requests' VAE and text requests decode with a copy in theirs (`decode_vae_copy`).
+
+    Attributes:
+        load_request: the request to load (the served one, its VAE dtype the image requests' where they differ).
+        text_vae_dtype: the dtype of the text requests' VAE copy; None: one VAE for both.
+        note: what the load did, for every video's JSON (`build` sets it).
+        text, image: the `LoadedModel` of each kind of request, sharing their notes (`build` sets them).
+    """
+
+    load_request: RunConfig
+    text_vae_dtype: str | None = None
+    note: str = ""
+    text: Any = None
+    image: Any = None
+
+    @classmethod
+    def plan(cls, cfg: RunConfig) -> "TwoModes":
+        """What to load for `cfg` (a text request of a text-image-to-video model) to serve both kinds."""
+        from ..models.loading import resolve_vae_dtype
+
+        text, image = (resolve_vae_dtype(cfg.vae_dtype, cfg.source.preset, i2v) for i2v in (False, True))
+        if text == image:
+            return cls(cfg)
+        return cls(replace(cfg, vae_dtype=image), text)
+
+    def build(self, model: Any) -> None:
+        """The two requests' models of the loaded `model` (`vsagen.models.loading.LoadedModel`: the `WanPipeline`
+        of `load_request`); the text requests' VAE copied in `text_vae_dtype` where they hold their own."""
+        from ..models.loading import decode_vae_copy, image_to_video_pipeline, place_pipeline
+
+        pipe = model.pipe
+        self.image = replace(model, pipe=image_to_video_pipeline(pipe))
+        self.text = model
+        cfg = self.load_request
+        what = (f"--model {cfg.model} takes text and image requests on this one load: text runs the loaded "
+                "WanPipeline (as vsagen t2v), an image diffusers' WanImageToVideoPipeline over the same components "
+                "(as vsagen i2v)")
+        if self.text_vae_dtype is not None:
+            pipe.register_modules(vae=decode_vae_copy(pipe.vae, self.text_vae_dtype, cfg.device))
+            if cfg.offload == "model":  # the copy joins the text pipeline's offload hooks
+                place_pipeline(pipe, cfg.offload, cfg.device)
+            what += (f"; the VAE is held twice, as the two commands hold it: in {cfg.vae_dtype} for images, a copy in "
+                     f"{self.text_vae_dtype} decoding text requests")
+        self.note = what
+
+
 class Resident:
     """One `vsagen t2v` configuration loaded once and kept for many videos (`vsagen serve`): the model, backend,
     sampler, step cache, decoder, device and dtype of the request it was loaded with stay; each video's request
@@ -141,15 +195,18 @@ class Resident:
     and files) runs on the loaded session as `generate` runs one: the prompt encoded in the timed run, the latents
     decoded as the video is written, the video and its JSON published together or not at all. An image-to-video
     model is loaded from a request without an image (`RunConfig.images_per_video`), and each video's request brings
-    its own (`image`, `fit`), read when the video runs. A video's backend may differ from the loaded one in the
-    options a run can change (`vsagen.request.backends.per_run_options`: e.g. vsa's sparsity); it runs on the
-    loaded session as `vsagen compare` runs its backends, a fresh backend object prepared for the run.
+    its own (`image`, `fit`), read when the video runs; a text-image-to-video model loaded with `images` takes
+    requests with and without one, each run as `vsagen i2v` / `vsagen t2v` runs it (`TwoModes`). A video's backend
+    may differ from the loaded one in the options a run can change (`vsagen.request.backends.per_run_options`: e.g.
+    vsa's sparsity); it runs on the loaded session as `vsagen compare` runs its backends, a fresh backend object
+    prepared for the run.
 
     Attributes:
         request: the request it was loaded with.
         session: the loaded session (`Session.load`); `load_s` the load's seconds, in every video's JSON.
         loaded_notes: the load's notes, in every video's JSON after the video's request's own (a caller may add
             its own).
+        modes: a text-image-to-video model's two kinds of request (`TwoModes`), or None (one kind).
     """
 
     # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
@@ -158,9 +215,11 @@ class Resident:
                            "attn_requested"})
     # ... and of an image-to-video model's videos: their image and how it is fitted
     PER_IMAGE = frozenset({"image", "fit", "images_per_video"})
+    modes: TwoModes | None = None  # a text-image-to-video model loaded for both kinds of request (`images`)
 
-    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None) -> None:
-        """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`).
+    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, images: bool = False) -> None:
+        """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`). `images`: a text-image-to-video
+        model's image requests are taken too (`vsagen serve`), on the same load (`TwoModes`).
 
         Raises:
             BadInput: a request with an image of its own, or what `generate` refuses at load.
@@ -171,20 +230,42 @@ class Resident:
                            "own (resolve_run(images_per_video=True))")
         self.request = cfg
         self.backend = cfg.backend.build()
-        self.session = _load_session(cfg, self.backend, progress=False, writer=True, log=log)
+        both = images and cfg.source.takes_image and not cfg.images_per_video
+        self.modes = TwoModes.plan(cfg) if both else None
+        loaded = self.modes.load_request if self.modes is not None else cfg
+        self.session = _load_session(loaded, self.backend, progress=False, writer=True, log=log)
         self.loaded_notes = self.session.notes[len(_request_notes(cfg)):]  # the load's own (each video's JSON has them)
+        if self.modes is not None:
+            self.modes.build(self.session.model)
+            self.loaded_notes.append(self.modes.note)
         self._untimed = self.session.untimed(self.backend)
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether a video's request may bring an image: an image-to-video model's must, a text-image-to-video
+        model's may where it was loaded with `images`."""
+        return self.request.images_per_video or self.modes is not None
+
+    def pipe_for(self, cfg: RunConfig) -> Any:
+        """The pipeline a video of `cfg` runs on: the loaded one, or for an image request to a text-image-to-video
+        model its image-to-video pipeline over the same components (`TwoModes`)."""
+        return self._model_for(cfg).pipe
+
+    def _model_for(self, cfg: RunConfig) -> Any:
+        if self.modes is None:
+            return self.session.model
+        return self.modes.image if cfg.image is not None else self.modes.text
+
     def differs(self, cfg: RunConfig) -> list[str]:
-        """The fields of `cfg` outside `PER_VIDEO` (and, for an image-to-video model, `PER_IMAGE`) that differ from
-        the loaded request's ([] when `cfg` runs on this model as loaded): its backend where it differs in more than
-        a run can change (`fixed_changes`), an image for a text-to-video model, none for an image-to-video one; with
-        random weights the seed too (it drew the weights and the prompt embeddings)."""
+        """The fields of `cfg` outside `PER_VIDEO` (and, where a video may bring an image (`takes_images`),
+        `PER_IMAGE`) that differ from the loaded request's ([] when `cfg` runs on this model as loaded): its backend
+        where it differs in more than a run can change (`fixed_changes`), an image where none is taken, none for an
+        image-to-video model; with random weights the seed too (it drew the weights and the prompt embeddings)."""
         from dataclasses import fields
 
         from ..request.backends import fixed_changes
 
-        own = self.PER_VIDEO | (self.PER_IMAGE if self.request.images_per_video else frozenset())
+        own = self.PER_VIDEO | (self.PER_IMAGE if self.takes_images else frozenset())
         wrong = [f.name for f in fields(RunConfig) if f.name not in own
                  and getattr(cfg, f.name) != getattr(self.request, f.name)]
         if "backends" in wrong and len(cfg.backends) == 1 and not fixed_changes(self.request.backend, cfg.backend):
@@ -209,10 +290,11 @@ class Resident:
         if wrong:
             raise BadInput(f"this request changes {', '.join(wrong)} of the loaded model; a video may set only its "
                            "prompt, negative prompt, size, frames, steps, seed, CFG scale, the options of its "
-                           "backend a run can change and, for an image-to-video model, its image")
+                           "backend a run can change and, for a model that takes one, its image")
         conditioning = (Conditioning.from_files(cfg.image, None, cfg.fit or "crop") if cfg.image is not None
                         else None)
-        session = replace(self.session, request=cfg, _prompts=None, conditioning=conditioning)
+        session = replace(self.session, model=self._model_for(cfg), request=cfg, _prompts=None,
+                          conditioning=conditioning)
         session.notes[:] = _request_notes(cfg) + self.loaded_notes
         plan = session.plan(cfg.tile_fit)
         backend = self.backend_for(cfg, plan)

@@ -229,6 +229,49 @@ def place_pipeline(pipe: Any, offload: str, device: str) -> None:
         raise ValueError(f"unknown offload mode {offload!r}")
 
 
+def image_to_video_pipeline(pipe: Any, vae: Any = None) -> Any:
+    """The `WanImageToVideoPipeline` of a loaded text-image-to-video (Wan2.2-TI2V-5B-style) `WanPipeline`, for its
+    image requests: the same component objects (tokenizer, text encoder, transformer(s), scheduler and the VAE, or
+    `vae` where image requests hold it in another dtype: `decode_vae_copy`), no CLIP branch (the family has none:
+    the image's latent replaces the first frame's), the pipeline's `boundary_ratio` and `expand_timesteps`, its
+    progress bar's settings. Nothing is copied or loaded. What `vsagen i2v` loads of the same checkpoint is this
+    pipeline class over the same weights (`pipeline_class_name`).
+
+    Built by the constructor rather than diffusers' `from_pipe`, which casts every component of the new pipeline
+    to one dtype (float32 unless given) and so would convert the shared bf16 transformer in place.
+    """
+    from diffusers import WanImageToVideoPipeline
+
+    image_pipe = WanImageToVideoPipeline(
+        tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae if vae is None else vae,
+        scheduler=pipe.scheduler, transformer=pipe.transformer, transformer_2=getattr(pipe, "transformer_2", None),
+        boundary_ratio=pipe.config.boundary_ratio, expand_timesteps=bool(pipe.config.expand_timesteps))
+    image_pipe.set_progress_bar_config(**getattr(pipe, "_progress_bar_config", {}))
+    return image_pipe
+
+
+def decode_vae_copy(vae: Any, vae_dtype: str, device: str) -> Any:
+    """A copy of a loaded `vae` in `vae_dtype` ("fp32" | "bf16" | "fp16"), its decode's convolutions channels-last
+    where `_prepare_decoder` puts them so (`decode_channels_last`): what a load whose VAE resolves to `vae_dtype`
+    would hold, for a text-image-to-video model whose text requests decode in another dtype than its image
+    requests encode and decode in (`resolve_vae_dtype`: a preset's `decode_dtype`). The weights are `vae`'s, cast
+    (the same values a load in `vae_dtype` casts to); the copy sits where `vae` sits (the device, or the CPU under
+    `--offload model`, without `vae`'s offload hook: the caller places it, `place_pipeline`) and takes that much
+    memory again in `vae_dtype`."""
+    import copy
+
+    from ..decode.decoder_choice import decode_channels_last
+
+    out = copy.deepcopy(vae)
+    if hasattr(out, "_hf_hook"):  # accelerate's hook of `--offload model`, copied with the module
+        from accelerate.hooks import remove_hook_from_module
+
+        remove_hook_from_module(out, recurse=True)
+    out.to(torch_dtype(vae_dtype))
+    decode_channels_last(out, device)
+    return out
+
+
 def prepare_model_files(cfg: Request) -> Path | None:
     """Write the files a load of `cfg` needs that vsagen builds itself: the tiny models' checkpoint (in the vsagen
     cache, once); returns its folder, or None for other models. Call it before a process group starts

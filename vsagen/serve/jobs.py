@@ -221,17 +221,17 @@ class Served:
         return [p for p in (self.images / f"{job_id}.{s}" for s in IMAGE_SUFFIXES) if p.is_file()]
 
     def check_image(self, fields: VideoFields) -> None:
-        """An image where the served model takes one, none where it does not.
+        """An image where the served model takes one (an image-to-video model: always; a text-image-to-video one:
+        where the video starts from one, text alone otherwise), none where it does not.
 
         Raises:
             BadInput: an image for a text-to-video server, none for an image-to-video one.
         """
         cfg = self.request
-        if fields.image is not None and not cfg.images_per_video:
-            how = " (a text-image-to-video model, loaded here for text to video)" if cfg.source.takes_image else ""
-            raise BadInput(f"input_reference: this server runs {cfg.model}{how}, which makes videos from text and "
-                           "takes no image; image to video needs a server of an image-to-video model (e.g. vsagen "
-                           "serve --model tiny-i2v)")
+        if fields.image is not None and not cfg.source.takes_image:
+            raise BadInput(f"input_reference: this server runs {cfg.model}, which makes videos from text and takes no "
+                           "image; image to video needs a server of an image-to-video model (e.g. vsagen serve "
+                           "--model tiny-i2v)")
         if fields.image is None and cfg.images_per_video:
             raise BadInput(f"input_reference is missing: this server runs {cfg.model}, an image-to-video model; send "
                            "the image the video starts from as input_reference, a file part of a multipart/form-data "

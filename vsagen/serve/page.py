@@ -1,9 +1,9 @@
 """The page `vsagen serve` answers at `GET /`: a form (prompt, size, seconds, steps, seed, attn; the image of an
-image-to-video server; the token where the server asks for one) that POSTs to /v1/videos (as JSON, or with an image
-as a multipart form, the image its `input_reference`), and the list of jobs, polled each second, with their status and
-progress; a finished video plays inline (fetched with the token, so a server with a token serves the page too)
-beside its timing table (the timing JSON's stages). Plain HTML and JavaScript in one string, no external file; every
-text from a job is set as text, never as markup."""
+image-to-video server, optional on a text-image-to-video one's; the token where the server asks for one) that POSTs
+to /v1/videos (as JSON, or with an image as a multipart form, the image its `input_reference`), and the list of jobs,
+polled each second, with their status and progress; a finished video plays inline (fetched with the token, so a
+server with a token serves the page too) beside its timing table (the timing JSON's stages). Plain HTML and
+JavaScript in one string, no external file; every text from a job is set as text, never as markup."""
 
 from __future__ import annotations
 
@@ -150,13 +150,17 @@ setInterval(refresh, 1000);
 """
 
 
-# the form's image field, on the page of an image-to-video server
-_IMAGE = ('  <label for="image">image</label><input id="image" name="image" type="file" '
-          'accept="image/png,image/jpeg,image/webp" required>')
+# the form's image field, on the page of a server whose model takes one: required (image to video) or optional
+# (text-image to video: without one the video is made from the text)
+_IMAGE = ('  <label for="image">__LABEL__</label><input id="image" name="image" type="file" '
+          'accept="image/png,image/jpeg,image/webp"__REQUIRED__>')
 
 
-def page_html(model: str, size: str, image: bool = False) -> str:
+def page_html(model: str, size: str, image: bool = False, image_required: bool = True) -> str:
     """The page of a server of `model` (its name set as text), `size` ("WIDTHxHEIGHT") its default video size;
-    `image`: an image-to-video server (the form asks for the image each video starts from)."""
+    `image`: the model takes an image (the form has the image field), which each video must bring where
+    `image_required` (an image-to-video model), else may (a text-image-to-video one, labelled "image (optional)")."""
+    field = (_IMAGE.replace("__LABEL__", "image" if image_required else "image (optional)")
+             .replace("__REQUIRED__", " required" if image_required else "")) if image else ""
     return (_PAGE.replace("__MODEL__", html.escape(model)).replace("__SIZE__", html.escape(size))
-            .replace("__IMAGE__", _IMAGE if image else "").replace("__ROWS__", json.dumps(TIMING_ROWS)))
+            .replace("__IMAGE__", field).replace("__ROWS__", json.dumps(TIMING_ROWS)))

@@ -3,7 +3,8 @@
 JSON, `/health` and `/metrics` (Prometheus text).
 
     POST   /v1/videos               a video request (JSON or multipart form, with the image input_reference for an
-                                    image-to-video model; header Idempotency-Key optional)
+                                    image-to-video model, with or without one for a text-image-to-video model;
+                                    header Idempotency-Key optional)
     GET    /v1/videos               the jobs, newest first (after, limit, order)
     GET    /v1/videos/{id}          one job: status queued | in_progress | completed | failed, progress (percent)
     GET    /v1/videos/{id}/content  the mp4, once completed
@@ -310,8 +311,9 @@ def create_app(settings: Settings, store: JobStore, served: Served, worker: Work
 
     @app.get("/")
     def page() -> Any:
-        return HTMLResponse(page_html(served.request.model, f"{served.request.width}x{served.request.height}",
-                                      image=served.request.images_per_video))
+        request = served.request  # the image field: required for an image-to-video model, optional for a ti2v one
+        return HTMLResponse(page_html(request.model, f"{request.width}x{request.height}",
+                                      image=request.source.takes_image, image_required=request.images_per_video))
 
     @app.get("/health")
     def health() -> Any:

@@ -98,8 +98,9 @@ def recover(store: JobStore, served: Served, log: Callable[[str], None]) -> dict
 
 def served_request(settings: Settings, options: RequestOptions) -> Served:
     """What the server will run: the options resolved as `vsagen t2v` resolves them (a placeholder prompt; an
-    image-to-video model without an image, each video bringing its own: `RunConfig.images_per_video`), and the
-    model found, before anything is made or loaded.
+    image-to-video model without an image, each video bringing its own: `RunConfig.images_per_video`; a
+    text-image-to-video model as for text, its videos with an image or without: `load`), and the model found, before
+    anything is made or loaded.
 
     Raises:
         BadInput: a first/last-frame model (it needs two images a video, and a request carries one), or what
@@ -123,7 +124,8 @@ def served_request(settings: Settings, options: RequestOptions) -> Served:
 
 
 def load(served: Served, log: Callable[[str], None]) -> Any:
-    """The served model, loaded once (`Resident`).
+    """The served model, loaded once (`Resident`); a text-image-to-video model takes text and image requests on
+    that one load (`Resident(images=True)`: `vsagen.commands.generate.TwoModes`).
 
     Raises:
         BadInput, ModelNotFound, RunFailure: as `vsagen t2v` refuses or fails the same options.
@@ -132,7 +134,7 @@ def load(served: Served, log: Callable[[str], None]) -> Any:
     from ..models.loading import prepare_model_files
 
     prepare_model_files(served.request)
-    resident = Resident(served.request, log=log)
+    resident = Resident(served.request, log=log, images=True)
     resident.loaded_notes.append("vsagen serve: the model stays loaded between videos; load_s is the server's one "
                                  "load at its start")
     return resident

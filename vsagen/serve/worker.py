@@ -162,7 +162,7 @@ class Worker:
         def make(original: Callable) -> Callable:
             return lambda *a, **k: _CountingBar(original(*a, **k), report)
 
-        undo = wrap_method(self.resident.session.pipe, "progress_bar", make)
+        undo = wrap_method(self.resident.pipe_for(cfg), "progress_bar", make)  # (the pipeline this video runs)
         try:
             return self.resident.generate(cfg)
         finally:

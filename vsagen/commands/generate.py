@@ -134,22 +134,16 @@ def generate_seeds(cfgs: Sequence[RunConfig], *, log: Callable[[str], None] = la
     return results
 
 
-class Resident:
-    """One `vsagen t2v` configuration loaded once and kept for many videos (`vsagen serve`): the model, backend,
-    sampler, step cache, decoder, device and dtype of the request it was loaded with stay; each video's request
-    (`resolve_run` of the same options with its own prompt, negative prompt, size, frames, steps, seed, CFG scale
-    and files) runs on the loaded session as `generate` runs one: the prompt encoded in the timed run, the latents
-    decoded as the video is written, the video and its JSON published together or not at all. An image-to-video
-    model is loaded from a request without an image (`RunConfig.images_per_video`), and each video's request brings
-    its own (`image`, `fit`), read when the video runs. A video's backend may differ from the loaded one in the
-    options a run can change (`vsagen.request.backends.per_run_options`: e.g. vsa's sparsity); it runs on the
-    loaded session as `vsagen compare` runs its backends, a fresh backend object prepared for the run.
+@dataclass(frozen=True)
+class LoadedFacts:
+    """What a video's request is checked against without the pipeline at hand (`vsagen serve --ray`'s front, whose
+    replicas hold the model): the request the model was loaded with, the facts a backend is prepared with
+    (`vsagen.api.run_info` of the loaded pipeline, no grid, steps or model), the load's seconds. A `Resident` has
+    one (`Resident.facts`); it pickles (the replicas send theirs).
 
     Attributes:
-        request: the request it was loaded with.
-        session: the loaded session (`Session.load`); `load_s` the load's seconds, in every video's JSON.
-        loaded_notes: the load's notes, in every video's JSON after the video's request's own (a caller may add
-            its own).
+        request: the loaded request (`Resident.request`); run: `RunInfo` of the loaded transformers (device, dtype,
+            experts with their architectures); load_s: the seconds the load took.
     """
 
     # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
@@ -159,21 +153,9 @@ class Resident:
     # ... and of an image-to-video model's videos: their image and how it is fitted
     PER_IMAGE = frozenset({"image", "fit", "images_per_video"})
 
-    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None) -> None:
-        """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`).
-
-        Raises:
-            BadInput: a request with an image of its own, or what `generate` refuses at load.
-            ModelNotFound, RunFailure: as `generate`.
-        """
-        if cfg.image is not None:
-            raise BadInput(f"--model {cfg.model}: a resident model is loaded without an image; each video brings its "
-                           "own (resolve_run(images_per_video=True))")
-        self.request = cfg
-        self.backend = cfg.backend.build()
-        self.session = _load_session(cfg, self.backend, progress=False, writer=True, log=log)
-        self.loaded_notes = self.session.notes[len(_request_notes(cfg)):]  # the load's own (each video's JSON has them)
-        self._untimed = self.session.untimed(self.backend)
+    request: RunConfig
+    run: Any  # vsagen.attention.base.RunInfo
+    load_s: float = 0.0
 
     def differs(self, cfg: RunConfig) -> list[str]:
         """The fields of `cfg` outside `PER_VIDEO` (and, for an image-to-video model, `PER_IMAGE`) that differ from
@@ -192,6 +174,76 @@ class Resident:
         if self.request.images_per_video and cfg.image is None:
             wrong.append("image")
         return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
+
+    def backend_for(self, cfg: RunConfig, plan: Any = None) -> Any:
+        """A fresh backend of `cfg`'s spec prepared for the video (`AttentionBackend.prepare` with `run` and the
+        video's grid and steps) as `Resident.backend_for` prepares one; None for the loaded spec (the loaded
+        backend is the holder's). `plan`: the video's crop plan (default: `cfg`'s under its tile fit, from the
+        transformer's patch size).
+
+        Raises:
+            BadInput: the backend refuses the run (device, dtype, grid).
+        """
+        if cfg.backend == self.request.backend:
+            return None
+        from ..pipeline import denoise_plan
+
+        backend = cfg.backend.build()
+        if plan is None:
+            plan = denoise_plan(cfg, None, cfg.tile_fit, patch_size=self.run.experts[0].architecture["patch_size"])
+        steps = len(cfg.sampler.sigmas) if cfg.sampler.renoise else cfg.steps
+        backend.prepare(replace(self.run, grid=tuple(plan.denoise_grid), steps=steps, model=cfg.model))
+        return backend
+
+
+class Resident:
+    """One `vsagen t2v` configuration loaded once and kept for many videos (`vsagen serve`): the model, backend,
+    sampler, step cache, decoder, device and dtype of the request it was loaded with stay; each video's request
+    (`resolve_run` of the same options with its own prompt, negative prompt, size, frames, steps, seed, CFG scale
+    and files) runs on the loaded session as `generate` runs one: the prompt encoded in the timed run, the latents
+    decoded as the video is written, the video and its JSON published together or not at all. An image-to-video
+    model is loaded from a request without an image (`RunConfig.images_per_video`), and each video's request brings
+    its own (`image`, `fit`), read when the video runs. A video's backend may differ from the loaded one in the
+    options a run can change (`vsagen.request.backends.per_run_options`: e.g. vsa's sparsity); it runs on the
+    loaded session as `vsagen compare` runs its backends, a fresh backend object prepared for the run.
+
+    Attributes:
+        request: the request it was loaded with.
+        session: the loaded session (`Session.load`); `load_s` the load's seconds, in every video's JSON.
+        loaded_notes: the load's notes, in every video's JSON after the video's request's own (a caller may add
+            its own).
+        facts: what a video's request is checked against (`LoadedFacts`: `differs`, a per-run backend's refusal).
+    """
+
+    PER_VIDEO, PER_IMAGE = LoadedFacts.PER_VIDEO, LoadedFacts.PER_IMAGE
+
+    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None) -> None:
+        """Load `cfg`'s pipeline (after `vsagen.models.loading.prepare_model_files`).
+
+        Raises:
+            BadInput: a request with an image of its own, or what `generate` refuses at load.
+            ModelNotFound, RunFailure: as `generate`.
+        """
+        from ..api import run_info
+
+        if cfg.image is not None:
+            raise BadInput(f"--model {cfg.model}: a resident model is loaded without an image; each video brings its "
+                           "own (resolve_run(images_per_video=True))")
+        self.request = cfg
+        self.backend = cfg.backend.build()
+        self.session = _load_session(cfg, self.backend, progress=False, writer=True, log=log)
+        self.loaded_notes = self.session.notes[len(_request_notes(cfg)):]  # the load's own (each video's JSON has them)
+        self._untimed = self.session.untimed(self.backend)
+        self.facts = LoadedFacts(cfg, run_info(self.session.pipe), self.session.load_s)
+
+    @property
+    def load_s(self) -> float:
+        """The seconds the load took."""
+        return self.session.load_s
+
+    def differs(self, cfg: RunConfig) -> list[str]:
+        """`LoadedFacts.differs` of the loaded request."""
+        return self.facts.differs(cfg)
 
     def generate(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None,
                  cancelled: Callable[[], bool] = lambda: False, final: bool = True) -> RunResult:
@@ -225,7 +277,7 @@ class Resident:
     def backend_for(self, cfg: RunConfig, plan: Any = None) -> Any:
         """The backend object a video of `cfg` runs: the loaded one for the loaded spec, else a fresh one of
         `cfg`'s spec (same backend, options a run can change) prepared for the run on the loaded transformers
-        (`AttentionBackend.prepare`), as `Session.load` prepares the loaded one; `plan` the video's crop plan
+        (`LoadedFacts.backend_for`), as `Session.load` prepares the loaded one; `plan` the video's crop plan
         (default: `cfg`'s under its tile fit).
 
         Raises:
@@ -233,14 +285,9 @@ class Resident:
         """
         if cfg.backend == self.request.backend:
             return self.backend
-        from ..api import run_info
         from ..pipeline import denoise_plan
 
-        backend = cfg.backend.build()
-        plan = denoise_plan(cfg, self.session.pipe, cfg.tile_fit) if plan is None else plan
-        steps = len(cfg.sampler.sigmas) if cfg.sampler.renoise else cfg.steps
-        backend.prepare(run_info(self.session.pipe, grid=plan.denoise_grid, steps=steps, model=cfg.model))
-        return backend
+        return self.facts.backend_for(cfg, denoise_plan(cfg, self.session.pipe, cfg.tile_fit) if plan is None else plan)
 
 
 def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,

@@ -66,10 +66,10 @@ def test_without_ray_the_flag_is_one_line_naming_the_extra(tmp_path, monkeypatch
 
 
 def test_a_replica_s_failure_to_start_is_its_own_line():
-    error = RuntimeError("Deploying app failed.\nTraceback ...\n  raise BadInput(...)\n"
-                         "vsagen.errors.BadInput: --folder /x is not on node b: every replica writes the videos there")
-    assert _reason(error) == "--folder /x is not on node b: every replica writes the videos there"
-    assert _reason(RuntimeError("\nDeployment failed\nmore")) == "Deployment failed"
+    status = ('  File "vsagen/serve/ray_serve.py", line 125, in __init__\n    raise BadInput(...)\n'
+              "vsagen.errors.BadInput: --folder /x is not on node b: every replica writes the videos there")
+    assert _reason(status) == ("BadInput", "--folder /x is not on node b: every replica writes the videos there")
+    assert _reason("Traceback\n  ...\nRuntimeError: CUDA error\n") == (None, "RuntimeError: CUDA error")
 
 
 # the front's dispatch, with a fake deployment handle (no Ray)

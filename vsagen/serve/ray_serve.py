@@ -271,7 +271,8 @@ def deploy(folder: Path, options: RequestOptions, count: int, per_replica: dict[
     every replica has loaded the model.
 
     Raises:
-        RunFailure: the replicas did not start (the first line of the reason a replica gave).
+        BadInput: a replica refused the options or the folder (its words); RunFailure: the replicas did not start
+            otherwise (the reason's last line).
     """
     import logging
 
@@ -285,8 +286,14 @@ def deploy(folder: Path, options: RequestOptions, count: int, per_replica: dict[
     try:
         return serve.run(deployment.bind(str(folder), options), name=app_name(folder), route_prefix=None,
                          logging_config=quiet)
-    except Exception as e:  # noqa: BLE001 - Serve's deployment failure carries the replica's traceback
-        raise RunFailure(f"the Ray Serve replicas did not start: {_reason(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the replica's own error is in the deployment's status
+        why = str(e)
+        with contextlib.suppress(Exception):
+            why = serve.status().applications[app_name(folder)].deployments[DEPLOYMENT].message or why
+    kind, message = _reason(why)
+    if kind in ("BadInput", "ModelNotFound"):
+        raise BadInput(message)
+    raise RunFailure(f"the Ray Serve replicas did not start: {message}")
 
 
 def undeploy(name: str) -> None:
@@ -299,13 +306,15 @@ def undeploy(name: str) -> None:
         serve.delete(name, _blocking=False)
 
 
-def _reason(error: Exception) -> str:
-    """The last line of a replica's error that names a vsagen error (its message), else the error's first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+def _reason(text: str) -> tuple[str | None, str]:
+    """A replica's failure from Serve's text of it (a traceback): the vsagen error's class name and its message where
+    a line names one ("vsagen.errors.BadInput: ..."), else (None, the text's last line)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     own = [line for line in lines if line.startswith("vsagen.errors.")]
     if own:
-        return own[-1].split(": ", 1)[-1]
-    return lines[0] if lines else type(error).__name__
+        name, _, message = own[-1].removeprefix("vsagen.errors.").partition(": ")
+        return name, message
+    return None, lines[-1] if lines else "no reason given"
 
 
 def serve_ray(settings: Settings, options: RequestOptions, *, replicas: int | None = None, address: str | None = None,

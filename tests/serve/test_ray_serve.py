@@ -23,7 +23,8 @@ from tqdm import tqdm
 from vsagen.commands.generate import LoadedFacts
 from vsagen.errors import BadInput
 from vsagen.serve.jobs import Served, VideoFields, accepted
-from vsagen.serve.ray_serve import EXTRA, RayWorker, VideoReplica, _reason, check_ray_installed, replica_plan
+from vsagen.serve.ray_serve import (EXTRA, RayWorker, VideoReplica, _reason, check_ray_installed, check_reachable,
+                                    replica_plan)
 from vsagen.serve.store import JobStore
 from vsagen.serve.worker import _CountingBar
 
@@ -63,6 +64,18 @@ def test_without_ray_the_flag_is_one_line_naming_the_extra(tmp_path, monkeypatch
         res = CliRunner().invoke(app, ["serve", "--model", "tiny", *flags, "--folder", str(tmp_path / "f")])
         assert res.exit_code == 2 and res.stderr.startswith(words) and res.stderr.count("\n") == 1, res.stderr
         assert not (tmp_path / "f").exists()
+
+
+def test_a_cluster_address_nothing_answers_at_is_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (bound, not listening: refused)
+        with pytest.raises(BadInput, match=rf"^--ray-address 127.0.0.1:{port}: no Ray cluster answers there \("):
+            check_reachable(f"127.0.0.1:{port}")
+    with pytest.raises(BadInput, match=r"^--ray-address head:port: give HOST:PORT \(the head node's"):
+        check_reachable("head:port")
+    for address in (None, "auto", "local", "ray://head:10001"):  # Ray's to resolve
+        check_reachable(address)
 
 
 def test_a_replica_s_failure_to_start_is_its_own_line():

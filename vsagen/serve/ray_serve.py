@@ -246,6 +246,7 @@ def ray_cluster(address: str | None) -> Iterator[Any]:
     """
     import logging
 
+    check_reachable(address)
     import ray
 
     local = {"include_dashboard": False} if address == "local" else {}
@@ -258,6 +259,28 @@ def ray_cluster(address: str | None) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Refuse a HOST:PORT cluster address that nothing answers at, in `timeout_s` seconds (Ray itself waits minutes
+    for the cluster there); other addresses ("auto", "local", "ray://...", None) are Ray's to resolve.
+
+    Raises:
+        BadInput: the address answers no connection, or its port is no number (one line naming it).
+    """
+    if address is None or address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise BadInput(f"--ray-address {address}: give HOST:PORT (the head node's; `ray start --head` takes 6379), "
+                       "auto or local")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except OSError as e:
+        why = e.strerror or str(e) or type(e).__name__
+    raise BadInput(f"--ray-address {address}: no Ray cluster answers there ({why}); start its head node with "
+                   "`ray start --head`, or leave --ray-address out for a cluster on this machine")
 
 
 def app_name(folder: Path) -> str:

@@ -7,6 +7,7 @@ the real HTTP API, two videos made, one by each replica."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import signal
@@ -233,17 +234,32 @@ def _replica(resident):
     return replica
 
 
+def _events(resident, first_only=False):
+    """The replica's events for one job, on an event loop as Serve runs it; `first_only`: the first event, then
+    the stream closed (as Serve closes a cancelled request's), and the run's thread waited for."""
+    async def collect():
+        stream = _replica(resident).generate("video_1", cfg=None)
+        if not first_only:
+            return [event async for event in stream]
+        first = await stream.__anext__()
+        await stream.aclose()
+        return [first]
+
+    events = asyncio.run(collect())
+    for thread in threading.enumerate():
+        if thread.name == "vsagen-replica-video_1":
+            thread.join(10)
+    return events
+
+
 def test_a_replica_streams_its_steps_then_its_video():
-    events = list(_replica(Stepping(3)).generate("video_1", cfg=None))
-    assert events == [("step", 1), ("step", 2), ("step", 3), ("done", "node/r", {"total_s": 0.5})]
+    assert _events(Stepping(3)) == [("step", 1), ("step", 2), ("step", 3), ("done", "node/r", {"total_s": 0.5})]
 
 
-def test_a_replica_whose_response_is_closed_stops_at_its_next_step():
+def test_a_replica_whose_stream_is_closed_stops_at_its_next_step():
     resident = Stepping(50, before=lambda i: time.sleep(0.01))
-    stream = _replica(resident).generate("video_1", cfg=None)
-    assert next(stream) == ("step", 1)
-    stream.close()  # (Serve closes a cancelled request's generator)
-    assert not resident.finished  # (stopped at its next step: the wrapper of the progress bar taken off again)
+    assert _events(resident, first_only=True) == [("step", 1)]
+    assert not resident.finished  # stopped at a next step (nothing published); the progress bar's wrapper taken off
     assert not isinstance(resident.session.pipe.progress_bar(total=1), _CountingBar)
 
 
@@ -252,7 +268,7 @@ def test_a_replica_s_failed_run_is_its_code_and_one_line():
         def generate(self, cfg):
             raise ValueError("odd\nsecond line")
 
-    assert list(_replica(Failing(1)).generate("video_1", cfg=None)) == [("failed", "internal_error", "ValueError: odd")]
+    assert _events(Failing(1)) == [("failed", "internal_error", "ValueError: odd")]
 
 
 # the real thing: a local Ray cluster on this machine's CPUs

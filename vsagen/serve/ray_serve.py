@@ -23,9 +23,10 @@ keeps every guarantee of `vsagen serve` (a job is accepted once committed; kill 
 What happens when a replica dies mid-job: its streaming response raises (Ray's actor-died errors); the job is
 queued again with this attempt counted (`Lost`) and made by the next free replica (Serve starts a replacement, which
 loads the model again); a job whose replica died `MAX_ATTEMPTS` times is failed "interrupted" saying so. Nothing it
-left is published (half a publication: its hidden temporaries, removed now and at the next start). When the front
-stops (Ctrl-C / SIGTERM), the running jobs' responses are cancelled (the replicas stop them at their next step) and
-the jobs are queued again, their attempts not counted; the Serve application is deleted.
+left counts (half a publication, the video moved but not its JSON, is replaced by the next attempt; its hidden
+temporaries are removed now and at the next start). When the front stops (Ctrl-C / SIGTERM), the running jobs'
+responses are cancelled (each replica's run stops at its next step: `VideoReplica.generate`) and the jobs are queued
+again, their attempts not counted; the Serve application is deleted.
 
 Several hosts: every node runs the same vsagen and model files, and reads and writes the folder at the same path
 (a shared filesystem); a replica refuses to start where the folder is not (README, Serving on several machines).
@@ -35,13 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import queue
 import socket
 import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from ..errors import BadInput, RunFailure
 from ..request.options import RequestOptions
@@ -132,39 +132,47 @@ class VideoReplica:
         """What the front checks a video's request against (`LoadedFacts`)."""
         return self.resident.facts
 
-    def generate(self, job_id: str, cfg: Any) -> Iterator[tuple]:
+    async def generate(self, job_id: str, cfg: Any) -> AsyncIterator[tuple]:
         """Make one video of `cfg` (resolved by the front: its files the job's in the folder), streaming its
         events: ("step", steps done) per denoising step, then ("done", replica name, the timing JSON's "timing")
-        or ("failed", code, one line) (`failure_of`), or ("stopped",) when the front cancelled it (the run ended
-        at its next step, nothing published)."""
-        events: queue.Queue = queue.Queue()
+        or ("failed", code, one line) (`failure_of`), or ("stopped",). The run is a thread of its own; this
+        generator only waits for its events, so that Serve's cancellation of the request (the front stopping)
+        reaches it (a `CancelledError` at its wait; a sync generator would run on to its end) and the run stops at
+        its next step, nothing published."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
+
+        def put(event: tuple) -> None:
+            if not cancelled.is_set():  # (once cancelled nobody waits: the loop may be gone)
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(events.put_nowait, event)
 
         def report(done: int) -> None:
             if cancelled.is_set():
                 raise Stopped
-            events.put(("step", done))
+            put(("step", done))
 
         def work() -> None:
             try:
                 result = generate_counting(self.resident, cfg, report)
-                events.put(("done", self.name, result.summary["timing"]))
+                put(("done", self.name, result.summary["timing"]))
             except Stopped:
-                events.put(("stopped",))
+                put(("stopped",))
             except Exception as e:  # noqa: BLE001 - the job fails with one line; the replica goes on
-                events.put(("failed", *failure_of(e)))
+                put(("failed", *failure_of(e)))
 
-        thread = threading.Thread(target=work, name=f"vsagen-replica-{job_id}", daemon=True)
-        thread.start()
+        threading.Thread(target=work, name=f"vsagen-replica-{job_id}", daemon=True).start()
         try:
             while True:
-                event = events.get()
+                event = await events.get()
                 yield event
                 if event[0] != "step":
                     return
-        finally:  # the front cancelled the response (Serve closes the generator): stop at the next step
+        finally:  # returned, closed or cancelled: a run still going stops at its next step
             cancelled.set()
-            thread.join()
 
 
 @dataclass(frozen=True)
@@ -207,6 +215,8 @@ class RayWorker(Worker):
         total = total_steps(cfg)
         self.running[job_id] = 0
         response = self._responses[job_id] = self.handle.generate.remote(job_id, cfg)
+        if self._stop.is_set():  # (a stop between the claim and the call: `stop` did not see this response)
+            response.cancel()
         try:
             for event in response:
                 if self._stop.is_set() or event[0] == "stopped":

@@ -230,7 +230,7 @@ class Stepping:
 
 def _replica(resident):
     replica = object.__new__(VideoReplica)  # (its model given, not loaded)
-    replica.resident, replica.name = resident, "node/r"
+    replica.resident, replica.name, replica.one_run = resident, "node/r", threading.Lock()
     return replica
 
 

@@ -127,6 +127,7 @@ class VideoReplica:
         self.served = served_request(Settings(folder=Path(folder)), options)
         self.resident = load(self.served, _log_stderr)
         self.name = _replica_name()
+        self.one_run = threading.Lock()  # (a cancelled run ends at its next step; the next one waits for it)
 
     def facts(self) -> Any:
         """What the front checks a video's request against (`LoadedFacts`)."""
@@ -157,7 +158,8 @@ class VideoReplica:
 
         def work() -> None:
             try:
-                result = generate_counting(self.resident, cfg, report)
+                with self.one_run:
+                    result = generate_counting(self.resident, cfg, report)
                 put(("done", self.name, result.summary["timing"]))
             except Stopped:
                 put(("stopped",))
@@ -370,8 +372,8 @@ def serve_ray(settings: Settings, options: RequestOptions, *, replicas: int | No
             try:
                 log(f"starting {count} Ray Serve replica{'s' if count != 1 else ''} of {served.request.model} "
                     f"({', '.join(f'{k}={v:g}' for k, v in per_replica.items())} each)")
-                handle = deploy(folder, options, count, per_replica)
-                try:
+                try:  # (a failed deployment too is deleted: a shared cluster keeps no broken application)
+                    handle = deploy(folder, options, count, per_replica)
                     facts = handle.facts.remote().result()
                     recover(store, served, log)
                     worker = RayWorker(store, served, facts, handle, replicas=count, log=log)

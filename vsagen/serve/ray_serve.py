@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import socket
 import sys
 import threading
@@ -266,7 +267,10 @@ def ray_cluster(address: str | None) -> Iterator[Any]:
         ray.init(address=address, logging_level=logging.WARNING, **local)
     except (ConnectionError, ValueError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BadInput(f"--ray-address {address or '(none)'}: {first}") from None
+        auth = ("" if address == "local" or os.environ.get("RAY_AUTH_MODE") else
+                " (a cluster with token authentication, which `ray start` turns on from Ray 2.59, needs "
+                "RAY_AUTH_MODE=token here and its token: `ray get-auth-token` on its head node)")
+        raise BadInput(f"--ray-address {address or '(none)'}: {first}{auth}") from None
     try:
         yield ray
     finally:

@@ -12,7 +12,8 @@ import re
 # test collected near the end ran while the other worker had finished: the suite's last half minute on one core.
 LONG_SINGLE_TESTS = ("tests/test_readme.py::test_readme_cpu_commands_run_as_pasted",
                      "tests/test_interrupts.py::test_a_signal_at_any_instant_of_the_write_leaves_all_or_nothing",
-                     "tests/cli/test_app.py::test_bad_input_answers_fast_in_one_line_writing_nothing")
+                     "tests/cli/test_app.py::test_bad_input_answers_fast_in_one_line_writing_nothing",
+                     "tests/serve/test_ray_serve.py::test_two_replicas_on_a_local_ray_cluster_make_a_video_each")
 
 
 def pytest_collection_modifyitems(config, items):

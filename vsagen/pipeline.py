@@ -59,13 +59,15 @@ def encode_prompts(cfg: Request, model: LoadedModel, do_cfg: bool) -> tuple[Any,
                               dtype=dtype)
 
 
-def denoise_plan(cfg: Request, pipe: Any, tile_fit: str) -> CropPlan:
+def denoise_plan(cfg: Request, pipe: Any, tile_fit: str, *, patch_size: Sequence[int] | None = None) -> CropPlan:
     """The crop plan of a request under `tile_fit` ("partial" | "crop"): the size that is denoised and the
-    latent it is cropped back to (see `vsagen.layout.plan_crop`)."""
+    latent it is cropped back to (see `vsagen.layout.plan_crop`). `patch_size`: the transformer's (T, H, W) patch
+    where no pipeline is at hand (`pipe` None; default: `pipe.transformer`'s)."""
     preset = cfg.source.preset
+    patch = tuple(pipe.transformer.config.patch_size) if patch_size is None else tuple(patch_size)
     return plan_crop(cfg.frames, cfg.height, cfg.width, fit=tile_fit,
                      vae_stride_temporal=preset.vae_stride_temporal, vae_stride_spatial=preset.vae_stride_spatial,
-                     patch_size=tuple(pipe.transformer.config.patch_size), tile=cfg.crop_tile)
+                     patch_size=patch, tile=cfg.crop_tile)
 
 
 def expert_kwargs(pipe: Any, cfg: Request) -> dict[str, Any]:

@@ -328,11 +328,10 @@ def test_a_resident_model_makes_the_videos_of_generate_for_each_request(vsagen_c
 def test_a_resident_model_of_random_weights_keeps_its_seed(vsagen_cache, tmp_path):
     """With random weights the seed drew the weights: a request of another seed differs from the loaded model (a
     request of the same seed, another prompt and size, does not)."""
-    from vsagen.commands.generate import Resident
+    from vsagen.commands.generate import LoadedFacts
 
     flags = dict(model="tiny", steps=1, height=16, width=16, frames=1, device="cpu", attn="full", random_weights=True)
-    resident = object.__new__(Resident)  # (the comparison alone: nothing loaded)
-    resident.request = resolve("loaded", **flags, seed=1, out=tmp_path / "a.mp4")
+    resident = LoadedFacts(resolve("loaded", **flags, seed=1, out=tmp_path / "a.mp4"), run=None)  # (nothing loaded)
     assert resident.differs(resolve("other", **{**flags, "height": 32}, seed=1, out=tmp_path / "b.mp4")) == []
     assert resident.differs(resolve("other", **flags, seed=2, out=tmp_path / "c.mp4")) == ["seed"]
 
@@ -343,6 +342,7 @@ def test_a_resident_image_to_video_model_makes_each_request_s_video_of_its_image
     (and fit) and may change its backend's per-run options (vsa's sparsity); the mp4 is byte for byte the one
     `generate` makes of that request alone, its JSON recording the image and the backend that ran; another image
     is another video."""
+    import pickle
     from dataclasses import replace
 
     from conftest import noise_image
@@ -362,6 +362,9 @@ def test_a_resident_image_to_video_model_makes_each_request_s_video_of_its_image
     cfg = resolve("a fox", **flags, image=image, fit="resize", out=tmp_path / "served.mp4")
     cfg = replace(cfg, backends=(per_run_spec(loaded.backend, "vsa:sparsity=0.5", flags["attn"]),))
     assert resident.differs(cfg) == [] and resident.backend_for(cfg) is not resident.backend
+    facts = pickle.loads(pickle.dumps(resident.facts))  # (what a `vsagen serve --ray` replica sends its front)
+    assert facts.differs(cfg) == [] and facts.backend_for(loaded) is None
+    assert facts.backend_for(cfg).describe() == resident.backend_for(cfg).describe()  # its plan from the patch size
     served = resident.generate(cfg)
     assert served.video_path.read_bytes() == alone.video_path.read_bytes()
     assert (served.summary["image"], served.summary["fit"]) == (str(image), "resize")
@@ -380,21 +383,23 @@ def test_what_a_resident_model_lets_a_request_change(vsagen_cache, tmp_path):
     from conftest import noise_image
 
     from vsagen.attention.spec import resolve_spec
-    from vsagen.commands.generate import Resident
+    from vsagen.commands.generate import LoadedFacts
     from vsagen.commands.generate_config import resolve_run
     from vsagen.request.options import request_options
 
     image = noise_image(tmp_path / "a.png", (32, 32))
     flags = dict(steps=1, height=16, width=16, frames=1, device="cpu", attn="vsa")
-    t2v, i2v = object.__new__(Resident), object.__new__(Resident)
-    t2v.request = resolve("loaded", model="tiny", **flags, out=tmp_path / "a.mp4")
-    i2v.request = resolve_run("loaded", request_options(model="tiny-i2v", **flags, out=tmp_path / "b.mp4"),
-                              images_per_video=True)
+    t2v = LoadedFacts(resolve("loaded", model="tiny", **flags, out=tmp_path / "a.mp4"), run=None)
+    i2v = LoadedFacts(resolve_run("loaded", request_options(model="tiny-i2v", **flags, out=tmp_path / "b.mp4"),
+                                  images_per_video=True), run=None)
     assert i2v.differs(resolve("x", model="tiny-i2v", **flags, image=image, fit="resize", out=tmp_path / "c.mp4")) == []
     assert i2v.differs(replace(i2v.request, images_per_video=False)) == ["image"]
     with_image = resolve("x", model="tiny-ti2v", **{**flags, "height": 32, "width": 32}, image=image,
                          out=tmp_path / "d.mp4")
     assert "image" in t2v.differs(with_image) and "image" not in t2v.differs(replace(with_image, image=None))
+    ti2v = LoadedFacts(resolve("loaded", model="tiny-ti2v", **{**flags, "height": 32, "width": 32},
+                               out=tmp_path / "e.mp4"), run=None, takes_images=True)  # loaded for both kinds
+    assert ti2v.differs(with_image) == [] and ti2v.differs(replace(with_image, image=None)) == []
     request = t2v.request
     assert t2v.differs(replace(request, backends=(resolve_spec("vsa:sparsity=0.3:precision=int8"),))) == []
     assert t2v.differs(replace(request, backends=(resolve_spec("vsa:tile=4x4x8"),))) == ["backends"]

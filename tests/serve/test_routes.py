@@ -574,13 +574,19 @@ def test_error_body_and_metrics_text_shapes():
             stage_s = {s: 0.5 for s in ("text_encode_s", "denoise_s", "dit_s", "attention_backend_s",
                                         "vae_decode_s", "write_s", "total_s", "wait_s")}
             load_s = 1.25
+            by_replica: dict = {}  # (vsagen serve --ray's: below)
 
     text = metrics_text({"queued": 3, "in_progress": 1, "completed": 2, "failed": 1}, W)
+    assert "replica" not in text
     assert "vsagen_queue_depth 3\n" in text and 'vsagen_jobs{state="in_progress"} 1\n' in text
     assert 'vsagen_jobs_ended_total{outcome="failed"} 1\n' in text and "vsagen_load_seconds 1.250000\n" in text
     assert 'vsagen_stage_seconds_total{stage="denoise"} 0.500000\n' in text and text.endswith("\n")
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert all(re.fullmatch(r'[a-z_]+(\{[a-z]+="[a-z_]+"\})? [0-9.]+', line) for line in samples), samples
+    W.metrics.by_replica = {"node-b/x2": 1, "node-a/k9": 2}
+    ray = metrics_text({"queued": 0, "in_progress": 0, "completed": 3, "failed": 0}, W)
+    assert ray.endswith('vsagen_replica_videos_total{replica="node-a/k9"} 2\n'
+                        'vsagen_replica_videos_total{replica="node-b/x2"} 1\n')
 
 
 def test_who_may_pass():

@@ -36,6 +36,8 @@ def test_metrics_add_the_stages_and_skip_what_was_not_timed():
 class Refusing:
     """A loaded model whose runs fail as `error` says (the worker's handling of each failure)."""
 
+    load_s = 1.0
+
     def __init__(self, error: BaseException) -> None:
         self.error = error
         self.session = types.SimpleNamespace(load_s=1.0, pipe=types.SimpleNamespace(progress_bar=lambda **k: None))
@@ -70,7 +72,7 @@ def test_a_job_that_fails_ends_failed_with_one_line(tmp_path, served, error, cod
     worker.run(store.claim())
     job = store.get("video_1")
     assert (job.status, job.error_code, job.error_message) == ("failed", code, message)
-    assert worker.metrics.ended == {"completed": 0, "failed": 1} and worker.running is None
+    assert worker.metrics.ended == {"completed": 0, "failed": 1} and worker.running == {}
     assert lines == ["video_1: started (attempt 1)", f"video_1: failed: {message}"]
     assert worker.resident.session.pipe.progress_bar(total=1) is None  # the wrapper taken off again
 
@@ -100,7 +102,7 @@ def test_the_thread_takes_queued_jobs_and_stops(tmp_path, served):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     worker.stop()
-    assert not worker._thread.is_alive()
+    assert not any(t.is_alive() for t in worker._threads)
 
 
 class Stepping(Refusing):
@@ -135,4 +137,4 @@ def test_steps_set_the_progress_and_a_stop_queues_the_job_again(tmp_path, served
     worker = workers[0]
     assert seen == [(0, 0), (22, 1), (45, 2)]  # 90% x steps done / 4, in the store and in memory
     job = store.get("video_4")
-    assert (job.status, job.attempts, job.progress) == ("queued", 0, 0) and worker.running is None
+    assert (job.status, job.attempts, job.progress) == ("queued", 0, 0) and worker.running == {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -530,6 +531,13 @@ def serve(
     = Path("vsagen-serve"),
     queue: Annotated[int, typer.Option(help="Most jobs waiting at once; past it a request gets 429 with "
                                             "Retry-After.")] = 16,
+    ray: Annotated[bool, typer.Option("--ray", help="Make the videos on Ray Serve replicas, each holding the model "
+                                                    "(one per GPU; on the CPU, one CPU each), behind the same API; "
+                                                    "needs pip install 'vsagen[ray]'.")] = False,
+    replicas: Annotated[Optional[int], typer.Option(help="With --ray: how many replicas (default: one per GPU of "
+                                                         "the Ray cluster; on the CPU, 1).")] = None,
+    ray_address: Annotated[Optional[str], typer.Option(help="With --ray: the Ray cluster to join (ray.init's "
+                                                            "address: auto, HOST:PORT, local).")] = None,
     verbose: Verbose = False, *, options: RequestOptions,
 ) -> None:
     """Keep one t2v (or, for an image-to-video model, i2v) configuration loaded and make videos over HTTP (OpenAI's
@@ -539,15 +547,28 @@ def serve(
     one load), and the options of the backend a run can change (attn, e.g. vsa:sparsity=0.9)."""
 
     def run() -> None:
+        from ..errors import BadInput
         from ..serve.settings import Settings, check_installed
 
         settings = Settings(host=host, port=port, token=token, folder=folder, queue=queue)
         check_installed()
-        from ..serve.server import serve as serve_forever
+        if not ray and (replicas is not None or ray_address is not None):
+            raise BadInput(f"{'--replicas' if replicas is not None else '--ray-address'} takes --ray (the replicas "
+                           "of a Ray cluster); without it the server holds one model itself")
         from .terminal import stderr_log
 
+        log = stderr_log("COLUMNS" in os.environ)
+        if ray:  # (the module imports ray only once it runs)
+            from ..serve.ray_serve import check_ray_installed, serve_ray
+
+            check_ray_installed()
+            start = partial(serve_ray, settings, options, replicas=replicas, address=ray_address, log=log)
+        else:
+            from ..serve.server import serve as serve_forever
+
+            start = partial(serve_forever, settings, options, log=log)
         with _sigterm_as_interrupt():
-            serve_forever(settings, options, log=stderr_log("COLUMNS" in os.environ))
+            start()
 
     run_guarded(single_process(run), verbose)
 

@@ -188,6 +188,71 @@ class TwoModes:
         self.note = what
 
 
+@dataclass(frozen=True)
+class LoadedFacts:
+    """What a video's request is checked against without the pipeline at hand (`vsagen serve --ray`'s front, whose
+    replicas hold the model): the request the model was loaded with, the facts a backend is prepared with
+    (`vsagen.api.run_info` of the loaded pipeline, no grid, steps or model), the load's seconds. A `Resident` has
+    one (`Resident.facts`); it pickles (the replicas send theirs).
+
+    Attributes:
+        request: the loaded request (`Resident.request`); run: `RunInfo` of the loaded transformers (device, dtype,
+            experts with their architectures); load_s: the seconds the load took; takes_images: whether a video's
+            request may bring an image (an image-to-video model's must, a text-image-to-video model's may where it
+            was loaded for both kinds, `TwoModes`).
+    """
+
+    # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
+    PER_VIDEO = frozenset({"prompt", "negative_prompt", "height", "width", "frames", "steps", "guidance", "seed",
+                           "samplers", "notes", "out", "json_out", "sheet_out", "overwrite", "attn_note",
+                           "attn_requested"})
+    # ... and of an image-to-video model's videos: their image and how it is fitted
+    PER_IMAGE = frozenset({"image", "fit", "images_per_video"})
+
+    request: RunConfig
+    run: Any  # vsagen.attention.base.RunInfo
+    load_s: float = 0.0
+    takes_images: bool = False
+
+    def differs(self, cfg: RunConfig) -> list[str]:
+        """The fields of `cfg` outside `PER_VIDEO` (and, where a video may bring an image (`takes_images`),
+        `PER_IMAGE`) that differ from the loaded request's ([] when `cfg` runs on this model as loaded): its backend
+        where it differs in more than a run can change (`fixed_changes`), an image where none is taken, none for an
+        image-to-video model; with random weights the seed too (it drew the weights and the prompt embeddings)."""
+        from dataclasses import fields
+
+        from ..request.backends import fixed_changes
+
+        own = self.PER_VIDEO | (self.PER_IMAGE if self.takes_images or self.request.images_per_video else frozenset())
+        wrong = [f.name for f in fields(RunConfig) if f.name not in own
+                 and getattr(cfg, f.name) != getattr(self.request, f.name)]
+        if "backends" in wrong and len(cfg.backends) == 1 and not fixed_changes(self.request.backend, cfg.backend):
+            wrong.remove("backends")
+        if self.request.images_per_video and cfg.image is None:
+            wrong.append("image")
+        return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
+
+    def backend_for(self, cfg: RunConfig, plan: Any = None) -> Any:
+        """A fresh backend of `cfg`'s spec prepared for the video (`AttentionBackend.prepare` with `run` and the
+        video's grid and steps) as `Resident.backend_for` prepares one; None for the loaded spec (the loaded
+        backend is the holder's). `plan`: the video's crop plan (default: `cfg`'s under its tile fit, from the
+        transformer's patch size).
+
+        Raises:
+            BadInput: the backend refuses the run (device, dtype, grid).
+        """
+        if cfg.backend == self.request.backend:
+            return None
+        from ..pipeline import denoise_plan
+
+        backend = cfg.backend.build()
+        if plan is None:
+            plan = denoise_plan(cfg, None, cfg.tile_fit, patch_size=self.run.experts[0].architecture["patch_size"])
+        steps = len(cfg.sampler.sigmas) if cfg.sampler.renoise else cfg.steps
+        backend.prepare(replace(self.run, grid=tuple(plan.denoise_grid), steps=steps, model=cfg.model))
+        return backend
+
+
 class Resident:
     """One `vsagen t2v` configuration loaded once and kept for many videos (`vsagen serve`): the model, backend,
     sampler, step cache, decoder, device and dtype of the request it was loaded with stay; each video's request
@@ -206,15 +271,11 @@ class Resident:
         session: the loaded session (`Session.load`); `load_s` the load's seconds, in every video's JSON.
         loaded_notes: the load's notes, in every video's JSON after the video's request's own (a caller may add
             its own).
+        facts: what a video's request is checked against (`LoadedFacts`: `differs`, a per-run backend's refusal).
         modes: a text-image-to-video model's two kinds of request (`TwoModes`), or None (one kind).
     """
 
-    # the fields of `RunConfig` a video may set apart from the loaded request (its content, size, walk, files)
-    PER_VIDEO = frozenset({"prompt", "negative_prompt", "height", "width", "frames", "steps", "guidance", "seed",
-                           "samplers", "notes", "out", "json_out", "sheet_out", "overwrite", "attn_note",
-                           "attn_requested"})
-    # ... and of an image-to-video model's videos: their image and how it is fitted
-    PER_IMAGE = frozenset({"image", "fit", "images_per_video"})
+    PER_VIDEO, PER_IMAGE = LoadedFacts.PER_VIDEO, LoadedFacts.PER_IMAGE
     modes: TwoModes | None = None  # a text-image-to-video model loaded for both kinds of request (`images`)
 
     def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None, images: bool = False) -> None:
@@ -225,6 +286,8 @@ class Resident:
             BadInput: a request with an image of its own, or what `generate` refuses at load.
             ModelNotFound, RunFailure: as `generate`.
         """
+        from ..api import run_info
+
         if cfg.image is not None:
             raise BadInput(f"--model {cfg.model}: a resident model is loaded without an image; each video brings its "
                            "own (resolve_run(images_per_video=True))")
@@ -239,12 +302,18 @@ class Resident:
             self.modes.build(self.session.model)
             self.loaded_notes.append(self.modes.note)
         self._untimed = self.session.untimed(self.backend)
+        self.facts = LoadedFacts(cfg, run_info(self.session.pipe), self.session.load_s,
+                                 takes_images=cfg.images_per_video or self.modes is not None)
+
+    @property
+    def load_s(self) -> float:
+        """The seconds the load took."""
+        return self.session.load_s
 
     @property
     def takes_images(self) -> bool:
-        """Whether a video's request may bring an image: an image-to-video model's must, a text-image-to-video
-        model's may where it was loaded with `images`."""
-        return self.request.images_per_video or self.modes is not None
+        """Whether a video's request may bring an image (`LoadedFacts.takes_images`)."""
+        return self.facts.takes_images
 
     def pipe_for(self, cfg: RunConfig) -> Any:
         """The pipeline a video of `cfg` runs on: the loaded one, or for an image request to a text-image-to-video
@@ -257,22 +326,8 @@ class Resident:
         return self.modes.image if cfg.image is not None else self.modes.text
 
     def differs(self, cfg: RunConfig) -> list[str]:
-        """The fields of `cfg` outside `PER_VIDEO` (and, where a video may bring an image (`takes_images`),
-        `PER_IMAGE`) that differ from the loaded request's ([] when `cfg` runs on this model as loaded): its backend
-        where it differs in more than a run can change (`fixed_changes`), an image where none is taken, none for an
-        image-to-video model; with random weights the seed too (it drew the weights and the prompt embeddings)."""
-        from dataclasses import fields
-
-        from ..request.backends import fixed_changes
-
-        own = self.PER_VIDEO | (self.PER_IMAGE if self.takes_images else frozenset())
-        wrong = [f.name for f in fields(RunConfig) if f.name not in own
-                 and getattr(cfg, f.name) != getattr(self.request, f.name)]
-        if "backends" in wrong and len(cfg.backends) == 1 and not fixed_changes(self.request.backend, cfg.backend):
-            wrong.remove("backends")
-        if self.request.images_per_video and cfg.image is None:
-            wrong.append("image")
-        return wrong + (["seed"] if self.request.random_weights and cfg.seed != self.request.seed else [])
+        """`LoadedFacts.differs` of the loaded request."""
+        return self.facts.differs(cfg)
 
     def generate(self, cfg: RunConfig, *, log: Callable[[str], None] = lambda m: None,
                  cancelled: Callable[[], bool] = lambda: False, final: bool = True) -> RunResult:
@@ -307,7 +362,7 @@ class Resident:
     def backend_for(self, cfg: RunConfig, plan: Any = None) -> Any:
         """The backend object a video of `cfg` runs: the loaded one for the loaded spec, else a fresh one of
         `cfg`'s spec (same backend, options a run can change) prepared for the run on the loaded transformers
-        (`AttentionBackend.prepare`), as `Session.load` prepares the loaded one; `plan` the video's crop plan
+        (`LoadedFacts.backend_for`), as `Session.load` prepares the loaded one; `plan` the video's crop plan
         (default: `cfg`'s under its tile fit).
 
         Raises:
@@ -315,14 +370,9 @@ class Resident:
         """
         if cfg.backend == self.request.backend:
             return self.backend
-        from ..api import run_info
         from ..pipeline import denoise_plan
 
-        backend = cfg.backend.build()
-        plan = denoise_plan(cfg, self.session.pipe, cfg.tile_fit) if plan is None else plan
-        steps = len(cfg.sampler.sigmas) if cfg.sampler.renoise else cfg.steps
-        backend.prepare(run_info(self.session.pipe, grid=plan.denoise_grid, steps=steps, model=cfg.model))
-        return backend
+        return self.facts.backend_for(cfg, denoise_plan(cfg, self.session.pipe, cfg.tile_fit) if plan is None else plan)
 
 
 def _load_session(cfg: RunConfig, backend: Any, *, progress: bool, writer: bool,

@@ -65,7 +65,8 @@ def error_body(message: str, code: str, status: int) -> dict[str, Any]:
 
 def metrics_text(counts: dict[str, int], worker: Worker) -> str:
     """The Prometheus text exposition of the server: queue depth, jobs by state, jobs this process ended by
-    outcome, the finished videos' seconds by stage, the model's load seconds."""
+    outcome, the finished videos' seconds by stage, the model's load seconds; under `--ray`, the videos each
+    replica made."""
     m = worker.metrics
     lines = ["# HELP vsagen_queue_depth Video jobs waiting for the model.", "# TYPE vsagen_queue_depth gauge",
              f"vsagen_queue_depth {counts['queued']}",
@@ -79,6 +80,10 @@ def metrics_text(counts: dict[str, int], worker: Worker) -> str:
              *(f'vsagen_stage_seconds_total{{stage="{s.removesuffix("_s")}"}} {m.stage_s[s]:.6f}' for s in STAGES),
              "# HELP vsagen_load_seconds Seconds the model took to load at start.", "# TYPE vsagen_load_seconds gauge",
              f"vsagen_load_seconds {m.load_s:.6f}"]
+    if m.by_replica:  # (vsagen serve --ray)
+        lines += ["# HELP vsagen_replica_videos_total Videos each Ray Serve replica made for this process.",
+                  "# TYPE vsagen_replica_videos_total counter",
+                  *(f'vsagen_replica_videos_total{{replica="{r}"}} {n}' for r, n in sorted(m.by_replica.items()))]
     return "\n".join(lines) + "\n"
 
 

@@ -168,6 +168,24 @@ class GracefulServer(uvicorn.Server):
         self.should_exit = True
 
 
+def run_app(settings: Settings, store: JobStore, served: Served, worker: Any, sock: Any, *,
+            log: Callable[[str], None], where: str = "") -> None:
+    """Serve the application (`vsagen.serve.routes.create_app`) of `worker` on the listening `sock` until Ctrl-C /
+    SIGTERM (`GracefulServer`), then say how it stopped and how many jobs stay queued. `where`: what runs the
+    model, said in the first line (e.g. ", 2 Ray Serve replicas")."""
+    from .routes import create_app
+
+    app = create_app(settings, store, served, worker)
+    log(f"serving {served.request.model}{where} on {settings.url} (jobs and videos in {settings.folder}"
+        + (", token required)" if settings.token else ")"))
+    server = GracefulServer(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+    waiting = store.counts()["queued"]
+    log(f"stopped{f' by {signal_name(server.signalled)}' if server.signalled else ''}"
+        + (f"; {waiting} waiting job{' stays' if waiting == 1 else 's stay'} queued for the next start"
+           if waiting else ""))
+
+
 def serve(settings: Settings, options: RequestOptions, *, log: Callable[[str], None] = print) -> None:
     """Run the server until Ctrl-C / SIGTERM (see the module docstring).
 
@@ -175,7 +193,6 @@ def serve(settings: Settings, options: RequestOptions, *, log: Callable[[str], N
         BadInput: the folder is held by another server or cannot be made, or the options are refused; ModelNotFound,
             RunFailure: the model cannot be loaded.
     """
-    from .routes import create_app
     from .worker import Worker
 
     served = served_request(settings, options)
@@ -185,15 +202,6 @@ def serve(settings: Settings, options: RequestOptions, *, log: Callable[[str], N
         try:
             resident = load(served, log)
             recover(store, served, log)
-            worker = Worker(store, served, resident, log=log)
-            app = create_app(settings, store, served, worker)
-            log(f"serving {served.request.model} on {settings.url} (jobs and videos in {folder}"
-                + (", token required)" if settings.token else ")"))
-            server = GracefulServer(uvicorn.Config(app, log_level="warning", access_log=False))
-            server.run(sockets=[sock])
-            waiting = store.counts()["queued"]
-            log(f"stopped{f' by {signal_name(server.signalled)}' if server.signalled else ''}"
-                + (f"; {waiting} waiting job{' stays' if waiting == 1 else 's stay'} queued for the next start"
-                   if waiting else ""))
+            run_app(settings, store, served, Worker(store, served, resident, log=log), sock, log=log)
         finally:
             store.close()

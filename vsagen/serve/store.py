@@ -201,11 +201,12 @@ class JobStore:
             db.execute("UPDATE jobs SET status = 'failed', completed_at = ?, run_s = ?, error_code = ?, "
                        "error_message = ? WHERE id = ?", (int(time.time()), run_s, code, message, job_id))
 
-    def requeue(self, job_id: str) -> None:
-        """Put an in-progress job back in the queue, this attempt not counted (the server stopped it)."""
+    def requeue(self, job_id: str, *, counted: bool = False) -> None:
+        """Put an in-progress job back in the queue, this attempt not counted (the server stopped it) or, where
+        `counted`, counted (the replica making it died: `recover`'s rule then fails it once tried too often)."""
         with self._write() as db:
-            db.execute("UPDATE jobs SET status = 'queued', progress = 0, attempts = MAX(attempts - 1, 0) "
-                       "WHERE id = ? AND status = 'in_progress'", (job_id,))
+            db.execute("UPDATE jobs SET status = 'queued', progress = 0, attempts = MAX(attempts - ?, 0) "
+                       "WHERE id = ? AND status = 'in_progress'", (0 if counted else 1, job_id))
 
     def recover(self, published: Callable[[Job], bool], max_attempts: int) -> dict[str, int]:
         """After a start: every job left in progress (the server stopped mid-job) becomes completed where

@@ -40,14 +40,14 @@ TEXT_LEN = 9
 # What these cases guard is vsagen's side: that dynamo traces each backend into one graph (no graph break, the
 # Triton stages as custom ops with fake implementations that AOTAutograd's functionalization accepts). Inductor's
 # C++ code generation on top of that is torch's, and cost 11-31 s of CPU a case (pytest --durations, 2-core
-# machine, 2026-12-07): one case runs under inductor (the Triton custom ops lowered as inductor's fallback kernels,
-# what `--compile` runs on a GPU), the others under "aot_eager" (dynamo + AOTAutograd, no code generation).
-# test_compiled_t2v_gives_the_frames_of_eager runs inductor end to end.
+# machine, 2026-12-07): every case runs under "aot_eager" (dynamo + AOTAutograd, no code generation), and
+# test_compiled_t2v_gives_the_frames_of_eager runs inductor end to end on the gated Triton path (the Triton custom
+# ops lowered as inductor's fallback kernels inside the compiled blocks, what `--compile` runs on a GPU).
 BLOCK_CASES = {
     "full": ("full", None, "auto", False, "aot_eager"),
     "vsa-torch-gate": ("vsa", 0.5, "torch", True, "aot_eager"),
     # (the Triton path without gates is the gated one's subset: left to the gated case, for the suite's time)
-    "vsa-triton-gate": ("vsa", 0.5, "triton", True, "inductor"),
+    "vsa-triton-gate": ("vsa", 0.5, "triton", True, "aot_eager"),
     "sla-star-global-proj": ("sla-star", 0.5, "torch", True, "aot_eager"),
     "sla-star:scope=marginal-proj": ("sla-star:scope=marginal", 0.5, "torch", True, "aot_eager"),
 }
@@ -184,13 +184,30 @@ def test_report_of_untimed_regions():
         TimingReport.from_records(records, "cpu", untimed=("dit",))
 
 
+def random_gate_file(path):
+    """A safetensors file of fresh random VSA gates (`blocks.{i}.attn1.to_gate_compress.{weight,bias}`) for every
+    layer of the tiny transformer, as `--attn vsa:gate_weights=FILE` reads them."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(4)
+    tensors = {}
+    for i, block in enumerate(make_transformer().blocks):
+        gate = torch.nn.Linear(block.attn1.to_q.in_features, block.attn1.to_q.out_features)
+        tensors.update({f"blocks.{i}.attn1.to_gate_compress.{n}": p.detach() for n, p in gate.named_parameters()})
+    save_file(tensors, path)
+    return path
+
+
 @pytest.mark.slow
 def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_frames):
-    """vsa (torch reference) with and without --compile: same frames (compiled fp32 arithmetic rounds a little
-    differently: at most 1 uint8 level apart), every block one graph (fullgraph; a graph break would fail the
-    run), the attention rows null with a note that says why, and no recompilation in the timed steps (the
-    warm-up step pays the compilation: timed steps are far below it)."""
-    common = ["--model", "tiny", "--attn", "vsa", "--attn-impl", "torch", "--warmup", "1", *SMALL, "--json"]
+    """vsa with its trained gates on the Triton kernels (the custom ops, here under the Triton interpreter) with and
+    without --compile (inductor: the ops lowered as its fallback kernels inside each block's graph): same frames
+    (compiled fp32 arithmetic rounds a little differently: at most 1 uint8 level apart), every block one graph
+    (fullgraph; a graph break would fail the run), the attention rows null with a note that says why, and no
+    recompilation in the timed steps (the warm-up step pays the compilation: timed steps are far below it)."""
+    gates = random_gate_file(tmp_path / "gates.safetensors")
+    common = ["--model", "tiny", "--attn", f"vsa:gate_weights={gates}:impl=triton", "--warmup", "1", *SMALL,
+              "--json"]
     eager = runner.invoke(app, ["t2v", "a fox", *common, "--out", str(tmp_path / "eager.mp4")])
     assert eager.exit_code == 0, eager.output
     res = runner.invoke(app, ["t2v", "a fox", *common, "--compile", "--out", str(tmp_path / "comp.mp4")])
@@ -198,6 +215,8 @@ def test_compiled_t2v_gives_the_frames_of_eager(tiny_dir, tmp_path, encoder_fram
     data, eager_data = json.loads(res.stdout), json.loads(eager.stdout)
     t = data["timing"]
     assert data["config"]["compile"] is True and eager_data["config"]["compile"] is False
+    for d in (data, eager_data):  # the gated Triton path ran in both
+        assert d["backend"]["impl"] == "triton" and (d["backend_weight_layers"], d["layers"]) == (2, 2), d["backend"]
     assert data["compile_fullgraph"] is True and eager_data["compile_fullgraph"] is None
     # Inside the compiled graphs: not timed, and said so (null, not 0).
     assert t["self_attention_s"] is None and t["self_attention_stages_s"] == {}

@@ -532,48 +532,6 @@ def patched_output(transformer, backend, inputs):
         patch.remove()
 
 
-
-_AMD_COMPILE = """
-import json, sys, triton
-from importlib import import_module
-from triton.backends.compiler import GPUTarget
-module, names, consts, arch = json.loads(sys.argv[1])
-mod = import_module(module)
-
-def arg_type(name):
-    if name in consts:
-        return "constexpr"
-    if name.endswith("_ptr"):
-        return "*i32" if any(t in name for t in ("q2k", "k2q", "cnt", "off")) else "*bf16"
-    return "fp32" if name == "eps" else "i32"
-
-out = {}
-for name in names:
-    fn = getattr(mod, name)
-    src = triton.compiler.ASTSource(fn=fn, signature={n: arg_type(n) for n in fn.arg_names},
-                                    constexprs={k: v for k, v in consts.items() if k in fn.arg_names})
-    out[name] = triton.compile(src, target=GPUTarget("hip", arch, 64), options={"num_warps": 8}).asm["amdgcn"]
-print(json.dumps(out))
-"""
-
-
-def compile_for_amd(module: str, names: list[str], constexprs: dict, arch: str = "gfx942") -> dict[str, str]:
-    """Compile the `@triton.jit` kernels `names` of `module` for an AMD Instinct target on this (GPU-less) machine
-    and return their AMDGCN assembly by name. Pointers named like index tensors (q2k, k2q, cnt, off) are int32, the
-    others bf16, `eps` fp32, other arguments int32; constexprs a kernel lacks are left out. In a child process
-    without TRITON_INTERPRET (under the interpreter the kernels are not compilable objects). REFERENCE.md: Triton
-    compiles for AMD targets on any machine."""
-    import json
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    res = subprocess.run([sys.executable, "-c", _AMD_COMPILE, json.dumps([module, names, constexprs, arch])],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout.splitlines()[-1])
-
-
 # diffusers name -> original Wan name, written from Wan's own WanModel (wan/modules/model.py): this file's map,
 # independent of diffusers' convert_wan_transformer_to_diffusers.
 _TOP = {"scale_shift_table": "head.modulation", "proj_out": "head.head", "patch_embedding": "patch_embedding",

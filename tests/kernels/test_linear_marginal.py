@@ -22,8 +22,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import (FP32_REL_L2, UNUSED, assert_all_finite, compile_for_amd, leaves, random_selection, rel_l2,
-                      tile_map)
+from conftest import FP32_REL_L2, UNUSED, assert_all_finite, leaves, random_selection, rel_l2, tile_map
 
 import vsagen.kernels.linear_marginal as lm
 import vsagen.kernels.reference as ref
@@ -393,10 +392,4 @@ def test_bad_inputs_raise():
             marginal_branch_add(**{**good, **change, "v": v.clone().requires_grad_(True)})
 
 
-def test_kernels_build_for_amd_instinct():
-    """Every kernel compiles for gfx942 (MI300) with bf16 GEMM operands, D = 128, its GEMMs on the matrix cores."""
-    names = ["_tile_sums_kernel", "_apply_kernel", "_bwd_q_kernel", "_bwd_k_kernel"]
-    consts = {"D": 128, "BLOCK_D": 128, "KIND": 0, "LOWP": True, "IEEE": False, "ACC": True, "PROJ": True,
-              "DB": False}
-    asm = compile_for_amd("vsagen.kernels.linear_marginal", names, consts)
-    assert all("v_mfma" in asm[n] for n in names)
+# Its kernels' AMD Instinct builds (gfx942, GEMMs on the matrix cores): tests/kernels/test_amd_build.py.

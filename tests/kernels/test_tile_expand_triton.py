@@ -80,31 +80,4 @@ def test_refuses_mismatched_shapes():
         expand_to_kernel_tiles_triton(q2k, cnt, *args, 9)
 
 
-_AMD_BUILD = """
-import torch
-from vsagen.kernels.amd_build import capture_builds
-from vsagen.kernels.tile_expand_triton import expand_to_kernel_tiles_triton
-from vsagen.layout import tile_layout
-lay = tile_layout((5, 6, 10), (4, 8, 8))
-q2k = torch.arange(3, dtype=torch.int32).expand(1, 2, lay.num_tiles, 3)
-cnt = torch.full((1, 2, lay.num_tiles), 3, dtype=torch.int32)
-for target in ("gfx942", "gfx950"):
-    builds = []
-    with capture_builds(target, builds):
-        expand_to_kernel_tiles_triton(q2k, cnt, lay.tile_kernel_first, lay.tile_kernel_count,
-                                      lay.kernel_tile_of, lay.kernel_tiles_per_tile)
-    print(target, [(b.kernel, b.problems()) for b in builds])
-"""
-
-
-def test_builds_for_amd_instinct():
-    """rocm-vsa with tile=4x4x8 / 4x8x8 launches it: it compiles for gfx942 and gfx950 with no problem (spills,
-    occupancy) that `amd_build` flags. In a child process without the interpreter."""
-    import os
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-c", _AMD_BUILD], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "TRITON_INTERPRET": "0"})
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.split("\n")[:2] == ["gfx942 [('_expand_kernel', [])]", "gfx950 [('_expand_kernel', [])]"]
+# Its AMD Instinct builds (gfx942, gfx950): tests/kernels/test_amd_build.py.

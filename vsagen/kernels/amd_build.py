@@ -177,11 +177,12 @@ def capture_builds(target: str, builds: list[KernelBuild]):
 
 
 def rocm_vsa_builds(target: str, head_dim: int = 128, heads: int = 12, grid=(5, 6, 10),
-                    profile: str = "rocm-vsa", tuning=None) -> list[KernelBuild]:
+                    profile: str = "rocm-vsa", tuning=None, backward: bool = True) -> list[KernelBuild]:
     """Compile every kernel `rocm-vsa` launches (coarse stage, forward, backward, k2q, tile plans) for `target`
     with its shipped tuning for that target (`tuning.arch_tuning(arch, head_dim, profile)`, or the `tuning` given),
     on bf16 inputs of `heads` x `head_dim` over a latent `grid` with partial tiles (so the packed loops and every
-    size class are built). Returns the builds in launch order.
+    size class are built); `backward=False`: the forward's kernels only (coarse stage, tile plans, forward; the
+    inputs still require grad). Returns the builds in launch order.
 
     Raises:
         KeyError: an unknown target; RuntimeError: as `capture_builds`.
@@ -199,7 +200,8 @@ def rocm_vsa_builds(target: str, head_dim: int = 128, heads: int = 12, grid=(5, 
     with capture_builds(target, builds):
         c = coarse_stage(q.detach(), k.detach(), off, top_k_from_sparsity(0.875, off.numel() - 1), tuning=tuning)
         out, _ = block_sparse_attention(q, k, v, c.q2k, c.q2k_cnt, off, tuning=tuning)
-        out.backward(torch.ones_like(out))
+        if backward:
+            out.backward(torch.ones_like(out))
     return builds
 
 

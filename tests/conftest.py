@@ -14,10 +14,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # subprocesses its tests start inherit it; a user's OMP_NUM_THREADS is kept). Set before torch is imported, which
 # reads it; only in a worker (xdist names it before it loads this file), since the workers inherit the controller's
 # environment.
+# Inductor's C++ compiles likewise (torch._inductor.config.compile_threads, read from the environment when that
+# module is imported): one per core by default, which on the 2-core machine started a pool of compile processes
+# (a fresh interpreter importing torch) beside the worker that already held a core: 46 -> 39 s of CPU for the
+# compiled t2v test (tests/test_compile.py, cold caches, 2026-12-07). The same code is compiled, in this process.
 if "PYTEST_XDIST_WORKER" in os.environ:
     from vsagen.parallel.spawn import worker_threads  # imports no torch
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    _share = str(worker_threads(int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", _share)
 
 import math
 import re

@@ -10,8 +10,12 @@ import re
 # Tests of over ~10 s (pytest --durations on the 2-core machine, 2026-12-07) that no xdist group holds: run first.
 # xdist hands out the grouped files first (most tests first) and then single tests in collection order, so a 27 s
 # test collected near the end ran while the other worker had finished: the suite's last half minute on one core.
+# (The compiled t2v test, the suite's one Inductor run since its block case moved to aot_eager, started at 91% of a
+# full run: tests/test_compile.py is collected late.)
 LONG_SINGLE_TESTS = ("tests/test_readme.py::test_readme_cpu_commands_run_as_pasted",
+                     "tests/test_compile.py::test_compiled_t2v_gives_the_frames_of_eager",
                      "tests/test_interrupts.py::test_a_signal_at_any_instant_of_the_write_leaves_all_or_nothing",
+                     "tests/models/test_compile_caches.py::test_second_process_finds_the_compiled_graph",
                      "tests/cli/test_app.py::test_bad_input_answers_fast_in_one_line_writing_nothing",
                      "tests/serve/test_ray_serve.py::test_two_replicas_on_a_local_ray_cluster_make_a_video_each")
 

@@ -330,6 +330,6 @@ def test_t2v_runs_a_block_gated_checkpoint_as_vsa_and_refuses_one_whose_gates_do
     for attn in ("vsa", "auto"):  # auto: refused right after loading, before the run's notes (a new-user trial
         # found the auto note printed ahead of the error)
         res = CliRunner().invoke(app, [*common, "--model", str(bad), "--attn", attn, "--out", str(out / "b.mp4")])
-        line = one_error_line(res)
+        line = one_error_line(res, after_load=True)
         assert "blocks.0.to_gate_compress.weight has shape [32, 16], this model needs [32, 32]" in line
         assert sorted(p.name for p in out.iterdir()) == written  # nothing of the refused run

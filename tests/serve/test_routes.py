@@ -139,7 +139,7 @@ def test_readme_serving_block_runs_as_pasted(server):
     script = "set -e\n" + "\n".join(lines).replace("127.0.0.1:8000", f"127.0.0.1:{server.port}")
     res = subprocess.run(["bash", "-c", script], cwd=server.folder, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert (server.folder / "fox.mp4").read_bytes()[4:8] == b"ftyp"
+    assert (server.folder / "fox-served.mp4").read_bytes()[4:8] == b"ftyp"
     decoder, objects, at = json.JSONDecoder(), [], 0
     while at < len(res.stdout.rstrip()):  # /health's answer, then the timing JSON
         obj, at = decoder.raw_decode(res.stdout, at)

@@ -99,6 +99,20 @@ def _hub_file(hub_id: str, where: str) -> Path:
         return Path(hf_hub_download(repo, name))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         raise BadInput(f"{where}: cannot fetch it from the Hugging Face hub ({str(e).splitlines()[0]})") from None
+    except Exception as e:
+        if not _unreachable(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput(f"{where}: it is not in the local Hugging Face cache and the hub cannot be reached "
+                       f"({first[:100]})") from None
+
+
+def _unreachable(e: Exception) -> bool:
+    """Whether `e` is the hub's HTTP client failing to reach it (no connection, a timeout, a proxy's refusal):
+    huggingface_hub lets its client's transport errors (httpx's `ConnectError`, `ConnectTimeout`, ...) through."""
+    name = type(e).__name__.lower()
+    return type(e).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3") \
+        or "connect" in name or "timeout" in name
 
 
 def state_dict(lora: LoraFile) -> dict[str, Any]:

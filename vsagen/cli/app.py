@@ -528,7 +528,7 @@ def main() -> None:
     """
     from ..interrupts import process
     from ..models.compile_caches import use_compile_caches
-    from ..parallel.spawn import die_with_agent
+    from ..parallel.spawn import die_with_agent, record_exit
 
     use_compile_caches()  # before torch loads: compiled code kept in vsagen's cache, for this command and its workers
     speaks = os.environ.get("RANK", "0") in ("", "0")  # a rank of a torchrun launch other than 0 prints no interrupt
@@ -565,7 +565,9 @@ def main() -> None:
             code = 1
         else:
             raise
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    record_exit(code)  # a worker of `--gpus N`: for its agent, should a signal stop it (`signalled_status`)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -777,3 +777,8 @@ def test_the_run_title_says_the_attention_precision():
     assert _attn_details(SimpleNamespace(sparsity=None), {"name": "sla", "topk": 0.1, "precision": "int8"}) == \
         " (top-k 0.1, precision int8)"
     assert _attn_details(SimpleNamespace(sparsity=None), {"name": "full"}) == ""
+    # the knobs ran no call sparse (new-user trial: vsa:dense_steps=5 of 2 steps read "vsa (sparsity 0.875)")
+    assert _attn_details(SimpleNamespace(sparsity=0.875), {**vsa, "dense_calls": 8, "sparse_calls": 0}) == \
+        " (sparsity 0.875, every call dense)"
+    assert _attn_details(SimpleNamespace(sparsity=0.875), {**vsa, "dense_calls": 4, "sparse_calls": 4}) == \
+        " (sparsity 0.875)"

@@ -98,12 +98,14 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
 
 def _attn_details(cfg: Any, backend: dict[str, Any]) -> str:
     """The backend's part of a run's title after its name: " (sparsity 0.875, tile 4x4x8, precision int8)" (the
-    sparsity or top-k, a cube other than 4x4x4, a fine-stage precision other than bf16), "" where none applies."""
+    sparsity or top-k, a cube other than 4x4x4, a fine-stage precision other than bf16, "every call dense" where
+    the knobs (dense_steps, dense_layers, min_tokens) ran no call sparse), "" where none applies."""
     details = ([f"sparsity {cfg.sparsity}"] if cfg.sparsity is not None else
                [f"top-k {backend['topk']:g}"] if "topk" in backend else [])
     details += [f"tile {backend['tile']}"] if cfg.sparsity is not None and backend.get("tile") not in (None, "4x4x4") \
         else []
     details += [f"precision {backend['precision']}"] if backend.get("precision", "bf16") != "bf16" else []
+    details += ["every call dense"] if backend.get("dense_calls") and backend.get("sparse_calls") == 0 else []
     return f" ({', '.join(details)})" if details else ""
 
 

@@ -374,6 +374,23 @@ def test_empty_prompt_is_refused(cli_cache, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_missing_prompt_is_said_missing_as_compare_says_it(monkeypatch, capsys):
+    """New-user trial: `vsagen t2v --model tiny` said "the prompt is empty"; compare says "Missing argument"."""
+    from vsagen.cli import app as cli_app
+
+    lines = {}
+    for command in ("t2v", "compare"):
+        monkeypatch.setattr(sys, "argv", ["vsagen", command, "--model", "tiny"])
+        with pytest.raises(SystemExit) as e:
+            cli_app.main()
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        lines[command] = err.strip()
+    assert lines["t2v"] == ("error: Missing argument 'PROMPT': say what the video should show, or give --prompts FILE "
+                            "(see `vsagen t2v --help`)")
+    assert lines["compare"].startswith("error: Missing argument 'PROMPT'")
+
+
 def test_existing_output_is_kept_without_overwrite(cli_cache, tmp_path):
     for existing in ("x.mp4", "x.json"):
         folder = tmp_path / existing.replace(".", "-")

@@ -156,8 +156,8 @@ Prompt = Annotated[str, typer.Argument(help="What the video should show.", metav
 @app.command()
 @request_command(GENERATE)
 def t2v(
-    prompt: Annotated[str, typer.Argument(help="What the video should show (or --prompts FILE).",
-                                          metavar="PROMPT")] = "",
+    prompt: Annotated[Optional[str], typer.Argument(help="What the video should show (or --prompts FILE).",
+                                                    metavar="PROMPT", show_default=False)] = None,
     prompts: Annotated[Optional[Path], typer.Option(
         help="Several videos from one load: one prompt a line, or a JSON object a line with the video's own seed, "
              "height, width, frames, steps, guidance, negative_prompt; video i goes to --out's NAME-000i.mp4 "
@@ -166,9 +166,21 @@ def t2v(
 ) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
     if prompts is not None:
-        _batch_command(prompt, prompts, options, json_out=json_out, verbose=verbose)
+        _batch_command(prompt or "", prompts, options, json_out=json_out, verbose=verbose)
         return
+    if prompt is None:  # as click says it where PROMPT is required (compare); "" given is "the prompt is empty"
+        raise _usage_error("Missing argument 'PROMPT': say what the video should show, or give --prompts FILE")
     _generate_command(prompt, options, image=None, fit=ImageFit.CROP, json_out=json_out, verbose=verbose)
+
+
+def _usage_error(message: str) -> Exception:
+    """A usage error of the running command, as click's own (`main` prints it as one line with the `--help` hint,
+    exit 2)."""
+    try:  # Typer vendors click as typer._click (since 0.2x); before, it used click itself
+        from typer._click import exceptions, globals as click_globals
+    except ImportError:
+        from click import exceptions, globals as click_globals
+    return exceptions.UsageError(message, ctx=click_globals.get_current_context())
 
 
 def _batch_command(prompt: str, file: Path, options: RequestOptions, *, json_out: bool, verbose: bool) -> None:

@@ -500,6 +500,14 @@ def test_main_no_args_prints_help_exit_2(vsagen_cache, tmp_path):
     assert "t2v" in res.stdout and "Usage" in res.stdout
 
 
+def test_search_help_speaks_of_no_decode():
+    """New-user trial: search's --tile-fit said "crop before decode", while its help says no video is decoded."""
+    flat = {c: " ".join(runner.invoke(app, [c, "--help"], env={"COLUMNS": "200"}).stdout.split())
+            for c in ("search", "t2v")}
+    assert "crop before decode" in flat["t2v"] and "decode)" not in flat["search"]
+    assert "the attention scored is that larger grid's" in flat["search"]
+
+
 def test_help_is_fast_and_imports_nothing_heavy(vsagen_cache, tmp_path):
     env = sub_env(vsagen_cache, tmp_path)
     for args in (["--help"], ["t2v", "--help"]):

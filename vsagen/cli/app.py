@@ -19,15 +19,15 @@ import typer
 
 from ..interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from ..interrupts import as_interrupt as _sigterm_as_interrupt
-from ..request.options import ImageFit, ReportFormat, RequestOptions
+from ..request.options import ImageFit, ReportFormat, RequestOptions, TileFit
 from .running import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
                       single_process, torchrun_launch_or_exit)
 from .serving import serve
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
                              JsonOut, Model, OnceOptionsGroup, ProfileCompile, SearchAttn, SearchAttnImpl,
-                             SearchBudget, SearchEps, SearchLam, SearchRanges, Sparsity, SuggestDense, Verbose,
-                             choice_parser, close_options, complete_attn, complete_model, complete_quant, complete_vae,
-                             path_parser, unquoted_prompt)
+                             SearchBudget, SearchEps, SearchLam, SearchRanges, SearchTileFit, Sparsity, SuggestDense,
+                             Verbose, choice_parser, close_options, complete_attn, complete_model, complete_quant,
+                             complete_vae, path_parser, unquoted_prompt)
 
 app = typer.Typer(
     name="vsagen",
@@ -429,7 +429,7 @@ def compare(
 @request_command(SEARCH, out=(Annotated[Optional[Path], typer.Option(
     help="The JSON file to write: the pattern file (default patterns.json), or with --suggest-dense the "
          "measurements and the suggestion (default dense-errors.json).", parser=path_parser("a .json file name"))],
-    None))
+    None), tile_fit=(SearchTileFit, TileFit.PARTIAL))
 def search(
     prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "

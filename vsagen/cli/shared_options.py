@@ -200,6 +200,11 @@ TileFitOption = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_pars
                                                 help="Grids that are not whole tiles (4x4x4, or the "
                                                      "backend's tile): 'partial' edge tiles, or 'crop' (denoise a "
                                                      "larger latent, crop before decode).")]
+# search decodes nothing: its --tile-fit says what crop does to the attention it scores
+SearchTileFit = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_parser(TileFit), metavar=_choices(TileFit),
+                                                help="Grids that are not whole tiles (4x4x4, or the backend's tile): "
+                                                     "'partial' edge tiles, or 'crop' (denoise a latent rounded up "
+                                                     "to whole tiles: the attention scored is that larger grid's).")]
 RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
                                                   "prompt embeddings (timing without a download).")]
 Transformer = Annotated[Optional[str], typer.Option(

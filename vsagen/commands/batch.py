@@ -1,8 +1,8 @@
 """`vsagen t2v --prompts FILE`: several videos from one load. The file holds one video a line: a prompt as text, or
 a JSON object with the prompt and the video's own seed, size, frames, steps, guidance and negative prompt
-(`read_batch`; a line that parses as other JSON, e.g. `[1,2]`, is refused); blank lines and lines starting with `#` are skipped. Each line becomes the `t2v` request of the
-command line's options with its own values in their groups (`resolve_batch`: every line checked, every target
-free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
+(`read_batch`; a line that parses as other JSON, e.g. `[1,2]`, is refused); blank lines and lines starting with
+`#` are skipped. Each line becomes the `t2v` request of the command line's options with its own values in their
+groups (`resolve_batch`: every line checked, every target free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
 `vsagen.commands.generate.Resident`), each video and its JSON published before the next starts: an interrupt keeps
 the finished ones and leaves no partial one.
 """
@@ -55,7 +55,8 @@ def read_batch(path: Path) -> list[BatchLine]:
 
     Raises:
         BadInput: the file cannot be read, holds no video, or a line is not valid JSON where it starts with `{`,
-            is JSON other than an object (`[1,2]`, `"a fox"`, `42`: text that is not a prompt), lacks its prompt, has an unknown key or a value of the wrong type (naming the file and the line).
+            is JSON other than an object (`[1,2]`, `"a fox"`, `42`: text that is not a prompt), lacks its prompt,
+            has an unknown key or a value of the wrong type (naming the file and the line).
     """
     text = prompts_text(path)
     out = []

@@ -232,8 +232,8 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
     write_at_end(cfg.out, lambda: save_patterns(patterns, cfg.out, overwrite=cfg.overwrite), cancelled)
     # the session's notes (random weights, compile) join the search's in the summary, on one stream
-    return SearchResult(cfg.out, patterns, [*reworded_notes(session.notes, SEARCHED), *notes], scorer.calls, time.perf_counter() - t0,
-                        run_density(scorer, patterns))
+    return SearchResult(cfg.out, patterns, [*reworded_notes(session.notes, SEARCHED), *notes], scorer.calls,
+                        time.perf_counter() - t0, run_density(scorer, patterns))
 
 
 def denoise_prompts(cfg: Any, scorer: Any, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,

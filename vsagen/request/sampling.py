@@ -136,8 +136,8 @@ def _rcm(base: Sampler, given: dict[str, str], text: str) -> Sampler:
 def split_sampler_list(text: str) -> tuple[str, ...]:
     """The entries of a comma-separated `--sampler` list (`vsagen compare`; one entry elsewhere): a piece that starts
     with a number, or any piece but a sampler's name after an entry ending in `sigmas=` / `timesteps=` (`1.0,abc`:
-    `parse_sampler` says 'abc' is not a number), belongs to the sigma or timestep list of the entry before it (`dmd:sigmas=1.0,0.8,0.5,default:steps=50`
-    is two entries, `dmd:sigmas=1.0,0.5:timesteps=1000,500` one).
+    `parse_sampler` says 'abc' is not a number), belongs to the sigma or timestep list of the entry before it
+    (`dmd:sigmas=1.0,0.8,0.5,default:steps=50` is two entries, `dmd:sigmas=1.0,0.5:timesteps=1000,500` one).
 
     Raises:
         BadInput: an empty list or entry, or a list that starts with a number.

@@ -391,6 +391,21 @@ def test_a_missing_prompt_is_said_missing_as_compare_says_it(monkeypatch, capsys
     assert lines["compare"].startswith("error: Missing argument 'PROMPT'")
 
 
+def test_i2v_with_its_arguments_swapped_says_the_order(monkeypatch, capsys, tmp_path):
+    from vsagen.cli import app as cli_app
+
+    monkeypatch.chdir(tmp_path)
+    Path("fox.png").write_bytes(b"x")
+    monkeypatch.setattr(sys, "argv", ["vsagen", "i2v", "a fox", "fox.png"])
+    with pytest.raises(SystemExit) as e:
+        cli_app.main()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err == ("error: the arguments are IMAGE PROMPT, and fox.png is an image "
+                                                       "while 'a fox' is no file: vsagen i2v fox.png 'a fox' (see "
+                                                       "`vsagen i2v --help`)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fox.png"]
+
+
 def test_existing_output_is_kept_without_overwrite(cli_cache, tmp_path):
     for existing in ("x.mp4", "x.json"):
         folder = tmp_path / existing.replace(".", "-")

@@ -27,7 +27,7 @@ from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SER
                              JsonOut, Model, OnceOptionsGroup, ProfileCompile, SearchAttn, SearchAttnImpl,
                              SearchBudget, SearchEps, SearchLam, SearchRanges, SearchTileFit, Sparsity, SuggestDense,
                              Verbose, choice_parser, close_options, complete_attn, complete_model, complete_quant,
-                             complete_vae, path_parser, unquoted_prompt)
+                             complete_vae, path_parser, swapped_image_prompt, unquoted_prompt, usage_error)
 
 app = typer.Typer(
     name="vsagen",
@@ -169,18 +169,8 @@ def t2v(
         _batch_command(prompt or "", prompts, options, json_out=json_out, verbose=verbose)
         return
     if prompt is None:  # as click says it where PROMPT is required (compare); "" given is "the prompt is empty"
-        raise _usage_error("Missing argument 'PROMPT': say what the video should show, or give --prompts FILE")
+        raise usage_error("Missing argument 'PROMPT': say what the video should show, or give --prompts FILE")
     _generate_command(prompt, options, image=None, fit=ImageFit.CROP, json_out=json_out, verbose=verbose)
-
-
-def _usage_error(message: str) -> Exception:
-    """A usage error of the running command, as click's own (`main` prints it as one line with the `--help` hint,
-    exit 2)."""
-    try:  # Typer vendors click as typer._click (since 0.2x); before, it used click itself
-        from typer._click import exceptions, globals as click_globals
-    except ImportError:
-        from click import exceptions, globals as click_globals
-    return exceptions.UsageError(message, ctx=click_globals.get_current_context())
 
 
 def _batch_command(prompt: str, file: Path, options: RequestOptions, *, json_out: bool, verbose: bool) -> None:
@@ -242,6 +232,8 @@ def i2v(
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with
     the timing breakdown of t2v."""
+    if (swapped := swapped_image_prompt(image, prompt)) is not None:
+        raise usage_error(swapped)
     _generate_command(prompt, options, image=image, fit=fit, last_image=last_image, json_out=json_out,
                       verbose=verbose)
 

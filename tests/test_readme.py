@@ -64,6 +64,66 @@ def test_cpu_commands_leave_the_serving_block_to_its_own_test():
     assert cpu_commands(text) == ["vsagen t2v --model tiny x"]
 
 
+def written_names(words: list[str]) -> set[str]:
+    """The files (or folder) a README command writes under the names it gives: `--out` of a vsagen command (t2v and
+    i2v add the JSON, `--sheet`'s contact sheet, `--seeds`' NAME-seedN and .png's NAME-0000), `-o` of curl. Commands
+    without a name write fresh default names (`-1`, `-2` suffixes), so they never clash."""
+    if words and words[0] == "curl":
+        return {words[words.index("-o") + 1]} if "-o" in words else set()
+    if len(words) < 2 or words[0] != "vsagen" or "--out" not in words:
+        return set()
+    out = Path(words[words.index("--out") + 1])
+    if words[1] not in ("t2v", "i2v"):
+        return {str(out)}
+    stems = [f"{out.with_suffix('')}-seed{s}" for s in words[words.index("--seeds") + 1].split(",")] \
+        if "--seeds" in words else [str(out.with_suffix(""))]
+    names = set()
+    for stem in stems:
+        names |= {f"{stem}-0000.png" if out.suffix == ".png" else stem + out.suffix, f"{stem}.json"}
+        names |= {f"{stem}.sheet.png"} if "--sheet" in words else set()
+    return names
+
+
+def pasted_commands(text: str) -> list[list[str]]:
+    """Every shell command line of `text`'s fenced blocks, in order, as words (a `\\`-continued line joined, each `&&`
+    part and each `$(...)` opening its own command); Python blocks and synopses left out."""
+    out = []
+    for block in fenced_blocks(text):
+        if "[options]" in block or re.search(r"^(import|from) ", block, flags=re.M):
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in re.split(r"&&|\$\(", line):
+                try:
+                    words = shlex.split(part, comments=True)
+                except ValueError:  # (a part cut inside quotes by the split: not a command of ours)
+                    continue
+                if words:
+                    out.append(words)
+    return out
+
+
+def test_readme_commands_pasted_in_order_write_distinct_files():
+    """Pasted in order into one folder, no README command finds a file an earlier one wrote (it would be refused
+    without --overwrite, or overwritten by curl); the run test above gives each command a fresh folder."""
+    seen: dict[str, str] = {}
+    for words in pasted_commands(README.read_text()):
+        for name in written_names(words):
+            assert name not in seen, f"{shlex.join(words)} writes {name}, already written by: {seen[name]}"
+            seen[name] = shlex.join(words)
+    assert {"fox.mp4", "fox.json", "fox.sheet.png"} <= set(seen), sorted(seen)
+
+
+def test_written_names_catches_the_json_two_videos_share():
+    first = written_names(shlex.split("vsagen t2v --model tiny --sheet --out fox.mp4 x"))
+    assert first == {"fox.mp4", "fox.json", "fox.sheet.png"}
+    assert first & written_names(shlex.split("vsagen t2v --model tiny --out fox.gif x")) == {"fox.json"}
+    assert written_names(shlex.split("vsagen t2v --model tiny --seeds 1,2 --out fox.mp4 x")) == {
+        "fox-seed1.mp4", "fox-seed1.json", "fox-seed2.mp4", "fox-seed2.json"}
+    assert written_names(shlex.split("vsagen t2v --model tiny --out f.png x")) == {"f-0000.png", "f.json"}
+    assert written_names(shlex.split("curl -s -o fox.mp4 http://h/x")) == {"fox.mp4"}
+    assert written_names(shlex.split("vsagen t2v --model tiny x")) == set()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

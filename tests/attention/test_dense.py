@@ -16,7 +16,8 @@ from conftest import forward, make_inputs, make_transformer, one_error_line
 
 import vsagen
 from vsagen.attention.base import RunInfo
-from vsagen.attention.dense import DenseCall, check_knobs, check_knobs_fit, dense_step_count, knob_info, layer_set
+from vsagen.attention.dense import (DenseCall, check_knobs, check_knobs_fit, dense_step_count, every_step_dense_note,
+                                   knob_info, layer_set)
 from vsagen.attention.spec import resolve_spec
 from vsagen.attention.vsa import VSAAttention, VSAOptions
 from vsagen.errors import BadInput
@@ -127,6 +128,17 @@ def test_min_tokens_above_the_token_count_is_full(case):
     with vsagen.apply(t, f"sla:min_tokens={TOKENS}:topk=0.5", impl="torch") as h:  # not below: sparse
         assert not torch.equal(forward(t, x), full)
         assert (h.describe()["dense_calls"], h.describe()["sparse_calls"]) == (0, 2)
+
+
+def test_dense_steps_covering_every_step_is_a_note():
+    """New-user trial: `vsa:dense_steps=5` with 2 steps ran every call dense and said nothing (the title said vsa)."""
+    note = every_step_dense_note("vsa", VSAOptions(dense_steps="5"), 2)
+    assert note.startswith("--attn vsa: dense_steps=5 covers all 2 steps: every step runs full, as --attn full")
+    assert every_step_dense_note("vsa", VSAOptions(dense_steps="2"), 2) is not None
+    assert every_step_dense_note("vsa", VSAOptions(dense_steps="0.9"), 2) is not None  # ceil(1.8) = 2
+    for options, steps in ((VSAOptions(dense_steps="1"), 2), (VSAOptions(dense_steps="0.5"), 3), (VSAOptions(), 2),
+                           (VSAOptions(dense_steps="all"), 2)):  # (all asks for exactly that)
+        assert every_step_dense_note("vsa", options, steps) is None
 
 
 def test_values_are_typed_once_and_normalized():

@@ -374,6 +374,38 @@ def test_empty_prompt_is_refused(cli_cache, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_missing_prompt_is_said_missing_as_compare_says_it(monkeypatch, capsys):
+    """New-user trial: `vsagen t2v --model tiny` said "the prompt is empty"; compare says "Missing argument"."""
+    from vsagen.cli import app as cli_app
+
+    lines = {}
+    for command in ("t2v", "compare"):
+        monkeypatch.setattr(sys, "argv", ["vsagen", command, "--model", "tiny"])
+        with pytest.raises(SystemExit) as e:
+            cli_app.main()
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        lines[command] = err.strip()
+    assert lines["t2v"] == ("error: Missing argument 'PROMPT': say what the video should show, or give --prompts FILE "
+                            "(see `vsagen t2v --help`)")
+    assert lines["compare"].startswith("error: Missing argument 'PROMPT'")
+
+
+def test_i2v_with_its_arguments_swapped_says_the_order(monkeypatch, capsys, tmp_path):
+    from vsagen.cli import app as cli_app
+
+    monkeypatch.chdir(tmp_path)
+    Path("fox.png").write_bytes(b"x")
+    monkeypatch.setattr(sys, "argv", ["vsagen", "i2v", "a fox", "fox.png"])
+    with pytest.raises(SystemExit) as e:
+        cli_app.main()
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == "" and err == ("error: the arguments are IMAGE PROMPT, and fox.png is an image "
+                                                       "while 'a fox' is no file: vsagen i2v fox.png 'a fox' (see "
+                                                       "`vsagen i2v --help`)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fox.png"]
+
+
 def test_existing_output_is_kept_without_overwrite(cli_cache, tmp_path):
     for existing in ("x.mp4", "x.json"):
         folder = tmp_path / existing.replace(".", "-")
@@ -481,6 +513,14 @@ def test_main_no_args_prints_help_exit_2(vsagen_cache, tmp_path):
     res = run_main([], sub_env(vsagen_cache, tmp_path))
     assert res.returncode == 2, res.stderr
     assert "t2v" in res.stdout and "Usage" in res.stdout
+
+
+def test_search_help_speaks_of_no_decode():
+    """New-user trial: search's --tile-fit said "crop before decode", while its help says no video is decoded."""
+    flat = {c: " ".join(runner.invoke(app, [c, "--help"], env={"COLUMNS": "200"}).stdout.split())
+            for c in ("search", "t2v")}
+    assert "crop before decode" in flat["t2v"] and "decode)" not in flat["search"]
+    assert "the attention scored is that larger grid's" in flat["search"]
 
 
 def test_help_is_fast_and_imports_nothing_heavy(vsagen_cache, tmp_path):
@@ -777,3 +817,8 @@ def test_the_run_title_says_the_attention_precision():
     assert _attn_details(SimpleNamespace(sparsity=None), {"name": "sla", "topk": 0.1, "precision": "int8"}) == \
         " (top-k 0.1, precision int8)"
     assert _attn_details(SimpleNamespace(sparsity=None), {"name": "full"}) == ""
+    # the knobs ran no call sparse (new-user trial: vsa:dense_steps=5 of 2 steps read "vsa (sparsity 0.875)")
+    assert _attn_details(SimpleNamespace(sparsity=0.875), {**vsa, "dense_calls": 8, "sparse_calls": 0}) == \
+        " (sparsity 0.875, every call dense)"
+    assert _attn_details(SimpleNamespace(sparsity=0.875), {**vsa, "dense_calls": 4, "sparse_calls": 4}) == \
+        " (sparsity 0.875)"

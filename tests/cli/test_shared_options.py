@@ -227,3 +227,16 @@ def test_an_out_that_ends_in_a_separator_names_a_folder(tmp_path, monkeypatch, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "there"]
     assert not any((tmp_path / "there").iterdir())
     assert options.path_parser("a folder name", folder=True)("newdir/") == Path("newdir")
+
+
+def test_swapped_i2v_arguments_are_told_their_order(tmp_path):
+    """New-user trial: `vsagen i2v "a fox" fox.png` said "image a fox does not exist"."""
+    from vsagen.cli.shared_options import swapped_image_prompt
+
+    (tmp_path / "fox.png").write_bytes(b"x")  # (by name: the image's own checks read it later, in order)
+    assert swapped_image_prompt(Path("a fox"), str(tmp_path / "fox.png")) == (
+        f"the arguments are IMAGE PROMPT, and {tmp_path / 'fox.png'} is an image while 'a fox' is no file: "
+        f"vsagen i2v {tmp_path / 'fox.png'} 'a fox'")
+    assert swapped_image_prompt(tmp_path / "fox.png", "a fox") is None  # the right order
+    assert swapped_image_prompt(Path("a fox"), str(tmp_path / "gone.png")) is None  # no image there either
+    assert swapped_image_prompt(Path("a fox"), "") is None and swapped_image_prompt(Path("a fox"), "fox") is None

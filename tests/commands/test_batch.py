@@ -36,9 +36,15 @@ def test_lines_of_text_and_of_json(tmp_path):
     ("{\"prompt\": \"x\",}\n", "line 1: not valid JSON"),
     ("x\n{\"prompt\": \"x\", \"out\": \"/etc/passwd\"}\n", "line 2: unknown key 'out'; a JSON line takes prompt, "),
     ("{\"seed\": 1}\n", "line 1: no prompt"),
-    ("{\"prompt\": \"x\", \"seed\": \"1\"}\n", "line 1: seed must be an integer, got '1'"),
+    ("{\"prompt\": \"x\", \"seed\": \"1\"}\n", "line 1: seed must be an integer, got \"1\""),
     ("{\"prompt\": \"x\", \"height\": 16.0}\n", "line 1: height must be an integer, got 16.0"),
-    ("{\"prompt\": \"x\", \"guidance\": true}\n", "line 1: guidance must be a number, got True"),
+    ("{\"prompt\": \"x\", \"guidance\": true}\n", "line 1: guidance must be a number, got true"),  # the file's
+    ("{\"prompt\": \"a\", \"steps\": true}\n", "line 1: steps must be an integer, got true"),  # spelling
+    # JSON that is not an object (new-user trial: [1,2] became the prompt "[1,2]")
+    ("a fox\n[1,2]\n", "line 2: JSON a list, not an object; a line is a prompt as text or a JSON object (for this "
+                         "text as the prompt, write {\"prompt\": \"[1,2]\"})"),
+    ("\"a fox\"\n", "line 1: JSON a string, not an object"),
+    ("1984\n", "line 1: JSON a number, not an object"),
     ("{\"prompt\": \"x\", \"negative_prompt\": 3}\n", "line 1: negative_prompt must be a string, got 3"),
     ("# only a comment\n\n", "has no prompt"),
 ])

@@ -190,6 +190,8 @@ def test_search_on_tiny_writes_a_file_t2v_runs(vsagen_cache, tiny_dir, tmp_path,
     assert {"multi-", "diagonal", "vertical-", "stripe"} <= set(res.stdout.replace("│", " ").split())
     # every note with the summary, on stdout (the model's random weights too), none on stderr
     assert "note: model 'tiny' has random weights" in res.stdout and "note:" not in res.stderr
+    flat = " ".join(res.stdout.split())  # a search makes no video: its note says what its result means
+    assert "what the search finds means nothing" in flat and "video" not in flat
     pf = load_patterns(tmp_path / "p.json")
     assert architecture_of(tiny_pipe.transformer) == TINY_ARCH == {**pf.architecture}
     assert (pf.model, pf.experts, pf.steps, pf.prompts, pf.grid) == ("tiny", ("transformer",), STEPS, 2, (5, 6, 10))

@@ -62,6 +62,17 @@ def patched_output(transformer, attn: str, sparsity, inputs):
 
 
 @pytest.mark.slow
+def test_commands_without_videos_reword_the_tiny_note():
+    """New-user trial: `vsagen search` said the tiny model's "videos show nothing of the prompt"; it makes none."""
+    from vsagen.commands.search import SEARCHED
+    from vsagen.models.loading import TINY_OUTPUTS, reworded_notes
+
+    note = f"model 'tiny' has random weights: {TINY_OUTPUTS} (for plumbing and timing)"
+    assert reworded_notes([note, "other"], SEARCHED) == [
+        "model 'tiny' has random weights: its attention is not a trained model's, so what the search finds means "
+        "nothing (for plumbing and timing)", "other"]
+
+
 def test_local_checkpoint_directory_loads(vsagen_cache, tiny_pipe, tmp_path):
     from vsagen.commands.generate import generate
 

@@ -147,7 +147,10 @@ def test_a_hub_lora_is_fetched_by_its_file_or_its_repository_s_one_file(tmp_path
 
     path = tmp_path / "l.safetensors"
     write_lora(path, "diffusers", make_transformer())
+    from vsagen.models import sources
+
     asked = []
+    monkeypatch.setattr(sources, "hub_unreachable", lambda repo: None)  # the hub answers
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: asked.append((repo, name)) or str(path))
     listing = ["README.md", "l.safetensors", "sub/other.safetensors"]
     monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo: listing)
@@ -158,6 +161,35 @@ def test_a_hub_lora_is_fetched_by_its_file_or_its_repository_s_one_file(tmp_path
     with pytest.raises(BadInput, match=r"^--lora owner/repo: the repository holds 2 top-level .safetensors files "
                                        r"\(l.safetensors, b.safetensors\); name one: owner/repo/FILE.safetensors$"):
         fetch(LoraSpec.parse("owner/repo"))
+
+
+def test_a_hub_lora_with_the_hub_unreachable_is_one_line(monkeypatch):
+    """New-user trial: offline, `--lora some/hubid` ended in httpx's ConnectError, exit 1, after the hub client's
+    retries; the probe says it at once, and a connection lost after the probe is one line too."""
+    import httpx
+    import huggingface_hub
+
+    from vsagen.models import sources
+
+    asked = []
+    monkeypatch.setattr(sources, "hub_unreachable", lambda repo: asked.append(repo) or "the hub cannot be reached (x)")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: 1 / 0)  # (not asked)
+    with pytest.raises(BadInput, match=r"^--lora some/hubid: it is not in the local Hugging Face cache, and the hub "
+                                       r"cannot be reached \(x\)$"):
+        fetch(LoraSpec.parse("some/hubid"))
+    assert asked == ["some/hubid"]
+
+    def unreachable(repo, name):
+        raise httpx.ConnectError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(sources, "hub_unreachable", lambda repo: None)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    with pytest.raises(BadInput, match=r"^--lora some/hubid/l.safetensors: it is not in the local Hugging Face cache, "
+                                       r"and the hub cannot be reached \(\[Errno -2\] Name or service not known\)$"):
+        fetch(LoraSpec.parse("some/hubid/l.safetensors"))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # a bug of ours stays a bug (exit 1 with --verbose's traceback)
+        fetch(LoraSpec.parse("some/hubid/l.safetensors"))
 
 
 @pytest.mark.parametrize("fused", [True, False])

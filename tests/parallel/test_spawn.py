@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vsagen.parallel.spawn import AGENT_PID_ENV, die_with_agent, exit_status, run_workers, worker_threads
+from vsagen.parallel.spawn import (AGENT_PID_ENV, EXITS_ENV, die_with_agent, exit_status, record_exit, recorded_exits,
+                                   run_workers, signalled_status, worker_threads)
 
 SIGTERM, SIGINT, SIGKILL = int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGKILL)
 
@@ -33,6 +34,41 @@ def test_exit_status_takes_the_cause_not_the_workers_the_agent_stopped():
     # interrupted: rank 0 said so itself (130 / 143), or died of the signal before it could
     assert exit_status({0: 130, 1: 130}) == (130, None)
     assert exit_status({0: -SIGTERM, 1: -SIGTERM}) == (143, "interrupted by SIGTERM; nothing was written")
+
+
+def test_a_signalled_run_ends_with_rank_0_s_own_code():
+    # rank 0's files were in place when the signal came: it finished (exit 0), as one process does; rank 1 follows
+    assert signalled_status(SIGINT, {0: 0, 1: 130}) == 0
+    assert signalled_status(SIGTERM, {0: 143, 1: 143}) == 143  # interrupted before: its own line and code
+    assert signalled_status(SIGINT, {1: 130}) == 130 and signalled_status(SIGTERM, {}) == 143  # rank 0 left none
+
+
+def test_workers_leave_their_exit_codes_for_the_agent(tmp_path):
+    record_exit(0, {EXITS_ENV: str(tmp_path), "RANK": "0"})
+    record_exit(130, {EXITS_ENV: str(tmp_path), "RANK": "1"})
+    record_exit(2, {"RANK": "2"})  # not a worker of run_workers: nothing
+    record_exit(2, {EXITS_ENV: str(tmp_path / "gone"), "RANK": "3"})  # the agent's folder gone: nothing, no error
+    assert recorded_exits(str(tmp_path)) == {0: 0, 1: 130}
+
+
+def test_a_signal_after_rank_0_finished_gives_0_in_the_parent(tmp_path, monkeypatch):
+    """The agent stopped by Ctrl-C (its launcher raises SignalException, reporting no worker's code) once rank 0
+    had finished (files in place, exit 0) and rank 1 was interrupted: the parent exits 0, as one process does;
+    rank 0 interrupted too: 130. (The workers here are the launcher's stand-in, in this process.)"""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.launcher import api
+
+    for rank0, want in ((0, 0), (130, 130)):
+        def launch(config, entrypoint, rank0=rank0):
+            def workers(*args):
+                for rank, code in ((0, rank0), (1, 130)):
+                    record_exit(code, {**os.environ, "RANK": str(rank)})
+                raise SignalException("Process got signal: 2", sigval=signal.SIGINT)
+            return workers
+
+        monkeypatch.setattr(api, "elastic_launch", launch)
+        assert run_workers(["t2v"], 2) == want
+        assert EXITS_ENV not in os.environ
 
 
 def test_worker_threads_share_the_cpus():
@@ -169,7 +205,8 @@ def test_the_vsagen_entry_point_calls_die_with_agent(monkeypatch):
 
     called = []
     monkeypatch.setattr(spawn, "die_with_agent", lambda: called.append(1))
+    monkeypatch.setattr(spawn, "record_exit", lambda code: called.append(("exit", code)))
     monkeypatch.setattr(sys, "argv", ["vsagen", "backends"])
     with pytest.raises(SystemExit) as e:
         cli_app.main()
-    assert e.value.code == 0 and called == [1]
+    assert e.value.code == 0 and called == [1, ("exit", 0)]  # and it leaves its code for a --gpus agent

@@ -92,6 +92,12 @@ def test_notes_and_the_last_frame():
     assert a14b.guidance_2 == 4.0 and "--guidance-2 4 has no effect" in a14b.notes[0]
     with pytest.raises(BadInput, match="needs --frames 5 or more"):
         check_last_frame(resolve(src, request_options(frames=1), prompt="p"), "a last frame")
+    r = resolve(src, request_options(steps=2, attn="vsa:dense_steps=5"), prompt="p")  # every step dense: said
+    assert [n for n in r.notes if "dense_steps" in n] == [
+        "--attn vsa: dense_steps=5 covers all 2 steps: every step runs full, as --attn full (nothing runs sparse; "
+        "fewer dense steps leave some sparse)"]
+    assert not [n for n in resolve(src, request_options(steps=6, attn="vsa:dense_steps=5"), prompt="p").notes
+                if "dense_steps" in n]
 
 
 def test_every_command_holds_the_fields_resolve_gives(tmp_path):

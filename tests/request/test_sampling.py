@@ -36,7 +36,7 @@ def test_a_custom_list_keeps_the_update_and_derives_timesteps_as_diffusers_does(
     ("dmd:sigmas=1.5,0.5", "every sigma must be in (0, 1]"),
     ("dmd:sigmas=0.5,0", "every sigma must be in (0, 1]"),
     ("dmd:sigmas=nan", "finite"),
-    ("dmd:sigmas=1,a", "must be numbers"),
+    ("dmd:sigmas=1,a", "sigmas: 'a' is not a number"),
     ("dmd:sigmas=", "options are written NAME:KEY=VALUE"),
     ("dmd:steps=3", "dmd takes no option 'steps'; its options: sigmas, timesteps, noise"),
     ("dmd:sigmas=1,0.5:timesteps=1000", "give one timestep per sigma (2), got 1"),
@@ -83,6 +83,13 @@ def test_a_list_splits_on_commas_but_keeps_a_sigma_list_whole():
     assert split_sampler_list("dmd:sigmas=1.0,0.5:timesteps=1000,500") == ("dmd:sigmas=1.0,0.5:timesteps=1000,500",)
     assert split_sampler_list("dmd:sigmas=1.0,0.5:noise=once,default") == ("dmd:sigmas=1.0,0.5:noise=once", "default")
     assert split_sampler_list("dmd") == ("dmd",)
+    # a word in a sigma list is a bad sigma, not a sampler (new-user trial: "unknown --sampler 'abc'")
+    assert split_sampler_list("dmd:sigmas=1.0,abc") == ("dmd:sigmas=1.0,abc",)
+    assert split_sampler_list("dmd:sigmas=1.0,0.x,rcm") == ("dmd:sigmas=1.0,0.x", "rcm")
+    with pytest.raises(BadInput, match=r"^--sampler 'dmd:sigmas=1.0,abc': sigmas: 'abc' is not a number"):
+        parse_sampler_list("dmd:sigmas=1.0,abc")
+    with pytest.raises(BadInput, match=r"timesteps: '5x' is not a number"):
+        parse_sampler_list("dmd:sigmas=1.0,0.5:timesteps=1000,5x,default")
     for bad in ("", "dmd,,default", "0.5,dmd"):
         with pytest.raises(BadInput):
             split_sampler_list(bad)

@@ -130,6 +130,8 @@ def test_the_video_object_has_openai_s_shape(served):
                                "steps_done": None, "attempts": 2, "timing_url": None}
     running = video_object(Job(job_id, kept, "in_progress", 45, 1, 1, None, None, None, None), steps_done=1)
     assert running["error"] is None and running["vsagen"]["steps_done"] == 1 and running["completed_at"] is None
+    done = video_object(Job(job_id, kept, "completed", 100, 1, 1, 2, 1.0, None, None))  # no longer running
+    assert done["vsagen"]["steps_done"] == 2 == done["vsagen"]["steps"]  # (new-user trial: null once completed)
     openai = pytest.importorskip("openai")
     model = openai.types.Video  # every field the SDK's model has (its sizes are OpenAI's four: any size here)
     assert set(model.model_fields) <= set(video) and video["object"] == "video"

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 import pytest
 
-from vsagen.serve.routes import authorized, error_body, metrics_text
+from vsagen.serve.routes import authorized, error_body, metrics_text, retry_after_s
 
 pytestmark = pytest.mark.xdist_group("test_serve_routes")
 
@@ -139,7 +139,7 @@ def test_readme_serving_block_runs_as_pasted(server):
     script = "set -e\n" + "\n".join(lines).replace("127.0.0.1:8000", f"127.0.0.1:{server.port}")
     res = subprocess.run(["bash", "-c", script], cwd=server.folder, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert (server.folder / "fox.mp4").read_bytes()[4:8] == b"ftyp"
+    assert (server.folder / "fox-served.mp4").read_bytes()[4:8] == b"ftyp"
     decoder, objects, at = json.JSONDecoder(), [], 0
     while at < len(res.stdout.rstrip()):  # /health's answer, then the timing JSON
         obj, at = decoder.raw_decode(res.stdout, at)
@@ -587,6 +587,12 @@ def test_error_body_and_metrics_text_shapes():
     ray = metrics_text({"queued": 0, "in_progress": 0, "completed": 3, "failed": 0}, W)
     assert ray.endswith('vsagen_replica_videos_total{replica="node-a/k9"} 2\n'
                         'vsagen_replica_videos_total{replica="node-b/x2"} 1\n')
+
+
+def test_retry_after_is_the_waiting_jobs_times_a_job_s_seconds():
+    """New-user trial: Retry-After 1 while a job took 4-6 s (no job had completed: no mean yet)."""
+    assert retry_after_s(1, 4.2) == 5 and retry_after_s(3, 2.0) == 6  # the measured seconds, rounded up
+    assert retry_after_s(1, 0.1) == 1 and retry_after_s(2, None) == 2  # at least 1; nothing measured: 1 s a job
 
 
 def test_who_may_pass():

@@ -58,6 +58,9 @@ def test_the_queue_bound_counts_waiting_jobs_only(store):
     assert store.claim().id == "video_0"  # one leaves the queue: room for one more
     store.add("video_2", fields(2), limit=2)
     assert store.counts() == {"queued": 2, "in_progress": 1, "completed": 0, "failed": 0}
+    store.claim()
+    with pytest.raises(QueueFull, match=r"^the queue is full \(1 job waiting\)$"):  # (new-user trial: "1 jobs")
+        store.add("video_y", fields(8), limit=1)
 
 
 def test_an_idempotency_key_is_one_job_and_refuses_other_fields(store):

@@ -125,10 +125,11 @@ def test_steps_set_the_progress_and_a_stop_queues_the_job_again(tmp_path, served
     store = JobStore(tmp_path / "jobs.sqlite3")
     fields = VideoFields("a fox", steps=4)
     store.add("video_4", accepted(fields, served.config("video_4", fields)), limit=4)
-    seen, workers = [], []
+    seen, workers, paces = [], [], []
 
     def before(i: int) -> None:
         seen.append((store.get("video_4").progress, workers[0].steps_done("video_4")))
+        paces.append(workers[0].job_s_estimate())  # the job's seconds at its pace so far (Retry-After's)
         if i == 2:
             workers[0]._stop.set()  # the server stops during the third step
 
@@ -138,3 +139,4 @@ def test_steps_set_the_progress_and_a_stop_queues_the_job_again(tmp_path, served
     assert seen == [(0, 0), (22, 1), (45, 2)]  # 90% x steps done / 4, in the store and in memory
     job = store.get("video_4")
     assert (job.status, job.attempts, job.progress) == ("queued", 0, 0) and worker.running == {}
+    assert paces[0] is None and 0 < paces[1] and worker.started == {} and worker.job_s_estimate() is None

@@ -138,6 +138,17 @@ def step_is_dense(options: Any, step: int, steps: int | None) -> bool:
     return count is None or step < count
 
 
+def every_step_dense_note(name: str, options: Any, steps: int) -> str | None:
+    """The run note for a `dense_steps` of N (or a fraction) that covers all of a run's `steps`: every call then
+    runs `full`, which the backend's name in the title would not say; None otherwise. `dense_steps=all` asks for
+    exactly that, and gets no note (the title says every call ran dense in both cases)."""
+    text = getattr(options, "dense_steps", None)
+    if text in (None, "all") or dense_step_count(options, steps) < steps:
+        return None
+    return (f"--attn {name}: dense_steps={text} covers all {steps} steps: every step runs full, as --attn full "
+            f"(nothing runs sparse; fewer dense steps leave some sparse)")
+
+
 def call_is_dense(options: Any, layer: int, tokens: int, dense_step: bool) -> bool:
     """Whether one attn1 call runs `full`: at a dense step, in a dense layer, or over fewer than `min_tokens`
     tokens (the whole sequence)."""

@@ -19,15 +19,15 @@ import typer
 
 from ..interrupts import SignalInterrupt  # noqa: F401 - where tracebacks and older callers name it
 from ..interrupts import as_interrupt as _sigterm_as_interrupt
-from ..request.options import ImageFit, ReportFormat, RequestOptions
+from ..request.options import ImageFit, ReportFormat, RequestOptions, TileFit
 from .running import (check_model_available, err, ran_in_workers, report_interrupt, request_command, run_guarded,
                       single_process, torchrun_launch_or_exit)
 from .serving import serve
 from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SERVE, CacheList, CompareSamplers,
                              JsonOut, Model, OnceOptionsGroup, ProfileCompile, SearchAttn, SearchAttnImpl,
-                             SearchBudget, SearchEps, SearchLam, SearchRanges, Sparsity, SuggestDense, Verbose,
-                             choice_parser, close_options, complete_attn, complete_model, complete_quant, complete_vae,
-                             path_parser, unquoted_prompt)
+                             SearchBudget, SearchEps, SearchLam, SearchRanges, SearchTileFit, Sparsity, SuggestDense,
+                             Verbose, choice_parser, close_options, complete_attn, complete_model, complete_quant,
+                             complete_vae, path_parser, swapped_image_prompt, unquoted_prompt, usage_error)
 
 app = typer.Typer(
     name="vsagen",
@@ -98,12 +98,14 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
 
 def _attn_details(cfg: Any, backend: dict[str, Any]) -> str:
     """The backend's part of a run's title after its name: " (sparsity 0.875, tile 4x4x8, precision int8)" (the
-    sparsity or top-k, a cube other than 4x4x4, a fine-stage precision other than bf16), "" where none applies."""
+    sparsity or top-k, a cube other than 4x4x4, a fine-stage precision other than bf16, "every call dense" where
+    the knobs (dense_steps, dense_layers, min_tokens) ran no call sparse), "" where none applies."""
     details = ([f"sparsity {cfg.sparsity}"] if cfg.sparsity is not None else
                [f"top-k {backend['topk']:g}"] if "topk" in backend else [])
     details += [f"tile {backend['tile']}"] if cfg.sparsity is not None and backend.get("tile") not in (None, "4x4x4") \
         else []
     details += [f"precision {backend['precision']}"] if backend.get("precision", "bf16") != "bf16" else []
+    details += ["every call dense"] if backend.get("dense_calls") and backend.get("sparse_calls") == 0 else []
     return f" ({', '.join(details)})" if details else ""
 
 
@@ -154,8 +156,8 @@ Prompt = Annotated[str, typer.Argument(help="What the video should show.", metav
 @app.command()
 @request_command(GENERATE)
 def t2v(
-    prompt: Annotated[str, typer.Argument(help="What the video should show (or --prompts FILE).",
-                                          metavar="PROMPT")] = "",
+    prompt: Annotated[Optional[str], typer.Argument(help="What the video should show (or --prompts FILE).",
+                                                    metavar="PROMPT", show_default=False)] = None,
     prompts: Annotated[Optional[Path], typer.Option(
         help="Several videos from one load: one prompt a line, or a JSON object a line with the video's own seed, "
              "height, width, frames, steps, guidance, negative_prompt; video i goes to --out's NAME-000i.mp4 "
@@ -164,8 +166,10 @@ def t2v(
 ) -> None:
     """Text to video: write an mp4 and a timing breakdown (DiT vs attention)."""
     if prompts is not None:
-        _batch_command(prompt, prompts, options, json_out=json_out, verbose=verbose)
+        _batch_command(prompt or "", prompts, options, json_out=json_out, verbose=verbose)
         return
+    if prompt is None:  # as click says it where PROMPT is required (compare); "" given is "the prompt is empty"
+        raise usage_error("Missing argument 'PROMPT': say what the video should show, or give --prompts FILE")
     _generate_command(prompt, options, image=None, fit=ImageFit.CROP, json_out=json_out, verbose=verbose)
 
 
@@ -228,6 +232,8 @@ def i2v(
 ) -> None:
     """Image to video: animate IMAGE (the first frame; with --last-image, up to that last frame) into an mp4, with
     the timing breakdown of t2v."""
+    if (swapped := swapped_image_prompt(image, prompt)) is not None:
+        raise usage_error(swapped)
     _generate_command(prompt, options, image=image, fit=fit, last_image=last_image, json_out=json_out,
                       verbose=verbose)
 
@@ -415,7 +421,7 @@ def compare(
 @request_command(SEARCH, out=(Annotated[Optional[Path], typer.Option(
     help="The JSON file to write: the pattern file (default patterns.json), or with --suggest-dense the "
          "measurements and the suggestion (default dense-errors.json).", parser=path_parser("a .json file name"))],
-    None))
+    None), tile_fit=(SearchTileFit, TileFit.PARTIAL))
 def search(
     prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "
@@ -528,7 +534,7 @@ def main() -> None:
     """
     from ..interrupts import process
     from ..models.compile_caches import use_compile_caches
-    from ..parallel.spawn import die_with_agent
+    from ..parallel.spawn import die_with_agent, record_exit
 
     use_compile_caches()  # before torch loads: compiled code kept in vsagen's cache, for this command and its workers
     speaks = os.environ.get("RANK", "0") in ("", "0")  # a rank of a torchrun launch other than 0 prints no interrupt
@@ -565,7 +571,9 @@ def main() -> None:
             code = 1
         else:
             raise
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    record_exit(code)  # a worker of `--gpus N`: for its agent, should a signal stop it (`signalled_status`)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

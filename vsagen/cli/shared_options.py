@@ -59,6 +59,29 @@ MP4_PATH = path_parser("a video file name (e.g. fox.mp4; .webm, .gif, or .png fo
 IMAGE_PATH = path_parser("an image file (PNG, JPEG or WebP)")
 
 
+# The suffixes of the images i2v reads (PNG, JPEG, WebP), for telling an image path from a prompt.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def usage_error(message: str, ctx: Any = None) -> Exception:
+    """A usage error of the running command (`ctx`: its click context, default the current one), as click's own:
+    `main` prints it as one `error:` line with the `--help` hint, exit 2."""
+    try:  # Typer vendors click as typer._click (since 0.2x); before, it used click itself
+        from typer._click import exceptions, globals as click_globals
+    except ImportError:
+        from click import exceptions, globals as click_globals
+    return exceptions.UsageError(message, ctx=ctx if ctx is not None else click_globals.get_current_context())
+
+
+def swapped_image_prompt(image: Path, prompt: str) -> str | None:
+    """The line for `vsagen i2v PROMPT IMAGE` (the arguments swapped): IMAGE is no file and PROMPT names an image
+    file (by its suffix); None otherwise (then the image's own checks speak)."""
+    if image.exists() or not prompt or Path(prompt).suffix.lower() not in IMAGE_SUFFIXES or not Path(prompt).is_file():
+        return None
+    return (f"the arguments are IMAGE PROMPT, and {prompt} is an image while {str(image)!r} is no file: "
+            f"vsagen i2v {shlex.quote(prompt)} {shlex.quote(str(image))}")
+
+
 def _choices(enum: type[Enum]) -> str:
     return "[" + "|".join(str(m.value) for m in enum) + "]"
 
@@ -200,6 +223,11 @@ TileFitOption = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_pars
                                                 help="Grids that are not whole tiles (4x4x4, or the "
                                                      "backend's tile): 'partial' edge tiles, or 'crop' (denoise a "
                                                      "larger latent, crop before decode).")]
+# search decodes nothing: its --tile-fit says what crop does to the attention it scores
+SearchTileFit = Annotated[TileFit, typer.Option("--tile-fit", parser=choice_parser(TileFit), metavar=_choices(TileFit),
+                                                help="Grids that are not whole tiles (4x4x4, or the backend's tile): "
+                                                     "'partial' edge tiles, or 'crop' (denoise a latent rounded up "
+                                                     "to whole tiles: the attention scored is that larger grid's).")]
 RandomWeights = Annotated[bool, typer.Option(help="The preset's real architecture with random weights and random "
                                                   "prompt embeddings (timing without a download).")]
 Transformer = Annotated[Optional[str], typer.Option(
@@ -445,11 +473,7 @@ class OnceOptionsGroup(TyperGroup):
         asks_help = any(a in ctx.help_option_names for a in options)  # --help still prints the help
         twice = None if command is None or asks_help else repeated_option(command, rest)
         if twice is not None:
-            try:  # Typer vendors click as typer._click (since 0.2x); before, it used click itself
-                from typer._click.exceptions import UsageError
-            except ImportError:
-                from click.exceptions import UsageError
             sub = type(ctx)(command, info_name=name, parent=ctx)  # for the `--help` hint: `vsagen t2v --help`
             both = f" ({' '.join(twice)})" if len(set(twice)) > 1 else ""
-            raise UsageError(f"{twice[0]} given {len(twice)} times{both}; give it once", ctx=sub)
+            raise usage_error(f"{twice[0]} given {len(twice)} times{both}; give it once", ctx=sub)
         return name, command, rest

@@ -1,8 +1,8 @@
 """`vsagen t2v --prompts FILE`: several videos from one load. The file holds one video a line: a prompt as text, or
 a JSON object with the prompt and the video's own seed, size, frames, steps, guidance and negative prompt
-(`read_batch`); blank lines and lines starting with `#` are skipped. Each line becomes the `t2v` request of the
-command line's options with its own values in their groups (`resolve_batch`: every line checked, every target
-free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
+(`read_batch`; a line that parses as other JSON, e.g. `[1,2]`, is refused); blank lines and lines starting with
+`#` are skipped. Each line becomes the `t2v` request of the command line's options with its own values in their
+groups (`resolve_batch`: every line checked, every target free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
 `vsagen.commands.generate.Resident`), each video and its JSON published before the next starts: an interrupt keeps
 the finished ones and leaves no partial one.
 """
@@ -46,7 +46,7 @@ def _typed(key: str, value: Any, where: str) -> Any:
     else:
         ok, what = not isinstance(value, bool) and isinstance(value, int), "an integer"
     if not ok:
-        raise BadInput(f"{where}: {key} must be {what}, got {value!r}")
+        raise BadInput(f"{where}: {key} must be {what}, got {json.dumps(value)}")  # (the file's spelling: true)
     return float(value) if key == "guidance" else value
 
 
@@ -55,7 +55,8 @@ def read_batch(path: Path) -> list[BatchLine]:
 
     Raises:
         BadInput: the file cannot be read, holds no video, or a line is not valid JSON where it starts with `{`,
-            lacks its prompt, has an unknown key or a value of the wrong type (naming the file and the line).
+            is JSON other than an object (`[1,2]`, `"a fox"`, `42`: text that is not a prompt), lacks its prompt,
+            has an unknown key or a value of the wrong type (naming the file and the line).
     """
     text = prompts_text(path)
     out = []
@@ -63,13 +64,18 @@ def read_batch(path: Path) -> list[BatchLine]:
         line, where = raw.strip(), f"--prompts {path} line {number}"
         if not line or line.startswith("#"):
             continue
-        if not line.startswith("{"):
-            out.append(BatchLine(number, line, {}))
-            continue
         try:
             data = json.loads(line)
         except ValueError as e:
-            raise BadInput(f"{where}: not valid JSON ({e})") from None
+            if line.startswith("{"):
+                raise BadInput(f"{where}: not valid JSON ({e})") from None
+            out.append(BatchLine(number, line, {}))  # text: the prompt
+            continue
+        if not isinstance(data, dict):  # other JSON ([1,2], "a fox", 42, true): neither a prompt nor an object
+            kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(data),
+                                                                                                  "a number")
+            raise BadInput(f"{where}: JSON {kind}, not an object; a line is a prompt as text or a JSON object (for "
+                           f"this text as the prompt, write {json.dumps({'prompt': line})})")
         unknown = sorted(set(data) - set(KEYS)) if isinstance(data, dict) else []
         if not isinstance(data, dict) or unknown or not isinstance(data.get("prompt"), str):
             raise BadInput(f"{where}: " + (f"unknown key {unknown[0]!r}" if unknown else "no prompt")

@@ -47,6 +47,7 @@ from typing import Any, Callable
 
 from ..attention.full import FullAttention
 from ..cache.cache_spec import NO_CACHE, CacheCounts, cache_counts
+from ..models.loading import reworded_notes
 from ..models.presets import LAST_IMAGE_REQUIRED
 from .profile_config import ProfileConfig
 from ..timing import TimingReport, rank_stats
@@ -472,9 +473,8 @@ def _profile_notes(cfg: ProfileConfig, session_notes: list[str], fused_note: str
 
     stock_suffix = ("; every row has them, diffusers-sdpa included, so the overhead rows compare attention "
                     "processors and hooks only" if stock_rows(cfg) else "")
-    notes = list(dict.fromkeys(n.replace("its videos show nothing of the prompt",
-                                         "its outputs mean nothing")
-                               + (stock_suffix if n == fused_note else "") for n in session_notes))
+    notes = list(dict.fromkeys(n + (stock_suffix if n == fused_note else "") for n in session_notes))
+    notes = reworded_notes(notes, "its outputs mean nothing")
     if not cuda:
         notes.append("CPU timings (each configuration measured once, in order): indicative only, other work on the "
                      "machine moves them a lot; compare backends on a GPU")

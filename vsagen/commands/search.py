@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 from ..architecture import architecture_of
 from ..errors import BadInput
 from ..media.paths import check_folder, check_target
+from ..models.loading import reworded_notes
 from ..models.sources import resolve_model
 from ..request.backends import check_impl
 from ..request.options import RequestOptions, VaeTiling, request_options
@@ -32,6 +33,9 @@ from ..sparsity.files import DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, save_
 from ..sparsity.patterns import Pattern, block_density
 
 DEFAULT_OUT = Path("patterns.json")
+
+# A search makes no video: what the tiny model's random weights mean for its result (`reworded_notes`).
+SEARCHED = "its attention is not a trained model's, so what the search finds means nothing"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,8 +232,8 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
     write_at_end(cfg.out, lambda: save_patterns(patterns, cfg.out, overwrite=cfg.overwrite), cancelled)
     # the session's notes (random weights, compile) join the search's in the summary, on one stream
-    return SearchResult(cfg.out, patterns, [*session.notes, *notes], scorer.calls, time.perf_counter() - t0,
-                        run_density(scorer, patterns))
+    return SearchResult(cfg.out, patterns, [*reworded_notes(session.notes, SEARCHED), *notes], scorer.calls,
+                        time.perf_counter() - t0, run_density(scorer, patterns))
 
 
 def denoise_prompts(cfg: Any, scorer: Any, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,

@@ -25,9 +25,10 @@ from ..attention.registry import backend_names, options_of
 from ..attention.shared import KNOBS, option_names, options_dict
 from ..attention.spec import BackendSpec
 from ..errors import BadInput, RunFailure
+from ..models.loading import reworded_notes
 from ..request.options import AttentionOptions, RequestOptions, request_options
 from ..request.resolve import ONE, Request, request_fields, resolve
-from .search import denoise_prompts, search_out, search_prompts, search_source, write_at_end
+from .search import SEARCHED, denoise_prompts, search_out, search_prompts, search_source, write_at_end
 
 DEFAULT_DENSE_OUT = Path("dense-errors.json")
 DIGITS = 6  # significant digits of the errors written to the file
@@ -189,7 +190,8 @@ def dense_search(cfg: DenseSearchConfig, *, log: Callable[[str], None] = lambda 
                          "written; try another --dtype or real weights")
     suggestion = suggest_dense(errors, cfg.budget)
     spec = suggested_spec(cfg.backends[0], suggestion, cfg.denoise_steps)
-    notes = list(dict.fromkeys(n for n in (cfg.attn_note, *cfg.notes, *session.notes) if n is not None))
+    notes = list(dict.fromkeys(n for n in (cfg.attn_note, *cfg.notes, *reworded_notes(session.notes, SEARCHED))
+                               if n is not None))
     given = [f"{k}={getattr(cfg.backends[0].options, k)}" for k in ("dense_steps", "dense_layers")
              if getattr(cfg.backends[0].options, k) is not None]
     if given:

@@ -21,6 +21,9 @@ from .checkpoint_layouts import index_as_stock
 from .presets import I2V_PIPELINE, T2V_PIPELINE, Preset
 from .sources import PICKLE_SUFFIXES, model_not_loadable
 
+# What a tiny model's random weights make of a video, in its load note (`reworded_notes` for other outputs).
+TINY_OUTPUTS = "its videos show nothing of the prompt"
+
 _ALLOWED_LIBRARIES = {"diffusers", "transformers"}
 
 
@@ -373,6 +376,12 @@ def prepare_loras(cfg: Request) -> list[Any]:
     return files
 
 
+def reworded_notes(notes: list[str], outputs: str) -> list[str]:
+    """`notes` with the tiny model's note saying `outputs` in place of `TINY_OUTPUTS` (its videos): for commands
+    that make no video (profile, search)."""
+    return [n.replace(TINY_OUTPUTS, outputs) for n in notes]
+
+
 def _checkpoint_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> tuple[Any, Path | None]:
     """The pipeline of `cfg`'s checkpoint (a tiny model's folder, written first; a local folder; a hub id; the
     original Wan layout; transformer-only files over a base) with UniPC at `cfg.flow_shift`, and the root its
@@ -383,8 +392,7 @@ def _checkpoint_pipeline(cfg: Request, dtype: Any, notes: list[str]) -> tuple[An
     weight_root: Path | None = None
     if src.kind == "tiny":
         location = str(prepare_model_files(cfg))
-        notes.append(f"model {preset.name!r} has random weights: its videos show nothing of the prompt (for "
-                     "plumbing and timing)")
+        notes.append(f"model {preset.name!r} has random weights: {TINY_OUTPUTS} (for plumbing and timing)")
     else:
         location = src.location
     if cfg.transformer_sources:

@@ -83,12 +83,22 @@ def fetch(spec: LoraSpec, layers: int | None = None) -> LoraFile:
 
 
 def _hub_file(hub_id: str, where: str) -> Path:
-    """A hub LoRA's local file: `owner/repo/path.safetensors`, or the one top-level .safetensors of `owner/repo`."""
-    from huggingface_hub import hf_hub_download, list_repo_files
+    """A hub LoRA's local file: `owner/repo/path.safetensors`, or the one top-level .safetensors of `owner/repo`.
+    A file not in the local Hugging Face cache is fetched only once the hub answered for the repository
+    (`vsagen.models.sources.hub_unreachable`, within seconds; not huggingface_hub's retries of half a minute)."""
+    from huggingface_hub import hf_hub_download, list_repo_files, try_to_load_from_cache
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    from .sources import hub_unreachable
 
     parts = hub_id.split("/")
     repo, name = "/".join(parts[:2]), "/".join(parts[2:])
+    cached = try_to_load_from_cache(repo, name) if name else None
+    if isinstance(cached, str):
+        return Path(cached)
+    why = hub_unreachable(repo)
+    if why is not None:
+        raise BadInput(f"{where}: it is not in the local Hugging Face cache, and {why}")
     try:
         if not name:
             names = [n for n in list_repo_files(repo) if "/" not in n and n.endswith(".safetensors")]
@@ -99,6 +109,20 @@ def _hub_file(hub_id: str, where: str) -> Path:
         return Path(hf_hub_download(repo, name))
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError, ValueError) as e:
         raise BadInput(f"{where}: cannot fetch it from the Hugging Face hub ({str(e).splitlines()[0]})") from None
+    except Exception as e:
+        if not _unreachable(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInput(f"{where}: it is not in the local Hugging Face cache, and the hub cannot be reached "
+                       f"({first[:100]})") from None
+
+
+def _unreachable(e: Exception) -> bool:
+    """Whether `e` is the hub's HTTP client failing to reach it (no connection, a timeout, a proxy's refusal):
+    huggingface_hub lets its client's transport errors (httpx's `ConnectError`, `ConnectTimeout`, ...) through."""
+    name = type(e).__name__.lower()
+    return type(e).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3") \
+        or "connect" in name or "timeout" in name
 
 
 def state_dict(lora: LoraFile) -> dict[str, Any]:

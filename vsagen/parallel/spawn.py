@@ -10,7 +10,8 @@ launcher's log lines are held back (shown with `verbose`) and its `ChildFailedEr
 prints a line of its own only where no worker could (`exit_status`) and exits with the workers' code (2 for bad
 input). The workers run in sessions of their own (the agent starts them so), so Ctrl-C at the terminal reaches
 the parent alone, and the agent passes the signal (SIGINT, SIGTERM, SIGHUP) on to each worker, which unwinds as
-one process does (nothing written), and waits for them (SIGKILL after `SHUTDOWN_TIMEOUT_S`). A parent that dies
+one process does (nothing written; or, its files already in place, it finishes and exits 0), and waits for them
+(SIGKILL after `SHUTDOWN_TIMEOUT_S`); the parent then exits with rank 0's code (`signalled_status`). A parent that dies
 without passing a signal on (kill -9) takes its workers with it: each has the kernel send it SIGTERM then
 (`die_with_agent`, called first by vsagen's entry point).
 """
@@ -22,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -33,6 +35,9 @@ SHUTDOWN_TIMEOUT_S = 30
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP")
 # Set in each worker's environment: the process id of the agent that started it (`die_with_agent`).
 AGENT_PID_ENV = "VSAGEN_AGENT_PID"
+# Set in each worker's environment: a folder of the agent's where each worker leaves its exit code (`record_exit`),
+# read when a signal stopped the agent (whose launcher then reports no worker's code: `signalled_status`).
+EXITS_ENV = "VSAGEN_WORKER_EXITS"
 # Linux's prctl option that has the kernel signal a process when the thread that started it ends (<linux/prctl.h>).
 _PR_SET_PDEATHSIG = 1
 
@@ -57,6 +62,37 @@ def die_with_agent(env: Mapping[str, str] | None = None) -> bool:
     if os.getppid() != int(agent):  # the agent ended between starting this process and the prctl
         os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+def record_exit(code: int, env: Mapping[str, str] | None = None) -> None:
+    """In a worker of `run_workers`: leave this process's exit code in the agent's folder (`EXITS_ENV`) as
+    `rank<RANK>`, for `signalled_status`. Nothing happens outside such a worker or where the folder is gone.
+    `env`: the environment to read (default: this process's)."""
+    env = os.environ if env is None else env
+    folder, rank = env.get(EXITS_ENV, ""), env.get("RANK", "")
+    if folder and rank.isdigit():
+        with contextlib.suppress(OSError):
+            with open(os.path.join(folder, f"rank{rank}"), "w") as f:
+                f.write(str(code))
+
+
+def recorded_exits(folder: str) -> dict[int, int]:
+    """The exit codes the workers left in `folder` (`record_exit`), by rank; a worker that left none (killed, or
+    ended outside vsagen's entry point) is absent."""
+    codes = {}
+    for name in os.listdir(folder):
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(folder, name)) as f:
+                codes[int(name.removeprefix("rank"))] = int(f.read())
+    return codes
+
+
+def signalled_status(signum: int, codes: Mapping[int, int]) -> int:
+    """The parent's exit code when a signal reached it (and, passed on, every worker) while the workers ran: rank 0's
+    own code where it left one, so the run ends as one process would at that point (0 where its files were
+    already in place: the signal no longer stops the run, README; 130 / 143 / 129 and its line where it was
+    interrupted); else 128 + `signum` (rank 0 ended before saying). The other ranks only follow rank 0."""
+    return codes.get(0, 128 + signum)
 
 
 def worker_threads(processes: int) -> int:
@@ -175,10 +211,11 @@ def run_workers(argv: Sequence[str], processes: int, *, prepare: Callable[[], ob
         rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", local_addr="127.0.0.1", max_restarts=0,
         logs_specs=DefaultLogsSpecs(log_dir=os.devnull),  # workers print to the terminal; no log or error files
         signals_to_handle=",".join(FORWARDED), shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    env = {AGENT_PID_ENV: str(os.getpid())}  # each worker dies with this process (`die_with_agent`)
+    exits = tempfile.TemporaryDirectory(prefix="vsagen-exits-")  # each worker's code (`record_exit`)
+    env = {AGENT_PID_ENV: str(os.getpid()), EXITS_ENV: exits.name}  # each worker dies with this process
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(worker_threads(processes))
-    with _restored(env), _launcher_quiet(verbose):
+    with exits, _restored(env), _launcher_quiet(verbose):
         try:
             elastic_launch(config, sys.executable)(*program, *argv)
         except ChildFailedError as e:
@@ -186,6 +223,6 @@ def run_workers(argv: Sequence[str], processes: int, *, prepare: Callable[[], ob
             if line is not None:
                 err(line)
             return code
-        except SignalException as e:  # passed on to the workers, which said so (rank 0) and wrote nothing
-            return 128 + int(e.sigval)
+        except SignalException as e:  # passed on to the workers, which ended as one process would (rank 0 says so)
+            return signalled_status(int(e.sigval), recorded_exits(exits.name))
     return 0

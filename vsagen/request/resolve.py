@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..attention.dense import every_step_dense_note
 from ..attention.spec import BackendEntry, BackendSpec
 from ..cache.cache_spec import NO_CACHE, CacheSpec
 from ..decode.tiny_files import check_distinct_decoders, check_tiny_request
@@ -542,6 +543,8 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
                                          experts=("transformer", "transformer_2")[:source.preset.experts]
                                          if source.exact_preset else None)
     specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
+    backend_notes += tuple(dict.fromkeys(n for spec in specs for plan in plans  # (dict: each note once)
+                                         if (n := every_step_dense_note(spec.name, spec.options, plan.steps))))
     quants, quant_notes = resolve_quants(asked_quants, device, source, m.random_weights)
     loras = _quant_loras(source, m, quants, several_loras)
     request = Request(

@@ -25,10 +25,13 @@ def _numbers(text: str, what: str, entry: str) -> tuple[float, ...]:
     parts = [p.strip() for p in text.replace("/", ",").split(",")]
     if not parts or any(not p for p in parts):
         raise BadInput(f"--sampler {entry!r}: {what} is a comma-separated list of numbers, e.g. 1.0,0.75,0.5")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        raise BadInput(f"--sampler {entry!r}: {what} must be numbers, got {text!r}") from None
+    for p in parts:
+        try:
+            float(p)
+        except ValueError:
+            raise BadInput(f"--sampler {entry!r}: {what}: {p!r} is not a number (give {what} as numbers, e.g. "
+                           "1.0,0.75,0.5)") from None
+    values = tuple(float(p) for p in parts)
     if not all(math.isfinite(v) for v in values):
         raise BadInput(f"--sampler {entry!r}: {what} must be finite numbers, got {text!r}")
     return values
@@ -132,8 +135,9 @@ def _rcm(base: Sampler, given: dict[str, str], text: str) -> Sampler:
 
 def split_sampler_list(text: str) -> tuple[str, ...]:
     """The entries of a comma-separated `--sampler` list (`vsagen compare`; one entry elsewhere): a piece that starts
-    with a number belongs to the sigma or timestep list of the entry before it (`dmd:sigmas=1.0,0.8,0.5,default:steps=50`
-    is two entries, `dmd:sigmas=1.0,0.5:timesteps=1000,500` one).
+    with a number, or any piece but a sampler's name after an entry ending in `sigmas=` / `timesteps=` (`1.0,abc`:
+    `parse_sampler` says 'abc' is not a number), belongs to the sigma or timestep list of the entry before it
+    (`dmd:sigmas=1.0,0.8,0.5,default:steps=50` is two entries, `dmd:sigmas=1.0,0.5:timesteps=1000,500` one).
 
     Raises:
         BadInput: an empty list or entry, or a list that starts with a number.
@@ -147,7 +151,9 @@ def split_sampler_list(text: str) -> tuple[str, ...]:
             is_number = True
         except ValueError:
             is_number = False
-        if is_number:
+        in_a_list = bool(entries) and entries[-1].rsplit(":", 1)[-1].startswith(("sigmas=", "timesteps=")) \
+            and piece.split(":", 1)[0] not in NAMED  # (a word there is a bad number of the list, not a sampler)
+        if is_number or in_a_list:
             if not entries:
                 raise BadInput(f"--sampler {text!r}: an entry starts with a sampler name ({', '.join(NAMED)})")
             entries[-1] += "," + piece

@@ -289,7 +289,8 @@ def video_object(job: Any, steps_done: int | None = None) -> dict[str, Any]:
     status, progress, created_at, completed_at, expires_at (None: kept until deleted), prompt, seconds (text),
     size ("WIDTHxHEIGHT"), remixed_from_video_id (None), error ({code, message} or None); and vsagen's own under
     "vsagen": frames, fps, steps, seed, attn (the backend spec it runs), input_reference (whether an image came),
-    steps_done (while it runs), attempts, the timing JSON's URL."""
+    steps_done (while it runs; all of its steps once completed; None queued or failed), attempts, the timing
+    JSON's URL."""
     video = job.fields["video"]
     return {
         "id": job.id, "object": "video", "model": video["model"], "status": job.status,
@@ -299,7 +300,8 @@ def video_object(job: Any, steps_done: int | None = None) -> dict[str, Any]:
         "remixed_from_video_id": None,
         "error": {"code": job.error_code, "message": job.error_message} if job.status == "failed" else None,
         "vsagen": {**{k: video[k] for k in ("frames", "fps", "steps", "seed")}, "attn": video.get("attn"),
-                   "input_reference": job.fields["request"].get("image") is not None, "steps_done": steps_done,
+                   "input_reference": job.fields["request"].get("image") is not None,
+                   "steps_done": video["steps"] if job.status == "completed" else steps_done,
                    "attempts": job.attempts,
                    "timing_url": f"/v1/videos/{job.id}/timing" if job.status == "completed" else None},
     }

@@ -177,6 +177,13 @@ def _guard(app: FastAPI, settings: Settings) -> None:
         return await call_next(request)
 
 
+def retry_after_s(queued: int, job_s: float | None) -> int:
+    """A full queue's Retry-After in whole seconds: the `queued` waiting jobs times the seconds a job takes
+    (`job_s`: the mean of the last completed jobs, else the running job's pace so far; None before either is
+    measured: 1 s a job), at least 1."""
+    return max(1, math.ceil(queued * (job_s or 1.0)))
+
+
 def _create_route(app: FastAPI, settings: Settings, store: JobStore, served: Served, worker: Worker) -> None:
     """POST /v1/videos: checked, its image kept beside the job, resolved as `t2v` / `i2v` resolve it, its backend
     prepared where `attn` changes it, then accepted once written (or the idempotency key's job, or 429 / 409); a
@@ -217,7 +224,7 @@ def _create_route(app: FastAPI, settings: Settings, store: JobStore, served: Ser
                                                                      body_sha256=digest))
         except QueueFull as e:
             await run_in_threadpool(forget, job_id)
-            wait = max(1, math.ceil(e.queued * (store.mean_run_s() or 1.0)))
+            wait = retry_after_s(e.queued, store.mean_run_s() or worker.job_s_estimate())
             raise Refusal(429, f"{e}; try again in {wait} s", "queue_full", {"Retry-After": str(wait)}) from None
         except KeyReused:
             await run_in_threadpool(forget, job_id)

@@ -45,7 +45,7 @@ class QueueFull(Exception):
     """The queue holds `limit` jobs already (`JobStore.add`)."""
 
     def __init__(self, queued: int) -> None:
-        super().__init__(f"the queue is full ({queued} jobs waiting)")
+        super().__init__(f"the queue is full ({queued} job{'s' if queued != 1 else ''} waiting)")
         self.queued = queued
 
 

@@ -135,6 +135,7 @@ class Worker:
         self.store, self.served, self.resident, self.log = store, served, resident, log
         self.metrics = Metrics(load_s=resident.load_s)
         self.running: dict[str, int] = {}  # job id -> steps done, while the job runs
+        self.started: dict[str, tuple[float, int]] = {}  # job id -> (perf_counter at its start, its steps)
         self._lock = threading.Lock()  # the metrics (several lanes)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -177,6 +178,7 @@ class Worker:
         self.log(f"{job.id}: started (attempt {job.attempts})")
         try:
             cfg = self.served.config(job.id, VideoFields.from_json(job.fields["request"]))
+            self.started[job.id] = (t0, total_steps(cfg))
             result = self._generate(job.id, cfg)
         except Stopped:
             self.store.requeue(job.id)
@@ -199,6 +201,7 @@ class Worker:
             self.log(f"{job.id}: completed in {run_s:.2f} s" + (f" on replica {where}" if where else ""))
         finally:
             self.running.pop(job.id, None)
+            self.started.pop(job.id, None)
 
     def _fail(self, job: Job, code: str, message: str, t0: float) -> None:
         self.store.fail(job.id, code, message, time.perf_counter() - t0)
@@ -227,6 +230,14 @@ class Worker:
             self.store.progress(job_id, min(90, 90 * done // max(total, 1)))
 
         return generate_counting(self.resident, cfg, report)
+
+    def job_s_estimate(self) -> float | None:
+        """The seconds a whole job takes at the running jobs' pace so far (seconds since its start / steps done x
+        its steps; the mean over the running jobs); None while no running job has finished a step."""
+        now = time.perf_counter()
+        paces = [(now - t0) / done * steps for job_id, (t0, steps) in list(self.started.items())
+                 if (done := self.running.get(job_id))]
+        return sum(paces) / len(paces) if paces else None
 
     def steps_done(self, job_id: str) -> int | None:
         """The steps the running job `job_id` has done (None: it is not running here)."""

@@ -12,9 +12,8 @@ from PIL import Image
 
 from vsagen.errors import BadInput
 from vsagen.interrupts import SignalInterrupt
-from vsagen.media.formats import (FORMATS, check_format, frame_paths, frame_pattern, output_format, read_metadata,
-                                  write_video)
-from vsagen.media.paths import check_output
+from vsagen.media.formats import (FORMATS, check_format, check_output, frame_paths, frame_pattern, output_format,
+                                  read_metadata, write_video)
 from vsagen.media.video import Encoding, Outputs, encode_mp4_stream, read_mp4
 
 # text ffmetadata escapes ('=', ';', '#', '\\', newlines), quotes and non-ASCII: each must come back as it went in

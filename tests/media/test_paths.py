@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from vsagen.errors import BadInput
-from vsagen.media.paths import (check_folder, check_output, check_target, default_folder, default_out, normal_path,
+from vsagen.media.formats import check_output
+from vsagen.media.paths import (check_folder, check_target, default_folder, default_out, normal_path,
                                 sheet_path)
 
 

@@ -10,9 +10,9 @@ from typing import Any, Sequence
 
 from ..attention import BackendSpec
 from ..errors import BadInput
-from ..media.formats import FORMATS, VideoFormat, check_format, frame_paths, output_format
-from ..media.paths import check_output, check_target, default_out, sheet_path
 from ..media.encoding import Encoding, check_encoder
+from ..media.formats import FORMATS, VideoFormat, check_format, check_output, frame_paths, output_format
+from ..media.paths import check_target, default_out, sheet_path
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..models.sources import resolve_model
 from ..request.options import ImageFit, RequestOptions, request_options

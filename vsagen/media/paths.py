@@ -68,27 +68,6 @@ def _why_unwritable(e: OSError) -> str:
         else (e.strerror or str(e)).lower())
 
 
-def check_output(out: Path, overwrite: bool, frames: int = 1) -> Path:
-    """`--out` of t2v / i2v: a video file name (not a folder) whose extension picks the format
-    (`vsagen.media.formats.output_format`: .mp4, .webm, .gif, or .png for `frames` PNG files NAME-0000.png, ...)
-    that may be written, and its JSON beside it (see `check_target`, `check_folder`). Returns the JSON's path."""
-    from .formats import FORMATS, frame_paths, output_format
-
-    if out.is_dir():
-        raise BadInput(f"--out is the video file to write (.mp4, .webm, .gif, or .png for PNG frames); {out} is a "
-                       f"folder: use --out {out / 'name.mp4'}")
-    if not out.name or out.name in (".", ".."):
-        raise BadInput(f"--out {str(out)!r}: give a file name ending in .mp4, .webm, .gif or .png")
-    json_out = out.with_suffix(".json")
-    if out.name.lower() in {f".{name}" for name in FORMATS}:
-        raise BadInput(f"--out {out}: no file name before {out.name}; give e.g. video{out.name.lower()}")
-    files = frame_paths(out, frames) if output_format(out).name == "png" else [out]
-    for p in (*files, json_out):
-        check_target(p, overwrite, "--out")
-    check_folder(out.parent)
-    return json_out
-
-
 def sheet_path(video: Path) -> Path:
     """The contact sheet (`--sheet`) of the mp4 `video`: beside it, same name, `.sheet.png`."""
     return video.with_name(f"{video.stem}.sheet.png")

@@ -15,7 +15,8 @@ import torch
 
 from vsagen.errors import RunFailure
 from vsagen.layout import plan_crop
-from vsagen.pipeline import Conditioning, Denoised, expert_kwargs, out_of_memory_as_failure
+from vsagen.errors import out_of_memory_as_failure
+from vsagen.pipeline import Conditioning, Denoised, expert_kwargs
 
 
 def test_condition_stage_wrappers_are_removed_and_time_apart(vsagen_cache):

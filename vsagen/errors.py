@@ -1,8 +1,9 @@
-"""Errors that the CLI turns into one line and an exit code (2: bad input, 1: failure while running), and the "did
-you mean" of a mistyped name."""
+"""Errors that the CLI turns into one line and an exit code (2: bad input, 1: failure while running), the "did
+you mean" of a mistyped name, and a GPU out of memory as a run failure (`out_of_memory_as_failure`)."""
 
+import contextlib
 import difflib
-from typing import Iterable
+from typing import Iterable, Iterator, Sequence
 
 
 def close_matches(typed: str, names: Iterable[str]) -> list[str]:
@@ -33,3 +34,16 @@ class RunFailure(VsagenError):
     """Something broke while running a valid request."""
 
     exit_code = 1
+
+
+@contextlib.contextmanager
+def out_of_memory_as_failure(what: str, hints: Sequence[str] = ()) -> Iterator[None]:
+    """Turn `torch.cuda.OutOfMemoryError` raised in the body into `RunFailure("out of GPU memory while <what>
+    (<torch's first line>); try <hints>")`."""
+    import torch
+
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError as e:
+        hint = f"; try {' and '.join(hints)}" if hints else ""
+        raise RunFailure(f"out of GPU memory while {what} ({str(e).splitlines()[0]}){hint}") from e

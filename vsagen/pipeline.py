@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from .architecture import experts
-from .attention.dense import check_knobs_fit
+from .attention.dense import check_knobs_fit, every_layer_dense_note
 from .cache.cache_spec import no_reuse_note
 from .cache.install import expert_steps, install_cache
 from .compiling import (compile_breaks, compile_note, compile_transformers, compile_untimed, fused_blocks_apply,
                         fused_blocks_note)
-from .errors import RunFailure
+from .errors import RunFailure, out_of_memory_as_failure
 from .kernels.runtime_notes import runtime_notes
 from .layout import CropPlan, plan_crop
 from .media.image import Conditioning  # noqa: F401 - re-exported: the commands build one for Session.load
@@ -184,19 +184,6 @@ def time_condition_stages(pipe: Any, timer: Timer, outer: str = "denoise") -> Ca
     return restore
 
 
-@contextlib.contextmanager
-def out_of_memory_as_failure(what: str, hints: Sequence[str] = ()) -> Iterator[None]:
-    """Turn `torch.cuda.OutOfMemoryError` raised in the body into `RunFailure("out of GPU memory while <what>
-    (<torch's first line>); try <hints>")`."""
-    import torch
-
-    try:
-        yield
-    except torch.cuda.OutOfMemoryError as e:
-        hint = f"; try {' and '.join(hints)}" if hints else ""
-        raise RunFailure(f"out of GPU memory while {what} ({str(e).splitlines()[0]}){hint}") from e
-
-
 @dataclass
 class Denoised:
     """One `Session.run`.
@@ -297,11 +284,14 @@ class Session:
             BadInput: a backend cannot run on this device / dtype, or the model cannot be loaded as asked.
             ModelNotFound: the checkpoint cannot be found or loaded.
         """
+        also_notes: list[str] = []  # the request's knobs that leave nothing sparse (said with the load's notes)
         for fit in request.tile_fits:
             run = request.predicted_run(fit)
             for backend in backends:
                 backend.prepare(run)  # refusals only: its notes are said once loaded (below)
                 check_knobs_fit(backend, run)  # dense_layers past the model's blocks
+                if (note := every_layer_dense_note(backend, run)) and note not in also_notes:
+                    also_notes.append(note)
         t0 = time.perf_counter()
         with status_after(log, f"loading {request.model} ({'random weights, ' if request.random_weights else ''}"
                                f"{request.device} {request.dtype})"):
@@ -311,6 +301,7 @@ class Session:
         truncated = truncation_note(pipe, request)
         if truncated is not None:
             model.notes.append(truncated)
+        model.notes.extend(also_notes)
         from .api import run_info
 
         # the loaded transformers and the real grids: refused before any run starts, and the backends' notes said

@@ -16,8 +16,8 @@ from conftest import forward, make_inputs, make_transformer, one_error_line
 
 import vsagen
 from vsagen.attention.base import RunInfo
-from vsagen.attention.dense import (DenseCall, check_knobs, check_knobs_fit, dense_step_count, every_step_dense_note,
-                                   knob_info, layer_set)
+from vsagen.attention.dense import (DenseCall, check_knobs, check_knobs_fit, dense_step_count, every_layer_dense_note,
+                                   every_step_dense_note, knob_info, layer_set)
 from vsagen.attention.spec import resolve_spec
 from vsagen.attention.vsa import VSAAttention, VSAOptions
 from vsagen.errors import BadInput
@@ -139,6 +139,25 @@ def test_dense_steps_covering_every_step_is_a_note():
     for options, steps in ((VSAOptions(dense_steps="1"), 2), (VSAOptions(dense_steps="0.5"), 3), (VSAOptions(), 2),
                            (VSAOptions(dense_steps="all"), 2)):  # (all asks for exactly that)
         assert every_step_dense_note("vsa", options, steps) is None
+
+
+def test_dense_layers_naming_every_block_is_a_note():
+    """A verifying trial: `vsa:dense_layers=0,1` on a 2-block model ran every call dense and said nothing."""
+    from vsagen.attention.base import Expert
+
+    def run(*layers):
+        return RunInfo(torch.device("cpu"), torch.float32, experts=tuple(Expert(f"t{i}", {"layers": n})
+                                                                          for i, n in enumerate(layers)))
+
+    every = resolve_spec("vsa:dense_layers=0-1").build()
+    assert every_layer_dense_note(every, run(2)) == (
+        "--attn vsa: dense_layers=0,1 names every block of this model (2): every call runs full, as --attn full "
+        "(nothing runs sparse; fewer dense layers leave some sparse)")
+    assert every_layer_dense_note(every, run(2, 2)) is not None  # both experts' blocks
+    assert every_layer_dense_note(every, run(3)) is None  # block 2 stays sparse
+    assert every_layer_dense_note(every, run()) is None  # the blocks not known
+    assert every_layer_dense_note(resolve_spec("vsa:dense_steps=1").build(), run(2)) is None
+    assert every_layer_dense_note(resolve_spec("full").build(), run(2)) is None
 
 
 def test_values_are_typed_once_and_normalized():

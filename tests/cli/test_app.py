@@ -401,8 +401,8 @@ def test_i2v_with_its_arguments_swapped_says_the_order(monkeypatch, capsys, tmp_
         cli_app.main()
     out, err = capsys.readouterr()
     assert e.value.code == 2 and out == "" and err == ("error: the arguments are IMAGE PROMPT, and fox.png is an image "
-                                                       "while 'a fox' is no file: vsagen i2v fox.png 'a fox' (see "
-                                                       "`vsagen i2v --help`)\n")
+                                                       "while 'a fox' is no file: vsagen i2v ... fox.png 'a fox' (your "
+                                                       "options where the ... is) (see `vsagen i2v --help`)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fox.png"]
 
 

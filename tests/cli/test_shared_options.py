@@ -236,7 +236,7 @@ def test_swapped_i2v_arguments_are_told_their_order(tmp_path):
     (tmp_path / "fox.png").write_bytes(b"x")  # (by name: the image's own checks read it later, in order)
     assert swapped_image_prompt(Path("a fox"), str(tmp_path / "fox.png")) == (
         f"the arguments are IMAGE PROMPT, and {tmp_path / 'fox.png'} is an image while 'a fox' is no file: "
-        f"vsagen i2v {tmp_path / 'fox.png'} 'a fox'")
+        f"vsagen i2v ... {tmp_path / 'fox.png'} 'a fox' (your options where the ... is)")
     assert swapped_image_prompt(tmp_path / "fox.png", "a fox") is None  # the right order
     assert swapped_image_prompt(Path("a fox"), str(tmp_path / "gone.png")) is None  # no image there either
     assert swapped_image_prompt(Path("a fox"), "") is None and swapped_image_prompt(Path("a fox"), "fox") is None

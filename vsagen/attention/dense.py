@@ -149,6 +149,21 @@ def every_step_dense_note(name: str, options: Any, steps: int) -> str | None:
             f"(nothing runs sparse; fewer dense steps leave some sparse)")
 
 
+def every_layer_dense_note(backend: Any, run: Any) -> str | None:
+    """The run note for a `dense_layers` list that names every block of the run's transformers (`run.experts`, a
+    `RunInfo`'s): every call then runs `full`, as with `every_step_dense_note`; None otherwise (no knob, a block
+    left sparse, or the blocks not known). (A verifying trial: `vsa:dense_layers=0,1` on the 2-block tiny model
+    said nothing, and `vsagen search --suggest-dense --budget 0` suggests such a list.)"""
+    options = getattr(backend, "options", None)
+    wanted = layer_set(options) if has_knobs(options) else frozenset()
+    blocks = [e.layers for e in getattr(run, "experts", ())]
+    if not wanted or not blocks or not set(range(max(blocks))) <= wanted:
+        return None
+    return (f"--attn {backend.name}: dense_layers={options.dense_layers} names every block of this model "
+            f"({max(blocks)}): every call runs full, as --attn full (nothing runs sparse; fewer dense layers leave "
+            "some sparse)")
+
+
 def call_is_dense(options: Any, layer: int, tokens: int, dense_step: bool) -> bool:
     """Whether one attn1 call runs `full`: at a dense step, in a dense layer, or over fewer than `min_tokens`
     tokens (the whole sequence)."""

@@ -197,7 +197,7 @@ def _batch_command(prompt: str, file: Path, options: RequestOptions, *, json_out
         if not json_out:
             from rich.table import Table
 
-            table = Table(title=f"--prompts {file}: {len(results)} videos from one load")
+            table = Table(title=f"--prompts {file}: {len(results)} video{'s' * (len(results) != 1)} from one load")
             for column in ("#", "prompt", "seed", "frames x H x W", "steps", "wait s", "video"):
                 table.add_column(column, justify="right" if column in ("#", "seed", "steps", "wait s") else "left")
             for i, (cfg, result) in enumerate(zip(cfgs, results), 1):

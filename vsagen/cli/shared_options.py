@@ -75,11 +75,13 @@ def usage_error(message: str, ctx: Any = None) -> Exception:
 
 def swapped_image_prompt(image: Path, prompt: str) -> str | None:
     """The line for `vsagen i2v PROMPT IMAGE` (the arguments swapped): IMAGE is no file and PROMPT names an image
-    file (by its suffix); None otherwise (then the image's own checks speak)."""
+    file (by its suffix), with the two in order and `...` for the command's other options (as t2v's unquoted-prompt
+    line has them: a verifying trial pasted the line and lost --model); None otherwise (then the image's own checks
+    speak)."""
     if image.exists() or not prompt or Path(prompt).suffix.lower() not in IMAGE_SUFFIXES or not Path(prompt).is_file():
         return None
     return (f"the arguments are IMAGE PROMPT, and {prompt} is an image while {str(image)!r} is no file: "
-            f"vsagen i2v {shlex.quote(prompt)} {shlex.quote(str(image))}")
+            f"vsagen i2v ... {shlex.quote(prompt)} {shlex.quote(str(image))} (your options where the ... is)")
 
 
 def _choices(enum: type[Enum]) -> str:

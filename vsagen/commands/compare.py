@@ -472,7 +472,8 @@ def _decode(cfg: CompareConfig, session: Any, run_of: Any, dit: _DitRun, states:
 
     import torch
 
-    from ..pipeline import decode_latents, out_of_memory_as_failure, video_frames
+    from ..errors import out_of_memory_as_failure
+    from ..pipeline import decode_latents, video_frames
 
     vae = session.pipe.vae
     if states is not None:

@@ -16,11 +16,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..architecture import experts
 from ..decode.decoder_choice import vae_summary
-from ..errors import BadInput, RunFailure
+from ..errors import BadInput, RunFailure, out_of_memory_as_failure
 from ..estimate import cpu_time_estimate
 from ..layout import tile_layout
 from ..models.loading import versions
-from ..pipeline import Conditioning, Session, out_of_memory_as_failure
+from ..pipeline import Conditioning, Session
 from ..quant.swap import precision_summary
 from ..timing import TimingReport
 from .generate_config import RunConfig

@@ -80,12 +80,14 @@ def test_each_precision_runs_as_if_quantized_at_load_and_the_loaded_linears_come
     plain = {name: forward(getattr(pipe, name)) for name in own}
     sets = PrecisionSets(pipe, ("int8", "none", "fp8"), torch.float32)
     assert all(linears(getattr(pipe, n)) == own[n] for n in own)  # building leaves the loaded ones in place
-    assert sets.notes == [f"--quant {p}: {n}: 20 block linears run as {w}" for p, w in
-                          (("int8", "int8 W8A8 (128x128 block scales)"), ("fp8", "FP8 e4m3 W8A8 (row-wise scales)"))
-                          for n in own]
+    fp8_kept = "; 4 kept in the run's dtype (e.g. blocks.0.attn2.to_k: text / image tokens"
+    assert [note.split(": FP8's")[0] for note in sets.notes] == [
+        f"--quant {p}: {n}: {c} block linears run as {w}" for p, c, w in
+        (("int8", 20, "int8 W8A8 (128x128 block scales)"), ("fp8", 16, "FP8 e4m3 W8A8 (row-wise scales)" + fp8_kept))
+        for n in own]
     assert [s["transformer_2"] for s in sets.summaries] == [{"int8": 20, "fp8": 0, "dtype": 0},
                                                            {"int8": 0, "fp8": 0, "dtype": 20},
-                                                           {"int8": 0, "fp8": 20, "dtype": 0}]
+                                                           {"int8": 0, "fp8": 16, "dtype": 4}]
     for index, precision in ((2, "fp8"), (0, "int8"), (1, "none"), (0, "int8")):
         sets.put(index)
         for name in own:
@@ -113,10 +115,12 @@ def test_a_quant_files_int8_linears_run_as_stored_and_as_their_dequantized_weigh
     for name, (q, scale) in codes.items():
         exact = q.double() * scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)[:q.shape[0], :q.shape[1]]
         assert type(none[name]) is nn.Linear and torch.equal(none[name].weight, exact.float())
-        assert isinstance(fp8[name], Fp8Linear)
-    assert sets.notes == ["--quant int8: transformer: 20 block linears run as int8 W8A8 (128x128 block scales) "
-                          "(20 as loaded)", "--quant fp8: transformer: 20 block linears run as FP8 e4m3 W8A8 "
-                                            "(row-wise scales)"]
+        text_kv = name.split(".", 2)[2] in ("attn2.to_k", "attn2.to_v")  # FP8 keeps them in the run's dtype
+        assert fp8[name] is none[name] if text_kv else isinstance(fp8[name], Fp8Linear)
+    assert sets.notes[0] == "--quant int8: transformer: 20 block linears run as int8 W8A8 (128x128 block scales) " \
+                            "(20 as loaded)"
+    assert sets.notes[1].startswith("--quant fp8: transformer: 16 block linears run as FP8 e4m3 W8A8 (row-wise "
+                                    "scales); 4 kept in the run's dtype")
     assert precision_summary(t) == {"int8": 20, "fp8": 0, "dtype": 0} and linears(t) == loaded
 
 

@@ -46,7 +46,10 @@ def test_swapped_transformer_stays_close(precision, cls, bound):
         want = t(**inputs(t))[0]
     head = t.proj_out
     report = quantize_transformer(t, precision)
-    assert len(report.swapped) == 10 * len(t.blocks) and not report.kept
+    low = 10 if precision == "int8" else 8  # FP8 keeps the cross-attention's text k / v (FP8_KEPT)
+    assert len(report.swapped) == low * len(t.blocks)
+    assert [n for n, _ in report.kept] == [f"blocks.{i}.attn2.to_{x}" for i in range(len(t.blocks))
+                                           for x in "kv"][: (10 - low) * len(t.blocks)]
     assert all(isinstance(m, cls) for _, m in [(n, t.get_submodule(n)) for n in report.swapped])
     assert t.proj_out is head and isinstance(t.condition_embedder.time_proj, nn.Linear)
     with torch.no_grad():
@@ -54,7 +57,7 @@ def test_swapped_transformer_stays_close(precision, cls, bound):
     assert got.shape == want.shape
     err = rel_l2(got, want)
     assert 1e-4 < err < bound
-    assert report.note().startswith(f"{10 * len(t.blocks)} block linears run as")
+    assert report.note().startswith(f"{low * len(t.blocks)} block linears run as")
 
 
 def test_none_changes_nothing_and_fp8_keeps_misfits():
@@ -63,8 +66,9 @@ def test_none_changes_nothing_and_fp8_keeps_misfits():
     odd = nn.Linear(32, 24)  # N = 24: not a multiple of 16
     t.blocks[1].attn2.to_out[0] = odd
     report = quantize_transformer(t, "fp8")
-    assert report.kept == [("blocks.1.attn2.to_out.0", "32 -> 24 is not a multiple of 16 (torch._scaled_mm)")]
-    assert t.blocks[1].attn2.to_out[0] is odd and "1 kept in the run's dtype" in report.note()
+    assert ("blocks.1.attn2.to_out.0", "32 -> 24 is not a multiple of 16 (torch._scaled_mm)") in report.kept
+    assert t.blocks[1].attn2.to_out[0] is odd and "; 1 kept in the run's dtype (e.g. blocks.1.attn2.to_out.0: 32 -> 24" \
+        in report.note() and "; 4 kept in the run's dtype (e.g. blocks.0.attn2.to_k: text / image tokens" in report.note()
     with pytest.raises(ValueError, match="unknown precision"):
         quantize_transformer(t, "fp4")
 
@@ -128,3 +132,67 @@ def test_dequantized_linear_is_the_weight_loading_a_quant_file_gives(dtype):
     x = torch.randn(3, 130, generator=g).to(dtype)
     with torch.no_grad():
         assert torch.equal(linear(x), nn.functional.linear(x, state["w.weight"], bias))
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_qkv_quantize_their_input_once(precision, monkeypatch):
+    """attn1's q / k / v read one activation: with the swap's `share_inputs` it is quantized once per attention call
+    (a counting quantizer sees one call per block where it saw three), and the forward is bit for bit the unshared
+    one; a tensor written in place between two reads (its version moves) is quantized afresh."""
+    from vsagen.quant.lowbit import LowBitLinear, SharedInput
+
+    t = make_transformer()
+    quantize_transformer(t, precision)
+    attn = t.blocks[0].attn1
+    shared = attn.to_q.shared_input
+    assert isinstance(shared, SharedInput) and attn.to_k.shared_input is shared and attn.to_v.shared_input is shared
+    assert attn.to_out[0].shared_input is None
+    cls = type(attn.to_q)
+    calls = []
+
+    def counting(x):
+        calls.append(tuple(x.shape))
+        return own(x)
+    own = cls.quantize_input
+    monkeypatch.setattr(cls, "quantize_input", staticmethod(counting))
+    with torch.no_grad():
+        got = t(**inputs(t))[0]
+    shared_calls = len(calls)
+    calls.clear()
+    for m in t.modules():
+        if isinstance(m, LowBitLinear):
+            m.shared_input = None
+    with torch.no_grad():
+        want = t(**inputs(t))[0]
+    assert torch.equal(got, want)
+    per_block = {"int8": 2 + 1, "fp8": 2}  # q / k / v: 3 -> 1; int8's text k / v: 2 -> 1 (FP8 keeps those bf16)
+    assert len(calls) - shared_calls == per_block[precision] * len(t.blocks)
+
+    x = torch.randn(6, 32)
+    s = SharedInput(3)
+    assert s.get(x, own) is s.get(x, own)  # the second consumer gets the first's codes
+    x.mul_(2)  # written in place: the third read quantizes afresh
+    again = s.get(x, own)
+    assert torch.equal(again[0], own(x)[0]) and s.x is x
+    with pytest.raises(ValueError, match="at least 2"):
+        SharedInput(1)
+
+
+def test_shared_input_under_inference_mode():
+    """vsagen's runs denoise under `torch.inference_mode`, whose tensors have no version counter: the sharing still
+    works there (the int8 CLI run failed on it once), one quantization for the three readers."""
+    from vsagen.quant.lowbit import SharedInput
+    from vsagen.quant.int8_linear import quantize_int8_blocks
+
+    calls = []
+
+    def counting(x):
+        calls.append(1)
+        return quantize_int8_blocks(x)
+    with torch.inference_mode():
+        x = torch.randn(5, 40)
+        s = SharedInput(3)
+        outs = [s.get(x, counting) for _ in range(3)]
+        assert len(calls) == 1 and outs[0] is outs[2] and s.x is None  # dropped after the third reader
+        s.get(x, counting)
+        assert len(calls) == 2

@@ -110,6 +110,7 @@ class Fp8Linear(LowBitLinear):
 
     kept = ("weight_fp8", "weight_scale")
     quantize_weight = staticmethod(quantize_fp8_rows)
+    quantize_input = staticmethod(quantize_activations)
 
     def __init__(self, weight_fp8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         if weight_fp8.dtype != torch.float8_e4m3fn or tuple(weight_scale.shape) != (weight_fp8.shape[0], 1):
@@ -118,7 +119,7 @@ class Fp8Linear(LowBitLinear):
         super().__init__(weight_fp8, weight_scale, bias)
 
     def linear_2d(self, x: torch.Tensor) -> torch.Tensor:
-        xq, xs = quantize_activations(x)
+        xq, xs = self.quantized_input(x)
         return fp8_matmul(xq, xs, self.weight_fp8, self.weight_scale, x.dtype, self.bias)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:

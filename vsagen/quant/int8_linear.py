@@ -165,6 +165,7 @@ class Int8Linear(LowBitLinear):
 
     kept = ("int8_weight", "scale")
     quantize_weight = staticmethod(quantize_int8_blocks)
+    quantize_input = staticmethod(quantize_activations)
 
     def __init__(self, int8_weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         blocks = tuple(cdiv(n, QUANT_BLOCK) for n in int8_weight.shape)
@@ -174,7 +175,7 @@ class Int8Linear(LowBitLinear):
         super().__init__(int8_weight, scale, bias)
 
     def linear_2d(self, x: torch.Tensor) -> torch.Tensor:
-        xq, xs = quantize_activations(x)
+        xq, xs = self.quantized_input(x)
         return int8_block_matmul(xq, xs, self.int8_weight, self.scale, x.dtype, self.bias)
 
     def dequantized_weight(self, dtype: Any = torch.float32) -> torch.Tensor:

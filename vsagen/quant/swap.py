@@ -5,7 +5,8 @@ The layers: inside each transformer block, the self-attention's q / k / v / outp
 `to_k`, `to_v`, `to_qkv` where fused, `to_out.0`), the cross-attention's (`attn2.*`, with the image projections
 `add_k_proj` / `add_v_proj` of the I2V models) and the FFN's two linears (`ffn.net.0.proj`, `ffn.net.2`): the
 linears TurboDiffusion's `replace_linear_norm` quantizes (every `nn.Linear` in `model.blocks` but SLA's `proj_l`,
-`turbodiffusion/inference/modify_model.py:64-67`), named as diffusers names them. Everything else stays in the run's
+`turbodiffusion/inference/modify_model.py:64-67`), named as diffusers names them; FP8 keeps the cross-attention's
+text / image k / v projections (`FP8_KEPT`). Everything else stays in the run's
 dtype: the patch embedding, the time / text / image embedders, the time projection that makes the modulation, the
 blocks' modulation tables and norms, the head (`proj_out`), and any module an attention backend attached (SLA's
 `proj_l`). These layers hold nearly all of the DiT's GEMM FLOPs (Wan2.1-1.3B at 32,760 tokens: 30 blocks x (6 x 1536 +
@@ -34,7 +35,7 @@ from ..architecture import experts
 from .fp8_ffn import fuse_fp8_ffns
 from .fp8_linear import Fp8Linear
 from .int8_linear import Int8Linear
-from .lowbit import LowBitLinear
+from .lowbit import LowBitLinear, SharedInput
 
 PRECISIONS = ("none", "fp8", "int8")
 # group -> the names inside one block (diffusers' WanTransformerBlock)
@@ -44,6 +45,17 @@ LAYER_GROUPS = {
                    "attn2.add_v_proj"),
     "ffn": ("ffn.net.0.proj", "ffn.net.2"),
 }
+# Under FP8, the cross-attention's projections of the text (and I2V image) tokens stay in the run's dtype: their
+# rows are the prompt's 512 tokens (257 image tokens), a negligible share of the FLOPs (2 x 512 x 1536^2 multiply-adds
+# a block against 32,760 x 13,184 x 1536 for the 1.3B's other linears: 0.3%), where the activation quantizer's
+# launch and pass cost more than the GEMM saves: on an H100 at 512x1536x1536, bf16 0.011 ms, FP8 0.056 / 0.077 ms
+# (to_k / to_v; BENCHMARKS.md 2026-12-07 evening, `quant_layers_gpu.py`). int8 keeps them low-bit: TurboDiffusion
+# quantizes every block linear, and their `-quant` files hold them as int8.
+FP8_KEPT = {"attn2.to_k", "attn2.to_v", "attn2.to_kv", "attn2.add_k_proj", "attn2.add_v_proj"}
+FP8_KEPT_WHY = "text / image tokens: FP8's quantizer costs more than it saves at a few hundred rows"
+# The projections that read one activation: quantized once for all of them (`SharedInput`).
+SHARED_INPUTS = (("attn1.to_q", "attn1.to_k", "attn1.to_v"), ("attn2.to_k", "attn2.to_v"),
+                 ("attn2.add_k_proj", "attn2.add_v_proj"))
 
 
 @dataclass
@@ -62,8 +74,11 @@ class SwapReport:
         text = f"{n} block linears run as {what.get(self.precision, self.precision)}"
         if self.already:
             text += f" ({len(self.already)} as loaded)"
-        if self.kept:
-            text += f"; {len(self.kept)} kept in the run's dtype (e.g. {self.kept[0][0]}: {self.kept[0][1]})"
+        reasons: dict[str, list[str]] = {}
+        for name, why in self.kept:
+            reasons.setdefault(why, []).append(name)
+        for why, names in reasons.items():
+            text += f"; {len(names)} kept in the run's dtype (e.g. {names[0]}: {why})"
         return text
 
 
@@ -118,6 +133,23 @@ def install_int8(transformer: Any, codes: dict[str, tuple[Any, Any]]) -> list[st
     return list(codes)
 
 
+def share_inputs(transformer: Any) -> int:
+    """Give each group of `SHARED_INPUTS` in every block one `SharedInput` where all its linears are low-bit of one
+    class (and clear it from those where they are not, e.g. after `compare --quant` put bf16 layers back), so the
+    activation they all read is quantized once. Returns the number of groups sharing."""
+    n = 0
+    for block in transformer.blocks:
+        for names in SHARED_INPUTS:
+            mods = [block.get_submodule(name) if _has(block, name) else None for name in names]
+            low = [m for m in mods if isinstance(m, LowBitLinear)]
+            same = len(low) == len(names) and len({type(m) for m in low}) == 1
+            shared = SharedInput(len(names)) if same else None
+            for m in low:
+                m.shared_input = shared
+            n += same
+    return n
+
+
 def put_modules(transformer: Any, modules: dict[str, nn.Module]) -> None:
     """Set each named submodule of `transformer` (`blocks.0.attn1.to_q`) to the given module, in place: the swap's
     undo with the linears it replaced."""
@@ -151,7 +183,9 @@ def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str]
         precision: "fp8" or "int8" ("none" changes nothing).
 
     Returns:
-        SwapReport: the names swapped, and those kept with the reason (FP8's shape rule).
+        SwapReport: the names swapped, and those kept with the reason (FP8: the text / image projections
+        `FP8_KEPT`, and `torch._scaled_mm`'s shape rule). The q / k / v projections (and the text k / v under int8)
+        then quantize their common input once (`share_inputs`).
 
     Raises:
         ValueError: an unknown precision or group.
@@ -164,12 +198,15 @@ def quantize_transformer(transformer: Any, precision: str, groups: Iterable[str]
     report.already = [name for name, _ in block_linears(transformer, groups, LowBitLinear)]
     build: Callable[[nn.Linear], nn.Module] = Fp8Linear.from_linear if precision == "fp8" else Int8Linear.from_linear
     for name, linear in block_linears(transformer, groups):
-        problem = fp8_shape_problem(linear) if precision == "fp8" else None
+        problem = None
+        if precision == "fp8":
+            problem = FP8_KEPT_WHY if name.split(".", 2)[2] in FP8_KEPT else fp8_shape_problem(linear)
         if problem:
             report.kept.append((name, problem))
             continue
         put_modules(transformer, {name: build(linear)})
         report.swapped.append(name)
+    share_inputs(transformer)
     if precision == "fp8":
         fuse_fp8_ffns(transformer)  # (eager CUDA runs: the GELU inside the second linear's quantizer)
     return report

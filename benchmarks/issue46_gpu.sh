@@ -7,8 +7,10 @@
 #   PART=b  4. the 14B DiT step with vsa, --quant none and fp8 (target fp8 >= 1.4x), 720p, 1 step after 1 warm-up;
 #           5. turbowan2.1-t2v-1.3b-quant's DiT per video, its int8 file run as int8 W8A8 (--quant int8) against the
 #              same file dequantized to bf16 (--quant none) (target: int8 below bf16).
+#   PART=c  6. the 1.3B vsa step, eager, --quant none and fp8, after q / k / v share one quantization and FP8 keeps
+#              the text k / v in bf16 (2c716e4); then fastwan2.1-t2v-1.3b's DiT per video, eager, none and fp8.
 # Run from the repository root through the device tool, carrying .whl (../shared/gpu/fetch-wheels.sh):
-#     PART=a bash benchmarks/issue46_gpu.sh ; then PART=b bash benchmarks/issue46_gpu.sh
+#     PART=a bash benchmarks/issue46_gpu.sh ; then PART=b, then PART=c
 set -u
 source benchmarks/gpu_env.sh || exit 1
 runs=/tmp/issue46-runs; mkdir -p "$runs"
@@ -31,6 +33,9 @@ if [ "${PART:-a}" = a ]; then
     timeout 200 python3 benchmarks/sage_fine.py --shapes 1.3b,14b 2>&1 | grep -v Warning | tee "$OUT/sage_fine.txt"
     timeout 150 python3 benchmarks/fp8_latents.py 2>&1 | grep -v Warning | tee "$OUT/fp8_latents.txt"
     for q in none fp8; do t2v "fastwan-compile-$q" "$q" --model fastwan2.1-t2v-1.3b --compile; done
+elif [ "$PART" = c ]; then
+    for q in none fp8; do profile "profile-1.3b-$q" "$q" wan2.1-t2v-1.3b; done
+    for q in none fp8; do t2v "fastwan-eager-$q" "$q" --model fastwan2.1-t2v-1.3b; done
 else
     for q in none fp8; do profile "profile-14b-$q" "$q" wan2.1-t2v-14b; done
     for q in none int8; do t2v "turbo-quant-$q" "$q" --model turbowan2.1-t2v-1.3b-quant; done

@@ -1,7 +1,7 @@
 """Issue 46: one Wan2.1-1.3B block's ten linears at their real sizes (hidden 1536, FFN 8960, 32,760 latent tokens,
-512 text tokens), timed as the DiT runs them: in bf16 (`nn.Linear`) and swapped to vsagen's FP8 / int8 W8A8 layers
-by `vsagen.quant.swap.quantize_transformer`, the function `--quant` calls, on a one-block `WanTransformer3DModel`
-built from the bundled preset's architecture (random weights).
+512 text tokens), timed as the DiT runs them: in bf16 (`nn.Linear`) and as vsagen's FP8 / int8 W8A8 layers built
+by the builders `--quant`'s swap uses (each layer alone: no input shared between q / k / v, every layer low-bit), on
+a one-block `WanTransformer3DModel` built from the bundled preset's architecture (random weights).
 
 Prints, for the GPU it runs on:
   1. checks: the Triton activation quantizers (`vsagen.kernels.act_quant`) against the torch formulas of
@@ -33,7 +33,6 @@ if "--smoke" in sys.argv:  # before triton decorates any kernel
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse  # noqa: E402
-import copy  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vsagen.kernels import act_quant  # noqa: E402
 from vsagen.quant import fp8_linear, int8_linear  # noqa: E402
 from vsagen.quant.lowbit import LowBitLinear  # noqa: E402
-from vsagen.quant.swap import block_linears, quantize_transformer  # noqa: E402
+from vsagen.quant.swap import block_linears  # noqa: E402
 
 VARIANTS = ("bf16", "fp8", "int8")
 REAL = dict(tokens=32760, text=512, arch={})  # the preset's architecture as it is
@@ -55,22 +54,23 @@ SMOKE = dict(tokens=300, text=40, arch=dict(num_attention_heads=2, attention_hea
 
 
 def build_layers(device: str, arch: dict) -> dict[str, list[tuple[str, torch.nn.Module]]]:
-    """{variant: [(name in the block, module)]}: the ten block linears of a one-block 1.3B transformer in bf16, and of
-    two copies swapped by `quantize_transformer` (fp8, int8)."""
+    """{variant: [(name in the block, module)]}: the ten block linears of a one-block 1.3B transformer in bf16, and
+    each built as FP8 / int8 by the swap's own builders (`Fp8Linear.from_linear`, `Int8Linear.from_linear`), one
+    layer each, with no input shared between q / k / v (`quantize_transformer` shares it, and keeps the text k / v in
+    bf16 under FP8: here every layer is timed alone, on its own input)."""
     from diffusers import WanTransformer3DModel
 
     from vsagen.models.presets import load_preset
+    from vsagen.quant.fp8_linear import Fp8Linear
+    from vsagen.quant.int8_linear import Int8Linear
 
     torch.manual_seed(0)
     config = {**load_preset("wan2.1-t2v-1.3b").transformer, **arch, "num_layers": 1}
     base = WanTransformer3DModel(**config).eval().to(device, torch.bfloat16)
     out = {"bf16": block_linears(base)}
-    for precision in ("fp8", "int8"):
-        t = copy.deepcopy(base)
-        report = quantize_transformer(t, precision)
-        assert len(report.swapped) == 10 and not report.kept, report.note()
-        out[precision] = block_linears(t, kind=LowBitLinear)
-    assert [n for n, _ in out["fp8"]] == [n for n, _ in out["bf16"]] == [n for n, _ in out["int8"]]
+    for precision, cls in (("fp8", Fp8Linear), ("int8", Int8Linear)):
+        out[precision] = [(n, cls.from_linear(m)) for n, m in out["bf16"]]
+    assert len(out["bf16"]) == 10
     return {v: [(n.removeprefix("blocks.0."), m) for n, m in layers] for v, layers in out.items()}
 
 

@@ -4,7 +4,8 @@ a JSON object with the prompt and the video's own seed, size, frames, steps, gui
 `#` are skipped. Each line becomes the `t2v` request of the command line's options with its own values in their
 groups (`resolve_batch`: every line checked, every target free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
 `vsagen.commands.generate.Resident`), each video and its JSON published before the next starts: an interrupt keeps
-the finished ones and leaves no partial one.
+the finished ones and leaves no partial one. `vsagen search --prompts` reads the same file (`read_batch`), its
+prompts only (`vsagen.commands.search.search_prompts`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,25 @@ from typing import Any, Callable, Sequence
 from ..errors import BadInput
 from ..request.options import RequestOptions
 from .generate_config import VIDEO_VALUES, RunConfig, resolve_run, video_options
-from .search import prompts_text
 
 # a line's JSON keys: the prompt, then a video's own values (`vsagen.commands.generate_config.VIDEO_VALUES`)
 KEYS = ("prompt", *VIDEO_VALUES)
+
+
+def prompts_text(path: Path) -> str:
+    """The text of a `--prompts` file (`vsagen t2v`, `vsagen search`).
+
+    Raises:
+        BadInput: a missing, unreadable or non-UTF-8 file, or a folder.
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,18 @@ def test_presets_to_a_pipe_split_no_word(capsys, monkeypatch):
     assert any(line.startswith("vsagen t2v PROMPT") and line.endswith("Wan-AI repository.") for line in lines)
 
 
+@pytest.mark.parametrize("columns", [None, 210, 80, 60, 40])
+def test_presets_to_a_pipe_end_no_line_in_spaces(columns):
+    """User trial: `vsagen presets | cat -A` showed the title line padded with spaces to the table's width (Rich pads
+    where it is not a terminal). Captured (not a terminal), COLUMNS unset (the one table) or set (one table, three,
+    or a paragraph per preset): no line ends in a space, and the title is there alone."""
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": None if columns is None else str(columns)})
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    assert [line for line in lines if line.endswith(" ")] == []
+    assert columns in (60, 40) or "presets" in lines  # (narrower: a paragraph per preset, no title)
+
+
 @pytest.mark.parametrize("columns", [80, 60, 40])
 def test_presets_on_a_narrow_terminal_split_no_word(columns):
     """On a terminal of 80 columns and narrower: every word of the commands column (`[--last-image]`) and of the

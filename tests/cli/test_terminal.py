@@ -14,7 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vsagen.cli.app import app
-from vsagen.cli.terminal import PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, wrap_line
+from vsagen.cli.terminal import (PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, trimmed,
+                                 wrap_line)
 
 # The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
 NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
@@ -291,3 +292,23 @@ def test_one_pipe_width_for_every_report():
     from vsagen.commands import profile_render
 
     assert terminal.PIPE_WIDTH == profile_render.PIPE_WIDTH == 200
+
+
+def test_trimmed_cuts_trailing_spaces_off_a_pipe_only():
+    """`trimmed`: not a terminal, each line without its trailing spaces (a table's title is padded to its width);
+    on a terminal the output goes as Rich writes it."""
+    from rich.table import Table
+
+    def table() -> Table:
+        t = Table(title="t", title_justify="left")
+        t.add_column("a long header")
+        return t
+
+    for terminal in (False, True):
+        out = io.StringIO()
+        con = Console(file=out, width=40, force_terminal=terminal, color_system=None)
+        with trimmed(con):
+            con.print(table())
+        lines = out.getvalue().splitlines()
+        assert lines[0] == ("t" if not terminal else "t" + " " * (len(lines[1]) - 1))
+        assert any(line.endswith(" ") for line in lines) == terminal

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import one_error_line
 from vsagen.cli.app import app
 from vsagen.commands.batch import BatchLine, batch_out, read_batch, resolve_batch
 from vsagen.errors import BadInput
@@ -41,10 +42,14 @@ def test_lines_of_text_and_of_json(tmp_path):
     ("{\"prompt\": \"x\", \"guidance\": true}\n", "line 1: guidance must be a number, got true"),  # the file's
     ("{\"prompt\": \"a\", \"steps\": true}\n", "line 1: steps must be an integer, got true"),  # spelling
     # JSON that is not an object (new-user trial: [1,2] became the prompt "[1,2]")
-    ("a fox\n[1,2]\n", "line 2: JSON a list, not an object; a line is a prompt as text or a JSON object (for this "
+    ("a fox\n[1,2]\n", "line 2 is a JSON list, not an object; a line is a prompt as text or a JSON object (for this "
                          "text as the prompt, write {\"prompt\": \"[1,2]\"})"),
-    ("\"a fox\"\n", "line 1: JSON a string, not an object"),
-    ("1984\n", "line 1: JSON a number, not an object"),
+    # user trial: a JSON string's fix quoted the quotes ({"prompt": "\"a fox\""}); its text, unquoted
+    ("\"a fox\"\n", "line 1 is a JSON string, not an object; write the prompt without the quotes, or as "
+                     "{\"prompt\": \"a fox\"}"),
+    ("\"\"\n", "line 1 is a JSON string, not an object; write a prompt"),
+    ("1984\n", "line 1 is a JSON number, not an object"),
+    ("true\n", "line 1 is JSON true, not an object"),
     ("{\"prompt\": \"x\", \"negative_prompt\": 3}\n", "line 1: negative_prompt must be a string, got 3"),
     ("# only a comment\n\n", "has no prompt"),
 ])
@@ -109,6 +114,16 @@ def test_an_existing_target_is_refused_unless_overwrite(tmp_path, vsagen_cache):
     with pytest.raises(BadInput, match="line 2: .*v-0002.mp4"):
         resolve_batch(path, request_options(**SMALL, out=tmp_path / "v.mp4"))
     assert len(resolve_batch(path, request_options(**SMALL, out=tmp_path / "v.mp4", overwrite=True))) == 2
+
+
+def test_the_command_refuses_a_json_string_line_in_one_clear_line(tmp_path):
+    """User trial: the line `"a fox"` (JSON, not an object) was answered with a fix that kept its quotes inside the
+    prompt. One line, exit 2, no traceback, nothing written."""
+    path = write(tmp_path, "a cat\n\"a fox\"\n")
+    res = CliRunner().invoke(app, ["t2v", "--model", "tiny", "--prompts", str(path), "--out", str(tmp_path / "v.mp4")])
+    assert one_error_line(res) == (f"error: --prompts {path} line 2 is a JSON string, not an object; write the "
+                                   "prompt without the quotes, or as {\"prompt\": \"a fox\"}")
+    assert [p.name for p in tmp_path.iterdir()] == ["prompts.txt"]
 
 
 def test_the_command_refuses_a_prompt_with_prompts(tmp_path):

@@ -39,6 +39,39 @@ def test_prompts_file_skips_blank_lines_and_comments(tmp_path):
     assert read_prompts(f) == ("a fox", "a cat # not a comment")
 
 
+def test_prompts_file_is_read_as_t2v_reads_it(tmp_path):
+    """User trial: `search --prompts` read a `t2v --prompts` file's JSON lines as prompts, braces and all."""
+    f = tmp_path / "p.txt"
+    f.write_text('a fox\n{"prompt": "a cat", "seed": 3, "height": 32}\n# x\n{"prompt": "a dog", "seed": 4}\n'
+                 '{"prompt": "an owl"}\n', encoding="utf-8")
+    assert read_prompts(f) == ("a fox", "a cat", "a dog", "an owl")
+
+
+def test_a_json_line_s_own_values_are_ignored_with_one_note(vsagen_cache, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text('a fox\n{"prompt": "a cat", "seed": 3, "height": 32}\n{"prompt": "a dog", "seed": 4}\n')
+    cfg = resolve_search(prompts=f, model="tiny", device="cpu", steps=STEPS, out=tmp_path / "p.json")
+    assert cfg.prompts == ("a fox", "a cat", "a dog") and cfg.seed != 3 and cfg.height != 32
+    note = f"--prompts {f}: a search takes each line's prompt only; height (line 2), seed (lines 2, 3) are ignored: " \
+           "every prompt runs with the command line's --height, --seed"
+    assert [n for n in cfg.notes if n.startswith("--prompts")] == [note]
+    f.write_text('a fox\n{"prompt": "a cat"}\n')  # no value of its own: no note
+    cfg = resolve_search(prompts=f, model="tiny", device="cpu", steps=STEPS, out=tmp_path / "p.json")
+    assert cfg.prompts == ("a fox", "a cat") and not [n for n in cfg.notes if n.startswith("--prompts")]
+
+
+def test_the_note_of_ignored_values_comes_with_the_summary(vsagen_cache, tiny_dir, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text('{"prompt": "a cat", "seed": 3}\n{"prompt": "a dog", "negative_prompt": "rain"}\n')
+    res = runner.invoke(app, ["search", "--model", "tiny", "--prompts", str(f), "--steps", "1", "--height", "16",
+                              "--width", "16", "--frames", "1", "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.stdout.split())
+    assert flat.count(f"note: --prompts {f}: a search takes each line's prompt only; seed (line 1), "
+                      "negative_prompt (line 2) are ignored") == 1 and "note:" not in res.stderr
+    assert load_patterns(tmp_path / "p.json").prompts == 2
+
+
 @pytest.mark.parametrize("content", [None, "", "\n  \n# only comments\n", b"\xff\xfe bad"])
 def test_bad_prompts_file_is_one_error(tmp_path, content):
     f = tmp_path / "p.txt"
@@ -62,6 +95,9 @@ BAD = [
     ("both", ["--prompt", "a", "--prompts", "{tmp}/p.txt"], ["not both"]),
     ("empty-prompts", ["--prompts", "{tmp}/empty.txt"], ["--prompts", "no prompt"]),
     ("missing-prompts", ["--prompts", "{tmp}/none.txt"], ["--prompts", "no such file"]),
+    # the lines `t2v --prompts` refuses, refused alike
+    ("json-string-line", ["--prompts", "{tmp}/quoted.txt"], ["quoted.txt line 2 is a JSON string, not an object"]),
+    ("json-bad-value", ["--prompts", "{tmp}/seed.txt"], ["seed.txt line 1: seed must be an integer"]),
     ("ranges", ["--prompt", "a", "--steps", "3", "--ranges", "4"], ["--ranges", "[1, 3]"]),
     ("lam", ["--prompt", "a", "--lam", "-1"], ["--lam"]),
     ("eps", ["--prompt", "a", "--eps", "nan"], ["--eps"]),
@@ -79,6 +115,8 @@ BAD = [
 def test_bad_input_is_one_error_line_exit_2(vsagen_cache, tmp_path, case_id, extra, needles):
     (tmp_path / "p.txt").write_text("a fox\n")
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
+    (tmp_path / "quoted.txt").write_text('a fox\n"a cat"\n')
+    (tmp_path / "seed.txt").write_text('{"prompt": "a cat", "seed": "1"}\n')
     before = sorted(p.name for p in tmp_path.iterdir())
     args = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     if "--model" not in args:

@@ -424,9 +424,12 @@ def compare(
     None), tile_fit=(SearchTileFit, TileFit.PARTIAL))
 def search(
     prompt: Annotated[Optional[str], typer.Option(help="The prompt to search on (or --prompts).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="A text file of prompts, one a line (blank lines and "
-                                                         "# comments skipped); the errors are averaged over "
-                                                         "all of them.",
+    prompts: Annotated[Optional[Path], typer.Option(help="A file of prompts as t2v --prompts reads it: one a line, "
+                                                         "as text or a JSON object {\"prompt\": ...} (blank lines "
+                                                         "and # comments skipped); the errors are averaged over "
+                                                         "all of them. A line's own seed, size, frames, steps, "
+                                                         "guidance or negative prompt are ignored, with a note: "
+                                                         "every prompt runs with the command line's values.",
                                                     parser=path_parser("a text file of prompts"))] = None,
     lam: SearchLam = None, eps: SearchEps = None, ranges: SearchRanges = None, attn_impl: SearchAttnImpl = "auto",
     suggest_dense: SuggestDense = False, attn: SearchAttn = None, sparsity: Sparsity = None,

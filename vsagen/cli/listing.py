@@ -17,11 +17,11 @@ PRESET_HEADS = ("name", "commands", "HxW", "frames", "steps", "guidance", "flow 
 def print_presets() -> None:
     """The bundled model presets and their defaults on stdout, sized to the terminal: one table where it fits, else
     (80 columns) the defaults and the commands and weights as two tables, else a paragraph per preset; to a pipe
-    or a file the one table at its own width, each row on one line."""
+    or a file the one table at its own width, each row on one line, and no line ending in spaces (`trimmed`)."""
     from rich.console import Console
 
     from ..models.presets import preset_names
-    from .terminal import fit_table, stdout_console
+    from .terminal import fit_table, stdout_console, trimmed
 
     rows, published = [], []
     for name in preset_names():
@@ -36,16 +36,18 @@ def print_presets() -> None:
     narrow = [_presets_table(rows, "presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
               _presets_table(rows, "commands, sampler and attention", (0, 1, 8, 9), compact=True),
               _presets_table(rows, "weights", (0, 10), compact=True)]
-    if con.measure(everything, options=unbounded).maximum <= con.width:
-        con.print(everything)
-    elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
-        for t in narrow:  # the defaults, then the commands, sampler and attention, then the weights
-            con.print(fit_table(t, con.width))  # columns at least their longest word wide: none is split
-    else:  # narrower still: a paragraph per preset, wrapped between its fields
-        for row in rows:
-            con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(PRESET_HEADS[2:10], row[2:10]))
-                      + f"; {row[10]}", markup=False, highlight=False)
-    _print_preset_notes(con, wraps, published)
+    with trimmed(con):  # to a pipe or a file no line ends in spaces (Rich pads the title to the table's width)
+        if con.measure(everything, options=unbounded).maximum <= con.width:
+            con.print(everything)
+        elif all(con.measure(t, options=unbounded).minimum <= con.width for t in narrow):  # 80 columns
+            for t in narrow:  # the defaults, then the commands, sampler and attention, then the weights
+                con.print(fit_table(t, con.width))  # columns at least their longest word wide: none is split
+        else:  # narrower still: a paragraph per preset, wrapped between its fields
+            for row in rows:
+                con.print(f"{row[0]}: {row[1]}; " + ", ".join(f"{h} {v}" for h, v in zip(PRESET_HEADS[2:10],
+                                                                                           row[2:10]))
+                          + f"; {row[10]}", markup=False, highlight=False)
+        _print_preset_notes(con, wraps, published)
 
 
 def _preset_row(name: str) -> tuple[tuple[str, ...], str | None]:

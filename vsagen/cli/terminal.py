@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import textwrap
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 # The width of a report on stdout sent to a pipe or a file (no terminal to fit; COLUMNS unset)
 PIPE_WIDTH = 200
@@ -76,6 +77,21 @@ def stdout_console() -> tuple[Any, bool]:
     if "COLUMNS" in os.environ or sys.stdout.isatty():
         return Console(), True
     return Console(width=PIPE_WIDTH), False
+
+
+@contextmanager
+def trimmed(con: Any) -> Iterator[None]:
+    """What is printed on `con` (a Rich console) inside the block, with no line ending in spaces where `con` is not a
+    terminal (a pipe or a file, COLUMNS set or not): the output is captured and each line written without its
+    trailing spaces once the block ends (Rich pads a table's title, a compact table's rows and a wrapped line to
+    their width; a new-user trial: `vsagen presets | cat -A`). On a terminal the block prints as it goes."""
+    if con.is_terminal:
+        yield
+        return
+    with con.capture() as captured:
+        yield
+    con.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    con.file.flush()
 
 
 def print_table(con: Any, table: Any, wraps: bool) -> None:

@@ -4,7 +4,8 @@ a JSON object with the prompt and the video's own seed, size, frames, steps, gui
 `#` are skipped. Each line becomes the `t2v` request of the command line's options with its own values in their
 groups (`resolve_batch`: every line checked, every target free, before anything loads), and all of them run on one loaded model (`generate_batch`, through
 `vsagen.commands.generate.Resident`), each video and its JSON published before the next starts: an interrupt keeps
-the finished ones and leaves no partial one.
+the finished ones and leaves no partial one. `vsagen search --prompts` reads the same file (`read_batch`), its
+prompts only (`vsagen.commands.search.search_prompts`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,25 @@ from typing import Any, Callable, Sequence
 from ..errors import BadInput
 from ..request.options import RequestOptions
 from .generate_config import VIDEO_VALUES, RunConfig, resolve_run, video_options
-from .search import prompts_text
 
 # a line's JSON keys: the prompt, then a video's own values (`vsagen.commands.generate_config.VIDEO_VALUES`)
 KEYS = ("prompt", *VIDEO_VALUES)
+
+
+def prompts_text(path: Path) -> str:
+    """The text of a `--prompts` file (`vsagen t2v`, `vsagen search`).
+
+    Raises:
+        BadInput: a missing, unreadable or non-UTF-8 file, or a folder.
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"--prompts {path}: no such file") from None
+    except IsADirectoryError:
+        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -50,6 +66,20 @@ def _typed(key: str, value: Any, where: str) -> Any:
     return float(value) if key == "guidance" else value
 
 
+def _not_an_object(where: str, line: str, data: Any) -> str:
+    """The refusal of a line that parses as JSON other than an object (`data`, parsed from `line`), in one line:
+    what JSON it is and how to write it as a prompt. A JSON string (`"a fox"`) is told to drop its quotes, or to
+    become {"prompt": "a fox"} (its text, not the quoted line); other JSON (`[1,2]`, `42`, `true`) becomes the
+    object of its text."""
+    if isinstance(data, str):
+        fix = (f"write the prompt without the quotes, or as {json.dumps({'prompt': data}, ensure_ascii=False)}"
+               if data.strip() else "write a prompt")
+        return f"{where} is a JSON string, not an object; {fix}"
+    kind = {list: "a JSON list", bool: f"JSON {line}", type(None): "JSON null"}.get(type(data), "a JSON number")
+    return (f"{where} is {kind}, not an object; a line is a prompt as text or a JSON object (for this text as the "
+            f"prompt, write {json.dumps({'prompt': line}, ensure_ascii=False)})")
+
+
 def read_batch(path: Path) -> list[BatchLine]:
     """The videos of a `--prompts` file (module docstring), in order.
 
@@ -72,10 +102,7 @@ def read_batch(path: Path) -> list[BatchLine]:
             out.append(BatchLine(number, line, {}))  # text: the prompt
             continue
         if not isinstance(data, dict):  # other JSON ([1,2], "a fox", 42, true): neither a prompt nor an object
-            kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(data),
-                                                                                                  "a number")
-            raise BadInput(f"{where}: JSON {kind}, not an object; a line is a prompt as text or a JSON object (for "
-                           f"this text as the prompt, write {json.dumps({'prompt': line})})")
+            raise BadInput(_not_an_object(where, line, data))
         unknown = sorted(set(data) - set(KEYS)) if isinstance(data, dict) else []
         if not isinstance(data, dict) or unknown or not isinstance(data.get("prompt"), str):
             raise BadInput(f"{where}: " + (f"unknown key {unknown[0]!r}" if unknown else "no prompt")

@@ -31,6 +31,8 @@ from ..request.options import RequestOptions, VaeTiling, request_options
 from ..request.resolve import NONE, Request, request_fields, resolve, sampler_plans
 from ..sparsity.files import DEFAULT_EPS, DEFAULT_LAM, IMPLS, PatternFile, save_patterns, step_ranges
 from ..sparsity.patterns import Pattern, block_density
+from .batch import BatchLine, read_batch
+from .generate_config import VIDEO_VALUES
 
 DEFAULT_OUT = Path("patterns.json")
 
@@ -65,50 +67,53 @@ class SearchConfig(Request):
                 "tile_fit": self.tile_fit, "impl": self.impl, "out": str(self.out)}
 
 
-def prompts_text(path: Path) -> str:
-    """The text of a `--prompts` file (`vsagen search`, `vsagen t2v`).
-
-    Raises:
-        BadInput: a missing, unreadable or non-UTF-8 file, or a folder.
-    """
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"--prompts {path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"--prompts {path} is a directory; give a text file with one prompt a line") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"--prompts {path} cannot be read: {e}") from None
-
-
 def read_prompts(path: Path) -> tuple[str, ...]:
-    """The prompts of a `--prompts` file: one a line, surrounding spaces stripped, blank lines and lines starting
-    with # skipped.
+    """The prompts of a `--prompts` file, read as `vsagen t2v --prompts` reads it (`vsagen.commands.batch.read_batch`:
+    a prompt as text or a JSON object a line, blank lines and lines starting with # skipped), each line's own values
+    left out (`search_prompts` notes them).
 
     Raises:
-        BadInput: a missing, unreadable or non-UTF-8 file, or one without a prompt.
+        BadInput: a missing, unreadable or non-UTF-8 file, one without a prompt, or a line `read_batch` refuses.
     """
-    path = Path(path).expanduser()
-    text = prompts_text(path)
-    prompts = tuple(s for s in (line.strip() for line in text.splitlines()) if s and not s.startswith("#"))
-    if not prompts:
-        raise BadInput(f"--prompts {path} has no prompt (one a line; blank lines and # comments are skipped)")
-    return prompts
+    return tuple(line.prompt for line in read_batch(Path(path).expanduser()))
 
 
-def search_prompts(prompt: str | None, prompts: Path | None) -> tuple[str, ...]:
-    """The prompts a search denoises: `prompt`, or the lines of the file `prompts` (`read_prompts`), exactly one.
+def ignored_values_note(path: Path, lines: Sequence[BatchLine]) -> str | None:
+    """The note of a search on a `--prompts` file whose JSON lines set a video's own values (seed, size, steps,
+    guidance, negative prompt: `vsagen t2v --prompts`'s): a search runs every prompt with the command line's
+    values, so it says which it leaves out, on which lines. None: no line sets one."""
+    where: dict[str, list[int]] = {}
+    for line in lines:
+        for key in line.values:
+            where.setdefault(key, []).append(line.line)
+    if not where:
+        return None
+    keys = [k for k in VIDEO_VALUES if k in where]
+    said = ", ".join(f"{k} (line{'s' if len(where[k]) > 1 else ''} {', '.join(map(str, where[k]))})" for k in keys)
+    return (f"--prompts {path}: a search takes each line's prompt only; {said} are ignored: every prompt runs with the "
+            f"command line's {', '.join('--' + k.replace('_', '-') for k in keys)}")
+
+
+def search_prompts(prompt: str | None, prompts: Path | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The prompts a search denoises: `prompt`, or those of the file `prompts` (read as `vsagen t2v --prompts`
+    reads it: `vsagen.commands.batch.read_batch`), exactly one; and the notes: the values of its JSON lines the
+    search leaves out (`ignored_values_note`).
 
     Raises:
-        BadInput: neither or both, an empty prompt, a prompts file `read_prompts` refuses.
+        BadInput: neither or both, an empty prompt, a prompts file `read_batch` refuses.
     """
     if (prompt is None) == (prompts is None):
         raise BadInput("give the prompts to search on: --prompt TEXT or --prompts FILE (one prompt a line), not both"
                        if prompt is not None else "give the prompts to search on: --prompt TEXT or --prompts FILE "
                        "(one prompt a line)")
-    if prompt is not None and not prompt.strip():
-        raise BadInput("--prompt is empty")
-    return (prompt.strip(),) if prompt is not None else read_prompts(prompts)  # type: ignore[arg-type]
+    if prompt is not None:
+        if not prompt.strip():
+            raise BadInput("--prompt is empty")
+        return (prompt.strip(),), ()
+    path = Path(prompts).expanduser()  # type: ignore[arg-type]
+    lines = read_batch(path)
+    note = ignored_values_note(path, lines)
+    return tuple(line.prompt for line in lines), (() if note is None else (note,))
 
 
 def search_source(options: RequestOptions) -> tuple[Any, RequestOptions]:
@@ -146,7 +151,7 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
                            lam: float = DEFAULT_LAM, eps: float = DEFAULT_EPS, ranges: int = 1,
                            impl: str = "auto") -> SearchConfig:
     """Validate a `vsagen search` request: the shared part (`vsagen.request.resolve.resolve`; no backend option, the
-    search runs its own) and its own: the prompts (`prompt`, or `prompts`, a file: `read_prompts`), lam, eps, the
+    search runs its own) and its own: the prompts (`prompt`, or `prompts`, a file: `search_prompts`), lam, eps, the
     step ranges, `impl` ("auto", "triton" or "torch", the modes' implementation) and the pattern file to write
     (`options.output.out`, .json, default `patterns.json`).
 
@@ -155,7 +160,7 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
             prompt or both, an empty prompts file, lam or eps negative or not finite, ranges outside [1, steps],
             an image-to-video model, an existing `out` without `overwrite`, an unwritable folder.
     """
-    texts = search_prompts(prompt, prompts)
+    texts, notes = search_prompts(prompt, prompts)
     for flag, value in (("--lam", lam), ("--eps", eps)):
         if not math.isfinite(value) or value < 0:
             raise BadInput(f"{flag} must be a finite number >= 0, got {value}")
@@ -170,8 +175,8 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
 
         if not interpreting():
             raise BadInput("--attn-impl triton needs a CUDA device (or TRITON_INTERPRET=1); use --attn-impl torch")
-    return SearchConfig(**request_fields(req), prompts=texts, lam=float(lam), eps=float(eps), ranges=ranges, out=out,
-                        impl=impl)
+    return SearchConfig(**{**request_fields(req), "notes": req.notes + notes}, prompts=texts, lam=float(lam),
+                        eps=float(eps), ranges=ranges, out=out, impl=impl)
 
 
 def resolve_search(*, prompt: str | None = None, prompts: Path | None = None, lam: float = DEFAULT_LAM,
@@ -231,9 +236,10 @@ def search(cfg: SearchConfig, *, log: Callable[[str], None] = lambda m: None, pr
         scorer, model=cfg.model, experts=names, layers=arch["layers"], heads=arch["heads"], grid=plan.denoise_grid,
         height=cfg.height, width=cfg.width, frames=cfg.frames, lam=cfg.lam, eps=cfg.eps, prompts=len(cfg.prompts))
     write_at_end(cfg.out, lambda: save_patterns(patterns, cfg.out, overwrite=cfg.overwrite), cancelled)
-    # the session's notes (random weights, compile) join the search's in the summary, on one stream
-    return SearchResult(cfg.out, patterns, [*reworded_notes(session.notes, SEARCHED), *notes], scorer.calls,
-                        time.perf_counter() - t0, run_density(scorer, patterns))
+    # the request's notes (a --prompts line's values left out) and the session's (random weights, compile) join the
+    # search's in the summary, on one stream, each once
+    notes = list(dict.fromkeys([*cfg.notes, *reworded_notes(session.notes, SEARCHED), *notes]))
+    return SearchResult(cfg.out, patterns, notes, scorer.calls, time.perf_counter() - t0, run_density(scorer, patterns))
 
 
 def denoise_prompts(cfg: Any, scorer: Any, *, log: Callable[[str], None] = lambda m: None, progress: bool = True,

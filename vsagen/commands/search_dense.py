@@ -104,7 +104,7 @@ def resolve_dense_search_options(options: RequestOptions, *, attn: str, sparsity
             negative or not finite, a backend without the knobs (`full`), an image-to-video model, an existing
             `out` without `overwrite`, and every refusal of the shared options and of the backend's options.
     """
-    texts = search_prompts(prompt, prompts)
+    texts, notes = search_prompts(prompt, prompts)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget < 0:
         raise BadInput(f"--budget must be a finite number >= 0 (the fraction of the summed error left), got {budget}")
     options = dataclasses.replace(options, attention=AttentionOptions(attn=attn, sparsity=sparsity, attn_impl=impl))
@@ -116,7 +116,8 @@ def resolve_dense_search_options(options: RequestOptions, *, attn: str, sparsity
         raise BadInput(f"--suggest-dense measures a sparse backend ({', '.join(sparse_backends())}); --attn "
                        f"{req.attn_requested}{chosen} has no dense_steps / dense_layers to suggest")
     out = search_out(options, req, DEFAULT_DENSE_OUT, "the measurements file")
-    return DenseSearchConfig(**request_fields(req), prompts=texts, budget=float(budget), out=out)
+    return DenseSearchConfig(**{**request_fields(req), "notes": req.notes + notes}, prompts=texts, budget=float(budget),
+                             out=out)
 
 
 def resolve_dense_search(*, attn: str, sparsity: float | None = None, attn_impl: str = "auto",

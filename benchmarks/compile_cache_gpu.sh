@@ -9,7 +9,7 @@
 # Prints each run's warmup_s, its parts (warmup_parts_s) and load_s (from the run's JSON), torch's cache counters (fxgraph_cache_*,
 # autograd_cache_*) and Dynamo's seconds per compile phase (benchmarks/compile_counted.py), the kernels in the
 # Triton cache after the run, the cache's size, and second/first warm-up.
-# Target (issue 47): second warmup_s <= 20% of first. About 2-3 minutes on an H100.
+# Target (issue 47): second warmup_s <= 20% of first. About 2-3 minutes on an H100. PYC=1: bytecode cached (below).
 # Run from the repository root through the device tool, carrying .whl (../shared/gpu/fetch-wheels.sh):
 #     bash benchmarks/compile_cache_gpu.sh
 set -u
@@ -17,6 +17,17 @@ source benchmarks/gpu_env.sh || exit 1
 unset TORCHINDUCTOR_CACHE_DIR TRITON_CACHE_DIR TORCHINDUCTOR_FORCE_DISABLE_CACHES
 work=/tmp/compile-cache; rm -rf "$work"; mkdir -p "$work/runs"
 export VSAGEN_CACHE=$work/vsagen-cache
+if [ "${PYC:-0}" = 1 ]; then
+    # PYC=1: Python's bytecode cached as an installed environment has it (pip writes .pyc at install; the lent GPU
+    # sets PYTHONDONTWRITEBYTECODE and its torch has none, so every process there compiles the sources of the
+    # modules it imports, torch._dynamo's and Inductor's inside the first compile among them). A "prime" run with
+    # its own empty vsagen cache writes the .pyc (under $work/pyc) before "first", whose compile caches stay empty.
+    unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=$work/pyc
+    echo "PYC=1: sys.flags.dont_write_bytecode $(python3 -c "import sys; print(sys.flags.dont_write_bytecode)")"
+    VSAGEN_CACHE=$work/prime-cache vsagen t2v --model fastwan2.1-t2v-1.3b --random-weights --warmup 1 \
+        --out "$work/runs/prime.mp4" "a fox" > "$OUT/prime.log" 2>&1 || { echo "prime failed:"; tail -5 "$OUT/prime.log"; }
+    echo "prime: $(find "$work/pyc" -name '*.pyc' | wc -l) .pyc written"
+fi
 for run in ${RUNS:-first second off}; do  # RUNS="first second": without the caches-off contrast
     if [ "$run" = off ]; then
         export TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 TRITON_CACHE_DIR=$work/triton-off

@@ -44,6 +44,8 @@ def test_hub_ids_get_their_preset_or_the_default_settings():
 
 @pytest.mark.parametrize("hub_id,presets", [
     ("loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "turbowan2.1-t2v-1.3b-fv"),
+    ("loayrashid/TurboWan2.1-T2V-14B-Diffusers", "turbowan2.1-t2v-14b-fv"),
+    ("loayrashid/TurboWan2.2-I2V-A14B-Diffusers", "turbowan2.2-i2v-a14b-fv"),
     ("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P", "turbowan2.1-t2v-1.3b or turbowan2.1-t2v-1.3b-quant"),
     ("lightx2v/Wan2.1-Distill-Models", "lightx2v-wan2.1-t2v-14b")])
 def test_a_repository_of_transformer_files_names_its_presets(hub_id, presets):
@@ -222,7 +224,8 @@ def test_an_uncached_hub_model_offline_is_refused_at_once(hub):
 
 @pytest.mark.parametrize("model,repo,base", [
     ("lightx2v-wan2.1-t2v-14b", "lightx2v/Wan2.1-Distill-Models", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    ("turbowan2.1-t2v-1.3b-fv", "loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
+    ("turbowan2.1-t2v-1.3b-fv", "loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
+    ("turbowan2.2-i2v-a14b-fv", "loayrashid/TurboWan2.2-I2V-A14B-Diffusers", "Wan-AI/Wan2.2-I2V-A14B-Diffusers")])
 def test_a_preset_whose_transformer_is_published_apart_offers_only_its_own_download(hub, model, repo, base):
     """A new-user trial: the line told `hf download <the base repository> --local-dir DIR` and --model DIR, which
     runs the stock model (its transformer, its 50-step CFG sampler), not the preset's distilled transformer."""

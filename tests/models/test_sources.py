@@ -72,6 +72,26 @@ def test_a_local_fastvideo_conversion_is_refused_naming_the_transformer_route(ti
     assert resolve_model(str(folder)).kind == "dir"
 
 
+def test_a_local_fastvideo_a14b_conversion_is_refused_naming_both_expert_files(i2v_a14b_dir, tmp_path):
+    """A downloaded two-expert FastVideo conversion (loayrashid/TurboWan2.2-I2V-A14B-Diffusers' layout: FastVideo's
+    names in transformer/ and transformer_2/): the advice names one file per expert, the high-noise one first, as
+    --transformer takes them (one file alone is refused for a two-expert model)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "TurboWan2.2-I2V-A14B-Diffusers"
+    shutil.copytree(i2v_a14b_dir, folder)
+    for expert in ("transformer", "transformer_2"):
+        weights = next((folder / expert).glob("*.safetensors"))
+        state = load_file(str(weights))
+        save_file({k.replace(".attn1.to_q.", ".to_q."): v.contiguous() for k, v in state.items()}, str(weights))
+    with pytest.raises(BadInput) as info:
+        resolve_model(str(folder))
+    msg = str(info.value)
+    assert "transformer/ holds FastVideo's module names" in msg and "run the files over its base model" in msg
+    assert msg.endswith(f"--transformer {folder}/transformer/<file>.safetensors,"
+                        f"{folder}/transformer_2/<file>.safetensors"), msg
+
+
 @pytest.mark.parametrize("model", ["no-such-preset", "no_such.name"])
 def test_names_that_are_nothing_are_refused_listing_the_presets(model, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

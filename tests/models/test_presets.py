@@ -20,7 +20,8 @@ BUNDLED = ["fastwan2.1-t2v-1.3b", "fastwan2.1-t2v-14b-480p", "fastwan2.2-ti2v-5b
            "tiny-flf2v", "tiny-i2v", "tiny-i2v-a14b", "tiny-ti2v", "turbowan2.1-t2v-1.3b", "turbowan2.1-t2v-1.3b-fv",
            "turbowan2.1-t2v-1.3b-quant", "turbowan2.1-t2v-14b-480p", "turbowan2.1-t2v-14b-720p",
            "turbowan2.1-t2v-14b-fv",
-           "turbowan2.2-i2v-a14b", "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p", "wan2.1-i2v-14b-480p",
+           "turbowan2.2-i2v-a14b", "turbowan2.2-i2v-a14b-fv", "turbowan2.2-i2v-a14b-quant", "wan2.1-flf2v-14b-720p",
+           "wan2.1-i2v-14b-480p",
            "wan2.1-i2v-14b-720p", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.1-vsa-t2v-14b-720p", "wan2.2-i2v-a14b",
            "wan2.2-t2v-a14b", "wan2.2-ti2v-5b"]
 # attention: filled from [attention.*] tables, not [defaults]; sampler and attn: published checkpoints' presets

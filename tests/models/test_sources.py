@@ -44,6 +44,8 @@ def test_hub_ids_get_their_preset_or_the_default_settings():
 
 @pytest.mark.parametrize("hub_id,presets", [
     ("loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "turbowan2.1-t2v-1.3b-fv"),
+    ("loayrashid/TurboWan2.1-T2V-14B-Diffusers", "turbowan2.1-t2v-14b-fv"),
+    ("loayrashid/TurboWan2.2-I2V-A14B-Diffusers", "turbowan2.2-i2v-a14b-fv"),
     ("TurboDiffusion/TurboWan2.1-T2V-1.3B-480P", "turbowan2.1-t2v-1.3b or turbowan2.1-t2v-1.3b-quant"),
     ("lightx2v/Wan2.1-Distill-Models", "lightx2v-wan2.1-t2v-14b")])
 def test_a_repository_of_transformer_files_names_its_presets(hub_id, presets):
@@ -68,6 +70,26 @@ def test_a_local_fastvideo_conversion_is_refused_naming_the_transformer_route(ti
         resolve_model(str(folder))
     save_file({k: torch.zeros_like(v) for k, v in state.items()}, str(weights))  # diffusers' names: no refusal
     assert resolve_model(str(folder)).kind == "dir"
+
+
+def test_a_local_fastvideo_a14b_conversion_is_refused_naming_both_expert_files(i2v_a14b_dir, tmp_path):
+    """A downloaded two-expert FastVideo conversion (loayrashid/TurboWan2.2-I2V-A14B-Diffusers' layout: FastVideo's
+    names in transformer/ and transformer_2/): the advice names one file per expert, the high-noise one first, as
+    --transformer takes them (one file alone is refused for a two-expert model)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "TurboWan2.2-I2V-A14B-Diffusers"
+    shutil.copytree(i2v_a14b_dir, folder)
+    for expert in ("transformer", "transformer_2"):
+        weights = next((folder / expert).glob("*.safetensors"))
+        state = load_file(str(weights))
+        save_file({k.replace(".attn1.to_q.", ".to_q."): v.contiguous() for k, v in state.items()}, str(weights))
+    with pytest.raises(BadInput) as info:
+        resolve_model(str(folder))
+    msg = str(info.value)
+    assert "transformer/ holds FastVideo's module names" in msg and "run the files over its base model" in msg
+    assert msg.endswith(f"--transformer {folder}/transformer/<file>.safetensors,"
+                        f"{folder}/transformer_2/<file>.safetensors"), msg
 
 
 @pytest.mark.parametrize("model", ["no-such-preset", "no_such.name"])
@@ -222,7 +244,8 @@ def test_an_uncached_hub_model_offline_is_refused_at_once(hub):
 
 @pytest.mark.parametrize("model,repo,base", [
     ("lightx2v-wan2.1-t2v-14b", "lightx2v/Wan2.1-Distill-Models", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    ("turbowan2.1-t2v-1.3b-fv", "loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")])
+    ("turbowan2.1-t2v-1.3b-fv", "loayrashid/TurboWan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
+    ("turbowan2.2-i2v-a14b-fv", "loayrashid/TurboWan2.2-I2V-A14B-Diffusers", "Wan-AI/Wan2.2-I2V-A14B-Diffusers")])
 def test_a_preset_whose_transformer_is_published_apart_offers_only_its_own_download(hub, model, repo, base):
     """A new-user trial: the line told `hf download <the base repository> --local-dir DIR` and --model DIR, which
     runs the stock model (its transformer, its 50-step CFG sampler), not the preset's distilled transformer."""

@@ -450,7 +450,7 @@ TURBO = [n for n in preset_names() if n.startswith("turbowan")]
 
 
 def test_turbo_presets_parse():
-    assert len(TURBO) == 8
+    assert len(TURBO) == 9
     for name in TURBO:
         p = load_preset(name)
         repo, files = p.transformer_files
@@ -464,16 +464,21 @@ def test_turbo_presets_parse():
 
 
 @pytest.mark.parametrize("fv,same", [("turbowan2.1-t2v-1.3b-fv", "turbowan2.1-t2v-1.3b"),
-                                     ("turbowan2.1-t2v-14b-fv", "turbowan2.1-t2v-14b-720p")])
+                                     ("turbowan2.1-t2v-14b-fv", "turbowan2.1-t2v-14b-720p"),
+                                     ("turbowan2.2-i2v-a14b-fv", "turbowan2.2-i2v-a14b")])
 def test_fastvideo_conversions_run_as_the_turbodiffusion_presets(fv, same):
-    """FastVideo's conversions (one transformer/ file in its repository) run with the TurboDiffusion preset's
-    defaults, sampler and attention, on the same base checkpoint and architecture (the 14B at 720p, as FastVideo's
-    turbo_t2v_14b preset: fastvideo/pipelines/basic/turbodiffusion/presets.py:33-49)."""
+    """FastVideo's conversions (one diffusion_pytorch_model.safetensors per expert folder of its repository, the
+    A14B's high-noise expert in transformer/ and the low-noise one in transformer_2/, inferred from FastVideo's loader
+    and denoising stage) run with the TurboDiffusion preset's defaults, sampler and attention, on the same base
+    checkpoint and architecture (the 14B at 720p, as FastVideo's turbo_t2v_14b preset:
+    fastvideo/pipelines/basic/turbodiffusion/presets.py:33-49)."""
     a, b = load_preset(fv), load_preset(same)
-    assert a.transformer_files[1] == ("transformer/diffusion_pytorch_model.safetensors",)
+    experts = ("transformer", "transformer_2")[: b.experts]
+    assert a.transformer_files[1] == tuple(f"{e}/diffusion_pytorch_model.safetensors" for e in experts)
     assert a.transformer_files[0] == "loayrashid/" + b.transformer_files[0].split("/")[1].rsplit("-", 1)[0] + \
         "-Diffusers"
-    assert (a.defaults, a.hub_id, a.transformer, a.vae) == (b.defaults, b.hub_id, b.transformer, b.vae)
+    assert (a.defaults, a.hub_id, a.transformer, a.transformer_2, a.vae, a.boundary_ratio, a.pipeline) == \
+        (b.defaults, b.hub_id, b.transformer, b.transformer_2, b.vae, b.boundary_ratio, b.pipeline)
 
 
 def test_turbo_presets_never_describe_their_base_checkpoint():
@@ -580,12 +585,14 @@ FASTVIDEO_NAMES = [(r"blocks\.(\d+)\.self_attn\.([qkv])\.(.+)", r"blocks.\1.to_\
                    (r"head\.modulation", r"scale_shift_table")]
 
 
-def fastvideo_file(path: Path, state: dict[str, torch.Tensor], seed: int = 5) -> dict[str, torch.Tensor]:
+def fastvideo_file(path: Path, state: dict[str, torch.Tensor], seed: int = 5,
+                   head_dim: int | None = None) -> dict[str, torch.Tensor]:
     """A transformer/diffusion_pytorch_model.safetensors as FastVideo's TurboDiffusion conversion writes it: FastVideo's
-    module names, the Conv3d patch embedding, SLA's proj_l per layer; returns the proj_l tensors by original key."""
+    module names, the Conv3d patch embedding, SLA's proj_l per layer ([head_dim, head_dim] + [head_dim], default the
+    tiny preset's); returns the proj_l tensors by original key."""
     out, proj = {}, {}
     layers = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))
-    d = load_preset("tiny").transformer["attention_head_dim"]
+    d = head_dim or load_preset("tiny").transformer["attention_head_dim"]
     g = torch.Generator().manual_seed(seed)
     for i in range(layers):
         for part, shape in (("weight", (d, d)), ("bias", (d,))):
@@ -659,6 +666,35 @@ def test_the_fastvideo_turbowan_preset_fetches_only_the_transformer_file(tmp_pat
     assert (cfg.backend.name, cfg.sampler.name, cfg.steps) == ("sla", "rcm", 4)
 
 
+def test_the_fastvideo_a14b_preset_loads_each_expert_from_its_folder(tmp_path, monkeypatch, vsagen_cache):
+    """turbowan2.2-i2v-a14b-fv: the repository as FastVideo's loader and pipeline need it (inferred: transformer/ the
+    high-noise expert, transformer_2/ the low-noise one, each one diffusion_pytorch_model.safetensors in FastVideo's
+    names, written by convert_turbodiffusion_i2v_to_diffusers.py @2f3d407), a tiny-i2v-a14b architecture standing in
+    for the A14B: transformer/'s file loads into the pipeline's transformer (t >= boundary), transformer_2/'s into
+    transformer_2, each with its own proj_l set aside for sla; the components from the stock checkpoint (a tiny one)."""
+    from safetensors.torch import load_file
+
+    name, tiny = "turbowan2.2-i2v-a14b-fv", "tiny-i2v-a14b"
+    repo, files = load_preset(name).transformer_files
+    assert (repo, files) == ("loayrashid/TurboWan2.2-I2V-A14B-Diffusers",
+                             ("transformer/diffusion_pytorch_model.safetensors",
+                              "transformer_2/diffusion_pytorch_model.safetensors"))
+    d = load_preset(tiny).transformer["attention_head_dim"]
+    high, low = source_state(tiny, "transformer", 11), source_state(tiny, "transformer_2", 12)
+    proj = [fastvideo_file(tmp_path / f, state, seed=s, head_dim=d) for f, state, s in zip(files, (high, low), (5, 6))]
+    model, asked = load_preset_files(tmp_path, monkeypatch, name, tiny, noise_image(tmp_path / "i.png", (64, 48)))
+    assert asked == [(repo, *files)]
+    for expert, state, kept in (("transformer", high, proj[0]), ("transformer_2", low, proj[1])):
+        got = loaded(getattr(model.pipe, expert))
+        assert set(got) == set(state) and all(torch.equal(got[k], v) for k, v in state.items()), expert
+        backend = load_file(str(model.weight_root / expert / tf.BACKEND_FILE))
+        assert set(backend) == set(kept) and all(torch.equal(backend[k], v) for k, v in kept.items()), expert
+    key = "blocks.0.attn1.to_q.weight"  # the two experts differ: each tensor is where its folder says
+    assert not torch.equal(high[key], low[key])
+    assert torch.equal(loaded(model.pipe.transformer)[key], high[key])
+    assert torch.equal(loaded(model.pipe.transformer_2)[key], low[key])
+
+
 def test_a_turbo_preset_without_a_network_fails_at_once_naming_every_file(tmp_path, monkeypatch, vsagen_cache):
     """New-user trial: without a network the preset's download retried for ~27 s, printing ~15 lines, and its advice
     named one of the two experts' files (the one-file --transformer it suggested was then refused)."""
@@ -687,6 +723,20 @@ def test_presets_lists_the_turbo_presets():
     assert res.exit_code == 0
     for name in TURBO:
         assert name in res.output
+
+
+@pytest.mark.parametrize("fv", [n for n in TURBO if n.endswith("-fv")])
+def test_a_fastvideo_conversion_hub_id_is_refused_naming_its_preset(tmp_path, fv):
+    """`--model loayrashid/...` (FastVideo's names in its transformer folders: diffusers cannot load it as a
+    pipeline): exit 2, one line naming the preset that runs it, nothing loaded."""
+    p = load_preset(fv)
+    repo = p.transformer_files[0]
+    command = ["i2v", str(noise_image(tmp_path / "i.png"))] if p.image_to_video else ["t2v"]
+    res = runner.invoke(app, [*command, "a cat", "--model", repo, "--out", str(tmp_path / "o.mp4"), "--device", "cpu"])
+    line = one_error_line(res)
+    assert line.endswith(f"--model {repo}: vsagen runs this repository's transformer files beside their base "
+                         f"checkpoint through a preset: --model {fv}"), line
+    assert not (tmp_path / "o.mp4").exists()
 
 
 def test_sla_star_loads_proj_l_from_a_turbo_file(tmp_path, vsagen_cache):

@@ -227,9 +227,12 @@ def check_weight_files(path: Path, model: str, index: dict[str, Any]) -> None:
                                f"{len(named)} files {shards.name} names): the download is incomplete; download it "
                                "again")
         if name in ("transformer", "transformer_2") and _fastvideo_named(files):
+            # one file per expert the checkpoint has, the high-noise one (transformer/) first: what --transformer takes
+            experts = [e for e in ("transformer", "transformer_2") if isinstance(index.get(e), list)] or [name]
+            given = ",".join(f"{path / e}/<file>.safetensors" for e in experts)
             raise BadInput(f"--model {model}: {name}/ holds FastVideo's module names (a FastVideo conversion, e.g. of "
-                           "TurboWan), which diffusers does not load; run the file over its base model: --model <base "
-                           f"preset> --transformer {sub}/<file>.safetensors")
+                           f"TurboWan), which diffusers does not load; run the file{'s' if len(experts) > 1 else ''} "
+                           f"over its base model: --model <base preset> --transformer {given}")
         for f in (f for f in files if f.name.endswith(".safetensors")):
             problem = safetensors_problem(f)
             if problem is not None:

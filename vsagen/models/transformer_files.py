@@ -290,11 +290,14 @@ def patch_embedding_as_conv(state: dict[str, Any], architecture: dict[str, Any])
         state["patch_embedding.weight"] = w.reshape(shape)
 
 
-# FastVideo's diffusers conversions of TurboDiffusion's files (loayrashid/TurboWan2.1-T2V-*-Diffusers: a Wan diffusers
-# repository whose transformer/diffusion_pytorch_model.safetensors was replaced) hold FastVideo's own module names,
-# which its scripts/checkpoint_conversion/convert_turbodiffusion_to_diffusers.py:30-65 (@2f3d407) writes from the
-# original ones; they are read back to the original names by this table (regex on a FastVideo key -> original key,
-# the first that matches; anything else, e.g. patch_embedding.* and blocks.N.norm1.*, is kept).
+# FastVideo's diffusers conversions of TurboDiffusion's files (loayrashid/TurboWan2.1-T2V-*-Diffusers,
+# loayrashid/TurboWan2.2-I2V-A14B-Diffusers: a Wan diffusers repository whose transformer/ (and, inferred,
+# transformer_2/) diffusion_pytorch_model.safetensors was replaced) hold FastVideo's own module names, which its
+# scripts/checkpoint_conversion/convert_turbodiffusion_to_diffusers.py:30-65 and
+# convert_turbodiffusion_i2v_to_diffusers.py:29-68 (@2f3d407, the same table plus the I2V cross-attention's add_k /
+# add_v / norm_add_k / norm_add_q) write from the original ones; they are read back to the original names by this
+# table (regex on a FastVideo key -> original key, the first that matches; anything else, e.g. patch_embedding.* and
+# blocks.N.norm1.*, is kept).
 _FASTVIDEO_TO_ORIGINAL = tuple((re.compile(a), b) for a, b in (
     (r"blocks\.(\d+)\.to_([qkv])\.(.+)", r"blocks.\1.self_attn.\2.\3"),
     (r"blocks\.(\d+)\.to_out\.(.+)", r"blocks.\1.self_attn.o.\2"),

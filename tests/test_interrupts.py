@@ -609,8 +609,11 @@ def test_while_files_are_written_a_second_signal_waits_for_the_safe_point(tmp_pa
         rest = []
         while (line := _next_line(lines)) is not None:
             rest.append(line)
-        assert rest[-1] == "error: interrupted by SIGTERM; nothing was written", rest
-        assert proc.wait(timeout=10) == 143
+        # On a loaded machine both signals can be pending at the process's next check; Linux then delivers the
+        # lower-numbered SIGINT first, and that one is reported (exit 130): either way, one clean line, no file.
+        ends = {"error: interrupted by SIGTERM; nothing was written": 143, "error: interrupted; nothing was written": 130}
+        assert rest[-1] in ends, rest
+        assert proc.wait(timeout=10) == ends[rest[-1]]
     finally:
         proc.kill()
         proc.wait()

@@ -749,6 +749,7 @@ def test_file_refusals_come_before_torch(vsagen_cache, tmp_path):
     for name in ("exist.mp4", "pat.json", "fox.png"):
         (tmp_path / name).write_bytes(b"precious")
     (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "mix.txt").write_text("dense everywhere, not JSON")
     Image.new("RGB", (8, 8), (200, 90, 30)).save(tmp_path / "small.png")
     before = sorted(p.name for p in tmp_path.iterdir())
     t = tmp_path
@@ -769,6 +770,8 @@ def test_file_refusals_come_before_torch(vsagen_cache, tmp_path):
         "small image": (["i2v", "--model", "tiny-i2v", f"{t}/small.png", "x"], "is 8x8 pixels"),
         "sparsity under auto": (["t2v", "--model", "tiny", "--sparsity", "0.5", "--out", f"{t}/v.mp4", "a fox"],
                                 "--attn auto chose full"),
+        "patterns not json": (["t2v", "--model", "tiny", "--attn", f"sparse-vdit:patterns={t}/mix.txt", "--out",
+                               f"{t}/v.mp4", "a fox"], "is not JSON"),
     }
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", _CLIRUNNER_PROBE, json.dumps([a for a, _ in cases.values()])],

@@ -274,7 +274,9 @@ def test_command_text_parses_back_to_the_same_options(tmp_path, text):
     `parse_attn` joins the pieces of dense_layers) to the same options, with the preset's tables or without."""
     from vsagen.request.backends import parse_attn
 
-    (tmp_path / "p.json").write_text("{}")
+    # a pattern file that reads (sparse-vdit's options read it): the tiny preset's
+    (tmp_path / "p.json").write_bytes((Path(__file__).parents[2] / "vsagen" / "preset_data" / "patterns" / "tiny.json")
+                                      .read_bytes())
     spec = resolve_spec(text.replace("{tmp}", str(tmp_path)))
     for preset in (None, {"vsa": {"sparsity": 0.875}, "sla-star": {"sparsity": 0.9}}):
         pasted = spec.command_text(preset)

@@ -727,6 +727,67 @@ def test_console_script_entry_point(vsagen_cache, tmp_path):
     assert "--steps" in assert_one_error_line(res.stderr, res.stdout)
 
 
+# One process runs the bad inputs through CliRunner, one after another, each answer with the heavy modules imported
+# by then (it exits 0: the answers are its JSON on stdout).
+_CLIRUNNER_PROBE = (
+    "import json, sys\nfrom typer.testing import CliRunner\nfrom vsagen.cli.app import app\n"
+    "runner = CliRunner()\nanswers = []\n"
+    "for argv in json.loads(sys.argv[1]):\n    res = runner.invoke(app, argv)\n"
+    "    heavy = sorted({m.split('.')[0] for m in sys.modules} & set(%r))\n"
+    "    answers.append([res.exit_code, res.stdout, res.stderr, heavy])\n"
+    "print(json.dumps(answers))\n" % (HEAVY_MODULES,))
+
+
+def test_file_refusals_come_before_torch(vsagen_cache, tmp_path):
+    """A user trial: these were refused right (one `error:` line, exit 2) but only once `import torch` had run (4-7 s
+    instead of ~1 s): `resolve` asks torch for CUDA under `--device auto` (the default), and each command checked its
+    own files (--out, --plot, the input image) after it, as it checked `--attn auto`'s choice against --sparsity. Every
+    one runs through CliRunner in one fresh process that has imported none of HEAVY_MODULES at the end, and none
+    writes anything."""
+    from PIL import Image
+
+    for name in ("exist.mp4", "pat.json", "fox.png"):
+        (tmp_path / name).write_bytes(b"precious")
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "mix.txt").write_text("dense everywhere, not JSON")
+    Image.new("RGB", (8, 8), (200, 90, 30)).save(tmp_path / "small.png")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    t = tmp_path
+    cases = {  # the command line, what its one line says
+        "avi": (["t2v", "--model", "tiny", "--out", f"{t}/foo.avi", "a fox"], "the extension picks the format"),
+        "avi full": (["t2v", "--model", "tiny", "--attn", "full", "--out", f"{t}/foo.avi", "a fox"],
+                     "the extension picks the format"),
+        "exists": (["t2v", "--model", "tiny", "--out", f"{t}/exist.mp4", "a fox"], "exist.mp4 exists; pass --overwrite"),
+        "proc": (["t2v", "--model", "tiny", "--out", "/proc/x.mp4", "a fox"], "cannot write to /proc"),
+        "proc folder": (["t2v", "--model", "tiny", "--out", "/proc/vsagen-test/x.mp4", "a fox"],
+                        "cannot write to /proc/vsagen-test"),
+        "not a folder": (["t2v", "--model", "tiny", "--out", f"{t}/a-file/x.mp4", "a fox"], "is not a directory"),
+        "search exists": (["search", "--model", "tiny", "--prompt", "a fox", "--out", f"{t}/pat.json"],
+                          "pat.json exists; pass --overwrite"),
+        "profile exists": (["profile", "--model", "tiny", "--out", f"{t}/exist.mp4"], "exist.mp4 exists"),
+        "compare file": (["compare", "--model", "tiny", "x", "--out", f"{t}/fox.png"], "fox.png is a file"),
+        "plot suffix": (["profile", "--model", "tiny", "--plot", f"{t}/foo.txt"], "foo.txt: give a file name ending"),
+        "small image": (["i2v", "--model", "tiny-i2v", f"{t}/small.png", "x"], "is 8x8 pixels"),
+        "sparsity under auto": (["t2v", "--model", "tiny", "--sparsity", "0.5", "--out", f"{t}/v.mp4", "a fox"],
+                                "--attn auto chose full"),
+        "patterns not json": (["t2v", "--model", "tiny", "--attn", f"sparse-vdit:patterns={t}/mix.txt", "--out",
+                               f"{t}/v.mp4", "a fox"], "is not JSON"),
+    }
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", _CLIRUNNER_PROBE, json.dumps([a for a, _ in cases.values()])],
+                         capture_output=True, text=True, env=sub_env(vsagen_cache, tmp_path), timeout=60)
+    wall = time.perf_counter() - t0
+    assert res.returncode == 0, res.stderr[-2000:]
+    answers = json.loads(res.stdout)
+    assert len(answers) == len(cases)
+    for (name, (_, says)), (code, stdout, stderr, heavy) in zip(cases.items(), answers):
+        line = assert_one_error_line(stderr, stdout)
+        assert (code, heavy) == (2, []) and says in line, (name, line, heavy)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hf-home") == before
+    assert (tmp_path / "exist.mp4").read_bytes() == b"precious"
+    assert wall < 5, f"{wall:.2f} s"
+
+
 def test_dangling_symlink_output_is_refused_up_front(cli_cache, tmp_path):
     """A dangling symlink at --out used to pass the pre-check and fail only after the whole run."""
     link = tmp_path / "link.mp4"

@@ -14,7 +14,7 @@ part by declaring its `auto_priority`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .registry import backend_class, backend_names, held_names
 
@@ -120,6 +120,16 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
         (name, note): e.g. ("vsa", "--attn auto chose vsa: this checkpoint was trained for it (transformer/ holds
         blocks.0.to_gate_compress.weight); --attn full runs dense attention").
     """
+    name, note_on = auto_choice(kind, location, random_weights, trained_for, files)
+    return name, note_on(device)
+
+
+def auto_choice(kind: str, location: str, random_weights: bool, trained_for: tuple[str, str] | None = None,
+                files: Sequence[tuple[str, Sequence[str] | None]] | None = None) -> tuple[str, Callable[[str], str]]:
+    """`choose_backend` without the device: the backend `--attn auto` runs (the device never decides it), and its
+    note as a function of the run's device ("cuda" | "cpu": only the fallback's note speaks of it). A request
+    checks the choice before it resolves `--device auto`, whose CUDA query imports torch (seconds), so that a flag
+    the choice does not take is refused before anything heavy loads."""
     if files is not None:
         found, unread = _backend_in_files(files), any(keys is None for _, keys in files)
     else:
@@ -127,14 +137,16 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
         found, unread = trained_backend(root), root is None
     if found is not None:
         name, why = found
-        return name, (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn {FALLBACK} "
-                      "runs dense attention")
+        note = (f"--attn auto chose {name}: this checkpoint was trained for it ({why}); --attn {FALLBACK} runs "
+                "dense attention")
+        return name, lambda device: note
     if trained_for is not None and (random_weights or unread) and kind != "tiny":
         name, model = trained_for
         why = "random weights" if random_weights else "not downloaded yet, its weights unread"
-        return name, (f"--attn auto chose {name}: {model} was trained for it (its preset says so; {why}); "
-                      + (f"--attn {FALLBACK} runs dense attention" if name != FALLBACK else
-                         "a sparse backend on it trades fidelity for speed"))
+        note = (f"--attn auto chose {name}: {model} was trained for it (its preset says so; {why}); "
+                + (f"--attn {FALLBACK} runs dense attention" if name != FALLBACK else
+                   "a sparse backend on it trades fidelity for speed"))
+        return name, lambda device: note
     if files is not None and not unread:
         why = "the transformer file(s) hold no sparse-attention weights (none of a trained backend)"
     elif random_weights or kind == "tiny":
@@ -144,12 +156,15 @@ def choose_backend(kind: str, location: str, random_weights: bool, device: str,
                "parts (download it first, or name the backend)")
     else:
         why = "this checkpoint holds no sparse-attention weights (none of a trained backend: it runs as a dense model)"
-    # measured on an H200 (BENCHMARKS.md): DiT 1.73x at the 5B, 2.18x at 1.3B 480p, 2.48x at 14B 720p
-    speed = ("on a GPU --attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity (on this CPU it runs a "
-             "slow torch reference)" if device != "cuda" else
-             "--attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity")
-    return FALLBACK, (f"--attn auto chose {FALLBACK}: {why}; {speed}: `vsagen compare` measures both on your "
-                      "prompt")
+
+    def fallback_note(device: str) -> str:
+        # measured on an H200 (BENCHMARKS.md): DiT 1.73x at the 5B, 2.18x at 1.3B 480p, 2.48x at 14B 720p
+        speed = ("on a GPU --attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity (on this CPU it runs "
+                 "a slow torch reference)" if device != "cuda" else
+                 "--attn vsa makes the DiT ~1.7-2.5x faster at some loss of fidelity")
+        return f"--attn auto chose {FALLBACK}: {why}; {speed}: `vsagen compare` measures both on your prompt"
+
+    return FALLBACK, fallback_note
 
 
 def _deciding_names(name: str) -> str:

@@ -68,7 +68,8 @@ class SparseVDiTOptions(DenseKnobs):
             No effect with impl torch (every head runs the masked reference there).
 
     Raises:
-        BadInput: a patterns path that is not a file, an unknown impl, a tuning that is not a KernelTuning.
+        BadInput: a patterns path that is not a file, or not a pattern file (`load_patterns`), an unknown impl, a
+            tuning that is not a KernelTuning.
     """
 
     patterns: Path | None = None
@@ -89,6 +90,8 @@ class SparseVDiTOptions(DenseKnobs):
             if not path.is_file():
                 raise BadInput(f"patterns {str(path)!r}: no such file (write one with `vsagen search`)")
             object.__setattr__(self, "patterns", path.resolve())  # the run's JSON records where it really is
+            load_patterns(path)  # JSON of a pattern file, or one line naming it when the option is given (the
+            # backend reads it again when built, after torch loads; its architecture and grid are checked then)
         for name in ("remap", "sdpa_heads"):
             if not isinstance(getattr(self, name), bool):
                 raise BadInput(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -362,6 +362,9 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     s = options.sampling
     options = dataclasses.replace(options, sampling=dataclasses.replace(
         s, warmup=COMPARE_WARMUP if s.warmup is None else s.warmup))
+    out = options.output
+    if out.out is not None:  # before `resolve`, whose `--device auto` imports torch to ask for CUDA (seconds)
+        _check_out_folder(out.out)
     sampler_text = s.sampler.text if s.sampler is not None else src.preset.defaults.sampler
     try:
         req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_samplers=True, several_vaes=True,
@@ -388,10 +391,7 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
         notes = tuple(n for n in notes if n != first)
     plot, plot_notes = _plot_choice(plot)
     notes += plot_notes
-    out = options.output
     folder = out.out if out.out is not None else default_folder(model, "compare", req.seed, out.overwrite)
-    if folder.exists() and not folder.is_dir():
-        raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
     if out.encoding.note() is not None:
         notes = (*notes, out.encoding.note())
     cfg = CompareConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
@@ -400,8 +400,19 @@ def resolve_compare_options(prompt: str, options: RequestOptions, *, error_steps
     check_encoder(cfg.encoding)
     for path in cfg.files.values():
         check_target(path, cfg.overwrite, "--out folder")
-    check_folder(folder)
+    if out.out is None:
+        _check_out_folder(folder)
     return cfg
+
+
+def _check_out_folder(folder: Path) -> None:
+    """compare's `--out`: a folder (created if missing) that takes new files.
+
+    Raises:
+        BadInput: a file there, or a folder that takes no new file (`check_folder`)."""
+    if folder.exists() and not folder.is_dir():
+        raise BadInput(f"--out {folder} is a file; give a folder (it is created if missing)")
+    check_folder(folder)
 
 
 def resolve_compare(prompt: str, *, attn: str = DEFAULT_ATTN, error_steps: str = DEFAULT_ERROR_STEPS,

@@ -16,7 +16,7 @@ from ..media.paths import check_target, default_out, sheet_path
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..models.sources import resolve_model
 from ..request.options import ImageFit, RequestOptions, request_options
-from ..request.resolve import Request, check_last_frame, request_fields, resolve
+from ..request.resolve import Request, check_last_frame, request_fields, request_size, resolve
 
 
 # i2v without a prompt: the image is the content
@@ -225,6 +225,33 @@ def _check_text(text: str, what: str) -> None:
                        "512 tokens)")
 
 
+def _video_targets(path: Path, out: Any, frames: int) -> tuple[Path, VideoFormat, Path | None, tuple[str, ...]]:
+    """The files a t2v / i2v run of `frames` frames writes at `--out path` (`out`: the request's output group),
+    checked: the video (`check_output`: its extension picks the format, `check_format`), its JSON, its contact sheet
+    with `--sheet`, the encoder (`check_encoder`). Returns (JSON path, format, sheet path or None, notes: earlier
+    frame files or an earlier sheet that `--overwrite` leaves as they were, the encoder's note).
+
+    Raises:
+        BadInput: a target that exists without `--overwrite`, an unwritable folder, an unknown extension, a format
+            or encoder that cannot be written here."""
+    json_out = check_output(path, out.overwrite, frames)
+    video_format = output_format(path)
+    check_format(video_format, out.encoding)
+    notes: tuple[str, ...] = ()
+    if video_format.name == "png" and out.overwrite and frame_paths(path, frames + 1)[-1].exists():
+        notes += (f"{frame_paths(path, frames + 1)[-1]} and any later frame files are an earlier, longer run's "
+                  f"and stay as they were (this run writes {frames} frames)",)
+    sheet_out = sheet_path(path) if out.sheet else None
+    if sheet_out is not None:
+        check_target(sheet_out, out.overwrite, "--out")
+    elif out.overwrite and sheet_path(path).exists():  # the pair is replaced; an earlier run's sheet is not
+        notes += (f"{sheet_path(path)} is an earlier run's contact sheet and stays as it was (this run writes none; "
+                  "--sheet replaces it)",)
+    check_encoder(out.encoding)
+    notes += (out.encoding.note(),) if out.encoding.note() is not None else ()
+    return json_out, video_format, sheet_out, notes
+
+
 def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = None, fit: ImageFit | str = "crop",
                 last_image: Path | None = None, images_per_video: bool = False) -> RunConfig:
     """Resolve a `vsagen t2v` / `vsagen i2v` request: the shared part (`vsagen.request.resolve.resolve`: one backend,
@@ -265,31 +292,24 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
         image_size = open_image(image).size  # readable now, or one message naming the path
         options, size_note = _image_sized(src, options, image, image_size)
     last_image, last_image_size = _check_last_image(model, src, image, last_image)
+    # what needs the size but not the device is checked before `resolve` resolves `--device auto`, which imports
+    # torch to ask for CUDA (seconds): the images' sizes and a given --out are refused before anything heavy loads
+    height, width, frames = request_size(src, options.model)
+    images = image_notes(height, width, fit.value,
+                         [("image", image, image_size), ("--last-image", last_image, last_image_size)])
+    out = options.output
+    targets = _video_targets(out.out, out, frames) if out.out is not None else None
     req = resolve(src, options, prompt=prompt)
     if last_image is not None:
         check_last_frame(req, "--last-image")
-    notes = ((size_note,) if size_note is not None else ()) + req.notes + image_notes(
-        req.height, req.width, fit.value, [("image", image, image_size), ("--last-image", last_image, last_image_size)])
+    notes = ((size_note,) if size_note is not None else ()) + req.notes + images
     if image is not None and not prompt.strip():
         notes = (NO_PROMPT_NOTE,) + notes
-    out = options.output
     path = out.out if out.out is not None else default_out(model, _name_part(req), req.seed, out.overwrite)
-    json_out = check_output(path, out.overwrite, req.frames)
-    video_format = output_format(path)
-    check_format(video_format, out.encoding)
-    if video_format.name == "png" and out.overwrite and frame_paths(path, req.frames + 1)[-1].exists():
-        notes += (f"{frame_paths(path, req.frames + 1)[-1]} and any later frame files are an earlier, longer run's "
-                  f"and stay as they were (this run writes {req.frames} frames)",)
-    sheet_out = sheet_path(path) if out.sheet else None
-    if sheet_out is not None:
-        check_target(sheet_out, out.overwrite, "--out")
-    elif out.overwrite and sheet_path(path).exists():  # the pair is replaced; an earlier run's sheet is not
-        notes += (f"{sheet_path(path)} is an earlier run's contact sheet and stays as it was (this run writes none; "
-                  "--sheet replaces it)",)
+    json_out, video_format, sheet_out, target_notes = targets or _video_targets(path, out, req.frames)
     if req.cache.name == "mag" and req.cache.options.calibrate:
         _check_calibration_target(req.cache.options.file, [path, json_out, sheet_out])
-    check_encoder(out.encoding)
-    notes += (out.encoding.note(),) if out.encoding.note() is not None else ()
+    notes += target_notes
     return RunConfig(**{**request_fields(req), "notes": notes}, fps=src.preset.defaults.fps if out.fps is None
                      else out.fps, out=path, json_out=json_out, image=image,
                      fit=fit.value if image is not None else None, last_image=last_image, sheet_out=sheet_out,

@@ -139,6 +139,21 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
     options = dataclasses.replace(
         options, sampling=dataclasses.replace(s, warmup=PROFILE_WARMUP if s.warmup is None else s.warmup),
         placement=dataclasses.replace(pl, offload=Offload.NONE, vae_tiling=VaeTiling.OFF))
+    # the report and the plot are checked before `resolve` resolves `--device auto`, which imports torch to ask for
+    # CUDA (seconds): a target that cannot be written is refused before anything heavy loads
+    if plot is not None:
+        plot = Path(plot)
+        if plot.suffix.lower() not in PLOT_SUFFIXES:
+            raise BadInput(f"--plot {plot}: give a file name ending in {', '.join(PLOT_SUFFIXES)}")
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise BadInput("--plot needs matplotlib, which is not installed: pip install 'vsagen[plot]'")
+    overwrite = options.output.overwrite
+    out = _check_file_flag(options.output.out, "--out", overwrite)
+    plot = _check_file_flag(plot, "--plot", overwrite)
+    if out is not None and plot is not None and out.resolve() == plot.resolve():
+        raise BadInput(f"--out and --plot name the same file ({out})")
     req = resolve(src, options, prompt=prompt, backends=SEVERAL, several_fits=True, command_steps=PROFILE_STEPS)
     for entry, spec in zip(options.attention.attn.entries, req.backends):
         if kernels and named_weights_file(backend_class(spec.name), spec.options) is not None:
@@ -154,19 +169,6 @@ def resolve_profile_options(options: RequestOptions, *, prompt: str = PROFILE_PR
                 raise BadInput(f"--kernels on a CPU: {req.frames}x{req.height}x{req.width} is S = {math.prod(grid)} "
                                f"tokens (grid {'x'.join(map(str, grid))}), too many to time the eager paths here (at "
                                f"most {CPU_KERNEL_MAX_TOKENS}); give smaller --frames/--height/--width, or run on CUDA")
-    if plot is not None:
-        plot = Path(plot)
-        if plot.suffix.lower() not in PLOT_SUFFIXES:
-            raise BadInput(f"--plot {plot}: give a file name ending in {', '.join(PLOT_SUFFIXES)}")
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise BadInput("--plot needs matplotlib, which is not installed: pip install 'vsagen[plot]'")
-    overwrite = options.output.overwrite
-    out = _check_file_flag(options.output.out, "--out", overwrite)
-    plot = _check_file_flag(plot, "--plot", overwrite)
-    if out is not None and plot is not None and out.resolve() == plot.resolve():
-        raise BadInput(f"--out and --plot name the same file ({out})")
     full_steps = len(req.sampler.sigmas) if req.sampler.renoise else src.preset.defaults.steps
     return ProfileConfig(**request_fields(req), full_steps=full_steps, stock=stock, kernels=kernels,
                          heads=heads, head_dim=head_dim, fmt=fmt.value, out=out, plot=plot)

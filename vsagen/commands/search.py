@@ -132,9 +132,10 @@ def search_source(options: RequestOptions) -> tuple[Any, RequestOptions]:
                                     placement=dataclasses.replace(options.placement, vae_tiling=VaeTiling.OFF))
 
 
-def search_out(options: RequestOptions, req: Request, default: Path, what: str) -> Path:
+def search_out(options: RequestOptions, default: Path, what: str) -> Path:
     """The JSON file a search writes (`--out`, else `default`), checked: a .json name, absent (or `--overwrite`),
-    its folder writable. `what` names the file in the message ("the pattern file").
+    its folder writable. `what` names the file in the message ("the pattern file"). Called before `resolve`, which
+    finds the device (`--device auto` imports torch): a target that cannot be written is refused before that.
 
     Raises:
         BadInput: any of those, naming --out.
@@ -142,7 +143,7 @@ def search_out(options: RequestOptions, req: Request, default: Path, what: str) 
     out = options.output.out if options.output.out is not None else default
     if not out.name or out.name in (".", "..") or out.suffix.lower() != ".json" or out.name.lower() == ".json":
         raise BadInput(f"--out {str(out)!r}: {what} is JSON; give a file name ending in .json")
-    check_target(out, req.overwrite, "--out")
+    check_target(out, options.output.overwrite, "--out")
     check_folder(out.parent)
     return out
 
@@ -168,8 +169,8 @@ def resolve_search_options(options: RequestOptions, *, prompt: str | None = None
     src, options = search_source(options)
     plan = sampler_plans(src, options)[0]  # a distilled preset's few-step sampler decides the steps it searches
     step_ranges(plan.steps, ranges)  # before `resolve`, which finds the device (`--device auto` imports torch)
+    out = search_out(options, DEFAULT_OUT, "the pattern file")
     req = resolve(src, options, prompt=texts[0], backends=NONE)
-    out = search_out(options, req, DEFAULT_OUT, "the pattern file")
     if impl == "triton" and req.device != "cuda":
         from ..kernels.tuning import interpreting
 

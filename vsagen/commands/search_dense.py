@@ -109,13 +109,13 @@ def resolve_dense_search_options(options: RequestOptions, *, attn: str, sparsity
         raise BadInput(f"--budget must be a finite number >= 0 (the fraction of the summed error left), got {budget}")
     options = dataclasses.replace(options, attention=AttentionOptions(attn=attn, sparsity=sparsity, attn_impl=impl))
     src, options = search_source(options)
+    out = search_out(options, DEFAULT_DENSE_OUT, "the measurements file")  # before `--device auto` imports torch
     req = resolve(src, options, prompt=texts[0], backends=ONE)
     spec = req.backends[0]
     if spec.name not in sparse_backends():
         chosen = f" (auto chose {spec.name})" if req.attn_requested != spec.name else ""
         raise BadInput(f"--suggest-dense measures a sparse backend ({', '.join(sparse_backends())}); --attn "
                        f"{req.attn_requested}{chosen} has no dense_steps / dense_layers to suggest")
-    out = search_out(options, req, DEFAULT_DENSE_OUT, "the measurements file")
     return DenseSearchConfig(**{**request_fields(req), "notes": req.notes + notes}, prompts=texts, budget=float(budget),
                              out=out)
 

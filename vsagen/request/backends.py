@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..attention import BackendSpec, backend_class, backend_names
-from ..attention.auto import AUTO, choose_backend
+from ..attention.auto import AUTO, auto_choice
 from ..attention.registry import named_weights_file, options_of
 from ..attention.spec import (BackendEntry, check_flags_apply, check_flags_not_repeated, impls_of, parse_entry, spec_of,
                               text_options)
@@ -185,23 +185,26 @@ def preset_file_notes(entries: Sequence[BackendEntry], specs: tuple[BackendSpec,
 
 
 def auto_spec(kind: str, location: str, options: Any, preset_tables: dict[str, dict[str, Any]],
-              random_weights: bool, device: str, trained_for: tuple[str, str] | None = None,
+              random_weights: bool, device: str | Callable[[], str], trained_for: tuple[str, str] | None = None,
               files: Any = None) -> tuple[BackendSpec, str]:
     """`--attn auto`: the backend the checkpoint was trained for (`vsagen.attention.auto`; `trained_for`: its
     preset's (backend, name) where the preset says; `files`: the transformer files' keys, when the transformer comes
     from files, `vsagen.models.transformer_files.auto_evidence`), its spec and the note; `options` is the request's
-    `AttentionOptions` (its `--sparsity` and `--attn-impl` apply to the choice).
+    `AttentionOptions` (its `--sparsity` and `--attn-impl` apply to the choice); `device` the run's ("cuda" | "cpu"),
+    or a function giving it, called once the choice is checked (`--device auto` imports torch to ask for CUDA: a
+    flag the choice does not take is refused before that).
 
     Raises:
         BadInput: a flag the chosen backend does not take (e.g. --sparsity when auto chose full), naming the
             choice and how to pick a backend."""
-    name, note = choose_backend(kind, location, random_weights, device, trained_for, files)
+    name, note_on = auto_choice(kind, location, random_weights, trained_for, files)
     try:
-        return backend_specs((BackendEntry(name, (), name),), preset_tables, options.sparsity, options.attn_impl,
-                             name)[0], note
+        spec = backend_specs((BackendEntry(name, (), name),), preset_tables, options.sparsity, options.attn_impl,
+                             name)[0]
     except BadInput as e:
         raise BadInput(f"{e} (--attn auto chose {name} for this checkpoint: name a backend, e.g. --attn vsa)") \
             from None
+    return spec, note_on(device() if callable(device) else device)
 
 
 def crop_tile_of(specs: Sequence[BackendSpec], attention: Any) -> tuple[int, int, int]:

@@ -11,8 +11,9 @@ heavy loads, with one message naming the flag.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 from ..attention.dense import every_step_dense_note
 from ..attention.spec import BackendEntry, BackendSpec
@@ -330,8 +331,12 @@ def _entries(options: RequestOptions, backends: str, several_fits: bool) -> tupl
     return () if backends == NONE else attn.several() if backends == SEVERAL else (attn.one(),)
 
 
-def _size(source: ModelSource, m: ModelOptions) -> tuple[int, int, int]:
-    """(height, width, frames): the flags, else the preset's, checked against the model (`_check_sizes`)."""
+def request_size(source: ModelSource, m: ModelOptions) -> tuple[int, int, int]:
+    """(height, width, frames): the flags (the model group `m`), else the preset's, checked against the model
+    (`_check_sizes`); what `resolve` takes, for a command's own checks that need the size and not the device.
+
+    Raises:
+        BadInput: see `_check_sizes`."""
     d = source.preset.defaults
     height = d.height if m.height is None else m.height
     width = d.width if m.width is None else m.width
@@ -418,9 +423,11 @@ def _device_dtype(pl: PlacementOptions) -> tuple[str, str]:
 
 
 def _chosen_backends(source: ModelSource, options: RequestOptions, specs: tuple[BackendSpec, ...], auto: bool,
-                     files: tuple[str, ...], device: str) -> tuple[tuple[BackendSpec, ...], str | None, tuple[str, ...]]:
+                     files: tuple[str, ...], device: Callable[[], str]
+                     ) -> tuple[tuple[BackendSpec, ...], str | None, tuple[str, ...]]:
     """(specs, attn_note, notes): `--attn auto`'s choice for the checkpoint and why (`auto_spec`), or the specs as
-    given with a note for trained weights in `--transformer` files that none of them uses."""
+    given with a note for trained weights in `--transformer` files that none of them uses; `device` gives the run's
+    device, asked only once the choice is checked (see `auto_spec`)."""
     m, d = options.model, source.preset.defaults
     if auto:
         trained_for = (d.attn, source.preset.name) if d.attn is not None and source.exact_preset else None
@@ -525,7 +532,7 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     auto = len(entries) == 1 and entries[0].name == AUTO  # chosen once the device is known (`_chosen_backends`)
     specs = attention_specs(entries, at, d.attention) if entries and not auto else ()
     notes = preset_file_notes(entries, specs, d.attention, source.preset.name) if specs else ()
-    height, width, frames = size = _size(source, m)
+    height, width, frames = size = request_size(source, m)
     _check_guidance_2(source, s)
     plans = sampler_plans(source, options, several_samplers, command_steps)
     files = _model_files(source, m)
@@ -535,14 +542,17 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
         check_rope_range(source, preset_plan(source, frames, height, width, fit, crop_tile), fit, crop_tile)
     _check_few_step(plans[0], s, pl)
     notes += _run_notes(source, s, plans[0], size, fits, specs, crop_tile)
-    device, dtype = _device_dtype(pl)
+    # `--attn auto`'s choice checked before `--device auto` asks torch for CUDA (an import of seconds): a flag the
+    # chosen backend does not take is refused before anything heavy loads
+    placement = functools.cache(lambda: _device_dtype(pl))
+    specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, lambda: placement()[0])
+    device, dtype = placement()
     ulysses, cfg_parallel, split_notes = split_request(pl, source, device, plans[0].guidance, frames, height, width,
                                                         fits, crop_tile)
     caches, cache_notes = resolve_caches(s.cache, m.model, pl, plans, ulysses * (1 + cfg_parallel),
                                          several=backends == SEVERAL,
                                          experts=("transformer", "transformer_2")[:source.preset.experts]
                                          if source.exact_preset else None)
-    specs, attn_note, backend_notes = _chosen_backends(source, options, specs, auto, files, device)
     backend_notes += tuple(dict.fromkeys(n for spec in specs for plan in plans  # (dict: each note once)
                                          if (n := every_step_dense_note(spec.name, spec.options, plan.steps))))
     quants, quant_notes = resolve_quants(asked_quants, device, source, m.random_weights)
@@ -565,5 +575,5 @@ def resolve(source: ModelSource, options: RequestOptions, *, prompt: str, backen
     return request
 
 __all__ = ["MAX_STEPS", "NONE", "ONE", "Request", "SEVERAL", "check_last_frame",
-           "negative_prompt_note", "nearest_valid_frames", "preset_plan", "request_fields", "resolve",
-           "resolve_device", "sampler_plans", "torch_dtype"]
+           "negative_prompt_note", "nearest_valid_frames", "preset_plan", "request_fields", "request_size",
+           "resolve", "resolve_device", "sampler_plans", "torch_dtype"]

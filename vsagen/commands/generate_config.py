@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from ..attention import BackendSpec
 from ..errors import BadInput
 from ..media.encoding import Encoding, check_encoder
-from ..media.formats import FORMATS, VideoFormat, check_format, check_output, frame_paths, output_format
+from ..media.formats import FORMATS, VideoFormat, check_format, check_output, output_format, stale_frames
 from ..media.paths import check_target, default_out, sheet_path
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..models.sources import resolve_model
@@ -277,9 +277,11 @@ def resolve_run(prompt: str, options: RequestOptions, *, image: Path | None = No
     json_out = check_output(path, out.overwrite, req.frames)
     video_format = output_format(path)
     check_format(video_format, out.encoding)
-    if video_format.name == "png" and out.overwrite and frame_paths(path, req.frames + 1)[-1].exists():
-        notes += (f"{frame_paths(path, req.frames + 1)[-1]} and any later frame files are an earlier, longer run's "
-                  f"and stay as they were (this run writes {req.frames} frames)",)
+    stale = stale_frames(path, req.frames) if video_format.name == "png" and out.overwrite else []
+    if stale:  # (removed at publication: `vsagen.media.formats.write_video`)
+        notes += (f"{stale[0]}" + (f" and {len(stale) - 1} more frame file{'s' * (len(stale) > 2)}" if len(stale) > 1
+                                   else "") + f" of an earlier run {'go' if len(stale) > 1 else 'goes'} once this "
+                  f"run's {req.frames} frames are in place (--overwrite)",)
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")

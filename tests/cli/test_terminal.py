@@ -216,6 +216,36 @@ def test_compare_to_a_pipe_is_200_columns_and_keeps_labels_whole(monkeypatch, tm
     assert max(map(len, res.stdout.splitlines())) <= 80 and options not in res.stdout
 
 
+def test_captions_stay_one_line_to_a_pipe_and_no_line_ends_in_a_space(monkeypatch, tmp_path):
+    """User trials: `vsagen compare ... > f` wrapped the "speed-up: ... PSNR / SSIM ..." caption at the table's width
+    over 2-3 lines, padding them with spaces; `vsagen search ... | cat` ended its "searched at ..." caption in 5
+    spaces. To a pipe or a file each caption is one line; there and with COLUMNS no stdout line ends in a space."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "commands"))
+    from test_compare_render import report
+
+    from vsagen.commands.compare_render import rich_table
+
+    rep = report()
+    rep.files = {"csv": str(tmp_path / "cmp" / "compare.csv")}
+    caption = rich_table(rep).caption
+    assert len(caption) > 120  # wider than the table: Rich wrapped it
+    monkeypatch.setattr("vsagen.commands.compare.compare", lambda cfg, **kw: rep)
+    args = ["compare", "x", "--model", "tiny", "--attn", "full,vsa", "--out", str(tmp_path / "cmp")]
+    for columns in (None, "80"):
+        res = CliRunner().invoke(app, args, env={"COLUMNS": columns})
+        assert res.exit_code == 0, res.output
+        lines = res.stdout.splitlines()
+        assert not [line for line in lines if line.endswith(" ")], lines
+        assert (caption in lines) == (columns is None), lines
+    searched = "searched at 17x96x160 (grid 5x6x10), 1 step, 1 prompt, lam 0.5, eps 1"
+    lines = search_summary(monkeypatch, tmp_path, None)
+    assert searched in lines and not [line for line in lines if line.endswith(" ")], lines
+    lines = search_summary(monkeypatch, tmp_path, "80")
+    assert not [line for line in lines if line.endswith(" ")], lines
+
+
 @pytest.mark.slow
 def test_t2v_at_80_columns(vsagen_cache, tiny_dir, tmp_path):
     """The title breaks between fields (it wrapped inside "(slow: the Triton ...)" before), a note longer than a
@@ -312,3 +342,4 @@ def test_trimmed_cuts_trailing_spaces_off_a_pipe_only():
         lines = out.getvalue().splitlines()
         assert lines[0] == ("t" if not terminal else "t" + " " * (len(lines[1]) - 1))
         assert any(line.endswith(" ") for line in lines) == terminal
+

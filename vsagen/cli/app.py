@@ -57,7 +57,7 @@ def _options(version: Annotated[bool, typer.Option("--version", help="Print vsag
 
 def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
     """One video's result: its JSON line (`--json`), or its timing table and where its files went."""
-    from .terminal import print_table, stdout_console
+    from .terminal import print_table, stdout_console, trimmed
 
     if json_out:
         sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
@@ -86,14 +86,15 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
     table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
     print_table(con, table, wraps)
     ranks = result.report.ranks_table()
-    if ranks is not None:
-        con.print(ranks)
+    if ranks is not None:  # (a launch's per-rank table: its title whole to a pipe, no line ending in spaces)
+        print_table(con, ranks, wraps)
     share = result.report.attention_share_of_dit
-    con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
-              "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
-              highlight=False, markup=False, soft_wrap=not wraps)
-    con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
-              cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
+    with trimmed(con):  # (a line Rich wraps, COLUMNS set, is padded: off a terminal no line ends in spaces)
+        con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
+                  "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
+                  highlight=False, markup=False, soft_wrap=not wraps)
+        con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
+                  cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
 
 
 def _attn_details(cfg: Any, backend: dict[str, Any]) -> str:
@@ -384,7 +385,7 @@ def compare(
 
     def run() -> None:
         from ..commands.compare_config import resolve_compare_options
-        from .terminal import print_table, stderr_log, stdout_console
+        from .terminal import print_table, stderr_log, stdout_console, trimmed
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         check_model_available(cfg)
@@ -411,8 +412,9 @@ def compare(
         for note in report.notes:  # notes on stderr, as t2v's; each once (the run's own were said as it began)
             if f"note: {note}" not in said:
                 log(f"note: {note}")
-        con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
-                  markup=False, highlight=False, soft_wrap=not wraps)
+        with trimmed(con):  # (wrapped with COLUMNS set: no line ending in spaces off a terminal)
+            con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
+                      markup=False, highlight=False, soft_wrap=not wraps)
 
     run_guarded(single_process(run), verbose)
 

@@ -96,12 +96,22 @@ def trimmed(con: Any) -> Iterator[None]:
 
 def print_table(con: Any, table: Any, wraps: bool) -> None:
     """Print `table` (a `rich.table.Table`) on `con` fitted to its width (`fit_table`). `wraps` (`stdout_console`'s):
-    its title broken between fields (a terminal, or COLUMNS set); else (a pipe or a file) the title on one line,
-    whole, however long, as the notes are (a new-user trial: `vsagen t2v ... | head` broke it at 80 columns)."""
+    its title broken between fields and its caption wrapped at the table's width (a terminal, or COLUMNS set); else
+    (a pipe or a file) the title above and the caption below on one line each, whole, however long, as the notes
+    are (new-user trials: `vsagen t2v ... | head` broke the title at 80 columns, `vsagen compare ... > f` the
+    caption at the table's width). Not on a terminal no line ends in spaces (`trimmed`: Rich pads a caption, a
+    compact table's rows and a wrapped line to their width; a user trial: `vsagen search ... | cat`)."""
+    title = caption = None
     if not wraps and isinstance(table.title, str) and table.title:
         title, table.title = table.title, None
-        con.print(title, markup=False, highlight=False, soft_wrap=True)
-    con.print(fit_table(table, con.width))
+    if not wraps and isinstance(table.caption, str) and table.caption:
+        caption, table.caption = table.caption, None
+    with trimmed(con):
+        if title is not None:
+            con.print(title, markup=False, highlight=False, soft_wrap=True)
+        con.print(fit_table(table, con.width))
+        if caption is not None:
+            con.print(caption, markup=False, highlight=False, soft_wrap=True)
 
 
 def title_lines(title: str, width: int) -> str:

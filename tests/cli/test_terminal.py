@@ -14,8 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vsagen.cli.app import app
-from vsagen.cli.terminal import (PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, trimmed,
-                                 wrap_line)
+from vsagen.cli.terminal import (PIPE_WIDTH, StdoutClosed, fit_table, print_table, stderr_log, stdout_console,
+                                 title_lines, trimmed, wrap_line, write_stdout)
 
 # The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
 NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
@@ -343,3 +343,26 @@ def test_trimmed_cuts_trailing_spaces_off_a_pipe_only():
         assert lines[0] == ("t" if not terminal else "t" + " " * (len(lines[1]) - 1))
         assert any(line.endswith(" ") for line in lines) == terminal
 
+
+def test_a_broken_pipe_on_stdout_is_stdout_closed(monkeypatch):
+    """stdout's reader gone (`| head -1`): each way a report reaches stdout raises `StdoutClosed` (Rich's own
+    handling exited 1 without a word), which the commands end quietly with exit 0 (`run_guarded`, `main`)."""
+    import sys
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    for columns in (None, "80"):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        con, _ = stdout_console()
+        with pytest.raises(StdoutClosed):
+            con.print("a line")
+        with pytest.raises(StdoutClosed), trimmed(con):
+            con.print("a line")
+    with pytest.raises(StdoutClosed):
+        write_stdout("{}\n")

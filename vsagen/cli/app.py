@@ -28,6 +28,7 @@ from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SER
                              SearchBudget, SearchEps, SearchLam, SearchRanges, SearchTileFit, Sparsity, SuggestDense,
                              Verbose, choice_parser, close_options, complete_attn, complete_model, complete_quant,
                              complete_vae, path_parser, swapped_image_prompt, unquoted_prompt, usage_error)
+from .terminal import StdoutClosed, quiet_stdout
 
 app = typer.Typer(
     name="vsagen",
@@ -57,11 +58,10 @@ def _options(version: Annotated[bool, typer.Option("--version", help="Print vsag
 
 def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
     """One video's result: its JSON line (`--json`), or its timing table and where its files went."""
-    from .terminal import print_table, stdout_console, trimmed
+    from .terminal import print_table, stdout_console, trimmed, write_stdout
 
     if json_out:
-        sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
-        sys.stdout.flush()
+        write_stdout(json.dumps(result.summary, allow_nan=False) + "\n")
         return
     # the terminal's width (COLUMNS where set), the title broken between fields; to a pipe or a file profile's
     # width (200), the title and the lines of text whole, for grep
@@ -327,7 +327,9 @@ def profile(
                 write_text(text, cfg.out, overwrite=cfg.overwrite)
                 log(f"report: {cfg.out}")
         if cfg.out is None:
-            sys.stdout.write(text)
+            from .terminal import write_stdout
+
+            write_stdout(text)
 
     run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
@@ -385,7 +387,7 @@ def compare(
 
     def run() -> None:
         from ..commands.compare_config import resolve_compare_options
-        from .terminal import print_table, stderr_log, stdout_console, trimmed
+        from .terminal import print_table, stderr_log, stdout_console, trimmed, write_stdout
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         check_model_available(cfg)
@@ -401,7 +403,7 @@ def compare(
         with _sigterm_as_interrupt() as interrupted:
             report = run_compare(cfg, log=log, cancelled=interrupted)
         if json_out:
-            sys.stdout.write(json.dumps(report.to_dict(), allow_nan=False) + "\n")
+            write_stdout(json.dumps(report.to_dict(), allow_nan=False) + "\n")
             return
         from ..commands.compare_render import rich_table
 
@@ -555,6 +557,9 @@ def main() -> None:
                 code = report_interrupt(SignalInterrupt(guard.first(), guard.kept), speaks)  # its report (parsing)
     except KeyboardInterrupt as e:
         code = report_interrupt(e, speaks)
+    except StdoutClosed:  # stdout's reader went away (`vsagen presets | head -1`; a command's own: `run_guarded`)
+        quiet_stdout()
+        code = 0
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
         name = type(e).__name__
         ctx = getattr(e, "ctx", None)

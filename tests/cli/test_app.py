@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -786,6 +787,63 @@ def test_file_refusals_come_before_torch(vsagen_cache, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "hf-home") == before
     assert (tmp_path / "exist.mp4").read_bytes() == b"precious"
     assert wall < 5, f"{wall:.2f} s"
+
+
+# `python -m vsagen t2v ...` with the run itself faked (no torch: nor its process group's end): the files written,
+# then the report printed.
+FAKE_RUN = textwrap.dedent("""
+    import contextlib, sys, types
+    from rich.table import Table
+    import vsagen.parallel.launch
+
+    vsagen.parallel.launch.joined = lambda *args: contextlib.nullcontext()
+
+    class Report:
+        attention_share_of_dit = 0.5
+        def rich_table(self, title, cached):
+            table = Table(title=title)
+            table.add_column("region")
+            table.add_row("DiT")
+            return table
+        def ranks_table(self):
+            return None
+
+    class Result:
+        def __init__(self, cfg):
+            self.video_path, self.json_path, self.report = cfg.out, cfg.json_out, Report()
+            self.summary = {"video": str(cfg.out), "model": cfg.model, "attn": "full", "backend": {},
+                            "vae_tiling": False}
+
+    def generate(cfg, **kwargs):
+        cfg.out.write_bytes(b"video")
+        cfg.json_out.write_text("{}")
+        return Result(cfg)
+
+    sys.modules["vsagen.commands.generate"] = types.SimpleNamespace(generate=generate, generate_seeds=None)
+    sys.argv = ["vsagen", *sys.argv[1:]]
+    from vsagen.cli import main
+    main()
+""")
+
+
+T2V = ["t2v", "a fox", "--model", "tiny", "--random-weights", "--steps", "1", "--device", "cpu"]  # (cpu: no torch)
+
+
+@pytest.mark.parametrize("args", [T2V, [*T2V, "--json"], ["presets"]], ids=["t2v-table", "t2v-json", "presets"])
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_exit_0(vsagen_cache, tmp_path, args):
+    """A user trial: `vsagen t2v --model tiny --steps 1 --out j3.mp4 "a fox" | head -1` exited 1 without a word,
+    both files written (stdout closed early: Rich's broken-pipe exit; the JSON line's was an error line). Here
+    stdout's reader is gone before the command prints: exit 0, nothing on stderr, the files in place."""
+    out = tmp_path / "j3.mp4"
+    argv = [sys.executable, "-m", "vsagen", *args] if args == ["presets"] else \
+        [sys.executable, "-c", FAKE_RUN, *args, "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=sub_env(vsagen_cache, tmp_path),
+                            cwd=tmp_path)
+    proc.stdout.close()  # the reader gone before the command's first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""
+    if args != ["presets"]:
+        assert out.read_bytes() == b"video" and out.with_suffix(".json").read_text() == "{}"
 
 
 def test_dangling_symlink_output_is_refused_up_front(cli_cache, tmp_path):

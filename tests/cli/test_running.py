@@ -52,6 +52,14 @@ def test_interrupts_exit_128_plus_the_signal_and_say_nothing_was_written(capsys)
     assert code == 143 and err == "error: interrupted by SIGTERM; nothing was written\n"
 
 
+def test_a_closed_stdout_ends_quietly_with_exit_0(capsys):
+    """A user trial: `vsagen t2v ... | head -1` exited 1 without a word once its files were written; stdout's reader
+    gone (`StdoutClosed`) is no error: exit 0, nothing said."""
+    from vsagen.cli.terminal import StdoutClosed
+
+    assert _exit_code(_raise(StdoutClosed("stdout was closed")), capsys) == (0, "")
+
+
 def test_torch_compile_failures_are_traced_through_the_cause_chain(capsys):
     Dynamo = type("Unsupported", (RuntimeError,), {"__module__": "torch._dynamo.exc"})
     try:

@@ -14,8 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from vsagen.cli.app import app
-from vsagen.cli.terminal import (PIPE_WIDTH, fit_table, print_table, stderr_log, stdout_console, title_lines, trimmed,
-                                 wrap_line)
+from vsagen.cli.terminal import (PIPE_WIDTH, StdoutClosed, fit_table, print_table, stderr_log, stdout_console,
+                                 title_lines, trimmed, wrap_line, write_stdout)
 
 # The tiny model's --attn auto note (as `vsagen t2v --model tiny` says it): 250 characters
 NOTE = ("note: --attn auto chose full: random weights carry no trained sparse-attention weights; on a GPU --attn vsa "
@@ -216,6 +216,36 @@ def test_compare_to_a_pipe_is_200_columns_and_keeps_labels_whole(monkeypatch, tm
     assert max(map(len, res.stdout.splitlines())) <= 80 and options not in res.stdout
 
 
+def test_captions_stay_one_line_to_a_pipe_and_no_line_ends_in_a_space(monkeypatch, tmp_path):
+    """User trials: `vsagen compare ... > f` wrapped the "speed-up: ... PSNR / SSIM ..." caption at the table's width
+    over 2-3 lines, padding them with spaces; `vsagen search ... | cat` ended its "searched at ..." caption in 5
+    spaces. To a pipe or a file each caption is one line; there and with COLUMNS no stdout line ends in a space."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "commands"))
+    from test_compare_render import report
+
+    from vsagen.commands.compare_render import rich_table
+
+    rep = report()
+    rep.files = {"csv": str(tmp_path / "cmp" / "compare.csv")}
+    caption = rich_table(rep).caption
+    assert len(caption) > 120  # wider than the table: Rich wrapped it
+    monkeypatch.setattr("vsagen.commands.compare.compare", lambda cfg, **kw: rep)
+    args = ["compare", "x", "--model", "tiny", "--attn", "full,vsa", "--out", str(tmp_path / "cmp")]
+    for columns in (None, "80"):
+        res = CliRunner().invoke(app, args, env={"COLUMNS": columns})
+        assert res.exit_code == 0, res.output
+        lines = res.stdout.splitlines()
+        assert not [line for line in lines if line.endswith(" ")], lines
+        assert (caption in lines) == (columns is None), lines
+    searched = "searched at 17x96x160 (grid 5x6x10), 1 step, 1 prompt, lam 0.5, eps 1"
+    lines = search_summary(monkeypatch, tmp_path, None)
+    assert searched in lines and not [line for line in lines if line.endswith(" ")], lines
+    lines = search_summary(monkeypatch, tmp_path, "80")
+    assert not [line for line in lines if line.endswith(" ")], lines
+
+
 @pytest.mark.slow
 def test_t2v_at_80_columns(vsagen_cache, tiny_dir, tmp_path):
     """The title breaks between fields (it wrapped inside "(slow: the Triton ...)" before), a note longer than a
@@ -312,3 +342,27 @@ def test_trimmed_cuts_trailing_spaces_off_a_pipe_only():
         lines = out.getvalue().splitlines()
         assert lines[0] == ("t" if not terminal else "t" + " " * (len(lines[1]) - 1))
         assert any(line.endswith(" ") for line in lines) == terminal
+
+
+def test_a_broken_pipe_on_stdout_is_stdout_closed(monkeypatch):
+    """stdout's reader gone (`| head -1`): each way a report reaches stdout raises `StdoutClosed` (Rich's own
+    handling exited 1 without a word), which the commands end quietly with exit 0 (`run_guarded`, `main`)."""
+    import sys
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    for columns in (None, "80"):
+        if columns is None:
+            monkeypatch.delenv("COLUMNS", raising=False)
+        else:
+            monkeypatch.setenv("COLUMNS", columns)
+        con, _ = stdout_console()
+        with pytest.raises(StdoutClosed):
+            con.print("a line")
+        with pytest.raises(StdoutClosed), trimmed(con):
+            con.print("a line")
+    with pytest.raises(StdoutClosed):
+        write_stdout("{}\n")

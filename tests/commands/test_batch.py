@@ -5,6 +5,7 @@ keeping the finished videos and nothing of the stopped one."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ def test_lines_of_text_and_of_json(tmp_path):
     ("{\"prompt\": \"x\",}\n", "line 1: not valid JSON"),
     ("x\n{\"prompt\": \"x\", \"out\": \"/etc/passwd\"}\n", "line 2: unknown key 'out'; a JSON line takes prompt, "),
     ("{\"seed\": 1}\n", "line 1: no prompt"),
+    ("{\"prompt\": 5}\n", "line 1: prompt must be a string, got int"),  # (was "no prompt": a user trial)
     ("{\"prompt\": \"x\", \"seed\": \"1\"}\n", "line 1: seed must be an integer, got \"1\""),
     ("{\"prompt\": \"x\", \"height\": 16.0}\n", "line 1: height must be an integer, got 16.0"),
     ("{\"prompt\": \"x\", \"guidance\": true}\n", "line 1: guidance must be a number, got true"),  # the file's
@@ -58,6 +60,20 @@ def test_bad_lines_are_one_line_naming_the_line(tmp_path, text, words):
     with pytest.raises(BadInput) as e:
         read_batch(path)
     assert words in str(e.value) and str(e.value).startswith(f"--prompts {path}") and "\n" not in str(e.value)
+
+
+def test_a_prompt_that_is_no_string_is_said_as_the_server_says_it(tmp_path):
+    """A user trial: `{"prompt": 5}` got "no prompt" from --prompts, "prompt must be a string, got int" from
+    `vsagen serve`: the same words now."""
+    from vsagen.serve.jobs import parse_fields
+
+    for value in ("5", "null", "[\"a fox\"]"):
+        path = write(tmp_path, f"{{\"prompt\": {value}}}\n")
+        with pytest.raises(BadInput) as e:
+            read_batch(path)
+        with pytest.raises(BadInput) as served:
+            parse_fields({"prompt": json.loads(value)}, form=False)
+        assert str(e.value) == f"--prompts {path} line 1: {served.value}"
 
 
 def test_a_missing_file_or_a_folder(tmp_path):

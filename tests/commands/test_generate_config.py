@@ -243,9 +243,10 @@ def test_overwrite_without_sheet_says_an_earlier_sheet_stays(tmp_path):
                                                           out=tmp_path / "v.mp4", overwrite=True).notes)
 
 
-def test_out_png_checks_every_frame_file_and_says_an_earlier_longer_runs_frames_stay(tmp_path):
+def test_out_png_checks_every_frame_file_and_says_an_earlier_longer_runs_frames_go(tmp_path):
     """`--out f.png` writes f-0000.png ... (one per frame): each is checked before loading as the mp4 is, and with
-    --overwrite a longer earlier run's frames past this run's count stay, which a note says."""
+    --overwrite a longer earlier run's frames past this run's count are removed once the new ones are in place
+    (`vsagen.media.formats.write_video`), which a note says."""
     cfg = resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png")
     assert cfg.video_format == "png" and cfg.json_out == tmp_path / "f.json" and cfg.summary()["video_format"] == "png"
     (tmp_path / "f-0004.png").write_bytes(b"x")
@@ -253,10 +254,14 @@ def test_out_png_checks_every_frame_file_and_says_an_earlier_longer_runs_frames_
         resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png")
     (tmp_path / "f-0005.png").write_bytes(b"x")  # an earlier run of more frames
     cfg = resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png", overwrite=True)
-    assert any(f"{tmp_path / 'f-0005.png'} and any later frame files are an earlier, longer run's" in n
+    assert f"{tmp_path / 'f-0005.png'} of an earlier run goes once this run's 5 frames are in place (--overwrite)" \
+        in cfg.notes
+    (tmp_path / "f-0006.png").write_bytes(b"x")
+    cfg = resolve("a fox", model="tiny", device="cpu", frames=5, out=tmp_path / "f.png", overwrite=True)
+    assert any(n.startswith(f"{tmp_path / 'f-0005.png'} and 1 more frame file of an earlier run go once")
                for n in cfg.notes)
-    assert not any("longer run" in n for n in resolve("a fox", model="tiny", device="cpu", frames=9,
-                                                      out=tmp_path / "f.png", overwrite=True).notes)
+    assert not any("earlier run" in n for n in resolve("a fox", model="tiny", device="cpu", frames=9,
+                                                       out=tmp_path / "f.png", overwrite=True).notes)
 
 
 def test_the_settings_of_a_tiny_weights_file_are_json(tmp_path):

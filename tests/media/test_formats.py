@@ -13,7 +13,7 @@ from PIL import Image
 from vsagen.errors import BadInput
 from vsagen.interrupts import SignalInterrupt
 from vsagen.media.formats import (FORMATS, check_format, check_output, frame_paths, frame_pattern, output_format,
-                                  read_metadata, write_video)
+                                  read_metadata, stale_frames, write_video)
 from vsagen.media.video import Encoding, Outputs, encode_mp4_stream, read_mp4
 
 # text ffmetadata escapes ('=', ';', '#', '\\', newlines), quotes and non-ASCII: each must come back as it went in
@@ -117,3 +117,40 @@ def test_an_interrupt_midway_leaves_no_png_frame(tmp_path):
         with Outputs() as outputs:
             write_video(outputs, FORMATS["png"], tmp_path / "sub" / "f.png", interrupted(), 8, Encoding(), frames=4)
     assert list(tmp_path.iterdir()) == []  # no frame, no temporary, the folder it made removed
+
+
+def test_overwrite_removes_an_earlier_runs_frames_of_the_series_once_the_new_ones_are_in_place(tmp_path):
+    """A user trial: `t2v --out fr.png` (17 frames), then `--frames 5 --overwrite`: fr-0005.png ... fr-0016.png of
+    the first run stayed, so the folder looked like one 17-frame video. With --overwrite the files of the series
+    `fr-<4+ digits>.png` this run does not write go, only once its frames are in place (an interrupted run removes
+    none), and nothing else does; without --overwrite nothing is removed."""
+    out = tmp_path / "fr.png"
+
+    def run(n: int, overwrite: bool, video=None) -> None:
+        with Outputs(overwrite=overwrite) as outputs:
+            write_video(outputs, FORMATS["png"], out, video or chunks(frames(f=n, h=8, w=8)), 8, Encoding(), frames=n)
+            outputs.publish()
+
+    run(17, False)
+    (tmp_path / "fr-00016.png").write_bytes(b"old")  # the series numbered wider (a run past 9,999 frames)
+    others = ["fr-1.png", "fr-0016.png.bak", "fr2-0016.png", "xfr-0016.png", "fr-0016.PNG", "fr.json", "fr.png"]
+    for name in others:
+        (tmp_path / name).write_bytes(b"keep")
+    (tmp_path / "fr-0020.png").mkdir()  # a folder is no frame
+    first = sorted(p.name for p in tmp_path.iterdir())
+    assert [p.name for p in stale_frames(out, 5)] == [f"fr-{i:04d}.png" for i in range(5, 17)] + ["fr-00016.png"]
+
+    def interrupted():
+        yield frames(f=2, h=8, w=8)
+        raise SignalInterrupt(2)
+
+    with pytest.raises(SignalInterrupt):
+        run(5, True, interrupted())
+    assert sorted(p.name for p in tmp_path.iterdir()) == first  # nothing lost, no temporary left
+    with pytest.raises(BadInput, match="exists"):  # without --overwrite: refused, nothing removed
+        run(5, False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == first
+    run(5, True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"fr-{i:04d}.png" for i in range(5)] + others
+                                                                + ["fr-0020.png"])
+    assert Image.open(tmp_path / "fr-0004.png").size == (8, 8)

@@ -7,6 +7,7 @@ left behind, and the parent's environment and signal handlers as they were. `vsa
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,6 +123,14 @@ PARENT = textwrap.dedent("""
 """)
 
 
+def _parent_env(temp: Path, env: dict | None = None) -> dict:
+    """The environment of a PARENT process: its temporary folders (run_workers' `vsagen-exits-*`) in `temp`, made
+    here, so that one a killed parent cannot remove is the test's to remove, not left in /tmp (a user trial found
+    an empty /tmp/vsagen-exits-* after the suite)."""
+    temp.mkdir()
+    return {**(os.environ if env is None else env), "TMPDIR": str(temp)}
+
+
 def _pids(folder: Path) -> list[int]:
     return [int(p.name.split(".")[1][3:]) for p in folder.glob("rank*.pid*")]
 
@@ -143,7 +152,8 @@ def test_a_signal_to_the_parent_reaches_every_worker_once_and_none_is_left(tmp_p
     for sig in (signal.SIGTERM, signal.SIGINT):
         folder = tmp_path / sig.name
         folder.mkdir()
-        runs[sig] = folder, subprocess.Popen([sys.executable, "-c", PARENT, str(folder), WORKER], env=env, cwd=folder,
+        runs[sig] = folder, subprocess.Popen([sys.executable, "-c", PARENT, str(folder), WORKER], cwd=folder,
+                                             env=_parent_env(tmp_path / f"temp-{sig.name}", env),
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     for sig, (folder, parent) in runs.items():
@@ -162,6 +172,7 @@ def test_a_signal_to_the_parent_reaches_every_worker_once_and_none_is_left(tmp_p
         assert out == "" and err == "", err
         threads = {p.name.rsplit("threads", 1)[1] for p in folder.glob("rank*.pid*")}
         assert threads == {str(worker_threads(2))}  # OMP_NUM_THREADS set for the workers where it was not
+        assert list((tmp_path / f"temp-{sig.name}").iterdir()) == []  # its exit codes' folder removed
 
 
 # The worker above as `vsagen`'s entry point starts: first `die_with_agent` (`vsagen.cli.app.main`).
@@ -171,8 +182,9 @@ DYING_WORKER = "from vsagen.parallel.spawn import die_with_agent; die_with_agent
 def test_workers_end_when_their_agent_is_killed_outright(tmp_path):
     """kill -9 of the parent (no signal to pass on): the kernel sends each worker SIGTERM (`die_with_agent`), which
     it handles and ends; none is left running (without it they slept on as orphans, 2026-12-07)."""
+    temp = tmp_path / "temp"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path), DYING_WORKER], cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=_parent_env(temp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while len(_pids(tmp_path)) < 2 and time.monotonic() < deadline and parent.poll() is None:
         time.sleep(0.05)
@@ -186,6 +198,9 @@ def test_workers_end_when_their_agent_is_killed_outright(tmp_path):
     assert not [p for p in pids if _alive(p)]
     got = sorted(p.name for p in tmp_path.glob("rank*.got*"))
     assert got == [f"rank0.got{SIGTERM}", f"rank1.got{SIGTERM}"], got
+    left = [p.name for p in temp.iterdir()]  # a parent killed outright cannot remove its exit codes' folder
+    assert len(left) == 1 and left[0].startswith("vsagen-exits-"), left
+    shutil.rmtree(temp)
 
 
 def test_die_with_agent_acts_only_in_a_worker_and_signals_at_once_where_the_agent_is_gone():

@@ -12,8 +12,8 @@ import pytest
 
 from vsagen.errors import BadInput
 from vsagen.request.options import request_options
-from vsagen.serve.jobs import (FIELDS, MAX_SECONDS, Served, VideoFields, accepted, frames_of, image_suffix,
-                               parse_fields, valid_id, video_object)
+from vsagen.serve.jobs import (FIELDS, MAX_SECONDS, Served, VideoFields, accepted, field_of, frames_of,
+                               image_suffix, parse_fields, valid_id, video_object)
 from vsagen.serve.store import Job
 
 
@@ -57,6 +57,19 @@ def test_bad_fields_are_one_line(body, form, words):
     with pytest.raises(BadInput) as e:
         parse_fields(body, form=form)
     assert words in str(e.value) and "\n" not in str(e.value)
+    # the field it is about, OpenAI's error `param` (a user trial: null throughout): the prompt, or the other field
+    assert field_of(str(e.value)) == ("prompt" if words.startswith("prompt") else
+                                      next(k for k in body if k != "prompt"))
+
+
+def test_the_field_a_refusal_is_about_from_its_words():
+    """The command line's refusals name its options (`--width`: the request's size); the others name no field."""
+    assert field_of("--width must be a positive multiple of 16 for tiny, got 100") == "size"
+    assert field_of("--negative-prompt is too long") == "negative_prompt"
+    assert field_of("the prompt is empty: say what the video should show") == "prompt"
+    assert field_of("input_reference: this server runs tiny") == "input_reference"
+    for words in ("the body is not valid JSON", "this server's model was loaded with its seed", "--out x", "", "x"):
+        assert field_of(words) is None, words
 
 
 def test_frames_of_seconds_round_up_to_whole_latent_frames():

@@ -225,6 +225,10 @@ BAD = [  # (method, path, how, body, status, words of the message)
     ("POST", "/v1/videos", "json", {"prompt": "x", "attn": "vsa:sparsity=0.9"}, 400,
      "attn 'vsa:sparsity=0.9' needs the vsa backend; this server was started with --attn auto and runs full"),
     ("POST", "/v1/videos", "form", {"prompt": "x", "steps": "1.5"}, 400, "steps must be an integer, got '1.5'"),
+    # a field given twice: the form's refusal, and JSON's alike (a user trial: JSON's last one was taken silently)
+    ("POST", "/v1/videos", "pairs", [("prompt", "x"), ("steps", "1"), ("prompt", "y")], 400,
+     "a field is given twice: prompt"),
+    ("POST", "/v1/videos", "raw", b'{"prompt": "x", "seed": 1, "seed": 2}', 400, "a field is given twice: seed"),
     ("POST", "/v1/videos", "text", "prompt=x", 415, "as JSON (application/json) or a multipart form"),
     ("POST", "/v1/videos", "json", {"prompt": "x" * 300_000}, 413, "the limit is 262144"),
     ("GET", "/v1/videos/video_0123456789abcdef0123456789abcdef", None, None, 404, "no video"),
@@ -239,10 +243,29 @@ BAD = [  # (method, path, how, body, status, words of the message)
 ]
 
 
+# the field or query parameter each refusal of BAD is about, by its words (OpenAI's error `param`: a user trial found
+# it null throughout); the others are about no one field: null
+PARAMS = {"--width must be a positive multiple of 16 for tiny": "size", "--frames must be 4k+1": "frames",
+          "--steps must be in [1, 10000], got 0": "steps", "--height too large for tiny": "size",
+          "--guidance must be a number in": "guidance", "steps must be an integer, got 'two'": "steps",
+          "seed must be an integer": "seed", "size must be WIDTHxHEIGHT": "size", "seconds must be in (0, 600]": "seconds",
+          "model 'sora-2' is not served here": "model", "unknown field 'out'": "out", "prompt is missing": "prompt",
+          "the prompt is empty": "prompt", "prompt must be a string": "prompt",
+          "the prompt holds a NUL character": "prompt",
+          "input_reference must be an image file: send it as a file part of a multipart/form-data body":
+              "input_reference",
+          "input_reference: this server runs tiny, which makes videos from text and takes no image": "input_reference",
+          "attn 'vsa:sparsity=0.9' needs the vsa backend; this server was started with --attn auto and runs full": "attn",
+          "steps must be an integer, got '1.5'": "steps", "a field is given twice: prompt": "prompt",
+          "a field is given twice: seed": "seed", "limit must be in [1, 100]": "limit", "limit": "limit",
+          "after must be a video id": "after"}
+
+
 @pytest.mark.parametrize("method,path,how,body,status,words", BAD, ids=[f"{b[4]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_requests_get_one_line_and_a_4xx(server, method, path, how, body, status, words):
     kwargs = ({"json": body} if how == "json" else
               {"files": {k: (None, v) for k, v in body.items()}} if how == "form" else
+              {"files": [(k, (None, v)) for k, v in body]} if how == "pairs" else
               {"data": body, "files": {"input_reference": ("a.png", PNG, "image/png")}} if how == "file" else
               {"content": body, "headers": {"Content-Type": "application/json" if how == "raw" else "text/plain"}}
               if how in ("raw", "text") else {})
@@ -251,7 +274,7 @@ def test_bad_requests_get_one_line_and_a_4xx(server, method, path, how, body, st
     assert res.status_code == status, res.text
     error = res.json()["error"]
     assert words in error["message"] and "\n" not in error["message"] and "Traceback" not in res.text, error
-    assert error["type"] == "invalid_request_error"
+    assert error["type"] == "invalid_request_error" and error["param"] == PARAMS.get(words), error
 
 
 def test_a_retried_post_with_its_idempotency_key_is_one_job(server):
@@ -566,6 +589,7 @@ def test_text_and_image_requests_on_one_load_are_the_videos_of_t2v_and_i2v(image
 def test_error_body_and_metrics_text_shapes():
     assert error_body("bad", "invalid_request", 400) == {"error": {"message": "bad", "type": "invalid_request_error",
                                                                    "param": None, "code": "invalid_request"}}
+    assert error_body("seed must be an integer", "invalid_request", 400, "seed")["error"]["param"] == "seed"
     assert error_body("boom", "internal_error", 500)["error"]["type"] == "server_error"
 
     class W:

@@ -28,6 +28,7 @@ from .shared_options import (COMPARE, GENERATE, IMAGE_PATH, PROFILE, SEARCH, SER
                              SearchBudget, SearchEps, SearchLam, SearchRanges, SearchTileFit, Sparsity, SuggestDense,
                              Verbose, choice_parser, close_options, complete_attn, complete_model, complete_quant,
                              complete_vae, path_parser, swapped_image_prompt, unquoted_prompt, usage_error)
+from .terminal import StdoutClosed, quiet_stdout
 
 app = typer.Typer(
     name="vsagen",
@@ -57,11 +58,10 @@ def _options(version: Annotated[bool, typer.Option("--version", help="Print vsag
 
 def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
     """One video's result: its JSON line (`--json`), or its timing table and where its files went."""
-    from .terminal import print_table, stdout_console
+    from .terminal import print_table, stdout_console, trimmed, write_stdout
 
     if json_out:
-        sys.stdout.write(json.dumps(result.summary, allow_nan=False) + "\n")
-        sys.stdout.flush()
+        write_stdout(json.dumps(result.summary, allow_nan=False) + "\n")
         return
     # the terminal's width (COLUMNS where set), the title broken between fields; to a pipe or a file profile's
     # width (200), the title and the lines of text whole, for grep
@@ -86,14 +86,15 @@ def _show_result(result: Any, cfg: Any, json_out: bool) -> None:
     table = result.report.rich_table(title=title, cached=cfg.cache.enabled)  # counts whenever a cache is set
     print_table(con, table, wraps)
     ranks = result.report.ranks_table()
-    if ranks is not None:
-        con.print(ranks)
+    if ranks is not None:  # (a launch's per-rank table: its title whole to a pipe, no line ending in spaces)
+        print_table(con, ranks, wraps)
     share = result.report.attention_share_of_dit
-    con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
-              "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
-              highlight=False, markup=False, soft_wrap=not wraps)
-    con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
-              cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
+    with trimmed(con):  # (a line Rich wraps, COLUMNS set, is padded: off a terminal no line ends in spaces)
+        con.print("attention backend share of DiT time: " + (f"{100 * share:.1f}%" if share is not None else
+                  "not timed (compiled into the transformer blocks; `vsagen profile --kernels` times it alone)"),
+                  highlight=False, markup=False, soft_wrap=not wraps)
+        con.print(f"video: {result.video_path}\ntiming: {result.json_path}" + (f"\nsheet: {cfg.sheet_out}" if
+                  cfg.sheet_out is not None else ""), highlight=False, markup=False, soft_wrap=not wraps)
 
 
 def _attn_details(cfg: Any, backend: dict[str, Any]) -> str:
@@ -326,7 +327,9 @@ def profile(
                 write_text(text, cfg.out, overwrite=cfg.overwrite)
                 log(f"report: {cfg.out}")
         if cfg.out is None:
-            sys.stdout.write(text)
+            from .terminal import write_stdout
+
+            write_stdout(text)
 
     run_guarded(run, verbose, rank=0 if launch is None else launch.rank)
 
@@ -384,7 +387,7 @@ def compare(
 
     def run() -> None:
         from ..commands.compare_config import resolve_compare_options
-        from .terminal import print_table, stderr_log, stdout_console
+        from .terminal import print_table, stderr_log, stdout_console, trimmed, write_stdout
 
         cfg = resolve_compare_options(prompt, options, error_steps=error_steps, plot=plot)  # before torch loads
         check_model_available(cfg)
@@ -400,7 +403,7 @@ def compare(
         with _sigterm_as_interrupt() as interrupted:
             report = run_compare(cfg, log=log, cancelled=interrupted)
         if json_out:
-            sys.stdout.write(json.dumps(report.to_dict(), allow_nan=False) + "\n")
+            write_stdout(json.dumps(report.to_dict(), allow_nan=False) + "\n")
             return
         from ..commands.compare_render import rich_table
 
@@ -411,8 +414,9 @@ def compare(
         for note in report.notes:  # notes on stderr, as t2v's; each once (the run's own were said as it began)
             if f"note: {note}" not in said:
                 log(f"note: {note}")
-        con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
-                  markup=False, highlight=False, soft_wrap=not wraps)
+        with trimmed(con):  # (wrapped with COLUMNS set: no line ending in spaces off a terminal)
+            con.print(f"files: {cfg.out}/ (" + ", ".join(Path(p).name for p in report.files.values()) + ")",
+                      markup=False, highlight=False, soft_wrap=not wraps)
 
     run_guarded(single_process(run), verbose)
 
@@ -553,6 +557,9 @@ def main() -> None:
                 code = report_interrupt(SignalInterrupt(guard.first(), guard.kept), speaks)  # its report (parsing)
     except KeyboardInterrupt as e:
         code = report_interrupt(e, speaks)
+    except StdoutClosed:  # stdout's reader went away (`vsagen presets | head -1`; a command's own: `run_guarded`)
+        quiet_stdout()
+        code = 0
     except Exception as e:  # noqa: BLE001 - re-raised below unless it is click's
         name = type(e).__name__
         ctx = getattr(e, "ctx", None)

@@ -18,8 +18,6 @@ def print_presets() -> None:
     """The bundled model presets and their defaults on stdout, sized to the terminal: one table where it fits, else
     (80 columns) the defaults and the commands and weights as two tables, else a paragraph per preset; to a pipe
     or a file the one table at its own width, each row on one line, and no line ending in spaces (`trimmed`)."""
-    from rich.console import Console
-
     from ..models.presets import preset_names
     from .terminal import fit_table, stdout_console, trimmed
 
@@ -32,7 +30,7 @@ def print_presets() -> None:
     unbounded = con.options.update_width(10_000)
     everything = _presets_table(rows, "presets", tuple(range(len(PRESET_HEADS))), compact=False)
     if not wraps:  # a pipe or a file (a new-user trial: `| cat` split words): the one table, each row one line
-        con = Console(width=max(con.width, con.measure(everything, options=unbounded).maximum))
+        con.width = max(con.width, con.measure(everything, options=unbounded).maximum)  # (stdout_console's own)
     narrow = [_presets_table(rows, "presets", (0, 2, 3, 4, 5, 6, 7), compact=True),
               _presets_table(rows, "commands, sampler and attention", (0, 1, 8, 9), compact=True),
               _presets_table(rows, "weights", (0, 10), compact=True)]

@@ -20,6 +20,7 @@ import typer
 from ..errors import VsagenError
 from ..request.options import RequestOptions
 from .shared_options import SHARED
+from .terminal import StdoutClosed, quiet_stdout
 
 
 def env_switch(name: str, default: bool) -> bool:
@@ -90,7 +91,8 @@ def report_interrupt(e: KeyboardInterrupt, speaks: bool = True) -> int:
 
 def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
     """Call fn(); map errors to one line and an exit code. A rank other than 0 of a launch prints its line only
-    when rank 0 did not end meanwhile (`linger`), prefixed with its rank."""
+    when rank 0 did not end meanwhile (`linger`), prefixed with its rank. stdout's reader gone while the report
+    printed (`StdoutClosed`: `vsagen t2v ... | head -1`, the files in place) ends quietly, exit 0."""
 
     def report(msg: str, code: int) -> None:
         if rank != 0:
@@ -100,6 +102,9 @@ def run_guarded(fn, verbose: bool, rank: int = 0) -> None:
 
     try:
         fn()
+    except StdoutClosed:  # a user trial: exit 1 without a word (Rich's own handling), the files written
+        quiet_stdout()
+        raise typer.Exit(0) from None
     except VsagenError as e:
         if verbose:  # the traceback too, but the exit code stays the error's (2: bad input)
             import traceback

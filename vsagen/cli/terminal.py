@@ -2,6 +2,10 @@
 Rich tables fitted to the width without cutting a word (titles broken between their " | " fields, a compact style
 where the boxed one would fold a word). 80 columns is the width every rendering is tested at.
 
+A report's reader that goes away (`vsagen t2v ... | head -1`) ends the command quietly with exit 0 once its files
+are in place: a broken pipe on stdout is `StdoutClosed` (`stdout_console`'s consoles, `trimmed`, `write_stdout`),
+which `vsagen.cli.running.run_guarded` and `vsagen.cli.app.main` end with `quiet_stdout`.
+
 Lines to a pipe or a file stay one line each (a log keeps a note on one line, for grep), unless COLUMNS is set: the
 command line decides (`stderr_log` for stderr, `stdout_console` for a report on stdout), the functions here take the
 width. A report to a pipe or a file is laid out PIPE_WIDTH columns wide (as `vsagen profile`'s).
@@ -64,19 +68,64 @@ def stderr_log(columns_set: bool) -> Callable[[str], None]:
     return log
 
 
+class StdoutClosed(Exception):
+    """stdout's reader went away while a command printed its report (`vsagen t2v ... | head -1`: a broken pipe).
+    Not a failure: the command's files are in place by then; the command ends quietly, exit 0 (`quiet_stdout`)."""
+
+
+def _stdout_closed() -> None:
+    """A stdout console's `on_broken_pipe` (Rich's own exits 1 without a word: a user trial)."""
+    raise StdoutClosed("stdout was closed")
+
+
+def write_stdout(text: str) -> None:
+    """Write `text` on stdout and flush it (a JSON line, a rendered report).
+
+    Raises:
+        StdoutClosed: stdout's reader went away (a broken pipe)."""
+    import sys
+
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise StdoutClosed("stdout was closed") from None
+
+
+def quiet_stdout() -> None:
+    """Point stdout's file descriptor at the null device once its reader went away (`StdoutClosed`), so that the
+    interpreter's last flush has nowhere to fail (Python's recipe for a closed pipe:
+    https://docs.python.org/3/library/signal.html#note-on-sigpipe). A stdout that is no file (a test's capture) is
+    left as it is."""
+    import os
+    import sys
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def stdout_console() -> tuple[Any, bool]:
     """A Rich console for a command's report on stdout, and whether its lines wrap: on a terminal, or with COLUMNS
     set, Rich's own console (the terminal's width, COLUMNS where set) and True; to a pipe or a file a console
     PIPE_WIDTH columns wide (as `vsagen profile`'s report) and False: print each note and each line of text whole
-    (`wrap_line(text, None)`, `soft_wrap=True`), one line for grep, as the README promises."""
+    (`wrap_line(text, None)`, `soft_wrap=True`), one line for grep, as the README promises. Either raises
+    `StdoutClosed` where stdout's reader went away."""
     import os
     import sys
 
     from rich.console import Console
 
-    if "COLUMNS" in os.environ or sys.stdout.isatty():
-        return Console(), True
-    return Console(width=PIPE_WIDTH), False
+    wraps = "COLUMNS" in os.environ or sys.stdout.isatty()
+    con = Console() if wraps else Console(width=PIPE_WIDTH)
+    con.on_broken_pipe = _stdout_closed  # (Rich's hook: a method, replaced on this console alone)
+    return con, wraps
 
 
 @contextmanager
@@ -84,24 +133,38 @@ def trimmed(con: Any) -> Iterator[None]:
     """What is printed on `con` (a Rich console) inside the block, with no line ending in spaces where `con` is not a
     terminal (a pipe or a file, COLUMNS set or not): the output is captured and each line written without its
     trailing spaces once the block ends (Rich pads a table's title, a compact table's rows and a wrapped line to
-    their width; a new-user trial: `vsagen presets | cat -A`). On a terminal the block prints as it goes."""
+    their width; a new-user trial: `vsagen presets | cat -A`). On a terminal the block prints as it goes. A broken
+    pipe goes to `con.on_broken_pipe`, as Rich's own writes do."""
     if con.is_terminal:
         yield
         return
     with con.capture() as captured:
         yield
-    con.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
-    con.file.flush()
+    try:
+        con.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+        con.file.flush()
+    except BrokenPipeError:
+        con.on_broken_pipe()
 
 
 def print_table(con: Any, table: Any, wraps: bool) -> None:
     """Print `table` (a `rich.table.Table`) on `con` fitted to its width (`fit_table`). `wraps` (`stdout_console`'s):
-    its title broken between fields (a terminal, or COLUMNS set); else (a pipe or a file) the title on one line,
-    whole, however long, as the notes are (a new-user trial: `vsagen t2v ... | head` broke it at 80 columns)."""
+    its title broken between fields and its caption wrapped at the table's width (a terminal, or COLUMNS set); else
+    (a pipe or a file) the title above and the caption below on one line each, whole, however long, as the notes
+    are (new-user trials: `vsagen t2v ... | head` broke the title at 80 columns, `vsagen compare ... > f` the
+    caption at the table's width). Not on a terminal no line ends in spaces (`trimmed`: Rich pads a caption, a
+    compact table's rows and a wrapped line to their width; a user trial: `vsagen search ... | cat`)."""
+    title = caption = None
     if not wraps and isinstance(table.title, str) and table.title:
         title, table.title = table.title, None
-        con.print(title, markup=False, highlight=False, soft_wrap=True)
-    con.print(fit_table(table, con.width))
+    if not wraps and isinstance(table.caption, str) and table.caption:
+        caption, table.caption = table.caption, None
+    with trimmed(con):
+        if title is not None:
+            con.print(title, markup=False, highlight=False, soft_wrap=True)
+        con.print(fit_table(table, con.width))
+        if caption is not None:
+            con.print(caption, markup=False, highlight=False, soft_wrap=True)
 
 
 def title_lines(title: str, width: int) -> str:

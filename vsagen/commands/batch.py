@@ -103,10 +103,12 @@ def read_batch(path: Path) -> list[BatchLine]:
             continue
         if not isinstance(data, dict):  # other JSON ([1,2], "a fox", 42, true): neither a prompt nor an object
             raise BadInput(_not_an_object(where, line, data))
-        unknown = sorted(set(data) - set(KEYS)) if isinstance(data, dict) else []
-        if not isinstance(data, dict) or unknown or not isinstance(data.get("prompt"), str):
+        unknown = sorted(set(data) - set(KEYS))
+        if unknown or "prompt" not in data:
             raise BadInput(f"{where}: " + (f"unknown key {unknown[0]!r}" if unknown else "no prompt")
                            + f"; a JSON line takes {', '.join(KEYS)} (the prompt a string)")
+        if not isinstance(data["prompt"], str):  # as `vsagen serve` says it of a request's prompt
+            raise BadInput(f"{where}: prompt must be a string, got {type(data['prompt']).__name__}")
         values = {k: _typed(k, v, where) for k, v in data.items() if k != "prompt" and v is not None}
         out.append(BatchLine(number, data["prompt"], values))
     if not out:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from ..attention import BackendSpec
 from ..errors import BadInput
 from ..media.encoding import Encoding, check_encoder
-from ..media.formats import FORMATS, VideoFormat, check_format, check_output, frame_paths, output_format
+from ..media.formats import FORMATS, VideoFormat, check_format, check_output, output_format, stale_frames
 from ..media.paths import check_target, default_out, sheet_path
 from ..models.presets import LAST_IMAGE_IGNORED, LAST_IMAGE_NONE, LAST_IMAGE_ONE_IMAGE, LAST_IMAGE_REQUIRED
 from ..models.sources import resolve_model
@@ -229,7 +229,8 @@ def _video_targets(path: Path, out: Any, frames: int) -> tuple[Path, VideoFormat
     """The files a t2v / i2v run of `frames` frames writes at `--out path` (`out`: the request's output group),
     checked: the video (`check_output`: its extension picks the format, `check_format`), its JSON, its contact sheet
     with `--sheet`, the encoder (`check_encoder`). Returns (JSON path, format, sheet path or None, notes: earlier
-    frame files or an earlier sheet that `--overwrite` leaves as they were, the encoder's note).
+    an earlier run's frame files of the same series that go once this run's are in place, an earlier sheet that
+    `--overwrite` leaves as it was, the encoder's note).
 
     Raises:
         BadInput: a target that exists without `--overwrite`, an unwritable folder, an unknown extension, a format
@@ -238,9 +239,11 @@ def _video_targets(path: Path, out: Any, frames: int) -> tuple[Path, VideoFormat
     video_format = output_format(path)
     check_format(video_format, out.encoding)
     notes: tuple[str, ...] = ()
-    if video_format.name == "png" and out.overwrite and frame_paths(path, frames + 1)[-1].exists():
-        notes += (f"{frame_paths(path, frames + 1)[-1]} and any later frame files are an earlier, longer run's "
-                  f"and stay as they were (this run writes {frames} frames)",)
+    stale = stale_frames(path, frames) if video_format.name == "png" and out.overwrite else []
+    if stale:  # (removed at publication: `vsagen.media.formats.write_video`)
+        notes += (f"{stale[0]}" + (f" and {len(stale) - 1} more frame file{'s' * (len(stale) > 2)}" if len(stale) > 1
+                                   else "") + f" of an earlier run {'go' if len(stale) > 1 else 'goes'} once this "
+                  f"run's {frames} frames are in place (--overwrite)",)
     sheet_out = sheet_path(path) if out.sheet else None
     if sheet_out is not None:
         check_target(sheet_out, out.overwrite, "--out")

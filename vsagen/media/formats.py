@@ -6,6 +6,8 @@ chunks); and reading that metadata back (ffmpeg's ffmetadata format)."""
 from __future__ import annotations
 
 import functools
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,23 @@ def frame_paths(out: Path, frames: int) -> list[Path]:
     """The files of `--out NAME.png`: `NAME-0000.png` ... beside it, one per frame (four digits, more past 9999)."""
     digits = max(4, len(str(frames - 1)))
     return [out.with_name(f"{out.stem}-{i:0{digits}d}.png") for i in range(frames)]
+
+
+def stale_frames(out: Path, frames: int) -> list[Path]:
+    """The PNG frame files of an earlier run of `--out NAME.png` that a run of `frames` frames does not write: the
+    files beside `out` named exactly `NAME-` + four or more digits + `.png` (that series' pattern: an earlier,
+    longer run's `NAME-0017.png` ...; frames numbered with more digits, past 9,999) other than
+    `frame_paths(out, frames)`, in the order of their numbers. Nothing else in the folder counts (`NAME-1.png`, `NAME-0017.png.bak`,
+    `NAME2-0017.png`, folders); an unreadable folder gives none."""
+    series = re.compile(re.escape(out.stem) + r"-[0-9]{4,}\.png")
+    written = {p.name for p in frame_paths(out, frames)}
+    try:
+        names = os.listdir(out.parent)
+    except OSError:
+        return []
+    return sorted((out.parent / n for n in names
+                   if series.fullmatch(n) and n not in written and not (out.parent / n).is_dir()),
+                  key=lambda p: (len(p.name), p.name))
 
 
 def frame_pattern(out: Path, frames: int) -> Path:
@@ -128,14 +147,18 @@ def write_video(outputs: video.Outputs, fmt: VideoFormat, out: Path, chunks: Ite
                 keep: Callable[[np.ndarray], None] | None = None) -> video.StreamTimes:
     """Stream (f, H, W, 3) uint8 chunks into `out` in `fmt` inside an `Outputs` block (published with the rest of
     its set): mp4 through `video.encode_mp4_stream` at `encoding`, WebM and GIF through ffmpeg, PNG frames as the
-    `frames` files `frame_paths(out, frames)`. `metadata` (title, description, comment) goes into the file where
-    the format holds it. Returns what the stream measured.
+    `frames` files `frame_paths(out, frames)`, and where `outputs` overwrites, an earlier run's frames of the same
+    series past them (`stale_frames`) removed once the set is in place (`Outputs.retire`: an interrupted or refused
+    run removes none). `metadata` (title, description, comment) goes into the file where the format holds it.
+    Returns what the stream measured.
 
     Raises:
         RunFailure / SignalInterrupt: as `video.encode_mp4_stream`."""
     streamed: list[video.StreamTimes] = []
     if fmt.name == "png":
         writer = _PngFrames(outputs, frame_paths(out, frames), metadata)
+        if outputs.overwrite:  # a user trial: `--frames 5 --overwrite` left frames 5-16 of a 17-frame run
+            outputs.retire(stale_frames(out, frames))
         return video.encode_mp4_stream(chunks, out, fps, keep=keep, open_writer=lambda path, rate: writer)
     opener = None if fmt.name == "mp4" else (lambda path, rate: _ffmpeg_frames(path, rate, fmt, metadata))
 

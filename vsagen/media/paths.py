@@ -55,11 +55,11 @@ def check_folder(folder: Path) -> None:
             pass
     except OSError as e:
         where = "the folder" if existing == folder else f"it would be created in {existing}, a folder that"
-        raise BadInput(f"cannot write to {folder}: {where} does not take new files ({_why_unwritable(e)}); choose "
+        raise BadInput(f"cannot write to {folder}: {where} does not take new files ({why_unwritable(e)}); choose "
                        "another folder") from None
 
 
-def _why_unwritable(e: OSError) -> str:
+def why_unwritable(e: OSError) -> str:
     """Why a folder refused a new file, in words: the errno text of a failed probe misleads where the folder
     exists (a virtual file system such as /proc answers "No such file or directory")."""
     return {errno.EACCES: "permission denied", errno.EPERM: "not permitted", errno.EROFS: "read-only file system",

@@ -130,6 +130,7 @@ class Outputs:
         self._staged: list[tuple[Path, Path]] = []
         self._made: list[Path] = []  # folders `add` created for its targets, removed again (if empty) unpublished
         self._replace: set[Path] = set()  # targets `add` was told to replace whatever `overwrite` says
+        self._retired: list[Path] = []  # files `publish` removes once every target is in place (`retire`)
         self._created = False
         self._published = False
         self._stack = contextlib.ExitStack()
@@ -195,11 +196,18 @@ class Outputs:
         self._staged.append((tmp, target))
         return tmp
 
+    def retire(self, paths: list[Path]) -> None:
+        """Have `publish` remove `paths` (files an earlier run left that this set's files make stale: the PNG frames
+        past this run's count) once every file of the set is in place; a set left unpublished (an error, an
+        interrupt, a refusal) removes none, so nothing already there is lost before the new files are."""
+        self._retired.extend(normal_path(p) for p in paths)
+
     def publish(self) -> None:
         """Move every added file into place (a signal meanwhile is held; after the last one it is dropped: the
         command's files are complete). All or nothing: if one cannot be moved (an existing file without
         `overwrite`, an OS error), those already moved are taken back, and a file one of them replaced is put back
-        as it was (kept as a hard link until the set is in place; not on a file system without hard links)."""
+        as it was (kept as a hard link until the set is in place; not on a file system without hard links). Then
+        the files `retire` named are removed (one that cannot be is left as it is: the set is already in place)."""
         interrupts.check()
         done: list[tuple[Path, Path | None]] = []  # (target, the file it replaced, kept) in publication order
         try:
@@ -225,6 +233,9 @@ class Outputs:
             for _, kept in done:
                 if kept is not None:
                     kept.unlink(missing_ok=True)
+            for path in self._retired:
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
         finally:
             moved = {t for t, _ in done}
             self._staged = [(t, g) for t, g in self._staged if g not in moved]

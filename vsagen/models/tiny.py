@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..interrupts import remove_on_stop
+from ..media.paths import why_unwritable
 from .presets import Preset
 
 TINY_SEED = 0
@@ -61,12 +62,17 @@ def tiny_checkpoint_problem(target: Path) -> str | None:
     return None
 
 
-def unwritable_cache(e: OSError, root: Path | None = None) -> BadInput:
+def unwritable_cache(e: OSError, root: Path | None = None, probed: bool = False) -> BadInput:
     """The one line for a vsagen cache (`root`, default `cache_dir()`) the tiny model cannot be written to: which
-    folder, why (and the path that failed, where it is another), what to do."""
+    folder, why (and the path that failed, where it is another), what to do. `probed`: `e` is `write_problem`'s, a
+    folder that exists and refused a new one, said as "<folder> cannot be written (<why>)" (the errno text misleads
+    there: /proc answers "No such file or directory"; a user trial)."""
     root = cache_dir() if root is None else root
     where = getattr(e, "filename", None)
-    why = (e.strerror or str(e)) + (f": {where}" if where and str(where) != str(root) else "")
+    if probed and not isinstance(e, NotADirectoryError):
+        why = f"{where or root} cannot be written ({why_unwritable(e)})"
+    else:
+        why = (e.strerror or str(e)) + (f": {where}" if where and str(where) != str(root) else "")
     return BadInput(f"cannot write the tiny model to the vsagen cache {root} ({why}); set VSAGEN_CACHE (or "
                     "XDG_CACHE_HOME) to a writable folder")
 
@@ -84,7 +90,7 @@ def check_tiny_cache(preset: Preset, root: Path | None = None) -> None:
     if target.is_dir() and tiny_checkpoint_problem(target) is None:
         return
     if (problem := write_problem(root)) is not None:
-        raise unwritable_cache(problem, root)
+        raise unwritable_cache(problem, root, probed=True)
 
 
 def write_problem(root: Path) -> OSError | None:

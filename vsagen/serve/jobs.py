@@ -42,6 +42,25 @@ _ID = re.compile(r"^video_[0-9a-f]{32}$")
 MAX_SECONDS = 600.0
 
 
+# the command line's options that are a video request's fields, as the command line's refusals name them
+_OPTION_FIELDS = {"--steps": "steps", "--seed": "seed", "--guidance": "guidance", "--negative-prompt": "negative_prompt",
+                  "--frames": "frames", "--height": "size", "--width": "size", "--fit": "fit", "--attn": "attn"}
+_LEADING_NAME = re.compile(r"(?:the )?(--[a-z-]+|[a-z_]+)")
+
+
+def field_of(message: str) -> str | None:
+    """The field a refusal's one-line `message` is about (OpenAI's error `param`), from its first words: a field's
+    name ("prompt must be a string, got int", "the prompt is empty", "input_reference: ..."), the command line's
+    option in its own words ("--width must be a positive multiple of 16": size), an unknown field ("unknown field
+    'out'": out); None where they name no field ("the body is not valid JSON")."""
+    unknown = re.match(r"unknown field '([^']*)'", message)
+    if unknown:
+        return unknown[1]
+    lead = _LEADING_NAME.match(message)
+    word = lead[1] if lead else ""
+    return _OPTION_FIELDS.get(word, word if word in FIELDS else None)
+
+
 def valid_id(text: str) -> bool:
     """Whether `text` has the form of a job id ("video_" and 32 lowercase hex digits)."""
     return bool(_ID.match(text))

@@ -14,8 +14,8 @@ JSON, `/health` and `/metrics` (Prometheus text).
     GET    /health                  {"status": "ok"} (no token needed)
     GET    /metrics                 queue depth, jobs by state, seconds by stage
 
-Every refusal is one line in OpenAI's error object ({"error": {"message", "type", "param", "code"}}) with a 4xx
-status, never a traceback: bad fields 400 (in the command line's words where the command line refuses the same
+Every refusal is one line in OpenAI's error object ({"error": {"message", "type", "param", "code"}}; `param` the
+field or query parameter it is about, else null) with a 4xx status, never a traceback: bad fields 400 (in the command line's words where the command line refuses the same
 value), a missing or wrong token 401, an unknown id 404, a job in the wrong state 409, a reused idempotency key with
 other fields 409, a body over the limit 413, another content type 415, a full queue 429 with Retry-After. With a
 token set, every route but / and /health asks for it (`Authorization: Bearer TOKEN`, compared in constant time).
@@ -39,7 +39,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ..errors import BadInput
-from .jobs import Served, VideoFields, accepted, image_suffix, parse_fields, valid_id, video_object
+from .jobs import Served, VideoFields, accepted, field_of, image_suffix, parse_fields, valid_id, video_object
 from .page import page_html
 from .settings import Settings
 from .store import JobStore, KeyReused, QueueFull, STATUSES
@@ -49,18 +49,20 @@ MAX_LIST = 100  # the most jobs one GET /v1/videos returns
 
 
 class Refusal(Exception):
-    """A request refused: HTTP `status`, one line `message`, OpenAI's error `code`; `headers` to send along."""
+    """A request refused: HTTP `status`, one line `message`, OpenAI's error `code`; `headers` to send along; `param`
+    the field or query parameter it is about (None: none, or several)."""
 
-    def __init__(self, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str, headers: dict[str, str] | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
+        self.status, self.message, self.code, self.headers, self.param = status, message, code, headers or {}, param
 
 
-def error_body(message: str, code: str, status: int) -> dict[str, Any]:
+def error_body(message: str, code: str, status: int, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}} (type "invalid_request_error" for a
-    4xx, "server_error" for a 5xx)."""
+    4xx, "server_error" for a 5xx; `param` the field the error is about, None where it is about no one field)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def metrics_text(counts: dict[str, int], worker: Worker) -> str:
@@ -87,9 +89,33 @@ def metrics_text(counts: dict[str, int], worker: Worker) -> str:
     return "\n".join(lines) + "\n"
 
 
-def refuse(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """A refusal as an HTTP answer: `error_body` with `status` and `headers`."""
-    return JSONResponse(error_body(message, code, status), status_code=status, headers=headers)
+def refuse(status: int, message: str, code: str, headers: dict[str, str] | None = None,
+           param: str | None = None) -> JSONResponse:
+    """A refusal as an HTTP answer: `error_body` with `status`, `headers` and `param`."""
+    return JSONResponse(error_body(message, code, status, param), status_code=status, headers=headers)
+
+
+class _Twice(ValueError):
+    """A JSON object with a key given twice (`json_object`): the key."""
+
+
+def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`' object_pairs_hook: an object's pairs as a dict, refusing a key given twice (plain `json.loads`
+    keeps the last silently; a user trial: `{"prompt":"x","prompt":"y"}` made "y").
+
+    Raises:
+        _Twice: a key given twice (its text)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(key)
+        out[key] = value
+    return out
+
+
+def twice(name: str) -> Refusal:
+    """The 400 of a field given twice in a JSON body or a form, alike."""
+    return Refusal(400, f"a field is given twice: {name}", "invalid_request", param=name)
 
 
 def authorized(token: str | None, path: str, header: str) -> bool:
@@ -107,8 +133,8 @@ async def read_fields(request: Request, settings: Settings) -> tuple[VideoFields
     form of at most that plus `settings.max_image`.
 
     Raises:
-        Refusal: 413 over the limit (the image over `max_image`), 400 not a JSON object or a field given twice, 415
-            another content type.
+        Refusal: 413 over the limit (the image over `max_image`), 400 not a JSON object or a field given twice (in
+            a JSON object or a form alike, `twice`), 415 another content type.
         BadInput: a field `parse_fields` refuses.
     """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -121,7 +147,9 @@ async def read_fields(request: Request, settings: Settings) -> tuple[VideoFields
         raise Refusal(413, f"the body is over the limit of {limit} bytes", "body_too_large")
     if kind == "application/json":
         try:
-            data = json.loads(body)
+            data = json.loads(body, object_pairs_hook=json_object)
+        except _Twice as e:
+            raise twice(str(e)) from None
         except (ValueError, UnicodeDecodeError, RecursionError):  # (nesting past the stack: a 500 before)
             raise Refusal(400, "the body is not valid JSON", "invalid_json") from None
         if not isinstance(data, dict):
@@ -129,8 +157,10 @@ async def read_fields(request: Request, settings: Settings) -> tuple[VideoFields
         return parse_fields(data, form=False), None
     if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.form()
-        if len(set(form.keys())) != len(form.multi_items()):
-            raise Refusal(400, "a field is given twice in the form", "invalid_request")
+        names = [name for name, _ in form.multi_items()]
+        repeated = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if repeated is not None:
+            raise twice(repeated)
         values = dict(form)
         upload = values.get("input_reference")
         if upload is None or isinstance(upload, str):  # (text: `parse_fields` says it must be a file)
@@ -139,7 +169,7 @@ async def read_fields(request: Request, settings: Settings) -> tuple[VideoFields
         data = await upload.read()
         if len(data) > settings.max_image:
             raise Refusal(413, f"input_reference is {len(data)} bytes; the limit is {settings.max_image}",
-                          "body_too_large")
+                          "body_too_large", param="input_reference")
         return parse_fields(values, form=True, image=image_suffix(data)), data
     raise Refusal(415, "send the video's fields as JSON (application/json) or a multipart form",
                   "unsupported_media_type")
@@ -150,7 +180,7 @@ def _guard(app: FastAPI, settings: Settings) -> None:
 
     @app.exception_handler(Refusal)
     async def _refusal(_: Request, e: Refusal) -> JSONResponse:
-        return refuse(e.status, e.message, e.code, e.headers)
+        return refuse(e.status, e.message, e.code, e.headers, e.param)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, e: HTTPException) -> JSONResponse:
@@ -161,7 +191,7 @@ def _guard(app: FastAPI, settings: Settings) -> None:
     async def _validation(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("query", "path", "body"))
-        return refuse(400, f"{where}: {first.get('msg', 'invalid value')}", "invalid_request")
+        return refuse(400, f"{where}: {first.get('msg', 'invalid value')}", "invalid_request", param=where or None)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception) -> JSONResponse:  # one line, never the traceback
@@ -208,14 +238,14 @@ def _create_route(app: FastAPI, settings: Settings, store: JobStore, served: Ser
     async def create_video(request: Request) -> Any:
         key = request.headers.get("idempotency-key")
         if key is not None and not 1 <= len(key) <= 255:
-            raise Refusal(400, "Idempotency-Key must be 1 to 255 characters", "invalid_request")
+            raise Refusal(400, "Idempotency-Key must be 1 to 255 characters", "invalid_request")  # (a header)
         job_id = f"video_{secrets.token_hex(16)}"
         try:
             fields, image = await read_fields(request, settings)
             cfg = await run_in_threadpool(check, job_id, fields, image)
         except BadInput as e:
             await run_in_threadpool(forget, job_id)
-            raise Refusal(400, str(e), "invalid_request") from None
+            raise Refusal(400, str(e), "invalid_request", param=field_of(str(e))) from None
         digest = hashlib.sha256(json.dumps(fields.to_json(), sort_keys=True).encode()
                                 + (hashlib.sha256(image).digest() if image is not None else b"")).hexdigest()
         try:
@@ -260,13 +290,13 @@ def _video_routes(app: FastAPI, store: JobStore, served: Served, worker: Worker)
     @app.get("/v1/videos")
     def list_videos(after: str | None = None, limit: int = 20, order: str = "desc") -> Any:
         if not 1 <= limit <= MAX_LIST:
-            raise Refusal(400, f"limit must be in [1, {MAX_LIST}], got {limit}", "invalid_request")
+            raise Refusal(400, f"limit must be in [1, {MAX_LIST}], got {limit}", "invalid_request", param="limit")
         if order not in ("asc", "desc"):
-            raise Refusal(400, f"order must be asc or desc, got {order!r}", "invalid_request")
+            raise Refusal(400, f"order must be asc or desc, got {order!r}", "invalid_request", param="order")
         if after is not None:  # a cursor that names no video: 400 / 404, not the first page again (a loop)
             if not valid_id(after):
                 raise Refusal(400, f"after must be a video id (video_ and 32 hex digits), got {after!r}",
-                              "invalid_request")
+                              "invalid_request", param="after")
             job_of(after)
         jobs, more = store.page(after=after, limit=limit, order=order)
         data = [video_object(j, worker.steps_done(j.id)) for j in jobs]
@@ -281,7 +311,8 @@ def _video_routes(app: FastAPI, store: JobStore, served: Served, worker: Worker)
     @app.get("/v1/videos/{video_id}/content")
     def video_content(video_id: str, variant: str = "video") -> Any:
         if variant != "video":
-            raise Refusal(400, f"variant {variant!r} is not made here; variant=video (the mp4)", "invalid_request")
+            raise Refusal(400, f"variant {variant!r} is not made here; variant=video (the mp4)", "invalid_request",
+                          param="variant")
         return FileResponse(completed_file(video_id, 0), media_type="video/mp4", filename=f"{video_id}.mp4")
 
     @app.get("/v1/videos/{video_id}/timing")

@@ -256,11 +256,15 @@ def test_backend_file_names_are_clean(spec, stem):
 
 
 def test_a_pattern_file_backend_is_named_after_the_file(tmp_path):
-    """The spec's path option shows its file name (`short_text`), and the file stem drops its extension."""
-    import json
+    """The spec's path option shows its file name (`short_text`), and the file stem drops its extension. (A real
+    pattern file: sparse-vdit's options read it when `--attn` is parsed.)"""
+    import shutil
+    from pathlib import Path
+
+    import vsagen
 
     patterns = tmp_path / "tiny.json"
-    patterns.write_text(json.dumps({}))
+    shutil.copy(Path(vsagen.__file__).parent / "preset_data" / "patterns" / "tiny.json", patterns)
     cfg = resolve_compare("a cat", model="tiny", attn=f"full,sparse-vdit:patterns={patterns}", out=tmp_path / "o",
                           plot=False)
     assert [p.name for p in cfg.run_files] == ["full.mp4", "sparse-vdit-patterns-tiny.mp4"]

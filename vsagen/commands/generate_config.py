@@ -228,9 +228,9 @@ def _check_text(text: str, what: str) -> None:
 def _video_targets(path: Path, out: Any, frames: int) -> tuple[Path, VideoFormat, Path | None, tuple[str, ...]]:
     """The files a t2v / i2v run of `frames` frames writes at `--out path` (`out`: the request's output group),
     checked: the video (`check_output`: its extension picks the format, `check_format`), its JSON, its contact sheet
-    with `--sheet`, the encoder (`check_encoder`). Returns (JSON path, format, sheet path or None, notes: earlier
-    an earlier run's frame files of the same series that go once this run's are in place, an earlier sheet that
-    `--overwrite` leaves as it was, the encoder's note).
+    with `--sheet`, the encoder (`check_encoder`). Returns (JSON path, format, sheet path or None, notes: an earlier
+    run's frame files of the same series that go once this run's are in place, an earlier sheet that `--overwrite`
+    leaves as it was, the encoder's note).
 
     Raises:
         BadInput: a target that exists without `--overwrite`, an unwritable folder, an unknown extension, a format

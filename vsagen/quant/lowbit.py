@@ -25,10 +25,11 @@ class SharedInput:
     Same tensor means: the same storage address, shape, strides, dtype and device, and the same version counter
     (no in-place write since; tensors made under `torch.inference_mode`, as vsagen's runs make them, have no version
     counter: there the sharing relies on nothing writing the input in place between its readers, which diffusers'
-    Wan attention and vsagen's processor never do). The entry holds the tensor itself, so its memory cannot be freed and reused by
-    another tensor while the entry lives: an address match is never a stale one. Bit for bit what each linear's own
-    quantization gives (the same function on the same values). Costs, while an entry lives, the input and its codes
-    (at Wan2.1-14B's 75,600 tokens x 5120: 774 MB bf16 + 387 MB e4m3, freed after the third projection).
+    Wan attention and vsagen's processor never do). The entry holds the tensor itself, so its memory cannot be freed
+    and reused by another tensor while the entry lives: an address match is never a stale one. Bit for bit what each
+    linear's own quantization gives (the same function on the same values). Costs, while an entry lives, the input
+    and its codes (at Wan2.1-14B's 75,600 tokens x 5120: 774 MB bf16 + 387 MB e4m3, freed after the third
+    projection).
     Measured need: the FP8 row quantizer takes 0.07 ms of a 0.36 ms 32760x1536x1536 layer on an H100 (BENCHMARKS.md,
     2026-12-07 evening), and q / k / v quantized the same input three times.
     """
